@@ -1,0 +1,68 @@
+# Fitting 70B — two commands: `make lab` and `make test`. Each does all of its own set-up.
+SHELL := bash
+.SHELLFLAGS := -eo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+# Quiet pip, minus the per-package notes some machines' pip configs print.
+PIP_QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+.PHONY: help setup lab test test-unit test-notebooks test-browser gpu-check labs bench clean
+
+help:
+	@echo "make lab    set up .venv and the DeepSpeed ops, then open JupyterLab on 00_setup"
+	@echo "make test   set up, then run every test tier (unit, notebooks, browser)"
+	@echo "            one tier: make test-unit | test-notebooks | test-browser | gpu-check"
+
+$(STAMP): env/requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed, found " + sys.version.split()[0]'
+	@echo "== creating $(VENV) with $(PYTHON) and installing env/requirements.txt (about 2 min the first time)"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r env/requirements.txt $(PIP_QUIET)
+	$(PY) -m pip install -q --no-deps -e . $(PIP_QUIET)
+	touch $(STAMP)
+
+setup: $(STAMP)
+	@$(PY) -m gpumem.dsops prepare
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/00_setup.ipynb $(ROOT_FLAG) $(LAB_ARGS)
+
+# Every tier runs even when an earlier one fails; the target fails if any did.
+test: setup
+	@status=0; \
+	$(MAKE) --no-print-directory test-unit || status=1; \
+	$(MAKE) --no-print-directory test-notebooks || status=1; \
+	$(MAKE) --no-print-directory test-browser || status=1; \
+	exit $$status
+
+test-unit: setup
+	@echo "== tier: unit, lab and quiz tests"
+	$(PY) -m pytest -m "not browser and not gpu" $(PYTEST_ARGS)
+
+test-notebooks: setup
+	@echo "== tier: notebooks under nbval (--nbval-lax; checked cells compared)"
+	GPUMEM_QUIZ_MODE=text GPUMEM_HOME=$(CURDIR)/.cache/test-home MPLBACKEND=Agg \
+	  $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks solutions $(PYTEST_ARGS)
+
+test-browser: setup
+	@echo "== tier: JupyterLab in headless Chromium"
+	$(PY) -m pytest -m browser -rs $(PYTEST_ARGS)
+
+gpu-check: setup
+	$(PY) -m pytest -m gpu -rs $(PYTEST_ARGS)
+
+labs: setup
+	$(PY) -m gpumem.labgen
+
+clean:
+	rm -rf $(VENV) .cache

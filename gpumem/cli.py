@@ -1,0 +1,57 @@
+"""``python -m gpumem``: the course's command line (a stable, user-facing contract).
+
+Every verb prints a readable table, or with ``--json`` one JSON object. Bad input exits with
+status 2 and one line naming the bad value and what is accepted, never a traceback.
+"""
+
+import argparse
+import json
+import sys
+
+from .errors import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; the contract is one line, so raise instead."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _add_verbs(sub) -> None:
+    p = sub.add_parser("check-env", help="what is installed and what works on this machine")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_check_env)
+    # Chapter verbs register themselves here as they are built (see gpumem.cli_verbs).
+    from . import cli_verbs
+    cli_verbs.register(sub)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m gpumem",
+                     description="Fitting 70B: GPU memory of LLM training, computed.")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    _add_verbs(sub)
+    return parser
+
+
+def _check_env(args) -> int:
+    from . import envcheck
+    if args.json:
+        print(json.dumps(envcheck.as_json()))
+    else:
+        print(envcheck.report())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.verb is None:
+            parser.print_help()
+            return 0
+        return args.func(args)
+    except UsageError as err:
+        print(f"gpumem: error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,22 @@
+"""The chapter map, as data, so the README table and notebook 00 come from one place."""
+
+CHAPTERS = [
+    ("00", "setup", "—", "environment report, how the course works, a sample quiz"),
+    ("01", "memory_anatomy", "scenario + 660 GB table", "recipes, activations, exact fake-tensor trace of Llama-3-70B"),
+    ("02", "zero", "§1", "ZeRO 0-3 per-rank math, from scratch and real DeepSpeed on CPU ranks"),
+    ("03", "activation_checkpointing", "§2", "saved tensors, recompute traces, policies, FLOP overhead"),
+    ("04", "flash_attention", "§2 box", "naive vs SDPA memory, tiled online softmax from scratch"),
+    ("05", "offload", "§3", "bandwidth ladder, real ZeRO-Offload and NVMe runs"),
+    ("06", "combining_strategies", "§4 + summary", "the planner: 7B / 70B / 405B recipes"),
+    ("07", "must_understand", "checklist", "graded quiz over the six must-understand items"),
+]
+
+
+def chapter_map(available: set[str] | None = None) -> str:
+    """A fixed-width table of the chapters; ``available`` marks which notebooks exist yet."""
+    lines = [f"{'#':3s} {'notebook':28s} {'note':24s} what runs"]
+    for num, stem, note, what in CHAPTERS:
+        name = f"{num}_{stem}"
+        flag = "" if available is None or name in available else "  (coming)"
+        lines.append(f"{num:3s} {name:28s} {note:24s} {what}{flag}")
+    return "\n".join(lines)

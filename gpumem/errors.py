@@ -1,0 +1,29 @@
+"""The single error type for bad user input.
+
+Library functions raise :class:`UsageError` with a one-line message that names the bad value
+and says what is accepted. The command line prints that line and exits with status 2; a
+notebook shows it as an ordinary exception.
+"""
+
+
+class UsageError(ValueError):
+    """Bad input from a user: message is one line, naming the value and what is accepted."""
+
+
+def positive_int(value, name: str) -> int:
+    """Return ``value`` as an int if it is a positive integer, else raise :class:`UsageError`."""
+    try:
+        as_int = int(str(value), 10)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} must be a positive integer, got {value!r}") from None
+    if as_int <= 0:
+        raise UsageError(f"{name} must be a positive integer, got {value!r}")
+    return as_int
+
+
+def one_of(value, accepted, name: str):
+    """Return ``value`` if it is in ``accepted``, else raise :class:`UsageError` listing them."""
+    if value not in accepted:
+        listed = ", ".join(str(a) for a in accepted)
+        raise UsageError(f"unknown {name} {value!r}; accepted: {listed}")
+    return value

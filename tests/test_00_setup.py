@@ -1,0 +1,78 @@
+"""Foundation: command-line contract, environment check, units, chapter map, Colab bootstrap."""
+
+import json
+import sys
+
+import pytest
+
+from conftest import ROOT, run_cli
+from gpumem import course, envcheck, units
+from gpumem.errors import UsageError
+
+
+@pytest.mark.parametrize("args, names", [
+    (["frobnicate"], "frobnicate"),
+    (["check-env", "--colour"], "--colour"),
+])
+def test_bad_input_exits_2_with_one_line(args, names):
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert names in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_help_lists_verbs():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    assert "check-env" in proc.stdout
+
+
+def test_check_env_json_reports_every_component():
+    proc = run_cli("check-env", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    names = {c["name"] for c in data["checks"]}
+    assert {"python", "torch", "deepspeed", "cpu", "libaio", "chromium",
+            "op deepspeed_shm_comm", "op cpu_adam", "op async_io"} <= names
+    for c in data["checks"]:
+        assert c["status"] in {"OK", "MISSING", "INFO"}
+        if c["status"] == "MISSING":
+            assert c["fix"], f"{c['name']} is MISSING without a fix"
+
+
+def test_check_env_flags_a_missing_op_with_its_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # an empty cache: nothing built
+    rows = {c.name: c for c in envcheck.checks()}
+    assert rows["op cpu_adam"].status == "MISSING"
+    assert "dsops prepare" in rows["op cpu_adam"].fix
+
+
+def test_units_label_and_parse():
+    assert units.fmt(141e9) == "141.0 GB"
+    assert units.fmt(2**30, "GiB") == "1.0 GiB"
+    assert units.fmt_both(80 * 10**9) == "80.0 GB (74.5 GiB)"
+    assert units.parse_size("80GB") == 80 * 10**9
+    assert units.parse_size("80 GiB") == 80 * 2**30
+    assert units.parse_size("0.5TB") == 5 * 10**11
+    for bad in ["80XB", "", "-3GB", "0GB", "eighty"]:
+        with pytest.raises(UsageError):
+            units.parse_size(bad)
+
+
+def test_chapter_map_names_every_stem():
+    text = course.chapter_map()
+    assert len(text.splitlines()) == 1 + len(course.CHAPTERS)
+    for num, stem, *_ in course.CHAPTERS:
+        assert f"{num}_{stem}" in text
+
+
+def test_colab_bootstrap_keeps_colabs_torch_and_does_nothing_elsewhere():
+    sys.path.insert(0, str(ROOT / "env"))
+    import colab_bootstrap
+    reqs = colab_bootstrap.colab_requirements()
+    assert not any(r.lower().startswith("torch==") for r in reqs)
+    assert any(r.startswith("deepspeed==0.19.8") for r in reqs)
+    assert "nothing to install" in colab_bootstrap.bootstrap()  # not on Colab here
+    install_gpumem = colab_bootstrap.pip_commands()[1]
+    assert install_gpumem[-2:] == ["-e", str(ROOT)]
