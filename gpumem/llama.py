@@ -12,6 +12,9 @@ Three attention kernels, so the course can show where the s^2 term comes from:
 Activation-checkpoint policies are applied by :func:`checkpoint_plan` and ``Llama.forward``.
 """
 
+import contextlib
+import threading
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,7 +24,62 @@ from .errors import one_of
 from .models import ModelConfig
 
 KERNELS = ("flash", "naive", "eager")
+_state = threading.local()
+
+
+def recomputing() -> bool:
+    """True while torch.utils.checkpoint re-runs a forward inside backward (tracers ask)."""
+    return getattr(_state, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _recompute_marker():
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+
+
+def _contexts():
+    return contextlib.nullcontext(), _recompute_marker()
+
+
+def ckpt(fn, *args):
+    """Non-reentrant activation checkpoint whose recomputation a tracer can recognise."""
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=_contexts)
 POLICIES = ("none", "full", "every-2", "every-other", "selective")
+
+
+class _FusedRMSNormFn(torch.autograd.Function):
+    """RMSNorm that saves only its input and the fp32 1/rms per row, as fused GPU kernels do
+    (Apex, Transformer Engine, PyTorch's CUDA ``_fused_rms_norm``). PyTorch's CPU RMSNorm is a
+    composite of ops that would also save two fp32 copies of the input."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)   # (..., 1) fp32
+        ctx.save_for_backward(x, weight, rstd)
+        return (x.float() * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x.float() * rstd
+        gw = grad.float() * weight.float()
+        dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        dweight = (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return dx.to(x.dtype), dweight.to(weight.dtype), None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return _FusedRMSNormFn.apply(x, self.weight, self.eps)
 
 
 def rope_tables(seq: int, head_dim: int, theta: float, dtype, device=None):
@@ -53,13 +111,18 @@ def core_attention(q, k, v, kernel: str):
     n_rep = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     s = q.shape[2]
+    # Written as Hugging Face's eager attention is: each step reassigns, so the previous
+    # (b, a, s, s) tensor is freed and only the softmax's input and output overlap.
     scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5          # (b, a, s, s)
     future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
     if kernel == "naive":
-        probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)  # bf16 (b, a, s, s)
-    else:  # eager, as Hugging Face: additive mask, fp32 softmax, cast back for the matmul
-        mask = torch.zeros(s, s, dtype=q.dtype, device=q.device).masked_fill(future, torch.finfo(q.dtype).min)
-        probs = F.softmax(scores + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+        scores = scores.masked_fill(future, float("-inf"))
+        probs = scores.softmax(dim=-1)                                 # bf16, saved
+    else:  # eager: additive mask, fp32 softmax (saved), bf16 copy for the matmul (saved)
+        scores = scores + torch.zeros(s, s, dtype=q.dtype, device=q.device).masked_fill(
+            future, torch.finfo(q.dtype).min)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    del scores
     return probs @ v
 
 
@@ -80,7 +143,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, c.n_kv_heads, c.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if selective:  # keep q, k, v; recompute the attention core in backward
-            o = checkpoint(core_attention, q, k, v, kernel, use_reentrant=False)
+            o = ckpt(core_attention, q, k, v, kernel)
         else:
             o = core_attention(q, k, v, kernel)
         return self.wo(o.transpose(1, 2).reshape(b, s, c.d_model))
@@ -102,9 +165,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
-        self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, kernel: str, selective: bool = False):
@@ -137,7 +200,7 @@ class Llama(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
 
     def forward(self, tokens, targets, kernel: str = "flash", policy: str = "none"):
@@ -151,13 +214,14 @@ class Llama(nn.Module):
         while i < self.cfg.n_layers:
             if i in starts:
                 seg = starts[i]
-                x = checkpoint(self._segment, x, cos, sin, kernel, seg[0], len(seg), use_reentrant=False)
+                x = ckpt(self._segment, x, cos, sin, kernel, seg[0], len(seg))
                 i += len(seg)
             else:
                 x = self.layers[i](x, cos, sin, kernel, selective)
                 i += 1
         logits = self.head(self.norm(x))
-        return F.cross_entropy(logits.float().view(-1, self.cfg.vocab), targets.reshape(-1))
+        flat = targets if targets.dim() == 1 else targets.reshape(-1)   # pass 1-D ids to avoid a view
+        return F.cross_entropy(logits.float().view(-1, self.cfg.vocab), flat)
 
     def _segment(self, x, cos, sin, kernel, first, count):
         for layer in self.layers[first:first + count]:

@@ -1,0 +1,64 @@
+"""Mixed-precision AdamW with fp32 master weights, as ZeRO's recipe keeps them.
+
+The model holds bf16 parameters and receives bf16 gradients; the optimizer keeps an fp32 master
+copy of every parameter and fp32 Adam moments (4 + 4 + 4 = 12 bytes per parameter), updates the
+master in fp32 and copies it back into the bf16 parameter. With ``fp32_grads=True`` the bf16
+gradients are first converted into fp32 gradients that live until the end of the step, which is
+DeepSpeed's accounting (18 bytes per parameter instead of 16).
+
+The update is torch's AdamW (decoupled weight decay), written out for one tensor at a time; a
+test checks it against ``torch.optim.AdamW`` on fp32 parameters.
+"""
+
+import math
+
+import torch
+
+
+class MasterWeightAdamW(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 fp32_grads: bool = False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.fp32_grads = fp32_grads
+        self.on_fp32_grad = None   # a tracer may set a callback to categorise the fp32 grads
+
+    def init_state(self) -> None:
+        """Create master weights and moments now (a training loop would hold them already)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not self.state[p]:
+                    master = p.detach().to(torch.float32)
+                    self.state[p] = {"step": 0, "master": master,
+                                     "exp_avg": torch.zeros_like(master),
+                                     "exp_avg_sq": torch.zeros_like(master)}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.init_state()
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        grads32 = {}
+        if self.fp32_grads:  # DeepSpeed-style: all fp32 grads exist before the update
+            for p in params:
+                grads32[p] = p.grad.to(torch.float32)
+                p.grad = None
+                if self.on_fp32_grad is not None:
+                    self.on_fp32_grad(grads32[p])
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p not in grads32 and p.grad is None:
+                    continue
+                grad = grads32.pop(p) if self.fp32_grads else p.grad.to(torch.float32)
+                st = self.state[p]
+                st["step"] += 1
+                master, m, v = st["master"], st["exp_avg"], st["exp_avg_sq"]
+                master.mul_(1 - group["lr"] * group["weight_decay"])
+                m.lerp_(grad, 1 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                bc1 = 1 - beta1 ** st["step"]
+                bc2 = 1 - beta2 ** st["step"]
+                denom = (v.sqrt() / math.sqrt(bc2)).add_(group["eps"])
+                master.addcdiv_(m, denom, value=-group["lr"] / bc1)
+                p.copy_(master)
+                del grad, denom
+        return None
