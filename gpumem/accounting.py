@@ -44,13 +44,13 @@ class Recipe:
 
 
 RECIPE = {r.name: r for r in [
-    Recipe("pure-bf16", 2, 2, (("Adam m (bf16)", 2), ("Adam v (bf16)", 2)),
+    Recipe("pure-bf16", 2, 2, (("m bf16", 2), ("v bf16", 2)),
            "everything in bf16, no master copy (the note's 4 B optimizer figure)", True),
-    Recipe("mixed", 2, 2, (("fp32 master", 4), ("Adam m (fp32)", 4), ("Adam v (fp32)", 4)),
+    Recipe("mixed", 2, 2, (("master fp32", 4), ("m fp32", 4), ("v fp32", 4)),
            "bf16 weights and grads, fp32 master and moments (ZeRO paper, K = 12)", False),
-    Recipe("mixed-ds", 2, 4, (("fp32 master", 4), ("Adam m (fp32)", 4), ("Adam v (fp32)", 4)),
+    Recipe("mixed-ds", 2, 4, (("master fp32", 4), ("m fp32", 4), ("v fp32", 4)),
            "as mixed, with fp32 gradients: DeepSpeed's estimator counts 18 B", False),
-    Recipe("fp32", 4, 4, (("Adam m (fp32)", 4), ("Adam v (fp32)", 4)),
+    Recipe("fp32", 4, 4, (("m fp32", 4), ("v fp32", 4)),
            "no mixed precision at all", True),
 ]}
 

@@ -141,6 +141,10 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
         settled = held + len(seg) * full_layer - ckpt_input
         peak_in_last = held + (len(seg) - 1) * full_layer + at_softmax - ckpt_input
         recompute_peak = max(recompute_peak, settled, peak_in_last if at_softmax else 0)
+    if policy == "selective" and at_softmax:
+        # backward re-runs the last layer's attention core: its scores are alive again, next
+        # to everything saved before it, while the loss scalars are still held
+        recompute_peak = saved_before(L - 1) + rope + at_softmax + 8
     return Activations(per_layer=per_layer, checkpoint_input=ckpt_input, layers=layers,
                        outside=outside, loss=loss, forward_peak=forward_peak,
                        recompute_peak=recompute_peak, parts=parts)

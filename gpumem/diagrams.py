@@ -1,0 +1,56 @@
+"""ASCII diagrams rendered from the library's numbers (never typed by hand).
+
+``box`` draws a framed panel; ``scenario_box`` re-draws the study note's opening scenario for
+any model, recipe, sequence, batch and GPU count; ``recipe_box`` the per-recipe table.
+"""
+
+from . import accounting, models, units
+from .estimate import estimate
+
+WIDTH = 78
+
+
+def box(title: str, lines: list[str], width: int = WIDTH) -> str:
+    inner = width - 4
+    out = ["┌" + "─" * (width - 2) + "┐", f"│ {title:<{inner}} │", "├" + "─" * (width - 2) + "┤"]
+    for line in lines:
+        while len(line) > inner:   # wrap long lines rather than break the frame
+            out.append(f"│ {line[:inner]} │")
+            line = "  " + line[inner:]
+        out.append(f"│ {line:<{inner}} │")
+    out.append("└" + "─" * (width - 2) + "┘")
+    return "\n".join(out)
+
+
+def _bar(value: int, scale: int, width: int = 20) -> str:
+    n = 0 if scale == 0 else min(width, round(width * value / scale))
+    return "█" * n + "·" * (width - n)
+
+
+def scenario_box(model: str = "llama-3-70b", recipe: str = "mixed", seq: int = 4096,
+                 micro_batch: int = 1, gpus: int = 8, gpu_mem: int = 80 * units.GB,
+                 checkpoint: str = "none", attention: str = "flash") -> str:
+    """One training step without any sharding, against the memory of ``gpus`` GPUs together."""
+    est = estimate(model=model, recipe=recipe, seq=seq, micro_batch=micro_batch,
+                   checkpoint=checkpoint, attention=attention)
+    cfg = models.get(model)
+    r = accounting.recipe(recipe)
+    d = est.as_dict()["per_gpu"]
+    have = gpus * gpu_mem
+    rows = [("parameters", d["params"], f"{r.params} B x {cfg.n_params() / 1e9:.2f} B"),
+            ("gradients", d["grads"], f"{r.grads} B x params"),
+            ("optimizer", d["optimizer"], f"{r.optimizer_bytes} B x params"),
+            ("activations", d["activations"], f"{attention}, ckpt {checkpoint}")]
+    lines = [f"{model}, recipe {recipe}, seq {seq} x batch {micro_batch}", ""]
+    for name, value, how in rows:
+        lines.append(f"{name:12s}{units.fmt(value):>13s}  {_bar(value, d['total'])}  {how}")
+    lines.append("-" * (WIDTH - 4))
+    lines.append(f"{'total':12s}{units.fmt(d['total']):>13s}")
+    lines.append(f"{'available':12s}{units.fmt(have):>13s}  = {gpus} x {units.fmt(gpu_mem, digits=0)}")
+    verdict = "fits in total" if d["total"] <= have else f"does NOT fit: short by {units.fmt(d['total'] - have)}"
+    lines.append(f"-> {verdict}, before any question of how to split it")
+    return box("Memory of one training step, nothing sharded", lines)
+
+
+def recipe_box() -> str:
+    return box("Bytes per parameter, by recipe", accounting.recipe_table().splitlines(), width=86)
