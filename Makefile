@@ -66,3 +66,6 @@ labs: setup
 
 clean:
 	rm -rf $(VENV) .cache
+
+bench: setup
+	$(PY) -m gpumem.bench

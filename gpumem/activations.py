@@ -148,3 +148,20 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
     return Activations(per_layer=per_layer, checkpoint_input=ckpt_input, layers=layers,
                        outside=outside, loss=loss, forward_peak=forward_peak,
                        recompute_peak=recompute_peak, parts=parts)
+
+
+def parts_table(cfg: ModelConfig, seq: int, batch: int = 1, recipe: str = "mixed") -> str:
+    """One layer's saved bytes by tensor group, per kernel, in MB (10^6) and in units of s*b*h."""
+    from . import units
+    sbh = seq * batch * cfg.d_model
+    cols = {k: layer_parts(cfg, seq, batch, k, elem_bytes(recipe)) for k in KERNELS}
+    names = list(dict.fromkeys(n for parts in cols.values() for n in parts))
+    lines = [f"{'one layer of ' + cfg.name + f', seq {seq} x batch {batch}':44s}"
+             + "".join(f"{k:>12s}" for k in KERNELS)]
+    for n in names:
+        lines.append(f"{n:44s}" + "".join(
+            f"{units.fmt(cols[k][n], 'MB', 0) if n in cols[k] else '-':>12s}" for k in KERNELS))
+    totals = {k: sum(cols[k].values()) for k in KERNELS}
+    lines.append(f"{'total':44s}" + "".join(f"{units.fmt(totals[k], 'MB', 0):>12s}" for k in KERNELS))
+    lines.append(f"{'total / (s*b*h)':44s}" + "".join(f"{totals[k] / sbh:>12.1f}" for k in KERNELS))
+    return "\n".join(lines)

@@ -6,6 +6,7 @@ status 2 and one line naming the bad value and what is accepted, never a traceba
 
 import argparse
 import json
+import re
 import sys
 
 from .errors import UsageError
@@ -44,10 +45,21 @@ def _check_env(args) -> int:
     return 0
 
 
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--params -70B`` reaches the option's own check (argparse would call -70B an option)."""
+    out: list[str] = []
+    for tok in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.fullmatch(r"-\d[\w.]*", tok):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else argv))
         if args.verb is None:
             parser.print_help()
             return 0

@@ -54,3 +54,34 @@ def scenario_box(model: str = "llama-3-70b", recipe: str = "mixed", seq: int = 4
 
 def recipe_box() -> str:
     return box("Bytes per parameter, by recipe", accounting.recipe_table().splitlines(), width=86)
+
+
+def scenario_explorer():
+    """Dropdowns and sliders that re-render :func:`scenario_box` (plain text without widgets)."""
+    from .quiz import widgets_available
+    if not widgets_available():
+        print(scenario_box())
+        return None
+    import ipywidgets as w
+    from IPython.display import display
+    from .llama import KERNELS, POLICIES
+
+    controls = dict(
+        model=w.Dropdown(options=[n for n, c in models.REGISTRY.items() if not c.teaching], value="llama-3-70b"),
+        recipe=w.Dropdown(options=accounting.RECIPES, value="mixed"),
+        seq=w.SelectionSlider(options=[512, 1024, 2048, 4096, 8192, 16384, 32768], value=4096),
+        micro_batch=w.IntSlider(min=1, max=16, value=1),
+        gpus=w.IntSlider(min=1, max=64, value=8),
+        checkpoint=w.Dropdown(options=POLICIES, value="none"),
+        attention=w.Dropdown(options=KERNELS, value="flash"))
+    out = w.Output(layout=w.Layout(font_family="monospace"))
+
+    def redraw(**kwargs):
+        out.clear_output(wait=True)
+        with out:
+            print(scenario_box(**kwargs))
+
+    ui = w.interactive(redraw, **controls)
+    display(w.VBox([w.HBox(list(controls.values())[:4]), w.HBox(list(controls.values())[4:]), out]))
+    redraw(**{k: c.value for k, c in controls.items()})
+    return ui

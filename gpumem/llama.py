@@ -58,17 +58,19 @@ class _FusedRMSNormFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)   # (..., 1) fp32
+        acc = torch.promote_types(x.dtype, torch.float32)                # fp32 (fp64 stays fp64)
+        rstd = torch.rsqrt(x.to(acc).pow(2).mean(-1, keepdim=True) + eps)   # (..., 1)
         ctx.save_for_backward(x, weight, rstd)
-        return (x.float() * rstd).to(x.dtype) * weight
+        return (x.to(acc) * rstd).to(x.dtype) * weight
 
     @staticmethod
     def backward(ctx, grad):
         x, weight, rstd = ctx.saved_tensors
-        xhat = x.float() * rstd
-        gw = grad.float() * weight.float()
+        acc = rstd.dtype
+        xhat = x.to(acc) * rstd
+        gw = grad.to(acc) * weight.to(acc)
         dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
-        dweight = (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0)
+        dweight = (grad.to(acc) * xhat).reshape(-1, x.shape[-1]).sum(0)
         return dx.to(x.dtype), dweight.to(weight.dtype), None
 
 

@@ -118,6 +118,14 @@ class PeakTracker(MemTracker):
             self.total = (snap[_TOTAL_KEY], moment, {n: snap.get(r, 0) for n, r in CATEGORIES.items()})
 
 
+class StockPeakTracker(PeakTracker):
+    """PeakTracker that also does MemTracker's own per-module peak bookkeeping (the naive cost)."""
+
+    def _update_peak_stats(self, peak_state) -> None:
+        MemTracker._update_peak_stats(self, peak_state)
+        super()._update_peak_stats(peak_state)
+
+
 def make_optimizer(model, recipe: str):
     """AdamW for the recipe, with its states created (steady state, as in a training loop)."""
     if recipe in ("mixed", "mixed-ds"):
@@ -164,7 +172,7 @@ def validate(recipe: str, kernel: str, policy: str, seq, micro_batch) -> tuple[i
 
 def trace_step(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str = "flash",
                policy: str = "none", seq: int = 4096, micro_batch: int = 1,
-               fake: bool = True, seed: int = 0) -> Trace:
+               fake: bool = True, seed: int = 0, tracker_cls: type = PeakTracker) -> Trace:
     """Run one training step of ``cfg`` under :class:`PeakTracker` and return its :class:`Trace`."""
     cfg = models.get(cfg) if isinstance(cfg, str) else cfg
     seq, micro_batch = validate(recipe, kernel, policy, seq, micro_batch)
@@ -174,7 +182,7 @@ def trace_step(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str
         gen = torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, cfg.vocab, (micro_batch, seq + 1), generator=None if fake else gen)
         inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].reshape(-1)  # data, untracked
-        tracker = PeakTracker()
+        tracker = tracker_cls()
         tracker.track_external(model, opt)
         if isinstance(opt, MasterWeightAdamW):
             opt.on_fp32_grad = lambda t: tracker.retag(t, "grads")

@@ -1,0 +1,46 @@
+"""The DeepSpeed op cache: stale JIT locks are cleared, live ones are left alone."""
+
+import os
+import subprocess
+import time
+
+from gpumem import dsops
+
+
+def test_stale_lock_is_removed(tmp_path):
+    op = tmp_path / "cpu_adam"
+    op.mkdir()
+    lock = op / "lock"
+    lock.touch()
+    old = time.time() - 60
+    os.utime(lock, (old, old))
+    assert dsops.clear_stale_locks(tmp_path) == [lock]
+    assert not lock.exists()
+
+
+def test_lock_of_a_running_build_is_kept(tmp_path):
+    op = tmp_path / "async_io"
+    op.mkdir()
+    lock = op / "lock"
+    lock.touch()
+    old = time.time() - 60
+    os.utime(lock, (old, old))
+    builder = subprocess.Popen(["sleep", "30"], cwd=op)   # a compiler working in the op dir
+    try:
+        assert dsops.clear_stale_locks(tmp_path) == []
+        assert lock.exists()
+    finally:
+        builder.kill()
+        builder.wait()
+
+
+def test_fresh_lock_is_kept(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "lock").touch()
+    assert dsops.clear_stale_locks(tmp_path) == []
+
+
+def test_ops_are_built_in_the_course_cache():
+    # make test runs `python -m gpumem.dsops prepare` first
+    for name in dsops.wanted_ops():
+        assert dsops.op_built(name), f"{name} not built in {dsops.cache_dir()}"

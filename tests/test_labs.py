@@ -1,0 +1,73 @@
+"""Labs: generated from solutions and up to date; one grader for solution and lab alike."""
+
+import json
+
+import nbformat
+import pytest
+
+from conftest import ROOT
+from gpumem import labchecks, labgen
+
+SOLUTIONS = sorted((ROOT / "solutions").glob("lab*.ipynb"))
+
+
+def notebook_namespace(path) -> dict:
+    """Run a lab's code cells (all but the check cell) in a fresh namespace, as a kernel would."""
+    ns: dict = {}
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "code" and "labchecks" not in cell.source:
+            exec(compile(cell.source, str(path), "exec"), ns)
+    return ns
+
+
+def test_labs_are_up_to_date():
+    assert labgen.sync(ROOT, check=True) == [], "run `python -m gpumem.labgen` (or make labs)"
+
+
+def test_every_solution_has_a_checker():
+    assert SOLUTIONS
+    for path in SOLUTIONS:
+        assert path.stem in labchecks.CHECKS
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_solution_passes_its_check(path):
+    report = labchecks.CHECKS[path.stem](notebook_namespace(path), show=False)
+    assert report.solved, report.summary()
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_unsolved_lab_reports_what_is_left(path):
+    lab = ROOT / "labs" / path.name
+    ns = notebook_namespace(lab)          # must not crash: TODOs raise only when called
+    report = labchecks.CHECKS[path.stem](ns, show=False)
+    assert not report.solved and not report.problems
+    assert report.todo and "still to do" in report.summary()
+
+
+def test_wrong_answer_is_named_with_expected_and_got():
+    ns = notebook_namespace(ROOT / "solutions" / "lab01_memory_calculator.ipynb")
+    right = ns["model_state_bytes"]
+    ns["model_state_bytes"] = lambda n_params, recipe, gpus=1, zero=0: {
+        **right(n_params, recipe, gpus, zero), "optimizer": 4 * n_params}   # the note's mistake
+    report = labchecks.lab01(ns, show=False)
+    wrong = [r for r in report.problems if r.function == "model_state_bytes"]
+    assert wrong and all("expected" in r.detail and "got" in r.detail for r in wrong)
+    assert any("mixed, 1 GPU" in r.case for r in wrong)
+    assert not any("pure-bf16, 1 GPU" in r.case for r in wrong)   # 4 B is right for pure bf16
+
+
+def test_strip_solutions_keeps_indentation_and_everything_else():
+    src = "def f(x):\n    '''doc'''\n    ### BEGIN SOLUTION\n    return x + 1\n    ### END SOLUTION\n\nprint(1)"
+    out = labgen.strip_solutions(src)
+    assert out == "def f(x):\n    '''doc'''\n    # YOUR CODE HERE\n    raise NotImplementedError(\"TODO: your code here\")\n\nprint(1)"
+    with pytest.raises(ValueError):
+        labgen.strip_solutions("### BEGIN SOLUTION\nx = 1\n")
+
+
+def test_generated_lab_has_no_outputs_and_no_answers():
+    for path in SOLUTIONS:
+        lab = json.loads((ROOT / "labs" / path.name).read_text())
+        text = json.dumps(lab)
+        assert "BEGIN SOLUTION" not in text
+        assert all(not c.get("outputs") for c in lab["cells"] if c["cell_type"] == "code")
