@@ -1,0 +1,60 @@
+"""Rank functions for chapter 02 (run them with ``gpumem.launch.run``), and their references."""
+
+import torch
+
+from . import models
+from .llama import Llama
+from .zero import ZeroAdamW
+
+HYPER = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def batches(cfg, steps: int, batch: int, seq: int, seed: int = 0) -> torch.Tensor:
+    """(steps, batch, seq + 1) token ids, the same on every rank (each takes its slice)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    return torch.randint(0, cfg.vocab, (steps, batch, seq + 1), generator=gen)
+
+
+def build(model: str, seed: int = 0) -> Llama:
+    torch.manual_seed(seed)
+    return Llama(models.get(model))   # fp32, identical on every rank
+
+
+def from_scratch(rank: int, world: int, stage: int, model: str = "tiny", steps: int = 3,
+                 seq: int = 32, batch_per_rank: int = 2, seed: int = 0) -> dict:
+    """Train with :class:`ZeroAdamW`; return losses, measured bytes, communication, weights."""
+    net = build(model, seed)
+    data = batches(net.cfg, steps, world * batch_per_rank, seq, seed)
+    opt = ZeroAdamW(net, stage, **HYPER)
+    losses, measured = [], None
+    for step in range(steps):
+        mine = data[step, rank * batch_per_rank:(rank + 1) * batch_per_rank]
+        loss = net(mine[:, :-1], mine[:, 1:])
+        loss.backward()
+        opt.step()
+        measured = opt.state_bytes()      # after the step, before gradients are dropped
+        opt.zero_grad()
+        losses.append(loss.item())
+    comm = {"volume": dict(opt.comm.volume), "calls": dict(opt.comm.calls),
+            "per_step": opt.comm.total() / steps}
+    weights = opt.full_parameters()
+    return {"rank": rank, "stage": stage, "losses": losses, "bytes": measured, "comm": comm,
+            "n_params": sum(opt.numel.values()),
+            "shard_elems": sum(opt.chunk.values()) if stage else None,
+            "weights": weights if rank == 0 else None}
+
+
+def reference(world: int, model: str = "tiny", steps: int = 3, seq: int = 32, batch_per_rank: int = 2,
+              seed: int = 0) -> dict:
+    """The same training in one process with torch.optim.AdamW on the whole batch."""
+    net = build(model, seed)
+    data = batches(net.cfg, steps, world * batch_per_rank, seq, seed)
+    opt = torch.optim.AdamW(net.parameters(), foreach=False, **HYPER)
+    losses = []
+    for step in range(steps):
+        loss = net(data[step, :, :-1], data[step, :, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "weights": [p.detach().clone() for p in net.parameters()]}
