@@ -56,6 +56,15 @@ def register(sub) -> None:
     p.add_argument("--full", action="store_true", help="trace every layer (slow) instead of composing")
     p.set_defaults(func=_trace)
 
+    from .experiments import EXPERIMENTS
+    p = sub.add_parser("run", help="run a chapter's experiment on CPU ranks (or GPUs)")
+    p.add_argument("experiment", choices=EXPERIMENTS)
+    p.add_argument("--ranks", type=positive("--ranks"), default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--model", default=None, help="a registry model (default: the experiment's own)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_run)
+
 
 def _activation_options(args) -> dict:
     given = {k: v for k, v in [("--seq", args.seq), ("--micro-batch", args.micro_batch),
@@ -106,4 +115,30 @@ def _trace(args) -> int:
     for name, value in tr.peaks.items():
         print(f"  {name:12s} peak {units.fmt_both(value):26s} at {tr.peak_moments[name]}")
     print(f"  {'total':12s} peak {units.fmt_both(tr.total_peak):26s} at {tr.total_peak_moment}")
+    return 0
+
+
+def _run(args) -> int:
+    import torch
+
+    from . import experiments, models
+    if args.device == "cuda" and args.ranks > torch.cuda.device_count():
+        raise UsageError(f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has "
+                         f"{torch.cuda.device_count()} (use --device cpu for CPU ranks)")
+    if args.ranks > 8 and args.device == "cpu":
+        raise UsageError(f"--ranks {args.ranks} is too many CPU ranks for a laptop; accepted: 1 to 8")
+    kwargs = {"ranks": args.ranks, "device": args.device, "progress": not args.json}
+    if args.model is not None:
+        kwargs["model"] = models.get(args.model).name
+    fn = {"zero": experiments.zero, "gather-trace": experiments.gather_trace}[args.experiment]
+    result = fn(**kwargs)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    if args.experiment == "zero":
+        from .diagrams_zero import zero_results_table
+        print(zero_results_table(result))
+    else:
+        from .diagrams_zero import gather_counts_table
+        print(gather_counts_table(result))
     return 0

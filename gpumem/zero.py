@@ -54,6 +54,7 @@ class ZeroAdamW:
         self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.device = self.params[0].device
         self.comm = CommLog()
         self.t = 0
         self.numel = {p: p.numel() for p in self.params}
@@ -64,8 +65,8 @@ class ZeroAdamW:
             self.m = {p: torch.zeros_like(p) for p in self.params}
             self.v = {p: torch.zeros_like(p) for p in self.params}
             return
-        self.m = {p: torch.zeros(self.chunk[p]) for p in self.params}
-        self.v = {p: torch.zeros(self.chunk[p]) for p in self.params}
+        self.m = {p: torch.zeros(self.chunk[p], device=self.device) for p in self.params}
+        self.v = {p: torch.zeros(self.chunk[p], device=self.device) for p in self.params}
         if stage == 3:
             self.shard = {p: self._padded(p.detach())[self._range(p)].clone() for p in self.params}
             for p in self.params:
@@ -85,14 +86,14 @@ class ZeroAdamW:
         return math.ceil(n / self.world) * self.world
 
     def _all_gather(self, shard: torch.Tensor, n: int, shape) -> torch.Tensor:
-        full = torch.empty(shard.numel() * self.world)
+        full = torch.empty(shard.numel() * self.world, device=self.device)
         dist.all_gather_into_tensor(full, shard)
         self.comm.add("all_gather", full.numel())
         return full[:n].view(shape)
 
     def _reduce_scatter(self, grad: torch.Tensor) -> torch.Tensor:
         flat = self._padded(grad)
-        out = torch.empty(flat.numel() // self.world)
+        out = torch.empty(flat.numel() // self.world, device=self.device)
         dist.reduce_scatter_tensor(out, flat)
         self.comm.add("reduce_scatter", flat.numel())
         return out.div_(self.world)
@@ -112,7 +113,7 @@ class ZeroAdamW:
 
     @staticmethod
     def _release(p) -> None:
-        p.data = torch.empty(0, dtype=p.dtype)
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
     def _install_hooks(self) -> None:
         for module in self.model.modules():

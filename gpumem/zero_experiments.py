@@ -20,12 +20,20 @@ def build(model: str, seed: int = 0) -> Llama:
     return Llama(models.get(model))   # fp32, identical on every rank
 
 
+def device_of_rank(rank: int) -> torch.device:
+    return torch.device("cuda", rank) if torch.cuda.is_available() and torch.distributed.get_backend() == "nccl" \
+        else torch.device("cpu")
+
+
 def from_scratch(rank: int, world: int, stage: int, model: str = "tiny", steps: int = 3,
                  seq: int = 32, batch_per_rank: int = 2, seed: int = 0) -> dict:
     """Train with :class:`ZeroAdamW`; return losses, measured bytes, communication, weights."""
-    net = build(model, seed)
-    data = batches(net.cfg, steps, world * batch_per_rank, seq, seed)
+    device = device_of_rank(rank)
+    net = build(model, seed).to(device)
+    data = batches(net.cfg, steps, world * batch_per_rank, seq, seed).to(device)
     opt = ZeroAdamW(net, stage, **HYPER)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     losses, measured = [], None
     for step in range(steps):
         mine = data[step, rank * batch_per_rank:(rank + 1) * batch_per_rank]
@@ -37,8 +45,10 @@ def from_scratch(rank: int, world: int, stage: int, model: str = "tiny", steps: 
         losses.append(loss.item())
     comm = {"volume": dict(opt.comm.volume), "calls": dict(opt.comm.calls),
             "per_step": opt.comm.total() / steps}
-    weights = opt.full_parameters()
+    weights = [w.cpu() for w in opt.full_parameters()]
+    cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return {"rank": rank, "stage": stage, "losses": losses, "bytes": measured, "comm": comm,
+            "cuda_max_memory_allocated": cuda_peak,
             "n_params": sum(opt.numel.values()),
             "shard_elems": sum(opt.chunk.values()) if stage else None,
             "weights": weights if rank == 0 else None}
@@ -58,3 +68,8 @@ def reference(world: int, model: str = "tiny", steps: int = 3, seq: int = 32, ba
         opt.zero_grad()
         losses.append(loss.item())
     return {"losses": losses, "weights": [p.detach().clone() for p in net.parameters()]}
+
+
+def from_scratch_stages(rank: int, world: int, stages=(0, 1, 2, 3), **kwargs) -> dict:
+    """All stages in one launch (a fresh model and optimizer for each)."""
+    return {stage: from_scratch(rank, world, stage, **kwargs) for stage in stages}

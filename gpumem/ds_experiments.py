@@ -1,0 +1,176 @@
+"""Real DeepSpeed on CPU ranks for chapter 02 (run with ``launch.run(..., deepspeed=True)``).
+
+All ZeRO stages run in one launch: the engine is re-created in the same processes for each
+stage. fp32 training with ``torch_adam`` (no fused_adam build on CPU). What each engine holds is
+read from the engine itself: DeepSpeed's fp32 partitions, the optimizer's state tensors, and
+under stage 3 each parameter's shard (``param.ds_tensor``).
+"""
+
+import contextlib
+import io
+import logging
+
+import torch
+
+from .zero_experiments import HYPER, batches, build
+
+
+def ds_config(stage: int, batch_per_rank: int, extra_zero: dict | None = None) -> dict:
+    return {"train_micro_batch_size_per_gpu": batch_per_rank, "gradient_accumulation_steps": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": HYPER["lr"], "betas": list(HYPER["betas"]),
+                                                       "eps": HYPER["eps"], "weight_decay": HYPER["weight_decay"],
+                                                       "torch_adam": True}},
+            "zero_optimization": {"stage": stage, **(extra_zero or {})},
+            "steps_per_print": 10**9, "wall_clock_breakdown": False}
+
+
+def _numel(tensors) -> int:
+    return sum(t.numel() for t in tensors)
+
+
+def held(engine, net, stage: int) -> dict:
+    """Elements this rank holds, read from DeepSpeed's own structures."""
+    opt = engine.optimizer
+    if stage == 0:
+        states = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
+        return {"params": _numel(net.parameters()), "fp32_partition": 0, "optimizer_states": _numel(states)}
+    inner = opt.optimizer
+    states = [v for s in inner.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
+    if stage == 3:
+        return {"params": sum(p.ds_tensor.numel() for p in net.parameters()),
+                "fp32_partition": _numel(opt.fp32_partitioned_groups_flat),
+                "optimizer_states": _numel(states)}
+    return {"params": _numel(net.parameters()), "fp32_partition": _numel(opt.single_partition_of_fp32_groups),
+            "optimizer_states": _numel(states)}
+
+
+def deepspeed_stages(rank: int, world: int, stages=(0, 1, 2, 3), model: str = "tiny", steps: int = 3,
+                     seq: int = 32, batch_per_rank: int = 2, seed: int = 0) -> dict:
+    import deepspeed
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    out = {}
+    for stage in stages:
+        net = build(model, seed)
+        data = batches(net.cfg, steps, world * batch_per_rank, seq, seed)
+        with contextlib.redirect_stdout(io.StringIO()):
+            engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
+                                              config=ds_config(stage, batch_per_rank))
+        losses = []
+        for step in range(steps):
+            mine = data[step, rank * batch_per_rank:(rank + 1) * batch_per_rank]
+            loss = engine(mine[:, :-1], mine[:, 1:])
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        out[stage] = {"losses": losses, "held": held(engine, net, stage),
+                      "n_params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in net.parameters())}
+        engine.destroy()
+        del engine, net
+    return out
+
+
+# ---- the ZeRO-3 gather trace --------------------------------------------------------------
+# DeepSpeed 0.19.8's PartitionedParameterCoordinator does the fetching; we wrap three of its
+# methods to record what they do (the originals still run): the per-module fetch, the coalesced
+# all-gather of the parameters that are not on this rank, and the release back to a shard.
+# Name-mangled private methods: the DeepSpeed version is pinned and tests check they exist.
+_COORD = "deepspeed.runtime.zero.partitioned_param_coordinator"
+_GATHER = "_PartitionedParameterCoordinator__all_gather_params_"
+_RELEASE = "_PartitionedParameterCoordinator__release_param"
+
+# DeepSpeed's defaults measured against one Llama-3-70B layer (856 M parameters).
+DEFAULTS_70B = {"stage3_param_persistence_threshold": 1e5, "stage3_max_reuse_distance": 1e9,
+                "stage3_prefetch_bucket_size": 5e7}
+
+
+def scaled_zero3_config(cfg) -> dict:
+    """DeepSpeed's stage-3 thresholds scaled from a 70B layer to this model's layer size, so a
+    tiny model gathers, keeps and prefetches the way Llama-3-70B does with the defaults."""
+    from . import models
+    ratio = cfg.layer_params() / models.get("llama-3-70b").layer_params()
+    scaled = {k: max(int(v * ratio), 1) for k, v in DEFAULTS_70B.items()}
+    scaled["stage3_param_persistence_threshold"] = max(scaled["stage3_param_persistence_threshold"],
+                                                       cfg.d_model + 1)   # norms stay whole, as in 70B
+    return scaled
+
+
+def gather_trace(rank: int, world: int, model: str = "mini", steps: int = 2, seq: int = 32,
+                 batch_per_rank: int = 1, seed: int = 0, scaled: bool = True) -> dict:
+    """Every parameter fetch, all-gather and release of ZeRO-3, for each training step."""
+    import importlib
+
+    import deepspeed
+    coord_mod = importlib.import_module(_COORD)
+    Coord = coord_mod.PartitionedParameterCoordinator
+    net = build(model, seed)
+    names = {id(p): n for n, p in net.named_parameters()}
+    modules = {id(m): n or "model" for n, m in net.named_modules()}
+    events: list[dict] = []
+    state = {"step": 0}
+
+    orig_fetch, orig_gather, orig_release = Coord.fetch_sub_module, getattr(Coord, _GATHER), getattr(Coord, _RELEASE)
+
+    def fetch(self, module, forward):
+        events.append({"step": state["step"], "event": "fetch", "phase": "forward" if forward else "backward",
+                       "module": modules.get(id(module), "?")})
+        return orig_fetch(self, module, forward)
+
+    def gather(self, params, forward, quantize=False):
+        todo = [p for p in params if p.ds_status.name == "NOT_AVAILABLE"]
+        if todo:
+            events.append({"step": state["step"], "event": "all-gather", "phase": "forward" if forward else "backward",
+                           "params": sorted(names.get(id(p), "?") for p in todo),
+                           "bytes": sum(p.ds_numel * p.element_size() for p in todo)})
+        return orig_gather(self, params, forward, quantize)
+
+    def release(self, param, free_data=True):
+        if param.ds_status.name == "AVAILABLE" and not param.ds_active_sub_modules:
+            events.append({"step": state["step"], "event": "release", "params": [names.get(id(param), "?")],
+                           "bytes": param.ds_numel * param.element_size()})
+        return orig_release(self, param, free_data)
+
+    setattr(Coord, "fetch_sub_module", fetch)
+    setattr(Coord, _GATHER, gather)
+    setattr(Coord, _RELEASE, release)
+    zero = scaled_zero3_config(net.cfg) if scaled else {}
+    try:
+        data = batches(net.cfg, steps, world * batch_per_rank, seq, seed)
+        with contextlib.redirect_stdout(io.StringIO()):
+            engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
+                                              config=ds_config(3, batch_per_rank, zero))
+        persistent = sorted(n for n, p in net.named_parameters() if p.ds_persist)
+        for step in range(steps):
+            state["step"] = step
+            mine = data[step, rank * batch_per_rank:(rank + 1) * batch_per_rank]
+            loss = engine(mine[:, :-1], mine[:, 1:])
+            engine.backward(loss)
+            engine.step()
+        engine.destroy()
+    finally:
+        setattr(Coord, "fetch_sub_module", orig_fetch)
+        setattr(Coord, _GATHER, orig_gather)
+        setattr(Coord, _RELEASE, orig_release)
+    owners = sorted({n.rsplit(".", 1)[0] for n, p in net.named_parameters() if n not in persistent})
+    return {"rank": rank, "events": events, "persistent": persistent, "config": zero, "owners": owners,
+            "n_layers": net.cfg.n_layers, "counts": gather_counts(events, set(owners))}
+
+
+def gather_counts(events: list[dict], owners: set[str]) -> dict:
+    """Per step and phase: fetches of modules that own sharded parameters, all-gather calls,
+    parameters gathered, releases. (Container modules are fetched too, with nothing to gather.)"""
+    out: dict = {}
+    for e in events:
+        key = f"step{e['step']}"
+        row = out.setdefault(key, {"forward_fetches": 0, "backward_fetches": 0, "forward_all_gathers": 0,
+                                   "backward_all_gathers": 0, "params_gathered": 0, "bytes_gathered": 0,
+                                   "releases": 0})
+        if e["event"] == "fetch":
+            if e["module"] in owners:
+                row[f"{e['phase']}_fetches"] += 1
+        elif e["event"] == "all-gather":
+            row[f"{e['phase']}_all_gathers"] += 1
+            row["params_gathered"] += len(e["params"])
+            row["bytes_gathered"] += e["bytes"]
+        else:
+            row["releases"] += 1
+    return out
