@@ -48,10 +48,14 @@ def deepspeed_stages(rank: int, world: int, stages=(0, 1, 2, 3), model: str = "t
                      seq: int = 32, batch_per_rank: int = 2, seed: int = 0) -> dict:
     import deepspeed
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    from .zero_experiments import device_of_rank
+    device = device_of_rank(rank)
     out = {}
     for stage in stages:
-        net = build(model, seed)
-        data = batches(net.cfg, steps, world * batch_per_rank, seq, seed)
+        net = build(model, seed).to(device)
+        data = batches(net.cfg, steps, world * batch_per_rank, seq, seed).to(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         with contextlib.redirect_stdout(io.StringIO()):
             engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
                                               config=ds_config(stage, batch_per_rank))
@@ -63,6 +67,8 @@ def deepspeed_stages(rank: int, world: int, stages=(0, 1, 2, 3), model: str = "t
             engine.step()
             losses.append(loss.item())
         out[stage] = {"losses": losses, "held": held(engine, net, stage),
+                      "cuda_max_memory_allocated": torch.cuda.max_memory_allocated(device)
+                      if device.type == "cuda" else None,
                       "n_params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in net.parameters())}
         engine.destroy()
         del engine, net
@@ -174,3 +180,12 @@ def gather_counts(events: list[dict], owners: set[str]) -> dict:
         else:
             row["releases"] += 1
     return out
+
+
+def sharded_bytes(events: list[dict]) -> int:
+    """Bytes of all sharded parameters (each counted once), from a trace's all-gathers."""
+    seen: dict[str, int] = {}
+    for e in events:
+        if e["event"] == "release":
+            seen[e["params"][0]] = e["bytes"]
+    return sum(seen.values())

@@ -33,7 +33,9 @@ def zero(ranks: int = 2, device: str = "cpu", model: str = "tiny", steps: int = 
         ds = launch.run("gpumem.ds_experiments:deepspeed_stages", ranks, device, deepspeed=True,
                         progress=progress, model=model, steps=steps)
         out["deepspeed"] = {str(stage): {
-            "ranks": [{"rank": r, "held_elements": ds[r][stage]["held"]} for r in range(ranks)],
+            "ranks": [{"rank": r, "held_elements": ds[r][stage]["held"],
+                       "cuda_max_memory_allocated": ds[r][stage]["cuda_max_memory_allocated"]}
+                      for r in range(ranks)],
             "losses": [sum(ds[r][stage]["losses"][i] for r in range(ranks)) / ranks for i in range(steps)]}
             for stage in ds[0]}
     return out

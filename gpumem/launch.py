@@ -120,5 +120,27 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
                 log.close()
 
 
+def _under_external_launcher(argv: list[str]) -> int:
+    """``torchrun ... -m gpumem.launch --env module:function [--deepspeed] [key=value ...]``:
+    the process group comes from the launcher's environment; rank 0 prints the results as JSON."""
+    import json
+    target, rest = argv[0], argv[1:]
+    use_ds = "--deepspeed" in rest
+    kwargs = {k: json.loads(v) for k, v in (a.split("=", 1) for a in rest if "=" in a)}
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    init(device, use_ds)
+    module, name = target.split(":")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    result = getattr(importlib.import_module(module), name)(rank, world, **kwargs)
+    gathered = [None] * world
+    torch.distributed.all_gather_object(gathered, result)
+    if rank == 0:
+        print(json.dumps(gathered, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+    torch.distributed.destroy_process_group()
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--env":
+        sys.exit(_under_external_launcher(sys.argv[2:]))
     sys.exit(_worker(Path(sys.argv[1]), int(sys.argv[2])))

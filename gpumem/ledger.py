@@ -29,7 +29,7 @@ class Claim:
         return "agrees" if err <= 0.03 else "close" if err <= 0.15 else "wrong"
 
     def row(self) -> tuple[str, str, str, str, str]:
-        fmt = (lambda v: units.fmt(v, "GB", 1)) if self.unit == "GB" else (lambda v: f"{v:.1%}")
+        fmt = (lambda v: units.fmt(v, "GB", 1)) if self.unit == "GB" else (lambda v: f"{v:,.4g} {self.unit}")
         return self.id, self.what, fmt(self.note), fmt(self.ours()), self.verdict()
 
 
@@ -100,3 +100,29 @@ def table(claims: list[Claim]) -> str:
 
 def explanations(claims: list[Claim]) -> str:
     return "\n".join(f"[{c.id}] {c.verdict()}: {c.why()}" for c in claims)
+
+
+def _fetches_per_pass(model: str) -> int:
+    """Modules whose parameters ZeRO-3 gathers in one forward: 7 linear layers per block (q, k,
+    v, o, gate, up, down), the embedding and the head; RMSNorm weights stay whole (persistent)."""
+    return 7 * models.get(model).n_layers + 2
+
+
+def chapter_02(zero_result: dict | None = None) -> list[Claim]:
+    """The note's ZeRO table and gather claims; with a ``experiments.zero`` result, the measured
+    communication volume joins the ledger."""
+    claims = [c for c in CHAPTER_01 if c.id.startswith("2")] + [
+        Claim("3a", "all-gathers per forward, 70B (note: 32 x 4)", 128,
+              lambda: _fetches_per_pass("llama-3-70b"),
+              lambda: "DeepSpeed fetches per submodule: attention has 4 matrices and the MLP 3, not 2 "
+                      "and 2; 70B has 80 layers, not 32; the embedding and head add 2. The backward pass "
+                      "gathers them again.", unit="fetches")]
+    if zero_result is not None:
+        claims.append(Claim(
+            "3b", "communication per step, in units of psi", 1,
+            lambda: zero_result["stages"]["3"]["comm_per_step_in_psi"],
+            lambda: "One pass moves psi, but a step gathers the parameters for forward and again for "
+                    "backward, and reduce-scatters the gradients: measured on "
+                    f"{zero_result['ranks']} ranks, against "
+                    f"{zero_result['stages']['0']['comm_per_step_in_psi']:g} psi for DDP.", unit="psi"))
+    return claims

@@ -44,6 +44,49 @@ class CommLog:
         return sum(self.volume.values())
 
 
+def padded(t: torch.Tensor, world: int) -> torch.Tensor:
+    """``t`` flattened and zero-padded to a multiple of ``world`` elements."""
+    flat = t.reshape(-1)
+    return F.pad(flat, (0, math.ceil(flat.numel() / world) * world - flat.numel()))
+
+
+def my_shard(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard (a copy) of a whole tensor: ceil(n / N) elements, the last padded."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    c = math.ceil(t.numel() / world)
+    return padded(t.detach(), world)[rank * c:(rank + 1) * c].clone()
+
+
+def reduce_scatter_mean(grad: torch.Tensor, log: "CommLog | None" = None) -> torch.Tensor:
+    """Sum ``grad`` over all ranks and keep this rank's shard of the mean."""
+    world = dist.get_world_size()
+    flat = padded(grad, world)
+    out = torch.empty(flat.numel() // world, dtype=grad.dtype, device=grad.device)
+    dist.reduce_scatter_tensor(out, flat)
+    if log is not None:
+        log.add("reduce_scatter", flat.numel())
+    return out.div_(world)
+
+
+def all_gather_full(shard: torch.Tensor, numel: int, shape, log: "CommLog | None" = None) -> torch.Tensor:
+    """Every rank's shard, concatenated, unpadded and reshaped to the whole tensor."""
+    full = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype, device=shard.device)
+    dist.all_gather_into_tensor(full, shard)
+    if log is not None:
+        log.add("all_gather", full.numel())
+    return full[:numel].view(shape)
+
+
+def adamw_update(param, grad, m, v, t: int, lr, betas, eps, weight_decay) -> None:
+    """One AdamW update in place (torch.optim.AdamW's math, decoupled weight decay)."""
+    b1, b2 = betas
+    param.mul_(1 - lr * weight_decay)
+    m.lerp_(grad, 1 - b1)
+    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    denom = (v.sqrt() / math.sqrt(1 - b2 ** t)).add_(eps)
+    param.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
+
+
 class ZeroAdamW:
     """AdamW sharded ZeRO-style over the default process group. Call ``step()`` after backward."""
 
@@ -68,35 +111,17 @@ class ZeroAdamW:
         self.m = {p: torch.zeros(self.chunk[p], device=self.device) for p in self.params}
         self.v = {p: torch.zeros(self.chunk[p], device=self.device) for p in self.params}
         if stage == 3:
-            self.shard = {p: self._padded(p.detach())[self._range(p)].clone() for p in self.params}
+            self.shard = {p: my_shard(p) for p in self.params}
             for p in self.params:
                 self._release(p)
             self._install_hooks()
 
-    # ---- shards -------------------------------------------------------------------------
-    def _range(self, p) -> slice:
-        c = self.chunk[p]
-        return slice(self.rank * c, (self.rank + 1) * c)
-
-    def _padded(self, t: torch.Tensor) -> torch.Tensor:
-        flat = t.reshape(-1)
-        return F.pad(flat, (0, self._pad_to(flat.numel()) - flat.numel()))
-
-    def _pad_to(self, n: int) -> int:
-        return math.ceil(n / self.world) * self.world
-
+    # ---- shards ----------------------------------------------------------------------------
     def _all_gather(self, shard: torch.Tensor, n: int, shape) -> torch.Tensor:
-        full = torch.empty(shard.numel() * self.world, device=self.device)
-        dist.all_gather_into_tensor(full, shard)
-        self.comm.add("all_gather", full.numel())
-        return full[:n].view(shape)
+        return all_gather_full(shard, n, shape, self.comm)
 
     def _reduce_scatter(self, grad: torch.Tensor) -> torch.Tensor:
-        flat = self._padded(grad)
-        out = torch.empty(flat.numel() // self.world, device=self.device)
-        dist.reduce_scatter_tensor(out, flat)
-        self.comm.add("reduce_scatter", flat.numel())
-        return out.div_(self.world)
+        return reduce_scatter_mean(grad, self.comm)
 
     # ---- stage 3: gather before use, release after ------------------------------------------
     def _gather(self, p) -> None:
@@ -135,12 +160,7 @@ class ZeroAdamW:
 
     # ---- the step -------------------------------------------------------------------------
     def _adamw(self, param, grad, m, v) -> None:
-        b1, b2 = self.betas
-        param.mul_(1 - self.lr * self.wd)
-        m.lerp_(grad, 1 - b1)
-        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        denom = (v.sqrt() / math.sqrt(1 - b2 ** self.t)).add_(self.eps)
-        param.addcdiv_(m, denom, value=-self.lr / (1 - b1 ** self.t))
+        adamw_update(param, grad, m, v, self.t, self.lr, self.betas, self.eps, self.wd)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -157,7 +177,7 @@ class ZeroAdamW:
                 self.grad_shard[p] = self._reduce_scatter(p.grad)
                 if self.stage == 2:
                     p.grad = None         # only the shard of the reduced gradient is kept
-                mine = self._padded(p.detach())[self._range(p)].clone()
+                mine = my_shard(p)
                 self._adamw(mine, self.grad_shard[p], self.m[p], self.v[p])
                 p.copy_(self._all_gather(mine, self.numel[p], self.shape[p]))
                 if self.stage == 1:       # the full gradient stays; the reduced shard was temporary

@@ -1,6 +1,7 @@
 """Labs: generated from solutions and up to date; one grader for solution and lab alike."""
 
 import json
+import linecache
 
 import nbformat
 import pytest
@@ -12,11 +13,14 @@ SOLUTIONS = sorted((ROOT / "solutions").glob("lab*.ipynb"))
 
 
 def notebook_namespace(path) -> dict:
-    """Run a lab's code cells (all but the check cell) in a fresh namespace, as a kernel would."""
+    """Run a lab's code cells (all but the check cell) in a fresh namespace, as a kernel would,
+    keeping each cell's source readable by ``inspect`` (as IPython does)."""
     ns: dict = {}
-    for cell in nbformat.read(path, as_version=4).cells:
+    for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
         if cell.cell_type == "code" and "labchecks" not in cell.source:
-            exec(compile(cell.source, str(path), "exec"), ns)
+            name = f"<{path.name} cell {i}>"
+            linecache.cache[name] = (len(cell.source), None, cell.source.splitlines(True), name)
+            exec(compile(cell.source, name, "exec"), ns)
     return ns
 
 
@@ -71,3 +75,21 @@ def test_generated_lab_has_no_outputs_and_no_answers():
         text = json.dumps(lab)
         assert "BEGIN SOLUTION" not in text
         assert all(not c.get("outputs") for c in lab["cells"] if c["cell_type"] == "code")
+
+
+def test_lab02_names_the_first_diverging_tensor():
+    ns = notebook_namespace(ROOT / "solutions" / "lab02_sharded_adamw.ipynb")
+    source = """
+def sharded_adamw_step(params, m, v, t, lr, betas, eps, weight_decay):
+    from gpumem.zero import adamw_update, all_gather_full, my_shard, reduce_scatter_mean
+    for i, p in enumerate(params):
+        g = reduce_scatter_mean(p.grad) * 2          # forgot that the helper already averages
+        w = my_shard(p)
+        adamw_update(w, g, m[i], v[i], t, lr, betas, eps, weight_decay)
+        p.copy_(all_gather_full(w, p.numel(), p.shape))
+"""
+    linecache.cache["<wrong>"] = (len(source), None, source.splitlines(True), "<wrong>")
+    exec(compile(source, "<wrong>", "exec"), ns)
+    report = labchecks.lab02(ns, show=False)
+    assert not report.solved
+    assert "first diverging tensor: embed.weight on rank 0" in report.problems[0].detail
