@@ -15,6 +15,17 @@ import math
 import torch
 
 
+def adamw_update(param, grad, m, v, t: int, lr, betas, eps, weight_decay) -> None:
+    """One AdamW update in place, for one tensor (torch.optim.AdamW's math: decoupled weight
+    decay, bias-corrected moments). ZeRO's sharded optimizer uses it too."""
+    b1, b2 = betas
+    param.mul_(1 - lr * weight_decay)
+    m.lerp_(grad, 1 - b1)
+    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    denom = (v.sqrt() / math.sqrt(1 - b2 ** t)).add_(eps)
+    param.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
+
+
 class MasterWeightAdamW(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  fp32_grads: bool = False):
@@ -44,21 +55,15 @@ class MasterWeightAdamW(torch.optim.Optimizer):
                 if self.on_fp32_grad is not None:
                     self.on_fp32_grad(grads32[p])
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
             for p in group["params"]:
                 if p not in grads32 and p.grad is None:
                     continue
                 grad = grads32.pop(p) if self.fp32_grads else p.grad.to(torch.float32)
                 st = self.state[p]
                 st["step"] += 1
-                master, m, v = st["master"], st["exp_avg"], st["exp_avg_sq"]
-                master.mul_(1 - group["lr"] * group["weight_decay"])
-                m.lerp_(grad, 1 - beta1)
-                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                bc1 = 1 - beta1 ** st["step"]
-                bc2 = 1 - beta2 ** st["step"]
-                denom = (v.sqrt() / math.sqrt(bc2)).add_(group["eps"])
-                master.addcdiv_(m, denom, value=-group["lr"] / bc1)
+                master = st["master"]
+                adamw_update(master, grad, st["exp_avg"], st["exp_avg_sq"], st["step"], group["lr"],
+                             group["betas"], group["eps"], group["weight_decay"])
                 p.copy_(master)
-                del grad, denom
+                del grad
         return None

@@ -27,6 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .optim import adamw_update
+
 
 class CommLog:
     """Elements moved per rank by each kind of collective, in the ZeRO paper's units:
@@ -75,16 +77,6 @@ def all_gather_full(shard: torch.Tensor, numel: int, shape, log: "CommLog | None
     if log is not None:
         log.add("all_gather", full.numel())
     return full[:numel].view(shape)
-
-
-def adamw_update(param, grad, m, v, t: int, lr, betas, eps, weight_decay) -> None:
-    """One AdamW update in place (torch.optim.AdamW's math, decoupled weight decay)."""
-    b1, b2 = betas
-    param.mul_(1 - lr * weight_decay)
-    m.lerp_(grad, 1 - b1)
-    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-    denom = (v.sqrt() / math.sqrt(1 - b2 ** t)).add_(eps)
-    param.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
 
 
 class ZeroAdamW:
