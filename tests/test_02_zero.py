@@ -114,6 +114,8 @@ def test_gather_trace_counts_modules_and_two_passes():
                                          + ["norm.weight"])
     assert step0["bytes_gathered"] == 2 * dse.sharded_bytes(trace["events"])   # forward + backward
     assert trace["counts"]["step1"]["bytes_gathered"] < step0["bytes_gathered"]  # prefetch + reuse
+    step1_gathers = [p for e in trace["events"] if e["step"] == 1 and e["event"] == "all-gather" for p in e["params"]]
+    assert step1_gathers and not any("norm" in p for p in step1_gathers)          # persistent from step 1
 
 
 def test_run_zero_from_the_command_line():
