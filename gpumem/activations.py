@@ -29,6 +29,7 @@ segment.
 
 from dataclasses import dataclass, field
 
+from . import units
 from .errors import one_of, positive_int
 from .llama import KERNELS, POLICIES, checkpoint_plan
 from .models import ModelConfig
@@ -101,7 +102,12 @@ def softmax_moment(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int) 
     else:  # the larger of: adding the (s, s) mask (scores, mask, sum) and the softmax
         at_softmax = (2 + 4 + 4) * scores if e == 2 else 8 * scores
         live_scores = max(2 * e * scores + e * seq * seq, at_softmax)
-    return (e * T * h + 4 * T) + e * T * h + 3 * e * T * h + 2 * e * T * k + seq * seq + live_scores
+    return ((e * T * h + 4 * T)        # norm input + 1/rms
+            + e * T * h                # projection input
+            + 3 * e * T * h            # q, expanded k and v
+            + 2 * e * T * k            # k and v before expansion (held by the caller)
+            + seq * seq                # bool causal mask
+            + live_scores)
 
 
 def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash",
@@ -128,7 +134,9 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
 
     layers = saved_before(L)
     outside = rope + (e * T * h + 4 * T) + e * T * h
-    loss = (e + (4 if e == 2 else 0) + 4) * T * V + 8   # + the loss and nll's total weight (fp32)
+    # logits, their fp32 copy (none when already fp32), fp32 log-softmax; + the loss and nll's
+    # total weight, two fp32 scalars
+    loss = (e + (4 if e == 2 else 0) + 4) * T * V + 8
     forward_peak = layers + outside + loss
     if at_softmax:  # the last layer's softmax can top the loss (its input is in at_softmax)
         forward_peak = max(forward_peak, saved_before(L - 1) + rope + at_softmax)
@@ -152,7 +160,6 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
 
 def parts_table(cfg: ModelConfig, seq: int, batch: int = 1, recipe: str = "mixed") -> str:
     """One layer's saved bytes by tensor group, per kernel, in MB (10^6) and in units of s*b*h."""
-    from . import units
     sbh = seq * batch * cfg.d_model
     cols = {k: layer_parts(cfg, seq, batch, k, elem_bytes(recipe)) for k in KERNELS}
     names = list(dict.fromkeys(n for parts in cols.values() for n in parts))
