@@ -112,12 +112,13 @@ def gather_trace(rank: int, world: int, model: str = "mini", steps: int = 2, seq
     names = {id(p): n for n, p in net.named_parameters()}
     modules = {id(m): n or "model" for n, m in net.named_modules()}
     events: list[dict] = []
-    state = {"step": 0}
+    state = {"step": 0, "phase": "forward"}
 
     orig_fetch, orig_gather, orig_release = Coord.fetch_sub_module, getattr(Coord, _GATHER), getattr(Coord, _RELEASE)
 
     def fetch(self, module, forward):
-        events.append({"step": state["step"], "event": "fetch", "phase": "forward" if forward else "backward",
+        state["phase"] = "forward" if forward else "backward"
+        events.append({"step": state["step"], "event": "fetch", "phase": state["phase"],
                        "module": modules.get(id(module), "?")})
         return orig_fetch(self, module, forward)
 
@@ -131,7 +132,8 @@ def gather_trace(rank: int, world: int, model: str = "mini", steps: int = 2, seq
 
     def release(self, param, free_data=True):
         if param.ds_status.name == "AVAILABLE" and not param.ds_active_sub_modules:
-            events.append({"step": state["step"], "event": "release", "params": [names.get(id(param), "?")],
+            events.append({"step": state["step"], "event": "release", "phase": state["phase"],
+                           "params": [names.get(id(param), "?")],
                            "bytes": param.ds_numel * param.element_size()})
         return orig_release(self, param, free_data)
 

@@ -22,7 +22,7 @@ def zero(ranks: int = 2, device: str = "cpu", model: str = "tiny", steps: int = 
         formula = {"params": f.params, "grads": f.grads, "optimizer": f.optimizer}
         volume = per_rank[0]["comm"]["per_step"]
         out["stages"][str(stage)] = {
-            "ranks": [{"rank": r["rank"], "measured": r["bytes"], "formula": formula,
+            "ranks": [{"rank": r["rank"], "measured": r["bytes"], "formula": formula, "losses": r["losses"],
                        "cuda_max_memory_allocated": r["cuda_max_memory_allocated"]} for r in per_rank],
             "losses": [sum(r["losses"][i] for r in per_rank) / ranks for i in range(steps)],
             "comm_bytes_per_step": int(volume * 4),
@@ -33,7 +33,7 @@ def zero(ranks: int = 2, device: str = "cpu", model: str = "tiny", steps: int = 
         ds = launch.run("gpumem.ds_experiments:deepspeed_stages", ranks, device, deepspeed=True,
                         progress=progress, model=model, steps=steps)
         out["deepspeed"] = {str(stage): {
-            "ranks": [{"rank": r, "held_elements": ds[r][stage]["held"],
+            "ranks": [{"rank": r, "held_elements": ds[r][stage]["held"], "losses": ds[r][stage]["losses"],
                        "cuda_max_memory_allocated": ds[r][stage]["cuda_max_memory_allocated"]}
                       for r in range(ranks)],
             "losses": [sum(ds[r][stage]["losses"][i] for r in range(ranks)) / ranks for i in range(steps)]}

@@ -116,6 +116,7 @@ def test_gather_trace_counts_modules_and_two_passes():
     assert trace["counts"]["step1"]["bytes_gathered"] < step0["bytes_gathered"]  # prefetch + reuse
     step1_gathers = [p for e in trace["events"] if e["step"] == 1 and e["event"] == "all-gather" for p in e["params"]]
     assert step1_gathers and not any("norm" in p for p in step1_gathers)          # persistent from step 1
+    assert {e["phase"] for e in trace["events"] if e["event"] == "release"} == {"forward", "backward"}
 
 
 def test_run_zero_from_the_command_line():
@@ -126,6 +127,7 @@ def test_run_zero_from_the_command_line():
     for row in data["stages"].values():
         assert len(row["ranks"]) == 2
         assert all(set(r["measured"]) == {"params", "grads", "optimizer"} for r in row["ranks"])
+        assert all(len(r["losses"]) == 3 for r in row["ranks"])
         assert isinstance(row["comm_bytes_per_step"], int) and len(row["losses"]) == 3
     assert data["stages"]["3"]["comm_per_step_in_psi"] == 3.0
 
