@@ -2,7 +2,7 @@
 
 In a solution notebook, code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` is the
 answer. The generated lab replaces it with a TODO that raises ``NotImplementedError`` at the
-same indentation, and drops every output. ``python -m gpumem.labgen`` regenerates ``labs/``;
+same indentation, and drops every output (and the nbval check markers). ``python -m gpumem.labgen`` regenerates ``labs/``;
 ``--check`` exits 1 when a committed lab is stale (a test runs that).
 """
 
@@ -30,7 +30,9 @@ def lab_from_solution(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     for cell in lab.cells:
         if cell.cell_type != "code":
             continue
-        cell.source = strip_solutions(cell.source)
+        # the lab is not run under nbval (it has no outputs), so its check markers go too
+        cell.source = "\n".join(line for line in strip_solutions(cell.source).splitlines()
+                                 if line.strip() != "# NBVAL_CHECK_OUTPUT")
         cell.outputs = []
         cell.execution_count = None
         cell.metadata.pop("execution", None)

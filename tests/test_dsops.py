@@ -7,25 +7,26 @@ import time
 from gpumem import dsops
 
 
-def test_stale_lock_is_removed(tmp_path):
-    op = tmp_path / "cpu_adam"
+def old_lock(root, op_name):
+    """A JIT lock file in ``root/op_name``, last touched a minute ago."""
+    op = root / op_name
     op.mkdir()
     lock = op / "lock"
     lock.touch()
     old = time.time() - 60
     os.utime(lock, (old, old))
+    return lock
+
+
+def test_stale_lock_is_removed(tmp_path):
+    lock = old_lock(tmp_path, "cpu_adam")
     assert dsops.clear_stale_locks(tmp_path) == [lock]
     assert not lock.exists()
 
 
 def test_lock_of_a_running_build_is_kept(tmp_path):
-    op = tmp_path / "async_io"
-    op.mkdir()
-    lock = op / "lock"
-    lock.touch()
-    old = time.time() - 60
-    os.utime(lock, (old, old))
-    builder = subprocess.Popen(["sleep", "30"], cwd=op)   # a compiler working in the op dir
+    lock = old_lock(tmp_path, "async_io")
+    builder = subprocess.Popen(["sleep", "30"], cwd=lock.parent)   # a compiler working in the op dir
     try:
         assert dsops.clear_stale_locks(tmp_path) == []
         assert lock.exists()
