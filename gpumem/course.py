@@ -12,11 +12,9 @@ CHAPTERS = [
 ]
 
 
-def chapter_map(available: set[str] | None = None) -> str:
-    """A fixed-width table of the chapters; ``available`` marks which notebooks exist yet."""
+def chapter_map() -> str:
+    """A fixed-width table of the chapters."""
     lines = [f"{'#':3s} {'notebook':28s} {'note':24s} what runs"]
     for num, stem, note, what in CHAPTERS:
-        name = f"{num}_{stem}"
-        flag = "" if available is None or name in available else "  (coming)"
-        lines.append(f"{num:3s} {name:28s} {note:24s} {what}{flag}")
+        lines.append(f"{num:3s} {num + '_' + stem:28s} {note:24s} {what}")
     return "\n".join(lines)

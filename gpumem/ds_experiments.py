@@ -68,8 +68,7 @@ def deepspeed_stages(rank: int, world: int, stages=(0, 1, 2, 3), model: str = "t
             losses.append(loss.item())
         out[stage] = {"losses": losses, "held": held(engine, net, stage),
                       "cuda_max_memory_allocated": torch.cuda.max_memory_allocated(device)
-                      if device.type == "cuda" else None,
-                      "n_params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in net.parameters())}
+                      if device.type == "cuda" else None}
         engine.destroy()
         del engine, net
     return out

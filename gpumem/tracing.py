@@ -179,8 +179,8 @@ def trace_step(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str
     start = time.perf_counter()
     model, opt, mode = build(cfg, recipe, fake, seed)
     with mode:
-        gen = torch.Generator().manual_seed(seed)
-        tokens = torch.randint(0, cfg.vocab, (micro_batch, seq + 1), generator=None if fake else gen)
+        gen = None if fake else torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, cfg.vocab, (micro_batch, seq + 1), generator=gen)
         inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].reshape(-1)  # data, untracked
         tracker = tracker_cls()
         tracker.track_external(model, opt)

@@ -50,7 +50,6 @@ def from_scratch(rank: int, world: int, stage: int, model: str = "tiny", steps: 
     return {"rank": rank, "stage": stage, "losses": losses, "bytes": measured, "comm": comm,
             "cuda_max_memory_allocated": cuda_peak,
             "n_params": sum(opt.numel.values()),
-            "shard_elems": sum(opt.chunk.values()) if stage else None,
             "weights": weights if rank == 0 else None}
 
 
