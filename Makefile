@@ -32,7 +32,7 @@ $(STAMP): env/requirements.txt pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
-	@$(PY) -m gpumem.dsops prepare
+	@$(PY) -m gpumem.dist.dsops prepare
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/00_setup.ipynb $(ROOT_FLAG) $(LAB_ARGS)
@@ -62,10 +62,10 @@ gpu-check: setup
 	$(PY) -m pytest -m gpu -rs $(PYTEST_ARGS)
 
 labs: setup
-	$(PY) -m gpumem.labgen
+	$(PY) -m gpumem.course.labgen
 
 clean:
 	rm -rf $(VENV) .cache
 
 bench: setup
-	$(PY) -m gpumem.bench
+	$(PY) -m gpumem.memory.bench

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_env(args) -> int:
-    from . import envcheck
+    from .course import envcheck
     if args.json:
         print(json.dumps(envcheck.as_json()))
     else:

@@ -1,12 +1,17 @@
-"""Chapter verbs of ``python -m gpumem``: estimate and trace (chapter 01)."""
+"""The verbs ``estimate``, ``trace`` and ``run`` of ``python -m gpumem``.
+
+``estimate`` uses only the torch-free formulas, so it answers in well under a second; ``trace``
+imports torch when it traces; ``run`` finds experiments through the chapter registry.
+"""
 
 import argparse
 import json
 import re
 
-from . import accounting, units
+from . import units
 from .errors import UsageError
-from .llama import KERNELS, POLICIES
+from .memory import accounting
+from .memory.policies import KERNELS, POLICIES
 
 _COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMBT]?)\s*$", re.IGNORECASE)
 _SCALE = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
@@ -56,9 +61,9 @@ def register(sub) -> None:
     p.add_argument("--full", action="store_true", help="trace every layer (slow) instead of composing")
     p.set_defaults(func=_trace)
 
-    from .experiments import EXPERIMENTS
+    from .chapters import experiments
     p = sub.add_parser("run", help="run a chapter's experiment on CPU ranks (or GPUs)")
-    p.add_argument("experiment", choices=EXPERIMENTS)
+    p.add_argument("experiment", choices=list(experiments()))
     p.add_argument("--ranks", type=positive("--ranks"), default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--model", default=None, help="a registry model (default: the experiment's own)")
@@ -74,7 +79,7 @@ def _activation_options(args) -> dict:
 
 
 def _estimate(args) -> int:
-    from .estimate import estimate
+    from .memory.estimate import estimate
     given = _activation_options(args)
     if args.params is not None and given:
         raise UsageError(f"--params counts model states only; drop {', '.join(given)} or use --model")
@@ -102,7 +107,7 @@ def _estimate(args) -> int:
 
 
 def _trace(args) -> int:
-    from . import tracing
+    from .memory import tracing
     if args.model is None:
         raise UsageError("trace needs --model NAME")
     kwargs = dict(recipe=args.recipe, kernel=args.attention or "flash", policy=args.checkpoint or "none",
@@ -121,7 +126,8 @@ def _trace(args) -> int:
 def _run(args) -> int:
     import torch
 
-    from . import experiments, models
+    from . import chapters
+    from .memory import models
     if args.device == "cuda" and args.ranks > torch.cuda.device_count():
         raise UsageError(f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has "
                          f"{torch.cuda.device_count()} (use --device cpu for CPU ranks)")
@@ -130,15 +136,9 @@ def _run(args) -> int:
     kwargs = {"ranks": args.ranks, "device": args.device, "progress": not args.json}
     if args.model is not None:
         kwargs["model"] = models.get(args.model).name
-    fn = {"zero": experiments.zero, "gather-trace": experiments.gather_trace}[args.experiment]
-    result = fn(**kwargs)
+    result = chapters.run_experiment(args.experiment, **kwargs)
     if args.json:
         print(json.dumps(result))
         return 0
-    if args.experiment == "zero":
-        from .diagrams_zero import zero_results_table
-        print(zero_results_table(result))
-    else:
-        from .diagrams_zero import gather_counts_table
-        print(gather_counts_table(result))
+    print(chapters.render_experiment(args.experiment, result))
     return 0

@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from conftest import ROOT, run_cli
-from gpumem import course, envcheck, units
+from gpumem import units
+from gpumem.course import catalog, envcheck
 from gpumem.errors import UsageError
 
 
@@ -61,9 +62,9 @@ def test_units_label_and_parse():
 
 
 def test_chapter_map_names_every_stem():
-    text = course.chapter_map()
-    assert len(text.splitlines()) == 1 + len(course.CHAPTERS)
-    for num, stem, *_ in course.CHAPTERS:
+    text = catalog.chapter_map()
+    assert len(text.splitlines()) == 1 + len(catalog.CHAPTERS)
+    for num, stem, *_ in catalog.CHAPTERS:
         assert f"{num}_{stem}" in text
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpumem import measure, tracing
+from gpumem.memory import measure, tracing
 
 
 @pytest.mark.gpu

@@ -14,14 +14,16 @@ import pytest
 import torch
 
 from conftest import run_cli
-from gpumem import accounting, experiments, launch, models, zero_experiments
+from gpumem.chapters.ch02_zero import claims, ds_ranks, experiments, scratch_ranks
+from gpumem.dist import launch, training
+from gpumem.memory import accounting, models
 
 # float32 sums arrive in a different order on N ranks than in one process
 RTOL, ATOL = 1e-4, 1e-5
 
 
 def test_launcher_returns_every_ranks_result():
-    res = launch.run("gpumem._launch_examples:all_reduce_rank_ids", ranks=2, progress=False)
+    res = launch.run("gpumem.dist.examples:all_reduce_rank_ids", ranks=2, progress=False)
     assert [r["rank"] for r in res] == [0, 1] and all(r["sum"] == 1.0 for r in res)
     assert res[0]["pid"] != res[1]["pid"]
 
@@ -29,7 +31,7 @@ def test_launcher_returns_every_ranks_result():
 def test_a_failing_rank_ends_the_group_and_leaves_no_process():
     start = time.monotonic()
     with pytest.raises(launch.RankError, match="rank 1 failed") as err:
-        launch.run("gpumem._launch_examples:fail_on_rank_one", ranks=3, progress=False)
+        launch.run("gpumem.dist.examples:fail_on_rank_one", ranks=3, progress=False)
     assert "ValueError: rank 1 fails on purpose" in str(err.value)
     assert time.monotonic() - start < 20          # the others were sleeping 60 s
     assert psutil.Process().children(recursive=True) == []
@@ -38,8 +40,8 @@ def test_a_failing_rank_ends_the_group_and_leaves_no_process():
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}ranks")
 def scratch(request):
     ranks = request.param
-    res = launch.run("gpumem.zero_experiments:from_scratch_stages", ranks, progress=False, model="tiny", steps=3)
-    return ranks, res, zero_experiments.reference(ranks, model="tiny", steps=3)
+    res = launch.run("gpumem.chapters.ch02_zero.scratch_ranks:from_scratch_stages", ranks, progress=False, model="tiny", steps=3)
+    return ranks, res, scratch_ranks.reference(ranks, model="tiny", steps=3)
 
 
 def test_from_scratch_trains_exactly_like_adamw(scratch):
@@ -54,7 +56,7 @@ def test_from_scratch_trains_exactly_like_adamw(scratch):
 def test_measured_bytes_equal_chapter_01_formulas(scratch):
     ranks, res, _ = scratch
     cfg = models.get("tiny")
-    sizes = [p.numel() for p in zero_experiments.build("tiny").parameters()]
+    sizes = [p.numel() for p in training.build("tiny").parameters()]
     padded = sum(math.ceil(n / ranks) for n in sizes)       # per-tensor shards, last one padded
     for stage in range(4):
         f = accounting.model_states(cfg.n_params(), "fp32", ranks, stage)
@@ -79,7 +81,7 @@ def test_communication_volume_2psi_and_3psi(scratch):
 
 @pytest.fixture(scope="module")
 def ds_run():
-    return launch.run("gpumem.ds_experiments:deepspeed_stages", 2, deepspeed=True, progress=False,
+    return launch.run("gpumem.chapters.ch02_zero.ds_ranks:deepspeed_stages", 2, deepspeed=True, progress=False,
                       model="tiny", steps=3)
 
 
@@ -94,7 +96,7 @@ def test_deepspeed_partitions_match_the_formulas(ds_run):
 
 
 def test_deepspeed_losses_equal_across_stages_and_adamw(ds_run):
-    ref = zero_experiments.reference(2, model="tiny", steps=3)["losses"]
+    ref = scratch_ranks.reference(2, model="tiny", steps=3)["losses"]
     for stage in range(4):
         mean = [(ds_run[0][stage]["losses"][i] + ds_run[1][stage]["losses"][i]) / 2 for i in range(3)]
         torch.testing.assert_close(torch.tensor(mean), torch.tensor(ref), rtol=RTOL, atol=ATOL)
@@ -103,16 +105,15 @@ def test_deepspeed_losses_equal_across_stages_and_adamw(ds_run):
 def test_gather_trace_counts_modules_and_two_passes():
     import deepspeed
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as C
-    from gpumem import ds_experiments as dse
     assert deepspeed.__version__ == "0.19.8"
-    assert all(hasattr(C, name) for name in ("fetch_sub_module", dse._GATHER, dse._RELEASE))
+    assert all(hasattr(C, name) for name in ("fetch_sub_module", ds_ranks._GATHER, ds_ranks._RELEASE))
     trace = experiments.gather_trace(ranks=2, model="mini", steps=2, progress=False)
     cfg = models.get("mini")
     step0 = trace["counts"]["step0"]
     assert step0["forward_fetches"] == step0["backward_fetches"] == 7 * cfg.n_layers + 2
     assert trace["persistent"] == sorted([f"layers.{i}.{n}_norm.weight" for i in range(4) for n in ("attn", "mlp")]
                                          + ["norm.weight"])
-    assert step0["bytes_gathered"] == 2 * dse.sharded_bytes(trace["events"])   # forward + backward
+    assert step0["bytes_gathered"] == 2 * ds_ranks.sharded_bytes(trace["events"])   # forward + backward
     assert trace["counts"]["step1"]["bytes_gathered"] < step0["bytes_gathered"]  # prefetch + reuse
     step1_gathers = [p for e in trace["events"] if e["step"] == 1 and e["event"] == "all-gather" for p in e["params"]]
     assert step1_gathers and not any("norm" in p for p in step1_gathers)          # persistent from step 1
@@ -151,3 +152,10 @@ def test_zero_on_gpus_reports_cuda_memory():
         assert all(r["cuda_max_memory_allocated"] > 0 for r in row["ranks"])
     for row in res["deepspeed"].values():
         assert all(r["cuda_max_memory_allocated"] > 0 for r in row["ranks"])
+
+
+def test_zero_table_verdicts():
+    """The note's ZeRO table in its own pure-bf16 recipe (errata): DDP right, ZeRO-1 an arithmetic
+    slip (315 GB, not 215), ZeRO-2 right for its recipe, ZeRO-3 right for pure bf16."""
+    verdicts = {c.id: c.verdict() for c in claims.ZERO_TABLE}
+    assert verdicts == {"2-DDP": "agrees", "2a": "wrong", "2b": "agrees", "2c": "agrees"}

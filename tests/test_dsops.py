@@ -4,7 +4,7 @@ import os
 import subprocess
 import time
 
-from gpumem import dsops
+from gpumem.dist import dsops
 
 
 def old_lock(root, op_name):

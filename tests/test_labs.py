@@ -7,7 +7,8 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from gpumem import labchecks, labgen
+from gpumem import chapters
+from gpumem.course import labgen
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("lab*.ipynb"))
 
@@ -17,7 +18,7 @@ def notebook_namespace(path) -> dict:
     keeping each cell's source readable by ``inspect`` (as IPython does)."""
     ns: dict = {}
     for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
-        if cell.cell_type == "code" and "labchecks" not in cell.source:
+        if cell.cell_type == "code" and "check_lab" not in cell.source:
             name = f"<{path.name} cell {i}>"
             linecache.cache[name] = (len(cell.source), None, cell.source.splitlines(True), name)
             exec(compile(cell.source, name, "exec"), ns)
@@ -31,12 +32,12 @@ def test_labs_are_up_to_date():
 def test_every_solution_has_a_checker():
     assert SOLUTIONS
     for path in SOLUTIONS:
-        assert path.stem in labchecks.CHECKS
+        assert path.stem in chapters.lab_checks()
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
 def test_solution_passes_its_check(path):
-    report = labchecks.CHECKS[path.stem](notebook_namespace(path), show=False)
+    report = chapters.check_lab(path.stem, notebook_namespace(path), show=False)
     assert report.solved, report.summary()
 
 
@@ -44,7 +45,7 @@ def test_solution_passes_its_check(path):
 def test_unsolved_lab_reports_what_is_left(path):
     lab = ROOT / "labs" / path.name
     ns = notebook_namespace(lab)          # must not crash: TODOs raise only when called
-    report = labchecks.CHECKS[path.stem](ns, show=False)
+    report = chapters.check_lab(path.stem, ns, show=False)
     assert not report.solved and not report.problems
     assert report.todo and "still to do" in report.summary()
 
@@ -54,7 +55,7 @@ def test_wrong_answer_is_named_with_expected_and_got():
     right = ns["model_state_bytes"]
     ns["model_state_bytes"] = lambda n_params, recipe, gpus=1, zero=0: {
         **right(n_params, recipe, gpus, zero), "optimizer": 4 * n_params}   # the note's mistake
-    report = labchecks.lab01(ns, show=False)
+    report = chapters.check_lab("lab01_memory_calculator", ns, show=False)
     wrong = [r for r in report.problems if r.function == "model_state_bytes"]
     assert wrong and all("expected" in r.detail and "got" in r.detail for r in wrong)
     assert any("mixed, 1 GPU" in r.case for r in wrong)
@@ -81,7 +82,7 @@ def test_lab02_names_the_first_diverging_tensor():
     ns = notebook_namespace(ROOT / "solutions" / "lab02_sharded_adamw.ipynb")
     source = """
 def sharded_adamw_step(params, m, v, t, lr, betas, eps, weight_decay):
-    from gpumem.zero import adamw_update, all_gather_full, my_shard, reduce_scatter_mean
+    from gpumem.dist.zero import adamw_update, all_gather_full, my_shard, reduce_scatter_mean
     for i, p in enumerate(params):
         g = reduce_scatter_mean(p.grad) * 2          # forgot that the helper already averages
         w = my_shard(p)
@@ -90,6 +91,6 @@ def sharded_adamw_step(params, m, v, t, lr, betas, eps, weight_decay):
 """
     linecache.cache["<wrong>"] = (len(source), None, source.splitlines(True), "<wrong>")
     exec(compile(source, "<wrong>", "exec"), ns)
-    report = labchecks.lab02(ns, show=False)
+    report = chapters.check_lab("lab02_sharded_adamw", ns, show=False)
     assert not report.solved
     assert "first diverging tensor: embed.weight on rank 0" in report.problems[0].detail

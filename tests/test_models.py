@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from gpumem import models
+from gpumem.memory import models
 from gpumem.errors import UsageError
-from gpumem.llama import Llama
+from gpumem.memory.llama import Llama
 
 
 def build_fake(cfg):

@@ -2,8 +2,8 @@
 
 import json
 
-from gpumem import quiz as q
-from gpumem.quizzes import SETUP
+from gpumem.course import quiz as q
+from gpumem.chapters.ch00_setup import QUIZ as SETUP
 
 
 def test_numeric_answer_is_computed_and_tolerant():

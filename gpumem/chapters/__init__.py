@@ -1,0 +1,59 @@
+"""The chapters, one folder each, and the one registry of what they provide.
+
+A chapter's folder holds everything of that chapter: its claims, quiz, lab check, diagrams,
+plots and experiments (rank functions included). Notebooks import a chapter as one name::
+
+    from gpumem.chapters import ch02_zero as ch
+
+Adding a chapter adds its folder and one entry to :data:`CHAPTERS`; nothing else in the course
+changes. Chapters import the engine (``gpumem.memory``, ``gpumem.dist``) and the course
+machinery (``gpumem.course``), never another chapter (``tests/test_layout.py`` enforces it).
+"""
+
+from gpumem.course.registry import Chapter, Experiment, resolve
+
+CHAPTERS: tuple[Chapter, ...] = (
+    Chapter("00", "ch00_setup", quiz="quiz:QUIZ"),
+    Chapter("01", "ch01_memory_anatomy", quiz="quiz:QUIZ",
+            labs={"lab01_memory_calculator": "labcheck:check"}),
+    Chapter("02", "ch02_zero", quiz="quiz:QUIZ", labs={"lab02_sharded_adamw": "labcheck:check"},
+            experiments=(
+                Experiment("zero", "experiments:zero", "diagrams:zero_results_table",
+                           "ZeRO 0-3 from scratch and real DeepSpeed on CPU ranks"),
+                Experiment("gather-trace", "experiments:gather_trace", "diagrams:gather_counts_table",
+                           "DeepSpeed ZeRO-3's fetches, all-gathers and releases"))),
+)
+
+
+def experiments() -> dict[str, tuple[Chapter, Experiment]]:
+    """Every registered experiment by name, with the chapter it belongs to."""
+    return {e.name: (ch, e) for ch in CHAPTERS for e in ch.experiments}
+
+
+def run_experiment(name: str, **kwargs) -> dict:
+    """Run a registered experiment (``python -m gpumem run NAME`` calls this)."""
+    chapter, exp = experiments()[name]
+    return resolve(chapter.target(exp.run))(**kwargs)
+
+
+def render_experiment(name: str, result: dict) -> str:
+    chapter, exp = experiments()[name]
+    return resolve(chapter.target(exp.table))(result)
+
+
+def lab_checks() -> dict[str, str]:
+    """Lab stem (``lab02_sharded_adamw``) -> absolute ``module:function`` of its check."""
+    return {lab: ch.target(fn) for ch in CHAPTERS for lab, fn in ch.labs.items()}
+
+
+def check_lab(lab: str, ns: dict, show: bool = True):
+    """Grade a lab from its notebook's namespace; every lab's last cell calls this."""
+    checks = lab_checks()
+    if lab not in checks:
+        raise KeyError(f"no lab {lab!r}; registered: {', '.join(checks)}")
+    return resolve(checks[lab])(ns, show=show)
+
+
+def quizzes() -> list:
+    """Every chapter's quiz, in chapter order (chapter 07 grades them)."""
+    return [resolve(ch.target(ch.quiz)) for ch in CHAPTERS if ch.quiz]

@@ -1,0 +1,56 @@
+"""Chapter 02's from-scratch ZeRO rank functions (run with ``gpumem.dist.launch.run``), and the
+single-process reference they are compared with."""
+
+import torch
+
+from gpumem.dist.training import HYPER, batches, build, device_of_rank
+from gpumem.dist.zero import ZeroAdamW
+
+
+def from_scratch(rank: int, world: int, stage: int, model: str = "tiny", steps: int = 3,
+                 seq: int = 32, batch_per_rank: int = 2, seed: int = 0) -> dict:
+    """Train with :class:`ZeroAdamW`; return losses, measured bytes, communication, weights."""
+    device = device_of_rank(rank)
+    net = build(model, seed).to(device)
+    data = batches(net.cfg, steps, world * batch_per_rank, seq, seed).to(device)
+    opt = ZeroAdamW(net, stage, **HYPER)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses, measured = [], None
+    for step in range(steps):
+        mine = data[step, rank * batch_per_rank:(rank + 1) * batch_per_rank]
+        loss = net(mine[:, :-1], mine[:, 1:])
+        loss.backward()
+        opt.step()
+        measured = opt.state_bytes()      # after the step, before gradients are dropped
+        opt.zero_grad()
+        losses.append(loss.item())
+    comm = {"volume": dict(opt.comm.volume), "calls": dict(opt.comm.calls),
+            "per_step": opt.comm.total() / steps}
+    weights = [w.cpu() for w in opt.full_parameters()]
+    cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return {"rank": rank, "stage": stage, "losses": losses, "bytes": measured, "comm": comm,
+            "cuda_max_memory_allocated": cuda_peak,
+            "n_params": sum(opt.numel.values()),
+            "weights": weights if rank == 0 else None}
+
+
+def reference(world: int, model: str = "tiny", steps: int = 3, seq: int = 32, batch_per_rank: int = 2,
+              seed: int = 0) -> dict:
+    """The same training in one process with torch.optim.AdamW on the whole batch."""
+    net = build(model, seed)
+    data = batches(net.cfg, steps, world * batch_per_rank, seq, seed)
+    opt = torch.optim.AdamW(net.parameters(), foreach=False, **HYPER)
+    losses = []
+    for step in range(steps):
+        loss = net(data[step, :, :-1], data[step, :, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "weights": [p.detach().clone() for p in net.parameters()]}
+
+
+def from_scratch_stages(rank: int, world: int, stages=(0, 1, 2, 3), **kwargs) -> dict:
+    """All stages in one launch (a fresh model and optimizer for each)."""
+    return {stage: from_scratch(rank, world, stage, **kwargs) for stage in stages}

@@ -1,0 +1,45 @@
+"""What a chapter provides to the rest of the course, as data: its quiz, its labs' checks and its
+experiments. The list itself is ``gpumem.chapters.CHAPTERS``; the ``run`` verb, the labs and
+chapter 07 look things up there.
+
+Everything is named by ``"module:attribute"`` relative to the chapter's package and imported
+only when used, so listing the experiments (the ``run`` verb's choices) imports no chapter, no
+torch and no DeepSpeed.
+"""
+
+import importlib
+from dataclasses import dataclass, field
+
+
+def resolve(target: str):
+    """``"package.module:attr"`` -> the object (imports the module)."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """``python -m gpumem run NAME``: ``run(ranks=, device=, progress=[, model=])`` returns
+    JSON-ready data; ``table(data)`` renders it for the terminal."""
+    name: str
+    run: str
+    table: str
+    about: str
+
+
+@dataclass(frozen=True)
+class Chapter:
+    number: str                  # "02"
+    folder: str                  # "ch02_zero": gpumem/chapters/<folder>/
+    quiz: str | None = None      # "quiz:QUIZ"
+    labs: dict[str, str] = field(default_factory=dict)          # lab stem -> "labcheck:check"
+    experiments: tuple[Experiment, ...] = ()
+
+    @property
+    def package(self) -> str:
+        return f"gpumem.chapters.{self.folder}"
+
+    def target(self, relative: str) -> str:
+        """A target relative to this chapter's package, made absolute (for :func:`resolve` and
+        for ``gpumem.dist.launch.run``)."""
+        return f"{self.package}.{relative}"

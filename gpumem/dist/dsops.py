@@ -1,0 +1,131 @@
+"""DeepSpeed's CPU ops for the course: one JIT cache inside the repo, ready before any notebook.
+
+DeepSpeed compiles its C++ ops the first time they load (``deepspeed_shm_comm`` at every CPU
+``init_distributed``, ``cpu_adam`` for ZeRO-Offload, ``async_io`` for NVMe). ``prepare()`` does
+that once, into ``<repo>/.cache/torch_extensions``, so no notebook waits on a compiler.
+
+A JIT build that was killed leaves ``<cache>/<op>/lock`` behind, and the next load waits on it
+forever. ``clear_stale_locks()`` removes a lock that no live process is building under.
+
+Run ``python -m gpumem.dist.dsops prepare`` (``make lab`` and ``make test`` do).
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+# Course op -> (DeepSpeed builder class name, what it is for)
+OPS = {
+    "deepspeed_shm_comm": ("ShareMemCommBuilder", "built by every CPU init_distributed"),
+    "cpu_adam": ("CPUAdamBuilder", "ZeRO-Offload's optimizer on the CPU"),
+    "async_io": ("AsyncIOBuilder", "NVMe offload (needs Debian's libaio-dev)"),
+}
+STALE_AFTER_S = 5.0
+
+
+def repo_root() -> Path | None:
+    """The course checkout gpumem is installed from (editable install), if any."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").exists() and (root / "notebooks").exists() else None
+
+
+def cache_dir() -> Path:
+    """The JIT cache in use: ``$TORCH_EXTENSIONS_DIR``, else the repo's, else torch's default."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    root = repo_root()
+    if root is not None:
+        return root / ".cache" / "torch_extensions"
+    return Path.home() / ".cache" / "torch_extensions"
+
+
+def use_course_cache() -> Path:
+    """Point torch's JIT at the course cache (call before DeepSpeed loads an op)."""
+    path = cache_dir()
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(path)
+    return path
+
+
+def libaio_present() -> bool:
+    return any(Path(p).exists() for p in ("/usr/include/libaio.h", "/usr/local/include/libaio.h"))
+
+
+def _op_dirs(name: str, root: Path) -> list[Path]:
+    # torch puts ops in <root>/<name> or, on some versions, <root>/<pyXY_cpu>/<name>
+    return [d for d in [root / name, *root.glob(f"*/{name}")] if d.is_dir()]
+
+
+def op_built(name: str, root: Path | None = None) -> bool:
+    """True when a compiled ``<name>.so`` is in the cache (loading it then takes a second)."""
+    root = root or cache_dir()
+    return any((d / f"{name}.so").exists() for d in _op_dirs(name, root))
+
+
+def _busy_dirs() -> set[Path]:
+    """Working directories of live processes (a compiler or ninja works inside the op dir)."""
+    busy = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            busy.add(Path(os.readlink(proc / "cwd")))
+        except OSError:
+            continue
+    return busy
+
+
+def clear_stale_locks(root: Path | None = None, now: float | None = None) -> list[Path]:
+    """Remove lock files older than a few seconds in op dirs no live process works in."""
+    root = root or cache_dir()
+    if not root.exists():
+        return []
+    now = time.time() if now is None else now
+    busy = _busy_dirs()
+    removed = []
+    for lock in root.glob("**/lock"):
+        op_dir = lock.parent
+        in_use = any(b == op_dir or op_dir in b.parents for b in busy)
+        if not in_use and now - lock.stat().st_mtime > STALE_AFTER_S:
+            lock.unlink()
+            removed.append(lock)
+    return removed
+
+
+def wanted_ops() -> list[str]:
+    return [n for n in OPS if n != "async_io" or libaio_present()]
+
+
+def prepare(verbose: bool = True) -> dict[str, float]:
+    """Build (or load) every op the course uses into the course cache; seconds per op."""
+    root = use_course_cache()
+    for lock in clear_stale_locks(root):
+        print(f"removed a stale JIT lock left by a killed build: {lock}", flush=True)
+    if all(op_built(name, root) for name in wanted_ops()):
+        if verbose:
+            print(f"DeepSpeed ops ready: {', '.join(wanted_ops())}", flush=True)
+        return {name: 0.0 for name in wanted_ops()}
+    from deepspeed.accelerator import get_accelerator  # imported late: it is slow and loud
+
+    accel = get_accelerator()
+    times = {}
+    for name in wanted_ops():
+        builder_name, why = OPS[name]
+        state = "ready" if op_built(name, root) else "building (once; a minute or two)"
+        if verbose:
+            print(f"DeepSpeed op {name:20s} {state} — {why}", flush=True)
+        start = time.perf_counter()
+        accel.create_op_builder(builder_name).load(verbose=False)
+        times[name] = time.perf_counter() - start
+    return times
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] != ["prepare"]:
+        print("usage: python -m gpumem.dist.dsops prepare", file=sys.stderr)
+        return 2
+    times = prepare()
+    print("DeepSpeed ops ready in", cache_dir(), {k: round(v, 1) for k, v in times.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,174 @@
+"""Activation memory of a Llama training step, counted tensor by tensor (bytes).
+
+What is counted is what autograd saves for backward in ``gpumem.memory.llama`` (and what lives at the
+moment of the peak); a test compares every term with a fake-tensor trace. Notation: T = b*s
+tokens, h = d_model, k = kv width (GQA), F = FFN width, a = query heads, V = vocabulary,
+e = bytes per element of the recipe's compute dtype (2 for bf16, 4 for fp32).
+
+Per layer, no checkpointing:
+
+* each RMSNorm keeps its input and an fp32 1/rms per token: e*T*h + 4*T (two per layer);
+* attention keeps the normed input of W_q/W_k/W_v (e*T*h), then by kernel
+  - flash: q, k, v (e*T*(h + 2k)), the output, which is also W_o's input (e*T*h), and an fp32
+    logsumexp per head and row (4*a*T): **no s^2 term**;
+  - naive: q, K and V expanded to all heads (e*T*3h), the bool causal mask (s^2), the
+    probabilities (e*b*a*s^2) and W_o's input (e*T*h);
+  - eager (Hugging Face, dropout 0): as naive without the mask, but the probabilities twice,
+    fp32 from the softmax and a bf16 copy for the matmul (6*b*a*s^2 in bf16);
+* the SwiGLU MLP keeps its normed input (e*T*h) and gate, silu(gate), up and their product
+  (4*e*T*F).
+
+Outside the layers: RoPE's cos and sin tables (2*e*s*head_dim, shared), the final norm, the
+head's input, and at the loss the bf16 logits, their fp32 copy and fp32 log-softmax live
+together ((e + 8)*T*V in bf16). The token ids are input data and not counted.
+
+Checkpointing keeps only each segment's input (e*T*h) and re-runs the segment in backward; then
+the activation peak is the larger of the end of the forward and the re-run of the costliest
+segment.
+"""
+
+from dataclasses import dataclass, field
+
+from .. import units
+from ..errors import one_of, positive_int
+from .policies import KERNELS, POLICIES, checkpoint_plan
+from .models import ModelConfig
+
+
+def elem_bytes(recipe: str) -> int:
+    return 4 if recipe == "fp32" else 2
+
+
+@dataclass
+class Activations:
+    """Activation bytes by part; ``peak`` is what the trace's activation category reaches."""
+    per_layer: int            # one un-checkpointed layer's saved tensors
+    checkpoint_input: int     # one checkpointed segment's saved input
+    layers: int               # all layers' saved tensors at the end of the forward
+    outside: int              # rope tables, final norm, head input
+    loss: int                 # logits + fp32 copies live at the loss
+    forward_peak: int
+    recompute_peak: int
+    parts: dict[str, int] = field(default_factory=dict)   # one layer, by tensor group
+
+    @property
+    def peak(self) -> int:
+        return max(self.forward_peak, self.recompute_peak)
+
+
+def layer_parts(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
+                selective: bool = False) -> dict[str, int]:
+    """Saved bytes of one un-checkpointed layer, by tensor group."""
+    T, h, k, F, a = batch * seq, cfg.d_model, cfg.kv_dim, cfg.ffn, cfg.n_heads
+    norm = e * T * h + 4 * T
+    parts = {"attn norm (input + 1/rms)": norm, "q/k/v projection input": e * T * h}
+    if selective:   # checkpointed attention core: keeps q, k, v; W_o's input is its output
+        parts["q, k, v (core recomputed)"] = e * T * (h + 2 * k)
+        parts["W_o input"] = e * T * h
+    elif kernel == "flash":
+        parts["q, k, v"] = e * T * (h + 2 * k)
+        parts["output = W_o input"] = e * T * h
+        parts["logsumexp (fp32)"] = 4 * a * T
+    else:
+        scores = batch * a * seq * seq
+        parts["q, expanded k and v"] = e * T * 3 * h
+        if kernel == "naive":
+            parts["causal mask (bool)"] = seq * seq
+            parts["probabilities"] = e * scores
+        else:  # eager: fp32 softmax output, and its bf16 copy when computing in bf16
+            parts["probabilities fp32" + (" + bf16 copy" if e == 2 else "")] = (4 + (e if e == 2 else 0)) * scores
+        parts["W_o input"] = e * T * h
+    parts["mlp norm (input + 1/rms)"] = norm
+    parts["mlp input"] = e * T * h
+    parts["gate, silu, up, product"] = 4 * e * T * F
+    return parts
+
+
+def softmax_moment(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int) -> int:
+    """Bytes alive in one layer at its softmax (naive and eager kernels; 0 for flash).
+
+    Saved so far (norm, projection input, q, expanded k and v) plus what is alive without being
+    saved: the un-expanded k and v held by the caller, the bool causal mask, and the softmax's
+    input and output together. On CPU, ``softmax(x, dtype=float32)`` of bf16 scores first makes
+    an fp32 copy of x (a CUDA kernel upcasts in registers): bf16 eager peaks at 2 + 4 + 4 = 10
+    bytes per score, then settles at 6.
+    """
+    if kernel == "flash":
+        return 0
+    T, h, k, a = batch * seq, cfg.d_model, cfg.kv_dim, cfg.n_heads
+    scores = batch * a * seq * seq
+    if kernel == "naive":
+        live_scores = 2 * e * scores
+    else:  # the larger of: adding the (s, s) mask (scores, mask, sum) and the softmax
+        at_softmax = (2 + 4 + 4) * scores if e == 2 else 8 * scores
+        live_scores = max(2 * e * scores + e * seq * seq, at_softmax)
+    return ((e * T * h + 4 * T)        # norm input + 1/rms
+            + e * T * h                # projection input
+            + 3 * e * T * h            # q, expanded k and v
+            + 2 * e * T * k            # k and v before expansion (held by the caller)
+            + seq * seq                # bool causal mask
+            + live_scores)
+
+
+def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash",
+                policy: str = "none", recipe: str = "mixed") -> Activations:
+    seq, batch = positive_int(seq, "sequence length"), positive_int(batch, "micro-batch")
+    one_of(kernel, KERNELS, "attention kernel")
+    one_of(policy, POLICIES, "checkpoint policy")
+    e = elem_bytes(recipe)
+    T, h, V, L = batch * seq, cfg.d_model, cfg.vocab, cfg.n_layers
+    parts = layer_parts(cfg, seq, batch, kernel, e, selective=policy == "selective")
+    per_layer = sum(parts.values())
+    full_layer = sum(layer_parts(cfg, seq, batch, kernel, e).values())
+    at_softmax = softmax_moment(cfg, seq, batch, kernel, e)
+    segments = checkpoint_plan(policy, L)
+    segment_of = {i: seg for seg in segments for i in seg}
+    ckpt_input = e * T * h
+    rope = 2 * e * seq * cfg.head_dim
+
+    def saved_before(i: int) -> int:
+        """Saved bytes of layers 0..i-1 at the end of their forward (checkpointed: inputs)."""
+        plain = sum(1 for j in range(i) if j not in segment_of)
+        seg_inputs = sum(1 for seg in segments if seg[0] < i)
+        return plain * per_layer + seg_inputs * ckpt_input
+
+    layers = saved_before(L)
+    outside = rope + (e * T * h + 4 * T) + e * T * h
+    # logits, their fp32 copy (none when already fp32), fp32 log-softmax; + the loss and nll's
+    # total weight, two fp32 scalars
+    loss = (e + (4 if e == 2 else 0) + 4) * T * V + 8
+    forward_peak = layers + outside + loss
+    if at_softmax:  # the last layer's softmax can top the loss (its input is in at_softmax)
+        forward_peak = max(forward_peak, saved_before(L - 1) + rope + at_softmax)
+    recompute_peak = 0
+    for seg in segments:
+        # Re-running a segment in backward: held are the inputs of segments up to it, the
+        # saved tensors of plain layers before it, and the re-run layers, whose first norm
+        # saves the segment input itself (counted once). The loss scalars are still alive.
+        held = saved_before(seg[0]) + ckpt_input + rope + 8
+        settled = held + len(seg) * full_layer - ckpt_input
+        peak_in_last = held + (len(seg) - 1) * full_layer + at_softmax - ckpt_input
+        recompute_peak = max(recompute_peak, settled, peak_in_last if at_softmax else 0)
+    if policy == "selective" and at_softmax:
+        # backward re-runs the last layer's attention core: its scores are alive again, next
+        # to everything saved before it, while the loss scalars are still held
+        recompute_peak = saved_before(L - 1) + rope + at_softmax + 8
+    return Activations(per_layer=per_layer, checkpoint_input=ckpt_input, layers=layers,
+                       outside=outside, loss=loss, forward_peak=forward_peak,
+                       recompute_peak=recompute_peak, parts=parts)
+
+
+def parts_table(cfg: ModelConfig, seq: int, batch: int = 1, recipe: str = "mixed") -> str:
+    """One layer's saved bytes by tensor group, per kernel, in MB (10^6) and in units of s*b*h."""
+    sbh = seq * batch * cfg.d_model
+    cols = {k: layer_parts(cfg, seq, batch, k, elem_bytes(recipe)) for k in KERNELS}
+    names = list(dict.fromkeys(n for parts in cols.values() for n in parts))
+    lines = [f"{'one layer of ' + cfg.name + f', seq {seq} x batch {batch}':44s}"
+             + "".join(f"{k:>12s}" for k in KERNELS)]
+    for n in names:
+        lines.append(f"{n:44s}" + "".join(
+            f"{units.fmt(cols[k][n], 'MB', 0) if n in cols[k] else '-':>12s}" for k in KERNELS))
+    totals = {k: sum(cols[k].values()) for k in KERNELS}
+    lines.append(f"{'total':44s}" + "".join(f"{units.fmt(totals[k], 'MB', 0):>12s}" for k in KERNELS))
+    lines.append(f"{'total / (s*b*h)':44s}" + "".join(f"{totals[k] / sbh:>12.1f}" for k in KERNELS))
+    return "\n".join(lines)
