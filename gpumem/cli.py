@@ -29,6 +29,7 @@ def _add_verbs(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m gpumem`` parser with every verb; bad input raises UsageError instead of exiting."""
     parser = _Parser(prog="python -m gpumem",
                      description="Fitting 70B: GPU memory of LLM training, computed.")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
@@ -57,6 +58,7 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default ``sys.argv``); returns the exit status, 2 for bad input."""
     parser = build_parser()
     try:
         args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else argv))

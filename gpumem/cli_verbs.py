@@ -18,6 +18,7 @@ _SCALE = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 
 def positive(name: str):
+    """An argparse type for option ``name``: positive integers only, with an error naming the option."""
     def parse(text: str) -> int:
         if not re.fullmatch(r"\+?\d+", text.strip()) or int(text) <= 0:
             raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}")
@@ -47,6 +48,7 @@ def _model_args(p, activation_opts: bool = True) -> None:
 
 
 def register(sub) -> None:
+    """Add the ``estimate``, ``trace`` and ``run`` verbs to the command line's subparsers."""
     p = sub.add_parser("estimate", help="per-GPU and host memory of a training step (formulas)")
     _model_args(p)
     p.add_argument("--params", type=param_count, help="parameter count only (model states)")

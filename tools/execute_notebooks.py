@@ -29,5 +29,5 @@ if __name__ == "__main__":
     for arg in sys.argv[1:]:
         execute(Path(arg))
     if any("solutions" in arg for arg in sys.argv[1:]):   # execution metadata changed: regenerate
-        from gpumem import labgen
+        from gpumem.course import labgen
         labgen.sync(Path(__file__).resolve().parents[1])

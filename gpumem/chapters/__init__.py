@@ -37,6 +37,7 @@ def run_experiment(name: str, **kwargs) -> dict:
 
 
 def render_experiment(name: str, result: dict) -> str:
+    """Render a registered experiment's result as the terminal table its chapter defines."""
     chapter, exp = experiments()[name]
     return resolve(chapter.target(exp.table))(result)
 

@@ -19,6 +19,7 @@ PINS = {"torch": "2.13.0", "deepspeed": "0.19.8"}
 
 @dataclass
 class Check:
+    """One line of the check-env report: what was checked, its status, what was found and how to fix it."""
     name: str
     status: str   # OK | MISSING | INFO
     detail: str
@@ -37,6 +38,7 @@ def _ram_bytes() -> int:
 
 
 def checks() -> list[Check]:
+    """Run every check: Python, pinned packages, CPU and GPUs, DeepSpeed ops, libaio, chromium."""
     out = []
     py_ok = sys.version_info >= (3, 11)
     out.append(Check("python", "OK" if py_ok else "MISSING", platform.python_version(),
@@ -83,6 +85,7 @@ def _gpu_checks() -> list[Check]:
 
 
 def report(rows: list[Check] | None = None) -> str:
+    """The checks as readable text, one line each (runs them unless ``rows`` is given)."""
     rows = checks() if rows is None else rows
     lines = []
     for c in rows:
@@ -94,5 +97,6 @@ def report(rows: list[Check] | None = None) -> str:
 
 
 def as_json(rows: list[Check] | None = None) -> dict:
+    """The checks as one JSON-ready object; ``ok`` is false when any check is MISSING."""
     rows = checks() if rows is None else rows
     return {"checks": [asdict(c) for c in rows], "ok": all(c.status != "MISSING" for c in rows)}

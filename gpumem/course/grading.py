@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 @dataclass
 class Row:
+    """One graded case: the function, the case, its status and what went wrong."""
     function: str
     case: str
     status: str   # ok | todo | wrong | error
@@ -19,6 +20,7 @@ class Row:
 
 @dataclass
 class Report:
+    """A lab's graded rows and their summary; the lab is solved once every row is ok."""
     lab: str
     rows: list[Row] = field(default_factory=list)
 

@@ -26,6 +26,7 @@ def strip_solutions(source: str) -> str:
 
 
 def lab_from_solution(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The lab notebook made from a solution notebook: solutions replaced by TODOs, outputs dropped."""
     lab = nbformat.from_dict(nb)
     for cell in lab.cells:
         if cell.cell_type != "code":
@@ -41,6 +42,7 @@ def lab_from_solution(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 def lab_path(solution: Path, labs_dir: Path) -> Path:
+    """Where the lab generated from ``solution`` goes: the same file name under ``labs_dir``."""
     return labs_dir / solution.name
 
 
@@ -59,6 +61,7 @@ def sync(root: Path, check: bool = False) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
+    """Regenerate ``labs/`` from ``solutions/`` (``--check``: only list stale labs); returns exit status."""
     root = Path(__file__).resolve().parents[1]
     check = "--check" in argv
     stale = sync(root, check=check)

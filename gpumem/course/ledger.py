@@ -14,6 +14,7 @@ from .. import units
 
 @dataclass
 class Claim:
+    """One figure of the study note, with functions computing ours and explaining any gap."""
     id: str
     what: str
     note: float          # bytes (or a plain number when unit is "")
@@ -32,6 +33,7 @@ class Claim:
 
 
 def table(claims: list[Claim]) -> str:
+    """The claims as an aligned text table: id, claim, the note's value, ours and the verdict."""
     rows = [("id", "claim", "note", "ours", "verdict")] + [c.row() for c in claims]
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  ".join(f"{v:<{w}}" if i < 2 else f"{v:>{w}}" for i, (v, w) in enumerate(zip(r, widths)))
@@ -41,4 +43,5 @@ def table(claims: list[Claim]) -> str:
 
 
 def explanations(claims: list[Claim]) -> str:
+    """Each claim's verdict with the reason behind it, one line per claim."""
     return "\n".join(f"[{c.id}] {c.verdict()}: {c.why()}" for c in claims)

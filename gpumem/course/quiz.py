@@ -18,6 +18,7 @@ from typing import Callable
 
 @dataclass
 class Choice:
+    """A multiple-choice question; ``answer`` is the index of the right option."""
     id: str
     prompt: str
     options: list[str]
@@ -35,6 +36,7 @@ class Choice:
 
 @dataclass
 class Numeric:
+    """A question answered with a number, right within ``rel_tol`` of the (possibly computed) answer."""
     id: str
     prompt: str
     answer: float | Callable[[], float]
@@ -60,10 +62,12 @@ Question = Choice | Numeric
 
 
 def progress_file() -> Path:
+    """Where quiz progress is saved: ``progress.json`` in ``$GPUMEM_HOME``, else ``~/.gpumem``."""
     return Path(os.environ.get("GPUMEM_HOME", Path.home() / ".gpumem")) / "progress.json"
 
 
 def load_progress() -> dict:
+    """Saved quiz progress by quiz and question; empty when the file is missing or unreadable."""
     path = progress_file()
     try:
         return json.loads(path.read_text())
@@ -72,6 +76,7 @@ def load_progress() -> dict:
 
 
 def save_result(quiz: str, qid: str, correct: bool) -> None:
+    """Record one attempt at a question; once answered correctly it stays correct."""
     path = progress_file()
     data = load_progress()
     entry = data.setdefault(quiz, {}).setdefault(qid, {"correct": False, "attempts": 0})
@@ -82,6 +87,7 @@ def save_result(quiz: str, qid: str, correct: bool) -> None:
 
 
 def feedback(q: Question, value) -> tuple[bool, str]:
+    """Grade one answer: whether it is right, and the text shown to the learner."""
     ok = q.grade(value)
     head = "Correct." if ok else f"Not quite: the answer is {q.expected()}."
     return ok, f"{head} {q.explanation}"
@@ -89,6 +95,7 @@ def feedback(q: Question, value) -> tuple[bool, str]:
 
 @dataclass
 class Quiz:
+    """A named list of questions, shown as widgets or text and answered with :meth:`answer`."""
     name: str
     questions: list[Question] = field(default_factory=list)
     widget: object = field(default=None, repr=False, compare=False)
@@ -132,6 +139,7 @@ class Quiz:
 
 
 def widgets_available() -> bool:
+    """Whether quizzes can show widgets: a running IPython kernel with ipywidgets, text mode not forced."""
     if os.environ.get("GPUMEM_QUIZ_MODE") == "text":
         return False
     try:

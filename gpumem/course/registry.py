@@ -29,6 +29,7 @@ class Experiment:
 
 @dataclass(frozen=True)
 class Chapter:
+    """One chapter's registry entry: its folder and the targets of its quiz, lab checks and experiments."""
     number: str                  # "02"
     folder: str                  # "ch02_zero": gpumem/chapters/<folder>/
     quiz: str | None = None      # "quiz:QUIZ"

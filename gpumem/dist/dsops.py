@@ -48,6 +48,7 @@ def use_course_cache() -> Path:
 
 
 def libaio_present() -> bool:
+    """Whether libaio's headers are installed (DeepSpeed's async_io op for NVMe offload needs them)."""
     return any(Path(p).exists() for p in ("/usr/include/libaio.h", "/usr/local/include/libaio.h"))
 
 
@@ -91,6 +92,7 @@ def clear_stale_locks(root: Path | None = None, now: float | None = None) -> lis
 
 
 def wanted_ops() -> list[str]:
+    """The ops to build on this machine: all of them, except async_io when libaio is missing."""
     return [n for n in OPS if n != "async_io" or libaio_present()]
 
 
@@ -119,6 +121,7 @@ def prepare(verbose: bool = True) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
+    """``python -m gpumem.dist.dsops prepare``: build the ops, print their times; returns exit status."""
     if argv[:1] != ["prepare"]:
         print("usage: python -m gpumem.dist.dsops prepare", file=sys.stderr)
         return 2

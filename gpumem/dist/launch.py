@@ -30,6 +30,7 @@ class RankError(RuntimeError):
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now, for the ranks' rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -27,6 +27,7 @@ DEVICES = ("cpu", "nvme")
 
 @dataclass(frozen=True)
 class Recipe:
+    """The bytes per parameter one precision recipe spends on parameters, gradients and optimizer states."""
     name: str
     params: int
     grads: int
@@ -56,6 +57,7 @@ RECIPE = {r.name: r for r in [
 
 
 def recipe(name: str) -> Recipe:
+    """Look up a recipe by name; a UsageError lists the accepted names."""
     return RECIPE[one_of(name, RECIPES, "recipe")]
 
 

@@ -36,6 +36,7 @@ from .models import ModelConfig
 
 
 def elem_bytes(recipe: str) -> int:
+    """Bytes per activation element in the recipe's compute dtype: 4 for fp32, else 2 (bf16)."""
     return 4 if recipe == "fp32" else 2
 
 
@@ -112,6 +113,7 @@ def softmax_moment(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int) 
 
 def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash",
                 policy: str = "none", recipe: str = "mixed") -> Activations:
+    """Activation bytes of one training step of ``cfg``, by part, with its forward and recompute peaks."""
     seq, batch = positive_int(seq, "sequence length"), positive_int(batch, "micro-batch")
     one_of(kernel, KERNELS, "attention kernel")
     one_of(policy, POLICIES, "checkpoint policy")

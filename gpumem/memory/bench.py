@@ -14,6 +14,7 @@ from . import tracing
 
 
 def run(model: str = "llama-3-70b", seq: int = 4096, skip_naive: bool = False) -> dict:
+    """Time each way of tracing ``model``: seconds, speed-up vs the composed trace, whether bytes agree."""
     rows = {}
     ways = [("composed (trace_fast)", lambda: tracing.trace_fast(model, "mixed", seq=seq)),
             ("full, lean tracker (trace_step)", lambda: tracing.trace_step(model, "mixed", seq=seq))]
@@ -36,6 +37,7 @@ def run(model: str = "llama-3-70b", seq: int = 4096, skip_naive: bool = False) -
 
 
 def main(argv: list[str]) -> int:
+    """``python -m gpumem.memory.bench``: print the timings; exit status 1 when the traces disagree."""
     p = argparse.ArgumentParser(prog="python -m gpumem.memory.bench")
     p.add_argument("--model", default="llama-3-70b")
     p.add_argument("--seq", type=int, default=4096)

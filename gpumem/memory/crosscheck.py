@@ -27,6 +27,7 @@ def formula_vs_trace(model: str, seq: int, kernels=KERNELS, policies=POLICIES,
 
 
 def render(rows: list[dict]) -> str:
+    """The rows of :func:`formula_vs_trace` as a text table, with formula minus trace in bytes."""
     lines = [f"{'kernel':7s} {'checkpoint':12s} {'formula':>12s} {'trace':>12s} {'diff':>8s}  "
              f"states  activation peak at"]
     for r in rows:

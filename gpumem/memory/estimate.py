@@ -19,6 +19,7 @@ def n_param_tensors(cfg: models.ModelConfig) -> int:
 
 @dataclass
 class Estimate:
+    """One training step's per-GPU bytes: model states, activations, and the options behind them."""
     model: str
     n_params: int
     recipe: str
@@ -55,6 +56,7 @@ class Estimate:
 def estimate(model: str | None = None, params: int | None = None, gpus: int = 1, zero: int = 0,
              recipe: str = "mixed", seq: int = 4096, micro_batch: int = 1, checkpoint: str = "none",
              attention: str = "flash", offload: str = "none", offload_device: str = "cpu") -> Estimate:
+    """Per-GPU bytes of a training step for a registry model, or model states only for a parameter count."""
     if (model is None) == (params is None):
         raise UsageError("give exactly one of --model NAME or --params N")
     if model is not None:

@@ -75,6 +75,7 @@ class _FusedRMSNormFn(torch.autograd.Function):
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm with a learned scale, saving only its input and an fp32 1/rms per row for backward."""
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
@@ -129,6 +130,7 @@ def core_attention(q, k, v, kernel: str):
 
 
 class Attention(nn.Module):
+    """GQA attention with RoPE; the core uses the chosen kernel (recomputed in backward if selective)."""
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -165,6 +167,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """One transformer layer: pre-norm attention and pre-norm SwiGLU MLP, each with a residual connection."""
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)

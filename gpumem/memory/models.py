@@ -12,6 +12,7 @@ from ..errors import UsageError
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """A Llama model's dimensions, enough to count its parameters and activation bytes."""
     name: str
     n_layers: int
     d_model: int

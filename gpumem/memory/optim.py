@@ -27,6 +27,7 @@ def adamw_update(param, grad, m, v, t: int, lr, betas, eps, weight_decay) -> Non
 
 
 class MasterWeightAdamW(torch.optim.Optimizer):
+    """AdamW for bf16 parameters that keeps fp32 master weights and moments (optionally fp32 grads)."""
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  fp32_grads: bool = False):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))

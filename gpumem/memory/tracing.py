@@ -35,11 +35,13 @@ CATEGORIES = {"params": _MemRefType.PARAM, "grads": _MemRefType.GRAD,
 
 
 def param_dtype(recipe: str) -> torch.dtype:
+    """The dtype parameters are created in: fp32 for the fp32 recipe, bf16 for the others."""
     return torch.float32 if recipe == "fp32" else torch.bfloat16
 
 
 @dataclass
 class Moment:
+    """When a peak happened: the phase of the step and the innermost module running."""
     phase: str      # forward | backward | optimizer
     module: str     # innermost module active, e.g. "layers.3.mlp.down"
 
@@ -49,6 +51,7 @@ class Moment:
 
 @dataclass
 class Trace:
+    """One traced training step: its settings, each category's peak bytes and moment, and the total peak."""
     model: str
     recipe: str
     kernel: str
@@ -157,6 +160,7 @@ def build(cfg: models.ModelConfig, recipe: str, fake: bool, seed: int = 0):
 
 
 def training_step(model, opt, tokens, targets, kernel: str, policy: str):
+    """One forward, backward and optimizer step, gradients freed after; returns the loss."""
     loss = model(tokens, targets, kernel=kernel, policy=policy)
     loss.backward()
     opt.step()
@@ -165,6 +169,7 @@ def training_step(model, opt, tokens, targets, kernel: str, policy: str):
 
 
 def validate(recipe: str, kernel: str, policy: str, seq, micro_batch) -> tuple[int, int]:
+    """Check the trace settings (UsageError on bad ones); returns seq and micro-batch as positive ints."""
     one_of(recipe, RECIPES, "recipe")
     one_of(kernel, KERNELS, "attention kernel")
     one_of(policy, POLICIES, "checkpoint policy")

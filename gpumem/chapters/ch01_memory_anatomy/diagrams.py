@@ -36,6 +36,7 @@ def scenario_box(model: str = "llama-3-70b", recipe: str = "mixed", seq: int = 4
 
 
 def recipe_box() -> str:
+    """The bytes-per-parameter table of every recipe, drawn in a box."""
     return box("Bytes per parameter, by recipe", accounting.recipe_table().splitlines(), width=86)
 
 

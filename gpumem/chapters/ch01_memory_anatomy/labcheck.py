@@ -22,6 +22,8 @@ _CONFIGS = [ModelConfig("lab-a", 3, 96, 6, 2, 256, 4000),
 
 @lru_cache(maxsize=None)
 def traced_states(cfg: ModelConfig, recipe: str) -> dict:
+    """Expected one-GPU model-state bytes from a fake-tensor trace, without AdamW's step counters
+    (the learner's function is given only a parameter count)."""
     tr = tracing.trace_step(cfg, recipe, seq=16)
     counters = 4 * n_param_tensors(cfg) if accounting.recipe(recipe).step_counter else 0
     return {"params": tr.peaks["params"], "grads": tr.peaks["grads"],

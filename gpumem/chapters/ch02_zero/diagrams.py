@@ -67,6 +67,7 @@ def zero_results_table(result: dict) -> str:
 
 
 def gather_counts_table(result: dict) -> str:
+    """Per training step: ZeRO-3's module fetches, all-gathers, bytes gathered and releases, as a table."""
     lines = [f"ZeRO-3 on {result['ranks']} ranks, {result['model']} ({result['n_layers']} layers); "
              f"persistent (never sharded): {len(result['persistent'])} tensors",
              f"{'step':6s} {'fwd fetch':>9s} {'bwd fetch':>9s} {'fwd gathers':>11s} {'bwd gathers':>11s} "

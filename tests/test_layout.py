@@ -1,0 +1,199 @@
+"""The library's architecture, checked so that it outlives the change that made it.
+
+Layers, imports one way (read from the source with ``ast``, lazy imports inside functions
+included):
+
+    app       gpumem.cli, gpumem.cli_verbs, gpumem.__main__      may import anything below
+    chapters  gpumem.chapters.chNN_*                             its own chapter, the registry,
+                                                                 course, engine, base
+    registry  gpumem.chapters (its __init__)                     course, engine, base
+    course    gpumem.course.*                                    engine, base
+    dist      gpumem.dist.*                                      memory, base
+    memory    gpumem.memory.*                                    base
+    base      gpumem, gpumem.units, gpumem.errors                base
+"""
+
+import ast
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+PKG = ROOT / "gpumem"
+RANK = {"base": 0, "memory": 1, "dist": 2, "course": 3, "registry": 4, "chapters": 5, "app": 6}
+MAX_LINES = 300
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def layer(mod: str) -> str:
+    parts = mod.split(".")
+    if mod in ("gpumem", "gpumem.units", "gpumem.errors"):
+        return "base"
+    if len(parts) >= 2 and parts[1] in ("memory", "dist", "course"):
+        return parts[1]
+    if mod == "gpumem.chapters":
+        return "registry"
+    if len(parts) >= 3 and parts[1] == "chapters":
+        return "chapters"
+    if mod in ("gpumem.cli", "gpumem.cli_verbs", "gpumem.__main__"):
+        return "app"
+    raise AssertionError(f"{mod} belongs to no layer: put it in memory/, dist/, course/ or a chapter")
+
+
+def chapter_of(mod: str) -> str | None:
+    parts = mod.split(".")
+    return parts[2] if len(parts) >= 3 and parts[1] == "chapters" else None
+
+
+def imports_of(mod: str) -> set[str]:
+    """gpumem modules that ``mod`` imports (``from pkg import sub`` counts as importing sub)."""
+    path = MODULES[mod]
+    package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [f"{target}.{a.name}" if f"{target}.{a.name}" in MODULES else target for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES and "." in name:   # gpumem.memory.models.get -> module
+                name = name.rsplit(".", 1)[0]
+            if name in MODULES and name != mod:
+                found.add(name)
+    return found
+
+
+GRAPH = {mod: imports_of(mod) for mod in MODULES}
+
+
+def test_every_module_has_a_layer():
+    for mod in MODULES:
+        layer(mod)
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_imports_run_one_way(mod):
+    """A module imports only its own layer or lower ones; the engine never imports the course or
+    a chapter; a chapter never imports another chapter."""
+    mine = layer(mod)
+    for dep in sorted(GRAPH[mod]):
+        theirs = layer(dep)
+        assert RANK[theirs] <= RANK[mine], f"{mod} ({mine}) imports {dep} ({theirs}): wrong direction"
+        if mine in ("memory",):
+            assert theirs in ("base", "memory"), f"{mod} imports {dep}"
+        if mine == "chapters" and theirs == "chapters":
+            assert chapter_of(dep) == chapter_of(mod), f"{mod} imports another chapter: {dep}"
+
+
+def test_no_import_cycles():
+    state: dict[str, int] = {}
+
+    def visit(mod, path):
+        state[mod] = 1
+        for dep in GRAPH[mod]:
+            if state.get(dep) == 1:
+                cycle = path[path.index(dep):] + [dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep, path + [dep])
+        state[mod] = 2
+
+    for mod in MODULES:
+        if mod not in state:
+            visit(mod, [mod])
+
+
+def test_the_checker_sees_a_wrong_direction(tmp_path):
+    """The rule can fail: a memory module importing the course is caught."""
+    assert layer("gpumem.memory.accounting") == "memory"
+    assert RANK[layer("gpumem.course.quiz")] > RANK[layer("gpumem.memory.accounting")]
+    assert "gpumem.memory.accounting" in GRAPH["gpumem.memory.estimate"]   # relative imports resolved
+    assert "gpumem.course.registry" in GRAPH["gpumem.chapters"]
+    assert "gpumem.chapters.ch02_zero.claims" in GRAPH["gpumem.chapters.ch02_zero"]  # from . import x
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_modules_are_small_and_say_why(mod):
+    path = MODULES[mod]
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines; split it (limit {MAX_LINES})"
+    tree = ast.parse(path.read_text())
+    assert ast.get_docstring(tree), f"{path.relative_to(ROOT)} needs a module docstring"
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+            assert ast.get_docstring(node), f"{mod}.{node.name} needs a docstring"
+
+
+def test_each_chapter_is_one_folder_in_the_registry():
+    from gpumem import chapters
+    folders = sorted(p.name for p in (PKG / "chapters").iterdir() if p.is_dir() and p.name.startswith("ch"))
+    assert [c.folder for c in chapters.CHAPTERS] == folders
+    for ch in chapters.CHAPTERS:
+        assert ch.folder.startswith(f"ch{ch.number}_")
+        assert (ROOT / "notebooks" / f"{ch.folder[2:]}.ipynb").exists(), ch.folder
+        if ch.quiz:
+            assert chapters.resolve(ch.target(ch.quiz)).name == ch.folder[2:]
+        for lab, fn in ch.labs.items():
+            assert lab.startswith(f"lab{ch.number}_") and callable(chapters.resolve(ch.target(fn)))
+            assert (ROOT / "solutions" / f"{lab}.ipynb").exists()
+        for exp in ch.experiments:
+            assert callable(chapters.resolve(ch.target(exp.run))), exp.name
+            assert callable(chapters.resolve(ch.target(exp.table))), exp.name
+
+
+def test_every_solution_is_registered():
+    from gpumem import chapters
+    assert sorted(p.stem for p in (ROOT / "solutions").glob("lab*.ipynb")) == sorted(chapters.lab_checks())
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+
+
+def test_formulas_import_no_torch():
+    """The accounting layer and the estimate verb's whole import chain stay torch-free."""
+    code = ("import sys\n"
+            "import gpumem.memory.accounting, gpumem.memory.activations, gpumem.memory.estimate\n"
+            "import gpumem.memory.models, gpumem.memory.policies, gpumem.cli, gpumem.cli_verbs, gpumem.chapters\n"
+            "import gpumem.cli as cli\n"
+            "cli.build_parser()\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed', 'matplotlib')))\n")
+    proc = _run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_estimate_answers_fast():
+    """``python -m gpumem estimate`` answers in under 0.5 s wall (best of three runs)."""
+    walls = []
+    for _ in range(3):
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "gpumem", "estimate", "--model", "llama-3-70b",
+                               "--gpus", "8", "--zero", "3", "--json"], capture_output=True, text=True,
+                              cwd=ROOT, env={**os.environ}, timeout=60)
+        walls.append(time.perf_counter() - start)
+        assert proc.returncode == 0, proc.stderr
+    assert min(walls) < 0.5, f"estimate took {min(walls):.2f} s at best ({walls})"
