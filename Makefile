@@ -16,12 +16,13 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: help setup lab test test-unit test-notebooks test-browser gpu-check labs bench clean
+.PHONY: help setup lab test test-unit test-notebooks test-browser test-chapter gpu-check labs bench clean
 
 help:
 	@echo "make lab    set up .venv and the DeepSpeed ops, then open JupyterLab on 00_setup"
 	@echo "make test   set up, then run every test tier (unit, notebooks, browser)"
 	@echo "            one tier: make test-unit | test-notebooks | test-browser | gpu-check"
+	@echo "            one chapter: make test-chapter CH=02 (its tests, notebook and lab)"
 
 $(STAMP): env/requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed, found " + sys.version.split()[0]'
@@ -53,6 +54,14 @@ test-notebooks: setup
 	@echo "== tier: notebooks under nbval (--nbval-lax; checked cells compared)"
 	GPUMEM_QUIZ_MODE=text GPUMEM_HOME=$(CURDIR)/.cache/test-home MPLBACKEND=Agg \
 	  $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks solutions $(PYTEST_ARGS)
+
+# One chapter: its tests, its notebook and its lab's solution under nbval.
+test-chapter: setup
+	@test -n "$(CH)" || { echo "usage: make test-chapter CH=02"; exit 2; }
+	$(PY) -m pytest -m "not browser and not gpu" $(wildcard tests/test_$(CH)_*.py) $(PYTEST_ARGS)
+	GPUMEM_QUIZ_MODE=text GPUMEM_HOME=$(CURDIR)/.cache/test-home MPLBACKEND=Agg \
+	  $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider \
+	  $(wildcard notebooks/$(CH)_*.ipynb solutions/lab$(CH)_*.ipynb) $(PYTEST_ARGS)
 
 test-browser: setup
 	@echo "== tier: JupyterLab in headless Chromium"

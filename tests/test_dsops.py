@@ -4,6 +4,7 @@ import os
 import subprocess
 import time
 
+from conftest import ROOT
 from gpumem.dist import dsops
 
 
@@ -42,6 +43,14 @@ def test_fresh_lock_is_kept(tmp_path):
 
 
 def test_ops_are_built_in_the_course_cache():
-    # make test runs `python -m gpumem.dsops prepare` first
+    # make test runs `python -m gpumem.dist.dsops prepare` first
     for name in dsops.wanted_ops():
         assert dsops.op_built(name), f"{name} not built in {dsops.cache_dir()}"
+
+
+def test_the_cache_is_inside_the_checkout(monkeypatch):
+    """Without TORCH_EXTENSIONS_DIR (a notebook, a plain `python -m gpumem run`), ops are found in
+    the checkout's .cache, where `make lab` built them, not in ~/.cache."""
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    assert dsops.repo_root() == ROOT
+    assert dsops.cache_dir() == ROOT / ".cache" / "torch_extensions"

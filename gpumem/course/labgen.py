@@ -62,7 +62,7 @@ def sync(root: Path, check: bool = False) -> list[Path]:
 
 def main(argv: list[str]) -> int:
     """Regenerate ``labs/`` from ``solutions/`` (``--check``: only list stale labs); returns exit status."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]   # gpumem/course/labgen.py -> the checkout
     check = "--check" in argv
     stale = sync(root, check=check)
     for path in stale:

@@ -26,7 +26,7 @@ STALE_AFTER_S = 5.0
 
 def repo_root() -> Path | None:
     """The course checkout gpumem is installed from (editable install), if any."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]   # gpumem/dist/dsops.py -> the checkout
     return root if (root / "pyproject.toml").exists() and (root / "notebooks").exists() else None
 
 
