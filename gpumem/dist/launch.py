@@ -21,6 +21,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -51,20 +52,26 @@ def init(device: str = "cpu", deepspeed: bool = False) -> None:
         torch.distributed.init_process_group(backend)
 
 
-def _worker(job: Path, rank: int) -> int:
+def _worker(job: Path, rank: int) -> NoReturn:
     spec = pickle.loads((job / "spec.pkl").read_bytes())
     try:
         init(spec["device"], spec["deepspeed"])
         module, name = spec["target"].split(":")
         result = getattr(importlib.import_module(module), name)(rank, spec["ranks"], **spec["kwargs"])
         torch.distributed.barrier()
-        (job / f"result{rank}.pkl").write_bytes(pickle.dumps(result))
+        part = job / f"result{rank}.part"
+        part.write_bytes(pickle.dumps(result))
+        part.rename(job / f"result{rank}.pkl")     # whole or absent, never half-written
         torch.distributed.destroy_process_group()
-        return 0
     except BaseException:
         (job / f"error{rank}.txt").write_text(traceback.format_exc())
         sys.stderr.flush()
         os._exit(1)   # never wait in collective teardown for peers that may be stuck
+    # Skip interpreter finalization: gloo's worker threads can abort it ("terminate called
+    # without an active exception", pytorch/pytorch#190489) after the work is done and saved.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = False,
@@ -98,7 +105,8 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
                     code = p.poll()
                     if code is None or r in done:
                         continue
-                    if code != 0:
+                    finished = (job / f"result{r}.pkl").exists()   # saved after the final barrier
+                    if code != 0 and not finished:
                         err = job / f"error{r}.txt"
                         detail = err.read_text() if err.exists() else (job / f"stderr{r}.txt").read_text()[-3000:]
                         raise RankError(f"rank {r} failed (exit code {code}):\n{detail}")
@@ -144,4 +152,4 @@ def _under_external_launcher(argv: list[str]) -> int:
 if __name__ == "__main__":
     if sys.argv[1] == "--env":
         sys.exit(_under_external_launcher(sys.argv[2:]))
-    sys.exit(_worker(Path(sys.argv[1]), int(sys.argv[2])))
+    _worker(Path(sys.argv[1]), int(sys.argv[2]))

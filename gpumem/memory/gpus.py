@@ -1,0 +1,98 @@
+"""The GPUs the course reasons about: capacity as the device reports it, speeds from datasheets.
+
+A GPU's capacity is not its marketing name. An "80 GB" H100 reports 81,559 MiB in
+``nvidia-smi`` (85.5 x 10^9 bytes, 79.6 GiB); an A100 80GB 81,920 MiB. Fits are judged against
+capacity minus a stated :class:`Reserve` (CUDA context and library workspaces, NCCL buffers,
+allocator fragmentation), never against the name on the box.
+
+Sources. Capacity: ``nvidia-smi`` ``memory.total`` as printed on those GPUs (H100, A100, L4, T4
+as collected in modal-labs/modal-client PR #2797; H200 143,771 MiB as printed in public
+nvidia-smi outputs). Speeds: NVIDIA's datasheets (A100, H100/H200, L4, T4), dense tensor-core
+peaks without sparsity; link bandwidths per direction (NVIDIA quotes NVLink and PCIe summed over
+both directions: "600 GB/s", "900 GB/s", "64 GB/s"). PCIe per direction: Gen3 x16 15.75 GB/s,
+Gen4 x16 31.5 GB/s, Gen5 x16 63 GB/s (line rate x 128/130 encoding).
+"""
+
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from ..units import GB, GiB, MiB, fmt
+
+TB = 10**12
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU model: bytes it reports, peak bf16 FLOP/s, HBM, NVLink and PCIe bytes/s."""
+    name: str
+    label: str                   # how people name it
+    capacity: int                # bytes, nvidia-smi memory.total
+    bf16_flops: float | None     # dense bf16 tensor-core FLOP/s; None: no bf16 tensor cores
+    fp16_flops: float            # dense fp16 tensor-core FLOP/s
+    hbm: float                   # memory bandwidth, bytes/s
+    nvlink: float | None         # GPU-to-GPU bandwidth per direction, bytes/s (None: PCIe only)
+    pcie: float                  # host link per direction, bytes/s
+    flash_attention_2: bool      # FlashAttention-2 runs on it (Ampere sm80 and newer)
+
+
+REGISTRY: dict[str, GPU] = {g.name: g for g in [
+    GPU("a100-40gb", "A100 40GB SXM", 40_960 * MiB, 312e12, 312e12, 1.555 * TB, 300 * GB, 31.5 * GB, True),
+    GPU("a100-80gb", "A100 80GB SXM", 81_920 * MiB, 312e12, 312e12, 2.039 * TB, 300 * GB, 31.5 * GB, True),
+    GPU("h100-80gb", "H100 80GB SXM", 81_559 * MiB, 989e12, 989e12, 3.35 * TB, 450 * GB, 63 * GB, True),
+    GPU("h200", "H200 141GB SXM", 143_771 * MiB, 989e12, 989e12, 4.8 * TB, 450 * GB, 63 * GB, True),
+    GPU("l4", "L4 24GB", 23_034 * MiB, 121e12, 121e12, 300 * GB, None, 31.5 * GB, True),
+    GPU("t4", "T4 16GB (Colab)", 15_360 * MiB, None, 65e12, 320 * GB, None, 15.75 * GB, False),
+]}
+
+
+def get(name: str) -> GPU:
+    """Look a GPU up by name; a :class:`UsageError` lists the accepted names."""
+    if name not in REGISTRY:
+        raise UsageError(f"unknown GPU {name!r}; accepted: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """What a training process cannot use for tensors, in bytes (stated, not measured here).
+
+    ``context``: the CUDA context with cuBLAS/cuDNN workspaces (about 0.5-1 GiB on Ampere and
+    Hopper). ``nccl``: communicator buffers (NCCL_BUFFSIZE is 4 MiB per channel and peer; with
+    several communicators it reaches about 1 GiB). ``fragmentation``: what the caching allocator
+    holds but cannot hand out, as a share of capacity (a few percent in steady training).
+    """
+    context: int = 1 * GiB
+    nccl: int = 1 * GiB
+    fragmentation: float = 0.05
+
+    def of(self, capacity: int) -> int:
+        return self.context + self.nccl + int(self.fragmentation * capacity)
+
+    def describe(self) -> str:
+        return (f"reserve = CUDA context {fmt(self.context, 'GiB')} + NCCL {fmt(self.nccl, 'GiB')} + "
+                f"{self.fragmentation:.0%} fragmentation")
+
+
+DEFAULT_RESERVE = Reserve()
+
+
+def usable(gpu: GPU | str | int, reserve: Reserve = DEFAULT_RESERVE) -> int:
+    """Bytes left for model states and activations: capacity minus the reserve. ``gpu`` is a
+    registry name, a :class:`GPU` or a capacity in bytes."""
+    capacity = gpu if isinstance(gpu, int) else (get(gpu) if isinstance(gpu, str) else gpu).capacity
+    return capacity - reserve.of(capacity)
+
+
+def table(reserve: Reserve = DEFAULT_RESERVE) -> str:
+    """The GPU table as the course uses it: capacity in three units, usable bytes, speeds."""
+    head = (f"{'gpu':10s} {'as sold':16s} {'reports':>11s} {'= 10^9 B':>9s} {'= GiB':>7s} {'usable':>9s} "
+            f"{'bf16':>8s} {'HBM':>9s} {'NVLink/dir':>10s} {'PCIe/dir':>9s}  FA-2")
+    lines = [head]
+    for g in REGISTRY.values():
+        bf16 = f"{g.bf16_flops / 1e12:.0f} TF" if g.bf16_flops else "none"
+        link = f"{g.nvlink / GB:.0f} GB/s" if g.nvlink else "-"
+        lines.append(f"{g.name:10s} {g.label:16s} {g.capacity // MiB:>7,d} MiB {g.capacity / GB:>7.1f}GB "
+                     f"{g.capacity / GiB:>6.1f}  {usable(g, reserve) / GB:>6.1f} GB {bf16:>8s} "
+                     f"{g.hbm / TB:>5.2f}TB/s {link:>10s} {g.pcie / GB:>5.1f}GB/s  {'yes' if g.flash_attention_2 else 'no'}")
+    lines.append(reserve.describe() + "; usable = reports - reserve")
+    return "\n".join(lines)
