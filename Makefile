@@ -35,8 +35,10 @@ $(STAMP): env/requirements.txt pyproject.toml
 setup: $(STAMP)
 	@$(PY) -m gpumem.dist.dsops prepare
 
+# Rooted at the repository, so the file browser reaches notebooks/, labs/ and solutions/;
+# the path argument opens 00_setup (relative to the root) in the browser.
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/00_setup.ipynb $(ROOT_FLAG) $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" notebooks/00_setup.ipynb $(ROOT_FLAG) $(LAB_ARGS)
 
 # Every tier runs even when an earlier one fails; the target fails if any did.
 test: setup
@@ -52,14 +54,14 @@ test-unit: setup
 
 test-notebooks: setup
 	@echo "== tier: notebooks under nbval (--nbval-lax; checked cells compared)"
-	GPUMEM_QUIZ_MODE=text GPUMEM_HOME=$(CURDIR)/.cache/test-home MPLBACKEND=Agg \
+	GPUMEM_QUIZ_MODE=text GPUMEM_QUIZ_SEED=0 GPUMEM_HOME=$(CURDIR)/.cache/test-home MPLBACKEND=Agg \
 	  $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks solutions $(PYTEST_ARGS)
 
 # One chapter: its tests, its notebook and its lab's solution under nbval.
 test-chapter: setup
 	@test -n "$(CH)" || { echo "usage: make test-chapter CH=02"; exit 2; }
 	$(PY) -m pytest -m "not browser and not gpu" $(wildcard tests/test_$(CH)_*.py) $(PYTEST_ARGS)
-	GPUMEM_QUIZ_MODE=text GPUMEM_HOME=$(CURDIR)/.cache/test-home MPLBACKEND=Agg \
+	GPUMEM_QUIZ_MODE=text GPUMEM_QUIZ_SEED=0 GPUMEM_HOME=$(CURDIR)/.cache/test-home MPLBACKEND=Agg \
 	  $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider \
 	  $(wildcard notebooks/$(CH)_*.ipynb solutions/lab$(CH)_*.ipynb) $(PYTEST_ARGS)
 

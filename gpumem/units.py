@@ -28,8 +28,9 @@ def fmt_both(nbytes: int | float, digits: int = 1) -> str:
 def parse_size(text: str, name: str = "size") -> int:
     """Parse ``'80GB'``, ``'80 GiB'``, ``'141e9'``-free plain byte counts, into bytes.
 
-    A bare number is read as GB, the unit GPU vendors print on the box (an "80 GB" H100 has
-    85.9e9 bytes, so the label matters: see chapter 01).
+    A bare number is read as GB (10^9 bytes). The name on a GPU's box is neither unit exactly: an
+    "80 GB" H100 reports 81,559 MiB (85.5 x 10^9 bytes, 79.6 GiB); ``gpumem.memory.gpus`` holds
+    what each GPU reports.
     """
     match = _SIZE.match(str(text))
     if not match:

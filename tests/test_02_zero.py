@@ -15,7 +15,7 @@ import torch
 
 from conftest import run_cli
 from gpumem.chapters.ch02_zero import claims, ds_ranks, experiments, scratch_ranks
-from gpumem.dist import launch, training
+from gpumem.dist import launch, training, zero3_schedule
 from gpumem.memory import accounting, models
 
 # float32 sums arrive in a different order on N ranks than in one process
@@ -79,6 +79,41 @@ def test_communication_volume_2psi_and_3psi(scratch):
     assert res[0][3]["comm"]["calls"]["all_gather"] == 2 * res[0][3]["comm"]["calls"]["reduce_scatter"]
 
 
+def test_zero2_peak_gradient_bytes_differ_from_zero1_during_backward(scratch):
+    """Hand count on the parameter shapes. Stages 0-1: every full gradient is alive when backward
+    ends. Stages 2-3: a gradient is reduce-scattered and freed as it arrives, so the peak is the
+    moment the embedding's gradient (the last to arrive, first used in forward) is complete: that
+    one full gradient plus the shards of all the others."""
+    ranks, res, _ = scratch
+    net = training.build("tiny")
+    sizes = {n: p.numel() for n, p in net.named_parameters()}
+    every = 4 * sum(sizes.values())
+    at_last = 4 * sizes["embed.weight"] + 4 * sum(math.ceil(n / ranks) for k, n in sizes.items() if k != "embed.weight")
+    for stage in (0, 1):
+        assert res[0][stage]["grad_peak_during_backward"] == {"full_grads": every, "full_grads_and_shards": every}
+    for stage in (2, 3):
+        peak = res[0][stage]["grad_peak_during_backward"]
+        assert peak["full_grads"] == 4 * max(sizes.values())
+        assert peak["full_grads_and_shards"] == at_last
+        assert peak["full_grads_and_shards"] < every
+    # after the step the two stages differ only in what they keep, not in what they held
+    assert res[0][1]["bytes"]["grads"] == every and res[0][2]["bytes"]["grads"] == 4 * sum(
+        math.ceil(n / ranks) for n in sizes.values())
+
+
+def test_bucketed_zero2_trains_like_adamw_within_its_bucket():
+    bucket = 100_000
+    res = launch.run("gpumem.chapters.ch02_zero.scratch_ranks:from_scratch_stages", 2, progress=False,
+                     stages=(2,), model="tiny", steps=3, bucket_bytes=bucket)
+    ref = scratch_ranks.reference(2, model="tiny", steps=3)
+    for got, want in zip(res[0][2]["weights"], ref["weights"]):
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    sizes = [p.numel() for p in training.build("tiny").parameters()]
+    peak = res[0][2]["grad_peak_during_backward"]["full_grads"]
+    assert 4 * max(sizes) < peak < bucket + 4 * max(sizes)    # more than one gradient, less than a bucket more
+    assert res[0][2]["comm"]["calls"]["reduce_scatter"] < 3 * len(sizes)   # fewer, larger collectives
+
+
 @pytest.fixture(scope="module")
 def ds_run():
     return launch.run("gpumem.chapters.ch02_zero.ds_ranks:deepspeed_stages", 2, deepspeed=True, progress=False,
@@ -102,22 +137,89 @@ def test_deepspeed_losses_equal_across_stages_and_adamw(ds_run):
         torch.testing.assert_close(torch.tensor(mean), torch.tensor(ref), rtol=RTOL, atol=ATOL)
 
 
-def test_gather_trace_counts_modules_and_two_passes():
+@pytest.fixture(scope="module")
+def trace():
+    return experiments.gather_trace(ranks=2, model="mini", steps=3, progress=False)
+
+
+def test_gather_trace_counts_modules_and_two_passes(trace):
     import deepspeed
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as C
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as S3
     assert deepspeed.__version__ == "0.19.8"
     assert all(hasattr(C, name) for name in ("fetch_sub_module", ds_ranks._GATHER, ds_ranks._RELEASE))
-    trace = experiments.gather_trace(ranks=2, model="mini", steps=2, progress=False)
+    assert all(hasattr(S3, name) for name in ds_ranks._AT_STEP) and "persistent_parameters[0].all_gather" in \
+        __import__("inspect").getsource(S3._post_step.__closure__[0].cell_contents)   # under nvtx
     cfg = models.get("mini")
     step0 = trace["counts"]["step0"]
     assert step0["forward_fetches"] == step0["backward_fetches"] == 7 * cfg.n_layers + 2
     assert trace["persistent"] == sorted([f"layers.{i}.{n}_norm.weight" for i in range(4) for n in ("attn", "mlp")]
                                          + ["norm.weight"])
-    assert step0["bytes_gathered"] == 2 * ds_ranks.sharded_bytes(trace["events"])   # forward + backward
+    psi_bytes = 4 * cfg.n_params()
+    assert ds_ranks.sharded_bytes(trace["events"]) == psi_bytes          # DeepSpeed partitions every tensor
+    assert step0["bytes_gathered"] == 2 * psi_bytes                       # step 0: forward + backward, on demand
     assert trace["counts"]["step1"]["bytes_gathered"] < step0["bytes_gathered"]  # prefetch + reuse
-    step1_gathers = [p for e in trace["events"] if e["step"] == 1 and e["event"] == "all-gather" for p in e["params"]]
+    step1_gathers = [p for e in trace["events"] if e["step"] == 1 and e["event"] == "all-gather"
+                     and e["phase"] != "step" for p in e["params"]]
     assert step1_gathers and not any("norm" in p for p in step1_gathers)          # persistent from step 1
-    assert {e["phase"] for e in trace["events"] if e["event"] == "release"} == {"forward", "backward"}
+    assert {e["phase"] for e in trace["events"] if e["event"] == "release"} == {"forward", "backward", "step"}
+
+
+def test_gathers_are_labelled_by_the_phase_they_serve(trace):
+    """Every step after the first gathers each parameter exactly once for its forward use (all
+    are released at the optimizer step); the persistent norms come back in one all-gather after
+    the step. What is not kept through the turn-around is gathered again for backward, and some
+    of that is prefetched while forward is still running."""
+    cfg = models.get("mini")
+    norms = 4 * cfg.d_model * (2 * cfg.n_layers + 1)
+    for k in (1, 2):
+        now, before = trace["counts"][f"step{k}"], trace["counts"][f"step{k - 1}"]
+        assert now["gathered_for"]["forward"] + before["after_step_bytes"] == 4 * cfg.n_params()
+        assert before["after_step_params"] == len(trace["persistent"]) and before["after_step_bytes"] == norms
+        assert sum(now["gathered_for"].values()) == now["bytes_gathered"]
+        assert now["all_gathers_for"]["backward"] > now["backward_all_gathers"]   # a forward prefetch for backward
+        # fewer gathers than releases: the optimizer step also releases the norms gathered after the last step
+        assert now["releases"] == now["params_gathered"] + before["after_step_params"]
+        assert now["releases_at_step"] == len(trace["persistent"])
+
+
+def test_schedule_replays_real_deepspeed_event_for_event(trace):
+    """The library's replay of DeepSpeed's fetch, prefetch and release rules, run on the module
+    order it derives for the course's Llama, yields the recorded trace of a steady-state step:
+    every fetch, all-gather (with the phase each byte serves) and release, in order."""
+    cfg = models.get("mini")
+    key = lambda e: (e["event"], e["phase"], e.get("module"), e.get("params"), e.get("bytes"), e.get("serves"))
+    assert [(e["phase"], e["module"]) for e in trace["events"] if e["step"] == 1 and e["event"] == "fetch"] \
+        == zero3_schedule.fetch_order(cfg)
+    for k in (1, 2):
+        replay = zero3_schedule.simulate(zero3_schedule.fetch_order(cfg), zero3_schedule.llama_params(cfg),
+                                         trace["config"], elem_bytes=4, step=k)
+        assert [key(e) for e in replay] == [key(e) for e in trace["events"] if e["step"] == k]
+
+
+def test_schedule_replays_deepspeed_defaults_too():
+    """A second configuration: DeepSpeed's own defaults on the small model (everything lies within
+    the reuse distance and the prefetch bucket)."""
+    res = launch.run("gpumem.chapters.ch02_zero.ds_ranks:gather_trace", 2, deepspeed=True, progress=False,
+                     model="mini", steps=2, scaled=False)[0]
+    cfg = models.get("mini")
+    replay = zero3_schedule.simulate(zero3_schedule.fetch_order(cfg), zero3_schedule.llama_params(cfg), {},
+                                     elem_bytes=4, step=1)
+    gathers = lambda evs: [(e["phase"], e["params"]) for e in evs if e["event"] == "all-gather"]
+    assert gathers(replay) == gathers([e for e in res["events"] if e["step"] == 1])
+
+
+def test_70b_gathers_every_layer_twice_but_the_head():
+    """Hand derivation for Llama-3-70B with DeepSpeed's defaults: a layer (856 M elements) is far
+    beyond the 1e9-element reuse window once the head (1.05 B) sits in it, so every sharded
+    weight is gathered for forward and again for backward, except the head, whose backward
+    follows its forward at once; the 161 norms (8,192 < 1e5) come back once after the step."""
+    cfg = models.get("llama-3-70b")
+    vol = zero3_schedule.step_volume(cfg)
+    head, norms = cfg.vocab * cfg.d_model, (2 * cfg.n_layers + 1) * cfg.d_model
+    assert sum(vol["gathered_elements"].values()) == 2 * cfg.n_params() - head - norms
+    assert vol["served_elements"]["forward"] == cfg.n_params()
+    assert 1.98 < vol["gathered_psi"] < 2.0 and vol["per_step_psi"] == vol["gathered_psi"] + 1
 
 
 def test_run_zero_from_the_command_line():

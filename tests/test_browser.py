@@ -1,7 +1,16 @@
-"""Real browser: JupyterLab in headless Chromium runs 00_setup and a quiz answer is clicked."""
+"""Real browser: JupyterLab started as ``make lab`` starts it, in headless Chromium.
+
+The server runs the command the Makefile's ``lab`` target runs (read with ``make -n lab``),
+rooted at a copy of the repository's notebooks, labs and solutions (JupyterLab may autosave).
+The test opens the page ``make lab`` would open, runs 00_setup, answers its quiz through the
+widgets (a hint first, the answer on the second wrong try, a unit converted, Show answer), and
+then opens a lab from the file browser.
+"""
 
 import json
 import os
+import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -23,35 +32,62 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def lab_command() -> list[str]:
+    """The JupyterLab command of the Makefile's ``lab`` target, as a dry run prints it."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "lab"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    lines = [line for line in dry.stdout.splitlines() if re.search(r"\bjupyter lab\b", line)]
+    assert len(lines) == 1, dry.stdout + dry.stderr
+    return shlex.split(lines[0])
+
+
+def test_make_lab_roots_jupyterlab_at_the_repository():
+    argv = lab_command()
+    assert f"--ServerApp.root_dir={ROOT}" in argv, argv
+    assert "notebooks/00_setup.ipynb" in argv, argv
+
+
 @pytest.fixture
 def lab_server(tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    shutil.copy(ROOT / "notebooks" / "00_setup.ipynb", work)  # JupyterLab may autosave: use a copy
+    work = tmp_path / "repo"
+    (work / "notebooks").mkdir(parents=True)
+    shutil.copy(ROOT / "notebooks" / "00_setup.ipynb", work / "notebooks")
+    for folder in ("labs", "solutions"):
+        shutil.copytree(ROOT / folder, work / folder)
     config = tmp_path / "config"
     (config / "labconfig").mkdir(parents=True)
     (config / "labconfig" / "page_config.json").write_text(json.dumps(
         {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
     port, token = _free_port(), "gpumem-browser-test"
-    env = {k: v for k, v in os.environ.items() if k != "GPUMEM_QUIZ_MODE"}
-    env |= {"JUPYTER_CONFIG_DIR": str(config), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+    runtime = tmp_path / "runtime"
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUMEM_QUIZ_MODE", "GPUMEM_QUIZ_SEED")}
+    env |= {"JUPYTER_CONFIG_DIR": str(config), "JUPYTER_RUNTIME_DIR": str(runtime),
             "GPUMEM_HOME": str(tmp_path / "home")}
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}", "--allow-root"]
+    argv = lab_command()
+    assert argv[0].endswith("jupyter") and argv[1] == "lab", argv
+    cmd = [sys.executable, "-m", "jupyter", *[a.replace(str(ROOT), str(work)) for a in argv[1:]],
+           "--no-browser", "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}"]
     log = open(tmp_path / "jupyter.log", "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 60
         while True:
             try:
                 urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
+                opened = list(runtime.glob("jpserver-file-to-run-*-open.html"))
+                if opened:
+                    break
             except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise RuntimeError("JupyterLab did not start: " + (tmp_path / "jupyter.log").read_text()[-2000:])
-                time.sleep(0.5)
-        yield base, token
+                pass
+            if time.time() > deadline or proc.poll() is not None:
+                raise RuntimeError("JupyterLab did not start: " + (tmp_path / "jupyter.log").read_text()[-2000:])
+            time.sleep(0.5)
+        # the page `make lab` opens in the browser: JupyterLab's redirect file for the path argument
+        url = re.search(r'url=([^"]+)"', opened[0].read_text()).group(1).replace("&amp;", "&")
+        yield url, work
     finally:
         proc.terminate()
         try:
@@ -61,41 +97,94 @@ def lab_server(tmp_path):
         log.close()
 
 
-def test_run_setup_notebook_and_answer_a_quiz(lab_server, tmp_path):
+def _pick_kernel_if_asked(page, timeout=15_000):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    try:  # a fresh JupyterLab may ask which kernel to start
+        page.locator('.jp-Dialog button:has-text("Select")').click(timeout=timeout)
+    except PlaywrightTimeout:
+        pass
+
+
+def _answer_quiz(page):
+    """Through the widgets: hint, then the answer; try again; a unit converted; Show answer."""
+    question = page.locator(".gpumem-question-cpu-real").last   # .last: a hidden second view may exist
+    question.wait_for(timeout=90_000)
+    feedback = question.locator(".gpumem-feedback-cpu-real")
+    check = question.get_by_role("button", name="Check")
+    question.get_by_text("Nothing until a CUDA GPU is attached", exact=True).click()
+    check.click()
+    feedback.get_by_text("Hint:").wait_for(timeout=20_000)
+    assert "Real PyTorch" not in feedback.inner_text()              # a hint, not the answer
+    question.get_by_text("Recorded outputs of runs made on GPUs", exact=True).click()
+    check.click()
+    feedback.get_by_text("the answer is Real PyTorch and DeepSpeed").wait_for(timeout=20_000)
+    question.get_by_role("button", name="Try again").click()
+    feedback.get_by_text("the answer is").wait_for(state="detached", timeout=20_000)   # a clean slate
+    question.get_by_text("Real PyTorch and DeepSpeed on CPU processes", exact=True).click()
+    check.click()
+    feedback.get_by_text("Correct.").wait_for(timeout=20_000)
+    assert "DeepSpeed runs for real" in feedback.inner_text()
+
+    capacity = page.locator(".gpumem-question-capacity-units").last
+    prompt = capacity.locator(".gpumem-prompt-capacity-units").inner_text()
+    mib = int(re.search(r"([\d,]+) MiB", prompt).group(1).replace(",", ""))
+    unit = re.search(r"in (GiB|GB) \(", prompt).group(1)
+    # answered in the other unit, by hand: MiB -> bytes -> GB or GiB
+    other = f"{mib * 2**20 / 2**30:.3f} GiB" if unit == "GB" else f"{mib * 2**20 / 1e9:.3f} GB"
+    capacity.locator("input").fill(other)
+    capacity.get_by_role("button", name="Check").click()
+    capacity.locator(".gpumem-feedback-capacity-units").get_by_text("read as").wait_for(timeout=20_000)
+    assert capacity.locator(".gpumem-feedback-capacity-units").inner_text().startswith("Correct (")
+
+    usable = page.locator(".gpumem-question-usable-bytes").last
+    usable.get_by_role("button", name="Show answer").click()
+    usable.locator(".gpumem-feedback-usable-bytes").get_by_text("The answer is").wait_for(timeout=20_000)
+
+
+def _open_a_lab_from_the_file_browser(page):
+    """The file browser reaches labs/ from the root; a lab notebook opens from it."""
+    browser = page.locator(".jp-FileBrowser")
+    if not browser.is_visible():
+        page.locator('.jp-SideBar [data-id="filebrowser"]').click()
+    browser.locator(".jp-BreadCrumbs-home").click()
+    listing = browser.locator(".jp-DirListing")
+    for folder in ("labs", "notebooks", "solutions"):
+        listing.get_by_text(folder, exact=True).wait_for(timeout=20_000)
+    listing.get_by_text("labs", exact=True).dblclick()
+    lab = listing.get_by_text("lab01_memory_calculator.ipynb", exact=True)
+    lab.wait_for(timeout=20_000)
+    lab.dblclick()
+    _pick_kernel_if_asked(page)
+    page.locator('.lm-TabBar-tabLabel:text-is("lab01_memory_calculator.ipynb")').wait_for(timeout=30_000)
+    page.get_by_text("A memory calculator you can trust").last.wait_for(timeout=30_000)
+
+
+def test_run_setup_notebook_answer_the_quiz_and_open_a_lab(lab_server, tmp_path):
     if CHROMIUM is None:
         if os.environ.get("CI"):
             pytest.fail("chromium is missing in CI: .ci/run must install Debian's chromium")
         pytest.skip("chromium not installed (apt-get install chromium) — browser test skipped")
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
+    from playwright.sync_api import sync_playwright
 
-    base, token = lab_server
+    url, work = lab_server
+    assert "/lab/tree/notebooks/00_setup.ipynb" in url, url      # rooted at the repository
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page.goto(f"{base}/lab/tree/00_setup.ipynb?token={token}")
-            try:  # a fresh JupyterLab may ask which kernel to start
-                page.locator('.jp-Dialog button:has-text("Select")').click(timeout=15_000)
-            except PlaywrightTimeout:
-                pass
+            page.goto(url)
+            _pick_kernel_if_asked(page)
             page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=60_000)
             page.click('.lm-MenuBar-itemLabel:text-is("Run")')
             page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
-            # .last: JupyterLab can hold a second, hidden view of the same output
-            question = page.locator(".gpumem-question-cpu-real").last
-            question.wait_for(timeout=90_000)
-            question.get_by_text("Real DeepSpeed and PyTorch on CPU ranks", exact=False).click()
-            question.get_by_role("button", name="Check").click()
-            feedback = question.locator(".gpumem-feedback-cpu-real")
-            feedback.get_by_text("Correct.").wait_for(timeout=20_000)
-            assert "DeepSpeed runs for real" in feedback.inner_text()
-            question.get_by_text("Nothing: every experiment needs CUDA").click()
-            question.get_by_role("button", name="Check").click()
-            feedback.get_by_text("Not quite").wait_for(timeout=20_000)
+            _answer_quiz(page)
+            _open_a_lab_from_the_file_browser(page)
         finally:
             page.screenshot(path=str(tmp_path / "jupyterlab.png"), full_page=True)
             browser.close()
-    saved = json.loads((tmp_path / "home" / "progress.json").read_text())
-    assert saved["00_setup"]["cpu-real"] == {"correct": True, "attempts": 2}
+    saved = json.loads((tmp_path / "home" / "progress.json").read_text())["00_setup"]
+    assert saved["cpu-real"] == {"correct": True, "attempts": 3, "revealed": 1}
+    assert saved["capacity-units"] == {"correct": True, "attempts": 1}
+    assert saved["usable-bytes"] == {"correct": False, "attempts": 0, "revealed": 1}

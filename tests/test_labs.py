@@ -79,19 +79,55 @@ def test_generated_lab_has_no_outputs_and_no_answers():
         assert all(not c.get("outputs") for c in lab["cells"] if c["cell_type"] == "code")
 
 
-def test_lab02_names_the_first_diverging_tensor():
-    ns = notebook_namespace(ROOT / "solutions" / "lab02_sharded_adamw.ipynb")
-    source = """
-def sharded_adamw_step(params, m, v, t, lr, betas, eps, weight_decay):
-    from gpumem.dist.zero import adamw_update, all_gather_full, my_shard, reduce_scatter_mean
+def _lab02_with(source: str):
+    """Grade lab 02 with the learner's function replaced by ``source`` (readable by inspect)."""
+    ns = notebook_namespace(ROOT / "solutions" / "lab02_zero2_hooks.ipynb")
+    name = f"<wrong {abs(hash(source))}>"
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    exec(compile(source, name, "exec"), ns)
+    return chapters.check_lab("lab02_zero2_hooks", ns, show=False)
+
+
+def test_lab02_names_the_first_wrong_gradient_shard():
+    report = _lab02_with("""
+def install_zero2_hooks(params, grad_shards):
+    def ready(p, i):
+        grad_shards[i] = zero.reduce_scatter_mean(p.grad) * 2    # forgot that the helper averages
+        p.grad = None
     for i, p in enumerate(params):
-        g = reduce_scatter_mean(p.grad) * 2          # forgot that the helper already averages
-        w = my_shard(p)
-        adamw_update(w, g, m[i], v[i], t, lr, betas, eps, weight_decay)
-        p.copy_(all_gather_full(w, p.numel(), p.shape))
-"""
-    linecache.cache["<wrong>"] = (len(source), None, source.splitlines(True), "<wrong>")
-    exec(compile(source, "<wrong>", "exec"), ns)
-    report = chapters.check_lab("lab02_sharded_adamw", ns, show=False)
+        p.register_post_accumulate_grad_hook(lambda p, i=i: ready(p, i))
+""")
     assert not report.solved
-    assert "first diverging tensor: embed.weight on rank 0" in report.problems[0].detail
+    first = report.problems[0]
+    assert "gradient shards" in first.case and "first wrong gradient shard: embed.weight on rank 0" in first.detail
+    assert all(r.status == "ok" for r in report.rows if "peak" in r.case)   # the schedule was right
+
+
+def test_lab02_zero1_peak_is_caught_even_with_the_right_weights():
+    """Reducing only after backward (ZeRO-1's schedule) trains correctly but holds every gradient."""
+    report = _lab02_with("""
+def install_zero2_hooks(params, grad_shards):
+    def at_the_end():
+        for i, p in enumerate(params):
+            grad_shards[i] = zero.reduce_scatter_mean(p.grad)
+            p.grad = None
+    def ready(p):
+        if p is params[0]:                       # the embedding's gradient arrives last
+            torch.autograd.Variable._execution_engine.queue_callback(at_the_end)
+    for p in params:
+        p.register_post_accumulate_grad_hook(ready)
+""")
+    peak_rows = [r for r in report.rows if "peak" in r.case]
+    assert peak_rows and all(r.status == "wrong" for r in peak_rows)
+    assert "every gradient at once" in peak_rows[0].detail and "embed.weight" in peak_rows[0].detail
+    assert all(r.status == "ok" for r in report.rows if "peak" not in r.case)
+
+
+def test_lab02_full_gradient_left_behind_is_named():
+    report = _lab02_with("""
+def install_zero2_hooks(params, grad_shards):
+    for i, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(lambda p, i=i: grad_shards.__setitem__(i, zero.reduce_scatter_mean(p.grad)))
+""")
+    shard_rows = [r for r in report.rows if "gradient shards" in r.case]
+    assert shard_rows[0].status == "wrong" and "still has its full .grad" in shard_rows[0].detail

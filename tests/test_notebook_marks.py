@@ -1,4 +1,5 @@
-"""nbval never compares a marked cell that has no stored output: prove every one has one."""
+"""nbval compares only the cells tagged ``nbval-check-output``: prove every one has a stored output,
+and that no marker comment is left for a learner to read past."""
 
 import json
 
@@ -7,6 +8,11 @@ import pytest
 from conftest import ROOT
 
 NOTEBOOKS = sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb")])
+TAG = "nbval-check-output"
+
+
+def checked(cells):
+    return [c for c in cells if c["cell_type"] == "code" and TAG in c.get("metadata", {}).get("tags", [])]
 
 
 def test_there_are_notebooks():
@@ -16,10 +22,17 @@ def test_there_are_notebooks():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_checked_cell_has_a_stored_output(path):
     cells = json.loads(path.read_text())["cells"]
-    marked = [c for c in cells if c["cell_type"] == "code" and "NBVAL_CHECK_OUTPUT" in "".join(c["source"])]
-    assert marked, f"{path.name} has no NBVAL_CHECK_OUTPUT cell: nbval would compare nothing"
+    marked = checked(cells)
+    assert marked, f"{path.name} has no cell tagged {TAG}: nbval would compare nothing"
     for cell in marked:
         assert cell["execution_count"] is not None and cell["outputs"], "".join(cell["source"])[:80]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_marker_comments_in_cells(path):
+    """Markers live in cell tags (tools/execute_notebooks.py moves `# NBVAL_CHECK_OUTPUT` there)."""
+    for cell in json.loads(path.read_text())["cells"]:
+        assert "NBVAL_" not in "".join(cell["source"]), "".join(cell["source"])[:80]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -28,3 +41,14 @@ def test_no_error_outputs_stored(path):
     for cell in cells:
         for out in cell.get("outputs", []):
             assert out.get("output_type") != "error", "".join(cell["source"])[:80]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_stored_outputs_are_clean(path):
+    """What a reader sees on GitHub: no warning walls, progress bars, enum reprs or build paths."""
+    bad = ("[WARNING]", "OffloadDeviceEnum", "/root/", "/work/", "/tmp/", "it/s]", "FutureWarning")
+    for cell in json.loads(path.read_text())["cells"]:
+        for out in cell.get("outputs", []):
+            text = "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
+            for b in bad:
+                assert b not in text, f"{path.name}: {b!r} in the output of {''.join(cell['source'])[:60]!r}"

@@ -16,7 +16,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("00", "ch00_setup", quiz="quiz:QUIZ"),
     Chapter("01", "ch01_memory_anatomy", quiz="quiz:QUIZ",
             labs={"lab01_memory_calculator": "labcheck:check"}),
-    Chapter("02", "ch02_zero", quiz="quiz:QUIZ", labs={"lab02_sharded_adamw": "labcheck:check"},
+    Chapter("02", "ch02_zero", quiz="quiz:QUIZ", labs={"lab02_zero2_hooks": "labcheck:check"},
             experiments=(
                 Experiment("zero", "experiments:zero", "diagrams:zero_results_table",
                            "ZeRO 0-3 from scratch and real DeepSpeed on CPU ranks"),

@@ -37,6 +37,11 @@ def lab_from_solution(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         cell.outputs = []
         cell.execution_count = None
         cell.metadata.pop("execution", None)
+        tags = [t for t in cell.metadata.get("tags", []) if not t.startswith("nbval-")]
+        if tags:
+            cell.metadata["tags"] = tags
+        else:
+            cell.metadata.pop("tags", None)
     lab.metadata["gpumem"] = {"generated_from": "solutions/", "edit": "edit the solution, then run python -m gpumem.course.labgen"}
     return lab
 

@@ -1,96 +1,33 @@
 """Quizzes: questions as data, shown as widgets (JupyterLab) or plain text (nbval, terminals).
 
-A numeric answer can be a callable, so the expected value is computed by the library at the
-moment the question is shown (it can never drift from the chapter's numbers). Progress is saved
-to ``~/.gpumem/progress.json`` (``$GPUMEM_HOME`` overrides the folder).
+A quiz checks reasoning, so a numeric question can draw fresh numbers (model, GPU, GPU count,
+sequence, recipe) for every attempt, and its expected value is computed by the library for the
+numbers on screen; it never drifts from the chapter. Numbers come from the quiz's generator:
+seeded by :meth:`Quiz.seed` (tests), by ``$GPUMEM_QUIZ_SEED`` (stored notebook outputs), random
+otherwise. Answers may carry a unit (``"317.5 GB"``, ``"74.5 GiB"``, ``"16 B"``), converted to
+the question's unit (:mod:`gpumem.course.answers`).
+
+A wrong answer gets a hint first (a specific one when it matches a known mistake); the answer is
+shown after a second wrong try or on request: ``quiz.answer("id", "show")`` in text mode, the
+"Show answer" button in a widget. Progress is saved to ``~/.gpumem/progress.json``
+(``$GPUMEM_HOME`` overrides the folder; :mod:`gpumem.course.progress`).
 
 Plain-text mode is used when ``GPUMEM_QUIZ_MODE=text`` (``make test`` sets it for nbval) or when
 no IPython kernel is running; answer there with ``quiz.answer("id", value)``.
 """
 
-import json
-import math
 import os
+import random
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable
 
+from .answers import describe
+from .progress import load_progress, progress_file, save_result, save_reveal
+from .questions import Attempt, Choice, Numeric, Question
 
-@dataclass
-class Choice:
-    """A multiple-choice question; ``answer`` is the index of the right option."""
-    id: str
-    prompt: str
-    options: list[str]
-    answer: int           # index into options
-    explanation: str
+__all__ = ["Attempt", "Choice", "Numeric", "Question", "Quiz", "checklist", "widgets_available",
+           "progress_file", "load_progress", "save_result", "REVEAL"]
 
-    def grade(self, value) -> bool:
-        if isinstance(value, str):
-            return value == self.options[self.answer]
-        return int(value) == self.answer
-
-    def expected(self) -> str:
-        return self.options[self.answer]
-
-
-@dataclass
-class Numeric:
-    """A question answered with a number, right within ``rel_tol`` of the (possibly computed) answer."""
-    id: str
-    prompt: str
-    answer: float | Callable[[], float]
-    explanation: str
-    unit: str = ""
-    rel_tol: float = 0.02
-
-    def value(self) -> float:
-        return float(self.answer() if callable(self.answer) else self.answer)
-
-    def grade(self, value) -> bool:
-        try:
-            got = float(value)
-        except (TypeError, ValueError):
-            return False
-        return math.isclose(got, self.value(), rel_tol=self.rel_tol)
-
-    def expected(self) -> str:
-        return f"{self.value():,.4g} {self.unit}".strip()
-
-
-Question = Choice | Numeric
-
-
-def progress_file() -> Path:
-    """Where quiz progress is saved: ``progress.json`` in ``$GPUMEM_HOME``, else ``~/.gpumem``."""
-    return Path(os.environ.get("GPUMEM_HOME", Path.home() / ".gpumem")) / "progress.json"
-
-
-def load_progress() -> dict:
-    """Saved quiz progress by quiz and question; empty when the file is missing or unreadable."""
-    path = progress_file()
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def save_result(quiz: str, qid: str, correct: bool) -> None:
-    """Record one attempt at a question; once answered correctly it stays correct."""
-    path = progress_file()
-    data = load_progress()
-    entry = data.setdefault(quiz, {}).setdefault(qid, {"correct": False, "attempts": 0})
-    entry["attempts"] += 1
-    entry["correct"] = entry["correct"] or correct
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True))
-
-
-def feedback(q: Question, value) -> tuple[bool, str]:
-    """Grade one answer: whether it is right, and the text shown to the learner."""
-    ok = q.grade(value)
-    head = "Correct." if ok else f"Not quite: the answer is {q.expected()}."
-    return ok, f"{head} {q.explanation}"
+REVEAL = ("show", "show answer", "answer", "reveal", "?")
 
 
 @dataclass
@@ -100,42 +37,109 @@ class Quiz:
     questions: list[Question] = field(default_factory=list)
     widget: object = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self):
+        self._rng = None
+        self.renew(quiet=True)
+
+    def generator(self) -> random.Random:
+        """The quiz's random numbers: ``$GPUMEM_QUIZ_SEED`` seeds them if set."""
+        if self._rng is None:
+            env = os.environ.get("GPUMEM_QUIZ_SEED")
+            self._rng = random.Random(f"{env}:{self.name}") if env else random.Random()
+        return self._rng
+
+    def seed(self, seed) -> "Quiz":
+        """Seed the generator and draw every question's numbers again (tests, reproducible outputs)."""
+        self._rng = random.Random(f"{seed}:{self.name}")
+        self.renew(quiet=True)
+        return self
+
     def _get(self, qid: str) -> Question:
         for q in self.questions:
             if q.id == qid:
                 return q
         raise KeyError(f"no question {qid!r} in quiz {self.name!r}; ids: {[q.id for q in self.questions]}")
 
+    def renew(self, qid: str | None = None, quiet: bool = False) -> None:
+        """Draw new numbers for one question (or all) and print its new prompt unless ``quiet``."""
+        for q in [self._get(qid)] if qid else self.questions:
+            q.redraw(self.generator())
+            if not quiet:
+                print(f"[{q.id}] {q.prompt_text()}")
+
+    def respond(self, qid: str, value) -> tuple[bool | None, str]:
+        """Grade one answer (or a request for the answer) and say what to show the learner.
+
+        Returns (right?, text); right? is None when nothing was graded (unreadable value, answer
+        shown). Graded attempts are saved; a value that cannot be read is not an attempt.
+        """
+        q = self._get(qid)
+        if isinstance(value, str) and value.strip().lower() in REVEAL:
+            return None, self._reveal(q, "The answer")
+        ok, got, note = q.judge(value)
+        if ok is None:
+            return None, note[:1].upper() + note[1:] + "."
+        note = f" ({note})" if note else ""
+        if q.attempt.revealed:
+            return ok, (f"{'Right' if ok else 'Not quite'}{note}, but the answer was shown, so this try "
+                        f"is not counted. {self._again(q)}")
+        save_result(self.name, q.id, ok)
+        if ok:
+            q.attempt.solved = True
+            return True, f"Correct{note}. {q.explanation_text()}"
+        q.attempt.tries += 1
+        if q.attempt.tries == 1:
+            hint = q.hint_for(got)
+            hint = hint[:1].upper() + hint[1:]
+            return False, f"Not quite{note}. Hint: {hint} Try again, or ask for the answer."
+        return False, self._reveal(q, f"Not quite{note}: the answer")
+
+    def _reveal(self, q: Question, head: str) -> str:
+        q.attempt.revealed = True
+        save_reveal(self.name, q.id)
+        return f"{head} is {q.expected()}. {q.explanation_text()} {self._again(q)}"
+
+    @staticmethod
+    def _again(q: Question) -> str:
+        button = "New numbers" if q.drawn else "Try again"
+        return f'For another try, press {button} or run quiz.renew("{q.id}").'
+
     def answer(self, qid: str, value) -> bool:
-        """Grade one answer, print the feedback, save progress; returns whether it was right."""
-        ok, text = feedback(self._get(qid), value)
-        save_result(self.name, qid, ok)
+        """Grade one answer, print the feedback, save progress; returns whether it was right.
+        ``value`` ``"show"`` prints the answer instead."""
+        ok, text = self.respond(qid, value)
         print(text)
-        return ok
+        return bool(ok)
+
+    def reveal(self, qid: str) -> None:
+        """Print the answer and its explanation (same as ``answer(qid, "show")``)."""
+        self.answer(qid, "show")
 
     def text(self) -> str:
+        """The quiz as plain text, with the numbers of this attempt and how to answer."""
         lines = [f"Quiz: {self.name}"]
         for n, q in enumerate(self.questions, 1):
-            lines.append(f"{n}. [{q.id}] {q.prompt}")
+            lines.append(f"{n}. [{q.id}] {q.prompt_text()}")
             if isinstance(q, Choice):
                 lines += [f"   ({i}) {opt}" for i, opt in enumerate(q.options)]
             else:
-                lines.append(f"   (a number{', in ' + q.unit if q.unit else ''})")
-        lines.append(f'Answer with quiz.answer("<id>", <choice number or value>).')
+                lines.append(f"   ({describe(q.unit_now())})")
+        lines.append('Answer with quiz.answer("<id>", <choice number or value>); a value may carry '
+                     'a unit ("2.5 GiB").')
+        lines.append('quiz.answer("<id>", "show") shows an answer; quiz.renew("<id>") draws new numbers.')
         return "\n".join(lines)
 
     def show(self) -> None:
-        """Widgets in JupyterLab; the plain text otherwise (kept as ``self.widget``)."""
+        """A new attempt: fresh numbers, then widgets in JupyterLab or plain text otherwise."""
         self.widget = None
+        self.renew(quiet=True)
         if not widgets_available():
             print(self.text())
             return
-        import ipywidgets as w
         from IPython.display import display
-        box = w.VBox([_question_widget(self, q) for q in self.questions])
-        box.add_class("gpumem-quiz")
-        display(box)
-        self.widget = box
+        from .quiz_widgets import quiz_box
+        self.widget = quiz_box(self)
+        display(self.widget)
 
 
 def widgets_available() -> bool:
@@ -151,31 +155,9 @@ def widgets_available() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def _question_widget(quiz: Quiz, q: Question):
-    import ipywidgets as w
-    if isinstance(q, Choice):
-        entry = w.RadioButtons(options=[(opt, i) for i, opt in enumerate(q.options)], value=None,
-                               layout=w.Layout(width="max-content"))
-    else:
-        entry = w.Text(placeholder=f"a number{' in ' + q.unit if q.unit else ''}")
-    button = w.Button(description="Check", button_style="primary")
-    out = w.HTML()
-    out.add_class(f"gpumem-feedback-{q.id}")
-
-    def on_click(_):
-        ok, text = feedback(q, entry.value)
-        save_result(quiz.name, q.id, ok)
-        colour = "#1a7f37" if ok else "#b42318"
-        out.value = f'<div style="color:{colour}">{text}</div>'
-
-    button.on_click(on_click)
-    box = w.VBox([w.HTML(f"<b>{q.prompt}</b>"), entry, button, out])
-    box.add_class(f"gpumem-question-{q.id}")
-    return box
-
-
 def checklist(quizzes: list[Quiz]) -> str:
-    """Progress as a checklist: one line per question, [x] once answered correctly."""
+    """Progress as a checklist: one line per question (its prompt, cut at 100 characters), [x]
+    once answered correctly."""
     data = load_progress()
     lines = []
     for quiz in quizzes:
@@ -183,5 +165,6 @@ def checklist(quizzes: list[Quiz]) -> str:
         lines.append(quiz.name)
         for q in quiz.questions:
             mark = "x" if done.get(q.id, {}).get("correct") else " "
-            lines.append(f"  [{mark}] {q.id}: {q.prompt}")
+            prompt = q.prompt_text()
+            lines.append(f"  [{mark}] {q.id}: {prompt if len(prompt) <= 100 else prompt[:97] + '...'}")
     return "\n".join(lines)

@@ -7,12 +7,19 @@ one padded), and rank r owns shard r. Per stage, what each rank keeps and what m
 stage    each rank keeps                     per step it communicates
 =======  ==================================  ==============================================
 0 (DDP)  params, grads, AdamW m and v        all-reduce every gradient             (2 psi)
-1        params, grads, m and v of its shard  reduce-scatter grads, all-gather params (2 psi)
-2        params, grad shard, m, v shard       the same; full grads are freed        (2 psi)
+1        params, grads, m and v of its shard  reduce-scatter grads after backward,
+                                              all-gather params after the update    (2 psi)
+2        params, grad shard, m, v shard       reduce-scatter each grad *during* backward,
+                                              as soon as it is ready, and free it   (2 psi)
 3        param shard, grad shard, m, v shard  all-gather each module's params before its
                                               forward and again before its backward,
-                                              reduce-scatter grads                  (3 psi)
+                                              reduce-scatter grads during backward  (3 psi)
 =======  ==================================  ==============================================
+
+Stages 1 and 2 hold the same bytes after the step; they differ during backward. Under stage 1
+every full gradient exists when backward ends; under stage 2 a gradient lives only until its
+bucket (``bucket_bytes``, 0 = each gradient alone) is reduce-scattered. ``gradmeter.GradMeter``
+measures that peak.
 
 fp32 throughout (recipe ``fp32``: 4 + 4 + 8 bytes per parameter), so a test can compare the
 result with single-process ``torch.optim.AdamW`` at float32 tolerances. Each collective is
@@ -61,13 +68,22 @@ def my_shard(t: torch.Tensor) -> torch.Tensor:
 
 def reduce_scatter_mean(grad: torch.Tensor, log: "CommLog | None" = None) -> torch.Tensor:
     """Sum ``grad`` over all ranks and keep this rank's shard of the mean."""
+    return reduce_scatter_coalesced([grad], log)[0]
+
+
+def reduce_scatter_coalesced(grads: list[torch.Tensor], log: "CommLog | None" = None) -> list[torch.Tensor]:
+    """One reduce-scatter for a bucket of gradients: this rank's shard of each one's mean.
+
+    Rank r must receive shard r of *every* gradient, so the send buffer is laid out rank-major:
+    [shard 0 of g1, shard 0 of g2, ... | shard 1 of g1, shard 1 of g2, ... | ...]."""
     world = dist.get_world_size()
-    flat = padded(grad, world)
-    out = torch.empty(flat.numel() // world, dtype=grad.dtype, device=grad.device)
+    chunks = [math.ceil(g.numel() / world) for g in grads]
+    flat = torch.cat([padded(g, world).view(world, c) for g, c in zip(grads, chunks)], dim=1).reshape(-1)
+    out = torch.empty(sum(chunks), dtype=flat.dtype, device=flat.device)
     dist.reduce_scatter_tensor(out, flat)
     if log is not None:
         log.add("reduce_scatter", flat.numel())
-    return out.div_(world)
+    return list(out.div_(world).split(chunks))
 
 
 def all_gather_full(shard: torch.Tensor, numel: int, shape, log: "CommLog | None" = None) -> torch.Tensor:
@@ -80,10 +96,13 @@ def all_gather_full(shard: torch.Tensor, numel: int, shape, log: "CommLog | None
 
 
 class ZeroAdamW:
-    """AdamW sharded ZeRO-style over the default process group. Call ``step()`` after backward."""
+    """AdamW sharded ZeRO-style over the default process group. Call ``step()`` after backward.
+
+    ``bucket_bytes`` (stages 2 and 3): reduce-scatter ready gradients together once they add up
+    to this many bytes (0: each gradient on its own, as soon as it is ready)."""
 
     def __init__(self, model: nn.Module, stage: int, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=1e-2):
+                 weight_decay=1e-2, bucket_bytes: int = 0):
         assert stage in (0, 1, 2, 3)
         self.model, self.stage = model, stage
         self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
@@ -96,33 +115,47 @@ class ZeroAdamW:
         self.shape = {p: p.shape for p in self.params}
         self.chunk = {p: math.ceil(p.numel() / self.world) for p in self.params}
         self.grad_shard: dict = {}
+        self.bucket: list = []                  # stages 2-3: ready gradients not yet reduced
+        self.bucket_bytes = bucket_bytes
         if stage == 0:
             self.m = {p: torch.zeros_like(p) for p in self.params}
             self.v = {p: torch.zeros_like(p) for p in self.params}
             return
         self.m = {p: torch.zeros(self.chunk[p], device=self.device) for p in self.params}
         self.v = {p: torch.zeros(self.chunk[p], device=self.device) for p in self.params}
+        if stage >= 2:
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
         if stage == 3:
             self.shard = {p: my_shard(p) for p in self.params}
             for p in self.params:
                 self._release(p)
-            self._install_hooks()
+            self._install_module_hooks()
 
-    # ---- shards ----------------------------------------------------------------------------
-    def _all_gather(self, shard: torch.Tensor, n: int, shape) -> torch.Tensor:
-        return all_gather_full(shard, n, shape, self.comm)
+    # ---- stages 2 and 3: reduce-scatter each gradient as soon as backward has produced it ----
+    def _grad_ready(self, p) -> None:
+        """Autograd calls this right after p.grad is complete (post-accumulate-grad hook)."""
+        if self.stage == 3:
+            self._release(p)                    # the gathered weight is not needed any more
+        self.bucket.append(p)
+        if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:
+            self._flush()
 
-    def _reduce_scatter(self, grad: torch.Tensor) -> torch.Tensor:
-        return reduce_scatter_mean(grad, self.comm)
+    def _flush(self) -> None:
+        """Reduce-scatter the bucket in one collective, keep this rank's shards, free the rest."""
+        if not self.bucket:
+            return
+        shards = reduce_scatter_coalesced([p.grad for p in self.bucket], self.comm)
+        for p, g in zip(self.bucket, shards):
+            self.grad_shard[p] = g
+            p.grad = None                       # the full gradient is gone from here on
+        self.bucket.clear()
 
-    # ---- stage 3: gather before use, release after ------------------------------------------
-    def _gather(self, p) -> None:
-        if p.data.numel() == 0:
-            p.data = self._all_gather(self.shard[p], self.numel[p], self.shape[p])
-
+    # ---- stage 3: gather before use, release after ----------------------------------------
     def _gather_all(self, params) -> None:
         for p in params:
-            self._gather(p)
+            if p.data.numel() == 0:
+                p.data = all_gather_full(self.shard[p], self.numel[p], self.shape[p], self.comm)
 
     def _release_all(self, params) -> None:
         for p in params:
@@ -132,7 +165,7 @@ class ZeroAdamW:
     def _release(p) -> None:
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
-    def _install_hooks(self) -> None:
+    def _install_module_hooks(self) -> None:
         for module in self.model.modules():
             own = list(module.parameters(recurse=False))
             if not own:
@@ -141,39 +174,39 @@ class ZeroAdamW:
             module.register_forward_pre_hook(lambda m, args, own=own: self._gather_all(own))
             module.register_forward_hook(lambda m, args, out, own=own: self._release_all(own))
             module.register_full_backward_pre_hook(lambda m, grad_out, own=own: self._gather_all(own))
-        for p in self.params:
-            p.register_post_accumulate_grad_hook(self._grad_ready)
-
-    def _grad_ready(self, p) -> None:
-        """Stage 3: reduce-scatter a gradient as soon as it exists, then free it and the param."""
-        self.grad_shard[p] = self._reduce_scatter(p.grad)
-        p.grad = None
-        self._release(p)
 
     # ---- the step -------------------------------------------------------------------------
     def _adamw(self, param, grad, m, v) -> None:
         adamw_update(param, grad, m, v, self.t, self.lr, self.betas, self.eps, self.wd)
 
+    def _step_ddp(self, p) -> None:
+        """Stage 0: average the whole gradient over ranks, every rank updates everything."""
+        dist.all_reduce(p.grad)
+        self.comm.add("all_reduce", p.grad.numel())
+        p.grad.div_(self.world)
+        self._adamw(p, p.grad, self.m[p], self.v[p])
+
+    def _step_sharded(self, p) -> None:
+        """Stages 1 and 2: update this rank's shard, then all-gather the updated weights."""
+        if self.stage == 1:                     # the full gradient is still here: reduce it now
+            self.grad_shard[p] = reduce_scatter_mean(p.grad, self.comm)
+        mine = my_shard(p)
+        self._adamw(mine, self.grad_shard[p], self.m[p], self.v[p])
+        p.copy_(all_gather_full(mine, self.numel[p], self.shape[p], self.comm))
+        if self.stage == 1:                     # the reduced shard was temporary
+            del self.grad_shard[p]
+
+    def _step_zero3(self, p) -> None:
+        """Stage 3: the rank owns only shards; it updates them and gathers nothing now."""
+        self._adamw(self.shard[p], self.grad_shard[p], self.m[p], self.v[p])
+
     @torch.no_grad()
     def step(self) -> None:
         self.t += 1
+        self._flush()                           # stages 2-3: the last, partly filled bucket
+        one = {0: self._step_ddp, 1: self._step_sharded, 2: self._step_sharded, 3: self._step_zero3}[self.stage]
         for p in self.params:
-            if self.stage == 0:
-                dist.all_reduce(p.grad)
-                self.comm.add("all_reduce", p.grad.numel())
-                p.grad.div_(self.world)
-                self._adamw(p, p.grad, self.m[p], self.v[p])
-            elif self.stage == 3:
-                self._adamw(self.shard[p], self.grad_shard[p], self.m[p], self.v[p])
-            else:
-                self.grad_shard[p] = self._reduce_scatter(p.grad)
-                if self.stage == 2:
-                    p.grad = None         # only the shard of the reduced gradient is kept
-                mine = my_shard(p)
-                self._adamw(mine, self.grad_shard[p], self.m[p], self.v[p])
-                p.copy_(self._all_gather(mine, self.numel[p], self.shape[p]))
-                if self.stage == 1:       # the full gradient stays; the reduced shard was temporary
-                    del self.grad_shard[p]
+            one(p)
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -184,12 +217,16 @@ class ZeroAdamW:
         """Every parameter, whole (gathered under stage 3), for comparing with a reference."""
         if self.stage < 3:
             return [p.detach().clone() for p in self.params]
-        return [self._all_gather(self.shard[p], self.numel[p], self.shape[p]).clone() for p in self.params]
+        return [all_gather_full(self.shard[p], self.numel[p], self.shape[p]).clone() for p in self.params]
+
+    def shard_bytes(self) -> int:
+        """Bytes of the reduced gradient shards this rank holds now."""
+        return sum(g.numel() * g.element_size() for g in self.grad_shard.values())
 
     def state_bytes(self) -> dict:
         """Bytes this rank holds now, measured on the tensors themselves."""
         nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)
         params = nbytes(self.shard.values()) if self.stage == 3 else nbytes(self.params)
-        grads = nbytes(self.grad_shard.values()) if self.stage >= 2 else \
+        grads = self.shard_bytes() if self.stage >= 2 else \
             nbytes(p.grad for p in self.params if p.grad is not None)
         return {"params": params, "grads": grads, "optimizer": nbytes(self.m.values()) + nbytes(self.v.values())}

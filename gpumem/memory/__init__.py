@@ -1,12 +1,16 @@
 """The memory engine: what a training step holds, by formula and by exact trace.
 
 Formulas, torch-free (``python -m gpumem estimate`` answers without importing torch):
-``models`` (the registry), ``policies`` (kernel and checkpoint names), ``accounting`` (model
-states by recipe, ZeRO stage and offload), ``activations`` (tensor by tensor), ``estimate``.
+``models`` (the registry), ``gpus`` (capacity as reported, usable after a reserve, speeds),
+``policies`` (kernel, checkpoint, norm and AdamW names), ``accounting`` (model states by recipe,
+ZeRO stage and offload; ZeRO-3's working set), ``activations`` (tensor by tensor),
+``megatron`` (Korthikanti's formula beside Llama's count), ``speed`` (FLOPs and seconds),
+``estimate``.
 
-Traced and measured, with torch: ``llama`` (the model), ``optim`` (mixed-precision AdamW),
-``tracing`` (MemTracker on fake tensors), ``measure`` (real CPU and CUDA steps), ``crosscheck``
-(formula vs trace), ``ds_estimators`` (DeepSpeed's own estimators), ``bench``.
+Traced and measured, with torch: ``llama`` (the model), ``optim`` (mixed-precision AdamW, and
+which AdamW a trace runs), ``tracing`` (MemTracker on fake tensors), ``timeline`` (bytes per
+category after every operator), ``measure`` (real CPU and CUDA steps), ``crosscheck`` (formula
+vs trace), ``ds_estimators`` (DeepSpeed's own estimators), ``bench``.
 
 Imports only ``gpumem.units`` and ``gpumem.errors`` from outside; never the course or a chapter.
 """

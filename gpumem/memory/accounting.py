@@ -14,6 +14,8 @@ fp32       4       4      m 4 + v 4                      16
 Mixed precision does not shrink model states: fp32 (4+4+8) and bf16-mixed (2+2+12) are both 16.
 ZeRO (arXiv:1910.02054) shards optimizer states (stage 1), then gradients (2), then parameters
 (3) over N data-parallel ranks; each rank holds ceil(Psi / N) elements of a sharded state.
+At stage 3 a rank also holds a working set beyond its shards: the gathered parameters of the
+module it runs, that module's full gradient and the prefetch bucket (:func:`zero3_gathered`).
 """
 
 from dataclasses import dataclass, field
@@ -85,6 +87,27 @@ class States:
         return self.params + self.grads + self.optimizer
 
 
+def check_offload(zero: int, offload: str, device: str) -> None:
+    """Refuse the offload combinations DeepSpeed 0.19.8 does not have (UsageError, one line).
+
+    DeepSpeed reads ``offload_optimizer`` only inside its ZeRO optimizers (stage 1, 2 or 3:
+    ``zero_enabled = stage > 0``), so at stage 0 the setting is silently ignored; ``offload_param``
+    exists only at stage 3; NVMe is a stage-3 feature (stages 1 and 2 treat any offload device
+    as CPU memory); and a device without anything offloaded means nothing.
+    """
+    if offload != "none" and zero == 0:
+        raise UsageError(f"--offload {offload} needs ZeRO stage 1, 2 or 3 (DeepSpeed ignores "
+                         "offload_optimizer at stage 0); accepted with --zero 0: --offload none")
+    if offload == "optimizer+params" and zero != 3:
+        raise UsageError("offloading parameters needs ZeRO stage 3 (--zero 3); accepted with "
+                         "--zero 1-2: --offload none or optimizer")
+    if device == "nvme" and offload == "none":
+        raise UsageError("--offload-device nvme with --offload none offloads nothing; accepted: "
+                         "--offload optimizer or optimizer+params with --zero 3")
+    if device == "nvme" and zero != 3:
+        raise UsageError("NVMe offload needs ZeRO stage 3 (--zero 3); with --zero 1-2 use --offload-device cpu")
+
+
 def shard(n: int, ranks: int) -> int:
     """Elements one rank holds when ``n`` elements are split evenly (last shard padded)."""
     return -(-n // ranks)
@@ -104,11 +127,7 @@ def model_states(n_params: int, recipe_name: str = "mixed", gpus: int = 1, zero:
     one_of(offload, OFFLOADS, "offload")
     one_of(device, DEVICES, "offload device")
     r = recipe(recipe_name)
-    if offload == "optimizer+params" and zero != 3:
-        raise UsageError("offloading parameters needs ZeRO stage 3 (--zero 3); accepted with "
-                         "--zero 0-2: --offload none or optimizer")
-    if device == "nvme" and offload != "none" and zero != 3:
-        raise UsageError("NVMe offload needs ZeRO stage 3 (--zero 3); with --zero 0-2 use --offload-device cpu")
+    check_offload(zero, offload, device)
     p_elems = shard(n_params, gpus) if zero >= 3 else n_params
     g_elems = shard(n_params, gpus) if zero >= 2 else n_params
     o_elems = shard(n_params, gpus) if zero >= 1 else n_params
@@ -131,3 +150,48 @@ def model_states(n_params: int, recipe_name: str = "mixed", gpus: int = 1, zero:
         else:
             s.nvme = moved
     return s
+
+
+class GatheredBytes(int):
+    """ZeRO-3's working set in bytes (an ``int``), with its parts: ``params`` (the gathered
+    module), ``grad`` (its full gradient, backward only), ``prefetch`` (``bucket`` elements);
+    ``parts`` names them for display."""
+    params: int
+    grad: int
+    prefetch: int
+    bucket: int
+
+    def __new__(cls, params: int, grad: int, prefetch: int, bucket: int):
+        obj = super().__new__(cls, params + grad + prefetch)
+        obj.params, obj.grad, obj.prefetch, obj.bucket = params, grad, prefetch, bucket
+        return obj
+
+    def __reduce__(self):   # picklable, e.g. when a rank function returns one
+        return (GatheredBytes, (self.params, self.grad, self.prefetch, self.bucket))
+
+    @property
+    def parts(self) -> dict[str, int]:
+        return {"largest module's parameters, gathered": self.params,
+                "its full gradient, before reduce-scatter": self.grad,
+                f"prefetch bucket ({self.bucket:,} elements)": self.prefetch}
+
+
+def zero3_gathered(cfg_or_largest_params, recipe: str, prefetch_bucket: int = 50_000_000) -> GatheredBytes:
+    """Bytes a ZeRO-3 rank holds beyond its shards while it computes: its working set.
+
+    A rank gathers the full parameters of the module it runs; the largest module sets the size
+    (for Llama the 128,256 x h embedding or output head). In backward that module's full gradient
+    exists too, before it is reduce-scattered. Meanwhile the next modules are prefetched, up to
+    ``prefetch_bucket`` elements (DeepSpeed's ``stage3_prefetch_bucket_size``, code default 5e7).
+    All three are in the parameters' dtype (bf16, or fp32 for the fp32 recipe). DeepSpeed's own
+    estimator budgets 4 bytes x the largest layer: the first two parts in 16-bit.
+
+    ``cfg_or_largest_params``: a model config (its ``largest_layer_params()``) or an element count.
+    """
+    largest = (cfg_or_largest_params.largest_layer_params()
+               if hasattr(cfg_or_largest_params, "largest_layer_params") else cfg_or_largest_params)
+    largest = positive_int(largest, "largest module's parameter count")
+    if isinstance(prefetch_bucket, bool) or not isinstance(prefetch_bucket, int) or prefetch_bucket < 0:
+        raise UsageError(f"prefetch bucket must be a whole number of elements >= 0, got {prefetch_bucket!r}")
+    e = RECIPE[one_of(recipe, RECIPES, "recipe")].params
+    return GatheredBytes(e * largest, e * largest, e * prefetch_bucket, prefetch_bucket)

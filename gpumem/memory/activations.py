@@ -7,7 +7,13 @@ e = bytes per element of the recipe's compute dtype (2 for bf16, 4 for fp32).
 
 Per layer, no checkpointing:
 
-* each RMSNorm keeps its input and an fp32 1/rms per token: e*T*h + 4*T (two per layer);
+* each RMSNorm (two per layer), by implementation (``norm``):
+  - fused (the default; Apex, Transformer Engine, fused CUDA kernels): its input and an fp32
+    1/rms per token, e*T*h + 4*T;
+  - hf (Hugging Face's ``LlamaRMSNorm``, eager ops): an fp32 copy of the input (saved by
+    ``pow``), the 1/rms, and the normalised input cast back to the compute dtype (saved by the
+    weight multiply): 4*T*h + e*T*h + 4*T. In bf16 that is 6 instead of 2 bytes per element,
+    +8*s*b*h per layer: 48.5 instead of 40.5 s*b*h for Llama-3-70B with flash (+20 %);
 * attention keeps the normed input of W_q/W_k/W_v (e*T*h), then by kernel
   - flash: q, k, v (e*T*(h + 2k)), the output, which is also W_o's input (e*T*h), and an fp32
     logsumexp per head and row (4*a*T): **no s^2 term**;
@@ -31,7 +37,7 @@ from dataclasses import dataclass, field
 
 from .. import units
 from ..errors import one_of, positive_int
-from .policies import KERNELS, POLICIES, checkpoint_plan
+from .policies import KERNELS, NORMS, POLICIES, checkpoint_plan
 from .models import ModelConfig
 
 
@@ -57,12 +63,22 @@ class Activations:
         return max(self.forward_peak, self.recompute_peak)
 
 
+def norm_bytes(T: int, h: int, e: int, norm: str = "fused") -> int:
+    """Saved bytes of one RMSNorm over T tokens of width h (see the module docstring)."""
+    one_of(norm, NORMS, "norm")
+    return (e * T * h if norm == "fused" else 4 * T * h + e * T * h) + 4 * T
+
+
+def _norm_label(norm: str) -> str:
+    return "(input + 1/rms)" if norm == "fused" else "(fp32 input, normed copy, 1/rms)"
+
+
 def layer_parts(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
-                selective: bool = False) -> dict[str, int]:
+                selective: bool = False, norm: str = "fused") -> dict[str, int]:
     """Saved bytes of one un-checkpointed layer, by tensor group."""
     T, h, k, F, a = batch * seq, cfg.d_model, cfg.kv_dim, cfg.ffn, cfg.n_heads
-    norm = e * T * h + 4 * T
-    parts = {"attn norm (input + 1/rms)": norm, "q/k/v projection input": e * T * h}
+    n_bytes, label = norm_bytes(T, h, e, norm), _norm_label(norm)
+    parts = {f"attn norm {label}": n_bytes, "q/k/v projection input": e * T * h}
     if selective:   # checkpointed attention core: keeps q, k, v; W_o's input is its output
         parts["q, k, v (core recomputed)"] = e * T * (h + 2 * k)
         parts["W_o input"] = e * T * h
@@ -79,20 +95,22 @@ def layer_parts(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
         else:  # eager: fp32 softmax output, and its bf16 copy when computing in bf16
             parts["probabilities fp32" + (" + bf16 copy" if e == 2 else "")] = (4 + (e if e == 2 else 0)) * scores
         parts["W_o input"] = e * T * h
-    parts["mlp norm (input + 1/rms)"] = norm
+    parts[f"mlp norm {label}"] = n_bytes
     parts["mlp input"] = e * T * h
     parts["gate, silu, up, product"] = 4 * e * T * F
     return parts
 
 
-def softmax_moment(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int) -> int:
+def softmax_moment(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
+                   norm: str = "fused") -> int:
     """Bytes alive in one layer at its softmax (naive and eager kernels; 0 for flash).
 
     Saved so far (norm, projection input, q, expanded k and v) plus what is alive without being
     saved: the un-expanded k and v held by the caller, the bool causal mask, and the softmax's
-    input and output together. On CPU, ``softmax(x, dtype=float32)`` of bf16 scores first makes
-    an fp32 copy of x (a CUDA kernel upcasts in registers): bf16 eager peaks at 2 + 4 + 4 = 10
-    bytes per score, then settles at 6.
+    input and output together. ``softmax(x, dtype=float32)`` of bf16 scores first makes an fp32
+    copy of x, on CPU and on CUDA alike: ATen (``SoftMax.cpp``, ``softmax()``) takes the
+    in-register ``half_to_float`` path only for fp16 input on CUDA. So bf16 eager peaks at
+    2 + 4 + 4 = 10 bytes per score, then settles at 6.
     """
     if kernel == "flash":
         return 0
@@ -103,7 +121,7 @@ def softmax_moment(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int) 
     else:  # the larger of: adding the (s, s) mask (scores, mask, sum) and the softmax
         at_softmax = (2 + 4 + 4) * scores if e == 2 else 8 * scores
         live_scores = max(2 * e * scores + e * seq * seq, at_softmax)
-    return ((e * T * h + 4 * T)        # norm input + 1/rms
+    return (norm_bytes(T, h, e, norm)  # the attention norm's saved tensors
             + e * T * h                # projection input
             + 3 * e * T * h            # q, expanded k and v
             + 2 * e * T * k            # k and v before expansion (held by the caller)
@@ -112,20 +130,28 @@ def softmax_moment(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int) 
 
 
 def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash",
-                policy: str = "none", recipe: str = "mixed") -> Activations:
+                policy: str = "none", recipe: str = "mixed", norm: str = "fused") -> Activations:
     """Activation bytes of one training step of ``cfg``, by part, with its forward and recompute peaks."""
     seq, batch = positive_int(seq, "sequence length"), positive_int(batch, "micro-batch")
     one_of(kernel, KERNELS, "attention kernel")
     one_of(policy, POLICIES, "checkpoint policy")
+    one_of(norm, NORMS, "norm")
     e = elem_bytes(recipe)
     T, h, V, L = batch * seq, cfg.d_model, cfg.vocab, cfg.n_layers
-    parts = layer_parts(cfg, seq, batch, kernel, e, selective=policy == "selective")
+    parts = layer_parts(cfg, seq, batch, kernel, e, selective=policy == "selective", norm=norm)
     per_layer = sum(parts.values())
-    full_layer = sum(layer_parts(cfg, seq, batch, kernel, e).values())
-    at_softmax = softmax_moment(cfg, seq, batch, kernel, e)
+    full_layer = sum(layer_parts(cfg, seq, batch, kernel, e, norm=norm).values())
+    at_softmax = softmax_moment(cfg, seq, batch, kernel, e, norm)
     segments = checkpoint_plan(policy, L)
     segment_of = {i: seg for seg in segments for i in seg}
     ckpt_input = e * T * h
+    # Does a norm save its input tensor itself? The fused norm does, and so does HF's in fp32
+    # (its fp32 "copy" is the input). Then a re-run segment's first norm saves the segment input
+    # (counted once: ``shared``). If not (HF in bf16), tensors the Python code still references
+    # are alive unsaved (``unsaved`` each): a block's input and its mid-block residual while the
+    # block runs, and the last hidden state while the head and the loss run.
+    keeps = norm == "fused" or e == 4
+    shared, unsaved = (ckpt_input, 0) if keeps else (0, e * T * h)
     rope = 2 * e * seq * cfg.head_dim
 
     def saved_before(i: int) -> int:
@@ -135,21 +161,23 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
         return plain * per_layer + seg_inputs * ckpt_input
 
     layers = saved_before(L)
-    outside = rope + (e * T * h + 4 * T) + e * T * h
+    outside = rope + norm_bytes(T, h, e, norm) + e * T * h
     # logits, their fp32 copy (none when already fp32), fp32 log-softmax; + the loss and nll's
     # total weight, two fp32 scalars
     loss = (e + (4 if e == 2 else 0) + 4) * T * V + 8
-    forward_peak = layers + outside + loss
+    forward_peak = layers + outside + loss + unsaved
     if at_softmax:  # the last layer's softmax can top the loss (its input is in at_softmax)
-        forward_peak = max(forward_peak, saved_before(L - 1) + rope + at_softmax)
+        forward_peak = max(forward_peak, saved_before(L - 1) + rope + at_softmax + unsaved)
     recompute_peak = 0
     for seg in segments:
         # Re-running a segment in backward: held are the inputs of segments up to it, the
-        # saved tensors of plain layers before it, and the re-run layers, whose first norm
-        # saves the segment input itself (counted once). The loss scalars are still alive.
+        # saved tensors of plain layers before it, and the re-run layers (their first norm may
+        # save the segment input itself: ``shared``). The loss scalars are still alive.
         held = saved_before(seg[0]) + ckpt_input + rope + 8
-        settled = held + len(seg) * full_layer - ckpt_input
-        peak_in_last = held + (len(seg) - 1) * full_layer + at_softmax - ckpt_input
+        # the last re-run block's input is the segment input only in a one-layer segment
+        block_input = unsaved if len(seg) > 1 else 0
+        settled = held + len(seg) * full_layer - shared + block_input + unsaved
+        peak_in_last = held + (len(seg) - 1) * full_layer + at_softmax - shared + block_input
         recompute_peak = max(recompute_peak, settled, peak_in_last if at_softmax else 0)
     if policy == "selective" and at_softmax:
         # backward re-runs the last layer's attention core: its scores are alive again, next
@@ -160,10 +188,11 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
                        recompute_peak=recompute_peak, parts=parts)
 
 
-def parts_table(cfg: ModelConfig, seq: int, batch: int = 1, recipe: str = "mixed") -> str:
+def parts_table(cfg: ModelConfig, seq: int, batch: int = 1, recipe: str = "mixed",
+                norm: str = "fused") -> str:
     """One layer's saved bytes by tensor group, per kernel, in MB (10^6) and in units of s*b*h."""
     sbh = seq * batch * cfg.d_model
-    cols = {k: layer_parts(cfg, seq, batch, k, elem_bytes(recipe)) for k in KERNELS}
+    cols = {k: layer_parts(cfg, seq, batch, k, elem_bytes(recipe), norm=norm) for k in KERNELS}
     names = list(dict.fromkeys(n for parts in cols.values() for n in parts))
     lines = [f"{'one layer of ' + cfg.name + f', seq {seq} x batch {batch}':44s}"
              + "".join(f"{k:>12s}" for k in KERNELS)]

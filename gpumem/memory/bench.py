@@ -10,7 +10,17 @@ import json
 import sys
 import time
 
+from torch.distributed._tools.mem_tracker import MemTracker
+
 from . import tracing
+
+
+class StockPeakTracker(tracing.PeakTracker):
+    """PeakTracker that also does MemTracker's own per-module peak bookkeeping (the naive cost)."""
+
+    def _update_peak_stats(self, peak_state) -> None:
+        MemTracker._update_peak_stats(self, peak_state)
+        super()._update_peak_stats(peak_state)
 
 
 def run(model: str = "llama-3-70b", seq: int = 4096, skip_naive: bool = False) -> dict:
@@ -20,7 +30,7 @@ def run(model: str = "llama-3-70b", seq: int = 4096, skip_naive: bool = False) -
             ("full, lean tracker (trace_step)", lambda: tracing.trace_step(model, "mixed", seq=seq))]
     if not skip_naive:
         ways.append(("full, stock MemTracker bookkeeping",
-                     lambda: tracing.trace_step(model, "mixed", seq=seq, tracker_cls=tracing.StockPeakTracker)))
+                     lambda: tracing.trace_step(model, "mixed", seq=seq, tracker_cls=StockPeakTracker)))
     peaks = {}
     for name, fn in ways:
         print(f"tracing {model} at seq {seq}: {name} ...", flush=True)

@@ -1,8 +1,11 @@
 """One training step's memory per GPU: model states (``accounting``) + activations (``activations``).
 
 This is what ``python -m gpumem estimate`` prints. Activations are per GPU and do not shrink
-with ZeRO (each rank runs its own micro-batch); temporaries (gradients of activations in
-backward, optimizer workspace) are not included: ``python -m gpumem trace`` measures them.
+with ZeRO (each rank runs its own micro-batch). At ZeRO stage 3 a rank also holds a working set
+beyond its shards, ``gathered`` (``accounting.zero3_gathered``: the largest module's gathered
+parameters and full gradient, plus the prefetch bucket). Temporaries (gradients of activations
+in backward, optimizer workspace) are not included: ``python -m gpumem trace`` measures them.
+The total adds every part, as if all peaked at once: on the safe side of the traced peak.
 """
 
 from dataclasses import dataclass, field
@@ -28,6 +31,7 @@ class Estimate:
     states: accounting.States
     acts: Activations | None = None
     options: dict = field(default_factory=dict)
+    gathered: accounting.GatheredBytes | int = 0
 
     @property
     def activation_bytes(self) -> int:
@@ -35,15 +39,18 @@ class Estimate:
 
     @property
     def total(self) -> int:
-        return self.states.total + self.activation_bytes
+        return self.states.total + self.activation_bytes + int(self.gathered)
 
     def as_dict(self) -> dict:
         s = self.states
         out = {"model": self.model, "n_params": self.n_params, "recipe": self.recipe,
                "gpus": self.gpus, "zero": self.zero, **self.options,
                "per_gpu": {"params": s.params, "grads": s.grads, "optimizer": s.optimizer,
-                           "activations": self.activation_bytes, "total": self.total},
+                           "activations": self.activation_bytes, "gathered": int(self.gathered),
+                           "total": self.total},
                "activations_counted": self.acts is not None}
+        if isinstance(self.gathered, accounting.GatheredBytes):
+            out["gathered_parts"] = self.gathered.parts
         if s.host:
             out["host"] = s.host
         if s.nvme:
@@ -55,18 +62,31 @@ class Estimate:
 
 def estimate(model: str | None = None, params: int | None = None, gpus: int = 1, zero: int = 0,
              recipe: str = "mixed", seq: int = 4096, micro_batch: int = 1, checkpoint: str = "none",
-             attention: str = "flash", offload: str = "none", offload_device: str = "cpu") -> Estimate:
-    """Per-GPU bytes of a training step for a registry model, or model states only for a parameter count."""
+             attention: str = "flash", offload: str = "none", offload_device: str = "cpu",
+             norm: str = "fused", largest_layer: int | None = None,
+             prefetch_bucket: int = 50_000_000) -> Estimate:
+    """Per-GPU bytes of a training step for a registry model, or model states only for a
+    parameter count (with ``largest_layer``, the ZeRO-3 working set too)."""
     if (model is None) == (params is None):
         raise UsageError("give exactly one of --model NAME or --params N")
     if model is not None:
+        if largest_layer is not None:
+            raise UsageError("--largest-layer goes with --params; a --model knows its largest layer")
         cfg = models.get(model)
         states = accounting.model_states(cfg.n_params(), recipe, gpus, zero, offload, offload_device,
                                          n_tensors=n_param_tensors(cfg))
-        acts = activations(cfg, seq, micro_batch, attention, checkpoint, recipe)
-        opts = {"seq": seq, "micro_batch": micro_batch, "checkpoint": checkpoint, "attention": attention}
+        acts = activations(cfg, seq, micro_batch, attention, checkpoint, recipe, norm)
+        gathered = accounting.zero3_gathered(cfg, recipe, prefetch_bucket) if zero == 3 else 0
+        opts = {"seq": seq, "micro_batch": micro_batch, "checkpoint": checkpoint, "attention": attention,
+                "norm": norm}
         return Estimate(cfg.name, cfg.n_params(), recipe, gpus, zero, states, acts,
-                        opts | {"offload": offload, "offload_device": offload_device})
+                        opts | {"offload": offload, "offload_device": offload_device}, gathered)
     states = accounting.model_states(params, recipe, gpus, zero, offload, offload_device)
+    gathered = 0
+    if zero == 3 and largest_layer is not None:
+        gathered = accounting.zero3_gathered(largest_layer, recipe, prefetch_bucket)
+    elif zero == 3:
+        states.notes.append("ZeRO-3 working set not counted: give --largest-layer N (the largest "
+                            "module's parameter count)")
     return Estimate("params", int(params), recipe, gpus, zero, states, None,
-                    {"offload": offload, "offload_device": offload_device})
+                    {"offload": offload, "offload_device": offload_device}, gathered)

@@ -3,7 +3,11 @@
 A GPU's capacity is not its marketing name. An "80 GB" H100 reports 81,559 MiB in
 ``nvidia-smi`` (85.5 x 10^9 bytes, 79.6 GiB); an A100 80GB 81,920 MiB. Fits are judged against
 capacity minus a stated :class:`Reserve` (CUDA context and library workspaces, NCCL buffers,
-allocator fragmentation), never against the name on the box.
+allocator fragmentation), never against the name on the box. What PyTorch calls the total (in an
+out-of-memory message, from ``cudaMemGetInfo``) is lower still by the driver's own share, e.g.
+14.75 GiB on a T4 that ``nvidia-smi`` shows as 15,360 MiB, 39.50 GiB on an A100 40GB (public
+error reports: hpcaitech/Open-Sora #697, TianheWu/CoSeR #10); the reserve's CUDA-context term
+covers it.
 
 Sources. Capacity: ``nvidia-smi`` ``memory.total`` as printed on those GPUs (H100, A100, L4, T4
 as collected in modal-labs/modal-client PR #2797; H200 143,771 MiB as printed in public
@@ -66,11 +70,13 @@ class Reserve:
     fragmentation: float = 0.05
 
     def of(self, capacity: int) -> int:
+        """The reserve's bytes on a GPU of ``capacity`` bytes."""
         return self.context + self.nccl + int(self.fragmentation * capacity)
 
     def describe(self) -> str:
-        return (f"reserve = CUDA context {fmt(self.context, 'GiB')} + NCCL {fmt(self.nccl, 'GiB')} + "
-                f"{self.fragmentation:.0%} fragmentation")
+        """The reserve in words: its three terms, per GPU."""
+        return (f"CUDA context {fmt(self.context, 'GiB')} + NCCL {fmt(self.nccl, 'GiB')} + "
+                f"{self.fragmentation:.0%} of capacity for fragmentation, per GPU")
 
 
 DEFAULT_RESERVE = Reserve()
@@ -85,14 +91,16 @@ def usable(gpu: GPU | str | int, reserve: Reserve = DEFAULT_RESERVE) -> int:
 
 def table(reserve: Reserve = DEFAULT_RESERVE) -> str:
     """The GPU table as the course uses it: capacity in three units, usable bytes, speeds."""
-    head = (f"{'gpu':10s} {'as sold':16s} {'reports':>11s} {'= 10^9 B':>9s} {'= GiB':>7s} {'usable':>9s} "
-            f"{'bf16':>8s} {'HBM':>9s} {'NVLink/dir':>10s} {'PCIe/dir':>9s}  FA-2")
+    head = (f"{'gpu':10s} {'as sold':16s} {'reports':>11s} {'in GB':>9s} {'in GiB':>10s} {'usable':>9s} "
+            f"{'bf16':>7s} {'HBM':>10s} {'NVLink/dir':>10s} {'PCIe/dir':>10s}  FA-2")
     lines = [head]
     for g in REGISTRY.values():
         bf16 = f"{g.bf16_flops / 1e12:.0f} TF" if g.bf16_flops else "none"
         link = f"{g.nvlink / GB:.0f} GB/s" if g.nvlink else "-"
-        lines.append(f"{g.name:10s} {g.label:16s} {g.capacity // MiB:>7,d} MiB {g.capacity / GB:>7.1f}GB "
-                     f"{g.capacity / GiB:>6.1f}  {usable(g, reserve) / GB:>6.1f} GB {bf16:>8s} "
-                     f"{g.hbm / TB:>5.2f}TB/s {link:>10s} {g.pcie / GB:>5.1f}GB/s  {'yes' if g.flash_attention_2 else 'no'}")
-    lines.append(reserve.describe() + "; usable = reports - reserve")
+        lines.append(f"{g.name:10s} {g.label:16s} {g.capacity // MiB:>7,d} MiB {g.capacity / GB:>6.1f} GB "
+                     f"{g.capacity / GiB:>6.1f} GiB {usable(g, reserve) / GB:>6.1f} GB {bf16:>7s} "
+                     f"{g.hbm / TB:>5.2f} TB/s {link:>10s} {g.pcie / GB:>5.1f} GB/s  "
+                     f"{'yes' if g.flash_attention_2 else 'no'}")
+    lines.append("usable = reports - reserve; reserve = " + reserve.describe())
+    lines.append("GB = 10^9 bytes, GiB = 2^30 bytes; bf16: dense tensor-core peak; links: per direction")
     return "\n".join(lines)

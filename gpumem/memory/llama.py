@@ -9,6 +9,9 @@ Three attention kernels, so the course can show where the s^2 term comes from:
 - ``eager``: what Hugging Face's eager Llama attention keeps with dropout 0: an fp32 softmax
   (``softmax(..., dtype=float32)``) and its bf16 copy for the matmul, i.e. 6 bytes per score.
 
+Two RMSNorms (``norm``): ``fused`` saves what a fused GPU kernel saves; ``hf`` is Hugging Face's
+``LlamaRMSNorm`` line for line, which autograd makes save an fp32 copy of its input as well.
+
 Activation-checkpoint policies are planned by ``policies.checkpoint_plan`` and applied by
 ``Llama.forward``.
 """
@@ -23,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..errors import one_of
 from .models import ModelConfig
-from .policies import KERNELS, checkpoint_plan
+from .policies import KERNELS, NORMS, checkpoint_plan
 
 _state = threading.local()
 
@@ -83,6 +86,28 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         return _FusedRMSNormFn.apply(x, self.weight, self.eps)
+
+
+class HFRMSNorm(nn.Module):
+    """Hugging Face's ``LlamaRMSNorm`` (transformers ``modeling_llama.py``), same ops: ``pow``
+    saves the fp32 input, ``rsqrt`` its result, the weight multiply the bf16 normalised input."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.eps)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+def make_norm(norm: str, dim: int, eps: float) -> nn.Module:
+    """The RMSNorm named by ``norm``: ``fused`` (:class:`RMSNorm`) or ``hf`` (:class:`HFRMSNorm`)."""
+    return {"fused": RMSNorm, "hf": HFRMSNorm}[one_of(norm, NORMS, "norm")](dim, eps)
 
 
 def rope_tables(seq: int, head_dim: int, theta: float, dtype, device=None):
@@ -168,11 +193,11 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """One transformer layer: pre-norm attention and pre-norm SwiGLU MLP, each with a residual connection."""
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, norm: str = "fused"):
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn_norm = make_norm(norm, cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
-        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp_norm = make_norm(norm, cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, kernel: str, selective: bool = False):
@@ -183,12 +208,12 @@ class Block(nn.Module):
 class Llama(nn.Module):
     """Llama-3 architecture for any :class:`ModelConfig`; loss is fp32 cross-entropy."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, norm: str = "fused"):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.layers = nn.ModuleList(Block(cfg, norm) for _ in range(cfg.n_layers))
+        self.norm = make_norm(norm, cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
 
     def forward(self, tokens, targets, kernel: str = "flash", policy: str = "none"):

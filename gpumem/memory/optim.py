@@ -8,11 +8,21 @@ DeepSpeed's accounting (18 bytes per parameter instead of 16).
 
 The update is torch's AdamW (decoupled weight decay), written out for one tensor at a time; a
 test checks it against ``torch.optim.AdamW`` on fp32 parameters.
+
+Which AdamW a trace runs (:func:`make_optimizer`): the ``mixed`` recipes use this class, one
+tensor at a time; ``pure-bf16`` and ``fp32`` use ``torch.optim.AdamW`` with the chosen code path:
+``for-loop`` (``foreach=False``), ``foreach`` (``foreach=True``, torch's default on CUDA) or
+``fused`` (``fused=True``). The paths differ only in workspace during ``step()``: the for-loop
+allocates temporaries the size of one tensor at a time, foreach a full copy of ``exp_avg_sq``
+(its ``_foreach_sqrt``) for every tensor at once, fused none.
 """
 
 import math
 
 import torch
+
+from ..errors import UsageError, one_of
+from .policies import ADAMW_IMPLS
 
 
 def adamw_update(param, grad, m, v, t: int, lr, betas, eps, weight_decay) -> None:
@@ -68,3 +78,21 @@ class MasterWeightAdamW(torch.optim.Optimizer):
                 p.copy_(master)
                 del grad
         return None
+
+
+def make_optimizer(model, recipe: str, adamw: str = "for-loop"):
+    """AdamW for the recipe, with its states created (steady state, as in a training loop)."""
+    one_of(adamw, ADAMW_IMPLS, "AdamW implementation")
+    if recipe in ("mixed", "mixed-ds"):
+        if adamw != "for-loop":
+            raise UsageError(f"AdamW implementation {adamw!r} applies to the pure-bf16 and fp32 "
+                             "recipes (torch.optim.AdamW); mixed and mixed-ds accept: for-loop")
+        opt = MasterWeightAdamW(model.parameters(), fp32_grads=recipe == "mixed-ds")
+        opt.init_state()
+        return opt
+    opt = torch.optim.AdamW(model.parameters(), foreach=adamw == "foreach", fused=adamw == "fused" or None)
+    for p in model.parameters():          # one step on zero gradients creates torch's states
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return opt

@@ -1,13 +1,20 @@
-"""Names shared by the formulas and the traced model: attention kernels and checkpoint policies.
+"""Names shared by the formulas and the traced model: attention kernels, checkpoint policies,
+RMSNorm implementations and AdamW implementations.
 
-Kept apart from ``llama`` so that the accounting layer (``accounting``, ``activations``,
-``estimate``) can use them without importing torch.
+Kept apart from ``llama`` and ``optim`` so that the accounting layer (``accounting``,
+``activations``, ``estimate``) and the command line can use them without importing torch.
 """
 
 from ..errors import one_of
 
 KERNELS = ("flash", "naive", "eager")
 POLICIES = ("none", "full", "every-2", "every-other", "selective")
+# fused: saves its input and an fp32 1/rms per row (Apex, Transformer Engine, CUDA fused kernels);
+# hf: Hugging Face's LlamaRMSNorm written in eager ops, which also saves an fp32 copy of the input
+NORMS = ("fused", "hf")
+# torch.optim.AdamW's three code paths: foreach=False (one tensor at a time), foreach=True (one
+# op over every tensor: the default on CUDA), fused=True (one kernel, no workspace)
+ADAMW_IMPLS = ("for-loop", "foreach", "fused")
 
 
 def checkpoint_plan(policy: str, n_layers: int) -> list[list[int]]:

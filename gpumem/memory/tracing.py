@@ -11,7 +11,8 @@ bookkeeping, which costs O(modules) per operator and made a naive 80-layer trace
 
 Categories: ``params``, ``grads``, ``optimizer`` (states that exist before the step: moments,
 master weights), ``activations`` (made in forward or recompute), ``temporaries`` (made in
-backward, and workspace made inside ``optimizer.step``).
+backward, and workspace made inside ``optimizer.step``). Which AdamW runs, and what workspace
+each implementation allocates, is said in ``gpumem.memory.optim``.
 """
 
 import contextlib
@@ -26,8 +27,8 @@ from . import models
 from ..errors import one_of, positive_int
 from .accounting import RECIPES
 from .llama import Llama, recomputing
-from .policies import KERNELS, POLICIES
-from .optim import MasterWeightAdamW
+from .policies import ADAMW_IMPLS, KERNELS, NORMS, POLICIES
+from .optim import MasterWeightAdamW, make_optimizer  # noqa: F401  (make_optimizer: measure uses it)
 
 CATEGORIES = {"params": _MemRefType.PARAM, "grads": _MemRefType.GRAD,
               "optimizer": _MemRefType.OPT, "activations": _MemRefType.ACT,
@@ -58,6 +59,8 @@ class Trace:
     policy: str
     seq: int
     micro_batch: int
+    norm: str = "fused"
+    adamw: str = "for-loop"
     peaks: dict[str, int] = field(default_factory=dict)         # category -> own peak (bytes)
     peak_moments: dict[str, Moment] = field(default_factory=dict)
     total_peak: int = 0
@@ -65,10 +68,12 @@ class Trace:
     at_total_peak: dict[str, int] = field(default_factory=dict)  # breakdown at that moment
     seconds: float = 0.0
     method: str = "full"
+    timeline: list | None = None   # per operator, when traced with timeline.TimelineTracker
 
     def as_dict(self) -> dict:
         return {"model": self.model, "recipe": self.recipe, "kernel": self.kernel,
                 "policy": self.policy, "seq": self.seq, "micro_batch": self.micro_batch,
+                "norm": self.norm, "adamw": self.adamw,
                 "peaks": dict(self.peaks),
                 "peak_moments": {k: str(v) for k, v in self.peak_moments.items()},
                 "total_peak": self.total_peak, "total_peak_moment": str(self.total_peak_moment),
@@ -122,29 +127,8 @@ class PeakTracker(MemTracker):
             self.total = (snap[_TOTAL_KEY], moment, {n: snap.get(r, 0) for n, r in CATEGORIES.items()})
 
 
-class StockPeakTracker(PeakTracker):
-    """PeakTracker that also does MemTracker's own per-module peak bookkeeping (the naive cost)."""
-
-    def _update_peak_stats(self, peak_state) -> None:
-        MemTracker._update_peak_stats(self, peak_state)
-        super()._update_peak_stats(peak_state)
-
-
-def make_optimizer(model, recipe: str):
-    """AdamW for the recipe, with its states created (steady state, as in a training loop)."""
-    if recipe in ("mixed", "mixed-ds"):
-        opt = MasterWeightAdamW(model.parameters(), fp32_grads=recipe == "mixed-ds")
-        opt.init_state()
-        return opt
-    opt = torch.optim.AdamW(model.parameters(), foreach=False)
-    for p in model.parameters():          # one step on zero gradients creates torch's states
-        p.grad = torch.zeros_like(p)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return opt
-
-
-def build(cfg: models.ModelConfig, recipe: str, fake: bool, seed: int = 0):
+def build(cfg: models.ModelConfig, recipe: str, fake: bool, seed: int = 0, norm: str = "fused",
+          adamw: str = "for-loop"):
     """Model, optimizer and a batch of tokens; under ``fake``, nothing is allocated."""
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
     old = torch.get_default_dtype()
@@ -152,8 +136,8 @@ def build(cfg: models.ModelConfig, recipe: str, fake: bool, seed: int = 0):
     torch.set_default_dtype(param_dtype(recipe))
     try:
         with mode:
-            model = Llama(cfg)
-            opt = make_optimizer(model, recipe)
+            model = Llama(cfg, norm)
+            opt = make_optimizer(model, recipe, adamw)
     finally:
         torch.set_default_dtype(old)
     return model, opt, mode
@@ -168,22 +152,26 @@ def training_step(model, opt, tokens, targets, kernel: str, policy: str):
     return loss
 
 
-def validate(recipe: str, kernel: str, policy: str, seq, micro_batch) -> tuple[int, int]:
+def validate(recipe: str, kernel: str, policy: str, seq, micro_batch, norm: str = "fused",
+             adamw: str = "for-loop") -> tuple[int, int]:
     """Check the trace settings (UsageError on bad ones); returns seq and micro-batch as positive ints."""
     one_of(recipe, RECIPES, "recipe")
     one_of(kernel, KERNELS, "attention kernel")
     one_of(policy, POLICIES, "checkpoint policy")
+    one_of(norm, NORMS, "norm")
+    one_of(adamw, ADAMW_IMPLS, "AdamW implementation")
     return positive_int(seq, "sequence length"), positive_int(micro_batch, "micro-batch")
 
 
 def trace_step(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str = "flash",
                policy: str = "none", seq: int = 4096, micro_batch: int = 1,
-               fake: bool = True, seed: int = 0, tracker_cls: type = PeakTracker) -> Trace:
+               fake: bool = True, seed: int = 0, tracker_cls: type = PeakTracker,
+               norm: str = "fused", adamw: str = "for-loop") -> Trace:
     """Run one training step of ``cfg`` under :class:`PeakTracker` and return its :class:`Trace`."""
     cfg = models.get(cfg) if isinstance(cfg, str) else cfg
-    seq, micro_batch = validate(recipe, kernel, policy, seq, micro_batch)
+    seq, micro_batch = validate(recipe, kernel, policy, seq, micro_batch, norm, adamw)
     start = time.perf_counter()
-    model, opt, mode = build(cfg, recipe, fake, seed)
+    model, opt, mode = build(cfg, recipe, fake, seed, norm, adamw)
     with mode:
         gen = None if fake else torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, cfg.vocab, (micro_batch, seq + 1), generator=gen)
@@ -194,7 +182,8 @@ def trace_step(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str
             opt.on_fp32_grad = lambda t: tracker.retag(t, "grads")
         with tracker:
             training_step(model, opt, inputs, targets, kernel, policy)
-    out = Trace(cfg.name, recipe, kernel, policy, seq, micro_batch, method="full")
+    out = Trace(cfg.name, recipe, kernel, policy, seq, micro_batch, norm, adamw, method="full",
+                timeline=getattr(tracker, "timeline", None))
     for name in CATEGORIES:
         out.peaks[name], out.peak_moments[name] = tracker.cat_peaks.get(name, (0, Moment("", "")))
         if tracker.first and out.peaks[name] == tracker.first[name]:   # never grew: held all along
@@ -226,7 +215,8 @@ def _extend_moment(moments: list[Moment], depths: list[int], n_layers: int) -> M
 
 
 def trace_fast(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str = "flash",
-               policy: str = "none", seq: int = 4096, micro_batch: int = 1) -> Trace:
+               policy: str = "none", seq: int = 4096, micro_batch: int = 1, norm: str = "fused",
+               adamw: str = "for-loop") -> Trace:
     """The full-depth trace, composed from three shallow ones.
 
     Every layer of a Llama adds the same bytes to each category, so each peak is affine in the
@@ -236,15 +226,17 @@ def trace_fast(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str
     which). Tests compare this with full traces byte for byte.
     """
     cfg = models.get(cfg) if isinstance(cfg, str) else cfg
-    seq, micro_batch = validate(recipe, kernel, policy, seq, micro_batch)
+    seq, micro_batch = validate(recipe, kernel, policy, seq, micro_batch, norm, adamw)
+    opts = dict(norm=norm, adamw=adamw)
     L = cfg.n_layers
     d0 = 2 if L % 2 == 0 else 3
     depths = [d0, d0 + 2, d0 + 4]
     if L <= depths[-1]:
-        return trace_step(cfg, recipe, kernel, policy, seq, micro_batch)
+        return trace_step(cfg, recipe, kernel, policy, seq, micro_batch, **opts)
     start = time.perf_counter()
-    probes = [trace_step(models.with_layers(cfg, d), recipe, kernel, policy, seq, micro_batch)
+    probes = [trace_step(models.with_layers(cfg, d), recipe, kernel, policy, seq, micro_batch, **opts)
               for d in depths]
+    redo = (cfg, recipe, kernel, policy, seq, micro_batch, start, opts)
 
     def extend(values: list[int]) -> int | None:
         step = values[1] - values[0]
@@ -252,30 +244,30 @@ def trace_fast(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str
             return None
         return values[0] + step // 2 * (L - d0)
 
-    out = Trace(cfg.name, recipe, kernel, policy, seq, micro_batch, method="composed")
+    out = Trace(cfg.name, recipe, kernel, policy, seq, micro_batch, norm, adamw, method="composed")
     for name in CATEGORIES:
         value = extend([p.peaks[name] for p in probes])
         if value is None:
-            return _fallback(cfg, recipe, kernel, policy, seq, micro_batch, start)
+            return _fallback(*redo)
         out.peaks[name] = value
         out.peak_moments[name] = _extend_moment([p.peak_moments[name] for p in probes], depths, L)
     total = extend([p.total_peak for p in probes])
     moments = [p.total_peak_moment for p in probes]
     if total is None or len({(m.phase, _layer_index(m) is None) for m in moments}) != 1:
-        return _fallback(cfg, recipe, kernel, policy, seq, micro_batch, start)
+        return _fallback(*redo)
     out.total_peak = total
     out.total_peak_moment = _extend_moment(moments, depths, L)
     for name in CATEGORIES:
         value = extend([p.at_total_peak[name] for p in probes])
         if value is None:
-            return _fallback(cfg, recipe, kernel, policy, seq, micro_batch, start)
+            return _fallback(*redo)
         out.at_total_peak[name] = value
     out.seconds = time.perf_counter() - start
     return out
 
 
-def _fallback(cfg, recipe, kernel, policy, seq, micro_batch, start) -> Trace:
-    full = trace_step(cfg, recipe, kernel, policy, seq, micro_batch)
+def _fallback(cfg, recipe, kernel, policy, seq, micro_batch, start, opts) -> Trace:
+    full = trace_step(cfg, recipe, kernel, policy, seq, micro_batch, **opts)
     full.method = "full (probes were not linear)"
     full.seconds = time.perf_counter() - start
     return full

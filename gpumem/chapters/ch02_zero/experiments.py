@@ -14,7 +14,8 @@ def zero(ranks: int = 2, device: str = "cpu", model: str = "tiny", steps: int = 
     scratch = launch.run("gpumem.chapters.ch02_zero.scratch_ranks:from_scratch_stages", ranks, device, progress=progress,
                          model=model, steps=steps)
     n = scratch[0][0]["n_params"]
-    out = {"model": model, "ranks": ranks, "device": device, "n_params": n, "stages": {}}
+    out = {"model": model, "ranks": ranks, "device": device, "n_params": n,
+           "largest_param": scratch[0][0]["largest_param"], "stages": {}}
     for stage in range(4):
         per_rank = [r[stage] for r in scratch]
         f = accounting.model_states(n, "fp32", ranks, stage)
@@ -27,6 +28,7 @@ def zero(ranks: int = 2, device: str = "cpu", model: str = "tiny", steps: int = 
             "comm_bytes_per_step": int(volume * 4),
             "comm_per_step_in_psi": round(volume / n, 4),
             "comm_calls": per_rank[0]["comm"]["calls"],
+            "grad_peak_during_backward": per_rank[0]["grad_peak_during_backward"],
         }
     if deepspeed:
         ds = launch.run("gpumem.chapters.ch02_zero.ds_ranks:deepspeed_stages", ranks, device, deepspeed=True,

@@ -3,24 +3,31 @@ single-process reference they are compared with."""
 
 import torch
 
+from gpumem.dist.gradmeter import GradMeter
 from gpumem.dist.training import HYPER, batches, build, device_of_rank
 from gpumem.dist.zero import ZeroAdamW
 
 
 def from_scratch(rank: int, world: int, stage: int, model: str = "tiny", steps: int = 3,
-                 seq: int = 32, batch_per_rank: int = 2, seed: int = 0) -> dict:
-    """Train with :class:`ZeroAdamW`; return losses, measured bytes, communication, weights."""
+                 seq: int = 32, batch_per_rank: int = 2, seed: int = 0, bucket_bytes: int = 0) -> dict:
+    """Train with :class:`ZeroAdamW`; return losses, measured bytes (after the step, and the peak
+    of gradient bytes during backward), communication, weights."""
     device = device_of_rank(rank)
     net = build(model, seed).to(device)
     data = batches(net.cfg, steps, world * batch_per_rank, seq, seed).to(device)
-    opt = ZeroAdamW(net, stage, **HYPER)
+    opt = None
+    meter = GradMeter(net.parameters(), extra=lambda: opt.shard_bytes())   # its hooks run first
+    opt = ZeroAdamW(net, stage, bucket_bytes=bucket_bytes, **HYPER)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    losses, measured = [], None
+    losses, measured, peaks = [], None, []
     for step in range(steps):
         mine = data[step, rank * batch_per_rank:(rank + 1) * batch_per_rank]
         loss = net(mine[:, :-1], mine[:, 1:])
+        meter.reset()
         loss.backward()
+        meter.sample()                    # the moment backward returns
+        peaks.append({"full_grads": meter.peak_full, "full_grads_and_shards": meter.peak})
         opt.step()
         measured = opt.state_bytes()      # after the step, before gradients are dropped
         opt.zero_grad()
@@ -30,8 +37,10 @@ def from_scratch(rank: int, world: int, stage: int, model: str = "tiny", steps: 
     weights = [w.cpu() for w in opt.full_parameters()]
     cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return {"rank": rank, "stage": stage, "losses": losses, "bytes": measured, "comm": comm,
+            "grad_peak_during_backward": max(peaks, key=lambda d: d["full_grads_and_shards"]),
             "cuda_max_memory_allocated": cuda_peak,
             "n_params": sum(opt.numel.values()),
+            "largest_param": max(opt.numel.values()),
             "weights": weights if rank == 0 else None}
 
 

@@ -1,0 +1,122 @@
+"""A memory timeline of one training step: bytes per category after every operator.
+
+A peak is one number; the timeline shows how it comes about. :class:`TimelineTracker` is the
+tracer of ``gpumem.memory.tracing`` recording, after each operator, the phase (forward,
+backward, optimizer), the innermost module and the bytes of every category. :func:`record`
+traces one step with it (fake tensors: a full Llama-3-70B step takes seconds).
+
+:meth:`Timeline.zero3_per_gpu` turns the unsharded timeline into what one of N ZeRO-3 ranks
+holds: parameters, gradients and optimizer states (and the optimizer's workspace, which works on
+the shard) divided by N; activations and the gradients of activations unchanged, since every
+rank runs its own micro-batch; plus the working set of ``accounting.zero3_gathered`` while
+forward and backward run. That view is derived from the trace and the formula, not traced.
+"""
+
+from dataclasses import dataclass, field
+
+from . import accounting, models, tracing
+
+CATEGORIES = tuple(tracing.CATEGORIES)
+
+
+class TimelineTracker(tracing.PeakTracker):
+    """PeakTracker that also records (phase, module, bytes per category) after every operator."""
+
+    def __init__(self):
+        super().__init__()
+        self.timeline: list[tuple[str, str, tuple[int, ...]]] = []
+        self._record = True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # the optimizer's profiler markers run outside its step hooks: they allocate nothing and
+        # would read as forward operators between backward and the step
+        self._record = getattr(func, "namespace", "") != "profiler"
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _update_peak_stats(self, peak_state) -> None:
+        super()._update_peak_stats(peak_state)
+        snap = next(iter(self._curr_mem_snap.values()), None)
+        if snap is not None and self._record:
+            m = self.moment()
+            self.timeline.append((m.phase, m.module, tuple(snap.get(r, 0) for r in tracing.CATEGORIES.values())))
+
+
+@dataclass
+class Timeline:
+    """One step's bytes per category after every operator (index = operator number)."""
+    label: str
+    phases: list[str]
+    modules: list[str]
+    series: dict[str, list[int]]
+    trace: tracing.Trace | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.phases)
+
+    def total(self, i: int) -> int:
+        """Bytes held after operator ``i``, all categories together."""
+        return sum(s[i] for s in self.series.values())
+
+    def at(self, i: int) -> dict[str, int]:
+        """Bytes per category after operator ``i``."""
+        return {k: s[i] for k, s in self.series.items()}
+
+    def peak(self) -> int:
+        """Index of the operator after which the most bytes are held (the first, on a tie)."""
+        return max(range(len(self)), key=lambda i: (self.total(i), -i))
+
+    def spans(self) -> list[tuple[str, int, int]]:
+        """(phase, first index, last index) for each run of one phase."""
+        out: list[tuple[str, int, int]] = []
+        for i, p in enumerate(self.phases):
+            if out and out[-1][0] == p:
+                out[-1] = (p, out[-1][1], i)
+            else:
+                out.append((p, i, i))
+        return out
+
+    def moments(self) -> dict[str, int]:
+        """Named moments of the step: index of each, for "who holds what, when"."""
+        spans = {p: (a, b) for p, a, b in self.spans()}   # one span per phase in a plain step
+        out = {"forward begins": 0}
+        for phase in ("forward", "backward", "optimizer"):
+            if phase in spans:
+                a, b = spans[phase]
+                out[f"{phase} peak"] = max(range(a, b + 1), key=lambda i: (self.total(i), -i))
+                out[f"{phase} ends"] = b
+        return out
+
+    def thinned(self, points: int = 3000) -> "Timeline":
+        """At most about ``points`` operators, keeping the fullest of each bucket (peaks survive)."""
+        k = max(1, -(-len(self) // points))
+        keep = [max(range(a, min(a + k, len(self))), key=self.total) for a in range(0, len(self), k)]
+        return Timeline(self.label, [self.phases[i] for i in keep], [self.modules[i] for i in keep],
+                        {c: [s[i] for i in keep] for c, s in self.series.items()}, self.trace,
+                        self.notes + [f"every {k} operators, the fullest kept"] if k > 1 else self.notes)
+
+    def zero3_per_gpu(self, gpus: int, gathered: accounting.GatheredBytes) -> "Timeline":
+        """What one of ``gpus`` ZeRO-3 ranks holds at each moment (see the module docstring)."""
+        def split(values):
+            return [accounting.shard(v, gpus) for v in values]
+        s = self.series
+        temps = [accounting.shard(t, gpus) if p == "optimizer" else t for p, t in zip(self.phases, s["temporaries"])]
+        working = [0 if p == "optimizer" else gathered.params + gathered.prefetch + (gathered.grad if p == "backward" else 0)
+                   for p in self.phases]
+        series = {"params": split(s["params"]), "grads": split(s["grads"]), "optimizer": split(s["optimizer"]),
+                  "activations": list(s["activations"]), "temporaries": temps, "gathered": working}
+        return Timeline(f"{self.label}, ZeRO-3 per GPU of {gpus}", self.phases, self.modules, series,
+                        self.trace, self.notes + ["derived: sharded states / N, activations as traced, "
+                                                  "+ the ZeRO-3 working set"])
+
+
+def record(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str = "flash",
+           policy: str = "none", seq: int = 4096, micro_batch: int = 1, norm: str = "fused",
+           adamw: str = "for-loop") -> Timeline:
+    """Trace one full training step of ``cfg`` (every layer, fake tensors) with its timeline."""
+    tr = tracing.trace_step(cfg, recipe, kernel, policy, seq, micro_batch, tracker_cls=TimelineTracker,
+                            norm=norm, adamw=adamw)
+    rows = tr.timeline or []
+    series = {c: [r[2][j] for r in rows] for j, c in enumerate(CATEGORIES)}
+    return Timeline(f"{tr.model}, {recipe}, checkpoint {policy}", [r[0] for r in rows],
+                    [r[1] for r in rows], series, tr)

@@ -1,0 +1,293 @@
+"""The quizzes of chapters 00-02: every numeric answer against a hand derivation.
+
+Each drawn question is checked on many seeded draws: the test reads the numbers from the prompt
+the learner sees and redoes the arithmetic by hand (never calling the function that computes the
+expected value), then checks named cases (70B on 8 H100s, the note's ZeRO-1 figure) against
+figures typed here. Also: every question has a hint, options do not give the answer away, and
+chapter 00 teaches capacity as the device reports it.
+"""
+
+import math
+import re
+
+import pytest
+
+from gpumem.chapters import ch00_setup, ch01_memory_anatomy, ch02_zero
+from gpumem.course.quiz import Choice, Numeric
+
+GB, GiB, MiB = 10**9, 2**30, 2**20
+SEEDS = range(40)
+# nvidia-smi memory.total, MiB, as printed on those GPUs (typed here, not read from gpus.py)
+REPORTED_MIB = {"H100 80GB SXM": 81_559, "A100 80GB SXM": 81_920, "A100 40GB SXM": 40_960,
+                "H200 141GB SXM": 143_771, "L4 24GB": 23_034, "T4 16GB (Colab)": 15_360}
+# Meta's configs: layers, d_model, kv heads (head dim 128), FFN, vocab
+LLAMA = {"Llama-3-8B": (32, 4096, 8, 14_336, 128_256), "Llama-3-70B": (80, 8192, 8, 28_672, 128_256),
+         "Llama-3.1-405B": (126, 16_384, 8, 53_248, 128_256)}
+# bytes per parameter (weights, gradients, optimizer) by how a recipe is described
+RECIPE_BYTES = {"everything in bf16": (2, 2, 4), "standard mixed precision": (2, 2, 12),
+                "mixed precision with fp32 gradients": (2, 4, 12), "no mixed precision": (4, 4, 8)}
+
+
+def hand_params(model: str) -> int:
+    layers, d, kv_heads, ffn, vocab = LLAMA[model]
+    kv = kv_heads * 128
+    per_layer = d * d + 2 * d * kv + d * d + 3 * d * ffn + 2 * d
+    return 2 * vocab * d + layers * per_layer + d
+
+
+def hand_usable(mib: int) -> float:
+    """Capacity less the course's stated reserve: 1 GiB context + 1 GiB NCCL + 5 % fragmentation."""
+    capacity = mib * MiB
+    return capacity - 2 * GiB - 0.05 * capacity
+
+
+def number(pattern: str, text: str) -> int:
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} not in {text!r}"
+    return int(match.group(1).replace(",", ""))
+
+
+def draws(quiz, qid):
+    """The question on each seeded draw (the same object, with that draw's numbers on screen)."""
+    for seed in SEEDS:
+        quiz.seed(seed)
+        yield quiz._get(qid)
+
+
+def drawn(quiz, qid, **want):
+    """The question with a draw whose numbers include ``want`` (searching seeds)."""
+    for seed in range(5000):
+        question = quiz.seed(seed)._get(qid)
+        if all(question.numbers.get(k) == v for k, v in want.items()):
+            return question
+    raise AssertionError(f"no seed draws {want} for {qid}")
+
+
+def model_of(prompt: str) -> str:
+    return next(m for m in sorted(LLAMA, key=len, reverse=True) if m in prompt)
+
+
+def recipe_of(prompt: str) -> tuple[int, int, int]:
+    return next(b for words, b in RECIPE_BYTES.items() if words in prompt)
+
+
+def gpu_of(prompt: str) -> str:
+    return next(g for g in REPORTED_MIB if g in prompt)
+
+
+# -- chapter 00 --------------------------------------------------------------------------
+
+def test_capacity_in_gb_and_gib_from_what_the_device_reports():
+    quiz, units = ch00_setup.QUIZ, set()
+    for question in draws(quiz, "capacity-units"):
+        prompt = question.prompt_text()
+        mib, unit = number(r"([\d,]+) MiB", prompt), re.search(r"in (GiB|GB) \(", prompt).group(1)
+        assert mib == REPORTED_MIB[gpu_of(prompt)]
+        units.add(unit)
+        value = mib * 1_048_576 / (1_073_741_824 if unit == "GiB" else 10**9)
+        assert question.value() == pytest.approx(value, rel=1e-12)
+        assert question.grade(f"{value:.1f}") and question.grade(f"{value:.1f} {unit}")
+    assert units == {"GB", "GiB"}
+    h100 = drawn(quiz, "capacity-units", gpu_name="h100-80gb", unit="GiB")
+    assert h100.grade("79.6") and h100.grade("85.5 GB") and not h100.grade("80") and not h100.grade("74.5")
+    assert "85.5 GB = 79.6 GiB" in h100.explanation_text()
+    assert "85,520,809,984 B" in h100.explanation_text()          # 81,559 x 1,048,576
+    h100 = drawn(quiz, "capacity-units", gpu_name="h100-80gb", unit="GB")
+    assert h100.grade("85.5") and h100.grade("79.65 GiB") and not h100.grade("80")
+
+
+def test_capacity_traps_name_the_mistake(capsys):
+    quiz = ch00_setup.QUIZ
+    drawn(quiz, "capacity-units", gpu_name="h100-80gb", unit="GB")
+    quiz.answer("capacity-units", 81_559 * 10**6 / 10**9)        # MiB read as 10^6 B
+    assert "not 10^6" in capsys.readouterr().out
+    drawn(quiz, "capacity-units", gpu_name="h100-80gb", unit="GiB")
+    quiz.answer("capacity-units", 85.5)                          # the GB figure, unit left off
+    assert "other unit" in capsys.readouterr().out
+
+
+def test_usable_bytes_from_the_prompt():
+    for question in draws(ch00_setup.QUIZ, "usable-bytes"):
+        prompt = question.prompt_text()
+        mib = number(r"reports ([\d,]+) MiB", prompt)
+        fixed = number(r"reserves (\d+) GiB", prompt) * 1_073_741_824
+        share = number(r"plus (\d+)% of", prompt) / 100
+        usable = mib * 1_048_576 - fixed - share * mib * 1_048_576
+        assert question.value() == pytest.approx(usable / 1e9, rel=1e-9)
+    h100 = drawn(ch00_setup.QUIZ, "usable-bytes", gpu_name="h100-80gb")
+    assert h100.value() == pytest.approx(hand_usable(81_559) / 1e9, rel=1e-9)   # 79.1 GB
+    assert h100.grade("79.1 GB") and not h100.grade(80) and not h100.grade("85.5 GB")
+
+
+def test_chapter_00_does_not_teach_80_gb_as_80e9_bytes():
+    texts = []
+    for q in ch00_setup.QUIZ.questions:
+        texts += [q.prompt_text(), q.explanation_text(), q.hint_for(-1) if isinstance(q, Numeric) else q.hint]
+    joined = " ".join(texts)
+    assert "80 x 10^9" not in joined and "near enough" not in joined
+
+
+# -- chapter 01 --------------------------------------------------------------------------
+
+def test_states_budget_from_the_prompt():
+    for question in draws(ch01_memory_anatomy.QUIZ, "states-budget"):
+        prompt = question.prompt_text()
+        params = number(r"has ([\d,]+) parameters", prompt)
+        gpus, usable = number(r"over (\d+) x", prompt), number(r"each with ([\d,]+) bytes usable", prompt)
+        assert params == hand_params(model_of(prompt))
+        assert usable == pytest.approx(hand_usable(REPORTED_MIB[gpu_of(prompt)]), abs=1)
+        assert question.value() == gpus * usable // params
+    # 70B on 8 H100s: 8 x 79.1e9 / 70,553,706,496 = 8.97 -> 8 bytes: pure bf16 fits, mixed does not
+    q = drawn(ch01_memory_anatomy.QUIZ, "states-budget", model_name="llama-3-70b", gpu_name="h100-80gb", gpus=8)
+    assert hand_params("Llama-3-70B") == 70_553_706_496
+    assert q.value() == 8 == math.floor(8 * hand_usable(81_559) / 70_553_706_496)
+    assert "pure-bf16 (8 B) fits" in q.explanation_text() and "mixed (16 B)" in q.explanation_text()
+    # 8 x H200 falls just short of 16: 8 x 141.07e9 / 70.55e9 = 15.996
+    q = drawn(ch01_memory_anatomy.QUIZ, "states-budget", model_name="llama-3-70b", gpu_name="h200", gpus=8)
+    assert q.value() == 15 and 15 < 8 * hand_usable(143_771) / 70_553_706_496 < 16
+
+
+def test_states_budget_hints_name_the_mistake(capsys):
+    quiz = ch01_memory_anatomy.QUIZ
+    drawn(quiz, "states-budget", model_name="llama-3-70b", gpu_name="h100-80gb", gpus=8)
+    quiz.answer("states-budget", 9)          # 8 x 85.5e9 (reported) / 70.55e9 = 9.7 -> 9
+    assert "You used what the GPU reports" in capsys.readouterr().out
+    quiz.answer("states-budget", "8.97 B/param")
+    assert capsys.readouterr().out.startswith("Not quite: the answer is 8 bytes.")   # second try
+    drawn(quiz, "states-budget", model_name="llama-3-70b", gpu_name="h100-80gb", gpus=8)
+    quiz.answer("states-budget", "8.97 B/param")
+    assert "round down" in capsys.readouterr().out
+
+
+def test_model_states_gb_from_the_prompt():
+    recipes = set()
+    for question in draws(ch01_memory_anatomy.QUIZ, "states-gb"):
+        prompt = question.prompt_text()
+        params, per = number(r"has ([\d,]+) parameters", prompt), sum(recipe_of(prompt))
+        recipes.add(per)
+        assert question.value() == pytest.approx(per * params / 1e9, rel=1e-12)
+    assert recipes == {8, 16, 18}
+    q = drawn(ch01_memory_anatomy.QUIZ, "states-gb", model_name="llama-3-70b", recipe_name="mixed")
+    assert q.grade("1129 GB") and q.grade("1,128.9") and q.grade("1.129 TB") and not q.grade("564 GB")
+    assert q.grade(f"{16 * 70_553_706_496 / 2**30:.1f} GiB")    # 1,051.3 GiB, converted
+
+
+def test_gqa_scores_count_query_heads():
+    for question in draws(ch01_memory_anatomy.QUIZ, "gqa-scores"):
+        prompt = question.prompt_text()
+        heads, kv = number(r"has (\d+) query heads", prompt), number(r"and (\d+) key/value", prompt)
+        seq = number(r"sequence length ([\d,]+)", prompt)
+        assert question.value() == pytest.approx(heads * seq * seq * 2 / 2**30, rel=1e-12)
+        assert not question.grade(kv * seq * seq * 2 / 2**30)
+    q = drawn(ch01_memory_anatomy.QUIZ, "gqa-scores", model_name="llama-3-70b", seq=4096)
+    assert q.value() == 2.0                       # 64 x 4096^2 x 2 B = 2 GiB per layer
+
+
+# -- chapter 02 --------------------------------------------------------------------------
+
+def test_per_stage_bytes_from_the_prompt():
+    stages = set()
+    for question in draws(ch02_zero.QUIZ, "per-stage"):
+        prompt = question.prompt_text()
+        params, n = number(r"\(([\d,]+) parameters\)", prompt), number(r"over (\d+) GPUs", prompt)
+        stage = number(r"ZeRO-(\d)", prompt)
+        p, g, o = recipe_of(prompt)
+        per = {1: p + g + o / n, 2: p + (g + o) / n, 3: (p + g + o) / n}[stage]
+        stages.add(stage)
+        assert question.value() == pytest.approx(per * params / 1e9, rel=1e-6)
+    assert stages == {1, 2, 3}
+    # the note's own recipe (2 + 2 + 4), ZeRO-1 on 8 GPUs: 141 + 141 + 282/8 = 317.5 GB, not 215
+    q = drawn(ch02_zero.QUIZ, "per-stage", model_name="llama-3-70b", recipe_name="pure-bf16", stage=1, gpus=8)
+    assert q.value() == pytest.approx(4.5 * 70_553_706_496 / 1e9, rel=1e-6)
+    assert q.grade("317.5 GB") and q.grade("295.7 GiB") and not q.grade("215")
+    # standard mixed precision, ZeRO-2 on 8 GPUs: 2 + 14/8 = 3.75 B per parameter
+    q = drawn(ch02_zero.QUIZ, "per-stage", model_name="llama-3-70b", recipe_name="mixed", stage=2, gpus=8)
+    assert q.value() == pytest.approx(3.75 * 70_553_706_496 / 1e9, rel=1e-6)
+
+
+def test_fewest_gpus_from_the_prompt():
+    for question in draws(ch02_zero.QUIZ, "fewest-gpus"):
+        prompt = question.prompt_text()
+        params, usable = number(r"\(([\d,]+) parameters\)", prompt), number(r"has ([\d,]+) bytes usable", prompt)
+        assert question.value() == math.ceil(sum(recipe_of(prompt)) * params / usable)
+    q = drawn(ch02_zero.QUIZ, "fewest-gpus", model_name="llama-3-70b", gpu_name="h100-80gb")
+    assert q.value() == 15                       # 1,128.9 GB / 79.1 GB = 14.3 -> 15
+    assert q.grade("15 GPUs") and not q.grade(14) and not q.grade("15 GB")
+
+
+def test_zero3_volume_received_per_step():
+    for question in draws(ch02_zero.QUIZ, "zero3-received"):
+        prompt = question.prompt_text()
+        params, n = number(r"\(([\d,]+) parameters", prompt), number(r"on (\d+) ranks", prompt)
+        assert params == hand_params(model_of(prompt))
+        assert question.value() == pytest.approx(2 * 2 * params * (n - 1) / n / 1e9, rel=1e-12)
+    q = drawn(ch02_zero.QUIZ, "zero3-received", model_name="llama-3-70b", gpus=8)
+    assert q.value() == pytest.approx(246.94, abs=0.01)    # 2 passes x 141.1 GB x 7/8
+    assert not q.grade("123.5 GB") and not q.grade("282.2 GB")
+
+
+def test_fetches_per_forward():
+    for question in draws(ch02_zero.QUIZ, "fetches"):
+        layers = number(r"\((\d+) layers", question.prompt_text())
+        assert question.value() == 7 * layers + 2
+    assert drawn(ch02_zero.QUIZ, "fetches", model_name="llama-3-70b").value() == 562
+
+
+def test_persistence_is_gathered_once_then_kept_whole():
+    q = ch02_zero.QUIZ._get("persistence")
+    assert q.expected() == "Gathered once, then kept whole on every rank"
+    assert "gathered once" in q.explanation_text() and "kept whole" in q.explanation_text()
+
+
+# -- every chapter -----------------------------------------------------------------------
+
+QUIZZES = [ch00_setup.QUIZ, ch01_memory_anatomy.QUIZ, ch02_zero.QUIZ]
+
+
+@pytest.mark.parametrize("quiz", QUIZZES, ids=lambda z: z.name)
+def test_four_or_more_questions_each_with_a_hint(quiz):
+    assert len(quiz.questions) >= 4
+    for question in quiz.questions:
+        assert question.hint, question.id
+        assert question.expected() not in (question.hint_for(-1) if isinstance(question, Numeric)
+                                           else question.hint)
+
+
+@pytest.mark.parametrize("quiz", QUIZZES, ids=lambda z: z.name)
+def test_options_do_not_give_the_answer_away(quiz):
+    for question in quiz.questions:
+        if not isinstance(question, Choice):
+            continue
+        right, wrong = question.options[question.answer], [o for i, o in enumerate(question.options)
+                                                           if i != question.answer]
+        assert len(right) <= 1.3 * max(len(o) for o in wrong), question.id
+        for option in question.options:
+            assert not re.search(r"\b(because|so that|since)\b|, so ", option), (question.id, option)
+
+
+@pytest.mark.parametrize("quiz", QUIZZES, ids=lambda z: z.name)
+def test_most_numeric_questions_draw_fresh_numbers(quiz):
+    numeric = [q for q in quiz.questions if isinstance(q, Numeric)]
+    assert numeric and all(q.drawn for q in numeric)
+    for question in numeric:
+        prompts = {question.prompt_text() for question in draws(quiz, question.id)}
+        assert len(prompts) > 2, question.id
+
+
+@pytest.mark.parametrize("quiz", QUIZZES, ids=lambda z: z.name)
+def test_every_text_renders_on_every_draw(quiz, capsys, monkeypatch):
+    """Prompts, hints (traps' included), explanations and the text mode, on many draws."""
+    monkeypatch.setenv("GPUMEM_QUIZ_MODE", "text")
+    for seed in SEEDS:
+        quiz.seed(seed)
+        for question in quiz.questions:
+            assert "{" not in question.prompt_text() + question.explanation_text(), question.id
+            if isinstance(question, Numeric):
+                ctx = {**question.numbers, "expected": question.value(), "unit": question.unit_now()}
+                for wrong, _ in question.traps:
+                    trap = wrong(ctx)
+                    if trap == trap:                        # not NaN: the trap applies here
+                        assert "{" not in question.hint_for(trap), question.id
+        quiz.show()
+        out = capsys.readouterr().out
+        assert out.startswith(f"Quiz: {quiz.name}") and out.count("\n") > len(quiz.questions)
