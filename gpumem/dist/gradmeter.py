@@ -66,3 +66,16 @@ class GradMeter:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+
+def peak_bound(sizes: list[int], world: int, stage: int, elem_bytes: int = 2, bucket_bytes: int = 0) -> dict:
+    """What a :class:`GradMeter` can read at most during backward, from the parameter sizes alone.
+
+    Stages 0-1: every full gradient exists when backward ends. Stages 2-3: less than a bucket of
+    ready gradients plus the one that just arrived, and the shards kept so far (at most every
+    tensor's ceil(n / N) elements)."""
+    shards = elem_bytes * sum(-(-n // world) for n in sizes)
+    if stage <= 1:
+        return {"full_grads": elem_bytes * sum(sizes), "shards": 0, "total": elem_bytes * sum(sizes)}
+    full = bucket_bytes + elem_bytes * max(sizes)
+    return {"full_grads": full, "shards": shards, "total": full + shards}

@@ -96,7 +96,8 @@ def simulate(order: list[tuple[str, str]], params: dict[str, list[tuple[str, int
             for p, ph in todo.items():
                 serves[ph] += elem_bytes * numel[p]
             events.append({"event": "all-gather", "step": step, "phase": phase, "params": sorted(todo),
-                           "bytes": elem_bytes * sum(numel[p] for p in todo), "serves": serves})
+                           "bytes": elem_bytes * sum(numel[p] for p in todo), "serves": serves,
+                           "param_bytes": [elem_bytes * numel[p] for p in sorted(todo)]})
 
     def release(p: str, phase: str) -> None:
         if p in whole:
@@ -157,6 +158,27 @@ def attribute(events: list[dict]) -> list[dict]:
             serves[nxt["phase"] if nxt else "forward"] += b
         e["serves"] = serves
     return out
+
+
+def peak_gathered(events: list[dict], step: int, skip: set[str] = frozenset()) -> dict:
+    """The most parameter bytes gathered but not yet released at any moment of ``step`` (real
+    trace or replay), leaving out ``skip`` (the persistent parameters, whole throughout), and the
+    module being fetched at that moment."""
+    live: dict[str, int] = {}
+    best, where, current = 0, None, None
+    for e in events:
+        if e["step"] != step:
+            continue
+        if e["event"] == "fetch":
+            current = f"{e['phase']} {e['module']}"
+        elif e["event"] == "all-gather" and e["phase"] != "step":
+            live.update(zip(e["params"], e["param_bytes"]))
+        elif e["event"] == "release":
+            live.pop(e["params"][0], None)
+        now = sum(b for p, b in live.items() if p not in skip)
+        if now > best:
+            best, where = now, current
+    return {"bytes": best, "at": where}
 
 
 def step_volume(model: str | models.ModelConfig, config: dict | None = None) -> dict:

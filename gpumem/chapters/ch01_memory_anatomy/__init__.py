@@ -1,9 +1,12 @@
 """Chapter 01, memory anatomy: the note's 660 GB scenario recomputed by formula, exact trace and
 measurement.
 
-- ``claims``    the note's scenario table in the ledger (``claims.CLAIMS``)
-- ``diagrams``  the scenario box, the recipe box, the scenario explorer widget
-- ``plots``     activations against sequence length; a traced step's peak by category
+- ``claims``    the note's scenario table in the ledger (``claims.CLAIMS``), against capacity
+                and usable memory
+- ``diagrams``  the scenario box, the recipe box and the recipes' framework names, who holds
+                what when, the AdamW workspace table, memory and time at scale, the explorer
+- ``plots``     activations against sequence length; a step's memory timeline; the peak by
+                category, unsharded or per GPU under ZeRO-3
 - ``labcheck``  lab 01's ``check()``
 - ``QUIZ``      the chapter's quiz
 """

@@ -43,17 +43,17 @@ def usable(n: int = N) -> int:
 def _fit(total: int, have: int, room: int, what: str) -> str:
     """How ``total`` compares with ``have`` (capacity) and ``room`` (usable), in words."""
     if total > have:
-        return f"{what} {_gb(total, 1)} exceeds the capacity ({_gb(have, 1)}) by {_gb(total - have, 1)}"
+        return f"{what}: {_gb(total, 1)}, over the capacity ({_gb(have, 1)}) by {_gb(total - have, 1)}"
     if total > room:
-        return (f"{what} {_gb(total, 1)} is under the capacity ({_gb(have, 1)}) but over the usable "
-                f"{_gb(room, 1)} by {_gb(total - room, 1)}: it fails for want of headroom")
-    return f"{what} {_gb(total, 1)} fits the usable {_gb(room, 1)}"
+        return (f"{what}: {_gb(total, 1)}, under the capacity ({_gb(have, 1)}) but over the usable "
+                f"{_gb(room, 1)} by {_gb(total - room, 1)}, so it fails for want of headroom")
+    return f"{what}: {_gb(total, 1)}, within the usable {_gb(room, 1)}"
 
 
 def _why_total() -> str:
     mixed, pure = _est()["total"], _est(recipe="pure-bf16")["total"]
     return (f"With the standard mixed recipe the states alone are {_gb(_states('mixed', gpus_=1).total)}; "
-            f"{_fit(mixed, capacity(), usable(), 'the step')}. With the note's own pure-bf16 recipe "
+            f"{_fit(mixed, capacity(), usable(), 'the step')}. With the note's own pure-bf16 recipe, "
             f"{_fit(pure, capacity(), usable(), 'the step')}. The conclusion (8 GPUs are not enough "
             "without sharding) holds.")
 
@@ -64,7 +64,7 @@ def _why_s2() -> str:
     have, room = one.capacity, gpus.usable(one)
     return ("Its own lines (17.5 + 17.5 + 35 + 20 + 17.5) add to 107.5, not 50, and DeepSpeed does "
             "not combine ZeRO-3 with pipeline parallelism. Pure bf16 + ZeRO-3 + full checkpointing: "
-            + _fit(d["total"] - d["gathered"], have, room, "states and activations,")
+            + _fit(d["total"] - d["gathered"], have, room, "states and activations")
             + f"; ZeRO-3's working set (the gathered embedding and its gradient, "
             f"{_gb(d['gathered'], 1)}) makes it {_gb(d['total'], 1)}. It takes offload, more GPUs "
             "or a smaller optimizer state.")

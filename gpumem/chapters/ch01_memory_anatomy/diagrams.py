@@ -95,12 +95,12 @@ def lifecycle_box(tl, moments: tuple[str, ...] = ("forward peak", "backward peak
     at = tl.moments()
     cats = list(tl.series)
     lines = [f"Who holds what, when: {tl.label} (GB = 10^9 bytes)",
-             f"{'moment':15s}" + "".join(f"{c[:11]:>11s}" for c in cats) + f"{'total':>11s}  in"]
+             f"{'moment':15s}" + "".join(f"{c[:11]:>12s}" for c in cats) + f"{'total':>9s}  in"]
     for name in moments:
         i = at[name]
         row = tl.at(i)
-        lines.append(f"{name:15s}" + "".join(f"{row[c] / units.GB:>11.1f}" for c in cats)
-                     + f"{tl.total(i) / units.GB:>11.1f}  {tl.modules[i] or tl.phases[i]}")
+        lines.append(f"{name:15s}" + "".join(f"{row[c] / units.GB:>12.1f}" for c in cats)
+                     + f"{tl.total(i) / units.GB:>9.1f}  {tl.modules[i] or tl.phases[i]}")
     peak = tl.peak()
     lines.append(f"the step's peak: {units.fmt(tl.total(peak))}, in the {tl.phases[peak]} phase "
                  f"(operator {peak:,} of {len(tl):,})")
@@ -109,9 +109,11 @@ def lifecycle_box(tl, moments: tuple[str, ...] = ("forward peak", "backward peak
 
 def adamw_table(traces: dict) -> str:
     """The optimizer step's workspace (the temporaries' peak) by AdamW implementation."""
-    lines = [f"{'AdamW implementation':34s} {'temporaries peak':>17s}  at"]
+    w = max(len(n) for n in [*traces, "AdamW implementation"])
+    lines = [f"{'AdamW implementation':{w}s} {'temporaries peak':>17s}  at {'step peak':>12s}  at"]
     for name, tr in traces.items():
-        lines.append(f"{name:34s} {units.fmt(tr.peaks['temporaries']):>17s}  {tr.peak_moments['temporaries']}")
+        lines.append(f"{name:{w}s} {units.fmt(tr.peaks['temporaries']):>17s}  {str(tr.peak_moments['temporaries']):14s}"
+                     f"{units.fmt(tr.total_peak):>11s}  {tr.total_peak_moment}")
     return "\n".join(lines)
 
 
@@ -120,23 +122,27 @@ def scale_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), seq: int 
     """Memory and time at scale: model states and activations, and seconds of compute and of the
     optimizer step on ``gpu`` at ``mfu`` (one sequence per GPU)."""
     g = gpu_table.get(gpu)
-    lines = [f"{'model':15s} {'states':>10s} {'activations':>12s} {'= GPUs':>7s} {'FLOPs/seq':>10s}"
-             f" {'compute':>9s} {'+ recompute':>12s} {'AdamW step':>11s} {'AdamW / ' + str(gpus):>10s}"]
+    lines = [f"{'model':15s} {'states':>10s} {'activations':>12s} {'= GPUs':>7s} {'6*Psi*T':>9s} {'+attn':>6s}"
+             f" {'compute':>8s} {'+ recompute':>12s} {'AdamW step':>11s} {'AdamW / ' + str(gpus):>10s}"]
     for name in names:
         cfg = models.get(name)
         n = cfg.n_params()
         d = estimate(model=name, seq=seq).as_dict()["per_gpu"]
         flops = speed.train_flops(n, seq)
         need = (d["params"] + d["grads"] + d["optimizer"] + d["activations"]) / gpu_table.usable(g)
+        attn = speed.attention_flops(cfg, seq) / flops
         lines.append(f"{name:15s} {units.fmt(d['params'] + d['grads'] + d['optimizer'], digits=0):>10s} "
-                     f"{units.fmt(d['activations'], digits=0):>12s} {need:>7.1f} {flops:>10.2e} "
-                     f"{speed.seconds(flops, g, mfu):>8.2f}s "
+                     f"{units.fmt(d['activations'], digits=0):>12s} {need:>7.1f} {flops:>9.2e} {attn:>6.1%} "
+                     f"{speed.seconds(flops, g, mfu):>7.2f}s "
                      f"{speed.seconds(speed.train_flops(n, seq, recompute=True), g, mfu):>11.2f}s "
                      f"{speed.optimizer_seconds(n, 'mixed', g):>10.2f}s "
                      f"{speed.optimizer_seconds(n, 'mixed', g, gpus, zero=1):>9.3f}s")
-    lines.append(f"mixed recipe, seq {seq}, flash, no checkpointing; '= GPUs': usable {g.label}s the "
-                 f"step needs; compute at {mfu:.0%} MFU of {g.bf16_flops / 1e12:.0f} TFLOP/s; AdamW at "
-                 f"{g.hbm / 1e12:.2f} TB/s HBM, {speed.optimizer_bytes_per_param('mixed')} B/param")
+    lines += [f"mixed recipe, seq {seq}, flash, no checkpointing, one sequence per GPU",
+              f"= GPUs: usable {g.label}s the step needs, before any sharding",
+              "6*Psi*T: FLOPs per sequence; +attn: the score FLOPs (12*L*h*s per token) it leaves out",
+              f"compute at {mfu:.0%} MFU of {g.bf16_flops / 1e12:.0f} TFLOP/s; + recompute: 8*Psi*T",
+              f"AdamW: {speed.optimizer_bytes_per_param('mixed')} B/param over {g.hbm / 1e12:.2f} TB/s HBM, "
+              f"all parameters / the 1/{gpus} shard of ZeRO"]
     return "\n".join(lines)
 
 

@@ -1,17 +1,22 @@
-"""Chapter 02, ZeRO: per-rank math for stages 0-3, ZeRO from scratch and real DeepSpeed on CPU
-ranks, the ZeRO-3 gather trace.
+"""Chapter 02, ZeRO: the collectives, per-rank math for stages 0-3, ZeRO from scratch (with the
+peak gradient bytes of ZeRO-1 and ZeRO-2 measured during backward), real DeepSpeed on CPU ranks,
+the ZeRO-3 gather trace with each gather labelled by the phase it serves, its time at 70B, and
+the note's DeepSpeed config examined.
 
-- ``claims``         the note's ZeRO table, gather count and volume (``claims.claims(result)``)
-- ``diagrams``       per-stage boxes, the gather sequence, result tables
-- ``plots``          the gather/release timeline
-- ``experiments``    ``zero`` and ``gather_trace``, as the notebook and ``run`` call them
-- ``scratch_ranks``  rank functions of the from-scratch runs, and the one-process reference
-- ``ds_ranks``       rank functions of the DeepSpeed runs and the gather trace
-- ``labcheck``       lab 02's ``check()``
-- ``QUIZ``           the chapter's quiz
+- ``claims``          the note's ZeRO table, gather count and volume (``claims.claims(result, trace)``)
+- ``diagrams``        per-stage boxes and data flow, the collectives, the gather sequence, run tables
+- ``tables``          peak gradient bytes, gathers by phase, ZeRO-3 time, DeepSpeed's estimators, frameworks
+- ``plots``           the gather/release timeline
+- ``experiments``     ``zero`` and ``gather_trace``, as the notebook and ``run`` call them
+- ``scratch_ranks``   rank functions of the from-scratch runs and the collectives, the one-process reference
+- ``ds_ranks``        rank functions of the DeepSpeed runs and the gather trace
+- ``ds_config_note``  the note's DeepSpeed config run on real DeepSpeed, and corrected
+- ``labcheck``        lab 02's ``check()`` (ZeRO-2 gradient hooks)
+- ``QUIZ``            the chapter's quiz
 """
 
-from . import claims, diagrams, ds_ranks, experiments, labcheck, plots, scratch_ranks
+from . import claims, diagrams, ds_config_note, ds_ranks, experiments, labcheck, plots, scratch_ranks, tables
 from .quiz import QUIZ
 
-__all__ = ["claims", "diagrams", "ds_ranks", "experiments", "labcheck", "plots", "scratch_ranks", "QUIZ"]
+__all__ = ["claims", "diagrams", "ds_config_note", "ds_ranks", "experiments", "labcheck", "plots",
+           "scratch_ranks", "tables", "QUIZ"]

@@ -1,22 +1,54 @@
-"""Chapter 02's claims: the note's ZeRO table (§1), its gather count and its volume."""
+"""Chapter 02's claims: the note's ZeRO table (§1), its gather count and its volume.
+
+Capacity verdicts use the GPU table (``gpumem.memory.gpus``): an "80 GB" H100 reports 81,559 MiB,
+and what training may use is that minus a stated reserve.
+"""
 
 from gpumem import units
 from gpumem.course.ledger import Claim
-from gpumem.memory import accounting, models
+from gpumem.dist import zero3_schedule
+from gpumem.memory import accounting, activations, gpus, models
+
+from .ds_ranks import scaled_zero3_config
 
 GB = units.GB
+CARD = "h100-80gb"
 
 
 def _llama70() -> models.ModelConfig:
     return models.get("llama-3-70b")
 
 
-def _states(recipe: str, zero: int = 0, gpus: int = 8) -> accounting.States:
-    return accounting.model_states(_llama70().n_params(), recipe, gpus, zero)
+def _states(recipe: str, zero: int = 0, gpus_: int = 8) -> accounting.States:
+    return accounting.model_states(_llama70().n_params(), recipe, gpus_, zero)
 
 
 def _gb(value: float) -> str:
-    return units.fmt(value, "GB", 0)
+    return units.fmt(value, "GB", 1)
+
+
+def zero3_pure_bf16_fit(seq: int = 4096, micro_batch: int = 1) -> dict:
+    """Does ZeRO-3 with pure bf16 fit 8 x H100 80GB? States, working set and activations with
+    full checkpointing (the least activation memory) against the card's usable bytes."""
+    cfg = _llama70()
+    states = _states("pure-bf16", 3).total
+    working = int(accounting.zero3_gathered(cfg, "pure-bf16"))
+    acts = activations.activations(cfg, seq, micro_batch, "flash", "full", "pure-bf16").peak
+    usable = gpus.usable(CARD)
+    return {"states": states, "working_set": working, "activations_full_ckpt": acts,
+            "needed": states + working + acts, "capacity": gpus.get(CARD).capacity, "usable": usable,
+            "fits": states + working + acts <= usable}
+
+
+def _why_2c() -> str:
+    f = zero3_pure_bf16_fit()
+    return (f"The number is right for pure bf16, the conclusion is not. An H100 80GB reports "
+            f"{_gb(f['capacity'])}; after the reserve {_gb(f['usable'])} are usable, so "
+            f"{_gb(f['states'])} of states leave {_gb(f['usable'] - f['states'])}. A ZeRO-3 rank also "
+            f"holds the gathered embedding, its gradient and the prefetch bucket ({_gb(f['working_set'])}) "
+            f"and activations ({_gb(f['activations_full_ckpt'])} even with full checkpointing at 4,096 "
+            f"tokens): {_gb(f['needed'])} in all, over the card. The standard recipe needs "
+            f"{_gb(_states('mixed', 3).total)} of states per GPU.")
 
 
 # The note's ZeRO table, in its own pure-bf16 recipe (2 + 2 + 4 bytes per parameter).
@@ -30,9 +62,7 @@ ZERO_TABLE = [
     Claim("2b", "ZeRO-2, per GPU (P + G/8 + O/8)", 192.5 * GB, lambda: _states("pure-bf16", 2).total,
           lambda: "Right for its recipe: 2 + 6/8 = 2.75 B/param. Standard: 2 + 14/8 = 3.75 B/param, "
                   f"{_gb(_states('mixed', 2).total)}."),
-    Claim("2c", "ZeRO-3, per GPU (everything / 8)", 70 * GB, lambda: _states("pure-bf16", 3).total,
-          lambda: "Right for pure bf16, but that leaves no room for activations and gather buffers on "
-                  f"an 80 GB card; the standard recipe needs {_gb(_states('mixed', 3).total)} per GPU."),
+    Claim("2c", "ZeRO-3, per GPU (everything / 8)", 70 * GB, lambda: _states("pure-bf16", 3).total, _why_2c),
 ]
 
 
@@ -42,21 +72,57 @@ def _fetches_per_pass(model: str) -> int:
     return 7 * models.get(model).n_layers + 2
 
 
-def claims(zero_result: dict | None = None) -> list[Claim]:
-    """The note's ZeRO table and gather claims; with a ``experiments.zero`` result, the measured
-    communication volume joins the ledger."""
+def _per_pass(zero_result: dict | None, trace: dict | None) -> float:
+    """Parameters all-gathered for one forward pass, in psi: from DeepSpeed's trace (what a
+    steady step gathers for forward, plus the persistent norms gathered after the step before),
+    else from scratch (half of stage 3's all-gather volume)."""
+    if trace is not None:
+        c, before = trace["counts"]["step1"], trace["counts"]["step0"]
+        return (c["gathered_for"]["forward"] + before["after_step_bytes"]) / (4 * models.get(trace["model"]).n_params())
+    return zero_result["stages"]["3"]["comm_in_psi_by_kind"]["all_gather"] / 2
+
+
+def _why_3b(zero_result: dict | None, trace: dict | None) -> str:
+    big = zero3_schedule.step_volume("llama-3-70b")
+    parts = ["One pass gathers every parameter once: psi per pass, as the note says. A step is "
+             "forward, backward and the gradient reduce-scatter."]
+    if zero_result is not None:
+        s3 = zero_result["stages"]["3"]
+        parts.append(f"Measured per step from scratch ({zero_result['ranks']} ranks): "
+                     f"{s3['comm_per_step_in_psi']:.2f} psi (gathered {s3['comm_in_psi_by_kind']['all_gather']:.2f} "
+                     f"+ reduce-scattered {s3['comm_in_psi_by_kind']['reduce_scatter']:.2f}), against "
+                     f"{zero_result['stages']['0']['comm_per_step_in_psi']:.2f} psi for DDP.")
+    if trace is not None:
+        c, before = trace["counts"]["step1"], trace["counts"]["step0"]
+        got = (c["bytes_gathered"] + before["after_step_bytes"]) / (4 * models.get(trace["model"]).n_params())
+        deep = deeper_volume(trace["model"])
+        parts.append(f"DeepSpeed's trace ({trace['model']}, {trace['n_layers']} layers): {got:.2f} psi gathered "
+                     f"+ 1 psi reduce-scattered. That is a {trace['n_layers']}-layer artefact: what stays whole "
+                     f"through the turn from forward to backward is a large share of so shallow a model; the "
+                     f"same rules on {deep['model']} gather {deep['gathered_psi']:.2f} psi.")
+    parts.append(f"Llama-3-70B with DeepSpeed's defaults: {big['gathered_psi']:.3f} psi gathered + 1 psi "
+                 f"= {big['per_step_psi']:.2f} psi per step (every layer is gathered twice; only the head "
+                 f"is kept), {_gb(2 * big['per_step_psi'] * big['n_params'])} of bf16 collectives.")
+    return " ".join(parts)
+
+
+def deeper_volume(model: str = "mini", layers: int = 80) -> dict:
+    """DeepSpeed's schedule (replayed) for the traced model made ``layers`` deep, thresholds scaled
+    as in the trace: the share of the model kept through the turn shrinks with depth."""
+    cfg = models.with_layers(models.get(model), layers)
+    return zero3_schedule.step_volume(cfg, scaled_zero3_config(cfg))
+
+
+def claims(zero_result: dict | None = None, trace: dict | None = None) -> list[Claim]:
+    """The note's ZeRO table and gather claims; with an ``experiments.zero`` result and/or a
+    ``experiments.gather_trace`` result, the measured communication volume joins the ledger."""
     out = ZERO_TABLE + [
         Claim("3a", "all-gathers per forward, 70B (note: 32 x 4)", 128,
               lambda: _fetches_per_pass("llama-3-70b"),
               lambda: "DeepSpeed fetches per submodule: attention has 4 matrices and the MLP 3, not 2 "
                       "and 2; 70B has 80 layers, not 32; the embedding and head add 2. The backward pass "
                       "gathers them again.", unit="fetches")]
-    if zero_result is not None:
-        out.append(Claim(
-            "3b", "communication per step, in units of psi", 1,
-            lambda: zero_result["stages"]["3"]["comm_per_step_in_psi"],
-            lambda: "One pass moves psi, but a step gathers the parameters for forward and again for "
-                    "backward, and reduce-scatters the gradients: measured on "
-                    f"{zero_result['ranks']} ranks, against "
-                    f"{zero_result['stages']['0']['comm_per_step_in_psi']:g} psi for DDP.", unit="psi"))
+    if zero_result is not None or trace is not None:
+        out.append(Claim("3b", "communication = parameter size (per pass)", 1,
+                         lambda: _per_pass(zero_result, trace), lambda: _why_3b(zero_result, trace), unit="psi"))
     return out

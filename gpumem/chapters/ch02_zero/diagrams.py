@@ -49,13 +49,14 @@ def zero_results_table(result: dict) -> str:
     lines = [f"{result['model']} on {result['ranks']} {result['device']} ranks, "
              f"{result['n_params']:,} parameters (fp32: 4 + 4 + 8 bytes each)",
              f"{'stage':6s} {'params':>10s} {'grads':>10s} {'optimizer':>10s}  formula (p/g/o)"
-             f"{'':14s} comm/step  losses"]
+             f"{'':14s} comm/step  grad peak in backward  losses"]
     for stage, row in result["stages"].items():
         m, f = row["ranks"][0]["measured"], row["ranks"][0]["formula"]
         losses = " ".join(f"{x:.4f}" for x in row["losses"])
         lines.append(f"{stage:6s} {m['params']:>10,d} {m['grads']:>10,d} {m['optimizer']:>10,d}  "
                      f"{f['params']:,}/{f['grads']:,}/{f['optimizer']:,}".ljust(70)
-                     + f" {row['comm_per_step_in_psi']:.2f} psi  {losses}")
+                     + f" {row['comm_per_step_in_psi']:.2f} psi  "
+                     f"{row['grad_peak_during_backward']['full_grads_and_shards']:>12,d} B  {losses}")
     if "deepspeed" in result:
         lines.append("DeepSpeed engines, elements held by rank 0 (params / fp32 partition / optimizer states):")
         for stage, row in result["deepspeed"].items():
@@ -67,13 +68,78 @@ def zero_results_table(result: dict) -> str:
 
 
 def gather_counts_table(result: dict) -> str:
-    """Per training step: ZeRO-3's module fetches, all-gathers, bytes gathered and releases, as a table."""
+    """Per training step: ZeRO-3's module fetches, all-gathers (by the phase that issues them and
+    the phase they serve), bytes gathered, the persistent parameters' gather after the optimizer
+    step, and releases, as a table."""
     lines = [f"ZeRO-3 on {result['ranks']} ranks, {result['model']} ({result['n_layers']} layers); "
-             f"persistent (never sharded): {len(result['persistent'])} tensors",
-             f"{'step':6s} {'fwd fetch':>9s} {'bwd fetch':>9s} {'fwd gathers':>11s} {'bwd gathers':>11s} "
-             f"{'params':>7s} {'gathered':>10s} {'releases':>8s}"]
+             f"persistent (kept whole): {len(result['persistent'])} tensors",
+             f"{'':6s} {'fetches':^9s} {'all-gathers issued':^18s} {'serving':^11s} {'':7s} {'':9s} "
+             f"{'after':>6s} {'':8s}",
+             f"{'step':6s} {'fwd':>4s} {'bwd':>4s} {'in fwd':>9s} {'in bwd':>8s} {'fwd':>5s} {'bwd':>5s} "
+             f"{'params':>7s} {'gathered':>9s} {'step':>6s} {'releases':>8s}"]
     for step, c in result["counts"].items():
-        lines.append(f"{step:6s} {c['forward_fetches']:>9d} {c['backward_fetches']:>9d} "
-                     f"{c['forward_all_gathers']:>11d} {c['backward_all_gathers']:>11d} {c['params_gathered']:>7d} "
-                     f"{units.fmt(c['bytes_gathered'], 'MB'):>10s} {c['releases']:>8d}")
+        lines.append(f"{step:6s} {c['forward_fetches']:>4d} {c['backward_fetches']:>4d} "
+                     f"{c['forward_all_gathers']:>9d} {c['backward_all_gathers']:>8d} "
+                     f"{c['all_gathers_for']['forward']:>5d} {c['all_gathers_for']['backward']:>5d} "
+                     f"{c['params_gathered']:>7d} {units.fmt(c['bytes_gathered'], 'MB'):>9s} "
+                     f"{c['after_step_params']:>6d} {c['releases']:>8d}")
     return "\n".join(lines)
+
+
+def _vec(xs, cut: int | None = None) -> str:
+    cells = [f"{x:g}".rjust(3) for x in xs]
+    if cut:
+        cells = [" ".join(cells[i:i + cut]) for i in range(0, len(cells), cut)]
+        return "[" + " |".join(cells) + "]"
+    return "[" + " ".join(cells) + "]"
+
+
+def collectives_diagram(results: list[dict]) -> str:
+    """The tensors a 2-rank run of the collectives returned, drawn: reduce-scatter then all-gather
+    rebuilds what all-reduce gives, and each moves (N-1)/N of the tensor per rank."""
+    world = len(results)
+    width = len(results[0]["reduce_scatter"])
+    lines = [f"{'':7s} {'input':{width * world * 4 + world}s}  reduce-scatter      all-gather of the shards"]
+    for r in results:
+        lines.append(f"rank {r['rank']}  {_vec(r['input'], width)}  ─► {_vec(r['reduce_scatter'])} "
+                     f"(shard {r['rank']}) ─► {_vec(r['all_gather'], width)}")
+    same = all(r["all_reduce"] == r["all_gather"] for r in results)
+    lines += ["", "all-reduce of the same inputs, in one collective:"]
+    lines += [f"rank {r['rank']}  {_vec(r['all_reduce'], width)}" for r in results]
+    lines += [("equal to all-gather(reduce-scatter(x)) on every rank" if same else "DIFFERENT from all-gather"),
+              "",
+              "per rank, for a tensor of n elements on N ranks (ring algorithms):",
+              "  reduce-scatter sends (N-1)/N x n, all-gather sends (N-1)/N x n,",
+              "  all-reduce = both = 2 (N-1)/N x n;  the ZeRO paper counts these as n, n and 2n"]
+    return box(f"all-reduce = reduce-scatter + all-gather ({world} ranks, gloo, measured)", lines)
+
+
+_FLOW = {   # stage -> phase -> (what moves, what a rank holds with {own} = its shard, {all} = every shard)
+    0: {"forward": ("", "P {all}  O {all}"), "backward": ("", "P {all}  G {all} (all built)"),
+        "step": ("all-reduce G", "update P {all} with G {all}, O {all}")},
+    1: {"forward": ("", "P {all}  O {own}"), "backward": ("", "P {all}  G {all} (all built)"),
+        "step": ("reduce-scatter G, all-gather P", "G -> {own}; update P {own}, O {own}; P -> {all}")},
+    2: {"forward": ("", "P {all}  O {own}"),
+        "backward": ("reduce-scatter each G", "P {all}  G: each {all} -> {own} as it is ready"),
+        "step": ("all-gather P", "update P {own}, O {own}; P -> {all}")},
+    3: {"forward": ("all-gather each module", "P {own} (+ the running module's {all})  O {own}"),
+        "backward": ("all-gather again, reduce-scatter G", "P {own} (+ module's {all})  G each -> {own}"),
+        "step": ("", "update P {own}, O {own}")},
+}
+
+
+def stage_flow(ranks: int = 2) -> str:
+    """Who holds which shard when: per stage and phase, what each rank holds (a, b, ... = the
+    shard owned by rank 0, 1, ...) and which collective moves it."""
+    letters = "abcdefgh"[:ranks]
+    out = []
+    for stage, phases in _FLOW.items():
+        lines = []
+        for phase, (moves, holds) in phases.items():
+            lines.append(f"{phase:9s}{'moves: ' + moves if moves else 'moves: nothing'}")
+            for r in range(ranks):
+                lines.append(f"  rank {r}  " + holds.format(own=letters[r], all=letters))
+        legend = (f"P params, G grads, O optimizer states; {', '.join(letters)} = the shard rank "
+                  f"{', '.join(map(str, range(ranks)))} owns")
+        out.append(box(STAGE_NAMES[stage], [legend, ""] + lines))
+    return "\n".join(out)

@@ -28,6 +28,7 @@ def zero(ranks: int = 2, device: str = "cpu", model: str = "tiny", steps: int = 
             "comm_bytes_per_step": int(volume * 4),
             "comm_per_step_in_psi": round(volume / n, 4),
             "comm_calls": per_rank[0]["comm"]["calls"],
+            "comm_in_psi_by_kind": {k: round(v / steps / n, 4) for k, v in per_rank[0]["comm"]["volume"].items()},
             "grad_peak_during_backward": per_rank[0]["grad_peak_during_backward"],
         }
     if deepspeed:

@@ -63,3 +63,18 @@ def reference(world: int, model: str = "tiny", steps: int = 3, seq: int = 32, ba
 def from_scratch_stages(rank: int, world: int, stages=(0, 1, 2, 3), **kwargs) -> dict:
     """All stages in one launch (a fresh model and optimizer for each)."""
     return {stage: from_scratch(rank, world, stage, **kwargs) for stage in stages}
+
+
+def collectives(rank: int, world: int, width: int = 2) -> dict:
+    """The three collectives on small integer tensors: all-reduce, reduce-scatter, then
+    all-gather of the reduce-scatter's shards (which rebuilds the all-reduce's result)."""
+    import torch.distributed as dist
+    x = torch.arange(1, world * width + 1, dtype=torch.float32) * 10 ** rank    # rank 0: 1 2 3 4; rank 1: 10 20 ...
+    summed = x.clone()
+    dist.all_reduce(summed)
+    shard = torch.empty(width)
+    dist.reduce_scatter_tensor(shard, x.clone())
+    rebuilt = torch.empty(world * width)
+    dist.all_gather_into_tensor(rebuilt, shard)
+    return {"rank": rank, "input": x.tolist(), "all_reduce": summed.tolist(), "reduce_scatter": shard.tolist(),
+            "all_gather": rebuilt.tolist()}

@@ -1,0 +1,139 @@
+"""Activation checkpointing (recomputation), from scratch and PyTorch's, for any plan.
+
+* :class:`Checkpoint` is the whole idea in one ``torch.autograd.Function``: its forward runs a
+  segment without building a graph and keeps only the segment's inputs; its backward runs the
+  segment again, this time with a graph, and back-propagates through that fresh copy. This is
+  what ``torch.utils.checkpoint(use_reentrant=True)`` does.
+* ``impl="torch"`` uses ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``: the forward
+  builds the graph but drops the tensors it would save (saved-tensor hooks), and backward
+  re-runs the segment only as far as the first tensor it needs is concerned (``early_stop``).
+* ``sac`` wraps every layer with ``create_selective_checkpoint_contexts`` and a policy that keeps
+  matmul outputs (:func:`sac_policy`).
+
+:func:`loss_of` runs the course's Llama (``gpumem.memory.llama``) under a
+:class:`~gpumem.memory.recompute_plans.Plan`, driving ``model.embed``, ``model.layers``,
+``model.norm`` and ``model.head`` itself, so a plan can be any list of segments. Everything
+re-run in backward happens inside :func:`recomputing`'s context, so tracers and FLOP counters
+can tell recomputation from backward.
+"""
+
+import contextlib
+import threading
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from ..errors import one_of
+from . import llama
+from .policies import KERNELS
+from .recompute_plans import Plan, plan as make_plan
+
+IMPLS = ("torch", "scratch")
+_state = threading.local()
+
+
+def recomputing() -> bool:
+    """True while a forward is being re-run inside backward (ours, PyTorch's, or the Llama's own)."""
+    return getattr(_state, "depth", 0) > 0 or llama.recomputing()
+
+
+@contextlib.contextmanager
+def marking():
+    """Mark the code inside as recomputation (see :func:`recomputing`)."""
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+
+
+class Checkpoint(torch.autograd.Function):
+    """Keep a segment's inputs, not its activations; re-run the segment in backward."""
+
+    @staticmethod
+    def forward(ctx, run, *inputs):
+        ctx.run = run
+        ctx.rng = torch.get_rng_state()             # a re-run must draw the same random numbers
+        ctx.save_for_backward(*inputs)              # the only tensors kept: the segment's inputs
+        with torch.no_grad():                       # no graph, so nothing inside is saved
+            return run(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        inputs = [x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors]
+        with torch.random.fork_rng(devices=[]), torch.enable_grad(), marking():
+            torch.set_rng_state(ctx.rng)
+            out = ctx.run(*inputs)                  # the segment's forward, again, with a graph
+        torch.autograd.backward(out, grad_out)      # parameter grads accumulate here
+        return (None, *[x.grad if x.requires_grad else None for x in inputs])
+
+
+def _torch_contexts():
+    return contextlib.nullcontext(), marking()
+
+
+# Ops whose outputs PyTorch's SAC keeps under the policy below: the matmuls, and the attention
+# kernels (CPU and CUDA), whose backward needs their own output and logsumexp.
+_aten = torch.ops.aten
+SAVE_OPS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default,
+            _aten._scaled_dot_product_flash_attention_for_cpu.default,
+            _aten._scaled_dot_product_flash_attention.default,
+            _aten._scaled_dot_product_efficient_attention.default}
+
+
+def sac_policy(ctx, op, *args, **kwargs):
+    """SAC policy: keep every matmul's (and attention kernel's) output, recompute everything else."""
+    return CheckpointPolicy.MUST_SAVE if op in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@contextlib.contextmanager
+def _both(a, b):
+    with a, b:
+        yield
+
+
+def _sac_contexts():
+    fwd, rec = create_selective_checkpoint_contexts(sac_policy)
+    return fwd, _both(rec, marking())
+
+
+def run_checkpointed(fn, *args, impl: str = "torch", sac: bool = False):
+    """``fn(*args)`` under activation checkpointing: ours (``scratch``) or PyTorch's (``torch``)."""
+    one_of(impl, IMPLS, "checkpoint implementation")
+    if impl == "scratch":
+        if sac:
+            raise ValueError("selective activation checkpointing is PyTorch's; use impl='torch'")
+        return Checkpoint.apply(fn, *args)
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=_sac_contexts if sac else _torch_contexts)
+
+
+def loss_of(model, tokens, targets, kernel: str = "flash", plan: str | Plan = "none",
+            impl: str = "torch"):
+    """The Llama's loss with ``plan`` applied (the same maths as ``Llama.forward``)."""
+    one_of(kernel, KERNELS, "attention kernel")
+    cfg = model.cfg
+    p = make_plan(plan, cfg.n_layers) if isinstance(plan, str) else plan
+    starts = {seg[0]: seg for seg in p.segments}
+    x = model.embed(tokens)
+    cos, sin = llama.rope_tables(tokens.shape[1], cfg.head_dim, cfg.rope_theta, x.dtype, x.device)
+
+    def segment(first, count):
+        def run(h, cos, sin):
+            for layer in model.layers[first:first + count]:
+                h = layer(h, cos, sin, kernel)
+            return h
+        return run
+
+    i = 0
+    while i < cfg.n_layers:
+        if i in starts:
+            seg = starts[i]
+            x = run_checkpointed(segment(seg[0], len(seg)), x, cos, sin, impl=impl, sac=p.sac)
+            i += len(seg)
+        else:
+            x = model.layers[i](x, cos, sin, kernel, p.core)
+            i += 1
+    logits = model.head(model.norm(x))
+    flat = targets if targets.dim() == 1 else targets.reshape(-1)   # a view would be counted anew
+    return F.cross_entropy(logits.float().view(-1, cfg.vocab), flat)
