@@ -77,3 +77,11 @@ def test_colab_bootstrap_keeps_colabs_torch_and_does_nothing_elsewhere():
     assert "nothing to install" in colab_bootstrap.bootstrap()  # not on Colab here
     install_gpumem = colab_bootstrap.pip_commands()[1]
     assert install_gpumem[-2:] == ["-e", str(ROOT)]
+
+
+def test_environment_report_names_no_machine_path():
+    """The notebook stores this output: the checkout's folder appears as <course>, never its path."""
+    from gpumem.chapters import ch00_setup
+    text = ch00_setup.environment_report()
+    assert str(ROOT) not in text
+    assert "torch" in text and len(text.splitlines()) == len(envcheck.checks())

@@ -1,8 +1,10 @@
-"""Chapter 02: the rank launcher, ZeRO from scratch, communication volume, real DeepSpeed, gathers.
+"""Chapter 02: the rank launcher, ZeRO from scratch, communication volume, the ZeRO-2 peak, real
+DeepSpeed, the ZeRO-3 gather trace and its replay, ZeRO-3's time, the note's DeepSpeed config.
 
 References: single-process torch.optim.AdamW (losses and weights), chapter 01's formulas with
-per-tensor padding, the ZeRO paper's volumes (DDP 2 psi, stage 3 3 psi), and the module rule
-7 linear layers per block + embedding + head, counted on a real DeepSpeed run.
+per-tensor padding, the ZeRO paper's volumes (DDP 2 psi, stage 3 3 psi), hand counts on the
+parameter shapes (peak gradient bytes, gathered bytes, 70B's schedule), the module rule 7 linear
+layers per block + embedding + head, and real DeepSpeed runs (trace, partitions, config reads).
 """
 
 import json
@@ -234,6 +236,9 @@ def test_run_zero_from_the_command_line():
         assert all(len(r["losses"]) == 3 for r in row["ranks"])
         assert isinstance(row["comm_bytes_per_step"], int) and len(row["losses"]) == 3
     assert data["stages"]["3"]["comm_per_step_in_psi"] == 3.0
+    assert data["stages"]["3"]["comm_in_psi_by_kind"] == {"all_gather": 2.0, "reduce_scatter": 1.0}
+    row = {c.id: c for c in claims.claims(data)}["3b"]          # per pass: half the all-gathers
+    assert row.ours() == 1.0 and row.verdict() == "agrees" and "3.00 psi" in row.why()
 
 
 @pytest.mark.parametrize("args, says", [
@@ -330,3 +335,25 @@ def test_the_notes_deepspeed_config_examined():
     need = ds_config_note.swap_buffer_need()
     assert need["largest_partition"] == -(-128256 * 8192 // 8) and not need["fits_note"]
     assert need["largest_partition"] <= need["corrected_buffer_size"]
+
+
+def test_ledger_3b_per_pass_from_the_deepspeed_trace(trace):
+    """Per pass, DeepSpeed gathers every parameter once (the sharded ones for forward, the norms
+    after the previous step): exactly 4 bytes x psi in fp32."""
+    row = {c.id: c for c in claims.claims(None, trace)}["3b"]
+    assert row.ours() == 1.0 and row.verdict() == "agrees"
+    assert "1.76 psi gathered" in row.why() and "2.99 psi per step" in row.why()
+
+
+def test_zero3_pure_bf16_does_not_fit_an_h100():
+    """Row 2c's conclusion, by hand: 8 GPUs hold ceil(psi / 8) x 8 bytes of pure-bf16 states each;
+    the working set is the embedding and its gradient in bf16 plus a 5e7-element bucket; even the
+    checkpointed layer inputs alone (80 x 2 bytes x 4096 x 8192) then overflow what an H100 80GB
+    may use (81,559 MiB minus 2 GiB and 5 %)."""
+    cfg = models.get("llama-3-70b")
+    fit = claims.zero3_pure_bf16_fit()
+    assert fit["states"] == 8 * math.ceil(cfg.n_params() / 8)
+    assert fit["working_set"] == 4 * cfg.vocab * cfg.d_model + 2 * 50_000_000
+    usable = 81_559 * 2**20 - 2 * 2**30 - int(0.05 * 81_559 * 2**20)
+    assert fit["usable"] == usable
+    assert fit["states"] + fit["working_set"] + 80 * 2 * 4096 * 8192 > usable and not fit["fits"]

@@ -98,3 +98,16 @@ def test_llama_40_5_sbh_from_its_four_differences():
     assert abs(llama - by_hand) / sbh < 0.04          # + logsumexp and 1/rms: 0.03 s*b*h
     text = megatron.table(cfg, 4096)
     assert "194.00" in text and "40.53" in text and "no dropout" in text and "GQA" in text
+
+
+def test_cli_trace_and_estimate_take_the_norm():
+    import json
+    from conftest import run_cli
+    est = json.loads(run_cli("estimate", "--model", "llama-3-8b", "--norm", "hf", "--seq", "2k", "--json").stdout)
+    cfg = models.get("llama-3-8b")
+    assert est["norm"] == "hf"
+    assert est["per_gpu"]["activations"] == activations.activations(cfg, 2048, norm="hf").peak
+    proc = run_cli("trace", "--model", "llama-3-8b", "--norm", "hf", "--seq", "2k", "--json")
+    assert proc.returncode == 0, proc.stderr
+    tr = json.loads(proc.stdout)
+    assert tr["norm"] == "hf" and tr["peaks"]["activations"] == est["per_gpu"]["activations"]

@@ -120,3 +120,20 @@ def test_optimizer_traffic_by_hand():
     assert speed.optimizer_bytes_per_param("pure-bf16") == 4 * 2 + 3 * 2
     n = 8_000_000
     assert speed.optimizer_seconds(n, "mixed", "h100-80gb", gpus=8, zero=1) == pytest.approx(28 * n / 8 / 3.35e12)
+
+
+def test_six_psi_t_against_pytorchs_flop_counter():
+    """FlopCounterMode counts every matmul of a real step: 6 FLOPs per token per weight of the
+    linear layers (the embedding is a lookup, norms are pointwise) plus the naive kernel's
+    attention matmuls, QK^T and PV forward and their gradients: 12*L*h*s per token."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from gpumem.memory.llama import Llama
+    cfg, s, b = models.get("mini"), 64, 2
+    torch.manual_seed(0)
+    model = Llama(cfg)
+    tokens = torch.randint(0, cfg.vocab, (b, s + 1))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(tokens[:, :-1], tokens[:, 1:].reshape(-1), kernel="naive").backward()
+    linear = cfg.n_params() - cfg.vocab * cfg.d_model - (2 * cfg.n_layers + 1) * cfg.d_model
+    assert counter.get_total_flops() == speed.train_flops(linear, s * b) + speed.attention_flops(cfg, s, b)

@@ -43,7 +43,7 @@ def render_experiment(name: str, result: dict) -> str:
 
 
 def lab_checks() -> dict[str, str]:
-    """Lab stem (``lab02_sharded_adamw``) -> absolute ``module:function`` of its check."""
+    """Lab stem (``lab02_zero2_hooks``) -> absolute ``module:function`` of its check."""
     return {lab: ch.target(fn) for ch in CHAPTERS for lab, fn in ch.labs.items()}
 
 

@@ -24,18 +24,24 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from ..errors import one_of
+from ..errors import UsageError, one_of
 from . import llama
 from .policies import KERNELS
 from .recompute_plans import Plan, plan as make_plan
 
-IMPLS = ("torch", "scratch")
+IMPLS = ("torch", "scratch", "deepspeed")
 _state = threading.local()
 
 
 def recomputing() -> bool:
-    """True while a forward is being re-run inside backward (ours, PyTorch's, or the Llama's own)."""
+    """True while a forward is being re-run inside backward (a segment here, or the Llama's own
+    attention core)."""
     return getattr(_state, "depth", 0) > 0 or llama.recomputing()
+
+
+def in_backward() -> bool:
+    """True while autograd's engine is running a backward pass on this thread."""
+    return torch._C._current_graph_task_id() != -1
 
 
 @contextlib.contextmanager
@@ -62,15 +68,11 @@ class Checkpoint(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         inputs = [x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors]
-        with torch.random.fork_rng(devices=[]), torch.enable_grad(), marking():
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
             torch.set_rng_state(ctx.rng)
             out = ctx.run(*inputs)                  # the segment's forward, again, with a graph
         torch.autograd.backward(out, grad_out)      # parameter grads accumulate here
         return (None, *[x.grad if x.requires_grad else None for x in inputs])
-
-
-def _torch_contexts():
-    return contextlib.nullcontext(), marking()
 
 
 # Ops whose outputs PyTorch's SAC keeps under the policy below: the matmuls, and the attention
@@ -87,25 +89,26 @@ def sac_policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-@contextlib.contextmanager
-def _both(a, b):
-    with a, b:
-        yield
-
-
 def _sac_contexts():
-    fwd, rec = create_selective_checkpoint_contexts(sac_policy)
-    return fwd, _both(rec, marking())
+    return create_selective_checkpoint_contexts(sac_policy)
 
 
-def run_checkpointed(fn, *args, impl: str = "torch", sac: bool = False):
-    """``fn(*args)`` under activation checkpointing: ours (``scratch``) or PyTorch's (``torch``)."""
+def run_checkpointed(fn, *args, impl="torch", sac: bool = False):
+    """``fn(*args)`` under activation checkpointing: ours (``scratch``), PyTorch's non-reentrant
+    one (``torch``, with SAC if ``sac``), DeepSpeed's (``deepspeed``), or any ``impl(fn, *args)``."""
+    if callable(impl):
+        return impl(fn, *args)
     one_of(impl, IMPLS, "checkpoint implementation")
+    if sac and impl != "torch":
+        raise UsageError(f"SAC (selective activation checkpointing) is PyTorch's; got impl {impl!r}, accepted: torch")
     if impl == "scratch":
-        if sac:
-            raise ValueError("selective activation checkpointing is PyTorch's; use impl='torch'")
         return Checkpoint.apply(fn, *args)
-    return checkpoint(fn, *args, use_reentrant=False, context_fn=_sac_contexts if sac else _torch_contexts)
+    if impl == "deepspeed":
+        from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
+        return ds_checkpointing.checkpoint(fn, *args)   # reentrant: DeepSpeed's CheckpointFunction
+    if sac:
+        return checkpoint(fn, *args, use_reentrant=False, context_fn=_sac_contexts)
+    return checkpoint(fn, *args, use_reentrant=False)
 
 
 def loss_of(model, tokens, targets, kernel: str = "flash", plan: str | Plan = "none",
@@ -120,8 +123,10 @@ def loss_of(model, tokens, targets, kernel: str = "flash", plan: str | Plan = "n
 
     def segment(first, count):
         def run(h, cos, sin):
-            for layer in model.layers[first:first + count]:
-                h = layer(h, cos, sin, kernel)
+            # called again inside backward, whoever calls it: that is the recomputation
+            with marking() if in_backward() else contextlib.nullcontext():
+                for layer in model.layers[first:first + count]:
+                    h = layer(h, cos, sin, kernel)
             return h
         return run
 

@@ -72,7 +72,18 @@ class Recorder:
 
 
 class PlanTracker(timelines.TimelineTracker):
-    """Chapter 01's timeline tracer; what a re-run makes in backward counts as activations."""
+    """Chapter 01's timeline tracer; what a re-run makes in backward counts as activations, and
+    each row is labelled with the recorder's (phase, part) instead of the module's name."""
+
+    def __init__(self, where=None):
+        super().__init__()
+        self.where = where
+
+    def _update_peak_stats(self, peak_state) -> None:
+        rows = len(self.timeline)
+        super()._update_peak_stats(peak_state)
+        if self.where is not None and len(self.timeline) > rows:
+            self.timeline[-1] = (*self.where(), self.timeline[-1][2])
 
     def _track(self, reftype, t):
         if reftype == tracing.CATEGORIES["temporaries"] and recompute.recomputing():
@@ -93,6 +104,7 @@ class Measured:
     saved: int = 0                  # activation bytes alive when backward starts
     peak: int = 0                   # activation bytes at their peak (forward or re-run)
     peak_at: str = ""
+    layer_peak: int = 0             # activation peak while a layer is re-run or differentiated
     peak_with_temporaries: int = 0  # activations + backward temporaries, at their joint peak
     flops: dict[str, int] = field(default_factory=dict)   # forward | recompute | backward
     events: list[dict] = field(default_factory=list)
@@ -104,7 +116,7 @@ class Measured:
     def as_dict(self) -> dict:
         """JSON-ready: everything but the timeline and the gradients."""
         keys = ("model", "plan", "impl", "kernel", "seq", "micro_batch", "fake", "saved", "peak",
-                "peak_at", "peak_with_temporaries", "flops", "events", "loss")
+                "peak_at", "layer_peak", "peak_with_temporaries", "flops", "events", "loss")
         return {k: getattr(self, k) for k in keys} | {"seconds": round(self.seconds, 3)}
 
 
@@ -131,7 +143,7 @@ def measure(model: str | models.ModelConfig = "tiny", plan: str | Plan = "none",
         tokens = torch.randint(0, cfg.vocab, (micro_batch, seq + 1), generator=gen)
         inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].reshape(-1)
         rec = Recorder(net)
-        tracker = PlanTracker()
+        tracker = PlanTracker(rec.where)
         tracker.track_external(net)
         counter = flop_counter.PhaseFlops(rec.where)
         try:
@@ -149,12 +161,14 @@ def measure(model: str | models.ModelConfig = "tiny", plan: str | Plan = "none",
     rows = tracker.timeline
     cats = list(tracing.CATEGORIES)
     series = {c: [r[2][j] for r in rows] for j, c in enumerate(cats)}
-    phases = ["recompute" if False else r[0] for r in rows]
-    out.timeline = timelines.Timeline(f"{cfg.name}, checkpoint {p.name}", phases, [r[1] for r in rows], series)
+    out.timeline = timelines.Timeline(f"{cfg.name}, checkpoint {p.name}", [r[0] for r in rows],
+                                      [r[1] for r in rows], series)
     acts, temps = series["activations"], series["temporaries"]
     out.saved = acts[forward_end - 1] if forward_end else 0
     top = max(range(len(acts)), key=lambda i: (acts[i], -i))
     out.peak, out.peak_at = acts[top], f"{rows[top][0]} {rows[top][1]}".strip()
+    out.layer_peak = max((a for a, r in zip(acts, rows) if r[0] != "forward" and r[1].startswith("L")),
+                         default=0)
     out.peak_with_temporaries = max(a + t for a, t in zip(acts, temps))
     for phase in ("forward", "recompute", "backward"):
         out.flops[phase] = sum(v for k, v in counter.by_key.items() if k[0] == phase)
