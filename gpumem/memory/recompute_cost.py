@@ -108,13 +108,13 @@ def step_flops(cfg: ModelConfig, seq: int, batch: int = 1, plan: str | Plan = "n
 
 
 def best_segment_length(cfg: ModelConfig, seq: int, batch: int = 1, recipe: str = "mixed") -> int:
-    """The segment length k that minimises checkpoints + one re-run, (n/k)*e*T*h + k*layer:
-    about sqrt(n * boundary / layer), not sqrt(n), when a layer keeps far more than its input."""
-    a = activation_bytes(cfg, seq, batch, "full", recipe=recipe)
-    best = min(range(1, cfg.n_layers + 1), key=lambda k: (
-        activation_bytes(cfg, seq, batch, Plan(f"every-{k}", cfg.n_layers, segments_of(k, cfg.n_layers)),
-                         recipe=recipe)["recompute_peak"], k))
-    return best if a["per_layer"] else 1
+    """The segment length k whose re-run peak (the checkpoints before a segment plus its k layers)
+    is lowest: about sqrt(n * boundary / layer), not Chen's sqrt(n), because a layer keeps some
+    twenty times its input."""
+    def peak(k: int) -> int:
+        p = Plan(f"every-{k}", cfg.n_layers, segments_of(k, cfg.n_layers))
+        return activation_bytes(cfg, seq, batch, p, recipe=recipe)["recompute_peak"]
+    return min(range(1, cfg.n_layers + 1), key=lambda k: (peak(k), k))
 
 
 def chen_estimate(n_layers: int, boundary: float, interior: float) -> float:

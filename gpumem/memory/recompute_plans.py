@@ -77,12 +77,8 @@ def accepted() -> str:
 
 def plan(name: str, n_layers: int) -> Plan:
     """The :class:`Plan` called ``name`` for a model of ``n_layers`` layers; UsageError otherwise."""
-    if not isinstance(name, str):
-        raise UsageError(f"unknown checkpoint plan {name!r}; accepted: {accepted()}")
-    every = _EVERY.match(name)
-    if name in ("none", "selective", "sac") or name == "full" or name == "every-other" or name == "sqrt":
-        pass
-    elif not every or int(every.group(1)) < 2:
+    every = _EVERY.match(name) if isinstance(name, str) else None
+    if name not in NAMED and not (every and int(every.group(1)) >= 2):
         raise UsageError(f"unknown checkpoint plan {name!r}; accepted: {accepted()}")
     if name == "none":
         return Plan(name, n_layers)
@@ -97,3 +93,27 @@ def plan(name: str, n_layers: int) -> Plan:
     if name == "sqrt":
         return Plan(name, n_layers, segments_of(sqrt_length(n_layers), n_layers))
     return Plan(name, n_layers, segments_of(int(every.group(1)), n_layers))
+
+
+def from_segments(segments, n_layers: int, name: str = "custom") -> Plan:
+    """A plan from a list of segments (lists of consecutive layer indices, each layer in at most
+    one); UsageError naming the first bad segment otherwise."""
+    seen: set[int] = set()
+    out = []
+    for seg in segments:
+        seg = tuple(seg)
+        if not seg or any(not isinstance(i, int) or isinstance(i, bool) for i in seg):
+            raise UsageError(f"segment {list(seg)!r}: give a non-empty list of layer indices")
+        if any(i < 0 or i >= n_layers for i in seg) or list(seg) != list(range(seg[0], seg[0] + len(seg))):
+            raise UsageError(f"segment {list(seg)!r}: layers must be consecutive, from 0 to {n_layers - 1}")
+        if seen & set(seg):
+            raise UsageError(f"segment {list(seg)!r}: layer {min(seen & set(seg))} is in two segments")
+        seen |= set(seg)
+        out.append(seg)
+    return Plan(name, n_layers, tuple(sorted(out)))
+
+
+def first_layers(count: int, n_layers: int) -> Plan:
+    """Checkpoint the first ``count`` layers, each alone; keep the rest (cheapest placement of
+    ``count`` re-runs: a re-run happens when only the layers before it hold activations)."""
+    return Plan(f"first-{count}", n_layers, segments_of(1, n_layers)[:count])

@@ -36,6 +36,9 @@ def scenario_box(model: str = "llama-3-70b", recipe: str = "mixed", seq: int = 4
                  f"({g.label}, as reported)")
     lines.append(f"{'usable':12s}{units.fmt(room):>13s}  = {gpus} x {units.fmt(gpu_table.usable(g))} "
                  "(capacity - reserve)")
+    r_ = gpu_table.DEFAULT_RESERVE
+    lines.append(f"    reserve per GPU: {units.fmt(r_.context, 'GiB', 0)} CUDA context + "
+                 f"{units.fmt(r_.nccl, 'GiB', 0)} NCCL + {r_.fragmentation:.0%} fragmentation")
     if d["total"] > have:
         verdict = f"does NOT fit: over the capacity by {units.fmt(d['total'] - have)}"
     elif d["total"] > room:

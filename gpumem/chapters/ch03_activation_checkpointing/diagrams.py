@@ -1,0 +1,159 @@
+"""Chapter 03's diagrams and tables, rendered from recorded events and the library's numbers.
+
+``event_diagram`` draws the note's X -> A -> B -> C -> D picture from a measured event trace;
+``checkpointing_table`` (the registry's table for ``run checkpointing``) and ``impl_table``
+print an experiment's result; ``problem_box`` is the chapter's opening numbers. The at-scale
+tables live in ``scale``.
+"""
+
+from gpumem import units
+from gpumem.course.drawing import bar, box
+from gpumem.memory import accounting, gpus as gpu_table, models, recompute_cost
+from gpumem.memory.recompute_plans import plan as make_plan
+
+
+def letter(part: str, n_layers: int) -> str:
+    """A layer's output as the note names it: A, B, C, ... (L0, L1, ... past 26 layers)."""
+    if part.startswith("L") and part[1:].isdigit():
+        i = int(part[1:])
+        return chr(ord("A") + i) if n_layers <= 26 else part
+    return part
+
+
+def _input_of(layer: int, n_layers: int) -> str:
+    return "X" if layer == 0 else letter(f"L{layer - 1}", n_layers)
+
+
+def kept(plan_name: str, n_layers: int) -> str:
+    """What the plan keeps for backward, in the note's letters."""
+    p = make_plan(plan_name, n_layers)
+    if p.core:
+        return "each layer's tensors except attention's scores (q, k, v kept)"
+    if p.sac:
+        return "each layer's input and matmul outputs"
+    if not p.segments:
+        return "everything each layer saves"
+    inputs = ", ".join(_input_of(seg[0], n_layers) for seg in p.segments)
+    plain = [letter(f"L{i}", n_layers) for i in p.kept()]
+    return f"inputs {inputs}" + (f"; all that {', '.join(plain)} save" if plain else "")
+
+
+def backward_tokens(events: list[dict], plan_name: str, n_layers: int) -> list[str]:
+    """The backward pass as a list of steps: gradients (dD) and re-runs, from the events."""
+    p = make_plan(plan_name, n_layers)
+    out: list = []
+    for e in events:
+        if e["phase"] == "recompute":
+            i = int(e["part"][1:]) if e["part"].startswith("L") else None
+            if out and isinstance(out[-1], list):
+                out[-1].append(i)
+            else:
+                out.append([i])
+        elif e["phase"] == "backward" and e["part"].startswith("L") and e["flops"]:
+            tok = "d" + letter(e["part"], n_layers)
+            if len(out) >= 2 and isinstance(out[-1], list) and out[-2] == tok:
+                out.pop(-2)                       # dD, re-run, dD: the re-run happened inside dD
+            if not out or out[-1] != tok:
+                out.append(tok)
+    words = []
+    for tok in out:
+        if isinstance(tok, list):
+            names = " ".join(letter(f"L{i}", n_layers) for i in dict.fromkeys(tok))
+            what = ("'s attention core" if p.core else "'s pointwise ops" if p.sac else "")
+            words.append(f"[re-run {names}{what}]" if what else
+                         f"[re-run {names} from {_input_of(min(tok), n_layers)}]")
+        else:
+            words.append(tok)
+    return words
+
+
+def _wrap(head: str, words: list[str], width: int) -> list[str]:
+    lines, line = [], head
+    for i, w in enumerate(words):
+        piece = w if i == 0 else " → " + w
+        if len(line) + len(piece) > width and line.strip():
+            lines.append(line)
+            line = " " * len(head) + "→ " + w
+        else:
+            line += piece
+    return lines + [line]
+
+
+def event_diagram(result: dict, plans=None, width: int = 92) -> str:
+    """The note's picture for each plan: what the forward keeps, what backward re-runs, in order."""
+    n = result["layers"]
+    names = " → ".join(["X", *[letter(f"L{i}", n) for i in range(n)], "loss"])
+    lines = [f"forward, every plan: {names}    (X: the embedded tokens; A..: each layer's output)", ""]
+    for name, row in result["plans"].items():
+        if plans and name not in plans:
+            continue
+        lines.append(f"{name:12s} keeps {kept(name, n)}")
+        lines += _wrap(f"{'':12s} backward: ", ["loss", *backward_tokens(row["events"], name, n)], width - 4)
+    return box(f"Recorded event order, {result['model']} ({n} layers): forward, re-run, backward", lines,
+               width=width)
+
+
+def flop_unit(x: float) -> tuple[str, float]:
+    """A FLOP unit that suits ``x``: MFLOP, GFLOP or TFLOP, and its size."""
+    return next((u, s) for u, s in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)) if x >= 10 * s or s == 1e6)
+
+
+def checkpointing_table(result: dict) -> str:
+    """Per plan: bytes saved for backward, activation peak and where, FLOPs (GFLOP), vs formula."""
+    unit, size = flop_unit(next(iter(result["plans"].values()))["flops"]["forward"])
+    lines = [f"{result['model']}, {result['layers']} layers, seq {result['seq']} x micro-batch "
+             f"{result['micro_batch']}, {result.get('tensors', '')}",
+             f"{'plan':12s} {'saved for bwd':>16s} {'act. peak':>16s}  {'peak at':14s} "
+             f"{'fwd ' + unit:>10s} {'bwd ' + unit:>10s} {'recompute':>10s} {'+%':>6s}  formula"]
+    for name, r in result["plans"].items():
+        f = r["formula"]
+        same = all([r["saved"] == f["saved"], r["peak"] == f["peak"],
+                    all(r["flops"][k] == f["flops"][k] for k in f["flops"])])
+        fl = {k: f"{v / size:,.1f}" for k, v in r["flops"].items()}
+        lines.append(f"{name:12s} {r['saved']:>16,d} {r['peak']:>16,d}  {r['peak_at'][:14]:14s} "
+                     f"{fl['forward']:>10s} {fl['backward']:>10s} {fl['recompute']:>10s} "
+                     f"{100 * r['overhead']:>5.1f}%  " + ("equal" if same else "differs"))
+    lines.append("bytes of activations: what the forward keeps for backward, and their peak over the "
+                 "step; +%: recompute FLOPs / (forward + backward)")
+    if "implementations" in result:
+        lines += ["", impl_table(result)]
+    return "\n".join(lines)
+
+
+def impl_table(result: dict) -> str:
+    """The same plan run by the from-scratch Function, PyTorch's and DeepSpeed's checkpoint."""
+    rows = result["implementations"]
+    plan = next(iter(rows.values()))["plan"]
+    unit, size = flop_unit(next(iter(rows.values()))["flops"]["forward"])
+    lines = [f"plan {plan}, three implementations   {'act. peak':>10s} {'recompute ' + unit:>16s}  "
+             "gradients vs no checkpointing"]
+    names = {"scratch": "Checkpoint (from scratch)", "torch": "torch.utils.checkpoint",
+             "deepspeed": "deepspeed.checkpointing"}
+    for impl, r in rows.items():
+        diff = r.get("grad_max_abs_diff")
+        grads = "equal (max |diff| 0)" if diff == 0 else f"max |diff| {diff:.2g}"
+        lines.append(f"{names.get(impl, impl):36s} {r['peak']:>10,d} {r['flops']['recompute'] / size:>16,.1f}  {grads}")
+    return "\n".join(lines)
+
+
+def problem_box(model: str = "llama-3-70b", seq: int = 4096, gpus: int = 64, gpu: str = "h100-80gb") -> str:
+    """What does not fit: ZeRO-3 shrinks model states per GPU, but every rank keeps the
+    activations of its own micro-batch."""
+    cfg, g = models.get(model), gpu_table.get(gpu)
+    states = accounting.model_states(cfg.n_params(), "mixed", gpus, 3).total
+    working = int(accounting.zero3_gathered(cfg, "mixed"))
+    room = gpu_table.usable(g)
+    lines = [f"{model}, seq {seq:,} x micro-batch 1, mixed precision, ZeRO-3 over {gpus} {g.label}s", ""]
+    rows = [("model states / GPU", states), ("ZeRO-3 working set", working)]
+    for plan in ("none", "full"):
+        a = recompute_cost.activation_bytes(cfg, seq, 1, plan)["peak"]
+        rows.append((f"activations ({'no checkpointing' if plan == 'none' else 'every layer checkpointed'})", a))
+    for name, v in rows:
+        lines.append(f"{name:42s}{units.fmt(v):>10s}  {bar(v, room, 20)}")
+    for plan in ("none", "full"):
+        need = states + working + recompute_cost.activation_bytes(cfg, seq, 1, plan)["peak"]
+        verdict = "fits" if need <= room else f"over by {units.fmt(need - room)}"
+        lines.append(f"{'total, ' + ('no checkpointing' if plan == 'none' else 'checkpointed'):42s}"
+                     f"{units.fmt(need):>10s}  against {units.fmt(room)} usable: {verdict}")
+    lines.append(f"usable = {g.capacity // units.MiB:,} MiB reported - reserve ({gpu_table.DEFAULT_RESERVE.describe()})")
+    return box("The problem: activations do not shard", lines, width=96)
