@@ -22,6 +22,10 @@ CHAPTERS: tuple[Chapter, ...] = (
                            "ZeRO 0-3 from scratch and real DeepSpeed on CPU ranks"),
                 Experiment("gather-trace", "experiments:gather_trace", "diagrams:gather_counts_table",
                            "DeepSpeed ZeRO-3's fetches, all-gathers and releases"))),
+    Chapter("03", "ch03_activation_checkpointing", quiz="quiz:QUIZ",
+            labs={"lab03_checkpoint_budget": "labcheck:check"},
+            experiments=(Experiment("checkpointing", "experiments:checkpointing", "diagrams:checkpointing_table",
+                                    "every checkpoint plan: bytes saved, peak, FLOPs and event order"),)),
 )
 
 

@@ -35,6 +35,7 @@ class Recorder:
         self.stack: list[str] = []        # parts whose forward is running (innermost last)
         self.window = "loss"              # in backward: the part being differentiated
         self.in_backward = False
+        self.head_done = False            # before the head, code outside the parts is RoPE's
         self.handles = []
         parts = [("embed", model.embed), *[(f"L{i}", m) for i, m in enumerate(model.layers)],
                  ("head", model.norm), ("head", model.head)]
@@ -50,6 +51,7 @@ class Recorder:
     def _post(self, label):
         def hook(module, args, out):
             self.stack.pop()
+            self.head_done |= label == "head"
             if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
                 out.register_hook(lambda grad: self._enter(label))
         return hook
@@ -63,7 +65,7 @@ class Recorder:
             return "recompute", self.stack[-1] if self.stack else self.window
         if self.in_backward:
             return "backward", self.window
-        return "forward", self.stack[-1] if self.stack else "loss"
+        return "forward", self.stack[-1] if self.stack else ("loss" if self.head_done else "rope")
 
     def remove(self) -> None:
         """Take the hooks off the model."""
@@ -125,19 +127,22 @@ def events_of(runs: list[list]) -> list[dict]:
     return [{"phase": key[0], "part": key[1], "ops": ops, "flops": fl} for key, ops, fl in runs]
 
 
-def measure(model: str | models.ModelConfig = "tiny", plan: str | Plan = "none", impl: str = "torch",
+def measure(model: str | models.ModelConfig = "tiny", plan: str | Plan = "none", impl="torch",
             kernel: str = "flash", seq: int = 64, micro_batch: int = 2, recipe: str = "mixed",
             fake: bool | None = None, seed: int = 0, keep_grads: bool = False) -> Measured:
-    """Forward and backward of ``model`` under ``plan``; real tensors for teaching models, fake
-    ones for the others unless ``fake`` says otherwise."""
+    """Forward and backward of ``model`` under ``plan`` with checkpoint ``impl`` (a name of
+    ``recompute.IMPLS`` or a function ``impl(run, *inputs)``); real tensors for teaching models,
+    fake ones for the others unless ``fake`` says otherwise."""
     cfg = models.get(model) if isinstance(model, str) else model
     seq, micro_batch = positive_int(seq, "sequence length"), positive_int(micro_batch, "micro-batch")
-    one_of(impl, recompute.IMPLS, "checkpoint implementation")
+    if not callable(impl):
+        one_of(impl, recompute.IMPLS, "checkpoint implementation")
     p = make_plan(plan, cfg.n_layers) if isinstance(plan, str) else plan
     fake = (not cfg.teaching) if fake is None else fake
     start = time.perf_counter()
     net, _, mode = tracing.build(cfg, recipe, fake, seed)
-    out = Measured(cfg.name, p.name, impl, kernel, seq, micro_batch, fake)
+    out = Measured(cfg.name, p.name, impl if isinstance(impl, str) else "custom", kernel, seq,
+                   micro_batch, fake)
     with mode:
         gen = None if fake else torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, cfg.vocab, (micro_batch, seq + 1), generator=gen)

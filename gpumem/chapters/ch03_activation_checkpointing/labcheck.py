@@ -1,0 +1,141 @@
+"""Lab 03's ``check()``: the learner's checkpoint and checkpoint placement, measured.
+
+The learner writes two functions:
+
+* ``checkpoint(run, *inputs)``: ``run(*inputs)`` under activation checkpointing (their own
+  ``torch.autograd.Function``). Graded on a model the lab never shows: the gradients must equal
+  the plain step's, and with every layer checkpointed the forward must keep only the layers'
+  inputs (the bytes saved for backward, measured by the course's tracer, equal PyTorch's).
+* ``place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget)``: which
+  layers to checkpoint (a list of segments) so that the step's activation peak stays within
+  ``budget`` bytes with the least recomputation. Graded by running the learner's placement with
+  the learner's checkpoint on real tensors: the measured peak against the budget, the measured
+  recompute FLOPs against the fewest possible (the grader's optimum: the first c layers
+  checkpointed alone, the smallest c that fits, checked by the formula).
+
+Budgets are set between two placements, so that one layer fewer misses and any layer more is
+recomputation the budget did not need.
+"""
+
+from gpumem.course.grading import Report, Row
+from gpumem.errors import UsageError
+from gpumem.memory import recompute_cost
+from gpumem.memory.models import ModelConfig
+from gpumem.memory.recompute_plans import first_layers, from_segments
+
+LAB = "lab03_checkpoint_budget"
+SEQ, BATCH = 32, 2
+# Wide layers and small vocabularies: the loss is small beside a layer, so where the checkpoints
+# go matters (a re-run late in backward happens while every earlier layer still holds its own).
+CASES = ((ModelConfig("lab-a", 8, 96, 6, 2, 256, 128), 3),
+         (ModelConfig("lab-b", 6, 128, 8, 4, 352, 96), 4),
+         (ModelConfig("lab-c", 10, 64, 4, 1, 192, 64), 6))
+GRAD_CASE = ModelConfig("lab-g", 3, 80, 5, 5, 224, 200)
+
+
+def numbers(cfg: ModelConfig, seq: int = SEQ, batch: int = BATCH) -> dict:
+    """What ``place_checkpoints`` is given for ``cfg``: a plain layer's bytes, a checkpoint's, and
+    the rest the step holds when the forward ends (RoPE tables, final norm, head input, loss)."""
+    a = recompute_cost.activation_bytes(cfg, seq, batch, "none", "scratch")
+    return {"n_layers": cfg.n_layers, "layer_bytes": a["per_layer"], "checkpoint_bytes": a["checkpoint"],
+            "other_bytes": a["outside"] + a["loss"]}
+
+
+def budget_for(cfg: ModelConfig, count: int, seq: int = SEQ, batch: int = BATCH) -> int:
+    """A budget that ``count`` checkpointed layers meet and ``count - 1`` do not."""
+    n = numbers(cfg, seq, batch)
+    peak = recompute_cost.activation_bytes(cfg, seq, batch, first_layers(count, cfg.n_layers), "scratch")["peak"]
+    return peak + (n["layer_bytes"] - n["checkpoint_bytes"]) // 2
+
+
+def optimum(cfg: ModelConfig, budget: int, seq: int = SEQ, batch: int = BATCH) -> int:
+    """The fewest layers to re-run within ``budget``: the smallest c whose first-c placement fits."""
+    for c in range(cfg.n_layers + 1):
+        if recompute_cost.activation_bytes(cfg, seq, batch, first_layers(c, cfg.n_layers), "scratch")["peak"] <= budget:
+            return c
+    return cfg.n_layers
+
+
+def _call(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs), None
+    except NotImplementedError:
+        return None, "todo"
+    except Exception as err:  # the learner's bug, reported, not raised
+        return None, f"{type(err).__name__}: {err}"
+
+
+def _grade_checkpoint(report: Report, ckpt) -> bool:
+    from gpumem.memory import recompute_trace as rt
+    case = f"{GRAD_CASE.name}, {GRAD_CASE.n_layers} layers, every layer checkpointed"
+    plain, err = _call(rt.measure, GRAD_CASE, "none", seq=SEQ, micro_batch=BATCH, keep_grads=True)
+    mine, err = _call(rt.measure, GRAD_CASE, "full", ckpt, seq=SEQ, micro_batch=BATCH, keep_grads=True)
+    if err:
+        report.rows.append(Row("checkpoint", case, "todo" if err == "todo" else "error",
+                               "checkpoint still raises NotImplementedError" if err == "todo" else err))
+        return False
+    names = [f"parameter {i}" for i in range(len(plain.grads))]
+    bad = next((f"first differing gradient: {name}, max |got - expected| = {(g - w).abs().max().item():.3g}"
+                for name, g, w in zip(names, mine.grads, plain.grads) if not (g == w).all()), None)
+    report.rows.append(Row("checkpoint", f"{case}: gradients vs no checkpointing", "wrong" if bad else "ok", bad or ""))
+    want = recompute_cost.activation_bytes(GRAD_CASE, SEQ, BATCH, "full")["saved"]
+    ok = mine.saved == want
+    report.rows.append(Row("checkpoint", f"{case}: bytes kept for backward", "ok" if ok else "wrong",
+                           "" if ok else f"expected {want:,} B (only each layer's input), got {mine.saved:,} B"
+                           + (": the segments' activations were kept too (run the forward without a graph)"
+                              if mine.saved > want else "")))
+    return not bad and ok
+
+
+def _grade_placement(report: Report, place, ckpt, cfg: ModelConfig, count: int) -> None:
+    from gpumem.memory import recompute_trace as rt
+    budget = budget_for(cfg, count)
+    n = numbers(cfg)
+    case = f"{cfg.name}, {cfg.n_layers} layers, budget {budget:,} B" + (
+        "" if callable(ckpt) else ", measured with the course's checkpoint")
+    segments, err = _call(place, **n, budget=budget)
+    if err:
+        report.rows.append(Row("place_checkpoints", case, "todo" if err == "todo" else "error",
+                               "place_checkpoints still raises NotImplementedError" if err == "todo" else err))
+        return
+    try:
+        plan = from_segments(segments, cfg.n_layers, "yours")
+    except (UsageError, TypeError) as err:
+        report.rows.append(Row("place_checkpoints", case, "wrong", f"not a list of segments: {err}"))
+        return
+    m, err = _call(rt.measure, cfg, plan, ckpt, seq=SEQ, micro_batch=BATCH)
+    if err:
+        report.rows.append(Row("place_checkpoints", case, "error", err))
+        return
+    best = optimum(cfg, budget)
+    layer = recompute_cost.layer_flops(cfg, SEQ, BATCH)["total"]
+    if m.peak > budget:
+        detail = (f"measured peak {m.peak:,} B misses the budget by {m.peak - budget:,} B "
+                  f"({m.peak_at}); {best} layer(s) checkpointed, well placed, would fit")
+    elif m.flops["recompute"] > best * layer:
+        extra = m.flops["recompute"] / (best * layer) - 1 if best else float("inf")
+        detail = (f"fits (peak {m.peak:,} B) but re-runs {m.flops['recompute']:,} FLOPs; {best} layer(s) "
+                  f"suffice ({best * layer:,} FLOPs): {extra:.0%} more recomputation than needed")
+    else:
+        detail = ""
+    report.rows.append(Row("place_checkpoints", case, "wrong" if detail else "ok", detail))
+
+
+def check(ns: dict, show: bool = True) -> Report:
+    """Grade ``checkpoint`` and ``place_checkpoints`` from the lab's namespace; never raises."""
+    report = Report(LAB)
+    ckpt, place = ns.get("checkpoint"), ns.get("place_checkpoints")
+    passed = False
+    if ckpt is None:
+        report.rows.append(Row("checkpoint", "defined", "todo", "define checkpoint(run, *inputs)"))
+    else:
+        passed = _grade_checkpoint(report, ckpt)
+    for cfg, count in CASES:
+        if place is None:
+            report.rows.append(Row("place_checkpoints", cfg.name, "todo", "define place_checkpoints"))
+            continue
+        # measured with the learner's checkpoint once it is right, else with the course's own
+        _grade_placement(report, place, ckpt if passed else "scratch", cfg, count)
+    if show:
+        print(report.summary())
+    return report

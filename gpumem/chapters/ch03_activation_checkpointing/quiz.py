@@ -1,0 +1,150 @@
+"""Chapter 03's quiz: what recomputation costs in FLOPs and seconds, where to put checkpoints,
+and what the finer kinds of recomputation buy. Each attempt draws a model, sequence length or
+GPU; every expected value is computed by the library (``gpumem.memory.recompute_cost``,
+``gpumem.memory.speed``) for the numbers drawn."""
+
+import math
+
+from gpumem.course.quiz import Choice, Numeric, Quiz
+from gpumem.course.quiz_draws import LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick
+from gpumem.memory import gpus, models, recompute_cost, speed
+from gpumem.memory.activations import layer_parts
+
+SEQS = (2048, 4096, 8192, 16384)
+
+
+def _dims(model: str) -> dict:
+    cfg = models.get(model)
+    return model_numbers(model) | {"ffn": cfg.ffn, "vocab": cfg.vocab, "kv_dim": cfg.kv_dim}
+
+
+def _overhead(rng) -> dict:
+    n = _dims(pick(rng, LLAMAS)) | {"seq": pick(rng, SEQS)}
+    cfg = models.get(n["model_name"])
+    f = recompute_cost.step_flops(cfg, n["seq"], 1, "full", "scratch")
+    lay = recompute_cost.layer_flops(cfg, n["seq"])
+    return n | {"fwd_t": f["forward"] / 1e12, "bwd_t": f["backward"] / 1e12, "rec_t": f["recompute"] / 1e12,
+                "core_share": 100 * lay["core"] / lay["total"],
+                "torch_pct": 100 * recompute_cost.step_flops(cfg, n["seq"], 1, "full", "torch")["overhead"]}
+
+
+def _overhead_pct(n: dict) -> float:
+    return 100 * recompute_cost.step_flops(models.get(n["model_name"]), n["seq"], 1, "full", "scratch")["overhead"]
+
+
+def _spacing(rng) -> dict:
+    n = model_numbers(pick(rng, LLAMAS)) | {"seq": pick(rng, (4096, 8192))}
+    cfg = models.get(n["model_name"])
+    T, h = n["seq"], cfg.d_model
+    layer = sum(layer_parts(cfg, n["seq"], 1, "flash", 2).values())
+    return n | {"interior": layer / (T * h), "sqrt_n": round(math.sqrt(cfg.n_layers)),
+                "best": recompute_cost.best_segment_length(cfg, n["seq"])}
+
+
+def _sum(n: dict, k: int) -> float:
+    """The prompt's sum for segments of k layers, in units of s*b*h."""
+    return math.ceil(n["layers"] / k) * 2 + k * n["interior"]
+
+
+def _seconds(rng) -> dict:
+    n = _dims(pick(rng, LLAMAS)) | gpu_numbers(pick(rng, TRAINING_GPUS)) | {"seq": pick(rng, (4096, 8192))}
+    g = gpus.get(n["gpu_name"])
+    cfg = models.get(n["model_name"])
+    f = recompute_cost.step_flops(cfg, n["seq"], 1, "full", "scratch")
+    return n | {"tflops": g.bf16_flops / 1e12, "mfu_pct": round(100 * speed.MFU),
+                "rec_t": f["recompute"] / 1e12,
+                "step_s": speed.seconds(f["forward"] + f["backward"], g)}
+
+
+def _recompute_seconds(n: dict) -> float:
+    cfg = models.get(n["model_name"])
+    return speed.seconds(recompute_cost.step_flops(cfg, n["seq"], 1, "full", "scratch")["recompute"],
+                         n["gpu_name"])
+
+
+def _all_params_seconds(n: dict) -> float:
+    return 2 * n["n_params"] * n["seq"] / (n["tflops"] * 1e12 * speed.MFU)
+
+
+QUIZ = Quiz("03_activation_checkpointing", [
+    Numeric("full-overhead",
+            "{model} ({layers} layers, d_model {d_model:,}, {heads} query and {kv_heads} key/value heads "
+            "of 128, FFN {ffn:,}, vocabulary {vocab:,}, untied head) trains on sequences of {seq:,} "
+            "tokens, micro-batch 1, with every layer checkpointed by a checkpoint that re-runs whole "
+            "segments. Count FLOPs as PyTorch's FlopCounterMode does: a matmul of T tokens through a "
+            "d_in x d_out weight is 2*T*d_in*d_out forward and twice that backward; attention's core "
+            "is 4*s^2*d_model forward and 10*s^2*d_model backward per layer; nothing else counts. "
+            "Recomputation adds what percentage to the forward + backward FLOPs?",
+            answer=_overhead_pct, unit="%", rel_tol=0.01,
+            hint="Recomputation is each layer's forward once more, and nothing outside the layers. Add "
+                 "up the layers' forward (seven matmuls and the core, times {layers}), then forward and "
+                 "backward of the whole step, with the head.",
+            explanation="Forward {fwd_t:,.1f} TFLOP, backward {bwd_t:,.1f} TFLOP; the layers' forward "
+                        "again is {rec_t:,.1f} TFLOP: {answer} %. Not 33 %: the head is not re-run, and "
+                        "attention's backward is 2.5x its forward, not 2x (the core is {core_share:.0f} % "
+                        "of a layer's forward here). PyTorch's non-reentrant checkpoint re-runs "
+                        "{torch_pct:.1f} %: it skips each segment's final W_down.",
+            traps=((lambda n: 100 / 3, "that is 2N/6N: it re-runs the output head too and counts "
+                                        "attention's backward as twice its forward."),
+                   (lambda n: n["torch_pct"], "that is PyTorch's non-reentrant checkpoint, which stops "
+                                              "before each segment's last matmul; this one re-runs "
+                                              "whole segments.")),
+            draw=_overhead),
+    Numeric("segment-length",
+            "{model} has {layers} layers. At sequence {seq:,} one layer keeps {interior:.1f} x s*b*h "
+            "bytes for backward (flash attention, bf16), and its input, a checkpoint, 2 x s*b*h. With "
+            "segments of k consecutive layers checkpointed, backward holds about ceil({layers}/k) "
+            "checkpoints plus k layers being re-run. Which whole k makes that smallest?",
+            answer=lambda n: n["best"], unit="layers", rel_tol=0.0,
+            hint="Write the sum ceil({layers}/k) * 2 + k * {interior:.1f} (in units of s*b*h) and try "
+                 "k = 1, 2, 3, ...",
+            explanation="k = {answer}: each extra layer in a segment costs {interior:.1f} s*b*h while "
+                        "it saves only 2 s*b*h per checkpoint dropped. Chen's sqrt(n) = {sqrt_n} "
+                        "assumes a layer keeps no more than its input; a transformer layer keeps about "
+                        "twenty times more, so the best segments are short.",
+            traps=((lambda n: n["sqrt_n"], "that is sqrt(n), which assumes a layer keeps as much as "
+                                           "its input. Compare the two sizes given."),),
+            draw=_spacing),
+    Numeric("recompute-seconds",
+            "{model} ({n_params:,} parameters; {layers} layers, d_model {d_model:,}, FFN {ffn:,}, "
+            "vocabulary {vocab:,}) trains at sequence {seq:,}, micro-batch 1 per GPU, on {gpu}s "
+            "({tflops:.0f} TFLOP/s dense bf16) at {mfu_pct} % MFU, every layer checkpointed by a "
+            "checkpoint that re-runs whole segments. How many seconds per sequence does the "
+            "recomputation add on one GPU? Count attention's core as 4*s^2*d_model FLOPs a layer.",
+            answer=_recompute_seconds, unit="s", rel_tol=0.02,
+            hint="Re-running the layers costs their forward FLOPs: 2 x the layers' matmul parameters "
+                 "x tokens, plus the core. Leave out the embedding and the head.",
+            explanation="{rec_t:,.1f} TFLOP at {mfu_pct} % of {tflops:.0f} TFLOP/s: {answer} s, on a step "
+                        "of {step_s:.2f} s without recomputation.",
+            traps=((_all_params_seconds, "2 x all parameters x tokens counts the embedding and the head, "
+                                         "which are not re-run, and leaves out attention's core."),),
+            draw=_seconds),
+    Choice("spacing-flops",
+           "Checkpointing every layer re-runs one forward. If instead the checkpoints go every second "
+           "layer boundary (segments of two layers, each re-run whole), the recompute FLOPs:",
+           ["halve", "stay the same", "double", "fall by a quarter"], answer=1,
+           hint="Count how many times layer 7's forward runs in one step under each plan.",
+           explanation="Every layer inside a segment still runs its forward twice, so the FLOPs do not "
+                       "change; only the memory does (fewer checkpoints, two layers re-run at once). "
+                       "To halve the cost, checkpoint every other layer and keep the rest."),
+    Choice("selective-flash",
+           "A Llama already trains with FlashAttention. Adding Megatron's selective recomputation "
+           "(re-run attention's core in backward, keep q, k, v) saves about how much activation memory?",
+           ["Nothing worth having", "Half of each layer's", "The s x s scores of every layer",
+            "All of the MLP's"], answer=0,
+           hint="What does a flash kernel keep of the core for backward in the first place?",
+           explanation="The flash kernel keeps only its output and a logsumexp per head and row, and "
+                       "recomputes the scores in its own backward: selective recomputation's saving is "
+                       "already made. It pays with naive attention, which keeps the s^2 scores."),
+    Choice("early-stop",
+           "PyTorch's non-reentrant torch.utils.checkpoint re-runs fewer FLOPs than one forward of the "
+           "checkpointed layer. What does its re-run skip?",
+           ["The layer's last matmul (W_down)", "Attention's core", "The two RMSNorms",
+            "Nothing: it re-runs more"], answer=0,
+           hint="The re-run only has to rebuild tensors that backward will read. Which op's output "
+                "does nothing in the layer's backward need?",
+           explanation="Backward needs W_down's input and weight, not its output, so the re-run stops "
+                       "once the last saved tensor is rebuilt (early_stop=True). That skips one of "
+                       "the seven matmuls, a third of the MLP's FLOPs, in the last layer of every "
+                       "segment."),
+])
