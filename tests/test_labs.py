@@ -88,46 +88,94 @@ def _lab02_with(source: str):
     return chapters.check_lab("lab02_zero2_hooks", ns, show=False)
 
 
+def _lab02_solution() -> str:
+    """The solution's function, with its solution markers, as the learner's cell holds it."""
+    cells = nbformat.read(ROOT / "solutions" / "lab02_zero2_hooks.ipynb", as_version=4).cells
+    return next(c.source for c in cells if c.cell_type == "code" and "def install_zero2_hooks" in c.source)
+
+
+def _lab02_variant(old: str, new: str):
+    source = _lab02_solution()
+    assert old in source, old
+    return _lab02_with(source.replace(old, new))
+
+
+def _rows(report, kind: str):
+    return [r for r in report.rows if kind in r.case]
+
+
 def test_lab02_names_the_first_wrong_gradient_shard():
-    report = _lab02_with("""
-def install_zero2_hooks(params, grad_shards):
-    def ready(p, i):
-        grad_shards[i] = zero.reduce_scatter_mean(p.grad) * 2    # forgot that the helper averages
-        p.grad = None
-    for i, p in enumerate(params):
-        p.register_post_accumulate_grad_hook(lambda p, i=i: ready(p, i))
-""")
+    report = _lab02_variant("mine.div_(world)", "mine")            # summed, not averaged
     assert not report.solved
     first = report.problems[0]
     assert "gradient shards" in first.case and "first wrong gradient shard: embed.weight on rank 0" in first.detail
-    assert all(r.status == "ok" for r in report.rows if "peak" in r.case)   # the schedule was right
+    assert all(r.status == "ok" for r in _rows(report, "peak") + _rows(report, "collectives"))
 
 
 def test_lab02_zero1_peak_is_caught_even_with_the_right_weights():
     """Reducing only after backward (ZeRO-1's schedule) trains correctly but holds every gradient."""
     report = _lab02_with("""
-def install_zero2_hooks(params, grad_shards):
+def install_zero2_hooks(params, grad_shards, bucket_bytes):
+    world = dist.get_world_size()
     def at_the_end():
-        for i, p in enumerate(params):
-            grad_shards[i] = zero.reduce_scatter_mean(p.grad)
-            p.grad = None
+        grads = [p.grad for p in params]
+        chunks = [math.ceil(g.numel() / world) for g in grads]
+        rows = [torch.nn.functional.pad(g.reshape(-1), (0, c * world - g.numel())).view(world, c)
+                for g, c in zip(grads, chunks)]
+        send = torch.cat(rows, dim=1).reshape(-1)
+        mine = torch.empty(sum(chunks))
+        dist.reduce_scatter_tensor(mine, send)
+        for i, shard in enumerate(mine.div_(world).split(chunks)):
+            grad_shards[i] = shard
+            params[i].grad = None
     def ready(p):
         if p is params[0]:                       # the embedding's gradient arrives last
             torch.autograd.Variable._execution_engine.queue_callback(at_the_end)
     for p in params:
         p.register_post_accumulate_grad_hook(ready)
 """)
-    peak_rows = [r for r in report.rows if "peak" in r.case]
-    assert peak_rows and all(r.status == "wrong" for r in peak_rows)
-    assert "every gradient at once" in peak_rows[0].detail and "embed.weight" in peak_rows[0].detail
+    peak = _rows(report, "peak")
+    assert [r.status for r in peak] == ["wrong", "wrong", "ok"]      # the last case's bucket holds everything
+    assert "every gradient at once" in peak[0].detail and "embed.weight" in peak[0].detail
     assert all(r.status == "ok" for r in report.rows if "peak" not in r.case)
 
 
 def test_lab02_full_gradient_left_behind_is_named():
-    report = _lab02_with("""
-def install_zero2_hooks(params, grad_shards):
-    for i, p in enumerate(params):
-        p.register_post_accumulate_grad_hook(lambda p, i=i: grad_shards.__setitem__(i, zero.reduce_scatter_mean(p.grad)))
-""")
-    shard_rows = [r for r in report.rows if "gradient shards" in r.case]
+    report = _lab02_variant("            p.grad = None\n", "")
+    shard_rows = _rows(report, "gradient shards")
     assert shard_rows[0].status == "wrong" and "still has its full .grad" in shard_rows[0].detail
+
+
+def test_lab02_last_partial_bucket_must_go_before_backward_returns():
+    """Leaving the last bucket for later (chapter 02 sends it in step()) leaves shards missing."""
+    report = _lab02_variant("            if bucket:\n                flush()\n", "")
+    rows = _rows(report, "gradient shards")
+    assert rows[0].status == "ok"                                    # bucket 0: nothing ever waits
+    assert rows[2].status == "wrong" and "last, partly filled bucket" in rows[2].detail   # one bucket, never full
+
+
+def test_lab02_bucket_ignored_is_too_many_collectives():
+    report = _lab02_variant(") >= bucket_bytes:", ") >= 0:")   # every gradient alone
+    calls = _rows(report, "collectives")
+    assert [r.status for r in calls] == ["ok", "wrong", "wrong"]
+    assert "one collective per bucket" in calls[1].detail
+    assert all(r.status == "ok" for r in _rows(report, "weights"))
+
+
+def test_lab02_all_reduce_and_gpumem_helpers_are_refused():
+    report = _lab02_with("""
+def install_zero2_hooks(params, grad_shards, bucket_bytes):
+    from gpumem.dist import zero
+    for i, p in enumerate(params):
+        def ready(p, i=i):
+            grad_shards[i] = zero.reduce_scatter_mean(p.grad)
+            p.grad = None
+        p.register_post_accumulate_grad_hook(ready)
+""")
+    assert report.problems and "gpumem.dist" in report.problems[0].detail
+    report = _lab02_variant("        dist.reduce_scatter_tensor(mine, send)\n",
+                            "        dist.all_reduce(send)\n"
+                            "        mine.copy_(send.view(world, -1)[dist.get_rank()])\n")
+    calls = _rows(report, "collectives")
+    assert calls and all(r.status == "wrong" and "all_reduce" in r.detail for r in calls)
+    assert all(r.status == "ok" for r in _rows(report, "weights"))

@@ -13,6 +13,7 @@ import re
 import pytest
 
 from gpumem.chapters import ch00_setup, ch01_memory_anatomy, ch02_zero
+from gpumem.chapters.ch02_zero import claims
 from gpumem.course.quiz import Choice, Numeric
 
 GB, GiB, MiB = 10**9, 2**30, 2**20
@@ -215,28 +216,80 @@ def test_fewest_gpus_from_the_prompt():
     assert q.grade("15 GPUs") and not q.grade(14) and not q.grade("15 GB")
 
 
+def test_zero2_peak_bound_from_the_prompt():
+    """Upper bound on ZeRO-2's gradient memory, by hand: a bucket just short of full plus the largest
+    gradient arriving (bf16), plus every shard kept (2 B x psi / N)."""
+    buckets = set()
+    for question in draws(ch02_zero.QUIZ, "zero2-peak"):
+        prompt = question.prompt_text()
+        params, n = number(r"\(([\d,]+) parameters\)", prompt), number(r"on (\d+) GPUs", prompt)
+        bucket, largest = number(r"at least ([\d,]+) elements", prompt), number(r"has ([\d,]+) elements", prompt)
+        layers, d, kv, ffn, vocab = LLAMA[model_of(prompt)]
+        assert largest == vocab * d and params == hand_params(model_of(prompt))
+        buckets.add(bucket)
+        assert question.value() == pytest.approx(2 * (bucket + largest + params / n) / 1e9, rel=1e-4)
+        assert not question.grade(2 * params / 1e9)                     # ZeRO-1: every gradient
+        assert not question.grade(2 * (bucket + largest) / 1e9)         # shards forgotten
+    assert len(buckets) > 1
+    # 70B on 8 GPUs with DeepSpeed's 5e8-element bucket: 1.0 + 2.1 + 17.6 = 20.7 GB
+    q = drawn(ch02_zero.QUIZ, "zero2-peak", model_name="llama-3-70b", gpus=8, bucket=500_000_000)
+    assert q.value() == pytest.approx(20.74, abs=0.01) and q.grade("20.7 GB") and not q.grade("141.1 GB")
+
+
 def test_zero3_volume_received_per_step():
+    """Every sharded weight twice, the head once (norms ignored), 2 B each, (N-1)/N of it received."""
     for question in draws(ch02_zero.QUIZ, "zero3-received"):
         prompt = question.prompt_text()
         params, n = number(r"\(([\d,]+) parameters", prompt), number(r"on (\d+) ranks", prompt)
-        assert params == hand_params(model_of(prompt))
-        assert question.value() == pytest.approx(2 * 2 * params * (n - 1) / n / 1e9, rel=1e-12)
+        vocab, d = number(r"are ([\d,]+) x", prompt), number(r"x ([\d,]+) each", prompt)
+        model = model_of(prompt)
+        assert params == hand_params(model) and (vocab, d) == (LLAMA[model][4], LLAMA[model][1])
+        assert question.value() == pytest.approx(2 * (2 * params - vocab * d) * (n - 1) / n / 1e9, rel=1e-4)
     q = drawn(ch02_zero.QUIZ, "zero3-received", model_name="llama-3-70b", gpus=8)
-    assert q.value() == pytest.approx(246.94, abs=0.01)    # 2 passes x 141.1 GB x 7/8
-    assert not q.grade("123.5 GB") and not q.grade("282.2 GB")
+    assert q.value() == pytest.approx(245.10, abs=0.01)    # (2 x 70.55e9 - 1.05e9) x 2 B x 7/8
+    assert not q.grade("123.5 GB") and not q.grade("246.9 GB") and not q.grade("280.1 GB")
+
+
+def test_reuse_window_against_the_gap_by_hand():
+    """layers.L-1.mlp.down stays whole from forward to backward only if the final norm and the head,
+    forward and backward (2 x V x d + 2 x d elements), fit within the reuse distance."""
+    seen = set()
+    for question in draws(ch02_zero.QUIZ, "reuse-window"):
+        prompt = question.prompt_text()
+        layers, d, _, _, vocab = LLAMA[model_of(prompt)]
+        reuse = number(r"stage3_max_reuse_distance = ([\d,]+)", prompt)
+        assert f"layers.{layers - 1}.mlp.down" in prompt
+        want = 1 if 2 * vocab * d + 2 * d < reuse else 2
+        seen.add(want)
+        assert question.value() == want
+    assert seen == {1, 2}
+    q = drawn(ch02_zero.QUIZ, "reuse-window", model_name="llama-3-70b", reuse=1e9)   # DeepSpeed's default
+    assert q.value() == 2 and q.grade("2") and not q.grade(1)
+
+
+ATTENTION_MODULES = {"separate q, k, v and output": 4, "one fused qkv": 2}
+MLP_MODULES = {"separate gate, up and down": 3, "fused into one, then down": 2, "an up and a down": 2}
 
 
 def test_fetches_per_forward():
+    """One fetch per module that owns sharded weights: fused matrices are one module, biases add none."""
+    per = set()
     for question in draws(ch02_zero.QUIZ, "fetches"):
-        layers = number(r"\((\d+) layers", question.prompt_text())
-        assert question.value() == 7 * layers + 2
-    assert drawn(ch02_zero.QUIZ, "fetches", model_name="llama-3-70b").value() == 562
+        prompt = question.prompt_text()
+        layers = number(r"has (\d+) layers", prompt)
+        attn = next(v for k, v in ATTENTION_MODULES.items() if k in prompt)
+        mlp = next(v for k, v in MLP_MODULES.items() if k in prompt)
+        per.add(attn + mlp)
+        assert question.value() == (attn + mlp) * layers + 2
+    assert len(per) > 2
+    assert claims.fetches_per_pass(7, 80) == 562                  # Llama-3-70B, the ledger's row 3a
 
 
-def test_persistence_is_gathered_once_then_kept_whole():
+def test_persistence_is_whole_in_passes_and_regathered_after_the_step():
     q = ch02_zero.QUIZ._get("persistence")
-    assert q.expected() == "Gathered once, then kept whole on every rank"
-    assert "gathered once" in q.explanation_text() and "kept whole" in q.explanation_text()
+    assert q.expected() == "Whole in forward and backward; re-gathered after each step"
+    text = q.explanation_text()
+    assert "optimizer step releases every parameter" in text and "one coalesced call" in text
 
 
 # -- every chapter -----------------------------------------------------------------------

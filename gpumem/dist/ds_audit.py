@@ -32,6 +32,18 @@ def json_keys() -> dict[str, str]:
     return out
 
 
+def defaults() -> dict[str, object]:
+    """JSON key -> DeepSpeed's default for every field of the recorded classes (``stage3_*``,
+    ``offload_param.buffer_size``, ...), read from DeepSpeed's pydantic models."""
+    import importlib
+    out = {}
+    for prefix, (module, name) in _CLASSES.items():
+        cls = getattr(importlib.import_module(module), name)
+        for field, info in cls.model_fields.items():
+            out[prefix + (info.alias or field)] = info.default
+    return out
+
+
 @contextlib.contextmanager
 def recording_reads():
     """Within the block, every read of a config field is added to the yielded set."""

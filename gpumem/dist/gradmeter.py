@@ -1,10 +1,9 @@
 """Peak gradient bytes during backward, measured on the gradient tensors themselves.
 
-ZeRO-1 and ZeRO-2 hold the same bytes *after* the step (a shard of the reduced gradient); they
-differ in the peak *during* backward. ZeRO-1 lets autograd build every full gradient before it
-reduce-scatters; ZeRO-2 reduce-scatters each gradient as soon as it is ready and frees it, so
-at most a bucket of full gradients is alive at once. Bytes measured after the step cannot tell
-the two apart; this meter can.
+ZeRO-1 and ZeRO-2 differ most in the peak *during* backward. ZeRO-1 lets autograd build every
+full gradient before it reduce-scatters (and the full gradients stay until they are zeroed);
+ZeRO-2 reduce-scatters each gradient as soon as it is ready and frees it, so at most a bucket of
+full gradients is alive at once. This meter measures that peak on the tensors themselves.
 
 :class:`GradMeter` registers a ``register_post_accumulate_grad_hook`` on every parameter
 *before* any sharding hook, so it runs first, at the moment a gradient has been accumulated and

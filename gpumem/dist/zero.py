@@ -16,10 +16,11 @@ stage    each rank keeps                     per step it communicates
                                               reduce-scatter grads during backward  (3 psi)
 =======  ==================================  ==============================================
 
-Stages 1 and 2 hold the same bytes after the step; they differ during backward. Under stage 1
-every full gradient exists when backward ends; under stage 2 a gradient lives only until its
-bucket (``bucket_bytes``, 0 = each gradient alone) is reduce-scattered. ``gradmeter.GradMeter``
-measures that peak.
+Stages 1 and 2 differ in when the gradient is reduced. Under stage 1 every full gradient exists
+when backward ends and stays until ``zero_grad()`` (the reduced shard is a temporary of the
+step); under stage 2 a gradient lives only until its bucket (``bucket_bytes``, 0 = each gradient
+alone) is reduce-scattered, and only the shards remain. The difference that matters is the peak
+during backward, which ``gradmeter.GradMeter`` measures.
 
 fp32 throughout (recipe ``fp32``: 4 + 4 + 8 bytes per parameter), so a test can compare the
 result with single-process ``torch.optim.AdamW`` at float32 tolerances. Each collective is
@@ -202,6 +203,7 @@ class ZeroAdamW:
 
     @torch.no_grad()
     def step(self) -> None:
+        """One AdamW update of what this rank owns; stages 2-3 first send the last partial bucket."""
         self.t += 1
         self._flush()                           # stages 2-3: the last, partly filled bucket
         one = {0: self._step_ddp, 1: self._step_sharded, 2: self._step_sharded, 3: self._step_zero3}[self.stage]

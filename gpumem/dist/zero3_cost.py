@@ -13,7 +13,9 @@ processes per micro-batch against the link's bytes per FLOP.
 
 Links: NVLink and PCIe per direction from :mod:`gpumem.memory.gpus`; between nodes
 :data:`INTER_NODE`, a stated 400 Gb/s network port per GPU (the DGX H100 layout: one 400 Gb/s
-InfiniBand NDR or Ethernet port per GPU) = 50 GB/s per direction.
+InfiniBand NDR or Ethernet port per GPU) = 50 GB/s per direction. These are link peaks: the
+bandwidth NCCL achieves for an all-gather is lower (protocol overhead, message sizes, topology),
+so the communication times are optimistic (a lower bound).
 """
 
 from ..errors import UsageError

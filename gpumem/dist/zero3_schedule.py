@@ -162,10 +162,10 @@ def attribute(events: list[dict]) -> list[dict]:
 
 def peak_gathered(events: list[dict], step: int, skip: set[str] = frozenset()) -> dict:
     """The most parameter bytes gathered but not yet released at any moment of ``step`` (real
-    trace or replay), leaving out ``skip`` (the persistent parameters, whole throughout), and the
-    module being fetched at that moment."""
+    trace or replay), leaving out ``skip`` (the persistent parameters, whole throughout), the
+    module being fetched at that moment and the parameters whole then."""
     live: dict[str, int] = {}
-    best, where, current = 0, None, None
+    best, where, current, whole = 0, None, None, []
     for e in events:
         if e["step"] != step:
             continue
@@ -177,8 +177,29 @@ def peak_gathered(events: list[dict], step: int, skip: set[str] = frozenset()) -
             live.pop(e["params"][0], None)
         now = sum(b for p, b in live.items() if p not in skip)
         if now > best:
-            best, where = now, current
-    return {"bytes": best, "at": where}
+            best, where, whole = now, current, sorted(p for p in live if p not in skip)
+    return {"bytes": best, "at": where, "whole": whole}
+
+
+def steady_peak(model: str | models.ModelConfig, config: dict | None = None, elem_bytes: int = 2) -> dict:
+    """The most gathered parameter bytes a rank holds at once in a steady step (prefetch and
+    reuse at work), replayed with DeepSpeed's rules; step 0, which fetches on demand, peaks at
+    the largest module instead. ``config``: DeepSpeed's stage-3 keys (default: theirs)."""
+    cfg = models.get(model) if isinstance(model, str) else model
+    params = llama_params(cfg)
+    keys = DEFAULTS | (config or {})
+    events = simulate(fetch_order(cfg), params, keys, elem_bytes=elem_bytes)
+    return peak_gathered(events, 1, persistent(params, keys["stage3_param_persistence_threshold"]))
+
+
+def reuse_gap(model: str | models.ModelConfig, module: str) -> int:
+    """Elements of the other modules' weights that the recorded order runs between ``module``'s
+    forward and its backward: DeepSpeed keeps the module whole in between only if this is below
+    ``stage3_max_reuse_distance`` (or a prefetch has already marked it)."""
+    cfg = models.get(model) if isinstance(model, str) else model
+    params, order = llama_params(cfg), fetch_order(cfg)
+    start, end = order.index(("forward", module)), order.index(("backward", module))
+    return sum(n for _, m in order[start + 1:end] if m != module for _, n in params[m])
 
 
 def step_volume(model: str | models.ModelConfig, config: dict | None = None) -> dict:

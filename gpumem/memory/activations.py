@@ -73,32 +73,42 @@ def _norm_label(norm: str) -> str:
     return "(input + 1/rms)" if norm == "fused" else "(fp32 input, normed copy, 1/rms)"
 
 
-def layer_parts(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
-                selective: bool = False, norm: str = "fused") -> dict[str, int]:
-    """Saved bytes of one un-checkpointed layer, by tensor group."""
+def layer_terms(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
+                selective: bool = False, norm: str = "fused") -> dict[str, tuple[int, str]]:
+    """Saved bytes of one un-checkpointed layer, by tensor group, each with its formula (in s, b,
+    h, k, F, a; the element size ``e`` written out, e.g. ``2sbh`` in bf16)."""
     T, h, k, F, a = batch * seq, cfg.d_model, cfg.kv_dim, cfg.ffn, cfg.n_heads
     n_bytes, label = norm_bytes(T, h, e, norm), _norm_label(norm)
-    parts = {f"attn norm {label}": n_bytes, "q/k/v projection input": e * T * h}
+    n_formula = f"{e if norm == 'fused' else 4 + e}sbh + 4sb"
+    terms = {f"attn norm {label}": (n_bytes, n_formula), "q/k/v projection input": (e * T * h, f"{e}sbh")}
     if selective:   # checkpointed attention core: keeps q, k, v; W_o's input is its output
-        parts["q, k, v (core recomputed)"] = e * T * (h + 2 * k)
-        parts["W_o input"] = e * T * h
+        terms["q, k, v (core recomputed)"] = (e * T * (h + 2 * k), f"{e}sb(h+2k)")
+        terms["W_o input"] = (e * T * h, f"{e}sbh")
     elif kernel == "flash":
-        parts["q, k, v"] = e * T * (h + 2 * k)
-        parts["output = W_o input"] = e * T * h
-        parts["logsumexp (fp32)"] = 4 * a * T
+        terms["q, k, v"] = (e * T * (h + 2 * k), f"{e}sb(h+2k)")
+        terms["output = W_o input"] = (e * T * h, f"{e}sbh")
+        terms["logsumexp (fp32)"] = (4 * a * T, "4asb")
     else:
         scores = batch * a * seq * seq
-        parts["q, expanded k and v"] = e * T * 3 * h
+        terms["q, expanded k and v"] = (e * T * 3 * h, f"{3 * e}sbh")
         if kernel == "naive":
-            parts["causal mask (bool)"] = seq * seq
-            parts["probabilities"] = e * scores
+            terms["causal mask (bool)"] = (seq * seq, "s^2")
+            terms["probabilities"] = (e * scores, f"{e}as^2b")
         else:  # eager: fp32 softmax output, and its bf16 copy when computing in bf16
-            parts["probabilities fp32" + (" + bf16 copy" if e == 2 else "")] = (4 + (e if e == 2 else 0)) * scores
-        parts["W_o input"] = e * T * h
-    parts[f"mlp norm {label}"] = n_bytes
-    parts["mlp input"] = e * T * h
-    parts["gate, silu, up, product"] = 4 * e * T * F
-    return parts
+            per = 4 + (e if e == 2 else 0)
+            terms["probabilities fp32" + (" + bf16 copy" if e == 2 else "")] = (per * scores, f"{per}as^2b")
+        terms["W_o input"] = (e * T * h, f"{e}sbh")
+    terms[f"mlp norm {label}"] = (n_bytes, n_formula)
+    terms["mlp input"] = (e * T * h, f"{e}sbh")
+    terms["gate, silu, up, product"] = (4 * e * T * F, f"{4 * e}sbF")
+    return terms
+
+
+def layer_parts(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
+                selective: bool = False, norm: str = "fused") -> dict[str, int]:
+    """Saved bytes of one un-checkpointed layer, by tensor group (:func:`layer_terms` without
+    the formulas)."""
+    return {name: b for name, (b, _) in layer_terms(cfg, seq, batch, kernel, e, selective, norm).items()}
 
 
 def softmax_moment(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
@@ -161,10 +171,8 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
         return plain * per_layer + seg_inputs * ckpt_input
 
     layers = saved_before(L)
-    outside = rope + norm_bytes(T, h, e, norm) + e * T * h
-    # logits, their fp32 copy (none when already fp32), fp32 log-softmax; + the loss and nll's
-    # total weight, two fp32 scalars
-    loss = (e + (4 if e == 2 else 0) + 4) * T * V + 8
+    outside = sum(b for b, _ in outside_terms(cfg, seq, batch, e, norm).values())
+    loss = sum(b for b, _ in loss_terms(cfg, seq, batch, e).values())
     forward_peak = layers + outside + loss + unsaved
     if at_softmax:  # the last layer's softmax can top the loss (its input is in at_softmax)
         forward_peak = max(forward_peak, saved_before(L - 1) + rope + at_softmax + unsaved)
@@ -188,18 +196,65 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
                        recompute_peak=recompute_peak, parts=parts)
 
 
+def outside_terms(cfg: ModelConfig, seq: int, batch: int, e: int, norm: str = "fused") -> dict[str, tuple[int, str]]:
+    """Activations saved outside the layers (bytes, formula): RoPE's shared cos and sin tables,
+    the final norm and the output head's input."""
+    T, h = batch * seq, cfg.d_model
+    n_formula = f"{e if norm == 'fused' else 4 + e}sbh + 4sb"
+    return {"RoPE cos and sin tables": (2 * e * seq * cfg.head_dim, f"{2 * e}s*head_dim"),
+            f"final norm {_norm_label(norm)}": (norm_bytes(T, h, e, norm), n_formula),
+            "output head input": (e * T * h, f"{e}sbh")}
+
+
+def loss_terms(cfg: ModelConfig, seq: int, batch: int, e: int) -> dict[str, tuple[int, str]]:
+    """What lives at the loss (bytes, formula): the logits, their fp32 copy (none when already
+    fp32), the fp32 log-softmax, and two fp32 scalars (the loss and nll's total weight)."""
+    T, V = batch * seq, cfg.vocab
+    terms = {"logits" + (" (bf16)" if e == 2 else " (fp32)"): (e * T * V, f"{e}sbV")}
+    if e == 2:
+        terms["logits, fp32 copy"] = (4 * T * V, "4sbV")
+    terms["log-softmax (fp32)"] = (4 * T * V, "4sbV")
+    terms["loss scalars (fp32)"] = (8, "8")
+    return terms
+
+
+def step_table(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash",
+               recipe: str = "mixed", norm: str = "fused") -> str:
+    """From one layer to the step: L layers, what is saved outside them and what lives at the
+    loss, summed to the activations at the end of the forward (no checkpointing), in MB."""
+    e = elem_bytes(recipe)
+    layer = sum(layer_parts(cfg, seq, batch, kernel, e, norm=norm).values())
+    rows = [(f"{cfg.n_layers} layers x {units.fmt(layer, 'MB', 0)}", cfg.n_layers * layer, "L x one layer")]
+    rows += [(n, b, f) for n, (b, f) in outside_terms(cfg, seq, batch, e, norm).items()]
+    rows += [(n, b, f) for n, (b, f) in loss_terms(cfg, seq, batch, e).items()]
+    if norm == "hf" and e == 2:   # HF's bf16 norm does not save its input: the caller holds it
+        rows.append(("last hidden state (held, not saved)", e * seq * batch * cfg.d_model, f"{e}sbh"))
+    a = activations(cfg, seq, batch, kernel, "none", recipe, norm)
+    head = f"{cfg.name}, seq {seq} x batch {batch}, {kernel}, no checkpointing"
+    lines = [f"{head:44s}{'bytes':>14s}  formula"]
+    lines += [f"{n:44s}{units.fmt(b, 'MB', 0):>14s}  {f}" for n, b, f in rows]
+    lines.append(f"{'sum: held at the loss':44s}{units.fmt(sum(r[1] for r in rows), 'MB', 0):>14s}")
+    lines.append(f"{'activation peak (formula)':44s}{units.fmt(a.peak, 'MB', 0):>14s}"
+                 f"  {'at the loss' if a.peak == a.forward_peak else 'elsewhere: see the kernel'}")
+    return "\n".join(lines)
+
+
 def parts_table(cfg: ModelConfig, seq: int, batch: int = 1, recipe: str = "mixed",
                 norm: str = "fused") -> str:
-    """One layer's saved bytes by tensor group, per kernel, in MB (10^6) and in units of s*b*h."""
+    """One layer's saved bytes by tensor group, per kernel, in MB (10^6), with each group's
+    formula, and the totals in units of s*b*h."""
     sbh = seq * batch * cfg.d_model
-    cols = {k: layer_parts(cfg, seq, batch, k, elem_bytes(recipe), norm=norm) for k in KERNELS}
-    names = list(dict.fromkeys(n for parts in cols.values() for n in parts))
+    cols = {k: layer_terms(cfg, seq, batch, k, elem_bytes(recipe), norm=norm) for k in KERNELS}
+    names = list(dict.fromkeys(n for terms in cols.values() for n in terms))
+    formula = {n: f for terms in cols.values() for n, (_, f) in terms.items()}
     lines = [f"{'one layer of ' + cfg.name + f', seq {seq} x batch {batch}':44s}"
-             + "".join(f"{k:>12s}" for k in KERNELS)]
+             + "".join(f"{k:>11s}" for k in KERNELS) + "  formula (bytes)"]
     for n in names:
         lines.append(f"{n:44s}" + "".join(
-            f"{units.fmt(cols[k][n], 'MB', 0) if n in cols[k] else '-':>12s}" for k in KERNELS))
-    totals = {k: sum(cols[k].values()) for k in KERNELS}
-    lines.append(f"{'total':44s}" + "".join(f"{units.fmt(totals[k], 'MB', 0):>12s}" for k in KERNELS))
-    lines.append(f"{'total / (s*b*h)':44s}" + "".join(f"{totals[k] / sbh:>12.1f}" for k in KERNELS))
+            f"{units.fmt(cols[k][n][0], 'MB', 0) if n in cols[k] else '-':>11s}" for k in KERNELS)
+            + f"  {formula[n]}")
+    totals = {k: sum(b for b, _ in cols[k].values()) for k in KERNELS}
+    lines.append(f"{'total':44s}" + "".join(f"{units.fmt(totals[k], 'MB', 0):>11s}" for k in KERNELS))
+    lines.append(f"{'total / (s*b*h)':44s}" + "".join(f"{totals[k] / sbh:>11.1f}" for k in KERNELS))
+    lines.append("s, b: sequence, micro-batch; h: hidden; k: key/value width; F: MLP width; a: query heads")
     return "\n".join(lines)

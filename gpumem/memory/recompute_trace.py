@@ -128,13 +128,15 @@ def events_of(runs: list[list]) -> list[dict]:
 
 
 def measure(model: str | models.ModelConfig = "tiny", plan: str | Plan = "none", impl="torch",
-            kernel: str = "flash", seq: int = 64, micro_batch: int = 2, recipe: str = "mixed",
+            kernel: str = "flash", seq: int | None = None, micro_batch: int | None = None, recipe: str = "mixed",
             fake: bool | None = None, seed: int = 0, keep_grads: bool = False) -> Measured:
     """Forward and backward of ``model`` under ``plan`` with checkpoint ``impl`` (a name of
     ``recompute.IMPLS`` or a function ``impl(run, *inputs)``); real tensors for teaching models,
-    fake ones for the others unless ``fake`` says otherwise."""
+    fake ones for the others unless ``fake`` says otherwise. Sequence and micro-batch default to
+    64 x 2 for teaching models, 4096 x 1 for the others."""
     cfg = models.get(model) if isinstance(model, str) else model
-    seq, micro_batch = positive_int(seq, "sequence length"), positive_int(micro_batch, "micro-batch")
+    seq = positive_int(seq or (64 if cfg.teaching else 4096), "sequence length")
+    micro_batch = positive_int(micro_batch or (2 if cfg.teaching else 1), "micro-batch")
     if not callable(impl):
         one_of(impl, recompute.IMPLS, "checkpoint implementation")
     p = make_plan(plan, cfg.n_layers) if isinstance(plan, str) else plan

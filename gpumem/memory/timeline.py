@@ -50,9 +50,14 @@ class Timeline:
     series: dict[str, list[int]]
     trace: tracing.Trace | None = None
     notes: list[str] = field(default_factory=list)
+    index: list[int] | None = None   # operator numbers in the full step (None: 0, 1, 2, ...)
 
     def __len__(self) -> int:
         return len(self.phases)
+
+    def operators(self) -> list[int]:
+        """The operator number in the full step of each entry (a thinned timeline skips some)."""
+        return list(range(len(self))) if self.index is None else list(self.index)
 
     def total(self, i: int) -> int:
         """Bytes held after operator ``i``, all categories together."""
@@ -91,9 +96,19 @@ class Timeline:
         """At most about ``points`` operators, keeping the fullest of each bucket (peaks survive)."""
         k = max(1, -(-len(self) // points))
         keep = [max(range(a, min(a + k, len(self))), key=self.total) for a in range(0, len(self), k)]
+        ops = self.operators()
         return Timeline(self.label, [self.phases[i] for i in keep], [self.modules[i] for i in keep],
                         {c: [s[i] for i in keep] for c, s in self.series.items()}, self.trace,
-                        self.notes + [f"every {k} operators, the fullest kept"] if k > 1 else self.notes)
+                        self.notes + [f"every {k} operators, the fullest kept"] if k > 1 else self.notes,
+                        [ops[i] for i in keep])
+
+    def window(self, phase: str) -> "Timeline":
+        """Only the operators of one phase (e.g. ``"optimizer"``), numbered as in the full step."""
+        keep = [i for i, p in enumerate(self.phases) if p == phase]
+        ops = self.operators()
+        return Timeline(f"{self.label}, {phase} only", [self.phases[i] for i in keep],
+                        [self.modules[i] for i in keep], {c: [s[i] for i in keep] for c, s in self.series.items()},
+                        self.trace, self.notes, [ops[i] for i in keep])
 
     def zero3_per_gpu(self, gpus: int, gathered: accounting.GatheredBytes) -> "Timeline":
         """What one of ``gpus`` ZeRO-3 ranks holds at each moment (see the module docstring)."""
@@ -107,7 +122,7 @@ class Timeline:
                   "activations": list(s["activations"]), "temporaries": temps, "gathered": working}
         return Timeline(f"{self.label}, ZeRO-3 per GPU of {gpus}", self.phases, self.modules, series,
                         self.trace, self.notes + ["derived: sharded states / N, activations as traced, "
-                                                  "+ the ZeRO-3 working set"])
+                                                  "+ the ZeRO-3 working set"], self.index)
 
 
 def record(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str = "flash",

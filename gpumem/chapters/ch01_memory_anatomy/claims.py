@@ -1,7 +1,9 @@
 """Chapter 01's claims: the note's opening scenario (the 660 GB table) against our counts.
 
-Capacity is what the GPU reports (``gpumem.memory.gpus``), and a fit is judged against capacity
-and against usable memory (capacity minus the stated reserve), never against "80 GB".
+The scenario: 8 H100s, each running one sequence of 4,096 tokens (micro-batch 1, data parallel).
+Capacity is what the GPU reports (``gpumem.memory.gpus``); a fit is judged per GPU, by the
+traced peak (``steps``), against usable memory (capacity minus the stated reserve), never
+against "80 GB". The sum of all parts is shown beside it as the safe bound it is.
 """
 
 from gpumem import units
@@ -9,9 +11,12 @@ from gpumem.course.ledger import Claim
 from gpumem.memory import accounting, gpus, models
 from gpumem.memory.estimate import estimate
 
+from . import steps
+
 GB = units.GB
+MODEL = "llama-3-70b"
 GPU = "h100-80gb"     # the note's GPU
-N = 8                 # and how many
+N = 8                 # and how many, each running one sequence of 4,096 tokens (micro-batch 1)
 
 
 def _llama70() -> models.ModelConfig:
@@ -40,41 +45,47 @@ def usable(n: int = N) -> int:
     return n * gpus.usable(GPU)
 
 
-def _fit(total: int, have: int, room: int, what: str) -> str:
-    """How ``total`` compares with ``have`` (capacity) and ``room`` (usable), in words."""
-    if total > have:
-        return f"{what}: {_gb(total, 1)}, over the capacity ({_gb(have, 1)}) by {_gb(total - have, 1)}"
-    if total > room:
-        return (f"{what}: {_gb(total, 1)}, under the capacity ({_gb(have, 1)}) but over the usable "
-                f"{_gb(room, 1)} by {_gb(total - room, 1)}, so it fails for want of headroom")
-    return f"{what}: {_gb(total, 1)}, within the usable {_gb(room, 1)}"
-
-
 def _why_total() -> str:
-    mixed, pure = _est()["total"], _est(recipe="pure-bf16")["total"]
-    return (f"With the standard mixed recipe the states alone are {_gb(_states('mixed', gpus_=1).total)}; "
-            f"{_fit(mixed, capacity(), usable(), 'the step')}. With the note's own pure-bf16 recipe, "
-            f"{_fit(pure, capacity(), usable(), 'the step')}. The conclusion (8 GPUs are not enough "
-            "without sharding) holds.")
+    mixed, pure = steps.trace(MODEL, "mixed"), steps.trace(MODEL, "pure-bf16")
+    split = steps.split_states(MODEL, "pure-bf16", N)
+    one = gpus.get(GPU)
+    return ("The note adds one copy of the model states to one sequence's activations. With the "
+            f"standard mixed recipe the states alone are {_gb(_states('mixed', gpus_=1).total)}, and one "
+            f"sequence's step peaks at {_gb(mixed.total_peak, 1)} (traced, in the {mixed.total_peak_moment.phase} "
+            f"step; every part summed: {_gb(_est()['total'], 1)}, a safe upper bound here). With the note's "
+            f"pure-bf16 recipe: {_gb(pure.total_peak, 1)} (sum {_gb(_est(recipe='pure-bf16')['total'], 1)}). "
+            f"Set against {N} GPUs' memory, that mixes one sequence with {N}: at batch 1 on each of {N} "
+            f"GPUs the step runs {N} sequences, and every GPU holds its own sequence's activations "
+            f"({_gb(split['activations'], 1)}), more than one GPU's usable {_gb(gpus.usable(one), 1)}. "
+            f"Even with the pure-bf16 states split evenly {N} ways, a GPU holds at least "
+            f"{_gb(split['at_least'], 1)}. The conclusion (it does not fit) holds, for that reason: "
+            "no division of the states can help until the activations shrink (chapter 03).")
 
 
 def _why_s2() -> str:
+    z = steps.zero3_peak(MODEL, "pure-bf16", "full", N)
     d = _est(recipe="pure-bf16", gpus=N, zero=3, checkpoint="full")
     one = gpus.get(GPU)
-    have, room = one.capacity, gpus.usable(one)
+    fits = z["total"] <= gpus.usable(one)
     return ("Its own lines (17.5 + 17.5 + 35 + 20 + 17.5) add to 107.5, not 50, and DeepSpeed does "
-            "not combine ZeRO-3 with pipeline parallelism. Pure bf16 + ZeRO-3 + full checkpointing: "
-            + _fit(d["total"] - d["gathered"], have, room, "states and activations")
-            + f"; ZeRO-3's working set (the gathered embedding and its gradient, "
-            f"{_gb(d['gathered'], 1)}) makes it {_gb(d['total'], 1)}. It takes offload, more GPUs "
-            "or a smaller optimizer state.")
+            "not combine ZeRO-3 with pipeline parallelism (layers split across GPUs in stages). "
+            "Pure bf16 + ZeRO-3 on 8 + full checkpointing, from the traced timeline: one GPU peaks at "
+            f"{_gb(z['total'], 1)} in {z['phase']} ({z['module'] or 'loss'}), where nearly every "
+            f"gradient shard exists beside ZeRO-3's working set ({_gb(d['gathered'], 1)}: the largest "
+            "module's gathered weights and gradient, the embedding's or the output head's 1.05 B "
+            "parameters, and the prefetch bucket); "
+            + (f"{_gb(gpus.usable(one) - z['total'], 1)} under the usable {_gb(gpus.usable(one), 1)}: it fits, "
+               "narrowly." if fits else f"over the usable {_gb(gpus.usable(one), 1)}.")
+            + f" Summing every part gives {_gb(d['total'], 1)}, "
+            + ("over" if d["total"] > one.capacity else "under") + f" the capacity ({_gb(one.capacity, 1)}): "
+            "the sum is a safe bound, too coarse to decide this case.")
 
 
 CLAIMS = [
     Claim("1a", "70B parameters in bf16", 140 * GB, lambda: _states("mixed").params,
           lambda: f"Right: 2 bytes x {_llama70().n_params() / 1e9:.2f} B parameters (Meta's count)."),
     Claim("1a'", "70B gradients in bf16", 140 * GB, lambda: _states("mixed").grads,
-          lambda: f"Right for bf16 gradients; DeepSpeed's accounting keeps fp32 gradients as well "
+          lambda: f"Right for bf16 gradients; DeepSpeed's estimator counts fp32 gradients instead "
                   f"({_gb(_states('mixed-ds', gpus_=1).grads)})."),
     Claim("1b", "optimizer states", 280 * GB, lambda: _states("mixed").optimizer,
           lambda: "4 B/param is pure-bf16 AdamW. Standard mixed precision keeps an fp32 master copy "
@@ -83,15 +94,17 @@ CLAIMS = [
           lambda: "Close by luck: the note's '32 layers x seq^2' formula is wrong twice: 70B has 80 "
                   "layers, and with FlashAttention no s^2 term is stored. Counted tensor by tensor: "
                   f"{_est_acts().per_layer / (4096 * 8192):.1f} sbh bytes a layer plus the logits at the loss."),
+    Claim("1d", "one step's peak, one sequence", 660 * GB, lambda: steps.trace(MODEL, "mixed").total_peak,
+          _why_total),
     Claim("1e", "memory of 8 x H100 '80 GB'", 640 * GB, capacity,
           lambda: f"An '80 GB' H100 reports {gpus.get(GPU).capacity // units.MiB:,} MiB "
                   f"({_gb(gpus.get(GPU).capacity, 1)}); after a reserve of {gpus.DEFAULT_RESERVE.describe()}, "
-                  f"{_gb(gpus.usable(GPU), 1)} a GPU is usable, {_gb(usable(), 1)} for eight."),
-    Claim("1d", "total for one training step", 660 * GB, lambda: _est()["total"], _why_total),
+                  f"{_gb(gpus.usable(GPU), 1)} a GPU is usable, {_gb(usable(), 1)} for eight. A step is "
+                  "judged per GPU, though: the eight add up only for what is split among them."),
     Claim("S2", "ZeRO-3 + checkpointing, per GPU", 50 * GB,
-          lambda: _est(recipe="pure-bf16", gpus=N, zero=3, checkpoint="full")["total"], _why_s2),
+          lambda: steps.zero3_peak(MODEL, "pure-bf16", "full", N)["total"], _why_s2),
 ]
 
 
 def _est_acts():
-    return estimate(model="llama-3-70b").acts
+    return estimate(model=MODEL).acts

@@ -47,54 +47,87 @@ def trace_bars(traces: dict, title: str, capacity: int | None = None, usable: in
     return peak_bars({k: tr.at_total_peak for k, tr in traces.items()}, title, capacity, usable)
 
 
-def timeline(tl, title: str | None = None, capacity: int | None = None, usable: int | None = None,
-             ax=None):
-    """A stacked area of bytes per category over one step's operators, phases shaded."""
-    fig = None
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(10, 4))
-    x = list(range(len(tl)))
-    for phase, a, b in tl.spans():
-        ax.axvspan(a, b, color=PHASE_SHADE.get(phase, "white"), zorder=0)
-        ax.text((a + b) / 2, 1.0, phase, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
-                fontsize=8)
+def _stack(ax, tl, capacity: int | None = None, usable: int | None = None, shade: bool = True) -> None:
+    """Bytes per category over ``tl``'s operators (numbered as in the full step), stacked."""
+    x = tl.operators()
+    if shade:
+        for phase, a, b in tl.spans():
+            ax.axvspan(x[a], x[b], color=PHASE_SHADE.get(phase, "white"), zorder=0)
+            ax.text((x[a] + x[b]) / 2, 1.0, phase, transform=ax.get_xaxis_transform(), ha="center",
+                    va="bottom", fontsize=8)
     cats = list(tl.series)
     ax.stackplot(x, *[[v / units.GB for v in tl.series[c]] for c in cats], labels=cats,
                  colors=[COLOURS.get(c) for c in cats], linewidth=0, zorder=1)
     _limits(ax, capacity, usable)
-    ax.set_xlim(0, max(1, len(tl) - 1))
-    ax.set_xlabel("operator (in execution order)" + (" - thinned, peaks kept" if len(tl.notes) else ""))
+    ax.set_xlim(x[0], max(x[0] + 1, x[-1]))
+
+
+def timeline(tl, title: str | None = None, capacity: int | None = None, usable: int | None = None,
+             ax=None, zoom_ax=None, points: int = 3000, zoom: str | None = "optimizer"):
+    """A stacked area of bytes per category over one step's operators, phases shaded.
+
+    The x axis is the operator's number in the full step; a long step is thinned to about
+    ``points`` operators (the fullest of each run kept, so peaks survive). With ``zoom_ax``, the
+    ``zoom`` phase is drawn there at full resolution, its y axis cut to that phase's range, so
+    that a spike too small for the full scale (the optimizer's workspace) shows.
+    """
+    fig = None
+    if ax is None:
+        fig, (ax, zoom_ax) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
+    thin = tl.thinned(points) if len(tl) > points else tl
+    _stack(ax, thin, capacity, usable)
+    ax.set_xlabel("operator number in the step" + (" (thinned: the fullest of each run of "
+                                                  f"{-(-len(tl) // points)} drawn)" if thin is not tl else ""))
     ax.set_ylabel("GB (10^9 bytes) held")
-    ax.set_title(title or tl.label, pad=14)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(title or tl.label, pad=14, fontsize=10)
+    if zoom_ax is not None and zoom in tl.phases:
+        part = tl.window(zoom)
+        totals = [part.total(i) / units.GB for i in range(len(part))]
+        _stack(zoom_ax, part, shade=False)
+        low, high = min(totals), max(totals)
+        pad = max(0.05 * (high - low), 0.01 * high)
+        zoom_ax.set_ylim(low - pad, high + pad)
+        zoom_ax.set_title(f"{zoom} phase, every operator", fontsize=9)
+        zoom_ax.set_xlabel("operator number")
+        zoom_ax.set_ylabel("GB held (axis cut)")
+        zoom_ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0) if zoom_ax is None else (0.0, 1.0))
     if fig is not None:
         fig.tight_layout()
     return fig or ax.figure
 
 
 def timelines(tls: list, title: str, capacity: int | None = None, usable: int | None = None):
-    """Several timelines stacked vertically, on one figure (e.g. without and with checkpointing)."""
-    fig, axes = plt.subplots(len(tls), 1, figsize=(10, 3.3 * len(tls)), sharex=False)
-    for ax, tl in zip(axes if len(tls) > 1 else [axes], tls):
-        timeline(tl, tl.label, capacity, usable, ax=ax)
+    """Several timelines stacked vertically (e.g. without and with checkpointing), each with a
+    zoom on its optimizer phase."""
+    fig, axes = plt.subplots(len(tls), 2, figsize=(12, 3.6 * len(tls)), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 1]})
+    for (ax, zoom_ax), tl in zip(axes, tls):
+        timeline(tl, tl.label, capacity, usable, ax=ax, zoom_ax=zoom_ax)
     fig.suptitle(title)
     fig.tight_layout()
     return fig
 
 
 def activations_vs_seq(model: str, seqs=(1024, 2048, 4096, 8192, 16384), policy: str = "none"):
-    """Activation peak against sequence length for each attention kernel (log-log)."""
+    """Activation peak against sequence length for each attention kernel (log-log), from the
+    formula (``activations.activations``), with guide lines proportional to s and to s^2."""
     cfg = models.get(model)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for kernel in KERNELS:
-        ax.plot(seqs, [activations(cfg, s, 1, kernel, policy).peak / units.GB for s in seqs],
-                marker="o", label=kernel)
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    curves = {k: [activations(cfg, s, 1, k, policy).peak / units.GB for s in seqs] for k in KERNELS}
+    for kernel, ys in curves.items():
+        ax.plot(seqs, ys, marker="o", label=f"{kernel} (formula)")
+    lo, hi = curves["flash"][0], max(curves["eager"])
+    ax.plot(seqs, [lo * s / seqs[0] for s in seqs], color="grey", linestyle="--", linewidth=1,
+            label="proportional to s (slope 1)")
+    ax.plot(seqs, [hi * (s / seqs[-1]) ** 2 for s in seqs], color="grey", linestyle=":", linewidth=1,
+            label="proportional to s^2 (slope 2)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("sequence length s, tokens (micro-batch 1)")
-    ax.set_ylabel("activation peak, GB (10^9 bytes)")
+    ax.set_xlabel("sequence length s, tokens (micro-batch 1; log scale)")
+    ax.set_ylabel("activation peak, GB (10^9 bytes; log scale)")
     ax.set_title(f"{model}: activations by attention kernel (checkpoint {policy})")
-    ax.legend()
+    ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig

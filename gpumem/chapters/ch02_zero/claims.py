@@ -27,12 +27,25 @@ def _gb(value: float) -> str:
     return units.fmt(value, "GB", 1)
 
 
+def zero3_working_set(model: str = "llama-3-70b", elem_bytes: int = 2) -> dict:
+    """What a ZeRO-3 rank holds beyond its shards in a steady step, with DeepSpeed's defaults: the
+    replayed peak of gathered parameters (prefetch and reuse at work) plus one full gradient of
+    the largest module (the embedding's, before its reduce-scatter). On demand (step 0) the
+    gathered peak is only the largest module, what ``accounting.zero3_gathered`` counts."""
+    cfg = models.get(model)
+    steady = zero3_schedule.steady_peak(cfg, elem_bytes=elem_bytes)["bytes"]
+    on_demand = int(accounting.zero3_gathered(cfg, "pure-bf16" if elem_bytes == 2 else "fp32").params)
+    grad = elem_bytes * cfg.largest_layer_params()
+    return {"gathered_steady": steady, "gathered_on_demand": on_demand, "largest_gradient": grad,
+            "total": steady + grad}
+
+
 def zero3_pure_bf16_fit(seq: int = 4096, micro_batch: int = 1) -> dict:
-    """Does ZeRO-3 with pure bf16 fit 8 x H100 80GB? States, working set and activations with
-    full checkpointing (the least activation memory) against the card's usable bytes."""
+    """Does ZeRO-3 with pure bf16 fit 8 x H100 80GB? States, the steady working set and activations
+    with full checkpointing (the least activation memory) against the card's usable bytes."""
     cfg = _llama70()
     states = _states("pure-bf16", 3).total
-    working = int(accounting.zero3_gathered(cfg, "pure-bf16"))
+    working = zero3_working_set()["total"]
     acts = activations.activations(cfg, seq, micro_batch, "flash", "full", "pure-bf16").peak
     usable = gpus.usable(CARD)
     return {"states": states, "working_set": working, "activations_full_ckpt": acts,
@@ -41,13 +54,15 @@ def zero3_pure_bf16_fit(seq: int = 4096, micro_batch: int = 1) -> dict:
 
 
 def _why_2c() -> str:
-    f = zero3_pure_bf16_fit()
-    return (f"The number is right for pure bf16, the conclusion is not. An H100 80GB reports "
-            f"{_gb(f['capacity'])}; after the reserve {_gb(f['usable'])} are usable, so "
-            f"{_gb(f['states'])} of states leave {_gb(f['usable'] - f['states'])}. A ZeRO-3 rank also "
-            f"holds the gathered embedding, its gradient and the prefetch bucket ({_gb(f['working_set'])}) "
-            f"and activations ({_gb(f['activations_full_ckpt'])} even with full checkpointing at 4,096 "
-            f"tokens): {_gb(f['needed'])} in all, over the card. The standard recipe needs "
+    f, w = zero3_pure_bf16_fit(), zero3_working_set()
+    return (f"The number is right for pure bf16, the conclusion is not. An H100 80GB may use "
+            f"{_gb(f['usable'])} (it reports {_gb(f['capacity'])}, less the reserve), so {_gb(f['states'])} "
+            f"of states leave {_gb(f['usable'] - f['states'])}. A ZeRO-3 rank also holds its working set: "
+            f"{_gb(w['gathered_steady'])} of gathered parameters at the steady peak (replayed with DeepSpeed's "
+            f"defaults) and the embedding's full gradient ({_gb(w['largest_gradient'])}), {_gb(f['working_set'])}. "
+            f"Activations come on top: {_gb(f['activations_full_ckpt'])} at 4,096 tokens even with full "
+            f"checkpointing (each layer keeps only its input and recomputes the rest in backward; chapter 03). "
+            f"{_gb(f['needed'])} in all, over the {_gb(f['usable'])}. The standard recipe needs "
             f"{_gb(_states('mixed', 3).total)} of states per GPU.")
 
 
@@ -66,10 +81,18 @@ ZERO_TABLE = [
 ]
 
 
+def fetches_per_pass(modules_per_layer: int, layers: int) -> int:
+    """Modules whose sharded parameters ZeRO-3 gathers in one forward pass: DeepSpeed fetches per
+    module that owns parameters (a bias lives in its Linear; the persistent norms stay whole), so
+    the weight-carrying modules of a block times the layers, plus the embedding and the (untied)
+    output head."""
+    return modules_per_layer * layers + 2
+
+
 def _fetches_per_pass(model: str) -> int:
-    """Modules whose parameters ZeRO-3 gathers in one forward: 7 linear layers per block (q, k,
-    v, o, gate, up, down), the embedding and the head; RMSNorm weights stay whole (persistent)."""
-    return 7 * models.get(model).n_layers + 2
+    """The course's Llama: 7 linear layers per block (q, k, v, o, gate, up, down), the embedding
+    and the untied head."""
+    return fetches_per_pass(7, models.get(model).n_layers)
 
 
 def _per_pass(zero_result: dict | None, trace: dict | None) -> float:
@@ -84,25 +107,23 @@ def _per_pass(zero_result: dict | None, trace: dict | None) -> float:
 
 def _why_3b(zero_result: dict | None, trace: dict | None) -> str:
     big = zero3_schedule.step_volume("llama-3-70b")
-    parts = ["One pass gathers every parameter once: psi per pass, as the note says. A step is "
-             "forward, backward and the gradient reduce-scatter."]
+    parts = ["Per pass the note is right: a pass gathers every parameter once, psi.",
+             "A step is forward + backward + the gradient reduce-scatter."]
     if zero_result is not None:
         s3 = zero_result["stages"]["3"]
-        parts.append(f"Measured per step from scratch ({zero_result['ranks']} ranks): "
-                     f"{s3['comm_per_step_in_psi']:.2f} psi (gathered {s3['comm_in_psi_by_kind']['all_gather']:.2f} "
-                     f"+ reduce-scattered {s3['comm_in_psi_by_kind']['reduce_scatter']:.2f}), against "
-                     f"{zero_result['stages']['0']['comm_per_step_in_psi']:.2f} psi for DDP.")
+        parts.append(f"From scratch ({zero_result['ranks']} ranks) a step moves {s3['comm_per_step_in_psi']:.2f} psi "
+                     f"({s3['comm_in_psi_by_kind']['all_gather']:.2f} gathered + "
+                     f"{s3['comm_in_psi_by_kind']['reduce_scatter']:.2f} reduce-scattered); DDP moves "
+                     f"{zero_result['stages']['0']['comm_per_step_in_psi']:.2f}.")
     if trace is not None:
         c, before = trace["counts"]["step1"], trace["counts"]["step0"]
         got = (c["bytes_gathered"] + before["after_step_bytes"]) / (4 * models.get(trace["model"]).n_params())
         deep = deeper_volume(trace["model"])
-        parts.append(f"DeepSpeed's trace ({trace['model']}, {trace['n_layers']} layers): {got:.2f} psi gathered "
-                     f"+ 1 psi reduce-scattered. That is a {trace['n_layers']}-layer artefact: what stays whole "
-                     f"through the turn from forward to backward is a large share of so shallow a model; the "
-                     f"same rules on {deep['model']} gather {deep['gathered_psi']:.2f} psi.")
-    parts.append(f"Llama-3-70B with DeepSpeed's defaults: {big['gathered_psi']:.3f} psi gathered + 1 psi "
-                 f"= {big['per_step_psi']:.2f} psi per step (every layer is gathered twice; only the head "
-                 f"is kept), {_gb(2 * big['per_step_psi'] * big['n_params'])} of bf16 collectives.")
+        parts.append(f"DeepSpeed on {trace['model']} ({trace['n_layers']} layers) gathers {got:.2f} psi per step, "
+                     f"+ 1 psi reduce-scattered: a shallow model keeps much of itself whole from forward to "
+                     f"backward; at 80 layers the same rules gather {deep['gathered_psi']:.2f} psi.")
+    parts.append(f"Llama-3-70B with DeepSpeed's defaults: {big['gathered_psi']:.3f} + 1 = {big['per_step_psi']:.2f} "
+                 f"psi per step, {_gb(2 * big['per_step_psi'] * big['n_params'])} of bf16 collectives.")
     return " ".join(parts)
 
 

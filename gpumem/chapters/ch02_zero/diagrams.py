@@ -67,22 +67,36 @@ def zero_results_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+_COUNT_COLUMNS = (   # (header, second header line, width, value of a step's counts)
+    ("fetches", "fwd", 7, lambda c: f"{c['forward_fetches']:,d}"),
+    ("fetches", "bwd", 7, lambda c: f"{c['backward_fetches']:,d}"),
+    ("calls", "in fwd", 7, lambda c: f"{c['forward_all_gathers']:,d}"),
+    ("calls", "in bwd", 7, lambda c: f"{c['backward_all_gathers']:,d}"),
+    ("calls", "for fwd", 7, lambda c: f"{c['all_gathers_for']['forward']:,d}"),
+    ("calls", "for bwd", 7, lambda c: f"{c['all_gathers_for']['backward']:,d}"),
+    ("tensors", "gathered", 8, lambda c: f"{c['params_gathered']:,d}"),
+    ("bytes", "gathered", 8, lambda c: units.fmt(c["bytes_gathered"], "MB")),
+    ("after step", "tensors", 10, lambda c: f"{c['after_step_params']:,d}"),
+    ("tensors", "released", 8, lambda c: f"{c['releases']:,d}"),
+)
+
+
 def gather_counts_table(result: dict) -> str:
-    """Per training step: ZeRO-3's module fetches, all-gathers (by the phase that issues them and
-    the phase they serve), bytes gathered, the persistent parameters' gather after the optimizer
-    step, and releases, as a table."""
+    """Per training step: ZeRO-3's module fetches, all-gather calls (by the pass that issues them
+    and the pass whose use they serve), tensors and bytes gathered, the persistent parameters'
+    gather after the optimizer step, and releases; one header per column, then what each means."""
     lines = [f"ZeRO-3 on {result['ranks']} ranks, {result['model']} ({result['n_layers']} layers); "
              f"persistent (kept whole): {len(result['persistent'])} tensors",
-             f"{'':6s} {'fetches':^9s} {'all-gathers issued':^18s} {'serving':^11s} {'':7s} {'':9s} "
-             f"{'after':>6s} {'':8s}",
-             f"{'step':6s} {'fwd':>4s} {'bwd':>4s} {'in fwd':>9s} {'in bwd':>8s} {'fwd':>5s} {'bwd':>5s} "
-             f"{'params':>7s} {'gathered':>9s} {'step':>6s} {'releases':>8s}"]
+             f"{'':5s}" + "".join(f"  {top:>{w}s}" for top, _, w, _ in _COUNT_COLUMNS),
+             f"{'step':5s}" + "".join(f"  {bottom:>{w}s}" for _, bottom, w, _ in _COUNT_COLUMNS)]
     for step, c in result["counts"].items():
-        lines.append(f"{step:6s} {c['forward_fetches']:>4d} {c['backward_fetches']:>4d} "
-                     f"{c['forward_all_gathers']:>9d} {c['backward_all_gathers']:>8d} "
-                     f"{c['all_gathers_for']['forward']:>5d} {c['all_gathers_for']['backward']:>5d} "
-                     f"{c['params_gathered']:>7d} {units.fmt(c['bytes_gathered'], 'MB'):>9s} "
-                     f"{c['after_step_params']:>6d} {c['releases']:>8d}")
+        lines.append(f"{step:5s}" + "".join(f"  {value(c):>{w}s}" for _, _, w, value in _COUNT_COLUMNS))
+    lines += ["fetches: modules whose weights are gathered for use, per pass; calls: coalesced all-gather "
+              "calls, by the pass",
+              "  that issues them (in) and by the pass whose use they serve (for); tensors and bytes: what "
+              "those calls gather;",
+              "  after step: the persistent norms' one all-gather after the optimizer step; released: "
+              "tensors freed to a shard"]
     return "\n".join(lines)
 
 

@@ -40,9 +40,37 @@ CORRECTED = {"bf16": {"enabled": True},
                                    "stage3_param_persistence_threshold": 1e5,
                                    "stage3_max_live_parameters": 1e9,
                                    "stage3_max_reuse_distance": 1e9},
-             "aio": {"block_size": 1048576, "queue_depth": 8, "thread_count": 1,
+             "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
                      "single_submit": False, "overlap_events": True},
              "gradient_clipping": 1.0}
+
+# Why each key of the note's config changes (or not) in the corrected one, by dotted key.
+WHY = {
+    "fp16.enabled": "Llama-3 was trained in bf16: fp32's exponent range, no loss scaling",
+    "fp16.loss_scale": "dynamic loss scaling exists for fp16's narrow range; bf16 needs none",
+    "fp16.loss_scale_window": "part of fp16's loss scaling",
+    "bf16.enabled": "bf16 instead of fp16",
+    "zero_optimization.offload_param.nvme_path": "NVMe offload needs a folder on a local NVMe drive",
+    "zero_optimization.offload_param.pin_memory": "pinned host buffers for the swaps (DeepSpeed's default)",
+    "zero_optimization.offload_param.buffer_count": "swap buffers per rank (DeepSpeed's default)",
+    "zero_optimization.offload_param.buffer_size": "elements per swap buffer: must hold the largest shard "
+                                                   "({largest:,} elements at 70B on 8 GPUs)",
+    "zero_optimization.allgather_partitions": "read by no code path of DeepSpeed 0.19.8",
+    "zero_optimization.allgather_bucket_size": "a stage 1/2 key; stage 3 never reads it",
+    "zero_optimization.reduce_bucket_size": "stage 3's gradient bucket, in elements (default)",
+    "zero_optimization.stage3_prefetch_bucket_size": "stage 3's gather-ahead bucket, in elements (default)",
+    "zero_optimization.stage3_param_persistence_threshold": "tensors kept whole, in elements (default)",
+    "zero_optimization.stage3_max_live_parameters": "elements whole at once before prefetch stops (default)",
+    "zero_optimization.stage3_max_reuse_distance": "reuse window, in elements (default)",
+    "aio": "optional: DeepSpeed's defaults apply without it (AIO_DEFAULT_DICT); shown to name the keys",
+}
+
+# What the asynchronous-I/O keys mean (DeepSpeed 0.19.8, runtime/swap_tensor/constants.py).
+AIO_KEYS = {"block_size": "bytes per I/O request",
+            "queue_depth": "I/O requests in flight at once",
+            "intra_op_parallelism": "threads that split one swap between them",
+            "single_submit": "submit requests one by one (true) or as a batch (false)",
+            "overlap_events": "overlap submitting requests with waiting for completed ones"}
 
 
 def _flat(d: dict, prefix: str = "") -> list[str]:
@@ -104,11 +132,58 @@ def examine(ranks: int = 2, progress: bool = True) -> dict:
     return out
 
 
+def _dotted(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "aio":
+            out |= _dotted(v, f"{prefix}{k}.")
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _show(v) -> str:
+    import json
+    if v is None:
+        return "-"
+    if isinstance(v, float) and v >= 1e4:
+        return f"{v:.0e}".replace("e+0", "e")
+    return json.dumps(v)
+
+
+def config_diff() -> str:
+    """The note's config and the corrected one side by side, key by key, and why each differs;
+    a value equal to DeepSpeed's default (read from DeepSpeed) is marked so."""
+    from gpumem.dist import ds_audit
+    note, fixed, ds = _dotted(NOTE), _dotted(CORRECTED), ds_audit.defaults()
+    largest = swap_buffer_need()["largest_partition"]
+    lines = ["keys under zero_optimization are written without that prefix",
+             f"{'key':40s} {'note':>8s} {'corrected':>13s}   why"]
+    for key in list(note) + [k for k in fixed if k not in note]:
+        a, b = note.get(key), fixed.get(key)
+        short = key.removeprefix("zero_optimization.")
+        default = short in ds and not isinstance(b, (dict, str, type(None))) and b == ds[short]
+        why = WHY.get(key, "as the note has it" if a == b else "").format(largest=largest)
+        shown = ("-", "{...}") if key == "aio" else (_show(a), _show(b))
+        lines.append(f"{short:40s} {shown[0]:>8s} {shown[1]:>13s}{'*' if default else ' '}  {why}")
+    lines.append("* = DeepSpeed's default for that key (read from DeepSpeed's config classes); - = not set")
+    return "\n".join(lines)
+
+
+def aio_table() -> str:
+    """The corrected config's ``aio`` keys: value, DeepSpeed's default, what each sets."""
+    from deepspeed.runtime.swap_tensor.aio_config import AIO_DEFAULT_DICT
+    lines = [f"{'aio key':22s} {'value':>8s} {'default':>8s}  meaning"]
+    for key, value in CORRECTED["aio"].items():
+        lines.append(f"{key:22s} {str(value):>8s} {str(AIO_DEFAULT_DICT[key]):>8s}  {AIO_KEYS[key]}")
+    return "\n".join(lines)
+
+
 def config_table(result: dict) -> str:
     """One line per run, then per note key whether stage 3 and stage 2 read it."""
     lines = []
     for name, r in result["runs"].items():
-        state = "accepted, trained " + " ".join(f"{x:.4f}" for x in r["losses"]) if r["accepted"] \
+        state = "accepted; loss at steps 1, 2: " + ", ".join(f"{x:.4f}" for x in r["losses"]) if r["accepted"] \
             else "refused: " + r["error"].replace("OffloadDeviceEnum.", "")
         lines.append(f"{name:34s} {state}")
     s3, s2 = result["runs"]["corrected (stage 3)"], result["runs"]["note's gather keys under stage 2"]

@@ -27,7 +27,8 @@ def zero(ranks: int = 2, device: str = "cpu", model: str = "tiny", steps: int = 
             "losses": [sum(r["losses"][i] for r in per_rank) / ranks for i in range(steps)],
             "comm_bytes_per_step": int(volume * 4),
             "comm_per_step_in_psi": round(volume / n, 4),
-            "comm_calls": per_rank[0]["comm"]["calls"],
+            "comm_calls": per_rank[0]["comm"]["calls"],          # over all the steps
+            "comm_calls_per_step": {k: v / steps for k, v in per_rank[0]["comm"]["calls"].items()},
             "comm_in_psi_by_kind": {k: round(v / steps / n, 4) for k, v in per_rank[0]["comm"]["volume"].items()},
             "grad_peak_during_backward": per_rank[0]["grad_peak_during_backward"],
         }

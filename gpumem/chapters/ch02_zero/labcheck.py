@@ -1,27 +1,35 @@
-"""Lab 02's ``check()``: the learner's ZeRO-2 gradient hooks, run on 2 CPU ranks.
+"""Lab 02's ``check()``: the learner's bucketed ZeRO-2 gradient hooks, run on 2 CPU ranks.
 
-The learner writes ``install_zero2_hooks(params, grad_shards)``. On each rank the grader builds a
-model, puts a :class:`gpumem.dist.gradmeter.GradMeter` on it *first* (so it sees every gradient
-before the learner's hooks can free it), installs the learner's hooks and trains with
-:func:`sharded_step`. Three things are graded, on models and seeds the lab never shows:
+The learner writes ``install_zero2_hooks(params, grad_shards, bucket_bytes)`` with
+``torch.distributed`` alone (no ``gpumem`` helpers). On each rank the grader builds a model, puts
+a :class:`gpumem.dist.gradmeter.GradMeter` on it *first* (so it sees every gradient before the
+learner's hooks can free it), installs the learner's hooks and trains with :func:`sharded_step`,
+counting the collectives called during each backward. Graded per case (models, seeds and
+bucket sizes the lab never shows):
 
-1. after the first backward, ``grad_shards[i]`` is this rank's shard of the gradient averaged
-   over ranks (against a single-process gradient on the whole batch), and no ``.grad`` is left;
-2. the peak of full-gradient bytes alive during backward is at most one gradient (the largest),
-   where ZeRO-1 would hold all of them;
-3. the weights after a few steps equal single-process ``torch.optim.AdamW``.
+1. when ``backward()`` returns, ``grad_shards[i]`` is this rank's shard of the gradient averaged
+   over ranks (against a single-process gradient on the whole batch) and no ``.grad`` is left:
+   the last, partly filled bucket went out before backward returned;
+2. the peak of full-gradient bytes alive during backward is at most the bucket plus the largest
+   gradient, where ZeRO-1 would hold all of them;
+3. gradients leave by reduce-scatter (no all-reduce), one collective per bucket: a bucket larger
+   than the model means one call per backward;
+4. the weights after a few steps equal single-process ``torch.optim.AdamW``.
 """
 
+import ast
 import math
 
 from gpumem.course.grading import Report, Row
 
 LAB = "lab02_zero2_hooks"
 FN = "install_zero2_hooks"
-# (model, seed, steps): cases the lab does not show
-CASES = (("tiny", 3, 3), ("mini", 5, 2))
+# (model, seed, steps, bucket_bytes): cases the lab does not show
+CASES = (("tiny", 3, 3, 0), ("mini", 5, 2, 200_000), ("tiny", 7, 2, 10**7))
 RTOL, ATOL = 1e-4, 1e-5          # gradient shards: float32 sums in another order
 W_ATOL = 1e-4                      # weights: Adam divides by sqrt(v), so rounding in tiny gradients grows
+COLLECTIVES = ("reduce_scatter_tensor", "reduce_scatter", "all_reduce", "all_gather", "all_gather_into_tensor",
+               "broadcast", "all_to_all_single")
 
 
 def sharded_step(params, grad_shards, m, v, t, lr, betas, eps, weight_decay) -> None:
@@ -34,6 +42,29 @@ def sharded_step(params, grad_shards, m, v, t, lr, betas, eps, weight_decay) -> 
         p.copy_(zero.all_gather_full(mine, p.numel(), p.shape))
 
 
+def gpumem_imports(source: str) -> list[str]:
+    """Modules of ``gpumem`` the learner's source imports (the lab asks for torch.distributed alone)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        found += [n for n in names if n.split(".")[0] == "gpumem"]
+    return found
+
+
+def _counting(dist, calls: dict, on: list) -> None:
+    """Wrap the collectives of ``torch.distributed`` so that calls made while ``on[0]`` is set are
+    counted (the real collective still runs)."""
+    for name in COLLECTIVES:
+        real = getattr(dist, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            if on[0]:
+                calls[_name] = calls.get(_name, 0) + 1
+            return _real(*args, **kwargs)
+        setattr(dist, name, counted)
+
+
 def lab02_rank(rank: int, world: int, source: str, cases=CASES) -> list[dict]:
     """On each rank, per case: the learner's hooks on a fresh model, trained with ``sharded_step``."""
     import torch
@@ -41,33 +72,45 @@ def lab02_rank(rank: int, world: int, source: str, cases=CASES) -> list[dict]:
 
     from gpumem.dist import training, zero
     from gpumem.dist.gradmeter import GradMeter
-    ns: dict = {"torch": torch, "dist": dist, "zero": zero, "math": math}
+    calls: dict = {}
+    on = [False]
+    _counting(dist, calls, on)
+    ns: dict = {"torch": torch, "dist": dist, "math": math}
     exec(compile(source, f"<your {FN}>", "exec"), ns)
     out = []
-    for model, seed, steps in cases:
+    for model, seed, steps, bucket in cases:
         net = training.build(model, seed)
         params = list(net.parameters())
         data = training.batches(net.cfg, steps, world * 2, 32, seed)
         shards: dict = {}
         meter = GradMeter(params)                     # before the learner's hooks
-        ns[FN](params, shards)
+        ns[FN](params, shards, bucket)
         m = [torch.zeros_like(zero.my_shard(p)) for p in params]
         v = [torch.zeros_like(zero.my_shard(p)) for p in params]
-        first, peaks = None, []
+        first, peaks, per_backward = None, [], []
         for t in range(1, steps + 1):
             mine = data[t - 1, rank * 2:(rank + 1) * 2]
             loss = net(mine[:, :-1], mine[:, 1:])
             meter.reset()
+            calls.clear()
+            on[0] = True
             loss.backward()
+            on[0] = False
+            per_backward.append(dict(calls))
             peaks.append(meter.peak_full)
             if first is None:
                 first = {"shards": {i: g.detach().clone() for i, g in shards.items()},
                          "grads_left": [i for i, p in enumerate(params) if p.grad is not None]}
+            missing = [i for i in range(len(params)) if i not in shards]
+            if missing:                               # graded in row 1; the step needs every shard
+                break
             with torch.no_grad():
                 sharded_step(params, shards, m, v, t, **training.HYPER)
             net.zero_grad(set_to_none=True)
             shards.clear()
-        out.append({"first": first, "peak_full": max(peaks), "weights": [p.detach().clone() for p in params]})
+        meter.remove()
+        out.append({"first": first, "peak_full": max(peaks), "calls": per_backward,
+                    "weights": [p.detach().clone() for p in params]})
     return out
 
 
@@ -91,8 +134,8 @@ def _reference(model: str, seed: int, steps: int, world: int) -> dict:
 
 
 def check(ns: dict, show: bool = True) -> Report:
-    """Run the learner's hooks on 2 CPU ranks; grade shards, peak gradient bytes and weights;
-    name the first mismatch. Never raises: an unsolved lab reports what is left."""
+    """Run the learner's hooks on 2 CPU ranks; grade shards, peak gradient bytes, collectives and
+    weights; name the first mismatch. Never raises: an unsolved lab reports what is left."""
     import inspect
 
     from gpumem.dist import launch
@@ -107,6 +150,10 @@ def check(ns: dict, show: bool = True) -> Report:
                                    "could not read the function's source (define it in a notebook cell)"))
     if fn is None or (source and 'NotImplementedError("TODO' in source):
         report.rows.append(Row(FN, "2 CPU ranks", "todo", f"{FN} is still to write"))
+    elif source and gpumem_imports(source):
+        report.rows.append(Row(FN, "torch.distributed only", "wrong",
+                               f"it imports {gpumem_imports(source)[0]}: write the padding, the layout and "
+                               "the reduce-scatter with torch.distributed yourself"))
     elif source:
         try:
             ranks = launch.run(f"{__name__}:lab02_rank", 2, progress=False, source=source)
@@ -120,44 +167,66 @@ def check(ns: dict, show: bool = True) -> Report:
     return report
 
 
-def _grade_case(report: Report, case: tuple, ranks: list[dict]) -> None:
+def _grade_shards(ranks: list[dict], ref: dict, world: int) -> str | None:
+    """The first wrong or missing shard after the first backward, or a full gradient left behind."""
     import torch
-    model, seed, steps = case
-    world = len(ranks)
-    ref = _reference(model, seed, steps, world)
-    names, label = ref["names"], f"{model}, seed {seed}, {world} ranks"
-    # 1. the shards after the first backward, and no full gradient left behind
-    bad = None
+    names = ref["names"]
     for r, res in enumerate(ranks):
         left = res["first"]["grads_left"]
         if left:
-            bad = f"{names[left[0]]} still has its full .grad on rank {r} after backward (free it)"
-            break
+            return f"{names[left[0]]} still has its full .grad on rank {r} when backward returns (free it)"
         for i, (name, g) in enumerate(zip(names, ref["grads"])):
             c = math.ceil(g.numel() / world)
             want = torch.nn.functional.pad(g.reshape(-1), (0, c * world - g.numel()))[r * c:(r + 1) * c]
             got = res["first"]["shards"].get(i)
             if got is None:
-                bad = f"grad_shards has no entry for {name} (index {i}) on rank {r}"
-            elif got.shape != want.shape:
-                bad = f"grad_shards[{i}] ({name}) on rank {r}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-            elif not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
-                diff = (got - want).abs().max().item()
-                bad = f"first wrong gradient shard: {name} on rank {r}, max |got - expected| = {diff:.3g}"
-            if bad:
-                break
-        if bad:
-            break
-    report.rows.append(Row(FN, f"{label}: gradient shards after backward", "wrong" if bad else "ok", bad or ""))
-    # 2. the peak of full gradients alive during backward
+                return (f"grad_shards has no entry for {name} (index {i}) on rank {r} when backward returns "
+                        "(was the last, partly filled bucket sent?)")
+            if got.shape != want.shape:
+                return f"grad_shards[{i}] ({name}) on rank {r}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+            if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
+                return (f"first wrong gradient shard: {name} on rank {r}, max |got - expected| = "
+                        f"{(got - want).abs().max().item():.3g}")
+    return None
+
+
+def _grade_calls(ranks: list[dict], n_tensors: int, total: int, bucket: int) -> str | None:
+    """Gradients leave by reduce-scatter only, one collective per bucket."""
+    most = 1 if bucket >= total else n_tensors if bucket == 0 else min(n_tensors, 2 * math.ceil(total / bucket) + 1)
+    for res in ranks:
+        for calls in res["calls"]:
+            other = {k: v for k, v in calls.items() if not k.startswith("reduce_scatter")}
+            if other:
+                name = next(iter(other))
+                return (f"backward called {name} {other[name]} time(s): only reduce-scatters are needed "
+                        "(an all-reduce moves twice the bytes)")
+            rs = sum(calls.values())
+            if rs == 0:
+                return "no reduce-scatter ran during backward"
+            if rs > most:
+                return (f"{rs} reduce-scatters in one backward; with a {bucket:,}-byte bucket and {total:,} bytes "
+                        f"of gradients at most {most} (one collective per bucket)")
+    return None
+
+
+def _grade_case(report: Report, case: tuple, ranks: list[dict]) -> None:
+    import torch
+    model, seed, steps, bucket = case
+    world = len(ranks)
+    ref = _reference(model, seed, steps, world)
+    names, label = ref["names"], f"{model}, seed {seed}, bucket {bucket:,} B, {world} ranks"
+    bad = _grade_shards(ranks, ref, world)
+    report.rows.append(Row(FN, f"{label}: gradient shards when backward returns", "wrong" if bad else "ok",
+                           bad or ""))
     sizes = [4 * g.numel() for g in ref["grads"]]
     peak = max(res["peak_full"] for res in ranks)
-    ok = peak <= max(sizes)
-    detail = "" if ok else (f"expected at most {max(sizes):,} B (one gradient at a time; the largest is "
-                            f"{names[sizes.index(max(sizes))]}), got {peak:,} B"
+    ok = peak <= bucket + max(sizes)
+    detail = "" if ok else (f"expected at most {bucket + max(sizes):,} B (the bucket, {bucket:,} B, plus the "
+                            f"largest gradient, {names[sizes.index(max(sizes))]}), got {peak:,} B"
                             + (" = every gradient at once, as ZeRO-1 holds them" if peak >= sum(sizes) else ""))
     report.rows.append(Row(FN, f"{label}: peak full-gradient bytes during backward", "ok" if ok else "wrong", detail))
-    # 3. the weights after training, against torch.optim.AdamW
+    bad = _grade_calls(ranks, len(sizes), sum(sizes), bucket)
+    report.rows.append(Row(FN, f"{label}: collectives during backward", "wrong" if bad else "ok", bad or ""))
     bad = None
     for r, res in enumerate(ranks):
         for name, want, got in zip(names, ref["weights"], res["weights"]):

@@ -1,16 +1,21 @@
-"""Chapter 02's quiz: what each ZeRO stage leaves on a GPU, how many GPUs ZeRO-3 needs, what it
-moves per step and why, and DeepSpeed's gather schedule. Each attempt draws a model, recipe,
-stage, GPU and GPU count; every expected value is computed by the library (``gpumem.memory``)."""
+"""Chapter 02's quiz: what each ZeRO stage leaves on a GPU, how many GPUs ZeRO-3 needs, ZeRO-2's
+gradient peak, what ZeRO-3 receives per step, when DeepSpeed keeps a weight whole from forward
+to backward, what happens to persistent norms, and how many modules it fetches. Each numeric
+attempt draws a model, recipe, GPU count, bucket, reuse distance or architecture; every expected
+value is computed by the library (``gpumem.memory``, ``gpumem.dist``)."""
 
 from gpumem.course.quiz import Choice, Numeric, Quiz
 from gpumem.course.quiz_draws import LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick, recipe_numbers
-from gpumem.memory import accounting
+from gpumem.dist import gradmeter, zero3_schedule
+from gpumem.memory import accounting, models
 from gpumem.units import GB
+
+from .claims import fetches_per_pass
 
 SHARDED = {1: "optimizer states", 2: "gradients and optimizer states",
            3: "parameters, gradients and optimizer states"}
 WHOLE = {1: "parameters and gradients stay", 2: "parameters stay", 3: "nothing stays"}
-LINEAR_PER_LAYER = 7          # q, k, v, o, gate, up, down: the modules ZeRO-3 fetches in a Llama block
+DEEP = ("llama-3-70b", "llama-3.1-405b")   # models where DeepSpeed's defaults keep only the head whole
 
 
 def _per_stage(rng) -> dict:
@@ -38,15 +43,54 @@ def fewest_gpus(n_params: int, recipe: str, usable: int) -> int:
     return gpus
 
 
+def _sizes(model: str) -> list[int]:
+    return [n for own in zero3_schedule.llama_params(models.get(model)).values() for _, n in own]
+
+
+def _peak(rng) -> dict:
+    n = model_numbers(pick(rng, LLAMAS)) | {"gpus": pick(rng, (8, 16, 64)), "bucket": pick(rng, (50_000_000,
+                                                                                                200_000_000,
+                                                                                                500_000_000))}
+    sizes = _sizes(n["model_name"])
+    b = gradmeter.peak_bound(sizes, n["gpus"], 2, 2, 2 * n["bucket"])
+    return n | {"largest": max(sizes), "bucket_gb": 2 * n["bucket"] / GB, "largest_gb": 2 * max(sizes) / GB,
+                "shards_gb": b["shards"] / GB, "zero1_gb": 2 * sum(sizes) / GB, "bound": b["total"] / GB}
+
+
 def _moved(rng) -> dict:
-    n = model_numbers(pick(rng, LLAMAS)) | {"gpus": pick(rng, (8, 16, 64))}
-    p_bytes = accounting.recipe("mixed").params            # bf16 parameters are what is gathered
-    one_pass = p_bytes * n["n_params"] * (n["gpus"] - 1) / n["gpus"] / GB
-    return n | {"p_bytes": p_bytes, "one_pass_gb": one_pass, "full_gb": p_bytes * n["n_params"] / GB}
+    n = model_numbers(pick(rng, DEEP)) | {"gpus": pick(rng, (8, 16, 64))}
+    cfg = models.get(n["model_name"])
+    gathered = sum(zero3_schedule.step_volume(cfg)["gathered_elements"].values())
+    ring = (n["gpus"] - 1) / n["gpus"]
+    return n | {"vocab": cfg.vocab, "head": cfg.vocab * cfg.d_model, "gathered": gathered,
+                "received_gb": 2 * gathered * ring / GB, "one_pass_gb": 2 * n["n_params"] * ring / GB,
+                "full_gb": 2 * n["n_params"] / GB}
 
 
-def _fetches(rng) -> dict:
-    return model_numbers(pick(rng, LLAMAS))
+def _reuse(rng) -> dict:
+    n = model_numbers(pick(rng, DEEP)) | {"reuse": pick(rng, (1e9, 2e9, 3e9, 5e9, 8e9))}
+    cfg = models.get(n["model_name"])
+    module = f"layers.{cfg.n_layers - 1}.mlp.down"
+    events = zero3_schedule.simulate(zero3_schedule.fetch_order(cfg), zero3_schedule.llama_params(cfg),
+                                     {"stage3_max_reuse_distance": n["reuse"]})
+    gathers = sum(1 for e in events if e["event"] == "all-gather" and f"{module}.weight" in e["params"])
+    verdict = ("kept whole in between, gathered once, for forward" if gathers == 1 else
+               "released after its forward, gathered again for backward: twice")
+    return n | {"module": module, "head": cfg.vocab * cfg.d_model, "gathers": gathers, "verdict": verdict,
+                "gap": zero3_schedule.reuse_gap(cfg, module), "reuse_int": int(n["reuse"])}
+
+
+ATTENTION = {"separate q, k, v and output projections": 4, "one fused qkv projection and an output projection": 2}
+MLP = {"a SwiGLU MLP with separate gate, up and down matrices": 3,
+       "a SwiGLU MLP whose gate and up matrices are fused into one, then down": 2,
+       "a GELU MLP with an up and a down matrix": 2}
+BIASES = {"biases on the q, k and v projections": True, "no biases": False}
+
+
+def _architecture(rng) -> dict:
+    attn, mlp, bias = pick(rng, ATTENTION), pick(rng, MLP), pick(rng, BIASES)
+    return {"layers": pick(rng, (24, 32, 40, 48, 60, 80, 96, 126)), "attn": attn, "mlp": mlp, "bias": bias,
+            "per_layer": ATTENTION[attn] + MLP[mlp], "biased": BIASES[bias]}
 
 
 QUIZ = Quiz("02_zero", [
@@ -82,82 +126,113 @@ QUIZ = Quiz("02_zero", [
                    (lambda n: fewest_gpus(n["n_params"], "pure-bf16", n["usable"]),
                     "that would hold 8 B per parameter; count the fp32 master copy and moments.")),
             draw=_fewest),
-    Choice("zero2-during-backward",
-           "ZeRO-2 shards gradients over N ranks. Why does it reduce-scatter gradients during "
-           "backward, bucket by bucket as they are produced, instead of once after "
-           "loss.backward() returns?",
-           ["A reduce-scatter cannot run once autograd has finished",
-            "The optimizer step has to start before backward ends",
-            "Waiting would hold every full gradient at once",
-            "Reducing after backward gives different gradients"],
-           answer=2,
-           hint="Compare the gradient bytes alive at the end of backward under the two schedules.",
-           explanation="Reduce-scattering each bucket as soon as its gradients are ready, then "
-                       "freeing it, keeps about one bucket of full gradients plus the 1/N shard. "
-                       "Reducing after backward gives the same result, but every full bf16 "
-                       "gradient (2 B per parameter) is alive at the peak: ZeRO-1's memory."),
+    Numeric("zero2-peak",
+            "{model} ({n_params:,} parameters) trains under ZeRO-2 on {gpus} GPUs with bf16 "
+            "gradients. During backward each finished gradient joins a bucket; as soon as the bucket "
+            "holds at least {bucket:,} elements it is reduce-scattered in one collective, each GPU "
+            "keeps its 1/{gpus} shard of every gradient in it, and the full gradients are freed. The "
+            "largest gradient (the embedding's) has {largest:,} elements. What upper bound follows on "
+            "the gradient memory (full gradients plus kept shards) one GPU holds at any moment of "
+            "backward, in GB (10^9 B)?",
+            answer=lambda n: n["bound"], unit="GB", rel_tol=0.01,
+            hint="List what can be alive at the same moment: the bucket before it is sent, the "
+                 "gradient that has just arrived, and the shards kept so far.",
+            explanation="Before it is sent the bucket holds fewer than {bucket:,} elements "
+                        "({bucket_gb:.1f} GB); the gradient that has just arrived adds at most the "
+                        "embedding's {largest_gb:.2f} GB; by the end the shards reach 2 B x psi/{gpus} = "
+                        "{shards_gb:.1f} GB: at most {answer} GB. ZeRO-1 reduces after backward and holds "
+                        "every full gradient at once, {zero1_gb:.1f} GB.",
+            traps=((lambda n: n["zero1_gb"],
+                    "that is every full gradient at once: ZeRO-1's peak, not a bucketed schedule's."),
+                   (lambda n: n["bucket_gb"] + n["largest_gb"],
+                    "the shards a GPU keeps are gradient memory too, and they grow to 1/{gpus} of all."),
+                   (lambda n: n["bucket_gb"] + n["shards_gb"],
+                    "the bucket can be just short of full when one more gradient arrives."),
+                   (lambda n: n["bucket"] * 2 / GB + n["largest_gb"] + n["zero1_gb"],
+                    "a GPU keeps only its 1/{gpus} shard of each reduced gradient.")),
+            draw=_peak),
     Numeric("zero3-received",
-            "ZeRO-3 on {gpus} ranks trains {model} ({n_params:,} parameters, bf16 weights). In "
-            "one training step, how many GB (10^9 B) of parameters does one rank receive through "
-            "all-gathers, forward and backward together? Ignore the few small tensors kept whole.",
-            answer=lambda n: 2 * n["one_pass_gb"], unit="GB", rel_tol=0.01,
-            hint="Each all-gather of a module gives a rank the parts of it that it does not hold; "
-                 "count how often each layer is gathered in one step.",
-            explanation="A rank holds 1/{gpus} and receives the other ({gpus}-1)/{gpus} of the "
-                        "{p_bytes} B x {n_params:,} = {full_gb:,.1f} GB each time: {one_pass_gb:,.1f} GB in "
-                        "forward and again in backward, {answer} GB in all. The gradients leave by "
-                        "reduce-scatter (one more such volume), so ZeRO-3 moves 3 x the parameter "
-                        "bytes per step against 2 x for plain data parallelism's all-reduce.",
+            "ZeRO-3 on {gpus} ranks trains {model} ({n_params:,} parameters, bf16 weights; the "
+            "embedding and the untied output head are {vocab:,} x {d_model:,} each). With DeepSpeed's "
+            "defaults every sharded weight is all-gathered for its forward and again for its backward, "
+            "except the output head: its backward follows its forward at once, so it stays whole and "
+            "is gathered once. The RMSNorm weights stay whole all step (ignore them). In one training "
+            "step, how many GB (10^9 B) of parameters does one rank receive through all-gathers?",
+            answer=lambda n: n["received_gb"], unit="GB", rel_tol=0.002,
+            hint="Count the elements gathered per step (twice the model, less what is gathered only "
+                 "once), and remember what a rank already holds of each tensor.",
+            explanation="Gathered per step: twice the model less the head once, 2 x {n_params:,} - "
+                        "{head:,}; DeepSpeed's replayed schedule gives {gathered:,} elements (the norms "
+                        "come back once, after the optimizer step), 2 B each. A rank already holds 1/{gpus} of each and "
+                        "receives the other ({gpus}-1)/{gpus}: {answer} GB. The gradients leave by "
+                        "reduce-scatter (about one more model's worth), so a ZeRO-3 step moves close to "
+                        "3 x the parameter bytes, against 2 x for data parallelism's all-reduce.",
             traps=((lambda n: n["one_pass_gb"],
                     "that is one pass; what does a rank hold of a layer between its forward and its "
                     "backward?"),
-                   (lambda n: 2 * n["full_gb"],
+                   (lambda n: 2 * n["one_pass_gb"],
+                    "that gathers the head twice; it stays whole from its forward to its backward."),
+                   (lambda n: 2 * n["gathered"] / GB,
                     "a rank already holds its own 1/{gpus} of every tensor and does not receive it."),
-                   (lambda n: 3 * n["one_pass_gb"],
+                   (lambda n: n["received_gb"] + n["one_pass_gb"],
                     "gradients leave by reduce-scatter; the question asks for parameters received.")),
             draw=_moved),
-    Choice("backward-regathers",
-           "Under ZeRO-3, the backward pass all-gathers each layer's parameters again, though the "
-           "forward gathered them earlier in the same step. Why?",
-           ["The optimizer changed them between forward and backward",
-            "After its forward, each module kept only its own shard",
-            "Backward needs fp32 weights, and the forward gathered bf16",
-            "Backward gathers gradients, not parameters"],
-           answer=1,
-           hint="In a model of many large layers, what does a rank hold of layer 3's weights "
-                "while it runs the forward of layer 60?",
-           explanation="DeepSpeed releases a module's gathered parameters after its forward unless "
-                       "it is reused within stage3_max_reuse_distance (1e9 elements, about one 70B "
-                       "layer), so each rank keeps only its 1/N shard; backward needs the full "
-                       "weights again to compute the input gradients."),
+    Numeric("reuse-window",
+            "DeepSpeed ZeRO-3 trains {model} with stage3_max_reuse_distance = {reuse_int:,}. After a "
+            "module's forward its weights stay whole only if the recorded order uses them again "
+            "before that many elements of other modules' weights have run; otherwise they are "
+            "released and gathered again for backward. Between the forward and the backward of "
+            "{module} (the last matrix of the last layer) the order runs the final norm ({d_model:,} "
+            "elements) and the output head ({head:,} elements) forward, then the head and the final "
+            "norm backward. How many times per steady training step is that matrix's weight "
+            "all-gathered?",
+            answer=lambda n: n["gathers"], unit="all-gathers", rel_tol=0.0,
+            hint="Add up the elements of everything that runs between its forward and its backward, "
+                 "and compare with the reuse distance.",
+            explanation="Between its forward and its backward run 2 x {head:,} + 2 x {d_model:,} = "
+                        "{gap:,} elements, against a reuse distance of {reuse_int:,}: {verdict}. With DeepSpeed's default 1e9 the head alone fills the window, "
+                        "so every layer of a 70B or 405B model is gathered twice per step.",
+            traps=((lambda n: 3 - n["expected"],
+                    "compare the elements between its forward and its backward with the reuse distance "
+                    "once more."),
+                   (lambda n: 0, "the weight is sharded: its forward has to gather it at least once."),
+                   (lambda n: 3, "each pass gathers a weight at most once, and backward only if it was "
+                                 "released.")),
+            draw=_reuse),
     Choice("persistence",
-           "With DeepSpeed ZeRO-3's defaults, what happens to Llama's RMSNorm weights (one vector "
-           "of d_model elements each, far below stage3_param_persistence_threshold = 100,000)?",
-           ["Partitioned, and gathered before every use",
-            "Gathered once, then kept whole on every rank",
-            "Kept on the CPU and copied in when needed",
-            "Never partitioned and never gathered"],
+           "With DeepSpeed ZeRO-3's defaults Llama's RMSNorm weights (d_model elements each, below "
+           "stage3_param_persistence_threshold = 100,000) are marked persistent. What happens to "
+           "them during training?",
+           ["Sharded, and gathered before each module that uses them",
+            "Whole in forward and backward; re-gathered after each step",
+            "Kept in CPU memory and copied in when a layer needs them",
+            "Gathered once at the first step and never released again"],
            answer=1,
-           hint="The threshold marks small tensors at engine start; a tensor still has to reach "
-                "every rank in full at least once.",
-           explanation="Parameters below the threshold are marked persistent when the engine starts. "
-                       "They are gathered once, while the first step is traced, then kept whole: a "
-                       "collective per norm per step would cost more in latency than the bytes it "
-                       "saves."),
+           hint="The optimizer step updates every parameter's shard. What happens to a gathered copy "
+                "then, and what must be true before the next forward?",
+           explanation="Persistent parameters are never released after a module's forward or backward, "
+                       "so no fetch gathers them. But the optimizer step releases every parameter, "
+                       "persistent ones included (release_and_reset_all checks no persistence), and "
+                       "updates the shards; right after it, _post_step all-gathers all persistent "
+                       "parameters in one coalesced call. So the norms cost one collective per step, "
+                       "not two per norm per pass."),
     Numeric("fetches",
+            "A decoder-only model has {layers} layers. Each layer has two RMSNorms, attention with "
+            "{attn}, and {mlp}; {bias}. The embedding and the output head are separate (untied). "
             "How many modules does DeepSpeed ZeRO-3 fetch (gather parameters for) in one forward "
-            "pass of {model} ({layers} layers, untied embedding and output head), not counting "
-            "the persistent norms?",
-            answer=lambda n: LINEAR_PER_LAYER * n["layers"] + 2, unit="fetches", rel_tol=0.0,
-            hint="DeepSpeed gathers per submodule that owns parameters. List the linear layers of "
-                 "one Llama block: attention, then the SwiGLU MLP.",
-            explanation="7 linear modules per layer (q, k, v, o, gate, up, down) x {layers} + the "
-                        "embedding and the head = {answer}.",
-            traps=((lambda n: 4 * n["layers"],
-                    "the SwiGLU MLP has three matrices (gate, up, down), and attention four."),
-                   (lambda n: LINEAR_PER_LAYER * n["layers"],
+            "pass, not counting the norms, whose weights are persistent?",
+            answer=lambda n: fetches_per_pass(n["per_layer"], n["layers"]), unit="fetches", rel_tol=0.0,
+            hint="DeepSpeed gathers per module that owns parameters: count the weight-carrying "
+                 "modules of one layer (a fused matrix is one module; a bias lives in its module).",
+            explanation="{per_layer} weight-carrying modules per layer x {layers} + the embedding and "
+                        "the head = {answer}.",
+            traps=((lambda n: n["per_layer"] * n["layers"],
                     "the embedding and the output head are modules with parameters too."),
-                   (lambda n: 9 * n["layers"] + 3,
-                    "the norms are persistent: kept whole after the first step, not fetched.")),
-            draw=_fetches),
+                   (lambda n: (n["per_layer"] + 3) * n["layers"] + 2 if n["biased"] else float("nan"),
+                    "a bias is a parameter of its Linear module, fetched with the weight."),
+                   (lambda n: 7 * n["layers"] + 2,
+                    "that is the stock Llama block; count this layer's fused and separate matrices."),
+                   (lambda n: (n["per_layer"] + 2) * n["layers"] + 3,
+                    "the norms are persistent: whole through forward and backward, not fetched.")),
+            draw=_architecture),
 ])

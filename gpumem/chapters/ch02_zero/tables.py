@@ -10,24 +10,34 @@ import re
 from gpumem import units
 from gpumem.dist import gradmeter, zero3_cost, zero3_schedule
 from gpumem.memory import ds_estimators, models
+from gpumem.memory import gpus as gpu_table
 
 
 def grad_peak_table(result: dict, model: str = "llama-3-70b", gpus: int = 8, bucket: int = 500_000_000) -> str:
     """Measured peak of gradient bytes during backward per stage (from scratch), and the same
-    bound for a 70B model in bf16 with DeepSpeed's default reduce bucket (5e8 elements)."""
+    bound for a 70B model in bf16 with DeepSpeed's default reduce bucket (5e8 elements), plus
+    the fp32 copy of its gradient shard that DeepSpeed's ZeRO-2 makes at the optimizer step."""
     lines = [f"{result['model']}, {result['ranks']} ranks, fp32: peak gradient bytes during backward "
-             "(measured on the live tensors)",
+             "(measured on the live tensors), bytes",
              f"{'stage':6s} {'full gradients':>15s} {'+ shards kept':>15s}   after the step"]
     for stage, row in result["stages"].items():
         p = row["grad_peak_during_backward"]
         lines.append(f"{stage:6s} {p['full_grads']:>15,d} {p['full_grads_and_shards']:>15,d}   "
                      f"{row['ranks'][0]['measured']['grads']:>10,d}")
-    sizes = [n for own in zero3_schedule.llama_params(models.get(model)).values() for _, n in own]
-    lines.append(f"{model}, {gpus} GPUs, bf16 gradients, reduce bucket {bucket:.0e} elements:")
+    cfg = models.get(model)
+    sizes = [n for own in zero3_schedule.llama_params(cfg).values() for _, n in own]
+    lines.append(f"{model}, {gpus} GPUs, bf16 gradients, DeepSpeed's reduce bucket {bucket:.0e} elements "
+                 f"({units.fmt(2 * bucket)} of bf16):")
     for stage in (1, 2):
         b = gradmeter.peak_bound(sizes, gpus, stage, 2, 2 * bucket if stage == 2 else 0)
-        lines.append(f"  ZeRO-{stage}: full gradients {'=' if stage == 1 else '<='} {units.fmt(b['full_grads']):>9s}"
-                     f", shards {units.fmt(b['shards']):>8s}, peak {units.fmt(b['total'])}")
+        bound = "=" if stage == 1 else "<="
+        lines.append(f"  ZeRO-{stage}: full gradients {bound} {units.fmt(b['full_grads']):>9s}"
+                     f", shards {bound} {units.fmt(b['shards']):>8s}, peak {bound} {units.fmt(b['total'])}")
+    lines.append("  (ZeRO-2's figure is an upper bound: a bucket just short of full, the largest gradient "
+                 "arriving, every shard already kept)")
+    fp32 = 4 * -(-cfg.n_params() // gpus)
+    lines.append(f"  at the optimizer step DeepSpeed's ZeRO-2 copies the gradient shard to fp32 for the update "
+                 f"(the fp32 gradients of its estimator): 4 B x psi/{gpus} = {units.fmt(fp32)} more")
     return "\n".join(lines)
 
 
@@ -35,40 +45,98 @@ def gather_phase_table(trace: dict) -> str:
     """Per step, the bytes all-gathered by the phase that issues them and by the phase they
     serve, in units of psi, with DeepSpeed's schedule for Llama-3-70B beside them."""
     psi = 4 * models.get(trace["model"]).n_params()
-    lines = [f"{'':8s} {'issued in':^19s} {'serves':^19s} {'after the':>10s}",
-             f"{'step':8s} {'forward':>9s} {'backward':>9s} {'forward':>9s} {'backward':>9s} {'step':>10s}  in psi"]
+    heads = (("issued in", "forward"), ("issued in", "backward"), ("serves", "forward"), ("serves", "backward"),
+             ("after", "the step"))
+    lines = [f"bytes all-gathered per step, in units of psi (the whole model's bytes, here "
+             f"{units.fmt(psi, 'MB', 2)} in fp32)",
+             f"{'':8s}" + "".join(f"  {a:>9s}" for a, _ in heads),
+             f"{'step':8s}" + "".join(f"  {b:>9s}" for _, b in heads)]
     for step, c in trace["counts"].items():
         issued = {ph: sum(e["bytes"] for e in trace["events"] if e["event"] == "all-gather"
                           and f"step{e['step']}" == step and e["phase"] == ph) for ph in ("forward", "backward")}
-        lines.append(f"{step:8s} {issued['forward'] / psi:>9.3f} {issued['backward'] / psi:>9.3f} "
-                     f"{c['gathered_for']['forward'] / psi:>9.3f} {c['gathered_for']['backward'] / psi:>9.3f} "
-                     f"{c['after_step_bytes'] / psi:>10.4f}")
+        row = (issued["forward"] / psi, issued["backward"] / psi, c["gathered_for"]["forward"] / psi,
+               c["gathered_for"]["backward"] / psi)
+        lines.append(f"{step:8s}" + "".join(f"  {x:>9.3f}" for x in row) + f"  {c['after_step_bytes'] / psi:>9.5f}")
     v = zero3_schedule.step_volume("llama-3-70b")
-    g, s = v["gathered_elements"], v["served_elements"]
-    n = v["n_params"]
-    lines.append(f"{'70B':8s} {g['forward'] / n:>9.3f} {g['backward'] / n:>9.3f} {s['forward'] / n - g['step'] / n:>9.3f} "
-                 f"{s['backward'] / n:>9.3f} {g['step'] / n:>10.4f}  (DeepSpeed's defaults, replayed)")
+    g, s, n = v["gathered_elements"], v["served_elements"], v["n_params"]
+    row = (g["forward"] / n, g["backward"] / n, s["forward"] / n - g["step"] / n, s["backward"] / n)
+    lines.append(f"{'70B':8s}" + "".join(f"  {x:>9.3f}" for x in row) + f"  {g['step'] / n:>9.5f}"
+                 + "  (DeepSpeed's defaults, replayed)")
+    return "\n".join(lines)
+
+
+STAGE3_KEYS = (   # (JSON key, what it bounds), each counted in elements (parameters), not bytes
+    ("stage3_param_persistence_threshold", "a tensor this small or smaller is persistent: kept whole"),
+    ("stage3_max_reuse_distance", "after a module runs, its weights stay whole if the recorded order uses "
+                                  "them again within this many elements (the reuse window)"),
+    ("stage3_prefetch_bucket_size", "a prefetch stops once this many elements are being gathered ahead of "
+                                    "need (the prefetch bucket)"),
+    ("stage3_max_live_parameters", "prefetching gathers nothing more once this many elements are "
+                                   "whole (the live-parameter limit; one tensor may overshoot it)"),
+)
+
+
+def stage3_keys_table(model: str = "mini") -> str:
+    """DeepSpeed's four ZeRO-3 schedule keys: what each bounds, its default (read from DeepSpeed)
+    and the value the chapter's trace uses for ``model``, scaled from a Llama-3-70B layer."""
+    import textwrap
+
+    from gpumem.dist import ds_audit
+
+    from .ds_ranks import DEFAULTS_70B, scaled_zero3_config
+    cfg, big = models.get(model), models.get("llama-3-70b")
+    ds, scaled = ds_audit.defaults(), scaled_zero3_config(cfg)
+    lines = ["DeepSpeed ZeRO-3 schedule keys; every value counts elements (parameters), not bytes",
+             f"{'key':35s} {'default':>8s} {model + ' run':>9s}  what it bounds"]
+    for key, meaning in STAGE3_KEYS:
+        assert int(ds[key]) == int(DEFAULTS_70B[key]), key
+        wrapped = textwrap.wrap(meaning, 56)
+        default = f"{int(ds[key]):.0e}".replace("e+0", "e")
+        lines.append(f"{key:35s} {default:>8s} {scaled[key]:>9,d}  {wrapped[0]}")
+        lines += [f"{'':54s}  {more}" for more in wrapped[1:]]
+    lines += [f"{model} run = default x ({model}'s layer, {cfg.layer_params():,} parameters) / (Llama-3-70B's "
+              f"layer, {big.layer_params():,}),",
+              f"  so each key spans the same share of a layer as in 70B; the persistence threshold is at least "
+              f"d_model + 1 = {cfg.d_model + 1}",
+              "  so that the norms stay whole, as in 70B"]
     return "\n".join(lines)
 
 
 def time_table(model: str = "llama-3-70b", gpus: int = 8, gpu: str = "h100-80gb",
                tokens=(1024, 4096, 16384), links=("nvlink", "inter-node")) -> str:
-    """ZeRO-3's communication against compute per micro-batch, per link and tokens per GPU."""
+    """ZeRO-3's communication against compute per micro-batch, per pass (forward, backward), per
+    link and tokens per GPU; then the same break-even at half each link's peak, and the share of
+    FLOPs that 6 x psi x tokens leaves out (the attention scores)."""
+    from gpumem.memory import speed
     first = zero3_cost.zero3_step_time(model, gpus, gpu, links[0], tokens_per_gpu=tokens[0])
     lines = [f"{model} on {gpus} x {first['gpu']}, ZeRO-3 in bf16, {first['gathered_psi']:.3f} psi gathered + "
-             f"1 psi reduce-scattered per step; compute at {first['mfu']:.0%} MFU of "
+             f"1 psi reduce-scattered per step; compute 6 x psi x tokens at {first['mfu']:.0%} MFU of "
              f"{first['bf16_flops'] / 1e12:.0f} TFLOP/s",
-             f"{'link (per direction)':22s} {'tokens':>7s} {'comm s':>8s} {'compute s':>10s} "
-             f"{'fwd hidden':>10s} {'bwd hidden':>10s} {'exposed s':>9s}"]
+             f"{'':22s} {'tokens':>7s} {'forward, s':^19s} {'backward, s':^19s} {'exposed':>8s}",
+             f"{'link, per direction':22s} {'per GPU':>7s} {'comm':>9s} {'compute':>9s} {'comm':>9s} "
+             f"{'compute':>9s} {'comm, s':>8s}"]
     for link in links:
         for t in tokens:
             r = zero3_cost.zero3_step_time(model, gpus, gpu, link, tokens_per_gpu=t)
+            f, b = r["phases"]["forward"], r["phases"]["backward"]
+            mark = lambda ph: "" if ph["hidden"] else "!"
             name = f"{link} {r['link_bytes_per_s'] / units.GB:.0f} GB/s"
-            lines.append(f"{name:22s} {t:>7,d} {r['comm_s']:>8.2f} {r['compute_s']:>10.2f} "
-                         f"{'yes' if r['phases']['forward']['hidden'] else 'no':>10s} "
-                         f"{'yes' if r['phases']['backward']['hidden'] else 'no':>10s} {r['exposed_s']:>9.2f}")
+            lines.append(f"{name:22s} {t:>7,d} {f['comm_s']:>8.2f}{mark(f):1s} {f['compute_s']:>9.2f} "
+                         f"{b['comm_s']:>8.2f}{mark(b):1s} {b['compute_s']:>9.2f} {r['exposed_s']:>8.2f}")
         lines.append(f"{'':22s} break-even at {r['break_even_tokens']:,.0f} tokens per GPU per micro-batch")
+    lines.append("! = that pass's communication exceeds its compute: not hidden by prefetching")
     lines.append(f"bytes each GPU sends (and receives) per micro-batch: {units.fmt(r['bytes_moved'])}")
+    half = []
+    for link in links:
+        bw = zero3_cost.link_bandwidth(gpu_table.get(gpu), link)
+        h = zero3_cost.zero3_step_time(model, gpus, gpu, bw / 2, tokens_per_gpu=tokens[0])
+        half.append(f"{link} {h['break_even_tokens']:,.0f}")
+    lines.append("links run below their peak: at half of it, break-even at " + ", ".join(half) + " tokens")
+    cfg = models.get(model)
+    seq = 4096
+    extra = speed.attention_flops(cfg, seq) / speed.train_flops(cfg.n_params(), seq)
+    lines.append(f"6 x psi x tokens leaves out the attention scores: +{extra:.1%} FLOPs at {seq:,} tokens per "
+                 "sequence, a little more compute to hide behind")
     return "\n".join(lines)
 
 
@@ -86,39 +154,75 @@ def _quiet_deepspeed() -> None:
 
 def estimator_tables(model: str = "llama-3-70b", gpus: int = 8) -> str:
     """DeepSpeed's ``..._all_cold`` estimator tables as printed, for reading: log lines dropped,
-    enum reprs as their values, and DeepSpeed's "GB" (it divides by 2^30) labelled GiB."""
+    enum reprs as their values, DeepSpeed's "GB" (it divides by 2^30) labelled GiB, and each
+    block headed by its stage and function."""
     _quiet_deepspeed()
     text = _LOG_LINE.sub("", ds_estimators.printed_tables(model, gpus))
     text = re.sub(r"OffloadDeviceEnum\.(\w+)", r"\1", text)
     text = re.sub(r"(\d)GB", r"\1GiB", text).replace("  per CPU  |  per GPU |", "  per CPU   |  per GPU  |")
+    heads = iter(["ZeRO-2, estimate_zero2_model_states_mem_needs_all_cold: params, optimizer states and gradients",
+                  "ZeRO-3, estimate_zero3_model_states_mem_needs_all_cold: params, optimizer states and gradients"])
+    text = re.sub(r"Estimated memory needed for params, optim states and gradients for a:", lambda m: next(heads), text)
     return "\n".join(line for line in text.splitlines() if line.strip())
 
 
 def estimator_compare_table(model: str = "llama-3-70b", gpus: int = 8) -> str:
-    """DeepSpeed's per-GPU estimate next to ours (recipe mixed-ds), stages 2 and 3, and why they differ."""
+    """DeepSpeed's per-GPU estimate (no offload) next to the course's recipes, part by part in
+    bytes per parameter: what stays whole on every GPU, what is sharded over the GPUs, and the
+    total, so that the three figures of each stage reconcile."""
+    from gpumem.memory import accounting
     _quiet_deepspeed()
-    lines = [f"{'stage':6s} {'DeepSpeed':>10s} {'ours':>10s} {'difference':>11s}  why"]
-    for r in ds_estimators.compare(model, gpus):
-        lines.append(f"ZeRO-{r['stage']} {units.fmt(r['deepspeed']):>10s} {units.fmt(r['ours']):>10s} "
-                     f"{units.fmt(r['difference']):>11s}  {r['why']}")
+    cfg = models.get(model)
+    n, largest = cfg.n_params(), cfg.largest_layer_params()
+    ds = {r["stage"]: r["deepspeed"] for r in ds_estimators.compare(model, gpus)}
+    dtype = {2: "bf16", 4: "fp32"}
+
+    def course(recipe: str, stage: int) -> tuple:
+        r = accounting.recipe(recipe)
+        grads = f"{r.grads} {dtype[r.grads]} grads + {r.optimizer_bytes} optimizer"
+        if stage == 2:
+            whole, sharded = f"{r.params} bf16 params", f"{grads} = {r.grads + r.optimizer_bytes}"
+        else:
+            whole, sharded = "-", f"{r.params} params + {grads} = {r.total}"
+        return (stage, f"course, {recipe}", whole, sharded, units.fmt(accounting.model_states(n, recipe, gpus, stage).total))
+    rows = [  # (stage, source, whole on every GPU, sharded over the GPUs, per GPU)
+        course("mixed", 2), course("mixed-ds", 2),
+        (2, "DeepSpeed", "2 bf16 params", "2 bf16 + 4 fp32 grads + 12 optimizer = 18", units.fmt(ds[2])),
+        course("mixed", 3), course("mixed-ds", 3),
+        (3, "DeepSpeed", f"4 B x {largest / 1e9:.2f} B (largest layer)", "18 (one figure, not itemised)",
+         units.fmt(ds[3])),
+    ]
+    lines = [f"{model} on {gpus} GPUs, no offload: bytes per parameter whole on every GPU, and sharded "
+             f"over the {gpus} (each GPU holds 1/{gpus})",
+             f"{'stage':6s} {'who':17s} {'whole':29s} {'sharded':45s} {'per GPU':>9s}"]
+    for stage, who, whole, sharded, total in rows:
+        lines.append(f"ZeRO-{stage} {who:17s} {whole:29s} {sharded:45s} {total:>9s}")
+    lines += ["optimizer = fp32 master 4 + Adam's m 4 + v 4; 'course, mixed' is the recipe of the boxes above",
+              f"DeepSpeed ZeRO-2 = 2 psi + 18 psi / {gpus}; ZeRO-3 = 18 psi / {gpus} + 4 x its largest layer, "
+              "a budget for the gathered layer"]
     return "\n".join(lines)
 
 
 FRAMEWORKS = [
     ("ZeRO-0 (DDP)", [("DeepSpeed", '"zero_optimization": {"stage": 0}'),
-                      ("PyTorch", "DistributedDataParallel; FSDP ShardingStrategy.NO_SHARD; FSDP2 replicate()"),
+                      ("PyTorch", "DistributedDataParallel; FSDP ShardingStrategy.NO_SHARD; "
+                                  "torch.distributed._composable.replicate (composable DDP, a private API)"),
                       ("Megatron-Core", "DistributedDataParallel (the default)")]),
     ("ZeRO-1", [("DeepSpeed", '"stage": 1'),
                 ("PyTorch", "torch.distributed.optim.ZeroRedundancyOptimizer (no FSDP strategy)"),
-                ("Megatron-Core", "--use-distributed-optimizer (optimizer states and fp32 main grads sharded); "
+                ("Megatron-Core", "--use-distributed-optimizer: fp32 main params and Adam moments sharded "
+                                  "(12/d B), bf16 params and fp32 main grads whole on every rank (6 B): "
+                                  "6 + 12/d B per parameter, ZeRO-1 with a reduce-scatter; "
                                   "Megatron-FSDP --data-parallel-sharding-strategy optim")]),
-    ("ZeRO-2", [("DeepSpeed", '"stage": 2'),
+    ("ZeRO-2", [("DeepSpeed", '"stage": 2 (refused with pipeline parallelism)'),
                 ("PyTorch", "FSDP ShardingStrategy.SHARD_GRAD_OP; FSDP2 fully_shard(reshard_after_forward=False): "
                             "parameters stay gathered from forward to backward"),
                 ("Megatron-Core", "Megatron-FSDP --data-parallel-sharding-strategy optim_grads")]),
-    ("ZeRO-3", [("DeepSpeed", '"stage": 3, stage3_* keys'),
-                ("PyTorch", "FSDP ShardingStrategy.FULL_SHARD; FSDP2 fully_shard() (reshard_after_forward=True, "
-                            "the default); HYBRID_SHARD = ZeRO-3 inside a node, DDP across nodes"),
+    ("ZeRO-3", [("DeepSpeed", '"stage": 3, stage3_* keys (refused with pipeline parallelism)'),
+                ("PyTorch", "FSDP ShardingStrategy.FULL_SHARD; FSDP2 fully_shard(reshard_after_forward=True); "
+                            "its default None means True for every module but the root, False for the root "
+                            "(needed first in backward); an int k reshards to groups of k ranks (e.g. a node); "
+                            "HYBRID_SHARD = ZeRO-3 inside a node, DDP across nodes"),
                 ("Megatron-Core", "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params")]),
 ]
 
@@ -139,7 +243,7 @@ def fit_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), gpu_counts=
               gpu: str = "h100-80gb") -> str:
     """Model states per GPU for each ZeRO stage, against what one GPU may use (capacity minus
     the stated reserve): the memory side of sharding at 8B, 70B and 405B."""
-    from gpumem.memory import accounting, gpus as gpu_table
+    from gpumem.memory import accounting
     usable = gpu_table.usable(gpu)
     lines = [f"model states per GPU, recipe {recipe}; one {gpu_table.get(gpu).label} may use "
              f"{units.fmt(usable)} (reports {units.fmt(gpu_table.get(gpu).capacity)} minus the reserve)",

@@ -83,7 +83,8 @@ def event_diagram(result: dict, plans=None, width: int = 92) -> str:
     """The note's picture for each plan: what the forward keeps, what backward re-runs, in order."""
     n = result["layers"]
     names = " → ".join(["X", *[letter(f"L{i}", n) for i in range(n)], "loss"])
-    lines = [f"forward, every plan: {names}    (X: the embedded tokens; A..: each layer's output)", ""]
+    lines = [f"forward, every plan: {names}", "X: the embedded tokens; A, B, ...: each layer's output; "
+             "dD: backward through layer D", ""]
     for name, row in result["plans"].items():
         if plans and name not in plans:
             continue
@@ -143,7 +144,8 @@ def problem_box(model: str = "llama-3-70b", seq: int = 4096, gpus: int = 64, gpu
     states = accounting.model_states(cfg.n_params(), "mixed", gpus, 3).total
     working = int(accounting.zero3_gathered(cfg, "mixed"))
     room = gpu_table.usable(g)
-    lines = [f"{model}, seq {seq:,} x micro-batch 1, mixed precision, ZeRO-3 over {gpus} {g.label}s", ""]
+    lines = [f"{model}, seq {seq:,} x micro-batch 1, mixed precision, ZeRO-3 over {gpus} {g.label}s",
+             "(bars: share of one GPU's usable memory)", ""]
     rows = [("model states / GPU", states), ("ZeRO-3 working set", working)]
     for plan in ("none", "full"):
         a = recompute_cost.activation_bytes(cfg, seq, 1, plan)["peak"]
@@ -152,8 +154,9 @@ def problem_box(model: str = "llama-3-70b", seq: int = 4096, gpus: int = 64, gpu
         lines.append(f"{name:42s}{units.fmt(v):>10s}  {bar(v, room, 20)}")
     for plan in ("none", "full"):
         need = states + working + recompute_cost.activation_bytes(cfg, seq, 1, plan)["peak"]
-        verdict = "fits" if need <= room else f"over by {units.fmt(need - room)}"
+        verdict = "fits" if need <= room else f"{units.fmt(need - room)} too much"
         lines.append(f"{'total, ' + ('no checkpointing' if plan == 'none' else 'checkpointed'):42s}"
-                     f"{units.fmt(need):>10s}  against {units.fmt(room)} usable: {verdict}")
-    lines.append(f"usable = {g.capacity // units.MiB:,} MiB reported - reserve ({gpu_table.DEFAULT_RESERVE.describe()})")
+                     f"{units.fmt(need):>10s}  of {units.fmt(room)} usable: {verdict}")
+    lines.append(f"usable = {g.capacity // units.MiB:,} MiB reported - reserve")
+    lines.append(f"reserve = {gpu_table.DEFAULT_RESERVE.describe()}")
     return box("The problem: activations do not shard", lines, width=96)

@@ -11,7 +11,7 @@ Transformers ``PreTrainedModel.gradient_checkpointing_enable``; torchtitan
 ``torchtitan/distributed/activation_checkpoint.py`` (``mode``, ``selective_ac_option``).
 """
 
-from gpumem.course.drawing import box
+import textwrap
 
 # plan -> [(framework, how it is written there)]
 NAMES = {
@@ -52,14 +52,18 @@ DEEPSPEED_KEYS = {
 
 def frameworks_table() -> str:
     """Each plan of the chapter in PyTorch, Hugging Face, DeepSpeed, Megatron-LM and torchtitan."""
-    lines = []
+    lines = [f"{'plan':12s} {'framework':14s} how it is written", "-" * 98]
     for plan, names in NAMES.items():
         for i, (framework, how) in enumerate(names):
-            lines.append(f"{plan if i == 0 else '':12s} {framework:14s} {how}")
-    lines += ["", "DeepSpeed's JSON section \"activation_checkpointing\" configures its checkpoint "
-                  "function; the model must call deepspeed.checkpointing.checkpoint (Megatron-DeepSpeed does):"]
+            head = f"{plan if i == 0 else '':12s} {framework:14s} "
+            lines += textwrap.wrap(how, 98, initial_indent=head, subsequent_indent=" " * (len(head) + 2),
+                                   break_on_hyphens=False, break_long_words=False)
+    lines += [""] + textwrap.wrap("DeepSpeed's JSON section \"activation_checkpointing\" configures its "
+                                  "checkpoint function; the model must call deepspeed.checkpointing."
+                                  "checkpoint (Megatron-DeepSpeed does). Its keys:", 98)
     lines += [f"  {key:32s} {what}" for key, what in DEEPSPEED_KEYS.items()]
-    lines += ["", "Reentrant (a torch.autograd.Function that re-runs the whole segment: ours, "
-                  "DeepSpeed's, use_reentrant=True) vs non-reentrant (saved-tensor hooks, "
-                  "use_reentrant=False: stops each re-run once backward has what it needs)."]
-    return box("Activation checkpointing, by framework", lines, width=110)
+    lines += [""] + textwrap.wrap("Reentrant checkpoints (a torch.autograd.Function that re-runs the "
+                                  "whole segment: ours, DeepSpeed's, use_reentrant=True) against "
+                                  "non-reentrant ones (saved-tensor hooks, use_reentrant=False), which "
+                                  "stop each re-run once backward has what it needs.", 98)
+    return "\n".join(lines)

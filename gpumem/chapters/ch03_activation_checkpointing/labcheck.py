@@ -27,10 +27,10 @@ LAB = "lab03_checkpoint_budget"
 SEQ, BATCH = 32, 2
 # Wide layers and small vocabularies: the loss is small beside a layer, so where the checkpoints
 # go matters (a re-run late in backward happens while every earlier layer still holds its own).
-CASES = ((ModelConfig("lab-a", 8, 96, 6, 2, 256, 128), 3),
-         (ModelConfig("lab-b", 6, 128, 8, 4, 352, 96), 4),
-         (ModelConfig("lab-c", 10, 64, 4, 1, 192, 64), 6))
-GRAD_CASE = ModelConfig("lab-g", 3, 80, 5, 5, 224, 200)
+CASES = ((ModelConfig("lab-a", 8, 96, 6, 2, 256, 128, teaching=True), 3),
+         (ModelConfig("lab-b", 6, 128, 8, 4, 352, 96, teaching=True), 4),
+         (ModelConfig("lab-c", 10, 64, 4, 1, 192, 64, teaching=True), 6))
+GRAD_CASE = ModelConfig("lab-g", 3, 80, 5, 5, 224, 200, teaching=True)
 
 
 def numbers(cfg: ModelConfig, seq: int = SEQ, batch: int = BATCH) -> dict:
@@ -74,7 +74,11 @@ def _grade_checkpoint(report: Report, ckpt) -> bool:
         report.rows.append(Row("checkpoint", case, "todo" if err == "todo" else "error",
                                "checkpoint still raises NotImplementedError" if err == "todo" else err))
         return False
-    names = [f"parameter {i}" for i in range(len(plain.grads))]
+    import torch
+
+    from gpumem.memory.llama import Llama
+    with torch.device("meta"):
+        names = [name for name, _ in Llama(GRAD_CASE).named_parameters()]
     bad = next((f"first differing gradient: {name}, max |got - expected| = {(g - w).abs().max().item():.3g}"
                 for name, g, w in zip(names, mine.grads, plain.grads) if not (g == w).all()), None)
     report.rows.append(Row("checkpoint", f"{case}: gradients vs no checkpointing", "wrong" if bad else "ok", bad or ""))

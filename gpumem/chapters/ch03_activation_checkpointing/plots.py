@@ -63,7 +63,8 @@ def memory_timelines(measured: list, title: str):
         ax.set_ylabel("GB", fontsize=8)
         ax.set_title(f"checkpoint {m.plan}: activation peak {units.fmt(m.peak)}", fontsize=9, loc="left")
     axes[0].legend(fontsize=7, loc="upper right")
-    axes[-1].set_xlabel("operator, in execution order (forward, then backward; green: re-runs)")
+    thinned = " - thinned, the fullest of each bucket kept" if measured and len(measured[0].timeline) > 2000 else ""
+    axes[-1].set_xlabel(f"operator, in execution order (forward, then backward; green: re-runs){thinned}")
     fig.suptitle(title)
     fig.tight_layout()
     return fig

@@ -139,7 +139,7 @@ QUIZ = Quiz("03_activation_checkpointing", [
     Choice("early-stop",
            "PyTorch's non-reentrant torch.utils.checkpoint re-runs fewer FLOPs than one forward of the "
            "checkpointed layer. What does its re-run skip?",
-           ["The layer's last matmul (W_down)", "Attention's core", "The two RMSNorms",
+           ["Its last matmul, W_down", "Attention's core", "The two RMSNorms",
             "Nothing: it re-runs more"], answer=0,
            hint="The re-run only has to rebuild tensors that backward will read. Which op's output "
                 "does nothing in the layer's backward need?",

@@ -1,0 +1,63 @@
+"""Chapter 01's traced steps, computed once and shared by the diagrams, the ledger and the quiz.
+
+A composed trace of Llama-3-70B takes about a second and a full timeline several; the scenario
+box, the claims ledger and the quiz all need the same few, so they are cached here
+(``functools.lru_cache``). Everything is the engine's: ``tracing.trace_fast``,
+``timeline.record``, ``Timeline.zero3_per_gpu`` with ``accounting.zero3_gathered`` (read at call
+time, so a change to the working set follows into every figure of the chapter).
+
+``split_states`` is the best case of any sharding: model states divided evenly over N GPUs,
+each GPU running its own micro-batch, nothing else. Without a timeline it brackets one GPU's
+peak: at least the parameters and optimizer states (held the whole step) plus the activation
+peak; at most, by the usual safe sum, all states plus the activations.
+"""
+
+from functools import lru_cache
+
+from gpumem.memory import accounting, models, timeline as timelines, tracing
+from gpumem.memory.estimate import estimate
+
+
+@lru_cache(maxsize=None)
+def trace(model: str, recipe: str = "mixed", policy: str = "none", seq: int = 4096,
+          micro_batch: int = 1, kernel: str = "flash", adamw: str = "for-loop") -> tracing.Trace:
+    """The composed fake-tensor trace of one unsharded step (``tracing.trace_fast``), cached."""
+    return tracing.trace_fast(model, recipe, kernel, policy, seq, micro_batch, adamw=adamw)
+
+
+@lru_cache(maxsize=6)
+def timeline(model: str, recipe: str = "mixed", policy: str = "none", seq: int = 4096) -> timelines.Timeline:
+    """One unsharded step's timeline (every operator, ``timeline.record``), cached."""
+    return timelines.record(model, recipe, policy=policy, seq=seq)
+
+
+def zero3_view(model: str, recipe: str = "mixed", policy: str = "none", gpus: int = 8,
+               seq: int = 4096) -> timelines.Timeline:
+    """One GPU's timeline under ZeRO-3 over ``gpus``: sharded states, own activations, working set."""
+    tl = timeline(model, recipe, policy, seq)
+    return tl.zero3_per_gpu(gpus, accounting.zero3_gathered(models.get(model), recipe))
+
+
+@lru_cache(maxsize=None)
+def zero3_peak(model: str, recipe: str = "mixed", policy: str = "none", gpus: int = 8,
+               seq: int = 4096) -> dict:
+    """One GPU's peak under ZeRO-3: ``total`` bytes, ``phase``, ``module``, ``operator`` and the
+    bytes per category ``at`` that moment."""
+    z = zero3_view(model, recipe, policy, gpus, seq)
+    i = z.peak()
+    return {"total": z.total(i), "phase": z.phases[i], "module": z.modules[i], "operator": i,
+            "operators": len(z), "at": z.at(i)}
+
+
+def split_states(model: str, recipe: str = "mixed", gpus: int = 8, seq: int = 4096,
+                 micro_batch: int = 1, checkpoint: str = "none", attention: str = "flash") -> dict:
+    """One GPU's bytes with the model states split evenly over ``gpus`` and its own micro-batch's
+    activations: ``at_least`` (parameters + optimizer states + the activation peak, a moment
+    every step passes through, before any gradient exists at the loss) and ``sum`` (every part
+    at once). ``activations`` alone, for the verdict that no split can help."""
+    d = estimate(model=model, recipe=recipe, seq=seq, micro_batch=micro_batch, checkpoint=checkpoint,
+                 attention=attention, gpus=gpus, zero=3).as_dict()["per_gpu"]
+    acts = d["activations"]
+    return {"at_least": d["params"] + d["optimizer"] + acts,
+            "sum": d["params"] + d["grads"] + d["optimizer"] + acts, "activations": acts,
+            "states": d["params"] + d["grads"] + d["optimizer"]}

@@ -1,0 +1,298 @@
+"""Chapter 03's course side: the ``run checkpointing`` experiment and command line, the diagrams,
+the claims, the quiz's answers against hand derivations, lab 03's grader on wrong answers, and
+the GPU path.
+
+Hand derivations here use only the Llama-3 configs typed below and the FLOP rules of PyTorch's
+counter (2*T*d_in*d_out a matmul forward, twice that backward; attention's core 4*s^2*h forward,
+10*s^2*h backward), never the functions that compute the expected values.
+"""
+
+import json
+import linecache
+import math
+import re
+
+import pytest
+
+from conftest import ROOT, run_cli
+from gpumem import chapters
+from gpumem.chapters.ch03_activation_checkpointing import claims, diagrams, labcheck
+from gpumem.chapters.ch03_activation_checkpointing.quiz import QUIZ
+from gpumem.course.quiz import Choice, Numeric
+
+GB = 10**9
+# Meta's configs: layers, d_model, query heads, kv heads (head dim 128), FFN, vocab
+LLAMA = {"Llama-3-8B": (32, 4096, 32, 8, 14_336, 128_256), "Llama-3-70B": (80, 8192, 64, 8, 28_672, 128_256),
+         "Llama-3.1-405B": (126, 16_384, 128, 8, 53_248, 128_256)}
+SEEDS = range(30)
+TFLOPS = {"A100 40GB SXM": 312, "A100 80GB SXM": 312, "H100 80GB SXM": 989, "H200 141GB SXM": 989}
+
+
+def hand_flops(model: str, seq: int) -> dict:
+    L, h, a, kv, F, V = LLAMA[model]
+    k = kv * 128
+    layer_mm = 2 * seq * (h * h + 2 * h * k + h * h + 3 * h * F)
+    layer = layer_mm + 4 * seq * seq * h
+    head = 2 * seq * h * V
+    forward, backward = L * layer + head, L * (2 * layer_mm + 10 * seq * seq * h) + 2 * head
+    return {"layer": layer, "forward": forward, "backward": backward, "recompute": L * layer}
+
+
+# -- the experiment, through the command line ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def run_json():
+    proc = run_cli("run", "checkpointing", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_run_checkpointing_json_has_every_plan_measured(run_json):
+    assert run_json["model"] == "tiny[8L]" and run_json["tensors"] == "real (CPU)"
+    for name, row in run_json["plans"].items():
+        f = row["formula"]
+        assert (row["saved"], row["peak"], row["layer_peak"]) == (f["saved"], f["peak"], f["layer_peak"]), name
+        assert row["flops"] == f["flops"], name
+        assert row["grad_max_abs_diff"] == 0.0, name
+        assert row["events"] and {e["phase"] for e in row["events"]} <= {"forward", "recompute", "backward"}
+    impl = run_json["implementations"]
+    assert impl["scratch"]["flops"]["recompute"] == impl["deepspeed"]["flops"]["recompute"] \
+        > impl["torch"]["flops"]["recompute"]
+    assert all(r["grad_max_abs_diff"] == 0.0 for r in impl.values())
+
+
+def test_run_checkpointing_bad_input_exits_2_with_one_line():
+    proc = run_cli("run", "checkpointing", "--model", "llama-9")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "llama-9" in proc.stderr and "accepted" in proc.stderr
+
+
+def test_the_registry_table_renders_the_result(run_json):
+    text = chapters.render_experiment("checkpointing", run_json)
+    assert "differs" not in text and text.count("equal") >= len(run_json["plans"])
+    assert "torch.utils.checkpoint" in text and "deepspeed.checkpointing" in text
+
+
+def test_event_diagram_reads_like_the_note():
+    from gpumem.chapters.ch03_activation_checkpointing import experiments
+    res = experiments.checkpointing(model="mini", layers=4, compare_impls=False, plans=("every-2", "full"))
+    text = diagrams.event_diagram(res)
+    assert "[re-run C D from B] → dD → dC → [re-run A B from X] → dB" in text
+    assert "keeps inputs X, B" in text and "keeps inputs X, A, B, C" in text
+
+
+def test_problem_box_at_70b():
+    text = diagrams.problem_box("llama-3-70b", seq=4096, gpus=64)
+    states = 16 * 70_553_706_496 / 64                       # mixed precision, 16 B a parameter
+    assert f"{states / GB:.1f} GB" in text
+    assert re.search(r"total, no checkpointing .* too much", text) and re.search(r"total, checkpointed .*fits", text)
+
+
+# -- claims -------------------------------------------------------------------------------
+
+def test_claims_against_hand_counts():
+    by_id = {c.id: c for c in claims.CLAIMS}
+    assert by_id["4"].ours() == 4 * 4096 ** 2 * 32 * 32 * 16
+    f = hand_flops("Llama-3-8B", 4096)
+    assert by_id["5a"].ours() == pytest.approx(100 * f["recompute"] / (f["forward"] + f["backward"]))
+    assert by_id["8b''"].ours() == pytest.approx(by_id["5a"].ours() / 2)      # half the layers
+    assert by_id["5d'"].ours() == pytest.approx(by_id["5a"].ours())           # spacing: same FLOPs
+    verdicts = {c.id: c.verdict() for c in claims.CLAIMS}
+    assert verdicts["5a"] == "agrees" and verdicts["5d'"] == "wrong" and verdicts["4"] == "wrong"
+    for c in claims.CLAIMS:
+        assert c.why()
+
+
+# -- quiz ---------------------------------------------------------------------------------
+
+def draws(qid):
+    for seed in SEEDS:
+        QUIZ.seed(seed)
+        yield QUIZ._get(qid)
+
+
+def model_of(prompt: str) -> str:
+    return next(m for m in sorted(LLAMA, key=len, reverse=True) if m in prompt)
+
+
+def number(pattern: str, text: str) -> float:
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} not in {text!r}"
+    return float(match.group(1).replace(",", ""))
+
+
+def test_full_overhead_by_hand():
+    for q in draws("full-overhead"):
+        p = q.prompt_text()
+        f = hand_flops(model_of(p), int(number(r"sequences of ([\d,]+) tokens", p)))
+        want = 100 * f["recompute"] / (f["forward"] + f["backward"])
+        assert q.grade(want)
+        if abs(want - 100 / 3) > 0.01 * want:       # 2N/6N is wrong unless head and s^2 are tiny
+            assert not q.grade(100 / 3)
+
+
+def test_segment_length_from_the_prompt():
+    for q in draws("segment-length"):
+        p = q.prompt_text()
+        n, interior = int(number(r"has (\d+) layers", p)), number(r"keeps ([\d.]+) x s\*b\*h", p)
+        best = min(range(1, n + 1), key=lambda k: (math.ceil(n / k) * 2 + k * interior, k))
+        assert q.grade(best) and not q.grade(round(math.sqrt(n)))
+
+
+def test_recompute_seconds_by_hand():
+    for q in draws("recompute-seconds"):
+        p = q.prompt_text()
+        f = hand_flops(model_of(p), int(number(r"sequence ([\d,]+)", p)))
+        gpu = next(g for g in TFLOPS if g in p)
+        assert q.grade(f["recompute"] / (TFLOPS[gpu] * 1e12 * 0.40))
+
+
+def test_four_or_more_questions_with_hints_and_fair_options(capsys, monkeypatch):
+    assert len(QUIZ.questions) >= 4
+    for question in QUIZ.questions:
+        assert question.hint
+        if isinstance(question, Choice):
+            right = question.options[question.answer]
+            assert len(right) <= 1.3 * max(len(o) for i, o in enumerate(question.options) if i != question.answer)
+            assert not any(re.search(r"\b(because|so that|since)\b|, so ", o) for o in question.options)
+    numeric = [q for q in QUIZ.questions if isinstance(q, Numeric)]
+    assert numeric and all(q.drawn for q in numeric)
+    for question in numeric:
+        assert len({q.prompt_text() for q in draws(question.id)}) > 2, question.id
+    monkeypatch.setenv("GPUMEM_QUIZ_MODE", "text")
+    for seed in SEEDS:
+        QUIZ.seed(seed)
+        for q in QUIZ.questions:
+            assert "{" not in q.prompt_text() + q.explanation_text() + q.hint_for(-1 if isinstance(q, Numeric) else 0)
+    QUIZ.show()
+    assert capsys.readouterr().out.startswith("Quiz: 03_activation_checkpointing")
+
+
+def test_quiz_traps_name_the_mistake(capsys):
+    QUIZ.seed(3)
+    q = QUIZ._get("full-overhead")
+    QUIZ.answer("full-overhead", 100 / 3)
+    assert "2N/6N" in capsys.readouterr().out
+    q = QUIZ._get("segment-length")
+    QUIZ.answer("segment-length", q.numbers["sqrt_n"])
+    assert "sqrt(n)" in capsys.readouterr().out
+
+
+# -- lab 03: wrong answers are named ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def solved():
+    from test_labs import notebook_namespace
+    return notebook_namespace(ROOT / "solutions" / "lab03_checkpoint_budget.ipynb")
+
+
+def lab_with(solved: dict, **sources) -> object:
+    ns = dict(solved)
+    for name, source in sources.items():
+        fname = f"<wrong {name}>"
+        linecache.cache[fname] = (len(source), None, source.splitlines(True), fname)
+        exec(compile(source, fname, "exec"), ns)
+    return chapters.check_lab("lab03_checkpoint_budget", ns, show=False)
+
+
+def test_lab03_late_checkpoints_miss_the_budget(solved):
+    report = lab_with(solved, place="""
+def place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget):
+    for count in range(n_layers + 1):
+        if (n_layers - count) * layer_bytes + count * checkpoint_bytes + other_bytes <= budget:
+            return [[i] for i in range(n_layers - count, n_layers)]      # the last layers instead
+""")
+    rows = [r for r in report.rows if r.function == "place_checkpoints"]
+    assert rows and all(r.status == "wrong" and "misses the budget by" in r.detail for r in rows)
+    assert all(r.status == "ok" for r in report.rows if r.function == "checkpoint")
+
+
+def test_lab03_too_much_recomputation_is_priced(solved):
+    report = lab_with(solved, place="""
+def place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget):
+    return [[i] for i in range(n_layers)]
+""")
+    rows = [r for r in report.rows if r.function == "place_checkpoints"]
+    assert all(r.status == "wrong" and "more recomputation than needed" in r.detail for r in rows)
+
+
+def test_lab03_checkpoint_that_keeps_its_graph_is_caught(solved):
+    report = lab_with(solved, ckpt="""
+class Keeps(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run, *inputs):
+        ctx.run = run
+        ctx.save_for_backward(*inputs)
+        with torch.enable_grad():                           # a graph, kept "to reuse": every activation
+            ctx.graph = run(*[x.detach().requires_grad_(x.requires_grad) for x in inputs])
+        return ctx.graph.detach()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        inputs = [x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors]
+        with torch.enable_grad():
+            out = ctx.run(*inputs)
+        torch.autograd.backward(out, grad_out)
+        return (None, *[x.grad if x.requires_grad else None for x in inputs])
+
+
+def checkpoint(run, *inputs):
+    return Keeps.apply(run, *inputs)
+""")
+    rows = {r.case.rsplit(": ", 1)[-1]: r for r in report.rows if r.function == "checkpoint"}
+    assert rows["gradients vs no checkpointing"].status == "ok"
+    kept = rows["bytes kept for backward"]
+    assert kept.status == "wrong" and "expected" in kept.detail and "without a graph" in kept.detail
+
+
+def test_lab03_checkpoint_without_a_graph_in_backward_is_an_error(solved):
+    report = lab_with(solved, ckpt="""
+class NoGraph(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run, *inputs):
+        ctx.run = run
+        ctx.save_for_backward(*inputs)
+        return run(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        out = ctx.run(*ctx.saved_tensors)                   # forgot enable_grad
+        torch.autograd.backward(out, grad_out)
+        return (None, *[None for _ in ctx.saved_tensors])
+
+
+def checkpoint(run, *inputs):
+    return NoGraph.apply(run, *inputs)
+""")
+    first = report.rows[0]
+    assert first.function == "checkpoint" and first.status == "error" and "RuntimeError" in first.detail
+    # placements are still graded, with the course's own checkpoint
+    assert all(r.status == "ok" for r in report.rows if r.function == "place_checkpoints")
+
+
+def test_lab03_budgets_separate_the_optimum():
+    from gpumem.memory import recompute_cost
+    from gpumem.memory.recompute_plans import first_layers
+    for cfg, count in labcheck.CASES:
+        budget = labcheck.budget_for(cfg, count)
+        assert labcheck.optimum(cfg, budget) == count
+        fewer = recompute_cost.activation_bytes(cfg, labcheck.SEQ, labcheck.BATCH, first_layers(count - 1, cfg.n_layers),
+                                                "scratch")["peak"]
+        assert fewer > budget
+
+
+# -- the GPU path (skipped without CUDA) ----------------------------------------------------
+
+@pytest.mark.gpu
+def test_plans_on_a_gpu_1b_model():
+    """On CUDA: every-layer checkpointing holds far less than none, SAC less than none, and the
+    re-run costs time (wall clock within 10-60 % of the no-checkpoint step)."""
+    from gpumem.memory import recompute_cost, recompute_cuda
+    rows = {p: recompute_cuda.cuda_step(recompute_cuda.GPU_1B, p, seq=2048) for p in ("none", "sac", "full")}
+    assert rows["full"]["peak_above_held"] < 0.5 * rows["none"]["peak_above_held"]
+    assert rows["sac"]["peak_above_held"] < rows["none"]["peak_above_held"]
+    ratio = rows["full"]["seconds_per_step"] / rows["none"]["seconds_per_step"]
+    assert 1.1 < ratio < 1.6
+    formula = recompute_cost.activation_bytes(recompute_cuda.GPU_1B, 2048, 1, "none")["peak"]
+    grads = 2 * recompute_cuda.GPU_1B.n_params()
+    assert rows["none"]["peak_above_held"] == pytest.approx(formula + grads, rel=0.25)
