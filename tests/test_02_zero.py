@@ -179,6 +179,7 @@ def test_gathers_are_labelled_by_the_phase_they_serve(trace):
         now, before = trace["counts"][f"step{k}"], trace["counts"][f"step{k - 1}"]
         assert now["gathered_for"]["forward"] + before["after_step_bytes"] == 4 * cfg.n_params()
         assert before["after_step_params"] == len(trace["persistent"]) and before["after_step_bytes"] == norms
+        assert before["after_step_all_gathers"] == 1                   # one coalesced call for all the norms
         assert sum(now["gathered_for"].values()) == now["bytes_gathered"]
         assert now["all_gathers_for"]["backward"] > now["backward_all_gathers"]   # a forward prefetch for backward
         # fewer gathers than releases: the optimizer step also releases the norms gathered after the last step
@@ -237,6 +238,9 @@ def test_run_zero_from_the_command_line():
         assert isinstance(row["comm_bytes_per_step"], int) and len(row["losses"]) == 3
     assert data["stages"]["3"]["comm_per_step_in_psi"] == 3.0
     assert data["stages"]["3"]["comm_in_psi_by_kind"] == {"all_gather": 2.0, "reduce_scatter": 1.0}
+    tensors = len(list(training.build("tiny").parameters()))          # one collective per tensor per step
+    assert data["stages"]["0"]["comm_calls_per_step"] == {"all_reduce": tensors}
+    assert data["stages"]["3"]["comm_calls_per_step"] == {"all_gather": 2 * tensors, "reduce_scatter": tensors}
     row = {c.id: c for c in claims.claims(data)}["3b"]          # per pass: half the all-gathers
     assert row.ours() == 1.0 and row.verdict() == "agrees" and "3.00 psi" in row.why()
 
@@ -342,7 +346,7 @@ def test_ledger_3b_per_pass_from_the_deepspeed_trace(trace):
     after the previous step): exactly 4 bytes x psi in fp32."""
     row = {c.id: c for c in claims.claims(None, trace)}["3b"]
     assert row.ours() == 1.0 and row.verdict() == "agrees"
-    assert "1.76 psi gathered" in row.why() and "2.99 psi per step" in row.why()
+    assert "gathers 1.76 psi per step" in row.why() and "2.99 psi per step" in row.why()
 
 
 def test_zero3_pure_bf16_does_not_fit_an_h100():
@@ -353,7 +357,114 @@ def test_zero3_pure_bf16_does_not_fit_an_h100():
     cfg = models.get("llama-3-70b")
     fit = claims.zero3_pure_bf16_fit()
     assert fit["states"] == 8 * math.ceil(cfg.n_params() / 8)
-    assert fit["working_set"] == 4 * cfg.vocab * cfg.d_model + 2 * 50_000_000
+    d, kv, f, vd = cfg.d_model, cfg.kv_dim, cfg.ffn, cfg.vocab * cfg.d_model
+    layer0 = 2 * d * d + 2 * d * kv + 3 * d * f               # the seven matrices of a layer
+    steady = 2 * (vd + layer0 + d * d + 2 * d * kv)          # embedding, layer 0, layer 1's q, k, v in bf16
+    assert fit["working_set"] == steady + 2 * vd             # + the embedding's full gradient
     usable = 81_559 * 2**20 - 2 * 2**30 - int(0.05 * 81_559 * 2**20)
     assert fit["usable"] == usable
+    assert fit["states"] + fit["working_set"] < usable        # states and working set alone would fit
     assert fit["states"] + fit["working_set"] + 80 * 2 * 4096 * 8192 > usable and not fit["fits"]
+
+
+def test_working_set_steady_peak_and_its_bound():
+    """Replayed steady peak of gathered bf16 parameters for Llama-3-70B, by hand: at the backward
+    of layers.1.attn.wv the embedding (prefetched), all of layer 0 and layer 1's q, k, v are whole.
+    On demand (step 0) it is the embedding alone; DeepSpeed bounds prefetch by
+    stage3_max_live_parameters (1e9 elements) plus one tensor's overshoot."""
+    cfg = models.get("llama-3-70b")
+    d, kv, f, vd = cfg.d_model, cfg.kv_dim, cfg.ffn, cfg.vocab * cfg.d_model
+    peak = zero3_schedule.steady_peak(cfg)
+    assert peak["bytes"] == 2 * (vd + 2 * d * d + 2 * d * kv + 3 * d * f + d * d + 2 * d * kv) == 3_980_394_496
+    assert peak["at"] == "backward layers.1.attn.wv"
+    assert peak["bytes"] <= 2 * (10**9 + vd)
+    ws = claims.zero3_working_set()
+    assert ws["gathered_on_demand"] == 2 * vd and ws["total"] == peak["bytes"] + 2 * vd
+
+
+def test_reuse_gap_by_hand():
+    """Between the last layer's mlp.down forward and its backward run the final norm and the head,
+    forward then backward: 2 x V x d + 2 x d elements, beyond the 1e9 window at 70B, within the
+    scaled window for the 4-layer mini (the artefact)."""
+    for name in ("llama-3-70b", "mini"):
+        cfg = models.get(name)
+        gap = zero3_schedule.reuse_gap(cfg, f"layers.{cfg.n_layers - 1}.mlp.down")
+        assert gap == 2 * cfg.vocab * cfg.d_model + 2 * cfg.d_model
+    assert zero3_schedule.reuse_gap("llama-3-70b", "layers.79.mlp.down") > 10**9
+    mini = models.get("mini")
+    assert zero3_schedule.reuse_gap(mini, "layers.3.mlp.down") < ds_ranks.scaled_zero3_config(mini)["stage3_max_reuse_distance"]
+    assert zero3_schedule.reuse_gap("llama-3-70b", "head") == 0
+
+
+def test_stage3_defaults_are_deepspeeds():
+    """The replay's and the trace's defaults against DeepSpeed's own config classes."""
+    from gpumem.dist import ds_audit
+    ds = ds_audit.defaults()
+    for table in (zero3_schedule.DEFAULTS, ds_ranks.DEFAULTS_70B):
+        assert {k: int(v) for k, v in table.items()} == {k: int(ds[k]) for k in table}
+    assert int(ds["reduce_bucket_size"]) == 500_000_000 and int(ds["offload_param.buffer_size"]) == 10**8
+
+
+def test_estimators_reconcile_part_by_part():
+    """DeepSpeed's ZeRO-2 estimate is 2 psi + int(18 psi / N) and its ZeRO-3 estimate 4 x the
+    largest layer + int(18 psi / N) (stage_1_and_2.py / stage3.py, no offload); the course's rows
+    are 2 + 14/8 (mixed), 2 + 16/8 (mixed-ds), 16/8 and 18/8 B per parameter."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    from gpumem import units
+    from gpumem.chapters.ch02_zero import tables
+    cfg = models.get("llama-3-70b")
+    n, largest = cfg.n_params(), cfg.vocab * cfg.d_model
+    assert estimate_zero2_model_states_mem_needs(n, 8, 1, cpu_offload=False)[1] == 2 * n + int(18 * n / 8)
+    assert estimate_zero3_model_states_mem_needs(n, largest, 8, 1, cpu_offload=False,
+                                                 cpu_offload_params=False)[1] == 4 * largest + int(18 * n / 8)
+    text = tables.estimator_compare_table("llama-3-70b", 8)
+    for per_param in (2 + 14 / 8, 2 + 16 / 8, 16 / 8, 18 / 8):
+        assert units.fmt(per_param * n) in text
+    assert units.fmt(2 * n + 18 * n / 8) in text and units.fmt(4 * largest + 18 * n / 8) in text
+    assert "2 bf16 + 4 fp32 grads + 12 optimizer = 18" in text and "4 fp32 grads + 12 optimizer = 16" in text
+
+
+def test_frameworks_table_against_torch_and_deepspeed():
+    """FSDP2's reshard_after_forward defaults to None and accepts an int; replicate() is the
+    private composable API; DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3; Megatron's
+    distributed optimizer keeps 6 B whole and shards 12 B (its docs' bf16 / fp32-grads row)."""
+    import inspect
+
+    import torch.distributed._composable as composable
+    from deepspeed.runtime.pipe import engine
+    from torch.distributed.fsdp import fully_shard
+
+    from gpumem.chapters.ch02_zero import tables
+    arg = inspect.signature(fully_shard).parameters["reshard_after_forward"]
+    assert arg.default is None and "int" in str(arg.annotation)
+    assert hasattr(composable, "replicate")
+    assert "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" in inspect.getsource(engine.PipelineEngine)
+    text = tables.frameworks_table()
+    assert "default None" in text and "_composable.replicate" in text and "FSDP2 replicate" not in text
+    assert "6 + 12/d" in text and "fp32 main grads whole" in text
+
+
+def test_corrected_config_aio_keys_are_deepspeeds():
+    """Every aio key of the corrected config is one DeepSpeed 0.19.8 reads (aio_config.py), and
+    each value is its default: the section is optional."""
+    from deepspeed.runtime.swap_tensor.aio_config import AIO_DEFAULT_DICT, get_aio_config
+    aio = ds_config_note.CORRECTED["aio"]
+    assert "thread_count" not in aio and set(aio) <= set(AIO_DEFAULT_DICT)
+    read = get_aio_config(ds_config_note.CORRECTED)
+    assert all(read[k] == v == AIO_DEFAULT_DICT[k] for k, v in aio.items())
+    assert get_aio_config({}) == AIO_DEFAULT_DICT
+    diff = ds_config_note.config_diff()
+    assert "allgather_bucket_size" in diff and "stage3_max_reuse_distance" in diff and "1e9*" in diff
+
+
+def test_time_table_at_half_the_link_and_the_attention_share():
+    """Half the bandwidth doubles the break-even; the attention scores add 12 L h s / (6 psi) FLOPs."""
+    cfg = models.get("llama-3-70b")
+    full = zero3_cost.zero3_step_time("llama-3-70b", 8, "h100-80gb", "nvlink", tokens_per_gpu=1024)
+    half = zero3_cost.zero3_step_time("llama-3-70b", 8, "h100-80gb", 225e9, tokens_per_gpu=1024)
+    assert half["break_even_tokens"] == pytest.approx(2 * full["break_even_tokens"])
+    from gpumem.chapters.ch02_zero import tables
+    share = 12 * cfg.n_layers * cfg.d_model * 4096 / (6 * cfg.n_params())
+    assert f"+{share:.1%} FLOPs" in tables.time_table() and 0.07 < share < 0.08

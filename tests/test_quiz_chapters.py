@@ -120,6 +120,12 @@ def test_usable_bytes_from_the_prompt():
     assert h100.grade("79.1 GB") and not h100.grade(80) and not h100.grade("85.5 GB")
 
 
+def test_fewer_free_bytes_is_never_a_unit():
+    q = ch00_setup.QUIZ._get("fewer-free-bytes")
+    assert "GiB" in q.expected() and "MiB" in q.expected()
+    assert "85,520,809,984 B" in q.explanation_text()             # 81,559 x 2^20
+
+
 def test_chapter_00_does_not_teach_80_gb_as_80e9_bytes():
     texts = []
     for q in ch00_setup.QUIZ.questions:
@@ -131,13 +137,18 @@ def test_chapter_00_does_not_teach_80_gb_as_80e9_bytes():
 # -- chapter 01 --------------------------------------------------------------------------
 
 def test_states_budget_from_the_prompt():
+    counts = set()
     for question in draws(ch01_memory_anatomy.QUIZ, "states-budget"):
         prompt = question.prompt_text()
         params = number(r"has ([\d,]+) parameters", prompt)
-        gpus, usable = number(r"over (\d+) x", prompt), number(r"each with ([\d,]+) bytes usable", prompt)
+        gpus = 1 if "all on one " in prompt else number(r"evenly among (\d+) x", prompt)
+        usable = number(r"with ([\d,]+) bytes usable per GPU", prompt)
+        counts.add(gpus)
         assert params == hand_params(model_of(prompt))
         assert usable == pytest.approx(hand_usable(REPORTED_MIB[gpu_of(prompt)]), abs=1)
         assert question.value() == gpus * usable // params
+    assert 1 in counts and len(counts) > 2 and "1 x" not in " ".join(
+        q.prompt_text() for q in draws(ch01_memory_anatomy.QUIZ, "states-budget"))
     # 70B on 8 H100s: 8 x 79.1e9 / 70,553,706,496 = 8.97 -> 8 bytes: pure bf16 fits, mixed does not
     q = drawn(ch01_memory_anatomy.QUIZ, "states-budget", model_name="llama-3-70b", gpu_name="h100-80gb", gpus=8)
     assert hand_params("Llama-3-70B") == 70_553_706_496
@@ -160,17 +171,62 @@ def test_states_budget_hints_name_the_mistake(capsys):
     assert "round down" in capsys.readouterr().out
 
 
-def test_model_states_gb_from_the_prompt():
-    recipes = set()
-    for question in draws(ch01_memory_anatomy.QUIZ, "states-gb"):
+def test_custom_recipe_from_the_prompt():
+    """A recipe the chapter never tabulates: the bytes counted from the words on screen."""
+    seen = set()
+    for question in draws(ch01_memory_anatomy.QUIZ, "custom-recipe"):
         prompt = question.prompt_text()
-        params, per = number(r"has ([\d,]+) parameters", prompt), sum(recipe_of(prompt))
-        recipes.add(per)
+        params = number(r"\(([\d,]+) parameters\)", prompt)
+        grads = {"bf16": 2, "fp32": 4}[re.search(r"gradients kept in (bf16|fp32)", prompt).group(1)]
+        master = 4 if "an fp32 master copy" in prompt else 0
+        assert master or "no master copy" in prompt
+        moments = {"bf16": 2, "fp32": 4}[re.search(r"moments in (bf16|fp32)", prompt).group(1)]
+        per = 2 + grads + master + 2 * moments
+        assert (grads, master, moments) not in {(2, 0, 2), (2, 4, 4), (4, 4, 4)}   # never a table row
+        seen.add(per)
         assert question.value() == pytest.approx(per * params / 1e9, rel=1e-12)
-    assert recipes == {8, 16, 18}
-    q = drawn(ch01_memory_anatomy.QUIZ, "states-gb", model_name="llama-3-70b", recipe_name="mixed")
-    assert q.grade("1129 GB") and q.grade("1,128.9") and q.grade("1.129 TB") and not q.grade("564 GB")
-    assert q.grade(f"{16 * 70_553_706_496 / 2**30:.1f} GiB")    # 1,051.3 GiB, converted
+        assert not question.grade((per - moments) * params / 1e9)             # one moment forgotten
+    assert seen == {10, 12, 14}
+    q = drawn(ch01_memory_anatomy.QUIZ, "custom-recipe", model_name="llama-3-70b", grad_dtype="fp32",
+              master="no master copy", moment_dtype="fp32")
+    assert q.grade("987.8 GB") and q.grade(f"{14 * 70_553_706_496 / 2**30:.1f} GiB") and not q.grade("1129 GB")
+
+
+def test_fp32_to_mixed_keeps_the_states_and_halves_the_activations():
+    for question in draws(ch01_memory_anatomy.QUIZ, "fp32-to-mixed"):
+        prompt = question.prompt_text()
+        states = float(re.search(r"model states take ([\d,.]+) GB", prompt).group(1).replace(",", ""))
+        acts = float(re.search(r"layers save ([\d,.]+) GB", prompt).group(1).replace(",", ""))
+        params = hand_params(model_of(prompt))
+        assert states == pytest.approx(16 * params / 1e9, abs=0.06)          # 4 + 4 + 8
+        assert question.value() == pytest.approx(states + acts / 2, rel=1e-3)
+        assert question.grade(states + acts / 2)
+        assert not question.grade(states + acts) and not question.grade((states + acts) / 2)
+
+
+def test_zero3_peak_from_the_prompt():
+    """One GPU's peak under ZeRO-3: weights and optimizer states / N, one sequence's activations
+    whole, the working set (no gradient exists yet at that moment): within 2 % of the traced view."""
+    counts = set()
+    for question in draws(ch01_memory_anatomy.QUIZ, "zero3-peak"):
+        prompt = question.prompt_text()
+        n = number(r"ZeRO-3 over (\d+) GPUs", prompt)
+        gb = {k: float(re.search(rf"{k} ([\d,.]+) GB", prompt).group(1).replace(",", ""))
+              for k in ("weights", "gradients", "optimizer states", "peak at", "working set of")}
+        counts.add(n)
+        hand = (gb["weights"] + gb["optimizer states"]) / n + gb["peak at"] + gb["working set of"]
+        assert question.value() == pytest.approx(hand, rel=0.015)
+        assert question.grade(hand)
+        total = gb["weights"] + gb["gradients"] + gb["optimizer states"]
+        assert not question.grade((total + gb["peak at"]) / n)             # activations split too
+        assert not question.grade(total / n)                               # the optimizer-step view
+        assert "backward" in question.explanation_text()
+    assert counts == {4, 8, 16, 32, 64}
+    # 70B on 8: weights 2 x 70.55 B, optimizer 12 x, activations 114.2 GB (109 GB of layers +
+    # 5.25 GB at the loss), working set 2 x 2 B x 128,256 x 8,192 + 2 B x 5e7
+    q = drawn(ch01_memory_anatomy.QUIZ, "zero3-peak", gpus=8)
+    hand = 14 * 70_553_706_496 / 8 / 1e9 + 114.19 + (4 * 128_256 * 8_192 + 10**8) / 1e9
+    assert q.value() == pytest.approx(hand, rel=0.02)
 
 
 def test_gqa_scores_count_query_heads():

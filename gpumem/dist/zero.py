@@ -154,6 +154,7 @@ class ZeroAdamW:
 
     # ---- stage 3: gather before use, release after ----------------------------------------
     def _gather_all(self, params) -> None:
+        """Make each parameter whole again (if it is released) from every rank's shard."""
         for p in params:
             if p.data.numel() == 0:
                 p.data = all_gather_full(self.shard[p], self.numel[p], self.shape[p], self.comm)
@@ -164,9 +165,11 @@ class ZeroAdamW:
 
     @staticmethod
     def _release(p) -> None:
+        """Drop the whole tensor's storage; only this rank's shard (``self.shard[p]``) remains."""
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
     def _install_module_hooks(self) -> None:
+        """Per module that owns parameters: gather before forward, release after, gather before backward."""
         for module in self.model.modules():
             own = list(module.parameters(recurse=False))
             if not own:

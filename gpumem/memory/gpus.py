@@ -58,12 +58,18 @@ def get(name: str) -> GPU:
 
 @dataclass(frozen=True)
 class Reserve:
-    """What a training process cannot use for tensors, in bytes (stated, not measured here).
+    """What a training process cannot use for tensors, in bytes: stated assumptions, not
+    measurements (measure your own: ``torch.cuda.mem_get_info()`` after NCCL is initialised and
+    one step has run, and ``memory_reserved() - memory_allocated()``).
 
     ``context``: the CUDA context with cuBLAS/cuDNN workspaces (about 0.5-1 GiB on Ampere and
     Hopper). ``nccl``: communicator buffers (NCCL_BUFFSIZE is 4 MiB per channel and peer; with
-    several communicators it reaches about 1 GiB). ``fragmentation``: what the caching allocator
-    holds but cannot hand out, as a share of capacity (a few percent in steady training).
+    several communicators it reaches about 1 GiB). ``fragmentation``: what PyTorch's caching
+    allocator holds but cannot hand out. It rounds every request up (to 512 B; large ones to
+    2 MiB: ``kMinBlockSize``, ``kRoundLarge`` in c10/core/AllocatorConfig.h), packs small ones
+    into 2 MiB blocks and splits cached segments, so a freed block may be too small or too
+    fragmented for the next request; reserved-minus-allocated in steady training is typically a
+    few percent of the device. 5 % is the course's round assumption for it, not a measured law.
     """
     context: int = 1 * GiB
     nccl: int = 1 * GiB

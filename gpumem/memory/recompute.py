@@ -1,20 +1,23 @@
 """Activation checkpointing (recomputation), from scratch and PyTorch's, for any plan.
 
-* :class:`Checkpoint` is the whole idea in one ``torch.autograd.Function``: its forward runs a
-  segment without building a graph and keeps only the segment's inputs; its backward runs the
-  segment again, this time with a graph, and back-propagates through that fresh copy. This is
-  what ``torch.utils.checkpoint(use_reentrant=True)`` does.
+* :class:`Checkpoint` (``impl="scratch"``) is the whole idea in one ``torch.autograd.Function``:
+  its forward runs a segment without building a graph and keeps only the segment's inputs; its
+  backward runs the segment again, this time with a graph, and back-propagates through that
+  fresh copy. ``torch.utils.checkpoint(use_reentrant=True)`` and DeepSpeed's
+  ``CheckpointFunction`` (``impl="deepspeed"``) work this way ("reentrant").
 * ``impl="torch"`` uses ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``: the forward
   builds the graph but drops the tensors it would save (saved-tensor hooks), and backward
-  re-runs the segment only as far as the first tensor it needs is concerned (``early_stop``).
+  re-runs the segment only until the last tensor it will read exists (``early_stop``), so the
+  segment's final W_down matmul is never re-run.
 * ``sac`` wraps every layer with ``create_selective_checkpoint_contexts`` and a policy that keeps
   matmul outputs (:func:`sac_policy`).
 
 :func:`loss_of` runs the course's Llama (``gpumem.memory.llama``) under a
 :class:`~gpumem.memory.recompute_plans.Plan`, driving ``model.embed``, ``model.layers``,
-``model.norm`` and ``model.head`` itself, so a plan can be any list of segments. Everything
-re-run in backward happens inside :func:`recomputing`'s context, so tracers and FLOP counters
-can tell recomputation from backward.
+``model.norm`` and ``model.head`` itself (the same maths as ``Llama.forward``), so a plan can be
+any list of segments. A segment run while autograd's engine is running backward is a re-run,
+whoever runs it; it is marked, and :func:`recomputing` lets tracers and FLOP counters tell
+recomputation from backward.
 """
 
 import contextlib

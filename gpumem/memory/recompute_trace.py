@@ -7,7 +7,11 @@
   with tensors made while a forward is re-run in backward counted as activations;
 * :class:`gpumem.memory.flops.PhaseFlops`, filing each operator under what runs at that moment
   (:class:`Recorder`): ``forward``, ``recompute`` or ``backward``, and of which part (``embed``,
-  ``L0`` ... ``L{n-1}``, ``head``, ``loss``).
+  ``rope``, ``L0`` ... ``L{n-1}``, ``head``, ``loss``).
+
+Measured: ``saved`` (activation bytes alive when backward starts: what the forward kept),
+``peak`` (the activation peak of the step, forward or re-run), ``layer_peak`` (the peak while a
+layer is re-run or differentiated: the step without its loss), FLOPs per phase, the events.
 
 The recorder knows the part from module hooks (forward and re-runs) and, in backward, from
 gradient hooks on each part's output: the part whose output gradient arrived last is the one
@@ -16,12 +20,10 @@ for registry models) nothing is allocated, so a Llama-3-70B step is measured on 
 real tensors the same step also returns the gradients.
 """
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import flops as flop_counter, models, recompute, timeline as timelines, tracing
 from .recompute_plans import Plan, plan as make_plan

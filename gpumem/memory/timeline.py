@@ -9,7 +9,8 @@ traces one step with it (fake tensors: a full Llama-3-70B step takes seconds).
 holds: parameters, gradients and optimizer states (and the optimizer's workspace, which works on
 the shard) divided by N; activations and the gradients of activations unchanged, since every
 rank runs its own micro-batch; plus the working set of ``accounting.zero3_gathered`` while
-forward and backward run. That view is derived from the trace and the formula, not traced.
+forward (the gathered module and the prefetch bucket) and backward (all of it) run. That view is
+derived from the trace and the formula, not traced.
 """
 
 from dataclasses import dataclass, field
@@ -116,8 +117,10 @@ class Timeline:
             return [accounting.shard(v, gpus) for v in values]
         s = self.series
         temps = [accounting.shard(t, gpus) if p == "optimizer" else t for p, t in zip(self.phases, s["temporaries"])]
-        working = [0 if p == "optimizer" else gathered.params + gathered.prefetch + (gathered.grad if p == "backward" else 0)
-                   for p in self.phases]
+        # forward: the gathered module and the prefetch bucket; backward: the whole working set
+        # (with the module's full gradient and whatever else zero3_gathered counts for backward)
+        forward = gathered.params + gathered.prefetch
+        working = [{"optimizer": 0, "backward": int(gathered)}.get(p, forward) for p in self.phases]
         series = {"params": split(s["params"]), "grads": split(s["grads"]), "optimizer": split(s["optimizer"]),
                   "activations": list(s["activations"]), "temporaries": temps, "gathered": working}
         return Timeline(f"{self.label}, ZeRO-3 per GPU of {gpus}", self.phases, self.modules, series,

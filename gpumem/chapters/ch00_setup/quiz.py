@@ -1,6 +1,6 @@
 """Chapter 00's quiz: what a GPU's memory really is (what the device reports, less a reserve),
-and what the course runs on a laptop. GPU figures come from ``gpumem.memory.gpus``; each attempt
-draws another GPU (and unit)."""
+why fewer bytes are free than it reports, and what a fake-tensor trace can tell. GPU figures
+come from ``gpumem.memory.gpus``; each attempt draws another GPU (and unit)."""
 
 from gpumem.course.quiz import Choice, Numeric, Quiz
 from gpumem.course.quiz_draws import UNIT_MIXUP, gpu_numbers, pick
@@ -58,18 +58,21 @@ QUIZ = Quiz("00_setup", [
                    (lambda n: n["usable"] / GiB, "that is the usable size in GiB; the question asks "
                                                  "for GB (10^9 B).")),
             draw=_usable),
-    Choice("cpu-real",
-           "On a laptop with no GPU, what does this course run?",
-           ["Nothing until a CUDA GPU is attached",
-            "Recorded outputs of runs made on GPUs",
-            "Real PyTorch and DeepSpeed on CPU processes",
-            "A simulator that imitates DeepSpeed's collectives"],
-           answer=2,
-           hint="Chapter 02 measures DeepSpeed's memory on your own machine: whose code allocates "
-                "the bytes it reports?",
-           explanation="DeepSpeed runs for real on its CPU accelerator, its ranks talking over gloo; "
-                       "fake tensors let a laptop trace a full Llama-3-70B step without allocating "
-                       "its memory."),
+    Choice("fewer-free-bytes",
+           "nvidia-smi shows an H100 with 81,559 MiB. Right after a training script starts, "
+           "torch.cuda.mem_get_info() reports fewer free bytes than 81,559 x 2^20. Which of "
+           "these is NOT a reason?",
+           ["The CUDA context that the process created on the GPU",
+            "Tensors of another process on the same GPU",
+            "Device memory the driver keeps for itself",
+            "PyTorch counting in GiB where nvidia-smi counts in MiB"],
+           answer=3,
+           hint="mem_get_info returns a count of bytes. Which option changes how a size is "
+                "written rather than how many bytes there are?",
+           explanation="A unit changes how a number is written, never the bytes: 81,559 MiB and "
+                       "79.6 GiB are the same 85,520,809,984 B. The CUDA context, other processes "
+                       "and the driver's share are bytes really taken, which is why the course "
+                       "plans against capacity less a reserve."),
     Choice("fake-trace",
            "A fake-tensor trace runs a full Llama-3-70B training step on a laptop: every tensor "
            "has a shape, a dtype and a device, but no data. Which of these can it NOT tell you?",

@@ -28,7 +28,8 @@ def _states(recipe: str, zero: int = 0, gpus_: int = N) -> accounting.States:
 
 
 def _est(**kw) -> dict:
-    return estimate(model="llama-3-70b", **kw).as_dict()["per_gpu"]
+    out = estimate(model=MODEL, **kw).as_dict()
+    return out["per_gpu"] | {"gathered_parts": out.get("gathered_parts", {})}
 
 
 def _gb(value: float, digits: int = 0) -> str:
@@ -71,22 +72,22 @@ def _why_s2() -> str:
             "not combine ZeRO-3 with pipeline parallelism (layers split across GPUs in stages). "
             "Pure bf16 + ZeRO-3 on 8 + full checkpointing, from the traced timeline: one GPU peaks at "
             f"{_gb(z['total'], 1)} in {z['phase']} ({z['module'] or 'loss'}), where nearly every "
-            f"gradient shard exists beside ZeRO-3's working set ({_gb(d['gathered'], 1)}: the largest "
-            "module's gathered weights and gradient, the embedding's or the output head's 1.05 B "
-            "parameters, and the prefetch bucket); "
+            f"gradient shard exists beside ZeRO-3's working set ({_gb(d['gathered'], 1)} = "
+            + " + ".join(f"{name} {_gb(b, 1)}" for name, b in d["gathered_parts"].items())
+            + "; the largest module is the embedding or the output head, 1.05 B parameters each); "
             + (f"{_gb(gpus.usable(one) - z['total'], 1)} under the usable {_gb(gpus.usable(one), 1)}: it fits, "
                "narrowly." if fits else f"over the usable {_gb(gpus.usable(one), 1)}.")
             + f" Summing every part gives {_gb(d['total'], 1)}, "
             + ("over" if d["total"] > one.capacity else "under") + f" the capacity ({_gb(one.capacity, 1)}): "
-            "the sum is a safe bound, too coarse to decide this case.")
+            "on the safe side here, the sum is too coarse to decide this case.")
 
 
 CLAIMS = [
     Claim("1a", "70B parameters in bf16", 140 * GB, lambda: _states("mixed").params,
           lambda: f"Right: 2 bytes x {_llama70().n_params() / 1e9:.2f} B parameters (Meta's count)."),
     Claim("1a'", "70B gradients in bf16", 140 * GB, lambda: _states("mixed").grads,
-          lambda: f"Right for bf16 gradients; DeepSpeed's estimator counts fp32 gradients instead "
-                  f"({_gb(_states('mixed-ds', gpus_=1).grads)})."),
+          lambda: f"Right for bf16 gradients; the mixed-ds recipe (DeepSpeed's BF16_Optimizer, "
+                  f"Megatron's --bf16) keeps fp32 gradients instead ({_gb(_states('mixed-ds', gpus_=1).grads)})."),
     Claim("1b", "optimizer states", 280 * GB, lambda: _states("mixed").optimizer,
           lambda: "4 B/param is pure-bf16 AdamW. Standard mixed precision keeps an fp32 master copy "
                   "and fp32 m and v: 12 B/param."),

@@ -122,7 +122,7 @@ def recipe_names() -> str:
     for recipe, names in _NAMES.items():
         for i, (framework, how) in enumerate(names):
             head = f"{recipe:10s}{accounting.recipe(recipe).total:>3d} B" if i == 0 else " " * 15
-            for j, part in enumerate(textwrap.wrap(how, 80)):
+            for j, part in enumerate(textwrap.wrap(how, 80, break_on_hyphens=False, break_long_words=False)):
                 lines.append(f"{head if j == 0 else ' ' * 15}  {framework if j == 0 else '':10s} {part}")
     return "\n".join(lines)
 

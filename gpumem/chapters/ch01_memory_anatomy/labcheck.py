@@ -1,4 +1,5 @@
-"""Lab 01's ``check()``: the learner's memory calculator graded against traced truth.
+"""Lab 01's ``check()``: the learner's memory calculator graded against traced truth, and
+``layer_source()``, the layer's code the lab prints for the learner to read.
 
 The cases are not the ones the lab shows; the expected values come from fake-tensor traces
 (``gpumem.memory.tracing``) where a trace can say it, otherwise from the library's formulas,
@@ -36,6 +37,31 @@ def traced_layer(cfg: ModelConfig, kernel: str, seq: int, batch: int) -> int:
     deep, shallow = (tracing.trace_step(with_layers(cfg, n), "mixed", kernel, seq=seq, micro_batch=batch)
                      for n in (3, 2))
     return deep.peaks["activations"] - shallow.peaks["activations"]
+
+
+def _without_comments(source: str) -> str:
+    """``source`` with its comments and blank lines removed (they would name what is saved)."""
+    import io
+    import tokenize
+    drop = {(t.start[0], t.start[1]) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type == tokenize.COMMENT}
+    lines = source.splitlines()
+    for row, col in drop:
+        lines[row - 1] = lines[row - 1][:col].rstrip()
+    return "\n".join(line for line in lines if line.strip())
+
+
+def layer_source() -> str:
+    """The code one layer of ``gpumem.memory.llama`` runs, as lab 01 shows it (comments removed,
+    the learner works out what each operation saves): the block, its attention and attention
+    core, ``repeat_kv``, RoPE, the SwiGLU MLP and the fused RMSNorm's forward."""
+    import inspect
+    import textwrap
+    from gpumem.memory import llama
+    parts = [llama.Block.forward, llama._FusedRMSNormFn.forward, llama.Attention.forward,
+             llama.apply_rope, llama.core_attention, llama.repeat_kv, llama.MLP.forward]
+    return "\n\n".join(f"# {f.__qualname__.replace('_FusedRMSNormFn', 'RMSNorm')}\n"
+                       + _without_comments(textwrap.dedent(inspect.getsource(f))) for f in parts)
 
 
 def _bytes(v) -> str:

@@ -82,15 +82,20 @@ def timeline(tl, title: str | None = None, capacity: int | None = None, usable: 
     ax.set_title(title or tl.label, pad=14, fontsize=10)
     if zoom_ax is not None and zoom in tl.phases:
         part = tl.window(zoom)
+        x = part.operators()
         totals = [part.total(i) / units.GB for i in range(len(part))]
-        _stack(zoom_ax, part, shade=False)
-        low, high = min(totals), max(totals)
-        pad = max(0.05 * (high - low), 0.01 * high)
+        base = [(part.total(i) - part.series["temporaries"][i]) / units.GB for i in range(len(part))]
+        low, high = min(base), max(totals)
+        pad = 0.08 * (high - low) or 1.0
+        zoom_ax.fill_between(x, low - pad, base, color=COLOURS["optimizer"], linewidth=0, label="states")
+        zoom_ax.plot(x, totals, color=COLOURS["temporaries"], linewidth=0.8, label="+ workspace")
         zoom_ax.set_ylim(low - pad, high + pad)
+        zoom_ax.set_xlim(x[0], x[-1])
         zoom_ax.set_title(f"{zoom} phase, every operator", fontsize=9)
         zoom_ax.set_xlabel("operator number")
         zoom_ax.set_ylabel("GB held (axis cut)")
         zoom_ax.tick_params(labelsize=7)
+        zoom_ax.legend(fontsize=7, loc="upper center")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0) if zoom_ax is None else (0.0, 1.0))
     if fig is not None:
         fig.tight_layout()

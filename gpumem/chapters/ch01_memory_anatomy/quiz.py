@@ -1,31 +1,62 @@
-"""Chapter 01's quiz: bytes per parameter by recipe, what fits a cluster, and where the s^2 term
-of attention comes from. Each attempt draws a model, GPUs, recipe or sequence length; every
-expected value is computed by the library (``gpumem.memory``) for the numbers drawn."""
+"""Chapter 01's quiz: bytes per parameter of a recipe the chapter never tabulates, what fits a
+cluster, what mixed precision saves, where the s^2 term of attention comes from, and where one
+GPU's peak falls under ZeRO-3. Each attempt draws a model, GPUs, recipe or sequence length; every
+expected value is computed by the library (``gpumem.memory``, the traced steps of ``steps``)
+for the numbers drawn."""
 
 import math
 
 from gpumem.course.quiz import Choice, Numeric, Quiz
 from gpumem.course.quiz_draws import (LLAMAS, TRAINING_GPUS, UNIT_MIXUP, fitting_recipes, gpu_numbers,
-                                      model_numbers, pick, recipe_numbers)
+                                      model_numbers, pick)
 from gpumem.memory import accounting, activations, models
 from gpumem.units import GB, GiB
 
+from . import steps
+
 GPU_COUNTS = {"llama-3-8b": (1, 2), "llama-3-70b": (8, 16), "llama-3.1-405b": (32, 64)}
+ZERO3_GPUS = (4, 8, 16, 32, 64)
+GRADS = {"bf16": 2, "fp32": 4}
+MOMENTS = {"bf16": 2, "fp32": 4}
+MASTER = {"no master copy": 0, "an fp32 master copy of the weights": 4}
+# the chapter's four recipes, as (gradients, master, moments): a drawn recipe is never one of them
+STANDARD = {(2, 0, 2), (2, 4, 4), (4, 4, 4)}
 
 
 def _budget(rng) -> dict:
     model = pick(rng, LLAMAS)
     n = model_numbers(model) | gpu_numbers(pick(rng, TRAINING_GPUS)) | {"gpus": pick(rng, GPU_COUNTS[model])}
     ratio = n["gpus"] * n["usable"] / n["n_params"]
-    return n | {"ratio": ratio, "fits": fitting_recipes(math.floor(ratio))}
+    where = f"all on one {n['gpu']}" if n["gpus"] == 1 else f"divided evenly among {n['gpus']} x {n['gpu']}"
+    return n | {"ratio": ratio, "fits": fitting_recipes(math.floor(ratio)), "where": where}
 
 
-def _states(rng) -> dict:
-    return model_numbers(pick(rng, LLAMAS)) | recipe_numbers(pick(rng, accounting.RECIPES))
+def _custom(rng) -> dict:
+    """A precision recipe the chapter never tabulates: bf16 weights, drawn gradient, master and
+    moment dtypes."""
+    while True:
+        g, master, m = pick(rng, GRADS), pick(rng, MASTER), pick(rng, MOMENTS)
+        if (GRADS[g], MASTER[master], MOMENTS[m]) not in STANDARD:
+            break
+    optimizer = ((("master fp32", 4),) if MASTER[master] else ()) + (("m", MOMENTS[m]), ("v", MOMENTS[m]))
+    r = accounting.Recipe("drawn", 2, GRADS[g], optimizer, "a drawn recipe", step_counter=False)
+    return model_numbers(pick(rng, LLAMAS)) | {
+        "grad_dtype": g, "master": master, "moment_dtype": m, "g_bytes": r.grads,
+        "master_bytes": MASTER[master], "moment_bytes": MOMENTS[m], "bytes_per_param": r.total}
 
 
-def _states_gb(n: dict) -> float:
-    return accounting.model_states(n["n_params"], n["recipe_name"]).total / GB
+def _custom_gb(n: dict) -> float:
+    return n["bytes_per_param"] * n["n_params"] / GB
+
+
+def _precision(rng) -> dict:
+    """fp32 training against bf16 mixed precision: model states and the layers' activations."""
+    n = model_numbers(pick(rng, LLAMAS)) | {"seq": pick(rng, (4096, 8192, 16384))}
+    cfg = models.get(n["model_name"])
+    fp32, mixed = (activations.activations(cfg, n["seq"], recipe=r) for r in ("fp32", "mixed"))
+    states = {r: accounting.model_states(n["n_params"], r).total for r in ("fp32", "mixed")}
+    return n | {"states32_gb": states["fp32"] / GB, "acts32_gb": fp32.layers / GB,
+                "states16_gb": states["mixed"] / GB, "acts16_gb": mixed.layers / GB}
 
 
 def _scores(rng) -> dict:
@@ -35,13 +66,59 @@ def _scores(rng) -> dict:
     return n | {"probs_gib": probs / GiB, "kv_gib": probs / GiB * n["kv_heads"] / n["heads"]}
 
 
+def _zero3(rng) -> dict:
+    """Llama-3-70B, mixed, no checkpointing, under ZeRO-3 over a drawn number of GPUs. Only
+    formulas here (the draw runs at import); the traced figures are read when shown."""
+    cfg = models.get("llama-3-70b")
+    s = accounting.model_states(cfg.n_params(), "mixed")
+    acts = activations.activations(cfg, 4096)
+    return model_numbers("llama-3-70b") | {
+        "gpus": pick(rng, ZERO3_GPUS), "p_gb": s.params / GB, "g_gb": s.grads / GB, "o_gb": s.optimizer / GB,
+        "a_gb": acts.peak / GB, "w_gb": accounting.zero3_gathered(cfg, "mixed") / GB}
+
+
+def _zero3_traced(n: dict) -> dict:
+    tr = steps.trace("llama-3-70b", "mixed")
+    return {"peak_gb": tr.total_peak / GB, "work_gb": tr.peaks["temporaries"] / GB}
+
+
+def _zero3_prompt(n: dict) -> str:
+    t = _zero3_traced(n)
+    return (f"{n['model']}, standard mixed precision, flash attention, no checkpointing, one sequence "
+            f"of 4,096 tokens per GPU. Traced without sharding: weights {n['p_gb']:,.1f} GB, gradients "
+            f"{n['g_gb']:,.1f} GB, optimizer states {n['o_gb']:,.1f} GB; the activations peak at "
+            f"{n['a_gb']:,.1f} GB at the loss, before any gradient exists; after backward has freed "
+            f"them, the optimizer step adds {t['work_gb']:,.1f} GB of workspace, and that moment is the "
+            f"step's peak, {t['peak_gb']:,.1f} GB. Now ZeRO-3 over {n['gpus']} GPUs: each keeps 1/{n['gpus']} "
+            f"of the weights, gradients and optimizer states (its optimizer workspace shrinks with them), "
+            f"the activations of its own sequence, and, while forward and backward run, ZeRO-3's "
+            f"working set of {n['w_gb']:,.1f} GB (a gathered module, its gradient, buffers). How many "
+            f"GB does one GPU hold at its peak?")
+
+
+def _zero3_answer(n: dict) -> float:
+    return steps.zero3_peak("llama-3-70b", "mixed", "none", n["gpus"])["total"] / GB
+
+
+def _zero3_explain(n: dict) -> str:
+    z = steps.zero3_peak("llama-3-70b", "mixed", "none", n["gpus"])
+    at = {k: v / GB for k, v in z["at"].items()}
+    return (f"One GPU peaks at {n['answer']} GB in {z['phase']} ({z['module'] or 'loss'}), not in the "
+            f"optimizer step: weights {at['params']:.1f} + optimizer states {at['optimizer']:.1f} GB "
+            f"(1/{n['gpus']} each), activations {at['activations']:.1f} GB (its own sequence's, not "
+            f"split), temporaries {at['temporaries']:.1f} GB (the logits' gradient) and the working set "
+            f"{at['gathered']:.1f} GB. Sharding shrinks the optimizer step's peak {n['gpus']}-fold but "
+            "not the activations, so the peak moves to where they are largest: the turn from forward "
+            f"to backward. Estimate: ({n['p_gb']:,.1f} + {n['o_gb']:,.1f}) / {n['gpus']} + {n['a_gb']:.1f}"
+            f" + {n['w_gb']:.1f} GB, no gradient yet at that moment.")
+
+
 QUIZ = Quiz("01_memory_anatomy", [
     Numeric("states-budget",
             "{model} has {n_params:,} parameters. Suppose its model states (weights, gradients, "
-            "optimizer states) could be spread perfectly over {gpus} x {gpu}, each with "
-            "{usable:,} bytes usable (what it reports, less the course's reserve), and nothing "
-            "else needed memory. What is the largest whole number of bytes per parameter the "
-            "states may take?",
+            "optimizer states) are the only thing in memory, {where}, with {usable:,} bytes "
+            "usable per GPU (what it reports, less the course's reserve). What is the largest whole "
+            "number of bytes per parameter the states may take?",
             answer=lambda n: math.floor(n["gpus"] * n["usable"] / n["n_params"]), unit="bytes",
             rel_tol=0.0,
             hint="Total usable bytes over all GPUs, divided by the parameter count, then rounded "
@@ -55,29 +132,46 @@ QUIZ = Quiz("01_memory_anatomy", [
                    (lambda n: n["gpus"] * n["usable"] / n["n_params"],
                     "bytes come in whole numbers, and rounding up would not fit: round down.")),
             draw=_budget),
-    Numeric("states-gb",
-            "{model} has {n_params:,} parameters. Recipe: {recipe}. How many GB (10^9 B) do its "
-            "model states take, in one copy (nothing sharded)?",
-            answer=_states_gb, unit="GB", rel_tol=0.005,
-            hint="Count the bytes per parameter of every copy the recipe keeps (bf16 is 2 B, fp32 "
-                 "4 B; AdamW keeps two moments), then multiply by the parameter count.",
-            explanation="{p_bytes} + {g_bytes} + {o_bytes} = {bytes_per_param} B per parameter x "
-                        "{n_params:,} = {answer} GB.",
+    Numeric("custom-recipe",
+            "A team trains {model} ({n_params:,} parameters) with a recipe of its own: bf16 "
+            "weights, gradients kept in {grad_dtype}, {master}, and AdamW's moments in "
+            "{moment_dtype}. How many GB (10^9 B) do its model states take, nothing sharded?",
+            answer=_custom_gb, unit="GB", rel_tol=0.005,
+            hint="List every copy kept per parameter (the weight, its gradient, what AdamW keeps) "
+                 "and its dtype: bf16 is 2 B, fp32 4 B.",
+            explanation="2 (weight) + {g_bytes} (gradient) + {master_bytes} (master) + 2 x "
+                        "{moment_bytes} (m and v) = {bytes_per_param} B per parameter x {n_params:,} "
+                        "= {answer} GB.",
             traps=(UNIT_MIXUP,
-                   (lambda n: (n["p_bytes"] + n["g_bytes"] + 4) * n["n_params"] / GB,
-                    "AdamW keeps two moments, and mixed precision adds an fp32 master copy: count "
-                    "each."),
-                   (lambda n: n["o_bytes"] * n["n_params"] / GB,
+                   (lambda n: (n["bytes_per_param"] - n["moment_bytes"]) * n["n_params"] / GB,
+                    "AdamW keeps two moments per parameter, m and v: count both."),
+                   (lambda n: 16 * n["n_params"] / GB,
+                    "16 B is the standard mixed recipe; this one differs: count its own copies."),
+                   (lambda n: (n["bytes_per_param"] - 2 - n["g_bytes"]) * n["n_params"] / GB,
                     "that is the optimizer's part alone; weights and gradients are model states too.")),
-            draw=_states),
-    Choice("bf16-saving",
-           "Moving a model from fp32 training to bf16 mixed precision (fp32 master weights and "
-           "moments kept) shrinks its model states by:",
-           ["50 %", "25 %", "0 %", "75 %"], answer=2,
-           hint="Write both recipes' bytes per parameter: weights, gradients, and what the "
-                "optimizer keeps.",
-           explanation="fp32 is 4 + 4 + 8 = 16 B/param; mixed keeps an fp32 master, so 2 + 2 + 12 = "
-                       "16. The saving is in activations and speed, not in model states."),
+            draw=_custom),
+    Numeric("fp32-to-mixed",
+            "{model} is trained in fp32 (weights, gradients and AdamW's moments in fp32), nothing "
+            "sharded, flash attention, sequence {seq:,}, micro-batch 1. Its model states take "
+            "{states32_gb:,.1f} GB, and its {layers} layers save {acts32_gb:,.1f} GB of activations "
+            "for backward. The team moves to bf16 mixed precision: bf16 weights, gradients and "
+            "activations, with fp32 master weights and fp32 moments in AdamW. How many GB do the "
+            "model states and the layers' activations take now, together?",
+            answer=lambda n: n["states16_gb"] + n["acts16_gb"], unit="GB", rel_tol=0.01,
+            hint="Count the bytes per parameter of both recipes, then ask what the dtype of an "
+                 "activation becomes.",
+            explanation="fp32 is 4 + 4 + 8 = 16 B per parameter, mixed 2 + 2 + 12 = 16: the states "
+                        "stay {states16_gb:,.1f} GB. The activations are bf16 now, half the bytes: "
+                        "{acts16_gb:,.1f} GB. Together {answer} GB: mixed precision saves activation "
+                        "memory and time, not model states.",
+            traps=(UNIT_MIXUP,
+                   (lambda n: (n["states32_gb"] + n["acts32_gb"]) / 2,
+                    "halving everything assumes the states shrink too: count both recipes' bytes."),
+                   (lambda n: n["states32_gb"] / 2 + n["acts32_gb"],
+                    "which of the two is computed in bf16 now, and which keeps fp32 copies?"),
+                   (lambda n: n["states32_gb"] + n["acts32_gb"],
+                    "the activations are computed in bf16 now: what does that do to their bytes?")),
+            draw=_precision),
     Numeric("gqa-scores",
             "{model} has {heads} query heads and {kv_heads} key/value heads (GQA). With a naive "
             "attention kernel in bf16, micro-batch 1 and sequence length {seq:,}, how many GiB of "
@@ -94,17 +188,32 @@ QUIZ = Quiz("01_memory_anatomy", [
                    (lambda n: 2 * n["probs_gib"], "bf16 is 2 bytes per entry, not 4.")),
             draw=_scores),
     Choice("flash-backward",
-           "Backward through attention needs the softmax probabilities P, an s x s matrix per "
-           "head. A FlashAttention kernel saved no s x s tensor in its forward. Where does its "
-           "backward get P from?",
-           ["From HBM, where the forward wrote it",
-            "Recomputed tile by tile from q, k and saved row statistics",
-            "Approximated from the attention output",
-            "It is not needed: the gradient bypasses the softmax"],
+           "For the gradients of q, k and v, backward through attention needs every entry of "
+           "P = softmax(q k^T / sqrt(d)). A FlashAttention forward stored no s x s tensor. What "
+           "does its backward do?",
+           ["Reads P back from a compressed copy that the forward kept",
+            "Rebuilds P tile by tile from q, k and one number per head and row",
+            "Re-runs the whole layer's forward, projections included, first",
+            "Works from the output o and its gradient alone, without P"],
            answer=1,
            hint="Memory per head is O(s), yet backward needs every entry of P: storing is not the "
                 "only way to have a value.",
-           explanation="Flash keeps the output and one logsumexp per head and row; backward "
-                       "recomputes S = qk^T and P block by block in on-chip memory. The s^2 term "
-                       "of naive attention comes from the kernel, not from the model."),
+           explanation="Flash keeps q, k, v, the output and one fp32 logsumexp per head and row; "
+                       "backward recomputes S = qk^T and P block by block in on-chip memory (it does "
+                       "use o and dO too, for a row sum, but that does not replace P). Nothing is "
+                       "compressed, and the projections are not re-run: q, k, v are saved. The s^2 "
+                       "term of naive attention comes from the kernel, not from the model."),
+    Numeric("zero3-peak", _zero3_prompt, answer=_zero3_answer, unit="GB", rel_tol=0.02,
+            hint="Find the moment one GPU holds the most: what shrinks with sharding, what does "
+                 "not, and which parts exist at that moment?",
+            explanation=_zero3_explain,
+            traps=((lambda n: (n["p_gb"] + n["g_gb"] + n["o_gb"] + n["a_gb"]) / n["gpus"],
+                    "dividing everything by the GPU count splits the activations too, but each GPU "
+                    "runs its own sequence and keeps all of its activations."),
+                   (lambda n: (n["p_gb"] + n["g_gb"] + n["o_gb"] + _zero3_traced(n)["work_gb"]) / n["gpus"],
+                    "that is the optimizer step, the unsharded peak; sharded, it shrinks. Which "
+                    "part of the step does not shrink?"),
+                   (lambda n: _zero3_traced(n)["peak_gb"],
+                    "that is the unsharded peak; each GPU keeps only 1/N of the states.")),
+            draw=_zero3),
 ])

@@ -175,7 +175,7 @@ def aio_table() -> str:
     from deepspeed.runtime.swap_tensor.aio_config import AIO_DEFAULT_DICT
     lines = [f"{'aio key':22s} {'value':>8s} {'default':>8s}  meaning"]
     for key, value in CORRECTED["aio"].items():
-        lines.append(f"{key:22s} {str(value):>8s} {str(AIO_DEFAULT_DICT[key]):>8s}  {AIO_KEYS[key]}")
+        lines.append(f"{key:22s} {_show(value):>8s} {_show(AIO_DEFAULT_DICT[key]):>8s}  {AIO_KEYS[key]}")
     return "\n".join(lines)
 
 

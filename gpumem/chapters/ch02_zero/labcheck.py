@@ -173,6 +173,9 @@ def _grade_shards(ranks: list[dict], ref: dict, world: int) -> str | None:
     names = ref["names"]
     for r, res in enumerate(ranks):
         left = res["first"]["grads_left"]
+        if left and left[0] not in res["first"]["shards"]:
+            return (f"{names[left[0]]} has its full .grad and no shard on rank {r} when backward returns: "
+                    "was the last, partly filled bucket sent?")
         if left:
             return f"{names[left[0]]} still has its full .grad on rank {r} when backward returns (free it)"
         for i, (name, g) in enumerate(zip(names, ref["grads"])):

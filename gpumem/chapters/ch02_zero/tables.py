@@ -26,8 +26,8 @@ def grad_peak_table(result: dict, model: str = "llama-3-70b", gpus: int = 8, buc
                      f"{row['ranks'][0]['measured']['grads']:>10,d}")
     cfg = models.get(model)
     sizes = [n for own in zero3_schedule.llama_params(cfg).values() for _, n in own]
-    lines.append(f"{model}, {gpus} GPUs, bf16 gradients, DeepSpeed's reduce bucket {bucket:.0e} elements "
-                 f"({units.fmt(2 * bucket)} of bf16):")
+    lines.append(f"{model}, {gpus} GPUs, bf16 gradients, DeepSpeed's reduce bucket {bucket:,} elements "
+                 f"(reduce_bucket_size, = {units.fmt(2 * bucket)} of bf16):")
     for stage in (1, 2):
         b = gradmeter.peak_bound(sizes, gpus, stage, 2, 2 * bucket if stage == 2 else 0)
         bound = "=" if stage == 1 else "<="
@@ -100,6 +100,24 @@ def stage3_keys_table(model: str = "mini") -> str:
               f"d_model + 1 = {cfg.d_model + 1}",
               "  so that the norms stay whole, as in 70B"]
     return "\n".join(lines)
+
+
+def whole_summary(params: list[str]) -> str:
+    """Parameter names grouped by layer for reading: ``embed, layers.0 (all 7 matrices),
+    layers.1 (attn.wq, attn.wk, attn.wv)``."""
+    groups: dict[str, list[str]] = {}
+    for p in params:
+        name = p.removesuffix(".weight")
+        layer, _, rest = name.partition(".") if not name.startswith("layers.") else \
+            (".".join(name.split(".")[:2]), "", ".".join(name.split(".")[2:]))
+        groups.setdefault(layer, []).append(rest)
+    order = lambda g: (g.startswith("layers."), int(g.split(".")[1]) if g.startswith("layers.") else 0)
+    out = []
+    for g in sorted(groups, key=order):
+        parts = [x for x in groups[g] if x]
+        out.append(g if not parts else f"{g} (all {len(parts)} matrices)" if len(parts) == 7
+                   else f"{g} ({', '.join(parts)})")
+    return ", ".join(out)
 
 
 def time_table(model: str = "llama-3-70b", gpus: int = 8, gpu: str = "h100-80gb",

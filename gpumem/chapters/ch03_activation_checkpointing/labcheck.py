@@ -27,9 +27,9 @@ LAB = "lab03_checkpoint_budget"
 SEQ, BATCH = 32, 2
 # Wide layers and small vocabularies: the loss is small beside a layer, so where the checkpoints
 # go matters (a re-run late in backward happens while every earlier layer still holds its own).
-CASES = ((ModelConfig("lab-a", 8, 96, 6, 2, 256, 128, teaching=True), 3),
-         (ModelConfig("lab-b", 6, 128, 8, 4, 352, 96, teaching=True), 4),
-         (ModelConfig("lab-c", 10, 64, 4, 1, 192, 64, teaching=True), 6))
+CASES = ((ModelConfig("lab-a", 6, 96, 6, 2, 256, 128, teaching=True), 3),
+         (ModelConfig("lab-b", 5, 128, 8, 4, 352, 96, teaching=True), 2),
+         (ModelConfig("lab-c", 7, 64, 4, 1, 192, 64, teaching=True), 5))
 GRAD_CASE = ModelConfig("lab-g", 3, 80, 5, 5, 224, 200, teaching=True)
 
 
