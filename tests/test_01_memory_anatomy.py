@@ -283,3 +283,32 @@ def test_trace_rejects_bad_options():
         tracing.trace_step("tiny", "fp8")
     with pytest.raises(UsageError):
         estimate(model="tiny", seq=0)
+
+
+def test_lab_prints_the_layer_code_without_its_comments():
+    """Lab 01 shows the code one layer runs and asks what each operation saves: the source is the
+    library's own, and its comments (which name what is saved) are gone."""
+    import inspect
+    from gpumem.chapters.ch01_memory_anatomy import labcheck
+    from gpumem.memory import llama
+    text = labcheck.layer_source()
+    for name in ("Block.forward", "RMSNorm.forward", "Attention.forward", "core_attention", "repeat_kv",
+                 "MLP.forward", "apply_rope"):
+        assert f"# {name}\n" in text
+    assert "# bf16, saved" in inspect.getsource(llama.core_attention) and "saved" not in text
+    assert "ctx.save_for_backward(x, weight, rstd)" in text and "scaled_dot_product_attention" in text
+
+
+def test_split_states_brackets_the_per_gpu_peak():
+    """With the states split evenly (no working set), one GPU's traced peak lies between the
+    bounds the scenario box prints: weights + optimizer states / N + the activation peak, and
+    every part at its largest (temporaries included). The sum of states and activations alone is
+    no bound: at 64 GPUs the logits' gradient outweighs the gradient shard it double-counts."""
+    from gpumem.chapters.ch01_memory_anatomy import steps
+    from gpumem.memory import timeline
+    tl = timeline.record("llama-3-8b", "mixed", seq=2048)
+    for n in (2, 8, 64):
+        z = tl.zero3_per_gpu(n, accounting.GatheredBytes(0, 0, 0, 0))
+        bounds = steps.split_states("llama-3-8b", "mixed", n, seq=2048)
+        assert bounds["at_least"] <= z.total(z.peak()) <= bounds["at_most"], n
+    assert z.total(z.peak()) > bounds["sum"]

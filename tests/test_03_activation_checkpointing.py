@@ -105,7 +105,7 @@ def test_measured_bytes_equal_the_formula(measured):
 def test_the_driver_measures_what_chapter_01s_tracer_measures(measured):
     """The tracer runs Llama.forward with its own policies; the driver runs the same plans."""
     cfg, seq, batch, runs = measured
-    for policy in ("none", "full", "every-2", "every-other", "selective"):
+    for policy in ("none", "every-2", "every-other", "selective") if cfg is TINY6 else ("full",):
         traced = tracing.trace_step(cfg, "mixed", "flash", policy, seq, batch, fake=False)
         assert runs[policy, "torch"].peak == traced.peaks["activations"], policy
 

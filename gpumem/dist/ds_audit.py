@@ -32,10 +32,21 @@ def json_keys() -> dict[str, str]:
     return out
 
 
+def quiet_import() -> None:
+    """Import DeepSpeed with its import-time chatter (the accelerator line) swallowed, and keep its
+    logger to errors, so that a notebook cell that only reads its config classes prints nothing else."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        import deepspeed  # noqa: F401
+        from deepspeed.accelerator import get_accelerator
+        get_accelerator()
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+
+
 def defaults() -> dict[str, object]:
     """JSON key -> DeepSpeed's default for every field of the recorded classes (``stage3_*``,
     ``offload_param.buffer_size``, ...), read from DeepSpeed's pydantic models."""
     import importlib
+    quiet_import()
     out = {}
     for prefix, (module, name) in _CLASSES.items():
         cls = getattr(importlib.import_module(module), name)

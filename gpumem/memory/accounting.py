@@ -7,7 +7,7 @@ recipe     params  grads  optimizer                      total
 =========  ======  =====  =============================  =====
 pure-bf16  2       2      m 2 + v 2                      8
 mixed      2       2      fp32 master 4 + m 4 + v 4      16
-mixed-ds   2       4      fp32 master 4 + m 4 + v 4      18   (DeepSpeed's estimator)
+mixed-ds   2       4      fp32 master 4 + m 4 + v 4      18   (fp32 grads instead of bf16; DeepSpeed's ZeRO-3 estimator: 18 B)
 fp32       4       4      m 4 + v 4                      16
 =========  ======  =====  =============================  =====
 
@@ -52,7 +52,7 @@ RECIPE = {r.name: r for r in [
     Recipe("mixed", 2, 2, (("master fp32", 4), ("m fp32", 4), ("v fp32", 4)),
            "bf16 weights and grads, fp32 master and moments (ZeRO paper, K = 12)", False),
     Recipe("mixed-ds", 2, 4, (("master fp32", 4), ("m fp32", 4), ("v fp32", 4)),
-           "as mixed, with fp32 gradients: DeepSpeed's estimator counts 18 B", False),
+           "as mixed, with fp32 gradients instead of bf16 ones: DeepSpeed's ZeRO-3 estimator's 18 B", False),
     Recipe("fp32", 4, 4, (("m fp32", 4), ("v fp32", 4)),
            "no mixed precision at all", True),
 ]}

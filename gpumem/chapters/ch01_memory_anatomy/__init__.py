@@ -1,17 +1,18 @@
 """Chapter 01, memory anatomy: the note's 660 GB scenario recomputed by formula, exact trace and
 measurement.
 
-- ``claims``    the note's scenario table in the ledger (``claims.CLAIMS``), against capacity
-                and usable memory
+- ``claims``    the note's scenario table in the ledger (``claims.CLAIMS``), judged per GPU
+                by the traced peak against usable memory
+- ``steps``     the chapter's traced steps and timelines, computed once (cached) and shared
 - ``diagrams``  the scenario box, the recipe box and the recipes' framework names, who holds
                 what when, the AdamW workspace table, memory and time at scale, the explorer
 - ``plots``     activations against sequence length; a step's memory timeline; the peak by
                 category, unsharded or per GPU under ZeRO-3
-- ``labcheck``  lab 01's ``check()``
+- ``labcheck``  lab 01's ``check()`` and the layer code the lab prints (``layer_source``)
 - ``QUIZ``      the chapter's quiz
 """
 
-from . import claims, diagrams, labcheck, plots
+from . import claims, diagrams, labcheck, plots, steps
 from .quiz import QUIZ
 
-__all__ = ["claims", "diagrams", "labcheck", "plots", "QUIZ"]
+__all__ = ["claims", "diagrams", "labcheck", "plots", "steps", "QUIZ"]

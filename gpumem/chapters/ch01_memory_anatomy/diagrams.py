@@ -1,7 +1,8 @@
 """Chapter 01's diagrams and tables, rendered from the library's numbers (never typed by hand).
 
 ``scenario_box`` re-draws the study note's opening scenario for any model, recipe, sequence,
-batch, GPU and GPU count, against capacity and usable memory; ``recipe_box`` the per-recipe
+micro-batch, GPU and GPU count: one micro-batch per GPU, the sum of the parts beside the traced
+peak, judged per GPU (nothing sharded, states split evenly) and for all GPUs together; ``recipe_box`` the per-recipe
 table and ``recipe_names`` what the frameworks call each recipe; ``lifecycle_box`` who holds
 what, when, from a traced timeline; ``adamw_table`` the optimizer step's workspace by AdamW
 implementation; ``scale_table`` memory and time at 8B / 70B / 405B; ``scenario_explorer`` puts
@@ -28,6 +29,16 @@ def fit(value: int, gpu: gpu_table.GPU, n: int = 1) -> str:
     return f"fits, {units.fmt(room - value)} under usable"
 
 
+def _split_verdict(split: dict, gpu: gpu_table.GPU) -> str:
+    """The fit of one GPU's bracketed bytes: sure when both bounds agree, else open."""
+    room = gpu_table.usable(gpu)
+    if split["at_least"] > room:
+        return fit(split["at_least"], gpu) + ": does not fit"
+    if split["at_most"] <= room:
+        return f"fits, at least {units.fmt(room - split['at_most'])} under usable"
+    return "the bounds straddle usable memory: trace it per GPU (section 4)"
+
+
 def scenario_box(model: str = "llama-3-70b", recipe: str = "mixed", seq: int = 4096,
                  micro_batch: int = 1, gpus: int = 8, gpu: str = "h100-80gb",
                  checkpoint: str = "none", attention: str = "flash") -> str:
@@ -49,7 +60,7 @@ def scenario_box(model: str = "llama-3-70b", recipe: str = "mixed", seq: int = 4
     for name, value, how in rows:
         lines.append(f"{name:12s}{units.fmt(value):>13s}  {bar(value, d['total'])}  {how}")
     lines.append("-" * WIDTH)
-    lines.append(f"{'sum':12s}{units.fmt(d['total']):>13s}  every part at its largest at once")
+    lines.append(f"{'sum':12s}{units.fmt(d['total']):>13s}  the four lines added, as the note does")
     lines.append(f"{'traced peak':12s}{units.fmt(peak.total_peak):>13s}  the most held at one moment "
                  f"({peak.total_peak_moment.phase})")
     r_ = gpu_table.DEFAULT_RESERVE
@@ -58,18 +69,18 @@ def scenario_box(model: str = "llama-3-70b", recipe: str = "mixed", seq: int = 4
               f"    reserve: {units.fmt(r_.context, 'GiB', 0)} CUDA context + {units.fmt(r_.nccl, 'GiB', 0)} "
               f"NCCL + {r_.fragmentation:.0%} fragmentation",
               f"per GPU, nothing sharded: peak {units.fmt(peak.total_peak)} -> {fit(peak.total_peak, g)}",
-              f"per GPU, states split {gpus} ways: {units.fmt(split['at_least'])} at the activation peak "
-              f"(sum {units.fmt(split['sum'])})",
-              f"    -> {fit(split['at_least'], g)}" if split["at_least"] > gpu_table.usable(g) else
-              f"    -> by the sum: {fit(split['sum'], g)}"]
+              f"per GPU, states split {gpus} ways: between {units.fmt(split['at_least'])[:-3]} and "
+              f"{units.fmt(split['at_most'])}",
+              f"    -> {_split_verdict(split, g)}"]
     if split["activations"] > gpu_table.usable(g):
         lines.append(f"    one GPU's activations alone ({units.fmt(split['activations'])}) exceed its usable "
                      "memory")
     states = d["params"] + d["grads"] + d["optimizer"]
     low = d["params"] + d["optimizer"] + gpus * d["activations"]
-    lines.append(f"all {gpus} GPUs, {gpus} micro-batches: {units.fmt(low)} at the activation peak")
-    lines.append(f"    (sum {units.fmt(states + gpus * d['activations'])}), against "
-                 f"{units.fmt(gpus * gpu_table.usable(g))} usable, {units.fmt(gpus * g.capacity)} capacity")
+    lines.append(f"all {gpus} GPUs, {gpus} micro-batches: at least {units.fmt(low)}, summed "
+                 f"{units.fmt(states + gpus * d['activations'])},")
+    lines.append(f"    against {units.fmt(gpus * gpu_table.usable(g))} usable, {units.fmt(gpus * g.capacity)} "
+                 "capacity")
     return box(f"One training step on {gpus} x {g.label}, data parallel", lines, width=WIDTH + 4)
 
 

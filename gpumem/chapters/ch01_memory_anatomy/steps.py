@@ -9,7 +9,9 @@ time, so a change to the working set follows into every figure of the chapter).
 ``split_states`` is the best case of any sharding: model states divided evenly over N GPUs,
 each GPU running its own micro-batch, nothing else. Without a timeline it brackets one GPU's
 peak: at least the parameters and optimizer states (held the whole step) plus the activation
-peak; at most, by the usual safe sum, all states plus the activations.
+peak; at most every part at its largest at once, the traced temporaries included (the sum of
+states and activations alone is not a bound: at large N the logits' gradient outweighs the
+gradient shards it would double-count).
 """
 
 from functools import lru_cache
@@ -52,12 +54,14 @@ def zero3_peak(model: str, recipe: str = "mixed", policy: str = "none", gpus: in
 def split_states(model: str, recipe: str = "mixed", gpus: int = 8, seq: int = 4096,
                  micro_batch: int = 1, checkpoint: str = "none", attention: str = "flash") -> dict:
     """One GPU's bytes with the model states split evenly over ``gpus`` and its own micro-batch's
-    activations: ``at_least`` (parameters + optimizer states + the activation peak, a moment
-    every step passes through, before any gradient exists at the loss) and ``sum`` (every part
-    at once). ``activations`` alone, for the verdict that no split can help."""
+    activations, bracketed without a timeline: ``at_least`` (parameters + optimizer states + the
+    activation peak: a moment every step passes through, before any gradient exists) and
+    ``at_most`` (every part at its largest at once: states / N, the activation peak and the
+    traced temporaries' peak, which sharding does not shrink in backward). ``sum`` is the four
+    parts the note adds (no temporaries); ``activations`` alone decide when no split can help."""
     d = estimate(model=model, recipe=recipe, seq=seq, micro_batch=micro_batch, checkpoint=checkpoint,
                  attention=attention, gpus=gpus, zero=3).as_dict()["per_gpu"]
-    acts = d["activations"]
-    return {"at_least": d["params"] + d["optimizer"] + acts,
-            "sum": d["params"] + d["grads"] + d["optimizer"] + acts, "activations": acts,
-            "states": d["params"] + d["grads"] + d["optimizer"]}
+    acts, states = d["activations"], d["params"] + d["grads"] + d["optimizer"]
+    temps = trace(model, recipe, checkpoint, seq, micro_batch, attention).peaks["temporaries"]
+    return {"at_least": d["params"] + d["optimizer"] + acts, "sum": states + acts,
+            "at_most": states + acts + temps, "activations": acts, "states": states}

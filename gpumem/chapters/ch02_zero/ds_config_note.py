@@ -172,6 +172,8 @@ def config_diff() -> str:
 
 def aio_table() -> str:
     """The corrected config's ``aio`` keys: value, DeepSpeed's default, what each sets."""
+    from gpumem.dist import ds_audit
+    ds_audit.quiet_import()
     from deepspeed.runtime.swap_tensor.aio_config import AIO_DEFAULT_DICT
     lines = [f"{'aio key':22s} {'value':>8s} {'default':>8s}  meaning"]
     for key, value in CORRECTED["aio"].items():
