@@ -205,6 +205,18 @@ def test_best_segment_length_is_not_sqrt_n():
         assert recompute_cost.best_segment_length(cfg, 4096) == by_hand == want
 
 
+def test_best_segment_length_with_the_logits_is_longer():
+    """With the loss's logits (10*V bytes a token: bf16, fp32 copy, log-softmax) setting the
+    step's peak, by hand in s*b*h: max(ceil(n/k)*2 + 10V/h + 4, ceil(n/k)*2 + k*layer)."""
+    for name, seq, want in (("llama-3-8b", 4096, 7), ("llama-3-70b", 4096, 4), ("llama-3.1-405b", 8192, 3)):
+        cfg = models.get(name)
+        layer = recompute_cost.activation_bytes(cfg, seq, 1, "none")["per_layer"] / (seq * cfg.d_model)
+        loss = 10 * cfg.vocab / cfg.d_model + 4          # logits + final norm and head input
+        by_hand = min(range(1, 20), key=lambda k: max(-(-cfg.n_layers // k) * 2 + loss,
+                                                       -(-cfg.n_layers // k) * 2 + k * layer))
+        assert recompute_cost.best_segment_length(cfg, seq, with_loss=True) == by_hand == want
+
+
 def test_private_apis_this_chapter_relies_on():
     from torch.utils.flop_counter import FlopCounterMode
     assert callable(FlopCounterMode._count_flops)

@@ -75,9 +75,10 @@ def test_the_registry_table_renders_the_result(run_json):
 
 def test_event_diagram_reads_like_the_note():
     from gpumem.chapters.ch03_activation_checkpointing import experiments
-    res = experiments.checkpointing(model="mini", layers=4, compare_impls=False, plans=("every-2", "full"))
+    res = experiments.checkpointing(model="mini", layers=4, compare_impls=False, plans=("every-2", "full", "every-other"))
     text = diagrams.event_diagram(res)
-    assert "[re-run C D from B] → dD → dC → [re-run A B from X] → dB" in text
+    assert "[re-run L3 L4 from B] → dL4 → dL3 → [re-run L1 L2 from X]" in text and "→ dL2 → dL1" in text
+    assert "keeps inputs X, B; all that L2, L4 save" in text
     assert "keeps inputs X, B" in text and "keeps inputs X, A, B, C" in text
 
 
@@ -97,7 +98,13 @@ def test_claims_against_hand_counts():
     assert by_id["5a"].ours() == pytest.approx(100 * f["recompute"] / (f["forward"] + f["backward"]))
     assert by_id["8b''"].ours() == pytest.approx(by_id["5a"].ours() / 2)      # half the layers
     assert by_id["5d'"].ours() == pytest.approx(by_id["5a"].ours())           # spacing: same FLOPs
+    # naive attention, by hand: the layers keep bf16 probabilities (2*a*s^2) and a bool mask (s^2),
+    # q with k and v expanded to 32 heads (6sbh) instead of flash's q, k, v (3sbh) and logsumexp (4as)
+    s, h = 4096, 4096
+    naive_extra = 32 * ((2 * 32 + 1) * s * s + 2 * s * 3 * h - 2 * s * (h + 2 * 1024) - 4 * 32 * s)
+    assert by_id["5b-naive"].ours() == by_id["5b"].ours() + naive_extra
     verdicts = {c.id: c.verdict() for c in claims.CLAIMS}
+    assert verdicts["5b-naive"] == "agrees" and verdicts["5b"] == "wrong"
     assert verdicts["5a"] == "agrees" and verdicts["5d'"] == "wrong" and verdicts["4"] == "wrong"
     for c in claims.CLAIMS:
         assert c.why()
@@ -137,6 +144,29 @@ def test_segment_length_from_the_prompt():
         n, interior = int(number(r"has (\d+) layers", p)), number(r"keeps ([\d.]+) x s\*b\*h", p)
         best = min(range(1, n + 1), key=lambda k: (math.ceil(n / k) * 2 + k * interior, k))
         assert q.grade(best) and not q.grade(round(math.sqrt(n)))
+
+
+def test_mixed_and_early_stop_flops_by_hand():
+    """c layers re-run whole: c x a layer's forward; with the early stop, one W_down fewer per segment."""
+    for qid in ("mixed-plan-flops", "early-stop-flops"):
+        for q in draws(qid):
+            p = q.prompt_text()
+            model, seq = model_of(p), int(number(r"sequences of ([\d,]+) tokens", p))
+            c, k = int(number(r"first (\d+)\s+layers", p)), int(number(r"segments of (\d+)", p))
+            _, h, _, _, F, _ = LLAMA[model]
+            whole = c * hand_flops(model, seq)["layer"] / 1e12
+            early = whole - (c // k) * 2 * seq * h * F / 1e12
+            want, wrong = (whole, whole / k) if qid == "mixed-plan-flops" else (early, whole)
+            assert q.grade(want) and not q.grade(wrong), (qid, p)
+
+
+def test_selective_core_share_by_hand():
+    for q in draws("selective-core"):
+        p = q.prompt_text()
+        model, seq = model_of(p), int(number(r"sequences of ([\d,]+) tokens", p))
+        f = hand_flops(model, seq)
+        L, h = LLAMA[model][0], LLAMA[model][1]
+        assert q.grade(100 * L * 4 * seq * seq * h / (f["forward"] + f["backward"]))
 
 
 def test_recompute_seconds_by_hand():
@@ -268,6 +298,45 @@ def checkpoint(run, *inputs):
     assert first.function == "checkpoint" and first.status == "error" and "RuntimeError" in first.detail
     # placements are still graded, with the course's own checkpoint
     assert all(r.status == "ok" for r in report.rows if r.function == "place_checkpoints")
+
+
+def test_lab03_copying_section_3_fails_the_unseen_cases(solved):
+    """The chapter's Checkpoint, copied: one output and tensors only, so two of the unseen cases
+    fail; without its RNG replay the dropout case fails too."""
+    copied = lab_with(solved, ckpt="""
+from gpumem.memory.recompute import Checkpoint
+def checkpoint(run, *inputs):
+    return Checkpoint.apply(run, *inputs)
+""")
+    rows = {r.case: r.status for r in copied.rows if r.case.startswith("unseen case")}
+    assert rows["unseen case: random numbers (dropout) replayed"] == "ok"
+    assert rows["unseen case: two outputs"] != "ok"
+    assert rows["unseen case: non-tensor arguments (a float, a string)"] != "ok"
+    no_rng = lab_with(solved, ckpt="""
+class NoReplay(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run, *inputs):
+        ctx.run = run
+        ctx.save_for_backward(*inputs)
+        with torch.no_grad():
+            return run(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        inputs = [x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors]
+        with torch.enable_grad():
+            out = ctx.run(*inputs)
+        torch.autograd.backward(out, grad_out)
+        return (None, *[x.grad if x.requires_grad else None for x in inputs])
+
+
+def checkpoint(run, *inputs):
+    return NoReplay.apply(run, *inputs)
+""")
+    row = next(r for r in no_rng.rows if r.case == "unseen case: random numbers (dropout) replayed")
+    assert row.status == "wrong" and "gradients differ" in row.detail
+    # the Llama itself has no dropout: the old part-1 answer still passes there
+    assert all(r.status == "ok" for r in no_rng.rows if r.case.startswith("lab-g"))
 
 
 def test_lab03_budgets_separate_the_optimum():

@@ -107,23 +107,23 @@ def _pick_kernel_if_asked(page, timeout=15_000):
 
 def _answer_quiz(page):
     """Through the widgets: hint, then the answer; try again; a unit converted; Show answer."""
-    question = page.locator(".gpumem-question-cpu-real").last   # .last: a hidden second view may exist
+    question = page.locator(".gpumem-question-fewer-free-bytes").last   # .last: a hidden second view may exist
     question.wait_for(timeout=90_000)
-    feedback = question.locator(".gpumem-feedback-cpu-real")
+    feedback = question.locator(".gpumem-feedback-fewer-free-bytes")
     check = question.get_by_role("button", name="Check")
-    question.get_by_text("Nothing until a CUDA GPU is attached", exact=True).click()
+    question.get_by_text("The CUDA context that the process created on the GPU", exact=True).click()
     check.click()
     feedback.get_by_text("Hint:").wait_for(timeout=20_000)
-    assert "Real PyTorch" not in feedback.inner_text()              # a hint, not the answer
-    question.get_by_text("Recorded outputs of runs made on GPUs", exact=True).click()
+    assert "the answer is" not in feedback.inner_text()              # a hint, not the answer
+    question.get_by_text("Tensors of another process on the same GPU", exact=True).click()
     check.click()
-    feedback.get_by_text("the answer is Real PyTorch and DeepSpeed").wait_for(timeout=20_000)
+    feedback.get_by_text("the answer is PyTorch counting in GiB").wait_for(timeout=20_000)
     question.get_by_role("button", name="Try again").click()
     feedback.get_by_text("the answer is").wait_for(state="detached", timeout=20_000)   # a clean slate
-    question.get_by_text("Real PyTorch and DeepSpeed on CPU processes", exact=True).click()
+    question.get_by_text("PyTorch counting in GiB where nvidia-smi counts in MiB", exact=True).click()
     check.click()
     feedback.get_by_text("Correct.").wait_for(timeout=20_000)
-    assert "DeepSpeed runs for real" in feedback.inner_text()
+    assert "A unit changes how a number is written" in feedback.inner_text()
 
     capacity = page.locator(".gpumem-question-capacity-units").last
     prompt = capacity.locator(".gpumem-prompt-capacity-units").inner_text()
@@ -185,6 +185,6 @@ def test_run_setup_notebook_answer_the_quiz_and_open_a_lab(lab_server, tmp_path)
             page.screenshot(path=str(tmp_path / "jupyterlab.png"), full_page=True)
             browser.close()
     saved = json.loads((tmp_path / "home" / "progress.json").read_text())["00_setup"]
-    assert saved["cpu-real"] == {"correct": True, "attempts": 3, "revealed": 1}
+    assert saved["fewer-free-bytes"] == {"correct": True, "attempts": 3, "revealed": 1}
     assert saved["capacity-units"] == {"correct": True, "attempts": 1}
     assert saved["usable-bytes"] == {"correct": False, "attempts": 0, "revealed": 1}

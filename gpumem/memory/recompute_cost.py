@@ -107,13 +107,18 @@ def step_flops(cfg: ModelConfig, seq: int, batch: int = 1, plan: str | Plan = "n
             "overhead": recompute / total}
 
 
-def best_segment_length(cfg: ModelConfig, seq: int, batch: int = 1, recipe: str = "mixed") -> int:
-    """The segment length k whose re-run peak (the checkpoints before a segment plus its k layers)
-    is lowest: about sqrt(n * boundary / layer), not Chen's sqrt(n), because a layer keeps some
-    twenty times its input."""
+def best_segment_length(cfg: ModelConfig, seq: int, batch: int = 1, recipe: str = "mixed",
+                        with_loss: bool = False) -> int:
+    """The segment length k that minimises the layers' re-run peak (the checkpoints before a
+    segment plus its k layers): about sqrt(n * boundary / layer), not Chen's sqrt(n), because a
+    layer keeps some twenty times its input. With ``with_loss`` it minimises the step's peak,
+    which the loss's logits set at the end of the forward: longer segments are then free until
+    their re-run outgrows the logits, so the best k is longer."""
+    key = "peak" if with_loss else "recompute_peak"
+
     def peak(k: int) -> int:
         p = Plan(f"every-{k}", cfg.n_layers, segments_of(k, cfg.n_layers))
-        return activation_bytes(cfg, seq, batch, p, recipe=recipe)["recompute_peak"]
+        return activation_bytes(cfg, seq, batch, p, recipe=recipe)[key]
     return min(range(1, cfg.n_layers + 1), key=lambda k: (peak(k), k))
 
 

@@ -6,7 +6,7 @@ rest in backward; measured on CPU, traced at Llama-3 sizes, priced in FLOPs and 
 - ``experiments``  ``checkpointing``: every plan measured (bytes, FLOPs, events), as ``run`` calls it
 - ``frameworks``   the plans under their names in PyTorch, HF, DeepSpeed, Megatron-LM, torchtitan
 - ``plots``        event timeline, memory timelines per plan, the memory-vs-recompute frontier
-- ``scale``        8B / 70B / 405B per GPU under ZeRO-3, seconds at a stated MFU, traced vs formula
+- ``scale``        8B / 70B / 405B per GPU under ZeRO-3, seconds at a stated share of peak, traced vs formula
 - ``labcheck``     lab 03's ``check()``
 - ``QUIZ``         the chapter's quiz
 """

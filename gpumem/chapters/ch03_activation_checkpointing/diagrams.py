@@ -20,12 +20,17 @@ def letter(part: str, n_layers: int) -> str:
     return part
 
 
+def layer_name(i: int) -> str:
+    """A layer as the diagram names it, L1, L2, ... (its output is a tensor: A, B, ...)."""
+    return f"L{i + 1}"
+
+
 def _input_of(layer: int, n_layers: int) -> str:
     return "X" if layer == 0 else letter(f"L{layer - 1}", n_layers)
 
 
 def kept(plan_name: str, n_layers: int) -> str:
-    """What the plan keeps for backward, in the note's letters."""
+    """What the plan keeps for backward: tensors in the note's letters, layers as L1, L2, ..."""
     p = make_plan(plan_name, n_layers)
     if p.core:
         return "each layer's tensors except attention's scores (q, k, v kept)"
@@ -34,12 +39,12 @@ def kept(plan_name: str, n_layers: int) -> str:
     if not p.segments:
         return "everything each layer saves"
     inputs = ", ".join(_input_of(seg[0], n_layers) for seg in p.segments)
-    plain = [letter(f"L{i}", n_layers) for i in p.kept()]
+    plain = [layer_name(i) for i in p.kept()]
     return f"inputs {inputs}" + (f"; all that {', '.join(plain)} save" if plain else "")
 
 
 def backward_tokens(events: list[dict], plan_name: str, n_layers: int) -> list[str]:
-    """The backward pass as a list of steps: gradients (dD) and re-runs, from the events."""
+    """The backward pass as a list of steps: gradients (dL4) and re-runs, from the events."""
     p = make_plan(plan_name, n_layers)
     out: list = []
     for e in events:
@@ -50,15 +55,15 @@ def backward_tokens(events: list[dict], plan_name: str, n_layers: int) -> list[s
             else:
                 out.append([i])
         elif e["phase"] == "backward" and e["part"].startswith("L") and e["flops"]:
-            tok = "d" + letter(e["part"], n_layers)
+            tok = "d" + layer_name(int(e["part"][1:]))
             if len(out) >= 2 and isinstance(out[-1], list) and out[-2] == tok:
-                out.pop(-2)                       # dD, re-run, dD: the re-run happened inside dD
+                out.pop(-2)                       # dL4, re-run, dL4: the re-run happened inside dL4
             if not out or out[-1] != tok:
                 out.append(tok)
     words = []
     for tok in out:
         if isinstance(tok, list):
-            names = " ".join(letter(f"L{i}", n_layers) for i in dict.fromkeys(tok))
+            names = " ".join(layer_name(i) for i in dict.fromkeys(tok))
             what = ("'s attention core" if p.core else "'s pointwise ops" if p.sac else "")
             words.append(f"[re-run {names}{what}]" if what else
                          f"[re-run {names} from {_input_of(min(tok), n_layers)}]")
@@ -83,8 +88,9 @@ def event_diagram(result: dict, plans=None, width: int = 92) -> str:
     """The note's picture for each plan: what the forward keeps, what backward re-runs, in order."""
     n = result["layers"]
     names = " → ".join(["X", *[letter(f"L{i}", n) for i in range(n)], "loss"])
-    lines = [f"forward, every plan: {names}", "X: the embedded tokens; A, B, ...: each layer's output; "
-             "dD: backward through layer D", ""]
+    last = layer_name(n - 1)
+    lines = [f"forward, every plan: {names}", "X: the embedded tokens; A, B, ...: outputs of layers "
+             f"L1, L2, ...; d{last}: backward through {last}", ""]
     for name, row in result["plans"].items():
         if plans and name not in plans:
             continue
@@ -115,7 +121,9 @@ def checkpointing_table(result: dict) -> str:
                      f"{fl['forward']:>10s} {fl['backward']:>10s} {fl['recompute']:>10s} "
                      f"{100 * r['overhead']:>5.1f}%  " + ("equal" if same else "differs"))
     lines.append("bytes of activations: what the forward keeps for backward, and their peak over the "
-                 "step; +%: recompute FLOPs / (forward + backward)")
+                 "step; +%: recompute FLOPs / (forward + backward), with PyTorch's non-reentrant "
+                 "checkpoint (its early stop skips each segment's last W_down); a whole-segment re-run "
+                 "costs more, see the implementations below")
     if "implementations" in result:
         lines += ["", impl_table(result)]
     return "\n".join(lines)
@@ -151,7 +159,8 @@ def problem_box(model: str = "llama-3-70b", seq: int = 4096, gpus: int = 64, gpu
         a = recompute_cost.activation_bytes(cfg, seq, 1, plan)["peak"]
         rows.append((f"activations ({'no checkpointing' if plan == 'none' else 'every layer checkpointed'})", a))
     for name, v in rows:
-        lines.append(f"{name:42s}{units.fmt(v):>10s}  {bar(v, room, 20)}")
+        clipped = f"▶ {v / room:.0%}, clipped" if v > room else ""
+        lines.append(f"{name:42s}{units.fmt(v):>10s}  {bar(v, room, 20)}{clipped}")
     for plan in ("none", "full"):
         need = states + working + recompute_cost.activation_bytes(cfg, seq, 1, plan)["peak"]
         verdict = "fits" if need <= room else f"{units.fmt(need - room)} too much"

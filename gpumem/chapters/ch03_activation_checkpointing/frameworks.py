@@ -8,7 +8,10 @@ Sources (read, not run, except PyTorch and DeepSpeed, which the chapter runs): P
 (``--recompute-granularity``, ``--recompute-method``, ``--recompute-num-layers``; Megatron Core
 adds ``--recompute-modules``) as documented by NVIDIA's Megatron Bridge pages; Hugging Face
 Transformers ``PreTrainedModel.gradient_checkpointing_enable``; torchtitan
-``torchtitan/distributed/activation_checkpoint.py`` (``mode``, ``selective_ac_option``).
+``torchtitan/distributed/activation_checkpoint.py`` (``mode``, ``selective_ac_option``); PyTorch's
+``torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py`` (``checkpoint_wrapper``,
+``apply_activation_checkpointing``, used with FSDP2's ``fully_shard``) and ``torch/nn/attention``
+(``sdpa_kernel``, ``SDPBackend``); Hugging Face's ``attn_implementation`` values.
 """
 
 import textwrap
@@ -20,7 +23,10 @@ NAMES = {
         ("HF", "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})"),
         ("DeepSpeed", "deepspeed.checkpointing.checkpoint(layer, x) per layer (the model calls it)"),
         ("Megatron", "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"),
-        ("torchtitan", "[activation_checkpoint] mode = 'full'")],
+        ("torchtitan", "[activation_checkpoint] mode = 'full'"),
+        ("FSDP2", "apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, "
+                  "check_fn=lambda m: isinstance(m, Layer)), applied before fully_shard(layer) and "
+                  "fully_shard(model), so each layer is re-run inside its own all-gather")],
     "every-K": [
         ("PyTorch", "checkpoint_sequential(layers, segments=n/K, input) or checkpoint() around K layers"),
         ("Megatron", "--recompute-granularity full --recompute-method uniform --recompute-num-layers K")],
@@ -31,7 +37,12 @@ NAMES = {
         ("torchtitan", "mode = 'selective', selective_ac_option = '2' (every second layer)")],
     "selective": [
         ("Megatron", "--recompute-granularity selective (Megatron Core: --recompute-modules core_attn)"),
-        ("FlashAttention", "already re-runs QK^T and softmax in its backward: the same saving, built in")],
+        ("FlashAttention", "already re-runs QK^T and softmax in its backward: the same saving, built in"),
+        ("PyTorch SDPA", "keeps the s x s scores (where selective pays) only on the math backend, "
+                         "with sdpa_kernel(SDPBackend.MATH) or when no fused kernel applies; the flash "
+                         "and memory-efficient backends keep none"),
+        ("HF", "attn_implementation='eager' materialises the scores; 'sdpa' (fused backends) and "
+               "'flash_attention_2' do not")],
     "sac": [
         ("PyTorch", "checkpoint(layer, x, use_reentrant=False, context_fn=lambda: "
                     "create_selective_checkpoint_contexts(policy)), policy -> CheckpointPolicy.MUST_SAVE "
@@ -51,7 +62,7 @@ DEEPSPEED_KEYS = {
 
 
 def frameworks_table() -> str:
-    """Each plan of the chapter in PyTorch, Hugging Face, DeepSpeed, Megatron-LM and torchtitan."""
+    """Each plan of the chapter in PyTorch, Hugging Face, DeepSpeed, Megatron-LM, torchtitan and FSDP2."""
     lines = [f"{'plan':12s} {'framework':14s} how it is written", "-" * 98]
     for plan, names in NAMES.items():
         for i, (framework, how) in enumerate(names):

@@ -2,10 +2,12 @@
 
 The learner writes two functions:
 
-* ``checkpoint(run, *inputs)``: ``run(*inputs)`` under activation checkpointing (their own
-  ``torch.autograd.Function``). Graded on a model the lab never shows: the gradients must equal
-  the plain step's, and with every layer checkpointed the forward must keep only the layers'
-  inputs (the bytes saved for backward, measured by the course's tracer, equal PyTorch's).
+* ``checkpoint(run, *args)``: ``run(*args)`` under activation checkpointing, more general than
+  the chapter's ``Checkpoint``: ``args`` may mix tensors and other values, ``run`` may return
+  several tensors, and it may draw random numbers (dropout), which the re-run must replay.
+  Graded on a model the lab never shows (the gradients must equal the plain step's, and with
+  every layer checkpointed the forward must keep only the layers' inputs, as the course's tracer
+  measures) and on small functions of each of those three kinds, against plain autograd.
 * ``place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget)``: which
   layers to checkpoint (a list of segments) so that the step's activation peak stays within
   ``budget`` bytes with the least recomputation. Graded by running the learner's placement with
@@ -91,6 +93,59 @@ def _grade_checkpoint(report: Report, ckpt) -> bool:
     return not bad and ok
 
 
+def _variants():
+    """Unseen cases for the general checkpoint: (name, run, args) with w a weight to differentiate."""
+    import torch
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(12, 12, generator=g, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(5, 12, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def dropout(x):
+        return F.dropout(torch.tanh(x @ w), 0.4, training=True) @ w
+
+    def two_outputs(x):
+        y = torch.sin(x @ w)
+        return y * x, y.sum(dim=1)
+
+    def with_options(x, scale, how):
+        y = (x @ w) * scale
+        return torch.tanh(y) if how == "tanh" else torch.relu(y)
+    return w, x, (("random numbers (dropout) replayed", dropout, (x,)),
+                  ("two outputs", two_outputs, (x,)),
+                  ("non-tensor arguments (a float, a string)", with_options, (x, 0.7, "tanh")))
+
+
+def _loss(out):
+    import torch
+    outs = out if isinstance(out, tuple) else (out,)
+    return sum((o * torch.arange(1, o.numel() + 1, dtype=o.dtype).reshape(o.shape)).sum() for o in outs)
+
+
+def _grade_variants(report: Report, ckpt) -> None:
+    import torch
+    w, x, cases = _variants()
+    for name, run, args in cases:
+        grads = []
+        for wrap in (run, lambda *a: ckpt(run, *a)):
+            w.grad = x.grad = None
+            torch.manual_seed(11)
+            out, err = _call(wrap, *args)
+            if err is None:
+                torch.rand(7)                         # the RNG moves on between forward and backward
+                _, err = _call(lambda: _loss(out).backward())
+            if err:
+                break
+            grads.append((w.grad.clone(), x.grad.clone()))
+        if err:
+            report.rows.append(Row("checkpoint", f"unseen case: {name}", "todo" if err == "todo" else "error",
+                                   "checkpoint still raises NotImplementedError" if err == "todo" else err))
+            continue
+        diff = max(float((a - b).abs().max()) for a, b in zip(*grads))
+        report.rows.append(Row("checkpoint", f"unseen case: {name}", "ok" if diff == 0 else "wrong",
+                               "" if diff == 0 else f"gradients differ from plain autograd by up to {diff:.3g}"))
+
+
 def _grade_placement(report: Report, place, ckpt, cfg: ModelConfig, count: int) -> None:
     from gpumem.memory import recompute_trace as rt
     budget = budget_for(cfg, count)
@@ -134,6 +189,7 @@ def check(ns: dict, show: bool = True) -> Report:
         report.rows.append(Row("checkpoint", "defined", "todo", "define checkpoint(run, *inputs)"))
     else:
         passed = _grade_checkpoint(report, ckpt)
+        _grade_variants(report, ckpt)
     for cfg, count in CASES:
         if place is None:
             report.rows.append(Row("place_checkpoints", cfg.name, "todo", "define place_checkpoints"))

@@ -18,7 +18,7 @@ def _y(part: str, n_layers: int) -> float:
 
 
 def event_timeline(result: dict, plans=None):
-    """One row per plan: which part runs (y) as FLOPs accumulate (x, time at a fixed MFU); blue
+    """One row per plan: which part runs (y) as FLOPs accumulate (x, time at a fixed share of peak); blue
     forward, green re-run, orange backward. Zero-FLOP re-runs (SAC's pointwise ops) are ticks."""
     n = result["layers"]
     names = [p for p in result["plans"] if not plans or p in plans]
@@ -60,11 +60,18 @@ def memory_timelines(measured: list, title: str):
             if phase == "recompute":
                 ax.axvspan(a, b, color=PHASE_COLOURS["recompute"], alpha=0.15, linewidth=0)
         ax.set_xlim(0, max(1, len(tl) - 1))
+        fwd_end = next((b for phase, _, b in tl.spans() if phase == "forward"), 0)
+        total = [sum(tl.series[c][i] for c in cats) for i in range(fwd_end + 1)]
+        if total:        # the spike at the end of the forward: the loss's logits and their copies
+            top = max(range(len(total)), key=total.__getitem__)
+            ax.annotate("loss: logits, fp32 copy, log-softmax", (top, total[top] / units.GB),
+                        xytext=(-8, -4), textcoords="offset points", ha="right", va="top", fontsize=7,
+                        arrowprops={"arrowstyle": "->", "lw": 0.6})
         ax.set_ylabel("GB", fontsize=8)
         ax.set_title(f"checkpoint {m.plan}: activation peak {units.fmt(m.peak)}", fontsize=9, loc="left")
     axes[0].legend(fontsize=7, loc="upper right")
-    thinned = " - thinned, the fullest of each bucket kept" if measured and len(measured[0].timeline) > 2000 else ""
-    axes[-1].set_xlabel(f"operator, in execution order (forward, then backward; green: re-runs){thinned}")
+    thinned = "; thinned, the fullest kept" if measured and len(measured[0].timeline) > 2000 else ""
+    axes[-1].set_xlabel(f"PyTorch operations in the order they ran: forward, then backward (green: re-runs){thinned}")
     fig.suptitle(title)
     fig.tight_layout()
     return fig

@@ -9,6 +9,7 @@ from gpumem.course.quiz import Choice, Numeric, Quiz
 from gpumem.course.quiz_draws import LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick
 from gpumem.memory import gpus, models, recompute_cost, speed
 from gpumem.memory.activations import layer_parts
+from gpumem.memory.recompute_plans import from_segments
 
 SEQS = (2048, 4096, 8192, 16384)
 
@@ -33,8 +34,9 @@ def _overhead_pct(n: dict) -> float:
 
 
 def _spacing(rng) -> dict:
-    n = model_numbers(pick(rng, LLAMAS)) | {"seq": pick(rng, (4096, 8192))}
-    cfg = models.get(n["model_name"])
+    base = models.get(pick(rng, LLAMAS))
+    cfg = models.with_layers(base, pick(rng, (24, 48, 60, 96, 112, 140, 160)))
+    n = model_numbers(base.name) | {"layers": cfg.n_layers, "seq": pick(rng, (4096, 8192))}
     T, h = n["seq"], cfg.d_model
     layer = sum(layer_parts(cfg, n["seq"], 1, "flash", 2).values())
     return n | {"interior": layer / (T * h), "sqrt_n": round(math.sqrt(cfg.n_layers)),
@@ -60,6 +62,29 @@ def _recompute_seconds(n: dict) -> float:
     cfg = models.get(n["model_name"])
     return speed.seconds(recompute_cost.step_flops(cfg, n["seq"], 1, "full", "scratch")["recompute"],
                          n["gpu_name"])
+
+
+def _mixed(rng) -> dict:
+    n = _dims(pick(rng, LLAMAS)) | {"seq": pick(rng, SEQS), "k": pick(rng, (2, 3, 4))}
+    cfg = models.get(n["model_name"])
+    n["segs"] = pick(rng, range(2, cfg.n_layers // (2 * n["k"]) + 1))
+    n["c"] = n["segs"] * n["k"]
+    segments = [list(range(i * n["k"], (i + 1) * n["k"])) for i in range(n["segs"])]
+    lay = recompute_cost.layer_flops(cfg, n["seq"])
+    return n | {"rec_t": _tflop(cfg, n["seq"], from_segments(segments, cfg.n_layers, "mixed"), "scratch"),
+                "layer_t": lay["total"] / 1e12, "down_t": lay["down"] / 1e12,
+                "early_t": _tflop(cfg, n["seq"], from_segments(segments, cfg.n_layers, "mixed"), "torch")}
+
+
+def _tflop(cfg, seq: int, plan, impl: str) -> float:
+    return recompute_cost.step_flops(cfg, seq, 1, plan, impl)["recompute"] / 1e12
+
+
+def _selective(rng) -> dict:
+    n = _dims(pick(rng, LLAMAS)) | {"seq": pick(rng, SEQS + (32768,))}
+    f = recompute_cost.step_flops(models.get(n["model_name"]), n["seq"], 1, "selective")
+    return n | {"step_t": (f["forward"] + f["backward"]) / 1e12, "core_t": f["recompute"] / 1e12,
+                "sel_pct": 100 * f["overhead"]}
 
 
 def _all_params_seconds(n: dict) -> float:
@@ -91,7 +116,7 @@ QUIZ = Quiz("03_activation_checkpointing", [
                                               "whole segments.")),
             draw=_overhead),
     Numeric("segment-length",
-            "{model} has {layers} layers. At sequence {seq:,} one layer keeps {interior:.1f} x s*b*h "
+            "A deeper variant of {model} has {layers} layers. At sequence {seq:,} one layer keeps {interior:.1f} x s*b*h "
             "bytes for backward (flash attention, bf16), and its input, a checkpoint, 2 x s*b*h. With "
             "segments of k consecutive layers checkpointed, backward holds about ceil({layers}/k) "
             "checkpoints plus k layers being re-run. Which whole k makes that smallest?",
@@ -108,7 +133,8 @@ QUIZ = Quiz("03_activation_checkpointing", [
     Numeric("recompute-seconds",
             "{model} ({n_params:,} parameters; {layers} layers, d_model {d_model:,}, FFN {ffn:,}, "
             "vocabulary {vocab:,}) trains at sequence {seq:,}, micro-batch 1 per GPU, on {gpu}s "
-            "({tflops:.0f} TFLOP/s dense bf16) at {mfu_pct} % MFU, every layer checkpointed by a "
+            "({tflops:.0f} TFLOP/s dense bf16), running every FLOP, re-runs included, at {mfu_pct} % of "
+            "that peak, every layer checkpointed by a "
             "checkpoint that re-runs whole segments. How many seconds per sequence does the "
             "recomputation add on one GPU? Count attention's core as 4*s^2*d_model FLOPs a layer.",
             answer=_recompute_seconds, unit="s", rel_tol=0.02,
@@ -119,32 +145,56 @@ QUIZ = Quiz("03_activation_checkpointing", [
             traps=((_all_params_seconds, "2 x all parameters x tokens counts the embedding and the head, "
                                          "which are not re-run, and leaves out attention's core."),),
             draw=_seconds),
-    Choice("spacing-flops",
-           "Checkpointing every layer re-runs one forward. If instead the checkpoints go every second "
-           "layer boundary (segments of two layers, each re-run whole), the recompute FLOPs:",
-           ["halve", "stay the same", "double", "fall by a quarter"], answer=1,
-           hint="Count how many times layer 7's forward runs in one step under each plan.",
-           explanation="Every layer inside a segment still runs its forward twice, so the FLOPs do not "
-                       "change; only the memory does (fewer checkpoints, two layers re-run at once). "
-                       "To halve the cost, checkpoint every other layer and keep the rest."),
-    Choice("selective-flash",
-           "A Llama already trains with FlashAttention. Adding Megatron's selective recomputation "
-           "(re-run attention's core in backward, keep q, k, v) saves about how much activation memory?",
-           ["Nothing worth having", "Half of each layer's", "The s x s scores of every layer",
-            "All of the MLP's"], answer=0,
-           hint="What does a flash kernel keep of the core for backward in the first place?",
-           explanation="The flash kernel keeps only its output and a logsumexp per head and row, and "
-                       "recomputes the scores in its own backward: selective recomputation's saving is "
-                       "already made. It pays with naive attention, which keeps the s^2 scores."),
-    Choice("early-stop",
-           "PyTorch's non-reentrant torch.utils.checkpoint re-runs fewer FLOPs than one forward of the "
-           "checkpointed layer. What does its re-run skip?",
-           ["Its last matmul, W_down", "Attention's core", "The two RMSNorms",
-            "Nothing: it re-runs more"], answer=0,
-           hint="The re-run only has to rebuild tensors that backward will read. Which op's output "
-                "does nothing in the layer's backward need?",
-           explanation="Backward needs W_down's input and weight, not its output, so the re-run stops "
-                       "once the last saved tensor is rebuilt (early_stop=True). That skips one of "
-                       "the seven matmuls, a third of the MLP's FLOPs, in the last layer of every "
-                       "segment."),
+    Numeric("mixed-plan-flops",
+            "{model} ({layers} layers, d_model {d_model:,}, {heads} query and {kv_heads} key/value heads "
+            "of 128, FFN {ffn:,}) trains on sequences of {seq:,} tokens, micro-batch 1. Its first {c} "
+            "layers are checkpointed in segments of {k} consecutive layers, each re-run whole in "
+            "backward; the other layers keep their activations. Count a matmul of T tokens through a "
+            "d_in x d_out weight as 2*T*d_in*d_out and attention's core as 4*s^2*d_model a layer. How "
+            "many TFLOP does the recomputation add per sequence?",
+            answer=lambda n: n["rec_t"], unit="TFLOP", rel_tol=0.01,
+            hint="Which layers run their forward twice? Does the segment length change how many?",
+            explanation="{c} layers run their forward twice, {layer_t:,.3f} TFLOP each: {answer} TFLOP. "
+                        "The segment length moves memory (fewer checkpoints, {k} layers re-run at "
+                        "once), not FLOPs.",
+            traps=((lambda n: n["rec_t"] / n["k"], "that divides by the segment length: every layer "
+                                                   "inside a segment is re-run, not only one per segment."),
+                   (lambda n: n["layers"] * n["layer_t"], "that re-runs every layer; the layers after "
+                                                           "the first {c} keep their activations.")),
+            draw=_mixed),
+    Numeric("early-stop-flops",
+            "{model} ({layers} layers, d_model {d_model:,}, {heads} query and {kv_heads} key/value heads "
+            "of 128, FFN {ffn:,}) trains on sequences of {seq:,} tokens, micro-batch 1. Its first {c} "
+            "layers are checkpointed in segments of {k} layers with PyTorch's non-reentrant "
+            "torch.utils.checkpoint, which stops each re-run once the last tensor backward reads "
+            "exists; the other layers keep their activations. Count a matmul of T tokens through a "
+            "d_in x d_out weight as 2*T*d_in*d_out and attention's core as 4*s^2*d_model a layer. How "
+            "many TFLOP does the recomputation add per sequence?",
+            answer=lambda n: n["early_t"], unit="TFLOP", rel_tol=0.005,
+            hint="The layer's last operation is W_down followed by the residual sum. Does the layer's "
+                 "backward read W_down's output? Then count, per segment, what is never re-run.",
+            explanation="A whole-segment re-run would cost {rec_t:,.3f} TFLOP. Backward needs W_down's "
+                        "input and weight, not its output, so the last W_down of each of the {segs} "
+                        "segments ({down_t:,.3f} TFLOP each) is skipped: {answer} TFLOP.",
+            traps=((lambda n: n["rec_t"], "that re-runs every segment whole; the early stop skips the "
+                                          "segment's final W_down."),
+                   (lambda n: n["rec_t"] - n["c"] * n["down_t"], "that skips W_down in every layer; "
+                                                                 "only the segment's last layer has "
+                                                                 "nothing after it that backward reads.")),
+            draw=_mixed),
+    Numeric("selective-core",
+            "{model} ({layers} layers, d_model {d_model:,}, {heads} query and {kv_heads} key/value heads "
+            "of 128, FFN {ffn:,}) trains on sequences of {seq:,} tokens, micro-batch 1. It uses "
+            "Megatron's selective recomputation: attention's core (QK^T and PV, 4*s^2*d_model FLOPs a "
+            "layer, the causal half not subtracted) is re-run in backward; nothing else is. The "
+            "forward + backward of the step without it is {step_t:,.1f} TFLOP. What percentage does "
+            "the re-run add?",
+            answer=lambda n: n["sel_pct"], unit="%", rel_tol=0.01,
+            hint="The re-run is attention's core once more in each of the {layers} layers.",
+            explanation="{layers} x 4 x {seq:,}^2 x {d_model:,} = {core_t:,.2f} TFLOP over {step_t:,.1f} "
+                        "TFLOP: {answer} %. It grows with s. With a flash kernel this buys no memory: the "
+                        "kernel keeps no scores and already recomputes them in its own backward.",
+            traps=((lambda n: n["sel_pct"] / 2, "that counts the causal half only; the prompt counts "
+                                                "the core in full."),),
+            draw=_selective),
 ])

@@ -2,8 +2,9 @@
 
 Bytes come from ``gpumem.memory.recompute_cost`` (proved equal to traces and measurements by
 ``tests/test_03_*``), and for the tracer's own policies also from fake-tensor traces
-(``tracing.trace_fast``, :func:`traced_vs_formula`). Time is FLOPs at a stated MFU on a GPU of
-``gpumem.memory.gpus``. Model states are ZeRO-3's shard on the GPU count :func:`zero3_gpus` picks.
+(``tracing.trace_fast``, :func:`traced_vs_formula`). Time is FLOPs at a stated share of the
+peak of a GPU of ``gpumem.memory.gpus``, re-runs included (hardware, not model, FLOPs). Model states are ZeRO-3's shard on the
+GPU count :func:`zero3_gpus` picks.
 """
 
 from gpumem import units
@@ -49,7 +50,7 @@ def scale_table(names=MODELS, seqs=(4096, 8192), plans=PLANS, gpu: str = "h100-8
     use, and the seconds one sequence's forward + backward and its recomputation take."""
     g = gpu_table.get(gpu)
     lines = [f"{'model':15s} {'seq':>5s} {'plan':12s} {'activations':>12s} {'per GPU':>10s}  "
-             f"{'fits?':7s} {'+FLOPs':>7s} {'step s':>7s} {'recompute s':>11s}"]
+             f"{'fits?':7s} {'+FLOPs':>7s} {'fwd+bwd s':>9s} {'recompute s':>11s}"]
     for name in names:
         n = zero3_gpus(name, gpu)
         first = per_gpu(name, seqs[0], plans[0], gpu)
@@ -60,10 +61,12 @@ def scale_table(names=MODELS, seqs=(4096, 8192), plans=PLANS, gpu: str = "h100-8
                 r = per_gpu(name, seq, plan, gpu, n, mfu)
                 lines.append(f"{'':15s} {seq:>5d} {plan:12s} {units.fmt(r['activations']):>12s} "
                              f"{units.fmt(r['total']):>10s}  {'yes' if r['fits'] else 'no':7s} "
-                             f"{100 * r['overhead']:>6.1f}% {r['step_seconds']:>7.2f} {r['recompute_seconds']:>11.2f}")
+                             f"{100 * r['overhead']:>6.1f}% {r['step_seconds']:>9.2f} {r['recompute_seconds']:>11.2f}")
     lines.append(f"micro-batch 1 per GPU, flash attention, bf16; fits: against {units.fmt(gpu_table.usable(g))} "
-                 f"usable on a {g.label}; seconds at {mfu:.0%} MFU of {g.bf16_flops / 1e12:.0f} TFLOP/s "
-                 "(PyTorch's non-reentrant checkpoint; causal attention counted in full)")
+                 f"usable on a {g.label}; fwd+bwd s: one sequence's forward + backward without recompute; "
+                 f"seconds at {mfu:.0%} of the peak {g.bf16_flops / 1e12:.0f} TFLOP/s, counting every FLOP "
+                 "run, re-runs included (hardware FLOPs; MFU counts model FLOPs only); +FLOPs with "
+                 "PyTorch's non-reentrant checkpoint (early stop); causal attention counted in full")
     return "\n".join(lines)
 
 
