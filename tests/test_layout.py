@@ -178,6 +178,8 @@ def test_formulas_import_no_torch():
     code = ("import sys\n"
             "import gpumem.memory.accounting, gpumem.memory.activations, gpumem.memory.estimate\n"
             "import gpumem.memory.models, gpumem.memory.policies, gpumem.cli, gpumem.cli_verbs, gpumem.chapters\n"
+            "import gpumem.memory.gpus, gpumem.memory.speed, gpumem.memory.megatron\n"
+            "import gpumem.memory.recompute_plans, gpumem.memory.recompute_cost\n"
             "import gpumem.cli as cli\n"
             "cli.build_parser()\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed', 'matplotlib')))\n")

@@ -5,12 +5,16 @@ Formulas, torch-free (``python -m gpumem estimate`` answers without importing to
 ``policies`` (kernel, checkpoint, norm and AdamW names), ``accounting`` (model states by recipe,
 ZeRO stage and offload; ZeRO-3's working set), ``activations`` (tensor by tensor),
 ``megatron`` (Korthikanti's formula beside Llama's count), ``speed`` (FLOPs and seconds),
+``recompute_plans`` and ``recompute_cost`` (checkpoint plans, their bytes and FLOPs),
 ``estimate``.
 
 Traced and measured, with torch: ``llama`` (the model), ``optim`` (mixed-precision AdamW, and
 which AdamW a trace runs), ``tracing`` (MemTracker on fake tensors), ``timeline`` (bytes per
 category after every operator), ``measure`` (real CPU and CUDA steps), ``crosscheck`` (formula
-vs trace), ``ds_estimators`` (DeepSpeed's own estimators), ``bench``.
+vs trace), ``ds_estimators`` (DeepSpeed's own estimators), ``bench``; for checkpointing,
+``recompute`` (from scratch, PyTorch's, DeepSpeed's, selective; any plan on the Llama),
+``recompute_trace`` (the forward/recompute/backward event trace), ``flops`` (FlopCounterMode),
+``recompute_cuda`` (the GPU path).
 
 Imports only ``gpumem.units`` and ``gpumem.errors`` from outside; never the course or a chapter.
 """
