@@ -37,7 +37,8 @@ def recomputing() -> bool:
 
 
 @contextlib.contextmanager
-def _recompute_marker():
+def recompute_marker():
+    """Mark the code inside as recomputation, so :func:`recomputing` (and the tracers) see it."""
     _state.depth = getattr(_state, "depth", 0) + 1
     try:
         yield
@@ -46,7 +47,7 @@ def _recompute_marker():
 
 
 def _contexts():
-    return contextlib.nullcontext(), _recompute_marker()
+    return contextlib.nullcontext(), recompute_marker()
 
 
 def ckpt(fn, *args):

@@ -21,7 +21,6 @@ recomputation from backward.
 """
 
 import contextlib
-import threading
 
 import torch
 import torch.nn.functional as F
@@ -33,28 +32,15 @@ from .policies import KERNELS
 from .recompute_plans import Plan, plan as make_plan
 
 IMPLS = ("torch", "scratch", "deepspeed")
-_state = threading.local()
-
-
-def recomputing() -> bool:
-    """True while a forward is being re-run inside backward (a segment here, or the Llama's own
-    attention core)."""
-    return getattr(_state, "depth", 0) > 0 or llama.recomputing()
+# One recompute marker for the whole engine: a re-run here and the Llama's own checkpoints
+# (``llama.ckpt``) are seen alike by the tracers.
+recomputing = llama.recomputing
+marking = llama.recompute_marker
 
 
 def in_backward() -> bool:
     """True while autograd's engine is running a backward pass on this thread."""
     return torch._C._current_graph_task_id() != -1
-
-
-@contextlib.contextmanager
-def marking():
-    """Mark the code inside as recomputation (see :func:`recomputing`)."""
-    _state.depth = getattr(_state, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _state.depth -= 1
 
 
 class Checkpoint(torch.autograd.Function):
