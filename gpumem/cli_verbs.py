@@ -100,14 +100,22 @@ def register(sub) -> None:
                    help="torch AdamW code path for pure-bf16 and fp32 (for-loop)")
     p.set_defaults(func=_trace)
 
-    from .chapters import experiments
+    from .chapters import CHAPTERS
+    from .course.registry import resolve
     p = sub.add_parser("run", help="run a chapter's experiment on CPU ranks (or GPUs)")
-    p.add_argument("experiment", choices=list(experiments()))
-    p.add_argument("--ranks", type=positive("--ranks"), default=2)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--model", default=None, help="a registry model (default: the experiment's own)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_run)
+    runs = p.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True,
+                            parser_class=type(p))
+    for chapter in CHAPTERS:
+        for exp in chapter.experiments:
+            q = runs.add_parser(exp.name, help=exp.about, description=exp.about)
+            q.add_argument("--ranks", type=positive("--ranks"), default=2)
+            q.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+            q.add_argument("--model", default=None, help="a registry model (default: the experiment's own)")
+            q.add_argument("--json", action="store_true", help="print one JSON object")
+            common = {a.dest for a in q._actions}
+            if exp.options:
+                resolve(chapter.target(exp.options))(q)
+            q.set_defaults(func=_run, _options=sorted({a.dest for a in q._actions} - common))
 
 
 def _activation_options(args) -> dict:
@@ -187,6 +195,7 @@ def _run(args) -> int:
     kwargs = {"ranks": args.ranks, "device": args.device, "progress": not args.json}
     if args.model is not None:
         kwargs["model"] = models.get(args.model).name
+    kwargs.update({name: getattr(args, name) for name in args._options})
     result = chapters.run_experiment(args.experiment, **kwargs)
     if args.json:
         print(json.dumps(result))

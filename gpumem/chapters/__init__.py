@@ -26,6 +26,10 @@ CHAPTERS: tuple[Chapter, ...] = (
             labs={"lab03_checkpoint_budget": "labcheck:check"},
             experiments=(Experiment("checkpointing", "experiments:checkpointing", "diagrams:checkpointing_table",
                                     "every checkpoint plan: bytes saved, peak, FLOPs and event order"),)),
+    # -- chapter 04 entry (its builder replaces this line) --
+    # -- chapter 05 entry (its builder replaces this line) --
+    # -- chapter 06 entry (its builder replaces this line) --
+    # -- chapter 07 entry (its builder replaces this line) --
 )
 
 

@@ -19,12 +19,18 @@ def resolve(target: str):
 
 @dataclass(frozen=True)
 class Experiment:
-    """``python -m gpumem run NAME``: ``run(ranks=, device=, progress=[, model=])`` returns
-    JSON-ready data; ``table(data)`` renders it for the terminal."""
+    """``python -m gpumem run NAME``: ``run(ranks=, device=, progress=[, model=], **options)``
+    returns JSON-ready data; ``table(data)`` renders it for the terminal.
+
+    ``options``, when given, names ``add_options(parser)`` in a torch-free module of the chapter:
+    it adds the experiment's own flags (``--seqs``), whose values reach ``run`` as keyword
+    arguments under their ``dest`` names. It is imported when the command line is built, so it
+    must not import torch (the ``estimate`` timing test would catch it)."""
     name: str
     run: str
     table: str
     about: str
+    options: str | None = None
 
 
 @dataclass(frozen=True)
