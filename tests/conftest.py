@@ -31,3 +31,22 @@ def run_cli(*args, env=None):
     """Run ``python -m gpumem ARGS`` as a user would; returns the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", "gpumem", *args], capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, **(env or {})}, timeout=300)
+
+
+@pytest.fixture
+def gpu_record(request):
+    """Record one GPU measurement: ``gpu_record("sdpa_flash_peak_bytes", 123, "B")``.
+
+    ``make gpu-check`` sets GPUMEM_GPU_RECORD to a JSON-lines file and turns the lines into the
+    committed results file (GPU name, driver, versions, each measurement); elsewhere the values
+    are only printed (``pytest -s`` shows them)."""
+    import json
+    path = os.environ.get("GPUMEM_GPU_RECORD")
+
+    def record(key: str, value, unit: str = "") -> None:
+        row = {"test": request.node.nodeid, "key": key, "value": value, "unit": unit}
+        print(f"gpu measurement: {key} = {value} {unit}".rstrip())
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    return record
