@@ -26,6 +26,7 @@ def _add_verbs(sub) -> None:
     # Chapter verbs register themselves here as they are built (see gpumem.cli_verbs).
     from . import cli_verbs
     cli_verbs.register(sub)
+    from . import cli_plan; cli_plan.register(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:

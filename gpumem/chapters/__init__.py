@@ -27,9 +27,11 @@ CHAPTERS: tuple[Chapter, ...] = (
             experiments=(Experiment("checkpointing", "experiments:checkpointing", "diagrams:checkpointing_table",
                                     "every checkpoint plan: bytes saved, peak, FLOPs and event order"),)),
     # -- chapter 04 entry (its builder replaces this line) --
-    # -- chapter 05 entry (its builder replaces this line) --
-    # -- chapter 06 entry (its builder replaces this line) --
-    # -- chapter 07 entry (its builder replaces this line) --
+    Chapter("05", "ch05_offload", quiz="quiz:QUIZ", labs={"lab05_offload_budget": "labcheck:check"}, experiments=(Experiment("offload", "experiments:offload", "diagrams:offload_table", "bandwidth ladder and real DeepSpeed CPU/NVMe offload on CPU ranks", options="options:add_options"),)),
+    Chapter("06", "ch06_combining_strategies", quiz="quiz:QUIZ", labs={"lab06_choose_plan": "labcheck:check"},
+            experiments=(Experiment("plan-proof", "experiments:plan_proof", "diagrams:plan_proof_table",
+                                    "a planned DeepSpeed config run on CPU ranks: measured vs planned bytes"),)),
+    Chapter("07", "ch07_must_understand", quiz="quiz:QUIZ"),
 )
 
 

@@ -1,0 +1,79 @@
+"""Chapter 04's experiment, the same code for the notebook and ``python -m gpumem run attention``.
+
+Per sequence length and method (naive, SDPA, tiled), one forward and backward of the attention
+core on real CPU tensors (``gpumem.memory.attention_measure.measure``): peak bytes of each pass,
+bytes saved for backward, and beside them chapter 01's formula for the saved bytes
+(``gpumem.memory.activations.layer_terms``, the attention core's terms). Then the ratios when s
+doubles, the SDPA backend that ran and why, and the tiled kernel's largest difference from SDPA.
+With ``device="cuda"``: SDPA's math, memory-efficient and flash backends on the GPU.
+
+Attention memory is per rank, so the experiment runs in one process whatever ``ranks`` says.
+"""
+
+import torch
+
+from gpumem.errors import UsageError
+from gpumem.memory import activations, attention_measure as am
+from gpumem.memory.models import ModelConfig
+
+from .options import DEFAULT_SEQS
+
+WHY_CPU = ("On a CPU PyTorch has one fused kernel, _scaled_dot_product_flash_attention_for_cpu, and picks "
+           "it whenever it applies (no dropout in training, no attention mask that needs a gradient). "
+           "The memory-efficient and cuDNN kernels, and the CUDA flash kernel, exist only for CUDA "
+           "devices; forcing them here raises 'No viable backend'. The math backend (plain matmul, "
+           "softmax, matmul) runs when forced with sdpa_kernel(SDPBackend.MATH), or with dropout.")
+
+
+def shape_config(heads: int, kv_heads: int, head_dim: int) -> ModelConfig:
+    """A one-layer config with the measured attention's shape, for chapter 01's formula."""
+    return ModelConfig(f"attention {heads}x{head_dim}", 1, heads * head_dim, heads, kv_heads, 1, 1)
+
+
+def formula_saved(method: str, seq: int, heads: int, kv_heads: int, head_dim: int, causal: bool,
+                  batch: int = 1, elem: int = 4) -> int:
+    """Chapter 01's count of what the attention core saves: naive q, expanded k and v, the
+    probabilities (and the causal mask); flash (SDPA, tiled) q, k, v, the output and the logsumexp."""
+    terms = activations.layer_parts(shape_config(heads, kv_heads, head_dim), seq, batch,
+                                    "naive" if method == "naive" else "flash", elem)
+    keep = {"naive": ("q, expanded k and v", "probabilities") + (("causal mask (bool)",) if causal else ()),
+            "flash": ("q, k, v", "output = W_o input", "logsumexp (fp32)")}["naive" if method == "naive" else "flash"]
+    return sum(terms[k] for k in keep)
+
+
+def ratios(rows: list[dict], key: str) -> dict[str, list[list]]:
+    """Per method: [s, 2s, value(2s) / value(s)] for every doubling in the measured lengths."""
+    out: dict[str, list] = {}
+    by = {(r["method"], r["seq"]): r[key] for r in rows}
+    for (method, s), value in by.items():
+        if (method, 2 * s) in by and value:
+            out.setdefault(method, []).append([s, 2 * s, by[(method, 2 * s)] / value])
+    return out
+
+
+def attention(ranks: int = 1, device: str = "cpu", progress: bool = True, model: str | None = None,
+              seqs=DEFAULT_SEQS, heads: int = 2, kv_heads: int | None = None, head_dim: int = 64,
+              block: int = 256, causal: bool = False, methods=am.METHODS) -> dict:
+    """Measured bytes per sequence length and method, with the formula, ratios, backend and differences."""
+    if model is not None:
+        raise UsageError(f"run attention measures the attention core alone and takes no --model (got {model!r}); "
+                         "accepted: --heads, --kv-heads, --head-dim, --seqs")
+    kv_heads = kv_heads or heads
+    if heads % kv_heads:
+        raise UsageError(f"--kv-heads {kv_heads} must divide --heads {heads}; accepted: a divisor of {heads}")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda needs a CUDA GPU; none is visible here (accepted: --device cpu)")
+        return am.cuda_backends(seq=max(seqs), heads=heads, head_dim=head_dim, causal=causal)
+    shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, causal=causal, block=block)
+    rows = am.sweep(seqs, methods, progress=progress, **shape)
+    for r in rows:
+        r["formula_saved"] = formula_saved(r["method"], r["seq"], heads, kv_heads, head_dim, causal)
+    q, k, v, _ = am.inputs(min(seqs), heads, kv_heads, head_dim)
+    diff_seq = min(max(seqs), 1000)
+    return {"device": "cpu", "shape": shape | {"batch": 1, "dtype": "float32"}, "seqs": list(seqs),
+            "methods": list(methods), "rows": rows,
+            "ratios": {key: ratios(rows, key) for key in ("peak_forward", "peak_backward", "saved", "saved_made")},
+            "sdpa_backend": am.backend_of(am.sdpa_attention, q, k, v), "why": WHY_CPU,
+            "max_difference": am.max_difference(diff_seq, heads, kv_heads, head_dim, causal, min(block, 128))
+            | {"seq": diff_seq, "dtype": "float32"}}

@@ -1,0 +1,69 @@
+"""Chapter 05's claims: the note's section 3 (its speed ladder, what NVMe may hold, the 155 ms
+example) and its summary table's two offload rows, against our numbers.
+
+Speeds are datasheet figures (:mod:`gpumem.memory.gpus`, :mod:`gpumem.memory.offload_cost`);
+bytes are chapter 01's accounting (:mod:`gpumem.memory.accounting`); times are the cost model
+(:mod:`gpumem.memory.offload_cost`), whose byte counts the chapter's tests derive by hand.
+"""
+
+from gpumem.course.ledger import Claim
+from gpumem.memory import accounting, gpus, offload_cost
+
+GB = 10**9
+N_70B = 70_553_706_496      # Llama-3-70B's parameters (gpumem.memory.models counts the same)
+
+
+def hbm_over_nvme() -> float:
+    """H100 SXM HBM over a Gen4 drive's read speed (datasheets)."""
+    return gpus.get("h100-80gb").hbm / offload_cost.NVME_DRIVES["gen4"][0]
+
+
+def gpu_state_saving(offload: str) -> float:
+    """Percent of a GPU's model-state bytes an offload removes (mixed recipe, ZeRO-3, 8 GPUs)."""
+    before = accounting.model_states(N_70B, "mixed", 8, 3).total
+    after = accounting.model_states(N_70B, "mixed", 8, 3, offload, "nvme" if offload != "none" else "cpu").total
+    return 100 * (1 - after / before)
+
+
+def nvme_bytes_per_param() -> float:
+    """Bytes per parameter ZeRO-Infinity puts on NVMe (mixed recipe): optimizer and parameters."""
+    return accounting.model_states(1_000_000, "mixed", 1, 3, "optimizer+params", "nvme").nvme / 1_000_000
+
+
+def same_bytes_both_ways_ms() -> float:
+    """The gradients' trip down, in ms, when the note's parameters' trip up takes 20 ms: both are
+    the rank's 16-bit shard, so the same bytes (offload_cost.offload_traffic)."""
+    t = offload_cost.offload_traffic(N_70B, "mixed", 3, 8, "optimizer", "cpu")
+    return 20.0 * t["d2h"] / t["h2d"]
+
+
+# what DeepSpeed's stage 3 writes to swap files (the chapter's run lists them per rank)
+NVME_STATES = ("optimizer states (fp32 master, m, v)", "fp32 gradients", "16-bit parameters")
+
+CLAIMS = [
+    Claim("3-hbm", "GPU HBM ~3.5 TB/s", 3500, lambda: gpus.get("h100-80gb").hbm / GB,
+          lambda: "H100 SXM datasheet: 3.35 TB/s (H200 4.8, A100 80GB 2.0)", unit="GB/s"),
+    Claim("3-cpu-ram", "CPU RAM ~100 GB/s (PCIe)", 100, lambda: gpus.get("a100-80gb").pcie / GB,
+          lambda: "two links in one line: the GPU reaches host memory over PCIe, Gen4 x16 = 31.5 GB/s per "
+                  "direction (Gen5 63); the CPU's own DRAM is 307-461 GB/s per DDR5 socket", unit="GB/s"),
+    Claim("3-nvme", "NVMe SSD ~5 GB/s (PCIe 4.0)", 5, lambda: offload_cost.NVME_DRIVES["gen4"][0] / GB,
+          lambda: offload_cost.NVME_DRIVES["gen4"][2] + "; a Gen4 x4 link carries 7.9 GB/s", unit="GB/s"),
+    Claim("3-gap", "HBM vs NVMe gap 700x", 700, hbm_over_nvme,
+          lambda: "3,350 / 7.45 = 450x; for CPU offload the gap that matters is HBM / PCIe, about 100x", unit="x"),
+    Claim("3-nvme-holds", "NVMe offload acceptable only for optimizer states (1 kind of state)", 1,
+          lambda: len(NVME_STATES),
+          lambda: "ZeRO-Infinity puts all model states on NVMe at stage 3: " + ", ".join(NVME_STATES)
+                  + f"; {nvme_bytes_per_param():.0f} B/param of the mixed recipe's 16", unit="kinds"),
+    Claim("3-d2h", "GPU -> CPU transfer 5 ms beside 20 ms up", 5.0, same_bytes_both_ways_ms,
+          lambda: "down go the rank's bf16 gradients, up its bf16 parameters: the same bytes on the same "
+                  "link, so the same time unless one trip hides behind compute", unit="ms"),
+    Claim("3-total", "155 ms per step, ~35 % efficiency loss", 35.0,
+          lambda: 100 * (1 - offload_cost.note_example(False)["compute"] / offload_cost.note_example(False)["total"]),
+          lambda: "arithmetic right (100 / 155 = 64.5 %), but only if nothing overlaps; overlapped, the "
+                  "same terms give 100 ms", unit="%"),
+    Claim("table-cpu", "CPU optimizer offload saves ~50 % memory", 50.0, lambda: gpu_state_saving("optimizer"),
+          lambda: "of GPU model states (mixed, ZeRO-3, 8 GPUs): the 12 B optimizer moves, 2 + 2 B stay", unit="%"),
+    Claim("table-nvme", "NVMe parameter offload saves ~20 % memory", 20.0, lambda: gpu_state_saving("optimizer+params"),
+          lambda: "with parameters and optimizer on NVMe only the 2 B gradients stay; the note's +40 % "
+                  "time has no source", unit="%"),
+]

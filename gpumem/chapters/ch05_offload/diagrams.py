@@ -1,0 +1,94 @@
+"""Chapter 05's tables: the ladder, what each device holds, the step-time breakdown, and the cost
+model's prediction beside the measurement, all rendered from an ``offload`` result."""
+
+from gpumem import units
+from gpumem.memory import bandwidth
+
+GB = units.GB
+
+
+def ladder_table(ladder: dict) -> str:
+    """The measured rungs in GB/s, with how each was measured."""
+    lines = [f"bandwidth ladder measured on {ladder['machine']}, {ladder['date']} (GB = 10^9 bytes)"]
+    for name, r in ladder["rungs"].items():
+        lines.append(f"  {name:13s} {r['bytes_per_s'] / GB:8.2f} GB/s   {r['how']}")
+    if not ladder.get("cuda"):
+        lines.append("  (no CUDA device: the PCIe and HBM rungs are measured on a GPU machine only)")
+    if ladder.get("cpu_adam"):
+        a = ladder["cpu_adam"]
+        lines.append(f"  cpu adam      {a['params_per_s'] / 1e9:8.3f} G params/s ({a['how']}, {a['threads']} thread)")
+    return "\n".join(lines)
+
+
+def held_table(result: dict) -> str:
+    """Rank 0's bytes on each device per configuration: measured, then chapter 01's formula."""
+    lines = [f"{'configuration':13s} {'':9s} {'accelerator':>12s} {'host':>10s} {'NVMe':>10s}   (MB = 10^6 bytes)"]
+    for name, c in result["configs"].items():
+        r = c["ranks"][0]
+        for label, row in (("measured", r["by_device"]), ("formula", r["formula"])):
+            lines.append(f"{name if label == 'measured' else '':13s} {label:9s} "
+                         + " ".join(f"{row[k] / 1e6:>10.2f} MB"[-13:] for k in ("accelerator", "host", "nvme")))
+    return "\n".join(lines)
+
+
+def time_table(result: dict) -> str:
+    """Seconds per step (mean over ranks of each rank's fastest step after the first): forward, backward,
+    optimizer step, and the part of them spent on swap I/O."""
+    lines = [f"{'configuration':13s} {'forward':>9s} {'backward':>9s} {'step':>9s} {'swap':>9s} {'total':>9s}  (ms)"]
+    for name, c in result["configs"].items():
+        s, w = c["seconds"], sum(c["swap_seconds"].values())
+        lines.append(f"{name:13s} " + " ".join(f"{1e3 * v:9.1f}" for v in (s["forward"], s["backward"], s["step"], w,
+                                                                             sum(s.values()))))
+    lines.append("swap: seconds inside DeepSpeed's swapper calls, already part of forward, backward and step")
+    return "\n".join(lines)
+
+
+def prediction_table(result: dict) -> str:
+    """The cost model (fed with the measured ladder) beside the measurement, per term, and the
+    ratio measured / predicted."""
+    lines = [f"{'configuration':13s} {'term':10s} {'predicted':>10s} {'measured':>10s} {'ratio':>7s}  (ms)"]
+    for name, row in result.get("prediction", {}).items():
+        for term in ("compute", "transfers", "nvme", "cpu_adam", "total"):
+            ratio = row["ratio"][term]
+            lines.append(f"{name:13s} {term:10s} {1e3 * row['predicted'][term]:10.2f} {1e3 * row['measured'][term]:10.2f} "
+                         f"{'-' if ratio is None else f'{ratio:7.2f}':>7s}")
+            name = ""
+    return "\n".join(lines)
+
+
+def offload_table(result: dict) -> str:
+    """Everything ``python -m gpumem run offload`` prints."""
+    parts = [ladder_table(result["ladder"])]
+    for name, why in result.get("skipped", {}).items():
+        parts.append(f"skipped {name}: {why}")
+    if result["configs"]:
+        parts += [f"{result['model']}: {result['n_params']:,} parameters, {result['ranks']} ranks, "
+                  f"{result['steps']} steps, bf16 with fp32 master (recipe {result['recipe']})",
+                  held_table(result), time_table(result), prediction_table(result),
+                  "largest relative loss difference from the run without offload: "
+                  + ", ".join(f"{k} {v:.1e}" for k, v in result["loss_rel_diff"].items()),
+                  f"swap folder removed after the run: {result['swap_folder_removed']}"]
+    return "\n\n".join(parts)
+
+
+__all__ = ["ladder_table", "held_table", "time_table", "prediction_table", "offload_table", "bandwidth"]
+
+
+def flow_diagram(n_params: int, gpus: int, recipe: str = "mixed") -> str:
+    """Who holds what and what crosses which link per step, ZeRO-3 with the optimizer on the CPU
+    and with everything on NVMe, bytes per GPU from the cost model's traffic count."""
+    from gpumem.memory import offload_cost
+    cpu = offload_cost.offload_traffic(n_params, recipe, 3, gpus, "optimizer", "cpu")
+    inf = offload_cost.offload_traffic(n_params, recipe, 3, gpus, "optimizer+params", "nvme")
+    g = lambda b: units.fmt(b, "GB", 1)   # noqa: E731
+    return "\n".join([
+        f"ZeRO-Offload (stage 3, optimizer on the CPU), per GPU and step, {n_params / 1e9:.1f} B params on {gpus} GPUs:",
+        "  GPU (HBM): bf16 parameter shard, bf16 gradients        CPU (DRAM): fp32 master, m, v, fp32 grads",
+        f"     backward ---- bf16 gradient shard {g(cpu['d2h']):>9s} ---- PCIe down ----> CPU Adam updates the shard",
+        f"     next forward <-- bf16 parameter shard {g(cpu['h2d']):>9s} -- PCIe up ------",
+        "",
+        "ZeRO-Infinity (stage 3, optimizer and parameters on NVMe):",
+        "  GPU: only the layer being computed        CPU: staging buffers        NVMe: every state of the shard",
+        f"     forward + backward <-- parameters {g(inf['h2d']):>9s} -- PCIe up <-- NVMe read {g(inf['nvme_read']):>9s}",
+        f"     backward ---------- gradients {g(inf['d2h']):>9s} --> PCIe down --> CPU Adam --> NVMe write {g(inf['nvme_write']):>9s}",
+    ])

@@ -1,0 +1,104 @@
+"""Chapter 05's experiment ``offload``, the same code for the notebook and ``python -m gpumem run``.
+
+One call measures the bandwidth ladder, then trains the offload model under each configuration
+on CPU ranks (one launch, :func:`gpumem.dist.ds_offload_ranks.offload_runs`) with the swap folder
+made and removed around it, and sets the measurement beside chapter 01's formula and the cost
+model (:mod:`gpumem.memory.offload_cost`) fed with the ladder. Without libaio the NVMe
+configuration is skipped with the line that says how to install it.
+"""
+
+from pathlib import Path
+
+from gpumem.dist import ds_offload, dsops, launch
+from gpumem.errors import UsageError, one_of
+from gpumem.memory import accounting, bandwidth, offload_cost
+from gpumem.units import MiB
+
+RECIPE = "mixed"     # bf16 weights and gradients, fp32 master and moments: what the runs train with
+BASELINE = {2: "zero2", 3: "zero3"}
+
+
+def _mean(rows: list[dict], key: str) -> dict:
+    return {k: sum(r[key][k] for r in rows) / len(rows) for k in rows[0][key]}
+
+
+def formula(n_params: int, ranks: int, name: str) -> dict[str, int]:
+    """Chapter 01's per-rank bytes by device for one configuration (recipe ``mixed``)."""
+    zero, offload, device = ds_offload.CONFIGS[name]
+    s = accounting.model_states(n_params, RECIPE, ranks, zero, offload, device)
+    return {"accelerator": s.total, "host": s.host, "nvme": s.nvme}
+
+
+def predicted_vs_measured(out: dict, links: offload_cost.Links) -> dict:
+    """Per offload configuration: the cost model's terms (fed with the measured ladder and the
+    baseline's measured forward + backward) beside their measured counterparts, and the ratio."""
+    rows = {}
+    for name, c in out["configs"].items():
+        zero, offload, device = ds_offload.CONFIGS[name]
+        base = out["configs"].get(BASELINE[zero])
+        if offload == "none" or base is None:
+            continue
+        compute = base["seconds"]["forward"] + base["seconds"]["backward"]
+        p = offload_cost.step_time(out["n_params"], RECIPE, zero, out["ranks"], offload, device, compute, links,
+                                   overlap=False)
+        sec, swap = c["seconds"], c["swap_seconds"]
+        m = {"compute": compute, "transfers": sec["forward"] + sec["backward"] - swap["forward"] - swap["backward"] - compute,
+             "nvme": sum(swap.values()), "cpu_adam": sec["step"] - swap["step"], "total": sum(sec.values())}
+        pred = {"compute": p["compute"], "transfers": p["h2d"] + p["d2h"], "nvme": p["nvme"],
+                "cpu_adam": p["cpu_adam"], "total": p["total"]}
+        rows[name] = {"predicted": pred, "measured": m,
+                      "ratio": {k: (m[k] / pred[k] if pred[k] > 0 else None) for k in pred}}
+    return rows
+
+
+def offload(ranks: int = 2, device: str = "cpu", progress: bool = True, model: str | None = None,
+            steps: int = 4, configs=tuple(ds_offload.CONFIGS), nvme_path: str | None = None,
+            ladder_mib: int = 256, ladder: dict | None = None) -> dict:
+    """The ladder, then every configuration: losses, per-rank bytes by device (measured and
+    formula), swap files, the step-time breakdown, and the cost model's prediction of it."""
+    if model is not None:
+        raise UsageError(f"--model {model}: offload trains its own model ({ds_offload.MODEL.name}, whose "
+                         "embedding shards are 1 MiB, DeepSpeed's smallest swappable tensor); leave --model out")
+    one_of(device, ("cpu", "cuda"), "device")
+    for name in configs:
+        one_of(name, tuple(ds_offload.CONFIGS), "configuration")
+    if nvme_path is not None and not Path(nvme_path).is_dir():
+        raise UsageError(f"--nvme-path {nvme_path}: no such folder; accepted: an existing folder on the drive to test")
+    ready, why = ds_offload.nvme_ready()
+    skipped = {n: why for n in configs if ds_offload.CONFIGS[n][2] == "nvme" and not ready}
+    run_names = [n for n in configs if n not in skipped]
+    dsops.use_course_cache()                     # DeepSpeed's ops load from the course cache, never rebuild
+    lad = ladder or bandwidth.ladder(nvme_path, ladder_mib * MiB, progress=progress, use_aio=ready)
+    out = {"ranks": ranks, "device": device, "model": ds_offload.MODEL.name, "steps": steps, "recipe": RECIPE,
+           "ladder": lad, "nvme": {"available": ready, "message": why}, "skipped": skipped, "configs": {}}
+    if run_names:
+        with ds_offload.swap_folder(nvme_path) as swap:
+            res = launch.run("gpumem.dist.ds_offload_ranks:offload_runs", ranks, device, deepspeed=True,
+                             progress=progress, configs=tuple(run_names), swap_dir=str(swap), steps=steps)
+        out["swap_folder_removed"] = not swap.exists()
+        out["n_params"] = res[0][run_names[0]]["n_params"]
+        for name in run_names:
+            per = [r[name] for r in res]
+            out["configs"][name] = {
+                "zero": ds_offload.CONFIGS[name][0], "offload": ds_offload.CONFIGS[name][1],
+                "offload_device": ds_offload.CONFIGS[name][2],
+                "losses": [sum(p["losses"][i] for p in per) / ranks for i in range(steps)],
+                "seconds": _mean(per, "seconds"), "swap_seconds": _mean(per, "swap_seconds"),
+                "ranks": [{"rank": r, "held_by_role": p["held_by_role"], "swap_files": p["swap_files"],
+                           "by_device": ds_offload.by_device(p["held_by_role"], name, p["swap_files"]["total"]),
+                           "formula": formula(out["n_params"], ranks, name)} for r, p in enumerate(per)]}
+        adam = lad["cpu_adam"]["params_per_s"] if lad.get("cpu_adam") else 1e9
+        links = offload_cost.links_from_ladder(bandwidth.rates(lad), f"measured on {lad['machine']} {lad['date']}", adam)
+        out["prediction"] = predicted_vs_measured(out, links)
+        out["loss_rel_diff"] = loss_differences(out)
+    return out
+
+
+def loss_differences(out: dict) -> dict[str, float]:
+    """Largest relative loss difference of each offload configuration from its stage's baseline."""
+    diffs = {}
+    for name, c in out["configs"].items():
+        base = out["configs"].get(BASELINE[c["zero"]])
+        if c["offload"] != "none" and base:
+            diffs[name] = max(abs(a - b) / abs(b) for a, b in zip(c["losses"], base["losses"]))
+    return diffs

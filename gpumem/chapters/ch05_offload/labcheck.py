@@ -1,0 +1,100 @@
+"""Lab 05's ``check()``: the learner's DeepSpeed config, run on 2 CPU ranks and measured.
+
+The learner writes ``offload_config(budget_bytes, swap_dir)``: a whole DeepSpeed config (bf16,
+AdamW, micro-batch 2 per rank) that trains :data:`gpumem.dist.ds_offload.MODEL` with at most
+``budget_bytes`` of model states on each rank's accelerator, offloading no more than it must
+(each step off the accelerator costs time: none, then the optimizer to the CPU, then parameters
+to NVMe). The grader runs every budget the lab never shows in one launch, reads what each rank
+holds from DeepSpeed's structures (:func:`gpumem.dist.ds_offload.held_by_role`) and names the
+largest state that overflowed and by how much, or says that it fits. Budgets sit between the
+configurations' measured holdings (``BUDGETS``).
+"""
+
+from gpumem import units
+from gpumem.course.grading import Report, Row
+from gpumem.dist import ds_offload, launch
+from gpumem.memory import accounting
+
+LAB = "lab05_offload_budget"
+MB = 10**6
+# chapter 01's formula for the course model on 2 ranks (mixed): ZeRO-2 32.2 MB, ZeRO-3 28.6 MB,
+# ZeRO-3 + CPU optimizer 7.1 MB, ZeRO-3 + NVMe optimizer and parameters 3.6 MB; one budget per step
+BUDGETS = {"30 MB": 30 * MB, "12 MB": 12 * MB, "5 MB": 5 * MB}
+RANK_OF = {"none": 0, "optimizer": 1, "optimizer+params": 2}
+ROLE_WORDS = {"params": "16-bit parameters", "grads16": "16-bit gradients", "grads32": "fp32 gradients",
+              "master": "fp32 master weights", "moments": "Adam moments (m, v)"}
+
+
+def _on_accelerator(roles: dict, config: dict) -> dict[str, int]:
+    _, offload, _ = ds_offload.describe(config)
+    optimizer_away = offload != "none"
+    keep = {"params": offload != "optimizer+params", "grads16": True, "grads32": not optimizer_away,
+            "master": not optimizer_away, "moments": not optimizer_away}
+    return {k: v for k, v in roles.items() if keep.get(k) and v}
+
+
+def verdict(roles: dict, config: dict, budget: int) -> tuple[bool, str]:
+    """Whether the measured accelerator bytes fit ``budget``; if not, the largest state there and
+    the overflow, in words."""
+    on = _on_accelerator(roles, config)
+    total = sum(on.values())
+    if total <= budget:
+        return True, f"fits: {units.fmt(total, 'MB', 2)} on the accelerator, budget {units.fmt(budget, 'MB', 2)}"
+    big = max(on, key=on.get)
+    return False, (f"over by {units.fmt(total - budget, 'MB', 2)}: {units.fmt(total, 'MB', 2)} on the accelerator, "
+                   f"the largest being {ROLE_WORDS[big]} ({units.fmt(on[big], 'MB', 2)})")
+
+
+def needed(budget: int, ranks: int = 2) -> str:
+    """The least offload (none < optimizer < optimizer+params, ZeRO-3) whose chapter 01 formula
+    (recipe ``mixed``: what DeepSpeed's bf16 run holds) fits ``budget`` on the accelerator."""
+    n = ds_offload.MODEL.n_params()
+    for offload in RANK_OF:
+        device = "nvme" if offload == "optimizer+params" else "cpu"
+        if accounting.model_states(n, "mixed", ranks, 3, offload, device).total <= budget:
+            return offload
+    return "optimizer+params"
+
+
+def check(ns: dict, show: bool = True) -> Report:
+    """Grade ``offload_config`` on each budget of :data:`BUDGETS`: fits, and offloads no more than needed."""
+    report = Report(LAB)
+    fn = ns.get("offload_config")
+    ready, why = ds_offload.nvme_ready()
+    given, rows = {}, {}
+    with ds_offload.swap_folder() as swap:
+        for label, budget in BUDGETS.items():
+            try:
+                cfg = fn(budget, str(swap)) if fn else None
+            except NotImplementedError:
+                cfg = None
+            except Exception as err:   # the learner's bug, reported, not raised
+                rows[label] = Row("offload_config", label, "error", f"{type(err).__name__}: {err}")
+                continue
+            if cfg is None:
+                rows[label] = Row("offload_config", label, "todo", "offload_config still raises NotImplementedError")
+            elif ds_offload.describe(cfg)[2] == "nvme" and not ready:
+                rows[label] = Row("offload_config", label, "ok", "not run here: " + why)
+            else:
+                given[label] = cfg
+        if given:
+            try:
+                res = launch.run("gpumem.dist.ds_offload_ranks:offload_runs", 2, "cpu", deepspeed=True,
+                                 progress=show, given=given, swap_dir=str(swap), steps=2)
+            except launch.RankError as err:
+                for label in given:
+                    rows[label] = Row("offload_config", label, "error", str(err).splitlines()[-1][:300])
+                res = None
+            for label, cfg in (given.items() if res else ()):
+                roles = max((r[label]["held_by_role"] for r in res), key=lambda x: sum(_on_accelerator(x, cfg).values()))
+                ok, words = verdict(roles, cfg, BUDGETS[label])
+                rows[label] = Row("offload_config", f"budget {label}", "ok" if ok else "wrong", words)
+                need, mine = needed(BUDGETS[label]), ds_offload.describe(cfg)[1]
+                if ok and RANK_OF[mine] > RANK_OF[need]:
+                    rows[label] = Row("offload_config", f"budget {label}", "wrong",
+                                      f"{words}, but it offloads {mine} where {need} would fit: "
+                                      "each state moved off the accelerator costs step time")
+    report.rows = [rows[label] for label in BUDGETS]
+    if show:
+        print(report.summary())
+    return report

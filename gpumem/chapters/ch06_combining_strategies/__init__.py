@@ -1,0 +1,17 @@
+"""Chapter 06, combining strategies: the planner (``gpumem.memory.planner``) asked the note's
+questions, its plans drawn and priced, and one plan run for real on CPU ranks.
+
+- ``scenarios``    the note's 7B / 70B / 405B scenarios and the layouts it proposes
+- ``claims``       the note's section 4 and summary table in the ledger (``claims.CLAIMS``)
+- ``diagrams``     ranked plans, a plan's memory box and breakdowns, the proof table, configs
+- ``plots``        per-GPU memory bars and step-time bars of the ranked plans
+- ``widget``       the interactive planner (model, GPU, count, sequence, batch)
+- ``experiments``  ``plan-proof``: a planned DeepSpeed config run on CPU ranks (``proof_ranks``)
+- ``labcheck``     lab 06's ``check()``
+- ``QUIZ``         the chapter's quiz
+"""
+
+from . import claims, diagrams, experiments, labcheck, plots, scenarios, widget
+from .quiz import QUIZ
+
+__all__ = ["claims", "diagrams", "experiments", "labcheck", "plots", "scenarios", "widget", "QUIZ"]

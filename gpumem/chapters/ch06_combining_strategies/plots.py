@@ -1,0 +1,57 @@
+"""Chapter 06's figures: the ranked plans' per-GPU memory as stacked bars against the usable
+bytes, and their step time by term. Both take a ``planner.Result``."""
+
+import matplotlib.pyplot as plt
+
+from .diagrams import MEMORY_PARTS, TIME_PARTS
+
+
+def _short(plan) -> str:
+    lay = plan.layout
+    off = "" if lay.offload == "none" else f"\noffload {lay.offload}->{lay.device}"
+    return f"{lay.recipe} Z{lay.zero} tp{lay.tp} pp{lay.pp} mb{lay.micro_batch}\n{lay.checkpoint} {lay.attention}{off}"
+
+
+def memory_bars(result, top: int = 6, ax=None):
+    """Stacked horizontal bars: each distinct plan's per-GPU bytes by part (GB), the usable line."""
+    plans = result.distinct(top)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 0.8 + 0.75 * max(len(plans), 1)))
+    if not plans:
+        ax.text(0.5, 0.5, "nothing fits", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel("per-GPU memory (GB = 10^9 bytes)")
+        return ax.figure
+    labels = [_short(p) for p in plans][::-1]
+    left = [0.0] * len(plans)
+    for part in MEMORY_PARTS:
+        vals = [p.memory[part] / 1e9 for p in plans][::-1]
+        ax.barh(labels, vals, left=left, label=part)
+        left = [a + b for a, b in zip(left, vals)]
+    ax.axvline(result.question["usable"] / 1e9, color="black", linestyle="--", label="usable")
+    ax.set_xlabel("per-GPU memory (GB = 10^9 bytes)")
+    ax.set_title(f"{result.question['model']} on {result.question['gpus']} x {result.question['gpu']}: "
+                 "fastest plans first (top)")
+    ax.tick_params(axis="y", labelsize=7)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def time_bars(result, top: int = 6, ax=None):
+    """Stacked horizontal bars: each distinct plan's step time by term (seconds)."""
+    plans = result.distinct(top)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 0.8 + 0.75 * max(len(plans), 1)))
+    labels = [_short(p) for p in plans][::-1]
+    left = [0.0] * len(plans)
+    for part in TIME_PARTS:
+        vals = [p.time[part] for p in plans][::-1]
+        if any(vals):
+            ax.barh(labels, vals, left=left, label=part)
+            left = [a + b for a, b in zip(left, vals)]
+    ax.set_xlabel("estimated step time (s)")
+    ax.set_title("where each plan's step time goes")
+    ax.tick_params(axis="y", labelsize=7)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.figure.tight_layout()
+    return ax.figure

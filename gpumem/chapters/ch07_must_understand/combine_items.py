@@ -1,0 +1,166 @@
+"""Checklist item 6: which combination of techniques for an 8B, a 70B and a 405B model.
+
+Numbers drawn per attempt: model, GPU, GPU count and sequence length. Per-GPU bytes (model
+states, activations with checkpointing, ZeRO-3's working set, offload) come from
+``gpumem.memory.estimate``; gather seconds over a slow link from ``gpumem.dist.zero3_cost``.
+"""
+
+from gpumem.course.checklist import Item
+from gpumem.course.quiz import Choice, Numeric
+from gpumem.course.quiz_draws import gpu_numbers, model_numbers, pick
+from gpumem.dist import zero3_cost
+from gpumem.memory import accounting, estimate, gpus, models
+from gpumem.units import GB
+
+from . import pointers as P
+
+BIG = ("llama-3-70b", "llama-3.1-405b")
+GPUS = ("a100-80gb", "h100-80gb", "h200")
+SLOW_LINK = 25e9 / 8     # one 25 Gb/s Ethernet port per node, bytes/s
+
+
+def _est(model: str, n_gpus: int, seq: int, **kw):
+    kw = {"zero": 3, "recipe": "mixed", "checkpoint": "full"} | kw
+    return estimate.estimate(model, gpus=n_gpus, seq=seq, **kw)
+
+
+def fewest_zero3(model: str, gpu: str, seq: int) -> int:
+    """Fewest GPUs on which ZeRO-3 + full checkpointing (mixed precision) fits usable memory."""
+    usable, lo, hi = gpus.usable(gpu), 1, 1
+    while _est(model, hi, seq).total > usable:
+        hi *= 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _est(model, mid, seq).total <= usable else (mid + 1, hi)
+    return lo
+
+
+def _setting(rng) -> dict:
+    return (model_numbers(pick(rng, BIG)) | gpu_numbers(pick(rng, GPUS))
+            | {"seq": pick(rng, (2048, 4096, 8192))})
+
+
+def _fewest(rng) -> dict:
+    n = _setting(rng)
+    e = _est(n["model_name"], 8, n["seq"])
+    fewest = fewest_zero3(n["model_name"], n["gpu_name"], n["seq"])
+    return n | {"acts": e.activation_bytes, "ws": int(e.gathered),
+                "states_gb": 16 * n["n_params"] / GB, "fewest": fewest,
+                "left_gb": (n["usable"] - e.activation_bytes - int(e.gathered)) / GB,
+                "bare": -(-16 * n["n_params"] // n["usable"])}
+
+
+def _offloaded(rng) -> dict:
+    n = _setting(rng) | {"gpus": pick(rng, (8, 16, 32))}
+    e = _est(n["model_name"], n["gpus"], n["seq"], offload="optimizer")
+    plain = _est(n["model_name"], n["gpus"], n["seq"])
+    total = e.total
+    return n | {"acts_gb": e.activation_bytes / GB, "ws_gb": int(e.gathered) / GB, "total_gb": total / GB,
+                "p_gb": e.states.params / GB, "g_gb": e.states.grads / GB, "plain_gb": plain.total / GB,
+                "verdict": "fits" if total <= n["usable"] else "does not fit",
+                "host_gb": e.states.host / GB}
+
+
+def _eight_b(_ctx) -> str:
+    usable = gpus.usable("h100-80gb")
+    rows = [("plain, full checkpointing", _est("llama-3-8b", 1, 4096, zero=0)),
+            ("pure bf16, no checkpointing", _est("llama-3-8b", 1, 4096, zero=0, recipe="pure-bf16",
+                                                 checkpoint="none")),
+            ("ZeRO-3 + optimizer to CPU, full checkpointing", _est("llama-3-8b", 1, 4096, offload="optimizer"))]
+    parts = [f"{name}: {e.total / GB:.1f} GB" for name, e in rows]
+    return ("Per GPU against the " + f"{usable / GB:.1f} GB usable: " + "; ".join(parts) + ". On one GPU "
+            "ZeRO has nothing to shard, so stages alone change nothing; sending the 12 optimizer bytes per "
+            "parameter to host memory does.")
+
+
+def _slow_link(_ctx) -> str:
+    psi, bw = models.get("llama-3-8b").n_params(), SLOW_LINK / 8      # one port shared by 8 GPUs
+    wide = zero3_cost.zero3_step_time("llama-3-8b", 64, "h100-80gb", bw, tokens_per_gpu=4096)
+    node = zero3_cost.zero3_step_time("llama-3-8b", 8, "h100-80gb", "nvlink", tokens_per_gpu=4096)
+    across = 2 * 2 * accounting.shard(psi, 8) * 7 / 8 / bw             # all-reduce of a gradient shard
+    return (f"Between nodes each GPU gets 25 Gb/s / 8 = {bw / GB:.2f} GB/s. ZeRO-3 over all 64 GPUs "
+            f"gathers across that link in every micro-batch: {wide['comm_s']:.0f} s against "
+            f"{wide['compute_s']:.2f} s of compute for 4,096 tokens. Sharded within a node, the gathers use "
+            f"NVLink ({node['comm_s']:.2f} s, hidden behind compute) and the {16 * psi / 8 / GB:.1f} GB of "
+            f"states per GPU fit; across nodes each GPU all-reduces its gradient shard once per optimizer "
+            f"step ({across:.1f} s), however many micro-batches are accumulated: FSDP's HYBRID_SHARD, "
+            "DeepSpeed's hpZ. DeepSpeed refuses ZeRO-3 with pipeline parallelism, and NVMe only adds "
+            "traffic.")
+
+
+QUESTIONS = [
+    Numeric("plan-fewest",
+            "{model} ({n_params:,} parameters) trains with standard mixed precision (16 B per "
+            "parameter of model states) under ZeRO-3 with every layer checkpointed, on {gpu}s "
+            "({usable:,} bytes usable each), sequences of {seq:,} tokens, micro-batch 1. Whatever the "
+            "GPU count, each GPU also holds {acts:,} bytes of activations and a ZeRO-3 working set "
+            "of {ws:,} bytes. What is the fewest GPUs on which it fits?",
+            answer=lambda n: n["fewest"], unit="GPUs", rel_tol=0.0,
+            hint="Only the model states are divided by the GPU count; subtract what every GPU holds "
+                 "anyway from the usable bytes first.",
+            explanation="{states_gb:,.0f} GB of states must fit in {left_gb:.1f} GB per GPU: {answer} "
+                        "GPUs, not the {bare} that the states alone suggest. In practice the count is "
+                        "also a multiple of the node size, and more GPUs buy batch size and speed.",
+            traps=((lambda n: n["bare"], "that counts the model states only; every GPU also holds its "
+                                         "activations and the working set."),),
+            draw=_fewest),
+    Numeric("plan-offload",
+            "{model} ({n_params:,} parameters) trains with standard mixed precision under ZeRO-3 on "
+            "{gpus} {gpu}s, every layer checkpointed, sequences of {seq:,}, micro-batch 1, with the "
+            "optimizer states offloaded to CPU memory. Each GPU holds {acts_gb:.2f} GB of activations "
+            "and a working set of {ws_gb:.2f} GB besides its model states. How many GB does each GPU "
+            "hold in all?",
+            answer=lambda n: n["total_gb"], unit="GB", rel_tol=0.01,
+            hint="Which bytes per parameter stay on the GPU when the optimizer states leave, and what "
+                 "does ZeRO-3 do to them?",
+            explanation="bf16 weights {p_gb:.2f} GB + bf16 gradients {g_gb:.2f} GB (both 1/{gpus} shards) "
+                        "+ activations + working set = {answer} GB; it {verdict} the {usable_gb:.1f} GB "
+                        "usable (without offload: {plain_gb:.1f} GB). The price: {host_gb:.1f} GB per "
+                        "GPU in host memory and a CPU Adam step.",
+            traps=((lambda n: n["plain_gb"], "that keeps the optimizer states on the GPU."),),
+            draw=_offloaded),
+    Choice("plan-8b-one-gpu",
+           "Llama-3-8B must train on one H100 80GB, sequences of 4,096, micro-batch 1. Which set-up "
+           "fits?",
+           ["Standard mixed precision, every layer checkpointed",
+            "ZeRO-2 on its one GPU, every layer checkpointed",
+            "Optimizer states offloaded to CPU, every layer checkpointed",
+            "Pure bf16 AdamW with no checkpointing at all"],
+           answer=2,
+           hint="Count 8 billion parameters at 16 (or 8) bytes first. What can ZeRO shard on a single "
+                "GPU?",
+           explanation=_eight_b),
+    Choice("plan-pp-zero3",
+           "A plan for Llama-3-70B on 8 A100 80GB GPUs combines ZeRO-3, pipeline parallelism of 4 and "
+           "activation checkpointing, and promises about 55 GB per GPU. What is wrong with it?",
+           ["Nothing: each of the four pipeline stages holds a quarter of the layers",
+            "DeepSpeed refuses ZeRO-3 with pipelines; a GPU still holds 1/8 of the states or more",
+            "Pipelines shrink only activations; each GPU keeps all the states",
+            "It is right, but only with 16 GPUs"],
+           answer=1,
+           hint="What is the least a GPU can hold of 1,129 GB of model states when 8 GPUs share them, "
+                "whatever the split? And which ZeRO stages does DeepSpeed's pipeline engine accept?",
+           explanation="DeepSpeed's pipeline engine asserts that ZeRO-2 and ZeRO-3 are incompatible "
+                       "with pipeline parallelism. And however 8 GPUs split 70B's 1,129 GB of mixed-"
+                       "precision states, one GPU holds at least 141 GB (70.5 GB in pure bf16). About "
+                       "55 GB needs the optimizer states offloaded."),
+    Choice("plan-slow-link",
+           "Llama-3-8B trains on 64 H100s in 8 nodes. Inside a node the GPUs share NVLink; between "
+           "nodes there is one 25 Gb/s Ethernet port per node. Which layout suits this cluster?",
+           ["ZeRO-3 across all 64 GPUs",
+            "Shard within each node, replicate across nodes",
+            "Pipeline stages across nodes, with ZeRO-3 inside each",
+            "ZeRO-3 across all GPUs with the parameters on NVMe"],
+           answer=1,
+           hint="Work out how long the per-step gathers would take over the slow link, and whether the "
+                "model's states fit one node's eight GPUs.",
+           explanation=_slow_link),
+]
+
+ITEM = Item("combine", "Which combination for 7B, 70B and 400B models", QUESTIONS, {
+    "plan-fewest": (P.SCENARIOS, P.WORKING_SET),
+    "plan-offload": (P.SCENARIOS,),
+    "plan-8b-one-gpu": (P.SCENARIOS,),
+    "plan-pp-zero3": (P.PLAN_CLAIMS,),
+    "plan-slow-link": (P.SELECTION, P.ZERO3_TIME),
+})

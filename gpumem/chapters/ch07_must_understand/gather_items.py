@@ -1,0 +1,152 @@
+"""Checklist item 2: why ZeRO-3 all-gathers in forward (and again in backward), and when those
+gathers hide behind compute.
+
+Numbers drawn per attempt: model, GPU, GPU count, link and tokens per GPU. Bytes each GPU
+receives per pass and the seconds of compute come from ``gpumem.dist.zero3_cost.zero3_step_time``
+(DeepSpeed's gather schedule replayed by ``gpumem.dist.zero3_schedule``, FLOPs at a stated MFU
+from ``gpumem.memory.speed``).
+"""
+
+from gpumem.course.checklist import Item
+from gpumem.course.quiz import Choice, Numeric
+from gpumem.course.quiz_draws import LLAMAS, gpu_numbers, model_numbers, pick
+from gpumem.dist import zero3_cost
+from gpumem.memory import gpus, speed
+from gpumem.units import GB
+
+from . import pointers as P
+
+LINKS = {"nvlink": "NVLink inside one node", "inter-node": "a 400 Gb/s network port per GPU",
+         "pcie": "PCIe (no NVLink)"}
+
+
+def _timed(model: str, n_gpus: int, gpu: str, link: str, tokens: int) -> dict:
+    """ZeRO-3's per-pass bytes and seconds for these numbers (the library's cost model)."""
+    return zero3_cost.zero3_step_time(model, n_gpus, gpu, link, tokens_per_gpu=tokens)
+
+
+def _setting(rng, links=tuple(LINKS)) -> dict:
+    n = model_numbers(pick(rng, LLAMAS)) | gpu_numbers(pick(rng, ("a100-80gb", "h100-80gb", "h200")))
+    n |= {"gpus": pick(rng, (8, 16, 64)), "link": pick(rng, links)}
+    n["gpus"] = 8 if n["link"] == "nvlink" else n["gpus"]          # NVLink joins one node's 8 GPUs
+    g = gpus.get(n["gpu_name"])
+    bw = zero3_cost.link_bandwidth(g, n["link"])
+    return n | {"link_words": LINKS[n["link"]], "bw_gb": bw / GB, "tflops": g.bf16_flops / 1e12,
+                "mfu_pct": round(100 * speed.MFU)}
+
+
+def _break_even(rng) -> dict:
+    n = _setting(rng)
+    t = _timed(n["model_name"], n["gpus"], n["gpu_name"], n["link"], 4096)
+    f, b = t["phases"]["forward"], t["phases"]["backward"]
+    return n | {"fwd_gb": f["bytes_moved"] / GB, "bwd_gb": b["bytes_moved"] / GB,
+                "fwd_s": f["comm_s"], "tok_ms": 1e3 * f["compute_s"] / 4096,
+                "fwd_tokens": 4096 * f["comm_s"] / f["compute_s"],
+                "bwd_tokens": 4096 * b["comm_s"] / b["compute_s"]}
+
+
+def _exposed(rng) -> dict:
+    n = _setting(rng, ("inter-node", "pcie", "nvlink", "inter-node"))
+    n |= {"seq": pick(rng, (512, 1024, 2048, 4096)), "mb": pick(rng, (1, 2))}
+    t = _timed(n["model_name"], n["gpus"], n["gpu_name"], n["link"], n["seq"] * n["mb"])
+    f, b = t["phases"]["forward"], t["phases"]["backward"]
+    return n | {"tokens": n["seq"] * n["mb"], "fwd_gb": f["bytes_moved"] / GB, "bwd_gb": b["bytes_moved"] / GB,
+                "fc": f["comm_s"], "fw": f["compute_s"], "bc": b["comm_s"], "bw": b["compute_s"],
+                "exposed": t["exposed_s"], "pooled": max(0.0, t["comm_s"] - t["compute_s"]),
+                "all_comm": t["comm_s"]}
+
+
+QUESTIONS = [
+    Choice("gather-why",
+           "Under ZeRO-3 on 8 GPUs, rank 0 is about to run one layer's query projection W_q on its "
+           "own micro-batch. Why must it all-gather W_q first?",
+           ["Its copy of W_q is fp32 and the other ranks hold the bf16 version",
+            "It holds an eighth of W_q's elements, and its tokens need every one",
+            "The other ranks need rank 0's activations to compute their gradients",
+            "Each rank computes an eighth of the output columns and they must be joined"],
+           answer=1,
+           hint="What does a rank keep of a weight between uses under stage 3, and what does a matmul "
+                "of its own tokens read?",
+           explanation="ZeRO-3 keeps only a 1/N shard of every weight on each rank. Each rank runs the "
+                       "whole layer on its own data (data parallelism), so it needs the whole W_q for "
+                       "the moment the module runs: it all-gathers the shards, computes, and frees the "
+                       "other ranks' parts. Splitting the output columns is tensor parallelism, "
+                       "another technique. Backward needs the weights again, so they are gathered "
+                       "again."),
+    Numeric("gather-break-even",
+            "Under ZeRO-3, {model} ({n_params:,} parameters) trains on {gpus} {gpu}s linked by "
+            "{link_words}, {bw_gb:.1f} GB/s per direction. Each GPU receives {fwd_gb:.1f} GB of "
+            "gathered weights per forward pass. Forward costs 2 FLOPs per parameter per token, run at "
+            "{mfu_pct} % of {tflops:.0f} TFLOP/s. Prefetching can hide a gather behind the forward "
+            "compute of the layers before it. From how many tokens per GPU per micro-batch does the "
+            "forward pass compute at least as long as it gathers?",
+            answer=lambda n: n["fwd_tokens"], unit="tokens", rel_tol=0.02,
+            hint="The gather takes bytes / bandwidth seconds, whatever the tokens; forward takes "
+                 "2 x parameters x tokens / (share x peak). Set them equal and solve for the tokens.",
+            explanation="The gathers take {fwd_gb:.1f} GB / {bw_gb:.1f} GB/s = {fwd_s:.3f} s; each token "
+                        "costs {tok_ms:.4f} ms of forward: {answer} tokens. Backward gathers again and "
+                        "reduce-scatters ({bwd_gb:.1f} GB) against twice the compute: "
+                        "{bwd_tokens:,.0f} tokens. Both bytes and FLOPs grow with the model, so the "
+                        "break-even depends on the link and the tokens per GPU, not on the size.",
+            traps=((lambda n: n["fwd_tokens"] / 3, "that uses 6 FLOPs per parameter, the whole step. A "
+                                                   "forward gather can only hide behind forward compute."),),
+            draw=_break_even),
+    Numeric("gather-exposed",
+            "Under ZeRO-3, {model} ({n_params:,} parameters) trains on {gpus} {gpu}s linked by "
+            "{link_words}, {bw_gb:.1f} GB/s per direction, {tokens:,} tokens per GPU per micro-batch "
+            "({mb} x {seq:,}). Per micro-batch each GPU receives {fwd_gb:.1f} GB for forward and "
+            "{bwd_gb:.1f} GB in backward (the re-gather and the gradients' reduce-scatter). Forward "
+            "costs 2 and backward 4 FLOPs per parameter per token, at {mfu_pct} % of {tflops:.0f} "
+            "TFLOP/s. A transfer can hide only behind the compute of its own pass. How many seconds "
+            "per micro-batch do the transfers add to the step?",
+            answer=lambda n: n["exposed"], unit="s", rel_tol=0.02, abs_tol=0.002,
+            hint="Work out each pass separately: its transfer seconds and its compute seconds. A pass "
+                 "adds only what its transfer takes beyond its compute.",
+            explanation="Forward: {fc:.3f} s of transfer against {fw:.3f} s of compute; backward: "
+                        "{bc:.3f} s against {bw:.3f} s. What sticks out: {answer} s. Longer sequences or "
+                        "larger micro-batches add compute, not transfer, and hide more.",
+            traps=((lambda n: n["pooled"], "that pools both passes. The forward's gathers cannot hide "
+                                           "behind backward compute, which has not started."),
+                   (lambda n: n["all_comm"], "that counts every transfer as if nothing overlapped. "
+                                             "Prefetching overlaps each pass's transfers with its "
+                                             "compute.")),
+            draw=_exposed),
+    Choice("gather-hide-more",
+           "A 64-GPU cluster trains under ZeRO-3, and part of each step waits for gathers. On the "
+           "same GPUs and links, which change hides a larger share of the gather time behind compute?",
+           ["Train a larger model of the same family",
+            "Add more GPUs to the data-parallel ring",
+            "Give each GPU more tokens per micro-batch",
+            "Lower stage3_max_reuse_distance"],
+           answer=2,
+           hint="Write the gather time and the compute time of one pass per GPU. Which of them grows "
+                "with the model, which with the GPU count, which with the tokens?",
+           explanation="Gathered bytes and compute both grow with the parameter count, so a larger "
+                       "model changes nothing; more GPUs only move (N-1)/N closer to 1; a smaller "
+                       "reuse distance releases more weights between forward and backward, so more "
+                       "is gathered again. Compute grows with the tokens each GPU processes while the "
+                       "gathered bytes do not."),
+    Choice("gather-backward",
+           "DeepSpeed's ZeRO-3 gathers Llama-3-70B's weights for forward and nearly all of them "
+           "again for backward. Why gather twice?",
+           ["Backward needs the fp32 master weights, forward the bf16 ones",
+            "Each module's gathered weights are freed after its forward use",
+            "The gradient reduce-scatter overwrites the gathered weights",
+            "Backward runs the layers on another rank's micro-batch"],
+           answer=1,
+           hint="What would a rank hold by the end of forward if it kept every gathered module?",
+           explanation="If a rank kept every module it gathered, by the end of forward it would hold "
+                       "the whole model, and the sharding would save nothing during the pass. So it "
+                       "frees each module after use, unless the module is used again within "
+                       "stage3_max_reuse_distance elements. For 70B the 1.05 billion-element head "
+                       "runs between the last layer's forward and its backward and fills that window, "
+                       "so every layer is gathered again."),
+]
+
+ITEM = Item("gather", "Why ZeRO-3 all-gathers in forward, and when the gathers overlap", QUESTIONS, {
+    "gather-why": (P.WHO_HOLDS,),
+    "gather-break-even": (P.ZERO3_TIME,),
+    "gather-exposed": (P.ZERO3_TIME,),
+    "gather-hide-more": (P.ZERO3_TIME, P.GATHER_TRACE),
+    "gather-backward": (P.GATHER_TRACE,),
+})

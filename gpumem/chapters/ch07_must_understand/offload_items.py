@@ -1,0 +1,157 @@
+"""Checklist item 5: CPU offload against NVMe offload, how fast each is, and what can be offloaded.
+
+Numbers drawn per attempt: model, recipe, ZeRO stage, GPU count, GPU and NVMe generation. Bytes
+left on the GPU and bytes moved to host memory or the drive come from
+``gpumem.memory.accounting.model_states``; bytes per link, seconds and the break-even tokens
+from ``gpumem.memory.offload_cost`` (datasheet bandwidths, CPU Adam bound by host memory).
+"""
+
+from gpumem.course.checklist import Item
+from gpumem.course.quiz import Choice, Numeric
+from gpumem.course.quiz_draws import LLAMAS, gpu_numbers, model_numbers, pick, recipe_numbers
+from gpumem.memory import accounting, gpus, offload_cost
+from gpumem.units import GB
+
+from . import pointers as P
+
+WHAT = {"optimizer": "the optimizer states (fp32 master weights and AdamW moments, plus fp32 "
+                     "gradients where the recipe keeps them) in CPU memory",
+        "optimizer+params": "the optimizer states and the bf16 parameters in CPU memory"}
+RECIPES = ("mixed", "mixed-ds")
+
+
+def _left(rng) -> dict:
+    n = model_numbers(pick(rng, LLAMAS)) | recipe_numbers(pick(rng, RECIPES))
+    n |= {"offload": pick(rng, tuple(WHAT)), "gpus": pick(rng, (8, 16, 32))}
+    n["zero"] = 3 if n["offload"] == "optimizer+params" else pick(rng, (1, 2, 3))
+    s = accounting.model_states(n["n_params"], n["recipe_name"], n["gpus"], n["zero"], n["offload"])
+    plain = accounting.model_states(n["n_params"], n["recipe_name"], n["gpus"], n["zero"])
+    return n | {"what": WHAT[n["offload"]], "p_gb": s.params / GB, "g_gb": s.grads / GB,
+                "left_gb": s.total / GB, "plain_gb": plain.total / GB, "host_gb": s.host / GB}
+
+
+def _host(rng) -> dict:
+    n = _left(rng)
+    per_node = min(8, n["gpus"])
+    return n | {"per_node": per_node, "node_gb": per_node * n["host_gb"]}
+
+
+def _nvme(rng) -> dict:
+    n = model_numbers(pick(rng, LLAMAS)) | gpu_numbers(pick(rng, ("a100-80gb", "h100-80gb", "h200")))
+    n |= {"gpus": pick(rng, (8, 16, 64)), "drive": pick(rng, tuple(offload_cost.NVME_DRIVES))}
+    links = offload_cost.datasheet_links(n["gpu_name"], n["drive"])
+    s = accounting.model_states(n["n_params"], "mixed", n["gpus"], 3, "optimizer", "nvme")
+    t = offload_cost.step_time(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "nvme", 0.0, links)
+    cpu = offload_cost.step_time(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "cpu", 0.0, links)
+    return n | {"nvme_gb": s.nvme / GB, "read_gb": links.nvme_read / GB, "write_gb": links.nvme_write / GB,
+                "nvme_s": t["nvme"], "pcie_s": cpu["h2d"], "pcie_gb": links.h2d / GB,
+                "ratio": t["nvme"] / cpu["h2d"]}
+
+
+def _bound(rng) -> dict:
+    n = model_numbers(pick(rng, LLAMAS)) | gpu_numbers(pick(rng, ("a100-80gb", "h100-80gb", "h200")))
+    n |= {"gpus": pick(rng, (8, 16, 64)), "offload": pick(rng, tuple(WHAT))}
+    g = gpus.get(n["gpu_name"])
+    links = offload_cost.datasheet_links(n["gpu_name"])
+    t = offload_cost.step_time(n["n_params"], "mixed", 3, n["gpus"], n["offload"], "cpu", 0.0, links)
+    return n | {"what": WHAT[n["offload"]], "shard": accounting.shard(n["n_params"], n["gpus"]),
+                "pcie_gb": links.h2d / GB, "adam_g": links.cpu_adam / 1e9, "tflops": g.bf16_flops / 1e12,
+                "ups": 2 if n["offload"] == "optimizer+params" else 1, "t": t,
+                "tokens": offload_cost.break_even_tokens(n["n_params"], "mixed", 3, n["gpus"], n["offload"],
+                                                         "cpu", links, g.bf16_flops)}
+
+
+def _bound_words(n: dict) -> str:
+    t = n["t"]
+    return (f"Per step: gradients down {t['d2h']:.3f} s, up {t['h2d']:.3f} s, CPU Adam {t['cpu_adam']:.3f} s; "
+            f"the slowest, {t['bound']}, sets the floor, and 6 x {n['n_params']:,} x T / (0.4 x "
+            f"{n['tflops']:.0f} TFLOP/s) must cover it: T = {n['tokens']:,}.")
+
+
+QUESTIONS = [
+    Numeric("offload-left",
+            "{model} ({n_params:,} parameters) trains with {recipe}, under ZeRO-{zero} on {gpus} GPUs, "
+            "with {what}. How many GB of model states stay on each GPU?",
+            answer=lambda n: n["left_gb"], unit="GB", rel_tol=0.01,
+            hint="Start from what ZeRO-{zero} leaves on a GPU per parameter; then take away what lives "
+                 "in host memory instead.",
+            explanation="Left on the GPU: bf16 parameters {p_gb:.1f} GB and bf16 gradients {g_gb:.1f} GB "
+                        "= {answer} GB, against {plain_gb:.1f} GB without offload; {host_gb:.1f} GB per "
+                        "GPU now sit in host memory. The GPU still needs the bf16 gradients to produce "
+                        "them and (unless offloaded) the bf16 weights to run forward and backward.",
+            traps=((lambda n: n["plain_gb"], "that is without offload."),),
+            draw=_left),
+    Numeric("offload-host",
+            "{model} ({n_params:,} parameters) trains with {recipe}, under ZeRO-{zero} on {gpus} GPUs, "
+            "8 GPUs per node, with {what}. How many GB of host memory does one node need for the "
+            "offloaded model states of its GPUs?",
+            answer=lambda n: n["node_gb"], unit="GB", rel_tol=0.01,
+            hint="What does one GPU send to the host, per parameter of its shard? Then add up the "
+                 "GPUs of one node.",
+            explanation="Each GPU offloads {host_gb:.1f} GB; {per_node} GPUs per node: {answer} GB. "
+                        "Buffers and the pinned copies DeepSpeed makes come on top.",
+            traps=((lambda n: n["host_gb"], "that is one GPU's share; the node hosts {per_node} of them."),),
+            draw=_host),
+    Numeric("offload-nvme-seconds",
+            "{model} ({n_params:,} parameters, standard mixed precision) trains under ZeRO-3 on "
+            "{gpus} {gpu}s with the optimizer states on NVMe: {nvme_gb:.3f} GB per GPU. Every step "
+            "reads them all into host memory and writes them back, each GPU with its own drive "
+            "({read_gb:.2f} GB/s read, {write_gb:.2f} GB/s write). How many seconds of drive "
+            "traffic is that per step?",
+            answer=lambda n: n["nvme_s"], unit="s", rel_tol=0.01,
+            hint="Read time plus write time, each the bytes over that direction's speed.",
+            explanation="{nvme_gb:.3f} GB / {read_gb:.2f} GB/s + {nvme_gb:.3f} GB / {write_gb:.2f} GB/s = "
+                        "{answer} s. With the states in CPU memory the step moves only bf16 gradients "
+                        "down and weights up over PCIe ({pcie_gb:.1f} GB/s): {pcie_s:.3f} s each way, "
+                        "{ratio:.0f}x less than the drive. NVMe buys capacity, not speed.",
+            traps=((lambda n: n["nvme_gb"] / n["read_gb"], "the states are written back after the "
+                                                           "update, too."),),
+            draw=_nvme),
+    Numeric("offload-break-even",
+            "{model} ({n_params:,} parameters, standard mixed precision) trains under ZeRO-3 on "
+            "{gpus} {gpu}s with {what}; each GPU owns a shard of {shard:,} parameters. Per step each "
+            "GPU sends its bf16 gradient shard to the host, the CPU updates the shard with AdamW at "
+            "{adam_g:.2f} billion parameters per second per GPU, and the bf16 shard comes back up "
+            "{ups} time(s) (parameters offloaded: for forward and again for backward). PCIe moves "
+            "{pcie_gb:.1f} GB/s each way at once. Compute is 6 FLOPs per parameter per token at 40 % "
+            "of {tflops:.0f} TFLOP/s. If everything overlaps perfectly, below how many tokens per GPU "
+            "per step is the step limited by offloading rather than by compute?",
+            answer=lambda n: n["tokens"], unit="tokens", rel_tol=0.01,
+            hint="Work out each transfer and the CPU update in seconds; the slowest sets a floor on the "
+                 "step time. Which token count makes the compute that long?",
+            explanation=_bound_words,
+            draw=_bound),
+    Choice("offload-what",
+           "Which of these DeepSpeed set-ups does not exist?",
+           ["ZeRO-2 with the optimizer states in CPU memory",
+            "ZeRO-3 with parameters and optimizer states on NVMe",
+            "ZeRO-2 with the optimizer states on NVMe",
+            "ZeRO-3 with the optimizer in CPU memory, parameters on the GPU"],
+           answer=2,
+           hint="Offloading parameters needs stage 3. Which other offload target is tied to stage 3?",
+           explanation="NVMe offload (ZeRO-Infinity) is a stage-3 feature; stages 1 and 2 can offload "
+                       "the optimizer to CPU memory only (ZeRO-Offload), and parameters can be "
+                       "offloaded only under stage 3. Activations are not offloaded by these switches: "
+                       "checkpointing is what shrinks them."),
+    Choice("offload-adam",
+           "With ZeRO-Offload (optimizer states in CPU memory), where does the AdamW update run?",
+           ["On the GPU, after the states are copied up for the step",
+            "On the CPU, over the fp32 shard in host memory",
+            "On the NVMe drive's controller",
+            "On the GPU for the moments, on the CPU for the master weights"],
+           answer=1,
+           hint="Compare what must cross PCIe per step in each case: 12 bytes per parameter of states, "
+                "or 2 bytes of gradient and 2 of weights?",
+           explanation="The CPU runs AdamW where the 12 bytes per parameter already live, so only the "
+                       "bf16 gradient (down) and the bf16 weights (up) cross PCIe. Copying the states "
+                       "to the GPU and back would move 24 bytes per parameter per step."),
+]
+
+ITEM = Item("offload", "CPU versus NVMe offload: their speeds, and what can be offloaded", QUESTIONS, {
+    "offload-left": (P.WHO_HOLDS,),
+    "offload-host": (P.DS_ESTIMATORS,),
+    "offload-nvme-seconds": (P.DS_ESTIMATORS,),
+    "offload-break-even": (P.DS_ESTIMATORS,),
+    "offload-what": (P.ZERO_FRAMEWORKS,),
+    "offload-adam": (P.ZERO_FRAMEWORKS,),
+})

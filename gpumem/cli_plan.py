@@ -1,0 +1,92 @@
+"""The ``plan`` verb of ``python -m gpumem``: ranked layouts that fit, from the torch-free planner.
+
+``python -m gpumem plan --model llama-3-70b --gpus 8 --gpu H100-80GB --seq 4096 --json`` prints
+one JSON object (``gpumem.memory.planner.Result.as_dict``); without ``--json`` a table of the
+best layout of each kind, then the top plan's memory and time breakdown and its DeepSpeed
+config. GPU names are matched without regard to case (``H100-80GB`` is ``h100-80gb``).
+"""
+
+import json
+
+from . import units
+from .cli_verbs import positive, seq_length
+from .errors import UsageError
+
+
+def register(sub) -> None:
+    """Add the ``plan`` verb to the command line's subparsers."""
+    p = sub.add_parser("plan", help="ranked training layouts that fit, with memory, time and a DeepSpeed config")
+    p.add_argument("--model", required=True, help="llama-3-8b, llama-3-70b, llama-3.1-405b, tiny, mini")
+    p.add_argument("--gpus", type=positive("--gpus"), required=True, help="GPU count")
+    p.add_argument("--gpu", default=None, help="a GPU of the course's table (speeds and capacity): "
+                                                "a100-40gb, a100-80gb, h100-80gb, h200, l4, t4 (h100-80gb)")
+    p.add_argument("--gpu-mem", default=None, help="capacity per GPU instead of the table's, e.g. 80GB, 80GiB")
+    p.add_argument("--seq", type=seq_length, default=4096, help="sequence length: 4096, 4k (4096)")
+    p.add_argument("--global-batch", type=positive("--global-batch"), default=None,
+                   help="sequences per step (4M tokens' worth)")
+    p.add_argument("--top", type=positive("--top"), default=10, help="plans shown (10)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_plan)
+
+
+def _gpu_name(text: str | None) -> str:
+    from .memory import gpus
+    if text is None:
+        return "h100-80gb"
+    name = text.strip().lower()
+    if name not in gpus.REGISTRY:
+        raise UsageError(f"unknown GPU {text!r}; accepted: {', '.join(gpus.REGISTRY)}")
+    return name
+
+
+def _plan(args) -> int:
+    from .memory import models, planner
+    models.get(args.model)
+    gpu = _gpu_name(args.gpu)
+    mem = units.parse_size(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None
+    result = planner.plan(args.model, args.gpus, gpu, gpu_mem=mem, seq=args.seq, global_batch=args.global_batch)
+    if args.json:
+        print(json.dumps(result.as_dict(args.top)))
+        return 0
+    print(render(result, args.top))
+    return 0
+
+
+def render(result, top: int = 10) -> str:
+    """The readable table: question, ranked distinct plans, the best plan's breakdowns, or advice."""
+    q = result.question
+    lines = [f"{q['model']} on {q['gpus']} x {q['gpu']} (usable {units.fmt(q['usable'])} of "
+             f"{units.fmt(q['capacity'])} each), seq {q['seq']:,}, global batch {q['global_batch']:,}: "
+             f"{len(result.plans):,} layouts fit"]
+    if result.plans:
+        lines.append(f"{'#':>2s}  {'layout':72s} {'GB/GPU':>7s} {'step s':>8s} {'tok/s':>9s}  bound")
+        for i, p in enumerate(result.distinct(top), 1):
+            lines.append(f"{i:>2d}  {p.layout.label():72s} {p.memory['total'] / 1e9:>7.1f} "
+                         f"{p.time['total']:>8.1f} {p.tokens_per_s:>9,.0f}  {p.time['bound']}")
+        lines.append("")
+        lines += breakdown(result.best)
+        lines.append("DeepSpeed config: " + json.dumps(result.best.deepspeed))
+        fsdp = result.best.fsdp
+        lines.append("FSDP equivalent: " + (json.dumps(fsdp) if fsdp else "none (FSDP has no such layout)"))
+    else:
+        a = result.advice or {}
+        lines.append(f"nothing fits; the closest layout, {a.get('closest')}, misses by "
+                     f"{units.fmt(a.get('missing') or 0)} per GPU")
+        for c in a.get("changes", []):
+            lines.append(f"  fits with {c['change']}: {c['value']} ({c['layout']})")
+    lines += [f"assumption: {s}" for s in result.assumptions]
+    return "\n".join(lines)
+
+
+def breakdown(p) -> list[str]:
+    """One plan's per-GPU memory and time, one part a line."""
+    out = [f"best: {p.layout.label()}"]
+    for k in ("params", "grads", "optimizer", "zero3_working_set", "buffers", "activations", "total"):
+        out.append(f"  memory {k:18s} {units.fmt(p.memory[k]):>10s}")
+    for k in ("host", "nvme"):
+        if p.memory[k]:
+            out.append(f"  {k} per GPU {'':12s} {units.fmt(p.memory[k]):>10s}")
+    for k, v in p.time.items():
+        if isinstance(v, float) and k not in ("data_parallel_moved_s",):
+            out.append(f"  time {k:20s} {v:>10.2f} s")
+    return out

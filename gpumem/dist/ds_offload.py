@@ -1,0 +1,201 @@
+"""Real DeepSpeed offload: the configs, the swap folder's life, and what each rank holds where.
+
+ZeRO-Offload (``offload_optimizer: cpu``) keeps the fp32 master, Adam's moments and the fp32
+gradients in host memory and runs DeepSpeedCPUAdam there; ZeRO-Infinity (stage 3,
+``offload_optimizer`` and ``offload_param`` on ``nvme``) writes them, and the 16-bit parameter
+shards, to swap files through DeepSpeed's async I/O op (libaio). DeepSpeed 0.19.8 swaps only
+tensors of at least 1 MiB (``MIN_AIO_BYTES``); smaller ones stay in host memory.
+
+The swap folder is made and removed by the parent process (:func:`swap_folder`), around the
+rank launch: the launcher kills every rank when one fails, so a rank could never clean up after
+itself, but the parent's ``finally`` runs after a failure, a Ctrl-C or a SIGTERM.
+
+Holdings are read from DeepSpeed's own structures after the last backward, before the last
+step (when gradients and optimizer states both exist), deduplicated by storage, and filed by
+role; the role's device (accelerator, host, NVMe) follows the config, because on CPU ranks the
+"accelerator" is host memory too. NVMe bytes are the swap files' sizes on disk.
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from ..memory.models import ModelConfig
+from . import dsops
+from .ds_engine import ds_config
+
+# Embedding and head of 4096 x 256 = 1,048,576 elements: each rank's bf16 shard is exactly
+# 1 MiB, so DeepSpeed swaps those two; the 2 layers' matrices are smaller and stay in RAM.
+MODEL = ModelConfig("offload-demo", 2, 256, 4, 2, 704, 4096, teaching=True)
+
+# name -> (ZeRO stage, offload, device), in accounting's vocabulary
+CONFIGS = {"zero2": (2, "none", "cpu"), "zero2+cpu": (2, "optimizer", "cpu"),
+           "zero3": (3, "none", "cpu"), "zero3+cpu": (3, "optimizer", "cpu"),
+           "zero3+nvme": (3, "optimizer+params", "nvme")}
+AIO = {"block_size": 1 << 20, "queue_depth": 8, "thread_count": 1, "single_submit": False, "overlap_events": True}
+INSTALL_LIBAIO = ("NVMe offload needs libaio for DeepSpeed's async_io op: `sudo apt-get install libaio-dev` "
+                  "(Debian/Ubuntu; `dnf install libaio-devel` on Fedora), then `make setup` to build the op")
+
+
+def nvme_ready() -> tuple[bool, str]:
+    """Whether NVMe offload can run here; if not, the one line that says how to fix it."""
+    if not dsops.libaio_present():
+        return False, INSTALL_LIBAIO
+    return True, "libaio present; DeepSpeed's async_io op " + ("built" if dsops.op_built("async_io") else
+                                                              "will build on first use")
+
+
+def offload_config(name: str, swap_dir: str | None, batch_per_rank: int, cfg: ModelConfig = MODEL,
+                   world: int = 2) -> dict:
+    """The DeepSpeed config of one named configuration (bf16, DeepSpeedCPUAdam when offloading).
+
+    Stage 3 keeps only the norms whole (persistence threshold d_model + 1, as chapter 02 does)
+    and prefetches nothing: DeepSpeed 0.19.8 asserts when it prefetches an NVMe parameter that
+    is already being swapped in ("already assigned swap buffer").
+    """
+    zero, offload, device = CONFIGS[name]
+    extra: dict = {}
+    if zero == 3:
+        extra.update(stage3_param_persistence_threshold=cfg.d_model + 1, stage3_prefetch_bucket_size=0)
+    if offload != "none":
+        opt = {"device": device, "pin_memory": False}
+        if device == "nvme":
+            opt.update(nvme_path=swap_dir, buffer_count=4)
+        extra["offload_optimizer"] = opt
+    if offload == "optimizer+params":
+        largest = -(-cfg.vocab * cfg.d_model // world)           # the largest shard, elements
+        extra["offload_param"] = {"device": device, "nvme_path": swap_dir, "pin_memory": False,
+                                  "buffer_count": 5, "buffer_size": largest, "max_in_cpu": 0}
+    out = ds_config(zero, batch_per_rank, extra)
+    out["optimizer"]["params"]["torch_adam"] = offload == "none"    # offload: DeepSpeedCPUAdam
+    out["bf16"] = {"enabled": True}
+    if device == "nvme":
+        out["aio"] = dict(AIO)
+    return out
+
+
+@contextlib.contextmanager
+def swap_folder(base: str | Path | None = None):
+    """A fresh folder for swap files under ``base`` (default: the temp dir), removed on exit, also
+    after an exception, Ctrl-C or SIGTERM (turned into SystemExit while the folder exists)."""
+    path = Path(tempfile.mkdtemp(prefix="gpumem-swap-", dir=base))
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def on_term(signum, frame):
+            raise SystemExit(128 + signum)
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _kind(name: str) -> str:
+    if "_gradient_" in name:
+        return "grads"
+    if name.startswith("exp_avg"):
+        return "moments"
+    if name.endswith("_param.tensor.swp"):
+        return "params"
+    return "fp32 master"
+
+
+def inventory(swap_dir: str | Path) -> dict[int, dict]:
+    """Swap files per rank: each file's size and the bytes per kind (params, fp32 master,
+    moments, grads), read from the folder DeepSpeed wrote (``zero_stage_3/*/rank<r>/``)."""
+    out: dict[int, dict] = {}
+    for path in sorted(Path(swap_dir).glob("zero_stage_3/*/rank*/*")):
+        rank = int(path.parent.name.removeprefix("rank"))
+        row = out.setdefault(rank, {"files": {}, "by_kind": {}, "total": 0})
+        size = path.stat().st_size
+        row["files"][f"{path.parent.parent.name}/{path.name}"] = size
+        row["by_kind"][_kind(path.name)] = row["by_kind"].get(_kind(path.name), 0) + size
+        row["total"] += size
+    return out
+
+
+def _bytes(tensors, seen: set) -> int:
+    """Resident bytes of ``tensors``, each storage counted once across calls sharing ``seen``."""
+    total = 0
+    for t in tensors:
+        if not torch.is_tensor(t):
+            continue
+        st = t.untyped_storage()
+        if st.nbytes() == 0 or st.data_ptr() in seen:
+            continue
+        seen.add(st.data_ptr())
+        total += st.nbytes()
+    return total
+
+
+def _flat(x) -> list:
+    if torch.is_tensor(x):
+        return [x]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _flat(v)]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _flat(v)]
+    return []
+
+
+def held_by_role(engine, net, stage: int) -> dict[str, int]:
+    """Resident bytes DeepSpeed holds for this rank, by role: ``params`` (16-bit weights or shards),
+    ``grads16`` and ``grads32`` (16-bit gradient partitions; fp32 ones beside the optimizer),
+    ``master`` (fp32 copy), ``moments`` (Adam's m and v), ``buffers`` (offload staging and swap
+    buffers). Call after backward, before step."""
+    opt, seen = engine.optimizer, set()
+    moments = _bytes([t for s in opt.optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()], seen)
+    if stage == 3:
+        params = _bytes([p.ds_tensor for p in net.parameters()] + [p.data for p in opt.persistent_parameters], seen)
+        master = _bytes(opt.fp32_partitioned_groups_flat, seen)
+        grads16 = _bytes([opt.grad_partitions_flat_buffer], seen)
+        grads32 = _bytes([t.grad for t in opt.fp32_partitioned_groups_flat], seen)
+        swapper = getattr(opt, "optimizer_swapper", None)
+        pswap = next((p.nvme_swapper for p in net.parameters() if getattr(p, "nvme_swapper", None)), None)
+        buffers = _bytes(_flat(getattr(pswap, "buffers", None))
+                         + _flat(getattr(getattr(swapper, "swap_buffer_manager", None), "buffers", None)), seen)
+    else:
+        params = _bytes(opt.bit16_groups_flat, seen)
+        master = _bytes(opt.single_partition_of_fp32_groups, seen)
+        grads16 = _bytes(_flat(getattr(opt, "averaged_gradients", None)), seen)
+        grads32 = _bytes([t.grad for t in opt.single_partition_of_fp32_groups], seen)
+        buffers = _bytes([getattr(opt, n, None) for n in ("temp_grad_buffer_for_cpu_offload",
+                                                          "temp_grad_buffer_for_gpu_offload")], seen)
+    return {"params": params, "grads16": grads16, "grads32": grads32, "master": master, "moments": moments,
+            "buffers": buffers}
+
+
+def describe(config: dict) -> tuple[int, str, str]:
+    """A DeepSpeed config's (ZeRO stage, offload, device) in accounting's vocabulary."""
+    z = config.get("zero_optimization", {})
+    opt = (z.get("offload_optimizer") or {}).get("device", "none")
+    par = (z.get("offload_param") or {}).get("device", "none")
+    offload = "optimizer+params" if par != "none" else "optimizer" if opt != "none" else "none"
+    return int(z.get("stage", 0)), offload, "nvme" if "nvme" in (opt, par) else "cpu"
+
+
+def by_device(roles: dict[str, int], name_or_config, nvme_bytes: int = 0) -> dict[str, int]:
+    """File role bytes under the device the config (a name in :data:`CONFIGS` or a DeepSpeed
+    config) puts them on: accelerator, host, nvme."""
+    _, offload, device = (CONFIGS[name_or_config] if isinstance(name_or_config, str)
+                          else describe(name_or_config))
+    out = {"accelerator": 0, "host": 0, "nvme": nvme_bytes}
+    optimizer_side = "host" if offload != "none" else "accelerator"
+    for role, b in roles.items():
+        if role in ("master", "moments", "grads32"):
+            out[optimizer_side] += b
+        elif role == "params":
+            out["host" if offload == "optimizer+params" else "accelerator"] += b
+        elif role == "buffers":
+            out["host"] += b
+        else:   # 16-bit gradients: where backward produces them
+            out["accelerator"] += b
+    return out

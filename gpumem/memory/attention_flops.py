@@ -1,0 +1,80 @@
+"""Attention's time, modelled: matmul FLOPs and HBM bytes of naive and FlashAttention-style kernels.
+
+Per (batch, query head), N = s_q query rows, M = s_k keys, d = head dim, e bytes an element:
+
+* FLOPs (multiply-adds counted as 2). Forward: S = QK^T and O = PV, 4*N*M*d. Naive backward:
+  dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, 8*N*M*d. A tiled backward first rebuilds S
+  from Q, K and the logsumexp: 10*N*M*d. Causal: a naive kernel computes every score and masks
+  after; a tiled kernel skips the tiles wholly above the diagonal (:func:`visible_pairs`).
+* HBM traffic, each kernel reading its inputs from and writing its outputs to GPU memory once.
+  Naive forward: QK^T reads Q, K and writes S; softmax reads S, writes P; PV reads P, V, writes
+  O: e*(4Nd + 4NM) (d = M = N shown in the docstrings of the functions). Naive backward:
+  e*(8Nd + 7NM). Tiled forward (FlashAttention-2's loop: a query block stays in on-chip memory
+  while every key/value block streams past): Q read and O written once, K and V read once per
+  query block, the logsumexp (fp32) written once. Tiled backward: K, V read and dK, dV written
+  once; Q, dO read and dQ read and written once per key block, with lse and D (fp32); plus
+  D = rowsum(dO * O). No term of N*M elements is ever written.
+
+Time on a GPU is then at least max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per kernel (a
+roofline bound, not a prediction). Torch-free; GPU figures come from ``gpumem.memory.gpus``.
+"""
+
+from ..errors import positive_int
+from . import gpus as gpu_table
+
+
+def visible_pairs(s_q: int, s_k: int, causal: bool, block: int | None = None) -> int:
+    """(query, key) pairs a kernel computes: all N*M, or under a causal mask (top-left, key j
+    visible to query i when j <= i) the visible ones, rounded up to whole ``block`` x ``block``
+    tiles when ``block`` is given (a tiled kernel computes partly visible tiles whole)."""
+    s_q, s_k = positive_int(s_q, "query length"), positive_int(s_k, "key length")
+    if not causal:
+        return s_q * s_k
+    if block is None:
+        return sum(min(i + 1, s_k) for i in range(s_q))
+    pairs = 0
+    for i0 in range(0, s_q, block):
+        rows = min(block, s_q - i0)
+        keys = min(s_k, -(-(i0 + rows) // block) * block)     # whole key blocks up to the diagonal
+        pairs += rows * keys
+    return pairs
+
+
+def attention_flops(method: str, seq: int, heads: int, head_dim: int, batch: int = 1, causal: bool = False,
+                    block: int = 128) -> dict:
+    """Matmul FLOPs of one attention call, forward and backward: ``naive`` or ``tiled``."""
+    n = batch * heads
+    full = n * seq * seq * head_dim
+    if method == "naive":
+        return {"forward": 4 * full, "backward": 8 * full}
+    visible = n * visible_pairs(seq, seq, causal, block) * head_dim
+    return {"forward": 4 * visible, "backward": 10 * visible}
+
+
+def hbm_bytes(method: str, seq: int, heads: int, head_dim: int, batch: int = 1, elem: int = 2,
+              block: int = 128) -> dict:
+    """Bytes moved to and from HBM by one attention call, forward and backward (see the module
+    docstring; non-causal; kv heads as many as query heads)."""
+    N, d, n, e = seq, head_dim, batch * heads, elem
+    if method == "naive":
+        fwd = e * (4 * N * d + 4 * N * N)
+        bwd = e * (8 * N * d + 7 * N * N)
+    else:
+        passes = -(-N // block)
+        fwd = e * (N * d + 2 * N * d * passes + N * d) + 4 * N
+        bwd = e * (4 * N * d + passes * 4 * N * d + 2 * N * d) + passes * 8 * N + 4 * N
+    return {"forward": n * fwd, "backward": n * bwd}
+
+
+def roofline(method: str, seq: int, heads: int, head_dim: int, batch: int = 1, gpu: str = "h100-80gb",
+             elem: int = 2, block: int = 128) -> dict:
+    """FLOPs, bytes, arithmetic intensity and the roofline lower bound on seconds (forward +
+    backward) of one attention call on ``gpu`` at its dense bf16 peak and full HBM bandwidth."""
+    g = gpu_table.get(gpu)
+    f = attention_flops(method, seq, heads, head_dim, batch, False, block)
+    b = hbm_bytes(method, seq, heads, head_dim, batch, elem, block)
+    flops, moved = f["forward"] + f["backward"], b["forward"] + b["backward"]
+    compute, memory = flops / (g.bf16_flops or g.fp16_flops), moved / g.hbm
+    return {"method": method, "gpu": g.label, "flops": flops, "bytes": moved, "intensity": flops / moved,
+            "compute_s": compute, "memory_s": memory, "bound_s": max(compute, memory),
+            "bound_by": "compute" if compute >= memory else "memory"}

@@ -1,0 +1,225 @@
+"""The planner: every way to lay a model's training out on a set of GPUs, what fits, ranked by time.
+
+``plan(model, gpus, gpu=..., seq=..., global_batch=...)`` enumerates precision recipe x ZeRO
+stage x checkpoint policy x attention kernel x offload x micro-batch x tensor-parallel and
+pipeline-parallel degree, and keeps a layout when its per-GPU bytes (``planner_memory``) fit
+the GPU's capacity minus a stated :class:`~gpumem.memory.gpus.Reserve`, its host-side bytes fit
+:data:`HOST_PER_NODE` and its NVMe bytes :data:`NVME_PER_NODE`. What fits is ranked by the
+estimated step time of ``planner_cost`` (compute at a stated MFU, communication at the GPU
+table's link bandwidths, offload traffic from ``offload_cost``). Each plan carries its memory
+breakdown, time breakdown, DeepSpeed config and FSDP equivalent (``planner_config``).
+
+Rules the enumeration keeps (DeepSpeed 0.19.8): ZeRO-2 and 3 are refused with pipeline
+parallelism (``pipe/engine.py``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+parallelism"); pure bf16 (``bf16_optimizer_states``) needs ZeRO 1-3; offload follows
+``accounting.check_offload``; tensor parallelism stays inside a node and divides the key/value
+heads. When nothing fits, :func:`plan` says how many bytes the closest layout misses by and the
+smallest change of each kind that fits (``planner_advice``).
+"""
+
+from dataclasses import asdict, dataclass, field
+
+from ..errors import UsageError, positive_int
+from . import accounting, gpus as gpu_table, models, speed
+from .models import ModelConfig
+from .offload_cost import Links, datasheet_links
+from .planner_config import deepspeed_config, fsdp_equivalent, model_code
+from .planner_cost import GPUS_PER_NODE, step_seconds
+from .planner_memory import Layout, per_gpu, states_part
+from .policies import KERNELS, POLICIES
+
+TB = 10**12
+HOST_PER_NODE = 2 * TB      # DGX H100: 2 TB of system memory per 8 GPUs (stated)
+NVME_PER_NODE = 30 * TB     # DGX H100: 8 x 3.84 TB U.2 NVMe data drives (stated)
+RECIPES = ("mixed", "pure-bf16")
+OFFLOAD_CHOICES = (("none", "cpu"), ("optimizer", "cpu"), ("optimizer", "nvme"),
+                   ("optimizer+params", "cpu"), ("optimizer+params", "nvme"))
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+DEFAULT_TOKENS = 4 * 2**20   # Llama 3's first-stage batch: 4M tokens (1,024 x 4,096; arXiv:2407.21783)
+
+
+@dataclass
+class Plan:
+    """One layout that fits: memory and time per GPU, and the switches that set it up."""
+    layout: Layout
+    memory: dict
+    time: dict
+    tokens_per_s: float
+    deepspeed: dict
+    fsdp: dict | None
+    model_code: dict
+
+    def as_dict(self) -> dict:
+        """JSON-ready: the layout's fields, its breakdowns and configs."""
+        return {"label": self.layout.label(), "layout": asdict(self.layout), "memory": self.memory,
+                "time": self.time, "tokens_per_s": self.tokens_per_s, "deepspeed": self.deepspeed,
+                "fsdp": self.fsdp, "model_code": self.model_code}
+
+
+@dataclass
+class Result:
+    """What :func:`plan` found: the question, the ranked plans, and advice when none fits."""
+    question: dict
+    plans: list[Plan]
+    considered: int
+    closest: dict | None = None
+    advice: dict | None = None
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> Plan | None:
+        return self.plans[0] if self.plans else None
+
+    def distinct(self, top: int = 10) -> list[Plan]:
+        """The best plan of each (recipe, ZeRO, tp, pp, offload) combination, ranked, at most ``top``."""
+        seen, out = set(), []
+        for p in self.plans:
+            key = (p.layout.recipe, p.layout.zero, p.layout.tp, p.layout.pp, p.layout.offload, p.layout.device)
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+        return out[:top]
+
+    def as_dict(self, top: int = 10) -> dict:
+        """JSON-ready, with the ``top`` distinct plans (all fitting plans are counted)."""
+        return {"question": self.question, "considered": self.considered, "fitting": len(self.plans),
+                "plans": [p.as_dict() for p in self.distinct(top)], "closest": self.closest,
+                "advice": self.advice, "assumptions": self.assumptions}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def parallel_degrees(cfg: ModelConfig, gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> list[tuple[int, int, int]]:
+    """(tp, pp, dp) with tp * pp * dp = gpus; tp divides the key/value heads and fits a node; pp <= L."""
+    out = []
+    for tp in _divisors(gpus):
+        if tp > gpus_per_node or cfg.n_kv_heads % tp or cfg.n_heads % tp:
+            continue
+        for pp in _divisors(gpus // tp):
+            if pp <= cfg.n_layers:
+                out.append((tp, pp, gpus // (tp * pp)))
+    return out
+
+
+def allowed(recipe: str, zero: int, pp: int, offload: str, device: str) -> bool:
+    """Whether DeepSpeed accepts the combination (see the module docstring)."""
+    if pp > 1 and zero >= 2:
+        return False
+    if recipe == "pure-bf16" and zero == 0:
+        return False
+    try:
+        accounting.check_offload(zero, offload, device)
+    except UsageError:
+        return False
+    return True
+
+
+def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable: int, opts: dict,
+               closest: dict | None = None, first_only: bool = False):
+    """Yield ``(layout, memory)`` for every layout that fits; ``closest`` (a dict) is updated
+    with the layout that misses by the fewest bytes."""
+    gpn = opts["gpus_per_node"]
+    ranks_per_node = min(gpus, gpn)
+    for tp, pp, dp in parallel_degrees(cfg, gpus, gpn):
+        if opts.get("tp") and tp not in opts["tp"] or opts.get("pp") and pp not in opts["pp"]:
+            continue
+        replica = -(-global_batch // dp)
+        for recipe in opts["recipes"]:
+            for zero in opts["zero"]:
+                for offload, device in opts["offloads"]:
+                    if not allowed(recipe, zero, pp, offload, device):
+                        continue
+                    if dp == 1 and offload == "none" and zero > (1 if recipe == "pure-bf16" else 0):
+                        continue   # nothing to shard over: the same bytes as the lowest stage
+                    base = Layout(recipe, zero, "none", "flash", offload, device, 1, tp, pp, dp, replica)
+                    st = states_part(cfg, base)
+                    if st["host"] * ranks_per_node > HOST_PER_NODE or st["nvme"] * ranks_per_node > NVME_PER_NODE:
+                        continue
+                    for policy in opts["checkpoints"]:
+                        for kernel in opts["attentions"]:
+                            for mb in opts["micro_batches"]:
+                                if mb > replica:
+                                    break
+                                lay = Layout(recipe, zero, policy, kernel, offload, device, mb, tp, pp, dp,
+                                             -(-replica // mb))
+                                mem = per_gpu(cfg, seq, lay, st)
+                                if mem["total"] > usable:
+                                    if closest is not None and (not closest or mem["total"] < closest["total"]):
+                                        closest.clear()
+                                        closest.update(mem, label=lay.label(), missing=mem["total"] - usable)
+                                    break
+                                yield lay, mem
+                                if first_only:
+                                    return
+
+
+def _options(recipes, zero, offloads, checkpoints, attentions, micro_batches, tp, pp, gpus_per_node) -> dict:
+    return {"recipes": tuple(recipes), "zero": tuple(zero), "offloads": tuple(offloads),
+            "checkpoints": tuple(checkpoints), "attentions": tuple(attentions),
+            "micro_batches": tuple(sorted(micro_batches)), "tp": tp, "pp": pp, "gpus_per_node": gpus_per_node}
+
+
+def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: int | None = None,
+         seq: int = 4096, global_batch: int | None = None, recipes=RECIPES, zero=(0, 1, 2, 3),
+         offloads=OFFLOAD_CHOICES, checkpoints=POLICIES, attentions=KERNELS, micro_batches=MICRO_BATCHES,
+         tp: tuple | None = None, pp: tuple | None = None, reserve: gpu_table.Reserve = gpu_table.DEFAULT_RESERVE,
+         mfu: float = speed.MFU, links: Links | None = None, gpus_per_node: int = GPUS_PER_NODE,
+         inter_node: float | None = None, advise: bool = True) -> Result:
+    """Every layout of ``model`` on ``gpus`` GPUs that fits, ranked by estimated step time.
+
+    ``gpu`` names the GPU table's entry for speeds (and capacity); ``gpu_mem`` (bytes) overrides
+    the capacity. ``global_batch``: sequences per step (default 4M tokens' worth). ``tp``/``pp``
+    restrict the degrees tried; the other sequences restrict their dimension. ``inter_node``:
+    bytes/s per GPU between nodes (default ``planner_cost.INTER_NODE``, 400 Gb/s)."""
+    from .planner_cost import INTER_NODE
+    inter_node = INTER_NODE if inter_node is None else float(inter_node)
+    cfg = models.get(model) if isinstance(model, str) else model
+    gpus, seq = positive_int(gpus, "GPU count"), positive_int(seq, "sequence length")
+    g = gpu_table.get(gpu)
+    capacity = g.capacity if gpu_mem is None else positive_int(gpu_mem, "GPU memory")
+    global_batch = positive_int(global_batch, "global batch") if global_batch is not None \
+        else max(1, DEFAULT_TOKENS // seq)
+    usable = gpu_table.usable(capacity, reserve)
+    links = links or datasheet_links(g.name)
+    opts = _options(recipes, zero, offloads, checkpoints, attentions, micro_batches, tp, pp, gpus_per_node)
+    closest: dict = {}
+    plans, considered = [], 0
+    for lay, mem in candidates(cfg, gpus, seq, global_batch, usable, opts, closest):
+        considered += 1
+        t = step_seconds(cfg, seq, lay, g, mfu, links, gpus_per_node, inter_node)
+        tokens = lay.micro_batch * lay.n_micro * lay.dp * seq
+        plans.append(Plan(lay, mem | {"usable": usable, "headroom": usable - mem["total"]}, t,
+                          tokens / t["total"], deepspeed_config(cfg, lay), fsdp_equivalent(lay), model_code(lay)))
+    plans.sort(key=lambda p: (p.time["total"], p.memory["total"]))
+    question = {"model": cfg.name, "n_params": cfg.n_params(), "gpus": gpus, "gpu": g.name,
+                "capacity": capacity, "usable": usable, "reserve": reserve.of(capacity),
+                "seq": seq, "global_batch": global_batch, "mfu": mfu, "inter_node": inter_node}
+    result = Result(question, plans, considered, closest or None,
+                    assumptions=assumptions(g, reserve, mfu, links, inter_node))
+    if not plans and advise:
+        from .planner_advice import advise as make_advice
+        result.advice = make_advice(cfg, gpus, g, capacity, seq, global_batch, reserve, opts, closest)
+    return result
+
+
+def fits_any(cfg: ModelConfig, gpus: int, capacity: int, seq: int, global_batch: int,
+             reserve: gpu_table.Reserve, opts: dict) -> Layout | None:
+    """The first layout that fits (no ranking), or None: what the advice searches with."""
+    usable = gpu_table.usable(capacity, reserve)
+    for lay, _ in candidates(cfg, gpus, seq, global_batch, usable, opts, first_only=True):
+        return lay
+    return None
+
+
+def assumptions(g: gpu_table.GPU, reserve: gpu_table.Reserve, mfu: float, links: Links,
+                inter_node: float) -> list[str]:
+    """The cost model's stated figures, in words."""
+    link = f"NVLink {g.nvlink / 1e9:.0f} GB/s" if g.nvlink else f"PCIe {g.pcie / 1e9:.1f} GB/s"
+    return [f"fits against capacity minus the reserve: {reserve.describe()}",
+            f"compute at {mfu:.0%} MFU of {g.label}'s dense bf16 peak",
+            f"within a node {link} per direction per GPU; between nodes {inter_node / 1e9:g} GB/s per GPU",
+            f"offload links: {links.source}",
+            f"host memory {HOST_PER_NODE / TB:.0f} TB and NVMe {NVME_PER_NODE / TB:.0f} TB per node of "
+            f"{GPUS_PER_NODE} GPUs"]

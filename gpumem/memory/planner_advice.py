@@ -1,0 +1,55 @@
+"""When nothing fits: how far the closest layout misses, and the smallest change of each kind
+that makes something fit (torch-free).
+
+Changes tried, each alone, in the order a team would reach for them: allowing offload (when
+the question excluded it), more GPUs of the same kind (whole nodes once past one node, up to
+64 x), a GPU with more memory from the course's table (same count), and a shorter sequence
+(halved, down to 128 tokens). The search stops at the first layout that fits
+(:func:`planner.fits_any`), so it is quick.
+"""
+
+from . import gpus as gpu_table
+from .models import ModelConfig
+
+
+def _more_gpus(gpus: int, per_node: int) -> list[int]:
+    counts = [gpus * 2 ** k for k in range(1, 7)]
+    if gpus < per_node:
+        counts = sorted(set([c for c in range(gpus + 1, per_node + 1)] + counts))
+    return counts
+
+
+def advise(cfg: ModelConfig, gpus: int, g: gpu_table.GPU, capacity: int, seq: int, global_batch: int,
+           reserve: gpu_table.Reserve, opts: dict, closest: dict) -> dict:
+    """What is missing and, per kind of change, the smallest one that fits (None if none does)."""
+    from .planner import OFFLOAD_CHOICES, fits_any
+    usable = gpu_table.usable(capacity, reserve)
+    out = {"missing": closest.get("missing") if closest else None,
+           "closest": closest.get("label") if closest else None, "usable": usable, "changes": []}
+
+    def found(kind: str, value, lay) -> None:
+        out["changes"].append({"change": kind, "value": value, "layout": lay.label()})
+
+    if tuple(opts["offloads"]) != OFFLOAD_CHOICES:
+        lay = fits_any(cfg, gpus, capacity, seq, global_batch, reserve, opts | {"offloads": OFFLOAD_CHOICES})
+        if lay:
+            found("allow offload", f"{lay.offload} -> {lay.device}", lay)
+    for n in _more_gpus(gpus, opts["gpus_per_node"]):
+        lay = fits_any(cfg, n, capacity, seq, global_batch, reserve, opts)
+        if lay:
+            found("more GPUs", n, lay)
+            break
+    for other in sorted(gpu_table.REGISTRY.values(), key=lambda x: x.capacity):
+        if other.capacity > capacity and other.bf16_flops:
+            lay = fits_any(cfg, gpus, other.capacity, seq, global_batch, reserve, opts)
+            if lay:
+                found("a larger GPU", other.name, lay)
+                break
+    s = seq // 2
+    while s >= 128:
+        lay = fits_any(cfg, gpus, capacity, s, global_batch, reserve, opts)
+        if lay:
+            found("a shorter sequence", s, lay)
+            break
+        s //= 2
+    return out

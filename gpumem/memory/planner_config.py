@@ -1,0 +1,100 @@
+"""A planned layout written as the switches people set: a DeepSpeed config (0.19.8 keys) and,
+where one exists, the PyTorch FSDP2 equivalent (torch-free: plain dicts).
+
+DeepSpeed. ``zero_optimization.stage`` with its buckets and stage-3 thresholds as the planner
+counted them (``planner_memory``); ``bf16`` for the bf16 recipes (pure bf16 is
+``bf16_master_weights_and_grads`` + ``bf16_optimizer_states``, which DeepSpeed accepts at ZeRO
+1-3 only); ``offload_optimizer`` / ``offload_param``; ``tensor_parallel.autotp_size`` (AutoTP);
+``pipeline.stages`` (the model must be a ``deepspeed.pipe.PipelineModule``; DeepSpeed's pipeline
+engine refuses ZeRO-2 and 3). DeepSpeed's config does not choose which layers to checkpoint:
+that is the model's code (``torch.utils.checkpoint`` or ``deepspeed.checkpointing.checkpoint``),
+given beside the config under ``model_code``.
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``). ZeRO-3 is ``reshard_after_forward=True`` and
+ZeRO-2 ``reshard_after_forward=False`` (parameters stay gathered between forward and backward;
+gradients and optimizer states are sharded); ZeRO-0 is DDP. FSDP has no optimizer-only sharding
+(ZeRO-1), no optimizer-only offload (its ``CPUOffloadPolicy`` moves parameters, gradients and the
+optimizer step together) and no NVMe offload: those plans have no FSDP equivalent (None).
+"""
+
+from .models import ModelConfig
+from .planner_memory import DS_BUCKET, DS_PREFETCH, Layout, local_params, persistence_threshold
+
+ADAMW = {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+NVME_PATH = "/local_nvme"
+CHECKPOINT_CODE = {
+    "none": "no activation checkpointing",
+    "full": "torch.utils.checkpoint(layer, x, use_reentrant=False) around every layer",
+    "every-2": "torch.utils.checkpoint around segments of 2 consecutive layers",
+    "every-other": "torch.utils.checkpoint around layers 0, 2, 4, ... (torchtitan selective_ac_option='2')",
+    "selective": "re-run only attention's core (Megatron --recompute-granularity selective)",
+}
+ATTENTION_CODE = {"flash": "F.scaled_dot_product_attention (flash backend) or flash_attn",
+                  "naive": "softmax(QK^T/sqrt(d)) V written out (scores materialised)",
+                  "eager": "Hugging Face attn_implementation='eager'"}
+
+
+def deepspeed_config(cfg: ModelConfig, lay: Layout) -> dict:
+    """The DeepSpeed config of ``lay`` (a JSON-ready dict)."""
+    zero: dict = {"stage": lay.zero}
+    bucket = min(DS_BUCKET, local_params(cfg, lay.tp, lay.pp)["params"])   # DeepSpeed allocates it whole
+    if lay.zero >= 1:
+        zero |= {"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": bucket}
+    if lay.zero in (1, 2):
+        zero["allgather_bucket_size"] = bucket
+    if lay.zero == 3:
+        zero |= {"stage3_prefetch_bucket_size": DS_PREFETCH,
+                 "stage3_param_persistence_threshold": persistence_threshold(cfg),
+                 "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000}
+    if lay.offload != "none":
+        target = {"device": lay.device, "pin_memory": True}
+        if lay.device == "nvme":
+            target["nvme_path"] = NVME_PATH
+        zero["offload_optimizer"] = dict(target)
+        if lay.offload == "optimizer+params":
+            zero["offload_param"] = dict(target)
+    out = {"train_batch_size": lay.micro_batch * lay.n_micro * lay.dp,
+           "train_micro_batch_size_per_gpu": lay.micro_batch,
+           "gradient_accumulation_steps": lay.n_micro, "gradient_clipping": 1.0,
+           "optimizer": {"type": "AdamW", "params": dict(ADAMW)},
+           "zero_optimization": zero, "steps_per_print": 100}
+    if lay.recipe in ("mixed", "mixed-ds"):
+        out["bf16"] = {"enabled": True}
+    if lay.recipe == "mixed-ds":
+        out["data_types"] = {"grad_accum_dtype": "fp32"}
+    if lay.recipe == "pure-bf16":
+        out["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+    if lay.tp > 1:
+        out["tensor_parallel"] = {"autotp_size": lay.tp}
+    if lay.pp > 1:
+        out["pipeline"] = {"stages": lay.pp, "partition": "parameters",
+                           "activation_checkpoint_interval": 1 if lay.checkpoint == "full" else 0}
+    return out
+
+
+def fsdp_equivalent(lay: Layout) -> dict | None:
+    """The FSDP2 settings that hold the same states, or None where FSDP has no equivalent."""
+    if lay.zero == 1 or lay.device == "nvme" or lay.offload == "optimizer" or lay.recipe == "mixed-ds":
+        return None
+    out: dict = {"api": "torch.distributed.fsdp.fully_shard on each layer, then on the model"}
+    if lay.zero == 0:
+        out = {"api": "torch.nn.parallel.DistributedDataParallel (no sharding)"}
+    else:
+        out["reshard_after_forward"] = lay.zero == 3
+    if lay.recipe in ("mixed", "pure-bf16"):
+        out["mp_policy"] = ("MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"
+                            if lay.recipe == "mixed" else "bf16 parameters and an AdamW with bf16 states "
+                            "(e.g. torchao AnyPrecisionAdamW); no fp32 master copy")
+    if lay.offload == "optimizer+params":
+        out["offload_policy"] = "CPUOffloadPolicy(pin_memory=True)"
+    if lay.tp > 1:
+        out["tensor_parallel"] = f"parallelize_module(..., tp_mesh of size {lay.tp}) with SequenceParallel"
+    if lay.pp > 1:
+        out["pipeline"] = f"torch.distributed.pipelining, {lay.pp} stages, Schedule1F1B"
+    out["checkpoint"] = CHECKPOINT_CODE[lay.checkpoint]
+    return out
+
+
+def model_code(lay: Layout) -> dict:
+    """What the model's own code must do for ``lay``: its checkpointing and attention kernel."""
+    return {"checkpoint": CHECKPOINT_CODE[lay.checkpoint], "attention": ATTENTION_CODE[lay.attention]}

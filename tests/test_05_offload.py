@@ -1,0 +1,181 @@
+"""Chapter 05: real DeepSpeed offload on 2 CPU ranks, measured; swap files against chapter 01's
+formula derived here by hand; the swap folder gone after success, a failing rank and Ctrl-C;
+the ladder; the run without libaio; the command line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpumem.chapters.ch05_offload import claims, diagrams, experiments, labcheck
+from gpumem.dist import ds_offload, dsops, launch
+from gpumem.memory import accounting, bandwidth
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 1 << 20
+ALIGN = 1024 // 4          # DeepSpeed pads fp32 swap tensors to 1,024-byte multiples: 256 elements
+LOSS_RTOL = 5e-4           # DeepSpeedCPUAdam vs torch AdamW, bf16 weights: measured <= 5e-5
+
+
+def _align(n: int, k: int = ALIGN) -> int:
+    return -(-n // k) * k
+
+
+@pytest.fixture(scope="module")
+def nvme_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("nvme")
+
+
+@pytest.fixture(scope="module")
+def run(nvme_dir):
+    """One ``python -m gpumem run offload --json`` (every configuration, one launch), as a user runs it."""
+    proc = subprocess.run([sys.executable, "-m", "gpumem", "run", "offload", "--json", "--ladder-mib", "32",
+                           "--nvme-path", str(nvme_dir)], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "TQDM_DISABLE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def shards(run):
+    """Each parameter's per-rank shard (ceil(numel / 2)), from the model's shapes, counted here."""
+    cfg = ds_offload.MODEL
+    d, kv, f, v = cfg.d_model, cfg.kv_dim, cfg.ffn, cfg.vocab
+    layer = [d, d * d, d * kv, d * kv, d * d, d, d * f, d * f, f * d]       # norms, q k v o, norm, gate up down
+    numels = [v * d] + layer * cfg.n_layers + [d, v * d]                   # embedding, layers, final norm, head
+    assert sum(numels) == run["n_params"]
+    return [-(-n // 2) for n in numels]
+
+
+def test_losses_match_the_run_without_offload(run):
+    assert set(run["loss_rel_diff"]) == {"zero2+cpu", "zero3+cpu", "zero3+nvme"}
+    for name, diff in run["loss_rel_diff"].items():
+        assert diff <= LOSS_RTOL, name
+    base = run["configs"]["zero3"]["losses"]
+    assert base[0] != base[-1]                      # the model did train
+
+
+def test_swap_files_per_rank_against_the_formula(run, shards):
+    s = sum(shards)
+    states = accounting.model_states(run["n_params"], "mixed", 2, 3, "optimizer", "nvme").nvme
+    assert states == 12 * s                          # chapter 01: fp32 master, m, v of the rank's shard
+    swappable = [n for n in shards if 2 * n >= MIB]  # DeepSpeed swaps bf16 shards of 1 MiB and more
+    assert len(swappable) == 2                       # the embedding and the head
+    for rank in (0, 1):
+        inv = run["configs"]["zero3+nvme"]["ranks"][rank]["swap_files"]
+        assert inv["by_kind"]["fp32 master"] == 4 * _align(s)
+        assert inv["by_kind"]["moments"] == 2 * 4 * _align(s)
+        assert inv["by_kind"]["fp32 master"] + inv["by_kind"]["moments"] - states == 12 * (_align(s) - s)
+        assert inv["by_kind"]["params"] == sum(2 * n for n in swappable)
+        assert inv["by_kind"]["grads"] == sum(4 * n for n in swappable)   # fp32 gradient fragments
+        assert len(inv["files"]) == 3 + 2 + 2
+
+
+def test_swap_folder_removed_after_success(run, nvme_dir):
+    assert run["swap_folder_removed"]
+    assert list(nvme_dir.iterdir()) == []
+
+
+def test_what_each_device_holds_against_the_formula(run, shards):
+    s, n = sum(shards), run["n_params"]
+    norms = 2 * ds_offload.MODEL.d_model * (2 * ds_offload.MODEL.n_layers + 1)   # kept whole (bf16) at stage 3
+    c = {k: v["ranks"][0] for k, v in run["configs"].items()}
+    assert c["zero2"]["held_by_role"]["params"] == 2 * n
+    assert c["zero2"]["by_device"]["host"] == 0
+    assert c["zero3"]["by_device"]["accelerator"] == 16 * s + norms             # 2 + 2 + 12 per shard element
+    assert c["zero3+cpu"]["by_device"]["accelerator"] == 4 * s + norms          # bf16 shard and its gradients
+    assert c["zero3+cpu"]["held_by_role"]["master"] == 4 * s
+    assert c["zero3+cpu"]["held_by_role"]["moments"] == 8 * s
+    assert c["zero3+cpu"]["held_by_role"]["grads32"] == 4 * s                   # DeepSpeed's fp32 gradients on the host
+    assert c["zero2+cpu"]["held_by_role"]["master"] + c["zero2+cpu"]["held_by_role"]["moments"] == 12 * s
+    f = c["zero3+cpu"]["formula"]
+    assert (f["accelerator"], f["host"]) == (4 * s, 12 * s)
+    assert c["zero3+nvme"]["by_device"]["nvme"] == c["zero3+nvme"]["swap_files"]["total"]
+
+
+def test_breakdown_and_prediction_present(run):
+    for name, cfg in run["configs"].items():
+        assert all(v > 0 for v in cfg["seconds"].values()), name
+    nv = run["configs"]["zero3+nvme"]["swap_seconds"]
+    assert nv["step"] > 0                            # the optimizer's states were swapped in and out
+    assert sum(run["configs"]["zero3+cpu"]["swap_seconds"].values()) == 0
+    pred = run["prediction"]["zero3+nvme"]
+    assert pred["predicted"]["nvme"] > 0 and pred["ratio"]["nvme"] > 0
+    text = diagrams.offload_table(run)
+    assert "disk_read" in text and "zero3+nvme" in text
+
+
+def test_swap_folder_removed_after_a_failing_rank(tmp_path):
+    with pytest.raises(launch.RankError, match=r"planned failure on rank 1 at step 0, [1-9]\d* swap files in place"):
+        with ds_offload.swap_folder(tmp_path) as swap:
+            launch.run("gpumem.dist.ds_offload_ranks:offload_runs", 2, "cpu", deepspeed=True, progress=False,
+                       configs=("zero3+nvme",), swap_dir=str(swap), steps=2, fail_at=0)
+    assert not swap.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_swap_folder_removed_after_ctrl_c(tmp_path):
+    code = ("from gpumem.chapters.ch05_offload import experiments as e\n"
+            f"e.offload(progress=False, configs=('zero3+nvme',), steps=500, nvme_path={str(tmp_path)!r}, "
+            "ladder={'rungs': {'ram_copy': {'bytes_per_s': 1e9}, 'disk_read': {'bytes_per_s': 1e9}, "
+            "'disk_write': {'bytes_per_s': 1e9}}, 'cpu_adam': None, 'machine': 'test', 'date': 'today'})\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("gpumem-swap-*/zero_stage_3/optimizer/rank*/*.swp")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no swap files appeared"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "KeyboardInterrupt" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_libaio_nvme_skips_with_the_install_line_and_the_rest_runs(monkeypatch, tmp_path):
+    monkeypatch.setattr(dsops, "libaio_present", lambda: False)
+    ready, why = ds_offload.nvme_ready()
+    assert not ready and "apt-get install libaio-dev" in why
+    out = experiments.offload(progress=False, configs=("zero3+nvme",), ladder_mib=8, nvme_path=str(tmp_path))
+    assert out["skipped"] == {"zero3+nvme": why} and out["configs"] == {}
+    assert "O_DIRECT" in out["ladder"]["rungs"]["disk_read"]["how"]     # the disk rungs ran without DeepSpeed's op
+    assert "apt-get install libaio-dev" in diagrams.offload_table(out)
+    rows = labcheck.check({"offload_config": lambda budget, swap: ds_offload.offload_config("zero3+nvme", swap, 2)},
+                          show=False).rows
+    assert all("not run here" in r.detail for r in rows)
+
+
+def test_ladder_o_direct_reads_back_what_it_wrote(tmp_path):
+    r = bandwidth.disk(tmp_path, 8 * MIB, repeats=1, use_aio=False)
+    assert r["disk_read"]["intact"] and r["disk_write"]["bytes"] == 8 * MIB
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lab_verdict_names_the_largest_overflowing_state():
+    cfg = ds_offload.offload_config("zero3", None, 2)
+    roles = {"params": 2_000_000, "grads16": 2_000_000, "grads32": 0, "master": 4_000_000, "moments": 8_000_000,
+             "buffers": 0}
+    ok, words = labcheck.verdict(roles, cfg, 10_000_000)
+    assert not ok and "over by 6.00 MB" in words and "Adam moments" in words
+    ok, _ = labcheck.verdict(roles, ds_offload.offload_config("zero3+cpu", None, 2), 4_000_000)
+    assert ok                                         # only the 16-bit shard and gradients stay
+
+
+def test_claims_gpu_to_cpu_carries_the_same_bytes_as_cpu_to_gpu():
+    by_id = {c.id: c for c in claims.CLAIMS}
+    assert by_id["3-d2h"].ours() == pytest.approx(20.0)          # 2 B x shard both ways
+    assert by_id["3-cpu-ram"].ours() == pytest.approx(16 * 16 * 128 / 130 / 8, rel=1e-3)  # Gen4 x16, GB/s
+    assert by_id["table-cpu"].ours() == pytest.approx(75.0)      # (2 + 2) of 16 B stay
+
+
+@pytest.mark.parametrize("args, words", [(["--steps", "0"], "--steps must be a positive integer"),
+                                         (["--configs", "zero4"], "unknown configuration zero4"),
+                                         (["--model", "tiny"], "offload trains its own model"),
+                                         (["--nvme-path", "/no/such/folder"], "no such folder")])
+def test_bad_options_exit_2_with_one_line(args, words):
+    proc = subprocess.run([sys.executable, "-m", "gpumem", "run", "offload", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    assert words in proc.stderr and "Traceback" not in proc.stderr

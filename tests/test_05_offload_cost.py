@@ -1,0 +1,91 @@
+"""Chapter 05's cost model: bytes per link counted by hand, seconds from round bandwidths."""
+
+import pytest
+
+from gpumem.errors import UsageError
+from gpumem.memory import offload_cost as oc
+from gpumem.memory.offload_cost import Links
+
+ROUND = Links(h2d=10e9, d2h=20e9, nvme_read=2e9, nvme_write=1e9, cpu_adam=1e9, source="test")
+
+
+def test_zero_offload_moves_bf16_grads_down_and_bf16_params_up_for_the_shard():
+    # 7e9 params on 8 ranks: each rank's shard is 875,000,000 params; 2 B each way (bf16)
+    t = oc.offload_traffic(7_000_000_000, "mixed", 2, 8, "optimizer", "cpu")
+    assert t == {"h2d": 2 * 875_000_000, "d2h": 2 * 875_000_000, "nvme_read": 0, "nvme_write": 0}
+    # the fp32 recipe has 4-byte parameters and gradients on the GPU
+    t = oc.offload_traffic(7_000_000_000, "fp32", 1, 8, "optimizer", "cpu")
+    assert t["h2d"] == t["d2h"] == 4 * 875_000_000
+
+
+def test_uneven_shard_rounds_up():
+    t = oc.offload_traffic(10, "mixed", 3, 4, "optimizer", "cpu")
+    assert t["d2h"] == 2 * 3      # ceil(10 / 4) = 3 elements
+
+
+def test_no_offload_moves_nothing():
+    assert set(oc.offload_traffic(1000, "mixed", 3, 2, "none", "cpu").values()) == {0}
+
+
+def test_zero_infinity_reads_params_twice_and_everything_once():
+    # mixed: optimizer 12 B + params 2 B live on the drive; params fetched in forward and backward
+    s = 500_000_000
+    t = oc.offload_traffic(1_000_000_000, "mixed", 3, 2, "optimizer+params", "nvme")
+    assert t == {"h2d": 2 * 2 * s, "d2h": 2 * s, "nvme_read": (12 + 2) * s + 2 * s, "nvme_write": (12 + 2) * s}
+    # mixed-ds: the fp32 gradients (4 - 2 = 2 extra bytes) live with the optimizer
+    t = oc.offload_traffic(1_000_000_000, "mixed-ds", 3, 2, "optimizer+params", "nvme")
+    assert t["nvme_write"] == (12 + 2 + 2) * s
+    # optimizer only on the drive: the drive holds 12 B, params stay on the GPU and go up once
+    t = oc.offload_traffic(1_000_000_000, "mixed", 3, 2, "optimizer", "nvme")
+    assert t == {"h2d": 2 * s, "d2h": 2 * s, "nvme_read": 12 * s, "nvme_write": 12 * s}
+
+
+def test_step_time_terms_from_round_bandwidths():
+    r = oc.step_time(1_000_000_000, "mixed", 3, 2, "optimizer+params", "nvme", 1.0, ROUND, overlap=False)
+    assert r["h2d"] == pytest.approx(2e9 / 10e9)
+    assert r["d2h"] == pytest.approx(1e9 / 20e9)
+    assert r["nvme"] == pytest.approx(8e9 / 2e9 + 7e9 / 1e9)
+    assert r["cpu_adam"] == pytest.approx(5e8 / 1e9)
+    assert r["total"] == pytest.approx(1.0 + 0.2 + 0.05 + 11.0 + 0.5)
+    assert r["bound"] == "nvme"
+    r = oc.step_time(1_000_000_000, "mixed", 3, 2, "optimizer+params", "nvme", 1.0, ROUND, overlap=True)
+    assert r["total"] == pytest.approx(11.0)
+
+
+def test_compute_bound_when_compute_covers_the_transfers():
+    r = oc.step_time(1_000_000_000, "mixed", 2, 2, "optimizer", "cpu", 5.0, ROUND)
+    assert r["bound"] == "compute" and r["total"] == 5.0
+
+
+def test_note_example_sums_to_155_ms_and_overlap_hides_the_rest():
+    assert oc.note_example(overlap=False)["total"] == pytest.approx(0.155)
+    assert oc.note_example(overlap=True)["total"] == pytest.approx(0.100)
+
+
+def test_datasheet_links_use_the_gpu_table_and_stated_drive():
+    links = oc.datasheet_links("a100-80gb", "gen4")
+    assert links.h2d == links.d2h == pytest.approx(16e9 * 16 * 128 / 130 / 8, rel=1e-3)   # Gen4 x16
+    assert links.nvme_read == 7.45e9 and "datasheet" in links.source
+    # memory-bound Adam: 2 sockets x 8 channels x 8 B x 4.8 GT/s over 8 ranks, 30 B per parameter
+    assert links.cpu_adam == pytest.approx(2 * 8 * 8 * 4.8e9 / 8 / 30)
+
+
+def test_break_even_tokens_make_compute_cover_the_slowest_link():
+    links = oc.datasheet_links("h100-80gb", "gen4")
+    n = 70_000_000_000
+    tok = oc.break_even_tokens(n, "mixed", 3, 8, "optimizer", "cpu", links, 989e12, 0.4)
+    compute = oc.compute_seconds(n, tok, 989e12, 0.4)
+    r = oc.step_time(n, "mixed", 3, 8, "optimizer", "cpu", compute, links)
+    assert r["bound"] == "compute"
+    r = oc.step_time(n, "mixed", 3, 8, "optimizer", "cpu", oc.compute_seconds(n, tok - 2, 989e12, 0.4), links)
+    assert r["bound"] != "compute"
+
+
+@pytest.mark.parametrize("args", [(100, "mixed", 0, 2, "optimizer", "cpu"),
+                                  (100, "mixed", 2, 2, "optimizer", "nvme"),
+                                  (100, "mixed", 2, 2, "optimizer+params", "cpu"),
+                                  (100, "bogus", 3, 2, "none", "cpu"),
+                                  (0, "mixed", 3, 2, "none", "cpu")])
+def test_combinations_deepspeed_lacks_are_refused(args):
+    with pytest.raises(UsageError):
+        oc.offload_traffic(*args)

@@ -1,0 +1,366 @@
+"""Chapter 07, the graded checklist: every question answered right and wrong through the
+plain-text mode on several seeds, every numeric answer re-derived by hand from the numbers on
+screen (never by calling the function that computes it), pointers that name real notebook
+sections, progress saved per item and reloaded, and a summary that lists what was missed.
+"""
+
+import json
+import math
+import re
+
+import pytest
+
+from conftest import ROOT
+from gpumem.chapters import ch07_must_understand as ch
+from gpumem.course.checklist import Checklist, notebook_headings
+from gpumem.course.quiz import Choice, Numeric, progress_file
+
+SEEDS = range(6)
+QUIZ, CHECKLIST = ch.QUIZ, ch.CHECKLIST
+GB, GiB = 10**9, 2**30
+# bytes per parameter (weights, gradients, optimizer) by how a recipe is described
+RECIPE_BYTES = {"everything in bf16": (2, 2, 4), "standard mixed precision": (2, 2, 12),
+                "mixed precision with fp32 gradients": (2, 4, 12)}
+# Meta's configs: layers, d_model, query heads, kv heads (head dim 128), FFN, vocab
+LLAMA = {"Llama-3-8B": (32, 4096, 32, 8, 14_336, 128_256), "Llama-3-70B": (80, 8192, 64, 8, 28_672, 128_256),
+         "Llama-3.1-405B": (126, 16_384, 128, 8, 53_248, 128_256)}
+
+
+def num(pattern: str, text: str) -> float:
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} not in {text!r}"
+    return float(match.group(1).replace(",", ""))
+
+
+def model_of(prompt: str) -> tuple:
+    return LLAMA[next(m for m in sorted(LLAMA, key=len, reverse=True) if m in prompt)]
+
+
+def recipe_of(prompt: str) -> tuple[int, int, int]:
+    return next(b for words, b in RECIPE_BYTES.items() if words in prompt)
+
+
+def shard(n: int, k: int) -> int:
+    return -(-n // k)
+
+
+def draws(qid: str, count: int = 24):
+    """The question on ``count`` seeded draws (the same object, with that draw's numbers)."""
+    QUIZ.seed(0)
+    for _ in range(count):
+        QUIZ.renew(qid, quiet=True)
+        yield QUIZ._get(qid)
+
+
+# -- grading, both ways, through the text mode ------------------------------------------------
+
+def right_answer(q) -> str | int:
+    if isinstance(q, Choice):
+        return q.answer
+    return f"{q.value():.6g} {q.unit_now()}".strip()
+
+
+def wrong_answer(q) -> str | int:
+    if isinstance(q, Choice):
+        return (q.answer + 1) % len(q.options)
+    value = q.value()
+    return f"{value * 1.37 + 3:.6g} {q.unit_now()}".strip()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_question_graded_right_and_wrong_in_text_mode(seed, capsys, monkeypatch):
+    monkeypatch.setenv("GPUMEM_QUIZ_MODE", "text")
+    QUIZ.seed(seed)
+    for q in QUIZ.questions:
+        assert QUIZ.answer(q.id, wrong_answer(q)) is False, q.id
+        out = capsys.readouterr().out
+        assert out.startswith("Not quite") and "Hint:" in out and q.expected() not in out, (q.id, out)
+        assert QUIZ.answer(q.id, right_answer(q)) is True, q.id
+        out = capsys.readouterr().out
+        assert out.startswith("Correct") and " See notebook " in out, (q.id, out)
+    saved = json.loads(progress_file().read_text())["07_must_understand"]
+    assert all(saved[q.id] == {"correct": True, "attempts": 2} for q in QUIZ.questions)
+    assert "6 of 6 items done." in CHECKLIST.view()
+    assert CHECKLIST.summary().startswith("All 6 items done")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_two_wrong_answers_show_the_answer_and_earn_nothing(seed, capsys, monkeypatch):
+    monkeypatch.setenv("GPUMEM_QUIZ_MODE", "text")
+    QUIZ.seed(seed)
+    for q in QUIZ.questions:
+        QUIZ.answer(q.id, wrong_answer(q))
+        QUIZ.answer(q.id, wrong_answer(q))
+        out = capsys.readouterr().out.splitlines()[-1]
+        assert out.startswith("Not quite") and f"the answer is {q.expected()}" in out, (q.id, out)
+        assert QUIZ.answer(q.id, right_answer(q)) is True            # right, but not counted
+        assert "not counted" in capsys.readouterr().out
+    status = CHECKLIST.status()
+    assert all(not s["earned"] and s["revealed"] == [q.id for q in item.questions]
+               for item, s in zip(ch.ITEMS, status.values()))
+
+
+def test_each_item_shows_in_text_mode_with_fresh_numbers(capsys, monkeypatch):
+    monkeypatch.setenv("GPUMEM_QUIZ_MODE", "text")
+    for n, item in enumerate(ch.ITEMS, 1):
+        prompts = set()
+        for _ in range(6):
+            CHECKLIST.show(item.key)
+            out = capsys.readouterr().out
+            assert out.startswith(f"Item {n} of 6: {item.title}")
+            assert all(f"[{q.id}] {q.prompt_text()}" in out for q in item.questions)
+            prompts.add(out)
+        assert len(prompts) > 1, item.key
+
+
+# -- the checklist's shape --------------------------------------------------------------------
+
+def test_six_items_of_four_or_more_questions_mixing_kinds():
+    assert len(ch.ITEMS) == 6
+    for item in ch.ITEMS:
+        kinds = {type(q) for q in item.questions}
+        assert len(item.questions) >= 4 and kinds == {Choice, Numeric}, item.key
+    from gpumem.chapters import CHAPTERS
+    entry = next(c for c in CHAPTERS if c.number == "07")
+    assert entry.quiz == "quiz:QUIZ"
+
+
+def test_every_question_has_a_hint_and_numeric_ones_draw_fresh_numbers():
+    for q in QUIZ.questions:
+        assert q.hint, q.id
+        if isinstance(q, Numeric):
+            assert q.drawn and len({d.prompt_text() for d in draws(q.id)}) > 2, q.id
+
+
+def test_options_do_not_give_the_answer_away():
+    for q in QUIZ.questions:
+        if isinstance(q, Choice):
+            right = q.options[q.answer]
+            assert len(right) <= 1.3 * max(len(o) for i, o in enumerate(q.options) if i != q.answer), q.id
+            assert all(not re.search(r"\b(because|so that|since)\b|, so ", o) for o in q.options), q.id
+    assert len({q.answer for q in QUIZ.questions if isinstance(q, Choice)}) > 2
+
+
+def test_every_text_renders_on_every_draw():
+    for seed in range(24):
+        QUIZ.seed(seed)
+        for q in QUIZ.questions:
+            assert "{" not in q.prompt_text() + q.explanation_text(), q.id
+            if isinstance(q, Numeric):
+                ctx = {**q.numbers, "expected": q.value(), "unit": q.unit_now()}
+                for wrong, _ in q.traps:
+                    assert "{" not in q.hint_for(wrong(ctx)), q.id
+
+
+def test_pointers_name_existing_notebook_sections():
+    pointers = CHECKLIST.pointers()
+    assert {p.notebook[:2] for p in pointers} >= {"01", "02", "03", "06"}
+    for p in pointers:
+        path = ROOT / "notebooks" / f"{p.notebook}.ipynb"
+        assert path.exists(), p
+        assert p.heading in notebook_headings(path), p
+    for item in ch.ITEMS:                      # each explanation names its own pointers
+        for q in item.questions:
+            assert all(p.text() in q.explanation_text() for p in item.see[q.id])
+
+
+# -- progress per item, reloaded, and the summary ---------------------------------------------
+
+def test_progress_is_saved_per_item_reloaded_and_the_summary_lists_the_misses(capsys):
+    QUIZ.seed(3)
+    zero, gather = ch.ITEMS[0], ch.ITEMS[1]
+    for q in zero.questions:
+        assert QUIZ.answer(q.id, right_answer(q))
+    first, *rest = gather.questions
+    assert QUIZ.answer(first.id, right_answer(first))
+    QUIZ.answer(rest[0].id, "show")
+    QUIZ.answer(rest[1].id, wrong_answer(rest[1]))
+    capsys.readouterr()
+    # a new session: a fresh checklist over the same items reads the saved file
+    again = Checklist("07_must_understand", ch.ITEMS)
+    view = again.view()
+    assert f"[x] 1. {zero.title} ({len(zero.questions)}/{len(zero.questions)})" in view
+    assert f"[~] 2. {gather.title} (1/{len(gather.questions)})" in view
+    assert f"[ ] 3. {ch.ITEMS[2].title} (0/" in view and "1 of 6 items done." in view
+    assert f"      [x] {first.id}" in view and f"      [ ] {rest[0].id}" in view
+    summary = again.summary()
+    assert zero.title not in summary and "To revisit (5 of 6 items)" in summary
+    assert f"- {rest[0].id}, answer shown: notebook " in summary
+    assert f"- {rest[1].id}: notebook " in summary and f"- {first.id}" not in summary
+    assert all(f"- {q.id}" in summary for q in ch.ITEMS[5].questions)
+    for qid in (rest[0].id, rest[1].id):       # each line names the pointers of its question
+        line = next(x for x in summary.splitlines() if f"- {qid}" in x)
+        assert all(p.text() in line for p in gather.see[qid])
+    # explanations are not pointed twice by a second checklist over the same questions
+    assert again.quiz._get(first.id).explanation_text().count(" See notebook ") == 1
+
+
+# -- every numeric answer by hand, from the prompt -----------------------------------------------
+
+def test_zero_saving():
+    for q in draws("zero-saving"):
+        p = q.prompt_text()
+        n, stage, psi = num(r"over (\d+) GPUs", p), num(r"ZeRO-(\d)", p), num(r"\(([\d,]+) parameters", p)
+        a, b, c = recipe_of(p)
+        per = {1: a + b + c / n, 2: a + (b + c) / n, 3: (a + b + c) / n}[stage]
+        assert q.value() == pytest.approx(100 * (1 - per / (a + b + c)), abs=0.01)
+        assert psi == next(x for x in [8_030_261_248, 70_553_706_496, 405_853_388_800] if x == psi)
+    q = next(d for d in draws("zero-saving") if "ZeRO-1" in d.prompt_text())
+    assert not q.grade(100 * (1 - 1 / num(r"over (\d+) GPUs", q.prompt_text())))
+
+
+def test_zero_fewest():
+    for q in draws("zero-fewest"):
+        p = q.prompt_text()
+        psi, usable, stage = int(num(r"\(([\d,]+) parameters", p)), num(r"has ([\d,]+) bytes", p), num(r"ZeRO-(\d)", p)
+        a, b, c = recipe_of(p)
+        whole, sharded = (a + b, c) if stage == 1 else (a, b + c)
+        k = 1
+        while whole * psi + sharded * shard(psi, k) > usable:
+            k += 1
+        assert q.value() == k > 1
+
+
+def test_zero3_comm_seconds():
+    for q in draws("zero3-comm-seconds"):
+        p = q.prompt_text()
+        psi, n, bw = num(r"\(([\d,]+) parameters", p), num(r"on (\d+) ", p), num(r"([\d.]+) GB/s", p)
+        assert q.value() == pytest.approx(3 * 2 * psi * (n - 1) / n / (bw * GB), rel=1e-3)
+        assert not q.grade(2 * 2 * psi * (n - 1) / n / (bw * GB))
+
+
+def test_gather_break_even_and_exposed():
+    for q in draws("gather-break-even"):
+        p = q.prompt_text()
+        psi, n = num(r"\(([\d,]+) parameters", p), num(r"on (\d+) ", p)
+        fwd, bw = num(r"receives ([\d,.]+) GB", p), num(r"([\d.]+) GB/s", p)
+        share, peak = num(r"at (\d+) % of", p) / 100, num(r"of ([\d,]+) TFLOP/s", p) * 1e12
+        assert fwd == pytest.approx(2 * psi * (n - 1) / n / GB, abs=0.06)   # forward gathers psi once
+        assert q.value() == pytest.approx(fwd * GB / (bw * GB) * peak * share / (2 * psi), rel=0.01)
+    seen = set()
+    for q in draws("gather-exposed"):
+        p = q.prompt_text()
+        psi, tokens = num(r"\(([\d,]+) parameters", p), num(r"GB/s per direction, ([\d,]+) tokens", p)
+        fwd, bwd = num(r"receives ([\d,.]+) GB for forward", p), num(r"and ([\d,.]+) GB in backward", p)
+        bw, share = num(r"([\d.]+) GB/s", p), num(r"at (\d+) % of", p) / 100
+        peak = num(r"of ([\d,]+) TFLOP/s", p) * 1e12
+        speed = peak * share
+        hand = max(0, fwd / bw - 2 * psi * tokens / speed) + max(0, bwd / bw - 4 * psi * tokens / speed)
+        assert q.value() == pytest.approx(hand, rel=0.01, abs=1e-3)
+        seen.add(hand > 0)
+    assert seen == {True, False}
+
+
+def layer_bytes(model: tuple, seq: int, mb: int = 1) -> int:
+    """One Llama layer's saved bytes with a flash kernel, fused RMSNorm, bf16, by hand."""
+    _, h, a, kv, f, _ = model
+    t, k = seq * mb, kv * 128
+    return 2 * (2 * t * h + 4 * t) + 2 * t * h + 2 * t * (h + 2 * k) + 2 * t * h + 4 * a * t + 2 * t * h + 8 * t * f
+
+
+def test_checkpoint_bytes_and_flops():
+    for q in draws("ckpt-kept"):
+        p = q.prompt_text()
+        m = model_of(p)
+        seq, mb = num(r"sequences of ([\d,]+) tokens", p), num(r"micro-batch (\d+)", p)
+        assert num(r"each layer keeps ([\d.]+) GB", p) == pytest.approx(layer_bytes(m, int(seq), int(mb)) / GB, abs=6e-4)
+        assert q.value() == pytest.approx(m[0] * 2 * mb * seq * m[1] / GB, rel=1e-9)
+    for q in draws("ckpt-segment-peak"):
+        p = q.prompt_text()
+        m, seq = model_of(p), num(r"sequences of ([\d,]+) tokens", p)
+        layer, segs, k = num(r"one layer keeps ([\d.]+) GB", p), num(r"in (\d+) segments", p), num(r"segments of (\d+)", p)
+        assert segs * k == m[0]
+        c = 2 * seq * m[1] / GB
+        assert q.value() == pytest.approx(segs * c + k * layer - c, rel=0.005)
+    kinds = set()
+    for q in draws("ckpt-cost"):
+        p = q.prompt_text()
+        m, seq = model_of(p), num(r"sequences of ([\d,]+) tokens", p)
+        _, h, a, kv, f, v = m
+        layer = num(r"forward costs ([\d.]+) TFLOP", p)
+        assert layer == pytest.approx((2 * seq * (2 * h * h + 2 * h * kv * 128 + 3 * h * f) + 4 * seq**2 * h) / 1e12,
+                                      abs=6e-5)
+        rerun = math.ceil(m[0] / 2) if "layers 0, 2, 4" in p else m[0]
+        kinds.add(rerun == m[0])
+        assert q.value() == pytest.approx(100 * rerun * layer / num(r"head included\) ([\d,.]+) TFLOP", p), rel=0.002)
+    assert kinds == {True, False}
+
+
+def test_flash_attention_bytes():
+    for q in draws("flash-probs"):
+        p = q.prompt_text()
+        layers, _, heads, kv, _, _ = model_of(p)
+        seq, mb = num(r"sequences of ([\d,]+)", p), num(r"micro-batch (\d+)", p)
+        assert q.value() == pytest.approx(layers * heads * seq**2 * mb * 2 / GiB, rel=1e-9)
+        assert not q.grade(layers * kv * seq**2 * mb * 2 / GiB)
+    for q in draws("flash-stats"):
+        assert q.value() == num(r"at sequence ([\d,]+)", q.prompt_text()) / 2
+    for q in draws("flash-growth"):
+        p = q.prompt_text()
+        _, h, heads, *_ = model_of(p)
+        seq, long = num(r"At sequence ([\d,]+)", p), num(r"at sequence ([\d,]+)\?", p)
+        lin, quad, x = num(r"keeps ([\d.]+) GB", p), num(r"and ([\d.]+) GB that grows", p), long / seq
+        assert quad == pytest.approx((2 * heads * seq**2 + seq**2) / GB, abs=6e-5)   # bf16 P + bool mask
+        assert q.value() == pytest.approx((x * lin + x * x * quad) / (lin + quad), rel=2e-3)
+
+
+def _offload_hand(p: str) -> tuple[float, float]:
+    """(bytes per GPU left on it, bytes per GPU sent to the host), by hand."""
+    psi, n, zero = int(num(r"\(([\d,]+) parameters", p)), int(num(r"on (\d+) GPUs", p)), num(r"ZeRO-(\d)", p)
+    a, b, _ = recipe_of(p)
+    params_off = "and the bf16 parameters" in p
+    p_elems, g_elems = (shard(psi, n) if zero == 3 else psi), (shard(psi, n) if zero >= 2 else psi)
+    gpu = (0 if params_off else a * p_elems) + 2 * g_elems
+    host = 12 * shard(psi, n) + (b - 2) * g_elems + (a * p_elems if params_off else 0)
+    return gpu, host
+
+
+def test_offload_bytes_and_seconds():
+    for q in draws("offload-left"):
+        assert q.value() == pytest.approx(_offload_hand(q.prompt_text())[0] / GB, rel=1e-9)
+    for q in draws("offload-host"):
+        p = q.prompt_text()
+        assert q.value() == pytest.approx(min(8, num(r"on (\d+) GPUs", p)) * _offload_hand(p)[1] / GB, rel=1e-9)
+    for q in draws("offload-nvme-seconds"):
+        p = q.prompt_text()
+        psi, n = num(r"\(([\d,]+) parameters", p), num(r"on (\d+) ", p)
+        states, read, write = num(r"on NVMe: ([\d,.]+) GB", p), num(r"\(([\d.]+) GB/s read", p), num(r"([\d.]+) GB/s write", p)
+        assert states == pytest.approx(12 * psi / n / GB, abs=0.006)
+        assert q.value() == pytest.approx(states / read + states / write, rel=2e-3)
+    for q in draws("offload-break-even"):
+        p = q.prompt_text()
+        psi, s = num(r"\(([\d,]+) parameters", p), num(r"shard of ([\d,]+) parameters", p)
+        adam, pcie = num(r"with AdamW at ([\d.]+) billion", p) * 1e9, num(r"PCIe moves ([\d.]+) GB/s", p) * GB
+        ups, peak = num(r"comes back up (\d) time", p), num(r"of ([\d,]+) TFLOP/s", p) * 1e12
+        slowest = max(2 * s / pcie, ups * 2 * s / pcie, s / adam)
+        assert q.value() == pytest.approx(slowest * peak * 0.4 / (6 * psi), rel=2e-3)
+
+
+def test_plans_fewest_gpus_and_offloaded_total():
+    for q in draws("plan-fewest"):
+        p = q.prompt_text()
+        psi, usable = int(num(r"\(([\d,]+) parameters", p)), num(r"\(([\d,]+) bytes usable", p)
+        acts, ws = num(r"holds ([\d,]+) bytes of activations", p), num(r"working set of ([\d,]+) bytes", p)
+        d = model_of(p)[1]
+        assert ws == 2 * 2 * 128_256 * d + 2 * 5e7            # the head, its gradient, the prefetch bucket
+        k = 1
+        while 16 * shard(psi, k) + acts + ws > usable:
+            k += 1
+        assert q.value() == k
+    for q in draws("plan-offload"):
+        p = q.prompt_text()
+        psi, n = int(num(r"\(([\d,]+) parameters", p)), int(num(r"on (\d+) ", p))
+        acts, ws = num(r"holds ([\d.]+) GB of activations", p), num(r"working set of ([\d.]+) GB", p)
+        assert q.value() == pytest.approx(4 * shard(psi, n) / GB + acts + ws, abs=0.011)
+
+
+def test_fixed_choices_explain_with_computed_numbers():
+    q = QUIZ._get("plan-8b-one-gpu")
+    text = q.explanation_text()
+    assert "optimizer to CPU, full checkpointing" in text and "GB" in text
+    gb = [float(x) for x in re.findall(r": ([\d.]+) GB", text)]
+    usable = float(re.search(r"against the ([\d.]+) GB usable", text).group(1))
+    assert gb[0] > usable and gb[1] > usable and gb[2] < usable      # only the offloaded one fits
+    assert gb[0] > 16 * 8_030_261_248 / GB                          # 128.5 GB of states alone
+    slow = QUIZ._get("plan-slow-link").explanation_text()
+    assert "0.39 GB/s" in slow and "HYBRID_SHARD" in slow

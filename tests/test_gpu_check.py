@@ -1,0 +1,135 @@
+"""The committed GPU results (gpumem.course.gpu_results) and `make gpu-check` (tools/gpu_check.py).
+
+No GPU exists here: the results files below are written by the tests themselves in a temporary
+folder, and the tool is checked for what it must do on a CPU machine (every GPU item skipped
+with its reason, exit 0, no results file written as if measured)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from gpumem.course import gpu_results
+from gpumem.errors import UsageError
+
+
+def run_file(**over):
+    data = {"date": "2026-11-30", "gpu": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "driver": "570.86.15",
+            "cuda": "12.8", "torch": "2.13.0+cu128", "deepspeed": "0.19.8",
+            "measurements": [
+                {"test": "tests/test_04_x.py::test_peak", "key": "ch04.sdpa_flash_peak_bytes_s8192",
+                 "value": 3 * 2**30, "unit": "B"},
+                {"test": "tests/test_04_x.py::test_time", "key": "ch04.sdpa_seconds", "value": 0.012345, "unit": "s"},
+                {"test": "tests/test_03_chapter.py::test_plans", "key": "ch03.full_over_none", "value": 1.31,
+                 "unit": "ratio"}]}
+    data.update(over)
+    return data
+
+
+def test_file_name_is_date_and_gpu_slug():
+    assert gpu_results.file_name("2026-12-01", "NVIDIA H100 80GB HBM3") == "2026-12-01_nvidia-h100-80gb-hbm3.json"
+    assert gpu_results.slug("Tesla T4") == "tesla-t4"
+    with pytest.raises(UsageError):
+        gpu_results.file_name("1 Dec 2026", "Tesla T4")
+
+
+def test_none_committed_says_so_in_one_line(tmp_path, capsys):
+    gpu_results.show("04", directory=tmp_path / "absent")
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    assert "No GPU measurements are committed for chapter 04 yet" in out and "make gpu-check" in out
+
+
+def test_show_lists_only_that_chapter_labelled_with_gpu_and_date(tmp_path, capsys):
+    path = gpu_results.write(run_file(), tmp_path)
+    assert path.name == "2026-11-30_nvidia-h100-80gb-hbm3.json"
+    gpu_results.show("04", directory=tmp_path)
+    out = capsys.readouterr().out
+    assert "NVIDIA H100 80GB HBM3, measured 2026-11-30" in out
+    assert "driver 570.86.15" in out and "torch 2.13.0+cu128" in out and "DeepSpeed 0.19.8" in out
+    # 3 GiB exactly: the integer, then GB (10^9) and GiB (2^30), labelled
+    assert f"{3 * 2**30:,} B (3.22 GB (3.00 GiB))" in out
+    assert "0.01235 s" in out
+    assert "ch03." not in out
+    gpu_results.show("3", directory=tmp_path)
+    assert "ch03.full_over_none  1.31 ratio" in capsys.readouterr().out
+
+
+def test_load_is_newest_first_and_round_trips(tmp_path):
+    gpu_results.write(run_file(), tmp_path)
+    gpu_results.write(run_file(date="2026-12-01", gpu="Tesla T4"), tmp_path)
+    runs = gpu_results.load(tmp_path)
+    assert [r["date"] for r in runs] == ["2026-12-01", "2026-11-30"]
+    assert runs[1]["measurements"] == run_file()["measurements"]
+    assert runs[0]["file"] == "2026-12-01_tesla-t4.json"
+    assert json.loads((tmp_path / runs[0]["file"]).read_text())["format"] == gpu_results.FORMAT
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda d: d.pop("driver"), "lacks driver"),
+    (lambda d: d.update(date="yesterday"), "not YYYY-MM-DD"),
+    (lambda d: d["measurements"].append({"test": "t", "key": "peak", "value": 1, "unit": "B"}), "chNN.<what>"),
+    (lambda d: d["measurements"].append({"test": "t", "key": "ch04.x", "value": 1}), "lacks unit"),
+])
+def test_malformed_files_are_refused(tmp_path, change, says):
+    data = run_file()
+    change(data)
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=says.replace(".", r"\.").replace("<", ".").replace(">", ".")):
+        gpu_results.load(tmp_path)
+
+
+def test_bad_chapter_is_a_usage_error():
+    with pytest.raises(UsageError):
+        gpu_results.show("four")
+
+
+def test_committed_results_files_are_well_formed():
+    """Whatever is committed under results/gpu/ parses (empty is fine: no GPU run yet)."""
+    for run in gpu_results.load():
+        assert run["file"] == gpu_results.file_name(run["date"], run["gpu"])
+        assert run["measurements"], run["file"]
+
+
+# -- tools/gpu_check.py on this CPU machine ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cpu_check(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check")
+    proc = subprocess.run([sys.executable, "tools/gpu_check.py", "--results-dir", str(out / "results"),
+                           "--report", str(out / "report.md")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240, env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+    return proc, out
+
+
+def test_gpu_check_on_cpu_skips_every_item_with_a_reason(cpu_check):
+    proc, out = cpu_check
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = (out / "report.md").read_text()
+    assert "no CUDA device" in report and "nothing was measured" in report
+    # every gpu-marked test in the suite appears, skipped, with the conftest's reason
+    listed = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q",
+                             "-p", "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    ids = [line for line in listed.stdout.splitlines() if "::" in line]
+    assert ids, listed.stdout[-1000:]
+    for nodeid in ids:
+        row = next((line for line in report.splitlines() if nodeid in line), None)
+        assert row is not None, f"{nodeid} missing from the report"
+        assert "skipped" in row and "needs a CUDA GPU" in row, row
+    assert "passed" not in report.lower().replace("0 passed", "")
+
+
+def test_gpu_check_on_cpu_writes_no_results_file(cpu_check):
+    proc, out = cpu_check
+    assert not (out / "results").exists() or not list((out / "results").glob("*.json"))
+    assert "no results file written" in proc.stdout
+
+
+def test_gpu_check_lists_each_chapters_gpu_paths(cpu_check):
+    """The chapters' own GPU paths (each registered experiment with --device cuda) are items too."""
+    from gpumem.chapters import experiments
+    report = cpu_check[1].joinpath("report.md").read_text()
+    for name in experiments():
+        assert f"python -m gpumem run {name} --device cuda" in report
