@@ -52,11 +52,19 @@ def test_plan_command_is_fast_torch_free_and_ranked():
 @pytest.mark.parametrize("args", [["--model", "llama-9", "--gpus", "8"], ["--model", "llama-3-70b", "--gpus", "0"],
                                   ["--model", "llama-3-70b", "--gpus", "8", "--gpu-mem", "80XB"],
                                   ["--model", "llama-3-70b", "--gpus", "8", "--gpu", "b200"],
+                                  ["--model", "llama-3-70b", "--gpus", "8", "--gpu", "t4"],
                                   ["--model", "llama-3-70b", "--gpus", "8", "--seq", "-4"],
                                   ["--model", "llama-3-70b", "--gpus", "8", "--global-batch", "x"]])
-def test_plan_bad_input_exits_2_with_one_line(args):
-    proc = subprocess.run([sys.executable, "-m", "gpumem", "plan", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60)
+def test_plan_bad_input_exits_2_with_one_line(args, capsys):
+    from gpumem import cli
+    assert cli.main(["plan", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("gpumem: error: ")
+
+
+def test_plan_bad_input_exit_status_from_the_shell():
+    proc = subprocess.run([sys.executable, "-m", "gpumem", "plan", "--model", "llama-3-70b", "--gpus", "-8"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 

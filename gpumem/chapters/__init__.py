@@ -26,7 +26,10 @@ CHAPTERS: tuple[Chapter, ...] = (
             labs={"lab03_checkpoint_budget": "labcheck:check"},
             experiments=(Experiment("checkpointing", "experiments:checkpointing", "diagrams:checkpointing_table",
                                     "every checkpoint plan: bytes saved, peak, FLOPs and event order"),)),
-    # -- chapter 04 entry (its builder replaces this line) --
+    Chapter("04", "ch04_flash_attention", quiz="quiz:QUIZ", labs={"lab04_online_softmax": "labcheck:check"},
+            experiments=(Experiment("attention", "experiments:attention", "diagrams:attention_table",
+                                    "naive vs SDPA vs tiled attention: peak and saved bytes per sequence length",
+                                    options="options:add_options"),)),
     Chapter("05", "ch05_offload", quiz="quiz:QUIZ", labs={"lab05_offload_budget": "labcheck:check"}, experiments=(Experiment("offload", "experiments:offload", "diagrams:offload_table", "bandwidth ladder and real DeepSpeed CPU/NVMe offload on CPU ranks", options="options:add_options"),)),
     Chapter("06", "ch06_combining_strategies", quiz="quiz:QUIZ", labs={"lab06_choose_plan": "labcheck:check"},
             experiments=(Experiment("plan-proof", "experiments:plan_proof", "diagrams:plan_proof_table",

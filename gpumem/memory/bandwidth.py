@@ -168,7 +168,8 @@ def ladder(folder: str | Path | None = None, nbytes: int = 256 * MiB, repeats: i
     from tqdm.auto import tqdm
     steps = ["ram_copy", "disk", "cpu_adam"] + (["cuda"] if torch.cuda.is_available() else [])
     rungs, adam = {}, None
-    for step in tqdm(steps, desc="bandwidth ladder", unit="rung", leave=False, disable=not progress):
+    quiet = not progress or bool(os.environ.get("TQDM_DISABLE"))
+    for step in tqdm(steps, desc="bandwidth ladder", unit="rung", leave=False, disable=quiet):
         if step == "ram_copy":
             rungs["ram_copy"] = ram_copy(nbytes, repeats)
         elif step == "disk":

@@ -23,6 +23,7 @@ from ..errors import UsageError, positive_int
 from . import accounting, gpus as gpu_table, models, speed
 from .models import ModelConfig
 from .offload_cost import Links, datasheet_links
+from .planner_advice import advise as _advise
 from .planner_config import deepspeed_config, fsdp_equivalent, model_code
 from .planner_cost import GPUS_PER_NODE, step_seconds
 from .planner_memory import Layout, per_gpu, states_part
@@ -178,6 +179,9 @@ def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: i
     cfg = models.get(model) if isinstance(model, str) else model
     gpus, seq = positive_int(gpus, "GPU count"), positive_int(seq, "sequence length")
     g = gpu_table.get(gpu)
+    if not g.bf16_flops:
+        raise UsageError(f"{g.name} has no bf16 tensor cores and the planner's recipes train in bf16; accepted: "
+                         + ", ".join(n for n, x in gpu_table.REGISTRY.items() if x.bf16_flops))
     capacity = g.capacity if gpu_mem is None else positive_int(gpu_mem, "GPU memory")
     global_batch = positive_int(global_batch, "global batch") if global_batch is not None \
         else max(1, DEFAULT_TOKENS // seq)
@@ -199,8 +203,8 @@ def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: i
     result = Result(question, plans, considered, closest or None,
                     assumptions=assumptions(g, reserve, mfu, links, inter_node))
     if not plans and advise:
-        from .planner_advice import advise as make_advice
-        result.advice = make_advice(cfg, gpus, g, capacity, seq, global_batch, reserve, opts, closest)
+        result.advice = _advise(cfg, gpus, g, capacity, seq, global_batch, reserve, opts, closest,
+                                fits_any, OFFLOAD_CHOICES)
     return result
 
 

@@ -5,7 +5,7 @@ Changes tried, each alone, in the order a team would reach for them: allowing of
 the question excluded it), more GPUs of the same kind (whole nodes once past one node, up to
 64 x), a GPU with more memory from the course's table (same count), and a shorter sequence
 (halved, down to 128 tokens). The search stops at the first layout that fits
-(:func:`planner.fits_any`), so it is quick.
+(the planner's ``fits_any``), so it is quick.
 """
 
 from . import gpus as gpu_table
@@ -20,9 +20,9 @@ def _more_gpus(gpus: int, per_node: int) -> list[int]:
 
 
 def advise(cfg: ModelConfig, gpus: int, g: gpu_table.GPU, capacity: int, seq: int, global_batch: int,
-           reserve: gpu_table.Reserve, opts: dict, closest: dict) -> dict:
-    """What is missing and, per kind of change, the smallest one that fits (None if none does)."""
-    from .planner import OFFLOAD_CHOICES, fits_any
+           reserve: gpu_table.Reserve, opts: dict, closest: dict, fits_any, all_offloads: tuple) -> dict:
+    """What is missing and, per kind of change, the smallest one that fits. ``fits_any`` is the
+    planner's first-fit search, ``all_offloads`` every offload choice (passed in: no import cycle)."""
     usable = gpu_table.usable(capacity, reserve)
     out = {"missing": closest.get("missing") if closest else None,
            "closest": closest.get("label") if closest else None, "usable": usable, "changes": []}
@@ -30,8 +30,8 @@ def advise(cfg: ModelConfig, gpus: int, g: gpu_table.GPU, capacity: int, seq: in
     def found(kind: str, value, lay) -> None:
         out["changes"].append({"change": kind, "value": value, "layout": lay.label()})
 
-    if tuple(opts["offloads"]) != OFFLOAD_CHOICES:
-        lay = fits_any(cfg, gpus, capacity, seq, global_batch, reserve, opts | {"offloads": OFFLOAD_CHOICES})
+    if tuple(opts["offloads"]) != tuple(all_offloads):
+        lay = fits_any(cfg, gpus, capacity, seq, global_batch, reserve, opts | {"offloads": tuple(all_offloads)})
         if lay:
             found("allow offload", f"{lay.offload} -> {lay.device}", lay)
     for n in _more_gpus(gpus, opts["gpus_per_node"]):

@@ -7,6 +7,7 @@ model (:mod:`gpumem.memory.offload_cost`) fed with the ladder. Without libaio th
 configuration is skipped with the line that says how to install it.
 """
 
+import os
 from pathlib import Path
 
 from gpumem.dist import ds_offload, dsops, launch
@@ -64,6 +65,7 @@ def offload(ranks: int = 2, device: str = "cpu", progress: bool = True, model: s
         one_of(name, tuple(ds_offload.CONFIGS), "configuration")
     if nvme_path is not None and not Path(nvme_path).is_dir():
         raise UsageError(f"--nvme-path {nvme_path}: no such folder; accepted: an existing folder on the drive to test")
+    progress = progress and not os.environ.get("TQDM_DISABLE")   # bars off where tqdm is told so
     ready, why = ds_offload.nvme_ready()
     skipped = {n: why for n in configs if ds_offload.CONFIGS[n][2] == "nvme" and not ready}
     run_names = [n for n in configs if n not in skipped]

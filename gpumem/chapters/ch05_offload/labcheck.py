@@ -10,6 +10,8 @@ largest state that overflowed and by how much, or says that it fits. Budgets sit
 configurations' measured holdings (``BUDGETS``).
 """
 
+import os
+
 from gpumem import units
 from gpumem.course.grading import Report, Row
 from gpumem.dist import ds_offload, launch
@@ -80,7 +82,8 @@ def check(ns: dict, show: bool = True) -> Report:
         if given:
             try:
                 res = launch.run("gpumem.dist.ds_offload_ranks:offload_runs", 2, "cpu", deepspeed=True,
-                                 progress=show, given=given, swap_dir=str(swap), steps=2)
+                                 progress=show and not os.environ.get("TQDM_DISABLE"), given=given,
+                                 swap_dir=str(swap), steps=2)
             except launch.RankError as err:
                 for label in given:
                     rows[label] = Row("offload_config", label, "error", str(err).splitlines()[-1][:300])

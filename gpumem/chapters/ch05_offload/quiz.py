@@ -118,7 +118,7 @@ QUIZ = Quiz("05_offload", [
             answer=lambda: 1e3 * offload_cost.note_example(True)["total"], unit="ms", rel_tol=0.001,
             hint="With perfect overlap the step lasts as long as its longest part.",
             explanation="{answer} ms, the compute. Real schedules sit between: DeepSpeed overlaps the gradient "
-                        "trip with backward, and its delayed parameter update overlaps the CPU step with the "
-                        "next forward and backward.",
+                        "trip with backward, and the ZeRO-Offload paper's one-step delayed parameter update "
+                        "overlaps the CPU step with the next forward and backward.",
             traps=((lambda n: 155.0, "that is the serial sum: nothing overlapped."),)),
 ])

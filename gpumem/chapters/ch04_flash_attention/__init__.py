@@ -1,0 +1,17 @@
+"""Chapter 04, FlashAttention: attention's s x s scores measured, then removed by tiling with an
+online softmax, and recomputed in backward.
+
+- ``claims``       the note's score-matrix arithmetic and FlashAttention row in the ledger; ``kept_table``
+- ``diagrams``     the opening numbers, online softmax step by step, causal tiles, result and FLOP tables
+- ``experiments``  ``attention``: naive vs SDPA vs tiled, peak and saved bytes per s (``run attention``)
+- ``options``      ``run attention``'s flags (torch-free)
+- ``frameworks``   SDPA backends, flash_attn, Hugging Face's attn_implementation, which GPUs run FA2
+- ``plots``        bytes against s on log axes with the s^2 and s laws and chapter 01's formula
+- ``labcheck``     lab 04's ``check()``
+- ``QUIZ``         the chapter's quiz
+"""
+
+from . import claims, diagrams, experiments, frameworks, labcheck, options, plots
+from .quiz import QUIZ
+
+__all__ = ["claims", "diagrams", "experiments", "frameworks", "labcheck", "options", "plots", "QUIZ"]

@@ -1,0 +1,250 @@
+"""Chapter 04: the tiled kernel against SDPA, what it saves, the memory laws measured, the FLOP
+model against PyTorch's counter, the command line, the claims, the quiz, the lab's grader, the GPU path.
+
+Hand derivations use only shapes typed here (4 bytes an fp32 element; one s x s matrix per query
+head), never the functions that compute the expected values.
+"""
+
+import json
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import run_cli
+from gpumem import chapters
+from gpumem.chapters.ch04_flash_attention import claims, diagrams, labcheck
+from gpumem.chapters.ch04_flash_attention.quiz import QUIZ
+from gpumem.memory import attention_flops, attention_measure as am, flops
+from gpumem.memory.flash_tiled import tiled_attention, tiled_forward
+
+# (batch, heads, kv heads, s_q, s_k, head dim, causal, key block, query block)
+CASES = [(1, 4, 4, 256, 256, 64, False, 64, 64), (2, 4, 2, 200, 200, 32, True, 64, 48),
+         (1, 8, 1, 130, 130, 128, True, 32, 32), (1, 2, 2, 100, 333, 16, False, 128, None),
+         (1, 6, 3, 77, 77, 40, True, 16, None), (1, 2, 1, 257, 190, 64, True, 64, 64)]
+
+
+def _qkv(b, a, kv, sq, sk, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(*s, generator=g, dtype=dtype).requires_grad_() for s in
+               ((b, a, sq, d), (b, kv, sk, d), (b, kv, sk, d)))
+    return q, k, v, torch.randn(b, a, sq, d, generator=g, dtype=dtype)
+
+
+def _both(case, dtype):
+    b, a, kv, sq, sk, d, causal, blk, bq = case
+    q, k, v, dout = _qkv(b, a, kv, sq, sk, d, dtype)
+    mine = tiled_attention(q, k, v, causal, blk, block_q=bq)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=kv != a)
+    return ((mine, *torch.autograd.grad(mine, (q, k, v), dout)),
+            (ref, *torch.autograd.grad(ref, (q, k, v), dout)))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
+def test_tiled_equals_sdpa_fp64_to_1e_10(case):
+    """fp64: outputs and gradients equal SDPA to atol = rtol = 1e-10 (only rounding differs)."""
+    for got, want, name in zip(*_both(case, torch.float64), ("out", "dq", "dk", "dv")):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
+def test_tiled_equals_sdpa_fp32_to_1e_5(case):
+    """fp32: atol = rtol = 1e-5 (summation order differs from SDPA's kernel)."""
+    for got, want, name in zip(*_both(case, torch.float32), ("out", "dq", "dk", "dv")):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_the_test_can_fail():
+    """A tiled forward that forgets to rescale the running sum is caught by the same tolerance."""
+    q, k, v, _ = _qkv(1, 2, 2, 100, 100, 16, torch.float64)
+    good, _ = tiled_forward(q, k, v, block=32)
+    ref = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(good, ref, atol=1e-10, rtol=1e-10)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(good[..., :50, :] * 1.0001, ref[..., :50, :], atol=1e-10, rtol=1e-10)
+
+
+def test_lse_is_the_logsumexp_of_the_scores():
+    q, k, v, _ = _qkv(1, 4, 2, 90, 70, 8, torch.float64)
+    _, lse = tiled_forward(q, k, v, causal=True, block=16, block_q=32)
+    s = (q @ k.repeat_interleave(2, 1).transpose(-1, -2)) / math.sqrt(8)
+    s = s.masked_fill(torch.ones(90, 70, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(s, -1), atol=1e-12, rtol=1e-12)
+
+
+def test_saves_exactly_inputs_output_and_logsumexp():
+    q, k, v, dout = _qkv(2, 4, 2, 96, 96, 16, torch.float32)
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        out = tiled_attention(q, k, v, True, 32)
+    assert len(packed) == 5
+    assert packed[0] is q and packed[1] is k and packed[2] is v
+    assert packed[3].untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+    assert packed[3].shape == out.shape == (2, 4, 96, 16)
+    assert packed[4].shape == (2, 4, 96) and packed[4].dtype == torch.float32   # one number per row
+
+
+def test_saved_bytes_by_hand_and_formula():
+    """saved_tensors_hooks (deduplicated by storage) against a count from the shapes."""
+    a, s, d = 2, 512, 64
+    naive, sdpa, tiled = (am.measure(m, s, heads=a, head_dim=d) for m in am.METHODS)
+    inputs = 4 * 3 * a * s * d
+    assert naive["saved"] == inputs + 4 * a * s * s            # q, k, v + probabilities
+    assert sdpa["saved"] == tiled["saved"] == inputs + 4 * a * s * d + 4 * a * s   # + out + lse
+    from gpumem.chapters.ch04_flash_attention.experiments import formula_saved
+    assert formula_saved("naive", s, a, a, d, False) == naive["saved"]
+    assert formula_saved("tiled", s, a, a, d, False) == tiled["saved"]
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    return am.sweep((2048, 4096, 8192), heads=1, head_dim=64)
+
+
+def _ratio(rows, method, key, s=4096):
+    by = {(r["method"], r["seq"]): r[key] for r in rows}
+    return by[(method, 2 * s)] / by[(method, s)]
+
+
+@pytest.mark.parametrize("key", ["peak_forward", "peak_backward", "saved_made"])
+def test_memory_laws_from_the_measurement(sweep, key):
+    """s 4096 -> 8192: naive's bytes grow 4x (s^2), SDPA's and the tiled kernel's 2x (s)."""
+    assert 3.9 <= _ratio(sweep, "naive", key) <= 4.05
+    for method in ("sdpa", "tiled"):
+        assert 1.95 <= _ratio(sweep, method, key) <= 2.05, method
+    naive8k = next(r for r in sweep if r["method"] == "naive" and r["seq"] == 8192)
+    assert naive8k["saved_made"] == 4 * 8192 ** 2                # 256 MiB: one head's fp32 probabilities
+
+
+def test_sdpa_backend_on_cpu_is_its_flash_kernel_and_math_when_forced():
+    q, k, v, _ = am.inputs(128)
+    assert am.backend_of(am.sdpa_attention, q, k, v) == "flash (CPU kernel)"
+    with am.sdpa_kernel(am.SDPBackend.MATH):
+        assert am.backend_of(am.sdpa_attention, q, k, v).startswith("math")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flop_model_equals_pytorchs_counter_on_the_tiled_kernel(causal):
+    a, s, d, blk = 2, 192, 16, 64
+    q, k, v, dout = _qkv(1, a, a, s, s, d, torch.float32)
+    counter = flops.count(lambda: tiled_attention(q, k, v, causal, blk, block_q=blk).backward(dout))
+    visible = sum(min(s, (i // blk + 1) * blk) for i in range(s)) if causal else s * s   # whole tiles
+    model = attention_flops.attention_flops("tiled", s, a, d, causal=causal, block=blk)
+    assert counter.get_total_flops() == 14 * a * visible * d == model["forward"] + model["backward"]
+    naive = flops.count(lambda: am.naive_attention(q, k, v, causal).backward(dout))
+    assert naive.get_total_flops() == 12 * a * s * s * d == sum(attention_flops.attention_flops("naive", s, a, d).values())
+
+
+@pytest.fixture(scope="module")
+def run_json():
+    proc = run_cli("run", "attention", "--json", "--seqs", "256,512", "--heads", "4", "--kv-heads", "2")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_run_attention_json(run_json):
+    assert run_json["sdpa_backend"] == "flash (CPU kernel)" and run_json["shape"]["kv_heads"] == 2
+    assert {(r["method"], r["seq"]) for r in run_json["rows"]} == {(m, s) for m in am.METHODS for s in (256, 512)}
+    for r in run_json["rows"]:
+        assert {"peak_forward", "peak_backward", "saved"} <= set(r) and r["saved"] == r["formula_saved"]
+    assert max(run_json["max_difference"][k] for k in ("out", "dq", "dk", "dv")) < 1e-5
+    assert "SDPA ran" in chapters.render_experiment("attention", run_json)
+
+
+@pytest.mark.parametrize("args", [["--seqs", "abc"], ["--seqs", "99999"], ["--heads", "-2"],
+                                  ["--heads", "4", "--kv-heads", "3"], ["--model", "tiny"], ["--block", "0"]])
+def test_run_attention_bad_options_one_line(args, capsys):
+    from gpumem import cli
+    assert cli.main(["run", "attention", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("accepted" in err or "must" in err), err
+
+
+def test_run_attention_bad_option_exits_2_from_the_terminal():
+    proc = run_cli("run", "attention", "--seqs", "0")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--seqs" in proc.stderr
+
+
+def test_claims_recomputed_by_hand():
+    one = 4096 * 4096 * 4
+    assert one == 64 * 2**20
+    by = {c.id: c.ours() for c in claims.CLAIMS}
+    assert by["4a"] * 1e6 == one and by["4b"] * 1e6 == 64 * one
+    assert by["4c"] == 64 * 80 * one and by["4d"] == 16 * 64 * 80 * one == 5 * 2**40
+    kept = claims.kept(seq=4096, batch=16)
+    assert kept["logsumexp, fp32, per query head and row (flash)"] == 4 * 4096 * 16 * 64
+    assert kept["k and v (key/value heads only: GQA)"] * 8 == kept["k and v if every query head had its own (MHA)"]
+
+
+def test_online_softmax_diagram_equals_softmax():
+    row = [2.0, -1.0, 3.0, 0.5, 4.0, 1.0, -2.0, 2.5]
+    steps = diagrams.online_softmax_trace(row, 3)
+    got = [math.exp(x - steps[-1]["m"]) / steps[-1]["l"] for x in row]
+    want = torch.tensor(row, dtype=torch.float64).softmax(0).tolist()
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-15
+    assert "largest difference" in diagrams.online_softmax_diagram(row)
+
+
+def test_quiz_answers_by_hand():
+    for seed in range(20):
+        QUIZ.seed(seed)
+        q = {x.id: x for x in QUIZ.questions}
+        n = q["naive-scores"].numbers
+        assert math.isclose(q["naive-scores"].value(), 2 * n["seq"] ** 2 * n["heads"] * n["layers"] * n["batch"] / 1e9)
+        n = q["lse-bytes"].numbers
+        assert math.isclose(q["lse-bytes"].value(), 4 * n["seq"] * n["heads"] * n["batch"] / 1e6)
+        n = q["recompute-flops"].numbers
+        assert math.isclose(q["recompute-flops"].value(), 2 * n["seq"] ** 2 * n["head_dim"] * n["heads"] / 1e12)
+    assert len(QUIZ.questions) >= 4 and all(x.hint for x in QUIZ.questions)
+
+
+def _lab_ns():
+    from gpumem.memory import flash_tiled
+
+    def fwd(q, k, v, causal=False, block=32):
+        return flash_tiled.tiled_forward(q, k, v, causal, block, block_q=block)
+
+    def bwd(dout, q, k, v, out, lse, causal=False, block=32):
+        return flash_tiled.tiled_backward(dout, q, k, v, out, lse, causal, block, block_q=block)
+    return {"online_softmax_attention": fwd, "online_softmax_backward": bwd}
+
+
+def test_labcheck_passes_a_right_kernel_and_names_the_worst_element():
+    assert labcheck.check(_lab_ns(), show=False).solved
+    ns = _lab_ns()
+    right = ns["online_softmax_attention"]
+    ns["online_softmax_attention"] = lambda q, k, v, causal=False, block=32: (
+        right(q, k, v, causal, block)[0] * 1.001, right(q, k, v, causal, block)[1])
+    bad = labcheck.check(ns, show=False).problems
+    assert bad and bad[0].function == "online_softmax_attention" and "out[" in bad[0].detail and "expected" in bad[0].detail
+
+
+def test_labcheck_refuses_the_whole_score_matrix():
+    ns = _lab_ns()
+
+    def whole(q, k, v, causal=False, block=32):
+        rep = q.shape[1] // k.shape[1]
+        s = q @ k.repeat_interleave(rep, 1).transpose(-1, -2) / q.shape[-1] ** 0.5
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        return s.softmax(-1) @ v.repeat_interleave(rep, 1), torch.logsumexp(s, -1)
+    ns["online_softmax_attention"] = whole
+    bad = labcheck.check(ns, show=False).problems
+    assert bad and "score matrix" in bad[0].detail
+
+
+@pytest.mark.gpu
+def test_gpu_sdpa_backends_memory_and_time(gpu_record):
+    """On CUDA: math keeps s x s per head, memory-efficient and flash O(s); time per fwd + bwd."""
+    res = am.cuda_backends(seq=8192, heads=16, head_dim=128)
+    for name, r in res["backends"].items():
+        if "error" in r:
+            continue
+        gpu_record(f"ch04.sdpa_{name.replace('-', '_')}_peak_bytes_s8192", r["peak_above_inputs"], "B")
+        gpu_record(f"ch04.sdpa_{name.replace('-', '_')}_seconds_s8192", r["seconds"], "s")
+    b = res["backends"]
+    assert b["math"]["peak_above_inputs"] >= 2 * 16 * 8192 ** 2          # bf16 probabilities at least
+    fused = [b[n]["peak_above_inputs"] for n in ("memory-efficient", "flash") if "error" not in b[n]]
+    assert fused and max(fused) < b["math"]["peak_above_inputs"] / 10

@@ -1,0 +1,54 @@
+"""Chapter 05's quiz: every numeric answer redone by hand from the numbers the learner sees."""
+
+import math
+import random
+
+import pytest
+
+from gpumem.chapters.ch05_offload.quiz import QUIZ
+from gpumem.course.quiz import Choice, Numeric
+
+SEEDS = range(30)
+
+
+def _q(qid):
+    return next(q for q in QUIZ.questions if q.id == qid)
+
+
+def _draws(qid):
+    q = _q(qid)
+    for seed in SEEDS:
+        q.redraw(random.Random(seed))
+        yield q, q.numbers
+
+
+def test_grad_trip_is_the_bf16_shard_over_pcie():
+    for q, n in _draws("grad-trip"):
+        shard = -(-n["n_params"] // n["gpus"])
+        assert q.value() == pytest.approx(1e3 * 2 * shard / (n["pcie"] * 1e9), rel=1e-9)
+        assert f"{n['gpus']} " in q.prompt_text()
+
+
+def test_infinity_writes_back_master_moments_and_params():
+    for q, n in _draws("infinity-writes"):
+        shard = -(-n["n_params"] // n["gpus"])
+        assert q.value() == pytest.approx((4 + 4 + 4 + 2) * shard / (n["write_gbs"] * 1e9), rel=1e-9)
+
+
+def test_hide_the_transfers_needs_compute_as_long_as_the_slowest_term():
+    for q, n in _draws("hide-the-transfers"):
+        shard = -(-n["n_params"] // n["gpus"])
+        slowest = max(2 * shard / (n["pcie"] * 1e9), shard / (n["adam_g"] * 1e9))
+        tokens = slowest * n["tflops"] * 1e12 * n["mfu_pct"] / 100 / (6 * n["n_params"])
+        assert q.value() == pytest.approx(math.ceil(tokens), abs=1)
+
+
+def test_overlap_leaves_the_longest_term():
+    assert _q("overlap-buys").value() == pytest.approx(100.0)
+
+
+def test_every_question_has_a_hint_and_the_quiz_has_four_reasoning_questions():
+    assert len([q for q in QUIZ.questions if isinstance(q, Numeric)]) >= 4
+    assert all(q.hint for q in QUIZ.questions)
+    choice = next(q for q in QUIZ.questions if isinstance(q, Choice))
+    assert "PCIe" in choice.options[choice.answer]
