@@ -19,22 +19,27 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _add_verbs(sub) -> None:
+def _add_verbs(sub, run_options: bool) -> None:
     p = sub.add_parser("check-env", help="what is installed and what works on this machine")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_check_env)
     # Chapter verbs register themselves here as they are built (see gpumem.cli_verbs).
     from . import cli_verbs
-    cli_verbs.register(sub)
-    from . import cli_plan; cli_plan.register(sub)
+    cli_verbs.register(sub, run_options)
+    from . import cli_plan
+    cli_plan.register(sub)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m gpumem`` parser with every verb; bad input raises UsageError instead of exiting."""
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``python -m gpumem`` parser with every verb; bad input raises UsageError instead of exiting.
+
+    An experiment's own options (``run attention --seqs``) live in its chapter, whose package
+    imports torch; they are added only when ``argv`` runs an experiment, so ``estimate`` and
+    ``plan`` start without torch."""
     parser = _Parser(prog="python -m gpumem",
                      description="Fitting 70B: GPU memory of LLM training, computed.")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
-    _add_verbs(sub)
+    _add_verbs(sub, run_options=bool(argv) and argv[0] == "run")
     return parser
 
 
@@ -60,9 +65,10 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv``); returns the exit status, 2 for bad input."""
-    parser = build_parser()
+    argv = _join_negative_values(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else argv))
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
         if args.verb is None:
             parser.print_help()
             return 0

@@ -80,8 +80,9 @@ def _model_args(p, activation_opts: bool = True) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def register(sub) -> None:
-    """Add the ``estimate``, ``trace`` and ``run`` verbs to the command line's subparsers."""
+def register(sub, run_options: bool = False) -> None:
+    """Add the ``estimate``, ``trace`` and ``run`` verbs to the command line's subparsers
+    (with each experiment's own options when ``run_options``: they import its chapter)."""
     p = sub.add_parser("estimate", help="per-GPU and host memory of a training step (formulas)")
     _model_args(p)
     p.add_argument("--params", type=param_count, help="parameter count only (model states): 70B, 7.5e9")
@@ -113,7 +114,7 @@ def register(sub) -> None:
             q.add_argument("--model", default=None, help="a registry model (default: the experiment's own)")
             q.add_argument("--json", action="store_true", help="print one JSON object")
             common = {a.dest for a in q._actions}
-            if exp.options:
+            if exp.options and run_options:
                 resolve(chapter.target(exp.options))(q)
             q.set_defaults(func=_run, _options=sorted({a.dest for a in q._actions} - common))
 

@@ -3,7 +3,7 @@
 Layers, imports one way (read from the source with ``ast``, lazy imports inside functions
 included):
 
-    app       gpumem.cli, gpumem.cli_verbs, gpumem.__main__      may import anything below
+    app       gpumem.cli, cli_verbs, cli_plan, gpumem.__main__   may import anything below
     chapters  gpumem.chapters.chNN_*                             its own chapter, the registry,
                                                                  course, engine, base
     registry  gpumem.chapters (its __init__)                     course, engine, base
@@ -49,7 +49,7 @@ def layer(mod: str) -> str:
         return "registry"
     if len(parts) >= 3 and parts[1] == "chapters":
         return "chapters"
-    if mod in ("gpumem.cli", "gpumem.cli_verbs", "gpumem.__main__"):
+    if mod in ("gpumem.cli", "gpumem.cli_verbs", "gpumem.cli_plan", "gpumem.__main__"):
         return "app"
     raise AssertionError(f"{mod} belongs to no layer: put it in memory/, dist/, course/ or a chapter")
 
@@ -180,6 +180,9 @@ def test_formulas_import_no_torch():
             "import gpumem.memory.models, gpumem.memory.policies, gpumem.cli, gpumem.cli_verbs, gpumem.chapters\n"
             "import gpumem.memory.gpus, gpumem.memory.speed, gpumem.memory.megatron\n"
             "import gpumem.memory.recompute_plans, gpumem.memory.recompute_cost\n"
+            "import gpumem.memory.planner, gpumem.memory.planner_memory, gpumem.memory.planner_cost\n"
+            "import gpumem.memory.planner_config, gpumem.memory.planner_advice, gpumem.memory.offload_cost\n"
+            "import gpumem.cli_plan\n"
             "import gpumem.cli as cli\n"
             "cli.build_parser()\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed', 'matplotlib')))\n")

@@ -168,7 +168,8 @@ def sweep(seqs=(256, 512, 1024, 2048, 4096, 8192), methods=METHODS, progress: bo
     """:func:`measure` for every method at every sequence length (a tqdm bar when ``progress``)."""
     from tqdm.auto import tqdm
     jobs = [(m, s) for s in seqs for m in methods]
-    return [measure(m, s, **kwargs) for m, s in tqdm(jobs, desc="attention", disable=not progress)]
+    bar = {"leave": False} if progress else {"disable": True}      # shown unless TQDM_DISABLE is set
+    return [measure(m, s, **kwargs) for m, s in tqdm(jobs, desc="attention", **bar)]
 
 
 def max_difference(seq: int = 1000, heads: int = 4, kv_heads: int = 2, head_dim: int = 64, causal: bool = True,
