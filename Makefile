@@ -16,13 +16,15 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: help setup lab test test-unit test-notebooks test-browser test-chapter gpu-check labs bench clean
+.PHONY: help setup lab test test-unit test-notebooks test-browser test-chapter gpu-check site labs bench clean
 
 help:
 	@echo "make lab    set up .venv and the DeepSpeed ops, then open JupyterLab on 00_setup"
 	@echo "make test   set up, then run every test tier (unit, notebooks, browser)"
 	@echo "            one tier: make test-unit | test-notebooks | test-browser | gpu-check"
 	@echo "            one chapter: make test-chapter CH=02 (its tests, notebook and lab)"
+	@echo "make site   the executed notebooks as an offline HTML book in .cache/site (index.html)"
+	@echo "make gpu-check  every GPU item (gpu tests, experiments, notebooks' CUDA branches) -> results/gpu/"
 
 $(STAMP): env/requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed, found " + sys.version.split()[0]'
@@ -69,8 +71,17 @@ test-browser: setup
 	@echo "== tier: JupyterLab in headless Chromium"
 	$(PY) -m pytest -m browser -rs $(PYTEST_ARGS)
 
+# Every gpu-marked test (measurements collected), each experiment with --device cuda and each
+# notebook's CUDA branches; on CUDA writes results/gpu/<date>_<gpu>.json + .md (commit them).
+# Without CUDA: every item reported skipped with its reason, nothing written, exit 0.
+GPU_CHECK_ARGS ?=
 gpu-check: setup
-	$(PY) -m pytest -m gpu -rs $(PYTEST_ARGS)
+	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS),)
+
+# Offline static book of the executed notebooks; SITE_DIR=... to put it elsewhere.
+SITE_DIR ?= .cache/site
+site: $(STAMP)
+	$(PY) -m gpumem.course.site --out "$(SITE_DIR)"
 
 labs: setup
 	$(PY) -m gpumem.course.labgen

@@ -133,3 +133,39 @@ def test_gpu_check_lists_each_chapters_gpu_paths(cpu_check):
     report = cpu_check[1].joinpath("report.md").read_text()
     for name in experiments():
         assert f"python -m gpumem run {name} --device cuda" in report
+
+
+# -- env/gpu_box_setup.sh: what it decides before it installs anything ------------------------
+
+def _box(tmp_path, smi: str | None):
+    import os
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    if smi is not None:
+        (bin_dir / "nvidia-smi").write_text("#!/bin/bash\n" + smi + "\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    # a copy in an empty checkout: whatever the script does happens under tmp_path, never to .venv here
+    (tmp_path / "env").mkdir(exist_ok=True)
+    (tmp_path / "env" / "requirements.txt").write_text((ROOT / "env" / "requirements.txt").read_text())
+    script = tmp_path / "env" / "gpu_box_setup.sh"
+    script.write_text((ROOT / "env" / "gpu_box_setup.sh").read_text())
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                          timeout=60, env={"PATH": path, "HOME": str(tmp_path), "SKIP_APT": "1",
+                                           "LANG": os.environ.get("LANG", "C")})
+
+
+def test_gpu_box_script_refuses_a_machine_without_a_driver(tmp_path):
+    proc = _box(tmp_path, None)
+    assert proc.returncode == 1 and "nvidia-smi not found" in proc.stderr
+
+
+def test_gpu_box_script_refuses_a_driver_too_old_for_torchs_cuda_wheels(tmp_path):
+    """A driver whose CUDA is 11.8 (as nvidia-smi's header prints it) cannot run cu126+ wheels."""
+    smi = ('case "$*" in *name*) echo "Tesla T4";; *compute_cap*) echo "7.5";; '
+           '*) echo "| NVIDIA-SMI 520.61.05    Driver Version: 520.61.05    CUDA Version: 11.8     |";; esac')
+    proc = _box(tmp_path, smi)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Tesla T4 (compute capability 7.5), driver supports CUDA up to 11.8" in proc.stdout
+    assert "update the driver or set TORCH_CUDA" in proc.stderr
+    assert not (tmp_path / ".venv").exists()

@@ -85,11 +85,33 @@ def render_body(path: Path) -> tuple[str, str]:
     Checked cells get the class ``checked`` so a reader sees which outputs the tests compare."""
     import nbformat
     from nbconvert import HTMLExporter
-    nb = nbformat.read(path, as_version=4)
+    nb = _static(nbformat.read(path, as_version=4))
     exporter = HTMLExporter(template_name="basic")
     exporter.exclude_anchor_links = True
     body, _ = exporter.from_notebook_node(nb)
     return title_of(nb) or path.stem, _mark_checked(body, nb)
+
+
+SCRIPTED = ("application/vnd.jupyter.widget-view+json", "application/javascript")
+
+
+def _static(nb):
+    """Drop what needs a live kernel or JavaScript (widget views and state, JS outputs); the
+    widget's text fallback, when it has one, is kept."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        kept = []
+        for out in cell.get("outputs", []):
+            data = out.get("data")
+            if data is not None:
+                for mime in SCRIPTED:
+                    data.pop(mime, None)
+                if not data:
+                    continue
+            kept.append(out)
+        if cell.cell_type == "code":
+            cell.outputs = kept
+    return nb
 
 
 def _mark_checked(body: str, nb) -> str:

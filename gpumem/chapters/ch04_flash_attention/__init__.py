@@ -9,9 +9,20 @@ online softmax, and recomputed in backward.
 - ``plots``        bytes against s on log axes with the s^2 and s laws and chapter 01's formula
 - ``labcheck``     lab 04's ``check()``
 - ``QUIZ``         the chapter's quiz
+
+Submodules are imported when first used, so that ``options`` stays torch-free.
 """
 
-from . import claims, diagrams, experiments, frameworks, labcheck, options, plots
-from .quiz import QUIZ
+import importlib
 
-__all__ = ["claims", "diagrams", "experiments", "frameworks", "labcheck", "options", "plots", "QUIZ"]
+__all__ = ["claims", "diagrams", "experiments", "frameworks", "labcheck", "options", "plots", "quiz", "QUIZ"]
+
+
+def __getattr__(name: str):
+    """Import a submodule (or the quiz) when first asked for, so that ``options`` (imported when the
+    command line is built) stays torch-free."""
+    if name == "QUIZ":
+        return importlib.import_module(".quiz", __name__).QUIZ
+    if name in __all__:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
