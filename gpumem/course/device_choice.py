@@ -46,7 +46,7 @@ def choose(capability: tuple[int, int] | None, gpu: str = "") -> Choice:
     """The dtype and SDPA kernel for a GPU of compute ``capability`` (``None``: no CUDA)."""
     if capability is None:
         return Choice("cpu", "none", None, "float32", "MATH", False,
-                      ("fp32 on CPU ranks; bf16/fp16 byte counts come from the formulas and traces",))
+                      ("no GPU dtype or attention kernel to choose; the CPU experiments keep their own",))
     cap = tuple(capability)
     reasons = []
     if cap >= BF16_TENSOR_CORES:

@@ -19,6 +19,7 @@ grow with s. :func:`cuda_backends` is the GPU path, with ``torch.cuda.max_memory
 """
 
 import contextlib
+import os
 import time
 
 import torch
@@ -168,7 +169,8 @@ def sweep(seqs=(256, 512, 1024, 2048, 4096, 8192), methods=METHODS, progress: bo
     """:func:`measure` for every method at every sequence length (a tqdm bar when ``progress``)."""
     from tqdm.auto import tqdm
     jobs = [(m, s) for s in seqs for m in methods]
-    bar = {"leave": False} if progress else {"disable": True}      # shown unless TQDM_DISABLE is set
+    quiet = not progress or bool(os.environ.get("TQDM_DISABLE"))   # tqdm.notebook ignores the variable
+    bar = {"disable": True} if quiet else {"leave": False}
     return [measure(m, s, **kwargs) for m, s in tqdm(jobs, desc="attention", **bar)]
 
 

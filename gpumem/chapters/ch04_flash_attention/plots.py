@@ -10,7 +10,7 @@ PANELS = (("peak_forward", "peak during forward"), ("peak_backward", "peak durin
 
 def memory_vs_seq(result: dict):
     """Three panels (forward peak, backward peak, saved bytes) against s, one line per method;
-    dotted: the s^2 and s laws through each method's first point; x: chapter 01's formula."""
+    dotted: the s^2 and s laws through each method's last point; x: chapter 01's formula."""
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), sharey=True)
     for ax, (key, title) in zip(axes, PANELS):
         for method in result["methods"]:
@@ -19,7 +19,7 @@ def memory_vs_seq(result: dict):
             y = [r[key] / 2**20 for r in rows]
             ax.plot(s, y, "o-", color=COLOURS[method], label=method)
             power = 2 if method == "naive" else 1
-            ax.plot(s, [y[0] * (x / s[0]) ** power for x in s], ":", color=COLOURS[method],
+            ax.plot(s, [y[-1] * (x / s[-1]) ** power for x in s], ":", color=COLOURS[method],
                     label=f"{method}: s^{power} law" if key == "saved" else None)
             if key == "saved":
                 ax.plot(s, [r["formula_saved"] / 2**20 for r in rows], "x", color="black", markersize=8,
