@@ -133,12 +133,18 @@ def test_every_question_has_a_hint_and_numeric_ones_draw_fresh_numbers():
 
 
 def test_options_do_not_give_the_answer_away():
-    for q in QUIZ.questions:
-        if isinstance(q, Choice):
-            right = q.options[q.answer]
-            assert len(right) <= 1.3 * max(len(o) for i, o in enumerate(q.options) if i != q.answer), q.id
-            assert all(not re.search(r"\b(because|so that|since)\b|, so ", o) for o in q.options), q.id
-    assert len({q.answer for q in QUIZ.questions if isinstance(q, Choice)}) > 2
+    choices = [q for q in QUIZ.questions if isinstance(q, Choice)]
+    longest = 0
+    for q in choices:
+        right = q.options[q.answer]
+        others = [o for i, o in enumerate(q.options) if i != q.answer]
+        assert len(right) <= 1.3 * max(len(o) for o in others), q.id
+        longest += len(right) > max(len(o) for o in others)
+        assert all(not re.search(r"\b(because|so that|since)\b|, so ", o) for o in q.options), q.id
+        assert "; " not in right, q.id                   # the right option is one clause, no reason glued on
+    positions = [sum(q.answer == i for q in choices) for i in range(4)]
+    assert max(positions) <= 0.4 * len(choices) and min(positions) >= 1, positions
+    assert longest <= len(choices) / 3, longest          # the right option is not the longest as a rule
 
 
 def test_every_text_renders_on_every_draw():
@@ -154,7 +160,7 @@ def test_every_text_renders_on_every_draw():
 
 def test_pointers_name_existing_notebook_sections():
     pointers = CHECKLIST.pointers()
-    assert {p.notebook[:2] for p in pointers} >= {"01", "02", "03", "06"}
+    assert {p.notebook[:2] for p in pointers} >= {"01", "02", "03", "04", "05", "06"}
     for p in pointers:
         path = ROOT / "notebooks" / f"{p.notebook}.ipynb"
         assert path.exists(), p
@@ -162,6 +168,9 @@ def test_pointers_name_existing_notebook_sections():
     for item in ch.ITEMS:                      # each explanation names its own pointers
         for q in item.questions:
             assert all(p.text() in q.explanation_text() for p in item.see[q.id])
+    flash, offload = ch.ITEMS[3], ch.ITEMS[4]      # items 4 and 5 point at their own chapters
+    assert all(any(p.notebook.startswith("04") for p in flash.see[q.id]) for q in flash.questions)
+    assert all(any(p.notebook.startswith("05") for p in offload.see[q.id]) for q in offload.questions)
 
 
 # -- progress per item, reloaded, and the summary ---------------------------------------------
@@ -221,6 +230,18 @@ def test_zero_fewest():
         assert q.value() == k > 1
 
 
+def test_zero_limit():
+    seen = set()
+    for q in draws("zero-limit"):
+        p = q.prompt_text()
+        a, b, c = recipe_of(p)
+        stage = num(r"under ZeRO-(\d)", p)
+        whole = a + b if stage == 1 else a
+        assert q.value() == pytest.approx((a + b + c) / whole, rel=1e-6)
+        seen.add((a + b + c, stage))
+    assert len(seen) >= 4                      # recipes and stages vary: not one fixed "4x"
+
+
 def test_zero3_comm_seconds():
     for q in draws("zero3-comm-seconds"):
         p = q.prompt_text()
@@ -272,6 +293,11 @@ def test_checkpoint_bytes_and_flops():
         assert segs * k == m[0]
         c = 2 * seq * m[1] / GB
         assert q.value() == pytest.approx(segs * c + k * layer - c, rel=0.005)
+        one = m[0] * c + layer - c                     # one-layer segments, by hand
+        text = q.explanation_text()
+        assert ("lower than the" in text) == (q.value() < one), text
+        best_k = math.sqrt(m[0] * c / layer)
+        assert num(r"= ([\d.]+) layers per segment", text) == pytest.approx(best_k, abs=0.06)
     kinds = set()
     for q in draws("ckpt-cost"):
         p = q.prompt_text()
@@ -305,14 +331,25 @@ def test_flash_attention_bytes():
 
 
 def _offload_hand(p: str) -> tuple[float, float]:
-    """(bytes per GPU left on it, bytes per GPU sent to the host), by hand."""
+    """(bytes per GPU left on it, bytes per GPU sent to the host), by hand from what DeepSpeed 0.19.8
+    allocates with offload_optimizer cpu (chapter 05 measures it): the GPU keeps the bf16 parameters
+    (whole at ZeRO-1/2, its shard at 3; none with offload_param) and, at ZeRO-1 only, backward's whole
+    bf16 gradient until the end-of-backward reduction; the host keeps fp32 master 4 + m 4 + v 4 + the
+    optimizer's fp32 gradient 4 = 16 B per shard element, ZeRO-3's bf16 gradient partition (2 B, on
+    the host under offload) and offloaded bf16 parameter shards (2 B). Both recipes: the same run."""
     psi, n, zero = int(num(r"\(([\d,]+) parameters", p)), int(num(r"on (\d+) GPUs", p)), num(r"ZeRO-(\d)", p)
-    a, b, _ = recipe_of(p)
     params_off = "and the bf16 parameters" in p
-    p_elems, g_elems = (shard(psi, n) if zero == 3 else psi), (shard(psi, n) if zero >= 2 else psi)
-    gpu = (0 if params_off else a * p_elems) + 2 * g_elems
-    host = 12 * shard(psi, n) + (b - 2) * g_elems + (a * p_elems if params_off else 0)
+    s = shard(psi, n)
+    gpu = (0 if params_off else 2 * (s if zero == 3 else psi)) + (2 * psi if zero == 1 else 0)
+    host = 16 * s + (2 * s if zero == 3 else 0) + (2 * s if params_off else 0)
     return gpu, host
+
+
+def test_offload_host_for_8b_zero2_by_hand():
+    """Llama-3-8B, ZeRO-2 + optimizer to CPU, 8 GPUs: 16 B x shard x 8 per node = 128.5 GB."""
+    prompt = ("Llama-3-8B (8,030,261,248 parameters) trains with mixed-ds, under ZeRO-2 on 8 GPUs, "
+              "8 GPUs per node, with the optimizer offloaded")
+    assert 8 * _offload_hand(prompt)[1] / GB == pytest.approx(128.48, abs=0.01)
 
 
 def test_offload_bytes_and_seconds():
@@ -325,7 +362,7 @@ def test_offload_bytes_and_seconds():
         p = q.prompt_text()
         psi, n = num(r"\(([\d,]+) parameters", p), num(r"on (\d+) ", p)
         states, read, write = num(r"on NVMe: ([\d,.]+) GB", p), num(r"\(([\d.]+) GB/s read", p), num(r"([\d.]+) GB/s write", p)
-        assert states == pytest.approx(12 * psi / n / GB, abs=0.006)
+        assert states == pytest.approx(16 * psi / n / GB, abs=0.006)     # 12 B of states + the fp32 gradient
         assert q.value() == pytest.approx(states / read + states / write, rel=2e-3)
     for q in draws("offload-break-even"):
         p = q.prompt_text()
@@ -364,3 +401,29 @@ def test_fixed_choices_explain_with_computed_numbers():
     assert gb[0] > 16 * 8_030_261_248 / GB                          # 128.5 GB of states alone
     slow = QUIZ._get("plan-slow-link").explanation_text()
     assert "0.39 GB/s" in slow and "HYBRID_SHARD" in slow
+
+
+def test_layout_choices_agree_with_the_planner_and_a_hand_count():
+    from gpumem.chapters.ch07_must_understand import combine_items as ci
+    from gpumem.memory.planner import plan
+    psi8, psi405 = 8_030_261_248, 405_853_388_800
+    # 8B on 64 GPUs, one 25 Gb/s port per node of 8: bytes/s per GPU across nodes
+    bw = 25e9 / 8 / 8
+    zero3 = 3 * 2 * psi8 * 63 / 64 / bw              # per micro-batch, every weight twice + gradients
+    zero1 = 2 * 2 * psi8 * 63 / 64 / bw              # per step, the whole gradient all-reduced
+    hybrid = 2 * 2 * shard(psi8, 8) * 7 / 8 / bw     # per step, a node-local shard all-reduced across
+    assert hybrid < zero1 / 5 and zero1 < zero3
+    q = QUIZ._get("plan-slow-link")
+    assert q.expected() == "Shard within each node, replicate across nodes" and "data parallelism only" in q.prompt_text()
+    flat = plan("llama-3-8b", 64, inter_node=bw, tp=(1,), pp=(1,)).best.layout
+    assert flat.zero == 1 and flat.dp == 64 and q.options.index("ZeRO-1 across all 64 GPUs") != q.answer
+    best = plan("llama-3-8b", 64, inter_node=bw).best
+    assert best.layout.pp > 1 and best.layout.zero <= 1 and best.layout.label() in q.explanation_text()
+    # 405B on 1,024 H100s, 50 GB/s per GPU between nodes: ZeRO-3 alone cannot hide its gathers
+    q = QUIZ._get("plan-3d")
+    compute = 6 * psi405 * 4096 / (0.4 * 989e12)     # one micro-batch of 4,096 tokens, 40 % MFU
+    assert 3 * 2 * psi405 * 1023 / 1024 / 50e9 > compute and q.answer != 0
+    best = plan("llama-3.1-405b", 1024, inter_node=50e9).best
+    assert ci.FAMILIES[q.answer][2](best.layout), best.layout.label()     # the planner still agrees
+    assert best.layout.tp <= 8 and (best.layout.pp == 1 or best.layout.zero <= 1)
+    assert best.layout.label() in q.explanation_text()

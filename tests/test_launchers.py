@@ -30,8 +30,10 @@ def free_port() -> int:
 
 def env(**extra) -> dict:
     return {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1",
-            "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions"),
-            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **extra}
+            "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions"), **extra}
+# PATH is left as the rest of the suite has it: putting .venv/bin first would make torch's JIT use
+# pip's ninja (1.13) instead of the system's (1.11); each rejects the other's .ninja_log and
+# DeepSpeed's shm_comm op is recompiled on every switch (30-60 s here).
 
 
 def kv(args: dict) -> list[str]:
@@ -102,7 +104,7 @@ def test_slurm_script_on_a_one_node_allocation(tmp_path, scratch_reference):
         (shims / name).write_text(f"#!/bin/bash\n{body}\n")
         (shims / name).chmod(stat.S_IRWXU)
     proc = subprocess.run(["bash", str(ROOT / "env" / "slurm_example.sbatch"), SCRATCH, *kv(ARGS)], cwd=tmp_path,
-                          env=env(PATH=f"{shims}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}",
+                          env=env(PATH=f"{shims}{os.pathsep}{os.environ['PATH']}",
                                   SLURM_SUBMIT_DIR=str(ROOT), SLURM_JOB_NODELIST="localhost", SLURM_NNODES="1",
                                   SLURM_JOB_ID="4242", GPUS_PER_NODE="2", MASTER_PORT=str(free_port())),
                           capture_output=True, text=True, timeout=180)

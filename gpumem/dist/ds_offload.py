@@ -35,7 +35,8 @@ from .ds_engine import ds_config
 MODEL = ModelConfig("offload-demo", 2, 256, 4, 2, 704, 4096, teaching=True)
 
 # name -> (ZeRO stage, offload, device), in accounting's vocabulary
-CONFIGS = {"zero2": (2, "none", "cpu"), "zero2+cpu": (2, "optimizer", "cpu"),
+CONFIGS = {"zero1": (1, "none", "cpu"), "zero1+cpu": (1, "optimizer", "cpu"),
+           "zero2": (2, "none", "cpu"), "zero2+cpu": (2, "optimizer", "cpu"),
            "zero3": (3, "none", "cpu"), "zero3+cpu": (3, "optimizer", "cpu"),
            "zero3+nvme": (3, "optimizer+params", "nvme")}
 AIO = {"block_size": 1 << 20, "queue_depth": 8, "thread_count": 1, "single_submit": False, "overlap_events": True}
@@ -157,8 +158,10 @@ def held_by_role(engine, net, stage: int) -> dict[str, int]:
         params = _bytes([p.ds_tensor for p in net.parameters()] + [p.data for p in opt.persistent_parameters], seen)
         master = _bytes(opt.fp32_partitioned_groups_flat, seen)
         grads16 = _bytes([opt.grad_partitions_flat_buffer], seen)
-        grads32 = _bytes([t.grad for t in opt.fp32_partitioned_groups_flat], seen)
         swapper = getattr(opt, "optimizer_swapper", None)
+        unswapped = [g for info in getattr(swapper, "swap_params_info", {}).values()   # < 1 MiB: kept in RAM
+                     for g in info.unswapped_gradients.values()]
+        grads32 = _bytes([t.grad for t in opt.fp32_partitioned_groups_flat] + unswapped, seen)
         pswap = next((p.nvme_swapper for p in net.parameters() if getattr(p, "nvme_swapper", None)), None)
         buffers = _bytes(_flat(getattr(pswap, "buffers", None))
                          + _flat(getattr(getattr(swapper, "swap_buffer_manager", None), "buffers", None)), seen)
@@ -182,20 +185,44 @@ def describe(config: dict) -> tuple[int, str, str]:
     return int(z.get("stage", 0)), offload, "nvme" if "nvme" in (opt, par) else "cpu"
 
 
+def unreduced_grads(net) -> int:
+    """Bytes of the gradients backward left in ``param.grad`` tensors that own their storage (not
+    views into DeepSpeed's reduce buckets or partitions): read as the end-of-backward reduction
+    starts, it is ZeRO-1's whole 16-bit gradient, and about nothing at ZeRO-2 and 3, whose hooks
+    move each gradient into a bucket as soon as it exists."""
+    total, seen = 0, set()
+    for p in net.parameters():
+        g = p.grad
+        if g is None or g.untyped_storage().data_ptr() in seen:
+            continue
+        if g.untyped_storage().nbytes() <= g.numel() * g.element_size():
+            seen.add(g.untyped_storage().data_ptr())
+            total += g.untyped_storage().nbytes()
+    return total
+
+
+def placement(name_or_config) -> dict[str, str]:
+    """The device each role of :func:`held_by_role` lives on under a configuration (a name in
+    :data:`CONFIGS` or a DeepSpeed config), as DeepSpeed 0.19.8 allocates it on a GPU machine:
+    the optimizer side on the host when offloaded, the parameters there when offloaded, and
+    ZeRO-3's 16-bit gradient partition on the host whenever the optimizer is offloaded
+    (``stage3.py`` 333, 791: it lives on ``self.device``, the CPU under offload)."""
+    zero, offload, _ = CONFIGS[name_or_config] if isinstance(name_or_config, str) else describe(name_or_config)
+    opt = "host" if offload != "none" else "accelerator"
+    return {"params": "host" if offload == "optimizer+params" else "accelerator",
+            "grads16": "host" if zero == 3 and offload != "none" else "accelerator",
+            "grads_unreduced": "accelerator", "grads32": opt, "master": opt, "moments": opt, "buffers": "host"}
+
+
 def by_device(roles: dict[str, int], name_or_config, nvme_bytes: int = 0) -> dict[str, int]:
-    """File role bytes under the device the config (a name in :data:`CONFIGS` or a DeepSpeed
-    config) puts them on: accelerator, host, nvme."""
-    _, offload, device = (CONFIGS[name_or_config] if isinstance(name_or_config, str)
-                          else describe(name_or_config))
+    """File role bytes under the device :func:`placement` puts them on: accelerator, host, nvme.
+    The accelerator's gradients count at their largest: backward's whole gradient before the
+    reduction (``grads_unreduced``, ZeRO-1) or the partition after it, whichever is more."""
+    where = placement(name_or_config)
     out = {"accelerator": 0, "host": 0, "nvme": nvme_bytes}
-    optimizer_side = "host" if offload != "none" else "accelerator"
     for role, b in roles.items():
-        if role in ("master", "moments", "grads32"):
-            out[optimizer_side] += b
-        elif role == "params":
-            out["host" if offload == "optimizer+params" else "accelerator"] += b
-        elif role == "buffers":
-            out["host"] += b
-        else:   # 16-bit gradients: where backward produces them
-            out["accelerator"] += b
+        if role != "grads_unreduced":
+            out[where.get(role, "accelerator")] += b
+    on_acc = roles.get("grads16", 0) if where["grads16"] == "accelerator" else 0
+    out["accelerator"] += max(0, roles.get("grads_unreduced", 0) - on_acc)
     return out

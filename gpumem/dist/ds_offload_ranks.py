@@ -89,7 +89,7 @@ def _one_config(name: str, rank: int, world: int, swap_dir, steps: int, seq: int
         engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     clock.take()
-    losses, times, swaps, held = [], [], [], None
+    losses, times, swaps, held, unreduced = [], [], [], None, []
     for step in range(steps):
         mine = data[step, rank * batch_per_rank:(rank + 1) * batch_per_rank]
         t = {}
@@ -98,11 +98,16 @@ def _one_config(name: str, rank: int, world: int, swap_dir, steps: int, seq: int
         loss = engine(mine[:, :-1], mine[:, 1:])
         t["forward"] = time.perf_counter() - start
         clock.phase = "backward"
+        if step == steps - 1:     # read backward's gradients as the end-of-backward reduction starts
+            reduce = engine.allreduce_gradients
+            engine.allreduce_gradients = lambda *a, **k: (unreduced.append(ds_offload.unreduced_grads(net)),
+                                                          reduce(*a, **k))[1]
         start = time.perf_counter()
         engine.backward(loss)
         t["backward"] = time.perf_counter() - start
         if step == steps - 1:
             held = ds_offload.held_by_role(engine, net, zero)
+            held["grads_unreduced"] = unreduced[-1] if unreduced else 0
         clock.phase = "step"
         start = time.perf_counter()
         engine.step()

@@ -16,6 +16,23 @@ ZeRO (arXiv:1910.02054) shards optimizer states (stage 1), then gradients (2), t
 (3) over N data-parallel ranks; each rank holds ceil(Psi / N) elements of a sharded state.
 At stage 3 a rank also holds a working set beyond its shards: the gathered parameters of the
 module it runs, that module's full gradient and the prefetch bucket (:func:`zero3_gathered`).
+
+Offload (``offload_optimizer`` / ``offload_param``) follows DeepSpeed 0.19.8's allocations, per GPU,
+mixed recipe, s = ceil(Psi / N) (:func:`model_states` cites the lines):
+
+=======================  ======================  ==================  =================
+stage + offload          GPU                     host                NVMe
+=======================  ======================  ==================  =================
+ZeRO-1, optimizer cpu    2 Psi + 2 Psi grads     16 s                0
+ZeRO-2, optimizer cpu    2 Psi                   16 s                0
+ZeRO-3, optimizer cpu    2 s                     18 s                0
+ZeRO-3, optimizer nvme   2 s                     2 s                 16 s
+ZeRO-3, opt+params cpu   0                       20 s                0
+ZeRO-3, opt+params nvme  0                       2 s                 18 s
+=======================  ======================  ==================  =================
+
+(16 s = fp32 master, m, v and the fp32 gradient the CPU Adam reads; ZeRO-3 adds its 16-bit
+gradient partition, 2 s, which DeepSpeed allocates in host memory whenever it offloads.)
 """
 
 from dataclasses import dataclass, field
@@ -115,10 +132,39 @@ def shard(n: int, ranks: int) -> int:
 
 def model_states(n_params: int, recipe_name: str = "mixed", gpus: int = 1, zero: int = 0,
                  offload: str = "none", device: str = "cpu", n_tensors: int = 0) -> States:
-    """Per-GPU bytes of parameters, gradients and optimizer states.
+    """Per-GPU bytes of parameters, gradients and optimizer states, and what offload puts on the
+    host (``host``) or the drive (``nvme``), per GPU.
 
     ``n_tensors`` (parameter tensors in the model) adds torch AdamW's 4-byte step counters where
     the recipe uses ``torch.optim.AdamW``; leave it 0 for paper-style accounting.
+
+    Offload follows what DeepSpeed 0.19.8 allocates (``deepspeed/runtime/zero/``), with s =
+    ceil(Psi / N), p16 the bytes of the parameters' dtype (2, or 4 for fp32) and g the bytes of
+    the gradient the optimizer reads (4 with an fp32 master or in fp32; 2 for pure-bf16):
+
+    * every offloading stage moves the optimizer states and hands the optimizer its own gradient
+      partition of g x s bytes beside them (``.grad`` of the fp32 partition, allocated on the
+      offload device: ``stage_1_and_2.py`` 278 and 934-944, ``stage3.py`` 1342-1344; CPU Adam reads it);
+    * ZeRO-1 and 2 (``stage_1_and_2.py``) keep the whole 16-bit parameters on the GPU. ZeRO-2's
+      gradient hooks copy each reduced bucket's own slice straight into that host gradient
+      (``async_inplace_copy_grad_to_fp32_buffer_from_gpu``, 1888-1912) and drop it: the GPU keeps
+      only the reduce buckets (buffers, not model states), no gradient partition. ZeRO-1's hooks
+      reduce nothing without ``overlap_comm`` (2290); it reduces at the end of backward
+      (``engine.py`` 3092 -> ``reduce_gradients``, 958): the full p16 x Psi gradient is on the GPU
+      until then, so it is counted (chapter 05's run measures it);
+    * ZeRO-3 (``stage3.py``) allocates its 16-bit gradient partition (``grad_partitions_flat_buffer``,
+      p16 x s) on ``self.device``, which is the CPU whenever the optimizer is offloaded (lines 333
+      and 791-795), also with NVMe (it is never swapped): the GPU keeps the parameter shard only
+      (plus the working set, :func:`zero3_gathered`); parameter offload moves that shard too;
+    * on NVMe (stage 3) the optimizer states, the optimizer's gradient and offloaded parameters go
+      to swap files (the 16-bit gradient partition stays in host memory).
+
+    So with the mixed recipe: ZeRO-1/2 keep 2 Psi (+ 2 Psi of gradients at ZeRO-1) on the GPU and
+    16 s on the host; ZeRO-3 keeps 2 s on the GPU and 18 s on the host (DeepSpeed's estimators say
+    16: they leave out the 16-bit partition). ``mixed-ds`` differs from ``mixed`` only in counting an
+    fp32 gradient instead of a bf16 one; offloaded, both describe the same run, and give the same
+    bytes. pure-bf16 has no fp32 anywhere (DeepSpeed itself always builds an fp32 master; this is a
+    what-if with DeepSpeed's buffers in bf16): its optimizer reads a bf16 gradient copy, g = 2.
     """
     n_params = positive_int(n_params, "parameter count")
     gpus = positive_int(gpus, "GPU count")
@@ -134,22 +180,40 @@ def model_states(n_params: int, recipe_name: str = "mixed", gpus: int = 1, zero:
     counters = 4 * n_tensors if r.step_counter else 0
     s = States(params=r.params * p_elems, grads=r.grads * g_elems,
                optimizer=r.optimizer_bytes * o_elems + counters)
-    if offload != "none":
-        moved = s.optimizer
-        s.optimizer = 0
-        if r.grads > r.params:  # fp32 gradients belong to the optimizer side and move with it
-            moved += (r.grads - r.params) * g_elems
-            s.grads = r.params * g_elems
-            s.notes.append("fp32 gradients live with the optimizer on the offload device")
-        if offload == "optimizer+params":
-            moved += s.params
-            s.params = 0
-            s.notes.append("parameters are fetched to the GPU layer by layer (plus buffers)")
-        if device == "cpu":
-            s.host = moved
-        else:
-            s.nvme = moved
+    if offload == "none":
+        return s
+    sh = shard(n_params, gpus)
+    g_opt = optimizer_grad_bytes(r)
+    to_device = s.optimizer + g_opt * sh      # optimizer states and the optimizer's gradient
+    host = 0
+    s.optimizer = 0
+    s.notes.append(f"optimizer states and a {g_opt} B/param gradient partition for the CPU optimizer "
+                   f"live on the {'drive' if device == 'nvme' else 'host'}")
+    if zero == 1:
+        s.grads = r.params * n_params
+        s.notes.append("ZeRO-1 reduces at the end of backward: the full 16-bit gradients are on the GPU until then")
+    elif zero == 2:
+        s.grads = 0
+        s.notes.append("ZeRO-2 copies each reduced bucket's slice to the host: only the reduce buckets stay on the GPU")
+    else:
+        s.grads = 0
+        host += r.params * sh
+        s.notes.append("ZeRO-3 keeps its 16-bit gradient partition in host memory (DeepSpeed's self.device = cpu)")
+    if offload == "optimizer+params":
+        to_device += s.params
+        s.params = 0
+        s.notes.append("parameters are fetched to the GPU layer by layer (plus buffers)")
+    if device == "cpu":
+        s.host = host + to_device
+    else:
+        s.host, s.nvme = host, to_device
     return s
+
+
+def optimizer_grad_bytes(r: "Recipe") -> int:
+    """Bytes per element of the gradient an offloaded optimizer reads: its parameter copy's dtype
+    (4 with an fp32 master or in fp32, 2 in pure-bf16)."""
+    return 4 if any(label.startswith("master") for label, _ in r.optimizer) else r.params
 
 
 class GatheredBytes(int):

@@ -9,11 +9,22 @@ Per (batch, query head), N = s_q query rows, M = s_k keys, d = head dim, e bytes
 * HBM traffic, each kernel reading its inputs from and writing its outputs to GPU memory once.
   Naive forward: QK^T reads Q, K and writes S; softmax reads S, writes P; PV reads P, V, writes
   O: e*(4Nd + 4NM) (d = M = N shown in the docstrings of the functions). Naive backward:
-  e*(8Nd + 7NM). Tiled forward (FlashAttention-2's loop: a query block stays in on-chip memory
-  while every key/value block streams past): Q read and O written once, K and V read once per
-  query block, the logsumexp (fp32) written once. Tiled backward: K, V read and dK, dV written
-  once; Q, dO read and dQ read and written once per key block, with lse and D (fp32); plus
-  D = rowsum(dO * O). No term of N*M elements is ever written.
+  e*(8Nd + 7NM). Tiled forward (FlashAttention-2's forward loop: a query block of B_q rows stays
+  in on-chip memory while every key/value block streams past): Q read and O written once, K and
+  V read once per query block, the logsumexp (fp32) written once: e*(2Nd + 2Nd*ceil(N/B_q)) + 4N.
+  The re-read term is 2*N^2*d/B_q elements: quadratic in N, with coefficient 2d/B_q (2 at
+  d = B_q = 128) where the naive kernel's is 4 forward and 7 backward. FlashAttention's paper
+  (arXiv:2205.14135, Theorem 2) states it as Theta(N^2 d^2 / M) accesses for on-chip memory of M
+  elements, against Theta(Nd + N^2) for the naive kernel: no N x N matrix is written, but the
+  traffic is not linear in N.
+  Tiled backward in FlashAttention-2's *backward* loop order (its Algorithm 2: key/value blocks
+  outside, query blocks inside): a pre-pass D = rowsum(dO * O) reads dO and O and writes D
+  (fp32); then K, V read and dK, dV written once; Q and dO read once per key block, with lse and
+  D (fp32), and the dQ accumulator, kept in fp32 as FlashAttention-2 does, read and written once
+  per key block (4 bytes an element, whatever e is); a last pass converts dQ to e bytes. The
+  chapter's own PyTorch backward loops the other way (query blocks outside) for simplicity; this
+  model is the GPU kernel's order. The model charges K and V to every query head (one head per
+  thread block, as the kernels run it): GQA's sharing of K and V shows up only as L2 cache hits.
 
 Time on a GPU is then at least max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per kernel (a
 roofline bound, not a prediction). Torch-free; GPU figures come from ``gpumem.memory.gpus``.
@@ -54,27 +65,38 @@ def attention_flops(method: str, seq: int, heads: int, head_dim: int, batch: int
 def hbm_bytes(method: str, seq: int, heads: int, head_dim: int, batch: int = 1, elem: int = 2,
               block: int = 128) -> dict:
     """Bytes moved to and from HBM by one attention call, forward and backward (see the module
-    docstring; non-causal; kv heads as many as query heads)."""
+    docstring: non-causal; tiled forward query-block outer, tiled backward key-block outer as in
+    FlashAttention-2; fp32 dQ accumulator; K and V counted per query head)."""
     N, d, n, e = seq, head_dim, batch * heads, elem
     if method == "naive":
         fwd = e * (4 * N * d + 4 * N * N)
         bwd = e * (8 * N * d + 7 * N * N)
     else:
-        passes = -(-N // block)
-        fwd = e * (N * d + 2 * N * d * passes + N * d) + 4 * N
-        bwd = e * (4 * N * d + passes * 4 * N * d + 2 * N * d) + passes * 8 * N + 4 * N
+        passes = -(-N // block)                                    # blocks of the outer loop
+        fwd = e * (N * d + 2 * N * d * passes + N * d) + 4 * N     # Q, K and V per query block, O; lse
+        pre = e * 2 * N * d + 4 * N                                # D = rowsum(dO * O): read dO, O; write D
+        once = e * 4 * N * d                                       # K, V read; dK, dV written
+        inner = passes * (e * 2 * N * d + 4 * 2 * N * d + 4 * 2 * N)  # Q, dO; dQ (fp32) read + written; lse, D
+        bwd = pre + once + inner + 4 * N * d + e * N * d           # dQ fp32 -> e
     return {"forward": n * fwd, "backward": n * bwd}
 
 
+def ridge(gpu: str = "h100-80gb") -> float:
+    """FLOPs per byte at which ``gpu``'s dense bf16 peak and its HBM bandwidth take equal time."""
+    g = gpu_table.get(gpu)
+    return (g.bf16_flops or g.fp16_flops) / g.hbm
+
+
 def roofline(method: str, seq: int, heads: int, head_dim: int, batch: int = 1, gpu: str = "h100-80gb",
-             elem: int = 2, block: int = 128) -> dict:
+             elem: int = 2, block: int = 128, mfu: float = 0.4) -> dict:
     """FLOPs, bytes, arithmetic intensity and the roofline lower bound on seconds (forward +
-    backward) of one attention call on ``gpu`` at its dense bf16 peak and full HBM bandwidth."""
+    backward) of one attention call on ``gpu`` at its dense bf16 peak and full HBM bandwidth;
+    ``mfu_s`` is the FLOPs' time at ``mfu`` of the peak instead (a stated utilisation)."""
     g = gpu_table.get(gpu)
     f = attention_flops(method, seq, heads, head_dim, batch, False, block)
     b = hbm_bytes(method, seq, heads, head_dim, batch, elem, block)
     flops, moved = f["forward"] + f["backward"], b["forward"] + b["backward"]
     compute, memory = flops / (g.bf16_flops or g.fp16_flops), moved / g.hbm
     return {"method": method, "gpu": g.label, "flops": flops, "bytes": moved, "intensity": flops / moved,
-            "compute_s": compute, "memory_s": memory, "bound_s": max(compute, memory),
+            "compute_s": compute, "memory_s": memory, "mfu_s": compute / mfu, "bound_s": max(compute, memory),
             "bound_by": "compute" if compute >= memory else "memory"}

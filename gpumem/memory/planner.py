@@ -11,12 +11,14 @@ breakdown, time breakdown, DeepSpeed config and FSDP equivalent (``planner_confi
 
 Rules the enumeration keeps (DeepSpeed 0.19.8): ZeRO-2 and 3 are refused with pipeline
 parallelism (``pipe/engine.py``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
-parallelism"); pure bf16 (``bf16_optimizer_states``) needs ZeRO 1-3; offload follows
+parallelism"); AutoTP is not combined with pipeline stages (its mesh is 2-D, data x tensor:
+``utils/groups.py`` ``_init_tp_mesh_device``; 3-D layouts need Megatron-DeepSpeed); pure bf16 (``bf16_optimizer_states``) needs ZeRO 1-3; offload follows
 ``accounting.check_offload``; tensor parallelism stays inside a node and divides the key/value
 heads. When nothing fits, :func:`plan` says how many bytes the closest layout misses by and the
 smallest change of each kind that fits (``planner_advice``).
 """
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from ..errors import UsageError, positive_int
@@ -26,7 +28,7 @@ from .offload_cost import Links, datasheet_links
 from .planner_advice import advise as _advise
 from .planner_config import deepspeed_config, fsdp_equivalent, model_code
 from .planner_cost import GPUS_PER_NODE, step_seconds
-from .planner_memory import Layout, per_gpu, states_part
+from .planner_memory import Layout, offload_buffers, per_gpu, states_part
 from .policies import KERNELS, POLICIES
 
 TB = 10**12
@@ -62,10 +64,11 @@ class Result:
     """What :func:`plan` found: the question, the ranked plans, and advice when none fits."""
     question: dict
     plans: list[Plan]
-    considered: int
+    considered: int          # every layout enumerated: rejected, pruned and fitting
     closest: dict | None = None
     advice: dict | None = None
     assumptions: list[str] = field(default_factory=list)
+    evaluated: int = 0       # layouts whose bytes were computed (the rest pruned or refused first)
 
     @property
     def best(self) -> Plan | None:
@@ -83,7 +86,8 @@ class Result:
 
     def as_dict(self, top: int = 10) -> dict:
         """JSON-ready, with the ``top`` distinct plans (all fitting plans are counted)."""
-        return {"question": self.question, "considered": self.considered, "fitting": len(self.plans),
+        return {"question": self.question, "considered": self.considered, "evaluated": self.evaluated,
+                "fitting": len(self.plans),
                 "plans": [p.as_dict() for p in self.distinct(top)], "closest": self.closest,
                 "advice": self.advice, "assumptions": self.assumptions}
 
@@ -104,9 +108,9 @@ def parallel_degrees(cfg: ModelConfig, gpus: int, gpus_per_node: int = GPUS_PER_
     return out
 
 
-def allowed(recipe: str, zero: int, pp: int, offload: str, device: str) -> bool:
+def allowed(recipe: str, zero: int, pp: int, offload: str, device: str, tp: int = 1) -> bool:
     """Whether DeepSpeed accepts the combination (see the module docstring)."""
-    if pp > 1 and zero >= 2:
+    if pp > 1 and (zero >= 2 or tp > 1):
         return False
     if recipe == "pure-bf16" and zero == 0:
         return False
@@ -118,25 +122,32 @@ def allowed(recipe: str, zero: int, pp: int, offload: str, device: str) -> bool:
 
 
 def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable: int, opts: dict,
-               closest: dict | None = None, first_only: bool = False):
+               closest: dict | None = None, first_only: bool = False, count: dict | None = None):
     """Yield ``(layout, memory)`` for every layout that fits; ``closest`` (a dict) is updated
-    with the layout that misses by the fewest bytes."""
+    with the layout that misses by the fewest bytes; ``count`` (a dict) gets ``considered``
+    (every layout enumerated) and ``evaluated`` (those whose bytes were computed)."""
+    count = {} if count is None else count
+    count.setdefault("considered", 0)
+    count.setdefault("evaluated", 0)
     gpn = opts["gpus_per_node"]
     ranks_per_node = min(gpus, gpn)
     for tp, pp, dp in parallel_degrees(cfg, gpus, gpn):
         if opts.get("tp") and tp not in opts["tp"] or opts.get("pp") and pp not in opts["pp"]:
             continue
         replica = -(-global_batch // dp)
+        inner = len(opts["checkpoints"]) * len(opts["attentions"]) * sum(m <= replica for m in opts["micro_batches"])
         for recipe in opts["recipes"]:
             for zero in opts["zero"]:
                 for offload, device in opts["offloads"]:
-                    if not allowed(recipe, zero, pp, offload, device):
+                    count["considered"] += inner
+                    if not allowed(recipe, zero, pp, offload, device, tp):
                         continue
                     if dp == 1 and offload == "none" and zero > (1 if recipe == "pure-bf16" else 0):
                         continue   # nothing to shard over: the same bytes as the lowest stage
                     base = Layout(recipe, zero, "none", "flash", offload, device, 1, tp, pp, dp, replica)
                     st = states_part(cfg, base)
-                    if st["host"] * ranks_per_node > HOST_PER_NODE or st["nvme"] * ranks_per_node > NVME_PER_NODE:
+                    host = st["host"] + sum(v for k, v in offload_buffers(cfg, base).items() if k.endswith("swap"))
+                    if host * ranks_per_node > opts["host_per_node"] or st["nvme"] * ranks_per_node > opts["nvme_per_node"]:
                         continue
                     for policy in opts["checkpoints"]:
                         for kernel in opts["attentions"]:
@@ -146,6 +157,7 @@ def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable:
                                 lay = Layout(recipe, zero, policy, kernel, offload, device, mb, tp, pp, dp,
                                              -(-replica // mb))
                                 mem = per_gpu(cfg, seq, lay, st)
+                                count["evaluated"] += 1
                                 if mem["total"] > usable:
                                     if closest is not None and (not closest or mem["total"] < closest["total"]):
                                         closest.clear()
@@ -156,8 +168,9 @@ def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable:
                                     return
 
 
-def _options(recipes, zero, offloads, checkpoints, attentions, micro_batches, tp, pp, gpus_per_node) -> dict:
-    return {"recipes": tuple(recipes), "zero": tuple(zero), "offloads": tuple(offloads),
+def _options(recipes, zero, offloads, checkpoints, attentions, micro_batches, tp, pp, gpus_per_node,
+             host_per_node=None, nvme_per_node=None) -> dict:
+    return {"host_per_node": host_per_node or HOST_PER_NODE, "nvme_per_node": nvme_per_node or NVME_PER_NODE, "recipes": tuple(recipes), "zero": tuple(zero), "offloads": tuple(offloads),
             "checkpoints": tuple(checkpoints), "attentions": tuple(attentions),
             "micro_batches": tuple(sorted(micro_batches)), "tp": tp, "pp": pp, "gpus_per_node": gpus_per_node}
 
@@ -167,13 +180,15 @@ def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: i
          offloads=OFFLOAD_CHOICES, checkpoints=POLICIES, attentions=KERNELS, micro_batches=MICRO_BATCHES,
          tp: tuple | None = None, pp: tuple | None = None, reserve: gpu_table.Reserve = gpu_table.DEFAULT_RESERVE,
          mfu: float = speed.MFU, links: Links | None = None, gpus_per_node: int = GPUS_PER_NODE,
-         inter_node: float | None = None, advise: bool = True) -> Result:
+         inter_node: float | None = None, advise: bool = True, host_per_node: int | None = None,
+         nvme_per_node: int | None = None) -> Result:
     """Every layout of ``model`` on ``gpus`` GPUs that fits, ranked by estimated step time.
 
     ``gpu`` names the GPU table's entry for speeds (and capacity); ``gpu_mem`` (bytes) overrides
     the capacity. ``global_batch``: sequences per step (default 4M tokens' worth). ``tp``/``pp``
     restrict the degrees tried; the other sequences restrict their dimension. ``inter_node``:
-    bytes/s per GPU between nodes (default ``planner_cost.INTER_NODE``, 400 Gb/s)."""
+    bytes/s per GPU between nodes (default ``planner_cost.INTER_NODE``, 400 Gb/s);
+    ``host_per_node`` / ``nvme_per_node``: bytes per node (default DGX H100's)."""
     from .planner_cost import INTER_NODE
     inter_node = INTER_NODE if inter_node is None else float(inter_node)
     cfg = models.get(model) if isinstance(model, str) else model
@@ -187,25 +202,45 @@ def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: i
         else max(1, DEFAULT_TOKENS // seq)
     usable = gpu_table.usable(capacity, reserve)
     links = links or datasheet_links(g.name)
-    opts = _options(recipes, zero, offloads, checkpoints, attentions, micro_batches, tp, pp, gpus_per_node)
+    opts = _options(recipes, zero, offloads, checkpoints, attentions, micro_batches, tp, pp, gpus_per_node,
+                    host_per_node, nvme_per_node)
     closest: dict = {}
-    plans, considered = [], 0
-    for lay, mem in candidates(cfg, gpus, seq, global_batch, usable, opts, closest):
-        considered += 1
+    plans, count = [], {}
+    for lay, mem in candidates(cfg, gpus, seq, global_batch, usable, opts, closest, count=count):
         t = step_seconds(cfg, seq, lay, g, mfu, links, gpus_per_node, inter_node)
         tokens = lay.micro_batch * lay.n_micro * lay.dp * seq
-        plans.append(Plan(lay, mem | {"usable": usable, "headroom": usable - mem["total"]}, t,
-                          tokens / t["total"], deepspeed_config(cfg, lay), fsdp_equivalent(lay), model_code(lay)))
-    plans.sort(key=lambda p: (p.time["total"], p.memory["total"]))
+        buf = offload_buffers(cfg, lay)
+        swap = buf["param_swap"] + buf["optimizer_swap"]
+        mem = mem | {"usable": usable, "headroom": usable - mem["total"], "host_states": mem["host"],
+                     "host_buffers": swap, "host": mem["host"] + swap}
+        plans.append(Plan(lay, mem, t, tokens / t["total"], deepspeed_config(cfg, lay), fsdp_equivalent(lay),
+                          model_code(lay)))
+    plans.sort(key=rank_key)
     question = {"model": cfg.name, "n_params": cfg.n_params(), "gpus": gpus, "gpu": g.name,
                 "capacity": capacity, "usable": usable, "reserve": reserve.of(capacity),
                 "seq": seq, "global_batch": global_batch, "mfu": mfu, "inter_node": inter_node}
-    result = Result(question, plans, considered, closest or None,
-                    assumptions=assumptions(g, reserve, mfu, links, inter_node))
+    result = Result(question, plans, count["considered"], closest or None,
+                    assumptions=assumptions(g, reserve, mfu, links, inter_node, opts), evaluated=count["evaluated"])
     if not plans and advise:
         result.advice = _advise(cfg, gpus, g, capacity, seq, global_batch, reserve, opts, closest,
                                 fits_any, OFFLOAD_CHOICES)
     return result
+
+
+def rank_key(p: Plan) -> tuple:
+    """Ranking: step time in steps of :data:`TIE` (0.5 %: closer than the cost model can tell);
+    within a step the mixed recipe (fp32 master weights: the safer numerics), then fewer
+    offloaded bytes, then fewer bytes per GPU, then time."""
+    return (tie_bucket(p.time["total"]), p.layout.recipe != "mixed", p.memory["host"] + p.memory["nvme"],
+            p.memory["total"], p.time["total"])
+
+
+TIE = 0.005
+
+
+def tie_bucket(seconds: float) -> int:
+    """The 0.5 % step of ``seconds`` (log scale): plans in the same step are a tie."""
+    return math.floor(math.log(max(seconds, 1e-12)) / math.log1p(TIE))
 
 
 def fits_any(cfg: ModelConfig, gpus: int, capacity: int, seq: int, global_batch: int,
@@ -218,12 +253,17 @@ def fits_any(cfg: ModelConfig, gpus: int, capacity: int, seq: int, global_batch:
 
 
 def assumptions(g: gpu_table.GPU, reserve: gpu_table.Reserve, mfu: float, links: Links,
-                inter_node: float) -> list[str]:
+                inter_node: float, opts: dict | None = None) -> list[str]:
     """The cost model's stated figures, in words."""
     link = f"NVLink {g.nvlink / 1e9:.0f} GB/s" if g.nvlink else f"PCIe {g.pcie / 1e9:.1f} GB/s"
     return [f"fits against capacity minus the reserve: {reserve.describe()}",
             f"compute at {mfu:.0%} MFU of {g.label}'s dense bf16 peak",
             f"within a node {link} per direction per GPU; between nodes {inter_node / 1e9:g} GB/s per GPU",
             f"offload links: {links.source}",
-            f"host memory {HOST_PER_NODE / TB:.0f} TB and NVMe {NVME_PER_NODE / TB:.0f} TB per node of "
-            f"{GPUS_PER_NODE} GPUs"]
+            f"host memory {(opts or {}).get('host_per_node', HOST_PER_NODE) / TB:g} TB and NVMe "
+            f"{(opts or {}).get('nvme_per_node', NVME_PER_NODE) / TB:g} TB per node of {GPUS_PER_NODE} GPUs",
+            f"attention FLOPs counted for the full s x s score matrix (not halved for the causal mask), "
+            f"as PyTorch's FLOP counter does",
+            "no host buffer factor (DeepSpeed's estimator multiplies host bytes by 1.5); CPU Adam at one "
+            "rate for every host; ZeRO-3's stage3_max_live_parameters and max_reuse_distance (1e9 emitted) "
+            "not counted beyond the largest module and the prefetch bucket"]

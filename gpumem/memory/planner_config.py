@@ -4,11 +4,15 @@ where one exists, the PyTorch FSDP2 equivalent (torch-free: plain dicts).
 DeepSpeed. ``zero_optimization.stage`` with its buckets and stage-3 thresholds as the planner
 counted them (``planner_memory``); ``bf16`` for the bf16 recipes (pure bf16 is
 ``bf16_master_weights_and_grads`` + ``bf16_optimizer_states``, which DeepSpeed accepts at ZeRO
-1-3 only); ``offload_optimizer`` / ``offload_param``; ``tensor_parallel.autotp_size`` (AutoTP);
-``pipeline.stages`` (the model must be a ``deepspeed.pipe.PipelineModule``; DeepSpeed's pipeline
-engine refuses ZeRO-2 and 3). DeepSpeed's config does not choose which layers to checkpoint:
-that is the model's code (``torch.utils.checkpoint`` or ``deepspeed.checkpointing.checkpoint``),
-given beside the config under ``model_code``.
+1-3 only); ``offload_optimizer`` / ``offload_param`` (on NVMe with ``buffer_size`` raised to the largest
+parameter partition: DeepSpeed's 1e8 default is smaller than Llama-3-70B's embedding partition
+over 8 ranks, 131,334,144 elements); ``tensor_parallel.autotp_size`` (AutoTP). The batch is
+given as ``train_micro_batch_size_per_gpu`` and ``gradient_accumulation_steps`` without
+``train_batch_size``: without an ``mpu``, ``DeepSpeedConfig`` counts every rank (the AutoTP ranks
+too) in ``train_batch_size = micro x accumulation x world``, so DeepSpeed derives it. Pipeline
+stages are not config keys the engine reads: they are ``deepspeed.pipe.PipelineModule``'s
+arguments (``num_stages``, ``partition_method``, ``activation_checkpoint_interval``), given under
+``model_code`` with the checkpointing and attention the model's code must do.
 
 FSDP2 (``torch.distributed.fsdp.fully_shard``). ZeRO-3 is ``reshard_after_forward=True`` and
 ZeRO-2 ``reshard_after_forward=False`` (parameters stay gathered between forward and backward;
@@ -18,7 +22,8 @@ optimizer step together) and no NVMe offload: those plans have no FSDP equivalen
 """
 
 from .models import ModelConfig
-from .planner_memory import DS_BUCKET, DS_PREFETCH, Layout, local_params, persistence_threshold
+from .planner_memory import (DS_BUCKET, DS_PREFETCH, OPT_BUFFERS, PARAM_BUFFERS, SUB_GROUP, Layout, local_params,
+                             offload_buffers, persistence_threshold)
 
 ADAMW = {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 NVME_PATH = "/local_nvme"
@@ -53,8 +58,13 @@ def deepspeed_config(cfg: ModelConfig, lay: Layout) -> dict:
         zero["offload_optimizer"] = dict(target)
         if lay.offload == "optimizer+params":
             zero["offload_param"] = dict(target)
-    out = {"train_batch_size": lay.micro_batch * lay.n_micro * lay.dp,
-           "train_micro_batch_size_per_gpu": lay.micro_batch,
+        if lay.device == "nvme":
+            zero["sub_group_size"] = SUB_GROUP
+            zero["offload_optimizer"]["buffer_count"] = OPT_BUFFERS
+            if lay.offload == "optimizer+params":
+                zero["offload_param"] |= {"buffer_count": PARAM_BUFFERS,
+                                          "buffer_size": offload_buffers(cfg, lay)["param_buffer_size"]}
+    out = {"train_micro_batch_size_per_gpu": lay.micro_batch,
            "gradient_accumulation_steps": lay.n_micro, "gradient_clipping": 1.0,
            "optimizer": {"type": "AdamW", "params": dict(ADAMW)},
            "zero_optimization": zero, "steps_per_print": 100}
@@ -66,10 +76,10 @@ def deepspeed_config(cfg: ModelConfig, lay: Layout) -> dict:
         out["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     if lay.tp > 1:
         out["tensor_parallel"] = {"autotp_size": lay.tp}
-    if lay.pp > 1:
-        out["pipeline"] = {"stages": lay.pp, "partition": "parameters",
-                           "activation_checkpoint_interval": 1 if lay.checkpoint == "full" else 0}
     return out
+
+
+PIPE_INTERVAL = {"full": 1, "every-2": 2}   # PipelineModule re-runs every N layers; others: 0
 
 
 def fsdp_equivalent(lay: Layout) -> dict | None:
@@ -88,7 +98,7 @@ def fsdp_equivalent(lay: Layout) -> dict | None:
     if lay.offload == "optimizer+params":
         out["offload_policy"] = "CPUOffloadPolicy(pin_memory=True)"
     if lay.tp > 1:
-        out["tensor_parallel"] = f"parallelize_module(..., tp_mesh of size {lay.tp}) with SequenceParallel"
+        out["tensor_parallel"] = f"parallelize_module(..., tp_mesh of size {lay.tp}), no SequenceParallel (as planned)"
     if lay.pp > 1:
         out["pipeline"] = f"torch.distributed.pipelining, {lay.pp} stages, Schedule1F1B"
     out["checkpoint"] = CHECKPOINT_CODE[lay.checkpoint]
@@ -97,4 +107,8 @@ def fsdp_equivalent(lay: Layout) -> dict | None:
 
 def model_code(lay: Layout) -> dict:
     """What the model's own code must do for ``lay``: its checkpointing and attention kernel."""
-    return {"checkpoint": CHECKPOINT_CODE[lay.checkpoint], "attention": ATTENTION_CODE[lay.attention]}
+    out = {"checkpoint": CHECKPOINT_CODE[lay.checkpoint], "attention": ATTENTION_CODE[lay.attention]}
+    if lay.pp > 1:
+        out["pipeline"] = (f"deepspeed.pipe.PipelineModule(layers, num_stages={lay.pp}, partition_method='parameters', "
+                           f"activation_checkpoint_interval={PIPE_INTERVAL.get(lay.checkpoint, 0)})")
+    return out

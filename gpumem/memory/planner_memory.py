@@ -10,17 +10,23 @@ applied to the parameters of one tensor-and-pipeline rank).
 
 Activations (``activations.activations`` on a stage of ceil(L / pp) layers):
 
-* tensor parallelism with sequence parallelism (Korthikanti et al., arXiv:2205.05198, section 4.2.2):
-  every saved activation, the logits included, is split over the ``tp`` GPUs: divided by ``tp``;
+* tensor parallelism as DeepSpeed's AutoTP does it (no sequence parallelism: ``module_inject``
+  has none; in training the output head is column-parallel with ``gather_output=True``, so every
+  rank holds the full logits): of a layer's saved tensors, q/k/v, the attention output, the
+  logsumexp and the MLP's gate/up/product are split over ``tp``; the two norms' inputs and the
+  two projection inputs are whole on every rank. With flash in bf16 that is
+  s*b*h*(8 + 32.5 / tp) per layer for Llama-3-70B (chapter 01's 40.5 s*b*h at tp = 1), plus the
+  unsplit head input, final norm and logits (:func:`tp_activations`). Megatron's sequence
+  parallelism (arXiv:2205.05198) would split the rest too; DeepSpeed alone cannot;
 * pipeline parallelism with the 1F1B schedule (PipeDream-flush, Megatron's and DeepSpeed's
   default): stage i keeps the saved tensors of ``pp - i`` micro-batches in flight, so the first
   stage holds min(pp, micro-batches) micro-batches of its layers (it does not shrink with pp), and
   the last stage one micro-batch with the loss's logits.
 
-Offload at ZeRO-2 and 3 moves the gradient partitions too: DeepSpeed copies each reduced
-partition into an fp32 buffer on the host (or drive) next to the optimizer states, keeping only
-the reduce bucket on the GPU (``accounting.model_states`` leaves the 16-bit gradients on the GPU;
-DeepSpeed's own estimators do not). ZeRO-1 keeps full gradients until the step.
+Offload is ``accounting.model_states``'s, which follows DeepSpeed's allocations: the optimizer
+states and an fp32 gradient partition go to the host (or drive); ZeRO-2 keeps only the reduce
+bucket of gradients on the GPU, ZeRO-3 its 16-bit gradient partition in host memory, and ZeRO-1
+the whole 16-bit gradient until the end-of-backward reduction.
 
 ZeRO-3 adds its working set (``accounting.zero3_gathered``: the largest module gathered, its full
 gradient, the prefetch bucket) and the parameters DeepSpeed keeps whole on every rank because
@@ -32,8 +38,9 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from . import accounting
-from .activations import activations
+from .activations import activations, layer_parts, norm_bytes, softmax_moment
 from .models import ModelConfig
+from .policies import checkpoint_plan
 
 DS_BUCKET = 50_000_000        # elements: the reduce/all-gather bucket the planner's configs set
 DS_PREFETCH = 50_000_000      # elements: stage3_prefetch_bucket_size (DeepSpeed's code default)
@@ -92,18 +99,68 @@ def _activations(cfg: ModelConfig, seq: int, mb: int, kernel: str, policy: str, 
     return activations(cfg, seq, mb, kernel, policy, recipe)   # only the element size matters
 
 
+# tensor groups AutoTP splits over its ranks (column-parallel outputs, row-parallel inputs)
+TP_SPLIT = ("q, k, v", "output = W_o input", "logsumexp (fp32)", "q, k, v (core recomputed)", "W_o input",
+            "q, expanded k and v", "probabilities", "gate, silu, up, product")
+
+
+def _split(name: str) -> bool:
+    return name.startswith(TP_SPLIT)
+
+
+@lru_cache(maxsize=4096)
+def tp_activations(cfg: ModelConfig, seq: int, mb: int, kernel: str, policy: str, recipe: str, tp: int) -> dict:
+    """Activation bytes of one AutoTP rank (fused norms): ``activations``' own accounting with
+    each layer's split tensor groups divided by ``tp`` (see the module); keys ``peak``,
+    ``forward_peak``, ``recompute_peak``, ``layers``, ``loss``, ``per_layer``, ``full_layer``."""
+    a = _activations(cfg, seq, mb, kernel, policy, recipe)
+    e = 4 if recipe == "fp32" else 2
+    T, h, L = mb * seq, cfg.d_model, cfg.n_layers
+
+    def layer(selective: bool) -> int:
+        parts = layer_parts(cfg, seq, mb, kernel, e, selective=selective)
+        return sum(-(-b // tp) if _split(n) else b for n, b in parts.items())
+
+    per_layer, full_layer = layer(policy == "selective"), layer(False)
+    soft = softmax_moment(cfg, seq, mb, kernel, e)
+    if soft:   # at the softmax: norm, projection input and the causal mask whole; heads split
+        whole = norm_bytes(T, h, e) + e * T * h + seq * seq
+        soft = whole + -(-(soft - whole) // tp)
+    segments = checkpoint_plan(policy, L)
+    in_segment = {i for seg in segments for i in seg}
+    ckpt, rope = e * T * h, 2 * e * seq * cfg.head_dim
+
+    def saved_before(i: int) -> int:
+        plain = sum(1 for j in range(i) if j not in in_segment)
+        return plain * per_layer + sum(1 for seg in segments if seg[0] < i) * ckpt
+
+    layers = saved_before(L)
+    forward = layers + a.outside + a.loss
+    if soft:
+        forward = max(forward, saved_before(L - 1) + rope + soft)
+    recompute = 0
+    for seg in segments:   # the fused norm saves the segment input itself: counted once
+        held = saved_before(seg[0]) + ckpt + rope + 8
+        recompute = max(recompute, held + len(seg) * full_layer - ckpt,
+                        held + (len(seg) - 1) * full_layer + soft - ckpt if soft else 0)
+    if policy == "selective" and soft:
+        recompute = saved_before(L - 1) + rope + soft + 8
+    return {"peak": max(forward, recompute), "forward_peak": forward, "recompute_peak": recompute,
+            "layers": layers, "loss": a.loss, "per_layer": per_layer, "full_layer": full_layer}
+
+
 def stage_activations(cfg: ModelConfig, seq: int, lay: Layout) -> dict:
     """Activation bytes of the first and the last pipeline stage for one GPU (see the module)."""
     stage = replace(cfg, n_layers=layers_per_stage(cfg, lay.pp)) if lay.pp > 1 else cfg
-    a = _activations(stage, seq, lay.micro_batch, lay.attention, lay.checkpoint,
-                     "fp32" if lay.recipe == "fp32" else "mixed")
-    last = a.peak
+    a = tp_activations(stage, seq, lay.micro_batch, lay.attention, lay.checkpoint,
+                       "fp32" if lay.recipe == "fp32" else "mixed", lay.tp)
+    last = a["peak"]
     if lay.pp == 1:
         first = last
     else:
         in_flight = min(lay.pp, lay.n_micro)
-        first = max(a.forward_peak - a.loss, a.recompute_peak) + (in_flight - 1) * a.layers
-    return {"first": -(-first // lay.tp), "last": -(-last // lay.tp), "per_layer": a.per_layer}
+        first = max(a["forward_peak"] - a["loss"], a["recompute_peak"]) + (in_flight - 1) * a["layers"]
+    return {"first": first, "last": last, "per_layer": a["per_layer"]}
 
 
 def states_part(cfg: ModelConfig, lay: Layout) -> dict:
@@ -122,16 +179,8 @@ def states_part(cfg: ModelConfig, lay: Layout) -> dict:
         buffers = r.grads * min(DS_BUCKET, n)
     elif lay.zero in (1, 2):
         buffers = (r.grads + r.params) * min(DS_BUCKET, n)
-    grads, host, nvme = s.grads, s.host, s.nvme
-    if lay.offload != "none" and lay.zero >= 2:
-        # DeepSpeed copies each reduced gradient partition into an fp32 buffer beside the
-        # offloaded optimizer; the GPU keeps only the reduce bucket (its estimators: ZeRO-3 with
-        # optimizer offload holds 2 psi / N on the GPU, 16 psi on the host)
-        moved = (4 - max(0, r.grads - r.params)) * accounting.shard(n, lay.dp)   # mixed-ds: part moved already
-        grads = 0
-        host, nvme = (host + moved, nvme) if lay.device == "cpu" else (host, nvme + moved)
-    return {"params": s.params + persistent, "grads": grads, "optimizer": s.optimizer,
-            "gathered": gathered, "buffers": buffers, "host": host, "nvme": nvme,
+    return {"params": s.params + persistent, "grads": s.grads, "optimizer": s.optimizer,
+            "gathered": gathered, "buffers": buffers, "host": s.host, "nvme": s.nvme,
             "local_params": n}
 
 
@@ -145,3 +194,34 @@ def per_gpu(cfg: ModelConfig, seq: int, lay: Layout, states: dict | None = None)
     return {"params": st["params"], "grads": st["grads"], "optimizer": st["optimizer"],
             "zero3_working_set": st["gathered"], "buffers": st["buffers"], "activations": worst,
             "total": fixed + worst, "host": st["host"], "nvme": st["nvme"]}
+
+
+PARAM_BUFFERS = 5                 # offload_param.buffer_count (DeepSpeed's default)
+PARAM_BUFFER_MIN = 100_000_000    # offload_param.buffer_size default (elements)
+OPT_BUFFERS = 4                   # offload_optimizer.buffer_count (DeepSpeed's default)
+SUB_GROUP = 1_000_000_000         # zero_optimization.sub_group_size (DeepSpeed's default)
+
+
+def offload_buffers(cfg: ModelConfig, lay: Layout) -> dict:
+    """Pinned host buffers DeepSpeed's NVMe swappers allocate per rank (bytes), beside the
+    model states ``states_part`` places. Parameters on NVMe: ``buffer_count`` buffers of
+    ``buffer_size`` 16-bit elements, and ``buffer_size`` must hold the largest parameter's
+    partition (``param_buffer_size``, what the planner's configs emit); optimizer on NVMe:
+    ``buffer_count`` fp32 buffers of the largest sub-group (<= ``sub_group_size``)."""
+    out = {"param_swap": 0, "optimizer_swap": 0, "param_buffer_size": 0}
+    if lay.device != "nvme":
+        return out
+    lp = local_params(cfg, lay.tp, lay.pp)
+    if lay.offload == "optimizer+params":
+        size = param_buffer_size(lp["largest"], lay.dp)
+        out["param_buffer_size"] = size
+        out["param_swap"] = PARAM_BUFFERS * size * accounting.RECIPE[lay.recipe].params
+    out["optimizer_swap"] = OPT_BUFFERS * min(SUB_GROUP, accounting.shard(lp["params"], lay.dp)) * 4
+    return out
+
+
+def param_buffer_size(largest: int, dp: int) -> int:
+    """``offload_param.buffer_size``: DeepSpeed's 1e8 elements, raised to the largest parameter's
+    partition (ceil(largest / dp)) rounded up to a whole million."""
+    need = accounting.shard(largest, dp)
+    return max(PARAM_BUFFER_MIN, -(-need // 1_000_000) * 1_000_000)

@@ -16,7 +16,7 @@ from gpumem.memory import accounting, bandwidth, offload_cost
 from gpumem.units import MiB
 
 RECIPE = "mixed"     # bf16 weights and gradients, fp32 master and moments: what the runs train with
-BASELINE = {2: "zero2", 3: "zero3"}
+BASELINE = {1: "zero1", 2: "zero2", 3: "zero3"}
 
 
 def _mean(rows: list[dict], key: str) -> dict:

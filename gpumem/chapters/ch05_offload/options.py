@@ -2,7 +2,7 @@
 
 import argparse
 
-CONFIG_NAMES = ("zero2", "zero2+cpu", "zero3", "zero3+cpu", "zero3+nvme")   # gpumem.dist.ds_offload.CONFIGS
+CONFIG_NAMES = ("zero1", "zero1+cpu", "zero2", "zero2+cpu", "zero3", "zero3+cpu", "zero3+nvme")   # gpumem.dist.ds_offload.CONFIGS
 
 
 def _positive(name: str):

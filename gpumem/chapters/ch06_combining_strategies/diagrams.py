@@ -94,11 +94,12 @@ def config_text(plan) -> str:
 
 
 def layout_grid(layout, gpus_per_node: int = 8) -> str:
-    """Which GPU does what: pipeline stages as rows, data-parallel replicas as columns, each cell
-    a tensor-parallel group of GPU numbers (ranks ordered tp fastest, then dp, then pp)."""
+    """Which GPU does what and what moves where: pipeline stages as rows, data-parallel replicas
+    as columns, each cell a tensor-parallel group of GPU numbers (ranks ordered tp fastest, then
+    dp, then pp); ZeRO shards along a row (the dp cells of one stage)."""
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     lines = [f"{tp * pp * dp} GPUs = tp {tp} x dp {dp} x pp {pp}; nodes of {gpus_per_node}; ZeRO-{layout.zero} "
-             f"shards over each column's {dp} replicas"]
+             f"shards along each row, over its {dp} data-parallel cells"]
     show_dp = min(dp, 4)
     for s in range(min(pp, 6)):
         cells = []
@@ -107,8 +108,22 @@ def layout_grid(layout, gpus_per_node: int = 8) -> str:
             ranks = f"{first}" if tp == 1 else f"{first}-{first + tp - 1}"
             cells.append(f"[{ranks:^9s}]")
         more = f" ... {dp - show_dp} more replicas" if dp > show_dp else ""
-        lines.append(f"stage {s}: " + " ".join(cells) + more)
+        lines.append(f"stage {s}: " + " <-> ".join(cells) + more)
+        if s < min(pp, 6) - 1:
+            lines.append("   |  activations forward, their gradients back (point-to-point, once per micro-batch)")
     if pp > 6:
         lines.append(f"... {pp - 6} more stages")
+    lines.append("what moves:")
+    if tp > 1:
+        lines.append(f"  inside a [cell]: {tp} GPUs of one node all-reduce activations 4x per layer over NVLink")
+    lines.append(f"  <-> along a row: ZeRO-{layout.zero} " + {
+        0: "all-reduces the gradients once per step",
+        1: "all-reduces the gradients, then all-gathers the updated parameters",
+        2: "reduce-scatters the gradients every micro-batch, all-gathers the parameters once",
+        3: "all-gathers each layer's parameters (forward and backward) and reduce-scatters its gradients",
+    }[layout.zero] + (" (NVLink inside a node, InfiniBand between nodes)" if tp * dp > gpus_per_node else " (NVLink)"))
+    if layout.offload != "none":
+        lines.append(f"  each GPU <-> {'host memory' if layout.device == 'cpu' else 'host memory <-> NVMe drive'}"
+                     f" over PCIe: gradients down, updated {'parameters' } up ({layout.offload} offloaded)")
     lines.append("a [cell] is one tensor-parallel group: it holds 1/tp of every matrix of its stage")
     return "\n".join(lines)

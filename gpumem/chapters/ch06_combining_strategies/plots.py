@@ -9,7 +9,7 @@ from .diagrams import MEMORY_PARTS, TIME_PARTS
 def _short(plan) -> str:
     lay = plan.layout
     off = "" if lay.offload == "none" else f"\noffload {lay.offload}->{lay.device}"
-    return f"{lay.recipe} Z{lay.zero} tp{lay.tp} pp{lay.pp} mb{lay.micro_batch}\n{lay.checkpoint} {lay.attention}{off}"
+    return f"{lay.recipe} Z{lay.zero} tp{lay.tp} pp{lay.pp} mb{lay.micro_batch}\nckpt {lay.checkpoint} · {lay.attention}{off}"
 
 
 def memory_bars(result, top: int = 6, ax=None):
@@ -25,14 +25,16 @@ def memory_bars(result, top: int = 6, ax=None):
     left = [0.0] * len(plans)
     for part in MEMORY_PARTS:
         vals = [p.memory[part] / 1e9 for p in plans][::-1]
-        ax.barh(labels, vals, left=left, label=part)
-        left = [a + b for a, b in zip(left, vals)]
-    ax.axvline(result.question["usable"] / 1e9, color="black", linestyle="--", label="usable")
+        if any(vals):   # only the parts some bar shows get a legend entry
+            ax.barh(labels, vals, left=left, label=part)
+            left = [a + b for a, b in zip(left, vals)]
+    usable = result.question["usable"] / 1e9
+    ax.axvline(usable, color="black", linestyle="--", label=f"usable {usable:.1f} GB")
     ax.set_xlabel("per-GPU memory (GB = 10^9 bytes)")
     ax.set_title(f"{result.question['model']} on {result.question['gpus']} x {result.question['gpu']}: "
                  "fastest plans first (top)")
     ax.tick_params(axis="y", labelsize=7)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.figure.tight_layout()
     return ax.figure
 
@@ -50,8 +52,9 @@ def time_bars(result, top: int = 6, ax=None):
             ax.barh(labels, vals, left=left, label=part)
             left = [a + b for a, b in zip(left, vals)]
     ax.set_xlabel("estimated step time (s)")
-    ax.set_title("where each plan's step time goes")
+    q = result.question
+    ax.set_title(f"{q['model']} on {q['gpus']} x {q['gpu']}: where each plan's step time goes")
     ax.tick_params(axis="y", labelsize=7)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.figure.tight_layout()
     return ax.figure

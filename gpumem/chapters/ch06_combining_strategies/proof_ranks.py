@@ -11,6 +11,9 @@ After the last step each ZeRO-3 rank holds (``DeepSpeedZeroOptimizer_Stage3``):
 * optimizer: the fp32 master partition (``fp32_partitioned_groups_flat``) and AdamW's fp32
   ``exp_avg`` and ``exp_avg_sq``;
 * buffers: the reduce bucket (``ipg_buckets[dtype].buffer``, ``reduce_bucket_size`` elements).
+
+On CUDA the rank also resets the allocator's peak statistics before training and reports
+``torch.cuda.max_memory_allocated()`` (``peak_allocated``) after it; on CPU that entry is None.
 """
 
 import contextlib
@@ -53,6 +56,9 @@ def run_plan(rank: int, world: int, model: str, config: dict, kernel: str, polic
     net = build(model, seed).to(device)
     mb, accum = config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]
     data = batches(net.cfg, steps * accum, world * mb, seq, seed).to(device)
+    cuda = device.type == "cuda" if hasattr(device, "type") else str(device).startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     with contextlib.redirect_stdout(io.StringIO()):
         engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
     losses = []
@@ -63,6 +69,19 @@ def run_plan(rank: int, world: int, model: str, config: dict, kernel: str, polic
         engine.step()
         losses.append(loss.float().item())
     out = {"rank": rank, "losses": losses, "held": held_bytes(engine, net),
-           "dtype": str(next(net.parameters()).dtype)}
+           "dtype": str(next(net.parameters()).dtype),
+           "peak_allocated": torch.cuda.max_memory_allocated() if cuda else None}
     engine.destroy()
     return out
+
+
+def config_batch(rank: int, world: int, config: dict) -> dict:
+    """Build DeepSpeed's own ``DeepSpeedConfig`` from ``config`` on this rank (no mpu, as an
+    AutoTP engine starts) and return the batch it settles on, or the assertion it raises."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    try:
+        c = DeepSpeedConfig(copy.deepcopy(config))
+    except AssertionError as exc:
+        return {"error": str(exc).splitlines()[0]}
+    return {"train_batch_size": c.train_batch_size, "micro": c.train_micro_batch_size_per_gpu,
+            "accumulation": c.gradient_accumulation_steps, "world": c.world_size}

@@ -4,18 +4,27 @@
 The note's 7B is Llama-2-7B (6.74 B parameters, multi-head attention, FFN 11,008, vocabulary
 32,000: Meta's published config), defined here because the course's registry starts at
 Llama-3-8B. Its GPUs are A100 80GB; its cluster "a thousand GPUs", here 1,024 H100s.
+
+The A100 scenarios use DGX A100 figures (NVIDIA DGX A100 datasheet): 1 TB of host memory per
+8 GPUs (2 TB is an option), 15 TB of NVMe (4 x 3.84 TB), one 200 Gb/s HDR InfiniBand port per
+GPU (25 GB/s). The 7B scenario trains 16 sequences a step (gradient accumulation of the
+note's micro-batch of 4 sequences: 4 x 4 = 16, a 32k-token step), so that its plans can be
+compared by throughput; the note's batch of 4 is the micro-batch ceiling it names.
 """
 
 from gpumem.memory import planner, planner_memory
 from gpumem.memory.models import ModelConfig
 from gpumem.memory.planner_memory import Layout
 
+TB = 10**12
+DGX_A100 = dict(host_per_node=1 * TB, nvme_per_node=15 * TB, inter_node=25e9)
+
 LLAMA2_7B = ModelConfig("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 6.74)
 
 SCENARIOS = {
-    "7b-1gpu": dict(model=LLAMA2_7B, gpus=1, gpu="a100-80gb", seq=2048, global_batch=16,
-                    about="7B on one A100 80GB (the note: batch 4, sequence 2048)"),
-    "70b-8gpu": dict(model="llama-3-70b", gpus=8, gpu="a100-80gb", seq=4096, global_batch=64,
+    "7b-1gpu": dict(model=LLAMA2_7B, gpus=1, gpu="a100-80gb", seq=2048, global_batch=16, **DGX_A100,
+                    about="7B on one A100 80GB (seq 2048, 16 sequences a step: 4 x the note's 4)"),
+    "70b-8gpu": dict(model="llama-3-70b", gpus=8, gpu="a100-80gb", seq=4096, global_batch=64, **DGX_A100,
                      about="Llama-3-70B on 8 x A100 80GB, sequence 4096"),
     "405b-1024gpu": dict(model="llama-3.1-405b", gpus=1024, gpu="h100-80gb", seq=4096, global_batch=1024,
                          about="Llama-3.1-405B on 1,024 x H100, sequence 4096, 4M-token batch"),
@@ -31,7 +40,7 @@ def ask(name: str, **overrides) -> planner.Result:
 def zero3_alone(recipe: str, gpu: str = "a100-80gb", seq: int = 4096) -> planner.Result:
     """70B on 8 GPUs with ZeRO-3 only: no tensor or pipeline parallelism, no offload."""
     return planner.plan("llama-3-70b", 8, gpu, seq=seq, global_batch=64, recipes=(recipe,), zero=(3,),
-                        tp=(1,), pp=(1,), offloads=(("none", "cpu"),))
+                        tp=(1,), pp=(1,), offloads=(("none", "cpu"),), **DGX_A100)
 
 
 def note_70b_layout(recipe: str = "mixed", checkpoint: str = "every-2", pp: int = 1, zero: int = 3) -> Layout:

@@ -44,6 +44,23 @@ def _peak(rng) -> dict:
                                                                        "full")["recompute_peak"] / GB}
 
 
+def _peak_words(n: dict) -> str:
+    """The worked peak, and whether these segments beat one-layer segments (whichever is lower)."""
+    ratio = n["layer_gb"] / n["ckpt_gb"]
+    best_k = (n["layers"] / ratio) ** 0.5
+    lower = n["peak_gb"] < n["full_gb"]
+    verdict = (f"lower than the {n['full_gb']:.2f} GB of one-layer segments: with {n['layers']} layers, "
+               f"dropping inputs saves more than re-running {n['k']} layers at once costs"
+               if lower else
+               f"more than the {n['full_gb']:.2f} GB of one-layer segments: the {n['k']} layers held while "
+               f"re-running cost more than the inputs dropped save")
+    return (f"{n['segs']} inputs of {n['ckpt_gb']:.4f} GB plus {n['k']} re-run layers of "
+            f"{n['layer_gb']:.3f} GB, less the input counted twice: {n['answer']} GB, {verdict}. The peak, "
+            f"n/k inputs plus k layers, is lowest near k = sqrt(n x input / layer) = sqrt({n['layers']} / "
+            f"{ratio:.0f}) = {best_k:.1f} layers per segment, since a layer keeps about {ratio:.0f} times "
+            "its input.")
+
+
 def _cost(rng) -> dict:
     n = model_numbers(pick(rng, LLAMAS)) | {"seq": pick(rng, SEQS), "plan": pick(rng, tuple(PLANS))}
     cfg = models.get(n["model_name"])
@@ -89,10 +106,7 @@ QUESTIONS = [
             answer=lambda n: n["peak_gb"], unit="GB", rel_tol=0.01,
             hint="At that moment every segment's input is still held, and the {k} layers just re-run "
                  "hold what they save.",
-            explanation="{segs} inputs of {ckpt_gb:.4f} GB plus {k} re-run layers of {layer_gb:.3f} GB, "
-                        "less the input counted twice: {answer} GB. With one-layer segments it would be "
-                        "{full_gb:.2f} GB: longer segments keep fewer inputs but hold more layers while "
-                        "re-running, and a layer keeps about twenty times its input.",
+            explanation=_peak_words,
             traps=((lambda n: n["segs"] * n["ckpt_gb"], "that is only the inputs. The re-run segment's "
                                                         "{k} layers hold their activations again."),
                    (lambda n: n["segs"] * n["ckpt_gb"] + n["k"] * n["layer_gb"],
@@ -119,16 +133,17 @@ QUESTIONS = [
     Choice("ckpt-segments",
            "A run checkpoints every layer of a 32-layer model on its own. It switches to segments of "
            "4 consecutive layers, still re-running every segment in backward. What changes?",
-           ["FLOPs fall: only one layer in four is re-run",
-            "Fewer inputs kept, more held while a segment re-runs; FLOPs unchanged",
-            "Memory falls at every moment of the step; FLOPs unchanged",
-            "FLOPs rise: each layer is now re-run four times"],
-           answer=1,
+           ["Fewer inputs are kept, at the same FLOPs",
+            "Only one layer in four runs its forward twice",
+            "Memory falls at every moment of the step",
+            "Each layer is now re-run four times in backward"],
+           answer=0,
            hint="What does a segment keep during forward, and what does backward hold while it "
                 "re-runs one segment?",
            explanation="Eight inputs are kept instead of 32, but re-running a segment restores four "
                        "layers' activations at once; every layer still runs its forward twice. As a "
-                       "Llama layer keeps about twenty times its input, one-layer segments give the "
+                       "Llama layer keeps about twenty times its input, the peak is lowest near "
+                       "sqrt(32 / 20), about one layer per segment: here one-layer segments give the "
                        "lower peak."),
 ]
 

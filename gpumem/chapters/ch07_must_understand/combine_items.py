@@ -3,13 +3,17 @@
 Numbers drawn per attempt: model, GPU, GPU count and sequence length. Per-GPU bytes (model
 states, activations with checkpointing, ZeRO-3's working set, offload) come from
 ``gpumem.memory.estimate``; gather seconds over a slow link from ``gpumem.dist.zero3_cost``.
+The layout questions (a slow interconnect, 405B on 1,024 GPUs) quote the chapter 06 planner
+(``gpumem.memory.planner.plan``), asked when the explanation is shown.
 """
+
+from functools import lru_cache
 
 from gpumem.course.checklist import Item
 from gpumem.course.quiz import Choice, Numeric
 from gpumem.course.quiz_draws import gpu_numbers, model_numbers, pick
 from gpumem.dist import zero3_cost
-from gpumem.memory import accounting, estimate, gpus, models
+from gpumem.memory import accounting, estimate, gpus, models, planner
 from gpumem.units import GB
 
 from . import pointers as P
@@ -17,6 +21,57 @@ from . import pointers as P
 BIG = ("llama-3-70b", "llama-3.1-405b")
 GPUS = ("a100-80gb", "h100-80gb", "h200")
 SLOW_LINK = 25e9 / 8     # one 25 Gb/s Ethernet port per node, bytes/s
+BIG_LINK = 50e9          # one 400 Gb/s InfiniBand port per GPU, bytes/s per direction
+
+
+WIDE = tuple(range(2, 129))   # every pipeline degree the planner may try
+
+
+@lru_cache(maxsize=16)
+def ranked(model: str, n_gpus: int, inter_node: float, tp: tuple | None = None, pp: tuple | None = None,
+           zero: tuple = (0, 1, 2, 3)):
+    """The chapter 06 planner's best plan (H100 80GB, sequence 4,096; None when nothing fits),
+    asked when an explanation is shown so that it never disagrees with the planner; ``tp``,
+    ``pp``, ``zero`` restrict the degrees and stages it tries."""
+    return planner.plan(model, n_gpus, "h100-80gb", inter_node=inter_node, tp=tp, pp=pp, zero=zero,
+                        advise=False).best
+
+
+def _seconds(p) -> str:
+    return f"{p.layout.label()}, {p.time['total']:.1f} s per step" if p else "no layout the planner accepts"
+
+
+# plan-3d's options: a layout family each, as the planner's arguments and a test on a Layout
+FAMILIES = [
+    ("ZeRO-3 data parallelism alone over all 1,024 GPUs",
+     {"tp": (1,), "pp": (1,), "zero": (3,)}, lambda lay: lay.tp == lay.pp == 1 and lay.zero == 3),
+    ("Tensor parallel in each node, pipeline across nodes, ZeRO-1",
+     {"tp": (2, 4, 8), "pp": WIDE, "zero": (0, 1)}, lambda lay: lay.tp > 1 and lay.pp > 1),
+    ("Pipeline stages across nodes with ZeRO-1, no tensor parallelism",
+     {"tp": (1,), "pp": WIDE, "zero": (0, 1)}, lambda lay: lay.tp == 1 and lay.pp > 1),
+    ("ZeRO-3 with tensor parallelism inside each node",
+     {"tp": (2, 4, 8), "pp": (1,), "zero": (3,)}, lambda lay: lay.tp > 1 and lay.pp == 1 and lay.zero == 3),
+]
+
+
+def family_of(lay) -> int:
+    """Which of :data:`FAMILIES` a layout belongs to (ValueError if none: the question is stale)."""
+    for i, (_, _, test) in enumerate(FAMILIES):
+        if test(lay):
+            return i
+    raise ValueError(f"plan-3d offers no option for the planner's best layout {lay.label()}")
+
+
+def _three_d(_ctx) -> str:
+    best = ranked("llama-3.1-405b", 1024, BIG_LINK)
+    parts = [f"{words}: {_seconds(ranked('llama-3.1-405b', 1024, BIG_LINK, **kw))}"
+             for words, kw, _ in FAMILIES]
+    return (f"The chapter 06 planner ranks {_seconds(best)} first. The best of each option: "
+            + "; ".join(parts) + ". ZeRO-3 alone gathers every weight over the 50 GB/s links in "
+            "each micro-batch; tensor parallelism talks inside every layer, so it stays on a node's "
+            "NVLink; a pipeline sends only activations between stages, and DeepSpeed's pipeline "
+            "engine refuses ZeRO-2 and ZeRO-3 (the planner also keeps DeepSpeed's AutoTP out of "
+            "pipelines: a 3-D layout needs Megatron-DeepSpeed).")
 
 
 def _est(model: str, n_gpus: int, seq: int, **kw):
@@ -66,7 +121,7 @@ def _eight_b(_ctx) -> str:
     rows = [("plain, full checkpointing", _est("llama-3-8b", 1, 4096, zero=0)),
             ("pure bf16, no checkpointing", _est("llama-3-8b", 1, 4096, zero=0, recipe="pure-bf16",
                                                  checkpoint="none")),
-            ("ZeRO-3 + optimizer to CPU, full checkpointing", _est("llama-3-8b", 1, 4096, offload="optimizer"))]
+            ("ZeRO + optimizer to CPU, full checkpointing", _est("llama-3-8b", 1, 4096, offload="optimizer"))]
     parts = [f"{name}: {e.total / GB:.1f} GB" for name, e in rows]
     return ("Per GPU against the " + f"{usable / GB:.1f} GB usable: " + "; ".join(parts) + ". On one GPU "
             "ZeRO has nothing to shard, so stages alone change nothing; sending the 12 optimizer bytes per "
@@ -78,14 +133,18 @@ def _slow_link(_ctx) -> str:
     wide = zero3_cost.zero3_step_time("llama-3-8b", 64, "h100-80gb", bw, tokens_per_gpu=4096)
     node = zero3_cost.zero3_step_time("llama-3-8b", 8, "h100-80gb", "nvlink", tokens_per_gpu=4096)
     across = 2 * 2 * accounting.shard(psi, 8) * 7 / 8 / bw             # all-reduce of a gradient shard
+    flat, best = ranked("llama-3-8b", 64, bw, tp=(1,), pp=(1,)), ranked("llama-3-8b", 64, bw)
     return (f"Between nodes each GPU gets 25 Gb/s / 8 = {bw / GB:.2f} GB/s. ZeRO-3 over all 64 GPUs "
             f"gathers across that link in every micro-batch: {wide['comm_s']:.0f} s against "
-            f"{wide['compute_s']:.2f} s of compute for 4,096 tokens. Sharded within a node, the gathers use "
-            f"NVLink ({node['comm_s']:.2f} s, hidden behind compute) and the {16 * psi / 8 / GB:.1f} GB of "
-            f"states per GPU fit; across nodes each GPU all-reduces its gradient shard once per optimizer "
-            f"step ({across:.1f} s), however many micro-batches are accumulated: FSDP's HYBRID_SHARD, "
-            "DeepSpeed's hpZ. DeepSpeed refuses ZeRO-3 with pipeline parallelism, and NVMe only adds "
-            "traffic.")
+            f"{wide['compute_s']:.2f} s of compute for 4,096 tokens. ZeRO-1 over all 64 sends the whole "
+            f"gradient across it once per step: the chapter 06 planner's best data-parallel layout "
+            f"({_seconds(flat)}, {flat.time['data_parallel']:.0f} s of it waiting on the link). Sharded "
+            f"within a node, the gathers use NVLink ({node['comm_s']:.2f} s, hidden behind compute) and "
+            f"the {16 * psi / 8 / GB:.1f} GB of states per GPU fit; across nodes each GPU all-reduces only "
+            f"its gradient shard once per optimizer step ({across:.1f} s): FSDP's HYBRID_SHARD, "
+            f"DeepSpeed's hpZ. NVMe only adds traffic. Allowed pipeline parallelism, the planner ranks "
+            f"{_seconds(best)} first: a pipeline sends only activations between nodes, and in DeepSpeed "
+            "it accepts ZeRO-1 at most.")
 
 
 QUESTIONS = [
@@ -122,45 +181,57 @@ QUESTIONS = [
     Choice("plan-8b-one-gpu",
            "Llama-3-8B must train on one H100 80GB, sequences of 4,096, micro-batch 1. Which set-up "
            "fits?",
-           ["Standard mixed precision, every layer checkpointed",
-            "ZeRO-2 on its one GPU, every layer checkpointed",
-            "Optimizer states offloaded to CPU, every layer checkpointed",
+           ["Standard mixed precision on the GPU alone, every layer checkpointed",
+            "ZeRO (any stage) with optimizer offload, every layer checkpointed",
+            "ZeRO-2 on its one GPU, no offload, every layer checkpointed",
             "Pure bf16 AdamW with no checkpointing at all"],
-           answer=2,
+           answer=1,
            hint="Count 8 billion parameters at 16 (or 8) bytes first. What can ZeRO shard on a single "
                 "GPU?",
            explanation=_eight_b),
     Choice("plan-pp-zero3",
-           "A plan for Llama-3-70B on 8 A100 80GB GPUs combines ZeRO-3, pipeline parallelism of 4 and "
-           "activation checkpointing, and promises about 55 GB per GPU. What is wrong with it?",
-           ["Nothing: each of the four pipeline stages holds a quarter of the layers",
-            "DeepSpeed refuses ZeRO-3 with pipelines; a GPU still holds 1/8 of the states or more",
+           "A DeepSpeed plan for Llama-3-70B on 8 A100 80GB GPUs combines ZeRO-3, pipeline parallelism "
+           "of 4 and activation checkpointing, and promises about 55 GB per GPU. What is wrong with it?",
+           ["DeepSpeed refuses ZeRO-3 combined with pipeline parallelism",
+            "Nothing: each of the four pipeline stages holds a quarter of the layers",
             "Pipelines shrink only activations; each GPU keeps all the states",
             "It is right, but only with 16 GPUs"],
-           answer=1,
-           hint="What is the least a GPU can hold of 1,129 GB of model states when 8 GPUs share them, "
-                "whatever the split? And which ZeRO stages does DeepSpeed's pipeline engine accept?",
+           answer=0,
+           hint="Check the plan twice: against the rules DeepSpeed applies when features are combined, "
+                "and against the arithmetic of 1,129 GB of model states on 8 GPUs.",
            explanation="DeepSpeed's pipeline engine asserts that ZeRO-2 and ZeRO-3 are incompatible "
                        "with pipeline parallelism. And however 8 GPUs split 70B's 1,129 GB of mixed-"
                        "precision states, one GPU holds at least 141 GB (70.5 GB in pure bf16). About "
                        "55 GB needs the optimizer states offloaded."),
     Choice("plan-slow-link",
-           "Llama-3-8B trains on 64 H100s in 8 nodes. Inside a node the GPUs share NVLink; between "
-           "nodes there is one 25 Gb/s Ethernet port per node. Which layout suits this cluster?",
+           "In DeepSpeed, Llama-3-8B trains on 64 H100s in 8 nodes with data parallelism only (no "
+           "pipeline or tensor parallelism). Inside a node the GPUs share NVLink; between nodes there "
+           "is one 25 Gb/s Ethernet port per node. Which layout suits this cluster?",
            ["ZeRO-3 across all 64 GPUs",
             "Shard within each node, replicate across nodes",
-            "Pipeline stages across nodes, with ZeRO-3 inside each",
+            "ZeRO-1 across all 64 GPUs",
             "ZeRO-3 across all GPUs with the parameters on NVMe"],
            answer=1,
-           hint="Work out how long the per-step gathers would take over the slow link, and whether the "
-                "model's states fit one node's eight GPUs.",
+           hint="Work out how long the per-step gradient and weight traffic would take over the slow "
+                "link, and whether the model's states fit one node's eight GPUs.",
            explanation=_slow_link),
+    Choice("plan-3d",
+           "In DeepSpeed, Llama-3.1-405B trains on 1,024 H100 80GB GPUs: 128 nodes of 8 joined by "
+           "NVLink inside a node and 50 GB/s per GPU between nodes, sequences of 4,096, 4M tokens "
+           "per step. Which layout trains fastest?",
+           [words for words, _, _ in FAMILIES],
+           answer=family_of(ranked("llama-3.1-405b", 1024, BIG_LINK).layout),
+           hint="Which kind of parallelism talks inside every layer, which only at stage boundaries, "
+                "which moves every weight per micro-batch, and which of them does DeepSpeed let you "
+                "combine? Match each to the link it can afford.",
+           explanation=_three_d),
 ]
 
-ITEM = Item("combine", "Which combination for 7B, 70B and 400B models", QUESTIONS, {
+ITEM = Item("combine", "Which combination for 7B-8B, 70B and 400B-class models", QUESTIONS, {
     "plan-fewest": (P.SCENARIOS, P.WORKING_SET),
-    "plan-offload": (P.SCENARIOS,),
+    "plan-offload": (P.SCENARIOS, P.OFFLOAD_PROBLEM),
     "plan-8b-one-gpu": (P.SCENARIOS,),
     "plan-pp-zero3": (P.PLAN_CLAIMS,),
     "plan-slow-link": (P.SELECTION, P.ZERO3_TIME),
+    "plan-3d": (P.SCENARIOS, P.SELECTION),
 })

@@ -72,8 +72,8 @@ QUESTIONS = [
             "query position and head, one fp32 number: the log of the row's softmax denominator. How "
             "many times fewer bytes is that?",
             answer=lambda n: n["ratio"], unit="x", rel_tol=0.001,
-            hint="Per head, the probabilities are a {seq:,} x {seq:,} matrix of 2-byte numbers; the "
-                 "statistic is a {seq:,}-long vector of 4-byte numbers.",
+            hint="For one head, how many numbers does each keep as the sequence grows: one per pair "
+                 "of positions, or one per position? Then mind the bytes each number takes.",
             explanation="Per layer {probs_mb:,.1f} MiB of probabilities against {lse_mb:,.2f} MiB of "
                         "statistics: s^2 x 2 B against s x 4 B, a factor s / 2 = {answer}. The first "
                         "grows with the square of the sequence, the second linearly. Backward "
@@ -98,11 +98,11 @@ QUESTIONS = [
             draw=_growth),
     Choice("flash-kept",
            "Which tensors does FlashAttention's forward save for its backward pass, per layer?",
-           ["Q, K, V, the output, and one fp32 statistic per query row and head",
-            "The full probability matrix, compressed to fp8",
+           ["The full probability matrix, compressed to fp8",
             "The scores of each tile, in a compressed blocked format",
-            "Only Q and K; V and the output are recomputed"],
-           answer=0,
+            "Only Q and K; V and the output are recomputed",
+            "Q, K, V, the output, and one fp32 statistic per query row and head"],
+           answer=3,
            hint="Backward must rebuild the probabilities tile by tile. What is the least it needs "
                 "to do that exactly?",
            explanation="With Q and K it recomputes the scores of a tile, and with the saved per-row "
@@ -110,25 +110,28 @@ QUESTIONS = [
                        "the row; V and the output give the gradients. Nothing s x s is stored, "
                        "compressed or not: the extra memory is O(s) per head."),
     Choice("flash-faster",
-           "FlashAttention's backward does more FLOPs than a naive kernel's, since it recomputes the "
-           "scores, yet the attention step usually runs faster. What explains it?",
-           ["It skips the masked half of the scores in backward",
-            "It moves far fewer bytes between HBM and the chip",
+           "For non-causal attention (no mask), FlashAttention's backward does more FLOPs than a "
+           "naive kernel's, since it recomputes the scores, yet the attention step usually runs "
+           "faster. What explains it?",
+           ["It approximates the softmax with a low-rank sketch",
             "It keeps the scores in fp8 instead of bf16",
+            "It moves far fewer bytes between HBM and the chip",
             "It shares each key/value head across its query group"],
-           answer=1,
+           answer=2,
            hint="What limits a kernel that writes and reads an s x s matrix per head several times?",
            explanation="A naive kernel writes the scores to HBM, reads them for the softmax, writes "
                        "the probabilities, and reads them for P V and again in backward: traffic "
                        "growing with s^2 that keeps the GPU waiting on memory. FlashAttention keeps "
                        "each tile in on-chip SRAM and writes only the output, so it is bound by "
-                       "compute instead."),
+                       "compute instead, and its softmax is exact. With a causal mask, as in Llama, it "
+                       "also skips the tiles above the diagonal, about half, so its backward can even "
+                       "do fewer FLOPs than the naive kernel's."),
 ]
 
 ITEM = Item("flash", "Why FlashAttention saves memory: no s x s tensor is kept", QUESTIONS, {
-    "flash-probs": (P.ACTIVATIONS,),
-    "flash-stats": (P.ACTIVATIONS,),
-    "flash-growth": (P.ACTIVATIONS,),
-    "flash-kept": (P.ACTIVATIONS,),
-    "flash-faster": (P.ACTIVATIONS,),
+    "flash-probs": (P.FLASH_PROBLEM, P.FLASH_SCALE),
+    "flash-stats": (P.FLASH_IDEA, P.FLASH_SCALE),
+    "flash-growth": (P.FLASH_MEASURED, P.ACTIVATIONS),
+    "flash-kept": (P.FLASH_IDEA, P.FLASH_MECHANISM),
+    "flash-faster": (P.FLASH_TIME,),
 })

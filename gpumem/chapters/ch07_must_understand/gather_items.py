@@ -60,11 +60,11 @@ QUESTIONS = [
     Choice("gather-why",
            "Under ZeRO-3 on 8 GPUs, rank 0 is about to run one layer's query projection W_q on its "
            "own micro-batch. Why must it all-gather W_q first?",
-           ["Its copy of W_q is fp32 and the other ranks hold the bf16 version",
-            "It holds an eighth of W_q's elements, and its tokens need every one",
+           ["It holds an eighth of W_q's elements, and its tokens need every one",
+            "Its copy of W_q is fp32 and the other ranks hold the bf16 version",
             "The other ranks need rank 0's activations to compute their gradients",
-            "Each rank computes an eighth of the output columns and they must be joined"],
-           answer=1,
+            "Each rank computes an eighth of the output columns, to be joined"],
+           answer=0,
            hint="What does a rank keep of a weight between uses under stage 3, and what does a matmul "
                 "of its own tokens read?",
            explanation="ZeRO-3 keeps only a 1/N shard of every weight on each rank. Each rank runs the "
@@ -86,8 +86,9 @@ QUESTIONS = [
             explanation="The gathers take {fwd_gb:.1f} GB / {bw_gb:.1f} GB/s = {fwd_s:.3f} s; each token "
                         "costs {tok_ms:.4f} ms of forward: {answer} tokens. Backward gathers again and "
                         "reduce-scatters ({bwd_gb:.1f} GB) against twice the compute: "
-                        "{bwd_tokens:,.0f} tokens. Both bytes and FLOPs grow with the model, so the "
-                        "break-even depends on the link and the tokens per GPU, not on the size.",
+                        "{bwd_tokens:,.0f} tokens. Gathered bytes and FLOPs per token both grow in "
+                        "proportion to the parameter count, so the break-even depends on the link and "
+                        "the GPU's FLOP rate, not on the model size.",
             traps=((lambda n: n["fwd_tokens"] / 3, "that uses 6 FLOPs per parameter, the whole step. A "
                                                    "forward gather can only hide behind forward compute."),),
             draw=_break_even),
@@ -116,9 +117,9 @@ QUESTIONS = [
            "same GPUs and links, which change hides a larger share of the gather time behind compute?",
            ["Train a larger model of the same family",
             "Add more GPUs to the data-parallel ring",
-            "Give each GPU more tokens per micro-batch",
-            "Lower stage3_max_reuse_distance"],
-           answer=2,
+            "Lower stage3_max_reuse_distance",
+            "Give each GPU more tokens per micro-batch"],
+           answer=3,
            hint="Write the gather time and the compute time of one pass per GPU. Which of them grows "
                 "with the model, which with the GPU count, which with the tokens?",
            explanation="Gathered bytes and compute both grow with the parameter count, so a larger "
@@ -130,10 +131,10 @@ QUESTIONS = [
            "DeepSpeed's ZeRO-3 gathers Llama-3-70B's weights for forward and nearly all of them "
            "again for backward. Why gather twice?",
            ["Backward needs the fp32 master weights, forward the bf16 ones",
-            "Each module's gathered weights are freed after its forward use",
             "The gradient reduce-scatter overwrites the gathered weights",
+            "Each module's gathered weights are freed after its forward use",
             "Backward runs the layers on another rank's micro-batch"],
-           answer=1,
+           answer=2,
            hint="What would a rank hold by the end of forward if it kept every gathered module?",
            explanation="If a rank kept every module it gathered, by the end of forward it would hold "
                        "the whole model, and the sharding would save nothing during the pass. So it "

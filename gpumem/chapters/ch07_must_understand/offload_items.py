@@ -14,9 +14,15 @@ from gpumem.units import GB
 
 from . import pointers as P
 
-WHAT = {"optimizer": "the optimizer states (fp32 master weights and AdamW moments, plus fp32 "
-                     "gradients where the recipe keeps them) in CPU memory",
-        "optimizer+params": "the optimizer states and the bf16 parameters in CPU memory"}
+WHAT = {"optimizer": "the optimizer offloaded to CPU memory (DeepSpeed's offload_optimizer: fp32 master "
+                     "weights, AdamW moments and the fp32 gradients they update)",
+        "optimizer+params": "the optimizer and the bf16 parameters offloaded to CPU memory (DeepSpeed's "
+                            "offload_optimizer and offload_param)"}
+# where DeepSpeed 0.19.8 keeps the 16-bit gradients under optimizer offload (accounting.model_states)
+GRADS_WHERE = {1: "ZeRO-1 reduces only at the end of backward, so the whole bf16 gradient is on the GPU until then",
+               2: "ZeRO-2 copies each reduced bucket's slice of the gradient straight to the host, so no "
+                  "gradient partition stays on the GPU",
+               3: "ZeRO-3 keeps its bf16 gradient partition in host memory too, beside the fp32 one"}
 RECIPES = ("mixed", "mixed-ds")
 
 
@@ -27,6 +33,7 @@ def _left(rng) -> dict:
     s = accounting.model_states(n["n_params"], n["recipe_name"], n["gpus"], n["zero"], n["offload"])
     plain = accounting.model_states(n["n_params"], n["recipe_name"], n["gpus"], n["zero"])
     return n | {"what": WHAT[n["offload"]], "p_gb": s.params / GB, "g_gb": s.grads / GB,
+                "grads_where": GRADS_WHERE[n["zero"]],
                 "left_gb": s.total / GB, "plain_gb": plain.total / GB, "host_gb": s.host / GB}
 
 
@@ -77,8 +84,8 @@ QUESTIONS = [
                  "in host memory instead.",
             explanation="Left on the GPU: bf16 parameters {p_gb:.1f} GB and bf16 gradients {g_gb:.1f} GB "
                         "= {answer} GB, against {plain_gb:.1f} GB without offload; {host_gb:.1f} GB per "
-                        "GPU now sit in host memory. The GPU still needs the bf16 gradients to produce "
-                        "them and (unless offloaded) the bf16 weights to run forward and backward.",
+                        "GPU now sit in host memory. {grads_where}; the bf16 weights stay (unless "
+                        "offloaded) to run forward and backward.",
             traps=((lambda n: n["plain_gb"], "that is without offload."),),
             draw=_left),
     Numeric("offload-host",
@@ -86,16 +93,19 @@ QUESTIONS = [
             "8 GPUs per node, with {what}. How many GB of host memory does one node need for the "
             "offloaded model states of its GPUs?",
             answer=lambda n: n["node_gb"], unit="GB", rel_tol=0.01,
-            hint="What does one GPU send to the host, per parameter of its shard? Then add up the "
-                 "GPUs of one node.",
-            explanation="Each GPU offloads {host_gb:.1f} GB; {per_node} GPUs per node: {answer} GB. "
-                        "Buffers and the pinned copies DeepSpeed makes come on top.",
+            hint="What does one GPU keep on the host, per parameter of its shard? The optimizer's "
+                 "gradient counts too. Then add up the GPUs of one node.",
+            explanation="Each GPU offloads {host_gb:.1f} GB: 12 bytes of optimizer states and a 4-byte fp32 "
+                        "gradient per parameter of its shard, the optimizer's own; {grads_where}. "
+                        "{per_node} GPUs per node: {answer} GB. Buffers and the pinned copies DeepSpeed "
+                        "makes come on top.",
             traps=((lambda n: n["host_gb"], "that is one GPU's share; the node hosts {per_node} of them."),),
             draw=_host),
     Numeric("offload-nvme-seconds",
             "{model} ({n_params:,} parameters, standard mixed precision) trains under ZeRO-3 on "
-            "{gpus} {gpu}s with the optimizer states on NVMe: {nvme_gb:.3f} GB per GPU. Every step "
-            "reads them all into host memory and writes them back, each GPU with its own drive "
+            "{gpus} {gpu}s with the optimizer on NVMe (fp32 master, moments and the fp32 gradients "
+            "they update): {nvme_gb:.3f} GB per GPU. Every step reads them all into host memory and "
+            "writes them back, each GPU with its own drive "
             "({read_gb:.2f} GB/s read, {write_gb:.2f} GB/s write). How many seconds of drive "
             "traffic is that per step?",
             answer=lambda n: n["nvme_s"], unit="s", rel_tol=0.01,

@@ -25,9 +25,32 @@ CKPT_MEASURED = Pointer("03_activation_checkpointing", "4 · Measured: bytes and
 CKPT_SCALE = Pointer("03_activation_checkpointing", "6 · At scale: 8B, 70B, 405B")
 CKPT_CLAIMS = Pointer("03_activation_checkpointing", "8 · The note's claims")
 DS_ESTIMATORS = Pointer("02_zero", "DeepSpeed's own estimators")
+# chapter 04: FlashAttention
+FLASH_PROBLEM = Pointer("04_flash_attention", "1 · The problem in numbers")
+FLASH_IDEA = Pointer("04_flash_attention", "2 · The idea")
+FLASH_MECHANISM = Pointer("04_flash_attention", "3 · The mechanism")
+FLASH_MEASURED = Pointer("04_flash_attention", "4 · Measured: naive, SDPA and tiled on the CPU")
+FLASH_TIME = Pointer("04_flash_attention", "5 · Time, not only memory")
+FLASH_SCALE = Pointer("04_flash_attention", "6 · At scale: what FlashAttention keeps, and what GQA shrinks")
+# chapter 05: offload
+OFFLOAD_PROBLEM = Pointer("05_offload", "1 · The problem in numbers")
+OFFLOAD_IDEA = Pointer("05_offload", "2 · The idea")
+OFFLOAD_MECHANISM = Pointer("05_offload", "3 · The mechanism, shown")
+OFFLOAD_DEEPSPEED = Pointer("05_offload", "4.2 Real DeepSpeed offload on two CPU ranks")
+OFFLOAD_COST = Pointer("05_offload", "5 · A cost model, and the step at scale")
+OFFLOAD_FRAMEWORKS = Pointer("05_offload", "7 · In the frameworks")
 # chapter 06: combining strategies
 SCENARIOS = Pointer("06_combining_strategies", "5 · At scale: the note's three scenarios")
 SELECTION = Pointer("06_combining_strategies", "6 · Slow or fast interconnect: the note's selection rules, tested")
 PLAN_CLAIMS = Pointer("06_combining_strategies", "9 · The note's claims")
-# Chapters 04 (FlashAttention) and 05 (offload) had no notebook when this checklist was written:
-# items 4 and 5 point at chapters 01 and 02 until they do.
+
+# Where item 5's answers are shown, by question id (the quiz module applies it to the offload
+# item, whose questions live in ``offload_items``).
+OFFLOAD_SEE = {
+    "offload-left": (OFFLOAD_PROBLEM, OFFLOAD_DEEPSPEED),
+    "offload-host": (OFFLOAD_PROBLEM, OFFLOAD_DEEPSPEED),
+    "offload-nvme-seconds": (OFFLOAD_IDEA, OFFLOAD_COST),
+    "offload-break-even": (OFFLOAD_COST,),
+    "offload-what": (OFFLOAD_FRAMEWORKS, ZERO_FRAMEWORKS),
+    "offload-adam": (OFFLOAD_IDEA, OFFLOAD_MECHANISM),
+}

@@ -4,13 +4,26 @@
 ``CHECKLIST`` (a :class:`gpumem.course.checklist.Checklist`) shows one item at a time, ticks an
 item once all its questions were answered correctly, and says what to revisit; ``QUIZ`` is its
 quiz, the chapter's entry in ``gpumem.chapters.quizzes()``.
+
+Item 5's pointers come from ``pointers.OFFLOAD_SEE`` (chapter 05's notebook), over those its
+module names; a question missing from both fails at import (``Checklist`` requires a pointer).
 """
 
-from gpumem.course.checklist import Checklist
+from gpumem.course.checklist import Checklist, Item
 
 from . import ckpt_items, combine_items, flash_items, gather_items, offload_items, zero_items
+from . import pointers as P
 
-ITEMS = [zero_items.ITEM, gather_items.ITEM, ckpt_items.ITEM, flash_items.ITEM, offload_items.ITEM,
+
+def _offload_item() -> Item:
+    """The offload item with chapter 05's sections as pointers."""
+    o = offload_items.ITEM
+    ids = {q.id for q in o.questions}
+    return Item(o.key, o.title, o.questions,
+                {**o.see, **{qid: where for qid, where in P.OFFLOAD_SEE.items() if qid in ids}})
+
+
+ITEMS = [zero_items.ITEM, gather_items.ITEM, ckpt_items.ITEM, flash_items.ITEM, _offload_item(),
          combine_items.ITEM]
 CHECKLIST = Checklist("07_must_understand", ITEMS)
 QUIZ = CHECKLIST.quiz

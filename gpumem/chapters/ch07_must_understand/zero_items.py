@@ -11,7 +11,7 @@ from gpumem.course.quiz import Choice, Numeric
 from gpumem.course.quiz_draws import (LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick,
                                       recipe_numbers)
 from gpumem.dist import zero3_cost
-from gpumem.memory import accounting, gpus
+from gpumem.memory import accounting, gpus, models
 from gpumem.units import GB
 
 from . import pointers as P
@@ -44,6 +44,16 @@ def _saving(rng) -> dict:
                 "limit": (f"stage {stage} can never cut them by more than {n['bytes_per_param']} / {whole} "
                           f"= {n['bytes_per_param'] / whole:.0f}x" if whole else
                           "stage 3 has no such limit: it divides every byte by the GPU count")}
+
+
+def _limit(rng) -> dict:
+    n = recipe_numbers(pick(rng, ("pure-bf16", "mixed", "mixed-ds"))) | {"stage": pick(rng, (1, 2))}
+    psi = models.get("llama-3-8b").n_params()
+    whole, sharded = _whole_sharded(n, n["stage"])
+    plain = accounting.model_states(psi, n["recipe_name"], 1, 0).total
+    best = accounting.model_states(psi, n["recipe_name"], psi, n["stage"]).total   # a 1-element shard
+    return n | {"whole": whole, "shard_b": sharded, "sharded": SHARDED[n["stage"]],
+                "limit_x": round(plain / best, 4)}
 
 
 def _saving_pct(n: dict) -> float:
@@ -127,8 +137,8 @@ QUESTIONS = [
             "reduce-scatters the gradients; in a ring each GPU sends (N-1)/N of each collective's "
             "bytes. How many seconds per step does one GPU spend sending, if none of it overlaps?",
             answer=_comm_seconds, unit="s", rel_tol=0.01,
-            hint="Three collectives of {n_params:,} bf16 elements each, (N-1)/N of them sent, over "
-                 "{bw_gb:.1f} GB/s.",
+            hint="How many times per step does every weight (or its gradient) cross the ring under "
+                 "stage 3, and what share of each collective does one GPU send?",
             explanation="3 x 2 B x {n_params:,} x {ring:.4f} / {bw_gb:.1f} GB/s = {answer} s. ZeRO-1 "
                         "and ZeRO-2 move what plain data parallelism moves, a reduce-scatter and an "
                         "all-gather ({zero2_s:.3f} s): ZeRO-3 adds the second gather, 1.5x. DeepSpeed's "
@@ -143,25 +153,32 @@ QUESTIONS = [
            "Two runs train the same model with the same recipe on the same 8 GPUs; one uses ZeRO-1, "
            "the other ZeRO-2. Which statement is true?",
            ["ZeRO-2 sends about half the bytes per step that ZeRO-1 sends",
-            "ZeRO-2 needs less gradient memory during backward; both send the same bytes per step",
             "ZeRO-2 adds an all-gather of the gradients to every step",
-            "They differ only inside the optimizer step; backward's peak is the same"],
-           answer=1,
+            "Backward's memory peak is the same under both stages",
+            "ZeRO-2 holds less gradient memory during backward"],
+           answer=3,
            hint="Where does each stage reduce-scatter the gradients: at the optimizer step, or "
                 "during backward as each bucket fills?",
            explanation="ZeRO-1 reduce-scatters at the optimizer step, so every full gradient exists "
                        "at the end of backward; ZeRO-2 reduce-scatters bucket by bucket during "
                        "backward and keeps only its shard. Both issue one reduce-scatter and one "
                        "all-gather of the weights per step: the same bytes as DDP's all-reduce."),
-    Choice("zero1-limit",
-           "With standard mixed precision (bf16 weights and gradients; fp32 master weights and AdamW "
-           "moments), what is the most ZeRO-1 can ever divide a GPU's model states by, however "
-           "many GPUs are added?",
-           ["2x", "4x", "8x", "the number of GPUs"],
-           answer=1,
-           hint="Which bytes per parameter does ZeRO-1 shard, and which stay on every GPU?",
-           explanation="ZeRO-1 shards the 12 optimizer bytes and keeps 2 + 2 on every GPU: 16 / 4 = "
-                       "4x at best. ZeRO-2 shards 14 of the 16 (8x); only ZeRO-3 divides by N."),
+    Numeric("zero-limit",
+            "A model trains with {recipe}, under ZeRO-{stage}, which shards {sharded}. However many "
+            "GPUs are added, at most by what factor can ZeRO-{stage} divide one GPU's model states "
+            "(against plain data parallelism)?",
+            answer=lambda n: n["limit_x"], unit="x", rel_tol=0.001,
+            hint="As the GPU count grows, the sharded part of each GPU's bytes goes to nothing. What "
+                 "is left?",
+            explanation="Plain data parallelism keeps {p_bytes} + {g_bytes} + {o_bytes} = "
+                        "{bytes_per_param} B per parameter on every GPU. ZeRO-{stage} keeps {whole} B of "
+                        "them whole, and the shard of the other {shard_b} B shrinks towards zero: "
+                        "{bytes_per_param} / {whole} = {answer}x at best. Only ZeRO-3 divides by the "
+                        "GPU count itself.",
+            traps=((lambda n: n["bytes_per_param"] / (n["p_bytes"] + n["g_bytes"]) if n["stage"] == 2
+                    else n["bytes_per_param"] / n["p_bytes"],
+                    "that is the other stage's limit: ZeRO-{stage} shards {sharded}."),),
+            draw=_limit),
 ]
 
 ITEM = Item("zero", "What ZeRO-1, -2 and -3 save, and what they cost in communication", QUESTIONS, {
@@ -169,5 +186,5 @@ ITEM = Item("zero", "What ZeRO-1, -2 and -3 save, and what they cost in communic
     "zero-fewest": (P.ZERO_PROBLEM, P.WHO_HOLDS),
     "zero3-comm-seconds": (P.COLLECTIVES, P.ZERO3_TIME),
     "zero1-vs-zero2": (P.ZERO12_PEAK,),
-    "zero1-limit": (P.WHO_HOLDS, P.RECIPES),
+    "zero-limit": (P.WHO_HOLDS, P.RECIPES),
 })
