@@ -7,9 +7,11 @@ from gpumem.memory import measure, tracing
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy", ["none", "full"])
-def test_cuda_step_peak_is_near_the_trace(policy):
+def test_cuda_step_peak_is_near_the_trace(policy, gpu_record):
     measured = measure.cuda_step_peak(measure.GPU_PROBE, "mixed", "flash", policy, seq=1024)
     traced = tracing.trace_step(measure.GPU_PROBE, "mixed", "flash", policy, seq=1024)
+    gpu_record(f"ch01.step_peak_bytes_{policy}", measured["peak"], "B")
+    gpu_record(f"ch01.traced_peak_bytes_{policy}", traced.total_peak, "B")
     # allocator rounding, cuBLAS workspaces and the CUDA flash kernel's own saved tensors differ
     assert abs(measured["peak"] / traced.total_peak - 1) < 0.10, (measured, traced.total_peak)
 
@@ -19,7 +21,7 @@ NAMES = {"H100 80GB HBM3": "h100-80gb", "A100-SXM4-80GB": "a100-80gb", "A100-SXM
 
 
 @pytest.mark.gpu
-def test_gpu_table_capacity_is_what_nvidia_smi_reports():
+def test_gpu_table_capacity_is_what_nvidia_smi_reports(gpu_record):
     """On a GPU the table lists, nvidia-smi's memory.total equals the table's capacity in MiB, and
     what CUDA lets PyTorch see is no more than that."""
     import shutil
@@ -33,5 +35,7 @@ def test_gpu_table_capacity_is_what_nvidia_smi_reports():
         pytest.skip(f"{name} is not in the GPU table (or nvidia-smi is missing)")
     mib = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
                              capture_output=True, text=True, check=True).stdout.strip())
+    gpu_record("ch01.nvidia_smi_memory_total_mib", mib, "MiB")
+    gpu_record("ch01.torch_total_memory_bytes", torch.cuda.get_device_properties(0).total_memory, "B")
     assert mib * 2**20 == gpus.get(key).capacity
     assert torch.cuda.get_device_properties(0).total_memory <= gpus.get(key).capacity

@@ -257,9 +257,13 @@ def test_run_bad_input(args, says):
 
 
 @pytest.mark.gpu
-def test_zero_on_gpus_reports_cuda_memory():
+def test_zero_on_gpus_reports_cuda_memory(gpu_record):
     n = torch.cuda.device_count()
     res = experiments.zero(ranks=n, device="cuda", model="mini", steps=2, progress=False)
+    for kind in ("stages", "deepspeed"):
+        for name, row in res[kind].items():
+            gpu_record(f"ch02.{kind}_{name}_rank0_cuda_max_memory_allocated",
+                       row["ranks"][0]["cuda_max_memory_allocated"], "B")
     for row in res["stages"].values():
         assert all(r["cuda_max_memory_allocated"] > 0 for r in row["ranks"])
     for row in res["deepspeed"].values():

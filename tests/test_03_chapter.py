@@ -353,11 +353,14 @@ def test_lab03_budgets_separate_the_optimum():
 # -- the GPU path (skipped without CUDA) ----------------------------------------------------
 
 @pytest.mark.gpu
-def test_plans_on_a_gpu_1b_model():
+def test_plans_on_a_gpu_1b_model(gpu_record):
     """On CUDA: every-layer checkpointing holds far less than none, SAC less than none, and the
     re-run costs time (wall clock within 10-60 % of the no-checkpoint step)."""
     from gpumem.memory import recompute_cost, recompute_cuda
     rows = {p: recompute_cuda.cuda_step(recompute_cuda.GPU_1B, p, seq=2048) for p in ("none", "sac", "full")}
+    for p, row in rows.items():
+        gpu_record(f"ch03.peak_above_held_bytes_{p}", row["peak_above_held"], "B")
+        gpu_record(f"ch03.seconds_per_step_{p}", row["seconds_per_step"], "s")
     assert rows["full"]["peak_above_held"] < 0.5 * rows["none"]["peak_above_held"]
     assert rows["sac"]["peak_above_held"] < rows["none"]["peak_above_held"]
     ratio = rows["full"]["seconds_per_step"] / rows["none"]["seconds_per_step"]

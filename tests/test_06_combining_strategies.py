@@ -117,7 +117,7 @@ def test_autotp_activations_by_hand():
     # the review's round figure: s*b*h*(8 + 32.5 / 2) a layer for 70B at tp 2, ~70.6 GB with the logits
     tp2 = planner_memory.stage_activations(CFG70, s, Layout("mixed", 3, "none", "flash", "none", "cpu",
                                                             1, 2, 1, 4, 16))["last"]
-    assert tp2 == pytest.approx(L * sbh * 2 * (4 + 32.5 / 4) + 10 * s * V, rel=2e-3)
+    assert tp2 == pytest.approx(L * sbh * (8 + 32.5 / 2) + 10 * s * V, rel=3e-3)   # + head input, norms
     assert 70.4e9 < tp2 < 70.7e9
 
 

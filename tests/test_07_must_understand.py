@@ -415,8 +415,9 @@ def test_layout_choices_agree_with_the_planner_and_a_hand_count():
     assert hybrid < zero1 / 5 and zero1 < zero3
     q = QUIZ._get("plan-slow-link")
     assert q.expected() == "Shard within each node, replicate across nodes" and "data parallelism only" in q.prompt_text()
-    flat = plan("llama-3-8b", 64, inter_node=bw, tp=(1,), pp=(1,)).best.layout
-    assert flat.zero == 1 and flat.dp == 64 and q.options.index("ZeRO-1 across all 64 GPUs") != q.answer
+    flat = plan("llama-3-8b", 64, inter_node=bw, tp=(1,), pp=(1,)).best    # any flat layout waits longer
+    assert flat.time["data_parallel"] > 2 * hybrid and flat.layout.label() in q.explanation_text()
+    assert q.options.index("ZeRO-1 across all 64 GPUs") != q.answer
     best = plan("llama-3-8b", 64, inter_node=bw).best
     assert best.layout.pp > 1 and best.layout.zero <= 1 and best.layout.label() in q.explanation_text()
     # 405B on 1,024 H100s, 50 GB/s per GPU between nodes: ZeRO-3 alone cannot hide its gathers

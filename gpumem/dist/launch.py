@@ -150,6 +150,10 @@ def _under_external_launcher(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # The deepspeed launcher passes --local_rank=N first unless told --no_local_rank; the
+    # rank is read from the environment (LOCAL_RANK) either way.
+    while len(sys.argv) > 1 and sys.argv[1].startswith("--local_rank"):
+        del sys.argv[1:3 if sys.argv[1] == "--local_rank" else 2]
     if sys.argv[1] == "--env":
         sys.exit(_under_external_launcher(sys.argv[2:]))
     _worker(Path(sys.argv[1]), int(sys.argv[2]))

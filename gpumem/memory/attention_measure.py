@@ -14,8 +14,9 @@ projections would), :func:`measure` reports
   (:func:`backend_of`), and wall time of an untracked run (:func:`wall_seconds`).
 
 A tracker of returned tensors cannot see scratch memory a fused kernel allocates and frees inside
-itself (PyTorch's CPU flash kernel keeps a small per-thread buffer of a few blocks); it does not
-grow with s. :func:`cuda_backends` is the GPU path, with ``torch.cuda.max_memory_allocated``.
+itself: PyTorch's CPU flash kernel keeps one fp32 buffer per thread of a few blocks
+(:func:`cpu_flash_scratch_bytes`, about 578 KiB per thread at head dim 64 once s >= 768),
+constant in s. :func:`cuda_backends` is the GPU path, with ``torch.cuda.max_memory_allocated``.
 """
 
 import contextlib
@@ -39,6 +40,17 @@ BACKEND_OPS = {"_scaled_dot_product_flash_attention_for_cpu": "flash (CPU kernel
                "_scaled_dot_product_efficient_attention": "memory-efficient",
                "_scaled_dot_product_cudnn_attention": "cuDNN",
                "_scaled_dot_product_attention_math": "math"}
+
+
+def cpu_flash_scratch_bytes(seq: int, head_dim: int) -> int:
+    """Bytes of the per-thread scratch buffer of PyTorch's CPU flash kernel (forward), invisible to
+    the tracker: fp32 scores of one q_split x kv_split tile, the row max and sum, and a q_split x d
+    output accumulator. Split sizes as in ATen's ``cpu/FlashAttentionKernel.cpp``: q_split 256
+    rows from s >= 768 (64 from 192, else 32), kv_split 512 keys, each capped at s."""
+    seq, head_dim = positive_int(seq, "sequence length"), positive_int(head_dim, "head dim")
+    q_split = min(seq, 256 if seq >= 768 else 64 if seq >= 192 else 32)
+    kv_split = min(seq, 512)
+    return 4 * (q_split * kv_split + 2 * q_split + q_split * head_dim)
 
 
 def naive_attention(q, k, v, causal: bool = False):
@@ -202,7 +214,7 @@ def wall_seconds(method: str, seq: int, repeats: int = 1, **kwargs) -> dict:
 
 
 CUDA_BACKENDS = {"math": SDPBackend.MATH, "memory-efficient": SDPBackend.EFFICIENT_ATTENTION,
-                 "flash": SDPBackend.FLASH_ATTENTION}
+                 "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
 def cuda_backends(seq: int = 8192, heads: int = 16, head_dim: int = 128, batch: int = 1,

@@ -9,15 +9,23 @@ s x s ever exists: only one tile of scores at a time.
 
 The forward saves the output and one number per query row, ``lse = m + log(l)`` (the
 logsumexp); the backward rebuilds every tile's probabilities exactly as ``exp(s - lse)`` and
-uses ``D = rowsum(dO * O)`` for the softmax's backward, as FlashAttention-2 does
-(arXiv:2307.08691, Algorithm 2). :class:`TiledAttention` is that pair as a
+uses ``D = rowsum(dO * O)`` (equal to rowsum(P * dP); FlashAttention-1, arXiv:2205.14135,
+Appendix B.2, ``D_i = dO_i^T O_i``) for the softmax's backward, computed before the loops as
+FlashAttention-2 does (arXiv:2307.08691). :class:`TiledAttention` is that pair as a
 ``torch.autograd.Function``: it saves q, k, v, the output and the logsumexp, nothing else.
 
-Shapes: q (b, a, s_q, d); k, v (b, kv, s_k, d) with kv dividing a (grouped-query attention:
-query heads ``g*kv .. g*kv + g - 1`` share key/value head ``kv``; K and V are never copied to
-all heads). ``causal`` masks key j for query i when j > i (top-left aligned, as PyTorch's
-``is_causal``). Sequence lengths need not be multiples of the block. Arithmetic is fp32 inside (fp64 for fp64
-inputs); the output and gradients come back in the inputs' dtype.
+Loop order: the forward has query blocks outside and key blocks inside, as FlashAttention-2's
+forward. The backward here keeps the same query-outer order for simplicity, accumulating dK and
+dV across query blocks; FlashAttention-2's backward (its Algorithm 2) puts key/value blocks
+outside and query blocks inside, accumulating dQ (atomically, in fp32) instead.
+
+Shapes: q (b, a, s_q, d); k, v (b, kv, s_k, d) with kv dividing a (grouped-query attention,
+g = a // kv: key/value head j is shared by query heads j*g .. j*g + g - 1; K and V are never
+copied to all heads). ``causal`` masks key j for query i when j > i (top-left aligned, as
+PyTorch's ``is_causal``; flash_attn >= 2.1 aligns bottom-right when s_q != s_k, which PyTorch
+spells ``torch.nn.attention.bias.causal_lower_right``). Sequence lengths need not be multiples
+of the block. Arithmetic is fp32 inside (fp64 for fp64 inputs); the output and gradients come
+back in the inputs' dtype.
 """
 
 import math

@@ -19,10 +19,11 @@ from gpumem.memory.models import ModelConfig
 from .options import DEFAULT_SEQS
 
 WHY_CPU = ("On a CPU PyTorch has one fused kernel, _scaled_dot_product_flash_attention_for_cpu, and picks "
-           "it whenever it applies (no dropout in training, no attention mask that needs a gradient). "
-           "The memory-efficient and cuDNN kernels, and the CUDA flash kernel, exist only for CUDA "
-           "devices; forcing them here raises 'No viable backend'. The math backend (plain matmul, "
-           "softmax, matmul) runs when forced with sdpa_kernel(SDPBackend.MATH), or with dropout.")
+           "it whenever it applies: no dropout (any dropout_p > 0 selects math, in training or not) and no "
+           "attention mask that needs a gradient. The memory-efficient and cuDNN kernels, and the CUDA "
+           "flash kernel, exist only for CUDA devices; forcing them here raises 'No viable backend'. The "
+           "math backend (plain matmul, softmax, matmul) runs when forced with "
+           "sdpa_kernel(SDPBackend.MATH), or with dropout.")
 
 
 def shape_config(heads: int, kv_heads: int, head_dim: int) -> ModelConfig:

@@ -134,11 +134,13 @@ def _slow_link(_ctx) -> str:
     node = zero3_cost.zero3_step_time("llama-3-8b", 8, "h100-80gb", "nvlink", tokens_per_gpu=4096)
     across = 2 * 2 * accounting.shard(psi, 8) * 7 / 8 / bw             # all-reduce of a gradient shard
     flat, best = ranked("llama-3-8b", 64, bw, tp=(1,), pp=(1,)), ranked("llama-3-8b", 64, bw)
+    one = ranked("llama-3-8b", 64, bw, tp=(1,), pp=(1,), zero=(1,))
     return (f"Between nodes each GPU gets 25 Gb/s / 8 = {bw / GB:.2f} GB/s. ZeRO-3 over all 64 GPUs "
             f"gathers across that link in every micro-batch: {wide['comm_s']:.0f} s against "
             f"{wide['compute_s']:.2f} s of compute for 4,096 tokens. ZeRO-1 over all 64 sends the whole "
-            f"gradient across it once per step: the chapter 06 planner's best data-parallel layout "
-            f"({_seconds(flat)}, {flat.time['data_parallel']:.0f} s of it waiting on the link). Sharded "
+            f"gradient across it once per step ({_seconds(one)}, {one.time['data_parallel']:.0f} s of it "
+            f"waiting on the link); the chapter 06 planner's best flat data-parallel layout, "
+            f"{_seconds(flat)}, still waits {flat.time['data_parallel']:.0f} s. Sharded "
             f"within a node, the gathers use NVLink ({node['comm_s']:.2f} s, hidden behind compute) and "
             f"the {16 * psi / 8 / GB:.1f} GB of states per GPU fit; across nodes each GPU all-reduces only "
             f"its gradient shard once per optimizer step ({across:.1f} s): FSDP's HYBRID_SHARD, "

@@ -103,8 +103,8 @@ QUESTIONS = [
             draw=_host),
     Numeric("offload-nvme-seconds",
             "{model} ({n_params:,} parameters, standard mixed precision) trains under ZeRO-3 on "
-            "{gpus} {gpu}s with the optimizer on NVMe (fp32 master, moments and the fp32 gradients "
-            "they update): {nvme_gb:.3f} GB per GPU. Every step reads them all into host memory and "
+            "{gpus} {gpu}s with the optimizer on NVMe: {nvme_gb:.3f} GB per GPU of fp32 master weights, "
+            "moments and the fp32 gradients they update. Every step reads them all into host memory and "
             "writes them back, each GPU with its own drive "
             "({read_gb:.2f} GB/s read, {write_gb:.2f} GB/s write). How many seconds of drive "
             "traffic is that per step?",
