@@ -46,13 +46,29 @@ def test_note_zero1_arithmetic_is_corrected():
 
 
 def test_offload_moves_states_and_checks_stage():
-    n = 1_000_000
-    s = accounting.model_states(n, "mixed-ds", 4, 2, offload="optimizer")
-    assert (s.params, s.grads, s.optimizer, s.host) == (2 * n, 2 * 250_000, 0, 12 * 250_000 + 2 * 250_000)
-    s = accounting.model_states(n, "mixed", 4, 1, offload="optimizer")   # stage 1 offloads too
-    assert (s.optimizer, s.host) == (0, 12 * 250_000)
+    """Bytes written out from what DeepSpeed 0.19.8 allocates (chapter 05 measures it on 2 ranks):
+    offloaded, the host (or drive) holds fp32 master 4 + m 4 + v 4 + the optimizer's fp32 gradient 4
+    per shard element; ZeRO-2 keeps no gradient partition on the GPU, ZeRO-1 backward's whole bf16
+    gradient until the end-of-backward reduction, ZeRO-3 its bf16 gradient partition in host memory."""
+    n, sh = 1_000_000, 250_000
+    for recipe in ("mixed", "mixed-ds"):           # offloaded, both recipes describe the same run
+        s = accounting.model_states(n, recipe, 4, 2, offload="optimizer")
+        assert (s.params, s.grads, s.optimizer, s.host, s.nvme) == (2 * n, 0, 0, (4 + 4 + 4 + 4) * sh, 0)
+        s = accounting.model_states(n, recipe, 4, 1, offload="optimizer")   # stage 1 offloads too
+        assert (s.params, s.grads, s.optimizer, s.host) == (2 * n, 2 * n, 0, 16 * sh)
+        s = accounting.model_states(n, recipe, 4, 3, offload="optimizer")
+        assert (s.params, s.grads, s.optimizer, s.host) == (2 * sh, 0, 0, (16 + 2) * sh)
+        s = accounting.model_states(n, recipe, 4, 3, offload="optimizer+params")
+        assert (s.params, s.grads, s.host) == (0, 0, (16 + 2 + 2) * sh)
+    s = accounting.model_states(n, "mixed", 4, 3, offload="optimizer", device="nvme")
+    assert (s.params, s.grads, s.host, s.nvme) == (2 * sh, 0, 2 * sh, 16 * sh)   # bf16 grad partition in RAM
     s = accounting.model_states(n, "mixed", 4, 3, offload="optimizer+params", device="nvme")
-    assert (s.params, s.optimizer, s.nvme) == (0, 0, 12 * 250_000 + 2 * 250_000)
+    assert (s.params, s.grads, s.optimizer, s.host, s.nvme) == (0, 0, 0, 2 * sh, (16 + 2) * sh)
+    # no fp32 anywhere: AdamW's bf16 m, v (4 B) and a bf16 gradient for the CPU optimizer (2 B)
+    s = accounting.model_states(n, "pure-bf16", 4, 2, offload="optimizer")
+    assert (s.params, s.grads, s.host) == (2 * n, 0, (2 + 2 + 2) * sh)
+    s = accounting.model_states(n, "fp32", 4, 3, offload="optimizer")   # fp32 m, v, gradient copy, partition
+    assert (s.params, s.grads, s.host) == (4 * sh, 0, (8 + 4 + 4) * sh)
     with pytest.raises(UsageError, match="ZeRO stage 3"):
         accounting.model_states(n, "mixed", 4, 2, offload="optimizer+params")
     with pytest.raises(UsageError, match="NVMe"):
@@ -195,7 +211,8 @@ def test_estimate_json_contract():
         assert data["per_gpu"]["gathered"] == 0 and "gathered_parts" not in data
     proc = run_cli("estimate", "--params", "70B", "--zero", "2", "--gpus", "8", "--offload", "optimizer", "--json")
     data = json.loads(proc.stdout)
-    assert data["host"] == 12 * 70 * 10**9 // 8 and data["per_gpu"]["activations"] == 0
+    assert data["host"] == 16 * 70 * 10**9 // 8 and data["per_gpu"]["activations"] == 0   # 12 B states + fp32 grads
+    assert data["per_gpu"]["grads"] == 0 and data["per_gpu"]["params"] == 2 * 70 * 10**9
 
 
 def test_estimate_table_names_the_working_set():

@@ -175,6 +175,7 @@ def test_claims_recomputed_by_hand():
     assert by["4c"] == 64 * 80 * one and by["4d"] == 16 * 64 * 80 * one == 5 * 2**40
     kept = claims.kept(seq=4096, batch=16)
     assert kept["logsumexp, fp32, per query head and row (flash)"] == 4 * 4096 * 16 * 64
+    assert kept["HF eager: fp32 P + bf16 copy, 6 B a score"] == 6 * 4096 ** 2 * 64 * 16
     assert kept["k and v (key/value heads only: GQA)"] * 8 == kept["k and v if every query head had its own (MHA)"]
 
 
@@ -191,13 +192,62 @@ def test_quiz_answers_by_hand():
     for seed in range(20):
         QUIZ.seed(seed)
         q = {x.id: x for x in QUIZ.questions}
-        n = q["naive-scores"].numbers
-        assert math.isclose(q["naive-scores"].value(), 2 * n["seq"] ** 2 * n["heads"] * n["layers"] * n["batch"] / 1e9)
-        n = q["lse-bytes"].numbers
-        assert math.isclose(q["lse-bytes"].value(), 4 * n["seq"] * n["heads"] * n["batch"] / 1e6)
-        n = q["recompute-flops"].numbers
-        assert math.isclose(q["recompute-flops"].value(), 2 * n["seq"] ** 2 * n["head_dim"] * n["heads"] / 1e12)
+        n = q["q1"].numbers
+        assert math.isclose(q["q1"].value(), 2 * n["seq"] ** 2 * n["heads"] * n["layers"] * n["batch"] / 1e9)
+        n = q["q2"].numbers
+        assert math.isclose(q["q2"].value(), 4 * n["seq"] * n["heads"] * n["batch"] / 1e6)
+        n = q["q3"].numbers
+        assert math.isclose(q["q3"].value(), n["naive_mib"] * (n["s2"] // n["s1"]) ** 2)
+        n = q["q4"].numbers
+        assert math.isclose(q["q4"].value(), 2 * n["seq"] ** 2 * n["head_dim"] * n["heads"] / 1e12)
+        n = q["q5"].numbers
+        assert math.isclose(q["q5"].value(), 4 * n["seq"] ** 2 * n["heads"] / 2**20)
+        n = q["q6"].numbers                                        # the online step, written out
+        m_new = max(n["m"], *n["block"])
+        want = n["l"] * math.exp(n["m"] - m_new) + sum(math.exp(x - m_new) for x in n["block"])
+        assert math.isclose(q["q6"].value(), want)
+        n = q["q7"].numbers
+        want = 14 * n["seq"] ** 2 * n["head_dim"] * n["heads"] / (989e12 * n["mfu_pct"] / 100) * 1e3
+        assert math.isclose(q["q7"].value(), want)
     assert len(QUIZ.questions) >= 4 and all(x.hint for x in QUIZ.questions)
+
+
+def test_online_step_rescales_the_old_sum():
+    m, l = diagrams.online_step(2.0, 1.5, [0.0, 4.0, 1.0])
+    assert m == 4.0 and math.isclose(l, 1.5 * math.exp(-2) + math.exp(-4) + 1 + math.exp(-3))
+    row, values = [2.0, -1.0, 3.0, 0.5, 4.0, 1.0, -2.0, 2.5], [1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 1.0, 2.0]
+    last = diagrams.online_softmax_trace(row, 3, values)[-1]
+    p = torch.tensor(row, dtype=torch.float64).softmax(0)
+    assert abs(last["acc"] / last["l"] - float(p @ torch.tensor(values, dtype=torch.float64))) < 1e-14
+
+
+def test_tiles_diagram_counts_needed_pairs():
+    text = diagrams.tiles_diagram(10, 10, 3, causal=True)
+    assert "needed (key j <= query i): 55 of 100" in text and "64 of 100" in text   # 10*11/2; whole tiles
+
+
+def test_hbm_model_by_hand():
+    """Per head, e = 2, N = 2048, d = 128, B = 128 (16 blocks), written out from the loops."""
+    N, d, e, B = 2048, 128, 2, 128
+    passes = N // B
+    naive = attention_flops.hbm_bytes("naive", N, 1, d)
+    assert naive == {"forward": e * (4 * N * d + 4 * N * N), "backward": e * (8 * N * d + 7 * N * N)}
+    tiled = attention_flops.hbm_bytes("tiled", N, 1, d, block=B)
+    fwd = e * N * d + passes * 2 * e * N * d + e * N * d + 4 * N                  # Q; K, V per q block; O; lse
+    bwd = (2 * e * N * d + 4 * N                                                  # D = rowsum(dO * O)
+           + 4 * e * N * d                                                        # K, V in; dK, dV out
+           + passes * (2 * e * N * d + 2 * 4 * N * d + 2 * 4 * N)                 # Q, dO; fp32 dQ in+out; lse, D
+           + 4 * N * d + e * N * d)                                               # dQ fp32 -> bf16
+    assert tiled == {"forward": fwd, "backward": bwd}
+    # the re-read term is quadratic: 2 N^2 d / B elements forward
+    big = attention_flops.hbm_bytes("tiled", 2 * N, 1, d, block=B)["forward"]
+    assert big - 2 * tiled["forward"] == e * 2 * (2 * N) ** 2 * d // B - 2 * e * 2 * N * N * d // B
+
+
+def test_cpu_flash_scratch_by_hand():
+    """ATen's CPU flash kernel: q split 256, kv split 512 from s >= 768: (256*512 + 2*256 + 256*64) fp32."""
+    assert am.cpu_flash_scratch_bytes(8192, 64) == 4 * (256 * 512 + 512 + 256 * 64) == 591_872
+    assert am.cpu_flash_scratch_bytes(768, 64) == am.cpu_flash_scratch_bytes(8192, 64)
 
 
 def _lab_ns():
@@ -231,6 +281,23 @@ def test_labcheck_refuses_the_whole_score_matrix():
             s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
         return s.softmax(-1) @ v.repeat_interleave(rep, 1), torch.logsumexp(s, -1)
     ns["online_softmax_attention"] = whole
+    bad = labcheck.check(ns, show=False).problems
+    assert bad and "score matrix" in bad[0].detail
+
+
+def test_labcheck_refuses_the_score_matrix_one_head_at_a_time():
+    ns = _lab_ns()
+
+    def per_head(q, k, v, causal=False, block=32):
+        rep, outs, lses = q.shape[1] // k.shape[1], [], []
+        for h in range(q.shape[1]):
+            s = q[:, h] @ k[:, h // rep].transpose(-1, -2) / q.shape[-1] ** 0.5     # (b, s_q, s_k)
+            if causal:
+                s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+            outs.append(s.softmax(-1) @ v[:, h // rep])
+            lses.append(torch.logsumexp(s, -1))
+        return torch.stack(outs, 1), torch.stack(lses, 1)
+    ns["online_softmax_attention"] = per_head
     bad = labcheck.check(ns, show=False).problems
     assert bad and "score matrix" in bad[0].detail
 

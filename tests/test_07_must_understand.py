@@ -388,7 +388,9 @@ def test_plans_fewest_gpus_and_offloaded_total():
         p = q.prompt_text()
         psi, n = int(num(r"\(([\d,]+) parameters", p)), int(num(r"on (\d+) ", p))
         acts, ws = num(r"holds ([\d.]+) GB of activations", p), num(r"working set of ([\d.]+) GB", p)
-        assert q.value() == pytest.approx(4 * shard(psi, n) / GB + acts + ws, abs=0.011)
+        # DeepSpeed's stage3.py puts the 16-bit gradient partition on the CPU when the optimizer
+        # is offloaded: only the bf16 weight shard stays on the GPU
+        assert q.value() == pytest.approx(2 * shard(psi, n) / GB + acts + ws, abs=0.011)
 
 
 def test_fixed_choices_explain_with_computed_numbers():

@@ -32,6 +32,7 @@ roofline bound, not a prediction). Torch-free; GPU figures come from ``gpumem.me
 
 from ..errors import positive_int
 from . import gpus as gpu_table
+from .speed import MFU
 
 
 def visible_pairs(s_q: int, s_k: int, causal: bool, block: int | None = None) -> int:
@@ -88,7 +89,7 @@ def ridge(gpu: str = "h100-80gb") -> float:
 
 
 def roofline(method: str, seq: int, heads: int, head_dim: int, batch: int = 1, gpu: str = "h100-80gb",
-             elem: int = 2, block: int = 128, mfu: float = 0.4) -> dict:
+             elem: int = 2, block: int = 128, mfu: float = MFU) -> dict:
     """FLOPs, bytes, arithmetic intensity and the roofline lower bound on seconds (forward +
     backward) of one attention call on ``gpu`` at its dense bf16 peak and full HBM bandwidth;
     ``mfu_s`` is the FLOPs' time at ``mfu`` of the peak instead (a stated utilisation)."""

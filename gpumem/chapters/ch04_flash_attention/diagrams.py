@@ -6,79 +6,109 @@ import math
 
 from gpumem import units
 from gpumem.course.drawing import bar, box
-from gpumem.memory import attention_flops, gpus, models
+from gpumem.memory import attention_flops, gpus, models, speed
 
 from . import claims
 
 
 def problem_box(model: str = "llama-3-70b", seq: int = 4096, batch: int = 16, gpu: str = "h100-80gb") -> str:
-    """The score matrices a naive kernel would keep, from one head up to the note's whole batch."""
+    """The probability matrices a naive kernel would keep, from one head up to the note's whole batch."""
     cfg, g = models.get(model), gpus.get(gpu)
     steps = [("one head, one layer, one sequence", claims.scores(seq)),
              (f"x {cfg.n_heads} query heads = one layer", claims.scores(seq, cfg.n_heads)),
              (f"x {cfg.n_layers} layers", claims.scores(seq, cfg.n_heads, cfg.n_layers)),
              (f"x batch {batch}", claims.scores(seq, cfg.n_heads, cfg.n_layers, batch))]
     top = steps[-1][1]
-    lines = [f"fp32 scores S = QK^T, s = {seq:,}: one s x s matrix per query head"]
+    lines = [f"fp32 probabilities P = softmax(S), s = {seq:,}: one s x s per query head"]
     for label, b in steps:
         lines.append(f"{label:36s} {units.fmt(b, 'GiB', 2):>14s}  {bar(int(math.log2(b)), int(math.log2(top)), 16)}")
     lines += ["(bars on a log2 scale)",
-              f"one {g.label} reports {units.fmt(g.capacity, 'GiB', 1)}: the batch's scores fill {top / g.capacity:,.0f}",
-              f"FlashAttention keeps one fp32 logsumexp per head and row instead: "
+              f"one {g.label}: {units.fmt(g.capacity, 'GiB', 1)} in all, as CUDA reports it (no reserve",
+              f"taken off): the batch's probabilities would fill {top / g.capacity:,.0f} such GPUs",
+              f"FlashAttention keeps instead one fp32 logsumexp per query head and row,",
+              f"for all {cfg.n_layers} layers and the batch of {batch}: "
               f"{units.fmt(4 * seq * cfg.n_heads * cfg.n_layers * batch, 'GiB', 2)}"]
     return box(f"{cfg.name}: what a naive attention kernel keeps for backward", lines)
 
 
-def online_softmax_trace(scores: list[float], block: int) -> list[dict]:
-    """The online softmax of one row, block by block: the running max m, the running sum l of
-    exp(x - m) (rescaled by exp(m_old - m_new) when m grows), after each block."""
-    m, l, out = -math.inf, 0.0, []
+def online_step(m: float, l: float, block: list[float]) -> tuple[float, float]:
+    """One online-softmax update: the new running max and sum after ``block`` of scores, from the
+    old max ``m`` and sum ``l`` = sum of exp(x - m) over the scores seen before."""
+    m_new = max(m, max(block))
+    kept = l * math.exp(m - m_new) if m > -math.inf else 0.0
+    return m_new, kept + sum(math.exp(x - m_new) for x in block)
+
+
+def online_softmax_trace(scores: list[float], block: int, values: list[float] | None = None) -> list[dict]:
+    """The online softmax of one row, block by block. After each block the invariant holds:
+    ``l`` = sum over the keys seen of exp(x - m) and ``acc`` = sum of exp(x - m) * v (one number
+    per key in ``values``, a head dim of 1), with m the largest score seen. Each step records the
+    old sum rescaled (``kept_l``) and the block's own part (``fresh_l``), likewise for acc."""
+    values = values if values is not None else [0.0] * len(scores)
+    m, l, acc, out = -math.inf, 0.0, 0.0, []
     for j0 in range(0, len(scores), block):
-        blk = scores[j0:j0 + block]
-        m_new = max(m, max(blk))
+        blk, vals = scores[j0:j0 + block], values[j0:j0 + block]
+        m_new, _ = online_step(m, l, blk)
         correction = math.exp(m - m_new) if m > -math.inf else 0.0
-        l = l * correction + sum(math.exp(x - m_new) for x in blk)
-        out.append({"block": blk, "m_old": m, "m": m_new, "correction": correction, "l": l})
-        m = m_new
+        fresh_l = sum(math.exp(x - m_new) for x in blk)
+        fresh_acc = sum(math.exp(x - m_new) * y for x, y in zip(blk, vals))
+        out.append({"block": blk, "values": vals, "m_old": m, "m": m_new, "correction": correction,
+                    "kept_l": l * correction, "fresh_l": fresh_l, "l": l * correction + fresh_l,
+                    "kept_acc": acc * correction, "fresh_acc": fresh_acc, "acc": acc * correction + fresh_acc})
+        m, l, acc = m_new, l * correction + fresh_l, acc * correction + fresh_acc
     return out
 
 
-def online_softmax_diagram(scores: list[float], block: int = 3) -> str:
-    """The trace as a diagram, then softmax from the final m and l beside the two-pass softmax."""
-    steps = online_softmax_trace(scores, block)
-    lines = [f"row of scores: {', '.join(f'{x:g}' for x in scores)}   (blocks of {block})", ""]
+def online_softmax_diagram(scores: list[float], block: int = 3, values: list[float] | None = None) -> str:
+    """The trace as a diagram (l and acc updated as rescaled old part + the block's part), then
+    softmax from the final m and l beside the two-pass softmax, and acc / l beside softmax . v."""
+    values = values if values is not None else [1.0 + (i % 3) for i in range(len(scores))]
+    steps = online_softmax_trace(scores, block, values)
+    lines = [f"row of scores x: {', '.join(f'{x:g}' for x in scores)}   (blocks of {block})",
+             f"values v (d = 1): {', '.join(f'{y:g}' for y in values)}",
+             "after each block: l = sum over keys seen of exp(x - m), acc = sum of exp(x - m) * v", ""]
     for i, st in enumerate(steps):
         old = "-inf" if st["m_old"] == -math.inf else f"{st['m_old']:g}"
-        lines.append(f"block {i}: [{', '.join(f'{x:g}' for x in st['block'])}]")
-        lines.append(f"   m = max({old}, {max(st['block']):g}) = {st['m']:g}   rescale old sum by "
-                     f"exp({old} - {st['m']:g}) = {st['correction']:.4f}")
-        lines.append(f"   l = {st['l']:.4f}")
-    m, l = steps[-1]["m"], steps[-1]["l"]
+        lines.append(f"block {i}: x [{', '.join(f'{x:g}' for x in st['block'])}], "
+                     f"v [{', '.join(f'{y:g}' for y in st['values'])}]")
+        lines.append(f"   m   = max({old}, {max(st['block']):g}) = {st['m']:g};  "
+                     f"rescale = exp({old} - {st['m']:g}) = {st['correction']:.4f}")
+        lines.append(f"   l   = {st['kept_l']:.4f} (old l x rescale) + {st['fresh_l']:.4f} (block) = {st['l']:.4f}")
+        lines.append(f"   acc = {st['kept_acc']:.4f} (old acc x rescale) + {st['fresh_acc']:.4f} (block) "
+                     f"= {st['acc']:.4f}")
+    m, l, acc = steps[-1]["m"], steps[-1]["l"], steps[-1]["acc"]
     online = [math.exp(x - m) / l for x in scores]
     full_m = max(scores)
     total = sum(math.exp(x - full_m) for x in scores)
     two_pass = [math.exp(x - full_m) / total for x in scores]
+    lse = m + math.log(l)
     lines += ["", "softmax = exp(x - m) / l : " + " ".join(f"{p:.3f}" for p in online),
               "two-pass softmax         : " + " ".join(f"{p:.3f}" for p in two_pass),
+              "exp(x - lse)             : " + " ".join(f"{math.exp(x - lse):.3f}" for x in scores),
               f"largest difference {max(abs(a - b) for a, b in zip(online, two_pass)):.1e}; "
-              f"logsumexp = m + log(l) = {m + math.log(l):.4f}"]
-    return box("online softmax: one pass over the blocks, nothing stored but m and l", lines)
+              f"lse = m + log(l) = {lse:.4f}",
+              f"output acc / l = {acc / l:.6f};  softmax . v = {sum(p * y for p, y in zip(two_pass, values)):.6f}"]
+    return box("online softmax: one pass over the blocks, nothing stored but m, l and acc", lines, width=92)
 
 
 def tiles_diagram(s_q: int, s_k: int, block: int, causal: bool = True) -> str:
     """Which (query block, key block) tiles a tiled kernel computes: # whole, / on the diagonal, . skipped."""
-    rows = []
+    head = "".join(f"{f'{j0}-{min(j0 + block, s_k) - 1}':>6s}" for j0 in range(0, s_k, block))
+    rows = [f"{'':12s}{head}   <- key blocks"]
     for i0 in range(0, s_q, block):
         i1 = min(i0 + block, s_q)
         cells = ""
         for j0 in range(0, s_k, block):
             j1 = min(j0 + block, s_k)
-            cells += "." if causal and j0 > i1 - 1 else "/" if causal and j1 - 1 > i0 else "#"
-        rows.append(f"q {i0:5d}-{i1 - 1:<5d} {cells}")
+            cells += f"{'.' if causal and j0 > i1 - 1 else '/' if causal and j1 - 1 > i0 else '#':>6s}"
+        rows.append(f"q {i0:4d}-{i1 - 1:<4d} {cells}")
     done = attention_flops.visible_pairs(s_q, s_k, causal, block)
-    lines = rows + ["", f"# every score computed, / partly masked (computed, then set to -inf), . skipped",
-                    f"scores computed: {done:,} of {s_q * s_k:,} ({100 * done / (s_q * s_k):.0f} %)"]
-    return box(f"tiles of {block} x {block}, s_q {s_q}, s_k {s_k}{', causal' if causal else ''}", lines, width=60)
+    need = attention_flops.visible_pairs(s_q, s_k, causal)
+    total = s_q * s_k
+    lines = rows + ["", "# every score computed, / partly masked (computed, then set to -inf), . skipped",
+                    f"scores computed: {done:,} of {total:,} ({100 * done / total:.0f} %); "
+                    f"needed (key j <= query i): {need:,} of {total:,}"]
+    return box(f"tiles of {block} x {block}, s_q {s_q}, s_k {s_k}{', causal' if causal else ''}", lines, width=92)
 
 
 def attention_table(result: dict) -> str:
@@ -107,15 +137,35 @@ def attention_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def flops_table(model: str = "llama-3-70b", seqs=(2048, 8192, 32768), gpu: str = "h100-80gb", block: int = 128) -> str:
-    """Per layer of ``model`` (one sequence, bf16): matmul FLOPs, HBM bytes and the roofline bound
-    of naive and tiled attention, forward + backward."""
+def flops_table(model: str = "llama-3-70b", seqs=(2048, 8192, 32768), gpu: str = "h100-80gb", block: int = 128,
+                mfu: float = speed.MFU) -> str:
+    """Per layer of ``model`` (one sequence, bf16): matmul FLOPs, HBM bytes, the roofline bound of
+    naive and tiled attention (forward + backward) and the FLOPs' time at ``mfu`` of the peak."""
     cfg = models.get(model)
-    lines = [f"{cfg.name}, one layer, batch 1, bf16, {gpus.get(gpu).label}; tiled query block {block}",
-             f"{'s':>7s} {'kernel':7s}{'TFLOP':>9s}{'HBM GB':>10s}{'FLOP/B':>9s}{'bound ms':>10s}  bound by"]
+    lines = [f"{cfg.name}, one layer, batch 1, bf16, {gpus.get(gpu).label}; tiled query block {block}; "
+             f"K and V counted per query head",
+             f"{'s':>7s} {'kernel':7s}{'TFLOP':>9s}{'HBM GB':>10s}{'FLOP/B':>9s}{'bound ms':>10s}  {'bound by':9s}"
+             f"{f'ms at {mfu:.0%} MFU':>16s}"]
     for s in seqs:
         for method in ("naive", "tiled"):
-            r = attention_flops.roofline(method, s, cfg.n_heads, cfg.head_dim, 1, gpu, 2, block)
+            r = attention_flops.roofline(method, s, cfg.n_heads, cfg.head_dim, 1, gpu, 2, block, mfu)
             lines.append(f"{s:7d} {method:7s}{r['flops'] / 1e12:9.2f}{r['bytes'] / 1e9:10.2f}{r['intensity']:9.0f}"
-                         f"{r['bound_s'] * 1e3:10.2f}  {r['bound_by']}")
+                         f"{r['bound_s'] * 1e3:10.2f}  {r['bound_by']:9s}{r['mfu_s'] * 1e3:16.2f}")
+    lines.append(f"ridge point of the {gpus.get(gpu).label}: {attention_flops.ridge(gpu):.0f} FLOP/B "
+                 "(peak FLOP/s over HBM bytes/s)")
+    return "\n".join(lines)
+
+
+def scale_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), seqs=(2048, 8192, 32768),
+                gpu: str = "h100-80gb", mfu: float = speed.MFU, block: int = 128) -> str:
+    """Per layer and sequence: the tiled attention core's time at ``mfu`` against the layer's weight
+    matmuls (6 x layer parameters x tokens, forward + backward) at the same MFU."""
+    lines = [f"one layer, batch 1, {gpus.get(gpu).label} at {mfu:.0%} MFU (forward + backward)",
+             f"{'model':16s}{'s':>7s}{'attention ms':>14s}{'matmuls ms':>12s}{'attention share':>17s}"]
+    for name in names:
+        cfg = models.get(name)
+        for s in seqs:
+            att = attention_flops.roofline("tiled", s, cfg.n_heads, cfg.head_dim, 1, gpu, 2, block, mfu)["mfu_s"]
+            mat = speed.seconds(6 * cfg.layer_params() * s, gpu, mfu)
+            lines.append(f"{cfg.name:16s}{s:7,d}{att * 1e3:14.2f}{mat * 1e3:12.2f}{100 * att / (att + mat):16.0f} %")
     return "\n".join(lines)

@@ -5,7 +5,7 @@ core on real CPU tensors (``gpumem.memory.attention_measure.measure``): peak byt
 bytes saved for backward, and beside them chapter 01's formula for the saved bytes
 (``gpumem.memory.activations.layer_terms``, the attention core's terms). Then the ratios when s
 doubles, the SDPA backend that ran and why, and the tiled kernel's largest difference from SDPA.
-With ``device="cuda"``: SDPA's math, memory-efficient and flash backends on the GPU.
+With ``device="cuda"``: SDPA's math, memory-efficient, flash and cuDNN backends on the GPU.
 
 Attention memory is per rank, so the experiment runs in one process whatever ``ranks`` says.
 """

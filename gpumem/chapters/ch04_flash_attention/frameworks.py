@@ -7,7 +7,8 @@ Sources (read, not run, except PyTorch's SDPA on CPU): PyTorch 2.13 ``torch.nn.a
 (FlashAttention-2 needs Ampere, Ada or Hopper, i.e. sm80 and newer; Turing support "coming
 soon" for 1.x only; FlashAttention-3 targets Hopper) and ``flash_attn/flash_attn_interface.py``;
 Hugging Face Transformers' ``attn_implementation`` ("eager", "sdpa", "flash_attention_2",
-"flex_attention"). GPU generations from ``gpumem.memory.gpus``.
+"flash_attention_3", "flex_attention"); flash_attn 2.1's changelog (causal masks aligned to the
+bottom-right corner when s_q != s_k). GPU generations from ``gpumem.memory.gpus``.
 """
 
 import textwrap
@@ -22,11 +23,18 @@ SWITCHES = [
     ("math backend", "matmul, softmax, matmul in PyTorch ops: keeps the s x s probabilities, like naive code"),
     ("memory-efficient", "Rabe & Staats / xFormers kernel: O(s) memory, fp32 too, any head dim up to its limit, "
                          "supports an additive attn_mask"),
-    ("flash (CUDA)", "FlashAttention-2 inside PyTorch: fp16/bf16 only, head dim <= 256, sm80+ for the full speed"),
+    ("flash (CUDA)", "FlashAttention-2 inside PyTorch: fp16/bf16 only, head dim <= 256, sm80+ only (no flash "
+                     "backend at all on older GPUs)"),
+    ("cuDNN (CUDA)", "NVIDIA's cuDNN fused attention (SDPBackend.CUDNN_ATTENTION): recent GPUs, fp16/bf16"),
     ("flash_attn package", "pip install flash-attn (compiles CUDA); flash_attn_func(q, k, v, causal=True) takes "
-                           "(b, s, heads, d) and GQA directly; returns softmax_lse when asked"),
-    ("HF Transformers", "from_pretrained(..., attn_implementation='eager' | 'sdpa' | 'flash_attention_2'); "
-                        "'eager' materialises fp32 softmax scores (chapter 01), 'sdpa' is the default where it applies"),
+                           "(b, s, heads, d) and GQA directly; returns softmax_lse when asked; from 2.1 its causal mask "
+                           "is aligned bottom-right when s_q != s_k"),
+    ("causal alignment", "SDPA's is_causal, this chapter's tiled kernel and the lab align top-left (query i sees "
+                         "keys j <= i); for bottom-right in SDPA pass attn_mask="
+                         "torch.nn.attention.bias.causal_lower_right(s_q, s_k)"),
+    ("HF Transformers", "from_pretrained(..., attn_implementation='eager' | 'sdpa' | 'flash_attention_2' | "
+                        "'flash_attention_3'); 'eager' materialises fp32 softmax probabilities plus a bf16 copy "
+                        "(6 B a score, chapter 01), 'sdpa' is the default where it applies"),
     ("DeepSpeed / Megatron", "call the same kernels: Megatron-Core uses Transformer Engine's fused attention "
                              "(cuDNN or flash) with --attention-backend; DeepSpeed leaves attention to the model code"),
 ]

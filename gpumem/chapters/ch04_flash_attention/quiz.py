@@ -1,13 +1,17 @@
 """Chapter 04's quiz: what a naive kernel keeps, what FlashAttention keeps instead, how each grows
 with s, and what the recomputation costs. Each attempt draws a model, sequence length and batch;
-every expected value is computed by the library (``claims``, ``gpumem.memory.attention_flops``)."""
+every expected value is computed by the library (``claims``, ``diagrams.online_step``,
+``gpumem.memory.attention_flops``)."""
 
-from gpumem.course.quiz import Choice, Numeric, Quiz
+import math
+
+from gpumem.course.quiz import Numeric, Quiz
 from gpumem.course.quiz_draws import LLAMAS, UNIT_MIXUP, model_numbers, pick
+from gpumem.memory import gpus, speed
 from gpumem.memory import attention_flops, models
 from gpumem.units import GB
 
-from . import claims
+from . import claims, diagrams
 
 SEQS = (2048, 4096, 8192, 16384)
 
@@ -27,9 +31,37 @@ def _lse(rng) -> dict:
 
 
 def _growth(rng) -> dict:
-    n = {"s1": pick(rng, (1024, 2048)), "k": pick(rng, (2, 4, 8)), "naive_mib": pick(rng, (40, 72, 136)),
-         "tiled_mib": pick(rng, (6, 10, 18))}
+    n = {"s1": pick(rng, (1024, 2048)), "k": pick(rng, (2, 4, 8)), "naive_mib": pick(rng, (40, 72, 136, 98)),
+         "tiled_mib": pick(rng, (6, 10, 18, 24))}
     n["s2"] = n["s1"] * n["k"]
+    return n
+
+
+def _step(rng) -> dict:
+    m = pick(rng, (1, 2, 3, 4))
+    n = {"m": m, "l": pick(rng, (1.5, 2.0, 2.5, 3.2)),
+         "block": [float(m + d) for d in (pick(rng, (-2, -1, 0)), pick(rng, (1, 2)), pick(rng, (-3, -1)))]}
+    n["m_new"], n["l_new"] = diagrams.online_step(n["m"], n["l"], n["block"])
+    n["block_text"] = ", ".join(f"{x:g}" for x in n["block"])
+    return n
+
+
+def _dropout(rng) -> dict:
+    n = {"seq": pick(rng, (2048, 4096, 8192)), "heads": pick(rng, (2, 4, 8))}
+    n["probs_mib"] = claims.scores(n["seq"], n["heads"]) / 2**20
+    n["lse_mib"] = 4 * n["seq"] * n["heads"] / 2**20
+    return n
+
+
+def _time(rng) -> dict:
+    n = model_numbers(pick(rng, LLAMAS)) | {"seq": pick(rng, (4096, 8192, 16384)), "mfu_pct": pick(rng, (35, 40, 50))}
+    cfg = models.get(n["model_name"])
+    r = attention_flops.roofline("tiled", n["seq"], cfg.n_heads, cfg.head_dim, 1, "h100-80gb", 2, 128,
+                                 n["mfu_pct"] / 100)
+    g = gpus.get("h100-80gb")
+    n |= {"head_dim": cfg.head_dim, "tflops": g.bf16_flops / 1e12, "ms": r["mfu_s"] * 1e3,
+          "tflop": r["flops"] / 1e12, "matmul_ms": speed.seconds(6 * cfg.layer_params() * n["seq"], g,
+                                                                 n["mfu_pct"] / 100) * 1e3}
     return n
 
 
@@ -45,7 +77,7 @@ def _recompute(rng) -> dict:
 
 
 QUIZ = Quiz("04_flash_attention", [
-    Numeric("naive-scores",
+    Numeric("q1",
             "{model} ({layers} layers, {heads} query heads, {kv_heads} key/value heads) trains on {batch} "
             "sequence(s) of {seq:,} tokens with a naive attention kernel that keeps the bf16 softmax "
             "probabilities of every layer for backward. How many bytes do those probabilities take in all?",
@@ -60,7 +92,7 @@ QUIZ = Quiz("04_flash_attention", [
                    (lambda n: n["expected"] / n["layers"], "that is one layer; every layer keeps its own."),
                    UNIT_MIXUP),
             draw=_scores),
-    Numeric("lse-bytes",
+    Numeric("q2",
             "With FlashAttention, one layer of {model} ({heads} query heads, {kv_heads} key/value heads) keeps "
             "for backward q, k, v, the output, and one more tensor. At {seq:,} tokens and batch {batch}, how "
             "many MB is that extra tensor?",
@@ -74,18 +106,19 @@ QUIZ = Quiz("04_flash_attention", [
                    (lambda n: n["lse_mb"] * 2, "that keeps the max and the sum separately; one number per row "
                                                "suffices, m + log(l).")),
             draw=_lse),
-    Numeric("doubling-law",
-            "Measured on a CPU: at s = {s1:,} one forward and backward of naive attention peaks at {naive_mib} MiB "
-            "above its inputs, and the tiled kernel at {tiled_mib} MiB, both almost all from terms that grow with "
-            "s. Predict the naive kernel's peak at s = {s2:,}, in MiB.",
+    Numeric("q3",
+            "A naive attention kernel's forward + backward peaks at {naive_mib} MiB above its inputs at s = "
+            "{s1:,}, nearly all of it in tensors of s x s elements per head (terms that grow with s^2). "
+            "Assuming those terms dominate, predict its peak at s = {s2:,}, in MiB.",
             answer=lambda n: n["naive_mib"] * n["k"] ** 2, unit="MiB", rel_tol=0.02,
             hint="Which tensor dominates the naive kernel's peak, and how does its size depend on s?",
             explanation="The scores and probabilities are s x s: {k}x the length is {k}^2 the bytes, "
-                        "{answer} MiB. The tiled kernel's peak grows {k}x, to about {tiled_mib} x {k} MiB.",
+                        "{answer} MiB (a little less in a measurement, where the linear terms grow only {k}x). "
+                        "A tiled kernel's peak grows {k}x instead.",
             traps=((lambda n: n["naive_mib"] * n["k"], "that is linear growth, the tiled kernel's law; the "
                                                        "naive kernel keeps s x s matrices."),),
             draw=_growth),
-    Numeric("recompute-flops",
+    Numeric("q4",
             "{model} has {heads} query heads of {head_dim}. A tiled attention kernel's backward rebuilds "
             "S = QK^T from q, k and the logsumexp, where a naive kernel's backward reads the kept "
             "probabilities. At s = {seq:,}, batch 1, no causal mask, how many TFLOP does that add per layer "
@@ -98,11 +131,44 @@ QUIZ = Quiz("04_flash_attention", [
             traps=((lambda n: 2 * n["extra_t"], "that recomputes the whole forward (QK^T and PV); the backward "
                                                 "needs P, not the output."),),
             draw=_recompute),
-    Choice("which-backend",
-           "On a GPU, PyTorch's scaled_dot_product_attention runs inside "
-           "sdpa_kernel(SDPBackend.MATH). What does backward keep per query head?",
-           ["the s x s probabilities, as naive code does", "the output and one logsumexp per row",
-            "only q, k and v", "nothing: the math backend recomputes everything"],
-           0, "The math backend is PyTorch ops: matmul, softmax, matmul. Autograd saves the softmax's output.",
-           hint="Which backends are fused kernels, and which is made of ordinary operators?"),
+    Numeric("q5",
+            "On a CPU you train through F.scaled_dot_product_attention with dropout_p = 0.1, {heads} heads, "
+            "s = {seq:,}, batch 1, fp32. Work out which backend PyTorch runs, then how many MiB the softmax "
+            "output it keeps for backward takes (leave out q, k, v, the dropout mask and the output).",
+            answer=lambda n: n["probs_mib"], unit="MiB", rel_tol=0.01,
+            hint="Does PyTorch's fused CPU kernel accept dropout? If not, what is the fallback made of, and "
+                 "what does autograd save for a softmax?",
+            explanation="Any dropout_p > 0 sends SDPA on a CPU to the math backend: matmul, softmax, dropout, "
+                        "matmul in ordinary operators. The softmax's output is kept, one fp32 s x s matrix per "
+                        "head: 4 x {seq:,}^2 x {heads} B = {answer} MiB (the fused kernel would keep "
+                        "{lse_mib:.2f} MiB of logsumexp instead).",
+            traps=((lambda n: n["lse_mib"], "that is the fused kernel's logsumexp; with dropout the fused CPU "
+                                            "kernel does not run."),
+                   (lambda n: n["probs_mib"] / n["heads"], "that is one head; every head keeps its own.")),
+            draw=_dropout),
+    Numeric("q6",
+            "One query row's online softmax so far: running max m = {m}, running sum l = {l} "
+            "(l = sum of exp(x - m) over the scores seen). The next key block brings the scores "
+            "{block_text}. What is l after this block?",
+            answer=lambda n: n["l_new"], rel_tol=0.005,
+            hint="First the new max. Then rescale the old sum by exp(m_old - m_new) and add the block's "
+                 "exp(x - m_new).",
+            explanation="m_new = {m_new:g}; l = {l} x exp({m} - {m_new:g}) + the sum of exp(x - {m_new:g}) over "
+                        "the block = {answer}.",
+            traps=((lambda n: n["l"] + sum(math.exp(x - n["m_new"]) for x in n["block"]),
+                    "the old sum was taken against the old max: rescale it by exp(m_old - m_new) first."),),
+            draw=_step),
+    Numeric("q7",
+            "{model} ({heads} query heads of {head_dim}) at s = {seq:,}, batch 1, no mask: how many ms does one "
+            "layer's tiled attention core (forward + backward, including the backward's recompute of S) take "
+            "on an H100 ({tflops:.0f} TFLOP/s dense bf16) at {mfu_pct} % MFU?",
+            answer=lambda n: n["ms"], unit="ms", rel_tol=0.02,
+            hint="Count the matmul FLOPs per head: 4 s^2 d forward, 10 s^2 d backward; then divide by the "
+                 "achieved FLOP/s.",
+            explanation="14 x {seq:,}^2 x {head_dim} x {heads} = {tflop:.2f} TFLOP, at {mfu_pct} % of {tflops:.0f} "
+                        "TFLOP/s: {answer} ms, beside {matmul_ms:.1f} ms for the layer's weight matmuls at the same "
+                        "MFU.",
+            traps=((lambda n: n["ms"] * 12 / 14, "that leaves out the backward's recompute of S = QK^T."),
+                   (lambda n: n["ms"] * n["mfu_pct"] / 100, "that is at the full peak; divide by the MFU too.")),
+            draw=_time),
 ])

@@ -172,13 +172,17 @@ QUESTIONS = [
             "and a working set of {ws_gb:.2f} GB besides its model states. How many GB does each GPU "
             "hold in all?",
             answer=lambda n: n["total_gb"], unit="GB", rel_tol=0.01,
-            hint="Which bytes per parameter stay on the GPU when the optimizer states leave, and what "
-                 "does ZeRO-3 do to them?",
-            explanation="bf16 weights {p_gb:.2f} GB + bf16 gradients {g_gb:.2f} GB (both 1/{gpus} shards) "
-                        "+ activations + working set = {answer} GB; it {verdict} the {usable_gb:.1f} GB "
+            hint="When DeepSpeed's ZeRO-3 offloads the optimizer, where does each rank's gradient "
+                 "partition live? Count what is left on the GPU per parameter, then shard it.",
+            explanation="bf16 weight shard {p_gb:.2f} GB (1/{gpus}) + activations + working set = {answer} "
+                        "GB: with the optimizer offloaded, ZeRO-3 keeps its bf16 gradient partition in "
+                        "host memory too ({g_gb:.2f} GB left on the GPU). It {verdict} the {usable_gb:.1f} GB "
                         "usable (without offload: {plain_gb:.1f} GB). The price: {host_gb:.1f} GB per "
                         "GPU in host memory and a CPU Adam step.",
-            traps=((lambda n: n["plain_gb"], "that keeps the optimizer states on the GPU."),),
+            traps=((lambda n: n["plain_gb"], "that keeps the optimizer states on the GPU."),
+                   (lambda n: n["total_gb"] + 2 * n["p_gb"], "that keeps a bf16 gradient shard on the "
+                                                            "GPU. Where does ZeRO-3 put it once the "
+                                                            "optimizer is offloaded?")),
             draw=_offloaded),
     Choice("plan-8b-one-gpu",
            "Llama-3-8B must train on one H100 80GB, sequences of 4,096, micro-batch 1. Which set-up "
