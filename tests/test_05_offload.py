@@ -53,7 +53,7 @@ def shards(run):
 
 
 def test_losses_match_the_run_without_offload(run):
-    assert set(run["loss_rel_diff"]) == {"zero2+cpu", "zero3+cpu", "zero3+nvme"}
+    assert set(run["loss_rel_diff"]) == {"zero1+cpu", "zero2+cpu", "zero3+cpu", "zero3+nvme"}
     for name, diff in run["loss_rel_diff"].items():
         assert diff <= LOSS_RTOL, name
     base = run["configs"]["zero3"]["losses"]
@@ -62,17 +62,21 @@ def test_losses_match_the_run_without_offload(run):
 
 def test_swap_files_per_rank_against_the_formula(run, shards):
     s = sum(shards)
-    states = accounting.model_states(run["n_params"], "mixed", 2, 3, "optimizer", "nvme").nvme
-    assert states == 12 * s                          # chapter 01: fp32 master, m, v of the rank's shard
+    states = accounting.model_states(run["n_params"], "mixed", 2, 3, "optimizer+params", "nvme").nvme
+    assert states == (12 + 4 + 2) * s                # fp32 master, m, v, fp32 gradient, bf16 shard
     swappable = [n for n in shards if 2 * n >= MIB]  # DeepSpeed swaps bf16 shards of 1 MiB and more
     assert len(swappable) == 2                       # the embedding and the head
     for rank in (0, 1):
         inv = run["configs"]["zero3+nvme"]["ranks"][rank]["swap_files"]
         assert inv["by_kind"]["fp32 master"] == 4 * _align(s)
         assert inv["by_kind"]["moments"] == 2 * 4 * _align(s)
-        assert inv["by_kind"]["fp32 master"] + inv["by_kind"]["moments"] - states == 12 * (_align(s) - s)
+        assert inv["by_kind"]["fp32 master"] + inv["by_kind"]["moments"] - 12 * s == 12 * (_align(s) - s)
         assert inv["by_kind"]["params"] == sum(2 * n for n in swappable)
         assert inv["by_kind"]["grads"] == sum(4 * n for n in swappable)   # fp32 gradient fragments
+        # what the formula puts on the drive and DeepSpeed keeps in RAM: tensors under 1 MiB
+        held = run["configs"]["zero3+nvme"]["ranks"][rank]["held_by_role"]
+        assert held["grads32"] == 4 * (s - sum(swappable))
+        assert inv["total"] + 4 * (s - sum(swappable)) + 2 * (s - sum(swappable)) - states == 12 * (_align(s) - s)
         assert len(inv["files"]) == 3 + 2 + 2
 
 
@@ -82,20 +86,39 @@ def test_swap_folder_removed_after_success(run, nvme_dir):
 
 
 def test_what_each_device_holds_against_the_formula(run, shards):
+    """Per rank, by hand from DeepSpeed 0.19.8's allocations (bf16, fp32 master): 16 = master 4 +
+    m 4 + v 4 + the fp32 gradient 4 per shard element on the host once offloaded; ZeRO-1 has the
+    whole bf16 gradient when backward ends, ZeRO-3 its bf16 gradient partition on the host."""
     s, n = sum(shards), run["n_params"]
     norms = 2 * ds_offload.MODEL.d_model * (2 * ds_offload.MODEL.n_layers + 1)   # kept whole (bf16) at stage 3
+    temp = 2 * 2 * ds_offload.MODEL.vocab * ds_offload.MODEL.d_model     # stage 1/2 offload's two staging buffers
     c = {k: v["ranks"][0] for k, v in run["configs"].items()}
+    for name in ("zero1", "zero1+cpu"):                                  # ZeRO-1 reduces when backward ends
+        assert c[name]["held_by_role"]["grads_unreduced"] == 2 * n, name
+    for name in ("zero2", "zero2+cpu", "zero3", "zero3+cpu"):          # hooks reduce as gradients appear
+        assert c[name]["held_by_role"]["grads_unreduced"] == 0, name
+    assert c["zero1"]["by_device"]["accelerator"] == 2 * n + 2 * n + 12 * s
+    assert c["zero1+cpu"]["by_device"]["accelerator"] == 2 * n + 2 * n
+    assert c["zero2+cpu"]["by_device"]["accelerator"] == 2 * n                  # no gradient partition kept
+    for name in ("zero1+cpu", "zero2+cpu"):
+        r = c[name]["held_by_role"]
+        assert (r["grads16"], r["grads32"], r["master"], r["moments"]) == (0, 4 * s, 4 * s, 8 * s), name
+        assert c[name]["by_device"]["host"] == 16 * s + temp, name
     assert c["zero2"]["held_by_role"]["params"] == 2 * n
     assert c["zero2"]["by_device"]["host"] == 0
     assert c["zero3"]["by_device"]["accelerator"] == 16 * s + norms             # 2 + 2 + 12 per shard element
-    assert c["zero3+cpu"]["by_device"]["accelerator"] == 4 * s + norms          # bf16 shard and its gradients
-    assert c["zero3+cpu"]["held_by_role"]["master"] == 4 * s
-    assert c["zero3+cpu"]["held_by_role"]["moments"] == 8 * s
-    assert c["zero3+cpu"]["held_by_role"]["grads32"] == 4 * s                   # DeepSpeed's fp32 gradients on the host
-    assert c["zero2+cpu"]["held_by_role"]["master"] + c["zero2+cpu"]["held_by_role"]["moments"] == 12 * s
+    assert c["zero3+cpu"]["by_device"]["accelerator"] == 2 * s + norms          # the bf16 shard only
+    assert c["zero3+cpu"]["by_device"]["host"] == (2 + 4 + 4 + 8) * s           # bf16 + fp32 grads, master, m, v
     f = c["zero3+cpu"]["formula"]
-    assert (f["accelerator"], f["host"]) == (4 * s, 12 * s)
-    assert c["zero3+nvme"]["by_device"]["nvme"] == c["zero3+nvme"]["swap_files"]["total"]
+    assert (f["accelerator"], f["host"]) == (2 * s, 18 * s)
+    for name in ("zero1", "zero1+cpu", "zero2+cpu", "zero3+cpu"):           # formula = measurement, but buffers
+        got, want = c[name]["by_device"], c[name]["formula"]
+        assert got["accelerator"] - want["accelerator"] == (norms if name == "zero3+cpu" else 0), name
+        assert got["host"] - want["host"] == (temp if name in ("zero1+cpu", "zero2+cpu") else 0), name
+    nv = c["zero3+nvme"]
+    assert nv["by_device"]["accelerator"] == 0 and nv["formula"]["accelerator"] == 0
+    assert nv["held_by_role"]["grads16"] == 2 * s                              # in host memory, never swapped
+    assert nv["by_device"]["nvme"] == nv["swap_files"]["total"]
 
 
 def test_breakdown_and_prediction_present(run):
@@ -159,15 +182,19 @@ def test_lab_verdict_names_the_largest_overflowing_state():
              "buffers": 0}
     ok, words = labcheck.verdict(roles, cfg, 10_000_000)
     assert not ok and "over by 6.00 MB" in words and "Adam moments" in words
-    ok, _ = labcheck.verdict(roles, ds_offload.offload_config("zero3+cpu", None, 2), 4_000_000)
-    assert ok                                         # only the 16-bit shard and gradients stay
+    ok, _ = labcheck.verdict(roles, ds_offload.offload_config("zero3+cpu", None, 2), 2_000_000)
+    assert ok                                         # only the 16-bit shard stays (its gradients: host)
+    ok, words = labcheck.verdict(roles | {"grads_unreduced": 3_000_000}, ds_offload.offload_config("zero2", None, 2),
+                                 10_000_000)
+    assert not ok and "over by 7.00 MB" in words     # 2 + 12 states + 3 MB of whole gradients (max with 2)
 
 
 def test_claims_gpu_to_cpu_carries_the_same_bytes_as_cpu_to_gpu():
     by_id = {c.id: c for c in claims.CLAIMS}
     assert by_id["3-d2h"].ours() == pytest.approx(20.0)          # 2 B x shard both ways
     assert by_id["3-cpu-ram"].ours() == pytest.approx(16 * 16 * 128 / 130 / 8, rel=1e-3)  # Gen4 x16, GB/s
-    assert by_id["table-cpu"].ours() == pytest.approx(75.0)      # (2 + 2) of 16 B stay
+    assert by_id["table-cpu"].ours() == pytest.approx(100 * 14 / 16)   # 2 of 16 B stay (the bf16 shard)
+    assert by_id["table-nvme"].ours() == pytest.approx(100.0)     # nothing stays between uses
 
 
 @pytest.mark.parametrize("args, words", [(["--steps", "0"], "--steps must be a positive integer"),

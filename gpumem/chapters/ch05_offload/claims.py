@@ -38,7 +38,7 @@ def same_bytes_both_ways_ms() -> float:
 
 
 # what DeepSpeed's stage 3 writes to swap files (the chapter's run lists them per rank)
-NVME_STATES = ("optimizer states (fp32 master, m, v)", "fp32 gradients", "16-bit parameters")
+NVME_STATES = ("optimizer states (fp32 master, m, v)", "fp32 gradients", "16-bit parameters")   # bf16 grads: RAM
 
 CLAIMS = [
     Claim("3-hbm", "GPU HBM ~3.5 TB/s", 3500, lambda: gpus.get("h100-80gb").hbm / GB,
@@ -53,7 +53,8 @@ CLAIMS = [
     Claim("3-nvme-holds", "NVMe offload acceptable only for optimizer states (1 kind of state)", 1,
           lambda: len(NVME_STATES),
           lambda: "ZeRO-Infinity puts all model states on NVMe at stage 3: " + ", ".join(NVME_STATES)
-                  + f"; {nvme_bytes_per_param():.0f} B/param of the mixed recipe's 16", unit="kinds"),
+                  + f"; {nvme_bytes_per_param():.0f} B per shard parameter (mixed: 2 bf16 + 12 optimizer + 4 fp32 "
+                  "gradient; the bf16 gradient partition stays in RAM)", unit="kinds"),
     Claim("3-d2h", "GPU -> CPU transfer 5 ms beside 20 ms up", 5.0, same_bytes_both_ways_ms,
           lambda: "down go the rank's bf16 gradients, up its bf16 parameters: the same bytes on the same "
                   "link, so the same time unless one trip hides behind compute", unit="ms"),
@@ -62,8 +63,9 @@ CLAIMS = [
           lambda: "arithmetic right (100 / 155 = 64.5 %), but only if nothing overlaps; overlapped, the "
                   "same terms give 100 ms", unit="%"),
     Claim("table-cpu", "CPU optimizer offload saves ~50 % memory", 50.0, lambda: gpu_state_saving("optimizer"),
-          lambda: "of GPU model states (mixed, ZeRO-3, 8 GPUs): the 12 B optimizer moves, 2 + 2 B stay", unit="%"),
+          lambda: "of GPU model states (mixed, ZeRO-3, 8 GPUs): the 12 B optimizer moves, and DeepSpeed keeps "
+                  "ZeRO-3's bf16 gradient partition in host memory too; only the 2 B bf16 shard stays", unit="%"),
     Claim("table-nvme", "NVMe parameter offload saves ~20 % memory", 20.0, lambda: gpu_state_saving("optimizer+params"),
-          lambda: "with parameters and optimizer on NVMe only the 2 B gradients stay; the note's +40 % "
-                  "time has no source", unit="%"),
+          lambda: "with parameters and optimizer on NVMe no model state stays on the GPU between uses (the "
+                  "bf16 gradient partition waits in host memory); the note's +40 % time has no source", unit="%"),
 ]

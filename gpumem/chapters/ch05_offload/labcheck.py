@@ -20,19 +20,22 @@ from gpumem.memory import accounting
 LAB = "lab05_offload_budget"
 MB = 10**6
 # chapter 01's formula for the course model on 2 ranks (mixed): ZeRO-2 32.2 MB, ZeRO-3 28.6 MB,
-# ZeRO-3 + CPU optimizer 7.1 MB, ZeRO-3 + NVMe optimizer and parameters 3.6 MB; one budget per step
-BUDGETS = {"30 MB": 30 * MB, "12 MB": 12 * MB, "5 MB": 5 * MB}
+# ZeRO-3 + CPU optimizer 3.6 MB (the bf16 shard), ZeRO-3 + NVMe optimizer and parameters 0 MB
+# (DeepSpeed keeps ZeRO-3's gradient partition in host memory once it offloads); one budget per step
+BUDGETS = {"30 MB": 30 * MB, "12 MB": 12 * MB, "2 MB": 2 * MB}
 RANK_OF = {"none": 0, "optimizer": 1, "optimizer+params": 2}
 ROLE_WORDS = {"params": "16-bit parameters", "grads16": "16-bit gradients", "grads32": "fp32 gradients",
               "master": "fp32 master weights", "moments": "Adam moments (m, v)"}
 
 
 def _on_accelerator(roles: dict, config: dict) -> dict[str, int]:
-    _, offload, _ = ds_offload.describe(config)
-    optimizer_away = offload != "none"
-    keep = {"params": offload != "optimizer+params", "grads16": True, "grads32": not optimizer_away,
-            "master": not optimizer_away, "moments": not optimizer_away}
-    return {k: v for k, v in roles.items() if keep.get(k) and v}
+    """The roles a GPU would hold under ``config`` (:func:`gpumem.dist.ds_offload.placement`), the
+    gradients at their largest (backward's whole gradient at ZeRO-1, the partition otherwise)."""
+    where = ds_offload.placement(config)
+    on = {k: v for k, v in roles.items() if where.get(k) == "accelerator" and k != "grads_unreduced" and v}
+    if roles.get("grads_unreduced", 0) > on.get("grads16", 0):
+        on["grads16"] = roles["grads_unreduced"]
+    return on
 
 
 def verdict(roles: dict, config: dict, budget: int) -> tuple[bool, str]:
