@@ -44,11 +44,6 @@ def use_course_cache() -> Path:
     """Point torch's JIT at the course cache (call before DeepSpeed loads an op)."""
     path = cache_dir()
     os.environ["TORCH_EXTENSIONS_DIR"] = str(path)
-    # One ninja for every build: a different ninja on PATH (the system's vs the venv's) makes
-    # torch rebuild an op it already has (30-60 s), so the interpreter's own comes first.
-    venv_bin = str(Path(sys.executable).parent)
-    if os.environ.get("PATH", "").split(os.pathsep)[0] != venv_bin:
-        os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
     return path
 
 

@@ -83,7 +83,7 @@ def flow_diagram(n_params: int, gpus: int, recipe: str = "mixed") -> str:
     g = lambda b: units.fmt(b, "GB", 1)   # noqa: E731
     return "\n".join([
         f"ZeRO-Offload (stage 3, optimizer on the CPU), per GPU and step, {n_params / 1e9:.1f} B params on {gpus} GPUs:",
-        "  GPU (HBM): bf16 parameter shard, bf16 gradients        CPU (DRAM): fp32 master, m, v, fp32 grads",
+        "  GPU (HBM): bf16 parameter shard          CPU (DRAM): bf16 gradient partition, fp32 grads, master, m, v",
         f"     backward ---- bf16 gradient shard {g(cpu['d2h']):>9s} ---- PCIe down ----> CPU Adam updates the shard",
         f"     next forward <-- bf16 parameter shard {g(cpu['h2d']):>9s} -- PCIe up ------",
         "",
