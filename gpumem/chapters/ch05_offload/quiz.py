@@ -88,16 +88,20 @@ QUIZ = Quiz("05_offload", [
                                                  "become fp32 on the CPU."))),
     Numeric("infinity-writes",
             "{model} ({n_params:,} parameters) trains with ZeRO-Infinity on {gpus} GPUs: stage 3, optimizer "
-            "states and parameters on NVMe (mixed recipe: bf16 parameters, fp32 master, m and v). Each "
+            "states and parameters on NVMe (mixed recipe: bf16 parameters and gradients, fp32 master, m "
+            "and v). Each "
             "GPU's drive writes {write_gbs:.1f} GB/s. How many seconds does each step's write-back of the "
             "rank's swapped states take?",
             answer=_nvme_s, unit="s", rel_tol=0.02, draw=_nvme,
             hint="After the CPU step, the rank writes back every state the drive holds for its shard.",
-            explanation="The shard is {shard:,} parameters; the drive holds 12 B of fp32 master, m and v plus "
-                        "2 B of bf16 parameters for each: 14 B x {shard:,} at {write_gbs:.1f} GB/s = {answer} s.",
+            explanation="The shard is {shard:,} parameters; the drive holds 12 B of fp32 master, m and v, the "
+                        "4 B fp32 gradient the CPU optimizer reads, and 2 B of bf16 parameters for each: 18 B x "
+                        "{shard:,} at {write_gbs:.1f} GB/s = {answer} s.",
             traps=((lambda n: 12 * n["shard"] / (n["write_gbs"] * GB), "that writes the optimizer states only; "
                                                                        "ZeRO-Infinity swaps the parameters too."),
-                   (lambda n: 14 * n["n_params"] / (n["write_gbs"] * GB), "that writes the whole model; each "
+                   (lambda n: 14 * n["shard"] / (n["write_gbs"] * GB), "DeepSpeed swaps the fp32 gradients "
+                                                                       "out beside the optimizer states too."),
+                   (lambda n: 18 * n["n_params"] / (n["write_gbs"] * GB), "that writes the whole model; each "
                                                                           "rank swaps its own shard."))),
     Numeric("hide-the-transfers",
             "{model} ({n_params:,} parameters) trains on {gpus} {gpu}s ({tflops:.0f} TFLOP/s dense bf16, "
