@@ -8,25 +8,38 @@ counts the bytes (:func:`offload_traffic`) from the chapter 01 accounting
 bandwidths (:class:`Links`): the ones measured on the learner's machine
 (:mod:`gpumem.memory.bandwidth`) or datasheet figures (:func:`datasheet_links`).
 
-Per rank and per step, with s = ceil(Psi / N) parameters in the rank's shard and p16 the bytes
-of one parameter on the GPU (2 for the bf16 recipes, 4 for fp32):
+Per rank and per step, with s = ceil(Psi / N) parameters in the rank's shard, p16 the bytes of one
+parameter on the GPU (2 for the bf16 recipes, 4 for fp32) and g32 the bytes of the gradient the
+CPU optimizer reads (4 with an fp32 master, :func:`~gpumem.memory.accounting.optimizer_grad_bytes`):
 
-====================  ==================  ==============  ========================  =================
-offload (device)      d2h (grads down)    h2d (up)        NVMe read                 NVMe write
-====================  ==================  ==============  ========================  =================
-none                  0                   0               0                         0
-optimizer (cpu)       p16 * s             p16 * s         0                         0
-optimizer (nvme)      p16 * s             p16 * s         nvme states               nvme states
-optimizer+params cpu  p16 * s             2 * p16 * s     0                         0
-optimizer+params nvme p16 * s             2 * p16 * s     nvme states + p16 * s     nvme states
-====================  ==================  ==============  ========================  =================
+======================  ===================  ==============  ========================  ===============
+stage + offload         d2h (grads down)     h2d (up)        NVMe read                 NVMe write
+======================  ===================  ==============  ========================  ===============
+none                    0                    0               0                         0
+ZeRO-1/2 optimizer cpu  g32 * s              p16 * s         0                         0
+ZeRO-3 optimizer cpu    p16 * s              p16 * s         0                         0
+ZeRO-3 optimizer nvme   p16 * s              p16 * s         nvme states               nvme states
+ZeRO-3 opt+params cpu   p16 * s              2 * p16 * s     0                         0
+ZeRO-3 opt+params nvme  p16 * s              2 * p16 * s     nvme states + p16 * s     nvme states
+======================  ===================  ==============  ========================  ===============
+
+The gradient trip differs by stage in DeepSpeed 0.19.8. At ZeRO-1/2 the engine widens each
+reduced gradient slice to fp32 *on the GPU* and copies the fp32 tensor down
+(``stage_1_and_2.py``: ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` and
+``copy_grads_in_partition`` call ``.to(fp32)`` before ``copy_(non_blocking=True)``), so 4 bytes
+per shard parameter cross PCIe. At ZeRO-3 the reduce-scattered 16-bit partition is copied into the
+host-resident ``grad_partitions_flat_buffer`` (2 bytes) and widened to fp32 on the CPU
+(``stage3.py``: ``partition_grads`` then ``_offload_grad_partition_at_boundary``). The
+ZeRO-Offload paper (arXiv:2101.06840) sends fp16 gradients at every stage: ``grads="paper"``
+gives that design, ``grads="deepspeed"`` (the default) what DeepSpeed does.
 
 "nvme states" is what :func:`~gpumem.memory.accounting.model_states` puts on the drive for the
-rank. With the optimizer offloaded the updated 16-bit shard goes back up once after the CPU step;
-with parameters offloaded the step writes them in host memory (or on the drive) and ZeRO-3
-fetches each layer's shard up in forward and again in backward (DeepSpeed releases gathered
-parameters after use), so parameters cross PCIe twice, and are read from NVMe twice. Everything
-on the drive is read into host memory and written back once per step.
+rank (optimizer+params: fp32 master, m, v 12 B + fp32 gradient 4 B + bf16 parameters 2 B = 18 s).
+Backward writes the fp32 gradient (``swap_out_gradients``), the step reads it with the optimizer
+states and writes the states back, then the updated 16-bit shard is written; ZeRO-3 fetches each
+layer's shard up in forward and again in backward (DeepSpeed releases gathered parameters after
+use), so parameters cross PCIe twice and are read from NVMe twice: read 12 + 4 + 2 x 2 = 20 s,
+write 4 + 12 + 2 = 18 s.
 
 Time: each term is bytes / bandwidth on its own resource; ``overlap=False`` adds them (the note's
 155 ms example does), ``overlap=True`` takes the largest (the best any schedule can reach, each
@@ -92,11 +105,14 @@ def _check(n_params: int, recipe: str, zero: int, gpus: int, offload: str, devic
 
 
 def offload_traffic(n_params: int, recipe: str, zero: int, gpus: int, offload: str,
-                    device: str) -> dict[str, int]:
+                    device: str, grads: str = "deepspeed") -> dict[str, int]:
     """Bytes one rank moves per step over each link: ``h2d``, ``d2h``, ``nvme_read``, ``nvme_write``.
 
-    See the module's table. Raises :class:`UsageError` for combinations DeepSpeed lacks.
+    See the module's table. ``grads="deepspeed"`` follows DeepSpeed 0.19.8 (fp32 gradients down at
+    ZeRO-1/2, 16-bit at ZeRO-3); ``grads="paper"`` the ZeRO-Offload paper (16-bit at every stage).
+    Raises :class:`UsageError` for combinations DeepSpeed lacks.
     """
+    one_of(grads, ("deepspeed", "paper"), "gradient-trip model")
     n_params, gpus = _check(n_params, recipe, zero, gpus, offload, device)
     out = {"h2d": 0, "d2h": 0, "nvme_read": 0, "nvme_write": 0}
     if offload == "none":
@@ -104,7 +120,8 @@ def offload_traffic(n_params: int, recipe: str, zero: int, gpus: int, offload: s
     s = accounting.shard(n_params, gpus)
     p16 = accounting.RECIPE[recipe].params
     states = accounting.model_states(n_params, recipe, gpus, zero, offload, device)
-    out["d2h"] = p16 * s                                         # the rank's gradient shard
+    wide = zero < 3 and grads == "deepspeed"      # ZeRO-1/2 widen to fp32 on the GPU, then copy
+    out["d2h"] = (accounting.optimizer_grad_bytes(accounting.RECIPE[recipe]) if wide else p16) * s
     out["h2d"] = (2 if offload == "optimizer+params" else 1) * p16 * s
     if device == "nvme":
         out["nvme_write"] = states.nvme
@@ -113,13 +130,13 @@ def offload_traffic(n_params: int, recipe: str, zero: int, gpus: int, offload: s
 
 
 def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, device: str,
-              compute_s: float, links: Links, overlap: bool = True) -> dict:
+              compute_s: float, links: Links, overlap: bool = True, grads: str = "deepspeed") -> dict:
     """Seconds per step: ``compute`` (forward + backward, given), ``h2d``, ``d2h``, ``nvme``
     (read + write, one drive), ``cpu_adam`` (the rank's shard, when the optimizer is offloaded),
     ``total`` (largest term with ``overlap``, sum without) and ``bound`` (the largest term's name)."""
     if not compute_s >= 0:
         raise UsageError(f"compute time must be >= 0 seconds, got {compute_s!r}")
-    t = offload_traffic(n_params, recipe, zero, gpus, offload, device)
+    t = offload_traffic(n_params, recipe, zero, gpus, offload, device, grads)
     terms = {"compute": float(compute_s), "h2d": t["h2d"] / links.h2d, "d2h": t["d2h"] / links.d2h,
              "nvme": t["nvme_read"] / links.nvme_read + t["nvme_write"] / links.nvme_write,
              "cpu_adam": (accounting.shard(n_params, gpus) / links.cpu_adam if offload != "none" else 0.0)}
