@@ -9,18 +9,32 @@ from gpumem.memory.offload_cost import Links
 ROUND = Links(h2d=10e9, d2h=20e9, nvme_read=2e9, nvme_write=1e9, cpu_adam=1e9, source="test")
 
 
-def test_zero_offload_moves_bf16_grads_down_and_bf16_params_up_for_the_shard():
-    # 7e9 params on 8 ranks: each rank's shard is 875,000,000 params; 2 B each way (bf16)
-    t = oc.offload_traffic(7_000_000_000, "mixed", 2, 8, "optimizer", "cpu")
+def test_gradient_trip_follows_the_stage_as_deepspeed_runs_it():
+    # 7e9 params on 8 ranks: each rank's shard is 875,000,000 params.
+    # ZeRO-1/2 (stage_1_and_2.py): the slice is widened to fp32 on the GPU, then copied: 4 B down;
+    # the updated bf16 shard comes up: 2 B.
+    for zero in (1, 2):
+        t = oc.offload_traffic(7_000_000_000, "mixed", zero, 8, "optimizer", "cpu")
+        assert t == {"h2d": 2 * 875_000_000, "d2h": 4 * 875_000_000, "nvme_read": 0, "nvme_write": 0}
+    # ZeRO-3 (stage3.py): the bf16 partition is copied into host memory and widened there: 2 B down
+    t = oc.offload_traffic(7_000_000_000, "mixed", 3, 8, "optimizer", "cpu")
     assert t == {"h2d": 2 * 875_000_000, "d2h": 2 * 875_000_000, "nvme_read": 0, "nvme_write": 0}
+    # the ZeRO-Offload paper's design sends 16-bit gradients at every stage
+    t = oc.offload_traffic(7_000_000_000, "mixed", 2, 8, "optimizer", "cpu", grads="paper")
+    assert t["d2h"] == 2 * 875_000_000
+    # pure bf16 has no fp32 master: its optimizer reads bf16 gradients, 2 B down at ZeRO-2
+    assert oc.offload_traffic(7_000_000_000, "pure-bf16", 2, 8, "optimizer", "cpu")["d2h"] == 2 * 875_000_000
     # the fp32 recipe has 4-byte parameters and gradients on the GPU
     t = oc.offload_traffic(7_000_000_000, "fp32", 1, 8, "optimizer", "cpu")
     assert t["h2d"] == t["d2h"] == 4 * 875_000_000
+    with pytest.raises(UsageError):
+        oc.offload_traffic(7_000_000_000, "mixed", 2, 8, "optimizer", "cpu", grads="fp8")
 
 
 def test_uneven_shard_rounds_up():
     t = oc.offload_traffic(10, "mixed", 3, 4, "optimizer", "cpu")
-    assert t["d2h"] == 2 * 3      # ceil(10 / 4) = 3 elements
+    assert t["d2h"] == 2 * 3      # ceil(10 / 4) = 3 elements, bf16 at ZeRO-3
+    assert oc.offload_traffic(10, "mixed", 2, 4, "optimizer", "cpu")["d2h"] == 4 * 3   # fp32 at ZeRO-2
 
 
 def test_no_offload_moves_nothing():
@@ -39,6 +53,16 @@ def test_zero_infinity_reads_params_twice_and_everything_once():
     # optimizer only on the drive: 12 B + the fp32 gradient; params stay on the GPU and go up once
     t = oc.offload_traffic(1_000_000_000, "mixed", 3, 2, "optimizer", "nvme")
     assert t == {"h2d": 2 * s, "d2h": 2 * s, "nvme_read": 16 * s, "nvme_write": 16 * s}
+
+
+def test_zero_infinity_70b_nvme_seconds_at_datasheet_speeds():
+    # 70B on 8 GPUs, shard s; drive reads 20 s and writes 18 s at the Gen4 datasheet's 7.45 / 6.9 GB/s
+    n = 70_553_706_496
+    s = -(-n // 8)
+    links = oc.datasheet_links("h100-80gb", "gen4")
+    r = oc.step_time(n, "mixed", 3, 8, "optimizer+params", "nvme", 0.0, links)
+    assert r["nvme"] == pytest.approx(20 * s / 7.45e9 + 18 * s / 6.9e9)
+    assert 46.6 < r["nvme"] < 46.8
 
 
 def test_step_time_terms_from_round_bandwidths():

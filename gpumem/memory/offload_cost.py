@@ -43,7 +43,10 @@ write 4 + 12 + 2 = 18 s.
 
 Time: each term is bytes / bandwidth on its own resource; ``overlap=False`` adds them (the note's
 155 ms example does), ``overlap=True`` takes the largest (the best any schedule can reach, each
-resource busy all step). The truth lies between; ``bound`` names the term that sets the time.
+resource busy all step). Hiding CPU Adam behind compute needs the paper's one-step delayed
+parameter update (DPU); stock DeepSpeed ZeRO-Offload runs CPU Adam after backward, serially (it
+overlaps only the gradient copies with backward); 0.19.8's overlapped path is ZenFlow
+(``zero_optimization.zenflow``, stale updates). ``bound`` names the term that sets the time.
 """
 
 from dataclasses import dataclass

@@ -11,8 +11,11 @@ breakdown, time breakdown, DeepSpeed config and FSDP equivalent (``planner_confi
 
 Rules the enumeration keeps (DeepSpeed 0.19.8): ZeRO-2 and 3 are refused with pipeline
 parallelism (``pipe/engine.py``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
-parallelism"); AutoTP is not combined with pipeline stages (its mesh is 2-D, data x tensor:
-``utils/groups.py`` ``_init_tp_mesh_device``; 3-D layouts need Megatron-DeepSpeed); pure bf16 (``bf16_optimizer_states``) needs ZeRO 1-3; offload follows
+parallelism"); DeepSpeed's AutoTP is not combined with pipeline stages (its mesh is 2-D, data x
+tensor: ``utils/groups.py`` ``_init_tp_mesh_device``), so tensor x pipeline layouts are planned as
+Megatron-DeepSpeed's 3-D parallelism (``Layout.framework``: Megatron tensor parallelism with
+sequence parallelism in a node, DeepSpeed's pipeline engine across nodes, ZeRO-0/1 over data
+parallelism, no offload), the way 405B-class models are trained; pure bf16 (``bf16_optimizer_states``) needs ZeRO 1-3; offload follows
 ``accounting.check_offload``; tensor parallelism stays inside a node and divides the key/value
 heads. When nothing fits, :func:`plan` says how many bytes the closest layout misses by and the
 smallest change of each kind that fits (``planner_advice``).
@@ -26,7 +29,7 @@ from . import accounting, gpus as gpu_table, models, speed
 from .models import ModelConfig
 from .offload_cost import Links, datasheet_links
 from .planner_advice import advise as _advise
-from .planner_config import deepspeed_config, fsdp_equivalent, model_code
+from .planner_config import deepspeed_config, fsdp_equivalent, megatron_args, model_code
 from .planner_cost import GPUS_PER_NODE, step_seconds
 from .planner_memory import Layout, offload_buffers, per_gpu, states_part
 from .policies import KERNELS, POLICIES
@@ -51,12 +54,16 @@ class Plan:
     deepspeed: dict
     fsdp: dict | None
     model_code: dict
+    megatron: list | None = None   # Megatron-DeepSpeed's command-line arguments (3-D layouts)
 
     def as_dict(self) -> dict:
         """JSON-ready: the layout's fields, its breakdowns and configs."""
-        return {"label": self.layout.label(), "layout": asdict(self.layout), "memory": self.memory,
+        return {"label": self.layout.label(), "framework": self.layout.framework,
+                "layout": asdict(self.layout) | {"framework": self.layout.framework,
+                                                 "sequence_parallel": self.layout.sequence_parallel},
+                "memory": self.memory,
                 "time": self.time, "tokens_per_s": self.tokens_per_s, "deepspeed": self.deepspeed,
-                "fsdp": self.fsdp, "model_code": self.model_code}
+                "fsdp": self.fsdp, "model_code": self.model_code, "megatron": self.megatron}
 
 
 @dataclass
@@ -110,8 +117,10 @@ def parallel_degrees(cfg: ModelConfig, gpus: int, gpus_per_node: int = GPUS_PER_
 
 def allowed(recipe: str, zero: int, pp: int, offload: str, device: str, tp: int = 1) -> bool:
     """Whether DeepSpeed accepts the combination (see the module docstring)."""
-    if pp > 1 and (zero >= 2 or tp > 1):
+    if pp > 1 and zero >= 2:
         return False
+    if pp > 1 and tp > 1 and offload != "none":
+        return False   # Megatron-DeepSpeed 3-D layouts are planned without offload
     if recipe == "pure-bf16" and zero == 0:
         return False
     try:
@@ -214,7 +223,7 @@ def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: i
         mem = mem | {"usable": usable, "headroom": usable - mem["total"], "host_states": mem["host"],
                      "host_buffers": swap, "host": mem["host"] + swap}
         plans.append(Plan(lay, mem, t, tokens / t["total"], deepspeed_config(cfg, lay), fsdp_equivalent(lay),
-                          model_code(lay)))
+                          model_code(lay), megatron_args(cfg, lay)))
     plans.sort(key=rank_key)
     question = {"model": cfg.name, "n_params": cfg.n_params(), "gpus": gpus, "gpu": g.name,
                 "capacity": capacity, "usable": usable, "reserve": reserve.of(capacity),

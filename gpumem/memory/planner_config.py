@@ -14,6 +14,14 @@ stages are not config keys the engine reads: they are ``deepspeed.pipe.PipelineM
 arguments (``num_stages``, ``partition_method``, ``activation_checkpoint_interval``), given under
 ``model_code`` with the checkpointing and attention the model's code must do.
 
+Megatron-DeepSpeed (tensor x pipeline layouts, ``Layout.framework``): the same DeepSpeed config
+(ZeRO-0/1, no ``tensor_parallel`` key: Megatron splits the model itself) passed with
+``--deepspeed --deepspeed_config``, and :func:`megatron_args`: ``--tensor-model-parallel-size``,
+``--pipeline-model-parallel-size``, ``--sequence-parallel``, ``--micro-batch-size``,
+``--global-batch-size``, ``--zero-stage`` and the recompute flags (``full``: uniform chunks of 1
+layer; ``every-2``: of 2; ``every-other``: ``block`` over half a stage's layers, the same count;
+``selective``: ``--recompute-granularity selective``).
+
 FSDP2 (``torch.distributed.fsdp.fully_shard``). ZeRO-3 is ``reshard_after_forward=True`` and
 ZeRO-2 ``reshard_after_forward=False`` (parameters stay gathered between forward and backward;
 gradients and optimizer states are sharded); ZeRO-0 is DDP. FSDP has no optimizer-only sharding
@@ -22,8 +30,8 @@ optimizer step together) and no NVMe offload: those plans have no FSDP equivalen
 """
 
 from .models import ModelConfig
-from .planner_memory import (DS_BUCKET, DS_PREFETCH, OPT_BUFFERS, PARAM_BUFFERS, SUB_GROUP, Layout, local_params,
-                             offload_buffers, persistence_threshold)
+from .planner_memory import (DS_BUCKET, DS_PREFETCH, OPT_BUFFERS, PARAM_BUFFERS, SUB_GROUP, Layout, layers_per_stage,
+                             local_params, offload_buffers, persistence_threshold)
 
 ADAMW = {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 NVME_PATH = "/local_nvme"
@@ -74,9 +82,33 @@ def deepspeed_config(cfg: ModelConfig, lay: Layout) -> dict:
         out["data_types"] = {"grad_accum_dtype": "fp32"}
     if lay.recipe == "pure-bf16":
         out["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
-    if lay.tp > 1:
+    if lay.tp > 1 and lay.framework == "deepspeed":
         out["tensor_parallel"] = {"autotp_size": lay.tp}
     return out
+
+
+def recompute_flags(policy: str, layers: int) -> list[str]:
+    """Megatron's recompute arguments for a checkpoint policy on a stage of ``layers`` layers."""
+    if policy == "none":
+        return []
+    if policy == "selective":
+        return ["--recompute-granularity", "selective"]
+    method, n = {"full": ("uniform", 1), "every-2": ("uniform", 2),
+                 "every-other": ("block", -(-layers // 2))}[policy]
+    return ["--recompute-granularity", "full", "--recompute-method", method, "--recompute-num-layers", str(n)]
+
+
+def megatron_args(cfg: ModelConfig, lay: Layout) -> list[str] | None:
+    """Megatron-DeepSpeed's command-line arguments of a 3-D layout (None for DeepSpeed layouts)."""
+    if lay.framework == "deepspeed":
+        return None
+    args = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp),
+            "--sequence-parallel", "--micro-batch-size", str(lay.micro_batch),
+            "--global-batch-size", str(lay.micro_batch * lay.n_micro * lay.dp)]
+    args += recompute_flags(lay.checkpoint, layers_per_stage(cfg, lay.pp))
+    if lay.attention == "flash":
+        args.append("--use-flash-attn-v2")
+    return args + ["--bf16", "--deepspeed", "--deepspeed_config", "ds_config.json", "--zero-stage", str(lay.zero)]
 
 
 PIPE_INTERVAL = {"full": 1, "every-2": 2}   # PipelineModule re-runs every N layers; others: 0
@@ -98,7 +130,8 @@ def fsdp_equivalent(lay: Layout) -> dict | None:
     if lay.offload == "optimizer+params":
         out["offload_policy"] = "CPUOffloadPolicy(pin_memory=True)"
     if lay.tp > 1:
-        out["tensor_parallel"] = f"parallelize_module(..., tp_mesh of size {lay.tp}), no SequenceParallel (as planned)"
+        out["tensor_parallel"] = (f"parallelize_module(..., tp_mesh of size {lay.tp}), "
+                                  + ("with SequenceParallel" if lay.sequence_parallel else "no SequenceParallel (as planned)"))
     if lay.pp > 1:
         out["pipeline"] = f"torch.distributed.pipelining, {lay.pp} stages, Schedule1F1B"
     out["checkpoint"] = CHECKPOINT_CODE[lay.checkpoint]
@@ -108,7 +141,9 @@ def fsdp_equivalent(lay: Layout) -> dict | None:
 def model_code(lay: Layout) -> dict:
     """What the model's own code must do for ``lay``: its checkpointing and attention kernel."""
     out = {"checkpoint": CHECKPOINT_CODE[lay.checkpoint], "attention": ATTENTION_CODE[lay.attention]}
-    if lay.pp > 1:
+    if lay.pp > 1 and lay.framework != "deepspeed":
+        out["pipeline"] = f"Megatron-DeepSpeed's GPTModelPipe, {lay.pp} stages (--pipeline-model-parallel-size)"
+    elif lay.pp > 1:
         out["pipeline"] = (f"deepspeed.pipe.PipelineModule(layers, num_stages={lay.pp}, partition_method='parameters', "
                            f"activation_checkpoint_interval={PIPE_INTERVAL.get(lay.checkpoint, 0)})")
     return out

@@ -14,6 +14,8 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
   inputs' gradients of the column-parallel q/k/v and gate/up), once more per re-run forward; a
   ring all-reduce moves 2 (tp - 1) / tp of the tensor per rank. The output head gathers the
   logits (e*s*b*V x (tp - 1) / tp) once per micro-batch. On NVLink (within a node), exposed.
+  With Megatron's sequence parallelism (3-D layouts) each all-reduce is an all-gather plus a
+  reduce-scatter of the same volume, and the vocabulary-parallel loss gathers no logits.
 * **pipeline**: each micro-batch sends its s*b*h activations forward and their gradient back
   across each stage boundary, exposed.
 * **data parallel (ZeRO)**, each rank moving (dp - 1) / dp of each collective (a ring):
@@ -78,7 +80,7 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
     act = e * seq * lay.micro_batch * cfg.d_model
     tp_bytes = 0.0
     if lay.tp > 1:
-        logits = e * seq * lay.micro_batch * cfg.vocab   # the head's gathered output
+        logits = 0 if lay.sequence_parallel else e * seq * lay.micro_batch * cfg.vocab   # the head's gathered output
         tp_bytes = lay.n_micro * (ls * (8 + 4 * rerun) * act + logits) * (lay.tp - 1) / lay.tp
     tp_s = tp_bytes / _bw(gpu, lay.tp > gpus_per_node, inter_node)
     pp_s = 0.0

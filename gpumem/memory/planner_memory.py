@@ -16,8 +16,13 @@ Activations (``activations.activations`` on a stage of ceil(L / pp) layers):
   logsumexp and the MLP's gate/up/product are split over ``tp``; the two norms' inputs and the
   two projection inputs are whole on every rank. With flash in bf16 that is
   s*b*h*(8 + 32.5 / tp) per layer for Llama-3-70B (chapter 01's 40.5 s*b*h at tp = 1), plus the
-  unsplit head input, final norm and logits (:func:`tp_activations`). Megatron's sequence
-  parallelism (arXiv:2205.05198) would split the rest too; DeepSpeed alone cannot;
+  unsplit head input, final norm and logits (:func:`tp_activations`). DeepSpeed alone cannot
+  split the rest;
+* tensor x pipeline layouts are Megatron-DeepSpeed's (framework ``megatron-deepspeed``), planned
+  with Megatron's sequence parallelism (arXiv:2205.05198, ``--sequence-parallel``): the norms'
+  and projections' inputs are split along the sequence, the output head is vocabulary-parallel
+  and the loss is computed on split logits, so every saved tensor is divided by ``tp``
+  (Korthikanti et al.'s s*b*h*(34 + 5as/h)/t per layer);
 * pipeline parallelism with the 1F1B schedule (PipeDream-flush, Megatron's and DeepSpeed's
   default): stage i keeps the saved tensors of ``pp - i`` micro-batches in flight, so the first
   stage holds min(pp, micro-batches) micro-batches of its layers (it does not shrink with pp), and
@@ -44,6 +49,7 @@ from .policies import checkpoint_plan
 
 DS_BUCKET = 50_000_000        # elements: the reduce/all-gather bucket the planner's configs set
 DS_PREFETCH = 50_000_000      # elements: stage3_prefetch_bucket_size (DeepSpeed's code default)
+FRAMEWORK_3D = "megatron-deepspeed"
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,17 @@ class Layout:
     pp: int
     dp: int
     n_micro: int          # micro-batches per step per data-parallel replica (gradient accumulation)
+
+    @property
+    def framework(self) -> str:
+        """``megatron-deepspeed`` for tensor x pipeline layouts (DeepSpeed's AutoTP mesh is 2-D:
+        data x tensor), else ``deepspeed`` (ZeRO, AutoTP, or DeepSpeed's pipeline engine)."""
+        return FRAMEWORK_3D if self.tp > 1 and self.pp > 1 else "deepspeed"
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Whether the activations are planned with Megatron's sequence parallelism."""
+        return self.framework == FRAMEWORK_3D
 
     def label(self) -> str:
         """A short name: ``mixed ZeRO-3 tp1 pp1 dp8 mb1 full flash``, with offload when used."""
@@ -109,9 +126,11 @@ def _split(name: str) -> bool:
 
 
 @lru_cache(maxsize=4096)
-def tp_activations(cfg: ModelConfig, seq: int, mb: int, kernel: str, policy: str, recipe: str, tp: int) -> dict:
-    """Activation bytes of one AutoTP rank (fused norms): ``activations``' own accounting with
-    each layer's split tensor groups divided by ``tp`` (see the module); keys ``peak``,
+def tp_activations(cfg: ModelConfig, seq: int, mb: int, kernel: str, policy: str, recipe: str, tp: int,
+                   sp: bool = False) -> dict:
+    """Activation bytes of one tensor-parallel rank (fused norms): ``activations``' own accounting
+    with each layer's split tensor groups divided by ``tp`` (AutoTP), or every tensor with
+    ``sp`` (Megatron's sequence parallelism, see the module); keys ``peak``,
     ``forward_peak``, ``recompute_peak``, ``layers``, ``loss``, ``per_layer``, ``full_layer``."""
     a = _activations(cfg, seq, mb, kernel, policy, recipe)
     e = 4 if recipe == "fp32" else 2
@@ -119,23 +138,26 @@ def tp_activations(cfg: ModelConfig, seq: int, mb: int, kernel: str, policy: str
 
     def layer(selective: bool) -> int:
         parts = layer_parts(cfg, seq, mb, kernel, e, selective=selective)
-        return sum(-(-b // tp) if _split(n) else b for n, b in parts.items())
+        return sum(-(-b // tp) if sp or _split(n) else b for n, b in parts.items())
 
     per_layer, full_layer = layer(policy == "selective"), layer(False)
     soft = softmax_moment(cfg, seq, mb, kernel, e)
-    if soft:   # at the softmax: norm, projection input and the causal mask whole; heads split
+    if soft and sp:
+        soft = -(-soft // tp)
+    elif soft:   # at the softmax: norm, projection input and the causal mask whole; heads split
         whole = norm_bytes(T, h, e) + e * T * h + seq * seq
         soft = whole + -(-(soft - whole) // tp)
     segments = checkpoint_plan(policy, L)
     in_segment = {i for seg in segments for i in seg}
-    ckpt, rope = e * T * h, 2 * e * seq * cfg.head_dim
+    ckpt, rope = -(-e * T * h // (tp if sp else 1)), 2 * e * seq * cfg.head_dim
+    outside, loss = (-(-a.outside // tp), -(-a.loss // tp)) if sp else (a.outside, a.loss)
 
     def saved_before(i: int) -> int:
         plain = sum(1 for j in range(i) if j not in in_segment)
         return plain * per_layer + sum(1 for seg in segments if seg[0] < i) * ckpt
 
     layers = saved_before(L)
-    forward = layers + a.outside + a.loss
+    forward = layers + outside + loss
     if soft:
         forward = max(forward, saved_before(L - 1) + rope + soft)
     recompute = 0
@@ -146,14 +168,14 @@ def tp_activations(cfg: ModelConfig, seq: int, mb: int, kernel: str, policy: str
     if policy == "selective" and soft:
         recompute = saved_before(L - 1) + rope + soft + 8
     return {"peak": max(forward, recompute), "forward_peak": forward, "recompute_peak": recompute,
-            "layers": layers, "loss": a.loss, "per_layer": per_layer, "full_layer": full_layer}
+            "layers": layers, "loss": loss, "per_layer": per_layer, "full_layer": full_layer}
 
 
 def stage_activations(cfg: ModelConfig, seq: int, lay: Layout) -> dict:
     """Activation bytes of the first and the last pipeline stage for one GPU (see the module)."""
     stage = replace(cfg, n_layers=layers_per_stage(cfg, lay.pp)) if lay.pp > 1 else cfg
     a = tp_activations(stage, seq, lay.micro_batch, lay.attention, lay.checkpoint,
-                       "fp32" if lay.recipe == "fp32" else "mixed", lay.tp)
+                       "fp32" if lay.recipe == "fp32" else "mixed", lay.tp, lay.sequence_parallel)
     last = a["peak"]
     if lay.pp == 1:
         first = last
