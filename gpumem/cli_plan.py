@@ -59,12 +59,14 @@ def render(result, top: int = 10) -> str:
              f"{units.fmt(q['capacity'])} each), seq {q['seq']:,}, global batch {q['global_batch']:,}: "
              f"{len(result.plans):,} layouts fit"]
     if result.plans:
-        lines.append(f"{'#':>2s}  {'layout':72s} {'GB/GPU':>7s} {'step s':>8s} {'tok/s':>9s}  bound")
+        lines.append(f"{'#':>2s}  {'layout':72s} {'framework':18s} {'GB/GPU':>7s} {'step s':>8s} {'tok/s':>9s}  bound")
         for i, p in enumerate(result.distinct(top), 1):
-            lines.append(f"{i:>2d}  {p.layout.label():72s} {p.memory['total'] / 1e9:>7.1f} "
+            lines.append(f"{i:>2d}  {p.layout.label():72s} {p.layout.framework:18s} {p.memory['total'] / 1e9:>7.1f} "
                          f"{p.time['total']:>8.1f} {p.tokens_per_s:>9,.0f}  {p.time['bound']}")
         lines.append("")
         lines += breakdown(result.best)
+        if result.best.megatron:
+            lines.append("Megatron-DeepSpeed arguments: " + " ".join(result.best.megatron))
         lines.append("DeepSpeed config: " + json.dumps(result.best.deepspeed))
         fsdp = result.best.fsdp
         lines.append("FSDP equivalent: " + (json.dumps(fsdp) if fsdp else "none (FSDP has no such layout)"))
@@ -80,7 +82,7 @@ def render(result, top: int = 10) -> str:
 
 def breakdown(p) -> list[str]:
     """One plan's per-GPU memory and time, one part a line."""
-    out = [f"best: {p.layout.label()}"]
+    out = [f"best: {p.layout.label()} ({p.layout.framework})"]
     for k in ("params", "grads", "optimizer", "zero3_working_set", "buffers", "activations", "total"):
         out.append(f"  memory {k:18s} {units.fmt(p.memory[k]):>10s}")
     for k in ("host", "nvme"):

@@ -77,6 +77,14 @@ def test_step_time_terms_from_round_bandwidths():
     assert r["total"] == pytest.approx(14.0)
 
 
+def test_stock_schedule_hides_only_the_gradient_copies():
+    # ZeRO-2, 1e9 params on 2 ranks: s = 5e8; fp32 grads down 2e9 B / 20e9 = 0.1 s (inside backward's
+    # 1.0 s), Adam 5e8 / 1e9 = 0.5 s after backward, bf16 params up 1e9 B / 10e9 = 0.1 s after Adam
+    r = oc.step_time(1_000_000_000, "mixed", 2, 2, "optimizer", "cpu", 1.0, ROUND)
+    assert r["stock"] == pytest.approx(1.0 + 0.5 + 0.1)
+    assert r["total"] == pytest.approx(1.0)          # the ideal overlap (delayed update)
+
+
 def test_compute_bound_when_compute_covers_the_transfers():
     r = oc.step_time(1_000_000_000, "mixed", 2, 2, "optimizer", "cpu", 5.0, ROUND)
     assert r["bound"] == "compute" and r["total"] == 5.0

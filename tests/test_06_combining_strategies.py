@@ -182,8 +182,11 @@ def test_pipeline_plans_emit_no_engine_ignored_keys_and_no_autotp():
     r = planner.plan("llama-3-70b", 32, "a100-80gb", seq=4096, global_batch=256, advise=False)
     for p in r.plans:
         assert "pipeline" not in p.deepspeed and "train_batch_size" not in p.deepspeed
-        if p.layout.pp > 1:
-            assert p.layout.tp == 1 and "num_stages" in p.model_code["pipeline"]
+        if p.layout.pp > 1 and p.layout.tp > 1:   # 3-D: Megatron-DeepSpeed, ZeRO-0/1, no AutoTP key
+            assert p.layout.framework == "megatron-deepspeed" and p.layout.zero <= 1
+            assert "tensor_parallel" not in p.deepspeed and "--sequence-parallel" in p.megatron
+        elif p.layout.pp > 1:
+            assert p.layout.framework == "deepspeed" and "num_stages" in p.model_code["pipeline"]
             if p.layout.checkpoint == "every-2":
                 assert "activation_checkpoint_interval=2" in p.model_code["pipeline"]
 

@@ -136,7 +136,8 @@ def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, de
               compute_s: float, links: Links, overlap: bool = True, grads: str = "deepspeed") -> dict:
     """Seconds per step: ``compute`` (forward + backward, given), ``h2d``, ``d2h``, ``nvme``
     (read + write, one drive), ``cpu_adam`` (the rank's shard, when the optimizer is offloaded),
-    ``total`` (largest term with ``overlap``, sum without) and ``bound`` (the largest term's name)."""
+    ``total`` (largest term with ``overlap``, sum without), ``stock`` (:func:`stock_schedule`) and
+    ``bound`` (the largest term's name)."""
     if not compute_s >= 0:
         raise UsageError(f"compute time must be >= 0 seconds, got {compute_s!r}")
     t = offload_traffic(n_params, recipe, zero, gpus, offload, device, grads)
@@ -145,7 +146,16 @@ def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, de
              "cpu_adam": (accounting.shard(n_params, gpus) / links.cpu_adam if offload != "none" else 0.0)}
     bound = max(terms, key=terms.get)
     total = max(terms.values()) if overlap else sum(terms.values())
-    return {**terms, "total": total, "bound": bound}
+    return {**terms, "total": total, "stock": stock_schedule(terms), "bound": bound}
+
+
+def stock_schedule(terms: dict) -> float:
+    """Seconds of a step as stock DeepSpeed ZeRO-Offload orders it (no delayed update): the gradient
+    copies run during backward, then the drive's swaps and CPU Adam, then the parameters go up:
+    max(compute, d2h) + nvme + cpu_adam + h2d (the whole h2d term counted after the step: ZeRO-3's
+    forward and backward parameter fetches partly prefetch during compute, so there it is an upper
+    bound)."""
+    return max(terms["compute"], terms["d2h"]) + terms["nvme"] + terms["cpu_adam"] + terms["h2d"]
 
 
 def compute_seconds(n_params: int, tokens: int, flops: float, mfu: float = 0.4) -> float:
@@ -161,7 +171,7 @@ def break_even_tokens(n_params: int, recipe: str, zero: int, gpus: int, offload:
     """Tokens per rank per step below which the step is transfer-bound even with perfect overlap:
     the compute (6 Psi tokens / (flops x mfu)) must cover the largest offload term."""
     terms = step_time(n_params, recipe, zero, gpus, offload, device, 0.0, links, overlap=True)
-    slowest = max(v for k, v in terms.items() if k not in ("compute", "total", "bound"))
+    slowest = max(terms[k] for k in ("h2d", "d2h", "nvme", "cpu_adam"))
     return int(-(-slowest * flops * mfu // (6 * n_params)))
 
 

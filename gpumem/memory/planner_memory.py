@@ -150,7 +150,9 @@ def tp_activations(cfg: ModelConfig, seq: int, mb: int, kernel: str, policy: str
     segments = checkpoint_plan(policy, L)
     in_segment = {i for seg in segments for i in seg}
     ckpt, rope = -(-e * T * h // (tp if sp else 1)), 2 * e * seq * cfg.head_dim
-    outside, loss = (-(-a.outside // tp), -(-a.loss // tp)) if sp else (a.outside, a.loss)
+    outside, loss = a.outside, a.loss
+    if sp:   # final norm and head input split along the sequence, logits along the vocabulary; RoPE's tables whole
+        outside, loss = rope + -(-(a.outside - rope) // tp), -(-a.loss // tp)
 
     def saved_before(i: int) -> int:
         plain = sum(1 for j in range(i) if j not in in_segment)

@@ -75,20 +75,29 @@ __all__ = ["ladder_table", "held_table", "time_table", "prediction_table", "offl
 
 
 def flow_diagram(n_params: int, gpus: int, recipe: str = "mixed") -> str:
-    """Who holds what and what crosses which link per step, ZeRO-3 with the optimizer on the CPU
-    and with everything on NVMe, bytes per GPU from the cost model's traffic count."""
-    from gpumem.memory import offload_cost
+    """Who holds what and what crosses which link per step, ZeRO-2 and ZeRO-3 with the optimizer on
+    the CPU and ZeRO-3 with everything on NVMe, bytes per GPU from the cost model's traffic count
+    (as DeepSpeed 0.19.8 moves them)."""
+    from gpumem.memory import accounting, offload_cost
+    z2 = offload_cost.offload_traffic(n_params, recipe, 2, gpus, "optimizer", "cpu")
     cpu = offload_cost.offload_traffic(n_params, recipe, 3, gpus, "optimizer", "cpu")
     inf = offload_cost.offload_traffic(n_params, recipe, 3, gpus, "optimizer+params", "nvme")
+    s = accounting.shard(n_params, gpus)
     g = lambda b: units.fmt(b, "GB", 1)   # noqa: E731
     return "\n".join([
-        f"ZeRO-Offload (stage 3, optimizer on the CPU), per GPU and step, {n_params / 1e9:.1f} B params on {gpus} GPUs:",
+        f"per GPU and step, {n_params / 1e9:.1f} B params on {gpus} GPUs, shard s = {s:,} parameters (GB = 10^9 B)",
+        "ZeRO-Offload at stage 2 (optimizer on the CPU):",
+        "  GPU (HBM): bf16 parameters, reduce buckets   CPU (DRAM): fp32 grads, master, m, v",
+        f"     backward -- widen to fp32 on the GPU -- fp32 gradient shard {g(z2['d2h']):>9s} -- PCIe down --> CPU Adam",
+        f"     next forward <-- bf16 parameter shard {g(z2['h2d']):>9s} -- PCIe up ------",
+        "ZeRO-Offload at stage 3 (optimizer on the CPU):",
         "  GPU (HBM): bf16 parameter shard          CPU (DRAM): bf16 gradient partition, fp32 grads, master, m, v",
-        f"     backward ---- bf16 gradient shard {g(cpu['d2h']):>9s} ---- PCIe down ----> CPU Adam updates the shard",
+        f"     backward ---- bf16 gradient partition {g(cpu['d2h']):>9s} -- PCIe down --> widened to fp32 on the CPU --> CPU Adam",
         f"     next forward <-- bf16 parameter shard {g(cpu['h2d']):>9s} -- PCIe up ------",
-        "",
         "ZeRO-Infinity (stage 3, optimizer and parameters on NVMe):",
-        "  GPU: only the layer being computed        CPU: staging buffers        NVMe: every state of the shard",
-        f"     forward + backward <-- parameters {g(inf['h2d']):>9s} -- PCIe up <-- NVMe read {g(inf['nvme_read']):>9s}",
-        f"     backward ---------- gradients {g(inf['d2h']):>9s} --> PCIe down --> CPU Adam --> NVMe write {g(inf['nvme_write']):>9s}",
+        "  GPU: only the layer being computed        CPU: staging buffers, bf16 grads    NVMe: 18 B per shard parameter",
+        f"     forward + backward <-- parameters, twice {g(inf['h2d']):>9s} -- PCIe up <-- NVMe read {g(inf['nvme_read']):>9s}",
+        f"     backward ---------- bf16 gradients {g(inf['d2h']):>9s} --> PCIe down --> CPU Adam --> NVMe write {g(inf['nvme_write']):>9s}",
+        "     NVMe read  = fp32 master, m, v 12 s + fp32 gradient 4 s + bf16 params twice 4 s = 20 s",
+        "     NVMe write = fp32 gradient 4 s (backward) + master, m, v 12 s + bf16 params 2 s = 18 s",
     ])

@@ -1,9 +1,10 @@
-"""Chapter 05's quiz: which link an offloaded state crosses, how long its trips take, what
-ZeRO-Infinity writes to the drive, and how many tokens hide the transfers. Each attempt draws a
-model, GPU count, GPU or drive; every expected value is computed by the library
+"""Chapter 05's quiz: which link binds a ZeRO-Infinity parameter read, how long DeepSpeed's gradient
+trip takes, what ZeRO-Infinity writes to the drive per step, how many tokens hide the transfers,
+and what a schedule (delayed update or stock DeepSpeed) makes of a step. Each attempt draws a
+model, GPU count, GPU, drive or step terms; every expected value is computed by the library
 (``gpumem.memory.offload_cost``, ``gpumem.memory.accounting``) for the numbers drawn."""
 
-from gpumem.course.quiz import Choice, Numeric, Quiz
+from gpumem.course.quiz import Numeric, Quiz
 from gpumem.course.quiz_draws import LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick
 from gpumem.memory import accounting, gpus, offload_cost
 
@@ -58,71 +59,111 @@ def _slowest(n: dict) -> str:
     return max(("h2d", "d2h", "cpu_adam"), key=r.get)
 
 
+def _read(rng) -> dict:
+    n = _trip(rng) | {"drive": pick(rng, ("gen3", "gen4", "gen5"))}
+    n["read_gbs"] = offload_cost.NVME_DRIVES[n["drive"]][0] / GB
+    n["binds"] = "the NVMe drive" if n["read_gbs"] < n["pcie"] else "the PCIe link"
+    return n
+
+
+def _read_s(n: dict) -> float:
+    # backward's share of the parameter fetches: half of ZeRO-Infinity's h2d (forward + backward)
+    t = offload_cost.offload_traffic(n["n_params"], "mixed", 3, n["gpus"], "optimizer+params", "nvme")
+    return t["h2d"] / 2 / (min(n["read_gbs"], n["pcie"]) * GB)
+
+
+_SCHEDULES = {True: "It uses the ZeRO-Offload paper's one-step delayed parameter update, so all four run at "
+                    "once on their own resources, fully overlapped.",
+              False: "It runs as stock DeepSpeed does: the gradient copies overlap backward, CPU Adam starts "
+                     "when backward ends, and the parameters go up when Adam ends."}
+
+
+def _schedule(rng) -> dict:
+    n = {"compute": pick(rng, (300, 400, 500, 600, 800)), "d2h": pick(rng, (20, 40, 60)),
+         "adam": pick(rng, (150, 250, 350, 900)), "h2d": pick(rng, (20, 30, 60)), "dpu": pick(rng, (True, False))}
+    n["schedule"] = _SCHEDULES[n["dpu"]]
+    return n
+
+
+def _schedule_ms(n: dict, dpu=None) -> float:
+    terms = {"compute": n["compute"], "d2h": n["d2h"], "cpu_adam": n["adam"], "h2d": n["h2d"], "nvme": 0}
+    return max(terms.values()) if (n["dpu"] if dpu is None else dpu) else offload_cost.stock_schedule(terms)
+
+
 QUIZ = Quiz("05_offload", [
-    Choice("which-link",
-           "ZeRO-Offload keeps Adam on the CPU. Each step the GPU's gradients go to host memory and the "
-           "updated bf16 parameters come back. Which figure limits those two copies on an A100 or H100 "
-           "server with PCIe Gen4 host links?",
-           ["about 31.5 GB/s per direction: the GPU's PCIe x16 link",
-            "about 100 GB/s: host memory seen from the GPU",
-            "about 300 GB/s: one DDR5 socket's memory bandwidth",
-            "about 450 GB/s: NVLink per direction"],
-           0,
-           "The bytes leave the GPU through its PCIe link; the CPU's DRAM is ten times faster than that link "
-           "and NVLink joins GPUs, not GPU and host. NVIDIA's 64 GB/s counts both directions.",
-           hint="Follow one gradient from HBM to the CPU's memory: which link does it cross that it never "
-                "crosses on a GPU-only step?"),
+    Numeric("infinity-read",
+            "{model} ({n_params:,} parameters) trains with ZeRO-Infinity on {gpus} {gpu}s (stage 3, mixed "
+            "recipe, parameters and optimizer states on NVMe, one drive per GPU). In backward each GPU reads "
+            "its bf16 parameter shard back: from its drive ({read_gbs:.2f} GB/s read) into host DRAM, then "
+            "over its PCIe link ({pcie:.2f} GB/s per direction) into HBM, the two streaming at once through "
+            "staging buffers. How many seconds does backward's read of the shard take?",
+            answer=_read_s, unit="s", rel_tol=0.02, draw=_read,
+            hint="List the links one byte crosses on its way from the drive to HBM; when they stream at once, "
+                 "which one sets the pace?",
+            explanation="The shard is {shard:,} parameters, 2 bytes each. The bytes cross the drive, host DRAM "
+                        "and PCIe; streamed, the slowest link binds, here {binds}: {answer} s.",
+            traps=((lambda n: 2 * n["shard"] / (n["pcie"] * GB), "that is the PCIe time; the slower link sets "
+                                                                 "the pace."),
+                   (lambda n: 2 * n["shard"] / (n["read_gbs"] * GB) + 2 * n["shard"] / (n["pcie"] * GB),
+                    "that waits for the whole shard on one link before the other starts; the staging buffers "
+                    "let both stream at once."),
+                   (lambda n: 4 * n["shard"] / (min(n["read_gbs"], n["pcie"]) * GB),
+                    "that counts forward's read too; the question asks for backward's."))),
     Numeric("grad-trip",
             "{model} ({n_params:,} parameters) trains with the mixed recipe (bf16 weights and gradients, fp32 "
             "master and Adam moments) on {gpus} {gpu}s, ZeRO-2 with the optimizer offloaded to the CPU. "
             "The host link carries {pcie:.2f} GB/s per direction (GB = 10^9 B). How many milliseconds does "
             "one GPU's gradient trip to host memory take per step, if nothing else uses the link?",
             answer=_trip_ms, unit="ms", rel_tol=0.02, draw=_trip,
-            hint="Each GPU sends only the gradients of the parameters its optimizer shard owns, in the dtype "
-                 "they have on the GPU.",
-            explanation="The shard is ceil({n_params:,} / {gpus}) = {shard:,} parameters, 2 bytes each: "
-                        "{answer} ms at {pcie:.2f} GB/s. The updated bf16 shard comes back up: the same bytes.",
-            traps=((lambda n: 1e3 * 2 * n["n_params"] / (n["pcie"] * GB), "that sends every gradient; ZeRO-2 "
+            hint="Each GPU sends only the gradients of the parameters its optimizer shard owns. In which dtype "
+                 "does DeepSpeed's ZeRO-2 copy them: the GPU's, or the one the CPU optimizer reads?",
+            explanation="The shard is ceil({n_params:,} / {gpus}) = {shard:,} parameters. DeepSpeed's ZeRO-1/2 "
+                        "widens each reduced slice to fp32 on the GPU before the copy, so 4 bytes each: {answer} ms "
+                        "at {pcie:.2f} GB/s, twice the bf16 shard's trip back up. (At ZeRO-3, and in the "
+                        "ZeRO-Offload paper's design, the gradients travel in bf16.)",
+            traps=((lambda n: 1e3 * 4 * n["n_params"] / (n["pcie"] * GB), "that sends every gradient; ZeRO-2 "
                                                                            "sends only the rank's shard."),
-                   (lambda n: 2 * n["expected"], "that counts 4-byte gradients; they are bf16 on the GPU and "
-                                                 "become fp32 on the CPU."))),
+                   (lambda n: n["expected"] / 2, "that counts 2-byte gradients, the paper's design and ZeRO-3's; "
+                                                 "DeepSpeed's ZeRO-2 widens them to fp32 on the GPU first."))),
     Numeric("infinity-writes",
             "{model} ({n_params:,} parameters) trains with ZeRO-Infinity on {gpus} GPUs: stage 3, optimizer "
             "states and parameters on NVMe (mixed recipe: bf16 parameters and gradients, fp32 master, m "
             "and v). Each "
-            "GPU's drive writes {write_gbs:.1f} GB/s. How many seconds does each step's write-back of the "
-            "rank's swapped states take?",
+            "GPU's drive writes {write_gbs:.1f} GB/s. How many seconds per step does the drive spend "
+            "writing, counting every write of the step (backward's and the optimizer step's)?",
             answer=_nvme_s, unit="s", rel_tol=0.02, draw=_nvme,
-            hint="After the CPU step, the rank writes back every state the drive holds for its shard.",
-            explanation="The shard is {shard:,} parameters; the drive holds 12 B of fp32 master, m and v, the "
-                        "4 B fp32 gradient the CPU optimizer reads, and 2 B of bf16 parameters for each: 18 B x "
-                        "{shard:,} at {write_gbs:.1f} GB/s = {answer} s.",
+            hint="Which states does backward write to the drive, and which does the optimizer step write back?",
+            explanation="The shard is {shard:,} parameters. Backward swaps out the 4 B fp32 gradient the CPU "
+                        "optimizer reads; the step writes back 12 B of fp32 master, m and v and 2 B of updated "
+                        "bf16 parameters: 18 B x {shard:,} at {write_gbs:.1f} GB/s = {answer} s.",
             traps=((lambda n: 12 * n["shard"] / (n["write_gbs"] * GB), "that writes the optimizer states only; "
                                                                        "ZeRO-Infinity swaps the parameters too."),
-                   (lambda n: 14 * n["shard"] / (n["write_gbs"] * GB), "DeepSpeed swaps the fp32 gradients "
-                                                                       "out beside the optimizer states too."),
+                   (lambda n: 14 * n["shard"] / (n["write_gbs"] * GB), "that leaves out backward's writes: "
+                                                                       "DeepSpeed swaps the fp32 gradients out too."),
                    (lambda n: 18 * n["n_params"] / (n["write_gbs"] * GB), "that writes the whole model; each "
                                                                           "rank swaps its own shard."))),
     Numeric("hide-the-transfers",
             "{model} ({n_params:,} parameters) trains on {gpus} {gpu}s ({tflops:.0f} TFLOP/s dense bf16, "
             "{mfu_pct} % of it reached), ZeRO-3 with the optimizer on the CPU (mixed recipe). The host link "
             "moves {pcie:.2f} GB/s per direction and each GPU's share of the CPU runs Adam at {adam_g} billion "
-            "parameters/s. With perfect overlap, how many tokens must each GPU process per step so that "
+            "parameters/s. Suppose a schedule that overlaps everything (the ZeRO-Offload paper's one-step delayed "
+            "parameter update; stock DeepSpeed runs Adam after backward instead). How many tokens must each GPU process per step so that "
             "compute (6 x parameters x tokens FLOPs) takes at least as long as the slowest offload term?",
             answer=_break_even, unit="tokens", rel_tol=0.02,
             draw=lambda rng: (lambda n: n | {"slowest": _slowest(n)})(_tokens(rng)),
-            hint="Time each offload term for the rank's shard: gradients down (2 B), parameters up (2 B), Adam "
-                 "on the shard. Then ask how many tokens of compute last that long.",
+            hint="Time each offload term for the rank's shard as DeepSpeed's ZeRO-3 moves it: gradients down, "
+                 "parameters up, Adam on the shard. Then ask how many tokens of compute last that long.",
             explanation="The slowest term here is {slowest}; compute of {answer} tokens lasts as long. Fewer "
                         "tokens and the step waits on the offload even when everything overlaps."),
-    Numeric("overlap-buys",
-            "The note's ZeRO-Offload step: forward + backward 100 ms, parameters up 20 ms, CPU Adam 30 ms, "
-            "gradients down 5 ms, summed to 155 ms. If each of the four ran on its own resource, fully "
-            "overlapped, how many milliseconds would the step take?",
-            answer=lambda: 1e3 * offload_cost.note_example(True)["total"], unit="ms", rel_tol=0.001,
-            hint="With perfect overlap the step lasts as long as its longest part.",
-            explanation="{answer} ms, the compute. Real schedules sit between: DeepSpeed overlaps the gradient "
-                        "trip with backward, and the ZeRO-Offload paper's one-step delayed parameter update "
-                        "overlaps the CPU step with the next forward and backward.",
-            traps=((lambda n: 155.0, "that is the serial sum: nothing overlapped."),)),
+    Numeric("schedule",
+            "An offloaded step on one GPU: forward + backward {compute} ms, gradient copies down {d2h} ms, "
+            "CPU Adam {adam} ms, parameters up {h2d} ms. {schedule} How many milliseconds does the step take?",
+            answer=_schedule_ms, unit="ms", rel_tol=0.001, draw=_schedule,
+            hint="Which terms can run while the GPU computes, and which must wait for the one before them?",
+            explanation="{answer} ms. With the delayed update the longest term sets the step; stock DeepSpeed "
+                        "hides only the gradient copies behind backward and runs Adam and the upload after it.",
+            traps=((lambda n: n["compute"] + n["d2h"] + n["adam"] + n["h2d"], "that is the serial sum: even "
+                                                                              "stock DeepSpeed copies gradients "
+                                                                              "during backward."),
+                   (lambda n: _schedule_ms(n, not n["dpu"]), "that is the other schedule's step."))),
 ])

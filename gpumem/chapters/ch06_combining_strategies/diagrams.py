@@ -18,9 +18,11 @@ def plans_table(result, top: int = 8) -> str:
             f"{len(result.plans):,} layouts fit in {units.fmt(q['usable'])} per GPU")
     if not result.plans:
         return head + "\n" + advice_text(result)
-    lines = [head, f"{'#':>2s}  {'layout':74s} {'GB/GPU':>7s} {'step s':>8s} {'tokens/s':>9s}  bound"]
-    for i, p in enumerate(result.distinct(top), 1):
-        lines.append(f"{i:>2d}  {p.layout.label():74s} {p.memory['total'] / 1e9:>7.1f} {p.time['total']:>8.2f} "
+    shown = result.distinct(top)
+    w = max(len(p.layout.label()) for p in shown)
+    lines = [head, f"{'#':>2s}  {'layout':{w}s}  {'framework':18s} {'GB/GPU':>7s} {'step s':>8s} {'tokens/s':>9s}  bound"]
+    for i, p in enumerate(shown, 1):
+        lines.append(f"{i:>2d}  {p.layout.label():{w}s}  {p.layout.framework:18s} {p.memory['total'] / 1e9:>7.1f} {p.time['total']:>8.2f} "
                      f"{p.tokens_per_s:>9,.0f}  {p.time['bound']}")
     return "\n".join(lines)
 
@@ -63,9 +65,9 @@ def memory_box(plan, width: int = 44) -> str:
 
 def scenarios_table(recs: dict) -> str:
     """Each scenario's top plan with its memory and time (``scenarios.recommendations()``)."""
-    lines = [f"{'scenario':62s} {'top plan':72s} {'GB/GPU':>7s} {'step s':>8s}  bound"]
+    lines = [f"{'scenario':62s} {'top plan':62s} {'framework':18s} {'GB/GPU':>7s} {'step s':>8s}  bound"]
     for r in recs.values():
-        lines.append(f"{r['about']:62s} {r['label']:72s} {r['memory']['total'] / 1e9:>7.1f} "
+        lines.append(f"{r['about']:62s} {r['label']:62s} {r['framework']:18s} {r['memory']['total'] / 1e9:>7.1f} "
                      f"{r['time']['total']:>8.2f}  {r['time']['bound']}")
     return "\n".join(lines)
 
@@ -90,7 +92,11 @@ def plan_proof_table(result: dict) -> str:
 def config_text(plan) -> str:
     """The plan's DeepSpeed config, indented, and its FSDP equivalent."""
     fsdp = json.dumps(plan.fsdp, indent=2) if plan.fsdp else "none: FSDP has no such layout"
-    return "DeepSpeed config:\n" + json.dumps(plan.deepspeed, indent=2) + "\nFSDP2 equivalent:\n" + fsdp
+    head = f"framework: {plan.layout.framework}\n"
+    if plan.megatron:
+        head += "Megatron-DeepSpeed arguments:\n  " + " ".join(plan.megatron) + "\n"
+    return (head + "DeepSpeed config:\n" + json.dumps(plan.deepspeed, indent=2) + "\nFSDP2 equivalent:\n" + fsdp
+            + "\nmodel code:\n" + json.dumps(plan.model_code, indent=2))
 
 
 def layout_grid(layout, gpus_per_node: int = 8) -> str:
@@ -127,3 +133,55 @@ def layout_grid(layout, gpus_per_node: int = 8) -> str:
                      f" over PCIe: gradients down, updated {'parameters' } up ({layout.offload} offloaded)")
     lines.append("a [cell] is one tensor-parallel group: it holds 1/tp of every matrix of its stage")
     return "\n".join(lines)
+
+
+def one_f_one_b(stages: int, micro: int) -> str:
+    """The 1F1B schedule as text: one row per stage, one column per time slot (a forward or a
+    backward of one micro-batch, backward taken as one slot for the picture); ``F3`` forward of
+    micro-batch 3, ``B3`` its backward, ``..`` idle (the bubble). Warm-up: stage i runs
+    ``stages - i`` forwards before its first backward; then it alternates; then it drains."""
+    slots: list[dict[int, str]] = [dict() for _ in range(stages)]
+    for s in range(stages):
+        t = s                                   # a stage starts once its input arrives
+        order = []
+        warm = min(stages - s, micro)
+        order += [("F", m) for m in range(warm)]
+        f, b = warm, 0
+        while b < micro:
+            order.append(("B", b))
+            b += 1
+            if f < micro:
+                order.append(("F", f))
+                f += 1
+        slots[s] = {"order": order}
+    # time each op: a forward needs the previous stage's forward, a backward the next stage's backward
+    done: dict = {}
+    for _ in range(4 * stages * micro):
+        progressed = False
+        for s in range(stages):
+            ops, placed = slots[s]["order"], slots[s].setdefault("placed", [])
+            if len(placed) == len(ops):
+                continue
+            kind, m = ops[len(placed)]
+            dep = done.get(("F", s - 1, m)) if kind == "F" and s > 0 else \
+                done.get(("B", s + 1, m)) if kind == "B" and s < stages - 1 else \
+                done.get(("F", s, m)) if kind == "B" else -1
+            if dep is None:
+                continue
+            start = max(dep + 1, (placed[-1][0] + 1) if placed else 0)
+            placed.append((start, f"{kind}{m}"))
+            done[(kind, s, m)] = start
+            progressed = True
+        if not progressed:
+            break
+    width = 1 + max(p[-1][0] for p in (slots[s]["placed"] for s in range(stages)))
+    rows = []
+    for s in range(stages):
+        cells = ["..."] * width
+        for t, name in slots[s]["placed"]:
+            cells[t] = f"{name:>3s}"
+        rows.append(f"stage {s}: " + " ".join(cells))
+    idle = sum(c == "..." for r in rows for c in r.split()[2:])
+    rows.append(f"{stages} stages, {micro} micro-batches: {width} slots, {idle} of {stages * width} idle "
+                f"= {idle / (stages * width):.0%}; (p - 1)/(m + p - 1) = {(stages - 1) / (micro + stages - 1):.0%}")
+    return "\n".join(rows)

@@ -74,7 +74,7 @@ def grade_case(choose, case: tuple) -> tuple[str, str]:
         return "wrong", f"the lab plans under mixed precision; got recipe {lay.recipe!r}"
     if (lay.tp, lay.pp, lay.dp) not in planner.parallel_degrees(cfg, gpus):
         return "wrong", f"tp {lay.tp} must divide the key/value heads and stay within a node; pp <= layers"
-    if not planner.allowed(lay.recipe, lay.zero, lay.pp, lay.offload, lay.device):
+    if not planner.allowed(lay.recipe, lay.zero, lay.pp, lay.offload, lay.device, lay.tp):
         return "wrong", f"DeepSpeed refuses ZeRO-{lay.zero} with pp {lay.pp} and offload {lay.offload}->{lay.device}"
     usable = gpu_table.usable(g)
     mem = planner_memory.per_gpu(cfg, seq, lay)

@@ -65,6 +65,7 @@ def recommendations(recipes: tuple = planner.RECIPES) -> dict:
         r = ask(name, recipes=tuple(recipes))
         b = r.best
         out[name] = {"about": SCENARIOS[name]["about"], "fitting": len(r.plans), "label": b.layout.label(),
+                     "framework": b.layout.framework, "plan": b,
                      "memory": b.memory, "time": {k: v for k, v in b.time.items() if k != "offload_terms"},
                      "tokens_per_s": b.tokens_per_s}
     return out

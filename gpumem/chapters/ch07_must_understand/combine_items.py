@@ -49,7 +49,7 @@ FAMILIES = [
      {"tp": (2, 4, 8), "pp": WIDE, "zero": (0, 1)}, lambda lay: lay.tp > 1 and lay.pp > 1),
     ("Pipeline stages across nodes with ZeRO-1, no tensor parallelism",
      {"tp": (1,), "pp": WIDE, "zero": (0, 1)}, lambda lay: lay.tp == 1 and lay.pp > 1),
-    ("ZeRO-3 with tensor parallelism inside each node",
+    ("ZeRO-3 with DeepSpeed's AutoTP tensor parallelism inside each node",
      {"tp": (2, 4, 8), "pp": (1,), "zero": (3,)}, lambda lay: lay.tp > 1 and lay.pp == 1 and lay.zero == 3),
 ]
 
@@ -70,8 +70,10 @@ def _three_d(_ctx) -> str:
             + "; ".join(parts) + ". ZeRO-3 alone gathers every weight over the 50 GB/s links in "
             "each micro-batch; tensor parallelism talks inside every layer, so it stays on a node's "
             "NVLink; a pipeline sends only activations between stages, and DeepSpeed's pipeline "
-            "engine refuses ZeRO-2 and ZeRO-3 (the planner also keeps DeepSpeed's AutoTP out of "
-            "pipelines: a 3-D layout needs Megatron-DeepSpeed).")
+            "engine refuses ZeRO-2 and ZeRO-3. DeepSpeed's AutoTP cannot be combined with a "
+            "pipeline (its device mesh is data x tensor only), so the 3-D layout runs in "
+            "Megatron-DeepSpeed: Megatron's tensor and sequence parallelism in each node, "
+            "DeepSpeed's pipeline engine and ZeRO-1 across nodes, as 405B-class models are trained.")
 
 
 def _est(model: str, n_gpus: int, seq: int, **kw):
@@ -175,8 +177,9 @@ QUESTIONS = [
             hint="When DeepSpeed's ZeRO-3 offloads the optimizer, where does each rank's gradient "
                  "partition live? Count what is left on the GPU per parameter, then shard it.",
             explanation="bf16 weight shard {p_gb:.2f} GB (1/{gpus}) + activations + working set = {answer} "
-                        "GB: with the optimizer offloaded, ZeRO-3 keeps its bf16 gradient partition in "
-                        "host memory too ({g_gb:.2f} GB left on the GPU). It {verdict} the {usable_gb:.1f} GB "
+                        "GB: only the bf16 weight shard stays on the GPU; with the optimizer offloaded, "
+                        "ZeRO-3 keeps its gradient partition in host memory beside the optimizer "
+                        "states. It {verdict} the {usable_gb:.1f} GB "
                         "usable (without offload: {plain_gb:.1f} GB). The price: {host_gb:.1f} GB per "
                         "GPU in host memory and a CPU Adam step.",
             traps=((lambda n: n["plain_gb"], "that keeps the optimizer states on the GPU."),
@@ -222,14 +225,14 @@ QUESTIONS = [
                 "link, and whether the model's states fit one node's eight GPUs.",
            explanation=_slow_link),
     Choice("plan-3d",
-           "In DeepSpeed, Llama-3.1-405B trains on 1,024 H100 80GB GPUs: 128 nodes of 8 joined by "
+           "With DeepSpeed (or Megatron-DeepSpeed on top of it), Llama-3.1-405B trains on 1,024 H100 80GB GPUs: 128 nodes of 8 joined by "
            "NVLink inside a node and 50 GB/s per GPU between nodes, sequences of 4,096, 4M tokens "
            "per step. Which layout trains fastest?",
            [words for words, _, _ in FAMILIES],
            answer=family_of(ranked("llama-3.1-405b", 1024, BIG_LINK).layout),
            hint="Which kind of parallelism talks inside every layer, which only at stage boundaries, "
-                "which moves every weight per micro-batch, and which of them does DeepSpeed let you "
-                "combine? Match each to the link it can afford.",
+                "which moves every weight per micro-batch, and which of them can be combined (and in "
+                "which framework)? Match each to the link it can afford.",
            explanation=_three_d),
 ]
 

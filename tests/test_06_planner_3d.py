@@ -1,0 +1,126 @@
+"""Chapter 06: the planner's layout families, each re-derived by hand from the weight shapes.
+
+Families: ZeRO-3 data parallelism alone, DeepSpeed AutoTP with ZeRO (no sequence parallelism),
+DeepSpeed's pipeline engine with ZeRO-1, and Megatron-DeepSpeed's tensor x pipeline x ZeRO-1
+(with sequence parallelism). The derivations below are written from the shapes and the papers'
+formulas, not from the planner's code; the 405B scenario's top plan is re-derived the same way.
+"""
+
+import math
+
+from gpumem.memory import models, planner, planner_memory
+from gpumem.memory.planner_memory import Layout
+
+CFG405 = models.get("llama-3.1-405b")
+CFG70 = models.get("llama-3-70b")
+S = 4096
+
+
+def c(n: int, t: int) -> int:
+    return -(-n // t)
+
+
+def stage_params(cfg, tp: int, pp: int) -> int:
+    """The last stage of a tp x pp split by hand: ceil(L/pp) layers of matrices / tp + two
+    replicated norms each, the head V x d / tp and the final norm (the whole model when pp = 1)."""
+    d, kv, F, V = cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.ffn, cfg.vocab
+    layer = c(2 * d * d + 2 * d * kv + 3 * d * F, tp) + 2 * d
+    if pp == 1:
+        return cfg.n_layers * layer + 2 * c(V * d, tp) + d
+    return math.ceil(cfg.n_layers / pp) * layer + c(V * d, tp) + d
+
+
+def sp_layer(cfg, T: int, tp: int) -> int:
+    """One layer's saved bytes under Megatron sequence parallelism, flash, bf16, fused norms:
+    every group / tp (Korthikanti et al. 2022, with GQA's k/v widths and the fp32 logsumexp)."""
+    h, kv, F, a = cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.ffn, cfg.n_heads
+    groups = [2 * T * h + 4 * T, 2 * T * h, 2 * T * (h + 2 * kv), 2 * T * h, 4 * a * T,
+              2 * T * h + 4 * T, 2 * T * h, 8 * T * F]
+    return sum(c(g, tp) for g in groups)
+
+
+def sp_outside(cfg, T: int, tp: int) -> int:
+    """RoPE's cos/sin tables (whole), the final norm and the head input split along the sequence."""
+    h = cfg.d_model
+    return 2 * 2 * S * cfg.head_dim + c(2 * T * h + 4 * T + 2 * T * h, tp)
+
+
+def test_megatron_deepspeed_layout_by_hand():
+    """tp 8 x pp 16 x dp 8, mixed ZeRO-1, no checkpointing: states from the stage's parameters,
+    the first stage holding 16 micro-batches (1F1B) of its 8 layers."""
+    lay = Layout(recipe="mixed", zero=1, checkpoint="none", attention="flash", offload="none", device="cpu",
+                 micro_batch=1, tp=8, pp=16, dp=8, n_micro=128)
+    assert lay.framework == "megatron-deepspeed" and lay.sequence_parallel
+    n = stage_params(CFG405, 8, 16)
+    mem = planner_memory.per_gpu(CFG405, S, lay)
+    assert mem["params"] == 2 * n and mem["grads"] == 2 * n       # ZeRO-1: whole bf16 weights and gradients
+    assert mem["optimizer"] == 12 * c(n, 8)                        # fp32 master, m, v sharded over dp 8
+    assert mem["buffers"] == 4 * min(50_000_000, n)                # reduce + all-gather buckets
+    first = 16 * 8 * sp_layer(CFG405, S, 8) + sp_outside(CFG405, S, 8)
+    last = 8 * sp_layer(CFG405, S, 8) + sp_outside(CFG405, S, 8) + c(10 * S * CFG405.vocab + 8, 8)
+    assert mem["activations"] == max(first, last) == first
+    assert mem["total"] == 4 * n + 12 * c(n, 8) + 4 * 50_000_000 + first
+
+
+def test_autotp_without_pipeline_keeps_no_sequence_parallelism():
+    lay = Layout(recipe="mixed", zero=3, checkpoint="none", attention="flash", offload="none", device="cpu",
+                 micro_batch=1, tp=2, pp=1, dp=4, n_micro=16)
+    assert lay.framework == "deepspeed" and not lay.sequence_parallel
+    sp = Layout(**{**lay.__dict__, "pp": 2, "zero": 1, "dp": 2})
+    # the same layer under SP is smaller: the norms' and projections' inputs are split too
+    assert planner_memory.stage_activations(CFG70, S, sp)["per_layer"] < \
+        planner_memory.stage_activations(CFG70, S, lay)["per_layer"]
+
+
+def test_pipeline_zero1_and_zero3_families_by_hand():
+    pp = Layout(recipe="mixed", zero=1, checkpoint="full", attention="flash", offload="none", device="cpu",
+                micro_batch=1, tp=1, pp=4, dp=2, n_micro=32)
+    n = stage_params(CFG70, 1, 4)
+    st = planner_memory.states_part(CFG70, pp)
+    assert (st["params"], st["grads"], st["optimizer"]) == (2 * n, 2 * n, 12 * c(n, 2))
+    z3 = Layout(recipe="mixed", zero=3, checkpoint="full", attention="flash", offload="none", device="cpu",
+                micro_batch=1, tp=1, pp=1, dp=8, n_micro=8)
+    n = stage_params(CFG70, 1, 1)
+    st = planner_memory.states_part(CFG70, z3)
+    norms = (2 * CFG70.n_layers + 1) * CFG70.d_model                # persistent: below the threshold, whole
+    assert st["params"] == 2 * c(n, 8) + 2 * norms and st["grads"] == 2 * c(n, 8)
+    assert st["optimizer"] == 12 * c(n, 8)
+
+
+def test_megatron_plans_refuse_zero2_3_and_offload_and_emit_arguments():
+    assert not planner.allowed("mixed", 2, 4, "none", "cpu", tp=2)
+    assert not planner.allowed("mixed", 1, 4, "optimizer", "cpu", tp=2)
+    assert planner.allowed("mixed", 1, 4, "none", "cpu", tp=2)
+    lay = Layout(recipe="mixed", zero=1, checkpoint="every-2", attention="flash", offload="none", device="cpu",
+                 micro_batch=2, tp=4, pp=2, dp=1, n_micro=8)
+    args = planner.megatron_args(CFG70, lay)
+    flag = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    assert flag["--tensor-model-parallel-size"] == "4" and flag["--pipeline-model-parallel-size"] == "2"
+    assert flag["--global-batch-size"] == "16" and flag["--micro-batch-size"] == "2"
+    assert flag["--recompute-method"] == "uniform" and flag["--recompute-num-layers"] == "2"
+    assert "--sequence-parallel" in args and flag["--zero-stage"] == "1"
+    cfg = planner.deepspeed_config(CFG70, lay)
+    assert cfg["zero_optimization"]["stage"] == 1 and "tensor_parallel" not in cfg
+
+
+def test_405b_top_plan_is_a_3d_layout_re_derived():
+    """The 405B scenario (1,024 H100s): the top plan is Megatron-DeepSpeed's 3-D layout, and its
+    bytes and compute time are re-derived from the shapes and 6*N*tokens-style FLOPs."""
+    r = planner.plan("llama-3.1-405b", 1024, "h100-80gb", seq=S, global_batch=1024, advise=False)
+    best = r.best
+    lay = best.layout
+    assert best.as_dict()["framework"] == "megatron-deepspeed" and lay.tp == 8 and lay.pp > 1 and lay.zero <= 1
+    n = stage_params(CFG405, lay.tp, lay.pp)
+    opt = 12 * c(n, lay.dp) if lay.zero == 1 else 12 * n
+    assert best.memory["params"] + best.memory["grads"] + best.memory["optimizer"] == 4 * n + opt
+    assert best.memory["total"] <= best.memory["usable"]
+    # compute: per token 2 FLOPs per weight forward, 4 backward, plus attention's core (full s x s,
+    # 4 s h per layer forward, 10 s h backward: 2.5 x, as PyTorch counts SDPA) and the head, over tp * pp GPUs at 40 % MFU
+    d, L, V = CFG405.d_model, CFG405.n_layers, CFG405.vocab
+    matmul = CFG405.n_layers * (2 * d * d + 2 * d * CFG405.n_kv_heads * CFG405.head_dim + 3 * d * CFG405.ffn) + V * d
+    per_token = 6 * matmul + 14 * S * d * L
+    tokens = lay.micro_batch * lay.n_micro * S
+    peak = 989e12
+    assert math.isclose(best.time["compute"], per_token * tokens / (lay.tp * lay.pp) / (0.4 * peak), rel_tol=1e-9)
+    assert math.isclose(best.time["pipeline_bubble"], best.time["compute"] * (lay.pp - 1) / lay.n_micro,
+                        rel_tol=1e-9)
