@@ -8,6 +8,8 @@ formulas, not from the planner's code; the 405B scenario's top plan is re-derive
 
 import math
 
+import pytest
+
 from gpumem.memory import models, planner, planner_memory
 from gpumem.memory.planner_memory import Layout
 
@@ -124,3 +126,42 @@ def test_405b_top_plan_is_a_3d_layout_re_derived():
     assert math.isclose(best.time["compute"], per_token * tokens / (lay.tp * lay.pp) / (0.4 * peak), rel_tol=1e-9)
     assert math.isclose(best.time["pipeline_bubble"], best.time["compute"] * (lay.pp - 1) / lay.n_micro,
                         rel_tol=1e-9)
+
+
+def test_1f1b_timeline_idles_the_bubble_share():
+    from gpumem.chapters.ch06_combining_strategies import diagrams
+    for p, m in ((2, 3), (4, 6), (4, 12), (8, 8)):
+        last = diagrams.one_f_one_b(p, m).splitlines()[-1]
+        slots, idle = 2 * (m + p - 1), 2 * (p - 1) * p        # by hand: each stage idles 2 (p - 1) slots
+        assert f"{slots} slots, {idle} of {p * slots} idle" in last
+
+
+def test_quiz_bubble_and_slow_network_by_hand():
+    from gpumem.chapters.ch06_combining_strategies import quiz
+    for seed in range(6):
+        quiz.QUIZ.seed(seed)
+        b, s = quiz.QUIZ._get("bubble"), quiz.QUIZ._get("slow-network")
+        n = b.numbers
+        assert b.value() == math.ceil(20 * (n["pp"] - 1) - 1e-9)      # (pp - 1)/m <= 5 %
+        assert n["acts_m"] == n["acts_pp"] > n["acts_1"]              # 1F1B: at most pp micro-batches held
+        n = s.numbers
+        moved = n["n_micro"] * 3 * 2 * n["psi"] * 15 / 16 / (n["link_gb"] * 1e9)
+        assert s.value() == pytest.approx(max(0.0, moved - n["compute_s"]), rel=1e-9)
+
+
+def test_lab_reflection_fails_a_plan_that_ignores_the_slow_link():
+    """A choose_plan that answers the fast-link optimum whatever the link passes the four cases
+    and fails the slow-link reflection, which names the unchanged plan."""
+    from gpumem.chapters.ch06_combining_strategies import labcheck
+    answers = {}
+    for case in (labcheck.LAB_CASE,) + labcheck.HIDDEN + (labcheck.REFLECTION,):
+        m, g, gpu, s, b = case
+        best = planner.plan(m, g, gpu, seq=s, global_batch=b, recipes=("mixed",)).best
+        answers[case] = {k: getattr(best.layout, k) for k in labcheck.KEYS}
+
+    def stubborn(model, gpus_, gpu, seq, batch, inter_node=None):
+        return answers[(model, gpus_, gpu, seq, batch)]
+    report = labcheck.check({"choose_plan": stubborn}, show=False)
+    assert [r.status for r in report.rows[:-1]] == ["ok"] * 4
+    last = report.rows[-1]
+    assert last.function == "reflection" and last.status == "wrong" and "did not change" in last.detail

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ..memory import bandwidth
 from ..memory.models import ModelConfig
 from . import dsops
 from .ds_engine import ds_config
@@ -39,7 +40,10 @@ CONFIGS = {"zero1": (1, "none", "cpu"), "zero1+cpu": (1, "optimizer", "cpu"),
            "zero2": (2, "none", "cpu"), "zero2+cpu": (2, "optimizer", "cpu"),
            "zero3": (3, "none", "cpu"), "zero3+cpu": (3, "optimizer", "cpu"),
            "zero3+nvme": (3, "optimizer+params", "nvme")}
-AIO = {"block_size": 1 << 20, "queue_depth": 8, "thread_count": 1, "single_submit": False, "overlap_events": True}
+# DeepSpeed 0.19.8's aio keys (runtime/swap_tensor/constants.py); the ladder's handle uses the same
+# block size and queue depth (bandwidth.AIO_BLOCK, bandwidth.AIO_QUEUE_DEPTH)
+AIO = {"block_size": bandwidth.AIO_BLOCK, "queue_depth": bandwidth.AIO_QUEUE_DEPTH, "intra_op_parallelism": 1,
+       "single_submit": False, "overlap_events": True}
 INSTALL_LIBAIO = ("NVMe offload needs libaio for DeepSpeed's async_io op: `sudo apt-get install libaio-dev` "
                   "(Debian/Ubuntu; `dnf install libaio-devel` on Fedora), then `make setup` to build the op")
 
@@ -62,16 +66,17 @@ def offload_config(name: str, swap_dir: str | None, batch_per_rank: int, cfg: Mo
     """
     zero, offload, device = CONFIGS[name]
     extra: dict = {}
+    pin = torch.cuda.is_available()    # page-locked host buffers help only a GPU's copy engine
     if zero == 3:
         extra.update(stage3_param_persistence_threshold=cfg.d_model + 1, stage3_prefetch_bucket_size=0)
     if offload != "none":
-        opt = {"device": device, "pin_memory": False}
+        opt = {"device": device, "pin_memory": pin}
         if device == "nvme":
             opt.update(nvme_path=swap_dir, buffer_count=4)
         extra["offload_optimizer"] = opt
     if offload == "optimizer+params":
         largest = -(-cfg.vocab * cfg.d_model // world)           # the largest shard, elements
-        extra["offload_param"] = {"device": device, "nvme_path": swap_dir, "pin_memory": False,
+        extra["offload_param"] = {"device": device, "nvme_path": swap_dir, "pin_memory": pin,
                                   "buffer_count": 5, "buffer_size": largest, "max_in_cpu": 0}
     out = ds_config(zero, batch_per_rank, extra)
     out["optimizer"]["params"]["torch_adam"] = offload == "none"    # offload: DeepSpeedCPUAdam
@@ -177,11 +182,15 @@ def held_by_role(engine, net, stage: int) -> dict[str, int]:
 
 
 def describe(config: dict) -> tuple[int, str, str]:
-    """A DeepSpeed config's (ZeRO stage, offload, device) in accounting's vocabulary."""
+    """A DeepSpeed config's (ZeRO stage, offload, device): ``offload_optimizer`` and ``offload_param``
+    read independently, so offload is ``none``, ``optimizer``, ``params`` (parameter-only offload at
+    stage 3, which accounting has no row for) or ``optimizer+params``; device ``nvme`` if either
+    target is on the drive."""
     z = config.get("zero_optimization", {})
     opt = (z.get("offload_optimizer") or {}).get("device", "none")
     par = (z.get("offload_param") or {}).get("device", "none")
-    offload = "optimizer+params" if par != "none" else "optimizer" if opt != "none" else "none"
+    offload = {(False, False): "none", (True, False): "optimizer", (False, True): "params",
+               (True, True): "optimizer+params"}[(opt != "none", par != "none")]
     return int(z.get("stage", 0)), offload, "nvme" if "nvme" in (opt, par) else "cpu"
 
 
@@ -208,9 +217,9 @@ def placement(name_or_config) -> dict[str, str]:
     ZeRO-3's 16-bit gradient partition on the host whenever the optimizer is offloaded
     (``stage3.py`` 333, 791: it lives on ``self.device``, the CPU under offload)."""
     zero, offload, _ = CONFIGS[name_or_config] if isinstance(name_or_config, str) else describe(name_or_config)
-    opt = "host" if offload != "none" else "accelerator"
-    return {"params": "host" if offload == "optimizer+params" else "accelerator",
-            "grads16": "host" if zero == 3 and offload != "none" else "accelerator",
+    opt = "host" if offload in ("optimizer", "optimizer+params") else "accelerator"
+    return {"params": "host" if offload in ("params", "optimizer+params") else "accelerator",
+            "grads16": "host" if zero == 3 and opt == "host" else "accelerator",
             "grads_unreduced": "accelerator", "grads32": opt, "master": opt, "moments": opt, "buffers": "host"}
 
 

@@ -90,12 +90,16 @@ def _one_config(name: str, rank: int, world: int, swap_dir, steps: int, seq: int
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     clock.take()
     losses, times, swaps, held, unreduced = [], [], [], None, []
+    # on a GPU the calls return before the kernels finish: wait for them before reading the clock
+    sync = torch.cuda.synchronize if str(engine.device).startswith("cuda") else (lambda: None)
     for step in range(steps):
         mine = data[step, rank * batch_per_rank:(rank + 1) * batch_per_rank]
         t = {}
         clock.phase = "forward"
+        sync()
         start = time.perf_counter()
         loss = engine(mine[:, :-1], mine[:, 1:])
+        sync()
         t["forward"] = time.perf_counter() - start
         clock.phase = "backward"
         if step == steps - 1:     # read backward's gradients as the end-of-backward reduction starts
@@ -104,6 +108,7 @@ def _one_config(name: str, rank: int, world: int, swap_dir, steps: int, seq: int
                                                           reduce(*a, **k))[1]
         start = time.perf_counter()
         engine.backward(loss)
+        sync()
         t["backward"] = time.perf_counter() - start
         if step == steps - 1:
             held = ds_offload.held_by_role(engine, net, zero)
@@ -111,6 +116,7 @@ def _one_config(name: str, rank: int, world: int, swap_dir, steps: int, seq: int
         clock.phase = "step"
         start = time.perf_counter()
         engine.step()
+        sync()
         t["step"] = time.perf_counter() - start
         losses.append(loss.item())
         times.append(t)

@@ -7,6 +7,13 @@ the page cache defeated (DeepSpeed's async I/O handle when its ``async_io`` op i
 CUDA the PCIe transfers both ways from pageable and from pinned host memory, and a copy inside
 the GPU. Each rung is the best of ``repeats`` timed runs; bytes/s counts the bytes moved once
 (a copy of n bytes is n bytes, not 2n). :func:`cpu_adam_rate` times one rank's CPU optimizer.
+
+Caveats: the disk write is timed without ``fsync`` (``O_DIRECT`` hands each block to the device,
+but a drive's own cache may still hold it); on a virtual machine the hypervisor may cache the
+virtual disk, so its figure says little about a physical drive. The async I/O handle uses the
+course's DeepSpeed ``aio`` block size and queue depth (:data:`AIO_BLOCK`, :data:`AIO_QUEUE_DEPTH`).
+PCIe datasheet figures are line rate, an upper bound: pinned copies reach about 25 GB/s at Gen4
+x16 and about 50 at Gen5, and GPUs behind one PCIe switch share its uplink (``nvidia-smi topo -m``).
 """
 
 import datetime
@@ -55,6 +62,9 @@ def _quiet_deepspeed():
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
 
 
+AIO_BLOCK, AIO_QUEUE_DEPTH = 1 << 20, 8      # the same as the course's DeepSpeed aio config
+
+
 def aio_handle(libaio_present: bool = True):
     """DeepSpeed's async I/O handle, or None when its ``async_io`` op cannot load (no libaio:
     pass ``dsops.libaio_present()``, which callers above the engine layer may check)."""
@@ -63,7 +73,7 @@ def aio_handle(libaio_present: bool = True):
     try:
         _quiet_deepspeed()
         from deepspeed.ops.op_builder import AsyncIOBuilder
-        return AsyncIOBuilder().load(verbose=False).aio_handle(1 << 20, 32, False, True, 1)
+        return AsyncIOBuilder().load(verbose=False).aio_handle(AIO_BLOCK, AIO_QUEUE_DEPTH, False, True, 1)
     except Exception:   # an op that fails to build or load: fall back to O_DIRECT
         return None
 

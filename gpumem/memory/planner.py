@@ -7,7 +7,8 @@ the GPU's capacity minus a stated :class:`~gpumem.memory.gpus.Reserve`, its host
 :data:`HOST_PER_NODE` and its NVMe bytes :data:`NVME_PER_NODE`. What fits is ranked by the
 estimated step time of ``planner_cost`` (compute at a stated MFU, communication at the GPU
 table's link bandwidths, offload traffic from ``offload_cost``). Each plan carries its memory
-breakdown, time breakdown, DeepSpeed config and FSDP equivalent (``planner_config``).
+breakdown, time breakdown, framework (``Layout.framework``), DeepSpeed config, FSDP equivalent
+and, for 3-D layouts, Megatron-DeepSpeed's arguments (``planner_config``).
 
 Rules the enumeration keeps (DeepSpeed 0.19.8): ZeRO-2 and 3 are refused with pipeline
 parallelism (``pipe/engine.py``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline

@@ -43,16 +43,29 @@ def time_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+NOISE = 0.05    # a measured difference under 5 % of the baseline's forward + backward is read as noise
+
+
 def prediction_table(result: dict) -> str:
     """The cost model (fed with the measured ladder) beside the measurement, per term, and the
-    ratio measured / predicted."""
-    lines = [f"{'configuration':13s} {'term':10s} {'predicted':>10s} {'measured':>10s} {'ratio':>7s}  (ms)"]
+    ratio measured / predicted. ``compute`` is an input (the baseline's measured forward + backward);
+    a measured ``transfers`` difference at or under ``NOISE`` of it prints as "below noise"."""
+    lines = [f"{'configuration':13s} {'term':10s} {'predicted':>10s} {'measured':>11s} {'ratio':>7s}  (ms)"]
     for name, row in result.get("prediction", {}).items():
+        floor = NOISE * row["measured"]["compute"]
         for term in ("compute", "transfers", "nvme", "cpu_adam", "total"):
-            ratio = row["ratio"][term]
-            lines.append(f"{name:13s} {term:10s} {1e3 * row['predicted'][term]:10.2f} {1e3 * row['measured'][term]:10.2f} "
+            ratio, got = row["ratio"][term], row["measured"][term]
+            if term == "compute":
+                shown, ratio = "(input)", None
+            elif term == "transfers" and got <= floor:
+                shown, ratio = "below noise", None
+            else:
+                shown = f"{1e3 * got:.2f}"
+            lines.append(f"{name:13s} {term:10s} {1e3 * row['predicted'][term]:10.2f} {shown:>11s} "
                          f"{'-' if ratio is None else f'{ratio:7.2f}':>7s}")
             name = ""
+    lines.append(f"compute: the baseline's measured forward + backward, fed to the model; transfers: the offload "
+                 f"run's forward + backward minus it (below noise: <= {100 * NOISE:.0f} % of compute)")
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ MB = 10**6
 # ZeRO-3 + CPU optimizer 3.6 MB (the bf16 shard), ZeRO-3 + NVMe optimizer and parameters 0 MB
 # (DeepSpeed keeps ZeRO-3's gradient partition in host memory once it offloads); one budget per step
 BUDGETS = {"30 MB": 30 * MB, "12 MB": 12 * MB, "2 MB": 2 * MB}
-RANK_OF = {"none": 0, "optimizer": 1, "optimizer+params": 2}
+RANK_OF = {"none": 0, "optimizer": 1, "params": 2, "optimizer+params": 2}   # params: fetched every pass
 ROLE_WORDS = {"params": "16-bit parameters", "grads16": "16-bit gradients", "grads32": "fp32 gradients",
               "master": "fp32 master weights", "moments": "Adam moments (m, v)"}
 
@@ -54,7 +54,7 @@ def needed(budget: int, ranks: int = 2) -> str:
     """The least offload (none < optimizer < optimizer+params, ZeRO-3) whose chapter 01 formula
     (recipe ``mixed``: what DeepSpeed's bf16 run holds) fits ``budget`` on the accelerator."""
     n = ds_offload.MODEL.n_params()
-    for offload in RANK_OF:
+    for offload in ("none", "optimizer", "optimizer+params"):
         device = "nvme" if offload == "optimizer+params" else "cpu"
         if accounting.model_states(n, "mixed", ranks, 3, offload, device).total <= budget:
             return offload

@@ -65,9 +65,11 @@ def memory_box(plan, width: int = 44) -> str:
 
 def scenarios_table(recs: dict) -> str:
     """Each scenario's top plan with its memory and time (``scenarios.recommendations()``)."""
-    lines = [f"{'scenario':62s} {'top plan':62s} {'framework':18s} {'GB/GPU':>7s} {'step s':>8s}  bound"]
+    a = max(len(r["about"]) for r in recs.values())
+    w = max(len(r["label"]) for r in recs.values())
+    lines = [f"{'scenario':{a}s}  {'top plan':{w}s}  {'framework':18s} {'GB/GPU':>7s} {'step s':>8s}  bound"]
     for r in recs.values():
-        lines.append(f"{r['about']:62s} {r['label']:62s} {r['framework']:18s} {r['memory']['total'] / 1e9:>7.1f} "
+        lines.append(f"{r['about']:{a}s}  {r['label']:{w}s}  {r['framework']:18s} {r['memory']['total'] / 1e9:>7.1f} "
                      f"{r['time']['total']:>8.2f}  {r['time']['bound']}")
     return "\n".join(lines)
 

@@ -1,6 +1,6 @@
 """Lab 06's ``check()``: the learner's own planner, graded on clusters the lab never shows.
 
-The learner writes ``choose_plan(model, gpus, gpu, seq, global_batch) -> dict``: a layout (keys
+The learner writes ``choose_plan(model, gpus, gpu, seq, global_batch, inter_node) -> dict``: a layout (keys
 ``recipe, zero, checkpoint, attention, offload, device, micro_batch, tp, pp``) under mixed
 precision, found by their own search with the course's memory and cost model
 (``planner_memory.per_gpu``, ``planner_cost.step_seconds``) as the measuring tools. While it is
@@ -9,7 +9,10 @@ graded, ``planner.plan`` and ``planner.candidates`` refuse to run: the search is
 Each case passes when the layout is one DeepSpeed accepts (degrees that divide the GPUs, ZeRO-1
 at most with pipeline stages, offload at the stages that have it), fits the GPU's usable bytes
 by the library's accounting, and its estimated step time is within :data:`SLACK` of the planner's
-best mixed-precision plan. The lab's own cluster (``LAB_CASE``) is graded the same way.
+best mixed-precision plan, with host bytes within :data:`planner.HOST_PER_NODE` per node. The
+lab's own cluster (``LAB_CASE``) is graded the same way. One reflection is graded too
+(:data:`REFLECTION`): on an unseen cluster whose planner answer changes when the link between
+nodes slows down, the learner's plan for the slow link must be within the same slack there.
 """
 
 from contextlib import contextmanager
@@ -26,6 +29,8 @@ LAB_CASE = ("llama-3-70b", 8, "h100-80gb", 8192, 64)
 HIDDEN = (("llama-3-70b", 16, "a100-40gb", 4096, 128),
           ("llama-3-8b", 4, "l4", 2048, 32),
           ("llama-3.1-405b", 64, "h200", 4096, 256))
+SLOW_LINK = 1.25e9        # 10 Gb/s Ethernet per GPU between nodes, bytes/s
+REFLECTION = ("llama-3-8b", 32, "a100-80gb", 4096, 128)   # its best layout changes on the slow link
 
 
 @contextmanager
@@ -55,12 +60,18 @@ def layout_of(choice: dict, gpus: int, global_batch: int) -> planner_memory.Layo
                                  choice["offload"], choice["device"], mb, tp, pp, dp, -(-replica // mb))
 
 
-def grade_case(choose, case: tuple) -> tuple[str, str]:
-    """(status, detail) of the learner's plan for one cluster."""
+def _ask(choose, case: tuple, inter_node: float):
+    model, gpus, gpu, seq, batch = case
+    with _no_planner():
+        return choose(model, gpus, gpu, seq, batch, inter_node=inter_node)
+
+
+def grade_case(choose, case: tuple, inter_node: float = planner_cost.INTER_NODE) -> tuple[str, str]:
+    """(status, detail) of the learner's plan for one cluster (``inter_node``: bytes/s per GPU
+    between nodes)."""
     model, gpus, gpu, seq, batch = case
     try:
-        with _no_planner():
-            choice = choose(model, gpus, gpu, seq, batch)
+        choice = _ask(choose, case, inter_node)
     except NotImplementedError:
         return "todo", "choose_plan still raises NotImplementedError"
     except Exception as err:  # the learner's bug, reported
@@ -75,16 +86,35 @@ def grade_case(choose, case: tuple) -> tuple[str, str]:
     if (lay.tp, lay.pp, lay.dp) not in planner.parallel_degrees(cfg, gpus):
         return "wrong", f"tp {lay.tp} must divide the key/value heads and stay within a node; pp <= layers"
     if not planner.allowed(lay.recipe, lay.zero, lay.pp, lay.offload, lay.device, lay.tp):
-        return "wrong", f"DeepSpeed refuses ZeRO-{lay.zero} with pp {lay.pp} and offload {lay.offload}->{lay.device}"
+        return "wrong", (f"refused: ZeRO-{lay.zero} with tp {lay.tp}, pp {lay.pp} and offload {lay.offload}->"
+                         f"{lay.device} (no ZeRO-2/3 with pp; tp x pp without offload; offload stages)")
     usable = gpu_table.usable(g)
     mem = planner_memory.per_gpu(cfg, seq, lay)
     if mem["total"] > usable:
         return "wrong", f"{lay.label()} needs {mem['total'] / 1e9:.1f} GB per GPU; {usable / 1e9:.1f} GB usable"
-    mine = planner_cost.step_seconds(cfg, seq, lay, g, links=datasheet_links(g.name))["total"]
-    best = planner.plan(model, gpus, gpu, seq=seq, global_batch=batch, recipes=("mixed",)).best
+    host = mem["host"] * min(gpus, planner_cost.GPUS_PER_NODE)
+    if host > planner.HOST_PER_NODE:
+        return "wrong", f"{lay.label()} needs {host / 1e12:.2f} TB of host memory per node; {planner.HOST_PER_NODE / 1e12:g} TB"
+    mine = planner_cost.step_seconds(cfg, seq, lay, g, links=datasheet_links(g.name), inter_node=inter_node)["total"]
+    best = planner.plan(model, gpus, gpu, seq=seq, global_batch=batch, recipes=("mixed",), inter_node=inter_node).best
     ratio = mine / best.time["total"]
     detail = f"{mine:.2f} s vs the planner's {best.time['total']:.2f} s ({best.layout.label()})"
     return ("ok", detail) if ratio <= SLACK else ("wrong", detail + f": {ratio:.2f}x, more than {SLACK}x")
+
+
+def reflection(choose) -> Row:
+    """The slow-link reflection: the plan for :data:`REFLECTION` on :data:`SLOW_LINK`, graded like
+    a case, its detail saying whether the layout changed from the fast link's."""
+    status, detail = grade_case(choose, REFLECTION, SLOW_LINK)
+    try:
+        fast, slow = (_ask(choose, REFLECTION, link) for link in (planner_cost.INTER_NODE, SLOW_LINK))
+        same = {k: fast[k] for k in KEYS} == {k: slow[k] for k in KEYS}
+    except Exception:  # already reported by grade_case
+        same = False
+    if status != "ok" and same:
+        detail = "the plan did not change when the link between nodes slowed to 1.25 GB/s; " + detail
+    return Row("reflection", f"{REFLECTION[0]} on {REFLECTION[1]} x {REFLECTION[2]}, 1.25 GB/s between nodes",
+               status, detail)
 
 
 def check(ns: dict, show: bool = True) -> Report:
@@ -92,7 +122,7 @@ def check(ns: dict, show: bool = True) -> Report:
     report = Report(LAB)
     choose = ns.get("choose_plan")
     if choose is None:
-        report.rows.append(Row("choose_plan", "defined", "todo", "define choose_plan(model, gpus, gpu, seq, global_batch)"))
+        report.rows.append(Row("choose_plan", "defined", "todo", "define choose_plan(model, gpus, gpu, seq, global_batch, inter_node)"))
     else:
         for case in (LAB_CASE,) + HIDDEN:
             status, detail = grade_case(choose, case)
@@ -100,6 +130,8 @@ def check(ns: dict, show: bool = True) -> Report:
                                    status, detail))
             if status != "ok":
                 break
+        else:
+            report.rows.append(reflection(choose))
     if show:
         print(report.summary())
     return report

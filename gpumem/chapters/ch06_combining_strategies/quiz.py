@@ -53,27 +53,39 @@ def _hide_tokens(n: dict) -> float:
     return comm * gpus.get(n["gpu_name"]).bf16_flops * planner_cost.speed.MFU / (6 * psi)
 
 
+BUBBLE_TARGET = 0.05      # the bubble share of compute the question asks to stay under
+
+
+def _bubble_layout(cfg, n: dict, m: int) -> Layout:
+    return Layout(recipe="mixed", zero=1, checkpoint="full", attention="flash", offload="none", device="cpu",
+                  micro_batch=1, tp=8, pp=n["pp"], dp=n["dp"], n_micro=m)
+
+
 def _bubble(rng) -> dict:
     n = model_numbers(pick(rng, ("llama-3-70b", "llama-3.1-405b"))) | {
-        "pp": pick(rng, (4, 8, 16)), "dp": pick(rng, (4, 8, 16)), "mb": pick(rng, (1, 2)),
-        "batch": pick(rng, (256, 512, 1024))}
-    n["m"] = n["batch"] // (n["dp"] * n["mb"])
+        "pp": pick(rng, (4, 8, 16)), "dp": pick(rng, (4, 8, 16))}
+    cfg, h100 = models.get(n["model_name"]), gpus.get("h100-80gb")
+    m = 1
+    while True:   # the planner's cost model: the fewest micro-batches with bubble <= 5 % of compute
+        t = planner_cost.step_seconds(cfg, 4096, _bubble_layout(cfg, n, m), h100)
+        if t["pipeline_bubble"] <= BUBBLE_TARGET * t["compute"]:
+            break
+        m += 1
+    acts = {k: planner_memory.stage_activations(cfg, 4096, _bubble_layout(cfg, n, k))["first"] / GB
+            for k in (1, n["pp"], m)}
+    return n | {"m": m, "batch": m * n["dp"], "acts_1": acts[1], "acts_pp": acts[n["pp"]], "acts_m": acts[m]}
+
+
+def _slow(rng) -> dict:
+    n = model_numbers("llama-3-8b") | gpu_numbers(pick(rng, ("a100-40gb", "a100-80gb", "h100-80gb")))
+    n |= {"link_gb": pick(rng, (1.25, 2.5, 3.125)), "mb": pick(rng, (1, 2, 4)), "n_micro": 4}
+    cfg = models.get("llama-3-8b")
+    lay = Layout(recipe="mixed", zero=3, checkpoint="full", attention="flash", offload="none", device="cpu",
+                 micro_batch=n["mb"], tp=1, pp=1, dp=16, n_micro=n["n_micro"])
+    t = planner_cost.step_seconds(cfg, 4096, lay, gpus.get(n["gpu_name"]), inter_node=n["link_gb"] * GB)
+    n |= {"psi": planner_memory.local_params(cfg, 1, 1)["params"], "compute_s": t["compute"],
+          "moved_s": t["data_parallel_moved_s"], "exposed_s": t["data_parallel"]}
     return n
-
-
-def _bubble_pct(n: dict) -> float:
-    cfg = models.get(n["model_name"])
-    lay = Layout("mixed", 1, "full", "flash", "none", "cpu", n["mb"], 8, n["pp"], n["dp"], n["m"])
-    t = planner_cost.step_seconds(cfg, 4096, lay, gpus.get("h100-80gb"))
-    return 100 * t["pipeline_bubble"] / t["compute"]
-
-
-def slow_network_stage() -> int:
-    """The ZeRO stage of the planner's best plan for Llama-3-8B on 16 A100 40GB (two nodes), batch
-    64, on 10 Gb/s Ethernet between nodes, data parallelism only."""
-    r = planner.plan("llama-3-8b", 16, "a100-40gb", seq=4096, global_batch=64, recipes=("mixed",),
-                     tp=(1,), pp=(1,), inter_node=1.25e9)
-    return r.best.layout.zero
 
 
 QUIZ = Quiz("06_combining_strategies", [
@@ -126,26 +138,36 @@ QUIZ = Quiz("06_combining_strategies", [
                                                         "backward again."),),
             draw=_hide),
     Numeric("bubble",
-            "{model} trains with {pp} pipeline stages (1F1B schedule), {dp} data-parallel replicas, a "
-            "global batch of {batch} sequences and micro-batches of {mb}. What percentage of the "
-            "compute time does the pipeline bubble add?",
-            answer=_bubble_pct, unit="%", rel_tol=0.01,
-            hint="How many micro-batches does each replica run per step? The bubble is (stages - 1) "
-                 "micro-batch slots.",
-            explanation="{m} micro-batches per replica: (pp - 1)/m = {answer} %. More micro-batches (a "
-                        "larger batch or smaller micro-batches) shrink it.",
-            traps=((lambda n: 100 * (n["pp"] - 1) / n["pp"], "that divides by the stages; the bubble "
-                                                             "shrinks with the micro-batch count."),),
+            "{model} trains with {pp} pipeline stages (1F1B schedule), tensor parallelism 8, {dp} "
+            "data-parallel replicas, sequences of 4,096 and micro-batches of one sequence. How many "
+            "micro-batches must each replica run per step for the pipeline bubble to cost at most 5 % of "
+            "the compute time?",
+            answer=lambda n: n["m"], unit="micro-batches", rel_tol=0.0,
+            hint="The bubble adds (stages - 1)/(micro-batches) of the compute. Then ask what the first "
+                 "stage holds while the pipe is full: does it grow with every extra micro-batch?",
+            explanation="(pp - 1)/m <= 0.05 needs m >= 20 (pp - 1): {answer} micro-batches, a global batch of "
+                        "{batch} sequences. The memory price is small: under 1F1B the first stage holds at "
+                        "most {pp} micro-batches in flight, so its activations grow from {acts_1:.1f} GB "
+                        "(m = 1) to {acts_pp:.1f} GB at m = {pp} and stay there ({acts_m:.1f} GB at m = "
+                        "{answer}). The real price is the batch size the optimizer must accept.",
+            traps=((lambda n: n["pp"] - 1, "that makes the bubble as long as the compute; the bubble "
+                                           "is (pp - 1)/m of it."),),
             draw=_bubble),
-    Choice("slow-network",
-           "Llama-3-8B trains on 16 A100 40GB in two nodes of 8, global batch 64, sequence 4096, data "
-           "parallelism only (no tensor or pipeline stages). Between the nodes the only link is 10 Gb/s "
-           "Ethernet (1.25 GB/s per GPU). Which ZeRO stage does the planner's fastest layout use?",
-           options=["ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-3"], answer=slow_network_stage(),
-           hint="Per micro-batch, which stage moves the parameters over the network, and how long does "
-                "16 GB take at 1.25 GB/s?",
-           explanation="ZeRO-3 moves 3 psi every micro-batch; on 1.25 GB/s that dwarfs the compute. The "
-                       "planner keeps the parameters whole and pays in recomputation or offload instead, "
-                       "communicating gradients once per step: the note's rule, prefer checkpointing "
-                       "when bandwidth is scarce."),
+    Numeric("slow-network",
+            "{model} ({psi:,} parameters) trains with ZeRO-3 over 16 {gpu}s in two nodes of 8, "
+            "micro-batches of {mb} x 4,096 tokens, {n_micro} micro-batches a step. Between the nodes each "
+            "GPU gets {link_gb} GB/s per direction. The planner's cost model gives {compute_s:.2f} s of "
+            "compute per step, behind which ZeRO-3's prefetched traffic can hide; per micro-batch it "
+            "gathers the bf16 weights twice and reduce-scatters the bf16 gradients once, each rank moving "
+            "15/16 of each collective. How many seconds of that traffic per step are exposed?",
+            answer=lambda n: n["exposed_s"], unit="s", rel_tol=0.01,
+            hint="Traffic per micro-batch: 3 collectives x 2 bytes x psi x 15/16 over the link; times the "
+                 "micro-batches; subtract the compute window; never below zero.",
+            explanation="The transfers take {moved_s:.2f} s against {compute_s:.2f} s of compute: {answer} s "
+                        "exposed. On a slow link ZeRO-3 pays in every micro-batch, which is why the planner "
+                        "then cuts the micro-batch count (longer micro-batches, checkpointed to fit), or a "
+                        "layout shards inside a node and replicates across nodes.",
+            traps=((lambda n: n["moved_s"], "that is all of the traffic; the part that runs while the GPU "
+                                            "computes is hidden."),),
+            draw=_slow),
 ])

@@ -20,8 +20,8 @@ WHAT = {"optimizer": "the optimizer offloaded to CPU memory (DeepSpeed's offload
                             "offload_optimizer and offload_param)"}
 # where DeepSpeed 0.19.8 keeps the 16-bit gradients under optimizer offload (accounting.model_states)
 GRADS_WHERE = {1: "ZeRO-1 reduces only at the end of backward, so the whole bf16 gradient is on the GPU until then",
-               2: "ZeRO-2 copies each reduced bucket's slice of the gradient straight to the host, so no "
-                  "gradient partition stays on the GPU",
+               2: "ZeRO-2 widens each reduced bucket's slice to fp32 on the GPU and copies it straight "
+                  "to the host, so no gradient partition stays on the GPU",
                3: "ZeRO-3 keeps its bf16 gradient partition in host memory too, beside the fp32 one"}
 RECIPES = ("mixed", "mixed-ds")
 
@@ -109,7 +109,7 @@ QUESTIONS = [
             "({read_gb:.2f} GB/s read, {write_gb:.2f} GB/s write). How many seconds of drive "
             "traffic is that per step?",
             answer=lambda n: n["nvme_s"], unit="s", rel_tol=0.01,
-            hint="Read time plus write time, each the bytes over that direction's speed.",
+            hint="How many times per step do the states cross the drive, and at which speed each way?",
             explanation="{nvme_gb:.3f} GB / {read_gb:.2f} GB/s + {nvme_gb:.3f} GB / {write_gb:.2f} GB/s = "
                         "{answer} s. With the states in CPU memory the step moves only bf16 gradients "
                         "down and weights up over PCIe ({pcie_gb:.1f} GB/s): {pcie_s:.3f} s each way, "
@@ -138,7 +138,7 @@ QUESTIONS = [
             "ZeRO-2 with the optimizer states on NVMe",
             "ZeRO-3 with the optimizer in CPU memory, parameters on the GPU"],
            answer=2,
-           hint="Offloading parameters needs stage 3. Which other offload target is tied to stage 3?",
+           hint="For each stage, which offload targets and which states does DeepSpeed support?",
            explanation="NVMe offload (ZeRO-Infinity) is a stage-3 feature; stages 1 and 2 can offload "
                        "the optimizer to CPU memory only (ZeRO-Offload), and parameters can be "
                        "offloaded only under stage 3. Activations are not offloaded by these switches: "
@@ -150,10 +150,11 @@ QUESTIONS = [
             "On the NVMe drive's controller",
             "On the GPU for the moments, on the CPU for the master weights"],
            answer=1,
-           hint="Compare what must cross PCIe per step in each case: 12 bytes per parameter of states, "
-                "or 2 bytes of gradient and 2 of weights?",
+           hint="What would cross PCIe every step if the update ran on the GPU, and what if it ran where "
+                "the states live?",
            explanation="The CPU runs AdamW where the 12 bytes per parameter already live, so only the "
-                       "bf16 gradient (down) and the bf16 weights (up) cross PCIe. Copying the states "
+                       "gradient (down: bf16 at ZeRO-3, fp32 at ZeRO-1/2, which DeepSpeed widens on the "
+                       "GPU before the copy) and the bf16 weights (up) cross PCIe. Copying the states "
                        "to the GPU and back would move 24 bytes per parameter per step."),
 ]
 
