@@ -32,14 +32,14 @@ def held_table(result: dict) -> str:
 
 
 def time_table(result: dict) -> str:
-    """Seconds per step (mean over ranks of each rank's fastest step after the first): forward, backward,
+    """Milliseconds per step (mean over ranks of each rank's fastest step after the first): forward, backward,
     optimizer step, and the part of them spent on swap I/O."""
     lines = [f"{'configuration':13s} {'forward':>9s} {'backward':>9s} {'step':>9s} {'swap':>9s} {'total':>9s}  (ms)"]
     for name, c in result["configs"].items():
         s, w = c["seconds"], sum(c["swap_seconds"].values())
         lines.append(f"{name:13s} " + " ".join(f"{1e3 * v:9.1f}" for v in (s["forward"], s["backward"], s["step"], w,
                                                                              sum(s.values()))))
-    lines.append("swap: seconds inside DeepSpeed's swapper calls, already part of forward, backward and step")
+    lines.append("swap: time inside DeepSpeed's swapper calls, already part of forward, backward and step")
     return "\n".join(lines)
 
 
