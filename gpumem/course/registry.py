@@ -17,6 +17,19 @@ def resolve(target: str):
     return getattr(importlib.import_module(module), attr)
 
 
+def lazy_submodules(package: str, names: list[str]):
+    """A package's ``__getattr__`` that imports its submodules (and ``QUIZ`` from ``quiz``) when
+    first asked for: a chapter whose ``options`` module must stay torch-free for the command line
+    writes ``__getattr__ = lazy_submodules(__name__, __all__)``."""
+    def __getattr__(name: str):
+        if name == "QUIZ":
+            return importlib.import_module(".quiz", package).QUIZ
+        if name in names:
+            return importlib.import_module(f".{name}", package)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    return __getattr__
+
+
 @dataclass(frozen=True)
 class Experiment:
     """``python -m gpumem run NAME``: ``run(ranks=, device=, progress=[, model=], **options)``

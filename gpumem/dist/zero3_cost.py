@@ -21,10 +21,9 @@ so the communication times are optimistic (a lower bound).
 from ..errors import UsageError
 from ..memory import gpus as gpu_table
 from ..memory import models, speed
-from ..units import GB
 from . import zero3_schedule
 
-INTER_NODE = 50 * GB     # 400 Gb/s per GPU, per direction (stated, not measured)
+INTER_NODE = gpu_table.INTER_NODE     # 400 Gb/s per GPU, per direction (stated, not measured)
 
 
 def link_bandwidth(gpu: gpu_table.GPU, link: str | float) -> float:

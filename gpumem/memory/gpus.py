@@ -24,6 +24,10 @@ from ..units import GB, GiB, MiB, fmt
 
 TB = 10**12
 
+# Between nodes: one 400 Gb/s InfiniBand NDR port per GPU (the DGX H100 layout), per direction.
+# Stated, not measured; the ZeRO-3 cost model and the planner both read it from here.
+INTER_NODE = 50 * GB
+
 
 @dataclass(frozen=True)
 class GPU:

@@ -40,12 +40,10 @@ are optimistic.
 from functools import lru_cache
 
 from . import accounting, offload_cost, recompute_cost, speed
-from .gpus import GPU
+from .gpus import GPU, INTER_NODE
 from .models import ModelConfig
 from .planner_memory import Layout, layers_per_stage, local_params
 
-GB = 10**9
-INTER_NODE = 50 * GB       # one 400 Gb/s InfiniBand NDR port per GPU (DGX H100), per direction
 GPUS_PER_NODE = 8
 SCORE_BYTES = {"flash": 0, "naive": 20, "eager": 28}
 OFFLOAD_OVERLAP = 0.7      # share of compute time that offload copies can hide behind (stated)

@@ -13,16 +13,7 @@ online softmax, and recomputed in backward.
 Submodules are imported when first used, so that ``options`` stays torch-free.
 """
 
-import importlib
+from gpumem.course.registry import lazy_submodules
 
 __all__ = ["claims", "diagrams", "experiments", "frameworks", "labcheck", "options", "plots", "quiz", "QUIZ"]
-
-
-def __getattr__(name: str):
-    """Import a submodule (or the quiz) when first asked for, so that ``options`` (imported when the
-    command line is built) stays torch-free."""
-    if name == "QUIZ":
-        return importlib.import_module(".quiz", __name__).QUIZ
-    if name in __all__:
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_submodules(__name__, __all__)

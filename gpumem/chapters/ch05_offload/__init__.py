@@ -13,15 +13,7 @@ Modules load on first use (``ch.diagrams``), so that ``python -m gpumem``'s pars
 ``options``, stays torch-free.
 """
 
-import importlib
+from gpumem.course.registry import lazy_submodules
 
 __all__ = ["claims", "diagrams", "experiments", "labcheck", "options", "plots", "quiz", "QUIZ"]
-
-
-def __getattr__(name: str):
-    """Import a submodule (or the quiz) when a notebook first asks for it."""
-    if name == "QUIZ":
-        return importlib.import_module(".quiz", __name__).QUIZ
-    if name in __all__:
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_submodules(__name__, __all__)
