@@ -11,7 +11,7 @@ rest in backward; measured on CPU, traced at Llama-3 sizes, priced in FLOPs and 
 - ``QUIZ``         the chapter's quiz
 """
 
-from . import claims, diagrams, experiments, frameworks, labcheck, plots, scale
+from . import claims, diagrams, experiments, frameworks, labcheck, opsaves, plots, scale
 from .quiz import QUIZ
 
-__all__ = ["claims", "diagrams", "experiments", "frameworks", "labcheck", "plots", "scale", "QUIZ"]
+__all__ = ["claims", "diagrams", "experiments", "frameworks", "labcheck", "opsaves", "plots", "scale", "QUIZ"]

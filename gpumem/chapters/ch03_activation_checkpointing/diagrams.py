@@ -6,10 +6,14 @@ print an experiment's result; ``problem_box`` is the chapter's opening numbers. 
 tables live in ``scale``.
 """
 
+import textwrap
+
 from gpumem import units
 from gpumem.course.drawing import bar, box
 from gpumem.memory import accounting, gpus as gpu_table, models, recompute_cost
 from gpumem.memory.recompute_plans import plan as make_plan
+
+from .scale import PRICE_WHO, PRICES, price, working_set
 
 
 def letter(part: str, n_layers: int) -> str:
@@ -106,24 +110,25 @@ def flop_unit(x: float) -> tuple[str, float]:
 
 
 def checkpointing_table(result: dict) -> str:
-    """Per plan: bytes saved for backward, activation peak and where, FLOPs (GFLOP), vs formula."""
+    """Per plan: bytes saved for backward, activation peak and where, FLOPs, vs formula."""
     unit, size = flop_unit(next(iter(result["plans"].values()))["flops"]["forward"])
     lines = [f"{result['model']}, {result['layers']} layers, seq {result['seq']} x micro-batch "
-             f"{result['micro_batch']}, {result.get('tensors', '')}",
-             f"{'plan':12s} {'saved for bwd':>16s} {'act. peak':>16s}  {'peak at':14s} "
-             f"{'fwd ' + unit:>10s} {'bwd ' + unit:>10s} {'recompute':>10s} {'+%':>6s}  formula"]
+             f"{result['micro_batch']}, {result.get('tensors', '')}, activations in bf16",
+             f"{'plan':11s} {'kept for bwd':>12s} {'act. peak':>10s}  {'peak at':14s} "
+             f"{'fwd ' + unit:>9s} {'bwd ' + unit:>9s} {'re-run':>8s} {'+%':>6s}  formula"]
     for name, r in result["plans"].items():
         f = r["formula"]
         same = all([r["saved"] == f["saved"], r["peak"] == f["peak"],
                     all(r["flops"][k] == f["flops"][k] for k in f["flops"])])
         fl = {k: f"{v / size:,.1f}" for k, v in r["flops"].items()}
-        lines.append(f"{name:12s} {r['saved']:>16,d} {r['peak']:>16,d}  {r['peak_at'][:14]:14s} "
-                     f"{fl['forward']:>10s} {fl['backward']:>10s} {fl['recompute']:>10s} "
+        lines.append(f"{name:11s} {r['saved']:>12,d} {r['peak']:>10,d}  {r['peak_at'][:14]:14s} "
+                     f"{fl['forward']:>9s} {fl['backward']:>9s} {fl['recompute']:>8s} "
                      f"{100 * r['overhead']:>5.1f}%  " + ("equal" if same else "differs"))
-    lines.append("bytes of activations: what the forward keeps for backward, and their peak over the "
-                 "step; +%: recompute FLOPs / (forward + backward), with PyTorch's non-reentrant "
-                 "checkpoint (its early stop skips each segment's last W_down); a whole-segment re-run "
-                 "costs more, see the implementations below")
+    lines += textwrap.wrap(
+        "bytes: what the forward keeps for backward, and the activations' peak over the step; "
+        f"re-run: recompute {unit}; +%: re-run / (forward + backward), priced as the {PRICES['torch']} "
+        "(PyTorch's non-reentrant checkpoint skips each segment's last W_down); the "
+        f"{PRICES['scratch']} costs more, see the implementations below", 100)
     if "implementations" in result:
         lines += ["", impl_table(result)]
     return "\n".join(lines)
@@ -145,12 +150,21 @@ def impl_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def price_box(model: str = "llama-3-8b", seq: int = 4096) -> str:
+    """The two prices of full recomputation, by name, as a share of forward + backward FLOPs."""
+    lines = [f"{model}, seq {seq:,}, every layer checkpointed: recompute FLOPs / (forward + backward)", ""]
+    for impl, name in PRICES.items():
+        lines.append(f"{name:21s} +{100 * price(model, seq, impl):4.1f} %   {PRICE_WHO[impl]}")
+    lines += ["", "recompute_cost.step_flops(cfg, seq, 1, plan, impl='torch' | 'scratch')"]
+    return box("One price per kind of re-run", lines, width=92)
+
+
 def problem_box(model: str = "llama-3-70b", seq: int = 4096, gpus: int = 64, gpu: str = "h100-80gb") -> str:
     """What does not fit: ZeRO-3 shrinks model states per GPU, but every rank keeps the
     activations of its own micro-batch."""
     cfg, g = models.get(model), gpu_table.get(gpu)
     states = accounting.model_states(cfg.n_params(), "mixed", gpus, 3).total
-    working = int(accounting.zero3_gathered(cfg, "mixed"))
+    working, parts = working_set(model)
     room = gpu_table.usable(g)
     lines = [f"{model}, seq {seq:,} x micro-batch 1, mixed precision, ZeRO-3 over {gpus} {g.label}s",
              "(bars: share of one GPU's usable memory)", ""]
@@ -166,6 +180,9 @@ def problem_box(model: str = "llama-3-70b", seq: int = 4096, gpus: int = 64, gpu
         verdict = "fits" if need <= room else f"{units.fmt(need - room)} too much"
         lines.append(f"{'total, ' + ('no checkpointing' if plan == 'none' else 'checkpointed'):42s}"
                      f"{units.fmt(need):>10s}  of {units.fmt(room)} usable: {verdict}")
+    lines += textwrap.wrap("ZeRO-3 working set: what a rank holds beyond its shards while it computes "
+                           "(chapter 02): " + " + ".join(f"{name} {units.fmt(v)}" for name, v in parts),
+                           92, subsequent_indent="  ")
     lines.append(f"usable = {g.capacity // units.MiB:,} MiB reported - reserve")
     lines.append(f"reserve = {gpu_table.DEFAULT_RESERVE.describe()}")
     return box("The problem: activations do not shard", lines, width=96)

@@ -7,12 +7,35 @@ peak of a GPU of ``gpumem.memory.gpus``, re-runs included (hardware, not model, 
 GPU count :func:`zero3_gpus` picks.
 """
 
+import textwrap
+
 from gpumem import units
 from gpumem.memory import accounting, activations, gpus as gpu_table, models, recompute_cost, speed
 
 MODELS = ("llama-3-8b", "llama-3-70b", "llama-3.1-405b")
 PLANS = ("none", "selective", "sac", "every-other", "sqrt", "every-2", "full")
 TRACED = ("none", "full", "every-2", "every-other", "selective")
+# The two prices of a re-run, by name: recompute_cost.step_flops(..., impl=KEY)
+PRICES = {"torch": "early-stop re-run", "scratch": "whole-segment re-run"}
+PRICE_WHO = {"torch": "PyTorch non-reentrant: HF, torchtitan, FSDP",
+             "scratch": "DeepSpeed, Megatron, use_reentrant=True, ours"}
+
+
+def price(model: str = "llama-3-8b", seq: int = 4096, impl: str = "torch", plan: str = "full") -> float:
+    """Recompute FLOPs of ``plan`` as a share of forward + backward, priced as ``PRICES[impl]``."""
+    return recompute_cost.step_flops(models.get(model), seq, 1, plan, impl)["overhead"]
+
+
+def price_ranges(names=MODELS, seqs=(4096, 8192), plan: str = "full") -> str:
+    """Per model, the lowest and highest share over ``seqs`` under each price, one line each."""
+    lines = [f"{plan} recompute, share of forward + backward FLOPs, seq {min(seqs):,}-{max(seqs):,}:"]
+    for name in names:
+        cells = []
+        for impl, label in PRICES.items():
+            v = sorted(100 * price(name, s, impl, plan) for s in seqs)
+            cells.append(f"{label} {v[0]:.1f}-{v[-1]:.1f} %")
+        lines.append(f"  {name:15s} " + ", ".join(cells))
+    return "\n".join(lines)
 
 
 def zero3_gpus(model: str, gpu: str = "h100-80gb", recipe: str = "mixed") -> int:
@@ -25,6 +48,13 @@ def zero3_gpus(model: str, gpu: str = "h100-80gb", recipe: str = "mixed") -> int
     while accounting.model_states(cfg.n_params(), recipe, n, 3).total + working > room:
         n *= 2
     return n
+
+
+def working_set(model: str, recipe: str = "mixed") -> tuple[int, list[tuple[str, int]]]:
+    """ZeRO-3's working set (``accounting.zero3_gathered``, defined in chapter 02): its bytes and
+    its parts, named as the library names them."""
+    ws = accounting.zero3_gathered(models.get(model), recipe)
+    return int(ws), list(getattr(ws, "parts", {}).items())
 
 
 def per_gpu(model: str, seq: int, plan: str, gpu: str = "h100-80gb", gpus: int | None = None,
@@ -62,11 +92,14 @@ def scale_table(names=MODELS, seqs=(4096, 8192), plans=PLANS, gpu: str = "h100-8
                 lines.append(f"{'':15s} {seq:>5d} {plan:12s} {units.fmt(r['activations']):>12s} "
                              f"{units.fmt(r['total']):>10s}  {'yes' if r['fits'] else 'no':7s} "
                              f"{100 * r['overhead']:>6.1f}% {r['step_seconds']:>9.2f} {r['recompute_seconds']:>11.2f}")
-    lines.append(f"micro-batch 1 per GPU, flash attention, bf16; fits: against {units.fmt(gpu_table.usable(g))} "
-                 f"usable on a {g.label}; fwd+bwd s: one sequence's forward + backward without recompute; "
-                 f"seconds at {mfu:.0%} of the peak {g.bf16_flops / 1e12:.0f} TFLOP/s, counting every FLOP "
-                 "run, re-runs included (hardware FLOPs; MFU counts model FLOPs only); +FLOPs with "
-                 "PyTorch's non-reentrant checkpoint (early stop); causal attention counted in full")
+    lines += textwrap.wrap(
+        f"micro-batch 1 per GPU, flash attention, bf16; fits: against {units.fmt(gpu_table.usable(g))} "
+        f"usable on a {g.label}; working set: what a ZeRO-3 rank holds beyond its shards while it "
+        "computes (the gathered module and its gradient, chapter 02); "
+        "fwd+bwd s: one sequence's forward + backward without recompute; "
+        f"seconds at {mfu:.0%} of the peak {g.bf16_flops / 1e12:.0f} TFLOP/s, counting every FLOP "
+        "run, re-runs included (hardware FLOPs; MFU counts model FLOPs only); +FLOPs priced as the "
+        f"{PRICES['torch']} (PyTorch's non-reentrant checkpoint); causal attention counted in full", 100)
     return "\n".join(lines)
 
 
