@@ -14,10 +14,8 @@ included):
 """
 
 import ast
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -189,16 +187,3 @@ def test_formulas_import_no_torch():
     proc = _run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout
-
-
-def test_estimate_answers_fast():
-    """``python -m gpumem estimate`` answers in under 0.5 s wall (best of three runs)."""
-    walls = []
-    for _ in range(3):
-        start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "gpumem", "estimate", "--model", "llama-3-70b",
-                               "--gpus", "8", "--zero", "3", "--json"], capture_output=True, text=True,
-                              cwd=ROOT, env={**os.environ}, timeout=60)
-        walls.append(time.perf_counter() - start)
-        assert proc.returncode == 0, proc.stderr
-    assert min(walls) < 0.5, f"estimate took {min(walls):.2f} s at best ({walls})"

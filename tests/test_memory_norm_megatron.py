@@ -60,7 +60,7 @@ def test_hf_norm_formula_matches_trace(recipe):
 
 
 def test_hf_norm_fast_trace_composes():
-    cfg = models.with_layers(models.get("llama-3-8b"), 8)
+    cfg = models.with_layers(models.get("llama-3-8b"), 10)
     full = tracing.trace_step(cfg, "mixed", "flash", "every-2", 256, norm="hf")
     fast = tracing.trace_fast(cfg, "mixed", "flash", "every-2", 256, norm="hf")
     assert fast.method == "composed" and fast.peaks == full.peaks and fast.total_peak == full.total_peak

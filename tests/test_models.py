@@ -33,14 +33,13 @@ def test_meta_ffn_widths():
     assert [models.get(n).ffn for n in ("llama-3-8b", "llama-3-70b", "llama-3.1-405b")] == [14336, 28672, 53248]
 
 
-def test_teaching_models_train_on_cpu_in_seconds():
-    import time
+def test_teaching_models_train_on_cpu():
+    """The tiny model learns (how fast it runs is ``make bench``'s, not a test's)."""
     torch.manual_seed(0)
     cfg = models.get("tiny")
     model = Llama(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     tokens = torch.randint(0, cfg.vocab, (4, 32))
-    start = time.perf_counter()
     losses = []
     for _ in range(30):
         loss = model(tokens[:, :-1], tokens[:, 1:])
@@ -48,7 +47,6 @@ def test_teaching_models_train_on_cpu_in_seconds():
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    assert time.perf_counter() - start < 20
     assert losses[-1] < 0.5 * losses[0]   # it memorises the batch
 
 

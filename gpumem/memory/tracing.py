@@ -69,6 +69,7 @@ class Trace:
     seconds: float = 0.0
     method: str = "full"
     timeline: list | None = None   # per operator, when traced with timeline.TimelineTracker
+    at_moments: dict | None = None  # (phase, module) -> (largest total there, breakdown, when)
 
     def as_dict(self) -> dict:
         return {"model": self.model, "recipe": self.recipe, "kernel": self.kernel,
@@ -89,11 +90,27 @@ class PeakTracker(MemTracker):
         self.cat_peaks: dict[str, tuple[int, Moment]] = {}
         self.total: tuple[int, Moment, dict] = (0, Moment("", ""), {})
         self.first: dict[str, int] | None = None   # categories when the step began
+        # every moment's own largest total: (phase, module) -> (total, breakdown, order seen)
+        self.at_moments: dict[tuple[str, str], tuple[int, dict, int]] = {}
+        self.updates = 0
+        self._entered: dict[str, int] = {}   # module name -> when it was last entered
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        self._entered[self._mod_tracker.get_known_fqn(module)] = len(self._entered) + self.updates
+        super()._pre_fw_hook(module, inputs)
+
+    def _pre_bw_hook(self, module, args) -> None:
+        if module is not None:
+            self._entered[self._mod_tracker.get_known_fqn(module)] = len(self._entered) + self.updates
+        super()._pre_bw_hook(module, args)
 
     def moment(self) -> Moment:
+        """Phase and the module entered last of those still running. (ModTracker's ``parents`` is a
+        set; in backward it can hold several modules of one depth, e.g. a layer's gate and up
+        projections, so "the deepest name" would depend on the set's order.)"""
         phase = "optimizer" if self._in_opt else ("backward" if self._mod_tracker.is_bw else "forward")
         names = [p for p in self._mod_tracker.parents if p != "Global"]
-        inner = max(names, key=lambda n: n.count("."), default="")
+        inner = max(names, key=lambda n: (self._entered.get(n, -1), n.count(".")), default="")
         # the root module's own code (final norm done, head done) is the loss
         return Moment(phase, inner.split(".", 1)[1] if "." in inner else "loss" if inner else "")
 
@@ -117,14 +134,17 @@ class PeakTracker(MemTracker):
             return
         if self.first is None:
             self.first = {n: snap.get(r, 0) for n, r in CATEGORIES.items()}
-        moment = None
+        self.updates += 1
+        moment = self.moment()
         for name, ref in CATEGORIES.items():
             if snap.get(ref, 0) > self.cat_peaks.get(name, (-1,))[0]:
-                moment = moment or self.moment()
                 self.cat_peaks[name] = (snap[ref], moment)
-        if snap[_TOTAL_KEY] > self.total[0]:
-            moment = moment or self.moment()
-            self.total = (snap[_TOTAL_KEY], moment, {n: snap.get(r, 0) for n, r in CATEGORIES.items()})
+        total, key = snap[_TOTAL_KEY], (moment.phase, moment.module)
+        if total > self.at_moments.get(key, (-1,))[0]:
+            breakdown = {n: snap.get(r, 0) for n, r in CATEGORIES.items()}
+            self.at_moments[key] = (total, breakdown, self.updates)
+            if total > self.total[0]:
+                self.total = (total, moment, breakdown)
 
 
 def build(cfg: models.ModelConfig, recipe: str, fake: bool, seed: int = 0, norm: str = "fused",
@@ -189,6 +209,7 @@ def trace_step(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str
         if tracker.first and out.peaks[name] == tracker.first[name]:   # never grew: held all along
             out.peak_moments[name] = Moment("whole step", "")
     out.total_peak, out.total_peak_moment, out.at_total_peak = tracker.total
+    out.at_moments = tracker.at_moments
     out.seconds = time.perf_counter() - start
     return out
 
@@ -221,15 +242,20 @@ def trace_fast(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str
 
     Every layer of a Llama adds the same bytes to each category, so each peak is affine in the
     depth L. Checkpoint policies that alternate (every-2, every-other) repeat every two layers,
-    so the probes are L0, L0+2, L0+4 with L0 of L's parity. The third probe checks that the
-    second differences are zero; if one is not, the full trace runs instead (``method`` says
-    which). Tests compare this with full traces byte for byte.
+    so the probes are L0, L0+2, L0+4 with L0 of L's parity (4 or 5: each probe has two layers
+    inside the stack beside the first and the last). The third probe checks that the second
+    differences are zero; if one is not, the full trace runs instead (``method`` says which).
+
+    The total peak is not one affine function: its moment can move with depth (at 70B in pure
+    bf16 the states outgrow the activations, and the peak moves from the start of backward to
+    its end). So every moment the probes share is carried to L on its own, and the largest
+    wins (:func:`_largest_moment`). Tests compare this with full traces byte for byte.
     """
     cfg = models.get(cfg) if isinstance(cfg, str) else cfg
     seq, micro_batch = validate(recipe, kernel, policy, seq, micro_batch, norm, adamw)
     opts = dict(norm=norm, adamw=adamw)
     L = cfg.n_layers
-    d0 = 2 if L % 2 == 0 else 3
+    d0 = 4 if L % 2 == 0 else 5
     depths = [d0, d0 + 2, d0 + 4]
     if L <= depths[-1]:
         return trace_step(cfg, recipe, kernel, policy, seq, micro_batch, **opts)
@@ -251,19 +277,62 @@ def trace_fast(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str
             return _fallback(*redo)
         out.peaks[name] = value
         out.peak_moments[name] = _extend_moment([p.peak_moments[name] for p in probes], depths, L)
-    total = extend([p.total_peak for p in probes])
-    moments = [p.total_peak_moment for p in probes]
-    if total is None or len({(m.phase, _layer_index(m) is None) for m in moments}) != 1:
+    best = _largest_moment(probes, depths, L, extend)
+    states = out.peaks["params"] + out.peaks["optimizer"]   # alive the whole step
+    if best is None or best[0] < states:
         return _fallback(*redo)
-    out.total_peak = total
-    out.total_peak_moment = _extend_moment(moments, depths, L)
-    for name in CATEGORIES:
-        value = extend([p.at_total_peak[name] for p in probes])
-        if value is None:
-            return _fallback(*redo)
-        out.at_total_peak[name] = value
+    out.total_peak, out.total_peak_moment, out.at_total_peak = best
     out.seconds = time.perf_counter() - start
     return out
+
+
+def _moment_keys(phase: str, module: str, depth: int) -> list[tuple]:
+    """The names a moment keeps at every depth: a layer's moment counted from the first layer and
+    from the last (a moment in layer i of a d-layer probe is both ``("first", i)`` and
+    ``("last", d - 1 - i)``), any other moment (embedding, loss, optimizer) by its own name."""
+    parts = module.split(".", 2)
+    if len(parts) > 1 and parts[0] == "layers" and parts[1].isdigit():
+        i, rest = int(parts[1]), tuple(parts[2:])
+        role = "first layer" if i == 0 else "last layer" if i == depth - 1 else "inside"
+        return [(phase, "first", i, rest, role), (phase, "last", depth - 1 - i, rest, role)]
+    return [(phase, module)]
+
+
+def _key_moment(key: tuple, n_layers: int) -> Moment:
+    if len(key) == 2:
+        return Moment(*key)
+    phase, end, i, rest, _ = key
+    return Moment(phase, ".".join(["layers", str(i if end == "first" else n_layers - 1 - i), *rest]))
+
+
+def _largest_moment(probes: list[Trace], depths: list[int], n_layers: int, extend):
+    """The total peak at full depth: every moment the probes share, carried to ``n_layers`` on its
+    own, and the largest taken (the earliest of equals, as a full trace reports it).
+
+    Inside the stack a moment's bytes are affine in the layer's index (within each parity, for
+    alternating policies) and in the depth, so the largest over all layers is at the first or last
+    two inside layers or at the first or last layer itself, which every probe has in the same role
+    (a key names the role, so a layer that is inside one probe and the stack's end in another is
+    not compared). A moment whose bytes do not grow linearly returns None (the caller traces in full)."""
+    seen = []
+    for p, d in zip(probes, depths):
+        table = {}
+        for (phase, module), value in p.at_moments.items():
+            for key in _moment_keys(phase, module, d):
+                table[key] = value
+        seen.append(table)
+    best = None
+    for key in set(seen[0]).intersection(*seen[1:]):
+        total = extend([t[key][0] for t in seen])
+        if total is None:
+            return None
+        order = seen[-1][key][2]
+        if best is None or (total, -order) > (best[0], -best[3]):
+            parts = {name: extend([t[key][1][name] for t in seen]) for name in CATEGORIES}
+            if None in parts.values():
+                return None
+            best = (total, _key_moment(key, n_layers), parts, order)
+    return None if best is None else best[:3]
 
 
 def _fallback(cfg, recipe, kernel, policy, seq, micro_batch, start, opts) -> Trace:
