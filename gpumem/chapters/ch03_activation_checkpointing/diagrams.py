@@ -128,7 +128,7 @@ def checkpointing_table(result: dict) -> str:
         "bytes: what the forward keeps for backward, and the activations' peak over the step; "
         f"re-run: recompute {unit}; +%: re-run / (forward + backward), priced as the {PRICES['torch']} "
         "(PyTorch's non-reentrant checkpoint skips each segment's last W_down); the "
-        f"{PRICES['scratch']} costs more, see the implementations below", 100)
+        f"{PRICES['scratch']} costs more, see the implementations below", 100, break_on_hyphens=False)
     if "implementations" in result:
         lines += ["", impl_table(result)]
     return "\n".join(lines)

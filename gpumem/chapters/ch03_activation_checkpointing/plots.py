@@ -113,3 +113,17 @@ def frontier(small: tuple, large: tuple):
     fig.suptitle("What each plan buys: activation peak against recompute (lower left is better)")
     fig.tight_layout()
     return fig
+
+
+def show(fig) -> None:
+    """Show ``fig`` in a notebook as a PNG alone (no "<Figure size ...>" text beside it) and close
+    it, so the inline backend does not show it a second time."""
+    import base64
+    import io
+
+    from IPython.display import display
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight")
+    plt.close(fig)
+    display({"image/png": base64.b64encode(buf.getvalue()).decode()}, raw=True)

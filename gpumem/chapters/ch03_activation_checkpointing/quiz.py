@@ -96,7 +96,7 @@ QUIZ = Quiz("03_activation_checkpointing", [
             "{model} ({layers} layers, d_model {d_model:,}, {heads} query and {kv_heads} key/value heads "
             "of 128, FFN {ffn:,}, vocabulary {vocab:,}, untied head) trains on sequences of {seq:,} "
             "tokens, micro-batch 1, with every layer checkpointed by a checkpoint that re-runs whole "
-            "segments. Count FLOPs as PyTorch's FlopCounterMode does: a matmul of T tokens through a "
+            "segments (the whole-segment re-run). Count FLOPs as PyTorch's FlopCounterMode does: a matmul of T tokens through a "
             "d_in x d_out weight is 2*T*d_in*d_out forward and twice that backward; attention's core "
             "is 4*s^2*d_model forward and 10*s^2*d_model backward per layer; nothing else counts. "
             "Recomputation adds what percentage to the forward + backward FLOPs?",
@@ -107,13 +107,14 @@ QUIZ = Quiz("03_activation_checkpointing", [
             explanation="Forward {fwd_t:,.1f} TFLOP, backward {bwd_t:,.1f} TFLOP; the layers' forward "
                         "again is {rec_t:,.1f} TFLOP: {answer} %. Not 33 %: the head is not re-run, and "
                         "attention's backward is 2.5x its forward, not 2x (the core is {core_share:.0f} % "
-                        "of a layer's forward here). PyTorch's non-reentrant checkpoint re-runs "
-                        "{torch_pct:.1f} %: it skips each segment's final W_down.",
+                        "of a layer's forward here). The early-stop re-run (PyTorch's "
+                        "non-reentrant checkpoint) adds {torch_pct:.1f} %: it skips each segment's "
+                        "final W_down.",
             traps=((lambda n: 100 / 3, "that is 2N/6N: it re-runs the output head too and counts "
                                         "attention's backward as twice its forward."),
-                   (lambda n: n["torch_pct"], "that is PyTorch's non-reentrant checkpoint, which stops "
-                                              "before each segment's last matmul; this one re-runs "
-                                              "whole segments.")),
+                   (lambda n: n["torch_pct"], "that is the early-stop re-run (PyTorch's non-reentrant "
+                                              "checkpoint), which stops before each segment's last "
+                                              "matmul; this one re-runs whole segments.")),
             draw=_overhead),
     Numeric("segment-length",
             "A deeper variant of {model} has {layers} layers. At sequence {seq:,} one layer keeps {interior:.1f} x s*b*h "
@@ -135,7 +136,7 @@ QUIZ = Quiz("03_activation_checkpointing", [
             "vocabulary {vocab:,}) trains at sequence {seq:,}, micro-batch 1 per GPU, on {gpu}s "
             "({tflops:.0f} TFLOP/s dense bf16), running every FLOP, re-runs included, at {mfu_pct} % of "
             "that peak, every layer checkpointed by a "
-            "checkpoint that re-runs whole segments. How many seconds per sequence does the "
+            "checkpoint that re-runs whole segments (the whole-segment re-run). How many seconds per sequence does the "
             "recomputation add on one GPU? Count attention's core as 4*s^2*d_model FLOPs a layer.",
             answer=_recompute_seconds, unit="s", rel_tol=0.02,
             hint="Re-running the layers costs their forward FLOPs: 2 x the layers' matmul parameters "
@@ -167,15 +168,15 @@ QUIZ = Quiz("03_activation_checkpointing", [
             "of 128, FFN {ffn:,}) trains on sequences of {seq:,} tokens, micro-batch 1. Its first {c} "
             "layers are checkpointed in segments of {k} layers with PyTorch's non-reentrant "
             "torch.utils.checkpoint, which stops each re-run once the last tensor backward reads "
-            "exists; the other layers keep their activations. Count a matmul of T tokens through a "
+            "exists (the early-stop re-run); the other layers keep their activations. Count a matmul of T tokens through a "
             "d_in x d_out weight as 2*T*d_in*d_out and attention's core as 4*s^2*d_model a layer. How "
             "many TFLOP does the recomputation add per sequence?",
             answer=lambda n: n["early_t"], unit="TFLOP", rel_tol=0.005,
             hint="The layer's last operation is W_down followed by the residual sum. Does the layer's "
                  "backward read W_down's output? Then count, per segment, what is never re-run.",
-            explanation="A whole-segment re-run would cost {rec_t:,.3f} TFLOP. Backward needs W_down's "
+            explanation="The whole-segment re-run would cost {rec_t:,.3f} TFLOP. Backward needs W_down's "
                         "input and weight, not its output, so the last W_down of each of the {segs} "
-                        "segments ({down_t:,.3f} TFLOP each) is skipped: {answer} TFLOP.",
+                        "segments ({down_t:,.3f} TFLOP each) is skipped: the early-stop re-run, {answer} TFLOP.",
             traps=((lambda n: n["rec_t"], "that re-runs every segment whole; the early stop skips the "
                                           "segment's final W_down."),
                    (lambda n: n["rec_t"] - n["c"] * n["down_t"], "that skips W_down in every layer; "

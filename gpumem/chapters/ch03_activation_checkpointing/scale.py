@@ -99,7 +99,8 @@ def scale_table(names=MODELS, seqs=(4096, 8192), plans=PLANS, gpu: str = "h100-8
         "fwd+bwd s: one sequence's forward + backward without recompute; "
         f"seconds at {mfu:.0%} of the peak {g.bf16_flops / 1e12:.0f} TFLOP/s, counting every FLOP "
         "run, re-runs included (hardware FLOPs; MFU counts model FLOPs only); +FLOPs priced as the "
-        f"{PRICES['torch']} (PyTorch's non-reentrant checkpoint); causal attention counted in full", 100)
+        f"{PRICES['torch']} (PyTorch's non-reentrant checkpoint); causal attention counted in full", 100,
+        break_on_hyphens=False)
     return "\n".join(lines)
 
 
