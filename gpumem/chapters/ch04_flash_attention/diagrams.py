@@ -1,12 +1,12 @@
 """Chapter 04's diagrams and tables, rendered from the library's numbers: the opening problem, the
-online softmax step by step, which tiles a causal kernel computes, the measured results and the
-FLOP and HBM-traffic model."""
+online softmax step by step, which tiles a causal kernel computes and the measured results (the
+FLOP and HBM-traffic tables are in ``traffic``)."""
 
 import math
 
 from gpumem import units
 from gpumem.course.drawing import bar, box
-from gpumem.memory import attention_flops, gpus, models, speed
+from gpumem.memory import attention_flops, gpus, models
 
 from . import claims
 
@@ -24,7 +24,10 @@ def problem_box(model: str = "llama-3-70b", seq: int = 4096, batch: int = 16, gp
         lines.append(f"{label:36s} {units.fmt(b, 'GiB', 2):>14s}  {bar(int(math.log2(b)), int(math.log2(top)), 16)}")
     lines += ["(bars on a log2 scale)",
               f"one {g.label}: {units.fmt(g.capacity, 'GiB', 1)} in all, as CUDA reports it (no reserve",
-              f"taken off): the batch's probabilities would fill {top / g.capacity:,.0f} such GPUs",
+              f"taken off): the batch's probabilities alone would fill {claims.gpus_filled(top, g.capacity)} "
+              f"such GPUs",
+              f"({units.fmt(top, 'GiB', 0)} / {units.fmt(g.capacity, 'GiB', 1)} = {top / g.capacity:.1f}, "
+              "rounded up to whole GPUs)",
               f"FlashAttention keeps instead one fp32 logsumexp per query head and row,",
               f"for all {cfg.n_layers} layers and the batch of {batch}: "
               f"{units.fmt(4 * seq * cfg.n_heads * cfg.n_layers * batch, 'GiB', 2)}"]
@@ -137,35 +140,16 @@ def attention_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def flops_table(model: str = "llama-3-70b", seqs=(2048, 8192, 32768), gpu: str = "h100-80gb", block: int = 128,
-                mfu: float = speed.MFU) -> str:
-    """Per layer of ``model`` (one sequence, bf16): matmul FLOPs, HBM bytes, the roofline bound of
-    naive and tiled attention (forward + backward) and the FLOPs' time at ``mfu`` of the peak."""
-    cfg = models.get(model)
-    lines = [f"{cfg.name}, one layer, batch 1, bf16, {gpus.get(gpu).label}; tiled query block {block}; "
-             f"K and V counted per query head",
-             f"{'s':>7s} {'kernel':7s}{'TFLOP':>9s}{'HBM GB':>10s}{'FLOP/B':>9s}{'bound ms':>10s}  {'bound by':9s}"
-             f"{f'ms at {mfu:.0%} MFU':>16s}"]
-    for s in seqs:
-        for method in ("naive", "tiled"):
-            r = attention_flops.roofline(method, s, cfg.n_heads, cfg.head_dim, 1, gpu, 2, block, mfu)
-            lines.append(f"{s:7d} {method:7s}{r['flops'] / 1e12:9.2f}{r['bytes'] / 1e9:10.2f}{r['intensity']:9.0f}"
-                         f"{r['bound_s'] * 1e3:10.2f}  {r['bound_by']:9s}{r['mfu_s'] * 1e3:16.2f}")
-    lines.append(f"ridge point of the {gpus.get(gpu).label}: {attention_flops.ridge(gpu):.0f} FLOP/B "
-                 "(peak FLOP/s over HBM bytes/s)")
-    return "\n".join(lines)
-
-
-def scale_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), seqs=(2048, 8192, 32768),
-                gpu: str = "h100-80gb", mfu: float = speed.MFU, block: int = 128) -> str:
-    """Per layer and sequence: the tiled attention core's time at ``mfu`` against the layer's weight
-    matmuls (6 x layer parameters x tokens, forward + backward) at the same MFU."""
-    lines = [f"one layer, batch 1, {gpus.get(gpu).label} at {mfu:.0%} MFU (forward + backward)",
-             f"{'model':16s}{'s':>7s}{'attention ms':>14s}{'matmuls ms':>12s}{'attention share':>17s}"]
-    for name in names:
-        cfg = models.get(name)
-        for s in seqs:
-            att = attention_flops.roofline("tiled", s, cfg.n_heads, cfg.head_dim, 1, gpu, 2, block, mfu)["mfu_s"]
-            mat = speed.seconds(6 * cfg.layer_params() * s, gpu, mfu)
-            lines.append(f"{cfg.name:16s}{s:7,d}{att * 1e3:14.2f}{mat * 1e3:12.2f}{100 * att / (att + mat):16.0f} %")
+def gqa_table(result: dict) -> str:
+    """``experiments.gqa_saved`` as a table: bytes saved for backward per kernel, chapter 01's
+    formula beside them, and how many heads the saved K and V carry."""
+    r = result
+    lines = [f"GQA, measured: {r['heads']} query heads over {r['kv_heads']} key/value heads of {r['head_dim']}, "
+             f"s {r['seq']:,}, batch 1, {r['dtype']}, CPU",
+             f"{'kernel':36s}{'K, V saved as':>16s}{'saved MiB':>12s}{'formula MiB':>13s}{'to the byte':>13s}"]
+    for name, row in r["rows"].items():
+        heads = f"{row['kv_heads_saved']} heads"
+        same = "equal" if row["saved"] == row["formula_saved"] else "differ"
+        lines.append(f"{name:36s}{heads:>16s}{row['saved'] / 2**20:12.2f}{row['formula_saved'] / 2**20:13.2f}"
+                     f"{same:>13s}")
     return "\n".join(lines)

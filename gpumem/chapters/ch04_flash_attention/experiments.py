@@ -6,6 +6,7 @@ bytes saved for backward, and beside them chapter 01's formula for the saved byt
 (``gpumem.memory.activations.layer_terms``, the attention core's terms). Then the ratios when s
 doubles, the SDPA backend that ran and why, and the tiled kernel's largest difference from SDPA.
 With ``device="cuda"``: SDPA's math, memory-efficient, flash and cuDNN backends on the GPU.
+``gqa_saved`` measures what each kernel keeps with grouped-query attention (fewer key/value heads).
 
 Attention memory is per rank, so the experiment runs in one process whatever ``ranks`` says.
 """
@@ -78,3 +79,36 @@ def attention(ranks: int = 1, device: str = "cpu", progress: bool = True, model:
             "sdpa_backend": am.backend_of(am.sdpa_attention, q, k, v), "why": WHY_CPU,
             "max_difference": am.max_difference(diff_seq, heads, kv_heads, head_dim, causal, min(block, 128))
             | {"seq": diff_seq, "dtype": "float32"}}
+
+
+def _expanded_sdpa_saved(seq: int, heads: int, kv_heads: int, head_dim: int) -> dict:
+    """What SDPA saves when K and V are first copied to every query head (``repeat_interleave``,
+    as code written before ``enable_gqa`` does): bytes by storage and the saved shapes."""
+    q, k, v, _ = am.inputs(seq, heads, kv_heads, head_dim)
+    rep = heads // kv_heads
+    saved = am.SavedTensors()
+    with saved.hooks():
+        torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))
+    return {"saved": saved.bytes(), "saved_tensors": [[list(t.shape), str(t.dtype).removeprefix("torch.")]
+                                                      for t in saved.packed]}
+
+
+def gqa_saved(seq: int = 1024, heads: int = 8, kv_heads: int = 2, head_dim: int = 64) -> dict:
+    """Bytes saved for backward with grouped-query attention (``heads`` query heads over ``kv_heads``
+    key/value heads, fp32, CPU), measured with saved-tensor hooks: SDPA with ``enable_gqa=True``,
+    SDPA on K and V repeated to every query head, the tiled kernel and the naive one; beside each,
+    chapter 01's formula and the number of heads the saved K and V carry."""
+    if heads % kv_heads:
+        raise UsageError(f"kv_heads {kv_heads} must divide heads {heads}; accepted: a divisor of {heads}")
+    rows = {"sdpa, enable_gqa=True": (am.measure("sdpa", seq, heads, kv_heads, head_dim), "sdpa", kv_heads),
+            f"sdpa, K and V repeated to {heads} heads": (_expanded_sdpa_saved(seq, heads, kv_heads, head_dim),
+                                                         "sdpa", heads),
+            "tiled (this chapter)": (am.measure("tiled", seq, heads, kv_heads, head_dim), "tiled", kv_heads),
+            "naive (repeat_kv, matmuls)": (am.measure("naive", seq, heads, kv_heads, head_dim), "naive", kv_heads)}
+    out = {}
+    for name, (r, method, kv_formula) in rows.items():
+        unexpanded = any(shape == [1, kv_heads, seq, head_dim] for shape, _ in r["saved_tensors"])
+        out[name] = {"saved": r["saved"], "formula_saved": formula_saved(method, seq, heads, kv_formula, head_dim, False),
+                     "kv_heads_saved": kv_heads if unexpanded else heads,
+                     "saved_tensors": r["saved_tensors"]}
+    return {"seq": seq, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": "float32", "rows": out}

@@ -52,10 +52,10 @@ def frameworks_table() -> str:
 
 def gpu_table() -> str:
     """Which of the course's GPUs run FlashAttention-2 (sm80 and newer) and bf16."""
-    lines = [f"{'GPU':22s}{'FlashAttention-2':>18s}{'bf16':>6s}  what SDPA's fused path is there"]
+    lines = [f"{'GPU':18s}{'FlashAttention-2':>18s}{'bf16':>6s}  what SDPA's fused path is there"]
     for g in gpus.REGISTRY.values():
         fused = ("flash (FA2), memory-efficient, cuDNN" if g.flash_attention_2
                  else "memory-efficient only (fp16 / fp32); no FA2 on Turing")
-        lines.append(f"{g.label:22s}{'yes' if g.flash_attention_2 else 'no':>18s}"
+        lines.append(f"{g.label:18s}{'yes' if g.flash_attention_2 else 'no':>18s}"
                      f"{'yes' if g.bf16_flops else 'no':>6s}  {fused}")
     return "\n".join(lines)

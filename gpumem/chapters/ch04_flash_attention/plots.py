@@ -1,6 +1,9 @@
 """Chapter 04's figure: measured attention memory against s on log axes, with the s^2 and s laws
 and chapter 01's formula for the saved bytes overlaid."""
 
+import base64
+import io
+
 import matplotlib.pyplot as plt
 
 COLOURS = {"naive": "#c44e52", "sdpa": "#4c72b0", "tiled": "#55a868"}
@@ -36,3 +39,13 @@ def memory_vs_seq(result: dict):
                  "naive grows as s^2, SDPA and tiled as s", y=1.0)
     fig.tight_layout()
     return fig
+
+
+def show(fig, alt: str) -> None:
+    """Display ``fig`` as a PNG with ``alt`` as its text form (instead of matplotlib's
+    ``<Figure size ...>``), and close it so that the notebook does not draw it a second time."""
+    from IPython.display import display
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    display({"image/png": base64.b64encode(buf.getvalue()).decode("ascii"), "text/plain": alt}, raw=True)

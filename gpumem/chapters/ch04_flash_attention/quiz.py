@@ -54,14 +54,14 @@ def _dropout(rng) -> dict:
 
 
 def _time(rng) -> dict:
-    n = model_numbers(pick(rng, LLAMAS)) | {"seq": pick(rng, (4096, 8192, 16384)), "mfu_pct": pick(rng, (35, 40, 50))}
+    n = model_numbers(pick(rng, LLAMAS)) | {"seq": pick(rng, (4096, 8192, 16384)), "hfu_pct": pick(rng, (35, 40, 50))}
     cfg = models.get(n["model_name"])
     r = attention_flops.roofline("tiled", n["seq"], cfg.n_heads, cfg.head_dim, 1, "h100-80gb", 2, 128,
-                                 n["mfu_pct"] / 100)
+                                 n["hfu_pct"] / 100)
     g = gpus.get("h100-80gb")
     n |= {"head_dim": cfg.head_dim, "tflops": g.bf16_flops / 1e12, "ms": r["mfu_s"] * 1e3,
           "tflop": r["flops"] / 1e12, "matmul_ms": speed.seconds(6 * cfg.layer_params() * n["seq"], g,
-                                                                 n["mfu_pct"] / 100) * 1e3}
+                                                                 n["hfu_pct"] / 100) * 1e3}
     return n
 
 
@@ -77,7 +77,7 @@ def _recompute(rng) -> dict:
 
 
 QUIZ = Quiz("04_flash_attention", [
-    Numeric("q1",
+    Numeric("probs-all-layers",
             "{model} ({layers} layers, {heads} query heads, {kv_heads} key/value heads) trains on {batch} "
             "sequence(s) of {seq:,} tokens with a naive attention kernel that keeps the bf16 softmax "
             "probabilities of every layer for backward. How many bytes do those probabilities take in all?",
@@ -92,7 +92,7 @@ QUIZ = Quiz("04_flash_attention", [
                    (lambda n: n["expected"] / n["layers"], "that is one layer; every layer keeps its own."),
                    UNIT_MIXUP),
             draw=_scores),
-    Numeric("q2",
+    Numeric("lse-bytes",
             "With FlashAttention, one layer of {model} ({heads} query heads, {kv_heads} key/value heads) keeps "
             "for backward q, k, v, the output, and one more tensor. At {seq:,} tokens and batch {batch}, how "
             "many MB is that extra tensor?",
@@ -106,7 +106,7 @@ QUIZ = Quiz("04_flash_attention", [
                    (lambda n: n["lse_mb"] * 2, "that keeps the max and the sum separately; one number per row "
                                                "suffices, m + log(l).")),
             draw=_lse),
-    Numeric("q3",
+    Numeric("naive-growth",
             "A naive attention kernel's forward + backward peaks at {naive_mib} MiB above its inputs at s = "
             "{s1:,}, nearly all of it in tensors of s x s elements per head (terms that grow with s^2). "
             "Assuming those terms dominate, predict its peak at s = {s2:,}, in MiB.",
@@ -118,7 +118,7 @@ QUIZ = Quiz("04_flash_attention", [
             traps=((lambda n: n["naive_mib"] * n["k"], "that is linear growth, the tiled kernel's law; the "
                                                        "naive kernel keeps s x s matrices."),),
             draw=_growth),
-    Numeric("q4",
+    Numeric("recompute-tflop",
             "{model} has {heads} query heads of {head_dim}. A tiled attention kernel's backward rebuilds "
             "S = QK^T from q, k and the logsumexp, where a naive kernel's backward reads the kept "
             "probabilities. At s = {seq:,}, batch 1, no causal mask, how many TFLOP does that add per layer "
@@ -131,7 +131,7 @@ QUIZ = Quiz("04_flash_attention", [
             traps=((lambda n: 2 * n["extra_t"], "that recomputes the whole forward (QK^T and PV); the backward "
                                                 "needs P, not the output."),),
             draw=_recompute),
-    Numeric("q5",
+    Numeric("cpu-dropout",
             "On a CPU you train through F.scaled_dot_product_attention with dropout_p = 0.1, {heads} heads, "
             "s = {seq:,}, batch 1, fp32. Work out which backend PyTorch runs, then how many MiB the softmax "
             "output it keeps for backward takes (leave out q, k, v, the dropout mask and the output).",
@@ -146,7 +146,7 @@ QUIZ = Quiz("04_flash_attention", [
                                             "kernel does not run."),
                    (lambda n: n["probs_mib"] / n["heads"], "that is one head; every head keeps its own.")),
             draw=_dropout),
-    Numeric("q6",
+    Numeric("online-step",
             "One query row's online softmax so far: running max m = {m}, running sum l = {l} "
             "(l = sum of exp(x - m) over the scores seen). The next key block brings the scores "
             "{block_text}. What is l after this block?",
@@ -158,17 +158,19 @@ QUIZ = Quiz("04_flash_attention", [
             traps=((lambda n: n["l"] + sum(math.exp(x - n["m_new"]) for x in n["block"]),
                     "the old sum was taken against the old max: rescale it by exp(m_old - m_new) first."),),
             draw=_step),
-    Numeric("q7",
+    Numeric("core-time-hfu",
             "{model} ({heads} query heads of {head_dim}) at s = {seq:,}, batch 1, no mask: how many ms does one "
             "layer's tiled attention core (forward + backward, including the backward's recompute of S) take "
-            "on an H100 ({tflops:.0f} TFLOP/s dense bf16) at {mfu_pct} % MFU?",
+            "on an H100 ({tflops:.0f} TFLOP/s dense bf16) at {hfu_pct} % HFU (hardware FLOPs utilisation: the "
+            "share of the peak achieved on every FLOP the GPU runs, the recompute included)?",
             answer=lambda n: n["ms"], unit="ms", rel_tol=0.02,
             hint="Count the matmul FLOPs per head: 4 s^2 d forward, 10 s^2 d backward; then divide by the "
                  "achieved FLOP/s.",
-            explanation="14 x {seq:,}^2 x {head_dim} x {heads} = {tflop:.2f} TFLOP, at {mfu_pct} % of {tflops:.0f} "
+            explanation="14 x {seq:,}^2 x {head_dim} x {heads} = {tflop:.2f} TFLOP, at {hfu_pct} % of {tflops:.0f} "
                         "TFLOP/s: {answer} ms, beside {matmul_ms:.1f} ms for the layer's weight matmuls at the same "
-                        "MFU.",
+                        "share of the peak. That share is HFU, not MFU: MFU counts only the model's FLOPs (12 units "
+                        "of the 14, without the recompute), so the same run's MFU is 12/14 of its HFU.",
             traps=((lambda n: n["ms"] * 12 / 14, "that leaves out the backward's recompute of S = QK^T."),
-                   (lambda n: n["ms"] * n["mfu_pct"] / 100, "that is at the full peak; divide by the MFU too.")),
+                   (lambda n: n["ms"] * n["hfu_pct"] / 100, "that is at the full peak; divide by the HFU too.")),
             draw=_time),
 ])
