@@ -69,11 +69,13 @@ def test_zero3_view_divides_states_not_activations(step):
     g = accounting.zero3_gathered(cfg, "mixed", prefetch_bucket=1_000)
     z = tl.zero3_per_gpu(8, g)
     for i in range(0, len(tl), 97):
-        for cat in ("params", "grads", "optimizer"):
+        for cat in ("params", "optimizer"):
             assert z.series[cat][i] == math.ceil(tl.series[cat][i] / 8)
+        fresh = max(0, tl.series["grads"][i] - tl.series["grads"][i - 1]) if tl.phases[i] == "backward" else 0
+        assert z.series["grads"][i] == math.ceil(tl.series["grads"][i] / 8) + fresh - math.ceil(fresh / 8)
         assert z.series["activations"][i] == tl.series["activations"][i]
-        expected = {"forward": g.params + g.prefetch, "backward": int(g), "optimizer": 0}[tl.phases[i]]
-        assert z.series["gathered"][i] == expected
+        expected = {"forward": g.gathered, "backward": g.gathered, "optimizer": 0}[tl.phases[i]]
+        assert z.series["gathered"][i] == expected + g.reduce
 
 
 def test_thinned_keeps_the_peak(step):
@@ -137,3 +139,21 @@ def test_six_psi_t_against_pytorchs_flop_counter():
         model(tokens[:, :-1], tokens[:, 1:].reshape(-1), kernel="naive").backward()
     linear = cfg.n_params() - cfg.vocab * cfg.d_model - (2 * cfg.n_layers + 1) * cfg.d_model
     assert counter.get_total_flops() == speed.train_flops(linear, s * b) + speed.attention_flops(cfg, s, b)
+
+
+def test_working_set_on_the_timeline_counts_the_embedding_gradient_once(step):
+    """At the end of backward the embedding's gradient is still being made (a traced temporary,
+    2 x vocab x h bytes); the working set then holds the embedding gathered and the reduce bucket,
+    and adds no second copy of that gradient (issue 17: 2.1 GB counted twice before)."""
+    cfg, tls = step
+    tl = tls["full"]
+    g = accounting.zero3_gathered(cfg, "mixed")
+    z = tl.zero3_per_gpu(8, g, cfg)
+    emb = 2 * cfg.vocab * cfg.d_model
+    i = next(i for i in range(len(tl)) if tl.phases[i] == "backward" and tl.modules[i] == "embed"
+             and tl.series["temporaries"][i] >= emb)
+    assert z.series["gathered"][i] == emb + g.reduce          # only the embedding is whole then
+    assert z.series["temporaries"][i] == tl.series["temporaries"][i]
+    assert z.total(i) - z.total(i - 1) == tl.total(i) - tl.total(i - 1) <= emb   # made once
+    assert max(z.series["gathered"]) == g.params + g.reduce   # the replay's fullest moment
+    assert all(z.series["gathered"][k] == g.reduce for k in range(len(z)) if z.phases[k] == "optimizer")

@@ -35,6 +35,7 @@ ZeRO-3, opt+params nvme  0                       2 s                 18 s
 gradient partition, 2 s, which DeepSpeed allocates in host memory whenever it offloads.)
 """
 
+from functools import lru_cache
 from dataclasses import dataclass, field
 
 from ..errors import UsageError, one_of, positive_int
@@ -216,46 +217,84 @@ def optimizer_grad_bytes(r: "Recipe") -> int:
     return 4 if any(label.startswith("master") for label, _ in r.optimizer) else r.params
 
 
+DS_REDUCE_BUCKET = 500_000_000   # reduce_bucket_size, DeepSpeed 0.19.8's default (zero/config.py 113)
+DS_PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size, its code default (zero/config.py)
+
+
 class GatheredBytes(int):
-    """ZeRO-3's working set in bytes (an ``int``), with its parts: ``params`` (the gathered
-    module), ``grad`` (its full gradient, backward only), ``prefetch`` (``bucket`` elements);
+    """ZeRO-3's working set in bytes (an ``int``), with its parts: ``params`` (parameters gathered
+    whole at the fullest moment: the steady replay, or on demand the largest module), ``prefetch``
+    (on demand only: the prefetch bucket beside it), ``grad`` (the largest module's full gradient,
+    before its reduce-scatter, backward only), ``reduce`` (DeepSpeed's contiguous gradient bucket,
+    allocated once and held all step); ``steady`` says which way ``params`` was counted.
     ``parts`` names them for display."""
     params: int
     grad: int
+    reduce: int
+    steady: bool
     prefetch: int
-    bucket: int
 
-    def __new__(cls, params: int, grad: int, prefetch: int, bucket: int):
-        obj = super().__new__(cls, params + grad + prefetch)
-        obj.params, obj.grad, obj.prefetch, obj.bucket = params, grad, prefetch, bucket
+    def __new__(cls, params: int, grad: int, reduce: int, steady: bool = True, prefetch: int = 0):
+        obj = super().__new__(cls, params + prefetch + grad + reduce)
+        obj.params, obj.grad, obj.reduce, obj.steady, obj.prefetch = params, grad, reduce, steady, prefetch
         return obj
 
     def __reduce__(self):   # picklable, e.g. when a rank function returns one
-        return (GatheredBytes, (self.params, self.grad, self.prefetch, self.bucket))
+        return (GatheredBytes, (self.params, self.grad, self.reduce, self.steady, self.prefetch))
+
+    @property
+    def gathered(self) -> int:
+        """Parameter bytes gathered at the fullest moment (with the prefetch bucket on demand)."""
+        return self.params + self.prefetch
 
     @property
     def parts(self) -> dict[str, int]:
-        return {"largest module's parameters, gathered": self.params,
-                "its full gradient, before reduce-scatter": self.grad,
-                f"prefetch bucket ({self.bucket:,} elements)": self.prefetch}
+        if self.steady:
+            out = {"parameters gathered (steady step: prefetch and reuse replayed)": self.params}
+        else:
+            out = {"largest module's parameters, gathered": self.params, "prefetch bucket": self.prefetch}
+        return out | {"largest module's full gradient, before reduce-scatter": self.grad,
+                      "contiguous gradient (reduce) bucket": self.reduce}
 
 
-def zero3_gathered(cfg_or_largest_params, recipe: str, prefetch_bucket: int = 50_000_000) -> GatheredBytes:
-    """Bytes a ZeRO-3 rank holds beyond its shards while it computes: its working set.
+def zero3_gathered(cfg_or_largest_params, recipe: str, prefetch_bucket: int = DS_PREFETCH_BUCKET,
+                   reduce_bucket: int = DS_REDUCE_BUCKET, tp: int = 1, layers: int | None = None) -> GatheredBytes:
+    """ZeRO-3's working set: the bytes a rank holds beyond its shards while it computes. The one
+    definition every chapter, ``estimate`` and the planner use (``Timeline.zero3_per_gpu`` places
+    the same parts on the step's timeline instead of adding them as constants).
 
-    A rank gathers the full parameters of the module it runs; the largest module sets the size
-    (for Llama the 128,256 x h embedding or output head). In backward that module's full gradient
-    exists too, before it is reduce-scattered. Meanwhile the next modules are prefetched, up to
-    ``prefetch_bucket`` elements (DeepSpeed's ``stage3_prefetch_bucket_size``, code default 5e7).
-    All three are in the parameters' dtype (bf16, or fp32 for the fp32 recipe). DeepSpeed's own
-    estimator budgets 4 bytes x the largest layer: the first two parts in 16-bit.
-
-    ``cfg_or_largest_params``: a model config (its ``largest_layer_params()``) or an element count.
+    * gathered parameters: for a model config, the fullest moment of a steady step replayed with
+      DeepSpeed's rules (``zero3_schedule.gathered_by_moment``: the module running, the prefetch
+      bucket ahead, modules kept whole for reuse); ``tp`` and ``layers`` replay one
+      tensor-parallel rank's slice of one pipeline stage. Given only the largest module's element
+      count, the on-demand bound: that module + ``prefetch_bucket`` elements;
+    * the largest module's full gradient (for Llama the 128,256 x h embedding or output head),
+      which exists in backward before it is reduce-scattered;
+    * DeepSpeed's contiguous gradient bucket: ``reduce_bucket_size`` elements allocated at start
+      and kept (``stage3.py`` 780-784, ``contiguous_gradients`` is on by default), capped at the
+      model's size.
+    All in the parameters' dtype (bf16, or fp32 for the fp32 recipe).
     """
-    largest = (cfg_or_largest_params.largest_layer_params()
-               if hasattr(cfg_or_largest_params, "largest_layer_params") else cfg_or_largest_params)
-    largest = positive_int(largest, "largest module's parameter count")
-    if isinstance(prefetch_bucket, bool) or not isinstance(prefetch_bucket, int) or prefetch_bucket < 0:
-        raise UsageError(f"prefetch bucket must be a whole number of elements >= 0, got {prefetch_bucket!r}")
+    from . import zero3_schedule   # torch-free; imports models only
+    for value, what in ((prefetch_bucket, "prefetch bucket"), (reduce_bucket, "reduce bucket")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UsageError(f"{what} must be a whole number of elements >= 0, got {value!r}")
     e = RECIPE[one_of(recipe, RECIPES, "recipe")].params
-    return GatheredBytes(e * largest, e * largest, e * prefetch_bucket, prefetch_bucket)
+    if hasattr(cfg_or_largest_params, "largest_layer_params"):
+        cfg = cfg_or_largest_params
+        if layers is not None and layers != cfg.n_layers:
+            from .models import with_layers
+            cfg = with_layers(cfg, positive_int(layers, "layers"))
+        largest = -(-cfg.largest_layer_params() // positive_int(tp, "tensor-parallel size"))
+        gathered = _steady_gathered(cfg, e, tp, prefetch_bucket)
+        total = sum(n for own in zero3_schedule.llama_params(cfg, tp).values() for _, n in own)
+        return GatheredBytes(gathered, e * largest, e * min(reduce_bucket, total), True)
+    largest = positive_int(cfg_or_largest_params, "largest module's parameter count")
+    return GatheredBytes(e * largest, e * largest, e * reduce_bucket, False, e * prefetch_bucket)
+
+
+@lru_cache(maxsize=256)
+def _steady_gathered(cfg, elem_bytes: int, tp: int, prefetch_bucket: int) -> int:
+    from . import zero3_schedule
+    return max(zero3_schedule.gathered_by_moment(cfg, {"stage3_prefetch_bucket_size": prefetch_bucket},
+                                                 elem_bytes, tp).values())

@@ -33,10 +33,12 @@ states and an fp32 gradient partition go to the host (or drive); ZeRO-2 keeps on
 bucket of gradients on the GPU, ZeRO-3 its 16-bit gradient partition in host memory, and ZeRO-1
 the whole 16-bit gradient until the end-of-backward reduction.
 
-ZeRO-3 adds its working set (``accounting.zero3_gathered``: the largest module gathered, its full
-gradient, the prefetch bucket) and the parameters DeepSpeed keeps whole on every rank because
-they are below ``stage3_param_persistence_threshold`` (the norm weights). ZeRO's communication
-buckets (``reduce_bucket_size``, ``allgather_bucket_size``) are counted as ``buffers``.
+ZeRO-3 adds its working set (``accounting.zero3_gathered``, the one definition: the steady
+step's gathered parameters replayed for this rank's slice and stage, the largest module's full
+gradient, and the reduce bucket the planner's configs set) and the parameters DeepSpeed keeps
+whole on every rank because they are below ``stage3_param_persistence_threshold`` (the norm
+weights). ZeRO-1/2's communication buckets (``reduce_bucket_size``, ``allgather_bucket_size``)
+are counted as ``buffers``.
 """
 
 from dataclasses import dataclass, replace
@@ -195,12 +197,11 @@ def states_part(cfg: ModelConfig, lay: Layout) -> dict:
     s = accounting.model_states(n, lay.recipe, lay.dp, lay.zero, lay.offload, lay.device)
     r = accounting.RECIPE[lay.recipe]
     gathered, persistent, buffers = 0, 0, 0
-    if lay.zero == 3:
-        prefetch = max(0, min(DS_PREFETCH, n - lp["largest"]))
-        gathered = int(accounting.zero3_gathered(lp["largest"], lay.recipe, prefetch))
+    if lay.zero == 3:   # the working set holds the reduce bucket (one definition, no buffers here)
+        layers = layers_per_stage(cfg, lay.pp) if lay.pp > 1 else None
+        gathered = int(accounting.zero3_gathered(cfg, lay.recipe, DS_PREFETCH, DS_BUCKET, lay.tp, layers))
         if s.params:   # whole copies of the norm weights, beside the shards DeepSpeed keeps too
             persistent = r.params * lp["norms"]
-        buffers = r.grads * min(DS_BUCKET, n)
     elif lay.zero in (1, 2):
         buffers = (r.grads + r.params) * min(DS_BUCKET, n)
     return {"params": s.params + persistent, "grads": s.grads, "optimizer": s.optimizer,

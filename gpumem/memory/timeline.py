@@ -8,9 +8,10 @@ traces one step with it (fake tensors: a full Llama-3-70B step takes seconds).
 :meth:`Timeline.zero3_per_gpu` turns the unsharded timeline into what one of N ZeRO-3 ranks
 holds: parameters, gradients and optimizer states (and the optimizer's workspace, which works on
 the shard) divided by N; activations and the gradients of activations unchanged, since every
-rank runs its own micro-batch; plus the working set of ``accounting.zero3_gathered`` while
-forward (the gathered module and the prefetch bucket) and backward (all of it) run. That view is
-derived from the trace and the formula, not traced.
+rank runs its own micro-batch; plus ZeRO-3's working set (``accounting.zero3_gathered``) where it
+is alive: the reduce bucket all step, the gathered parameters of the steady replay module by
+module, a fresh gradient in full at the operator that makes it. That view is derived from the
+trace and DeepSpeed's rules, not traced; :func:`zero3_peak` reads one GPU's verdict off it.
 """
 
 from dataclasses import dataclass, field
@@ -111,21 +112,55 @@ class Timeline:
                         [self.modules[i] for i in keep], {c: [s[i] for i in keep] for c, s in self.series.items()},
                         self.trace, self.notes, [ops[i] for i in keep])
 
-    def zero3_per_gpu(self, gpus: int, gathered: accounting.GatheredBytes) -> "Timeline":
-        """What one of ``gpus`` ZeRO-3 ranks holds at each moment (see the module docstring)."""
+    def zero3_per_gpu(self, gpus: int, gathered: accounting.GatheredBytes,
+                      cfg: models.ModelConfig | None = None) -> "Timeline":
+        """What one of ``gpus`` ZeRO-3 ranks holds at each moment (see the module docstring).
+
+        The working set (``accounting.zero3_gathered``) is placed where it is alive, not added as
+        one constant: the reduce bucket all step; gathered parameters in forward and backward,
+        per module from the steady replay when ``cfg`` is given (else its peak throughout); a
+        gradient in full only at the operator that makes it (the traced growth of ``grads``,
+        which the unsharded trace would otherwise divide by N), since the trace already holds a
+        gradient still being computed among its temporaries (no double count)."""
         def split(values):
             return [accounting.shard(v, gpus) for v in values]
         s = self.series
         temps = [accounting.shard(t, gpus) if p == "optimizer" else t for p, t in zip(self.phases, s["temporaries"])]
-        # forward: the gathered module and the prefetch bucket; backward: the whole working set
-        # (with the module's full gradient and whatever else zero3_gathered counts for backward)
-        forward = gathered.params + gathered.prefetch
-        working = [{"optimizer": 0, "backward": int(gathered)}.get(p, forward) for p in self.phases]
-        series = {"params": split(s["params"]), "grads": split(s["grads"]), "optimizer": split(s["optimizer"]),
+        grads = split(s["grads"])
+        for i in range(1, len(self)):
+            fresh = s["grads"][i] - s["grads"][i - 1]
+            if self.phases[i] == "backward" and fresh > 0:
+                grads[i] += fresh - accounting.shard(fresh, gpus)
+        if cfg is not None and gathered.steady:
+            from . import zero3_schedule
+            elem = gathered.grad // max(1, cfg.largest_layer_params())
+            by = zero3_schedule.gathered_by_moment(cfg, None, elem)
+            params, last = [], 0
+            for phase, module in zip(self.phases, self.modules):
+                last = 0 if phase == "optimizer" else by.get((phase, module), last)
+                params.append(last)
+        else:
+            params = [0 if p == "optimizer" else gathered.gathered for p in self.phases]
+        working = [g + gathered.reduce for g in params]
+        series = {"params": split(s["params"]), "grads": grads, "optimizer": split(s["optimizer"]),
                   "activations": list(s["activations"]), "temporaries": temps, "gathered": working}
         return Timeline(f"{self.label}, ZeRO-3 per GPU of {gpus}", self.phases, self.modules, series,
                         self.trace, self.notes + ["derived: sharded states / N, activations as traced, "
-                                                  "+ the ZeRO-3 working set"], self.index)
+                                                  "+ the ZeRO-3 working set where it is alive"], self.index)
+
+
+def zero3_peak(cfg: models.ModelConfig | str, recipe: str = "mixed", policy: str = "none", gpus: int = 8,
+               seq: int = 4096, kernel: str = "flash", tl: "Timeline | None" = None) -> dict:
+    """One ZeRO-3 GPU's peak, judged from its timeline (every operator of a full step): ``total``
+    bytes, ``phase``, ``module``, ``operator``, the bytes per category ``at`` that moment and the
+    working set used (``working_set``). The one verdict every chapter quotes for a ZeRO-3 fit.
+    ``tl``: this step's unsharded timeline when already recorded (``record`` with these settings)."""
+    cfg = models.get(cfg) if isinstance(cfg, str) else cfg
+    ws = accounting.zero3_gathered(cfg, recipe)
+    z = (tl or record(cfg, recipe, kernel, policy, seq)).zero3_per_gpu(gpus, ws, cfg)
+    i = z.peak()
+    return {"total": z.total(i), "phase": z.phases[i], "module": z.modules[i], "operator": i,
+            "operators": len(z), "at": z.at(i), "working_set": ws, "timeline": z}
 
 
 def record(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str = "flash",

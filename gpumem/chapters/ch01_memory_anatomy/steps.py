@@ -36,19 +36,16 @@ def timeline(model: str, recipe: str = "mixed", policy: str = "none", seq: int =
 def zero3_view(model: str, recipe: str = "mixed", policy: str = "none", gpus: int = 8,
                seq: int = 4096) -> timelines.Timeline:
     """One GPU's timeline under ZeRO-3 over ``gpus``: sharded states, own activations, working set."""
-    tl = timeline(model, recipe, policy, seq)
-    return tl.zero3_per_gpu(gpus, accounting.zero3_gathered(models.get(model), recipe))
+    cfg = models.get(model)
+    return timeline(model, recipe, policy, seq).zero3_per_gpu(gpus, accounting.zero3_gathered(cfg, recipe), cfg)
 
 
 @lru_cache(maxsize=None)
 def zero3_peak(model: str, recipe: str = "mixed", policy: str = "none", gpus: int = 8,
                seq: int = 4096) -> dict:
-    """One GPU's peak under ZeRO-3: ``total`` bytes, ``phase``, ``module``, ``operator`` and the
-    bytes per category ``at`` that moment."""
-    z = zero3_view(model, recipe, policy, gpus, seq)
-    i = z.peak()
-    return {"total": z.total(i), "phase": z.phases[i], "module": z.modules[i], "operator": i,
-            "operators": len(z), "at": z.at(i)}
+    """One GPU's peak under ZeRO-3 (the engine's ``timeline.zero3_peak`` on the cached timeline):
+    ``total`` bytes, ``phase``, ``module``, ``operator`` and the bytes per category ``at`` then."""
+    return timelines.zero3_peak(model, recipe, policy, gpus, seq, tl=timeline(model, recipe, policy, seq))
 
 
 def split_states(model: str, recipe: str = "mixed", gpus: int = 8, seq: int = 4096,
