@@ -241,8 +241,8 @@ def test_run_zero_from_the_command_line():
     tensors = len(list(training.build("tiny").parameters()))          # one collective per tensor per step
     assert data["stages"]["0"]["comm_calls_per_step"] == {"all_reduce": tensors}
     assert data["stages"]["3"]["comm_calls_per_step"] == {"all_gather": 2 * tensors, "reduce_scatter": tensors}
-    row = {c.id: c for c in claims.claims(data)}["3b"]          # per pass: half the all-gathers
-    assert row.ours() == 1.0 and row.verdict() == "agrees" and "3.00 psi" in row.why()
+    row = {c.id: c for c in claims.claims(data)}["3b"]          # graded per step; the run joins the reason
+    assert row.verdict() == "wrong" and "moves 3.00 psi" in row.why()
 
 
 @pytest.mark.parametrize("args, says", [
@@ -293,7 +293,7 @@ def test_zero3_gathered_against_the_traced_peak(trace):
     cfg = models.get("mini")
     skip = set(trace["persistent"])
     bucket = trace["config"]["stage3_prefetch_bucket_size"]
-    est = accounting.zero3_gathered(cfg, "fp32", prefetch_bucket=bucket)
+    est = accounting.zero3_gathered(cfg.largest_layer_params(), "fp32", prefetch_bucket=bucket)
     assert est.params == 4 * cfg.vocab * cfg.d_model
     assert zero3_schedule.peak_gathered(trace["events"], 0, skip)["bytes"] == est.params
     steady = zero3_schedule.peak_gathered(trace["events"], 1, skip)["bytes"]
@@ -333,6 +333,14 @@ def test_the_notes_deepspeed_config_examined():
     assert "nvme_path" in runs["note, bf16 instead of fp16"]["error"]
     fixed = runs["corrected (stage 3)"]
     assert fixed["accepted"] and len(fixed["losses"]) == 2
+    # bf16 losses differ between CPUs in the third decimal (5.7287 here, 5.7282 elsewhere): the
+    # stored output shows two decimals; here, with a tolerance, both runs train the same model
+    stage2 = runs["note's gather keys under stage 2"]["losses"]
+    assert fixed["losses"][1] < fixed["losses"][0]
+    torch.testing.assert_close(torch.tensor(fixed["losses"]), torch.tensor(stage2), rtol=0, atol=2e-2)
+    table = ds_config_note.config_table(res)
+    assert "loss " + " -> ".join(f"{x:.2f}" for x in fixed["losses"]) in table
+    assert all(len(line) <= 100 for line in table.splitlines())
     for key in ("allgather_partitions", "allgather_bucket_size"):
         assert key not in fixed["read_all"] and key not in inspect.getsource(stage3)
     assert {"overlap_comm", "contiguous_gradients", "stage3_prefetch_bucket_size", "offload_param.nvme_path"} \
@@ -345,30 +353,87 @@ def test_the_notes_deepspeed_config_examined():
     assert need["largest_partition"] <= need["corrected_buffer_size"]
 
 
-def test_ledger_3b_per_pass_from_the_deepspeed_trace(trace):
-    """Per pass, DeepSpeed gathers every parameter once (the sharded ones for forward, the norms
-    after the previous step): exactly 4 bytes x psi in fp32."""
+def test_ledger_3b_names_what_the_deepspeed_trace_gathered(trace):
+    """With the trace, row 3b's reason adds what DeepSpeed gathered per step on the 4-layer model
+    (every parameter for forward, three quarters again for backward) beside the 70B figure."""
     row = {c.id: c for c in claims.claims(None, trace)}["3b"]
-    assert row.ours() == 1.0 and row.verdict() == "agrees"
-    assert "gathers 1.76 psi per step" in row.why() and "2.99 psi per step" in row.why()
+    assert row.verdict() == "wrong"
+    assert "gathers 1.76 psi per step" in row.why() and "2.985 psi" in row.why()
 
 
-def test_zero3_pure_bf16_does_not_fit_an_h100():
-    """Row 2c's conclusion, by hand: 8 GPUs hold ceil(psi / 8) x 8 bytes of pure-bf16 states each;
-    the working set is the embedding and its gradient in bf16 plus a 5e7-element bucket; even the
-    checkpointed layer inputs alone (80 x 2 bytes x 4096 x 8192) then overflow what an H100 80GB
-    may use (81,559 MiB minus 2 GiB and 5 %)."""
+# Llama-3-70B as Meta's config.json gives it (not read from the library): layers, width, KV width
+# (8 KV heads x 128), SwiGLU width, vocabulary; the embedding and the output head are untied.
+L70, D70, KV70, F70, V70 = 80, 8192, 1024, 28672, 128256
+
+
+def test_ledger_3a_3b_graded_per_step_by_hand():
+    """The note: "32 layers x 4 all-gathers = 128 communications per step; communication volume =
+    parameter size", per step. By hand for Llama-3-70B with DeepSpeed's defaults: every module
+    that owns a sharded weight is fetched for forward and again for backward: 7 matrices (q, k,
+    v, o, gate, up, down) x 80 layers + embedding + head, twice = 1,124; the 161 RMSNorm weights
+    (8,192 elements <= 1e5) are persistent and never fetched. With the note's fused W_qkv a layer
+    has 5 matrices: the note's 4 miss the gate. Volume per step: forward gathers psi, backward
+    gathers psi less the head (its backward follows its forward) and the norms, the gradients are
+    reduce-scattered once: 3 psi - head - norms."""
+    rows = {c.id: c for c in claims.claims()}
+    fetches = 2 * (7 * L70 + 2)
+    assert fetches == 1124
+    assert rows["3a"].note == 128 and rows["3a"].ours() == fetches and rows["3a"].verdict() == "wrong"
+    why = rows["3a"].why()
+    assert "gate" in why and f"{2 * (5 * L70 + 2):,}" in why and "1,124" in why
+    psi = 2 * V70 * D70 + L70 * (2 * D70 * D70 + 2 * D70 * KV70 + 3 * D70 * F70 + 2 * D70) + D70
+    assert psi == models.get("llama-3-70b").n_params()
+    per_step = (3 * psi - V70 * D70 - (2 * L70 + 1) * D70) / psi
+    assert rows["3b"].note == 1 and rows["3b"].ours() == pytest.approx(per_step, rel=1e-12)
+    assert rows["3b"].verdict() == "wrong" and f"{per_step:.3f} psi" in rows["3b"].why()
+    assert "per step" in rows["3a"].what and "per step" in rows["3b"].what
+
+
+def test_fetches_per_step_match_the_recorded_trace(trace):
+    """The replay's fetch count, on the traced model with the trace's keys, equals what DeepSpeed
+    recorded in a steady step: 2 passes x (7 x 4 layers + 2)."""
+    cfg = models.get("mini")
+    step1 = trace["counts"]["step1"]
+    recorded = step1["forward_fetches"] + step1["backward_fetches"]
+    assert recorded == 2 * (7 * cfg.n_layers + 2)
+    assert claims.fetches_per_step("mini", trace["config"]) == recorded
+
+
+def test_zero3_step_summary_by_hand():
+    """The main path's ZeRO-3 result: per step psi for forward, psi - head - norms for backward,
+    psi reduce-scattered; in bf16 2 bytes each; 7/8 of it crosses each rank's link on 8 GPUs."""
+    from gpumem import units
+    from gpumem.chapters.ch02_zero import zero3_tables
+    psi = models.get("llama-3-70b").n_params()
+    head, norms = V70 * D70, (2 * L70 + 1) * D70
+    text = zero3_tables.zero3_step_summary("llama-3-70b")
+    backward = (psi - head - norms) / psi
+    assert f"{backward:.3f}" in text and f"{(2 * psi + psi - head - norms) / psi:.3f}" in text
+    assert units.fmt(2 * (3 * psi - head - norms)) in text
+    assert units.fmt(2 * (3 * psi - head - norms) * 7 / 8) in text
+    assert "1,124 per step" in text and f"{2 * head + 2 * D70:,} elements" in text   # final norm + head, twice
+
+
+def test_zero3_pure_bf16_verdict_is_one_timeline():
+    """Row 2c's conclusion and chapter 01's row S2 are one figure: one GPU's timeline (70B, 8 GPUs,
+    pure bf16, full checkpointing). Checked by hand around it: 8 GPUs hold ceil(psi / 8) x 8 bytes
+    of pure-bf16 states each; the peak holds at least the parameters' and optimizer's shards and
+    DeepSpeed's 1 GB reduce bucket, and less than the sum of every part at its largest; an H100
+    80GB may use 81,559 MiB minus 2 GiB and 5 %."""
+    from gpumem.chapters.ch01_memory_anatomy import steps
     cfg = models.get("llama-3-70b")
     fit = claims.zero3_pure_bf16_fit()
     assert fit["states"] == 8 * math.ceil(cfg.n_params() / 8)
-    d, kv, f, vd = cfg.d_model, cfg.kv_dim, cfg.ffn, cfg.vocab * cfg.d_model
-    layer0 = 2 * d * d + 2 * d * kv + 3 * d * f               # the seven matrices of a layer
-    steady = 2 * (vd + layer0 + d * d + 2 * d * kv)          # embedding, layer 0, layer 1's q, k, v in bf16
-    assert fit["working_set"] == steady + 2 * vd             # + the embedding's full gradient
     usable = 81_559 * 2**20 - 2 * 2**30 - int(0.05 * 81_559 * 2**20)
     assert fit["usable"] == usable
-    assert fit["states"] + fit["working_set"] < usable        # states and working set alone would fit
-    assert fit["states"] + fit["working_set"] + 80 * 2 * 4096 * 8192 > usable and not fit["fits"]
+    shards = 6 * math.ceil(cfg.n_params() / 8)                # bf16 weights + two bf16 moments
+    assert shards + 2 * 500_000_000 < fit["peak"] < fit["sum_of_parts"]
+    assert fit["sum_of_parts"] > usable >= fit["peak"] and fit["fits"]   # issue 17: 87.4 GB "over" before
+    assert fit["peak"] == steps.zero3_peak("llama-3-70b", "pure-bf16", "full", 8)["total"]
+    assert fit["peak_at"].startswith("backward")
+    from gpumem import units
+    text = claims._why_2c()
+    assert units.fmt(fit["peak"], "GB", 1) in text and "fits, narrowly" in text
 
 
 def test_working_set_steady_peak_and_its_bound():
@@ -383,7 +448,7 @@ def test_working_set_steady_peak_and_its_bound():
     assert peak["at"] == "backward layers.1.attn.wv"
     assert peak["bytes"] <= 2 * (10**9 + vd)
     ws = claims.zero3_working_set()
-    assert ws["gathered_on_demand"] == 2 * vd and ws["total"] == peak["bytes"] + 2 * vd
+    assert ws["gathered_on_demand"] == 2 * vd and ws["total"] == peak["bytes"] + 2 * vd + 2 * 500_000_000
 
 
 def test_reuse_gap_by_hand():
@@ -427,7 +492,7 @@ def test_estimators_reconcile_part_by_part():
     for per_param in (2 + 14 / 8, 2 + 16 / 8, 16 / 8, 18 / 8):
         assert units.fmt(per_param * n) in text
     assert units.fmt(2 * n + 18 * n / 8) in text and units.fmt(4 * largest + 18 * n / 8) in text
-    assert "2 bf16 + 4 fp32 grads + 12 optimizer = 18" in text and "4 fp32 grads + 12 optimizer = 16" in text
+    assert "2 bf16 + 4 fp32 grads + 12 opt. = 18" in text and "4 fp32 grads + 12 opt. = 16" in text
 
 
 def test_frameworks_table_against_torch_and_deepspeed():

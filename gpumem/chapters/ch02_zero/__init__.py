@@ -5,7 +5,8 @@ the note's DeepSpeed config examined.
 
 - ``claims``          the note's ZeRO table, gather count and volume (``claims.claims(result, trace)``)
 - ``diagrams``        per-stage boxes and data flow, the collectives, the gather sequence, run tables
-- ``tables``          peak gradient bytes, gathers by phase, ZeRO-3 time, DeepSpeed's estimators, frameworks
+- ``tables``          GPUs, peak gradient bytes, ZeRO-3 time, DeepSpeed's estimators, frameworks
+- ``zero3_tables``    one steady ZeRO-3 step at 70B, DeepSpeed's schedule keys, gathers by phase
 - ``plots``           the gather/release timeline
 - ``experiments``     ``zero`` and ``gather_trace``, as the notebook and ``run`` call them
 - ``scratch_ranks``   rank functions of the from-scratch runs and the collectives, the one-process reference
@@ -15,8 +16,9 @@ the note's DeepSpeed config examined.
 - ``QUIZ``            the chapter's quiz
 """
 
-from . import claims, diagrams, ds_config_note, ds_ranks, experiments, labcheck, plots, scratch_ranks, tables
+from . import (claims, diagrams, ds_config_note, ds_ranks, experiments, labcheck, plots, scratch_ranks, tables,
+               zero3_tables)
 from .quiz import QUIZ
 
 __all__ = ["claims", "diagrams", "ds_config_note", "ds_ranks", "experiments", "labcheck", "plots",
-           "scratch_ranks", "tables", "QUIZ"]
+           "scratch_ranks", "tables", "zero3_tables", "QUIZ"]

@@ -4,6 +4,8 @@ Capacity verdicts use the GPU table (``gpumem.memory.gpus``): an "80 GB" H100 re
 and what training may use is that minus a stated reserve.
 """
 
+from functools import lru_cache
+
 from gpumem import units
 from gpumem.course.ledger import Claim
 from gpumem.dist import zero3_schedule
@@ -27,43 +29,52 @@ def _gb(value: float) -> str:
     return units.fmt(value, "GB", 1)
 
 
-def zero3_working_set(model: str = "llama-3-70b", elem_bytes: int = 2) -> dict:
-    """What a ZeRO-3 rank holds beyond its shards in a steady step, with DeepSpeed's defaults: the
-    replayed peak of gathered parameters (prefetch and reuse at work) plus one full gradient of
-    the largest module (the embedding's, before its reduce-scatter). On demand (step 0) the
-    gathered peak is only the largest module, what ``accounting.zero3_gathered`` counts."""
+def zero3_working_set(model: str = "llama-3-70b", recipe: str = "pure-bf16") -> dict:
+    """What a ZeRO-3 rank holds beyond its shards, with DeepSpeed's defaults: the engine's one
+    definition (``accounting.zero3_gathered``): the replayed steady peak of gathered parameters
+    (prefetch and reuse at work), one full gradient of the largest module (the embedding's, before
+    its reduce-scatter) and the contiguous reduce bucket. On demand (step 0) the gathered peak is
+    only the largest module."""
     cfg = models.get(model)
-    steady = zero3_schedule.steady_peak(cfg, elem_bytes=elem_bytes)["bytes"]
-    on_demand = int(accounting.zero3_gathered(cfg, "pure-bf16" if elem_bytes == 2 else "fp32").params)
-    grad = elem_bytes * cfg.largest_layer_params()
-    return {"gathered_steady": steady, "gathered_on_demand": on_demand, "largest_gradient": grad,
-            "total": steady + grad}
+    ws = accounting.zero3_gathered(cfg, recipe)
+    return {"gathered_steady": ws.params, "gathered_on_demand": ws.grad, "largest_gradient": ws.grad,
+            "reduce_bucket": ws.reduce, "total": int(ws)}
 
 
-def zero3_pure_bf16_fit(seq: int = 4096, micro_batch: int = 1) -> dict:
-    """Does ZeRO-3 with pure bf16 fit 8 x H100 80GB? States, the steady working set and activations
-    with full checkpointing (the least activation memory) against the card's usable bytes."""
+@lru_cache(maxsize=2)
+def zero3_pure_bf16_fit(seq: int = 4096) -> dict:
+    """Does ZeRO-3 with pure bf16 and full checkpointing fit 8 x H100 80GB? Judged once, from one
+    GPU's timeline (``timeline.zero3_peak``, the verdict chapter 01 quotes too), beside the sum of
+    the parts at their largest (states + working set + activation peak), which over-counts."""
     cfg = _llama70()
     states = _states("pure-bf16", 3).total
     working = zero3_working_set()["total"]
-    acts = activations.activations(cfg, seq, micro_batch, "flash", "full", "pure-bf16").peak
+    acts = activations.activations(cfg, seq, 1, "flash", "full", "pure-bf16").peak
+    from gpumem.memory import timeline   # records a full step on fake tensors (torch)
+    z = timeline.zero3_peak(cfg, "pure-bf16", "full", 8, seq)
     usable = gpus.usable(CARD)
     return {"states": states, "working_set": working, "activations_full_ckpt": acts,
-            "needed": states + working + acts, "capacity": gpus.get(CARD).capacity, "usable": usable,
-            "fits": states + working + acts <= usable}
+            "sum_of_parts": states + working + acts, "peak": z["total"],
+            "peak_at": f"{z['phase']} {z['module']}", "at_peak": z["at"],
+            "capacity": gpus.get(CARD).capacity, "usable": usable, "fits": z["total"] <= usable}
 
 
 def _why_2c() -> str:
     f, w = zero3_pure_bf16_fit(), zero3_working_set()
-    return (f"The number is right for pure bf16, the conclusion is not. An H100 80GB may use "
-            f"{_gb(f['usable'])} (it reports {_gb(f['capacity'])}, less the reserve), so {_gb(f['states'])} "
-            f"of states leave {_gb(f['usable'] - f['states'])}. A ZeRO-3 rank also holds its working set: "
-            f"{_gb(w['gathered_steady'])} of gathered parameters at the steady peak (replayed with DeepSpeed's "
-            f"defaults) and the embedding's full gradient ({_gb(w['largest_gradient'])}), {_gb(f['working_set'])}. "
-            f"Activations come on top: {_gb(f['activations_full_ckpt'])} at 4,096 tokens even with full "
-            f"checkpointing (each layer keeps only its input and recomputes the rest in backward; chapter 03). "
-            f"{_gb(f['needed'])} in all, over the {_gb(f['usable'])}. The standard recipe needs "
-            f"{_gb(_states('mixed', 3).total)} of states per GPU.")
+    at = f["at_peak"]
+    verdict = "it fits, narrowly" if f["fits"] else "it does not fit"
+    return (f"The number is right for the note's pure-bf16 recipe (8 B/param over 8 GPUs). Whether it "
+            f"fits needs what else a rank holds, and when. An H100 80GB may use {_gb(f['usable'])} (it "
+            f"reports {_gb(f['capacity'])}, less the reserve). The ZeRO-3 working set is "
+            f"{_gb(w['total'])} at its largest: {_gb(w['gathered_steady'])} of gathered parameters at the "
+            f"steady peak, the embedding's full gradient ({_gb(w['largest_gradient'])}) and DeepSpeed's "
+            f"reduce bucket ({_gb(w['reduce_bucket'])}). One GPU's timeline with full checkpointing "
+            f"(chapter 01, section 6) peaks at {_gb(f['peak'])} at {f['peak_at']}: sharded states "
+            f"{_gb(at['params'] + at['grads'] + at['optimizer'])}, working set {_gb(at['gathered'])}, "
+            f"activations {_gb(at['activations'])}, temporaries {_gb(at['temporaries'])}: {verdict}. "
+            f"Adding every part at its largest ({_gb(f['sum_of_parts'])}) would say no, but the "
+            f"forward's activation peak and the embedding's gradient never meet. The standard recipe "
+            f"needs {_gb(_states('mixed', 3).total)} of states per GPU.")
 
 
 # The note's ZeRO table, in its own pure-bf16 recipe (2 + 2 + 4 bytes per parameter).
@@ -89,29 +100,45 @@ def fetches_per_pass(modules_per_layer: int, layers: int) -> int:
     return modules_per_layer * layers + 2
 
 
-def _fetches_per_pass(model: str) -> int:
-    """The course's Llama: 7 linear layers per block (q, k, v, o, gate, up, down), the embedding
-    and the untied head."""
-    return fetches_per_pass(7, models.get(model).n_layers)
+def fetches_per_step(model: str = "llama-3-70b", config: dict | None = None) -> int:
+    """Module fetches of one steady ZeRO-3 step, forward and backward, counted as the chapter's
+    gather trace counts them (a fetch of a module that owns sharded parameters), on DeepSpeed's
+    schedule replayed for ``model`` (``config``: its stage-3 keys, default DeepSpeed's)."""
+    from .ds_ranks import gather_counts
+    cfg = models.get(model)
+    params = zero3_schedule.llama_params(cfg)
+    keys = zero3_schedule.DEFAULTS | (config or {})
+    keep = zero3_schedule.persistent(params, keys["stage3_param_persistence_threshold"])
+    owners = {m for m, own in params.items() if any(p not in keep for p, _ in own)}
+    c = gather_counts(zero3_schedule.simulate(zero3_schedule.fetch_order(cfg), params, keys), owners)["step1"]
+    return c["forward_fetches"] + c["backward_fetches"]
 
 
-def _per_pass(zero_result: dict | None, trace: dict | None) -> float:
-    """Parameters all-gathered for one forward pass, in psi: from DeepSpeed's trace (what a
-    steady step gathers for forward, plus the persistent norms gathered after the step before),
-    else from scratch (half of stage 3's all-gather volume)."""
-    if trace is not None:
-        c, before = trace["counts"]["step1"], trace["counts"]["step0"]
-        return (c["gathered_for"]["forward"] + before["after_step_bytes"]) / (4 * models.get(trace["model"]).n_params())
-    return zero_result["stages"]["3"]["comm_in_psi_by_kind"]["all_gather"] / 2
+def _why_3a() -> str:
+    layers = models.get("llama-3-70b").n_layers
+    return (f"Per step, as the note counts: DeepSpeed fetches each module that owns sharded weights before "
+            f"its forward and again before its backward. The note draws a fused W_qkv, so a layer has 5 "
+            f"matrices (W_qkv, W_o, gate, up, down); its 4 miss SwiGLU's gate. Llama-3-70B has {layers} layers, "
+            f"not 32, and the embedding and the head add 2 per pass: with fused qkv "
+            f"2 x {fetches_per_pass(5, layers)} = {2 * fetches_per_pass(5, layers):,}; the course's Llama keeps "
+            f"q, k and v apart (7 per layer), 2 x {fetches_per_pass(7, layers)} = "
+            f"{2 * fetches_per_pass(7, layers):,}. The norms stay whole (persistent), so no fetch gathers them.")
 
 
 def _why_3b(zero_result: dict | None, trace: dict | None) -> str:
     big = zero3_schedule.step_volume("llama-3-70b")
-    parts = ["Per pass the note is right: a pass gathers every parameter once, psi.",
-             "A step is forward + backward + the gradient reduce-scatter."]
+    head = models.get("llama-3-70b").vocab * models.get("llama-3-70b").d_model
+    parts = [f"Right per forward pass: a pass gathers every parameter once, psi. A step also gathers again "
+             f"for backward what forward released (at 70B every layer but the head: the head, "
+             f"{head / 1e9:.2f} B elements, runs forward and backward between a layer's two uses, beyond "
+             f"DeepSpeed's 1e9-element reuse window), {big['for_backward_psi']:.3f} psi, and reduce-scatters "
+             f"the gradients, psi: {big['for_forward_psi']:.3f} + {big['for_backward_psi']:.3f} + 1 = "
+             f"{big['per_step_psi']:.3f} psi, {_gb(2 * big['per_step_psi'] * big['n_params'])} of bf16 "
+             f"collectives per step (DeepSpeed's defaults, replayed)."]
     if zero_result is not None:
         s3 = zero_result["stages"]["3"]
-        parts.append(f"From scratch ({zero_result['ranks']} ranks) a step moves {s3['comm_per_step_in_psi']:.2f} psi "
+        parts.append(f"From scratch ({zero_result['ranks']} ranks, every weight released after use) a step "
+                     f"moves {s3['comm_per_step_in_psi']:.2f} psi "
                      f"({s3['comm_in_psi_by_kind']['all_gather']:.2f} gathered + "
                      f"{s3['comm_in_psi_by_kind']['reduce_scatter']:.2f} reduce-scattered); DDP moves "
                      f"{zero_result['stages']['0']['comm_per_step_in_psi']:.2f}.")
@@ -119,11 +146,9 @@ def _why_3b(zero_result: dict | None, trace: dict | None) -> str:
         c, before = trace["counts"]["step1"], trace["counts"]["step0"]
         got = (c["bytes_gathered"] + before["after_step_bytes"]) / (4 * models.get(trace["model"]).n_params())
         deep = deeper_volume(trace["model"])
-        parts.append(f"DeepSpeed on {trace['model']} ({trace['n_layers']} layers) gathers {got:.2f} psi per step, "
-                     f"+ 1 psi reduce-scattered: a shallow model keeps much of itself whole from forward to "
-                     f"backward; at 80 layers the same rules gather {deep['gathered_psi']:.2f} psi.")
-    parts.append(f"Llama-3-70B with DeepSpeed's defaults: {big['gathered_psi']:.3f} + 1 = {big['per_step_psi']:.2f} "
-                 f"psi per step, {_gb(2 * big['per_step_psi'] * big['n_params'])} of bf16 collectives.")
+        parts.append(f"DeepSpeed on {trace['model']} ({trace['n_layers']} layers) gathers {got:.2f} psi per step: "
+                     f"a shallow model keeps much of itself whole from forward to backward; at 80 layers the "
+                     f"same rules gather {deep['gathered_psi']:.2f} psi.")
     return " ".join(parts)
 
 
@@ -135,15 +160,11 @@ def deeper_volume(model: str = "mini", layers: int = 80) -> dict:
 
 
 def claims(zero_result: dict | None = None, trace: dict | None = None) -> list[Claim]:
-    """The note's ZeRO table and gather claims; with an ``experiments.zero`` result and/or a
-    ``experiments.gather_trace`` result, the measured communication volume joins the ledger."""
-    out = ZERO_TABLE + [
-        Claim("3a", "all-gathers per forward, 70B (note: 32 x 4)", 128,
-              lambda: _fetches_per_pass("llama-3-70b"),
-              lambda: "DeepSpeed fetches per submodule: attention has 4 matrices and the MLP 3, not 2 "
-                      "and 2; 70B has 80 layers, not 32; the embedding and head add 2. The backward pass "
-                      "gathers them again.", unit="fetches")]
-    if zero_result is not None or trace is not None:
-        out.append(Claim("3b", "communication = parameter size (per pass)", 1,
-                         lambda: _per_pass(zero_result, trace), lambda: _why_3b(zero_result, trace), unit="psi"))
-    return out
+    """The note's ZeRO table and gather claims, graded per step as the note states them (70B,
+    DeepSpeed's defaults, replayed); an ``experiments.zero`` result and/or an
+    ``experiments.gather_trace`` result add what the runs measured to the explanation of 3b."""
+    return ZERO_TABLE + [
+        Claim("3a", "all-gathers per step, 70B (note: 32 x 4)", 128, fetches_per_step, _why_3a, unit="fetches"),
+        Claim("3b", "communication = parameter size, per step", 1,
+              lambda: zero3_schedule.step_volume("llama-3-70b")["per_step_psi"],
+              lambda: _why_3b(zero_result, trace), unit="psi")]

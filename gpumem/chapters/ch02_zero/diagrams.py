@@ -87,16 +87,14 @@ def gather_counts_table(result: dict) -> str:
     gather after the optimizer step, and releases; one header per column, then what each means."""
     lines = [f"ZeRO-3 on {result['ranks']} ranks, {result['model']} ({result['n_layers']} layers); "
              f"persistent (kept whole): {len(result['persistent'])} tensors",
-             f"{'':5s}" + "".join(f"  {top:>{w}s}" for top, _, w, _ in _COUNT_COLUMNS),
-             f"{'step':5s}" + "".join(f"  {bottom:>{w}s}" for _, bottom, w, _ in _COUNT_COLUMNS)]
+             f"{'':5s}" + "".join(f" {top:>{w}s}" for top, _, w, _ in _COUNT_COLUMNS),
+             f"{'step':5s}" + "".join(f" {bottom:>{w}s}" for _, bottom, w, _ in _COUNT_COLUMNS)]
     for step, c in result["counts"].items():
-        lines.append(f"{step:5s}" + "".join(f"  {value(c):>{w}s}" for _, _, w, value in _COUNT_COLUMNS))
-    lines += ["fetches: modules whose weights are gathered for use, per pass; calls: coalesced all-gather "
-              "calls, by the pass",
-              "  that issues them (in) and by the pass whose use they serve (for); tensors and bytes: what "
-              "those calls gather;",
-              "  after step: the persistent norms' one all-gather after the optimizer step; released: "
-              "tensors freed to a shard"]
+        lines.append(f"{step:5s}" + "".join(f" {value(c):>{w}s}" for _, _, w, value in _COUNT_COLUMNS))
+    lines += ["fetches: modules whose weights are gathered for use, per pass; calls: coalesced all-gather",
+              "  calls, by the pass that issues them (in) and by the pass whose use they serve (for);",
+              "  tensors and bytes: what those calls gather; after step: the persistent norms' one",
+              "  all-gather after the optimizer step; released: tensors freed to a shard"]
     return "\n".join(lines)
 
 
@@ -157,3 +155,21 @@ def stage_flow(ranks: int = 2) -> str:
                   f"{', '.join(map(str, range(ranks)))} owns")
         out.append(box(STAGE_NAMES[stage], [legend, ""] + lines))
     return "\n".join(out)
+
+
+def loss_table(result: dict, reference: dict, rtol: float = 1e-4, atol: float = 1e-5) -> str:
+    """The losses of every from-scratch and DeepSpeed run against one-process AdamW: each run's
+    losses rounded to 2 decimals (a measured float differs between machines in its last digits)
+    and whether all of them equal AdamW's within the tolerance a test also uses."""
+    import math
+    ref = reference["losses"]
+    runs = [(f"ZeRO-{s} from scratch", r["losses"]) for s, r in result["stages"].items()]
+    runs += [(f"DeepSpeed ZeRO-{s}", r["losses"]) for s, r in result.get("deepspeed", {}).items()]
+    steps = "".join(f"{'step ' + str(i + 1):>8s}" for i in range(len(ref)))
+    lines = [f"losses (mean over {result['ranks']} ranks), 2 decimals; 'equal': within rtol {rtol:g}, atol "
+             f"{atol:g} of AdamW", f"{'run':24s}{steps}  vs one-process AdamW"]
+    for name, losses in runs:
+        same = all(math.isclose(x, y, rel_tol=rtol, abs_tol=atol) for x, y in zip(losses, ref))
+        lines.append(f"{name:24s}" + "".join(f"{x:>8.2f}" for x in losses) + f"  {'equal' if same else 'DIFFERENT'}")
+    lines.append(f"{'one process, AdamW':24s}" + "".join(f"{x:>8.2f}" for x in ref))
+    return "\n".join(lines)

@@ -17,8 +17,8 @@ def grad_peak_table(result: dict, model: str = "llama-3-70b", gpus: int = 8, buc
     """Measured peak of gradient bytes during backward per stage (from scratch), and the same
     bound for a 70B model in bf16 with DeepSpeed's default reduce bucket (5e8 elements), plus
     the fp32 copy of its gradient shard that DeepSpeed's ZeRO-2 makes at the optimizer step."""
-    lines = [f"{result['model']}, {result['ranks']} ranks, fp32: peak gradient bytes during backward "
-             "(measured on the live tensors), bytes",
+    lines = [f"{result['model']}, {result['ranks']} ranks, fp32: peak gradient bytes during backward, "
+             "measured on the live tensors",
              f"{'stage':6s} {'full gradients':>15s} {'+ shards kept':>15s}   after the step"]
     for stage, row in result["stages"].items():
         p = row["grad_peak_during_backward"]
@@ -26,98 +26,19 @@ def grad_peak_table(result: dict, model: str = "llama-3-70b", gpus: int = 8, buc
                      f"{row['ranks'][0]['measured']['grads']:>10,d}")
     cfg = models.get(model)
     sizes = [n for own in zero3_schedule.llama_params(cfg).values() for _, n in own]
-    lines.append(f"{model}, {gpus} GPUs, bf16 gradients, DeepSpeed's reduce bucket {bucket:,} elements "
-                 f"(reduce_bucket_size, = {units.fmt(2 * bucket)} of bf16):")
+    lines += [f"{model}, {gpus} GPUs, bf16 gradients, DeepSpeed's reduce bucket (reduce_bucket_size)",
+              f"  {bucket:,} elements = {units.fmt(2 * bucket)} of bf16:"]
     for stage in (1, 2):
         b = gradmeter.peak_bound(sizes, gpus, stage, 2, 2 * bucket if stage == 2 else 0)
         bound = "=" if stage == 1 else "<="
         lines.append(f"  ZeRO-{stage}: full gradients {bound} {units.fmt(b['full_grads']):>9s}"
                      f", shards {bound} {units.fmt(b['shards']):>8s}, peak {bound} {units.fmt(b['total'])}")
-    lines.append("  (ZeRO-2's figure is an upper bound: a bucket just short of full, the largest gradient "
-                 "arriving, every shard already kept)")
+    lines.append("  (ZeRO-2's is an upper bound: a bucket just short of full, the largest gradient arriving,")
+    lines.append("  every shard already kept)")
     fp32 = 4 * -(-cfg.n_params() // gpus)
-    lines.append(f"  at the optimizer step DeepSpeed's ZeRO-2 copies the gradient shard to fp32 for the update "
-                 f"(the fp32 gradients of its estimator): 4 B x psi/{gpus} = {units.fmt(fp32)} more")
+    lines.append("  at the optimizer step DeepSpeed's ZeRO-2 copies the gradient shard to fp32 for the update")
+    lines.append(f"  (the fp32 gradients of its estimator): 4 B x psi/{gpus} = {units.fmt(fp32)} more")
     return "\n".join(lines)
-
-
-def gather_phase_table(trace: dict) -> str:
-    """Per step, the bytes all-gathered by the phase that issues them and by the phase they
-    serve, in units of psi, with DeepSpeed's schedule for Llama-3-70B beside them."""
-    psi = 4 * models.get(trace["model"]).n_params()
-    heads = (("issued in", "forward"), ("issued in", "backward"), ("serves", "forward"), ("serves", "backward"),
-             ("after", "the step"))
-    lines = [f"bytes all-gathered per step, in units of psi (the whole model's bytes, here "
-             f"{units.fmt(psi, 'MB', 2)} in fp32)",
-             f"{'':8s}" + "".join(f"  {a:>9s}" for a, _ in heads),
-             f"{'step':8s}" + "".join(f"  {b:>9s}" for _, b in heads)]
-    for step, c in trace["counts"].items():
-        issued = {ph: sum(e["bytes"] for e in trace["events"] if e["event"] == "all-gather"
-                          and f"step{e['step']}" == step and e["phase"] == ph) for ph in ("forward", "backward")}
-        row = (issued["forward"] / psi, issued["backward"] / psi, c["gathered_for"]["forward"] / psi,
-               c["gathered_for"]["backward"] / psi)
-        lines.append(f"{step:8s}" + "".join(f"  {x:>9.3f}" for x in row) + f"  {c['after_step_bytes'] / psi:>9.5f}")
-    v = zero3_schedule.step_volume("llama-3-70b")
-    g, s, n = v["gathered_elements"], v["served_elements"], v["n_params"]
-    row = (g["forward"] / n, g["backward"] / n, s["forward"] / n - g["step"] / n, s["backward"] / n)
-    lines.append(f"{'70B':8s}" + "".join(f"  {x:>9.3f}" for x in row) + f"  {g['step'] / n:>9.5f}"
-                 + "  (DeepSpeed's defaults, replayed)")
-    return "\n".join(lines)
-
-
-STAGE3_KEYS = (   # (JSON key, what it bounds), each counted in elements (parameters), not bytes
-    ("stage3_param_persistence_threshold", "a tensor this small or smaller is persistent: kept whole"),
-    ("stage3_max_reuse_distance", "after a module runs, its weights stay whole if the recorded order uses "
-                                  "them again within this many elements (the reuse window)"),
-    ("stage3_prefetch_bucket_size", "a prefetch stops once this many elements are being gathered ahead of "
-                                    "need (the prefetch bucket)"),
-    ("stage3_max_live_parameters", "prefetching gathers nothing more once this many elements are "
-                                   "whole (the live-parameter limit; one tensor may overshoot it)"),
-)
-
-
-def stage3_keys_table(model: str = "mini") -> str:
-    """DeepSpeed's four ZeRO-3 schedule keys: what each bounds, its default (read from DeepSpeed)
-    and the value the chapter's trace uses for ``model``, scaled from a Llama-3-70B layer."""
-    import textwrap
-
-    from gpumem.dist import ds_audit
-
-    from .ds_ranks import DEFAULTS_70B, scaled_zero3_config
-    cfg, big = models.get(model), models.get("llama-3-70b")
-    ds, scaled = ds_audit.defaults(), scaled_zero3_config(cfg)
-    lines = ["DeepSpeed ZeRO-3 schedule keys; every value counts elements (parameters), not bytes",
-             f"{'key':35s} {'default':>8s} {model + ' run':>9s}  what it bounds"]
-    for key, meaning in STAGE3_KEYS:
-        assert int(ds[key]) == int(DEFAULTS_70B[key]), key
-        wrapped = textwrap.wrap(meaning, 56)
-        default = f"{int(ds[key]):.0e}".replace("e+0", "e")
-        lines.append(f"{key:35s} {default:>8s} {scaled[key]:>9,d}  {wrapped[0]}")
-        lines += [f"{'':54s}  {more}" for more in wrapped[1:]]
-    lines += [f"{model} run = default x ({model}'s layer, {cfg.layer_params():,} parameters) / (Llama-3-70B's "
-              f"layer, {big.layer_params():,}),",
-              f"  so each key spans the same share of a layer as in 70B; the persistence threshold is at least "
-              f"d_model + 1 = {cfg.d_model + 1}",
-              "  so that the norms stay whole, as in 70B"]
-    return "\n".join(lines)
-
-
-def whole_summary(params: list[str]) -> str:
-    """Parameter names grouped by layer for reading: ``embed, layers.0 (all 7 matrices),
-    layers.1 (attn.wq, attn.wk, attn.wv)``."""
-    groups: dict[str, list[str]] = {}
-    for p in params:
-        name = p.removesuffix(".weight")
-        layer, _, rest = name.partition(".") if not name.startswith("layers.") else \
-            (".".join(name.split(".")[:2]), "", ".".join(name.split(".")[2:]))
-        groups.setdefault(layer, []).append(rest)
-    order = lambda g: (g.startswith("layers."), int(g.split(".")[1]) if g.startswith("layers.") else 0)
-    out = []
-    for g in sorted(groups, key=order):
-        parts = [x for x in groups[g] if x]
-        out.append(g if not parts else f"{g} (all {len(parts)} matrices)" if len(parts) == 7
-                   else f"{g} ({', '.join(parts)})")
-    return ", ".join(out)
 
 
 def time_table(model: str = "llama-3-70b", gpus: int = 8, gpu: str = "h100-80gb",
@@ -127,9 +48,9 @@ def time_table(model: str = "llama-3-70b", gpus: int = 8, gpu: str = "h100-80gb"
     FLOPs that 6 x psi x tokens leaves out (the attention scores)."""
     from gpumem.memory import speed
     first = zero3_cost.zero3_step_time(model, gpus, gpu, links[0], tokens_per_gpu=tokens[0])
-    lines = [f"{model} on {gpus} x {first['gpu']}, ZeRO-3 in bf16, {first['gathered_psi']:.3f} psi gathered + "
-             f"1 psi reduce-scattered per step; compute 6 x psi x tokens at {first['mfu']:.0%} MFU of "
-             f"{first['bf16_flops'] / 1e12:.0f} TFLOP/s",
+    lines = [f"{model} on {gpus} x {first['gpu']}, ZeRO-3, bf16: per step {first['gathered_psi']:.3f} psi "
+             "gathered + 1 psi reduce-scattered",
+             f"compute 6 x psi x tokens at {first['mfu']:.0%} MFU of {first['bf16_flops'] / 1e12:.0f} TFLOP/s",
              f"{'':22s} {'tokens':>7s} {'forward, s':^19s} {'backward, s':^19s} {'exposed':>8s}",
              f"{'link, per direction':22s} {'per GPU':>7s} {'comm':>9s} {'compute':>9s} {'comm':>9s} "
              f"{'compute':>9s} {'comm, s':>8s}"]
@@ -150,11 +71,18 @@ def time_table(model: str = "llama-3-70b", gpus: int = 8, gpu: str = "h100-80gb"
         h = zero3_cost.zero3_step_time(model, gpus, gpu, bw / 2, tokens_per_gpu=tokens[0])
         half.append(f"{link} {h['break_even_tokens']:,.0f}")
     lines.append("links run below their peak: at half of it, break-even at " + ", ".join(half) + " tokens")
+    f = first["phases"]["forward"]
+    per_param = f["bytes_moved"] / models.get(model).n_params()
+    flops = first["mfu"] * first["bf16_flops"]
+    lines.append(f"break-even, forward binds: {per_param:.2f} B moved per param / 2 FLOPs per param per token")
+    lines.append(f"  x {flops / 1e12:.1f} TFLOP/s / {first['link_bytes_per_s'] / units.GB:.0f} GB/s = "
+                 f"{per_param / 2 * flops / first['link_bytes_per_s']:,.0f} tokens ({links[0]})")
     cfg = models.get(model)
     seq = 4096
     extra = speed.attention_flops(cfg, seq) / speed.train_flops(cfg.n_params(), seq)
     lines.append(f"6 x psi x tokens leaves out the attention scores: +{extra:.1%} FLOPs at {seq:,} tokens per "
-                 "sequence, a little more compute to hide behind")
+                 "sequence,")
+    lines.append("  a little more compute to hide behind")
     return "\n".join(lines)
 
 
@@ -197,7 +125,7 @@ def estimator_compare_table(model: str = "llama-3-70b", gpus: int = 8) -> str:
 
     def course(recipe: str, stage: int) -> tuple:
         r = accounting.recipe(recipe)
-        grads = f"{r.grads} {dtype[r.grads]} grads + {r.optimizer_bytes} optimizer"
+        grads = f"{r.grads} {dtype[r.grads]} grads + {r.optimizer_bytes} opt."
         if stage == 2:
             whole, sharded = f"{r.params} bf16 params", f"{grads} = {r.grads + r.optimizer_bytes}"
         else:
@@ -205,19 +133,19 @@ def estimator_compare_table(model: str = "llama-3-70b", gpus: int = 8) -> str:
         return (stage, f"course, {recipe}", whole, sharded, units.fmt(accounting.model_states(n, recipe, gpus, stage).total))
     rows = [  # (stage, source, whole on every GPU, sharded over the GPUs, per GPU)
         course("mixed", 2), course("mixed-ds", 2),
-        (2, "DeepSpeed", "2 bf16 params", "2 bf16 + 4 fp32 grads + 12 optimizer = 18", units.fmt(ds[2])),
+        (2, "DeepSpeed", "2 bf16 params", "2 bf16 + 4 fp32 grads + 12 opt. = 18", units.fmt(ds[2])),
         course("mixed", 3), course("mixed-ds", 3),
-        (3, "DeepSpeed", f"4 B x {largest / 1e9:.2f} B (largest layer)", "18 (one figure, not itemised)",
+        (3, "DeepSpeed", f"4 B x {largest / 1e9:.2f} B largest layer", "18 (one figure, not itemised)",
          units.fmt(ds[3])),
     ]
-    lines = [f"{model} on {gpus} GPUs, no offload: bytes per parameter whole on every GPU, and sharded "
+    lines = [f"{model} on {gpus} GPUs, no offload: bytes per parameter whole on every GPU, and sharded",
              f"over the {gpus} (each GPU holds 1/{gpus})",
-             f"{'stage':6s} {'who':17s} {'whole':29s} {'sharded':45s} {'per GPU':>9s}"]
+             f"{'stage':6s} {'who':16s} {'whole':27s} {'sharded':38s} {'per GPU':>9s}"]
     for stage, who, whole, sharded, total in rows:
-        lines.append(f"ZeRO-{stage} {who:17s} {whole:29s} {sharded:45s} {total:>9s}")
-    lines += ["optimizer = fp32 master 4 + Adam's m 4 + v 4; 'course, mixed' is the recipe of the boxes above",
-              f"DeepSpeed ZeRO-2 = 2 psi + 18 psi / {gpus}; ZeRO-3 = 18 psi / {gpus} + 4 x its largest layer, "
-              "a budget for the gathered layer"]
+        lines.append(f"ZeRO-{stage} {who:16s} {whole:27s} {sharded:38s} {total:>9s}")
+    lines += ["opt. = optimizer: fp32 master 4 + Adam's m 4 + v 4; 'course, mixed' is the recipe of the boxes",
+              f"DeepSpeed ZeRO-2 = 2 psi + 18 psi / {gpus}; ZeRO-3 = 18 psi / {gpus} + 4 x its largest layer,",
+              "  a budget for the gathered layer"]
     return "\n".join(lines)
 
 
@@ -263,8 +191,8 @@ def fit_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), gpu_counts=
     the stated reserve): the memory side of sharding at 8B, 70B and 405B."""
     from gpumem.memory import accounting
     usable = gpu_table.usable(gpu)
-    lines = [f"model states per GPU, recipe {recipe}; one {gpu_table.get(gpu).label} may use "
-             f"{units.fmt(usable)} (reports {units.fmt(gpu_table.get(gpu).capacity)} minus the reserve)",
+    lines = [f"model states per GPU, recipe {recipe}; one {gpu_table.get(gpu).label} may use {units.fmt(usable)}",
+             f"(it reports {units.fmt(gpu_table.get(gpu).capacity)}, minus the reserve)",
              f"{'model':15s} {'GPUs':>5s} {'DDP':>11s} {'ZeRO-1':>11s} {'ZeRO-2':>11s} {'ZeRO-3':>11s}"]
     for name in names:
         n = models.get(name).n_params()
@@ -276,3 +204,25 @@ def fit_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), gpu_counts=
             lines.append(f"{name:15s} {g:>5d} " + " ".join(f"{c:>11s}" for c in cells))
     lines.append("* = the states alone fit one GPU's usable memory (activations and buffers still to come)")
     return "\n".join(lines)
+
+
+def gpus_table() -> str:
+    """The course's GPU table (``gpumem.memory.gpus``) in the columns this chapter uses, no wider
+    than 100 characters: capacity as reported and usable after the reserve, bf16 peak, links."""
+    import textwrap
+
+    from gpumem.memory.gpus import DEFAULT_RESERVE, REGISTRY, TB
+    lines = [f"{'gpu':10s} {'as sold':16s} {'reports':>11s} {'in GB':>8s} {'usable':>8s} {'bf16':>7s} "
+             f"{'HBM':>10s} {'NVLink/dir':>10s} {'PCIe/dir':>9s}"]
+    for g in REGISTRY.values():
+        bf16 = f"{g.bf16_flops / 1e12:.0f} TF" if g.bf16_flops else "none"
+        link = f"{g.nvlink / units.GB:.0f} GB/s" if g.nvlink else "-"
+        lines.append(f"{g.name:10s} {g.label:16s} {g.capacity // units.MiB:>7,d} MiB {g.capacity / units.GB:>5.1f} GB "
+                     f"{gpu_table.usable(g) / units.GB:>5.1f} GB {bf16:>7s} {g.hbm / TB:>5.2f} TB/s {link:>10s} "
+                     f"{g.pcie / units.GB:>4.1f} GB/s")
+    lines += textwrap.wrap("usable = reports - reserve; reserve = " + DEFAULT_RESERVE.describe(), 96,
+                           subsequent_indent="  ")
+    lines.append("GB = 10^9 bytes; bf16: dense tensor-core peak; links: per direction")
+    lines.append("sources: capacity as nvidia-smi reports it, speeds from NVIDIA's datasheets (gpumem/memory/gpus.py)")
+    return "\n".join(lines)
+
