@@ -7,7 +7,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,26 +25,39 @@ def hand_params(cfg) -> int:
     return 2 * cfg.vocab * d + cfg.n_layers * (2 * d * d + 2 * d * kv + 3 * d * F + 2 * d) + d
 
 
-def test_plan_command_is_fast_torch_free_and_ranked():
+def hand_considered_70b_on_8() -> int:
+    """The layouts the planner enumerates for Llama-3-70B on one node of 8 at the default batch,
+    counted by hand: tp divides 8 and the 8 key/value heads (1, 2, 4, 8); pp divides 8 / tp;
+    then 2 recipes x 4 ZeRO stages x 5 offload choices (none; optimizer to CPU or NVMe;
+    optimizer and parameters to CPU or NVMe) x 5 checkpoint policies x 3 attention kernels x 6
+    micro-batch sizes (1 to 32: each replica has 1,024 / dp >= 128 sequences, so all are tried)."""
+    tp_pp = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) if (8 // tp) % pp == 0 and tp * pp <= 8]
+    assert len(tp_pp) == 10
+    return len(tp_pp) * 2 * 4 * 5 * 5 * 3 * 6
+
+
+def test_plan_command_is_torch_free_ranked_and_bounded():
+    """What makes ``plan`` fast, checked without a clock: torch and DeepSpeed are never imported on
+    its path, and the work is bounded: the layouts enumerated are exactly the hand count, bytes are
+    computed for a small share of them (the micro-batch loop stops at the first size that does not
+    fit, and host-memory limits prune whole families), and times only for the layouts that fit.
+    (Its wall time is a benchmark, not a test: ``make bench``.)"""
     cmd = [sys.executable, "-m", "gpumem", "plan", "--model", "llama-3-70b", "--gpus", "8", "--gpu", "H100-80GB",
            "--seq", "4096", "--json"]
-    walls = []
-    for _ in range(2):
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60)
-        walls.append(time.perf_counter() - start)
-        assert proc.returncode == 0, proc.stderr
-    assert min(walls) < 2.0, walls
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    buckets = [planner.tie_bucket(p["time"]["total"]) for p in out["plans"]]
-    assert out["plans"] and buckets == sorted(buckets)            # ranked by time, ties within 0.5 %
-    assert out["considered"] > out["evaluated"] > out["fitting"] >= len(out["plans"])
+    times = [p["time"]["total"] for p in out["plans"]]
+    assert out["plans"] and all(b >= a / (1 + planner.TIE) for a, b in zip(times, times[1:]))   # ranked, ties aside
+    assert out["considered"] == hand_considered_70b_on_8() == 36_000
+    assert out["fitting"] <= out["evaluated"] <= out["considered"] // 10
+    assert len(out["plans"]) <= out["fitting"]
     for p in out["plans"]:
         assert p["memory"]["total"] <= out["question"]["usable"]
         assert p["deepspeed"]["zero_optimization"]["stage"] == p["layout"]["zero"]
     code = ("import sys, gpumem.cli as c; c.main(['plan','--model','llama-3-70b','--gpus','8','--json']);"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch','deepspeed')), file=sys.stderr)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.stderr.strip().endswith("[]"), proc.stderr[-300:]
 
 
@@ -280,9 +292,41 @@ def test_claims_against_hand_figures():
     assert by["7c"].ours() == 16 * 6_738_415_616                  # Llama-2-7B, Meta's published count
     assert by["8b-z1"].ours() == pytest.approx(100 * (1 - (4 + 12 / 8) / 16), rel=1e-6)
     assert by["8b-z2"].ours() == pytest.approx(100 * (1 - (2 + 14 / 8) / 16), rel=1e-6)
-    assert by["8b-cpu"].ours() == pytest.approx(100 * 14 / 16, rel=1e-3)
+    assert by["8b-cpu"].ours() == pytest.approx(100 * 12 / 16, rel=1e-9)        # the optimizer's 12 of 16 B
     for c in claims.CLAIMS:
         assert c.verdict() in ("agrees", "close", "wrong") and c.why()
+
+
+def test_claims_under_the_notes_recipe_first():
+    """The note's 2 + 2 + 4 B/param: its ZeRO-1 figure is an arithmetic slip (140 + 140 + 280/8 =
+    315 GB, not 215: 43.75 %), its ZeRO-2 and CPU-offload figures are exact, its 7B states close."""
+    from gpumem.chapters.ch05_offload import claims as claims05
+    from gpumem.chapters.ch06_combining_strategies import claims
+    from gpumem.course import ledger
+    by = {c.id: c for c in claims.CLAIMS}
+    assert by["8b-z1"].ours_note() == pytest.approx(100 * (1 - (140 + 140 + 280 / 8) / 560))   # 43.75
+    assert (by["8b-z1"].verdict_note(), by["8b-z1"].verdict()) == ("wrong", "close")
+    assert by["8b-z2"].ours_note() == pytest.approx(100 * (1 - (2 + 6 / 8) / 8)) and by["8b-z2"].verdict_note() == "agrees"
+    assert by["8b-cpu"].ours_note() == pytest.approx(50.0) and by["8b-cpu"].verdict_note() == "agrees"
+    assert by["8b-bf16"].ours_note() == 2 + 2 + 2 + 2 and by["8b-bf16"].verdict_note() == "agrees"
+    assert by["7c"].ours_note() == 8 * 6_738_415_616 and by["7c"].verdict_note() == "close"
+    assert by["8b-ac"].ours_note is None                                   # activations: the recipe does not enter
+    # one fact, one function: chapter 05 judges the same summary rows with the same numbers
+    for a, b in (("table-cpu", "8b-cpu"), ("table-nvme", "8b-nvme")):
+        c5, c6 = {c.id: c for c in claims05.CLAIMS}[a], by[b]
+        assert (c5.ours(), c5.ours_note(), c5.verdict(), c5.verdict_note()) == \
+               (c6.ours(), c6.ours_note(), c6.verdict(), c6.verdict_note())
+    assert max(len(line) for line in ledger.table_two(claims.CLAIMS).splitlines()) <= 100
+
+
+def test_tables_fit_100_columns():
+    from gpumem.chapters.ch06_combining_strategies import diagrams, scenarios
+    r = scenarios.ask("70b-8gpu")
+    texts = [diagrams.scenarios_table(scenarios.recommendations()), diagrams.plans_table(r, 6),
+             diagrams.layout_grid(r.best.layout), diagrams.layout_grid(scenarios.ask("405b-1024gpu").best.layout),
+             diagrams.advice_text(scenarios.zero3_alone("mixed")), diagrams.plan_breakdown(r.best)]
+    for text in texts:
+        assert max(len(line) for line in text.splitlines()) <= 100, text
 
 
 def test_quiz_has_reasoning_questions_with_library_answers():

@@ -6,6 +6,7 @@ what each link moves and what a step then costs.
 - ``experiments``  ``offload``: the ladder and real DeepSpeed offload on CPU ranks, as ``run`` calls it
 - ``options``      ``run offload``'s own flags (torch-free)
 - ``plots``        the ladder, per-device stacked bars, step-time stacked bars, the 70B cost picture
+- ``scenarios``    the note's section 3 scenarios: 8B on one GPU, the tokens offload frees room for
 - ``labcheck``     lab 05's ``check()``
 - ``QUIZ``         the chapter's quiz
 
@@ -15,5 +16,5 @@ Modules load on first use (``ch.diagrams``), so that ``python -m gpumem``'s pars
 
 from gpumem.course.registry import lazy_submodules
 
-__all__ = ["claims", "diagrams", "experiments", "labcheck", "options", "plots", "quiz", "QUIZ"]
+__all__ = ["claims", "diagrams", "experiments", "labcheck", "options", "plots", "quiz", "scenarios", "QUIZ"]
 __getattr__ = lazy_submodules(__name__, __all__)

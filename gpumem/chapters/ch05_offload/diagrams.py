@@ -114,3 +114,17 @@ def flow_diagram(n_params: int, gpus: int, recipe: str = "mixed") -> str:
         "     NVMe read  = fp32 master, m, v 12 s + fp32 gradient 4 s + bf16 params twice 4 s = 20 s",
         "     NVMe write = fp32 gradient 4 s (backward) + master, m, v 12 s + bf16 params 2 s = 18 s",
     ])
+
+
+def scenario_table(rows: list[dict], seq: int) -> str:
+    """The section 3 scenarios (``scenarios.rows``): bytes per GPU with one checkpointed sequence,
+    host bytes per GPU, and the sequences (and tokens) per GPU that fit."""
+    lines = [f"ZeRO-3, mixed recipe, sequences of {seq:,} tokens, H100 80GB "
+             f"(usable {units.fmt(rows[0]['usable'])}; GB = 10^9 B)",
+             f"{'model':12s} {'GPUs':>4s}  {'offload to the CPU':18s} {'GPU, 1 seq':>10s} {'host/GPU':>9s}"
+             f" {'seqs, no ckpt':>13s} {'seqs, full ckpt':>15s} {'tokens/GPU':>10s}"]
+    for r in rows:
+        lines.append(f"{r['model']:12s} {r['gpus']:>4d}  {r['offload']:18s} {units.fmt(r['gpu_bytes']):>10s} "
+                     f"{units.fmt(r['host_bytes']):>9s} {r['fit_none']:>13d} {r['fit_full']:>15d} "
+                     f"{r['fit_full'] * seq:>10,d}")
+    return "\n".join(lines)

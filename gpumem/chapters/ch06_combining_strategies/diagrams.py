@@ -2,6 +2,7 @@
 box and time breakdown, the three scenarios, and the proof run's measured-vs-planned table."""
 
 import json
+import textwrap
 
 from gpumem import units
 from gpumem.course import drawing
@@ -12,17 +13,18 @@ TIME_PARTS = ("compute", "attention_scores", "pipeline_bubble", "tensor_parallel
 
 
 def plans_table(result, top: int = 8) -> str:
-    """The best plan of each kind (recipe, ZeRO, tp, pp, offload), ranked by step time."""
+    """The best plan of each kind (recipe, ZeRO, tp, pp, offload), ranked by step time: each plan
+    on two lines (its layout, then framework, bytes, time and what bounds it), under 100 columns."""
     q = result.question
-    head = (f"{q['model']} on {q['gpus']} x {q['gpu']}, seq {q['seq']:,}, global batch {q['global_batch']:,}: "
-            f"{len(result.plans):,} layouts fit in {units.fmt(q['usable'])} per GPU")
+    tokens = q["seq"] * q["global_batch"]
+    head = (f"{q['model']} on {q['gpus']} x {q['gpu']}, seq {q['seq']:,}, global batch {q['global_batch']:,} "
+            f"({tokens:,} tokens a step):\n{len(result.plans):,} layouts fit in {units.fmt(q['usable'])} per GPU")
     if not result.plans:
         return head + "\n" + advice_text(result)
-    shown = result.distinct(top)
-    w = max(len(p.layout.label()) for p in shown)
-    lines = [head, f"{'#':>2s}  {'layout':{w}s}  {'framework':18s} {'GB/GPU':>7s} {'step s':>8s} {'tokens/s':>9s}  bound"]
-    for i, p in enumerate(shown, 1):
-        lines.append(f"{i:>2d}  {p.layout.label():{w}s}  {p.layout.framework:18s} {p.memory['total'] / 1e9:>7.1f} {p.time['total']:>8.2f} "
+    lines = [head, f"{'#':>2s}  layout", f"{'':>2s}  {'framework':18s} {'GB/GPU':>7s} {'step s':>8s} {'tokens/s':>9s}  bound"]
+    for i, p in enumerate(result.distinct(top), 1):
+        lines.append(f"{i:>2d}  {p.layout.label()}")
+        lines.append(f"{'':>2s}  {p.layout.framework:18s} {p.memory['total'] / 1e9:>7.1f} {p.time['total']:>8.2f} "
                      f"{p.tokens_per_s:>9,.0f}  {p.time['bound']}")
     return "\n".join(lines)
 
@@ -30,9 +32,10 @@ def plans_table(result, top: int = 8) -> str:
 def advice_text(result) -> str:
     """What is missing when nothing fits, and the smallest change of each kind that fits."""
     a = result.advice or {}
-    lines = [f"nothing fits: the closest layout ({a.get('closest')}) misses by "
-             f"{units.fmt(a.get('missing') or 0)} per GPU"]
-    lines += [f"  fits with {c['change']}: {c['value']}  ({c['layout']})" for c in a.get("changes", [])]
+    lines = [textwrap.fill(f"nothing fits: the closest layout ({a.get('closest')}) misses by "
+                           f"{units.fmt(a.get('missing') or 0)} per GPU", 100, subsequent_indent="  ")]
+    lines += [textwrap.fill(f"fits with {c['change']}: {c['value']}  ({c['layout']})", 100, initial_indent="  ",
+                            subsequent_indent="      ") for c in a.get("changes", [])]
     return "\n".join(lines)
 
 
@@ -64,13 +67,13 @@ def memory_box(plan, width: int = 44) -> str:
 
 
 def scenarios_table(recs: dict) -> str:
-    """Each scenario's top plan with its memory and time (``scenarios.recommendations()``)."""
-    a = max(len(r["about"]) for r in recs.values())
-    w = max(len(r["label"]) for r in recs.values())
-    lines = [f"{'scenario':{a}s}  {'top plan':{w}s}  {'framework':18s} {'GB/GPU':>7s} {'step s':>8s}  bound"]
+    """Each scenario's top plan with its memory and time (``scenarios.recommendations()``): the
+    scenario, then its plan's layout, then framework, bytes, time and bound, under 100 columns."""
+    lines = ["scenario", "    top plan", f"    {'framework':18s} {'GB/GPU':>7s} {'step s':>8s}  bound"]
     for r in recs.values():
-        lines.append(f"{r['about']:{a}s}  {r['label']:{w}s}  {r['framework']:18s} {r['memory']['total'] / 1e9:>7.1f} "
-                     f"{r['time']['total']:>8.2f}  {r['time']['bound']}")
+        lines += [r["about"], f"    {r['label']}",
+                  f"    {r['framework']:18s} {r['memory']['total'] / 1e9:>7.1f} {r['time']['total']:>8.2f}  "
+                  f"{r['time']['bound']}"]
     return "\n".join(lines)
 
 
@@ -96,7 +99,8 @@ def config_text(plan) -> str:
     fsdp = json.dumps(plan.fsdp, indent=2) if plan.fsdp else "none: FSDP has no such layout"
     head = f"framework: {plan.layout.framework}\n"
     if plan.megatron:
-        head += "Megatron-DeepSpeed arguments:\n  " + " ".join(plan.megatron) + "\n"
+        args = textwrap.wrap(" ".join(plan.megatron), 90, break_on_hyphens=False, break_long_words=False)
+        head += "Megatron-DeepSpeed arguments:\n  " + " \\\n  ".join(args) + "\n"
     return (head + "DeepSpeed config:\n" + json.dumps(plan.deepspeed, indent=2) + "\nFSDP2 equivalent:\n" + fsdp
             + "\nmodel code:\n" + json.dumps(plan.model_code, indent=2))
 
@@ -107,7 +111,7 @@ def layout_grid(layout, gpus_per_node: int = 8) -> str:
     dp, then pp); ZeRO shards along a row (the dp cells of one stage)."""
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     lines = [f"{tp * pp * dp} GPUs = tp {tp} x dp {dp} x pp {pp}; nodes of {gpus_per_node}; ZeRO-{layout.zero} "
-             f"shards along each row, over its {dp} data-parallel cells"]
+             f"shards along each row, over its {dp} replicas"]
     show_dp = min(dp, 4)
     for s in range(min(pp, 6)):
         cells = []
@@ -122,17 +126,22 @@ def layout_grid(layout, gpus_per_node: int = 8) -> str:
     if pp > 6:
         lines.append(f"... {pp - 6} more stages")
     lines.append("what moves:")
+    moves = []
     if tp > 1:
-        lines.append(f"  inside a [cell]: {tp} GPUs of one node all-reduce activations 4x per layer over NVLink")
-    lines.append(f"  <-> along a row: ZeRO-{layout.zero} " + {
+        moves.append(f"inside a [cell]: {tp} GPUs of one node all-reduce activations 4x per layer over NVLink")
+    moves.append(f"<-> along a row: ZeRO-{layout.zero} " + {
         0: "all-reduces the gradients once per step",
         1: "all-reduces the gradients, then all-gathers the updated parameters",
         2: "reduce-scatters the gradients every micro-batch, all-gathers the parameters once",
         3: "all-gathers each layer's parameters (forward and backward) and reduce-scatters its gradients",
     }[layout.zero] + (" (NVLink inside a node, InfiniBand between nodes)" if tp * dp > gpus_per_node else " (NVLink)"))
     if layout.offload != "none":
-        lines.append(f"  each GPU <-> {'host memory' if layout.device == 'cpu' else 'host memory <-> NVMe drive'}"
-                     f" over PCIe: gradients down, updated {'parameters' } up ({layout.offload} offloaded)")
+        where = "host memory" if layout.device == "cpu" else "host memory <-> NVMe drive"
+        moves.append(f"each GPU <-> {where} over PCIe: gradients down, updated parameters up once a step "
+                     f"({layout.offload} offloaded)"
+                     + ("; and every micro-batch's forward and backward fetch the parameter shard up again"
+                        if layout.offload == "optimizer+params" else ""))
+    lines += [textwrap.fill(m, 100, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False) for m in moves]
     lines.append("a [cell] is one tensor-parallel group: it holds 1/tp of every matrix of its stage")
     return "\n".join(lines)
 

@@ -26,15 +26,11 @@ def render(model: str, gpu: str, gpus: int, seq: int, global_batch: int, top: in
 def planner_widget(model: str = "llama-3-70b", gpu: str = "h100-80gb", gpus: int = 8, seq: int = 4096,
                    global_batch: int = 64):
     """The interactive planner (ipywidgets), or a printed table where widgets are unavailable."""
-    import matplotlib.pyplot as plt
-    from IPython.display import display
-
     from gpumem.course.quiz import widgets_available
     if not widgets_available():   # text mode (tests, terminals): the table and figure for the defaults
         text, fig, _result = render(model, gpu, gpus, seq, global_batch)
         print(text)
-        display(fig)
-        plt.close(fig)
+        plots.show(fig)
         return None
     import ipywidgets as w
     controls = {
@@ -52,8 +48,7 @@ def planner_widget(model: str = "llama-3-70b", gpu: str = "h100-80gb", gpus: int
             out.clear_output(wait=True)
             text, fig, _result = render(**{k: c.value for k, c in controls.items()})
             print(text)
-            display(fig)
-            plt.close(fig)
+            plots.show(fig)
 
     for c in controls.values():
         c.observe(redraw, names="value")
