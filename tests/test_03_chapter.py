@@ -77,8 +77,8 @@ def test_event_diagram_reads_like_the_note():
     from gpumem.chapters.ch03_activation_checkpointing import experiments
     res = experiments.checkpointing(model="mini", layers=4, compare_impls=False, plans=("every-2", "full", "every-other"))
     text = diagrams.event_diagram(res)
-    assert "[re-run L3 L4 from B] → dL4 → dL3 → [re-run L1 L2 from X]" in text and "→ dL2 → dL1" in text
-    assert "keeps inputs X, B; all that L2, L4 save" in text
+    assert "[re-run L2 L3 from B] → dL3 → dL2 → [re-run L0 L1 from X]" in text and "→ dL1 → dL0" in text
+    assert "keeps inputs X, B; all that L1, L3 save" in text
     assert "keeps inputs X, B" in text and "keeps inputs X, A, B, C" in text
 
 

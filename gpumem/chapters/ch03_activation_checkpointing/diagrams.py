@@ -25,8 +25,9 @@ def letter(part: str, n_layers: int) -> str:
 
 
 def layer_name(i: int) -> str:
-    """A layer as the diagram names it, L1, L2, ... (its output is a tensor: A, B, ...)."""
-    return f"L{i + 1}"
+    """A layer as the diagram names it, 0-based as the code counts: L0, L1, ... (its output is a
+    tensor: A, B, ...)."""
+    return f"L{i}"
 
 
 def _input_of(layer: int, n_layers: int) -> str:
@@ -34,7 +35,7 @@ def _input_of(layer: int, n_layers: int) -> str:
 
 
 def kept(plan_name: str, n_layers: int) -> str:
-    """What the plan keeps for backward: tensors in the note's letters, layers as L1, L2, ..."""
+    """What the plan keeps for backward: tensors in the note's letters, layers as L0, L1, ..."""
     p = make_plan(plan_name, n_layers)
     if p.core:
         return "each layer's tensors except attention's scores (q, k, v kept)"
@@ -48,7 +49,7 @@ def kept(plan_name: str, n_layers: int) -> str:
 
 
 def backward_tokens(events: list[dict], plan_name: str, n_layers: int) -> list[str]:
-    """The backward pass as a list of steps: gradients (dL4) and re-runs, from the events."""
+    """The backward pass as a list of steps: gradients (dL3) and re-runs, from the events."""
     p = make_plan(plan_name, n_layers)
     out: list = []
     for e in events:
@@ -61,7 +62,7 @@ def backward_tokens(events: list[dict], plan_name: str, n_layers: int) -> list[s
         elif e["phase"] == "backward" and e["part"].startswith("L") and e["flops"]:
             tok = "d" + layer_name(int(e["part"][1:]))
             if len(out) >= 2 and isinstance(out[-1], list) and out[-2] == tok:
-                out.pop(-2)                       # dL4, re-run, dL4: the re-run happened inside dL4
+                out.pop(-2)                       # dL3, re-run, dL3: the re-run happened inside dL3
             if not out or out[-1] != tok:
                 out.append(tok)
     words = []
@@ -94,7 +95,7 @@ def event_diagram(result: dict, plans=None, width: int = 92) -> str:
     names = " → ".join(["X", *[letter(f"L{i}", n) for i in range(n)], "loss"])
     last = layer_name(n - 1)
     lines = [f"forward, every plan: {names}", "X: the embedded tokens; A, B, ...: outputs of layers "
-             f"L1, L2, ...; d{last}: backward through {last}", ""]
+             f"L0, L1, ...; d{last}: backward through {last}", ""]
     for name, row in result["plans"].items():
         if plans and name not in plans:
             continue
