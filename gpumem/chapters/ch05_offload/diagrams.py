@@ -64,8 +64,9 @@ def prediction_table(result: dict) -> str:
             lines.append(f"{name:13s} {term:10s} {1e3 * row['predicted'][term]:10.2f} {shown:>11s} "
                          f"{'-' if ratio is None else f'{ratio:7.2f}':>7s}")
             name = ""
-    lines.append(f"compute: the baseline's measured forward + backward, fed to the model; transfers: the offload "
-                 f"run's forward + backward minus it (below noise: <= {100 * NOISE:.0f} % of compute)")
+    lines.append("compute: the baseline's measured forward + backward, fed to the model;")
+    lines.append(f"transfers: the offload run's forward + backward minus it (below noise: <= {100 * NOISE:.0f} % "
+                 "of compute)")
     return "\n".join(lines)
 
 
@@ -101,16 +102,16 @@ def flow_diagram(n_params: int, gpus: int, recipe: str = "mixed") -> str:
         f"per GPU and step, {n_params / 1e9:.1f} B params on {gpus} GPUs, shard s = {s:,} parameters (GB = 10^9 B)",
         "ZeRO-Offload at stage 2 (optimizer on the CPU):",
         "  GPU (HBM): bf16 parameters, reduce buckets   CPU (DRAM): fp32 grads, master, m, v",
-        f"     backward -- widen to fp32 on the GPU -- fp32 gradient shard {g(z2['d2h']):>9s} -- PCIe down --> CPU Adam",
+        f"     backward -- fp32 on the GPU -- fp32 gradient shard {g(z2['d2h']):>9s} -- PCIe down --> CPU Adam",
         f"     next forward <-- bf16 parameter shard {g(z2['h2d']):>9s} -- PCIe up ------",
         "ZeRO-Offload at stage 3 (optimizer on the CPU):",
-        "  GPU (HBM): bf16 parameter shard          CPU (DRAM): bf16 gradient partition, fp32 grads, master, m, v",
-        f"     backward ---- bf16 gradient partition {g(cpu['d2h']):>9s} -- PCIe down --> widened to fp32 on the CPU --> CPU Adam",
+        "  GPU (HBM): bf16 parameter shard   CPU (DRAM): bf16 gradient partition, fp32 grads, master, m, v",
+        f"     backward -- bf16 gradient partition {g(cpu['d2h']):>9s} -- PCIe down --> fp32 on the CPU --> CPU Adam",
         f"     next forward <-- bf16 parameter shard {g(cpu['h2d']):>9s} -- PCIe up ------",
         "ZeRO-Infinity (stage 3, optimizer and parameters on NVMe):",
-        "  GPU: only the layer being computed        CPU: staging buffers, bf16 grads    NVMe: 18 B per shard parameter",
+        "  GPU: only the layer being computed   CPU: staging buffers, bf16 grads   NVMe: 18 B x shard",
         f"     forward + backward <-- parameters, twice {g(inf['h2d']):>9s} -- PCIe up <-- NVMe read {g(inf['nvme_read']):>9s}",
-        f"     backward ---------- bf16 gradients {g(inf['d2h']):>9s} --> PCIe down --> CPU Adam --> NVMe write {g(inf['nvme_write']):>9s}",
+        f"     backward ------ bf16 gradients {g(inf['d2h']):>9s} --> PCIe down --> CPU Adam --> NVMe write {g(inf['nvme_write']):>9s}",
         "     NVMe read  = fp32 master, m, v 12 s + fp32 gradient 4 s + bf16 params twice 4 s = 20 s",
         "     NVMe write = fp32 gradient 4 s (backward) + master, m, v 12 s + bf16 params 2 s = 18 s",
     ])
@@ -121,10 +122,10 @@ def scenario_table(rows: list[dict], seq: int) -> str:
     host bytes per GPU, and the sequences (and tokens) per GPU that fit."""
     lines = [f"ZeRO-3, mixed recipe, sequences of {seq:,} tokens, H100 80GB "
              f"(usable {units.fmt(rows[0]['usable'])}; GB = 10^9 B)",
-             f"{'model':12s} {'GPUs':>4s}  {'offload to the CPU':18s} {'GPU, 1 seq':>10s} {'host/GPU':>9s}"
+             f"{'model':12s} {'GPUs':>4s}  {'offload to the CPU':19s} {'GPU, 1 seq':>10s} {'host/GPU':>9s}"
              f" {'seqs, no ckpt':>13s} {'seqs, full ckpt':>15s} {'tokens/GPU':>10s}"]
     for r in rows:
-        lines.append(f"{r['model']:12s} {r['gpus']:>4d}  {r['offload']:18s} {units.fmt(r['gpu_bytes']):>10s} "
+        lines.append(f"{r['model']:12s} {r['gpus']:>4d}  {r['offload']:19s} {units.fmt(r['gpu_bytes']):>10s} "
                      f"{units.fmt(r['host_bytes']):>9s} {r['fit_none']:>13d} {r['fit_full']:>15d} "
                      f"{r['fit_full'] * seq:>10,d}")
     return "\n".join(lines)

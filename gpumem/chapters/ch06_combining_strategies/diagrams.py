@@ -80,7 +80,7 @@ def scenarios_table(recs: dict) -> str:
 def plan_proof_table(result: dict) -> str:
     """The proof run: per rank, the bytes DeepSpeed holds against the plan's, part by part."""
     lines = [f"plan for {result['model']} on {result['ranks']} {result['device']} ranks, budget "
-             f"{result['budget']:,} B per rank ({result['fitting']} layouts fit): {result['plan']}",
+             f"{result['budget']:,} B per rank ({result['fitting']} layouts fit):", f"  {result['plan']}",
              f"{'part':12s}{'planned':>14s}" + "".join(f"{'rank ' + str(r['rank']):>14s}" for r in result["ranks_held"])
              + f"{'difference':>12s}{'tolerance':>11s}"]
     for k, planned in result["planned"].items():

@@ -40,6 +40,8 @@ def plan_proof(ranks: int = 2, device: str = "cpu", progress: bool = True, model
                       deepspeed=True, progress=progress, model=model, config=best.deepspeed,
                       kernel=best.layout.attention, policy=best.layout.checkpoint, seq=PROOF_SEQ, steps=steps)
     planned = {k: best.memory[k] for k in PARTS}
+    if best.layout.zero == 3:   # the planner counts ZeRO-3's reduce bucket inside its working set
+        planned["buffers"] = reduce_bucket(model, best.layout)
     return {"model": model, "ranks": ranks, "device": device, "budget": result.question["usable"],
             "n_params": models.get(model).n_params(), "plan": best.layout.label(),
             "layout": best.as_dict()["layout"], "deepspeed": best.deepspeed, "planned": planned,
@@ -47,6 +49,15 @@ def plan_proof(ranks: int = 2, device: str = "cpu", progress: bool = True, model
             "ranks_held": [{"rank": r["rank"], "measured": {k: r["held"][k] for k in PARTS},
                             "persistent": r["held"]["persistent"], "losses": r["losses"]} for r in runs],
             "tolerance": tolerance(model, ranks)}
+
+
+def reduce_bucket(model: str, layout) -> int:
+    """The reduce bucket's bytes in the planner's ZeRO-3 working set (``accounting.zero3_gathered``
+    with the planner's bucket sizes): the part of it DeepSpeed allocates once and the proof reads."""
+    from gpumem.memory import accounting, planner_memory
+    layers = planner_memory.layers_per_stage(models.get(model), layout.pp) if layout.pp > 1 else None
+    return accounting.zero3_gathered(models.get(model), layout.recipe, planner_memory.DS_PREFETCH,
+                                     planner_memory.DS_BUCKET, layout.tp, layers).reduce
 
 
 def tolerance(model: str, ranks: int) -> dict:
