@@ -183,18 +183,30 @@ def aio_table() -> str:
     return "\n".join(lines)
 
 
-def config_table(result: dict) -> str:
-    """One line per run, then per note key whether stage 3 and stage 2 read it."""
+def runs_table(result: dict) -> str:
+    """One line per run: accepted (with the loss to two decimals) or DeepSpeed's refusal. Which
+    refusal the note's own config meets first depends on the CPU: DeepSpeed's CPU accelerator
+    accepts fp16 where oneDNN supports it (AVX512-FP16 or AMX-FP16), and then the NVMe path stops
+    it; a bf16 loss differs between CPUs in its third decimal."""
     lines = []
     for name, r in result["runs"].items():
-        # a bf16 loss differs between CPUs in its third decimal: two decimals, what the text relies on
         state = "accepted; trained, loss " + " -> ".join(f"{x:.2f}" for x in r["losses"]) if r["accepted"] \
             else "refused: " + r["error"].replace("OffloadDeviceEnum.", "")
         lines += [name, f"  {state}"]
+    return "\n".join(lines)
+
+
+def reads_table(result: dict) -> str:
+    """Per key the note sets: does stage 3 (the corrected config) read it, and stage 2."""
     s3, s2 = result["runs"]["corrected (stage 3)"], result["runs"]["note's gather keys under stage 2"]
-    lines += ["", f"{'key the note sets':38s} {'stage 3 reads it':>16s} {'stage 2 reads it':>16s}"]
+    lines = [f"{'key the note sets':38s} {'stage 3 reads it':>16s} {'stage 2 reads it':>16s}"]
     for key in result["note_keys"]:
         yes3 = "yes" if key in s3["read_all"] else "no"
         yes2 = "yes" if key in s2["read_all"] else ("no" if key in s2["set"] else "(not set)")
         lines.append(f"{key:38s} {yes3:>16s} {yes2:>16s}")
     return "\n".join(lines)
+
+
+def config_table(result: dict) -> str:
+    """One line per run, then per note key whether stage 3 and stage 2 read it."""
+    return runs_table(result) + "\n\n" + reads_table(result)
