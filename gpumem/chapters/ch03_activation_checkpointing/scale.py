@@ -95,7 +95,7 @@ def scale_table(names=MODELS, seqs=(4096, 8192), plans=PLANS, gpu: str = "h100-8
     lines += textwrap.wrap(
         f"micro-batch 1 per GPU, flash attention, bf16; fits: against {units.fmt(gpu_table.usable(g))} "
         f"usable on a {g.label}; working set: what a ZeRO-3 rank holds beyond its shards while it "
-        "computes (the gathered module and its gradient, chapter 02); "
+        "computes (gathered parameters and a module's full gradient, chapter 02); "
         "fwd+bwd s: one sequence's forward + backward without recompute; "
         f"seconds at {mfu:.0%} of the peak {g.bf16_flops / 1e12:.0f} TFLOP/s, counting every FLOP "
         "run, re-runs included (hardware FLOPs; MFU counts model FLOPs only); +FLOPs priced as the "
