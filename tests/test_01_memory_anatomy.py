@@ -171,8 +171,11 @@ def test_estimate_json_contract():
     assert set(per_gpu) == {"params", "grads", "optimizer", "activations", "gathered", "total"}
     assert all(isinstance(v, int) for v in per_gpu.values())
     assert per_gpu["total"] == sum(v for k, v in per_gpu.items() if k != "total")
-    # ZeRO-3's working set: embedding (128,256 x 8,192) gathered + its gradient in bf16, + 5e7 bf16
-    assert per_gpu["gathered"] == 2 * 2 * 128_256 * 8_192 + 2 * 50_000_000
+    # ZeRO-3's working set in bf16: the steady step's fullest gather (embedding, layer 0, layer 1's
+    # q, k, v), the embedding's (128,256 x 8,192) gradient, DeepSpeed's 5e8-element reduce bucket
+    d, kv, f, emb = 8_192, 1_024, 28_672, 128_256 * 8_192
+    steady = emb + (2 * d * d + 2 * d * kv + 3 * d * f) + (d * d + 2 * d * kv)
+    assert per_gpu["gathered"] == 2 * steady + 2 * emb + 2 * 500_000_000
     assert sum(data["gathered_parts"].values()) == per_gpu["gathered"]
     n = models.get("llama-3-70b").n_params()
     assert per_gpu["params"] == 2 * math.ceil(n / 8)          # existing keys keep their meaning
@@ -190,7 +193,7 @@ def test_estimate_table_names_the_working_set():
     proc = run_cli("estimate", "--model", "llama-3-8b", "--gpus", "64", "--zero", "3")
     assert proc.returncode == 0, proc.stderr
     assert "gathered" in proc.stdout and "ZeRO-3 working set" in proc.stdout
-    assert "prefetch bucket (50,000,000 elements)" in proc.stdout
+    assert "steady step" in proc.stdout and "reduce) bucket" in proc.stdout
     assert "gathered" not in run_cli("estimate", "--model", "llama-3-8b", "--zero", "2", "--gpus", "8").stdout
 
 

@@ -100,7 +100,11 @@ def test_zero3_states_and_working_set_by_hand():
     assert st["params"] == 2 * shard + 2 * norms          # shards + whole norm weights (persistent)
     assert st["grads"] == 2 * shard and st["optimizer"] == 12 * shard
     embed = CFG70.vocab * CFG70.d_model
-    assert st["gathered"] == 2 * embed + 2 * embed + 2 * 50_000_000
+    d, kv, f = CFG70.d_model, CFG70.kv_dim, CFG70.ffn
+    layer = 2 * d * d + 2 * d * kv + 3 * d * f
+    steady = 2 * (embed + layer + d * d + 2 * d * kv)   # steady peak: embedding, layer 0, layer 1's q, k, v
+    # + the embedding's full gradient + the 5e7-element reduce bucket the planner's configs set
+    assert st["gathered"] == steady + 2 * embed + 2 * 50_000_000 and st["buffers"] == 0
 
 
 def test_tensor_and_pipeline_split_by_hand():

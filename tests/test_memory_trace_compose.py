@@ -14,7 +14,7 @@ import json
 import pytest
 
 from conftest import run_cli
-from gpumem.memory import models, tracing
+from gpumem.memory import models, tracer, tracing
 from gpumem.memory.accounting import RECIPES
 from gpumem.memory.policies import ADAMW_IMPLS, KERNELS, POLICIES
 
@@ -69,13 +69,13 @@ def test_composed_70b_fused_follows_the_moving_peak():
 
 def test_composed_trace_runs_three_shallow_probes(monkeypatch):
     """What makes a 70B trace fast: 4 + 6 + 8 layers traced, not 80 (no wall-clock assertion)."""
-    depths, real = [], tracing.trace_step
+    depths, real = [], tracer.trace_step
 
     def counting(cfg, *args, **kwargs):
         depths.append(cfg.n_layers)
         return real(cfg, *args, **kwargs)
 
-    monkeypatch.setattr(tracing, "trace_step", counting)
+    monkeypatch.setattr(tracer, "trace_step", counting)
     tr = tracing.trace_fast("llama-3-70b", "mixed", seq=4096)
     assert tr.method == "composed" and depths == [4, 6, 8]
     assert sum(depths) < models.get("llama-3-70b").n_layers / 4

@@ -15,6 +15,7 @@ trace and DeepSpeed's rules, not traced; :func:`zero3_peak` reads one GPU's verd
 """
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from . import accounting, models, tracing
 
@@ -157,7 +158,7 @@ def zero3_peak(cfg: models.ModelConfig | str, recipe: str = "mixed", policy: str
     ``tl``: this step's unsharded timeline when already recorded (``record`` with these settings)."""
     cfg = models.get(cfg) if isinstance(cfg, str) else cfg
     ws = accounting.zero3_gathered(cfg, recipe)
-    z = (tl or record(cfg, recipe, kernel, policy, seq)).zero3_per_gpu(gpus, ws, cfg)
+    z = (tl or recorded(cfg, recipe, kernel, policy, seq)).zero3_per_gpu(gpus, ws, cfg)
     i = z.peak()
     return {"total": z.total(i), "phase": z.phases[i], "module": z.modules[i], "operator": i,
             "operators": len(z), "at": z.at(i), "working_set": ws, "timeline": z}
@@ -173,3 +174,11 @@ def record(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str = "
     series = {c: [r[2][j] for r in rows] for j, c in enumerate(CATEGORIES)}
     return Timeline(f"{tr.model}, {recipe}, checkpoint {policy}", [r[0] for r in rows],
                     [r[1] for r in rows], series, tr)
+
+
+@lru_cache(maxsize=6)
+def recorded(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str = "flash",
+             policy: str = "none", seq: int = 4096) -> Timeline:
+    """:func:`record`, kept for the process: a full 70B timeline takes seconds and several
+    chapters' figures read the same one (treat it as read-only)."""
+    return record(cfg, recipe, kernel, policy, seq)

@@ -9,7 +9,7 @@ import math
 from gpumem.course.quiz import Choice, Numeric, Quiz
 from gpumem.course.quiz_draws import (LLAMAS, TRAINING_GPUS, UNIT_MIXUP, fitting_recipes, gpu_numbers,
                                       model_numbers, pick)
-from gpumem.memory import accounting, activations, models
+from gpumem.memory import accounting, activations, models, zero3_schedule
 from gpumem.units import GB, GiB
 
 from . import steps
@@ -74,7 +74,14 @@ def _zero3(rng) -> dict:
     acts = activations.activations(cfg, 4096)
     return model_numbers("llama-3-70b") | {
         "gpus": pick(rng, ZERO3_GPUS), "p_gb": s.params / GB, "g_gb": s.grads / GB, "o_gb": s.optimizer / GB,
-        "a_gb": acts.peak / GB, "w_gb": accounting.zero3_gathered(cfg, "mixed") / GB}
+        "a_gb": acts.peak / GB, "w_gb": _working_at_the_loss(cfg) / GB}
+
+
+def _working_at_the_loss(cfg) -> int:
+    """ZeRO-3's working set around the loss (the replay's gathered output head, DeepSpeed's reduce
+    bucket; no gradient exists yet): torch-free, so the draw can compute it."""
+    ws = accounting.zero3_gathered(cfg, "mixed")
+    return zero3_schedule.gathered_by_moment(cfg)[("backward", "head")] + ws.reduce
 
 
 def _zero3_traced(n: dict) -> dict:
@@ -91,9 +98,9 @@ def _zero3_prompt(n: dict) -> str:
             f"them, the optimizer step adds {t['work_gb']:,.1f} GB of workspace, and that moment is the "
             f"step's peak, {t['peak_gb']:,.1f} GB. Now ZeRO-3 over {n['gpus']} GPUs: each keeps 1/{n['gpus']} "
             f"of the weights, gradients and optimizer states (its optimizer workspace shrinks with them), "
-            f"the activations of its own sequence, and, while forward and backward run, ZeRO-3's "
-            f"working set of {n['w_gb']:,.1f} GB (a gathered module, its gradient, buffers). How many "
-            f"GB does one GPU hold at its peak?")
+            f"the activations of its own sequence, and, around the loss, ZeRO-3's working set of "
+            f"{n['w_gb']:,.1f} GB (the output head gathered whole and DeepSpeed's "
+            f"gradient bucket). How many GB does one GPU hold at its peak?")
 
 
 def _zero3_answer(n: dict) -> float:
