@@ -23,3 +23,20 @@ def bar(value: int, scale: int, width: int = 20) -> str:
     """``value`` as a share of ``scale``, drawn in ``width`` cells (█ filled, · empty)."""
     n = 0 if scale == 0 else min(width, round(width * value / scale))
     return "█" * n + "·" * (width - n)
+
+
+def show_figures(*figs, alt: str | None = None) -> None:
+    """Display each matplotlib figure in a notebook as a PNG alone (``alt``, when given, is its
+    text form), never matplotlib's ``<Figure size ...>`` text, and close it so the inline backend
+    does not draw it a second time. Every chapter's ``plots.show`` is this function."""
+    import base64
+    import io
+
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+    for fig in figs:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight", dpi=fig.dpi)
+        plt.close(fig)
+        data = {"image/png": base64.b64encode(buf.getvalue()).decode("ascii")}
+        display(data | ({"text/plain": alt} if alt else {}), raw=True)

@@ -7,6 +7,7 @@ from gpumem import units
 from gpumem.memory import models
 from gpumem.memory.activations import activations
 from gpumem.memory.policies import KERNELS
+from gpumem.course.drawing import show_figures as show  # noqa: F401  (notebooks call plots.show)
 
 COLOURS = {"params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868",
            "activations": "#c44e52", "temporaries": "#8172b3", "gathered": "#937860"}

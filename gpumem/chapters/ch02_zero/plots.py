@@ -2,6 +2,7 @@
 
 import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
+from gpumem.course.drawing import show_figures as show  # noqa: F401  (notebooks call plots.show)
 
 COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "step": "#55a868"}
 
@@ -55,16 +56,3 @@ def gather_timeline(events: list[dict], step: int = 1):
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
     fig.tight_layout()
     return fig
-
-
-def show(fig) -> None:
-    """Display ``fig`` as a PNG only, so that no "<Figure size ...>" text is stored beside the
-    plot, and close it (the inline backend would otherwise show it a second time)."""
-    import base64
-    import io
-
-    from IPython.display import display
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
-    plt.close(fig)
-    display({"image/png": base64.b64encode(buf.getvalue()).decode()}, raw=True)

@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 from gpumem import units
 from gpumem.memory import models, recompute_cost
 from gpumem.memory.recompute_plans import Plan, first_layers, segments_of
+from gpumem.course.drawing import show_figures as show  # noqa: F401  (notebooks call plots.show)
 
 PHASE_COLOURS = {"forward": "#4c72b0", "recompute": "#55a868", "backward": "#dd8452"}
 CAT_COLOURS = {"activations": "#c44e52", "temporaries": "#8172b3", "grads": "#dd8452"}
@@ -113,17 +114,3 @@ def frontier(small: tuple, large: tuple):
     fig.suptitle("What each plan buys: activation peak against recompute (lower left is better)")
     fig.tight_layout()
     return fig
-
-
-def show(fig) -> None:
-    """Show ``fig`` in a notebook as a PNG alone (no "<Figure size ...>" text beside it) and close
-    it, so the inline backend does not show it a second time."""
-    import base64
-    import io
-
-    from IPython.display import display
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight")
-    plt.close(fig)
-    display({"image/png": base64.b64encode(buf.getvalue()).decode()}, raw=True)

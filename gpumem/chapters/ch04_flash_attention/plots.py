@@ -1,10 +1,9 @@
 """Chapter 04's figure: measured attention memory against s on log axes, with the s^2 and s laws
 and chapter 01's formula for the saved bytes overlaid."""
 
-import base64
-import io
 
 import matplotlib.pyplot as plt
+from gpumem.course.drawing import show_figures
 
 COLOURS = {"naive": "#c44e52", "sdpa": "#4c72b0", "tiled": "#55a868"}
 PANELS = (("peak_forward", "peak during forward"), ("peak_backward", "peak during backward"),
@@ -42,10 +41,5 @@ def memory_vs_seq(result: dict):
 
 
 def show(fig, alt: str) -> None:
-    """Display ``fig`` as a PNG with ``alt`` as its text form (instead of matplotlib's
-    ``<Figure size ...>``), and close it so that the notebook does not draw it a second time."""
-    from IPython.display import display
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    plt.close(fig)
-    display({"image/png": base64.b64encode(buf.getvalue()).decode("ascii"), "text/plain": alt}, raw=True)
+    """Display ``fig`` as a PNG with ``alt`` as its text form (``course.drawing.show_figures``)."""
+    show_figures(fig, alt=alt)
