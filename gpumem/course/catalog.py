@@ -12,9 +12,14 @@ CHAPTERS = [
 ]
 
 
-def chapter_map() -> str:
-    """A fixed-width table of the chapters."""
+def chapter_map(width: int = 100) -> str:
+    """A fixed-width table of the chapters, no line over ``width`` characters (what runs wraps)."""
+    import textwrap
     lines = [f"{'#':3s} {'notebook':28s} {'note':24s} what runs"]
+    indent = " " * 58
     for num, stem, note, what in CHAPTERS:
-        lines.append(f"{num:3s} {num + '_' + stem:28s} {note:24s} {what}")
+        head = f"{num:3s} {num + '_' + stem:28s} {note:24s} "
+        wrapped = textwrap.wrap(what, width - len(indent))
+        lines.append(head + wrapped[0])
+        lines += [indent + rest for rest in wrapped[1:]]
     return "\n".join(lines)

@@ -14,6 +14,7 @@ must answer it right on fresh numbers, as the quiz itself requires.
 
 import html
 import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,7 +128,8 @@ class Checklist:
                 kind = "choice" if isinstance(q, Choice) else f"number{', ' + q.unit if q.unit else ''}"
                 lines.append(f"   {q.id} ({kind})")
             where = [p for q in item.questions for p in item.see[q.id]]
-            lines.append("   shown in: " + "; ".join(dict.fromkeys(p.text() for p in where)))
+            lines += textwrap.wrap("shown in: " + "; ".join(dict.fromkeys(p.text() for p in where)), 100,
+                                   initial_indent="   ", subsequent_indent="     ")
         return "\n".join(lines)
 
     def answer(self, qid: str, value) -> bool:
