@@ -63,7 +63,8 @@ def test_units_label_and_parse():
 
 def test_chapter_map_names_every_stem():
     text = catalog.chapter_map()
-    assert len(text.splitlines()) == 1 + len(catalog.CHAPTERS)
+    rows = [line for line in text.splitlines()[1:] if line[:2].isdigit()]
+    assert len(rows) == len(catalog.CHAPTERS) and max(map(len, text.splitlines())) <= 100
     for num, stem, *_ in catalog.CHAPTERS:
         assert f"{num}_{stem}" in text
 
