@@ -100,17 +100,22 @@ def usable(gpu: GPU | str | int, reserve: Reserve = DEFAULT_RESERVE) -> int:
 
 
 def table(reserve: Reserve = DEFAULT_RESERVE) -> str:
-    """The GPU table as the course uses it: capacity in three units, usable bytes, speeds."""
-    head = (f"{'gpu':10s} {'as sold':16s} {'reports':>11s} {'in GB':>9s} {'in GiB':>10s} {'usable':>9s} "
-            f"{'bf16':>7s} {'HBM':>10s} {'NVLink/dir':>10s} {'PCIe/dir':>10s}  FA-2")
-    lines = [head]
+    """The GPU table as the course uses it, in two blocks no wider than 100 characters: memory
+    (capacity in three units, usable bytes), then speeds; the reserve, units and sources below."""
+    mem = [f"{'gpu':10s} {'as sold':16s} {'reports':>11s} {'in GB':>9s} {'in GiB':>10s} {'usable':>9s}"]
+    speed = [f"{'gpu':10s} {'bf16':>7s} {'HBM':>10s} {'NVLink/dir':>10s} {'PCIe/dir':>10s}  FA-2"]
     for g in REGISTRY.values():
         bf16 = f"{g.bf16_flops / 1e12:.0f} TF" if g.bf16_flops else "none"
         link = f"{g.nvlink / GB:.0f} GB/s" if g.nvlink else "-"
-        lines.append(f"{g.name:10s} {g.label:16s} {g.capacity // MiB:>7,d} MiB {g.capacity / GB:>6.1f} GB "
-                     f"{g.capacity / GiB:>6.1f} GiB {usable(g, reserve) / GB:>6.1f} GB {bf16:>7s} "
-                     f"{g.hbm / TB:>5.2f} TB/s {link:>10s} {g.pcie / GB:>5.1f} GB/s  "
+        mem.append(f"{g.name:10s} {g.label:16s} {g.capacity // MiB:>7,d} MiB {g.capacity / GB:>6.1f} GB "
+                   f"{g.capacity / GiB:>6.1f} GiB {usable(g, reserve) / GB:>6.1f} GB")
+        speed.append(f"{g.name:10s} {bf16:>7s} {g.hbm / TB:>5.2f} TB/s {link:>10s} {g.pcie / GB:>5.1f} GB/s  "
                      f"{'yes' if g.flash_attention_2 else 'no'}")
-    lines.append("usable = reports - reserve; reserve = " + reserve.describe())
-    lines.append("GB = 10^9 bytes, GiB = 2^30 bytes; bf16: dense tensor-core peak; links: per direction")
-    return "\n".join(lines)
+    notes = ["usable = reports - reserve, with",
+             "  reserve = " + reserve.describe(),
+             "GB = 10^9 bytes, GiB = 2^30 bytes; bf16: dense tensor-core peak (TF = 10^12 FLOP/s), no",
+             "  sparsity; links: per direction (NVIDIA quotes NVLink and PCIe summed over both)",
+             "sources: reports = nvidia-smi memory.total (modal-labs/modal-client PR #2797; H200: public",
+             "  nvidia-smi output); speeds: NVIDIA's A100, H100/H200, L4 and T4 datasheets; PCIe per",
+             "  direction: Gen3/4/5 x16 line rate x 128/130 (15.75 / 31.5 / 63 GB/s)"]
+    return "\n".join(mem + [""] + speed + notes)

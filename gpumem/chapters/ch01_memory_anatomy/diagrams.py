@@ -5,7 +5,8 @@ micro-batch, GPU and GPU count: one micro-batch per GPU, the sum of the parts be
 peak, judged per GPU (nothing sharded, states split evenly) and for all GPUs together; ``recipe_box`` the per-recipe
 table and ``recipe_names`` what the frameworks call each recipe; ``lifecycle_box`` who holds
 what, when, from a traced timeline; ``adamw_table`` the optimizer step's workspace by AdamW
-implementation; ``scale_table`` memory and time at 8B / 70B / 405B; ``scenario_explorer`` puts
+implementation; ``megatron_table`` Korthikanti et al.'s layer beside Llama's, tensor by tensor,
+within 100 columns; ``scale_table`` memory and time at 8B / 70B / 405B; ``scenario_explorer`` puts
 widgets on the scenario.
 """
 
@@ -133,9 +134,12 @@ def recipe_names() -> str:
     for recipe, names in _NAMES.items():
         for i, (framework, how) in enumerate(names):
             head = f"{recipe:10s}{accounting.recipe(recipe).total:>3d} B" if i == 0 else " " * 15
-            for j, part in enumerate(textwrap.wrap(how, 80, break_on_hyphens=False, break_long_words=False)):
+            for j, part in enumerate(textwrap.wrap(how, 72, break_on_hyphens=False, break_long_words=False)):
                 lines.append(f"{head if j == 0 else ' ' * 15}  {framework if j == 0 else '':10s} {part}")
     return "\n".join(lines)
+
+
+_SHORT = {"activations": "acts", "temporaries": "temps"}
 
 
 def lifecycle_box(tl, moments: tuple[str, ...] = ("forward peak", "backward peak", "backward ends",
@@ -144,15 +148,44 @@ def lifecycle_box(tl, moments: tuple[str, ...] = ("forward peak", "backward peak
     at = tl.moments()
     cats = list(tl.series)
     lines = [f"Who holds what, when: {tl.label} (GB = 10^9 bytes)",
-             f"{'moment':15s}" + "".join(f"{c[:11]:>12s}" for c in cats) + f"{'total':>9s}  in"]
+             f"{'moment':15s}" + "".join(f"{_SHORT.get(c, c)[:9]:>10s}" for c in cats) + f"{'total':>9s}  in"]
     for name in moments:
         i = at[name]
         row = tl.at(i)
-        lines.append(f"{name:15s}" + "".join(f"{row[c] / units.GB:>12.1f}" for c in cats)
+        lines.append(f"{name:15s}" + "".join(f"{row[c] / units.GB:>10.1f}" for c in cats)
                      + f"{tl.total(i) / units.GB:>9.1f}  {tl.modules[i] or tl.phases[i]}")
     peak, ops = tl.peak(), tl.operators()
     lines.append(f"the step's peak: {units.fmt(tl.total(peak))}, in the {tl.phases[peak]} phase "
                  f"(operator {ops[peak]:,} of {ops[-1] + 1:,})")
+    short = [f"{v}: {k}" for k, v in _SHORT.items() if k in cats]
+    if short:
+        lines.append("; ".join(short) + (" (backward's scratch tensors, the optimizer's workspace)"
+                                         if "temporaries" in cats else ""))
+    return "\n".join(lines)
+
+
+def megatron_table(cfg, seq: int, batch: int = 1) -> str:
+    """``memory.megatron.reconcile`` in at most 100 columns: tensor and reason wrapped in their
+    columns, bytes in MB (10^6) and in units of s*b*h, with both totals and Megatron's formula."""
+    from gpumem.memory import megatron
+    rows, sbh = megatron.reconcile(cfg, seq, batch), seq * batch * cfg.d_model
+
+    lines = [f"one layer of {cfg.name}, s={seq}, b={batch}",
+             f"{'':31s}{'bytes (MB = 10^6)':>19s}{'in s*b*h':>14s}",
+             f"{'tensor (Megatron | Llama)':31s}{'Megatron':>9s}{'Llama':>10s}{'Megatron':>10s}{'Llama':>7s}"
+             "  why they differ", "-" * 99]
+    for r in rows:
+        name, why = textwrap.wrap(r.tensor, 30), textwrap.wrap(r.why, 31)
+        lines.append(f"{name[0]:31s}{units.fmt(r.megatron, 'MB', 0):>9s}{units.fmt(r.llama, 'MB', 0):>10s}"
+                     f"{r.megatron / sbh:>10.2f}{r.llama / sbh:>7.2f}  {why[0]}")
+        for j in range(1, max(len(name), len(why))):
+            left = "  " + name[j] if j < len(name) else ""
+            lines.append(f"{left:31s}{'':36s}  {why[j] if j < len(why) else ''}".rstrip())
+    m, l = sum(r.megatron for r in rows), sum(r.llama for r in rows)
+    lines += ["-" * 99, f"{'total':31s}{units.fmt(m, 'MB', 0):>9s}{units.fmt(l, 'MB', 0):>10s}"
+                        f"{m / sbh:>10.2f}{l / sbh:>7.2f}",
+              f"Megatron's 34*sbh + 5*a*s^2*b = {units.fmt(megatron.korthikanti_layer(cfg, seq, batch), 'MB', 0)} "
+              f"(5*a*s/h = {5 * cfg.n_heads * seq / cfg.d_model:g} sbh of it is the s^2 term)"]
     return "\n".join(lines)
 
 
