@@ -188,14 +188,31 @@ def test_lab_solution_replays_the_gpus_generator_too():
 
 @pytest.mark.gpu
 def test_lab_checkpoint_replays_dropout_on_cuda(gpu_record):
-    """On CUDA, dropout draws from the device's generator: the lab's checkpoint gives the plain
-    gradients; a checkpoint that restores only the CPU generator (the engine's Checkpoint) does not."""
+    """On CUDA, dropout draws from the device's generator: the lab's checkpoint and the engine's
+    Checkpoint (which stash and restore the inputs' CUDA generators too) give the plain gradients;
+    a re-run that restores only the CPU generator does not."""
     from test_labs import notebook_namespace
     from gpumem.memory.recompute import Checkpoint
     ns = notebook_namespace(ROOT / "solutions" / "lab03_checkpoint_budget.ipynb")
     lin = torch.nn.Linear(256, 256).cuda()
     x = torch.randn(64, 256, device="cuda", requires_grad=True)
     run = lambda t: torch.nn.functional.dropout(lin(t), 0.5, training=True)
+
+    class CpuOnly(torch.autograd.Function):         # the engine's Checkpoint before issue 17
+        @staticmethod
+        def forward(ctx, t):
+            ctx.rng = torch.get_rng_state()
+            ctx.save_for_backward(t)
+            with torch.no_grad():
+                return run(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            t = ctx.saved_tensors[0].detach().requires_grad_()
+            with torch.random.fork_rng(devices=[]), torch.enable_grad():
+                torch.set_rng_state(ctx.rng)
+                torch.autograd.backward(run(t), g)
+            return t.grad
 
     def grad(fn):
         x.grad = None
@@ -204,9 +221,31 @@ def test_lab_checkpoint_replays_dropout_on_cuda(gpu_record):
         return x.grad.clone()
     plain = grad(lambda: run(x))
     assert torch.equal(grad(lambda: ns["checkpoint"](run, x)), plain)
-    cpu_only = grad(lambda: Checkpoint.apply(run, x))
-    gpu_record("ch03.cpu_only_rng_grad_matches", float(torch.equal(cpu_only, plain)), "")
-    assert not torch.equal(cpu_only, plain)
+    engine = grad(lambda: Checkpoint.apply(run, x))
+    gpu_record("ch03.engine_checkpoint_grad_matches", float(torch.equal(engine, plain)), "")
+    assert torch.equal(engine, plain)
+    assert not torch.equal(grad(lambda: CpuOnly.apply(x)), plain)
+
+
+def test_engine_checkpoint_replays_dropout_on_cpu_and_leaves_the_generator():
+    """CPU behaviour unchanged: the re-run draws the forward's dropout mask (gradients equal the
+    plain ones), no CUDA device is touched, and the caller's generator is where the forward left it."""
+    from gpumem.memory.recompute import Checkpoint, cuda_devices
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 16)
+    x = torch.randn(8, 16, requires_grad=True)
+    run = lambda t: torch.nn.functional.dropout(lin(t), 0.5, training=True)
+    assert cuda_devices(x, 3, None) == []
+
+    def grad(fn):
+        x.grad = None
+        torch.manual_seed(7)
+        out = fn()
+        after_forward = torch.get_rng_state()
+        out.sum().backward()
+        assert torch.equal(torch.get_rng_state(), after_forward)     # the re-run's draws are forked
+        return x.grad.clone()
+    assert torch.equal(grad(lambda: Checkpoint.apply(run, x)), grad(lambda: run(x)))
 
 
 # -- the stored notebook ---------------------------------------------------------------------------

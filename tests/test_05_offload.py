@@ -14,7 +14,7 @@ import pytest
 
 from gpumem.chapters.ch05_offload import claims, diagrams, experiments, labcheck
 from gpumem.dist import ds_offload, dsops, launch
-from gpumem.memory import accounting, bandwidth
+from gpumem.memory import accounting, bandwidth, offload_cost
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
@@ -270,8 +270,10 @@ def test_drive_rows_use_a_datacenter_drive_and_name_the_tools_to_measure_one():
     args = (Path(dsn.__file__).parent / "ds_aio_args.py").read_text()
     assert all(f"'--{a}'" in args for a in ("folder", "io_size", "read"))
     assert "'--nvme_dir'" in (Path(dsn.__file__).parent / "perf_run_sweep.py").read_text()
-    links = claims.datacenter_links()
+    links = offload_cost.datasheet_links()             # one source: the engine's default drive
     assert (links.nvme_read, links.nvme_write) == (6.8e9, 5.6e9) and "Micron 7450" in links.source
+    assert not hasattr(claims, "DATACENTER_NVME") and not hasattr(claims, "datacenter_links")
+    assert "Samsung 990 PRO: 6.9 GB/s" in by_id["3-nvme"].why()        # the consumer burst, for comparison
 
 
 def test_offload_ratio_is_zero3_only_at_the_line_the_chapter_cites():

@@ -2,11 +2,12 @@
 
 Offloading trades memory for traffic. Every step a rank's model states cross links far slower
 than HBM: PCIe between GPU and host (31.5 GB/s per direction at Gen4 x16, 63 at Gen5), the NVMe
-drive (about 7 GB/s at Gen4), and the CPU runs Adam at the speed of its memory. This module
-counts the bytes (:func:`offload_traffic`) from the chapter 01 accounting
-(:mod:`gpumem.memory.accounting`) and turns them into seconds (:func:`step_time`) for any set of
-bandwidths (:class:`Links`): the ones measured on the learner's machine
-(:mod:`gpumem.memory.bandwidth`) or datasheet figures (:func:`datasheet_links`).
+drive (a datacenter Gen4 drive: 6.8 GB/s read, 5.6 GB/s write), and the CPU runs Adam at the
+speed of its memory. This module counts the bytes (:func:`offload_traffic`) from the chapter 01
+accounting (:mod:`gpumem.memory.accounting`) and turns them into seconds (:func:`step_time`) for
+any set of bandwidths (:class:`Links`): the ones measured on the learner's machine
+(:mod:`gpumem.memory.bandwidth`) or datasheet figures (:func:`datasheet_links`, whose default
+drive is a datacenter Gen4 one, :data:`NVME_DRIVES`).
 
 Per rank and per step, with s = ceil(Psi / N) parameters in the rank's shard, p16 the bytes of one
 parameter on the GPU (2 for the bf16 recipes, 4 for fp32) and g32 the bytes of the gradient the
@@ -50,6 +51,7 @@ overlaps only the gradient copies with backward); 0.19.8's overlapped path is Ze
 """
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import UsageError, one_of, positive_int
 from . import accounting, gpus as gpu_table
@@ -57,12 +59,38 @@ from .accounting import DEVICES, OFFLOADS, RECIPES
 
 GB = 10**9
 
-# Drive figures, sequential, bytes/s: manufacturers' datasheets (stated, not measured here).
+class Drive(NamedTuple):
+    """An NVMe drive's stated sequential rates (bytes/s), where they come from, and its name."""
+    read: float
+    write: float
+    source: str
+    name: str
+
+
+# Drive figures, sequential read and write, bytes/s (stated, not measured here), by PCIe generation.
+# "gen4", the cost model's default, is a datacenter drive, the kind a GPU server carries (DGX H100:
+# 8 x 3.84 TB U.2 data drives): offload writes about as many bytes as it reads every step (18 and
+# 20 B per shard parameter, 159 GB per drive for a 70B step on 8 GPUs), so what counts is the write
+# a drive keeps up. A consumer drive's rated write lasts only while its SLC cache does (tens to a
+# few hundred GB), so the consumer entries ("consumer" in their label) are for comparison.
 NVME_DRIVES = {
-    "gen3": (3.5e9, 3.3e9, "Samsung 970 EVO Plus datasheet: 3,500 MB/s read, 3,300 MB/s write (PCIe 3.0 x4)"),
-    "gen4": (7.45e9, 6.9e9, "Samsung 990 PRO datasheet: 7,450 MB/s read, 6,900 MB/s write (PCIe 4.0 x4)"),
-    "gen5": (14.5e9, 12.7e9, "Crucial T705 datasheet: 14,500 MB/s read, 12,700 MB/s write (PCIe 5.0 x4)"),
+    "gen3": Drive(3.5e9, 3.3e9, "consumer Samsung 970 EVO Plus datasheet: 3,500 MB/s read, 3,300 MB/s "
+                                "write (PCIe 3.0 x4)", "Samsung 970 EVO Plus"),
+    "gen4": Drive(6.8e9, 5.6e9, "datacenter Micron 7450 PRO (PCIe 4.0 x4 U.3, 1 drive write per day): "
+                                "about 6.8 GB/s read, up to 5.6 GB/s write on the large capacities "
+                                "(0.7-1.4 GB/s below 1 TB): Micron's launch figures as ServeTheHome "
+                                "reports them, \"Micron 7450 SSDs Launched with 176-Layer NAND\"",
+                  "Micron 7450 PRO"),
+    "gen5": Drive(14.5e9, 12.7e9, "consumer Crucial T705 datasheet: 14,500 MB/s read, 12,700 MB/s write "
+                                  "(PCIe 5.0 x4)", "Crucial T705"),
 }
+# A consumer Gen4 drive's rated (SLC-cache) speeds, for comparison with the datacenter "gen4".
+CONSUMER_DRIVES = {
+    "gen4-consumer": Drive(7.45e9, 6.9e9, "consumer Samsung 990 PRO datasheet: 7,450 MB/s read, 6,900 MB/s "
+                                          "write (PCIe 4.0 x4), the write while its SLC cache lasts",
+                           "Samsung 990 PRO"),
+}
+DRIVES = NVME_DRIVES | CONSUMER_DRIVES
 
 # CPU Adam is memory-bound: per parameter it reads fp32 master, m, v and grad (16 B) and writes
 # master, m, v (12 B) and the 16-bit copy (2 B). A DDR5-4800 socket with 8 channels moves
@@ -85,9 +113,10 @@ class Links:
 
 def datasheet_links(gpu: str = "h100-80gb", nvme: str = "gen4") -> Links:
     """Links from stated figures: the GPU's PCIe per direction (:mod:`gpumem.memory.gpus`), an
-    NVMe drive's datasheet (``gen3``, ``gen4``, ``gen5``) and a memory-bound CPU Adam per rank."""
+    NVMe drive's figures (:data:`DRIVES`: ``gen4``, the datacenter drive, by default; ``gen3``,
+    ``gen5``, ``gen4-consumer``) and a memory-bound CPU Adam per rank."""
     g = gpu_table.get(gpu)
-    read, write, drive = NVME_DRIVES[one_of(nvme, tuple(NVME_DRIVES), "NVMe generation")]
+    read, write, drive, _ = DRIVES[one_of(nvme, tuple(DRIVES), "NVMe drive")]
     adam = NODE_DRAM / RANKS_PER_NODE / ADAM_BYTES_PER_PARAM
     return Links(h2d=g.pcie, d2h=g.pcie, nvme_read=read, nvme_write=write, cpu_adam=adam,
                  source=(f"datasheet: {g.label} PCIe {g.pcie / GB:.1f} GB/s per direction; {drive}; "

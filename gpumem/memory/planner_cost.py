@@ -4,7 +4,12 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
 
 * **compute**: forward + backward + recompute FLOPs of ``recompute_cost.step_flops`` (matmuls,
   attention's core and the output head, as PyTorch counts them), split evenly over the ``tp * pp``
-  GPUs of a replica, at ``mfu`` (40 %, ``speed.MFU``) of the GPU's dense bf16 peak.
+  GPUs of a replica, at ``mfu`` (40 %, ``speed.MFU``) of the GPU's dense bf16 peak. A re-run is
+  priced as the plan's checkpoint runs it (:func:`rerun_impl`, names in :data:`RERUN`): Megatron's
+  recompute (3-D layouts) and DeepSpeed's ``PipelineModule`` (``deepspeed.checkpointing.checkpoint``)
+  re-run the whole segment; the other DeepSpeed layouts' model code uses
+  ``torch.utils.checkpoint(use_reentrant=False)`` (``planner_config.CHECKPOINT_CODE``), which stops
+  each re-run before the segment's last matmul (W_down): the early-stop re-run.
 * **scores**: a kernel that materialises attention scores moves them through HBM: per score
   element 20 bytes for ``naive`` (bf16 S and P written and read in forward, P, dP and dS in
   backward) and 28 for ``eager`` (its fp32 softmax too), at the GPU's HBM bandwidth; flash 0.
@@ -42,16 +47,37 @@ from functools import lru_cache
 from . import accounting, offload_cost, recompute_cost, speed
 from .gpus import GPU, INTER_NODE
 from .models import ModelConfig
-from .planner_memory import Layout, layers_per_stage, local_params
+from .planner_config import PIPE_INTERVAL
+from .planner_memory import FRAMEWORK_3D, Layout, layers_per_stage, local_params
 
 GPUS_PER_NODE = 8
 SCORE_BYTES = {"flash": 0, "naive": 20, "eager": 28}
 OFFLOAD_OVERLAP = 0.7      # share of compute time that offload copies can hide behind (stated)
+# The two prices of a re-run, by name (chapter 03's names): recompute_cost.step_flops(..., impl=KEY)
+RERUN = {"torch": "early-stop re-run", "scratch": "whole-segment re-run"}
+
+
+def rerun_impl(lay: Layout) -> str:
+    """How ``lay``'s checkpoint re-runs a segment, as ``recompute_cost``'s ``impl``: ``scratch``
+    (the whole segment) for Megatron-DeepSpeed's ``--recompute-granularity full`` (its
+    ``CheckpointFunction`` re-runs the whole function) and for DeepSpeed's ``PipelineModule``
+    with an ``activation_checkpoint_interval`` (``deepspeed.checkpointing.checkpoint``, reentrant);
+    ``torch`` (early stop) where the model's code checkpoints with
+    ``torch.utils.checkpoint(use_reentrant=False)``, as the other DeepSpeed layouts' does."""
+    if lay.framework == FRAMEWORK_3D or (lay.pp > 1 and lay.checkpoint in PIPE_INTERVAL):
+        return "scratch"
+    return "torch"
 
 
 @lru_cache(maxsize=4096)
-def _flops(cfg: ModelConfig, seq: int, mb: int, policy: str) -> dict:
-    return recompute_cost.step_flops(cfg, seq, mb, policy, "torch")
+def _flops(cfg: ModelConfig, seq: int, mb: int, policy: str, impl: str) -> dict:
+    return recompute_cost.step_flops(cfg, seq, mb, policy, impl)
+
+
+def recompute_share(cfg: ModelConfig, seq: int, lay: Layout) -> float:
+    """Recompute FLOPs over forward + backward FLOPs of ``lay``'s checkpoint policy, priced as
+    its checkpoint re-runs (:func:`rerun_impl`)."""
+    return _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay))["overhead"]
 
 
 def _bw(gpu: GPU, crosses_node: bool, inter_node: float = INTER_NODE) -> float:
@@ -67,7 +93,7 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
     ``inter_node``: bytes/s per GPU between nodes."""
     r = accounting.RECIPE[lay.recipe]
     e = 4 if lay.recipe == "fp32" else 2
-    f = _flops(cfg, seq, lay.micro_batch, lay.checkpoint)
+    f = _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay))
     per_mb = (f["forward"] + f["backward"] + f["recompute"]) / (lay.tp * lay.pp)
     compute = speed.seconds(per_mb * lay.n_micro, gpu, mfu)
     ls = layers_per_stage(cfg, lay.pp)

@@ -43,13 +43,24 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def cuda_devices(*inputs) -> list[int]:
+    """The CUDA devices the tensors among ``inputs`` live on (whose generators a re-run replays),
+    as ``torch.utils.checkpoint.get_device_states`` finds them; empty on CPU."""
+    return sorted({x.get_device() for x in inputs if isinstance(x, torch.Tensor) and x.is_cuda})
+
+
 class Checkpoint(torch.autograd.Function):
-    """Keep a segment's inputs, not its activations; re-run the segment in backward."""
+    """Keep a segment's inputs, not its activations; re-run the segment in backward. A re-run
+    must draw the same random numbers (dropout): the CPU generator's state and those of the
+    inputs' CUDA devices are stashed, and restored for the re-run only (``fork_rng``), as
+    ``torch.utils.checkpoint`` does with ``preserve_rng_state=True``."""
 
     @staticmethod
     def forward(ctx, run, *inputs):
         ctx.run = run
-        ctx.rng = torch.get_rng_state()             # a re-run must draw the same random numbers
+        ctx.rng = torch.get_rng_state()
+        ctx.gpus = cuda_devices(*inputs)
+        ctx.gpu_rng = [torch.cuda.get_rng_state(d) for d in ctx.gpus]
         ctx.save_for_backward(*inputs)              # the only tensors kept: the segment's inputs
         with torch.no_grad():                       # no graph, so nothing inside is saved
             return run(*inputs)
@@ -57,8 +68,10 @@ class Checkpoint(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         inputs = [x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors]
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with torch.random.fork_rng(devices=ctx.gpus), torch.enable_grad():
             torch.set_rng_state(ctx.rng)
+            for device, state in zip(ctx.gpus, ctx.gpu_rng):
+                torch.cuda.set_rng_state(state, device)
             out = ctx.run(*inputs)                  # the segment's forward, again, with a graph
         torch.autograd.backward(out, grad_out)      # parameter grads accumulate here
         return (None, *[x.grad if x.requires_grad else None for x in inputs])

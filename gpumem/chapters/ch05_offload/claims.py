@@ -1,14 +1,12 @@
 """Chapter 05's claims: the note's section 3 (its speed ladder, what NVMe may hold, the 155 ms
 example) and its summary table's two offload rows, against our numbers.
 
-Speeds are datasheet figures (:mod:`gpumem.memory.gpus`, :mod:`gpumem.memory.offload_cost`, and
-:data:`DATACENTER_NVME` below); bytes are chapter 01's accounting (:mod:`gpumem.memory.accounting`);
+Speeds are datasheet figures (:mod:`gpumem.memory.gpus`; :mod:`gpumem.memory.offload_cost`, whose
+default drive is a datacenter Gen4 one, ``NVME_DRIVES["gen4"]``); bytes are chapter 01's accounting (:mod:`gpumem.memory.accounting`);
 times are the cost model (:mod:`gpumem.memory.offload_cost`), whose byte counts the chapter's
 tests derive by hand. The memory savings are graded twice (``ledger.table_two``): under the
 note's own recipe (2 + 2 + 4 bytes per parameter, ``pure-bf16``) and under mixed precision.
 """
-
-from dataclasses import replace
 
 from gpumem.course.ledger import Claim
 from gpumem.memory import accounting, gpus, offload_cost
@@ -17,21 +15,13 @@ GB = 10**9
 N_70B = 70_553_706_496      # Llama-3-70B's parameters (gpumem.memory.models counts the same)
 NOTE_RECIPE = "pure-bf16"   # the note's 2 + 2 + 4 bytes per parameter
 
-# A datacenter Gen4 drive, the kind a GPU server holds (DGX H100: 8 x 3.84 TB U.2 data drives), in
-# place of a consumer drive whose rated write lasts only while its SLC cache does. Micron 7450 PRO
-# (PCIe 4.0 x4, U.3, 1 drive write per day), Micron's product brief as reported at launch
-# (ServeTheHome, "Micron 7450 SSDs Launched with 176-Layer NAND"): sequential read about
-# 6.8 GB/s; sequential write up to 5.6 GB/s on the large capacities (0.7-1.4 GB/s below 1 TB).
-DATACENTER_NVME = {"read": 6.8e9, "write": 5.6e9,
-                   "source": "Micron 7450 PRO product brief (Gen4 U.3): 6.8 GB/s read, up to 5.6 GB/s write"}
+DRIVE = "gen4"             # offload_cost's default: a datacenter Gen4 drive (Micron 7450 PRO)
+CONSUMER = "gen4-consumer"  # a consumer Gen4 drive's rated (SLC-cache) figures, for comparison
 
 
-def datacenter_links(gpu: str = "h100-80gb") -> offload_cost.Links:
-    """The cost model's datasheet links with :data:`DATACENTER_NVME` as the drive."""
-    links = offload_cost.datasheet_links(gpu, "gen4")
-    drive = links.source.split("; ")[1]
-    return replace(links, nvme_read=DATACENTER_NVME["read"], nvme_write=DATACENTER_NVME["write"],
-                   source=links.source.replace(drive, DATACENTER_NVME["source"]))
+def drive_rate(direction: str = "write", drive: str = DRIVE) -> float:
+    """A drive's sequential ``read`` or ``write`` rate in bytes/s (offload_cost.DRIVES)."""
+    return getattr(offload_cost.DRIVES[drive], direction)
 
 
 def nvme_written_per_drive() -> int:
@@ -42,7 +32,7 @@ def nvme_written_per_drive() -> int:
 
 def hbm_over_nvme(direction: str = "write") -> float:
     """H100 SXM HBM over the datacenter drive's write (or read) rate (datasheets)."""
-    return gpus.get("h100-80gb").hbm / DATACENTER_NVME[direction]
+    return gpus.get("h100-80gb").hbm / drive_rate(direction)
 
 
 def state_share(part: str, recipe: str) -> float:
@@ -84,8 +74,8 @@ TOKENS, PEAK, MFU = 4096, 989e12, 0.4      # the chapter's 70B example: 8 H100s,
 def time_overhead(offload: str, device: str) -> float:
     """Percent the offload adds to a 70B step on 8 H100s (ZeRO-3, 4,096 tokens per GPU, 40 % MFU)
     with the schedule stock DeepSpeed runs (offload_cost.stock_schedule: CPU Adam after backward),
-    datasheet links with the datacenter drive (:func:`datacenter_links`)."""
-    links = datacenter_links()
+    datasheet links with the cost model's datacenter drive (``offload_cost.datasheet_links()``)."""
+    links = offload_cost.datasheet_links()
     compute = offload_cost.compute_seconds(N_70B, TOKENS, PEAK, MFU)
     t = offload_cost.step_time(N_70B, "mixed", 3, 8, offload, device, compute, links)
     return 100 * (t["stock"] / compute - 1)
@@ -101,10 +91,10 @@ CLAIMS = [
           lambda: "two links in one line: an H100 reaches host memory over PCIe Gen5 x16, 63 GB/s per "
                   "direction at line rate (Gen4, A100: 31.5); the CPU's own DRAM is 307-461 GB/s per DDR5 "
                   "socket", unit="GB/s"),
-    Claim("3-nvme", "NVMe SSD ~5 GB/s (PCIe 4.0)", 5, lambda: DATACENTER_NVME["write"] / GB,
-          lambda: f"{DATACENTER_NVME['source']}; offload writes almost as many bytes as it reads (18 and "
+    Claim("3-nvme", "NVMe SSD ~5 GB/s (PCIe 4.0)", 5, lambda: drive_rate() / GB,
+          lambda: f"{offload_cost.DRIVES[DRIVE].source}; offload writes almost as many bytes as it reads (18 and "
                   "20 B per shard parameter), so the write rate paces the drive. A consumer drive's rated "
-                  "write (990 PRO: 6.9 GB/s) holds only while its SLC cache does, far less than the "
+                  f"write ({offload_cost.DRIVES[CONSUMER].name}: {drive_rate('write', CONSUMER) / GB:.1f} GB/s) holds only while its SLC cache does, far less than the "
                   f"{nvme_written_per_drive() / GB:.0f} GB a 70B step writes per drive. Measure yours with DeepSpeed's ds_io and ds_nvme_tune",
           unit="GB/s"),
     Claim("3-gap", "HBM vs NVMe gap 700x", 700, hbm_over_nvme,

@@ -3,16 +3,16 @@ formula, step-time stacked bars, and the 70B step's cost terms as tokens per ste
 
 import matplotlib.pyplot as plt
 
+from gpumem.course.drawing import show_figures as show  # noqa: F401  (notebooks call plots.show)
 from gpumem.memory import gpus, offload_cost
 
-from .claims import DATACENTER_NVME
-
 GB = 1e9
+DRIVE = offload_cost.NVME_DRIVES["gen4"]   # the cost model's datacenter drive
 QUOTED = [("note: GPU HBM", 3.5e12, "note"), ("H100 SXM HBM (datasheet)", gpus.get("h100-80gb").hbm, "datasheet"),
           ("DDR5-4800 socket, 8 ch", 307e9, "datasheet"), ("note: 'CPU RAM (PCIe)'", 100e9, "note"),
           ("PCIe Gen5 x16, per direction", 63e9, "datasheet"), ("PCIe Gen4 x16, per direction", 31.5e9, "datasheet"),
-          ("NVMe Gen4 read (Micron 7450 PRO)", DATACENTER_NVME["read"], "datasheet"),
-          ("NVMe Gen4 write (Micron 7450 PRO)", DATACENTER_NVME["write"], "datasheet"),
+          (f"NVMe Gen4 read ({DRIVE.name})", DRIVE.read, "datasheet"),
+          (f"NVMe Gen4 write ({DRIVE.name})", DRIVE.write, "datasheet"),
           ("note: NVMe SSD", 5e9, "note")]
 COLORS = {"measured": "tab:blue", "datasheet": "tab:gray", "note": "tab:orange"}
 
@@ -91,17 +91,3 @@ def scale(n_params: int, links: offload_cost.Links, flops: float, mfu: float, to
     ax.legend(fontsize=7, loc="lower right")   # every line rises to the right: that corner stays empty
     fig.tight_layout()
     return fig
-
-
-def show(*figs) -> None:
-    """Display each figure as a PNG alone, without the "<Figure size ...>" text a notebook stores
-    beside an inline plot, and close it (so the inline backend does not draw it again)."""
-    import base64
-    import io
-
-    from IPython.display import display
-    for fig in figs:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", bbox_inches="tight", dpi=fig.dpi)
-        plt.close(fig)
-        display({"image/png": base64.b64encode(buf.getvalue()).decode("ascii")}, raw=True)

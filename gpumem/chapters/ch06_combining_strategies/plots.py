@@ -3,6 +3,8 @@ bytes, and their step time by term. Both take a ``planner.Result``."""
 
 import matplotlib.pyplot as plt
 
+from gpumem.course.drawing import show_figures as show  # noqa: F401  (notebooks call plots.show)
+
 from .diagrams import MEMORY_PARTS, TIME_PARTS
 
 
@@ -58,17 +60,3 @@ def time_bars(result, top: int = 6, ax=None):
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.figure.tight_layout()
     return ax.figure
-
-
-def show(*figs) -> None:
-    """Display each figure as a PNG alone, without the "<Figure size ...>" text a notebook stores
-    beside an inline plot, and close it (so the inline backend does not draw it again)."""
-    import base64
-    import io
-
-    from IPython.display import display
-    for fig in figs:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", bbox_inches="tight", dpi=fig.dpi)
-        plt.close(fig)
-        display({"image/png": base64.b64encode(buf.getvalue()).decode("ascii")}, raw=True)
