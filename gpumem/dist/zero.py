@@ -72,14 +72,16 @@ def reduce_scatter_mean(grad: torch.Tensor, log: "CommLog | None" = None) -> tor
     return reduce_scatter_coalesced([grad], log)[0]
 
 
-def reduce_scatter_coalesced(grads: list[torch.Tensor], log: "CommLog | None" = None) -> list[torch.Tensor]:
+def reduce_scatter_coalesced(grads: list[torch.Tensor],
+                             log: "CommLog | None" = None) -> list[torch.Tensor]:
     """One reduce-scatter for a bucket of gradients: this rank's shard of each one's mean.
 
     Rank r must receive shard r of *every* gradient, so the send buffer is laid out rank-major:
     [shard 0 of g1, shard 0 of g2, ... | shard 1 of g1, shard 1 of g2, ... | ...]."""
     world = dist.get_world_size()
     chunks = [math.ceil(g.numel() / world) for g in grads]
-    flat = torch.cat([padded(g, world).view(world, c) for g, c in zip(grads, chunks)], dim=1).reshape(-1)
+    rows = [padded(g, world).view(world, c) for g, c in zip(grads, chunks)]
+    flat = torch.cat(rows, dim=1).reshape(-1)
     out = torch.empty(sum(chunks), dtype=flat.dtype, device=flat.device)
     dist.reduce_scatter_tensor(out, flat)
     if log is not None:
@@ -87,9 +89,11 @@ def reduce_scatter_coalesced(grads: list[torch.Tensor], log: "CommLog | None" = 
     return list(out.div_(world).split(chunks))
 
 
-def all_gather_full(shard: torch.Tensor, numel: int, shape, log: "CommLog | None" = None) -> torch.Tensor:
+def all_gather_full(shard: torch.Tensor, numel: int, shape,
+                    log: "CommLog | None" = None) -> torch.Tensor:
     """Every rank's shard, concatenated, unpadded and reshaped to the whole tensor."""
-    full = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype, device=shard.device)
+    full = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype,
+                       device=shard.device)
     dist.all_gather_into_tensor(full, shard)
     if log is not None:
         log.add("all_gather", full.numel())
@@ -169,7 +173,8 @@ class ZeroAdamW:
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
     def _install_module_hooks(self) -> None:
-        """Per module that owns parameters: gather before forward, release after, gather before backward."""
+        """Per module that owns parameters: gather before forward, release after, gather before
+        backward."""
         for module in self.model.modules():
             own = list(module.parameters(recurse=False))
             if not own:
@@ -177,7 +182,8 @@ class ZeroAdamW:
             # (hooks must return None: a returned value would replace the inputs or outputs)
             module.register_forward_pre_hook(lambda m, args, own=own: self._gather_all(own))
             module.register_forward_hook(lambda m, args, out, own=own: self._release_all(own))
-            module.register_full_backward_pre_hook(lambda m, grad_out, own=own: self._gather_all(own))
+            module.register_full_backward_pre_hook(
+                lambda m, grad_out, own=own: self._gather_all(own))
 
     # ---- the step -------------------------------------------------------------------------
     def _adamw(self, param, grad, m, v) -> None:
@@ -206,10 +212,12 @@ class ZeroAdamW:
 
     @torch.no_grad()
     def step(self) -> None:
-        """One AdamW update of what this rank owns; stages 2-3 first send the last partial bucket."""
+        """One AdamW update of what this rank owns; stages 2-3 first send the last partial
+        bucket."""
         self.t += 1
         self._flush()                           # stages 2-3: the last, partly filled bucket
-        one = {0: self._step_ddp, 1: self._step_sharded, 2: self._step_sharded, 3: self._step_zero3}[self.stage]
+        one = {0: self._step_ddp, 1: self._step_sharded, 2: self._step_sharded,
+               3: self._step_zero3}[self.stage]
         for p in self.params:
             one(p)
 
@@ -222,7 +230,8 @@ class ZeroAdamW:
         """Every parameter, whole (gathered under stage 3), for comparing with a reference."""
         if self.stage < 3:
             return [p.detach().clone() for p in self.params]
-        return [all_gather_full(self.shard[p], self.numel[p], self.shape[p]).clone() for p in self.params]
+        return [all_gather_full(self.shard[p], self.numel[p], self.shape[p]).clone()
+                for p in self.params]
 
     def shard_bytes(self) -> int:
         """Bytes of the reduced gradient shards this rank holds now."""
@@ -234,4 +243,5 @@ class ZeroAdamW:
         params = nbytes(self.shard.values()) if self.stage == 3 else nbytes(self.params)
         grads = self.shard_bytes() if self.stage >= 2 else \
             nbytes(p.grad for p in self.params if p.grad is not None)
-        return {"params": params, "grads": grads, "optimizer": nbytes(self.m.values()) + nbytes(self.v.values())}
+        optimizer = nbytes(self.m.values()) + nbytes(self.v.values())
+        return {"params": params, "grads": grads, "optimizer": optimizer}
