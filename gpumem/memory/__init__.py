@@ -3,14 +3,16 @@
 Formulas, torch-free (``python -m gpumem estimate`` answers without importing torch):
 ``models`` (the registry), ``gpus`` (capacity as reported, usable after a reserve, speeds),
 ``policies`` (kernel, checkpoint, norm and AdamW names), ``accounting`` (model states by recipe,
-ZeRO stage and offload; ZeRO-3's working set), ``activations`` (tensor by tensor),
+ZeRO stage and offload; ZeRO-3's working set), ``zero3_schedule`` (DeepSpeed ZeRO-3's gather
+schedule replayed: the working set's gathered part), ``activations`` (tensor by tensor),
 ``megatron`` (Korthikanti's formula beside Llama's count), ``speed`` (FLOPs and seconds),
 ``recompute_plans`` and ``recompute_cost`` (checkpoint plans, their bytes and FLOPs),
 ``estimate``.
 
 Traced and measured, with torch: ``llama`` (the model), ``optim`` (mixed-precision AdamW, and
-which AdamW a trace runs), ``tracing`` (MemTracker on fake tensors), ``timeline`` (bytes per
-category after every operator), ``measure`` (real CPU and CUDA steps), ``crosscheck`` (formula
+which AdamW a trace runs), ``tracing`` (MemTracker on fake tensors: ``tracer`` traces a step,
+``trace_compose`` composes a full depth from three shallow ones), ``timeline`` (bytes per
+category after every operator; one ZeRO-3 GPU's view and verdict), ``measure`` (real CPU and CUDA steps), ``crosscheck`` (formula
 vs trace), ``ds_estimators`` (DeepSpeed's own estimators), ``bench``; for checkpointing,
 ``recompute`` (from scratch, PyTorch's, DeepSpeed's, selective; any plan on the Llama),
 ``recompute_trace`` (the forward/recompute/backward event trace), ``flops`` (FlopCounterMode),
