@@ -278,3 +278,28 @@ def test_notebook_prose_after_review():
     assert "preserve_rng_state" in prose and "31–33 %" not in prose
     assert ") on the tiny model" not in prose
     assert "*ZeRO-3 working set*" in prose
+
+
+def test_engine_checkpoint_restores_each_input_devices_generator(monkeypatch):
+    """Without a GPU, the CUDA path with stand-ins: the forward stashes the generator state of every
+    device its inputs live on, and the re-run restores exactly those states inside a fork_rng over
+    exactly those devices (so the caller's device generators move on as after a plain forward)."""
+    import contextlib
+    from gpumem.memory import recompute
+    states = {0: torch.tensor([1], dtype=torch.uint8), 2: torch.tensor([2], dtype=torch.uint8)}
+    calls = []
+    monkeypatch.setattr(recompute, "cuda_devices", lambda *xs: [0, 2])
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda d: states[d].clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, d: calls.append(("set", d, int(s))))
+
+    @contextlib.contextmanager
+    def fork(devices):
+        calls.append(("fork", list(devices)))
+        yield
+    monkeypatch.setattr(torch.random, "fork_rng", fork)
+    x = torch.randn(4, requires_grad=True)
+    out = recompute.Checkpoint.apply(lambda t: t * 2, x)
+    states[0].fill_(9)                                  # the device generators move on after the forward
+    out.sum().backward()
+    assert calls == [("fork", [0, 2]), ("set", 0, 1), ("set", 2, 2)]
+    assert torch.equal(x.grad, torch.full((4,), 2.0))

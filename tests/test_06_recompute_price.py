@@ -101,3 +101,18 @@ def test_chapter06_prose_names_the_price_not_a_third():
     text = " ".join(c.source for c in nb.cells if c.cell_type == "markdown").replace("\n", " ")
     assert "a third more compute" not in text and "(+33 %)" not in text
     assert "early-stop re-run" in text
+
+
+def test_config_text_within_100_columns_and_keeps_every_fsdp_field():
+    """The plan's FSDP and model-code fields are plain words, wrapped within 100 columns (the
+    DeepSpeed config stays JSON, as it is pasted); no field is dropped by the wrapping."""
+    import json
+    from gpumem.chapters.ch06_combining_strategies import diagrams, scenarios
+    for name in ("70b-8gpu", "405b-1024gpu"):
+        plan = scenarios.ask(name).best
+        text = diagrams.config_text(plan)
+        assert max(len(line) for line in text.splitlines()) <= 100
+        assert json.dumps(plan.deepspeed, indent=2) in text
+        flat = " ".join(text.split())
+        for key, value in (plan.fsdp or {}).items() | plan.model_code.items():
+            assert f"{key}: {' '.join(str(value).split())}" in flat

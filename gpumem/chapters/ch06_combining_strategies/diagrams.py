@@ -94,15 +94,22 @@ def plan_proof_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _fields(d: dict, width: int = 100) -> str:
+    """A plain-words dict as "  key: value" lines within ``width`` columns (continuations indented)."""
+    return "\n".join(textwrap.fill(f"{k}: {v}", width, initial_indent="  ", subsequent_indent="      ",
+                                    break_on_hyphens=False, break_long_words=False) for k, v in d.items())
+
+
 def config_text(plan) -> str:
-    """The plan's DeepSpeed config, indented, and its FSDP equivalent."""
-    fsdp = json.dumps(plan.fsdp, indent=2) if plan.fsdp else "none: FSDP has no such layout"
+    """The plan's DeepSpeed config (JSON, as it is pasted), its FSDP equivalent and what the
+    model's code must do (plain words, within 100 columns)."""
+    fsdp = _fields(plan.fsdp) if plan.fsdp else "  none: FSDP has no such layout"
     head = f"framework: {plan.layout.framework}\n"
     if plan.megatron:
         args = textwrap.wrap(" ".join(plan.megatron), 90, break_on_hyphens=False, break_long_words=False)
         head += "Megatron-DeepSpeed arguments:\n  " + " \\\n  ".join(args) + "\n"
     return (head + "DeepSpeed config:\n" + json.dumps(plan.deepspeed, indent=2) + "\nFSDP2 equivalent:\n" + fsdp
-            + "\nmodel code:\n" + json.dumps(plan.model_code, indent=2))
+            + "\nmodel code:\n" + _fields(plan.model_code))
 
 
 def layout_grid(layout, gpus_per_node: int = 8) -> str:
