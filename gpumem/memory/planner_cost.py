@@ -54,7 +54,7 @@ GPUS_PER_NODE = 8
 SCORE_BYTES = {"flash": 0, "naive": 20, "eager": 28}
 OFFLOAD_OVERLAP = 0.7      # share of compute time that offload copies can hide behind (stated)
 # The two prices of a re-run, by name (chapter 03's names): recompute_cost.step_flops(..., impl=KEY)
-RERUN = {"torch": "early-stop re-run", "scratch": "whole-segment re-run"}
+RERUN = recompute_cost.PRICE_NAMES
 
 
 def rerun_impl(lay: Layout) -> str:

@@ -26,6 +26,11 @@ from .recompute_plans import Plan, plan as make_plan, segments_of
 
 IMPLS = ("torch", "scratch")
 
+# The two prices of a re-run, by name (``impl`` of :func:`step_flops`): PyTorch's non-reentrant
+# checkpoint stops before the segment's last matmul; DeepSpeed's, Megatron's, use_reentrant=True
+# and the course's from-scratch checkpoint re-run the whole segment.
+PRICE_NAMES = {"torch": "early-stop re-run", "scratch": "whole-segment re-run"}
+
 
 def _plan(p: str | Plan, cfg: ModelConfig) -> Plan:
     return make_plan(p, cfg.n_layers) if isinstance(p, str) else p

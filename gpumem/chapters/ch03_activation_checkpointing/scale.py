@@ -16,7 +16,7 @@ MODELS = ("llama-3-8b", "llama-3-70b", "llama-3.1-405b")
 PLANS = ("none", "selective", "sac", "every-other", "sqrt", "every-2", "full")
 TRACED = ("none", "full", "every-2", "every-other", "selective")
 # The two prices of a re-run, by name: recompute_cost.step_flops(..., impl=KEY)
-PRICES = {"torch": "early-stop re-run", "scratch": "whole-segment re-run"}
+PRICES = recompute_cost.PRICE_NAMES
 PRICE_WHO = {"torch": "PyTorch non-reentrant: HF, torchtitan, FSDP",
              "scratch": "DeepSpeed, Megatron, use_reentrant=True, ours"}
 
