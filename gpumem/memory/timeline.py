@@ -7,7 +7,8 @@ traces one step with it (fake tensors: a full Llama-3-70B step takes seconds).
 
 :meth:`Timeline.zero3_per_gpu` turns the unsharded timeline into what one of N ZeRO-3 ranks
 holds: parameters, gradients and optimizer states (and the optimizer's workspace, which works on
-the shard) divided by N; activations and the gradients of activations unchanged, since every
+the shard) divided by N, the gradient shard held all step as DeepSpeed allocates it;
+activations and the gradients of activations unchanged, since every
 rank runs its own micro-batch; plus ZeRO-3's working set (``accounting.zero3_gathered``) where it
 is alive: the reduce bucket all step, the gathered parameters of the steady replay module by
 module, a fresh gradient in full at the operator that makes it. That view is derived from the
@@ -117,21 +118,26 @@ class Timeline:
                       cfg: models.ModelConfig | None = None) -> "Timeline":
         """What one of ``gpus`` ZeRO-3 ranks holds at each moment (see the module docstring).
 
-        The working set (``accounting.zero3_gathered``) is placed where it is alive, not added as
-        one constant: the reduce bucket all step; gathered parameters in forward and backward,
-        per module from the steady replay when ``cfg`` is given (else its peak throughout); a
-        gradient in full only at the operator that makes it (the traced growth of ``grads``,
-        which the unsharded trace would otherwise divide by N), since the trace already holds a
-        gradient still being computed among its temporaries (no double count)."""
+        The gradient shard is held all step, as DeepSpeed allocates it (its flat partition buffer,
+        ``stage3.py`` 791-793). The working set (``accounting.zero3_gathered``) is placed where it
+        is alive, not added as one constant: the reduce bucket all step; gathered parameters in
+        forward and backward, per module from the steady replay when ``cfg`` is given (else its
+        peak throughout); a gradient in full only at the operator that makes it (the traced
+        growth of ``grads``), since the trace already holds a gradient still being computed among
+        its temporaries (no double count)."""
         def split(values):
             return [accounting.shard(v, gpus) for v in values]
         s = self.series
         temps = [accounting.shard(t, gpus) if p == "optimizer" else t for p, t in zip(self.phases, s["temporaries"])]
-        grads = split(s["grads"])
+        # DeepSpeed allocates the gradient partition once (stage3.py grad_partitions_flat_buffer,
+        # every parameter's shard) and keeps it all step: the shard of every gradient, held from
+        # the first operator; a fresh full gradient comes on top at the operator that makes it
+        whole = max((g for g, p in zip(s["grads"], self.phases) if p == "backward"), default=0)
+        grads = [max(accounting.shard(whole, gpus), g) for g in split(s["grads"])]
         for i in range(1, len(self)):
             fresh = s["grads"][i] - s["grads"][i - 1]
             if self.phases[i] == "backward" and fresh > 0:
-                grads[i] += fresh - accounting.shard(fresh, gpus)
+                grads[i] += fresh
         if cfg is not None and gathered.steady:
             from . import zero3_schedule
             elem = gathered.grad // max(1, cfg.largest_layer_params())

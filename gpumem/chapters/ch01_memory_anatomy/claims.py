@@ -72,16 +72,17 @@ def _why_s2() -> str:
             "not combine ZeRO-3 with pipeline parallelism (layers split across GPUs in stages). "
             "Pure bf16 + ZeRO-3 on 8 + full checkpointing, from one GPU's timeline (chapter 02's row 2c "
             f"quotes the same one): it peaks at {_gb(z['total'], 1)} in {z['phase']} ({z['module'] or 'loss'}), "
-            f"near the end of backward, when nearly every gradient shard exists; ZeRO-3's gathered "
-            f"parameters and reduce bucket then hold {_gb(z['at']['gathered'], 1)}, beside the module's own "
-            f"full gradient (the working set at its largest is {_gb(d['gathered'], 1)} = "
+            f"with the sharded states (the gradient shard is allocated for the whole step), one "
+            f"sequence's checkpointed activations, the logits' gradient, and ZeRO-3's gathered "
+            f"parameters and reduce bucket ({_gb(z['at']['gathered'], 1)}; the working set at its "
+            f"largest is {_gb(d['gathered'], 1)} = "
             + " + ".join(f"{name} {_gb(b, 1)}" for name, b in d["gathered_parts"].items())
             + "; the largest module is the embedding or the output head, 1.05 B parameters each); "
-            + (f"{_gb(gpus.usable(one) - z['total'], 1)} under the usable {_gb(gpus.usable(one), 1)}: it fits, "
-               "narrowly." if fits else f"over the usable {_gb(gpus.usable(one), 1)}.")
-            + f" Summing every part gives {_gb(d['total'], 1)}, "
-            + ("over" if d["total"] > one.capacity else "under") + f" the capacity ({_gb(one.capacity, 1)}): "
-            "on the safe side here, the sum is too coarse to decide this case.")
+            + (f"{_gb(gpus.usable(one) - z['total'], 1)} under the usable {_gb(gpus.usable(one), 1)}: it fits."
+               if fits else f"{_gb(z['total'] - gpus.usable(one), 1)} over the usable {_gb(gpus.usable(one), 1)}: "
+               "it does not fit.")
+            + f" Summing every part at its largest gives {_gb(d['total'], 1)}: a safe bound that "
+            + ("agrees here." if (d["total"] > gpus.usable(one)) != fits else "is too coarse to decide here."))
 
 
 CLAIMS = [

@@ -111,13 +111,14 @@ def _zero3_explain(n: dict) -> str:
     z = steps.zero3_peak("llama-3-70b", "mixed", "none", n["gpus"])
     at = {k: v / GB for k, v in z["at"].items()}
     return (f"One GPU peaks at {n['answer']} GB in {z['phase']} ({z['module'] or 'loss'}), not in the "
-            f"optimizer step: weights {at['params']:.1f} + optimizer states {at['optimizer']:.1f} GB "
-            f"(1/{n['gpus']} each), activations {at['activations']:.1f} GB (its own sequence's, not "
+            f"optimizer step: weights {at['params']:.1f} + gradient shard {at['grads']:.1f} + optimizer "
+            f"states {at['optimizer']:.1f} GB (1/{n['gpus']} each), activations {at['activations']:.1f} GB (its own sequence's, not "
             f"split), temporaries {at['temporaries']:.1f} GB (the logits' gradient) and the working set "
             f"{at['gathered']:.1f} GB. Sharding shrinks the optimizer step's peak {n['gpus']}-fold but "
             "not the activations, so the peak moves to where they are largest: the turn from forward "
-            f"to backward. Estimate: ({n['p_gb']:,.1f} + {n['o_gb']:,.1f}) / {n['gpus']} + {n['a_gb']:.1f}"
-            f" + {n['w_gb']:.1f} GB, no gradient yet at that moment.")
+            f"to backward. Estimate: ({n['p_gb']:,.1f} + {n['g_gb']:,.1f} + {n['o_gb']:,.1f}) / {n['gpus']} + "
+            f"{n['a_gb']:.1f} + {n['w_gb']:.1f} GB: no gradient has been computed yet, but DeepSpeed "
+            "allocates the gradient shard once, for the whole step.")
 
 
 QUIZ = Quiz("01_memory_anatomy", [

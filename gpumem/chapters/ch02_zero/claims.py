@@ -62,19 +62,23 @@ def zero3_pure_bf16_fit(seq: int = 4096) -> dict:
 def _why_2c() -> str:
     f, w = zero3_pure_bf16_fit(), zero3_working_set()
     at = f["at_peak"]
-    verdict = "it fits, narrowly" if f["fits"] else "it does not fit"
-    return (f"The number is right for the note's pure-bf16 recipe (8 B/param over 8 GPUs). Whether it "
-            f"fits needs what else a rank holds, and when. An H100 80GB may use {_gb(f['usable'])} (it "
-            f"reports {_gb(f['capacity'])}, less the reserve). The ZeRO-3 working set is "
+    verdict = ("it fits, narrowly" if f["usable"] - f["peak"] < 5 * GB else "it fits") if f["fits"] else \
+        f"over by {_gb(f['peak'] - f['usable'])}: it does not fit"
+    return (f"The number is right for the note's pure-bf16 recipe (8 B/param over 8 GPUs), the "
+            f"conclusion is not. An H100 80GB may use {_gb(f['usable'])} (it reports "
+            f"{_gb(f['capacity'])}, less the reserve). A rank also holds ZeRO-3's working set, "
             f"{_gb(w['total'])} at its largest: {_gb(w['gathered_steady'])} of gathered parameters at the "
             f"steady peak, the embedding's full gradient ({_gb(w['largest_gradient'])}) and DeepSpeed's "
-            f"reduce bucket ({_gb(w['reduce_bucket'])}). One GPU's timeline with full checkpointing "
-            f"(chapter 01, section 6) peaks at {_gb(f['peak'])} at {f['peak_at']}: sharded states "
-            f"{_gb(at['params'] + at['grads'] + at['optimizer'])}, working set {_gb(at['gathered'])}, "
-            f"activations {_gb(at['activations'])}, temporaries {_gb(at['temporaries'])}: {verdict}. "
-            f"Adding every part at its largest ({_gb(f['sum_of_parts'])}) would say no, but the "
-            f"forward's activation peak and the embedding's gradient never meet. The standard recipe "
-            f"needs {_gb(_states('mixed', 3).total)} of states per GPU.")
+            f"reduce bucket ({_gb(w['reduce_bucket'])}); and activations. One GPU's timeline with full "
+            f"checkpointing (chapter 01's row S2 quotes the same one) peaks at {_gb(f['peak'])} at "
+            f"{f['peak_at']}: the sharded states {_gb(at['params'] + at['grads'] + at['optimizer'])} "
+            f"(DeepSpeed allocates the gradient shard once, for the whole step), activations "
+            f"{_gb(at['activations'])} (the layer inputs and the loss's tensors), temporaries "
+            f"{_gb(at['temporaries'])} (the logits' gradient) and gathered parameters with the bucket "
+            f"{_gb(at['gathered'])}: {verdict}. The sum of every part at its largest, "
+            f"{_gb(f['sum_of_parts'])}, over-counts a little (the embedding's gradient and the forward's "
+            f"activation peak never meet). The standard recipe needs {_gb(_states('mixed', 3).total)} "
+            f"of states per GPU.")
 
 
 # The note's ZeRO table, in its own pure-bf16 recipe (2 + 2 + 4 bytes per parameter).
