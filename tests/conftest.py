@@ -50,3 +50,12 @@ def gpu_record(request):
             with open(path, "a") as f:
                 f.write(json.dumps(row) + "\n")
     return record
+
+
+def cell_output(cell) -> str:
+    """A stored notebook cell's text outputs, joined (stream text and text/plain results)."""
+    out = []
+    for o in cell.get("outputs", []):
+        text = o.get("text") or o.get("data", {}).get("text/plain", "")
+        out.append("".join(text) if isinstance(text, list) else text)
+    return "".join(out)

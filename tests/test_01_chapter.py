@@ -11,6 +11,7 @@ import pytest
 
 from gpumem.chapters.ch01_memory_anatomy import diagrams
 from gpumem.memory import gpus, models
+from conftest import cell_output
 
 ROOT = Path(__file__).resolve().parents[1]
 NB01 = ROOT / "notebooks" / "01_memory_anatomy.ipynb"
@@ -22,18 +23,10 @@ def _cells(path):
     return json.loads(path.read_text())["cells"]
 
 
-def _text(cell) -> str:
-    out = []
-    for o in cell.get("outputs", []):
-        t = o.get("text") or o.get("data", {}).get("text/plain", "")
-        out.append("".join(t) if isinstance(t, list) else t)
-    return "".join(out)
-
-
 def _checked_lines(path):
     for i, c in enumerate(_cells(path)):
         if c["cell_type"] == "code" and "nbval-check-output" in c.get("metadata", {}).get("tags", []):
-            for line in _text(c).splitlines():
+            for line in cell_output(c).splitlines():
                 yield i, line
 
 
@@ -125,7 +118,7 @@ def test_section_headings_unchanged_and_results_first():
 def test_section_leads_quote_numbers_the_notebook_prints():
     """Every GB/MB figure in a section's lead sentence is in a stored output of the notebook."""
     md = "\n\n".join(_markdown(NB01))
-    outputs = "\n".join(_text(c) for c in _cells(NB01) if c["cell_type"] == "code")
+    outputs = "\n".join(cell_output(c) for c in _cells(NB01) if c["cell_type"] == "code")
     for head in HEADINGS:
         lead = md.split(f"## {head}\n", 1)[1].lstrip()
         lead = lead.split("**", 2)[1] if lead.startswith("**") else ""

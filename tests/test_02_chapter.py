@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, cell_output
 from gpumem.chapters.ch02_zero import diagrams, ds_config_note, tables, zero3_tables
 from gpumem.memory import models
 
@@ -22,14 +22,6 @@ def cells():
 
 def text(cell) -> str:
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-
-
-def outputs(cell) -> str:
-    out = []
-    for o in cell.get("outputs", []):
-        t = o.get("text") or o.get("data", {}).get("text/plain", "")
-        out.append("".join(t) if isinstance(t, list) else t)
-    return "".join(out)
 
 
 def main_and_deeper() -> tuple[list[dict], list[dict]]:
@@ -63,7 +55,7 @@ def test_main_path_states_the_zero3_result_with_a_computed_number():
     assert "every layer is gathered twice" in prose.lower()
     summary = [c for c in main if c["cell_type"] == "code" and "zero3_step_summary" in text(c)]
     assert len(summary) == 1 and TAG in summary[0]["metadata"].get("tags", [])
-    assert zero3_tables.zero3_step_summary("llama-3-70b") in outputs(summary[0])
+    assert zero3_tables.zero3_step_summary("llama-3-70b") in cell_output(summary[0])
 
 
 # terms the gather-trace section used to define first; the main path must define them itself
@@ -88,7 +80,7 @@ def test_checked_outputs_carry_no_machine_dependent_values():
     for c in cells():
         if c["cell_type"] != "code":
             continue
-        out = outputs(c)
+        out = cell_output(c)
         assert "<Figure size" not in out
         if TAG not in c["metadata"].get("tags", []):
             continue
@@ -104,7 +96,7 @@ def test_checked_tables_no_wider_than_100_characters():
     """Every checked output except printed library source (code, not a table)."""
     for c in cells():
         if c["cell_type"] == "code" and TAG in c["metadata"].get("tags", []) and "getsource" not in text(c):
-            for line in outputs(c).splitlines():
+            for line in cell_output(c).splitlines():
                 assert len(line) <= 100, line
 
 
@@ -119,7 +111,7 @@ def test_layers_are_named_0_based():
     """Prose names layers as the code does: layers.0 .. layers.79 for 70B; never 'layer 80'."""
     n = models.get("llama-3-70b").n_layers
     for c in cells():
-        t = text(c) + outputs(c)
+        t = text(c) + cell_output(c)
         assert not re.search(rf"\blayers?[ .]{n}\b", t), t[:120]
         assert "first layer" not in text(c)
 

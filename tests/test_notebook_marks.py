@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, cell_output
 
 NOTEBOOKS = sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb")])
 TAG = "nbval-check-output"
@@ -54,14 +54,6 @@ def test_stored_outputs_are_clean(path):
                 assert b not in text, f"{path.name}: {b!r} in the output of {''.join(cell['source'])[:60]!r}"
 
 
-def _text(cell) -> str:
-    out = []
-    for o in cell.get("outputs", []):
-        text = o.get("text") or o.get("data", {}).get("text/plain", "")
-        out.append("".join(text) if isinstance(text, list) else text)
-    return "".join(out)
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_checked_outputs_fit_100_columns_and_plots_are_pictures(path):
     """Issue 17: GitHub and the site wrap a table wider than 100 characters, and a plot stores a
@@ -69,7 +61,7 @@ def test_checked_outputs_fit_100_columns_and_plots_are_pictures(path):
     cells = json.loads(path.read_text())["cells"]
     for cell in cells:
         if cell["cell_type"] == "code":
-            assert "<Figure size" not in _text(cell), "".join(cell["source"])[:80]
+            assert "<Figure size" not in cell_output(cell), "".join(cell["source"])[:80]
     for cell in checked(cells):
-        wide = [line for line in _text(cell).splitlines() if len(line) > 100]
+        wide = [line for line in cell_output(cell).splitlines() if len(line) > 100]
         assert not wide, f"{len(wide[0])} columns: {wide[0][:80]}"
