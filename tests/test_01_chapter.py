@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import cell_output
 from gpumem.chapters.ch01_memory_anatomy import diagrams
 from gpumem.memory import gpus, models
-from conftest import cell_output
 
 ROOT = Path(__file__).resolve().parents[1]
 NB01 = ROOT / "notebooks" / "01_memory_anatomy.ipynb"
