@@ -35,10 +35,12 @@ ZeRO-3, opt+params nvme  0                       2 s                 18 s
 gradient partition, 2 s, which DeepSpeed allocates in host memory whenever it offloads.)
 """
 
-from functools import lru_cache
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..errors import UsageError, one_of, positive_int
+from . import zero3_schedule
+from .models import with_layers
 
 RECIPES = ("pure-bf16", "mixed", "mixed-ds", "fp32")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -275,7 +277,6 @@ def zero3_gathered(cfg_or_largest_params, recipe: str, prefetch_bucket: int = DS
       model's size.
     All in the parameters' dtype (bf16, or fp32 for the fp32 recipe).
     """
-    from . import zero3_schedule   # torch-free; imports models only
     for value, what in ((prefetch_bucket, "prefetch bucket"), (reduce_bucket, "reduce bucket")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise UsageError(f"{what} must be a whole number of elements >= 0, got {value!r}")
@@ -283,7 +284,6 @@ def zero3_gathered(cfg_or_largest_params, recipe: str, prefetch_bucket: int = DS
     if hasattr(cfg_or_largest_params, "largest_layer_params"):
         cfg = cfg_or_largest_params
         if layers is not None and layers != cfg.n_layers:
-            from .models import with_layers
             cfg = with_layers(cfg, positive_int(layers, "layers"))
         largest = -(-cfg.largest_layer_params() // positive_int(tp, "tensor-parallel size"))
         gathered = _steady_gathered(cfg, e, tp, prefetch_bucket)
@@ -295,6 +295,5 @@ def zero3_gathered(cfg_or_largest_params, recipe: str, prefetch_bucket: int = DS
 
 @lru_cache(maxsize=256)
 def _steady_gathered(cfg, elem_bytes: int, tp: int, prefetch_bucket: int) -> int:
-    from . import zero3_schedule
     return max(zero3_schedule.gathered_by_moment(cfg, {"stage3_prefetch_bucket_size": prefetch_bucket},
                                                  elem_bytes, tp).values())

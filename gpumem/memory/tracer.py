@@ -16,6 +16,7 @@ each implementation allocates, is said in ``gpumem.memory.optim``.
 """
 
 import contextlib
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -94,14 +95,15 @@ class PeakTracker(MemTracker):
         self.at_moments: dict[tuple[str, str], tuple[int, dict, int]] = {}
         self.updates = 0
         self._entered: dict[str, int] = {}   # module name -> when it was last entered
+        self._clock = itertools.count()
 
     def _pre_fw_hook(self, module, inputs) -> None:
-        self._entered[self._mod_tracker.get_known_fqn(module)] = len(self._entered) + self.updates
+        self._entered[self._mod_tracker.get_known_fqn(module)] = next(self._clock)
         super()._pre_fw_hook(module, inputs)
 
     def _pre_bw_hook(self, module, args) -> None:
         if module is not None:
-            self._entered[self._mod_tracker.get_known_fqn(module)] = len(self._entered) + self.updates
+            self._entered[self._mod_tracker.get_known_fqn(module)] = next(self._clock)
         super()._pre_bw_hook(module, args)
 
     def moment(self) -> Moment:

@@ -3,8 +3,8 @@
 A composed trace of Llama-3-70B takes about a second and a full timeline several; the scenario
 box, the claims ledger and the quiz all need the same few, so they are cached here
 (``functools.lru_cache``). Everything is the engine's: ``tracing.trace_fast``,
-``timeline.record``, ``Timeline.zero3_per_gpu`` with ``accounting.zero3_gathered`` (read at call
-time, so a change to the working set follows into every figure of the chapter).
+``timeline.recorded`` and ``timeline.zero3_peak`` (one GPU's ZeRO-3 verdict, with the working set
+of ``accounting.zero3_gathered``, read at call time).
 
 ``split_states`` is the best case of any sharding: model states divided evenly over N GPUs,
 each GPU running its own micro-batch, nothing else. Without a timeline it brackets one GPU's
@@ -16,7 +16,7 @@ gradient shards it would double-count).
 
 from functools import lru_cache
 
-from gpumem.memory import accounting, models, timeline as timelines, tracing
+from gpumem.memory import timeline as timelines, tracing
 from gpumem.memory.estimate import estimate
 
 
@@ -31,13 +31,6 @@ def timeline(model: str, recipe: str = "mixed", policy: str = "none", seq: int =
     """One unsharded step's timeline (every operator, ``timeline.recorded``: cached in the engine,
     so chapter 02's verdict reads the same one)."""
     return timelines.recorded(model, recipe, "flash", policy, seq)
-
-
-def zero3_view(model: str, recipe: str = "mixed", policy: str = "none", gpus: int = 8,
-               seq: int = 4096) -> timelines.Timeline:
-    """One GPU's timeline under ZeRO-3 over ``gpus``: sharded states, own activations, working set."""
-    cfg = models.get(model)
-    return timeline(model, recipe, policy, seq).zero3_per_gpu(gpus, accounting.zero3_gathered(cfg, recipe), cfg)
 
 
 @lru_cache(maxsize=None)
