@@ -27,3 +27,16 @@ def one_of(value, accepted, name: str):
         listed = ", ".join(str(a) for a in accepted)
         raise UsageError(f"unknown {name} {value!r}; accepted: {listed}")
     return value
+
+
+class RunFailure(RuntimeError):
+    """An experiment's run failed (a rank raised, was killed or stalled; the disk was full).
+
+    ``str(err)`` is one line naming the rank and the cause; ``err.detail`` holds the longer story
+    (a rank's traceback) for a notebook or ``--verbose``. The command line prints the one line
+    and exits with status 1.
+    """
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail

@@ -10,7 +10,7 @@ included):
     course    gpumem.course.*                                    engine, base
     dist      gpumem.dist.*                                      memory, base
     memory    gpumem.memory.*                                    base
-    base      gpumem, gpumem.units, gpumem.errors                base
+    base      gpumem, gpumem.units, gpumem.errors, gpumem.scratch base
 """
 
 import ast
@@ -39,7 +39,7 @@ MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
 
 def layer(mod: str) -> str:
     parts = mod.split(".")
-    if mod in ("gpumem", "gpumem.units", "gpumem.errors"):
+    if mod in ("gpumem", "gpumem.units", "gpumem.errors", "gpumem.scratch"):
         return "base"
     if len(parts) >= 2 and parts[1] in ("memory", "dist", "course"):
         return parts[1]
