@@ -67,36 +67,51 @@ class Quiz:
             if not quiet:
                 print(f"[{q.id}] {q.prompt_text()}")
 
-    def respond(self, qid: str, value) -> tuple[bool | None, str]:
-        """Grade one answer (or a request for the answer) and say what to show the learner.
+    def judge(self, qid: str, value) -> tuple[bool | None, str, list]:
+        """Grade one answer (or a request for the answer) without saving it.
 
-        Returns (right?, text); right? is None when nothing was graded (unreadable value, answer
-        shown). Graded attempts are saved; a value that cannot be read is not an attempt.
+        Returns (right?, text, saves): right? is None when nothing was graded (unreadable value,
+        answer shown); ``saves`` is what :meth:`record` writes to the progress file once the
+        text has been shown. A value that cannot be read is not an attempt.
         """
-        q = self._get(qid)
+        q, saves = self._get(qid), []
         if isinstance(value, str) and value.strip().lower() in REVEAL:
-            return None, self._reveal(q, "The answer")
+            return None, self._reveal(q, "The answer", saves), saves
         ok, got, note = q.judge(value)
         if ok is None:
-            return None, note[:1].upper() + note[1:] + "."
+            return None, note[:1].upper() + note[1:] + ".", saves
         note = f" ({note})" if note else ""
         if q.attempt.revealed:
             return ok, (f"{'Right' if ok else 'Not quite'}{note}, but the answer was shown, so this try "
-                        f"is not counted. {self._again(q)}")
-        save_result(self.name, q.id, ok)
+                        f"is not counted. {self._again(q)}"), saves
+        saves.append(lambda: save_result(self.name, q.id, ok))
         if ok:
             q.attempt.solved = True
-            return True, f"Correct{note}. {q.explanation_text()}"
+            return True, f"Correct{note}. {q.explanation_text()}", saves
         q.attempt.tries += 1
         if q.attempt.tries == 1:
             hint = q.hint_for(got)
             hint = hint[:1].upper() + hint[1:]
-            return False, f"Not quite{note}. Hint: {hint} Try again, or ask for the answer."
-        return False, self._reveal(q, f"Not quite{note}: the answer")
+            return False, f"Not quite{note}. Hint: {hint} Try again, or ask for the answer.", saves
+        return False, self._reveal(q, f"Not quite{note}: the answer", saves), saves
 
-    def _reveal(self, q: Question, head: str) -> str:
+    @staticmethod
+    def record(saves: list) -> str:
+        """Write what :meth:`judge` graded to the progress file; never raises. Returns '' or one
+        line to show after the feedback (the save failed and is kept for this session, or a bad
+        progress file was set aside)."""
+        return " ".join(note for note in (save() for save in saves) if note)
+
+    def respond(self, qid: str, value) -> tuple[bool | None, str]:
+        """Grade one answer (or a request for the answer), save it, and say what to show the
+        learner: (right?, text), as :meth:`judge`, with the save's line (if any) after the text."""
+        ok, text, saves = self.judge(qid, value)
+        note = self.record(saves)
+        return ok, f"{text}\n{note}" if note else text
+
+    def _reveal(self, q: Question, head: str, saves: list) -> str:
         q.attempt.revealed = True
-        save_reveal(self.name, q.id)
+        saves.append(lambda: save_reveal(self.name, q.id))
         return f"{head} is {q.expected()}. {q.explanation_text()} {self._again(q)}"
 
     @staticmethod
@@ -105,10 +120,13 @@ class Quiz:
         return f'For another try, press {button} or run quiz.renew("{q.id}").'
 
     def answer(self, qid: str, value) -> bool:
-        """Grade one answer, print the feedback, save progress; returns whether it was right.
-        ``value`` ``"show"`` prints the answer instead."""
-        ok, text = self.respond(qid, value)
+        """Grade one answer, print the feedback, then save progress (a failed save prints one line
+        and the quiz goes on); returns whether it was right. ``value`` ``"show"`` prints the answer."""
+        ok, text, saves = self.judge(qid, value)
         print(text)
+        note = self.record(saves)
+        if note:
+            print(note)
         return bool(ok)
 
     def reveal(self, qid: str) -> None:

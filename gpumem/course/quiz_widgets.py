@@ -2,7 +2,7 @@
 (Check, Show answer, New numbers / Try again) and a feedback line.
 
 The widgets only display; grading, hints, revealing and drawing new numbers are the quiz's own
-(:meth:`gpumem.course.quiz.Quiz.respond`, :meth:`~gpumem.course.quiz.Quiz.renew`), so a widget
+(:meth:`gpumem.course.quiz.Quiz.judge`, :meth:`~gpumem.course.quiz.Quiz.renew`), so a widget
 and ``quiz.answer`` in text mode can never disagree. CSS classes name each part
 (``gpumem-question-<id>``, ``gpumem-prompt-<id>``, ``gpumem-feedback-<id>``) for the browser test.
 """
@@ -38,11 +38,18 @@ def question_widget(quiz, q):
     def say(ok, text):
         out.value = f'<div style="color:{COLOURS[ok]}">{html.escape(text)}</div>'
 
+    def respond(value):          # feedback first, then the save (and its line if it failed)
+        ok, text, saves = quiz.judge(q.id, value)
+        say(ok, text)
+        note = quiz.record(saves)
+        if note:
+            say(ok, f"{text} {note}")
+
     def on_check(_):
-        say(*quiz.respond(q.id, entry.value))
+        respond(entry.value)
 
     def on_show(_):
-        say(*quiz.respond(q.id, "show"))
+        respond("show")
 
     def on_again(_):
         quiz.renew(q.id, quiet=True)
