@@ -2,11 +2,25 @@
 
 A lab's ``check()`` builds a :class:`Report`. Each row says which function and case, and either
 ``ok``, ``todo`` (the function still raises ``NotImplementedError``), ``wrong`` (expected vs got)
-or ``error`` (the exception it raised). A report never raises, so an unsolved lab can be checked.
+or ``error`` (the exception it raised, or "took longer than N s"). A report never raises, so an
+unsolved or hostile submission can be checked: every case runs through :func:`run_case`, which
+puts the learner's call *and* the grader's comparison under one guard and one time limit
+(:func:`time_limit`, :func:`case_seconds`). Only Ctrl-C (``KeyboardInterrupt``) and
+``SystemExit`` go through, as the learner asked for them.
 """
 
+import contextlib
+import io
+import os
+import signal
+import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+CASE_SECONDS = 120.0       # per case; generous for a slow laptop; GPUMEM_CASE_SECONDS overrides
+OUTPUT_CHARS = 20_000      # what one case may print (stdout and stderr each); the rest is counted
+DETAIL_CHARS = 300         # a row's detail is one line at most this long
 
 
 @dataclass
@@ -55,23 +69,232 @@ class Report:
         printer.text(self.summary())
 
 
+class TookTooLong(BaseException):
+    """A case ran past its time limit. A BaseException, so a learner's ``except Exception`` (or a
+    retry loop around one) does not swallow it."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"took longer than {seconds:g} s (stopped)")
+
+
+class Todo(Exception):
+    """The learner's function still raises ``NotImplementedError``."""
+
+
+class LearnerError(Exception):
+    """The learner's function raised: ``str()`` is the exception's type and first line."""
+
+def case_seconds(seconds: float | None = None, cases: int = 1) -> float:
+    """The time limit for ``cases`` cases run as one: ``seconds`` if given, else the environment's
+    ``GPUMEM_CASE_SECONDS``, else :data:`CASE_SECONDS`, per case."""
+    if seconds is None:
+        try:
+            seconds = float(os.environ.get("GPUMEM_CASE_SECONDS", CASE_SECONDS))
+        except ValueError:
+            seconds = CASE_SECONDS
+    return seconds * cases
+
+
+_active = threading.local()
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raise :class:`TookTooLong` in this thread once ``seconds`` have passed (a limit already
+    running in this thread governs a nested one). In the main thread on POSIX (a Jupyter kernel
+    runs cells there) a real-time timer's SIGALRM raises it, again every 0.25 s after the limit,
+    so a learner's bare ``except:`` cannot keep a loop alive; elsewhere a watchdog thread does
+    the same (:func:`_watchdog`). A C-level operation (one long torch kernel, a blocking
+    collective) is not interrupted: the limit strikes when control returns to Python."""
+    if getattr(_active, "on", False) or not seconds or seconds <= 0:
+        yield
+        return
+    _active.on, armed = True, [True]
+
+    def stop():
+        if armed[0]:
+            raise TookTooLong(seconds)
+    try:
+        if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+            previous = signal.signal(signal.SIGALRM, lambda signum, frame: stop())
+            outer = signal.setitimer(signal.ITIMER_REAL, seconds, 0.25)
+            try:
+                yield
+            finally:
+                while armed[0]:                   # a strike landing here is dropped: the case ended
+                    try:
+                        armed[0] = False
+                    except TookTooLong:
+                        pass
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+                if outer[0]:                      # someone else's timer goes on
+                    signal.setitimer(signal.ITIMER_REAL, *outer)
+        else:
+            with _watchdog(seconds, armed):
+                yield
+    finally:
+        _active.on = False
+
+
+@contextlib.contextmanager
+def _watchdog(seconds: float, armed: list):
+    """Off the main thread: a watchdog thread raises TookTooLong in this one (CPython's
+    ``PyThreadState_SetAsyncExc``, delivered between bytecodes), again every 0.25 s until the
+    case ends; a strike still pending when it ends is withdrawn."""
+    import ctypes
+    tid, lock, stopped = threading.get_ident(), threading.Lock(), threading.Event()
+    strike = type("TookTooLong", (TookTooLong,), {"__init__": lambda self: TookTooLong.__init__(self, seconds)})
+    send = ctypes.pythonapi.PyThreadState_SetAsyncExc
+
+    def watch():
+        waits = iter([seconds])
+        while not stopped.wait(next(waits, 0.25)):
+            with lock:
+                if armed[0]:
+                    send(ctypes.c_ulong(tid), ctypes.py_object(strike))
+    threading.Thread(target=watch, daemon=True, name="gpumem-case-limit").start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        while armed[0]:
+            try:
+                with lock:
+                    armed[0] = False
+                    send(ctypes.c_ulong(tid), ctypes.py_object())      # NULL: withdraw a pending strike
+            except TookTooLong:
+                pass
+
+
+class _Capped(io.TextIOBase):
+    """A stream that passes on the first ``limit`` characters and counts the rest."""
+
+    def __init__(self, target, limit: int):
+        self.target, self.limit, self.written = target, limit, 0
+
+    def write(self, s: str) -> int:
+        room = self.limit - self.written
+        if room > 0:
+            self.target.write(s[:room])
+        self.written += len(s)
+        return len(s)
+
+    def flush(self):
+        self.target.flush()
+
+
+@contextlib.contextmanager
+def capped_output(limit: int = OUTPUT_CHARS):
+    """Let what the learner's code prints through, up to ``limit`` characters per stream."""
+    out, err = _Capped(sys.stdout, limit), _Capped(sys.stderr, limit)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield
+    finally:
+        for stream in (out, err):
+            if stream.written > limit:
+                stream.target.write(f"\n[... {stream.written - limit:,} more characters printed, not shown]\n")
+
+
+def one_line(text: str, limit: int = DETAIL_CHARS) -> str:
+    """The first non-empty line of ``text``, cut to ``limit`` characters."""
+    line = next((s.strip() for s in str(text).splitlines() if s.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def error_line(err: BaseException) -> str:
+    """An exception as one line: its type and first line; a pydantic error as each field's path,
+    complaint and input."""
+    errors = getattr(err, "errors", None)
+    if type(err).__name__ == "ValidationError" and callable(errors):
+        with contextlib.suppress(Exception):
+            return one_line("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}, got {e.get('input')!r}"
+                                      for e in errors()))
+    return one_line(f"{type(err).__name__}: {err}")
+
+
+def kind(value: Any) -> str:
+    """What a value is, in words a learner reads: 'None', 'a numpy.ndarray of shape (3,)',
+    'a torch.Tensor of shape (2, 4) on meta', "a str ('zero3')", 'a dict with keys a, b'."""
+    if value is None:
+        return "None"
+    t = type(value)
+    name = t.__name__ if t.__module__ == "builtins" else f"{t.__module__.split('.')[0]}.{t.__name__}"
+    article = "an" if name[0].lower() in "aeiou" else "a"
+    shape = getattr(value, "shape", None)
+    if shape is not None and not isinstance(value, type):
+        where = getattr(value, "device", None) if name.startswith("torch.") else None
+        return f"{article} {name} of shape {tuple(shape)}" + (f" on {where}" if where is not None else "")
+    more = (f" ({one_line(repr(value), 60)})" if isinstance(value, (str, int, float)) else
+            " with keys " + one_line(", ".join(map(str, value)) or "(none)", 120) if isinstance(value, dict) else
+            f" of {len(value)} item(s)" if isinstance(value, (list, tuple)) else "")
+    return f"{article} {name}{more}"
+
+
+def returned(value: Any, expected: str) -> str:
+    """'returned X, expected Y' in the learner's terms; None asks about a forgotten return."""
+    if value is None:
+        return "returned None -- did you forget `return`?"
+    return f"returned {kind(value)}, expected {expected}"
+
+
+def call(fn: Callable, *args, **kwargs):
+    """Call the learner's ``fn``: ``NotImplementedError`` becomes :class:`Todo`, any other
+    exception :class:`LearnerError`; what it prints is capped (:func:`capped_output`)."""
+    if not callable(fn):
+        raise LearnerError(f"it is {kind(fn)}, not a function")
+    try:
+        with capped_output():
+            return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise Todo() from None
+    except Exception as err:  # the learner's bug, reported, not raised
+        raise LearnerError(error_line(err)) from None
+
+
+def run_case(report: Report, function: str, case: str, body: Callable[[], tuple[str, str]],
+             seconds: float | None = None, on_crash: Callable[[Exception], str] | None = None) -> Row:
+    """Add the row of one case: ``body()`` returns ``(status, detail)`` and calls the learner
+    through :func:`call`. Nothing escapes: a learner's exception is an ``error`` row, a case past
+    its time limit an ``error`` row "took longer than N s (stopped)", and a check the learner's
+    value broke (the grader's compare raising on a numpy array) a ``wrong`` row saying
+    ``on_crash(err)`` (default: the exception in one line)."""
+    try:
+        with time_limit(case_seconds(seconds)):
+            status, detail = body()
+    except Todo:
+        status, detail = "todo", f"{function} still raises NotImplementedError"
+    except (LearnerError, TookTooLong) as err:
+        status, detail = "error", str(err)
+    except Exception as err:  # the learner's value broke the check
+        status, detail = "wrong", f"could not be checked: {error_line(err)}"
+        with contextlib.suppress(Exception):
+            detail = on_crash(err) if on_crash else detail
+    row = Row(function, case, status, one_line(detail or "") if status != "ok" else detail or "")
+    report.rows.append(row)
+    return row
+
+
 def grade(report: Report, name: str, fn: Callable | None, cases: list[tuple[str, dict, Any]],
-          compare: Callable[[Any, Any], bool] | None = None, show: Callable[[Any], str] = repr) -> None:
-    """Run ``fn(**kwargs)`` for each ``(case, kwargs, expected)`` and add a row per case."""
+          compare: Callable[[Any, Any], bool] | None = None, show: Callable[[Any], str] = repr,
+          seconds: float | None = None) -> None:
+    """Run ``fn(**kwargs)`` for each ``(case, kwargs, expected)`` and add a row per case, the
+    call, the compare and ``show`` all under :func:`run_case`'s guard and time limit."""
+    import copy
     compare = compare or (lambda got, want: got == want)
     for case, kwargs, expected in cases:
         if fn is None:
             report.rows.append(Row(name, case, "todo", f"define {name}"))
             continue
-        try:
-            got = fn(**kwargs)
-        except NotImplementedError:
-            report.rows.append(Row(name, case, "todo", f"{name} still raises NotImplementedError"))
-            continue
-        except Exception as err:  # the learner's bug, reported, not raised
-            report.rows.append(Row(name, case, "error", f"{type(err).__name__}: {err}"))
-            continue
-        if compare(got, expected):
-            report.rows.append(Row(name, case, "ok"))
-        else:
-            report.rows.append(Row(name, case, "wrong", f"expected {show(expected)}, got {show(got)}"))
+        box: dict = {}
+
+        def body(kwargs=kwargs, expected=expected):
+            got = box["got"] = call(fn, **copy.deepcopy(kwargs))   # mutating its inputs changes no case
+            if got is None and expected is not None:
+                return "wrong", returned(None, "")
+            if bool(compare(got, expected)):
+                return "ok", ""
+            return "wrong", one_line(f"expected {show(expected)}, got {one_line(show(got), 150)}")
+        run_case(report, name, case, body, seconds,
+                 on_crash=lambda err: returned(box.get("got"), kind(expected)))
