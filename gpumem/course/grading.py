@@ -1,13 +1,7 @@
-"""Grading for labs: run the learner's functions on cases, compare with independent references.
-
-A lab's ``check()`` builds a :class:`Report`. Each row says which function and case, and either
-``ok``, ``todo`` (the function still raises ``NotImplementedError``), ``wrong`` (expected vs got)
-or ``error`` (the exception it raised, or "took longer than N s"). A report never raises, so an
-unsolved or hostile submission can be checked: every case runs through :func:`run_case`, which
-puts the learner's call *and* the grader's comparison under one guard and one time limit
-(:func:`time_limit`, :func:`case_seconds`). Only Ctrl-C (``KeyboardInterrupt``) and
-``SystemExit`` go through, as the learner asked for them.
-"""
+"""Grading for labs: a lab's ``check()`` builds a :class:`Report` of rows ``ok``, ``todo`` (still
+raises ``NotImplementedError``), ``wrong`` (expected vs got) or ``error`` (what it raised, or "took
+longer than N s"). It never raises: each case runs through :func:`run_case`, the learner's call
+*and* the grader's comparison under one guard and time limit; only Ctrl-C and SystemExit pass."""
 
 import contextlib
 import io
@@ -52,8 +46,7 @@ class Report:
         return [r for r in self.rows if r.status in ("wrong", "error")]
 
     def summary(self) -> str:
-        ok = sum(r.status == "ok" for r in self.rows)
-        lines = [f"{self.lab}: {ok}/{len(self.rows)} checks pass"]
+        lines = [f"{self.lab}: {sum(r.status == 'ok' for r in self.rows)}/{len(self.rows)} checks pass"]
         if self.todo:
             lines.append("still to do: " + ", ".join(self.todo))
         for r in self.problems:
@@ -62,16 +55,14 @@ class Report:
             lines.append("all correct — well done.")
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.summary()
+    __str__ = summary
 
     def _repr_pretty_(self, printer, cycle):  # IPython display
         printer.text(self.summary())
 
 
 class TookTooLong(BaseException):
-    """A case ran past its time limit. A BaseException, so a learner's ``except Exception`` (or a
-    retry loop around one) does not swallow it."""
+    """A case ran past its time limit: a BaseException, so a learner's ``except Exception`` keeps none."""
 
     def __init__(self, seconds: float):
         super().__init__(f"took longer than {seconds:g} s (stopped)")
@@ -84,14 +75,13 @@ class Todo(Exception):
 class LearnerError(Exception):
     """The learner's function raised: ``str()`` is the exception's type and first line."""
 
+
 def case_seconds(seconds: float | None = None, cases: int = 1) -> float:
     """The time limit for ``cases`` cases run as one: ``seconds`` if given, else the environment's
     ``GPUMEM_CASE_SECONDS``, else :data:`CASE_SECONDS`, per case."""
+    env = os.environ.get("GPUMEM_CASE_SECONDS", "")
     if seconds is None:
-        try:
-            seconds = float(os.environ.get("GPUMEM_CASE_SECONDS", CASE_SECONDS))
-        except ValueError:
-            seconds = CASE_SECONDS
+        seconds = float(env) if env.replace(".", "", 1).isdigit() else CASE_SECONDS
     return seconds * cases
 
 
@@ -169,14 +159,12 @@ def _watchdog(seconds: float, armed: list):
 
 class _Capped(io.TextIOBase):
     """A stream that passes on the first ``limit`` characters and counts the rest."""
-
     def __init__(self, target, limit: int):
         self.target, self.limit, self.written = target, limit, 0
 
     def write(self, s: str) -> int:
-        room = self.limit - self.written
-        if room > 0:
-            self.target.write(s[:room])
+        if self.written < self.limit:
+            self.target.write(s[:self.limit - self.written])
         self.written += len(s)
         return len(s)
 
@@ -206,8 +194,7 @@ def one_line(text: str, limit: int = DETAIL_CHARS) -> str:
 def error_line(err: BaseException) -> str:
     """An exception as one line: its type and first line; a pydantic error as each field's path,
     complaint and input."""
-    errors = getattr(err, "errors", None)
-    if type(err).__name__ == "ValidationError" and callable(errors):
+    if type(err).__name__ == "ValidationError" and callable(errors := getattr(err, "errors", None)):
         with contextlib.suppress(Exception):
             return one_line("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}, got {e.get('input')!r}"
                                       for e in errors()))
@@ -234,9 +221,8 @@ def kind(value: Any) -> str:
 
 def returned(value: Any, expected: str) -> str:
     """'returned X, expected Y' in the learner's terms; None asks about a forgotten return."""
-    if value is None:
-        return "returned None -- did you forget `return`?"
-    return f"returned {kind(value)}, expected {expected}"
+    return ("returned None -- did you forget `return`?" if value is None
+            else f"returned {kind(value)}, expected {expected}")
 
 
 def call(fn: Callable, *args, **kwargs):
@@ -253,16 +239,19 @@ def call(fn: Callable, *args, **kwargs):
         raise LearnerError(error_line(err)) from None
 
 
-def run_case(report: Report, function: str, case: str, body: Callable[[], tuple[str, str]],
+def run_case(report: Report, function: str, case: str, body: Callable[[], tuple[str, str] | None],
              seconds: float | None = None, on_crash: Callable[[Exception], str] | None = None) -> Row:
-    """Add the row of one case: ``body()`` returns ``(status, detail)`` and calls the learner
-    through :func:`call`. Nothing escapes: a learner's exception is an ``error`` row, a case past
-    its time limit an ``error`` row "took longer than N s (stopped)", and a check the learner's
-    value broke (the grader's compare raising on a numpy array) a ``wrong`` row saying
-    ``on_crash(err)`` (default: the exception in one line)."""
+    """Add the row of one case: ``body()`` calls the learner through :func:`call` and returns
+    ``(status, detail)`` (or adds its own rows and returns None). Nothing escapes: the learner's
+    exception, or the case's time limit, gives an ``error`` row; a check the learner's value broke
+    (a compare raising on a numpy array) a ``wrong`` row ``on_crash(err)``, replacing the body's."""
+    start = len(report.rows)
     try:
         with time_limit(case_seconds(seconds)):
-            status, detail = body()
+            result = body()
+        if result is None:
+            return report.rows[-1]
+        status, detail = result
     except Todo:
         status, detail = "todo", f"{function} still raises NotImplementedError"
     except (LearnerError, TookTooLong) as err:
@@ -271,9 +260,20 @@ def run_case(report: Report, function: str, case: str, body: Callable[[], tuple[
         status, detail = "wrong", f"could not be checked: {error_line(err)}"
         with contextlib.suppress(Exception):
             detail = on_crash(err) if on_crash else detail
-    row = Row(function, case, status, one_line(detail or "") if status != "ok" else detail or "")
-    report.rows.append(row)
-    return row
+    del report.rows[start:]
+    report.rows.append(Row(function, case, status, one_line(detail or "") if status != "ok" else detail or ""))
+    return report.rows[-1]
+
+
+def failure_line(err: Exception) -> str:
+    """A failed rank run in one line: DeepSpeed's refusal of a config field (pydantic's field and
+    complaint) where that was the cause, else the run's own last line."""
+    import re
+    text = f"{err}\n{getattr(err, 'detail', '')}"
+    found = re.search(r"validation errors? for \w+\n(\S[^\n]*)\n\s+([^\n]+?)(?: \[type=|\n|$)", text)
+    if found:
+        return one_line(f"DeepSpeed refused the config: {found.group(1)}: {found.group(2)}")
+    return one_line(([s for s in str(err).splitlines() if s.strip()] or [type(err).__name__])[-1])
 
 
 def grade(report: Report, name: str, fn: Callable | None, cases: list[tuple[str, dict, Any]],
