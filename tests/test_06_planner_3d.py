@@ -47,21 +47,35 @@ def sp_outside(cfg, T: int, tp: int) -> int:
     return 2 * 2 * S * cfg.head_dim + c(2 * T * h + 4 * T + 2 * T * h, tp)
 
 
+def layer_params(cfg, tp: int) -> int:
+    d, kv, F = cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.ffn
+    return c(2 * d * d + 2 * d * kv + 3 * d * F, tp) + 2 * d
+
+
 def test_megatron_deepspeed_layout_by_hand():
-    """tp 8 x pp 16 x dp 8, mixed ZeRO-1, no checkpointing: states from the stage's parameters,
-    the first stage holding 16 micro-batches (1F1B) of its 8 layers."""
+    """tp 8 x pp 16 x dp 8, mixed ZeRO-1, no checkpointing. 405B's 126 layers do not divide over
+    16 stages: Llama 3 takes one layer off the first and the last stage (arXiv:2407.21783, 3.3.2),
+    7 + 14 x 8 + 7. Stage 0 holds 7 layers and the embedding with 16 micro-batches in flight (1F1B),
+    stage 1 8 layers with 15, the last stage 7 layers, the head and the loss with 1: stage 1 is
+    the fullest. (Changed by issue 18: every stage used to be counted with ceil(126/16) = 8 layers.)"""
     lay = Layout(recipe="mixed", zero=1, checkpoint="none", attention="flash", offload="none", device="cpu",
                  micro_batch=1, tp=8, pp=16, dp=8, n_micro=128)
     assert lay.framework == "megatron-deepspeed" and lay.sequence_parallel
-    n = stage_params(CFG405, 8, 16)
+    d, V = CFG405.d_model, CFG405.vocab
+    n_end = 7 * layer_params(CFG405, 8) + c(V * d, 8) + d          # the last stage: head + final norm
+    n_mid = 8 * layer_params(CFG405, 8)
     mem = planner_memory.per_gpu(CFG405, S, lay)
-    assert mem["params"] == 2 * n and mem["grads"] == 2 * n       # ZeRO-1: whole bf16 weights and gradients
-    assert mem["optimizer"] == 12 * c(n, 8)                        # fp32 master, m, v sharded over dp 8
-    assert mem["buffers"] == 4 * min(50_000_000, n)                # reduce + all-gather buckets
-    first = 16 * 8 * sp_layer(CFG405, S, 8) + sp_outside(CFG405, S, 8)
-    last = 8 * sp_layer(CFG405, S, 8) + sp_outside(CFG405, S, 8) + c(10 * S * CFG405.vocab + 8, 8)
-    assert mem["activations"] == max(first, last) == first
-    assert mem["total"] == 4 * n + 12 * c(n, 8) + 4 * 50_000_000 + first
+
+    def states(n):   # ZeRO-1: whole bf16 weights and gradients, fp32 master, m, v over dp 8, two buckets
+        return 4 * n + 12 * c(n, 8) + 4 * min(50_000_000, n)
+    first = 16 * 7 * sp_layer(CFG405, S, 8) + sp_outside(CFG405, S, 8)
+    last = 7 * sp_layer(CFG405, S, 8) + sp_outside(CFG405, S, 8) + c(10 * S * V + 8, 8)
+    middle = 15 * 8 * sp_layer(CFG405, S, 8) + sp_outside(CFG405, S, 8)
+    assert states(n_mid) + middle > states(n_end) + max(first, last)
+    assert (mem["stage"], mem["stage_layers"]) == (1, 8)
+    assert mem["params"] == 2 * n_mid and mem["grads"] == 2 * n_mid
+    assert mem["optimizer"] == 12 * c(n_mid, 8) and mem["buffers"] == 4 * 50_000_000
+    assert mem["activations"] == middle and mem["total"] == states(n_mid) + middle
 
 
 def test_autotp_without_pipeline_keeps_no_sequence_parallelism():
@@ -111,8 +125,9 @@ def test_405b_top_plan_is_a_3d_layout_re_derived():
     r = planner.plan("llama-3.1-405b", 1024, "h100-80gb", seq=S, global_batch=1024, advise=False)
     best = r.best
     lay = best.layout
-    assert best.as_dict()["framework"] == "megatron-deepspeed" and lay.tp == 8 and lay.pp > 1 and lay.zero <= 1
-    n = stage_params(CFG405, lay.tp, lay.pp)
+    assert best.as_dict()["framework"] == "megatron-deepspeed" and lay.tp == 8 and lay.pp == 16 and lay.zero <= 1
+    assert best.as_dict()["layout"]["stage_layers"] == [7] + [8] * 14 + [7]   # Llama 3's split (issue 18)
+    n = 8 * layer_params(CFG405, 8)                # the fullest stage: stage 1's 8 layers, no vocabulary
     opt = 12 * c(n, lay.dp) if lay.zero == 1 else 12 * n
     assert best.memory["params"] + best.memory["grads"] + best.memory["optimizer"] == 4 * n + opt
     assert best.memory["total"] <= best.memory["usable"]

@@ -18,8 +18,12 @@ Megatron-DeepSpeed's 3-D parallelism (``Layout.framework``: Megatron tensor para
 sequence parallelism in a node, DeepSpeed's pipeline engine across nodes, ZeRO-0/1 over data
 parallelism, no offload), the way 405B-class models are trained; pure bf16 (``bf16_optimizer_states``) needs ZeRO 1-3; offload follows
 ``accounting.check_offload``; tensor parallelism stays inside a node and divides the key/value
-heads. When nothing fits, :func:`plan` says how many bytes the closest layout misses by and the
-smallest change of each kind that fits (``planner_advice``).
+heads. Every plan runs exactly the global batch asked for: dp x micro-batch x accumulation =
+global batch, so a layout whose dp does not divide it is not a plan; when no layout's does,
+:func:`plan` names the nearest global batches that run (``planner_advice.nearest_batches``).
+Pipeline stages that do not divide the layers are split as ``stage_split`` says, and the fullest
+stage is counted. When nothing fits, :func:`plan` says how many bytes the closest layout misses
+by and the smallest change of each kind that fits (``planner_advice``).
 """
 
 import math
@@ -29,10 +33,10 @@ from ..errors import UsageError, positive_int
 from . import accounting, gpus as gpu_table, models, speed
 from .models import ModelConfig
 from .offload_cost import Links, datasheet_links
-from .planner_advice import advise as _advise
+from .planner_advice import advise as _advise, check_capacity, nearest_batches
 from .planner_config import deepspeed_config, fsdp_equivalent, megatron_args, model_code
 from .planner_cost import GPUS_PER_NODE, step_seconds
-from .planner_memory import Layout, offload_buffers, per_gpu, states_part
+from .planner_memory import Layout, middle_stage, offload_buffers, per_gpu, stage_layers, states_part
 from .policies import KERNELS, POLICIES
 
 TB = 10**12
@@ -56,12 +60,14 @@ class Plan:
     fsdp: dict | None
     model_code: dict
     megatron: list | None = None   # Megatron-DeepSpeed's command-line arguments (3-D layouts)
+    stages: tuple = ()             # layers of each pipeline stage, first to last
 
     def as_dict(self) -> dict:
         """JSON-ready: the layout's fields, its breakdowns and configs."""
         return {"label": self.layout.label(), "framework": self.layout.framework,
                 "layout": asdict(self.layout) | {"framework": self.layout.framework,
-                                                 "sequence_parallel": self.layout.sequence_parallel},
+                                                 "sequence_parallel": self.layout.sequence_parallel,
+                                                 "stage_layers": list(self.stages)},
                 "memory": self.memory,
                 "time": self.time, "tokens_per_s": self.tokens_per_s, "deepspeed": self.deepspeed,
                 "fsdp": self.fsdp, "model_code": self.model_code, "megatron": self.megatron}
@@ -100,19 +106,26 @@ class Result:
                 "advice": self.advice, "assumptions": self.assumptions}
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _divisors(n: int, most: int | None = None) -> list[int]:
+    """The divisors of ``n`` up to ``most`` (all when None), ascending, in O(sqrt(n)) steps."""
+    small, large, d = [], [], 1
+    while d * d <= n and (most is None or d <= most):
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return [x for x in small + large[::-1] if most is None or x <= most]
 
 
 def parallel_degrees(cfg: ModelConfig, gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> list[tuple[int, int, int]]:
     """(tp, pp, dp) with tp * pp * dp = gpus; tp divides the key/value heads and fits a node; pp <= L."""
     out = []
-    for tp in _divisors(gpus):
-        if tp > gpus_per_node or cfg.n_kv_heads % tp or cfg.n_heads % tp:
+    for tp in _divisors(gpus, gpus_per_node):
+        if cfg.n_kv_heads % tp or cfg.n_heads % tp:
             continue
-        for pp in _divisors(gpus // tp):
-            if pp <= cfg.n_layers:
-                out.append((tp, pp, gpus // (tp * pp)))
+        for pp in _divisors(gpus // tp, cfg.n_layers):
+            out.append((tp, pp, gpus // (tp * pp)))
     return out
 
 
@@ -135,7 +148,8 @@ def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable:
                closest: dict | None = None, first_only: bool = False, count: dict | None = None):
     """Yield ``(layout, memory)`` for every layout that fits; ``closest`` (a dict) is updated
     with the layout that misses by the fewest bytes; ``count`` (a dict) gets ``considered``
-    (every layout enumerated) and ``evaluated`` (those whose bytes were computed)."""
+    (every layout enumerated) and ``evaluated`` (those whose bytes were computed). Only degrees
+    whose dp divides ``global_batch``, and micro-batches dividing each replica's share, run it."""
     count = {} if count is None else count
     count.setdefault("considered", 0)
     count.setdefault("evaluated", 0)
@@ -144,8 +158,12 @@ def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable:
     for tp, pp, dp in parallel_degrees(cfg, gpus, gpn):
         if opts.get("tp") and tp not in opts["tp"] or opts.get("pp") and pp not in opts["pp"]:
             continue
-        replica = -(-global_batch // dp)
-        inner = len(opts["checkpoints"]) * len(opts["attentions"]) * sum(m <= replica for m in opts["micro_batches"])
+        if global_batch % dp:
+            continue   # dp x micro-batch x accumulation could not be the global batch
+        replica = global_batch // dp
+        micro = [m for m in opts["micro_batches"] if replica % m == 0]
+        inner = len(opts["checkpoints"]) * len(opts["attentions"]) * len(micro)
+        mid = middle_stage(cfg, pp) is not None
         for recipe in opts["recipes"]:
             for zero in opts["zero"]:
                 for offload, device in opts["offloads"]:
@@ -156,17 +174,18 @@ def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable:
                         continue   # nothing to shard over: the same bytes as the lowest stage
                     base = Layout(recipe, zero, "none", "flash", offload, device, 1, tp, pp, dp, replica)
                     st = states_part(cfg, base)
-                    host = st["host"] + sum(v for k, v in offload_buffers(cfg, base).items() if k.endswith("swap"))
-                    if host * ranks_per_node > opts["host_per_node"] or st["nvme"] * ranks_per_node > opts["nvme_per_node"]:
+                    ms = states_part(cfg, base, "middle") if mid else st
+                    host = max(st["host"], ms["host"]) + sum(v for k, v in offload_buffers(cfg, base).items()
+                                                             if k.endswith("swap"))
+                    nvme = max(st["nvme"], ms["nvme"])
+                    if host * ranks_per_node > opts["host_per_node"] or nvme * ranks_per_node > opts["nvme_per_node"]:
                         continue
                     for policy in opts["checkpoints"]:
                         for kernel in opts["attentions"]:
-                            for mb in opts["micro_batches"]:
-                                if mb > replica:
-                                    break
+                            for mb in micro:
                                 lay = Layout(recipe, zero, policy, kernel, offload, device, mb, tp, pp, dp,
-                                             -(-replica // mb))
-                                mem = per_gpu(cfg, seq, lay, st)
+                                             replica // mb)
+                                mem = per_gpu(cfg, seq, lay, st, ms if mid else None)
                                 count["evaluated"] += 1
                                 if mem["total"] > usable:
                                     if closest is not None and (not closest or mem["total"] < closest["total"]):
@@ -211,6 +230,7 @@ def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: i
     global_batch = positive_int(global_batch, "global batch") if global_batch is not None \
         else max(1, DEFAULT_TOKENS // seq)
     usable = gpu_table.usable(capacity, reserve)
+    check_capacity(capacity, reserve)
     links = links or datasheet_links(g.name)
     opts = _options(recipes, zero, offloads, checkpoints, attentions, micro_batches, tp, pp, gpus_per_node,
                     host_per_node, nvme_per_node)
@@ -218,22 +238,23 @@ def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: i
     plans, count = [], {}
     for lay, mem in candidates(cfg, gpus, seq, global_batch, usable, opts, closest, count=count):
         t = step_seconds(cfg, seq, lay, g, mfu, links, gpus_per_node, inter_node)
-        tokens = lay.micro_batch * lay.n_micro * lay.dp * seq
+        tokens = lay.micro_batch * lay.n_micro * lay.dp * seq   # = global_batch x seq (see candidates)
         buf = offload_buffers(cfg, lay)
         swap = buf["param_swap"] + buf["optimizer_swap"]
         mem = mem | {"usable": usable, "headroom": usable - mem["total"], "host_states": mem["host"],
                      "host_buffers": swap, "host": mem["host"] + swap}
         plans.append(Plan(lay, mem, t, tokens / t["total"], deepspeed_config(cfg, lay), fsdp_equivalent(lay),
-                          model_code(lay), megatron_args(cfg, lay)))
+                          model_code(lay), megatron_args(cfg, lay), stage_layers(cfg, lay.pp)))
     plans.sort(key=rank_key)
     question = {"model": cfg.name, "n_params": cfg.n_params(), "gpus": gpus, "gpu": g.name,
                 "capacity": capacity, "usable": usable, "reserve": reserve.of(capacity),
                 "seq": seq, "global_batch": global_batch, "mfu": mfu, "inter_node": inter_node}
     result = Result(question, plans, count["considered"], closest or None,
                     assumptions=assumptions(g, reserve, mfu, links, inter_node, opts), evaluated=count["evaluated"])
-    if not plans and advise:
-        result.advice = _advise(cfg, gpus, g, capacity, seq, global_batch, reserve, opts, closest,
-                                fits_any, OFFLOAD_CHOICES)
+    if not plans and advise:   # no layout's dp divides the batch: the batches that run; else what to change
+        result.advice = nearest_batches(cfg, gpus, capacity, seq, global_batch, reserve, opts, fits_any,
+                                        parallel_degrees) or _advise(cfg, gpus, g, capacity, seq, global_batch,
+                                                                     reserve, opts, closest, fits_any, OFFLOAD_CHOICES)
     return result
 
 

@@ -6,8 +6,14 @@ the question excluded it), more GPUs of the same kind (whole nodes once past one
 64 x), a GPU with more memory from the course's table (same count), and a shorter sequence
 (halved, down to 128 tokens). The search stops at the first layout that fits
 (the planner's ``fits_any``), so it is quick.
+
+A global batch no layout can run (no data-parallel degree divides it): :func:`nearest_batches`
+names the nearest batches below and above that some layout runs and fits. A capacity at or
+below the reserve is refused (:func:`check_capacity`).
 """
 
+from .. import units
+from ..errors import UsageError
 from . import gpus as gpu_table
 from .models import ModelConfig
 
@@ -53,3 +59,42 @@ def advise(cfg: ModelConfig, gpus: int, g: gpu_table.GPU, capacity: int, seq: in
             break
         s //= 2
     return out
+
+
+def least_capacity(reserve: gpu_table.Reserve) -> int | None:
+    """The smallest capacity (bytes) that leaves a byte above ``reserve`` (None: none does)."""
+    if reserve.fragmentation >= 1:
+        return None
+    c = int((reserve.context + reserve.nccl) / (1 - reserve.fragmentation))
+    while gpu_table.usable(c, reserve) <= 0:
+        c += 1
+    return c
+
+
+def check_capacity(capacity: int, reserve: gpu_table.Reserve) -> None:
+    """Raise :class:`UsageError` when ``capacity`` leaves nothing above the reserve."""
+    if gpu_table.usable(capacity, reserve) > 0:
+        return
+    least = least_capacity(reserve)
+    accepted = f"more than {units.fmt(least - 1, 'GB', 2)}" if least else "none with this reserve"
+    raise UsageError(f"GPU memory {units.fmt(capacity, 'GB', 2)} is not above the reserve of "
+                     f"{units.fmt(reserve.of(capacity), 'GB', 2)} ({reserve.describe()}); accepted: {accepted}")
+
+
+def nearest_batches(cfg: ModelConfig, gpus: int, capacity: int, seq: int, global_batch: int,
+                    reserve: gpu_table.Reserve, opts: dict, fits_any, parallel_degrees, tries: int = 8) -> dict | None:
+    """None when some layout's data-parallel degree divides ``global_batch``; else the advice: the
+    degrees there are and the nearest global batches, below and above, that a layout runs and fits."""
+    dps = sorted({dp for tp, pp, dp in parallel_degrees(cfg, gpus, opts["gpus_per_node"])
+                  if not (opts.get("tp") and tp not in opts["tp"] or opts.get("pp") and pp not in opts["pp"])})
+    if not dps or any(global_batch % dp == 0 for dp in dps):
+        return None
+    near = sorted({m for dp in dps for m in (global_batch // dp * dp, -(-global_batch // dp) * dp) if m > 0},
+                  key=lambda m: (abs(m - global_batch), m))
+    found: dict = {}
+    for m in near[:tries]:
+        side = m < global_batch
+        if side not in found and fits_any(cfg, gpus, capacity, seq, m, reserve, opts):
+            found[side] = m
+    return {"global_batch": global_batch, "data_parallel": dps, "nearest": sorted(found.values()),
+            "missing": None, "closest": None, "usable": gpu_table.usable(capacity, reserve), "changes": []}

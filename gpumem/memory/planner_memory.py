@@ -3,10 +3,15 @@ parallelism, checkpointing, attention kernel and offload together (torch-free).
 
 Layout. ``tp`` GPUs split every layer's matrices and the vocabulary (Megatron tensor
 parallelism: column/row-parallel linears, a vocabulary-parallel embedding, head and loss);
-RMSNorm weights are replicated. ``pp`` pipeline stages hold ceil(L / pp) layers each; the first
-stage also holds the embedding, the last the final norm and the output head. ``dp = gpus /
-(tp * pp)`` replicas of that split are the ranks ZeRO shards over (``accounting.model_states``
-applied to the parameters of one tensor-and-pipeline rank).
+RMSNorm weights are replicated. ``pp`` pipeline stages split the L layers as :func:`stage_layers`
+says; the first stage also holds the embedding, the last the final norm and the output head.
+``dp = gpus / (tp * pp)`` replicas of that split are the ranks ZeRO shards over
+(``accounting.model_states`` applied to the parameters of one tensor-and-pipeline rank).
+
+Uneven splits (pp does not divide L): :mod:`.stage_split` (the end stages hold one layer fewer,
+as Llama 3's do). The fullest stage is counted (:func:`per_gpu`): the end stages together (the
+last stage's parameters and the worse of the two stages' activations, as for even splits) and
+the first middle stage of ceil(L / pp) layers, which keeps pp - i micro-batches in flight.
 
 Activations (``activations.activations`` on a stage of ceil(L / pp) layers):
 
@@ -48,6 +53,7 @@ from . import accounting
 from .activations import activations, layer_parts, norm_bytes, softmax_moment
 from .models import ModelConfig
 from .policies import checkpoint_plan
+from .stage_split import middle_stage, split_text, stage_layers  # noqa: F401 (re-exported)
 
 DS_BUCKET = 50_000_000        # elements: the reduce/all-gather bucket the planner's configs set
 DS_PREFETCH = 50_000_000      # elements: stage3_prefetch_bucket_size (DeepSpeed's code default)
@@ -93,18 +99,28 @@ def layers_per_stage(cfg: ModelConfig, pp: int) -> int:
     return -(-cfg.n_layers // pp)
 
 
-def local_params(cfg: ModelConfig, tp: int, pp: int) -> dict:
-    """Parameters one GPU of the largest stage holds before ZeRO: its layers' matrices / tp,
-    replicated norm weights, and the vocabulary matrices / tp on the first and last stage."""
-    d, ls = cfg.d_model, layers_per_stage(cfg, pp)
+def local_params(cfg: ModelConfig, tp: int, pp: int, part: str | None = None) -> dict:
+    """Parameters one GPU of a stage holds before ZeRO: its layers' matrices / tp, replicated
+    norm weights, and the vocabulary matrices / tp on the first and last stage. ``part``:
+    ``ends`` (the last stage, with the more layers of the two end stages), ``middle``
+    (:func:`middle_stage`), or None: the stage with the most parameters."""
+    d = cfg.d_model
     matrices = cfg.layer_params() - 2 * d
     layer = -(-matrices // tp) + 2 * d
     vocab = -(-cfg.vocab * d // tp)
+    largest = max(vocab, -(-d * cfg.ffn // tp))
     if pp == 1:
         return {"params": cfg.n_layers * layer + 2 * vocab + d, "norms": (2 * cfg.n_layers + 1) * d,
-                "largest": max(vocab, -(-d * cfg.ffn // tp))}
-    return {"params": ls * layer + vocab + d, "norms": (2 * ls + 1) * d,   # the last stage (head + final norm)
-            "largest": max(vocab, -(-d * cfg.ffn // tp))}
+                "largest": largest, "layers": cfg.n_layers}
+    split, mid = stage_layers(cfg, pp), middle_stage(cfg, pp)
+    ls = max(split[0], split[-1])
+    ends = {"params": ls * layer + vocab + d, "norms": (2 * ls + 1) * d,   # the last stage (head + final norm)
+            "largest": largest, "layers": ls}
+    if mid is None or part == "ends":
+        return ends
+    middle = {"params": split[mid] * layer, "norms": 2 * split[mid] * d,
+              "largest": -(-d * cfg.ffn // tp), "layers": split[mid]}
+    return middle if part == "middle" or middle["params"] > ends["params"] else ends
 
 
 def persistence_threshold(cfg: ModelConfig) -> int:
@@ -175,30 +191,41 @@ def tp_activations(cfg: ModelConfig, seq: int, mb: int, kernel: str, policy: str
             "layers": layers, "loss": loss, "per_layer": per_layer, "full_layer": full_layer}
 
 
+def _stage_acts(cfg: ModelConfig, seq: int, lay: Layout, layers: int) -> dict:
+    stage = replace(cfg, n_layers=layers) if lay.pp > 1 else cfg
+    return tp_activations(stage, seq, lay.micro_batch, lay.attention, lay.checkpoint,
+                          "fp32" if lay.recipe == "fp32" else "mixed", lay.tp, lay.sequence_parallel)
+
+
 def stage_activations(cfg: ModelConfig, seq: int, lay: Layout) -> dict:
-    """Activation bytes of the first and the last pipeline stage for one GPU (see the module)."""
-    stage = replace(cfg, n_layers=layers_per_stage(cfg, lay.pp)) if lay.pp > 1 else cfg
-    a = tp_activations(stage, seq, lay.micro_batch, lay.attention, lay.checkpoint,
-                       "fp32" if lay.recipe == "fp32" else "mixed", lay.tp, lay.sequence_parallel)
-    last = a["peak"]
+    """Activation bytes of the first and the last pipeline stage for one GPU (see the module),
+    and of :func:`middle_stage` (``middle``, ``middle_stage``) when the split has one."""
+    split = stage_layers(cfg, lay.pp)
+    a = _stage_acts(cfg, seq, lay, split[-1])
     if lay.pp == 1:
-        first = last
-    else:
-        in_flight = min(lay.pp, lay.n_micro)
-        first = max(a["forward_peak"] - a["loss"], a["recompute_peak"]) + (in_flight - 1) * a["layers"]
-    return {"first": first, "last": last, "per_layer": a["per_layer"]}
+        return {"first": a["peak"], "last": a["peak"], "per_layer": a["per_layer"], "split": split}
+
+    def held(i: int) -> int:   # stage i < pp - 1 keeps min(pp - i, micro-batches) in flight (1F1B)
+        s = _stage_acts(cfg, seq, lay, split[i])
+        return max(s["forward_peak"] - s["loss"], s["recompute_peak"]) + (min(lay.pp - i, lay.n_micro) - 1) * s["layers"]
+
+    out = {"first": held(0), "last": a["peak"], "per_layer": a["per_layer"], "split": split}
+    mid = middle_stage(cfg, lay.pp)
+    if mid is not None:
+        out |= {"middle": held(mid), "middle_stage": mid}
+    return out
 
 
-def states_part(cfg: ModelConfig, lay: Layout) -> dict:
+def states_part(cfg: ModelConfig, lay: Layout, part: str = "ends") -> dict:
     """Model states, ZeRO-3 working set, persistent parameters and buffers of one GPU (bytes),
-    independent of sequence and micro-batch."""
-    lp = local_params(cfg, lay.tp, lay.pp)
+    independent of sequence and micro-batch, for the end stages or the ``middle`` stage."""
+    lp = local_params(cfg, lay.tp, lay.pp, part)
     n = lp["params"]
     s = accounting.model_states(n, lay.recipe, lay.dp, lay.zero, lay.offload, lay.device)
     r = accounting.RECIPE[lay.recipe]
     gathered, persistent, buffers = 0, 0, 0
     if lay.zero == 3:   # the working set holds the reduce bucket (one definition, no buffers here)
-        layers = layers_per_stage(cfg, lay.pp) if lay.pp > 1 else None
+        layers = lp["layers"] if lay.pp > 1 else None
         gathered = int(accounting.zero3_gathered(cfg, lay.recipe, DS_PREFETCH, DS_BUCKET, lay.tp, layers))
         if s.params:   # whole copies of the norm weights, beside the shards DeepSpeed keeps too
             persistent = r.params * lp["norms"]
@@ -209,16 +236,26 @@ def states_part(cfg: ModelConfig, lay: Layout) -> dict:
             "local_params": n}
 
 
-def per_gpu(cfg: ModelConfig, seq: int, lay: Layout, states: dict | None = None) -> dict:
-    """Per-GPU bytes by part for the worse of the first and the last pipeline stage, with
-    ``total``; ``states`` may be passed in when already computed for this layout."""
-    st = states if states is not None else states_part(cfg, lay)
+def per_gpu(cfg: ModelConfig, seq: int, lay: Layout, states: dict | None = None, middle: dict | None = None) -> dict:
+    """Per-GPU bytes by part for the fullest pipeline stage (the end stages, or the middle stage
+    of an uneven split), with ``total``, ``stage`` (its index) and ``stage_layers``; ``states``
+    (and ``middle``'s) may be passed in when already computed for this layout."""
     acts = stage_activations(cfg, seq, lay)
-    fixed = st["params"] + st["grads"] + st["optimizer"] + st["gathered"] + st["buffers"]
-    worst = max(acts["first"], acts["last"])
-    return {"params": st["params"], "grads": st["grads"], "optimizer": st["optimizer"],
-            "zero3_working_set": st["gathered"], "buffers": st["buffers"], "activations": worst,
-            "total": fixed + worst, "host": st["host"], "nvme": st["nvme"]}
+    split = acts["split"]
+    cands = [(states if states is not None else states_part(cfg, lay), max(acts["first"], acts["last"]),
+              0 if acts["first"] >= acts["last"] else lay.pp - 1)]
+    if "middle" in acts:
+        cands.append((middle if middle is not None else states_part(cfg, lay, "middle"), acts["middle"],
+                      acts["middle_stage"]))
+    best = None
+    for st, worst, stage in cands:
+        total = st["params"] + st["grads"] + st["optimizer"] + st["gathered"] + st["buffers"] + worst
+        if best is None or total > best["total"]:
+            best = {"params": st["params"], "grads": st["grads"], "optimizer": st["optimizer"],
+                    "zero3_working_set": st["gathered"], "buffers": st["buffers"], "activations": worst,
+                    "total": total, "host": st["host"], "nvme": st["nvme"], "stage": stage,
+                    "stage_layers": split[stage]}
+    return best
 
 
 PARAM_BUFFERS = 5                 # offload_param.buffer_count (DeepSpeed's default)
