@@ -11,6 +11,7 @@ import json
 from . import units
 from .cli_verbs import positive, seq_length
 from .errors import UsageError
+from .memory.stage_split import split_text
 
 
 def register(sub) -> None:
@@ -63,6 +64,10 @@ def render(result, top: int = 10) -> str:
         for i, p in enumerate(result.distinct(top), 1):
             lines.append(f"{i:>2d}  {p.layout.label():72s} {p.layout.framework:18s} {p.memory['total'] / 1e9:>7.1f} "
                          f"{p.time['total']:>8.1f} {p.tokens_per_s:>9,.0f}  {p.time['bound']}")
+        uneven = {p.layout.pp: p.stages for p in result.distinct(top) if len(set(p.stages)) > 1}
+        for pp, split in sorted(uneven.items()):
+            lines.append(f"    pp{pp}: {sum(split)} layers split {split_text(split)} (the end stages shorter, "
+                         f"as Llama 3's)")
         lines.append("")
         lines += breakdown(result.best)
         if result.best.megatron:
@@ -70,6 +75,14 @@ def render(result, top: int = 10) -> str:
         lines.append("DeepSpeed config: " + json.dumps(result.best.deepspeed))
         fsdp = result.best.fsdp
         lines.append("FSDP equivalent: " + (json.dumps(fsdp) if fsdp else "none (FSDP has no such layout)"))
+    elif (result.advice or {}).get("nearest") is not None:
+        a = result.advice
+        dps = ", ".join(f"{d:,}" for d in a["data_parallel"][:6]) + (", ..." if len(a["data_parallel"]) > 6 else "")
+        lines.append(f"no layout runs a global batch of {a['global_batch']:,} sequences: dp x micro-batch x "
+                     f"accumulation must equal it,")
+        lines.append(f"  and no data-parallel degree here divides it (dp: {dps})")
+        near = " or ".join(f"{b:,}" for b in a["nearest"]) or "none found"
+        lines.append(f"  nearest global batches that run and fit: {near} (--global-batch)")
     else:
         a = result.advice or {}
         lines.append(f"nothing fits; the closest layout, {a.get('closest')}, misses by "
@@ -83,6 +96,9 @@ def render(result, top: int = 10) -> str:
 def breakdown(p) -> list[str]:
     """One plan's per-GPU memory and time, one part a line."""
     out = [f"best: {p.layout.label()} ({p.layout.framework})"]
+    if p.layout.pp > 1:
+        out.append(f"  pipeline: {p.layout.pp} stages of {split_text(p.stages)} layers; memory counted for "
+                   f"stage {p.memory['stage']} ({p.memory['stage_layers']} layers), the fullest")
     for k in ("params", "grads", "optimizer", "zero3_working_set", "buffers", "activations", "total"):
         out.append(f"  memory {k:18s} {units.fmt(p.memory[k]):>10s}")
     for k in ("host", "nvme"):

@@ -10,7 +10,7 @@ The total adds every part, as if all peaked at once: on the safe side of the tra
 
 from dataclasses import dataclass, field
 
-from ..errors import UsageError
+from ..errors import UsageError, positive_int
 from . import accounting, models
 from .activations import Activations, activations
 
@@ -66,7 +66,9 @@ def estimate(model: str | None = None, params: int | None = None, gpus: int = 1,
              norm: str = "fused", largest_layer: int | None = None,
              prefetch_bucket: int = 50_000_000) -> Estimate:
     """Per-GPU bytes of a training step for a registry model, or model states only for a
-    parameter count (with ``largest_layer``, the ZeRO-3 working set too)."""
+    parameter count (with ``largest_layer``, the ZeRO-3 working set too). A ``largest_layer``
+    above ``params`` is refused (:class:`UsageError`); below ZeRO-3 it is not used, and a note
+    says so (only ZeRO-3 gathers parameters on the fly)."""
     if (model is None) == (params is None):
         raise UsageError("give exactly one of --model NAME or --params N")
     if model is not None:
@@ -83,6 +85,14 @@ def estimate(model: str | None = None, params: int | None = None, gpus: int = 1,
                         opts | {"offload": offload, "offload_device": offload_device}, gathered)
     states = accounting.model_states(params, recipe, gpus, zero, offload, offload_device)
     gathered = 0
+    if largest_layer is not None:
+        largest_layer = positive_int(largest_layer, "--largest-layer")
+        if largest_layer > int(params):
+            raise UsageError(f"--largest-layer {largest_layer:,} is larger than the model's {int(params):,} "
+                             f"parameters; accepted: a module's parameter count up to --params")
+        if zero != 3:
+            states.notes.append(f"--largest-layer not used at ZeRO-{zero}: only ZeRO-3 gathers a module's "
+                                "parameters on the fly (its working set)")
     if zero == 3 and largest_layer is not None:
         gathered = accounting.zero3_gathered(largest_layer, recipe, prefetch_bucket)
     elif zero == 3:

@@ -76,9 +76,10 @@ def check_capacity(capacity: int, reserve: gpu_table.Reserve) -> None:
     if gpu_table.usable(capacity, reserve) > 0:
         return
     least = least_capacity(reserve)
-    accepted = f"more than {units.fmt(least - 1, 'GB', 2)}" if least else "none with this reserve"
-    raise UsageError(f"GPU memory {units.fmt(capacity, 'GB', 2)} is not above the reserve of "
-                     f"{units.fmt(reserve.of(capacity), 'GB', 2)} ({reserve.describe()}); accepted: {accepted}")
+    accepted = f"more than {units.fmt(least - 1, 'GB', 3)}" if least else "none with this reserve"
+    shown = f"{capacity:,} B" if capacity < 10**7 else units.fmt(capacity, "GB", 3)
+    raise UsageError(f"GPU memory {shown} is not above the reserve of "
+                     f"{units.fmt(reserve.of(capacity), 'GB', 3)} ({reserve.describe()}); accepted: {accepted}")
 
 
 def nearest_batches(cfg: ModelConfig, gpus: int, capacity: int, seq: int, global_batch: int,
