@@ -20,3 +20,25 @@ def fail_on_rank_one(rank, world):
         raise ValueError("rank 1 fails on purpose")
     time.sleep(60)   # the others would wait a long time; the launcher must end them
     return rank
+
+
+def sleep_then_return(rank, world, seconds: float = 60):
+    """Every rank sleeps, then returns its number: a run to stop or kill from outside."""
+    time.sleep(seconds)
+    return rank
+
+
+
+def exit_on_rank_one(rank, world):
+    """Rank 1 ends with status 0 before returning (no result) while the others sleep."""
+    if rank == 1:
+        os._exit(0)
+    time.sleep(60)
+    return rank
+
+
+def make_inductor_cache(rank, world):
+    """Look up inductor's cache folder as every ``torch.compile`` wrapper does (DeepSpeed makes
+    some at import), which creates it; return where it is."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    return cache_dir()

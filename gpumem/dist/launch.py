@@ -6,28 +6,48 @@ each rank is a fresh ``python -m gpumem.dist.launch`` process (so it works the s
 a script or the command line), sets the usual MASTER_ADDR / RANK / WORLD_SIZE variables, joins
 the process group, calls ``fn(rank, world_size, **kwargs)`` and pickles the result back.
 
-A rank that raises writes its traceback and exits; the launcher then ends every other rank at
-once and raises :class:`RankError` with that traceback. No process is left behind. The same
-functions run under ``torchrun`` or the ``deepspeed`` launcher (see env/launch_examples.md).
+Nothing is left behind, whatever happens:
+
+* a rank that raises, is killed, stops responding (no heartbeat for ``stall_timeout`` seconds) or
+  ends without a result makes the launcher end every other rank at once and raise
+  :class:`RankError`: one line naming the rank and the cause, the traceback in ``err.detail``;
+* Ctrl-C or SIGTERM to the launcher ends the ranks and raises :class:`RunStopped` (one line);
+* a launcher killed outright (SIGKILL) takes its ranks with it (:mod:`gpumem.dist.rank_guard`),
+  and its job folder, named after its pid (:mod:`gpumem.scratch`), is removed by the next run.
+
+The same functions run under ``torchrun`` or the ``deepspeed`` launcher (see env/launch_examples.md).
 """
 
+import contextlib
 import importlib
+import json
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import NoReturn
 
-import torch
+from .. import scratch
+from ..errors import RunFailure, UsageError
+from . import rank_guard
+
+STALL_S = 60.0               # default heartbeat deadline; GPUMEM_RANK_STALL_S overrides it
+STALL_ENV = "GPUMEM_RANK_STALL_S"
 
 
-class RankError(RuntimeError):
-    """A rank failed; the message carries the rank number and its traceback."""
+class RankError(RunFailure):
+    """A rank failed, was killed, stopped responding or ended without a result: ``str(err)`` is one
+    line naming the rank and the cause, ``err.detail`` the rank's traceback or its last output."""
+
+
+class RunStopped(RunFailure, KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the run; its ranks were ended and their folder removed. Also a
+    KeyboardInterrupt, so whatever stops on Ctrl-C (a notebook, pytest) still stops."""
 
 
 def free_port() -> int:
@@ -39,6 +59,7 @@ def free_port() -> int:
 
 def init(device: str = "cpu", deepspeed: bool = False) -> None:
     """Join the process group described by the environment (used by every rank)."""
+    import torch
     torch.set_num_threads(1)
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
@@ -52,7 +73,15 @@ def init(device: str = "cpu", deepspeed: bool = False) -> None:
         torch.distributed.init_process_group(backend)
 
 
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """``Type: message`` on one line (a multi-line message is joined), at most ``limit`` characters."""
+    text = " ".join("".join(traceback.format_exception_only(type(exc), exc)).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _worker(job: Path, rank: int) -> NoReturn:
+    rank_guard.start(job, rank)      # before the slow imports: die with the parent, heartbeat
+    import torch
     spec = pickle.loads((job / "spec.pkl").read_bytes())
     try:
         init(spec["device"], spec["deepspeed"])
@@ -63,76 +92,151 @@ def _worker(job: Path, rank: int) -> NoReturn:
         part.write_bytes(pickle.dumps(result))
         part.rename(job / f"result{rank}.pkl")     # whole or absent, never half-written
         torch.distributed.destroy_process_group()
-    except BaseException:
-        (job / f"error{rank}.txt").write_text(traceback.format_exc())
+    except BaseException as exc:
+        part = job / f"error{rank}.part"
+        part.write_text(json.dumps({"cause": one_line(exc), "traceback": traceback.format_exc()}))
+        part.rename(job / f"error{rank}.json")
         sys.stderr.flush()
         os._exit(1)   # never wait in collective teardown for peers that may be stuck
-    # Skip interpreter finalization: gloo's worker threads can abort it ("terminate called
-    # without an active exception", pytorch/pytorch#190489) after the work is done and saved.
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Flush and end the process without interpreter finalization. DeepSpeed keeps the world gloo
+    group referenced after ``destroy_process_group`` (``deepspeed.utils.groups._WORLD_GROUP`` and
+    references outside Python's gc), so gloo's run-loop threads are still alive at exit; freeing the
+    group during finalization can abort ("terminate called without an active exception",
+    pytorch/pytorch#190489, PR #179291) after the work is done and saved."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
+
+
+def _last_output(job: Path, rank: int) -> tuple[str, str]:
+    """The rank's stderr tail (3000 characters) and its last non-empty line."""
+    try:
+        tail = (job / f"stderr{rank}.txt").read_text(errors="replace")[-3000:]
+    except OSError:
+        tail = ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return tail, (lines[-1][:200] if lines else "")
+
+
+def _failure(job: Path, rank: int, code: int) -> RankError:
+    """Why ``rank`` ended without a result; the first error any rank wrote is the root cause."""
+    errors = sorted(job.glob("error*.json"), key=lambda p: p.stat().st_mtime_ns)
+    if errors:
+        first = int(errors[0].stem.removeprefix("error"))
+        saved = json.loads(errors[0].read_text())
+        return RankError(f"rank {first} failed: {saved['cause']}", saved["traceback"])
+    tail, last = _last_output(job, rank)
+    said = f" (last output: {last})" if last else ""
+    if code == 0:
+        return RankError(f"rank {rank} ended without a result (exit code 0){said}", tail)
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return RankError(f"rank {rank} killed by {name}{said}", tail)
+    return RankError(f"rank {rank} failed with exit code {code}{said}", tail)
+
+
+def _collect(procs, job: Path, timeout: float, stall_s: float, bar) -> list:
+    ranks = len(procs)
+    deadline = time.monotonic() + timeout
+    done: set[int] = set()
+    beats = {r: (None, time.monotonic()) for r in range(ranks)}
+    while len(done) < ranks:
+        for r, p in enumerate(procs):
+            if r in done:
+                continue
+            code = p.poll()
+            if code is None:
+                if rank_guard.stalled(job / f"heartbeat{r}", r, beats, stall_s):
+                    raise RankError(f"rank {r} stopped responding (no heartbeat for {stall_s:g} s)",
+                                    _last_output(job, r)[0])
+            elif (job / f"result{r}.pkl").exists():   # saved after the final barrier
+                done.add(r)
+                if bar:
+                    bar.update(1)
+            else:
+                raise _failure(job, r, code)
+        if time.monotonic() > deadline:
+            raise RankError(f"ranks did not finish within {timeout:g} s")
+        time.sleep(0.05)
+    return [pickle.loads((job / f"result{r}.pkl").read_bytes()) for r in range(ranks)]
+
+
+def _end(procs, pipes_and_logs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+    for f in pipes_and_logs:
+        with contextlib.suppress(OSError):
+            f.close()
+
+
+def _note(line: str) -> None:
+    print(f"gpumem: {line}", file=sys.stderr)
 
 
 def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = False,
-        timeout: float = 600, progress: bool = True, **kwargs) -> list:
-    """Run ``target`` on ``ranks`` processes; return the per-rank results in rank order."""
-    if device == "cuda" and ranks > torch.cuda.device_count():
-        raise ValueError(f"{ranks} ranks asked for, {torch.cuda.device_count()} GPUs present")
-    with tempfile.TemporaryDirectory(prefix="gpumem-ranks-") as tmp:
-        job = Path(tmp)
-        (job / "spec.pkl").write_bytes(pickle.dumps(dict(target=target, ranks=ranks, device=device,
-                                                         deepspeed=deepspeed, kwargs=kwargs)))
-        port = free_port()
-        procs, logs = [], []
-        for r in range(ranks):
-            env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
-                   "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(ranks),
-                   "OMP_NUM_THREADS": "1"}
-            logs.append(open(job / f"stderr{r}.txt", "wb"))
-            procs.append(subprocess.Popen([sys.executable, "-m", "gpumem.dist.launch", str(job), str(r)], env=env,
-                                          stdout=subprocess.DEVNULL, stderr=logs[-1]))
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=ranks, desc=f"{target.split(':')[1]} on {ranks} {device} ranks", unit="rank",
-                       leave=False)
-        deadline = time.monotonic() + timeout
-        done: set[int] = set()
+        timeout: float = 600, progress: bool = True, stall_timeout: float | None = None, **kwargs) -> list:
+    """Run ``target`` on ``ranks`` processes; return the per-rank results in rank order.
+
+    ``stall_timeout``: seconds without a heartbeat after which a rank counts as stopped (default
+    ``$GPUMEM_RANK_STALL_S`` or 60)."""
+    if device == "cuda":
+        import torch
+        if ranks > torch.cuda.device_count():
+            raise UsageError(f"{ranks} ranks asked for, {torch.cuda.device_count()} GPUs present")
+    stall_s = float(stall_timeout if stall_timeout is not None else os.environ.get(STALL_ENV, STALL_S))
+    procs: list[subprocess.Popen] = []
+    files: list = []
+    bar = None
+    with rank_guard.signals_stop_the_run(), scratch.folder("ranks", note=_note) as job:
         try:
-            while len(done) < ranks:
-                for r, p in enumerate(procs):
-                    code = p.poll()
-                    if code is None or r in done:
-                        continue
-                    finished = (job / f"result{r}.pkl").exists()   # saved after the final barrier
-                    if code != 0 and not finished:
-                        err = job / f"error{r}.txt"
-                        detail = err.read_text() if err.exists() else (job / f"stderr{r}.txt").read_text()[-3000:]
-                        raise RankError(f"rank {r} failed (exit code {code}):\n{detail}")
-                    done.add(r)
-                    if bar:
-                        bar.update(1)
-                if time.monotonic() > deadline:
-                    raise RankError(f"ranks did not finish within {timeout:.0f} s")
-                time.sleep(0.05)
-            return [pickle.loads((job / f"result{r}.pkl").read_bytes()) for r in range(ranks)]
+            (job / "spec.pkl").write_bytes(pickle.dumps(dict(target=target, ranks=ranks, device=device,
+                                                             deepspeed=deepspeed, kwargs=kwargs)))
+            port = free_port()
+            for r in range(ranks):
+                env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
+                       "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(ranks),
+                       "OMP_NUM_THREADS": "1", rank_guard.PARENT_ENV: str(os.getpid()), rank_guard.PIPE_ENV: "1"}
+                # torch's and triton's caches default to <tmp>/torchinductor_<user>: keep them in the job
+                env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(job / "torchinductor"))
+                env.setdefault("TRITON_CACHE_DIR", str(job / "triton"))
+                files.append(open(job / f"stderr{r}.txt", "wb"))
+                procs.append(subprocess.Popen([sys.executable, "-m", "gpumem.dist.launch", str(job), str(r)],
+                                              env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                              stderr=files[-1]))
+                files.append(procs[-1].stdin)   # held open: its end-of-file tells the rank we are gone
+            if progress:
+                from tqdm.auto import tqdm
+                bar = tqdm(total=ranks, desc=f"{target.split(':')[1]} on {ranks} {device} ranks", unit="rank",
+                           leave=False)
+            return _collect(procs, job, timeout, stall_s, bar)
+        except KeyboardInterrupt as stop:
+            how = getattr(stop, "how", "Ctrl-C (KeyboardInterrupt)")
+            _end(procs, files)
+            raise RunStopped(f"run stopped by {how}: {len(procs)} ranks ended, their folder removed") from None
         finally:
             if bar:
                 bar.close()
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                p.wait()
-            for log in logs:
-                log.close()
+            _end(procs, files)
 
 
-def _under_external_launcher(argv: list[str]) -> int:
+def _under_external_launcher(argv: list[str]) -> NoReturn:
     """``torchrun ... -m gpumem.dist.launch --env module:function [--deepspeed] [key=value ...]``:
     the process group comes from the launcher's environment; rank 0 prints the results as JSON."""
-    import json
+    from . import dsops
+    # torch.compile wrappers (DeepSpeed makes some at import) create inductor's cache folder,
+    # by default <tmp>/torchinductor_<user>: keep it in the course cache instead
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(dsops.cache_dir().parent / "torchinductor"))
+    import torch
     target, rest = argv[0], argv[1:]
     use_ds = "--deepspeed" in rest
     kwargs = {k: json.loads(v) for k, v in (a.split("=", 1) for a in rest if "=" in a)}
@@ -146,7 +250,7 @@ def _under_external_launcher(argv: list[str]) -> int:
     if rank == 0:
         print(json.dumps(gathered, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
     torch.distributed.destroy_process_group()
-    return 0
+    _exit_now(0)
 
 
 if __name__ == "__main__":
@@ -155,5 +259,5 @@ if __name__ == "__main__":
     while len(sys.argv) > 1 and sys.argv[1].startswith("--local_rank"):
         del sys.argv[1:3 if sys.argv[1] == "--local_rank" else 2]
     if sys.argv[1] == "--env":
-        sys.exit(_under_external_launcher(sys.argv[2:]))
+        _under_external_launcher(sys.argv[2:])
     _worker(Path(sys.argv[1]), int(sys.argv[2]))
