@@ -185,7 +185,7 @@ def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable:
                             for mb in micro:
                                 lay = Layout(recipe, zero, policy, kernel, offload, device, mb, tp, pp, dp,
                                              replica // mb)
-                                mem = per_gpu(cfg, seq, lay, st, ms if mid else None)
+                                mem = per_gpu(cfg, seq, lay, st, ms if mid else None, where := {}) | where
                                 count["evaluated"] += 1
                                 if mem["total"] > usable:
                                     if closest is not None and (not closest or mem["total"] < closest["total"]):

@@ -236,10 +236,12 @@ def states_part(cfg: ModelConfig, lay: Layout, part: str = "ends") -> dict:
             "local_params": n}
 
 
-def per_gpu(cfg: ModelConfig, seq: int, lay: Layout, states: dict | None = None, middle: dict | None = None) -> dict:
+def per_gpu(cfg: ModelConfig, seq: int, lay: Layout, states: dict | None = None, middle: dict | None = None,
+            where: dict | None = None) -> dict:
     """Per-GPU bytes by part for the fullest pipeline stage (the end stages, or the middle stage
-    of an uneven split), with ``total``, ``stage`` (its index) and ``stage_layers``; ``states``
-    (and ``middle``'s) may be passed in when already computed for this layout."""
+    of an uneven split), with ``total``; ``states`` (and ``middle``'s) may be passed in when
+    already computed for this layout; ``where`` (a dict) gets ``stage`` (the fullest stage's
+    index) and ``stage_layers``."""
     acts = stage_activations(cfg, seq, lay)
     split = acts["split"]
     cands = [(states if states is not None else states_part(cfg, lay), max(acts["first"], acts["last"]),
@@ -253,8 +255,9 @@ def per_gpu(cfg: ModelConfig, seq: int, lay: Layout, states: dict | None = None,
         if best is None or total > best["total"]:
             best = {"params": st["params"], "grads": st["grads"], "optimizer": st["optimizer"],
                     "zero3_working_set": st["gathered"], "buffers": st["buffers"], "activations": worst,
-                    "total": total, "host": st["host"], "nvme": st["nvme"], "stage": stage,
-                    "stage_layers": split[stage]}
+                    "total": total, "host": st["host"], "nvme": st["nvme"]}
+            if where is not None:
+                where.update(stage=stage, stage_layers=split[stage])
     return best
 
 
