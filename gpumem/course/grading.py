@@ -15,6 +15,7 @@ from typing import Any, Callable
 CASE_SECONDS = 120.0       # per case; generous for a slow laptop; GPUMEM_CASE_SECONDS overrides
 OUTPUT_CHARS = 20_000      # what one case may print (stdout and stderr each); the rest is counted
 DETAIL_CHARS = 300         # a row's detail is one line at most this long
+_active = threading.local()  # whether a time limit runs in this thread
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Report:
     """A lab's graded rows and their summary; the lab is solved once every row is ok."""
     lab: str
     rows: list[Row] = field(default_factory=list)
+    stopped: dict = field(default_factory=dict)   # function -> why its later cases are not run
 
     @property
     def solved(self) -> bool:
@@ -85,14 +87,11 @@ def case_seconds(seconds: float | None = None, cases: int = 1) -> float:
     return seconds * cases
 
 
-_active = threading.local()
-
-
 @contextlib.contextmanager
 def time_limit(seconds: float):
     """Raise :class:`TookTooLong` in this thread once ``seconds`` have passed (a limit already
     running in this thread governs a nested one). In the main thread on POSIX (a Jupyter kernel
-    runs cells there) a real-time timer's SIGALRM raises it, again every 0.25 s after the limit,
+    runs cells there) a real-time timer's SIGALRM raises it, again every second after the limit,
     so a learner's bare ``except:`` cannot keep a loop alive; elsewhere a watchdog thread does
     the same (:func:`_watchdog`). A C-level operation (one long torch kernel, a blocking
     collective) is not interrupted: the limit strikes when control returns to Python."""
@@ -107,15 +106,13 @@ def time_limit(seconds: float):
     try:
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
             previous = signal.signal(signal.SIGALRM, lambda signum, frame: stop())
-            outer = signal.setitimer(signal.ITIMER_REAL, seconds, 0.25)
+            outer = signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
             try:
                 yield
             finally:
                 while armed[0]:                   # a strike landing here is dropped: the case ended
-                    try:
+                    with contextlib.suppress(TookTooLong):
                         armed[0] = False
-                    except TookTooLong:
-                        pass
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
                 if outer[0]:                      # someone else's timer goes on
@@ -130,7 +127,7 @@ def time_limit(seconds: float):
 @contextlib.contextmanager
 def _watchdog(seconds: float, armed: list):
     """Off the main thread: a watchdog thread raises TookTooLong in this one (CPython's
-    ``PyThreadState_SetAsyncExc``, delivered between bytecodes), again every 0.25 s until the
+    ``PyThreadState_SetAsyncExc``, delivered between bytecodes), again every second until the
     case ends; a strike still pending when it ends is withdrawn."""
     import ctypes
     tid, lock, stopped = threading.get_ident(), threading.Lock(), threading.Event()
@@ -139,7 +136,7 @@ def _watchdog(seconds: float, armed: list):
 
     def watch():
         waits = iter([seconds])
-        while not stopped.wait(next(waits, 0.25)):
+        while not stopped.wait(next(waits, 1.0)):
             with lock:
                 if armed[0]:
                     send(ctypes.c_ulong(tid), ctypes.py_object(strike))
@@ -149,12 +146,9 @@ def _watchdog(seconds: float, armed: list):
     finally:
         stopped.set()
         while armed[0]:
-            try:
-                with lock:
-                    armed[0] = False
-                    send(ctypes.c_ulong(tid), ctypes.py_object())      # NULL: withdraw a pending strike
-            except TookTooLong:
-                pass
+            with contextlib.suppress(TookTooLong), lock:
+                armed[0] = False
+                send(ctypes.c_ulong(tid), ctypes.py_object())      # NULL: withdraw a pending strike
 
 
 class _Capped(io.TextIOBase):
@@ -246,6 +240,9 @@ def run_case(report: Report, function: str, case: str, body: Callable[[], tuple[
     exception, or the case's time limit, gives an ``error`` row; a check the learner's value broke
     (a compare raising on a numpy array) a ``wrong`` row ``on_crash(err)``, replacing the body's."""
     start = len(report.rows)
+    if function in report.stopped:                # one hang costs one time limit, not one per case
+        report.rows.append(Row(function, case, "error", report.stopped[function]))
+        return report.rows[-1]
     try:
         with time_limit(case_seconds(seconds)):
             result = body()
@@ -256,6 +253,8 @@ def run_case(report: Report, function: str, case: str, body: Callable[[], tuple[
         status, detail = "todo", f"{function} still raises NotImplementedError"
     except (LearnerError, TookTooLong) as err:
         status, detail = "error", str(err)
+        if isinstance(err, TookTooLong):
+            report.stopped[function] = f"not run: an earlier case {err}"
     except Exception as err:  # the learner's value broke the check
         status, detail = "wrong", f"could not be checked: {error_line(err)}"
         with contextlib.suppress(Exception):

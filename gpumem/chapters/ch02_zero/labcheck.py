@@ -20,7 +20,8 @@ bucket sizes the lab never shows):
 import ast
 import math
 
-from gpumem.course.grading import Report, Row
+from gpumem.course.grading import Report, Row, case_seconds, failure_line, kind, run_case
+from gpumem.errors import RunFailure
 
 LAB = "lab02_zero2_hooks"
 FN = "install_zero2_hooks"
@@ -136,35 +137,51 @@ def _reference(model: str, seed: int, steps: int, world: int) -> dict:
 def check(ns: dict, show: bool = True) -> Report:
     """Run the learner's hooks on 2 CPU ranks; grade shards, peak gradient bytes, collectives and
     weights; name the first mismatch. Never raises: an unsolved lab reports what is left."""
-    import inspect
-
-    from gpumem.dist import launch
     report = Report(LAB)
     fn = ns.get(FN)
-    source = None
-    if fn is not None:
-        try:
-            source = inspect.getsource(fn)
-        except (OSError, TypeError):
-            report.rows.append(Row(FN, "2 CPU ranks", "error",
-                                   "could not read the function's source (define it in a notebook cell)"))
-    if fn is None or (source and 'NotImplementedError("TODO' in source):
+    source, problem = _source_of(fn) if fn is not None else (None, "")
+    if problem:
+        report.rows.append(Row(FN, "2 CPU ranks", "error", problem))
+    elif fn is None or 'NotImplementedError("TODO' in source:
         report.rows.append(Row(FN, "2 CPU ranks", "todo", f"{FN} is still to write"))
-    elif source and gpumem_imports(source):
+    elif gpumem_imports(source):
         report.rows.append(Row(FN, "torch.distributed only", "wrong",
                                f"it imports {gpumem_imports(source)[0]}: write the padding, the layout and "
                                "the reduce-scatter with torch.distributed yourself"))
-    elif source:
-        try:
-            ranks = launch.run(f"{__name__}:lab02_rank", 2, progress=False, source=source)
-        except launch.RankError as err:
-            report.rows.append(Row(FN, "2 CPU ranks", "error", str(err).strip().splitlines()[-1]))
-        else:
+    else:
+        def body():
+            from gpumem.dist import launch
+            try:                                 # the learner's code runs on the ranks
+                ranks = launch.run(f"{__name__}:lab02_rank", 2, progress=False, source=source)
+            except (launch.RankError, RunFailure) as err:
+                return "error", failure_line(err)
             for k, case in enumerate(CASES):
-                _grade_case(report, case, [r[k] for r in ranks])
+                run_case(report, FN, _label(case, 2), lambda: _grade_case(report, case, [r[k] for r in ranks]))
+        run_case(report, FN, "2 CPU ranks", body, case_seconds(cases=len(CASES)))
     if show:
         print(report.summary())
     return report
+
+
+def _source_of(fn) -> tuple[str, str]:
+    """(source, problem): the learner's function as text the ranks can run, or why it cannot be."""
+    import inspect
+    import textwrap
+    if not callable(fn):
+        return "", f"{FN} is {kind(fn)}, not a function"
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return "", "could not read the function's source (define it in a notebook cell)"
+    if not any(isinstance(n, ast.FunctionDef) and n.name == FN for n in tree.body):
+        return "", f"define it as `def {FN}(params, grad_shards, bucket_bytes):` in a cell (the ranks run that source)"
+    return source, ""
+
+
+def _label(case: tuple, world: int) -> str:
+    model, seed, steps, bucket = case
+    return f"{model}, seed {seed}, bucket {bucket:,} B, {world} ranks"
 
 
 def _grade_shards(ranks: list[dict], ref: dict, world: int) -> str | None:
@@ -217,7 +234,7 @@ def _grade_case(report: Report, case: tuple, ranks: list[dict]) -> None:
     model, seed, steps, bucket = case
     world = len(ranks)
     ref = _reference(model, seed, steps, world)
-    names, label = ref["names"], f"{model}, seed {seed}, bucket {bucket:,} B, {world} ranks"
+    names, label = ref["names"], _label(case, world)
     bad = _grade_shards(ranks, ref, world)
     report.rows.append(Row(FN, f"{label}: gradient shards when backward returns", "wrong" if bad else "ok",
                            bad or ""))

@@ -19,7 +19,7 @@ Budgets are set between two placements, so that one layer fewer misses and any l
 recomputation the budget did not need.
 """
 
-from gpumem.course.grading import Report, Row
+from gpumem.course.grading import Report, Row, call, kind, returned, run_case
 from gpumem.errors import UsageError
 from gpumem.memory import recompute_cost
 from gpumem.memory.models import ModelConfig
@@ -58,39 +58,50 @@ def optimum(cfg: ModelConfig, budget: int, seq: int = SEQ, batch: int = BATCH) -
     return cfg.n_layers
 
 
-def _call(fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs), None
-    except NotImplementedError:
-        return None, "todo"
-    except Exception as err:  # the learner's bug, reported, not raised
-        return None, f"{type(err).__name__}: {err}"
+def _cut_from_graph(ckpt) -> str:
+    """Why no gradient would flow through the learner's checkpoint, probed on ``2 * x``; '' if one does."""
+    import torch
+    x = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    out = call(ckpt, lambda t: t * 2, x)
+    if not torch.is_tensor(out):
+        return "checkpoint(run, x) " + returned(out, "the tensor run(x) returns")
+    if not out.requires_grad:
+        return ("its output does not require grad: it is cut from the graph, so no gradient reaches the layers "
+                "(return the result of your autograd.Function's apply)")
+    call(lambda: out.sum().backward())
+    if x.grad is None or not torch.equal(x.grad, torch.full_like(x, 2.0)):
+        return f"the gradient of 2 * x through it is {kind(x.grad)}, not 2 everywhere: does backward return the inputs' gradients?"
+    return ""
 
 
 def _grade_checkpoint(report: Report, ckpt) -> bool:
     from gpumem.memory import recompute_trace as rt
     case = f"{GRAD_CASE.name}, {GRAD_CASE.n_layers} layers, every layer checkpointed"
-    plain, err = _call(rt.measure, GRAD_CASE, "none", seq=SEQ, micro_batch=BATCH, keep_grads=True)
-    mine, err = _call(rt.measure, GRAD_CASE, "full", ckpt, seq=SEQ, micro_batch=BATCH, keep_grads=True)
-    if err:
-        report.rows.append(Row("checkpoint", case, "todo" if err == "todo" else "error",
-                               "checkpoint still raises NotImplementedError" if err == "todo" else err))
-        return False
-    import torch
+    start = len(report.rows)
 
-    from gpumem.memory.llama import Llama
-    with torch.device("meta"):
-        names = [name for name, _ in Llama(GRAD_CASE).named_parameters()]
-    bad = next((f"first differing gradient: {name}, max |got - expected| = {(g - w).abs().max().item():.3g}"
-                for name, g, w in zip(names, mine.grads, plain.grads) if not (g == w).all()), None)
-    report.rows.append(Row("checkpoint", f"{case}: gradients vs no checkpointing", "wrong" if bad else "ok", bad or ""))
-    want = recompute_cost.activation_bytes(GRAD_CASE, SEQ, BATCH, "full")["saved"]
-    ok = mine.saved == want
-    report.rows.append(Row("checkpoint", f"{case}: bytes kept for backward", "ok" if ok else "wrong",
-                           "" if ok else f"expected {want:,} B (only each layer's input), got {mine.saved:,} B"
-                           + (": the segments' activations were kept too (run the forward without a graph)"
-                              if mine.saved > want else "")))
-    return not bad and ok
+    def body():
+        cut = _cut_from_graph(ckpt)
+        if cut:
+            return "wrong", cut
+        plain = rt.measure(GRAD_CASE, "none", seq=SEQ, micro_batch=BATCH, keep_grads=True)
+        mine = call(rt.measure, GRAD_CASE, "full", ckpt, seq=SEQ, micro_batch=BATCH, keep_grads=True)
+        import torch
+
+        from gpumem.memory.llama import Llama
+        with torch.device("meta"):
+            names = [name for name, _ in Llama(GRAD_CASE).named_parameters()]
+        bad = next((f"first differing gradient: {name}, max |got - expected| = {(g - w).abs().max().item():.3g}"
+                    for name, g, w in zip(names, mine.grads, plain.grads) if not (g == w).all()), None)
+        report.rows.append(Row("checkpoint", f"{case}: gradients vs no checkpointing", "wrong" if bad else "ok",
+                               bad or ""))
+        want = recompute_cost.activation_bytes(GRAD_CASE, SEQ, BATCH, "full")["saved"]
+        ok = mine.saved == want
+        report.rows.append(Row("checkpoint", f"{case}: bytes kept for backward", "ok" if ok else "wrong",
+                               "" if ok else f"expected {want:,} B (only each layer's input), got {mine.saved:,} B"
+                               + (": the segments' activations were kept too (run the forward without a graph)"
+                                  if mine.saved > want else "")))
+    run_case(report, "checkpoint", case, body)
+    return all(r.status == "ok" for r in report.rows[start:])
 
 
 def _variants():
@@ -126,24 +137,25 @@ def _grade_variants(report: Report, ckpt) -> None:
     import torch
     w, x, cases = _variants()
     for name, run, args in cases:
-        grads = []
-        for wrap in (run, lambda *a: ckpt(run, *a)):
-            w.grad = x.grad = None
-            torch.manual_seed(11)
-            out, err = _call(wrap, *args)
-            if err is None:
+        def body(run=run, args=args):
+            grads = []
+            for wrap in (run, lambda *a: call(ckpt, run, *a)):
+                w.grad = x.grad = None
+                torch.manual_seed(11)
+                out = wrap(*args)
+                outs = out if isinstance(out, tuple) else (out,)
+                if not all(torch.is_tensor(o) for o in outs):
+                    return "wrong", "checkpoint(run, ...) " + returned(out, "what run returns (a tensor or a tuple of them)")
+                if not all(o.requires_grad for o in outs):
+                    return "wrong", "an output does not require grad: it is cut from the graph"
                 torch.rand(7)                         # the RNG moves on between forward and backward
-                _, err = _call(lambda: _loss(out).backward())
-            if err:
-                break
-            grads.append((w.grad.clone(), x.grad.clone()))
-        if err:
-            report.rows.append(Row("checkpoint", f"unseen case: {name}", "todo" if err == "todo" else "error",
-                                   "checkpoint still raises NotImplementedError" if err == "todo" else err))
-            continue
-        diff = max(float((a - b).abs().max()) for a, b in zip(*grads))
-        report.rows.append(Row("checkpoint", f"unseen case: {name}", "ok" if diff == 0 else "wrong",
-                               "" if diff == 0 else f"gradients differ from plain autograd by up to {diff:.3g}"))
+                call(lambda: _loss(out).backward())
+                if w.grad is None or x.grad is None:
+                    return "wrong", f"no gradient reached {'the weight' if w.grad is None else 'the input'}: it is cut from the graph"
+                grads.append((w.grad.clone(), x.grad.clone()))
+            diff = max(float((a - b).abs().max()) for a, b in zip(*grads))
+            return ("ok", "") if diff == 0 else ("wrong", f"gradients differ from plain autograd by up to {diff:.3g}")
+        run_case(report, "checkpoint", f"unseen case: {name}", body)
 
 
 def _grade_placement(report: Report, place, ckpt, cfg: ModelConfig, count: int) -> None:
@@ -152,32 +164,25 @@ def _grade_placement(report: Report, place, ckpt, cfg: ModelConfig, count: int) 
     n = numbers(cfg)
     case = f"{cfg.name}, {cfg.n_layers} layers, budget {budget:,} B" + (
         "" if callable(ckpt) else ", measured with the course's checkpoint")
-    segments, err = _call(place, **n, budget=budget)
-    if err:
-        report.rows.append(Row("place_checkpoints", case, "todo" if err == "todo" else "error",
-                               "place_checkpoints still raises NotImplementedError" if err == "todo" else err))
-        return
-    try:
-        plan = from_segments(segments, cfg.n_layers, "yours")
-    except (UsageError, TypeError) as err:
-        report.rows.append(Row("place_checkpoints", case, "wrong", f"not a list of segments: {err}"))
-        return
-    m, err = _call(rt.measure, cfg, plan, ckpt, seq=SEQ, micro_batch=BATCH)
-    if err:
-        report.rows.append(Row("place_checkpoints", case, "error", err))
-        return
-    best = optimum(cfg, budget)
-    layer = recompute_cost.layer_flops(cfg, SEQ, BATCH)["total"]
-    if m.peak > budget:
-        detail = (f"measured peak {m.peak:,} B misses the budget by {m.peak - budget:,} B "
-                  f"({m.peak_at}); {best} layer(s) checkpointed, well placed, would fit")
-    elif m.flops["recompute"] > best * layer:
-        extra = m.flops["recompute"] / (best * layer) - 1 if best else float("inf")
-        detail = (f"fits (peak {m.peak:,} B) but re-runs {m.flops['recompute']:,} FLOPs; {best} layer(s) "
-                  f"suffice ({best * layer:,} FLOPs): {extra:.0%} more recomputation than needed")
-    else:
-        detail = ""
-    report.rows.append(Row("place_checkpoints", case, "wrong" if detail else "ok", detail))
+
+    def body():
+        segments = call(place, **n, budget=budget)
+        try:
+            plan = from_segments(segments, cfg.n_layers, "yours")
+        except (UsageError, TypeError, ValueError) as err:
+            return "wrong", f"not a list of segments: {err}" if segments is not None else returned(None, "")
+        m = call(rt.measure, cfg, plan, ckpt, seq=SEQ, micro_batch=BATCH)
+        best = optimum(cfg, budget)
+        layer = recompute_cost.layer_flops(cfg, SEQ, BATCH)["total"]
+        if m.peak > budget:
+            return "wrong", (f"measured peak {m.peak:,} B misses the budget by {m.peak - budget:,} B "
+                             f"({m.peak_at}); {best} layer(s) checkpointed, well placed, would fit")
+        if m.flops["recompute"] > best * layer:
+            extra = m.flops["recompute"] / (best * layer) - 1 if best else float("inf")
+            return "wrong", (f"fits (peak {m.peak:,} B) but re-runs {m.flops['recompute']:,} FLOPs; {best} layer(s) "
+                             f"suffice ({best * layer:,} FLOPs): {extra:.0%} more recomputation than needed")
+        return "ok", ""
+    run_case(report, "place_checkpoints", case, body)
 
 
 def check(ns: dict, show: bool = True) -> Report:

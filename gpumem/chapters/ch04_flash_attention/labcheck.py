@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpumem.course.grading import Report, Row
+from gpumem.course.grading import Report, Row, call, kind, returned, run_case
 
 LAB = "lab04_online_softmax"
 ATOL = RTOL = 1e-9
@@ -52,7 +52,9 @@ def _worst(name, got, want) -> str:
     """'' when within tolerance, else the worst element named."""
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         return f"{name}: expected a tensor of shape {tuple(want.shape)}, got " + (
-            f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__)
+            f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else kind(got))
+    if got.device != want.device:
+        return f"{name}: expected a tensor on {want.device} (where q, k, v are), got one on {got.device}"
     err = (got.double() - want).abs() - (ATOL + RTOL * want.abs())
     if not bool((err <= 0).all()) or not bool(torch.isfinite(got).all()):
         err = torch.nan_to_num(err, nan=float("inf"))
@@ -81,15 +83,6 @@ class _Largest(TorchDispatchMode):
         return out
 
 
-def _call(fn, *args):
-    try:
-        return fn(*args), None
-    except NotImplementedError:
-        return None, "todo"
-    except Exception as err:   # the learner's bug, reported, not raised
-        return None, f"{type(err).__name__}: {err}"
-
-
 def _describe(case) -> str:
     b, a, kv, sq, sk, d, causal, block = case
     return f"b{b} heads {a}/{kv} s_q {sq} s_k {sk} d {d}{' causal' if causal else ''} block {block}"
@@ -107,30 +100,30 @@ def check(ns: dict, show: bool = True) -> Report:
         if fwd is None:
             report.rows.append(Row("online_softmax_attention", name, "todo", "define online_softmax_attention"))
         else:
-            rec = _Largest(case[0] * case[1], case[3], case[4], block)
-            with rec:
-                got, err = _call(fwd, q, k, v, causal, block)
-            if err:
-                report.rows.append(Row("online_softmax_attention", name, "todo" if err == "todo" else "error",
-                                       "still raises NotImplementedError" if err == "todo" else err))
-            else:
-                res = (got if isinstance(got, tuple) and len(got) == 2 else (got, None))
-                bad = _worst("out", res[0], out_ref) or _worst("lse", res[1], lse_ref)
+            def forward(q=q, k=k, v=v, case=case, causal=causal, block=block, out_ref=out_ref, lse_ref=lse_ref):
+                rec = _Largest(case[0] * case[1], case[3], case[4], block)
+                with rec:                             # clones: changing its inputs changes no later case
+                    got = call(fwd, q.clone(), k.clone(), v.clone(), causal, block)
+                if not (isinstance(got, (tuple, list)) and len(got) == 2):
+                    return "wrong", returned(got, "a tuple (out, lse)")
+                bad = _worst("out", got[0], out_ref) or _worst("lse", got[1], lse_ref)
                 if not bad and (rec.most >= case[3] * case[4] or rec.full_rows):
                     bad = (f"a tensor of {rec.most:,} elements per head was made: the whole "
                            f"{case[3]} x {case[4]} score matrix; work one block of keys at a time")
-                report.rows.append(Row("online_softmax_attention", name, "wrong" if bad else "ok", bad))
+                return "wrong" if bad else "ok", bad
+            run_case(report, "online_softmax_attention", name, forward)
         if bwd is None:
             report.rows.append(Row("online_softmax_backward", name, "todo", "define online_softmax_backward"))
             continue
-        got, err = _call(bwd, dout, q, k, v, out_ref, lse_ref, causal, block)
-        if err:
-            report.rows.append(Row("online_softmax_backward", name, "todo" if err == "todo" else "error",
-                                   "still raises NotImplementedError" if err == "todo" else err))
-            continue
-        got = tuple(got) if isinstance(got, (tuple, list)) and len(got) == 3 else (got, None, None)
-        bad = next((m for m in (_worst(n, g, w) for n, g, w in zip(("dq", "dk", "dv"), got, grads_ref)) if m), "")
-        report.rows.append(Row("online_softmax_backward", name, "wrong" if bad else "ok", bad))
+
+        def backward(q=q, k=k, v=v, dout=dout, out_ref=out_ref, lse_ref=lse_ref, causal=causal, block=block,
+                     grads_ref=grads_ref):
+            got = call(bwd, *(t.clone() for t in (dout, q, k, v, out_ref, lse_ref)), causal, block)
+            if not (isinstance(got, (tuple, list)) and len(got) == 3):
+                return "wrong", returned(got, "a tuple (dq, dk, dv)")
+            bad = next((m for m in (_worst(n, g, w) for n, g, w in zip(("dq", "dk", "dv"), got, grads_ref)) if m), "")
+            return "wrong" if bad else "ok", bad
+        run_case(report, "online_softmax_backward", name, backward)
     if show:
         print(report.summary())
     return report

@@ -13,8 +13,9 @@ configurations' measured holdings (``BUDGETS``).
 import os
 
 from gpumem import units
-from gpumem.course.grading import Report, Row
+from gpumem.course.grading import Report, Row, call, case_seconds, failure_line, kind, returned, run_case
 from gpumem.dist import ds_offload, launch
+from gpumem.errors import RunFailure
 from gpumem.memory import accounting
 
 LAB = "lab05_offload_budget"
@@ -61,46 +62,80 @@ def needed(budget: int, ranks: int = 2) -> str:
     return "optimizer+params"
 
 
+def config_problem(cfg) -> str:
+    """What in the learner's config DeepSpeed would refuse or the lab cannot grade, in the lab's
+    words ('' if nothing): checked here, before any rank starts."""
+    if not isinstance(cfg, dict):
+        return returned(cfg, "a dict: a whole DeepSpeed config")
+    zero = cfg.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        return f"'zero_optimization' must be a dict (its stage and any offload), got {kind(zero)}"
+    stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        return f"stage must be 0, 1, 2 or 3, got {stage!r}"
+    for key in ("offload_optimizer", "offload_param"):
+        target = zero.get(key)
+        if target is None:
+            continue
+        if not isinstance(target, dict) or target.get("device", "none") not in ("none", "cpu", "nvme"):
+            return f"{key} must be a dict whose device is 'none', 'cpu' or 'nvme', got {target!r}"
+        if target.get("device") == "nvme" and not target.get("nvme_path"):
+            return f"{key} goes to nvme but names no nvme_path (use the swap_dir the grader passes)"
+    return ""
+
+
 def check(ns: dict, show: bool = True) -> Report:
     """Grade ``offload_config`` on each budget of :data:`BUDGETS`: fits, and offloads no more than needed."""
     report = Report(LAB)
     fn = ns.get("offload_config")
     ready, why = ds_offload.nvme_ready()
-    given, rows = {}, {}
+    given = {}
     with ds_offload.swap_folder() as swap:
         for label, budget in BUDGETS.items():
-            try:
-                cfg = fn(budget, str(swap)) if fn else None
-            except NotImplementedError:
-                cfg = None
-            except Exception as err:   # the learner's bug, reported, not raised
-                rows[label] = Row("offload_config", label, "error", f"{type(err).__name__}: {err}")
+            if fn is None:
+                report.rows.append(Row("offload_config", label, "todo", "define offload_config(budget_bytes, swap_dir)"))
                 continue
-            if cfg is None:
-                rows[label] = Row("offload_config", label, "todo", "offload_config still raises NotImplementedError")
-            elif ds_offload.describe(cfg)[2] == "nvme" and not ready:
-                rows[label] = Row("offload_config", label, "ok", "not run here: " + why)
-            else:
+
+            def ask(budget=budget, label=label):
+                cfg = call(fn, budget, str(swap))
+                bad = config_problem(cfg)
+                if bad:
+                    return "wrong", bad
+                if ds_offload.describe(cfg)[2] == "nvme" and not ready:
+                    return "ok", "not run here: " + why
                 given[label] = cfg
+                return "ok", "to run"
+            run_case(report, "offload_config", label, ask)
         if given:
-            try:
-                res = launch.run("gpumem.dist.ds_offload_ranks:offload_runs", 2, "cpu", deepspeed=True,
-                                 progress=show and not os.environ.get("TQDM_DISABLE"), given=given,
-                                 swap_dir=str(swap), steps=2)
-            except launch.RankError as err:
+            rows = {r.case: i for i, r in enumerate(report.rows)}
+
+            def measure():
+                try:
+                    res = launch.run("gpumem.dist.ds_offload_ranks:offload_runs", 2, "cpu", deepspeed=True,
+                                     progress=show and not os.environ.get("TQDM_DISABLE"), given=given,
+                                     swap_dir=str(swap), steps=2)
+                except (launch.RankError, RunFailure) as err:
+                    return "error", failure_line(err)
+                for label, cfg in given.items():
+                    report.rows[rows[label]] = _graded(label, cfg, res)
+            start = len(report.rows)
+            failed = run_case(report, "offload_config", "2 CPU ranks", measure,
+                              case_seconds(cases=len(given)))
+            if len(report.rows) > start:          # the run failed: each budget it ran says why
+                del report.rows[start:]
                 for label in given:
-                    rows[label] = Row("offload_config", label, "error", str(err).splitlines()[-1][:300])
-                res = None
-            for label, cfg in (given.items() if res else ()):
-                roles = max((r[label]["held_by_role"] for r in res), key=lambda x: sum(_on_accelerator(x, cfg).values()))
-                ok, words = verdict(roles, cfg, BUDGETS[label])
-                rows[label] = Row("offload_config", f"budget {label}", "ok" if ok else "wrong", words)
-                need, mine = needed(BUDGETS[label]), ds_offload.describe(cfg)[1]
-                if ok and RANK_OF[mine] > RANK_OF[need]:
-                    rows[label] = Row("offload_config", f"budget {label}", "wrong",
-                                      f"{words}, but it offloads {mine} where {need} would fit: "
-                                      "each state moved off the accelerator costs step time")
-    report.rows = [rows[label] for label in BUDGETS]
+                    report.rows[rows[label]] = Row("offload_config", label, failed.status, failed.detail)
     if show:
         print(report.summary())
     return report
+
+
+def _graded(label: str, cfg: dict, res: list) -> Row:
+    """The row of one budget from the ranks' measurements."""
+    roles = max((r[label]["held_by_role"] for r in res), key=lambda x: sum(_on_accelerator(x, cfg).values()))
+    ok, words = verdict(roles, cfg, BUDGETS[label])
+    need, mine = needed(BUDGETS[label]), ds_offload.describe(cfg)[1]
+    if ok and RANK_OF[mine] > RANK_OF[need]:
+        return Row("offload_config", f"budget {label}", "wrong", f"{words}, but it offloads {mine} where {need} "
+                   "would fit: each state moved off the accelerator costs step time")
+    return Row("offload_config", f"budget {label}", "ok" if ok else "wrong", words)

@@ -17,7 +17,8 @@ nodes slows down, the learner's plan for the slow link must be within the same s
 
 from contextlib import contextmanager
 
-from gpumem.course.grading import Report, Row
+from gpumem.course.grading import Report, Row, call, error_line, returned, run_case
+from gpumem.errors import UsageError
 from gpumem.memory import gpus as gpu_table
 from gpumem.memory import models, planner, planner_cost, planner_memory
 from gpumem.memory.offload_cost import datasheet_links
@@ -48,6 +49,8 @@ def _no_planner():
 
 def layout_of(choice: dict, gpus: int, global_batch: int) -> planner_memory.Layout:
     """The learner's dict as a Layout (data-parallel degree and micro-batch count derived)."""
+    if not isinstance(choice, dict):
+        raise ValueError(returned(choice, f"a dict with keys {', '.join(KEYS)}"))
     missing = [k for k in KEYS if k not in choice]
     if missing:
         raise ValueError(f"the plan lacks {', '.join(missing)}")
@@ -63,23 +66,28 @@ def layout_of(choice: dict, gpus: int, global_batch: int) -> planner_memory.Layo
 def _ask(choose, case: tuple, inter_node: float):
     model, gpus, gpu, seq, batch = case
     with _no_planner():
-        return choose(model, gpus, gpu, seq, batch, inter_node=inter_node)
+        return call(choose, model, gpus, gpu, seq, batch, inter_node=inter_node)
+
+
+def _refused(err: Exception) -> str:
+    """A plan the course's model refuses (UsageError names the value and what is accepted)."""
+    return f"the plan is refused: {err}" if isinstance(err, UsageError) else f"could not be checked: {error_line(err)}"
 
 
 def grade_case(choose, case: tuple, inter_node: float = planner_cost.INTER_NODE) -> tuple[str, str]:
     """(status, detail) of the learner's plan for one cluster (``inter_node``: bytes/s per GPU
-    between nodes)."""
+    between nodes); never raises, and the learner's call and the check share one time limit."""
+    row = run_case(Report(LAB), "choose_plan", "", lambda: _grade(choose, case, inter_node), on_crash=_refused)
+    return row.status, row.detail
+
+
+def _grade(choose, case: tuple, inter_node: float) -> tuple[str, str]:
     model, gpus, gpu, seq, batch = case
+    choice = _ask(choose, case, inter_node)
     try:
-        choice = _ask(choose, case, inter_node)
-    except NotImplementedError:
-        return "todo", "choose_plan still raises NotImplementedError"
-    except Exception as err:  # the learner's bug, reported
-        return "error", f"{type(err).__name__}: {err}"
-    try:
-        lay = layout_of(dict(choice), gpus, batch)
+        lay = layout_of(choice, gpus, batch)
     except (TypeError, ValueError) as err:
-        return "wrong", str(err)
+        return "wrong", str(err) if not isinstance(err, TypeError) else f"the plan's values: {err}"
     cfg, g = models.get(model), gpu_table.get(gpu)
     if lay.recipe != "mixed":
         return "wrong", f"the lab plans under mixed precision; got recipe {lay.recipe!r}"
@@ -106,12 +114,12 @@ def reflection(choose) -> Row:
     """The slow-link reflection: the plan for :data:`REFLECTION` on :data:`SLOW_LINK`, graded like
     a case, its detail saying whether the layout changed from the fast link's."""
     status, detail = grade_case(choose, REFLECTION, SLOW_LINK)
-    try:
+
+    def same_plan():
         fast, slow = (_ask(choose, REFLECTION, link) for link in (planner_cost.INTER_NODE, SLOW_LINK))
-        same = {k: fast[k] for k in KEYS} == {k: slow[k] for k in KEYS}
-    except Exception:  # already reported by grade_case
-        same = False
-    if status != "ok" and same:
+        return ("ok", "") if {k: fast[k] for k in KEYS} == {k: slow[k] for k in KEYS} else ("wrong", "")
+    same = status != "ok" and run_case(Report(LAB), "reflection", "", same_plan).status == "ok"
+    if same:
         detail = "the plan did not change when the link between nodes slowed to 1.25 GB/s; " + detail
     return Row("reflection", f"{REFLECTION[0]} on {REFLECTION[1]} x {REFLECTION[2]}, 1.25 GB/s between nodes",
                status, detail)

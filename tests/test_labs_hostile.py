@@ -1,0 +1,247 @@
+"""Hostile but fair lab submissions: every grader gives a report (never raises, never hangs) whose
+row says what was wrong in the learner's terms (issue 18 §6).
+
+Each case replaces one function of a lab's namespace (the solution's, or none at all where the
+rest of the lab does not matter) and grades it as the notebook's last cell does. Hangs run with
+a 1 s case limit (GPUMEM_CASE_SECONDS); only lab 02's hang starts ranks (stopped at 3 s).
+"""
+
+import io
+import contextlib
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from conftest import ROOT
+from gpumem import chapters
+from gpumem.course import grading
+from test_labs import notebook_namespace
+
+LABS = {p.stem[:5]: p.stem for p in (ROOT / "solutions").glob("lab*.ipynb")}
+_SOLVED: dict = {}
+
+
+def solution(lab: str) -> dict:
+    """A fresh copy of the solution notebook's namespace (cells run once per session)."""
+    if lab not in _SOLVED:
+        with contextlib.redirect_stdout(io.StringIO()):
+            _SOLVED[lab] = notebook_namespace(ROOT / "solutions" / f"{LABS[lab]}.ipynb")
+    return dict(_SOLVED[lab])
+
+
+def grade(lab: str, ns: dict):
+    start = time.monotonic()
+    report = chapters.check_lab(LABS[lab], ns, show=False)      # must not raise
+    return report, time.monotonic() - start
+
+
+def spin(*args, **kwargs):
+    while True:
+        pass
+
+
+def spin_past_except(*args, **kwargs):
+    while True:
+        try:
+            while True:
+                pass
+        except Exception:                       # a learner's catch-all does not keep it alive
+            pass
+
+
+def cut_from_graph(run, *args):
+    with torch.no_grad():
+        return run(*args)
+
+
+def inputs_detached(run, *args):
+    return run(*[a.detach() if torch.is_tensor(a) else a for a in args])
+
+
+def on_meta(q, k, v, causal=False, block=32):
+    return torch.empty(q.shape, device="meta"), torch.empty(q.shape[:-1], device="meta")
+
+
+class Unequal:
+    def __eq__(self, other):
+        raise RuntimeError("no comparing me")
+    __hash__ = object.__hash__
+
+
+def _lab06(**changes):
+    right = solution("lab06")["choose_plan"]
+    return lambda *a, **k: {**right(*a, **k), **changes}
+
+
+# (lab, what, namespace -> namespace, function of the row, status, words the row must hold)
+HOSTILE = [
+    ("lab01", "numpy array", lambda ns: {**ns, "model_state_bytes": lambda **k: np.zeros(3)}, "model_state_bytes",
+     "wrong", "returned a numpy.ndarray of shape (3,), expected a dict with keys params, grads, optimizer"),
+    ("lab01", "tensor", lambda ns: {**ns, "layer_activation_bytes": lambda **k: torch.tensor([5, 6])},
+     "layer_activation_bytes", "wrong", "returned a torch.Tensor of shape (2,) on cpu, expected an int"),
+    ("lab01", "None", lambda ns: {**ns, "model_state_bytes": lambda **k: None}, "model_state_bytes",
+     "wrong", "returned None -- did you forget `return`?"),
+    ("lab01", "__eq__ raises", lambda ns: {**ns, "layer_activation_bytes": lambda **k: Unequal()},
+     "layer_activation_bytes", "wrong", "returned a test_labs_hostile.Unequal, expected an int"),
+    ("lab01", "not a function", lambda ns: {**ns, "model_state_bytes": 5}, "model_state_bytes",
+     "error", "it is an int (5), not a function"),
+    ("lab01", "while True", lambda ns: {**ns, "model_state_bytes": spin}, "model_state_bytes",
+     "error", "took longer than 1 s (stopped)"),
+    ("lab01", "loop past except Exception", lambda ns: {**ns, "layer_activation_bytes": spin_past_except},
+     "layer_activation_bytes", "error", "took longer than 1 s (stopped)"),
+    ("lab02", "not a function", lambda ns: {"install_zero2_hooks": [1, 2]}, "install_zero2_hooks",
+     "error", "install_zero2_hooks is a list of 2 item(s), not a function"),
+    ("lab02", "a lambda", lambda ns: {"install_zero2_hooks": lambda params, shards, bucket: None},
+     "install_zero2_hooks", "error", "define it as `def install_zero2_hooks(params, grad_shards, bucket_bytes):`"),
+    ("lab03", "output cut from the graph", lambda ns: {"checkpoint": cut_from_graph}, "checkpoint",
+     "wrong", "its output does not require grad: it is cut from the graph"),
+    ("lab03", "inputs detached", lambda ns: {"checkpoint": inputs_detached}, "checkpoint",
+     "wrong", "its output does not require grad: it is cut from the graph"),
+    ("lab03", "while True", lambda ns: {"checkpoint": spin}, "checkpoint", "error", "took longer than 1 s"),
+    ("lab03", "segments as a string", lambda ns: {"place_checkpoints": lambda **k: "all"}, "place_checkpoints",
+     "wrong", "not a list of segments"),
+    ("lab03", "None", lambda ns: {"place_checkpoints": lambda **k: None}, "place_checkpoints",
+     "wrong", "returned None -- did you forget `return`?"),
+    ("lab03", "place: while True", lambda ns: {"place_checkpoints": spin}, "place_checkpoints",
+     "error", "took longer than 1 s"),
+    ("lab04", "on the meta device", lambda ns: {"online_softmax_attention": on_meta}, "online_softmax_attention",
+     "wrong", "out: expected a tensor on cpu (where q, k, v are), got one on meta"),
+    ("lab04", "one tensor, not (out, lse)",
+     lambda ns: {"online_softmax_attention": lambda q, k, v, c, b: torch.zeros_like(q)}, "online_softmax_attention",
+     "wrong", "returned a torch.Tensor of shape"),
+    ("lab04", "while True", lambda ns: {"online_softmax_backward": spin}, "online_softmax_backward",
+     "error", "took longer than 1 s"),
+    ("lab05", '"zero3"', lambda ns: {"offload_config": lambda b, s: "zero3"}, "offload_config",
+     "wrong", "returned a str ('zero3'), expected a dict: a whole DeepSpeed config"),
+    ("lab05", "[1, 2]", lambda ns: {"offload_config": lambda b, s: [1, 2]}, "offload_config",
+     "wrong", "returned a list of 2 item(s), expected a dict"),
+    ("lab05", "zero_optimization None", lambda ns: {"offload_config": lambda b, s: {"zero_optimization": None}},
+     "offload_config", "wrong", "'zero_optimization' must be a dict (its stage and any offload), got None"),
+    ("lab05", "stage 'zero3'",
+     lambda ns: {"offload_config": lambda b, s: {"zero_optimization": {"stage": "zero3"}}}, "offload_config",
+     "wrong", "stage must be 0, 1, 2 or 3, got 'zero3'"),
+    ("lab05", "offload to 'gpu'",
+     lambda ns: {"offload_config": lambda b, s: {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "gpu"}}}},
+     "offload_config", "wrong", "offload_optimizer must be a dict whose device is 'none', 'cpu' or 'nvme'"),
+    ("lab05", "None", lambda ns: {"offload_config": lambda b, s: None}, "offload_config",
+     "wrong", "returned None -- did you forget `return`?"),
+    ("lab05", "while True", lambda ns: {"offload_config": spin}, "offload_config", "error", "took longer than 1 s"),
+    ("lab06", "checkpoint 'bogus'", lambda ns: {"choose_plan": _lab06(checkpoint="bogus")}, "choose_plan",
+     "wrong", "the plan is refused: unknown checkpoint policy 'bogus'; accepted:"),
+    ("lab06", "zero 7", lambda ns: {"choose_plan": _lab06(zero=7, offload="none", tp=1)}, "choose_plan",
+     "wrong", "the plan is refused: ZeRO stage must be 0, 1, 2 or 3, got 7"),
+    ("lab06", "a list", lambda ns: {"choose_plan": lambda *a, **k: [1, 2]}, "choose_plan",
+     "wrong", "returned a list of 2 item(s), expected a dict with keys recipe, zero"),
+    ("lab06", "None", lambda ns: {"choose_plan": lambda *a, **k: None}, "choose_plan",
+     "wrong", "returned None -- did you forget `return`?"),
+    ("lab06", "while True", lambda ns: {"choose_plan": spin}, "choose_plan", "error", "took longer than 1 s"),
+]
+
+
+@pytest.mark.parametrize("lab, what, make, function, status, words", HOSTILE,
+                         ids=[f"{h[0]}-{h[1]}" for h in HOSTILE])
+def test_hostile_submission_is_reported_in_the_learners_terms(monkeypatch, lab, what, make, function, status, words):
+    monkeypatch.setenv("GPUMEM_CASE_SECONDS", "1")
+    report, seconds = grade(lab, make({}))       # the lab's other functions undefined: todo rows
+    rows = [r for r in report.rows if r.function == function and r.status != "ok"]
+    assert rows, report.summary()
+    assert rows[0].status == status and words in rows[0].detail, rows[0]
+    assert all("\n" not in r.detail and len(r.detail) <= grading.DETAIL_CHARS for r in report.rows)
+    if "took longer" in words:           # one hang costs one limit: the function's later cases are not run
+        assert all("not run: an earlier case took longer" in r.detail for r in rows[1:])
+        assert seconds < 10
+
+
+def test_lab02_hook_that_hangs_on_the_ranks_is_stopped_and_leaves_no_rank(monkeypatch):
+    """The learner's hook runs on 2 ranks; ``while True`` there stops at the launch's limit (3 cases
+    x 1 s) and the launcher ends both ranks."""
+    monkeypatch.setenv("GPUMEM_CASE_SECONDS", "1")
+    source = "def install_zero2_hooks(params, grad_shards, bucket_bytes):\n    while True:\n        pass\n"
+    import linecache
+    linecache.cache["<hostile lab02>"] = (len(source), None, source.splitlines(True), "<hostile lab02>")
+    ns: dict = {}
+    exec(compile(source, "<hostile lab02>", "exec"), ns)
+    report, seconds = grade("lab02", ns)
+    assert [(r.status, r.detail) for r in report.rows] == [("error", "took longer than 3 s (stopped)")]
+    assert seconds < 15
+    assert not psutil.Process().children(recursive=True)
+
+
+def test_lab05_returning_none_is_not_called_unwritten():
+    """Before: a config of None was reported as 'still raises NotImplementedError'."""
+    report, _ = grade("lab05", {"offload_config": lambda b, s: None})
+    assert not report.todo and all("did you forget `return`" in r.detail for r in report.rows)
+
+
+def test_lab04_inputs_changed_in_place_change_no_later_check():
+    """A forward that scales q, k, v in place (after computing its answer) must not make the
+    backward, graded on the same inputs, look wrong."""
+    ns = solution("lab04")
+    right = ns["online_softmax_attention"]
+
+    def vandal(q, k, v, causal=False, block=32):
+        out = right(q, k, v, causal, block)
+        for t in (q, k, v):
+            t.mul_(0)
+        return out
+    ns["online_softmax_attention"] = vandal
+    report, _ = grade("lab04", ns)
+    assert report.solved, report.summary()
+
+
+def test_huge_output_is_capped_and_the_answer_still_graded(capsys):
+    right = solution("lab04")["online_softmax_attention"]
+
+    def chatty(*args):
+        print("x" * 1_000_000)
+        return right(*args)
+    report, _ = grade("lab04", {"online_softmax_attention": chatty})
+    rows = [r for r in report.rows if r.function == "online_softmax_attention"]
+    assert rows and all(r.status == "ok" for r in rows), report.summary()
+    out = capsys.readouterr().out
+    assert len(out) < len(rows) * (grading.OUTPUT_CHARS + 100) and "more characters printed, not shown" in out
+
+
+def test_a_global_dict_returned_each_call_is_graded_per_call():
+    ns = solution("lab01")
+    right, kept = ns["model_state_bytes"], {}
+
+    def same_object(n_params, recipe, gpus=1, zero=0):
+        kept.update(right(n_params, recipe, gpus, zero))
+        return kept
+    ns["model_state_bytes"] = same_object
+    report, _ = grade("lab01", ns)
+    assert report.solved, report.summary()
+
+
+def test_ctrl_c_goes_through():
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        grade("lab06", {"choose_plan": interrupted})
+
+
+def test_time_limit_off_the_main_thread_and_restores_the_alarm():
+    """In a thread the watchdog stops the loop; in the main thread the learner's own SIGALRM
+    handler and timer are as they were."""
+    import signal
+    import threading
+    rows = []
+    t = threading.Thread(target=lambda: rows.append(grade("lab06", {"choose_plan": spin})[0].rows[0]), daemon=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GPUMEM_CASE_SECONDS", "0.5")
+        t.start()
+        t.join(10)
+    assert not t.is_alive() and rows[0].detail == "took longer than 0.5 s (stopped)"
+    mine = signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 100)
+        grading.run_case(grading.Report("x"), "f", "c", lambda: ("ok", ""), seconds=5)
+        assert signal.getsignal(signal.SIGALRM) == signal.SIG_IGN
+        assert 90 < signal.getitimer(signal.ITIMER_REAL)[0] <= 100
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, mine)
