@@ -245,3 +245,22 @@ def test_time_limit_off_the_main_thread_and_restores_the_alarm():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, mine)
+
+
+def test_pydantic_refusal_is_one_line_naming_the_field():
+    """DeepSpeed validates its config with pydantic; a rank's refusal is reported as the field, the
+    complaint and the value, not the multi-line error or its last line alone."""
+    from typing import Literal
+
+    import pydantic
+
+    from gpumem.errors import RunFailure
+
+    class Zero(pydantic.BaseModel):
+        stage: Literal[0, 1, 2, 3] = 0
+    with pytest.raises(pydantic.ValidationError) as caught:
+        Zero(stage=7)
+    assert grading.error_line(caught.value).startswith("stage: Input should be 0, 1, 2 or 3, got 7")
+    trace = f"Traceback (most recent call last):\n  File \"x.py\", line 1\n{type(caught.value).__name__}: {caught.value}\n"
+    line = grading.failure_line(RunFailure("rank 0 failed: ValidationError", detail=trace))
+    assert line == "DeepSpeed refused the config: stage: Input should be 0, 1, 2 or 3"
