@@ -8,7 +8,10 @@ tensors of at least 1 MiB (``MIN_AIO_BYTES``); smaller ones stay in host memory.
 
 The swap folder is made and removed by the parent process (:func:`swap_folder`), around the
 rank launch: the launcher kills every rank when one fails, so a rank could never clean up after
-itself, but the parent's ``finally`` runs after a failure, a Ctrl-C or a SIGTERM.
+itself, but the parent's ``finally`` runs after a failure, a Ctrl-C or a SIGTERM. It is a
+:mod:`gpumem.scratch` folder named with the parent's pid, so one a SIGKILLed parent left is swept
+by the next run. :func:`swap_files` counts the bytes the run will write, so a folder without that
+much room is refused before any rank starts (DeepSpeed's async I/O would abort on a short file).
 
 Holdings are read from DeepSpeed's own structures after the last backward, before the last
 step (when gradients and optimizer states both exist), deduplicated by storage, and filed by
@@ -19,13 +22,12 @@ role; the role's device (accelerator, host, NVMe) follows the config, because on
 import contextlib
 import os
 import shutil
-import signal
-import tempfile
-import threading
 from pathlib import Path
 
 import torch
 
+from .. import scratch
+from ..errors import RunFailure
 from ..memory import bandwidth
 from ..memory.models import ModelConfig
 from . import dsops
@@ -86,22 +88,68 @@ def offload_config(name: str, swap_dir: str | None, batch_per_rank: int, cfg: Mo
     return out
 
 
+SWAP = "swap"          # the scratch kind of the swap folder (gpumem.scratch)
+MIN_AIO_BYTES, AIO_ALIGNED_BYTES = 1 << 20, 1024     # runtime/swap_tensor/utils.py 14-15
+
+
+def swap_files(name: str, cfg: ModelConfig = MODEL, world: int = 2) -> list[int]:
+    """The sizes of the swap files one rank writes under configuration ``name``, by DeepSpeed
+    0.19.8's rules: a tensor is swapped when it has at least ``max(MIN_AIO_BYTES, block_size)``
+    bytes (optimizer_utils.py 180, 231; partitioned_param_swapper.py 100, 141); the fp32 flat
+    partition and Adam's two moments are written padded up to 1,024-byte multiples
+    (``_io_aligned_numel``), the 16-bit parameter shards likewise, and each fp32 gradient
+    fragment cut down to a 1,024-byte multiple (``_adjust_for_misaligned_lengths``; the rest stays
+    in RAM). A stage-3 shard is ceil(numel / world) elements; the ranks write the same sizes."""
+    zero, offload, device = CONFIGS[name]
+    if device != "nvme":
+        return []
+    with torch.device("meta"):
+        from ..memory.llama import Llama
+        shards = [-(-p.numel() // world) for p in Llama(cfg).parameters()]
+    least = max(MIN_AIO_BYTES, AIO["block_size"])
+    unit = AIO_ALIGNED_BYTES * AIO["intra_op_parallelism"]
+    up = lambda b: -(-b // unit) * unit                      # noqa: E731  (bytes, padded)
+    files = []
+    if offload in ("optimizer", "optimizer+params") and 4 * sum(shards) >= least:
+        files += [up(4 * sum(shards))] * 3                   # fp32 master, exp_avg, exp_avg_sq
+        files += [b for b in (4 * n // unit * unit for n in shards) if b >= least]   # fp32 gradients
+    if offload in ("params", "optimizer+params"):
+        files += [up(2 * n) for n in shards if 2 * n >= least]                     # 16-bit shards
+    return files
+
+
+def swap_bytes(name: str, folder, cfg: ModelConfig = MODEL, world: int = 2) -> int:
+    """Bytes the ``world`` ranks' swap files take in ``folder``: each file rounded up to the
+    filesystem's block, plus one block for each folder DeepSpeed makes (zero_stage_3, optimizer,
+    param and a rank folder under each of those two, per rank) and the scratch folder itself."""
+    block = max(1, os.statvfs(folder).f_frsize)
+    files = swap_files(name, cfg, world)
+    if not files:
+        return 0
+    return world * sum(-(-b // block) * block for b in files) + block * (4 + 2 * world)
+
+
 @contextlib.contextmanager
-def swap_folder(base: str | Path | None = None):
-    """A fresh folder for swap files under ``base`` (default: the temp dir), removed on exit, also
-    after an exception, Ctrl-C or SIGTERM (turned into SystemExit while the folder exists)."""
-    path = Path(tempfile.mkdtemp(prefix="gpumem-swap-", dir=base))
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        def on_term(signum, frame):
-            raise SystemExit(128 + signum)
-        previous = signal.signal(signal.SIGTERM, on_term)
-    try:
+def swap_folder(base: str | Path | None = None, note=bandwidth.stderr_note):
+    """A fresh swap folder under ``base`` (default: the temp dir), made in this (the parent)
+    process and removed on exit, also after an exception, Ctrl-C or SIGTERM (SystemExit while
+    the folder exists). Swap folders whose owner was killed are swept first, a line each to ``note``."""
+    with bandwidth.sigterm_as_exit(), scratch.folder(SWAP, base, note=note) as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+
+
+def full_disk(swap: Path, need: int, err: BaseException) -> RunFailure | None:
+    """A one-line :class:`RunFailure` if the ranks failed because ``swap``'s filesystem filled up
+    under them (what is free plus what they wrote is less than ``need``), else None."""
+    try:
+        written = sum(f.stat().st_size for f in swap.rglob("*") if f.is_file())
+        free = shutil.disk_usage(swap).free
+    except OSError:
+        return None
+    if free + written >= need:
+        return None
+    return RunFailure(f"the swap folder {swap} ran out of room: {need:,} bytes needed, {written:,} written and "
+                      f"{free:,} free (the filesystem filled up during the run); its files are removed", str(err))
 
 
 def _kind(name: str) -> str:

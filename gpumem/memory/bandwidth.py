@@ -16,16 +16,23 @@ PCIe datasheet figures are line rate, an upper bound: pinned copies reach about 
 x16 and about 50 at Gen5, and GPUs behind one PCIe switch share its uplink (``nvidia-smi topo -m``).
 """
 
+import contextlib
 import datetime
 import mmap
 import os
 import platform
+import shutil
+import signal
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import torch
 
+from .. import scratch
+from ..errors import RunFailure, UsageError
 from ..units import MiB
 
 RUNGS = ("ram_copy", "disk_write", "disk_read", "h2d_pageable", "h2d_pinned", "d2h_pageable",
@@ -35,6 +42,62 @@ ABOUT = {"ram_copy": "host RAM to host RAM (torch copy_)",
          "h2d_pageable": "host to GPU, pageable memory", "h2d_pinned": "host to GPU, pinned memory",
          "d2h_pageable": "GPU to host, pageable memory", "d2h_pinned": "GPU to host, pinned memory",
          "d2d": "GPU to GPU memory (HBM copy)"}
+
+
+LADDER = "ladder"      # the scratch kind of the disk rung's folder (gpumem.scratch)
+
+
+def stderr_note(line: str) -> None:
+    """Print one note line on stderr (e.g. a swept folder a killed run left)."""
+    print(f"gpumem: note: {line}", file=sys.stderr)
+
+
+def writable_folder(path, option: str = "--nvme-path") -> Path:
+    """``path`` as a Path if it is an existing folder this process can create files in (a probe
+    file is made and removed), else :class:`UsageError` naming it; ``None``: the temp folder."""
+    if path is None:
+        path, option = tempfile.gettempdir(), "temp folder"
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise UsageError(f"{option} {text!r} is empty; accepted: an existing folder on the drive to test")
+    folder = Path(text)
+    if not folder.is_dir():
+        what = "not a folder" if folder.exists() else "no such folder"
+        raise UsageError(f"{option} {text}: {what}; accepted: an existing folder on the drive to test")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".gpumem-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise UsageError(f"{option} {text}: cannot create files there ({err.strerror}); accepted: a folder "
+                         "this user can write to") from None
+    return folder
+
+
+def check_room(folder, need: int, what: str, option: str = "--nvme-path") -> None:
+    """:class:`UsageError` naming ``folder``, the bytes needed and the bytes free when its
+    filesystem has fewer than ``need`` bytes free for this user."""
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise UsageError(f"{option} {folder}: {need:,} bytes needed ({what}), {free:,} free; accepted: "
+                         "a folder (--nvme-path) on a filesystem with that much room")
+
+
+@contextlib.contextmanager
+def sigterm_as_exit():
+    """While inside, SIGTERM raises ``SystemExit(143)`` (in the main thread only), so ``finally``
+    blocks and ``with`` exits remove scratch files; the previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _best(fn, repeats: int) -> float:
@@ -78,14 +141,24 @@ def aio_handle(libaio_present: bool = True):
         return None
 
 
-def disk(folder: str | Path, nbytes: int = 256 * MiB, repeats: int = 3, use_aio: bool = True) -> dict:
-    """Write then read one file of ``nbytes`` in ``folder`` with the page cache bypassed; the file
-    is removed afterwards. Returns both rungs and the method used."""
+def disk(folder: str | Path | None, nbytes: int = 256 * MiB, repeats: int = 3, use_aio: bool = True,
+         note=stderr_note) -> dict:
+    """Write then read one file of ``nbytes`` in ``folder`` with the page cache bypassed. The file
+    lives in a scratch folder removed on every path (SIGTERM too; one a killed ladder left is
+    swept first, each sweep line to ``note``); a folder that cannot be written or lacks room is
+    refused with :class:`UsageError` before writing. Returns both rungs and the method used."""
     nbytes = -(-nbytes // (1 << 20)) * (1 << 20)          # whole MiB: O_DIRECT needs aligned sizes
+    option = "--nvme-path" if folder is not None else "temp folder"
+    folder = writable_folder(folder)
+    with sigterm_as_exit(), scratch.folder(LADDER, folder, note=note) as where:
+        check_room(folder, nbytes, "the bandwidth ladder's test file", option)
+        return _disk_rungs(where / "rung.bin", nbytes, repeats, use_aio)
+
+
+def _disk_rungs(path: Path, nbytes: int, repeats: int, use_aio: bool) -> dict:
     handle = aio_handle(use_aio)                   # use_aio=False: O_DIRECT (no libaio needed)
     buf, tensor = _aligned(nbytes)
     tensor.fill_(7)
-    path = Path(tempfile.mkdtemp(prefix="gpumem-ladder-", dir=folder)) / "rung.bin"
     try:
         if handle is not None:
             how = "DeepSpeed async_io (libaio, O_DIRECT)"
@@ -108,13 +181,22 @@ def disk(folder: str | Path, nbytes: int = 256 * MiB, repeats: int = 3, use_aio:
                     os.preadv(fd, [buf], 0)
                 finally:
                     os.close(fd)
-        w = _best(write, repeats)
+
+        def whole_write():      # a short write (full disk) would make the aio read abort the process
+            try:
+                write()
+            except OSError as err:
+                raise RunFailure(f"the bandwidth ladder could not write {path}: {err.strerror}") from None
+            size = path.stat().st_size
+            if size != nbytes:
+                raise RunFailure(f"the bandwidth ladder wrote {size:,} of {nbytes:,} bytes to {path} (the filesystem "
+                                 f"filled up: {shutil.disk_usage(path.parent).free:,} bytes free); its file is removed")
+        w = _best(whole_write, repeats)
         tensor.zero_()
         r = _best(read, repeats)
         intact = bool((tensor[:: 1 << 16] == 7).all())    # the read really brought the bytes back
     finally:
         path.unlink(missing_ok=True)
-        path.parent.rmdir()
         del tensor
         buf.close()
     return {"disk_write": {"bytes": nbytes, "seconds": w, "bytes_per_s": nbytes / w, "how": how},
@@ -172,7 +254,7 @@ def cpu_adam_rate(n_params: int = 4_000_000, repeats: int = 3, threads: int = 1)
 
 
 def ladder(folder: str | Path | None = None, nbytes: int = 256 * MiB, repeats: int = 3,
-           progress: bool = True, use_aio: bool = True) -> dict:
+           progress: bool = True, use_aio: bool = True, note=stderr_note) -> dict:
     """Every rung this machine has (CUDA ones only with a GPU), with a progress bar; bytes/s per
     rung, how each was measured, the machine and the date."""
     from tqdm.auto import tqdm
@@ -183,7 +265,7 @@ def ladder(folder: str | Path | None = None, nbytes: int = 256 * MiB, repeats: i
         if step == "ram_copy":
             rungs["ram_copy"] = ram_copy(nbytes, repeats)
         elif step == "disk":
-            rungs.update(disk(folder or tempfile.gettempdir(), nbytes, repeats, use_aio))
+            rungs.update(disk(folder, nbytes, repeats, use_aio, note))
         elif step == "cpu_adam":
             adam = cpu_adam_rate()
         else:

@@ -8,8 +8,8 @@ configuration is skipped with the line that says how to install it.
 """
 
 import os
-from pathlib import Path
 
+from gpumem import scratch
 from gpumem.dist import ds_offload, dsops, launch
 from gpumem.errors import UsageError, one_of
 from gpumem.memory import accounting, bandwidth, offload_cost
@@ -63,20 +63,25 @@ def offload(ranks: int = 2, device: str = "cpu", progress: bool = True, model: s
     one_of(device, ("cpu", "cuda"), "device")
     for name in configs:
         one_of(name, tuple(ds_offload.CONFIGS), "configuration")
-    if nvme_path is not None and not Path(nvme_path).is_dir():
-        raise UsageError(f"--nvme-path {nvme_path}: no such folder; accepted: an existing folder on the drive to test")
     progress = progress and not os.environ.get("TQDM_DISABLE")   # bars off where tqdm is told so
     ready, why = ds_offload.nvme_ready()
     skipped = {n: why for n in configs if ds_offload.CONFIGS[n][2] == "nvme" and not ready}
     run_names = [n for n in configs if n not in skipped]
+    need = _room(nvme_path, run_names, ranks, 0 if ladder else ladder_mib * MiB)   # before anything is written
     dsops.use_course_cache()                     # DeepSpeed's ops load from the course cache, never rebuild
     lad = ladder or bandwidth.ladder(nvme_path, ladder_mib * MiB, progress=progress, use_aio=ready)
     out = {"ranks": ranks, "device": device, "model": ds_offload.MODEL.name, "steps": steps, "recipe": RECIPE,
            "ladder": lad, "nvme": {"available": ready, "message": why}, "skipped": skipped, "configs": {}}
     if run_names:
         with ds_offload.swap_folder(nvme_path) as swap:
-            res = launch.run("gpumem.dist.ds_offload_ranks:offload_runs", ranks, device, deepspeed=True,
-                             progress=progress, configs=tuple(run_names), swap_dir=str(swap), steps=steps)
+            try:
+                res = launch.run("gpumem.dist.ds_offload_ranks:offload_runs", ranks, device, deepspeed=True,
+                                 progress=progress, configs=tuple(run_names), swap_dir=str(swap), steps=steps)
+            except Exception as err:
+                full = ds_offload.full_disk(swap, need, err)    # the disk filled up under the ranks: one line
+                if full is None:
+                    raise
+                raise full from err
         out["swap_folder_removed"] = not swap.exists()
         out["n_params"] = res[0][run_names[0]]["n_params"]
         for name in run_names:
@@ -94,6 +99,23 @@ def offload(ranks: int = 2, device: str = "cpu", progress: bool = True, model: s
         out["prediction"] = predicted_vs_measured(out, links)
         out["loss_rel_diff"] = loss_differences(out)
     return out
+
+
+def _room(nvme_path: str | None, run_names, ranks: int, ladder_bytes: int) -> int:
+    """Refuse, before anything is written, a swap folder that is empty, missing, read-only or too
+    small (after sweeping what killed runs left there); returns the swap bytes the run needs."""
+    folder = bandwidth.writable_folder(nvme_path)
+    for kind in (ds_offload.SWAP, bandwidth.LADDER):
+        for line in scratch.sweep(kind, folder):
+            bandwidth.stderr_note(line)
+    swap = max([ds_offload.swap_bytes(n, folder, world=ranks) for n in run_names] + [0])
+    option = "--nvme-path" if nvme_path is not None else "temp folder"
+    if swap >= ladder_bytes and swap:
+        names = "+".join(n for n in run_names if ds_offload.swap_files(n))
+        bandwidth.check_room(folder, swap, f"swap files of {names} on {ranks} ranks", option)
+    elif ladder_bytes:
+        bandwidth.check_room(folder, ladder_bytes, "the bandwidth ladder's test file", option)
+    return swap
 
 
 def loss_differences(out: dict) -> dict[str, float]:
