@@ -1,22 +1,33 @@
 """``python -m gpumem``: the course's command line (a stable, user-facing contract).
 
 Every verb prints a readable table, or with ``--json`` one JSON object. Bad input exits with
-status 2 and one line naming the bad value and what is accepted, never a traceback.
+status 2 and one line naming the bad value and what is accepted, never a traceback. A failed run
+(:class:`gpumem.errors.RunFailure`) prints one line and exits 1; Ctrl-C prints one line and exits
+130; output cut short by a closed pipe (``| head -1``) ends quietly with 141, as ``cat`` or ``yes``
+killed by SIGPIPE report it (128 + 13), so ``set -o pipefail`` sees the output was not all read.
 """
 
 import argparse
 import json
+import os
 import re
+import signal
 import sys
 
-from .errors import UsageError
+from .errors import RunFailure, UsageError
+
+
+def _cut_long_values(message: str) -> str:
+    """argparse quotes a bad value whole; a 5,000-character value would make a 5,000-character line."""
+    message = re.sub(r"'([^']{60})[^']{20,}'", lambda m: f"'{m.group(1)}...' (cut)", message)
+    return re.sub(r"([0-9]{60})[0-9]{20,}", lambda m: f"{m.group(1)}... (cut)", message)
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse prints usage plus the error; the contract is one line, so raise instead."""
 
     def error(self, message):
-        raise UsageError(message)
+        raise UsageError(_cut_long_values(message))
 
 
 def _add_verbs(sub, run_options: bool) -> None:
@@ -40,7 +51,22 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                      description="Fitting 70B: GPU memory of LLM training, computed.")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
     _add_verbs(sub, run_options=bool(argv) and argv[0] == "run")
+    _state_bounds(parser)
     return parser
+
+
+def _state_bounds(parser: argparse.ArgumentParser) -> None:
+    """Every option whose type has an upper bound (``type.bound``) says it in its help."""
+    from .units import bound_text
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                _state_bounds(child)
+        elif getattr(action.type, "bound", None) and action.help != argparse.SUPPRESS \
+                and f"at most {bound_text(action.type.bound)}" not in (action.help or ""):
+            action.help = f"{action.help + '; ' if action.help else ''}at most {bound_text(action.type.bound)}"
+        elif "--gpu-mem" in action.option_strings and "at most" not in (action.help or ""):
+            action.help = f"{action.help or ''}; at most 1 PB"        # gpumem.units.MAX_SIZE
 
 
 def _check_env(args) -> int:
@@ -63,16 +89,39 @@ def _join_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split("\n")).strip() or type(err).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line on ``argv`` (default ``sys.argv``); returns the exit status, 2 for bad input."""
+    """Run the command line on ``argv`` (default ``sys.argv``); returns the exit status: 0, 1 for a
+    failed run, 2 for bad input, 130 for Ctrl-C, 141 when stdout's reader has gone."""
     argv = _join_negative_values(sys.argv[1:] if argv is None else argv)
+    args = None
     try:
         parser = build_parser(argv)
         args = parser.parse_args(argv)
         if args.verb is None:
             parser.print_help()
-            return 0
-        return args.func(args)
+            status = 0
+        else:
+            status = args.func(args)
+        sys.stdout.flush()              # a closed pipe is found here, not in the interpreter's exit
+        return status
     except UsageError as err:
-        print(f"gpumem: error: {err}", file=sys.stderr)
+        print(f"gpumem: error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:    # Ctrl-C (the launcher's RunStopped is one too: its line says more)
+        print(f"gpumem: {_one_line(err) if isinstance(err, RunFailure) else 'interrupted (Ctrl-C)'}",
+              file=sys.stderr)
+        signum = getattr(err, "signum", None) or (signal.SIGTERM if "SIGTERM" in str(err) else signal.SIGINT)
+        return 128 + int(signum)
+    except RunFailure as err:
+        if getattr(args, "verbose", False) and err.detail:
+            print(err.detail.rstrip(), file=sys.stderr)
+        print(f"gpumem: run failed: {_one_line(err)}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # the reader (head -1) has gone: point stdout at /dev/null so the exit's flush stays quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE

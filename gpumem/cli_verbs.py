@@ -13,58 +13,75 @@ from .errors import UsageError
 from .memory import accounting
 from .memory.policies import ADAMW_IMPLS, KERNELS, NORMS, POLICIES
 
-# a number, optionally with a decimal exponent (7.5e9) or one suffix (70B, 8.03B, 125M, 4k)
-_COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([KMBT]?)\s*$", re.IGNORECASE)
 _DECIMAL = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
+# Upper bounds: generous for a learner, small enough that every verb answers in seconds without
+# overflow. A count above its bound is a typo, refused with one line (exit 2).
+MAX_PARAMS = 10**15        # 1,000T: over 2,000 x Llama 3.1 405B, the largest open dense model
+MAX_SEQ = 2**24            # 16,777,216 tokens: 128 x Llama 3.1's 128k context window
+MAX_TOKENS = 2**24         # seq x micro-batch: beyond it torch's fake tensors overflow int64 sizes
+BOUNDS = {                 # positive(NAME)'s bound; NAME not listed: DEFAULT_BOUND
+    "--gpus": 10**6,           # 1,000,000: ~10 x the largest published training cluster
+    "--micro-batch": 2**16,    # 65,536 sequences on one GPU (and seq x micro-batch <= 2^24)
+    "--global-batch": 2**24,   # 16,777,216 sequences: thousands of times Llama 3's 4M-16M tokens
+    "--top": 10_000,           # plans shown
+    "--ranks": 64,             # one machine's processes (CPU runs accept 1 to 8)
+}
+DEFAULT_BOUND = 10**6
 
-def positive(name: str):
-    """An argparse type for option ``name``: positive integers only, with an error naming the option."""
-    def parse(text: str) -> int:
-        if not re.fullmatch(r"\+?\d+", text.strip()) or int(text) <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}")
-        return int(text)
+
+def _bounded(parse, most: int):
+    parse.bound = most        # read by gpumem.cli, which states the bound in each option's help
     return parse
 
 
-def _count(text: str, scale: dict[str, int]) -> int | None:
-    """A positive whole count written as digits, a decimal exponent or a suffix; None if it is not one."""
-    match = _COUNT.match(text)
-    if not match or match.group(2).upper() not in scale:
-        return None
-    number, unit = match.group(1).lower(), scale[match.group(2).upper()]
-    mantissa, _, exp = number.partition("e")
-    whole, _, frac = mantissa.partition(".")
-    # exact arithmetic: 8.03B is 8,030,000,000, not a float's nearest neighbour
-    value, denom = int(whole + frac) * unit * 10 ** int(exp or 0), 10 ** len(frac)
-    return value // denom if value % denom == 0 and value > 0 else None
+def positive(name: str, most: int | None = None):
+    """An argparse type for option ``name``: whole numbers from 1 to ``most`` (default
+    ``BOUNDS[name]``), with an error naming the option and the bound."""
+    most = most or BOUNDS.get(name, DEFAULT_BOUND)
+
+    def parse(text: str) -> int:
+        return _count(text.strip().lstrip("+") if re.fullmatch(r"\s*\+?[0-9]+\s*", text) else "",
+                      name, {"": 1}, most, False, f"{name} must be a positive integer", shown=text)
+    return _bounded(parse, most)
+
+
+def _count(text: str, name: str, scale: dict, most: int, exponent: bool, forms: str, shown=None) -> int:
+    shown = text if shown is None else shown
+    try:
+        value = units.parse_count(text, scale, most, exponent)
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"{name} {units.shown(shown)} is too large; accepted: "
+                                         f"1 to {units.bound_text(most)}") from None
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{forms} up to {units.bound_text(most)}, got {units.shown(shown)}")
+    return value
 
 
 def param_count(text: str) -> int:
-    """Parameter counts: 8030261248, 7.5e9, 70B, 70.55B, 405.85b, 125M (K, M, B, T are 10^3..10^12)."""
-    value = _count(text, _DECIMAL)
-    if value is None:
-        raise argparse.ArgumentTypeError(f"--params must be a positive count such as 70B, 8.03B, 7.5e9 "
-                                         f"or 8030261248, got {text!r}")
-    return value
+    """Parameter counts: 8030261248, 7.5e9, 70B, 70.55B, 405.85b, 125M (K, M, B, T are 10^3..10^12),
+    at most :data:`MAX_PARAMS`."""
+    return _count(text, "--params", _DECIMAL, MAX_PARAMS, True,
+                  "--params must be a positive count such as 70B, 8.03B, 7.5e9 or 8030261248")
 
 
 def seq_length(text: str) -> int:
-    """Sequence lengths: 4096, 4k, 8K, 32k (k = 1024 tokens, as context lengths are named)."""
-    value = _count(text, {"": 1, "K": 1024})
-    if value is None:
-        raise argparse.ArgumentTypeError(f"--seq must be a positive whole number of tokens such as 4096, "
-                                         f"4k or 8K (k = 1024), got {text!r}")
-    return value
+    """Sequence lengths: 4096, 4k, 8K, 32k (k = 1024 tokens, as context lengths are named), at most
+    :data:`MAX_SEQ`. Exactly the forms the help names: digits with an optional k, no exponent."""
+    plain = re.fullmatch(r"\s*[0-9]+\s*[kK]?\s*", text)
+    return _count(text if plain else "", "--seq", {"": 1, "K": 1024}, MAX_SEQ, False,
+                  "--seq must be a positive whole number of tokens such as 4096, 4k or 8K (k = 1024)",
+                  shown=text)
 
 
 def layer_count(text: str) -> int:
     """The largest module's parameter count, written as --params is (e.g. 1.05B)."""
-    value = _count(text, _DECIMAL)
-    if value is None:
-        raise argparse.ArgumentTypeError(f"--largest-layer must be a positive count such as 1.05B or "
-                                         f"1050673152, got {text!r}")
-    return value
+    return _count(text, "--largest-layer", _DECIMAL, MAX_PARAMS, True,
+                  "--largest-layer must be a positive count such as 1.05B or 1050673152")
+
+
+for _parse, _most in ((param_count, MAX_PARAMS), (seq_length, MAX_SEQ), (layer_count, MAX_PARAMS)):
+    _bounded(_parse, _most)
 
 
 def _model_args(p, activation_opts: bool = True) -> None:
@@ -72,7 +89,8 @@ def _model_args(p, activation_opts: bool = True) -> None:
     p.add_argument("--recipe", default="mixed", choices=accounting.RECIPES)
     if activation_opts:  # default None, so that --params with any of them can be refused
         p.add_argument("--seq", type=seq_length, default=None, help="sequence length: 4096, 4k, 8K (4096)")
-        p.add_argument("--micro-batch", type=positive("--micro-batch"), default=None, help="(1)")
+        p.add_argument("--micro-batch", type=positive("--micro-batch"), default=None,
+                       help="sequences per micro-batch (1); seq x micro-batch: 2^24 tokens or fewer")
         p.add_argument("--checkpoint", choices=POLICIES, default=None, help="(none)")
         p.add_argument("--attention", choices=KERNELS, default=None, help="(flash)")
         p.add_argument("--norm", choices=NORMS, default=None,
@@ -113,6 +131,7 @@ def register(sub, run_options: bool = False) -> None:
             q.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
             q.add_argument("--model", default=None, help="a registry model (default: the experiment's own)")
             q.add_argument("--json", action="store_true", help="print one JSON object")
+            q.add_argument("--verbose", action="store_true", help="on a failed run, also print the rank's traceback")
             common = {a.dest for a in q._actions}
             if exp.options and run_options:
                 resolve(chapter.target(exp.options))(q)
@@ -124,6 +143,10 @@ def _activation_options(args) -> dict:
                                ("--checkpoint", args.checkpoint), ("--attention", args.attention),
                                ("--norm", args.norm)]
              if v is not None}
+    tokens = (args.seq or 4096) * (args.micro_batch or 1)
+    if tokens > MAX_TOKENS:
+        raise UsageError(f"--seq {args.seq or 4096:,} x --micro-batch {args.micro_batch or 1:,} is {tokens:,} "
+                         f"tokens per micro-batch; accepted: at most {MAX_TOKENS:,} (2^24)")
     return given
 
 
@@ -166,9 +189,12 @@ def _estimate(args) -> int:
 
 
 def _trace(args) -> int:
-    from .memory import tracing
+    from .memory import models
     if args.model is None:
         raise UsageError("trace needs --model NAME")
+    models.get(args.model)                       # a mistake is answered before torch loads (seconds)
+    _activation_options(args)
+    from .memory import tracing
     kwargs = dict(recipe=args.recipe, kernel=args.attention or "flash", policy=args.checkpoint or "none",
                   seq=args.seq or 4096, micro_batch=args.micro_batch or 1, norm=args.norm or "fused",
                   adamw=args.adamw)
@@ -184,19 +210,26 @@ def _trace(args) -> int:
 
 
 def _run(args) -> int:
-    import torch
-
-    from . import chapters
     from .memory import models
-    if args.device == "cuda" and args.ranks > torch.cuda.device_count():
-        raise UsageError(f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has "
-                         f"{torch.cuda.device_count()} (use --device cpu for CPU ranks)")
     if args.ranks > 8 and args.device == "cpu":
         raise UsageError(f"--ranks {args.ranks} is too many CPU ranks for a laptop; accepted: 1 to 8")
     kwargs = {"ranks": args.ranks, "device": args.device, "progress": not args.json}
     if args.model is not None:
-        kwargs["model"] = models.get(args.model).name
+        cfg = models.get(args.model)
+        if args.device == "cpu" and not cfg.teaching:   # a billion-parameter model on CPU ranks swaps for hours
+            teaching = [m.name for m in models.REGISTRY.values() if m.teaching]
+            raise UsageError(f"--model {cfg.name} is too large for CPU ranks; accepted with --device cpu: "
+                             f"{', '.join(teaching)}")
+        kwargs["model"] = cfg.name
+    if getattr(args, "_check_options", None):     # an experiment's checks across its options (torch-free)
+        args._check_options(args)
     kwargs.update({name: getattr(args, name) for name in args._options})
+    import torch
+
+    from . import chapters
+    if args.device == "cuda" and args.ranks > torch.cuda.device_count():
+        raise UsageError(f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has "
+                         f"{torch.cuda.device_count()} (use --device cpu for CPU ranks)")
     result = chapters.run_experiment(args.experiment, **kwargs)
     if args.json:
         print(json.dumps(result))

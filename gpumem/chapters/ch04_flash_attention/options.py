@@ -9,28 +9,52 @@ import argparse
 import re
 
 MAX_SEQ = 16384        # naive fp32 scores at 16k are 1 GiB a head: the most a laptop should try
+MAX_SEQS = 16          # lengths in one --seqs list: each is a sweep of every method
 DEFAULT_SEQS = (256, 512, 1024, 2048, 4096, 8192)
 
 
+def _shown(text: str) -> str:
+    r = repr(text)
+    return r if len(r) <= 40 else f"{r[:39]}...' ({len(text):,} characters)"
+
+
 def seq_list(text: str) -> tuple[int, ...]:
-    """``"256,1024,8k"`` -> (256, 1024, 8192): positive lengths up to 16384, k = 1024."""
+    """``"256,1024,8k"`` -> (256, 1024, 8192): up to 16 positive lengths up to 16384, k = 1024."""
     out = []
-    for part in str(text).split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*([kK]?)\s*", part)
+    parts = str(text).split(",")
+    for part in parts:
+        m = re.fullmatch(r"\s*([0-9]{1,6})\s*([kK]?)\s*", part)     # 6 digits: int() stays small
         value = int(m.group(1)) * (1024 if m.group(2) else 1) if m else 0
-        if not 0 < value <= MAX_SEQ:
-            raise argparse.ArgumentTypeError(f"--seqs must be comma-separated lengths from 1 to {MAX_SEQ} "
-                                             f"such as 256,1024,4k, got {text!r}")
+        if not 0 < value <= MAX_SEQ or len(parts) > MAX_SEQS:
+            raise argparse.ArgumentTypeError(f"--seqs must be 1 to {MAX_SEQS} comma-separated lengths from 1 to "
+                                             f"{MAX_SEQ} such as 256,1024,4k, got {_shown(text)}")
         out.append(value)
     return tuple(out)
 
 
+seq_list.bound = MAX_SEQ     # gpumem.cli states it in the help
+
+
 def _positive(name: str, most: int):
     def parse(text: str) -> int:
-        if not re.fullmatch(r"\s*\d+\s*", text) or not 0 < int(text) <= most:
-            raise argparse.ArgumentTypeError(f"{name} must be a whole number from 1 to {most}, got {text!r}")
+        if not re.fullmatch(r"\s*[0-9]{1,9}\s*", text) or not 0 < int(text) <= most:
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number from 1 to {most}, got {_shown(text)}")
         return int(text)
+    parse.bound = most
     return parse
+
+
+SCORES_MOST = 2 * MAX_SEQ**2 * 4   # bytes of the naive fp32 scores: 2 heads at 16k, 2 GiB
+
+
+def check(args) -> None:
+    """Across options: on CPU the naive method's fp32 scores (heads x seq^2 x 4 bytes) stay within
+    :data:`SCORES_MOST`, so 64 heads at 16k (64 GiB) is refused before anything is allocated."""
+    from gpumem.errors import UsageError
+    scores = args.heads * max(args.seqs) ** 2 * 4
+    if args.device == "cpu" and scores > SCORES_MOST:
+        raise UsageError(f"--heads {args.heads} at --seqs {max(args.seqs)} needs {scores / 2**30:,.0f} GiB of "
+                         f"naive attention scores; accepted on CPU: heads x seq^2 x 4 bytes at most 2 GiB")
 
 
 def add_options(parser) -> None:
@@ -44,3 +68,4 @@ def add_options(parser) -> None:
     parser.add_argument("--block", type=_positive("--block", 4096), default=256,
                         help="the tiled kernel's key block (256)")
     parser.add_argument("--causal", action="store_true", help="mask future keys")
+    parser.set_defaults(_check_options=check)
