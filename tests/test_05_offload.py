@@ -108,6 +108,13 @@ def test_swap_files_per_rank_against_the_formula(run, shards):
         assert len(inv["files"]) == 3 + 2 + 2
 
 
+def test_swap_files_predicted_before_the_run_are_the_files_it_wrote(run):
+    """The bytes a run is refused for (too little room on --nvme-path) are the files DeepSpeed writes."""
+    for rank in (0, 1):
+        wrote = run["configs"]["zero3+nvme"]["ranks"][rank]["swap_files"]["files"]
+        assert sorted(wrote.values()) == sorted(ds_offload.swap_files("zero3+nvme"))
+
+
 def test_swap_folder_removed_after_success(run, nvme_dir):
     assert run["swap_folder_removed"]
     assert list(nvme_dir.iterdir()) == []
