@@ -85,12 +85,18 @@ def test_torchrun_multi_node_flags(scratch_reference):
 def test_deepspeed_launcher_with_a_hostfile(tmp_path):
     """DeepSpeed's launcher reads the hostfile (localhost, 2 slots) and starts 2 real engines."""
     (tmp_path / "hostfile").write_text("localhost slots=2\n")
+    (tmp_path / "tmp").mkdir()
     proc = subprocess.run([str(BIN / "deepspeed"), "--hostfile", str(tmp_path / "hostfile"), "--no_ssh_check",
                            "--no_local_rank", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                            "--module", "gpumem.dist.launch", "--env", DS, "--deepspeed", *kv(ARGS)],
-                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240)
+                          cwd=ROOT, env=env(TMPDIR=str(tmp_path / "tmp")), capture_output=True, text=True,
+                          timeout=240)
     got = last_json(proc)
     assert "world_size=2" in proc.stdout + proc.stderr or len(got) == 2
+    # DeepSpeed makes torch.compile wrappers at import: inductor's cache goes to the course cache,
+    # not <tmp>/torchinductor_<user>; and no rank aborts at exit (gloo threads at finalization)
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert "terminate called" not in proc.stdout + proc.stderr
     assert_same_ranks(got, course_launcher(DS, deepspeed=True))
 
 

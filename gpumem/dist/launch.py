@@ -122,13 +122,18 @@ def _last_output(job: Path, rank: int) -> tuple[str, str]:
     return tail, (lines[-1][:200] if lines else "")
 
 
-def _failure(job: Path, rank: int, code: int) -> RankError:
-    """Why ``rank`` ended without a result; the first error any rank wrote is the root cause."""
+def _failure(job: Path, procs, rank: int) -> RankError:
+    """Why ``rank`` ended without a result. The root cause comes first: a rank killed by a signal
+    (its peers' errors are the consequence), else the first error any rank wrote."""
+    codes = {k: p.poll() for k, p in enumerate(procs)}
+    killed = [k for k, c in codes.items() if c is not None and c < 0 and not (job / f"result{k}.pkl").exists()]
     errors = sorted(job.glob("error*.json"), key=lambda p: p.stat().st_mtime_ns)
-    if errors:
+    if errors and not killed:
         first = int(errors[0].stem.removeprefix("error"))
         saved = json.loads(errors[0].read_text())
         return RankError(f"rank {first} failed: {saved['cause']}", saved["traceback"])
+    rank = killed[0] if killed else rank
+    code = codes[rank]
     tail, last = _last_output(job, rank)
     said = f" (last output: {last})" if last else ""
     if code == 0:
@@ -161,7 +166,7 @@ def _collect(procs, job: Path, timeout: float, stall_s: float, bar) -> list:
                 if bar:
                     bar.update(1)
             else:
-                raise _failure(job, r, code)
+                raise _failure(job, procs, r)
         if time.monotonic() > deadline:
             raise RankError(f"ranks did not finish within {timeout:g} s")
         time.sleep(0.05)
