@@ -56,7 +56,10 @@ def offload(ranks: int = 2, device: str = "cpu", progress: bool = True, model: s
             steps: int = 4, configs=tuple(ds_offload.CONFIGS), nvme_path: str | None = None,
             ladder_mib: int = 256, ladder: dict | None = None) -> dict:
     """The ladder, then every configuration: losses, per-rank bytes by device (measured and
-    formula), swap files, the step-time breakdown, and the cost model's prediction of it."""
+    formula), swap files, the step-time breakdown, and the cost model's prediction of it.
+    ``nvme_path`` (default: the temp folder) must be a writable folder with room for the ladder's
+    file and the swap files (:func:`gpumem.dist.ds_offload.swap_bytes`), else UsageError before
+    anything is written; a disk that fills up during the run ends in a one-line RunFailure."""
     if model is not None:
         raise UsageError(f"--model {model}: offload trains its own model ({ds_offload.MODEL.name}, whose "
                          "embedding shards are 1 MiB, DeepSpeed's smallest swappable tensor); leave --model out")
@@ -111,7 +114,7 @@ def _room(nvme_path: str | None, run_names, ranks: int, ladder_bytes: int) -> in
     swap = max([ds_offload.swap_bytes(n, folder, world=ranks) for n in run_names] + [0])
     option = "--nvme-path" if nvme_path is not None else "temp folder"
     if swap >= ladder_bytes and swap:
-        names = "+".join(n for n in run_names if ds_offload.swap_files(n))
+        names = "+".join(n for n in run_names if ds_offload.swap_files(n, world=ranks))
         bandwidth.check_room(folder, swap, f"swap files of {names} on {ranks} ranks", option)
     elif ladder_bytes:
         bandwidth.check_room(folder, ladder_bytes, "the bandwidth ladder's test file", option)
