@@ -4,10 +4,12 @@ Every verb prints a readable table, or with ``--json`` one JSON object. Bad inpu
 status 2 and one line naming the bad value and what is accepted, never a traceback. A failed run
 (:class:`gpumem.errors.RunFailure`) prints one line and exits 1; Ctrl-C prints one line and exits
 130; output cut short by a closed pipe (``| head -1``) ends quietly with 141, as ``cat`` or ``yes``
-killed by SIGPIPE report it (128 + 13), so ``set -o pipefail`` sees the output was not all read.
+killed by SIGPIPE report it (128 + 13), so ``set -o pipefail`` sees the output was not all read;
+output that cannot be written (``> /dev/full``) is one line and exit 1.
 """
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -18,7 +20,8 @@ from .errors import RunFailure, UsageError
 
 
 def _cut_long_values(message: str) -> str:
-    """argparse quotes a bad value whole; a 5,000-character value would make a 5,000-character line."""
+    """argparse and the library quote a bad value whole: a 5,000-character value would make a
+    5,000-character line. Quoted values and digit runs over 80 characters are cut to 60."""
     message = re.sub(r"'([^']{60})[^']{20,}'", lambda m: f"'{m.group(1)}...' (cut)", message)
     return re.sub(r"([0-9]{60})[0-9]{20,}", lambda m: f"{m.group(1)}... (cut)", message)
 
@@ -90,7 +93,7 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 
 
 def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split("\n")).strip() or type(err).__name__
+    return " ".join(str(err).splitlines()).strip() or type(err).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()              # a closed pipe is found here, not in the interpreter's exit
         return status
     except UsageError as err:
-        print(f"gpumem: error: {_one_line(err)}", file=sys.stderr)
+        print(f"gpumem: error: {_cut_long_values(_one_line(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:    # Ctrl-C (the launcher's RunStopped is one too: its line says more)
         print(f"gpumem: {_one_line(err) if isinstance(err, RunFailure) else 'interrupted (Ctrl-C)'}",
@@ -123,5 +126,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         # the reader (head -1) has gone: point stdout at /dev/null so the exit's flush stays quiet
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_devnull()
         return 128 + signal.SIGPIPE
+    except OSError as err:
+        if err.filename is not None or err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG):
+            raise                       # not the output: a real fault, shown whole
+        _stdout_to_devnull()            # `> /dev/full`, a full disk or quota: the output could not be written
+        print(f"gpumem: error: cannot write the output: {os.strerror(err.errno)}", file=sys.stderr)
+        return 1
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):       # stdout without a file descriptor (captured in a test)
+        pass

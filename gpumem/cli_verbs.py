@@ -227,6 +227,8 @@ def _run(args) -> int:
     import torch
 
     from . import chapters
+    if args.device == "cuda" and torch.cuda.device_count() == 0:
+        raise UsageError("--device cuda needs a CUDA GPU; this machine has none (accepted here: --device cpu)")
     if args.device == "cuda" and args.ranks > torch.cuda.device_count():
         raise UsageError(f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has "
                          f"{torch.cuda.device_count()} (use --device cpu for CPU ranks)")

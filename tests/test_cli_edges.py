@@ -66,6 +66,7 @@ BAD = [
     (["run", "attention", "--seqs", ",".join(["256"] * 17)], "1 to 16 comma-separated"),
     (["run", "offload", "--ladder-mib", "99999999999"], "up to 4,096"),             # tried to allocate 104 PB
     (["run", "offload", "--steps", "101"], "up to 100"),
+    (["run", "offload", "--nvme-path", "x" * 300], "File name too long"),          # was an OSError traceback
 ]
 
 
@@ -78,7 +79,8 @@ def test_a_huge_value_is_cut_in_the_line(capsys):
     """argparse echoes a bad value whole: a 5,000-digit --zero was a 5,000-character line."""
     for argv in (["estimate", "--model", "tiny", "--zero", "9" * 4000],
                  ["estimate", "--model", "tiny", "--zero", "9" * 5000],
-                 ["estimate", "--params", "9" * 5000]):
+                 ["estimate", "--params", "9" * 5000],
+                 ["estimate", "--model", "x" * 100_000]):                  # the library's message, cut too
         err = one_line_exit_2(capsys, *argv)             # which also checks: under 400 characters
         assert "(cut)" in err or "characters)" in err, err
 
@@ -118,8 +120,9 @@ def _gpumem(*argv, timeout=60):
                                   ["plan", "--model", "llama-3-8b", "--gpus", "8", "--seq", "1e400"],
                                   ["plan", "--model", "llama-3-8b", "--gpus", "1000000000"]])
 def test_former_hangs_answer_at_once(argv):
-    """Each hung (an exact hundred-million-digit integer; a 10^400-token plan; divisors counted to
-    10^9). Without torch they answer in a fraction of a second; 60 s is the hang's limit."""
+    """Each hung when the issue was filed (an exact hundred-million-digit integer; a 10^400-token
+    plan; divisors counted to 10^9, since made O(sqrt n) by the planner, and now above the --gpus
+    bound). Without torch they answer in a fraction of a second; 60 s is the hang's limit."""
     proc = _gpumem(*argv)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
 
@@ -211,3 +214,13 @@ def test_run_failure_is_one_line_exit_1(capsys, monkeypatch):
         raise KeyboardInterrupt
     monkeypatch.setattr(chapters, "run_experiment", interrupted)
     assert main(capsys, "run", "zero") == (130, "gpumem: interrupted (Ctrl-C)\n")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device that is always full)")
+def test_output_to_a_full_device_is_one_line_exit_1():
+    """``estimate ... > /dev/full`` ended in an OSError traceback (errno 28) from print."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "gpumem", "estimate", "--model", "tiny"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == "gpumem: error: cannot write the output: No space left on device\n", proc.stderr

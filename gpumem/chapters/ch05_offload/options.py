@@ -1,6 +1,7 @@
 """``python -m gpumem run offload``'s own options (torch-free: the parser is built without torch)."""
 
 import argparse
+import errno
 import os
 import re
 import shutil
@@ -42,6 +43,13 @@ def check(args) -> None:
     """Across options, before anything is allocated: the ladder's rung (a file of ``--ladder-mib``
     MiB in the swap folder, two RAM buffers of it) fits the free disk and the available RAM."""
     from gpumem.errors import UsageError
+    if args.nvme_path:
+        try:
+            os.stat(args.nvme_path)
+        except OSError as err:       # a name the OS refuses (too long, a loop): one line, not a traceback
+            if err.errno not in (errno.ENOENT, errno.ENOTDIR):      # those: the experiment says "no such folder"
+                raise UsageError(f"--nvme-path {_shown(args.nvme_path)}: {os.strerror(err.errno)}; "
+                                 "accepted: an existing folder on the drive to test") from None
     need = args.ladder_mib * 2**20
     folder = args.nvme_path or tempfile.gettempdir()
     if os.path.isdir(folder) and shutil.disk_usage(folder).free < need:
