@@ -194,6 +194,9 @@ def _trace(args) -> int:
         raise UsageError("trace needs --model NAME")
     models.get(args.model)                       # a mistake is answered before torch loads (seconds)
     _activation_options(args)
+    if args.recipe in ("mixed", "mixed-ds") and args.adamw != "for-loop":   # gpumem.memory.optim's rule
+        raise UsageError(f"AdamW implementation {args.adamw!r} applies to the pure-bf16 and fp32 recipes "
+                         "(torch.optim.AdamW); mixed and mixed-ds accept: for-loop")
     from .memory import tracing
     kwargs = dict(recipe=args.recipe, kernel=args.attention or "flash", policy=args.checkpoint or "none",
                   seq=args.seq or 4096, micro_batch=args.micro_batch or 1, norm=args.norm or "fused",

@@ -68,6 +68,10 @@ BAD = [
     (["run", "offload", "--steps", "101"], "up to 100"),
     (["run", "offload", "--nvme-path", "x" * 300], "File name too long"),          # was an OSError traceback
 ]
+# Mistakes answered before torch loads (each took seconds of import first); checked in a subprocess
+# that reports whether torch was imported.
+BEFORE_TORCH = [["trace", "--model", "nope"], ["trace", "--model", "tiny", "--adamw", "foreach"],
+                ["run", "attention", "--heads", "4", "--kv-heads", "3"], ["run", "zero", "--model", "llama-3-70b"]]
 
 
 @pytest.mark.parametrize("argv, words", BAD, ids=[" ".join(a)[:60] for a, _ in BAD])
@@ -127,13 +131,14 @@ def test_former_hangs_answer_at_once(argv):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
 
 
-def test_trace_answers_a_wrong_model_before_importing_torch():
+def test_mistakes_are_answered_before_importing_torch():
     """``trace --model nope`` imported torch first (7-10 s) and only then looked the name up."""
-    code = ("import sys; from gpumem import cli; rc = cli.main(['trace', '--model', 'nope']); "
-            "print(rc, 'torch' in sys.modules)")
+    code = ("import sys; from gpumem import cli\n"
+            f"for argv in {BEFORE_TORCH!r}:\n"
+            "    print(cli.main(argv), 'torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert proc.stdout.split() == ["2", "False"], proc
-    assert "unknown model 'nope'" in proc.stderr
+    assert proc.stdout.split("\n")[:-1] == ["2 False"] * len(BEFORE_TORCH), proc
+    assert proc.stderr.count("gpumem: error: ") == len(BEFORE_TORCH) and "unknown model 'nope'" in proc.stderr
 
 
 def test_help_states_every_bound(capsys):

@@ -48,9 +48,13 @@ SCORES_MOST = 2 * MAX_SEQ**2 * 4   # bytes of the naive fp32 scores: 2 heads at 
 
 
 def check(args) -> None:
-    """Across options: on CPU the naive method's fp32 scores (heads x seq^2 x 4 bytes) stay within
-    :data:`SCORES_MOST`, so 64 heads at 16k (64 GiB) is refused before anything is allocated."""
+    """Across options, before torch loads: --kv-heads divides --heads, and on CPU the naive
+    method's fp32 scores (heads x seq^2 x 4 bytes) stay within :data:`SCORES_MOST`, so 64 heads
+    at 16k (64 GiB) is refused before anything is allocated."""
     from gpumem.errors import UsageError
+    if args.kv_heads and args.heads % args.kv_heads:      # the experiment's own rule, before torch loads
+        raise UsageError(f"--kv-heads {args.kv_heads} must divide --heads {args.heads}; "
+                         f"accepted: a divisor of {args.heads}")
     scores = args.heads * max(args.seqs) ** 2 * 4
     if args.device == "cpu" and scores > SCORES_MOST:
         raise UsageError(f"--heads {args.heads} at --seqs {max(args.seqs)} needs {scores / 2**30:,.0f} GiB of "
