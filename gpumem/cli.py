@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpumem: run failed: {_one_line(err)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise                       # another pipe (a rank's): a real fault, shown whole
         # the reader (head -1) has gone: point stdout at /dev/null so the exit's flush stays quiet
         _stdout_to_devnull()
         return 128 + signal.SIGPIPE
@@ -134,6 +136,17 @@ def main(argv: list[str] | None = None) -> int:
         _stdout_to_devnull()            # `> /dev/full`, a full disk or quota: the output could not be written
         print(f"gpumem: error: cannot write the output: {os.strerror(err.errno)}", file=sys.stderr)
         return 1
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on its end)."""
+    import select
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _stdout_to_devnull() -> None:
