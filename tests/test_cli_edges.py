@@ -155,18 +155,21 @@ def test_help_states_every_bound(capsys):
     assert "at most 16,384" in texts["attention"] and "at most 64" in texts["attention"]
 
 
-def test_ladder_larger_than_the_free_disk_is_refused(capsys):
-    """The rung's file must fit the folder it is written to (a stated cap alone is not enough on a
-    small tmpfs). Uses a real small filesystem where one is mounted; the bound is checked on the
-    free bytes the OS reports now."""
-    import shutil
-    folder = next((f for f in ("/dev/shm", "/run/user", "/run") if os.path.isdir(f)
-                   and shutil.disk_usage(f).free < 4000 * 2**20), None)
-    if folder is None:
-        pytest.skip("no filesystem with less than 4,000 MiB free to write the rung to")
-    mib = shutil.disk_usage(folder).free // 2**20 + 64
-    err = one_line_exit_2(capsys, "run", "offload", "--nvme-path", folder, "--ladder-mib", str(mib))
-    assert "--ladder-mib" in err and "smaller" in err
+def test_ladder_larger_than_the_free_disk_is_refused(capsys, tmp_path):
+    """The rung's file must fit the folder it is written to (the 4,096 MiB cap alone is not enough
+    on a small disk). A real 2 MiB tmpfs (root only) takes a 4 MiB rung: refused before any byte."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)],
+                             capture_output=True, text=True).returncode == 0
+    if not mounted:
+        pytest.skip("cannot mount a 2 MiB tmpfs here (root only)")
+    try:
+        err = one_line_exit_2(capsys, "run", "offload", "--nvme-path", str(small), "--ladder-mib", "4")
+        assert "--ladder-mib 4 writes 4,194,304 bytes" in err and "2,097,152 free" in err, err
+        assert list(small.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)
 
 
 def test_closed_pipe_ends_quietly_with_141():
