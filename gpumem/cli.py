@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:    # Ctrl-C (the launcher's RunStopped is one too: its line says more)
         print(f"gpumem: {_one_line(err) if isinstance(err, RunFailure) else 'interrupted (Ctrl-C)'}",
               file=sys.stderr)
-        signum = getattr(err, "signum", None) or (signal.SIGTERM if "SIGTERM" in str(err) else signal.SIGINT)
+        signum = getattr(err, "signum", None) or signal.SIGINT
         return 128 + int(signum)
     except RunFailure as err:
         if getattr(args, "verbose", False) and err.detail:

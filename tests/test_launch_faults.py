@@ -127,3 +127,12 @@ def test_a_misbehaving_rank_is_named_in_one_line_and_the_group_ended(private_tmp
     assert time.monotonic() - start < 50     # well before the other rank's 60 s sleep (or 600 s timeout)
     assert psutil.Process().children(recursive=True) == []
     assert list(private_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf"])
+def test_a_bad_heartbeat_deadline_is_one_line_exit_2(value, monkeypatch, capsys):
+    from gpumem import cli
+    monkeypatch.setenv("GPUMEM_RANK_STALL_S", value)
+    assert cli.main(["run", "zero", "--ranks", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "GPUMEM_RANK_STALL_S" in err[0] and "seconds" in err[0]

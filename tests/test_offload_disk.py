@@ -200,3 +200,15 @@ def test_sigterm_during_the_ladder_removes_the_rung_and_sigkill_leaves_one_the_n
     assert r["disk_read"]["intact"]
     assert notes == [f"removed {folder}, left by a ladder run that was killed (pid {proc.pid})"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_path_name_the_os_refuses_is_one_usage_error(tmp_path):
+    """A notebook calling the library directly gets the same one line as the command line."""
+    from gpumem.errors import UsageError
+    from gpumem.memory import bandwidth
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for bad in ("x" * 300, str(loop / "inside")):
+        with pytest.raises(UsageError) as err:
+            bandwidth.writable_folder(bad)
+        assert "\n" not in str(err.value) and "accepted" in str(err.value)

@@ -50,6 +50,20 @@ class RunStopped(RunFailure, KeyboardInterrupt):
     KeyboardInterrupt, so whatever stops on Ctrl-C (a notebook, pytest) still stops."""
 
 
+def _stall_seconds(given) -> float:
+    """The heartbeat deadline: ``given``, else ``$GPUMEM_RANK_STALL_S``, else 60 s; bad values refused."""
+    text = given if given is not None else os.environ.get(STALL_ENV, STALL_S)
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not 0 < value < 86400:   # nan fails both comparisons
+        source = "stall_timeout" if given is not None else STALL_ENV
+        raise UsageError(f"{source} {str(text)[:40]!r} is not a number of seconds; accepted: more than 0, "
+                         "less than 86400")
+    return value
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free now, for the ranks' rendezvous."""
     with socket.socket() as s:
@@ -198,7 +212,7 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
         import torch
         if ranks > torch.cuda.device_count():
             raise UsageError(f"{ranks} ranks asked for, {torch.cuda.device_count()} GPUs present")
-    stall_s = float(stall_timeout if stall_timeout is not None else os.environ.get(STALL_ENV, STALL_S))
+    stall_s = _stall_seconds(stall_timeout)
     procs: list[subprocess.Popen] = []
     files: list = []
     bar = None
@@ -227,7 +241,9 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
         except KeyboardInterrupt as stop:
             how = getattr(stop, "how", "Ctrl-C (KeyboardInterrupt)")
             _end(procs, files)
-            raise RunStopped(f"run stopped by {how}: {len(procs)} ranks ended, their folder removed") from None
+            err = RunStopped(f"run stopped by {how}: {len(procs)} ranks ended, their folder removed")
+            err.signum = getattr(stop, "signum", 2)   # the command line exits 128 + signum
+            raise err from None
         finally:
             if bar:
                 bar.close()

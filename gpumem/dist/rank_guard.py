@@ -100,9 +100,9 @@ def stalled(path: Path, rank: int, beats: dict, stall_s: float) -> bool:
 class Stop(KeyboardInterrupt):
     """Ctrl-C or SIGTERM arrived while ranks ran; ``how`` names it."""
 
-    def __init__(self, how: str):
+    def __init__(self, how: str, signum: int = signal.SIGINT):
         super().__init__(how)
-        self.how = how
+        self.how, self.signum = how, int(signum)
 
 
 @contextlib.contextmanager
@@ -119,7 +119,8 @@ def signals_stop_the_run():
         if fired:
             return
         fired.append(signum)
-        raise Stop("Ctrl-C (KeyboardInterrupt)" if signum == signal.SIGINT else signal.Signals(signum).name)
+        raise Stop("Ctrl-C (KeyboardInterrupt)" if signum == signal.SIGINT else signal.Signals(signum).name,
+                   signum)
 
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -61,8 +61,13 @@ def writable_folder(path, option: str = "--nvme-path") -> Path:
     if not str(text).strip():
         raise UsageError(f"{option} {text!r} is empty; accepted: an existing folder on the drive to test")
     folder = Path(text)
-    if not folder.is_dir():
-        what = "not a folder" if folder.exists() else "no such folder"
+    try:
+        is_dir, exists = folder.is_dir(), folder.exists()
+    except OSError as err:   # a name the OS refuses: too long, a symbolic-link loop
+        raise UsageError(f"{option} {text[:60]!r}: {err.strerror}; accepted: an existing folder on the drive "
+                         "to test") from None
+    if not is_dir:
+        what = "not a folder" if exists else "no such folder"
         raise UsageError(f"{option} {text}: {what}; accepted: an existing folder on the drive to test")
     try:
         fd, probe = tempfile.mkstemp(prefix=".gpumem-probe-", dir=folder)
