@@ -6,8 +6,8 @@ rest of the lab does not matter) and grades it as the notebook's last cell does.
 a 1 s case limit (GPUMEM_CASE_SECONDS); only lab 02's hang starts ranks (stopped at 3 s).
 """
 
-import io
 import contextlib
+import io
 import time
 
 import numpy as np
