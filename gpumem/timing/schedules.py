@@ -141,7 +141,11 @@ def _check(name: str, p: int, m: int, v: int, F: float, B: float, W: float) -> N
         if v < 2:
             raise UsageError(f"interleaved needs v >= 2 model chunks per device, got v={v}; "
                              "use 1f1b for v=1")
-        if m % p:   # Megatron: m must split into groups of p (default group size p)
+        # Megatron-LM schedules.py, forward_backward_pipelining_with_interleaving: up to
+        # core_r0.9.0 'number of microbatches ... is not divisible by pipeline-model-parallel-
+        # size'; since commit 4295be1a6c (Nov 2024) a remainder of m over the group size
+        # (default p) in (0, p) is refused, so with the default m must still be a multiple of p.
+        if m % p:
             raise UsageError(f"interleaved needs m a multiple of p (Megatron-LM schedules.py), "
                              f"got m={m}, p={p}")
     elif v != 1:
