@@ -35,7 +35,7 @@ $(STAMP): env/requirements.txt pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
-	@$(PY) -m gpumem.dist.dsops prepare
+	@$(PY) -m gpumem.runs.dsops prepare
 
 # Rooted at the repository, so the file browser reaches notebooks/, labs/ and solutions/;
 # the path argument opens 00_setup (relative to the root) in the browser.

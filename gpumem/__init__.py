@@ -6,7 +6,8 @@ computed here. Three layers, imports one way (``tests/test_layout.py`` enforces 
     course/     the machinery: quizzes, lab grading and generation, ledger, drawing, env check
        |
     memory/     engine: formulas (no torch) and exact traces of a training step
-    dist/       engine: N ranks, ZeRO from scratch, DeepSpeed engines and ops
+    timing/     engine: seconds (hardware, collectives, pipeline schedules)
+    runs/       engine: N ranks, ZeRO from scratch, DeepSpeed engines and ops
        |
     units, errors
 

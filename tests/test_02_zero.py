@@ -17,7 +17,7 @@ import torch
 
 from conftest import run_cli
 from gpumem.chapters.ch02_zero import claims, ds_config_note, ds_ranks, experiments, scratch_ranks
-from gpumem.dist import launch, training, zero3_cost, zero3_schedule
+from gpumem.runs import launch, training, zero3_cost, zero3_schedule
 from gpumem.errors import UsageError
 from gpumem.memory import accounting, models
 
@@ -26,7 +26,7 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 def test_launcher_returns_every_ranks_result():
-    res = launch.run("gpumem.dist.examples:all_reduce_rank_ids", ranks=2, progress=False)
+    res = launch.run("gpumem.runs.examples:all_reduce_rank_ids", ranks=2, progress=False)
     assert [r["rank"] for r in res] == [0, 1] and all(r["sum"] == 1.0 for r in res)
     assert res[0]["pid"] != res[1]["pid"]
 
@@ -34,7 +34,7 @@ def test_launcher_returns_every_ranks_result():
 def test_a_failing_rank_ends_the_group_and_leaves_no_process():
     start = time.monotonic()
     with pytest.raises(launch.RankError, match="rank 1 failed") as err:
-        launch.run("gpumem.dist.examples:fail_on_rank_one", ranks=3, progress=False)
+        launch.run("gpumem.runs.examples:fail_on_rank_one", ranks=3, progress=False)
     assert "ValueError: rank 1 fails on purpose" in str(err.value)
     assert time.monotonic() - start < 20          # the others were sleeping 60 s
     assert psutil.Process().children(recursive=True) == []
@@ -476,7 +476,7 @@ def test_reuse_gap_by_hand():
 
 def test_stage3_defaults_are_deepspeeds():
     """The replay's and the trace's defaults against DeepSpeed's own config classes."""
-    from gpumem.dist import ds_audit
+    from gpumem.runs import ds_audit
     ds = ds_audit.defaults()
     for table in (zero3_schedule.DEFAULTS, ds_ranks.DEFAULTS_70B):
         assert {k: int(v) for k, v in table.items()} == {k: int(ds[k]) for k in table}

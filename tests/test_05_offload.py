@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpumem.chapters.ch05_offload import claims, diagrams, experiments, labcheck
-from gpumem.dist import ds_offload, dsops, launch
+from gpumem.runs import ds_offload, dsops, launch
 from gpumem.memory import accounting, bandwidth, offload_cost
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_deepspeed_cpu_offload_trains_like_a_hand_written_offload_step(run):
     # the whole global batch (2 ranks x 2) in one process. DeepSpeed's zero2+cpu must give its losses
     # up to rounding (measured 1.3e-5, 2026-12-01).
     import torch
-    from gpumem.dist.training import HYPER, batches
+    from gpumem.runs.training import HYPER, batches
     from gpumem.memory.llama import Llama
     torch.manual_seed(0)
     net = Llama(ds_offload.MODEL).to(torch.bfloat16)
@@ -171,7 +171,7 @@ def test_breakdown_and_prediction_present(run):
 def test_swap_folder_removed_after_a_failing_rank(tmp_path):
     with pytest.raises(launch.RankError, match=r"planned failure on rank 1 at step 0, [1-9]\d* swap files in place"):
         with ds_offload.swap_folder(tmp_path) as swap:
-            launch.run("gpumem.dist.ds_offload_ranks:offload_runs", 2, "cpu", deepspeed=True, progress=False,
+            launch.run("gpumem.runs.ds_offload_ranks:offload_runs", 2, "cpu", deepspeed=True, progress=False,
                        configs=("zero3+nvme",), swap_dir=str(swap), steps=2, fail_at=0)
     assert not swap.exists() and list(tmp_path.iterdir()) == []
 

@@ -147,7 +147,7 @@ def test_tp1_activations_are_chapter01s_for_every_policy_and_kernel():
 
 
 def _config_batch(config, ranks=2):
-    from gpumem.dist import launch
+    from gpumem.runs import launch
     return launch.run("gpumem.chapters.ch06_combining_strategies.proof_ranks:config_batch", ranks, "cpu",
                       deepspeed=True, progress=False, config=config)
 

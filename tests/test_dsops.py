@@ -5,7 +5,7 @@ import subprocess
 import time
 
 from conftest import ROOT
-from gpumem.dist import dsops
+from gpumem.runs import dsops
 
 
 def old_lock(root, op_name):
@@ -43,7 +43,7 @@ def test_fresh_lock_is_kept(tmp_path):
 
 
 def test_ops_are_built_in_the_course_cache():
-    # make test runs `python -m gpumem.dist.dsops prepare` first
+    # make test runs `python -m gpumem.runs.dsops prepare` first
     for name in dsops.wanted_ops():
         assert dsops.op_built(name), f"{name} not built in {dsops.cache_dir()}"
 

@@ -165,14 +165,14 @@ def test_lab02_bucket_ignored_is_too_many_collectives():
 def test_lab02_all_reduce_and_gpumem_helpers_are_refused():
     report = _lab02_with("""
 def install_zero2_hooks(params, grad_shards, bucket_bytes):
-    from gpumem.dist import zero
+    from gpumem.runs import zero
     for i, p in enumerate(params):
         def ready(p, i=i):
             grad_shards[i] = zero.reduce_scatter_mean(p.grad)
             p.grad = None
         p.register_post_accumulate_grad_hook(ready)
 """)
-    assert report.problems and "gpumem.dist" in report.problems[0].detail
+    assert report.problems and "gpumem.runs" in report.problems[0].detail
     report = _lab02_variant("        dist.reduce_scatter_tensor(mine, send)\n",
                             "        dist.all_reduce(send)\n"
                             "        mine.copy_(send.view(world, -1)[dist.get_rank()])\n")

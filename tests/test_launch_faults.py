@@ -1,7 +1,7 @@
-"""Faults injected into the rank launcher (gpumem.dist.launch): the launcher killed outright or
+"""Faults injected into the rank launcher (gpumem.runs.launch): the launcher killed outright or
 sent SIGTERM, a rank stopped, killed, ended without a result or raising. Each leaves no process
 and no file behind and is reported in one line naming the rank. Plain gloo ranks running tiny
-functions (gpumem.dist.examples): the launcher's mechanism is what is tested, not DeepSpeed."""
+functions (gpumem.runs.examples): the launcher's mechanism is what is tested, not DeepSpeed."""
 
 import os
 import re
@@ -16,13 +16,13 @@ import psutil
 import pytest
 
 from conftest import ROOT
-from gpumem.dist import launch
+from gpumem.runs import launch
 from gpumem.errors import RunFailure
 
-EX = "gpumem.dist.examples"
+EX = "gpumem.runs.examples"
 # a parent that reports a run failure in one line, as the command line does
-PARENT = ("import sys\nfrom gpumem.dist import launch\nfrom gpumem.errors import RunFailure\n"
-          "try:\n    launch.run('gpumem.dist.examples:sleep_then_return', 2, progress=False)\n"
+PARENT = ("import sys\nfrom gpumem.runs import launch\nfrom gpumem.errors import RunFailure\n"
+          "try:\n    launch.run('gpumem.runs.examples:sleep_then_return', 2, progress=False)\n"
           "except RunFailure as err:\n    print(err, file=sys.stderr)\n    sys.exit(1)\n")
 
 
@@ -136,3 +136,13 @@ def test_a_bad_heartbeat_deadline_is_one_line_exit_2(value, monkeypatch, capsys)
     assert cli.main(["run", "zero", "--ranks", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "GPUMEM_RANK_STALL_S" in err[0] and "seconds" in err[0]
+
+
+def test_ranks_keep_inductors_cache_in_their_job_even_after_torch_set_its_default(private_tmp, monkeypatch):
+    """Torch writes its default cache folder into the parent's environment once anything looks it
+    up (importing DeepSpeed in-process does): the ranks must still not use the temp folder."""
+    import getpass
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(private_tmp / f"torchinductor_{getpass.getuser()}"))
+    where = launch.run(f"{EX}:make_inductor_cache", 2, progress=False)
+    assert all(w.startswith(str(private_tmp / "gpumem-ranks-")) for w in where), where
+    assert list(private_tmp.iterdir()) == []

@@ -1,7 +1,7 @@
 """Chapter rank functions under the usual launchers, on 2 CPU ranks of this machine: torchrun with
 its multi-node flags, DeepSpeed's launcher with a hostfile, and the SLURM batch script (its
 srun/scontrol given a one-node allocation). Each result must equal what the course's own launcher
-(gpumem.dist.launch.run) returns for the same function and arguments: same losses, same bytes,
+(gpumem.runs.launch.run) returns for the same function and arguments: same losses, same bytes,
 rank by rank. Nothing is mocked: real processes, gloo, real DeepSpeed engines."""
 
 import json
@@ -47,7 +47,7 @@ def last_json(proc) -> list:
 
 
 def course_launcher(target, deepspeed=False) -> list:
-    from gpumem.dist import launch
+    from gpumem.runs import launch
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return json.loads(json.dumps(launch.run(target, 2, "cpu", deepspeed=deepspeed, progress=False, **ARGS),
                                  default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
@@ -72,7 +72,7 @@ def test_torchrun_multi_node_flags(scratch_reference):
     """One node of a multi-node job: --nnodes/--node-rank/--master-addr/--master-port."""
     proc = subprocess.run([str(BIN / "torchrun"), "--nnodes=1", "--node-rank=0", "--nproc-per-node=2",
                            "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-                           "-m", "gpumem.dist.launch", "--env", SCRATCH, *kv(ARGS)],
+                           "-m", "gpumem.runs.launch", "--env", SCRATCH, *kv(ARGS)],
                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=180)
     got = last_json(proc)
     assert [r["2"]["rank"] for r in got] == [0, 1]
@@ -88,7 +88,7 @@ def test_deepspeed_launcher_with_a_hostfile(tmp_path):
     (tmp_path / "tmp").mkdir()
     proc = subprocess.run([str(BIN / "deepspeed"), "--hostfile", str(tmp_path / "hostfile"), "--no_ssh_check",
                            "--no_local_rank", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                           "--module", "gpumem.dist.launch", "--env", DS, "--deepspeed", *kv(ARGS)],
+                           "--module", "gpumem.runs.launch", "--env", DS, "--deepspeed", *kv(ARGS)],
                           cwd=ROOT, env=env(TMPDIR=str(tmp_path / "tmp")), capture_output=True, text=True,
                           timeout=240)
     got = last_json(proc)

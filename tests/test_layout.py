@@ -8,7 +8,7 @@ included):
                                                                  course, engine, base
     registry  gpumem.chapters (its __init__)                     course, engine, base
     course    gpumem.course.*                                    engine, base
-    dist      gpumem.dist.*                                      timing, memory, base
+    runs      gpumem.runs.* (real runs on ranks)                 timing, memory, base
     timing    gpumem.timing.* (seconds: hardware, collectives)   memory, base
     memory    gpumem.memory.*                                    base
     base      gpumem, gpumem.units, gpumem.errors, gpumem.scratch base
@@ -24,7 +24,7 @@ import pytest
 from conftest import ROOT
 
 PKG = ROOT / "gpumem"
-RANK = {"base": 0, "memory": 1, "timing": 2, "dist": 3, "course": 4, "registry": 5, "chapters": 6, "app": 7}
+RANK = {"base": 0, "memory": 1, "timing": 2, "runs": 3, "course": 4, "registry": 5, "chapters": 6, "app": 7}
 MAX_LINES = 300
 
 
@@ -42,7 +42,7 @@ def layer(mod: str) -> str:
     parts = mod.split(".")
     if mod in ("gpumem", "gpumem.units", "gpumem.errors", "gpumem.scratch"):
         return "base"
-    if len(parts) >= 2 and parts[1] in ("memory", "timing", "dist", "course"):
+    if len(parts) >= 2 and parts[1] in ("memory", "timing", "runs", "course"):
         return parts[1]
     if mod == "gpumem.chapters":
         return "registry"
@@ -50,7 +50,7 @@ def layer(mod: str) -> str:
         return "chapters"
     if mod in ("gpumem.cli", "gpumem.cli_verbs", "gpumem.cli_plan", "gpumem.__main__"):
         return "app"
-    raise AssertionError(f"{mod} belongs to no layer: put it in memory/, timing/, dist/, course/ or a chapter")
+    raise AssertionError(f"{mod} belongs to no layer: put it in memory/, timing/, runs/, course/ or a chapter")
 
 
 def chapter_of(mod: str) -> str | None:

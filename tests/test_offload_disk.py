@@ -15,7 +15,7 @@ import pytest
 
 from gpumem import cli
 from gpumem.chapters.ch05_offload import experiments
-from gpumem.dist import ds_offload, dsops
+from gpumem.runs import ds_offload, dsops
 from gpumem.errors import RunFailure, UsageError
 from gpumem.memory import bandwidth
 

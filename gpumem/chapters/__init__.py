@@ -6,7 +6,7 @@ plots and experiments (rank functions included). Notebooks import a chapter as o
     from gpumem.chapters import ch02_zero as ch
 
 Adding a chapter adds its folder and one entry to :data:`CHAPTERS`; nothing else in the course
-changes. Chapters import the engine (``gpumem.memory``, ``gpumem.dist``) and the course
+changes. Chapters import the engine (``gpumem.memory``, ``gpumem.runs``) and the course
 machinery (``gpumem.course``), never another chapter (``tests/test_layout.py`` enforces it).
 """
 

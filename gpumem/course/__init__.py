@@ -3,5 +3,5 @@ generation (``grading``, ``labgen``), the claims ledger (``ledger``), drawing he
 (``drawing``), the environment check (``envcheck``), the chapter map (``catalog``) and the
 chapter registry's types (``registry``).
 
-It may use the engine (``gpumem.memory``, ``gpumem.dist``); it never imports a chapter.
+It may use the engine (``gpumem.memory``, ``gpumem.runs``); it never imports a chapter.
 """

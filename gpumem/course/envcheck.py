@@ -11,7 +11,7 @@ import shutil
 import sys
 from dataclasses import dataclass, asdict
 
-from ..dist import dsops
+from ..runs import dsops
 from ..units import fmt
 
 PINS = {"torch": "2.13.0", "deepspeed": "0.19.8"}
@@ -60,7 +60,7 @@ def checks() -> list[Check]:
         ok = dsops.op_built(name, root)
         out.append(Check(f"op {name}", "OK" if ok else "MISSING",
                          f"built in {root}" if ok else "not built yet",
-                         "" if ok else "python -m gpumem.dist.dsops prepare (make lab does it)"))
+                         "" if ok else "python -m gpumem.runs.dsops prepare (make lab does it)"))
     out.append(Check("libaio", "OK" if dsops.libaio_present() else "MISSING",
                      "headers present" if dsops.libaio_present() else "headers not found",
                      "" if dsops.libaio_present() else "apt-get install libaio-dev (NVMe offload)"))

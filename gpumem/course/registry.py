@@ -61,5 +61,5 @@ class Chapter:
 
     def target(self, relative: str) -> str:
         """A target relative to this chapter's package, made absolute (for :func:`resolve` and
-        for ``gpumem.dist.launch.run``)."""
+        for ``gpumem.runs.launch.run``)."""
         return f"{self.package}.{relative}"

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from gpumem import units
 from gpumem.course.ledger import Claim
-from gpumem.dist import zero3_schedule
+from gpumem.runs import zero3_schedule
 from gpumem.memory import accounting, activations, gpus, models
 
 from .ds_ranks import scaled_zero3_config

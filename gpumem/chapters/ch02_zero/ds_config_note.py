@@ -3,15 +3,15 @@
 The note gives two configs: a ZeRO-3 one (optimizer offload to CPU, parameter offload to NVMe
 with no path, two stage-1/2 gather keys, fp16 with dynamic loss scaling, clipping) and an offload
 one (an NVMe path and buffer sizes). :func:`examine` runs them and the corrected config with
-``gpumem.dist.ds_audit``: what DeepSpeed refuses, and which keys the stage actually reads.
+``gpumem.runs.ds_audit``: what DeepSpeed refuses, and which keys the stage actually reads.
 """
 
 import copy
 import math
 import tempfile
 
-from gpumem.dist import launch
-from gpumem.dist.training import HYPER
+from gpumem.runs import launch
+from gpumem.runs.training import HYPER
 from gpumem.memory import models
 
 _COMMON = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
@@ -120,7 +120,7 @@ def examine(ranks: int = 2, progress: bool = True) -> dict:
     runs = {"note as written": NOTE, "note, bf16 instead of fp16": fixed_bf16,
             "corrected (stage 3)": CORRECTED, "note's gather keys under stage 2": stage2}
     with tempfile.TemporaryDirectory(prefix="gpumem-nvme-") as nvme:
-        res = launch.run("gpumem.dist.ds_audit:audit", ranks, deepspeed=True, progress=progress, timeout=1200,
+        res = launch.run("gpumem.runs.ds_audit:audit", ranks, deepspeed=True, progress=progress, timeout=1200,
                          configs=[_runnable(c, nvme) for c in runs.values()])
     out = {"ranks": ranks, "note_keys": note_keys(), "runs": {}}
     for (name, config), row in zip(runs.items(), res[0]):
@@ -154,7 +154,7 @@ def _show(v) -> str:
 def config_diff() -> str:
     """The note's config and the corrected one side by side, key by key, and why each differs;
     a value equal to DeepSpeed's default (read from DeepSpeed) is marked so."""
-    from gpumem.dist import ds_audit
+    from gpumem.runs import ds_audit
     note, fixed, ds = _dotted(NOTE), _dotted(CORRECTED), ds_audit.defaults()
     largest = swap_buffer_need()["largest_partition"]
     import textwrap
@@ -174,7 +174,7 @@ def config_diff() -> str:
 
 def aio_table() -> str:
     """The corrected config's ``aio`` keys: value, DeepSpeed's default, what each sets."""
-    from gpumem.dist import ds_audit
+    from gpumem.runs import ds_audit
     ds_audit.quiet_import()
     from deepspeed.runtime.swap_tensor.aio_config import AIO_DEFAULT_DICT
     lines = [f"{'aio key':22s} {'value':>8s} {'default':>8s}  meaning"]

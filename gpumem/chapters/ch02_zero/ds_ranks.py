@@ -10,8 +10,8 @@ import logging
 
 import torch
 
-from gpumem.dist.ds_engine import ds_config, held
-from gpumem.dist.training import batches, build, device_of_rank
+from gpumem.runs.ds_engine import ds_config, held
+from gpumem.runs.training import batches, build, device_of_rank
 from gpumem.memory import models
 
 
@@ -90,7 +90,7 @@ def gather_trace(rank: int, world: int, model: str = "mini", steps: int = 2, seq
 
     import deepspeed
 
-    from gpumem.dist.zero3_schedule import attribute
+    from gpumem.runs.zero3_schedule import attribute
     Coord = importlib.import_module(_COORD).PartitionedParameterCoordinator
     Stage3 = importlib.import_module(_STAGE3).DeepSpeedZeroOptimizer_Stage3
     net = build(model, seed)

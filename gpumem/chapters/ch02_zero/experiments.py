@@ -4,7 +4,7 @@ Each returns plain data (JSON-ready). Ranks are CPU processes over gloo, or one 
 ``device="cuda"``. Registered in ``gpumem.chapters`` as ``zero`` and ``gather-trace``.
 """
 
-from gpumem.dist import launch
+from gpumem.runs import launch
 from gpumem.memory import accounting
 
 

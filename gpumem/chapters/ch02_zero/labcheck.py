@@ -2,7 +2,7 @@
 
 The learner writes ``install_zero2_hooks(params, grad_shards, bucket_bytes)`` with
 ``torch.distributed`` alone (no ``gpumem`` helpers). On each rank the grader builds a model, puts
-a :class:`gpumem.dist.gradmeter.GradMeter` on it *first* (so it sees every gradient before the
+a :class:`gpumem.runs.gradmeter.GradMeter` on it *first* (so it sees every gradient before the
 learner's hooks can free it), installs the learner's hooks and trains with :func:`sharded_step`,
 counting the collectives called during each backward. Graded per case (models, seeds and
 bucket sizes the lab never shows):
@@ -36,7 +36,7 @@ COLLECTIVES = ("reduce_scatter_tensor", "reduce_scatter", "all_reduce", "all_gat
 def sharded_step(params, grad_shards, m, v, t, lr, betas, eps, weight_decay) -> None:
     """The ZeRO-2 update the lab's hooks feed: each rank updates its shard of every parameter
     with the reduced gradient shard, then all ranks exchange the updated shards."""
-    from gpumem.dist import zero
+    from gpumem.runs import zero
     for i, p in enumerate(params):
         mine = zero.my_shard(p)
         zero.adamw_update(mine, grad_shards[i], m[i], v[i], t, lr, betas, eps, weight_decay)
@@ -71,8 +71,8 @@ def lab02_rank(rank: int, world: int, source: str, cases=CASES) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from gpumem.dist import training, zero
-    from gpumem.dist.gradmeter import GradMeter
+    from gpumem.runs import training, zero
+    from gpumem.runs.gradmeter import GradMeter
     calls: dict = {}
     on = [False]
     _counting(dist, calls, on)
@@ -119,7 +119,7 @@ def _reference(model: str, seed: int, steps: int, world: int) -> dict:
     """One process, whole batch: the first step's gradients and the weights after AdamW."""
     import torch
 
-    from gpumem.dist import training
+    from gpumem.runs import training
     net = training.build(model, seed)
     data = training.batches(net.cfg, steps, world * 2, 32, seed)
     opt = torch.optim.AdamW(net.parameters(), foreach=False, **training.HYPER)
@@ -150,7 +150,7 @@ def check(ns: dict, show: bool = True) -> Report:
                                "the reduce-scatter with torch.distributed yourself"))
     else:
         def body():
-            from gpumem.dist import launch
+            from gpumem.runs import launch
             try:                                 # the learner's code runs on the ranks
                 ranks = launch.run(f"{__name__}:lab02_rank", 2, progress=False, source=source)
             except (launch.RankError, RunFailure) as err:

@@ -2,11 +2,11 @@
 gradient peak, what ZeRO-3 receives per step, when DeepSpeed keeps a weight whole from forward
 to backward, what happens to persistent norms, and how many modules it fetches. Each numeric
 attempt draws a model, recipe, GPU count, bucket, reuse distance or architecture; every expected
-value is computed by the library (``gpumem.memory``, ``gpumem.dist``)."""
+value is computed by the library (``gpumem.memory``, ``gpumem.runs``)."""
 
 from gpumem.course.quiz import Choice, Numeric, Quiz
 from gpumem.course.quiz_draws import LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick, recipe_numbers
-from gpumem.dist import gradmeter, zero3_schedule
+from gpumem.runs import gradmeter, zero3_schedule
 from gpumem.memory import accounting, models
 from gpumem.units import GB
 

@@ -1,11 +1,11 @@
-"""Chapter 02's from-scratch ZeRO rank functions (run with ``gpumem.dist.launch.run``), and the
+"""Chapter 02's from-scratch ZeRO rank functions (run with ``gpumem.runs.launch.run``), and the
 single-process reference they are compared with."""
 
 import torch
 
-from gpumem.dist.gradmeter import GradMeter
-from gpumem.dist.training import HYPER, batches, build, device_of_rank
-from gpumem.dist.zero import ZeroAdamW
+from gpumem.runs.gradmeter import GradMeter
+from gpumem.runs.training import HYPER, batches, build, device_of_rank
+from gpumem.runs.zero import ZeroAdamW
 
 
 def from_scratch(rank: int, world: int, stage: int, model: str = "tiny", steps: int = 3,

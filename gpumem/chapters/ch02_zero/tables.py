@@ -8,7 +8,7 @@ import logging
 import re
 
 from gpumem import units
-from gpumem.dist import gradmeter, zero3_cost, zero3_schedule
+from gpumem.runs import gradmeter, zero3_cost, zero3_schedule
 from gpumem.memory import ds_estimators, models
 from gpumem.memory import gpus as gpu_table
 

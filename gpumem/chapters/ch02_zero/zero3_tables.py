@@ -3,7 +3,7 @@ main path's result), DeepSpeed's four schedule keys, and the recorded trace's by
 that issues them and the phase they serve (the "Going deeper" section)."""
 
 from gpumem import units
-from gpumem.dist import zero3_schedule
+from gpumem.runs import zero3_schedule
 from gpumem.memory import models
 
 
@@ -74,7 +74,7 @@ def stage3_keys_table(model: str = "mini") -> str:
     and the value the chapter's trace uses for ``model``, scaled from a Llama-3-70B layer."""
     import textwrap
 
-    from gpumem.dist import ds_audit
+    from gpumem.runs import ds_audit
 
     from .ds_ranks import DEFAULTS_70B, scaled_zero3_config
     cfg, big = models.get(model), models.get("llama-3-70b")

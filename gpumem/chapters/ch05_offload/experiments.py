@@ -1,7 +1,7 @@
 """Chapter 05's experiment ``offload``, the same code for the notebook and ``python -m gpumem run``.
 
 One call measures the bandwidth ladder, then trains the offload model under each configuration
-on CPU ranks (one launch, :func:`gpumem.dist.ds_offload_ranks.offload_runs`) with the swap folder
+on CPU ranks (one launch, :func:`gpumem.runs.ds_offload_ranks.offload_runs`) with the swap folder
 made and removed around it, and sets the measurement beside chapter 01's formula and the cost
 model (:mod:`gpumem.memory.offload_cost`) fed with the ladder. Without libaio the NVMe
 configuration is skipped with the line that says how to install it.
@@ -10,7 +10,7 @@ configuration is skipped with the line that says how to install it.
 import os
 
 from gpumem import scratch
-from gpumem.dist import ds_offload, dsops, launch
+from gpumem.runs import ds_offload, dsops, launch
 from gpumem.errors import UsageError, one_of
 from gpumem.memory import accounting, bandwidth, offload_cost
 from gpumem.units import MiB
@@ -58,7 +58,7 @@ def offload(ranks: int = 2, device: str = "cpu", progress: bool = True, model: s
     """The ladder, then every configuration: losses, per-rank bytes by device (measured and
     formula), swap files, the step-time breakdown, and the cost model's prediction of it.
     ``nvme_path`` (default: the temp folder) must be a writable folder with room for the ladder's
-    file and the swap files (:func:`gpumem.dist.ds_offload.swap_bytes`), else UsageError before
+    file and the swap files (:func:`gpumem.runs.ds_offload.swap_bytes`), else UsageError before
     anything is written; a disk that fills up during the run ends in a one-line RunFailure."""
     if model is not None:
         raise UsageError(f"--model {model}: offload trains its own model ({ds_offload.MODEL.name}, whose "
@@ -78,7 +78,7 @@ def offload(ranks: int = 2, device: str = "cpu", progress: bool = True, model: s
     if run_names:
         with ds_offload.swap_folder(nvme_path) as swap:
             try:
-                res = launch.run("gpumem.dist.ds_offload_ranks:offload_runs", ranks, device, deepspeed=True,
+                res = launch.run("gpumem.runs.ds_offload_ranks:offload_runs", ranks, device, deepspeed=True,
                                  progress=progress, configs=tuple(run_names), swap_dir=str(swap), steps=steps)
             except Exception as err:
                 full = ds_offload.full_disk(swap, need, err)    # the disk filled up under the ranks: one line

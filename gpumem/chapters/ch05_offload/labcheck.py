@@ -1,11 +1,11 @@
 """Lab 05's ``check()``: the learner's DeepSpeed config, run on 2 CPU ranks and measured.
 
 The learner writes ``offload_config(budget_bytes, swap_dir)``: a whole DeepSpeed config (bf16,
-AdamW, micro-batch 2 per rank) that trains :data:`gpumem.dist.ds_offload.MODEL` with at most
+AdamW, micro-batch 2 per rank) that trains :data:`gpumem.runs.ds_offload.MODEL` with at most
 ``budget_bytes`` of model states on each rank's accelerator, offloading no more than it must
 (each step off the accelerator costs time: none, then the optimizer to the CPU, then parameters
 to NVMe). The grader runs every budget the lab never shows in one launch, reads what each rank
-holds from DeepSpeed's structures (:func:`gpumem.dist.ds_offload.held_by_role`) and names the
+holds from DeepSpeed's structures (:func:`gpumem.runs.ds_offload.held_by_role`) and names the
 largest state that overflowed and by how much, or says that it fits. Budgets sit between the
 configurations' measured holdings (``BUDGETS``).
 """
@@ -14,7 +14,7 @@ import os
 
 from gpumem import units
 from gpumem.course.grading import Report, Row, call, case_seconds, failure_line, kind, returned, run_case
-from gpumem.dist import ds_offload, launch
+from gpumem.runs import ds_offload, launch
 from gpumem.errors import RunFailure
 from gpumem.memory import accounting
 
@@ -30,7 +30,7 @@ ROLE_WORDS = {"params": "16-bit parameters", "grads16": "16-bit gradients", "gra
 
 
 def _on_accelerator(roles: dict, config: dict) -> dict[str, int]:
-    """The roles a GPU would hold under ``config`` (:func:`gpumem.dist.ds_offload.placement`), the
+    """The roles a GPU would hold under ``config`` (:func:`gpumem.runs.ds_offload.placement`), the
     gradients at their largest (backward's whole gradient at ZeRO-1, the partition otherwise)."""
     where = ds_offload.placement(config)
     on = {k: v for k, v in roles.items() if where.get(k) == "accelerator" and k != "grads_unreduced" and v}
@@ -111,7 +111,7 @@ def check(ns: dict, show: bool = True) -> Report:
 
             def measure():
                 try:
-                    res = launch.run("gpumem.dist.ds_offload_ranks:offload_runs", 2, "cpu", deepspeed=True,
+                    res = launch.run("gpumem.runs.ds_offload_ranks:offload_runs", 2, "cpu", deepspeed=True,
                                      progress=show and not os.environ.get("TQDM_DISABLE"), given=given,
                                      swap_dir=str(swap), steps=2)
                 except (launch.RankError, RunFailure) as err:

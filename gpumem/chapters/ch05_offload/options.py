@@ -7,7 +7,7 @@ import re
 import shutil
 import tempfile
 
-CONFIG_NAMES = ("zero1", "zero1+cpu", "zero2", "zero2+cpu", "zero3", "zero3+cpu", "zero3+nvme")   # gpumem.dist.ds_offload.CONFIGS
+CONFIG_NAMES = ("zero1", "zero1+cpu", "zero2", "zero2+cpu", "zero3", "zero3+cpu", "zero3+nvme")   # gpumem.runs.ds_offload.CONFIGS
 
 
 # Bounds (stated in --help by gpumem.cli): a step of every configuration takes seconds on CPU

@@ -33,7 +33,7 @@ def smallest(model: str, ranks: int, zero: int, kw: dict) -> int:
 def plan_proof(ranks: int = 2, device: str = "cpu", progress: bool = True, model: str = PROOF_MODEL,
                steps: int = 2) -> dict:
     """Plan, run the plan's DeepSpeed config on ``ranks`` ranks, and compare held bytes."""
-    from gpumem.dist import launch
+    from gpumem.runs import launch
     result = proof_plan(model, ranks)
     best = result.best
     runs = launch.run("gpumem.chapters.ch06_combining_strategies.proof_ranks:run_plan", ranks, device,

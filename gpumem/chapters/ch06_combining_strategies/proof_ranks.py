@@ -23,7 +23,7 @@ import logging
 
 import torch
 
-from gpumem.dist.training import batches, build, device_of_rank
+from gpumem.runs.training import batches, build, device_of_rank
 
 
 def _bytes(tensors) -> int:

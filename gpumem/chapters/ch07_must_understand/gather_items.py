@@ -2,15 +2,15 @@
 gathers hide behind compute.
 
 Numbers drawn per attempt: model, GPU, GPU count, link and tokens per GPU. Bytes each GPU
-receives per pass and the seconds of compute come from ``gpumem.dist.zero3_cost.zero3_step_time``
-(DeepSpeed's gather schedule replayed by ``gpumem.dist.zero3_schedule``, FLOPs at a stated MFU
+receives per pass and the seconds of compute come from ``gpumem.runs.zero3_cost.zero3_step_time``
+(DeepSpeed's gather schedule replayed by ``gpumem.runs.zero3_schedule``, FLOPs at a stated MFU
 from ``gpumem.memory.speed``).
 """
 
 from gpumem.course.checklist import Item
 from gpumem.course.quiz import Choice, Numeric
 from gpumem.course.quiz_draws import LLAMAS, gpu_numbers, model_numbers, pick
-from gpumem.dist import zero3_cost
+from gpumem.runs import zero3_cost
 from gpumem.memory import gpus, speed
 from gpumem.units import GB
 

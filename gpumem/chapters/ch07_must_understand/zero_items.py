@@ -2,15 +2,15 @@
 
 Numbers drawn per attempt: model, recipe, stage, GPU count, GPU and link. Bytes come from
 ``gpumem.memory.accounting`` (model states per stage), usable memory from ``gpumem.memory.gpus``,
-link speeds from ``gpumem.dist.zero3_cost`` and DeepSpeed's real gather volume from
-``gpumem.dist.zero3_cost.zero3_step_time``.
+link speeds from ``gpumem.runs.zero3_cost`` and DeepSpeed's real gather volume from
+``gpumem.runs.zero3_cost.zero3_step_time``.
 """
 
 from gpumem.course.checklist import Item
 from gpumem.course.quiz import Choice, Numeric
 from gpumem.course.quiz_draws import (LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick,
                                       recipe_numbers)
-from gpumem.dist import zero3_cost
+from gpumem.runs import zero3_cost
 from gpumem.memory import accounting, gpus, models
 from gpumem.units import GB
 

@@ -1,7 +1,7 @@
 """The rank function of the real offload runs, and its step-time breakdown.
 
 :func:`offload_runs` trains the same model on the same tokens under each named configuration
-of :mod:`gpumem.dist.ds_offload`, in one launch (the engine is re-created per configuration).
+of :mod:`gpumem.runs.ds_offload`, in one launch (the engine is re-created per configuration).
 Per configuration: the losses, the seconds of forward, backward and optimizer step (this
 module's own ``perf_counter`` around each call, of the fastest step after the first: the one
 least disturbed by other work on the machine), the

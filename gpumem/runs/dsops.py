@@ -7,7 +7,7 @@ that once, into ``<repo>/.cache/torch_extensions``, so no notebook waits on a co
 A JIT build that was killed leaves ``<cache>/<op>/lock`` behind, and the next load waits on it
 forever. ``clear_stale_locks()`` removes a lock that no live process is building under.
 
-Run ``python -m gpumem.dist.dsops prepare`` (``make lab`` and ``make test`` do).
+Run ``python -m gpumem.runs.dsops prepare`` (``make lab`` and ``make test`` do).
 """
 
 import os
@@ -26,7 +26,7 @@ STALE_AFTER_S = 5.0
 
 def repo_root() -> Path | None:
     """The course checkout gpumem is installed from (editable install), if any."""
-    root = Path(__file__).resolve().parents[2]   # gpumem/dist/dsops.py -> the checkout
+    root = Path(__file__).resolve().parents[2]   # gpumem/runs/dsops.py -> the checkout
     return root if (root / "pyproject.toml").exists() and (root / "notebooks").exists() else None
 
 
@@ -121,9 +121,9 @@ def prepare(verbose: bool = True) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m gpumem.dist.dsops prepare``: build the ops, print their times; returns exit status."""
+    """``python -m gpumem.runs.dsops prepare``: build the ops, print their times; returns exit status."""
     if argv[:1] != ["prepare"]:
-        print("usage: python -m gpumem.dist.dsops prepare", file=sys.stderr)
+        print("usage: python -m gpumem.runs.dsops prepare", file=sys.stderr)
         return 2
     times = prepare()
     print("DeepSpeed ops ready in", cache_dir(), {k: round(v, 1) for k, v in times.items()})

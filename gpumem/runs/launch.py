@@ -2,7 +2,7 @@
 
 CPU: N processes on this machine, gloo over 127.0.0.1 on a free port, one thread each. With
 CUDA and ``device="cuda"``: one rank per GPU, NCCL. The function is named ``"module:function"``;
-each rank is a fresh ``python -m gpumem.dist.launch`` process (so it works the same from a notebook,
+each rank is a fresh ``python -m gpumem.runs.launch`` process (so it works the same from a notebook,
 a script or the command line), sets the usual MASTER_ADDR / RANK / WORLD_SIZE variables, joins
 the process group, calls ``fn(rank, world_size, **kwargs)`` and pickles the result back.
 
@@ -12,7 +12,7 @@ Nothing is left behind, whatever happens:
   ends without a result makes the launcher end every other rank at once and raise
   :class:`RankError`: one line naming the rank and the cause, the traceback in ``err.detail``;
 * Ctrl-C or SIGTERM to the launcher ends the ranks and raises :class:`RunStopped` (one line);
-* a launcher killed outright (SIGKILL) takes its ranks with it (:mod:`gpumem.dist.rank_guard`),
+* a launcher killed outright (SIGKILL) takes its ranks with it (:mod:`gpumem.runs.rank_guard`),
   and its job folder, named after its pid (:mod:`gpumem.scratch`), is removed by the next run.
 
 The same functions run under ``torchrun`` or the ``deepspeed`` launcher (see env/launch_examples.md).
@@ -62,6 +62,12 @@ def _stall_seconds(given) -> float:
         raise UsageError(f"{source} {str(text)[:40]!r} is not a number of seconds; accepted: more than 0, "
                          "less than 86400")
     return value
+
+
+def _inductor_default(value: str | None) -> bool:
+    """Whether inductor's cache folder is unset or torch's default, ``<tmp>/torchinductor_<user>``
+    (the temp folder of whichever process looked it up first)."""
+    return value is None or Path(value).name.startswith("torchinductor_")
 
 
 def free_port() -> int:
@@ -225,11 +231,14 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
                 env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
                        "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(ranks),
                        "OMP_NUM_THREADS": "1", rank_guard.PARENT_ENV: str(os.getpid()), rank_guard.PIPE_ENV: "1"}
-                # torch's and triton's caches default to <tmp>/torchinductor_<user>: keep them in the job
-                env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(job / "torchinductor"))
+                # torch's and triton's caches default to <tmp>/torchinductor_<user>: keep them in the job.
+                # Torch writes that default into this process's environment once anything here
+                # looked the cache up (DeepSpeed's import does), so a value in the temp folder is replaced.
+                if _inductor_default(env.get("TORCHINDUCTOR_CACHE_DIR")):
+                    env["TORCHINDUCTOR_CACHE_DIR"] = str(job / "torchinductor")
                 env.setdefault("TRITON_CACHE_DIR", str(job / "triton"))
                 files.append(open(job / f"stderr{r}.txt", "wb"))
-                procs.append(subprocess.Popen([sys.executable, "-m", "gpumem.dist.launch", str(job), str(r)],
+                procs.append(subprocess.Popen([sys.executable, "-m", "gpumem.runs.launch", str(job), str(r)],
                                               env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                               stderr=files[-1]))
                 files.append(procs[-1].stdin)   # held open: its end-of-file tells the rank we are gone
@@ -251,12 +260,13 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
 
 
 def _under_external_launcher(argv: list[str]) -> NoReturn:
-    """``torchrun ... -m gpumem.dist.launch --env module:function [--deepspeed] [key=value ...]``:
+    """``torchrun ... -m gpumem.runs.launch --env module:function [--deepspeed] [key=value ...]``:
     the process group comes from the launcher's environment; rank 0 prints the results as JSON."""
     from . import dsops
     # torch.compile wrappers (DeepSpeed makes some at import) create inductor's cache folder,
     # by default <tmp>/torchinductor_<user>: keep it in the course cache instead
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(dsops.cache_dir().parent / "torchinductor"))
+    if _inductor_default(os.environ.get("TORCHINDUCTOR_CACHE_DIR")):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(dsops.cache_dir().parent / "torchinductor")
     import torch
     target, rest = argv[0], argv[1:]
     use_ds = "--deepspeed" in rest

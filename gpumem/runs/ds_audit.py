@@ -7,7 +7,7 @@ each config on this rank and records every field of ``zero_optimization`` (and o
 pydantic config classes' attribute access (DeepSpeed 0.19.8, ``runtime/zero/config.py`` and
 ``offload_config.py``). A config DeepSpeed refuses comes back with its error message.
 
-Run it on ranks: ``launch.run("gpumem.dist.ds_audit:audit", 2, deepspeed=True, configs=[...])``.
+Run it on ranks: ``launch.run("gpumem.runs.ds_audit:audit", 2, deepspeed=True, configs=[...])``.
 """
 
 import contextlib

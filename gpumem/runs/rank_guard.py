@@ -1,6 +1,6 @@
 """What keeps a launched rank honest: it dies with its parent and shows it is alive.
 
-Each rank started by :func:`gpumem.dist.launch.run` calls :func:`start` before it imports torch:
+Each rank started by :func:`gpumem.runs.launch.run` calls :func:`start` before it imports torch:
 
 * **dies with its parent.** On Linux the kernel sends it SIGKILL when the parent dies
   (``prctl(PR_SET_PDEATHSIG)``); the parent's pid is checked right after, for a parent that died
