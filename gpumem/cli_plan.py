@@ -1,7 +1,7 @@
 """The ``plan`` verb of ``python -m gpumem``: ranked layouts that fit, from the torch-free planner.
 
 ``python -m gpumem plan --model llama-3-70b --gpus 8 --gpu H100-80GB --seq 4096 --json`` prints
-one JSON object (``gpumem.memory.planner.Result.as_dict``); without ``--json`` a table of the
+one JSON object (``gpumem.planner.Result.as_dict``); without ``--json`` a table of the
 best layout of each kind, then the top plan's memory and time breakdown and its DeepSpeed
 config. GPU names are matched without regard to case (``H100-80GB`` is ``h100-80gb``).
 """
@@ -11,7 +11,7 @@ import json
 from . import units
 from .cli_verbs import positive, seq_length
 from .errors import UsageError
-from .memory.stage_split import split_text
+from .planner.stage_split import split_text
 
 
 def register(sub) -> None:
@@ -41,7 +41,8 @@ def _gpu_name(text: str | None) -> str:
 
 
 def _plan(args) -> int:
-    from .memory import models, planner
+    from .memory import models
+    from . import planner
     models.get(args.model)
     gpu = _gpu_name(args.gpu)
     mem = units.parse_size(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpumem.memory import gpus, models, planner, planner_cost, planner_memory
-from gpumem.memory.planner_memory import Layout
+from gpumem.memory import gpus, models
+from gpumem import planner
+from gpumem.planner import cost as planner_cost, memory as planner_memory
+from gpumem.planner.memory import Layout
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG70 = models.get("llama-3-70b")

@@ -10,8 +10,10 @@ import math
 
 import pytest
 
-from gpumem.memory import models, planner, planner_memory
-from gpumem.memory.planner_memory import Layout
+from gpumem.memory import models
+from gpumem import planner
+from gpumem.planner import memory as planner_memory
+from gpumem.planner.memory import Layout
 
 CFG405 = models.get("llama-3.1-405b")
 CFG70 = models.get("llama-3-70b")

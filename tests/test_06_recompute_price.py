@@ -8,8 +8,9 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from gpumem.memory import gpus, models, planner_cost
-from gpumem.memory.planner_memory import Layout
+from gpumem.memory import gpus, models
+from gpumem.planner import cost as planner_cost
+from gpumem.planner.memory import Layout
 
 SEQ = 4096
 
@@ -60,7 +61,7 @@ CASES = [
 
 @pytest.mark.parametrize("lay,impl", CASES, ids=lambda v: v.label() if isinstance(v, Layout) else v)
 def test_planner_prices_each_plans_rerun_as_its_framework_runs_it(lay, impl):
-    from gpumem.memory import planner_config
+    from gpumem.planner import config as planner_config
     code = planner_config.model_code(lay)
     megatron = planner_config.megatron_args(models.get("llama-3-8b"), lay)
     pipe_interval = "activation_checkpoint_interval=0" not in code.get("pipeline", "activation_checkpoint_interval=0")

@@ -410,7 +410,7 @@ def test_fixed_choices_explain_with_computed_numbers():
 
 def test_layout_choices_agree_with_the_planner_and_a_hand_count():
     from gpumem.chapters.ch07_must_understand import combine_items as ci
-    from gpumem.memory.planner import plan
+    from gpumem.planner import plan
     psi8, psi405 = 8_030_261_248, 405_853_388_800
     # 8B on 64 GPUs, one 25 Gb/s port per node of 8: bytes/s per GPU across nodes
     bw = 25e9 / 8 / 8

@@ -8,7 +8,8 @@ included):
                                                                  course, engine, base
     registry  gpumem.chapters (its __init__)                     course, engine, base
     course    gpumem.course.*                                    engine, base
-    runs      gpumem.runs.* (real runs on ranks)                 timing, memory, base
+    runs      gpumem.runs.* (real runs on ranks)                 planner, timing, memory, base
+    planner   gpumem.planner.* (layouts searched and priced)     timing, memory, base
     timing    gpumem.timing.* (seconds: hardware, collectives)   memory, base
     memory    gpumem.memory.*                                    base
     base      gpumem, gpumem.units, gpumem.errors, gpumem.scratch base
@@ -24,7 +25,8 @@ import pytest
 from conftest import ROOT
 
 PKG = ROOT / "gpumem"
-RANK = {"base": 0, "memory": 1, "timing": 2, "runs": 3, "course": 4, "registry": 5, "chapters": 6, "app": 7}
+RANK = {"base": 0, "memory": 1, "timing": 2, "planner": 3, "runs": 4, "course": 5, "registry": 6, "chapters": 7,
+        "app": 8}
 MAX_LINES = 300
 
 
@@ -42,7 +44,7 @@ def layer(mod: str) -> str:
     parts = mod.split(".")
     if mod in ("gpumem", "gpumem.units", "gpumem.errors", "gpumem.scratch"):
         return "base"
-    if len(parts) >= 2 and parts[1] in ("memory", "timing", "runs", "course"):
+    if len(parts) >= 2 and parts[1] in ("memory", "timing", "planner", "runs", "course"):
         return parts[1]
     if mod == "gpumem.chapters":
         return "registry"
@@ -50,7 +52,7 @@ def layer(mod: str) -> str:
         return "chapters"
     if mod in ("gpumem.cli", "gpumem.cli_verbs", "gpumem.cli_plan", "gpumem.__main__"):
         return "app"
-    raise AssertionError(f"{mod} belongs to no layer: put it in memory/, timing/, runs/, course/ or a chapter")
+    raise AssertionError(f"{mod} belongs to no layer: put it in memory/, timing/, planner/, runs/, course/ or a chapter")
 
 
 def chapter_of(mod: str) -> str | None:
@@ -102,6 +104,8 @@ def test_imports_run_one_way(mod):
         assert RANK[theirs] <= RANK[mine], f"{mod} ({mine}) imports {dep} ({theirs}): wrong direction"
         if mine in ("memory",):
             assert theirs in ("base", "memory"), f"{mod} imports {dep}"
+        if mine == "planner":
+            assert theirs in ("base", "memory", "timing", "planner"), f"{mod} imports {dep}"
         if mine == "chapters" and theirs == "chapters":
             assert chapter_of(dep) == chapter_of(mod), f"{mod} imports another chapter: {dep}"
 
@@ -131,6 +135,9 @@ def test_the_checker_sees_a_wrong_direction(tmp_path):
     assert "gpumem.memory.accounting" in GRAPH["gpumem.memory.estimate"]   # relative imports resolved
     assert "gpumem.course.registry" in GRAPH["gpumem.chapters"]
     assert "gpumem.chapters.ch02_zero.claims" in GRAPH["gpumem.chapters.ch02_zero"]  # from . import x
+    assert layer("gpumem.planner.search") == "planner" and layer("gpumem.planner") == "planner"
+    assert RANK["timing"] < RANK["planner"] < RANK["runs"]
+    assert "gpumem.memory.models" in GRAPH["gpumem.planner.search"]   # from ..memory import models
 
 
 @pytest.mark.parametrize("mod", sorted(MODULES))
@@ -179,8 +186,10 @@ def test_formulas_import_no_torch():
             "import gpumem.memory.models, gpumem.memory.policies, gpumem.cli, gpumem.cli_verbs, gpumem.chapters\n"
             "import gpumem.memory.gpus, gpumem.memory.speed, gpumem.memory.megatron\n"
             "import gpumem.memory.recompute_plans, gpumem.memory.recompute_cost\n"
-            "import gpumem.memory.planner, gpumem.memory.planner_memory, gpumem.memory.planner_cost\n"
-            "import gpumem.memory.planner_config, gpumem.memory.planner_advice, gpumem.memory.offload_cost\n"
+            "import gpumem.planner, gpumem.planner.memory, gpumem.planner.cost, gpumem.planner.search\n"
+            "import gpumem.planner.config, gpumem.planner.advice, gpumem.planner.stage_split\n"
+            "import gpumem.memory.offload_cost, gpumem.timing.collectives, gpumem.timing.schedules\n"
+            "import gpumem.timing.hardware\n"
             "import gpumem.cli_plan\n"
             "import gpumem.cli as cli\n"
             "cli.build_parser()\n"

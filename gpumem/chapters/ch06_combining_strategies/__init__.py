@@ -1,4 +1,4 @@
-"""Chapter 06, combining strategies: the planner (``gpumem.memory.planner``) asked the note's
+"""Chapter 06, combining strategies: the planner (``gpumem.planner``) asked the note's
 questions, its plans drawn and priced, and one plan run for real on CPU ranks.
 
 - ``scenarios``    the note's 7B / 70B / 405B scenarios and the layouts it proposes

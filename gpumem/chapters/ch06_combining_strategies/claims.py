@@ -11,7 +11,8 @@ it under that recipe first, then under mixed precision (``ledger.table_two``).
 
 from gpumem import units
 from gpumem.course.ledger import Claim
-from gpumem.memory import accounting, activations, models, planner_cost, planner_memory, recompute_cost
+from gpumem.memory import accounting, activations, models, recompute_cost
+from gpumem.planner import cost as planner_cost, memory as planner_memory
 
 from .scenarios import LLAMA2_7B, layout_bytes, note_70b_layout, zero3_alone
 
@@ -177,4 +178,4 @@ CLAIMS = [
 ]
 
 BASIS = {c.id: "derived" for c in CLAIMS}
-BASIS |= {"8a-85": "derived (planner_memory; its ZeRO-3 states measured on CPU ranks by the plan-proof run)"}
+BASIS |= {"8a-85": "derived (gpumem.planner.memory; its ZeRO-3 states measured on CPU ranks by the plan-proof run)"}

@@ -7,7 +7,8 @@ caching allocator). The default budget lies between what ZeRO-3 needs and what Z
 only ZeRO-3 layouts fit and the planner must shard the parameters.
 """
 
-from gpumem.memory import gpus, models, planner
+from gpumem.memory import gpus, models
+from gpumem import planner
 
 PROOF_MODEL, PROOF_SEQ, PROOF_BATCH = "mini", 64, 4
 NO_RESERVE = gpus.Reserve(context=0, nccl=0, fragmentation=0.0)
@@ -54,7 +55,8 @@ def plan_proof(ranks: int = 2, device: str = "cpu", progress: bool = True, model
 def reduce_bucket(model: str, layout) -> int:
     """The reduce bucket's bytes in the planner's ZeRO-3 working set (``accounting.zero3_gathered``
     with the planner's bucket sizes): the part of it DeepSpeed allocates once and the proof reads."""
-    from gpumem.memory import accounting, planner_memory
+    from gpumem.memory import accounting
+    from gpumem.planner import memory as planner_memory
     layers = planner_memory.layers_per_stage(models.get(model), layout.pp) if layout.pp > 1 else None
     return accounting.zero3_gathered(models.get(model), layout.recipe, planner_memory.DS_PREFETCH,
                                      planner_memory.DS_BUCKET, layout.tp, layers).reduce

@@ -20,7 +20,9 @@ from contextlib import contextmanager
 from gpumem.course.grading import Report, Row, call, error_line, returned, run_case
 from gpumem.errors import UsageError
 from gpumem.memory import gpus as gpu_table
-from gpumem.memory import models, planner, planner_cost, planner_memory
+from gpumem.memory import models
+from gpumem import planner
+from gpumem.planner import cost as planner_cost, memory as planner_memory
 from gpumem.memory.offload_cost import datasheet_links
 
 LAB = "lab06_choose_plan"

@@ -1,12 +1,14 @@
 """Chapter 06's quiz: what pipeline stages can and cannot save, whether ZeRO-3 alone fits, when
 ZeRO-3's traffic hides, what a pipeline bubble costs, and what a slow network changes. Numbers
-are drawn per attempt; expected values come from the engine (``accounting``, ``planner_memory``,
-``planner_cost``, ``planner``)."""
+are drawn per attempt; expected values come from the engine (``accounting``, ``planner.memory``,
+``planner.cost``, ``planner``)."""
 
 from gpumem.course.quiz import Choice, Numeric, Quiz
 from gpumem.course.quiz_draws import LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick
-from gpumem.memory import accounting, gpus, models, planner, planner_cost, planner_memory
-from gpumem.memory.planner_memory import Layout
+from gpumem.memory import accounting, gpus, models
+from gpumem import planner
+from gpumem.planner import cost as planner_cost, memory as planner_memory
+from gpumem.planner.memory import Layout
 
 GB = 10**9
 

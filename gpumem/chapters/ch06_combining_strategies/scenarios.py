@@ -12,9 +12,10 @@ note's micro-batch of 4 sequences: 4 x 4 = 16, a 32k-token step), so that its pl
 compared by throughput; the note's batch of 4 is the micro-batch ceiling it names.
 """
 
-from gpumem.memory import planner, planner_memory
+from gpumem import planner
+from gpumem.planner import memory as planner_memory
 from gpumem.memory.models import ModelConfig
-from gpumem.memory.planner_memory import Layout
+from gpumem.planner.memory import Layout
 
 TB = 10**12
 DGX_A100 = dict(host_per_node=1 * TB, nvme_per_node=15 * TB, inter_node=25e9)

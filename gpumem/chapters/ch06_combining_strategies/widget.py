@@ -7,7 +7,8 @@ re-plans on every move.
 """
 
 from gpumem.memory import gpus as gpu_table
-from gpumem.memory import models, planner
+from gpumem.memory import models
+from gpumem import planner
 
 from . import diagrams, plots
 

@@ -4,7 +4,7 @@ Numbers drawn per attempt: model, GPU, GPU count and sequence length. Per-GPU by
 states, activations with checkpointing, ZeRO-3's working set, offload) come from
 ``gpumem.memory.estimate``; gather seconds over a slow link from ``gpumem.runs.zero3_cost``.
 The layout questions (a slow interconnect, 405B on 1,024 GPUs) quote the chapter 06 planner
-(``gpumem.memory.planner.plan``), asked when the explanation is shown.
+(``gpumem.planner.plan``), asked when the explanation is shown.
 """
 
 from functools import lru_cache
@@ -13,7 +13,8 @@ from gpumem.course.checklist import Item
 from gpumem.course.quiz import Choice, Numeric
 from gpumem.course.quiz_draws import gpu_numbers, model_numbers, pick
 from gpumem.runs import zero3_cost
-from gpumem.memory import accounting, estimate, gpus, models, planner
+from gpumem.memory import accounting, estimate, gpus, models
+from gpumem import planner
 from gpumem.units import GB
 
 from . import pointers as P

@@ -49,10 +49,10 @@ are counted as ``buffers``.
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from . import accounting
-from .activations import activations, layer_parts, norm_bytes, softmax_moment
-from .models import ModelConfig
-from .policies import checkpoint_plan
+from ..memory import accounting
+from ..memory.activations import activations, layer_parts, norm_bytes, softmax_moment
+from ..memory.models import ModelConfig
+from ..memory.policies import checkpoint_plan
 from .stage_split import middle_stage, split_text, stage_layers  # noqa: F401 (re-exported)
 
 DS_BUCKET = 50_000_000        # elements: the reduce/all-gather bucket the planner's configs set

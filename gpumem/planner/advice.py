@@ -14,8 +14,8 @@ below the reserve is refused (:func:`check_capacity`).
 
 from .. import units
 from ..errors import UsageError
-from . import gpus as gpu_table
-from .models import ModelConfig
+from ..memory import gpus as gpu_table
+from ..memory.models import ModelConfig
 
 
 def _more_gpus(gpus: int, per_node: int) -> list[int]:

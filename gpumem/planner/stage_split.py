@@ -12,7 +12,7 @@ sets such a split with ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_
 layer off each end stage, the inward order is the planner's assumption.
 """
 
-from .models import ModelConfig
+from ..memory.models import ModelConfig
 
 
 def stage_layers(cfg: ModelConfig, pp: int) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
   priced as the plan's checkpoint runs it (:func:`rerun_impl`, names in :data:`RERUN`): Megatron's
   recompute (3-D layouts) and DeepSpeed's ``PipelineModule`` (``deepspeed.checkpointing.checkpoint``)
   re-run the whole segment; the other DeepSpeed layouts' model code uses
-  ``torch.utils.checkpoint(use_reentrant=False)`` (``planner_config.CHECKPOINT_CODE``), which stops
+  ``torch.utils.checkpoint(use_reentrant=False)`` (``planner.config.CHECKPOINT_CODE``), which stops
   each re-run before the segment's last matmul (W_down): the early-stop re-run.
 * **scores**: a kernel that materialises attention scores moves them through HBM: per score
   element 20 bytes for ``naive`` (bf16 S and P written and read in forward, P, dP and dS in
@@ -44,11 +44,11 @@ are optimistic.
 
 from functools import lru_cache
 
-from . import accounting, offload_cost, recompute_cost, speed
-from .gpus import GPU, INTER_NODE
-from .models import ModelConfig
-from .planner_config import PIPE_INTERVAL
-from .planner_memory import FRAMEWORK_3D, Layout, layers_per_stage, local_params
+from ..memory import accounting, offload_cost, recompute_cost, speed
+from ..memory.gpus import GPU, INTER_NODE
+from ..memory.models import ModelConfig
+from .config import PIPE_INTERVAL
+from .memory import FRAMEWORK_3D, Layout, layers_per_stage, local_params
 
 GPUS_PER_NODE = 8
 SCORE_BYTES = {"flash": 0, "naive": 20, "eager": 28}

@@ -2,7 +2,7 @@
 where one exists, the PyTorch FSDP2 equivalent (torch-free: plain dicts).
 
 DeepSpeed. ``zero_optimization.stage`` with its buckets and stage-3 thresholds as the planner
-counted them (``planner_memory``); ``bf16`` for the bf16 recipes (pure bf16 is
+counted them (``planner.memory``); ``bf16`` for the bf16 recipes (pure bf16 is
 ``bf16_master_weights_and_grads`` + ``bf16_optimizer_states``, which DeepSpeed accepts at ZeRO
 1-3 only); ``offload_optimizer`` / ``offload_param`` (on NVMe with ``buffer_size`` raised to the largest
 parameter partition: DeepSpeed's 1e8 default is smaller than Llama-3-70B's embedding partition
@@ -29,8 +29,8 @@ gradients and optimizer states are sharded); ZeRO-0 is DDP. FSDP has no optimize
 optimizer step together) and no NVMe offload: those plans have no FSDP equivalent (None).
 """
 
-from .models import ModelConfig
-from .planner_memory import (DS_BUCKET, DS_PREFETCH, OPT_BUFFERS, PARAM_BUFFERS, SUB_GROUP, Layout, layers_per_stage,
+from ..memory.models import ModelConfig
+from .memory import (DS_BUCKET, DS_PREFETCH, OPT_BUFFERS, PARAM_BUFFERS, SUB_GROUP, Layout, layers_per_stage,
                              local_params, offload_buffers, persistence_threshold)
 
 ADAMW = {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}

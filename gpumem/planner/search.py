@@ -2,13 +2,13 @@
 
 ``plan(model, gpus, gpu=..., seq=..., global_batch=...)`` enumerates precision recipe x ZeRO
 stage x checkpoint policy x attention kernel x offload x micro-batch x tensor-parallel and
-pipeline-parallel degree, and keeps a layout when its per-GPU bytes (``planner_memory``) fit
+pipeline-parallel degree, and keeps a layout when its per-GPU bytes (``planner.memory``) fit
 the GPU's capacity minus a stated :class:`~gpumem.memory.gpus.Reserve`, its host-side bytes fit
 :data:`HOST_PER_NODE` and its NVMe bytes :data:`NVME_PER_NODE`. What fits is ranked by the
-estimated step time of ``planner_cost`` (compute at a stated MFU, communication at the GPU
+estimated step time of ``planner.cost`` (compute at a stated MFU, communication at the GPU
 table's link bandwidths, offload traffic from ``offload_cost``). Each plan carries its memory
 breakdown, time breakdown, framework (``Layout.framework``), DeepSpeed config, FSDP equivalent
-and, for 3-D layouts, Megatron-DeepSpeed's arguments (``planner_config``).
+and, for 3-D layouts, Megatron-DeepSpeed's arguments (``planner.config``).
 
 Rules the enumeration keeps (DeepSpeed 0.19.8): ZeRO-2 and 3 are refused with pipeline
 parallelism (``pipe/engine.py``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
@@ -20,24 +20,24 @@ parallelism, no offload), the way 405B-class models are trained; pure bf16 (``bf
 ``accounting.check_offload``; tensor parallelism stays inside a node and divides the key/value
 heads. Every plan runs exactly the global batch asked for: dp x micro-batch x accumulation =
 global batch, so a layout whose dp does not divide it is not a plan; when no layout's does,
-:func:`plan` names the nearest global batches that run (``planner_advice.nearest_batches``).
+:func:`plan` names the nearest global batches that run (``planner.advice.nearest_batches``).
 Pipeline stages that do not divide the layers are split as ``stage_split`` says, and the fullest
 stage is counted. When nothing fits, :func:`plan` says how many bytes the closest layout misses
-by and the smallest change of each kind that fits (``planner_advice``).
+by and the smallest change of each kind that fits (``planner.advice``).
 """
 
 import math
 from dataclasses import asdict, dataclass, field
 
 from ..errors import UsageError, positive_int
-from . import accounting, gpus as gpu_table, models, speed
-from .models import ModelConfig
-from .offload_cost import Links, datasheet_links
-from .planner_advice import advise as _advise, check_capacity, nearest_batches
-from .planner_config import deepspeed_config, fsdp_equivalent, megatron_args, model_code
-from .planner_cost import GPUS_PER_NODE, step_seconds
-from .planner_memory import Layout, middle_stage, offload_buffers, per_gpu, stage_layers, states_part
-from .policies import KERNELS, POLICIES
+from ..memory import accounting, gpus as gpu_table, models, speed
+from ..memory.models import ModelConfig
+from ..memory.offload_cost import Links, datasheet_links
+from ..memory.policies import KERNELS, POLICIES
+from .advice import advise as _advise, check_capacity, nearest_batches
+from .config import deepspeed_config, fsdp_equivalent, megatron_args, model_code
+from .cost import GPUS_PER_NODE, step_seconds
+from .memory import Layout, middle_stage, offload_buffers, per_gpu, stage_layers, states_part
 
 TB = 10**12
 HOST_PER_NODE = 2 * TB      # DGX H100: 2 TB of system memory per 8 GPUs (stated)
@@ -216,9 +216,9 @@ def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: i
     ``gpu`` names the GPU table's entry for speeds (and capacity); ``gpu_mem`` (bytes) overrides
     the capacity. ``global_batch``: sequences per step (default 4M tokens' worth). ``tp``/``pp``
     restrict the degrees tried; the other sequences restrict their dimension. ``inter_node``:
-    bytes/s per GPU between nodes (default ``planner_cost.INTER_NODE``, 400 Gb/s);
+    bytes/s per GPU between nodes (default ``planner.cost.INTER_NODE``, 400 Gb/s);
     ``host_per_node`` / ``nvme_per_node``: bytes per node (default DGX H100's)."""
-    from .planner_cost import INTER_NODE
+    from .cost import INTER_NODE
     inter_node = INTER_NODE if inter_node is None else float(inter_node)
     cfg = models.get(model) if isinstance(model, str) else model
     gpus, seq = positive_int(gpus, "GPU count"), positive_int(seq, "sequence length")
