@@ -51,6 +51,7 @@ class Model:
 
 
 def llama(name: str) -> Model:
+    """The course registry's model ``name`` (its dimensions are the run's)."""
     c = REGISTRY[name]
     return Model(name, c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.ffn, c.vocab, name)
 
@@ -83,6 +84,7 @@ class Layout:
 
 @dataclass(frozen=True)
 class Run:
+    """One measured run: model, batch, GPUs, layout and the figures as the source prints them."""
     key: str
     source: str                 # paper + table + row, or repository@commit + file + table
     framework: str
@@ -270,6 +272,7 @@ RUNS: tuple[Run, ...] = (
 
 
 def get(key: str) -> Run:
+    """The run named ``key`` (a KeyError lists nothing: see :data:`RUNS`)."""
     return {r.key: r for r in RUNS}[key]
 
 
