@@ -233,3 +233,10 @@ def test_llama3_tflops_within_the_papers_mfu_range(key):
     """The paper's BF16 MFU for these rows spans 38-43 %: TFLOP/s over 989 TF lands there."""
     tf = P.value(RUNS[key].figure("TFLOP/s/GPU"))
     assert 0.375 <= tf / 989 <= 0.435
+
+
+def test_get_names_the_accepted_keys():
+    from gpumem.errors import UsageError
+    assert P.get("nemo-llama-3-8b-8").gpus == 8
+    with pytest.raises(UsageError, match="llama3-405b-8192-cp1"):
+        P.get("llama-405b")

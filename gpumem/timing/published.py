@@ -23,6 +23,7 @@ this module holds the oracle only. Torch-free.
 
 from dataclasses import dataclass
 
+from ..errors import one_of
 from ..memory import gpus
 from ..memory.models import REGISTRY, ModelConfig
 from ..memory.speed import attention_flops, train_flops
@@ -272,8 +273,9 @@ RUNS: tuple[Run, ...] = (
 
 
 def get(key: str) -> Run:
-    """The run named ``key`` (a KeyError lists nothing: see :data:`RUNS`)."""
-    return {r.key: r for r in RUNS}[key]
+    """The run named ``key``; a :class:`UsageError` lists the keys."""
+    runs = {r.key: r for r in RUNS}
+    return runs[one_of(key, tuple(runs), "published run")]
 
 
 def in_registry(run: Run) -> bool:
