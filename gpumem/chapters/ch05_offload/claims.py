@@ -60,12 +60,14 @@ def nvme_bytes_per_param() -> float:
     return accounting.model_states(1_000_000, "mixed", 1, 3, "optimizer+params", "nvme").nvme / 1_000_000
 
 
-def d2h_ms(zero: int) -> float:
-    """The gradients' trip down, in ms, when the note's parameters' trip up takes 20 ms, as DeepSpeed
-    0.19.8 runs it (offload_cost.offload_traffic): fp32 gradients at ZeRO-1/2 (twice the bytes of
-    the bf16 shard going up), the bf16 partition at ZeRO-3 (the same bytes)."""
-    t = offload_cost.offload_traffic(N_70B, "mixed", zero, 8, "optimizer", "cpu")
-    return 20.0 * t["d2h"] / t["h2d"]
+def d2h_ms(zero: int, grads: str = "deepspeed", direction: str = "down") -> float:
+    """The gradients' trip down (or everything going up, ``direction="up"``), in ms, when the note's
+    20 ms is the updated bf16 parameters' trip up, for 70B on 8 GPUs with the optimizer on the CPU
+    (offload_cost.traffic_parts): DeepSpeed 0.19.8 sends fp32 gradients at ZeRO-1/2; at ZeRO-3 the
+    bf16 partition down, back up, and the fp32 widening down; the paper 16-bit gradients."""
+    t = offload_cost.traffic_parts(N_70B, "mixed", zero, 8, "optimizer", "cpu", grads)
+    moved = t["grad_down"] if direction == "down" else t["grad_up"] + t["param_update"]
+    return 20.0 * moved / t["param_update"]
 
 
 TOKENS, PEAK, MFU = 4096, 989e12, 0.4      # the chapter's 70B example: 8 H100s, 40 % MFU
@@ -109,11 +111,13 @@ CLAIMS = [
                   + ", ".join(NVME_STATES)
                   + f"; {nvme_bytes_per_param():.0f} B per shard parameter (2 bf16 + 12 optimizer + 4 fp32 "
                   "gradient); only the bf16 gradient partition stays in host RAM", unit="kind(s)"),
-    Claim("3-d2h", "GPU -> CPU transfer 5 ms beside 20 ms up", 5.0, lambda: d2h_ms(2),
-          lambda: f"DeepSpeed ZeRO-1/2 widens the gradients to fp32 on the GPU before copying them down: "
-                  f"{d2h_ms(2):.0f} ms, twice the bf16 parameters' trip up; at ZeRO-3 it sends the bf16 "
-                  f"partition, {d2h_ms(3):.0f} ms, the same bytes (the ZeRO-Offload paper's design at every "
-                  "stage); no layout makes the trip down a quarter of the trip up", unit="ms"),
+    Claim("3-d2h", "GPU -> CPU transfer 5 ms beside 20 ms up", 5.0, lambda: d2h_ms(3),
+          lambda: f"the note's example is ZeRO-3 with the optimizer on the CPU. As DeepSpeed 0.19.8 runs it, "
+                  f"stage3.py copies the bf16 gradient partition down, brings it back up, widens it to fp32 on "
+                  f"the GPU and copies that down: {d2h_ms(3):.0f} ms down while {d2h_ms(3, direction='up'):.0f} "
+                  f"ms go up (the parameters' 20 and the gradients' return). ZeRO-1/2 send fp32 gradients once: "
+                  f"{d2h_ms(2):.0f} ms; the ZeRO-Offload paper's 16-bit gradients {d2h_ms(3, 'paper'):.0f} ms, "
+                  "the bytes of the trip up. No layout makes the trip down a quarter of the trip up", unit="ms"),
     Claim("3-total", "155 ms per step, ~35 % efficiency loss", 35.0,
           lambda: 100 * (1 - offload_cost.note_example(False)["compute"] / offload_cost.note_example(False)["total"]),
           lambda: "arithmetic right (100 / 155 = 64.5 %), but only if nothing overlaps; overlapped, the "
@@ -142,6 +146,7 @@ CLAIMS = [
     Claim("table-nvme-time", "NVMe parameter offload costs ~+40 % step time", 40.0,
           lambda: time_overhead("optimizer+params", "nvme"),
           lambda: "same step with everything on one datacenter Gen4 drive per GPU: the drive reads 20 B "
-                  "and writes 18 B per shard parameter, tens of seconds against "
+                  "and writes 18 B per shard parameter; only the 4 B of parameter reads are prefetched "
+                  "during compute, the state swaps run inside the step: tens of seconds against "
                   f"{offload_cost.compute_seconds(N_70B, TOKENS, PEAK, MFU):.1f} s of compute", unit="%"),
 ]

@@ -49,9 +49,11 @@ NOISE = 0.05    # a measured difference under 5 % of the baseline's forward + ba
 def prediction_table(result: dict) -> str:
     """The cost model (fed with the measured ladder) beside the measurement, per term, and the
     ratio measured / predicted. ``compute`` is an input (the baseline's measured forward + backward);
-    a measured ``transfers`` difference at or under ``NOISE`` of it prints as "below noise"."""
-    lines = [f"{'configuration':13s} {'term':10s} {'predicted':>10s} {'measured':>11s} {'ratio':>7s}  (ms)"]
-    for name, row in result.get("prediction", {}).items():
+    a measured ``transfers`` difference at or under ``NOISE`` of it prints as "below noise". Then,
+    per configuration, the total beside the *offload overhead* (step time minus the baseline's)."""
+    lines = [f"{'configuration':13s} {'term':10s} {'predicted':>10s} {'measured':>11s} {'meas/pred':>9s}  (ms)"]
+    rows = result.get("prediction", {})
+    for name, row in rows.items():
         floor = NOISE * row["measured"]["compute"]
         for term in ("compute", "transfers", "nvme", "cpu_adam", "total"):
             ratio, got = row["ratio"][term], row["measured"][term]
@@ -62,11 +64,23 @@ def prediction_table(result: dict) -> str:
             else:
                 shown = f"{1e3 * got:.2f}"
             lines.append(f"{name:13s} {term:10s} {1e3 * row['predicted'][term]:10.2f} {shown:>11s} "
-                         f"{'-' if ratio is None else f'{ratio:7.2f}':>7s}")
+                         f"{'-' if ratio is None else f'{ratio:.2f}':>9s}")
             name = ""
     lines.append("compute: the baseline's measured forward + backward, fed to the model;")
     lines.append(f"transfers: the offload run's forward + backward minus it (below noise: <= {100 * NOISE:.0f} % "
                  "of compute)")
+    lines += ["", f"{'configuration':13s} {'total':>9s} {'total':>9s} {'meas/':>6s}   {'overhead':>9s} "
+                  f"{'overhead':>9s} {'pred/':>6s}   (ms)",
+              f"{'':13s} {'predicted':>9s} {'measured':>9s} {'pred':>6s}   {'predicted':>9s} {'measured':>9s} "
+              f"{'meas':>6s}"]
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"   # noqa: E731
+    for name, row in rows.items():
+        o = row["overhead"]
+        lines.append(f"{name:13s} {1e3 * row['predicted']['total']:9.2f} {1e3 * row['measured']['total']:9.2f} "
+                     f"{fmt(row['ratio']['total']):>6s}   {1e3 * o['predicted']:9.2f} {1e3 * o['measured']:9.2f} "
+                     f"{fmt(o['ratio']):>6s}")
+    lines.append("overhead: step time minus the same stage's baseline without offload (measured: its whole "
+                 "step;\n  the model prices no optimizer step on the device); '-': the offload run was not slower")
     return "\n".join(lines)
 
 
@@ -91,28 +105,38 @@ __all__ = ["ladder_table", "held_table", "time_table", "prediction_table", "offl
 def flow_diagram(n_params: int, gpus: int, recipe: str = "mixed") -> str:
     """Who holds what and what crosses which link per step, ZeRO-2 and ZeRO-3 with the optimizer on
     the CPU and ZeRO-3 with everything on NVMe, bytes per GPU from the cost model's traffic count
-    (as DeepSpeed 0.19.8 moves them)."""
+    (as DeepSpeed 0.19.8 moves them, one micro-batch per step; the paper's trip beside ZeRO-3's)."""
     from gpumem.memory import accounting, offload_cost
-    z2 = offload_cost.offload_traffic(n_params, recipe, 2, gpus, "optimizer", "cpu")
-    cpu = offload_cost.offload_traffic(n_params, recipe, 3, gpus, "optimizer", "cpu")
-    inf = offload_cost.offload_traffic(n_params, recipe, 3, gpus, "optimizer+params", "nvme")
+    parts = lambda zero, offload, device, grads="deepspeed": offload_cost.traffic_parts(  # noqa: E731
+        n_params, recipe, zero, gpus, offload, device, grads)
+    z2, cpu, paper = parts(2, "optimizer", "cpu"), parts(3, "optimizer", "cpu"), parts(3, "optimizer", "cpu", "paper")
+    inf = parts(3, "optimizer+params", "nvme")
     s = accounting.shard(n_params, gpus)
+    p16, g32 = accounting.recipe(recipe).params, accounting.optimizer_grad_bytes(accounting.recipe(recipe))
     g = lambda b: units.fmt(b, "GB", 1)   # noqa: E731
     return "\n".join([
         f"per GPU and step, {n_params / 1e9:.1f} B params on {gpus} GPUs, shard s = {s:,} parameters (GB = 10^9 B)",
         "ZeRO-Offload at stage 2 (optimizer on the CPU):",
         "  GPU (HBM): bf16 parameters, reduce buckets   CPU (DRAM): fp32 grads, master, m, v",
-        f"     backward -- fp32 on the GPU -- fp32 gradient shard {g(z2['d2h']):>9s} -- PCIe down --> CPU Adam",
-        f"     next forward <-- bf16 parameter shard {g(z2['h2d']):>9s} -- PCIe up ------",
-        "ZeRO-Offload at stage 3 (optimizer on the CPU):",
+        f"     backward -- fp32 on the GPU -- fp32 gradient shard {g(z2['grad_down']):>9s} -- PCIe down --> CPU Adam",
+        f"     next forward <-- bf16 parameter shard {g(z2['param_update']):>9s} -- PCIe up ------",
+        "ZeRO-Offload at stage 3 (optimizer on the CPU), as DeepSpeed 0.19.8 runs it:",
         "  GPU (HBM): bf16 parameter shard   CPU (DRAM): bf16 gradient partition, fp32 grads, master, m, v",
-        f"     backward -- bf16 gradient partition {g(cpu['d2h']):>9s} -- PCIe down --> fp32 on the CPU --> CPU Adam",
-        f"     next forward <-- bf16 parameter shard {g(cpu['h2d']):>9s} -- PCIe up ------",
+        f"     backward -- 1. bf16 gradient partition {g(p16 * s):>9s} -- PCIe down --> host buffer",
+        f"              <- 2. the same partition back {g(cpu['grad_up']):>9s} -- PCIe up ---- (widened to fp32 on the GPU)",
+        f"              -- 3. fp32 gradient partition {g(cpu['grad_down'] - p16 * s):>9s} -- PCIe down --> CPU Adam",
+        f"     next forward <-- bf16 parameter shard {g(cpu['param_update']):>9s} -- PCIe up ------",
+        f"     per step: {g(cpu['grad_down'])} down, {g(cpu['grad_up'] + cpu['param_update'])} up; "
+        f"the ZeRO-Offload paper's design: {g(paper['grad_down'])} down, {g(paper['param_update'])} up",
         "ZeRO-Infinity (stage 3, optimizer and parameters on NVMe):",
         "  GPU: only the layer being computed   CPU: staging buffers, bf16 grads   NVMe: 18 B x shard",
-        f"     forward + backward <-- parameters, twice {g(inf['h2d']):>9s} -- PCIe up <-- NVMe read {g(inf['nvme_read']):>9s}",
-        f"     backward ------ bf16 gradients {g(inf['d2h']):>9s} --> PCIe down --> CPU Adam --> NVMe write {g(inf['nvme_write']):>9s}",
-        "     NVMe read  = fp32 master, m, v 12 s + fp32 gradient 4 s + bf16 params twice 4 s = 20 s",
+        f"     fwd + bwd, prefetched <-- params, twice {g(inf['param_fetch']):>9s} -- PCIe up <-- NVMe read "
+        f"{g(inf['nvme_param_read']):>9s}",
+        f"     backward -- the gradient trip above, {g(inf['grad_down'])} down; its fp32 part --> NVMe write "
+        f"{g(g32 * s):>9s}",
+        f"     step (nothing overlaps it): NVMe read {g(inf['nvme_state_read']):>9s} --> CPU Adam --> NVMe write "
+        f"{g(inf['nvme_write'] - g32 * s):>9s}",
+        "     NVMe read  = fp32 master, m, v 12 s + fp32 gradient 4 s (step) + bf16 params twice 4 s = 20 s",
         "     NVMe write = fp32 gradient 4 s (backward) + master, m, v 12 s + bf16 params 2 s = 18 s",
     ])
 

@@ -47,7 +47,11 @@ def predicted_vs_measured(out: dict, links: offload_cost.Links) -> dict:
              "nvme": sum(swap.values()), "cpu_adam": sec["step"] - swap["step"], "total": sum(sec.values())}
         pred = {"compute": p["compute"], "transfers": p["h2d"] + p["d2h"], "nvme": p["nvme"],
                 "cpu_adam": p["cpu_adam"], "total": p["total"]}
-        rows[name] = {"predicted": pred, "measured": m,
+        # what offloading adds: the step minus the baseline's (the model's baseline is its compute
+        # input: it prices no optimizer step on the device)
+        over = {"predicted": p["total"] - compute, "measured": m["total"] - sum(base["seconds"].values())}
+        over["ratio"] = over["predicted"] / over["measured"] if over["measured"] > 0 else None
+        rows[name] = {"predicted": pred, "measured": m, "overhead": over,
                       "ratio": {k: (m[k] / pred[k] if pred[k] > 0 else None) for k in pred}}
     return rows
 

@@ -74,14 +74,17 @@ def times(result: dict):
 
 def scale(n_params: int, links: offload_cost.Links, flops: float, mfu: float, tokens: list[int],
           cases: list[tuple[str, int, str, str]], gpus_n: int = 8):
-    """Step seconds (ideal overlap, solid; stock DeepSpeed's schedule, dotted) against tokens per rank per step, one line per offload case
-    ``(label, zero, offload, device)``, with the compute line: where each turns compute-bound."""
+    """Step seconds (the best schedule, solid: offload_cost.ideal_schedule, which keeps NVMe state
+    swaps in the step; stock DeepSpeed's schedule, dotted) against tokens per rank per step, one line
+    per offload case ``(label, zero, offload, device)``, with the compute line."""
     fig, ax = plt.subplots(figsize=(8, 4))
     compute = [offload_cost.compute_seconds(n_params, t, flops, mfu) for t in tokens]
     ax.plot(tokens, compute, "k--", label="compute alone")
     for label, zero, offload, device in cases:
         rs = [offload_cost.step_time(n_params, "mixed", zero, gpus_n, offload, device, c, links) for c in compute]
-        line, = ax.plot(tokens, [r["total"] for r in rs], label=label + ", ideal overlap (delayed update)")
+        best = (", best schedule (NVMe state swaps stay in the step)" if device == "nvme"
+                else ", ideal overlap (delayed update)")
+        line, = ax.plot(tokens, [r["total"] for r in rs], label=label + best)
         ax.plot(tokens, [r["stock"] for r in rs], ":", color=line.get_color(), label=label + ", stock DeepSpeed")
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -11,15 +11,24 @@ from gpumem.memory import accounting, gpus, offload_cost
 GB = 1e9
 
 
+# how DeepSpeed 0.19.8 sends the gradients down, by stage (offload_cost.gradient_trip's sources)
+_TRIP_WORDS = {2: "ZeRO-1/2 widens each reduced slice to fp32 on the GPU and copies it down once: 4 bytes "
+                  "each",
+               3: "ZeRO-3 copies the bf16 partition into a host buffer (2 bytes), brings it back to the GPU, "
+                  "widens it to fp32 there and copies that down (4 bytes): 6 bytes down each, and 2 back up"}
+
+
 def _trip(rng) -> dict:
     n = model_numbers(pick(rng, LLAMAS)) | gpu_numbers(pick(rng, TRAINING_GPUS)) | {"gpus": pick(rng, (4, 8, 16, 32))}
     n["pcie"] = gpus.get(n["gpu_name"]).pcie / GB
     n["shard"] = accounting.shard(n["n_params"], n["gpus"])
+    n["zero"] = pick(rng, (2, 3))
+    n["how"] = _TRIP_WORDS[n["zero"]]
     return n
 
 
 def _trip_ms(n: dict) -> float:
-    t = offload_cost.offload_traffic(n["n_params"], "mixed", 2, n["gpus"], "optimizer", "cpu")
+    t = offload_cost.offload_traffic(n["n_params"], "mixed", n.get("zero", 2), n["gpus"], "optimizer", "cpu")
     return 1e3 * t["d2h"] / (n["pcie"] * GB)
 
 
@@ -67,9 +76,9 @@ def _read(rng) -> dict:
 
 
 def _read_s(n: dict) -> float:
-    # backward's share of the parameter fetches: half of ZeRO-Infinity's h2d (forward + backward)
-    t = offload_cost.offload_traffic(n["n_params"], "mixed", 3, n["gpus"], "optimizer+params", "nvme")
-    return t["h2d"] / 2 / (min(n["read_gbs"], n["pcie"]) * GB)
+    # backward's share of the parameter fetches: half of ZeRO-Infinity's (forward + backward)
+    t = offload_cost.traffic_parts(n["n_params"], "mixed", 3, n["gpus"], "optimizer+params", "nvme")
+    return t["param_fetch"] / 2 / (min(n["read_gbs"], n["pcie"]) * GB)
 
 
 _SCHEDULES = {True: "It uses the ZeRO-Offload paper's one-step delayed parameter update, so all four run at "
@@ -111,20 +120,25 @@ QUIZ = Quiz("05_offload", [
                     "that counts forward's read too; the question asks for backward's."))),
     Numeric("grad-trip",
             "{model} ({n_params:,} parameters) trains with the mixed recipe (bf16 weights and gradients, fp32 "
-            "master and Adam moments) on {gpus} {gpu}s, ZeRO-2 with the optimizer offloaded to the CPU. "
-            "The host link carries {pcie:.2f} GB/s per direction (GB = 10^9 B). How many milliseconds does "
-            "one GPU's gradient trip to host memory take per step, if nothing else uses the link?",
+            "master and Adam moments) on {gpus} {gpu}s, ZeRO-{zero} with the optimizer offloaded to the CPU, "
+            "as DeepSpeed 0.19.8 runs it. The host link carries {pcie:.2f} GB/s per direction (GB = 10^9 B). "
+            "For how many milliseconds per step do one GPU's gradients keep the link's GPU-to-host direction "
+            "busy, if nothing else uses it (one micro-batch per step)?",
             answer=_trip_ms, unit="ms", rel_tol=0.02, draw=_trip,
-            hint="Each GPU sends only the gradients of the parameters its optimizer shard owns. In which dtype "
-                 "does DeepSpeed's ZeRO-2 copy them: the GPU's, or the one the CPU optimizer reads?",
-            explanation="The shard is ceil({n_params:,} / {gpus}) = {shard:,} parameters. DeepSpeed's ZeRO-1/2 "
-                        "widens each reduced slice to fp32 on the GPU before the copy, so 4 bytes each: {answer} ms "
-                        "at {pcie:.2f} GB/s, twice the bf16 shard's trip back up. (At ZeRO-3, and in the "
-                        "ZeRO-Offload paper's design, the gradients travel in bf16.)",
-            traps=((lambda n: 1e3 * 4 * n["n_params"] / (n["pcie"] * GB), "that sends every gradient; ZeRO-2 "
-                                                                           "sends only the rank's shard."),
-                   (lambda n: n["expected"] / 2, "that counts 2-byte gradients, the paper's design and ZeRO-3's; "
-                                                 "DeepSpeed's ZeRO-2 widens them to fp32 on the GPU first."))),
+            hint="Each GPU sends only the gradients of the parameters its optimizer shard owns. Which copies "
+                 "does DeepSpeed's ZeRO-{zero} make of them on the way to the CPU optimizer, and in which dtype?",
+            explanation="The shard is ceil({n_params:,} / {gpus}) = {shard:,} parameters. DeepSpeed's {how} "
+                        "(stage_1_and_2.py, stage3.py partition_grads): {answer} ms down at {pcie:.2f} GB/s. "
+                        "The ZeRO-Offload paper's design sends the 2-byte gradients once at every stage.",
+            traps=((lambda n: 1e3 * 4 * n["n_params"] / (n["pcie"] * GB), "that sends every gradient; each GPU "
+                                                                           "sends only its shard."),
+                   (lambda n: 1e3 * 2 * n["shard"] / (n["pcie"] * GB),
+                    "that counts 2-byte gradients sent once, the ZeRO-Offload paper's design; DeepSpeed 0.19.8 "
+                    "sends fp32 gradients down (at ZeRO-3 after a bf16 round trip)."),
+                   (lambda n: 1e3 * 4 * n["shard"] / (n["pcie"] * GB) if n["zero"] == 3 else -1.0,
+                    "that is the fp32 copy alone; at ZeRO-3 the bf16 partition went down first."),
+                   (lambda n: 1e3 * 8 * n["shard"] / (n["pcie"] * GB) if n["zero"] == 3 else -1.0,
+                    "that adds the 2 bytes coming back up; they use the other direction of the link."))),
     Numeric("infinity-writes",
             "{model} ({n_params:,} parameters) trains with ZeRO-Infinity on {gpus} GPUs: stage 3, optimizer "
             "states and parameters on NVMe (mixed recipe: bf16 parameters and gradients, fp32 master, m "
