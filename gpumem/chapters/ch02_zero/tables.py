@@ -1,6 +1,7 @@
 """Chapter 02's text tables beyond the run summaries: the peak gradient bytes per stage, the
-gather trace by the phase each gather serves, ZeRO-3's time on two links, DeepSpeed's own
-estimators (cleaned for reading) and the frameworks' names for each stage."""
+gather trace by the phase each gather serves, ZeRO-3's time on three group shapes and the
+sharding layouts per step (the time engine), DeepSpeed's own estimators (cleaned for reading)
+and the frameworks' names for each stage."""
 
 import contextlib
 import io
@@ -8,7 +9,8 @@ import logging
 import re
 
 from gpumem import units
-from gpumem.runs import gradmeter, zero3_cost, zero3_schedule
+from gpumem.runs import gradmeter, zero3_schedule
+from gpumem.timing import zero3_cost
 from gpumem.memory import ds_estimators, models
 from gpumem.memory import gpus as gpu_table
 
@@ -41,48 +43,78 @@ def grad_peak_table(result: dict, model: str = "llama-3-70b", gpus: int = 8, buc
     return "\n".join(lines)
 
 
-def time_table(model: str = "llama-3-70b", gpus: int = 8, gpu: str = "h100-80gb",
-               tokens=(1024, 4096, 16384), links=("nvlink", "inter-node")) -> str:
-    """ZeRO-3's communication against compute per micro-batch, per pass (forward, backward), per
-    link and tokens per GPU; then the same break-even at half each link's peak, and the share of
-    FLOPs that 6 x psi x tokens leaves out (the attention scores)."""
+SHAPES = (("nvlink", 8), ("full-nodes", 64), ("rank-per-node", 8))   # the group shapes time_table shows
+
+
+def time_table(model: str = "llama-3-70b", gpu: str = "h100-80gb", tokens=(1024, 4096, 16384),
+               shapes=SHAPES) -> str:
+    """ZeRO-3's communication against compute per micro-batch, per pass, for each group shape
+    (placement, GPUs) on the GPU's node type, from the time engine: the binding link and the
+    break-even tokens per GPU; then the break-even in closed form, and the share of FLOPs that
+    6 x psi x tokens leaves out (the attention scores)."""
     from gpumem.memory import speed
-    first = zero3_cost.zero3_step_time(model, gpus, gpu, links[0], tokens_per_gpu=tokens[0])
-    lines = [f"{model} on {gpus} x {first['gpu']}, ZeRO-3, bf16: per step {first['gathered_psi']:.3f} psi "
+    node = zero3_cost.node_of(gpu)
+    first = zero3_cost.zero3_step_time(model, shapes[0][1], gpu, shapes[0][0], tokens_per_gpu=tokens[0])
+    lines = [f"{model}, ZeRO-3 on {node.label} nodes, bf16: per step {first['gathered_psi']:.3f} psi "
              "gathered + 1 psi reduce-scattered",
-             f"compute 6 x psi x tokens at {first['mfu']:.0%} MFU of {first['bf16_flops'] / 1e12:.0f} TFLOP/s",
-             f"{'':22s} {'tokens':>7s} {'forward, s':^19s} {'backward, s':^19s} {'exposed':>8s}",
-             f"{'link, per direction':22s} {'per GPU':>7s} {'comm':>9s} {'compute':>9s} {'comm':>9s} "
-             f"{'compute':>9s} {'comm, s':>8s}"]
-    for link in links:
+             f"compute 6 x psi x tokens at {first['mfu']:.0%} MFU of {first['bf16_flops'] / 1e12:.0f} TFLOP/s; "
+             "each collective timed on its group's placement",
+             f"{'':34s} {'tokens':>7s} {'forward, s':^17s} {'backward, s':^17s} {'exposed':>8s}",
+             f"{'group':34s} {'per GPU':>7s} {'comm':>8s} {'compute':>8s} {'comm':>8s} {'compute':>8s} "
+             f"{'comm, s':>8s}"]
+    for link, gpus in shapes:
         for t in tokens:
             r = zero3_cost.zero3_step_time(model, gpus, gpu, link, tokens_per_gpu=t)
             f, b = r["phases"]["forward"], r["phases"]["backward"]
             mark = lambda ph: "" if ph["hidden"] else "!"
-            name = f"{link} {r['link_bytes_per_s'] / units.GB:.0f} GB/s"
-            lines.append(f"{name:22s} {t:>7,d} {f['comm_s']:>8.2f}{mark(f):1s} {f['compute_s']:>9.2f} "
-                         f"{b['comm_s']:>8.2f}{mark(b):1s} {b['compute_s']:>9.2f} {r['exposed_s']:>8.2f}")
-        lines.append(f"{'':22s} break-even at {r['break_even_tokens']:,.0f} tokens per GPU per micro-batch")
+            lines.append(f"{r['placement'].split(' of ')[0]:34s} {t:>7,d} {f['comm_s']:>7.2f}{mark(f):1s} "
+                         f"{f['compute_s']:>8.2f} {b['comm_s']:>7.2f}{mark(b):1s} {b['compute_s']:>8.2f} "
+                         f"{r['exposed_s']:>8.2f}")
+        g = zero3_cost.placed_group(gpu, gpus, link)
+        nics = f", {node.nics_for(g.ranks_per_node)} NIC(s) per node" if g.nodes > 1 else ""
+        lines.append(f"  binds: {r['binding']}{nics}; each GPU's share moves at "
+                     f"{r['link_bytes_per_s'] / units.GB:.0f} GB/s; break-even {r['break_even_tokens']:,.0f} tokens")
     lines.append("! = that pass's communication exceeds its compute: not hidden by prefetching")
-    lines.append(f"bytes each GPU sends (and receives) per micro-batch: {units.fmt(r['bytes_moved'])}")
-    half = []
-    for link in links:
-        bw = zero3_cost.link_bandwidth(gpu_table.get(gpu), link)
-        h = zero3_cost.zero3_step_time(model, gpus, gpu, bw / 2, tokens_per_gpu=tokens[0])
-        half.append(f"{link} {h['break_even_tokens']:,.0f}")
-    lines.append("links run below their peak: at half of it, break-even at " + ", ".join(half) + " tokens")
-    f = first["phases"]["forward"]
-    per_param = f["bytes_moved"] / models.get(model).n_params()
+    lines.append(f"bytes each GPU sends (and receives) per micro-batch: {units.fmt(first['bytes_moved'])} "
+                 f"on {shapes[0][1]} GPUs")
+    bare = zero3_cost.zero3_step_time(model, shapes[0][1], gpu, shapes[0][0], tokens_per_gpu=tokens[0],
+                                      latency=False)
+    f = bare["phases"]["forward"]
+    per_param, rate = f["bytes_moved"] / models.get(model).n_params(), bare["link_bytes_per_s"]
     flops = first["mfu"] * first["bf16_flops"]
-    lines.append(f"break-even, forward binds: {per_param:.2f} B moved per param / 2 FLOPs per param per token")
-    lines.append(f"  x {flops / 1e12:.1f} TFLOP/s / {first['link_bytes_per_s'] / units.GB:.0f} GB/s = "
-                 f"{per_param / 2 * flops / first['link_bytes_per_s']:,.0f} tokens ({links[0]})")
+    lines.append(f"break-even, forward binds, latency aside: {per_param:.2f} B moved per param / 2 FLOPs "
+                 "per param per token")
+    lines.append(f"  x {flops / 1e12:.1f} TFLOP/s / {rate / units.GB:.0f} GB/s achieved = "
+                 f"{per_param / 2 * flops / rate:,.0f} tokens ({shapes[0][0]})")
     cfg = models.get(model)
     seq = 4096
     extra = speed.attention_flops(cfg, seq) / speed.train_flops(cfg.n_params(), seq)
     lines.append(f"6 x psi x tokens leaves out the attention scores: +{extra:.1%} FLOPs at {seq:,} tokens per "
                  "sequence,")
     lines.append("  a little more compute to hide behind")
+    return "\n".join(lines)
+
+
+def layouts_table(model: str = "llama-3-8b", nodes: int = 8, micro_batches: int = 8,
+                  tokens_per_gpu: int = 4096) -> str:
+    """The data-parallel sharding layouts (:mod:`gpumem.timing.zero_layouts`) per optimizer step of
+    ``micro_batches`` micro-batches, on DGX H100 nodes and on the same nodes with one 25 Gb/s port."""
+    from gpumem.timing import hardware, zero_layouts
+    lines = [f"{model} on {nodes} nodes x 8 H100, {micro_batches} micro-batches of {tokens_per_gpu:,} "
+             "tokens per GPU per step",
+             f"{'layout':47s} {'states':>8s} {'comm, s':>7s} {'comm, s':>8s} {'exposed':>8s} {'step':>6s}",
+             f"{'':47s} {'per GPU':>8s} {'per mb':>7s} {'per step':>8s} {'s/step':>8s} {'s':>6s}"]
+    for node in (hardware.node("dgx-h100"), zero_layouts.ETHERNET_25G):
+        cluster = hardware.Cluster(node, nodes)
+        lines.append(f"{node.label}: {node.nics} x {node.nic_bw * 8 / units.GB:.0f} Gb/s NIC(s) per node")
+        for layout in zero_layouts.LAYOUTS:
+            r = zero_layouts.layout_step(layout, model, cluster, micro_batches, tokens_per_gpu)
+            lines.append(f"  {r['words']:45s} {units.fmt(r['states_bytes']):>8s} "
+                         f"{r['comm_per_micro_batch_s']:>7.2f} {r['comm_per_step_s']:>8.2f} "
+                         f"{r['exposed_s']:>8.2f} {r['step_s']:>6.2f}")
+    lines += ["states: model states per GPU, mixed precision (16 B per parameter sharded as the layout",
+              "shards); per mb: collectives of each micro-batch, hidden behind its pass where they can be;",
+              "per step: the once-per-step collectives, counted exposed"]
     return "\n".join(lines)
 
 

@@ -2,7 +2,8 @@
 
 Numbers drawn per attempt: model, GPU, GPU count and sequence length. Per-GPU bytes (model
 states, activations with checkpointing, ZeRO-3's working set, offload) come from
-``gpumem.memory.estimate``; gather seconds over a slow link from ``gpumem.runs.zero3_cost``.
+``gpumem.memory.estimate``; the slow-link layouts' seconds from the time engine
+(``gpumem.timing.zero_layouts``: each collective on its group's placement).
 The layout questions (a slow interconnect, 405B on 1,024 GPUs) quote the chapter 06 planner
 (``gpumem.planner.plan``), asked when the explanation is shown.
 """
@@ -12,8 +13,8 @@ from functools import lru_cache
 from gpumem.course.checklist import Item
 from gpumem.course.quiz import Choice, Numeric
 from gpumem.course.quiz_draws import gpu_numbers, model_numbers, pick
-from gpumem.runs import zero3_cost
-from gpumem.memory import accounting, estimate, gpus, models
+from gpumem.timing import hardware, zero_layouts
+from gpumem.memory import estimate, gpus
 from gpumem import planner
 from gpumem.units import GB
 
@@ -21,7 +22,8 @@ from . import pointers as P
 
 BIG = ("llama-3-70b", "llama-3.1-405b")
 GPUS = ("a100-80gb", "h100-80gb", "h200")
-SLOW_LINK = 25e9 / 8     # one 25 Gb/s Ethernet port per node, bytes/s
+SLOW_NODES = 8           # plan-slow-link: 8 nodes of zero_layouts.ETHERNET_25G (one 25 Gb/s port each)
+SLOW_MICRO_BATCHES = 8   # micro-batches of 4,096 tokens per GPU per optimizer step
 BIG_LINK = 50e9          # one 400 Gb/s InfiniBand port per GPU, bytes/s per direction
 
 
@@ -131,25 +133,36 @@ def _eight_b(_ctx) -> str:
             "parameter to host memory does.")
 
 
+def slow_link_steps() -> dict:
+    """plan-slow-link's four layouts, one optimizer step each (``zero_layouts.layout_step``)."""
+    cluster = hardware.Cluster(zero_layouts.ETHERNET_25G, SLOW_NODES)
+    return {lay: zero_layouts.layout_step(lay, "llama-3-8b", cluster, SLOW_MICRO_BATCHES)
+            for lay in zero_layouts.LAYOUTS}
+
+
 def _slow_link(_ctx) -> str:
-    psi, bw = models.get("llama-3-8b").n_params(), SLOW_LINK / 8      # one port shared by 8 GPUs
-    wide = zero3_cost.zero3_step_time("llama-3-8b", 64, "h100-80gb", bw, tokens_per_gpu=4096)
-    node = zero3_cost.zero3_step_time("llama-3-8b", 8, "h100-80gb", "nvlink", tokens_per_gpu=4096)
-    across = 2 * 2 * accounting.shard(psi, 8) * 7 / 8 / bw             # all-reduce of a gradient shard
-    flat, best = ranked("llama-3-8b", 64, bw, tp=(1,), pp=(1,)), ranked("llama-3-8b", 64, bw)
-    one = ranked("llama-3-8b", 64, bw, tp=(1,), pp=(1,), zero=(1,))
-    return (f"Between nodes each GPU gets 25 Gb/s / 8 = {bw / GB:.2f} GB/s. ZeRO-3 over all 64 GPUs "
-            f"gathers across that link in every micro-batch: {wide['comm_s']:.0f} s against "
-            f"{wide['compute_s']:.2f} s of compute for 4,096 tokens. ZeRO-1 over all 64 sends the whole "
-            f"gradient across it once per step ({_seconds(one)}, {one.time['data_parallel']:.0f} s of it "
-            f"waiting on the link); the chapter 06 planner's best flat data-parallel layout, "
-            f"{_seconds(flat)}, still waits {flat.time['data_parallel']:.0f} s. Sharded "
-            f"within a node, the gathers use NVLink ({node['comm_s']:.2f} s, hidden behind compute) and "
-            f"the {16 * psi / 8 / GB:.1f} GB of states per GPU fit; across nodes each GPU all-reduces only "
-            f"its gradient shard once per optimizer step ({across:.1f} s): FSDP's HYBRID_SHARD, "
-            f"DeepSpeed's hpZ. NVMe only adds traffic. Allowed pipeline parallelism, the planner ranks "
-            f"{_seconds(best)} first: a pipeline sends only activations between nodes, and in DeepSpeed "
-            "it accepts ZeRO-1 at most.")
+    r = slow_link_steps()
+    z3, hpz, mics, z1 = (r[k] for k in ("zero3", "hpz", "mics", "zero1"))
+    gb = lambda x: f"{x['states_bytes'] / GB:.1f} GB"
+    return (f"A ring crosses each node's port once per collective, whatever the GPUs per node, so a "
+            f"node's port carries about one GPU's share. ZeRO-1 over all 64 sends the gradients "
+            f"across once per step (a reduce-scatter, then the updated weights' all-gather): "
+            f"{z1['comm_per_step_s']:.1f} s. Sharding inside each node and replicating across "
+            f"nodes all-reduces each GPU's 1/8 gradient shard with its peers, 8 shards through the "
+            f"one port: {mics['comm_per_step_s']:.1f} s, the same bytes; its gathers stay on NVLink "
+            f"({mics['comm_per_micro_batch_s']:.2f} s per micro-batch, hidden). ZeRO-3 over all 64 "
+            f"gathers and reduce-scatters across the port in every micro-batch: "
+            f"{z3['comm_per_micro_batch_s']:.1f} s against {z3['compute_s'] / SLOW_MICRO_BATCHES:.2f} s "
+            f"of compute, {z3['step_s']:.0f} s per step of {SLOW_MICRO_BATCHES} micro-batches against "
+            f"{z1['step_s']:.1f} s (ZeRO-1) and {mics['step_s']:.1f} s (in-node sharding). States per "
+            f"GPU: {gb(z3)} (ZeRO-3), {gb(z1)} (ZeRO-1), {gb(mics)} (in-node): all fit. Shard-in-node, "
+            f"replicate-across is MiCS (DeepSpeed's mics_shard_size until DeepSpeed removed it; "
+            f"0.19.8 refuses the key), FSDP's HYBRID_SHARD and FSDP2's HSDP. DeepSpeed's ZeRO++ hpZ "
+            f"is another thing: a node-local second copy of the weights serves only backward's "
+            f"gathers; forward's gathers and the reduce-scatter still cross the port each "
+            f"micro-batch ({hpz['step_s']:.0f} s per step). NVMe only adds traffic. The network "
+            f"figures are the time engine's (NCCL's alpha-beta model, the port at 47/50 of its line "
+            f"rate); the once-per-step collectives are counted exposed.")
 
 
 QUESTIONS = [
@@ -214,16 +227,19 @@ QUESTIONS = [
                        "precision states, one GPU holds at least 141 GB (70.5 GB in pure bf16). About "
                        "55 GB needs the optimizer states offloaded."),
     Choice("plan-slow-link",
-           "In DeepSpeed, Llama-3-8B trains on 64 H100s in 8 nodes with data parallelism only (no "
-           "pipeline or tensor parallelism). Inside a node the GPUs share NVLink; between nodes there "
-           "is one 25 Gb/s Ethernet port per node. Which layout suits this cluster?",
-           ["ZeRO-3 across all 64 GPUs",
-            "Shard within each node, replicate across nodes",
-            "ZeRO-1 across all 64 GPUs",
-            "ZeRO-3 across all GPUs with the parameters on NVMe"],
-           answer=1,
-           hint="Work out how long the per-step gradient and weight traffic would take over the slow "
-                "link, and whether the model's states fit one node's eight GPUs.",
+           "Llama-3-8B trains on 64 H100s in 8 nodes with data parallelism only (no pipeline or "
+           "tensor parallelism), 8 micro-batches of 4,096 tokens per GPU per optimizer step. Inside "
+           "a node the GPUs share NVLink; between nodes there is one 25 Gb/s Ethernet port per node. "
+           "Which statement about the layouts is right?",
+           ["ZeRO-3 across all 64 GPUs is the fastest, holding the fewest bytes per GPU",
+            "ZeRO-1 across all 64 sends every GPU's whole gradient through its node's port, 8x what "
+            "shard-in-node, replicate-across sends",
+            "ZeRO-1 across all 64 moves about as many bytes per step across nodes as "
+            "shard-in-node, replicate-across",
+            "DeepSpeed's ZeRO++ hpZ keeps every ZeRO-3 collective inside the node, off the port"],
+           answer=2,
+           hint="A ring crosses each node's port once per collective. Count how often per step each "
+                "layout runs a collective that spans the nodes, and how many bytes it carries.",
            explanation=_slow_link),
     Choice("plan-3d",
            "With DeepSpeed (or Megatron-DeepSpeed on top of it), Llama-3.1-405B trains on 1,024 H100 80GB GPUs: 128 nodes of 8 joined by "

@@ -1,38 +1,50 @@
 """Checklist item 2: why ZeRO-3 all-gathers in forward (and again in backward), and when those
 gathers hide behind compute.
 
-Numbers drawn per attempt: model, GPU, GPU count, link and tokens per GPU. Bytes each GPU
-receives per pass and the seconds of compute come from ``gpumem.runs.zero3_cost.zero3_step_time``
-(DeepSpeed's gather schedule replayed by ``gpumem.runs.zero3_schedule``, FLOPs at a stated MFU
-from ``gpumem.memory.speed``).
+Numbers drawn per attempt: model, GPU, group shape (one node over NVLink, whole nodes, one GPU per
+node, a PCIe-only node), GPU count and tokens per GPU. Bytes each GPU moves per pass, the rate its
+share moves at on the group's placement (latency aside) and the seconds of compute come from
+``gpumem.timing.zero3_cost.zero3_step_time`` (DeepSpeed's gather schedule replayed by
+``gpumem.memory.zero3_schedule``, each collective timed by ``gpumem.timing.collectives``, FLOPs
+at a stated MFU from ``gpumem.memory.speed``).
 """
 
 from gpumem.course.checklist import Item
 from gpumem.course.quiz import Choice, Numeric
 from gpumem.course.quiz_draws import LLAMAS, gpu_numbers, model_numbers, pick
-from gpumem.runs import zero3_cost
+from gpumem.timing import zero3_cost
 from gpumem.memory import gpus, speed
 from gpumem.units import GB
 
 from . import pointers as P
 
-LINKS = {"nvlink": "NVLink inside one node", "inter-node": "a 400 Gb/s network port per GPU",
-         "pcie": "PCIe (no NVLink)"}
+SHAPES = {"nvlink": (8,), "full-nodes": (16, 64), "rank-per-node": (8, 16, 64), "pcie": (8,)}
+
+
+def link_words(gpu: str, n_gpus: int, link: str) -> str:
+    """The group's placement in words, with the node's links (``gpumem.timing.hardware``)."""
+    node = zero3_cost.node_of(gpu)
+    nic = f"{node.nic_bw * 8 / GB:.0f} Gb/s"
+    return {"nvlink": f"NVLink inside one {node.label}",
+            "full-nodes": f"NVLink inside each of {n_gpus // node.gpus_per_node} {node.label} nodes and "
+                          f"each node's {node.nics} {nic} NICs between them",
+            "rank-per-node": f"a {nic} NIC each, one GPU in each of {n_gpus} {node.label} nodes",
+            "pcie": f"PCIe only, in one {node.label}"}[link]
 
 
 def _timed(model: str, n_gpus: int, gpu: str, link: str, tokens: int) -> dict:
-    """ZeRO-3's per-pass bytes and seconds for these numbers (the library's cost model)."""
-    return zero3_cost.zero3_step_time(model, n_gpus, gpu, link, tokens_per_gpu=tokens)
+    """ZeRO-3's per-pass bytes and seconds for these numbers (the time engine, latency aside)."""
+    return zero3_cost.zero3_step_time(model, n_gpus, gpu, link, tokens_per_gpu=tokens, latency=False)
 
 
-def _setting(rng, links=tuple(LINKS)) -> dict:
-    n = model_numbers(pick(rng, LLAMAS)) | gpu_numbers(pick(rng, ("a100-80gb", "h100-80gb", "h200")))
-    n |= {"gpus": pick(rng, (8, 16, 64)), "link": pick(rng, links)}
-    n["gpus"] = 8 if n["link"] == "nvlink" else n["gpus"]          # NVLink joins one node's 8 GPUs
-    g = gpus.get(n["gpu_name"])
-    bw = zero3_cost.link_bandwidth(g, n["link"])
-    return n | {"link_words": LINKS[n["link"]], "bw_gb": bw / GB, "tflops": g.bf16_flops / 1e12,
-                "mfu_pct": round(100 * speed.MFU)}
+def _setting(rng, links=tuple(SHAPES)) -> dict:
+    link = pick(rng, links)
+    gpu = "l4" if link == "pcie" else pick(rng, ("a100-80gb", "h100-80gb", "h200"))   # SXM boards have NVLink
+    n = model_numbers(pick(rng, LLAMAS)) | gpu_numbers(gpu) | {"gpus": pick(rng, SHAPES[link]), "link": link}
+    g = gpus.get(gpu)
+    t = _timed(n["model_name"], n["gpus"], gpu, link, 4096)
+    return n | {"link_words": link_words(gpu, n["gpus"], link), "bw_gb": t["link_bytes_per_s"] / GB,
+                "binding": t["binding"], "tflops": g.bf16_flops / 1e12, "mfu_pct": round(100 * speed.MFU)}
 
 
 def _break_even(rng) -> dict:
@@ -46,7 +58,7 @@ def _break_even(rng) -> dict:
 
 
 def _exposed(rng) -> dict:
-    n = _setting(rng, ("inter-node", "pcie", "nvlink", "inter-node"))
+    n = _setting(rng, ("rank-per-node", "pcie", "nvlink", "full-nodes", "rank-per-node"))
     n |= {"seq": pick(rng, (512, 1024, 2048, 4096)), "mb": pick(rng, (1, 2))}
     t = _timed(n["model_name"], n["gpus"], n["gpu_name"], n["link"], n["seq"] * n["mb"])
     f, b = t["phases"]["forward"], t["phases"]["backward"]
@@ -75,7 +87,8 @@ QUESTIONS = [
                        "again."),
     Numeric("gather-break-even",
             "Under ZeRO-3, {model} ({n_params:,} parameters) trains on {gpus} {gpu}s linked by "
-            "{link_words}, {bw_gb:.1f} GB/s per direction. Each GPU receives {fwd_gb:.1f} GB of "
+            "{link_words}: each GPU's share of a collective moves at {bw_gb:.1f} GB/s per direction "
+            "(achieved, {binding} binds; latency aside). Each GPU receives {fwd_gb:.1f} GB of "
             "gathered weights per forward pass. Forward costs 2 FLOPs per parameter per token, run at "
             "{mfu_pct} % of {tflops:.0f} TFLOP/s. Prefetching can hide a gather behind the forward "
             "compute of the layers before it. From how many tokens per GPU per micro-batch does the "
@@ -94,7 +107,8 @@ QUESTIONS = [
             draw=_break_even),
     Numeric("gather-exposed",
             "Under ZeRO-3, {model} ({n_params:,} parameters) trains on {gpus} {gpu}s linked by "
-            "{link_words}, {bw_gb:.1f} GB/s per direction, {tokens:,} tokens per GPU per micro-batch "
+            "{link_words}: each GPU's share of a collective moves at {bw_gb:.1f} GB/s per direction "
+            "(achieved, {binding} binds; latency aside), {tokens:,} tokens per GPU per micro-batch "
             "({mb} x {seq:,}). Per micro-batch each GPU receives {fwd_gb:.1f} GB for forward and "
             "{bwd_gb:.1f} GB in backward (the re-gather and the gradients' reduce-scatter). Forward "
             "costs 2 and backward 4 FLOPs per parameter per token, at {mfu_pct} % of {tflops:.0f} "

@@ -2,15 +2,15 @@
 
 Numbers drawn per attempt: model, recipe, stage, GPU count, GPU and link. Bytes come from
 ``gpumem.memory.accounting`` (model states per stage), usable memory from ``gpumem.memory.gpus``,
-link speeds from ``gpumem.runs.zero3_cost`` and DeepSpeed's real gather volume from
-``gpumem.runs.zero3_cost.zero3_step_time``.
+link speeds (line rates) from ``gpumem.timing.zero3_cost.link_bandwidth`` and DeepSpeed's real
+gather volume from ``gpumem.timing.zero3_cost.zero3_step_time`` at that rate.
 """
 
 from gpumem.course.checklist import Item
 from gpumem.course.quiz import Choice, Numeric
 from gpumem.course.quiz_draws import (LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick,
                                       recipe_numbers)
-from gpumem.runs import zero3_cost
+from gpumem.timing import zero3_cost
 from gpumem.memory import accounting, gpus, models
 from gpumem.units import GB
 
@@ -18,7 +18,7 @@ from . import pointers as P
 
 SHARDED = {1: "the optimizer states", 2: "the gradients and the optimizer states",
            3: "the parameters, gradients and optimizer states"}
-LINKS = {"nvlink": "NVLink inside one node", "inter-node": "a 400 Gb/s network port per GPU",
+LINKS = {"nvlink": "NVLink inside one node", "inter-node": "network ports, one GPU per node with its own NIC",
          "pcie": "PCIe (no NVLink)"}
 FIT_GPUS = ("a100-40gb", "a100-80gb", "h100-80gb", "h200", "l4")
 
@@ -89,7 +89,7 @@ def _comm(rng) -> dict:
     n["gpus"] = 8 if n["link"] == "nvlink" else n["gpus"]          # NVLink joins one node's 8 GPUs
     bw = zero3_cost.link_bandwidth(gpus.get(n["gpu_name"]), n["link"])
     ring = (n["gpus"] - 1) / n["gpus"]
-    ds = zero3_cost.zero3_step_time(n["model_name"], n["gpus"], n["gpu_name"], n["link"])
+    ds = zero3_cost.zero3_step_time(n["model_name"], n["gpus"], n["gpu_name"], bw)   # at the stated rate
     return n | {"link_words": LINKS[n["link"]], "bw_gb": bw / GB, "ring": ring,
                 "zero2_s": 2 * 2 * n["n_params"] * ring / bw, "ds_s": ds["comm_s"],
                 "ds_psi": ds["gathered_psi"] + 1}
