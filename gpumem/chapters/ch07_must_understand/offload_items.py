@@ -50,9 +50,9 @@ def _nvme(rng) -> dict:
     s = accounting.model_states(n["n_params"], "mixed", n["gpus"], 3, "optimizer", "nvme")
     t = offload_cost.step_time(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "nvme", 0.0, links)
     cpu = offload_cost.step_time(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "cpu", 0.0, links)
+    busier = max(cpu["d2h"], cpu["h2d"])       # the gradients' 6 B down (DeepSpeed's ZeRO-3 trip)
     return n | {"nvme_gb": s.nvme / GB, "read_gb": links.nvme_read / GB, "write_gb": links.nvme_write / GB,
-                "nvme_s": t["nvme"], "pcie_s": cpu["h2d"], "pcie_gb": links.h2d / GB,
-                "ratio": t["nvme"] / cpu["h2d"]}
+                "nvme_s": t["nvme"], "pcie_s": busier, "pcie_gb": links.h2d / GB, "ratio": t["nvme"] / busier}
 
 
 def _bound(rng) -> dict:
@@ -63,16 +63,21 @@ def _bound(rng) -> dict:
     t = offload_cost.step_time(n["n_params"], "mixed", 3, n["gpus"], n["offload"], "cpu", 0.0, links)
     return n | {"what": WHAT[n["offload"]], "shard": accounting.shard(n["n_params"], n["gpus"]),
                 "pcie_gb": links.h2d / GB, "adam_g": links.cpu_adam / 1e9, "tflops": g.bf16_flops / 1e12,
-                "ups": 2 if n["offload"] == "optimizer+params" else 1, "t": t,
+                "ups": 2 if n["offload"] == "optimizer+params" else 1,
+                "why_up": ("for forward and again for backward" if n["offload"] == "optimizer+params"
+                           else "the updated shard, after the step"), "t": t,
                 "tokens": offload_cost.break_even_tokens(n["n_params"], "mixed", 3, n["gpus"], n["offload"],
                                                          "cpu", links, g.bf16_flops)}
 
 
 def _bound_words(n: dict) -> str:
     t = n["t"]
-    return (f"Per step: gradients down {t['d2h']:.3f} s, up {t['h2d']:.3f} s, CPU Adam {t['cpu_adam']:.3f} s; "
-            f"the slowest, {t['bound']}, sets the floor, and 6 x {n['n_params']:,} x T / (0.4 x "
-            f"{n['tflops']:.0f} TFLOP/s) must cover it: T = {n['tokens']:,}.")
+    slowest = max((t["grad_trip"], "the gradient copies"), (t["h2d"], "the trip up"),
+                  (t["cpu_adam"], "CPU Adam"))
+    return (f"Per step: the gradient copies {t['grad_trip']:.3f} s (one stream: {t['d2h']:.3f} s down, the "
+            f"return up), everything up {t['h2d']:.3f} s, CPU Adam {t['cpu_adam']:.3f} s; the slowest, "
+            f"{slowest[1]}, sets the floor, and 6 x {n['n_params']:,} x T / (0.4 x {n['tflops']:.0f} "
+            f"TFLOP/s) must cover it: T = {n['tokens']:,}.")
 
 
 QUESTIONS = [
@@ -111,19 +116,21 @@ QUESTIONS = [
             answer=lambda n: n["nvme_s"], unit="s", rel_tol=0.01,
             hint="How many times per step do the states cross the drive, and at which speed each way?",
             explanation="{nvme_gb:.3f} GB / {read_gb:.2f} GB/s + {nvme_gb:.3f} GB / {write_gb:.2f} GB/s = "
-                        "{answer} s. With the states in CPU memory the step moves only bf16 gradients "
-                        "down and weights up over PCIe ({pcie_gb:.1f} GB/s): {pcie_s:.3f} s each way, "
+                        "{answer} s. With the states in CPU memory the step moves gradients down and "
+                        "weights up over PCIe ({pcie_gb:.1f} GB/s per direction; DeepSpeed's ZeRO-3 sends 6 "
+                        "bytes per shard parameter down): {pcie_s:.3f} s on the busier direction, "
                         "{ratio:.0f}x less than the drive. NVMe buys capacity, not speed.",
             traps=((lambda n: n["nvme_gb"] / n["read_gb"], "the states are written back after the "
                                                            "update, too."),),
             draw=_nvme),
     Numeric("offload-break-even",
             "{model} ({n_params:,} parameters, standard mixed precision) trains under ZeRO-3 on "
-            "{gpus} {gpu}s with {what}; each GPU owns a shard of {shard:,} parameters. Per step each "
-            "GPU sends its bf16 gradient shard to the host, the CPU updates the shard with AdamW at "
-            "{adam_g:.2f} billion parameters per second per GPU, and the bf16 shard comes back up "
-            "{ups} time(s) (parameters offloaded: for forward and again for backward). PCIe moves "
-            "{pcie_gb:.1f} GB/s each way at once. Compute is 6 FLOPs per parameter per token at 40 % "
+            "{gpus} {gpu}s with {what}; each GPU owns a shard of {shard:,} parameters. Per step, as "
+            "DeepSpeed 0.19.8 runs it, each GPU copies its bf16 gradient shard to a host buffer, back "
+            "up, and its fp32 widening down (one copy after another on one stream); the CPU updates "
+            "the shard with AdamW at {adam_g:.2f} billion parameters per second per GPU; and the bf16 "
+            "shard comes back up {ups} time(s) ({why_up}). "
+            "PCIe moves {pcie_gb:.1f} GB/s each way at once. Compute is 6 FLOPs per parameter per token at 40 % "
             "of {tflops:.0f} TFLOP/s. If everything overlaps perfectly, below how many tokens per GPU "
             "per step is the step limited by offloading rather than by compute?",
             answer=lambda n: n["tokens"], unit="tokens", rel_tol=0.01,
@@ -153,9 +160,10 @@ QUESTIONS = [
            hint="What would cross PCIe every step if the update ran on the GPU, and what if it ran where "
                 "the states live?",
            explanation="The CPU runs AdamW where the 12 bytes per parameter already live, so only the "
-                       "gradient (down: bf16 at ZeRO-3, fp32 at ZeRO-1/2, which DeepSpeed widens on the "
-                       "GPU before the copy) and the bf16 weights (up) cross PCIe. Copying the states "
-                       "to the GPU and back would move 24 bytes per parameter per step."),
+                       "gradients (down: fp32, which DeepSpeed 0.19.8 widens on the GPU; at ZeRO-3 after "
+                       "a bf16 round trip through a host buffer, 6 bytes down and 2 up) and the bf16 "
+                       "weights (up) cross PCIe. Copying the states to the GPU and back would move 24 "
+                       "bytes per parameter per step."),
 ]
 
 ITEM = Item("offload", "CPU versus NVMe offload: their speeds, and what can be offloaded", QUESTIONS, {
