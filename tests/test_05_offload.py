@@ -164,8 +164,13 @@ def test_breakdown_and_prediction_present(run):
     assert sum(run["configs"]["zero3+cpu"]["swap_seconds"].values()) == 0
     pred = run["prediction"]["zero3+nvme"]
     assert pred["predicted"]["nvme"] > 0 and pred["ratio"]["nvme"] > 0
+    # the offload overhead: step minus the baseline's step, measured; the model's terms beyond compute
+    base = sum(run["configs"]["zero3"]["seconds"].values())
+    over = pred["overhead"]
+    assert over["measured"] == pytest.approx(sum(run["configs"]["zero3+nvme"]["seconds"].values()) - base)
+    assert over["predicted"] == pytest.approx(pred["predicted"]["total"] - pred["predicted"]["compute"])
     text = diagrams.offload_table(run)
-    assert "disk_read" in text and "zero3+nvme" in text
+    assert "disk_read" in text and "zero3+nvme" in text and "overhead" in text
 
 
 def test_swap_folder_removed_after_a_failing_rank(tmp_path):
@@ -224,10 +229,15 @@ def test_lab_verdict_names_the_largest_overflowing_state():
     assert not ok and "over by 7.00 MB" in words     # 2 + 12 states + 3 MB of whole gradients (max with 2)
 
 
-def test_claims_gpu_to_cpu_carries_fp32_gradients_at_zero2():
+def test_claims_gpu_to_cpu_as_deepspeed_runs_zero3():
     by_id = {c.id: c for c in claims.CLAIMS}
-    assert by_id["3-d2h"].ours() == pytest.approx(20.0 * 4 / 2)   # 4 B fp32 down per 2 B bf16 up
-    assert claims.d2h_ms(3) == pytest.approx(20.0)                # ZeRO-3: bf16 both ways
+    # the note's example is ZeRO-3 with the optimizer on the CPU; per 2 B of parameters up (20 ms):
+    # stage3.py copies 2 B bf16 down, 2 B back up, 4 B fp32 down: 60 ms down, 40 ms up
+    assert by_id["3-d2h"].ours() == pytest.approx(20.0 * (2 + 4) / 2)
+    assert claims.d2h_ms(3, direction="up") == pytest.approx(20.0 * (2 + 2) / 2)
+    assert claims.d2h_ms(2) == pytest.approx(20.0 * 4 / 2)         # ZeRO-1/2: fp32 down once
+    assert claims.d2h_ms(3, "paper") == pytest.approx(20.0)       # the paper: bf16 both ways
+    assert "60 ms down" in by_id["3-d2h"].why() and "40 ms go up" in by_id["3-d2h"].why()
     assert by_id["3-cpu-ram"].ours() == pytest.approx(32 * 16 * 128 / 130 / 8, rel=1e-3)  # H100: Gen5 x16, GB/s
     assert by_id["3-nvme-holds"].ours() == 3
     # +20 % claim priced by hand: 70B, 8 H100, 4,096 tokens, 40 % MFU, serial terms
@@ -281,6 +291,42 @@ def test_drive_rows_use_a_datacenter_drive_and_name_the_tools_to_measure_one():
     assert (links.nvme_read, links.nvme_write) == (6.8e9, 5.6e9) and "Micron 7450" in links.source
     assert not hasattr(claims, "DATACENTER_NVME") and not hasattr(claims, "datacenter_links")
     assert "Samsung 990 PRO: 6.9 GB/s" in by_id["3-nvme"].why()        # the consumer burst, for comparison
+
+
+def test_prediction_table_prints_the_overhead_ratio_beside_the_total():
+    """Predicted / measured offload overhead (step minus the baseline's) beside the total's ratio."""
+    from gpumem.chapters.ch05_offload import experiments
+    links = offload_cost.Links(10e9, 10e9, 1e9, 1e9, 1e9, "test")
+    sec = lambda f, b, st: {"forward": f, "backward": b, "step": st}       # noqa: E731
+    none = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+    out = {"n_params": 2_000_000, "ranks": 2, "configs": {
+        "zero3": {"seconds": sec(0.010, 0.020, 0.005), "swap_seconds": none},
+        "zero3+nvme": {"seconds": sec(0.012, 0.025, 0.060), "swap_seconds": sec(0.001, 0.003, 0.050)},
+        "zero3+cpu": {"seconds": sec(0.010, 0.020, 0.001), "swap_seconds": none}}}
+    rows = experiments.predicted_vs_measured(out, links)
+    s = 1_000_000
+    # model, serial: compute 30 ms + up (2 + 2 x 2) B x s / 10 GB/s + down 6 B x s / 10 GB/s
+    # + NVMe 20 B x s read and 18 B x s written at 1 GB/s + Adam s / 1e9
+    pred = 6e6 / 10e9 + 6e6 / 10e9 + 20e6 / 1e9 + 18e6 / 1e9 + 1e6 / 1e9
+    nv = rows["zero3+nvme"]["overhead"]
+    assert nv["predicted"] == pytest.approx(pred) and nv["measured"] == pytest.approx(0.097 - 0.035)
+    assert nv["ratio"] == pytest.approx(pred / 0.062)
+    assert rows["zero3+cpu"]["overhead"]["ratio"] is None          # 31 ms against 35: not slower
+    text = diagrams.prediction_table({"prediction": rows})
+    line = next(ln for ln in text.splitlines() if ln.startswith("zero3+nvme") and "total" not in ln
+                and len(ln.split()) == 7)
+    assert line.split()[-1] == f"{pred / 0.062:.2f}" and line.split()[3] == f"{0.097 / (0.030 + pred):.2f}"
+    assert max(len(ln) for ln in text.splitlines()) <= 100 and s == 2_000_000 // 2
+
+
+def test_flow_diagram_draws_deepspeeds_zero3_round_trip():
+    text = diagrams.flow_diagram(70_553_706_496, 8)
+    s = -(-70_553_706_496 // 8)
+    gb = lambda b: f"{b / 1e9:,.1f} GB"                                   # noqa: E731
+    assert f"per step: {gb(6 * s)} down, {gb(4 * s)} up" in text       # 2 + 4 down; 2 back + 2 params up
+    assert f"the ZeRO-Offload paper's design: {gb(2 * s)} down, {gb(2 * s)} up" in text
+    assert "widened to fp32 on the GPU" in text and "fp32 on the CPU" not in text
+    assert max(len(ln) for ln in text.splitlines()) <= 100
 
 
 def test_offload_ratio_is_zero3_only_at_the_line_the_chapter_cites():
