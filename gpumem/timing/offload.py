@@ -59,12 +59,14 @@ class ParamRead:
         return self.total_bytes / self.rank_rate
 
     def describe(self) -> str:
-        """Two lines: the bandwidth-centric pass with its parts, and the one-owner pass."""
-        return (f"{self.group.describe()}: each rank reads {self.slice_bytes / 1e9:.2f} GB at "
-                f"{self.rank_rate / 1e9:.2f} GB/s ({self.binding}) = {self.read_s:.2f} s; all-gather "
-                f"of {self.total_bytes / 1e9:.1f} GB {self.gather.seconds:.2f} s ({self.gather.binding});"
-                f" pass {self.seconds:.2f} s\n  one owner per parameter: {self.total_bytes / 1e9:.1f} GB "
-                f"up one link = {self.owner_s:.2f} s per pass ({self.owner_s / self.seconds:.1f}x)")
+        """Three lines (under 100 characters): the group, the bandwidth-centric pass with its parts,
+        and the one-owner pass."""
+        return (f"{self.group.describe()}, pass {self.seconds:.2f} s:\n"
+                f"  each rank reads {self.slice_bytes / 1e9:.2f} GB at {self.rank_rate / 1e9:.2f} GB/s "
+                f"({self.binding}) in {self.read_s:.2f} s; all-gather of {self.total_bytes / 1e9:.1f} GB "
+                f"{self.gather.seconds:.2f} s ({self.gather.binding})\n"
+                f"  one owner per parameter: {self.total_bytes / 1e9:.1f} GB up one link in "
+                f"{self.owner_s:.2f} s, {self.owner_s / self.seconds:.1f}x longer")
 
 
 def rank_read_rate(group: Group, source: str = "nvme") -> tuple[float, str]:
