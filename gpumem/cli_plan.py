@@ -3,7 +3,10 @@
 ``python -m gpumem plan --model llama-3-70b --gpus 8 --gpu H100-80GB --seq 4096 --json`` prints
 one JSON object (``gpumem.planner.Result.as_dict``); without ``--json`` a table of the
 best layout of each kind, then the top plan's memory and time breakdown and its DeepSpeed
-config. GPU names are matched without regard to case (``H100-80GB`` is ``h100-80gb``).
+config. ``--layout tp=8,pp=16,dp=8,zero=1,...`` also evaluates that layout
+(``gpumem.planner.evaluate``): fits or why not, its rank among the fitting plans, its breakdown
+(``--json``: a ``layout_result`` object beside the plan's keys). GPU names are matched without
+regard to case (``H100-80GB`` is ``h100-80gb``).
 """
 
 import json
@@ -26,6 +29,9 @@ def register(sub) -> None:
     p.add_argument("--global-batch", type=positive("--global-batch"), default=None,
                    help="sequences per step (4M tokens' worth)")
     p.add_argument("--top", type=positive("--top"), default=10, help="plans shown (10)")
+    p.add_argument("--layout", default=None,
+                   help="evaluate one layout too, e.g. tp=8,pp=16,dp=8,zero=1,ckpt=selective,mb=1 "
+                        "(keys: tp pp dp zero ckpt mb attn recipe offload device vp cp; vp, cp: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_plan)
 
@@ -46,12 +52,34 @@ def _plan(args) -> int:
     models.get(args.model)
     gpu = _gpu_name(args.gpu)
     mem = units.parse_size(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None
+    fields = planner.parse_layout(args.layout) if args.layout is not None else None   # bad keys before the search
     result = planner.plan(args.model, args.gpus, gpu, gpu_mem=mem, seq=args.seq, global_batch=args.global_batch)
+    given = None
+    if fields is not None:
+        given = planner.evaluate(args.model, args.gpus, fields, gpu, result=result)
     if args.json:
-        print(json.dumps(result.as_dict(args.top)))
+        out = result.as_dict(args.top)
+        if given is not None:
+            out["layout_result"] = given.as_dict()
+        print(json.dumps(out))
         return 0
     print(render(result, args.top))
+    if given is not None:
+        print("\n" + "\n".join(render_layout(given)))
     return 0
+
+
+def render_layout(r) -> list[str]:
+    """The given layout's lines: fits or why not, its rank, then its memory and time breakdown."""
+    p = r.plan
+    head = f"your layout: {p.layout.label()} ({p.layout.framework})"
+    if r.fits:
+        vs = f", {p.time['total'] / r.best.time['total']:.3f} x the top plan's {r.best.time['total']:.2f} s" \
+            if r.best else ""
+        state = f"  fits; rank {r.rank:,} of {r.fitting:,} fitting layouts; {p.time['total']:.2f} s per step{vs}"
+    else:
+        state = "  does not fit: " + "; ".join(r.why_not)
+    return [head, state, f"  {p.tokens_per_s:,.0f} tokens/s"] + breakdown(p, "layout")[1:]
 
 
 def render(result, top: int = 10) -> str:
@@ -94,9 +122,9 @@ def render(result, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-def breakdown(p) -> list[str]:
-    """One plan's per-GPU memory and time, one part a line."""
-    out = [f"best: {p.layout.label()} ({p.layout.framework})"]
+def breakdown(p, name: str = "best") -> list[str]:
+    """One plan's per-GPU memory and time, one part a line (``name`` heads the first line)."""
+    out = [f"{name}: {p.layout.label()} ({p.layout.framework})"]
     if p.layout.pp > 1:
         out.append(f"  pipeline: {p.layout.pp} stages of {split_text(p.stages)} layers; memory counted for "
                    f"stage {p.memory['stage']} ({p.memory['stage_layers']} layers), the fullest")

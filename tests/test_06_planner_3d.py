@@ -123,12 +123,16 @@ def test_megatron_plans_refuse_zero2_3_and_offload_and_emit_arguments():
 
 
 def test_405b_top_plan_is_a_3d_layout_re_derived():
-    """The 405B scenario (1,024 H100s): the top plan is Megatron-DeepSpeed's 3-D layout, and its
-    bytes and compute time are re-derived from the shapes and 6*N*tokens-style FLOPs."""
+    """The 405B scenario (1,024 H100s): the top plan is Megatron-DeepSpeed's 3-D layout with tp 8,
+    Llama 3's tp 8 x pp 16 is within the ranking's 0.5 % tie of it, and that layout's bytes and
+    compute time are re-derived from the shapes and 6*N*tokens-style FLOPs."""
     r = planner.plan("llama-3.1-405b", 1024, "h100-80gb", seq=S, global_batch=1024, advise=False)
-    best = r.best
+    top = r.best
+    assert top.layout.framework == "megatron-deepspeed" and top.layout.tp == 8 and top.layout.zero <= 1
+    best = next(p for p in r.plans if p.layout.pp == 16 and p.layout.recipe == "mixed")
     lay = best.layout
-    assert best.as_dict()["framework"] == "megatron-deepspeed" and lay.tp == 8 and lay.pp == 16 and lay.zero <= 1
+    assert best.as_dict()["framework"] == "megatron-deepspeed" and lay.tp == 8 and lay.zero <= 1
+    assert best.time["total"] <= top.time["total"] * 1.005
     assert best.as_dict()["layout"]["stage_layers"] == [7] + [8] * 14 + [7]   # Llama 3's split (issue 18)
     n = 8 * layer_params(CFG405, 8)                # the fullest stage: stage 1's 8 layers, no vocabulary
     opt = 12 * c(n, lay.dp) if lay.zero == 1 else 12 * n
@@ -142,8 +146,10 @@ def test_405b_top_plan_is_a_3d_layout_re_derived():
     tokens = lay.micro_batch * lay.n_micro * S
     peak = 989e12
     assert math.isclose(best.time["compute"], per_token * tokens / (lay.tp * lay.pp) / (0.4 * peak), rel_tol=1e-9)
-    assert math.isclose(best.time["pipeline_bubble"], best.time["compute"] * (lay.pp - 1) / lay.n_micro,
-                        rel_tol=1e-9)
+    # 1F1B (Narayanan et al. 2021, s. 2.2.1): (p - 1)/m of the micro-batches' own stage time, which
+    # holds their compute and their exposed tensor-parallel collectives
+    own = best.time["compute"] + best.time["tensor_parallel"] + best.time["attention_scores"]
+    assert math.isclose(best.time["pipeline_bubble"], own * (lay.pp - 1) / lay.n_micro, rel_tol=1e-9)
 
 
 def test_1f1b_timeline_idles_the_bubble_share():
@@ -162,9 +168,9 @@ def test_quiz_bubble_and_slow_network_by_hand():
         n = b.numbers
         assert b.value() == math.ceil(20 * (n["pp"] - 1) - 1e-9)      # (pp - 1)/m <= 5 %
         assert n["acts_m"] == n["acts_pp"] > n["acts_1"]              # 1F1B: at most pp micro-batches held
-        n = s.numbers
-        moved = n["n_micro"] * 3 * 2 * n["psi"] * 15 / 16 / (n["link_gb"] * 1e9)
-        assert s.value() == pytest.approx(max(0.0, moved - n["compute_s"]), rel=1e-9)
+        n = s.numbers   # one link per node at 94 % (nccl-tests #290: 47 of 50 GB/s); latency < 1 %
+        moved = n["n_micro"] * 3 * 2 * n["psi"] * 15 / 16 / (0.94 * n["link_gb"] * 1e9)
+        assert s.value() == pytest.approx(max(0.0, moved - n["compute_s"]), rel=5e-3)
 
 
 def test_lab_reflection_fails_a_plan_that_ignores_the_slow_link():

@@ -189,7 +189,7 @@ def test_formulas_import_no_torch():
             "import gpumem.planner, gpumem.planner.memory, gpumem.planner.cost, gpumem.planner.search\n"
             "import gpumem.planner.config, gpumem.planner.advice, gpumem.planner.stage_split\n"
             "import gpumem.memory.offload_cost, gpumem.timing.collectives, gpumem.timing.schedules\n"
-            "import gpumem.timing.hardware\n"
+            "import gpumem.timing.hardware, gpumem.planner.evaluate, gpumem.planner.placement\n"
             "import gpumem.cli_plan\n"
             "import gpumem.cli as cli\n"
             "cli.build_parser()\n"

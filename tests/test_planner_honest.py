@@ -131,13 +131,16 @@ def test_uneven_pipeline_split_is_llamas_and_shown(capsys):
             split = stage_split.stage_layers(cfg, pp)
             assert len(split) == pp and sum(split) == cfg.n_layers and max(split) - min(split) <= 1
             assert max(split[0], split[-1]) <= max(split) and min(split) >= 1
-    code, out, _ = run_cli(capsys, "plan", "--model", "llama-3.1-405b", "--gpus", "1024", "--json", "--top", "3")
-    best = json.loads(out)["plans"][0]
-    assert code == 0 and best["layout"]["pp"] == 16 and best["layout"]["stage_layers"] == [7] + [8] * 14 + [7]
-    assert (best["memory"]["stage"], best["memory"]["stage_layers"]) == (1, 8)   # 8 layers x 15 in flight
-    code, out, _ = run_cli(capsys, "plan", "--model", "llama-3.1-405b", "--gpus", "1024", "--top", "3")
+    llama = "tp=8,pp=16,dp=8,zero=1"                        # Llama 3's tp 8 x pp 16, on 1,024 GPUs
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama-3.1-405b", "--gpus", "1024", "--json", "--top", "3",
+                           "--layout", llama)
+    given = json.loads(out)["layout_result"]
+    assert code == 0 and given["layout"]["pp"] == 16 and given["layout"]["stage_layers"] == [7] + [8] * 14 + [7]
+    assert (given["memory"]["stage"], given["memory"]["stage_layers"]) == (1, 8)   # 8 layers x 15 in flight
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama-3.1-405b", "--gpus", "1024", "--top", "3",
+                           "--layout", llama)
     assert "pipeline: 16 stages of 7 + 14 x 8 + 7 layers; memory counted for stage 1 (8 layers)" in out
-    assert "pp16: 126 layers split 7 + 14 x 8 + 7" in out
+    assert "pp16: 126 layers split 7 + 14 x 8 + 7" in out       # in the ranked table's top 3
 
 
 def test_divisors_in_square_root_steps():

@@ -13,24 +13,27 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
 * **scores**: a kernel that materialises attention scores moves them through HBM: per score
   element 20 bytes for ``naive`` (bf16 S and P written and read in forward, P, dP and dS in
   backward) and 28 for ``eager`` (its fp32 softmax too), at the GPU's HBM bandwidth; flash 0.
-* **bubble**: 1F1B pipeline idle time, (pp - 1) / micro-batches x compute.
 * **tensor parallel** (AutoTP, no sequence parallelism): each layer all-reduces its s*b*h
   activations twice in forward (after W_o and the down projection) and twice in backward (the
-  inputs' gradients of the column-parallel q/k/v and gate/up), once more per re-run forward; a
-  ring all-reduce moves 2 (tp - 1) / tp of the tensor per rank. The output head gathers the
-  logits (e*s*b*V x (tp - 1) / tp) once per micro-batch. On NVLink (within a node), exposed.
-  With Megatron's sequence parallelism (3-D layouts) each all-reduce is an all-gather plus a
-  reduce-scatter of the same volume, and the vocabulary-parallel loss gathers no logits.
-* **pipeline**: each micro-batch sends its s*b*h activations forward and their gradient back
-  across each stage boundary, exposed.
-* **data parallel (ZeRO)**, each rank moving (dp - 1) / dp of each collective (a ring):
-  ZeRO-0/1 all-reduce the gradients once per step (2 psi), hidden behind the last micro-batch's
-  backward, and ZeRO-1 then all-gathers the updated parameters (psi, exposed, as ZeRO-2);
-  ZeRO-2 reduce-scatters every micro-batch (psi) behind the backward passes and
-  all-gathers the updated parameters once (psi, exposed); ZeRO-3 gathers the parameters in
-  forward and again in backward and reduce-scatters the gradients every micro-batch (3 psi),
-  hidden behind all compute (prefetch). What exceeds its window is exposed. The link is NVLink
-  when the group fits in one node, else :data:`INTER_NODE` per GPU.
+  inputs' gradients of the column-parallel q/k/v and gate/up), once more per re-run forward;
+  the output head all-gathers the logits (e*s*b*V) once per micro-batch. With Megatron's
+  sequence parallelism (3-D layouts) each all-reduce is an all-gather plus a reduce-scatter of
+  the same tensor, and the vocabulary-parallel loss gathers no logits. Exposed (no async TP).
+* **bubble**: the 1F1B schedule's (``gpumem.timing.schedules``, PipeDream-flush, Megatron's and
+  DeepSpeed's default) ``(p - 1)(F + B)``, where ``F + B`` is one micro-batch's stage time:
+  its compute, its exposed tensor-parallel collectives and its attention-score traffic.
+* **pipeline**: each micro-batch sends its activation forward and its gradient back across each
+  stage boundary (``schedules.p2p_message_bytes``, ``p2p_sends``: 2 m messages on a middle
+  stage), exposed; between nodes when the pipeline spans more than one node.
+* **data parallel (ZeRO)**: ZeRO-0/1 all-reduce the gradients once per step (S = psi x the
+  gradient's bytes), hidden behind the last micro-batch's backward, and ZeRO-1 then all-gathers
+  the updated parameters (exposed, as ZeRO-2); ZeRO-2 reduce-scatters every micro-batch behind
+  the backward passes and all-gathers the updated parameters once (exposed); ZeRO-3 gathers
+  the parameters in forward and again in backward and reduce-scatters the gradients every
+  micro-batch, hidden behind all compute (prefetch). What exceeds its window is exposed.
+  Collectives go in buckets of ``planner.memory.DS_BUCKET`` elements (ZeRO-3's gathers of
+  ``DS_PREFETCH``), each paying NCCL's latency.
+
 * **optimizer**: on the GPU, AdamW's HBM traffic (``speed.optimizer_seconds``). Offloaded, the
   links of ``offload_cost`` (PCIe, NVMe, CPU Adam): gradient copies down and parameter fetches
   up run during forward and backward and hide behind :data:`OFFLOAD_OVERLAP` (70 %, stated, not
@@ -38,17 +41,24 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
   NVMe read and write and the updated shard's upload run after backward, in series
   (DeepSpeed's default, no delayed parameter update).
 
-Bandwidths are link peaks per direction (``gpus``); NCCL reaches less, so communication times
-are optimistic.
+Every collective's seconds are :mod:`gpumem.timing.collectives`' (alpha-beta, NCCL's ring or
+tree, achieved bandwidth from published nccl-tests figures) over the group as it is placed
+(:mod:`.placement`: tensor-parallel ranks adjacent in a node, data-parallel ranks strided by
+tp -- one NIC per node when tp = 8, all eight when tp = 1 --, pipeline stages outermost), on the
+node type of the question's GPU (``placement.node_for``). Not modelled: groups that share a
+NIC at once (exact with one NIC per GPU, as on DGX nodes; optimistic on a node with fewer
+NICs than GPUs), congestion, compute slowed by communication kernels.
 """
 
 from functools import lru_cache
 
 from ..memory import accounting, offload_cost, recompute_cost, speed
-from ..memory.gpus import GPU, INTER_NODE
+from ..memory.gpus import GPU, INTER_NODE  # noqa: F401 (50 GB/s per GPU: the lab's "fast" network)
 from ..memory.models import ModelConfig
+from ..timing import schedules
+from . import placement
 from .config import PIPE_INTERVAL
-from .memory import FRAMEWORK_3D, Layout, layers_per_stage, local_params
+from .memory import DS_BUCKET, DS_PREFETCH, FRAMEWORK_3D, Layout, layers_per_stage, local_params
 
 GPUS_PER_NODE = 8
 SCORE_BYTES = {"flash": 0, "naive": 20, "eager": 28}
@@ -80,48 +90,56 @@ def recompute_share(cfg: ModelConfig, seq: int, lay: Layout) -> float:
     return _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay))["overhead"]
 
 
-def _bw(gpu: GPU, crosses_node: bool, inter_node: float = INTER_NODE) -> float:
-    if crosses_node:
-        return inter_node
-    return gpu.nvlink or gpu.pcie
-
-
 def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float = speed.MFU,
                  links: offload_cost.Links | None = None, gpus_per_node: int = GPUS_PER_NODE,
-                 inter_node: float = INTER_NODE) -> dict:
+                 inter_node: float | None = None) -> dict:
     """Seconds of one step on one GPU, by term (see the module), with ``total`` and ``bound``;
-    ``inter_node``: bytes/s per GPU between nodes."""
+    ``inter_node``: a line rate in bytes/s per GPU between nodes instead of the node type's
+    NICs (``placement.node_for``)."""
     r = accounting.RECIPE[lay.recipe]
     e = 4 if lay.recipe == "fp32" else 2
     f = _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay))
     per_mb = (f["forward"] + f["backward"] + f["recompute"]) / (lay.tp * lay.pp)
     compute = speed.seconds(per_mb * lay.n_micro, gpu, mfu)
+    mb_compute = compute / lay.n_micro
     ls = layers_per_stage(cfg, lay.pp)
     rerun = f["recompute"] / max(f["forward"], 1)          # share of a forward re-run
     scores = lay.micro_batch * (cfg.n_heads // lay.tp) * seq * seq
     score_s = lay.n_micro * ls * SCORE_BYTES[lay.attention] * scores * (1 + 0.4 * rerun) / gpu.hbm
-    bubble = compute * (lay.pp - 1) / lay.n_micro
+    node = placement.node_for(gpu, gpus_per_node, inter_node)
+    grp = placement.groups(node, lay.tp, lay.pp, lay.dp)
     act = e * seq * lay.micro_batch * cfg.d_model
-    tp_bytes = 0.0
+    tp_mb = 0.0                                            # exposed TP seconds per micro-batch
     if lay.tp > 1:
-        logits = 0 if lay.sequence_parallel else e * seq * lay.micro_batch * cfg.vocab   # the head's gathered output
-        tp_bytes = lay.n_micro * (ls * (8 + 4 * rerun) * act + logits) * (lay.tp - 1) / lay.tp
-    tp_s = tp_bytes / _bw(gpu, lay.tp > gpus_per_node, inter_node)
-    pp_s = 0.0
+        if lay.sequence_parallel:
+            one = placement.seconds("all_gather", act, grp["tp"]) + placement.seconds("reduce_scatter", act, grp["tp"])
+        else:
+            one = placement.seconds("all_reduce", act, grp["tp"])
+            tp_mb = placement.seconds("all_gather", e * seq * lay.micro_batch * cfg.vocab, grp["tp"])
+        tp_mb += ls * (4 + 2 * rerun) * one
+    tp_s = lay.n_micro * tp_mb
+    bubble = pp_s = 0.0
     if lay.pp > 1:
-        pp_s = lay.n_micro * 2 * act / lay.tp / _bw(gpu, lay.tp * lay.dp >= gpus_per_node, inter_node)
+        msg = schedules.p2p_message_bytes(seq, lay.micro_batch, cfg.d_model, e, tp=lay.tp,
+                                          sequence_parallel=lay.sequence_parallel)
+        stage = mb_compute + tp_mb + score_s / lay.n_micro   # F + B of one micro-batch on a stage
+        fwd = f["forward"] / max(f["forward"] + f["backward"] + f["recompute"], 1)
+        sched = schedules.schedule("1f1b", lay.pp, lay.n_micro, F=stage * fwd, B=stage * (1 - fwd),
+                                   message_bytes=msg)
+        bubble = sched.bubble_time
+        pp_s = sched.p2p_sends * placement.seconds("send_recv", msg, grp["pp"])
     psi = local_params(cfg, lay.tp, lay.pp)["params"]
-    ring = (lay.dp - 1) / lay.dp
-    dp_link = _bw(gpu, lay.tp * lay.dp > gpus_per_node, inter_node)
-    mb_compute = compute / lay.n_micro
+    dg, buckets, gathers = grp["dp"], -(-psi // DS_BUCKET), -(-psi // DS_PREFETCH)
+    grads, params = psi * r.grads, psi * r.params
     if lay.zero in (0, 1):
-        dp_comm, window = 2 * psi * r.grads * ring / dp_link, mb_compute * 2 / 3
-        exposed_extra = psi * r.params * ring / dp_link if lay.zero == 1 else 0.0
+        dp_comm, window = placement.seconds("all_reduce", grads, dg, buckets), mb_compute * 2 / 3
+        exposed_extra = placement.seconds("all_gather", params, dg, buckets) if lay.zero == 1 else 0.0
     elif lay.zero == 2:
-        dp_comm, window = lay.n_micro * psi * r.grads * ring / dp_link, compute * 2 / 3
-        exposed_extra = psi * r.params * ring / dp_link
+        dp_comm, window = lay.n_micro * placement.seconds("reduce_scatter", grads, dg, buckets), compute * 2 / 3
+        exposed_extra = placement.seconds("all_gather", params, dg, buckets)
     else:
-        dp_comm = lay.n_micro * psi * (2 * r.params + r.grads) * ring / dp_link
+        dp_comm = lay.n_micro * (2 * placement.seconds("all_gather", params, dg, gathers)
+                                 + placement.seconds("reduce_scatter", grads, dg, buckets))
         window, exposed_extra = compute, 0.0
     dp_s = max(0.0, dp_comm - window) + exposed_extra
     off = {"h2d": 0.0, "d2h": 0.0, "nvme": 0.0, "cpu_adam": 0.0}
@@ -136,6 +154,26 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
     total = sum(terms.values())
     return {**terms, "total": total, "bound": max(terms, key=terms.get),
             "data_parallel_moved_s": dp_comm + exposed_extra, "offload_terms": off}
+
+
+def assumptions(g: GPU, reserve, mfu: float, links: offload_cost.Links, node, opts: dict) -> list[str]:
+    """The cost model's stated figures, in words (``reserve``: a ``gpus.Reserve``; ``node``: the
+    ``timing.hardware.NodeType``; ``opts``: the search's, with ``host_per_node`` and ``nvme_per_node``)."""
+    link = f"NVLink {g.nvlink / 1e9:.0f} GB/s" if node.nvlink else f"PCIe {g.pcie / 1e9:.1f} GB/s"
+    return [f"fits against capacity minus the reserve: {reserve.describe()}",
+            f"compute at {mfu:.0%} MFU of {g.label}'s dense bf16 peak",
+            f"nodes: {node.label}; within a node {link} per direction per GPU; between nodes "
+            f"{node.nics} x {node.nic_bw / 1e9:g} GB/s NICs per node ({placement.per_gpu_network(node) / 1e9:g} GB/s per GPU)",
+            "collectives priced by gpumem.timing.collectives (NCCL ring/tree, latency, achieved bandwidth) "
+            "over groups placed tp-adjacent, dp strided by tp, pp outermost; pipeline bubble of 1F1B",
+            f"offload links: {links.source}",
+            f"host memory {opts['host_per_node'] / 1e12:g} TB and NVMe "
+            f"{opts['nvme_per_node'] / 1e12:g} TB per node of {node.gpus_per_node} GPUs",
+            f"attention FLOPs counted for the full s x s score matrix (not halved for the causal mask), "
+            f"as PyTorch's FLOP counter does",
+            "no host buffer factor (DeepSpeed's estimator multiplies host bytes by 1.5); CPU Adam at one "
+            "rate for every host; ZeRO-3's stage3_max_live_parameters and max_reuse_distance (1e9 emitted) "
+            "not counted beyond the largest module and the prefetch bucket"]
 
 
 def _offload(psi: int, lay: Layout, links: offload_cost.Links, compute: float) -> tuple[float, dict]:

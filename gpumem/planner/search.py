@@ -36,7 +36,8 @@ from ..memory.offload_cost import Links, datasheet_links
 from ..memory.policies import KERNELS, POLICIES
 from .advice import advise as _advise, check_capacity, nearest_batches
 from .config import deepspeed_config, fsdp_equivalent, megatron_args, model_code
-from .cost import GPUS_PER_NODE, step_seconds
+from .cost import GPUS_PER_NODE, assumptions, step_seconds
+from .placement import node_for, per_gpu_network
 from .memory import Layout, middle_stage, offload_buffers, per_gpu, stage_layers, states_part
 
 TB = 10**12
@@ -213,13 +214,12 @@ def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: i
          nvme_per_node: int | None = None) -> Result:
     """Every layout of ``model`` on ``gpus`` GPUs that fits, ranked by estimated step time.
 
-    ``gpu`` names the GPU table's entry for speeds (and capacity); ``gpu_mem`` (bytes) overrides
+    ``gpu`` names the GPU table's entry for speeds (and capacity) and, through
+    ``placement.node_for``, the node its collectives are priced on; ``gpu_mem`` (bytes) overrides
     the capacity. ``global_batch``: sequences per step (default 4M tokens' worth). ``tp``/``pp``
     restrict the degrees tried; the other sequences restrict their dimension. ``inter_node``:
-    bytes/s per GPU between nodes (default ``planner.cost.INTER_NODE``, 400 Gb/s);
-    ``host_per_node`` / ``nvme_per_node``: bytes per node (default DGX H100's)."""
-    from .cost import INTER_NODE
-    inter_node = INTER_NODE if inter_node is None else float(inter_node)
+    a line rate in bytes/s per GPU between nodes (one NIC per GPU) instead of the node's own
+    network; ``host_per_node`` / ``nvme_per_node``: bytes per node (default DGX H100's)."""
     cfg = models.get(model) if isinstance(model, str) else model
     gpus, seq = positive_int(gpus, "GPU count"), positive_int(seq, "sequence length")
     g = gpu_table.get(gpu)
@@ -232,30 +232,39 @@ def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: i
     usable = gpu_table.usable(capacity, reserve)
     check_capacity(capacity, reserve)
     links = links or datasheet_links(g.name)
+    node = node_for(g, gpus_per_node, None if inter_node is None else float(inter_node))
     opts = _options(recipes, zero, offloads, checkpoints, attentions, micro_batches, tp, pp, gpus_per_node,
                     host_per_node, nvme_per_node)
     closest: dict = {}
     plans, count = [], {}
     for lay, mem in candidates(cfg, gpus, seq, global_batch, usable, opts, closest, count=count):
-        t = step_seconds(cfg, seq, lay, g, mfu, links, gpus_per_node, inter_node)
-        tokens = lay.micro_batch * lay.n_micro * lay.dp * seq   # = global_batch x seq (see candidates)
-        buf = offload_buffers(cfg, lay)
-        swap = buf["param_swap"] + buf["optimizer_swap"]
-        mem = mem | {"usable": usable, "headroom": usable - mem["total"], "host_states": mem["host"],
-                     "host_buffers": swap, "host": mem["host"] + swap}
-        plans.append(Plan(lay, mem, t, tokens / t["total"], deepspeed_config(cfg, lay), fsdp_equivalent(lay),
-                          model_code(lay), megatron_args(cfg, lay), stage_layers(cfg, lay.pp)))
+        plans.append(price(cfg, seq, lay, mem, g, usable, mfu, links, gpus_per_node, inter_node))
     plans.sort(key=rank_key)
     question = {"model": cfg.name, "n_params": cfg.n_params(), "gpus": gpus, "gpu": g.name,
                 "capacity": capacity, "usable": usable, "reserve": reserve.of(capacity),
-                "seq": seq, "global_batch": global_batch, "mfu": mfu, "inter_node": inter_node}
+                "seq": seq, "global_batch": global_batch, "mfu": mfu, "inter_node": per_gpu_network(node),
+                "node": node.label}
     result = Result(question, plans, count["considered"], closest or None,
-                    assumptions=assumptions(g, reserve, mfu, links, inter_node, opts), evaluated=count["evaluated"])
+                    assumptions=assumptions(g, reserve, mfu, links, node, opts), evaluated=count["evaluated"])
     if not plans and advise:   # no layout's dp divides the batch: the batches that run; else what to change
         result.advice = nearest_batches(cfg, gpus, capacity, seq, global_batch, reserve, opts, fits_any,
                                         parallel_degrees) or _advise(cfg, gpus, g, capacity, seq, global_batch,
                                                                      reserve, opts, closest, fits_any, OFFLOAD_CHOICES)
     return result
+
+
+def price(cfg: ModelConfig, seq: int, lay: Layout, mem: dict, g: gpu_table.GPU, usable: int, mfu: float,
+          links: Links, gpus_per_node: int, inter_node: float | None) -> Plan:
+    """The :class:`Plan` of ``lay`` whose per-GPU bytes are ``mem`` (``per_gpu``): its step time,
+    host buffers, headroom against ``usable`` and the switches that set it up."""
+    t = step_seconds(cfg, seq, lay, g, mfu, links, gpus_per_node, inter_node)
+    tokens = lay.micro_batch * lay.n_micro * lay.dp * seq   # = global_batch x seq (see candidates)
+    buf = offload_buffers(cfg, lay)
+    swap = buf["param_swap"] + buf["optimizer_swap"]
+    mem = mem | {"usable": usable, "headroom": usable - mem["total"], "host_states": mem["host"],
+                 "host_buffers": swap, "host": mem["host"] + swap}
+    return Plan(lay, mem, t, tokens / t["total"], deepspeed_config(cfg, lay), fsdp_equivalent(lay),
+                model_code(lay), megatron_args(cfg, lay), stage_layers(cfg, lay.pp))
 
 
 def rank_key(p: Plan) -> tuple:
@@ -281,20 +290,3 @@ def fits_any(cfg: ModelConfig, gpus: int, capacity: int, seq: int, global_batch:
     for lay, _ in candidates(cfg, gpus, seq, global_batch, usable, opts, first_only=True):
         return lay
     return None
-
-
-def assumptions(g: gpu_table.GPU, reserve: gpu_table.Reserve, mfu: float, links: Links,
-                inter_node: float, opts: dict | None = None) -> list[str]:
-    """The cost model's stated figures, in words."""
-    link = f"NVLink {g.nvlink / 1e9:.0f} GB/s" if g.nvlink else f"PCIe {g.pcie / 1e9:.1f} GB/s"
-    return [f"fits against capacity minus the reserve: {reserve.describe()}",
-            f"compute at {mfu:.0%} MFU of {g.label}'s dense bf16 peak",
-            f"within a node {link} per direction per GPU; between nodes {inter_node / 1e9:g} GB/s per GPU",
-            f"offload links: {links.source}",
-            f"host memory {(opts or {}).get('host_per_node', HOST_PER_NODE) / TB:g} TB and NVMe "
-            f"{(opts or {}).get('nvme_per_node', NVME_PER_NODE) / TB:g} TB per node of {GPUS_PER_NODE} GPUs",
-            f"attention FLOPs counted for the full s x s score matrix (not halved for the causal mask), "
-            f"as PyTorch's FLOP counter does",
-            "no host buffer factor (DeepSpeed's estimator multiplies host bytes by 1.5); CPU Adam at one "
-            "rate for every host; ZeRO-3's stage3_max_live_parameters and max_reuse_distance (1e9 emitted) "
-            "not counted beyond the largest module and the prefetch bucket"]

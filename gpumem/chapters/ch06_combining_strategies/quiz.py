@@ -55,7 +55,7 @@ def _hide_tokens(n: dict) -> float:
     return comm * gpus.get(n["gpu_name"]).bf16_flops * planner_cost.speed.MFU / (6 * psi)
 
 
-BUBBLE_TARGET = 0.05      # the bubble share of compute the question asks to stay under
+BUBBLE_TARGET = 0.05      # the bubble share of the micro-batches' own time the question asks to stay under
 
 
 def _bubble_layout(cfg, n: dict, m: int) -> Layout:
@@ -68,9 +68,10 @@ def _bubble(rng) -> dict:
         "pp": pick(rng, (4, 8, 16)), "dp": pick(rng, (4, 8, 16))}
     cfg, h100 = models.get(n["model_name"]), gpus.get("h100-80gb")
     m = 1
-    while True:   # the planner's cost model: the fewest micro-batches with bubble <= 5 % of compute
+    while True:   # the planner's cost model: the fewest micro-batches with bubble <= 5 % of their own time
         t = planner_cost.step_seconds(cfg, 4096, _bubble_layout(cfg, n, m), h100)
-        if t["pipeline_bubble"] <= BUBBLE_TARGET * t["compute"] * (1 + 1e-12):   # (pp-1)/m = 5 % exactly counts
+        own = t["compute"] + t["tensor_parallel"] + t["attention_scores"]   # the micro-batches' stage time
+        if t["pipeline_bubble"] <= BUBBLE_TARGET * own * (1 + 1e-12):   # (pp-1)/m = 5 % exactly counts
             break
         m += 1
     acts = {k: planner_memory.stage_activations(cfg, 4096, _bubble_layout(cfg, n, k))["first"] / GB
@@ -84,7 +85,8 @@ def _slow(rng) -> dict:
     cfg = models.get("llama-3-8b")
     lay = Layout(recipe="mixed", zero=3, checkpoint="full", attention="flash", offload="none", device="cpu",
                  micro_batch=n["mb"], tp=1, pp=1, dp=16, n_micro=n["n_micro"])
-    t = planner_cost.step_seconds(cfg, 4096, lay, gpus.get(n["gpu_name"]), inter_node=n["link_gb"] * GB)
+    # one link per node, shared by its 8 GPUs: each GPU's share as the per-GPU line rate
+    t = planner_cost.step_seconds(cfg, 4096, lay, gpus.get(n["gpu_name"]), inter_node=n["link_gb"] * GB / 8)
     n |= {"psi": planner_memory.local_params(cfg, 1, 1)["params"], "compute_s": t["compute"],
           "moved_s": t["data_parallel_moved_s"], "exposed_s": t["data_parallel"]}
     return n
@@ -143,9 +145,9 @@ QUIZ = Quiz("06_combining_strategies", [
             "{model} trains with {pp} pipeline stages (1F1B schedule), tensor parallelism 8, {dp} "
             "data-parallel replicas, sequences of 4,096 and micro-batches of one sequence. How many "
             "micro-batches must each replica run per step for the pipeline bubble to cost at most 5 % of "
-            "the compute time?",
+            "the micro-batches' own time (their compute and tensor-parallel collectives)?",
             answer=lambda n: n["m"], unit="micro-batches", rel_tol=0.0,
-            hint="The bubble adds (stages - 1)/(micro-batches) of the compute. Then ask what the first "
+            hint="The bubble adds (stages - 1)/(micro-batches) of the micro-batches' own time. Then ask what the first "
                  "stage holds while the pipe is full: does it grow with every extra micro-batch?",
             explanation="(pp - 1)/m <= 0.05 needs m >= 20 (pp - 1): {answer} micro-batches, a global batch of "
                         "{batch} sequences. The memory price is small: under 1F1B the first stage holds at "
@@ -157,13 +159,15 @@ QUIZ = Quiz("06_combining_strategies", [
             draw=_bubble),
     Numeric("slow-network",
             "{model} ({psi:,} parameters) trains with ZeRO-3 over 16 {gpu}s in two nodes of 8, "
-            "micro-batches of {mb} x 4,096 tokens, {n_micro} micro-batches a step. Between the nodes each "
-            "GPU gets {link_gb} GB/s per direction. The planner's cost model gives {compute_s:.2f} s of "
-            "compute per step, behind which ZeRO-3's prefetched traffic can hide; per micro-batch it "
-            "gathers the bf16 weights twice and reduce-scatters the bf16 gradients once, each rank moving "
-            "15/16 of each collective. How many seconds of that traffic per step are exposed?",
+            "micro-batches of {mb} x 4,096 tokens, {n_micro} micro-batches a step. Each node has one "
+            "{link_gb} GB/s link (per direction) to the other, which NCCL drives at 94 % of its rate. The "
+            "planner's cost model gives {compute_s:.2f} s of compute per step, behind which ZeRO-3's "
+            "prefetched traffic can hide; per micro-batch it gathers the bf16 weights twice and "
+            "reduce-scatters the bf16 gradients once. A ring crosses each node's link once, so the link "
+            "carries one rank's share, 15/16 of each collective. How many seconds of that traffic per step "
+            "are exposed (NCCL's per-call latency is under 1 % here)?",
             answer=lambda n: n["exposed_s"], unit="s", rel_tol=0.01,
-            hint="Traffic per micro-batch: 3 collectives x 2 bytes x psi x 15/16 over the link; times the "
+            hint="Traffic per micro-batch: 3 collectives x 2 bytes x psi x 15/16 over 94 % of the link; times the "
                  "micro-batches; subtract the compute window; never below zero.",
             explanation="The transfers take {moved_s:.2f} s against {compute_s:.2f} s of compute: {answer} s "
                         "exposed. On a slow link ZeRO-3 pays in every micro-batch, which is why the planner "

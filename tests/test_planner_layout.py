@@ -1,0 +1,117 @@
+"""``plan --layout``: one given layout priced, checked for fit and ranked among the search's plans
+(issue 19 item 3), and the placement the planner prices its collectives on.
+
+The oracle for ranks is the search itself (a layout the search found must land where the search
+put it); bytes and tokens per second are re-derived by hand; group placements are derived from
+the rank order Megatron and DeepSpeed use (tensor fastest, then data, then pipeline)."""
+
+import json
+
+import pytest
+
+from gpumem import cli, planner
+from gpumem.errors import UsageError
+from gpumem.memory import models
+from gpumem.planner import placement
+from gpumem.timing.hardware import NODES
+
+CFG70 = models.get("llama-3-70b")
+
+
+@pytest.fixture(scope="module")
+def search70():
+    return planner.plan("llama-3-70b", 64, seq=8192, advise=False)
+
+
+def fields_of(lay) -> str:
+    return (f"tp={lay.tp},pp={lay.pp},dp={lay.dp},zero={lay.zero},ckpt={lay.checkpoint},mb={lay.micro_batch},"
+            f"attn={lay.attention},recipe={lay.recipe},offload={lay.offload},device={lay.device}")
+
+
+def test_the_top_plan_and_a_later_one_land_where_the_search_put_them(search70):
+    for index in (0, 36, len(search70.plans) - 1):
+        p = search70.plans[index]
+        r = planner.evaluate("llama-3-70b", 64, fields_of(p.layout), seq=8192, result=search70)
+        assert r.fits and r.rank == index + 1 and r.fitting == len(search70.plans)
+        assert r.plan.time == p.time and r.plan.memory == p.memory and r.plan.layout == p.layout
+
+
+def test_a_layout_that_does_not_fit_says_by_how_much(search70):
+    """tp 8 x dp 8 with ZeRO-1 and no pipeline: 4 B of weights and gradients per local parameter
+    plus 12 B of optimizer state over 8 replicas, before activations: over 50 GB (by hand)."""
+    r = planner.evaluate("llama-3-70b", 64, "tp=8,pp=1,dp=8,zero=1", seq=8192, result=search70)
+    psi = CFG70.n_params() / 8
+    states = r.plan.memory["params"] + r.plan.memory["grads"] + r.plan.memory["optimizer"]
+    assert states == pytest.approx(4 * psi + 12 * psi / 8, rel=0.01)
+    assert not r.fits and r.rank is None and r.plan.memory["total"] > search70.question["usable"]
+    assert r.why_not and "GB per GPU" in r.why_not[0]
+
+
+def test_json_layout_result_contract(capsys):
+    """``--json`` keeps the plan's keys and adds ``layout_result`` with fits, rank, memory, time
+    and tokens_per_s = global batch x seq / step seconds (by hand)."""
+    code = cli.main(["plan", "--model", "llama-3-70b", "--gpus", "64", "--seq", "8192", "--json",
+                     "--layout", "tp=4,pp=8,dp=2,zero=1,ckpt=none,mb=1"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and {"question", "plans", "considered", "fitting"} <= set(out)
+    lr = out["layout_result"]
+    assert {"fits", "rank", "memory", "time", "tokens_per_s"} <= set(lr)
+    assert lr["fits"] is True and 1 <= lr["rank"] <= out["fitting"]
+    assert lr["layout"]["tp"] == 4 and lr["layout"]["pp"] == 8 and lr["layout"]["dp"] == 2
+    assert lr["layout"]["n_micro"] == out["question"]["global_batch"] // (2 * 1)    # dp x mb x accumulation
+    assert lr["tokens_per_s"] == pytest.approx(out["question"]["global_batch"] * 8192 / lr["time"]["total"])
+    assert lr["memory"]["total"] <= out["question"]["usable"]
+
+
+@pytest.mark.parametrize("layout, says", [
+    ("tp=8,pp=16,dp=64,zero=1", "must be equal"),             # 8,192 GPUs asked of 64
+    ("tp=8,pp=8,dp=1,zero=1,vp=2", "not modelled yet; accepted: vp=1"),
+    ("tp=8,pp=8,dp=1,zero=1,cp=2", "not modelled yet; accepted: cp=1"),
+    ("tp=8,pp=8,dp=1,zero=2", "accepted: zero=0 or 1"),
+    ("tp=8,pp=8,dp=1,zero=1,foo=2", "accepted: tp, pp, dp, zero"),
+    ("tp=8,pp=8,dp=1,zero=1,ckpt=most", "accepted: none, full"),
+    ("tp=8,pp=8,dp=1", "required: tp, pp, dp, zero"),
+    ("tp=8,pp=8,dp=1,zero=1,mb=3", "dp x mb x accumulation"),  # 1,024 sequences / 3
+    ("tp=8,pp=8,dp=1,zero=1,mb=0", "positive integer"),
+    ("tp=8,tp=8,pp=8,dp=1,zero=1", "given twice"),
+    ("tp", "not key=value"),
+])
+def test_bad_layouts_exit_2_with_one_line(capsys, layout, says):
+    code = cli.main(["plan", "--model", "llama-3-70b", "--gpus", "64", "--layout", layout])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and says in err and len(err.splitlines()) == 1, err
+
+
+def test_library_refuses_what_the_command_line_refuses():
+    with pytest.raises(UsageError, match="accepted: vp=1"):
+        planner.parse_layout("tp=8,pp=2,dp=4,zero=1,vp=4")
+    assert planner.parse_layout("TP=2, pp=1 ,dp=4,zero=3")["ckpt"] == "none"   # defaults filled in
+
+
+def test_groups_sit_where_the_rank_order_puts_them():
+    """Global rank = tp_rank + tp x (dp_rank + dp x pp_rank), 8 GPUs a node: a DP group of tp 8 is
+    one rank on each of 8 nodes (one NIC each); of tp 1 it is 8 ranks on each of 8 nodes; tp 4 x pp 4
+    x dp 4 puts DP ranks 0, 4, 8, 12 two to a node on 2 nodes, and its 16-stage-span pipeline
+    crosses nodes."""
+    node = placement.node_for(NODES["dgx-h100"].gpu)
+    shape = {k: (g.ranks_per_node, g.nodes) for k, g in placement.groups(node, 8, 1, 8).items()}
+    assert shape == {"tp": (8, 1), "dp": (1, 8), "pp": (1, 1)}
+    assert (placement.groups(node, 1, 1, 64)["dp"].ranks_per_node, placement.groups(node, 1, 1, 64)["dp"].nodes) == (8, 8)
+    g = placement.groups(node, 4, 4, 4)
+    assert (g["tp"].ranks_per_node, g["tp"].nodes) == (4, 1) and (g["dp"].ranks_per_node, g["dp"].nodes) == (2, 2)
+    assert (g["pp"].ranks_per_node, g["pp"].nodes) == (1, 2)
+    assert node.nics_for(1) == 1 and node.nics_for(8) == 8    # DGX H100: one NIC beside each GPU
+    slow = placement.node_for(NODES["dgx-h100"].gpu, 8, 1.25e9)
+    assert placement.per_gpu_network(slow) == 1.25e9 and slow.nics == 8
+
+
+def test_a_strided_data_parallel_ring_crosses_one_nic_a_node():
+    """The same all-gather over dp 8: strided (tp 8, one rank a node) it is bound by the one NIC
+    beside each rank; inside one node (tp 1, dp 8) by NVLink."""
+    node = placement.node_for(NODES["dgx-h100"].gpu)
+    strided = placement.groups(node, 8, 1, 8)["dp"]
+    assert placement.binding("all_gather", 1e9, strided) == "network"
+    inside = placement.groups(node, 1, 1, 8)["dp"]
+    assert placement.binding("all_gather", 1e9, inside) == "NVLink"
+    # 1 GB all-gather over 8 ranks: each sends 7/8 GB; one NIC at 47 of 50 GB/s (nccl-tests #290)
+    assert placement.seconds("all_gather", 1e9, strided) == pytest.approx(7 / 8 * 1e9 / 47e9, rel=0.01)
