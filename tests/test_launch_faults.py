@@ -146,3 +146,35 @@ def test_ranks_keep_inductors_cache_in_their_job_even_after_torch_set_its_defaul
     where = launch.run(f"{EX}:make_inductor_cache", 2, progress=False)
     assert all(w.startswith(str(private_tmp / "gpumem-ranks-")) for w in where), where
     assert list(private_tmp.iterdir()) == []
+
+
+def test_a_rank_that_exits_abruptly_is_named_not_its_peers_consequence(private_tmp):
+    with pytest.raises(launch.RankError) as err:
+        launch.run(f"{EX}:exit_code_on_rank_one_while_rank_zero_waits", 2, progress=False)
+    assert str(err.value).startswith("rank 1 failed with exit code 3"), str(err.value)
+    assert list(private_tmp.iterdir()) == []
+
+
+def test_what_ranks_put_in_the_temp_folder_goes_with_their_job(private_tmp):
+    where = launch.run(f"{EX}:make_temp_folder", 2, progress=False)
+    assert all(w.startswith(str(private_tmp / "gpumem-ranks-")) for w in where), where
+    assert list(private_tmp.iterdir()) == []
+
+
+def test_a_stale_jit_lock_is_removed_before_deepspeed_ranks_start(tmp_path, monkeypatch, capsys):
+    """A rank killed while loading an op leaves <cache>/<op>/lock; every later load would wait on it."""
+    import os as _os
+
+    from gpumem.runs import dsops
+    cache = tmp_path / "ext"
+    (cache / "deepspeed_shm_comm").mkdir(parents=True)
+    lock = cache / "deepspeed_shm_comm" / "lock"
+    lock.write_text("")
+    old = time.time() - 60
+    _os.utime(lock, (old, old))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(cache))
+    with pytest.raises(launch.RankError):      # the target does not exist: only the sweep matters here
+        launch.run(f"{EX}:no_such_function", 1, deepspeed=True, progress=False)
+    assert not lock.exists()
+    assert "stale JIT lock" in capsys.readouterr().err
+    assert dsops.cache_dir() == cache

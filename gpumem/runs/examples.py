@@ -42,3 +42,18 @@ def make_inductor_cache(rank, world):
     some at import), which creates it; return where it is."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     return cache_dir()
+
+
+def exit_code_on_rank_one_while_rank_zero_waits(rank, world, code: int = 3):
+    """Rank 1 ends abruptly with ``code``; rank 0 waits at a barrier and fails as a consequence
+    (gloo: "Connection closed by peer"): the launcher must name rank 1, the cause."""
+    if rank == 1:
+        os._exit(code)
+    dist.barrier()
+    return rank
+
+
+def make_temp_folder(rank, world):
+    """Make a folder in the temp directory as libraries do (DeepSpeed's compile checks); return it."""
+    import tempfile
+    return tempfile.mkdtemp()

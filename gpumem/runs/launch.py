@@ -50,26 +50,6 @@ class RunStopped(RunFailure, KeyboardInterrupt):
     KeyboardInterrupt, so whatever stops on Ctrl-C (a notebook, pytest) still stops."""
 
 
-def _stall_seconds(given) -> float:
-    """The heartbeat deadline: ``given``, else ``$GPUMEM_RANK_STALL_S``, else 60 s; bad values refused."""
-    text = given if given is not None else os.environ.get(STALL_ENV, STALL_S)
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not 0 < value < 86400:   # nan fails both comparisons
-        source = "stall_timeout" if given is not None else STALL_ENV
-        raise UsageError(f"{source} {str(text)[:40]!r} is not a number of seconds; accepted: more than 0, "
-                         "less than 86400")
-    return value
-
-
-def _inductor_default(value: str | None) -> bool:
-    """Whether inductor's cache folder is unset or torch's default, ``<tmp>/torchinductor_<user>``
-    (the temp folder of whichever process looked it up first)."""
-    return value is None or Path(value).name.startswith("torchinductor_")
-
-
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free now, for the ranks' rendezvous."""
     with socket.socket() as s:
@@ -146,8 +126,11 @@ def _failure(job: Path, procs, rank: int) -> RankError:
     """Why ``rank`` ended without a result. The root cause comes first: a rank killed by a signal
     (its peers' errors are the consequence), else the first error any rank wrote."""
     codes = {k: p.poll() for k, p in enumerate(procs)}
-    killed = [k for k, c in codes.items() if c is not None and c < 0 and not (job / f"result{k}.pkl").exists()]
     errors = sorted(job.glob("error*.json"), key=lambda p: p.stat().st_mtime_ns)
+    # ended abruptly: no result and no error of its own (a signal, os._exit, a crash in C)
+    killed = [k for k, c in codes.items() if c is not None and not (job / f"result{k}.pkl").exists()
+              and not (job / f"error{k}.json").exists()]
+    killed.sort(key=lambda k: codes[k] == 0)   # a signal or an exit code before a quiet exit 0
     if errors and not killed:
         first = int(errors[0].stem.removeprefix("error"))
         saved = json.loads(errors[0].read_text())
@@ -218,11 +201,15 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
         import torch
         if ranks > torch.cuda.device_count():
             raise UsageError(f"{ranks} ranks asked for, {torch.cuda.device_count()} GPUs present")
-    stall_s = _stall_seconds(stall_timeout)
+    stall_s = rank_guard.stall_seconds(stall_timeout, STALL_ENV, STALL_S)
     procs: list[subprocess.Popen] = []
     files: list = []
     bar = None
     with rank_guard.signals_stop_the_run(), scratch.folder("ranks", note=_note) as job:
+        if deepspeed:   # a rank killed while loading an op leaves its JIT lock: every later load would wait
+            from . import dsops
+            for lock in dsops.clear_stale_locks():
+                _note(f"removed a stale JIT lock left by a killed rank: {lock}")
         try:
             (job / "spec.pkl").write_bytes(pickle.dumps(dict(target=target, ranks=ranks, device=device,
                                                              deepspeed=deepspeed, kwargs=kwargs)))
@@ -234,9 +221,13 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
                 # torch's and triton's caches default to <tmp>/torchinductor_<user>: keep them in the job.
                 # Torch writes that default into this process's environment once anything here
                 # looked the cache up (DeepSpeed's import does), so a value in the temp folder is replaced.
-                if _inductor_default(env.get("TORCHINDUCTOR_CACHE_DIR")):
+                if rank_guard.inductor_default(env.get("TORCHINDUCTOR_CACHE_DIR")):
                     env["TORCHINDUCTOR_CACHE_DIR"] = str(job / "torchinductor")
                 env.setdefault("TRITON_CACHE_DIR", str(job / "triton"))
+                # whatever else a rank puts in the temp folder (DeepSpeed's compile checks make
+                # /tmp/tmpXXXX folders) lives and dies with the job folder
+                (job / "tmp").mkdir(exist_ok=True)
+                env["TMPDIR"] = str(job / "tmp")
                 files.append(open(job / f"stderr{r}.txt", "wb"))
                 procs.append(subprocess.Popen([sys.executable, "-m", "gpumem.runs.launch", str(job), str(r)],
                                               env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -250,7 +241,8 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
         except KeyboardInterrupt as stop:
             how = getattr(stop, "how", "Ctrl-C (KeyboardInterrupt)")
             _end(procs, files)
-            err = RunStopped(f"run stopped by {how}: {len(procs)} ranks ended, their folder removed")
+            ended = f"{len(procs)} rank{'s' if len(procs) != 1 else ''} ended"
+            err = RunStopped(f"run stopped by {how}: {ended}, their folder removed")
             err.signum = getattr(stop, "signum", 2)   # the command line exits 128 + signum
             raise err from None
         finally:
@@ -265,7 +257,7 @@ def _under_external_launcher(argv: list[str]) -> NoReturn:
     from . import dsops
     # torch.compile wrappers (DeepSpeed makes some at import) create inductor's cache folder,
     # by default <tmp>/torchinductor_<user>: keep it in the course cache instead
-    if _inductor_default(os.environ.get("TORCHINDUCTOR_CACHE_DIR")):
+    if rank_guard.inductor_default(os.environ.get("TORCHINDUCTOR_CACHE_DIR")):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(dsops.cache_dir().parent / "torchinductor")
     import torch
     target, rest = argv[0], argv[1:]

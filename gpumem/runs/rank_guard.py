@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from ..errors import UsageError
+
 PARENT_ENV = "GPUMEM_LAUNCH_PARENT"    # the launcher's pid
 PIPE_ENV = "GPUMEM_LAUNCH_PIPE"        # "1": stdin is a pipe the launcher holds open
 HEARTBEAT_S = 1.0
@@ -133,3 +135,23 @@ def signals_stop_the_run():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def stall_seconds(given, env_name: str, default: float) -> float:
+    """The heartbeat deadline: ``given``, else ``$<env_name>``, else ``default``; bad values refused."""
+    text = given if given is not None else os.environ.get(env_name, default)
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not 0 < value < 86400:   # nan fails both comparisons
+        source = "stall_timeout" if given is not None else env_name
+        raise UsageError(f"{source} {str(text)[:40]!r} is not a number of seconds; accepted: more than 0, "
+                         "less than 86400")
+    return value
+
+
+def inductor_default(value: str | None) -> bool:
+    """Whether inductor's cache folder is unset or torch's default, ``<tmp>/torchinductor_<user>``
+    (the temp folder of whichever process looked it up first)."""
+    return value is None or Path(value).name.startswith("torchinductor_")
