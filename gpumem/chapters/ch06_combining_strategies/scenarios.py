@@ -70,3 +70,10 @@ def recommendations(recipes: tuple = planner.RECIPES) -> dict:
                      "memory": b.memory, "time": {k: v for k, v in b.time.items() if k != "offload_terms"},
                      "tokens_per_s": b.tokens_per_s}
     return out
+
+
+def evaluate(name: str, layout: str, result: planner.Result | None = None) -> planner.LayoutResult:
+    """One given layout (``plan --layout``'s text) priced and ranked in scenario ``name``."""
+    s = {k: v for k, v in SCENARIOS[name].items() if k != "about"}
+    model, gpus, gpu = s.pop("model"), s.pop("gpus"), s.pop("gpu")
+    return planner.evaluate(model, gpus, layout, gpu, result=result, **s)
