@@ -69,7 +69,7 @@ def _state_bounds(parser: argparse.ArgumentParser) -> None:
                 and f"at most {bound_text(action.type.bound)}" not in (action.help or ""):
             action.help = f"{action.help + '; ' if action.help else ''}at most {bound_text(action.type.bound)}"
         elif "--gpu-mem" in action.option_strings and "at most" not in (action.help or ""):
-            action.help = f"{action.help or ''}; at most 1 PB"        # gpumem.units.MAX_SIZE
+            action.help = f"{action.help or ''}; at most 1000TB"        # gpumem.units.MAX_SIZE
 
 
 def _check_env(args) -> int:
@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             status = 0
         else:
             status = args.func(args)
-        sys.stdout.flush()              # a closed pipe is found here, not in the interpreter's exit
+        if sys.stdout is not None:      # None: started with stdout closed (>&-); print wrote nothing
+            sys.stdout.flush()          # a closed pipe is found here, not in the interpreter's exit
         return status
     except UsageError as err:
         print(f"gpumem: error: {_cut_long_values(_one_line(err))}", file=sys.stderr)

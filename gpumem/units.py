@@ -87,11 +87,11 @@ def parse_size(text: str, name: str = "size") -> int:
     match = _SIZE.match(str(text))
     if not match:
         raise UsageError(f"{name} {shown(text)} is not a size; write a number with a unit, "
-                         f"one of {', '.join(UNITS)} (e.g. 80GB or 80GiB), at most 1 PB")
+                         f"one of {', '.join(UNITS)} (e.g. 80GB or 80GiB), at most 1000TB")
     unit = match.group(2) or "GB"
     canonical = {u.lower(): u for u in UNITS}[unit.lower()]
     if len(match.group(1).split(".")[0].lstrip("0")) > 16:      # judged before float() (inf) or int()
-        raise UsageError(f"{name} {shown(text)} is too large; accepted: at most 1 PB (10^15 bytes)")
+        raise UsageError(f"{name} {shown(text)} is too large; accepted: at most 1000TB (10^15 bytes)")
     value = int(round(float(match.group(1)) * UNITS[canonical]))
     if value <= 0:
         raise UsageError(f"{name} must be larger than zero, got {shown(text)}")

@@ -58,7 +58,7 @@ BAD = [
      "tokens per micro-batch"),                                                    # torch: storage size overflowed
     (["plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch", "16777217"], "1 to 16,777,216"),
     (["plan", "--model", "llama-3-8b", "--gpus", "8", "--top", "10001"], "1 to 10,000"),
-    (["plan", "--model", "llama-3-8b", "--gpus", "8", "--gpu-mem", "1001TB"], "at most 1 PB"),
+    (["plan", "--model", "llama-3-8b", "--gpus", "8", "--gpu-mem", "1001TB"], "at most 1000TB"),
     (["plan", "--model", "llama-3-8b", "--gpus", "8", "--gpu-mem", "9" * 400 + "GB"], "too large"),  # was inf
     (["run", "zero", "--ranks", "65"], "1 to 64"),
     (["run", "zero", "--model", "llama-3-70b"], "too large for CPU ranks"),         # tried to build 70B on CPU
@@ -149,7 +149,7 @@ def test_help_states_every_bound(capsys):
         texts[verb[-1]] = " ".join(capsys.readouterr().out.split())
     assert "at most 10^15" in texts["estimate"] and "at most 16,777,216" in texts["estimate"]
     assert "at most 65,536" in texts["estimate"] and "at most 1,000,000" in texts["estimate"]
-    for words in ("at most 1,000,000", "at most 16,777,216", "at most 10,000", "at most 1 PB"):
+    for words in ("at most 1,000,000", "at most 16,777,216", "at most 10,000", "at most 1000TB"):
         assert words in texts["plan"], words
     assert "at most 4,096" in texts["offload"] and "at most 100" in texts["offload"]
     assert "at most 16,384" in texts["attention"] and "at most 64" in texts["attention"]
@@ -232,3 +232,13 @@ def test_output_to_a_full_device_is_one_line_exit_1():
                               stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr == "gpumem: error: cannot write the output: No space left on device\n", proc.stderr
+
+
+def test_a_closed_stdout_is_no_traceback():
+    """``python -m gpumem plan ... >&-``: Python starts with sys.stdout None."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", "import sys; sys.stdout.close(); sys.stdout = None; "
+                           "from gpumem import cli; raise SystemExit(cli.main(['estimate', '--model', 'tiny']))"],
+                          capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in proc.stderr and proc.returncode in (0, 1), proc.stderr

@@ -264,3 +264,29 @@ def test_pydantic_refusal_is_one_line_naming_the_field():
     trace = f"Traceback (most recent call last):\n  File \"x.py\", line 1\n{type(caught.value).__name__}: {caught.value}\n"
     line = grading.failure_line(RunFailure("rank 0 failed: ValidationError", detail=trace))
     assert line == "DeepSpeed refused the config: stage: Input should be 0, 1, 2 or 3"
+
+
+class _OwnBase(BaseException):
+    pass
+
+
+def _exits(*args, **kwargs):
+    import sys
+    sys.exit(3)
+
+
+def _generator_exit(*args, **kwargs):
+    raise GeneratorExit
+
+
+def _own_base(*args, **kwargs):
+    raise _OwnBase("mine")
+
+
+@pytest.mark.parametrize("fn, says", [(_exits, "sys.exit(3)"), (_generator_exit, "GeneratorExit"),
+                                      (_own_base, "_OwnBase: mine")])
+@pytest.mark.parametrize("lab, name", [("lab01", "model_state_bytes"), ("lab06", "choose_plan")])
+def test_sys_exit_and_other_base_exceptions_are_reported_not_raised(lab, name, fn, says):
+    report, _ = grade(lab, {name: fn})
+    rows = [r for r in report.rows if r.function == name]
+    assert rows and rows[0].status == "error" and says in rows[0].detail, report.summary()

@@ -259,3 +259,13 @@ def test_a_save_killed_half_way_leaves_a_whole_file():
         assert [len(_saved()[f"killed{i}"]) > 0 for i in range(n + 1)] == [True] * (n + 1)   # whole JSON
     progress.save_result("after", "q", True)                  # sweeps a left temporary file
     assert sorted(p.name for p in _home().iterdir()) == ["progress.json", "progress.json.lock"]
+
+
+def test_a_file_with_a_byte_order_mark_is_read(tmp_path, monkeypatch):
+    """Windows editors save UTF-8 with a BOM: the entries are the learner's and carry on."""
+    from gpumem.course import progress
+    monkeypatch.setenv("GPUMEM_HOME", str(tmp_path))
+    entry = {"00_setup": {"q1": {"correct": True, "attempts": 2}}}
+    (tmp_path / "progress.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(entry).encode())
+    assert progress.load_progress()["00_setup"]["q1"] == entry["00_setup"]["q1"]
+    assert not list(tmp_path.glob("progress.json.unreadable-*"))

@@ -182,3 +182,24 @@ def test_widget_answers_through_the_same_engine():
             break
     assert prompt.value != before and out.value == "" and entry.value == ""
     assert "gpumem-quiz" in quiz_box(quiz)._dom_classes
+
+
+HOSTILE_ANSWERS = [10**5000, "x" * 100_000, float("nan"), object()]
+
+
+def test_no_answer_raises_or_floods_the_cell(tmp_path, monkeypatch, capsys):
+    """Every question of every chapter, given absurd answers: feedback, never an exception, and
+    never a wall of text (a 100,000-character answer is not echoed back)."""
+    import importlib
+
+    from gpumem.chapters import CHAPTERS
+    monkeypatch.setenv("GPUMEM_HOME", str(tmp_path))
+    tried = 0
+    for chapter in CHAPTERS:
+        quiz = getattr(importlib.import_module(chapter.package + ".quiz"), "QUIZ", None)
+        for q in quiz.questions if quiz else ():
+            for value in HOSTILE_ANSWERS:
+                quiz.answer(q.id, value)
+                assert len(capsys.readouterr().out) < 3000, (q.id, repr(value)[:20])
+                tried += 1
+    assert tried > 200

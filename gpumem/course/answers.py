@@ -71,13 +71,13 @@ def to_unit(value, unit: str) -> tuple[float, str]:
     converted (``'85.52 GB read as 79.65 GiB'``); a :class:`UsageError` when it cannot be read."""
     if isinstance(value, bool):
         raise UsageError(f"{value!r} is not a number; answer with {describe(unit)}")
-    if isinstance(value, (int, float)):
-        return float(value), ""
     try:
-        return float(value), ""       # numpy scalars and the like
+        return float(value), ""       # ints, floats, numpy scalars and the like
+    except OverflowError:
+        raise UsageError(f"that number is too large to be an answer; answer with {describe(unit)}") from None
     except (TypeError, ValueError):
         pass
-    text = str(value)
+    text = str(value)[:200]           # an answer is short; a huge one is cut before it is parsed
     match = _NUMBER.match(text)
     if not match:
         raise UsageError(f"{text!r} is not a number; answer with {describe(unit)}")

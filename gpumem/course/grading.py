@@ -1,21 +1,18 @@
 """Grading for labs: a lab's ``check()`` builds a :class:`Report` of rows ``ok``, ``todo`` (still
 raises ``NotImplementedError``), ``wrong`` (expected vs got) or ``error`` (what it raised, or "took
 longer than N s"). It never raises: each case runs through :func:`run_case`, the learner's call
-*and* the grader's comparison under one guard and time limit; only Ctrl-C and SystemExit pass."""
+*and* the grader's comparison under one guard and time limit; only Ctrl-C passes."""
 
 import contextlib
 import io
-import os
-import signal
 import sys
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-CASE_SECONDS = 120.0       # per case; generous for a slow laptop; GPUMEM_CASE_SECONDS overrides
+from .case_limits import TookTooLong, case_seconds, time_limit  # noqa: F401 (labchecks import them here)
+
 OUTPUT_CHARS = 20_000      # what one case may print (stdout and stderr each); the rest is counted
 DETAIL_CHARS = 300         # a row's detail is one line at most this long
-_active = threading.local()  # whether a time limit runs in this thread
 
 
 @dataclass
@@ -63,92 +60,12 @@ class Report:
         printer.text(self.summary())
 
 
-class TookTooLong(BaseException):
-    """A case ran past its time limit: a BaseException, so a learner's ``except Exception`` keeps none."""
-
-    def __init__(self, seconds: float):
-        super().__init__(f"took longer than {seconds:g} s (stopped)")
-
-
 class Todo(Exception):
     """The learner's function still raises ``NotImplementedError``."""
 
 
 class LearnerError(Exception):
     """The learner's function raised: ``str()`` is the exception's type and first line."""
-
-
-def case_seconds(seconds: float | None = None, cases: int = 1) -> float:
-    """The time limit for ``cases`` cases run as one: ``seconds`` if given, else the environment's
-    ``GPUMEM_CASE_SECONDS``, else :data:`CASE_SECONDS`, per case."""
-    env = os.environ.get("GPUMEM_CASE_SECONDS", "")
-    if seconds is None:
-        seconds = float(env) if env.replace(".", "", 1).isdigit() else CASE_SECONDS
-    return seconds * cases
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    """Raise :class:`TookTooLong` in this thread once ``seconds`` have passed (a limit already
-    running in this thread governs a nested one). In the main thread on POSIX (a Jupyter kernel
-    runs cells there) a real-time timer's SIGALRM raises it, again every second after the limit,
-    so a learner's bare ``except:`` cannot keep a loop alive; elsewhere a watchdog thread does
-    the same (:func:`_watchdog`). A C-level operation (one long torch kernel, a blocking
-    collective) is not interrupted: the limit strikes when control returns to Python."""
-    if getattr(_active, "on", False) or not seconds or seconds <= 0:
-        yield
-        return
-    _active.on, armed = True, [True]
-
-    def stop():
-        if armed[0]:
-            raise TookTooLong(seconds)
-    try:
-        if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
-            previous = signal.signal(signal.SIGALRM, lambda signum, frame: stop())
-            outer = signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
-            try:
-                yield
-            finally:
-                while armed[0]:                   # a strike landing here is dropped: the case ended
-                    with contextlib.suppress(TookTooLong):
-                        armed[0] = False
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
-                if outer[0]:                      # someone else's timer goes on
-                    signal.setitimer(signal.ITIMER_REAL, *outer)
-        else:
-            with _watchdog(seconds, armed):
-                yield
-    finally:
-        _active.on = False
-
-
-@contextlib.contextmanager
-def _watchdog(seconds: float, armed: list):
-    """Off the main thread: a watchdog thread raises TookTooLong in this one (CPython's
-    ``PyThreadState_SetAsyncExc``, delivered between bytecodes), again every second until the
-    case ends; a strike still pending when it ends is withdrawn."""
-    import ctypes
-    tid, lock, stopped = threading.get_ident(), threading.Lock(), threading.Event()
-    strike = type("TookTooLong", (TookTooLong,), {"__init__": lambda self: TookTooLong.__init__(self, seconds)})
-    send = ctypes.pythonapi.PyThreadState_SetAsyncExc
-
-    def watch():
-        waits = iter([seconds])
-        while not stopped.wait(next(waits, 1.0)):
-            with lock:
-                if armed[0]:
-                    send(ctypes.c_ulong(tid), ctypes.py_object(strike))
-    threading.Thread(target=watch, daemon=True, name="gpumem-case-limit").start()
-    try:
-        yield
-    finally:
-        stopped.set()
-        while armed[0]:
-            with contextlib.suppress(TookTooLong), lock:
-                armed[0] = False
-                send(ctypes.c_ulong(tid), ctypes.py_object())      # NULL: withdraw a pending strike
 
 
 class _Capped(io.TextIOBase):
@@ -192,7 +109,7 @@ def error_line(err: BaseException) -> str:
         with contextlib.suppress(Exception):
             return one_line("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}, got {e.get('input')!r}"
                                       for e in errors()))
-    return one_line(f"{type(err).__name__}: {err}")
+    return one_line(f"{type(err).__name__}: {err}" if str(err) else f"{type(err).__name__} (no message)")
 
 
 def kind(value: Any) -> str:
@@ -220,8 +137,8 @@ def returned(value: Any, expected: str) -> str:
 
 
 def call(fn: Callable, *args, **kwargs):
-    """Call the learner's ``fn``: ``NotImplementedError`` becomes :class:`Todo`, any other
-    exception :class:`LearnerError`; what it prints is capped (:func:`capped_output`)."""
+    """Call the learner's ``fn``: ``NotImplementedError`` becomes :class:`Todo`, any other exception
+    (``sys.exit`` too; only Ctrl-C passes) :class:`LearnerError`; its printing is capped."""
     if not callable(fn):
         raise LearnerError(f"it is {kind(fn)}, not a function")
     try:
@@ -229,8 +146,11 @@ def call(fn: Callable, *args, **kwargs):
             return fn(*args, **kwargs)
     except NotImplementedError:
         raise Todo() from None
-    except Exception as err:  # the learner's bug, reported, not raised
-        raise LearnerError(error_line(err)) from None
+    except BaseException as err:
+        if isinstance(err, (KeyboardInterrupt, TookTooLong)):
+            raise
+        raise LearnerError(f"it called sys.exit({err.code!r}); return the answer instead"
+                           if isinstance(err, SystemExit) else error_line(err)) from None
 
 
 def run_case(report: Report, function: str, case: str, body: Callable[[], tuple[str, str] | None],

@@ -104,7 +104,7 @@ def _read(path: Path) -> tuple[dict, str]:
     except OSError as err:
         return {}, f"cannot be read ({_why(err)})"
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8-sig"))
     except (ValueError, RecursionError):
         return {}, "is not valid JSON (cut short or overwritten?)"
     return valid_entries(data)

@@ -81,11 +81,12 @@ class Choice(_Asked):
         if isinstance(value, str) and value in self.options:
             return self.options.index(value) == self.answer, self.options.index(value), ""
         try:
-            index = int(str(value).strip(), 10)
+            index = int(value) if isinstance(value, int) else int(str(value)[:50].strip(), 10)
         except ValueError:
             index = None
         if isinstance(value, bool) or index is None or not 0 <= index < len(self.options):
-            return None, None, (f"{value!r} is not one of the options; answer with a number from 0 to "
+            shown = "that number" if isinstance(value, int) and abs(value) > 10**50 else f"{value!r}"[:60]
+            return None, None, (f"{shown} is not one of the options; answer with a number from 0 to "
                                 f"{len(self.options) - 1} or an option's text")
         return index == self.answer, index, ""
 
