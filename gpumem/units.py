@@ -96,5 +96,5 @@ def parse_size(text: str, name: str = "size") -> int:
     if value <= 0:
         raise UsageError(f"{name} must be larger than zero, got {shown(text)}")
     if value > MAX_SIZE:
-        raise UsageError(f"{name} {shown(text)} is too large; accepted: at most 1 PB (10^15 bytes)")
+        raise UsageError(f"{name} {shown(text)} is too large; accepted: at most 1000TB (10^15 bytes)")
     return value
