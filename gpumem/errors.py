@@ -40,3 +40,13 @@ class RunFailure(RuntimeError):
     def __init__(self, message: str, detail: str = ""):
         super().__init__(message)
         self.detail = detail
+
+
+class Stopped(RunFailure, KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped a run and its files were removed: one line, like any RunFailure,
+    and also a KeyboardInterrupt, so whatever stops on Ctrl-C (a notebook, pytest) still stops.
+    The command line exits with 128 + ``signum`` (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signum: int = 2):
+        super().__init__(message)
+        self.signum = signum

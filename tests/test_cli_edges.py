@@ -223,6 +223,13 @@ def test_run_failure_is_one_line_exit_1(capsys, monkeypatch):
     monkeypatch.setattr(chapters, "run_experiment", interrupted)
     assert main(capsys, "run", "zero") == (130, "gpumem: interrupted (Ctrl-C)\n")
 
+    from gpumem.errors import Stopped
+
+    def terminated(name, **kwargs):    # what the disk ladder raises on SIGTERM
+        raise Stopped("run stopped by SIGTERM: its test file removed", 15)
+    monkeypatch.setattr(chapters, "run_experiment", terminated)
+    assert main(capsys, "run", "offload") == (143, "gpumem: run stopped by SIGTERM: its test file removed\n")
+
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device that is always full)")
 def test_output_to_a_full_device_is_one_line_exit_1():

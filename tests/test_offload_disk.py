@@ -172,8 +172,12 @@ def test_sigkilled_run_offload_leaves_a_swap_folder_the_next_run_sweeps(tmp_path
 
 def test_sigterm_during_the_ladder_removes_the_rung_and_sigkill_leaves_one_the_next_ladder_sweeps(tmp_path):
     def start():
-        return subprocess.Popen([sys.executable, "-c", "from gpumem.memory import bandwidth\n"
-                                 f"bandwidth.disk({str(tmp_path)!r}, 64 << 20, repeats=10000, use_aio=False)"],
+        # the command line's handling of Stopped (one line, 128 + signal) is tested in test_cli_edges
+        return subprocess.Popen([sys.executable, "-c", "import sys\nfrom gpumem.errors import Stopped\n"
+                                 "from gpumem.memory import bandwidth\ntry:\n"
+                                 f"    bandwidth.disk({str(tmp_path)!r}, 64 << 20, repeats=10000, use_aio=False)\n"
+                                 "except Stopped as err:\n    print(err, file=sys.stderr)\n"
+                                 "    raise SystemExit(128 + err.signum)"],
                                 cwd=ROOT, stderr=subprocess.PIPE, text=True)
 
     def rung(proc):
@@ -188,6 +192,7 @@ def test_sigterm_during_the_ladder_removes_the_rung_and_sigkill_leaves_one_the_n
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+    assert err.strip() == "run stopped by SIGTERM: its test file removed"
     assert list(tmp_path.iterdir()) == []                        # the 64 MiB rung.bin is gone
     proc = start()
     folder = rung(proc)

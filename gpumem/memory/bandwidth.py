@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from .. import scratch
-from ..errors import RunFailure, UsageError
+from ..errors import RunFailure, Stopped, UsageError
 from ..units import MiB
 
 RUNGS = ("ram_copy", "disk_write", "disk_read", "h2d_pageable", "h2d_pinned", "d2h_pageable",
@@ -90,14 +90,14 @@ def check_room(folder, need: int, what: str, option: str = "--nvme-path") -> Non
 
 @contextlib.contextmanager
 def sigterm_as_exit():
-    """While inside, SIGTERM raises ``SystemExit(143)`` (in the main thread only), so ``finally``
+    """While inside, SIGTERM raises :class:`~gpumem.errors.Stopped` (main thread only), so ``finally``
     blocks and ``with`` exits remove scratch files; the previous handler is restored after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def on_term(signum, frame):
-        raise SystemExit(128 + signum)
+        raise Stopped("run stopped by SIGTERM: its test file removed", signum)
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
         yield

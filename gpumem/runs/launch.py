@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .. import scratch
-from ..errors import RunFailure, UsageError
+from ..errors import RunFailure, Stopped, UsageError
 from . import rank_guard
 
 STALL_S = 60.0               # default heartbeat deadline; GPUMEM_RANK_STALL_S overrides it
@@ -45,7 +45,7 @@ class RankError(RunFailure):
     line naming the rank and the cause, ``err.detail`` the rank's traceback or its last output."""
 
 
-class RunStopped(RunFailure, KeyboardInterrupt):
+class RunStopped(Stopped):
     """Ctrl-C or SIGTERM stopped the run; its ranks were ended and their folder removed. Also a
     KeyboardInterrupt, so whatever stops on Ctrl-C (a notebook, pytest) still stops."""
 
@@ -242,9 +242,8 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
             how = getattr(stop, "how", "Ctrl-C (KeyboardInterrupt)")
             _end(procs, files)
             ended = f"{len(procs)} rank{'s' if len(procs) != 1 else ''} ended"
-            err = RunStopped(f"run stopped by {how}: {ended}, their folder removed")
-            err.signum = getattr(stop, "signum", 2)   # the command line exits 128 + signum
-            raise err from None
+            raise RunStopped(f"run stopped by {how}: {ended}, their folder removed",
+                             getattr(stop, "signum", 2)) from None   # the command line exits 128 + signum
         finally:
             if bar:
                 bar.close()
