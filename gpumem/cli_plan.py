@@ -12,7 +12,7 @@ regard to case (``H100-80GB`` is ``h100-80gb``).
 import json
 
 from . import units
-from .cli_verbs import positive, seq_length
+from .cli_verbs import BOUNDS, positive, seq_length
 from .errors import UsageError
 from .planner.stage_split import split_text
 
@@ -54,6 +54,8 @@ def _plan(args) -> int:
     mem = units.parse_size(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None
     fields = planner.parse_layout(args.layout) if args.layout is not None else None   # bad keys before the search
     result = planner.plan(args.model, args.gpus, gpu, gpu_mem=mem, seq=args.seq, global_batch=args.global_batch)
+    if (result.advice or {}).get("nearest"):      # suggest only batches --global-batch accepts
+        result.advice["nearest"] = [b for b in result.advice["nearest"] if b <= BOUNDS["--global-batch"]]
     given = None
     if fields is not None:
         given = planner.evaluate(args.model, args.gpus, fields, gpu, result=result)
@@ -95,8 +97,8 @@ def render(result, top: int = 10) -> str:
                          f"{p.time['total']:>8.1f} {p.tokens_per_s:>9,.0f}  {p.time['bound']}")
         uneven = {p.layout.pp: p.stages for p in result.distinct(top) if len(set(p.stages)) > 1}
         for pp, split in sorted(uneven.items()):
-            lines.append(f"    pp{pp}: {sum(split)} layers split {split_text(split)} (the end stages shorter, "
-                         f"as Llama 3's)")
+            lines.append(f"    pp{pp}: {sum(split)} layers split {split_text(split)} (the stages at the ends "
+                         f"take the shortfall, the first stage first, as Llama 3 does)")
         lines.append("")
         lines += breakdown(result.best)
         if result.best.megatron:

@@ -290,3 +290,16 @@ def test_sys_exit_and_other_base_exceptions_are_reported_not_raised(lab, name, f
     report, _ = grade(lab, {name: fn})
     rows = [r for r in report.rows if r.function == name]
     assert rows and rows[0].status == "error" and says in rows[0].detail, report.summary()
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("micro_batch", -1, "micro_batch must be a positive whole number, got -1"),
+    ("micro_batch", 0, "micro_batch must be a positive whole number, got 0"),
+    ("tp", float("nan"), "tp must be a positive whole number, got nan"),
+    ("tp", 8.9, "tp must be a positive whole number, got 8.9"),
+    ("tp", "8", "tp must be a positive whole number, got '8'")])
+def test_lab06_bad_degrees_are_named(field, value, says):
+    """A plan's field is named, not blamed on another (micro_batch -1 was 'tp 8 x pp 1 does not
+    divide 8 GPUs'; 8.9 was truncated to 8)."""
+    report, _ = grade("lab06", {"choose_plan": _lab06(**{field: value})})
+    assert any(says in r.detail for r in report.rows), report.summary()

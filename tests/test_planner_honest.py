@@ -162,3 +162,15 @@ def test_a_billion_gpus_and_a_million_answer_at_once():
                          capture_output=True, text=True, timeout=60)
     assert cmd.returncode == 0, cmd.stderr
     assert "nearest global batches that run and fit: 2,500 " in cmd.stdout   # 10^6 / (8 x 50), 80 = 16 x 5 > 50
+
+
+def test_suggested_batches_are_ones_the_command_accepts(capsys):
+    """999,983 GPUs (a prime): only dp = 999,983 runs; near 2^24 sequences the batches that run are
+    16 x 999,983 = 15,999,728 and 17 x 999,983 = 16,999,711, and the second is above
+    --global-batch's bound (2^24 = 16,777,216), so it is not suggested."""
+    from gpumem import cli
+    assert cli.main(["plan", "--model", "llama-3-70b", "--gpus", "999983", "--global-batch", "16777216",
+                     "--json"]) == 0
+    import json
+    advice = json.loads(capsys.readouterr().out)["advice"]
+    assert advice["nearest"] == [16 * 999_983]

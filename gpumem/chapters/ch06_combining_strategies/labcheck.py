@@ -15,6 +15,7 @@ lab's own cluster (``LAB_CASE``) is graded the same way. One reflection is grade
 nodes slows down, the learner's plan for the slow link must be within the same slack there.
 """
 
+import operator
 from contextlib import contextmanager
 
 from gpumem.course.grading import Report, Row, call, error_line, returned, run_case
@@ -56,13 +57,27 @@ def layout_of(choice: dict, gpus: int, global_batch: int) -> planner_memory.Layo
     missing = [k for k in KEYS if k not in choice]
     if missing:
         raise ValueError(f"the plan lacks {', '.join(missing)}")
-    tp, pp, mb = int(choice["tp"]), int(choice["pp"]), int(choice["micro_batch"])
-    if tp < 1 or pp < 1 or mb < 1 or gpus % (tp * pp):
-        raise ValueError(f"tp {tp} x pp {pp} does not divide {gpus} GPUs")
+    tp, pp, mb = (_whole(choice, key) for key in ("tp", "pp", "micro_batch"))
+    if gpus % (tp * pp):
+        raise ValueError(f"tp {tp} x pp {pp} = {tp * pp} does not divide {gpus} GPUs")
     dp = gpus // (tp * pp)
-    replica = -(-global_batch // dp)
+    if global_batch % (dp * mb):
+        raise ValueError(f"dp {dp} x micro_batch {mb} does not divide the global batch of {global_batch} "
+                         "sequences (dp x micro-batch x accumulation must equal it)")
     return planner_memory.Layout(choice["recipe"], int(choice["zero"]), choice["checkpoint"], choice["attention"],
-                                 choice["offload"], choice["device"], mb, tp, pp, dp, -(-replica // mb))
+                                 choice["offload"], choice["device"], mb, tp, pp, dp, global_batch // (dp * mb))
+
+
+def _whole(choice: dict, key: str) -> int:
+    """A positive whole number from the learner's dict (8, numpy's int64; not 8.9, '8' or True)."""
+    value = choice[key]
+    try:
+        whole = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        whole = None
+    if whole is None or whole < 1:
+        raise ValueError(f"{key} must be a positive whole number, got {value!r}"[:120])
+    return whole
 
 
 def _ask(choose, case: tuple, inter_node: float):
