@@ -1,8 +1,21 @@
 """Seconds, beside the bytes of :mod:`gpumem.memory`: the time engine (torch-free).
 
-Being built (issue 19). Today it holds the hardware each figure of time comes from, every figure
-with its source (:mod:`.hardware`), the collectives' alpha-beta cost with the group's placement on
-nodes (:mod:`.collectives`), and the pipeline schedules (:mod:`.schedules`). The chapters and the
-planner still take their seconds from ``gpumem.memory.speed``, ``offload_cost`` and
-``planner_cost``; moving them here is the next step of that issue.
+Being built (issue 19). What it holds today:
+
+* :mod:`.hardware`: node types (DGX A100, DGX H100, HGX H200, an H100 RoCE node, an 8 x L4 cloud
+  box, Colab's T4), every figure with its source or labelled an assumption, and a
+  ``Cluster(node, nodes).group(size, stride)`` placement of a process group on nodes;
+* :mod:`.collectives`: the alpha-beta cost of all-gather, reduce-scatter, all-reduce (ring, tree,
+  NVLS), all-to-all and send/recv over a placed group, ``collective_time(coll, nbytes, group)``,
+  naming the binding link; checked against published nccl-tests figures;
+* :mod:`.schedules` (and :mod:`.schedule_sim`, its independent check): GPipe, 1F1B, interleaved
+  1F1B, ZB-H1 and ZB-H2 pipeline schedules;
+* :mod:`.zero3_cost` and :mod:`.zero_layouts`: ZeRO-3's gathers and reduce-scatters by group shape,
+  and the sharding layouts per step (ZeRO-3, hpZ, MiCS/HSDP, ZeRO-1), used by chapters 02 and 07;
+* :mod:`.offload`: ZeRO-Infinity's bandwidth-centric parameter reads (chapter 05);
+* :mod:`.published`: measured training runs from papers and benchmark tables, with sources, that
+  the engine is to be validated against.
+
+The planner (:mod:`gpumem.planner`) prices its collectives here. Still outside: ``memory.speed``
+(compute seconds), ``memory.offload_cost`` and ``memory.recompute_cost``'s time part.
 """
