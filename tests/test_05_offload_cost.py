@@ -207,3 +207,14 @@ def test_break_even_tokens_make_compute_cover_the_slowest_link():
 def test_combinations_deepspeed_lacks_are_refused(args):
     with pytest.raises(UsageError):
         oc.offload_traffic(*args)
+
+
+def test_zero2_accumulation_round_trips_as_deepspeed_runs_them():
+    """stage_1_and_2.py (0.19.8), CPU offload, m micro-batches: async_accumulate_grad_in_cpu_via_gpu
+    copies the 16-bit gradient down after every backward and, from the second on, brings the
+    accumulated one up first (micro_step_id > 0); at the boundary the fp32 copy goes down
+    (async_inplace_copy_grad_to_fp32_buffer_from_gpu). Mixed precision (bf16 grads, fp32 widened):
+    m = 1: 4 down, 0 up; m = 4: 4 x 2 + 4 = 12 down, 3 x 2 = 6 up."""
+    assert oc.gradient_trip("mixed", 2, micro_batches=1) == {"down": 4, "up": 0}
+    assert oc.gradient_trip("mixed", 2, micro_batches=4) == {"down": 12, "up": 6}
+    assert oc.gradient_trip("mixed", 1, micro_batches=4) == {"down": 12, "up": 6}

@@ -35,8 +35,8 @@ it down (``fp32_grad_tensor.copy_(grad_buffer.to(dtype=fp32))``, g32 down; on NV
 does the same before ``swap_out_gradients``): 6 B down and 2 B up in the mixed recipe. Each later
 micro-batch adds a p16 round trip (lines 2031-2039: up, add, back down). All of it runs on one
 CUDA stream, ``reduce_and_partition_stream`` (line 1669), so the copies follow one another
-(``grad_trip`` in :func:`step_time`). ZeRO-1/2's accumulation round trips
-(``async_accumulate_grad_in_cpu_via_gpu``) are not counted. The ZeRO-Offload paper
+(``grad_trip`` in :func:`step_time`). ZeRO-1/2 with m > 1 micro-batches (stage_1_and_2.py
+``async_accumulate_grad_in_cpu_via_gpu``): p16 down every micro-batch, up before each later one. The ZeRO-Offload paper
 (arXiv:2101.06840) sends fp16 gradients once at every stage: ``grads="paper"``.
 
 "nvme states" is what :func:`~gpumem.memory.accounting.model_states` puts on the drive (opt+params:
@@ -163,8 +163,8 @@ def gradient_trip(recipe: str, zero: int, grads: str = "deepspeed", micro_batche
     if grads == "paper":
         return {"down": r.params, "up": 0}
     wide = accounting.optimizer_grad_bytes(r)
-    if zero < 3:
-        return {"down": wide, "up": 0}
+    if zero < 3:   # stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu: 16-bit down each micro-batch,
+        return {"down": (m * r.params if m > 1 else 0) + wide, "up": (m - 1) * r.params}   # up after the first
     return {"down": m * r.params + wide, "up": m * r.params}
 
 

@@ -177,22 +177,14 @@ def assumptions(g: GPU, reserve, mfu: float, links: offload_cost.Links, node, op
 
 
 def _offload(psi: int, lay: Layout, links: offload_cost.Links, compute: float) -> tuple[float, dict]:
-    """Exposed offload seconds and the per-link seconds behind them (see the module)."""
-    t = offload_cost.offload_traffic(psi, lay.recipe, lay.zero, lay.dp, lay.offload, lay.device)
-    s = accounting.shard(psi, lay.dp)
-    p16 = accounting.RECIPE[lay.recipe].params
-    params_off = lay.offload == "optimizer+params"
-    during = lay.n_micro * t["d2h"] / links.d2h                     # gradients down, every micro-batch
-    after = 0.0
-    if params_off:
-        during += lay.n_micro * t["h2d"] / links.h2d                # fetches in forward and backward
-    else:
-        after += t["h2d"] / links.h2d                                # the updated 16-bit shard, once
-    nvme_state_read = t["nvme_read"] - (p16 * s if params_off else 0)
-    if lay.device == "nvme":
-        after += nvme_state_read / links.nvme_read + t["nvme_write"] / links.nvme_write
-        if params_off:
-            during += lay.n_micro * 2 * p16 * s / links.nvme_read   # parameters read for each pass
-    cpu_adam = s / links.cpu_adam
+    """Exposed offload seconds and the per-link seconds behind them, from ``offload_cost.step_time``
+    (DeepSpeed 0.19.8's copies for ``lay.n_micro`` micro-batches): during forward and backward the
+    gradient copies (one stream), the parameter fetches and their NVMe reads; after backward the
+    state swaps and the updated shard's upload; CPU Adam in series."""
+    t = offload_cost.step_time(psi, lay.recipe, lay.zero, lay.dp, lay.offload, lay.device, compute, links,
+                               micro_batches=lay.n_micro)
+    during = max(t["grad_trip"], t["h2d"] - t["h2d_after"], t["nvme_params"])
+    after = t["nvme_states"] + t["h2d_after"]
+    cpu_adam = t["cpu_adam"]
     exposed = max(0.0, during - OFFLOAD_OVERLAP * compute) + after + cpu_adam
     return exposed, {"during_compute": during, "after_backward": after, "cpu_adam": cpu_adam}
