@@ -190,3 +190,20 @@ def test_all_to_all_and_send_recv_by_hand():
     q = C.collective_time("send_recv", BIG, Cluster(H100).group(2))
     assert q.binding == "NVLink" and q.bandwidth_s == pytest.approx(BIG / (370 * GB), rel=1e-3)
     assert math.isclose(C.collective_time("all_gather", BIG, Cluster(H100).group(1)).seconds, 0)
+
+
+def test_ll_is_capped_at_nccls_llmaxbw_so_mid_size_gathers_across_nodes_use_simple():
+    """tuning.cc line 327: busBw = min(llMaxBw, busBw x 0.5) for ring LL; llMaxBws (lines 177-183)
+    is 20.4 GB/s for Intel hosts on more than 2 nodes. A 33.5 MB all-gather over 8 DGX H100
+    nodes (64 ranks): LL would need >= 33.5e6 x 63/64 / 20.4e9 = 1.62 ms of bandwidth alone,
+    so NCCL's model (and ours) takes Simple; one node of H100s caps LL at 141 GB/s."""
+    from gpumem.timing import collectives as c
+    from gpumem.timing.hardware import Cluster, NODES
+    group = Cluster(NODES["dgx-h100"], 8).group(64)
+    t = c.collective_time("all_gather", 33.5e6, group)
+    assert t.protocol == "simple"
+    ll = c.collective_time("all_gather", 33.5e6, group, algorithm="ring")
+    assert c.ll_max_busbw(group) == 20.4e9
+    assert c.ll_max_busbw(Cluster(NODES["dgx-h100"], 1).group(8)) == 141e9
+    assert c.ll_max_busbw(Cluster(NODES["dgx-a100"], 2).group(16)) == 22.5e9   # AMD EPYC hosts, 2 nodes
+    assert ll.seconds >= 33.5e6 * 63 / 64 / 20.4e9 or ll.protocol == "simple"

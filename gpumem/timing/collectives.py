@@ -26,7 +26,7 @@ Latency (alpha), from NCCL's own tuning model (tuning.cc lines 149-175, 384-428)
 ring ``base + (steps - inter) x intra + inter x net``, with steps = 2(n-1) for all-reduce, n-1 for
 all-gather/reduce-scatter, inter = 2(k-1) or k-1 of them crossing nodes; tree
 ``base + 2 ((r-1) intra + floor(log2 k) net)``. Protocols LL (low latency, half the bandwidth,
-tuning.cc line 327) and Simple; like NCCL's tuner the fastest algorithm/protocol is taken.
+capped at llMaxBw: tuning.cc line 327) and Simple; like NCCL's tuner the fastest is taken.
 """
 
 import math
@@ -57,9 +57,24 @@ HW_LATENCY_US = {"nvlink": {"ring": {"LL": 0.6, "simple": 3.4}, "tree": {"LL": 0
                  "net": {"ring": {"LL": 2.7, "simple": 14.0}, "tree": {"LL": 5.0, "simple": 14.0}}}
 # getNetOverhead (tuning.cc line 228): 1 us on Intel, 2 us on AMD hosts, x3 for Simple.
 NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0}
-# Bandwidth per protocol (tuning.cc lines 327-332): ring LL x0.5, tree LL x1/3.8, tree Simple x0.92.
-PROTOCOL_SHARE = {("ring", "LL"): 0.5, ("ring", "simple"): 1.0, ("tree", "LL"): 1 / 3.8,
+# Bandwidth per protocol (tuning.cc lines 327-332): ring LL x0.5, tree all-reduce x0.92 then LL
+# x1/3.8, tree Simple x0.92; LL's bus bandwidth is also capped at llMaxBw (below).
+PROTOCOL_SHARE = {("ring", "LL"): 0.5, ("ring", "simple"): 1.0, ("tree", "LL"): 0.92 / 3.8,
                   ("tree", "simple"): 0.92, ("nvls", "simple"): 1.0, ("p2p", "simple"): 1.0}
+# llMaxBws (tuning.cc lines 177-183, chosen at 265-272), GB/s of bus bandwidth for LL: on one node
+# by GPU generation (sm70 Volta, sm80-89 Ampere and Ada, sm90 Hopper); across nodes by the host
+# CPU's vendor, for 2 nodes and for more.
+LL_MAX_BUSBW_GBS = {"volta": 39.0, "ampere": 87.7, "hopper": 141.0,
+                    "intel": (39.0, 20.4), "amd": (22.5, 19.0)}
+_GENERATION = {"t4": "volta", "a100-40gb": "ampere", "a100-80gb": "ampere", "l4": "ampere",
+               "h100-80gb": "hopper", "h200": "hopper"}
+
+
+def ll_max_busbw(group: Group) -> float:
+    """NCCL's cap on the LL protocol's bus bandwidth for ``group`` (bytes/s)."""
+    if group.nodes == 1:
+        return LL_MAX_BUSBW_GBS[_GENERATION.get(group.node.gpu_name, "hopper")] * 1e9
+    return LL_MAX_BUSBW_GBS[group.node.cpu_vendor][0 if group.nodes == 2 else 1] * 1e9
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -235,6 +250,8 @@ def collective_time(collective: str, nbytes: float, group: Group,
             continue
         worst = max(links.values(), default=0.0)
         bandwidth_s = worst / PROTOCOL_SHARE[(algo, protocol)]
+        if protocol == "LL":   # NCCL's busBw = min(llMaxBw, busBw x share): time >= S f / llMaxBw
+            bandwidth_s = max(bandwidth_s, bytes_per_rank(collective, nbytes, group.size) / ll_max_busbw(group))
         binding = max(links, key=links.get) if links else "none"
         result = CollectiveTime(collective, nbytes, group, algo, protocol, latency_us * 1e-6,
                                 bandwidth_s, binding, tuple(sorted(links.items())))
