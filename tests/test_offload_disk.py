@@ -125,6 +125,17 @@ def _end(pids: list[int], wait: float) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + 30       # a killed rank holds its swap files open until it is gone
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has closed its files; whoever reaps it may be slow)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def test_sigkilled_run_offload_leaves_a_swap_folder_the_next_run_sweeps(tmp_path, capsys):
