@@ -125,17 +125,24 @@ def _end(pids: list[int], wait: float) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + 30       # a killed rank holds its swap files open until it is gone
-    while any(_running(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie has closed its files; whoever reaps it may be slow)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+def _wait_closed(folder: Path, wait: float = 30) -> None:
+    """Wait until no process has a file under ``folder`` open: a killed rank's threads (its
+    asynchronous I/O) close the swap files only as they exit, and tmpfs frees the bytes then."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        held = False
+        for fd in Path("/proc").glob("[0-9]*/fd/*"):
+            try:
+                held = os.readlink(fd).startswith(str(folder))
+            except OSError:
+                continue
+            if held:
+                break
+        if not held:
+            return
+        time.sleep(0.1)
 
 
 def test_sigkilled_run_offload_leaves_a_swap_folder_the_next_run_sweeps(tmp_path, capsys):
@@ -163,6 +170,7 @@ def test_sigkilled_run_offload_leaves_a_swap_folder_the_next_run_sweeps(tmp_path
         proc.wait()
         proc.stderr.close()
         _end(ranks, 0)
+        _wait_closed(base)
         left = [p.name for p in base.iterdir()]
         assert len(left) == 1 and left[0].startswith(f"gpumem-swap-{proc.pid}-")    # SIGKILL skips every finally
         if mounted:
