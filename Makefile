@@ -54,17 +54,22 @@ test-unit: setup
 	@echo "== tier: unit, lab and quiz tests"
 	$(PY) -m pytest -m "not browser and not gpu" $(PYTEST_ARGS)
 
+# A temp folder of its own: a run someone killed on this machine leaves a folder in /tmp that the
+# next run sweeps with a note on stderr, which nbval would read as a changed output.
 test-notebooks: setup
 	@echo "== tier: notebooks under nbval (--nbval-lax; checked cells compared)"
+	@rm -rf .cache/test-tmp && mkdir -p .cache/test-tmp
 	GPUMEM_QUIZ_MODE=text GPUMEM_QUIZ_SEED=0 GPUMEM_HOME=$(CURDIR)/.cache/test-home MPLBACKEND=Agg \
+	  TMPDIR=$(CURDIR)/.cache/test-tmp \
 	  $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks solutions $(PYTEST_ARGS)
 
 # One chapter: its tests, its notebook and its lab's solution under nbval.
 test-chapter: setup
 	@test -n "$(CH)" || { echo "usage: make test-chapter CH=02"; exit 2; }
 	$(PY) -m pytest -m "not browser and not gpu" $(wildcard tests/test_$(CH)_*.py) $(PYTEST_ARGS)
+	@rm -rf .cache/test-tmp && mkdir -p .cache/test-tmp
 	GPUMEM_QUIZ_MODE=text GPUMEM_QUIZ_SEED=0 GPUMEM_HOME=$(CURDIR)/.cache/test-home MPLBACKEND=Agg \
-	  $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider \
+	  TMPDIR=$(CURDIR)/.cache/test-tmp $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider \
 	  $(wildcard notebooks/$(CH)_*.ipynb solutions/lab$(CH)_*.ipynb) $(PYTEST_ARGS)
 
 test-browser: setup

@@ -160,7 +160,7 @@ def test_sigkilled_run_offload_leaves_a_swap_folder_the_next_run_sweeps(tmp_path
         proc = subprocess.Popen([sys.executable, "-m", "gpumem", "run", "offload", "--ranks", "1", "--configs",
                                  "zero3+nvme", "--steps", "100", "--ladder-mib", "1", "--nvme-path", str(base)],
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                env={**os.environ, "TQDM_DISABLE": "1"})
+                                env={**os.environ, "TQDM_DISABLE": "1", "TMPDIR": str(tmp_path)})
         deadline = time.monotonic() + 120
         while not list(base.glob("gpumem-swap-*/zero_stage_3/optimizer/rank*/*.swp")):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
@@ -184,6 +184,9 @@ def test_sigkilled_run_offload_leaves_a_swap_folder_the_next_run_sweeps(tmp_path
                 assert [p.name for p in base.iterdir()] == [fresh.name]
             assert notes == [f"removed {base / left[0]}, left by a swap run that was killed (pid {proc.pid})"]
         assert list(base.iterdir()) == []
+        # the ranks' job folder, also left by the SIGKILL, is the next launch's to sweep
+        from gpumem import scratch
+        assert [n for n in scratch.sweep("ranks", tmp_path) if f"(pid {proc.pid})" in n]
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(base)], capture_output=True)

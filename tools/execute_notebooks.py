@@ -7,7 +7,9 @@ first line is ``# NBVAL_CHECK_OUTPUT`` gets that line replaced by the cell tag
 ``nbval-check-output`` (nbval reads both; the tag keeps the comment out of the learner's way).
 """
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -33,11 +35,25 @@ def markers_to_tags(nb) -> int:
     return changed
 
 
+_PRIVATE: list[Path] = []
+
+
+def _private(name: str) -> Path:
+    """A folder of this execution's own (quiz progress, the kernels' temp files), removed at exit."""
+    if not _PRIVATE:
+        _PRIVATE.append(Path(tempfile.mkdtemp(prefix="gpumem-execute-")))
+        atexit.register(shutil.rmtree, _PRIVATE[0], True)
+    folder = _PRIVATE[0] / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 def execute(path: Path, timeout: int = 900) -> None:
     nb = nbformat.read(path, as_version=4)
     markers_to_tags(nb)
     os.environ["GPUMEM_QUIZ_MODE"] = "text"
-    os.environ.setdefault("GPUMEM_HOME", tempfile.mkdtemp(prefix="gpumem-home-"))
+    os.environ.setdefault("GPUMEM_HOME", str(_private("home")))
+    os.environ["TMPDIR"] = str(_private("tmp"))     # another run's leftovers are not swept into outputs
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     os.environ.setdefault("TQDM_DISABLE", "1")      # no progress bars frozen in stored outputs
     os.environ.setdefault("GPUMEM_QUIZ_SEED", "0")  # quizzes draw the same numbers each execution
