@@ -60,7 +60,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def _state_bounds(parser: argparse.ArgumentParser) -> None:
     """Every option whose type has an upper bound (``type.bound``) says it in its help."""
-    from .units import bound_text
+    from .units import MAX_SIZE_TEXT, bound_text
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in set(action.choices.values()):
@@ -69,7 +69,7 @@ def _state_bounds(parser: argparse.ArgumentParser) -> None:
                 and f"at most {bound_text(action.type.bound)}" not in (action.help or ""):
             action.help = f"{action.help + '; ' if action.help else ''}at most {bound_text(action.type.bound)}"
         elif "--gpu-mem" in action.option_strings and "at most" not in (action.help or ""):
-            action.help = f"{action.help or ''}; at most 1000TB"        # gpumem.units.MAX_SIZE
+            action.help = f"{action.help or ''}; at most {MAX_SIZE_TEXT}"
 
 
 def _check_env(args) -> int:

@@ -19,6 +19,7 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNOREC
 # Largest size accepted: 1 PB (10^15 bytes), thousands of times the largest GPU's memory
 # (H200: 141 GB) or a large server's RAM; larger is a typo, and float arithmetic stays exact enough.
 MAX_SIZE = 10**15
+MAX_SIZE_TEXT = "1000TB"      # MAX_SIZE as the parser reads it (it takes no PB)
 # digits, a fraction, a decimal exponent, one suffix: 70B, 8.03B, 7.5e9, 4k (ASCII digits only)
 _COUNT = re.compile(r"\s*([0-9]+)(?:\.([0-9]+))?(?:e([0-9]+))?\s*([A-Z]?)\s*", re.IGNORECASE)
 
@@ -87,14 +88,14 @@ def parse_size(text: str, name: str = "size") -> int:
     match = _SIZE.match(str(text))
     if not match:
         raise UsageError(f"{name} {shown(text)} is not a size; write a number with a unit, "
-                         f"one of {', '.join(UNITS)} (e.g. 80GB or 80GiB), at most 1000TB")
+                         f"one of {', '.join(UNITS)} (e.g. 80GB or 80GiB), at most {MAX_SIZE_TEXT}")
     unit = match.group(2) or "GB"
     canonical = {u.lower(): u for u in UNITS}[unit.lower()]
     if len(match.group(1).split(".")[0].lstrip("0")) > 16:      # judged before float() (inf) or int()
-        raise UsageError(f"{name} {shown(text)} is too large; accepted: at most 1000TB (10^15 bytes)")
+        raise UsageError(f"{name} {shown(text)} is too large; accepted: at most {MAX_SIZE_TEXT} (10^15 bytes)")
     value = int(round(float(match.group(1)) * UNITS[canonical]))
     if value <= 0:
         raise UsageError(f"{name} must be larger than zero, got {shown(text)}")
     if value > MAX_SIZE:
-        raise UsageError(f"{name} {shown(text)} is too large; accepted: at most 1000TB (10^15 bytes)")
+        raise UsageError(f"{name} {shown(text)} is too large; accepted: at most {MAX_SIZE_TEXT} (10^15 bytes)")
     return value

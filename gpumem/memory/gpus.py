@@ -19,7 +19,7 @@ Gen4 x16 31.5 GB/s, Gen5 x16 63 GB/s (line rate x 128/130 encoding).
 
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from ..errors import one_of
 from ..units import GB, GiB, MiB, fmt
 
 TB = 10**12
@@ -55,9 +55,7 @@ REGISTRY: dict[str, GPU] = {g.name: g for g in [
 
 def get(name: str) -> GPU:
     """Look a GPU up by name; a :class:`UsageError` lists the accepted names."""
-    if name not in REGISTRY:
-        raise UsageError(f"unknown GPU {name!r}; accepted: {', '.join(REGISTRY)}")
-    return REGISTRY[name]
+    return REGISTRY[one_of(name, tuple(REGISTRY), "GPU")]
 
 
 @dataclass(frozen=True)

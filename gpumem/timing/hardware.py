@@ -19,7 +19,7 @@ data-parallel group of one rank per node.
 
 from dataclasses import dataclass, field
 
-from ..errors import UsageError
+from ..errors import UsageError, one_of
 from ..memory.gpus import GPU, REGISTRY
 from ..units import GB
 
@@ -154,9 +154,7 @@ NODES: dict[str, NodeType] = {n.name: n for n in [
 
 def node(name: str) -> NodeType:
     """Look a node type up by name; a :class:`UsageError` lists the accepted names."""
-    if name not in NODES:
-        raise UsageError(f"unknown node type {name!r}; accepted: {', '.join(NODES)}")
-    return NODES[name]
+    return NODES[one_of(name, tuple(NODES), "node type")]
 
 
 @dataclass(frozen=True)
