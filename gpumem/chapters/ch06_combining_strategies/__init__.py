@@ -8,10 +8,14 @@ questions, its plans drawn and priced, and one plan run for real on CPU ranks.
 - ``widget``       the interactive planner (model, GPU, count, sequence, batch)
 - ``experiments``  ``plan-proof``: a planned DeepSpeed config run on CPU ranks (``proof_ranks``)
 - ``labcheck``     lab 06's ``check()``
-- ``QUIZ``         the chapter's quiz
+- ``timing_cells`` the time model's cells: one collective on three group shapes, the pipeline
+                   schedules, the note's slow-network rule on node types
+- ``topology``     two nodes drawn from their node type, a layout's groups and the links they cross
+- ``QUIZ``         the chapter's quiz (``quiz_topology``: its questions that need the topology)
 """
 
-from . import claims, diagrams, experiments, labcheck, plots, scenarios, widget
+from . import claims, diagrams, experiments, labcheck, plots, scenarios, timing_cells, topology, widget
 from .quiz import QUIZ
 
-__all__ = ["claims", "diagrams", "experiments", "labcheck", "plots", "scenarios", "widget", "QUIZ"]
+__all__ = ["claims", "diagrams", "experiments", "labcheck", "plots", "scenarios", "timing_cells", "topology",
+           "widget", "QUIZ"]

@@ -24,7 +24,7 @@ from gpumem.memory import gpus as gpu_table
 from gpumem.memory import models
 from gpumem import planner
 from gpumem.planner import cost as planner_cost, memory as planner_memory
-from gpumem.memory.offload_cost import datasheet_links
+from gpumem.timing.offload_time import datasheet_links
 
 LAB = "lab06_choose_plan"
 SLACK = 1.25

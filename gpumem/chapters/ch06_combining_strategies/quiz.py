@@ -1,5 +1,6 @@
 """Chapter 06's quiz: what pipeline stages can and cannot save, whether ZeRO-3 alone fits, when
-ZeRO-3's traffic hides, what a pipeline bubble costs, and what a slow network changes. Numbers
+ZeRO-3's traffic hides, what a pipeline bubble costs, what a slow network changes, and
+(``quiz_topology``) which link binds a collective on a group shape drawn per attempt. Numbers
 are drawn per attempt; expected values come from the engine (``accounting``, ``planner.memory``,
 ``planner.cost``, ``planner``)."""
 
@@ -9,6 +10,9 @@ from gpumem.memory import accounting, gpus, models
 from gpumem import planner
 from gpumem.planner import cost as planner_cost, memory as planner_memory
 from gpumem.planner.memory import Layout
+from gpumem.timing import compute
+
+from .quiz_topology import QUESTIONS as TOPOLOGY_QUESTIONS
 
 GB = 10**9
 
@@ -49,10 +53,10 @@ def _hide(rng) -> dict:
 
 def _hide_tokens(n: dict) -> float:
     """Tokens per GPU per micro-batch at which ZeRO-3's 3 psi of bf16 traffic equals 6 psi FLOPs
-    per token at 40 % MFU (the planner's cost model)."""
+    per token at 40 % MFU (``compute.MFU``, the course's whole-step share, stated in the prompt)."""
     psi, N = n["n_params"], n["gpus"]
     comm = 3 * psi * 2 * (N - 1) / N / (n["link_gb"] * GB)
-    return comm * gpus.get(n["gpu_name"]).bf16_flops * planner_cost.speed.MFU / (6 * psi)
+    return comm * gpus.get(n["gpu_name"]).bf16_flops * compute.MFU / (6 * psi)
 
 
 BUBBLE_TARGET = 0.05      # the bubble share of the micro-batches' own time the question asks to stay under
@@ -176,4 +180,5 @@ QUIZ = Quiz("06_combining_strategies", [
             traps=((lambda n: n["moved_s"], "that is all of the traffic; the part that runs while the GPU "
                                             "computes is hidden."),),
             draw=_slow),
+    *TOPOLOGY_QUESTIONS,
 ])
