@@ -14,7 +14,8 @@ import pytest
 
 from gpumem.chapters.ch05_offload import claims, diagrams, experiments, labcheck
 from gpumem.runs import ds_offload, dsops, launch
-from gpumem.memory import accounting, bandwidth, offload_cost
+from gpumem.memory import accounting, bandwidth
+from gpumem.timing import offload_time
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
@@ -287,7 +288,7 @@ def test_drive_rows_use_a_datacenter_drive_and_name_the_tools_to_measure_one():
     args = (Path(dsn.__file__).parent / "ds_aio_args.py").read_text()
     assert all(f"'--{a}'" in args for a in ("folder", "io_size", "read"))
     assert "'--nvme_dir'" in (Path(dsn.__file__).parent / "perf_run_sweep.py").read_text()
-    links = offload_cost.datasheet_links()             # one source: the engine's default drive
+    links = offload_time.datasheet_links()             # one source: the engine's default drive
     assert (links.nvme_read, links.nvme_write) == (6.8e9, 5.6e9) and "Micron 7450" in links.source
     assert not hasattr(claims, "DATACENTER_NVME") and not hasattr(claims, "datacenter_links")
     assert "Samsung 990 PRO: 6.9 GB/s" in by_id["3-nvme"].why()        # the consumer burst, for comparison
@@ -296,7 +297,7 @@ def test_drive_rows_use_a_datacenter_drive_and_name_the_tools_to_measure_one():
 def test_prediction_table_prints_the_overhead_ratio_beside_the_total():
     """Predicted / measured offload overhead (step minus the baseline's) beside the total's ratio."""
     from gpumem.chapters.ch05_offload import experiments
-    links = offload_cost.Links(10e9, 10e9, 1e9, 1e9, 1e9, "test")
+    links = offload_time.Links(10e9, 10e9, 1e9, 1e9, 1e9, "test")
     sec = lambda f, b, st: {"forward": f, "backward": b, "step": st}       # noqa: E731
     none = {"forward": 0.0, "backward": 0.0, "step": 0.0}
     out = {"n_params": 2_000_000, "ranks": 2, "configs": {

@@ -4,7 +4,8 @@ import pytest
 
 from gpumem.errors import UsageError
 from gpumem.memory import offload_cost as oc
-from gpumem.memory.offload_cost import Links
+from gpumem.timing import offload_time as ot
+from gpumem.timing.offload_time import Links
 
 ROUND = Links(h2d=10e9, d2h=20e9, nvme_read=2e9, nvme_write=1e9, cpu_adam=1e9, source="test")
 
@@ -98,29 +99,29 @@ def test_zero_infinity_70b_nvme_seconds_at_datasheet_speeds():
     # consumer Samsung 990 PRO's rated burst (7.45 / 6.9 GB/s, its datasheet) is the labelled second entry
     n = 70_553_706_496
     s = -(-n // 8)
-    links = oc.datasheet_links("h100-80gb", "gen4")
-    r = oc.step_time(n, "mixed", 3, 8, "optimizer+params", "nvme", 0.0, links)
+    links = ot.datasheet_links("h100-80gb", "gen4")
+    r = ot.step_time(n, "mixed", 3, 8, "optimizer+params", "nvme", 0.0, links)
     assert r["nvme"] == pytest.approx(20 * s / 6.8e9 + 18 * s / 5.6e9)
     assert 54.2 < r["nvme"] < 54.4
-    burst = oc.step_time(n, "mixed", 3, 8, "optimizer+params", "nvme", 0.0, oc.datasheet_links("h100-80gb", "gen4-consumer"))
+    burst = ot.step_time(n, "mixed", 3, 8, "optimizer+params", "nvme", 0.0, ot.datasheet_links("h100-80gb", "gen4-consumer"))
     assert burst["nvme"] == pytest.approx(20 * s / 7.45e9 + 18 * s / 6.9e9) and 46.6 < burst["nvme"] < 46.8
 
 
 def test_default_drive_is_the_datacenter_one_and_consumer_drives_are_labelled():
-    assert oc.datasheet_links() == oc.datasheet_links("h100-80gb", "gen4")
-    dc = oc.NVME_DRIVES["gen4"]
+    assert ot.datasheet_links() == ot.datasheet_links("h100-80gb", "gen4")
+    dc = ot.NVME_DRIVES["gen4"]
     assert (dc.read, dc.write, dc.name) == (6.8e9, 5.6e9, "Micron 7450 PRO")
     assert dc.source.startswith("datacenter") and "ServeTheHome" in dc.source
-    for key, drive in oc.DRIVES.items():
+    for key, drive in ot.DRIVES.items():
         assert drive.source.split()[0] in ("datacenter", "consumer") and drive.name in drive.source, key
-    assert oc.DRIVES["gen4-consumer"].source.startswith("consumer") and "SLC" in oc.DRIVES["gen4-consumer"].source
+    assert ot.DRIVES["gen4-consumer"].source.startswith("consumer") and "SLC" in ot.DRIVES["gen4-consumer"].source
     with pytest.raises(UsageError, match="gen4-consumer"):
-        oc.datasheet_links("h100-80gb", "gen6")
+        ot.datasheet_links("h100-80gb", "gen6")
 
 
 def test_step_time_terms_from_round_bandwidths():
     # 1e9 params on 2 ranks, s = 5e8; up 6 B x s = 3e9 B, down 6 B x s = 3e9 B
-    r = oc.step_time(1_000_000_000, "mixed", 3, 2, "optimizer+params", "nvme", 1.0, ROUND, overlap=False)
+    r = ot.step_time(1_000_000_000, "mixed", 3, 2, "optimizer+params", "nvme", 1.0, ROUND, overlap=False)
     assert r["h2d"] == pytest.approx(3e9 / 10e9)
     assert r["d2h"] == pytest.approx(3e9 / 20e9)
     assert r["nvme"] == pytest.approx(10e9 / 2e9 + 9e9 / 1e9)   # (18 + 2) B x 5e8 read, 18 B x 5e8 written
@@ -131,7 +132,7 @@ def test_step_time_terms_from_round_bandwidths():
     assert r["cpu_adam"] == pytest.approx(5e8 / 1e9)
     assert r["total"] == pytest.approx(1.0 + 0.3 + 0.15 + 14.0 + 0.5)
     assert r["bound"] == "nvme"
-    r = oc.step_time(1_000_000_000, "mixed", 3, 2, "optimizer+params", "nvme", 1.0, ROUND, overlap=True)
+    r = ot.step_time(1_000_000_000, "mixed", 3, 2, "optimizer+params", "nvme", 1.0, ROUND, overlap=True)
     # the best schedule: parameter reads (1.0 s) beside compute (1.0 s), then the state swaps (13 s)
     assert r["total"] == pytest.approx(1.0 + 13.0)
     # stock: max(compute, gradient stream, fetches, reads) + swaps + Adam; no upload after the step
@@ -139,63 +140,63 @@ def test_step_time_terms_from_round_bandwidths():
 
 
 def test_nvme_state_swaps_are_never_hidden_but_cpu_offload_is():
-    links = oc.datasheet_links("h100-80gb", "gen4")
+    links = ot.datasheet_links("h100-80gb", "gen4")
     n = 70_553_706_496
     s = -(-n // 8)
     for tokens in (4096, 10**6):
-        c = oc.compute_seconds(n, tokens, 989e12, 0.4)
-        r = oc.step_time(n, "mixed", 3, 8, "optimizer+params", "nvme", c, links)
+        c = ot.compute_seconds(n, tokens, 989e12, 0.4)
+        r = ot.step_time(n, "mixed", 3, 8, "optimizer+params", "nvme", c, links)
         swaps = 16 * s / 6.8e9 + 18 * s / 5.6e9                  # states + gradient read; all written
         assert r["nvme_states"] == pytest.approx(swaps)
         assert r["total"] == pytest.approx(max(c, 4 * s / 6.8e9) + swaps)
-    assert oc.break_even_tokens(n, "mixed", 3, 8, "optimizer+params", "nvme", links, 989e12) is None
-    assert oc.break_even_tokens(n, "mixed", 3, 8, "optimizer", "nvme", links, 989e12) is None
-    assert oc.break_even_tokens(n, "mixed", 3, 8, "optimizer", "cpu", links, 989e12) > 0
+    assert ot.break_even_tokens(n, "mixed", 3, 8, "optimizer+params", "nvme", links, 989e12) is None
+    assert ot.break_even_tokens(n, "mixed", 3, 8, "optimizer", "nvme", links, 989e12) is None
+    assert ot.break_even_tokens(n, "mixed", 3, 8, "optimizer", "cpu", links, 989e12) > 0
 
 
 def test_stock_schedule_hides_only_the_gradient_copies():
     # ZeRO-2, 1e9 params on 2 ranks: s = 5e8; fp32 grads down 2e9 B / 20e9 = 0.1 s (inside backward's
     # 1.0 s), Adam 5e8 / 1e9 = 0.5 s after backward, bf16 params up 1e9 B / 10e9 = 0.1 s after Adam
-    r = oc.step_time(1_000_000_000, "mixed", 2, 2, "optimizer", "cpu", 1.0, ROUND)
+    r = ot.step_time(1_000_000_000, "mixed", 2, 2, "optimizer", "cpu", 1.0, ROUND)
     assert r["stock"] == pytest.approx(1.0 + 0.5 + 0.1)
     assert r["total"] == pytest.approx(1.0)          # the ideal overlap (delayed update)
     # a bare dict of the five terms (the quiz's) reads as: gradients during backward, the rest after
     terms = {"compute": 0.4, "d2h": 0.06, "cpu_adam": 0.25, "h2d": 0.03, "nvme": 0}
-    assert oc.stock_schedule(terms) == pytest.approx(0.4 + 0.25 + 0.03)
+    assert ot.stock_schedule(terms) == pytest.approx(0.4 + 0.25 + 0.03)
 
 
 def test_compute_bound_when_compute_covers_the_transfers():
-    r = oc.step_time(1_000_000_000, "mixed", 2, 2, "optimizer", "cpu", 5.0, ROUND)
+    r = ot.step_time(1_000_000_000, "mixed", 2, 2, "optimizer", "cpu", 5.0, ROUND)
     assert r["bound"] == "compute" and r["total"] == 5.0
 
 
 def test_note_example_sums_to_155_ms_and_overlap_hides_the_rest():
-    assert oc.note_example(overlap=False)["total"] == pytest.approx(0.155)
-    assert oc.note_example(overlap=True)["total"] == pytest.approx(0.100)
+    assert ot.note_example(overlap=False)["total"] == pytest.approx(0.155)
+    assert ot.note_example(overlap=True)["total"] == pytest.approx(0.100)
 
 
 def test_datasheet_links_use_the_gpu_table_and_stated_drive():
-    links = oc.datasheet_links("a100-80gb", "gen4")
+    links = ot.datasheet_links("a100-80gb", "gen4")
     assert links.h2d == links.d2h == pytest.approx(16e9 * 16 * 128 / 130 / 8, rel=1e-3)   # Gen4 x16
     assert (links.nvme_read, links.nvme_write) == (6.8e9, 5.6e9) and "Micron 7450 PRO" in links.source
     # memory-bound Adam: 2 sockets x 8 channels x 8 B x 4.8 GT/s over 8 ranks, 30 B per parameter,
     # the theoretical bound, and the source says so
     assert links.cpu_adam == pytest.approx(2 * 8 * 8 * 4.8e9 / 8 / 30)
     assert "2.56 G params/s" in links.source and "not derated" in links.source
-    half = oc.datasheet_links("a100-80gb", "gen4", adam_share=0.5)
+    half = ot.datasheet_links("a100-80gb", "gen4", adam_share=0.5)
     assert half.cpu_adam == pytest.approx(links.cpu_adam / 2) and "0.5 x" in half.source
     with pytest.raises(UsageError):
-        oc.datasheet_links(adam_share=0)
+        ot.datasheet_links(adam_share=0)
 
 
 def test_break_even_tokens_make_compute_cover_the_slowest_link():
-    links = oc.datasheet_links("h100-80gb", "gen4")
+    links = ot.datasheet_links("h100-80gb", "gen4")
     n = 70_000_000_000
-    tok = oc.break_even_tokens(n, "mixed", 3, 8, "optimizer", "cpu", links, 989e12, 0.4)
-    compute = oc.compute_seconds(n, tok, 989e12, 0.4)
-    r = oc.step_time(n, "mixed", 3, 8, "optimizer", "cpu", compute, links)
+    tok = ot.break_even_tokens(n, "mixed", 3, 8, "optimizer", "cpu", links, 989e12, 0.4)
+    compute = ot.compute_seconds(n, tok, 989e12, 0.4)
+    r = ot.step_time(n, "mixed", 3, 8, "optimizer", "cpu", compute, links)
     assert r["bound"] == "compute"
-    r = oc.step_time(n, "mixed", 3, 8, "optimizer", "cpu", oc.compute_seconds(n, tok - 2, 989e12, 0.4), links)
+    r = ot.step_time(n, "mixed", 3, 8, "optimizer", "cpu", ot.compute_seconds(n, tok - 2, 989e12, 0.4), links)
     assert r["bound"] != "compute"
 
 

@@ -1,5 +1,5 @@
 """The memory timeline (``gpumem.memory.timeline``), the AdamW implementations' workspace, and
-the time formulas (``gpumem.memory.speed``).
+the time formulas (``gpumem.timing.compute``).
 
 The timeline is checked against the tracer's own peak bookkeeping and against stock MemTracker;
 AdamW's workspace against hand counts (one copy of v for foreach, 12 bytes x the largest tensor
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from gpumem.errors import UsageError
-from gpumem.memory import accounting, models, speed, timeline, tracing
+from gpumem.memory import accounting, models, timeline, tracing
+from gpumem.timing import compute
 
 
 @pytest.fixture(scope="module")
@@ -104,25 +105,25 @@ def test_adamw_workspace_by_implementation():
 
 def test_train_flops_and_seconds_by_hand():
     n = models.get("llama-3-70b").n_params()
-    assert speed.train_flops(n, 4096) == 6 * 70_553_706_496 * 4096
-    assert speed.train_flops(n, 4096, recompute=True) == 8 * 70_553_706_496 * 4096
+    assert compute.train_flops(n, 4096) == 6 * 70_553_706_496 * 4096
+    assert compute.train_flops(n, 4096, recompute=True) == 8 * 70_553_706_496 * 4096
     # H100 SXM: 989 TFLOP/s dense bf16, at 40 % MFU
-    assert speed.seconds(6 * n * 4096, "h100-80gb", 0.4) == pytest.approx(6 * n * 4096 / (0.4 * 989e12))
+    assert compute.seconds(6 * n * 4096, "h100-80gb", 0.4) == pytest.approx(6 * n * 4096 / (0.4 * 989e12))
     cfg = models.get("llama-3-70b")
-    assert speed.attention_flops(cfg, 4096) == 12 * 80 * 8192 * 4096 * 4096
+    assert compute.attention_flops(cfg, 4096) == 12 * 80 * 8192 * 4096 * 4096
     with pytest.raises(UsageError):
-        speed.seconds(1.0, "t4")                                     # no bf16 tensor cores
+        compute.seconds(1.0, "t4")                                     # no bf16 tensor cores
     with pytest.raises(UsageError):
-        speed.seconds(1.0, "h100-80gb", mfu=1.5)
+        compute.seconds(1.0, "h100-80gb", mfu=1.5)
 
 
 def test_optimizer_traffic_by_hand():
     # mixed: read bf16 grad 2 + master 4 + m 4 + v 4; write master, m, v and the bf16 weight
-    assert speed.optimizer_bytes_per_param("mixed") == (2 + 4 + 4 + 4) + (4 + 4 + 4 + 2)
+    assert compute.optimizer_bytes_per_param("mixed") == (2 + 4 + 4 + 4) + (4 + 4 + 4 + 2)
     # pure bf16: read grad, weight, m, v; write weight, m, v
-    assert speed.optimizer_bytes_per_param("pure-bf16") == 4 * 2 + 3 * 2
+    assert compute.optimizer_bytes_per_param("pure-bf16") == 4 * 2 + 3 * 2
     n = 8_000_000
-    assert speed.optimizer_seconds(n, "mixed", "h100-80gb", gpus=8, zero=1) == pytest.approx(28 * n / 8 / 3.35e12)
+    assert compute.optimizer_seconds(n, "mixed", "h100-80gb", gpus=8, zero=1) == pytest.approx(28 * n / 8 / 3.35e12)
 
 
 def test_six_psi_t_against_pytorchs_flop_counter():
@@ -139,7 +140,7 @@ def test_six_psi_t_against_pytorchs_flop_counter():
     with counter:
         model(tokens[:, :-1], tokens[:, 1:].reshape(-1), kernel="naive").backward()
     linear = cfg.n_params() - cfg.vocab * cfg.d_model - (2 * cfg.n_layers + 1) * cfg.d_model
-    assert counter.get_total_flops() == speed.train_flops(linear, s * b) + speed.attention_flops(cfg, s, b)
+    assert counter.get_total_flops() == compute.train_flops(linear, s * b) + compute.attention_flops(cfg, s, b)
 
 
 def test_working_set_on_the_timeline_counts_the_embedding_gradient_once(step):

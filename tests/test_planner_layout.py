@@ -119,20 +119,21 @@ def test_a_strided_data_parallel_ring_crosses_one_nic_a_node():
 
 def test_planner_offload_seconds_are_offload_costs_stock_schedule(monkeypatch):
     """With full overlap the planner's offload term is DeepSpeed's stock order from
-    offload_cost (one function for both): compute + exposed = stock_schedule, at ZeRO-3 with 8
+    offload_time (one function for both): compute + exposed = stock_schedule, at ZeRO-3 with 8
     micro-batches (the gradient trip's per-micro-batch copies counted once each, not 8 x 6 B)."""
-    from gpumem.memory import accounting, offload_cost
+    from gpumem.memory import accounting
     from gpumem.memory.gpus import get
     from gpumem.planner import cost
+    from gpumem.timing import offload_time
     monkeypatch.setattr(cost, "OFFLOAD_OVERLAP", 1.0)
     cfg = models.get("llama-3-70b")
     psi = cfg.n_params()
-    links = offload_cost.datasheet_links("h100-80gb")
+    links = offload_time.datasheet_links("h100-80gb")
     for zero, offload, device in ((3, "optimizer", "cpu"), (3, "optimizer+params", "nvme"), (2, "optimizer", "cpu")):
         lay = planner.memory.Layout("mixed", zero, "full", "flash", offload, device, 1, 1, 1, 8, 8)
         compute = 30.0
         exposed, parts = cost._offload(psi, lay, links, compute)
-        stock = offload_cost.step_time(psi, "mixed", zero, 8, offload, device, compute, links,
+        stock = offload_time.step_time(psi, "mixed", zero, 8, offload, device, compute, links,
                                        micro_batches=8)["stock"]
         assert compute + exposed == pytest.approx(stock), (zero, offload, device)
     # by hand, ZeRO-3 optimizer on the CPU, 8 micro-batches: 8 x 2 + 4 = 20 B down, 8 x 2 = 16 up per shard param

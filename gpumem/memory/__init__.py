@@ -5,9 +5,10 @@ Formulas, torch-free (``python -m gpumem estimate`` answers without importing to
 ``policies`` (kernel, checkpoint, norm and AdamW names), ``accounting`` (model states by recipe,
 ZeRO stage and offload; ZeRO-3's working set), ``zero3_schedule`` (DeepSpeed ZeRO-3's gather
 schedule replayed: the working set's gathered part), ``activations`` (tensor by tensor),
-``megatron`` (Korthikanti's formula beside Llama's count), ``speed`` (FLOPs and seconds),
-``recompute_plans`` and ``recompute_cost`` (checkpoint plans, their bytes and FLOPs),
-``estimate``.
+``megatron`` (Korthikanti's formula beside Llama's count), ``recompute_plans`` and
+``recompute_cost`` (checkpoint plans, their bytes and FLOPs), ``attention_flops`` (attention's
+FLOPs and HBM bytes), ``offload_cost`` (offload's bytes per link), ``estimate``. The formulas
+count bytes and FLOPs only; the seconds they take are :mod:`gpumem.timing`'s.
 
 Traced and measured, with torch: ``llama`` (the model), ``optim`` (mixed-precision AdamW, and
 which AdamW a trace runs), ``tracing`` (MemTracker on fake tensors: ``tracer`` traces a step,

@@ -1,4 +1,4 @@
-"""Attention's time, modelled: matmul FLOPs and HBM bytes of naive and FlashAttention-style kernels.
+"""Attention's work, counted: matmul FLOPs and HBM bytes of naive and FlashAttention-style kernels.
 
 Per (batch, query head), N = s_q query rows, M = s_k keys, d = head dim, e bytes an element:
 
@@ -26,13 +26,11 @@ Per (batch, query head), N = s_q query rows, M = s_k keys, d = head dim, e bytes
   model is the GPU kernel's order. The model charges K and V to every query head (one head per
   thread block, as the kernels run it): GQA's sharing of K and V shows up only as L2 cache hits.
 
-Time on a GPU is then at least max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per kernel (a
-roofline bound, not a prediction). Torch-free; GPU figures come from ``gpumem.memory.gpus``.
+The seconds these counts take on a GPU (the roofline bound) are in
+:mod:`gpumem.timing.attention_time`. Torch-free.
 """
 
 from ..errors import positive_int
-from . import gpus as gpu_table
-from .speed import MFU
 
 
 def visible_pairs(s_q: int, s_k: int, causal: bool, block: int | None = None) -> int:
@@ -80,24 +78,3 @@ def hbm_bytes(method: str, seq: int, heads: int, head_dim: int, batch: int = 1, 
         inner = passes * (e * 2 * N * d + 4 * 2 * N * d + 4 * 2 * N)  # Q, dO; dQ (fp32) read + written; lse, D
         bwd = pre + once + inner + 4 * N * d + e * N * d           # dQ fp32 -> e
     return {"forward": n * fwd, "backward": n * bwd}
-
-
-def ridge(gpu: str = "h100-80gb") -> float:
-    """FLOPs per byte at which ``gpu``'s dense bf16 peak and its HBM bandwidth take equal time."""
-    g = gpu_table.get(gpu)
-    return (g.bf16_flops or g.fp16_flops) / g.hbm
-
-
-def roofline(method: str, seq: int, heads: int, head_dim: int, batch: int = 1, gpu: str = "h100-80gb",
-             elem: int = 2, block: int = 128, mfu: float = MFU) -> dict:
-    """FLOPs, bytes, arithmetic intensity and the roofline lower bound on seconds (forward +
-    backward) of one attention call on ``gpu`` at its dense bf16 peak and full HBM bandwidth;
-    ``mfu_s`` is the FLOPs' time at ``mfu`` of the peak instead (a stated utilisation)."""
-    g = gpu_table.get(gpu)
-    f = attention_flops(method, seq, heads, head_dim, batch, False, block)
-    b = hbm_bytes(method, seq, heads, head_dim, batch, elem, block)
-    flops, moved = f["forward"] + f["backward"], b["forward"] + b["backward"]
-    compute, memory = flops / (g.bf16_flops or g.fp16_flops), moved / g.hbm
-    return {"method": method, "gpu": g.label, "flops": flops, "bytes": moved, "intensity": flops / moved,
-            "compute_s": compute, "memory_s": memory, "mfu_s": compute / mfu, "bound_s": max(compute, memory),
-            "bound_by": "compute" if compute >= memory else "memory"}

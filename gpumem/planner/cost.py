@@ -4,7 +4,7 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
 
 * **compute**: forward + backward + recompute FLOPs of ``recompute_cost.step_flops`` (matmuls,
   attention's core and the output head, as PyTorch counts them), split evenly over the ``tp * pp``
-  GPUs of a replica, at ``mfu`` (40 %, ``speed.MFU``) of the GPU's dense bf16 peak. A re-run is
+  GPUs of a replica, at ``mfu`` (40 %, ``compute.MFU``) of the GPU's dense bf16 peak. A re-run is
   priced as the plan's checkpoint runs it (:func:`rerun_impl`, names in :data:`RERUN`): Megatron's
   recompute (3-D layouts) and DeepSpeed's ``PipelineModule`` (``deepspeed.checkpointing.checkpoint``)
   re-run the whole segment; the other DeepSpeed layouts' model code uses
@@ -34,8 +34,8 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
   Collectives go in buckets of ``planner.memory.DS_BUCKET`` elements (ZeRO-3's gathers of
   ``DS_PREFETCH``), each paying NCCL's latency.
 
-* **optimizer**: on the GPU, AdamW's HBM traffic (``speed.optimizer_seconds``). Offloaded, the
-  links of ``offload_cost`` (PCIe, NVMe, CPU Adam): gradient copies down and parameter fetches
+* **optimizer**: on the GPU, AdamW's HBM traffic (``compute.optimizer_seconds``). Offloaded, the
+  links of ``offload_time`` (PCIe, NVMe, CPU Adam): gradient copies down and parameter fetches
   up run during forward and backward and hide behind :data:`OFFLOAD_OVERLAP` (70 %, stated, not
   measured) of the compute time; CPU Adam, the optimizer states'
   NVMe read and write and the updated shard's upload run after backward, in series
@@ -52,10 +52,10 @@ NICs than GPUs), congestion, compute slowed by communication kernels.
 
 from functools import lru_cache
 
-from ..memory import accounting, offload_cost, recompute_cost, speed
+from ..memory import accounting, recompute_cost
 from ..memory.gpus import GPU, INTER_NODE  # noqa: F401 (50 GB/s per GPU: the lab's "fast" network)
 from ..memory.models import ModelConfig
-from ..timing import schedules
+from ..timing import compute, offload_time, schedules
 from . import placement
 from .config import PIPE_INTERVAL
 from .memory import DS_BUCKET, DS_PREFETCH, FRAMEWORK_3D, Layout, layers_per_stage, local_params
@@ -90,8 +90,8 @@ def recompute_share(cfg: ModelConfig, seq: int, lay: Layout) -> float:
     return _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay))["overhead"]
 
 
-def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float = speed.MFU,
-                 links: offload_cost.Links | None = None, gpus_per_node: int = GPUS_PER_NODE,
+def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float = compute.MFU,
+                 links: offload_time.Links | None = None, gpus_per_node: int = GPUS_PER_NODE,
                  inter_node: float | None = None) -> dict:
     """Seconds of one step on one GPU, by term (see the module), with ``total`` and ``bound``;
     ``inter_node``: a line rate in bytes/s per GPU between nodes instead of the node type's
@@ -100,8 +100,8 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
     e = 4 if lay.recipe == "fp32" else 2
     f = _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay))
     per_mb = (f["forward"] + f["backward"] + f["recompute"]) / (lay.tp * lay.pp)
-    compute = speed.seconds(per_mb * lay.n_micro, gpu, mfu)
-    mb_compute = compute / lay.n_micro
+    busy = compute.seconds(per_mb * lay.n_micro, gpu, mfu)
+    mb_compute = busy / lay.n_micro
     ls = layers_per_stage(cfg, lay.pp)
     rerun = f["recompute"] / max(f["forward"], 1)          # share of a forward re-run
     scores = lay.micro_batch * (cfg.n_heads // lay.tp) * seq * seq
@@ -135,20 +135,20 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
         dp_comm, window = placement.seconds("all_reduce", grads, dg, buckets), mb_compute * 2 / 3
         exposed_extra = placement.seconds("all_gather", params, dg, buckets) if lay.zero == 1 else 0.0
     elif lay.zero == 2:
-        dp_comm, window = lay.n_micro * placement.seconds("reduce_scatter", grads, dg, buckets), compute * 2 / 3
+        dp_comm, window = lay.n_micro * placement.seconds("reduce_scatter", grads, dg, buckets), busy * 2 / 3
         exposed_extra = placement.seconds("all_gather", params, dg, buckets)
     else:
         dp_comm = lay.n_micro * (2 * placement.seconds("all_gather", params, dg, gathers)
                                  + placement.seconds("reduce_scatter", grads, dg, buckets))
-        window, exposed_extra = compute, 0.0
+        window, exposed_extra = busy, 0.0
     dp_s = max(0.0, dp_comm - window) + exposed_extra
     off = {"h2d": 0.0, "d2h": 0.0, "nvme": 0.0, "cpu_adam": 0.0}
     if lay.offload == "none":
-        optimizer = speed.optimizer_seconds(psi, lay.recipe, gpu, lay.dp, lay.zero)
+        optimizer = compute.optimizer_seconds(psi, lay.recipe, gpu, lay.dp, lay.zero)
         offload_s = 0.0
     else:
-        optimizer, offload_s, off = 0.0, *_offload(psi, lay, links, compute)
-    terms = {"compute": compute, "attention_scores": score_s, "pipeline_bubble": bubble,
+        optimizer, offload_s, off = 0.0, *_offload(psi, lay, links, busy)
+    terms = {"compute": busy, "attention_scores": score_s, "pipeline_bubble": bubble,
              "tensor_parallel": tp_s, "pipeline_p2p": pp_s, "data_parallel": dp_s,
              "optimizer": optimizer, "offload": offload_s}
     total = sum(terms.values())
@@ -156,7 +156,7 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
             "data_parallel_moved_s": dp_comm + exposed_extra, "offload_terms": off}
 
 
-def assumptions(g: GPU, reserve, mfu: float, links: offload_cost.Links, node, opts: dict) -> list[str]:
+def assumptions(g: GPU, reserve, mfu: float, links: offload_time.Links, node, opts: dict) -> list[str]:
     """The cost model's stated figures, in words (``reserve``: a ``gpus.Reserve``; ``node``: the
     ``timing.hardware.NodeType``; ``opts``: the search's, with ``host_per_node`` and ``nvme_per_node``)."""
     link = f"NVLink {g.nvlink / 1e9:.0f} GB/s" if node.nvlink else f"PCIe {g.pcie / 1e9:.1f} GB/s"
@@ -176,15 +176,15 @@ def assumptions(g: GPU, reserve, mfu: float, links: offload_cost.Links, node, op
             "not counted beyond the largest module and the prefetch bucket"]
 
 
-def _offload(psi: int, lay: Layout, links: offload_cost.Links, compute: float) -> tuple[float, dict]:
-    """Exposed offload seconds and the per-link seconds behind them, from ``offload_cost.step_time``
+def _offload(psi: int, lay: Layout, links: offload_time.Links, busy: float) -> tuple[float, dict]:
+    """Exposed offload seconds and the per-link seconds behind them, from ``offload_time.step_time``
     (DeepSpeed 0.19.8's copies for ``lay.n_micro`` micro-batches): during forward and backward the
     gradient copies (one stream), the parameter fetches and their NVMe reads; after backward the
     state swaps and the updated shard's upload; CPU Adam in series."""
-    t = offload_cost.step_time(psi, lay.recipe, lay.zero, lay.dp, lay.offload, lay.device, compute, links,
+    t = offload_time.step_time(psi, lay.recipe, lay.zero, lay.dp, lay.offload, lay.device, busy, links,
                                micro_batches=lay.n_micro)
     during = max(t["grad_trip"], t["h2d"] - t["h2d_after"], t["nvme_params"])
     after = t["nvme_states"] + t["h2d_after"]
     cpu_adam = t["cpu_adam"]
-    exposed = max(0.0, during - OFFLOAD_OVERLAP * compute) + after + cpu_adam
+    exposed = max(0.0, during - OFFLOAD_OVERLAP * busy) + after + cpu_adam
     return exposed, {"during_compute": during, "after_backward": after, "cpu_adam": cpu_adam}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..errors import UsageError, positive_int
 from ..memory import accounting, gpus as gpu_table, models
 from ..memory.models import ModelConfig
-from ..memory.offload_cost import datasheet_links
+from ..timing.offload_time import datasheet_links
 from ..memory.policies import KERNELS, POLICIES
 from .cost import GPUS_PER_NODE
 from .memory import Layout, per_gpu

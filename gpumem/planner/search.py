@@ -6,7 +6,7 @@ pipeline-parallel degree, and keeps a layout when its per-GPU bytes (``planner.m
 the GPU's capacity minus a stated :class:`~gpumem.memory.gpus.Reserve`, its host-side bytes fit
 :data:`HOST_PER_NODE` and its NVMe bytes :data:`NVME_PER_NODE`. What fits is ranked by the
 estimated step time of ``planner.cost`` (compute at a stated MFU, communication at the GPU
-table's link bandwidths, offload traffic from ``offload_cost``). Each plan carries its memory
+table's link bandwidths, offload traffic from ``offload_time``). Each plan carries its memory
 breakdown, time breakdown, framework (``Layout.framework``), DeepSpeed config, FSDP equivalent
 and, for 3-D layouts, Megatron-DeepSpeed's arguments (``planner.config``).
 
@@ -30,9 +30,10 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ..errors import UsageError, positive_int
-from ..memory import accounting, gpus as gpu_table, models, speed
+from ..memory import accounting, gpus as gpu_table, models
 from ..memory.models import ModelConfig
-from ..memory.offload_cost import Links, datasheet_links
+from ..timing import compute
+from ..timing.offload_time import Links, datasheet_links
 from ..memory.policies import KERNELS, POLICIES
 from .advice import advise as _advise, check_capacity, nearest_batches
 from .config import deepspeed_config, fsdp_equivalent, megatron_args, model_code
@@ -209,7 +210,7 @@ def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: i
          seq: int = 4096, global_batch: int | None = None, recipes=RECIPES, zero=(0, 1, 2, 3),
          offloads=OFFLOAD_CHOICES, checkpoints=POLICIES, attentions=KERNELS, micro_batches=MICRO_BATCHES,
          tp: tuple | None = None, pp: tuple | None = None, reserve: gpu_table.Reserve = gpu_table.DEFAULT_RESERVE,
-         mfu: float = speed.MFU, links: Links | None = None, gpus_per_node: int = GPUS_PER_NODE,
+         mfu: float = compute.MFU, links: Links | None = None, gpus_per_node: int = GPUS_PER_NODE,
          inter_node: float | None = None, advise: bool = True, host_per_node: int | None = None,
          nvme_per_node: int | None = None) -> Result:
     """Every layout of ``model`` on ``gpus`` GPUs that fits, ranked by estimated step time.

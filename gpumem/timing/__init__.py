@@ -12,10 +12,14 @@ Being built (issue 19). What it holds today:
   1F1B, ZB-H1 and ZB-H2 pipeline schedules;
 * :mod:`.zero3_cost` and :mod:`.zero_layouts`: ZeRO-3's gathers and reduce-scatters by group shape,
   and the sharding layouts per step (ZeRO-3, hpZ, MiCS/HSDP, ZeRO-1), used by chapters 02 and 07;
+* :mod:`.compute`: a step's FLOPs at a stated MFU (40 %) and AdamW's HBM-bound step, in seconds;
+* :mod:`.attention_time`: the roofline bound on attention's FLOPs and HBM bytes (chapter 04);
+* :mod:`.offload_time`: NVMe drives, datasheet and measured links, and the seconds of an offloaded
+  step (ideal and stock schedules, break-even tokens) from :mod:`gpumem.memory.offload_cost`'s bytes;
 * :mod:`.offload`: ZeRO-Infinity's bandwidth-centric parameter reads (chapter 05);
 * :mod:`.published`: measured training runs from papers and benchmark tables, with sources, that
   the engine is to be validated against.
 
-The planner (:mod:`gpumem.planner`) prices its collectives here. Still outside: ``memory.speed``
-(compute seconds), ``memory.offload_cost`` and ``memory.recompute_cost``'s time part.
+The planner (:mod:`gpumem.planner`) prices its compute, collectives and offload here;
+:mod:`gpumem.memory` keeps the bytes and FLOP counts these seconds are built on.
 """

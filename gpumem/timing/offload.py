@@ -16,7 +16,7 @@ them up:
 DeepSpeed 0.19.8's ZeRO-3 is the second: each rank's ``ds_tensor`` is its slice of every
 parameter, swapped in by ``partitioned_param_swapper.py`` and gathered by
 ``partitioned_param_coordinator.py``. The per-rank read rate is the slower of the GPU's PCIe link
-(line rate, as :mod:`gpumem.memory.offload_cost` uses it) and its share of the node's drives
+(line rate, as :mod:`gpumem.timing.offload_time` uses it) and its share of the node's drives
 (``NodeType.nvme_drives`` x ``nvme_read`` / GPUs per node) or of host DRAM; the all-gather is
 :func:`gpumem.timing.collectives.collective_time` over the group's placement. Reads and the
 gathers of different layers pipeline (prefetch), so a pass lasts the longer of the two.

@@ -12,7 +12,7 @@ each source counts them its own way; :func:`flops_per_token` implements the sour
 * ``megatron``: Megatron's count as NVIDIA's dgxc-benchmarking READMEs print it ("Notes"):
   12 L h^2 (1 + g/a + s/h) + 18 L F h + 6 V h per token (g: query groups, attention not halved
   for the causal mask, no embedding lookup).
-* ``course``: the course's count, ``gpumem.memory.speed``: 6 x parameters + 12 L h s per token.
+* ``course``: the course's count, ``gpumem.timing.compute``: 6 x parameters + 12 L h s per token.
   torchtitan's MFU uses the same (``torchtitan/utils.py`` ``get_num_flop_per_token`` at commit
   157a12c: 6 * num_params + 12 * l * h * q * t, num_params = every parameter). The Llama 3
   paper states no formula; its runs use this one, labelled an assumption in their notes.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ..errors import one_of
 from ..memory import gpus
 from ..memory.models import REGISTRY, ModelConfig
-from ..memory.speed import attention_flops, train_flops
+from .compute import attention_flops, train_flops
 
 NARAYANAN = "Narayanan et al. 2021, arXiv:2104.04473"
 DGXC = "NVIDIA/dgxc-benchmarking@143b90dd91f9be958fed4773ae95d941a3356a82"

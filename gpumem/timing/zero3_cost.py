@@ -12,7 +12,7 @@ group of whole DGX nodes moves its cross-node traffic through all eight NICs of 
 (about NVLink's rate), a group of one rank per node through one NIC each.
 
 Compute. 6 x params x tokens FLOPs (2 forward, 4 backward; no recomputation) at ``mfu`` x the GPU's
-dense bf16 peak (:mod:`gpumem.memory.speed`, 40 % by default). Prefetching hides a gather only
+dense bf16 peak (:mod:`gpumem.timing.compute`, 40 % by default). Prefetching hides a gather only
 behind the compute of the pass it serves, so the passes are compared separately. The break-even
 is the tokens per GPU per micro-batch at which a pass computes as long as it communicates.
 
@@ -29,7 +29,8 @@ from functools import lru_cache
 
 from ..errors import UsageError
 from ..memory import gpus as gpu_table
-from ..memory import models, speed, zero3_schedule
+from ..memory import models, zero3_schedule
+from . import compute
 from . import collectives, hardware
 
 REDUCE_BUCKET = 500_000_000        # elements; DeepSpeed 0.19.8 stage3.py line 176, its default
@@ -111,7 +112,7 @@ def _seconds(coll: str, nbytes: float, where, latency: bool, ring: float) -> tup
 
 
 def zero3_step_time(model: str = "llama-3-70b", gpus: int = 8, gpu: str = "h100-80gb",
-                    link="nvlink", mfu: float = speed.MFU, tokens_per_gpu: int = 4096,
+                    link="nvlink", mfu: float = compute.MFU, tokens_per_gpu: int = 4096,
                     param_bytes: int = 2, config: dict | None = None, latency: bool = True,
                     backward_gathers: hardware.Group | None = None) -> dict:
     """Seconds of communication and of compute for one ZeRO-3 micro-batch on each GPU, forward
@@ -144,14 +145,14 @@ def zero3_step_time(model: str = "llama-3-70b", gpus: int = 8, gpu: str = "h100-
         add("backward", "all_gather", elements, 1 - forward / elements, count)
     for elements, count in buckets.items():
         add("backward", "reduce_scatter", elements, 1.0, count)
-    step = speed.train_flops(psi, tokens_per_gpu)
+    step = compute.train_flops(psi, tokens_per_gpu)
     work = {"forward": step // 3, "backward": step - step // 3}         # 2 : 4
     out = {"model": model, "gpus": gpus, "gpu": g.label, "link": name,
            "placement": where.describe() if isinstance(where, hardware.Group) else "custom link",
            "mfu": mfu, "bf16_flops": g.bf16_flops, "tokens_per_gpu": tokens_per_gpu,
            "gathered_psi": sum(n * c for (n, _), c in gathers.items()) / psi, "phases": {}}
     for ph, p in phases.items():
-        comp = speed.seconds(work[ph], g, mfu)
+        comp = compute.seconds(work[ph], g, mfu)
         out["phases"][ph] = {"bytes_moved": p["bytes_moved"], "comm_s": p["comm_s"], "compute_s": comp,
                              "hidden": p["comm_s"] <= comp, "exposed_s": max(0.0, p["comm_s"] - comp),
                              "collectives": round(p["collectives"]),

@@ -32,7 +32,8 @@ import dataclasses
 import math
 
 from ..errors import UsageError, one_of
-from ..memory import accounting, models, speed
+from ..memory import accounting, models
+from . import compute
 from . import collectives, hardware, zero3_cost
 
 LAYOUTS = {"zero3": "ZeRO-3 over all GPUs", "hpz": "ZeRO++ hpZ (backward gathers in the node)",
@@ -81,7 +82,7 @@ def _chunks(total_bytes: int, elem_bytes: int = 2) -> list[int]:
 
 
 def layout_step(layout: str, model: str, cluster: hardware.Cluster, micro_batches: int = 1,
-                tokens_per_gpu: int = 4096, mfu: float = speed.MFU, recipe: str = "mixed") -> dict:
+                tokens_per_gpu: int = 4096, mfu: float = compute.MFU, recipe: str = "mixed") -> dict:
     """One training step of ``layout`` (:data:`LAYOUTS`) on every GPU of ``cluster``: model-state
     bytes per GPU, communication seconds per micro-batch and per step, the seconds of them that
     cross the network, what stays exposed after overlap, and the step's seconds."""
@@ -90,7 +91,7 @@ def layout_step(layout: str, model: str, cluster: hardware.Cluster, micro_batche
     psi, r, n = cfg.n_params(), node.gpus_per_node, cluster.gpus
     everyone, in_node = cluster.group(n), cluster.group(r)
     gpu = node.gpu_name
-    compute = speed.seconds(speed.train_flops(psi, tokens_per_gpu), node.gpu, mfu)
+    compute_s = compute.seconds(compute.train_flops(psi, tokens_per_gpu), node.gpu, mfu)
     per_mb, per_step, exposed_mb = 0.0, 0.0, 0.0
     if layout in ("zero3", "hpz"):
         t = zero3_cost.zero3_step_time(model, n, gpu, everyone, mfu, tokens_per_gpu,
@@ -117,4 +118,4 @@ def layout_step(layout: str, model: str, cluster: hardware.Cluster, micro_batche
             "tokens_per_gpu": tokens_per_gpu, "states_bytes": states,
             "comm_per_micro_batch_s": per_mb, "comm_per_step_s": per_step,
             "comm_s": micro_batches * per_mb + per_step, "exposed_s": exposed, "binding": binding,
-            "compute_s": micro_batches * compute, "step_s": micro_batches * compute + exposed}
+            "compute_s": micro_batches * compute_s, "step_s": micro_batches * compute_s + exposed}

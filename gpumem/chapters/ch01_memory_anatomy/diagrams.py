@@ -14,7 +14,8 @@ import textwrap
 
 from gpumem import units
 from gpumem.course.drawing import WIDTH, bar, box
-from gpumem.memory import accounting, gpus as gpu_table, models, speed
+from gpumem.memory import accounting, gpus as gpu_table, models
+from gpumem.timing import compute
 from gpumem.memory.estimate import estimate
 
 from . import steps
@@ -208,7 +209,7 @@ def _gpus_needed(states: int, acts: int, room: int) -> str:
 
 
 def scale_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), seq: int = 4096,
-                gpu: str = "h100-80gb", gpus: int = 8, mfu: float = speed.MFU) -> str:
+                gpu: str = "h100-80gb", gpus: int = 8, mfu: float = compute.MFU) -> str:
     """Memory and time at scale (mixed recipe, flash, one sequence per GPU): model states and
     activations, what they are worth in usable GPUs, how many GPUs a step needs when the states
     are split evenly and each GPU keeps its own activations (without and with full
@@ -228,12 +229,12 @@ def scale_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), seq: int 
         mem.append(f"{name:15s} {units.fmt(states, digits=0):>10s} {units.fmt(d['activations'], digits=0):>12s} "
                    f"{states / room:>14.1f} {_gpus_needed(states, d['activations'], room):>12s} "
                    f"{units.fmt(full, digits=1):>15s} {_gpus_needed(states, full, room):>16s}")
-        flops = speed.train_flops(n, seq)
+        flops = compute.train_flops(n, seq)
         time.append(f"{name:15s} {flops:>9.2e} {cfg.vocab * cfg.d_model / n:>10.1%} "
-                    f"{speed.attention_flops(cfg, seq) / flops:>6.1%} {speed.seconds(flops, g, mfu):>7.2f}s "
-                    f"{speed.seconds(speed.train_flops(n, seq, recompute=True), g, mfu):>11.2f}s "
-                    f"{speed.optimizer_seconds(n, 'mixed', g):>10.2f}s "
-                    f"{speed.optimizer_seconds(n, 'mixed', g, gpus, zero=1):>9.3f}s")
+                    f"{compute.attention_flops(cfg, seq) / flops:>6.1%} {compute.seconds(flops, g, mfu):>7.2f}s "
+                    f"{compute.seconds(compute.train_flops(n, seq, recompute=True), g, mfu):>11.2f}s "
+                    f"{compute.optimizer_seconds(n, 'mixed', g):>10.2f}s "
+                    f"{compute.optimizer_seconds(n, 'mixed', g, gpus, zero=1):>9.3f}s")
     mem += [f"mixed recipe, seq {seq}, flash, one sequence per GPU; usable = {units.fmt(room)} per {g.label}",
             "states/usable: the states' memory worth in usable GPUs (activations left out)",
             "GPUs needed: fewest N with states/N + one sequence's activations <= usable (the sum,",
@@ -241,7 +242,7 @@ def scale_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), seq: int 
     time += ["6*Psi*T: FLOPs per sequence, embedding included; embedding: its share of Psi (a lookup,",
              "  no matmul); +attn: the score FLOPs (12*L*h*s per token, non-causal) 6*Psi*T leaves out",
              f"compute at {mfu:.0%} MFU of {g.bf16_flops / 1e12:.0f} TFLOP/s; + recompute: 8*Psi*T",
-             f"AdamW: {speed.optimizer_bytes_per_param('mixed')} B/param over {g.hbm / 1e12:.2f} TB/s HBM, "
+             f"AdamW: {compute.optimizer_bytes_per_param('mixed')} B/param over {g.hbm / 1e12:.2f} TB/s HBM, "
              f"all parameters / the 1/{gpus} shard of ZeRO"]
     return "\n".join(mem) + "\n\n" + "\n".join(time)
 

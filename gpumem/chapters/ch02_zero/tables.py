@@ -52,7 +52,7 @@ def time_table(model: str = "llama-3-70b", gpu: str = "h100-80gb", tokens=(1024,
     (placement, GPUs) on the GPU's node type, from the time engine: the binding link and the
     break-even tokens per GPU; then the break-even in closed form, and the share of FLOPs that
     6 x psi x tokens leaves out (the attention scores)."""
-    from gpumem.memory import speed
+    from gpumem.timing import compute
     node = zero3_cost.node_of(gpu)
     first = zero3_cost.zero3_step_time(model, shapes[0][1], gpu, shapes[0][0], tokens_per_gpu=tokens[0])
     lines = [f"{model}, ZeRO-3 on {node.label} nodes, bf16: per step {first['gathered_psi']:.3f} psi "
@@ -88,7 +88,7 @@ def time_table(model: str = "llama-3-70b", gpu: str = "h100-80gb", tokens=(1024,
                  f"{per_param / 2 * flops / rate:,.0f} tokens ({shapes[0][0]})")
     cfg = models.get(model)
     seq = 4096
-    extra = speed.attention_flops(cfg, seq) / speed.train_flops(cfg.n_params(), seq)
+    extra = compute.attention_flops(cfg, seq) / compute.train_flops(cfg.n_params(), seq)
     lines.append(f"6 x psi x tokens leaves out the attention scores: +{extra:.1%} FLOPs at {seq:,} tokens per "
                  "sequence,")
     lines.append("  a little more compute to hide behind")

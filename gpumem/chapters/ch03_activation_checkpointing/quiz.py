@@ -1,13 +1,14 @@
 """Chapter 03's quiz: what recomputation costs in FLOPs and seconds, where to put checkpoints,
 and what the finer kinds of recomputation buy. Each attempt draws a model, sequence length or
 GPU; every expected value is computed by the library (``gpumem.memory.recompute_cost``,
-``gpumem.memory.speed``) for the numbers drawn."""
+``gpumem.timing.compute``) for the numbers drawn."""
 
 import math
 
 from gpumem.course.quiz import Choice, Numeric, Quiz
 from gpumem.course.quiz_draws import LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick
-from gpumem.memory import gpus, models, recompute_cost, speed
+from gpumem.memory import gpus, models, recompute_cost
+from gpumem.timing import compute
 from gpumem.memory.activations import layer_parts
 from gpumem.memory.recompute_plans import from_segments
 
@@ -53,14 +54,14 @@ def _seconds(rng) -> dict:
     g = gpus.get(n["gpu_name"])
     cfg = models.get(n["model_name"])
     f = recompute_cost.step_flops(cfg, n["seq"], 1, "full", "scratch")
-    return n | {"tflops": g.bf16_flops / 1e12, "mfu_pct": round(100 * speed.MFU),
+    return n | {"tflops": g.bf16_flops / 1e12, "mfu_pct": round(100 * compute.MFU),
                 "rec_t": f["recompute"] / 1e12,
-                "step_s": speed.seconds(f["forward"] + f["backward"], g)}
+                "step_s": compute.seconds(f["forward"] + f["backward"], g)}
 
 
 def _recompute_seconds(n: dict) -> float:
     cfg = models.get(n["model_name"])
-    return speed.seconds(recompute_cost.step_flops(cfg, n["seq"], 1, "full", "scratch")["recompute"],
+    return compute.seconds(recompute_cost.step_flops(cfg, n["seq"], 1, "full", "scratch")["recompute"],
                          n["gpu_name"])
 
 
@@ -88,7 +89,7 @@ def _selective(rng) -> dict:
 
 
 def _all_params_seconds(n: dict) -> float:
-    return 2 * n["n_params"] * n["seq"] / (n["tflops"] * 1e12 * speed.MFU)
+    return 2 * n["n_params"] * n["seq"] / (n["tflops"] * 1e12 * compute.MFU)
 
 
 QUIZ = Quiz("03_activation_checkpointing", [

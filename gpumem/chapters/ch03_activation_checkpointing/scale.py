@@ -10,7 +10,8 @@ GPU count :func:`zero3_gpus` picks.
 import textwrap
 
 from gpumem import units
-from gpumem.memory import accounting, activations, gpus as gpu_table, models, recompute_cost, speed
+from gpumem.memory import accounting, activations, gpus as gpu_table, models, recompute_cost
+from gpumem.timing import compute
 
 MODELS = ("llama-3-8b", "llama-3-70b", "llama-3.1-405b")
 PLANS = ("none", "selective", "sac", "every-other", "sqrt", "every-2", "full")
@@ -58,7 +59,7 @@ def working_set(model: str, recipe: str = "mixed") -> tuple[int, list[tuple[str,
 
 
 def per_gpu(model: str, seq: int, plan: str, gpu: str = "h100-80gb", gpus: int | None = None,
-            mfu: float = speed.MFU) -> dict:
+            mfu: float = compute.MFU) -> dict:
     """One GPU's bytes (ZeRO-3 states + working set + activations) and seconds per sequence."""
     cfg = models.get(model)
     n = gpus or zero3_gpus(model, gpu)
@@ -70,12 +71,12 @@ def per_gpu(model: str, seq: int, plan: str, gpu: str = "h100-80gb", gpus: int |
     return {"model": model, "seq": seq, "plan": plan, "gpus": n, "states": states, "working": working,
             "activations": acts, "total": total, "usable": gpu_table.usable(gpu),
             "fits": total <= gpu_table.usable(gpu), "overhead": fl["overhead"],
-            "step_seconds": speed.seconds(fl["forward"] + fl["backward"], gpu, mfu),
-            "recompute_seconds": speed.seconds(fl["recompute"], gpu, mfu) if fl["recompute"] else 0.0}
+            "step_seconds": compute.seconds(fl["forward"] + fl["backward"], gpu, mfu),
+            "recompute_seconds": compute.seconds(fl["recompute"], gpu, mfu) if fl["recompute"] else 0.0}
 
 
 def scale_table(names=MODELS, seqs=(4096, 8192), plans=PLANS, gpu: str = "h100-80gb",
-                mfu: float = speed.MFU) -> str:
+                mfu: float = compute.MFU) -> str:
     """Per model, sequence and plan: activation bytes and the GPU's total against what it can
     use, and the seconds one sequence's forward + backward and its recomputation take."""
     g = gpu_table.get(gpu)

@@ -1,14 +1,14 @@
 """Chapter 04's quiz: what a naive kernel keeps, what FlashAttention keeps instead, how each grows
 with s, and what the recomputation costs. Each attempt draws a model, sequence length and batch;
 every expected value is computed by the library (``claims``, ``diagrams.online_step``,
-``gpumem.memory.attention_flops``)."""
+``gpumem.memory.attention_flops``, ``gpumem.timing.attention_time``)."""
 
 import math
 
 from gpumem.course.quiz import Numeric, Quiz
 from gpumem.course.quiz_draws import LLAMAS, UNIT_MIXUP, model_numbers, pick
-from gpumem.memory import gpus, speed
-from gpumem.memory import attention_flops, models
+from gpumem.memory import attention_flops, gpus, models
+from gpumem.timing import attention_time, compute
 from gpumem.units import GB
 
 from . import claims, diagrams
@@ -56,11 +56,11 @@ def _dropout(rng) -> dict:
 def _time(rng) -> dict:
     n = model_numbers(pick(rng, LLAMAS)) | {"seq": pick(rng, (4096, 8192, 16384)), "hfu_pct": pick(rng, (35, 40, 50))}
     cfg = models.get(n["model_name"])
-    r = attention_flops.roofline("tiled", n["seq"], cfg.n_heads, cfg.head_dim, 1, "h100-80gb", 2, 128,
+    r = attention_time.roofline("tiled", n["seq"], cfg.n_heads, cfg.head_dim, 1, "h100-80gb", 2, 128,
                                  n["hfu_pct"] / 100)
     g = gpus.get("h100-80gb")
     n |= {"head_dim": cfg.head_dim, "tflops": g.bf16_flops / 1e12, "ms": r["mfu_s"] * 1e3,
-          "tflop": r["flops"] / 1e12, "matmul_ms": speed.seconds(6 * cfg.layer_params() * n["seq"], g,
+          "tflop": r["flops"] / 1e12, "matmul_ms": compute.seconds(6 * cfg.layer_params() * n["seq"], g,
                                                                  n["hfu_pct"] / 100) * 1e3}
     return n
 

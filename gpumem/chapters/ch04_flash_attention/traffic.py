@@ -10,7 +10,8 @@ Times on FLOPs use a stated HFU (hardware FLOPs utilisation: every FLOP the GPU 
 backward's recompute of S included; chapter 03), not MFU, which counts only the model's FLOPs.
 """
 
-from gpumem.memory import attention_flops, gpus, models, speed
+from gpumem.memory import attention_flops, gpus, models
+from gpumem.timing import attention_time, compute
 
 # FlashAttention paper (Dao et al. 2022, arXiv:2205.14135v2, 24 June 2022), Figure 2 left:
 # forward + backward of the attention of GPT-2 medium (seq. length 1024, head dim 64, 16 heads,
@@ -24,19 +25,19 @@ def _bounds(method: str, seq: int, heads: int, head_dim: int, batch: int, gpu: s
     """The roofline rows of one kernel: naive once; tiled with K/V re-read per query block of
     ``block`` rows (upper bound on traffic) and with K/V read once per head (lower bound)."""
     if method == "naive":
-        return [("naive", attention_flops.roofline("naive", seq, heads, head_dim, batch, gpu, elem, block, hfu))]
-    return [(f"tiled, {label}", attention_flops.roofline("tiled", seq, heads, head_dim, batch, gpu, elem, b, hfu))
+        return [("naive", attention_time.roofline("naive", seq, heads, head_dim, batch, gpu, elem, block, hfu))]
+    return [(f"tiled, {label}", attention_time.roofline("tiled", seq, heads, head_dim, batch, gpu, elem, b, hfu))
             for label, b in (("upper", block), ("lower", seq))]
 
 
 def flops_table(model: str = "llama-3-70b", seqs=(2048, 8192, 32768), gpu: str = "h100-80gb", block: int = 128,
-                hfu: float = speed.MFU) -> str:
+                hfu: float = compute.MFU) -> str:
     """Per layer of ``model`` (one sequence, bf16): matmul FLOPs, HBM bytes, the roofline bound of
     naive and tiled attention (forward + backward; tiled with its traffic's upper and lower bound)
     and the FLOPs' time at ``hfu`` of the peak."""
     cfg, g = models.get(model), gpus.get(gpu)
     lines = [f"{cfg.name}, one layer, batch 1, bf16, {g.label}",
-             f"ridge point {attention_flops.ridge(gpu):.0f} FLOP/B (peak FLOP/s over HBM bytes/s)",
+             f"ridge point {attention_time.ridge(gpu):.0f} FLOP/B (peak FLOP/s over HBM bytes/s)",
              f"tiled, upper: K and V re-read from HBM for every query block of {block} rows (no cache reuse)",
              "tiled, lower: K and V read once per head (every re-read a cache hit)",
              f"{'s':>6s}  {'kernel':13s}{'TFLOP':>8s}{'HBM GB':>10s}{'FLOP/B':>8s}{'bound ms':>10s}  "
@@ -83,7 +84,7 @@ def fig2_table(block: int = 128) -> str:
 
 
 def scale_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), seqs=(2048, 8192, 32768),
-                gpu: str = "h100-80gb", hfu: float = speed.MFU, block: int = 128) -> str:
+                gpu: str = "h100-80gb", hfu: float = compute.MFU, block: int = 128) -> str:
     """Per layer and sequence: the tiled attention core's time at ``hfu`` against the layer's weight
     matmuls (6 x layer parameters x tokens, forward + backward) at the same share of the peak."""
     lines = [f"one layer, batch 1, {gpus.get(gpu).label} at {hfu:.0%} of its peak (HFU), forward + backward",
@@ -91,7 +92,7 @@ def scale_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), seqs=(204
     for name in names:
         cfg = models.get(name)
         for s in seqs:
-            att = attention_flops.roofline("tiled", s, cfg.n_heads, cfg.head_dim, 1, gpu, 2, block, hfu)["mfu_s"]
-            mat = speed.seconds(6 * cfg.layer_params() * s, gpu, hfu)
+            att = attention_time.roofline("tiled", s, cfg.n_heads, cfg.head_dim, 1, gpu, 2, block, hfu)["mfu_s"]
+            mat = compute.seconds(6 * cfg.layer_params() * s, gpu, hfu)
             lines.append(f"{cfg.name:16s}{s:7,d}{att * 1e3:14,.2f}{mat * 1e3:12,.2f}{100 * att / (att + mat):16.0f} %")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ note's own recipe (2 + 2 + 4 bytes per parameter, ``pure-bf16``) and under mixed
 
 from gpumem.course.ledger import Claim
 from gpumem.memory import accounting, gpus, offload_cost
+from gpumem.timing import offload_time
 
 GB = 10**9
 N_70B = 70_553_706_496      # Llama-3-70B's parameters (gpumem.memory.models counts the same)
@@ -20,8 +21,8 @@ CONSUMER = "gen4-consumer"  # a consumer Gen4 drive's rated (SLC-cache) figures,
 
 
 def drive_rate(direction: str = "write", drive: str = DRIVE) -> float:
-    """A drive's sequential ``read`` or ``write`` rate in bytes/s (offload_cost.DRIVES)."""
-    return getattr(offload_cost.DRIVES[drive], direction)
+    """A drive's sequential ``read`` or ``write`` rate in bytes/s (offload_time.DRIVES)."""
+    return getattr(offload_time.DRIVES[drive], direction)
 
 
 def nvme_written_per_drive() -> int:
@@ -75,11 +76,11 @@ TOKENS, PEAK, MFU = 4096, 989e12, 0.4      # the chapter's 70B example: 8 H100s,
 
 def time_overhead(offload: str, device: str) -> float:
     """Percent the offload adds to a 70B step on 8 H100s (ZeRO-3, 4,096 tokens per GPU, 40 % MFU)
-    with the schedule stock DeepSpeed runs (offload_cost.stock_schedule: CPU Adam after backward),
-    datasheet links with the cost model's datacenter drive (``offload_cost.datasheet_links()``)."""
-    links = offload_cost.datasheet_links()
-    compute = offload_cost.compute_seconds(N_70B, TOKENS, PEAK, MFU)
-    t = offload_cost.step_time(N_70B, "mixed", 3, 8, offload, device, compute, links)
+    with the schedule stock DeepSpeed runs (offload_time.stock_schedule: CPU Adam after backward),
+    datasheet links with the cost model's datacenter drive (``offload_time.datasheet_links()``)."""
+    links = offload_time.datasheet_links()
+    compute = offload_time.compute_seconds(N_70B, TOKENS, PEAK, MFU)
+    t = offload_time.step_time(N_70B, "mixed", 3, 8, offload, device, compute, links)
     return 100 * (t["stock"] / compute - 1)
 
 
@@ -94,9 +95,9 @@ CLAIMS = [
                   "direction at line rate (Gen4, A100: 31.5); the CPU's own DRAM is 307-461 GB/s per DDR5 "
                   "socket", unit="GB/s"),
     Claim("3-nvme", "NVMe SSD ~5 GB/s (PCIe 4.0)", 5, lambda: drive_rate() / GB,
-          lambda: f"{offload_cost.DRIVES[DRIVE].source}; offload writes almost as many bytes as it reads (18 and "
+          lambda: f"{offload_time.DRIVES[DRIVE].source}; offload writes almost as many bytes as it reads (18 and "
                   "20 B per shard parameter), so the write rate paces the drive. A consumer drive's rated "
-                  f"write ({offload_cost.DRIVES[CONSUMER].name}: {drive_rate('write', CONSUMER) / GB:.1f} GB/s) holds only while its SLC cache does, far less than the "
+                  f"write ({offload_time.DRIVES[CONSUMER].name}: {drive_rate('write', CONSUMER) / GB:.1f} GB/s) holds only while its SLC cache does, far less than the "
                   f"{nvme_written_per_drive() / GB:.0f} GB a 70B step writes per drive. Measure yours with DeepSpeed's ds_io and ds_nvme_tune",
           unit="GB/s"),
     Claim("3-gap", "HBM vs NVMe gap 700x", 700, hbm_over_nvme,
@@ -119,7 +120,7 @@ CLAIMS = [
                   f"{d2h_ms(2):.0f} ms; the ZeRO-Offload paper's 16-bit gradients {d2h_ms(3, 'paper'):.0f} ms, "
                   "the bytes of the trip up. No layout makes the trip down a quarter of the trip up", unit="ms"),
     Claim("3-total", "155 ms per step, ~35 % efficiency loss", 35.0,
-          lambda: 100 * (1 - offload_cost.note_example(False)["compute"] / offload_cost.note_example(False)["total"]),
+          lambda: 100 * (1 - offload_time.note_example(False)["compute"] / offload_time.note_example(False)["total"]),
           lambda: "arithmetic right (100 / 155 = 64.5 %), but only if nothing overlaps; overlapped, the "
                   "same terms give 100 ms", unit="%"),
     Claim("table-cpu", "CPU optimizer offload saves ~50 % memory", 50.0,
@@ -148,5 +149,5 @@ CLAIMS = [
           lambda: "same step with everything on one datacenter Gen4 drive per GPU: the drive reads 20 B "
                   "and writes 18 B per shard parameter; only the 4 B of parameter reads are prefetched "
                   "during compute, the state swaps run inside the step: tens of seconds against "
-                  f"{offload_cost.compute_seconds(N_70B, TOKENS, PEAK, MFU):.1f} s of compute", unit="%"),
+                  f"{offload_time.compute_seconds(N_70B, TOKENS, PEAK, MFU):.1f} s of compute", unit="%"),
 ]

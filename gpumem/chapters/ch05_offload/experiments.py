@@ -12,7 +12,8 @@ import os
 from gpumem import scratch
 from gpumem.runs import ds_offload, dsops, launch
 from gpumem.errors import UsageError, one_of
-from gpumem.memory import accounting, bandwidth, offload_cost
+from gpumem.memory import accounting, bandwidth
+from gpumem.timing import offload_time
 from gpumem.units import MiB
 
 RECIPE = "mixed"     # bf16 weights and gradients, fp32 master and moments: what the runs train with
@@ -30,7 +31,7 @@ def formula(n_params: int, ranks: int, name: str) -> dict[str, int]:
     return {"accelerator": s.total, "host": s.host, "nvme": s.nvme}
 
 
-def predicted_vs_measured(out: dict, links: offload_cost.Links) -> dict:
+def predicted_vs_measured(out: dict, links: offload_time.Links) -> dict:
     """Per offload configuration: the cost model's terms (fed with the measured ladder and the
     baseline's measured forward + backward) beside their measured counterparts, and the ratio."""
     rows = {}
@@ -40,7 +41,7 @@ def predicted_vs_measured(out: dict, links: offload_cost.Links) -> dict:
         if offload == "none" or base is None:
             continue
         compute = base["seconds"]["forward"] + base["seconds"]["backward"]
-        p = offload_cost.step_time(out["n_params"], RECIPE, zero, out["ranks"], offload, device, compute, links,
+        p = offload_time.step_time(out["n_params"], RECIPE, zero, out["ranks"], offload, device, compute, links,
                                    overlap=False)
         sec, swap = c["seconds"], c["swap_seconds"]
         m = {"compute": compute, "transfers": sec["forward"] + sec["backward"] - swap["forward"] - swap["backward"] - compute,
@@ -102,7 +103,7 @@ def offload(ranks: int = 2, device: str = "cpu", progress: bool = True, model: s
                            "by_device": ds_offload.by_device(p["held_by_role"], name, p["swap_files"]["total"]),
                            "formula": formula(out["n_params"], ranks, name)} for r, p in enumerate(per)]}
         adam = lad["cpu_adam"]["params_per_s"] if lad.get("cpu_adam") else 1e9
-        links = offload_cost.links_from_ladder(bandwidth.rates(lad), f"measured on {lad['machine']} {lad['date']}", adam)
+        links = offload_time.links_from_ladder(bandwidth.rates(lad), f"measured on {lad['machine']} {lad['date']}", adam)
         out["prediction"] = predicted_vs_measured(out, links)
         out["loss_rel_diff"] = loss_differences(out)
     return out

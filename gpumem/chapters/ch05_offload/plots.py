@@ -4,10 +4,11 @@ formula, step-time stacked bars, and the 70B step's cost terms as tokens per ste
 import matplotlib.pyplot as plt
 
 from gpumem.course.drawing import show_figures as show  # noqa: F401  (notebooks call plots.show)
-from gpumem.memory import gpus, offload_cost
+from gpumem.memory import gpus
+from gpumem.timing import offload_time
 
 GB = 1e9
-DRIVE = offload_cost.NVME_DRIVES["gen4"]   # the cost model's datacenter drive
+DRIVE = offload_time.NVME_DRIVES["gen4"]   # the cost model's datacenter drive
 QUOTED = [("note: GPU HBM", 3.5e12, "note"), ("H100 SXM HBM (datasheet)", gpus.get("h100-80gb").hbm, "datasheet"),
           ("DDR5-4800 socket, 8 ch", 307e9, "datasheet"), ("note: 'CPU RAM (PCIe)'", 100e9, "note"),
           ("PCIe Gen5 x16, per direction", 63e9, "datasheet"), ("PCIe Gen4 x16, per direction", 31.5e9, "datasheet"),
@@ -72,16 +73,16 @@ def times(result: dict):
     return fig
 
 
-def scale(n_params: int, links: offload_cost.Links, flops: float, mfu: float, tokens: list[int],
+def scale(n_params: int, links: offload_time.Links, flops: float, mfu: float, tokens: list[int],
           cases: list[tuple[str, int, str, str]], gpus_n: int = 8):
-    """Step seconds (the best schedule, solid: offload_cost.ideal_schedule, which keeps NVMe state
+    """Step seconds (the best schedule, solid: offload_time.ideal_schedule, which keeps NVMe state
     swaps in the step; stock DeepSpeed's schedule, dotted) against tokens per rank per step, one line
     per offload case ``(label, zero, offload, device)``, with the compute line."""
     fig, ax = plt.subplots(figsize=(8, 4))
-    compute = [offload_cost.compute_seconds(n_params, t, flops, mfu) for t in tokens]
+    compute = [offload_time.compute_seconds(n_params, t, flops, mfu) for t in tokens]
     ax.plot(tokens, compute, "k--", label="compute alone")
     for label, zero, offload, device in cases:
-        rs = [offload_cost.step_time(n_params, "mixed", zero, gpus_n, offload, device, c, links) for c in compute]
+        rs = [offload_time.step_time(n_params, "mixed", zero, gpus_n, offload, device, c, links) for c in compute]
         best = (", best schedule (NVMe state swaps stay in the step)" if device == "nvme"
                 else ", ideal overlap (delayed update)")
         line, = ax.plot(tokens, [r["total"] for r in rs], label=label + best)

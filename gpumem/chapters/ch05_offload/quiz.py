@@ -7,6 +7,7 @@ model, GPU count, GPU, drive or step terms; every expected value is computed by 
 from gpumem.course.quiz import Numeric, Quiz
 from gpumem.course.quiz_draws import LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick
 from gpumem.memory import accounting, gpus, offload_cost
+from gpumem.timing import offload_time
 
 GB = 1e9
 
@@ -34,7 +35,7 @@ def _trip_ms(n: dict) -> float:
 
 def _nvme(rng) -> dict:
     n = model_numbers(pick(rng, LLAMAS)) | {"gpus": pick(rng, (8, 16, 64)), "drive": pick(rng, ("gen3", "gen4", "gen5"))}
-    n["write_gbs"] = offload_cost.NVME_DRIVES[n["drive"]][1] / GB
+    n["write_gbs"] = offload_time.NVME_DRIVES[n["drive"]][1] / GB
     n["shard"] = accounting.shard(n["n_params"], n["gpus"])
     return n
 
@@ -49,28 +50,28 @@ def _tokens(rng) -> dict:
                                                                                     "mfu_pct": pick(rng, (30, 40, 50))}
     g = gpus.get(n["gpu_name"])
     n["tflops"], n["pcie"] = g.bf16_flops / 1e12, g.pcie / GB
-    n["adam_g"] = round(offload_cost.datasheet_links(n["gpu_name"]).cpu_adam / 1e9, 2)
+    n["adam_g"] = round(offload_time.datasheet_links(n["gpu_name"]).cpu_adam / 1e9, 2)
     n["shard"] = accounting.shard(n["n_params"], n["gpus"])
     return n
 
 
-def _links(n: dict) -> offload_cost.Links:
-    return offload_cost.Links(n["pcie"] * GB, n["pcie"] * GB, 7e9, 7e9, n["adam_g"] * 1e9, "quiz")
+def _links(n: dict) -> offload_time.Links:
+    return offload_time.Links(n["pcie"] * GB, n["pcie"] * GB, 7e9, 7e9, n["adam_g"] * 1e9, "quiz")
 
 
 def _break_even(n: dict) -> float:
-    return offload_cost.break_even_tokens(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "cpu", _links(n),
+    return offload_time.break_even_tokens(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "cpu", _links(n),
                                           n["tflops"] * 1e12, n["mfu_pct"] / 100)
 
 
 def _slowest(n: dict) -> str:
-    r = offload_cost.step_time(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "cpu", 0.0, _links(n))
+    r = offload_time.step_time(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "cpu", 0.0, _links(n))
     return max(("h2d", "d2h", "cpu_adam"), key=r.get)
 
 
 def _read(rng) -> dict:
     n = _trip(rng) | {"drive": pick(rng, ("gen3", "gen4", "gen5"))}
-    n["read_gbs"] = offload_cost.NVME_DRIVES[n["drive"]][0] / GB
+    n["read_gbs"] = offload_time.NVME_DRIVES[n["drive"]][0] / GB
     n["binds"] = "the NVMe drive" if n["read_gbs"] < n["pcie"] else "the PCIe link"
     return n
 
@@ -96,7 +97,7 @@ def _schedule(rng) -> dict:
 
 def _schedule_ms(n: dict, dpu=None) -> float:
     terms = {"compute": n["compute"], "d2h": n["d2h"], "cpu_adam": n["adam"], "h2d": n["h2d"], "nvme": 0}
-    return max(terms.values()) if (n["dpu"] if dpu is None else dpu) else offload_cost.stock_schedule(terms)
+    return max(terms.values()) if (n["dpu"] if dpu is None else dpu) else offload_time.stock_schedule(terms)
 
 
 QUIZ = Quiz("05_offload", [

@@ -9,7 +9,8 @@ from ``gpumem.memory.offload_cost`` (datasheet bandwidths, CPU Adam bound by hos
 from gpumem.course.checklist import Item
 from gpumem.course.quiz import Choice, Numeric
 from gpumem.course.quiz_draws import LLAMAS, gpu_numbers, model_numbers, pick, recipe_numbers
-from gpumem.memory import accounting, gpus, offload_cost
+from gpumem.memory import accounting, gpus
+from gpumem.timing import offload_time
 from gpumem.units import GB
 
 from . import pointers as P
@@ -45,11 +46,11 @@ def _host(rng) -> dict:
 
 def _nvme(rng) -> dict:
     n = model_numbers(pick(rng, LLAMAS)) | gpu_numbers(pick(rng, ("a100-80gb", "h100-80gb", "h200")))
-    n |= {"gpus": pick(rng, (8, 16, 64)), "drive": pick(rng, tuple(offload_cost.NVME_DRIVES))}
-    links = offload_cost.datasheet_links(n["gpu_name"], n["drive"])
+    n |= {"gpus": pick(rng, (8, 16, 64)), "drive": pick(rng, tuple(offload_time.NVME_DRIVES))}
+    links = offload_time.datasheet_links(n["gpu_name"], n["drive"])
     s = accounting.model_states(n["n_params"], "mixed", n["gpus"], 3, "optimizer", "nvme")
-    t = offload_cost.step_time(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "nvme", 0.0, links)
-    cpu = offload_cost.step_time(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "cpu", 0.0, links)
+    t = offload_time.step_time(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "nvme", 0.0, links)
+    cpu = offload_time.step_time(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "cpu", 0.0, links)
     busier = max(cpu["d2h"], cpu["h2d"])       # the gradients' 6 B down (DeepSpeed's ZeRO-3 trip)
     return n | {"nvme_gb": s.nvme / GB, "read_gb": links.nvme_read / GB, "write_gb": links.nvme_write / GB,
                 "nvme_s": t["nvme"], "pcie_s": busier, "pcie_gb": links.h2d / GB, "ratio": t["nvme"] / busier}
@@ -59,14 +60,14 @@ def _bound(rng) -> dict:
     n = model_numbers(pick(rng, LLAMAS)) | gpu_numbers(pick(rng, ("a100-80gb", "h100-80gb", "h200")))
     n |= {"gpus": pick(rng, (8, 16, 64)), "offload": pick(rng, tuple(WHAT))}
     g = gpus.get(n["gpu_name"])
-    links = offload_cost.datasheet_links(n["gpu_name"])
-    t = offload_cost.step_time(n["n_params"], "mixed", 3, n["gpus"], n["offload"], "cpu", 0.0, links)
+    links = offload_time.datasheet_links(n["gpu_name"])
+    t = offload_time.step_time(n["n_params"], "mixed", 3, n["gpus"], n["offload"], "cpu", 0.0, links)
     return n | {"what": WHAT[n["offload"]], "shard": accounting.shard(n["n_params"], n["gpus"]),
                 "pcie_gb": links.h2d / GB, "adam_g": links.cpu_adam / 1e9, "tflops": g.bf16_flops / 1e12,
                 "ups": 2 if n["offload"] == "optimizer+params" else 1,
                 "why_up": ("for forward and again for backward" if n["offload"] == "optimizer+params"
                            else "the updated shard, after the step"), "t": t,
-                "tokens": offload_cost.break_even_tokens(n["n_params"], "mixed", 3, n["gpus"], n["offload"],
+                "tokens": offload_time.break_even_tokens(n["n_params"], "mixed", 3, n["gpus"], n["offload"],
                                                          "cpu", links, g.bf16_flops)}
 
 

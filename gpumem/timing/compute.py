@@ -1,4 +1,5 @@
-"""Time beside memory: a training step's FLOPs at a stated MFU, and the optimizer step's HBM traffic.
+"""The compute term of the time engine: a training step's FLOPs at a stated MFU, and the optimizer
+step's HBM traffic.
 
 * Compute: a dense transformer's forward and backward cost 6 FLOPs per parameter per token
   (2 forward, 4 backward; Kaplan et al., arXiv:2001.08361); full activation recomputation re-runs
@@ -11,12 +12,13 @@
   gradient, the optimizer states (and the weights, where there is no master copy) and writes
   the states and the weights back: :func:`optimizer_bytes_per_param`.
 
-Torch-free; GPU figures come from ``gpumem.memory.gpus``.
+Torch-free; GPU figures come from ``gpumem.memory.gpus``, the bytes per parameter from
+``gpumem.memory.accounting``.
 """
 
 from ..errors import UsageError, one_of, positive_int
-from . import accounting, gpus as gpu_table
-from .models import ModelConfig
+from ..memory import accounting, gpus as gpu_table
+from ..memory.models import ModelConfig
 
 MFU = 0.40
 
