@@ -13,7 +13,7 @@ import pytest
 
 from gpumem.memory import gpus, models
 from gpumem import planner
-from gpumem.planner import cost as planner_cost, memory as planner_memory
+from gpumem.planner import cost as planner_cost, memory as planner_memory, swap_buffers
 from gpumem.planner.memory import Layout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,7 +186,7 @@ def test_nvme_parameter_offload_buffers_hold_the_largest_partition():
     assert part == 131_334_144
     off = cfg["zero_optimization"]["offload_param"]
     assert off["buffer_size"] >= part > 100_000_000             # DeepSpeed's default 1e8 would not hold it
-    buf = planner_memory.offload_buffers(CFG70, lay)
+    buf = swap_buffers.offload_buffers(CFG70, lay)
     assert buf["param_swap"] == off["buffer_count"] * off["buffer_size"] * 2
     shard = math.ceil(hand_params(CFG70) / 8)
     assert buf["optimizer_swap"] == 4 * min(10**9, shard) * 4  # 4 fp32 swap buffers of one sub-group
@@ -228,7 +228,7 @@ def test_compute_and_zero3_traffic_by_hand():
     d, L, V = cfg.d_model, cfg.n_layers, cfg.vocab
     dense = hand_params(cfg) - V * d - (2 * L + 1) * d          # the embedding lookup and norms: no matmul
     flops = 6 * dense * tokens + 14 * L * d * 4096 * tokens     # attention core: 4 forward + 10 backward
-    assert p.time["compute"] == pytest.approx(flops / (989e12 * 0.4), rel=1e-9)   # one replica per GPU
+    assert p.time["compute"] == pytest.approx(flops / (989e12 * 0.6), rel=1e-9)   # 60 % kernel share, one replica per GPU
     # Two gathers and a reduce-scatter of 2 psi bytes per micro-batch over 8 ranks of one node: a
     # ring sends 7/8 of S per rank over NVLink at 370 of 450 GB/s achieved (S. Jeaugey, nccl-tests
     # issue #212), in 50M-element buckets (ceil(psi / 5e7) calls of each), each call paying NCCL's

@@ -65,8 +65,11 @@ def test_json_layout_result_contract(capsys):
 
 @pytest.mark.parametrize("layout, says", [
     ("tp=8,pp=16,dp=64,zero=1", "must be equal"),             # 8,192 GPUs asked of 64
-    ("tp=8,pp=8,dp=1,zero=1,vp=2", "not modelled yet; accepted: vp=1"),
-    ("tp=8,pp=8,dp=1,zero=1,cp=2", "not modelled yet; accepted: cp=1"),
+    ("tp=8,pp=1,dp=8,zero=1,vp=2", "the interleaved schedule needs pp > 1"),
+    ("tp=8,pp=8,dp=1,zero=1,vp=3", "a multiple of pp x vp = 24"),   # 80 layers
+    ("tp=8,pp=4,dp=1,zero=3,cp=2", "accepted: zero=0|1, offload=none"),
+    ("tp=8,pp=2,dp=1,zero=1,cp=4,attn=naive", "ring attention needs attn=flash"),
+    ("tp=8,pp=8,dp=1,zero=1,cp=2", "must be equal"),             # tp x cp x pp x dp = 128
     ("tp=8,pp=8,dp=1,zero=2", "accepted: zero=0 or 1"),
     ("tp=8,pp=8,dp=1,zero=1,foo=2", "accepted: tp, pp, dp, zero"),
     ("tp=8,pp=8,dp=1,zero=1,ckpt=most", "accepted: none, full"),
@@ -83,8 +86,9 @@ def test_bad_layouts_exit_2_with_one_line(capsys, layout, says):
 
 
 def test_library_refuses_what_the_command_line_refuses():
-    with pytest.raises(UsageError, match="accepted: vp=1"):
-        planner.parse_layout("tp=8,pp=2,dp=4,zero=1,vp=4")
+    with pytest.raises(UsageError, match="the interleaved schedule needs pp > 1"):
+        planner.evaluate("llama-3-70b", 32, "tp=8,pp=1,dp=4,zero=1,vp=4")
+    assert planner.parse_layout("tp=8,pp=2,dp=4,zero=1,vp=4,cp=2")["vp"] == 4           # parsed, checked later
     assert planner.parse_layout("TP=2, pp=1 ,dp=4,zero=3")["ckpt"] == "none"   # defaults filled in
 
 
@@ -95,7 +99,11 @@ def test_groups_sit_where_the_rank_order_puts_them():
     crosses nodes."""
     node = placement.node_for(NODES["dgx-h100"].gpu)
     shape = {k: (g.ranks_per_node, g.nodes) for k, g in placement.groups(node, 8, 1, 8).items()}
-    assert shape == {"tp": (8, 1), "dp": (1, 8), "pp": (1, 1)}
+    assert shape == {"tp": (8, 1), "cp": (1, 1), "dp": (1, 8), "pp": (1, 1)}
+    # Megatron's tp-cp-dp-pp order: tp 4 x cp 2 fill a node; the gradient group (dp x cp = 4 x 2)
+    # strides by tp: ranks 0, 4, 8, ..., 28 are two per node on 4 nodes; cp's pair shares a node
+    g = placement.groups(node, 4, 1, 4, cp=2)
+    assert (g["cp"].ranks_per_node, g["cp"].nodes) == (2, 1) and (g["dp"].ranks_per_node, g["dp"].nodes) == (2, 4)
     assert (placement.groups(node, 1, 1, 64)["dp"].ranks_per_node, placement.groups(node, 1, 1, 64)["dp"].nodes) == (8, 8)
     g = placement.groups(node, 4, 4, 4)
     assert (g["tp"].ranks_per_node, g["tp"].nodes) == (4, 1) and (g["dp"].ranks_per_node, g["dp"].nodes) == (2, 2)

@@ -30,8 +30,8 @@ optimizer step together) and no NVMe offload: those plans have no FSDP equivalen
 """
 
 from ..memory.models import ModelConfig
-from .memory import (DS_BUCKET, DS_PREFETCH, OPT_BUFFERS, PARAM_BUFFERS, SUB_GROUP, Layout, layers_per_stage,
-                             local_params, offload_buffers, persistence_threshold)
+from .memory import DS_BUCKET, DS_PREFETCH, Layout, layers_per_stage, local_params, persistence_threshold
+from .swap_buffers import OPT_BUFFERS, PARAM_BUFFERS, SUB_GROUP, offload_buffers
 
 ADAMW = {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 NVME_PATH = "/local_nvme"
@@ -99,13 +99,21 @@ def recompute_flags(policy: str, layers: int) -> list[str]:
 
 
 def megatron_args(cfg: ModelConfig, lay: Layout) -> list[str] | None:
-    """Megatron-DeepSpeed's command-line arguments of a 3-D layout (None for DeepSpeed layouts)."""
+    """Megatron-DeepSpeed's command-line arguments of a 3-D layout, Megatron-Core's for a layout with
+    context parallelism or virtual stages (None for DeepSpeed layouts)."""
     if lay.framework == "deepspeed":
         return None
     args = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp),
             "--sequence-parallel", "--micro-batch-size", str(lay.micro_batch),
             "--global-batch-size", str(lay.micro_batch * lay.n_micro * lay.dp)]
     args += recompute_flags(lay.checkpoint, layers_per_stage(cfg, lay.pp))
+    if lay.framework == "megatron-core":   # Megatron-Core's own arguments (pretrain_gpt.py), no DeepSpeed
+        if lay.tp == 1:
+            args.remove("--sequence-parallel")
+        args += ["--context-parallel-size", str(lay.cp)]
+        if lay.vp > 1:
+            args += ["--num-layers-per-virtual-pipeline-stage", str(cfg.n_layers // (lay.pp * lay.vp))]
+        return args + ["--bf16", "--use-flash-attn"] + (["--use-distributed-optimizer"] if lay.zero == 1 else [])
     if lay.attention == "flash":
         args.append("--use-flash-attn-v2")
     return args + ["--bf16", "--deepspeed", "--deepspeed_config", "ds_config.json", "--zero-stage", str(lay.zero)]

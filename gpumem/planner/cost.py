@@ -3,8 +3,10 @@
 Every term is stated, not fitted; the ranking is only as good as these assumptions.
 
 * **compute**: forward + backward + recompute FLOPs of ``recompute_cost.step_flops`` (matmuls,
-  attention's core and the output head, as PyTorch counts them), split evenly over the ``tp * pp``
-  GPUs of a replica, at ``mfu`` (40 %, ``compute.MFU``) of the GPU's dense bf16 peak. A re-run is
+  attention's core and the output head, as PyTorch counts them), split evenly over the
+  ``tp * cp * pp`` GPUs of a replica, at ``mfu`` of the GPU's dense bf16 peak (default
+  ``compute.KERNEL_SHARE``, 60 %: the share kernels reach while computing, calibrated once and
+  validated on published runs in :mod:`.validate`; the terms below are added to it). A re-run is
   priced as the plan's checkpoint runs it (:func:`rerun_impl`, names in :data:`RERUN`): Megatron's
   recompute (3-D layouts) and DeepSpeed's ``PipelineModule`` (``deepspeed.checkpointing.checkpoint``)
   re-run the whole segment; the other DeepSpeed layouts' model code uses
@@ -20,14 +22,21 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
   sequence parallelism (3-D layouts) each all-reduce is an all-gather plus a reduce-scatter of
   the same tensor, and the vocabulary-parallel loss gathers no logits. Exposed (no async TP).
 * **bubble**: the 1F1B schedule's (``gpumem.timing.schedules``, PipeDream-flush, Megatron's and
-  DeepSpeed's default) ``(p - 1)(F + B)``, where ``F + B`` is one micro-batch's stage time:
-  its compute, its exposed tensor-parallel collectives and its attention-score traffic.
+  DeepSpeed's default) ``(p - 1)(F + B)`` (divided by ``vp`` with interleaved virtual stages),
+  where ``F + B`` is one micro-batch's stage time: its compute, its exposed tensor-parallel and
+  context-parallel communication and its attention-score traffic.
+* **context parallel** (``cp``, Megatron-Core's ring attention): each layer passes K and V around
+  the ring of cp ranks (forward) and K, V with their gradients (backward), each step hidden behind
+  one chunk pair's attention compute; what exceeds it is exposed (:func:`_ring_exposed`).
 * **pipeline**: each micro-batch sends its activation forward and its gradient back across each
   stage boundary (``schedules.p2p_message_bytes``, ``p2p_sends``: 2 m messages on a middle
   stage), exposed; between nodes when the pipeline spans more than one node.
-* **data parallel (ZeRO)**: ZeRO-0/1 all-reduce the gradients once per step (S = psi x the
-  gradient's bytes), hidden behind the last micro-batch's backward, and ZeRO-1 then all-gathers
-  the updated parameters (exposed, as ZeRO-2); ZeRO-2 reduce-scatters every micro-batch behind
+* **data parallel (ZeRO)**: ZeRO-0 all-reduces the gradients once per step (S = psi x the
+  gradient's bytes), ZeRO-1 reduce-scatters them (DeepSpeed's ``average_tensor`` with its default
+  ``reduce_scatter: true`` sends each slice to its owner; Megatron's distributed optimizer), both
+  hidden behind the last micro-batch's backward, and ZeRO-1 then all-gathers the updated
+  parameters (exposed under DeepSpeed, as ZeRO-2; behind the next forward under Megatron-Core's
+  ``--overlap-param-gather``); ZeRO-2 reduce-scatters every micro-batch behind
   the backward passes and all-gathers the updated parameters once (exposed); ZeRO-3 gathers
   the parameters in forward and again in backward and reduce-scatters the gradients every
   micro-batch, hidden behind all compute (prefetch). What exceeds its window is exposed.
@@ -41,7 +50,8 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
   NVMe read and write and the updated shard's upload run after backward, in series
   (DeepSpeed's default, no delayed parameter update).
 
-Every collective's seconds are :mod:`gpumem.timing.collectives`' (alpha-beta, NCCL's ring or
+Which window hides which term is :mod:`gpumem.timing.overlap`'s table for the layout's framework
+(:func:`overlap_table`). Every collective's seconds are :mod:`gpumem.timing.collectives`' (alpha-beta, NCCL's ring or
 tree, achieved bandwidth from published nccl-tests figures) over the group as it is placed
 (:mod:`.placement`: tensor-parallel ranks adjacent in a node, data-parallel ranks strided by
 tp -- one NIC per node when tp = 8, all eight when tp = 1 --, pipeline stages outermost), on the
@@ -55,10 +65,10 @@ from functools import lru_cache
 from ..memory import accounting, recompute_cost
 from ..memory.gpus import GPU, INTER_NODE  # noqa: F401 (50 GB/s per GPU: the lab's "fast" network)
 from ..memory.models import ModelConfig
-from ..timing import compute, offload_time, schedules
+from ..timing import compute, context_parallel, offload_time, overlap, schedules
 from . import placement
 from .config import PIPE_INTERVAL
-from .memory import DS_BUCKET, DS_PREFETCH, FRAMEWORK_3D, Layout, layers_per_stage, local_params
+from .memory import DS_BUCKET, DS_PREFETCH, FRAMEWORK_3D, FRAMEWORK_MCORE, Layout, layers_per_stage, local_params
 
 GPUS_PER_NODE = 8
 SCORE_BYTES = {"flash": 0, "naive": 20, "eager": 28}
@@ -90,7 +100,18 @@ def recompute_share(cfg: ModelConfig, seq: int, lay: Layout) -> float:
     return _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay))["overhead"]
 
 
-def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float = compute.MFU,
+def overlap_table(lay: Layout) -> str:
+    """The :data:`gpumem.timing.overlap.FRAMEWORKS` entry ``lay`` runs under: DeepSpeed's ZeRO
+    stage (Megatron-DeepSpeed's 3-D layouts run DeepSpeed's ZeRO-1 engine), or Megatron-Core with
+    its overlaps on (``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap``),
+    as NeMo's performance recipes set them (``llama3_70b.pretrain_recipe_performance``:
+    ``MegatronCommOverlapCallback(tp_comm_overlap=True, ...)``)."""
+    if lay.framework == FRAMEWORK_MCORE:
+        return "megatron-overlap"
+    return f"deepspeed-zero{max(1, lay.zero) if lay.framework == 'deepspeed' else 1}"
+
+
+def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float = compute.KERNEL_SHARE,
                  links: offload_time.Links | None = None, gpus_per_node: int = GPUS_PER_NODE,
                  inter_node: float | None = None) -> dict:
     """Seconds of one step on one GPU, by term (see the module), with ``total`` and ``bound``;
@@ -99,61 +120,83 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
     r = accounting.RECIPE[lay.recipe]
     e = 4 if lay.recipe == "fp32" else 2
     f = _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay))
-    per_mb = (f["forward"] + f["backward"] + f["recompute"]) / (lay.tp * lay.pp)
+    per_mb = (f["forward"] + f["backward"] + f["recompute"]) / (lay.tp * lay.pp * lay.cp)
     busy = compute.seconds(per_mb * lay.n_micro, gpu, mfu)
     mb_compute = busy / lay.n_micro
     ls = layers_per_stage(cfg, lay.pp)
     rerun = f["recompute"] / max(f["forward"], 1)          # share of a forward re-run
-    scores = lay.micro_batch * (cfg.n_heads // lay.tp) * seq * seq
+    local = seq // lay.cp
+    scores = lay.micro_batch * (cfg.n_heads // lay.tp) * local * seq
     score_s = lay.n_micro * ls * SCORE_BYTES[lay.attention] * scores * (1 + 0.4 * rerun) / gpu.hbm
     node = placement.node_for(gpu, gpus_per_node, inter_node)
-    grp = placement.groups(node, lay.tp, lay.pp, lay.dp)
-    act = e * seq * lay.micro_batch * cfg.d_model
+    grp = placement.groups(node, lay.tp, lay.pp, lay.dp, lay.cp)
+    act = e * local * lay.micro_batch * cfg.d_model
     tp_mb = 0.0                                            # exposed TP seconds per micro-batch
     if lay.tp > 1:
         if lay.sequence_parallel:
             one = placement.seconds("all_gather", act, grp["tp"]) + placement.seconds("reduce_scatter", act, grp["tp"])
         else:
             one = placement.seconds("all_reduce", act, grp["tp"])
-            tp_mb = placement.seconds("all_gather", e * seq * lay.micro_batch * cfg.vocab, grp["tp"])
+            tp_mb = placement.seconds("all_gather", e * local * lay.micro_batch * cfg.vocab, grp["tp"])
         tp_mb += ls * (4 + 2 * rerun) * one
+    fw = overlap_table(lay)
+    tp_mb = overlap.exposed(fw, "tp_collectives", tp_mb, {"forward": mb_compute / 3, "backward": mb_compute * 2 / 3})
     tp_s = lay.n_micro * tp_mb
+    cp_mb = ls * _ring_exposed(cfg, seq, lay, gpu, mfu, node, e, rerun) if lay.cp > 1 else 0.0
+    cp_s = lay.n_micro * cp_mb
     bubble = pp_s = 0.0
     if lay.pp > 1:
-        msg = schedules.p2p_message_bytes(seq, lay.micro_batch, cfg.d_model, e, tp=lay.tp,
+        msg = schedules.p2p_message_bytes(local, lay.micro_batch, cfg.d_model, e, tp=lay.tp,
                                           sequence_parallel=lay.sequence_parallel)
-        stage = mb_compute + tp_mb + score_s / lay.n_micro   # F + B of one micro-batch on a stage
+        stage = mb_compute + tp_mb + cp_mb + score_s / lay.n_micro   # F + B of one micro-batch on a stage
         fwd = f["forward"] / max(f["forward"] + f["backward"] + f["recompute"], 1)
-        sched = schedules.schedule("1f1b", lay.pp, lay.n_micro, F=stage * fwd, B=stage * (1 - fwd),
+        name = "interleaved" if lay.vp > 1 else "1f1b"
+        sched = schedules.schedule(name, lay.pp, lay.n_micro, lay.vp, F=stage * fwd, B=stage * (1 - fwd),
                                    message_bytes=msg)
         bubble = sched.bubble_time
-        pp_s = sched.p2p_sends * placement.seconds("send_recv", msg, grp["pp"])
+        pp_s = overlap.exposed(fw, "pp_p2p", sched.p2p_sends * placement.seconds("send_recv", msg, grp["pp"]),
+                               {"forward": busy / 3, "backward": busy * 2 / 3})
     psi = local_params(cfg, lay.tp, lay.pp)["params"]
     dg, buckets, gathers = grp["dp"], -(-psi // DS_BUCKET), -(-psi // DS_PREFETCH)
     grads, params = psi * r.grads, psi * r.params
-    if lay.zero in (0, 1):
-        dp_comm, window = placement.seconds("all_reduce", grads, dg, buckets), mb_compute * 2 / 3
-        exposed_extra = placement.seconds("all_gather", params, dg, buckets) if lay.zero == 1 else 0.0
+    windows = {"forward": busy / 3, "backward": busy * 2 / 3, "last_backward": mb_compute * 2 / 3}
+    gather = placement.seconds("all_gather", params, dg, buckets) if lay.zero in (1, 2) else 0.0
+    if lay.zero in (0, 1):   # ZeRO-1 reduce-scatters: DeepSpeed's average_tensor, Megatron's distributed optimizer
+        coll = "reduce_scatter" if lay.zero == 1 else "all_reduce"
+        dp_comm, term = placement.seconds(coll, grads, dg, buckets), "dp_grad_reduce"
     elif lay.zero == 2:
-        dp_comm, window = lay.n_micro * placement.seconds("reduce_scatter", grads, dg, buckets), busy * 2 / 3
-        exposed_extra = placement.seconds("all_gather", params, dg, buckets)
+        dp_comm, term = lay.n_micro * placement.seconds("reduce_scatter", grads, dg, buckets), "dp_grad_reduce"
     else:
         dp_comm = lay.n_micro * (2 * placement.seconds("all_gather", params, dg, gathers)
                                  + placement.seconds("reduce_scatter", grads, dg, buckets))
-        window, exposed_extra = busy, 0.0
-    dp_s = max(0.0, dp_comm - window) + exposed_extra
+        term = "zero3_gather"
+    exposed_extra = overlap.exposed(fw, "dp_param_gather", gather, windows)
+    dp_s = overlap.exposed(fw, term, dp_comm, windows) + exposed_extra
     off = {"h2d": 0.0, "d2h": 0.0, "nvme": 0.0, "cpu_adam": 0.0}
     if lay.offload == "none":
-        optimizer = compute.optimizer_seconds(psi, lay.recipe, gpu, lay.dp, lay.zero)
+        optimizer = compute.optimizer_seconds(psi, lay.recipe, gpu, lay.shards, lay.zero)
         offload_s = 0.0
     else:
         optimizer, offload_s, off = 0.0, *_offload(psi, lay, links, busy)
     terms = {"compute": busy, "attention_scores": score_s, "pipeline_bubble": bubble,
-             "tensor_parallel": tp_s, "pipeline_p2p": pp_s, "data_parallel": dp_s,
+             "tensor_parallel": tp_s, "context_parallel": cp_s, "pipeline_p2p": pp_s, "data_parallel": dp_s,
              "optimizer": optimizer, "offload": offload_s}
     total = sum(terms.values())
     return {**terms, "total": total, "bound": max(terms, key=terms.get),
-            "data_parallel_moved_s": dp_comm + exposed_extra, "offload_terms": off}
+            "data_parallel_moved_s": dp_comm + gather, "offload_terms": off}
+
+
+def _ring_exposed(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float, node, e: int,
+                  rerun: float) -> float:
+    """Exposed ring-attention seconds of one layer and one micro-batch: forward, backward and the
+    re-run's share of a forward (``rerun``), from :func:`gpumem.timing.context_parallel.ring_attention`
+    (TransformerEngine's p2p ring, each step hidden behind one chunk's causal attention at ``mfu``)."""
+    flops = context_parallel.attention_flops(cfg.d_model, seq, lay.micro_batch, lay.tp, lay.cp)
+    ring = context_parallel.ring_attention(
+        node, d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, seq=seq,
+        micro_batch=lay.micro_batch, tp=lay.tp, cp=lay.cp, elem_bytes=e, attention_flops=flops,
+        flops_per_s=gpu.bf16_flops * mfu)
+    return ring.seconds_exposed + rerun * ring.exposed_forward
 
 
 def assumptions(g: GPU, reserve, mfu: float, links: offload_time.Links, node, opts: dict) -> list[str]:
@@ -161,7 +204,8 @@ def assumptions(g: GPU, reserve, mfu: float, links: offload_time.Links, node, op
     ``timing.hardware.NodeType``; ``opts``: the search's, with ``host_per_node`` and ``nvme_per_node``)."""
     link = f"NVLink {g.nvlink / 1e9:.0f} GB/s" if node.nvlink else f"PCIe {g.pcie / 1e9:.1f} GB/s"
     return [f"fits against capacity minus the reserve: {reserve.describe()}",
-            f"compute at {mfu:.0%} MFU of {g.label}'s dense bf16 peak",
+            f"compute at {mfu:.0%} of {g.label}'s dense bf16 peak while computing (kernel share; "
+            "communication, bubbles and the optimizer are added)",
             f"nodes: {node.label}; within a node {link} per direction per GPU; between nodes "
             f"{node.nics} x {node.nic_bw / 1e9:g} GB/s NICs per node ({placement.per_gpu_network(node) / 1e9:g} GB/s per GPU)",
             "collectives priced by gpumem.timing.collectives (NCCL ring/tree, latency, achieved bandwidth) "
@@ -181,7 +225,7 @@ def _offload(psi: int, lay: Layout, links: offload_time.Links, busy: float) -> t
     (DeepSpeed 0.19.8's copies for ``lay.n_micro`` micro-batches): during forward and backward the
     gradient copies (one stream), the parameter fetches and their NVMe reads; after backward the
     state swaps and the updated shard's upload; CPU Adam in series."""
-    t = offload_time.step_time(psi, lay.recipe, lay.zero, lay.dp, lay.offload, lay.device, busy, links,
+    t = offload_time.step_time(psi, lay.recipe, lay.zero, lay.shards, lay.offload, lay.device, busy, links,
                                micro_batches=lay.n_micro)
     during = max(t["grad_trip"], t["h2d"] - t["h2d_after"], t["nvme_params"])
     after = t["nvme_states"] + t["h2d_after"]

@@ -12,10 +12,14 @@ count), ``zero`` (0-3, required), ``ckpt`` (a checkpoint policy, default none), 
 (micro-batch, default 1; dp x mb must divide the global batch: the rest is gradient
 accumulation), ``attn`` (default flash), ``recipe`` (mixed or pure-bf16, default mixed),
 ``offload`` (none, optimizer, optimizer+params; default none) and ``device`` (cpu or nvme, default
-cpu), ``vp`` and ``cp`` (1 only: interleaved virtual stages and context parallelism are not in
-the planner's memory model yet). A layout DeepSpeed would refuse (``search.allowed``) or that
-cannot be placed (tp not dividing the heads or larger than a node, pp above the layer count) is
-a :class:`~gpumem.errors.UsageError`, one line.
+cpu), ``vp`` (model chunks per pipeline rank: interleaved 1F1B, default 1) and ``cp`` (context
+parallelism, default 1; tp x cp x pp x dp = the GPU count). A layout with ``vp`` or ``cp`` above 1
+is Megatron-Core's (``Layout.framework``) and follows its rules: ``cp`` needs flash attention and a
+sequence divisible by 2 cp (the load-balanced causal split), ``vp`` needs pp > 1, micro-batches a
+multiple of pp and the layers a multiple of pp x vp; ZeRO 0 or 1 (the distributed optimizer), no
+offload. The search does not propose these layouts yet. A layout DeepSpeed would refuse
+(``search.allowed``) or that cannot be placed (tp not dividing the heads or larger than a node, pp
+above the layer count) is a :class:`~gpumem.errors.UsageError`, one line.
 """
 
 from dataclasses import dataclass
@@ -35,7 +39,6 @@ DEFAULTS = {"ckpt": "none", "mb": "1", "attn": "flash", "recipe": "mixed", "offl
             "vp": "1", "cp": "1"}
 CHOICES = {"zero": ("0", "1", "2", "3"), "ckpt": POLICIES, "attn": KERNELS, "recipe": RECIPES,
            "offload": ("none", "optimizer", "optimizer+params"), "device": ("cpu", "nvme")}
-NOT_MODELLED = {"vp": "interleaved virtual pipeline stages are", "cp": "context parallelism is"}
 
 
 def parse_layout(text: str) -> dict:
@@ -66,20 +69,19 @@ def parse_layout(text: str) -> dict:
             out[key] = int(value) if key == "zero" else value
         else:
             out[key] = positive_int(value, f"--layout {key}")
-    for key, what in NOT_MODELLED.items():
-        if out[key] != 1:
-            raise UsageError(f"--layout {key}={out[key]}: {what} not modelled yet; accepted: {key}=1")
     return out
 
 
 def to_layout(cfg: ModelConfig, fields: dict, gpus: int, global_batch: int,
-              gpus_per_node: int = GPUS_PER_NODE) -> Layout:
+              gpus_per_node: int = GPUS_PER_NODE, seq: int | None = None) -> Layout:
     """The :class:`Layout` of parsed ``fields`` for ``gpus`` GPUs and ``global_batch`` sequences,
     checked as the search checks its candidates (see the module)."""
-    tp, pp, dp, mb = fields["tp"], fields["pp"], fields["dp"], fields["mb"]
-    if tp * pp * dp != gpus:
-        raise UsageError(f"--layout tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp:,}, but --gpus is {gpus:,}; "
-                         "they must be equal")
+    tp, pp, dp, mb, cp, vp = (fields[k] for k in ("tp", "pp", "dp", "mb", "cp", "vp"))
+    if tp * cp * pp * dp != gpus:
+        raise UsageError(f"--layout tp x cp x pp x dp = {tp} x {cp} x {pp} x {dp} = {tp * cp * pp * dp:,}, "
+                         f"but --gpus is {gpus:,}; they must be equal")
+    if cp > 1 or vp > 1:
+        _megatron_core(cfg, fields, global_batch, seq)
     if global_batch % (dp * mb):
         raise UsageError(f"global batch {global_batch:,} is not dp x mb x accumulation: {global_batch:,} / "
                          f"({dp} x {mb}) is not a whole number")
@@ -92,7 +94,24 @@ def to_layout(cfg: ModelConfig, fields: dict, gpus: int, global_batch: int,
     if not allowed(fields["recipe"], fields["zero"], pp, fields["offload"], device, tp):
         raise UsageError(f"--layout {_refusal(fields['recipe'], fields['zero'], pp, tp, fields['offload'], device)}")
     return Layout(fields["recipe"], fields["zero"], fields["ckpt"], fields["attn"], fields["offload"], device,
-                  mb, tp, pp, dp, global_batch // (dp * mb))
+                  mb, tp, pp, dp, global_batch // (dp * mb), cp, vp)
+
+
+def _megatron_core(cfg: ModelConfig, f: dict, global_batch: int, seq: int | None) -> None:
+    """Megatron-Core's own checks for context parallelism and virtual stages (see the module)."""
+    cp, vp, pp = f["cp"], f["vp"], f["pp"]
+    if f["zero"] > 1 or f["offload"] != "none":
+        raise UsageError(f"--layout cp={cp}, vp={vp}: Megatron-Core layouts shard at most the optimizer "
+                         "(zero=0 or 1) and do not offload; accepted: zero=0|1, offload=none")
+    if cp > 1 and (f["attn"] != "flash" or (seq is not None and seq % (2 * cp))):
+        raise UsageError(f"--layout cp={cp}: ring attention needs attn=flash and a sequence divisible by "
+                         f"2 x cp = {2 * cp}")
+    if vp > 1:
+        m = global_batch // (f["dp"] * f["mb"])
+        if pp == 1 or m % pp or cfg.n_layers % (pp * vp):
+            raise UsageError(f"--layout vp={vp}: the interleaved schedule needs pp > 1, micro-batches ({m}) a "
+                             f"multiple of pp ({pp}) and {cfg.name}'s {cfg.n_layers} layers a multiple of "
+                             f"pp x vp = {pp * vp}")
 
 
 def _refusal(recipe: str, zero: int, pp: int, tp: int, offload: str, device: str) -> str:
@@ -143,7 +162,7 @@ def evaluate(model: str | ModelConfig, gpus: int, layout: str | dict, gpu: str =
     result = result or plan(cfg, gpus, gpu, seq=seq, global_batch=global_batch, advise=False, **plan_kwargs)
     q = result.question
     gpn = plan_kwargs.get("gpus_per_node", GPUS_PER_NODE)
-    lay = to_layout(cfg, fields, q["gpus"], q["global_batch"], gpn)
+    lay = to_layout(cfg, fields, q["gpus"], q["global_batch"], gpn, q["seq"])
     g = gpu_table.get(gpu)
     links = plan_kwargs.get("links") or datasheet_links(g.name)
     where: dict = {}

@@ -28,6 +28,11 @@ Activations (``activations.activations`` on a stage of ceil(L / pp) layers):
   and projections' inputs are split along the sequence, the output head is vocabulary-parallel
   and the loss is computed on split logits, so every saved tensor is divided by ``tp``
   (Korthikanti et al.'s s*b*h*(34 + 5as/h)/t per layer);
+* context parallelism (``cp``, Megatron-Core's ring attention): each rank holds ``seq / cp``
+  tokens of every sequence, so every saved tensor is counted at the local sequence; the K/V
+  chunks in flight are transient (:mod:`gpumem.timing.context_parallel`);
+* interleaved 1F1B (``vp`` model chunks per rank): stage i holds
+  ``schedules.interleaved_in_flight`` micro-batches of its layers (``p + (p - 1) / vp`` on the first);
 * pipeline parallelism with the 1F1B schedule (PipeDream-flush, Megatron's and DeepSpeed's
   default): stage i keeps the saved tensors of ``pp - i`` micro-batches in flight, so the first
   stage holds min(pp, micro-batches) micro-batches of its layers (it does not shrink with pp), and
@@ -46,6 +51,7 @@ weights). ZeRO-1/2's communication buckets (``reduce_bucket_size``, ``allgather_
 are counted as ``buffers``.
 """
 
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -53,11 +59,13 @@ from ..memory import accounting
 from ..memory.activations import activations, layer_parts, norm_bytes, softmax_moment
 from ..memory.models import ModelConfig
 from ..memory.policies import checkpoint_plan
+from ..timing import schedules
 from .stage_split import middle_stage, split_text, stage_layers  # noqa: F401 (re-exported)
 
 DS_BUCKET = 50_000_000        # elements: the reduce/all-gather bucket the planner's configs set
 DS_PREFETCH = 50_000_000      # elements: stage3_prefetch_bucket_size (DeepSpeed's code default)
 FRAMEWORK_3D = "megatron-deepspeed"
+FRAMEWORK_MCORE = "megatron-core"
 
 
 @dataclass(frozen=True)
@@ -75,22 +83,36 @@ class Layout:
     pp: int
     dp: int
     n_micro: int          # micro-batches per step per data-parallel replica (gradient accumulation)
+    cp: int = 1           # context parallelism: the sequence split over cp ranks (ring attention)
+    vp: int = 1           # virtual pipeline stages per rank (interleaved 1F1B)
 
     @property
     def framework(self) -> str:
-        """``megatron-deepspeed`` for tensor x pipeline layouts (DeepSpeed's AutoTP mesh is 2-D:
-        data x tensor), else ``deepspeed`` (ZeRO, AutoTP, or DeepSpeed's pipeline engine)."""
+        """``megatron-core`` for layouts with context parallelism or virtual stages (only
+        Megatron-Core runs ring attention and the interleaved schedule; ``plan --layout`` prices them,
+        the search does not propose them yet), ``megatron-deepspeed`` for tensor x pipeline layouts
+        (DeepSpeed's AutoTP mesh is 2-D: data x tensor), else ``deepspeed`` (ZeRO, AutoTP, or
+        DeepSpeed's pipeline engine)."""
+        if self.cp > 1 or self.vp > 1:
+            return FRAMEWORK_MCORE
         return FRAMEWORK_3D if self.tp > 1 and self.pp > 1 else "deepspeed"
 
     @property
     def sequence_parallel(self) -> bool:
         """Whether the activations are planned with Megatron's sequence parallelism."""
-        return self.framework == FRAMEWORK_3D
+        return self.framework in (FRAMEWORK_3D, FRAMEWORK_MCORE) and self.tp > 1
+
+    @property
+    def shards(self) -> int:
+        """Ranks ZeRO shards over: ``dp x cp`` (context-parallel ranks hold the same weights, so
+        Megatron's distributed optimizer shards over the data-and-context-parallel group)."""
+        return self.dp * self.cp
 
     def label(self) -> str:
         """A short name: ``mixed ZeRO-3 tp1 pp1 dp8 mb1 full flash``, with offload when used."""
         off = "" if self.offload == "none" else f" offload {self.offload}->{self.device}"
-        return (f"{self.recipe} ZeRO-{self.zero} tp{self.tp} pp{self.pp} dp{self.dp} mb{self.micro_batch}"
+        extra = (f" cp{self.cp}" if self.cp > 1 else "") + (f" vp{self.vp}" if self.vp > 1 else "")
+        return (f"{self.recipe} ZeRO-{self.zero} tp{self.tp} pp{self.pp} dp{self.dp}{extra} mb{self.micro_batch}"
                 f" ckpt {self.checkpoint} {self.attention}{off}")
 
 
@@ -193,7 +215,7 @@ def tp_activations(cfg: ModelConfig, seq: int, mb: int, kernel: str, policy: str
 
 def _stage_acts(cfg: ModelConfig, seq: int, lay: Layout, layers: int) -> dict:
     stage = replace(cfg, n_layers=layers) if lay.pp > 1 else cfg
-    return tp_activations(stage, seq, lay.micro_batch, lay.attention, lay.checkpoint,
+    return tp_activations(stage, seq // lay.cp, lay.micro_batch, lay.attention, lay.checkpoint,
                           "fp32" if lay.recipe == "fp32" else "mixed", lay.tp, lay.sequence_parallel)
 
 
@@ -207,7 +229,9 @@ def stage_activations(cfg: ModelConfig, seq: int, lay: Layout) -> dict:
 
     def held(i: int) -> int:   # stage i < pp - 1 keeps min(pp - i, micro-batches) in flight (1F1B)
         s = _stage_acts(cfg, seq, lay, split[i])
-        return max(s["forward_peak"] - s["loss"], s["recompute_peak"]) + (min(lay.pp - i, lay.n_micro) - 1) * s["layers"]
+        flight = (min(lay.pp - i, lay.n_micro) if lay.vp == 1
+                  else schedules.interleaved_in_flight(lay.pp, lay.n_micro, lay.vp, i))
+        return max(s["forward_peak"] - s["loss"], s["recompute_peak"]) + math.ceil((flight - 1) * s["layers"])
 
     out = {"first": held(0), "last": a["peak"], "per_layer": a["per_layer"], "split": split}
     mid = middle_stage(cfg, lay.pp)
@@ -221,7 +245,7 @@ def states_part(cfg: ModelConfig, lay: Layout, part: str = "ends") -> dict:
     independent of sequence and micro-batch, for the end stages or the ``middle`` stage."""
     lp = local_params(cfg, lay.tp, lay.pp, part)
     n = lp["params"]
-    s = accounting.model_states(n, lay.recipe, lay.dp, lay.zero, lay.offload, lay.device)
+    s = accounting.model_states(n, lay.recipe, lay.shards, lay.zero, lay.offload, lay.device)
     r = accounting.RECIPE[lay.recipe]
     gathered, persistent, buffers = 0, 0, 0
     if lay.zero == 3:   # the working set holds the reduce bucket (one definition, no buffers here)
@@ -259,34 +283,3 @@ def per_gpu(cfg: ModelConfig, seq: int, lay: Layout, states: dict | None = None,
             if where is not None:
                 where.update(stage=stage, stage_layers=split[stage])
     return best
-
-
-PARAM_BUFFERS = 5                 # offload_param.buffer_count (DeepSpeed's default)
-PARAM_BUFFER_MIN = 100_000_000    # offload_param.buffer_size default (elements)
-OPT_BUFFERS = 4                   # offload_optimizer.buffer_count (DeepSpeed's default)
-SUB_GROUP = 1_000_000_000         # zero_optimization.sub_group_size (DeepSpeed's default)
-
-
-def offload_buffers(cfg: ModelConfig, lay: Layout) -> dict:
-    """Pinned host buffers DeepSpeed's NVMe swappers allocate per rank (bytes), beside the
-    model states ``states_part`` places. Parameters on NVMe: ``buffer_count`` buffers of
-    ``buffer_size`` 16-bit elements, and ``buffer_size`` must hold the largest parameter's
-    partition (``param_buffer_size``, what the planner's configs emit); optimizer on NVMe:
-    ``buffer_count`` fp32 buffers of the largest sub-group (<= ``sub_group_size``)."""
-    out = {"param_swap": 0, "optimizer_swap": 0, "param_buffer_size": 0}
-    if lay.device != "nvme":
-        return out
-    lp = local_params(cfg, lay.tp, lay.pp)
-    if lay.offload == "optimizer+params":
-        size = param_buffer_size(lp["largest"], lay.dp)
-        out["param_buffer_size"] = size
-        out["param_swap"] = PARAM_BUFFERS * size * accounting.RECIPE[lay.recipe].params
-    out["optimizer_swap"] = OPT_BUFFERS * min(SUB_GROUP, accounting.shard(lp["params"], lay.dp)) * 4
-    return out
-
-
-def param_buffer_size(largest: int, dp: int) -> int:
-    """``offload_param.buffer_size``: DeepSpeed's 1e8 elements, raised to the largest parameter's
-    partition (ceil(largest / dp)) rounded up to a whole million."""
-    need = accounting.shard(largest, dp)
-    return max(PARAM_BUFFER_MIN, -(-need // 1_000_000) * 1_000_000)

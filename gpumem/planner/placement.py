@@ -6,9 +6,11 @@ The planner asks questions by GPU (``gpumem.memory.gpus``); seconds need a node
 question's GPUs per node; ``inter_node`` (bytes/s, optional) replaces its network by one NIC per
 GPU at that line rate, the planner's old "bytes/s per GPU between nodes".
 
-Rank order (:func:`groups`): tensor-parallel ranks are adjacent, data-parallel ranks stride over
-them, pipeline stages are outermost: global rank = tp_rank + tp x (dp_rank + dp x pp_rank).
-That is Megatron's default order (tensor fastest, pipeline slowest), Megatron-DeepSpeed's
+Rank order (:func:`groups`): tensor-parallel ranks are adjacent, then context-parallel ranks,
+then data-parallel ranks, pipeline stages outermost: global rank = tp_rank + tp x (cp_rank + cp x
+(dp_rank + dp x pp_rank)). That is Megatron's default order (``--rank-order tp-cp-ep-dp-pp``:
+tensor fastest, pipeline slowest); gradients are reduced over the data-and-context-parallel group
+(dp x cp ranks, stride tp). Without cp it is Megatron-DeepSpeed's
 ``PipeModelDataParallelTopology`` (axes pipe, data, model), DeepSpeed's
 ``PipeDataParallelTopology`` (pipe, data) and AutoTP's (data, tensor) mesh. So a data-parallel
 group is contiguous when tp = 1 (eight ranks per DGX node, the node's eight NICs carry its ring)
@@ -74,14 +76,15 @@ def place(node: NodeType, gpus: int, size: int, stride: int) -> Group:
         return Group(node, min(per.values()), len(per))
 
 
-def groups(node: NodeType, tp: int, pp: int, dp: int) -> dict[str, Group]:
-    """The tensor-, data- and pipeline-parallel groups of rank 0 (see the module's rank order);
-    ``pp`` is a pair of neighbouring stages: one rank on each of two nodes when the pipeline spans
-    more than one node (the slowest boundary binds 1F1B's steady state), else two in one node."""
-    gpus = tp * pp * dp
+def groups(node: NodeType, tp: int, pp: int, dp: int, cp: int = 1) -> dict[str, Group]:
+    """The tensor-, context-, data- and pipeline-parallel groups of rank 0 (see the module's rank
+    order; ``dp`` is the gradient group of dp x cp ranks); ``pp`` is a pair of neighbouring
+    stages: one rank on each of two nodes when the pipeline spans more than one node (the slowest
+    boundary binds 1F1B's steady state), else two in one node."""
+    gpus = tp * cp * pp * dp
     pair = Group(node, 1, 2) if gpus > node.gpus_per_node else Group(node, 2, 1)   # some boundary
-    return {"tp": place(node, gpus, tp, 1), "dp": place(node, gpus, dp, tp),      # crosses nodes
-            "pp": pair if pp > 1 else place(node, gpus, 1, 1)}
+    return {"tp": place(node, gpus, tp, 1), "cp": place(node, gpus, cp, tp),      # crosses nodes
+            "dp": place(node, gpus, dp * cp, tp), "pp": pair if pp > 1 else place(node, gpus, 1, 1)}
 
 
 @lru_cache(maxsize=8192)

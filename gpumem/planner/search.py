@@ -39,7 +39,8 @@ from .advice import advise as _advise, check_capacity, nearest_batches
 from .config import deepspeed_config, fsdp_equivalent, megatron_args, model_code
 from .cost import GPUS_PER_NODE, assumptions, step_seconds
 from .placement import node_for, per_gpu_network
-from .memory import Layout, middle_stage, offload_buffers, per_gpu, stage_layers, states_part
+from .memory import Layout, middle_stage, per_gpu, stage_layers, states_part
+from .swap_buffers import offload_buffers
 
 TB = 10**12
 HOST_PER_NODE = 2 * TB      # DGX H100: 2 TB of system memory per 8 GPUs (stated)
@@ -210,7 +211,7 @@ def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: i
          seq: int = 4096, global_batch: int | None = None, recipes=RECIPES, zero=(0, 1, 2, 3),
          offloads=OFFLOAD_CHOICES, checkpoints=POLICIES, attentions=KERNELS, micro_batches=MICRO_BATCHES,
          tp: tuple | None = None, pp: tuple | None = None, reserve: gpu_table.Reserve = gpu_table.DEFAULT_RESERVE,
-         mfu: float = compute.MFU, links: Links | None = None, gpus_per_node: int = GPUS_PER_NODE,
+         mfu: float = compute.KERNEL_SHARE, links: Links | None = None, gpus_per_node: int = GPUS_PER_NODE,
          inter_node: float | None = None, advise: bool = True, host_per_node: int | None = None,
          nvme_per_node: int | None = None) -> Result:
     """Every layout of ``model`` on ``gpus`` GPUs that fits, ranked by estimated step time.

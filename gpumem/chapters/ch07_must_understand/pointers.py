@@ -40,9 +40,9 @@ OFFLOAD_DEEPSPEED = Pointer("05_offload", "4.2 Real DeepSpeed offload on two CPU
 OFFLOAD_COST = Pointer("05_offload", "5 · A cost model, and the step at scale")
 OFFLOAD_FRAMEWORKS = Pointer("05_offload", "7 · In the frameworks")
 # chapter 06: combining strategies
-SCENARIOS = Pointer("06_combining_strategies", "5 · At scale: the note's three scenarios")
-SELECTION = Pointer("06_combining_strategies", "6 · Slow or fast interconnect: the note's selection rules, tested")
-PLAN_CLAIMS = Pointer("06_combining_strategies", "9 · The note's claims")
+SCENARIOS = Pointer("06_combining_strategies", "6 · At scale: the note's three scenarios")
+SELECTION = Pointer("06_combining_strategies", "7 · Slow or fast interconnect: the note's selection rules, tested")
+PLAN_CLAIMS = Pointer("06_combining_strategies", "10 · The note's claims")
 
 # Where item 5's answers are shown, by question id (the quiz module applies it to the offload
 # item, whose questions live in ``offload_items``).
