@@ -150,3 +150,20 @@ def test_planner_offload_seconds_are_offload_costs_stock_schedule(monkeypatch):
     _, parts = cost._offload(psi, lay, links, 30.0)
     assert parts["during_compute"] == pytest.approx(shard * (20 / links.d2h + 16 / links.h2d))
     assert get("h100-80gb").pcie == links.d2h
+
+
+def test_context_parallel_memory_is_the_local_sequence_plus_the_ring_chunks():
+    """cp = 2 at 8,192 tokens holds what cp = 1 holds at 4,096 tokens, plus TransformerEngine's
+    transient K/V ring: forward keeps all cp K,V chunks and cp partial outputs of Q's size, backward
+    4 chunks + one Q + one chunk (timing.context_parallel); for Llama-3-70B at tp 8, b 1, bf16 a
+    K,V chunk is 2 x 4,096 x (8/8) x 128 x 2 B = 2 MiB and Q 4,096 x (64/8) x 128 x 2 B = 8 MiB."""
+    cfg = models.get("llama-3-70b")
+    from gpumem.planner.memory import Layout as L, per_gpu
+    one = per_gpu(cfg, 4096, L("mixed", 1, "full", "flash", "none", "cpu", 1, 8, 4, 2, 8))
+    two = per_gpu(cfg, 8192, L("mixed", 1, "full", "flash", "none", "cpu", 1, 8, 4, 1, 8, cp=2))
+    kv, q = 2 * 4096 * 1 * 128 * 2, 4096 * 8 * 128 * 2
+    assert kv == 2 * 2**20 and q == 8 * 2**20
+    ring = max(2 * kv + 2 * q, 4 * kv + q + kv)                   # forward 20 MiB, backward 18 MiB
+    assert two["activations"] == one["activations"] + ring
+    # ZeRO-1 shards over dp x cp = 2 ranks in both layouts: the same optimizer bytes
+    assert two["optimizer"] == one["optimizer"]

@@ -29,8 +29,9 @@ Activations (``activations.activations`` on a stage of ceil(L / pp) layers):
   and the loss is computed on split logits, so every saved tensor is divided by ``tp``
   (Korthikanti et al.'s s*b*h*(34 + 5as/h)/t per layer);
 * context parallelism (``cp``, Megatron-Core's ring attention): each rank holds ``seq / cp``
-  tokens of every sequence, so every saved tensor is counted at the local sequence; the K/V
-  chunks in flight are transient (:mod:`gpumem.timing.context_parallel`);
+  tokens of every sequence, so every saved tensor is counted at the local sequence, plus the
+  K/V chunks TransformerEngine's ring holds during one layer's attention
+  (``context_parallel.ring_buffer_bytes``, added to the peak);
 * interleaved 1F1B (``vp`` model chunks per rank): stage i holds
   ``schedules.interleaved_in_flight`` micro-batches of its layers (``p + (p - 1) / vp`` on the first);
 * pipeline parallelism with the 1F1B schedule (PipeDream-flush, Megatron's and DeepSpeed's
@@ -59,7 +60,7 @@ from ..memory import accounting
 from ..memory.activations import activations, layer_parts, norm_bytes, softmax_moment
 from ..memory.models import ModelConfig
 from ..memory.policies import checkpoint_plan
-from ..timing import schedules
+from ..timing import context_parallel, schedules
 from .stage_split import middle_stage, split_text, stage_layers  # noqa: F401 (re-exported)
 
 DS_BUCKET = 50_000_000        # elements: the reduce/all-gather bucket the planner's configs set
@@ -268,6 +269,10 @@ def per_gpu(cfg: ModelConfig, seq: int, lay: Layout, states: dict | None = None,
     index) and ``stage_layers``."""
     acts = stage_activations(cfg, seq, lay)
     split = acts["split"]
+    ring = 0 if lay.cp == 1 else context_parallel.ring_buffer_bytes(   # TE's transient K/V chunks (cp > 1)
+        cfg.d_model, cfg.n_heads, cfg.n_kv_heads, seq, lay.micro_batch, lay.tp, lay.cp,
+        4 if lay.recipe == "fp32" else 2)["peak"]
+    acts = acts | {k: acts[k] + ring for k in ("first", "last", "middle") if k in acts}
     cands = [(states if states is not None else states_part(cfg, lay), max(acts["first"], acts["last"]),
               0 if acts["first"] >= acts["last"] else lay.pp - 1)]
     if "middle" in acts:
