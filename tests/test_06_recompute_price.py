@@ -15,17 +15,18 @@ from gpumem.planner.memory import Layout
 SEQ = 4096
 
 
-def hand_prices(d=4096, kv=1024, F=14336, V=128256, L=32, T=SEQ, every=1):
+def hand_prices(d=4096, kv=1024, F=14336, V=128256, L=32, T=SEQ, every=1, causal=False):
     """Llama-3-8B (Meta's config: d 4096, 8 KV heads of 128, FFN 14,336, vocabulary 128,256, 32
     layers), one sequence of T tokens, as torch's FlopCounterMode counts: a matmul is 2*m*n*k forward
     and twice that backward; attention's core 4*T^2*d forward (QK^T, PV) and 10*T^2*d backward (the
     flash kernel recomputes QK^T, then four matmuls); the head 2*T*d*V forward. ``every``: one layer
     in ``every`` is checkpointed, alone. The whole-segment re-run repeats those layers' forward; the
-    early-stop re-run stops before each segment's last matmul, W_down (2*T*F*d)."""
+    early-stop re-run stops before each segment's last matmul, W_down (2*T*F*d). ``causal``: the
+    core as a causal flash kernel executes it, half of both (what the planner's seconds use)."""
     mm = 2 * T * (2 * d * d + 2 * d * kv + 3 * d * F)
-    core = 4 * T * T * d
+    core = 4 * T * T * d // (2 if causal else 1)
     head = 2 * T * d * V
-    fwd_bwd = L * (mm + core) + head + L * (2 * mm + 10 * T * T * d) + 2 * head
+    fwd_bwd = L * (mm + core) + head + L * (2 * mm + 10 * T * T * d // (2 if causal else 1)) + 2 * head
     n = L // every
     whole = n * (mm + core)
     early = whole - n * 2 * T * F * d
@@ -75,7 +76,7 @@ def test_planner_prices_each_plans_rerun_as_its_framework_runs_it(lay, impl):
     assert planner_cost.rerun_impl(lay) == impl
     cfg, h100 = models.get("llama-3-8b"), gpus.get("h100-80gb")
     every = 2 if lay.checkpoint == "every-other" else 1
-    whole, early = hand_prices(every=every)
+    whole, early = hand_prices(every=every, causal=True)      # the seconds count attention causally
     plain = planner_cost.step_seconds(cfg, SEQ, replace(lay, checkpoint="none"), h100)["compute"]
     ckpt = planner_cost.step_seconds(cfg, SEQ, lay, h100)["compute"]
     assert ckpt / plain == pytest.approx(1 + (whole if impl == "scratch" else early) / 100, rel=1e-12)

@@ -83,7 +83,8 @@ def test_which_runs_the_registry_describes_exactly():
 
 
 def test_layout_arg_leaves_unknowns_out():
-    assert RUNS["nemo-llama-3-70b-64"].layout.arg() == "tp=4,pp=4,dp=2,mb=1,vp=5,cp=2"
+    assert RUNS["nemo-llama-3-70b-64"].layout.arg() == "tp=4,pp=4,dp=2,zero=1,ckpt=none,mb=1,vp=5,cp=2"
+    assert RUNS["llama3-405b-8192-cp1"].layout.arg() == "tp=8,pp=16,dp=64,cp=1"      # Table 4: no more
     assert RUNS["torchtitan-8b-h100-8"].layout.arg() == \
         "tp=1,pp=1,dp=8,zero=3,ckpt=selective-op,mb=2,vp=1,cp=1"
 

@@ -82,23 +82,26 @@ def activation_bytes(cfg: ModelConfig, seq: int, batch: int = 1, plan: str | Pla
             "peak": max(forward_peak, recompute_peak)}
 
 
-def layer_flops(cfg: ModelConfig, seq: int, batch: int = 1) -> dict:
-    """Forward FLOPs of one layer: its matmuls, attention's core, and the W_down matmul alone."""
+def layer_flops(cfg: ModelConfig, seq: int, batch: int = 1, causal: bool = False) -> dict:
+    """Forward FLOPs of one layer: its matmuls, attention's core, and the W_down matmul alone;
+    ``causal``: the core as a causal flash kernel executes it (half the s x s tiles) instead of
+    PyTorch's count of the whole matrix."""
     T, h, k, F = batch * seq, cfg.d_model, cfg.kv_dim, cfg.ffn
     matmuls = 2 * T * (2 * h * h + 2 * h * k + 3 * h * F)
-    core = 4 * batch * seq * seq * h
+    core = 4 * batch * seq * seq * h // (2 if causal else 1)
     return {"matmuls": matmuls, "core": core, "down": 2 * T * h * F, "total": matmuls + core}
 
 
 def step_flops(cfg: ModelConfig, seq: int, batch: int = 1, plan: str | Plan = "none",
-               impl: str = "torch") -> dict:
-    """FLOPs of forward, backward and recompute under ``plan`` (see the module docstring)."""
+               impl: str = "torch", causal: bool = False) -> dict:
+    """FLOPs of forward, backward and recompute under ``plan`` (see the module docstring);
+    ``causal``: attention's core halved, as a causal kernel executes it (:func:`layer_flops`)."""
     p = _plan(plan, cfg)
-    lay = layer_flops(cfg, seq, batch)
+    lay = layer_flops(cfg, seq, batch, causal)
     head = 2 * batch * seq * cfg.d_model * cfg.vocab
     L = cfg.n_layers
     forward = L * lay["total"] + head
-    backward = L * (2 * lay["matmuls"] + 10 * batch * seq * seq * cfg.d_model) + 2 * head
+    backward = L * (2 * lay["matmuls"] + 5 * lay["core"] // 2) + 2 * head
     if p.core:
         recompute = L * lay["core"]
     elif p.sac:

@@ -3,7 +3,8 @@
 Every term is stated, not fitted; the ranking is only as good as these assumptions.
 
 * **compute**: forward + backward + recompute FLOPs of ``recompute_cost.step_flops`` (matmuls,
-  attention's core and the output head, as PyTorch counts them), split evenly over the
+  attention's core as a causal kernel executes it (half the s x s tiles, ``causal=True``), and the
+  output head), split evenly over the
   ``tp * cp * pp`` GPUs of a replica, at ``mfu`` of the GPU's dense bf16 peak (default
   ``compute.KERNEL_SHARE``, 60 %: the share kernels reach while computing, calibrated once and
   validated on published runs in :mod:`.validate`; the terms below are added to it). A re-run is
@@ -20,7 +21,11 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
   inputs' gradients of the column-parallel q/k/v and gate/up), once more per re-run forward;
   the output head all-gathers the logits (e*s*b*V) once per micro-batch. With Megatron's
   sequence parallelism (3-D layouts) each all-reduce is an all-gather plus a reduce-scatter of
-  the same tensor, and the vocabulary-parallel loss gathers no logits. Exposed (no async TP).
+  the same tensor, and the vocabulary-parallel loss gathers no logits. Exposed under DeepSpeed;
+  hidden under Megatron-Core's ``--tp-comm-overlap`` (:func:`overlap_table`). Assumption: the
+  overlap is free; in practice its kernels take SMs from the matmuls (NeMo reserves 16-24 SMs
+  for them), which the model does not charge (the NeMo tp > 1 rows of :mod:`.validate` sit 5-9 %
+  above their measurement, the tp = 1 rows 1-3 % below).
 * **bubble**: the 1F1B schedule's (``gpumem.timing.schedules``, PipeDream-flush, Megatron's and
   DeepSpeed's default) ``(p - 1)(F + B)`` (divided by ``vp`` with interleaved virtual stages),
   where ``F + B`` is one micro-batch's stage time: its compute, its exposed tensor-parallel and
@@ -31,12 +36,12 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
 * **pipeline**: each micro-batch sends its activation forward and its gradient back across each
   stage boundary (``schedules.p2p_message_bytes``, ``p2p_sends``: 2 m messages on a middle
   stage), exposed; between nodes when the pipeline spans more than one node.
-* **data parallel (ZeRO)**: ZeRO-0 all-reduces the gradients once per step (S = psi x the
-  gradient's bytes), ZeRO-1 reduce-scatters them (DeepSpeed's ``average_tensor`` with its default
-  ``reduce_scatter: true`` sends each slice to its owner; Megatron's distributed optimizer), both
-  hidden behind the last micro-batch's backward, and ZeRO-1 then all-gathers the updated
-  parameters (exposed under DeepSpeed, as ZeRO-2; behind the next forward under Megatron-Core's
-  ``--overlap-param-gather``); ZeRO-2 reduce-scatters every micro-batch behind
+* **data parallel (ZeRO)**: ZeRO-0 and ZeRO-1 all-reduce the gradients once per step (S = psi x
+  the gradient's bytes: DeepSpeed 0.19.8's ``use_multi_rank_bucket_allreduce``, on by default,
+  all-reduces ZeRO-1/2's buckets in ``average_tensor``; ZeRO-0's engine does it after backward,
+  exposed); ZeRO-1 hides it behind the last micro-batch's backward and then all-gathers the updated
+  parameters (exposed, as ZeRO-2). Megatron-Core's distributed optimizer reduce-scatters instead and
+  hides its all-gather behind the next forward (``--overlap-param-gather``); ZeRO-2 reduce-scatters every micro-batch behind
   the backward passes and all-gathers the updated parameters once (exposed); ZeRO-3 gathers
   the parameters in forward and again in backward and reduce-scatters the gradients every
   micro-batch, hidden behind all compute (prefetch). What exceeds its window is exposed.
@@ -90,14 +95,15 @@ def rerun_impl(lay: Layout) -> str:
 
 
 @lru_cache(maxsize=4096)
-def _flops(cfg: ModelConfig, seq: int, mb: int, policy: str, impl: str) -> dict:
-    return recompute_cost.step_flops(cfg, seq, mb, policy, impl)
+def _flops(cfg: ModelConfig, seq: int, mb: int, policy: str, impl: str, causal: bool = True) -> dict:
+    return recompute_cost.step_flops(cfg, seq, mb, policy, impl, causal=causal)
 
 
 def recompute_share(cfg: ModelConfig, seq: int, lay: Layout) -> float:
     """Recompute FLOPs over forward + backward FLOPs of ``lay``'s checkpoint policy, priced as
-    its checkpoint re-runs (:func:`rerun_impl`)."""
-    return _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay))["overhead"]
+    its checkpoint re-runs (:func:`rerun_impl`), as PyTorch's FLOP counter counts them (chapter 03's
+    share; the seconds use the causal count)."""
+    return _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay), False)["overhead"]
 
 
 def overlap_table(lay: Layout) -> str:
@@ -108,7 +114,7 @@ def overlap_table(lay: Layout) -> str:
     ``MegatronCommOverlapCallback(tp_comm_overlap=True, ...)``)."""
     if lay.framework == FRAMEWORK_MCORE:
         return "megatron-overlap"
-    return f"deepspeed-zero{max(1, lay.zero) if lay.framework == 'deepspeed' else 1}"
+    return f"deepspeed-zero{lay.zero if lay.framework == 'deepspeed' else min(lay.zero, 1)}"
 
 
 def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float = compute.KERNEL_SHARE,
@@ -161,8 +167,8 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
     grads, params = psi * r.grads, psi * r.params
     windows = {"forward": busy / 3, "backward": busy * 2 / 3, "last_backward": mb_compute * 2 / 3}
     gather = placement.seconds("all_gather", params, dg, buckets) if lay.zero in (1, 2) else 0.0
-    if lay.zero in (0, 1):   # ZeRO-1 reduce-scatters: DeepSpeed's average_tensor, Megatron's distributed optimizer
-        coll = "reduce_scatter" if lay.zero == 1 else "all_reduce"
+    if lay.zero in (0, 1):   # only Megatron-Core's distributed optimizer reduce-scatters (see the module)
+        coll = "reduce_scatter" if lay.zero == 1 and lay.framework == FRAMEWORK_MCORE else "all_reduce"
         dp_comm, term = placement.seconds(coll, grads, dg, buckets), "dp_grad_reduce"
     elif lay.zero == 2:
         dp_comm, term = lay.n_micro * placement.seconds("reduce_scatter", grads, dg, buckets), "dp_grad_reduce"
@@ -213,8 +219,8 @@ def assumptions(g: GPU, reserve, mfu: float, links: offload_time.Links, node, op
             f"offload links: {links.source}",
             f"host memory {opts['host_per_node'] / 1e12:g} TB and NVMe "
             f"{opts['nvme_per_node'] / 1e12:g} TB per node of {node.gpus_per_node} GPUs",
-            f"attention FLOPs counted for the full s x s score matrix (not halved for the causal mask), "
-            f"as PyTorch's FLOP counter does",
+            "attention's core counted as a causal flash kernel runs it (half the s x s score tiles; "
+            "PyTorch's FLOP counter, chapter 03, counts all of them)",
             "no host buffer factor (DeepSpeed's estimator multiplies host bytes by 1.5); CPU Adam at one "
             "rate for every host; ZeRO-3's stage3_max_live_parameters and max_reuse_distance (1e9 emitted) "
             "not counted beyond the largest module and the prefetch bucket"]

@@ -9,12 +9,14 @@ step's HBM traffic.
   FLOPs. Meta reports 38-43 % bf16 MFU training Llama 3 405B on H100s (arXiv:2407.21783,
   Table 4); the course states 40 % (:data:`MFU`) where one number stands for a whole step.
 * The planner adds the other terms (communication, bubbles, the optimizer) itself, so it prices
-  the compute alone at the share of peak the kernels reach while they run,
-  :data:`KERNEL_SHARE` = 60 %. Calibrated once: NVIDIA's Llama 3.1 8B NeMo run on one DGX H100
-  (dgxc-benchmarking, 59.37 % MFU, a step the cost model finds 99 % compute) is matched at 0.62,
-  rounded down to 0.60; :mod:`gpumem.planner.validate` then predicts the other published runs
-  with it. Assumption, with its effect: compute seconds scale as 1 / share, so 0.05 either way
-  moves a compute-bound prediction by about 8 %. Tensor parallelism's narrower matrices run at a
+  the compute alone at the share of peak reached while computing, :data:`KERNEL_SHARE` = 54 %, on
+  the FLOPs the kernels execute (attention's core counted causally, half the s x s tiles).
+  Calibrated once: NVIDIA's Llama 3.1 8B NeMo run on one DGX H100 (dgxc-benchmarking, 59.37 %
+  MFU in Megatron's count, which takes the whole score matrix; a step the cost model finds 99 %
+  compute) is matched at 0.540; :mod:`gpumem.planner.validate` then predicts the other published
+  runs with it. Assumption, with its effect: compute seconds scale as 1 / share, so 0.05 either way
+  moves a compute-bound prediction by about 9 %. Tensor parallelism's narrower matrices, and small
+  models' (hidden 2,304), run at a
   lower share in practice; the model ignores it (one share for every shape).
 * The optimizer step does few FLOPs per byte: it is bound by HBM bandwidth. AdamW reads each
   gradient, the optimizer states (and the weights, where there is no master copy) and writes
@@ -29,7 +31,7 @@ from ..memory import accounting, gpus as gpu_table
 from ..memory.models import ModelConfig
 
 MFU = 0.40              # end-to-end share of peak: a whole step in one number
-KERNEL_SHARE = 0.60     # share of peak while computing: the planner's compute term (see above)
+KERNEL_SHARE = 0.54     # share of peak while computing: the planner's compute term (see above)
 
 
 def train_flops(n_params: int, tokens: int, recompute: bool = False) -> int:

@@ -79,6 +79,10 @@ ZERO1 = dict(_DS12, dp_grad_reduce=_o(
     "(reduce_ipg_grads, 2239)"), offload_copies=_o(
     "last_backward", _S12 + ", reduce_ipg_grads (2205) -> copy_grads_in_partition (2142): host "
     "copies of the reduced gradients with the boundary's reductions"))
+ZERO0 = dict(ZERO1, dp_grad_reduce=_o(
+    "none", "DeepSpeed 0.19.8 deepspeed/runtime/engine.py, allreduce_gradients (3073): without ZeRO the "
+    "engine all-reduces the gradient buckets after backward, at the accumulation boundary"),
+    offload_copies=_o("none", _NOT + "offload needs ZeRO (zero/offload_config.py)"))
 ZERO2 = dict(_DS12, dp_grad_reduce=_o(
     "backward", _S12 + ", reduce_ready_partitions_and_remove_grads (2293): partition_gradients "
     "reduce-scatters every micro-batch in buckets, reduce_ipg_grads (2205) on reduction_stream"),
@@ -183,7 +187,7 @@ TORCHTITAN_ASYNC_TP = dict(TORCHTITAN, tp_collectives=_o(
     "forward+backward", _TT + "distributed/compile.py, _maybe_enable_async_tp (75): "
     "torch._inductor.config._micro_pipeline_tp (matmuls split and pipelined with the TP collectives)"))
 
-FRAMEWORKS = {"deepspeed-zero1": ZERO1, "deepspeed-zero2": ZERO2, "deepspeed-zero3": ZERO3,
+FRAMEWORKS = {"deepspeed-zero0": ZERO0, "deepspeed-zero1": ZERO1, "deepspeed-zero2": ZERO2, "deepspeed-zero3": ZERO3,
               "fsdp2": FSDP2, "megatron": MEGATRON, "megatron-overlap": MEGATRON_OVERLAP,
               "torchtitan": TORCHTITAN, "torchtitan-async-tp": TORCHTITAN_ASYNC_TP}
 

@@ -45,10 +45,15 @@ class Model:
     ffn: int
     vocab: int
     registry: str | None = None
+    gated: bool = True          # SwiGLU (three FFN matrices); False: GPT's two-matrix GeLU MLP
 
     def config(self) -> ModelConfig:
-        return ModelConfig(self.name, self.layers, self.hidden, self.heads, self.kv_heads, self.ffn,
-                           self.vocab)
+        """The course's (SwiGLU) model description. A GPT MLP (two h x F matrices) is described by
+        the SwiGLU width 2F/3, which has the same weights and matmul FLOPs per layer (3 h (2F/3) =
+        2 h F; rounded to a whole width); its activations are then SwiGLU's, which only the
+        memory fit reads."""
+        ffn = self.ffn if self.gated else round(2 * self.ffn / 3)
+        return ModelConfig(self.name, self.layers, self.hidden, self.heads, self.kv_heads, ffn, self.vocab)
 
 
 def llama(name: str) -> Model:
@@ -59,7 +64,7 @@ def llama(name: str) -> Model:
 
 def gpt(billions: str, layers: int, hidden: int, heads: int) -> Model:
     """Narayanan et al.'s GPT: MHA, FFN 4h, vocab 51,200 (Sec. 5.1), learned positions."""
-    return Model(f"gpt-{billions}b", layers, hidden, heads, heads, 4 * hidden, 51200)
+    return Model(f"gpt-{billions}b", layers, hidden, heads, heads, 4 * hidden, 51200, gated=False)
 
 
 @dataclass(frozen=True)
@@ -194,10 +199,12 @@ def _dgxc(size: str, model: str, n: int, batch: int, tp: int, pp: int, cp: int, 
     return Run(f"nemo-{model}-{n}", f"{DGXC} llama3.1/README_{size}.md, table 'Llama 3.1 {size} "
                f"24.09 BF16', column '{n}x H100'", "NeMo 24.09 (Megatron-Core)", llama(model),
                8192, batch, "h100-80gb", "dgx-h100", n,
-               Layout(tp, pp, n // (tp * pp * cp), cp, vp, None, None, 1, ga),
+               Layout(tp, pp, n // (tp * pp * cp), cp, vp, 1, "none", 1, ga),
                (("s/step", step), ("tokens/s", tps), ("MFU", mfu)), "megatron", "bf16",
-               "DGX Cloud H100. Not stated: activation checkpointing, optimizer sharding "
-               "(zero/ckpt left None). Throughput = the last of 50-100 steps.", kv)
+               f"DGX Cloud H100. zero=1, ckpt=none from llama3.1/llama3.1_{size}.yaml at the same "
+               "commit (optim distributed_fused_adam with overlap_grad_sync/overlap_param_sync; "
+               "activations_checkpoint_granularity: null; ub_tp_comm_overlap and overlap_p2p_comm on "
+               "for 70B/405B). Throughput = the last of 50-100 steps.", kv)
 
 
 def _meta(row: str, seq: int, n: int, dp: int, cp: int, per_dp: int, tf: str) -> Run:
