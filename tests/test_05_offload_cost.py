@@ -5,6 +5,7 @@ import pytest
 from gpumem.errors import UsageError
 from gpumem.memory import offload_cost as oc
 from gpumem.timing import offload_time as ot
+from gpumem.timing.compute import KERNEL_SHARE
 from gpumem.timing.offload_time import Links
 
 ROUND = Links(h2d=10e9, d2h=20e9, nvme_read=2e9, nvme_write=1e9, cpu_adam=1e9, source="test")
@@ -144,7 +145,8 @@ def test_nvme_state_swaps_are_never_hidden_but_cpu_offload_is():
     n = 70_553_706_496
     s = -(-n // 8)
     for tokens in (4096, 10**6):
-        c = ot.compute_seconds(n, tokens, 989e12, 0.4)
+        c = ot.compute_seconds(n, tokens, 989e12)          # at KERNEL_SHARE, the default
+        assert c == pytest.approx(6 * n * tokens / (KERNEL_SHARE * 989e12))
         r = ot.step_time(n, "mixed", 3, 8, "optimizer+params", "nvme", c, links)
         swaps = 16 * s / 6.8e9 + 18 * s / 5.6e9                  # states + gradient read; all written
         assert r["nvme_states"] == pytest.approx(swaps)
@@ -192,11 +194,17 @@ def test_datasheet_links_use_the_gpu_table_and_stated_drive():
 def test_break_even_tokens_make_compute_cover_the_slowest_link():
     links = ot.datasheet_links("h100-80gb", "gen4")
     n = 70_000_000_000
-    tok = ot.break_even_tokens(n, "mixed", 3, 8, "optimizer", "cpu", links, 989e12, 0.4)
-    compute = ot.compute_seconds(n, tok, 989e12, 0.4)
+    tok = ot.break_even_tokens(n, "mixed", 3, 8, "optimizer", "cpu", links, 989e12)
+    # CPU Adam binds: the 1/8 shard at 2 x 8 x 8 x 4.8e9 / 8 / 30 params/s, covered by 6 n T FLOPs
+    # at KERNEL_SHARE (the default: the compute window) of 989 TFLOP/s
+    adam = -(-n // 8) / (2 * 8 * 8 * 4.8e9 / 8 / 30)
+    assert tok == pytest.approx(adam * KERNEL_SHARE * 989e12 / (6 * n), abs=1)
+    assert ot.break_even_tokens(n, "mixed", 3, 8, "optimizer", "cpu", links, 989e12, 0.4) == pytest.approx(
+        adam * 0.4 * 989e12 / (6 * n), abs=1)                                           # a stated share
+    compute = ot.compute_seconds(n, tok, 989e12)
     r = ot.step_time(n, "mixed", 3, 8, "optimizer", "cpu", compute, links)
     assert r["bound"] == "compute"
-    r = ot.step_time(n, "mixed", 3, 8, "optimizer", "cpu", ot.compute_seconds(n, tok - 2, 989e12, 0.4), links)
+    r = ot.step_time(n, "mixed", 3, 8, "optimizer", "cpu", ot.compute_seconds(n, tok - 2, 989e12), links)
     assert r["bound"] != "compute"
 
 

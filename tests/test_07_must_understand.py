@@ -15,6 +15,7 @@ from gpumem.chapters import ch07_must_understand as ch
 from gpumem.memory import zero3_schedule
 from gpumem.course.checklist import Checklist, notebook_headings
 from gpumem.course.quiz import Choice, Numeric, progress_file
+from gpumem.timing.compute import KERNEL_SHARE
 
 SEEDS = range(6)
 QUIZ, CHECKLIST = ch.QUIZ, ch.CHECKLIST
@@ -257,6 +258,7 @@ def test_gather_break_even_and_exposed():
         psi, n = num(r"\(([\d,]+) parameters", p), num(r"on (\d+) ", p)
         fwd, bw = num(r"receives ([\d,.]+) GB", p), num(r"([\d.]+) GB/s", p)
         share, peak = num(r"at (\d+) % of", p) / 100, num(r"of ([\d,]+) TFLOP/s", p) * 1e12
+        assert share == pytest.approx(KERNEL_SHARE, abs=0.005)     # the window: the planner's compute
         assert fwd == pytest.approx(2 * psi * (n - 1) / n / GB, abs=0.06)   # forward gathers psi once
         assert q.value() == pytest.approx(fwd * GB / (bw * GB) * peak * share / (2 * psi), rel=0.01)
     seen = set()
@@ -370,8 +372,11 @@ def test_offload_bytes_and_seconds():
         psi, s = num(r"\(([\d,]+) parameters", p), num(r"shard of ([\d,]+) parameters", p)
         adam, pcie = num(r"with AdamW at ([\d.]+) billion", p) * 1e9, num(r"PCIe moves ([\d.]+) GB/s", p) * GB
         ups, peak = num(r"comes back up (\d) time", p), num(r"of ([\d,]+) TFLOP/s", p) * 1e12
+        share = num(r"per token at (\d+) % of", p) / 100      # the planner's KERNEL_SHARE
+        assert share == pytest.approx(KERNEL_SHARE, abs=0.005)
         slowest = max(2 * s / pcie, ups * 2 * s / pcie, s / adam)
-        assert q.value() == pytest.approx(slowest * peak * 0.4 / (6 * psi), rel=2e-3)
+        # the answer is a whole token count, rounded up
+        assert q.value() == pytest.approx(slowest * peak * share / (6 * psi), rel=2e-3, abs=1)
 
 
 def test_plans_fewest_gpus_and_offloaded_total():
@@ -430,7 +435,8 @@ def test_layout_choices_agree_with_the_planner_and_a_hand_count():
     assert "MiCS" in q.explanation_text() and "0.39" not in q.explanation_text()
     # 405B on 1,024 H100s, 50 GB/s per GPU between nodes: ZeRO-3 alone cannot hide its gathers
     q = QUIZ._get("plan-3d")
-    compute = 6 * psi405 * 4096 / (0.4 * 989e12)     # one micro-batch of 4,096 tokens, 40 % MFU
+    # one micro-batch of 4,096 tokens at KERNEL_SHARE (the planner's compute)
+    compute = 6 * psi405 * 4096 / (KERNEL_SHARE * 989e12)
     assert 3 * 2 * psi405 * 1023 / 1024 / 50e9 > compute and q.answer != 0
     best = plan("llama-3.1-405b", 1024, inter_node=50e9).best
     assert ci.FAMILIES[q.answer][2](best.layout), best.layout.label()     # the planner still agrees

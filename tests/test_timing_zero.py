@@ -13,6 +13,7 @@ import pytest
 from gpumem.errors import UsageError
 from gpumem.memory import models
 from gpumem.timing import hardware, zero3_cost, zero_layouts
+from gpumem.timing.compute import KERNEL_SHARE
 
 DS = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/deepspeed"
 CFG = models.get("llama-3-70b")
@@ -31,11 +32,14 @@ def test_full_node_group_crosses_the_nodes_on_all_eight_nics():
     nvlink = STEP_BYTES * 63 / 64 * 7 / 8 / 370e9        # the NVLink hops of the same rings bind less
     assert nvlink < r["comm_s"]
     old = 2 * 7 / 8 / 2 * 0.4 * 989e12 / 50e9    # forward: 1.75 B per param moved / 2 FLOPs, 1 port per GPU
-    assert old == pytest.approx(6923, abs=30)
-    assert r["break_even_tokens"] < old / 6             # about 8x pessimistic, latency aside
+    assert old == pytest.approx(6923, abs=30)           # the old chapter's figure, at 40 % MFU
+    # the same one-port model with compute at KERNEL_SHARE (the stated input):
+    # the compute window zero3_cost hides the gathers behind, as the planner prices compute
+    port = 2 * 7 / 8 / 2 * KERNEL_SHARE * 989e12 / 50e9
+    assert r["break_even_tokens"] < port / 6            # about 8x pessimistic, latency aside
     with_alpha = zero3_cost.zero3_step_time("llama-3-70b", 64, "h100-80gb", "full-nodes")
     assert r["comm_s"] < with_alpha["comm_s"] < 2 * r["comm_s"]
-    assert r["break_even_tokens"] < with_alpha["break_even_tokens"] < old / 4
+    assert r["break_even_tokens"] < with_alpha["break_even_tokens"] < port / 4
 
 
 def test_one_rank_per_node_goes_through_one_nic():

@@ -6,7 +6,9 @@ NVMe drive (:data:`NVME_DRIVES`, a datacenter Gen4 one by default) and the CPU r
 speed of its memory. :func:`step_time` turns the bytes per link
 (:func:`~gpumem.memory.offload_cost.traffic_parts`) into seconds for measured
 (:func:`links_from_ladder`, from :mod:`gpumem.memory.bandwidth`) or datasheet
-(:func:`datasheet_links`) links; compute seconds come from :mod:`gpumem.timing.compute`.
+(:func:`datasheet_links`) links; compute seconds come from :mod:`gpumem.timing.compute` at its
+:data:`~gpumem.timing.compute.KERNEL_SHARE`, the planner's compute term (the window the transfers
+hide behind).
 
 Time: each term is bytes / bandwidth on its own resource. Only the *parameter* reads from NVMe
 overlap compute: the coordinator prefetches the next layers' partitions with an asynchronous
@@ -154,21 +156,25 @@ def stock_schedule(terms: dict) -> float:
     return max(terms["compute"], grad, up, params) + states + terms["cpu_adam"] + after
 
 
-def compute_seconds(n_params: int, tokens: int, flops: float, mfu: float = compute.MFU) -> float:
+def compute_seconds(n_params: int, tokens: int, flops: float, mfu: float = compute.KERNEL_SHARE) -> float:
     """Forward + backward seconds for ``tokens`` tokens on one GPU of a peak of ``flops`` FLOP/s:
     :func:`~gpumem.timing.compute.train_flops` (6 x Psi x tokens, the usual 6N rule; 2N forward,
-    4N backward) at ``mfu`` (by default :data:`~gpumem.timing.compute.MFU`)."""
+    4N backward) at ``mfu`` of it. The default is :data:`~gpumem.timing.compute.KERNEL_SHARE`
+    (the share kernels reach while computing), the planner's compute term: the schedules add the
+    transfers this compute does not hide, so it must not already count waits, as the whole-step
+    MFU (40 %) does."""
     if not (0 < mfu <= 1) or not flops > 0:
         raise UsageError(f"need 0 < mfu <= 1 and flops > 0, got mfu={mfu!r}, flops={flops!r}")
     return compute.train_flops(n_params, tokens) / (flops * mfu)
 
 
 def break_even_tokens(n_params: int, recipe: str, zero: int, gpus: int, offload: str, device: str,
-                      links: Links, flops: float, mfu: float = compute.MFU) -> int | None:
+                      links: Links, flops: float, mfu: float = compute.KERNEL_SHARE) -> int | None:
     """Tokens per rank per step below which the step is transfer-bound even with the best schedule
-    (:func:`ideal_schedule`): compute (6 Psi tokens / (flops x mfu), :func:`compute_seconds`) must
-    cover the largest overlappable term. None when optimizer states swap with NVMe: those swaps run
-    in the step at any token count, so the step is never compute-bound."""
+    (:func:`ideal_schedule`): compute (6 Psi tokens / (flops x mfu), :func:`compute_seconds`, at
+    :data:`~gpumem.timing.compute.KERNEL_SHARE` by default) must cover the largest overlappable
+    term. None when optimizer states swap with NVMe: those swaps run in the step at any token
+    count, so the step is never compute-bound."""
     terms = step_time(n_params, recipe, zero, gpus, offload, device, 0.0, links, overlap=True)
     if terms["nvme_states"] > 0:
         return None

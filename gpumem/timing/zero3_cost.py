@@ -12,9 +12,12 @@ group of whole DGX nodes moves its cross-node traffic through all eight NICs of 
 (about NVLink's rate), a group of one rank per node through one NIC each.
 
 Compute. 6 x params x tokens FLOPs (2 forward, 4 backward; no recomputation) at ``mfu`` x the GPU's
-dense bf16 peak (:mod:`gpumem.timing.compute`, 40 % by default). Prefetching hides a gather only
-behind the compute of the pass it serves, so the passes are compared separately. The break-even
-is the tokens per GPU per micro-batch at which a pass computes as long as it communicates.
+dense bf16 peak, by default :data:`gpumem.timing.compute.KERNEL_SHARE`: the share kernels
+reach while computing, the planner's compute term. This compute is the window the traffic hides
+behind, so it is the planner's compute time, not the whole-step MFU (40 %), which already counts
+the waits. Prefetching hides a gather only behind the compute of the pass it serves, so the passes
+are compared separately. The break-even is the tokens per GPU per micro-batch at which a pass
+computes as long as it communicates.
 
 Placements (``link``): ``"nvlink"``, all ranks in one node; ``"full-nodes"``, ``gpus`` / 8 whole
 nodes; ``"rank-per-node"`` (alias ``"inter-node"``), one rank on each of ``gpus`` nodes, as a
@@ -112,7 +115,7 @@ def _seconds(coll: str, nbytes: float, where, latency: bool, ring: float) -> tup
 
 
 def zero3_step_time(model: str = "llama-3-70b", gpus: int = 8, gpu: str = "h100-80gb",
-                    link="nvlink", mfu: float = compute.MFU, tokens_per_gpu: int = 4096,
+                    link="nvlink", mfu: float = compute.KERNEL_SHARE, tokens_per_gpu: int = 4096,
                     param_bytes: int = 2, config: dict | None = None, latency: bool = True,
                     backward_gathers: hardware.Group | None = None) -> dict:
     """Seconds of communication and of compute for one ZeRO-3 micro-batch on each GPU, forward

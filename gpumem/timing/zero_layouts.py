@@ -21,6 +21,10 @@ on every GPU of ``nodes`` nodes. The layouts (per GPU, N = all GPUs, r = GPUs pe
   line 3088, "Communicate only at gradient accumulation boundaries"), then one reduce-scatter of
   the bf16 gradients and one all-gather of the updated bf16 weights, in 5e8-element buckets.
 
+Compute: 6 x psi x tokens per micro-batch at ``mfu`` of the GPU's dense bf16 peak, by default
+:data:`gpumem.timing.compute.KERNEL_SHARE` (the planner's compute term), so that the window
+the traffic hides behind and the step (compute + exposed) are priced as the planner prices them.
+
 Overlap. ZeRO-3's and hpZ's collectives hide behind the compute of the pass they serve (as in
 :mod:`.zero3_cost`); the once-per-step collectives of ``mics`` and ``zero1`` are counted exposed
 (an assumption that favours ``zero3``: frameworks overlap part of them with the last backward).
@@ -82,7 +86,7 @@ def _chunks(total_bytes: int, elem_bytes: int = 2) -> list[int]:
 
 
 def layout_step(layout: str, model: str, cluster: hardware.Cluster, micro_batches: int = 1,
-                tokens_per_gpu: int = 4096, mfu: float = compute.MFU, recipe: str = "mixed") -> dict:
+                tokens_per_gpu: int = 4096, mfu: float = compute.KERNEL_SHARE, recipe: str = "mixed") -> dict:
     """One training step of ``layout`` (:data:`LAYOUTS`) on every GPU of ``cluster``: model-state
     bytes per GPU, communication seconds per micro-batch and per step, the seconds of them that
     cross the network, what stays exposed after overlap, and the step's seconds."""

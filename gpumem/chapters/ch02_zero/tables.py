@@ -57,8 +57,9 @@ def time_table(model: str = "llama-3-70b", gpu: str = "h100-80gb", tokens=(1024,
     first = zero3_cost.zero3_step_time(model, shapes[0][1], gpu, shapes[0][0], tokens_per_gpu=tokens[0])
     lines = [f"{model}, ZeRO-3 on {node.label} nodes, bf16: per step {first['gathered_psi']:.3f} psi "
              "gathered + 1 psi reduce-scattered",
-             f"compute 6 x psi x tokens at {first['mfu']:.0%} MFU of {first['bf16_flops'] / 1e12:.0f} TFLOP/s; "
-             "each collective timed on its group's placement",
+             f"compute 6 x psi x tokens at {first['mfu']:.0%} of {first['bf16_flops'] / 1e12:.0f} TFLOP/s, the share "
+             "kernels reach while computing",
+             "(timing.compute.KERNEL_SHARE, as the planner prices it); each collective timed on its placement",
              f"{'':34s} {'tokens':>7s} {'forward, s':^17s} {'backward, s':^17s} {'exposed':>8s}",
              f"{'group':34s} {'per GPU':>7s} {'comm':>8s} {'compute':>8s} {'comm':>8s} {'compute':>8s} "
              f"{'comm, s':>8s}"]
@@ -93,6 +94,17 @@ def time_table(model: str = "llama-3-70b", gpu: str = "h100-80gb", tokens=(1024,
                  "sequence,")
     lines.append("  a little more compute to hide behind")
     return "\n".join(lines)
+
+
+def break_even_words(model: str = "llama-3-70b", gpu: str = "h100-80gb", shapes=SHAPES) -> str:
+    """The break-even of each group shape of :func:`time_table` in one sentence, for the prose."""
+    import textwrap
+    r = [zero3_cost.zero3_step_time(model, gpus, gpu, link) for link, gpus in shapes]
+    at = [f"{x['break_even_tokens']:,.0f}" for x in r]
+    return textwrap.fill(f"Per GPU per micro-batch, ZeRO-3 hides its traffic from {at[0]} tokens in one "
+                         f"node, from {at[1]} on {shapes[1][1] // 8} whole nodes, and only from {at[2]} "
+                         f"with one rank per node, where each GPU's share moves at "
+                         f"{r[2]['link_bytes_per_s'] / units.GB:.0f} GB/s.", 100)
 
 
 def layouts_table(model: str = "llama-3-8b", nodes: int = 8, micro_batches: int = 8,

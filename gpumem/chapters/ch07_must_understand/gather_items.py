@@ -6,7 +6,7 @@ node, a PCIe-only node), GPU count and tokens per GPU. Bytes each GPU moves per 
 share moves at on the group's placement (latency aside) and the seconds of compute come from
 ``gpumem.timing.zero3_cost.zero3_step_time`` (DeepSpeed's gather schedule replayed by
 ``gpumem.memory.zero3_schedule``, each collective timed by ``gpumem.timing.collectives``, FLOPs
-at a stated MFU from ``gpumem.timing.compute``).
+at ``gpumem.timing.compute.KERNEL_SHARE`` of the peak, the planner's compute term).
 """
 
 from gpumem.course.checklist import Item
@@ -45,7 +45,8 @@ def _setting(rng, links=tuple(SHAPES)) -> dict:
     g = gpus.get(gpu)
     t = _timed(n["model_name"], n["gpus"], gpu, link, 4096)
     return n | {"link_words": link_words(gpu, n["gpus"], link), "bw_gb": t["link_bytes_per_s"] / GB,
-                "binding": t["binding"], "tflops": g.bf16_flops / 1e12, "mfu_pct": round(100 * compute.MFU)}
+                "binding": t["binding"], "tflops": g.bf16_flops / 1e12,
+                "mfu_pct": round(100 * compute.KERNEL_SHARE)}
 
 
 def _break_even(rng) -> dict:

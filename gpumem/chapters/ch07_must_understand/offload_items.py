@@ -10,7 +10,7 @@ from gpumem.course.checklist import Item
 from gpumem.course.quiz import Choice, Numeric
 from gpumem.course.quiz_draws import LLAMAS, gpu_numbers, model_numbers, pick, recipe_numbers
 from gpumem.memory import accounting, gpus
-from gpumem.timing import offload_time
+from gpumem.timing import compute, offload_time
 from gpumem.units import GB
 
 from . import pointers as P
@@ -67,8 +67,9 @@ def _bound(rng) -> dict:
                 "ups": 2 if n["offload"] == "optimizer+params" else 1,
                 "why_up": ("for forward and again for backward" if n["offload"] == "optimizer+params"
                            else "the updated shard, after the step"), "t": t,
+                "share_pct": round(100 * compute.KERNEL_SHARE),
                 "tokens": offload_time.break_even_tokens(n["n_params"], "mixed", 3, n["gpus"], n["offload"],
-                                                         "cpu", links, g.bf16_flops)}
+                                                         "cpu", links, g.bf16_flops, compute.KERNEL_SHARE)}
 
 
 def _bound_words(n: dict) -> str:
@@ -77,8 +78,8 @@ def _bound_words(n: dict) -> str:
                   (t["cpu_adam"], "CPU Adam"))
     return (f"Per step: the gradient copies {t['grad_trip']:.3f} s (one stream: {t['d2h']:.3f} s down, the "
             f"return up), everything up {t['h2d']:.3f} s, CPU Adam {t['cpu_adam']:.3f} s; the slowest, "
-            f"{slowest[1]}, sets the floor, and 6 x {n['n_params']:,} x T / (0.4 x {n['tflops']:.0f} "
-            f"TFLOP/s) must cover it: T = {n['tokens']:,}.")
+            f"{slowest[1]}, sets the floor, and 6 x {n['n_params']:,} x T / ({n['share_pct'] / 100:g} x "
+            f"{n['tflops']:.0f} TFLOP/s) must cover it: T = {n['tokens']:,}.")
 
 
 QUESTIONS = [
@@ -131,9 +132,9 @@ QUESTIONS = [
             "up, and its fp32 widening down (one copy after another on one stream); the CPU updates "
             "the shard with AdamW at {adam_g:.2f} billion parameters per second per GPU; and the bf16 "
             "shard comes back up {ups} time(s) ({why_up}). "
-            "PCIe moves {pcie_gb:.1f} GB/s each way at once. Compute is 6 FLOPs per parameter per token at 40 % "
-            "of {tflops:.0f} TFLOP/s. If everything overlaps perfectly, below how many tokens per GPU "
-            "per step is the step limited by offloading rather than by compute?",
+            "PCIe moves {pcie_gb:.1f} GB/s each way at once. Compute is 6 FLOPs per parameter per "
+            "token at {share_pct} % of {tflops:.0f} TFLOP/s. If everything overlaps perfectly, below "
+            "how many tokens per GPU per step is the step limited by offloading rather than by compute?",
             answer=lambda n: n["tokens"], unit="tokens", rel_tol=0.01,
             hint="Work out each transfer and the CPU update in seconds; the slowest sets a floor on the "
                  "step time. Which token count makes the compute that long?",
