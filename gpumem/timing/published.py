@@ -16,9 +16,7 @@ each source counts them its own way; :func:`flops_per_token` implements the sour
   torchtitan's MFU uses the same (``torchtitan/utils.py`` ``get_num_flop_per_token`` at commit
   157a12c: 6 * num_params + 12 * l * h * q * t, num_params = every parameter). The Llama 3
   paper states no formula; its runs use this one, labelled an assumption in their notes.
-
-The predictions of the planner (``plan --layout``) are compared with these figures elsewhere;
-this module holds the oracle only. Torch-free.
+This module holds the oracle only (torch-free); :mod:`gpumem.planner.validate` prices each run.
 """
 
 from dataclasses import dataclass
@@ -48,10 +46,8 @@ class Model:
     gated: bool = True          # SwiGLU (three FFN matrices); False: GPT's two-matrix GeLU MLP
 
     def config(self) -> ModelConfig:
-        """The course's (SwiGLU) model description. A GPT MLP (two h x F matrices) is described by
-        the SwiGLU width 2F/3, which has the same weights and matmul FLOPs per layer (3 h (2F/3) =
-        2 h F; rounded to a whole width); its activations are then SwiGLU's, which only the
-        memory fit reads."""
+        """The course's (SwiGLU) description; a GPT MLP (two h x F matrices) as the SwiGLU width
+        2F/3: the same weights and matmul FLOPs per layer (only the memory fit sees SwiGLU's)."""
         ffn = self.ffn if self.gated else round(2 * self.ffn / 3)
         return ModelConfig(self.name, self.layers, self.hidden, self.heads, self.kv_heads, ffn, self.vocab)
 
