@@ -178,9 +178,53 @@ def test_alpha_beta_table_by_hand():
         line = next(ln for ln in text.splitlines() if key in ln)
         ms = float(re.search(r"([\d,.]+) ms", line).group(1).replace(",", ""))
         assert ms == pytest.approx(seconds * 1e3, rel=0.01) and f" {link} " in line
+        assert line.rstrip().endswith("LL")                   # 1 MB: NCCL's low-latency protocol
+    assert "0, 8, 16, ..." in text                            # the spread group's ranks, named
     assert max(len(ln) for ln in text.splitlines()) <= 100
     assert "7.9x" in timing_cells.alpha_beta_sentence()          # (7/8 S / 47) / (7/8 S / 370)
     assert round((370 / 47), 1) == 7.9
+
+
+# NCCL 2.30.7 src/graph/tuning.cc, typed from the source: ring base latency (us) and per-step
+# latencies, Simple and LL, on NVLink and the network (the tree's network step for LL: 5.0);
+# getNetOverhead on Intel hosts: 1 us, x3 for Simple.
+NCCL_US = {"Simple": dict(base=8.4, nvlink=3.4, net=14.0, net_one_per_node=14.0, overhead=3.0),
+           "LL": dict(base=6.6, nvlink=0.6, net=2.7, net_one_per_node=5.0, overhead=1.0)}
+
+
+def test_latency_sums_by_hand():
+    """The table's latencies are NCCL's ring sums: a0 + (n - k) x a + (k - 1) x a_net for n ranks
+    on k nodes; the big all-gather runs Simple, the 1 MB one LL."""
+    from gpumem.chapters.ch06_combining_strategies import timing_cells
+    text = timing_cells.alpha_beta_table()
+    rows = [ln.split() for ln in text.splitlines() if re.match(r"\s+(\S.*)?(141\.1 GB|1 MB)\s+(Simple|LL)", ln)]
+    got = [(r[-9], float(r[-1])) for r in rows]                 # protocol, latency in us
+    want = []
+    for n, k in ((8, 1), (8, 8), (64, 8)):
+        for proto in ("Simple", "LL"):
+            c = NCCL_US[proto]
+            inside = c["nvlink"] if k == 1 else max(c["nvlink"], c["overhead"])
+            net = c["net_one_per_node"] if n == k else c["net"]
+            want.append((proto, c["base"] + (n - k) * inside + (k - 1) * net))
+    assert [p for p, _ in got] == [p for p, _ in want]
+    for (_, g), (_, w) in zip(got, want):
+        assert g == pytest.approx(w, abs=0.05)
+    assert want[0][1] == pytest.approx(32.2) and want[4][1] == pytest.approx(296.8)
+    consts = timing_cells.latency_constants()
+    assert re.search(r"Simple\s+8\.4\s+3\.4\s+14\.0\s+100%", consts)
+    assert re.search(r"LL\s+6\.6\s+0\.6\s+2\.7\s+50%", consts)
+
+
+def test_full_nodes_terms_by_hand():
+    """64 GPUs on 8 nodes: the NICs carry 63/64 S at 8 x 47 GB/s, NVLink 7/8 of it at 370 GB/s:
+    369 ms against 328 ms, NVLink's 11 % shorter."""
+    from gpumem.chapters.ch06_combining_strategies import timing_cells
+    s = 2 * params("Llama-3-70B")
+    network, nvlink = 63 / 64 * s / (8 * 47e9), 7 / 8 * 63 / 64 * s / 370e9
+    text = " ".join(timing_cells.alpha_beta_sentence().split())
+    assert f"= {network * 1e3:.0f} ms" in text and f"= {nvlink * 1e3:.0f} ms" in text
+    assert f"{1 - nvlink / network:.0%} shorter" in text and f"{1 - nvlink / network:.0%}" == "11%"
+    assert "network binds" in text
 
 
 def test_topology_drawing_from_the_node_type_and_by_hand():
@@ -201,9 +245,18 @@ def test_topology_drawing_from_the_node_type_and_by_hand():
     assert text.count("tp all-reduce (group a: 8 per node x 1 node) crosses NVLink (NVSwitch)") == 1
     # the dp all-reduce over 2 ranks, one per node: each rank sends 2 x 1/2 x S = S through one NIC
     psi = params("Llama-3-70B")
-    times = [float(m.replace(",", "")) for m in re.findall(r"tp shard, once a step\): ([\d,.]+) ms", text)]
+    times = [float(m.replace(",", "")) for m in re.findall(r"once a step\n\s+([\d,.]+) ms", text)]
     assert times[0] == pytest.approx(2 * psi / 8 / 47e9 * 1e3, rel=0.01)
     assert times[1] == pytest.approx(2 * psi / 4 / 47e9 * 1e3, rel=0.01)
+    # messages, by hand at 4,096 tokens, d = 8,192, 8 KV heads of 128, bf16: tp's layer output
+    # s/cp x d x 2 B; cp's K and V chunk s/cp x (8 / tp) heads x 128 x 2 x 2 B
+    assert f"S = {4096 * 8192 * 2 / 1e6:.1f} MB: a layer's output, 4,096 tokens" in text        # 67.1
+    assert f"S = {2048 * 8192 * 2 / 1e6:.1f} MB: a layer's output, 2,048 tokens" in text        # 33.6
+    assert f"S = {2048 * 2 * 128 * 2 * 2 / 1e6:.1f} MB: a K and V chunk, 2,048 tokens x 2 kv heads" in text
+    assert text.count("4 a layer: 2 forward, 2 backward") == 2
+    # NVLS: S. Jeaugey, nccl-tests #212: "peak busBw of ~480GB/s" on 8 H100
+    assert "all-reduce over a full node: 480 GB/s busbw" in text and "source [nvls_busbw]" in text
+    assert "NVLS" not in a100
 
 
 def test_schedule_table_by_hand():
@@ -218,9 +271,12 @@ def test_schedule_table_by_hand():
         line = next(ln for ln in text.splitlines() if re.match(rf"{re.escape(name)}\s+{v}\s+32 ", ln))
         cols = line[len(name):].split()
         assert float(cols[2].rstrip("%")) == pytest.approx(100 * bubble, abs=0.05)
-        assert float(cols[4]) == pytest.approx(held)
-        assert int(cols[5]) == 2 * 32 * v
-        assert float(cols[6].replace(",", "")) == pytest.approx(2 * 32 * v * 4096 / 8 * 8192 * 2 / 1e6, abs=1)
+        assert float(cols[3]) == pytest.approx(held)
+        assert int(cols[4]) == 2 * 32 * v
+        assert float(cols[5].replace(",", "")) == pytest.approx(2 * 32 * v * 4096 / 8 * 8192 * 2 / 1e6, abs=1)
+    for line in text.splitlines():                    # m = 8 = p: no stage holds more than m
+        if re.match(r"\S.*\s+\d\s+8\s+\d", line):
+            assert line[len(line.split("  ")[0]):].split()[3] == "8.00"
     assert re.search(r"ZB-H2\s+1\s+8\s+refused: zb-h2 needs m >= 2p-1 = 15", text)
     assert "with an optimizer step that waits for all stages, 7.3%" in " ".join(text.split())   # ZB-H1's
     assert f"{100 * (p - 1) / 96:.1f}" == "7.3"
@@ -257,7 +313,85 @@ def test_slow_network_statements_and_hybrid_sharding_by_hand():
     ib = tc.slow_layouts(nets[0][1])
     assert ib["zero3"]["exposed_s"] == 0 and all(v["exposed_s"] < 0.5 for v in ib.values())
     assert ib["mics"]["states_bytes"] == pytest.approx(2 * ib["zero3"]["states_bytes"], rel=1e-3)
-    assert max(len(ln) for ln in tc.slow_network_table().splitlines()) <= 100
+    table = tc.slow_network_table()
+    assert max(len(ln) for ln in table.splitlines()) <= 100
+    for code_name in ("ETHERNET_25G", "inter_node", "g2-l4x8", "zero_layouts:", "data-parallel"):
+        assert code_name not in table                       # words, not the library's names
+    assert table.count("s of it exposed") == 4 and table.count("ZeRO traffic") == 5
+
+
+# Llama-3-8B by hand (Meta's config above) on A100 40GB: 312 TFLOP/s dense bf16 (A100 datasheet),
+# at the kernel share calibrated on NVIDIA's NeMo Llama 3.1 8B run on 8 H100 (dgxc-benchmarking;
+# gpumem.timing.compute's docstring): 0.54 of the dense peak
+A100_PEAK, SHARE = 312e12, 0.54
+
+
+def test_infiniband_top_plan_offloads_instead_of_recomputing():
+    """On InfiniBand the top plan offloads optimizer and parameters and re-runs nothing; the fastest
+    plan without offload must checkpoint. By hand its compute is (6 x matrices + 7 s h L) FLOPs a
+    token (attention's core as a causal kernel runs it: half of PyTorch's 4 s h forward + 10 s h
+    backward) x 64 x 4,096 / 16 tokens at the kernel share of the A100's 312 TFLOP/s."""
+    from gpumem.chapters.ch06_combining_strategies import timing_cells as tc
+    layers, d, kv_heads, ffn, vocab = LLAMA["Llama-3-8B"]
+    matrices = layers * (2 * d * d + 2 * d * kv_heads * 128 + 3 * d * ffn) + vocab * d
+    tokens = 64 * 4096 // 16
+    hand = (6 * matrices + 7 * 4096 * d * layers) * tokens / (SHARE * A100_PEAK)
+    r = tc.slow_plan(tc.networks()[0][1])
+    top = r.best
+    kept = min((p for p in r.plans if p.layout.offload == "none"), key=lambda p: p.time["total"])
+    assert top.layout.offload == "optimizer+params" and top.layout.checkpoint == "none"
+    assert top.time["compute"] == pytest.approx(hand, rel=1e-3)
+    assert kept.layout.checkpoint != "none" and kept.time["compute"] > hand and kept.time["total"] > top.time["total"]
+    text = " ".join(tc.offload_reason().split())
+    assert f"compute {hand:.2f} s, offload {top.time['offload']:.2f} s exposed" in text
+    assert f"checkpoint ({kept.layout.checkpoint})" in text
+
+
+def test_the_two_slow_network_tables_price_differently():
+    """The sharding table's compute: 6 x psi FLOPs a token (no attention, no re-run), 4 micro-batches
+    of 4,096 tokens, at the kernel share of 312 TFLOP/s; the planner's best on 100 Gb/s runs one
+    micro-batch of 4 sequences, checkpointed."""
+    from gpumem.chapters.ch06_combining_strategies import timing_cells as tc
+    layouts_compute = 6 * params("Llama-3-8B") * 4 * 4096 / (SHARE * A100_PEAK)
+    text = " ".join(tc.pricing_note().split())
+    assert f"at {SHARE:.0%} of peak: compute {layouts_compute:.2f} s" in text
+    assert "runs 1 micro-batch of 4 sequences with checkpoint full" in text
+    assert max(len(ln) for ln in tc.pricing_note().splitlines()) <= 100
+
+
+# -- section 4: the validation table -------------------------------------------------------------
+
+def test_validation_table_shows_layouts_summary_and_every_row():
+    """Layouts as the sources give them (NeMo 70B: TP 4, PP 4, CP 2, VP 5, MBS 1; Llama 3 Table 4's
+    longest run: TP 8, CP 16, PP 16, DP 8); 20 runs - 2 out of scope - 1 calibration = 17 scored."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from gpumem.chapters.ch06_combining_strategies import plots, validation_cells
+    from gpumem.planner import validate
+    rows = validate.rows()
+    table = validate.table(rows)
+    assert max(len(ln) for ln in table.splitlines()) <= 100
+    assert re.search(r"nemo-llama-3-70b-64\s+tp4 cp2 pp4 dp2 v5 mb1\s", table)
+    assert re.search(r"llama3-405b-16384-cp16\s+tp8 cp16 pp16 dp8 mb1\s", table)
+    assert len(rows) == 20
+    summary = " ".join(validate.summary(rows).split())
+    assert re.match(r"\d+ of the 17 other predicted runs \(the calibration run left out\) within 0.85-1.15", summary)
+    details = validation_cells.row_details(rows)
+    assert max(len(ln) for ln in details.splitlines()) <= 100
+    assert details.count("; assumed: ") == 20                   # every row, not only the misses
+    for key in ("llama3-405b-8192-cp1", "llama3-405b-16384-cp1", "llama3-405b-16384-cp16"):
+        block = " ".join(details.split(key + ":")[1].split("\nllama3")[0].split())
+        assert "assumed: zero=1, ckpt=none, vp=1, mb=1" in block and "does not fit: needs" in block
+    assert "faster than every plan the search proposes" in details.split("nemo-llama-3-70b-64:")[1][:600]
+    calib = next(r for r in rows if r.run.key == validate.CALIBRATION)    # the share that matches it
+    assert f"{SHARE:.2f} / {calib.ratio:.3f} = {SHARE / calib.ratio:.3f}" in " ".join(
+        validation_cells.calibration_line(rows).split())
+    ranges = validation_cells.family_ranges(rows)
+    assert all(f in ranges for f in ("Megatron-LM", "NeMo", "torchtitan", "Meta"))
+    fig = plots.validation_scatter(rows)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log" and "tokens/s" in ax.get_xlabel()
+    assert sum(len(c.get_offsets()) for c in ax.collections if hasattr(c, "get_offsets")) >= 18
 
 
 # -- the notebook --------------------------------------------------------------------------------
@@ -273,5 +407,27 @@ def test_notebook_section_4_and_renumbered_sections():
     assert "validate.table(runs)" in nb.cells[i + 1].source and i + 1 < j       # the validation table
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "50e9" not in code and "1.25e9" not in code and "memory import speed" not in code
-    for call in ("alpha_beta_table()", "topology.drawing()", "schedule_table()", "slow_network_table()"):
+    for call in ("alpha_beta_table()", "topology.drawing()", "schedule_table()", "slow_network_table()",
+                 "latency_constants()", "row_details(runs)", "validation_scatter(runs)", "offload_reason()"):
         assert call in code
+
+
+def test_notebook_defines_terms_before_the_cells_that_use_them():
+    """Each term is defined (in bold) in a markdown cell before the first code cell that prints it."""
+    nb = nbformat.read(ROOT / "notebooks" / "06_combining_strategies.ipynb", as_version=4)
+    cells = [c.source for c in nb.cells]
+
+    def first(pred, kind="markdown"):
+        return next(i for i, c in enumerate(nb.cells) if c.cell_type == kind and pred(c.source))
+    uses = {"**kernel share**": "compute.KERNEL_SHARE", "**dense peak**": "compute.KERNEL_SHARE",
+            "**binding link**": "alpha_beta_table()", "**nccl-tests**": "latency_constants()",
+            "**LL**": "latency_constants()", "**channels**": "alpha_beta_table()",
+            "**Context parallelism**": "topology.drawing()", "**virtual stages**": "schedule_table()",
+            "**weight gradient**": "schedule_table()", "**torchtitan**": "validate.table(runs)",
+            "**NeMo**": "validate.table(runs)", "**dgxc-benchmarking**": "validate.table(runs)",
+            "**Grand Teton**": "validate.table(runs)", "**hpZ**": "slow_network_table()",
+            "**MiCS / HSDP**": "slow_network_table()"}
+    for term, call in uses.items():
+        assert first(lambda s: term in s) < first(lambda s: call in s, "code"), term
+    assert "NVIDIA's collective-communication library" in cells[first(lambda s: "NCCL" in s)]
+    assert "`fully_shard` is ZeRO-3" in "\n".join(cells[:first(lambda s: "validate.table(runs)" in s, "code")])

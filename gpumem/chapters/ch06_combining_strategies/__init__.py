@@ -4,18 +4,22 @@ questions, its plans drawn and priced, and one plan run for real on CPU ranks.
 - ``scenarios``    the note's 7B / 70B / 405B scenarios and the layouts it proposes
 - ``claims``       the note's section 4 and summary table in the ledger (``claims.CLAIMS``)
 - ``diagrams``     ranked plans, a plan's memory box and breakdowns, the proof table, configs
-- ``plots``        per-GPU memory bars and step-time bars of the ranked plans
+- ``plots``        per-GPU memory bars and step-time bars of the ranked plans; predicted against
+                   published tokens/s of the validation runs
 - ``widget``       the interactive planner (model, GPU, count, sequence, batch)
 - ``experiments``  ``plan-proof``: a planned DeepSpeed config run on CPU ranks (``proof_ranks``)
 - ``labcheck``     lab 06's ``check()``
 - ``timing_cells`` the time model's cells: one collective on three group shapes, the pipeline
                    schedules, the note's slow-network rule on node types
 - ``topology``     two nodes drawn from their node type, a layout's groups and the links they cross
+- ``validation_cells`` the published runs priced: every row's layout, filled-in fields, rank, the
+                   search's best, the calibration
 - ``QUIZ``         the chapter's quiz (``quiz_topology``: its questions that need the topology)
 """
 
-from . import claims, diagrams, experiments, labcheck, plots, scenarios, timing_cells, topology, widget
+from . import (claims, diagrams, experiments, labcheck, plots, scenarios, timing_cells, topology,
+               validation_cells, widget)
 from .quiz import QUIZ
 
 __all__ = ["claims", "diagrams", "experiments", "labcheck", "plots", "scenarios", "timing_cells", "topology",
-           "widget", "QUIZ"]
+           "validation_cells", "widget", "QUIZ"]

@@ -135,7 +135,7 @@ def layout_grid(layout, gpus_per_node: int = 8) -> str:
     lines.append("what moves:")
     moves = []
     if tp > 1:
-        moves.append(f"inside a [cell]: {tp} GPUs of one node all-reduce activations 4x per layer over NVLink")
+        moves.append(f"inside a [cell]: {tp} GPUs of one node all-reduce activations 4 times a layer (2 forward, 2 backward) over NVLink")
     moves.append(f"<-> along a row: ZeRO-{layout.zero} " + {
         0: "all-reduces the gradients once per step",
         1: "all-reduces the gradients, then all-gathers the updated parameters",

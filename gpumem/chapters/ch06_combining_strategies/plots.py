@@ -60,3 +60,46 @@ def time_bars(result, top: int = 6, ax=None):
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.figure.tight_layout()
     return ax.figure
+
+
+FAMILY_MARKERS = {"Megatron-LM": "s", "NeMo": "o", "torchtitan": "^", "Meta": "D"}
+
+
+def validation_scatter(rows, band: tuple[float, float] | None = None, ax=None):
+    """Predicted against published tokens/s of the priced published runs (``planner.validate``
+    rows), log-log, with y = x and the band ``band`` (default ``validate.BAND``) around it; one
+    marker per framework family; the calibration run ringed. Runs out of scope have no prediction
+    and are left out."""
+    from gpumem.planner.validate import BAND, CALIBRATION
+    band = band or BAND
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7.5, 6))
+    priced = [r for r in rows if r.predicted is not None]
+    lo = min(min(r.published, r.predicted) for r in priced) / 2
+    hi = max(max(r.published, r.predicted) for r in priced) * 2
+    ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="y = x (prediction = published)")
+    ax.fill_between([lo, hi], [lo * band[0], hi * band[0]], [lo * band[1], hi * band[1]], color="grey",
+                    alpha=0.25, label=f"{band[0]:.2f}-{band[1]:.2f} x published")
+    for fam, marker in FAMILY_MARKERS.items():
+        pts = [r for r in priced if r.run.framework.split(" ")[0] == fam]
+        if not pts:
+            continue
+        line = ax.scatter([r.published for r in pts], [r.predicted for r in pts], marker=marker, s=45,
+                          label=fam, zorder=3)
+        for r in pts:
+            if r.run.key == CALIBRATION:
+                ax.scatter([r.published], [r.predicted], marker=marker, s=160, facecolors="none",
+                           edgecolors=line.get_facecolor(), zorder=3)
+                ax.annotate("calibration", (r.published, r.predicted), textcoords="offset points",
+                            xytext=(8, -12), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("published tokens/s (whole job)")
+    ax.set_ylabel("predicted tokens/s (plan --layout)")
+    left_out = len(rows) - len(priced)
+    ax.set_title(f"{len(priced)} published runs priced ({left_out} out of scope not shown)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.figure.tight_layout()
+    return ax.figure

@@ -10,21 +10,22 @@ from gpumem import planner
 from gpumem.course.quiz_draws import label
 from gpumem.memory import gpus, models
 from gpumem.planner import placement
-from gpumem.timing import collectives, hardware, schedules, zero_layouts
+from gpumem.timing import collectives, compute, hardware, schedules, zero_layouts
 
 # -- 1. one all-gather, three group shapes --------------------------------------------------
 
 GATHER_MODEL = "llama-3-70b"
+PROTOCOL = {"simple": "Simple", "LL": "LL"}
 
 
 def gather_groups(node_name: str = "dgx-h100") -> list[tuple[str, hardware.Group]]:
     """The same collective's three placements on ``node_name`` nodes: 8 GPUs of one node, 8 GPUs
-    one per node (stride 8, as a data-parallel group is when tp = 8), 64 GPUs filling 8 nodes."""
+    one per node (ranks 0, 8, 16, ...: a data-parallel group when tp = 8), 64 GPUs filling 8 nodes."""
     node = hardware.node(node_name)
     per, eight = node.gpus_per_node, hardware.Cluster(node, 8)
-    return [(f"{per} GPUs in one node", hardware.Cluster(node, 1).group(per)),
-            (f"{per} GPUs, one per node (stride {per})", eight.group(per, stride=per)),
-            (f"{8 * per} GPUs = 8 full nodes", eight.group(8 * per))]
+    return [(f"{per} GPUs in one node: ranks 0-{per - 1}", hardware.Cluster(node, 1).group(per)),
+            (f"{per} GPUs, one per node: 0, {per}, {2 * per}, ...", eight.group(per, stride=per)),
+            (f"{8 * per} GPUs = 8 full nodes: 0-{8 * per - 1}", eight.group(8 * per))]
 
 
 def gather_bytes(model: str = GATHER_MODEL) -> int:
@@ -38,26 +39,80 @@ def gather_times(node_name: str = "dgx-h100", nbytes: float | None = None) -> li
     return [(name, collectives.collective_time("all_gather", s, g)) for name, g in gather_groups(node_name)]
 
 
+def latency_constants() -> str:
+    """NCCL's ring latencies and protocol shares as the engine holds them (``collectives``)."""
+    base, hw, share = collectives.BASE_LATENCY_US["ring"], collectives.HW_LATENCY_US, collectives.PROTOCOL_SHARE
+    cap = collectives.LL_MAX_BUSBW_GBS
+    lines = ["NCCL's ring latency in us (NCCL 2.30.7 src/graph/tuning.cc, as gpumem.timing.collectives "
+             "holds it)", f"{'protocol':9s}{'base a0':>9s}{'a, a step on NVLink':>22s}{'a_net, across nodes':>22s}"
+             f"{'bandwidth':>12s}"]
+    for p in ("simple", "LL"):
+        lines.append(f"{PROTOCOL[p]:9s}{base[p]:>9.1f}{hw['nvlink']['ring'][p]:>22.1f}"
+                     f"{hw['net']['ring'][p]:>22.1f}{share[('ring', p)]:>11.0%}")
+    lines.append(textwrap.fill(
+        f"LL's bus bandwidth is also capped: {cap['hopper']:g} GB/s in one Hopper node, "
+        f"{cap['intel'][1]:g} GB/s across more than two nodes (Intel hosts). NCCL takes whichever "
+        "protocol is faster for the size.", 100))
+    return "\n".join(lines)
+
+
+def latency_parts(t: collectives.CollectiveTime) -> tuple[float, int, float, int, float]:
+    """``t``'s ring latency as NCCL sums it: (a0, steps inside a node, a, steps across nodes,
+    a_net), in us. Two details of NCCL's model: in a multi-node ring a step inside a node costs at
+    least the host's network overhead (x3 for Simple), and a ring of one rank per node pays the
+    tree's network step (``collectives.ring_latency_us``)."""
+    g, p = t.group, t.protocol
+    steps, inter = g.size - 1, g.nodes - 1
+    a = collectives.HW_LATENCY_US["nvlink" if g.node.nvlink else "pcie"]["ring"][p]
+    if g.nodes > 1:
+        a = max(a, collectives.NET_OVERHEAD_US[g.node.cpu_vendor] * (3 if p == "simple" else 1))
+    a_net = collectives.HW_LATENCY_US["net"]["tree" if g.ranks_per_node == 1 else "ring"][p]
+    return collectives.BASE_LATENCY_US["ring"][p], steps - inter, a, inter, a_net
+
+
 def alpha_beta_table(node_name: str = "dgx-h100", small: float = 1e6) -> str:
     """The all-gather of the 70B model's bf16 weights (and of ``small`` bytes, where latency
-    rules) on each group shape: time, its latency part, the link that binds, bus bandwidth."""
+    rules) on each group shape: the binding link, time, latency part, bus bandwidth, protocol;
+    then each latency as NCCL's sum (:func:`latency_parts`)."""
     node, big = hardware.node(node_name), gather_bytes()
-    lines = [f"all-gather of S = {big / 1e9:.1f} GB ({label(GATHER_MODEL)}'s bf16 weights) on "
-             f"{node.label} nodes",
-             f"{'group':34s} {'binds':>8s} {'time':>10s} {'latency':>8s} {'busbw':>9s} "
-             f"{'S = ' + f'{small / 1e6:g} MB':>9s} {'latency':>8s}"]
-    for (name, t), (_, s) in zip(gather_times(node_name), gather_times(node_name, small)):
-        lines.append(f"{name:34s} {t.binding:>8s} {t.seconds * 1e3:>7,.1f} ms {t.latency_s * 1e6:>5.0f} us "
-                     f"{t.busbw / 1e9:>4.0f} GB/s {s.seconds * 1e6:>6.0f} us {s.latency_s / s.seconds:>7.0%}")
+    rows = list(zip(gather_times(node_name), gather_times(node_name, small)))
+    head_big, head_small = f"S = {big / 1e9:.1f} GB", f"S = {small / 1e6:g} MB"
+    protocols = "/".join(sorted({PROTOCOL[t.protocol] for (_, t), _ in rows}))
+    lines = [f"all-gather on {node.label} nodes: {head_big} ({label(GATHER_MODEL)}'s bf16 weights) "
+             f"and {head_small}", f"{'':36s}{head_big + ', ' + protocols:^37s} {head_small:^25s}".rstrip(),
+             f"{'group':36s}{'binds':>8s}{'time':>11s}{'latency':>8s}{'busbw':>10s} "
+             f"{'time':>7s}{'latency':>8s}  protocol"]
+    for (name, t), (_, s) in rows:
+        lines.append(f"{name:36s}{t.binding:>8s}{t.seconds * 1e3:>8,.1f} ms{t.latency_s * 1e6:>5.0f} us"
+                     f"{t.busbw / 1e9:>5.0f} GB/s {s.seconds * 1e6:>4.0f} us{s.latency_s / s.seconds:>8.0%}"
+                     f"  {PROTOCOL[s.protocol]}")
+    lines += ["latency = a0 + (steps inside a node) x a + (steps across nodes) x a_net, in us:",
+              f"  {'group':24s}{'S':>10s}  {'protocol':9s}{'a0':>5s}{'inside x a':>13s}"
+              f"{'across x a_net':>17s}{'latency':>10s}"]
+    for (name, t), (_, s) in rows:
+        for i, (c, size) in enumerate(((t, head_big[4:]), (s, head_small[4:]))):
+            a0, n_in, a, n_x, a_net = latency_parts(c)
+            lines.append(f"  {name.split(':')[0] if i == 0 else '':24s}{size:>10s}  {PROTOCOL[c.protocol]:9s}"
+                         f"{a0:>5.1f}{f'{n_in} x {a:.1f}':>13s}{f'{n_x} x {a_net:.1f}':>17s}"
+                         f"{c.latency_s * 1e6:>10.1f}")
     return "\n".join(lines)
 
 
 def alpha_beta_sentence(node_name: str = "dgx-h100") -> str:
-    """The comparison the prose draws, printed from the same numbers."""
+    """The comparison the prose draws, printed from the same numbers: the three times, then the
+    two link terms of the 64-GPU group (its NICs carry one rank's share; NVLink (r-1)/r of it)."""
     (_, one), (_, spread), (_, full) = gather_times(node_name)
+    g, links = full.group, dict(full.links)
+    r, n, nics = g.ranks_per_node, g.size, g.node.nics_for(g.ranks_per_node)
+    nic = g.node.nic_bw * collectives.NETWORK_EFFICIENCY / 1e9
+    nvl = g.node.nvlink * collectives.NVLINK_EFFICIENCY / 1e9
     return textwrap.fill(
         f"One node: {one.seconds:.2f} s; eight full nodes: {full.seconds:.2f} s; the same eight ranks "
-        f"one per node: {spread.seconds:.2f} s, {spread.seconds / one.seconds:.1f}x one node's.", 100)
+        f"one per node: {spread.seconds:.2f} s, {spread.seconds / one.seconds:.1f}x one node's. "
+        f"On the {n} GPUs the network term is {n - 1}/{n} S / ({nics} NICs x {nic:.0f} GB/s) = "
+        f"{links['network'] * 1e3:.0f} ms and the NVLink term {r - 1}/{r} x {n - 1}/{n} S / {nvl:.0f} GB/s "
+        f"= {links['NVLink'] * 1e3:.0f} ms: the network binds, NVLink's term "
+        f"{1 - links['NVLink'] / links['network']:.0%} shorter.", 100)
 
 
 # -- 2. pipeline schedules -----------------------------------------------------------------
@@ -87,22 +142,23 @@ def schedule_rows(p: int = 8, ms=(32, 8), F: float = 1.0, B: float = 2.0, W: flo
 
 
 def schedule_table(p: int = 8, ms=(32, 8)) -> str:
-    """Bubble, first stage's micro-batches in flight and p2p volume of each schedule."""
+    """Bubble, first stage's micro-batches in flight and p2p volume of each schedule. The bubble
+    is a share of the micro-batches' own compute; of the whole step it is bubble / (1 + bubble)."""
     msg = p2p_bytes()
     lines = [f"p = {p} stages; per micro-batch and stage F = 1, B = 2 (zero-bubble schedules split B into",
              "input gradient 1 + weight gradient W = 1);",
              f"p2p message {msg / 1e6:.1f} MB ({label(GATHER_MODEL)}, tp = 8, sequence parallel, "
              "4,096 tokens)",
-             f"{'schedule':18s} {'v':>2s} {'m':>3s} {'bubble':>8s} {'idle':>7s} {'first stage':>12s} "
+             f"{'schedule':18s} {'v':>2s} {'m':>3s} {'bubble':>9s} {'first stage':>12s} "
              f"{'p2p sends':>10s} {'p2p MB':>8s}",
-             f"{'':18s} {'':>2s} {'':>3s} {'/compute':>8s} {'/step':>7s} {'holds (mb)':>12s} "
+             f"{'':18s} {'':>2s} {'':>3s} {'/compute':>9s} {'holds (mb)':>12s} "
              f"{'per step':>10s} {'per step':>8s}"]
     notes = []
     for name, v, m, r in schedule_rows(p, ms):
         if isinstance(r, str):
             lines.append(f"{name:18s} {v:>2d} {m:>3d}  refused: {r.split(' (')[0]}")
             continue
-        lines.append(f"{name:18s} {v:>2d} {m:>3d} {r.bubble_fraction:>7.1%} {r.idle_fraction:>7.1%} "
+        lines.append(f"{name:18s} {v:>2d} {m:>3d} {r.bubble_fraction:>9.1%} "
                      f"{r.in_flight_first:>12.2f} {r.p2p_sends:>10d} {r.p2p_bytes / 1e6:>8,.0f}")
         if r.step_time_synced != r.step_time:
             synced = (r.step_time_synced - m * 3.0) / (m * 3.0)
@@ -122,11 +178,13 @@ def networks() -> list[tuple[str, hardware.NodeType]]:
     """The GPU's own node (DGX A100: eight 200 Gb/s HDR NICs) and the same node with one Ethernet
     port shared by its eight GPUs, at the rate of the 100 Gb/s NIC of the ``g2-l4x8`` node type,
     of chapter 02/07's 25 Gb/s cluster (``zero_layouts.ETHERNET_25G``), and of a 10 GbE port
-    (:data:`TEN_GBE`, an assumption)."""
+    (:data:`TEN_GBE`, an assumption). Labels say it in words: '<ports> per node (<why>)'."""
     dgx = placement.node_for(gpus.get(SLOW_GPU))
-    one_port = [(hardware.node("g2-l4x8").nic_bw, "g2-l4x8's NIC"),
-                (zero_layouts.ETHERNET_25G.nic_bw, "ETHERNET_25G"), (TEN_GBE, "assumption")]
-    out = [(f"{dgx.nics} x {dgx.nic_bw * 8 / 1e9:.0f} Gb/s {dgx.fabric} per node ({dgx.name.split('/')[0]})", dgx)]
+    one_port = [(hardware.node("g2-l4x8").nic_bw, "a Google Cloud G2 node's NIC rate"),
+                (zero_layouts.ETHERNET_25G.nic_bw, "chapters 02 and 07's cluster"),
+                (TEN_GBE, "assumption: a common office port")]
+    own = " ".join(dgx.label.split()[:2])
+    out = [(f"{dgx.nics} x {dgx.nic_bw * 8 / 1e9:.0f} Gb/s {dgx.fabric} per node ({own}'s own)", dgx)]
     for bw, why in one_port:
         node = dataclasses.replace(dgx, nics=1, nic_bw=bw, fabric="Ethernet")
         out.append((f"1 x {bw * 8 / 1e9:.0f} Gb/s Ethernet per node ({why})", node))
@@ -149,23 +207,70 @@ def slow_layouts(node: hardware.NodeType) -> dict:
             for lay in zero_layouts.LAYOUTS}
 
 
+HEADS = {"zero3": "ZeRO-3", "hpz": "hpZ", "mics": "MiCS/HSDP", "zero1": "ZeRO-1"}
+
+
 def slow_network_table() -> str:
     """The planner's best layout per network, then each sharding layout's exposed communication."""
     nets = networks()
     lines = [f"{label(SLOW_MODEL)} on {SLOW_GPUS} x A100 40GB in 2 nodes, {SLOW_BATCH} sequences of "
-             f"{SLOW_SEQ:,} a step, data parallelism only", "planner's best layout per network:"]
+             f"{SLOW_SEQ:,} a step, data parallelism only", "the planner's best layout per network:"]
     for name, node in nets:
         b = slow_plan(node).best
-        lines += [f"  {name}: {b.time['total']:.2f} s/step; data-parallel {b.time['data_parallel_moved_s']:.2f} s, "
-                  f"{b.time['data_parallel']:.2f} s exposed", f"      {b.layout.label()}"]
-    heads = {"zero3": "ZeRO-3", "hpz": "hpZ", "mics": "MiCS/HSDP", "zero1": "ZeRO-1"}
+        lines += [f"  {name}: {b.time['total']:.2f} s/step", f"      ZeRO traffic "
+                  f"{b.time['data_parallel_moved_s']:.2f} s, {b.time['data_parallel']:.2f} s of it exposed",
+                  f"      {b.layout.label()}"]
     micro = SLOW_BATCH // SLOW_GPUS
-    lines += [f"exposed communication per step, s (zero_layouts: {micro} micro-batches of {SLOW_SEQ:,} "
-              "tokens, no checkpointing):", f"  {'network':48s}" + "".join(f"{h:>10s}" for h in heads.values())]
+    first = slow_layouts(nets[0][1])
+    lines += [textwrap.fill(
+        f"exposed ZeRO traffic per step, s, of the four sharding layouts (each GPU: {micro} micro-batches "
+        f"of one {SLOW_SEQ:,}-token sequence, no checkpointing, no offload; compute "
+        f"{first['zero3']['compute_s']:.2f} s a step):", 100),
+        f"  {'network':38s}" + "".join(f"{h:>11s}" for h in HEADS.values())]
     for name, node in nets:
         r = slow_layouts(node)
-        lines.append(f"  {name:48s}" + "".join(f"{r[k]['exposed_s']:>10.2f}" for k in heads))
-    states = slow_layouts(nets[0][1])
-    lines.append(f"  {'model states per GPU, GB':48s}" + "".join(
-        f"{states[k]['states_bytes'] / 1e9:>10.1f}" for k in heads))
+        lines.append(f"  {name.split(' (')[0]:38s}" + "".join(f"{r[k]['exposed_s']:>11.2f}" for k in HEADS))
+    lines.append(f"  {'model states per GPU, GB':38s}" + "".join(
+        f"{first[k]['states_bytes'] / 1e9:>11.1f}" for k in HEADS))
     return "\n".join(lines)
+
+
+OFFLOADED = {"optimizer": "the optimizer states", "optimizer+params": "the optimizer states and the parameters"}
+
+
+def offload_reason() -> str:
+    """Why the planner's top plan on the fastest network offloads: the offload frees the GPU
+    memory that lets every layer keep its activations (no re-run), and costs less than the re-run
+    of the fastest plan that keeps its states on the GPU."""
+    name, node = networks()[0]
+    r = slow_plan(node)
+    top = r.best
+    kept = min((p for p in r.plans if p.layout.offload == "none"), key=lambda p: p.time["total"])
+    return textwrap.fill(
+        f"{name.split(' (')[0]}: the top plan offloads {OFFLOADED[top.layout.offload]} to host memory and "
+        f"{'checkpoints no layer' if top.layout.checkpoint == 'none' else 'checkpoints ' + top.layout.checkpoint}"
+        f": compute {top.time['compute']:.2f} s, offload {top.time['offload']:.2f} s "
+        f"exposed, {top.time['total']:.2f} s a step. The fastest plan that keeps its states on the GPU "
+        f"must checkpoint ({kept.layout.checkpoint}) to fit: compute {kept.time['compute']:.2f} s with "
+        f"the re-runs, {kept.time['total']:.2f} s a step.", 100)
+
+
+def pricing_note(net: int = 1) -> str:
+    """How the two tables of :func:`slow_network_table` price a step differently, from their own
+    numbers on network ``net`` of :func:`networks`: the planner's best plan against the sharding
+    table's ZeRO-3 (6 x psi FLOPs a token, its share of peak read back from its seconds)."""
+    name, node = networks()[net]
+    best, row = slow_plan(node).best, slow_layouts(node)["zero3"]
+    tokens = row["micro_batches"] * row["tokens_per_gpu"]
+    share = compute.train_flops(models.get(SLOW_MODEL).n_params(), tokens) / (
+        row["compute_s"] * gpus.get(SLOW_GPU).bf16_flops)
+    lay, t = best.layout, best.time
+    return textwrap.fill(
+        f"The two tables price a step differently. On {name.split(' (')[0]} the planner's best runs "
+        f"{lay.n_micro} micro-batch{'es' if lay.n_micro > 1 else ''} of {lay.micro_batch} sequence"
+        f"{'s' if lay.micro_batch > 1 else ''} with checkpoint {lay.checkpoint} (attention's FLOPs and "
+        f"the re-runs counted): compute {t['compute']:.2f} s, ZeRO traffic {t['data_parallel_moved_s']:.2f} s, "
+        f"{t['data_parallel']:.2f} s exposed. The sharding table runs ZeRO-3 at {row['micro_batches']} "
+        f"micro-batches of one sequence, no checkpointing, 6 x psi FLOPs a token at {share:.0%} of peak: "
+        f"compute {row['compute_s']:.2f} s, ZeRO traffic {row['comm_s']:.2f} s, {row['exposed_s']:.2f} s exposed.",
+        100)

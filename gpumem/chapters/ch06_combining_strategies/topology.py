@@ -107,6 +107,11 @@ def legend(node: hardware.NodeType) -> list[str]:
         key = "gpus_per_node, nvlink_domain"
         if key in src:
             out.append(f"  source [{key}]: {src[key]}")
+        if node.nvls_busbw:
+            out.append(f"NVLS (NVLink SHARP: the NVSwitch adds the shards) all-reduce over a full node: "
+                       f"{node.nvls_busbw / 1e9:.0f} GB/s busbw")
+            if "nvls_busbw" in src:
+                out.append(f"  source [nvls_busbw]: {src['nvls_busbw']}")
     else:
         out.append(f"PCIe Gen{node.pcie_gen}: {node.pcie / 1e9:.1f} GB/s per GPU per direction; "
                    f"NCCL reaches x{collectives.PCIE_EFFICIENCY:.3f} (assumption)")
@@ -121,15 +126,22 @@ def legend(node: hardware.NodeType) -> list[str]:
 
 
 def messages(cfg, dims: dict) -> dict:
-    """Bytes S of each axis's collective for ``cfg`` in bf16 at :data:`SEQ` tokens, micro-batch 1:
-    tp: one all-reduce of a layer's output (s/cp x b x h); cp: one ring step's K and V chunk
-    (send/recv); dp: the all-reduce of the gradients of one tensor-parallel shard (2 B x psi / tp)."""
+    """Bytes S of each axis's collective for ``cfg`` in bf16 at :data:`SEQ` tokens, micro-batch 1,
+    with the arithmetic in words: tp: one all-reduce of a layer's output (s/cp tokens x h x 2 B;
+    4 a layer without sequence parallelism: 2 forward, 2 backward); cp: one ring step's K and V
+    chunk (s/cp tokens x kv heads per tp rank x head_dim x 2 (K, V) x 2 B, a send/recv); dp: the
+    all-reduce of the gradients of one tensor-parallel shard (2 B x psi / tp, once a step)."""
     tp, cp = dims.get("tp", 1), dims.get("cp", 1)
-    local = SEQ // cp
-    return {"tp": ("all_reduce", 2 * local * MICRO * cfg.d_model, "a layer's output, 2 a layer forward"),
-            "cp": ("send_recv", 2 * 2 * local * MICRO * (cfg.n_kv_heads // tp) * cfg.head_dim,
-                   "a K and V chunk, each ring step"),
-            "dp": ("all_reduce", 2 * cfg.n_params() // tp, "the bf16 gradients of a tp shard, once a step")}
+    local, kv = SEQ // cp * MICRO, cfg.n_kv_heads // tp
+    return {"tp": ("all_reduce", 2 * local * cfg.d_model,
+                   f"a layer's output, {local:,} tokens x {cfg.d_model:,} x 2 B; "
+                   "4 a layer: 2 forward, 2 backward"),
+            "cp": ("send_recv", 2 * 2 * local * kv * cfg.head_dim,
+                   f"a K and V chunk, {local:,} tokens x {kv} kv heads x {cfg.head_dim} x 2 (K, V) x 2 B; "
+                   "each ring step"),
+            "dp": ("all_reduce", 2 * cfg.n_params() // tp,
+                   f"the gradients of a tp shard, 2 B x psi / {tp}, psi = {cfg.n_params() / 1e9:.1f}e9 "
+                   "parameters; once a step")}
 
 
 def size(nbytes: float) -> str:
@@ -174,8 +186,8 @@ def layout_lines(node: hardware.NodeType, dims: dict, model: str = "llama-3-70b"
         algo = "p2p" if coll == "send_recv" else t.algorithm
         lines.append(f"  {axis} {coll.replace('_', '-')} (group a: {group.ranks_per_node} per node x "
                      f"{group.nodes} node{'s' if group.nodes > 1 else ''}) crosses {crossing(group, ranks)}")
-        lines.append(f"      S = {size(nbytes)} ({what}): {t.seconds * 1e3:,.2f} ms, {algo}, "
-                     f"bound by {t.binding}")
+        lines.append(f"      S = {size(nbytes)}: {what}")
+        lines.append(f"      {t.seconds * 1e3:,.2f} ms, {algo}, bound by {t.binding}")
     return lines
 
 
