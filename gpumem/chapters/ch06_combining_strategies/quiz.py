@@ -48,15 +48,17 @@ def _hide(rng) -> dict:
     n = model_numbers(pick(rng, LLAMAS)) | gpu_numbers(pick(rng, ("a100-80gb", "h100-80gb")))
     n |= {"gpus": pick(rng, (16, 32, 64)), "link_gb": pick(rng, (3.125, 12.5, 25.0, 50.0))}
     n["tflops"] = gpus.get(n["gpu_name"]).bf16_flops / 1e12
+    n["share_pct"] = round(100 * compute.KERNEL_SHARE)
     return n
 
 
 def _hide_tokens(n: dict) -> float:
     """Tokens per GPU per micro-batch at which ZeRO-3's 3 psi of bf16 traffic equals 6 psi FLOPs
-    per token at 40 % MFU (``compute.MFU``, the course's whole-step share, stated in the prompt)."""
+    per token at the planner's kernel share (``compute.KERNEL_SHARE``, the compute the traffic hides
+    behind; stated in the prompt)."""
     psi, N = n["n_params"], n["gpus"]
     comm = 3 * psi * 2 * (N - 1) / N / (n["link_gb"] * GB)
-    return comm * gpus.get(n["gpu_name"]).bf16_flops * compute.MFU / (6 * psi)
+    return comm * gpus.get(n["gpu_name"]).bf16_flops * compute.KERNEL_SHARE / (6 * psi)
 
 
 BUBBLE_TARGET = 0.05      # the bubble share of the micro-batches' own time the question asks to stay under
@@ -131,14 +133,14 @@ QUIZ = Quiz("06_combining_strategies", [
             draw=_zero3),
     Numeric("hide-zero3",
             "{model} ({n_params:,} parameters) trains with ZeRO-3 on {gpus} x {gpu} ({tflops:.0f} TFLOP/s "
-            "dense bf16, run at 40 %), each GPU sending and receiving {link_gb} GB/s per direction between "
-            "nodes. Per micro-batch ZeRO-3 gathers the bf16 weights twice (forward, backward) and "
+            "dense bf16, run at {share_pct} % while computing), each GPU sending and receiving {link_gb} "
+            "GB/s per direction between nodes. Per micro-batch ZeRO-3 gathers the bf16 weights twice (forward, backward) and "
             "reduce-scatters the bf16 gradients once, each rank moving (N-1)/N of each collective. Compute "
             "is 6 FLOPs per parameter per token. How many tokens per GPU must a micro-batch hold for the "
             "compute to take as long as the communication?",
             answer=_hide_tokens, unit="tokens", rel_tol=0.02,
             hint="Communication: 3 x 2 bytes x psi x (N-1)/N over the link. Compute: 6 x psi x tokens over "
-                 "0.4 x peak. The parameter count cancels.",
+                 "{share_pct} % of peak. The parameter count cancels.",
             explanation="{answer} tokens: below that ZeRO-3's traffic shows in the step time. It depends on "
                         "the link and the GPU, not on the model: a slow network needs long micro-batches, "
                         "which cost activation memory.",

@@ -31,7 +31,9 @@ def coords(rank: int, dims: dict) -> dict:
 
 
 def group_ids(dims: dict, axis: str) -> list[int]:
-    """For each global rank, which group of ``axis`` it belongs to (numbered by first rank)."""
+    """For each global rank, which group of ``axis`` it belongs to (numbered by first rank); the
+    ``dp`` group is the gradient group, dp x cp ranks (context-parallel ranks hold the same
+    weights: Megatron reduces gradients over the data-and-context-parallel group)."""
     gpus = 1
     for a in ORDER:
         gpus *= dims.get(a, 1)
@@ -39,18 +41,20 @@ def group_ids(dims: dict, axis: str) -> list[int]:
     out = []
     for r in range(gpus):
         c = coords(r, dims)
-        key = tuple(c[a] for a in ORDER if a != axis)
+        key = tuple(c[a] for a in ORDER if a != axis and not (axis == "dp" and a == "cp"))
         out.append(seen.setdefault(key, len(seen)))
     return out
 
 
 def groups(cluster: hardware.Cluster, dims: dict) -> dict:
-    """Rank 0's group on each axis of size > 1, placed on ``cluster``."""
+    """Rank 0's group on each axis of size > 1, placed on ``cluster``; ``dp``: the gradient
+    group of dp x cp ranks, stride tp (see :func:`group_ids`)."""
     out, stride = {}, 1
     for axis in ORDER:
         size = dims.get(axis, 1)
         if size > 1:
-            out[axis] = cluster.group(size, stride)
+            wide = axis == "dp" and dims.get("cp", 1) > 1
+            out[axis] = cluster.group(size * dims["cp"], dims.get("tp", 1)) if wide else cluster.group(size, stride)
         stride *= size
     return out
 
@@ -140,8 +144,8 @@ def messages(cfg, dims: dict) -> dict:
                    f"a K and V chunk, {local:,} tokens x {kv} kv heads x {cfg.head_dim} x 2 (K, V) x 2 B; "
                    "each ring step"),
             "dp": ("all_reduce", 2 * cfg.n_params() // tp,
-                   f"the gradients of a tp shard, 2 B x psi / {tp}, psi = {cfg.n_params() / 1e9:.1f}e9 "
-                   "parameters; once a step")}
+                   f"a tp shard's gradients, 2 B x psi/{tp} (psi {cfg.n_params() / 1e9:.1f}e9), once a step"
+                   + (f", dp x cp = {dims['dp'] * cp} ranks" if cp > 1 else ""))}
 
 
 def size(nbytes: float) -> str:
