@@ -433,7 +433,7 @@ def test_notebook_defines_terms_before_the_cells_that_use_them():
     for term, call in uses.items():
         assert first(lambda s: term in s) < first(lambda s: call in s, "code"), term
     assert "NVIDIA's collective-communication library" in cells[first(lambda s: "NCCL" in s)]
-    assert "`fully_shard` is ZeRO-3" in "\n".join(cells[:first(lambda s: "validate.table(runs)" in s, "code")])
+    assert "`reshard_after_forward=True`, is ZeRO-3" in "\n".join(cells[:first(lambda s: "validate.table(runs)" in s, "code")])
 
 
 def test_hide_zero3_at_the_kernel_share_by_hand(quiz):

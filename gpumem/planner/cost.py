@@ -6,7 +6,7 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
   attention's core as a causal kernel executes it (half the s x s tiles, ``causal=True``), and the
   output head), split evenly over the
   ``tp * cp * pp`` GPUs of a replica, at ``mfu`` of the GPU's dense bf16 peak (default
-  ``compute.KERNEL_SHARE``, 60 %: the share kernels reach while computing, calibrated once and
+  ``compute.KERNEL_SHARE``, 54 %: the share kernels reach while computing, calibrated once and
   validated on published runs in :mod:`.validate`; the terms below are added to it). A re-run is
   priced as the plan's checkpoint runs it (:func:`rerun_impl`, names in :data:`RERUN`): Megatron's
   recompute (3-D layouts) and DeepSpeed's ``PipelineModule`` (``deepspeed.checkpointing.checkpoint``)
@@ -41,8 +41,9 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
   all-reduces ZeRO-1/2's buckets in ``average_tensor``; ZeRO-0's engine does it after backward,
   exposed); ZeRO-1 hides it behind the last micro-batch's backward and then all-gathers the updated
   parameters (exposed, as ZeRO-2). Megatron-Core's distributed optimizer reduce-scatters instead and
-  hides its all-gather behind the next forward (``--overlap-param-gather``); ZeRO-2 reduce-scatters every micro-batch behind
-  the backward passes and all-gathers the updated parameters once (exposed); ZeRO-3 gathers
+  hides its all-gather behind the next forward (``--overlap-param-gather``). ZeRO-2 all-reduces
+  its buckets every micro-batch (the same ``average_tensor``; each rank then keeps its slice)
+  behind the backward passes and all-gathers the updated parameters once (exposed); ZeRO-3 gathers
   the parameters in forward and again in backward and reduce-scatters the gradients every
   micro-batch, hidden behind all compute (prefetch). What exceeds its window is exposed.
   Collectives go in buckets of ``planner.memory.DS_BUCKET`` elements (ZeRO-3's gathers of
@@ -171,7 +172,7 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
         coll = "reduce_scatter" if lay.zero == 1 and lay.framework == FRAMEWORK_MCORE else "all_reduce"
         dp_comm, term = placement.seconds(coll, grads, dg, buckets), "dp_grad_reduce"
     elif lay.zero == 2:
-        dp_comm, term = lay.n_micro * placement.seconds("reduce_scatter", grads, dg, buckets), "dp_grad_reduce"
+        dp_comm, term = lay.n_micro * placement.seconds("all_reduce", grads, dg, buckets), "dp_grad_reduce"
     else:
         dp_comm = lay.n_micro * (2 * placement.seconds("all_gather", params, dg, gathers)
                                  + placement.seconds("reduce_scatter", grads, dg, buckets))

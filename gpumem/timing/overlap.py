@@ -85,7 +85,8 @@ ZERO0 = dict(ZERO1, dp_grad_reduce=_o(
     offload_copies=_o("none", _NOT + "offload needs ZeRO (zero/offload_config.py)"))
 ZERO2 = dict(_DS12, dp_grad_reduce=_o(
     "backward", _S12 + ", reduce_ready_partitions_and_remove_grads (2293): partition_gradients "
-    "reduce-scatters every micro-batch in buckets, reduce_ipg_grads (2205) on reduction_stream"),
+    "reduces every micro-batch in buckets, reduce_ipg_grads (2205) on reduction_stream -> "
+    "average_tensor (1695): all-reduced while use_multi_rank_bucket_allreduce (default on)"),
     offload_copies=_o("backward", _S12 + ", copy_grads_in_partition (2142) -> "
                       "async_accumulate_grad_in_cpu_via_gpu (1809): every micro-batch, reduction_stream"))
 ZERO3 = {

@@ -63,7 +63,11 @@ def memory_box(plan, width: int = 44) -> str:
     free = max(0, width - len(bar))
     lines = [f"|{bar}{'.' * free}|  {units.fmt(m['total'])} of {units.fmt(m['usable'])} usable"]
     lines += [f"  {k[0].upper()} {k:20s} {units.fmt(v):>10s}" for k, v in parts]
-    return drawing.box(plan.layout.label(), lines)
+    label = plan.layout.label()
+    if len(label) > drawing.WIDTH - 4:        # too long for the title row: first inside the frame
+        head, _, off = label.partition(" offload ")
+        return drawing.box("per-GPU memory", [head] + ([f"  offload {off}"] if off else []) + lines)
+    return drawing.box(label, lines)
 
 
 def scenarios_table(recs: dict) -> str:
