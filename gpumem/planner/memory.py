@@ -67,6 +67,7 @@ DS_BUCKET = 50_000_000        # elements: the reduce/all-gather bucket the plann
 DS_PREFETCH = 50_000_000      # elements: stage3_prefetch_bucket_size (DeepSpeed's code default)
 FRAMEWORK_3D = "megatron-deepspeed"
 FRAMEWORK_MCORE = "megatron-core"
+FRAMEWORK_FSDP2 = "fsdp2"
 
 
 @dataclass(frozen=True)
@@ -86,16 +87,21 @@ class Layout:
     n_micro: int          # micro-batches per step per data-parallel replica (gradient accumulation)
     cp: int = 1           # context parallelism: the sequence split over cp ranks (ring attention)
     vp: int = 1           # virtual pipeline stages per rank (interleaved 1F1B)
+    hybrid: str = "none"  # hybrid sharding with ZeRO-3: "hsdp" (FSDP2 HSDP = DeepSpeed MiCS), "hpz" (ZeRO++)
+    group: int = 0        # ranks of one shard group under ``hybrid`` (e.g. the dp ranks of a node); 0: none
 
     @property
     def framework(self) -> str:
         """``megatron-core`` for layouts with context parallelism or virtual stages (only
         Megatron-Core runs ring attention and the interleaved schedule; ``plan --layout`` prices them,
-        the search does not propose them yet), ``megatron-deepspeed`` for tensor x pipeline layouts
+        the search does not propose them yet), ``fsdp2`` for hybrid-sharded ZeRO-3 (``hybrid="hsdp"``:
+        FSDP2's HSDP, whose DeepSpeed twin is MiCS), ``megatron-deepspeed`` for tensor x pipeline layouts
         (DeepSpeed's AutoTP mesh is 2-D: data x tensor), else ``deepspeed`` (ZeRO, AutoTP, or
         DeepSpeed's pipeline engine)."""
         if self.cp > 1 or self.vp > 1:
             return FRAMEWORK_MCORE
+        if self.hybrid == "hsdp":
+            return FRAMEWORK_FSDP2
         return FRAMEWORK_3D if self.tp > 1 and self.pp > 1 else "deepspeed"
 
     @property
@@ -112,7 +118,8 @@ class Layout:
     def label(self) -> str:
         """A short name: ``mixed ZeRO-3 tp1 pp1 dp8 mb1 full flash``, with offload when used."""
         off = "" if self.offload == "none" else f" offload {self.offload}->{self.device}"
-        extra = (f" cp{self.cp}" if self.cp > 1 else "") + (f" vp{self.vp}" if self.vp > 1 else "")
+        extra = (f" cp{self.cp}" if self.cp > 1 else "") + (f" vp{self.vp}" if self.vp > 1 else "") \
+            + (f" {self.hybrid}{self.group}" if self.hybrid != "none" else "")
         return (f"{self.recipe} ZeRO-{self.zero} tp{self.tp} pp{self.pp} dp{self.dp}{extra} mb{self.micro_batch}"
                 f" ckpt {self.checkpoint} {self.attention}{off}")
 
