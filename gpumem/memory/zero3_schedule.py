@@ -20,6 +20,7 @@ all-gathers and releases exactly. :func:`step_volume` then answers the question 
 cannot: what Llama-3-70B gathers per step with DeepSpeed's defaults.
 """
 
+from bisect import bisect_left
 from collections import defaultdict, deque
 
 from . import models
@@ -70,6 +71,13 @@ def owner(param: str) -> str:
     return param.rsplit(".", 1)[0]
 
 
+def _reused(positions: list[int], start: int, walked: list[int], reuse: float) -> bool:
+    """Whether the first use at or after ``start`` is reached while fewer than ``reuse`` elements
+    of ``order[start:]`` have been walked (``walked``: prefix sums of elements)."""
+    i = bisect_left(positions, start)
+    return i < len(positions) and walked[positions[i]] - walked[start] < reuse
+
+
 def simulate(order: list[tuple[str, str]], params: dict[str, list[tuple[str, int]]], config: dict | None = None,
              elem_bytes: int = 2, step: int = 1) -> list[dict]:
     """Fetches, all-gathers and releases of one step after the trace is recorded, as DeepSpeed
@@ -87,6 +95,12 @@ def simulate(order: list[tuple[str, str]], params: dict[str, list[tuple[str, int
     recent: dict[str, float] = defaultdict(lambda: -1e10)
     events: list[dict] = []
     state = {"live": 0}
+    walked = [0]                                       # elements of order[:i], for every i
+    uses: dict[str, list[int]] = defaultdict(list)     # parameter -> positions in order that use it
+    for i, (_, m) in enumerate(order):
+        walked.append(walked[-1] + sum(n for _, n in params[m]))
+        for p, _ in params[m]:
+            uses[p].append(i)
 
     def gather(todo: dict[str, str], phase: str) -> None:       # param -> phase it serves
         todo = {p: ph for p, ph in todo.items() if p not in whole}
@@ -128,13 +142,10 @@ def simulate(order: list[tuple[str, str]], params: dict[str, list[tuple[str, int
             gather(ahead, phase)
         step_id = k + 1                                # the module has run: release what may go
         free = {p for p in own if p not in keep and recent[p] <= step_id}
-        seen = 0
-        for _, later in order[step_id:]:
-            if seen >= reuse:
-                break
-            for p, n in params[later]:
-                free.discard(p)
-                seen += n
+        # kept for reuse: a parameter whose next use starts before max_reuse_distance elements of
+        # the modules after this one have been walked (DeepSpeed walks them in order and stops once
+        # that many are seen); prefix sums and each parameter's uses answer it without the walk
+        free = {p for p in free if not _reused(uses[p], step_id, walked, reuse)}
         for p in own:
             if p in free:
                 release(p, phase)
