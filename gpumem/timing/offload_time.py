@@ -3,7 +3,7 @@ bandwidth, and the schedules that overlap them (torch-free).
 
 Every step a rank's model states cross PCIe (31.5 GB/s per direction at Gen4 x16, 63 at Gen5), an
 NVMe drive (:data:`NVME_DRIVES`, a datacenter Gen4 one by default) and the CPU runs Adam at the
-speed of its memory. :func:`step_time` turns the bytes per link
+rate its node's ranks share. :func:`step_time` turns the bytes per link
 (:func:`~gpumem.memory.offload_cost.traffic_parts`) into seconds for measured
 (:func:`links_from_ladder`, from :mod:`gpumem.memory.bandwidth`) or datasheet
 (:func:`datasheet_links`) links; compute seconds come from :mod:`gpumem.timing.compute` at its
@@ -25,9 +25,11 @@ overlaps them with compute. So ``nvme`` splits into ``nvme_params`` (during comp
 update (DPU); stock DeepSpeed runs it after backward (:func:`stock_schedule`); 0.19.8's
 overlapped path is ZenFlow (``zero_optimization.zenflow``, stale updates).
 
-CPU Adam's rate (:func:`datasheet_links`) is the node's DRAM bound (:data:`NODE_DRAM` / ranks /
-bytes a parameter), not derated; chapter 05 expects about half (STREAM reaches 75-80 % of peak,
-and the step makes extra passes): ``adam_share`` sets the share.
+CPU Adam's rate (:func:`datasheet_links`) is an achieved one: :data:`CPU_ADAM_NODE_RATE`, the
+ZeRO-Offload paper's measured DeepSpeed CPU-Adam on a DGX-2 host (its Table 4), or the caller's
+``adam_rate``, for the whole node, divided evenly by the ranks on that node. The node's DRAM
+bound (:func:`adam_dram_ceiling`: :data:`NODE_DRAM` / 30 B a parameter) is only the ceiling a rate
+may not exceed.
 """
 
 from dataclasses import dataclass
@@ -68,13 +70,51 @@ CONSUMER_DRIVES = {
 }
 DRIVES = NVME_DRIVES | CONSUMER_DRIVES
 
-# CPU Adam is memory-bound: per parameter it reads fp32 master, m, v and grad (16 B) and writes
-# master, m, v (12 B) and the 16-bit copy (2 B). A DDR5-4800 socket with 8 channels moves
-# 4.8e9 x 8 B x 8 = 307 GB/s (Intel ark, Xeon Platinum 8480+: 8 channels DDR5-4800); a two-socket
-# node shared by 8 GPU ranks gives each 76.8 GB/s: 2.56 G params/s, a theoretical upper bound.
+# CPU Adam's ceiling: per parameter it reads fp32 master, m, v and grad (16 B) and writes master,
+# m, v (12 B) and the 16-bit copy (2 B). A DDR5-4800 socket with 8 channels moves 4.8e9 x 8 B x 8 =
+# 307 GB/s (Intel ark, Xeon Platinum 8480+: 8 channels DDR5-4800); a two-socket node 614 GB/s, so
+# no CPU Adam on it updates more than 614 / 30 = 20.48 G params/s (2.56 per rank of 8): a
+# theoretical bound that STREAM-like kernels reach 75-80 % of, and Adam's extra passes less.
 ADAM_BYTES_PER_PARAM = 16 + 12 + 2
 NODE_DRAM = 2 * 4.8e9 * 8 * 8
 RANKS_PER_NODE = 8
+
+# CPU Adam's achieved rate, published: Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model
+# Training", USENIX ATC 2021 (arXiv:2101.06840), Table 4 "Adam latency (s) for PyTorch (PT) and
+# CPU-Adam": DeepSpeed's CPU-Adam takes 0.22 / 0.51 / 1.03 / 2.41 / 2.57 s for 1 / 2 / 4 / 8 / 10
+# billion parameters (PT-CPU 1.39 ... 14.76 s), on the host of its Table 2, a DGX-2 node: 2 Intel
+# Xeon Platinum 8168, 1.5 TB DDR4-2666. The largest row, where fixed costs weigh least: 10e9 / 2.57
+# s = 3.89 G params/s for the whole host (the 8 B row gives 3.32, the 1 B row 4.55). At 30 B a
+# parameter that is 117 GB/s, 46 % of that host's 256 GB/s (2 x 6 channels x 2,666 MT/s x 8 B).
+# Assumptions: the ranks on a node share its cores and memory bandwidth evenly (per rank = node
+# rate / ranks on the node), and a newer node's CPU Adam runs at the paper's host's rate; if it
+# scaled with DRAM bandwidth instead (614 / 256 GB/s) this would be 2.4x pessimistic.
+CPU_ADAM_PAPER_TABLE4 = {1_000_000_000: 0.22, 2_000_000_000: 0.51, 4_000_000_000: 1.03,
+                         8_000_000_000: 2.41, 10_000_000_000: 2.57}
+CPU_ADAM_NODE_RATE = 10_000_000_000 / CPU_ADAM_PAPER_TABLE4[10_000_000_000]
+CPU_ADAM_SOURCE = ("the ZeRO-Offload paper's Table 4, Ren et al., USENIX ATC 2021: DeepSpeed CPU-Adam "
+                   "updates 10 B parameters in 2.57 s on a DGX-2 host, 2 x Xeon Platinum 8168, DDR4-2666")
+
+
+def adam_dram_ceiling(ranks_on_node: int = 1) -> float:
+    """Parameters/s CPU Adam cannot exceed on the planner's node, split over ``ranks_on_node``:
+    :data:`NODE_DRAM` (614 GB/s) / ranks / :data:`ADAM_BYTES_PER_PARAM` (30 B); 20.48 G params/s
+    for the whole node, 2.56 per rank of 8. A ceiling, not a rate any CPU Adam reaches."""
+    return NODE_DRAM / ranks_on_node / ADAM_BYTES_PER_PARAM
+
+
+def cpu_adam_per_rank(adam_rate: float | None = None, ranks_on_node: int = RANKS_PER_NODE) -> float:
+    """Parameters/s one rank's CPU Adam updates: ``adam_rate`` (parameters/s for the whole node;
+    None: :data:`CPU_ADAM_NODE_RATE`, the paper's) / ``ranks_on_node``, the ranks sharing the host.
+    Refuses a node rate <= 0 or above :func:`adam_dram_ceiling`, and ranks_on_node < 1."""
+    rate = CPU_ADAM_NODE_RATE if adam_rate is None else adam_rate
+    ceiling = adam_dram_ceiling()
+    if isinstance(ranks_on_node, bool) or not isinstance(ranks_on_node, int) or ranks_on_node < 1:
+        raise UsageError(f"ranks on the node must be a whole number >= 1, got {ranks_on_node!r}")
+    if not 0 < rate <= ceiling:
+        raise UsageError(f"CPU Adam rate must be > 0 and at most {ceiling / 1e9:.2f}e9 parameters/s per "
+                         f"node (its DRAM bound, {NODE_DRAM / GB:.0f} GB/s / 30 B), got {rate!r}")
+    return rate / ranks_on_node
 
 
 @dataclass(frozen=True)
@@ -88,22 +128,25 @@ class Links:
     source: str         # "measured on <machine> <date>" or "datasheet: <which>"
 
 
-def datasheet_links(gpu: str = "h100-80gb", nvme: str = "gen4", adam_share: float = 1.0) -> Links:
+def datasheet_links(gpu: str = "h100-80gb", nvme: str = "gen4", adam_rate: float | None = None,
+                    ranks_on_node: int = RANKS_PER_NODE) -> Links:
     """Links from stated figures: the GPU's PCIe per direction (:mod:`gpumem.memory.gpus`), an
     NVMe drive's figures (:data:`DRIVES`: ``gen4``, the datacenter drive, by default; ``gen3``,
-    ``gen5``, ``gen4-consumer``) and CPU Adam per rank at ``adam_share`` of the node's DRAM bound
-    (1.0, the default: the theoretical 2.56 G params/s; chapter 05 expects about 0.5)."""
-    if not 0 < adam_share <= 1:
-        raise UsageError(f"adam_share must be in (0, 1], got {adam_share!r}")
+    ``gen5``, ``gen4-consumer``) and CPU Adam per rank (:func:`cpu_adam_per_rank`): ``adam_rate``
+    parameters/s for the whole node (None: the ZeRO-Offload paper's 3.89 G, :data:`CPU_ADAM_NODE_RATE`)
+    shared by ``ranks_on_node`` ranks (8 by default; the planner passes min(gpus, GPUs per node))."""
     g = gpu_table.get(gpu)
     read, write, drive, _ = DRIVES[one_of(nvme, tuple(DRIVES), "NVMe drive")]
-    adam = adam_share * NODE_DRAM / RANKS_PER_NODE / ADAM_BYTES_PER_PARAM
-    share = "theoretical bound, not derated" if adam_share == 1 else f"{adam_share:g} x the theoretical bound"
+    adam = cpu_adam_per_rank(adam_rate, ranks_on_node)
+    node = adam * ranks_on_node
+    said = CPU_ADAM_SOURCE if adam_rate is None else "given"
     return Links(h2d=g.pcie, d2h=g.pcie, nvme_read=read, nvme_write=write, cpu_adam=adam,
                  source=(f"datasheet: {g.label} PCIe {g.pcie / GB:.1f} GB/s per direction; {drive}; "
-                         f"CPU Adam {adam / 1e9:.2f} G params/s per rank ({share}): "
-                         f"{NODE_DRAM / GB:.0f} GB/s DDR5 per node (2 sockets x 8 channels x 4.8 GT/s "
-                         f"x 8 B) / {RANKS_PER_NODE} ranks / {ADAM_BYTES_PER_PARAM} B per parameter"))
+                         f"CPU Adam {adam / 1e9:.2f} G params/s per rank: {node / 1e9:.2f} G params/s per "
+                         f"node over the {ranks_on_node} rank{'s' if ranks_on_node > 1 else ''} on it, "
+                         f"sharing its cores and memory evenly ({said}); ceiling "
+                         f"{adam_dram_ceiling() / 1e9:.2f} G params/s per node ({NODE_DRAM / GB:.0f} GB/s "
+                         f"DDR5 / {ADAM_BYTES_PER_PARAM} B per parameter)"))
 
 
 def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, device: str,

@@ -1,5 +1,9 @@
-"""Chapter 06's planner widget: model, GPU, GPU count, sequence length and global batch as
-controls; every change re-plans and re-draws the ranked plans and their memory bars.
+"""Chapter 06's planner widget: model, GPU, GPU count, sequence length, global batch and the
+node's CPU Adam rate as controls; every change re-plans and re-draws the ranked plans and their
+memory bars. The CPU Adam rate is parameters/s for a whole node (G params/s on the slider), shared
+by the ranks on it; it starts at the ZeRO-Offload paper's measured 3.89 G
+(``offload_time.CPU_ADAM_NODE_RATE``) and stops below the node's DRAM bound
+(``offload_time.adam_dram_ceiling``, 20.48 G).
 
 ``planner_widget()`` returns the ipywidgets box (JupyterLab); in text mode (no kernel, no
 ipywidgets, or ``GPUMEM_QUIZ_MODE=text``) it shows the table and figure for the given values. The planner answers in well under a second, so the widget
@@ -9,6 +13,7 @@ re-plans on every move.
 from gpumem.memory import gpus as gpu_table
 from gpumem.memory import models
 from gpumem import planner
+from gpumem.timing import offload_time
 
 from . import diagrams, plots
 
@@ -16,20 +21,25 @@ MODELS = ("llama-3-8b", "llama-3-70b", "llama-3.1-405b")
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SEQS = (1024, 2048, 4096, 8192, 16384, 32768)
 BATCHES = (8, 16, 32, 64, 128, 256, 512, 1024)
+# CPU Adam, G params/s per node: from a small host's to the DRAM bound (20.48), the paper's 3.89 first
+ADAM_G = offload_time.CPU_ADAM_NODE_RATE / 1e9
+ADAM_RANGE = (0.5, round(offload_time.adam_dram_ceiling() / 1e9, 2), 0.01)
 
 
-def render(model: str, gpu: str, gpus: int, seq: int, global_batch: int, top: int = 6):
-    """The table and the figure for one setting (what the widget shows)."""
-    result = planner.plan(model, gpus, gpu, seq=seq, global_batch=global_batch)
+def render(model: str, gpu: str, gpus: int, seq: int, global_batch: int, top: int = 6,
+           cpu_adam_g: float = ADAM_G):
+    """The table and the figure for one setting (what the widget shows); ``cpu_adam_g``: CPU Adam
+    in G params/s for the whole node."""
+    result = planner.plan(model, gpus, gpu, seq=seq, global_batch=global_batch, cpu_adam_rate=cpu_adam_g * 1e9)
     return diagrams.plans_table(result, top), plots.memory_bars(result, top), result
 
 
 def planner_widget(model: str = "llama-3-70b", gpu: str = "h100-80gb", gpus: int = 8, seq: int = 4096,
-                   global_batch: int = 64):
+                   global_batch: int = 64, cpu_adam_g: float = ADAM_G):
     """The interactive planner (ipywidgets), or a printed table where widgets are unavailable."""
     from gpumem.course.quiz import widgets_available
     if not widgets_available():   # text mode (tests, terminals): the table and figure for the defaults
-        text, fig, _result = render(model, gpu, gpus, seq, global_batch)
+        text, fig, _result = render(model, gpu, gpus, seq, global_batch, cpu_adam_g=cpu_adam_g)
         print(text)
         plots.show(fig)
         return None
@@ -41,6 +51,9 @@ def planner_widget(model: str = "llama-3-70b", gpu: str = "h100-80gb", gpus: int
         "gpus": w.SelectionSlider(options=COUNTS, value=gpus, description="GPUs"),
         "seq": w.SelectionSlider(options=SEQS, value=seq, description="sequence"),
         "global_batch": w.SelectionSlider(options=BATCHES, value=global_batch, description="batch"),
+        "cpu_adam_g": w.FloatSlider(value=cpu_adam_g, min=ADAM_RANGE[0], max=ADAM_RANGE[1], step=ADAM_RANGE[2],
+                                    readout_format=".2f", description="CPU Adam",
+                                    tooltip="G params/s per node, shared by its ranks"),
     }
     out = w.Output()
 
