@@ -17,15 +17,23 @@ A case whose ratio falls outside 0.85-1.15 carries the term the model gets wrong
 """
 
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..timing.compute import KERNEL_SHARE
 from ..timing.published import RUNS, Run
 from .evaluate import evaluate
+from .search import plan
 
 BAND = (0.85, 1.15)
 CALIBRATION = "nemo-llama-3-8b-8"
+# The search is asked for the mixed recipe only: every published run keeps fp32 master weights
+# (Megatron-LM's fp16 and NeMo's bf16 mixed precision, torchtitan's FSDP2 MixedPrecisionPolicy).
+RECIPES = ("mixed",)
+# Layout fields a run and a plan are compared on (``Layout`` attribute, short name).
+FIELDS = (("tp", "tp"), ("cp", "cp"), ("pp", "pp"), ("dp", "dp"), ("vp", "vp"), ("zero", "zero"),
+          ("checkpoint", "ckpt"), ("micro_batch", "mb"), ("recipe", "recipe"), ("attention", "attn"),
+          ("offload", "offload"), ("device", "device"), ("hybrid", "hybrid"), ("group", "group"))
 # What is priced where the source is silent (each use is named in the row's ``assumed``).
 FILL = {"zero": (1, "optimizer sharded: Meta's FSDP shards optimizer states and gradients (ZeRO-2-like), "
                     "priced as ZeRO-1 (the planner's frameworks refuse ZeRO-2 with pipeline stages)"),
@@ -74,6 +82,11 @@ class Row:
     vs_best: float | None
     bound: str | None
     note: str
+    plan: object = field(default=None, compare=False, repr=False)
+    top: object = field(default=None, compare=False, repr=False)
+    why_not: tuple[str, ...] = ()
+    outside: tuple[str, ...] = ()
+    searched: bool | None = None
 
 
 def layout_arg(run: Run) -> tuple[str, tuple[str, ...]]:
@@ -101,17 +114,24 @@ def price(run: Run) -> Row:
     if run.key in OUT_OF_SCOPE:
         return Row(run, arg, assumed, published, None, None, None, None, None, None, None, None,
                    OUT_OF_SCOPE[run.key])
-    res = evaluate(run.model.config(), run.gpus, arg, gpu=run.gpu, seq=run.seq, global_batch=run.global_batch)
-    d = res.as_dict()
+    cfg, ask = run.model.config(), {"gpu": run.gpu, "seq": run.seq, "global_batch": run.global_batch}
+    result = plan(cfg, run.gpus, advise=False, recipes=RECIPES, **ask)      # the one search of the row
+    res = evaluate(cfg, run.gpus, arg, result=result, **ask)
+    d, lay = res.as_dict(), res.plan.layout
     ratio = res.plan.tokens_per_s / published
     note = "calibration (sets KERNEL_SHARE)" if run.key == CALIBRATION else MISSES.get(run.key, "")
+    seen = {f: {getattr(p.layout, f, None) for p in result.plans} for f, _ in FIELDS}
+    outside = tuple(f"{name} {getattr(lay, f, None)}" for f, name in FIELDS
+                    if result.plans and getattr(lay, f, None) not in seen[f])
     return Row(run, arg, assumed, published, res.plan.tokens_per_s, ratio, res.fits, res.rank, res.fitting,
-               d["best"]["label"] if d["best"] else None, d["vs_best"], res.plan.time["bound"], note)
+               d["best"]["label"] if d["best"] else None, d["vs_best"], res.plan.time["bound"], note,
+               res.plan, res.best, tuple(res.why_not), outside, any(p.layout == lay for p in result.plans))
 
 
 def rows() -> list[Row]:
-    """Every published run, priced (about 15 s the first time: each evaluation runs the search to
-    rank; later calls in the same process reuse the rows, which are frozen)."""
+    """Every published run, priced (about 20 s the first time on two busy cores: each row runs one
+    search, to rank the run's layout and to find the top plan; later calls in the same process
+    reuse the rows, which are frozen)."""
     return list(_rows())
 
 

@@ -1,13 +1,13 @@
 """Chapter 06's validation cells: every published run's priced layout, the fields its source left
-out, where the planner's search ranks it and how far the search's best is, and the calibration.
-The rows are :func:`gpumem.planner.validate.rows`; nothing here prices anything new except the
-memory a non-fitting layout needs (:func:`gpumem.planner.evaluate.evaluate`'s ``why_not``)."""
+out, where the planner's search ranks it and how far the search's best is, the calibration, and
+(:func:`top_vs_published`) the planner's top plan against the layout each run used. The rows are
+:func:`gpumem.planner.validate.rows` and the comparisons :mod:`gpumem.planner.practice`'s; nothing
+here prices anything."""
 
 import textwrap
 
 from gpumem.memory import gpus
-from gpumem.planner import validate
-from gpumem.planner.evaluate import evaluate
+from gpumem.planner import practice, validate
 from gpumem.timing.compute import KERNEL_SHARE
 
 WIDTH = 100
@@ -19,11 +19,9 @@ def family(row: validate.Row) -> str:
 
 
 def why_not(row: validate.Row) -> list[str]:
-    """Why ``row``'s layout does not fit the course's budget (the planner's own words)."""
-    run = row.run
-    res = evaluate(run.model.config(), run.gpus, row.layout, gpu=run.gpu, seq=run.seq,
-                   global_batch=run.global_batch)
-    return list(res.why_not)
+    """Why ``row``'s layout does not fit the course's budget (the planner's own words, kept in the
+    row by :func:`validate.price`)."""
+    return list(row.why_not)
 
 
 def speed_vs_best(row: validate.Row) -> str:
@@ -92,3 +90,37 @@ def family_ranges(rows: list[validate.Row]) -> str:
             fams.setdefault(family(r), []).append(r.ratio)
     parts = [f"{f} {min(v):.2f}-{max(v):.2f} ({len(v)} run{'s' if len(v) > 1 else ''})" for f, v in fams.items()]
     return textwrap.fill("ratio by family, the calibration run left out: " + "; ".join(parts), WIDTH)
+
+
+def top_vs_published(rows: list[validate.Row] | None = None) -> str:
+    """Each published run's layout (``run``) above the planner's top plan for the same question
+    (``top``): the short forms (:func:`practice.short`), each step in seconds, whether they are the
+    same layout, the term whose difference (top minus run) is largest and its seconds, and the
+    run's step over the top plan's (above 1: the planner's plan is faster); then a count and one
+    sentence per run (:func:`practice.sentence`), wrapped to :data:`WIDTH` columns."""
+    pairs = practice.comparisons(rows)
+    lines = [f"{'run':<25}{'':4}{'layout':<32}{'step s':>7} {'same':<5}{'term: top - run':<18}"
+             f"{'run/top':>8}"]
+    notes = []
+    for row, c in pairs:
+        key = row.run.key
+        if c is None:
+            why = "out of scope" if row.predicted is None else "no plan of the search fits"
+            lines.append(f"{key:<25}run {validate.layout_short(row):<32}{'-':>7} {why}")
+            notes.append(f"{key}: {why}: {row.note or 'nothing to compare'}.")
+            continue
+        k = c.deciding[0] if c.deciding else None
+        term = f"{practice.SHORT.get(k, k)} {c.diffs[k]:+.2f} s" if k else "-"
+        lines.append(f"{key:<25}run {c.run_short:<32}{c.run_total:>7.2f} {'yes' if c.same else 'no':<5}"
+                     f"{term:<19}{c.ratio:>7.2f}")
+        lines.append(f"{'':<25}top {c.top_short:<32}{c.top_total:>7.2f}")
+        notes.append(f"{key}: {c.sentence}")
+    done = [c for _, c in pairs if c is not None]
+    tie = [c for c in done if not c.same and abs(c.difference) <= practice.TIE * c.run_total]
+    count = (f"The planner's top plan is the run's own layout for {sum(c.same for c in done)} of the "
+             f"{len(done)} runs priced; {sum(not c.fits for c in done)} runs' layouts do not fit its "
+             f"memory model; {len(tie)} other layouts tie with the top plan (within 0.5 %) and "
+             f"{sum(c.fits and c.difference > 0 and c not in tie for c in done)} that fit are faster.")
+    text = [textwrap.fill(n, WIDTH, subsequent_indent="    ", break_on_hyphens=False)
+            for n in [count] + notes]
+    return "\n".join(lines + [""] + text)
