@@ -6,9 +6,13 @@ best layout of each kind, then the top plan's memory and time breakdown and its 
 config. ``--layout tp=8,pp=16,dp=8,zero=1,...`` also evaluates that layout
 (``gpumem.planner.evaluate``): fits or why not, its rank among the fitting plans, its breakdown
 (``--json``: a ``layout_result`` object beside the plan's keys). GPU names are matched without
-regard to case (``H100-80GB`` is ``h100-80gb``).
+regard to case (``H100-80GB`` is ``h100-80gb``). ``--recipe`` plans mixed precision unless
+pure bf16 is asked for (``pure-bf16`` or ``both``; its rounding risk is printed as a note);
+``--cpu-adam-rate`` sets the parameters/s a node's CPU Adam updates (shared by its ranks). The
+table's ``free`` column is the headroom, marked ``tight`` under max(5 GB, 6 % of usable).
 """
 
+import argparse
 import json
 
 from . import units
@@ -29,11 +33,29 @@ def register(sub) -> None:
     p.add_argument("--global-batch", type=positive("--global-batch"), default=None,
                    help="sequences per step (4M tokens' worth)")
     p.add_argument("--top", type=positive("--top"), default=10, help="plans shown (10)")
+    p.add_argument("--recipe", default="mixed", choices=("mixed", "pure-bf16", "both"),
+                   help="precision recipes planned: mixed (fp32 master weights; the default), pure-bf16 "
+                        "(no master copy: smaller, but updates under half a bf16 ULP are lost), or both")
+    p.add_argument("--cpu-adam-rate", type=_rate, default=None,
+                   help="parameters/s one node's CPU Adam updates, shared by its ranks, e.g. 1.2e9 "
+                        "(default: the published achieved rate the assumptions line names)")
     p.add_argument("--layout", default=None,
                    help="evaluate one layout too, e.g. tp=8,pp=16,dp=8,zero=1,ckpt=selective,mb=1 "
                         "(keys: tp pp dp zero ckpt mb attn recipe offload device vp cp; vp, cp: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_plan)
+
+
+def _rate(text: str) -> float:
+    """``--cpu-adam-rate``: a positive number of parameters per second (``1.2e9``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"--cpu-adam-rate must be a positive number of parameters/s per node, "
+                                         f"e.g. 1.2e9, got {text!r}")
+    return value
 
 
 def _gpu_name(text: str | None) -> str:
@@ -53,12 +75,14 @@ def _plan(args) -> int:
     gpu = _gpu_name(args.gpu)
     mem = units.parse_size(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None
     fields = planner.parse_layout(args.layout) if args.layout is not None else None   # bad keys before the search
-    result = planner.plan(args.model, args.gpus, gpu, gpu_mem=mem, seq=args.seq, global_batch=args.global_batch)
+    recipes = ("mixed", "pure-bf16") if args.recipe == "both" else (args.recipe,)
+    result = planner.plan(args.model, args.gpus, gpu, gpu_mem=mem, seq=args.seq, global_batch=args.global_batch,
+                          recipes=recipes, cpu_adam_rate=args.cpu_adam_rate)
     if (result.advice or {}).get("nearest"):      # suggest only batches --global-batch accepts
         result.advice["nearest"] = [b for b in result.advice["nearest"] if b <= BOUNDS["--global-batch"]]
     given = None
     if fields is not None:
-        given = planner.evaluate(args.model, args.gpus, fields, gpu, result=result)
+        given = planner.evaluate(args.model, args.gpus, fields, gpu, result=result, cpu_adam_rate=args.cpu_adam_rate)
     if args.json:
         out = result.as_dict(args.top)
         if given is not None:
@@ -91,10 +115,14 @@ def render(result, top: int = 10) -> str:
              f"{units.fmt(q['capacity'])} each), seq {q['seq']:,}, global batch {q['global_batch']:,}: "
              f"{len(result.plans):,} layouts fit"]
     if result.plans:
-        lines.append(f"{'#':>2s}  {'layout':72s} {'framework':18s} {'GB/GPU':>7s} {'step s':>8s} {'tok/s':>9s}  bound")
+        lines.append(f"{'#':>2s}  {'layout':72s} {'framework':18s} {'GB/GPU':>7s} {'free':>11s} {'step s':>8s} "
+                     f"{'tok/s':>9s}  bound")
         for i, p in enumerate(result.distinct(top), 1):
+            free = f"{p.memory['headroom'] / 1e9:.1f}" + (" tight" if p.memory["tight"] else "")
             lines.append(f"{i:>2d}  {p.layout.label():72s} {p.layout.framework:18s} {p.memory['total'] / 1e9:>7.1f} "
-                         f"{p.time['total']:>8.1f} {p.tokens_per_s:>9,.0f}  {p.time['bound']}")
+                         f"{free:>11s} {p.time['total']:>8.1f} {p.tokens_per_s:>9,.0f}  {p.time['bound']}")
+        lines.append(f"    ranked by step time; plans within {planner_tie():.1%} of the fastest are a tie, ordered "
+                     f"roomy first (tight: under {q['tight_below'] / 1e9:.1f} GB free), then fewer bytes offloaded")
         uneven = {p.layout.pp: p.stages for p in result.distinct(top) if len(set(p.stages)) > 1}
         for pp, split in sorted(uneven.items()):
             lines.append(f"    pp{pp}: {sum(split)} layers split {split_text(split)} (the stages at the ends "
@@ -120,8 +148,15 @@ def render(result, top: int = 10) -> str:
                      f"{units.fmt(a.get('missing') or 0)} per GPU")
         for c in a.get("changes", []):
             lines.append(f"  fits with {c['change']}: {c['value']} ({c['layout']})")
+    lines += [f"note: {s}" for s in result.notes]
     lines += [f"assumption: {s}" for s in result.assumptions]
     return "\n".join(lines)
+
+
+def planner_tie() -> float:
+    """The ranking's tie band (0.5 %), read from the planner."""
+    from .planner.ranking import TIE
+    return TIE
 
 
 def breakdown(p, name: str = "best") -> list[str]:

@@ -29,13 +29,26 @@ def hand_params(cfg) -> int:
 
 def hand_considered_70b_on_8() -> int:
     """The layouts the planner enumerates for Llama-3-70B on one node of 8 at the default batch,
-    counted by hand: tp divides 8 and the 8 key/value heads (1, 2, 4, 8); pp divides 8 / tp;
-    then 2 recipes x 4 ZeRO stages x 5 offload choices (none; optimizer to CPU or NVMe;
-    optimizer and parameters to CPU or NVMe) x 5 checkpoint policies x 3 attention kernels x 6
-    micro-batch sizes (1 to 32: each replica has 1,024 / dp >= 128 sequences, so all are tried)."""
-    tp_pp = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) if (8 // tp) % pp == 0 and tp * pp <= 8]
-    assert len(tp_pp) == 10
-    return len(tp_pp) * 2 * 4 * 5 * 5 * 3 * 6
+    counted by hand: tp, cp and pp powers of two with tp x cp x pp dividing 8 (tp divides the 8
+    key/value heads; cp divides 4,096 / 2; all of them place evenly in the node): 20 triples; a
+    pipeline of p stages also tries the virtual stages v in (2, 4, 5, 8) with 80 layers a multiple
+    of p x v (p = 2: all four; p = 4: 2, 4, 5; p = 8: 2, 5); then the mixed recipe (pure bf16 only
+    when asked) x 4 ZeRO stages x 5 offload choices (none; optimizer to CPU or NVMe; optimizer and
+    parameters to CPU or NVMe) x 5 checkpoint policies x 3 attention kernels x 6 micro-batch sizes
+    (1 to 32: each replica has 1,024 / dp >= 128 sequences, so all are tried). Hybrid sharding needs
+    more data-parallel ranks than one node's, so it adds none on one node. A tensor- or
+    pipeline-parallel layout (cp = vp = 1, tp x pp > 1: 9 of the 20 triples) at ZeRO 0 or 1 without
+    offload is tried twice, under DeepSpeed (or Megatron-DeepSpeed) and under Megatron-Core:
+    9 x 2 stages x 1 offload more."""
+    triples = [(tp, cp, pp) for tp in (1, 2, 4, 8) for cp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) if tp * cp * pp <= 8]
+    assert len(triples) == 20
+    chunks = {1: 1, 2: 1 + 4, 4: 1 + 3, 8: 1 + 2}
+    assert all(80 % (p * v) == 0 for p, n in ((2, (2, 4, 5, 8)), (4, (2, 4, 5)), (8, (2, 5))) for v in n)
+    placements = sum(chunks[pp] for _, _, pp in triples)
+    assert placements == 55
+    both_engines = sum(1 for tp, cp, pp in triples if cp == 1 and tp * pp > 1)
+    assert both_engines == 9
+    return (placements * 1 * 4 * 5 + both_engines * 2 * 1) * 5 * 3 * 6
 
 
 def test_plan_command_is_torch_free_ranked_and_bounded():
@@ -51,7 +64,7 @@ def test_plan_command_is_torch_free_ranked_and_bounded():
     out = json.loads(proc.stdout)
     times = [p["time"]["total"] for p in out["plans"]]
     assert out["plans"] and all(b >= a / (1 + planner.TIE) for a, b in zip(times, times[1:]))   # ranked, ties aside
-    assert out["considered"] == hand_considered_70b_on_8() == 36_000
+    assert out["considered"] == hand_considered_70b_on_8() == 100_620
     assert out["fitting"] <= out["evaluated"] <= out["considered"] // 10
     assert len(out["plans"]) <= out["fitting"]
     for p in out["plans"]:
@@ -168,14 +181,24 @@ def test_autotp_config_passes_deepspeeds_batch_check_on_two_gloo_ranks():
 
 
 def test_considered_counts_every_enumerated_layout():
-    """The grid by hand: degrees x recipes x stages x offloads x policies x kernels x micro-batches."""
+    """The grid by hand for Llama-3-8B (32 layers) on 8 GPUs, 64 sequences a step: (tp, cp, pp)
+    powers of two whose product divides 8, virtual stages v with 32 layers a multiple of pp x v,
+    then the mixed recipe x 4 stages x 5 offloads x policies x kernels x the micro-batches dividing
+    each replica's share (one node: no hybrid sharding), and tensor- or pipeline-parallel layouts at
+    ZeRO 0/1 without offload once more under Megatron-Core."""
     from gpumem.memory.policies import KERNELS, POLICIES
     r = planner.plan("llama-3-8b", 8, "h100-80gb", seq=4096, global_batch=64, advise=False)
     total = 0
-    for tp, pp, dp in planner.parallel_degrees(models.get("llama-3-8b"), 8):
-        replica = math.ceil(64 / dp)
-        mbs = sum(m <= replica for m in planner.MICRO_BATCHES)
-        total += len(planner.RECIPES) * 4 * len(planner.OFFLOAD_CHOICES) * len(POLICIES) * len(KERNELS) * mbs
+    for tp in (1, 2, 4, 8):
+        for cp in (1, 2, 4, 8):
+            for pp in (1, 2, 4, 8):
+                if tp * cp * pp > 8:
+                    continue
+                dp = 8 // (tp * cp * pp)
+                mbs = sum(64 // dp % m == 0 for m in planner.MICRO_BATCHES)
+                chunks = 1 + sum(pp > 1 and 32 % (pp * v) == 0 for v in (2, 4, 5, 8))
+                engines = 2 * 1 if cp == 1 and tp * pp > 1 else 0   # ZeRO 0/1 without offload under Megatron-Core too
+                total += (chunks * 4 * len(planner.OFFLOAD_CHOICES) + engines) * len(POLICIES) * len(KERNELS) * mbs
     assert r.considered == total and r.considered > len(r.plans)
 
 
@@ -200,7 +223,12 @@ def test_pipeline_plans_emit_no_engine_ignored_keys_and_no_autotp():
     r = planner.plan("llama-3-70b", 32, "a100-80gb", seq=4096, global_batch=256, advise=False)
     for p in r.plans:
         assert "pipeline" not in p.deepspeed and "train_batch_size" not in p.deepspeed
-        if p.layout.pp > 1 and p.layout.tp > 1:   # 3-D: Megatron-DeepSpeed, ZeRO-0/1, no AutoTP key
+        if p.layout.framework == "megatron-core":   # its own switches, ZeRO-0/1, no offload, no AutoTP key
+            assert p.layout.framework == "megatron-core" and p.layout.zero <= 1 and p.layout.offload == "none"
+            assert "tensor_parallel" not in p.deepspeed
+            assert (p.layout.vp == 1) != any("virtual" in a for a in p.megatron)
+            assert p.megatron[p.megatron.index("--context-parallel-size") + 1] == str(p.layout.cp)
+        elif p.layout.pp > 1 and p.layout.tp > 1:   # 3-D: Megatron-DeepSpeed, ZeRO-0/1, no AutoTP key
             assert p.layout.framework == "megatron-deepspeed" and p.layout.zero <= 1
             assert "tensor_parallel" not in p.deepspeed and "--sequence-parallel" in p.megatron
         elif p.layout.pp > 1:
@@ -244,7 +272,7 @@ def test_offload_costed_with_chapter05_links():
                      tp=(1,), pp=(1,), offloads=(("optimizer", "cpu"),))
     p = r.best
     shard = math.ceil(hand_params(CFG70) / 8)
-    cpu_adam = shard / (2 * 4.8e9 * 8 * 8 / 8 / 30)             # DDR5 node / 8 ranks / 30 B a parameter
+    cpu_adam = shard / (10e9 / 2.57 / 8)       # ZeRO-Offload paper Table 4: 10 B parameters in 2.57 s a node; 8 ranks
     assert p.time["offload_terms"]["cpu_adam"] == pytest.approx(cpu_adam, rel=1e-9)
     assert p.memory["optimizer"] == 0 and p.memory["grads"] == 0
     assert p.memory["host_buffers"] == 0                          # CPU offload: no swap buffers

@@ -123,16 +123,19 @@ def test_megatron_plans_refuse_zero2_3_and_offload_and_emit_arguments():
 
 
 def test_405b_top_plan_is_a_3d_layout_re_derived():
-    """The 405B scenario (1,024 H100s): the top plan is Megatron-DeepSpeed's 3-D layout with tp 8,
-    Llama 3's tp 8 x pp 16 is within the ranking's 0.5 % tie of it, and that layout's bytes and
-    compute time are re-derived from the shapes and 6*N*tokens-style FLOPs."""
+    """The 405B scenario (1,024 H100s): the top plan is a Megatron-Core 3-D layout with tp 8 (its
+    overlaps hide the tensor-parallel collectives; context parallelism buys more micro-batches, so a
+    shorter bubble); Llama 3's own tp 8 x pp 16 (no cp, no vp) is within 10 % of it and loses on
+    the bubble; that layout's bytes and compute time are re-derived from the shapes and
+    6*N*tokens-style FLOPs."""
     r = planner.plan("llama-3.1-405b", 1024, "h100-80gb", seq=S, global_batch=1024, advise=False)
     top = r.best
-    assert top.layout.framework == "megatron-deepspeed" and top.layout.tp == 8 and top.layout.zero <= 1
-    best = next(p for p in r.plans if p.layout.pp == 16 and p.layout.recipe == "mixed")
+    assert top.layout.framework == "megatron-core" and top.layout.tp == 8 and top.layout.zero <= 1
+    best = next(p for p in r.plans if p.layout.pp == 16 and p.layout.cp == 1 and p.layout.vp == 1)
     lay = best.layout
-    assert best.as_dict()["framework"] == "megatron-deepspeed" and lay.tp == 8 and lay.zero <= 1
-    assert best.time["total"] <= top.time["total"] * 1.005
+    assert best.as_dict()["framework"] == "megatron-core" and lay.tp == 8 and lay.zero <= 1
+    assert top.time["total"] <= best.time["total"] <= top.time["total"] * 1.10
+    assert best.time["pipeline_bubble"] > top.time["pipeline_bubble"]
     assert best.as_dict()["layout"]["stage_layers"] == [7] + [8] * 14 + [7]   # Llama 3's split (issue 18)
     n = 8 * layer_params(CFG405, 8)                # the fullest stage: stage 1's 8 layers, no vocabulary
     opt = 12 * c(n, lay.dp) if lay.zero == 1 else 12 * n
@@ -181,7 +184,7 @@ def test_lab_reflection_fails_a_plan_that_ignores_the_slow_link():
     answers = {}
     for case in (labcheck.LAB_CASE,) + labcheck.HIDDEN + (labcheck.REFLECTION,):
         m, g, gpu, s, b = case
-        best = planner.plan(m, g, gpu, seq=s, global_batch=b, recipes=("mixed",)).best
+        best = planner.plan(m, g, gpu, seq=s, global_batch=b, **labcheck.LAB_LEVERS).best
         answers[case] = {k: getattr(best.layout, k) for k in labcheck.KEYS}
 
     def stubborn(model, gpus_, gpu, seq, batch, inter_node=None):

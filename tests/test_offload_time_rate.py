@@ -71,6 +71,6 @@ def test_chapter06_widget_passes_its_cpu_adam_rate_per_node_to_the_planner():
     lo, hi, _step = widget.ADAM_RANGE
     assert lo < widget.ADAM_G < hi and hi == pytest.approx(2 * 8 * 8 * 4.8 / 30)   # up to the DRAM bound
     _text, _fig, one = widget.render("llama-3-8b", "h100-80gb", 1, 4096, 64, cpu_adam_g=2.0)
-    assert one.question["cpu_adam_rate"] == pytest.approx(2e9)         # one GPU: the host to itself
+    assert one.question["cpu_adam_per_rank"] == pytest.approx(2e9)         # one GPU: the host to itself
     _text, _fig, eight = widget.render("llama-3-8b", "h100-80gb", 8, 4096, 64, cpu_adam_g=2.0)
-    assert eight.question["cpu_adam_rate"] == pytest.approx(2e9 / 8)   # eight share it
+    assert eight.question["cpu_adam_per_rank"] == pytest.approx(2e9 / 8)   # eight share it

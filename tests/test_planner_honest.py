@@ -43,14 +43,19 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
 
 def test_global_batch_of_one_on_1024_gpus_is_not_planned(capsys):
     """Old: "1,549 layouts fit", every one with dp >= 2, the Megatron arguments saying 2. On 1,024
-    GPUs tp <= 8 and pp <= 80 (a power of two: 64) leave dp >= 1024 / (8 x 64) = 2, so no layout
-    runs 1 sequence; the nearest batch that runs is 2."""
+    GPUs tp <= 8 and pp <= 80 (a power of two: 64) leave dp >= 1024 / (8 x 64) = 2, so without
+    context parallelism no layout runs 1 sequence; the nearest batch that runs is 2. With it (cp up
+    to 8: Megatron-Core splits the one sequence), tp x cp x pp = 1,024 leaves dp = 1: every plan
+    then runs that one sequence, split over cp ranks, and nothing else."""
     assert min(dp for _, _, dp in degrees_by_hand(1024, 8, 80)) == 2
-    r = planner.plan("llama-3-70b", 1024, global_batch=1)
+    r = planner.plan("llama-3-70b", 1024, global_batch=1, cp=(1,))
     assert r.plans == [] and r.advice["nearest"] == [2]
+    r = planner.plan("llama-3-70b", 1024, global_batch=1, advise=False)
+    assert r.plans and all(p.layout.dp == p.layout.micro_batch == p.layout.n_micro == 1 for p in r.plans)
+    assert all(p.layout.cp > 1 and p.layout.tp * p.layout.cp * p.layout.pp == 1024 for p in r.plans)
+    assert all(p.megatron[p.megatron.index("--global-batch-size") + 1] == "1" for p in r.plans)
     code, out, _ = run_cli(capsys, "plan", "--model", "llama-3-70b", "--gpus", "1024", "--global-batch", "1")
-    assert code == 0 and "global batch 1: 0 layouts fit" in out
-    assert "nearest global batches that run and fit: 2 " in out
+    assert code == 0 and f"global batch 1: {len(r.plans):,} layouts fit" in out and " cp" in out
 
 
 def test_default_batch_on_100000_gpus_is_not_inflated():
@@ -79,9 +84,13 @@ def test_every_plan_runs_exactly_the_batch_asked():
     micro-batch divides its replica's share, and the configs say the same batch: Megatron's
     --global-batch-size, DeepSpeed's micro x accumulation x its data-parallel world (dp; AutoTP
     layouts leave train_batch_size to DeepSpeed, which counts the tensor ranks too)."""
-    r = planner.plan("llama-3-8b", 24, global_batch=36, recipes=("mixed",), zero=(0, 1),
+    r = planner.plan("llama-3-8b", 24, global_batch=36, recipes=("mixed",), zero=(0, 1), cp=(1,),
                      offloads=(("none", "cpu"),), checkpoints=("full",), attentions=("flash",), advise=False)
     hand = {d for d in degrees_by_hand(24, 8, 32) if 36 % d[2] == 0}
+    with_cp = planner.plan("llama-3-8b", 24, global_batch=36, recipes=("mixed",), zero=(0, 1),
+                           offloads=(("none", "cpu"),), checkpoints=("full",), attentions=("flash",), advise=False)
+    assert any(p.layout.cp > 1 for p in with_cp.plans)   # dp x cp ranks, but only dp replicas share the batch
+    assert all(p.layout.micro_batch * p.layout.n_micro * p.layout.dp == 36 for p in with_cp.plans)
     assert {(p.layout.tp, p.layout.pp, p.layout.dp) for p in r.plans} == hand
     assert any(p.layout.dp == 3 for p in r.plans) and not any(p.layout.dp == 8 for p in r.plans)
     for p in r.plans:

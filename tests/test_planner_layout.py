@@ -25,11 +25,15 @@ def search70():
 
 def fields_of(lay) -> str:
     return (f"tp={lay.tp},pp={lay.pp},dp={lay.dp},zero={lay.zero},ckpt={lay.checkpoint},mb={lay.micro_batch},"
-            f"attn={lay.attention},recipe={lay.recipe},offload={lay.offload},device={lay.device}")
+            f"attn={lay.attention},recipe={lay.recipe},offload={lay.offload},device={lay.device},cp={lay.cp},"
+            f"vp={lay.vp}" + (f",hybrid={lay.hybrid},group={lay.group}" if lay.hybrid != "none" else ""))
 
 
 def test_the_top_plan_and_a_later_one_land_where_the_search_put_them(search70):
-    for index in (0, 36, len(search70.plans) - 1):
+    picks = {0, 36, len(search70.plans) - 1}
+    picks |= {next(i for i, p in enumerate(search70.plans) if p.layout.cp > 1),     # a context-parallel plan
+              next(i for i, p in enumerate(search70.plans) if p.layout.vp > 1)}     # and an interleaved one
+    for index in sorted(picks):
         p = search70.plans[index]
         r = planner.evaluate("llama-3-70b", 64, fields_of(p.layout), seq=8192, result=search70)
         assert r.fits and r.rank == index + 1 and r.fitting == len(search70.plans)

@@ -3,8 +3,11 @@
 
 Modules:
 
-* :mod:`.search`: the question's enumeration and ranking (``plan``, ``Result``, ``Plan``,
-  ``candidates``, DeepSpeed's rules in ``allowed``);
+* :mod:`.question`: what is asked (``Question`` = model, GPUs, sequence, batch + ``Cluster`` +
+  ``Levers``); :mod:`.answer`: what comes back (``Result`` / ``Answer``, ``Plan``);
+* :mod:`.search`: the enumeration (``plan``, ``answer``, ``candidates``); :mod:`.rules`: which
+  framework runs what (DeepSpeed, Megatron-Core, hybrid sharding); :mod:`.ranking`: the order
+  (ties within 0.5 % of the fastest, then headroom, recipe, offloaded bytes);
 * :mod:`.memory`: per-GPU bytes of one layout (``Layout``, ``per_gpu``, ``states_part``);
 * :mod:`.cost`: seconds of one step of a layout, term by term (``step_seconds``);
 * :mod:`.config`: the layout as DeepSpeed / Megatron-DeepSpeed / FSDP2 switches;
@@ -19,11 +22,13 @@ from .config import deepspeed_config, fsdp_equivalent, megatron_args, model_code
 from .cost import step_seconds
 from .evaluate import LayoutResult, evaluate, parse_layout
 from .memory import Layout, per_gpu
-from .search import (DEFAULT_TOKENS, HOST_PER_NODE, MICRO_BATCHES, NVME_PER_NODE, OFFLOAD_CHOICES, RECIPES, TIE,
-                     Plan, Result, allowed, assumptions, candidates, fits_any, parallel_degrees, plan, rank_key,
-                     tie_bucket)
+from .question import Cluster, Levers, PLANNABLE_RECIPES, Question
+from .ranking import TIE, rank, rank_of, tight, tight_limit
+from .search import (DEFAULT_TOKENS, HOST_PER_NODE, MICRO_BATCHES, NVME_PER_NODE, OFFLOAD_CHOICES, RECIPES,
+                     Answer, Plan, Result, allowed, answer, assumptions, candidates, fits_any, parallel_degrees, plan)
 
-__all__ = ["DEFAULT_TOKENS", "HOST_PER_NODE", "MICRO_BATCHES", "NVME_PER_NODE", "OFFLOAD_CHOICES", "RECIPES", "TIE",
-           "Layout", "LayoutResult", "Plan", "Result", "allowed", "assumptions", "candidates",
-           "deepspeed_config", "evaluate", "fits_any", "fsdp_equivalent", "megatron_args", "model_code",
-           "parallel_degrees", "parse_layout", "per_gpu", "plan", "rank_key", "step_seconds", "tie_bucket"]
+__all__ = ["DEFAULT_TOKENS", "HOST_PER_NODE", "MICRO_BATCHES", "NVME_PER_NODE", "OFFLOAD_CHOICES", "PLANNABLE_RECIPES",
+           "RECIPES", "TIE", "Answer", "Cluster", "Layout", "LayoutResult", "Levers", "Plan", "Question", "Result",
+           "allowed", "answer", "assumptions", "candidates", "deepspeed_config", "evaluate", "fits_any",
+           "fsdp_equivalent", "megatron_args", "model_code", "parallel_degrees", "parse_layout", "per_gpu", "plan",
+           "rank", "rank_of", "step_seconds", "tight", "tight_limit"]

@@ -22,6 +22,16 @@ Megatron-DeepSpeed (tensor x pipeline layouts, ``Layout.framework``): the same D
 layer; ``every-2``: of 2; ``every-other``: ``block`` over half a stage's layers, the same count;
 ``selective``: ``--recompute-granularity selective``).
 
+Hybrid sharding (``Layout.hybrid``, :mod:`.hybrid`). hpZ is ZeRO-3 with
+``"zero_hpz_partition_size": group``; its FSDP2 twin is ``reshard_after_forward=group`` (an int:
+"the world size to reshard to after forward", ``_fully_shard.py``), whose backward all-gather runs
+over the group. HSDP is FSDP2's own: a 2-D mesh of shape (dp / group, group) and
+``reshard_after_forward=True``, with ``set_requires_all_reduce`` on only for the last micro-batch
+(the replicas' all-reduce once a step, as :mod:`.hybrid` prices it). Its DeepSpeed twin, MiCS
+(``mics_shard_size``), is refused by DeepSpeed 0.19.8 (``runtime/config.py``
+``_REMOVED_ZERO_CONFIG_KEYS``), so an HSDP plan has no DeepSpeed config: :func:`deepspeed_config`
+returns None.
+
 FSDP2 (``torch.distributed.fsdp.fully_shard``). ZeRO-3 is ``reshard_after_forward=True`` and
 ZeRO-2 ``reshard_after_forward=False`` (parameters stay gathered between forward and backward;
 gradients and optimizer states are sharded); ZeRO-0 is DDP. FSDP has no optimizer-only sharding
@@ -30,6 +40,7 @@ optimizer step together) and no NVMe offload: those plans have no FSDP equivalen
 """
 
 from ..memory.models import ModelConfig
+from ..memory.zero3_schedule import DEFAULTS as DS_STAGE3_DEFAULTS
 from .memory import DS_BUCKET, DS_PREFETCH, Layout, layers_per_stage, local_params, persistence_threshold
 from .swap_buffers import OPT_BUFFERS, PARAM_BUFFERS, SUB_GROUP, offload_buffers
 
@@ -47,8 +58,41 @@ ATTENTION_CODE = {"flash": "F.scaled_dot_product_attention (flash backend) or fl
                   "eager": "Hugging Face attn_implementation='eager'"}
 
 
-def deepspeed_config(cfg: ModelConfig, lay: Layout) -> dict:
-    """The DeepSpeed config of ``lay`` (a JSON-ready dict)."""
+# stage3_max_live_parameters and stage3_max_reuse_distance: the values the counted working set
+# replays (see stage3_keys); DeepSpeed's own defaults (runtime/zero/config.py), 1e9 elements each.
+DS_MAX_LIVE = int(DS_STAGE3_DEFAULTS["stage3_max_live_parameters"])
+DS_MAX_REUSE = int(DS_STAGE3_DEFAULTS["stage3_max_reuse_distance"])
+
+
+def stage3_keys(cfg: ModelConfig) -> dict:
+    """The ``stage3_*`` keys every ZeRO-3 config carries: the values the planner's working set
+    (``accounting.zero3_gathered``) replays, so that DeepSpeed holds what is counted.
+
+    What each bounds in DeepSpeed 0.19.8 (``runtime/zero/partitioned_param_coordinator.py``,
+    ``PartitionedParameterCoordinator.fetch_sub_module``): before a module runs its own
+    parameters are gathered unconditionally; then the prefetcher walks the recorded order and
+    gathers whole parameters while fewer than ``min(max_live_parameters - n_available,
+    prefetch_bucket_size)`` elements are queued, so ``stage3_max_live_parameters`` caps only what
+    prefetching adds (and the last parameter may overshoot it); parameters used again within
+    ``stage3_max_reuse_distance`` elements of the order are not released (``__params_to_release``).
+    No value of max_live alone therefore bounds the working set: the rules together do, and
+    ``zero3_schedule.simulate`` applies them with these same values (``zero3_schedule.DEFAULTS``
+    for max_live and reuse, ``memory.DS_PREFETCH``, and the persistence threshold, which keeps the
+    norm weights whole both ways). On Llama-3-70B at tp 8 the counted peak is the max_live cap
+    reached: in forward at ``layers.70.mlp.down``, that projection's slice, layers 71-79 and the
+    output head are whole, 1,123,287,040 elements, the head's 131,334,144 being the parameter
+    that crosses 1e9. A lower max_live would prefetch less and hold less than the replay counts;
+    the replay would then over-count, never under-count."""
+    return {"stage3_prefetch_bucket_size": DS_PREFETCH,
+            "stage3_param_persistence_threshold": persistence_threshold(cfg),
+            "stage3_max_live_parameters": DS_MAX_LIVE, "stage3_max_reuse_distance": DS_MAX_REUSE}
+
+
+def deepspeed_config(cfg: ModelConfig, lay: Layout) -> dict | None:
+    """The DeepSpeed config of ``lay`` (a JSON-ready dict); None for an HSDP layout (FSDP2's:
+    DeepSpeed 0.19.8 removed MiCS, see the module)."""
+    if lay.hybrid == "hsdp":
+        return None
     zero: dict = {"stage": lay.zero}
     bucket = min(DS_BUCKET, local_params(cfg, lay.tp, lay.pp)["params"])   # DeepSpeed allocates it whole
     if lay.zero >= 1:
@@ -56,9 +100,9 @@ def deepspeed_config(cfg: ModelConfig, lay: Layout) -> dict:
     if lay.zero in (1, 2):
         zero["allgather_bucket_size"] = bucket
     if lay.zero == 3:
-        zero |= {"stage3_prefetch_bucket_size": DS_PREFETCH,
-                 "stage3_param_persistence_threshold": persistence_threshold(cfg),
-                 "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000}
+        zero |= stage3_keys(cfg)
+    if lay.hybrid == "hpz":   # ZeRO++'s hierarchical partitioning (stage3.py, zero_hpz_partition_size)
+        zero["zero_hpz_partition_size"] = lay.group
     if lay.offload != "none":
         target = {"device": lay.device, "pin_memory": True}
         if lay.device == "nvme":
@@ -101,7 +145,7 @@ def recompute_flags(policy: str, layers: int) -> list[str]:
 def megatron_args(cfg: ModelConfig, lay: Layout) -> list[str] | None:
     """Megatron-DeepSpeed's command-line arguments of a 3-D layout, Megatron-Core's for a layout with
     context parallelism or virtual stages (None for DeepSpeed layouts)."""
-    if lay.framework == "deepspeed":
+    if lay.framework in ("deepspeed", "fsdp2"):
         return None
     args = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp),
             "--sequence-parallel", "--micro-batch-size", str(lay.micro_batch),
@@ -131,6 +175,7 @@ def fsdp_equivalent(lay: Layout) -> dict | None:
         out = {"api": "torch.nn.parallel.DistributedDataParallel (no sharding)"}
     else:
         out["reshard_after_forward"] = lay.zero == 3
+    out |= _fsdp_hybrid(lay)
     if lay.recipe in ("mixed", "pure-bf16"):
         out["mp_policy"] = ("MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"
                             if lay.recipe == "mixed" else "bf16 parameters and an AdamW with bf16 states "
@@ -144,6 +189,22 @@ def fsdp_equivalent(lay: Layout) -> dict | None:
         out["pipeline"] = f"torch.distributed.pipelining, {lay.pp} stages, Schedule1F1B"
     out["checkpoint"] = CHECKPOINT_CODE[lay.checkpoint]
     return out
+
+
+def _fsdp_hybrid(lay: Layout) -> dict:
+    """FSDP2's switches for hybrid sharding: HSDP's 2-D mesh (replicate, shard) and the once-a-step
+    all-reduce; hpZ's reshard to ``group`` ranks after forward (see the module)."""
+    if lay.hybrid == "hsdp":
+        dims = (lay.shards // lay.group, lay.group) + ((lay.tp,) if lay.tp > 1 else ())
+        names = ("replicate", "shard") + (("tp",) if lay.tp > 1 else ())
+        return {"mesh": f"init_device_mesh('cuda', {dims}, mesh_dim_names={names})"
+                        + ("; fully_shard(..., mesh=mesh['replicate', 'shard'])" if lay.tp > 1 else ""),
+                "mesh_shape": list(dims[:2]), "reshard_after_forward": True,
+                "gradient_accumulation": "model.set_requires_all_reduce(micro_batch == last) before each "
+                                         "backward: the replicas all-reduce once a step"}
+    if lay.hybrid == "hpz":
+        return {"mesh": f"init_device_mesh('cuda', ({lay.shards},))", "reshard_after_forward": lay.group}
+    return {}
 
 
 def model_code(lay: Layout) -> dict:

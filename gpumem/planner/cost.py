@@ -46,6 +46,10 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
   behind the backward passes and all-gathers the updated parameters once (exposed); ZeRO-3 gathers
   the parameters in forward and again in backward and reduce-scatters the gradients every
   micro-batch, hidden behind all compute (prefetch). What exceeds its window is exposed.
+  Hybrid sharding (:mod:`.hybrid`): HSDP (FSDP2) gathers and reduce-scatters inside its shard
+  group every micro-batch and all-reduces the 1/group shard across the replicas once a step,
+  behind the last micro-batch's backward; hpZ gathers forward over all dp ranks, backward inside
+  its group, and reduce-scatters over all dp ranks.
   Collectives go in buckets of ``planner.memory.DS_BUCKET`` elements (ZeRO-3's gathers of
   ``DS_PREFETCH``), each paying NCCL's latency.
 
@@ -72,9 +76,10 @@ from ..memory import accounting, recompute_cost
 from ..memory.gpus import GPU, INTER_NODE  # noqa: F401 (50 GB/s per GPU: the lab's "fast" network)
 from ..memory.models import ModelConfig
 from ..timing import compute, context_parallel, offload_time, overlap, schedules
-from . import placement
+from . import hybrid, placement
 from .config import PIPE_INTERVAL
-from .memory import DS_BUCKET, DS_PREFETCH, FRAMEWORK_3D, FRAMEWORK_MCORE, Layout, layers_per_stage, local_params
+from .memory import (DS_BUCKET, DS_PREFETCH, FRAMEWORK_3D, FRAMEWORK_FSDP2, FRAMEWORK_MCORE, Layout, layers_per_stage,
+                     local_params)
 
 GPUS_PER_NODE = 8
 SCORE_BYTES = {"flash": 0, "naive": 20, "eager": 28}
@@ -115,6 +120,8 @@ def overlap_table(lay: Layout) -> str:
     ``MegatronCommOverlapCallback(tp_comm_overlap=True, ...)``)."""
     if lay.framework == FRAMEWORK_MCORE:
         return "megatron-overlap"
+    if lay.framework == FRAMEWORK_FSDP2:
+        return "fsdp2"
     return f"deepspeed-zero{lay.zero if lay.framework == 'deepspeed' else min(lay.zero, 1)}"
 
 
@@ -173,15 +180,18 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
         dp_comm, term = placement.seconds(coll, grads, dg, buckets), "dp_grad_reduce"
     elif lay.zero == 2:
         dp_comm, term = lay.n_micro * placement.seconds("all_reduce", grads, dg, buckets), "dp_grad_reduce"
-    else:
+    elif lay.hybrid == "none":
         dp_comm = lay.n_micro * (2 * placement.seconds("all_gather", params, dg, gathers)
                                  + placement.seconds("reduce_scatter", grads, dg, buckets))
         term = "zero3_gather"
-    exposed_extra = overlap.exposed(fw, "dp_param_gather", gather, windows)
-    dp_s = overlap.exposed(fw, term, dp_comm, windows) + exposed_extra
+    else:   # HSDP / hpZ: their own groups and overlap tables (.hybrid)
+        dp_s, dp_comm, _ = hybrid.data_parallel(lay, node, psi, ls, gathers, buckets, busy, mb_compute)
+        term = None
+    if term is not None:
+        dp_s = overlap.exposed(fw, term, dp_comm, windows) + overlap.exposed(fw, "dp_param_gather", gather, windows)
     off = {"h2d": 0.0, "d2h": 0.0, "nvme": 0.0, "cpu_adam": 0.0}
     if lay.offload == "none":
-        optimizer = compute.optimizer_seconds(psi, lay.recipe, gpu, lay.shards, lay.zero)
+        optimizer = compute.optimizer_seconds(psi, lay.recipe, gpu, hybrid.state_shards(lay), lay.zero)
         offload_s = 0.0
     else:
         optimizer, offload_s, off = 0.0, *_offload(psi, lay, links, busy)
@@ -223,8 +233,9 @@ def assumptions(g: GPU, reserve, mfu: float, links: offload_time.Links, node, op
             "attention's core counted as a causal flash kernel runs it (half the s x s score tiles; "
             "PyTorch's FLOP counter, chapter 03, counts all of them)",
             "no host buffer factor (DeepSpeed's estimator multiplies host bytes by 1.5); CPU Adam at one "
-            "rate for every host; ZeRO-3's stage3_max_live_parameters and max_reuse_distance (1e9 emitted) "
-            "not counted beyond the largest module and the prefetch bucket"]
+            "rate for every host; ZeRO-3's working set replays DeepSpeed's prefetch, reuse and live-parameter "
+            "rules with the emitted stage3_* values (a steady step; FSDP2's per-layer units are counted as "
+            "DeepSpeed's); ZeRO++'s quantized weights and gradients not modelled"]
 
 
 def _offload(psi: int, lay: Layout, links: offload_time.Links, busy: float) -> tuple[float, dict]:

@@ -5,7 +5,7 @@ asks the same of each run's layout. ``plan ... --layout tp=8,pp=16,dp=64,zero=1,
 is :func:`parse_layout` + :func:`evaluate`: the layout is priced by exactly the functions that
 price the search's candidates (``memory.per_gpu``, ``search.price``: ``cost.step_seconds``), and
 its rank is its place among every fitting plan the search found under the ranking's own key
-(``search.rank_key``), so a layout that is the search's top plan has rank 1.
+(``ranking.rank_of``), so a layout that is the search's top plan has rank 1.
 
 Keys (``key=value``, comma-separated): ``tp``, ``pp``, ``dp`` (required; tp x pp x dp = the GPU
 count), ``zero`` (0-3, required), ``ckpt`` (a checkpoint policy, default none), ``mb``
@@ -20,6 +20,12 @@ multiple of pp and the layers a multiple of pp x vp; ZeRO 0 or 1 (the distribute
 offload. The search does not propose these layouts yet. A layout DeepSpeed would refuse
 (``search.allowed``) or that cannot be placed (tp not dividing the heads or larger than a node, pp
 above the layer count) is a :class:`~gpumem.errors.UsageError`, one line.
+
+Hybrid sharding (:mod:`.hybrid`): ``hybrid`` (none, hsdp, hpz; default none) with ``group`` (the
+ranks of one shard group, required with a hybrid): ZeRO-3 only, the group a divisor of dp x cp
+strictly between 1 and dp x cp, and whatever else ``hybrid.allowed_hybrid`` refuses (offload
+with hsdp, parameter offload or tp > 1 with hpz), each a one-line UsageError naming what is
+accepted.
 """
 
 from dataclasses import dataclass
@@ -30,15 +36,18 @@ from ..memory.models import ModelConfig
 from ..timing.offload_time import datasheet_links
 from ..memory.policies import KERNELS, POLICIES
 from .cost import GPUS_PER_NODE
+from .hybrid import HYBRIDS, allowed_hybrid
 from .memory import Layout, per_gpu
-from .search import HOST_PER_NODE, NVME_PER_NODE, RECIPES, Plan, Result, allowed, plan, price, rank_key
+from .ranking import rank_of
+from .search import HOST_PER_NODE, NVME_PER_NODE, PLANNABLE_RECIPES, Plan, Result, allowed, plan, price
 
-KEYS = ("tp", "pp", "dp", "zero", "ckpt", "mb", "attn", "recipe", "offload", "device", "vp", "cp")
+KEYS = ("tp", "pp", "dp", "zero", "ckpt", "mb", "attn", "recipe", "offload", "device", "vp", "cp", "hybrid",
+        "group")
 REQUIRED = ("tp", "pp", "dp", "zero")
 DEFAULTS = {"ckpt": "none", "mb": "1", "attn": "flash", "recipe": "mixed", "offload": "none", "device": "cpu",
-            "vp": "1", "cp": "1"}
-CHOICES = {"zero": ("0", "1", "2", "3"), "ckpt": POLICIES, "attn": KERNELS, "recipe": RECIPES,
-           "offload": ("none", "optimizer", "optimizer+params"), "device": ("cpu", "nvme")}
+            "vp": "1", "cp": "1", "hybrid": "none"}
+CHOICES = {"zero": ("0", "1", "2", "3"), "ckpt": POLICIES, "attn": KERNELS, "recipe": PLANNABLE_RECIPES,
+           "offload": ("none", "optimizer", "optimizer+params"), "device": ("cpu", "nvme"), "hybrid": HYBRIDS}
 
 
 def parse_layout(text: str) -> dict:
@@ -63,7 +72,9 @@ def parse_layout(text: str) -> dict:
     out: dict = {}
     for key in KEYS:
         value = given.get(key, DEFAULTS.get(key))
-        if key in CHOICES:
+        if key == "group" and value is None:   # no shard group unless hybrid sharding is asked for
+            out[key] = 0
+        elif key in CHOICES:
             if value not in CHOICES[key]:
                 raise UsageError(f"--layout {key}={value!r}; accepted: {', '.join(CHOICES[key])}")
             out[key] = int(value) if key == "zero" else value
@@ -93,8 +104,13 @@ def to_layout(cfg: ModelConfig, fields: dict, gpus: int, global_batch: int,
     device = fields["device"] if fields["offload"] != "none" else "cpu"
     if not allowed(fields["recipe"], fields["zero"], pp, fields["offload"], device, tp):
         raise UsageError(f"--layout {_refusal(fields['recipe'], fields['zero'], pp, tp, fields['offload'], device)}")
-    return Layout(fields["recipe"], fields["zero"], fields["ckpt"], fields["attn"], fields["offload"], device,
-                  mb, tp, pp, dp, global_batch // (dp * mb), cp, vp)
+    lay = Layout(fields["recipe"], fields["zero"], fields["ckpt"], fields["attn"], fields["offload"], device,
+                 mb, tp, pp, dp, global_batch // (dp * mb), cp, vp, fields.get("hybrid", "none"),
+                 fields.get("group", 0))
+    why = allowed_hybrid(lay)
+    if why:
+        raise UsageError(f"--layout {why}")
+    return lay
 
 
 def _megatron_core(cfg: ModelConfig, f: dict, global_batch: int, seq: int | None) -> None:
@@ -178,6 +194,5 @@ def evaluate(model: str | ModelConfig, gpus: int, layout: str | dict, gpu: str =
             why.append(f"{part} {p.memory[part] * ranks / 1e12:.2f} TB per node, limit {limit / 1e12:g} TB")
     rank = None
     if not why:
-        key = rank_key(p)
-        rank = 1 + sum(1 for other in result.plans if rank_key(other) < key and other.layout != lay)
+        rank = rank_of(result.plans, p)
     return LayoutResult(p, not why, why, rank, len(result.plans), result.best)

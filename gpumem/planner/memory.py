@@ -53,7 +53,8 @@ are counted as ``buffers``.
 """
 
 import math
-from dataclasses import dataclass, replace
+from bisect import bisect_left
+from dataclasses import replace
 from functools import lru_cache
 
 from ..memory import accounting
@@ -61,67 +62,12 @@ from ..memory.activations import activations, layer_parts, norm_bytes, softmax_m
 from ..memory.models import ModelConfig
 from ..memory.policies import checkpoint_plan
 from ..timing import context_parallel, schedules
+from . import hybrid
+from .layout import FRAMEWORK_3D, FRAMEWORK_FSDP2, FRAMEWORK_MCORE, Layout  # noqa: F401 (re-exported)
 from .stage_split import middle_stage, split_text, stage_layers  # noqa: F401 (re-exported)
 
 DS_BUCKET = 50_000_000        # elements: the reduce/all-gather bucket the planner's configs set
 DS_PREFETCH = 50_000_000      # elements: stage3_prefetch_bucket_size (DeepSpeed's code default)
-FRAMEWORK_3D = "megatron-deepspeed"
-FRAMEWORK_MCORE = "megatron-core"
-FRAMEWORK_FSDP2 = "fsdp2"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """One candidate: precision recipe, ZeRO stage, checkpoint policy, attention kernel, offload,
-    micro-batch, and the tensor / pipeline / data parallel degrees."""
-    recipe: str
-    zero: int
-    checkpoint: str
-    attention: str
-    offload: str
-    device: str
-    micro_batch: int
-    tp: int
-    pp: int
-    dp: int
-    n_micro: int          # micro-batches per step per data-parallel replica (gradient accumulation)
-    cp: int = 1           # context parallelism: the sequence split over cp ranks (ring attention)
-    vp: int = 1           # virtual pipeline stages per rank (interleaved 1F1B)
-    hybrid: str = "none"  # hybrid sharding with ZeRO-3: "hsdp" (FSDP2 HSDP = DeepSpeed MiCS), "hpz" (ZeRO++)
-    group: int = 0        # ranks of one shard group under ``hybrid`` (e.g. the dp ranks of a node); 0: none
-
-    @property
-    def framework(self) -> str:
-        """``megatron-core`` for layouts with context parallelism or virtual stages (only
-        Megatron-Core runs ring attention and the interleaved schedule; ``plan --layout`` prices them,
-        the search does not propose them yet), ``fsdp2`` for hybrid-sharded ZeRO-3 (``hybrid="hsdp"``:
-        FSDP2's HSDP, whose DeepSpeed twin is MiCS), ``megatron-deepspeed`` for tensor x pipeline layouts
-        (DeepSpeed's AutoTP mesh is 2-D: data x tensor), else ``deepspeed`` (ZeRO, AutoTP, or
-        DeepSpeed's pipeline engine)."""
-        if self.cp > 1 or self.vp > 1:
-            return FRAMEWORK_MCORE
-        if self.hybrid == "hsdp":
-            return FRAMEWORK_FSDP2
-        return FRAMEWORK_3D if self.tp > 1 and self.pp > 1 else "deepspeed"
-
-    @property
-    def sequence_parallel(self) -> bool:
-        """Whether the activations are planned with Megatron's sequence parallelism."""
-        return self.framework in (FRAMEWORK_3D, FRAMEWORK_MCORE) and self.tp > 1
-
-    @property
-    def shards(self) -> int:
-        """Ranks ZeRO shards over: ``dp x cp`` (context-parallel ranks hold the same weights, so
-        Megatron's distributed optimizer shards over the data-and-context-parallel group)."""
-        return self.dp * self.cp
-
-    def label(self) -> str:
-        """A short name: ``mixed ZeRO-3 tp1 pp1 dp8 mb1 full flash``, with offload when used."""
-        off = "" if self.offload == "none" else f" offload {self.offload}->{self.device}"
-        extra = (f" cp{self.cp}" if self.cp > 1 else "") + (f" vp{self.vp}" if self.vp > 1 else "") \
-            + (f" {self.hybrid}{self.group}" if self.hybrid != "none" else "")
-        return (f"{self.recipe} ZeRO-{self.zero} tp{self.tp} pp{self.pp} dp{self.dp}{extra} mb{self.micro_batch}"
-                f" ckpt {self.checkpoint} {self.attention}{off}")
 
 
 def layers_per_stage(cfg: ModelConfig, pp: int) -> int:
@@ -202,9 +148,12 @@ def tp_activations(cfg: ModelConfig, seq: int, mb: int, kernel: str, policy: str
     if sp:   # final norm and head input split along the sequence, logits along the vocabulary; RoPE's tables whole
         outside, loss = rope + -(-(a.outside - rope) // tp), -(-a.loss // tp)
 
+    plain_before, starts = [0], sorted(seg[0] for seg in segments)   # prefix counts: O(L) once
+    for j in range(L):
+        plain_before.append(plain_before[-1] + (j not in in_segment))
+
     def saved_before(i: int) -> int:
-        plain = sum(1 for j in range(i) if j not in in_segment)
-        return plain * per_layer + sum(1 for seg in segments if seg[0] < i) * ckpt
+        return plain_before[i] * per_layer + bisect_left(starts, i) * ckpt
 
     layers = saved_before(L)
     forward = layers + outside + loss
@@ -221,8 +170,13 @@ def tp_activations(cfg: ModelConfig, seq: int, mb: int, kernel: str, policy: str
             "layers": layers, "loss": loss, "per_layer": per_layer, "full_layer": full_layer}
 
 
+@lru_cache(maxsize=1024)
+def _stage_cfg(cfg: ModelConfig, layers: int) -> ModelConfig:
+    return replace(cfg, n_layers=layers)
+
+
 def _stage_acts(cfg: ModelConfig, seq: int, lay: Layout, layers: int) -> dict:
-    stage = replace(cfg, n_layers=layers) if lay.pp > 1 else cfg
+    stage = _stage_cfg(cfg, layers) if lay.pp > 1 else cfg
     return tp_activations(stage, seq // lay.cp, lay.micro_batch, lay.attention, lay.checkpoint,
                           "fp32" if lay.recipe == "fp32" else "mixed", lay.tp, lay.sequence_parallel)
 
@@ -250,11 +204,11 @@ def stage_activations(cfg: ModelConfig, seq: int, lay: Layout) -> dict:
 
 def states_part(cfg: ModelConfig, lay: Layout, part: str = "ends") -> dict:
     """Model states, ZeRO-3 working set, persistent parameters and buffers of one GPU (bytes),
-    independent of sequence and micro-batch, for the end stages or the ``middle`` stage."""
+    independent of sequence and micro-batch, for the end stages or the ``middle`` stage; hybrid
+    sharding's states are :func:`.hybrid.model_states` (hsdp: over ``group``; hpz: + its secondary copy)."""
     lp = local_params(cfg, lay.tp, lay.pp, part)
-    n = lp["params"]
-    s = accounting.model_states(n, lay.recipe, lay.shards, lay.zero, lay.offload, lay.device)
-    r = accounting.RECIPE[lay.recipe]
+    n, r = lp["params"], accounting.RECIPE[lay.recipe]
+    s = hybrid.model_states(n, lay)
     gathered, persistent, buffers = 0, 0, 0
     if lay.zero == 3:   # the working set holds the reduce bucket (one definition, no buffers here)
         layers = lp["layers"] if lay.pp > 1 else None
@@ -263,9 +217,8 @@ def states_part(cfg: ModelConfig, lay: Layout, part: str = "ends") -> dict:
             persistent = r.params * lp["norms"]
     elif lay.zero in (1, 2):
         buffers = (r.grads + r.params) * min(DS_BUCKET, n)
-    return {"params": s.params + persistent, "grads": s.grads, "optimizer": s.optimizer,
-            "gathered": gathered, "buffers": buffers, "host": s.host, "nvme": s.nvme,
-            "local_params": n}
+    return {"params": s.params + persistent, "grads": s.grads, "optimizer": s.optimizer, "gathered": gathered,
+            "buffers": buffers, "host": s.host, "nvme": s.nvme, "local_params": n}
 
 
 def per_gpu(cfg: ModelConfig, seq: int, lay: Layout, states: dict | None = None, middle: dict | None = None,

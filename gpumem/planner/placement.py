@@ -30,6 +30,7 @@ from ..errors import UsageError
 from ..memory.gpus import GPU
 from ..timing.collectives import collective_time
 from ..timing.hardware import NODES, Cluster, Group, NodeType
+from ..timing.zero_layouts import concurrent_time
 
 # The node each bf16 GPU of the course's table is planned in (gpumem.timing.hardware.NODES);
 # a100-40gb: DGX A100 320GB, the same chassis and network as the 640GB (DGX A100 datasheet).
@@ -85,6 +86,36 @@ def groups(node: NodeType, tp: int, pp: int, dp: int, cp: int = 1) -> dict[str, 
     pair = Group(node, 1, 2) if gpus > node.gpus_per_node else Group(node, 2, 1)   # some boundary
     return {"tp": place(node, gpus, tp, 1), "cp": place(node, gpus, cp, tp),      # crosses nodes
             "dp": place(node, gpus, dp * cp, tp), "pp": pair if pp > 1 else place(node, gpus, 1, 1)}
+
+
+def hybrid_groups(node: NodeType, tp: int, pp: int, dp: int, cp: int, group: int) -> dict[str, Group]:
+    """Rank 0's groups under hybrid sharding (:mod:`.hybrid`): ``dp`` (all dp x cp ranks, as
+    :func:`groups`), ``shard`` (``group`` consecutive ranks of it, stride tp: inside one node when
+    group x tp <= GPUs per node) and ``replicate`` (the dp x cp / group ranks holding the same
+    shard, stride tp x group: one a node when group x tp fills a node). FSDP2's 2-D mesh
+    ``(dp / group, group)`` over ranks in this order, and MiCS's ``_generate_mics_config``
+    (``arange(world).reshape(-1, shard_size)``), put them there."""
+    gpus = tp * cp * pp * dp
+    return {"dp": place(node, gpus, dp * cp, tp), "shard": place(node, gpus, group, tp),
+            "replicate": place(node, gpus, dp * cp // group, tp * group)}
+
+
+def shared_seconds(collective: str, nbytes: float, group: Group, calls: int = 1) -> float:
+    """:func:`seconds` when every GPU of the group's nodes runs a group of this shape at once (the
+    replicas of hybrid sharding: one group per local rank), so that their ranks on a node share
+    its NICs: ``zero_layouts.concurrent_time`` where the node has fewer NICs than the groups
+    assume for themselves (a one-port node), else :func:`seconds` itself (DGX: a NIC per GPU)."""
+    node, r = group.node, group.ranks_per_node
+    per_node = node.gpus_per_node // r if group.nodes > 1 else 1
+    if group.size == 1 or nbytes <= 0 or per_node <= 1 or node.nics_for(per_node * r) >= per_node * node.nics_for(r):
+        return seconds(collective, nbytes, group, calls)
+    calls = max(1, int(calls))
+    return calls * _shared(collective, float(nbytes) / calls, group, per_node)
+
+
+@lru_cache(maxsize=1024)
+def _shared(collective: str, nbytes: float, group: Group, per_node: int) -> float:
+    return concurrent_time(collective, nbytes, group, per_node).seconds
 
 
 @lru_cache(maxsize=8192)

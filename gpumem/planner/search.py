@@ -1,112 +1,45 @@
-"""The planner: every way to lay a model's training out on a set of GPUs, what fits, ranked by time.
+"""The planner's search: every way to lay a model's training out on a set of GPUs, what fits,
+ranked by time.
 
-``plan(model, gpus, gpu=..., seq=..., global_batch=...)`` enumerates precision recipe x ZeRO
-stage x checkpoint policy x attention kernel x offload x micro-batch x tensor-parallel and
-pipeline-parallel degree, and keeps a layout when its per-GPU bytes (``planner.memory``) fit
-the GPU's capacity minus a stated :class:`~gpumem.memory.gpus.Reserve`, its host-side bytes fit
-:data:`HOST_PER_NODE` and its NVMe bytes :data:`NVME_PER_NODE`. What fits is ranked by the
-estimated step time of ``planner.cost`` (compute at a stated MFU, communication at the GPU
-table's link bandwidths, offload traffic from ``offload_time``). Each plan carries its memory
-breakdown, time breakdown, framework (``Layout.framework``), DeepSpeed config, FSDP equivalent
-and, for 3-D layouts, Megatron-DeepSpeed's arguments (``planner.config``).
+``plan(model, gpus, gpu=..., seq=..., global_batch=...)`` (or ``plan(question)``, a
+:class:`~.question.Question`) enumerates precision recipe x ZeRO stage x hybrid sharding x
+checkpoint policy x attention kernel x offload x micro-batch x tensor-, context- and
+pipeline-parallel degree x virtual pipeline stages, and keeps a layout when its per-GPU bytes
+(``planner.memory``) fit the GPU's capacity minus a stated :class:`~gpumem.memory.gpus.Reserve`,
+its host-side bytes fit the node's host memory and its NVMe bytes the node's drives. What fits
+is priced by ``planner.cost`` and ordered by ``planner.ranking`` (step time, ties within 0.5 %
+of the fastest broken by headroom, recipe, offloaded bytes). Each plan carries its memory and
+time breakdowns, framework (``Layout.framework``), DeepSpeed config, FSDP equivalent and, for
+Megatron layouts, their arguments (``planner.config``).
 
-Rules the enumeration keeps (DeepSpeed 0.19.8): ZeRO-2 and 3 are refused with pipeline
-parallelism (``pipe/engine.py``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
-parallelism"); DeepSpeed's AutoTP is not combined with pipeline stages (its mesh is 2-D, data x
-tensor: ``utils/groups.py`` ``_init_tp_mesh_device``), so tensor x pipeline layouts are planned as
-Megatron-DeepSpeed's 3-D parallelism (``Layout.framework``: Megatron tensor parallelism with
-sequence parallelism in a node, DeepSpeed's pipeline engine across nodes, ZeRO-0/1 over data
-parallelism, no offload), the way 405B-class models are trained; pure bf16 (``bf16_optimizer_states``) needs ZeRO 1-3; offload follows
-``accounting.check_offload``; tensor parallelism stays inside a node and divides the key/value
-heads. Every plan runs exactly the global batch asked for: dp x micro-batch x accumulation =
-global batch, so a layout whose dp does not divide it is not a plan; when no layout's does,
-:func:`plan` names the nearest global batches that run (``planner.advice.nearest_batches``).
-Pipeline stages that do not divide the layers are split as ``stage_split`` says, and the fullest
-stage is counted. When nothing fits, :func:`plan` says how many bytes the closest layout misses
-by and the smallest change of each kind that fits (``planner.advice``).
+The rules every layout keeps are ``planner.rules``' (DeepSpeed's, Megatron-Core's and hybrid
+sharding's); a layout no framework runs is not a plan. Tensor parallelism stays inside a node and
+divides the key/value heads; context parallelism (cp) and virtual stages (vp) are Megatron-Core's.
+Every plan runs exactly the global batch asked for: dp x micro-batch x accumulation = global
+batch, so a layout whose dp does not divide it is not a plan; when no layout's does, :func:`plan`
+names the nearest global batches that run (``planner.advice.nearest_batches``). Pipeline stages
+that do not divide the layers are split as ``stage_split`` says, and the fullest stage is
+counted. When nothing fits, :func:`plan` says how many bytes the closest layout misses by and the
+smallest change of each kind that fits (``planner.advice``).
 """
 
-import math
-from dataclasses import asdict, dataclass, field
-
-from ..errors import UsageError, positive_int
-from ..memory import accounting, gpus as gpu_table, models
+from ..errors import UsageError, one_of, positive_int
+from ..memory import bf16_rounding, gpus as gpu_table, models
 from ..memory.models import ModelConfig
-from ..timing import compute
-from ..timing.offload_time import Links, datasheet_links
-from ..memory.policies import KERNELS, POLICIES
+from ..timing.offload_time import datasheet_links
+from . import ranking, rules
 from .advice import advise as _advise, check_capacity, nearest_batches
+from .answer import Answer, Plan, Result  # noqa: F401 (re-exported)
 from .config import deepspeed_config, fsdp_equivalent, megatron_args, model_code
-from .cost import GPUS_PER_NODE, assumptions, step_seconds
-from .placement import node_for, per_gpu_network
+from .cost import assumptions, step_seconds
 from .memory import Layout, middle_stage, per_gpu, stage_layers, states_part
+from .placement import node_for, per_gpu_network
+from .question import (DEFAULT_TOKENS, GPUS_PER_NODE, HOST_PER_NODE, MICRO_BATCHES,  # noqa: F401
+                       NVME_PER_NODE, OFFLOAD_CHOICES, PLANNABLE_RECIPES, RECIPES, Question)
+from .rules import allowed  # noqa: F401 (re-exported)
 from .swap_buffers import offload_buffers
 
-TB = 10**12
-HOST_PER_NODE = 2 * TB      # DGX H100: 2 TB of system memory per 8 GPUs (stated)
-NVME_PER_NODE = 30 * TB     # DGX H100: 8 x 3.84 TB U.2 NVMe data drives (stated)
-RECIPES = ("mixed", "pure-bf16")
-OFFLOAD_CHOICES = (("none", "cpu"), ("optimizer", "cpu"), ("optimizer", "nvme"),
-                   ("optimizer+params", "cpu"), ("optimizer+params", "nvme"))
-MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
-DEFAULT_TOKENS = 4 * 2**20   # Llama 3's first-stage batch: 4M tokens (1,024 x 4,096; arXiv:2407.21783)
-
-
-@dataclass
-class Plan:
-    """One layout that fits: memory and time per GPU, and the switches that set it up."""
-    layout: Layout
-    memory: dict
-    time: dict
-    tokens_per_s: float
-    deepspeed: dict
-    fsdp: dict | None
-    model_code: dict
-    megatron: list | None = None   # Megatron-DeepSpeed's command-line arguments (3-D layouts)
-    stages: tuple = ()             # layers of each pipeline stage, first to last
-
-    def as_dict(self) -> dict:
-        """JSON-ready: the layout's fields, its breakdowns and configs."""
-        return {"label": self.layout.label(), "framework": self.layout.framework,
-                "layout": asdict(self.layout) | {"framework": self.layout.framework,
-                                                 "sequence_parallel": self.layout.sequence_parallel,
-                                                 "stage_layers": list(self.stages)},
-                "memory": self.memory,
-                "time": self.time, "tokens_per_s": self.tokens_per_s, "deepspeed": self.deepspeed,
-                "fsdp": self.fsdp, "model_code": self.model_code, "megatron": self.megatron}
-
-
-@dataclass
-class Result:
-    """What :func:`plan` found: the question, the ranked plans, and advice when none fits."""
-    question: dict
-    plans: list[Plan]
-    considered: int          # every layout enumerated: rejected, pruned and fitting
-    closest: dict | None = None
-    advice: dict | None = None
-    assumptions: list[str] = field(default_factory=list)
-    evaluated: int = 0       # layouts whose bytes were computed (the rest pruned or refused first)
-
-    @property
-    def best(self) -> Plan | None:
-        return self.plans[0] if self.plans else None
-
-    def distinct(self, top: int = 10) -> list[Plan]:
-        """The best plan of each (recipe, ZeRO, tp, pp, offload) combination, ranked, at most ``top``."""
-        seen, out = set(), []
-        for p in self.plans:
-            key = (p.layout.recipe, p.layout.zero, p.layout.tp, p.layout.pp, p.layout.offload, p.layout.device)
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-        return out[:top]
-
-    def as_dict(self, top: int = 10) -> dict:
-        """JSON-ready, with the ``top`` distinct plans (all fitting plans are counted)."""
-        return {"question": self.question, "considered": self.considered, "evaluated": self.evaluated,
-                "fitting": len(self.plans),
-                "plans": [p.as_dict() for p in self.distinct(top)], "closest": self.closest,
-                "advice": self.advice, "assumptions": self.assumptions}
+TIE = ranking.TIE
 
 
 def _divisors(n: int, most: int | None = None) -> list[int]:
@@ -132,157 +65,183 @@ def parallel_degrees(cfg: ModelConfig, gpus: int, gpus_per_node: int = GPUS_PER_
     return out
 
 
-def allowed(recipe: str, zero: int, pp: int, offload: str, device: str, tp: int = 1) -> bool:
-    """Whether DeepSpeed accepts the combination (see the module docstring)."""
-    if pp > 1 and zero >= 2:
-        return False
-    if pp > 1 and tp > 1 and offload != "none":
-        return False   # Megatron-DeepSpeed 3-D layouts are planned without offload
-    if recipe == "pure-bf16" and zero == 0:
-        return False
-    try:
-        accounting.check_offload(zero, offload, device)
-    except UsageError:
-        return False
-    return True
+def layouts_of(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, opts: dict):
+    """Yield ``(tp, cp, pp, vp, dp, replica, micro)`` for every placement of ``gpus`` the options
+    allow: tp x cp x pp x dp = gpus, dp dividing the global batch (``replica`` sequences each),
+    ``micro`` the micro-batches dividing the replica's share, cp dividing the sequence in 2 cp
+    chunks, vp dividing each stage's layers (Megatron-Core's rules, ``planner.rules``)."""
+    gpn = opts["gpus_per_node"]
+    for tp, pp, rest in parallel_degrees(cfg, gpus, gpn):
+        if opts.get("tp") and tp not in opts["tp"] or opts.get("pp") and pp not in opts["pp"]:
+            continue
+        for cp in opts.get("cp", (1,)):
+            if rest % cp or cp > 1 and (seq % (2 * cp) or gpn % tp or (tp * cp) % gpn and gpn % (tp * cp)):
+                continue   # ring attention's split, and its group placed evenly on nodes
+            dp = rest // cp
+            if global_batch % dp:
+                continue   # dp x micro-batch x accumulation could not be the global batch
+            replica = global_batch // dp
+            micro = [m for m in opts["micro_batches"] if replica % m == 0]
+            for vp in opts.get("vp", (1,)):
+                if vp == 1 or pp > 1 and cfg.n_layers % (pp * vp) == 0:
+                    yield tp, cp, pp, vp, dp, replica, micro
+
+
+def _states_ok(cfg: ModelConfig, base: Layout, mid: bool, opts: dict, ranks_per_node: int) -> tuple | None:
+    """(ends' states, middle's states) of ``base`` when its host and drive bytes fit a node, else None."""
+    st = states_part(cfg, base)
+    ms = states_part(cfg, base, "middle") if mid else st
+    host = max(st["host"], ms["host"]) + sum(v for k, v in offload_buffers(cfg, base).items() if k.endswith("swap"))
+    nvme = max(st["nvme"], ms["nvme"])
+    if host * ranks_per_node > opts["host_per_node"] or nvme * ranks_per_node > opts["nvme_per_node"]:
+        return None
+    return st, ms
 
 
 def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable: int, opts: dict,
                closest: dict | None = None, first_only: bool = False, count: dict | None = None):
-    """Yield ``(layout, memory)`` for every layout that fits; ``closest`` (a dict) is updated
-    with the layout that misses by the fewest bytes; ``count`` (a dict) gets ``considered``
-    (every layout enumerated) and ``evaluated`` (those whose bytes were computed). Only degrees
-    whose dp divides ``global_batch``, and micro-batches dividing each replica's share, run it."""
+    """Yield ``(layout, memory)`` for every layout that fits, lazily (a caller wanting one stops
+    after the first); ``closest`` (a dict) is updated with the layout that misses by the fewest
+    bytes; ``count`` (a dict) gets ``considered`` (every layout enumerated) and ``evaluated``
+    (those whose bytes were computed). ``first_only`` is kept for callers that pass it."""
     count = {} if count is None else count
     count.setdefault("considered", 0)
     count.setdefault("evaluated", 0)
     gpn = opts["gpus_per_node"]
     ranks_per_node = min(gpus, gpn)
-    for tp, pp, dp in parallel_degrees(cfg, gpus, gpn):
-        if opts.get("tp") and tp not in opts["tp"] or opts.get("pp") and pp not in opts["pp"]:
-            continue
-        if global_batch % dp:
-            continue   # dp x micro-batch x accumulation could not be the global batch
-        replica = global_batch // dp
-        micro = [m for m in opts["micro_batches"] if replica % m == 0]
-        inner = len(opts["checkpoints"]) * len(opts["attentions"]) * len(micro)
+    for tp, cp, pp, vp, dp, replica, micro in layouts_of(cfg, gpus, seq, global_batch, opts):
+        mcore = cp > 1 or vp > 1
+        kernels = [k for k in opts["attentions"] if k == "flash" or cp == 1]
         mid = middle_stage(cfg, pp) is not None
+        group = gpn // tp   # a hybrid shard group: the data-parallel ranks of one node
         for recipe in opts["recipes"]:
             for zero in opts["zero"]:
-                for offload, device in opts["offloads"]:
-                    count["considered"] += inner
-                    if not allowed(recipe, zero, pp, offload, device, tp):
+                for hybrid in opts.get("hybrid", ("none",)):
+                    if hybrid != "none" and (zero != 3 or pp > 1 or cp > 1 or not 1 < group < dp or dp % group):
                         continue
-                    if dp == 1 and offload == "none" and zero > (1 if recipe == "pure-bf16" else 0):
-                        continue   # nothing to shard over: the same bytes as the lowest stage
-                    base = Layout(recipe, zero, "none", "flash", offload, device, 1, tp, pp, dp, replica)
-                    st = states_part(cfg, base)
-                    ms = states_part(cfg, base, "middle") if mid else st
-                    host = max(st["host"], ms["host"]) + sum(v for k, v in offload_buffers(cfg, base).items()
-                                                             if k.endswith("swap"))
-                    nvme = max(st["nvme"], ms["nvme"])
-                    if host * ranks_per_node > opts["host_per_node"] or nvme * ranks_per_node > opts["nvme_per_node"]:
-                        continue
-                    for policy in opts["checkpoints"]:
-                        for kernel in opts["attentions"]:
-                            for mb in micro:
-                                lay = Layout(recipe, zero, policy, kernel, offload, device, mb, tp, pp, dp,
-                                             replica // mb)
-                                mem = per_gpu(cfg, seq, lay, st, ms if mid else None, where := {}) | where
-                                count["evaluated"] += 1
-                                if mem["total"] > usable:
-                                    if closest is not None and (not closest or mem["total"] < closest["total"]):
-                                        closest.clear()
-                                        closest.update(mem, label=lay.label(), missing=mem["total"] - usable)
-                                    break
-                                yield lay, mem
-                                if first_only:
-                                    return
+                    for offload, device in opts["offloads"]:
+                        engines = _engines(opts, tp, pp, cp, vp, zero, offload, hybrid)
+                        count["considered"] += len(engines) * len(opts["checkpoints"]) * len(opts["attentions"]) \
+                            * len(micro)
+                        if not rules.allowed(recipe, zero, pp, offload, device, tp):
+                            continue
+                        if mcore and (zero > 1 or offload != "none"):
+                            continue   # Megatron-Core: distributed optimizer at most, no offload
+                        if dp * cp == 1 and offload == "none" and zero > (1 if recipe == "pure-bf16" else 0):
+                            continue   # nothing to shard over: the same bytes as the lowest stage
+                        for core in engines:
+                            base = Layout(recipe, zero, "none", "flash", offload, device, 1, tp, pp, dp, replica, cp,
+                                          vp, hybrid, group if hybrid != "none" else 0, core)
+                            if hybrid != "none" and rules.hybrid(base):
+                                continue
+                            states = _states_ok(cfg, base, mid, opts, ranks_per_node)
+                            if states is None:
+                                continue
+                            yield from _inner(cfg, seq, base, states, mid, micro, kernels, opts, usable, closest,
+                                              count)
 
 
-def _options(recipes, zero, offloads, checkpoints, attentions, micro_batches, tp, pp, gpus_per_node,
-             host_per_node=None, nvme_per_node=None) -> dict:
-    return {"host_per_node": host_per_node or HOST_PER_NODE, "nvme_per_node": nvme_per_node or NVME_PER_NODE, "recipes": tuple(recipes), "zero": tuple(zero), "offloads": tuple(offloads),
-            "checkpoints": tuple(checkpoints), "attentions": tuple(attentions),
-            "micro_batches": tuple(sorted(micro_batches)), "tp": tp, "pp": pp, "gpus_per_node": gpus_per_node}
+def _engines(opts: dict, tp: int, pp: int, cp: int, vp: int, zero: int, offload: str, hybrid: str) -> tuple:
+    """``mcore`` values to try: a tensor- or pipeline-parallel layout that Megatron-Core could run
+    (ZeRO 0/1, no offload, no hybrid sharding) is tried under DeepSpeed (or Megatron-DeepSpeed) and
+    under Megatron-Core; layouts with cp or vp are Megatron-Core's anyway."""
+    if opts.get("mcore", True) and cp == 1 and vp == 1 and (tp > 1 or pp > 1) and zero <= 1 \
+            and offload == "none" and hybrid == "none":
+        return (False, True)
+    return (False,)
 
 
-def plan(model: str | ModelConfig, gpus: int, gpu: str = "h100-80gb", gpu_mem: int | None = None,
-         seq: int = 4096, global_batch: int | None = None, recipes=RECIPES, zero=(0, 1, 2, 3),
-         offloads=OFFLOAD_CHOICES, checkpoints=POLICIES, attentions=KERNELS, micro_batches=MICRO_BATCHES,
-         tp: tuple | None = None, pp: tuple | None = None, reserve: gpu_table.Reserve = gpu_table.DEFAULT_RESERVE,
-         mfu: float = compute.KERNEL_SHARE, links: Links | None = None, gpus_per_node: int = GPUS_PER_NODE,
-         inter_node: float | None = None, advise: bool = True, host_per_node: int | None = None,
-         nvme_per_node: int | None = None) -> Result:
-    """Every layout of ``model`` on ``gpus`` GPUs that fits, ranked by estimated step time.
+def _inner(cfg: ModelConfig, seq: int, base: Layout, states: tuple, mid: bool, micro: list, kernels: list,
+           opts: dict, usable: int, closest: dict | None, count: dict):
+    """The checkpoint x kernel x micro-batch loop of one ``base`` layout (see :func:`candidates`);
+    the micro-batch loop stops at the first size that does not fit."""
+    b = base
+    for policy in opts["checkpoints"]:
+        for kernel in kernels:
+            for mb in micro:
+                if b.vp > 1 and (b.n_micro // mb) % b.pp:
+                    continue   # interleaving needs micro-batches a multiple of pp
+                lay = Layout(b.recipe, b.zero, policy, kernel, b.offload, b.device, mb, b.tp, b.pp, b.dp,
+                             b.n_micro // mb, b.cp, b.vp, b.hybrid, b.group, b.mcore)
+                mem = per_gpu(cfg, seq, lay, states[0], states[1] if mid else None, where := {}) | where
+                count["evaluated"] += 1
+                if mem["total"] > usable:
+                    if closest is not None and (not closest or mem["total"] < closest["total"]):
+                        closest.clear()
+                        closest.update(mem, label=lay.label(), missing=mem["total"] - usable)
+                    break
+                yield lay, mem
 
-    ``gpu`` names the GPU table's entry for speeds (and capacity) and, through
-    ``placement.node_for``, the node its collectives are priced on; ``gpu_mem`` (bytes) overrides
-    the capacity. ``global_batch``: sequences per step (default 4M tokens' worth). ``tp``/``pp``
-    restrict the degrees tried; the other sequences restrict their dimension. ``inter_node``:
-    a line rate in bytes/s per GPU between nodes (one NIC per GPU) instead of the node's own
-    network; ``host_per_node`` / ``nvme_per_node``: bytes per node (default DGX H100's)."""
-    cfg = models.get(model) if isinstance(model, str) else model
-    gpus, seq = positive_int(gpus, "GPU count"), positive_int(seq, "sequence length")
-    g = gpu_table.get(gpu)
+
+def plan(model, gpus: int | None = None, gpu: str = "h100-80gb", **keywords) -> Result:
+    """Every layout of ``model`` on ``gpus`` GPUs that fits, ranked (``planner.ranking``).
+
+    ``model`` may be a :class:`~.question.Question` (then nothing else is passed), or a registry
+    name / ``ModelConfig`` with ``gpus``, ``gpu`` and the keywords of :meth:`Question.of`:
+    ``gpu_mem`` (bytes), ``seq``, ``global_batch`` (sequences per step; default 4M tokens' worth),
+    the levers (``recipes`` -- mixed only unless pure-bf16 is asked --, ``zero``, ``offloads``,
+    ``checkpoints``, ``attentions``, ``micro_batches``, ``tp``, ``pp``, ``cp``, ``vp``, ``hybrid``),
+    the cluster (``gpus_per_node``, ``inter_node`` in bytes/s per GPU, ``host_per_node``,
+    ``nvme_per_node``, ``links``, ``cpu_adam_rate`` in parameters/s per node), ``reserve``,
+    ``mfu`` and ``advise``."""
+    q = model if isinstance(model, Question) else Question.of(model, gpus, gpu, **keywords)
+    return answer(q)
+
+
+def answer(q: Question) -> Result:
+    """:func:`plan` for a :class:`~.question.Question`."""
+    c = q.cluster
+    cfg = models.get(q.model) if isinstance(q.model, str) else q.model
+    gpus, seq = positive_int(q.gpus, "GPU count"), positive_int(q.seq, "sequence length")
+    for r in q.levers.recipes:
+        one_of(r, PLANNABLE_RECIPES, "planner recipe")
+    g = gpu_table.get(c.gpu)
     if not g.bf16_flops:
         raise UsageError(f"{g.name} has no bf16 tensor cores and the planner's recipes train in bf16; accepted: "
                          + ", ".join(n for n, x in gpu_table.REGISTRY.items() if x.bf16_flops))
-    capacity = g.capacity if gpu_mem is None else positive_int(gpu_mem, "GPU memory")
-    global_batch = positive_int(global_batch, "global batch") if global_batch is not None \
+    capacity = g.capacity if c.gpu_mem is None else positive_int(c.gpu_mem, "GPU memory")
+    global_batch = positive_int(q.global_batch, "global batch") if q.global_batch is not None \
         else max(1, DEFAULT_TOKENS // seq)
-    usable = gpu_table.usable(capacity, reserve)
-    check_capacity(capacity, reserve)
-    links = links or datasheet_links(g.name)
-    node = node_for(g, gpus_per_node, None if inter_node is None else float(inter_node))
-    opts = _options(recipes, zero, offloads, checkpoints, attentions, micro_batches, tp, pp, gpus_per_node,
-                    host_per_node, nvme_per_node)
+    usable = gpu_table.usable(capacity, q.reserve)
+    check_capacity(capacity, q.reserve)
+    ranks_on_node = min(gpus, c.gpus_per_node)
+    links = c.links or datasheet_links(g.name, adam_rate=c.cpu_adam_rate, ranks_on_node=ranks_on_node)
+    node = node_for(g, c.gpus_per_node, None if c.inter_node is None else float(c.inter_node))
+    opts = q.options()
     closest: dict = {}
     plans, count = [], {}
     for lay, mem in candidates(cfg, gpus, seq, global_batch, usable, opts, closest, count=count):
-        plans.append(price(cfg, seq, lay, mem, g, usable, mfu, links, gpus_per_node, inter_node))
-    plans.sort(key=rank_key)
+        plans.append(price(cfg, seq, lay, mem, g, usable, q.mfu, links, c.gpus_per_node, c.inter_node))
     question = {"model": cfg.name, "n_params": cfg.n_params(), "gpus": gpus, "gpu": g.name,
-                "capacity": capacity, "usable": usable, "reserve": reserve.of(capacity),
-                "seq": seq, "global_batch": global_batch, "mfu": mfu, "inter_node": per_gpu_network(node),
-                "node": node.label}
-    result = Result(question, plans, count["considered"], closest or None,
-                    assumptions=assumptions(g, reserve, mfu, links, node, opts), evaluated=count["evaluated"])
-    if not plans and advise:   # no layout's dp divides the batch: the batches that run; else what to change
-        result.advice = nearest_batches(cfg, gpus, capacity, seq, global_batch, reserve, opts, fits_any,
+                "capacity": capacity, "usable": usable, "reserve": q.reserve.of(capacity),
+                "seq": seq, "global_batch": global_batch, "mfu": q.mfu, "inter_node": per_gpu_network(node),
+                "node": node.label, "recipes": list(q.levers.recipes), "cpu_adam_per_rank": links.cpu_adam,
+                "tight_below": ranking.tight_limit(usable)}
+    notes = [bf16_rounding.risk_line()] if "pure-bf16" in q.levers.recipes else []
+    result = Result(question, ranking.rank(plans), count["considered"], closest or None,
+                    assumptions=assumptions(g, q.reserve, q.mfu, links, node, opts), evaluated=count["evaluated"],
+                    notes=notes, asked=q)
+    if not plans and q.advise:   # no layout's dp divides the batch: the batches that run; else what to change
+        result.advice = nearest_batches(cfg, gpus, capacity, seq, global_batch, q.reserve, opts, fits_any,
                                         parallel_degrees) or _advise(cfg, gpus, g, capacity, seq, global_batch,
-                                                                     reserve, opts, closest, fits_any, OFFLOAD_CHOICES)
+                                                                     q.reserve, opts, closest, fits_any, OFFLOAD_CHOICES)
     return result
 
 
 def price(cfg: ModelConfig, seq: int, lay: Layout, mem: dict, g: gpu_table.GPU, usable: int, mfu: float,
-          links: Links, gpus_per_node: int, inter_node: float | None) -> Plan:
+          links, gpus_per_node: int, inter_node: float | None) -> Plan:
     """The :class:`Plan` of ``lay`` whose per-GPU bytes are ``mem`` (``per_gpu``): its step time,
-    host buffers, headroom against ``usable`` and the switches that set it up."""
+    host buffers, headroom against ``usable`` (``tight`` below ``ranking.tight_limit``) and the
+    switches that set it up."""
     t = step_seconds(cfg, seq, lay, g, mfu, links, gpus_per_node, inter_node)
     tokens = lay.micro_batch * lay.n_micro * lay.dp * seq   # = global_batch x seq (see candidates)
     buf = offload_buffers(cfg, lay)
     swap = buf["param_swap"] + buf["optimizer_swap"]
-    mem = mem | {"usable": usable, "headroom": usable - mem["total"], "host_states": mem["host"],
+    room = usable - mem["total"]
+    mem = mem | {"usable": usable, "headroom": room, "tight": ranking.tight(room, usable), "host_states": mem["host"],
                  "host_buffers": swap, "host": mem["host"] + swap}
     return Plan(lay, mem, t, tokens / t["total"], deepspeed_config(cfg, lay), fsdp_equivalent(lay),
                 model_code(lay), megatron_args(cfg, lay), stage_layers(cfg, lay.pp))
-
-
-def rank_key(p: Plan) -> tuple:
-    """Ranking: step time in steps of :data:`TIE` (0.5 %: closer than the cost model can tell);
-    within a step the mixed recipe (fp32 master weights: the safer numerics), then fewer
-    offloaded bytes, then fewer bytes per GPU, then time."""
-    return (tie_bucket(p.time["total"]), p.layout.recipe != "mixed", p.memory["host"] + p.memory["nvme"],
-            p.memory["total"], p.time["total"])
-
-
-TIE = 0.005
-
-
-def tie_bucket(seconds: float) -> int:
-    """The 0.5 % step of ``seconds`` (log scale): plans in the same step are a tie."""
-    return math.floor(math.log(max(seconds, 1e-12)) / math.log1p(TIE))
 
 
 def fits_any(cfg: ModelConfig, gpus: int, capacity: int, seq: int, global_batch: int,

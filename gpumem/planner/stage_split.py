@@ -12,9 +12,12 @@ sets such a split with ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_
 layer off each end stage, the inward order is the planner's assumption.
 """
 
+from functools import lru_cache
+
 from ..memory.models import ModelConfig
 
 
+@lru_cache(maxsize=4096)
 def stage_layers(cfg: ModelConfig, pp: int) -> tuple[int, ...]:
     """Layers of each pipeline stage of ``cfg``, first to last."""
     if pp <= 1:
@@ -36,6 +39,7 @@ def split_text(split: tuple[int, ...]) -> str:
     return " + ".join(str(n) if k == 1 else f"{k} x {n}" for k, n in runs)
 
 
+@lru_cache(maxsize=4096)
 def middle_stage(cfg: ModelConfig, pp: int) -> int | None:
     """The first middle stage holding more layers than the first stage (uneven splits; the
     stage after a shorter first stage keeps one micro-batch fewer in flight, of more layers), else None."""
