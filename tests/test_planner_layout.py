@@ -72,7 +72,8 @@ def test_json_layout_result_contract(capsys):
     ("tp=8,pp=1,dp=8,zero=1,vp=2", "the interleaved schedule needs pp > 1"),
     ("tp=8,pp=8,dp=1,zero=1,vp=3", "a multiple of pp x vp = 24"),   # 80 layers
     ("tp=8,pp=4,dp=1,zero=3,cp=2", "accepted: zero=0|1, offload=none"),
-    ("tp=8,pp=2,dp=1,zero=1,cp=4,attn=naive", "ring attention needs attn=flash"),
+    ("tp=8,pp=2,dp=1,zero=1,cp=4,attn=naive", "ring attention needs a flash kernel"),
+    ("tp=8,pp=2,dp=4,zero=1,engine=megatron-core,offload=optimizer", "do not offload"),
     ("tp=8,pp=8,dp=1,zero=1,cp=2", "must be equal"),             # tp x cp x pp x dp = 128
     ("tp=8,pp=8,dp=1,zero=2", "accepted: zero=0 or 1"),
     ("tp=8,pp=8,dp=1,zero=1,foo=2", "accepted: tp, pp, dp, zero"),

@@ -13,11 +13,12 @@ count), ``zero`` (0-3, required), ``ckpt`` (a checkpoint policy, default none), 
 accumulation), ``attn`` (default flash), ``recipe`` (mixed or pure-bf16, default mixed),
 ``offload`` (none, optimizer, optimizer+params; default none) and ``device`` (cpu or nvme, default
 cpu), ``vp`` (model chunks per pipeline rank: interleaved 1F1B, default 1) and ``cp`` (context
-parallelism, default 1; tp x cp x pp x dp = the GPU count). A layout with ``vp`` or ``cp`` above 1
-is Megatron-Core's (``Layout.framework``) and follows its rules: ``cp`` needs flash attention and a
+parallelism, default 1; tp x cp x pp x dp = the GPU count), ``engine`` (auto, or megatron-core to
+run a tensor or pipeline layout under Megatron-Core; default auto). A layout with ``vp`` or ``cp``
+above 1, or ``engine=megatron-core``, is Megatron-Core's (``Layout.framework``) and follows its rules: ``cp`` needs flash attention and a
 sequence divisible by 2 cp (the load-balanced causal split), ``vp`` needs pp > 1, micro-batches a
 multiple of pp and the layers a multiple of pp x vp; ZeRO 0 or 1 (the distributed optimizer), no
-offload. The search does not propose these layouts yet. A layout DeepSpeed would refuse
+offload. A layout DeepSpeed would refuse
 (``search.allowed``) or that cannot be placed (tp not dividing the heads or larger than a node, pp
 above the layer count) is a :class:`~gpumem.errors.UsageError`, one line.
 
@@ -38,16 +39,20 @@ from ..memory.policies import KERNELS, POLICIES
 from .cost import GPUS_PER_NODE
 from .hybrid import HYBRIDS, allowed_hybrid
 from .memory import Layout, per_gpu
+from . import rules
+from .question import Question
 from .ranking import rank_of
-from .search import HOST_PER_NODE, NVME_PER_NODE, PLANNABLE_RECIPES, Plan, Result, allowed, plan, price
+from .search import PLANNABLE_RECIPES, Plan, Result, allowed, plan, price
 
-KEYS = ("tp", "pp", "dp", "zero", "ckpt", "mb", "attn", "recipe", "offload", "device", "vp", "cp", "hybrid",
+KEYS = ("tp", "pp", "dp", "zero", "ckpt", "mb", "attn", "recipe", "offload", "device", "vp", "cp", "engine", "hybrid",
         "group")
 REQUIRED = ("tp", "pp", "dp", "zero")
-DEFAULTS = {"ckpt": "none", "mb": "1", "attn": "flash", "recipe": "mixed", "offload": "none", "device": "cpu",
+ENGINES = ("auto", "megatron-core")   # auto: the framework the layout's shape implies (Layout.framework)
+DEFAULTS = {"engine": "auto", "ckpt": "none", "mb": "1", "attn": "flash", "recipe": "mixed", "offload": "none", "device": "cpu",
             "vp": "1", "cp": "1", "hybrid": "none"}
 CHOICES = {"zero": ("0", "1", "2", "3"), "ckpt": POLICIES, "attn": KERNELS, "recipe": PLANNABLE_RECIPES,
-           "offload": ("none", "optimizer", "optimizer+params"), "device": ("cpu", "nvme"), "hybrid": HYBRIDS}
+           "offload": ("none", "optimizer", "optimizer+params"), "device": ("cpu", "nvme"), "hybrid": HYBRIDS,
+           "engine": ENGINES}
 
 
 def parse_layout(text: str) -> dict:
@@ -91,7 +96,7 @@ def to_layout(cfg: ModelConfig, fields: dict, gpus: int, global_batch: int,
     if tp * cp * pp * dp != gpus:
         raise UsageError(f"--layout tp x cp x pp x dp = {tp} x {cp} x {pp} x {dp} = {tp * cp * pp * dp:,}, "
                          f"but --gpus is {gpus:,}; they must be equal")
-    if cp > 1 or vp > 1:
+    if cp > 1 or vp > 1 or fields.get("engine") == "megatron-core":
         _megatron_core(cfg, fields, global_batch, seq)
     if global_batch % (dp * mb):
         raise UsageError(f"global batch {global_batch:,} is not dp x mb x accumulation: {global_batch:,} / "
@@ -106,7 +111,7 @@ def to_layout(cfg: ModelConfig, fields: dict, gpus: int, global_batch: int,
         raise UsageError(f"--layout {_refusal(fields['recipe'], fields['zero'], pp, tp, fields['offload'], device)}")
     lay = Layout(fields["recipe"], fields["zero"], fields["ckpt"], fields["attn"], fields["offload"], device,
                  mb, tp, pp, dp, global_batch // (dp * mb), cp, vp, fields.get("hybrid", "none"),
-                 fields.get("group", 0))
+                 fields.get("group", 0), fields.get("engine") == "megatron-core" and cp == 1 and vp == 1)
     why = allowed_hybrid(lay)
     if why:
         raise UsageError(f"--layout {why}")
@@ -114,20 +119,12 @@ def to_layout(cfg: ModelConfig, fields: dict, gpus: int, global_batch: int,
 
 
 def _megatron_core(cfg: ModelConfig, f: dict, global_batch: int, seq: int | None) -> None:
-    """Megatron-Core's own checks for context parallelism and virtual stages (see the module)."""
-    cp, vp, pp = f["cp"], f["vp"], f["pp"]
-    if f["zero"] > 1 or f["offload"] != "none":
-        raise UsageError(f"--layout cp={cp}, vp={vp}: Megatron-Core layouts shard at most the optimizer "
-                         "(zero=0 or 1) and do not offload; accepted: zero=0|1, offload=none")
-    if cp > 1 and (f["attn"] != "flash" or (seq is not None and seq % (2 * cp))):
-        raise UsageError(f"--layout cp={cp}: ring attention needs attn=flash and a sequence divisible by "
-                         f"2 x cp = {2 * cp}")
-    if vp > 1:
-        m = global_batch // (f["dp"] * f["mb"])
-        if pp == 1 or m % pp or cfg.n_layers % (pp * vp):
-            raise UsageError(f"--layout vp={vp}: the interleaved schedule needs pp > 1, micro-batches ({m}) a "
-                             f"multiple of pp ({pp}) and {cfg.name}'s {cfg.n_layers} layers a multiple of "
-                             f"pp x vp = {pp * vp}")
+    """Megatron-Core's own checks (``rules.megatron_core``), as one ``--layout`` line."""
+    why = rules.megatron_core(cfg, seq or 2 * f["cp"], f["zero"], f["offload"], f["attn"], f["pp"], f["cp"], f["vp"],
+                              global_batch // (f["dp"] * f["mb"]))
+    if why:
+        raise UsageError(f"--layout cp={f['cp']}, vp={f['vp']}, engine={f.get('engine', 'auto')}: {why}; "
+                         "accepted: zero=0|1, offload=none, attn=flash with cp > 1")
 
 
 def _refusal(recipe: str, zero: int, pp: int, tp: int, offload: str, device: str) -> str:
@@ -177,19 +174,20 @@ def evaluate(model: str | ModelConfig, gpus: int, layout: str | dict, gpu: str =
     fields = parse_layout(layout) if isinstance(layout, str) else layout
     result = result or plan(cfg, gpus, gpu, seq=seq, global_batch=global_batch, advise=False, **plan_kwargs)
     q = result.question
-    gpn = plan_kwargs.get("gpus_per_node", GPUS_PER_NODE)
+    asked = result.asked or Question.of(cfg, gpus, gpu, seq=seq, global_batch=global_batch, **plan_kwargs)
+    c, opts = asked.cluster, asked.options()   # the search's own cluster: links, network, node limits
+    gpn = c.gpus_per_node
     lay = to_layout(cfg, fields, q["gpus"], q["global_batch"], gpn, q["seq"])
-    g = gpu_table.get(gpu)
-    links = plan_kwargs.get("links") or datasheet_links(g.name)
+    g = gpu_table.get(c.gpu)
+    ranks = min(q["gpus"], gpn)
+    links = c.links or datasheet_links(g.name, adam_rate=c.cpu_adam_rate, ranks_on_node=ranks)
     where: dict = {}
     mem = per_gpu(cfg, q["seq"], lay, where=where) | where
-    p = price(cfg, q["seq"], lay, mem, g, q["usable"], q["mfu"], links, gpn, plan_kwargs.get("inter_node"))
-    ranks = min(q["gpus"], gpn)
+    p = price(cfg, q["seq"], lay, mem, g, q["usable"], q["mfu"], links, gpn, c.inter_node)
     why = []
     if p.memory["total"] > q["usable"]:
         why.append(f"needs {p.memory['total'] / 1e9:.1f} GB per GPU, usable {q['usable'] / 1e9:.1f} GB")
-    for part, limit in (("host", plan_kwargs.get("host_per_node") or HOST_PER_NODE),
-                        ("nvme", plan_kwargs.get("nvme_per_node") or NVME_PER_NODE)):
+    for part, limit in (("host", opts["host_per_node"]), ("nvme", opts["nvme_per_node"])):
         if p.memory[part] * ranks > limit:
             why.append(f"{part} {p.memory[part] * ranks / 1e12:.2f} TB per node, limit {limit / 1e12:g} TB")
     rank = None

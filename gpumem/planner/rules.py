@@ -23,6 +23,7 @@ says DeepSpeed's MiCS / ZeRO++ and FSDP2 accept.
 from ..errors import UsageError
 from ..memory import accounting
 from ..memory.models import ModelConfig
+from .hybrid import allowed_hybrid
 
 
 def allowed(recipe: str, zero: int, pp: int, offload: str, device: str, tp: int = 1) -> bool:
@@ -59,8 +60,4 @@ def hybrid(lay) -> str | None:
         return "hybrid sharding is ZeRO-3 without pipeline or context parallelism"
     if not 1 < lay.group < lay.dp or lay.dp % lay.group:
         return f"the shard group ({lay.group}) must divide dp ({lay.dp}) and be between 2 and dp - 1"
-    try:
-        from .hybrid import allowed_hybrid
-    except ImportError:   # the hybrid model's own rules (DeepSpeed MiCS / ZeRO++, FSDP2)
-        return None if lay.offload == "none" else "hybrid sharding is planned without offload"
     return allowed_hybrid(lay)
