@@ -31,8 +31,8 @@ def hand_considered_70b_on_8() -> int:
     """The layouts the planner enumerates for Llama-3-70B on one node of 8 at the default batch,
     counted by hand: tp, cp and pp powers of two with tp x cp x pp dividing 8 (tp divides the 8
     key/value heads; cp divides 4,096 / 2; all of them place evenly in the node): 20 triples; a
-    pipeline of p stages also tries the virtual stages v in (2, 4, 5, 8) with 80 layers a multiple
-    of p x v (p = 2: all four; p = 4: 2, 4, 5; p = 8: 2, 5); then the mixed recipe (pure bf16 only
+    pipeline of p stages also tries the virtual stages v from 2 to 8 with 80 layers a multiple
+    of p x v (p = 2: 2, 4, 5, 8; p = 4: 2, 4, 5; p = 8: 2, 5); then the mixed recipe (pure bf16 only
     when asked) x 4 ZeRO stages x 5 offload choices (none; optimizer to CPU or NVMe; optimizer and
     parameters to CPU or NVMe) x 5 checkpoint policies x 3 attention kernels x 6 micro-batch sizes
     (1 to 32: each replica has 1,024 / dp >= 128 sequences, so all are tried). Hybrid sharding needs
@@ -43,7 +43,8 @@ def hand_considered_70b_on_8() -> int:
     triples = [(tp, cp, pp) for tp in (1, 2, 4, 8) for cp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) if tp * cp * pp <= 8]
     assert len(triples) == 20
     chunks = {1: 1, 2: 1 + 4, 4: 1 + 3, 8: 1 + 2}
-    assert all(80 % (p * v) == 0 for p, n in ((2, (2, 4, 5, 8)), (4, (2, 4, 5)), (8, (2, 5))) for v in n)
+    assert all([v for v in range(2, 9) if 80 % (p * v) == 0] == n for p, n in ((2, [2, 4, 5, 8]), (4, [2, 4, 5]),
+                                                                              (8, [2, 5])))
     placements = sum(chunks[pp] for _, _, pp in triples)
     assert placements == 55
     both_engines = sum(1 for tp, cp, pp in triples if cp == 1 and tp * pp > 1)
@@ -196,7 +197,7 @@ def test_considered_counts_every_enumerated_layout():
                     continue
                 dp = 8 // (tp * cp * pp)
                 mbs = sum(64 // dp % m == 0 for m in planner.MICRO_BATCHES)
-                chunks = 1 + sum(pp > 1 and 32 % (pp * v) == 0 for v in (2, 4, 5, 8))
+                chunks = 1 + sum(pp > 1 and 32 % (pp * v) == 0 for v in range(2, 9))
                 engines = 2 * 1 if cp == 1 and tp * pp > 1 else 0   # ZeRO 0/1 without offload under Megatron-Core too
                 total += (chunks * 4 * len(planner.OFFLOAD_CHOICES) + engines) * len(POLICIES) * len(KERNELS) * mbs
     assert r.considered == total and r.considered > len(r.plans)

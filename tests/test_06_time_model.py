@@ -329,11 +329,14 @@ def test_slow_network_statements_and_hybrid_sharding_by_hand():
 A100_PEAK, SHARE = 312e12, 0.54
 
 
-def test_infiniband_top_plan_offloads_instead_of_recomputing():
-    """On InfiniBand the top plan offloads optimizer and parameters and re-runs nothing; the fastest
-    plan without offload must checkpoint. By hand its compute is (6 x matrices + 7 s h L) FLOPs a
-    token (attention's core as a causal kernel runs it: half of PyTorch's 4 s h forward + 10 s h
-    backward) x 64 x 4,096 / 16 tokens at the kernel share of the A100's 312 TFLOP/s."""
+def test_infiniband_top_plan_recomputes_instead_of_offloading():
+    """On InfiniBand the fastest offloading plan re-runs nothing but pays CPU Adam after backward:
+    the node's published rate (ZeRO-Offload paper Table 4: 10 B parameters in 2.57 s) shared by 8
+    ranks, for this rank's 1/16 of the parameters; the fastest plan without offload checkpoints and
+    is the top plan, because its re-run costs less than that wait. By hand the offloading plan's
+    compute is (6 x matrices + 7 s h L) FLOPs a token (attention's core as a causal kernel runs it:
+    half of PyTorch's 4 s h forward + 10 s h backward) x 64 x 4,096 / 16 tokens at the kernel
+    share of the A100's 312 TFLOP/s."""
     from gpumem.chapters.ch06_combining_strategies import timing_cells as tc
     layers, d, kv_heads, ffn, vocab = LLAMA["Llama-3-8B"]
     matrices = layers * (2 * d * d + 2 * d * kv_heads * 128 + 3 * d * ffn) + vocab * d
@@ -341,13 +344,17 @@ def test_infiniband_top_plan_offloads_instead_of_recomputing():
     hand = (6 * matrices + 7 * 4096 * d * layers) * tokens / (SHARE * A100_PEAK)
     r = tc.slow_plan(tc.networks()[0][1])
     top = r.best
-    kept = min((p for p in r.plans if p.layout.offload == "none"), key=lambda p: p.time["total"])
-    assert top.layout.offload == "optimizer+params" and top.layout.checkpoint == "none"
-    assert top.time["compute"] == pytest.approx(hand, rel=1e-3)
-    assert kept.layout.checkpoint != "none" and kept.time["compute"] > hand and kept.time["total"] > top.time["total"]
+    moved = min((p for p in r.plans if p.layout.offload != "none"), key=lambda p: p.time["total"])
+    cpu_adam = params("Llama-3-8B") / 16 / (10e9 / 2.57 / 8)
+    assert top.layout.offload == "none" and top.layout.checkpoint != "none" and top.time["compute"] > hand
+    assert moved.layout.checkpoint == "none" and moved.time["compute"] == pytest.approx(hand, rel=1e-3)
+    assert moved.time["offload_terms"]["cpu_adam"] == pytest.approx(cpu_adam, rel=1e-3)
+    assert 0 < top.time["compute"] - hand < cpu_adam                     # its re-run costs less than CPU Adam
+    assert moved.time["total"] > top.time["total"]
     text = " ".join(tc.offload_reason().split())
-    assert f"compute {hand:.2f} s, offload {top.time['offload']:.2f} s exposed" in text
-    assert f"checkpoint ({kept.layout.checkpoint})" in text
+    assert "the top plan keeps its states on the GPU" in text
+    assert f"compute {hand:.2f} s, offload {moved.time['offload']:.2f} s exposed (CPU Adam {cpu_adam:.2f} s" in text
+    assert f"checkpoint ({top.layout.checkpoint})" in text
 
 
 def test_the_two_slow_network_tables_price_differently():
@@ -385,7 +392,12 @@ def test_validation_table_shows_layouts_summary_and_every_row():
     for key in ("llama3-405b-8192-cp1", "llama3-405b-16384-cp1", "llama3-405b-16384-cp16"):
         block = " ".join(details.split(key + ":")[1].split("\nllama3")[0].split())
         assert "assumed: zero=1, ckpt=none, vp=1, mb=1" in block and "does not fit: needs" in block
-    assert "faster than every plan the search proposes" in details.split("nemo-llama-3-70b-64:")[1][:600]
+    # the search proposes context parallelism and virtual stages now: NeMo's own layout is within
+    # about 1 % of its best plan, no longer faster than every plan it proposes
+    nemo = next(r for r in rows if r.run.key == "nemo-llama-3-70b-64")
+    assert 0.99 < nemo.vs_best < 1.02 and nemo.rank is not None
+    assert f"its step takes {nemo.vs_best:.2f}x the search's best" in " ".join(
+        details.split("nemo-llama-3-70b-64:")[1][:600].split())
     calib = next(r for r in rows if r.run.key == validate.CALIBRATION)    # the share that matches it
     assert f"{SHARE:.2f} / {calib.ratio:.3f} = {SHARE / calib.ratio:.3f}" in " ".join(
         validation_cells.calibration_line(rows).split())

@@ -35,7 +35,7 @@ OFFLOAD_CHOICES = (("none", "cpu"), ("optimizer", "cpu"), ("optimizer", "nvme"),
                    ("optimizer+params", "cpu"), ("optimizer+params", "nvme"))
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 CP_DEGREES = (1, 2, 4, 8)                 # context parallelism (Megatron-Core's ring attention)
-VP_DEGREES = (1, 2, 4, 5, 8)              # model chunks per pipeline rank (interleaved 1F1B)
+VP_DEGREES = tuple(range(1, 9))           # model chunks per pipeline rank (interleaved 1F1B; NeMo's 405B: 7)
 HYBRIDS = ("none", "hsdp", "hpz")         # ZeRO-3 over all data-parallel ranks, or sharded in a group
 DEFAULT_TOKENS = 4 * 2**20   # Llama 3's first-stage batch: 4M tokens (1,024 x 4,096; arXiv:2407.21783)
 
