@@ -1,5 +1,6 @@
 """Chapter 06's quiz: what pipeline stages can and cannot save, whether ZeRO-3 alone fits, when
-ZeRO-3's traffic hides, what a pipeline bubble costs, what a slow network changes, and
+ZeRO-3's traffic hides, what a pipeline bubble costs, what a slow network changes, which family
+of layout the planner ranks first on a drawn cluster (``quiz_ranking``), and
 (``quiz_topology``) which link binds a collective on a group shape drawn per attempt. Numbers
 are drawn per attempt; expected values come from the engine (``accounting``, ``planner.memory``,
 ``planner.cost``, ``planner``)."""
@@ -12,6 +13,7 @@ from gpumem.planner import cost as planner_cost, memory as planner_memory
 from gpumem.planner.memory import Layout
 from gpumem.timing import compute
 
+from .quiz_ranking import QUESTION as PREDICT_QUESTION
 from .quiz_topology import QUESTIONS as TOPOLOGY_QUESTIONS
 
 GB = 10**9
@@ -182,5 +184,6 @@ QUIZ = Quiz("06_combining_strategies", [
             traps=((lambda n: n["moved_s"], "that is all of the traffic; the part that runs while the GPU "
                                             "computes is hidden."),),
             draw=_slow),
+    PREDICT_QUESTION,
     *TOPOLOGY_QUESTIONS,
 ])
