@@ -130,8 +130,12 @@ def render(result, top: int = 10) -> str:
         lines.append("")
         lines += breakdown(result.best)
         if result.best.megatron:
-            lines.append("Megatron-DeepSpeed arguments: " + " ".join(result.best.megatron))
-        lines.append("DeepSpeed config: " + json.dumps(result.best.deepspeed))
+            engine = "Megatron-Core" if result.best.layout.framework == "megatron-core" else "Megatron-DeepSpeed"
+            lines.append(f"{engine} arguments: " + " ".join(result.best.megatron))
+        ds = result.best.deepspeed
+        none = ("none (Megatron-Core runs without DeepSpeed)" if result.best.layout.framework == "megatron-core"
+                else "none (DeepSpeed 0.19.8 removed MiCS; run HSDP with FSDP2)")
+        lines.append("DeepSpeed config: " + (json.dumps(ds) if ds is not None else none))
         fsdp = result.best.fsdp
         lines.append("FSDP equivalent: " + (json.dumps(fsdp) if fsdp else "none (FSDP has no such layout)"))
     elif (result.advice or {}).get("nearest") is not None:

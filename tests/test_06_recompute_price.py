@@ -114,7 +114,8 @@ def test_config_text_within_100_columns_and_keeps_every_fsdp_field():
         plan = scenarios.ask(name).best
         text = diagrams.config_text(plan)
         assert max(len(line) for line in text.splitlines()) <= 100
-        assert json.dumps(plan.deepspeed, indent=2) in text
+        assert json.dumps(plan.deepspeed, indent=2) in text if plan.deepspeed is not None else \
+            "runs without DeepSpeed" in text and " ".join(plan.megatron[:4]) in text
         flat = " ".join(text.split())
         for key, value in (plan.fsdp or {}).items() | plan.model_code.items():
             assert f"{key}: {' '.join(str(value).split())}" in flat

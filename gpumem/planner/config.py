@@ -41,7 +41,7 @@ optimizer step together) and no NVMe offload: those plans have no FSDP equivalen
 
 from ..memory.models import ModelConfig
 from ..memory.zero3_schedule import DEFAULTS as DS_STAGE3_DEFAULTS
-from .memory import DS_BUCKET, DS_PREFETCH, Layout, layers_per_stage, local_params, persistence_threshold
+from .memory import FRAMEWORK_MCORE, DS_BUCKET, DS_PREFETCH, Layout, layers_per_stage, local_params, persistence_threshold
 from .swap_buffers import OPT_BUFFERS, PARAM_BUFFERS, SUB_GROUP, offload_buffers
 
 ADAMW = {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
@@ -90,8 +90,9 @@ def stage3_keys(cfg: ModelConfig) -> dict:
 
 def deepspeed_config(cfg: ModelConfig, lay: Layout) -> dict | None:
     """The DeepSpeed config of ``lay`` (a JSON-ready dict); None for an HSDP layout (FSDP2's:
-    DeepSpeed 0.19.8 removed MiCS, see the module)."""
-    if lay.hybrid == "hsdp":
+    DeepSpeed 0.19.8 removed MiCS, see the module) and for a Megatron-Core layout (Megatron-Core
+    runs without DeepSpeed: its distributed optimizer is its ZeRO-1, :func:`megatron_args`)."""
+    if lay.hybrid == "hsdp" or lay.framework == FRAMEWORK_MCORE:
         return None
     zero: dict = {"stage": lay.zero}
     bucket = min(DS_BUCKET, local_params(cfg, lay.tp, lay.pp)["params"])   # DeepSpeed allocates it whole
@@ -157,7 +158,10 @@ def megatron_args(cfg: ModelConfig, lay: Layout) -> list[str] | None:
         args += ["--context-parallel-size", str(lay.cp)]
         if lay.vp > 1:
             args += ["--num-layers-per-virtual-pipeline-stage", str(cfg.n_layers // (lay.pp * lay.vp))]
-        return args + ["--bf16", "--use-flash-attn"] + (["--use-distributed-optimizer"] if lay.zero == 1 else [])
+        overlap = ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if lay.zero == 1 else []) \
+            + (["--tp-comm-overlap"] if lay.tp > 1 else [])   # what the cost model hides (timing.overlap)
+        return args + ["--bf16", "--use-flash-attn"] + (["--use-distributed-optimizer"] if lay.zero == 1 else []) \
+            + overlap
     if lay.attention == "flash":
         args.append("--use-flash-attn-v2")
     return args + ["--bf16", "--deepspeed", "--deepspeed_config", "ds_config.json", "--zero-stage", str(lay.zero)]
@@ -210,7 +214,9 @@ def _fsdp_hybrid(lay: Layout) -> dict:
 def model_code(lay: Layout) -> dict:
     """What the model's own code must do for ``lay``: its checkpointing and attention kernel."""
     out = {"checkpoint": CHECKPOINT_CODE[lay.checkpoint], "attention": ATTENTION_CODE[lay.attention]}
-    if lay.pp > 1 and lay.framework != "deepspeed":
+    if lay.framework == FRAMEWORK_MCORE:
+        out["model"] = "Megatron-Core's GPTModel built by pretrain_gpt.py (its layers are the model code)"
+    elif lay.pp > 1 and lay.framework != "deepspeed":
         out["pipeline"] = f"Megatron-DeepSpeed's GPTModelPipe, {lay.pp} stages (--pipeline-model-parallel-size)"
     elif lay.pp > 1:
         out["pipeline"] = (f"deepspeed.pipe.PipelineModule(layers, num_stages={lay.pp}, partition_method='parameters', "

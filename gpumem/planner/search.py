@@ -113,12 +113,11 @@ def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable:
         mcore = cp > 1 or vp > 1
         kernels = [k for k in opts["attentions"] if k == "flash" or cp == 1]
         mid = middle_stage(cfg, pp) is not None
-        group = gpn // tp   # a hybrid shard group: the data-parallel ranks of one node
+        groups = _shard_groups(gpn // tp, dp) if pp == 1 and cp == 1 else []
         for recipe in opts["recipes"]:
             for zero in opts["zero"]:
-                for hybrid in opts.get("hybrid", ("none",)):
-                    if hybrid != "none" and (zero != 3 or pp > 1 or cp > 1 or not 1 < group < dp or dp % group):
-                        continue
+                for hybrid, group in [("none", 0)] * ("none" in opts.get("hybrid", ("none",))) + [
+                        (h, g) for h in opts.get("hybrid", ()) if h != "none" and zero == 3 for g in groups]:
                     for offload, device in opts["offloads"]:
                         engines = _engines(opts, tp, pp, cp, vp, zero, offload, hybrid)
                         count["considered"] += len(engines) * len(opts["checkpoints"]) * len(opts["attentions"]) \
@@ -131,7 +130,7 @@ def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable:
                             continue   # nothing to shard over: the same bytes as the lowest stage
                         for core in engines:
                             base = Layout(recipe, zero, "none", "flash", offload, device, 1, tp, pp, dp, replica, cp,
-                                          vp, hybrid, group if hybrid != "none" else 0, core)
+                                          vp, hybrid, group, core)
                             if hybrid != "none" and rules.hybrid(base):
                                 continue
                             states = _states_ok(cfg, base, mid, opts, ranks_per_node)
@@ -139,6 +138,18 @@ def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable:
                                 continue
                             yield from _inner(cfg, seq, base, states, mid, micro, kernels, opts, usable, closest,
                                               count)
+
+
+def _shard_groups(node_ranks: int, dp: int) -> list[int]:
+    """Hybrid sharding's shard groups: the data-parallel ranks of one node, two, four, ... nodes,
+    as long as the group divides dp and leaves at least two replicas (a 70B model's 16 B a
+    parameter do not fit one node's eight GPUs, so larger groups are tried)."""
+    out, g = [], max(node_ranks, 2)
+    while 2 * g <= dp:
+        if dp % g == 0:
+            out.append(g)
+        g *= 2
+    return out
 
 
 def _engines(opts: dict, tp: int, pp: int, cp: int, vp: int, zero: int, offload: str, hybrid: str) -> tuple:

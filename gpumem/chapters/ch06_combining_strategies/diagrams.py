@@ -111,8 +111,12 @@ def config_text(plan) -> str:
     head = f"framework: {plan.layout.framework}\n"
     if plan.megatron:
         args = textwrap.wrap(" ".join(plan.megatron), 90, break_on_hyphens=False, break_long_words=False)
-        head += "Megatron-DeepSpeed arguments:\n  " + " \\\n  ".join(args) + "\n"
-    return (head + "DeepSpeed config:\n" + json.dumps(plan.deepspeed, indent=2) + "\nFSDP2 equivalent:\n" + fsdp
+        engine = "Megatron-Core" if plan.layout.framework == "megatron-core" else "Megatron-DeepSpeed"
+        head += f"{engine} arguments:\n  " + " \\\n  ".join(args) + "\n"
+    ds = json.dumps(plan.deepspeed, indent=2) if plan.deepspeed is not None else (
+        "  none: Megatron-Core runs without DeepSpeed" if plan.layout.framework == "megatron-core"
+        else "  none: DeepSpeed 0.19.8 removed MiCS; FSDP2 runs this layout")
+    return (head + "DeepSpeed config:\n" + ds + "\nFSDP2 equivalent:\n" + fsdp
             + "\nmodel code:\n" + _fields(plan.model_code))
 
 
