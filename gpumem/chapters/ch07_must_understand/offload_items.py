@@ -130,8 +130,8 @@ QUESTIONS = [
             "{gpus} {gpu}s with {what}; each GPU owns a shard of {shard:,} parameters. Per step, as "
             "DeepSpeed 0.19.8 runs it, each GPU copies its bf16 gradient shard to a host buffer, back "
             "up, and its fp32 widening down (one copy after another on one stream); the CPU updates "
-            "the shard with AdamW at {adam_g:.2f} billion parameters per second per GPU; and the bf16 "
-            "shard comes back up {ups} time(s) ({why_up}). "
+            "the shard with AdamW at {adam_g:.3f} billion parameters per second per GPU (the node's 8 "
+            "GPUs share its CPUs); and the bf16 shard comes back up {ups} time(s) ({why_up}). "
             "PCIe moves {pcie_gb:.1f} GB/s each way at once. Compute is 6 FLOPs per parameter per "
             "token at {share_pct} % of {tflops:.0f} TFLOP/s. If everything overlaps perfectly, below "
             "how many tokens per GPU per step is the step limited by offloading rather than by compute?",
