@@ -121,8 +121,9 @@ def render(result, top: int = 10) -> str:
             free = f"{p.memory['headroom'] / 1e9:.1f}" + (" tight" if p.memory["tight"] else "")
             lines.append(f"{i:>2d}  {p.layout.label():72s} {p.layout.framework:18s} {p.memory['total'] / 1e9:>7.1f} "
                          f"{free:>11s} {p.time['total']:>8.1f} {p.tokens_per_s:>9,.0f}  {p.time['bound']}")
-        lines.append(f"    ranked by step time; plans within {planner_tie():.1%} of the fastest are a tie, ordered")
-        lines.append(f"    roomy first (tight: under {q['tight_below'] / 1e9:.1f} GB free), then fewer bytes offloaded")
+        lines.append(f"    ranked by step time; plans within {planner_tie():.1%} of the fastest remaining plan tie, and a")
+        lines.append(f"    tie goes roomy first (tight: under {q['tight_below'] / 1e9:.1f} GB free), then fewer bytes "
+                     "offloaded, fewer pp x cp, fewer bytes")
         uneven = {p.layout.pp: p.stages for p in result.distinct(top) if len(set(p.stages)) > 1}
         for pp, split in sorted(uneven.items()):
             lines.append(f"    pp{pp}: {sum(split)} layers split {split_text(split)} (the stages at the ends "

@@ -54,5 +54,7 @@ def risk_line(std: float = INIT_STD) -> str:
     """One sentence with the numbers, at the pre-training and the fine-tuning rate."""
     pre, fine = lost_share(PRETRAIN_LR, std), lost_share(FINETUNE_LR, std)
     return (f"pure bf16 (no fp32 master): an update under half a bf16 ULP of its weight is lost; with "
-            f"weights of std {std:g} that is {pre:.0%} of weights at lr {PRETRAIN_LR:g} (Llama 3 "
-            f"pre-training) and {fine:.0%} at lr {FINETUNE_LR:g} (Llama 2 fine-tuning)")
+            f"weights of std {std:g} that is at least {pre:.0%} of weights at lr {PRETRAIN_LR:g} (Llama 3 "
+            f"pre-training) and {fine:.0%} at lr {FINETUNE_LR:g} (Llama 2 fine-tuning) -- a floor, as "
+            f"Adam's step is usually below lr -- and decoupled weight decay (lr x wd x w) is lost on "
+            f"every weight")

@@ -41,6 +41,7 @@ optimizer step together) and no NVMe offload: those plans have no FSDP equivalen
 
 from ..memory.models import ModelConfig
 from ..memory.zero3_schedule import DEFAULTS as DS_STAGE3_DEFAULTS
+from .stage_split import stage_layers
 from .memory import FRAMEWORK_MCORE, DS_BUCKET, DS_PREFETCH, Layout, layers_per_stage, local_params, persistence_threshold
 from .swap_buffers import OPT_BUFFERS, PARAM_BUFFERS, SUB_GROUP, offload_buffers
 
@@ -144,8 +145,9 @@ def recompute_flags(policy: str, layers: int) -> list[str]:
 
 
 def megatron_args(cfg: ModelConfig, lay: Layout) -> list[str] | None:
-    """Megatron-DeepSpeed's command-line arguments of a 3-D layout, Megatron-Core's for a layout with
-    context parallelism or virtual stages (None for DeepSpeed layouts)."""
+    """Megatron-DeepSpeed's command-line arguments of a 3-D layout, Megatron-Core's for a Megatron-Core
+    layout (None for DeepSpeed and FSDP2 layouts): the parallelism, batch, recompute, precision and
+    overlap arguments; the model's shape and the data arguments are the learner's to add."""
     if lay.framework in ("deepspeed", "fsdp2"):
         return None
     args = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp),
@@ -156,6 +158,10 @@ def megatron_args(cfg: ModelConfig, lay: Layout) -> list[str] | None:
         if lay.tp == 1:
             args.remove("--sequence-parallel")
         args += ["--context-parallel-size", str(lay.cp)]
+        split = stage_layers(cfg, lay.pp)
+        if len(set(split)) > 1:   # an uneven split: the end stages' layers (Megatron-Core's own flags)
+            args += ["--decoder-first-pipeline-num-layers", str(split[0]),
+                     "--decoder-last-pipeline-num-layers", str(split[-1])]
         if lay.vp > 1:
             args += ["--num-layers-per-virtual-pipeline-stage", str(cfg.n_layers // (lay.pp * lay.vp))]
         overlap = ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if lay.zero == 1 else []) \
@@ -174,7 +180,8 @@ def fsdp_equivalent(lay: Layout) -> dict | None:
     """The FSDP2 settings that hold the same states, or None where FSDP has no equivalent."""
     if lay.zero == 1 or lay.device == "nvme" or lay.offload == "optimizer" or lay.recipe == "mixed-ds":
         return None
-    out: dict = {"api": "torch.distributed.fsdp.fully_shard on each layer, then on the model"}
+    out: dict = {"api": "torch.distributed.fsdp.fully_shard on the embedding, on each layer, on the final "
+                        "norm with the output head, then on the model (so the root holds no large weight)"}
     if lay.zero == 0:
         out = {"api": "torch.nn.parallel.DistributedDataParallel (no sharding)"}
     else:

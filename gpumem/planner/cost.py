@@ -131,7 +131,7 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
     """Seconds of one step on one GPU, by term (see the module), with ``total`` and ``bound``;
     ``inter_node``: a line rate in bytes/s per GPU between nodes instead of the node type's
     NICs (``placement.node_for``)."""
-    r = accounting.RECIPE[lay.recipe]
+    r = accounting.RECIPE[lay.state_recipe]   # Megatron-Core reduces fp32 gradients (Layout.state_recipe)
     e = 4 if lay.recipe == "fp32" else 2
     f = _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay))
     per_mb = (f["forward"] + f["backward"] + f["recompute"]) / (lay.tp * lay.pp * lay.cp)
@@ -168,7 +168,10 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
         sched = schedules.schedule(name, lay.pp, lay.n_micro, lay.vp, F=stage * fwd, B=stage * (1 - fwd),
                                    message_bytes=msg)
         bubble = sched.bubble_time
-        pp_s = overlap.exposed(fw, "pp_p2p", sched.p2p_sends * placement.seconds("send_recv", msg, grp["pp"]),
+        # Megatron overlaps p2p only in the interleaved schedule ("non-interleaved schedule does not
+        # support overlapping p2p communication", megatron/training/arguments.py): plain 1F1B waits
+        fw_pp = "megatron" if fw == "megatron-overlap" and lay.vp == 1 else fw
+        pp_s = overlap.exposed(fw_pp, "pp_p2p", sched.p2p_sends * placement.seconds("send_recv", msg, grp["pp"]),
                                {"forward": busy / 3, "backward": busy * 2 / 3})
     psi = local_params(cfg, lay.tp, lay.pp)["params"]
     dg, buckets, gathers = grp["dp"], -(-psi // DS_BUCKET), -(-psi // DS_PREFETCH)
@@ -233,7 +236,9 @@ def assumptions(g: GPU, reserve, mfu: float, links: offload_time.Links, node, op
             "attention's core counted as a causal flash kernel runs it (half the s x s score tiles; "
             "PyTorch's FLOP counter, chapter 03, counts all of them)",
             "no host buffer factor (DeepSpeed's estimator multiplies host bytes by 1.5); CPU Adam at one "
-            "rate for every host; ZeRO-3's working set replays DeepSpeed's prefetch, reuse and live-parameter "
+            "rate for every host, shared evenly by its ranks (each rank's threads bound to its own cores, "
+            "as the deepspeed launcher's --bind_cores_to_rank does; unbound, the share is optimistic); "
+            "offload copies hide behind 70 % of compute (stated, not measured); ZeRO-3's working set replays DeepSpeed's prefetch, reuse and live-parameter "
             "rules with the emitted stage3_* values (a steady step; FSDP2's per-layer units are counted as "
             "DeepSpeed's); ZeRO++'s quantized weights and gradients not modelled"]
 

@@ -17,8 +17,8 @@ node, typically), among the dp x cp = N data-parallel ranks:
   DeepSpeed's twin was MiCS (``runtime/zero/mics.py``, ``MiCS_Optimizer.allreduce_mics_shard_grads``:
   the shard group's gradients all-reduced over ``param_repli_group`` only at the accumulation
   boundary; groups from ``mics_utils._generate_mics_config``: contiguous world ranks
-  ``np.arange(world).reshape(-1, shard_size)``), last shipped in DeepSpeed 0.16.x; DeepSpeed 0.19.8
-  refuses ``mics_shard_size`` (``runtime/config.py``, ``_REMOVED_ZERO_CONFIG_KEYS``:
+  ``np.arange(world).reshape(-1, shard_size)``; read in the 0.16.x source), removed by
+  DeepSpeed 0.19.8, which refuses ``mics_shard_size`` (``runtime/config.py``, ``_REMOVED_ZERO_CONFIG_KEYS``:
   DeepSpeedConfigError "MiCS ZeRO-3 sharding has been removed", issue 8489).
 * ``hpz``: DeepSpeed ZeRO++'s hierarchical partitioning (``zero_hpz_partition_size``). Optimizer
   states, gradients and the primary 16-bit parameter partition stay sharded over all N ranks;
@@ -118,7 +118,7 @@ def secondary_bytes(n_params: int, lay) -> int:
 def model_states(n_params: int, lay) -> accounting.States:
     """``accounting.model_states`` of ``n_params`` local parameters over :func:`state_shards`,
     with hpZ's :func:`secondary_bytes` added to the GPU's parameters."""
-    s = accounting.model_states(n_params, lay.recipe, state_shards(lay), lay.zero, lay.offload, lay.device)
+    s = accounting.model_states(n_params, lay.state_recipe, state_shards(lay), lay.zero, lay.offload, lay.device)
     s.params += secondary_bytes(n_params, lay)
     return s
 

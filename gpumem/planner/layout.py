@@ -50,6 +50,14 @@ class Layout:
         return FRAMEWORK_3D if self.tp > 1 and self.pp > 1 else "deepspeed"
 
     @property
+    def state_recipe(self) -> str:
+        """The recipe whose bytes the states follow: Megatron-Core trains ``--bf16`` with fp32 main
+        gradients (``accumulate_allreduce_grads_in_fp32``, forced for bf16 in
+        ``megatron/training/arguments.py``; the gradient buffer is not sharded by the distributed
+        optimizer), which is ``mixed-ds``'s 2 + 4 + 12 bytes, and it reduces them in fp32."""
+        return "mixed-ds" if self.framework == FRAMEWORK_MCORE and self.recipe == "mixed" else self.recipe
+
+    @property
     def sequence_parallel(self) -> bool:
         """Whether the activations are planned with Megatron's sequence parallelism."""
         return self.framework in (FRAMEWORK_3D, FRAMEWORK_MCORE) and self.tp > 1

@@ -207,7 +207,7 @@ def states_part(cfg: ModelConfig, lay: Layout, part: str = "ends") -> dict:
     independent of sequence and micro-batch, for the end stages or the ``middle`` stage; hybrid
     sharding's states are :func:`.hybrid.model_states` (hsdp: over ``group``; hpz: + its secondary copy)."""
     lp = local_params(cfg, lay.tp, lay.pp, part)
-    n, r = lp["params"], accounting.RECIPE[lay.recipe]
+    n, r = lp["params"], accounting.RECIPE[lay.state_recipe]
     s = hybrid.model_states(n, lay)
     gathered, persistent, buffers = 0, 0, 0
     if lay.zero == 3:   # the working set holds the reduce bucket (one definition, no buffers here)
@@ -215,8 +215,8 @@ def states_part(cfg: ModelConfig, lay: Layout, part: str = "ends") -> dict:
         gathered = int(accounting.zero3_gathered(cfg, lay.recipe, DS_PREFETCH, DS_BUCKET, lay.tp, layers))
         if s.params:   # whole copies of the norm weights, beside the shards DeepSpeed keeps too
             persistent = r.params * lp["norms"]
-    elif lay.zero in (1, 2):
-        buffers = (r.grads + r.params) * min(DS_BUCKET, n)
+    elif lay.zero in (1, 2) and lay.framework != FRAMEWORK_MCORE:   # DeepSpeed's buckets (Megatron-Core
+        buffers = (r.grads + r.params) * min(DS_BUCKET, n)          # reduces its contiguous buffers in place)
     return {"params": s.params + persistent, "grads": s.grads, "optimizer": s.optimizer, "gathered": gathered,
             "buffers": buffers, "host": s.host, "nvme": s.nvme, "local_params": n}
 

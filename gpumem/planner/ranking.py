@@ -6,11 +6,14 @@ each uncertain by more than that. So the ranking is
 
 1. sort by step time; the fastest remaining plan opens a tie group of every remaining plan within
    ``TIE`` of it (relative to that plan, not to fixed buckets, so 88.339 s and 88.592 s are one
-   group however the buckets fall);
+   group however the buckets fall); a plan never ranks above a faster plan of an earlier group;
 2. inside a group: roomy plans before :func:`tight` ones (a plan with less than
    :func:`tight_limit` of headroom runs out on the first fragmentation spike, a longer sequence
    or a library upgrade), then the mixed recipe before pure bf16 (fp32 master weights), then
-   fewer bytes offloaded to host and drive (fewer moving parts), then fewer bytes per GPU, then time
+   fewer bytes offloaded to host and drive (fewer moving parts), then fewer pipeline stages x
+   context-parallel ways (the costs the model leaves out -- SM time taken by overlapped
+   communication, short ring-attention chunks, more p2p hops, harder debugging -- grow with them,
+   so practice keeps data parallelism wide), then fewer bytes per GPU, then time
    (and the layout's label, so that the order is total);
 3. repeat with the plans after the group.
 """
@@ -35,8 +38,9 @@ def tight(headroom: int, usable: int) -> bool:
 def secondary_key(p) -> tuple:
     """Order inside a tie group (see the module)."""
     m = p.memory
-    return (bool(m.get("tight")), p.layout.recipe != "mixed", m["host"] + m["nvme"], m["total"],
-            p.time["total"], p.layout.label())   # the label last: a total order, so rank_of is exact
+    lay = p.layout
+    return (bool(m.get("tight")), lay.recipe != "mixed", m["host"] + m["nvme"], lay.pp * lay.cp, m["total"],
+            p.time["total"], lay.label())   # the label last: a total order, so rank_of is exact
 
 
 def rank(plans: list) -> list:
