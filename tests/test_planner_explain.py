@@ -79,6 +79,10 @@ def test_layout_differences_and_the_deciding_rule_by_hand():
     assert words.startswith("a tie") and "roomy before tight" in words and "faster one loses" in words
     # 10.1 s is 1 % above 10.0 s: time decides
     assert explain.decider(plan(10.0), plan(10.1)).startswith("step time: 0.100 s (1.00%)")
+    # the same pipeline depth, fewer stages first: pp 2 against pp 4 at 0.1 % apart, equal bytes
+    shallow, deep = plan(10.01, lay=replace(a, zero=1, pp=2, dp=8)), plan(10.0, lay=replace(a, zero=1, pp=4, dp=4))
+    assert "fewer pipeline stages x context-parallel ways; the faster one loses" in explain.decider(shallow, deep)
+    assert len(explain.KEY_WORDS) == len(planner.ranking.secondary_key(roomy))
     text = explain.render_versus(explain.versus(roomy, fast_tight, ("roomy", "tight")))
     assert "+0.040" not in text and "-0.040" in text   # tight - roomy
     assert max(map(len, text.splitlines())) <= 100

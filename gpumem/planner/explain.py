@@ -35,8 +35,10 @@ NOT_TERMS = ("total", "bound", "data_parallel_moved_s", "offload_terms")   # ste
 # one assumption at a time, and the multiples asked (stated: a plausible spread, not a measured one)
 FACTORS = {"mfu": (0.8, 1.2), "inter_node": (0.5, 2.0), "cpu_adam_rate": (0.5, 2.0)}
 WORDS = {"mfu": "kernel share", "inter_node": "network between nodes", "cpu_adam_rate": "CPU Adam rate"}
+# ranking.secondary_key's entries, in its order, in words (a test checks the count)
 KEY_WORDS = ("roomy before tight (headroom under max(5 GB, 6 % of usable))", "mixed before pure bf16",
-             "fewer bytes offloaded to host and drive", "fewer bytes per GPU", "shorter step", "label order")
+             "fewer bytes offloaded to host and drive", "fewer pipeline stages x context-parallel ways",
+             "fewer bytes per GPU", "shorter step", "label order")
 
 
 def terms(plan: Plan) -> dict:
