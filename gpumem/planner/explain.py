@@ -183,6 +183,7 @@ class Line:
     leaders: list = field(default_factory=list)
     refused: str = ""
     old: Plan | None = None   # the base top's layout as the new answer prices it
+    fastest: float | None = None   # the new answer's shortest step (it opens the top's tie group)
 
 
 @dataclass
@@ -233,7 +234,8 @@ def sensitivity(question: Question | Result, top_k: int = 3, factors: dict | Non
             old = next(((i, p) for i, p in enumerate(r.plans, 1) if p.layout == top), (None, None))
             lines.append(Line(name, f, value, values[name], new, new is None or new.layout != top,
                               new is None or kind(new.layout) != kind(top), old[0],
-                              old[1].time["total"] if old[1] else None, r.distinct(top_k), old=old[1]))
+                              old[1].time["total"] if old[1] else None, r.distinct(top_k), old=old[1],
+                              fastest=fastest_time(r) if r.plans else None))
     return Sensitivity(base, lines)
 
 
@@ -265,7 +267,8 @@ def render_sensitivity(s: Sensitivity, width: int = WIDTH) -> str:
             old = "the old top no longer fits"
             if ln.old is not None:
                 k, _, _, d = versus(ln.top, ln.old).rows[0]
-                old = f"the old top ranks {ln.old_rank} at {ln.old_step:.2f} s ({k} {d:+.2f} s)"
+                old = (f"the old top ranks {ln.old_rank} at {ln.old_step:.2f} s, its largest difference "
+                       f"{k} {d:+.2f} s; order decided by {decider(ln.top, ln.old, ln.fastest)}")
             text = f"top changes ({what}) to {ln.top.layout.label()}, {ln.top.time['total']:.2f} s; {old}"
         out.append(_wrap(head + text, width))
     return "\n".join(out)

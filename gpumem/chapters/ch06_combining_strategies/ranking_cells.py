@@ -91,7 +91,8 @@ def rules_table() -> str:
     the top plan's family and step, and the best plain ZeRO-3 and hybrid-sharded steps."""
     nets = timing_cells.networks()
     big = question("70b-64gpu")
-    lines = [f"{'network between nodes':<34}{'top plan':<22}{'step s':>8}{'ZeRO-3 s':>10}{'hybrid s':>10}",
+    lines = [f"{'network between nodes':<32}{'GB/s per GPU':>13}  {'top plan':<16}{'step s':>9}{'ZeRO-3 s':>10}"
+             f"{'hybrid s':>10}",
              "Llama-3-8B on 16 x A100 40GB, data parallelism only (section 7's question):"]
     rows = [("8b", lambda node: timing_cells.slow_plan(node)),
             ("70b", lambda node: planner.plan(replace(big, cluster=replace(
@@ -105,7 +106,8 @@ def rules_table() -> str:
             plain = best_of(r, lambda lay: lay.zero == 3 and lay.hybrid == "none")
             hyb = best_of(r, lambda lay: lay.hybrid != "none")
             short = label.split(" (")[0].replace(" per node", "/node")
-            lines.append(f"  {short:<32}{family(top.layout):<22}{top.time['total']:>8.2f}"
+            rate = placement.per_gpu_network(node) / 1e9
+            lines.append(f"  {short:<30}{rate:>13.3g}  {family(top.layout):<16}{top.time['total']:>9.2f}"
                          f"{_seconds(plain):>10}{_seconds(hyb):>10}")
     return "\n".join(lines)
 
