@@ -70,8 +70,8 @@ def decider(a: Plan, b: Plan, fastest: float | None = None) -> str:
     first, second = (a, b) if ta <= tb else (b, a)
     if max(ta, tb) > opener * (1 + ranking.TIE):
         gap = max(ta, tb) - min(ta, tb)
-        return (f"step time: {gap:.3f} s ({gap / min(ta, tb):.2%}) shorter, outside the {ranking.TIE:.1%} "
-                f"tie band of the fastest plan ({opener:.3f} s)")
+        return (f"step time: {gap:.3f} s ({gap / min(ta, tb):.2%}) shorter; the slower plan lies outside the "
+                f"{ranking.TIE:.1%} tie band that opens at the fastest plan ({opener:.3f} s)")
     ka, kb = ranking.secondary_key(a), ranking.secondary_key(b)
     i = next((j for j, (x, y) in enumerate(zip(ka, kb)) if x != y), len(ka) - 1)
     winner = a if ka < kb else b
@@ -267,8 +267,8 @@ def render_sensitivity(s: Sensitivity, width: int = WIDTH) -> str:
             old = "the old top no longer fits"
             if ln.old is not None:
                 k, _, _, d = versus(ln.top, ln.old).rows[0]
-                old = (f"the old top ranks {ln.old_rank} at {ln.old_step:.2f} s, its largest difference "
-                       f"{k} {d:+.2f} s; order decided by {decider(ln.top, ln.old, ln.fastest)}")
+                old = (f"the old top ranks {ln.old_rank} at {ln.old_step:.2f} s, its largest difference from "
+                       f"the new top {k} {d:+.2f} s; order decided by {decider(ln.top, ln.old, ln.fastest)}")
             text = f"top changes ({what}) to {ln.top.layout.label()}, {ln.top.time['total']:.2f} s; {old}"
         out.append(_wrap(head + text, width))
     return "\n".join(out)

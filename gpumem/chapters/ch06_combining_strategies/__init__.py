@@ -14,12 +14,15 @@ questions, its plans drawn and priced, and one plan run for real on CPU ranks.
 - ``topology``     two nodes drawn from their node type, a layout's groups and the links they cross
 - ``validation_cells`` the published runs priced: every row's layout, filled-in fields, rank, the
                    search's best, the calibration
-- ``QUIZ``         the chapter's quiz (``quiz_topology``: its questions that need the topology)
+- ``ranking_cells`` why the top plan wins: top against runner-up term by term, the answer's
+                   sensitivity to its stated figures, the note's rules asked with every lever
+- ``QUIZ``         the chapter's quiz (``quiz_topology``: its questions that need the topology;
+                   ``quiz_ranking``: predict the planner's top family on a drawn cluster)
 """
 
-from . import (claims, diagrams, experiments, labcheck, plots, scenarios, timing_cells, topology,
-               validation_cells, widget)
+from . import (claims, diagrams, experiments, labcheck, plots, ranking_cells, scenarios, timing_cells,
+               topology, validation_cells, widget)
 from .quiz import QUIZ
 
-__all__ = ["claims", "diagrams", "experiments", "labcheck", "plots", "scenarios", "timing_cells", "topology",
-           "validation_cells", "widget", "QUIZ"]
+__all__ = ["claims", "diagrams", "experiments", "labcheck", "plots", "ranking_cells", "scenarios", "timing_cells",
+           "topology", "validation_cells", "widget", "QUIZ"]

@@ -122,17 +122,21 @@ def config_text(plan) -> str:
 
 def layout_grid(layout, gpus_per_node: int = 8) -> str:
     """Which GPU does what and what moves where: pipeline stages as rows, data-parallel replicas
-    as columns, each cell a tensor-parallel group of GPU numbers (ranks ordered tp fastest, then
-    dp, then pp); ZeRO shards along a row (the dp cells of one stage)."""
-    tp, pp, dp = layout.tp, layout.pp, layout.dp
-    lines = [f"{tp * pp * dp} GPUs = tp {tp} x dp {dp} x pp {pp}; nodes of {gpus_per_node}; ZeRO-{layout.zero} "
-             f"shards along each row, over its {dp} replicas"]
+    as columns, each cell the tensor- (and context-) parallel group of one replica of a stage, as
+    GPU numbers (ranks ordered tp fastest, then cp, then dp, then pp: Megatron's order); ZeRO
+    shards along a row (the dp cells of one stage, over dp x cp ranks when cp > 1)."""
+    tp, pp, dp, cp = layout.tp, layout.pp, layout.dp, layout.cp
+    cell = tp * cp
+    shape = f"tp {tp} x " + (f"cp {cp} x " if cp > 1 else "") + f"dp {dp} x pp {pp}"
+    lines = textwrap.wrap(f"{cell * pp * dp} GPUs = {shape}; nodes of {gpus_per_node}; ZeRO-{layout.zero} shards "
+                          f"along each row, over its {dp} replicas" + (f" x cp {cp} = {dp * cp} ranks" if cp > 1 else ""),
+                          100, subsequent_indent="  ", break_on_hyphens=False)
     show_dp = min(dp, 4)
     for s in range(min(pp, 6)):
         cells = []
         for r in range(show_dp):
-            first = s * tp * dp + r * tp
-            ranks = f"{first}" if tp == 1 else f"{first}-{first + tp - 1}"
+            first = s * cell * dp + r * cell
+            ranks = f"{first}" if cell == 1 else f"{first}-{first + cell - 1}"
             cells.append(f"[{ranks:^9s}]")
         more = f" ... {dp - show_dp} more replicas" if dp > show_dp else ""
         lines.append(f"stage {s}: " + " <-> ".join(cells) + more)
@@ -143,13 +147,24 @@ def layout_grid(layout, gpus_per_node: int = 8) -> str:
     lines.append("what moves:")
     moves = []
     if tp > 1:
-        moves.append(f"inside a [cell]: {tp} GPUs of one node all-reduce activations 4 times a layer (2 forward, 2 backward) over NVLink")
-    moves.append(f"<-> along a row: ZeRO-{layout.zero} " + {
-        0: "all-reduces the gradients once per step",
-        1: "all-reduces the gradients, then all-gathers the updated parameters",
-        2: "reduce-scatters the gradients every micro-batch, all-gathers the parameters once",
-        3: "all-gathers each layer's parameters (forward and backward) and reduce-scatters its gradients",
-    }[layout.zero] + (" (NVLink inside a node, InfiniBand between nodes)" if tp * dp > gpus_per_node else " (NVLink)"))
+        moves.append(f"inside a [cell]: each tensor-parallel group of {tp} GPUs (in one node) all-reduces "
+                     "activations 4 times a layer (2 forward, 2 backward) over NVLink")
+    if cp > 1:
+        link = "InfiniBand: its GPUs sit in different nodes" if cell > gpus_per_node else "NVLink"
+        moves.append(f"inside a [cell]: {cp} GPUs, one of each tensor-parallel group, each hold 1/{cp} of every "
+                     f"sequence and pass K and V chunks around their ring in every layer's attention ({link})")
+    if layout.vp > 1:
+        moves.append(f"each GPU holds {layout.vp} chunks of its stage's layers (interleaved 1F1B): a "
+                     f"micro-batch passes every stage {layout.vp} times")
+    mcore = layout.framework == "megatron-core"
+    words = {0: "all-reduces the gradients once per step",
+             1: ("reduce-scatters the gradients, then all-gathers the updated parameters (Megatron-Core's "
+                 "distributed optimizer)" if mcore else "all-reduces the gradients, then all-gathers the updated "
+                 "parameters"),
+             2: "reduce-scatters the gradients every micro-batch, all-gathers the parameters once",
+             3: "all-gathers each layer's parameters (forward and backward) and reduce-scatters its gradients"}
+    moves.append(f"<-> along a row: ZeRO-{layout.zero} " + words[layout.zero]
+                 + (" (NVLink inside a node, InfiniBand between nodes)" if cell * dp > gpus_per_node else " (NVLink)"))
     if layout.offload != "none":
         where = "host memory" if layout.device == "cpu" else "host memory <-> NVMe drive"
         moves.append(f"each GPU <-> {where} over PCIe: gradients down, updated parameters up once a step "
@@ -157,7 +172,9 @@ def layout_grid(layout, gpus_per_node: int = 8) -> str:
                      + ("; and every micro-batch's forward and backward fetch the parameter shard up again"
                         if layout.offload == "optimizer+params" else ""))
     lines += [textwrap.fill(m, 100, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False) for m in moves]
-    lines.append("a [cell] is one tensor-parallel group: it holds 1/tp of every matrix of its stage")
+    lines += textwrap.wrap("a [cell] is one tensor-parallel group: it holds 1/tp of every matrix of its stage"
+                           if cp == 1 else f"a [cell] is {cp} tensor-parallel groups of {tp}: each GPU holds 1/tp "
+                           f"of every matrix of its stage and 1/{cp} of every sequence", 100)
     return "\n".join(lines)
 
 

@@ -43,7 +43,13 @@ def why_top(name: str) -> str:
     head = f"{ABOUT[name]}: {len(r.plans):,} plans fit"
     if v is None:
         return head + "; every one is the top plan's kind"
-    return head + "\n" + explain.render_versus(v, WIDTH)
+    fastest = min(r.plans, key=lambda p: p.time["total"])
+    band = sum(p.time["total"] <= fastest.time["total"] * (1 + planner.TIE) for p in r.plans)
+    tie = textwrap.fill(
+        f"{band} plans lie within {planner.TIE:.1%} of the fastest, {fastest.layout.label()}, "
+        f"{fastest.time['total']:.3f} s, {fastest.memory['total'] / 1e9:.1f} GB per GPU, ranked "
+        f"{r.plans.index(fastest) + 1}", WIDTH)
+    return "\n".join([head, explain.render_versus(v, WIDTH), tie])
 
 
 @lru_cache(maxsize=8)
@@ -88,11 +94,11 @@ def rules_table() -> str:
     """Section 7's question (Llama-3-8B on 16 A100 40GB, data parallelism only,
     ``timing_cells.slow_plan``) and 70B on 64 H100s with every lever, on section 7's four networks
     (the A100 node's ports shared by its GPUs, given to the H100 question as the same per-GPU rate):
-    the top plan's family and step, and the best plain ZeRO-3 and hybrid-sharded steps."""
+    the top plan's family and step, and the best plain ZeRO-3, hpZ and HSDP steps."""
     nets = timing_cells.networks()
     big = question("70b-64gpu")
-    lines = [f"{'network between nodes':<32}{'GB/s per GPU':>13}  {'top plan':<16}{'step s':>9}{'ZeRO-3 s':>10}"
-             f"{'hybrid s':>10}",
+    lines = [f"{'network between nodes':<32}{'GB/s per GPU':>13}  {'top plan':<16}{'step s':>8}{'ZeRO-3 s':>9}"
+             f"{'hpZ s':>9}{'HSDP s':>9}",
              "Llama-3-8B on 16 x A100 40GB, data parallelism only (section 7's question):"]
     rows = [("8b", lambda node: timing_cells.slow_plan(node)),
             ("70b", lambda node: planner.plan(replace(big, cluster=replace(
@@ -104,11 +110,12 @@ def rules_table() -> str:
             r = ask(node)
             top = r.best
             plain = best_of(r, lambda lay: lay.zero == 3 and lay.hybrid == "none")
-            hyb = best_of(r, lambda lay: lay.hybrid != "none")
+            hpz = best_of(r, lambda lay: lay.hybrid == "hpz")
+            hsdp = best_of(r, lambda lay: lay.hybrid == "hsdp")
             short = label.split(" (")[0].replace(" per node", "/node")
             rate = placement.per_gpu_network(node) / 1e9
-            lines.append(f"  {short:<30}{rate:>13.3g}  {family(top.layout):<16}{top.time['total']:>9.2f}"
-                         f"{_seconds(plain):>10}{_seconds(hyb):>10}")
+            lines.append(f"  {short:<30}{rate:>13.3g}  {family(top.layout):<16}{top.time['total']:>8.2f}"
+                         f"{_seconds(plain):>9}{_seconds(hpz):>9}{_seconds(hsdp):>9}")
     return "\n".join(lines)
 
 
