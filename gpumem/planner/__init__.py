@@ -13,7 +13,10 @@ Modules:
 * :mod:`.config`: the layout as DeepSpeed / Megatron-DeepSpeed / FSDP2 switches;
 * :mod:`.evaluate`: one given layout priced and ranked (``plan --layout``; ``evaluate``);
 * :mod:`.placement`: the node a GPU is planned in and where each group's ranks sit;
-* :mod:`.advice`: what to change when nothing fits; :mod:`.stage_split`: uneven pipeline splits.
+* :mod:`.advice`: what to change when nothing fits; :mod:`.stage_split`: uneven pipeline splits;
+* :mod:`.hybrid`: hybrid sharding (FSDP2 HSDP, ZeRO++ hpZ); :mod:`.layout`: the ``Layout`` itself;
+* :mod:`.explain`: two plans term by term, the runner-up, sensitivity to the stated figures;
+* :mod:`.validate` and :mod:`.practice`: published runs priced, and the top plan against each run.
 
 ``from gpumem import planner; planner.plan("llama-3-70b", 64, seq=8192)`` is the public entry.
 """

@@ -6,6 +6,7 @@ here prices anything."""
 
 import textwrap
 
+from gpumem import planner
 from gpumem.memory import gpus
 from gpumem.planner import practice, validate
 from gpumem.timing.compute import KERNEL_SHARE
@@ -28,7 +29,9 @@ def speed_vs_best(row: validate.Row) -> str:
     """The run's step against the search's best plan for the same question, in words."""
     if row.vs_best is None:
         return "the search finds no plan that fits"
-    faster = ": faster than every plan the search proposes" if row.vs_best < 1 else ""
+    tie = 1 / (1 + planner.TIE)
+    faster = (": faster than every plan the search proposes" if row.vs_best < tie
+              else ": a tie with it (within the ranking's 0.5 % band)" if row.vs_best < 1 else "")
     return f"its step takes {row.vs_best:.2f}x the search's best ({row.best}){faster}"
 
 
