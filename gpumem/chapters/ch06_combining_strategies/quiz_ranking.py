@@ -25,7 +25,7 @@ NETWORKS = {"ib": ("one 400 Gb/s InfiniBand NIC per GPU (50 GB/s each way)", 50e
 CASES = (("llama-3-8b", "h100-80gb", 128, "eth100"), ("llama-3-70b", "h100-80gb", 32, "ib"),
          ("llama-3-70b", "h100-80gb", 128, "ib"), ("llama-3-70b", "h200", 128, "eth25"))
 OPTIONS = ["Plain ZeRO-3 over every GPU, all model states kept in GPU memory",
-           "Hybrid sharding: ZeRO-3 inside each node, replicas across nodes",
+           "Hybrid sharding (hpZ or HSDP): extra sharding inside each node, so less crosses the network",
            "ZeRO-3 over every GPU with model states offloaded to host memory",
            "ZeRO-1 or ZeRO-2 over every GPU, whole bf16 weights on each GPU"]
 WHY = {"zero3": "ZeRO-3's gathers and reduce-scatters, three per micro-batch, hide behind compute on "
@@ -117,7 +117,9 @@ QUESTION = PredictChoice(
     "predict: which family does its top plan belong to?",
     OPTIONS, answer=0, explanation=_explained, draw=_draw,
     hint="Count what crosses the NICs per step in each family: ZeRO-3 gathers the weights twice and "
-         "reduce-scatters the gradients once per micro-batch; hybrid sharding crosses nodes once a step "
-         "with a group's share of the gradients; ZeRO-1/2 keep whole weights. Set that against the "
+         "reduce-scatters the gradients once per micro-batch; hybrid sharding sends less: with hpZ the "
+         "backward all-gather stays inside the node (forward's gather and the reduce-scatter still "
+         "cross), with HSDP only a once-a-step all-reduce of a 1/group shard of the gradients crosses "
+         "nodes; ZeRO-1/2 keep whole weights. Set that against the "
          "compute a micro-batch offers on this GPU, then check what each family needs to fit in memory "
          "(and what checkpointing it is then forced into).")
