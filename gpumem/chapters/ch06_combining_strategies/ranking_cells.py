@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from gpumem import planner
 from gpumem.planner import explain, placement
+from gpumem.timing import hardware
 
 from . import scenarios, timing_cells
 
@@ -97,8 +98,8 @@ def rules_table() -> str:
     the top plan's family and step, and the best plain ZeRO-3, hpZ and HSDP steps."""
     nets = timing_cells.networks()
     big = question("70b-64gpu")
-    lines = [f"{'network between nodes':<32}{'GB/s per GPU':>13}  {'top plan':<16}{'step s':>8}{'ZeRO-3 s':>9}"
-             f"{'hpZ s':>9}{'HSDP s':>9}",
+    lines = [f"{'network between nodes':<34}{'GB/s/GPU':>8}  {'top plan':<22}{'step s':>8}{'ZeRO-3':>8}"
+             f"{'hpZ':>8}{'HSDP':>8}",
              "Llama-3-8B on 16 x A100 40GB, data parallelism only (section 7's question):"]
     rows = [("8b", lambda node: timing_cells.slow_plan(node)),
             ("70b", lambda node: planner.plan(replace(big, cluster=replace(
@@ -114,9 +115,23 @@ def rules_table() -> str:
             hsdp = best_of(r, lambda lay: lay.hybrid == "hsdp")
             short = label.split(" (")[0].replace(" per node", "/node")
             rate = placement.per_gpu_network(node) / 1e9
-            lines.append(f"  {short:<30}{rate:>13.3g}  {family(top.layout):<16}{top.time['total']:>8.2f}"
-                         f"{_seconds(plain):>9}{_seconds(hpz):>9}{_seconds(hsdp):>9}")
-    return "\n".join(lines)
+            lines.append(f"  {short:<32}{rate:>8.3g}  {_top_words(top.layout):<22}{top.time['total']:>8.2f}"
+                         f"{_seconds(plain):>8}{_seconds(hpz):>8}{_seconds(hsdp):>8}")
+    ib = placement.per_gpu_network(nets[0][1]) / 1e9
+    own = placement.per_gpu_network(hardware.node(placement.NODE_OF_GPU[big.cluster.gpu])) / 1e9
+    note = (f"Seconds a step (ZeRO-3, hpZ, HSDP: each family's best plan). The InfiniBand row is the "
+            f"A100 node's own NICs, {ib:.3g} GB/s per GPU; the H100 question is given that same rate, "
+            f"not a DGX H100's own NICs ({own:.3g} GB/s per GPU, the 70B answers above).")
+    return "\n".join(lines + [textwrap.fill(note, WIDTH)])
+
+
+def _top_words(lay) -> str:
+    """The top plan's family, and for a 3-D layout its split (tp, pp, cp, vp above 1)."""
+    name = family(lay)
+    if not name.startswith("3-D"):
+        return name
+    parts = [f"{k}{getattr(lay, k)}" for k in ("tp", "pp", "cp", "vp") if getattr(lay, k) > 1]
+    return "3-D " + " ".join(parts)
 
 
 def slow_versus(net: int = 2) -> str:
@@ -127,5 +142,10 @@ def slow_versus(net: int = 2) -> str:
     r = timing_cells.slow_plan(node)
     plain = best_of(r, lambda lay: lay.zero == 3 and lay.hybrid == "none")
     head = textwrap.fill(f"{name}: the top plan against the best plain ZeRO-3 plan", WIDTH)
-    return head + "\n" + explain.render_versus(
-        explain.versus(r.best, plain, ("top", "ZeRO-3"), explain.fastest_time(r)), WIDTH)
+    body = explain.render_versus(explain.versus(r.best, plain, ("top", "ZeRO-3"), explain.fastest_time(r)),
+                                 WIDTH)
+    t_top, t_plain = r.best.time["total"], plain.time["total"]
+    pace = textwrap.fill(f"ZeRO-3 takes {t_plain / t_top - 1:.0%} longer than the top plan (the top "
+                         f"plan is {1 - t_top / t_plain:.0%} faster), against a tie band of "
+                         f"{planner.TIE:.1%}.", WIDTH)
+    return head + "\n" + body + "\n" + pace
