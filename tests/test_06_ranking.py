@@ -114,3 +114,28 @@ def test_rules_table_families_match_the_planner():
         assert rc.family(top.layout) in row and f"{top.time['total']:.2f}" in row
     assert rc.family(planner.plan("llama-3-70b", 64, tp=(8,), pp=(8,), zero=(0,), vp=(1,), cp=(1,)).best.layout) \
         .startswith("3-D")
+
+
+def test_rules_table_rates_right_aligned_and_ib_note_by_hand():
+    """Every row's GB/s per GPU ends in the header's column; the note's rates are the NICs' line
+    rates over 8 GPUs: DGX A100 8 x 200 Gb/s -> 25 GB/s, DGX H100 8 x 400 Gb/s -> 50 GB/s per GPU
+    (NVIDIA's DGX A100 / DGX H100 datasheets)."""
+    text = rc.rules_table()
+    lines = text.splitlines()
+    end = lines[0].index("GB/s/GPU") + len("GB/s/GPU")
+    rows = [ln for ln in lines if ln.startswith("  ")]
+    assert len(rows) == 8
+    assert all(ln[end - 1] != " " and ln[end] == " " for ln in rows)
+    assert all("tp8" in ln for ln in rows[4:] if "3-D" in ln)
+    flat = " ".join(text.split())
+    assert f"{8 * 200 / 8 / 8:.3g} GB/s per GPU" in flat and f"{8 * 400 / 8 / 8:.3g} GB/s per GPU" in flat
+
+
+def test_slow_versus_says_how_much_longer_zero3_takes():
+    """The last line states plain ZeRO-3's extra time over the top plan as the two step times'
+    ratio, read off the table's own 'step' row."""
+    text = rc.slow_versus()
+    step = next(ln for ln in text.splitlines() if ln.startswith("step"))
+    top, plain = map(float, step.split()[1:3])
+    assert f"ZeRO-3 takes {plain / top - 1:.0%} longer" in text
+    assert f"{1 - top / plain:.0%} faster" in text
