@@ -25,7 +25,7 @@ NETWORKS = {"ib": ("one 400 Gb/s InfiniBand NIC per GPU (50 GB/s each way)", 50e
 CASES = (("llama-3-8b", "h100-80gb", 128, "eth100"), ("llama-3-70b", "h100-80gb", 32, "ib"),
          ("llama-3-70b", "h100-80gb", 128, "ib"), ("llama-3-70b", "h200", 128, "eth25"))
 OPTIONS = ["Plain ZeRO-3 over every GPU, all model states kept in GPU memory",
-           "Hybrid sharding (hpZ or HSDP): extra sharding inside each node, so less crosses the network",
+           "Hybrid sharding (hpZ or HSDP): ZeRO-3 with a shard group inside each node",
            "ZeRO-3 over every GPU with model states offloaded to host memory",
            "ZeRO-1 or ZeRO-2 over every GPU, whole bf16 weights on each GPU"]
 WHY = {"zero3": "ZeRO-3's gathers and reduce-scatters, three per micro-batch, hide behind compute on "
