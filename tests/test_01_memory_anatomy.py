@@ -9,7 +9,10 @@ hand counts (shared/reference/seed-errata.md), Meta's configs, torch's own AdamW
 
 import json
 import math
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 import torch
@@ -137,13 +140,32 @@ def test_real_step_equals_fake_trace(recipe):
         assert real.peaks == fake.peaks and real.total_peak == fake.total_peak
 
 
+def _trace_seqs(model: str) -> tuple[int, int]:
+    return (1024, 4096) if not models.get(model).teaching else (64, 256)
+
+
+@pytest.fixture(scope="module")
+def formula_rows():
+    """``crosscheck.formula_vs_trace`` for every registry model and sequence length, started at
+    once in two worker processes (each call is 15 fake-tensor traces; in one process the five
+    models take about 7 minutes). Each test waits for its own model's rows only, so a model whose
+    rows fail or raise fails its own test."""
+    jobs = sorted(((m, s) for m in models.REGISTRY for s in _trace_seqs(m)),
+                  key=lambda job: -models.get(job[0]).n_layers)          # the deepest first
+    pool = ProcessPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)),
+                               mp_context=multiprocessing.get_context("spawn"))
+    try:
+        yield {job: pool.submit(crosscheck.formula_vs_trace, *job) for job in jobs}
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
 @pytest.mark.parametrize("model", list(models.REGISTRY))
-def test_formula_matches_trace(model):
+def test_formula_matches_trace(model, formula_rows):
     """Every registry model x {1024, 4096} x kernel x policy: activations within 1 %, states exact."""
-    seqs = (1024, 4096) if not models.get(model).teaching else (64, 256)
     worst = 0.0
-    for seq in seqs:
-        for row in crosscheck.formula_vs_trace(model, seq):
+    for seq in _trace_seqs(model):
+        for row in formula_rows[model, seq].result():
             assert row["states_equal"], row
             worst = max(worst, abs(row["formula"] - row["trace"]) / row["trace"])
     assert worst <= 0.01

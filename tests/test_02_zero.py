@@ -120,9 +120,22 @@ def test_bucketed_zero2_trains_like_adamw_within_its_bucket():
 
 
 @pytest.fixture(scope="module")
-def ds_run():
-    return launch.run("gpumem.chapters.ch02_zero.ds_ranks:deepspeed_stages", 2, deepspeed=True, progress=False,
-                      model="tiny", steps=3)
+def cli_zero():
+    """One ``python -m gpumem run zero --ranks 2 --json``, as a user runs it: ZeRO 0-3 from scratch,
+    then real DeepSpeed (``ds_ranks:deepspeed_stages``, 2 ranks, the tiny model, 3 steps)."""
+    proc = run_cli("run", "zero", "--ranks", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def ds_run(cli_zero):
+    """Rank -> stage -> what DeepSpeed held and its losses: the command line's DeepSpeed launch
+    (the same function and arguments a direct ``launch.run`` would take), read from its JSON."""
+    ds = cli_zero["deepspeed"]
+    assert cli_zero["model"] == "tiny" and cli_zero["ranks"] == 2
+    return [{int(stage): {"held": row["ranks"][r]["held_elements"], "losses": row["ranks"][r]["losses"]}
+             for stage, row in ds.items()} for r in range(2)]
 
 
 def test_deepspeed_partitions_match_the_formulas(ds_run):
@@ -228,10 +241,8 @@ def test_70b_gathers_every_layer_twice_but_the_head():
     assert 1.98 < vol["gathered_psi"] < 2.0 and vol["per_step_psi"] == vol["gathered_psi"] + 1
 
 
-def test_run_zero_from_the_command_line():
-    proc = run_cli("run", "zero", "--ranks", "2", "--json")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    data = json.loads(proc.stdout)
+def test_run_zero_from_the_command_line(cli_zero):
+    data = cli_zero
     assert set(data["stages"]) == {"0", "1", "2", "3"} and set(data["deepspeed"]) == {"0", "1", "2", "3"}
     for row in data["stages"].values():
         assert len(row["ranks"]) == 2

@@ -101,22 +101,24 @@ def test_saved_bytes_by_hand_and_formula():
 
 @pytest.fixture(scope="module")
 def sweep():
-    return am.sweep((2048, 4096, 8192), heads=1, head_dim=64)
+    # s 2048 and 4096: the s^2 term already dominates naive's bytes (measured ratios 3.96-4.0 here;
+    # at 4096 -> 8192 3.98-4.0), at a quarter of the 8192 run's memory and time
+    return am.sweep((2048, 4096), heads=1, head_dim=64)
 
 
-def _ratio(rows, method, key, s=4096):
+def _ratio(rows, method, key, s=2048):
     by = {(r["method"], r["seq"]): r[key] for r in rows}
     return by[(method, 2 * s)] / by[(method, s)]
 
 
 @pytest.mark.parametrize("key", ["peak_forward", "peak_backward", "saved_made"])
 def test_memory_laws_from_the_measurement(sweep, key):
-    """s 4096 -> 8192: naive's bytes grow 4x (s^2), SDPA's and the tiled kernel's 2x (s)."""
+    """s 2048 -> 4096: naive's bytes grow 4x (s^2), SDPA's and the tiled kernel's 2x (s)."""
     assert 3.9 <= _ratio(sweep, "naive", key) <= 4.05
     for method in ("sdpa", "tiled"):
         assert 1.95 <= _ratio(sweep, method, key) <= 2.05, method
-    naive8k = next(r for r in sweep if r["method"] == "naive" and r["seq"] == 8192)
-    assert naive8k["saved_made"] == 4 * 8192 ** 2                # 256 MiB: one head's fp32 probabilities
+    naive4k = next(r for r in sweep if r["method"] == "naive" and r["seq"] == 4096)
+    assert naive4k["saved_made"] == 4 * 4096 ** 2                # 64 MiB: one head's fp32 probabilities
 
 
 def test_sdpa_backend_on_cpu_is_its_flash_kernel_and_math_when_forced():

@@ -98,22 +98,31 @@ def test_committed_results_files_are_well_formed():
 @pytest.fixture(scope="module")
 def cpu_check(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check")
-    proc = subprocess.run([sys.executable, "tools/gpu_check.py", "--results-dir", str(out / "results"),
-                           "--report", str(out / "report.md")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=240, env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
-    return proc, out
+    # the independent list of gpu-marked tests is collected while the tool runs (both only collect
+    # and skip: one core each, about 15 s each on a 2-core machine)
+    listing = subprocess.Popen([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q",
+                                "-p", "no:cacheprovider", "tests"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        proc = subprocess.run([sys.executable, "tools/gpu_check.py", "--results-dir", str(out / "results"),
+                               "--report", str(out / "report.md")], cwd=ROOT, capture_output=True, text=True,
+                              timeout=240, env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+        listed_out, _ = listing.communicate(timeout=120)
+    finally:
+        if listing.poll() is None:
+            listing.kill()
+            listing.communicate()
+    return proc, out, listed_out
 
 
 def test_gpu_check_on_cpu_skips_every_item_with_a_reason(cpu_check):
-    proc, out = cpu_check
+    proc, out, listed_out = cpu_check
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = (out / "report.md").read_text()
     assert "no CUDA device" in report and "nothing was measured" in report
     # every gpu-marked test in the suite appears, skipped, with the conftest's reason
-    listed = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q",
-                             "-p", "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    ids = [line for line in listed.stdout.splitlines() if "::" in line]
-    assert ids, listed.stdout[-1000:]
+    ids = [line for line in listed_out.splitlines() if "::" in line]
+    assert ids, listed_out[-1000:]
     for nodeid in ids:
         row = next((line for line in report.splitlines() if nodeid in line), None)
         assert row is not None, f"{nodeid} missing from the report"
@@ -122,7 +131,7 @@ def test_gpu_check_on_cpu_skips_every_item_with_a_reason(cpu_check):
 
 
 def test_gpu_check_on_cpu_writes_no_results_file(cpu_check):
-    proc, out = cpu_check
+    proc, out, _ = cpu_check
     assert not (out / "results").exists() or not list((out / "results").glob("*.json"))
     assert "no results file written" in proc.stdout
 

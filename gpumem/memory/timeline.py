@@ -182,9 +182,14 @@ def record(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str = "
                     [r[1] for r in rows], series, tr)
 
 
-@lru_cache(maxsize=6)
 def recorded(cfg: models.ModelConfig | str, recipe: str = "mixed", kernel: str = "flash",
              policy: str = "none", seq: int = 4096) -> Timeline:
     """:func:`record`, kept for the process: a full 70B timeline takes seconds and several
-    chapters' figures read the same one (treat it as read-only)."""
+    chapters' figures read the same one (treat it as read-only). A model named or given as its
+    config is one entry."""
+    return _recorded(models.get(cfg) if isinstance(cfg, str) else cfg, recipe, kernel, policy, seq)
+
+
+@lru_cache(maxsize=6)
+def _recorded(cfg: models.ModelConfig, recipe: str, kernel: str, policy: str, seq: int) -> Timeline:
     return record(cfg, recipe, kernel, policy, seq)

@@ -2,7 +2,11 @@
 gradient peak, what ZeRO-3 receives per step, when DeepSpeed keeps a weight whole from forward
 to backward, what happens to persistent norms, and how many modules it fetches. Each numeric
 attempt draws a model, recipe, GPU count, bucket, reuse distance or architecture; every expected
-value is computed by the library (``gpumem.memory``, ``gpumem.runs``)."""
+value is computed by the library (``gpumem.memory``, ``gpumem.runs``). The schedule replays that
+a draw needs depend only on the model (and the reuse distance), so they are cached: every seed
+redraws every question, and one replay of 70B or 405B takes tens of milliseconds."""
+
+from functools import lru_cache
 
 from gpumem.course.quiz import Choice, Numeric, Quiz
 from gpumem.course.quiz_draws import LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick, recipe_numbers
@@ -44,7 +48,29 @@ def fewest_gpus(n_params: int, recipe: str, usable: int) -> int:
 
 
 def _sizes(model: str) -> list[int]:
-    return [n for own in zero3_schedule.llama_params(models.get(model)).values() for _, n in own]
+    return list(_sizes_of(model))
+
+
+@lru_cache(maxsize=None)
+def _sizes_of(model: str) -> tuple[int, ...]:
+    return tuple(n for own in zero3_schedule.llama_params(models.get(model)).values() for _, n in own)
+
+
+@lru_cache(maxsize=None)
+def _gathered(model: str) -> int:
+    """Elements ZeRO-3 all-gathers in one steady step of ``model`` with DeepSpeed's defaults."""
+    return sum(zero3_schedule.step_volume(models.get(model))["gathered_elements"].values())
+
+
+@lru_cache(maxsize=None)
+def _gathers_and_gap(model: str, module: str, reuse: float) -> tuple[int, int]:
+    """How often ``module``'s weight is all-gathered in a step at reuse distance ``reuse``, and the
+    elements run between its forward and its backward."""
+    cfg = models.get(model)
+    events = zero3_schedule.simulate(zero3_schedule.fetch_order(cfg), zero3_schedule.llama_params(cfg),
+                                     {"stage3_max_reuse_distance": reuse})
+    gathers = sum(1 for e in events if e["event"] == "all-gather" and f"{module}.weight" in e["params"])
+    return gathers, zero3_schedule.reuse_gap(cfg, module)
 
 
 def _peak(rng) -> dict:
@@ -60,7 +86,7 @@ def _peak(rng) -> dict:
 def _moved(rng) -> dict:
     n = model_numbers(pick(rng, DEEP)) | {"gpus": pick(rng, (8, 16, 64))}
     cfg = models.get(n["model_name"])
-    gathered = sum(zero3_schedule.step_volume(cfg)["gathered_elements"].values())
+    gathered = _gathered(n["model_name"])
     ring = (n["gpus"] - 1) / n["gpus"]
     return n | {"vocab": cfg.vocab, "head": cfg.vocab * cfg.d_model, "gathered": gathered,
                 "received_gb": 2 * gathered * ring / GB, "one_pass_gb": 2 * n["n_params"] * ring / GB,
@@ -71,13 +97,11 @@ def _reuse(rng) -> dict:
     n = model_numbers(pick(rng, DEEP)) | {"reuse": pick(rng, (1e9, 2e9, 3e9, 5e9, 8e9))}
     cfg = models.get(n["model_name"])
     module = f"layers.{cfg.n_layers - 1}.mlp.down"
-    events = zero3_schedule.simulate(zero3_schedule.fetch_order(cfg), zero3_schedule.llama_params(cfg),
-                                     {"stage3_max_reuse_distance": n["reuse"]})
-    gathers = sum(1 for e in events if e["event"] == "all-gather" and f"{module}.weight" in e["params"])
+    gathers, gap = _gathers_and_gap(n["model_name"], module, n["reuse"])
     verdict = ("kept whole in between, gathered once, for forward" if gathers == 1 else
                "released after its forward, gathered again for backward: twice")
     return n | {"module": module, "head": cfg.vocab * cfg.d_model, "gathers": gathers, "verdict": verdict,
-                "gap": zero3_schedule.reuse_gap(cfg, module), "reuse_int": int(n["reuse"])}
+                "gap": gap, "reuse_int": int(n["reuse"])}
 
 
 ATTENTION = {"separate q, k, v and output projections": 4, "one fused qkv projection and an output projection": 2}
