@@ -99,11 +99,11 @@ def _states_ok(cfg: ModelConfig, base: Layout, mid: bool, opts: dict, ranks_per_
 
 
 def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable: int, opts: dict,
-               closest: dict | None = None, first_only: bool = False, count: dict | None = None):
+               closest: dict | None = None, count: dict | None = None):
     """Yield ``(layout, memory)`` for every layout that fits, lazily (a caller wanting one stops
     after the first); ``closest`` (a dict) is updated with the layout that misses by the fewest
     bytes; ``count`` (a dict) gets ``considered`` (every layout enumerated) and ``evaluated``
-    (those whose bytes were computed). ``first_only`` is kept for callers that pass it."""
+    (those whose bytes were computed)."""
     count = {} if count is None else count
     count.setdefault("considered", 0)
     count.setdefault("evaluated", 0)
@@ -259,6 +259,6 @@ def fits_any(cfg: ModelConfig, gpus: int, capacity: int, seq: int, global_batch:
              reserve: gpu_table.Reserve, opts: dict) -> Layout | None:
     """The first layout that fits (no ranking), or None: what the advice searches with."""
     usable = gpu_table.usable(capacity, reserve)
-    for lay, _ in candidates(cfg, gpus, seq, global_batch, usable, opts, first_only=True):
+    for lay, _ in candidates(cfg, gpus, seq, global_batch, usable, opts):
         return lay
     return None
