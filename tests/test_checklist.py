@@ -54,7 +54,7 @@ def test_every_question_needs_a_pointer_and_keys_are_unique():
 def test_view_and_summary_follow_the_saved_progress(capsys):
     c = cl.Checklist("cl-test", _items())
     assert "[ ] 1. First item (0/2)" in c.view() and "0 of 2 items done." in c.view()
-    c.answer("pick", 2)
+    c.answer("pick", "7")
     c.answer("fixed", "show")
     view = c.view()
     assert "[~] 1. First item (1/2)" in view and "      [x] pick" in view and "      [ ] double" in view
@@ -84,7 +84,8 @@ def test_show_prints_one_item_in_text_mode(capsys, monkeypatch):
     c.show("one")
     out = capsys.readouterr().out
     assert out.startswith("Item 1 of 2: First item\n[double] Twice ")
-    assert "(2) 7" in out and "(a number in GB; other byte units are converted)" in out and "[fixed]" not in out
+    pick = c.quiz._get("pick")
+    assert f"({pick.options.index('7')}) 7" in out and "(a number in GB; other byte units are converted)" in out and "[fixed]" not in out
     assert "double (number, GB)" in c.outline() and "pick (choice)" in c.outline()
 
 
@@ -111,6 +112,132 @@ def test_notebook_headings_and_missing_pointers(tmp_path):
 
 def test_quiz_progress_counts_per_quiz():
     c = cl.Checklist("cl-test", _items())
-    c.answer("pick", 2)
+    c.answer("pick", "7")
     c.answer("fixed", "show")
     assert cl.quiz_progress([c.quiz]) == "[~] cl-test: 1 of 3 answered correctly, 1 answer(s) shown"
+
+
+# -- a shown answer earns nothing in the same sitting (review D5) --------------------------------
+
+def _saved(name="cl-test") -> dict:
+    return json.loads(progress_file().read_text()).get(name, {}) if progress_file().exists() else {}
+
+
+def earns(c, qid, value, capsys) -> bool:
+    """Whether an answer is counted: its feedback says "Correct" (a right answer that is not
+    counted returns True from ``answer`` too, and says so)."""
+    capsys.readouterr()
+    c.answer(qid, value)
+    return capsys.readouterr().out.startswith("Correct")
+
+
+def test_choice_options_are_shuffled_per_attempt_and_keep_the_right_text():
+    c = cl.Checklist("cl-test", _items())
+    pick, orders = c.quiz._get("pick"), set()
+    for _ in range(40):
+        c.quiz.renew("pick", quiet=True)
+        assert sorted(pick.options) == ["4", "6", "7", "9"] and pick.expected() == "7"
+        orders.add(tuple(pick.options))
+    assert len(orders) > 6 and len({o.index("7") for o in orders}) == 4
+
+
+def test_show_renew_same_index_is_not_credited(capsys):
+    """The exploit of the review: show, renew, answer the index that was right: not counted."""
+    for seed in range(20):
+        c = cl.Checklist("cl-test", _items())
+        c.quiz.seed(seed)
+        c.answer("pick", "show")
+        shown = c.quiz._get("pick").answer
+        c.renew("pick")
+        assert not earns(c, "pick", shown, capsys)
+        c.answer("pick", "7")                                    # nor the right text
+        out = capsys.readouterr().out
+        assert out.startswith("Right, but") and "not counted" in out and "answered double right" in out
+        assert not _saved().get("pick", {}).get("correct") and "[ ] pick" in c.view()
+
+
+def test_every_option_after_a_reveal_earns_nothing(capsys):
+    c = cl.Checklist("cl-test", _items())
+    c.answer("pick", "show")
+    for i in range(4):
+        c.renew("pick")
+        assert not earns(c, "pick", i, capsys)
+    for text in ("4", "6", "7", "9"):
+        c.renew("pick")
+        assert not earns(c, "pick", text, capsys)
+    assert not _saved()["pick"]["correct"]
+
+
+def test_wrong_tries_on_a_choice_add_up_across_renews(capsys):
+    """Eliminating options with a renew between wrong tries shows the answer at the second."""
+    c = cl.Checklist("cl-test", _items())
+    pick = c.quiz._get("pick")
+    wrong = [t for t in pick.options if t != "7"]
+    c.answer("pick", wrong[0])
+    c.renew("pick")
+    c.answer("pick", wrong[1])
+    assert "the answer is 7" in capsys.readouterr().out
+    c.renew("pick")
+    assert not earns(c, "pick", "7", capsys)
+
+
+def test_shown_numbers_are_never_credited_only_fresh_ones(capsys):
+    c = cl.Checklist("cl-test", _items())
+    double = c.quiz._get("double")
+    for _ in range(10):                          # 4 possible numbers: renew avoids shown ones
+        c.answer("double", "show")
+        shown = double.prompt_text()
+        c.renew("double")
+        if double.prompt_text() == shown:        # all four shown: nothing fresh is left to draw
+            assert not earns(c, "double", f"{2 * double.numbers['x']} GB", capsys)
+    assert not _saved()["double"]["correct"]
+    fixed = c.quiz._get("fixed")                 # a question without numbers: not in this sitting
+    c.answer("fixed", "show")
+    c.renew("fixed")
+    capsys.readouterr()
+    c.answer("fixed", "2 B")
+    assert "the answer for these numbers was shown" in capsys.readouterr().out
+    assert not _saved()["fixed"]["correct"] and fixed.prompt_text() == "Bytes per bf16 number?"
+    again = cl.Checklist("cl-test", _items())    # a new sitting
+    assert earns(again, "fixed", "2 B", capsys) and _saved()["fixed"]["correct"]
+
+
+def test_fresh_numbers_after_a_reveal_are_credited(capsys):
+    c = cl.Checklist("cl-test", _items())
+    c.quiz.seed(1)
+    double = c.quiz._get("double")
+    c.answer("double", "show")
+    shown = double.prompt_text()
+    c.renew("double")
+    assert double.prompt_text() != shown
+    assert earns(c, "double", f"{2 * double.numbers['x']} GB", capsys) and _saved()["double"]["correct"]
+
+
+def test_the_legitimate_path_after_a_reveal_earns_the_choice(capsys):
+    """Show the choice, answer the item's other question right, then the choice: credited."""
+    c = cl.Checklist("cl-test", _items())
+    c.answer("pick", "show")
+    c.renew("pick")
+    c.answer("pick", "7")
+    assert "answered double right since then" in capsys.readouterr().out
+    double = c.quiz._get("double")
+    assert earns(c, "double", f"{2 * double.numbers['x']} GB", capsys)
+    c.renew("pick")
+    assert earns(c, "pick", "7", capsys)
+    assert _saved()["pick"]["correct"] and "[x] 1. First item (2/2)" in c.view()
+
+
+def test_widget_try_again_shows_the_new_option_order(monkeypatch):
+    import ipywidgets as w
+    shown = []
+    monkeypatch.setattr(cl, "widgets_available", lambda: True)
+    monkeypatch.setattr("IPython.display.display", shown.append)
+    c = cl.Checklist("cl-test", _items())
+    c.show("one")
+    pick = c.quiz._get("pick")
+    box = next(b for b in shown[0].children if "gpumem-question-pick" in b._dom_classes)
+    entry, again = box.children[1], box.children[2].children[2]
+    for _ in range(5):
+        again.click()
+        assert [label for label, _ in entry.options] == pick.options and entry.value is None
+    assert isinstance(entry, w.RadioButtons) and cl.Checklist.rule.startswith("A shown answer")

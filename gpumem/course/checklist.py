@@ -8,8 +8,11 @@ shows one item at a time, reads the saved progress (:mod:`gpumem.course.progress
 checklist, and names, for every question not yet earned, the notebook section that shows its
 answer (:class:`Pointer`). Each question's explanation ends with its pointers too.
 
-An answer shown (on request or after two wrong tries) does not earn a question: the learner
-must answer it right on fresh numbers, as the quiz itself requires.
+An answer shown (on request or after two wrong tries) does not earn a question. The quiz is a
+:class:`~gpumem.course.checklist_sitting.SittingQuiz`: choice options are shuffled per attempt, a
+numeric question counts again only on fresh numbers, and a choice whose answer was shown counts
+again in the same sitting only once the item's other questions were answered right after the
+reveal (:data:`~gpumem.course.checklist_sitting.RULE` says it to the learner).
 """
 
 import html
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .answers import describe
+from .checklist_sitting import RULE, SittingQuiz, follow_shuffles
 from .progress import load_progress
 from .quiz import Choice, Question, Quiz, widgets_available
 
@@ -83,11 +87,13 @@ def _with_pointers(explanation, pointers: tuple[Pointer, ...]):
 class Checklist:
     """Items of questions asked as one quiz (:attr:`quiz`), with progress per item.
 
-    ``Checklist(name, items)`` builds ``Quiz(name, every question)``; each question's
+    ``Checklist(name, items)`` builds ``SittingQuiz(name, every question)``; each question's
     explanation gets its pointers appended. :meth:`show` asks one item (fresh numbers),
     :meth:`answer` grades as ``quiz.answer`` does, :meth:`view` is the checklist and
     :meth:`summary` says what to revisit.
     """
+
+    rule = RULE          # what a shown answer costs, in the learner's words
 
     def __init__(self, name: str, items: list[Item]):
         keys = [i.key for i in items]
@@ -101,7 +107,8 @@ class Checklist:
                 q._bare_explanation = bare                                # the same questions
                 q.explanation = _with_pointers(bare, item.see[q.id])     # appends once
         self.name, self.items = name, items
-        self.quiz = Quiz(name, [q for item in items for q in item.questions])
+        peers = {q.id: [o.id for o in item.questions if o is not q] for item in items for q in item.questions}
+        self.quiz = SittingQuiz(name, [q for item in items for q in item.questions], peers=peers)
 
     def item(self, key: str) -> Item:
         """The item called ``key`` (or numbered ``key``, from 1)."""
@@ -170,6 +177,7 @@ class Checklist:
         head = w.HTML(f"<h4>Item {n}: {html.escape(item.title)}</h4>")
         box = w.VBox([head] + [question_widget(self.quiz, q) for q in item.questions])
         box.add_class("gpumem-quiz")
+        follow_shuffles(self.quiz, box)
         display(box)
 
     def status(self) -> dict[str, dict]:
