@@ -28,6 +28,12 @@ LLAMA = {"Llama-3-8B": (32, 4096, 32, 8, 14_336, 128_256), "Llama-3-70B": (80, 8
          "Llama-3.1-405B": (126, 16_384, 128, 8, 53_248, 128_256)}
 
 
+@pytest.fixture(autouse=True)
+def _new_sitting():
+    """Each test is a new sitting of the chapter's quiz (what a restarted kernel gives)."""
+    QUIZ.new_sitting()
+
+
 def num(pattern: str, text: str) -> float:
     match = re.search(pattern, text)
     assert match, f"{pattern!r} not in {text!r}"
@@ -138,13 +144,14 @@ def test_options_do_not_give_the_answer_away():
     choices = [q for q in QUIZ.questions if isinstance(q, Choice)]
     longest = 0
     for q in choices:
-        right = q.options[q.answer]
-        others = [o for i, o in enumerate(q.options) if i != q.answer]
+        options, answer = q._authored                   # as written; each attempt shuffles them
+        right = options[answer]
+        others = [o for i, o in enumerate(options) if i != answer]
         assert len(right) <= 1.3 * max(len(o) for o in others), q.id
         longest += len(right) > max(len(o) for o in others)
-        assert all(not re.search(r"\b(because|so that|since)\b|, so ", o) for o in q.options), q.id
+        assert all(not re.search(r"\b(because|so that|since)\b|, so ", o) for o in options), q.id
         assert "; " not in right, q.id                   # the right option is one clause, no reason glued on
-    positions = [sum(q.answer == i for q in choices) for i in range(4)]
+    positions = [sum(q._authored[1] == i for q in choices) for i in range(4)]
     assert max(positions) <= 0.4 * len(choices) and min(positions) >= 1, positions
     assert longest <= len(choices) / 3, longest          # the right option is not the longest as a rule
 
@@ -265,7 +272,7 @@ def test_gather_break_even_and_exposed():
     for q in draws("gather-exposed"):
         p = q.prompt_text()
         psi, tokens = num(r"\(([\d,]+) parameters", p), num(r"latency aside\), ([\d,]+) tokens", p)
-        fwd, bwd = num(r"receives ([\d,.]+) GB for forward", p), num(r"and ([\d,.]+) GB in backward", p)
+        fwd, bwd = num(r"collectives is ([\d,.]+) GB in forward", p), num(r"and ([\d,.]+) GB in backward", p)
         bw, share = num(r"([\d.]+) GB/s", p), num(r"at (\d+) % of", p) / 100
         peak = num(r"of ([\d,]+) TFLOP/s", p) * 1e12
         speed = peak * share
@@ -360,7 +367,15 @@ def test_offload_bytes_and_seconds():
         assert q.value() == pytest.approx(_offload_hand(q.prompt_text())[0] / GB, rel=1e-9)
     for q in draws("offload-host"):
         p = q.prompt_text()
-        assert q.value() == pytest.approx(min(8, num(r"on (\d+) GPUs", p)) * _offload_hand(p)[1] / GB, rel=1e-9)
+        host = _offload_hand(p)[1]
+        assert q.value() == pytest.approx(min(8, num(r"on (\d+) GPUs", p)) * host / GB, rel=1e-9)
+        text = q.explanation_text()           # the explanation's terms add up to the answer
+        terms = [float(x) for x in re.findall(r"([\d.]+) GB \(\d+ B of", text)]
+        per_b = [int(x) for x in re.findall(r"\(([\d]+) B of", text)]
+        assert sum(terms) == pytest.approx(host / GB, abs=0.006 * len(terms))
+        assert num(r"= ([\d.]+) GB\. ", text) == pytest.approx(host / GB, abs=0.006)
+        assert sum(per_b) * shard(int(num(r"\(([\d,]+) parameters", p)), int(num(r"on (\d+) GPUs", p))) == host
+        assert num(r"offloads (\d+) B:", text) == sum(per_b)
     for q in draws("offload-nvme-seconds"):
         p = q.prompt_text()
         psi, n = num(r"\(([\d,]+) parameters", p), num(r"on (\d+) ", p)
@@ -371,7 +386,9 @@ def test_offload_bytes_and_seconds():
         p = q.prompt_text()
         psi, s = num(r"\(([\d,]+) parameters", p), num(r"shard of ([\d,]+) parameters", p)
         adam, pcie = num(r"with AdamW at ([\d.]+) billion", p) * 1e9, num(r"PCIe moves ([\d.]+) GB/s", p) * GB
-        ups, peak = num(r"comes back up (\d) time", p), num(r"of ([\d,]+) TFLOP/s", p) * 1e12
+        ups = {"once": 1, "twice": 2}[re.search(r"copied up (once|twice)", p).group(1)]
+        peak = num(r"of ([\d,]+) TFLOP/s", p) * 1e12
+        assert ("lives in host memory" in p) == ("and the bf16 parameters offloaded" in p)
         share = num(r"per token at (\d+) % of", p) / 100      # the planner's KERNEL_SHARE
         assert share == pytest.approx(KERNEL_SHARE, abs=0.005)
         slowest = max(2 * s / pcie, ups * 2 * s / pcie, s / adam)
@@ -383,7 +400,8 @@ def test_plans_fewest_gpus_and_offloaded_total():
     for q in draws("plan-fewest"):
         p = q.prompt_text()
         psi, usable = int(num(r"\(([\d,]+) parameters", p)), num(r"\(([\d,]+) bytes usable", p)
-        acts, ws = num(r"holds ([\d,]+) bytes of activations", p), num(r"working set of ([\d,]+) bytes", p)
+        acts, ws = num(r"([\d,]+) bytes of activations", p), num(r"([\d,]+) bytes of ZeRO-3 working", p)
+        assert num(r"lists, per GPU, ([\d,]+) bytes of model states", p) == 16 * shard(psi, 8)
         d = model_of(p)[1]
         name = {4096: "llama-3-8b", 8192: "llama-3-70b", 16_384: "llama-3.1-405b"}[d]
         steady = zero3_schedule.steady_peak(name)["bytes"]   # the replay, checked against DeepSpeed in test_02
@@ -431,14 +449,16 @@ def test_layout_choices_agree_with_the_planner_and_a_hand_count():
     assert abs(zero1 - hybrid) < 0.15 * zero1 and 8 * zero3 > 5 * zero1      # as good; ZeRO-3 far worse
     q = QUIZ._get("plan-slow-link")
     assert "as many bytes per step" in q.expected() and "data parallelism only" in q.prompt_text()
-    assert "8x" in q.options[1] and q.answer != 1            # the per-GPU-share model, now a trap
+    options, right = q._authored                            # as written (shuffled per attempt)
+    assert "8x" in options[1] and right != 1                 # the per-GPU-share model, now a trap
     assert "MiCS" in q.explanation_text() and "0.39" not in q.explanation_text()
     # 405B on 1,024 H100s, 50 GB/s per GPU between nodes: ZeRO-3 alone cannot hide its gathers
     q = QUIZ._get("plan-3d")
     # one micro-batch of 4,096 tokens at KERNEL_SHARE (the planner's compute)
     compute = 6 * psi405 * 4096 / (KERNEL_SHARE * 989e12)
-    assert 3 * 2 * psi405 * 1023 / 1024 / 50e9 > compute and q.answer != 0
+    _, right = q._authored
+    assert 3 * 2 * psi405 * 1023 / 1024 / 50e9 > compute and right != 0
     best = plan("llama-3.1-405b", 1024, inter_node=50e9).best
-    assert ci.FAMILIES[q.answer][2](best.layout), best.layout.label()     # the planner still agrees
+    assert ci.FAMILIES[right][2](best.layout), best.layout.label()     # the planner still agrees
     assert best.layout.tp <= 8 and (best.layout.pp == 1 or best.layout.zero <= 1)
     assert best.layout.label() in q.explanation_text()

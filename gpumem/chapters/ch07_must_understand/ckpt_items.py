@@ -97,15 +97,15 @@ QUESTIONS = [
             draw=_kept),
     Numeric("ckpt-segment-peak",
             "{model} ({layers} layers, d_model {d_model:,}) trains in bf16 on sequences of {seq:,} "
-            "tokens, micro-batch 1, with flash attention. Without checkpointing one layer keeps "
-            "{layer_gb:.3f} GB for backward. All layers are checkpointed in {segs} segments of {k} "
-            "consecutive layers; each segment keeps only its input (micro-batch x sequence x d_model, "
-            "bf16) and is re-run whole in backward. When backward re-runs the last segment, about how "
-            "many GB of layer activations are held? The re-run's first layer saves the segment input "
-            "itself: count it once.",
-            answer=lambda n: n["peak_gb"], unit="GB", rel_tol=0.01,
-            hint="At that moment every segment's input is still held, and the {k} layers just re-run "
-                 "hold what they save.",
+            "tokens, micro-batch 1, with flash attention; {heads} query heads, vocabulary 128,256. "
+            "Without checkpointing one layer keeps {layer_gb:.3f} GB for backward, its own input "
+            "among them. The run checkpoints all layers in {segs} segments of {k} consecutive layers, "
+            "each re-run whole in backward. When backward re-runs the last segment, about how many "
+            "GB of layer activations are held?",
+            answer=lambda n: n["peak_gb"], unit="GB", rel_tol=0.004,
+            hint="What does a checkpointed segment keep through forward, and how big is it? At that "
+                 "moment which of those are still held, and what do the {k} layers just re-run hold? "
+                 "Count no tensor twice.",
             explanation=_peak_words,
             traps=((lambda n: n["segs"] * n["ckpt_gb"], "that is only the inputs. The re-run segment's "
                                                         "{k} layers hold their activations again."),

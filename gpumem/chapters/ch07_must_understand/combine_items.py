@@ -104,7 +104,9 @@ def _fewest(rng) -> dict:
     n = _setting(rng)
     e = _est(n["model_name"], 8, n["seq"])
     fewest = fewest_zero3(n["model_name"], n["gpu_name"], n["seq"])
-    return n | {"acts": e.activation_bytes, "ws": int(e.gathered),
+    everything = lambda k: (e.states.total + e.activation_bytes + int(e.gathered)) * 8 / k   # all sharded
+    return n | {"acts": e.activation_bytes, "ws": int(e.gathered), "states8": e.states.total,
+                "all_sharded": next(k for k in range(1, 1 << 16) if everything(k) <= n["usable"]),
                 "states_gb": 16 * n["n_params"] / GB, "fewest": fewest,
                 "left_gb": (n["usable"] - e.activation_bytes - int(e.gathered)) / GB,
                 "bare": -(-16 * n["n_params"] // n["usable"])}
@@ -167,19 +169,23 @@ def _slow_link(_ctx) -> str:
 
 QUESTIONS = [
     Numeric("plan-fewest",
-            "{model} ({n_params:,} parameters) trains with standard mixed precision (16 B per "
-            "parameter of model states) under ZeRO-3 with every layer checkpointed, on {gpu}s "
-            "({usable:,} bytes usable each), sequences of {seq:,} tokens, micro-batch 1. Whatever the "
-            "GPU count, each GPU also holds {acts:,} bytes of activations and a ZeRO-3 working set "
-            "of {ws:,} bytes. What is the fewest GPUs on which it fits?",
+            "{model} ({n_params:,} parameters, {layers} layers) trains with standard mixed "
+            "precision under ZeRO-3 with every layer checkpointed, sequences of {seq:,} tokens, "
+            "micro-batch 1, on {gpu}s ({usable:,} bytes usable each). A memory plan drawn up for 8 "
+            "GPUs lists, per GPU, {states8:,} bytes of model states, {acts:,} bytes of activations "
+            "and {ws:,} bytes of ZeRO-3 working set (the gathered layers and buffers). What is the "
+            "fewest GPUs on which it fits?",
             answer=lambda n: n["fewest"], unit="GPUs", rel_tol=0.0,
-            hint="Only the model states are divided by the GPU count; subtract what every GPU holds "
-                 "anyway from the usable bytes first.",
+            hint="Which of the three figures would change with the GPU count, and which depend only "
+                 "on one GPU's tokens and one layer at a time?",
             explanation="{states_gb:,.0f} GB of states must fit in {left_gb:.1f} GB per GPU: {answer} "
                         "GPUs, not the {bare} that the states alone suggest. In practice the count is "
                         "also a multiple of the node size, and more GPUs buy batch size and speed.",
             traps=((lambda n: n["bare"], "that counts the model states only; every GPU also holds its "
-                                         "activations and the working set."),),
+                                         "activations and the working set."),
+                   (lambda n: n["all_sharded"], "that divides all three figures by the GPU count. "
+                                                "Activations and the working set do not shrink with "
+                                                "more GPUs.")),
             draw=_fewest),
     Numeric("plan-offload",
             "{model} ({n_params:,} parameters) trains with standard mixed precision under ZeRO-3 on "
@@ -215,15 +221,18 @@ QUESTIONS = [
     Choice("plan-pp-zero3",
            "A DeepSpeed plan for Llama-3-70B on 8 A100 80GB GPUs combines ZeRO-3, pipeline parallelism "
            "of 4 and activation checkpointing, and promises about 55 GB per GPU. What is wrong with it?",
-           ["DeepSpeed refuses ZeRO-3 combined with pipeline parallelism",
-            "Nothing: each of the four pipeline stages holds a quarter of the layers",
-            "Pipelines shrink only activations; each GPU keeps all the states",
-            "It is right, but only with 16 GPUs"],
+           ["DeepSpeed refuses ZeRO-3 in a pipeline-parallel run",
+            "ZeRO-3 needs at least 8 ranks in each data-parallel group",
+            "DeepSpeed cannot checkpoint activations inside a pipeline",
+            "A pipeline of 4 puts all the model states on 2 GPUs"],
            answer=0,
            hint="Check the plan twice: against the rules DeepSpeed applies when features are combined, "
                 "and against the arithmetic of 1,129 GB of model states on 8 GPUs.",
            explanation="DeepSpeed's pipeline engine asserts that ZeRO-2 and ZeRO-3 are incompatible "
-                       "with pipeline parallelism. And however 8 GPUs split 70B's 1,129 GB of mixed-"
+                       "with pipeline parallelism. ZeRO-3 has no minimum group size, the pipeline "
+                       "engine checkpoints activations (activation_checkpoint_interval), and 4 stages "
+                       "over 8 GPUs spread the states over all 8. And however 8 GPUs split 70B's 1,129 "
+                       "GB of mixed-"
                        "precision states, one GPU holds at least 141 GB (70.5 GB in pure bf16). About "
                        "55 GB needs the optimizer states offloaded."),
     Choice("plan-slow-link",

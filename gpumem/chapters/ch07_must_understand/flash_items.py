@@ -98,34 +98,36 @@ QUESTIONS = [
             draw=_growth),
     Choice("flash-kept",
            "Which tensors does FlashAttention's forward save for its backward pass, per layer?",
-           ["The full probability matrix, compressed to fp8",
-            "The scores of each tile, in a compressed blocked format",
-            "Only Q and K; V and the output are recomputed",
-            "Q, K, V, the output, and one fp32 statistic per query row and head"],
+           ["Q, K, V, the output and each tile's probabilities in fp8",
+            "Q, K, V and the scores of the tiles on the diagonal",
+            "Q, K and the output; V is rebuilt from the layer input",
+            "Q, K, V, the output and one fp32 number per row and head"],
            answer=3,
            hint="Backward must rebuild the probabilities tile by tile. What is the least it needs "
                 "to do that exactly?",
            explanation="With Q and K it recomputes the scores of a tile, and with the saved per-row "
                        "log-sum-exp it turns them into exact probabilities without a second pass over "
                        "the row; V and the output give the gradients. Nothing s x s is stored, "
-                       "compressed or not: the extra memory is O(s) per head."),
+                       "compressed or not, and V is kept: the extra memory is O(s) per head, the fp32 "
+                       "log-sum-exp of each query row."),
     Choice("flash-faster",
            "For non-causal attention (no mask), FlashAttention's backward does more FLOPs than a "
            "naive kernel's, since it recomputes the scores, yet the attention step usually runs "
            "faster. What explains it?",
-           ["It approximates the softmax with a low-rank sketch",
-            "It keeps the scores in fp8 instead of bf16",
+           ["It runs the softmax on the tensor cores with the matmuls",
+            "It skips the tiles that a causal mask would zero",
             "It moves far fewer bytes between HBM and the chip",
-            "It shares each key/value head across its query group"],
+            "It fuses forward and backward into one kernel launch"],
            answer=2,
            hint="What limits a kernel that writes and reads an s x s matrix per head several times?",
            explanation="A naive kernel writes the scores to HBM, reads them for the softmax, writes "
                        "the probabilities, and reads them for P V and again in backward: traffic "
                        "growing with s^2 that keeps the GPU waiting on memory. FlashAttention keeps "
                        "each tile in on-chip SRAM and writes only the output, so it is bound by "
-                       "compute instead, and its softmax is exact. With a causal mask, as in Llama, it "
-                       "also skips the tiles above the diagonal, about half, so its backward can even "
-                       "do fewer FLOPs than the naive kernel's."),
+                       "compute instead, and its softmax is exact. The softmax's exponentials run on the "
+                       "ordinary cores, not the tensor cores, and forward and backward are separate "
+                       "kernels. With a causal mask, as in Llama, it also skips the tiles above the "
+                       "diagonal, about half, but this question has no mask."),
 ]
 
 ITEM = Item("flash", "Why FlashAttention saves memory: no s x s tensor is kept", QUESTIONS, {

@@ -39,9 +39,13 @@ def _timed(model: str, n_gpus: int, gpu: str, link: str, tokens: int) -> dict:
 
 
 def _setting(rng, links=tuple(SHAPES)) -> dict:
-    link = pick(rng, links)
-    gpu = "l4" if link == "pcie" else pick(rng, ("a100-80gb", "h100-80gb", "h200"))   # SXM boards have NVLink
-    n = model_numbers(pick(rng, LLAMAS)) | gpu_numbers(gpu) | {"gpus": pick(rng, SHAPES[link]), "link": link}
+    while True:       # SXM boards have NVLink; the PCIe-only L4 box trains 8B; ZeRO-3's 16 B fit
+        link = pick(rng, links)
+        gpu = "l4" if link == "pcie" else pick(rng, ("a100-80gb", "h100-80gb", "h200"))
+        model = "llama-3-8b" if link == "pcie" else pick(rng, LLAMAS)
+        n = model_numbers(model) | gpu_numbers(gpu) | {"gpus": pick(rng, SHAPES[link]), "link": link}
+        if 16 * n["n_params"] / n["gpus"] < n["usable"]:
+            break
     g = gpus.get(gpu)
     t = _timed(n["model_name"], n["gpus"], gpu, link, 4096)
     return n | {"link_words": link_words(gpu, n["gpus"], link), "bw_gb": t["link_bytes_per_s"] / GB,
@@ -61,13 +65,14 @@ def _break_even(rng) -> dict:
 
 def _exposed(rng) -> dict:
     n = _setting(rng, ("rank-per-node", "pcie", "nvlink", "full-nodes", "rank-per-node"))
-    n |= {"seq": pick(rng, (512, 1024, 2048, 4096)), "mb": pick(rng, (1, 2))}
+    n |= {"seq": pick(rng, (512, 1024, 2048, 4096)), "mb": pick(rng, (1, 2)), "accum": pick(rng, (4, 8, 16))}
     t = _timed(n["model_name"], n["gpus"], n["gpu_name"], n["link"], n["seq"] * n["mb"])
     f, b = t["phases"]["forward"], t["phases"]["backward"]
     return n | {"tokens": n["seq"] * n["mb"], "fwd_gb": f["bytes_moved"] / GB, "bwd_gb": b["bytes_moved"] / GB,
                 "fc": f["comm_s"], "fw": f["compute_s"], "bc": b["comm_s"], "bw": b["compute_s"],
                 "exposed": t["exposed_s"], "pooled": max(0.0, t["comm_s"] - t["compute_s"]),
-                "all_comm": t["comm_s"]}
+                "all_comm": t["comm_s"], "even": (max(0.0, f["comm_s"] - (f["compute_s"] + b["compute_s"]) / 2)
+                                                   + max(0.0, b["comm_s"] - (f["compute_s"] + b["compute_s"]) / 2))}
 
 
 QUESTIONS = [
@@ -111,14 +116,16 @@ QUESTIONS = [
             "Under ZeRO-3, {model} ({n_params:,} parameters) trains on {gpus} {gpu}s linked by "
             "{link_words}: each GPU's share of a collective moves at {bw_gb:.1f} GB/s per direction "
             "(achieved, {binding} binds; latency aside), {tokens:,} tokens per GPU per micro-batch "
-            "({mb} x {seq:,}). Per micro-batch each GPU receives {fwd_gb:.1f} GB for forward and "
-            "{bwd_gb:.1f} GB in backward (the re-gather and the gradients' reduce-scatter). Forward "
-            "costs 2 and backward 4 FLOPs per parameter per token, at {mfu_pct} % of {tflops:.0f} "
-            "TFLOP/s. A transfer can hide only behind the compute of its own pass. How many seconds "
-            "per micro-batch do the transfers add to the step?",
+            "({mb} x {seq:,}), {accum} micro-batches per optimizer step. Per micro-batch each GPU's "
+            "share of ZeRO-3's collectives is {fwd_gb:.1f} GB in forward and {bwd_gb:.1f} GB in "
+            "backward. A training "
+            "step costs 6 FLOPs per parameter per token, forward and backward together, run at "
+            "{mfu_pct} % of {tflops:.0f} TFLOP/s. DeepSpeed prefetches the next modules' weights "
+            "while the current ones compute. How many seconds per micro-batch do the transfers add "
+            "to the step?",
             answer=lambda n: n["exposed"], unit="s", rel_tol=0.02, abs_tol=0.002,
-            hint="Work out each pass separately: its transfer seconds and its compute seconds. A pass "
-                 "adds only what its transfer takes beyond its compute.",
+            hint="Can a gather that forward needs wait behind backward's compute? Split the FLOPs "
+                 "between the passes, then compare each pass's transfer with its own compute.",
             explanation="Forward: {fc:.3f} s of transfer against {fw:.3f} s of compute; backward: "
                         "{bc:.3f} s against {bw:.3f} s. What sticks out: {answer} s. Longer sequences or "
                         "larger micro-batches add compute, not transfer, and hide more.",
@@ -126,7 +133,11 @@ QUESTIONS = [
                                            "behind backward compute, which has not started."),
                    (lambda n: n["all_comm"], "that counts every transfer as if nothing overlapped. "
                                              "Prefetching overlaps each pass's transfers with its "
-                                             "compute.")),
+                                             "compute."),
+                   (lambda n: n["even"], "that splits the compute evenly between the passes; "
+                                         "backward does twice forward's FLOPs."),
+                   (lambda n: n["accum"] * n["expected"], "that is per optimizer step; the question "
+                                                          "asks per micro-batch.")),
             draw=_exposed),
     Choice("gather-hide-more",
            "A 64-GPU cluster trains under ZeRO-3, and part of each step waits for gathers. On the "
@@ -148,8 +159,8 @@ QUESTIONS = [
            "again for backward. Why gather twice?",
            ["Backward needs the fp32 master weights, forward the bf16 ones",
             "The gradient reduce-scatter overwrites the gathered weights",
-            "Each module's gathered weights are freed after its forward use",
-            "Backward runs the layers on another rank's micro-batch"],
+            "A module's gathered weights are released after its forward",
+            "Backward visits the layers in the reverse of the gather order"],
            answer=2,
            hint="What would a rank hold by the end of forward if it kept every gathered module?",
            explanation="If a rank kept every module it gathered, by the end of forward it would hold "
@@ -157,7 +168,8 @@ QUESTIONS = [
                        "frees each module after use, unless the module is used again within "
                        "stage3_max_reuse_distance elements. For 70B the 1.05 billion-element head "
                        "runs between the last layer's forward and its backward and fills that window, "
-                       "so every layer is gathered again."),
+                       "so every layer is gathered again. Backward's reverse order changes only which "
+                       "module is prefetched next, and both passes use the bf16 weights."),
 ]
 
 ITEM = Item("gather", "Why ZeRO-3 all-gathers in forward, and when the gathers overlap", QUESTIONS, {

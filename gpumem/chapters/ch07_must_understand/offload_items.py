@@ -38,10 +38,34 @@ def _left(rng) -> dict:
                 "left_gb": s.total / GB, "plain_gb": plain.total / GB, "host_gb": s.host / GB}
 
 
+def host_terms(n: dict) -> list[tuple[int, str]]:
+    """What one GPU puts in host memory, (bytes, words) per part, as ``accounting.model_states``
+    counts it (DeepSpeed 0.19.8, see its docstring); the parts sum to its ``host``."""
+    r, sh = accounting.recipe(n["recipe_name"]), accounting.shard(n["n_params"], n["gpus"])
+    g_opt = accounting.optimizer_grad_bytes(r)
+    terms = [(r.optimizer_bytes * sh, f"{r.optimizer_bytes} B of fp32 master weights and moments"),
+             (g_opt * sh, f"{g_opt} B of fp32 gradient for the CPU optimizer")]
+    if n["zero"] == 3:
+        terms.append((r.params * sh, f"{r.params} B of ZeRO-3's bf16 gradient partition"))
+    if n["offload"] == "optimizer+params":
+        terms.append((r.params * sh, f"{r.params} B of bf16 parameter shard"))
+    return terms
+
+
 def _host(rng) -> dict:
     n = _left(rng)
     per_node = min(8, n["gpus"])
     return n | {"per_node": per_node, "node_gb": per_node * n["host_gb"]}
+
+
+def _host_words(n: dict) -> str:
+    terms = host_terms(n)
+    parts = " + ".join(f"{b / GB:.2f} GB ({w})" for b, w in terms)
+    per_b = sum(int(w.split(" B ")[0]) for _, w in terms)
+    return (f"Per parameter of its {accounting.shard(n['n_params'], n['gpus']):,}-element shard each GPU "
+            f"offloads {per_b} B: {parts} = {sum(b for b, _ in terms) / GB:.2f} GB. {n['grads_where']}. "
+            f"{n['per_node']} GPUs per node: {n['answer']} GB. Buffers and the pinned copies DeepSpeed "
+            "makes come on top.")
 
 
 def _nvme(rng) -> dict:
@@ -65,8 +89,11 @@ def _bound(rng) -> dict:
     return n | {"what": WHAT[n["offload"]], "shard": accounting.shard(n["n_params"], n["gpus"]),
                 "pcie_gb": links.h2d / GB, "adam_g": links.cpu_adam / 1e9, "tflops": g.bf16_flops / 1e12,
                 "ups": 2 if n["offload"] == "optimizer+params" else 1,
-                "why_up": ("for forward and again for backward" if n["offload"] == "optimizer+params"
-                           else "the updated shard, after the step"), "t": t,
+                "up_words": ("the bf16 parameter shard, which lives in host memory, is copied up twice: "
+                             "for forward's gathers and again for backward's"
+                             if n["offload"] == "optimizer+params" else
+                             "after the update, the shard's new bf16 weights are copied up once into the "
+                             "GPU's parameter shard, which stays on the GPU"), "t": t,
                 "share_pct": round(100 * compute.KERNEL_SHARE),
                 "tokens": offload_time.break_even_tokens(n["n_params"], "mixed", 3, n["gpus"], n["offload"],
                                                          "cpu", links, g.bf16_flops, compute.KERNEL_SHARE)}
@@ -102,10 +129,7 @@ QUESTIONS = [
             answer=lambda n: n["node_gb"], unit="GB", rel_tol=0.01,
             hint="What does one GPU keep on the host, per parameter of its shard? The optimizer's "
                  "gradient counts too. Then add up the GPUs of one node.",
-            explanation="Each GPU offloads {host_gb:.1f} GB: 12 bytes of optimizer states and a 4-byte fp32 "
-                        "gradient per parameter of its shard, the optimizer's own; {grads_where}. "
-                        "{per_node} GPUs per node: {answer} GB. Buffers and the pinned copies DeepSpeed "
-                        "makes come on top.",
+            explanation=_host_words,
             traps=((lambda n: n["host_gb"], "that is one GPU's share; the node hosts {per_node} of them."),),
             draw=_host),
     Numeric("offload-nvme-seconds",
@@ -131,7 +155,7 @@ QUESTIONS = [
             "DeepSpeed 0.19.8 runs it, each GPU copies its bf16 gradient shard to a host buffer, back "
             "up, and its fp32 widening down (one copy after another on one stream); the CPU updates "
             "the shard with AdamW at {adam_g:.3f} billion parameters per second per GPU (the node's 8 "
-            "GPUs share its CPUs); and the bf16 shard comes back up {ups} time(s) ({why_up}). "
+            "GPUs share its CPUs); and {up_words}. "
             "PCIe moves {pcie_gb:.1f} GB/s each way at once. Compute is 6 FLOPs per parameter per "
             "token at {share_pct} % of {tflops:.0f} TFLOP/s. If everything overlaps perfectly, below "
             "how many tokens per GPU per step is the step limited by offloading rather than by compute?",
@@ -155,9 +179,9 @@ QUESTIONS = [
     Choice("offload-adam",
            "With ZeRO-Offload (optimizer states in CPU memory), where does the AdamW update run?",
            ["On the GPU, after the states are copied up for the step",
-            "On the CPU, over the fp32 shard in host memory",
-            "On the NVMe drive's controller",
-            "On the GPU for the moments, on the CPU for the master weights"],
+            "On the CPU, on the shard kept in host memory",
+            "On the GPU, reading the states from pinned host memory",
+            "On the GPU for the moments, on the CPU for the weights"],
            answer=1,
            hint="What would cross PCIe every step if the update ran on the GPU, and what if it ran where "
                 "the states live?",
@@ -165,7 +189,8 @@ QUESTIONS = [
                        "gradients (down: fp32, which DeepSpeed 0.19.8 widens on the GPU; at ZeRO-3 after "
                        "a bf16 round trip through a host buffer, 6 bytes down and 2 up) and the bf16 "
                        "weights (up) cross PCIe. Copying the states to the GPU and back would move 24 "
-                       "bytes per parameter per step."),
+                       "bytes per parameter per step; reading them over PCIe from pinned memory would "
+                       "move the same bytes, only without the copy."),
 ]
 
 ITEM = Item("offload", "CPU versus NVMe offload: their speeds, and what can be offloaded", QUESTIONS, {

@@ -19,7 +19,11 @@ from . import pointers as P
 SHARDED = {1: "the optimizer states", 2: "the gradients and the optimizer states",
            3: "the parameters, gradients and optimizer states"}
 LINKS = {"nvlink": "NVLink inside one node", "inter-node": "network ports, one GPU per node with its own NIC",
-         "pcie": "PCIe (no NVLink)"}
+         "pcie": "PCIe inside one box (these cards have no NVLink)"}
+# Physically possible placements (gpumem.timing.zero3_cost.NODE_OF_GPU): SXM boards (A100, H100,
+# H200) have NVLink and eight to a node; the PCIe-only L4 sits eight to a box (g2-l4x8), so a PCIe
+# ring is one box of L4s, and 8B is the Llama whose ZeRO-3 states fit eight 24 GB cards.
+SXM = ("a100-80gb", "h100-80gb", "h200")
 FIT_GPUS = ("a100-40gb", "a100-80gb", "h100-80gb", "h200", "l4")
 
 
@@ -84,9 +88,14 @@ def _fewest(rng) -> dict:
 
 
 def _comm(rng) -> dict:
-    n = model_numbers(pick(rng, LLAMAS)) | gpu_numbers(pick(rng, ("a100-80gb", "h100-80gb", "h200")))
-    n |= {"gpus": pick(rng, (8, 16, 32, 64)), "link": pick(rng, tuple(LINKS))}
-    n["gpus"] = 8 if n["link"] == "nvlink" else n["gpus"]          # NVLink joins one node's 8 GPUs
+    while True:                          # a run whose ZeRO-3 states fit: 16 B / param over the GPUs
+        link = pick(rng, tuple(LINKS))
+        gpu = "l4" if link == "pcie" else pick(rng, SXM)
+        n = model_numbers("llama-3-8b" if link == "pcie" else pick(rng, LLAMAS)) | gpu_numbers(gpu)
+        n |= {"gpus": 8 if link in ("nvlink", "pcie") else pick(rng, (8, 16, 32, 64)), "link": link,
+              "tokens": pick(rng, (4096, 8192, 16384))}
+        if states(n | recipe_numbers("mixed"), 3, n["gpus"]) < n["usable"]:
+            break
     bw = zero3_cost.link_bandwidth(gpus.get(n["gpu_name"]), n["link"])
     ring = (n["gpus"] - 1) / n["gpus"]
     ds = zero3_cost.zero3_step_time(n["model_name"], n["gpus"], n["gpu_name"], bw)   # at the stated rate
@@ -131,11 +140,11 @@ QUESTIONS = [
                                        "does. At stage {stage} the whole part stays on each GPU."),),
             draw=_fewest),
     Numeric("zero3-comm-seconds",
-            "{model} ({n_params:,} parameters, bf16 weights and gradients) trains under ZeRO-3 on "
-            "{gpus} {gpu}s in one ring over {link_words}, {bw_gb:.1f} GB/s per direction. Each step "
-            "all-gathers every weight for forward, all-gathers them again for backward and "
-            "reduce-scatters the gradients; in a ring each GPU sends (N-1)/N of each collective's "
-            "bytes. How many seconds per step does one GPU spend sending, if none of it overlaps?",
+            "{model} ({n_params:,} parameters) trains with standard mixed precision (bf16 weights "
+            "and gradients, fp32 master weights and AdamW moments) under ZeRO-3 on {gpus} {gpu}s, "
+            "{tokens:,} tokens per GPU per step, no gradient accumulation. The GPUs form one NCCL "
+            "ring over {link_words}, {bw_gb:.1f} GB/s per direction. How many seconds per step does "
+            "one GPU spend sending ZeRO-3's collectives, if none of it overlaps with compute?",
             answer=_comm_seconds, unit="s", rel_tol=0.01,
             hint="How many times per step does every weight (or its gradient) cross the ring under "
                  "stage 3, and what share of each collective does one GPU send?",
@@ -147,7 +156,11 @@ QUESTIONS = [
             traps=((lambda n: n["zero2_s"], "that is two collectives, ZeRO-2's traffic. ZeRO-3 freed "
                                             "the weights after forward and must gather them again."),
                    (lambda n: n["expected"] / n["ring"], "each GPU sends (N-1)/N of a collective's "
-                                                         "bytes in a ring, not all of them.")),
+                                                         "bytes in a ring, not all of them."),
+                   (lambda n: n["expected"] * 8 / 6, "the reduce-scatter carries the bf16 gradients; "
+                                                     "the fp32 copies stay with each GPU's shard."),
+                   (lambda n: n["expected"] * 16 / 6, "the optimizer states never travel: each GPU "
+                                                      "updates its own shard.")),
             draw=_comm),
     Choice("zero1-vs-zero2",
            "Two runs train the same model with the same recipe on the same 8 GPUs; one uses ZeRO-1, "
