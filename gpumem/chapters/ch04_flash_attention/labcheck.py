@@ -1,129 +1,198 @@
-"""Lab 04's ``check()``: the learner's online-softmax attention, against PyTorch's SDPA.
+"""Lab 04's ``check()``: FlashAttention-2's key-outer backward and the merge of partial attention.
 
-The learner writes
+The learner writes (the forward, ``gpumem.memory.flash_tiled.tiled_forward``, is given: chapter 04
+prints it whole)
 
-* ``online_softmax_attention(q, k, v, causal=False, block=32)`` -> ``(out, lse)``: q (b, a, s_q, d),
-  k, v (b, kv, s_k, d) with kv dividing a (GQA); one pass over key blocks per query block with a
-  running max and sum; ``lse`` (b, a, s_q) the logsumexp of each row's scaled scores;
-* stretch: ``online_softmax_backward(dout, q, k, v, out, lse, causal=False, block=32)`` ->
-  ``(dq, dk, dv)``, recomputing each tile's probabilities from ``lse``.
+* ``key_block_backward(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)`` ->
+  ``(dq_part, dk_blk, dv_blk)``: one key/value block's work (one thread block of FA2's Algorithm 2),
+  looping over query blocks of ``block`` rows;
+* ``flash_backward(dout, q, k, v, out, lse, causal, block)`` -> ``(dq, dk, dv)``: D, then the outer
+  loop over key blocks calling ``key_block_backward``, dQ summed across blocks;
+* ``merge_partials(parts)`` -> ``(out, lse)`` from ``[(out_i, lse_i), ...]`` over key shards;
+* ``ring_attention(q, k_shards, v_shards, rank, causal, block)`` -> ``(out, lse)``: context
+  parallelism's step, every shard's partial with ``tiled_forward``, then the merge.
 
-Graded in fp64 on shapes the lab never shows (GQA, lengths that are not multiples of the block,
-query and key lengths that differ, causal and not), against ``F.scaled_dot_product_attention``
-(and ``torch.logsumexp`` of the scores for ``lse``), tolerance 1e-9 absolute + 1e-9 relative;
-the first case that fails names its worst element (index, got, expected). A forward that makes
-any tensor with s_q x s_k elements per head, or any s_q x s_k tensor at all (the whole score
-matrix, even built one head at a time), fails even when right.
+Graded in fp64 on cases the lab never shows (GQA, lengths not multiples of the block, query and key
+lengths that differ, causal and not, empty shards, rows no key is visible to, logsumexps near 1,000)
+against plain attention and autograd (``labref``), at 1e-9 absolute + 1e-9 relative. A failing
+case names its FIRST element out of tolerance (row-major), with how many are. ``labguard.Watch``
+runs around every call: SDPA, a softmax over a whole row, the whole score matrix, a tensor wider
+than one block of keys, a tile of more than one block of query rows, or joined shards fail the
+case even when the numbers are right. With CUDA, ``labgpu`` grades the optional GPU part.
 """
 
 import torch
-import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpumem.course.grading import Report, Row, call, kind, returned, run_case
+from gpumem.course.grading import Report, Row, call, returned, run_case
+
+from . import labgpu, labref
+from .labguard import Watch
 
 LAB = "lab04_online_softmax"
-ATOL = RTOL = 1e-9
-# (batch, query heads, kv heads, s_q, s_k, head dim, causal, block)
-CASES = ((1, 6, 2, 77, 77, 24, True, 16), (2, 4, 4, 50, 93, 8, False, 32),
-         (1, 8, 1, 129, 129, 40, True, 32), (1, 3, 3, 40, 65, 16, True, 24))
+# (batch, query heads, kv heads, s_q, s_k, head dim, causal, block); ragged blocks of >= 9 keys
+BACKWARD = ((1, 6, 2, 77, 73, 20, True, 16), (2, 4, 4, 50, 93, 8, False, 32),
+            (1, 8, 2, 100, 139, 40, True, 32), (1, 3, 3, 41, 65, 12, False, 24))
+# (batch, heads, s_q, d, shard lengths, what is special)
+MERGE = ((1, 4, 20, 16, (13, 40, 7), "plain"), (1, 2, 30, 8, (25, 0, 31, 9, 17), "causal"),
+         (2, 3, 9, 16, (50, 50), "large"), (1, 2, 12, 8, (20, 15), "padded"))
+# (batch, query heads, kv heads, shard lengths, rank, head dim, causal, block)
+RING = ((1, 4, 2, (30, 23, 41), 1, 16, True, 16), (1, 2, 2, (19, 0, 37, 26), 2, 8, False, 16),
+        (2, 6, 3, (40, 33, 0, 29), 3, 12, True, 32), (1, 3, 1, (26, 44, 17), 0, 20, True, 16))
 
 
-def _inputs(case, seed):
+def _randn(g, *shape):
+    return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+def _backward_inputs(case, seed):
     b, a, kv, sq, sk, d, causal, block = case
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(*shape, generator=g, dtype=torch.float64)
-               for shape in ((b, a, sq, d), (b, kv, sk, d), (b, kv, sk, d)))
-    return q, k, v, torch.randn(b, a, sq, d, generator=g, dtype=torch.float64)
+    q, k, v, dout = _randn(g, b, a, sq, d), _randn(g, b, kv, sk, d), _randn(g, b, kv, sk, d), _randn(g, b, a, sq, d)
+    mask = labref.causal_mask(sq, sk) if causal else None
+    return q, k, v, dout, mask
 
 
-def _reference(q, k, v, dout, causal):
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
-    rep = q.shape[1] // k.shape[1]
-    scores = (q @ k.repeat_interleave(rep, 1).transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    return out.detach(), torch.logsumexp(scores, -1).detach(), [g.detach() for g in grads]
-
-
-def _worst(name, got, want) -> str:
-    """'' when within tolerance, else the worst element named."""
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-        return f"{name}: expected a tensor of shape {tuple(want.shape)}, got " + (
-            f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else kind(got))
-    if got.device != want.device:
-        return f"{name}: expected a tensor on {want.device} (where q, k, v are), got one on {got.device}"
-    err = (got.double() - want).abs() - (ATOL + RTOL * want.abs())
-    if not bool((err <= 0).all()) or not bool(torch.isfinite(got).all()):
-        err = torch.nan_to_num(err, nan=float("inf"))
-        idx = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
-        return f"{name}{list(idx)}: got {got[idx].item():.10g}, expected {want[idx].item():.10g}"
-    return ""
-
-
-class _Largest(TorchDispatchMode):
-    """Records the most elements any tensor made inside has, per (batch x head) slice, and whether
-    any tensor had s_q rows by s_k > block columns (a whole score matrix, even one head at a time)."""
-
-    def __init__(self, heads, s_q: int = 0, s_k: int = 0, block: int = 0):
-        super().__init__()
-        self.heads, self.most, self.full_rows = heads, 0, False
-        self.s_q, self.s_k, self.block = s_q, s_k, block
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.most = max(self.most, t.numel() // self.heads)
-                if (t.dim() >= 2 and t.shape[-2] == self.s_q and t.shape[-1] == self.s_k
-                        and self.s_k > self.block):
-                    self.full_rows = True
-        return out
-
-
-def _describe(case) -> str:
+def _name(case) -> str:
     b, a, kv, sq, sk, d, causal, block = case
     return f"b{b} heads {a}/{kv} s_q {sq} s_k {sk} d {d}{' causal' if causal else ''} block {block}"
 
 
-def check(ns: dict, show: bool = True) -> Report:
-    """Grade ``online_softmax_attention`` (and the stretch ``online_softmax_backward``); never raises."""
-    report = Report(LAB)
-    fwd, bwd = ns.get("online_softmax_attention"), ns.get("online_softmax_backward")
-    for i, case in enumerate(CASES):
-        q, k, v, dout = _inputs(case, 100 + i)
-        causal, block = case[6], case[7]
-        out_ref, lse_ref, grads_ref = _reference(q, k, v, dout, causal)
-        name = _describe(case)
-        if fwd is None:
-            report.rows.append(Row("online_softmax_attention", name, "todo", "define online_softmax_attention"))
-        else:
-            def forward(q=q, k=k, v=v, case=case, causal=causal, block=block, out_ref=out_ref, lse_ref=lse_ref):
-                rec = _Largest(case[0] * case[1], case[3], case[4], block)
-                with rec:                             # clones: changing its inputs changes no later case
-                    got = call(fwd, q.clone(), k.clone(), v.clone(), causal, block)
-                if not (isinstance(got, (tuple, list)) and len(got) == 2):
-                    return "wrong", returned(got, "a tuple (out, lse)")
-                bad = _worst("out", got[0], out_ref) or _worst("lse", got[1], lse_ref)
-                if not bad and (rec.most >= case[3] * case[4] or rec.full_rows):
-                    bad = (f"a tensor of {rec.most:,} elements per head was made: the whole "
-                           f"{case[3]} x {case[4]} score matrix; work one block of keys at a time")
-                return "wrong" if bad else "ok", bad
-            run_case(report, "online_softmax_attention", name, forward)
-        if bwd is None:
-            report.rows.append(Row("online_softmax_backward", name, "todo", "define online_softmax_backward"))
-            continue
+def _watch(case, q, k, v, tile_rows=None):
+    b, a, kv, sq, sk, d, causal, block = case
+    return Watch(sq, sk, d, block, b * a, allowed=(k, v), tile_rows=tile_rows)
 
-        def backward(q=q, k=k, v=v, dout=dout, out_ref=out_ref, lse_ref=lse_ref, causal=causal, block=block,
-                     grads_ref=grads_ref):
-            got = call(bwd, *(t.clone() for t in (dout, q, k, v, out_ref, lse_ref)), causal, block)
+
+def _key_blocks_rows(report, fn, case, seed):
+    q, k, v, dout, mask = _backward_inputs(case, seed)
+    block, sk = case[7], case[4]
+    out, lse = labref.dense(q, k, v, mask)
+    delta = (dout * out).sum(-1)
+    starts = sorted({0, (sk // 2) // block * block, (sk - 1) // block * block})
+
+    def body():
+        for j0 in starts:
+            j1 = min(j0 + block, sk)
+            kb, vb = k[:, :, j0:j1].clone(), v[:, :, j0:j1].clone()
+            with _watch(case, q, kb, vb, tile_rows=j1 - j0) as w:
+                got = call(fn, q.clone(), kb, vb, dout.clone(), lse.clone(), delta.clone(), j0, case[6], block)
             if not (isinstance(got, (tuple, list)) and len(got) == 3):
-                return "wrong", returned(got, "a tuple (dq, dk, dv)")
-            bad = next((m for m in (_worst(n, g, w) for n, g, w in zip(("dq", "dk", "dv"), got, grads_ref)) if m), "")
-            return "wrong" if bad else "ok", bad
-        run_case(report, "online_softmax_backward", name, backward)
+                return "wrong", returned(got, "a tuple (dq_part, dk_blk, dv_blk)")
+            want = labref.key_block(q, k, v, dout, mask, j0, j1)
+            bad = next((m for m in (labref.first_wrong(n, t, r) for n, t, r in
+                                    zip(("dq_part", "dk_blk", "dv_blk"), got, want)) if m), "") or w.broken
+            if bad:
+                return "wrong", f"key block {j0}:{j1}: {bad}"
+        return "ok", ""
+    run_case(report, "key_block_backward", _name(case), body)
+
+
+def _visible_blocks(case) -> tuple[int, int]:
+    sk, block = case[4], case[7]
+    total = -(-sk // block)
+    return (min(total, -(-case[3] // block)) if case[6] else total), total
+
+
+def _flash_rows(report, fn, case, seed):
+    q, k, v, dout, mask = _backward_inputs(case, seed)
+    out, lse, *want = labref.grads(q, k, v, dout, mask)
+    calls, space = [0], getattr(fn, "__globals__", {})
+    inner = space.get("key_block_backward")
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return inner(*args, **kwargs)
+
+    def body():
+        kc, vc = k.clone(), v.clone()
+        if callable(inner):
+            space["key_block_backward"] = counted
+        try:
+            with _watch(case, q, kc, vc) as w:
+                got = call(fn, dout.clone(), q.clone(), kc, vc, out.clone(), lse.clone(), case[6], case[7])
+        finally:
+            if callable(inner):
+                space["key_block_backward"] = inner
+        if not (isinstance(got, (tuple, list)) and len(got) == 3):
+            return "wrong", returned(got, "a tuple (dq, dk, dv)")
+        bad = next((m for m in (labref.first_wrong(n, t, r) for n, t, r in zip(("dq", "dk", "dv"), got, want))
+                    if m), "") or w.broken
+        visible, total = _visible_blocks(case)
+        if not bad and not visible <= calls[0] <= total:
+            bad = (f"it called key_block_backward {calls[0]} times; the outer loop over key blocks calls "
+                   f"it once per key block ({visible} here{'' if visible == total else f' of {total} visible'})")
+        return ("wrong" if bad else "ok"), bad
+    run_case(report, "flash_backward", _name(case), body)
+
+
+def _shards(g, b, a, kv, lengths, d):
+    ks = [_randn(g, b, kv, n, d) for n in lengths]
+    return ks, [_randn(g, b, kv, n, d) for n in lengths]
+
+
+def _merge_case(case, seed):
+    """(parts, expected out, expected lse) of one MERGE case."""
+    b, a, sq, d, lengths, what = case
+    g = torch.Generator().manual_seed(seed)
+    q = _randn(g, b, a, sq, d) * (400.0 if what == "large" else 1.0)
+    ks, vs = _shards(g, b, a, a, lengths, d)
+    sk = sum(lengths)
+    mask = (labref.causal_mask(sq, sk, q0=30) if what == "causal" else torch.zeros(sq, sk, dtype=torch.bool))
+    if what == "padded":
+        mask[:3] = True                              # three padded query rows see no key at all
+    offsets = [sum(lengths[:r]) for r in range(len(lengths))]
+    parts = [labref.dense(q, kr, vr, mask[:, o:o + n]) for kr, vr, o, n in zip(ks, vs, offsets, lengths)]
+    return parts, *labref.dense(q, torch.cat(ks, 2), torch.cat(vs, 2), mask)
+
+
+def _merge_rows(report, fn, case, seed):
+    parts, out, lse = _merge_case(case, seed)
+    name = f"b{case[0]} heads {case[1]} s_q {case[2]} shards {'/'.join(map(str, case[4]))} {case[5]}"
+
+    def body():
+        got = call(fn, [(o.clone(), l.clone()) for o, l in parts])
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            return "wrong", returned(got, "a tuple (out, lse)")
+        bad = labref.first_wrong("out", got[0], out) or labref.first_wrong("lse", got[1], lse)
+        return ("wrong" if bad else "ok"), bad
+    run_case(report, "merge_partials", name, body)
+
+
+def _ring_rows(report, fn, case, seed):
+    b, a, kv, lengths, rank, d, causal, block = case
+    g = torch.Generator().manual_seed(seed)
+    ks, vs = _shards(g, b, a, kv, lengths, d)
+    q = _randn(g, b, a, lengths[rank], d)
+    sk, q0 = sum(lengths), sum(lengths[:rank])
+    out, lse = labref.dense(q, torch.cat(ks, 2), torch.cat(vs, 2),
+                            labref.causal_mask(lengths[rank], sk, q0=q0) if causal else None)
+    name = (f"b{b} heads {a}/{kv} shards {'/'.join(map(str, lengths))} rank {rank} d {d}"
+            f"{' causal' if causal else ''} block {block}")
+
+    def body():
+        kc, vc = [t.clone() for t in ks], [t.clone() for t in vs]
+        with Watch(lengths[rank], sk, d, block, b * a, allowed=kc + vc, joined=max(lengths)) as w:
+            got = call(fn, q.clone(), kc, vc, rank, causal, block)
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            return "wrong", returned(got, "a tuple (out, lse)")
+        bad = labref.first_wrong("out", got[0], out) or labref.first_wrong("lse", got[1], lse) or w.broken
+        return ("wrong" if bad else "ok"), bad
+    run_case(report, "ring_attention", name, body)
+
+
+def check(ns: dict, show: bool = True) -> Report:
+    """Grade the lab's four functions (and, with CUDA, its GPU part); never raises."""
+    report = Report(LAB)
+    parts = (("key_block_backward", BACKWARD, _key_blocks_rows), ("flash_backward", BACKWARD, _flash_rows),
+             ("merge_partials", MERGE, _merge_rows), ("ring_attention", RING, _ring_rows))
+    for fn_name, cases, rows in parts:
+        fn = ns.get(fn_name)
+        for i, case in enumerate(cases):
+            if fn is None:
+                report.rows.append(Row(fn_name, f"case {i + 1}", "todo", f"define {fn_name}"))
+            else:
+                rows(report, fn, case, 100 + i)
+    skipped = labgpu.grade(report, ns)
     if show:
         print(report.summary())
+        print(f"GPU part: {skipped}")
     return report

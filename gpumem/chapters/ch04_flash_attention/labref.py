@@ -1,0 +1,79 @@
+"""Lab 04's references, computed the plain way in fp64: the whole score matrix, ``torch.softmax``
+and autograd (no SDPA, no tiles), so that they share no code with what they grade; and the
+comparison that names the first element out of tolerance.
+
+Masks are boolean (s_q, s_k), True where a query may NOT see a key. A row that sees no key at all
+has output 0 and logsumexp -inf (the logsumexp of an empty set): the lab's convention for empty
+shards and fully masked rows.
+"""
+
+import torch
+
+from gpumem.course.grading import kind
+
+ATOL = RTOL = 1e-9
+
+
+def causal_mask(s_q: int, s_k: int, q0: int = 0, k0: int = 0) -> torch.Tensor:
+    """Query at position q0 + i may not see key k0 + j when k0 + j > q0 + i (top-left aligned)."""
+    return (torch.arange(k0, k0 + s_k)[None, :] > torch.arange(q0, q0 + s_q)[:, None])
+
+
+def _expand(k, heads):
+    return k.repeat_interleave(heads // k.shape[1], 1)
+
+
+def dense(q, k, v, mask=None):
+    """(out, lse) of attention, differentiable: out (b, a, s_q, d), lse (b, a, s_q)."""
+    s = q @ _expand(k, q.shape[1]).transpose(-1, -2) * q.shape[-1] ** -0.5
+    if mask is not None:
+        s = s.masked_fill(mask, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    empty = torch.isinf(lse)[..., None]
+    p = torch.where(empty, 0.0, torch.exp(s - lse.masked_fill(empty[..., 0], 0.0)[..., None]))
+    return p @ _expand(v, q.shape[1]), lse
+
+
+def grads(q, k, v, dout, mask=None):
+    """(out, lse, dq, dk, dv): the forward, then autograd of the plain computation."""
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = dense(q, k, v, mask)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    return out.detach(), lse.detach(), dq, dk, dv
+
+
+def key_block(q, k, v, dout, mask, j0: int, j1: int):
+    """(dq_part, dk_blk, dv_blk) for keys j0..j1-1 from the softmax backward written out:
+    dS = P (dP - D), D = rowsum(P dP); dq_part = c dS[:, j0:j1] K_j, dk = c dS_j^T Q, dv = P_j^T dO."""
+    a, c = q.shape[1], q.shape[-1] ** -0.5
+    with torch.no_grad():
+        out, lse = dense(q, k, v, mask)
+        s = q @ _expand(k, a).transpose(-1, -2) * c
+        if mask is not None:
+            s = s.masked_fill(mask, float("-inf"))
+        p = torch.exp(s - lse[..., None])
+        dp = dout @ _expand(v, a).transpose(-1, -2)
+        ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+        g = a // k.shape[1]
+        fold = lambda t: t.reshape(t.shape[0], k.shape[1], g, *t.shape[2:]).sum(2)   # sum the group
+        return (c * ds[..., j0:j1] @ _expand(k, a)[:, :, j0:j1], fold(c * ds[..., j0:j1].transpose(-1, -2) @ q),
+                fold(p[..., j0:j1].transpose(-1, -2) @ dout))
+
+
+def first_wrong(name: str, got, want) -> str:
+    """'' when every element is within ATOL + RTOL |want| (a -inf expected must be -inf), else the
+    FIRST element out of tolerance in row-major order, with how many are."""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        return f"{name}: expected a tensor of shape {tuple(want.shape)}, got " + (
+            f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else kind(got))
+    if got.device != want.device:
+        return f"{name}: expected a tensor on {want.device} (where the inputs are), got one on {got.device}"
+    got_d = got.detach().double()
+    inf = torch.isinf(want)
+    ok = torch.where(inf, got_d == want, (got_d - want).abs() <= ATOL + RTOL * want.abs())
+    if bool(ok.all()):
+        return ""
+    bad = (~ok).flatten().nonzero()
+    idx = tuple(int(i) for i in torch.unravel_index(bad[0, 0], ok.shape))
+    more = f" (first of {len(bad):,} wrong elements)" if len(bad) > 1 else ""
+    return f"{name}{list(idx)}: got {got_d[idx].item():.10g}, expected {want[idx].item():.10g}{more}"
