@@ -116,7 +116,9 @@ def test_each_item_shows_in_text_mode_with_fresh_numbers(capsys, monkeypatch):
             CHECKLIST.show(item.key)
             out = capsys.readouterr().out
             assert out.startswith(f"Item {n} of 6: {item.title}")
-            assert all(f"[{q.id}] {q.prompt_text()}" in out for q in item.questions)
+            flat = " ".join(out.split())
+            assert all(" ".join(f"[{q.id}] {q.prompt_text()}".split()) in flat for q in item.questions)
+            assert max(len(line) for line in out.splitlines()) <= 100
             prompts.add(out)
         assert len(prompts) > 1, item.key
 
@@ -206,9 +208,10 @@ def test_progress_is_saved_per_item_reloaded_and_the_summary_lists_the_misses(ca
     assert f"- {rest[0].id}, answer shown: notebook " in summary
     assert f"- {rest[1].id}: notebook " in summary and f"- {first.id}" not in summary
     assert all(f"- {q.id}" in summary for q in ch.ITEMS[5].questions)
-    for qid in (rest[0].id, rest[1].id):       # each line names the pointers of its question
-        line = next(x for x in summary.splitlines() if f"- {qid}" in x)
-        assert all(p.text() in line for p in gather.see[qid])
+    assert max(len(line) for line in summary.splitlines()) <= 100
+    for qid in (rest[0].id, rest[1].id):       # each entry names the pointers of its question
+        entry = " ".join(summary.split(f"- {qid}")[1].split("\n   - ")[0].split())
+        assert all(p.text() in entry for p in gather.see[qid])
     # explanations are not pointed twice by a second checklist over the same questions
     assert again.quiz._get(first.id).explanation_text().count(" See notebook ") == 1
 
@@ -462,3 +465,87 @@ def test_layout_choices_agree_with_the_planner_and_a_hand_count():
     assert ci.FAMILIES[right][2](best.layout), best.layout.label()     # the planner still agrees
     assert best.layout.tp <= 8 and (best.layout.pp == 1 or best.layout.zero <= 1)
     assert best.layout.label() in q.explanation_text()
+
+
+# -- hardware that exists, wrong answers that are told apart, options that do not explain themselves
+
+PCIE_ONLY = ("L4", "T4")        # NVIDIA's L4 and T4 are PCIe cards without NVLink (datasheets)
+
+
+def test_every_prompt_puts_the_gpus_on_hardware_that_exists():
+    """Over many draws: an SXM board is never linked by PCIe alone, a PCIe card never by NVLink,
+    one node or box holds at most 8 GPUs, and PCIe never joins two nodes."""
+    QUIZ.seed(11)
+    for _ in range(30):
+        for q in QUIZ.questions:
+            QUIZ.renew(q.id, quiet=True)
+            p = q.prompt_text()
+            pcie_link = re.search(r"PCIe only|PCIe inside|linked by PCIe|no NVLink", p)
+            if "SXM" in p:
+                assert not pcie_link, (q.id, p)
+            if any(re.search(rf"\b{card}\b", p) for card in PCIE_ONLY):
+                assert "NVLink" not in p.replace("no NVLink", ""), (q.id, p)
+            if re.search(r"(inside|in) one (node|box|DGX|HGX|Google)|PCIe only", p):
+                assert num(r"on (\d+) ", p) <= 8, (q.id, p)
+            if pcie_link:
+                assert not re.search(r"\d+ [^.,]*nodes", p), (q.id, p)
+
+
+def test_traps_are_told_apart_from_the_right_answer_over_many_draws():
+    """Every named mistake is rejected wherever it differs from the answer, and the answer as
+    shown (rounded) is accepted; a mistake that lands within tolerance of the answer is a fault."""
+    QUIZ.seed(5)
+    told = {}                              # (id, trap) -> draws on which it differed and was rejected
+    for q in (q for q in QUIZ.questions if isinstance(q, Numeric)):
+        for _ in range(30):
+            QUIZ.renew(q.id, quiet=True)
+            want = q.value()
+            assert q.grade(q.expected()) and q.grade(want), q.id
+            ctx = {**q.numbers, "expected": want, "unit": q.unit_now()}
+            for i, (wrong, _) in enumerate(q.traps):
+                got = float(wrong(ctx))
+                told.setdefault((q.id, i), 0)
+                if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12) or not math.isfinite(got):
+                    continue                 # the mistake gives the right value on this draw
+                assert not q.grade(got), (q.id, i, got, want, q.prompt_text())
+                told[q.id, i] += 1
+    # each trap is tested on some draw; gather-exposed's pooled-passes trap differs from the answer
+    # only when exactly one pass is exposed, a narrow band of these draws
+    assert [k for k, v in told.items() if not v] in ([], [("gather-exposed", 0)]), told
+
+
+def test_the_rewritten_choices_are_parallel_and_carry_no_reason():
+    for qid in ("flash-faster", "flash-kept", "offload-adam", "gather-backward", "plan-pp-zero3"):
+        options, right = QUIZ._get(qid)._authored
+        lengths = [len(o) for o in options]
+        assert max(lengths) <= 1.25 * min(lengths), (qid, lengths)
+        assert len(options[right]) < max(lengths), qid                 # not the longest
+        assert not re.search(r"[:;]|\b(which|so|because|since|only)\b", options[right]), qid
+    firsts = {qid: {o.split()[0] for o in QUIZ._get(qid)._authored[0]}
+              for qid in ("flash-faster", "offload-adam")}
+    assert firsts == {"flash-faster": {"It"}, "offload-adam": {"On"}}
+
+
+def test_new_prompts_give_figures_not_the_procedure():
+    QUIZ.seed(2)
+    said = {"zero3-comm-seconds": ("all-gathers every weight", "(N-1)/N", "reduce-scatters the"),
+            "gather-exposed": ("can hide only behind", "Forward costs 2"),
+            "ckpt-segment-peak": ("count it once", "keeps only its input"),
+            "plan-fewest": ("Whatever the GPU count",)}
+    for qid, phrases in said.items():
+        for q in draws(qid, 8):
+            assert not any(x in q.prompt_text() for x in phrases), (qid, q.prompt_text())
+    # each gives one figure the answer does not need
+    assert all("tokens per GPU per step" in q.prompt_text() for q in draws("zero3-comm-seconds", 4))
+    assert all("micro-batches per optimizer step" in q.prompt_text() for q in draws("gather-exposed", 4))
+    assert all("vocabulary 128,256" in q.prompt_text() for q in draws("ckpt-segment-peak", 4))
+    assert all(" layers) trains" in q.prompt_text() for q in draws("plan-fewest", 4))
+
+
+def test_offload_break_even_says_what_moves_up():
+    for q in draws("offload-break-even", 16):
+        p = q.prompt_text()
+        if "and the bf16 parameters offloaded" in p:
+            assert "parameter shard, which lives in host memory, is copied up twice" in p
+        else:
+            assert "copied up once" in p and "stays on the GPU" in p and "lives in host" not in p

@@ -72,6 +72,11 @@ class Item:
     see: dict[str, tuple[Pointer, ...]] = field(default_factory=dict)
 
 
+def _wrap(line: str, indent: str = "") -> list[str]:
+    """A line cut to 100 columns (learners' outputs), later lines indented."""
+    return textwrap.wrap(line, 100, subsequent_indent=indent, break_on_hyphens=False) or [""]
+
+
 def _render(text, ctx: dict) -> str:
     if callable(text):
         return text(ctx)
@@ -153,13 +158,14 @@ class Checklist:
         item = self.item(key)
         lines = [f"Item {n} of {len(self.items)}: {item.title}"]
         for q in item.questions:
-            lines.append(f"[{q.id}] {q.prompt_text()}")
+            lines += _wrap(f"[{q.id}] {q.prompt_text()}", "  ")
             if isinstance(q, Choice):
-                lines += [f"   ({i}) {opt}" for i, opt in enumerate(q.options)]
+                lines += [x for i, opt in enumerate(q.options) for x in _wrap(f"   ({i}) {opt}", "       ")]
             else:
                 lines.append(f"   ({describe(q.unit_now())})")
-        lines.append('Answer with quiz.answer("<id>", <choice number or value>); a value may carry a unit. '
-                     'quiz.answer("<id>", "show") shows an answer; quiz.renew("<id>") draws new numbers.')
+        lines += _wrap('Answer with quiz.answer("<id>", <choice number or value>); a value may carry a '
+                       'unit. quiz.answer("<id>", "show") shows an answer; quiz.renew("<id>") draws new '
+                       'numbers (for a choice, a new order of its options).')
         return "\n".join(lines)
 
     def show(self, key: str) -> None:
@@ -220,7 +226,7 @@ class Checklist:
             for qid in s["missed"]:
                 shown = ", answer shown" if qid in s["revealed"] else ""
                 where = "; ".join(p.text() for p in item.see[qid])
-                lines.append(f"   - {qid}{shown}: {where}")
+                lines += _wrap(f"   - {qid}{shown}: {where}", "       ")
         return "\n".join(lines)
 
 

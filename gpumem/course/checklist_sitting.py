@@ -17,6 +17,7 @@ shown. Its rules:
 (:class:`~gpumem.course.checklist.Checklist` passes it).
 """
 
+import textwrap
 from dataclasses import dataclass, field
 
 from .quiz import REVEAL, Choice, Quiz
@@ -56,14 +57,20 @@ class SittingQuiz(Quiz):
     peers: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
+        self.new_sitting()
+        for q in self.questions:
+            if isinstance(q, Choice):
+                _base(q)
+        super().__post_init__()
+
+    def new_sitting(self) -> None:
+        """Forget what was shown, as a restarted kernel does (tests start each case this way)."""
         self._clock = 0
         self._shown_at: dict[str, int] = {}          # choice id -> when its answer was last shown
         self._shown_prompts: dict[str, set] = {}     # numeric id -> prompts whose answer was shown
         self._credited_at: dict[str, int] = {}       # id -> when it was last answered right, counted
         for q in self.questions:
-            if isinstance(q, Choice):
-                _base(q)
-        super().__post_init__()
+            q.attempt.tries = 0
 
     def renew(self, qid: str | None = None, quiet: bool = False) -> None:
         """New numbers (never numbers whose answer was shown, if others can be drawn) or, for a
@@ -71,7 +78,8 @@ class SittingQuiz(Quiz):
         rng = self.generator()
         for q in [self._get(qid)] if qid else self.questions:
             if isinstance(q, Choice):
-                tries = 0 if q.attempt.revealed else q.attempt.tries     # wrong tries carry over
+                done = q.attempt.revealed or q.attempt.solved
+                tries = 0 if done else q.attempt.tries       # wrong tries carry over to the next order
                 q.redraw(rng)
                 options, right = _base(q)
                 order = list(range(len(options)))
@@ -85,9 +93,10 @@ class SittingQuiz(Quiz):
                     if q.prompt_text() not in shown:
                         break
             if not quiet:
-                print(f"[{q.id}] {q.prompt_text()}")
+                print(textwrap.fill(f"[{q.id}] {q.prompt_text()}", 100, subsequent_indent="  "))
                 if isinstance(q, Choice):
-                    print("\n".join(f"   ({i}) {opt}" for i, opt in enumerate(q.options)))
+                    print("\n".join(textwrap.fill(f"   ({i}) {opt}", 100, subsequent_indent="       ")
+                                     for i, opt in enumerate(q.options)))
 
     def blocked(self, qid: str) -> str:
         """Why a right answer to ``qid`` would not count now ('' when it would)."""

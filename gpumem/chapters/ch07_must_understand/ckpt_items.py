@@ -118,7 +118,7 @@ QUESTIONS = [
             "{plan_words}. A checkpointed segment is re-run whole in backward. One layer's forward "
             "costs {layer_t:,.4f} TFLOP, and forward plus backward of the whole step (head included) "
             "{step_t:,.2f} TFLOP. What percentage does the recomputation add to the step's FLOPs?",
-            answer=_cost_pct, unit="%", rel_tol=0.01,
+            answer=_cost_pct, unit="%", rel_tol=0.004,   # 2N/6N is 0.85 % off at 405B, seq 2,048
             hint="Which layers run their forward a second time in backward? Count them, whatever the "
                  "segment length.",
             explanation="{rerun} layers re-run their forward: {rerun} x {layer_t:,.4f} / {step_t:,.2f} = "

@@ -98,7 +98,7 @@ QUESTIONS = [
             draw=_growth),
     Choice("flash-kept",
            "Which tensors does FlashAttention's forward save for its backward pass, per layer?",
-           ["Q, K, V, the output and each tile's probabilities in fp8",
+           ["Q, K, V, the output and every tile's probabilities in fp8",
             "Q, K, V and the scores of the tiles on the diagonal",
             "Q, K and the output; V is rebuilt from the layer input",
             "Q, K, V, the output and one fp32 number per row and head"],
