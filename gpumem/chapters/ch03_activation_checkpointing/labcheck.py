@@ -8,12 +8,15 @@ The learner writes two functions:
   Graded on a model the lab never shows (the gradients must equal the plain step's, and with
   every layer checkpointed the forward must keep only the layers' inputs, as the course's tracer
   measures) and on small functions of each of those three kinds, against plain autograd.
+  Ready-made checkpoints (``torch.utils.checkpoint``, DeepSpeed's, the course's) refuse to run
+  while the learner's code does (``labguard``).
 * ``place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget)``: which
   layers to checkpoint (a list of segments) so that the step's activation peak stays within
   ``budget`` bytes with the least recomputation. Graded by running the learner's placement with
   the learner's checkpoint on real tensors: the measured peak against the budget, the measured
-  recompute FLOPs against the fewest possible (the grader's optimum: the first c layers
-  checkpointed alone, the smallest c that fits, checked by the formula).
+  recompute FLOPs against the fewest possible, found by a search over every placement
+  (``labplace``), not assumed to be "the first c layers, one each": on ``lab-d`` (12 layers) that
+  placement needs one layer more than the best one.
 
 Budgets are set between two placements, so that one layer fewer misses and any layer more is
 recomputation the budget did not need.
@@ -23,7 +26,10 @@ from gpumem.course.grading import Report, Row, call, kind, returned, run_case
 from gpumem.errors import UsageError
 from gpumem.memory import recompute_cost
 from gpumem.memory.models import ModelConfig
-from gpumem.memory.recompute_plans import first_layers, from_segments
+from gpumem.memory.recompute_plans import from_segments
+
+from . import labplace
+from .labguard import guarded
 
 LAB = "lab03_checkpoint_budget"
 SEQ, BATCH = 32, 2
@@ -31,7 +37,10 @@ SEQ, BATCH = 32, 2
 # go matters (a re-run late in backward happens while every earlier layer still holds its own).
 CASES = ((ModelConfig("lab-a", 6, 96, 6, 2, 256, 128, teaching=True), 3),
          (ModelConfig("lab-b", 5, 128, 8, 4, 352, 96, teaching=True), 2),
-         (ModelConfig("lab-c", 7, 64, 4, 1, 192, 64, teaching=True), 5))
+         (ModelConfig("lab-c", 7, 64, 4, 1, 192, 64, teaching=True), 5),
+         # 12 thin layers: the best 10-layer placement merges layers into longer segments; the
+         # first 10 layers one each miss the budget, and the first 11 re-run one layer too many
+         (ModelConfig("lab-d", 12, 64, 4, 1, 64, 400, teaching=True), 10))
 GRAD_CASE = ModelConfig("lab-g", 3, 80, 5, 5, 224, 200, teaching=True)
 
 
@@ -44,18 +53,13 @@ def numbers(cfg: ModelConfig, seq: int = SEQ, batch: int = BATCH) -> dict:
 
 
 def budget_for(cfg: ModelConfig, count: int, seq: int = SEQ, batch: int = BATCH) -> int:
-    """A budget that ``count`` checkpointed layers meet and ``count - 1`` do not."""
-    n = numbers(cfg, seq, batch)
-    peak = recompute_cost.activation_bytes(cfg, seq, batch, first_layers(count, cfg.n_layers), "scratch")["peak"]
-    return peak + (n["layer_bytes"] - n["checkpoint_bytes"]) // 2
+    """A budget that ``count`` checkpointed layers, well placed, meet and no fewer do."""
+    return labplace.budget_for(cfg, count, seq, batch)
 
 
 def optimum(cfg: ModelConfig, budget: int, seq: int = SEQ, batch: int = BATCH) -> int:
-    """The fewest layers to re-run within ``budget``: the smallest c whose first-c placement fits."""
-    for c in range(cfg.n_layers + 1):
-        if recompute_cost.activation_bytes(cfg, seq, batch, first_layers(c, cfg.n_layers), "scratch")["peak"] <= budget:
-            return c
-    return cfg.n_layers
+    """The fewest layers any placement re-runs within ``budget`` (search over every placement)."""
+    return labplace.optimum(cfg, budget, seq, batch)
 
 
 def _cut_from_graph(ckpt) -> str:
@@ -100,7 +104,7 @@ def _grade_checkpoint(report: Report, ckpt) -> bool:
                                "" if ok else f"expected {want:,} B (only each layer's input), got {mine.saved:,} B"
                                + (": the segments' activations were kept too (run the forward without a graph)"
                                   if mine.saved > want else "")))
-    run_case(report, "checkpoint", case, body)
+    run_case(report, "checkpoint", case, guarded(body))
     return all(r.status == "ok" for r in report.rows[start:])
 
 
@@ -155,7 +159,7 @@ def _grade_variants(report: Report, ckpt) -> None:
                 grads.append((w.grad.clone(), x.grad.clone()))
             diff = max(float((a - b).abs().max()) for a, b in zip(*grads))
             return ("ok", "") if diff == 0 else ("wrong", f"gradients differ from plain autograd by up to {diff:.3g}")
-        run_case(report, "checkpoint", f"unseen case: {name}", body)
+        run_case(report, "checkpoint", f"unseen case: {name}", guarded(body))
 
 
 def _grade_placement(report: Report, place, ckpt, cfg: ModelConfig, count: int) -> None:
@@ -166,12 +170,21 @@ def _grade_placement(report: Report, place, ckpt, cfg: ModelConfig, count: int) 
         "" if callable(ckpt) else ", measured with the course's checkpoint")
 
     def body():
-        segments = call(place, **n, budget=budget)
+        segments = guarded(lambda: ("ok", call(place, **n, budget=budget)))()
+        if segments[0] != "ok":
+            return segments
+        segments = segments[1]
         try:
             plan = from_segments(segments, cfg.n_layers, "yours")
         except (UsageError, TypeError, ValueError) as err:
             return "wrong", f"not a list of segments: {err}" if segments is not None else returned(None, "")
-        m = call(rt.measure, cfg, plan, ckpt, seq=SEQ, micro_batch=BATCH)
+        if callable(ckpt):          # the learner's checkpoint runs: the guard stays on
+            m = guarded(lambda: ("ok", call(rt.measure, cfg, plan, ckpt, seq=SEQ, micro_batch=BATCH)))()
+            if m[0] != "ok":
+                return m
+            m = m[1]
+        else:
+            m = rt.measure(cfg, plan, ckpt, seq=SEQ, micro_batch=BATCH)
         best = optimum(cfg, budget)
         layer = recompute_cost.layer_flops(cfg, SEQ, BATCH)["total"]
         if m.peak > budget:

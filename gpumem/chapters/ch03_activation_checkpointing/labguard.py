@@ -1,0 +1,145 @@
+"""Lab 03's guard: while the learner's code runs, ready-made checkpoints refuse to run.
+
+The lab asks for the mechanism itself, so for the duration of each graded call (and of the
+backward the grader runs through the learner's function) these raise ``Shortcut``
+("... write the mechanism yourself"):
+
+* ``torch.utils.checkpoint``'s entry points: ``checkpoint`` (both variants), ``checkpoint_sequential``,
+  ``CheckpointFunction``, ``create_selective_checkpoint_contexts`` and the non-reentrant generator
+  behind ``checkpoint`` (so a reference taken before grading, ``from torch.utils.checkpoint import
+  checkpoint``, refuses too);
+* what wraps them: ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``, the
+  ``tag_activation_checkpoint`` higher-order op, DeepSpeed's ``checkpointing`` module;
+* the course's own ``Checkpoint`` (``gpumem.memory.recompute``) and the grader's own answer
+  (``labplace``: the search for the best placement).
+
+Two layers: the modules' attributes are swapped for refusals, and a profile hook
+(``sys.setprofile``) refuses any call into the code of those functions however it was reached. Every
+refusal is recorded, so a learner who catches the exception is still reported. Everything is put
+back on the way out, on an error or a time limit too.
+"""
+
+import contextlib
+import os
+import sys
+
+MESSAGE = "write the mechanism yourself"
+_INHERITED = object()
+# torch.utils.checkpoint's helpers for RNG state and inputs: not the mechanism, allowed
+HELPERS = {"get_device_states", "set_device_states", "detach_variable", "check_backward_validity",
+           "_get_device_module", "_infer_device_type", "_get_autocast_kwargs", "<module>"}
+
+
+class Shortcut(RuntimeError):
+    """A ready-made checkpoint was called where the lab asks for the learner's own."""
+
+
+def _refusal(name: str, hits: list):
+    def refuse(*args, **kwargs):
+        hits.append(name)
+        raise Shortcut(f"{name} is off limits in this lab: {MESSAGE}")
+    return refuse
+
+
+def _targets() -> list[tuple[object, str, str]]:
+    """(owner, attribute, name shown) for every entry point reachable now."""
+    import torch.utils.checkpoint as tuc
+
+    from gpumem.memory import recompute
+    out = [(tuc, n, f"torch.utils.checkpoint.{n}") for n in
+           ("checkpoint", "checkpoint_sequential", "create_selective_checkpoint_contexts",
+            "_checkpoint_without_reentrant_generator")]
+    out.append((tuc.CheckpointFunction, "apply", "torch.utils.checkpoint.CheckpointFunction"))
+    out.append((recompute.Checkpoint, "apply", "the course's Checkpoint (gpumem.memory.recompute)"))
+    wrappers = sys.modules.get("torch.distributed.algorithms._checkpoint.checkpoint_wrapper")
+    if wrappers is not None:
+        out += [(wrappers, n, f"torch.distributed's {n}") for n in ("checkpoint_wrapper", "apply_activation_checkpointing")]
+    hop = sys.modules.get("torch._higher_order_ops.wrap")
+    if hop is not None:
+        out += [(hop, n, f"torch._higher_order_ops.wrap.{n}") for n in ("tag_activation_checkpoint",
+                                                                      "wrap_activation_checkpoint")]
+    ds = sys.modules.get("deepspeed.runtime.activation_checkpointing.checkpointing")
+    if ds is not None:
+        out += [(ds, n, f"DeepSpeed's checkpointing.{n}") for n in ("checkpoint", "non_reentrant_checkpoint")]
+        out.append((ds.CheckpointFunction, "apply", "DeepSpeed's CheckpointFunction"))
+    return [(o, a, n) for o, a, n in out if hasattr(o, a)]
+
+
+def _banned_code() -> tuple[dict, dict]:
+    """Code objects refused wherever they are called from ({code: name}), and files whose every
+    function is refused except ``HELPERS`` ({filename: name})."""
+    import torch.utils.checkpoint as tuc
+
+    from gpumem.memory import recompute
+
+    from . import labplace
+    codes = {f.__code__: "the course's Checkpoint (gpumem.memory.recompute)"
+             for f in (recompute.Checkpoint.forward, recompute.Checkpoint.backward)}
+    codes.update({f.__code__: f"the grader's own answer (labplace.{f.__name__})"
+                  for f in vars(labplace).values() if getattr(f, "__module__", "") == labplace.__name__
+                  and hasattr(f, "__code__")})
+    torch_dir = os.path.dirname(os.path.dirname(tuc.__file__))     # .../torch
+    files = {tuc.__file__: "torch.utils.checkpoint",
+             os.path.join(torch_dir, "distributed", "algorithms", "_checkpoint", "checkpoint_wrapper.py"):
+                 "torch.distributed...checkpoint_wrapper"}
+    spec = sys.modules.get("deepspeed")
+    if spec is not None and getattr(spec, "__file__", None):
+        files[os.path.join(os.path.dirname(spec.__file__), "runtime", "activation_checkpointing",
+                           "checkpointing.py")] = "deepspeed...checkpointing"
+    return codes, files
+
+
+@contextlib.contextmanager
+def no_shortcuts():
+    """Refuse the ready-made checkpoints inside the block; yields the list of refusals."""
+    hits: list[str] = []
+    codes, files = _banned_code()
+    swapped = []
+    previous = sys.getprofile()
+
+    def watch(frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        name = codes.get(code)
+        if name is None and code.co_name not in HELPERS and code.co_filename in files:
+            name = f"{files[code.co_filename]}.{code.co_qualname}"
+        if name:
+            hits.append(name)
+            raise Shortcut(f"{name} is off limits in this lab: {MESSAGE}")
+
+    try:
+        for owner, attr, name in _targets():
+            swapped.append((owner, attr, vars(owner).get(attr, _INHERITED)))
+            setattr(owner, attr, _refusal(name, hits))
+        sys.setprofile(watch)
+        yield hits
+        if sys.getprofile() is not watch and not hits:
+            hits.append("sys.setprofile (the grader's watch was switched off)")
+    finally:
+        sys.setprofile(previous)
+        for owner, attr, value in reversed(swapped):
+            if value is _INHERITED:           # a class's inherited ``apply``: drop the override
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, value)
+
+
+def shortcut_line(hits: list[str]) -> str:
+    """The row's detail for a submission that reached a ready-made checkpoint."""
+    return f"it calls {hits[0]}, which the lab rules out: {MESSAGE}"
+
+
+def guarded(body):
+    """``body`` (a run_case body) run under :func:`no_shortcuts`; a refusal, even one the learner
+    caught, replaces its result with a ``wrong`` row naming what was called."""
+    def run():
+        with no_shortcuts() as hits:
+            try:
+                result = body()
+            except Exception:
+                if hits:
+                    return "wrong", shortcut_line(hits)
+                raise
+        return ("wrong", shortcut_line(hits)) if hits else result
+    return run
