@@ -1,0 +1,81 @@
+"""Lab 06's optional GPU part: the kernel share the search assumes, measured on one matmul.
+
+The planner prices compute at ``timing.compute.KERNEL_SHARE`` (54 %) of the GPU's dense bf16 peak.
+One layer of the lab's plan is mostly a few large bf16 matmuls; the learner times one of them,
+the 70B MLP's up projection for one micro-batch of 8,192 tokens ((8192 x 8192) @ (8192 x 28672),
+2 m k n = 3.85e12 FLOPs), with CUDA events and returns FLOP/s. The grader times the same matmul
+itself and compares; the detail says what share of the datasheet peak it reached against the
+search's assumption. A large matmul is the best case: a whole step (attention, norms, optimizer,
+launch gaps) reaches less, so a matmul share *below* 54 % says the search is optimistic on this
+GPU. Skipped, with the reason, without CUDA; not run on the course's CPU machines.
+"""
+
+from gpumem.course.grading import Report, Row, call, run_case
+from gpumem.memory import gpus as gpu_table
+from gpumem.timing import compute
+
+SHAPE = (8192, 8192, 28672)      # (tokens, d_model, ffn) of llama-3-70b, one micro-batch of 8,192
+NAMES = (("H200", "h200"), ("H100", "h100-80gb"), ("A100", "a100-80gb"), ("L4", "l4"))
+AGREE = 0.20                     # the learner's and the grader's timing of one matmul agree within 20 %
+CEILING = 1.02                   # no matmul beats the dense peak (2 % for the clock's resolution)
+
+
+def cuda_reason() -> str:
+    """'' when CUDA is usable, else why the GPU part is skipped."""
+    import torch
+    if not torch.cuda.is_available():
+        return "no CUDA device here: the kernel-share part runs only on a GPU machine"
+    return ""
+
+
+def reference_flops(m: int, k: int, n: int, repeats: int = 10) -> float:
+    """FLOP/s of a bf16 (m x k) @ (k x n) on this GPU: CUDA events around each of ``repeats``
+    calls after two warm-ups, the median."""
+    import torch
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * m * k * n / sorted(times)[len(times) // 2]
+
+
+def verdict(got, mine_ref: float, peak: float | None, label: str) -> tuple[str, str]:
+    """(status, detail) of the learner's FLOP/s against the grader's own timing and the peak."""
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or not got > 0:
+        return "wrong", f"expected a positive number of FLOP/s, got {got!r}"[:160]
+    if abs(got / mine_ref - 1) > AGREE:
+        return "wrong", (f"{got / 1e12:.0f} TF/s, but the same matmul timed here runs at {mine_ref / 1e12:.0f} TF/s: "
+                         "time only the matmul (warm up, record, matmul, record, synchronize) and count 2 m k n FLOPs")
+    if peak is None:
+        return "ok", f"{got / 1e12:.0f} TF/s ({label} is not in gpumem.memory.gpus: no datasheet peak to compare)"
+    if got > CEILING * peak:
+        return "wrong", f"{got / 1e12:.0f} TF/s beats {label}'s dense bf16 peak of {peak / 1e12:.0f} TF/s"
+    share = got / peak
+    side = "optimistic here" if share < compute.KERNEL_SHARE else "below what one matmul reaches"
+    return "ok", (f"{got / 1e12:.0f} TF/s = {share:.0%} of {label}'s {peak / 1e12:.0f} TF/s; the search assumes "
+                  f"{compute.KERNEL_SHARE:.0%} over a whole step: {side}")
+
+
+def grade(report: Report, fn) -> None:
+    """The optional row: graded with CUDA when ``measure_kernel_share`` is defined, else skipped."""
+    reason = cuda_reason()
+    if fn is None or reason:
+        report.rows.append(Row("measure_kernel_share", "optional GPU part", "ok",
+                               "skipped: " + (reason or "measure_kernel_share not defined (optional)")))
+        return
+    import torch
+    name = torch.cuda.get_device_name(0)
+    g = next((gpu_table.get(key) for frag, key in NAMES if frag in name), None)
+
+    def body():
+        got = call(fn, *SHAPE)
+        return verdict(got, reference_flops(*SHAPE), g.bf16_flops if g else None, g.label if g else name)
+    run_case(report, "measure_kernel_share", "optional GPU part", body)
