@@ -1,0 +1,244 @@
+"""Lab 05: the cheapest submissions that skip the idea fail, each with a row saying what was skipped.
+
+Expected bytes and file sizes here are counted by hand from DeepSpeed 0.19.8's allocations (the
+lab's reference module cites the lines), not read from the grader. Only one test starts ranks: the
+swap-file prediction copied from the lab's example, graded against a real NVMe offload run.
+"""
+
+import pytest
+
+from gpumem import chapters
+from gpumem.chapters.ch05_offload import lab_gpu, labcheck
+from gpumem.chapters.ch05_offload import lab_reference as ref
+from gpumem.memory import accounting
+from gpumem.timing import offload_time
+from test_labs_hostile import solution
+
+LAB = "lab05_offload_budget"
+# the lab's own example answer (its part 1 prompt) and its listing of chapter 05's swap files
+EXAMPLE = {"gpu": {"params": 500, "grads": 500, "master": 1000, "optimizer": 2000}}
+CHAPTER_FILES = {"params": [1_048_576, 1_048_576], "master": [7_146_496],
+                 "optimizer": [7_146_496, 7_146_496], "grads": [2_097_152, 2_097_152]}
+OFFLOAD = {"nothing": "none", "optimizer": "optimizer", "optimizer and parameters": "optimizer+params"}
+
+
+def grade(ns: dict):
+    return chapters.check_lab(LAB, ns, show=False)
+
+
+def rows(report, function):
+    return [r for r in report.rows if r.function == function]
+
+
+def first_problem(report, function):
+    bad = [r for r in rows(report, function) if r.status != "ok"]
+    assert bad, report.summary()
+    return bad[0]
+
+
+def _totals(ns, n, ranks, rung):
+    held = ns["rung_bytes"](n, ranks, rung)
+    return [sum((held.get(d) or {}).values()) for d in ("gpu", "cpu")]
+
+
+def _seconds(ns, n, ranks, rung, compute_s, links):
+    zero, what, where = ns["RUNGS"][rung]
+    return offload_time.step_time(n, "mixed", zero, ranks, OFFLOAD[what], "nvme" if where == "nvme" else "cpu",
+                                  compute_s, links)["stock"]
+
+
+def test_hand_count_of_each_rung():
+    """s = 1,000 shard parameters (4,000 over 4 ranks): the table of the issue and the reviewers."""
+    s, psi = 1000, 4000
+    want = {"zero3": {"gpu": 16 * s},
+            "zero2+opt-cpu": {"gpu": 2 * psi, "cpu": 16 * s},          # no 16-bit gradient on the GPU
+            "zero3+opt-cpu": {"gpu": 2 * s, "cpu": 18 * s},            # 18 B per shard parameter on the host
+            "zero3+opt-nvme": {"gpu": 2 * s, "cpu": 2 * s, "nvme": 16 * s},
+            "zero3+opt+params-cpu": {"cpu": 20 * s},
+            "zero3+opt+params-nvme": {"cpu": 2 * s, "nvme": 18 * s}}
+    for rung, devices in want.items():
+        got = ref.totals(ref.rung_bytes(psi, 4, rung))
+        assert got == {d: devices.get(d, 0) for d in ref.DEVICES}, rung
+    assert ref.rung_bytes(psi, 4, "zero2+opt-cpu")["gpu"] == {"params": 2 * psi}
+    assert ref.rung_bytes(psi, 4, "zero3+opt-cpu")["cpu"]["grads"] == 6 * s      # bf16 partition + fp32
+
+
+@pytest.mark.parametrize("n, ranks", [(1_000_003, 3), (8_030_261_248, 6), (70_553_706_496, 16), (7, 8)])
+def test_reference_agrees_with_the_library_per_device(n, ranks):
+    for rung, (zero, offload, device) in ref.RUNGS.items():
+        m = accounting.model_states(n, "mixed", ranks, zero, offload, device)
+        assert ref.totals(ref.rung_bytes(n, ranks, rung)) == {"gpu": m.total, "cpu": m.host, "nvme": m.nvme}
+
+
+def test_graded_cases_are_not_the_labs():
+    assert (70_553_706_496, 8) not in labcheck.BYTES_CASES and (1000, 4) not in labcheck.BYTES_CASES
+    assert all(c[1] != 8_030_261_248 or c[2] != 8 for c in labcheck.CHOOSE_CASES)
+
+
+def test_choose_cases_need_both_budgets():
+    """Each graded case's answer is neither the most offloaded rung, nor the fastest, nor what the
+    memory budgets alone would give (the least GPU bytes that fit); one case has no answer."""
+    ns = solution("lab05")
+    answers = []
+    for case, n, ranks, gpu, drive, compute_s, gb, hb, sb in labcheck.CHOOSE_CASES:
+        links = offload_time.datasheet_links(gpu, drive, ranks_on_node=min(ranks, 8))
+        want = ref.choose(n, ranks, gb, hb, sb, compute_s, links)
+        answers.append(want)
+        fits = [r for r in ref.RUNGS if _totals(ns, n, ranks, r)[0] <= gb and _totals(ns, n, ranks, r)[1] <= hb]
+        memory_only = min(fits, key=lambda r: (_totals(ns, n, ranks, r)[0], _seconds(ns, n, ranks, r, compute_s, links)))
+        assert want != memory_only, case
+        assert want != "zero3+opt+params-nvme" and want != "zero3", case
+    assert None in answers and len(set(answers)) == len(answers)
+
+
+def _always_most_offloaded(*args):
+    return "zero3+opt+params-nvme"
+
+
+def _ignores_time(ns):
+    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links):
+        fits = [r for r in ns["RUNGS"] if _totals(ns, n, ranks, r)[0] <= gpu_budget
+                and _totals(ns, n, ranks, r)[1] <= host_budget]
+        return min(fits, key=lambda r: _totals(ns, n, ranks, r)[0]) if fits else None
+    return choose
+
+
+def _fastest_that_fits(ns):
+    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links):
+        fits = [r for r in ns["RUNGS"] if _totals(ns, n, ranks, r)[0] <= gpu_budget
+                and _totals(ns, n, ranks, r)[1] <= host_budget]
+        return min(fits, key=lambda r: _seconds(ns, n, ranks, r, compute_s, links)) if fits else None
+    return choose
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda ns: _always_most_offloaded, "over the 12.00 s budget (the time budget counts too)"),
+    (_ignores_time, "over the 12.00 s budget (the time budget counts too)"),
+    (_fastest_that_fits, "also fits and leaves the GPU more room"),
+], ids=["always-most-offloaded", "ignores-time-budget", "fastest-that-fits"])
+def test_choice_shortcuts_fail(make, words):
+    ns = solution("lab05")
+    ns.pop("swap_files")                                # no ranks: this grades the choice only
+    ns["choose_rung"] = make(ns)
+    report = grade(ns)
+    assert all(r.status == "ok" for r in rows(report, "rung_bytes"))
+    bad = first_problem(report, "choose_rung")
+    assert bad.status == "wrong" and words in bad.detail, bad
+
+
+BY_MODULE = """
+from gpumem.memory import accounting
+def rung_bytes(n, ranks, rung):
+    zero, offload, device = RUNGS[rung]
+    m = accounting.model_states(n, "mixed", ranks, zero, offload, device)
+    return {"gpu": {"params": m.total}, "cpu": {"master": m.host}, "nvme": {"master": m.nvme}}
+"""
+BY_NAME = BY_MODULE.replace("from gpumem.memory import accounting", "from gpumem.memory.accounting import model_states"
+                            ).replace("accounting.model_states", "model_states")
+
+
+@pytest.mark.parametrize("source", [BY_MODULE, BY_NAME], ids=["module-attribute", "name-imported-before"])
+def test_calling_the_library_is_refused_however_it_was_imported(source):
+    ns = {"RUNGS": ref.RUNGS}
+    exec(source, ns)                                   # as a notebook cell: ns is the function's globals
+    bad = first_problem(grade(ns), "rung_bytes")
+    assert bad.status == "error" and "count it yourself" in bad.detail, bad
+    assert accounting.model_states(8, "mixed", 2, 3).total == 64       # put back after grading
+    assert ns.get("model_states", accounting.model_states) is accounting.model_states
+
+
+def test_reference_answers_are_refused_too():
+    bad = first_problem(grade({"rung_bytes": lambda n, r, g: ref.rung_bytes(n, r, g)}), "rung_bytes")
+    assert bad.status == "error" and "count it yourself" in bad.detail
+
+
+@pytest.mark.parametrize("fix, words", [
+    (lambda held, rung: held, ""),
+    (lambda held, rung: {**held, "cpu": {**held["cpu"], "grads": held["cpu"]["grads"] * 2 // 3}}
+     if rung == "zero3+opt-cpu" else held, "18 B per shard parameter, not the 16 of DeepSpeed's estimator"),
+    (lambda held, rung: {**held, "gpu": {**held["gpu"], "grads": held["gpu"]["params"] // 2}}
+     if rung == "zero2+opt-cpu" else held, "keeps no 16-bit gradient partition on the GPU"),
+], ids=["right", "estimator-16-bytes", "zero2-gpu-gradient"])
+def test_count_mistakes_are_named(fix, words):
+    right = solution("lab05")["rung_bytes"]
+    report = grade({"rung_bytes": lambda n, r, g: fix(right(n, r, g), g)})
+    if not words:
+        assert all(r.status == "ok" for r in rows(report, "rung_bytes"))
+        return
+    bad = first_problem(report, "rung_bytes")
+    assert bad.status == "wrong" and words in bad.detail, bad
+
+
+def _hand_files(numels, ranks, block):
+    """Model A/B files by DeepSpeed's rules, written out independently of the lab's solution."""
+    least = max(1 << 20, block)
+    shards = [(n + ranks - 1) // ranks for n in numels]
+    up = [((4 * sum(shards) + 1023) // 1024) * 1024]
+    return {"params": [((2 * n + 1023) // 1024) * 1024 for n in shards if 2 * n >= least],
+            "master": up, "optimizer": up * 2,
+            "grads": [(4 * n) - (4 * n) % 1024 for n in shards if (4 * n) - (4 * n) % 1024 >= least]}
+
+
+def test_swap_prediction_compare_names_the_role():
+    cfg, block = labcheck.SWAP_MODELS["model A, 1 MiB aio blocks"]
+    numels = labcheck.numels(cfg)
+    # model A: embedding and head 4,001 x 320 = 1,280,320 -> 640,160 per rank: bf16 1,280,320 B, padded
+    # to 1,281,024; fp32 2,560,640 cut to 2,560,000; MLP 320 x 2,048 -> 327,680: fp32 1,310,720 only
+    hand = _hand_files(numels, 2, block)
+    assert sorted(hand["params"]) == [1_281_024] * 2
+    assert sorted(hand["grads"]) == [1_310_720] * 3 + [2_560_000] * 2
+    files = {f"bfloat16params/{i}_param.tensor.swp": b for i, b in enumerate(hand["params"])}
+    files |= {"optimizer/0_9.tensor.swp": hand["master"][0], "optimizer/exp_avg-0_9.tensor.swp": hand["master"][0],
+              "optimizer/exp_avg_sq-0_9.tensor.swp": hand["master"][0]}
+    files |= {f"optimizer/0_9_gradient_{i}_1.tensor.swp": b for i, b in enumerate(hand["grads"])}
+    assert labcheck.swap_problem(hand, files) == ""
+    assert labcheck.swap_problem({**hand, "params": []}, files).startswith("params: DeepSpeed wrote 2 file(s)")
+    assert "unknown role 'weights'" in labcheck.swap_shape_problem({"weights": [1]})
+
+
+def test_copied_examples_fail_against_a_real_run():
+    """The lab's example answers returned for every case; the swap files graded on real DeepSpeed
+    NVMe offload of the unseen models (2 CPU ranks, about 30 s)."""
+    from gpumem.runs import ds_offload
+    ready, why = ds_offload.nvme_ready()
+    if not ready:
+        pytest.skip(why)
+    report = grade({"rung_bytes": lambda n, r, g: EXAMPLE, "swap_files": lambda n, r, b: CHAPTER_FILES,
+                    "choose_rung": lambda *a: "zero3+opt+params-cpu"})      # the lab's example choice
+    assert "zero3, gpu params: expected 666,670 B, got 500" in first_problem(report, "rung_bytes").detail
+    assert first_problem(report, "choose_rung").status == "wrong"
+    for row in rows(report, "swap_files"):
+        assert row.status == "wrong" and "DeepSpeed wrote" in row.detail, row
+    assert "DeepSpeed wrote 2 file(s) [1281024, 1281024]" in rows(report, "swap_files")[0].detail
+
+
+def test_gpu_part_is_skipped_with_a_reason_without_cuda():
+    import torch
+    report = grade({"pcie_copy_seconds": lambda n: {"h2d": 1.0, "d2h": 1.0}})
+    row = rows(report, "pcie_copy_seconds")[0]
+    if not torch.cuda.is_available():
+        assert row.status == "ok" and row.detail.startswith("skipped: no CUDA device")
+
+
+def test_gpu_verdict_refuses_a_copy_faster_than_the_link(monkeypatch):
+    monkeypatch.setattr(lab_gpu, "datasheet_gpu", lambda: lab_gpu.gpu_table.get("h100-80gb"))
+    n = 63 * 10**9                                       # one second at 63 GB/s per direction
+    assert lab_gpu.verdict({"h2d": 0.5, "d2h": 1.2}, n)[0] == "wrong"         # 126 GB/s: not timed
+    assert "pin_memory" in lab_gpu.verdict({"h2d": 5.0, "d2h": 1.2}, n)[1]     # 12.6 GB/s: pageable
+    status, detail = lab_gpu.verdict({"h2d": 1.25, "d2h": 1.25}, n)
+    assert status == "ok" and "80% of the datasheet rate" in detail
+
+
+@pytest.mark.gpu
+def test_gpu_part_measures_the_solution(gpu_record):
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    ns = solution("lab05")
+    n_bytes = lab_gpu.optimizer_state_bytes()
+    got = ns["pcie_copy_seconds"](n_bytes)
+    for way in ("h2d", "d2h"):
+        gpu_record(f"lab05.pcie_{way}_bytes_per_s", n_bytes / got[way], "B/s")
+    row = rows(chapters.check_lab(LAB, {"pcie_copy_seconds": ns["pcie_copy_seconds"]}, show=False),
+               "pcie_copy_seconds")[0]
+    assert row.status == "ok", row
