@@ -1,4 +1,5 @@
-"""The quizzes of chapters 00-02: every numeric answer against a hand derivation.
+"""The quizzes of chapters 00-02 (and the rewritten prompts of 03 and 06): every numeric answer
+against a hand derivation, and the common wrong answers rejected.
 
 Each drawn question is checked on many seeded draws: the test reads the numbers from the prompt
 the learner sees and redoes the arithmetic by hand (never calling the function that computes the
@@ -207,7 +208,7 @@ def test_fp32_to_mixed_keeps_the_states_and_halves_the_activations():
 def test_zero3_peak_from_the_prompt():
     """One GPU's peak under ZeRO-3: weights, the gradient shard (allocated all step, though no
     gradient is computed yet) and optimizer states / N, one sequence's activations whole, the
-    working set around the loss: within 1.5 % of the traced view."""
+    working set around the loss: within 1 % of the traced view; without the gradient shard, not."""
     counts = set()
     for question in draws(ch01_memory_anatomy.QUIZ, "zero3-peak"):
         prompt = question.prompt_text()
@@ -217,13 +218,15 @@ def test_zero3_peak_from_the_prompt():
         counts.add(n)
         # DeepSpeed's gradient shard exists all step (stage3.py grad_partitions_flat_buffer)
         hand = (gb["weights"] + gb["gradients"] + gb["optimizer states"]) / n + gb["peak at"] + gb["working set of"]
-        assert question.value() == pytest.approx(hand, rel=0.015)
+        assert question.value() == pytest.approx(hand, rel=0.01)
         assert question.grade(hand)
         total = gb["weights"] + gb["gradients"] + gb["optimizer states"]
         assert not question.grade((total + gb["peak at"]) / n)             # activations split too
         assert not question.grade(total / n)                               # the optimizer-step view
+        # the gradient shard left out ("no gradient exists at the loss"): >= 2.9 % low up to N = 32
+        assert not question.grade(hand - gb["gradients"] / n)
         assert "backward" in question.explanation_text()
-    assert counts == {4, 8, 16, 32, 64}
+    assert counts == {4, 8, 16, 32}
     # 70B on 8: weights 2 x 70.55 B, gradient shard 2 x, optimizer 12 x, activations 114.2 GB
     # (109 GB of layers + 5.25 GB at the loss), working set around the loss: the head gathered
     # (2 B x 128,256 x 8,192) and DeepSpeed's 5e8-element bf16 reduce bucket
@@ -351,6 +354,70 @@ def test_persistence_is_whole_in_passes_and_regathered_after_the_step():
     assert "optimizer step releases every parameter" in text and "one coalesced call" in text
 
 
+# -- chapters 03 and 06: prompts that give the situation, not the procedure ---------------
+
+def figure(pattern: str, text: str) -> float:
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} not in {text!r}"
+    return float(match.group(1).replace(",", ""))
+
+
+def test_full_overhead_and_selective_core_from_the_prompts_figures():
+    """The re-run repeats the layers' forward (matmuls and core), not the head; backward costs 2x a
+    matmul's forward and 2.5x the core's (stated). 2N/6N = 33.3 % is rejected on every draw."""
+    from gpumem.chapters.ch03_activation_checkpointing import QUIZ as Q3
+    for question in draws(Q3, "full-overhead"):
+        p = question.prompt_text()
+        mm, core, head = (figure(rf"([\d,.]+) TFLOP in {w}", p) for w in ("the layers'", "attention's", "the output"))
+        step = 3 * mm + 3.5 * core + 3 * head
+        assert question.grade(100 * (mm + core) / step)
+        assert not question.grade(100 / 3)
+        assert not question.grade(100 * (mm + core + head) / step)          # the head re-run too
+        assert not question.grade(100 * (mm + core) / (mm + core + head))    # against forward alone
+    for question in draws(Q3, "selective-core"):
+        p = question.prompt_text()
+        mm, core = figure(r"([\d,.]+) TFLOP in the layers'", p), figure(r"([\d,.]+) TFLOP in\s+attention's", p)
+        step = figure(r"without any recomputation, ([\d,.]+) TFLOP", p)
+        assert question.grade(100 * core / step)
+        assert not question.grade(100 * (mm + core) / step) and not question.grade(50 * core / step)
+
+
+def test_zero3_alone_hide_zero3_and_slow_network_by_hand():
+    """06: shards 8 B/N plus the embedding gathered and its gradient (2 + 2 B); tokens where
+    3 x 2 B x psi x (N-1)/N over the link = 6 psi tokens at the share of peak; the slow link
+    carries 15/16 of three collectives per micro-batch at 94 %, less the compute."""
+    from gpumem.chapters.ch06_combining_strategies import QUIZ as Q6
+    for question in draws(Q6, "zero3-alone"):
+        p = question.prompt_text()
+        model = model_of(p)
+        psi, n = hand_params(model), number(r"on (\d+) x", p)
+        emb = LLAMA[model][4] * LLAMA[model][1]
+        layer = (psi - 2 * emb - LLAMA[model][1]) // LLAMA[model][0]
+        assert number(r"the embedding, has ([\d,]+)", p) == emb and number(r"layer ([\d,]+)\)", p) == layer
+        shards = 8 * psi / n
+        assert question.grade((shards + 4 * emb) / 1e9)
+        for wrong in (shards, shards + 2 * emb, shards + 4 * layer, 2 * shards + 4 * emb):
+            assert not question.grade(wrong / 1e9), (p, wrong)
+    for question in draws(Q6, "hide-zero3"):
+        p = question.prompt_text()
+        n, peak = number(r"on (\d+) x", p), figure(r"\(([\d.]+) TFLOP/s", p) * 1e12
+        share, link = figure(r"run at (\d+) %", p) / 100, figure(r"receiving ([\d.]+) GB/s", p) * 1e9
+        tokens = (n - 1) / n * share * peak / link
+        assert question.grade(tokens)
+        for wrong in (share * peak / link, 2 / 3 * tokens, 3 * tokens, 4 / 3 * tokens):
+            assert not question.grade(wrong), (p, wrong)
+    for question in draws(Q6, "slow-network"):
+        p = question.prompt_text()
+        psi, mb = number(r"\(([\d,]+) parameters", p), number(r"micro-batches of (\d+) x", p)
+        micro, link = number(r"(\d+) micro-batches a step", p), figure(r"one ([\d.]+) GB/s", p) * 1e9
+        compute = figure(r"gives ([\d.]+) s of compute", p)
+        one = 3 * 2 * psi * 15 / 16 / (0.94 * link)                  # one micro-batch over the link
+        assert question.grade(max(0.0, micro * one - compute))
+        for wrong in (micro * one, max(0.0, one - compute), max(0.0, 2 / 3 * micro * one - compute),
+                      max(0.0, 8 * micro * one - compute)):
+            assert not question.grade(wrong), (p, wrong)
+
+
 # -- every chapter -----------------------------------------------------------------------
 
 QUIZZES = quizzes()          # every chapter, 07 included: the shared rules hold for all
@@ -406,3 +473,36 @@ def test_every_text_renders_on_every_draw(quiz, capsys, monkeypatch):
         quiz.show()
         out = capsys.readouterr().out
         assert out.startswith(f"Quiz: {quiz.name}") and out.count("\n") > len(quiz.questions)
+
+
+# -- common wrong answers are rejected (chapters 01, 02, 03, 05, 06) ----------------------
+
+OWN = [z for z in QUIZZES if z.name[:2] in ("01", "02", "03", "05", "06")]
+SAME = 0.1      # a trap within a tenth of the tolerance is the right number on that draw: no mistake
+# traps that land inside the tolerance on some draws, and why that is not a loose tolerance
+NEAR_BY_CHANCE = {
+    ("recompute-seconds", 0): "2 x all parameters x tokens leaves out attention's core and adds the "
+                              "embedding and head; on some draws the two nearly cancel (0.3 %)",
+    ("gather-placed", 1): "on a PCIe box the in-node PCIe time and the NIC time can be within 2 %",
+}
+
+
+@pytest.mark.parametrize("quiz", OWN, ids=lambda z: z.name)
+def test_common_wrong_answers_are_rejected(quiz):
+    """Every trap (a common wrong answer, kept as data beside its hint) falls outside the tolerance
+    on every draw, unless the mistake gives the right number on that draw (within SAME x the
+    tolerance: e.g. dividing everything by N is right at ZeRO-3) or is listed above."""
+    near = {}
+    for seed in SEEDS:
+        quiz.seed(seed)
+        for q in quiz.questions:
+            if not isinstance(q, Numeric):
+                continue
+            want = q.value()
+            assert q.grade(want), (q.id, seed)
+            for i, (wrong, _) in enumerate(q.traps):
+                trap = float(wrong({**q.numbers, "expected": want, "unit": q.unit_now()}))
+                same = math.isclose(trap, want, rel_tol=SAME * q.rel_tol, abs_tol=SAME * q.abs_tol)
+                if trap == trap and q.grade(trap) and not same and (q.id, i) not in NEAR_BY_CHANCE:
+                    near.setdefault((q.id, i), (seed, trap, want))
+    assert not near, near

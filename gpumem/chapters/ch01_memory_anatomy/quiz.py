@@ -15,7 +15,9 @@ from gpumem.units import GB, GiB
 from . import steps
 
 GPU_COUNTS = {"llama-3-8b": (1, 2), "llama-3-70b": (8, 16), "llama-3.1-405b": (32, 64)}
-ZERO3_GPUS = (4, 8, 16, 32, 64)
+# At 64 GPUs the gradient shard is 1.6 % of the peak: an answer that leaves it out would pass a
+# 1-2 % tolerance. Up to 32 it is >= 2.9 %, and the prompt's own estimate is within 0.7 %.
+ZERO3_GPUS = (4, 8, 16, 32)
 GRADS = {"bf16": 2, "fp32": 4}
 MOMENTS = {"bf16": 2, "fp32": 4}
 MASTER = {"no master copy": 0, "an fp32 master copy of the weights": 4}
@@ -96,11 +98,10 @@ def _zero3_prompt(n: dict) -> str:
             f"{n['g_gb']:,.1f} GB, optimizer states {n['o_gb']:,.1f} GB; the activations peak at "
             f"{n['a_gb']:,.1f} GB at the loss, before any gradient exists; after backward has freed "
             f"them, the optimizer step adds {t['work_gb']:,.1f} GB of workspace, and that moment is the "
-            f"step's peak, {t['peak_gb']:,.1f} GB. Now ZeRO-3 over {n['gpus']} GPUs: each keeps 1/{n['gpus']} "
-            f"of the weights, gradients and optimizer states (its optimizer workspace shrinks with them), "
-            f"the activations of its own sequence, and, around the loss, ZeRO-3's working set of "
-            f"{n['w_gb']:,.1f} GB (the output head gathered whole and DeepSpeed's "
-            f"gradient bucket). How many GB does one GPU hold at its peak?")
+            f"step's peak, {t['peak_gb']:,.1f} GB. Now DeepSpeed ZeRO-3 over {n['gpus']} GPUs, each GPU "
+            f"running its own sequence; around the loss ZeRO-3's working set of {n['w_gb']:,.1f} GB (the "
+            f"output head gathered whole and DeepSpeed's gradient bucket) is there too. How many GB "
+            "does one GPU hold at its peak?")
 
 
 def _zero3_answer(n: dict) -> float:
@@ -211,7 +212,7 @@ QUIZ = Quiz("01_memory_anatomy", [
                        "use o and dO too, for a row sum, but that does not replace P). Nothing is "
                        "compressed, and the projections are not re-run: q, k, v are saved. The s^2 "
                        "term of naive attention comes from the kernel, not from the model."),
-    Numeric("zero3-peak", _zero3_prompt, answer=_zero3_answer, unit="GB", rel_tol=0.02,
+    Numeric("zero3-peak", _zero3_prompt, answer=_zero3_answer, unit="GB", rel_tol=0.01,
             hint="Find the moment one GPU holds the most: what shrinks with sharding, what does "
                  "not, and which parts exist at that moment?",
             explanation=_zero3_explain,
@@ -222,6 +223,9 @@ QUIZ = Quiz("01_memory_anatomy", [
                     "that is the optimizer step, the unsharded peak; sharded, it shrinks. Which "
                     "part of the step does not shrink?"),
                    (lambda n: _zero3_traced(n)["peak_gb"],
-                    "that is the unsharded peak; each GPU keeps only 1/N of the states.")),
+                    "that is the unsharded peak; each GPU keeps only 1/N of the states."),
+                   (lambda n: (n["p_gb"] + n["o_gb"]) / n["gpus"] + n["a_gb"] + n["w_gb"],
+                    "no gradient has been computed at the loss, but DeepSpeed allocates the gradient "
+                    "shard once, for the whole step: it is there.")),
             draw=_zero3),
 ])

@@ -117,6 +117,8 @@ def _architecture(rng) -> dict:
             "per_layer": ATTENTION[attn] + MLP[mlp], "biased": BIASES[bias]}
 
 
+# zero3-received names DeepSpeed's defaults (0.19.8, runtime/zero/config.py): reduce_bucket_size 5e8,
+# stage3_prefetch_bucket_size 5e7, stage3_max_reuse_distance 1e9; only the last decides the answer.
 QUIZ = Quiz("02_zero", [
     Numeric("per-stage",
             "{model} ({n_params:,} parameters) trains under ZeRO-{stage} over {gpus} GPUs. Recipe: "
@@ -176,19 +178,24 @@ QUIZ = Quiz("02_zero", [
                     "a GPU keeps only its 1/{gpus} shard of each reduced gradient.")),
             draw=_peak),
     Numeric("zero3-received",
-            "ZeRO-3 on {gpus} ranks trains {model} ({n_params:,} parameters, bf16 weights; the "
-            "embedding and the untied output head are {vocab:,} x {d_model:,} each). With DeepSpeed's "
-            "defaults every sharded weight is all-gathered for its forward and again for its backward, "
-            "except the output head: its backward follows its forward at once, so it stays whole and "
-            "is gathered once. The RMSNorm weights stay whole all step (ignore them). In one training "
-            "step, how many GB (10^9 B) of parameters does one rank receive through all-gathers?",
+            "ZeRO-3 on {gpus} ranks trains {model} ({n_params:,} parameters in {layers} layers, bf16 "
+            "weights; the embedding and the untied output head are {vocab:,} x {d_model:,} each), one "
+            "micro-batch a step, with DeepSpeed's defaults: stage3_max_reuse_distance = 1,000,000,000, "
+            "stage3_prefetch_bucket_size = 50,000,000, reduce_bucket_size = 500,000,000, and the RMSNorm "
+            "weights persistent (ignore them). In one training step, how many GB (10^9 B) of parameters "
+            "does one rank receive through all-gathers?",
             answer=lambda n: n["received_gb"], unit="GB", rel_tol=0.002,
-            hint="Count the elements gathered per step (twice the model, less what is gathered only "
-                 "once), and remember what a rank already holds of each tensor.",
-            explanation="Gathered per step: twice the model less the head once, 2 x {n_params:,} - "
-                        "{head:,}; DeepSpeed's replayed schedule gives {gathered:,} elements (the norms "
-                        "come back once, after the optimizer step), 2 B each. A rank already holds 1/{gpus} of each and "
-                        "receives the other ({gpus}-1)/{gpus}: {answer} GB. The gradients leave by "
+            hint="Which weights are still whole when their backward comes, and which were released "
+                 "after forward and must be gathered again? Then: what does a rank already hold of each "
+                 "tensor?",
+            explanation="Every layer's weights are released after forward (between a layer's forward and "
+                        "its backward run at least the head, forward and backward: {head:,} x 2 elements, "
+                        "beyond the 1e9 reuse distance) and gathered again; the head's backward follows its "
+                        "forward at once, so it stays whole and is gathered once. Gathered per step: "
+                        "2 x {n_params:,} - {head:,}; DeepSpeed's replayed schedule gives {gathered:,} "
+                        "elements (the norms come back once, after the optimizer step), 2 B each. A rank "
+                        "already holds 1/{gpus} of each and receives the other ({gpus}-1)/{gpus}: {answer} "
+                        "GB. The buckets set how the bytes are grouped, not how many. The gradients leave by "
                         "reduce-scatter (about one more model's worth), so a ZeRO-3 step moves close to "
                         "3 x the parameter bytes, against 2 x for data parallelism's all-reduce.",
             traps=((lambda n: n["one_pass_gb"],
@@ -205,14 +212,12 @@ QUIZ = Quiz("02_zero", [
             "DeepSpeed ZeRO-3 trains {model} with stage3_max_reuse_distance = {reuse_int:,}. After a "
             "module's forward its weights stay whole only if the recorded order uses them again "
             "before that many elements of other modules' weights have run; otherwise they are "
-            "released and gathered again for backward. Between the forward and the backward of "
-            "{module} (the last matrix of the last layer) the order runs the final norm ({d_model:,} "
-            "elements) and the output head ({head:,} elements) forward, then the head and the final "
-            "norm backward. How many times per steady training step is that matrix's weight "
-            "all-gathered?",
+            "released and gathered again for backward. The model's final norm has {d_model:,} elements "
+            "and its untied output head {head:,}. How many times per steady training step is the weight "
+            "of {module} (the last matrix of the last layer) all-gathered?",
             answer=lambda n: n["gathers"], unit="all-gathers", rel_tol=0.0,
-            hint="Add up the elements of everything that runs between its forward and its backward, "
-                 "and compare with the reuse distance.",
+            hint="Which modules run between this matrix's forward and its backward, forward and "
+                 "backward? Add up their elements and compare with the reuse distance.",
             explanation="Between its forward and its backward run 2 x {head:,} + 2 x {d_model:,} = "
                         "{gap:,} elements, against a reuse distance of {reuse_int:,}: {verdict}. With DeepSpeed's default 1e9 the head alone fills the window, "
                         "so every layer of a 70B or 405B model is gathered twice per step.",

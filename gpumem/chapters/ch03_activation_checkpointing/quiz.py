@@ -20,14 +20,22 @@ def _dims(model: str) -> dict:
     return model_numbers(model) | {"ffn": cfg.ffn, "vocab": cfg.vocab, "kv_dim": cfg.kv_dim}
 
 
+def _forward_parts(cfg, seq: int) -> dict:
+    """One forward pass's FLOPs by part, TFLOP (PyTorch's count: the core in full)."""
+    lay = recompute_cost.layer_flops(cfg, seq)
+    return {"mm_t": cfg.n_layers * lay["matmuls"] / 1e12, "core_t": cfg.n_layers * lay["core"] / 1e12,
+            "head_t": 2 * seq * cfg.d_model * cfg.vocab / 1e12}
+
+
 def _overhead(rng) -> dict:
     n = _dims(pick(rng, LLAMAS)) | {"seq": pick(rng, SEQS)}
     cfg = models.get(n["model_name"])
     f = recompute_cost.step_flops(cfg, n["seq"], 1, "full", "scratch")
     lay = recompute_cost.layer_flops(cfg, n["seq"])
-    return n | {"fwd_t": f["forward"] / 1e12, "bwd_t": f["backward"] / 1e12, "rec_t": f["recompute"] / 1e12,
-                "core_share": 100 * lay["core"] / lay["total"],
-                "torch_pct": 100 * recompute_cost.step_flops(cfg, n["seq"], 1, "full", "torch")["overhead"]}
+    return n | _forward_parts(cfg, n["seq"]) | {
+        "fwd_t": f["forward"] / 1e12, "bwd_t": f["backward"] / 1e12, "rec_t": f["recompute"] / 1e12,
+        "core_share": 100 * lay["core"] / lay["total"],
+        "torch_pct": 100 * recompute_cost.step_flops(cfg, n["seq"], 1, "full", "torch")["overhead"]}
 
 
 def _overhead_pct(n: dict) -> float:
@@ -40,7 +48,8 @@ def _spacing(rng) -> dict:
     n = model_numbers(base.name) | {"layers": cfg.n_layers, "seq": pick(rng, (4096, 8192))}
     T, h = n["seq"], cfg.d_model
     layer = sum(layer_parts(cfg, n["seq"], 1, "flash", 2).values())
-    return n | {"interior": layer / (T * h), "sqrt_n": round(math.sqrt(cfg.n_layers)),
+    w = 2 * (2 * h * h + 2 * h * cfg.kv_dim + 3 * h * cfg.ffn)       # one layer's bf16 weights
+    return n | {"interior": layer / (T * h), "sqrt_n": round(math.sqrt(cfg.n_layers)), "w_gb": w / 1e9,
                 "best": recompute_cost.best_segment_length(cfg, n["seq"])}
 
 
@@ -83,9 +92,10 @@ def _tflop(cfg, seq: int, plan, impl: str) -> float:
 
 def _selective(rng) -> dict:
     n = _dims(pick(rng, LLAMAS)) | {"seq": pick(rng, SEQS + (32768,))}
-    f = recompute_cost.step_flops(models.get(n["model_name"]), n["seq"], 1, "selective")
-    return n | {"step_t": (f["forward"] + f["backward"]) / 1e12, "core_t": f["recompute"] / 1e12,
-                "sel_pct": 100 * f["overhead"]}
+    cfg = models.get(n["model_name"])
+    f = recompute_cost.step_flops(cfg, n["seq"], 1, "selective")
+    return n | _forward_parts(cfg, n["seq"]) | {"step_t": (f["forward"] + f["backward"]) / 1e12,
+                                                "rec_t": f["recompute"] / 1e12, "sel_pct": 100 * f["overhead"]}
 
 
 def _all_params_seconds(n: dict) -> float:
@@ -94,17 +104,16 @@ def _all_params_seconds(n: dict) -> float:
 
 QUIZ = Quiz("03_activation_checkpointing", [
     Numeric("full-overhead",
-            "{model} ({layers} layers, d_model {d_model:,}, {heads} query and {kv_heads} key/value heads "
-            "of 128, FFN {ffn:,}, vocabulary {vocab:,}, untied head) trains on sequences of {seq:,} "
-            "tokens, micro-batch 1, with every layer checkpointed by a checkpoint that re-runs whole "
-            "segments (the whole-segment re-run). Count FLOPs as PyTorch's FlopCounterMode does: a matmul of T tokens through a "
-            "d_in x d_out weight is 2*T*d_in*d_out forward and twice that backward; attention's core "
-            "is 4*s^2*d_model forward and 10*s^2*d_model backward per layer; nothing else counts. "
-            "Recomputation adds what percentage to the forward + backward FLOPs?",
-            answer=_overhead_pct, unit="%", rel_tol=0.01,
-            hint="Recomputation is each layer's forward once more, and nothing outside the layers. Add "
-                 "up the layers' forward (seven matmuls and the core, times {layers}), then forward and "
-                 "backward of the whole step, with the head.",
+            "{model} ({n_params:,} parameters, {layers} layers) trains on sequences of {seq:,} tokens, "
+            "micro-batch 1, flash attention, every layer checkpointed by a checkpoint that re-runs whole "
+            "segments (the whole-segment re-run). PyTorch's FlopCounterMode, run over one forward pass "
+            "without checkpointing, reports {mm_t:,.3f} TFLOP in the layers' matmuls, {core_t:,.3f} TFLOP "
+            "in attention's core (QK^T and PV) and {head_t:,.3f} TFLOP in the output head; the embedding "
+            "is a lookup. It counts a matmul's backward as twice its forward and the flash core's backward "
+            "as 2.5 times its forward. Recomputation adds what percentage to the forward + backward FLOPs?",
+            answer=_overhead_pct, unit="%", rel_tol=0.004,     # 2N/6N's 33.3 % can be 0.9 % away
+            hint="Which of the three forward figures does a checkpointed layer run again in backward, and "
+                 "what do forward and backward of the whole step cost?",
             explanation="Forward {fwd_t:,.1f} TFLOP, backward {bwd_t:,.1f} TFLOP; the layers' forward "
                         "again is {rec_t:,.1f} TFLOP: {answer} %. Not 33 %: the head is not re-run, and "
                         "attention's backward is 2.5x its forward, not 2x (the core is {core_share:.0f} % "
@@ -115,20 +124,30 @@ QUIZ = Quiz("03_activation_checkpointing", [
                                         "attention's backward as twice its forward."),
                    (lambda n: n["torch_pct"], "that is the early-stop re-run (PyTorch's non-reentrant "
                                               "checkpoint), which stops before each segment's last "
-                                              "matmul; this one re-runs whole segments.")),
+                                              "matmul; this one re-runs whole segments."),
+                   (lambda n: 100 * (n["rec_t"] + n["head_t"]) / (n["fwd_t"] + n["bwd_t"]),
+                    "the checkpoints wrap the layers; the output head runs once, its activations kept."),
+                   (lambda n: 100 * n["rec_t"] / n["fwd_t"],
+                    "that compares with the forward alone; the question asks against forward + backward."),
+                   (lambda n: 100 * n["rec_t"] / (n["fwd_t"] + n["bwd_t"] + n["rec_t"]),
+                    "that divides by the step with the re-run included; compare with the step without it.")),
             draw=_overhead),
     Numeric("segment-length",
-            "A deeper variant of {model} has {layers} layers. At sequence {seq:,} one layer keeps {interior:.1f} x s*b*h "
-            "bytes for backward (flash attention, bf16), and its input, a checkpoint, 2 x s*b*h. With "
-            "segments of k consecutive layers checkpointed, backward holds about ceil({layers}/k) "
-            "checkpoints plus k layers being re-run. Which whole k makes that smallest?",
+            "A deeper variant of {model} has {layers} layers. At sequence {seq:,}, micro-batch 1, flash "
+            "attention, bf16, one layer keeps {interior:.1f} x s*b*h bytes for backward, its input is "
+            "2 x s*b*h, and its weights take {w_gb:.2f} GB. You checkpoint it in segments of k consecutive "
+            "layers: forward keeps only each segment's input, and backward re-runs one segment at a time "
+            "before going through it. Which whole k gives the layers' activations their lowest peak "
+            "during backward?",
             answer=lambda n: n["best"], unit="layers", rel_tol=0.0,
-            hint="Write the sum ceil({layers}/k) * 2 + k * {interior:.1f} (in units of s*b*h) and try "
-                 "k = 1, 2, 3, ...",
-            explanation="k = {answer}: each extra layer in a segment costs {interior:.1f} s*b*h while "
-                        "it saves only 2 s*b*h per checkpoint dropped. Chen's sqrt(n) = {sqrt_n} "
-                        "assumes a layer keeps no more than its input; a transformer layer keeps about "
-                        "twenty times more, so the best segments are short.",
+            hint="While backward re-runs one segment, what is held: which inputs, and which layers' "
+                 "activations? Write that in units of s*b*h as a function of k and try k = 1, 2, 3, ...",
+            explanation="k = {answer}: backward holds about ceil({layers}/k) checkpoints of 2 s*b*h plus "
+                        "the k layers being re-run, {interior:.1f} s*b*h each; each extra layer in a "
+                        "segment costs {interior:.1f} s*b*h while it saves only 2 s*b*h per checkpoint "
+                        "dropped. Chen's sqrt(n) = {sqrt_n} assumes a layer keeps no more than its input; "
+                        "a transformer layer keeps about twenty times more, so the best segments are "
+                        "short. The weights do not depend on k.",
             traps=((lambda n: n["sqrt_n"], "that is sqrt(n), which assumes a layer keeps as much as "
                                            "its input. Compare the two sizes given."),),
             draw=_spacing),
@@ -185,18 +204,26 @@ QUIZ = Quiz("03_activation_checkpointing", [
                                                                  "nothing after it that backward reads.")),
             draw=_mixed),
     Numeric("selective-core",
-            "{model} ({layers} layers, d_model {d_model:,}, {heads} query and {kv_heads} key/value heads "
-            "of 128, FFN {ffn:,}) trains on sequences of {seq:,} tokens, micro-batch 1. It uses "
-            "Megatron's selective recomputation: attention's core (QK^T and PV, 4*s^2*d_model FLOPs a "
-            "layer, the causal half not subtracted) is re-run in backward; nothing else is. The "
-            "forward + backward of the step without it is {step_t:,.1f} TFLOP. What percentage does "
-            "the re-run add?",
+            "{model} ({n_params:,} parameters, {layers} layers) trains on sequences of {seq:,} tokens, "
+            "micro-batch 1, with Megatron's selective activation recomputation. Counted as PyTorch's "
+            "FlopCounterMode counts (attention's core in full, the causal half not subtracted), one "
+            "forward pass costs {mm_t:,.2f} TFLOP in the layers' matmuls, {core_t:,.2f} TFLOP in "
+            "attention's core (QK^T, softmax, PV) and {head_t:,.2f} TFLOP in the output head; forward + "
+            "backward together, without any recomputation, {step_t:,.1f} TFLOP. What percentage does the "
+            "selective recomputation add?",
             answer=lambda n: n["sel_pct"], unit="%", rel_tol=0.01,
-            hint="The re-run is attention's core once more in each of the {layers} layers.",
-            explanation="{layers} x 4 x {seq:,}^2 x {d_model:,} = {core_t:,.2f} TFLOP over {step_t:,.1f} "
-                        "TFLOP: {answer} %. It grows with s. With a flash kernel this buys no memory: the "
-                        "kernel keeps no scores and already recomputes them in its own backward.",
+            hint="Which part of each layer does selective recomputation drop in forward and rebuild in "
+                 "backward, and which does it keep?",
+            explanation="Selective recomputation re-runs attention's core only: {layers} x 4 x {seq:,}^2 "
+                        "x {d_model:,} = {core_t:,.2f} TFLOP over {step_t:,.1f} TFLOP: {answer} %. It "
+                        "grows with s. With a flash kernel this buys no memory: the kernel keeps no "
+                        "scores and already recomputes them in its own backward.",
             traps=((lambda n: n["sel_pct"] / 2, "that counts the causal half only; the prompt counts "
-                                                "the core in full."),),
+                                                "the core in full."),
+                   (lambda n: 100 * (n["mm_t"] + n["core_t"]) / n["step_t"],
+                    "that re-runs the whole layer, full recomputation; selective keeps the matmuls' "
+                    "outputs."),
+                   (lambda n: 100 * n["core_t"] * 2.5 / n["step_t"],
+                    "the re-run repeats the core's forward; its backward runs anyway.")),
             draw=_selective),
 ])

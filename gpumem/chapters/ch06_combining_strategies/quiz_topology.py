@@ -50,7 +50,7 @@ def _gather(rng) -> dict:
     s = 2 * models.get(model).n_params()
     n = {"node_name": node.name, "node": NODE_WORDS.get(node.name, f"{node.label} nodes"), "ranks": ranks, "per_node": per_node,
          "nodes": ranks // per_node, "model": label(model), "s_gb": s / GB, "s_bytes": s,
-         "gpus_per_node": node.gpus_per_node} | _link_words(node)
+         "gpus_per_node": node.gpus_per_node, "nics": node.nics} | _link_words(node)
     n["where"] = ("all in one node" if n["nodes"] == 1 else
                   f"{per_node} per node on {n['nodes']} nodes")
     t = collectives.collective_time("all_gather", s, _placed(n))
@@ -139,7 +139,8 @@ QUESTIONS = [
                    (lambda n: n["intra_ms"] if n["nodes"] > 1 else float("nan"),
                     "that is the in-node link; between nodes the ring also crosses the NICs, and they are "
                     "slower here."),
-                   (lambda n: n["every_nic_ms"] if n["nodes"] > 1 else float("nan"),
+                   (lambda n: n["every_nic_ms"] if 1 < n["nodes"] and n["nics_used"] < n["nics"]
+                    else float("nan"),
                     "only the NICs beside the group's ranks carry its ring, {nics_used} per node here, "
                     "not all of the node's."))),
     Numeric("fsdp-reduce-scatter",
