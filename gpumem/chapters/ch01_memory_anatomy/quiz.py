@@ -201,7 +201,7 @@ QUIZ = Quiz("01_memory_anatomy", [
            "P = softmax(q k^T / sqrt(d)). A FlashAttention forward stored no s x s tensor. What "
            "does its backward do?",
            ["Reads P back from a compressed copy that the forward kept",
-            "Rebuilds P tile by tile from q, k and one number per head and row",
+            "Rebuilds P tile by tile from q, k and a saved per-row number",
             "Re-runs the whole layer's forward, projections included, first",
             "Works from the output o and its gradient alone, without P"],
            answer=1,

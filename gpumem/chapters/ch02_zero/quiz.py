@@ -233,7 +233,7 @@ QUIZ = Quiz("02_zero", [
            "stage3_param_persistence_threshold = 100,000) are marked persistent. What happens to "
            "them during training?",
            ["Sharded, and gathered before each module that uses them",
-            "Whole in forward and backward; re-gathered after each step",
+            "Whole in both passes; gathered again after each step",
             "Kept in CPU memory and copied in when a layer needs them",
             "Gathered once at the first step and never released again"],
            answer=1,

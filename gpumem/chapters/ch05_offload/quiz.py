@@ -69,6 +69,14 @@ def _slowest(n: dict) -> str:
     return max(("h2d", "d2h", "cpu_adam"), key=r.get)
 
 
+def _offload_terms(rng) -> dict:
+    n = _tokens(rng)
+    r = offload_time.step_time(n["n_params"], "mixed", 3, n["gpus"], "optimizer", "cpu", 0.0, _links(n))
+    n["hbm_tb"] = gpus.get(n["gpu_name"]).hbm / 1e12
+    return n | {"slowest": _slowest(n), "serial_s": r["h2d"] + r["d2h"] + r["cpu_adam"],
+                "slowest_s": max(r["h2d"], r["d2h"], r["cpu_adam"])}
+
+
 def _read(rng) -> dict:
     n = _trip(rng) | {"drive": pick(rng, ("gen3", "gen4", "gen5"))}
     n["read_gbs"] = offload_time.NVME_DRIVES[n["drive"]][0] / GB
@@ -159,17 +167,24 @@ QUIZ = Quiz("05_offload", [
                                                                           "rank swaps its own shard."))),
     Numeric("hide-the-transfers",
             "{model} ({n_params:,} parameters) trains on {gpus} {gpu}s ({tflops:.0f} TFLOP/s dense bf16, "
-            "{mfu_pct} % of it reached), ZeRO-3 with the optimizer on the CPU (mixed recipe). The host link "
-            "moves {pcie:.2f} GB/s per direction and each GPU's share of the CPU runs Adam at {adam_g} billion "
-            "parameters/s. Suppose a schedule that overlaps everything (the ZeRO-Offload paper's one-step delayed "
-            "parameter update; stock DeepSpeed runs Adam after backward instead). How many tokens must each GPU process per step so that "
-            "compute (6 x parameters x tokens FLOPs) takes at least as long as the slowest offload term?",
-            answer=_break_even, unit="tokens", rel_tol=0.02,
-            draw=lambda rng: (lambda n: n | {"slowest": _slowest(n)})(_tokens(rng)),
+            "{mfu_pct} % of it reached; HBM {hbm_tb:.2f} TB/s), ZeRO-3 with the optimizer on the CPU (mixed "
+            "recipe), as DeepSpeed 0.19.8 moves the bytes. The host link moves {pcie:.2f} GB/s per "
+            "direction and each GPU's share of the CPU runs Adam at {adam_g} billion parameters/s. The "
+            "schedule overlaps everything (the ZeRO-Offload paper's one-step delayed parameter update). "
+            "How many tokens must each GPU process per step so that the step never waits on the offload?",
+            answer=_break_even, unit="tokens", rel_tol=0.02, draw=_offload_terms,
             hint="Time each offload term for the rank's shard as DeepSpeed's ZeRO-3 moves it: gradients down, "
-                 "parameters up, Adam on the shard. Then ask how many tokens of compute last that long.",
-            explanation="The slowest term here is {slowest}; compute of {answer} tokens lasts as long. Fewer "
-                        "tokens and the step waits on the offload even when everything overlaps."),
+                 "parameters up, Adam on the shard. With everything overlapped, which one must the compute "
+                 "cover, and what does a token of training cost?",
+            explanation="The slowest term here is {slowest}; compute of {answer} tokens (6 FLOPs per parameter "
+                        "per token at {mfu_pct} % of {tflops:.0f} TFLOP/s) lasts as long. Fewer tokens and the "
+                        "step waits on the offload even when everything overlaps. HBM plays no part.",
+            traps=((lambda n: n["expected"] * n["serial_s"] / n["slowest_s"],
+                    "that covers the terms one after another; with the delayed update they overlap."),
+                   (lambda n: 3 * n["expected"], "a token of training is forward and backward: 6 FLOPs per "
+                                                  "parameter, not 2."),
+                   (lambda n: n["expected"] * 100 / n["mfu_pct"],
+                    "the GPU reaches {mfu_pct} % of its peak, so a token takes longer than at peak."))),
     Numeric("schedule",
             "An offloaded step on one GPU: forward + backward {compute} ms, gradient copies down {d2h} ms, "
             "CPU Adam {adam} ms, parameters up {h2d} ms. {schedule} How many milliseconds does the step take?",
