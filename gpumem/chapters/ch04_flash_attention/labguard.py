@@ -11,7 +11,8 @@ the FIRST rule broken, in the order the ops ran, as one sentence for the grader'
 * a softmax or logsumexp over more than ``block`` entries (a whole row of keys at once);
 * a tensor of ``s_q x s_k`` scores (last two dims, either way round, or that many elements per
   head): the whole score matrix;
-* a tensor whose last dimension is longer than one block, other than K and V and their views
+* a floating-point tensor (index and mask tensors are not scores) whose last dimension is
+  longer than one block, other than K and V, their views and copies (a GQA expansion, a cast)
   (``rows`` lists the lengths that are not keys: the query length for per-row vectors such as the
   logsumexp, the head dim); or one with ``s_k`` rows that is not ``(..., s_k, d)`` (dK, dV);
 * with ``tile_rows``: a tile of more than ``block`` query rows against one key block (the
@@ -25,6 +26,11 @@ another thread is not seen; the lab's rules forbid it in words.
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+
+# ops that copy a tensor without arithmetic: a copy of K or V (its GQA expansion, its fp32 cast)
+# is K or V for the rules; joining shards (cat, copy_ into a buffer) is not in the list
+_COPIES = {"clone", "_to_copy", "index_select", "repeat", "repeat_interleave", "contiguous"}
 
 
 def _tensors(out):
@@ -84,6 +90,9 @@ class Watch(TorchDispatchMode):
                 self.flag(f"a {name.split('.')[1]} over {width} entries at once (a whole row of keys): "
                           f"tiles are at most {self.block} keys wide")
         out = func(*args, **(kwargs or {}))
+        if name.split(".")[1] in _COPIES and any(
+                t.numel() and t.untyped_storage().data_ptr() in self.allowed for t in _tensors(args[:1])):
+            self.allowed.update(t.untyped_storage().data_ptr() for t in _tensors(out) if t.numel())
         for t in _tensors(out):
             self._shape(t)
         return out
@@ -96,6 +105,8 @@ class Watch(TorchDispatchMode):
         if last2 in ((s_q, s_k), (s_k, s_q)) or t.numel() // max(self.heads, 1) >= s_q * s_k:
             self.flag(f"a tensor of shape {shape} was made: the whole {s_q} x {s_k} score matrix; "
                       f"work one block of keys at a time")
+        elif not t.is_floating_point():
+            return                                    # key indices and masks are not scores
         elif shape[-1] > block and shape[-1] not in (s_q, self.d):
             self.flag(f"a tensor of shape {shape} was made: {shape[-1]} keys side by side, more than "
                       f"one block ({block}); only K and V themselves may be that long")

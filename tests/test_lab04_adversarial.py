@@ -1,0 +1,265 @@
+"""Lab 04's grader against the cheapest submissions that skip the mechanism (issue 21).
+
+Each submission below gets the right numbers (the row fails on the rule, not on a value: the
+grader compares values first) or is a learner's likely slip; each must fail with a row saying
+what was skipped. The solution passes (tests/test_labs.py); so must a blocked implementation that
+keeps an index vector as long as the keys. The references are checked against SDPA here, which
+the grader itself never calls.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import ROOT
+from gpumem import chapters
+from gpumem.chapters.ch04_flash_attention import labcheck, labgpu, labref
+from gpumem.course.grading import Report
+from gpumem.memory import flash_tiled
+from test_labs import notebook_namespace
+
+_NS: dict = {}
+
+
+def solution() -> dict:
+    if not _NS:
+        _NS.update(notebook_namespace(ROOT / "solutions" / "lab04_online_softmax.ipynb"))
+    return dict(_NS)
+
+
+def rows(ns: dict, function: str, cases=(0,)):
+    """The rows of ``function`` on the given cases, graded as check() does (one case by default:
+    the whole check is exercised by tests/test_labs.py and the GPU-skip test below)."""
+    report = Report(labcheck.LAB)
+    table = {"key_block_backward": (labcheck.BACKWARD, labcheck._key_blocks_rows),
+             "flash_backward": (labcheck.BACKWARD, labcheck._flash_rows),
+             "merge_partials": (labcheck.MERGE, labcheck._merge_rows),
+             "ring_attention": (labcheck.RING, labcheck._ring_rows)}
+    cases_of, grade = table[function]
+    for i in cases:
+        extra = {"inner": ns.get("key_block_backward")} if function == "flash_backward" else {}
+        grade(report, ns[function], cases_of[i], 100 + i, **extra)
+    return report.rows
+
+
+def _expanded(q, k, v):
+    rep = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), q.shape[-1] ** -0.5
+
+
+def _fold(t, kv):
+    return t.reshape(t.shape[0], kv, -1, *t.shape[2:]).sum(2)
+
+
+def _masked(s, causal, i0, j0=0):
+    if causal:
+        rows_ = torch.arange(i0, i0 + s.shape[-2])[:, None]
+        s = s.masked_fill(torch.arange(j0, j0 + s.shape[-1])[None, :] > rows_, -math.inf)
+    return s
+
+
+def _rows_backward(dout, q, k, v, causal, step):
+    """The exact backward over groups of ``step`` query rows, each against ALL keys at once."""
+    kk, vv, c = _expanded(q, k, v)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(kk), torch.zeros_like(vv)
+    for i0 in range(0, q.shape[2], step):
+        qb, dob = q[:, :, i0:i0 + step], dout[:, :, i0:i0 + step]
+        p = _masked(qb @ kk.transpose(-1, -2) * c, causal, i0).softmax(-1)
+        dv += p.transpose(-1, -2) @ dob
+        dp = dob @ vv.transpose(-1, -2)
+        ds = p * (dp - (p * dp).sum(-1, keepdim=True)) * c
+        dq[:, :, i0:i0 + step] = ds @ kk
+        dk += ds.transpose(-1, -2) @ qb
+    return dq, _fold(dk, k.shape[1]), _fold(dv, k.shape[1])
+
+
+def softmax_per_query_block(dout, q, k, v, out, lse, causal=False, block=32):
+    return _rows_backward(dout, q, k, v, causal, block)
+
+
+def row_at_a_time(dout, q, k, v, out, lse, causal=False, block=32):
+    """Every query row alone against all keys (graded on case 4: 41 rows)."""
+    return _rows_backward(dout, q, k, v, causal, 1)
+
+
+def aten_flash_with_sdpa_autograd(dout, q, k, v, out, lse, causal=False, block=32):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    kk, vv, _ = _expanded(q, k, v)
+    o = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, kk, vv, 0.0, causal)[0]
+    return torch.autograd.grad(o, (q, k, v), dout)
+
+
+def sdpa_with_gqa(dout, q, k, v, out, lse, causal=False, block=32):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    return torch.autograd.grad(o, (q, k, v), dout)
+
+
+def autograd_of_full_attention(dout, q, k, v, out, lse, causal=False, block=32):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    kk, vv, c = _expanded(q, k, v)
+    o = _masked(q @ kk.transpose(-1, -2) * c, causal, 0).softmax(-1) @ vv
+    return torch.autograd.grad(o, (q, k, v), dout)
+
+
+def chapter_query_outer(dout, q, k, v, out, lse, causal=False, block=32):
+    return flash_tiled.tiled_backward(dout, q, k, v, out, lse, causal, block, block_q=block)
+
+
+@pytest.mark.parametrize("cheat, case, says", [
+    (softmax_per_query_block, 3, "65 keys side by side, more than one block (24)"),
+    (row_at_a_time, 3, "65 keys side by side, more than one block (24)"),
+    (aten_flash_with_sdpa_autograd, 0, "it calls _scaled_dot_product_flash_attention_for_cpu"),
+    (sdpa_with_gqa, 0, "it calls scaled_dot_product_attention: SDPA is not allowed"),
+    (autograd_of_full_attention, 0, "the whole 77 x 73 score matrix"),
+], ids=lambda x: getattr(x, "__name__", "")[:24] if callable(x) else "")
+def test_backward_that_skips_the_tiles_fails_with_the_reason(cheat, case, says):
+    got = rows({"flash_backward": cheat}, "flash_backward", (case,))
+    assert got and all(r.status == "wrong" for r in got), [r.detail for r in got]
+    assert says in got[0].detail, got[0].detail
+
+
+def test_chapter_query_outer_backward_fails_on_the_loop_order():
+    ns = solution()
+    ns["flash_backward"] = chapter_query_outer                      # right numbers, no key-outer loop
+    got = rows(ns, "flash_backward")
+    assert all(r.status == "wrong" for r in got)
+    assert "called key_block_backward 0 times" in got[0].detail and "once per key block that some query sees (5 here, of 5)" in got[0].detail
+
+
+def test_key_block_with_all_query_rows_at_once_fails():
+    right = solution()["key_block_backward"]
+
+    def whole_column(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        return right(q, k_blk, v_blk, dout, lse, delta, j0, causal, q.shape[2])   # one query block
+    got = rows({"key_block_backward": whole_column}, "key_block_backward")
+    assert all(r.status == "wrong" for r in got)
+    assert "more than 16 query rows against the key block" in got[0].detail, got[0].detail
+
+
+def test_first_wrong_element_is_named_not_the_worst():
+    right = solution()["key_block_backward"]
+
+    def off(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        dq, dk, dv = right(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+        dk = dk.clone()
+        dk[0, 1, 2, 3] += 1e-3                                     # first wrong in row-major order
+        dk[0, 1, 5, 0] += 1.0                                      # the worst
+        return dq, dk, dv
+    detail = rows({"key_block_backward": off}, "key_block_backward")[0].detail
+    assert detail.startswith("key block 0:16: dk_blk[0, 1, 2, 3]: got ") and "(first of 2 wrong elements)" in detail
+
+
+def test_blocked_backward_with_a_key_index_vector_passes():
+    """A correct blocked backward may keep an index vector as long as the keys (not scores)."""
+    ns = solution()
+    right = ns["key_block_backward"]
+
+    def with_index(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        torch.arange(j0 + k_blk.shape[2] + 200)                    # longer than any block
+        return right(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+    ns["key_block_backward"] = with_index
+    got = rows(ns, "key_block_backward", (2,)) + rows(ns, "flash_backward", (2,))
+    assert got and all(r.status == "ok" for r in got), [r.detail for r in got]
+
+
+def merge_by_average(parts):
+    return torch.stack([o for o, _ in parts]).mean(0), torch.stack([l for _, l in parts]).amax(0)
+
+
+def merge_without_the_max(parts):
+    w = torch.stack([torch.exp(l) for _, l in parts])               # overflows near lse 1,000
+    out = (w[..., None] * torch.stack([o for o, _ in parts])).sum(0) / w.sum(0)[..., None]
+    return out, torch.log(w.sum(0))
+
+
+def merge_by_softmax_of_lse(parts):
+    lses = torch.stack([l for _, l in parts])
+    w = lses.softmax(0)                                             # NaN where every shard is empty
+    return (w[..., None] * torch.stack([o for o, _ in parts])).sum(0), torch.logsumexp(lses, 0)
+
+
+@pytest.mark.parametrize("merge, case, says", [
+    (merge_by_average, 0, "out[0, 0, 0, 0]: got"),
+    (merge_without_the_max, 2, "got nan, expected"),
+    (merge_by_softmax_of_lse, 3, "out[0, 0, 0, 0]: got nan, expected 0"),
+], ids=["average", "no-max", "all-empty-row"])
+def test_wrong_merges_are_named(merge, case, says):
+    got = rows({"merge_partials": merge}, "merge_partials", (case,))[0]
+    assert got.status == "wrong" and says in got.detail, got.detail
+
+
+def ring_by_joining_shards(q, k_shards, v_shards, rank, causal=False, block=32):
+    k, v = torch.cat(k_shards, 2), torch.cat(v_shards, 2)          # every key in one tensor
+    q0 = sum(s.shape[2] for s in k_shards[:rank])
+    if not causal:
+        return flash_tiled.tiled_forward(q, k, v, False, block, block_q=block)
+    padded = torch.cat([q.new_zeros(*q.shape[:2], q0, q.shape[-1]), q], 2)   # rows at global positions
+    out, lse = flash_tiled.tiled_forward(padded, k, v, True, block, block_q=block)
+    return out[:, :, q0:], lse[:, :, q0:]
+
+
+def ring_with_plain_softmax(q, k_shards, v_shards, rank, causal=False, block=32):
+    merge, parts, q0 = solution()["merge_partials"], [], sum(s.shape[2] for s in k_shards[:rank])
+    for r, (k_r, v_r) in enumerate(zip(k_shards, v_shards)):
+        if k_r.shape[2] == 0 or (causal and r > rank):
+            continue
+        kk, vv, c = _expanded(q, k_r, v_r)
+        s = q @ kk.transpose(-1, -2) * c                            # all of the shard's keys at once
+        if causal and r == rank:
+            s = _masked(s, True, q0, q0)
+        parts.append((s.softmax(-1) @ vv, torch.logsumexp(s, -1)))
+    return merge(parts)
+
+
+@pytest.mark.parametrize("ring, says", [
+    (ring_by_joining_shards, "the shards were joined, merge partials instead"),
+    (ring_with_plain_softmax, "keys side by side, more than one block"),
+], ids=["joined", "plain-softmax"])
+def test_ring_that_skips_the_merge_or_the_tiles_fails(ring, says):
+    got = rows({"ring_attention": ring}, "ring_attention")
+    assert got and all(r.status == "wrong" for r in got), [r.detail for r in got]
+    assert says in got[0].detail, got[0].detail
+
+
+def test_references_agree_with_sdpa_and_the_empty_convention():
+    """The grader's plain references against SDPA (which the grader never runs), and the
+    convention of an empty shard: lse -inf, out 0."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 30, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 37, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    out, lse = labref.dense(q, k, v, labref.causal_mask(30, 37))
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+    dout = torch.randn(1, 4, 30, 8, generator=g, dtype=torch.float64)
+    _, _, dq, dk, dv = labref.grads(q, k, v, dout, labref.causal_mask(30, 37))
+    parts = [labref.key_block(q, k, v, dout, labref.causal_mask(30, 37), j0, min(j0 + 16, 37)) for j0 in (0, 16, 32)]
+    torch.testing.assert_close(sum(p[0] for p in parts), dq)
+    torch.testing.assert_close(torch.cat([p[1] for p in parts], 2), dk)
+    torch.testing.assert_close(torch.cat([p[2] for p in parts], 2), dv)
+    empty_out, empty_lse = labref.dense(q, k[:, :, :0], v[:, :, :0])
+    assert bool((empty_out == 0).all()) and bool((empty_lse == -math.inf).all())
+
+
+def test_without_cuda_the_gpu_part_says_it_is_skipped(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    report = chapters.check_lab("lab04_online_softmax", {"merge_partials": solution()["merge_partials"]})
+    assert not any(r.function == "measure_on_gpu" for r in report.rows)
+    assert "GPU part: skipped: no CUDA device here" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_gpu_flash_backward_against_sdpa_flash(gpu_record):
+    """On CUDA: the solution's measure and backward pass the GPU row; numbers are recorded."""
+    ns = solution()
+    report = Report(labcheck.LAB)
+    line = labgpu.grade(report, ns)
+    row = report.rows[-1]
+    assert row.function == "measure_on_gpu" and row.status == "ok", (row.detail, line)
+    r = labgpu.compare(ns["measure_on_gpu"], ns["flash_backward"])
+    gpu_record("lab04.flash_backward_peak_bytes_s4096", r["peak"], "B")
+    gpu_record("lab04.flash_backward_ms_s4096", r["ms"], "ms")
+    gpu_record("lab04.sdpa_flash_backward_peak_bytes_s4096", r["sdpa_peak"], "B")
+    gpu_record("lab04.sdpa_flash_backward_ms_s4096", r["sdpa_ms"], "ms")
+    assert r["peak"] < labgpu.naive_probability_bytes(16, 4096)
