@@ -56,7 +56,7 @@ def fields_of(choice, gpus: int, global_batch: int) -> dict:
     if isinstance(choice, planner.Layout):
         choice = asdict(choice)
     if not isinstance(choice, dict):
-        raise ValueError(returned(choice, f"a Layout, or a dict with keys {', '.join(KEYS)}"))
+        raise ValueError(returned(choice, f"a dict with keys {', '.join(KEYS)} (or a Layout)"))
     missing = [k for k in KEYS if k not in choice]
     if missing:
         raise ValueError(f"the plan lacks {', '.join(missing)}")
