@@ -1,42 +1,56 @@
 """Lab 01's ``check()``: the learner's memory calculator graded against traced truth, and
 ``layer_source()``, the layer's code the lab prints for the learner to read.
 
-The cases are not the ones the lab shows; the expected values come from fake-tensor traces
-(``gpumem.memory.tracing``) where a trace can say it, otherwise from the library's formulas,
-which tests prove against traces.
+The cases are not the ones the lab shows. Model states come from fake-tensor traces
+(``gpumem.memory.tracing``) of two fixed configurations and from ``accounting.model_states`` at
+drawn sizes. Layers are drawn afresh at each check (shapes, and in part 3 the variants of
+:mod:`.variants`: Hugging Face's RMSNorm, a GeLU MLP with dropout, q/k/v biases) and measured on
+real tensors (:func:`.variants.measure`), so a table of last time's answers does not pass. While
+the learner's functions run, the course's own formulas and tracers raise "derive it yourself"
+(:mod:`.labguard`).
 """
 
-from functools import lru_cache
+import os
+import random
 
-from gpumem.course.grading import Report, grade
+from gpumem.course.grading import Report, Row, call, grade, returned, run_case
 from gpumem.memory import accounting, tracing
 from gpumem.memory.estimate import n_param_tensors
-from gpumem.memory.models import ModelConfig, with_layers
+from gpumem.memory.models import ModelConfig
+
+from . import lab_gpu, variants
+from .labguard import guarded
 
 LAB = "lab01_memory_calculator"
 
-# Configurations the lab never shows (GQA ratios, odd widths, a large vocabulary so that the
-# loss, not a layer, sets the forward activation peak).
+# Configurations the lab never shows (GQA ratios, odd widths), traced for the model states.
 _CONFIGS = [ModelConfig("lab-a", 3, 96, 6, 2, 256, 4000),
             ModelConfig("lab-b", 3, 128, 8, 8, 320, 6000)]
+_states: dict = {}
+_layers: dict = {}
 
 
-@lru_cache(maxsize=None)
 def traced_states(cfg: ModelConfig, recipe: str) -> dict:
     """Expected one-GPU model-state bytes from a fake-tensor trace, without AdamW's step counters
     (the learner's function is given only a parameter count)."""
-    tr = tracing.trace_step(cfg, recipe, seq=16)
-    counters = 4 * n_param_tensors(cfg) if accounting.recipe(recipe).step_counter else 0
-    return {"params": tr.peaks["params"], "grads": tr.peaks["grads"],
-            "optimizer": tr.peaks["optimizer"] - counters}
+    if (cfg, recipe) not in _states:
+        tr = tracing.trace_step(cfg, recipe, seq=16)
+        counters = 4 * n_param_tensors(cfg) if accounting.recipe(recipe).step_counter else 0
+        _states[cfg, recipe] = {"params": tr.peaks["params"], "grads": tr.peaks["grads"],
+                                "optimizer": tr.peaks["optimizer"] - counters}
+    return dict(_states[cfg, recipe])
 
 
-@lru_cache(maxsize=None)
 def traced_layer(cfg: ModelConfig, kernel: str, seq: int, batch: int) -> int:
-    """One layer's saved bytes, read off two traces: depth 3 minus depth 2."""
-    deep, shallow = (tracing.trace_step(with_layers(cfg, n), "mixed", kernel, seq=seq, micro_batch=batch)
-                     for n in (3, 2))
-    return deep.peaks["activations"] - shallow.peaks["activations"]
+    """One layer's saved bytes, read off two fake-tensor traces: depth 3 minus depth 2 (tests hold
+    :func:`.variants.measure` to it)."""
+    from gpumem.memory.models import with_layers
+    key = (cfg, kernel, seq, batch)
+    if key not in _layers:
+        deep, shallow = (tracing.trace_step(with_layers(cfg, n), "mixed", kernel, seq=seq, micro_batch=batch)
+                         for n in (3, 2))
+        _layers[key] = deep.peaks["activations"] - shallow.peaks["activations"]
+    return _layers[key]
 
 
 def _without_comments(source: str) -> str:
@@ -64,35 +78,161 @@ def layer_source() -> str:
                        + _without_comments(textwrap.dedent(inspect.getsource(f))) for f in parts)
 
 
+def variant_source() -> str:
+    """Part 3's code: the variant block, Hugging Face's RMSNorm, the GeLU MLP and its dropout."""
+    return variants.variant_source()
+
+
 def _bytes(v) -> str:
     return f"{v:,} B" if isinstance(v, int) else repr(v)
 
 
-def check(ns: dict, show: bool = True) -> Report:
-    """Grade ``model_state_bytes`` and ``layer_activation_bytes`` from the lab's namespace."""
-    report = Report(LAB)
+def draw_shape(rng: random.Random) -> dict:
+    """A layer shape the lab never shows: GQA ratio 1-4, even head width, small enough to run. At
+    least 2 key/value heads: with one (MQA) and batch 1, ``repeat_kv``'s reshape is a view, not the
+    copy part 2's hint promises (traced: 2 x 2sb(h - k) fewer bytes)."""
+    kv, rep, head = rng.randint(2, 4), rng.randint(1, 4), rng.choice([8, 12, 16, 20, 24])
+    return dict(d_model=kv * rep * head, n_heads=kv * rep, n_kv_heads=kv, ffn=8 * rng.randint(10, 60),
+                seq=rng.randint(5, 40), batch=rng.randint(1, 3))
+
+
+def _label(shape: dict, **more) -> str:
+    s = shape
+    extra = "".join(f" {k}={v}" for k, v in more.items())
+    return (f"d={s['d_model']} heads={s['n_heads']}/{s['n_kv_heads']} ffn={s['ffn']} seq={s['seq']} "
+            f"batch={s['batch']}{extra}")
+
+
+def _grade_states(report: Report, fn, rng: random.Random) -> None:
     cases = []
     for cfg in _CONFIGS:
         for recipe in accounting.RECIPES:
             cases.append((f"{cfg.name}, {recipe}, 1 GPU (traced)",
                           dict(n_params=cfg.n_params(), recipe=recipe), traced_states(cfg, recipe)))
     for recipe, gpus, zero in [("mixed", 8, 1), ("mixed", 8, 2), ("pure-bf16", 8, 3), ("mixed-ds", 6, 3)]:
-        n = _CONFIGS[0].n_params()
+        n = rng.randrange(10**6, 10**10)
         s = accounting.model_states(n, recipe, gpus, zero)
         cases.append((f"{n:,} params, {recipe}, {gpus} GPUs, ZeRO-{zero}",
                       dict(n_params=n, recipe=recipe, gpus=gpus, zero=zero),
                       {"params": s.params, "grads": s.grads, "optimizer": s.optimizer}))
-    grade(report, "model_state_bytes", ns.get("model_state_bytes"), cases)
+    grade(report, "model_state_bytes", guarded(fn), cases)
 
-    cases = []
-    for cfg, seq, batch in [(_CONFIGS[0], 24, 2), (_CONFIGS[1], 32, 1)]:
+
+def _grade_layers(report: Report, fn, rng: random.Random) -> None:
+    name = "layer_activation_bytes"
+    if fn is None:
+        report.rows.append(Row(name, "part 2", "todo", f"define {name}"))
+        return
+    learner = guarded(fn)
+    for shape in (draw_shape(rng), draw_shape(rng)):
         for kernel in ("flash", "naive", "eager"):
-            cases.append((f"{cfg.name} d={cfg.d_model} heads={cfg.n_heads}/{cfg.n_kv_heads} seq={seq} "
-                          f"batch={batch} {kernel} (traced)",
-                          dict(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
-                               ffn=cfg.ffn, seq=seq, batch=batch, kernel=kernel),
-                          traced_layer(cfg, kernel, seq, batch)))
-    grade(report, "layer_activation_bytes", ns.get("layer_activation_bytes"), cases, show=_bytes)
+            def body(case=dict(**shape, kernel=kernel)):
+                got = call(learner, **case)          # the truth is measured after the learner's call
+                want = variants.measure(**case, norm="fused", mlp="swiglu", qkv_bias=False)[0]
+                if not isinstance(got, int) or isinstance(got, bool):
+                    return "wrong", returned(got, "an int (bytes)")
+                return ("ok", "") if got == want else ("wrong", f"expected {want:,} B, got {got:,} B")
+            run_case(report, name, _label(shape, kernel=kernel) + " (traced)", body)
+
+
+# (norm, mlp, qkv_bias) of part 3's cases, one variant at a time first, so that the first row that
+# fails names the variant; the attention kernel cycles through all three
+VARIANT_CASES = [("hf", "swiglu", False), ("fused", "gelu-dropout", False), ("fused", "swiglu", True),
+                 ("hf", "gelu-dropout", False), ("fused", "gelu-dropout", True), ("hf", "gelu-dropout", True)]
+KERNEL_CYCLE = ("flash", "naive", "eager")
+
+
+def _why_bytes(case: dict, got: int, want: int) -> str:
+    """The variant that explains ``got``, with what it misses; else the plain difference."""
+    shape = {k: case[k] for k in ("d_model", "n_heads", "n_kv_heads", "ffn", "seq", "batch", "kernel")}
+    variant = {k: case[k] for k in ("norm", "mlp", "qkv_bias")}
+    per_elem = case["batch"] * case["seq"] * case["d_model"]       # one element per output number
+    changed = [f"{k}={variant[k]!r}" for k, plain in (("norm", "fused"), ("mlp", "swiglu")) if variant[k] != plain]
+    if len(changed) > 1 and got == variants.measure(**shape, **{**variant, "norm": "fused", "mlp": "swiglu"})[0]:
+        return (f"{' and '.join(changed)}: you counted the plain Llama layer ({got - want:+,} B); "
+                "each of these variants changes what is saved")
+    if case["norm"] == "hf" and got == variants.measure(**shape, **{**variant, "norm": "fused"})[0]:
+        return (f"norm='hf': {want - got:,} B missing; your count keeps the fused RMSNorm's tensors: "
+                "count what LlamaRMSNorm's own operators save (an fp32 copy of the input among them)")
+    if case["mlp"] == "gelu-dropout":
+        if got == variants.measure(**shape, **{**variant, "mlp": "swiglu"})[0]:
+            return (f"mlp='gelu-dropout': {got - want:+,} B; your count is SwiGLU's four F-wide tensors: "
+                    "count what F.gelu, the down projection and the dropout keep")
+        if got == want - per_elem:
+            return f"mlp='gelu-dropout': {per_elem:,} B missing: the dropout's mask, one entry per output number"
+        if got == want + per_elem:
+            return "mlp='gelu-dropout': the dropout mask counted at 2 B an entry: what dtype does native_dropout return?"
+    if case["qkv_bias"] and got > want:
+        return (f"qkv_bias=True: {got - want:,} B too many: what does backward need to compute a bias's "
+                "gradient, and does it have to be saved?")
+    return f"expected {want:,} B, got {got:,} B ({got - want:+,} B)"
+
+
+def _why_params(case: dict, got: int, want: int) -> str:
+    h, kv = case["d_model"], case["n_kv_heads"] * (case["d_model"] // case["n_heads"])
+    if case["qkv_bias"] and got == want - (h + 2 * kv):
+        return f"qkv_bias=True: the q, k and v biases' {h + 2 * kv:,} parameters are missing"
+    if case["mlp"] == "gelu-dropout" and got - want in (h * case["ffn"], h * case["ffn"] - h - 2 * kv):
+        return "mlp='gelu-dropout': your count has SwiGLU's three matrices; the GeLU MLP has two"
+    return f"expected {want:,} parameters, got {got:,}"
+
+
+def _grade_variants(report: Report, fn, rng: random.Random) -> None:
+    name = "variant_layer"
+    if fn is None:
+        report.rows.append(Row(name, "part 3", "todo", f"define {name}"))
+        return
+    learner = guarded(fn)
+    for i, (norm, mlp, bias) in enumerate(VARIANT_CASES):
+        case = dict(draw_shape(rng), kernel=KERNEL_CYCLE[i % 3], norm=norm, mlp=mlp, qkv_bias=bias)
+
+        def body(case=case):
+            got = call(learner, **case)              # the truth is measured after the learner's call
+            want_bytes, want_params = variants.measure(**case)
+            if not (isinstance(got, dict) and all(isinstance(got.get(k), int) and not isinstance(got.get(k), bool)
+                                                  for k in ("activations", "params"))):
+                return "wrong", returned(got, "a dict with int 'activations' (bytes) and 'params'")
+            if got["activations"] != want_bytes:
+                return "wrong", _why_bytes(case, got["activations"], want_bytes)
+            if got["params"] != want_params:
+                return "wrong", _why_params(case, got["params"], want_params)
+            return "ok", ""
+        run_case(report, name, _label(case, kernel=case["kernel"], norm=norm, mlp=mlp, qkv_bias=bias), body)
+
+
+def _grade_gpu(report: Report, fn, measure_fn) -> None:
+    """Optional, CUDA only: the learner's prediction (and measurement, if written) on the GPU."""
+    case = "optional GPU part: " + ", ".join(f"{k}={v}" for k, v in lab_gpu.VARIANT.items())
+    reason = lab_gpu.cuda_reason()
+    if fn is None or reason:
+        report.rows.append(Row("variant_layer", case, "ok", "skipped: " + (reason or "variant_layer not defined yet")))
+        return
+    learner = guarded(fn)
+    for kernel in lab_gpu.KERNELS:
+        args = dict(**lab_gpu.SHAPE, kernel=kernel, **lab_gpu.VARIANT)
+
+        def body(args=args):
+            got = call(learner, **args)
+            predicted = got.get("activations") if isinstance(got, dict) else None
+            if not isinstance(predicted, int):
+                return "wrong", returned(got, "a dict with int 'activations'")
+            return lab_gpu.verdict(predicted, lab_gpu.measure_cuda(args["kernel"]),
+                                   lambda: variants.measure(**args)[0])
+        run_case(report, "variant_layer", f"{case}, {kernel}", body)
+        if measure_fn is not None:
+            run_case(report, "gpu_held_bytes", f"{case}, {kernel}", lambda kernel=kernel: lab_gpu.measurement_verdict(
+                call(measure_fn, *lab_gpu.setup(kernel), kernel), lab_gpu.measure_cuda(kernel)))
+
+
+def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
+    """Grade ``model_state_bytes``, ``layer_activation_bytes`` and ``variant_layer`` from the
+    lab's namespace; shapes are drawn from ``seed`` (fresh each time if None)."""
+    rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+    report = Report(LAB)
+    _grade_states(report, ns.get("model_state_bytes"), rng)
+    _grade_layers(report, ns.get("layer_activation_bytes"), rng)
+    _grade_variants(report, ns.get("variant_layer"), rng)
+    _grade_gpu(report, ns.get("variant_layer"), ns.get("gpu_held_bytes"))
     if show:
         print(report.summary())
     return report

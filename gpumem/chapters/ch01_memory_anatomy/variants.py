@@ -1,0 +1,105 @@
+"""Lab 01, part 3: layer variants chapter 01 does not tabulate, and their truth from real tensors.
+
+:class:`VariantBlock` is the course's Llama layer (``gpumem.memory.llama``) with three switches:
+
+- ``norm="hf"``: Hugging Face's eager ``LlamaRMSNorm`` (``llama.HFRMSNorm``, the same operators as
+  transformers' ``modeling_llama.py``; transformers is not installed here, the class is copied
+  from its source, which upcasts to fp32 and multiplies the weight last);
+- ``mlp="gelu-dropout"``: a GeLU MLP (up, GeLU, down, no biases) followed by dropout on its output,
+  the MLP of Korthikanti et al.'s layer; dropout is ``torch.native_dropout``, which ``F.dropout``
+  runs on CUDA (on CPU ``F.dropout`` multiplies by a noise tensor of the input's dtype instead, so
+  the layer calls the CUDA path directly and CPU and GPU save the same bool mask);
+- ``qkv_bias=True``: q, k and v projections with biases (Qwen2's attention).
+
+:func:`saved_bytes` runs one forward on real bf16 CPU tensors under
+``torch.autograd.graph.saved_tensors_hooks`` and adds up the distinct storages autograd saves,
+less the parameters and the RoPE tables every layer shares: the bytes one layer keeps for
+backward. tests/test_lab01_adversarial.py checks it equals the fake-tensor trace's per-layer
+difference (``labcheck.traced_layer``) on the plain layer.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpumem.memory import llama
+from gpumem.memory.models import ModelConfig
+
+NORMS = ("fused", "hf")
+MLPS = ("swiglu", "gelu-dropout")
+DROPOUT = 0.1
+_truth: dict = {}          # (shape, variant) -> (saved bytes, parameters); plain dict, see labguard
+
+
+def dropout(x, p: float):
+    return torch.native_dropout(x, p, True)[0]
+
+
+class GeluMLP(nn.Module):
+    def __init__(self, d_model: int, ffn: int, p: float):
+        super().__init__()
+        self.up = nn.Linear(d_model, ffn, bias=False)
+        self.down = nn.Linear(ffn, d_model, bias=False)
+        self.p = p
+
+    def forward(self, x):
+        return dropout(self.down(F.gelu(self.up(x))), self.p)
+
+
+class VariantBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, norm: str = "fused", mlp: str = "swiglu", qkv_bias: bool = False):
+        super().__init__()
+        self.attn_norm = llama.make_norm(norm, cfg.d_model, cfg.norm_eps)
+        self.attn = llama.Attention(cfg)
+        if qkv_bias:
+            self.attn.wq = nn.Linear(cfg.d_model, cfg.d_model, bias=True)
+            self.attn.wk = nn.Linear(cfg.d_model, cfg.kv_dim, bias=True)
+            self.attn.wv = nn.Linear(cfg.d_model, cfg.kv_dim, bias=True)
+        self.mlp_norm = llama.make_norm(norm, cfg.d_model, cfg.norm_eps)
+        self.mlp = llama.MLP(cfg) if mlp == "swiglu" else GeluMLP(cfg.d_model, cfg.ffn, DROPOUT)
+
+    def forward(self, x, cos, sin, kernel: str):
+        h = x + self.attn(self.attn_norm(x), cos, sin, kernel)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+def variant_source() -> str:
+    """What part 3 prints: the variant block and the pieces part 2 did not show."""
+    import inspect
+    import textwrap
+    from .labcheck import _without_comments
+    parts = [("VariantBlock", VariantBlock), ("HFRMSNorm (norm='hf')", llama.HFRMSNorm.forward),
+             ("GeluMLP (mlp='gelu-dropout')", GeluMLP), ("dropout", dropout)]
+    return "\n\n".join(f"# {title}\n" + _without_comments(textwrap.dedent(inspect.getsource(obj)))
+                       for title, obj in parts)
+
+
+def config(d_model: int, n_heads: int, n_kv_heads: int, ffn: int) -> ModelConfig:
+    return ModelConfig("lab01-variant", 1, d_model, n_heads, n_kv_heads, ffn, 16)
+
+
+def measure(d_model: int, n_heads: int, n_kv_heads: int, ffn: int, seq: int, batch: int, kernel: str,
+            norm: str, mlp: str, qkv_bias: bool) -> tuple[int, int]:
+    """(bytes one layer saves for backward, the layer's parameters), from one real forward."""
+    key = (d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, bool(qkv_bias))
+    if key in _truth:
+        return _truth[key]
+    cfg = config(d_model, n_heads, n_kv_heads, ffn)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        block = VariantBlock(cfg, norm, mlp, bool(qkv_bias)).to(torch.bfloat16)
+        cos, sin = llama.rope_tables(seq, cfg.head_dim, cfg.rope_theta, torch.bfloat16)
+        x0 = torch.randn(batch, seq, d_model, dtype=torch.bfloat16, requires_grad=True)
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+            return t
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = block(x0 * 1, cos, sin, kernel)       # x0 * 1: the input is freed unless saved
+        del out
+    for t in [*block.parameters(), cos, sin]:
+        seen.pop(t.untyped_storage().data_ptr(), None)
+    _truth[key] = (sum(seen.values()), sum(p.numel() for p in block.parameters()))
+    return _truth[key]
