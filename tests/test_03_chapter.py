@@ -233,7 +233,8 @@ def place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budg
             return [[i] for i in range(n_layers - count, n_layers)]      # the last layers instead
 """)
     rows = [r for r in report.rows if r.function == "place_checkpoints"]
-    assert rows and all(r.status == "wrong" and "misses the budget by" in r.detail for r in rows)
+    assert rows and all(r.status == "wrong" for r in rows)          # lab-d: one layer too many
+    assert all("misses the budget by" in r.detail for r in rows if not r.case.startswith("lab-d"))
     assert all(r.status == "ok" for r in report.rows if r.function == "checkpoint")
 
 
@@ -301,17 +302,15 @@ def checkpoint(run, *inputs):
 
 
 def test_lab03_copying_section_3_fails_the_unseen_cases(solved):
-    """The chapter's Checkpoint, copied: one output and tensors only, so two of the unseen cases
-    fail; without its RNG replay the dropout case fails too."""
+    """The chapter's Checkpoint, imported, refuses to run while grading (labguard); without an RNG
+    replay the dropout case fails."""
     copied = lab_with(solved, ckpt="""
 from gpumem.memory.recompute import Checkpoint
 def checkpoint(run, *inputs):
     return Checkpoint.apply(run, *inputs)
 """)
-    rows = {r.case: r.status for r in copied.rows if r.case.startswith("unseen case")}
-    assert rows["unseen case: random numbers (dropout) replayed"] == "ok"
-    assert rows["unseen case: two outputs"] != "ok"
-    assert rows["unseen case: non-tensor arguments (a float, a string)"] != "ok"
+    rows = {r.case: r for r in copied.rows if r.case.startswith("unseen case")}
+    assert all(r.status == "wrong" and "course's Checkpoint" in r.detail for r in rows.values())
     no_rng = lab_with(solved, ckpt="""
 class NoReplay(torch.autograd.Function):
     @staticmethod

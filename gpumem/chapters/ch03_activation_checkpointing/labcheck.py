@@ -29,7 +29,7 @@ from gpumem.memory.models import ModelConfig
 from gpumem.memory.recompute_plans import from_segments
 
 from . import labplace
-from .labguard import guarded
+from .labguard import guarded, refused
 
 LAB = "lab03_checkpoint_budget"
 SEQ, BATCH = 32, 2
@@ -85,6 +85,8 @@ def _grade_checkpoint(report: Report, ckpt) -> bool:
 
     def body():
         cut = _cut_from_graph(ckpt)
+        if refused():                   # a ready-made checkpoint: the guard's row says which
+            return "wrong", ""
         if cut:
             return "wrong", cut
         plain = rt.measure(GRAD_CASE, "none", seq=SEQ, micro_batch=BATCH, keep_grads=True)

@@ -82,11 +82,34 @@ def _banned_code() -> tuple[dict, dict]:
     files = {tuc.__file__: "torch.utils.checkpoint",
              os.path.join(torch_dir, "distributed", "algorithms", "_checkpoint", "checkpoint_wrapper.py"):
                  "torch.distributed...checkpoint_wrapper"}
-    spec = sys.modules.get("deepspeed")
-    if spec is not None and getattr(spec, "__file__", None):
-        files[os.path.join(os.path.dirname(spec.__file__), "runtime", "activation_checkpointing",
-                           "checkpointing.py")] = "deepspeed...checkpointing"
+    deepspeed = _package_dir("deepspeed")          # found without importing it (slow)
+    if deepspeed:
+        files[os.path.join(deepspeed, "runtime", "activation_checkpointing", "checkpointing.py")] = \
+            "deepspeed...checkpointing"
     return codes, files
+
+
+def _package_dir(name: str) -> str:
+    """Where package ``name`` lives, '' if it is not installed; imports nothing."""
+    import importlib.util
+    module = sys.modules.get(name)
+    origin = getattr(module, "__file__", None) if module else None
+    if origin is None:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        origin = spec.origin if spec else None
+    return os.path.dirname(origin) if origin else ""
+
+
+_ACTIVE: list[tuple[list, object]] = []       # (refusals, watch) of the guards now running
+
+
+def refused() -> bool:
+    """True inside :func:`no_shortcuts` once something was refused (or the watch switched off):
+    the grader stops the case there rather than run the rest on a submission already failed."""
+    return bool(_ACTIVE) and (bool(_ACTIVE[-1][0]) or sys.getprofile() is not _ACTIVE[-1][1])
 
 
 @contextlib.contextmanager
@@ -113,10 +136,13 @@ def no_shortcuts():
             swapped.append((owner, attr, vars(owner).get(attr, _INHERITED)))
             setattr(owner, attr, _refusal(name, hits))
         sys.setprofile(watch)
+        _ACTIVE.append((hits, watch))
         yield hits
         if sys.getprofile() is not watch and not hits:
             hits.append("sys.setprofile (the grader's watch was switched off)")
     finally:
+        if _ACTIVE and _ACTIVE[-1][0] is hits:
+            _ACTIVE.pop()
         sys.setprofile(previous)
         for owner, attr, value in reversed(swapped):
             if value is _INHERITED:           # a class's inherited ``apply``: drop the override
