@@ -242,3 +242,20 @@ def test_gpu_part_measures_the_solution(gpu_record):
     row = rows(chapters.check_lab(LAB, {"pcie_copy_seconds": ns["pcie_copy_seconds"]}, show=False),
                "pcie_copy_seconds")[0]
     assert row.status == "ok", row
+
+
+def test_gpu_branch_of_check_grades_the_returned_seconds(monkeypatch):
+    """The CUDA branch of check() with the device faked (no copy runs here): an unwritten optional
+    part is skipped, a copy 'faster' than an H100's PCIe is refused."""
+    monkeypatch.setattr(lab_gpu, "cuda_reason", lambda: "")
+    monkeypatch.setattr(lab_gpu, "datasheet_gpu", lambda: lab_gpu.gpu_table.get("h100-80gb"))
+
+    def unwritten(n):
+        raise NotImplementedError
+
+    def row(fn):
+        return rows(grade({"pcie_copy_seconds": fn}), "pcie_copy_seconds")[0]
+    assert row(unwritten).detail.startswith("skipped: pcie_copy_seconds not written")
+    fast = row(lambda n: {"h2d": n / 200e9, "d2h": n / 200e9})
+    assert fast.status == "wrong" and "must bracket the copy" in fast.detail
+    assert row(lambda n: {"h2d": n / 50e9, "d2h": n / 50e9}).status == "ok"

@@ -24,6 +24,8 @@ def nvme_config(cfg: ModelConfig, swap_dir: str, block_bytes: int, world: int = 
     ``block_bytes`` (DeepSpeed swaps only tensors of at least max(1 MiB, block_size) bytes)."""
     out = ds_offload.offload_config("zero3+nvme", swap_dir, 1, cfg=cfg, world=world)
     out["aio"]["block_size"] = block_bytes
+    for key in ("offload_optimizer", "offload_param"):     # CPU ranks, also on a GPU machine: nothing to pin
+        out["zero_optimization"][key]["pin_memory"] = False
     return out
 
 
