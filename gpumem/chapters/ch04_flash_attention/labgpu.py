@@ -67,8 +67,9 @@ def compare(measure, bwd) -> dict:
     own = _own_peak(bwd, *args)
     sdpa_peak, sdpa_ms = (float(x) for x in call(measure, _sdpa_backward(q, k, v, dout)))
     naive = naive_probability_bytes(SHAPE["heads"], SHAPE["seq"])
-    line = (f"your flash_backward {peak / 2**20:,.1f} MiB above its inputs, {ms:,.1f} ms; SDPA flash "
-            f"backward {sdpa_peak / 2**20:,.1f} MiB, {sdpa_ms:,.2f} ms; naive P alone {naive / 2**20:,.0f} MiB")
+    line = (f"your flash_backward: {peak / 2**20:,.1f} MiB above its inputs, {ms:,.1f} ms\n"
+            f"SDPA's flash backward: {sdpa_peak / 2**20:,.1f} MiB, {sdpa_ms:,.2f} ms; "
+            f"a naive backward's probabilities alone: {naive / 2**20:,.0f} MiB")
     return dict(peak=peak, ms=ms, own=own, sdpa_peak=sdpa_peak, sdpa_ms=sdpa_ms, naive=naive, line=line)
 
 
