@@ -239,3 +239,36 @@ def test_cheap_placements_fail_on_lab_d(name, monkeypatch):
     row = report.rows[-1]
     assert row.status == "wrong" and all(s in row.detail for s in said), row
     assert restored()
+
+
+# -- the optional GPU part -------------------------------------------------------------------
+
+def test_gpu_part_is_skipped_with_a_reason_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the gpu-marked test below grades the GPU part")
+    report = Report("lab03")
+    labcheck._grade_gpu(report, lambda **kw: [], lambda run, *a: run(*a))
+    row = report.rows[-1]
+    assert row.function == "gpu part" and row.status == "ok" and row.detail.startswith("skipped: no CUDA")
+
+
+@pytest.mark.gpu
+def test_gpu_part_measures_the_solution(gpu_record):
+    """On CUDA: the solution's placement at the GPU budget, run with its own checkpoint, peaks
+    within lab_gpu.TOLERANCE of the CPU-graded prediction (not yet run on a GPU)."""
+    from pathlib import Path
+
+    from test_labs import notebook_namespace
+
+    from gpumem.chapters.ch03_activation_checkpointing import lab_gpu
+    ns = notebook_namespace(Path(__file__).parents[1] / "solutions" / "lab03_checkpoint_budget.ipynb")
+    s = lab_gpu.setting()
+    segments = ns["place_checkpoints"](**s["numbers"], budget=s["budget"])
+    assert sum(map(len, segments)) == lab_gpu.COUNT
+    plan = from_segments(segments, s["cfg"].n_layers)
+    predicted = recompute_cost.activation_bytes(s["cfg"], lab_gpu.SEQ, lab_gpu.BATCH, plan, "scratch")["peak"]
+    measured = lab_gpu.measure_cuda(segments, ns["checkpoint"])
+    gpu_record("lab03.placement_peak_measured", measured, "B")
+    gpu_record("lab03.placement_peak_predicted", predicted, "B")
+    status, detail = lab_gpu.verdict(segments, measured, predicted, s["budget"])
+    assert status == "ok", detail

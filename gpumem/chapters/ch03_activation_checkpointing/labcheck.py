@@ -22,13 +22,13 @@ Budgets are set between two placements, so that one layer fewer misses and any l
 recomputation the budget did not need.
 """
 
-from gpumem.course.grading import Report, Row, call, kind, returned, run_case
+from gpumem.course.grading import Report, Row, call, case_seconds, kind, returned, run_case
 from gpumem.errors import UsageError
 from gpumem.memory import recompute_cost
 from gpumem.memory.models import ModelConfig
 from gpumem.memory.recompute_plans import from_segments
 
-from . import labplace
+from . import lab_gpu, labplace
 from .labguard import guarded, refused
 
 LAB = "lab03_checkpoint_budget"
@@ -200,6 +200,25 @@ def _grade_placement(report: Report, place, ckpt, cfg: ModelConfig, count: int) 
     run_case(report, "place_checkpoints", case, body)
 
 
+def _grade_gpu(report: Report, place, ckpt) -> None:
+    """The optional GPU part (``lab_gpu``): skipped, with the reason, without CUDA or before the
+    checkpoint and the placements pass on the CPU."""
+    reason = lab_gpu.cuda_reason() or ("" if place is not None and callable(ckpt) and report.solved else
+                                       "checkpoint and place_checkpoints must pass on the CPU first")
+    if reason:
+        report.rows.append(Row("gpu part", "optional GPU part", "ok", "skipped: " + reason))
+        return
+
+    def body():
+        s = lab_gpu.setting()
+        segments = call(place, **s["numbers"], budget=s["budget"])
+        plan = from_segments(segments, s["cfg"].n_layers, "yours")
+        predicted = recompute_cost.activation_bytes(s["cfg"], lab_gpu.SEQ, lab_gpu.BATCH, plan, "scratch")["peak"]
+        return lab_gpu.verdict(segments, call(lab_gpu.measure_cuda, segments, ckpt), predicted, s["budget"])
+    run_case(report, "gpu part", f"{lab_gpu.setting()['cfg'].name}, seq {lab_gpu.SEQ}, on CUDA",
+             guarded(body), case_seconds(cases=6))
+
+
 def check(ns: dict, show: bool = True) -> Report:
     """Grade ``checkpoint`` and ``place_checkpoints`` from the lab's namespace; never raises."""
     report = Report(LAB)
@@ -216,6 +235,7 @@ def check(ns: dict, show: bool = True) -> Report:
             continue
         # measured with the learner's checkpoint once it is right, else with the course's own
         _grade_placement(report, place, ckpt if passed else "scratch", cfg, count)
+    _grade_gpu(report, place, ckpt if passed else None)
     if show:
         print(report.summary())
     return report
