@@ -13,11 +13,11 @@ from gpumem import planner
 
 # (what the learner reads, the layout uses it, the planner's levers without it)
 LEVERS = (
-    ("hybrid sharding (hybrid='hsdp' or 'hpz' with a shard group of a node's ranks)",
+    ("hybrid sharding (hybrid='hsdp' or 'hpz' with a shard group)",
      lambda lay: lay.hybrid != "none", {"hybrid": ("none",)}),
-    ("context parallelism (cp > 1: each sequence split over cp ranks, ring attention)",
+    ("context parallelism (cp > 1: ring attention)",
      lambda lay: lay.cp > 1, {"cp": (1,)}),
-    ("the interleaved schedule (vp > 1 virtual stages per pipeline rank)",
+    ("the interleaved schedule (vp > 1 virtual stages)",
      lambda lay: lay.vp > 1, {"vp": (1,)}),
     ("pipeline parallelism (pp > 1)", lambda lay: lay.pp > 1, {"pp": (1,)}),
     ("tensor parallelism (tp > 1)", lambda lay: lay.tp > 1, {"tp": (1,)}),
@@ -59,9 +59,9 @@ def why_slower(mine, result, case: tuple, inter_node, slack: float) -> str:
         if uses(best.layout) and not uses(mine.layout):
             without = _best_without(result, case, inter_node, kwargs, uses)
             if without is None or without > slack * best.time["total"]:
-                return (f"your plan lacks {text}: the fastest layout ({best.layout.label()}) uses it, and "
-                        + ("no layout fits without it" if without is None else
-                           f"without it the best takes {without:.2f} s") + " -- does your search try it?")
+                alone = "no layout fits without it" if without is None else f"without it the best is {without:.2f} s"
+                return (f"your plan lacks {text}, which the fastest layout uses; {alone}. Does your search "
+                        f"try it? (fastest: {best.layout.label()})")
     term = max(TERMS, key=lambda k: mine.time[k] - best.time[k])
-    return (f"its {term.replace('_', ' ')} takes {mine.time[term]:.2f} s against {best.time[term]:.2f} s in "
+    return (f"its {term.replace('_', ' ')} term takes {mine.time[term]:.2f} s against {best.time[term]:.2f} s in "
             f"the fastest layout ({best.layout.label()})")

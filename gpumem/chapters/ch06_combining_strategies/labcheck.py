@@ -145,7 +145,7 @@ def _grade(choose, case: tuple, inter_node, result) -> tuple[str, str]:
     if ratio <= SLACK:
         return "ok", detail
     why = lab06_diagnose.why_slower(ev.plan, result, case, inter_node, SLACK)
-    return "wrong", f"{label}: {ratio:.2f}x the fastest, more than {SLACK}x; {why}"
+    return "wrong", f"{ratio:.2f}x the fastest step (more than {SLACK}x): {why}; yours: {label}"
 
 
 def _case_text(case: tuple, inter_node: float | None) -> str:
