@@ -55,6 +55,11 @@ def _wrapper(run, *args):
     return checkpoint_wrapper(Run())(*args)
 
 
+def _hop(run, *args):
+    from torch._higher_order_ops.wrap import tag_activation_checkpoint
+    return tag_activation_checkpoint(run, *args, use_reentrant=False)
+
+
 def _course(run, *args):
     from gpumem.memory.recompute import Checkpoint
     return Checkpoint.apply(run, *args)
@@ -74,6 +79,7 @@ SHORTCUTS = {
     "profile switched off": (_switches_the_watch_off, "sys.setprofile"),
     "torch.distributed checkpoint_wrapper": (_wrapper, "checkpoint_wrapper"),
     "the course's Checkpoint": (_course, "course's Checkpoint"),
+    "tag_activation_checkpoint (higher-order op)": (_hop, "TagActivationCheckpoint"),
 }
 
 
