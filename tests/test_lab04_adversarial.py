@@ -249,6 +249,18 @@ def test_without_cuda_the_gpu_part_says_it_is_skipped(monkeypatch, capsys):
     assert "GPU part: skipped: no CUDA device here" in capsys.readouterr().out
 
 
+def test_unwritten_gpu_part_adds_no_row_even_with_cuda(monkeypatch):
+    """The GPU part is optional: with CUDA (faked) and measure_on_gpu still a TODO, no row."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(labgpu, "_inputs", lambda: tuple(torch.zeros(1, 1, 4, 2) for _ in range(5)) + (None,))
+
+    def todo(*args):
+        raise NotImplementedError
+    report = Report(labcheck.LAB)
+    line = labgpu.grade(report, {"flash_backward": solution()["flash_backward"], "measure_on_gpu": todo})
+    assert report.rows == [] and line.startswith("optional and not written yet")
+
+
 @pytest.mark.gpu
 def test_gpu_flash_backward_against_sdpa_flash(gpu_record):
     """On CUDA: the solution's measure and backward pass the GPU row; numbers are recorded."""
