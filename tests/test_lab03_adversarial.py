@@ -79,7 +79,7 @@ SHORTCUTS = {
     "profile switched off": (_switches_the_watch_off, "sys.setprofile"),
     "torch.distributed checkpoint_wrapper": (_wrapper, "checkpoint_wrapper"),
     "the course's Checkpoint": (_course, "course's Checkpoint"),
-    "tag_activation_checkpoint (higher-order op)": (_hop, "TagActivationCheckpoint"),
+    "tag_activation_checkpoint (higher-order op)": (_hop, "_higher_order_ops.wrap"),
 }
 
 
