@@ -20,6 +20,7 @@ from gpumem.memory.models import ModelConfig
 
 from . import lab_gpu, variants
 from .labguard import guarded
+from .variants import without_comments
 
 LAB = "lab01_memory_calculator"
 
@@ -53,18 +54,6 @@ def traced_layer(cfg: ModelConfig, kernel: str, seq: int, batch: int) -> int:
     return _layers[key]
 
 
-def _without_comments(source: str) -> str:
-    """``source`` with its comments and blank lines removed (they would name what is saved)."""
-    import io
-    import tokenize
-    drop = {(t.start[0], t.start[1]) for t in tokenize.generate_tokens(io.StringIO(source).readline)
-            if t.type == tokenize.COMMENT}
-    lines = source.splitlines()
-    for row, col in drop:
-        lines[row - 1] = lines[row - 1][:col].rstrip()
-    return "\n".join(line for line in lines if line.strip())
-
-
 def layer_source() -> str:
     """The code one layer of ``gpumem.memory.llama`` runs, as lab 01 shows it (comments removed,
     the learner works out what each operation saves): the block, its attention and attention
@@ -75,7 +64,7 @@ def layer_source() -> str:
     parts = [llama.Block.forward, llama._FusedRMSNormFn.forward, llama.Attention.forward,
              llama.apply_rope, llama.core_attention, llama.repeat_kv, llama.MLP.forward]
     return "\n\n".join(f"# {f.__qualname__.replace('_FusedRMSNormFn', 'RMSNorm')}\n"
-                       + _without_comments(textwrap.dedent(inspect.getsource(f))) for f in parts)
+                       + without_comments(textwrap.dedent(inspect.getsource(f))) for f in parts)
 
 
 def variant_source() -> str:

@@ -32,10 +32,13 @@ _truth: dict = {}          # (shape, variant) -> (saved bytes, parameters); plai
 
 
 def dropout(x, p: float):
+    """Dropout in training mode, as CUDA's ``F.dropout`` runs it."""
     return torch.native_dropout(x, p, True)[0]
 
 
 class GeluMLP(nn.Module):
+    """up, GeLU, down, then dropout on the output."""
+
     def __init__(self, d_model: int, ffn: int, p: float):
         super().__init__()
         self.up = nn.Linear(d_model, ffn, bias=False)
@@ -47,6 +50,8 @@ class GeluMLP(nn.Module):
 
 
 class VariantBlock(nn.Module):
+    """The course's Llama layer with part 3's three switches."""
+
     def __init__(self, cfg: ModelConfig, norm: str = "fused", mlp: str = "swiglu", qkv_bias: bool = False):
         super().__init__()
         self.attn_norm = llama.make_norm(norm, cfg.d_model, cfg.norm_eps)
@@ -63,18 +68,30 @@ class VariantBlock(nn.Module):
         return h + self.mlp(self.mlp_norm(h))
 
 
+def without_comments(source: str) -> str:
+    """``source`` with its comments and blank lines removed (they would name what is saved)."""
+    import io
+    import tokenize
+    drop = {(t.start[0], t.start[1]) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type == tokenize.COMMENT}
+    lines = source.splitlines()
+    for row, col in drop:
+        lines[row - 1] = lines[row - 1][:col].rstrip()
+    return "\n".join(line for line in lines if line.strip())
+
+
 def variant_source() -> str:
     """What part 3 prints: the variant block and the pieces part 2 did not show."""
     import inspect
     import textwrap
-    from .labcheck import _without_comments
     parts = [("VariantBlock", VariantBlock), ("HFRMSNorm (norm='hf')", llama.HFRMSNorm.forward),
              ("GeluMLP (mlp='gelu-dropout')", GeluMLP), ("dropout", dropout)]
-    return "\n\n".join(f"# {title}\n" + _without_comments(textwrap.dedent(inspect.getsource(obj)))
+    return "\n\n".join(f"# {title}\n" + without_comments(textwrap.dedent(inspect.getsource(obj)))
                        for title, obj in parts)
 
 
 def config(d_model: int, n_heads: int, n_kv_heads: int, ffn: int) -> ModelConfig:
+    """A one-layer configuration of these widths (the vocabulary is unused)."""
     return ModelConfig("lab01-variant", 1, d_model, n_heads, n_kv_heads, ffn, 16)
 
 

@@ -1,0 +1,250 @@
+"""Lab 01's grader against the cheapest submissions that skip the idea (issue 21).
+
+Part 3 (``variant_layer``) grades layers chapter 01 never tabulates, on real-tensor traces at
+shapes drawn at each check. Each submission below skips the reasoning one way: it copies the
+chapter's Llama counts, asks the course's own tracer or formulas, measures with saved-tensor
+hooks, replays a table of answers seen in an earlier report, or makes a learner's likely slip.
+Each must fail with a row saying what was skipped. The truth is held to independent counts here:
+the fake-tensor MemTracker trace of the plain layer, and hand counts of the variants.
+"""
+
+import pytest
+import torch
+
+from conftest import ROOT
+from gpumem.chapters.ch01_memory_anatomy import lab_gpu, labcheck, variants
+from gpumem.memory import activations
+from gpumem.memory.models import ModelConfig
+from test_labs import notebook_namespace
+
+_NS: dict = {}
+
+
+def solution() -> dict:
+    if not _NS:
+        _NS.update(notebook_namespace(ROOT / "solutions" / "lab01_memory_calculator.ipynb"))
+    return dict(_NS)
+
+
+def grade(ns: dict, seed: int = 0):
+    return labcheck.check(ns, show=False, seed=seed)
+
+
+def rows(report, function: str):
+    return [r for r in report.rows if r.function == function and "optional GPU part" not in r.case]
+
+
+def first_problem(report, function: str):
+    return next(r for r in rows(report, function) if r.status != "ok")
+
+
+def llama_params(d_model, n_heads, n_kv_heads, ffn):
+    kv = n_kv_heads * (d_model // n_heads)
+    return 2 * d_model + 2 * d_model * d_model + 2 * d_model * kv + 3 * d_model * ffn
+
+
+# ---- the truth, against independent counts ----------------------------------------------------
+
+def test_real_tensor_count_equals_the_fake_tensor_trace_of_the_plain_layer():
+    """Saved-tensor hooks on real tensors and MemTracker's depth-3-minus-depth-2 trace agree."""
+    cfg = ModelConfig("adv", 3, 72, 6, 3, 200, 3000)
+    for kernel in ("flash", "naive", "eager"):
+        assert variants.measure(72, 6, 3, 200, 11, 2, kernel, "fused", "swiglu", False)[0] == \
+            labcheck.traced_layer(cfg, kernel, 11, 2)
+
+
+def test_variants_against_hand_counts():
+    """d=64, 4 query / 2 kv heads (k = 32), F=96, s=10, b=3: T = 30 tokens, flash."""
+    T, h, k, F, a = 30, 64, 32, 96, 4
+    attention = 2 * T * (h + 2 * k) + 2 * T * h + 4 * a * T          # q, k, v, output, logsumexp
+    fused_norm, hf_norm = 2 * T * h + 4 * T, 4 * T * h + 4 * T + 2 * T * h
+    plain = 2 * fused_norm + 2 * 2 * T * h + attention + 4 * 2 * T * F
+    got = {v: variants.measure(64, 4, 2, 96, 10, 3, "flash", *v) for v in
+           [("fused", "swiglu", False), ("hf", "swiglu", False), ("fused", "gelu-dropout", False),
+            ("fused", "swiglu", True)]}
+    assert got["fused", "swiglu", False] == (plain, llama_params(64, 4, 2, 96))
+    assert got["hf", "swiglu", False][0] == plain + 2 * (hf_norm - fused_norm)
+    assert got["fused", "gelu-dropout", False] == (plain - 8 * T * F + 4 * T * F + T * h,   # bool mask
+                                                   llama_params(64, 4, 2, 96) - h * F)
+    assert got["fused", "swiglu", True] == (plain, llama_params(64, 4, 2, 96) + h + 2 * k)
+
+
+def test_the_solution_passes_at_other_draws():
+    for seed in (1,):
+        report = grade(solution(), seed)
+        assert report.solved, report.summary()
+
+
+# ---- submissions that skip the reasoning -------------------------------------------------------
+
+def copy_the_chapter(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
+    """The chapter's Llama counts (part 2's function) for every variant."""
+    part2 = solution()["layer_activation_bytes"]
+    return {"activations": part2(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel),
+            "params": llama_params(d_model, n_heads, n_kv_heads, ffn)}
+
+
+def test_chapter_formulas_copied_for_the_variants_fail_naming_variant_and_term():
+    report = grade({"variant_layer": copy_the_chapter})
+    first = first_problem(report, "variant_layer")
+    assert "norm=hf" in first.case and "norm='hf'" in first.detail and "missing" in first.detail
+    assert "LlamaRMSNorm" in first.detail and "fp32" in first.detail
+    by_case = {r.case: r for r in rows(report, "variant_layer")}
+    gelu = next(r for c, r in by_case.items() if "norm=fused mlp=gelu-dropout qkv_bias=False" in c)
+    assert gelu.status == "wrong" and "mlp='gelu-dropout'" in gelu.detail and "SwiGLU" in gelu.detail
+    bias = next(r for c, r in by_case.items() if "norm=fused mlp=swiglu qkv_bias=True" in c)
+    assert bias.status == "wrong" and "biases" in bias.detail and "parameters are missing" in bias.detail
+    both = next(r for c, r in by_case.items() if "norm=hf mlp=gelu-dropout" in c)
+    assert "norm='hf' and mlp='gelu-dropout'" in both.detail and "plain Llama layer" in both.detail
+
+
+def _ask_variants(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
+    act, params = variants.measure(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias)
+    return {"activations": act, "params": params}
+
+
+def _ask_labcheck(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+    return labcheck.traced_layer(ModelConfig("x", 3, d_model, n_heads, n_kv_heads, ffn, 500), kernel, seq, batch)
+
+
+_bound = activations.layer_parts          # bound before the check, as `from ... import` would
+
+
+def _ask_formula(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+    return sum(_bound(ModelConfig("x", 1, d_model, n_heads, n_kv_heads, ffn, 10), seq, batch, kernel, 2).values())
+
+
+def _ask_accounting(n_params, recipe, gpus=1, zero=0):
+    from gpumem.memory import accounting
+    s = accounting.model_states(n_params, recipe, gpus, zero)
+    return {"params": s.params, "grads": s.grads, "optimizer": s.optimizer}
+
+
+def _hooks_on_the_block(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
+    """Builds the block and adds up saved tensors itself: measuring, not deriving."""
+    from gpumem.memory import llama
+    block = variants.VariantBlock(ModelConfig("x", 1, d_model, n_heads, n_kv_heads, ffn, 10), norm, mlp, qkv_bias)
+    cos, sin = llama.rope_tables(seq, d_model // n_heads, 5e5, torch.float32)
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(torch.randn(batch, seq, d_model, requires_grad=True), cos, sin, kernel)
+    return {"activations": sum(seen.values()), "params": sum(p.numel() for p in block.parameters())}
+
+
+def _subprocess_tracer(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True)
+    return int(out.stdout)
+
+
+@pytest.mark.parametrize("name, fn, says", [
+    ("variant_layer", _ask_variants, "variants.measure is switched off"),
+    ("layer_activation_bytes", _ask_labcheck, "labcheck.traced_layer is switched off"),
+    ("layer_activation_bytes", _ask_formula, "activations.layer_parts is switched off"),
+    ("model_state_bytes", _ask_accounting, "accounting.model_states is switched off"),
+    ("variant_layer", _hooks_on_the_block, "enable_grad is switched off"),
+    ("layer_activation_bytes", _subprocess_tracer, "Popen is switched off"),
+])
+def test_the_course_answers_and_tracing_tools_are_switched_off(name, fn, says):
+    report = grade({name: fn})
+    got = rows(report, name)
+    assert got and all(r.status == "error" and says in r.detail and "derive it yourself" in r.detail
+                       for r in got), report.summary()
+    # and everything is back afterwards
+    assert torch.is_grad_enabled() and activations.layer_parts is _bound
+    assert _ask_variants(48, 4, 2, 64, 5, 1, "flash", "hf", "swiglu", False)["activations"] > 0
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        pass
+
+
+def test_hooks_without_enable_grad_see_nothing():
+    """Gradient recording is off while the learner runs: a hooks-only measurement counts 0 B."""
+    def hooks_only(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
+        block = variants.VariantBlock(ModelConfig("x", 1, d_model, n_heads, n_kv_heads, ffn, 10), norm, mlp, qkv_bias)
+        x = torch.randn(batch, seq, d_model, requires_grad=True)
+        return {"activations": int(x.requires_grad and block.attn_norm(x).grad_fn is not None),
+                "params": 0}
+    got = rows(grade({"variant_layer": hooks_only}), "variant_layer")
+    assert got and all(r.status == "wrong" for r in got)
+
+
+def test_a_table_of_answers_from_an_earlier_report_fails_at_the_next_draw():
+    right, table = solution(), {}
+
+    def recorder(fn):
+        def seen(**kw):
+            table[fn, tuple(sorted(kw.items()))] = right[fn](**kw)
+            return table[fn, tuple(sorted(kw.items()))]
+        return seen
+
+    def replay(fn):
+        return lambda **kw: table.get((fn, tuple(sorted(kw.items()))), {} if fn == "variant_layer" else 0)
+    names = ("layer_activation_bytes", "variant_layer")
+    assert grade({n: recorder(n) for n in names}, seed=10).solved is False      # model states: todo
+    assert all(r.status == "ok" for n in names for r in rows(grade({n: replay(n) for n in names}, 10), n))
+    report = grade({n: replay(n) for n in names}, seed=11)
+    for n in names:
+        assert all(r.status == "wrong" for r in rows(report, n)), report.summary()
+
+
+# ---- a learner's likely slips -----------------------------------------------------------------
+
+def _slip(change):
+    right = solution()["variant_layer"]
+
+    def fn(**kw):
+        got = right(**kw)
+        return {**got, "activations": got["activations"] + change(kw)}
+    return fn
+
+
+def _mask(kw):
+    return kw["batch"] * kw["seq"] * kw["d_model"] if kw["mlp"] == "gelu-dropout" else 0
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda kw: -_mask(kw), "the dropout's mask"),
+    (_mask, "counted at 2 B an entry"),
+    (lambda kw: 2 * kw["batch"] * kw["seq"] * kw["d_model"] if kw["qkv_bias"] else 0, "qkv_bias=True"),
+])
+def test_slips_in_one_variant_are_named(change, says):
+    report = grade({"variant_layer": _slip(change)})
+    first = first_problem(report, "variant_layer")
+    assert first.status == "wrong" and says in first.detail, report.summary()
+
+
+# ---- the optional GPU part ------------------------------------------------------------------------
+
+def test_gpu_part_is_skipped_with_a_reason_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the gpu-marked test covers this")
+    report = grade(solution())
+    gpu = [r for r in report.rows if "optional GPU part" in r.case]
+    assert len(gpu) == 1 and gpu[0].status == "ok" and gpu[0].detail.startswith("skipped: no CUDA")
+
+
+def test_gpu_verdicts():
+    measured = {"held": 1_000_000, "peak": 1_500_000}
+    assert lab_gpu.verdict(1_010_000, measured, lambda: 0)[0] == "ok"
+    status, detail = lab_gpu.verdict(900_000, measured, lambda: 900_000)
+    assert status == "ok" and "CPU trace" in detail
+    status, detail = lab_gpu.verdict(800_000, measured, lambda: 900_000)
+    assert status == "wrong" and "-20.0%" in detail
+    assert lab_gpu.measurement_verdict({"held": 1_000_000, "peak": 1_500_000}, measured)[0] == "ok"
+    assert "peak" in lab_gpu.measurement_verdict({"held": 1_000_000, "peak": 900_000}, measured)[1]
+
+
+@pytest.mark.gpu
+def test_gpu_part_on_cuda(gpu_record):
+    report = grade(solution())
+    gpu = [r for r in report.rows if "optional GPU part" in r.case]
+    for kernel in lab_gpu.KERNELS:
+        m = lab_gpu.measure_cuda(kernel)
+        gpu_record(f"lab01.variant_held_bytes_{kernel}", m["held"], "B")
+        gpu_record(f"lab01.variant_peak_bytes_{kernel}", m["peak"], "B")
+    assert len(gpu) == 2 * len(lab_gpu.KERNELS) and all(r.status == "ok" for r in gpu), report.summary()
