@@ -135,20 +135,20 @@ def install_zero2_hooks(params, grad_shards, bucket_bytes):
         p.register_post_accumulate_grad_hook(ready)
 """)
     peak = _rows(report, "peak")
-    assert [r.status for r in peak] == ["wrong", "wrong", "ok"]      # the last case's bucket holds everything
+    assert [r.status for r in peak][:3] == ["wrong", "wrong", "ok"]  # the third case's bucket holds everything
     assert "every gradient at once" in peak[0].detail and "embed.weight" in peak[0].detail
-    assert all(r.status == "ok" for r in report.rows if "peak" not in r.case)
+    assert all(r.status == "ok" for r in report.rows[:15] if "peak" not in r.case and "async" not in r.case)
 
 
 def test_lab02_full_gradient_left_behind_is_named():
-    report = _lab02_variant("            p.grad = None\n", "")
+    report = _lab02_variant("            p.grad = None\n", "            pass\n")
     shard_rows = _rows(report, "gradient shards")
     assert shard_rows[0].status == "wrong" and "still has its full .grad" in shard_rows[0].detail
 
 
 def test_lab02_last_partial_bucket_must_go_before_backward_returns():
     """Leaving the last bucket for later (chapter 02 sends it in step()) leaves shards missing."""
-    report = _lab02_variant("            if bucket:\n                flush()\n", "")
+    report = _lab02_variant("        if bucket:\n            flush()\n", "")
     rows = _rows(report, "gradient shards")
     assert rows[0].status == "ok"                                    # bucket 0: nothing ever waits
     assert rows[2].status == "wrong" and "last, partly filled bucket" in rows[2].detail   # one bucket, never full
@@ -157,7 +157,7 @@ def test_lab02_last_partial_bucket_must_go_before_backward_returns():
 def test_lab02_bucket_ignored_is_too_many_collectives():
     report = _lab02_variant(") >= bucket_bytes:", ") >= 0:")   # every gradient alone
     calls = _rows(report, "collectives")
-    assert [r.status for r in calls] == ["ok", "wrong", "wrong"]
+    assert [r.status for r in calls] == ["ok", "wrong", "wrong", "wrong"]
     assert "one collective per bucket" in calls[1].detail
     assert all(r.status == "ok" for r in _rows(report, "weights"))
 
@@ -173,8 +173,8 @@ def install_zero2_hooks(params, grad_shards, bucket_bytes):
         p.register_post_accumulate_grad_hook(ready)
 """)
     assert report.problems and "gpumem.runs" in report.problems[0].detail
-    report = _lab02_variant("        dist.reduce_scatter_tensor(mine, send)\n",
-                            "        dist.all_reduce(send)\n"
+    report = _lab02_variant("        work = dist.reduce_scatter_tensor(mine, send, async_op=True)\n",
+                            "        work = dist.all_reduce(send, async_op=True)\n        work.wait()\n"
                             "        mine.copy_(send.view(world, -1)[dist.get_rank()])\n")
     calls = _rows(report, "collectives")
     assert calls and all(r.status == "wrong" and "all_reduce" in r.detail for r in calls)

@@ -4,7 +4,7 @@ The learner writes ``install_zero2_hooks(params, grad_shards, bucket_bytes)`` wi
 ``torch.distributed`` alone (no ``gpumem`` helpers). On each rank the grader builds a model, puts
 a :class:`gpumem.runs.gradmeter.GradMeter` on it *first* (so it sees every gradient before the
 learner's hooks can free it), installs the learner's hooks and trains with :func:`sharded_step`,
-counting the collectives called during each backward. Graded per case (models, seeds and
+recording the collectives called during each backward. Graded per case (models, seeds and
 bucket sizes the lab never shows):
 
 1. when ``backward()`` returns, ``grad_shards[i]`` is this rank's shard of the gradient averaged
@@ -14,7 +14,14 @@ bucket sizes the lab never shows):
    gradient, where ZeRO-1 would hold all of them;
 3. gradients leave by reduce-scatter (no all-reduce), one collective per bucket: a bucket larger
    than the model means one call per backward;
-4. the weights after a few steps equal single-process ``torch.optim.AdamW``.
+4. the reduce-scatters overlap with backward: a full bucket's goes out from the hook that fills it
+   with ``async_op=True`` and is waited later (not right after its launch), at most two are in
+   flight at once (each holds a flat copy until it is waited), every handle is waited
+   before backward returns, and the end of the pass comes from a callback queued on autograd's
+   engine (:mod:`.lab02_ranks` records launches and waits against the order gradients arrive),
+   so a parameter that gets no gradient (the unused layer of the last case) neither hangs the
+   hooks nor keeps the last bucket back;
+5. the weights after a few steps equal single-process ``torch.optim.AdamW``.
 """
 
 import ast
@@ -23,24 +30,17 @@ import math
 from gpumem.course.grading import Report, Row, case_seconds, failure_line, kind, run_case
 from gpumem.errors import RunFailure
 
+from .lab02_ranks import FN, reference, sharded_step  # noqa: F401 (the lab prints sharded_step)
+
 LAB = "lab02_zero2_hooks"
-FN = "install_zero2_hooks"
-# (model, seed, steps, bucket_bytes): cases the lab does not show
-CASES = (("tiny", 3, 3, 0), ("mini", 5, 2, 200_000), ("tiny", 7, 2, 10**7))
+# (model, seed, steps, bucket_bytes, an unused layer's parameters in the list): cases the lab does
+# not show; "odd" is a shape no chapter uses, and its bucket divides no gradient evenly
+CASES = (("tiny", 3, 3, 0, False), ("mini", 5, 2, 200_000, False), ("tiny", 7, 2, 10**7, False),
+         ("odd", 11, 3, 150_001, True))
 RTOL, ATOL = 1e-4, 1e-5          # gradient shards: float32 sums in another order
 W_ATOL = 1e-4                      # weights: Adam divides by sqrt(v), so rounding in tiny gradients grows
-COLLECTIVES = ("reduce_scatter_tensor", "reduce_scatter", "all_reduce", "all_gather", "all_gather_into_tensor",
-               "broadcast", "all_to_all_single")
-
-
-def sharded_step(params, grad_shards, m, v, t, lr, betas, eps, weight_decay) -> None:
-    """The ZeRO-2 update the lab's hooks feed: each rank updates its shard of every parameter
-    with the reduced gradient shard, then all ranks exchange the updated shards."""
-    from gpumem.runs import zero
-    for i, p in enumerate(params):
-        mine = zero.my_shard(p)
-        zero.adamw_update(mine, grad_shards[i], m[i], v[i], t, lr, betas, eps, weight_decay)
-        p.copy_(zero.all_gather_full(mine, p.numel(), p.shape))
+GPU_ATOL = 1e-4                    # GPU shards vs an all-reduce of the same gradients on the same GPU
+IN_FLIGHT = 2                      # this lab's cap (a choice): one bucket on the wire while the next one goes out
 
 
 def gpumem_imports(source: str) -> list[str]:
@@ -53,90 +53,11 @@ def gpumem_imports(source: str) -> list[str]:
     return found
 
 
-def _counting(dist, calls: dict, on: list) -> None:
-    """Wrap the collectives of ``torch.distributed`` so that calls made while ``on[0]`` is set are
-    counted (the real collective still runs)."""
-    for name in COLLECTIVES:
-        real = getattr(dist, name)
-
-        def counted(*args, _real=real, _name=name, **kwargs):
-            if on[0]:
-                calls[_name] = calls.get(_name, 0) + 1
-            return _real(*args, **kwargs)
-        setattr(dist, name, counted)
-
-
-def lab02_rank(rank: int, world: int, source: str, cases=CASES) -> list[dict]:
-    """On each rank, per case: the learner's hooks on a fresh model, trained with ``sharded_step``."""
-    import torch
-    import torch.distributed as dist
-
-    from gpumem.runs import training, zero
-    from gpumem.runs.gradmeter import GradMeter
-    calls: dict = {}
-    on = [False]
-    _counting(dist, calls, on)
-    ns: dict = {"torch": torch, "dist": dist, "math": math}
-    exec(compile(source, f"<your {FN}>", "exec"), ns)
-    out = []
-    for model, seed, steps, bucket in cases:
-        net = training.build(model, seed)
-        params = list(net.parameters())
-        data = training.batches(net.cfg, steps, world * 2, 32, seed)
-        shards: dict = {}
-        meter = GradMeter(params)                     # before the learner's hooks
-        ns[FN](params, shards, bucket)
-        m = [torch.zeros_like(zero.my_shard(p)) for p in params]
-        v = [torch.zeros_like(zero.my_shard(p)) for p in params]
-        first, peaks, per_backward = None, [], []
-        for t in range(1, steps + 1):
-            mine = data[t - 1, rank * 2:(rank + 1) * 2]
-            loss = net(mine[:, :-1], mine[:, 1:])
-            meter.reset()
-            calls.clear()
-            on[0] = True
-            loss.backward()
-            on[0] = False
-            per_backward.append(dict(calls))
-            peaks.append(meter.peak_full)
-            if first is None:
-                first = {"shards": {i: g.detach().clone() for i, g in shards.items()},
-                         "grads_left": [i for i, p in enumerate(params) if p.grad is not None]}
-            missing = [i for i in range(len(params)) if i not in shards]
-            if missing:                               # graded in row 1; the step needs every shard
-                break
-            with torch.no_grad():
-                sharded_step(params, shards, m, v, t, **training.HYPER)
-            net.zero_grad(set_to_none=True)
-            shards.clear()
-        meter.remove()
-        out.append({"first": first, "peak_full": max(peaks), "calls": per_backward,
-                    "weights": [p.detach().clone() for p in params]})
-    return out
-
-
-def _reference(model: str, seed: int, steps: int, world: int) -> dict:
-    """One process, whole batch: the first step's gradients and the weights after AdamW."""
-    import torch
-
-    from gpumem.runs import training
-    net = training.build(model, seed)
-    data = training.batches(net.cfg, steps, world * 2, 32, seed)
-    opt = torch.optim.AdamW(net.parameters(), foreach=False, **training.HYPER)
-    grads = None
-    for t in range(steps):
-        net(data[t, :, :-1], data[t, :, 1:]).backward()
-        if grads is None:
-            grads = [p.grad.detach().clone() for p in net.parameters()]
-        opt.step()
-        opt.zero_grad()
-    return {"names": [n for n, _ in net.named_parameters()], "grads": grads,
-            "weights": [p.detach().clone() for p in net.parameters()]}
-
-
 def check(ns: dict, show: bool = True) -> Report:
-    """Run the learner's hooks on 2 CPU ranks; grade shards, peak gradient bytes, collectives and
-    weights; name the first mismatch. Never raises: an unsolved lab reports what is left."""
+    """Run the learner's hooks on 2 CPU ranks; grade shards, peak gradient bytes, collectives,
+    their overlap with backward and the weights; name the first mismatch. Once all are right, the
+    optional GPU part (2 GPUs, NCCL) runs, or its row says why it is skipped. Never raises: an
+    unsolved lab reports what is left. (Part 2's ``median_step_seconds`` is measured, not graded.)"""
     report = Report(LAB)
     fn = ns.get(FN)
     source, problem = _source_of(fn) if fn is not None else (None, "")
@@ -152,15 +73,44 @@ def check(ns: dict, show: bool = True) -> Report:
         def body():
             from gpumem.runs import launch
             try:                                 # the learner's code runs on the ranks
-                ranks = launch.run(f"{__name__}:lab02_rank", 2, progress=False, source=source)
+                ranks = launch.run("gpumem.chapters.ch02_zero.lab02_ranks:lab02_rank", 2, progress=False,
+                                   source=source, cases=CASES)
             except (launch.RankError, RunFailure) as err:
                 return "error", failure_line(err)
             for k, case in enumerate(CASES):
                 run_case(report, FN, _label(case, 2), lambda: _grade_case(report, case, [r[k] for r in ranks]))
         run_case(report, FN, "2 CPU ranks", body, case_seconds(cases=len(CASES)))
+        if report.solved:                        # the GPU part measures a solution that is right
+            _grade_gpu(report, source)
     if show:
         print(report.summary())
     return report
+
+
+def _grade_gpu(report: Report, source: str) -> None:
+    """Optional: the hooks on 2 GPUs over NCCL (:mod:`.lab02_gpu`); a row that says why it is
+    skipped without them."""
+    from . import lab02_gpu
+    case = "optional GPU part (2 GPUs, NCCL)"
+    reason = lab02_gpu.cuda_reason()
+    if reason:
+        report.rows.append(Row(FN, case, "ok", "skipped: " + reason))
+        return
+    bucket = 1 << 20
+
+    def body():
+        from gpumem.runs import launch
+        try:
+            res = launch.run("gpumem.chapters.ch02_zero.lab02_gpu:gpu_rank", 2, device="cuda", progress=False,
+                             source=source, bucket=bucket, repeats=5)
+        except (launch.RankError, RunFailure) as err:
+            return "error", failure_line(err)
+        bad = next((r for r, x in enumerate(res) if not x["worst"] <= GPU_ATOL), None)
+        if bad is not None:
+            return "wrong", (f"on GPU rank {bad} the shards differ from an all-reduce of the gradients by up to "
+                             f"{res[bad]['worst']:.3g}" + (" (a shard is missing)" if res[bad]["worst"] > 1e30 else ""))
+        return "ok", lab02_gpu.summary(res[0], bucket)
+    run_case(report, FN, case, body, case_seconds(cases=2))
 
 
 def _source_of(fn) -> tuple[str, str]:
@@ -180,28 +130,35 @@ def _source_of(fn) -> tuple[str, str]:
 
 
 def _label(case: tuple, world: int) -> str:
-    model, seed, steps, bucket = case
-    return f"{model}, seed {seed}, bucket {bucket:,} B, {world} ranks"
+    model, seed, steps, bucket, spare = case
+    return f"{model}{' + unused layer' if spare else ''}, seed {seed}, bucket {bucket:,} B, {world} ranks"
 
 
 def _grade_shards(ranks: list[dict], ref: dict, world: int) -> str | None:
-    """The first wrong or missing shard after the first backward, or a full gradient left behind."""
+    """The first wrong, missing or extra shard after the first backward, or a full gradient left behind."""
     import torch
     names = ref["names"]
+    unused = [n for n, g in zip(names, ref["grads"]) if g is None]
+    why = (f"; {' and '.join(unused)} get no gradient here, so a count of arrivals never reaches "
+           "len(params): let autograd's engine tell you the pass is over" if unused else
+           " (was the last, partly filled bucket sent?)")
     for r, res in enumerate(ranks):
         left = res["first"]["grads_left"]
         if left and left[0] not in res["first"]["shards"]:
-            return (f"{names[left[0]]} has its full .grad and no shard on rank {r} when backward returns: "
-                    "was the last, partly filled bucket sent?")
+            return f"{names[left[0]]} has its full .grad and no shard on rank {r} when backward returns{why}"
         if left:
             return f"{names[left[0]]} still has its full .grad on rank {r} when backward returns (free it)"
         for i, (name, g) in enumerate(zip(names, ref["grads"])):
+            got = res["first"]["shards"].get(i)
+            if g is None:
+                if got is not None:
+                    return (f"grad_shards has an entry for {name}, which got no gradient in this pass: leave "
+                            "it out (the step skips it, as torch.optim skips a .grad of None)")
+                continue
             c = math.ceil(g.numel() / world)
             want = torch.nn.functional.pad(g.reshape(-1), (0, c * world - g.numel()))[r * c:(r + 1) * c]
-            got = res["first"]["shards"].get(i)
             if got is None:
-                return (f"grad_shards has no entry for {name} (index {i}) on rank {r} when backward returns "
-                        "(was the last, partly filled bucket sent?)")
+                return f"grad_shards has no entry for {name} (index {i}) on rank {r} when backward returns{why}"
             if got.shape != want.shape:
                 return f"grad_shards[{i}] ({name}) on rank {r}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
             if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
@@ -214,7 +171,7 @@ def _grade_calls(ranks: list[dict], n_tensors: int, total: int, bucket: int) -> 
     """Gradients leave by reduce-scatter only, one collective per bucket."""
     most = 1 if bucket >= total else n_tensors if bucket == 0 else min(n_tensors, 2 * math.ceil(total / bucket) + 1)
     for res in ranks:
-        for calls in res["calls"]:
+        for calls in (p["calls"] for p in res["passes"]):
             other = {k: v for k, v in calls.items() if not k.startswith("reduce_scatter")}
             if other:
                 name = next(iter(other))
@@ -229,24 +186,62 @@ def _grade_calls(ranks: list[dict], n_tensors: int, total: int, bucket: int) -> 
     return None
 
 
+def _grade_overlap(ranks: list[dict], several: bool) -> str | None:
+    """Full buckets go out from the hooks with ``async_op=True`` and are waited later, before
+    backward returns; the end of the pass comes from a callback queued on autograd's engine.
+    ``several``: the bucket fills before the last gradient arrives."""
+    for res in ranks:
+        for n, p in enumerate(res["passes"], 1):
+            last = p["arrivals"]                # launched at arrival k < last: later gradients still to come
+            early = [x for x in p["launches"] if x["at"] < last]
+            if not p["queued"]:
+                return (f"backward {n} queued no callback on autograd's engine: how do your hooks know the "
+                        "pass is over? A count of arrivals breaks when a parameter gets no gradient")
+            if any(not x["async"] for x in early):
+                return ("a full bucket's reduce-scatter ran with async_op=False inside a gradient hook: "
+                        "backward stopped until it finished; launch it with async_op=True, keep the handle")
+            if any(x["async"] and x["waited"] is None for x in p["launches"]):
+                return ("a reduce-scatter's work handle was never waited before backward returned: its shard "
+                        "may not have arrived; wait every handle in the end-of-backward callback")
+            most = max((_in_flight(p["launches"], x) for x in p["launches"]), default=0)
+            if most > IN_FLIGHT:
+                return (f"{most} buckets were in flight at once: each holds its flat copy until it is waited, "
+                        f"so they add up to the gradients again; wait the oldest before another goes out")
+            if any(x["waited"] == x["at"] for x in early):
+                return ("a reduce-scatter was waited right after its launch, before the next gradient "
+                        "arrived: nothing overlapped with it; keep the handles and wait them at the end")
+            if several and not early:
+                return ("every reduce-scatter started after the last gradient had arrived: nothing overlapped "
+                        "with backward; send each full bucket from the hook that fills it")
+    return None
+
+
+def _in_flight(launches: list[dict], x: dict) -> int:
+    """Asynchronous reduce-scatters launched up to ``x`` (included) and not waited before it."""
+    return sum(1 for y in launches if y["async"] and y["t"] <= x["t"] and (y["t_wait"] or 1e9) > x["t"])
+
+
 def _grade_case(report: Report, case: tuple, ranks: list[dict]) -> None:
     import torch
-    model, seed, steps, bucket = case
+    model, seed, steps, bucket, spare = case
     world = len(ranks)
-    ref = _reference(model, seed, steps, world)
+    ref = reference(model, seed, steps, world, spare)
     names, label = ref["names"], _label(case, world)
     bad = _grade_shards(ranks, ref, world)
     report.rows.append(Row(FN, f"{label}: gradient shards when backward returns", "wrong" if bad else "ok",
                            bad or ""))
-    sizes = [4 * g.numel() for g in ref["grads"]]
+    sizes = [4 * g.numel() if g is not None else 0 for g in ref["grads"]]
     peak = max(res["peak_full"] for res in ranks)
     ok = peak <= bucket + max(sizes)
     detail = "" if ok else (f"expected at most {bucket + max(sizes):,} B (the bucket, {bucket:,} B, plus the "
                             f"largest gradient, {names[sizes.index(max(sizes))]}), got {peak:,} B"
                             + (" = every gradient at once, as ZeRO-1 holds them" if peak >= sum(sizes) else ""))
     report.rows.append(Row(FN, f"{label}: peak full-gradient bytes during backward", "ok" if ok else "wrong", detail))
-    bad = _grade_calls(ranks, len(sizes), sum(sizes), bucket)
+    bad = _grade_calls(ranks, sum(s > 0 for s in sizes), sum(sizes), bucket)
     report.rows.append(Row(FN, f"{label}: collectives during backward", "wrong" if bad else "ok", bad or ""))
+    bad = _grade_overlap(ranks, sum(sizes) - max(sizes) >= bucket)
+    report.rows.append(Row(FN, f"{label}: async reduce-scatters overlapped with backward",
+                           "wrong" if bad else "ok", bad or ""))
     bad = None
     for r, res in enumerate(ranks):
         for name, want, got in zip(names, ref["weights"], res["weights"]):

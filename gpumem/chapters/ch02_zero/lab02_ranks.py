@@ -1,0 +1,224 @@
+"""Lab 02's rank side: the learner's hooks trained on 2 CPU ranks, with every collective, wait and
+end-of-backward callback recorded against the order in which gradients arrive.
+
+Recording, all on the real ``torch.distributed`` (gloo) and the real autograd engine:
+
+* a ``register_post_accumulate_grad_hook`` on every parameter, installed after the
+  :class:`~gpumem.runs.gradmeter.GradMeter` and before the learner's hooks, numbers the arrivals
+  of one backward pass (1, 2, ...);
+* the collectives of ``torch.distributed`` are wrapped: a reduce-scatter records the arrival
+  number at its launch and its ``async_op``; an asynchronous one returns its real work handle
+  inside a proxy whose ``wait()`` records the arrival number at the wait;
+* ``torch.autograd.Variable._execution_engine`` is replaced by a proxy that counts
+  ``queue_callback`` calls (the engine itself still runs every callback).
+
+A collective launched at arrival k and waited at arrival k was waited before any later gradient
+could be computed: nothing overlapped with it. Launches and waits are also numbered in the order
+they happen, which gives how many buckets were in flight at each launch.
+"""
+
+import inspect
+import math
+
+FN = "install_zero2_hooks"
+COLLECTIVES = ("reduce_scatter_tensor", "reduce_scatter", "all_reduce", "all_gather", "all_gather_into_tensor",
+               "broadcast", "all_to_all_single")
+# a model shape the lab never shows (head dim 8, 6 heads over 2 KV heads, 3 layers)
+ODD = dict(name="lab02-odd", n_layers=3, d_model=48, n_heads=6, n_kv_heads=2, ffn=136, vocab=300, teaching=True)
+SPARE = ("spare.weight", "spare.bias")      # a layer the forward never calls: no gradient, ever
+
+
+def build(model: str, seed: int, spare: bool):
+    """(net, names, params): a teaching Llama (registry name or ``"odd"``), with the two parameters
+    of an unused layer put first and in the middle of ``params`` when ``spare``."""
+    import torch
+
+    from gpumem.memory import models
+    from gpumem.memory.llama import Llama
+    from gpumem.runs import training
+    if model == "odd":
+        torch.manual_seed(seed)
+        net = Llama(models.ModelConfig(**ODD))
+    else:
+        net = training.build(model, seed)
+    names, params = map(list, zip(*net.named_parameters()))
+    if spare:
+        unused = torch.nn.Linear(24, 10)
+        mid = len(params) // 2
+        names[mid:mid] = [SPARE[1]]
+        params[mid:mid] = [unused.bias]
+        names.insert(0, SPARE[0])
+        params.insert(0, unused.weight)
+    return net, names, params
+
+
+class Record:
+    """What one rank saw during the current backward pass."""
+
+    def __init__(self):
+        self.on = False
+        self.arrivals = 0
+        self.calls: dict = {}
+        self.launches: list[dict] = []
+        self.queued = 0
+        self.events = 0                       # launches and waits, in the order they happen
+
+    def start(self) -> None:
+        self.on, self.arrivals, self.queued, self.events = True, 0, 0, 0
+        self.calls, self.launches = {}, []
+
+    def stop(self) -> dict:
+        self.on = False
+        return {"calls": dict(self.calls), "launches": [dict(x) for x in self.launches],
+                "arrivals": self.arrivals, "queued": self.queued}
+
+
+class _Work:
+    """A real work handle; ``wait()`` also notes the arrival number at which it was called."""
+
+    def __init__(self, work, launch: dict, rec: Record):
+        self._work, self._launch, self._rec = work, launch, rec
+
+    def wait(self, *args, **kwargs):
+        if self._launch["waited"] is None:
+            self._rec.events += 1
+            self._launch["waited"], self._launch["t_wait"] = self._rec.arrivals, self._rec.events
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+class _Engine:
+    """Autograd's engine, with ``queue_callback`` calls counted."""
+
+    def __init__(self, real, rec: Record):
+        self._real, self._rec = real, rec
+
+    def queue_callback(self, callback):
+        if self._rec.on:
+            self._rec.queued += 1
+        return self._real.queue_callback(callback)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def instrument(dist, torch, rec: Record) -> None:
+    """Wrap the collectives and the engine's ``queue_callback`` (the real ones still run)."""
+    for name in COLLECTIVES:
+        real = getattr(dist, name)
+        sig = inspect.signature(real)
+
+        def wrapped(*args, _real=real, _name=name, _sig=sig, **kwargs):
+            if not rec.on:
+                return _real(*args, **kwargs)
+            rec.calls[_name] = rec.calls.get(_name, 0) + 1
+            out = _real(*args, **kwargs)
+            if _name.startswith("reduce_scatter"):
+                try:
+                    is_async = bool(_sig.bind(*args, **kwargs).arguments.get("async_op", False))
+                except TypeError:
+                    is_async = False
+                rec.events += 1
+                launch = {"async": is_async, "at": rec.arrivals, "waited": None, "t": rec.events,
+                          "t_wait": None}
+                rec.launches.append(launch)
+                if is_async and out is not None:
+                    return _Work(out, launch, rec)
+            return out
+        setattr(dist, name, wrapped)
+    variable = torch.autograd.variable.Variable
+    if not isinstance(variable._execution_engine, _Engine):
+        variable._execution_engine = _Engine(variable._execution_engine, rec)
+
+
+def sharded_step(params, grad_shards, m, v, t, lr, betas, eps, weight_decay) -> None:
+    """The ZeRO-2 update the lab's hooks feed: each rank updates its shard of every parameter
+    that got a gradient with the reduced gradient shard, then all ranks exchange the updated
+    shards. A parameter with no shard this step is skipped, as ``torch.optim`` skips a ``.grad``
+    of ``None``."""
+    from gpumem.runs import zero
+    for i, p in enumerate(params):
+        if i not in grad_shards:
+            continue
+        mine = zero.my_shard(p)
+        zero.adamw_update(mine, grad_shards[i], m[i], v[i], t, lr, betas, eps, weight_decay)
+        p.copy_(zero.all_gather_full(mine, p.numel(), p.shape))
+
+
+def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
+    """On each rank, per case: the learner's hooks on a fresh model, trained with ``sharded_step``."""
+    import torch
+    import torch.distributed as dist
+
+    from gpumem.runs import training, zero
+    from gpumem.runs.gradmeter import GradMeter
+    rec = Record()
+    instrument(dist, torch, rec)
+    ns: dict = {"torch": torch, "dist": dist, "math": math}
+    exec(compile(source, f"<your {FN}>", "exec"), ns)
+    out = []
+    for model, seed, steps, bucket, spare in cases:
+        net, _, params = build(model, seed, spare)
+        data = training.batches(net.cfg, steps, world * 2, 32, seed)
+        shards: dict = {}
+        meter = GradMeter(params)                     # before the learner's hooks
+        arrived: set = set()
+
+        def count(p, _index={id(p): i for i, p in enumerate(params)}, _arrived=arrived):
+            rec.arrivals += 1
+            _arrived.add(_index[id(p)])
+        handles = [p.register_post_accumulate_grad_hook(count) for p in params]
+        ns[FN](params, shards, bucket)
+        m = [torch.zeros_like(zero.my_shard(p)) for p in params]
+        v = [torch.zeros_like(zero.my_shard(p)) for p in params]
+        first, peaks, passes = None, [], []
+        for t in range(1, steps + 1):
+            mine = data[t - 1, rank * 2:(rank + 1) * 2]
+            loss = net(mine[:, :-1], mine[:, 1:])
+            meter.reset()
+            arrived.clear()
+            rec.start()
+            try:
+                loss.backward()
+            finally:
+                passes.append(rec.stop())
+            peaks.append(meter.peak_full)
+            if first is None:
+                first = {"shards": {i: g.detach().clone() for i, g in shards.items()},
+                         "grads_left": [i for i, p in enumerate(params) if p.grad is not None]}
+            if any(i not in shards for i in arrived):     # graded in row 1; the step needs every shard
+                break
+            with torch.no_grad():
+                sharded_step(params, shards, m, v, t, **training.HYPER)
+            net.zero_grad(set_to_none=True)
+            for p in params:
+                p.grad = None
+            shards.clear()
+        meter.remove()
+        for h in handles:
+            h.remove()
+        out.append({"first": first, "peak_full": max(peaks), "passes": passes,
+                    "weights": [p.detach().clone() for p in params]})
+    return out
+
+
+def reference(model: str, seed: int, steps: int, world: int, spare: bool) -> dict:
+    """One process, whole batch: the first step's gradients (None where none) and the weights
+    after ``torch.optim.AdamW``."""
+    import torch
+
+    from gpumem.runs import training
+    net, names, params = build(model, seed, spare)
+    data = training.batches(net.cfg, steps, world * 2, 32, seed)
+    opt = torch.optim.AdamW(params, foreach=False, **training.HYPER)
+    grads = None
+    for t in range(steps):
+        net(data[t, :, :-1], data[t, :, 1:]).backward()
+        if grads is None:
+            grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
+        opt.step()
+        opt.zero_grad()
+    return {"names": names, "grads": grads, "weights": [p.detach().clone() for p in params]}
+
