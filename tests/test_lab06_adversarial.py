@@ -201,8 +201,10 @@ def test_slow_network_needs_hybrid_sharding():
     assert top.layout.hybrid != "none" and without.time["total"] > 1.10 * top.time["total"]
 
 
-def test_slack_is_tighter_than_each_missing_lever():
-    assert L.SLACK <= 1.05
+def test_slack_is_between_the_tie_band_and_each_missing_lever():
+    """A complete search may return a tie-band neighbour of the planner's top (0.5 %); each lever a
+    case is built around costs more than 10 % when missing (the hand tests above)."""
+    assert 1 + planner.TIE < L.SLACK < 1.10
 
 
 @pytest.mark.gpu
