@@ -16,7 +16,7 @@ import torch.utils.checkpoint as tuc
 from torch.utils.checkpoint import checkpoint as taken_before
 
 from gpumem.chapters.ch03_activation_checkpointing import labcheck, labguard, labplace
-from gpumem.course.grading import Report, TookTooLong, run_case
+from gpumem.course.grading import Report, Row, TookTooLong, run_case
 from gpumem.course.case_limits import time_limit
 from gpumem.memory import recompute_cost, recompute_trace
 from gpumem.memory.recompute_plans import from_segments
@@ -297,3 +297,23 @@ def test_solution_estimate_covers_the_rerun_the_review_measured():
     guess = ns["estimate_peak"](every, **n)
     assert 303_112 <= guess < 303_112 + n["checkpoint_bytes"]
     assert ns["estimate_peak"]([], **n) == 6 * n["layer_bytes"] + n["other_bytes"]      # plain: forward only
+
+
+def test_gpu_row_logic_with_the_device_stubbed(monkeypatch):
+    """check()'s GPU row without a GPU: CUDA said present and the measurement stubbed to the
+    formula's peak (+5 %, then +30 %), so the row's wiring (the learner's placement, under the
+    guard, against the prediction) is exercised on the CPU. Not a GPU result."""
+    from gpumem.chapters.ch03_activation_checkpointing import lab_gpu
+
+    def place(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget):
+        return [list(range(6)), list(range(6, 12))]
+    cfg = lab_gpu.setting()["cfg"]
+    predicted = recompute_cost.activation_bytes(cfg, lab_gpu.SEQ, lab_gpu.BATCH, from_segments(place(0, 0, 0, 0, 0), 16),
+                                                "scratch")["peak"]
+    for factor, status in ((1.05, "ok"), (1.30, "wrong")):
+        monkeypatch.setattr(lab_gpu, "cuda_reason", lambda: "")
+        monkeypatch.setattr(lab_gpu, "measure_cuda", lambda segments, ckpt, f=factor: int(f * predicted))
+        report = Report("lab03", [Row("checkpoint", "passed on the CPU", "ok")])
+        labcheck._grade_gpu(report, place, lambda run, *a: run(*a))
+        row = report.rows[-1]
+        assert row.function == "gpu part" and row.status == status and "12 layers" in row.detail, row

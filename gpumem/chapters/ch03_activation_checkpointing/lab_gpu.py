@@ -34,8 +34,8 @@ def setting() -> dict:
     """The model, the numbers ``place_checkpoints`` is given, and the budget."""
     from gpumem.memory.recompute_cuda import GPU_1B
 
-    from . import labcheck, labplace
-    return {"cfg": GPU_1B, "numbers": labcheck.numbers(GPU_1B, SEQ, BATCH),
+    from . import labplace
+    return {"cfg": GPU_1B, "numbers": labplace.numbers(GPU_1B, SEQ, BATCH),
             "budget": labplace.budget_for(GPU_1B, COUNT, SEQ, BATCH)}
 
 

@@ -47,9 +47,7 @@ GRAD_CASE = ModelConfig("lab-g", 3, 80, 5, 5, 224, 200, teaching=True)
 def numbers(cfg: ModelConfig, seq: int = SEQ, batch: int = BATCH) -> dict:
     """What ``place_checkpoints`` is given for ``cfg``: a plain layer's bytes, a checkpoint's, and
     the rest the step holds when the forward ends (RoPE tables, final norm, head input, loss)."""
-    a = recompute_cost.activation_bytes(cfg, seq, batch, "none", "scratch")
-    return {"n_layers": cfg.n_layers, "layer_bytes": a["per_layer"], "checkpoint_bytes": a["checkpoint"],
-            "other_bytes": a["outside"] + a["loss"]}
+    return labplace.numbers(cfg, seq, batch)
 
 
 def budget_for(cfg: ModelConfig, count: int, seq: int = SEQ, batch: int = BATCH) -> int:
@@ -209,13 +207,14 @@ def _grade_gpu(report: Report, place, ckpt) -> None:
         report.rows.append(Row("gpu part", "optional GPU part", "ok", "skipped: " + reason))
         return
 
+    s = lab_gpu.setting()           # outside the guard: labplace is the grader's own answer
+
     def body():
-        s = lab_gpu.setting()
         segments = call(place, **s["numbers"], budget=s["budget"])
         plan = from_segments(segments, s["cfg"].n_layers, "yours")
         predicted = recompute_cost.activation_bytes(s["cfg"], lab_gpu.SEQ, lab_gpu.BATCH, plan, "scratch")["peak"]
         return lab_gpu.verdict(segments, call(lab_gpu.measure_cuda, segments, ckpt), predicted, s["budget"])
-    run_case(report, "gpu part", f"{lab_gpu.setting()['cfg'].name}, seq {lab_gpu.SEQ}, on CUDA",
+    run_case(report, "gpu part", f"{s['cfg'].name}, seq {lab_gpu.SEQ}, on CUDA",
              guarded(body), case_seconds(cases=6))
 
 

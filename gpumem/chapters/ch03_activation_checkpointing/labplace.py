@@ -29,6 +29,12 @@ def constants(cfg: ModelConfig, seq: int, batch: int) -> tuple[int, int, int, in
     return a["per_layer"], a["checkpoint"], a["outside"] + a["loss"], a["layer_peak"] - a["layers"]
 
 
+def numbers(cfg: ModelConfig, seq: int, batch: int) -> dict:
+    """What the lab's ``place_checkpoints`` is given for ``cfg`` (K, B and O by name)."""
+    K, B, O, _ = constants(cfg, seq, batch)
+    return {"n_layers": cfg.n_layers, "layer_bytes": K, "checkpoint_bytes": B, "other_bytes": O}
+
+
 def peak_of(segments, n_layers: int, K: int, B: int, O: int, R: int) -> int:
     """The step's peak of one placement, from the two moments (for cross-checks)."""
     starts = {seg[0]: len(seg) for seg in segments}
