@@ -248,3 +248,19 @@ def test_gpu_part_on_cuda(gpu_record):
         gpu_record(f"lab01.variant_held_bytes_{kernel}", m["held"], "B")
         gpu_record(f"lab01.variant_peak_bytes_{kernel}", m["peak"], "B")
     assert len(gpu) == 2 * len(lab_gpu.KERNELS) and all(r.status == "ok" for r in gpu), report.summary()
+
+
+def test_a_stopped_loop_leaves_the_course_switched_back_on(monkeypatch):
+    """The time limit strikes inside the guard; everything is restored all the same."""
+    monkeypatch.setenv("GPUMEM_CASE_SECONDS", "1")
+
+    def spin(**kw):
+        while True:
+            try:
+                pass
+            except Exception:
+                pass
+    report = grade({"variant_layer": spin})
+    assert "took longer than 1 s" in rows(report, "variant_layer")[0].detail
+    assert torch.is_grad_enabled() and activations.layer_parts.__code__.co_filename.endswith("activations.py")
+    assert variants.measure(48, 4, 2, 64, 5, 1, "flash", "hf", "swiglu", False)[0] > 0

@@ -89,15 +89,30 @@ def derive_it_yourself():
         torch._C._set_grad_enabled(False)
         yield
     finally:
-        torch._C._set_grad_enabled(recording)
-        torch.set_grad_enabled.__init__ = switch
-        for owner, attr, original in tools:
-            if original is None:
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, original)
-        for f, code in swapped:
-            f.__code__ = code
+        with _no_alarm():     # the time limit's repeated SIGALRM must not stop the restoring half-way
+            torch._C._set_grad_enabled(recording)
+            torch.set_grad_enabled.__init__ = switch
+            for owner, attr, original in tools:
+                if original is None:
+                    delattr(owner, attr)
+                else:
+                    setattr(owner, attr, original)
+            for f, code in swapped:
+                f.__code__ = code
+
+
+@contextlib.contextmanager
+def _no_alarm():
+    """SIGALRM held back in this thread for the block, delivered after it (POSIX)."""
+    import signal
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def guarded(fn):
