@@ -52,7 +52,8 @@ class GeluMLP(nn.Module):
 class VariantBlock(nn.Module):
     """The course's Llama layer with part 3's three switches."""
 
-    def __init__(self, cfg: ModelConfig, norm: str = "fused", mlp: str = "swiglu", qkv_bias: bool = False):
+    def __init__(self, cfg: ModelConfig, norm: str = "fused", mlp: str = "swiglu",
+                 qkv_bias: bool = False):
         super().__init__()
         self.attn_norm = llama.make_norm(norm, cfg.d_model, cfg.norm_eps)
         self.attn = llama.Attention(cfg)
