@@ -96,7 +96,7 @@ def _grade_gpu(report: Report, source: str) -> None:
     if reason:
         report.rows.append(Row(FN, case, "ok", "skipped: " + reason))
         return
-    bucket = 1 << 20
+    bucket = lab02_gpu.BUCKET
 
     def body():
         from gpumem.runs import launch
