@@ -145,14 +145,31 @@ def no_shortcuts():
         if sys.getprofile() is not watch and not hits:
             hits.append("sys.setprofile (the grader's watch was switched off)")
     finally:
-        if _ACTIVE and _ACTIVE[-1][0] is hits:
-            _ACTIVE.pop()
-        sys.setprofile(previous)
-        for owner, attr, value in reversed(swapped):
-            if value is _INHERITED:           # a class's inherited ``apply``: drop the override
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, value)
+        with _alarm_held():                   # a time limit's repeated alarm cannot cut this short
+            if _ACTIVE and _ACTIVE[-1][0] is hits:
+                _ACTIVE.pop()
+            sys.setprofile(previous)
+            for owner, attr, value in reversed(swapped):
+                if value is _INHERITED:           # a class's inherited ``apply``: drop the override
+                    delattr(owner, attr)
+                else:
+                    setattr(owner, attr, value)
+
+
+@contextlib.contextmanager
+def _alarm_held():
+    """Hold SIGALRM back (main thread, POSIX), so the case limit's ``TookTooLong`` arrives after
+    the block rather than in the middle of putting things back."""
+    import signal
+    import threading
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def shortcut_line(hits: list[str]) -> str:
