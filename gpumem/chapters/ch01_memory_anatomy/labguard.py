@@ -16,6 +16,7 @@ import inspect
 import sys
 
 MODULES = ("gpumem.memory.activations", "gpumem.memory.accounting", "gpumem.memory.estimate",
+           "gpumem.memory.models", "gpumem.memory.llama",
            "gpumem.memory.tracer", "gpumem.memory.trace_compose", "gpumem.memory.megatron",
            "gpumem.memory.ds_estimators", "gpumem.memory.crosscheck", "gpumem.memory.timeline",
            "gpumem.chapters.ch01_memory_anatomy.labcheck", "gpumem.chapters.ch01_memory_anatomy.variants",
