@@ -121,12 +121,12 @@ def test_backward_that_skips_the_tiles_fails_with_the_reason(cheat, case, says):
     assert says in got[0].detail, got[0].detail
 
 
-def test_chapter_query_outer_backward_fails_on_the_loop_order():
+def test_chapter_query_outer_backward_is_switched_off():
     ns = solution()
     ns["flash_backward"] = chapter_query_outer                      # right numbers, no key-outer loop
     got = rows(ns, "flash_backward")
-    assert all(r.status == "wrong" for r in got)
-    assert "called key_block_backward 0 times" in got[0].detail and "once per key block that some query sees (5 here, of 5)" in got[0].detail
+    assert all(r.status == "error" for r in got), [r.detail for r in got]
+    assert "write the key-block loop yourself: flash_tiled.tiled_backward is off" in got[0].detail
 
 
 def test_key_block_with_all_query_rows_at_once_fails():
@@ -253,6 +253,7 @@ def test_unwritten_gpu_part_adds_no_row_even_with_cuda(monkeypatch):
     """The GPU part is optional: with CUDA (faked) and measure_on_gpu still a TODO, no row."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(labgpu, "_inputs", lambda: tuple(torch.zeros(1, 1, 4, 2) for _ in range(5)) + (None,))
+    monkeypatch.setattr(labgpu, "_own_peak", lambda *args: (0, 1.0))   # no CUDA to measure with
 
     def todo(*args):
         raise NotImplementedError
@@ -275,3 +276,168 @@ def test_gpu_flash_backward_against_sdpa_flash(gpu_record):
     gpu_record("lab04.sdpa_flash_backward_peak_bytes_s4096", r["sdpa_peak"], "B")
     gpu_record("lab04.sdpa_flash_backward_ms_s4096", r["sdpa_ms"], "ms")
     assert r["peak"] < labgpu.naive_probability_bytes(16, 4096)
+
+
+# ---- second review: ways out of the watch, borrowed backwards, the causal skip, the first case ----
+
+def _dense_numpy(dout, q, k, v, causal):
+    """The whole backward in NumPy (what the watch cannot see), fp64."""
+    import numpy as np
+    qn, kn, vn, don = (t.numpy() for t in (q, *_expanded(q, k, v)[:2], dout))
+    c = q.shape[-1] ** -0.5
+    s = qn @ kn.swapaxes(-1, -2) * c
+    if causal:
+        s = np.where(np.triu(np.ones(s.shape[-2:], bool), 1), -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = don @ vn.swapaxes(-1, -2)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True)) * c
+    dq, dk, dv = ds @ kn, ds.swapaxes(-1, -2) @ qn, p.swapaxes(-1, -2) @ don
+    return torch.from_numpy(dq), _fold(torch.from_numpy(dk), k.shape[1]), _fold(torch.from_numpy(dv), k.shape[1])
+
+
+def numpy_backward(dout, q, k, v, out, lse, causal=False, block=32):
+    return _dense_numpy(dout, q, k, v, causal)
+
+
+def numpy_via_array(dout, q, k, v, out, lse, causal=False, block=32):
+    import numpy as np
+    arrays = [np.asarray(t) for t in (dout, q, k, v)]                # __array__, no .numpy()
+    return _dense_numpy(*(torch.tensor(a) for a in arrays), causal)
+
+
+def numpy_via_lists(dout, q, k, v, out, lse, causal=False, block=32):
+    back = [torch.tensor(t.tolist(), dtype=t.dtype) for t in (dout, q, k, v)]   # out and back in
+    return autograd_of_full_attention(*back[:1], *back[1:], None, None, causal)
+
+
+@pytest.mark.parametrize("cheat, says", [
+    (numpy_backward, "it took the numbers out of torch (Tensor.numpy)"),
+    (numpy_via_array, "it took the numbers out of torch (Tensor.__array__)"),
+    (numpy_via_lists, "it took the numbers out of torch (tolist"),
+], ids=["numpy", "array", "tolist"])
+def test_backward_computed_outside_torch_fails(cheat, says):
+    got = rows({"flash_backward": cheat}, "flash_backward")[0]
+    assert got.status in ("wrong", "error") and says in got.detail, got.detail
+
+
+def test_returned_tensor_made_outside_any_op_is_named():
+    """Even with every way out missed, a returned tensor no watched op made is caught."""
+    from gpumem.chapters.ch04_flash_attention.labguard import Watch
+    q = torch.zeros(1, 1, 4, 2, dtype=torch.float64)
+    with Watch(4, 4, 2, 2, 1) as w:
+        made = q + 1
+    stray = torch.zeros(3, dtype=torch.float64)                     # made outside the watch
+    assert w.foreign((made,)) == "" and "was not made by any torch op" in w.foreign((made, stray))
+
+
+def test_flash_backward_that_borrows_the_chapter_backward_is_refused():
+    """Counted calls of key_block_backward on one-row slices, then the chapter's query-outer
+    backward through a reference saved before grading: the saved reference refuses too."""
+    right, saved = solution()["key_block_backward"], flash_tiled.tiled_backward
+
+    def decoy(dout, q, k, v, out, lse, causal=False, block=32):
+        delta = (dout * out).sum(-1)
+        for j0 in range(0, k.shape[2], block):
+            right(q[:, :, -1:], k[:, :, j0:j0 + block], v[:, :, j0:j0 + block], dout[:, :, -1:],
+                  lse[:, :, -1:], delta[:, :, -1:], j0, False, block)
+        return saved(dout, q, k, v, out, lse, causal, block, block_q=block)
+    got = rows({"flash_backward": decoy, "key_block_backward": right}, "flash_backward")[0]
+    assert got.status == "error" and "write the key-block loop yourself: flash_tiled.tiled_backward" in got.detail
+
+
+def test_key_block_that_borrows_the_chapter_backward_is_refused():
+    """One key block through the chapter's backward with a fake out whose rowsum(dO*O) is delta."""
+    def borrowed(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        fake = torch.zeros_like(dout)
+        fake[..., 0] = delta / dout[..., 0]
+        return flash_tiled.tiled_backward(dout, q, k_blk, v_blk, fake, lse, False, block, block_q=block)
+    got = rows({"key_block_backward": borrowed}, "key_block_backward")[0]
+    assert got.status == "error" and "flash_tiled.tiled_backward is off while lab 04 is graded" in got.detail
+
+
+def test_flash_backward_whose_answer_is_not_its_key_blocks_fails():
+    """Decoy calls of key_block_backward (counted) while the work runs through a renamed copy."""
+    import types
+    ns = solution()
+    right = ns["key_block_backward"]
+    copy = types.FunctionType(right.__code__.replace(co_name="copy"), right.__globals__)
+    flash = ns["flash_backward"]
+
+    def decoy(dout, q, k, v, out, lse, causal=False, block=32):
+        delta = (dout * out).sum(-1)
+        for j0 in range(0, k.shape[2], block):                      # the counted calls, thrown away
+            right(q, k[:, :, j0:j0 + block], v[:, :, j0:j0 + block], dout, lse, delta * 0, j0, causal, block)
+        flash.__globals__["key_block_backward"] = copy
+        try:
+            return flash(dout, q, k, v, out, lse, causal, block)
+        finally:
+            flash.__globals__["key_block_backward"] = right
+    got = rows({"flash_backward": decoy, "key_block_backward": right}, "flash_backward")[0]
+    assert got.status == "wrong" and "dq is not the sum of the dq_part that key_block_backward returned" \
+        in got.detail, got.detail
+
+
+def _key_block(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, first):
+    """The key-block kernel written out, its query loop starting at row ``first(j0)``."""
+    b, a, s_q, d = q.shape
+    kv, n, c = k_blk.shape[1], k_blk.shape[2], d ** -0.5
+    kk, vv = (t.repeat_interleave(a // kv, 1) for t in (k_blk, v_blk))
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(kk), torch.zeros_like(vv)
+    for i0 in range(first(j0, block) if causal else 0, s_q, block):
+        i1 = min(i0 + block, s_q)
+        s = _masked(q[:, :, i0:i1] @ kk.transpose(-1, -2) * c, causal, i0, j0)
+        p = torch.exp(s - lse[:, :, i0:i1, None])
+        dv += p.transpose(-1, -2) @ dout[:, :, i0:i1]
+        ds = p * (dout[:, :, i0:i1] @ vv.transpose(-1, -2) - delta[:, :, i0:i1, None]) * c
+        dk += ds.transpose(-1, -2) @ q[:, :, i0:i1]
+        dq[:, :, i0:i1] = ds @ kk
+    return dq, _fold(dk, kv), _fold(dv, kv)
+
+
+def test_key_block_without_the_causal_skip_fails():
+    def every_query_block(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        return _key_block(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, lambda j0, bl: 0)
+    got = rows({"key_block_backward": every_query_block}, "key_block_backward")[0]
+    assert got.status == "wrong" and "causal key block from key 32: it worked on query rows 0:16" in got.detail \
+        and "skip the query blocks above the diagonal" in got.detail, got.detail
+    skip = lambda j0, bl: j0 // bl * bl
+    ok = {"key_block_backward": lambda q, kb, vb, do, l, dl, j0, causal=False, block=32: _key_block(
+        q, kb, vb, do, l, dl, j0, causal, block, skip)}
+    assert all(r.status == "ok" for r in rows(ok, "key_block_backward", (0, 1))), "the written-out kernel"
+
+
+def test_key_block_that_slices_the_rows_from_j0_passes():
+    """A correct causal kernel may cut lse, delta, q, dout at row j0 (a vector of 45 query rows is
+    not 45 keys side by side)."""
+    ns = solution()
+    right = ns["key_block_backward"]
+
+    def from_j0(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        if not causal or j0 >= q.shape[2]:
+            return right(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+        lse_t, delta_t = lse[:, :, j0:], delta[:, :, j0:]
+        dq_t, dk, dv = right(q[:, :, j0:], k_blk, v_blk, dout[:, :, j0:], lse_t, delta_t, 0, True, block)
+        return torch.cat([q.new_zeros(*q.shape[:2], j0, q.shape[-1]), dq_t], 2), dk, dv
+    ns["key_block_backward"] = from_j0
+    got = rows(ns, "key_block_backward", (0, 2)) + rows(ns, "flash_backward", (0,))
+    assert got and all(r.status == "ok" for r in got), [r.detail for r in got]
+
+
+def test_each_function_stops_at_its_first_failing_case(capsys):
+    ns = solution()
+    ns["merge_partials"] = merge_by_average                         # wrong on every case
+    report = chapters.check_lab("lab04_online_softmax", ns, show=False)
+    merge = [r for r in report.rows if r.function == "merge_partials"]
+    assert [r.status for r in merge] == ["wrong"] and len(report.rows) == 13
+    assert all(r.status == "ok" for r in report.rows if r.function != "merge_partials")
+
+
+def test_the_graders_own_gpu_measurement_is_off_during_the_learners_call():
+    """``measure_on_gpu = lambda fn, *a: (labgpu._own_peak(fn, *a)[0], 1.0)`` cannot borrow it,
+    even through a reference saved before grading."""
+    from gpumem.chapters.ch04_flash_attention.labblock import no_library_backward
+    saved = labgpu._own_peak
+    with no_library_backward(), pytest.raises(RuntimeError, match="labgpu._own_peak is off"):
+        saved(print)
+    assert labgpu._own_peak.__code__.co_name == "_own_peak"        # restored after

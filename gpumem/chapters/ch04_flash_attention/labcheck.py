@@ -21,14 +21,12 @@ than one block of keys, a tile of more than one block of query rows, or joined s
 case even when the numbers are right. With CUDA, ``labgpu`` grades the optional GPU part.
 """
 
-import contextlib
-import sys
-
 import torch
 
 from gpumem.course.grading import Report, Row, call, returned, run_case
 
 from . import labgpu, labref
+from .labblock import assembled, key_block_calls, no_library_backward
 from .labguard import Watch
 
 LAB = "lab04_online_softmax"
@@ -60,9 +58,18 @@ def _name(case) -> str:
     return f"b{b} heads {a}/{kv} s_q {sq} s_k {sk} d {d}{' causal' if causal else ''} block {block}"
 
 
-def _watch(case, q, k, v, tile_rows=None):
+def _watch(case, q, k, v, rows, tile_rows=None, causal_from=None):
+    """The op watch on one call; ``rows``: (dout, lse, delta or out), vectors per query row."""
     b, a, kv, sq, sk, d, causal, block = case
-    return Watch(sq, sk, d, block, b * a, allowed=(k, v), tile_rows=tile_rows)
+    return Watch(sq, sk, d, block, b * a, allowed=(k, v), tile_rows=tile_rows, rows=rows[1:],
+                 queries=(q, rows[0]), causal_from=causal_from)
+
+
+def _guarded(fn, watch, *args):
+    """The learner's call inside the watch with the library's backwards off; (result, broken)."""
+    with no_library_backward(), watch as w:
+        got = call(fn, *args)
+    return got, w.broken or w.foreign(got)
 
 
 def _key_blocks_rows(report, fn, case, seed):
@@ -76,13 +83,14 @@ def _key_blocks_rows(report, fn, case, seed):
         for j0 in starts:
             j1 = min(j0 + block, sk)
             kb, vb = k[:, :, j0:j1].clone(), v[:, :, j0:j1].clone()
-            with _watch(case, q, kb, vb, tile_rows=j1 - j0) as w:
-                got = call(fn, q.clone(), kb, vb, dout.clone(), lse.clone(), delta.clone(), j0, case[6], block)
+            ins = (q.clone(), dout.clone(), lse.clone(), delta.clone())
+            got, broken = _guarded(fn, _watch(case, ins[0], kb, vb, ins[1:], j1 - j0, j0 if case[6] else None),
+                                   ins[0], kb, vb, *ins[1:], j0, case[6], block)
             if not (isinstance(got, (tuple, list)) and len(got) == 3):
                 return "wrong", returned(got, "a tuple (dq_part, dk_blk, dv_blk)")
             want = labref.key_block(q, k, v, dout, mask, j0, j1)
             bad = next((m for m in (labref.first_wrong(n, t, r) for n, t, r in
-                                    zip(("dq_part", "dk_blk", "dv_blk"), got, want)) if m), "") or w.broken
+                                    zip(("dq_part", "dk_blk", "dv_blk"), got, want)) if m), "") or broken
             if bad:
                 return "wrong", f"key block {j0}:{j1}: {bad}"
         return "ok", ""
@@ -95,42 +103,25 @@ def _visible_blocks(case) -> tuple[int, int]:
     return (min(total, -(-case[3] // block)) if case[6] else total), total
 
 
-@contextlib.contextmanager
-def _calls_of(*fns):
-    """Count the calls of any of ``fns``' code while the block runs (a profile hook: however the
-    learner's ``flash_backward`` reaches ``key_block_backward``: by name, through a wrapper)."""
-    count, before = [0], sys.getprofile()
-    codes = {getattr(fn, "__code__", None) for fn in fns} - {None}
-
-    def hook(frame, event, arg):
-        if event == "call" and frame.f_code in codes:
-            count[0] += 1
-        if before is not None:
-            before(frame, event, arg)
-    sys.setprofile(hook)
-    try:
-        yield count
-    finally:
-        sys.setprofile(before)
-
-
 def _flash_rows(report, fn, case, seed, inner=None):
     q, k, v, dout, mask = _backward_inputs(case, seed)
     out, lse, *want = labref.grads(q, k, v, dout, mask)
 
     def body():
-        kc, vc = k.clone(), v.clone()
+        kc, vc, qc, ins = k.clone(), v.clone(), q.clone(), (dout.clone(), out.clone(), lse.clone())
         named = getattr(fn, "__globals__", {}).get("key_block_backward")
-        with _calls_of(inner, named) as calls, _watch(case, q, kc, vc) as w:
-            got = call(fn, dout.clone(), q.clone(), kc, vc, out.clone(), lse.clone(), case[6], case[7])
+        with key_block_calls(inner, named) as calls:
+            got, broken = _guarded(fn, _watch(case, qc, kc, vc, ins), ins[0], qc, kc, vc, *ins[1:],
+                                   case[6], case[7])
         if not (isinstance(got, (tuple, list)) and len(got) == 3):
             return "wrong", returned(got, "a tuple (dq, dk, dv)")
         bad = next((m for m in (labref.first_wrong(n, t, r) for n, t, r in zip(("dq", "dk", "dv"), got, want))
-                    if m), "") or w.broken
+                    if m), "") or broken
         visible, total = _visible_blocks(case)
-        if not bad and not visible <= calls[0] <= total:
-            bad = (f"it called key_block_backward {calls[0]} times; the outer loop over key blocks calls "
+        if not bad and not visible <= len(calls) <= total:
+            bad = (f"it called key_block_backward {len(calls)} times; the outer loop over key blocks calls "
                    f"it once per key block that some query sees ({visible} here, of {total})")
+        bad = bad or assembled(calls, got)
         return ("wrong" if bad else "ok"), bad
     run_case(report, "flash_backward", _name(case), body)
 
@@ -181,17 +172,18 @@ def _ring_rows(report, fn, case, seed):
 
     def body():
         kc, vc = [t.clone() for t in ks], [t.clone() for t in vs]
-        with Watch(lengths[rank], sk, d, block, b * a, allowed=kc + vc, joined=max(lengths)) as w:
-            got = call(fn, q.clone(), kc, vc, rank, causal, block)
+        watch = Watch(lengths[rank], sk, d, block, b * a, allowed=kc + vc, joined=max(lengths))
+        got, broken = _guarded(fn, watch, q.clone(), kc, vc, rank, causal, block)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             return "wrong", returned(got, "a tuple (out, lse)")
-        bad = labref.first_wrong("out", got[0], out) or labref.first_wrong("lse", got[1], lse) or w.broken
+        bad = labref.first_wrong("out", got[0], out) or labref.first_wrong("lse", got[1], lse) or broken
         return ("wrong" if bad else "ok"), bad
     run_case(report, "ring_attention", name, body)
 
 
 def check(ns: dict, show: bool = True) -> Report:
-    """Grade the lab's four functions (and, with CUDA, its GPU part); never raises."""
+    """Grade the lab's four functions (and, with CUDA, its GPU part); never raises. Each function
+    stops at its first failing case: that row is the one to fix, its later cases are not run."""
     report = Report(LAB)
     parts = (("key_block_backward", BACKWARD, _key_blocks_rows), ("flash_backward", BACKWARD, _flash_rows),
              ("merge_partials", MERGE, _merge_rows), ("ring_attention", RING, _ring_rows))
@@ -204,6 +196,8 @@ def check(ns: dict, show: bool = True) -> Report:
                 rows(report, fn, case, 100 + i, inner=ns.get("key_block_backward"))
             else:
                 rows(report, fn, case, 100 + i)
+            if report.rows[-1].status in ("wrong", "error"):
+                break                                 # the first failing case is the one reported
     gpu_line = labgpu.grade(report, ns)
     if show:
         print(report.summary())

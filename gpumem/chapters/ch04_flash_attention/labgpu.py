@@ -7,13 +7,16 @@ on the learner's ``flash_backward`` and on SDPA's flash backend's backward at on
 heads of 64, s 4,096, bf16, causal) and checks:
 
 * the learner's instrument agrees with the grader's own measurement of the same call (peak within
-  10 % + 1 MiB; a fake or forgotten ``reset_peak_memory_stats`` fails);
+  10 % + 1 MiB; a fake or forgotten ``reset_peak_memory_stats`` fails; time within a factor of
+  4 of the grader's own Event timing, taken once before and once after the learner's call). The
+  grader's measurement (``_own_peak``) is switched off while the learner's ``measure_on_gpu`` runs
+  (:mod:`.labblock`), so it cannot be borrowed;
 * the learner's backward is O(s): its peak above the inputs stays below the bf16 probabilities a
   naive backward would hold, 16 x 4,096^2 x 2 B = 512 MiB (chapter 04 §1's count).
 
 The part is optional: while ``measure_on_gpu`` (or ``flash_backward``) is unwritten it adds no row.
 
-The times are reported, not graded: a Python loop of small kernels is slower than SDPA's one fused
+The times are checked only against the grader's own timing of the same call: a Python loop of small kernels is slower than SDPA's one fused
 kernel, and how much slower depends on the GPU. Without CUDA nothing runs; :func:`grade` says why.
 """
 
@@ -29,14 +32,21 @@ def naive_probability_bytes(heads: int, seq: int, elem: int = 2) -> int:
     return heads * seq * seq * elem
 
 
-def _own_peak(fn, *args) -> int:
+TIME_FACTOR = 4.0     # the learner's time may differ from the grader's by this factor either way
+
+
+def _own_peak(fn, *args) -> tuple[int, float]:
+    """The grader's own (peak bytes above the inputs, milliseconds) of one call ``fn(*args)``."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     result = fn(*args)
+    end.record()
     torch.cuda.synchronize()
     del result
-    return torch.cuda.max_memory_allocated() - base
+    return torch.cuda.max_memory_allocated() - base, start.elapsed_time(end)
 
 
 def _inputs():
@@ -61,18 +71,23 @@ def compare(measure, bwd) -> dict:
     """Run the learner's ``measure`` on their ``bwd`` and on SDPA's flash backward (CUDA only);
     also the grader's own peak for the learner's call, and a line saying all of it."""
     q, k, v, dout, out, lse = _inputs()
+    from .labblock import no_library_backward
     args = (dout, q, k, v, out, lse, True, SHAPE["block"])
-    got = call(measure, bwd, *args)
+    _, own_ms = _own_peak(bwd, *args)                 # also warms the kernels up for the learner
+    with no_library_backward():                       # the grader's instrument is off meanwhile
+        got = call(measure, bwd, *args)
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         return {"error": "measure_on_gpu must return (peak_bytes, milliseconds)"}
     peak, ms = float(got[0]), float(got[1])
-    own = _own_peak(bwd, *args)
-    sdpa_peak, sdpa_ms = (float(x) for x in call(measure, _sdpa_backward(q, k, v, dout)))
+    own, after_ms = _own_peak(bwd, *args)
+    with no_library_backward():
+        sdpa_peak, sdpa_ms = (float(x) for x in call(measure, _sdpa_backward(q, k, v, dout)))
     naive = naive_probability_bytes(SHAPE["heads"], SHAPE["seq"])
     line = (f"your flash_backward: {peak / 2**20:,.1f} MiB above its inputs, {ms:,.1f} ms\n"
             f"SDPA's flash backward: {sdpa_peak / 2**20:,.1f} MiB, {sdpa_ms:,.2f} ms; "
             f"a naive backward's probabilities alone: {naive / 2**20:,.0f} MiB")
-    return dict(peak=peak, ms=ms, own=own, sdpa_peak=sdpa_peak, sdpa_ms=sdpa_ms, naive=naive, line=line)
+    return dict(peak=peak, ms=ms, own=own, own_ms=(min(own_ms, after_ms), max(own_ms, after_ms)),
+                sdpa_peak=sdpa_peak, sdpa_ms=sdpa_ms, naive=naive, line=line)
 
 
 def grade(report, ns: dict) -> str:
@@ -95,8 +110,11 @@ def grade(report, ns: dict) -> str:
             return "wrong", (f"measure_on_gpu says {peak / 2**20:,.1f} MiB, the grader measured "
                              f"{own / 2**20:,.1f} MiB for the same call: reset the peak and subtract "
                              f"what was allocated before")
-        if r["ms"] <= 0:
-            return "wrong", f"measure_on_gpu timed {r['ms']} ms: record one Event before, one after, synchronize"
+        low, high = r["own_ms"]
+        if not low / TIME_FACTOR <= r["ms"] <= high * TIME_FACTOR:
+            return "wrong", (f"measure_on_gpu timed {r['ms']:,.2f} ms, the grader timed the same call at "
+                             f"{low:,.2f} to {high:,.2f} ms: record one Event before the call, one after, "
+                             f"synchronize, then read elapsed_time")
         if peak >= naive:
             return "wrong", (f"your backward held {peak / 2**20:,.0f} MiB on the GPU, as much as the "
                              f"naive s x s probabilities ({naive / 2**20:,.0f} MiB): it is not O(s)")

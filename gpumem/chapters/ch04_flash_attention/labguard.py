@@ -17,12 +17,23 @@ the FIRST rule broken, in the order the ops ran, as one sentence for the grader'
   logsumexp, the head dim); or one with ``s_k`` rows that is not ``(..., s_k, d)`` (dK, dV);
 * with ``tile_rows``: a tile of more than ``block`` query rows against one key block (the
   key-block kernel must loop over query blocks);
-* with ``joined``: a tensor with more rows than the longest K/V shard (shards concatenated).
+* with ``joined``: a tensor with more rows than the longest K/V shard (shards concatenated);
+* with ``causal_from`` (the key block's first key, causal): work on query rows that all lie above
+  the diagonal (rows ``i0:i1`` of Q or dO with ``i1 <= j0`` fed to an op): the causal skip missed;
+* a way out of torch (``.numpy()``, ``__array__``, ``.tolist()`` of more than 64 numbers, more than
+  1,000 ``.item()`` / ``float()`` reads, storage or pointer access, DLPack, ``torch.tensor`` of a
+  NumPy array, ``torch.from_numpy``): scores computed outside the watch are not graded as tiles;
+  and (:meth:`Watch.foreign`) a returned tensor whose storage no watched op made.
+
+Vectors of one number per query row (``lse``, ``delta``, slices of them such as ``lse[..., j0:]``)
+and tensors made from them or from Q, dO elementwise are query rows, not keys: the "keys side by
+side" rule skips them.
 
 Limits: a learner who leaves the modes on purpose (``_disable_current_modes``) or computes in
 another thread is not seen; the lab's rules forbid it in words.
 """
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -31,6 +42,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 # ops that copy a tensor without arithmetic: a copy of K or V (its GQA expansion, its fp32 cast)
 # is K or V for the rules; joining shards (cat, copy_ into a buffer) is not in the list
 _COPIES = {"clone", "_to_copy", "index_select", "repeat", "repeat_interleave", "contiguous"}
+# Tensor methods that take the numbers out of torch (computing elsewhere would hide the tiles)
+_EXITS = {"numpy", "__array__", "untyped_storage", "storage", "_storage", "data_ptr", "__dlpack__",
+          "__array_interface__", "__reduce_ex__", "__setstate__", "__deepcopy__"}
+_READS = {"item", "__float__", "__int__", "__index__", "__complex__"}
+_READ_BUDGET = 1000
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr() if t.numel() else 0
 
 
 def _tensors(out):
@@ -48,7 +68,19 @@ class _Functions(TorchFunctionMode):
         name = getattr(func, "__name__", str(func))
         if "scaled_dot_product" in name:
             self.watch.flag(f"it calls {name}: SDPA is not allowed here, write the tiles yourself")
+        if name in _EXITS or (name in ("tensor", "as_tensor", "asarray") and any(
+                isinstance(a, np.ndarray) for a in args)):
+            self.watch.exit(f"Tensor.{name}" if name in _EXITS else f"torch.{name} of a NumPy array")
+        elif name in _READS or name == "tolist":
+            self.watch.reads += args[0].numel() if name == "tolist" and args else 1
+            if self.watch.reads > _READ_BUDGET or (name == "tolist" and args and args[0].numel() > 64):
+                self.watch.exit(f"{name} ({self.watch.reads:,} numbers read out)")
         return func(*args, **(kwargs or {}))
+
+
+def _refuse_from_numpy(*args, **kwargs):
+    raise RuntimeError("it took the numbers out of torch (torch.from_numpy is off while lab 04 is "
+                       "graded): compute every tile with torch ops inside the call")
 
 
 class Watch(TorchDispatchMode):
@@ -56,17 +88,35 @@ class Watch(TorchDispatchMode):
     broken. ``allowed`` are the input tensors whose views may be any shape (K, V, their shards)."""
 
     def __init__(self, s_q: int, s_k: int, d: int, block: int, heads: int, allowed=(),
-                 tile_rows: int | None = None, joined: int | None = None):
+                 tile_rows: int | None = None, joined: int | None = None, rows=(), queries=(),
+                 causal_from: int | None = None):
         super().__init__()
         self.s_q, self.s_k, self.d, self.block, self.heads = s_q, s_k, d, block, heads
-        self.allowed = {t.untyped_storage().data_ptr() for t in allowed if t.numel()}
-        self.tile_rows, self.joined = tile_rows, joined
-        self.broken, self._functions = "", _Functions(self)
+        self.allowed = {_ptr(t) for t in allowed if t.numel()}
+        self.rows = {_ptr(t) for t in (*rows, *queries) if t.numel()}     # per query row: not keys
+        self.queries = {_ptr(t) for t in queries if t.numel()}            # Q, dO: (..., s_q, d)
+        self.tile_rows, self.joined, self.causal_from = tile_rows, joined, causal_from
+        self.broken, self._functions, self.reads, self.made = "", _Functions(self), 0, set()
 
     def flag(self, message: str) -> None:
         self.broken = self.broken or message
 
+    def exit(self, what: str) -> None:
+        """Flag and refuse a way out of torch (the learner's call stops here with the reason)."""
+        self.flag(f"it took the numbers out of torch ({what}): compute every tile with torch ops "
+                  f"inside the call, no NumPy, lists or storage access")
+        raise RuntimeError(self.broken)
+
+    def foreign(self, out) -> str:
+        """'' or why a returned tensor was not made by an op the watch saw (torch.from_numpy...)."""
+        for t in _tensors(out if isinstance(out, (tuple, list)) else (out,)):
+            if t.numel() and _ptr(t) not in self.made:
+                return (f"a returned tensor of shape {tuple(t.shape)} was not made by any torch op in "
+                        f"the call (NumPy, from_numpy, a list?): compute it with torch ops")
+        return ""
+
     def __enter__(self):
+        self._from_numpy, torch.from_numpy = torch.from_numpy, _refuse_from_numpy
         self._functions.__enter__()
         return super().__enter__()
 
@@ -75,6 +125,7 @@ class Watch(TorchDispatchMode):
             return super().__exit__(*exc)
         finally:
             self._functions.__exit__(*exc)
+            torch.from_numpy = self._from_numpy
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func)
@@ -89,16 +140,38 @@ class Watch(TorchDispatchMode):
             if width > self.block:
                 self.flag(f"a {name.split('.')[1]} over {width} entries at once (a whole row of keys): "
                           f"tiles are at most {self.block} keys wide")
+        if self.causal_from is not None:
+            self._above_diagonal(name, args)
         out = func(*args, **(kwargs or {}))
-        if name.split(".")[1] in _COPIES and any(
-                t.numel() and t.untyped_storage().data_ptr() in self.allowed for t in _tensors(args[:1])):
-            self.allowed.update(t.untyped_storage().data_ptr() for t in _tensors(out) if t.numel())
+        op, first = name.split(".")[1], list(_tensors(args[:1]))
+        for tag in (self.allowed, self.queries):     # a copy of a whole Q (a cast) is Q; of a tile not
+            if op in _COPIES and any(t.numel() and _ptr(t) in tag for t in first):
+                tag.update(_ptr(t) for t in _tensors(out) if t.numel() and (
+                    tag is self.allowed or (t.dim() >= 2 and t.shape[-2] == self.s_q)))
+        wide = {t.shape[-1] for t in _tensors(list(args)) if t.dim() and t.numel() and _ptr(t) in self.rows}
         for t in _tensors(out):
+            if t.numel():
+                self.made.add(_ptr(t))
+                if t.dim() and t.shape[-1] in wide and t.shape[-1] != self.s_k:
+                    self.rows.add(_ptr(t))            # made from per-row vectors: still query rows
             self._shape(t)
         return out
 
+    def _above_diagonal(self, name: str, args) -> None:
+        """Flag an op (not a view) fed rows i0:i1 of Q or dO that all lie before key ``causal_from``."""
+        if self.broken or "slice" in name or "view" in name or "select" in name or "expand" in name:
+            return
+        for t in _tensors(list(args)):
+            if t.dim() >= 2 and t.numel() and _ptr(t) in self.queries and t.stride(-2) == self.d \
+                    and t.stride(-1) == 1:
+                i0 = (t.storage_offset() // self.d) % self.s_q
+                if i0 + t.shape[-2] <= self.causal_from and t.shape[-2] < self.s_q:
+                    self.flag(f"causal key block from key {self.causal_from}: it worked on query rows "
+                              f"{i0}:{i0 + t.shape[-2]}, which see none of its keys; skip the query "
+                              f"blocks above the diagonal")
+
     def _shape(self, t: torch.Tensor) -> None:
-        if self.broken or t.dim() < 1 or (t.numel() and t.untyped_storage().data_ptr() in self.allowed):
+        if self.broken or t.dim() < 1 or (t.numel() and _ptr(t) in self.allowed):
             return
         shape, s_q, s_k, block = tuple(t.shape), self.s_q, self.s_k, self.block
         last2 = shape[-2:] if t.dim() >= 2 else ()
@@ -107,7 +180,7 @@ class Watch(TorchDispatchMode):
                       f"work one block of keys at a time")
         elif not t.is_floating_point():
             return                                    # key indices and masks are not scores
-        elif shape[-1] > block and shape[-1] not in (s_q, self.d):
+        elif shape[-1] > block and shape[-1] not in (s_q, self.d) and not (t.numel() and _ptr(t) in self.rows):
             self.flag(f"a tensor of shape {shape} was made: {shape[-1]} keys side by side, more than "
                       f"one block ({block}); only K and V themselves may be that long")
         elif len(last2) == 2 and last2[0] == s_k and s_k > block and last2[1] != self.d:

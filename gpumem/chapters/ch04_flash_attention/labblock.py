@@ -1,0 +1,98 @@
+"""Lab 04's guards around a learner's call, beside :mod:`.labguard`'s op watch.
+
+* :func:`no_library_backward`: while the learner's code runs, the library's attention backwards
+  (chapter 04's query-outer ``tiled_backward`` and ``TiledAttention.backward``, the grader's own
+  references in :mod:`.labref`, the GPU part's own measurement) raise "write the key-block loop
+  yourself". Their code objects are swapped, as lab 06's guard does, so a reference saved before
+  grading (``from gpumem.memory.flash_tiled import tiled_backward``) is caught too.
+* :func:`key_block_calls`: every call of the learner's ``key_block_backward`` made inside their
+  ``flash_backward`` (however it is reached: a profile hook on its code), with its ``j0`` (the
+  seventh parameter) and a copy of what it returned; :func:`assembled` checks that dK, dV are those
+  blocks side by side and dQ their sum.
+"""
+
+import contextlib
+import sys
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from gpumem.memory import flash_tiled
+
+from . import labgpu, labref
+
+MESSAGE = "write the key-block loop yourself: {} is off while lab 04 is graded"
+BLOCKED = (("flash_tiled.tiled_backward", flash_tiled.tiled_backward),
+           ("flash_tiled.TiledAttention.backward", flash_tiled.TiledAttention.backward),
+           ("labref.grads", labref.grads), ("labref.key_block", labref.key_block),
+           ("labref.dense", labref.dense), ("labgpu._own_peak", labgpu._own_peak))
+
+
+def _refusing_code(name: str):
+    scope: dict = {}
+    exec(f"def refuse(*args, **kwargs):\n    raise RuntimeError({MESSAGE.format(name)!r})\n", scope)
+    return scope["refuse"].__code__
+
+
+@contextlib.contextmanager
+def no_library_backward():
+    """Inside the block every function of :data:`BLOCKED` raises; restored after, whatever happens."""
+    saved = []
+    try:
+        for name, fn in BLOCKED:
+            saved.append((fn, fn.__code__))
+            fn.__code__ = _refusing_code(name)
+        yield
+    finally:
+        for fn, code in saved:
+            fn.__code__ = code
+
+
+@contextlib.contextmanager
+def key_block_calls(*fns):
+    """Record ``(j0, returned)`` of each call of any of ``fns``' code while the block runs."""
+    calls, stack, before = [], [], sys.getprofile()
+    codes = {getattr(fn, "__code__", None) for fn in fns} - {None}
+
+    def hook(frame, event, arg):
+        if frame.f_code in codes:
+            if event == "call":
+                names = frame.f_code.co_varnames
+                stack.append(frame.f_locals.get(names[6]) if frame.f_code.co_argcount > 6 else None)
+            elif event == "return" and stack:
+                with _disable_current_modes():
+                    got = tuple(t.detach().clone() if isinstance(t, torch.Tensor) else t
+                                for t in arg) if isinstance(arg, (tuple, list)) else arg
+                calls.append((stack.pop(), got))
+        if before is not None:
+            before(frame, event, arg)
+    sys.setprofile(hook)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(before)
+
+
+def assembled(calls, got) -> str:
+    """'' when dq is the sum of the recorded dq_parts and dk, dv the recorded blocks side by side
+    (zero where no block was computed), else what differs."""
+    dq, dk, dv = got
+    want_dq, want_dk, want_dv = torch.zeros_like(dq), torch.zeros_like(dk), torch.zeros_like(dv)
+    seen = set()
+    for j0, part in calls:
+        if not (isinstance(j0, int) and isinstance(part, tuple) and len(part) == 3
+                and all(isinstance(t, torch.Tensor) for t in part)):
+            return "a key_block_backward call did not take an int j0 or return three tensors"
+        n = part[1].shape[2] if part[1].dim() == 4 else -1
+        if j0 in seen or part[0].shape != dq.shape or part[1].shape != part[2].shape or n < 0 \
+                or j0 + n > dk.shape[2] or part[1].shape[:2] + part[1].shape[3:] != dk.shape[:2] + dk.shape[3:]:
+            return f"the key_block_backward call for key {j0} does not fit one key block of dK, dV"
+        seen.add(j0)
+        want_dq += part[0]
+        want_dk[:, :, j0:j0 + n], want_dv[:, :, j0:j0 + n] = part[1], part[2]
+    for name, t, w in (("dq", dq, want_dq), ("dk", dk, want_dk), ("dv", dv, want_dv)):
+        bad = labref.first_wrong(name, t, w)
+        if bad:
+            what = "the sum of the dq_part" if name == "dq" else f"the {name}_blk blocks side by side"
+            return f"{name} is not {what} that key_block_backward returned ({bad})"
+    return ""
