@@ -64,21 +64,31 @@ def verdict(got, mine_ref: float, peak: float | None, label: str) -> tuple[str, 
                   f"{compute.KERNEL_SHARE:.0%} over a whole step: {side}")
 
 
-def grade(report: Report, fn) -> None:
-    """The optional row: graded with CUDA when ``measure_kernel_share`` is defined, else skipped."""
+def grade(report: Report, fn, guard) -> str:
+    """Add the optional row when CUDA is present and ``measure_kernel_share`` is written; return
+    the line the learner reads either way (a skipped part adds no row, so it counts neither way).
+    ``guard``: the lab's context manager, in force while the learner's function runs (it switches
+    off :func:`reference_flops`, the grader's own timing)."""
     reason = cuda_reason()
-    if fn is None or reason:
-        report.rows.append(Row("measure_kernel_share", "optional GPU part", "ok",
-                               "skipped: " + (reason or "measure_kernel_share not defined (optional)")))
-        return
+    if reason:
+        return "skipped: " + reason
+    if fn is None:
+        return "skipped: measure_kernel_share is not defined (optional): no row"
     import torch
     name = torch.cuda.get_device_name(0)
     g = next((gpu_table.get(key) for frag, key in NAMES if frag in name), None)
+    todo = []
 
     def body():
         try:
-            got = call(fn, *SHAPE)
+            with guard():
+                got = call(fn, *SHAPE)
         except Todo:
-            return "ok", "skipped: measure_kernel_share is not written (optional)"
+            todo.append(True)
+            return "ok", ""
         return verdict(got, reference_flops(*SHAPE), g.bf16_flops if g else None, g.label if g else name)
-    run_case(report, "measure_kernel_share", "optional GPU part", body)
+    row = run_case(report, "measure_kernel_share", "optional GPU part", body)
+    if todo:
+        report.rows.remove(row)
+        return "skipped: measure_kernel_share is not written (optional): no row"
+    return f"{row.status}: {row.detail}"

@@ -10,6 +10,10 @@ before grading (``my_plan = planner.plan``), ``from gpumem.planner.search import
 in other modules, and the library's own helpers that search through them (``planner.evaluate``,
 the chapter's widget, ``advice``, ``explain``: they search through ``plan``). The pieces above call none of them, so they keep working.
 
+The grader's own answers are never computed before or during the learner's call (``labcheck``
+prices the reference after it), and :func:`active` lets the grader's helpers refuse while it runs;
+the GPU part's own timing (``lab06_gpu.reference_flops``) is switched off too.
+
 What it cannot stop: a learner who starts another Python process (``python -m gpumem plan``);
 the lab is for self-study, and the prompt says the search is the exercise.
 """
@@ -18,6 +22,8 @@ import importlib
 from contextlib import contextmanager
 
 from gpumem.planner import ranking, search
+
+from . import lab06_gpu
 
 evaluate = importlib.import_module("gpumem.planner.evaluate")   # the package exports the function
 
@@ -28,7 +34,9 @@ BLOCKED = (("planner.plan", search.plan), ("planner.search.answer", search.answe
            ("planner.search.candidates", search.candidates), ("planner.search.layouts_of", search.layouts_of),
            ("planner.search.fits_any", search.fits_any), ("planner.search._inner", search._inner),
            ("planner.ranking.rank", ranking.rank),
-           ("planner.ranking.rank_of", ranking.rank_of), ("planner.evaluate", evaluate.evaluate))
+           ("planner.ranking.rank_of", ranking.rank_of), ("planner.evaluate", evaluate.evaluate),
+           ("lab06_gpu.reference_flops", lab06_gpu.reference_flops))
+_ACTIVE = [0]          # > 0 while the learner's function runs
 
 
 def _functions():
@@ -49,17 +57,30 @@ def _refusing_code(name: str, fn):
 def no_search():
     """Inside the block every function of :data:`BLOCKED` raises the lab's message; restored after,
     also when the learner's call raises or runs out of time."""
-    saved = []
+    saved, entered = [], False
     try:
         for name, fn in _functions():
             code = _refusing_code(name, fn)
             if code is not None:
                 saved.append((fn, fn.__code__))
                 fn.__code__ = code
+        _ACTIVE[0], entered = _ACTIVE[0] + 1, True
         yield
     finally:
+        _ACTIVE[0] -= entered
         for fn, code in saved:
             fn.__code__ = code
+
+
+def active() -> bool:
+    """True while :func:`no_search` is in force (the grader's helpers refuse then)."""
+    return _ACTIVE[0] > 0
+
+
+def refuse_if_active(name: str) -> None:
+    """Raise the lab's message when called from inside the learner's function."""
+    if active():
+        raise RuntimeError(MESSAGE.format(name))
 
 
 def blocked_names() -> list[str]:

@@ -7,47 +7,40 @@ a :class:`gpumem.planner.Layout` (or a dict of its fields; ``dp`` and ``n_micro`
 mixed precision. The pieces are the time engine's (``per_gpu``, ``step_seconds``, ``rules``); the
 search's own entry points refuse while the learner runs (:mod:`.lab06_guard`).
 
-Each case is priced by :func:`gpumem.planner.evaluate` -- the functions that price the planner's
-own candidates -- against the planner's answer to the same question (mixed precision, every
-lever). It passes when the layout runs (some framework accepts it), fits the GPU's usable bytes
-and the node's host memory and drives, and its step time is within :data:`SLACK` of the fastest
+Each case is priced by :func:`gpumem.planner.evaluate` against the planner's answer to the same
+question (mixed precision, every lever), computed *after* the learner's call and kept only inside
+the check. A plan passes when it runs (some framework accepts it), fits the GPU's usable bytes and
+the node's host memory and drives, and its step time is within :data:`SLACK` of the fastest
 fitting layout. Why 3 %: the learner prices with the planner's own cost model, so an exhaustive
 search lands within the ranking's 0.5 % tie band; 3 % leaves room for a search that skips what
-matters little in a case (Megatron-Core's engine for the 405B case costs 2.6 %), while every lever
-a case is built around costs at least 10 % when it is missing (tests/test_lab06_adversarial.py
-derives each case's winner by hand). A plan that is too slow is told the lever the fastest layout
-uses and the learner's lacks (:mod:`.lab06_diagnose`).
+matters little in a case (Megatron-Core's engine costs 2.6 % on the 405B cluster), while each
+case's own lever costs at least 5 % (:data:`.lab06_cases.MARGIN`, asserted for every member in
+tests/test_lab06_adversarial.py). A plan that is too slow is told the lever the fastest layout
+uses and the learner's lacks, or the term where it loses (:mod:`.lab06_diagnose`); the fastest
+layout itself is never printed.
 
-The cases: the lab's own cluster (``LAB_CASE``), three unseen ones on the node's own network
-(``HIDDEN``: 70B on 16 A100 40GB with offload, 405B on 64 H200 in 3-D, 8B at 131,072 tokens where
-context parallelism matters) and two on a 10 Gb/s link between nodes (``SLOW``: 70B on 32 H100
-where the interleaved schedule hides the pipeline's sends, and the reflection ``REFLECTION``, 8B
-on 64 H100 where hybrid sharding (hpZ) wins). Grading stops at the first case that is wrong.
+The cases: the lab's own cluster (``LAB_CASE``), then one member of each family of
+:mod:`.lab06_cases` drawn at check time from a seed (fresh each check unless ``seed`` is given):
+offload, NVMe offload, tensor with pipeline parallelism, context parallelism, then on a 10 Gb/s
+link between nodes the interleaved schedule, ZeRO-1/2, and the reflection, hybrid sharding.
+Grading stops at the first case that is wrong.
 """
 
 import operator
 from dataclasses import asdict
-from functools import lru_cache
-
 from gpumem import planner
 from gpumem.course.grading import Report, Row, call, error_line, returned, run_case
 from gpumem.errors import UsageError
 
-from . import lab06_diagnose, lab06_gpu
-from .lab06_guard import no_search
+from . import lab06_cases, lab06_diagnose, lab06_gpu
+from .lab06_cases import SLOW_LINK
+from .lab06_guard import no_search, refuse_if_active
 
 LAB = "lab06_choose_plan"
 SLACK = 1.03
 KEYS = ("recipe", "zero", "checkpoint", "attention", "offload", "device", "micro_batch", "tp", "pp")
 OPTIONAL = {"cp": 1, "vp": 1, "hybrid": "none", "group": 0, "mcore": False}
 LAB_CASE = ("llama-3-70b", 8, "h100-80gb", 8192, 64)
-HIDDEN = (("llama-3-70b", 16, "a100-40gb", 4096, 128),
-          ("llama-3.1-405b", 64, "h200", 4096, 256),
-          ("llama-3-8b", 16, "h100-80gb", 131072, 8))        # long sequence: context parallelism
-SLOW_LINK = 1.25e9        # 10 Gb/s Ethernet per GPU between nodes, bytes/s
-SLOW = (("llama-3-70b", 32, "h100-80gb", 4096, 256),          # 1F1B's sends exposed: interleave
-        ("llama-3-8b", 64, "h100-80gb", 2048, 1024))          # ZeRO-3's gathers exposed: hybrid sharding
-REFLECTION = SLOW[-1]
 LAB_LEVERS = {"recipes": ("mixed",)}      # the reference: the planner with every lever, mixed precision
 
 
@@ -98,9 +91,9 @@ def _whole(choice: dict, key: str, least: int = 1) -> int:
     return whole
 
 
-@lru_cache(maxsize=16)
 def reference(case: tuple, inter_node: float | None):
-    """The planner's answer to the case (computed before the learner runs, never during; kept)."""
+    """The planner's answer to the case; refuses inside the learner's call (never cached)."""
+    refuse_if_active("labcheck.reference")
     model, gpus, gpu, seq, batch = case
     return planner.plan(model, gpus, gpu, seq=seq, global_batch=batch, inter_node=inter_node, advise=False,
                         **LAB_LEVERS)
@@ -119,33 +112,49 @@ def _refused(err: Exception) -> str:
     return f"could not be checked: {error_line(err)}"
 
 
-def grade_case(choose, case: tuple, inter_node: float | None = None, result=None) -> tuple[str, str]:
+def grade_case(choose, case: tuple, inter_node: float | None = None, family=None,
+               ref=reference) -> tuple[str, str]:
     """(status, detail) of the learner's plan for one cluster (``inter_node``: bytes/s per GPU
-    between nodes, None: the node type's own NICs); never raises."""
-    result = result or reference(case, inter_node)
-    row = run_case(Report(LAB), "choose_plan", "", lambda: _grade(choose, case, inter_node, result),
+    between nodes, None: the node type's own NICs); the reference is priced after the learner's
+    call (``ref``: the tests pass a cached one); never raises."""
+    row = run_case(Report(LAB), "choose_plan", "", lambda: _grade(choose, case, inter_node, family, ref),
                    on_crash=_refused)
     return row.status, row.detail
 
 
-def _grade(choose, case: tuple, inter_node, result) -> tuple[str, str]:
+def _grade(choose, case: tuple, inter_node, family, ref) -> tuple[str, str]:
     model, gpus, gpu, seq, batch = case
     choice = _ask(choose, case, inter_node)
+    if choice is None:
+        result = ref(case, inter_node)
+        if result.plans:
+            return "wrong", "your search returned None (no plan), " + lab06_diagnose.why_none(result, family)
     try:
         fields = fields_of(choice, gpus, batch)
     except (TypeError, ValueError) as err:
         return "wrong", str(err) if not isinstance(err, TypeError) else f"the plan's values: {err}"
+    result = ref(case, inter_node)
     ev = planner.evaluate(model, gpus, fields, gpu, seq, batch, result=result)
     label = ev.plan.layout.label()
     if not ev.fits:
-        return "wrong", f"{label} does not fit: " + "; ".join(ev.why_not)
-    mine, fastest = ev.plan.time["total"], min(p.time["total"] for p in result.plans)
+        return "wrong", f"yours: {label}: does not fit: " + "; ".join(ev.why_not)
+    mine, fastest = ev.plan.time["total"], lab06_diagnose.fastest(result.plans).time["total"]
     ratio = mine / fastest
-    detail = f"{mine:.2f} s vs the fastest fitting layout's {fastest:.2f} s (planner's top: {result.best.layout.label()})"
     if ratio <= SLACK:
-        return "ok", detail
-    why = lab06_diagnose.why_slower(ev.plan, result, case, inter_node, SLACK)
-    return "wrong", f"{ratio:.2f}x the fastest step (more than {SLACK}x): {why}; yours: {label}"
+        return "ok", f"{mine:.2f} s vs the fastest fitting layout's {fastest:.2f} s"
+    head = f"yours: {label}: {ratio:.2f}x the fastest step (more than {SLACK}x)"
+    if inter_node is not None and _same_plan(choose, case, fields):
+        return "wrong", (f"{head}; the plan did not change when the link between nodes slowed to "
+                         f"{inter_node / 1e9:g} GB/s (pass inter_node on to step_seconds)")
+    return "wrong", f"{head}: {lab06_diagnose.why_slower(ev.plan, result, SLACK, family)}"
+
+
+def _same_plan(choose, case: tuple, slow_fields: dict) -> bool:
+    """Whether the learner gives the same plan on the node's own network (errors: no)."""
+    try:
+        return fields_of(_ask(choose, case, None), case[1], case[4]) == slow_fields
+    except Exception:        # noqa: BLE001 -- any failure here only drops the extra clause
+        return False
 
 
 def _case_text(case: tuple, inter_node: float | None) -> str:
@@ -154,47 +163,31 @@ def _case_text(case: tuple, inter_node: float | None) -> str:
     return f"{model} on {gpus} x {gpu}, seq {seq:,}, batch {batch}{link}"
 
 
-def slow_case(choose, case: tuple, function: str = "choose_plan") -> Row:
-    """A case on :data:`SLOW_LINK`, graded like the others; when the plan is wrong and is the one the
-    learner gives on the node's own network, the detail says the plan did not change with the link."""
-    status, detail = grade_case(choose, case, SLOW_LINK)
-
-    def same_plan():
-        fast, slow = (_ask(choose, case, link) for link in (None, SLOW_LINK))
-        f, s = (fields_of(x, case[1], case[4]) for x in (fast, slow))
-        return ("ok", "") if f == s else ("wrong", "")
-    if status == "wrong" and run_case(Report(LAB), function, "", same_plan).status == "ok":
-        detail = ("the plan did not change when the link between nodes slowed to "
-                  f"{SLOW_LINK / 1e9:g} GB/s (pass inter_node on to step_seconds); " + detail)
-    return Row(function, _case_text(case, SLOW_LINK), status, detail)
+def cases(seed: int | None = None) -> list[tuple]:
+    """(function, family, case, inter_node) in grading order: the lab's cluster, then one drawn
+    member of each family (the last is the reflection)."""
+    drawn = lab06_cases.draw(lab06_cases.rng_of(seed))
+    last = len(drawn) - 1
+    return [("choose_plan", None, LAB_CASE, None)] + [
+        ("reflection" if i == last else "choose_plan", f, case, f.inter_node) for i, (f, case) in enumerate(drawn)]
 
 
-def reflection(choose) -> Row:
-    """The slow-link reflection: :data:`REFLECTION` on :data:`SLOW_LINK` (see :func:`slow_case`)."""
-    return slow_case(choose, REFLECTION, "reflection")
-
-
-def check(ns: dict, show: bool = True) -> Report:
-    """Grade lab 06 from the notebook's namespace."""
+def check(ns: dict, show: bool = True, seed: int | None = None, ref=reference) -> Report:
+    """Grade lab 06 from the notebook's namespace; the unseen clusters are drawn from ``seed``
+    (fresh each check when None)."""
     report = Report(LAB)
     choose = ns.get("choose_plan")
     if choose is None:
         report.rows.append(Row("choose_plan", "defined", "todo",
                                "define choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None)"))
     else:
-        for case in (LAB_CASE,) + HIDDEN:
-            status, detail = grade_case(choose, case)
-            report.rows.append(Row("choose_plan", _case_text(case, None), status, detail))
+        for function, family, case, link in cases(seed):
+            status, detail = grade_case(choose, case, link, family, ref)
+            report.rows.append(Row(function, _case_text(case, link), status, detail))
             if status != "ok":
                 break
-        else:
-            for case in SLOW[:-1]:
-                report.rows.append(slow_case(choose, case))
-                if report.rows[-1].status != "ok":
-                    break
-            else:
-                report.rows.append(reflection(choose))
-    lab06_gpu.grade(report, ns.get("measure_kernel_share"))
+    gpu_line = lab06_gpu.grade(report, ns.get("measure_kernel_share"), no_search)
     if show:
         print(report.summary())
+        print(f"GPU part: {gpu_line}")
     return report
