@@ -2,14 +2,15 @@
 
 Expected bytes and file sizes here are counted by hand from DeepSpeed 0.19.8's allocations (the
 lab's reference module cites the lines), not read from the grader. Only one test starts ranks: the
-swap-file prediction copied from the lab's example, graded against a real NVMe offload run.
+recorded swap files (the grader's fallback without libaio) against a live NVMe offload run.
 """
 
 import pytest
 
 from gpumem import chapters
-from gpumem.chapters.ch05_offload import lab_gpu, labcheck
+from gpumem.chapters.ch05_offload import lab_gpu, lab_swap_record, labcheck
 from gpumem.chapters.ch05_offload import lab_reference as ref
+from gpumem.runs import ds_offload
 from gpumem.memory import accounting
 from gpumem.timing import offload_time
 from test_labs_hostile import solution
@@ -19,11 +20,16 @@ LAB = "lab05_offload_budget"
 EXAMPLE = {"gpu": {"params": 500, "grads": 500, "master": 1000, "optimizer": 2000}}
 CHAPTER_FILES = {"params": [1_048_576, 1_048_576], "master": [7_146_496],
                  "optimizer": [7_146_496, 7_146_496], "grads": [2_097_152, 2_097_152]}
-OFFLOAD = {"nothing": "none", "optimizer": "optimizer", "optimizer and parameters": "optimizer+params"}
 
 
 def grade(ns: dict):
     return chapters.check_lab(LAB, ns, show=False)
+
+
+@pytest.fixture
+def no_libaio(monkeypatch):
+    """The grader as on a machine without libaio: swap files compared with the recorded run."""
+    monkeypatch.setattr(ds_offload, "nvme_ready", lambda: (False, "libaio missing (test)"))
 
 
 def rows(report, function):
@@ -42,9 +48,7 @@ def _totals(ns, n, ranks, rung):
 
 
 def _seconds(ns, n, ranks, rung, compute_s, links):
-    zero, what, where = ns["RUNGS"][rung]
-    return offload_time.step_time(n, "mixed", zero, ranks, OFFLOAD[what], "nvme" if where == "nvme" else "cpu",
-                                  compute_s, links)["stock"]
+    return ns["rung_seconds"](n, ranks, rung, compute_s, links)
 
 
 def test_hand_count_of_each_rung():
@@ -152,14 +156,58 @@ def test_reference_answers_are_refused_too():
     assert bad.status == "error" and "count it yourself" in bad.detail
 
 
+ALIASED = """
+from gpumem.chapters.ch05_offload import labcheck
+def rung_bytes(n, r, rung):
+    return labcheck.ref.rung_bytes(n, r, rung)
+"""
+CAPTURED = """
+from gpumem.chapters.ch05_offload import lab_reference as ref
+def rung_bytes(n, r, rung, _count=ref.rung_bytes):
+    return _count(n, r, rung)
+def choose_rung(*args, _choose=ref.choose):
+    return _choose(*args)
+"""
+
+
+@pytest.mark.parametrize("source", [ALIASED, CAPTURED], ids=["grader-alias", "default-argument"])
+def test_saved_references_to_the_answers_are_refused(source):
+    """Finding 1: the grader's alias (once labcheck.COUNT) and a default argument captured when the
+    cell ran both reach the reference's code, which refuses while the learner's call runs."""
+    assert not hasattr(labcheck, "COUNT")
+    ns = {"RUNGS": ref.RUNGS}
+    exec(source, ns)
+    report = grade(ns)
+    for function in ("rung_bytes", "choose_rung") if "_choose" in source else ("rung_bytes",):
+        bad = first_problem(report, function)
+        assert bad.status == "error" and "count it yourself" in bad.detail, bad
+    assert ref.totals(ref.rung_bytes(4000, 4, "zero3")) == {"gpu": 16_000, "cpu": 0, "nvme": 0}   # restored
+
+
+def test_the_time_engine_still_counts_while_guarded():
+    """The guard lets offload_time call accounting.model_states (part 3 needs it)."""
+    from gpumem.chapters.ch05_offload import lab_guard
+    links = offload_time.datasheet_links("h100-80gb", "gen4", ranks_on_node=8)
+    free = offload_time.step_time(8_000_000_000, "mixed", 3, 8, "optimizer", "cpu", 2.0, links)["stock"]
+    with lab_guard.no_library_counts():
+        assert offload_time.step_time(8_000_000_000, "mixed", 3, 8, "optimizer", "cpu", 2.0, links)["stock"] == free
+        with pytest.raises(RuntimeError, match="count it yourself"):
+            accounting.model_states(8, "mixed", 2, 3)
+
+
 @pytest.mark.parametrize("fix, words", [
     (lambda held, rung: held, ""),
     (lambda held, rung: {**held, "cpu": {**held["cpu"], "grads": held["cpu"]["grads"] * 2 // 3}}
-     if rung == "zero3+opt-cpu" else held, "18 B per shard parameter, not the 16 of DeepSpeed's estimator"),
+     if rung == "zero3+opt-cpu" else held, "allocates its 16-bit gradient partition"),
     (lambda held, rung: {**held, "gpu": {**held["gpu"], "grads": held["gpu"]["params"] // 2}}
-     if rung == "zero2+opt-cpu" else held, "keeps no 16-bit gradient partition on the GPU"),
-], ids=["right", "estimator-16-bytes", "zero2-gpu-gradient"])
+     if rung == "zero2+opt-cpu" else held, "follow where ZeRO-2 copies each reduced bucket"),
+    (lambda held, rung: {"gpu": held["gpu"], "cpu": {"grads": held["cpu"]["grads"] + held["nvme"]["grads"]},
+                         "nvme": {k: v for k, v in held["nvme"].items() if k != "grads"}}
+     if rung == "zero3+opt-nvme" else held, "fp32 gradient is swapped to NVMe"),
+], ids=["right", "estimator-16-bytes", "zero2-gpu-gradient", "fp32-gradient-in-ram"])
 def test_count_mistakes_are_named(fix, words):
+    """Finding 4 too: the fp32 gradient left in RAM at zero3+opt-nvme is named as such (too high in
+    host memory: swap_out_gradients), not as a missing 16-bit partition."""
     right = solution("lab05")["rung_bytes"]
     report = grade({"rung_bytes": lambda n, r, g: fix(right(n, r, g), g)})
     if not words:
@@ -167,6 +215,42 @@ def test_count_mistakes_are_named(fix, words):
         return
     bad = first_problem(report, "rung_bytes")
     assert bad.status == "wrong" and words in bad.detail, bad
+
+
+def test_wrong_counts_do_not_give_the_hidden_numbers_away():
+    """Finding 2: the lab's example returned everywhere; the row names device, role, direction and
+    factor. At 1,000,003 params on 3 ranks the hand count is 2 x 333,335 = 666,670 B of params."""
+    detail = first_problem(grade({"rung_bytes": lambda n, r, g: EXAMPLE}), "rung_bytes").detail
+    assert detail.startswith("zero3, gpu params: yours is 0.00075x the right count (too low)"), detail
+    assert "666,670" not in detail and "666670" not in detail
+    for hint in labcheck.HINTS.values():                  # pointers only: no count in any hint
+        for name in ("16-bit", "fp32", "ZeRO-2", "stage3"):
+            hint = hint.replace(name, "")
+        assert not any(ch.isdigit() for ch in hint), hint
+
+
+def test_a_wrong_count_is_blamed_before_the_choice():
+    """Finding 5: with rung_bytes wrong the choice's row says to fix rung_bytes first; its reasons
+    use the reference's figures, not the learner's counts."""
+    ns = solution("lab05")
+    ns.pop("swap_files")
+    ns["rung_bytes"] = lambda n, r, g: EXAMPLE
+    ns["choose_rung"] = _always_most_offloaded
+    bad = first_problem(grade(ns), "choose_rung")
+    assert bad.detail.startswith("your rung_bytes is wrong (see its rows): fix it first"), bad
+    assert "over the 12.00 s budget" in bad.detail
+
+
+def test_every_graded_budget_is_clear_of_every_rung():
+    """Finding 6: each budget at least 5 % away from every rung's bytes and seconds, counted with
+    the solution notebook's functions."""
+    ns = solution("lab05")
+    for case, n, ranks, gpu, drive, compute_s, gb, hb, sb in labcheck.CHOOSE_CASES:
+        links = offload_time.datasheet_links(gpu, drive, ranks_on_node=min(ranks, 8))
+        for rung in ref.RUNGS:
+            held_gpu, held_cpu = _totals(ns, n, ranks, rung)
+            for value, budget in ((held_gpu, gb), (held_cpu, hb), (_seconds(ns, n, ranks, rung, compute_s, links), sb)):
+                assert abs(value / budget - 1) >= labcheck.MARGIN == 0.05, (case, rung, value, budget)
 
 
 def _hand_files(numels, ranks, block):
@@ -196,37 +280,72 @@ def test_swap_prediction_compare_names_the_role():
     assert "unknown role 'weights'" in labcheck.swap_shape_problem({"weights": [1]})
 
 
-def test_copied_examples_fail_against_a_real_run():
-    """The lab's example answers returned for every case; the swap files graded on real DeepSpeed
-    NVMe offload of the unseen models (2 CPU ranks, about 30 s)."""
-    from gpumem.runs import ds_offload
-    ready, why = ds_offload.nvme_ready()
-    if not ready:
-        pytest.skip(why)
+def test_copied_examples_fail_against_the_recorded_run(no_libaio):
+    """The lab's example answers returned for every case; the swap files graded, without libaio,
+    against the recorded DeepSpeed run of the unseen models."""
     report = grade({"rung_bytes": lambda n, r, g: EXAMPLE, "swap_files": lambda n, r, b: CHAPTER_FILES,
                     "choose_rung": lambda *a: "zero3+opt+params-cpu"})      # the lab's example choice
-    assert "zero3, gpu params: expected 666,670 B, got 500" in first_problem(report, "rung_bytes").detail
     assert first_problem(report, "choose_rung").status == "wrong"
     for row in rows(report, "swap_files"):
         assert row.status == "wrong" and "DeepSpeed wrote" in row.detail, row
     assert "DeepSpeed wrote 2 file(s) [1281024, 1281024]" in rows(report, "swap_files")[0].detail
 
 
-def test_gpu_part_is_skipped_with_a_reason_without_cuda():
+def test_swap_stub_is_not_passed_without_libaio(no_libaio):
+    """Finding 3: an empty prediction no longer counts as passed where libaio is missing; the
+    solution's does, against the recorded run, and the row says so."""
+    ns = solution("lab05")
+    ns["swap_files"] = lambda n, r, b: {}
+    report = grade(ns)
+    assert not report.solved and "well done" not in report.summary()
+    for row in rows(report, "swap_files"):
+        assert row.status == "wrong" and "DeepSpeed wrote" in row.detail, row
+    good = grade(solution("lab05"))
+    assert good.solved, good.summary()
+    assert all("recorded run, DeepSpeed 0.19.8" in r.detail for r in rows(good, "swap_files"))
+
+
+def test_recorded_swap_files_match_the_hand_count():
+    """Model A's recorded files, counted by hand (see test_swap_prediction_compare_names_the_role)."""
+    cfg, block = labcheck.SWAP_MODELS["model A, 1 MiB aio blocks"]
+    hand = _hand_files(labcheck.numels(cfg), 2, block)
+    for rank in lab_swap_record.RANKS:
+        assert labcheck.swap_problem(hand, rank["model A, 1 MiB aio blocks"]) == ""
+    assert lab_swap_record.DEEPSPEED == "0.19.8"
+
+
+def test_recorded_swap_files_equal_a_live_run():
+    """The stored inventory is what DeepSpeed writes now (2 CPU ranks, about 40 s; needs libaio)."""
+    from gpumem.runs import launch
+    ready, why = ds_offload.nvme_ready()
+    if not ready:
+        pytest.skip(why)
+    with ds_offload.swap_folder() as swap:
+        live = launch.run("gpumem.chapters.ch05_offload.lab_runs:swap_run", 2, "cpu", deepspeed=True, progress=False,
+                          models=labcheck.SWAP_MODELS, swap_dir=str(swap))
+    assert live == lab_swap_record.RANKS
+
+
+def test_gpu_part_adds_no_row_without_cuda(capsys):
+    """Finding 9: a skipped GPU part is not a passing check: no row, a printed skip line."""
     import torch
-    report = grade({"pcie_copy_seconds": lambda n: {"h2d": 1.0, "d2h": 1.0}})
-    row = rows(report, "pcie_copy_seconds")[0]
-    if not torch.cuda.is_available():
-        assert row.status == "ok" and row.detail.startswith("skipped: no CUDA device")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    report = chapters.check_lab(LAB, {"pcie_copy_seconds": lambda n: {"h2d": 1.0, "d2h": 1.0}}, show=True)
+    assert not rows(report, "pcie_copy_seconds")
+    assert "GPU part: skipped (no row): no CUDA device" in capsys.readouterr().out
 
 
-def test_gpu_verdict_refuses_a_copy_faster_than_the_link(monkeypatch):
+def test_gpu_verdict_compares_with_the_graders_own_timing(monkeypatch):
+    """The datasheet figure returned instead of a timing is refused: the grader's copy took longer."""
     monkeypatch.setattr(lab_gpu, "datasheet_gpu", lambda: lab_gpu.gpu_table.get("h100-80gb"))
     n = 63 * 10**9                                       # one second at 63 GB/s per direction
-    assert lab_gpu.verdict({"h2d": 0.5, "d2h": 1.2}, n)[0] == "wrong"         # 126 GB/s: not timed
-    assert "pin_memory" in lab_gpu.verdict({"h2d": 5.0, "d2h": 1.2}, n)[1]     # 12.6 GB/s: pageable
-    status, detail = lab_gpu.verdict({"h2d": 1.25, "d2h": 1.25}, n)
-    assert status == "ok" and "80% of the datasheet rate" in detail
+    mine = {"h2d": 1.3, "d2h": 1.3}                      # the grader's copy: 48.5 GB/s
+    datasheet = lab_gpu.verdict({"h2d": 1.0, "d2h": 1.0}, n, mine)
+    assert datasheet[0] == "wrong" and "the grader timed the same copy at 1300.00 ms" in datasheet[1]
+    status, detail = lab_gpu.verdict({"h2d": 1.3, "d2h": 1.2}, n, mine)
+    assert status == "ok" and "of the datasheet rate" in detail
+    assert lab_gpu.verdict({"h2d": 0.5, "d2h": 0.5}, n, {"h2d": 0.5, "d2h": 0.5})[0] == "wrong"   # beats PCIe
 
 
 @pytest.mark.gpu
@@ -245,17 +364,18 @@ def test_gpu_part_measures_the_solution(gpu_record):
 
 
 def test_gpu_branch_of_check_grades_the_returned_seconds(monkeypatch):
-    """The CUDA branch of check() with the device faked (no copy runs here): an unwritten optional
-    part is skipped, a copy 'faster' than an H100's PCIe is refused."""
+    """The CUDA branch of check() with the device and the grader's timing faked (no copy runs here):
+    an unwritten optional part adds no row, a copy far from the grader's own timing is refused."""
     monkeypatch.setattr(lab_gpu, "cuda_reason", lambda: "")
     monkeypatch.setattr(lab_gpu, "datasheet_gpu", lambda: lab_gpu.gpu_table.get("h100-80gb"))
+    monkeypatch.setattr(lab_gpu, "reference_seconds", lambda n: {"h2d": n / 50e9, "d2h": n / 50e9})
 
     def unwritten(n):
         raise NotImplementedError
 
     def row(fn):
-        return rows(grade({"pcie_copy_seconds": fn}), "pcie_copy_seconds")[0]
-    assert row(unwritten).detail.startswith("skipped: pcie_copy_seconds not written")
-    fast = row(lambda n: {"h2d": n / 200e9, "d2h": n / 200e9})
-    assert fast.status == "wrong" and "must bracket the copy" in fast.detail
-    assert row(lambda n: {"h2d": n / 50e9, "d2h": n / 50e9}).status == "ok"
+        return (rows(grade({"pcie_copy_seconds": fn}), "pcie_copy_seconds") or [None])[0]
+    assert row(unwritten) is None
+    fast = row(lambda n: {"h2d": n / 63e9, "d2h": n / 63e9})             # the datasheet rate, not a timing
+    assert fast.status == "wrong" and "the grader timed the same copy" in fast.detail
+    assert row(lambda n: {"h2d": n / 48e9, "d2h": n / 52e9}).status == "ok"

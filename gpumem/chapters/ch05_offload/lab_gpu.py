@@ -1,6 +1,12 @@
 """Lab 05's optional GPU part: a host <-> device copy of the optimizer states' size, timed with CUDA
-events, against the time engine's PCIe term (bytes / the GPU's datasheet PCIe rate per direction,
-:mod:`gpumem.memory.gpus`). Skipped, with the reason, without CUDA."""
+events. The grader times the same copy itself (:func:`reference_seconds`) and wants the learner's
+seconds within :data:`AGREE` of its own in each direction (as lab 06 does for its matmul); the
+detail then compares with the time engine's PCIe term (bytes / the GPU's datasheet PCIe rate per
+direction, :mod:`gpumem.memory.gpus`). Without CUDA, or when the optional function is not written,
+there is no row (a skipped row must not count as a passing check): :func:`grade` returns the line
+to print instead. Not run on the course's CPU machines."""
+
+from gpumem.course.grading import Report, Todo, call, case_seconds, run_case
 
 from ...memory import gpus as gpu_table
 from ...units import GB
@@ -9,6 +15,7 @@ from ...units import GB
 NAMES = (("H200", "h200"), ("H100", "h100-80gb"), ("A100", "a100-80gb"), ("L4", "l4"), ("T4", "t4"))
 FLOOR = 0.25     # a pinned copy reaches well above a quarter of the link; pageable copies may not
 CEILING = 1.05   # no copy beats the link's per-direction rate (5 % for the clock's resolution)
+AGREE = 0.20     # the learner's and the grader's timing of the same copy agree within 20 %
 
 
 def cuda_reason() -> str:
@@ -31,10 +38,40 @@ def optimizer_state_bytes(n_params: int = 1_000_000_000, ranks: int = 8) -> int:
     return 12 * -(-n_params // ranks)
 
 
-def verdict(got, n_bytes: int) -> tuple[str, str]:
-    """(status, detail) for the learner's ``{"h2d": s, "d2h": s}`` against the datasheet PCIe rate."""
+def reference_seconds(n_bytes: int, repeats: int = 5) -> dict:
+    """The grader's own timing of the lab's copy: pinned host memory, one warm-up copy, CUDA events
+    around each copy, the median of ``repeats`` per direction (seconds)."""
+    import torch
+    host = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
+    device.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    out = {}
+    for way, (dst, src) in {"h2d": (device, host), "d2h": (host, device)}.items():
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        out[way] = sorted(times)[len(times) // 2]
+    del host, device
+    torch.cuda.empty_cache()
+    return out
+
+
+def verdict(got, n_bytes: int, mine: dict) -> tuple[str, str]:
+    """(status, detail) for the learner's ``{"h2d": s, "d2h": s}`` against the grader's own timing
+    ``mine`` of the same copy (within :data:`AGREE`), then the datasheet PCIe rate."""
     if not isinstance(got, dict) or not all(isinstance(got.get(k), float) and got[k] > 0 for k in ("h2d", "d2h")):
         return "wrong", f"expected a dict with positive float seconds under 'h2d' and 'd2h', got {got!r}"[:200]
+    for way in ("h2d", "d2h"):
+        if abs(got[way] / mine[way] - 1) > AGREE:
+            return "wrong", (f"{way}: you timed {1e3 * got[way]:.2f} ms, the grader timed the same copy at "
+                             f"{1e3 * mine[way]:.2f} ms (more than {AGREE:.0%} apart): time the copy itself, "
+                             "pinned host memory, warm up, record, copy, record, synchronize")
     gpu = datasheet_gpu()
     if gpu is None:
         return "ok", (f"h2d {n_bytes / got['h2d'] / GB:.1f} GB/s, d2h {n_bytes / got['d2h'] / GB:.1f} GB/s "
@@ -51,3 +88,26 @@ def verdict(got, n_bytes: int) -> tuple[str, str]:
         parts.append(f"{way} {1e3 * got[way]:.1f} ms vs {1e3 * predicted:.1f} ms predicted "
                      f"({predicted / got[way]:.0%} of the datasheet rate)")
     return "ok", f"{n_bytes / GB:.2f} GB on {gpu.label}: " + "; ".join(parts)
+
+
+def grade(report: Report, fn) -> str:
+    """Add the optional row when CUDA is present and ``fn`` is written; the line to print either way."""
+    reason = cuda_reason()
+    if reason:
+        return "skipped (no row): " + reason
+    unwritten = "optional and not written (pcie_copy_seconds): no row"
+    if fn is None:
+        return unwritten
+    n_bytes = optimizer_state_bytes()
+
+    def body():
+        got = call(fn, n_bytes)
+        return verdict(got, n_bytes, reference_seconds(n_bytes))
+    try:
+        row = run_case(report, "pcie_copy_seconds", "optional GPU part", body, case_seconds(cases=4))
+    except Todo:                                    # run_case turns it into a todo row; kept for safety
+        return unwritten
+    if row.status == "todo":                        # optional: an unwritten part adds no row
+        report.rows.remove(row)
+        return unwritten
+    return f"{row.status}: {row.detail}"

@@ -1,4 +1,4 @@
-"""Lab 05's reference answers and the guard that keeps gpumem's own counts out of the learner's call.
+"""Lab 05's reference answers, and what :mod:`.lab_guard` refuses while the learner's code runs.
 
 The ladder (:data:`RUNGS`) is DeepSpeed 0.19.8's offload options for a ZeRO-3 (or ZeRO-2) run,
 mixed recipe (bf16 parameters and gradients, fp32 master, Adam's fp32 m and v). Per rank, with
@@ -26,9 +26,6 @@ ZeRO-3 allocates its 16-bit gradient partition (``grad_partitions_flat_buffer``)
 ``self.device``, the CPU whenever the optimizer is offloaded (lines 333, 791), and never swaps it.
 :func:`gpumem.memory.accounting.model_states` gives the same totals per device (tests compare).
 """
-
-import contextlib
-import sys
 
 from ...memory import accounting, ds_estimators, offload_cost
 from ...runs import ds_offload
@@ -91,32 +88,3 @@ BLOCKED = [(accounting, "model_states"), (ds_offload, "swap_files"), (ds_offload
 # the time engine counts its traffic with model_states: those callers go through
 ALLOWED_CALLERS = {offload_cost.__name__, offload_time.__name__}
 
-
-def _refuser(original):
-    def refuse(*args, **kwargs):
-        if sys._getframe(1).f_globals.get("__name__") in ALLOWED_CALLERS:
-            return original(*args, **kwargs)
-        raise RuntimeError(REFUSAL)
-    return refuse
-
-
-@contextlib.contextmanager
-def no_library_counts(ns: dict):
-    """While the learner's functions run: the library's counts (:data:`BLOCKED`, this module's
-    answers) raise "count it yourself", in their modules and wherever ``ns`` bound them."""
-    me = sys.modules[__name__]
-    targets = [(m, a) for m, a in BLOCKED if hasattr(m, a)] + [(me, "rung_bytes"), (me, "choose")]
-    saved = [(m, a, getattr(m, a)) for m, a in targets]
-    originals = {id(f): f for _, _, f in saved}
-    bound = [(k, v) for k, v in ns.items() if id(v) in originals]
-    try:
-        for m, a, f in saved:
-            setattr(m, a, _refuser(f))
-        for k, v in bound:
-            ns[k] = _refuser(v)
-        yield
-    finally:
-        for m, a, f in saved:
-            setattr(m, a, f)
-        for k, v in bound:
-            ns[k] = v
