@@ -436,8 +436,7 @@ def test_each_function_stops_at_its_first_failing_case(capsys):
 def test_the_graders_own_gpu_measurement_is_off_during_the_learners_call():
     """``measure_on_gpu = lambda fn, *a: (labgpu._own_peak(fn, *a)[0], 1.0)`` cannot borrow it,
     even through a reference saved before grading."""
-    from gpumem.chapters.ch04_flash_attention.labblock import no_library_backward
     saved = labgpu._own_peak
-    with no_library_backward(), pytest.raises(RuntimeError, match="labgpu._own_peak is off"):
+    with labgpu.guard(), pytest.raises(RuntimeError, match="measure it yourself: labgpu._own_peak is the grader"):
         saved(print)
     assert labgpu._own_peak.__code__.co_name == "_own_peak"        # restored after

@@ -2,9 +2,9 @@
 
 * :func:`no_library_backward`: while the learner's code runs, the library's attention backwards
   (chapter 04's query-outer ``tiled_backward`` and ``TiledAttention.backward``, the grader's own
-  references in :mod:`.labref`, the GPU part's own measurement) raise "write the key-block loop
-  yourself". Their code objects are swapped, as lab 06's guard does, so a reference saved before
-  grading (``from gpumem.memory.flash_tiled import tiled_backward``) is caught too.
+  references in :mod:`.labref`; :mod:`.labgpu` adds its own measurement) raise "write the
+  key-block loop yourself". Their code objects are swapped, as lab 06's guard does, so a
+  reference saved before grading (``from gpumem.memory.flash_tiled import tiled_backward``) is caught too.
 * :func:`key_block_calls`: every call of the learner's ``key_block_backward`` made inside their
   ``flash_backward`` (however it is reached: a profile hook on its code), with its ``j0`` (the
   seventh parameter) and a copy of what it returned; :func:`assembled` checks that dK, dV are those
@@ -19,29 +19,30 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from gpumem.memory import flash_tiled
 
-from . import labgpu, labref
+from . import labref
 
 MESSAGE = "write the key-block loop yourself: {} is off while lab 04 is graded"
 BLOCKED = (("flash_tiled.tiled_backward", flash_tiled.tiled_backward),
            ("flash_tiled.TiledAttention.backward", flash_tiled.TiledAttention.backward),
            ("labref.grads", labref.grads), ("labref.key_block", labref.key_block),
-           ("labref.dense", labref.dense), ("labgpu._own_peak", labgpu._own_peak))
+           ("labref.dense", labref.dense))
 
 
-def _refusing_code(name: str):
+def _refusing_code(name: str, message: str = MESSAGE):
     scope: dict = {}
-    exec(f"def refuse(*args, **kwargs):\n    raise RuntimeError({MESSAGE.format(name)!r})\n", scope)
+    exec(f"def refuse(*args, **kwargs):\n    raise RuntimeError({message.format(name)!r})\n", scope)
     return scope["refuse"].__code__
 
 
 @contextlib.contextmanager
-def no_library_backward():
-    """Inside the block every function of :data:`BLOCKED` raises; restored after, whatever happens."""
+def no_library_backward(*extra):
+    """Inside the block every function of :data:`BLOCKED` (and of ``extra``, (name, function)
+    pairs, or triples with the message) raises; restored after, whatever happens."""
     saved = []
     try:
-        for name, fn in BLOCKED:
+        for name, fn, *message in (*BLOCKED, *extra):
             saved.append((fn, fn.__code__))
-            fn.__code__ = _refusing_code(name)
+            fn.__code__ = _refusing_code(name, *message)
         yield
     finally:
         for fn, code in saved:

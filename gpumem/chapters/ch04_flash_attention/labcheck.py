@@ -17,8 +17,12 @@ lengths that differ, causal and not, empty shards, rows no key is visible to, lo
 against plain attention and autograd (``labref``), at 1e-9 absolute + 1e-9 relative. A failing
 case names its FIRST element out of tolerance (row-major), with how many are. ``labguard.Watch``
 runs around every call: SDPA, a softmax over a whole row, the whole score matrix, a tensor wider
-than one block of keys, a tile of more than one block of query rows, or joined shards fail the
-case even when the numbers are right. With CUDA, ``labgpu`` grades the optional GPU part.
+than one block of keys, a tile of more than one block of query rows, causal query tiles above the
+diagonal, joined shards, or numbers taken out of torch (NumPy, lists, storage) fail the case even
+when the numbers are right; ``labblock`` switches the library's backwards off during the call and
+checks that ``flash_backward``'s dK, dV are the blocks its ``key_block_backward`` calls returned,
+dQ their sum. Each function stops at its first failing case. With CUDA, ``labgpu`` grades the
+optional GPU part.
 """
 
 import torch

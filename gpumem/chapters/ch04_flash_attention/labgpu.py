@@ -16,13 +16,16 @@ heads of 64, s 4,096, bf16, causal) and checks:
 
 The part is optional: while ``measure_on_gpu`` (or ``flash_backward``) is unwritten it adds no row.
 
-The times are checked only against the grader's own timing of the same call: a Python loop of small kernels is slower than SDPA's one fused
-kernel, and how much slower depends on the GPU. Without CUDA nothing runs; :func:`grade` says why.
+The times are checked only against the grader's own timing of the same call, never against SDPA:
+a Python loop of small kernels is slower than SDPA's one fused kernel, and how much slower depends
+on the GPU. Without CUDA nothing runs; :func:`grade` says why.
 """
 
 import torch
 
 from gpumem.course.grading import call, run_case
+
+from .labblock import no_library_backward
 
 SHAPE = dict(heads=16, seq=4096, head_dim=64, block=128)
 
@@ -49,6 +52,12 @@ def _own_peak(fn, *args) -> tuple[int, float]:
     return torch.cuda.max_memory_allocated() - base, start.elapsed_time(end)
 
 
+def guard():
+    """The library's backwards and the grader's own measurement off (the learner's call runs)."""
+    return no_library_backward(("labgpu._own_peak", _own_peak,
+                                "measure it yourself: {} is the grader's and is off meanwhile"))
+
+
 def _inputs():
     from gpumem.memory import flash_tiled
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -71,16 +80,15 @@ def compare(measure, bwd) -> dict:
     """Run the learner's ``measure`` on their ``bwd`` and on SDPA's flash backward (CUDA only);
     also the grader's own peak for the learner's call, and a line saying all of it."""
     q, k, v, dout, out, lse = _inputs()
-    from .labblock import no_library_backward
     args = (dout, q, k, v, out, lse, True, SHAPE["block"])
     _, own_ms = _own_peak(bwd, *args)                 # also warms the kernels up for the learner
-    with no_library_backward():                       # the grader's instrument is off meanwhile
+    with guard():                                     # the grader's instrument is off meanwhile
         got = call(measure, bwd, *args)
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         return {"error": "measure_on_gpu must return (peak_bytes, milliseconds)"}
     peak, ms = float(got[0]), float(got[1])
     own, after_ms = _own_peak(bwd, *args)
-    with no_library_backward():
+    with guard():
         sdpa_peak, sdpa_ms = (float(x) for x in call(measure, _sdpa_backward(q, k, v, dout)))
     naive = naive_probability_bytes(SHAPE["heads"], SHAPE["seq"])
     line = (f"your flash_backward: {peak / 2**20:,.1f} MiB above its inputs, {ms:,.1f} ms\n"
