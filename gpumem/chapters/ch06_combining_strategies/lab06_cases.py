@@ -35,7 +35,7 @@ FAMILIES = (
     Family("the interleaved schedule (vp > 1 virtual stages)", lambda lay: lay.vp > 1,
            (("llama-3-70b", 32, "h100-80gb", 4096, 256), ("llama-3-70b", 32, "h100-80gb", 4096, 128),
             ("llama-3-8b", 16, "h100-80gb", 2048, 256)), SLOW_LINK),
-    Family("ZeRO-1 or ZeRO-2 (the optimizer's states sharded, the weights whole)",
+    Family("ZeRO-1 or ZeRO-2 (optimizer states sharded, weights whole)",
            lambda lay: lay.zero in (1, 2), (("llama-3-8b", 64, "h100-80gb", 2048, 512),), SLOW_LINK),
     Family("hybrid sharding (hybrid='hsdp' or 'hpz' with a shard group)", lambda lay: lay.hybrid != "none",
            (("llama-3-8b", 64, "h100-80gb", 2048, 1024), ("llama-3-8b", 64, "h100-80gb", 4096, 512)), SLOW_LINK),
