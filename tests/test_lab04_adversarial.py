@@ -378,19 +378,21 @@ def test_flash_backward_whose_answer_is_not_its_key_blocks_fails():
         in got.detail, got.detail
 
 
-def _key_block(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, first):
-    """The key-block kernel written out, its query loop starting at row ``first(j0)``."""
+def _key_block(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, first, prep=lambda t: t):
+    """The key-block kernel written out, its query loop starting at row ``first(j0)``; ``prep``
+    applied to each tile of q and dout (a copy, say)."""
     b, a, s_q, d = q.shape
     kv, n, c = k_blk.shape[1], k_blk.shape[2], d ** -0.5
     kk, vv = (t.repeat_interleave(a // kv, 1) for t in (k_blk, v_blk))
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(kk), torch.zeros_like(vv)
     for i0 in range(first(j0, block) if causal else 0, s_q, block):
         i1 = min(i0 + block, s_q)
-        s = _masked(q[:, :, i0:i1] @ kk.transpose(-1, -2) * c, causal, i0, j0)
+        qt, dot = prep(q[:, :, i0:i1]), prep(dout[:, :, i0:i1])
+        s = _masked(qt @ kk.transpose(-1, -2) * c, causal, i0, j0)
         p = torch.exp(s - lse[:, :, i0:i1, None])
-        dv += p.transpose(-1, -2) @ dout[:, :, i0:i1]
-        ds = p * (dout[:, :, i0:i1] @ vv.transpose(-1, -2) - delta[:, :, i0:i1, None]) * c
-        dk += ds.transpose(-1, -2) @ q[:, :, i0:i1]
+        dv += p.transpose(-1, -2) @ dot
+        ds = p * (dot @ vv.transpose(-1, -2) - delta[:, :, i0:i1, None]) * c
+        dk += ds.transpose(-1, -2) @ qt
         dq[:, :, i0:i1] = ds @ kk
     return dq, _fold(dk, kv), _fold(dv, kv)
 
@@ -440,3 +442,14 @@ def test_the_graders_own_gpu_measurement_is_off_during_the_learners_call():
     with labgpu.guard(), pytest.raises(RuntimeError, match="measure it yourself: labgpu._own_peak is the grader"):
         saved(print)
     assert labgpu._own_peak.__code__.co_name == "_own_peak"        # restored after
+
+
+def test_key_block_that_copies_each_tile_before_the_work_still_needs_the_skip():
+    """``.contiguous()`` of every query tile (a copy) does not hide the work on it."""
+    def copying(skip):
+        return lambda q, kb, vb, do, l, dl, j0, causal=False, block=32: _key_block(
+            q, kb, vb, do, l, dl, j0, causal, block, skip, lambda t: t.contiguous())
+    got = rows({"key_block_backward": copying(lambda j0, bl: 0)}, "key_block_backward")[0]
+    assert got.status == "wrong" and "it worked on query rows 0:16" in got.detail, got.detail
+    fine = rows({"key_block_backward": copying(lambda j0, bl: j0 // bl * bl)}, "key_block_backward", (0, 2))
+    assert all(r.status == "ok" for r in fine), [r.detail for r in fine]

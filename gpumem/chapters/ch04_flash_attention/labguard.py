@@ -97,6 +97,7 @@ class Watch(TorchDispatchMode):
         self.queries = {_ptr(t) for t in queries if t.numel()}            # Q, dO: (..., s_q, d)
         self.tile_rows, self.joined, self.causal_from = tile_rows, joined, causal_from
         self.broken, self._functions, self.reads, self.made = "", _Functions(self), 0, set()
+        self.tiles: dict = {}                          # storage of a copy of Q / dO rows -> (i0, i1)
 
     def flag(self, message: str) -> None:
         self.broken = self.broken or message
@@ -140,9 +141,9 @@ class Watch(TorchDispatchMode):
             if width > self.block:
                 self.flag(f"a {name.split('.')[1]} over {width} entries at once (a whole row of keys): "
                           f"tiles are at most {self.block} keys wide")
-        if self.causal_from is not None:
-            self._above_diagonal(name, args)
         out = func(*args, **(kwargs or {}))
+        if self.causal_from is not None:
+            self._above_diagonal(name, args, out)
         op, first = name.split(".")[1], list(_tensors(args[:1]))
         for tag in (self.allowed, self.queries):     # a copy of a whole Q (a cast) is Q; of a tile not
             if op in _COPIES and any(t.numel() and _ptr(t) in tag for t in first):
@@ -157,18 +158,31 @@ class Watch(TorchDispatchMode):
             self._shape(t)
         return out
 
-    def _above_diagonal(self, name: str, args) -> None:
-        """Flag an op (not a view) fed rows i0:i1 of Q or dO that all lie before key ``causal_from``."""
-        if self.broken or "slice" in name or "view" in name or "select" in name or "expand" in name:
+    def _above_diagonal(self, name: str, args, out) -> None:
+        """Flag an op (not a view, not a copy) fed rows i0:i1 of Q or dO, or a copy of them, that all
+        lie before key ``causal_from``; a copy of such rows carries their range on."""
+        if self.broken or any(w in name for w in ("slice", "view", "select", "expand", "split", "unbind")):
             return
+        copy = name.split(".")[1] in _COPIES or name.split(".")[1] in ("copy_", "_to_copy", "clone")
         for t in _tensors(list(args)):
-            if t.dim() >= 2 and t.numel() and _ptr(t) in self.queries and t.stride(-2) == self.d \
-                    and t.stride(-1) == 1:
+            if not (t.dim() >= 2 and t.numel()):
+                continue
+            if _ptr(t) in self.tiles:
+                i0, i1 = self.tiles[_ptr(t)]
+            elif _ptr(t) in self.queries and t.stride(-2) == self.d and t.stride(-1) == 1 \
+                    and t.shape[-2] < self.s_q:                    # a tile, not the whole of Q
                 i0 = (t.storage_offset() // self.d) % self.s_q
-                if i0 + t.shape[-2] <= self.causal_from and t.shape[-2] < self.s_q:
-                    self.flag(f"causal key block from key {self.causal_from}: it worked on query rows "
-                              f"{i0}:{i0 + t.shape[-2]}, which see none of its keys; skip the query "
-                              f"blocks above the diagonal")
+                i1 = i0 + t.shape[-2]
+            else:
+                continue
+            if i1 > self.causal_from:
+                continue
+            if copy:
+                self.tiles.update({_ptr(o): (i0, i1) for o in _tensors(out) if o.numel()})
+            else:
+                self.flag(f"causal key block from key {self.causal_from}: it worked on query rows "
+                          f"{i0}:{i1}, which see none of its keys; skip the query "
+                          f"blocks above the diagonal")
 
     def _shape(self, t: torch.Tensor) -> None:
         if self.broken or t.dim() < 1 or (t.numel() and _ptr(t) in self.allowed):
