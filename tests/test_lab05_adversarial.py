@@ -204,7 +204,9 @@ def test_the_time_engine_still_counts_while_guarded():
     (lambda held, rung: {"gpu": held["gpu"], "cpu": {"grads": held["cpu"]["grads"] + held["nvme"]["grads"]},
                          "nvme": {k: v for k, v in held["nvme"].items() if k != "grads"}}
      if rung == "zero3+opt-nvme" else held, "fp32 gradient is swapped to NVMe"),
-], ids=["right", "estimator-16-bytes", "zero2-gpu-gradient", "fp32-gradient-in-ram"])
+    (lambda held, rung: {**held, "nvme": {k: v for k, v in held["nvme"].items() if k != "grads"}}
+     if rung == "zero3+opt-nvme" else held, "missing on NVMe: the optimizer's fp32 gradient goes there"),
+], ids=["right", "estimator-16-bytes", "zero2-gpu-gradient", "fp32-gradient-in-ram", "fp32-gradient-forgotten"])
 def test_count_mistakes_are_named(fix, words):
     """Finding 4 too: the fp32 gradient left in RAM at zero3+opt-nvme is named as such (too high in
     host memory: swap_out_gradients), not as a missing 16-bit partition."""
@@ -238,6 +240,7 @@ def test_a_wrong_count_is_blamed_before_the_choice():
     ns["choose_rung"] = _always_most_offloaded
     bad = first_problem(grade(ns), "choose_rung")
     assert bad.detail.startswith("your rung_bytes is wrong (see its rows): fix it first"), bad
+    assert "zero2+opt-cpu" not in bad.detail                        # the expected rung is not given away
     assert "over the 12.00 s budget" in bad.detail
 
 
@@ -276,7 +279,9 @@ def test_swap_prediction_compare_names_the_role():
               "optimizer/exp_avg_sq-0_9.tensor.swp": hand["master"][0]}
     files |= {f"optimizer/0_9_gradient_{i}_1.tensor.swp": b for i, b in enumerate(hand["grads"])}
     assert labcheck.swap_problem(hand, files) == ""
-    assert labcheck.swap_problem({**hand, "params": []}, files).startswith("params: DeepSpeed wrote 2 file(s)")
+    assert labcheck.swap_problem({**hand, "params": []}, files) == "params: DeepSpeed wrote 2 file(s), you predicted 0"
+    unpadded = {**hand, "params": [1_280_320, 1_280_320]}          # bf16 bytes, not padded to 1,024
+    assert labcheck.swap_problem(unpadded, files).endswith("too small, by less than 1 KiB")
     assert "unknown role 'weights'" in labcheck.swap_shape_problem({"weights": [1]})
 
 
@@ -288,7 +293,9 @@ def test_copied_examples_fail_against_the_recorded_run(no_libaio):
     assert first_problem(report, "choose_rung").status == "wrong"
     for row in rows(report, "swap_files"):
         assert row.status == "wrong" and "DeepSpeed wrote" in row.detail, row
-    assert "DeepSpeed wrote 2 file(s) [1281024, 1281024]" in rows(report, "swap_files")[0].detail
+    assert rows(report, "swap_files")[0].detail == ("params: DeepSpeed wrote 2 file(s), as you predicted, but 2 "
+                                                    "size(s) differ: your 1,048,576 B file is too small, by more than 1 KiB")
+    assert "1281024" not in rows(report, "swap_files")[0].detail and "1,281,024" not in rows(report, "swap_files")[0].detail
 
 
 def test_swap_stub_is_not_passed_without_libaio(no_libaio):

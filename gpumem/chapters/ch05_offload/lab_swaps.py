@@ -46,15 +46,21 @@ def swap_shape_problem(got) -> str:
 
 
 def swap_problem(got, files: dict[str, int]) -> str:
-    """'' if ``got`` (role -> sizes) lists the sizes of ``files`` (DeepSpeed's name -> bytes) by role."""
+    """'' if ``got`` (role -> sizes) lists the sizes of ``files`` (DeepSpeed's name -> bytes) by role;
+    else the first role that differs: the count of files, or a size's direction, never the sizes."""
     want: dict[str, list[int]] = {}
     for name, size in files.items():
         want.setdefault(SWAP_KINDS[ds_offload._kind(name.rsplit("/", 1)[-1])], []).append(size)
     for role in ("params", "master", "optimizer", "grads"):
         w, g = sorted(want.get(role, [])), sorted(got.get(role, []))
-        if g != w:
-            text = f"{role}: DeepSpeed wrote {len(w)} file(s) {w}, you predicted {len(g)}: {g}"
-            return text if len(text) <= 240 else text[:237] + "..."
+        if len(g) != len(w):
+            return f"{role}: DeepSpeed wrote {len(w)} file(s), you predicted {len(g)}"
+        off = [(b, a) for b, a in zip(g, w) if b != a]
+        if off:                                   # the sizes, not shown: direction and how far
+            mine, theirs = off[0]
+            return (f"{role}: DeepSpeed wrote {len(w)} file(s), as you predicted, but {len(off)} size(s) differ: "
+                    f"your {mine:,} B file is too {'large' if mine > theirs else 'small'}, by "
+                    f"{'less' if abs(mine - theirs) < 1024 else 'more'} than 1 KiB")
     return ""
 
 
