@@ -453,3 +453,25 @@ def test_key_block_that_copies_each_tile_before_the_work_still_needs_the_skip():
     assert got.status == "wrong" and "it worked on query rows 0:16" in got.detail, got.detail
     fine = rows({"key_block_backward": copying(lambda j0, bl: j0 // bl * bl)}, "key_block_backward", (0, 2))
     assert all(r.status == "ok" for r in fine), [r.detail for r in fine]
+
+
+def dlpack_round_trip(dout, q, k, v, out, lse, causal=False, block=32):
+    """Out through DLPack, the work in NumPy, back in through DLPack and a clone."""
+    import numpy as np
+    arrays = [np.from_dlpack(t) for t in (dout, q, k, v)]
+    return tuple(torch.from_dlpack(a).clone() for a in arrays)
+
+
+def dlpack_capsule(dout, q, k, v, out, lse, causal=False, block=32):
+    return tuple(torch.utils.dlpack.to_dlpack(t) for t in (dout, q, k))
+
+
+@pytest.mark.parametrize("cheat, says", [
+    (dlpack_round_trip, "it took the numbers out of torch (Tensor.__dlpack__)"),
+    (dlpack_capsule, "it took the numbers out of torch (torch.to_dlpack is off"),
+], ids=["np.from_dlpack", "to_dlpack"])
+def test_dlpack_is_a_way_out_too(cheat, says):
+    before = torch.utils.dlpack.to_dlpack, torch.from_dlpack, torch.from_numpy
+    got = rows({"flash_backward": cheat}, "flash_backward")[0]
+    assert got.status == "error" and says in got.detail, got.detail
+    assert (torch.utils.dlpack.to_dlpack, torch.from_dlpack, torch.from_numpy) == before   # restored

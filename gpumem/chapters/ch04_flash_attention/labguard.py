@@ -35,6 +35,7 @@ another thread is not seen; the lab's rules forbid it in words.
 
 import numpy as np
 import torch
+import torch.utils.dlpack
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -44,7 +45,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _COPIES = {"clone", "_to_copy", "index_select", "repeat", "repeat_interleave", "contiguous"}
 # Tensor methods that take the numbers out of torch (computing elsewhere would hide the tiles)
 _EXITS = {"numpy", "__array__", "untyped_storage", "storage", "_storage", "data_ptr", "__dlpack__",
-          "__array_interface__", "__reduce_ex__", "__setstate__", "__deepcopy__"}
+          "__array_interface__", "__reduce_ex__", "__setstate__", "__deepcopy__", "_typed_storage",
+          "__getstate__", "_data_ptr"}
 _READS = {"item", "__float__", "__int__", "__index__", "__complex__"}
 _READ_BUDGET = 1000
 
@@ -78,9 +80,16 @@ class _Functions(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _refuse_from_numpy(*args, **kwargs):
-    raise RuntimeError("it took the numbers out of torch (torch.from_numpy is off while lab 04 is "
-                       "graded): compute every tile with torch ops inside the call")
+def _refusing(name: str):
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"it took the numbers out of torch ({name} is off while lab 04 is "
+                           f"graded): compute every tile with torch ops inside the call")
+    return refuse
+
+
+# module functions that move numbers between torch and other libraries, off during the call
+_BRIDGES = ((torch, "from_numpy"), (torch, "from_dlpack"), (torch, "to_dlpack"),
+            (torch.utils.dlpack, "from_dlpack"), (torch.utils.dlpack, "to_dlpack"))
 
 
 class Watch(TorchDispatchMode):
@@ -117,7 +126,9 @@ class Watch(TorchDispatchMode):
         return ""
 
     def __enter__(self):
-        self._from_numpy, torch.from_numpy = torch.from_numpy, _refuse_from_numpy
+        self._bridges = [(m, a, getattr(m, a)) for m, a in _BRIDGES if hasattr(m, a)]
+        for module, attr, _ in self._bridges:
+            setattr(module, attr, _refusing(f"torch.{attr}"))
         self._functions.__enter__()
         return super().__enter__()
 
@@ -126,7 +137,8 @@ class Watch(TorchDispatchMode):
             return super().__exit__(*exc)
         finally:
             self._functions.__exit__(*exc)
-            torch.from_numpy = self._from_numpy
+            for module, attr, fn in self._bridges:
+                setattr(module, attr, fn)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func)
