@@ -16,6 +16,7 @@ MARGIN = 1.05             # each family's lever is worth at least the slack (3 %
 
 
 class Family(NamedTuple):
+    """Questions built around one lever, and how to tell a layout that pulls it."""
     lever: str                                  # what the learner reads when the search lacks it
     uses: Callable                              # layout -> True when it pulls the lever
     members: tuple                              # (model, gpus, gpu, seq, global_batch) questions

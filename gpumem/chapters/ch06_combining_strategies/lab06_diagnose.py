@@ -55,6 +55,6 @@ def why_none(result, family=None) -> str:
     levers = ((family.lever, family.uses),) if family is not None else ()
     for text, uses in levers + LEVERS:
         if uses(best.layout) and best_without(result.plans, uses) is None:
-            return f"but layouts fit: none without {text}. Does your search try it?"
-    return (f"but {len(result.plans)} layouts fit, the fastest in {best.time['total']:.2f} s: check your "
+            return f"layouts fit, none without {text}. Does your search try it?"
+    return (f"{len(result.plans)} layouts fit, the fastest in {best.time['total']:.2f} s: check your "
             "search's bounds and its fit test")
