@@ -268,6 +268,27 @@ def test_the_graders_own_timing_is_off_while_the_learner_runs():
         lab06_gpu.reference_flops(8, 8, 8)
 
 
+def test_gpu_part_refuses_the_graders_timing_and_skips_a_todo(monkeypatch):
+    """The GPU path on a CPU: CUDA and the grader's timing faked (500 TF/s on an 'H200')."""
+    import torch
+    from gpumem.course.grading import Report
+    real = lab06_gpu.reference_flops                  # the object whose code the guard swaps
+    monkeypatch.setattr(lab06_gpu, "cuda_reason", lambda: "")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(lab06_gpu, "reference_flops", lambda m, k, n, repeats=10: 500e12)
+    report = Report(L.LAB)
+    lab06_gpu.grade(report, lambda m, k, n: real(m, k, n), lab06_guard.no_search)
+    assert report.rows[-1].status == "error" and "reference_flops is off" in report.rows[-1].detail
+    report = Report(L.LAB)
+    line = lab06_gpu.grade(report, lambda m, k, n: 510e12, lab06_guard.no_search)
+    assert report.rows[-1].status == "ok" and "of H200" in line, line
+    report = Report(L.LAB)
+
+    def todo(m, k, n):
+        raise NotImplementedError
+    assert lab06_gpu.grade(report, todo, lab06_guard.no_search).startswith("skipped") and not report.rows
+
+
 @pytest.mark.gpu
 def test_gpu_kernel_share_of_the_reference_matmul(gpu_record):
     """On a GPU: a learner timing the matmul like the grader passes; handing back the grader's own
