@@ -431,7 +431,7 @@ def test_each_function_stops_at_its_first_failing_case(capsys):
     ns["merge_partials"] = merge_by_average                         # wrong on every case
     report = chapters.check_lab("lab04_online_softmax", ns, show=False)
     merge = [r for r in report.rows if r.function == "merge_partials"]
-    assert [r.status for r in merge] == ["wrong"] and len(report.rows) == 13
+    assert [r.status for r in merge] == ["wrong"] and len(report.rows) == 14    # 4 + 5 + 1 + 4
     assert all(r.status == "ok" for r in report.rows if r.function != "merge_partials")
 
 
@@ -475,3 +475,35 @@ def test_dlpack_is_a_way_out_too(cheat, says):
     got = rows({"flash_backward": cheat}, "flash_backward")[0]
     assert got.status == "error" and says in got.detail, got.detail
     assert (torch.utils.dlpack.to_dlpack, torch.from_dlpack, torch.from_numpy) == before   # restored
+
+
+def test_bf16_accumulators_fail_the_bf16_case():
+    """fp32 tiles, but dK and dV summed across query blocks in bf16 (the inputs' dtype)."""
+    ns = solution()
+
+    def bf16_sums(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        b, a, s_q, d = q.shape
+        kv, n, c, acc = k_blk.shape[1], k_blk.shape[2], d ** -0.5, torch.promote_types(q.dtype, torch.float32)
+        kk, vv = (t.repeat_interleave(a // kv, 1).to(acc) for t in (k_blk, v_blk))
+        dq = torch.zeros(q.shape, dtype=acc)
+        dk, dv = (torch.zeros(b, kv, n, d, dtype=q.dtype) for _ in range(2))
+        for i0 in range(j0 // block * block if causal else 0, s_q, block):
+            qt, dot = q[:, :, i0:i0 + block].to(acc), dout[:, :, i0:i0 + block].to(acc)
+            p = torch.exp(_masked(qt @ kk.transpose(-1, -2) * c, causal, i0, j0) - lse[:, :, i0:i0 + block, None])
+            dv += _fold(p.transpose(-1, -2) @ dot, kv).to(q.dtype)              # summed in bf16
+            ds = p * (dot @ vv.transpose(-1, -2) - delta[:, :, i0:i0 + block, None].to(acc)) * c
+            dk += _fold(ds.transpose(-1, -2) @ qt, kv).to(q.dtype)
+            dq[:, :, i0:i0 + block] = ds @ kk
+        return dq.to(q.dtype), dk, dv
+    ns["key_block_backward"] = scope = ns["flash_backward"].__globals__   # the notebook's globals
+    right, scope["key_block_backward"] = scope["key_block_backward"], bf16_sums
+    try:
+        ns["key_block_backward"] = bf16_sums
+        assert all(r.status == "ok" for r in rows(ns, "flash_backward", (0, 1))), "fine in fp64"
+        report = Report(labcheck.LAB)
+        labcheck._flash_rows(report, ns["flash_backward"], labcheck.BF16, 104, inner=bf16_sums)
+    finally:
+        scope["key_block_backward"] = right
+    got = report.rows[0]
+    assert got.status == "wrong" and got.detail.startswith("dk: relative error 0.00") \
+        and "accumulate dK, dV (and dQ) in fp32 across blocks" in got.detail, got.detail
