@@ -80,7 +80,7 @@ def _lab06(**changes):
 HOSTILE = [
     ("lab01", "numpy array", lambda ns: {**ns, "model_state_bytes": lambda **k: np.zeros(3)}, "model_state_bytes",
      "wrong", "returned a numpy.ndarray of shape (3,), expected a dict with keys params, grads, optimizer"),
-    ("lab01", "tensor", lambda ns: {**ns, "layer_activation_bytes": lambda **k: torch.tensor([5, 6])},
+    ("lab01", "tensor", lambda ns, t=torch.tensor([5, 6]): {**ns, "layer_activation_bytes": lambda **k: t},
      "layer_activation_bytes", "wrong", "returned a torch.Tensor of shape (2,) on cpu, expected an int"),
     ("lab01", "None", lambda ns: {**ns, "model_state_bytes": lambda **k: None}, "model_state_bytes",
      "wrong", "returned None -- did you forget `return`?"),
