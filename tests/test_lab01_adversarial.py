@@ -163,17 +163,128 @@ def test_the_course_answers_and_tracing_tools_are_switched_off(name, fn, says):
 
 
 def test_a_model_of_ones_own_records_no_graph():
-    """Gradient recording is off while the learner runs, and cannot be turned back on: a layer the
-    learner writes (not the course's) builds no graph, so hooks would see nothing."""
+    """A layer the learner writes (not the course's) cannot even be built: no tensor op runs while
+    the learner's function is graded."""
     def own_layer(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
         up = torch.nn.Linear(d_model, ffn)
-        out = torch.nn.functional.gelu(up(torch.randn(batch, seq, d_model, requires_grad=True)))
-        if out.grad_fn is None:
-            with torch.enable_grad():
-                pass
+        torch.nn.functional.gelu(up(torch.randn(batch, seq, d_model, requires_grad=True)))
         return {"activations": 0, "params": 0}
     got = rows(grade({"variant_layer": own_layer}), "variant_layer")
-    assert got and all(r.status == "error" and "enable_grad is switched off" in r.detail for r in got)
+    assert got and all(r.status == "error" and "no tensor ops: derive the count" in r.detail for r in got)
+
+
+# ---- the reviewer's way round the first guard (issue 21 review of lab 01) ---------------------
+
+def _load_copy(path, name, register=True):
+    import importlib.util
+    import sys
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _saved_walk(out) -> int:
+    """Adds up the tensors autograd saved, reading ``grad_fn._saved_*`` directly (no hooks)."""
+    seen, todo, done = {}, [out.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in done:
+            continue
+        done.add(node)
+        for attr in dir(node):
+            value = getattr(node, attr, None) if attr.startswith("_saved_") else None
+            if isinstance(value, torch.Tensor):
+                seen[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
+        todo += [f for f, _ in node.next_functions]
+    return sum(seen.values())
+
+
+def _reviewer_cheat(llama_copy, variants_copy):
+    """Copies of llama.py and variants.py, the block built with grad off, the C switch turned on,
+    the saved tensors read off ``grad_fn``: measured, not derived."""
+    def cheat(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
+        cfg = ModelConfig("x", 1, d_model, n_heads, n_kv_heads, ffn, 10)
+        block = variants_copy.VariantBlock(cfg, norm, mlp, qkv_bias).to(torch.bfloat16)
+        cos, sin = llama_copy.rope_tables(seq, d_model // n_heads, 5e5, torch.bfloat16)
+        torch._C._set_grad_enabled(True)
+        out = block(torch.randn(batch, seq, d_model, dtype=torch.bfloat16, requires_grad=True) * 1,
+                    cos, sin, kernel)
+        return {"activations": _saved_walk(out), "params": sum(p.numel() for p in block.parameters())}
+    return cheat
+
+
+@pytest.mark.parametrize("register, says", [
+    (True, "(loaded again as gpumem.memory.lab01_copy_llama).make_norm is switched off"),
+    (False, "no tensor ops: derive the count"),                     # copies nobody registered
+])
+def test_copies_of_the_course_loaded_under_other_names_fail(register, says):
+    """Registered copies are switched off like the originals; unregistered ones have no tensor."""
+    import sys
+
+    from gpumem.memory import llama
+    names = ("gpumem.memory.lab01_copy_llama", "gpumem.chapters.ch01_memory_anatomy.lab01_copy_variants")
+    llama_copy = _load_copy(llama.__file__, names[0], register)
+    variants_copy = _load_copy(variants.__file__, names[1], register)
+    variants_copy.llama = llama_copy          # the copy of variants would import the real llama
+    try:
+        report = grade({"variant_layer": _reviewer_cheat(llama_copy, variants_copy)})
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
+    got = rows(report, "variant_layer")
+    assert got and all(r.status == "error" and says in r.detail for r in got), report.summary()
+    assert torch.is_grad_enabled() and torch.ones(2).sum().item() == 2
+
+
+def _grad_on_by_the_c_switch(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+    torch._C._set_grad_enabled(True)
+    return 0
+
+
+def _copy_loaded_during_the_call(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+    from gpumem.memory import activations as a
+    copy = _load_copy(a.__file__, "gpumem.memory.lab01_copy_activations", register=False)
+    return sum(copy.layer_parts(ModelConfig("x", 1, d_model, n_heads, n_kv_heads, ffn, 10), seq, batch,
+                                kernel, 2).values())
+
+
+_pop = torch._C._pop_torch_dispatch_stack          # bound before the check
+_pop_f = torch._C._pop_torch_function_stack
+
+
+def _modes_popped(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+    _pop(None), _pop_f()
+    return int(torch.zeros(1).sum().item())
+
+
+def _modes_disabled(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():
+        return 0
+
+
+@pytest.mark.parametrize("fn, says", [
+    (_grad_on_by_the_c_switch, "torch._C._set_grad_enabled(True) is switched off"),
+    (_copy_loaded_during_the_call, "opening activations"),
+    (_modes_popped, "the tensor-op guard was switched off inside your function"),
+    (_modes_disabled, "_disable_current_modes is switched off"),
+])
+def test_ways_out_of_the_tensor_op_guard_fail(fn, says):
+    report = grade({"layer_activation_bytes": fn})
+    got = rows(report, "layer_activation_bytes")
+    assert got and all(r.status == "error" and says in r.detail for r in got), report.summary()
+    assert torch.is_grad_enabled() and torch.ones(2).sum().item() == 2
+    assert torch._C._len_torch_dispatch_stack() == 0 and torch._C._len_torch_function_stack() == 0
+
+
+def test_the_solution_does_no_tensor_op_and_passes_at_far_shapes():
+    report = grade(solution(), seed=3)
+    far = [r for r in report.rows if "far shape" in r.case]
+    assert len(far) == 3 and all(r.status == "ok" for r in far), report.summary()
+    assert max(len(line) for line in report.summary().splitlines()) <= 100
 
 
 def test_a_table_of_answers_from_an_earlier_report_fails_at_the_next_draw():

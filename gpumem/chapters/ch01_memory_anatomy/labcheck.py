@@ -5,9 +5,10 @@ The cases are not the ones the lab shows. Model states come from fake-tensor tra
 (``gpumem.memory.tracing``) of two fixed configurations and from ``accounting.model_states`` at
 drawn sizes. Layers are drawn afresh at each check (shapes, and in part 3 the variants of
 :mod:`.variants`: Hugging Face's RMSNorm, a GeLU MLP with dropout, q/k/v biases) and measured on
-real tensors (:func:`.variants.measure`), so a table of last time's answers does not pass. While
-the learner's functions run, the course's own formulas and tracers raise "derive it yourself"
-(:mod:`.labguard`).
+real tensors (:func:`.variants.measure`), so a table of last time's answers does not pass; a few
+shapes lie far outside the drawn range, where a fit to small measurements passes only if it is the
+exact formula. While the learner's functions run, the course's own formulas and tracers raise
+"derive it yourself" and any tensor operation raises "no tensor ops" (:mod:`.labguard`).
 """
 
 import os
@@ -85,6 +86,15 @@ def draw_shape(rng: random.Random) -> dict:
                 seq=rng.randint(5, 40), batch=rng.randint(1, 3))
 
 
+def draw_far_shape(rng: random.Random) -> dict:
+    """A shape far outside :func:`draw_shape`'s range (6-8 key/value heads, head width 64 or 128,
+    hundreds of positions): a count fitted to measurements at small shapes passes here only if it
+    has the formula's exact structure, that is, if it is the formula."""
+    kv, rep, head = rng.choice([6, 8]), rng.choice([1, 2]), rng.choice([64, 128])
+    return dict(d_model=kv * rep * head, n_heads=kv * rep, n_kv_heads=kv, ffn=16 * rng.randint(100, 250),
+                seq=rng.randint(300, 600), batch=rng.randint(1, 2))
+
+
 def _label(shape: dict, **more) -> str:
     s = shape
     extra = "".join(f" {k}={v}" for k, v in more.items())
@@ -113,15 +123,17 @@ def _grade_layers(report: Report, fn, rng: random.Random) -> None:
         report.rows.append(Row(name, "part 2", "todo", f"define {name}"))
         return
     learner = guarded(fn)
-    for shape in (draw_shape(rng), draw_shape(rng)):
-        for kernel in ("flash", "naive", "eager"):
-            def body(case=dict(**shape, kernel=kernel)):
-                got = call(learner, **case)          # the truth is measured after the learner's call
-                want = variants.measure(**case, norm="fused", mlp="swiglu", qkv_bias=False)[0]
-                if not isinstance(got, int) or isinstance(got, bool):
-                    return "wrong", returned(got, "an int (bytes)")
-                return ("ok", "") if got == want else ("wrong", f"expected {want:,} B, got {got:,} B")
-            run_case(report, name, _label(shape, kernel=kernel) + " (traced)", body)
+    cases = [(shape, kernel, "") for shape in (draw_shape(rng), draw_shape(rng))
+             for kernel in ("flash", "naive", "eager")]
+    cases.append((draw_far_shape(rng), rng.choice(("flash", "naive", "eager")), ", far shape"))
+    for shape, kernel, far in cases:
+        def body(case=dict(**shape, kernel=kernel)):
+            got = call(learner, **case)          # the truth is measured after the learner's call
+            want = variants.measure(**case, norm="fused", mlp="swiglu", qkv_bias=False)[0]
+            if not isinstance(got, int) or isinstance(got, bool):
+                return "wrong", returned(got, "an int (bytes)")
+            return ("ok", "") if got == want else ("wrong", f"expected {want:,} B, got {got:,} B")
+        run_case(report, name, _label(shape, kernel=kernel) + f" (traced{far})", body)
 
 
 # (norm, mlp, qkv_bias) of part 3's cases, one variant at a time first, so that the first row that
@@ -172,8 +184,9 @@ def _grade_variants(report: Report, fn, rng: random.Random) -> None:
         report.rows.append(Row(name, "part 3", "todo", f"define {name}"))
         return
     learner = guarded(fn)
-    for i, (norm, mlp, bias) in enumerate(VARIANT_CASES):
-        case = dict(draw_shape(rng), kernel=KERNEL_CYCLE[i % 3], norm=norm, mlp=mlp, qkv_bias=bias)
+    far = [(draw_far_shape(rng), ", far shape", rng.choice(VARIANT_CASES[3:])) for _ in range(2)]
+    for i, (shape, tag, (norm, mlp, bias)) in enumerate([(draw_shape(rng), "", v) for v in VARIANT_CASES] + far):
+        case = dict(shape, kernel=KERNEL_CYCLE[i % 3], norm=norm, mlp=mlp, qkv_bias=bias)
 
         def body(case=case):
             got = call(learner, **case)              # the truth is measured after the learner's call
@@ -186,7 +199,7 @@ def _grade_variants(report: Report, fn, rng: random.Random) -> None:
             if got["params"] != want_params:
                 return "wrong", _why_params(case, got["params"], want_params)
             return "ok", ""
-        run_case(report, name, _label(case, kernel=case["kernel"], norm=norm, mlp=mlp, qkv_bias=bias), body)
+        run_case(report, name, _label(case, kernel=case["kernel"], norm=norm, mlp=mlp, qkv_bias=bias) + tag, body)
 
 
 def _grade_gpu(report: Report, fn, measure_fn) -> None:

@@ -6,14 +6,30 @@ it yourself")``: a reference the learner bound earlier (``from gpumem.memory.act
 layer_parts``, a lambda's default) is switched off too, which renaming a module attribute would
 miss. The truth functions cache in plain dicts inside their code, so no cache answers either.
 Tracing tools are refused the same way (saved-tensor hooks, ``FakeTensorMode``, ``MemTracker``,
-subprocesses), and autograd records nothing (``torch.no_grad``, which ``enable_grad`` and
-``set_grad_enabled`` cannot lift).
+subprocesses), and autograd records nothing (``torch.no_grad``, which ``enable_grad``,
+``set_grad_enabled`` and ``torch._C._set_grad_enabled`` cannot lift).
+
+At the root, a formula needs no tensor at all: while the learner's function runs, a
+``TorchDispatchMode`` and a ``TorchFunctionMode`` refuse every tensor operation ("no tensor ops:
+derive the count, do not measure it"), so a copy of the course's code loaded under another name,
+a model of the learner's own or a walk over ``grad_fn._saved_*`` has nothing to run on. The
+ways out of those modes that Python can reach are refused during the call, and after it the
+grader checks the modes are still in place and recording is still off. Copies of the guarded
+files in ``sys.modules`` under other names are switched off like the originals, and opening a
+gpumem source file during the call (``importlib`` loading a fresh copy) is refused by an audit
+hook. A learner set on it can still get round this in-process (C entry points bound before the
+check); the fresh and far-off shapes of :mod:`.labcheck` remain the last line.
 """
 
 import contextlib
 import importlib
 import inspect
+import os
 import sys
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 MODULES = ("gpumem.memory.activations", "gpumem.memory.accounting", "gpumem.memory.estimate",
            "gpumem.memory.models", "gpumem.memory.llama",
@@ -23,6 +39,36 @@ MODULES = ("gpumem.memory.activations", "gpumem.memory.accounting", "gpumem.memo
            "gpumem.chapters.ch01_memory_anatomy.lab_gpu", "gpumem.chapters.ch01_memory_anatomy.diagrams",
            "gpumem.chapters.ch01_memory_anatomy.steps", "gpumem.chapters.ch01_memory_anatomy.claims")
 SAYS = "is switched off while your function is graded: derive it yourself"
+NO_OPS = "no tensor ops: derive the count, do not measure it (your function runs on plain ints)"
+_ACTIVE = [False]           # read by the audit hook
+
+
+class _NoDispatch(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        raise RuntimeError(f"{func} ran inside your function: {NO_OPS}")
+
+
+class _NoFunctions(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", None) or repr(func)
+        raise RuntimeError(f"torch {name} ran inside your function: {NO_OPS}")
+
+
+def _package_dir() -> str:
+    import gpumem
+    return os.path.dirname(os.path.abspath(gpumem.__file__))
+
+
+def _audit(event, args):
+    """Opening one of gpumem's source files while a learner's function is graded: refused."""
+    if _ACTIVE[0] and event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.fsdecode(args[0])
+        if path.endswith((".py", ".pyc")) and os.path.abspath(path).startswith(_PACKAGE):
+            raise RuntimeError(f"opening {os.path.basename(path)} {SAYS}")
+
+
+_PACKAGE = _package_dir()
+sys.addaudithook(_audit)
 
 
 def _refuse(*args, **kwargs):
@@ -63,18 +109,6 @@ def _tool_refuser(name: str):
 @contextlib.contextmanager
 def derive_it_yourself():
     """Switch off the course's answers and the tracing tools for the duration of the block."""
-    import torch
-    swapped = []
-    for name in MODULES:
-        try:
-            module = sys.modules.get(name) or importlib.import_module(name)
-        except ImportError:
-            continue
-        for f in _functions(module):
-            label = f"{name}.{f.__qualname__}"
-            swapped.append((f, f.__code__))
-            f.__code__ = _refuse.__code__.replace(co_name=f.__name__, co_qualname=f.__qualname__,
-                                                  co_filename=label)
     tools = [(owner, attr, owner.__dict__.get(attr)) for owner, attr in _tools()]
     switch = torch.set_grad_enabled.__init__
     recording = torch.is_grad_enabled()
@@ -83,23 +117,117 @@ def derive_it_yourself():
         if mode:
             raise RuntimeError(f"torch.set_grad_enabled(True) {SAYS}")
         switch(self, mode)
+    modes, entered, swapped, seen = (_NoFunctions(), _NoDispatch()), [], [], set()
     try:
+        for label, f in _switched_off():
+            if id(f) not in seen:
+                seen.add(id(f))
+                swapped.append((f, f.__code__))
+                f.__code__ = _refuse.__code__.replace(co_name=f.__name__, co_qualname=f.__qualname__,
+                                                      co_filename=label)
         for owner, attr, _ in tools:
             setattr(owner, attr, _tool_refuser(f"{owner.__module__}.{owner.__qualname__}"))
         torch.set_grad_enabled.__init__ = grad_stays_off
-        torch._C._set_grad_enabled(False)
+        _C_SET_GRAD(False)
+        for attr, value in _c_refusers().items():
+            setattr(torch._C, attr, value)
+        _ACTIVE[0] = True
+        for mode in modes:
+            mode.__enter__()
+            entered.append(mode)
         yield
+        _still_in_place(*modes)
     finally:
         with _no_alarm():     # the time limit's repeated SIGALRM must not stop the restoring half-way
-            torch._C._set_grad_enabled(recording)
+            _ACTIVE[0] = False
+            for attr, value in _C_ORIGINALS.items():
+                setattr(torch._C, attr, value)
+            for f, code in reversed(swapped):     # the modes' own exits use _pop_mode
+                f.__code__ = code
+            _leave(entered)
+            _C_SET_GRAD(recording)
             torch.set_grad_enabled.__init__ = switch
             for owner, attr, original in tools:
                 if original is None:
                     delattr(owner, attr)
                 else:
                     setattr(owner, attr, original)
-            for f, code in swapped:
-                f.__code__ = code
+
+
+def _leave(entered: list) -> None:
+    """Pop the modes ``entered`` (and any the learner pushed above them), innermost first."""
+    for mode in reversed(entered):
+        length, at, pop = ((torch._C._len_torch_dispatch_stack, torch._C._get_dispatch_stack_at,
+                            torch._C._pop_torch_dispatch_stack) if isinstance(mode, TorchDispatchMode) else
+                           (torch._C._len_torch_function_stack, torch._C._get_function_stack_at,
+                            torch._C._pop_torch_function_stack))
+        if not any(at(i) is mode for i in range(length())):
+            continue
+        while at(length() - 1) is not mode:
+            pop()
+        mode.__exit__(None, None, None)
+
+
+def _switched_off():
+    """(label, function) of every function the guard swaps: the course's, and the ways out of the modes."""
+    for name, module in _guarded_modules():
+        for f in _functions(module):
+            yield f"{name}.{f.__qualname__}", f
+    for f in _escape_functions():
+        yield f"{f.__module__}.{f.__qualname__}", f
+
+
+def _guarded_modules():
+    """(name, module) of :data:`MODULES`, and of any copy of their files loaded under another name."""
+    found, files = [], {}
+    for name in MODULES:
+        try:
+            module = sys.modules.get(name) or importlib.import_module(name)
+        except ImportError:
+            continue
+        found.append((name, module))
+        files[os.path.realpath(module.__file__)] = name
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if (isinstance(path, str) and all(module is not m for _, m in found)
+                and os.path.realpath(path) in files):
+            found.append((f"{files[os.path.realpath(path)]} (loaded again as {name})", module))
+    return found
+
+
+_C_ORIGINALS = {attr: getattr(torch._C, attr) for attr in (
+    "_set_grad_enabled", "_pop_torch_dispatch_stack", "_pop_torch_function_stack", "_unset_dispatch_mode",
+    "_DisableTorchDispatch", "DisableTorchFunction", "DisableTorchFunctionSubclass")}
+_C_SET_GRAD = _C_ORIGINALS["_set_grad_enabled"]
+
+
+def _c_refusers() -> dict:
+    def set_grad(mode):                    # no_grad's exit and set_grad_enabled(False): allowed
+        if mode:
+            raise RuntimeError(f"torch._C._set_grad_enabled(True) {SAYS}")
+        _C_SET_GRAD(False)
+    return {attr: set_grad if attr == "_set_grad_enabled" else _tool_refuser(f"torch._C.{attr}")
+            for attr in _C_ORIGINALS}
+
+
+def _escape_functions():
+    """Python-level ways out of the tensor-op modes."""
+    import torch.overrides as fmodes
+    import torch.utils._python_dispatch as dmodes
+    ways = ((dmodes, ("_pop_mode", "_pop_mode_temporarily", "_disable_current_modes")),
+            (fmodes, ("_pop_mode", "_pop_mode_temporarily")))
+    found = [getattr(m, n) for m, names in ways
+            for n in names if inspect.isfunction(getattr(m, n, None))]
+    return [f for f in map(inspect.unwrap, found) if not f.__code__.co_freevars]
+
+
+def _still_in_place(functions, ops) -> None:
+    """After the learner's call: both modes still on top of their stacks, recording still off."""
+    top_f = torch._C._len_torch_function_stack()
+    top_d = torch._C._len_torch_dispatch_stack()
+    if (top_f == 0 or torch._C._get_function_stack_at(top_f - 1) is not functions or top_d == 0
+            or torch._C._get_dispatch_stack_at(top_d - 1) is not ops or torch.is_grad_enabled()):
+        raise RuntimeError(f"the tensor-op guard was switched off inside your function: {NO_OPS}")
 
 
 @contextlib.contextmanager
