@@ -92,3 +92,17 @@ def _watchdog(seconds: float, armed: list):
             with contextlib.suppress(TookTooLong), lock:
                 armed[0] = False
                 send(ctypes.c_ulong(tid), ctypes.py_object())      # NULL: withdraw a pending strike
+
+
+@contextlib.contextmanager
+def alarm_held():
+    """Hold SIGALRM back for the block (main thread, POSIX), so a case limit's
+    :class:`TookTooLong` arrives after it: a guard putting functions back is never cut short."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -30,6 +30,7 @@ import sys
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from gpumem.course.case_limits import alarm_held
 
 MODULES = ("gpumem.memory.activations", "gpumem.memory.accounting", "gpumem.memory.estimate",
            "gpumem.memory.models", "gpumem.memory.llama",
@@ -138,7 +139,7 @@ def derive_it_yourself():
         yield
         _still_in_place(*modes)
     finally:
-        with _no_alarm():     # the time limit's repeated SIGALRM must not stop the restoring half-way
+        with alarm_held():     # the time limit's repeated SIGALRM must not stop the restoring half-way
             _ACTIVE[0] = False
             for attr, value in _C_ORIGINALS.items():
                 setattr(torch._C, attr, value)
@@ -229,19 +230,6 @@ def _still_in_place(functions, ops) -> None:
             or torch._C._get_dispatch_stack_at(top_d - 1) is not ops or torch.is_grad_enabled()):
         raise RuntimeError(f"the tensor-op guard was switched off inside your function: {NO_OPS}")
 
-
-@contextlib.contextmanager
-def _no_alarm():
-    """SIGALRM held back in this thread for the block, delivered after it (POSIX)."""
-    import signal
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def guarded(fn):

@@ -22,6 +22,7 @@ back on the way out, on an error or a time limit too.
 import contextlib
 import os
 import sys
+from gpumem.course.case_limits import alarm_held
 
 MESSAGE = "write the mechanism yourself"
 _INHERITED = object()
@@ -145,7 +146,7 @@ def no_shortcuts():
         if sys.getprofile() is not watch and not hits:
             hits.append("sys.setprofile (the grader's watch was switched off)")
     finally:
-        with _alarm_held():                   # a time limit's repeated alarm cannot cut this short
+        with alarm_held():                   # a time limit's repeated alarm cannot cut this short
             if _ACTIVE and _ACTIVE[-1][0] is hits:
                 _ACTIVE.pop()
             sys.setprofile(previous)
@@ -155,21 +156,6 @@ def no_shortcuts():
                 else:
                     setattr(owner, attr, value)
 
-
-@contextlib.contextmanager
-def _alarm_held():
-    """Hold SIGALRM back (main thread, POSIX), so the case limit's ``TookTooLong`` arrives after
-    the block rather than in the middle of putting things back."""
-    import signal
-    import threading
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def shortcut_line(hits: list[str]) -> str:

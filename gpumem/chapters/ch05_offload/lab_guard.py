@@ -14,10 +14,9 @@ What it cannot stop: answers computed before grading and stored as data, or anot
 """
 
 import contextlib
-import signal
-import threading
 
 from . import lab_reference as ref
+from gpumem.course.case_limits import alarm_held
 
 PASS = "__lab05_original_{}__"       # the original function, kept in its module's globals meanwhile
 
@@ -40,18 +39,6 @@ def _refusing_code(fn):
     return scope["refuse"].__code__, key
 
 
-@contextlib.contextmanager
-def _alarm_held():
-    """Hold SIGALRM back (main thread, POSIX) while the functions are swapped or put back."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
 
 @contextlib.contextmanager
 def no_library_counts():
@@ -60,7 +47,7 @@ def no_library_counts():
     import types
     saved = []
     try:
-        with _alarm_held():
+        with alarm_held():
             for fn in targets():
                 code, key = _refusing_code(fn)
                 fn.__globals__[key] = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__,
@@ -70,7 +57,7 @@ def no_library_counts():
                 fn.__code__ = code
         yield
     finally:
-        with _alarm_held():
+        with alarm_held():
             for fn, code, key in saved:
                 fn.__code__ = code
                 fn.__globals__.pop(key, None)
