@@ -7,6 +7,7 @@ imports torch when it traces; ``run`` finds experiments through the chapter regi
 import argparse
 import json
 import re
+import textwrap
 
 from . import units
 from .errors import UsageError
@@ -103,6 +104,8 @@ def register(sub, run_options: bool = False) -> None:
     (with each experiment's own options when ``run_options``: they import its chapter)."""
     p = sub.add_parser("estimate", help="per-GPU and host memory of a training step (formulas)")
     _model_args(p)
+    p.add_argument("--config", default=None,
+                   help="a Hugging Face config.json (or a shipped one: qwen2.5-72b, mixtral-8x7b, ...)")
     p.add_argument("--params", type=param_count, help="parameter count only (model states): 70B, 7.5e9")
     p.add_argument("--largest-layer", type=layer_count, default=None,
                    help="with --params and --zero 3: the largest module's parameters, for the working set")
@@ -155,26 +158,36 @@ def _estimate(args) -> int:
     given = _activation_options(args)
     if args.params is not None and given:
         raise UsageError(f"--params counts model states only; drop {', '.join(given)} or use --model")
-    if args.params is None and args.model is None:
-        raise UsageError("give --model NAME or --params N")
+    from .memory import hf_config
+    if args.config is not None and (args.model is not None or args.params is not None):
+        raise UsageError("give one of --model NAME, --config PATH or --params N")
+    if args.model is not None and args.model in hf_config.SHIPPED:
+        args.config, args.model = args.model, None
+    if args.params is None and args.model is None and args.config is None:
+        raise UsageError("give --model NAME, --config PATH or --params N")
     kwargs = {"largest_layer": args.largest_layer} if args.params is not None else {
         "seq": args.seq or 4096, "micro_batch": args.micro_batch or 1,
         "checkpoint": args.checkpoint or "none", "attention": args.attention or "flash",
         "norm": args.norm or "fused"}
     if args.params is None and args.largest_layer is not None:
         raise UsageError("--largest-layer goes with --params; a --model knows its largest layer")
-    est = estimate(model=args.model, params=args.params, gpus=args.gpus, zero=args.zero,
+    model = hf_config.load(args.config) if args.config is not None else args.model
+    est = estimate(model=model, params=args.params, gpus=args.gpus, zero=args.zero,
                    recipe=args.recipe, offload=args.offload, offload_device=args.offload_device, **kwargs)
     if args.json:
         print(json.dumps(est.as_dict()))
         return 0
     d = est.as_dict()
-    print(f"{d['model']}: {d['n_params'] / 1e9:.2f} B parameters")
+    print(f"{d['model']}: {d['n_params'] / 1e9:.2f} B parameters"
+          + (f" ({model.model_type}, from {args.config})" if args.config else ""))
     print(f"recipe {d['recipe']}, {d['gpus']} GPU(s), ZeRO-{d['zero']}"
           + (f", seq {d['seq']} x micro-batch {d['micro_batch']}, checkpoint {d['checkpoint']}, "
              f"attention {d['attention']}" if est.acts else ", model states only"))
     for key in ("params", "grads", "optimizer", "activations", "gathered", "total"):
         if key == "gathered" and d["zero"] < 3:
+            continue
+        if key == "activations" and not est.acts:
+            print(f"  {key:12s} not counted" + (" (model states only)" if args.params is not None else ""))
             continue
         print(f"  {key:12s} {units.fmt_both(d['per_gpu'][key])}"
               + ("  ZeRO-3 working set:" if key == "gathered" and "gathered_parts" in d else ""))
@@ -184,7 +197,7 @@ def _estimate(args) -> int:
         if key in d:
             print(f"  {key + ' (per GPU)':12s} {units.fmt_both(d[key])}")
     for note in d.get("notes", []):
-        print(f"  note: {note}")
+        print(textwrap.fill(note, 100, initial_indent="  note: ", subsequent_indent="        "))
     return 0
 
 

@@ -14,10 +14,22 @@ from ..errors import UsageError, positive_int
 from . import accounting, models
 from .activations import Activations, activations
 
+# Architectures whose layer saves what the course's Llama layer saves (``gpumem.memory.llama``):
+# a q/k/v bias adds no saved tensor (addmm keeps its input and weight, not the bias).
+LLAMA_LIKE = ("llama", "mistral", "qwen2")
+
 
 def n_param_tensors(cfg: models.ModelConfig) -> int:
-    """Parameter tensors: embedding, head, final norm, and 9 per layer (7 linear + 2 norms)."""
-    return 9 * cfg.n_layers + 3
+    """Parameter tensors as transformers 5 builds them (a Llama: 9 per layer, 7 linear + 2 norms,
+    and the embedding, head and final norm): biases, q/k norms, LayerNorm's bias, and a mixture of
+    experts' fused tensors (``gate_up_proj``, ``down_proj``) and router count one each."""
+    per_norm = 2 if cfg.norm_kind == "layer" else 1
+    mats = 2 if cfg.mlp == "gelu" else 3
+    mlp = 3 if cfg.moe else mats * (1 + cfg.mlp_bias)
+    qkv = 1 if cfg.fused_qkv else 3
+    layer = (qkv + 1 + qkv * cfg.qkv_bias + cfg.o_bias + 2 * cfg.qk_norm + cfg.norms_per_layer * per_norm + mlp)
+    outside = 1 + (not cfg.tie_embeddings) + (cfg.positions > 0) + per_norm
+    return layer * cfg.n_layers + outside
 
 
 @dataclass
@@ -70,19 +82,20 @@ def estimate(model: str | None = None, params: int | None = None, gpus: int = 1,
     above ``params`` is refused (:class:`UsageError`); below ZeRO-3 it is not used, and a note
     says so (only ZeRO-3 gathers parameters on the fly)."""
     if (model is None) == (params is None):
-        raise UsageError("give exactly one of --model NAME or --params N")
+        raise UsageError("give exactly one of --model NAME (or --config PATH) or --params N")
     if model is not None:
         if largest_layer is not None:
             raise UsageError("--largest-layer goes with --params; a --model knows its largest layer")
-        cfg = models.get(model)
+        cfg = model if isinstance(model, models.ModelConfig) else models.get(model)
         states = accounting.model_states(cfg.n_params(), recipe, gpus, zero, offload, offload_device,
                                          n_tensors=n_param_tensors(cfg))
-        acts = activations(cfg, seq, micro_batch, attention, checkpoint, recipe, norm)
-        gathered = accounting.zero3_gathered(cfg, recipe, prefetch_bucket) if zero == 3 else 0
         opts = {"seq": seq, "micro_batch": micro_batch, "checkpoint": checkpoint, "attention": attention,
-                "norm": norm}
-        return Estimate(cfg.name, cfg.n_params(), recipe, gpus, zero, states, acts,
-                        opts | {"offload": offload, "offload_device": offload_device}, gathered)
+                "norm": norm, "offload": offload, "offload_device": offload_device}
+        if cfg.model_type == "llama" and cfg.name in models.REGISTRY:
+            acts = activations(cfg, seq, micro_batch, attention, checkpoint, recipe, norm)
+            gathered = accounting.zero3_gathered(cfg, recipe, prefetch_bucket) if zero == 3 else 0
+            return Estimate(cfg.name, cfg.n_params(), recipe, gpus, zero, states, acts, opts, gathered)
+        return _from_config(cfg, states, recipe, gpus, zero, opts, prefetch_bucket)
     states = accounting.model_states(params, recipe, gpus, zero, offload, offload_device)
     gathered = 0
     if largest_layer is not None:
@@ -100,3 +113,22 @@ def estimate(model: str | None = None, params: int | None = None, gpus: int = 1,
                             "module's parameter count)")
     return Estimate("params", int(params), recipe, gpus, zero, states, None,
                     {"offload": offload, "offload_device": offload_device}, gathered)
+
+
+def _from_config(cfg: models.ModelConfig, states: accounting.States, recipe: str, gpus: int, zero: int,
+                 opts: dict, prefetch_bucket: int) -> Estimate:
+    """A model from a config file: exact model states; activations where the layer is Llama's
+    (the course's Llama code run at these widths); ZeRO-3's on-demand bound for the working set."""
+    acts = None
+    if cfg.model_type in LLAMA_LIKE:
+        acts = activations(cfg, opts["seq"], opts["micro_batch"], opts["attention"], opts["checkpoint"],
+                           recipe, opts["norm"])
+    else:
+        states.notes.append(f"activations not counted for model_type {cfg.model_type}: its layer is not "
+                            f"Llama's; model states are exact")
+    if cfg.moe:
+        states.notes.append(f"mixture of experts: {cfg.n_params(active=True) / 1e9:.2f} B of the "
+                            f"{cfg.n_params() / 1e9:.2f} B parameters are used per token ({cfg.top_k} of "
+                            f"{cfg.n_experts} experts); every expert has weights, gradients and optimizer states")
+    gathered = accounting.zero3_gathered(cfg.largest_layer_params(), recipe, prefetch_bucket) if zero == 3 else 0
+    return Estimate(cfg.name, cfg.n_params(), recipe, gpus, zero, states, acts, opts, gathered)
