@@ -61,11 +61,16 @@ def lab_checks() -> dict[str, str]:
 
 
 def check_lab(lab: str, ns: dict, show: bool = True):
-    """Grade a lab from its notebook's namespace; every lab's last cell calls this."""
+    """Grade a lab from its notebook's namespace; every lab's last cell calls this. Refused
+    (:class:`~gpumem.course.grader_seal.GraderChanged`) where the grading machinery was changed."""
     checks = lab_checks()
     if lab not in checks:
         raise KeyError(f"no lab {lab!r}; registered: {', '.join(checks)}")
-    return resolve(checks[lab])(ns, show=show)
+    from gpumem.course.grader_seal import refuse_if_changed
+    refuse_if_changed(lab)                 # a patched Report or grading function: nothing is graded
+    report = resolve(checks[lab])(ns, show=show)
+    refuse_if_changed(lab)                 # ... nor when the learner's code patched it while graded
+    return report
 
 
 def quizzes() -> list:

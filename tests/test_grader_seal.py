@@ -1,0 +1,56 @@
+"""A lab cannot be solved by changing the grader: the cheapest cheat a reviewer found (one line,
+``Report.solved = property(lambda s: True)``, every lab "solved" unsolved) and its relatives."""
+
+import pytest
+
+from gpumem import chapters
+from gpumem.course import case_limits, grader_seal, grading
+
+
+@pytest.fixture
+def restore():
+    saved = {k: v for k, v in vars(grading.Report).items()}
+    saved_fns = {n: getattr(grading, n) for n in ("run_case", "grade", "Report")}
+    saved_limit = case_limits.time_limit
+    solved_code = grading.Report.__dict__["solved"].fget.__code__
+    yield
+    for key in list(vars(grading.Report)):
+        if key not in saved:
+            delattr(grading.Report, key)
+    for key, value in saved.items():
+        if key not in ("__dict__", "__weakref__"):
+            setattr(grading.Report, key, value)
+    saved["solved"].fget.__code__ = solved_code
+    for name, value in saved_fns.items():
+        setattr(grading, name, value)
+    case_limits.time_limit = saved_limit
+    assert grader_seal.changed() == []
+
+
+def test_untouched_kernel_grades(restore):
+    assert grader_seal.changed() == []
+    report = chapters.check_lab("lab01_memory_calculator", {}, show=False)
+    assert not report.solved and report.rows          # nothing written: todo rows, not solved
+
+
+@pytest.mark.parametrize("patch", [
+    lambda: setattr(grading.Report, "solved", property(lambda self: True)),
+    lambda: setattr(grading.Report, "summary", lambda self: "all correct"),
+    lambda: setattr(grading, "run_case", lambda *a, **k: None),
+    lambda: setattr(grading, "Report", type("Report", (), {"solved": True})),
+    lambda: setattr(grading.Report.__dict__["solved"].fget, "__code__", (lambda self: True).__code__),
+    lambda: setattr(case_limits, "time_limit", lambda seconds: __import__("contextlib").nullcontext()),
+], ids=["solved-property", "summary", "run_case", "Report-class", "solved-code", "time-limit"])
+def test_a_changed_grader_grades_nothing(restore, patch):
+    patch()
+    with pytest.raises(grader_seal.GraderChanged, match="not graded: the grader was changed"):
+        chapters.check_lab("lab01_memory_calculator", {}, show=False)
+
+
+def test_a_change_made_while_graded_is_caught_after(restore):
+    """The learner's function patches the grader while it runs: the check is refused at its end."""
+    def variant_layer(*args, **kwargs):
+        grading.Report.solved = property(lambda self: True)
+        raise NotImplementedError
+    with pytest.raises(grader_seal.GraderChanged):
+        chapters.check_lab("lab01_memory_calculator", {"variant_layer": variant_layer}, show=False)
