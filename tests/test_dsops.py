@@ -54,3 +54,19 @@ def test_the_cache_is_inside_the_checkout(monkeypatch):
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     assert dsops.repo_root() == ROOT
     assert dsops.cache_dir() == ROOT / ".cache" / "torch_extensions"
+
+
+def test_set_up_says_cpu_in_its_own_words_not_deepspeeds_warning():
+    """Issue 24 (9): set-up printed DeepSpeed's "[WARNING] Setting accelerator to CPU ... unable to
+    detect it"; now one line of the course's own, and DeepSpeed's logging is back on afterwards."""
+    import subprocess
+    import sys
+    code = ("import logging; from gpumem.runs import dsops\n"
+            "a = dsops._cpu_or_cuda_accelerator(True)\n"
+            "print(a._name, logging.getLogger('DeepSpeed').isEnabledFor(logging.WARNING))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in __import__("os").environ.items() if k != "DS_ACCELERATOR"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "Setting accelerator to CPU" not in out and "[WARNING]" not in out, out
+    assert "no CUDA device here: DeepSpeed uses its CPU accelerator" in out and "cpu True" in out, out

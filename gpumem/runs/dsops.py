@@ -96,6 +96,24 @@ def wanted_ops() -> list[str]:
     return [n for n in OPS if n != "async_io" or libaio_present()]
 
 
+def _cpu_or_cuda_accelerator(verbose: bool):
+    """DeepSpeed's accelerator, imported late (it is slow). Without CUDA, DeepSpeed logs "[WARNING]
+    Setting accelerator to CPU ... we were unable to detect it", which a newcomer reads as a fault;
+    set-up says what happens in a line of its own instead and keeps DeepSpeed's logging quiet for
+    the import (only the import: errors while building still print)."""
+    import logging
+
+    import torch
+    if verbose and not torch.cuda.is_available():
+        print("no CUDA device here: DeepSpeed uses its CPU accelerator (expected on a laptop)", flush=True)
+    logging.disable(logging.WARNING)
+    try:
+        from deepspeed.accelerator import get_accelerator
+        return get_accelerator()
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 def prepare(verbose: bool = True) -> dict[str, float]:
     """Build (or load) every op the course uses into the course cache; seconds per op."""
     root = use_course_cache()
@@ -105,9 +123,7 @@ def prepare(verbose: bool = True) -> dict[str, float]:
         if verbose:
             print(f"DeepSpeed ops ready: {', '.join(wanted_ops())}", flush=True)
         return {name: 0.0 for name in wanted_ops()}
-    from deepspeed.accelerator import get_accelerator  # imported late: it is slow and loud
-
-    accel = get_accelerator()
+    accel = _cpu_or_cuda_accelerator(verbose)
     times = {}
     for name in wanted_ops():
         builder_name, why = OPS[name]
