@@ -8,12 +8,14 @@ import linecache
 import math
 import time
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
 
 from gpumem import chapters
-from gpumem.chapters.ch02_zero import lab02_gpu, labcheck
+from gpumem.chapters.ch02_zero import lab02_gpu, lab02_timer, labcheck
+from gpumem.course.grading import Report
 from test_labs import _lab02_solution
 
 LAUNCH = "        work = dist.reduce_scatter_tensor(mine, send, async_op=True)\n"
@@ -48,6 +50,7 @@ def grade(monkeypatch, cases: tuple, *swaps: tuple[str, str]):
     monkeypatch.setattr(labcheck, "CASES", tuple(labcheck.CASES[i] for i in cases))
     start = time.monotonic()
     report = _lab02_with(source)
+    assert not psutil.Process().children(recursive=True)      # both ranks ended
     return report, time.monotonic() - start
 
 
@@ -69,7 +72,7 @@ def test_synchronous_reduce_scatter_is_named(monkeypatch):
     over = rows(report, "async")
     assert over[0].status == "wrong" and "async_op=False inside a gradient hook" in over[0].detail
     assert over[1].status == "ok"              # one bucket, sent at the end: nothing to overlap with
-    assert all(r.status == "ok" for r in report.rows if "async" not in r.case)
+    assert all(r.status == "ok" for r in report.rows if "async" not in r.case and r.function == labcheck.FN)
 
 
 def test_waiting_right_after_the_launch_is_named(monkeypatch):
@@ -134,8 +137,9 @@ def install_zero2_hooks(params, grad_shards, bucket_bytes):
 '''), 0
 
 
-def test_copies_sent_after_backward_escape_the_meter_but_not_the_overlap_check(monkeypatch):
-    """Gradients copied out of .grad (the meter sees them freed) and all sent in the callback."""
+def test_copies_sent_after_backward_are_metered_and_not_overlapped(monkeypatch):
+    """Gradients copied out of .grad (GradMeter sees them freed) and all sent in the callback:
+    the live-bytes meter still sees the copies, and nothing overlapped."""
     report, _ = grade(monkeypatch, (1,),
                       (READY.split("        bucket.append(p)\n")[1], ""),
                       ("        bucket.append(p)\n", "        stash[id(p)] = p.grad.clone()\n"
@@ -144,9 +148,99 @@ def test_copies_sent_after_backward_escape_the_meter_but_not_the_overlap_check(m
                        "        for p in bucket:\n            p.grad = stash.pop(id(p))\n"
                        "        if bucket:\n            flush()\n"),
                       ("bucket, in_flight, queued = [], [], [False]", "bucket, in_flight, queued, stash = [], [], [False], {}"))
-    assert rows(report, "peak")[0].status == "ok"
+    assert [r.case.split(": ")[1] for r in report.problems] == ["peak full-gradient bytes during backward",
+                                                                "async reduce-scatters overlapped with backward"]
+    assert "copies of full gradients count even after .grad = None" in report.problems[0].detail
+    assert "nothing overlapped with backward" in report.problems[1].detail
+
+
+def test_full_gradient_copies_kept_after_sending_are_named(monkeypatch):
+    """Reviewer's cheat: clone each gradient, set .grad = None (GradMeter sees it freed), send
+    the clones as the solution does, but keep them: every gradient stays alive, as under ZeRO-1."""
+    report, _ = grade(monkeypatch, (0,),
+                      ("bucket, in_flight, queued = [], [], [False]", "bucket, in_flight, queued, kept = [], [], [False], {}"),
+                      ("        grads = [p.grad for p in bucket]\n", "        grads = [kept[id(p)] for p in bucket]\n"),
+                      ("        bucket.append(p)\n        if sum(q.grad.numel() * q.grad.element_size() for q in bucket)",
+                       "        kept[id(p)] = p.grad.detach().clone()\n        p.grad = None\n"
+                       "        bucket.append(p)\n        if sum(kept[id(q)].numel() * 4 for q in bucket)"))
+    assert [r.case.split(": ")[1] for r in report.problems] == ["peak full-gradient bytes during backward"]
+    detail = report.problems[0].detail
+    assert "copies of full gradients count even after .grad = None" in detail
+    # tiny, bucket 0: the shards (250,496 B) and every gradient (500,992 B, hand count in the
+    # chapter's table) are alive when backward returns, above the bound of 447,440 B
+    held = int(detail.split("kept ")[1].split(" B")[0].replace(",", ""))
+    assert held >= 250_496 + 500_992 and "at most 447,440 B" in detail
+
+
+def test_barrier_right_after_each_launch_is_named(monkeypatch):
+    """dist.barrier() on gloo waits every collective before it: overlap faked, handles never waited."""
+    report, _ = grade(monkeypatch, (0,), (LAUNCH, LAUNCH + "        dist.barrier()\n"))
+    calls = rows(report, "collectives")[0]
+    assert calls.status == "wrong" and "dist.barrier()" in calls.detail and "nothing overlaps" in calls.detail
+    over = rows(report, "async")[0]
+    assert over.status == "wrong" and "right after its launch (by dist.barrier())" in over.detail
+
+
+def test_waiting_the_real_handle_behind_the_proxy_is_named(monkeypatch):
+    report, _ = grade(monkeypatch, (0,), (LAUNCH, LAUNCH + "        work._work.wait()\n"))
     assert [r.case.split(": ")[1] for r in report.problems] == ["async reduce-scatters overlapped with backward"]
-    assert "nothing overlapped with backward" in report.problems[0].detail
+    assert "right after its launch (by work._work)" in report.problems[0].detail
+
+
+def test_one_in_flight_at_a_time_is_named(monkeypatch):
+    """Waiting the previous bucket at the next launch: never two in flight while backward runs."""
+    report, _ = grade(monkeypatch, (0,), ("        if len(in_flight) == 2:", "        if len(in_flight) == 1:"))
+    assert [r.case.split(": ")[1] for r in report.problems] == ["async reduce-scatters overlapped with backward"]
+    assert "never 2 in flight at once" in report.problems[0].detail
+
+
+def test_wrong_shards_say_summed_or_not_rank_major():
+    """The messages for the two usual mistakes, on hand-made shards (no ranks needed): gradient a
+    = [1..6], b = [10, 20]; world 2, rank 0's shard of a is [1, 2, 3] averaged."""
+    a, b = torch.arange(1.0, 7.0), torch.tensor([10.0, 20.0])
+    want = a[:3]
+    assert "you summed, the reference averages over 2 ranks" in labcheck._why_wrong(2 * want, want, [a, b], 2)
+    # param-major layout: rank 0 gets the first half of [a | b] = a[0:4], its first 3 for a's shard... shifted
+    got = torch.tensor([3.0, 4.0, 5.0])
+    assert "not rank-major" in labcheck._why_wrong(got, want, [a, b], 2)
+    assert labcheck._why_wrong(torch.tensor([7.0, -7.0, 9.0]), want, [a, b], 2) == ""
+
+
+def _timer_rows(source: str):
+    report = Report("lab02")
+    name = f"<timer {abs(hash(source))}>"
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    ns: dict = {}
+    exec(compile(source, name, "exec"), ns)
+    labcheck._grade_timer(report, ns["median_step_seconds"])
+    return report.rows
+
+
+TIMER = """def median_step_seconds(step, repeats):
+    import statistics, time
+    step()
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+"""
+
+
+def test_timer_mistakes_are_named():
+    """Part 2's timer is graded on planned step times (medians 0.04 and 0.02 s, by hand from
+    lab02_timer.PLANS): a mean, a median with the warm-up in it, no barrier."""
+    assert [r.status for r in _timer_rows(TIMER)] == ["ok", "ok"]
+    mean = _timer_rows(TIMER.replace("statistics.median(times)", "statistics.mean(times)"))
+    assert mean[-1].status == "wrong" and "= the mean" in mean[-1].detail
+    warm = _timer_rows(TIMER.replace("    step()\n    times = []\n", "    times = []\n")
+                       .replace("range(repeats)", "range(repeats + 1)"))
+    assert warm[0].status == "wrong" and "with the warm-up call in it" in warm[0].detail
+    alone = _timer_rows(TIMER.replace("        dist.barrier()\n", ""))
+    assert alone[0].status == "wrong" and "without dist.barrier()" in alone[0].detail
+    assert lab02_timer.PLANS[0][0] == 4 and sorted(lab02_timer.PLANS[0][1][1:])[1:3] == [0.02, 0.06]
 
 
 def test_one_collective_per_parameter_is_named(monkeypatch):
@@ -157,14 +251,19 @@ def test_one_collective_per_parameter_is_named(monkeypatch):
 
 
 def test_every_bucket_in_flight_at_once_is_named(monkeypatch):
+    """Every bucket in flight: the flat copies, alive until waited, add up to the gradients again;
+    the live-bytes meter sees them, and the overlap row names the cause."""
     report, _ = grade(monkeypatch, (1,), (CAP, ""))
-    assert [r.case.split(": ")[1] for r in report.problems] == ["async reduce-scatters overlapped with backward"]
-    assert "buckets were in flight at once" in report.problems[0].detail
+    assert [r.case.split(": ")[1] for r in report.problems] == ["peak full-gradient bytes during backward",
+                                                                "async reduce-scatters overlapped with backward"]
+    assert "buckets were in flight at once" in report.problems[1].detail
 
 
 def test_gpu_part_says_why_it_is_skipped(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "no CUDA device" in lab02_gpu.cuda_reason()
+    report = Report("lab02")
+    assert lab02_gpu.grade(report, "").startswith("skipped (no CUDA device") and not report.rows
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert lab02_gpu.cuda_reason() == "needs 2 GPUs for NCCL's reduce-scatter; this machine has 1"
@@ -179,7 +278,7 @@ def test_solution_on_two_gpus(gpu_record):
         pytest.skip(reason)
     report = _lab02_with(_lab02_solution())
     gpu = [r for r in report.rows if "GPU" in r.case]
-    assert report.solved and gpu and not gpu[0].detail.startswith("skipped"), report.summary()
+    assert not report.problems and gpu and gpu[0].status == "ok", report.summary()
     r = lab02_gpu.run_source(_lab02_solution(), bucket=1 << 20, repeats=5)
     for key in ("plain_peak", "hooked_peak"):
         gpu_record(f"ch02.lab02_backward_{key}_bytes", r[key], "B")

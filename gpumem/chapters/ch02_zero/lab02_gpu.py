@@ -23,6 +23,7 @@ from .lab02_ranks import FN
 MODEL = dict(name="lab02-gpu", n_layers=8, d_model=1024, n_heads=16, n_kv_heads=4, ffn=2816, vocab=8192,
              teaching=True)
 BUCKET = 25 << 20                  # PyTorch DDP's default bucket_cap_mb (torch/nn/parallel/distributed.py)
+GPU_ATOL = 1e-4                    # GPU shards vs an all-reduce of the same gradients on the same GPU
 
 
 def cuda_reason() -> str:
@@ -33,6 +34,33 @@ def cuda_reason() -> str:
     if torch.cuda.device_count() < 2:
         return f"needs 2 GPUs for NCCL's reduce-scatter; this machine has {torch.cuda.device_count()}"
     return ""
+
+
+def grade(report, source: str) -> str:
+    """With 2 GPUs: one row (the hooks' shards over NCCL against an all-reduce, and the
+    measurements); without: no row. Returns the line ``check()`` prints after its summary."""
+    from gpumem.course.grading import case_seconds, failure_line, run_case
+    from gpumem.errors import RunFailure
+    reason = cuda_reason()
+    if reason:
+        return f"skipped ({reason})"
+    line = ["see the row 'optional GPU part'"]
+
+    def body():
+        from gpumem.runs import launch
+        try:
+            res = launch.run("gpumem.chapters.ch02_zero.lab02_gpu:gpu_rank", 2, device="cuda", progress=False,
+                             source=source, bucket=BUCKET, repeats=5)
+        except (launch.RankError, RunFailure) as err:
+            return "error", failure_line(err)
+        bad = next((r for r, x in enumerate(res) if not x["worst"] <= GPU_ATOL), None)
+        if bad is not None:
+            return "wrong", (f"on GPU rank {bad} the shards differ from an all-reduce of the gradients by up to "
+                             f"{res[bad]['worst']:.3g}" + (" (a shard is missing)" if res[bad]["worst"] > 1e30 else ""))
+        line[0] = summary(res[0], BUCKET)
+        return "ok", line[0]
+    run_case(report, FN, "optional GPU part (2 GPUs, NCCL)", body, case_seconds(cases=2))
+    return line[0]
 
 
 def gpu_rank(rank: int, world: int, source: str, bucket: int, repeats: int) -> dict:

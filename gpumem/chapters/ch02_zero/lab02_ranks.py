@@ -22,7 +22,8 @@ import math
 
 FN = "install_zero2_hooks"
 COLLECTIVES = ("reduce_scatter_tensor", "reduce_scatter", "all_reduce", "all_gather", "all_gather_into_tensor",
-               "broadcast", "all_to_all_single")
+               "broadcast", "all_to_all_single", "barrier", "monitored_barrier")
+BARRIERS = ("barrier", "monitored_barrier")   # on gloo a barrier waits for every collective before it
 # a model shape the lab never shows (head dim 8, 6 heads over 2 KV heads, 3 layers)
 ODD = dict(name="lab02-odd", n_layers=3, d_model=48, n_heads=6, n_kv_heads=2, ffn=136, vocab=300, teaching=True)
 SPARE = ("spare.weight", "spare.bias")      # a layer the forward never calls: no gradient, ever
@@ -62,6 +63,7 @@ class Record:
         self.launches: list[dict] = []
         self.queued = 0
         self.events = 0                       # launches and waits, in the order they happen
+        self.meter = None                     # the LiveMeter of the current case
 
     def start(self) -> None:
         self.on, self.arrivals, self.queued, self.events = True, 0, 0, 0
@@ -72,21 +74,42 @@ class Record:
         return {"calls": dict(self.calls), "launches": [dict(x) for x in self.launches],
                 "arrivals": self.arrivals, "queued": self.queued}
 
+    def unmetered(self, fn, *args, **kwargs):
+        """``fn(...)`` with the live-bytes meter paused: what the backend allocates for a
+        collective (gloo's own buffers, kept by its work handle) is not the hooks'."""
+        meter, paused = self.meter, getattr(self.meter, "paused", False)
+        if meter is not None:
+            meter.paused = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if meter is not None:
+                meter.paused = paused
 
-class _Work:
-    """A real work handle; ``wait()`` also notes the arrival number at which it was called."""
+    def waited(self, launch: dict, how: str) -> None:
+        """Note the first wait of ``launch`` (by ``how``) at the current arrival."""
+        if launch["waited"] is None:
+            self.events += 1
+            launch["waited"], launch["t_wait"], launch["how"] = self.arrivals, self.events, how
 
-    def __init__(self, work, launch: dict, rec: Record):
-        self._work, self._launch, self._rec = work, launch, rec
 
-    def wait(self, *args, **kwargs):
-        if self._launch["waited"] is None:
-            self._rec.events += 1
-            self._launch["waited"], self._launch["t_wait"] = self._rec.arrivals, self._rec.events
-        return self._work.wait(*args, **kwargs)
+class _Handle:
+    """The real work handle behind a proxy: any use of it (``wait()``, ``is_completed()``,
+    ``get_future()``, ``_work``, ...) is noted as a wait at the current arrival, then passed on.
+    (One class for all: a class made per launch would keep its handle, and the bucket's tensors,
+    alive in a reference cycle until the garbage collector runs.)"""
+    __slots__ = ("_h",)
 
-    def __getattr__(self, name):
-        return getattr(self._work, name)
+    def __init__(self, work, launch: dict, rec: "Record"):
+        object.__setattr__(self, "_h", (work, launch, rec))
+
+    def __getattribute__(self, name):
+        work, launch, rec = object.__getattribute__(self, "_h")
+        rec.waited(launch, "wait()" if name == "wait" else f"work.{name}")
+        if name in ("_work", "_h"):
+            return work
+        real = getattr(work, name)
+        return (lambda *a, **k: rec.unmetered(real, *a, **k)) if callable(real) else real
 
 
 class _Engine:
@@ -105,16 +128,22 @@ class _Engine:
 
 
 def instrument(dist, torch, rec: Record) -> None:
-    """Wrap the collectives and the engine's ``queue_callback`` (the real ones still run)."""
+    """Wrap the collectives (in ``torch.distributed`` and ``distributed_c10d``, where they are
+    defined) and the engine's ``queue_callback``; the real ones still run. A barrier counts as a
+    wait of every reduce-scatter in flight."""
+    c10d = dist.distributed_c10d
     for name in COLLECTIVES:
-        real = getattr(dist, name)
+        real = getattr(c10d, name)
         sig = inspect.signature(real)
 
         def wrapped(*args, _real=real, _name=name, _sig=sig, **kwargs):
             if not rec.on:
                 return _real(*args, **kwargs)
             rec.calls[_name] = rec.calls.get(_name, 0) + 1
-            out = _real(*args, **kwargs)
+            if _name in BARRIERS:
+                for x in rec.launches:
+                    rec.waited(x, f"dist.{_name}()")
+            out = rec.unmetered(_real, *args, **kwargs)
             if _name.startswith("reduce_scatter"):
                 try:
                     is_async = bool(_sig.bind(*args, **kwargs).arguments.get("async_op", False))
@@ -122,12 +151,13 @@ def instrument(dist, torch, rec: Record) -> None:
                     is_async = False
                 rec.events += 1
                 launch = {"async": is_async, "at": rec.arrivals, "waited": None, "t": rec.events,
-                          "t_wait": None}
+                          "t_wait": None, "how": None}
                 rec.launches.append(launch)
                 if is_async and out is not None:
-                    return _Work(out, launch, rec)
+                    return _Handle(out, launch, rec)
             return out
         setattr(dist, name, wrapped)
+        setattr(c10d, name, wrapped)
     variable = torch.autograd.variable.Variable
     if not isinstance(variable._execution_engine, _Engine):
         variable._execution_engine = _Engine(variable._execution_engine, rec)
@@ -154,6 +184,8 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
 
     from gpumem.runs import training, zero
     from gpumem.runs.gradmeter import GradMeter
+
+    from .lab02_meter import LiveMeter, autograd_bytes
     rec = Record()
     instrument(dist, torch, rec)
     ns: dict = {"torch": torch, "dist": dist, "math": math}
@@ -163,12 +195,17 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
         net, _, params = build(model, seed, spare)
         data = training.batches(net.cfg, steps, world * 2, 32, seed)
         shards: dict = {}
-        meter = GradMeter(params)                     # before the learner's hooks
+        first_batch = data[0, rank * 2:(rank + 1) * 2]
+        own = autograd_bytes(net, params, first_batch[:, :-1], first_batch[:, 1:])   # no hooks yet
+        meter, live = GradMeter(params), LiveMeter(params)   # before the learner's hooks
+        rec.meter = live
         arrived: set = set()
+        held: list = []                               # bytes the hooks hold, per arrival and at the end
 
-        def count(p, _index={id(p): i for i, p in enumerate(params)}, _arrived=arrived):
+        def count(p, _index={id(p): i for i, p in enumerate(params)}, _arrived=arrived, _held=held):
             rec.arrivals += 1
             _arrived.add(_index[id(p)])
+            _held.append(live.bytes() - own[min(rec.arrivals, len(own)) - 1])
         handles = [p.register_post_accumulate_grad_hook(count) for p in params]
         ns[FN](params, shards, bucket)
         m = [torch.zeros_like(zero.my_shard(p)) for p in params]
@@ -181,9 +218,11 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
             arrived.clear()
             rec.start()
             try:
-                loss.backward()
+                with live:
+                    loss.backward()
             finally:
                 passes.append(rec.stop())
+            held.append(live.bytes() - own[-1])
             peaks.append(meter.peak_full)
             if first is None:
                 first = {"shards": {i: g.detach().clone() for i, g in shards.items()},
@@ -199,7 +238,7 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
         meter.remove()
         for h in handles:
             h.remove()
-        out.append({"first": first, "peak_full": max(peaks), "passes": passes,
+        out.append({"first": first, "peak_full": max(peaks), "peak_held": max(held), "passes": passes,
                     "weights": [p.detach().clone() for p in params]})
     return out
 

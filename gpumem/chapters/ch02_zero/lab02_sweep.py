@@ -94,7 +94,12 @@ def sweep(install, timer, buckets=(0, 250_000, 2_000_000, 10**9), repeats: int =
     for r in rows:
         label = "0 (each alone)" if r["bucket"] == 0 else "all in one" if r["bucket"] >= grads else f"{r['bucket']:,} B"
         print(f"{label:>14s} {r['collectives']:>16d} {r['seconds'] * 1e3:>12.1f} ms")
-    print(f"one reduce-scatter of 8 bytes per rank takes {rows[0]['latency'] * 1e6:.0f} us (median of 21)")
+    lat = rows[0]["latency"]
+    print(f"one reduce-scatter of 8 bytes per rank takes {lat * 1e6:.0f} us (median of 21)")
+    r = max(rows, key=lambda r: r["collectives"])      # what the fixed cost adds up to, at most
+    fixed = r["collectives"] * lat
+    print(f"{r['collectives']} reduce-scatters x that fixed cost = {fixed * 1e3:.1f} ms, "
+          f"{100 * fixed / r['seconds']:.0f} % of that row's {r['seconds'] * 1e3:.0f} ms step")
     return rows
 
 

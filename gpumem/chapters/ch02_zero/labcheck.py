@@ -30,7 +30,9 @@ import math
 from gpumem.course.grading import Report, Row, case_seconds, failure_line, kind, run_case
 from gpumem.errors import RunFailure
 
-from .lab02_ranks import FN, reference, sharded_step  # noqa: F401 (the lab prints sharded_step)
+from . import lab02_timer
+from .lab02_gpu import GPU_ATOL  # noqa: F401 (tests read it here)
+from .lab02_ranks import BARRIERS, FN, reference, sharded_step  # noqa: F401 (the lab prints sharded_step)
 
 LAB = "lab02_zero2_hooks"
 # (model, seed, steps, bucket_bytes, an unused layer's parameters in the list): cases the lab does
@@ -39,7 +41,6 @@ CASES = (("tiny", 3, 3, 0, False), ("mini", 5, 2, 200_000, False), ("tiny", 7, 2
          ("odd", 11, 3, 150_001, True))
 RTOL, ATOL = 1e-4, 1e-5          # gradient shards: float32 sums in another order
 W_ATOL = 1e-4                      # weights: Adam divides by sqrt(v), so rounding in tiny gradients grows
-GPU_ATOL = 1e-4                    # GPU shards vs an all-reduce of the same gradients on the same GPU
 IN_FLIGHT = 2                      # this lab's cap (a choice): one bucket on the wire while the next one goes out
 
 
@@ -54,13 +55,12 @@ def gpumem_imports(source: str) -> list[str]:
 
 
 def check(ns: dict, show: bool = True) -> Report:
-    """Run the learner's hooks on 2 CPU ranks; grade shards, peak gradient bytes, collectives,
-    their overlap with backward and the weights; name the first mismatch. Once all are right, the
-    optional GPU part (2 GPUs, NCCL) runs, or its row says why it is skipped. Never raises: an
-    unsolved lab reports what is left. (Part 2's ``median_step_seconds`` is measured, not graded.)"""
+    """Grade Part 1's hooks on 2 CPU ranks (each row names its first mismatch), then Part 2's timer;
+    once the hooks are right, the optional GPU part runs with 2 GPUs, else a printed line says why
+    it is skipped (no row). Never raises: an unsolved lab reports what is left."""
     report = Report(LAB)
     fn = ns.get(FN)
-    source, problem = _source_of(fn) if fn is not None else (None, "")
+    source, problem = _source_of(fn, FN, "params, grad_shards, bucket_bytes") if fn is not None else (None, "")
     if problem:
         report.rows.append(Row(FN, "2 CPU ranks", "error", problem))
     elif fn is None or 'NotImplementedError("TODO' in source:
@@ -80,52 +80,45 @@ def check(ns: dict, show: bool = True) -> Report:
             for k, case in enumerate(CASES):
                 run_case(report, FN, _label(case, 2), lambda: _grade_case(report, case, [r[k] for r in ranks]))
         run_case(report, FN, "2 CPU ranks", body, case_seconds(cases=len(CASES)))
-        if report.solved:                        # the GPU part measures a solution that is right
-            _grade_gpu(report, source)
+    hooks_ok = report.solved
+    _grade_timer(report, ns.get(lab02_timer.TIMER))
+    from . import lab02_gpu
+    gpu_line = lab02_gpu.grade(report, source) if hooks_ok else "not run: Part 1's hooks are not right yet"
     if show:
         print(report.summary())
+        print(f"GPU part: {gpu_line}")
     return report
 
 
-def _grade_gpu(report: Report, source: str) -> None:
-    """Optional: the hooks on 2 GPUs over NCCL (:mod:`.lab02_gpu`); a row that says why it is
-    skipped without them."""
-    from . import lab02_gpu
-    case = "optional GPU part (2 GPUs, NCCL)"
-    reason = lab02_gpu.cuda_reason()
-    if reason:
-        report.rows.append(Row(FN, case, "ok", "skipped: " + reason))
+def _grade_timer(report: Report, timer) -> None:
+    """Part 2's ``median_step_seconds`` on planned step durations (:mod:`.lab02_timer`)."""
+    name = lab02_timer.TIMER
+    source, problem = _source_of(timer, name, "step, repeats") if timer is not None else (None, "")
+    if problem or timer is None or 'NotImplementedError("TODO' in source:
+        report.rows.append(Row(name, "planned step times", "error" if problem else "todo",
+                               problem or f"{name} is still to write"))
         return
-    bucket = lab02_gpu.BUCKET
-
-    def body():
-        from gpumem.runs import launch
-        try:
-            res = launch.run("gpumem.chapters.ch02_zero.lab02_gpu:gpu_rank", 2, device="cuda", progress=False,
-                             source=source, bucket=bucket, repeats=5)
-        except (launch.RankError, RunFailure) as err:
-            return "error", failure_line(err)
-        bad = next((r for r, x in enumerate(res) if not x["worst"] <= GPU_ATOL), None)
-        if bad is not None:
-            return "wrong", (f"on GPU rank {bad} the shards differ from an all-reduce of the gradients by up to "
-                             f"{res[bad]['worst']:.3g}" + (" (a shard is missing)" if res[bad]["worst"] > 1e30 else ""))
-        return "ok", lab02_gpu.summary(res[0], bucket)
-    run_case(report, FN, case, body, case_seconds(cases=2))
+    fn = lab02_timer.build(source)
+    for repeats, plan in lab02_timer.PLANS:
+        row = run_case(report, name, f"{repeats} timed calls of {', '.join(f'{x:g}' for x in plan[1:])} s",
+                       lambda: lab02_timer.grade_one(fn, repeats, plan))
+        if row.status != "ok":
+            break
 
 
-def _source_of(fn) -> tuple[str, str]:
-    """(source, problem): the learner's function as text the ranks can run, or why it cannot be."""
+def _source_of(fn, name: str, args: str) -> tuple[str, str]:
+    """(source, problem): the learner's function as text that can run elsewhere, or why it cannot."""
     import inspect
     import textwrap
     if not callable(fn):
-        return "", f"{FN} is {kind(fn)}, not a function"
+        return "", f"{name} is {kind(fn)}, not a function"
     try:
         source = textwrap.dedent(inspect.getsource(fn))
         tree = ast.parse(source)
     except (OSError, TypeError, SyntaxError):
         return "", "could not read the function's source (define it in a notebook cell)"
-    if not any(isinstance(n, ast.FunctionDef) and n.name == FN for n in tree.body):
-        return "", f"define it as `def {FN}(params, grad_shards, bucket_bytes):` in a cell (the ranks run that source)"
+    if not any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body):
+        return "", f"define it as `def {name}({args}):` in a cell (it runs from that source)"
     return source, ""
 
 
@@ -163,8 +156,26 @@ def _grade_shards(ranks: list[dict], ref: dict, world: int) -> str | None:
                 return f"grad_shards[{i}] ({name}) on rank {r}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
             if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
                 return (f"first wrong gradient shard: {name} on rank {r}, max |got - expected| = "
-                        f"{(got - want).abs().max().item():.3g}")
+                        f"{(got - want).abs().max().item():.3g}" + _why_wrong(got, want, ref["grads"], world))
     return None
+
+
+def _why_wrong(got, want, grads: list, world: int) -> str:
+    """What a wrong shard looks like: the sum over ranks, or values of the right gradients from
+    another place in the flattened bucket (the rank-major layout skipped)."""
+    import torch
+    if torch.allclose(got, want * world, rtol=RTOL, atol=ATOL):
+        return f": you summed, the reference averages over {world} ranks"
+    k = min(8, got.numel())
+    if not k or not got[:k].abs().max() > 0 or torch.allclose(got[:k], want[:k], rtol=RTOL, atol=ATOL):
+        return ""
+    flat = torch.cat([g.reshape(-1) for g in grads if g is not None])
+    for scale, how in ((1, ""), (world, "summed, and ")):
+        windows = (flat * scale).unfold(0, k, 1) if flat.numel() >= k else flat[:0].view(0, k)
+        if torch.isclose(windows, got[:k], rtol=RTOL, atol=ATOL).all(dim=1).any():
+            return (f": {how}it holds gradient values from another place in the bucket, so the shard order is "
+                    "not rank-major ([piece r of every gradient] goes to rank r)")
+    return ""
 
 
 def _grade_calls(ranks: list[dict], n_tensors: int, total: int, bucket: int) -> str | None:
@@ -175,6 +186,9 @@ def _grade_calls(ranks: list[dict], n_tensors: int, total: int, bucket: int) -> 
             other = {k: v for k, v in calls.items() if not k.startswith("reduce_scatter")}
             if other:
                 name = next(iter(other))
+                if name in BARRIERS:
+                    return (f"backward called dist.{name}() {other[name]} time(s): it waits every reduce-scatter "
+                            "in flight, so nothing overlaps; wait your own handles instead")
                 return (f"backward called {name} {other[name]} time(s): only reduce-scatters are needed "
                         "(an all-reduce moves twice the bytes)")
             rs = sum(calls.values())
@@ -207,18 +221,50 @@ def _grade_overlap(ranks: list[dict], several: bool) -> str | None:
             if most > IN_FLIGHT:
                 return (f"{most} buckets were in flight at once: each holds its flat copy until it is waited, "
                         f"so they add up to the gradients again; wait the oldest before another goes out")
-            if any(x["waited"] == x["at"] for x in early):
-                return ("a reduce-scatter was waited right after its launch, before the next gradient "
-                        "arrived: nothing overlapped with it; keep the handles and wait them at the end")
+            soon = next((x for x in early if x["waited"] == x["at"]), None)
+            if soon:
+                return (f"a reduce-scatter was waited right after its launch (by {soon['how']}), before the next "
+                        f"gradient arrived: nothing overlapped; wait the oldest only when a third goes out")
             if several and not early:
                 return ("every reduce-scatter started after the last gradient had arrived: nothing overlapped "
                         "with backward; send each full bucket from the hook that fills it")
+            during = max((_in_flight(p["launches"], x) for x in early), default=0)
+            if len(early) >= IN_FLIGHT and during < IN_FLIGHT:
+                return (f"{len(early)} reduce-scatters went out during backward but never {IN_FLIGHT} in flight at "
+                        f"once: each was waited before the next launch; keep {IN_FLIGHT} in flight")
     return None
 
 
 def _in_flight(launches: list[dict], x: dict) -> int:
     """Asynchronous reduce-scatters launched up to ``x`` (included) and not waited before it."""
     return sum(1 for y in launches if y["async"] and y["t"] <= x["t"] and (y["t_wait"] or 1e9) > x["t"])
+
+
+def held_bound(sizes: list[int], bucket: int, world: int) -> int:
+    """Bytes made during backward the hooks may hold at a gradient's arrival or when backward
+    returns: the bucket's gradients and the one just arrived, two buckets' flat copies in flight
+    (each padded by at most N - 1 elements per gradient), and the shards (every tensor's
+    ceil(n / N) elements, in fp32)."""
+    used = [n for n in sizes if n]
+    full = bucket + max(used)
+    pad = 4 * world * len(used)
+    return full + 2 * (full + pad) + sum(4 * math.ceil(n / 4 / world) for n in used)
+
+
+def _grade_peak(ranks: list[dict], sizes: list[int], names: list[str], bucket: int, world: int) -> str | None:
+    """Full ``.grad`` bytes (:class:`~gpumem.runs.gradmeter.GradMeter`), then every byte the hooks
+    made and kept (:class:`.lab02_meter.LiveMeter`: copies count even after ``.grad = None``)."""
+    peak = max(res["peak_full"] for res in ranks)
+    if peak > bucket + max(sizes):
+        return (f"expected at most {bucket + max(sizes):,} B (the bucket, {bucket:,} B, plus the largest "
+                f"gradient, {names[sizes.index(max(sizes))]}), got {peak:,} B"
+                + (" = every gradient at once, as ZeRO-1 holds them" if peak >= sum(sizes) else ""))
+    held, most = max(res["peak_held"] for res in ranks), held_bound(sizes, bucket, world)
+    if held > most:
+        return (f"your hooks kept {held:,} B of tensors made during backward, at most {most:,} B expected (bucket, "
+                f"largest gradient, 2 flat copies, shards): copies of full gradients count even after "
+                f".grad = None; free them once sent")
+    return None
 
 
 def _grade_case(report: Report, case: tuple, ranks: list[dict]) -> None:
@@ -231,12 +277,9 @@ def _grade_case(report: Report, case: tuple, ranks: list[dict]) -> None:
     report.rows.append(Row(FN, f"{label}: gradient shards when backward returns", "wrong" if bad else "ok",
                            bad or ""))
     sizes = [4 * g.numel() if g is not None else 0 for g in ref["grads"]]
-    peak = max(res["peak_full"] for res in ranks)
-    ok = peak <= bucket + max(sizes)
-    detail = "" if ok else (f"expected at most {bucket + max(sizes):,} B (the bucket, {bucket:,} B, plus the "
-                            f"largest gradient, {names[sizes.index(max(sizes))]}), got {peak:,} B"
-                            + (" = every gradient at once, as ZeRO-1 holds them" if peak >= sum(sizes) else ""))
-    report.rows.append(Row(FN, f"{label}: peak full-gradient bytes during backward", "ok" if ok else "wrong", detail))
+    detail = _grade_peak(ranks, sizes, names, bucket, world)
+    report.rows.append(Row(FN, f"{label}: peak full-gradient bytes during backward", "wrong" if detail else "ok",
+                           detail or ""))
     bad = _grade_calls(ranks, sum(s > 0 for s in sizes), sum(sizes), bucket)
     report.rows.append(Row(FN, f"{label}: collectives during backward", "wrong" if bad else "ok", bad or ""))
     bad = _grade_overlap(ranks, sum(sizes) - max(sizes) >= bucket)
