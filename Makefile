@@ -39,7 +39,12 @@ setup: $(STAMP)
 
 # Rooted at the repository, so the file browser reaches notebooks/, labs/ and solutions/;
 # the path argument opens 00_setup (relative to the root) in the browser.
-lab: setup
+# JupyterLab's settings overrides: no "news" prompt on first open, no update check (nothing fetched).
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+$(LAB_OVERRIDES): env/jupyterlab_overrides.json $(STAMP)
+	@mkdir -p $(dir $@) && cp env/jupyterlab_overrides.json $@
+
+lab: setup $(LAB_OVERRIDES)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" notebooks/00_setup.ipynb $(ROOT_FLAG) $(LAB_ARGS)
 
 # Every tier runs even when an earlier one fails; the target fails if any did.
@@ -72,7 +77,7 @@ test-chapter: setup
 	  TMPDIR=$(CURDIR)/.cache/test-tmp $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider \
 	  $(wildcard notebooks/$(CH)_*.ipynb solutions/lab$(CH)_*.ipynb) $(PYTEST_ARGS)
 
-test-browser: setup
+test-browser: setup $(LAB_OVERRIDES)
 	@echo "== tier: JupyterLab in headless Chromium"
 	$(PY) -m pytest -m browser -rs $(PYTEST_ARGS)
 

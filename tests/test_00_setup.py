@@ -86,3 +86,23 @@ def test_environment_report_names_no_machine_path():
     text = ch00_setup.environment_report()
     assert str(ROOT) not in text
     assert "torch" in text and len(text.splitlines()) == len(envcheck.checks())
+
+
+def test_make_lab_turns_off_jupyterlabs_news_prompt():
+    """Issue 24 (8): JupyterLab 4 asks on first open whether to fetch Jupyter news. ``make lab``
+    writes env/jupyterlab_overrides.json into the venv's settings overrides; the values are checked
+    against JupyterLab's own schema for the notification plug-in."""
+    import json
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    overrides = json.loads((root / "env/jupyterlab_overrides.json").read_text())
+    plugin = overrides["@jupyterlab/apputils-extension:notification"]
+    assert plugin == {"fetchNews": "false", "checkForUpdates": False}
+    schema = Path(sys.prefix) / "share/jupyter/lab/schemas/@jupyterlab/apputils-extension/notification.json"
+    props = json.loads(schema.read_text())["properties"]
+    assert {"const": "false", "title": "Never"} in props["fetchNews"]["oneOf"]
+    assert props["checkForUpdates"]["type"] == "boolean"
+    make = (root / "Makefile").read_text()
+    assert re.search(r"^lab: setup \$\(LAB_OVERRIDES\)", make, re.M)
+    assert "LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json" in make
