@@ -106,3 +106,15 @@ def test_make_lab_turns_off_jupyterlabs_news_prompt():
     make = (root / "Makefile").read_text()
     assert re.search(r"^lab: setup \$\(LAB_OVERRIDES\)", make, re.M)
     assert "LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json" in make
+
+
+def test_the_note_is_introduced_once_in_chapter_00_and_on_the_index():
+    """Issue 24 (7): every chapter says "the note"; chapter 00 says what it is, the index in a line."""
+    import json
+    from pathlib import Path
+    from gpumem.course import site
+    root = Path(__file__).resolve().parents[1]
+    first = "".join(json.loads((root / "notebooks/00_setup.ipynb").read_text())["cells"][0]["source"])
+    intro = first.split("**The note.**", 1)[1].split("\n\n", 1)[0]
+    assert "study note" in intro and "claims ledger" in intro and "never need the note" in intro
+    assert "<em>The note</em>: the Chinese study note" in site.index_body({})

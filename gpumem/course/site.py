@@ -147,7 +147,9 @@ def index_body(pages: dict[str, str]) -> str:
         rows.append(f'<tr><td></td><td><a href="{pages[name]}">{html.escape(name)}</a></td><td></td><td></td></tr>')
     return ("<h1>Fitting 70B — GPU memory optimization for LLM training</h1>\n"
             "<p>The course's notebooks as they were executed (outputs stored in the repository). "
-            "Outputs with a green bar are the ones <code>make test-notebooks</code> compares.</p>\n"
+            "Outputs with a green bar are the ones <code>make test-notebooks</code> compares.</p>"
+            "<p><em>The note</em>: the Chinese study note on fitting 70B into GPU memory that the course "
+            "grew from; each chapter tests its claims in a ledger (chapter 00 says more).</p>\n"
             '<table class="map"><tr><th>#</th><th>notebook</th><th>the note\'s section</th><th>what runs</th></tr>\n'
             + "\n".join(rows) + "</table>\n")
 
