@@ -227,24 +227,26 @@ def lab_with(solved: dict, **sources) -> object:
 
 def test_lab03_late_checkpoints_miss_the_budget(solved):
     report = lab_with(solved, place="""
-def place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget):
+def place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, other_after_loss, budget):
     for count in range(n_layers + 1):
         if (n_layers - count) * layer_bytes + count * checkpoint_bytes + other_bytes <= budget:
             return [[i] for i in range(n_layers - count, n_layers)]      # the last layers instead
 """)
     rows = [r for r in report.rows if r.function == "place_checkpoints"]
-    assert rows and all(r.status == "wrong" for r in rows)          # lab-d: one layer too many
-    assert all("misses the budget by" in r.detail for r in rows if not r.case.startswith("lab-d"))
+    # the grader stops at the first failing question; the deep one always fails (its budget is below
+    # the first c layers one each, and the last c hold more at their re-run)
+    assert rows and rows[-1].status == "wrong" and all(r.status == "ok" for r in rows[:-1])
+    assert "misses the budget by" in rows[-1].detail or "more recomputation than needed" in rows[-1].detail
     assert all(r.status == "ok" for r in report.rows if r.function == "checkpoint")
 
 
 def test_lab03_too_much_recomputation_is_priced(solved):
     report = lab_with(solved, place="""
-def place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget):
+def place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, other_after_loss, budget):
     return [[i] for i in range(n_layers)]
 """)
     rows = [r for r in report.rows if r.function == "place_checkpoints"]
-    assert all(r.status == "wrong" and "more recomputation than needed" in r.detail for r in rows)
+    assert rows and all(r.status == "wrong" and "more recomputation than needed" in r.detail for r in rows)
 
 
 def test_lab03_checkpoint_that_keeps_its_graph_is_caught(solved):
@@ -341,8 +343,8 @@ def checkpoint(run, *inputs):
 def test_lab03_budgets_separate_the_optimum():
     from gpumem.memory import recompute_cost
     from gpumem.memory.recompute_plans import first_layers
-    for cfg, count in labcheck.CASES:
-        budget = labcheck.budget_for(cfg, count)
+    from gpumem.chapters.ch03_activation_checkpointing import labcases
+    for cfg, count, budget in (q for seed in range(10) for q in labcases.draw(seed)["questions"]):
         assert labcheck.optimum(cfg, budget) == count
         fewer = recompute_cost.activation_bytes(cfg, labcheck.SEQ, labcheck.BATCH, first_layers(count - 1, cfg.n_layers),
                                                 "scratch")["peak"]

@@ -5,7 +5,10 @@
   wrapper, the course's own) refuse while the grader runs the learner's code, and are put back
   after, on an error or a time limit too;
 * place_checkpoints: "the first c layers, one each" (the old answer key), everything, the last c,
-  asking the grader for its answer: each fails on lab-d, whose optimum is checked by hand below.
+  asking the grader for its answer: each fails on lab-d, whose optimum is checked by hand below;
+* round two (the last block): saved tensors packed to NumPy / lists / clones / CPU copies by
+  saved-tensor hooks (nothing re-run), a lookup table of the old fixed answers, estimates with
+  the wrong RoPE term, each function stopping at its first failing case.
 """
 
 import sys
@@ -15,13 +18,19 @@ import torch
 import torch.utils.checkpoint as tuc
 from torch.utils.checkpoint import checkpoint as taken_before
 
-from gpumem.chapters.ch03_activation_checkpointing import labcheck, labguard, labplace
+from gpumem.chapters.ch03_activation_checkpointing import labcases, labcheck, labguard, labplace
 from gpumem.course.grading import Report, Row, TookTooLong, run_case
 from gpumem.course.case_limits import time_limit
 from gpumem.memory import recompute_cost, recompute_trace
+from gpumem.memory.models import ModelConfig
 from gpumem.memory.recompute_plans import from_segments
 
-LAB_D = next(cfg for cfg, _ in labcheck.CASES if cfg.name == "lab-d")
+# the old fixed cases (round one): kept here as hand-checked models, no longer graded as such
+LAB_A = ModelConfig("lab-a", 6, 96, 6, 2, 256, 128, teaching=True)
+LAB_D = ModelConfig("lab-d", 12, 64, 4, 1, 64, 400, teaching=True)
+OLD_CASES = ((LAB_A, 3), (ModelConfig("lab-b", 5, 128, 8, 4, 352, 96, teaching=True), 2),
+             (ModelConfig("lab-c", 7, 64, 4, 1, 192, 64, teaching=True), 5), (LAB_D, 10))
+GRAD = ModelConfig("lab-g", 2, 64, 4, 2, 192, 160, teaching=True)
 ORIGINAL = (tuc.checkpoint, tuc.checkpoint_sequential, tuc.create_selective_checkpoint_contexts,
             tuc._checkpoint_without_reentrant_generator)
 
@@ -87,7 +96,7 @@ SHORTCUTS = {
 def test_ready_made_checkpoints_refuse_while_grading(name):
     fn, named = SHORTCUTS[name]
     report = Report("lab03")
-    assert not labcheck._grade_checkpoint(report, fn)
+    assert not labcheck._grade_model(report, fn, GRAD)
     row = report.rows[0]
     assert row.status == "wrong" and "write the mechanism yourself" in row.detail and named in row.detail, row
     assert restored()
@@ -127,7 +136,7 @@ def test_guard_is_undone_after_an_error_and_a_time_limit():
 def test_no_checkpoint_at_all_keeps_every_activation():
     """A checkpoint that just runs ``run`` (to pair with a hard-coded placement) keeps the graph."""
     report = Report("lab03")
-    assert not labcheck._grade_checkpoint(report, lambda run, *a: run(*a))
+    assert not labcheck._grade_model(report, lambda run, *a: run(*a), GRAD)
     kept = next(r for r in report.rows if r.case.endswith("bytes kept for backward"))
     assert kept.status == "wrong" and "activations were kept" in kept.detail
 
@@ -147,7 +156,8 @@ R = ROPE + 8                                                        # alive in b
 
 
 def test_lab_d_numbers_and_optimum_by_hand():
-    assert labcheck.numbers(LAB_D) == {"n_layers": 12, "layer_bytes": K, "checkpoint_bytes": B, "other_bytes": O}
+    assert labcheck.numbers(LAB_D) == {"n_layers": 12, "layer_bytes": K, "checkpoint_bytes": B, "other_bytes": O,
+                                       "other_after_loss": R}
     assert labplace.constants(LAB_D, labcheck.SEQ, labcheck.BATCH) == (K, B, O, R)
     # 10 layers as two segments of five: end of forward 2K + 2B + O; the later re-run 5K + B + 2B + R
     two_fives = max(2 * K + 2 * B + O, 5 * K + 2 * B + R, 5 * K + 3 * B + R)
@@ -198,7 +208,10 @@ def test_search_matches_brute_force_over_every_placement():
 # the tracer matches to the byte on lab-d (test_lab_d_best_placement_is_measured_as_counted and
 # the first-10 row below), so the suite stays within its time budget.
 
-def _first_alone_by_end_of_forward(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget):
+LAB_D_10 = labcases.Question(LAB_D, 10, 509_960)
+
+
+def _first_alone_by_end_of_forward(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget, **_):
     for count in range(n_layers + 1):
         if (n_layers - count) * layer_bytes + count * checkpoint_bytes + other_bytes <= budget:
             return [[i] for i in range(count)]
@@ -226,11 +239,12 @@ class _Counted:
         self.peak_at = "forward" if a["forward_peak"] >= a["recompute_peak"] else "recompute"
         layer = recompute_cost.layer_flops(cfg, seq, micro_batch)["total"]
         self.flops = {"recompute": len(plan.checkpointed()) * layer}
+        self.events = [{"phase": "recompute", "part": f"L{i}"} for seg in plan.segments for i in seg]
 
 
 def test_the_old_answer_key_misses_on_lab_d_measured():
     report = Report("lab03")
-    labcheck._grade_placement(report, lambda n_layers, **_: [[i] for i in range(10)], "scratch", LAB_D, 10)
+    labcheck._grade_placement(report, lambda n_layers, **_: [[i] for i in range(10)], "scratch", LAB_D_10)
     row = report.rows[-1]
     assert row.status == "wrong" and "misses the budget by 21,760 B" in row.detail and "10 layer(s)" in row.detail
 
@@ -241,7 +255,7 @@ def test_cheap_placements_fail_on_lab_d(name, monkeypatch):
                         lambda cfg, plan, impl, seq, micro_batch: _Counted(cfg, plan, impl, seq, micro_batch))
     place, *said = PLACEMENTS[name]
     report = Report("lab03")
-    labcheck._grade_placement(report, place, "scratch", LAB_D, 10)
+    labcheck._grade_placement(report, place, "scratch", LAB_D_10)
     row = report.rows[-1]
     assert row.status == "wrong" and all(s in row.detail for s in said), row
     assert restored()
@@ -249,13 +263,16 @@ def test_cheap_placements_fail_on_lab_d(name, monkeypatch):
 
 # -- the optional GPU part -------------------------------------------------------------------
 
-def test_gpu_part_is_skipped_with_a_reason_without_cuda():
+def test_gpu_part_is_skipped_with_a_reason_without_cuda(capsys):
+    """As labs 04-06: no row without CUDA, a printed 'GPU part: skipped (reason)' line."""
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the gpu-marked test below grades the GPU part")
-    report = Report("lab03")
-    labcheck._grade_gpu(report, lambda **kw: [], lambda run, *a: run(*a))
-    row = report.rows[-1]
-    assert row.function == "gpu part" and row.status == "ok" and row.detail.startswith("skipped: no CUDA")
+    report = Report("lab03", [Row("checkpoint", "passed on the CPU", "ok")])
+    line = labcheck._grade_gpu(report, lambda **kw: [], lambda run, *a: run(*a))
+    assert line.startswith("skipped (no CUDA") and len(report.rows) == 1
+    report = labcheck.check({}, seed=0)
+    assert all(r.function != "gpu part" for r in report.rows)
+    assert "GPU part: skipped (" in capsys.readouterr().out
 
 
 @pytest.mark.gpu
@@ -283,19 +300,18 @@ def test_gpu_part_measures_the_solution(gpu_record):
 def test_solution_estimate_covers_the_rerun_the_review_measured():
     """The review: with every layer of lab-a checkpointed the old solution estimated 182,536 B (the
     end of the forward) against a measured 303,112 B (the last layer's re-run). The solution's
-    estimate_peak now covers the re-run: at least the measured peak, over by less than a checkpoint
-    (it counts the RoPE tables as one)."""
+    estimate_peak now covers the re-run, to the byte (other_after_loss: the RoPE tables, 2 x s x
+    head_dim bf16 values each for cos and sin, and 8 B of scalars)."""
     from pathlib import Path
 
     import nbformat
     nb = nbformat.read(Path(__file__).parents[1] / "solutions" / "lab03_checkpoint_budget.ipynb", as_version=4)
     ns: dict = {}
     exec(next(c.source for c in nb.cells if "def estimate_peak" in c.source), ns)
-    lab_a = next(cfg for cfg, _ in labcheck.CASES if cfg.name == "lab-a")
-    n = labcheck.numbers(lab_a)
+    n = labcheck.numbers(LAB_A)
+    assert n["other_after_loss"] == 2 * 2 * 32 * 16 + 8          # head_dim 96 / 6 = 16, s = 32
     every = [[i] for i in range(6)]
-    guess = ns["estimate_peak"](every, **n)
-    assert 303_112 <= guess < 303_112 + n["checkpoint_bytes"]
+    assert ns["estimate_peak"](every, **n) == 303_112
     assert ns["estimate_peak"]([], **n) == 6 * n["layer_bytes"] + n["other_bytes"]      # plain: forward only
 
 
@@ -305,10 +321,10 @@ def test_gpu_row_logic_with_the_device_stubbed(monkeypatch):
     guard, against the prediction) is exercised on the CPU. Not a GPU result."""
     from gpumem.chapters.ch03_activation_checkpointing import lab_gpu
 
-    def place(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget):
+    def place(n_layers=0, layer_bytes=0, checkpoint_bytes=0, other_bytes=0, other_after_loss=0, budget=0):
         return [list(range(6)), list(range(6, 12))]
     cfg = lab_gpu.setting()["cfg"]
-    predicted = recompute_cost.activation_bytes(cfg, lab_gpu.SEQ, lab_gpu.BATCH, from_segments(place(0, 0, 0, 0, 0), 16),
+    predicted = recompute_cost.activation_bytes(cfg, lab_gpu.SEQ, lab_gpu.BATCH, from_segments(place(), 16),
                                                 "scratch")["peak"]
     for factor, status in ((1.05, "ok"), (1.30, "wrong")):
         monkeypatch.setattr(lab_gpu, "cuda_reason", lambda: "")
@@ -317,3 +333,201 @@ def test_gpu_row_logic_with_the_device_stubbed(monkeypatch):
         labcheck._grade_gpu(report, place, lambda run, *a: run(*a))
         row = report.rows[-1]
         assert row.function == "gpu part" and row.status == status and "12 layers" in row.detail, row
+
+
+# -- round two: checkpoints that keep everything and never re-run -----------------------------
+
+def _hiding(to, back):
+    """A 'checkpoint' that keeps the segment's inputs as they are and every other saved tensor
+    through saved-tensor hooks in another form: exact gradients, nothing re-run."""
+    def checkpoint(run, *args):
+        inputs = [a for a in args if torch.is_tensor(a)]
+
+        def pack(t):
+            return ("kept", t) if any(t is a for a in inputs) else ("hidden", t.dtype, t.shape, to(t.detach().contiguous()))
+
+        def unpack(p):
+            return p[1] if p[0] == "kept" else back(p[3], p[1], p[2])
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            return run(*args)
+    return checkpoint
+
+
+HIDING = {
+    "NumPy bytes": (_hiding(lambda t: t.view(torch.uint8).numpy().copy(),
+                            lambda a, dt, sh: torch.from_numpy(a).view(dt).reshape(sh)),
+                    "took tensors out of torch (Tensor.numpy)"),
+    "Python lists": (_hiding(lambda t: t.double().tolist(),
+                             lambda a, dt, sh: torch.tensor(a, dtype=torch.float64).to(dt).reshape(sh)),
+                     "took tensors out of torch (tolist of"),
+    "DLPack capsules": (_hiding(lambda t: torch.utils.dlpack.to_dlpack(t.clone()),
+                                lambda a, dt, sh: torch.utils.dlpack.from_dlpack(a)),
+                        "took tensors out of torch (torch.to_dlpack)"),
+    "detached clones": (_hiding(lambda t: t.clone(), lambda a, dt, sh: a), "recomputation is skipped"),
+    "CPU copies": (_hiding(lambda t: t.to("cpu", copy=True), lambda a, dt, sh: a), "recomputation is skipped"),
+}
+
+
+@pytest.mark.parametrize("name", list(HIDING))
+def test_saved_tensors_kept_elsewhere_fail(name):
+    fn, said = HIDING[name]
+    report = Report("lab03")
+    assert not labcheck._grade_model(report, fn, GRAD)
+    row = next(r for r in report.rows if r.status != "ok")
+    assert row.status == "wrong" and said in row.detail and "recomputation" in row.detail, row
+    assert restored() and torch.from_numpy is not None and torch.utils.dlpack.to_dlpack.__module__ != __name__
+
+
+class _NoWatch:
+    def __init__(self, hits):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def test_numpy_checkpoint_fails_the_rerun_rows_even_unwatched(monkeypatch):
+    """With the escape watch switched off, the NumPy checkpoint keeps exactly the inputs in torch
+    (the bytes row passes) and the gradients are exact: the re-run rows still fail it."""
+    monkeypatch.setattr(labguard, "Escapes", _NoWatch)
+    fn = HIDING["NumPy bytes"][0]
+    report = Report("lab03")
+    assert not labcheck._grade_model(report, fn, GRAD)
+    assert [r.status for r in report.rows] == ["ok", "ok", "wrong"], report.summary()
+    assert "re-ran 0 of the 2 checkpointed layers (never: L0, L1)" in report.rows[-1].detail
+    assert "recomputation was skipped" in report.rows[-1].detail
+    report = Report("lab03")
+    assert not labcheck.grade_variants(report, fn)
+    assert len(report.rows) == 1 and "run was not called again in backward" in report.rows[0].detail
+
+
+# -- round two: cases drawn at check time ----------------------------------------------------
+
+def _old_table():
+    """The old fixed cases' answers, as a learner would tabulate them (the solution's answers)."""
+    table = {}
+    for cfg, count in OLD_CASES:
+        n = labcheck.numbers(cfg)
+        budget = labplace.budget_for(cfg, count, labcheck.SEQ, labcheck.BATCH)
+        table[tuple(n.values()) + (budget,)] = labplace.best_placements(cfg, labcheck.SEQ, labcheck.BATCH)[count][1]
+    return table
+
+
+def test_lookup_table_of_the_old_answers_fails(monkeypatch):
+    table = _old_table()
+    by_layers = {key[0]: segments for key, segments in table.items()}
+
+    def looks_up(budget, **n):
+        key = tuple(n.values()) + (budget,)
+        return table.get(key, by_layers.get(n["n_layers"], [[0]]))   # else the nearest old answer
+    drawn = [labcases.draw(seed)["questions"] for seed in range(30)]
+    keys = {tuple(labcheck.numbers(q.cfg).values()) + (q.budget,) for qs in drawn for q in qs}
+    assert not keys & set(table)                                   # no drawn question is an old one
+    assert len({q.budget for qs in drawn for q in qs}) >= 80       # and they differ check to check
+    monkeypatch.setattr(recompute_trace, "measure",
+                        lambda cfg, plan, impl, seq, micro_batch: _Counted(cfg, plan, impl, seq, micro_batch))
+    for seed in range(3):
+        report = Report("lab03")
+        results = [labcheck._grade_placement(report, looks_up, "scratch", q) for q in labcases.draw(seed)["questions"]]
+        assert "wrong" in results, report.summary()
+        row = next(r for r in report.rows if r.status == "wrong")
+        assert "misses the budget" in row.detail or "more recomputation than needed" in row.detail
+
+
+def _walk_best(n, K, B, O, R):
+    """Best peak per count, every placement walked (as test_search_matches_brute_force)."""
+    best = {}
+
+    def walk(i, plain, segs, worst):
+        if i == n:
+            peak = max(worst, plain * K + segs * B + O)
+            best[n - plain] = min(best.get(n - plain, peak), peak)
+            return
+        walk(i + 1, plain + 1, segs, worst)
+        for end in range(i + 1, n + 1):
+            walk(end, plain, segs + 1, max(worst, plain * K + segs * B + (end - i) * K + 2 * B + R))
+    walk(0, 0, 0, 0)
+    return best
+
+
+def test_every_drawn_question_has_the_drawn_optimum():
+    """For 40 seeds: the count is the fewest layers any placement needs (walked here for the
+    short models), and on the deep model (12+ layers) the first c layers one each miss the budget
+    while the best placement of c merges them into fewer segments."""
+    for seed in range(40):
+        for q, fam in zip(labcases.draw(seed)["questions"], labcases.FAMILIES):
+            K, B, O, R = labplace.constants(q.cfg, labcheck.SEQ, labcheck.BATCH)
+            n, c = q.cfg.n_layers, q.count
+            assert labcheck.optimum(q.cfg, q.budget) == c
+            if n <= 8:
+                best = _walk_best(n, K, B, O, R)
+                assert best[c] <= q.budget < min(best[f] for f in range(c))
+            if fam.deep:
+                assert n >= 12
+                singles = max(c * B + (n - c) * K + O, (c - 1) * B + K + 2 * B + R)   # by hand
+                assert singles > q.budget
+                assert len(labplace.best_placements(q.cfg, labcheck.SEQ, labcheck.BATCH)[c][1]) < c
+
+
+def test_drawn_model_is_measured_as_estimated():
+    """The formula the estimates are graded against matches the tracer on a drawn model."""
+    cfg, segments = labcases.draw(7)["estimates"][3]                    # the mixed placement
+    m = recompute_trace.measure(cfg, from_segments(segments, cfg.n_layers), "scratch",
+                                seq=labcheck.SEQ, micro_batch=labcheck.BATCH)
+    assert m.peak == labplace.peak_of(segments, cfg.n_layers, *labplace.constants(cfg, labcheck.SEQ, labcheck.BATCH))
+
+
+# -- round two: the RoPE term, graded to the byte ----------------------------------------------
+
+def _exact(segments, n_layers, layer_bytes, checkpoint_bytes, other_bytes, other_after_loss):
+    """The two moments, written here from the lab-d hand count's terms."""
+    starts, plain, segs, i, peak = {s[0]: len(s) for s in segments}, 0, 0, 0, 0
+    while i < n_layers:
+        if i in starts:
+            peak = max(peak, plain * layer_bytes + segs * checkpoint_bytes + starts[i] * layer_bytes
+                       + 2 * checkpoint_bytes + other_after_loss)
+            segs, i = segs + 1, i + starts[i]
+        else:
+            plain, i = plain + 1, i + 1
+    return max(peak, plain * layer_bytes + segs * checkpoint_bytes + other_bytes)
+
+
+ESTIMATES = {
+    "the RoPE tables counted as one checkpoint": (
+        lambda s, **n: _exact(s, **{**n, "other_after_loss": n["checkpoint_bytes"]}), "+6,136 B"),
+    "the RoPE tables left out": (lambda s, **n: _exact(s, **{**n, "other_after_loss": 0}), "-2,056 B"),
+    "the end of the forward only": (
+        lambda s, n_layers, layer_bytes, checkpoint_bytes, other_bytes, **_:
+        (n_layers - sum(map(len, s))) * layer_bytes + len(s) * checkpoint_bytes + other_bytes,
+        "reached at the re-run of the segment from layer 0"),
+}
+
+
+@pytest.mark.parametrize("name", list(ESTIMATES))
+def test_estimates_off_by_the_rope_term_fail(name):
+    """lab-d (hand count above). Layers 0 and 1 alone: the end of the forward is the peak,
+    10 K + 2 B + O = 1,166,600 B, and every estimate below gets it right. Layers 0-9 as one
+    segment (layers 10, 11 plain, after it): its re-run is the peak, 10 K + 2 B + R = 893,960 B
+    against 2 K + B + O = 457,992 B at the end of the forward, so an estimate that
+    counts the RoPE tables as a checkpoint (+B - R = +6,136 B), leaves them out (-R = -2,056 B)
+    or sees the end of the forward only is off, and the grader stops there."""
+    est, said = ESTIMATES[name]
+    assert _exact([[0], [1]], **labcheck.numbers(LAB_D)) == 10 * K + 2 * B + O == 1_166_600
+    assert _exact([list(range(10))], **labcheck.numbers(LAB_D)) == 10 * K + 2 * B + R == 893_960
+    report = Report("lab03")
+    labcheck._grade_estimates(report, est, [(LAB_D, [[0], [1]]), (LAB_D, [list(range(10))])])
+    assert [r.status for r in report.rows] == ["ok", "wrong"], report.summary()  # stops at the first wrong
+    assert said in report.rows[-1].detail and "layers), segments [[0, ..., 9]]" in report.rows[-1].case
+    report = Report("lab03")
+    labcheck._grade_estimates(report, _exact, [(LAB_D, [[0], [1]]), (LAB_D, [list(range(10))])])
+    assert [r.status for r in report.rows] == ["ok", "ok"]
+
+
+def test_each_function_stops_at_its_first_failing_case():
+    ns = {"estimate_peak": lambda s, **n: 0, "place_checkpoints": lambda **n: "all"}
+    report = labcheck.check(ns, show=False, seed=1)
+    assert [(r.function, r.status) for r in report.rows] == [
+        ("checkpoint", "todo"), ("estimate_peak", "wrong"), ("place_checkpoints", "wrong")], report.summary()

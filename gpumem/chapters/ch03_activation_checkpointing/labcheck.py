@@ -1,25 +1,25 @@
-"""Lab 03's ``check()``: the learner's checkpoint and checkpoint placement, measured.
+"""Lab 03's ``check()``: the learner's checkpoint, peak estimate and placement, measured.
 
-The learner writes two functions:
+The learner writes three functions, graded in this order on cases drawn at check time
+(``labcases``: fresh each check unless a seed is given). Each function stops at its first failing
+case: that row names the case, its later cases are not run.
 
-* ``checkpoint(run, *args)``: ``run(*args)`` under activation checkpointing, more general than
-  the chapter's ``Checkpoint``: ``args`` may mix tensors and other values, ``run`` may return
-  several tensors, and it may draw random numbers (dropout), which the re-run must replay.
-  Graded on a model the lab never shows (the gradients must equal the plain step's, and with
-  every layer checkpointed the forward must keep only the layers' inputs, as the course's tracer
-  measures) and on small functions of each of those three kinds, against plain autograd.
-  Ready-made checkpoints (``torch.utils.checkpoint``, DeepSpeed's, the course's) refuse to run
-  while the learner's code does (``labguard``).
-* ``place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget)``: which
-  layers to checkpoint (a list of segments) so that the step's activation peak stays within
-  ``budget`` bytes with the least recomputation. Graded by running the learner's placement with
-  the learner's checkpoint on real tensors: the measured peak against the budget, the measured
-  recompute FLOPs against the fewest possible, found by a search over every placement
-  (``labplace``), not assumed to be "the first c layers, one each": on ``lab-d`` (12 layers) that
-  placement needs one layer more than the best one.
+* ``checkpoint(run, *args)``: ``run(*args)`` under activation checkpointing, where ``args`` may mix
+  tensors and other values, ``run`` may return several tensors and may draw random numbers. Graded
+  on a drawn Llama with every layer checkpointed (gradients equal to the plain step's; bytes kept
+  equal to the layers' inputs, as the course's tracer measures; every layer re-run in backward, as
+  the FLOP counter's recorder sees it) and on small functions of each kind against plain autograd
+  (each must call ``run`` again in backward). Ready-made checkpoints refuse to run while the
+  learner's code does, and numbers may not leave torch (``labguard``, ``labescape``): a checkpoint
+  that hides what it keeps in NumPy fails, one that keeps clones fails the bytes row, one that
+  never re-runs fails the re-run row.
+* ``estimate_peak(segments, ...)``: the step's activation peak of a placement, to the byte,
+  against the two moments (``labplace.moments``, which the tracer matches to the byte).
+* ``place_checkpoints(...)``: segments whose measured peak fits the budget with the fewest layers
+  re-run, run with the learner's checkpoint on real tensors, against a search over every placement.
 
-Budgets are set between two placements, so that one layer fewer misses and any layer more is
-recomputation the budget did not need.
+The optional GPU part (``lab_gpu``) adds a row only where CUDA is present; otherwise check()
+prints ``GPU part: skipped (reason)``.
 """
 
 from gpumem.course.grading import Report, Row, call, case_seconds, kind, returned, run_case
@@ -28,25 +28,18 @@ from gpumem.memory import recompute_cost
 from gpumem.memory.models import ModelConfig
 from gpumem.memory.recompute_plans import from_segments
 
-from . import lab_gpu, labplace
+from . import lab_gpu, labcases, labplace
 from .labguard import guarded, refused
+from .labvariants import grade_variants
 
 LAB = "lab03_checkpoint_budget"
-SEQ, BATCH = 32, 2
-# Wide layers and small vocabularies: the loss is small beside a layer, so where the checkpoints
-# go matters (a re-run late in backward happens while every earlier layer still holds its own).
-CASES = ((ModelConfig("lab-a", 6, 96, 6, 2, 256, 128, teaching=True), 3),
-         (ModelConfig("lab-b", 5, 128, 8, 4, 352, 96, teaching=True), 2),
-         (ModelConfig("lab-c", 7, 64, 4, 1, 192, 64, teaching=True), 5),
-         # 12 thin layers: the best 10-layer placement merges layers into longer segments; the
-         # first 10 layers one each miss the budget, and the first 11 re-run one layer too many
-         (ModelConfig("lab-d", 12, 64, 4, 1, 64, 400, teaching=True), 10))
-GRAD_CASE = ModelConfig("lab-g", 3, 80, 5, 5, 224, 200, teaching=True)
+SEQ, BATCH = labcases.SEQ, labcases.BATCH
 
 
 def numbers(cfg: ModelConfig, seq: int = SEQ, batch: int = BATCH) -> dict:
-    """What ``place_checkpoints`` is given for ``cfg``: a plain layer's bytes, a checkpoint's, and
-    the rest the step holds when the forward ends (RoPE tables, final norm, head input, loss)."""
+    """What ``estimate_peak`` and ``place_checkpoints`` are given for ``cfg``: a plain layer's
+    bytes, a checkpoint's, the rest the step holds when the forward ends, and what of that rest
+    is still alive after the loss."""
     return labplace.numbers(cfg, seq, batch)
 
 
@@ -58,6 +51,12 @@ def budget_for(cfg: ModelConfig, count: int, seq: int = SEQ, batch: int = BATCH)
 def optimum(cfg: ModelConfig, budget: int, seq: int = SEQ, batch: int = BATCH) -> int:
     """The fewest layers any placement re-runs within ``budget`` (search over every placement)."""
     return labplace.optimum(cfg, budget, seq, batch)
+
+
+def show(segments) -> str:
+    """Segments in a row's case text: [[0], [1], [2, ..., 9]]."""
+    return "[" + ", ".join(f"[{s[0]}]" if len(s) == 1 else f"[{s[0]}, {s[1]}]" if len(s) == 2
+                           else f"[{s[0]}, ..., {s[-1]}]" for s in segments) + "]"
 
 
 def _cut_from_graph(ckpt) -> str:
@@ -76,97 +75,93 @@ def _cut_from_graph(ckpt) -> str:
     return ""
 
 
-def _grade_checkpoint(report: Report, ckpt) -> bool:
+def reran(m, segments) -> list[str]:
+    """The checkpointed layers that backward never re-ran (the recorder's 'recompute' events)."""
+    seen = {e["part"] for e in m.events if e["phase"] == "recompute"}
+    return [f"L{i}" for seg in segments for i in seg if f"L{i}" not in seen]
+
+
+def skipped_line(missing: list[str], total: int) -> str:
+    """The row's detail for a checkpoint that did not re-run every checkpointed layer."""
+    said = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
+    return (f"backward re-ran {total - len(missing)} of the {total} checkpointed layers (never: {said}): "
+            f"the recomputation was skipped, so their activations were kept somewhere instead")
+
+
+def _grade_model(report: Report, ckpt, cfg: ModelConfig) -> bool:
+    """The checkpoint on a drawn Llama, every layer checkpointed: three rows, up to the first wrong."""
+    import torch
+
     from gpumem.memory import recompute_trace as rt
-    case = f"{GRAD_CASE.name}, {GRAD_CASE.n_layers} layers, every layer checkpointed"
-    start = len(report.rows)
+    from gpumem.memory.llama import Llama
+    case = f"{cfg.name} ({cfg.n_layers} layers, h {cfg.d_model}), every layer checkpointed"
+    plain = rt.measure(cfg, "none", seq=SEQ, micro_batch=BATCH, keep_grads=True)
+    want = recompute_cost.activation_bytes(cfg, SEQ, BATCH, "full")["saved"]
+    with torch.device("meta"):
+        names = [name for name, _ in Llama(cfg).named_parameters()]
+    got = {}
 
     def body():
         cut = _cut_from_graph(ckpt)
-        if refused():                   # a ready-made checkpoint: the guard's row says which
+        if refused():                   # a ready-made checkpoint or an escape: the guard's row says which
             return "wrong", ""
         if cut:
             return "wrong", cut
-        plain = rt.measure(GRAD_CASE, "none", seq=SEQ, micro_batch=BATCH, keep_grads=True)
-        mine = call(rt.measure, GRAD_CASE, "full", ckpt, seq=SEQ, micro_batch=BATCH, keep_grads=True)
-        import torch
-
-        from gpumem.memory.llama import Llama
-        with torch.device("meta"):
-            names = [name for name, _ in Llama(GRAD_CASE).named_parameters()]
-        bad = next((f"first differing gradient: {name}, max |got - expected| = {(g - w).abs().max().item():.3g}"
-                    for name, g, w in zip(names, mine.grads, plain.grads) if not (g == w).all()), None)
-        report.rows.append(Row("checkpoint", f"{case}: gradients vs no checkpointing", "wrong" if bad else "ok",
-                               bad or ""))
-        want = recompute_cost.activation_bytes(GRAD_CASE, SEQ, BATCH, "full")["saved"]
-        ok = mine.saved == want
-        report.rows.append(Row("checkpoint", f"{case}: bytes kept for backward", "ok" if ok else "wrong",
-                               "" if ok else f"expected {want:,} B (only each layer's input), got {mine.saved:,} B"
-                               + (": the segments' activations were kept too (run the forward without a graph)"
-                                  if mine.saved > want else "")))
-    run_case(report, "checkpoint", case, guarded(body))
-    return all(r.status == "ok" for r in report.rows[start:])
-
-
-def _variants():
-    """Unseen cases for the general checkpoint: (name, run, args) with w a weight to differentiate."""
-    import torch
-    import torch.nn.functional as F
-    g = torch.Generator().manual_seed(3)
-    w = torch.randn(12, 12, generator=g, dtype=torch.float64, requires_grad=True)
-    x = torch.randn(5, 12, generator=g, dtype=torch.float64, requires_grad=True)
-
-    def dropout(x):
-        return F.dropout(torch.tanh(x @ w), 0.4, training=True) @ w
-
-    def two_outputs(x):
-        y = torch.sin(x @ w)
-        return y * x, y.sum(dim=1)
-
-    def with_options(x, scale, how):
-        y = (x @ w) * scale
-        return torch.tanh(y) if how == "tanh" else torch.relu(y)
-    return w, x, (("random numbers (dropout) replayed", dropout, (x,)),
-                  ("two outputs", two_outputs, (x,)),
-                  ("non-tensor arguments (a float, a string)", with_options, (x, 0.7, "tanh")))
+        got["m"] = call(rt.measure, cfg, "full", ckpt, seq=SEQ, micro_batch=BATCH, keep_grads=True)
+        return "ok", ""
+    row = run_case(report, "checkpoint", f"{case}: gradients vs no checkpointing", guarded(body))
+    if row.status != "ok":
+        return False
+    mine = got["m"]
+    bad = next((f"first differing gradient: {name}, max |got - expected| = {(g - w).abs().max().item():.3g}"
+                for name, g, w in zip(names, mine.grads, plain.grads) if not (g == w).all()), None)
+    if bad:
+        row.status, row.detail = "wrong", bad
+        return False
+    ok = mine.saved == want
+    report.rows.append(Row("checkpoint", f"{case}: bytes kept for backward", "ok" if ok else "wrong",
+                           "" if ok else f"expected {want:,} B (only each layer's input), got {mine.saved:,} B"
+                           + (": the layers' activations were kept too (the graph's or copies), so the recomputation "
+                              "is skipped: run the forward without a graph, re-run it in backward"
+                              if mine.saved > want else "")))
+    if not ok:
+        return False
+    missing = reran(mine, [[i] for i in range(cfg.n_layers)])
+    report.rows.append(Row("checkpoint", f"{case}: each layer re-run in backward", "wrong" if missing else "ok",
+                           skipped_line(missing, cfg.n_layers) if missing else ""))
+    return not missing
 
 
-def _loss(out):
-    import torch
-    outs = out if isinstance(out, tuple) else (out,)
-    return sum((o * torch.arange(1, o.numel() + 1, dtype=o.dtype).reshape(o.shape)).sum() for o in outs)
+def _grade_estimates(report: Report, est, estimates) -> None:
+    for cfg, segments in estimates:
+        n = numbers(cfg)
+        K, B, O, R = labplace.constants(cfg, SEQ, BATCH)
+        end, reruns = labplace.moments(segments, cfg.n_layers, K, B, O, R)
+        want = max([end, *(b for _, b in reruns)])
+        at = "the end of the forward" if want == end else \
+            f"the re-run of the segment from layer {next(i for i, b in reruns if b == want)}"
+
+        def body(segments=segments, n=n, want=want, at=at, end=end):
+            got = call(est, [list(s) for s in segments], **n)
+            if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
+                return "wrong", returned(got, "a whole number of bytes (an int)")
+            if int(got) == want:
+                return "ok", ""
+            return "wrong", (f"estimate {int(got):,} B, the step's peak is {want:,} B ({int(got) - want:+,} B), "
+                             f"reached at {at}; the end of the forward holds {end:,} B")
+        row = run_case(report, "estimate_peak", f"{cfg.name} ({cfg.n_layers} layers), segments {show(segments)}",
+                       guarded(body))
+        if row.status != "ok":
+            return
 
 
-def _grade_variants(report: Report, ckpt) -> None:
-    import torch
-    w, x, cases = _variants()
-    for name, run, args in cases:
-        def body(run=run, args=args):
-            grads = []
-            for wrap in (run, lambda *a: call(ckpt, run, *a)):
-                w.grad = x.grad = None
-                torch.manual_seed(11)
-                out = wrap(*args)
-                outs = out if isinstance(out, tuple) else (out,)
-                if not all(torch.is_tensor(o) for o in outs):
-                    return "wrong", "checkpoint(run, ...) " + returned(out, "what run returns (a tensor or a tuple of them)")
-                if not all(o.requires_grad for o in outs):
-                    return "wrong", "an output does not require grad: it is cut from the graph"
-                torch.rand(7)                         # the RNG moves on between forward and backward
-                call(lambda: _loss(out).backward())
-                if w.grad is None or x.grad is None:
-                    return "wrong", f"no gradient reached {'the weight' if w.grad is None else 'the input'}: it is cut from the graph"
-                grads.append((w.grad.clone(), x.grad.clone()))
-            diff = max(float((a - b).abs().max()) for a, b in zip(*grads))
-            return ("ok", "") if diff == 0 else ("wrong", f"gradients differ from plain autograd by up to {diff:.3g}")
-        run_case(report, "checkpoint", f"unseen case: {name}", guarded(body))
-
-
-def _grade_placement(report: Report, place, ckpt, cfg: ModelConfig, count: int) -> None:
+def _grade_placement(report: Report, place, ckpt, q: labcases.Question) -> str:
     from gpumem.memory import recompute_trace as rt
-    budget = budget_for(cfg, count)
+    cfg, budget = q.cfg, q.budget
     n = numbers(cfg)
-    case = f"{cfg.name}, {cfg.n_layers} layers, budget {budget:,} B" + (
+    best = optimum(cfg, budget)
+    layer = recompute_cost.layer_flops(cfg, SEQ, BATCH)["total"]
+    case = f"{cfg.name} ({cfg.n_layers} layers, h {cfg.d_model}), budget {budget:,} B" + (
         "" if callable(ckpt) else ", measured with the course's checkpoint")
 
     def body():
@@ -185,8 +180,9 @@ def _grade_placement(report: Report, place, ckpt, cfg: ModelConfig, count: int) 
             m = m[1]
         else:
             m = rt.measure(cfg, plan, ckpt, seq=SEQ, micro_batch=BATCH)
-        best = optimum(cfg, budget)
-        layer = recompute_cost.layer_flops(cfg, SEQ, BATCH)["total"]
+        missing = reran(m, plan.segments)
+        if missing:
+            return "wrong", skipped_line(missing, sum(map(len, plan.segments)))
         if m.peak > budget:
             return "wrong", (f"measured peak {m.peak:,} B misses the budget by {m.peak - budget:,} B "
                              f"({m.peak_at}); {best} layer(s) checkpointed, well placed, would fit")
@@ -195,18 +191,16 @@ def _grade_placement(report: Report, place, ckpt, cfg: ModelConfig, count: int) 
             return "wrong", (f"fits (peak {m.peak:,} B) but re-runs {m.flops['recompute']:,} FLOPs; {best} layer(s) "
                              f"suffice ({best * layer:,} FLOPs): {extra:.0%} more recomputation than needed")
         return "ok", ""
-    run_case(report, "place_checkpoints", case, body)
+    return run_case(report, "place_checkpoints", case, body).status
 
 
-def _grade_gpu(report: Report, place, ckpt) -> None:
-    """The optional GPU part (``lab_gpu``): skipped, with the reason, without CUDA or before the
-    checkpoint and the placements pass on the CPU."""
+def _grade_gpu(report: Report, place, ckpt) -> str:
+    """The optional GPU part (``lab_gpu``): a row only with CUDA, once the CPU rows pass; returns
+    the line check() prints either way."""
     reason = lab_gpu.cuda_reason() or ("" if place is not None and callable(ckpt) and report.solved else
-                                       "checkpoint and place_checkpoints must pass on the CPU first")
+                                       "checkpoint, estimate_peak and place_checkpoints must pass on the CPU first")
     if reason:
-        report.rows.append(Row("gpu part", "optional GPU part", "ok", "skipped: " + reason))
-        return
-
+        return f"skipped ({reason})"
     s = lab_gpu.setting()           # outside the guard: labplace is the grader's own answer
 
     def body():
@@ -214,27 +208,35 @@ def _grade_gpu(report: Report, place, ckpt) -> None:
         plan = from_segments(segments, s["cfg"].n_layers, "yours")
         predicted = recompute_cost.activation_bytes(s["cfg"], lab_gpu.SEQ, lab_gpu.BATCH, plan, "scratch")["peak"]
         return lab_gpu.verdict(segments, call(lab_gpu.measure_cuda, segments, ckpt), predicted, s["budget"])
-    run_case(report, "gpu part", f"{s['cfg'].name}, seq {lab_gpu.SEQ}, on CUDA",
-             guarded(body), case_seconds(cases=6))
+    row = run_case(report, "gpu part", f"{s['cfg'].name}, seq {lab_gpu.SEQ}, on CUDA",
+                   guarded(body), case_seconds(cases=6))
+    return f"{row.status}: {row.detail}"
 
 
-def check(ns: dict, show: bool = True) -> Report:
-    """Grade ``checkpoint`` and ``place_checkpoints`` from the lab's namespace; never raises."""
+def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
+    """Grade ``checkpoint``, ``estimate_peak`` and ``place_checkpoints`` from the lab's namespace on
+    cases drawn from ``seed`` (fresh each check when None); never raises."""
     report = Report(LAB)
-    ckpt, place = ns.get("checkpoint"), ns.get("place_checkpoints")
+    cases = labcases.draw(seed)
+    ckpt, est, place = ns.get("checkpoint"), ns.get("estimate_peak"), ns.get("place_checkpoints")
     passed = False
     if ckpt is None:
-        report.rows.append(Row("checkpoint", "defined", "todo", "define checkpoint(run, *inputs)"))
+        report.rows.append(Row("checkpoint", "defined", "todo", "define checkpoint(run, *args)"))
+    elif _grade_model(report, ckpt, cases["grad"]):
+        passed = grade_variants(report, ckpt)
+    if est is None:
+        report.rows.append(Row("estimate_peak", "defined", "todo", "define estimate_peak"))
     else:
-        passed = _grade_checkpoint(report, ckpt)
-        _grade_variants(report, ckpt)
-    for cfg, count in CASES:
-        if place is None:
-            report.rows.append(Row("place_checkpoints", cfg.name, "todo", "define place_checkpoints"))
-            continue
-        # measured with the learner's checkpoint once it is right, else with the course's own
-        _grade_placement(report, place, ckpt if passed else "scratch", cfg, count)
-    _grade_gpu(report, place, ckpt if passed else None)
+        _grade_estimates(report, est, cases["estimates"])
+    if place is None:
+        report.rows.append(Row("place_checkpoints", "defined", "todo", "define place_checkpoints"))
+    else:
+        for q in cases["questions"]:
+            # measured with the learner's checkpoint once it is right, else with the course's own
+            if _grade_placement(report, place, ckpt if passed else "scratch", q) != "ok":
+                break
+    gpu_line = _grade_gpu(report, place, ckpt if passed else None)
     if show:
         print(report.summary())
+        print(f"GPU part: {gpu_line}")
     return report

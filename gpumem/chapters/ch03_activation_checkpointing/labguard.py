@@ -13,6 +13,8 @@ backward the grader runs through the learner's function) these raise ``Shortcut`
 * the course's own ``Checkpoint`` (``gpumem.memory.recompute``) and the grader's own answer
   (``labplace``: the search for the best placement).
 
+While the block runs, numbers may not leave torch either (``labescape``: NumPy, DLPack, storage).
+
 Two layers: the modules' attributes are swapped for refusals, and a profile hook
 (``sys.setprofile``) refuses any call into the code of those functions however it was reached. Every
 refusal is recorded, so a learner who catches the exception is still reported. Everything is put
@@ -23,6 +25,8 @@ import contextlib
 import os
 import sys
 from gpumem.course.case_limits import alarm_held
+
+from .labescape import Escapes, sentence
 
 MESSAGE = "write the mechanism yourself"
 _INHERITED = object()
@@ -124,6 +128,7 @@ def no_shortcuts():
     codes, files = _banned_code()
     swapped = []
     previous = sys.getprofile()
+    escapes, entered = Escapes(hits), False
 
     def watch(frame, event, arg):
         if event != "call":
@@ -142,6 +147,8 @@ def no_shortcuts():
             setattr(owner, attr, _refusal(name, hits))
         sys.setprofile(watch)
         _ACTIVE.append((hits, watch))
+        escapes.__enter__()                  # and numbers may not leave torch (labescape)
+        entered = True
         yield hits
         if sys.getprofile() is not watch and not hits:
             hits.append("sys.setprofile (the grader's watch was switched off)")
@@ -150,6 +157,8 @@ def no_shortcuts():
             if _ACTIVE and _ACTIVE[-1][0] is hits:
                 _ACTIVE.pop()
             sys.setprofile(previous)
+            if entered:
+                escapes.__exit__(None, None, None)
             for owner, attr, value in reversed(swapped):
                 if value is _INHERITED:           # a class's inherited ``apply``: drop the override
                     delattr(owner, attr)
@@ -159,7 +168,10 @@ def no_shortcuts():
 
 
 def shortcut_line(hits: list[str]) -> str:
-    """The row's detail for a submission that reached a ready-made checkpoint."""
+    """The row's detail for a submission that reached a ready-made checkpoint (or took tensors
+    out of torch: ``labescape``)."""
+    if hits[0].startswith("escape: "):
+        return sentence(hits[0][len("escape: "):])
     return f"it calls {hits[0]}, which the lab rules out: {MESSAGE}"
 
 

@@ -30,22 +30,31 @@ def constants(cfg: ModelConfig, seq: int, batch: int) -> tuple[int, int, int, in
 
 
 def numbers(cfg: ModelConfig, seq: int, batch: int) -> dict:
-    """What the lab's ``place_checkpoints`` is given for ``cfg`` (K, B and O by name)."""
-    K, B, O, _ = constants(cfg, seq, batch)
-    return {"n_layers": cfg.n_layers, "layer_bytes": K, "checkpoint_bytes": B, "other_bytes": O}
+    """What the lab's ``estimate_peak`` and ``place_checkpoints`` are given for ``cfg`` (K, B, O
+    and R by name)."""
+    K, B, O, R = constants(cfg, seq, batch)
+    return {"n_layers": cfg.n_layers, "layer_bytes": K, "checkpoint_bytes": B, "other_bytes": O,
+            "other_after_loss": R}
+
+
+def moments(segments, n_layers: int, K: int, B: int, O: int, R: int) -> tuple[int, list[tuple[int, int]]]:
+    """(the end of the forward, [(first layer, bytes) for each segment's re-run]) of one placement."""
+    starts = {seg[0]: len(seg) for seg in segments}
+    plain = segs = i = 0
+    reruns = []
+    while i < n_layers:
+        if i in starts:
+            reruns.append((i, plain * K + segs * B + starts[i] * K + 2 * B + R))
+            segs, i = segs + 1, i + starts[i]
+        else:
+            plain, i = plain + 1, i + 1
+    return plain * K + segs * B + O, reruns
 
 
 def peak_of(segments, n_layers: int, K: int, B: int, O: int, R: int) -> int:
     """The step's peak of one placement, from the two moments (for cross-checks)."""
-    starts = {seg[0]: len(seg) for seg in segments}
-    plain = segs = worst = i = 0
-    while i < n_layers:
-        if i in starts:
-            worst = max(worst, plain * K + segs * B + starts[i] * K + 2 * B + R)
-            segs, i = segs + 1, i + starts[i]
-        else:
-            plain, i = plain + 1, i + 1
-    return max(worst, plain * K + segs * B + O)
+    end, reruns = moments(segments, n_layers, K, B, O, R)
+    return max([end, *(b for _, b in reruns)])
 
 
 def best_placements(cfg: ModelConfig, seq: int, batch: int) -> dict[int, tuple[int, list[list[int]]]]:

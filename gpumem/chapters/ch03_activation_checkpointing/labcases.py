@@ -1,0 +1,105 @@
+"""Lab 03's unseen cases, drawn at check time from a seed (fresh each check unless one is given).
+
+Each check draws, from families of small Llamas (real tensors, measured in seconds on a CPU):
+
+* the checkpoint's model (2-4 layers): every layer checkpointed, gradients and bytes kept;
+* one placement question per family of :data:`FAMILIES`: a model, a count ``c`` of checkpointed
+  layers that some placement needs and no placement of fewer reaches, and a budget drawn anywhere
+  between the best peak with ``c`` layers and the best with fewer (``labplace``'s search);
+* the placements ``estimate_peak`` is graded on (none, every layer alone, one long segment, a
+  random mix) on two of those models.
+
+The ``deep`` family (12-14 thin layers) keeps only questions where the best placement merges the
+checkpointed layers into fewer segments than layers, and its budget lies below the peak of "the
+first c layers, one each": that answer misses. Model widths, counts and budgets vary with the
+seed, so no table of answers written before the check can hold them.
+"""
+
+import os
+import random
+from typing import NamedTuple
+
+from gpumem.memory.models import ModelConfig
+
+from . import labplace
+
+SEQ, BATCH = 32, 2
+
+
+class Family(NamedTuple):
+    """Models of one kind: the choices a question's model is drawn from."""
+    name: str
+    layers: tuple           # n_layers choices
+    hidden: tuple           # (d_model, heads) choices
+    kv: tuple               # kv heads choices (each must divide the heads)
+    ffn: tuple              # ffn widths
+    vocab: tuple            # (low, high)
+    deep: bool = False
+
+
+FAMILIES = (
+    Family("wide", (5, 6, 7, 8), ((96, 6), (128, 8), (64, 4), (128, 4)), (1, 2), (192, 256, 320, 352),
+           (64, 160)),
+    Family("loss-heavy", (4, 5, 6, 7), ((64, 4), (96, 6), (80, 5)), (1,), (128, 192, 224), (200, 480)),
+    Family("deep", (12, 13, 14), ((64, 4), (48, 3)), (1,), (48, 64, 80), (300, 520), True),
+)
+GRAD_SHAPES = (((2, 64, 4, 2, 192, 160)), (3, 80, 5, 5, 224, 200), (3, 96, 6, 3, 160, 120),
+               (4, 64, 4, 1, 128, 96), (2, 112, 7, 7, 256, 180))
+
+
+class Question(NamedTuple):
+    """One placement question: a model, the optimum count and the budget."""
+    cfg: ModelConfig
+    count: int              # the fewest layers any placement re-runs within the budget
+    budget: int
+
+
+def rng_of(seed: int | None) -> random.Random:
+    """A generator from ``seed``, or a fresh one (os.urandom) when None."""
+    return random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+
+
+def _model(rng: random.Random, fam: Family, tag: str) -> ModelConfig:
+    h, heads = rng.choice(fam.hidden)
+    kv = rng.choice([k for k in fam.kv if heads % k == 0])
+    return ModelConfig(f"unseen-{tag}", rng.choice(fam.layers), h, heads, kv, rng.choice(fam.ffn),
+                       rng.randint(*fam.vocab), teaching=True)
+
+
+def question(rng: random.Random, fam: Family) -> Question:
+    """One placement question of family ``fam`` (module docstring)."""
+    for attempt in range(500):
+        cfg = _model(rng, fam, f"{fam.name}-{attempt % 100}")
+        K, B, O, R = labplace.constants(cfg, SEQ, BATCH)
+        best = labplace.best_placements(cfg, SEQ, BATCH)
+        counts = []
+        for c in range(1, cfg.n_layers):
+            peak, segments = best[c]
+            upper = min(best[f][0] for f in range(c))
+            if fam.deep:
+                if len(segments) >= c:
+                    continue
+                upper = min(upper, labplace.peak_of([[i] for i in range(c)], cfg.n_layers, K, B, O, R))
+            if upper > peak + 1:
+                counts.append((c, peak, upper))
+        if counts:
+            c, low, upper = rng.choice(counts)
+            return Question(cfg, c, rng.randrange(low, upper))
+    raise RuntimeError(f"no question drawn for family {fam.name}")
+
+
+def draw(seed: int | None = None) -> dict:
+    """The check's cases: ``grad`` (a model), ``questions`` (one per family), ``estimates`` (a list
+    of (model, segments))."""
+    rng = rng_of(seed)
+    n, h, a, kv, f, v = rng.choice(GRAD_SHAPES)
+    grad = ModelConfig("unseen-grad", n, h, a, kv, f, v, teaching=True)
+    questions = [question(rng, fam) for fam in FAMILIES]
+    estimates = []
+    for q in (questions[0], questions[-1]):
+        n = q.cfg.n_layers
+        cut = sorted(rng.sample(range(1, n), 2))
+        mixed = [[i] for i in range(cut[0])] + [list(range(cut[1], n))]
+        for segments in ([], [[i] for i in range(n)], [list(range(n))], mixed):
+            estimates.append((q.cfg, segments))
+    return {"grad": grad, "questions": questions, "estimates": estimates}

@@ -1,0 +1,73 @@
+"""Lab 03's small unseen functions for the general checkpoint: random numbers, two outputs,
+non-tensor arguments. Each is compared with plain autograd, and ``run`` must be called again
+while backward runs (a checkpoint that keeps what ``run`` saved never needs to)."""
+
+from gpumem.course.grading import Report, call, returned, run_case
+
+from .labguard import guarded
+
+
+def variants():
+    """Unseen cases for the general checkpoint: (w, x, [(name, run, args)]), w a weight."""
+    import torch
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(12, 12, generator=g, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(5, 12, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def dropout(x):
+        return F.dropout(torch.tanh(x @ w), 0.4, training=True) @ w
+
+    def two_outputs(x):
+        y = torch.sin(x @ w)
+        return y * x, y.sum(dim=1)
+
+    def with_options(x, scale, how):
+        y = (x @ w) * scale
+        return torch.tanh(y) if how == "tanh" else torch.relu(y)
+    return w, x, (("random numbers (dropout) replayed", dropout, (x,)),
+                  ("two outputs", two_outputs, (x,)),
+                  ("non-tensor arguments (a float, a string)", with_options, (x, 0.7, "tanh")))
+
+
+def _loss(out):
+    import torch
+    outs = out if isinstance(out, tuple) else (out,)
+    return sum((o * torch.arange(1, o.numel() + 1, dtype=o.dtype).reshape(o.shape)).sum() for o in outs)
+
+
+def grade_variants(report: Report, ckpt) -> bool:
+    """One row per unseen function, up to the first that fails; True when all pass."""
+    import torch
+    w, x, cases = variants()
+    for name, run, args in cases:
+        def body(run=run, args=args):
+            grads, again = [], [0]
+            for wrapped in (False, True):
+                w.grad = x.grad = None
+                torch.manual_seed(11)
+                armed = [False]
+
+                def counted(*a, run=run, armed=armed):
+                    again[0] += armed[0]
+                    return run(*a)
+                out = call(ckpt, counted, *args) if wrapped else run(*args)
+                armed[0] = True                       # from here on, a call of run is a re-run
+                outs = out if isinstance(out, tuple) else (out,)
+                if not all(torch.is_tensor(o) for o in outs):
+                    return "wrong", "checkpoint(run, ...) " + returned(out, "what run returns (a tensor or a tuple of them)")
+                if not all(o.requires_grad for o in outs):
+                    return "wrong", "an output does not require grad: it is cut from the graph"
+                torch.rand(7)                         # the RNG moves on between forward and backward
+                call(lambda: _loss(out).backward())
+                if w.grad is None or x.grad is None:
+                    return "wrong", f"no gradient reached {'the weight' if w.grad is None else 'the input'}: it is cut from the graph"
+                grads.append((w.grad.clone(), x.grad.clone()))
+            if not again[0]:
+                return "wrong", ("run was not called again in backward: nothing was recomputed, so what run "
+                                 "saved was kept instead (keep only the inputs, re-run run in backward)")
+            diff = max(float((a - b).abs().max()) for a, b in zip(*grads))
+            return ("ok", "") if diff == 0 else ("wrong", f"gradients differ from plain autograd by up to {diff:.3g}")
+        if run_case(report, "checkpoint", f"unseen case: {name}", guarded(body)).status != "ok":
+            return False
+    return True
