@@ -249,7 +249,7 @@ def scale_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), seq: int 
 
 def scenario_explorer(**start):
     """Dropdowns and sliders that re-render :func:`scenario_box`, starting from ``start`` (any of
-    its arguments); plain text of that box without widgets."""
+    its arguments), displayed once (nothing returned); plain text of that box without widgets."""
     from gpumem.course.quiz import widgets_available
     if not widgets_available():
         print(scenario_box(**start))
@@ -276,7 +276,9 @@ def scenario_explorer(**start):
         with out:
             print(scenario_box(**kwargs))
 
-    ui = w.interactive(redraw, **controls)
+    # the interactive only wires the controls to redraw (they hold it alive through their
+    # observers); it is not returned: as a cell's last value Jupyter would show every control twice
+    w.interactive(redraw, **controls)
     display(w.VBox([w.HBox(list(controls.values())[:4]), w.HBox(list(controls.values())[4:]), out]))
     redraw(**{k: c.value for k, c in controls.items()})
-    return ui
+    return None
