@@ -7,8 +7,10 @@ drawn sizes. Layers are drawn afresh at each check (shapes, and in part 3 the va
 :mod:`.variants`: Hugging Face's RMSNorm, a GeLU MLP with dropout, q/k/v biases) and measured on
 real tensors (:func:`.variants.measure`), so a table of last time's answers does not pass; a few
 shapes lie far outside the drawn range, where a fit to small measurements passes only if it is the
-exact formula. While the learner's functions run, the course's own formulas and tracers raise
-"derive it yourself" and any tensor operation raises "no tensor ops" (:mod:`.labguard`).
+exact formula. Each function stops at its first failing case; a wrong part 3 count is explained
+by the switch whose term differs (:mod:`.labhints`). While the learner's functions run, the
+course's own formulas and tracers raise "derive it yourself" and any tensor operation raises "no
+tensor ops" (:mod:`.labguard`).
 """
 
 import os
@@ -19,7 +21,7 @@ from gpumem.memory import accounting, tracing
 from gpumem.memory.estimate import n_param_tensors
 from gpumem.memory.models import ModelConfig
 
-from . import lab_gpu, variants
+from . import lab_gpu, labhints, variants
 from .labguard import guarded
 from .variants import without_comments
 
@@ -114,7 +116,31 @@ def _grade_states(report: Report, fn, rng: random.Random) -> None:
         cases.append((f"{n:,} params, {recipe}, {gpus} GPUs, ZeRO-{zero}",
                       dict(n_params=n, recipe=recipe, gpus=gpus, zero=zero),
                       {"params": s.params, "grads": s.grads, "optimizer": s.optimizer}))
-    grade(report, "model_state_bytes", guarded(fn), cases)
+    for case in cases:
+        grade(report, "model_state_bytes", guarded(fn), [case], compare=_same_ints, show=_show)
+        if _failed(report.rows[-1]):
+            return
+
+
+def plain_int(value) -> bool:
+    """An ``int`` itself: not a bool, not a subclass (whose ``__eq__`` could say yes to anything)."""
+    return type(value) is int
+
+
+def _same_ints(got, want: dict) -> bool:
+    if type(got) is not dict:        # the grader's message: "returned ..., expected a dict with keys ..."
+        raise TypeError("not a dict")
+    return set(got) == set(want) and all(plain_int(got[k]) and got[k] == want[k] for k in want)
+
+
+def _show(value) -> str:
+    return "{" + ", ".join(f"{k!r}: {v!r}" if plain_int(v) else f"{k!r}: {v!r} (a {type(v).__name__}, not an int)"
+                           for k, v in value.items()) + "}"
+
+
+def _failed(row: Row) -> bool:
+    """Each function stops at its first failing case: that row is the one to fix."""
+    return row.status in ("wrong", "error")
 
 
 def _grade_layers(report: Report, fn, rng: random.Random) -> None:
@@ -130,10 +156,11 @@ def _grade_layers(report: Report, fn, rng: random.Random) -> None:
         def body(case=dict(**shape, kernel=kernel)):
             got = call(learner, **case)          # the truth is measured after the learner's call
             want = variants.measure(**case, norm="fused", mlp="swiglu", qkv_bias=False)[0]
-            if not isinstance(got, int) or isinstance(got, bool):
+            if not plain_int(got):
                 return "wrong", returned(got, "an int (bytes)")
             return ("ok", "") if got == want else ("wrong", f"expected {want:,} B, got {got:,} B")
-        run_case(report, name, _label(shape, kernel=kernel) + f" (traced{far})", body)
+        if _failed(run_case(report, name, _label(shape, kernel=kernel) + f" (traced{far})", body)):
+            return
 
 
 # (norm, mlp, qkv_bias) of part 3's cases, one variant at a time first, so that the first row that
@@ -141,41 +168,6 @@ def _grade_layers(report: Report, fn, rng: random.Random) -> None:
 VARIANT_CASES = [("hf", "swiglu", False), ("fused", "gelu-dropout", False), ("fused", "swiglu", True),
                  ("hf", "gelu-dropout", False), ("fused", "gelu-dropout", True), ("hf", "gelu-dropout", True)]
 KERNEL_CYCLE = ("flash", "naive", "eager")
-
-
-def _why_bytes(case: dict, got: int, want: int) -> str:
-    """The variant that explains ``got``, with what it misses; else the plain difference."""
-    shape = {k: case[k] for k in ("d_model", "n_heads", "n_kv_heads", "ffn", "seq", "batch", "kernel")}
-    variant = {k: case[k] for k in ("norm", "mlp", "qkv_bias")}
-    per_elem = case["batch"] * case["seq"] * case["d_model"]       # one element per output number
-    changed = [f"{k}={variant[k]!r}" for k, plain in (("norm", "fused"), ("mlp", "swiglu")) if variant[k] != plain]
-    if len(changed) > 1 and got == variants.measure(**shape, **{**variant, "norm": "fused", "mlp": "swiglu"})[0]:
-        return (f"{' and '.join(changed)}: you counted the plain Llama layer ({got - want:+,} B); "
-                "each of these variants changes what is saved")
-    if case["norm"] == "hf" and got == variants.measure(**shape, **{**variant, "norm": "fused"})[0]:
-        return (f"norm='hf': {want - got:,} B missing; your count keeps the fused RMSNorm's tensors: "
-                "count what LlamaRMSNorm's own operators save (an fp32 copy of the input among them)")
-    if case["mlp"] == "gelu-dropout":
-        if got == variants.measure(**shape, **{**variant, "mlp": "swiglu"})[0]:
-            return (f"mlp='gelu-dropout': {got - want:+,} B; your count is SwiGLU's four F-wide tensors: "
-                    "count what F.gelu, the down projection and the dropout keep")
-        if got == want - per_elem:
-            return f"mlp='gelu-dropout': {per_elem:,} B missing: the dropout's mask, one entry per output number"
-        if got == want + per_elem:
-            return "mlp='gelu-dropout': the dropout mask counted at 2 B an entry: what dtype does native_dropout return?"
-    if case["qkv_bias"] and got > want:
-        return (f"qkv_bias=True: {got - want:,} B too many: what does backward need to compute a bias's "
-                "gradient, and does it have to be saved?")
-    return f"expected {want:,} B, got {got:,} B ({got - want:+,} B)"
-
-
-def _why_params(case: dict, got: int, want: int) -> str:
-    h, kv = case["d_model"], case["n_kv_heads"] * (case["d_model"] // case["n_heads"])
-    if case["qkv_bias"] and got == want - (h + 2 * kv):
-        return f"qkv_bias=True: the q, k and v biases' {h + 2 * kv:,} parameters are missing"
-    if case["mlp"] == "gelu-dropout" and got - want in (h * case["ffn"], h * case["ffn"] - h - 2 * kv):
-        return "mlp='gelu-dropout': your count has SwiGLU's three matrices; the GeLU MLP has two"
-    return f"expected {want:,} parameters, got {got:,}"
 
 
 def _grade_variants(report: Report, fn, rng: random.Random) -> None:
@@ -191,32 +183,34 @@ def _grade_variants(report: Report, fn, rng: random.Random) -> None:
         def body(case=case):
             got = call(learner, **case)              # the truth is measured after the learner's call
             want_bytes, want_params = variants.measure(**case)
-            if not (isinstance(got, dict) and all(isinstance(got.get(k), int) and not isinstance(got.get(k), bool)
-                                                  for k in ("activations", "params"))):
+            values = {k: got.get(k) for k in ("activations", "params")} if isinstance(got, dict) else {}
+            if not (values and all(plain_int(v) for v in values.values())):
                 return "wrong", returned(got, "a dict with int 'activations' (bytes) and 'params'")
-            if got["activations"] != want_bytes:
-                return "wrong", _why_bytes(case, got["activations"], want_bytes)
-            if got["params"] != want_params:
-                return "wrong", _why_params(case, got["params"], want_params)
+            for key, want in (("activations", want_bytes), ("params", want_params)):
+                if values[key] != want:
+                    return "wrong", labhints.why(learner, case, key, values[key], want)
             return "ok", ""
-        run_case(report, name, _label(case, kernel=case["kernel"], norm=norm, mlp=mlp, qkv_bias=bias) + tag, body)
+        if _failed(run_case(report, name, _label(case, kernel=case["kernel"], norm=norm, mlp=mlp,
+                                                 qkv_bias=bias) + tag, body)):
+            return
 
 
-def _grade_gpu(report: Report, fn, measure_fn) -> None:
-    """Optional, CUDA only: the learner's prediction (and measurement, if written) on the GPU."""
+def _grade_gpu(report: Report, fn, measure_fn) -> str:
+    """Optional, CUDA only: the learner's prediction (and measurement, if written) on the GPU. Adds
+    rows only where it runs; returns the line the learner reads either way."""
     case = "optional GPU part: " + ", ".join(f"{k}={v}" for k, v in lab_gpu.VARIANT.items())
-    reason = lab_gpu.cuda_reason()
-    if fn is None or reason:
-        report.rows.append(Row("variant_layer", case, "ok", "skipped: " + (reason or "variant_layer not defined yet")))
-        return
-    learner = guarded(fn)
+    if reason := lab_gpu.cuda_reason():
+        return f"skipped ({reason})"
+    if fn is None:
+        return "skipped (variant_layer is not defined yet)"
+    learner, start = guarded(fn), len(report.rows)
     for kernel in lab_gpu.KERNELS:
         args = dict(**lab_gpu.SHAPE, kernel=kernel, **lab_gpu.VARIANT)
 
         def body(args=args):
             got = call(learner, **args)
             predicted = got.get("activations") if isinstance(got, dict) else None
-            if not isinstance(predicted, int):
+            if not plain_int(predicted):
                 return "wrong", returned(got, "a dict with int 'activations'")
             return lab_gpu.verdict(predicted, lab_gpu.measure_cuda(args["kernel"]),
                                    lambda: variants.measure(**args)[0])
@@ -224,17 +218,24 @@ def _grade_gpu(report: Report, fn, measure_fn) -> None:
         if measure_fn is not None:
             run_case(report, "gpu_held_bytes", f"{case}, {kernel}", lambda kernel=kernel: lab_gpu.measurement_verdict(
                 call(measure_fn, *lab_gpu.setup(kernel), kernel), lab_gpu.measure_cuda(kernel)))
+    todo = [r for r in report.rows[start:] if r.status == "todo"]
+    report.rows[start:] = [r for r in report.rows[start:] if r.status != "todo"]   # optional: no todo row
+    if todo:
+        return "ran what is written; " + " and ".join(dict.fromkeys(r.function for r in todo)) + " not written yet"
+    return "graded on CUDA (the rows marked 'optional GPU part')"
 
 
 def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
     """Grade ``model_state_bytes``, ``layer_activation_bytes`` and ``variant_layer`` from the
-    lab's namespace; shapes are drawn from ``seed`` (fresh each time if None)."""
+    lab's namespace (and, with CUDA, the optional GPU part); shapes are drawn from ``seed`` (fresh
+    each time if None). Each function stops at its first failing case."""
     rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
     report = Report(LAB)
     _grade_states(report, ns.get("model_state_bytes"), rng)
     _grade_layers(report, ns.get("layer_activation_bytes"), rng)
     _grade_variants(report, ns.get("variant_layer"), rng)
-    _grade_gpu(report, ns.get("variant_layer"), ns.get("gpu_held_bytes"))
+    gpu_line = _grade_gpu(report, ns.get("variant_layer"), ns.get("gpu_held_bytes"))
     if show:
         print(report.summary())
+        print(f"GPU part: {gpu_line}")
     return report

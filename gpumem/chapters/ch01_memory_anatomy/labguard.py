@@ -17,11 +17,14 @@ ways out of those modes that Python can reach are refused during the call, and a
 grader checks the modes are still in place and recording is still off. Copies of the guarded
 files in ``sys.modules`` under other names are switched off like the originals, and opening a
 gpumem source file during the call (``importlib`` loading a fresh copy) is refused by an audit
-hook. A learner set on it can still get round this in-process (C entry points bound before the
-check); the fresh and far-off shapes of :mod:`.labcheck` remain the last line.
+hook. Whatever the call rebinds or changes in the course, its caches or torch is put back and the
+call fails (:mod:`.labstate`). A learner set on it can still get round this in-process (C entry
+points bound before the check); the fresh and far-off shapes of :mod:`.labcheck` remain the last
+line.
 """
 
 import contextlib
+import functools
 import importlib
 import inspect
 import os
@@ -32,11 +35,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from gpumem.course.case_limits import alarm_held
 
+from . import labstate
+
 MODULES = ("gpumem.memory.activations", "gpumem.memory.accounting", "gpumem.memory.estimate",
            "gpumem.memory.models", "gpumem.memory.llama",
            "gpumem.memory.tracer", "gpumem.memory.trace_compose", "gpumem.memory.megatron",
            "gpumem.memory.ds_estimators", "gpumem.memory.crosscheck", "gpumem.memory.timeline",
            "gpumem.chapters.ch01_memory_anatomy.labcheck", "gpumem.chapters.ch01_memory_anatomy.variants",
+           "gpumem.chapters.ch01_memory_anatomy.labhints", "gpumem.chapters.ch01_memory_anatomy.labstate",
            "gpumem.chapters.ch01_memory_anatomy.lab_gpu", "gpumem.chapters.ch01_memory_anatomy.diagrams",
            "gpumem.chapters.ch01_memory_anatomy.steps", "gpumem.chapters.ch01_memory_anatomy.claims")
 SAYS = "is switched off while your function is graded: derive it yourself"
@@ -108,7 +114,7 @@ def _tool_refuser(name: str):
 
 
 @contextlib.contextmanager
-def derive_it_yourself():
+def derive_it_yourself(modules: list | None = None):
     """Switch off the course's answers and the tracing tools for the duration of the block."""
     tools = [(owner, attr, owner.__dict__.get(attr)) for owner, attr in _tools()]
     switch = torch.set_grad_enabled.__init__
@@ -120,7 +126,7 @@ def derive_it_yourself():
         switch(self, mode)
     modes, entered, swapped, seen = (_NoFunctions(), _NoDispatch()), [], [], set()
     try:
-        for label, f in _switched_off():
+        for label, f in _switched_off(modules):
             if id(f) not in seen:
                 seen.add(id(f))
                 swapped.append((f, f.__code__))
@@ -169,13 +175,16 @@ def _leave(entered: list) -> None:
         mode.__exit__(None, None, None)
 
 
-def _switched_off():
+def _switched_off(modules=None):
     """(label, function) of every function the guard swaps: the course's, and the ways out of the modes."""
-    for name, module in _guarded_modules():
+    for name, module in modules or _guarded_modules():
         for f in _functions(module):
             yield f"{name}.{f.__qualname__}", f
     for f in _escape_functions():
         yield f"{f.__module__}.{f.__qualname__}", f
+
+
+_real = functools.lru_cache(maxsize=None)(os.path.realpath)     # a path's target does not move
 
 
 def _guarded_modules():
@@ -187,12 +196,12 @@ def _guarded_modules():
         except ImportError:
             continue
         found.append((name, module))
-        files[os.path.realpath(module.__file__)] = name
+        files[_real(module.__file__)] = name
+    ids = {id(m) for _, m in found}
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if (isinstance(path, str) and all(module is not m for _, m in found)
-                and os.path.realpath(path) in files):
-            found.append((f"{files[os.path.realpath(path)]} (loaded again as {name})", module))
+        if isinstance(path, str) and id(module) not in ids and _real(path) in files:
+            found.append((f"{files[_real(path)]} (loaded again as {name})", module))
     return found
 
 
@@ -238,7 +247,24 @@ def guarded(fn):
     if not callable(fn):
         return fn
 
+    # bound now: the learner's call could rebind the module attributes, not these closure cells
+    snapshot, restore, refusal, held, guard = (labstate.snapshot, labstate.restore, labstate.refusal,
+                                               alarm_held, derive_it_yourself)
+    me = [("gpumem.chapters.ch01_memory_anatomy.labguard", sys.modules[__name__])]
+
     def learner(*args, **kwargs):
-        with derive_it_yourself():
-            return fn(*args, **kwargs)
+        modules = _guarded_modules()
+        taken = snapshot(modules + me)
+        try:
+            with guard(modules):
+                result = fn(*args, **kwargs)
+        except BaseException:
+            with held():
+                restore(taken)
+            raise
+        with held():
+            changed = restore(taken)
+        if changed:
+            raise RuntimeError(refusal(changed))
+        return result
     return learner

@@ -5,8 +5,10 @@
 - ``norm="hf"``: Hugging Face's eager ``LlamaRMSNorm`` (``llama.HFRMSNorm``, the same operators as
   transformers' ``modeling_llama.py``; transformers is not installed here, the class is copied
   from its source, which upcasts to fp32 and multiplies the weight last);
-- ``mlp="gelu-dropout"``: a GeLU MLP (up, GeLU, down, no biases) followed by dropout on its output,
-  the MLP of Korthikanti et al.'s layer; dropout is ``torch.native_dropout``, which ``F.dropout``
+- ``mlp="gelu-dropout"``: a GeLU MLP (up, GeLU, dropout, down, no biases) with dropout on its
+  F-wide hidden activations, where transformers' ``T5DenseActDense`` puts it (wi, act, dropout,
+  wo), not on the MLP's output as in Korthikanti et al.'s layer, whose count chapter 01 prints;
+  dropout is ``torch.native_dropout``, which ``F.dropout``
   runs on CUDA (on CPU ``F.dropout`` multiplies by a noise tensor of the input's dtype instead, so
   the layer calls the CUDA path directly and CPU and GPU save the same bool mask);
 - ``qkv_bias=True``: q, k and v projections with biases (Qwen2's attention).
@@ -37,7 +39,7 @@ def dropout(x, p: float):
 
 
 class GeluMLP(nn.Module):
-    """up, GeLU, down, then dropout on the output."""
+    """up, GeLU, dropout on the hidden activations, down."""
 
     def __init__(self, d_model: int, ffn: int, p: float):
         super().__init__()
@@ -46,7 +48,7 @@ class GeluMLP(nn.Module):
         self.p = p
 
     def forward(self, x):
-        return dropout(self.down(F.gelu(self.up(x))), self.p)
+        return self.down(dropout(F.gelu(self.up(x)), self.p))
 
 
 class VariantBlock(nn.Module):

@@ -1,0 +1,113 @@
+"""Lab 01, part 3: which switch a wrong ``variant_layer`` count gets wrong.
+
+A count is a sum of terms, one per switch (``norm``, ``mlp``, ``qkv_bias``) on top of the plain
+layer. The grader asks the learner's function again at the same shape with one switch set back to
+part 2's layer, and compares the learner's term (their count with the switch on, minus with it
+off) with the true term (the same difference of :func:`.variants.measure`). The switch whose term
+differs is the one the hint names; if every term agrees, the plain layer itself is off. So a
+count that adds bytes for the biases is blamed on ``qkv_bias``, whatever else the case switches on.
+"""
+
+from gpumem.course.grading import LearnerError, Todo, call
+
+from . import variants
+
+PLAIN = {"norm": "fused", "mlp": "swiglu", "qkv_bias": False}
+KEYS = {"activations": ("bytes", 0), "params": ("parameters", 1)}
+
+
+def _value(got, key: str):
+    value = got.get(key) if isinstance(got, dict) else None
+    return value if type(value) is int else None
+
+
+def terms(learner, case: dict, key: str) -> dict:
+    """{switch or "plain": (the learner's term, the true term)} for ``key`` ("activations" or
+    "params"): each switch ``case`` turns on, and the plain layer at the case's shape. A term the
+    learner's function cannot give (it raises, returns no int) is None."""
+    index = KEYS[key][1]
+
+    def ask(c):
+        try:
+            return _value(call(learner, **c), key)
+        except (Todo, LearnerError):
+            return None
+    mine, true = ask(case), variants.measure(**case)[index]
+    out = {}
+    for switch, plain in PLAIN.items():
+        if case[switch] != plain:
+            off = {**case, switch: plain}
+            other = ask(off)
+            out[switch] = (None if mine is None or other is None else mine - other,
+                           true - variants.measure(**off)[index])
+    plain_case = {**case, **PLAIN}
+    out["plain"] = (ask(plain_case), variants.measure(**plain_case)[index])
+    return out
+
+
+def _bytes_hint(switch: str, mine: int, true: int, sizes: tuple) -> str:
+    """``sizes``: (tokens, d_model, ffn)."""
+    off = mine - true
+    if switch == "norm":
+        if mine == 0:
+            return (f"norm='hf': {-off:,} B missing; your count keeps the fused RMSNorm's tensors: count what "
+                    "LlamaRMSNorm's own operators save (an fp32 copy of the input among them)")
+        return (f"norm='hf': your norm term is {off:+,} B off: list what LlamaRMSNorm's operators save, "
+                "with dtype, and which of part 2's norm tensors are gone")
+    if switch == "mlp":
+        t, h, f = sizes
+        if mine == 0:
+            return (f"mlp='gelu-dropout': {off:+,} B; your count is SwiGLU's four F-wide tensors: count what "
+                    "F.gelu, the dropout and the down projection keep")
+        if off == t * h - t * f:
+            return ("mlp='gelu-dropout': you counted Megatron's MLP (dropout on the output); here the dropout "
+                    "acts on the F-wide hidden: what do gelu, dropout and down each keep?")
+        if off == -t * f:
+            return f"mlp='gelu-dropout': {t * f:,} B missing: the dropout's mask, one entry per hidden number"
+        if off == t * f:
+            return ("mlp='gelu-dropout': the dropout mask counted at 2 B an entry: what dtype does "
+                    "native_dropout return?")
+        if off == 2 * t * f:
+            return (f"mlp='gelu-dropout': one F-wide bf16 tensor ({off:,} B) too many: which of gelu's input, "
+                    "its output and the dropout's output does backward need?")
+        return (f"mlp='gelu-dropout': your MLP term is {off:+,} B off: count what F.gelu, the dropout and the "
+                "down projection keep, and which of SwiGLU's tensors are gone")
+    if off > 0:
+        return (f"qkv_bias=True: {off:,} B too many: what does backward need to compute a bias's gradient, "
+                "and does it have to be saved?")
+    return (f"qkv_bias=True: {-off:,} B missing: the biases take nothing away from what the projections "
+            "save")
+
+
+def _params_hint(switch: str, mine: int, true: int, case: dict) -> str:
+    off = mine - true
+    if switch == "qkv_bias":
+        return (f"qkv_bias=True: the q, k and v biases' {-off:,} parameters are missing" if off < 0 else
+                f"qkv_bias=True: {off:,} parameters too many for three bias vectors (q's is d_model "
+                "wide, k's and v's as wide as the keys)")
+    if switch == "mlp":
+        if off == case["d_model"] * case["ffn"]:
+            return "mlp='gelu-dropout': your count has SwiGLU's three matrices; the GeLU MLP has two"
+        return f"mlp='gelu-dropout': your MLP has {off:+,} parameters too many; up and down, no biases"
+    return f"norm='hf': {off:+,} parameters: LlamaRMSNorm has the same weight as the fused norm"
+
+
+def why(learner, case: dict, key: str, got: int, want: int) -> str:
+    """The row's detail for a wrong ``key``: the switch whose term differs, else the plain layer."""
+    unit = KEYS[key][0]
+    t = terms(learner, case, key)
+    plain_mine, plain_true = t.pop("plain")
+    wrong = [s for s, (mine, true) in t.items() if mine is not None and mine != true]
+    if key == "activations" and len(wrong) > 1 and all(t[s][0] == 0 for s in wrong):
+        named = " and ".join(f"{s}={case[s]!r}" for s in wrong)
+        return (f"{named}: you counted the plain Llama layer ({got - want:+,} B); each of these variants "
+                "changes what is saved")
+    if wrong:
+        mine, true = t[wrong[0]]
+        if key == "activations":
+            return _bytes_hint(wrong[0], mine, true, (case["batch"] * case["seq"], case["d_model"], case["ffn"]))
+        return _params_hint(wrong[0], mine, true, case)
+    if plain_mine is not None and plain_mine != plain_true and len(t) == sum(m is not None for m, _ in t.values()):
+        return (f"the plain layer (norm='fused', mlp='swiglu', qkv_bias=False) at this shape is already "
+                f"{plain_mine - plain_true:+,} {unit} off; every switch's term is right: fix part 2's count")
+    return f"expected {want:,} {unit}, got {got:,} {unit} ({got - want:+,})"
