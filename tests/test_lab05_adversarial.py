@@ -5,10 +5,12 @@ lab's reference module cites the lines), not read from the grader. Only one test
 recorded swap files (the grader's fallback without libaio) against a live NVMe offload run.
 """
 
+import random
+
 import pytest
 
 from gpumem import chapters
-from gpumem.chapters.ch05_offload import lab_gpu, lab_swap_record, labcheck
+from gpumem.chapters.ch05_offload import lab_draw, lab_gpu, lab_swap_record, lab_swaps, labcheck
 from gpumem.chapters.ch05_offload import lab_reference as ref
 from gpumem.runs import ds_offload
 from gpumem.memory import accounting
@@ -74,25 +76,35 @@ def test_reference_agrees_with_the_library_per_device(n, ranks):
         assert ref.totals(ref.rung_bytes(n, ranks, rung)) == {"gpu": m.total, "cpu": m.host, "nvme": m.nvme}
 
 
-def test_graded_cases_are_not_the_labs():
-    assert (70_553_706_496, 8) not in labcheck.BYTES_CASES and (1000, 4) not in labcheck.BYTES_CASES
-    assert all(c[1] != 8_030_261_248 or c[2] != 8 for c in labcheck.CHOOSE_CASES)
+def test_graded_cases_are_drawn_and_not_the_labs():
+    """Item 2: every check draws its own sizes, budgets and swap models; none is the lab's."""
+    draws = [lab_draw.bytes_cases(random.Random(seed)) for seed in range(5)]
+    assert len({tuple(d) for d in draws}) == 5
+    for cases in draws:
+        assert all(n % r and n not in lab_draw.SHOWN for n, r in cases)
+    pairs = {tuple(lab_swaps.draw_models(random.Random(seed))) for seed in range(12)}
+    assert len(pairs) > 3 and all(len(p) == 2 for p in pairs)
 
 
-def test_choose_cases_need_both_budgets():
-    """Each graded case's answer is neither the most offloaded rung, nor the fastest, nor what the
-    memory budgets alone would give (the least GPU bytes that fit); one case has no answer."""
+@pytest.mark.parametrize("seed", range(3))
+def test_choose_cases_need_both_budgets(seed):
+    """Each drawn case's answer is neither the most offloaded rung nor ZeRO-3 alone, nor what the
+    memory budgets alone would give (the least GPU bytes that fit), counted with the solution's
+    functions; in one the fastest rung that fits memory is not it; one case has no answer; every
+    budget at least 5 % from every rung's bytes and seconds."""
     ns = solution("lab05")
-    answers = []
-    for case, n, ranks, gpu, drive, compute_s, gb, hb, sb in labcheck.CHOOSE_CASES:
-        links = offload_time.datasheet_links(gpu, drive, ranks_on_node=min(ranks, 8))
-        want = ref.choose(n, ranks, gb, hb, sb, compute_s, links)
+    answers, fastest_differs = [], False
+    for case, (n, ranks, gb, hb, sb, compute_s, links), want, _ in lab_draw.choose_cases(random.Random(seed)):
         answers.append(want)
-        fits = [r for r in ref.RUNGS if _totals(ns, n, ranks, r)[0] <= gb and _totals(ns, n, ranks, r)[1] <= hb]
-        memory_only = min(fits, key=lambda r: (_totals(ns, n, ranks, r)[0], _seconds(ns, n, ranks, r, compute_s, links)))
-        assert want != memory_only, case
-        assert want != "zero3+opt+params-nvme" and want != "zero3", case
-    assert None in answers and len(set(answers)) == len(answers)
+        figs = {r: (*_totals(ns, n, ranks, r), _seconds(ns, n, ranks, r, compute_s, links)) for r in ref.RUNGS}
+        fits = [r for r in ref.RUNGS if figs[r][0] <= gb and figs[r][1] <= hb]
+        memory_only = min(fits, key=lambda r: (figs[r][0], figs[r][2]))
+        fastest_differs |= min(fits, key=lambda r: figs[r][2]) != want
+        assert want != memory_only and want not in ("zero3+opt+params-nvme", "zero3"), case
+        for rung, values in figs.items():
+            for value, budget in zip(values, (gb, hb, sb)):
+                assert not value or abs(value / budget - 1) >= labcheck.MARGIN == 0.05, (case, rung, value, budget)
+    assert None in answers and len(set(answers)) == len(answers) and fastest_differs
 
 
 def _always_most_offloaded(*args):
@@ -116,8 +128,8 @@ def _fastest_that_fits(ns):
 
 
 @pytest.mark.parametrize("make, words", [
-    (lambda ns: _always_most_offloaded, "over the 12.00 s budget (the time budget counts too)"),
-    (_ignores_time, "over the 12.00 s budget (the time budget counts too)"),
+    (lambda ns: _always_most_offloaded, "s a step (stock schedule), over the"),
+    (_ignores_time, "s a step (stock schedule), over the"),
     (_fastest_that_fits, "also fits and leaves the GPU more room"),
 ], ids=["always-most-offloaded", "ignores-time-budget", "fastest-that-fits"])
 def test_choice_shortcuts_fail(make, words):
@@ -203,9 +215,9 @@ def test_the_time_engine_still_counts_while_guarded():
      if rung == "zero2+opt-cpu" else held, "follow where ZeRO-2 copies each reduced bucket"),
     (lambda held, rung: {"gpu": held["gpu"], "cpu": {"grads": held["cpu"]["grads"] + held["nvme"]["grads"]},
                          "nvme": {k: v for k, v in held["nvme"].items() if k != "grads"}}
-     if rung == "zero3+opt-nvme" else held, "fp32 gradient is swapped to NVMe"),
+     if rung == "zero3+opt-nvme" else held, "too much gradient in host memory: read where swap_out_gradients"),
     (lambda held, rung: {**held, "nvme": {k: v for k, v in held["nvme"].items() if k != "grads"}}
-     if rung == "zero3+opt-nvme" else held, "missing on NVMe: the optimizer's fp32 gradient goes there"),
+     if rung == "zero3+opt-nvme" else held, "missing on NVMe: read what swap_out_gradients"),
 ], ids=["right", "estimator-16-bytes", "zero2-gpu-gradient", "fp32-gradient-in-ram", "fp32-gradient-forgotten"])
 def test_count_mistakes_are_named(fix, words):
     """Finding 4 too: the fp32 gradient left in RAM at zero3+opt-nvme is named as such (too high in
@@ -219,14 +231,20 @@ def test_count_mistakes_are_named(fix, words):
     assert bad.status == "wrong" and words in bad.detail, bad
 
 
-def test_wrong_counts_do_not_give_the_hidden_numbers_away():
+@pytest.fixture
+def known_sizes(monkeypatch):
+    """check()'s bytes cases fixed (they are drawn at each check otherwise)."""
+    monkeypatch.setattr(lab_draw, "bytes_cases", lambda rng: [(1_000_003, 3), (8_030_261_249, 6)])
+
+
+def test_wrong_counts_do_not_give_the_hidden_numbers_away(known_sizes):
     """Finding 2: the lab's example returned everywhere; the row names device, role, direction and
     factor. At 1,000,003 params on 3 ranks the hand count is 2 x 333,335 = 666,670 B of params."""
     detail = first_problem(grade({"rung_bytes": lambda n, r, g: EXAMPLE}), "rung_bytes").detail
     assert detail.startswith("zero3, gpu params: yours is 0.00075x the right count (too low)"), detail
     assert "666,670" not in detail and "666670" not in detail
     for hint in labcheck.HINTS.values():                  # pointers only: no count in any hint
-        for name in ("16-bit", "fp32", "ZeRO-2", "stage3"):
+        for name in ("16-bit", "fp32", "ZeRO-2", "stage_1_and_2", "stage3"):
             hint = hint.replace(name, "")
         assert not any(ch.isdigit() for ch in hint), hint
 
@@ -239,21 +257,27 @@ def test_a_wrong_count_is_blamed_before_the_choice():
     ns["rung_bytes"] = lambda n, r, g: EXAMPLE
     ns["choose_rung"] = _always_most_offloaded
     bad = first_problem(grade(ns), "choose_rung")
-    assert bad.detail.startswith("your rung_bytes is wrong (see its rows): fix it first"), bad
+    assert bad.detail.startswith("your rung_bytes is wrong (see the rows): fix that first"), bad
     assert "zero2+opt-cpu" not in bad.detail                        # the expected rung is not given away
-    assert "over the 12.00 s budget" in bad.detail
+    assert "s a step (stock schedule), over the" in bad.detail
 
 
-def test_every_graded_budget_is_clear_of_every_rung():
-    """Finding 6: each budget at least 5 % away from every rung's bytes and seconds, counted with
-    the solution notebook's functions."""
+def _ideal_schedule(n, ranks, rung, compute_s, links):
+    zero, offload, device = ref.RUNGS[rung]
+    return offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links)["total"]
+
+
+def test_a_wrong_schedule_is_named_by_rung_seconds():
+    """Learner and expert finding: the ideal schedule ("total") for the stock one gets a rung_seconds
+    row about seconds, and the choice's row blames rung_seconds first."""
     ns = solution("lab05")
-    for case, n, ranks, gpu, drive, compute_s, gb, hb, sb in labcheck.CHOOSE_CASES:
-        links = offload_time.datasheet_links(gpu, drive, ranks_on_node=min(ranks, 8))
-        for rung in ref.RUNGS:
-            held_gpu, held_cpu = _totals(ns, n, ranks, rung)
-            for value, budget in ((held_gpu, gb), (held_cpu, hb), (_seconds(ns, n, ranks, rung, compute_s, links), sb)):
-                assert abs(value / budget - 1) >= labcheck.MARGIN == 0.05, (case, rung, value, budget)
+    ns.pop("swap_files")
+    ns["rung_seconds"] = _ideal_schedule
+    report = grade(ns)
+    bad = first_problem(report, "rung_seconds")
+    assert bad.status == "wrong" and "the time engine's stock schedule" in bad.detail, bad
+    choose = [r for r in rows(report, "choose_rung") if r.status != "ok"]
+    assert all(r.detail.startswith("your rung_seconds is wrong") for r in choose), choose
 
 
 def _hand_files(numels, ranks, block):
@@ -267,7 +291,8 @@ def _hand_files(numels, ranks, block):
 
 
 def test_swap_prediction_compare_names_the_role():
-    cfg, block = labcheck.SWAP_MODELS["model A, 1 MiB aio blocks"]
+    from gpumem.memory.models import ModelConfig
+    cfg, block = ModelConfig("lab05-a", 1, 320, 4, 2, 2048, 4001, teaching=True), 1 << 20
     numels = labcheck.numels(cfg)
     # model A: embedding and head 4,001 x 320 = 1,280,320 -> 640,160 per rank: bf16 1,280,320 B, padded
     # to 1,281,024; fp32 2,560,640 cut to 2,560,000; MLP 320 x 2,048 -> 327,680: fp32 1,310,720 only
@@ -293,9 +318,9 @@ def test_copied_examples_fail_against_the_recorded_run(no_libaio):
     assert first_problem(report, "choose_rung").status == "wrong"
     for row in rows(report, "swap_files"):
         assert row.status == "wrong" and "DeepSpeed wrote" in row.detail, row
-    assert rows(report, "swap_files")[0].detail == ("params: DeepSpeed wrote 2 file(s), as you predicted, but 2 "
-                                                    "size(s) differ: your 1,048,576 B file is too small, by more than 1 KiB")
-    assert "1281024" not in rows(report, "swap_files")[0].detail and "1,281,024" not in rows(report, "swap_files")[0].detail
+    a, b = rows(report, "swap_files")                     # kind A: 2 bf16 files; kind B: none
+    assert a.detail.startswith("params: DeepSpeed wrote 2 file(s), as you predicted, but the sizes differ"), a
+    assert b.detail == "params: DeepSpeed wrote 0 file(s), you predicted 2", b
 
 
 def test_swap_stub_is_not_passed_without_libaio(no_libaio):
@@ -313,24 +338,30 @@ def test_swap_stub_is_not_passed_without_libaio(no_libaio):
 
 
 def test_recorded_swap_files_match_the_hand_count():
-    """Model A's recorded files, counted by hand (see test_swap_prediction_compare_names_the_role)."""
-    cfg, block = labcheck.SWAP_MODELS["model A, 1 MiB aio blocks"]
-    hand = _hand_files(labcheck.numels(cfg), 2, block)
-    for rank in lab_swap_record.RANKS:
-        assert labcheck.swap_problem(hand, rank["model A, 1 MiB aio blocks"]) == ""
-    assert lab_swap_record.DEEPSPEED == "0.19.8"
+    """Every family model's recorded digests match the files counted by hand (_hand_files), and the
+    record holds no file size (an importable answer): only counts and digests."""
+    import inspect
+    source = inspect.getsource(lab_swap_record)
+    for label, (cfg, block) in lab_swaps.family().items():
+        hand = {k: v for k, v in _hand_files(labcheck.numels(cfg), 2, block).items() if v}
+        assert lab_swaps.recorded_problem(hand, label) == "", label
+        assert not any(f"{size}" in source or f"{size:,}" in source for v in hand.values() for size in v)
+    assert lab_swap_record.DEEPSPEED == "0.19.8" and not hasattr(lab_swap_record, "RANKS")
 
 
 def test_recorded_swap_files_equal_a_live_run():
-    """The stored inventory is what DeepSpeed writes now (2 CPU ranks, about 40 s; needs libaio)."""
+    """The record is what DeepSpeed writes now, for one drawn pair (2 CPU ranks, about 40 s; needs libaio)."""
     from gpumem.runs import launch
     ready, why = ds_offload.nvme_ready()
     if not ready:
         pytest.skip(why)
+    models = lab_swaps.draw_models(random.Random())
     with ds_offload.swap_folder() as swap:
         live = launch.run("gpumem.chapters.ch05_offload.lab_runs:swap_run", 2, "cpu", deepspeed=True, progress=False,
-                          models=labcheck.SWAP_MODELS, swap_dir=str(swap))
-    assert live == lab_swap_record.RANKS
+                          models=models, swap_dir=str(swap))
+    for rank in live:
+        for label, files in rank.items():
+            assert lab_swaps.recorded_problem(lab_swaps.by_role(files), label) == "", label
 
 
 def test_gpu_part_adds_no_row_without_cuda(capsys):
@@ -386,3 +417,90 @@ def test_gpu_branch_of_check_grades_the_returned_seconds(monkeypatch):
     fast = row(lambda n: {"h2d": n / 63e9, "d2h": n / 63e9})             # the datasheet rate, not a timing
     assert fast.status == "wrong" and "the grader timed the same copy" in fast.detail
     assert row(lambda n: {"h2d": n / 48e9, "d2h": n / 52e9}).status == "ok"
+
+
+# Round-three cheats (reviews21/r3: run05.py, l5_cheat*.py): each passed 9/9 before this guard.
+SPOOFED = """
+import gpumem.chapters.ch05_offload.lab_reference as R
+_g = {"__name__": "gpumem.timing.offload_time", "R": R}
+exec("def rung_bytes(n, r, rung): return R.rung_bytes(n, r, rung)\\n"
+     "def choose_rung(*a): return R.choose(*a, count=rung_bytes)", _g)
+rung_bytes, choose_rung = _g["rung_bytes"], _g["choose_rung"]
+"""
+PARKED = """
+import gpumem.chapters.ch05_offload.lab_reference as R
+def rung_bytes(n, r, rung): return vars(R)["__lab05_original_rung_bytes__"](n, r, rung)
+"""
+COPIED = """
+import types, gpumem.chapters.ch05_offload.lab_reference as R
+_copy = lambda f: types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__)
+_rb, _ch = _copy(R.rung_bytes), _copy(R.choose)
+def rung_bytes(n, r, rung): return _rb(n, r, rung)
+def choose_rung(*a): return _ch(*a, count=_rb)
+"""
+RESTORED = """
+from gpumem.chapters.ch05_offload import lab_reference as R
+_fns = [getattr(m, a) for m, a in R.BLOCKED] + [R.rung_bytes, R.choose, R.step_seconds]
+_code = {f: f.__code__ for f in _fns}
+def _orig(call):
+    def run(*a):
+        now = {f: f.__code__ for f in _fns}
+        for f, c in _code.items(): f.__code__ = c
+        try: return call(*a)
+        finally:
+            for f, c in now.items(): f.__code__ = c
+    return run
+rung_bytes = _orig(R.rung_bytes); rung_seconds = _orig(R.step_seconds); choose_rung = _orig(R.choose)
+"""
+RULES = """
+from gpumem.chapters.ch05_offload import lab_swaps
+def swap_files(numels, ranks, block): return lab_swaps.hand_files(numels, ranks, block)
+"""
+WATCH_OFF = """
+import sys
+from gpumem.memory import accounting
+def rung_bytes(n, r, rung):
+    sys.setprofile(None)
+    m = accounting.model_states(n, "mixed", r, 3)
+    return {"gpu": {"params": m.total}}
+"""
+THREAD = """
+import threading
+from gpumem.chapters.ch05_offload import lab_reference as R
+def rung_bytes(n, r, rung):
+    out = []
+    t = threading.Thread(target=lambda: out.append(R.rung_bytes(n, r, rung))); t.start(); t.join()
+    return out[0] if out else {}
+"""
+
+
+@pytest.mark.parametrize("source, function, words", [
+    (SPOOFED, "rung_bytes", "it called the grader's answer"),
+    (PARKED, "rung_bytes", "KeyError"),
+    (COPIED, "choose_rung", "it called the grader's answer"),
+    (RESTORED, "rung_seconds", "it assigned a function's __code__"),
+    (RULES, "swap_files", "it called the grader's answer gpumem.chapters.ch05_offload.lab_swaps.hand_files"),
+    (WATCH_OFF, "rung_bytes", "it called sys.setprofile"),
+    (THREAD, "rung_bytes", "rung_bytes"),
+], ids=["spoofed-module-name", "parked-originals", "functiontype-copies", "code-restored-in-call",
+        "grader-swap-rules", "watch-switched-off", "answer-in-a-thread"])
+def test_round_three_cheats_are_refused(no_libaio, source, function, words):
+    """Each reviewer's way around the old guard: the row names what was called (or finds nothing)."""
+    ns = solution("lab05")
+    exec(source, ns)
+    report = grade(ns)
+    bad = first_problem(report, function)
+    assert bad.status in ("error", "wrong") and words in bad.detail, bad
+    assert not report.solved
+    assert ref.rung_bytes(4000, 4, "zero3") == {"gpu": {"params": 2000, "grads": 2000, "master": 4000,
+                                                        "optimizer": 8000}}    # all put back
+    assert not any(k.startswith("__lab05") for k in vars(ref)), "no original parked in the module"
+
+
+def test_the_gpu_part_refuses_the_graders_own_timing(monkeypatch):
+    """Cheat (f): pcie_copy_seconds = lab_gpu.reference_seconds (no copy runs: CUDA faked)."""
+    mine = lab_gpu.reference_seconds                       # saved before grading, the real code
+    monkeypatch.setattr(lab_gpu, "cuda_reason", lambda: "")
+    monkeypatch.setattr(lab_gpu, "reference_seconds", lambda n: {"h2d": n / 50e9, "d2h": n / 50e9})
+    row = rows(grade({"pcie_copy_seconds": mine}), "pcie_copy_seconds")[0]
+    assert row.status == "error" and "the grader's own timing" in row.detail, row

@@ -101,7 +101,8 @@ def grade(report: Report, fn) -> str:
     n_bytes = optimizer_state_bytes()
 
     def body():
-        got = call(fn, n_bytes)
+        from .lab_guard import guarded                 # the grader's own timing refuses meanwhile
+        got = call(guarded(fn), n_bytes)
         return verdict(got, n_bytes, reference_seconds(n_bytes))
     try:
         row = run_case(report, "pcie_copy_seconds", "optional GPU part", body, case_seconds(cases=4))

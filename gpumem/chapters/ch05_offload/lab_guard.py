@@ -1,72 +1,158 @@
 """Lab 05's guard: while one call of the learner's runs, gpumem's own counts refuse ("count it yourself").
 
-The refused functions (:data:`.lab_reference.BLOCKED`, and the lab's reference answers
-:func:`.lab_reference.rung_bytes` and :func:`.lab_reference.choose`) get their ``__code__`` swapped
-for one that raises, as lab 06's guard does (``ch06_combining_strategies/lab06_guard.py``): the
-function object stays the same, so a reference the learner kept before grading -- a name imported
-from the module, an alias in another module, a default argument captured when the cell ran
-(``def choose_rung(..., _c=ref.choose)``) -- refuses too. The time engine counts its traffic with
-``accounting.model_states``: calls from :data:`.lab_reference.ALLOWED_CALLERS` go through to the
-original code. Everything is put back after the call, with SIGALRM held back while it is (as
-lab 03's guard does), so the case's time limit cannot interrupt the restore.
+Refused (:data:`.lab_reference.BLOCKED`, and the grader's own answers: :mod:`.lab_reference`'s
+functions, :func:`.lab_swaps.hand_files`, :func:`.lab_gpu.reference_seconds`) is their *code*,
+wherever it is called from: a profile hook (``sys.setprofile``, and ``threading.setprofile`` for
+threads the call starts) refuses every call into a function defined at those places (file, name),
+so a reference saved before grading, a ``types.FunctionType`` copy, a ``__code__`` saved at load and
+put back inside the call, or a function exec'd under the time engine's module name refuse alike.
+Nothing is swapped and no original is parked anywhere. The grader's answers also refuse from their
+own body (``sys.audit(AUDIT)``, seen by an audit hook the learner cannot remove).
 
-What it cannot stop: answers computed before grading and stored as data, or another process.
+The time engine counts its traffic with ``accounting.model_states``: a call whose caller *frame* runs
+one of :mod:`gpumem.timing.offload_time`'s or :mod:`gpumem.memory.offload_cost`'s own code objects
+with that module's own globals goes through (a module's name proves nothing). While the call runs,
+switching the profile hook off (``sys.setprofile``) or assigning any function's ``__code__`` is
+refused too (audit events), and every refusal is recorded: a learner who catches the exception is
+still reported. After the call, the blocked functions' ``__code__`` must be the one their module
+defined. Everything is put back with SIGALRM held (as lab 03's guard does).
+
+What it cannot stop: answers computed before grading and stored as data, source text copied into
+the notebook, or another process.
 """
 
 import contextlib
+import sys
+import threading
 
-from . import lab_reference as ref
 from gpumem.course.case_limits import alarm_held
+from gpumem.memory import offload_cost
+from gpumem.timing import offload_time
 
-PASS = "__lab05_original_{}__"       # the original function, kept in its module's globals meanwhile
+from . import lab_gpu, lab_swaps
+from . import lab_reference as ref
+
+AUDIT = ref.AUDIT
+_ACTIVE: list[list[str]] = []          # the refusals of the guards now running (innermost last)
 
 
-def targets() -> list:
-    """The functions refused while the learner's code runs."""
-    found = [getattr(m, a) for m, a in ref.BLOCKED if hasattr(m, a)] + [ref.rung_bytes, ref.choose]
-    return [f for f in found if hasattr(f, "__code__") and not f.__code__.co_freevars]
+def _functions(module) -> list:
+    return [f for f in vars(module).values() if getattr(f, "__module__", None) == module.__name__
+            and hasattr(f, "__code__")]
 
 
-def _refusing_code(fn):
-    """A code object that hands the call to the original when the time engine calls, else raises."""
-    key = PASS.format(fn.__name__)
-    scope: dict = {}
-    exec(f"def refuse(*args, **kwargs):\n"
-         f"    import sys\n"
-         f"    if sys._getframe(1).f_globals.get('__name__') in {sorted(ref.ALLOWED_CALLERS)!r}:\n"
-         f"        return {key}(*args, **kwargs)\n"
-         f"    raise RuntimeError({ref.REFUSAL!r})\n", scope)
-    return scope["refuse"].__code__, key
+def _blocked() -> dict[tuple[str, str], str]:
+    """(file, function name) -> the name shown, for every refused function (where it is defined,
+    so a replaced ``__code__`` does not move it)."""
+    out = {}
+    for module, attr in ref.BLOCKED:
+        out[(module.__file__, attr)] = f"{module.__name__}.{attr}"
+    for f in _functions(ref):
+        out[(ref.__file__, f.__name__)] = f"the grader's answer {ref.__name__}.{f.__name__}"
+    out[(lab_swaps.__file__, "hand_files")] = f"the grader's answer {lab_swaps.__name__}.hand_files"
+    out[(lab_gpu.__file__, "reference_seconds")] = f"the grader's own timing {lab_gpu.__name__}.reference_seconds"
+    return out
 
+
+BLOCKED = _blocked()
+# the time engine's own code objects and the globals they must run with (their callers pass)
+ENGINE = {f.__code__: vars(m) for m in (offload_time, offload_cost) for f in _functions(m)}
+_HOOKED = []
+
+
+def _audit(event, args):
+    """Refusals that do not depend on the profile hook: the answers' own ``sys.audit(AUDIT)``,
+    switching the hook off, assigning ``__code__`` while a learner's call runs."""
+    if not _ACTIVE or event not in (AUDIT, "sys.setprofile", "object.__setattr__"):
+        return
+    hits, caller = _ACTIVE[-1], sys._getframe(1)
+    if event == AUDIT:
+        name = f"it called the grader's answer {caller.f_code.co_name}"
+    elif event == "sys.setprofile":
+        if hits or caller.f_code is no_library_counts.__wrapped__.__code__ or caller.f_code.co_filename == threading.__file__:
+            return              # the guard itself, a new thread taking the watch, the hook unset after a refusal
+        name = "it called sys.setprofile (switching the grader's watch off)"
+    elif len(args) > 1 and args[1] == "__code__":
+        name = "it assigned a function's __code__ (swapping code objects)"
+    else:
+        return
+    hits.append(name)
+    raise RuntimeError(f"{ref.REFUSAL} ({name})")
+
+
+def _allowed(frame) -> bool:
+    """True if ``frame``'s caller is the time engine's own code with its own globals."""
+    caller = frame.f_back
+    return caller is not None and ENGINE.get(caller.f_code) is caller.f_globals
+
+
+def _watch(hits: list):
+    def watch(frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        name = BLOCKED.get((code.co_filename, code.co_name))
+        if name and not (code.co_name == "model_states" and _allowed(frame)):
+            hits.append(f"it called {name}")
+            raise RuntimeError(f"{ref.REFUSAL} (it called {name})")
+    return watch
+
+
+ORIGINALS = [(getattr(m, a), m, a) for m, a in [*ref.BLOCKED, *((ref, f.__name__) for f in _functions(ref)),
+                                                 (lab_swaps, "hand_files"), (lab_gpu, "reference_seconds")]]
+
+
+def changed_code() -> str:
+    """The first blocked function whose ``__code__`` is no longer the one defined where its module
+    is ('' if none): the function objects as this module found them on import."""
+    for fn, module, attr in ORIGINALS:
+        code = fn.__code__
+        if (code.co_filename, code.co_name) != (module.__file__, attr):
+            return f"{module.__name__}.{attr}"
+    return ""
 
 
 @contextlib.contextmanager
 def no_library_counts():
-    """Inside the block every function of :func:`targets` refuses; restored after, also when the
-    learner's call raises or runs out of time."""
-    import types
-    saved = []
+    """Inside the block every function of :data:`BLOCKED` refuses; yields the list of refusals."""
+    if not _HOOKED:
+        sys.addaudithook(_audit)
+        _HOOKED.append(True)
+    hits: list[str] = []
+    swapped = changed_code()
+    if swapped:
+        raise RuntimeError(f"{ref.REFUSAL} (the code of {swapped} was replaced before grading)")
+    previous, previous_threads = sys.getprofile(), threading.getprofile()
+    watch = _watch(hits)
     try:
         with alarm_held():
-            for fn in targets():
-                code, key = _refusing_code(fn)
-                fn.__globals__[key] = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__,
-                                                         fn.__defaults__, fn.__closure__)
-                fn.__globals__[key].__kwdefaults__ = fn.__kwdefaults__
-                saved.append((fn, fn.__code__, key))
-                fn.__code__ = code
-        yield
+            sys.setprofile(watch)
+            threading.setprofile(watch)
+            _ACTIVE.append(hits)
+        yield hits
     finally:
         with alarm_held():
-            for fn, code, key in saved:
-                fn.__code__ = code
-                fn.__globals__.pop(key, None)
+            if _ACTIVE and _ACTIVE[-1] is hits:
+                _ACTIVE.pop()
+            sys.setprofile(previous)
+            threading.setprofile(previous_threads)
+    swapped = changed_code()
+    if swapped and not hits:
+        hits.append(f"it replaced the code of {swapped}")
 
 
 def guarded(fn):
-    """``fn`` wrapped so that each call runs under :func:`no_library_counts`."""
+    """``fn`` wrapped so that each call runs under :func:`no_library_counts`; a refusal, even one
+    the learner caught, becomes an error naming what was called."""
     def run(*args, **kwargs):
-        with no_library_counts():
-            return fn(*args, **kwargs)
+        with no_library_counts() as hits:
+            try:
+                result = fn(*args, **kwargs)
+            except Exception:
+                if hits:
+                    raise RuntimeError(f"{ref.REFUSAL} ({hits[0]})") from None
+                raise
+        if hits:
+            raise RuntimeError(f"{ref.REFUSAL} ({hits[0]})")
+        return result
     return run
-

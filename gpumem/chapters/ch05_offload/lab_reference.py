@@ -27,6 +27,8 @@ ZeRO-3 allocates its 16-bit gradient partition (``grad_partitions_flat_buffer``)
 :func:`gpumem.memory.accounting.model_states` gives the same totals per device (tests compare).
 """
 
+import sys
+
 from ...memory import accounting, ds_estimators, offload_cost
 from ...runs import ds_offload
 from ...timing import offload_time
@@ -39,10 +41,12 @@ RUNGS = {"zero3": (3, "none", "cpu"), "zero2+opt-cpu": (2, "optimizer", "cpu"),
 DEVICES = ("gpu", "cpu", "nvme")
 ROLES = ("params", "grads", "master", "optimizer")
 REFUSAL = "count it yourself: gpumem's accounting is off while lab 05 is graded"
+AUDIT = "gpumem.lab05.answer"     # raised by each answer's own body: refused while the learner's call runs
 
 
 def rung_bytes(n_params: int, ranks: int, rung: str) -> dict[str, dict[str, int]]:
     """Per-rank bytes, device -> role -> bytes (only roles with bytes), by hand (module table)."""
+    sys.audit(AUDIT)
     zero, offload, device = RUNGS[rung]
     s = -(-n_params // ranks)
     params = 2 * (s if zero == 3 else n_params)
@@ -64,6 +68,7 @@ def totals(bytes_by_role: dict) -> dict[str, int]:
 
 def step_seconds(n_params: int, ranks: int, rung: str, compute_s: float, links: offload_time.Links) -> float:
     """Stock DeepSpeed's step time of a rung (:func:`gpumem.timing.offload_time.step_time`)."""
+    sys.audit(AUDIT)
     zero, offload, device = RUNGS[rung]
     return offload_time.step_time(n_params, "mixed", zero, ranks, offload, device, compute_s, links)["stock"]
 
@@ -72,6 +77,7 @@ def choose(n_params: int, ranks: int, gpu_budget: int, host_budget: int, step_bu
            compute_s: float, links: offload_time.Links, count=rung_bytes) -> str | None:
     """The rung that fits both memory budgets and the step-time budget leaving the GPU the most
     room (fewest bytes there), the faster one between equals; None if no rung meets all three."""
+    sys.audit(AUDIT)
     fits = []
     for rung in RUNGS:
         t = totals(count(n_params, ranks, rung))
@@ -85,6 +91,3 @@ def choose(n_params: int, ranks: int, gpu_budget: int, host_budget: int, step_bu
 BLOCKED = [(accounting, "model_states"), (ds_offload, "swap_files"), (ds_offload, "swap_bytes"),
            (ds_offload, "placement"), (ds_offload, "by_device"),
            (ds_estimators, "compare"), (ds_estimators, "printed_tables")]
-# the time engine counts its traffic with model_states: those callers go through
-ALLOWED_CALLERS = {offload_cost.__name__, offload_time.__name__}
-

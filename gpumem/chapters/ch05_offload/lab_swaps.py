@@ -1,28 +1,74 @@
 """Lab 05's part 2, graded: the swap files one rank writes under ZeRO-3 with optimizer and parameters
 on NVMe, against DeepSpeed itself.
 
-With libaio (:func:`gpumem.runs.ds_offload.nvme_ready`) the grader trains the two unseen models
-(:data:`SWAP_MODELS`) one step on two CPU ranks (:func:`.lab_runs.swap_run`) and lists the files on
-disk; without it, it compares with the files of a recorded run of the same models
-(:mod:`.lab_swap_record`, DeepSpeed and date inside), and says so in the row.
+Each check draws two unseen models (:func:`draw_models`, from :data:`FAMILY`). With libaio
+(:func:`gpumem.runs.ds_offload.nvme_ready`) the grader trains them one step on two CPU ranks
+(:func:`.lab_runs.swap_run`) and lists the files on disk; without it, it compares with a recorded run
+of the whole family (:mod:`.lab_swap_record`: file counts per role and a digest of the sizes, so the
+record is no answer to import), and says so in the row.
 """
 
+import hashlib
 import os
+import random
 
 from gpumem.course.grading import Report, Row, call, case_seconds, failure_line, returned, run_case
 from gpumem.errors import RunFailure
 from gpumem.memory.models import ModelConfig
 from gpumem.runs import ds_offload, launch
 
-from . import lab_guard, lab_swap_record
+from . import lab_swap_record
 from . import lab_reference as ref
 
-# models the lab never shows, trained one step on 2 CPU ranks: A's embedding and head shards reach
-# 1 MiB in bf16 (640,160 elements, padded files); its MLP shards reach it only in fp32 (gradients
-# swapped, parameters kept in RAM); B's 2 MiB aio blocks keep its bf16 shards and MLP gradients in RAM
-SWAP_MODELS = {"model A, 1 MiB aio blocks": (ModelConfig("lab05-a", 1, 320, 4, 2, 2048, 4001, teaching=True), 1 << 20),
-               "model B, 2 MiB aio blocks": (ModelConfig("lab05-b", 1, 384, 4, 2, 1408, 5003, teaching=True), 2 << 20)}
+# models the lab never shows, trained one step on 2 CPU ranks; each check draws one of each kind
+# (:func:`draw_models`). Kind A (1 MiB aio blocks): the embedding and head shards reach 1 MiB in bf16
+# at a length that is not a multiple of 1,024 B (padded files); the MLP shards reach it only in fp32
+# (gradients swapped, parameters kept in RAM). Kind B (2 MiB blocks): the bf16 shards stay under the
+# block (in RAM, though over 1 MiB), the embedding's fp32 gradient is cut to an aligned length and
+# the MLP gradients (1-2 MiB) stay in RAM.
+FAMILY = {"A": [ModelConfig(f"lab05-a{i}", 1, d, 4, 2, f, v, teaching=True) for i, (d, f, v) in
+                enumerate([(352, 1792, 3203), (448, 1600, 3001), (256, 2240, 5003)])],
+          "B": [ModelConfig(f"lab05-b{i}", 1, d, 4, 2, f, v, teaching=True) for i, (d, f, v) in
+                enumerate([(416, 2176, 4001), (320, 1792, 5501), (288, 2368, 5501)])]}
+BLOCKS = {"A": 1 << 20, "B": 2 << 20}
+RULES = ("block", "pad", "cut", "flat")  # the rules hand_files(skip=...) can leave out, one at a time
 SWAP_KINDS = {"params": "params", "fp32 master": "master", "moments": "optimizer", "grads": "grads"}
+
+
+def model_label(cfg: ModelConfig) -> str:
+    kind = cfg.name[len("lab05-")].upper()
+    return f"model {kind}{cfg.name[-1]} ({cfg.d_model} wide), {BLOCKS[kind] >> 20} MiB aio blocks"
+
+
+def family() -> dict:
+    """Every model a check may draw: label -> (ModelConfig, block bytes)."""
+    return {model_label(c): (c, BLOCKS[kind]) for kind, cfgs in FAMILY.items() for c in cfgs}
+
+
+def hand_files(param_numels: list[int], ranks: int, block: int, skip: str = "") -> dict[str, list[int]]:
+    """The grader's own rules (``runtime/swap_tensor/``), one left out with ``skip`` (:data:`RULES`):
+    swapped only from max(MIN_AIO_BYTES, block) bytes, files padded up to 1,024 B, gradient fragments
+    cut down to an aligned length, master and moments one flat partition. Refused while graded."""
+    least = (1 << 20) if skip == "block" else max(1 << 20, block)
+    shards = [-(-n // ranks) for n in param_numels]
+    up = (lambda b: b) if skip == "pad" else (lambda b: -(-b // 1024) * 1024)
+    cut = (lambda b: b) if skip == "cut" else (lambda b: b // 1024 * 1024)
+    flat = 4 * sum(shards)
+    if flat < least:
+        return {"params": sorted(up(2 * n) for n in shards if 2 * n >= least)}
+    master = sorted(up(4 * n) for n in shards if 4 * n >= least) if skip == "flat" else [up(flat)]
+    return {"params": sorted(up(2 * n) for n in shards if 2 * n >= least), "master": master,
+            "optimizer": [up(flat)] * 2, "grads": sorted(cut(4 * n) for n in shards if cut(4 * n) >= least)}
+
+
+def draw_models(rng) -> dict:
+    """One model of each kind, label -> (ModelConfig, block); asserts that leaving out any one rule
+    of :func:`hand_files` changes the files of at least one of them."""
+    drawn = {model_label(c): (c, BLOCKS[kind]) for kind, cfgs in FAMILY.items() for c in [rng.choice(cfgs)]}
+    sizes = {k: numels(c) for k, (c, _) in drawn.items()}
+    for rule in RULES:
+        assert any(hand_files(sizes[k], 2, b, rule) != hand_files(sizes[k], 2, b) for k, (_, b) in drawn.items()), rule
+    return drawn
 
 
 def numels(cfg: ModelConfig) -> list[int]:
@@ -45,12 +91,36 @@ def swap_shape_problem(got) -> str:
     return f"file sizes are whole bytes (int), got {odd!r}" if odd is not None else ""
 
 
-def swap_problem(got, files: dict[str, int]) -> str:
-    """'' if ``got`` (role -> sizes) lists the sizes of ``files`` (DeepSpeed's name -> bytes) by role;
-    else the first role that differs: the count of files, or a size's direction, never the sizes."""
+def by_role(files: dict[str, int]) -> dict[str, list[int]]:
+    """DeepSpeed's files (name -> bytes) as role -> sizes."""
     want: dict[str, list[int]] = {}
     for name, size in files.items():
         want.setdefault(SWAP_KINDS[ds_offload._kind(name.rsplit("/", 1)[-1])], []).append(size)
+    return want
+
+
+def digest(label: str, role: str, sizes) -> str:
+    """The recorded form of one role's file sizes (:mod:`.lab_swap_record`)."""
+    return hashlib.sha256(f"{label}|{role}|{sorted(sizes)}".encode()).hexdigest()[:32]
+
+
+def recorded_problem(got, label: str) -> str:
+    """:func:`swap_problem` against the recorded counts and digests: no direction (not recorded)."""
+    for role in ("params", "master", "optimizer", "grads"):
+        count, want = lab_swap_record.DIGESTS[label].get(role, (0, digest(label, role, [])))
+        g = got.get(role, [])
+        if len(g) != count:
+            return f"{role}: DeepSpeed wrote {count} file(s), you predicted {len(g)}"
+        if digest(label, role, g) != want:
+            return (f"{role}: DeepSpeed wrote {count} file(s), as you predicted, but the sizes differ "
+                    "(the recorded run keeps a digest only: a live run, with libaio, says which way)")
+    return ""
+
+
+def swap_problem(got, files: dict[str, int]) -> str:
+    """'' if ``got`` (role -> sizes) lists the sizes of ``files`` (DeepSpeed's name -> bytes) by role;
+    else the first role that differs: the count of files, or a size's direction, never the sizes."""
+    want = by_role(files)
     for role in ("params", "master", "optimizer", "grads"):
         w, g = sorted(want.get(role, [])), sorted(got.get(role, []))
         if len(g) != len(w):
@@ -64,18 +134,25 @@ def swap_problem(got, files: dict[str, int]) -> str:
     return ""
 
 
-def _compare(report: Report, given: dict, rows: dict, ranks: list[dict], source: str) -> None:
+def _compare(report: Report, given: dict, rows: dict, ranks: list[dict] | None, source: str) -> None:
     for label, got in given.items():
-        bad = next((swap_problem(got, r[label]) for r in ranks if swap_problem(got, r[label])), "")
+        if ranks is None:                           # the recorded run (both ranks wrote the same)
+            bad, count = recorded_problem(got, label), sum(c for c, _ in lab_swap_record.DIGESTS[label].values())
+        else:
+            bad = next((swap_problem(got, r[label]) for r in ranks if swap_problem(got, r[label])), "")
+            count = len(ranks[0][label])
         report.rows[rows[label]] = Row("swap_files", label, "wrong" if bad else "ok",
-                                       bad or f"{len(ranks[0][label])} files, as DeepSpeed wrote them ({source})")
+                                       bad or f"{count} files, as DeepSpeed wrote them ({source})")
 
 
-def grade_swaps(report: Report, fn, show: bool) -> None:
-    """One row per model of :data:`SWAP_MODELS`: the learner's sizes against DeepSpeed's files."""
+def grade_swaps(report: Report, fn, show: bool, models: dict | None = None) -> None:
+    """One row per drawn model (``models``, else :func:`draw_models`): the learner's sizes against
+    DeepSpeed's files."""
+    from . import lab_guard                        # it refuses hand_files: imported once this module is
     ready, why = ds_offload.nvme_ready()
+    models = models or draw_models(random.Random())
     given = {}
-    for label, (cfg, block) in SWAP_MODELS.items():
+    for label, (cfg, block) in models.items():
         if fn is None:
             report.rows.append(Row("swap_files", label, "todo", "define swap_files(param_numels, ranks, block_bytes)"))
             continue
@@ -93,7 +170,7 @@ def grade_swaps(report: Report, fn, show: bool) -> None:
     if not given:
         return
     if not ready:
-        _compare(report, given, rows, lab_swap_record.RANKS,
+        _compare(report, given, rows, None,
                  f"recorded run, DeepSpeed {lab_swap_record.DEEPSPEED}, {lab_swap_record.DATE}; "
                  f"not run live here: {why}")
         return
@@ -103,7 +180,7 @@ def grade_swaps(report: Report, fn, show: bool) -> None:
             try:
                 res = launch.run("gpumem.chapters.ch05_offload.lab_runs:swap_run", 2, "cpu", deepspeed=True,
                                  progress=show and not os.environ.get("TQDM_DISABLE"),
-                                 models={k: SWAP_MODELS[k] for k in given}, swap_dir=str(swap))
+                                 models={k: models[k] for k in given}, swap_dir=str(swap))
             except (launch.RankError, RunFailure) as err:
                 return "error", failure_line(err)
         _compare(report, given, rows, res, "live run on 2 CPU ranks")

@@ -10,47 +10,41 @@ yourself" (:mod:`.lab_guard`: their code is swapped, so saved references refuse 
 * ``swap_files(param_numels, ranks, block_bytes)``: the sizes of the swap files one rank writes
   under ZeRO-3 with optimizer and parameters on NVMe, graded against DeepSpeed (:mod:`.lab_swaps`:
   a live run with libaio, else a recorded one);
+* ``rung_seconds(n_params, ranks, rung, compute_s, links)``: each rung's stock step time, graded on
+  its own against the time engine, on the choice's cases;
 * ``choose_rung(n_params, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links)``: the
   rung that fits both memory budgets and the step time (stock DeepSpeed, the time engine's
   :func:`gpumem.timing.offload_time.step_time`) leaving the GPU the most room, graded on budgets
-  where the most offloaded rung is too slow and the fastest does not fit, each budget at least
-  :data:`MARGIN` away from every rung's figure; explained with the reference's counts;
+  drawn at each check (:func:`.lab_draw.choose_cases`), each at least :data:`MARGIN` away from
+  every rung's figure; explained with the reference's counts;
 * ``pcie_copy_seconds(n_bytes)`` (optional, CUDA only): a host <-> device copy timed with CUDA
-  events, compared with the grader's own timing of the same copy (:mod:`.lab_gpu`); without CUDA
-  no row, a skip line.
+  events, compared with the grader's own timing of the same copy (:mod:`.lab_gpu`, refused while
+  the learner's call runs); without CUDA no row, a skip line.
 """
 
-from gpumem.course.grading import Report, Row, call, returned, run_case
-from gpumem.timing import offload_time
+import random
 
-from . import lab_gpu, lab_guard
+from gpumem.course.grading import Report, Row, call, returned, run_case
+
+from . import lab_draw, lab_gpu, lab_guard
 from . import lab_reference as ref
-from .lab_swaps import SWAP_KINDS, SWAP_MODELS, grade_swaps, numels, swap_problem, swap_shape_problem  # noqa: F401
+from .lab_swaps import SWAP_KINDS, grade_swaps, numels, swap_problem, swap_shape_problem  # noqa: F401
 
 LAB = "lab05_offload_budget"
 GB = 10**9
-MARGIN = 0.05        # every graded budget is at least 5 % away from every rung's bytes and seconds
-BYTES_CASES = [(1_000_003, 3), (8_030_261_248, 6), (70_553_706_496, 16)]       # (parameters, ranks)
-# (case, n_params, ranks, gpu, drive, compute_s, gpu_budget, host_budget, step_budget_s); each
-# expected rung is neither the most offloaded nor the fastest, nor what the memory budgets alone give
-CHOOSE_CASES = [
-    ("8.03 B, 4 A100, host 34 GB", 8_030_261_248, 4, "a100-80gb", "gen4", 6.0, 20 * GB, 34 * GB, 12.0),
-    ("13 B, 8 H100, Gen3 drive", 13_000_000_000, 8, "h100-80gb", "gen3", 0.5, 30 * GB, 20 * GB, 20.3),
-    ("70.6 B, 16 H100, host 83.7 GB", 70_553_706_496, 16, "h100-80gb", "gen4", 4.0, 40 * GB, 83.7 * GB, 14.5),
-    ("34 B, 8 A100, 15 s", 34_000_000_000, 8, "a100-80gb", "gen4", 10.0, 60 * GB, 72 * GB, 15.0),
-]
+MARGIN = lab_draw.MARGIN   # every graded budget is at least 5 % away from every rung's bytes and seconds
 HINTS = {  # pointers to where DeepSpeed 0.19.8 decides, by mistake; none gives the count
     "z3-cpu-grads-low": "a gradient buffer is missing from host memory: see on which device stage3.py "
                         "allocates its 16-bit gradient partition (grad_partitions_flat_buffer) once the "
                         "optimizer is offloaded",
-    "fp32-grads-to-nvme": "the optimizer's fp32 gradient is swapped to NVMe with master and moments "
-                          "(swap_out_gradients in stage3.py), it does not stay in host memory",
+    "fp32-grads-to-nvme": "too much gradient in host memory: read where swap_out_gradients (stage3.py) "
+                          "sends the gradient the offloaded optimizer reads",
     "z2-gpu-grads-high": "too much gradient on the GPU: follow where ZeRO-2 copies each reduced bucket once "
                          "the optimizer is offloaded (async_inplace_copy_grad_to_fp32_buffer_from_gpu)",
-    "fp32-grads-nvme-low": "a gradient buffer is missing on NVMe: the optimizer's fp32 gradient goes there "
-                           "with master and moments (swap_out_gradients in stage3.py)",
+    "fp32-grads-nvme-low": "a gradient buffer is missing on NVMe: read what swap_out_gradients (stage3.py) "
+                           "writes beside master and moments",
     "fp32-grads-low": "a gradient buffer is missing beside master and moments: what does DeepSpeedCPUAdam read?",
-    "z2-params": "ZeRO-2 partitions gradients and optimizer states, not the parameters",
+    "z2-params": "too few parameter bytes on the GPU: which states does ZeRO-2 partition (stage_1_and_2.py)?",
 }
 
 
@@ -116,23 +110,28 @@ def _grade_bytes(report: Report, fn, expected: dict) -> None:
         run_case(report, "rung_bytes", case, body)
 
 
-def choose_cases() -> list[tuple]:
-    """(case, the learner's arguments, expected rung, rung -> (gpu B, host B, seconds)), by the
-    reference; rows name the budget the learner's rung breaks, never the expected rung."""
-    out = []
-    for case, n, ranks, gpu, drive, compute_s, gb, hb, sb in CHOOSE_CASES:
-        links = offload_time.datasheet_links(gpu, drive, ranks_on_node=min(ranks, 8))
-        figures = {}
-        for rung in ref.RUNGS:
-            t = ref.totals(ref.rung_bytes(n, ranks, rung))
-            figures[rung] = (t["gpu"], t["cpu"], ref.step_seconds(n, ranks, rung, compute_s, links))
-        out.append((case, (n, ranks, gb, hb, sb, compute_s, links), ref.choose(n, ranks, gb, hb, sb, compute_s, links),
-                    figures))
-    return out
+def _grade_seconds(report: Report, fn, cases: list[tuple]) -> None:
+    """rung_seconds on the choice's cases: each rung's stock seconds against the time engine's."""
+    for case, args, _, figures in cases:
+        if fn is None:
+            report.rows.append(Row("rung_seconds", case, "todo", "define rung_seconds(n, ranks, rung, compute_s, links)"))
+            continue
+
+        def body(args=args, figures=figures):
+            n, ranks, *_, compute_s, links = args
+            for rung, (*_, want) in figures.items():
+                got = call(lab_guard.guarded(fn), n, ranks, rung, compute_s, links)
+                if isinstance(got, bool) or not isinstance(got, (int, float)):
+                    return "wrong", f"{rung}: " + returned(got, "seconds (a float)")
+                if abs(got - want) > 1e-9 * max(1.0, want):
+                    return "wrong", (f"{rung}: yours {got:.3f} s a step, the time engine's stock schedule "
+                                     f"{want:.3f} s: map the rung to step_time's arguments and read 'stock'")
+            return "ok", ""
+        run_case(report, "rung_seconds", case, body)
 
 
 def _grade_choose(report: Report, fn, cases: list[tuple]) -> None:
-    counts_wrong = any(r.function == "rung_bytes" and r.status != "ok" for r in report.rows)
+    wrong = [f for f in ("rung_bytes", "rung_seconds") if any(r.function == f and r.status != "ok" for r in report.rows)]
     for case, args, want, figures in cases:
         if fn is None:
             report.rows.append(Row("choose_rung", case, "todo", "define choose_rung(...)"))
@@ -144,7 +143,7 @@ def _grade_choose(report: Report, fn, cases: list[tuple]) -> None:
                 return "ok", ""
             if got is not None and got not in ref.RUNGS:
                 return "wrong", returned(got, f"a rung name ({', '.join(ref.RUNGS)}) or None")
-            first = "your rung_bytes is wrong (see its rows): fix it first; " if counts_wrong else ""
+            first = f"your {' and '.join(wrong)} {'are' if len(wrong) > 1 else 'is'} wrong (see the rows): fix that first; " if wrong else ""
             return "wrong", f"{first}{got} is not the rung to choose: " + why_not(got, want, args, figures)
         run_case(report, "choose_rung", case, body)
 
@@ -157,7 +156,7 @@ def why_not(got, want, args, figures: dict) -> str:
         return "a rung meets all three budgets"
     gpu, cpu, secs = figures[got]
     if secs > sb:
-        return f"{got} takes {secs:.2f} s a step, over the {sb:.2f} s budget (the time budget counts too)"
+        return f"{got} takes {secs:.2f} s a step (stock schedule), over the {sb:.2f} s step budget"
     if gpu > gb:
         return f"{got} puts {gpu / GB:.2f} GB on the GPU, over its {gb / GB:.1f} GB budget"
     if cpu > hb:
@@ -167,14 +166,18 @@ def why_not(got, want, args, figures: dict) -> str:
     return "another rung also fits and leaves the GPU more room, or is faster at the same bytes"
 
 
-def check(ns: dict, show: bool = True) -> Report:
-    """Grade the lab's functions on cases it never shows (module docstring)."""
+def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Report:
+    """Grade the lab's functions on cases drawn now, which it never shows (module docstring)."""
+    from .lab_swaps import draw_models
+    rng = rng or random.Random()
     report = Report(LAB)
-    expected = {(n, r): {rung: ref.rung_bytes(n, r, rung) for rung in ref.RUNGS} for n, r in BYTES_CASES}
-    choices = choose_cases()
+    expected = {(n, r): {rung: ref.rung_bytes(n, r, rung) for rung in ref.RUNGS} for n, r in lab_draw.bytes_cases(rng)}
+    choices = lab_draw.choose_cases(rng)
+    models = draw_models(rng)
     _grade_bytes(report, ns.get("rung_bytes"), expected)
+    _grade_seconds(report, ns.get("rung_seconds"), choices)
     _grade_choose(report, ns.get("choose_rung"), choices)
-    grade_swaps(report, ns.get("swap_files"), show)
+    grade_swaps(report, ns.get("swap_files"), show, models)
     gpu_line = lab_gpu.grade(report, ns.get("pcie_copy_seconds"))
     if show:
         print(report.summary())
