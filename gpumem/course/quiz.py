@@ -65,7 +65,7 @@ class Quiz:
         for q in [self._get(qid)] if qid else self.questions:
             q.redraw(self.generator())
             if not quiet:
-                print(f"[{q.id}] {q.prompt_text()}")
+                print(fit(f"[{q.id}] {q.prompt_text()}", "   "))
 
     def judge(self, qid: str, value) -> tuple[bool | None, str, list]:
         """Grade one answer (or a request for the answer) without saving it.
@@ -123,10 +123,10 @@ class Quiz:
         """Grade one answer, print the feedback, then save progress (a failed save prints one line
         and the quiz goes on); returns whether it was right. ``value`` ``"show"`` prints the answer."""
         ok, text, saves = self.judge(qid, value)
-        print(text)
+        print(fit(text))
         note = self.record(saves)
         if note:
-            print(note)
+            print(fit(note))
         return bool(ok)
 
     def reveal(self, qid: str) -> None:
@@ -134,12 +134,13 @@ class Quiz:
         self.answer(qid, "show")
 
     def text(self) -> str:
-        """The quiz as plain text, with the numbers of this attempt and how to answer."""
+        """The quiz as plain text, with the numbers of this attempt and how to answer; lines
+        longer than 100 columns wrapped at word boundaries."""
         lines = [f"Quiz: {self.name}"]
         for n, q in enumerate(self.questions, 1):
-            lines.append(f"{n}. [{q.id}] {q.prompt_text()}")
+            lines.append(fit(f"{n}. [{q.id}] {q.prompt_text()}", "   "))
             if isinstance(q, Choice):
-                lines += [f"   ({i}) {opt}" for i, opt in enumerate(q.options)]
+                lines += [fit(f"   ({i}) {opt}", "       ") for i, opt in enumerate(q.options)]
             else:
                 lines.append(f"   ({describe(q.unit_now())})")
         lines.append('Answer with quiz.answer("<id>", <choice number or value>); a value may carry '
@@ -158,6 +159,15 @@ class Quiz:
         from .quiz_widgets import quiz_box
         self.widget = quiz_box(self)
         display(self.widget)
+
+
+def fit(text: str, indent: str = "", width: int = 100) -> str:
+    """``text`` with each line longer than ``width`` wrapped at word boundaries (later lines
+    indented by ``indent``); shorter lines, tables among them, are left as they are."""
+    import textwrap
+    return "\n".join(line if len(line) <= width else textwrap.fill(
+        line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+        for line in text.split("\n"))
 
 
 def widgets_available() -> bool:
