@@ -534,3 +534,39 @@ def test_a_stopped_loop_leaves_the_course_switched_back_on(monkeypatch):
     assert "took longer than 1 s" in rows(report, "variant_layer")[0].detail
     assert torch.is_grad_enabled() and activations.layer_parts.__code__.co_filename.endswith("activations.py")
     assert variants.measure(48, 4, 2, 64, 5, 1, "flash", "hf", "swiglu", False)[0] > 0
+
+
+def _reach_the_report():
+    import sys
+    frame = sys._getframe(1)
+    while "report" not in frame.f_locals:
+        frame = frame.f_back
+    return frame.f_locals["report"]
+
+
+def _rows_that_always_pass(**kw):
+    """Walks up to the grader's report and makes every row it appends from now on say ok."""
+    report = _reach_the_report()
+
+    class Rows(list):
+        def append(self, row):
+            row.status = "ok"
+            super().append(row)
+    report.rows = Rows(report.rows)
+    return {"activations": 0, "params": 0}
+
+
+def _earlier_rows_flipped(**kw):
+    """Part 3 flips part 1's failing row to ok (part 3's own rows are right)."""
+    for row in _reach_the_report().rows:
+        row.status = "ok"
+    return solution()["variant_layer"](**kw)
+
+
+@pytest.mark.parametrize("fn", [_rows_that_always_pass, _earlier_rows_flipped])
+def test_a_function_that_edits_the_report_fails(fn):
+    right = solution()
+    report = grade({"model_state_bytes": lambda n_params, recipe, gpus=1, zero=0: {},
+                    "layer_activation_bytes": right["layer_activation_bytes"], "variant_layer": fn})
+    assert not report.solved and [r.status for r in report.rows] == ["error"], report.summary()
+    assert "changed the grader's report" in report.rows[0].detail

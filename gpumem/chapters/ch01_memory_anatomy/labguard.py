@@ -250,7 +250,9 @@ def guarded(fn):
     # bound now: the learner's call could rebind the module attributes, not these closure cells
     snapshot, restore, refusal, held, guard = (labstate.snapshot, labstate.restore, labstate.refusal,
                                                alarm_held, derive_it_yourself)
-    me = [("gpumem.chapters.ch01_memory_anatomy.labguard", sys.modules[__name__])]
+    from gpumem.course import grading       # its Report and Row: a patched class could pass anything
+    me = [("gpumem.chapters.ch01_memory_anatomy.labguard", sys.modules[__name__]),
+          ("gpumem.course.grading", grading)]
 
     def learner(*args, **kwargs):
         modules = _guarded_modules()
