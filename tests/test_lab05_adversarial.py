@@ -79,10 +79,10 @@ def test_reference_agrees_with_the_library_per_device(n, ranks):
 def test_graded_cases_are_drawn_and_not_the_labs():
     """Item 2: every check draws its own sizes, budgets and swap models; none is the lab's."""
     draws = [lab_draw.bytes_cases(random.Random(seed)) for seed in range(5)]
-    assert len({tuple(d) for d in draws}) == 5
+    assert len({tuple(d) for d in draws}) == 5                 # no fixed list to keep answers for
     for cases in draws:
         assert all(n % r and n not in lab_draw.SHOWN for n, r in cases)
-    pairs = {tuple(lab_swaps.draw_models(random.Random(seed))) for seed in range(12)}
+    pairs = {tuple(lab_swaps.draw_models(random.Random(seed))) for seed in range(8)}
     assert len(pairs) > 3 and all(len(p) == 2 for p in pairs)
 
 
@@ -474,6 +474,7 @@ def rung_bytes(n, r, rung):
 """
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")    # the refused thread's traceback
 @pytest.mark.parametrize("source, function, words", [
     (SPOOFED, "rung_bytes", "it called the grader's answer"),
     (PARKED, "rung_bytes", "KeyError"),

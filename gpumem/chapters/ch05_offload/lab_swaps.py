@@ -17,7 +17,7 @@ from gpumem.errors import RunFailure
 from gpumem.memory.models import ModelConfig
 from gpumem.runs import ds_offload, launch
 
-from . import lab_swap_record
+from . import lab_guard, lab_swap_record
 from . import lab_reference as ref
 
 # models the lab never shows, trained one step on 2 CPU ranks; each check draws one of each kind
@@ -36,6 +36,7 @@ SWAP_KINDS = {"params": "params", "fp32 master": "master", "moments": "optimizer
 
 
 def model_label(cfg: ModelConfig) -> str:
+    """The row's name of a family model: its kind, width and aio block."""
     kind = cfg.name[len("lab05-")].upper()
     return f"model {kind}{cfg.name[-1]} ({cfg.d_model} wide), {BLOCKS[kind] >> 20} MiB aio blocks"
 
@@ -45,6 +46,7 @@ def family() -> dict:
     return {model_label(c): (c, BLOCKS[kind]) for kind, cfgs in FAMILY.items() for c in cfgs}
 
 
+@lab_guard.keep("the grader's answer")
 def hand_files(param_numels: list[int], ranks: int, block: int, skip: str = "") -> dict[str, list[int]]:
     """The grader's own rules (``runtime/swap_tensor/``), one left out with ``skip`` (:data:`RULES`):
     swapped only from max(MIN_AIO_BYTES, block) bytes, files padded up to 1,024 B, gradient fragments
@@ -148,7 +150,6 @@ def _compare(report: Report, given: dict, rows: dict, ranks: list[dict] | None, 
 def grade_swaps(report: Report, fn, show: bool, models: dict | None = None) -> None:
     """One row per drawn model (``models``, else :func:`draw_models`): the learner's sizes against
     DeepSpeed's files."""
-    from . import lab_guard                        # it refuses hand_files: imported once this module is
     ready, why = ds_offload.nvme_ready()
     models = models or draw_models(random.Random())
     given = {}
