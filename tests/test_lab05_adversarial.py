@@ -101,6 +101,7 @@ def test_choose_cases_need_both_budgets(seed):
         memory_only = min(fits, key=lambda r: (figs[r][0], figs[r][2]))
         fastest_differs |= min(fits, key=lambda r: figs[r][2]) != want
         assert want != memory_only and want not in ("zero3+opt+params-nvme", "zero3"), case
+        assert figs["zero3+opt+params-cpu"][1] > hb, case          # the notebook's claim: host rules it out
         for rung, values in figs.items():
             for value, budget in zip(values, (gb, hb, sb)):
                 assert not value or abs(value / budget - 1) >= labcheck.MARGIN == 0.05, (case, rung, value, budget)

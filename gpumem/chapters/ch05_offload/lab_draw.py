@@ -6,7 +6,8 @@
   and budgets around a model size), whose expected rung is the template's ``target``: neither the
   most offloaded rung nor ZeRO-3 alone, nor what the memory budgets alone give (the least GPU bytes
   that fit); in one the fastest rung that fits memory is not it either, and in one no rung meets
-  all three budgets. Each budget is at
+  all three budgets. In each, host memory rules out ``zero3+opt+params-cpu`` (whose step time rests
+  on the time engine's assumption that host parameter fetches hide behind compute). Each budget is at
   least :data:`MARGIN` away from every rung's bytes and seconds (asserted here, at draw time).
 
 The figures are the reference's (:mod:`.lab_reference`), the seconds the time engine's.
@@ -77,7 +78,8 @@ def choose_case(rng, template: tuple, tries: int = 2000) -> tuple:
             continue
         fig = figures(n, ranks, compute_s, links)
         want, memory, _ = _answers(budgets, fig)
-        if want == target and memory not in (None, target) and _clear(budgets, fig):
+        host_rules_out = fig["zero3+opt+params-cpu"][1] > budgets[1]     # the engine's unmeasured rung
+        if want == target and memory not in (None, target) and host_rules_out and _clear(budgets, fig):
             gb, hb, sb = budgets
             case = f"{n / 1e9:.1f} B, {ranks} {gpu[:4].upper()}, {drive} drive, {compute_s} s compute"
             assert want not in ("zero3", "zero3+opt+params-nvme") and ref.choose(
