@@ -553,7 +553,7 @@ def _rows_that_always_pass(**kw):
             row.status = "ok"
             super().append(row)
     report.rows = Rows(report.rows)
-    return {"activations": 0, "params": 0}
+    raise ValueError("no count at all")             # an error row, made ok like the rest
 
 
 def _earlier_rows_flipped(**kw):
