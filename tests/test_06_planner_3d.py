@@ -182,13 +182,14 @@ def test_quiz_bubble_and_slow_network_by_hand():
 
 def test_lab_reflection_fails_a_plan_that_ignores_the_slow_link():
     """A choose_plan that answers the node-network optimum whatever the link passes every case
-    but the slow-link reflection, which names the unchanged plan."""
+    but the slow-link hybrid-sharding one, which names the unchanged plan."""
     from gpumem.chapters.ch06_combining_strategies import labcheck
     import functools
-    drawn, ref = labcheck.cases(seed=0), functools.lru_cache(maxsize=None)(labcheck.reference)
+    ref = functools.lru_cache(maxsize=None)(labcheck.reference)
+    drawn = list(labcheck.cases(seed=0, ref=ref))
     answers = {}
-    for function, _, case, link in drawn:
-        link = None if function == "reflection" else link               # stubborn on the reflection only
+    for _, family, case, link in drawn:
+        link = None if family and family.name == "hybrid sharding" else link    # stubborn there only
         best = min(ref(case, link).plans, key=lambda p: p.time["total"])
         answers[case] = {k: getattr(best.layout, k) for k in labcheck.KEYS + tuple(labcheck.OPTIONAL)}
 
@@ -198,4 +199,4 @@ def test_lab_reflection_fails_a_plan_that_ignores_the_slow_link():
     rows = [r for r in report.rows if r.function != "measure_kernel_share"]   # the optional GPU row
     assert [r.status for r in rows[:-1]] == ["ok"] * (len(drawn) - 1)
     last = rows[-1]
-    assert last.function == "reflection" and last.status == "wrong" and "did not change" in last.detail
+    assert last.case.startswith("hybrid sharding:") and last.status == "wrong" and "did not change" in last.detail

@@ -104,6 +104,7 @@ def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable:
     after the first); ``closest`` (a dict) is updated with the layout that misses by the fewest
     bytes; ``count`` (a dict) gets ``considered`` (every layout enumerated) and ``evaluated``
     (those whose bytes were computed)."""
+    if getattr(candidates, "refusing", ""): raise RuntimeError(candidates.refusing)  # noqa: E701 (lab06_guard)
     count = {} if count is None else count
     count.setdefault("considered", 0)
     count.setdefault("evaluated", 0)
@@ -166,6 +167,7 @@ def _inner(cfg: ModelConfig, seq: int, base: Layout, states: tuple, mid: bool, m
            opts: dict, usable: int, closest: dict | None, count: dict):
     """The checkpoint x kernel x micro-batch loop of one ``base`` layout (see :func:`candidates`);
     the micro-batch loop stops at the first size that does not fit."""
+    if getattr(_inner, "refusing", ""): raise RuntimeError(_inner.refusing)  # noqa: E701 (lab06_guard)
     b = base
     for policy in opts["checkpoints"]:
         for kernel in kernels:
@@ -195,6 +197,7 @@ def plan(model, gpus: int | None = None, gpu: str = "h100-80gb", **keywords) -> 
     the cluster (``gpus_per_node``, ``inter_node`` in bytes/s per GPU, ``host_per_node``,
     ``nvme_per_node``, ``links``, ``cpu_adam_rate`` in parameters/s per node), ``reserve``,
     ``mfu`` and ``advise``."""
+    if getattr(plan, "refusing", ""): raise RuntimeError(plan.refusing)  # noqa: E701 (lab06_guard)
     q = model if isinstance(model, Question) else Question.of(model, gpus, gpu, **keywords)
     return answer(q)
 

@@ -1,47 +1,72 @@
 """Lab 06's unseen clusters: families of questions, one member of each drawn at check time.
 
-Each family is built around one lever (``uses``: the layout pulls it). For every member, the
-fastest fitting layout that does not pull it is at least :data:`MARGIN` behind the fastest layout
-(or none fits without it) -- tests/test_lab06_adversarial.py asserts this for every member, so a
-search that skips the lever fails whichever member is drawn. ``check()`` draws from a seed (fresh
-each time unless one is given), so the cases are not known before the check runs.
+Each family is built around one lever (``uses``: the layout pulls it) and spans ranges of GPU
+count, sequence length, global batch and, on the slow-link families, the link between nodes, so
+that no table of answers computed beforehand covers what the check asks (a few thousand members a
+family, seconds of planning each). A member counts only when it hinges on its lever: the planner's
+fastest fitting layout pulls it and every fitting layout that does not is at least :data:`MARGIN`
+behind (or none fits). :func:`draw` checks this for each member it draws (the reference is priced,
+tested and dropped before the learner's call) and draws again, up to :data:`TRIES` times, then
+takes one of the family's ``fallback`` members (tests/test_lab06_adversarial.py asserts those
+hinge). ``check()`` draws from a seed (fresh each time unless one is given).
 """
 
+import gc
 import os
 import random
 from typing import Callable, NamedTuple
 
 SLOW_LINK = 1.25e9        # 10 Gb/s Ethernet per GPU between nodes, bytes/s
 MARGIN = 1.05             # each family's lever is worth at least the slack (3 %) plus 2 points
+TRIES = 4                 # draws of a family before its fallback member
+LINK_STEP = 0.05e9        # drawn links are rounded to 0.05 GB/s
 
 
 class Family(NamedTuple):
     """Questions built around one lever, and how to tell a layout that pulls it."""
+    name: str                                   # the row's label
     lever: str                                  # what the learner reads when the search lacks it
     uses: Callable                              # layout -> True when it pulls the lever
-    members: tuple                              # (model, gpus, gpu, seq, global_batch) questions
-    inter_node: float | None = None             # None: the node type's own NICs
+    space: dict                                 # model, gpus, gpu, seq: choices; batch: (lo, hi, step),
+    #                                             or {"tokens_per_gpu": choices}; link: (lo, hi) bytes/s
+    #                                             per GPU, or None (the node's NICs)
+    fallback: tuple                             # ((model, gpus, gpu, seq, global_batch), link) that hinge
 
+
+def _space(model, gpus, gpu, seq, batch, link=None) -> dict:
+    return {"model": model, "gpus": gpus, "gpu": gpu, "seq": seq, "batch": batch, "link": link}
+
+
+SLOW = (0.6e9, 2.5e9)     # 5-20 Gb/s per GPU: Ethernet between nodes
+FAST = (25e9, 50e9)       # 200-400 Gb/s per GPU: InfiniBand HDR to NDR, one NIC a GPU (DGX H100: 400)
 
 FAMILIES = (
-    Family("offload (the states do not fit on the GPUs)", lambda lay: lay.offload != "none",
-           (("llama-3-70b", 16, "a100-40gb", 4096, 128), ("llama-3-70b", 16, "a100-40gb", 4096, 64))),
-    Family("NVMe offload (host memory, with the swap buffers, is too small)",
+    Family("offload", "offload (the states do not fit on the GPUs)", lambda lay: lay.offload != "none",
+           _space(("llama-3-70b",), (8, 16), ("a100-40gb",), (1024, 2048, 3072, 4096, 6144, 8192), (16, 512, 8), FAST),
+           ((("llama-3-70b", 16, "a100-40gb", 4096, 128), None),)),
+    Family("NVMe offload", "NVMe offload (host memory, with the swap buffers, is too small)",
            lambda lay: lay.offload != "none" and lay.device == "nvme",
-           (("llama-3.1-405b", 16, "h100-80gb", 4096, 64), ("llama-3.1-405b", 16, "h100-80gb", 4096, 32))),
-    Family("tensor and pipeline parallelism together", lambda lay: lay.tp > 1 and lay.pp > 1,
-           (("llama-3.1-405b", 64, "h200", 4096, 256), ("llama-3.1-405b", 64, "h200", 4096, 512))),
-    Family("context parallelism (cp > 1: ring attention)", lambda lay: lay.cp > 1,
-           (("llama-3-8b", 16, "h100-80gb", 131072, 8), ("llama-3-8b", 16, "h100-80gb", 131072, 16))),
-    Family("the interleaved schedule (vp > 1 virtual stages)", lambda lay: lay.vp > 1,
-           (("llama-3-70b", 32, "h100-80gb", 4096, 256), ("llama-3-70b", 32, "h100-80gb", 4096, 128),
-            ("llama-3-8b", 16, "h100-80gb", 2048, 256)), SLOW_LINK),
-    Family("ZeRO-1 or ZeRO-2 (optimizer states sharded, weights whole)",
-           lambda lay: lay.zero in (1, 2), (("llama-3-8b", 64, "h100-80gb", 2048, 512),), SLOW_LINK),
-    Family("hybrid sharding (hybrid='hsdp' or 'hpz' with a shard group)", lambda lay: lay.hybrid != "none",
-           (("llama-3-8b", 64, "h100-80gb", 2048, 1024), ("llama-3-8b", 64, "h100-80gb", 4096, 512)), SLOW_LINK),
+           _space(("llama-3.1-405b",), (16,), ("h100-80gb", "h200", "a100-80gb"), (2048, 3072, 4096, 6144, 8192),
+                  (16, 256, 8), FAST),
+           ((("llama-3.1-405b", 16, "h100-80gb", 4096, 64), None),)),
+    Family("tensor and pipeline", "tensor and pipeline parallelism together", lambda lay: lay.tp > 1 and lay.pp > 1,
+           _space(("llama-3.1-405b",), (64, 128), ("h200",), (2048, 3072, 4096), (128, 1024, 32), FAST),
+           ((("llama-3.1-405b", 64, "h200", 4096, 256), None),)),
+    Family("context parallelism", "context parallelism (cp > 1: ring attention)", lambda lay: lay.cp > 1,
+           _space(("llama-3-8b",), (16, 32), ("h100-80gb",), (131072, 163840, 196608), (4, 64, 4), FAST),
+           ((("llama-3-8b", 16, "h100-80gb", 131072, 8), None),)),
+    Family("interleaved schedule", "the interleaved schedule (vp > 1 virtual stages)", lambda lay: lay.vp > 1,
+           _space(("llama-3-70b",), (32, 64), ("h100-80gb",), (2048, 4096), (128, 512, 32), SLOW),
+           ((("llama-3-70b", 32, "h100-80gb", 4096, 256), SLOW_LINK),)),
+    Family("ZeRO-1/2", "ZeRO-1 or ZeRO-2 (optimizer states sharded, weights whole)", lambda lay: lay.zero in (1, 2),
+           _space(("llama-3-8b",), (64,), ("h100-80gb",), (2048,), (512, 896, 32), (0.8e9, 2e9)),
+           ((("llama-3-8b", 64, "h100-80gb", 2048, 512), SLOW_LINK),)),
+    Family("hybrid sharding", "hybrid sharding (hybrid='hsdp' or 'hpz' with a shard group)",
+           lambda lay: lay.hybrid != "none",
+           _space(("llama-3-8b",), (64, 128), ("h100-80gb",), (2048, 4096), {"tokens_per_gpu": (32768,)},
+                  (1.1e9, 1.4e9)),
+           ((("llama-3-8b", 64, "h100-80gb", 2048, 1024), SLOW_LINK),)),
 )
-REFLECTION = len(FAMILIES) - 1                  # the slow-link hybrid-sharding family is the reflection
 
 
 def rng_of(seed: int | None) -> random.Random:
@@ -49,11 +74,52 @@ def rng_of(seed: int | None) -> random.Random:
     return random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
 
 
-def draw(rng: random.Random) -> list[tuple]:
-    """One ``(family, case)`` per family, in the families' order."""
-    return [(f, rng.choice(f.members)) for f in FAMILIES]
+def member(family: Family, rng: random.Random) -> tuple:
+    """One ``(case, link)`` from the family's ranges."""
+    s = family.space
+    model, gpus, gpu, seq = (rng.choice(s[k]) for k in ("model", "gpus", "gpu", "seq"))
+    if isinstance(s["batch"], dict):          # one step's tokens per GPU: the batch follows the GPUs
+        batch = gpus * rng.choice(s["batch"]["tokens_per_gpu"]) // seq
+    else:
+        lo, hi, step = s["batch"]
+        batch = rng.randrange(lo, hi + 1, step)
+    case = (model, gpus, gpu, seq, batch)
+    link = None if s["link"] is None else round(rng.uniform(*s["link"]) / LINK_STEP) * LINK_STEP
+    return case, link
 
 
-def every_member():
-    """(family, case) for every member of every family (for the tests)."""
-    return [(f, m) for f in FAMILIES for m in f.members]
+def hinges(family: Family, result) -> bool:
+    """Whether the planner's answer turns on the family's lever by at least :data:`MARGIN`."""
+    if not result.plans:
+        return False
+    best = min(result.plans, key=lambda p: p.time["total"])
+    without = [p.time["total"] for p in result.plans if not family.uses(p.layout)]
+    return family.uses(best.layout) and (not without or min(without) >= MARGIN * best.time["total"])
+
+
+def draw(family: Family, rng: random.Random, ref) -> tuple:
+    """A ``(case, link)`` of the family that hinges on its lever (``ref(case, link)``: the planner's
+    answer, dropped here; the grader prices it again after the learner's call)."""
+    for _ in range(TRIES):
+        case, link = member(family, rng)
+        result = ref(case, link)
+        ok = hinges(family, result)
+        del result
+        if ok:
+            break
+    else:
+        case, link = rng.choice(family.fallback)
+    gc.collect()             # nothing of the reference is left for the learner's call to find
+    return case, link
+
+
+def size(family: Family) -> int:
+    """How many members the family's ranges hold (before the hinge test; links in 0.05 GB/s steps)."""
+    s = family.space
+    if isinstance(s["batch"], dict):
+        batches = len(s["batch"]["tokens_per_gpu"])
+    else:
+        lo, hi, step = s["batch"]
+        batches = len(range(lo, hi + 1, step))
+    links = 1 if s["link"] is None else round((s["link"][1] - s["link"][0]) / LINK_STEP) + 1
+    return len(s["model"]) * len(s["gpus"]) * len(s["gpu"]) * len(s["seq"]) * batches * links

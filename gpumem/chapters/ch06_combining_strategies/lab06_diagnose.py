@@ -50,11 +50,14 @@ def why_slower(mine, result, slack: float, family=None) -> str:
 
 
 def why_none(result, family=None) -> str:
-    """The clause for a search that found nothing although layouts fit: the lever none fits without."""
-    best = fastest(result.plans)
+    """The clause for a search that found nothing although layouts fit: what every fitting layout
+    pulls (a lever the search must reach) and the values of the degrees they use, so the learner
+    can see which loop never reaches them; the search's own choices are not known here."""
+    plans = result.plans
     levers = ((family.lever, family.uses),) if family is not None else ()
-    for text, uses in levers + LEVERS:
-        if uses(best.layout) and best_without(result.plans, uses) is None:
-            return f"layouts fit, none without {text}. Does your search try it?"
-    return (f"{len(result.plans)} layouts fit, the fastest in {best.time['total']:.2f} s: check your "
-            "search's bounds and its fit test")
+    needed = next((text for text, uses in levers + LEVERS if all(uses(p.layout) for p in plans)), None)
+    head = f"{len(plans)} layouts fit" + (f", every one with {needed}" if needed else "")
+    degrees = ", ".join(f"{k} in {{{', '.join(map(str, sorted({getattr(p.layout, k) for p in plans})))}}}"
+                        for k in ("tp", "cp", "pp", "vp"))
+    return (f"{head}; yours returned none. Check that your loops reach the values fitting layouts use "
+            f"({degrees}) and your fit test")

@@ -3,19 +3,26 @@
 The lab hands out the time engine's pieces -- ``Layout``, ``planner.memory.per_gpu`` (bytes of one
 layout), ``planner.cost.step_seconds`` (seconds of one layout), ``planner.rules`` (which framework
 runs what), ``planner.hybrid``, ``gpumem.timing`` -- and asks for the search. The search's entry
-points (:data:`BLOCKED`) are switched off by swapping each function's code object for one that
-raises ``RuntimeError("write the search yourself: <name> is off while lab 06 is graded")``.
-Swapping the code (not rebinding a module attribute) also catches a reference the learner saved
-before grading (``my_plan = planner.plan``), ``from gpumem.planner.search import plan`` bindings
-in other modules, and the library's own helpers that search through them (``planner.evaluate``,
-the chapter's widget, ``advice``, ``explain``: they search through ``plan``). The pieces above call none of them, so they keep working.
+points (:data:`BLOCKED`) are switched off two ways, so that undoing one does not switch them on:
+
+* each function's code object is swapped for one that raises ``RuntimeError("write the search
+  yourself: <name> is off while lab 06 is graded")``: this catches a reference the learner saved
+  (``my_plan = planner.plan``), ``from ... import plan`` bindings elsewhere and the library's
+  helpers that search through them (``planner.evaluate``, the chapter's widget, ``advice``);
+* the real bodies of ``plan``, ``candidates`` and ``_inner`` (gpumem/planner/search.py) begin by
+  refusing when the function carries a ``refusing`` message (:data:`IN_BODY`), so the original
+  code, saved before grading and put back during the call, still refuses.
+
+After the call :func:`changed` compares the guard with what it set (the code objects, the
+messages, the module attributes, the active count); a change is an error row naming it.
 
 The grader's own answers are never computed before or during the learner's call (``labcheck``
 prices the reference after it), and :func:`active` lets the grader's helpers refuse while it runs;
 the GPU part's own timing (``lab06_gpu.reference_flops``) is switched off too.
 
-What it cannot stop: a learner who starts another Python process (``python -m gpumem plan``);
-the lab is for self-study, and the prompt says the search is the exercise.
+What it cannot stop: a learner who starts another Python process (``python -m gpumem plan``), or
+code that undoes both switches and puts every one back before returning; the lab runs in the
+learner's own kernel, and the prompt says the search is the exercise.
 """
 
 import importlib
@@ -36,6 +43,9 @@ BLOCKED = (("planner.plan", search.plan), ("planner.search.answer", search.answe
            ("planner.ranking.rank", ranking.rank),
            ("planner.ranking.rank_of", ranking.rank_of), ("planner.evaluate", evaluate.evaluate),
            ("lab06_gpu.reference_flops", lab06_gpu.reference_flops))
+IN_BODY = (search.plan, search.candidates, search._inner)   # their bodies read ``refusing``
+_MODULES = ((search, ("plan", "answer", "candidates", "layouts_of", "fits_any", "_inner")),
+            (ranking, ("rank", "rank_of")))
 _ACTIVE = [0]          # > 0 while the learner's function runs
 
 
@@ -56,20 +66,45 @@ def _refusing_code(name: str, fn):
 @contextmanager
 def no_search():
     """Inside the block every function of :data:`BLOCKED` raises the lab's message; restored after,
-    also when the learner's call raises or runs out of time."""
-    saved, entered = [], False
+    also when the learner's call raises or runs out of time. Yields :func:`changed`'s closure."""
+    saved, entered, armed = [], False, {}
+    names = {fn: name for name, fn in _functions()}
+    bound = {(m, a): getattr(m, a) for m, attrs in _MODULES for a in attrs}
     try:
         for name, fn in _functions():
             code = _refusing_code(name, fn)
             if code is not None:
                 saved.append((fn, fn.__code__))
                 fn.__code__ = code
+                armed[fn] = code
+        for fn in IN_BODY:
+            fn.refusing = MESSAGE.format(names[fn])
         _ACTIVE[0], entered = _ACTIVE[0] + 1, True
-        yield
+        level = _ACTIVE[0]
+        yield lambda: _changes(armed, bound, names, level)
     finally:
         _ACTIVE[0] -= entered
+        for fn in IN_BODY:
+            fn.__dict__.pop("refusing", None)
         for fn, code in saved:
             fn.__code__ = code
+
+
+def _changes(armed: dict, bound: dict, names: dict, level: int) -> list[str]:
+    """What differs from what :func:`no_search` set (empty: the guard is as it was)."""
+    out = [f"{names[fn]}'s code" for fn, code in armed.items() if fn.__code__ is not code]
+    out += [f"{names[fn]}'s refusal" for fn in IN_BODY if fn.__dict__.get("refusing") != MESSAGE.format(names[fn])]
+    out += [f"{m.__name__.removeprefix('gpumem.')}.{a}" for (m, a), fn in bound.items() if getattr(m, a, None) is not fn]
+    if _ACTIVE[0] != level:
+        out.append("the guard's active count")
+    return out
+
+
+def changed_line(what: list[str]) -> str:
+    """The error row of a call that changed the guard."""
+    shown = ", ".join(what[:3]) + (f" and {len(what) - 3} more" if len(what) > 3 else "")
+    return (f"the lab's guard was changed while choose_plan ran ({shown}): the planner's search stays off "
+            "while lab 06 is graded -- write the search yourself")
 
 
 def active() -> bool:
