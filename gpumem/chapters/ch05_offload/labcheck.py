@@ -1,11 +1,13 @@
 """Lab 05's ``check()``: the offload ladder counted by hand, the swap files predicted, a rung chosen.
 
-The learner writes four functions; while each call runs, gpumem's own counts raise "count it
-yourself" (:mod:`.lab_guard`: their code is swapped, so saved references refuse too):
+The learner writes five functions; while each call runs, gpumem's own counts and the grader's
+answers raise "count it yourself" (:mod:`.lab_guard`: refused by where their code is defined, so
+saved references, copies and restored code objects refuse too):
 
 * ``rung_bytes(n_params, ranks, rung)``: per-rank bytes, device (gpu, cpu, nvme) -> role (params,
   grads, master, optimizer), for every rung of :data:`~.lab_reference.RUNGS`, graded at model sizes
-  and rank counts the lab never shows against :func:`~.lab_reference.rung_bytes`; a wrong count is
+  and rank counts drawn at each check (:func:`.lab_draw.bytes_cases`) against
+  :func:`~.lab_reference.rung_bytes`; a wrong count is
   named by device, role, direction and factor, never by the hidden number;
 * ``swap_files(param_numels, ranks, block_bytes)``: the sizes of the swap files one rank writes
   under ZeRO-3 with optimizer and parameters on NVMe, graded against DeepSpeed (:mod:`.lab_swaps`:
