@@ -465,6 +465,14 @@ def rung_bytes(n, r, rung):
     m = accounting.model_states(n, "mixed", r, 3)
     return {"gpu": {"params": m.total}}
 """
+EMPTIED = """
+import sys
+from gpumem.chapters.ch05_offload import lab_guard, lab_reference as R
+def rung_bytes(n, r, rung):
+    lab_guard._ACTIVE.clear()
+    sys.setprofile(None)
+    return R.rung_bytes(n, r, rung)
+"""
 THREAD = """
 import threading
 from gpumem.chapters.ch05_offload import lab_reference as R
@@ -475,7 +483,7 @@ def rung_bytes(n, r, rung):
 """
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")    # the refused thread's traceback
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")    # the refused thread
 @pytest.mark.parametrize("source, function, words", [
     (SPOOFED, "rung_bytes", "it called the grader's answer"),
     (PARKED, "rung_bytes", "KeyError"),
@@ -483,9 +491,11 @@ def rung_bytes(n, r, rung):
     (RESTORED, "rung_seconds", "it assigned a function's __code__"),
     (RULES, "swap_files", "it called the grader's answer gpumem.chapters.ch05_offload.lab_swaps.hand_files"),
     (WATCH_OFF, "rung_bytes", "it called sys.setprofile"),
+    (EMPTIED, "rung_bytes", "it called sys.setprofile"),
     (THREAD, "rung_bytes", "rung_bytes"),
 ], ids=["spoofed-module-name", "parked-originals", "functiontype-copies", "code-restored-in-call",
-        "grader-swap-rules", "watch-switched-off", "answer-in-a-thread"])
+        "grader-swap-rules", "watch-switched-off", "guard-state-emptied",
+        "answer-in-a-thread"])
 def test_round_three_cheats_are_refused(no_libaio, source, function, words):
     """Each reviewer's way around the old guard: the row names what was called (or finds nothing)."""
     ns = solution("lab05")

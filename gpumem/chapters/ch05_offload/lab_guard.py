@@ -61,9 +61,14 @@ _HOOKED = []
 def _audit(event, args):
     """Refusals that do not depend on the profile hook: the answers' own ``sys.audit(AUDIT)``,
     switching the hook off, assigning ``__code__`` while a learner's call runs."""
-    if not _ACTIVE or event not in (AUDIT, "sys.setprofile", "object.__setattr__"):
+    if event not in (AUDIT, "sys.setprofile", "object.__setattr__"):
         return
-    hits, caller = _ACTIVE[-1], sys._getframe(1)
+    hits = getattr(sys.getprofile(), "lab05_hits", None)    # the watch in place: _ACTIVE emptied proves nothing
+    if hits is None:
+        if not _ACTIVE:
+            return
+        hits = _ACTIVE[-1]
+    caller = sys._getframe(1)
     if event == AUDIT:
         name = f"it called the grader's answer {caller.f_code.co_name}"
     elif event == "sys.setprofile":
@@ -93,6 +98,7 @@ def _watch(hits: list):
         if name and not (code.co_name == "model_states" and _allowed(frame)):
             hits.append(f"it called {name}")
             raise RuntimeError(f"{ref.REFUSAL} (it called {name})")
+    watch.lab05_hits = hits
     return watch
 
 
@@ -138,6 +144,8 @@ def no_library_counts():
             threading.setprofile(watch)
             _ACTIVE.append(hits)
         yield hits
+        if sys.getprofile() is not watch and not hits:
+            hits.append("it switched the grader's watch off")
     finally:
         with alarm_held():
             if _ACTIVE and _ACTIVE[-1] is hits:
