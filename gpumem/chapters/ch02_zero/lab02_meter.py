@@ -15,6 +15,8 @@ gradient arrival, as everything alive minus the ``.grad`` storages so far. The r
 arrival, what is alive in the hooked backward minus that, i.e. the bytes the hooks hold.
 """
 
+import math
+
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -26,20 +28,29 @@ class LiveMeter(TorchDispatchMode):
 
     def __init__(self, params):
         super().__init__()
-        self.skip = {StorageWeakRef(p.untyped_storage()).cdata for p in params}
+        self.skip = {p.untyped_storage()._cdata for p in params}
         self.live: dict[int, tuple[StorageWeakRef, int]] = {}
         self.paused = False                # set while a collective runs: the backend's buffers are its own
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No torch.compile runs here: leave __torch_dispatch__ unwrapped (the wrapper imports
+        torch._dynamo, 5 s per rank)."""
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in () if self.paused else tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                st = t.untyped_storage()
-                ref = StorageWeakRef(st)
-                old = self.live.get(ref.cdata)
-                if ref.cdata not in self.skip and (old is None or old[0].expired()):
-                    self.live[ref.cdata] = (ref, st.nbytes())
+        if not self.paused:
+            for t in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._note(t.untyped_storage())
         return out
+
+    def _note(self, st) -> None:
+        key = st._cdata
+        old = self.live.get(key)
+        if key not in self.skip and (old is None or old[0].expired()):
+            self.live[key] = (StorageWeakRef(st), st.nbytes())
 
     def bytes(self) -> int:
         """Bytes of the noted storages that are alive now."""
@@ -78,3 +89,30 @@ def autograd_bytes(net, params, inputs, targets) -> list[int]:
         for p in params:
             p.grad = None
     return out
+
+
+def held_bound(sizes: list[int], bucket: int, world: int) -> int:
+    """Bytes made during backward the hooks may hold at a gradient's arrival or when backward
+    returns: the bucket's gradients and the one just arrived, two buckets' flat copies in flight
+    (each padded by at most N - 1 elements per gradient), and the shards (every tensor's
+    ceil(n / N) elements, in fp32)."""
+    used = [n for n in sizes if n]
+    full = bucket + max(used)
+    pad = 4 * world * len(used)
+    return full + 2 * (full + pad) + sum(4 * math.ceil(n / 4 / world) for n in used)
+
+
+def grade_peak(ranks: list[dict], sizes: list[int], names: list[str], bucket: int, world: int) -> str | None:
+    """Full ``.grad`` bytes (:class:`~gpumem.runs.gradmeter.GradMeter`), then every byte the hooks
+    made and kept (:class:`LiveMeter`: copies count even after ``.grad = None``)."""
+    peak = max(res["peak_full"] for res in ranks)
+    if peak > bucket + max(sizes):
+        return (f"expected at most {bucket + max(sizes):,} B (the bucket, {bucket:,} B, plus the largest "
+                f"gradient, {names[sizes.index(max(sizes))]}), got {peak:,} B"
+                + (" = every gradient at once, as ZeRO-1 holds them" if peak >= sum(sizes) else ""))
+    held, most = max(res["peak_held"] for res in ranks), held_bound(sizes, bucket, world)
+    if held > most:
+        return (f"your hooks kept {held:,} B of tensors made during backward, at most {most:,} B expected (bucket, "
+                f"largest gradient, 2 flat copies, shards): copies of full gradients count even after "
+                f".grad = None; free them once sent")
+    return None

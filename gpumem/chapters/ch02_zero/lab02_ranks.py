@@ -6,11 +6,15 @@ Recording, all on the real ``torch.distributed`` (gloo) and the real autograd en
 * a ``register_post_accumulate_grad_hook`` on every parameter, installed after the
   :class:`~gpumem.runs.gradmeter.GradMeter` and before the learner's hooks, numbers the arrivals
   of one backward pass (1, 2, ...);
-* the collectives of ``torch.distributed`` are wrapped: a reduce-scatter records the arrival
-  number at its launch and its ``async_op``; an asynchronous one returns its real work handle
-  inside a proxy whose ``wait()`` records the arrival number at the wait;
+* the collectives of ``torch.distributed`` (and ``distributed_c10d``) are wrapped: a reduce-scatter
+  records the arrival number at its launch and its ``async_op``; an asynchronous one returns its
+  real work handle inside a proxy on which any use (``wait()``, ``_work``, ``get_future()``...)
+  records the arrival number at the wait; a barrier counts as a wait of every handle;
 * ``torch.autograd.Variable._execution_engine`` is replaced by a proxy that counts
-  ``queue_callback`` calls (the engine itself still runs every callback).
+  ``queue_callback`` calls (the engine itself still runs every callback);
+* each backward runs inside a :class:`.lab02_meter.LiveMeter`: at each arrival and when backward
+  returns, the bytes made during backward still alive, less autograd's own (measured once per
+  case in a backward with no hooks), are what the hooks hold, copies of gradients included.
 
 A collective launched at arrival k and waited at arrival k was waited before any later gradient
 could be computed: nothing overlapped with it. Launches and waits are also numbered in the order

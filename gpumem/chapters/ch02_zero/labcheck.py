@@ -11,17 +11,25 @@ bucket sizes the lab never shows):
    over ranks (against a single-process gradient on the whole batch) and no ``.grad`` is left:
    the last, partly filled bucket went out before backward returned;
 2. the peak of full-gradient bytes alive during backward is at most the bucket plus the largest
-   gradient, where ZeRO-1 would hold all of them;
+   gradient, where ZeRO-1 would hold all of them; and every byte made during backward that the
+   hooks keep (:class:`.lab02_meter.LiveMeter`: a copy of a gradient counts after ``.grad = None``)
+   is at most that, two flat copies in flight and the shards (:func:`.lab02_meter.held_bound`);
 3. gradients leave by reduce-scatter (no all-reduce), one collective per bucket: a bucket larger
    than the model means one call per backward;
 4. the reduce-scatters overlap with backward: a full bucket's goes out from the hook that fills it
-   with ``async_op=True`` and is waited later (not right after its launch), at most two are in
-   flight at once (each holds a flat copy until it is waited), every handle is waited
+   with ``async_op=True`` and is waited later (not right after its launch, by ``wait()``, the
+   handle behind the proxy or a barrier), two are in flight while backward runs and never more
+   (each holds a flat copy until it is waited), every handle is waited
    before backward returns, and the end of the pass comes from a callback queued on autograd's
    engine (:mod:`.lab02_ranks` records launches and waits against the order gradients arrive),
    so a parameter that gets no gradient (the unused layer of the last case) neither hangs the
    hooks nor keeps the last bucket back;
 5. the weights after a few steps equal single-process ``torch.optim.AdamW``.
+
+Each row names the first thing that differs in it. Part 2's ``median_step_seconds`` is graded in
+this process on planned step times (:mod:`.lab02_timer`). The optional GPU part
+(:mod:`.lab02_gpu`) runs once the hooks are right and 2 GPUs are here; otherwise ``check()``
+prints "GPU part: skipped (reason)" and adds no row.
 """
 
 import ast
@@ -240,33 +248,6 @@ def _in_flight(launches: list[dict], x: dict) -> int:
     return sum(1 for y in launches if y["async"] and y["t"] <= x["t"] and (y["t_wait"] or 1e9) > x["t"])
 
 
-def held_bound(sizes: list[int], bucket: int, world: int) -> int:
-    """Bytes made during backward the hooks may hold at a gradient's arrival or when backward
-    returns: the bucket's gradients and the one just arrived, two buckets' flat copies in flight
-    (each padded by at most N - 1 elements per gradient), and the shards (every tensor's
-    ceil(n / N) elements, in fp32)."""
-    used = [n for n in sizes if n]
-    full = bucket + max(used)
-    pad = 4 * world * len(used)
-    return full + 2 * (full + pad) + sum(4 * math.ceil(n / 4 / world) for n in used)
-
-
-def _grade_peak(ranks: list[dict], sizes: list[int], names: list[str], bucket: int, world: int) -> str | None:
-    """Full ``.grad`` bytes (:class:`~gpumem.runs.gradmeter.GradMeter`), then every byte the hooks
-    made and kept (:class:`.lab02_meter.LiveMeter`: copies count even after ``.grad = None``)."""
-    peak = max(res["peak_full"] for res in ranks)
-    if peak > bucket + max(sizes):
-        return (f"expected at most {bucket + max(sizes):,} B (the bucket, {bucket:,} B, plus the largest "
-                f"gradient, {names[sizes.index(max(sizes))]}), got {peak:,} B"
-                + (" = every gradient at once, as ZeRO-1 holds them" if peak >= sum(sizes) else ""))
-    held, most = max(res["peak_held"] for res in ranks), held_bound(sizes, bucket, world)
-    if held > most:
-        return (f"your hooks kept {held:,} B of tensors made during backward, at most {most:,} B expected (bucket, "
-                f"largest gradient, 2 flat copies, shards): copies of full gradients count even after "
-                f".grad = None; free them once sent")
-    return None
-
-
 def _grade_case(report: Report, case: tuple, ranks: list[dict]) -> None:
     import torch
     model, seed, steps, bucket, spare = case
@@ -277,7 +258,8 @@ def _grade_case(report: Report, case: tuple, ranks: list[dict]) -> None:
     report.rows.append(Row(FN, f"{label}: gradient shards when backward returns", "wrong" if bad else "ok",
                            bad or ""))
     sizes = [4 * g.numel() if g is not None else 0 for g in ref["grads"]]
-    detail = _grade_peak(ranks, sizes, names, bucket, world)
+    from .lab02_meter import grade_peak
+    detail = grade_peak(ranks, sizes, names, bucket, world)
     report.rows.append(Row(FN, f"{label}: peak full-gradient bytes during backward", "wrong" if detail else "ok",
                            detail or ""))
     bad = _grade_calls(ranks, sum(s > 0 for s in sizes), sum(sizes), bucket)
