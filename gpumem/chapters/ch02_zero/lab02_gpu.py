@@ -123,7 +123,7 @@ def run(install, bucket: int = BUCKET, repeats: int = 5) -> dict | None:
     import textwrap
     reason = cuda_reason()
     if reason:
-        print(f"GPU part skipped: {reason}")
+        print(f"GPU part: skipped ({reason})")
         return None
     source = textwrap.dedent(inspect.getsource(install))
     if 'NotImplementedError("TODO' in source:
