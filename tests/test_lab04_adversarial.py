@@ -431,7 +431,7 @@ def test_each_function_stops_at_its_first_failing_case(capsys):
     ns["merge_partials"] = merge_by_average                         # wrong on every case
     report = chapters.check_lab("lab04_online_softmax", ns, show=False)
     merge = [r for r in report.rows if r.function == "merge_partials"]
-    assert [r.status for r in merge] == ["wrong"] and len(report.rows) == 14    # 4 + 5 + 1 + 4
+    assert [r.status for r in merge] == ["wrong"] and len(report.rows) == 15    # 4 + 6 + 1 + 4
     assert all(r.status == "ok" for r in report.rows if r.function != "merge_partials")
 
 
@@ -506,4 +506,163 @@ def test_bf16_accumulators_fail_the_bf16_case():
         scope["key_block_backward"] = right
     got = report.rows[0]
     assert got.status == "wrong" and got.detail.startswith("dk: relative error 0.00") \
-        and "accumulate dK, dV (and dQ) in fp32 across blocks" in got.detail, got.detail
+        and "and every sum across blocks (dQ over key blocks, dK and dV over query blocks) in fp32" in got.detail, got.detail
+
+
+# ---- third review: threads, the watch switched off, the ring's calls, the skip by work, dQ in bf16 ----
+
+from torch._C import DisableTorchFunction as _SAVED_OFF                  # saved before grading
+from torch.utils._python_dispatch import _disable_current_modes as _saved_modes_off
+
+
+def _whole_rows(q, k_blk, v_blk, dout, lse, delta, j0, causal):
+    """One key block's exact backward, every query row at once (what the watch must not see)."""
+    kk, vv, c = _expanded(q, k_blk, v_blk)
+    p = torch.exp(_masked(q @ kk.transpose(-1, -2) * c, causal, 0, j0) - lse[..., None])
+    ds = p * (dout @ vv.transpose(-1, -2) - delta[..., None]) * c
+    return ds @ kk, _fold(ds.transpose(-1, -2) @ q, k_blk.shape[1]), _fold(p.transpose(-1, -2) @ dout, k_blk.shape[1])
+
+
+def in_a_thread(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    import threading
+    box = []
+    worker = threading.Thread(target=lambda: box.append(_whole_rows(q, k_blk, v_blk, dout, lse, delta, j0, causal)))
+    worker.start()
+    worker.join()
+    return tuple(t.clone() for t in box[0])
+
+
+def modes_off_at_call_time(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():
+        got = _whole_rows(q, k_blk, v_blk, dout, lse, delta, j0, causal)
+    return tuple(t.clone() for t in got)
+
+
+def modes_off_saved_before(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    with _saved_modes_off(), _SAVED_OFF():
+        got = _whole_rows(q, k_blk, v_blk, dout, lse, delta, j0, causal)
+    return tuple(t.clone() for t in got)
+
+
+@pytest.mark.parametrize("cheat, status, says", [
+    (in_a_thread, "error", "it started a thread (Thread.start is off while lab 04 is graded)"),
+    (modes_off_at_call_time, "error", "it switched the grader's watch off "
+     "(torch.utils._python_dispatch._disable_current_modes is off"),
+    (modes_off_saved_before, "wrong", "that is no input and that no torch op in the call made"),
+], ids=["thread", "modes-off", "saved-modes-off"])
+def test_work_the_watch_cannot_see_fails(cheat, status, says):
+    got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
+    assert got.status == status and says in got.detail, got.detail
+
+
+def no_skip_by_index_select(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    """Every query block, picked with index_select (no slice of Q for the watch to place)."""
+    b, a, s_q, d = q.shape
+    kk, vv, c = _expanded(q, k_blk, v_blk)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(kk), torch.zeros_like(vv)
+    for i0 in range(0, s_q, block):
+        idx = torch.arange(i0, min(i0 + block, s_q))
+        qt, dot = q.index_select(2, idx), dout.index_select(2, idx)
+        p = torch.exp(_masked(qt @ kk.transpose(-1, -2) * c, causal, i0, j0) - lse.index_select(2, idx)[..., None])
+        ds = p * (dot @ vv.transpose(-1, -2) - delta.index_select(2, idx)[..., None]) * c
+        dq[:, :, i0:i0 + block] = ds @ kk
+        dk += ds.transpose(-1, -2) @ qt
+        dv += p.transpose(-1, -2) @ dot
+    return dq, _fold(dk, k_blk.shape[1]), _fold(dv, k_blk.shape[1])
+
+
+def test_no_causal_skip_is_seen_by_its_work_not_its_slices():
+    got = rows({"key_block_backward": no_skip_by_index_select}, "key_block_backward")[0]
+    assert got.status == "wrong" and got.detail.startswith(
+        "key block 64:73: causal key block from key 64: it took exp for 77 query rows x 9 keys x 6 heads, "
+        "but only the 13 rows from 64 on see any of its keys; skip the query blocks"), got.detail
+
+
+def test_dq_summed_in_bf16_fails_the_many_key_blocks_case():
+    ns = solution()
+    kbb = ns["key_block_backward"]
+
+    def bf16_dq(dout, q, k, v, out, lse, causal=False, block=32):
+        delta = (dout.float() * out.float()).sum(-1)
+        dq, dk, dv = torch.zeros_like(q), torch.empty_like(k), torch.empty_like(v)   # dq in bf16
+        for j0 in range(0, k.shape[2], block):
+            part, dk[:, :, j0:j0 + block], dv[:, :, j0:j0 + block] = kbb(
+                q, k[:, :, j0:j0 + block], v[:, :, j0:j0 + block], dout, lse, delta, j0, causal, block)
+            dq += part
+        return dq, dk, dv
+    report = Report(labcheck.LAB)
+    labcheck._flash_rows(report, bf16_dq, labcheck.BF16_DQ, 105, inner=kbb)
+    got = report.rows[0]
+    assert got.status == "wrong" and got.detail.startswith("dq: relative error 0.00") \
+        and "(dQ over key blocks, dK and dV over query blocks) in fp32" in got.detail, got.detail
+
+
+def ring_of_unit_dims(q, k_shards, v_shards, rank, causal=False, block=32):
+    """The shards joined behind two unit dims, whole-row attention one query at a time."""
+    b, a, s_q, d = q.shape
+    q0 = sum(k.shape[2] for k in k_shards[:rank])
+    kk = torch.cat([k[..., None, None] for k in k_shards], 2)
+    vv = torch.cat([v[..., None, None] for v in v_shards], 2)
+    kk, vv = kk.repeat_interleave(a // kk.shape[1], 1), vv.repeat_interleave(a // vv.shape[1], 1)
+    outs, lses = [], []
+    for i in range(s_q):
+        s = (q[:, :, i, None, :, None, None] * kk).sum(3, keepdim=True) / math.sqrt(d)
+        if causal:
+            s = s.masked_fill((torch.arange(kk.shape[2]) > q0 + i).reshape(-1, 1, 1, 1), -math.inf)
+        m = s.amax(2, keepdim=True)
+        e = torch.exp(s - m)
+        outs.append(((e * vv).sum(2) / e.sum(2)).reshape(b, a, 1, d))
+        lses.append((m + torch.log(e.sum(2, keepdim=True))).reshape(b, a, 1))
+    return torch.cat(outs, 2), torch.cat(lses, 2)
+
+
+def ring_with_extra_shard(q, k_shards, v_shards, rank, causal=False, block=32):
+    merge, parts = solution()["merge_partials"], []
+    for r, (k_r, v_r) in enumerate(zip(k_shards, v_shards)):
+        if k_r.shape[2]:
+            part = flash_tiled.tiled_forward(q, k_r, v_r, causal and r >= rank, block, block_q=block)
+            if not (causal and r > rank):
+                parts.append(part)                                   # computed, then thrown away
+    return merge(parts)
+
+
+def ring_with_inline_merge(q, k_shards, v_shards, rank, causal=False, block=32):
+    parts = [flash_tiled.tiled_forward(q, k_r, v_r, causal and r == rank, block, block_q=block)
+             for r, (k_r, v_r) in enumerate(zip(k_shards, v_shards)) if k_r.shape[2] and not (causal and r > rank)]
+    lses = torch.stack([l for _, l in parts])
+    lse = torch.logsumexp(lses, 0)
+    return (torch.exp(lses - lse)[..., None] * torch.stack([o for o, _ in parts])).sum(0), lse
+
+
+def ring_through_empty_shard(q, k_shards, v_shards, rank, causal=False, block=32):
+    parts = [flash_tiled.tiled_forward(q, k_r, v_r, causal and r == rank, block, block_q=block)
+             for r, (k_r, v_r) in enumerate(zip(k_shards, v_shards)) if not (causal and r > rank)]
+    lses = torch.stack([l for _, l in parts])
+    lse = torch.logsumexp(lses, 0)
+    return (torch.exp(lses - lse)[..., None] * torch.stack([o for o, _ in parts])).sum(0), lse
+
+
+@pytest.mark.parametrize("ring, case, says", [
+    (ring_of_unit_dims, 0, "shard 0 (keys 0:30) was not computed with the given tiled_forward"),
+    (ring_with_extra_shard, 0, "it ran tiled_forward on shard 2 (keys 53:94), which comes after rank 1's"),
+    (ring_with_inline_merge, 0, "it never called merge_partials"),
+    (ring_through_empty_shard, 1, "shard 1 is empty (0 keys): tiled_forward gives out NaN (0/0)"),
+], ids=["unit-dims", "extra-shard", "inline-merge", "empty-shard"])
+def test_ring_is_graded_by_its_calls(ring, case, says):
+    got = rows({"ring_attention": ring}, "ring_attention", (case,))[0]
+    assert got.status == "wrong" and says in got.detail, got.detail
+
+
+def test_drawn_cases_keep_what_the_fixed_ones_test():
+    from gpumem.chapters.ch04_flash_attention import labcases
+    for seed in range(40):
+        drawn = labcases.draw(seed)
+        for fixed, (b, a, kv, sq, sk, d, causal, block) in zip(labcases.BACKWARD, drawn["BACKWARD"]):
+            assert a % kv == 0 and (a > kv) == (fixed[1] > fixed[2]) and causal == fixed[6]
+            assert sk % block >= 9 and sq != sk
+        for fixed, (b, a, kv, lengths, rank, d, causal, block) in zip(labcases.RING, drawn["RING"]):
+            assert a % kv == 0 and lengths[rank] > 0 and (0 in lengths) == (0 in fixed[3])
+        merge = drawn["MERGE"]
+        assert 0 in merge[1][4] and merge[3][5] == "rows with no key" and merge[3][6] >= 1
+    assert labcases.draw(1) == labcases.draw(1) and labcases.draw(1) != labcases.draw(2)

@@ -12,42 +12,37 @@ prints it whole)
 * ``ring_attention(q, k_shards, v_shards, rank, causal, block)`` -> ``(out, lse)``: context
   parallelism's step, every shard's partial with ``tiled_forward``, then the merge.
 
-Graded in fp64 on cases the lab never shows (GQA, lengths not multiples of the block, query and key
-lengths that differ, causal and not, empty shards, rows no key is visible to, logsumexps near 1,000)
-against plain attention and autograd (``labref``), at 1e-9 absolute + 1e-9 relative. A failing
-case names its FIRST element out of tolerance (row-major), with how many are. ``labguard.Watch``
-runs around every call: SDPA, a softmax over a whole row, the whole score matrix, a tensor wider
-than one block of keys, a tile of more than one block of query rows, causal query tiles above the
-diagonal, joined shards, or numbers taken out of torch (NumPy, lists, storage) fail the case even
-when the numbers are right; ``labblock`` switches the library's backwards off during the call and
-checks that ``flash_backward``'s dK, dV are the blocks its ``key_block_backward`` calls returned,
-dQ their sum. Each function stops at its first failing case. With CUDA, ``labgpu`` grades the
-optional GPU part.
+Graded in fp64 on cases drawn afresh at every check (``labcases``: GQA, lengths not multiples of
+the block, query and key lengths that differ, causal and not, empty shards, rows no key is visible
+to, logsumexps near 1,000) against plain attention and autograd (``labref``), at 1e-9 absolute +
+1e-9 relative; two bf16 ``flash_backward`` cases are fixed. A failing case names its FIRST element
+out of tolerance (row-major), with how many are. ``labguard.Watch`` runs around every call: SDPA, a
+softmax over a whole row, the whole score matrix, a tensor wider than one block of keys, a tile of
+more than one block of query rows, a causal key block that exponentiates more query rows than see
+it, joined shards, numbers taken out of torch, threads, the watch switched off, or a tensor that
+no watched op made fail the case even when the numbers are right; ``labblock`` switches the
+library's backwards off during the call and checks that ``flash_backward``'s dK, dV are the
+blocks its ``key_block_backward`` calls returned, dQ their sum; ``labring`` checks that
+``ring_attention`` ran ``tiled_forward`` once per visible shard and merged those partials with
+``merge_partials``. Each function stops at its first failing case. With CUDA, ``labgpu`` grades
+the optional GPU part.
 """
 
 import torch
 
 from gpumem.course.grading import Report, Row, call, returned, run_case
 
-from . import labgpu, labref
+from . import labcases, labgpu, labref
 from .labblock import assembled, key_block_calls, no_library_backward
 from .labguard import Watch
+from .labring import empty_shard_hint, ring_calls, ring_wrong
 
 LAB = "lab04_online_softmax"
-# (batch, query heads, kv heads, s_q, s_k, head dim, causal, block); ragged blocks of >= 9 keys
-BACKWARD = ((1, 6, 2, 77, 73, 20, True, 16), (2, 4, 4, 50, 93, 8, False, 32),
-            (1, 8, 2, 100, 139, 40, True, 32), (1, 3, 3, 41, 65, 12, False, 24))
-# flash_backward's bf16 case: inputs bf16, lse fp32, 20 query blocks summed into each key block's dK,
-# dV. Measured on this case (the solution; a kernel whose dK, dV accumulators are bf16): relative
-# error (norm) of dk 0.0017 vs 0.0058, dv 0.0017 vs 0.0059, dq 0.0025 for both
-BF16 = (1, 4, 2, 320, 64, 16, False, 16)
+BACKWARD, BF16, BF16_DQ, MERGE, RING = labcases.BACKWARD, labcases.BF16, labcases.BF16_DQ, labcases.MERGE, labcases.RING
+# Measured (tools: the solution; a kernel whose dK, dV accumulators are bf16; one whose dQ sum is
+# bf16), relative error (norm) on BF16: dk 0.0017 vs 0.0058, dv 0.0017 vs 0.0059, dq 0.0025 for
+# all; on BF16_DQ (seeds 100-102): dq 0.0025-0.0026 vs 0.0058-0.0060 with dQ summed in bf16
 BF16_TOL = 2.0 ** -8         # bf16's unit roundoff, between the two
-# (batch, heads, s_q, d, shard lengths, what is special)
-MERGE = ((1, 4, 20, 16, (13, 40, 7), "plain"), (1, 2, 30, 8, (25, 0, 31, 9, 17), "causal"),
-         (2, 3, 9, 16, (50, 50), "large"), (1, 2, 12, 8, (20, 15), "padded"))
-# (batch, query heads, kv heads, shard lengths, rank, head dim, causal, block)
-RING = ((1, 4, 2, (30, 23, 41), 1, 16, True, 16), (1, 2, 2, (19, 0, 37, 26), 2, 8, False, 16),
-        (2, 6, 3, (40, 33, 0, 29), 3, 12, True, 32), (1, 3, 1, (26, 44, 17), 0, 20, True, 16))
 
 
 def _randn(g, *shape):
@@ -81,6 +76,10 @@ def _guarded(fn, watch, *args):
     return got, w.broken or w.foreign(got)
 
 
+def _overworked(watch, case, j0, n) -> str:
+    return watch.overworked(j0, n) if case[6] else ""
+
+
 def _key_blocks_rows(report, fn, case, seed):
     q, k, v, dout, mask = _backward_inputs(case, seed)
     block, sk = case[7], case[4]
@@ -93,8 +92,9 @@ def _key_blocks_rows(report, fn, case, seed):
             j1 = min(j0 + block, sk)
             kb, vb = k[:, :, j0:j1].clone(), v[:, :, j0:j1].clone()
             ins = (q.clone(), dout.clone(), lse.clone(), delta.clone())
-            got, broken = _guarded(fn, _watch(case, ins[0], kb, vb, ins[1:], j1 - j0, j0 if case[6] else None),
-                                   ins[0], kb, vb, *ins[1:], j0, case[6], block)
+            watch = _watch(case, ins[0], kb, vb, ins[1:], j1 - j0, j0 if case[6] else None)
+            got, broken = _guarded(fn, watch, ins[0], kb, vb, *ins[1:], j0, case[6], block)
+            broken = broken or _overworked(watch, case, j0, j1 - j0)
             if not (isinstance(got, (tuple, list)) and len(got) == 3):
                 return "wrong", returned(got, "a tuple (dq_part, dk_blk, dv_blk)")
             want = labref.key_block(q, k, v, dout, mask, j0, j1)
@@ -121,13 +121,14 @@ def _bf16_wrong(got, want) -> str:
         err = float((t.double() - w).norm() / w.norm())
         if err > BF16_TOL:
             return (f"{name}: relative error {err:.4f} (norm) with bf16 inputs, above 2^-8 = {BF16_TOL:.4f}; "
-                    f"accumulate dK, dV (and dQ) in fp32 across blocks and cast once at the end")
+                    f"keep the tiles and every sum across blocks (dQ over key blocks, dK and dV over "
+                    f"query blocks) in fp32, and cast once at the end")
     return ""
 
 
 def _flash_rows(report, fn, case, seed, inner=None):
     q, k, v, dout, mask = _backward_inputs(case, seed)
-    low = case is BF16
+    low = case in (BF16, BF16_DQ)
     if low:                                       # the reference: fp64 of the bf16-rounded inputs
         q, k, v, dout = (t.bfloat16().double() for t in (q, k, v, dout))
     out, lse, *want = labref.grads(q, k, v, dout, mask)
@@ -161,14 +162,14 @@ def _shards(g, b, a, kv, lengths, d):
 
 def _merge_case(case, seed):
     """(parts, expected out, expected lse) of one MERGE case."""
-    b, a, sq, d, lengths, what = case
+    b, a, sq, d, lengths, what, offset = case
     g = torch.Generator().manual_seed(seed)
     q = _randn(g, b, a, sq, d) * (400.0 if what == "large" else 1.0)
     ks, vs = _shards(g, b, a, a, lengths, d)
     sk = sum(lengths)
-    mask = (labref.causal_mask(sq, sk, q0=30) if what == "causal" else torch.zeros(sq, sk, dtype=torch.bool))
-    if what == "padded":
-        mask[:3] = True                              # three padded query rows see no key at all
+    mask = (labref.causal_mask(sq, sk, q0=offset) if what == "causal" else torch.zeros(sq, sk, dtype=torch.bool))
+    if what == "rows with no key":
+        mask[:offset] = True                         # the first query rows see no key at all
     offsets = [sum(lengths[:r]) for r in range(len(lengths))]
     parts = [labref.dense(q, kr, vr, mask[:, o:o + n]) for kr, vr, o, n in zip(ks, vs, offsets, lengths)]
     return parts, *labref.dense(q, torch.cat(ks, 2), torch.cat(vs, 2), mask)
@@ -200,30 +201,35 @@ def _ring_rows(report, fn, case, seed):
 
     def body():
         kc, vc = [t.clone() for t in ks], [t.clone() for t in vs]
-        watch = Watch(lengths[rank], sk, d, block, b * a, allowed=kc + vc, joined=max(lengths))
-        got, broken = _guarded(fn, watch, q.clone(), kc, vc, rank, causal, block)
+        qc = q.clone()
+        watch = Watch(lengths[rank], sk, d, block, b * a, allowed=kc + vc, joined=max(lengths), inputs=(qc,))
+        with ring_calls(getattr(fn, "__globals__", {}).get("merge_partials")) as calls:
+            got, broken = _guarded(fn, watch, qc, kc, vc, rank, causal, block)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             return "wrong", returned(got, "a tuple (out, lse)")
-        bad = labref.first_wrong("out", got[0], out) or labref.first_wrong("lse", got[1], lse) or broken
+        bad = labref.first_wrong("out", got[0], out) or labref.first_wrong("lse", got[1], lse)
+        bad = (empty_shard_hint(kc, got) + bad if bad else "") or broken or ring_wrong(calls, kc, rank, causal, got)
         return ("wrong" if bad else "ok"), bad
     run_case(report, "ring_attention", name, body)
 
 
-def check(ns: dict, show: bool = True) -> Report:
-    """Grade the lab's four functions (and, with CUDA, its GPU part); never raises. Each function
-    stops at its first failing case: that row is the one to fix, its later cases are not run."""
-    report = Report(LAB)
-    parts = (("key_block_backward", BACKWARD, _key_blocks_rows), ("flash_backward", BACKWARD + (BF16,), _flash_rows),
-             ("merge_partials", MERGE, _merge_rows), ("ring_attention", RING, _ring_rows))
+def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
+    """Grade the lab's four functions (and, with CUDA, its GPU part) on cases drawn afresh
+    (:func:`.labcases.draw`; ``seed`` fixes the draw); never raises. Each function stops at its
+    first failing case: that row is the one to fix, its later cases are not run."""
+    report, drawn = Report(LAB), labcases.draw(seed)
+    parts = (("key_block_backward", drawn["BACKWARD"], _key_blocks_rows),
+             ("flash_backward", drawn["BACKWARD"] + (BF16, BF16_DQ), _flash_rows),
+             ("merge_partials", drawn["MERGE"], _merge_rows), ("ring_attention", drawn["RING"], _ring_rows))
     for fn_name, cases, rows in parts:
         fn = ns.get(fn_name)
         for i, case in enumerate(cases):
             if fn is None:
                 report.rows.append(Row(fn_name, f"case {i + 1}", "todo", f"define {fn_name}"))
             elif rows is _flash_rows:
-                rows(report, fn, case, 100 + i, inner=ns.get("key_block_backward"))
+                rows(report, fn, case, drawn["seeds"][i], inner=ns.get("key_block_backward"))
             else:
-                rows(report, fn, case, 100 + i)
+                rows(report, fn, case, drawn["seeds"][i])
             if report.rows[-1].status in ("wrong", "error"):
                 break                                 # the first failing case is the one reported
     gpu_line = labgpu.grade(report, ns)

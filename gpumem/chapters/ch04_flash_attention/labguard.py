@@ -29,8 +29,11 @@ Vectors of one number per query row (``lse``, ``delta``, slices of them such as 
 and tensors made from them or from Q, dO elementwise are query rows, not keys: the "keys side by
 side" rule skips them.
 
-Limits: a learner who leaves the modes on purpose (``_disable_current_modes``) or computes in
-another thread is not seen; the lab's rules forbid it in words.
+and (:meth:`Watch.unknown`) an op fed a floating tensor of more than 64 numbers that is neither an
+input nor made by a watched op: work done in another thread or with the modes off, brought back in.
+:mod:`.labfence` refuses threads and the mode-switching entry points during the call;
+:meth:`Watch.overworked` counts the exponentials a causal key block takes (its probabilities) and
+so the query rows that met it, however the rows were picked (slices, ``index_select``, a gather).
 """
 
 import numpy as np
@@ -38,6 +41,8 @@ import torch
 import torch.utils.dlpack
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .labfence import Fence
 
 
 # ops that copy a tensor without arithmetic: a copy of K or V (its GQA expansion, its fp32 cast)
@@ -49,6 +54,9 @@ _EXITS = {"numpy", "__array__", "untyped_storage", "storage", "_storage", "data_
           "__getstate__", "_data_ptr"}
 _READS = {"item", "__float__", "__int__", "__index__", "__complex__"}
 _READ_BUDGET = 1000
+_EXPS = {"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "sigmoid"}   # probabilities
+_FRESH = {"lift_fresh", "lift_fresh_copy", "lift"}     # torch.tensor(...) of Python numbers
+_SMALL = 64                                           # numbers a constant may hold
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -98,7 +106,7 @@ class Watch(TorchDispatchMode):
 
     def __init__(self, s_q: int, s_k: int, d: int, block: int, heads: int, allowed=(),
                  tile_rows: int | None = None, joined: int | None = None, rows=(), queries=(),
-                 causal_from: int | None = None):
+                 causal_from: int | None = None, inputs=()):
         super().__init__()
         self.s_q, self.s_k, self.d, self.block, self.heads = s_q, s_k, d, block, heads
         self.allowed = {_ptr(t) for t in allowed if t.numel()}
@@ -107,6 +115,31 @@ class Watch(TorchDispatchMode):
         self.tile_rows, self.joined, self.causal_from = tile_rows, joined, causal_from
         self.broken, self._functions, self.reads, self.made = "", _Functions(self), 0, set()
         self.tiles: dict = {}                          # storage of a copy of Q / dO rows -> (i0, i1)
+        self.known = {_ptr(t) for t in (*allowed, *rows, *queries, *inputs) if t.numel()}
+        self.exps, self.fence = 0, Fence(self.flag)   # elements exponentiated; threads, modes off
+
+    def unknown(self, func, args) -> None:
+        """Flag an op fed a tensor that is neither an input nor made inside the call."""
+        if self.broken or str(func).split(".")[1] in _FRESH:
+            return
+        for t in _tensors([a for x in args for a in (x if isinstance(x, (tuple, list)) else (x,))]):
+            if t.is_floating_point() and t.numel() > _SMALL and _ptr(t) not in self.known \
+                    and _ptr(t) not in self.made:
+                self.flag(f"it used a tensor of shape {tuple(t.shape)} that is no input and that no torch op "
+                          f"in the call made (computed in another thread, with the watch off, or kept "
+                          f"from before?): compute it inside the call")
+                return
+
+    def overworked(self, j0: int, n: int) -> str:
+        """'' or why a causal key block (keys j0..j0+n-1) met too many query rows: the rows that
+        see any of its keys start at j0's query block; twice that many plus one block is allowed."""
+        heads, needed = self.heads, max(0, self.s_q - j0 // self.block * self.block)
+        met = self.exps / max(1, heads * n)
+        if met <= 2 * needed + self.block:
+            return ""
+        return (f"causal key block from key {j0}: it took exp for {met:.0f} query rows x {n} keys x {heads} "
+                f"heads, but only the {needed} rows from {j0 // self.block * self.block} on see any of its "
+                f"keys; skip the query blocks above the diagonal")
 
     def flag(self, message: str) -> None:
         self.broken = self.broken or message
@@ -126,6 +159,7 @@ class Watch(TorchDispatchMode):
         return ""
 
     def __enter__(self):
+        self.fence.__enter__()
         self._bridges = [(m, a, getattr(m, a)) for m, a in _BRIDGES if hasattr(m, a)]
         for module, attr, _ in self._bridges:
             setattr(module, attr, _refusing(f"torch.{attr}"))
@@ -133,6 +167,7 @@ class Watch(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc):
+        self.fence.__exit__(*exc)
         try:
             return super().__exit__(*exc)
         finally:
@@ -142,6 +177,7 @@ class Watch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func)
+        self.unknown(func, list(args) + [v for k, v in (kwargs or {}).items() if k != "out"])
         if "scaled_dot_product" in name:
             self.flag(f"it calls {name}: SDPA is not allowed here, write the tiles yourself")
         if ("softmax" in name or "logsumexp" in name) and "backward" not in name and args \
@@ -157,6 +193,8 @@ class Watch(TorchDispatchMode):
         if self.causal_from is not None:
             self._above_diagonal(name, args, out)
         op, first = name.split(".")[1], list(_tensors(args[:1]))
+        if op in _EXPS:
+            self.exps += sum(t.numel() for t in _tensors(out))
         for tag in (self.allowed, self.queries):     # a copy of a whole Q (a cast) is Q; of a tile not
             if op in _COPIES and any(t.numel() and _ptr(t) in tag for t in first):
                 tag.update(_ptr(t) for t in _tensors(out) if t.numel() and (
