@@ -49,8 +49,33 @@ def test_a_changed_grader_grades_nothing(restore, patch):
 
 def test_a_change_made_while_graded_is_caught_after(restore):
     """The learner's function patches the grader while it runs: the check is refused at its end."""
-    def variant_layer(*args, **kwargs):
+    def rung_bytes(*args, **kwargs):
         grading.Report.solved = property(lambda self: True)
-        raise NotImplementedError
-    with pytest.raises(grader_seal.GraderChanged):
-        chapters.check_lab("lab01_memory_calculator", {"variant_layer": variant_layer}, show=False)
+        return {}
+    with pytest.raises(grader_seal.GraderChanged, match="Report.solved"):
+        chapters.check_lab("lab05_offload_budget", {"rung_bytes": rung_bytes}, show=False)
+
+
+def test_patching_a_chapters_lab_module_is_refused():
+    """The reviewer's second lab01 cheat: ``labcheck._grade_states = ... Row(..., "ok")`` (the
+    chapter's own grading functions, outside gpumem.course). Every function a lab module defines
+    is compared with its file's code; rebinding a name, swapping ``__code__`` or a class is seen."""
+    from gpumem.chapters.ch01_memory_anatomy import labcheck
+    from gpumem.chapters.ch04_flash_attention import labguard
+    assert grader_seal.changed() == []
+    saved = labcheck._grade_states, labguard.Watch
+    code = labcheck.check.__code__
+    try:
+        labcheck._grade_states = lambda report, *a: report.rows.append(grading.Row("x", "y", "ok"))
+        assert grader_seal.changed() == [f"{labcheck.__name__}._grade_states"]
+        labcheck._grade_states = saved[0]
+        labcheck.check.__code__ = (lambda ns, show=True: None).__code__
+        assert grader_seal.changed() == [f"{labcheck.__name__}.check"]
+        labcheck.check.__code__ = code
+        labguard.Watch = type("Watch", (), {})
+        with pytest.raises(grader_seal.GraderChanged, match="labguard.Watch"):
+            chapters.check_lab("lab01_memory_calculator", {}, show=False)
+    finally:
+        labcheck._grade_states, labguard.Watch = saved
+        labcheck.check.__code__ = code
+    assert grader_seal.changed() == []
