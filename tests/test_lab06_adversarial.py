@@ -288,6 +288,17 @@ def test_each_drawn_member_hinges_and_a_family_falls_back():
     assert len(tried) == lab06_cases.TRIES and got in family.fallback
 
 
+def test_a_drawn_members_reference_is_gone_before_the_learner_is_called():
+    """The draw prices its member to test the lever, then drops it: no Result of that question is
+    left for the learner's call to find (gc.get_objects), so the grader prices it again after."""
+    import gc
+    from gpumem.planner.answer import Result
+    case, link = lab06_cases.draw(lab06_cases.FAMILIES[0], lab06_cases.rng_of(7), L.reference)
+    left = [o for o in gc.get_objects() if type(o) is Result and o.question["global_batch"] == case[4]
+            and o.question["seq"] == case[3] and o.question["gpus"] == case[1]]
+    assert not left
+
+
 H100_USABLE = 79.1e9            # 81,559 MiB less the planner's stated reserve (gpumem.memory.gpus)
 
 
@@ -384,3 +395,13 @@ def test_gpu_kernel_share_of_the_reference_matmul(gpu_record):
     report = Report(L.LAB)
     lab06_gpu.grade(report, lab06_gpu.reference_flops, lab06_guard.no_search)
     assert report.rows[-1].status == "error" and "reference_flops is off" in report.rows[-1].detail
+
+
+def test_a_search_that_finds_nothing_is_told_the_degrees_that_fit():
+    """Round three: a search that never tried vp = 1 was told 'none without offload' although it
+    tried offload; the row now says what every fitting layout pulls and which degrees they use."""
+    row, at = first_wrong(lambda *a, **k: None)
+    assert at == 0 and "yours returned none" in row.detail and "Does your search try" not in row.detail, row
+    plans = ref(L.LAB_CASE, None).plans
+    vps = sorted({p.layout.vp for p in plans})
+    assert f"vp in {{{', '.join(map(str, vps))}}}" in row.detail and 1 in vps, row.detail
