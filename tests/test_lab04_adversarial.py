@@ -545,12 +545,26 @@ def modes_off_saved_before(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, 
     return tuple(t.clone() for t in got)
 
 
+def in_a_pool(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as pool:
+        return tuple(t * 1 for t in pool.submit(_whole_rows, q, k_blk, v_blk, dout, lse, delta, j0, causal).result())
+
+
+def modes_off_then_a_list(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    with _saved_modes_off(), _SAVED_OFF():
+        lists = [t.tolist() for t in _whole_rows(q, k_blk, v_blk, dout, lse, delta, j0, causal)]
+    return tuple(torch.tensor(x, dtype=q.dtype) for x in lists)
+
+
 @pytest.mark.parametrize("cheat, status, says", [
     (in_a_thread, "error", "it started a thread (Thread.start is off while lab 04 is graded)"),
+    (in_a_pool, "error", "it started a thread (Thread.start is off while lab 04 is graded)"),
+    (modes_off_then_a_list, "wrong", "it built a tensor of 9,240 numbers from Python data (torch.tensor of a list)"),
     (modes_off_at_call_time, "error", "it switched the grader's watch off "
      "(torch.utils._python_dispatch._disable_current_modes is off"),
     (modes_off_saved_before, "wrong", "that is no input and that no torch op in the call made"),
-], ids=["thread", "modes-off", "saved-modes-off"])
+], ids=["thread", "pool", "list", "modes-off", "saved-modes-off"])
 def test_work_the_watch_cannot_see_fails(cheat, status, says):
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
     assert got.status == status and says in got.detail, got.detail

@@ -119,8 +119,15 @@ class Watch(TorchDispatchMode):
         self.exps, self.fence = 0, Fence(self.flag)   # elements exponentiated; threads, modes off
 
     def unknown(self, func, args) -> None:
-        """Flag an op fed a tensor that is neither an input nor made inside the call."""
-        if self.broken or str(func).split(".")[1] in _FRESH:
+        """Flag an op fed a tensor that is neither an input nor made inside the call, or a tensor
+        of more than 64 numbers built from Python data (``torch.tensor`` of a list)."""
+        if self.broken:
+            return
+        if str(func).split(".")[1] in _FRESH:
+            size = sum(t.numel() for t in _tensors(list(args)))
+            if size > _SMALL:
+                self.flag(f"it built a tensor of {size:,} numbers from Python data (torch.tensor of a list): "
+                          f"numbers computed outside torch; compute them with torch ops in the call")
             return
         for t in _tensors([a for x in args for a in (x if isinstance(x, (tuple, list)) else (x,))]):
             if t.is_floating_point() and t.numel() > _SMALL and _ptr(t) not in self.known \
