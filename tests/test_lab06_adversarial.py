@@ -119,9 +119,9 @@ def test_no_table_computed_beforehand_covers_the_families():
     question, at least 300); a table of them all takes hours, not the 25 s the reviewer's table
     of the 14 fixed members took. Hybrid sharding is the exception: hpZ wins by 5 % only in a
     narrow window of the planner's model (one micro-batch of 32K tokens a GPU, 1.1-1.4 GB/s), so
-    its family spans 4 clusters x 7 links; a table of that family alone stays possible."""
+    its family spans 18 clusters x 7 links; a table of that family alone takes about 15 minutes."""
     sizes = {f.name: lab06_cases.size(f) for f in lab06_cases.FAMILIES}
-    assert sizes.pop("hybrid sharding") >= 28 and min(sizes.values()) >= 300, sizes
+    assert sizes.pop("hybrid sharding") >= 120 and min(sizes.values()) >= 300, sizes
     assert sum(sizes.values()) >= 100_000, sizes
 
 

@@ -64,8 +64,8 @@ FAMILIES = (
            ((("llama-3-8b", 64, "h100-80gb", 2048, 512), SLOW_LINK),)),
     Family("hybrid sharding", "hybrid sharding (hybrid='hsdp' or 'hpz' with a shard group)",
            lambda lay: lay.hybrid != "none",
-           _space(("llama-3-8b",), (64, 128), ("h100-80gb",), (2048, 4096), {"tokens_per_gpu": (32768,)},
-                  (1.1e9, 1.4e9)),
+           _space(("llama-3-8b",), (48, 64, 80, 96, 112, 128), ("h100-80gb",), (2048, 4096, 8192),
+                  {"tokens_per_gpu": (32768,)}, (1.1e9, 1.4e9)),
            ((("llama-3-8b", 64, "h100-80gb", 2048, 1024), SLOW_LINK),)),
 )
 

@@ -56,8 +56,7 @@ def why_none(result, family=None) -> str:
     plans = result.plans
     levers = ((family.lever, family.uses),) if family is not None else ()
     needed = next((text for text, uses in levers + LEVERS if all(uses(p.layout) for p in plans)), None)
-    head = f"{len(plans)} layouts fit" + (f", every one with {needed}" if needed else "")
+    head = f"{len(plans)} layouts fit" + (f", all with {needed}" if needed else "")
     degrees = ", ".join(f"{k} in {{{', '.join(map(str, sorted({getattr(p.layout, k) for p in plans})))}}}"
                         for k in ("tp", "cp", "pp", "vp"))
-    return (f"{head}; yours returned none. Check that your loops reach the values fitting layouts use "
-            f"({degrees}) and your fit test")
+    return f"{head}; yours returned none. Do your loops reach {degrees}? Check your fit test too"
