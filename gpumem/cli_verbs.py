@@ -118,6 +118,10 @@ def register(sub, run_options: bool = False) -> None:
     p = sub.add_parser("trace", help="the same step executed on fake tensors (exact bytes)")
     _model_args(p)
     p.add_argument("--full", action="store_true", help="trace every layer (slow) instead of composing")
+    p.add_argument("--config", default=None,
+                   help="trace transformers' own model for a config.json (or a shipped one: qwen3-8b, ...)")
+    p.add_argument("--layers", type=positive("--layers"), default=None,
+                   help="with --config: trace this many layers (the config's depth)")
     p.add_argument("--adamw", choices=ADAMW_IMPLS, default="for-loop",
                    help="torch AdamW code path for pure-bf16 and fp32 (for-loop)")
     p.set_defaults(func=_trace)
@@ -202,9 +206,15 @@ def _estimate(args) -> int:
 
 
 def _trace(args) -> int:
-    from .memory import models
+    from .memory import hf_config, models
+    if args.model is not None and args.model in hf_config.SHIPPED and args.config is None:
+        args.config, args.model = args.model, None
+    if args.config is not None:
+        return _trace_config(args)
     if args.model is None:
-        raise UsageError("trace needs --model NAME")
+        raise UsageError("trace needs --model NAME or --config PATH")
+    if args.layers is not None:
+        raise UsageError("--layers goes with --config (a registry --model is traced at its depth)")
     models.get(args.model)                       # a mistake is answered before torch loads (seconds)
     _activation_options(args)
     if args.recipe in ("mixed", "mixed-ds") and args.adamw != "for-loop":   # gpumem.memory.optim's rule
@@ -222,6 +232,37 @@ def _trace(args) -> int:
     for name, value in tr.peaks.items():
         print(f"  {name:12s} peak {units.fmt_both(value):26s} at {tr.peak_moments[name]}")
     print(f"  {'total':12s} peak {units.fmt_both(tr.total_peak):26s} at {tr.total_peak_moment}")
+    return 0
+
+
+def _trace_config(args) -> int:
+    """``trace --config``: transformers' own model (``memory.hf_trace``), beside the formula."""
+    from dataclasses import replace
+
+    from .memory import hf_config
+    if args.model is not None:
+        raise UsageError("give one of --model NAME or --config PATH")
+    cfg = hf_config.load(args.config)            # every mistake below is answered before torch loads
+    if cfg.moe:
+        raise UsageError(f"trace --config: model_type {cfg.model_type} (mixture of experts) is not traced yet; "
+                         "estimate --config counts it")
+    _activation_options(args)
+    if (args.checkpoint or "none") != "none" or (args.norm or "hf") != "hf" or args.attention == "naive":
+        raise UsageError("trace --config runs transformers' code as it is: accepted --checkpoint none, "
+                         "--norm hf, --attention flash (sdpa) or eager")
+    if args.recipe in ("mixed", "mixed-ds") and args.adamw != "for-loop":
+        raise UsageError(f"AdamW implementation {args.adamw!r} applies to the pure-bf16 and fp32 recipes")
+    from .memory import hf_trace
+    attention = "eager" if args.attention == "eager" else "sdpa"
+    seq, mb = args.seq or 4096, args.micro_batch or 1
+    tr = hf_trace.trace_hf(args.config, seq, mb, attention, args.recipe, args.layers, adamw=args.adamw)
+    cfg = replace(cfg, n_layers=args.layers or cfg.n_layers)
+    formula = hf_trace.formula_activations(cfg, seq, mb, attention, args.recipe)
+    if args.json:
+        print(json.dumps(tr.as_dict() | {"attention_impl": attention, "layers": cfg.n_layers,
+                                         "formula_activations": formula}))
+        return 0
+    print("\n".join(hf_trace.summary(tr, cfg, attention, formula)))
     return 0
 
 

@@ -28,6 +28,15 @@ Outside the layers: RoPE's cos and sin tables (2*e*s*head_dim, shared), the fina
 head's input, and at the loss the bf16 logits, their fp32 copy and fp32 log-softmax live
 together ((e + 8)*T*V in bf16). The token ids are input data and not counted.
 
+Hugging Face's own code (``impl="hf"``, with ``norm="hf"``; ``gpumem.memory.hf_trace`` traces it)
+saves what the course's Llama saves with ``norm="hf"``, layer for layer, with three differences:
+its forward rebinds the last hidden state to the final norm's output, so nothing holds the
+un-normed one at the loss; its loss (``ForCausalLMLoss``) pads the int64 labels by one token
+(8*b*(s+1)); and where a sliding window is no wider than the sequence (Mistral v0.1: 4096),
+it materialises the mask (``masking_utils._ignore_causal_mask_sdpa``), so SDPA gets k and v
+expanded to all heads and saves a bf16 copy of the mask in every layer (e*b*s^2). Models with
+q/k norms (Qwen3) normalise each head of q and k: one norm over rows of head_dim per head.
+
 Checkpointing keeps only each segment's input (e*T*h) and re-runs the segment in backward; then
 the activation peak is the larger of the end of the forward and the re-run of the costliest
 segment.
@@ -39,6 +48,8 @@ from .. import units
 from ..errors import one_of, positive_int
 from .policies import KERNELS, NORMS, POLICIES, checkpoint_plan
 from .models import ModelConfig
+
+IMPLS = ("course", "hf")   # whose code: gpumem.memory.llama, or transformers' (module docstring)
 
 
 def elem_bytes(recipe: str) -> int:
@@ -73,20 +84,35 @@ def _norm_label(norm: str) -> str:
     return "(input + 1/rms)" if norm == "fused" else "(fp32 input, normed copy, 1/rms)"
 
 
+def hf_window_mask(cfg: ModelConfig, seq: int, impl: str) -> bool:
+    """Does Hugging Face's code materialise the attention mask (a window no wider than seq)?"""
+    return impl == "hf" and 0 < cfg.sliding_window <= seq
+
+
 def layer_terms(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
-                selective: bool = False, norm: str = "fused") -> dict[str, tuple[int, str]]:
+                selective: bool = False, norm: str = "fused", impl: str = "course") -> dict[str, tuple[int, str]]:
     """Saved bytes of one un-checkpointed layer, by tensor group, each with its formula (in s, b,
-    h, k, F, a; the element size ``e`` written out, e.g. ``2sbh`` in bf16)."""
+    h, k, F, a, q = a*head_dim; the element size ``e`` written out, e.g. ``2sbh`` in bf16)."""
     T, h, k, F, a = batch * seq, cfg.d_model, cfg.kv_dim, cfg.ffn, cfg.n_heads
+    q, qs = cfg.q_dim, "h" if cfg.q_dim == cfg.d_model else "q"
     n_bytes, label = norm_bytes(T, h, e, norm), _norm_label(norm)
     n_formula = f"{e if norm == 'fused' else 4 + e}sbh + 4sb"
     terms = {f"attn norm {label}": (n_bytes, n_formula), "q/k/v projection input": (e * T * h, f"{e}sbh")}
-    if selective:   # checkpointed attention core: keeps q, k, v; W_o's input is its output
-        terms["q, k, v (core recomputed)"] = (e * T * (h + 2 * k), f"{e}sb(h+2k)")
-        terms["W_o input"] = (e * T * h, f"{e}sbh")
+    if cfg.qk_norm:   # one norm per head over head_dim: rows T*a for q, T*kv_heads for k
+        for x, w, heads, hs in (("q", q, a, "a"), ("k", k, cfg.n_kv_heads, "kv")):
+            terms[f"{x} norm per head {label}"] = (norm_bytes(T * heads, cfg.head_dim, e, norm),
+                                                   f"{e if norm == 'fused' else 4 + e}sb{x} + 4{hs}sb")
+    if hf_window_mask(cfg, seq, impl) and kernel == "flash" and not selective:
+        terms["q, k and v expanded to all heads"] = (3 * e * T * q, f"{3 * e}sb{qs}")
+        terms["window mask, SDPA's bf16 copy"] = (e * batch * seq * seq, f"{e}bs^2")
+        terms["output = W_o input"] = (e * T * q, f"{e}sb{qs}")
+        terms["logsumexp (fp32)"] = (4 * a * T, "4asb")
+    elif selective:   # checkpointed attention core: keeps q, k, v; W_o's input is its output
+        terms["q, k, v (core recomputed)"] = (e * T * (q + 2 * k), f"{e}sb({qs}+2k)")
+        terms["W_o input"] = (e * T * q, f"{e}sb{qs}")
     elif kernel == "flash":
-        terms["q, k, v"] = (e * T * (h + 2 * k), f"{e}sb(h+2k)")
-        terms["output = W_o input"] = (e * T * h, f"{e}sbh")
+        terms["q, k, v"] = (e * T * (q + 2 * k), f"{e}sb({qs}+2k)")
+        terms["output = W_o input"] = (e * T * q, f"{e}sb{qs}")
         terms["logsumexp (fp32)"] = (4 * a * T, "4asb")
     else:
         scores = batch * a * seq * seq
@@ -105,10 +131,11 @@ def layer_terms(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
 
 
 def layer_parts(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
-                selective: bool = False, norm: str = "fused") -> dict[str, int]:
+                selective: bool = False, norm: str = "fused", impl: str = "course") -> dict[str, int]:
     """Saved bytes of one un-checkpointed layer, by tensor group (:func:`layer_terms` without
     the formulas)."""
-    return {name: b for name, (b, _) in layer_terms(cfg, seq, batch, kernel, e, selective, norm).items()}
+    terms = layer_terms(cfg, seq, batch, kernel, e, selective, norm, impl)
+    return {name: b for name, (b, _) in terms.items()}
 
 
 def softmax_moment(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
@@ -140,17 +167,20 @@ def softmax_moment(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
 
 
 def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash",
-                policy: str = "none", recipe: str = "mixed", norm: str = "fused") -> Activations:
-    """Activation bytes of one training step of ``cfg``, by part, with its forward and recompute peaks."""
+                policy: str = "none", recipe: str = "mixed", norm: str = "fused",
+                impl: str = "course") -> Activations:
+    """Activation bytes of one training step of ``cfg``, by part, with its forward and recompute
+    peaks; ``impl="hf"``: what transformers' own model saves (module docstring)."""
     seq, batch = positive_int(seq, "sequence length"), positive_int(batch, "micro-batch")
     one_of(kernel, KERNELS, "attention kernel")
     one_of(policy, POLICIES, "checkpoint policy")
     one_of(norm, NORMS, "norm")
+    one_of(impl, IMPLS, "implementation")
     e = elem_bytes(recipe)
     T, h, V, L = batch * seq, cfg.d_model, cfg.vocab, cfg.n_layers
-    parts = layer_parts(cfg, seq, batch, kernel, e, selective=policy == "selective", norm=norm)
+    parts = layer_parts(cfg, seq, batch, kernel, e, policy == "selective", norm, impl)
     per_layer = sum(parts.values())
-    full_layer = sum(layer_parts(cfg, seq, batch, kernel, e, norm=norm).values())
+    full_layer = sum(layer_parts(cfg, seq, batch, kernel, e, norm=norm, impl=impl).values())
     at_softmax = softmax_moment(cfg, seq, batch, kernel, e, norm)
     segments = checkpoint_plan(policy, L)
     segment_of = {i: seg for seg in segments for i in seg}
@@ -172,8 +202,9 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
 
     layers = saved_before(L)
     outside = sum(b for b, _ in outside_terms(cfg, seq, batch, e, norm).values())
-    loss = sum(b for b, _ in loss_terms(cfg, seq, batch, e).values())
-    forward_peak = layers + outside + loss + unsaved
+    loss = sum(b for b, _ in loss_terms(cfg, seq, batch, e, impl).values())
+    # Hugging Face's forward rebinds the last hidden state to the final norm's output
+    forward_peak = layers + outside + loss + (0 if impl == "hf" else unsaved)
     if at_softmax:  # the last layer's softmax can top the loss (its input is in at_softmax)
         forward_peak = max(forward_peak, saved_before(L - 1) + rope + at_softmax + unsaved)
     recompute_peak = 0
@@ -206,15 +237,20 @@ def outside_terms(cfg: ModelConfig, seq: int, batch: int, e: int, norm: str = "f
             "output head input": (e * T * h, f"{e}sbh")}
 
 
-def loss_terms(cfg: ModelConfig, seq: int, batch: int, e: int) -> dict[str, tuple[int, str]]:
+def loss_terms(cfg: ModelConfig, seq: int, batch: int, e: int, impl: str = "course") -> dict[str, tuple[int, str]]:
     """What lives at the loss (bytes, formula): the logits, their fp32 copy (none when already
-    fp32), the fp32 log-softmax, and two fp32 scalars (the loss and nll's total weight)."""
+    fp32), the fp32 log-softmax, two fp32 scalars (the loss and nll's total weight), and with
+    ``impl="hf"`` the labels ``ForCausalLMLoss`` pads by one token (int64)."""
     T, V = batch * seq, cfg.vocab
     terms = {"logits" + (" (bf16)" if e == 2 else " (fp32)"): (e * T * V, f"{e}sbV")}
     if e == 2:
         terms["logits, fp32 copy"] = (4 * T * V, "4sbV")
     terms["log-softmax (fp32)"] = (4 * T * V, "4sbV")
     terms["loss scalars (fp32)"] = (8, "8")
+    if impl == "hf":   # and shifted: a copy unless one row (labels[..., 1:] is then contiguous)
+        terms["labels padded by one (int64)"] = (8 * batch * (seq + 1), "8b(s+1)")
+        if batch > 1:
+            terms["labels shifted, a copy (int64)"] = (8 * batch * seq, "8bs")
     return terms
 
 

@@ -14,9 +14,11 @@ from ..errors import UsageError, positive_int
 from . import accounting, models
 from .activations import Activations, activations
 
-# Architectures whose layer saves what the course's Llama layer saves (``gpumem.memory.llama``):
-# a q/k/v bias adds no saved tensor (addmm keeps its input and weight, not the bias).
-LLAMA_LIKE = ("llama", "mistral", "qwen2")
+# Architectures the activation formula counts: a Llama layer (``gpumem.memory.llama``), where a
+# q/k/v bias adds no saved tensor (addmm keeps its input and weight, not the bias), q/k norms
+# (Qwen3) add their own terms, and a sliding window (Mistral) adds terms in transformers' code
+# (``impl="hf"``). tests/test_hf_trace.py checks each against a trace of transformers' model.
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def n_param_tensors(cfg: models.ModelConfig) -> int:
@@ -117,12 +119,13 @@ def estimate(model: str | None = None, params: int | None = None, gpus: int = 1,
 
 def _from_config(cfg: models.ModelConfig, states: accounting.States, recipe: str, gpus: int, zero: int,
                  opts: dict, prefetch_bucket: int) -> Estimate:
-    """A model from a config file: exact model states; activations where the layer is Llama's
-    (the course's Llama code run at these widths); ZeRO-3's on-demand bound for the working set."""
+    """A model from a config file: exact model states; activations where the formula covers the
+    layer (the course's code at these widths; with ``norm="hf"``, transformers' own code,
+    ``impl="hf"``); ZeRO-3's on-demand bound for the working set."""
     acts = None
     if cfg.model_type in LLAMA_LIKE:
         acts = activations(cfg, opts["seq"], opts["micro_batch"], opts["attention"], opts["checkpoint"],
-                           recipe, opts["norm"])
+                           recipe, opts["norm"], impl="hf" if opts["norm"] == "hf" else "course")
     else:
         states.notes.append(f"activations not counted for model_type {cfg.model_type}: its layer is not "
                             f"Llama's; model states are exact")

@@ -45,6 +45,7 @@ class ModelConfig:
     shared_expert_ffn: int = 0     # an always-on expert's width (0: none)
     published_active: float | None = None   # published active parameters per token, billions
     source: str = ""               # where the dimensions come from
+    sliding_window: int = 0        # every layer attends this many tokens back (Mistral), 0: all
 
     @property
     def head_dim(self) -> int:
