@@ -71,10 +71,10 @@ def test_eager_attention_llama_70b():
     assert abs(tr.peaks["activations"] / hf_trace.formula_activations(cfg, 1024, 1, "eager") - 1) < 0.01
 
 
-def test_full_depth_qwen3_8b():
-    tr = hf_trace.trace_hf("qwen3-8b", 1024)
-    cfg = hf_config.load("qwen3-8b")
-    assert abs(tr.peaks["activations"] / formula(cfg, 1024) - 1) < 0.01
+@pytest.mark.parametrize("name", ["qwen3-8b", "mistral-7b-v0.1"])
+def test_full_depth(name):
+    tr = hf_trace.trace_hf(name, S)
+    assert abs(tr.peaks["activations"] / formula(hf_config.load(name)) - 1) < 0.01
 
 
 def test_the_differing_terms_by_hand():
