@@ -570,3 +570,98 @@ def test_a_function_that_edits_the_report_fails(fn):
                     "layer_activation_bytes": right["layer_activation_bytes"], "variant_layer": fn})
     assert not report.solved and [r.status for r in report.rows] == ["error"], report.summary()
     assert "changed the grader's report" in report.rows[0].detail
+
+
+# ---- changes made before check(): the truth must not be measured through them (review r4) ----
+
+def _refused(report, says):
+    assert len(report.rows) == 1 and report.rows[0].status == "error" and not report.solved, report.summary()
+    assert "nothing is graded" in report.rows[0].detail and says in report.rows[0].detail, report.summary()
+
+
+def _zeros(ns):
+    """The reviewer's answers once the truth reads 0: part 2 and part 3's bytes all 0."""
+    right = ns["variant_layer"]
+    return dict(ns, layer_activation_bytes=lambda **k: 0,
+                variant_layer=lambda **k: {"activations": 0, "params": right(**k)["params"]})
+
+
+def test_saved_tensor_hooks_patched_before_the_check_are_refused_and_put_back():
+    """A cell makes every pack the identity before check(): each truth would read 0 B."""
+    hooks = torch.autograd.graph.saved_tensors_hooks
+    init = vars(hooks)["__init__"]
+    hooks.__init__ = lambda self, pack, unpack: init(self, lambda t: t, unpack)
+    try:
+        _refused(grade(_zeros(solution())), "saved_tensors_hooks.__init__")
+        assert vars(hooks)["__init__"] is init
+    finally:
+        hooks.__init__ = init
+    from gpumem.chapters.ch01_memory_anatomy import labtruth
+    assert labtruth.refusal() == ""
+
+
+def _zero_truth():
+    variants.measure = lambda *a, **k: (0, 0)
+
+
+def _no_grad_mlp():
+    from gpumem.memory import llama
+    llama.MLP.forward.__code__ = (lambda self, x: x).__code__
+
+
+def _cache_that_knows_everything():
+    class Knows(dict):
+        def __contains__(self, key):
+            return True
+
+        def __getitem__(self, key):
+            return (0, 0)
+    variants._truth = Knows()
+
+
+@pytest.mark.parametrize("change, says", [(_zero_truth, "variants.measure"),
+                                          (_no_grad_mlp, "llama.MLP.forward (its code)"),
+                                          (_cache_that_knows_everything, "variants._truth")],
+                         ids=["measure", "code", "cache"])
+def test_the_course_changed_before_the_check_is_refused_and_put_back(change, says):
+    from gpumem.memory import llama
+    measure, code, cache = variants.measure, llama.MLP.forward.__code__, variants._truth
+    change()
+    try:
+        _refused(grade(_zeros(solution())), says)
+        assert variants.measure is measure and llama.MLP.forward.__code__ is code and variants._truth is cache
+    finally:
+        variants.measure, llama.MLP.forward.__code__, variants._truth = measure, code, cache
+
+
+def test_a_cache_filled_with_answers_of_ones_own_is_refused():
+    """Every entry of the truth's cache is held to the formula before grading."""
+    key = (48, 6, 3, 80, 9, 2, "eager", "hf", "gelu-dropout", True)
+    variants._truth[key] = (0, 0)
+    try:
+        _refused(grade(_zeros(solution())), "measures 0 B and 0 parameters")
+    finally:
+        del variants._truth[key]
+    assert (1,) * 10 not in variants._truth
+
+
+def test_a_patch_made_before_the_lab_imported_the_grader_is_named_by_its_file(monkeypatch):
+    """The snapshot is taken at import: a patch older than it is caught by its function's file."""
+    from gpumem.chapters.ch01_memory_anatomy import labstate, labtruth
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: linear(x.detach(), w.detach(), b))
+    monkeypatch.setattr(labtruth, "_PRISTINE", labstate.snapshot(labtruth._course(), caches=False))
+    _refused(grade(_zeros(solution())), "torch.nn.functional.linear")
+
+
+def test_torch_changed_where_no_snapshot_looks_is_caught_by_the_formula():
+    """A global forward hook (its registry is a dict inside torch) detaches every module's output:
+    the measured plain layer no longer equals activations.layer_parts."""
+    from torch.nn.modules import module
+    handle = module.register_module_forward_hook(lambda m, i, o: o.detach() if isinstance(o, torch.Tensor) else o)
+    try:
+        _refused(grade(_zeros(solution())), "d_model=48, n_heads=6, n_kv_heads=3, ffn=80, seq=7")
+    finally:
+        handle.remove()
+    from gpumem.chapters.ch01_memory_anatomy import labtruth
+    assert labtruth.refusal() == ""

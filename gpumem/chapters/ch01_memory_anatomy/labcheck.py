@@ -10,7 +10,9 @@ shapes lie far outside the drawn range, where a fit to small measurements passes
 exact formula. Each function stops at its first failing case; a wrong part 3 count is explained
 by the switch whose term differs (:mod:`.labhints`). While the learner's functions run, the
 course's own formulas and tracers raise "derive it yourself" and any tensor operation raises "no
-tensor ops" (:mod:`.labguard`).
+tensor ops" (:mod:`.labguard`). Before any of this, :mod:`.labtruth` checks that torch and the
+course are as they were when the lab imported them and that the measured plain layer matches the
+course's formula; otherwise nothing is graded.
 """
 
 import os
@@ -21,7 +23,7 @@ from gpumem.memory import accounting, tracing
 from gpumem.memory.estimate import n_param_tensors
 from gpumem.memory.models import ModelConfig
 
-from . import lab_gpu, labhints, variants
+from . import lab_gpu, labhints, labtruth, variants
 from .labguard import guarded
 from .variants import without_comments
 
@@ -155,7 +157,10 @@ def _grade_layers(report: Report, fn, rng: random.Random) -> None:
     for shape, kernel, far in cases:
         def body(case=dict(**shape, kernel=kernel)):
             got = call(learner, **case)          # the truth is measured after the learner's call
-            want = variants.measure(**case, norm="fused", mlp="swiglu", qkv_bias=False)[0]
+            truth = variants.measure(**case, norm="fused", mlp="swiglu", qkv_bias=False)
+            if changed := labtruth.disagreement(dict(case, norm="fused", mlp="swiglu", qkv_bias=False), truth):
+                return "error", changed
+            want = truth[0]
             if not plain_int(got):
                 return "wrong", returned(got, "an int (bytes)")
             return ("ok", "") if got == want else ("wrong", f"expected {want:,} B, got {got:,} B")
@@ -182,7 +187,9 @@ def _grade_variants(report: Report, fn, rng: random.Random) -> None:
 
         def body(case=case):
             got = call(learner, **case)              # the truth is measured after the learner's call
-            want_bytes, want_params = variants.measure(**case)
+            want_bytes, want_params = truth = variants.measure(**case)
+            if changed := labtruth.disagreement(case, truth):
+                return "error", changed
             values = {k: got.get(k) for k in ("activations", "params")} if isinstance(got, dict) else {}
             if not (values and all(plain_int(v) for v in values.values())):
                 return "wrong", returned(got, "a dict with int 'activations' (bytes) and 'params'")
@@ -231,6 +238,11 @@ def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
     each time if None). Each function stops at its first failing case."""
     rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
     report = Report(LAB)
+    if refused := labtruth.refusal():          # torch changed before the check: nothing is graded
+        report.rows.append(Row("check", "the kernel's torch and course", "error", refused))
+        if show:
+            print(report.summary())
+        return report
     rows, said = report.rows, ()            # said: each row as it was made (a tuple: not editable)
     for part, name in ((_grade_states, "model_state_bytes"), (_grade_layers, "layer_activation_bytes"),
                        (_grade_variants, "variant_layer")):

@@ -43,7 +43,8 @@ MODULES = ("gpumem.memory.activations", "gpumem.memory.accounting", "gpumem.memo
            "gpumem.memory.ds_estimators", "gpumem.memory.crosscheck", "gpumem.memory.timeline",
            "gpumem.chapters.ch01_memory_anatomy.labcheck", "gpumem.chapters.ch01_memory_anatomy.variants",
            "gpumem.chapters.ch01_memory_anatomy.labhints", "gpumem.chapters.ch01_memory_anatomy.labstate",
-           "gpumem.chapters.ch01_memory_anatomy.lab_gpu", "gpumem.chapters.ch01_memory_anatomy.diagrams",
+           "gpumem.chapters.ch01_memory_anatomy.lab_gpu", "gpumem.chapters.ch01_memory_anatomy.labtruth",
+           "gpumem.chapters.ch01_memory_anatomy.diagrams",
            "gpumem.chapters.ch01_memory_anatomy.steps", "gpumem.chapters.ch01_memory_anatomy.claims")
 SAYS = "is switched off while your function is graded: derive it yourself"
 NO_OPS = "no tensor ops: derive the count, do not measure it (your function runs on plain ints)"

@@ -26,9 +26,10 @@ def _torch_namespaces() -> list:
     import torch.nn.functional
     import torch.nn.modules.module
     import torch.random
-    return [torch, torch._C, torch._C._nn, type(torch._C._VariableFunctions), torch.Tensor, torch._C.TensorBase,
-            torch.nn.functional, torch.nn.Module, torch.nn.Linear, torch.nn.modules.module, torch.autograd,
-            torch.autograd.graph, torch.random, torch.UntypedStorage, torch._C.StorageBase, builtins]
+    return [torch, torch._C, torch._C._nn, torch._C._autograd, type(torch._C._VariableFunctions), torch.Tensor,
+            torch._C.TensorBase, torch.nn.functional, torch.nn.Module, torch.nn.Linear, torch.nn.modules.module,
+            torch.nn.modules.linear, torch.autograd, torch.autograd.graph, torch.autograd.graph.saved_tensors_hooks,
+            torch.random, torch.UntypedStorage, torch._C.StorageBase, builtins]
 
 
 def _namespaces(modules) -> list:
@@ -41,15 +42,15 @@ def _namespaces(modules) -> list:
     return found + [(getattr(ns, "__name__", repr(ns)), ns) for ns in _torch_namespaces()]
 
 
-def snapshot(modules) -> tuple:
-    """What :func:`restore` compares with: each namespace's bindings, and copies of the course
-    modules' caches."""
+def snapshot(modules, caches: bool = True) -> tuple:
+    """What :func:`restore` compares with: each namespace's bindings, and (``caches``) copies of
+    the course modules' caches."""
     taken = []
     for label, ns in _namespaces(modules):
-        course = isinstance(ns, types.ModuleType) and ns.__name__.startswith("gpumem")
-        caches = ({k: copy.deepcopy(v) for k, v in vars(ns).items()
-                   if type(v) in (dict, list, set) and not k.startswith("__")} if course else {})
-        taken.append((label, ns, types.MappingProxyType(dict(vars(ns))), types.MappingProxyType(caches)))
+        course = caches and isinstance(ns, types.ModuleType) and ns.__name__.startswith("gpumem")
+        kept = ({k: copy.deepcopy(v) for k, v in vars(ns).items()
+                 if type(v) in (dict, list, set) and not k.startswith("__")} if course else {})
+        taken.append((label, ns, types.MappingProxyType(dict(vars(ns))), types.MappingProxyType(kept)))
     return tuple(taken)             # read-only all the way down: the call cannot edit the snapshot
 
 
@@ -65,6 +66,15 @@ def _put(ns, key, value) -> None:
         setattr(ns, key, value)
 
 
+def _harmless(ns, key, value) -> bool:
+    """An addition that changes nothing: copyreg's ``__slotnames__`` cache (copy, pickle), or a
+    class attribute that is the very one it inherited (MemTracker leaves ``UntypedStorage.resize_``)."""
+    if key == "__slotnames__":
+        return True
+    bases = ns.__mro__[1:] if isinstance(ns, type) else ()
+    return next((vars(b)[key] for b in bases if key in vars(b)), _MISSING) is value
+
+
 def restore(taken: tuple) -> list[str]:
     """Put back what changed since :func:`snapshot`; return the names that had changed."""
     changed = []
@@ -75,7 +85,7 @@ def restore(taken: tuple) -> list[str]:
                 changed.append(f"{label}.{key}")
                 _put(ns, key, value)
         for key, value in now.items():
-            if key not in bindings and not isinstance(value, types.ModuleType):
+            if key not in bindings and not isinstance(value, types.ModuleType) and not _harmless(ns, key, value):
                 changed.append(f"{label}.{key}")
                 _put(ns, key, _MISSING)
         for key, saved in caches.items():

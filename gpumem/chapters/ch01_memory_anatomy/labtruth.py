@@ -1,0 +1,160 @@
+"""Lab 01: is the grader's truth still the truth? Checked once per ``check()``, before grading.
+
+The truth is measured in the learner's own kernel (:func:`.variants.measure`), and
+:mod:`.labstate` puts back only what changes *during* a learner's call. A notebook cell run before
+``check()`` could change torch so that the measurement is wrong: one that makes saved-tensor
+hooks record nothing turns every truth into 0, and functions answering 0 would pass. So:
+
+- what the measurement runs through (torch's namespaces, as :mod:`.labstate` lists them; the
+  bindings of the course's modules and the code of their functions) is snapshotted when this
+  module is imported (the lab imports ``labcheck`` in part 2's first cell) and compared at each
+  check: a change to the course, or to torch from outside the installed libraries (a notebook
+  cell's function), is put back and nothing is graded;
+- a Python function in those torch namespaces must come from an installed file (a patch made
+  before the import, from a notebook cell, has its cell as its file);
+- every measured truth must equal :func:`expected`: ``gpumem.memory.activations.layer_parts``
+  (bound at import; a formula, it does not run through torch) for the plain layer and either
+  norm, less 3TF for the GeLU MLP with dropout (it keeps 2TF + TF + 2TF where SwiGLU keeps 8TF),
+  biases adding no bytes; parameters by hand count, 2h + 2h^2 + 2hk + 3hF (2hF for the GeLU MLP,
+  + h + 2k for biases). That is checked for a small layer under each kernel before grading, for
+  every entry already in the truth's cache (a cell could fill it with answers of its own), and
+  by :mod:`.labcheck` for each case it grades. The measurement stays the truth the learner is
+  told about; the formula is the grader's second witness.
+"""
+
+import functools
+import inspect
+import os
+import sys
+import types
+
+from gpumem.memory.activations import layer_parts
+
+from . import labguard, labstate, variants
+
+CHANGED = ("torch or the course was changed in this kernel before the check ({}): the grader's "
+           "measured truth cannot be trusted, so nothing is graded. Restart the kernel and run the "
+           "lab's cells without that change")
+_LAYER_PARTS = layer_parts
+_SHAPE = dict(d_model=48, n_heads=6, n_kv_heads=3, ffn=80, seq=7, batch=2)     # one small layer
+_INSTALLED = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+
+
+def _course() -> list:
+    """(name, module) of the guarded course modules loaded now, less this chapter's lab* modules
+    (``gpumem.course.grader_seal`` checks those against their files)."""
+    return [(name, sys.modules[name]) for name in labguard.MODULES
+            if name in sys.modules and not name.rsplit(".", 1)[1].startswith("lab")]
+
+
+def _codes(modules) -> tuple:
+    return tuple((f"{name}.{f.__qualname__}", f, f.__code__) for name, m in modules for f in labguard._functions(m))
+
+
+_PRISTINE = labstate.snapshot(_course(), caches=False)
+_CODES = _codes(_course())
+
+
+def _installed(path) -> bool:
+    return isinstance(path, str) and os.path.realpath(path).startswith(_INSTALLED)
+
+
+def _code_of(value):
+    """The code a binding runs, through properties, static/class methods and partials (None: C)."""
+    value = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+    value = value.func if isinstance(value, functools.partial) else value
+    return getattr(value, "__code__", None) if inspect.isfunction(value) else None
+
+
+def _from_outside(value) -> bool:
+    """Made outside the installed libraries (a notebook cell), as far as its code or class tells."""
+    code = _code_of(value)
+    if code is not None:
+        return not _installed(code.co_filename)
+    if isinstance(value, (type, types.ModuleType)) or type(value).__module__ == "builtins":
+        return False
+    return not _installed(getattr(sys.modules.get(type(value).__module__), "__file__", None))
+
+
+def _changed_since_import() -> list[str]:
+    """The course's bindings and code, as at import: what differs is put back and named. Torch's:
+    a binding made since from outside the installed libraries is put back and named (a library
+    that patches torch, e.g. MemTracker's ``UntypedStorage.resize_``, is left alone: the formula
+    check decides)."""
+    changed = []
+    for label, ns, bindings, _ in _PRISTINE:
+        course = label.startswith("gpumem")
+        now = dict(vars(ns))
+        for key in bindings.keys() | now.keys():
+            old, new = bindings.get(key, labstate._MISSING), now.get(key, labstate._MISSING)
+            if old is new or (old is labstate._MISSING and (isinstance(new, types.ModuleType)
+                                                            or labstate._harmless(ns, key, new))):
+                continue
+            if course or new is labstate._MISSING or _from_outside(new):
+                changed.append(f"{label}.{key}")
+                labstate._put(ns, key, old)
+    for label, f, code in _CODES:
+        if f.__code__ is not code:
+            changed.append(f"{label} (its code)")
+            f.__code__ = code
+    return changed
+
+
+def _foreign() -> list[str]:
+    """Functions in torch's namespaces from outside the installed libraries (patched before the
+    import)."""
+    found = []
+    for ns in labstate._torch_namespaces()[:-1]:                # builtins: IPython adds its own
+        for key, value in list(vars(ns).items()):
+            if (code := _code_of(value)) is not None and not _installed(code.co_filename):
+                found.append(f"{getattr(ns, '__name__', ns)}.{key}")
+    return found
+
+
+def expected(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm="fused", mlp="swiglu",
+             qkv_bias=False) -> tuple[int, int]:
+    """(saved bytes in bf16, parameters) of a layer by formula (module docstring)."""
+    cfg = variants.config(d_model, n_heads, n_kv_heads, ffn)
+    saved = sum(_LAYER_PARTS(cfg, seq, batch, kernel, 2, norm=norm).values())
+    h, k, F, gelu = d_model, cfg.kv_dim, ffn, mlp == "gelu-dropout"
+    params = 2 * h + 2 * h * h + 2 * h * k + (2 if gelu else 3) * h * F + (h + 2 * k if qkv_bias else 0)
+    return saved - (3 * batch * seq * F if gelu else 0), params
+
+
+_KEYS = ("d_model", "n_heads", "n_kv_heads", "ffn", "seq", "batch", "kernel", "norm", "mlp", "qkv_bias")
+
+
+def _disagreement(case: dict, got) -> str:
+    """Empty if the measured (bytes, parameters) ``got`` is what :func:`expected` says."""
+    want = expected(**case)
+    if tuple(got) == want:
+        return ""
+    return (f"{', '.join(f'{k}={v}' for k, v in case.items())} measures {got[0]:,} B and {got[1]:,} "
+            f"parameters, the formula {want[0]:,} B and {want[1]:,}")
+
+
+def disagreement(case: dict, got) -> str:
+    """The row's detail when a graded case's measured truth is not the formula's, else empty."""
+    said = _disagreement(case, got)
+    return CHANGED.format(said) if said else ""
+
+
+def refusal() -> str:
+    """Empty when the truth can be trusted; else the row's detail (and what changed is put back)."""
+    changed = _changed_since_import() + _foreign()
+    if not changed:
+        for kernel in ("flash", "naive", "eager"):                # measured afresh each check
+            variants._truth.pop((*_SHAPE.values(), kernel, "fused", "swiglu", False), None)
+            variants.measure(**_SHAPE, kernel=kernel, norm="fused", mlp="swiglu", qkv_bias=False)
+        for key, got in list(variants._truth.items()):        # those just measured, and any cached
+            try:
+                said = _disagreement(dict(zip(_KEYS, key, strict=True)), got)
+            except Exception:                                     # not even a key measure makes
+                said = f"variants._truth holds {key!r}"
+            if said:
+                changed.append(said)
+                break
+    if not changed:
+        return ""
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return CHANGED.format(shown.replace("gpumem.chapters.ch01_memory_anatomy.", "").replace("gpumem.memory.", ""))
