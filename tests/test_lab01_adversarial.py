@@ -665,3 +665,16 @@ def test_torch_changed_where_no_snapshot_looks_is_caught_by_the_formula():
         handle.remove()
     from gpumem.chapters.ch01_memory_anatomy import labtruth
     assert labtruth.refusal() == ""
+
+
+def test_traced_model_states_planted_before_the_check_are_refused():
+    """Part 1's traced configurations are fixed: a cell could plant zeros in their cache."""
+    key = (labcheck._CONFIGS[0], "mixed")
+    labcheck.traced_states(*key)
+    kept = labcheck._states[key]
+    labcheck._states[key] = dict.fromkeys(kept, 0)
+    try:
+        got = rows(grade({"model_state_bytes": solution()["model_state_bytes"]}), "model_state_bytes")
+        assert got[-1].status == "error" and "accounting.model_states does not" in got[-1].detail
+    finally:
+        labcheck._states[key] = kept

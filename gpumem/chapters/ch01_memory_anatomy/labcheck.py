@@ -110,8 +110,12 @@ def _grade_states(report: Report, fn, rng: random.Random) -> None:
     cases = []
     for cfg in _CONFIGS:
         for recipe in accounting.RECIPES:
-            cases.append((f"{cfg.name}, {recipe}, 1 GPU (traced)",
-                          dict(n_params=cfg.n_params(), recipe=recipe), traced_states(cfg, recipe)))
+            traced, s = traced_states(cfg, recipe), accounting.model_states(cfg.n_params(), recipe)
+            if traced != {"params": s.params, "grads": s.grads, "optimizer": s.optimizer}:   # a second witness
+                report.rows.append(Row("model_state_bytes", f"{cfg.name}, {recipe}", "error", labtruth.CHANGED.format(
+                    f"the trace gives {traced}, accounting.model_states does not")))
+                return
+            cases.append((f"{cfg.name}, {recipe}, 1 GPU (traced)", dict(n_params=cfg.n_params(), recipe=recipe), traced))
     for recipe, gpus, zero in [("mixed", 8, 1), ("mixed", 8, 2), ("pure-bf16", 8, 3), ("mixed-ds", 6, 3)]:
         n = rng.randrange(10**6, 10**10)
         s = accounting.model_states(n, recipe, gpus, zero)
