@@ -26,6 +26,9 @@ SMALL = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "nu
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "hidden_act": "silu",
          "max_position_embeddings": 64, "tie_word_embeddings": False}
 
+GPT2_SMALL = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
+              "vocab_size": 256, "activation_function": "gelu_new"}
+
 
 def formula(cfg, seq=S, batch=1):
     return activations.activations(cfg, seq, batch, "flash", "none", "mixed", "hf", impl="hf").peak
@@ -38,8 +41,8 @@ def llama2():
 
 
 @pytest.mark.parametrize("raw", [SMALL, SMALL | {"model_type": "mistral", "sliding_window": 16},
-                                 SMALL | {"model_type": "qwen3", "head_dim": 32}],
-                         ids=["llama", "mistral-window", "qwen3-head_dim"])
+                                 SMALL | {"model_type": "qwen3", "head_dim": 32}, GPT2_SMALL],
+                         ids=["llama", "mistral-window", "qwen3-head_dim", "gpt2"])
 def test_fake_tensors_save_what_real_tensors_save(raw):
     """Real tensors answer transformers' packed-sequence question from the position ids; the fake
     trace answers it the same way (not packed), so every category's peak agrees to the byte."""
@@ -71,10 +74,10 @@ def test_eager_attention_llama_70b():
     assert abs(tr.peaks["activations"] / hf_trace.formula_activations(cfg, 1024, 1, "eager") - 1) < 0.01
 
 
-@pytest.mark.parametrize("name", ["qwen3-8b", "mistral-7b-v0.1"])
-def test_full_depth(name):
-    tr = hf_trace.trace_hf(name, S)
-    assert abs(tr.peaks["activations"] / formula(hf_config.load(name)) - 1) < 0.01
+@pytest.mark.parametrize("name, seq", [("qwen3-8b", S), ("mistral-7b-v0.1", S), ("gpt2", 1024)])
+def test_full_depth(name, seq):
+    tr = hf_trace.trace_hf(name, seq)
+    assert abs(tr.peaks["activations"] / formula(hf_config.load(name), seq) - 1) < 0.01
 
 
 def test_the_differing_terms_by_hand():
@@ -92,6 +95,11 @@ def test_the_differing_terms_by_hand():
     assert terms["window mask, SDPA's bf16 copy"] == 2 * S * S
     assert terms["q, k and v expanded to all heads"] == 3 * 2 * T * 4096
     assert "q, k, v" in activations.layer_parts(mistral, S - 1, 1, "flash", 2, norm="hf", impl="hf")
+    gpt2 = hf_config.load("gpt2")    # LayerNorm: input + bf16 mean and 1/std per row (CPU); gelu_new
+    terms = activations.layer_parts(gpt2, 1024, 1, "flash", 2, norm="hf", impl="hf")
+    assert terms["attn norm (input, mean, 1/std)"] == 2 * 1024 * 768 + 2 * 2 * 1024
+    assert terms["gelu_new: 4 saved, the output"] == 5 * 2 * 1024 * 3072
+    assert activations.outside_terms(gpt2, 1024, 2, 2)["position ids, token ids (int64)"][0] == 8 * (1024 + 2048)
     loss = activations.loss_terms(mistral, S, 2, 2, "hf")
     assert loss["labels padded by one (int64)"][0] == 8 * 2 * (S + 1)
     assert loss["labels shifted, a copy (int64)"][0] == 8 * 2 * S

@@ -46,15 +46,11 @@ from dataclasses import dataclass, field
 
 from .. import units
 from ..errors import one_of, positive_int
-from .policies import KERNELS, NORMS, POLICIES, checkpoint_plan
+from .activation_parts import elem_bytes, hf_window_mask, layer_norm, norm_bytes, norm_label
 from .models import ModelConfig
+from .policies import KERNELS, NORMS, POLICIES, checkpoint_plan
 
 IMPLS = ("course", "hf")   # whose code: gpumem.memory.llama, or transformers' (module docstring)
-
-
-def elem_bytes(recipe: str) -> int:
-    """Bytes per activation element in the recipe's compute dtype: 4 for fp32, else 2 (bf16)."""
-    return 4 if recipe == "fp32" else 2
 
 
 @dataclass
@@ -74,29 +70,13 @@ class Activations:
         return max(self.forward_peak, self.recompute_peak)
 
 
-def norm_bytes(T: int, h: int, e: int, norm: str = "fused") -> int:
-    """Saved bytes of one RMSNorm over T tokens of width h (see the module docstring)."""
-    one_of(norm, NORMS, "norm")
-    return (e * T * h if norm == "fused" else 4 * T * h + e * T * h) + 4 * T
-
-
-def _norm_label(norm: str) -> str:
-    return "(input + 1/rms)" if norm == "fused" else "(fp32 input, normed copy, 1/rms)"
-
-
-def hf_window_mask(cfg: ModelConfig, seq: int, impl: str) -> bool:
-    """Does Hugging Face's code materialise the attention mask (a window no wider than seq)?"""
-    return impl == "hf" and 0 < cfg.sliding_window <= seq
-
-
 def layer_terms(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
                 selective: bool = False, norm: str = "fused", impl: str = "course") -> dict[str, tuple[int, str]]:
     """Saved bytes of one un-checkpointed layer, by tensor group, each with its formula (in s, b,
     h, k, F, a, q = a*head_dim; the element size ``e`` written out, e.g. ``2sbh`` in bf16)."""
     T, h, k, F, a = batch * seq, cfg.d_model, cfg.kv_dim, cfg.ffn, cfg.n_heads
     q, qs = cfg.q_dim, "h" if cfg.q_dim == cfg.d_model else "q"
-    n_bytes, label = norm_bytes(T, h, e, norm), _norm_label(norm)
-    n_formula = f"{e if norm == 'fused' else 4 + e}sbh + 4sb"
+    n_bytes, n_formula, label = layer_norm(cfg, T, e, norm)
     terms = {f"attn norm {label}": (n_bytes, n_formula), "q/k/v projection input": (e * T * h, f"{e}sbh")}
     if cfg.qk_norm:   # one norm per head over head_dim: rows T*a for q, T*kv_heads for k
         for x, w, heads, hs in (("q", q, a, "a"), ("k", k, cfg.n_kv_heads, "kv")):
@@ -126,7 +106,10 @@ def layer_terms(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
         terms["W_o input"] = (e * T * h, f"{e}sbh")
     terms[f"mlp norm {label}"] = (n_bytes, n_formula)
     terms["mlp input"] = (e * T * h, f"{e}sbh")
-    terms["gate, silu, up, product"] = (4 * e * T * F, f"{4 * e}sbF")
+    if cfg.mlp == "gelu":   # GPT-2's gelu_new in eager ops saves x, x/2, tanh, 1+tanh; + the output
+        terms["gelu_new: 4 saved, the output"] = (5 * e * T * F, f"{5 * e}sbF")
+    else:
+        terms["gate, silu, up, product"] = (4 * e * T * F, f"{4 * e}sbF")
     return terms
 
 
@@ -192,7 +175,7 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
     # block runs, and the last hidden state while the head and the loss run.
     keeps = norm == "fused" or e == 4
     shared, unsaved = (ckpt_input, 0) if keeps else (0, e * T * h)
-    rope = 2 * e * seq * cfg.head_dim
+    rope = 0 if cfg.positions else 2 * e * seq * cfg.head_dim
 
     def saved_before(i: int) -> int:
         """Saved bytes of layers 0..i-1 at the end of their forward (checkpointed: inputs)."""
@@ -228,13 +211,15 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
 
 
 def outside_terms(cfg: ModelConfig, seq: int, batch: int, e: int, norm: str = "fused") -> dict[str, tuple[int, str]]:
-    """Activations saved outside the layers (bytes, formula): RoPE's shared cos and sin tables,
-    the final norm and the output head's input."""
+    """Activations saved outside the layers (bytes, formula): RoPE's shared cos and sin tables
+    (learned positions: the int64 position ids their lookup keeps), the final norm and the
+    output head's input."""
     T, h = batch * seq, cfg.d_model
-    n_formula = f"{e if norm == 'fused' else 4 + e}sbh + 4sb"
-    return {"RoPE cos and sin tables": (2 * e * seq * cfg.head_dim, f"{2 * e}s*head_dim"),
-            f"final norm {_norm_label(norm)}": (norm_bytes(T, h, e, norm), n_formula),
-            "output head input": (e * T * h, f"{e}sbh")}
+    n_bytes, n_formula, label = layer_norm(cfg, T, e, norm)
+    # GPT-2's forward views the token ids (input_ids.view), so the tracer counts them too
+    first = ({"position ids, token ids (int64)": (8 * seq + 8 * T, "8s + 8sb")} if cfg.positions else
+             {"RoPE cos and sin tables": (2 * e * seq * cfg.head_dim, f"{2 * e}s*head_dim")})
+    return first | {f"final norm {label}": (n_bytes, n_formula), "output head input": (e * T * h, f"{e}sbh")}
 
 
 def loss_terms(cfg: ModelConfig, seq: int, batch: int, e: int, impl: str = "course") -> dict[str, tuple[int, str]]:
@@ -252,6 +237,7 @@ def loss_terms(cfg: ModelConfig, seq: int, batch: int, e: int, impl: str = "cour
         if batch > 1:
             terms["labels shifted, a copy (int64)"] = (8 * batch * seq, "8bs")
     return terms
+
 
 
 def step_table(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash",

@@ -17,8 +17,9 @@ from .activations import Activations, activations
 # Architectures the activation formula counts: a Llama layer (``gpumem.memory.llama``), where a
 # q/k/v bias adds no saved tensor (addmm keeps its input and weight, not the bias), q/k norms
 # (Qwen3) add their own terms, and a sliding window (Mistral) adds terms in transformers' code
-# (``impl="hf"``). tests/test_hf_trace.py checks each against a trace of transformers' model.
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+# (``impl="hf"``); GPT-2's LayerNorm, gelu_new MLP and learned positions have theirs.
+# tests/test_hf_trace.py checks each against a trace of transformers' own model.
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
 
 
 def n_param_tensors(cfg: models.ModelConfig) -> int:

@@ -51,9 +51,7 @@ def raw_config(config: str | dict, layers: int | None = None) -> tuple[dict, Mod
         cfg = hf_config.load(config)   # UsageError for a bad path or field
         path = hf_config.CONFIG_DIR / f"{config}.json" if config in hf_config.SHIPPED else Path(config)
         raw, name = json.loads(path.read_text()), cfg.name
-    for key in DROPOUTS:
-        if key in raw or key == "attention_dropout":
-            raw[key] = 0.0
+    raw.update(dict.fromkeys(DROPOUTS, 0.0))   # every type's names (GPT-2's default to 0.1)
     if layers is not None:
         raw[LAYER_FIELD.get(raw.get("model_type"), "num_hidden_layers")] = layers
     cfg = hf_config.from_dict(raw, name)
@@ -103,6 +101,8 @@ def trace_hf(config: str | dict, seq: int = 4096, micro_batch: int = 1, attentio
     if cfg.moe:
         raise UsageError(f"model_type {cfg.model_type}: tracing a mixture of experts is not supported yet")
     seq, micro_batch = validate(recipe, "flash", "none", seq, micro_batch, "hf", adamw)
+    if cfg.positions and seq > cfg.positions:   # fake tensors would not notice the bad index
+        raise UsageError(f"--seq {seq} is longer than {cfg.name}'s {cfg.positions} learned positions")
     start = time.perf_counter()
     model, opt, mode = build_hf(raw, attention, recipe, fake, adamw, seed)
     # real tensors answer the packing question from their values: no patch there
