@@ -252,6 +252,8 @@ def _trace_config(args) -> int:
                          "--norm hf, --attention flash (sdpa) or eager")
     if args.recipe in ("mixed", "mixed-ds") and args.adamw != "for-loop":
         raise UsageError(f"AdamW implementation {args.adamw!r} applies to the pure-bf16 and fp32 recipes")
+    if cfg.positions and (args.seq or 4096) > cfg.positions:
+        raise UsageError(f"--seq {args.seq or 4096} is longer than {cfg.name}'s {cfg.positions} learned positions")
     from .memory import hf_trace
     attention = "eager" if args.attention == "eager" else "sdpa"
     seq, mb = args.seq or 4096, args.micro_batch or 1
