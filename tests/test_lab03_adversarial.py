@@ -8,7 +8,11 @@
   asking the grader for its answer: each fails on lab-d, whose optimum is checked by hand below;
 * round two (the last block): saved tensors packed to NumPy / lists / clones / CPU copies by
   saved-tensor hooks (nothing re-run), a lookup table of the old fixed answers, estimates with
-  the wrong RoPE term, each function stopping at its first failing case.
+  the wrong RoPE term, each function stopping at its first failing case;
+* round four: torch's checkpoint and the course's re-run from their source under another file
+  name (and renamed), NumPy packing through references bound before the check (``from_numpy``,
+  ``DisableTorchFunction``) with a re-run for show, gradients from kept copies when ``run``
+  changes in backward, and "the first c layers as one segment" on 40 seeds.
 """
 
 import sys
@@ -21,7 +25,7 @@ from torch.utils.checkpoint import checkpoint as taken_before
 from gpumem.chapters.ch03_activation_checkpointing import labcases, labcheck, labguard, labplace
 from gpumem.course.grading import Report, Row, TookTooLong, run_case
 from gpumem.course.case_limits import time_limit
-from gpumem.memory import recompute_cost, recompute_trace
+from gpumem.memory import recompute, recompute_cost, recompute_trace
 from gpumem.memory.models import ModelConfig
 from gpumem.memory.recompute_plans import from_segments
 
@@ -390,9 +394,11 @@ class _NoWatch:
 
 
 def test_numpy_checkpoint_fails_the_rerun_rows_even_unwatched(monkeypatch):
-    """With the escape watch switched off, the NumPy checkpoint keeps exactly the inputs in torch
+    """With both escape watches switched off (labescape's mode, labprints' C calls), the NumPy checkpoint keeps exactly the inputs in torch
     (the bytes row passes) and the gradients are exact: the re-run rows still fail it."""
+    from gpumem.chapters.ch03_activation_checkpointing import labprints
     monkeypatch.setattr(labguard, "Escapes", _NoWatch)
+    monkeypatch.setattr(labprints, "c_exit", lambda fn, graders: "")
     fn = HIDING["NumPy bytes"][0]
     report = Report("lab03")
     assert not labcheck._grade_model(report, fn, GRAD)
@@ -453,10 +459,24 @@ def _walk_best(n, K, B, O, R):
     return best
 
 
+def _first_c(shape):
+    """The common wrong answers: the smallest c whose first c layers fit, one each or as ONE
+    segment (peak from the hand-derived ``_exact``)."""
+    def place(n_layers, budget, **n):
+        for c in range(n_layers + 1):
+            segments = [[i] for i in range(c)] if shape == "one each" else [list(range(c))] if c else []
+            if _exact(segments, n_layers, **n) <= budget:
+                return segments
+        return [[i] for i in range(n_layers)]
+    return place
+
+
 def test_every_drawn_question_has_the_drawn_optimum():
     """For 40 seeds: the count is the fewest layers any placement needs (walked here for the
-    short models), and on the deep model (12+ layers) the first c layers one each miss the budget
-    while the best placement of c merges them into fewer segments."""
+    short models); on the deep model (12+ layers) the best placement of c cuts them into 2 to
+    c - 1 segments, and "the first c layers, one each" and "the first c layers as one segment"
+    (the smallest c that fits) both miss the optimum, so each fails every check (round four: the
+    one-segment answer passed 27 % of checks)."""
     for seed in range(40):
         for q, fam in zip(labcases.draw(seed)["questions"], labcases.FAMILIES):
             K, B, O, R = labplace.constants(q.cfg, labcheck.SEQ, labcheck.BATCH)
@@ -469,7 +489,12 @@ def test_every_drawn_question_has_the_drawn_optimum():
                 assert n >= 12
                 singles = max(c * B + (n - c) * K + O, (c - 1) * B + K + 2 * B + R)   # by hand
                 assert singles > q.budget
-                assert len(labplace.best_placements(q.cfg, labcheck.SEQ, labcheck.BATCH)[c][1]) < c
+                one = max(c * K + 2 * B + R, (n - c) * K + B + O)                 # by hand
+                assert one > q.budget
+                assert 2 <= len(labplace.best_placements(q.cfg, labcheck.SEQ, labcheck.BATCH)[c][1]) < c
+                for shape in ("one each", "one segment"):
+                    got = _first_c(shape)(**labcheck.numbers(q.cfg), budget=q.budget)
+                    assert sum(map(len, got)) != c, (seed, shape)
 
 
 def test_drawn_model_is_measured_as_estimated():
@@ -531,3 +556,165 @@ def test_each_function_stops_at_its_first_failing_case():
     report = labcheck.check(ns, show=False, seed=1)
     assert [(r.function, r.status) for r in report.rows] == [
         ("checkpoint", "todo"), ("estimate_peak", "wrong"), ("place_checkpoints", "wrong")], report.summary()
+
+
+# -- round four: copies of the banned code, numbers out of torch by references bound before ----
+
+def _copy_of(module, rename=None):
+    """``module`` run again from its source under another file name (the reviewer's pass)."""
+    import inspect
+    import types
+    source = inspect.getsource(module)
+    if rename:
+        source = source.replace(*rename)
+    copy = types.ModuleType("mine")
+    copy.__package__ = module.__package__
+    exec(compile(source, "/tmp/mine.py", "exec"), copy.__dict__)
+    return copy
+
+
+def _torch_copy(run, *args):
+    return TORCH_COPY.checkpoint(run, *args, use_reentrant=False)
+
+
+def _torch_copy_renamed(run, *args):        # its name changed: matched by bytecode and names used
+    return RENAMED.mine(run, *args, use_reentrant=False)
+
+
+def _course_copy(run, *args):
+    return COURSE_COPY.Checkpoint.apply(run, *args)
+
+
+TORCH_COPY, RENAMED = _copy_of(tuc), _copy_of(tuc, ("def checkpoint(", "def mine("))   # made before the check
+COURSE_COPY = _copy_of(recompute)
+
+
+COPIES = {"torch.utils.checkpoint re-run from its source": (_torch_copy, "a copy of torch.utils.checkpoint"),
+          "the same, checkpoint renamed": (_torch_copy_renamed, "a copy of torch.utils.checkpoint.checkpoint"),
+          "the course's Checkpoint re-run from its source": (_course_copy, "course's Checkpoint")}
+
+
+@pytest.mark.parametrize("name", list(COPIES))
+def test_copies_of_the_banned_code_refuse(name):
+    fn, named = COPIES[name]
+    report = Report("lab03")
+    assert not labcheck._grade_model(report, fn, GRAD)
+    row = report.rows[0]
+    assert row.status == "wrong" and "write the mechanism yourself" in row.detail and named in row.detail, row
+    assert restored()
+
+
+def test_course_checkpoint_copy_is_known_by_its_code():
+    """The copy's forward and backward are new code objects in another file: matched by content."""
+    from gpumem.chapters.ch03_activation_checkpointing import labprints
+    copy = COURSE_COPY.Checkpoint
+    prints = labguard._banned_code()[2]
+    for f in (copy.forward, copy.backward):
+        assert f.__code__.co_filename == "/tmp/mine.py"
+        assert labprints.match(f.__code__, prints) == "a copy of the course's Checkpoint (gpumem.memory.recompute)"
+
+
+FROM_NUMPY, OFF = torch.from_numpy, torch._C.DisableTorchFunction          # bound before the check
+
+
+def _numpy_for_show(run, *args):
+    """The reviewer's pass: every saved tensor packed to NumPy with references bound before the
+    check, under DisableTorchFunction; a re-run in backward for show only."""
+    def pack(t):
+        with OFF():
+            return t.dtype, t.shape, t.detach().reshape(-1).view(torch.uint8).numpy().copy()
+
+    def unpack(p):
+        with OFF():
+            return FROM_NUMPY(p[2]).view(p[0]).reshape(p[1])
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = run(*args)
+    outs = out if isinstance(out, tuple) else (out,)
+
+    def rerun(grad):
+        with torch.enable_grad():
+            run(*[a.detach() if torch.is_tensor(a) else a for a in args])
+    next(o for o in outs if o.requires_grad).register_hook(rerun)
+    return out
+
+
+def _clones_for_show(run, *args):
+    """Detached clones of every saved tensor, and a re-run for show: exact gradients."""
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.detach().clone(), lambda t: t):
+        out = run(*args)
+    outs = out if isinstance(out, tuple) else (out,)
+
+    def rerun(grad):
+        with torch.enable_grad():
+            run(*[a.detach() if torch.is_tensor(a) else a for a in args])
+    next(o for o in outs if o.requires_grad).register_hook(rerun)
+    return out
+
+
+def _only_disables(run, *args):
+    with OFF():
+        pass
+    return run(*args)
+
+
+BOUND_BEFORE = {"NumPy under DisableTorchFunction": (_numpy_for_show, "took tensors out of torch (Tensor.numpy)"),
+                "DisableTorchFunction alone": (_only_disables, "torch._C.DisableTorchFunction")}
+
+
+@pytest.mark.parametrize("name", list(BOUND_BEFORE))
+def test_references_bound_before_the_check_are_refused(name):
+    fn, said = BOUND_BEFORE[name]
+    report = Report("lab03")
+    assert not labcheck._grade_model(report, fn, GRAD)
+    row = report.rows[0]
+    assert row.status == "wrong" and said in row.detail and "recomputation" in row.detail, row
+    assert restored() and torch.from_numpy is FROM_NUMPY
+
+
+@pytest.mark.parametrize("fn", [_numpy_for_show, _clones_for_show], ids=["NumPy", "clones"])
+def test_a_rerun_for_show_fails_the_rerun_gradients_case(fn, monkeypatch):
+    """With both watches off, a checkpoint whose gradients come from copies kept in the forward
+    passes the three first unseen cases; when run gives other values in backward, it does not."""
+    from gpumem.chapters.ch03_activation_checkpointing import labprints, labvariants
+    monkeypatch.setattr(labguard, "Escapes", _NoWatch)
+    monkeypatch.setattr(labprints, "c_exit", lambda fn, graders: "")
+    report = Report("lab03")
+    assert not labvariants.grade_variants(report, fn)
+    assert [r.status for r in report.rows] == ["ok", "ok", "ok", "wrong"], report.summary()
+    assert report.rows[-1].case == "unseen case: gradients taken from the re-run"
+    assert "recomputation was for show" in report.rows[-1].detail
+
+
+def _hooks_checkpoint(run, *args):
+    """Allowed: saved-tensor hooks that keep only indices, the first unpack re-running ``run``
+    to its end and refilling the forward's graph with what the re-run saved."""
+    rng, count, rebuilt = torch.get_rng_state(), [0], {}
+
+    def pack(t):
+        count[0] += 1
+        return count[0] - 1
+
+    def again(t):
+        rebuilt[len(rebuilt)] = t.detach()
+        return len(rebuilt) - 1
+
+    def unpack(i):
+        if not rebuilt:
+            inputs = [a.detach().requires_grad_(a.requires_grad) if torch.is_tensor(a) else a for a in args]
+            with torch.random.fork_rng(), torch.enable_grad(), \
+                    torch.autograd.graph.saved_tensors_hooks(again, lambda j: j):
+                torch.set_rng_state(rng)
+                run(*inputs)
+        return rebuilt[i]
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        return run(*args)
+
+
+def test_a_hooks_checkpoint_passes_every_checkpoint_row():
+    """The guard's new layers (code content, C calls, the re-run-gradients case) refuse none of
+    what a learner's own saved-tensor-hooks checkpoint does."""
+    from gpumem.chapters.ch03_activation_checkpointing import labvariants
+    report = Report("lab03")
+    assert labcheck._grade_model(report, _hooks_checkpoint, GRAD)
+    assert labvariants.grade_variants(report, _hooks_checkpoint)
+    assert [r.status for r in report.rows] == ["ok"] * 7, report.summary()

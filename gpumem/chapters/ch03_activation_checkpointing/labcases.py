@@ -9,9 +9,10 @@ Each check draws, from families of small Llamas (real tensors, measured in secon
 * the placements ``estimate_peak`` is graded on (none, every layer alone, one long segment, a
   random mix) on two of those models.
 
-The ``deep`` family (12-14 thin layers) keeps only questions where the best placement merges the
-checkpointed layers into fewer segments than layers, and its budget lies below the peak of "the
-first c layers, one each": that answer misses. Model widths, counts and budgets vary with the
+The ``deep`` family (12-14 thin layers) keeps only questions where the best placement cuts the
+checkpointed layers into at least 2 segments and fewer than c, and its budget lies below the peaks
+of "the first c layers, one each" and of "the first c layers as one segment": both answers miss
+(the smallest c at which either fits is not the optimum). Model widths, counts and budgets vary with the
 seed, so no table of answers written before the check can hold them.
 """
 
@@ -76,10 +77,11 @@ def question(rng: random.Random, fam: Family) -> Question:
         for c in range(1, cfg.n_layers):
             peak, segments = best[c]
             upper = min(best[f][0] for f in range(c))
-            if fam.deep:
-                if len(segments) >= c:
+            if fam.deep:                # the best needs 2 to c - 1 segments; both shortcuts miss
+                if not 2 <= len(segments) < c:
                     continue
-                upper = min(upper, labplace.peak_of([[i] for i in range(c)], cfg.n_layers, K, B, O, R))
+                upper = min(upper, *(labplace.peak_of(wrong, cfg.n_layers, K, B, O, R)
+                                     for wrong in ([[i] for i in range(c)], [list(range(c))])))
             if upper > peak + 1:
                 counts.append((c, peak, upper))
         if counts:

@@ -18,7 +18,9 @@ and CPU copies stay torch tensors: the tracer counts them (the "bytes kept" row)
 checkpoint that never re-runs its layers in backward fails the "re-run" rows whatever it kept.
 
 Limits: code that switches torch-function handling off on purpose (``torch._C.DisableTorchFunction``)
-is not seen here; the re-run rows still catch a checkpoint that keeps everything.
+or holds references bound before the check is not seen here; ``labprints.c_exit`` sees those C
+calls from the guard's profile hook, and the re-run rows still catch a checkpoint that keeps
+everything.
 """
 
 import os

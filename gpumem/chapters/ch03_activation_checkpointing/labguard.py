@@ -16,7 +16,9 @@ backward the grader runs through the learner's function) these raise ``Shortcut`
 While the block runs, numbers may not leave torch either (``labescape``: NumPy, DLPack, storage).
 
 Two layers: the modules' attributes are swapped for refusals, and a profile hook
-(``sys.setprofile``) refuses any call into the code of those functions however it was reached. Every
+(``sys.setprofile``) refuses any call into the code of those functions however it was reached,
+and any copy of that code run under another name (``labprints``: matched by bytecode), and sees
+the C calls that take numbers out of torch through references bound before the check. Every
 refusal is recorded, so a learner who catches the exception is still reported. Everything is put
 back on the way out, on an error or a time limit too.
 """
@@ -26,13 +28,12 @@ import os
 import sys
 from gpumem.course.case_limits import alarm_held
 
-from .labescape import Escapes, sentence
+from . import labprints
+from .labescape import Escapes, _graders, sentence
 
 MESSAGE = "write the mechanism yourself"
 _INHERITED = object()
-# torch.utils.checkpoint's helpers for RNG state and inputs: not the mechanism, allowed
-HELPERS = {"get_device_states", "set_device_states", "detach_variable", "check_backward_validity",
-           "_get_device_module", "_infer_device_type", "_get_autocast_kwargs", "<module>"}
+HELPERS = labprints.HELPERS          # torch.utils.checkpoint's RNG and input helpers: allowed
 
 
 class Shortcut(RuntimeError):
@@ -70,9 +71,10 @@ def _targets() -> list[tuple[object, str, str]]:
     return [(o, a, n) for o, a, n in out if hasattr(o, a)]
 
 
-def _banned_code() -> tuple[dict, dict]:
-    """Code objects refused wherever they are called from ({code: name}), and files whose every
-    function is refused except ``HELPERS`` ({filename: name})."""
+def _banned_code() -> tuple[dict, dict, tuple]:
+    """Code objects refused wherever they are called from ({code: name}), files whose every
+    function is refused except ``HELPERS`` ({filename: name}), and the fingerprints of both
+    (``labprints``: a copy of their code under another name)."""
     import torch.utils.checkpoint as tuc
 
     from gpumem.memory import recompute
@@ -95,7 +97,9 @@ def _banned_code() -> tuple[dict, dict]:
     if deepspeed:
         files[os.path.join(deepspeed, "runtime", "activation_checkpointing", "checkpointing.py")] = \
             "deepspeed...checkpointing"
-    return codes, files
+    prints = labprints.merge(*(labprints.file_prints(f, n) for f, n in files.items()),
+                             *(labprints.code_prints(c, lambda _, n=n: f"a copy of {n}") for c, n in codes.items()))
+    return codes, files, prints
 
 
 def _package_dir(name: str) -> str:
@@ -125,18 +129,29 @@ def refused() -> bool:
 def no_shortcuts():
     """Refuse the ready-made checkpoints inside the block; yields the list of refusals."""
     hits: list[str] = []
-    codes, files = _banned_code()
+    codes, files, prints = _banned_code()
+    seen: dict = {}                          # code object -> the banned name it matches, or ''
+    c_exit = labprints.c_exit
     swapped = []
     previous = sys.getprofile()
     escapes, entered = Escapes(hits), False
 
     def watch(frame, event, arg):
+        if event == "c_call":
+            what = c_exit(arg, _graders(frame))
+            if what:
+                hits.append("escape: " + what)
+                raise RuntimeError(sentence(what))
+            return
         if event != "call":
             return
         code = frame.f_code
-        name = codes.get(code)
-        if name is None and code.co_name not in HELPERS and code.co_filename in files:
-            name = f"{files[code.co_filename]}.{code.co_qualname}"
+        name = seen.get(code)
+        if name is None:
+            name = codes.get(code)
+            if name is None and code.co_name not in HELPERS and code.co_filename in files:
+                name = f"{files[code.co_filename]}.{code.co_qualname}"
+            name = seen[code] = name or labprints.match(code, prints) or ""
         if name:
             hits.append(name)
             raise Shortcut(f"{name} is off limits in this lab: {MESSAGE}")

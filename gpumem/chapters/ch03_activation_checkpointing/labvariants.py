@@ -1,6 +1,14 @@
 """Lab 03's small unseen functions for the general checkpoint: random numbers, two outputs,
-non-tensor arguments. Each is compared with plain autograd, and ``run`` must be called again
-while backward runs (a checkpoint that keeps what ``run`` saved never needs to)."""
+non-tensor arguments, and a ``run`` whose values change between forward and backward. Each is
+compared with plain autograd, and ``run`` must be called again while backward runs (a checkpoint
+that keeps what ``run`` saved never needs to).
+
+The last case tells a real recomputation from one for show: its ``run`` scales by a tensor
+that holds 0.7 in the forward and 1.3 once the forward is done (changed in place, as nothing of
+``run`` but its inputs may be kept). Gradients taken from the re-run equal plain autograd's at
+1.3 (the loss is linear in the outputs, so the forward's values do not enter), whether the
+checkpoint is an ``autograd.Function`` or saved-tensor hooks that refill the forward's graph;
+gradients taken from copies kept in the forward are those at 0.7, whatever re-ran beside them."""
 
 from gpumem.course.grading import Report, call, returned, run_case
 
@@ -25,9 +33,17 @@ def variants():
     def with_options(x, scale, how):
         y = (x @ w) * scale
         return torch.tanh(y) if how == "tanh" else torch.relu(y)
-    return w, x, (("random numbers (dropout) replayed", dropout, (x,)),
-                  ("two outputs", two_outputs, (x,)),
-                  ("non-tensor arguments (a float, a string)", with_options, (x, 0.7, "tanh")))
+    u = torch.full((12,), 0.7, dtype=torch.float64)          # read afresh by each run
+
+    def changes(x):
+        return torch.sin(torch.tanh(x @ w) * u) @ w
+
+    def switch(to):
+        u.fill_(to)
+    return w, x, (("random numbers (dropout) replayed", dropout, (x,), None),
+                  ("two outputs", two_outputs, (x,), None),
+                  ("non-tensor arguments (a float, a string)", with_options, (x, 0.7, "tanh"), None),
+                  ("gradients taken from the re-run", changes, (x,), switch))
 
 
 def _loss(out):
@@ -40,10 +56,12 @@ def grade_variants(report: Report, ckpt) -> bool:
     """One row per unseen function, up to the first that fails; True when all pass."""
     import torch
     w, x, cases = variants()
-    for name, run, args in cases:
-        def body(run=run, args=args):
+    for name, run, args, switch in cases:
+        def body(run=run, args=args, switch=switch):
             grads, again = [], [0]
             for wrapped in (False, True):
+                if switch:                            # plain autograd at 1.3 throughout; yours at 0.7 until
+                    switch(0.7 if wrapped else 1.3)   # the forward is done, 1.3 from then on
                 w.grad = x.grad = None
                 torch.manual_seed(11)
                 armed = [False]
@@ -53,6 +71,8 @@ def grade_variants(report: Report, ckpt) -> bool:
                     return run(*a)
                 out = call(ckpt, counted, *args) if wrapped else run(*args)
                 armed[0] = True                       # from here on, a call of run is a re-run
+                if switch and wrapped:
+                    switch(1.3)
                 outs = out if isinstance(out, tuple) else (out,)
                 if not all(torch.is_tensor(o) for o in outs):
                     return "wrong", "checkpoint(run, ...) " + returned(out, "what run returns (a tensor or a tuple of them)")
@@ -67,6 +87,10 @@ def grade_variants(report: Report, ckpt) -> bool:
                 return "wrong", ("run was not called again in backward: nothing was recomputed, so what run "
                                  "saved was kept instead (keep only the inputs, re-run run in backward)")
             diff = max(float((a - b).abs().max()) for a, b in zip(*grads))
+            if diff and switch:
+                return "wrong", ("run gave other values in backward, but your gradients are not the re-run's "
+                                 f"(off by up to {diff:.3g}): they come from copies kept in the forward, so the "
+                                 "recomputation was for show; take the gradients from the re-run's graph")
             return ("ok", "") if diff == 0 else ("wrong", f"gradients differ from plain autograd by up to {diff:.3g}")
         if run_case(report, "checkpoint", f"unseen case: {name}", guarded(body)).status != "ok":
             return False
