@@ -9,8 +9,10 @@ case: that row names the case, its later cases are not run.
   on a drawn Llama with every layer checkpointed (gradients equal to the plain step's; bytes kept
   equal to the layers' inputs, as the course's tracer measures; every layer re-run in backward, as
   the FLOP counter's recorder sees it) and on small functions of each kind against plain autograd
-  (each must call ``run`` again in backward). Ready-made checkpoints refuse to run while the
-  learner's code does, and numbers may not leave torch (``labguard``, ``labescape``): a checkpoint
+  (each must call ``run`` again in backward, and take its gradients from that re-run: one case's
+  ``run`` changes between forward and backward). Ready-made checkpoints, and copies of their
+  code, refuse to run while the learner's code does, and numbers may not leave torch
+  (``labguard``, ``labprints``, ``labescape``): a checkpoint
   that hides what it keeps in NumPy fails, one that keeps clones fails the bytes row, one that
   never re-runs fails the re-run row.
 * ``estimate_peak(segments, ...)``: the step's activation peak of a placement, to the byte,
