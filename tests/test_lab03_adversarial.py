@@ -657,8 +657,14 @@ def _only_disables(run, *args):
     return run(*args)
 
 
+def _entered_by_hand(run, *args):              # the reviewer's spelling: never left
+    OFF().__enter__()
+    return run(*args)
+
+
 BOUND_BEFORE = {"NumPy under DisableTorchFunction": (_numpy_for_show, "took tensors out of torch (Tensor.numpy)"),
-                "DisableTorchFunction alone": (_only_disables, "torch._C.DisableTorchFunction")}
+                "DisableTorchFunction alone": (_only_disables, "torch._C.DisableTorchFunction"),
+                "DisableTorchFunction entered by hand": (_entered_by_hand, "torch._C.DisableTorchFunction")}
 
 
 @pytest.mark.parametrize("name", list(BOUND_BEFORE))

@@ -14,7 +14,9 @@ matches.
 The profile hook also sees C calls made from Python (``c_call``): :func:`c_exit` names the ones
 that take numbers out of torch whatever reference was used (``torch.from_numpy`` bound before the
 check, ``Tensor.numpy`` under ``torch._C.DisableTorchFunction``, which hides calls from the
-``TorchFunctionMode`` of ``labescape``) and the use of ``DisableTorchFunction`` itself.
+``TorchFunctionMode`` of ``labescape``) and entering or leaving ``DisableTorchFunction``
+(however called), which switches that mode off. (Popping torch's function-mode stack is left
+alone: torch's own ``handle_torch_function`` does it on every Python-level function.)
 
 Limits: a C function called from C (``map(Tensor.numpy, ...)``) raises no ``c_call`` event; the
 "gradients taken from the re-run" case of ``labvariants`` then fails a checkpoint whose gradients
@@ -34,7 +36,7 @@ LONG = 64                  # bytes of bytecode from which a function is matched 
 SHORT = 24                 # shorter functions, lambdas and comprehensions are too common to match
 TENSOR_EXITS = {"numpy", "untyped_storage", "data_ptr", "_typed_storage", "storage"}
 BRIDGES = {"from_numpy", "frombuffer", "_to_dlpack", "_from_dlpack", "from_dlpack", "to_dlpack"}
-WATCHED = TENSOR_EXITS | BRIDGES | {"tolist", "__exit__"}
+WATCHED = TENSOR_EXITS | BRIDGES | {"tolist", "__enter__", "__exit__"}
 
 
 def _walk(code: types.CodeType):
@@ -92,8 +94,10 @@ def c_exit(fn, graders: bool) -> str:
     if name not in WATCHED:
         return ""
     owner = getattr(fn, "__self__", None)
-    if name == "__exit__":
-        return "torch._C.DisableTorchFunction" if type(owner) is torch._C.DisableTorchFunction else ""
+    owner = getattr(fn, "__objclass__", None) if owner is None else owner
+    if name in ("__enter__", "__exit__"):            # with, a direct call, or ExitStack's
+        off = torch._C.DisableTorchFunction
+        return "torch._C.DisableTorchFunction" if owner is off or type(owner) is off else ""
     if graders:
         return ""
     if isinstance(owner, torch.Tensor):
