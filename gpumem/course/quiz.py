@@ -123,10 +123,10 @@ class Quiz:
         """Grade one answer, print the feedback, then save progress (a failed save prints one line
         and the quiz goes on); returns whether it was right. ``value`` ``"show"`` prints the answer."""
         ok, text, saves = self.judge(qid, value)
-        print(fit(text))
+        print(text)
         note = self.record(saves)
         if note:
-            print(fit(note))
+            print(note)
         return bool(ok)
 
     def reveal(self, qid: str) -> None:
