@@ -111,8 +111,10 @@ def chapter_query_outer(dout, q, k, v, out, lse, causal=False, block=32):
 @pytest.mark.parametrize("cheat, case, says", [
     (softmax_per_query_block, 3, "65 keys side by side, more than one block (24)"),
     (row_at_a_time, 3, "65 keys side by side, more than one block (24)"),
-    (aten_flash_with_sdpa_autograd, 0, "it calls _scaled_dot_product_flash_attention_for_cpu"),
-    (sdpa_with_gqa, 0, "it calls scaled_dot_product_attention: SDPA is not allowed"),
+    # After other labs' graders ran in this process (the whole suite), the dispatch layer names
+    # the aten op before the Python-level check does: either message refuses SDPA.
+    (aten_flash_with_sdpa_autograd, 0, "_scaled_dot_product_flash_attention_for_cpu"),
+    (sdpa_with_gqa, 0, "SDPA is not allowed"),
     (autograd_of_full_attention, 0, "the whole 77 x 73 score matrix"),
 ], ids=lambda x: getattr(x, "__name__", "")[:24] if callable(x) else "")
 def test_backward_that_skips_the_tiles_fails_with_the_reason(cheat, case, says):
@@ -312,13 +314,16 @@ def numpy_via_lists(dout, q, k, v, out, lse, causal=False, block=32):
 
 
 @pytest.mark.parametrize("cheat, says", [
-    (numpy_backward, "it took the numbers out of torch (Tensor.numpy)"),
-    (numpy_via_array, "it took the numbers out of torch (Tensor.__array__)"),
-    (numpy_via_lists, "it took the numbers out of torch (tolist"),
+    (numpy_backward, "it took the numbers out of torch ("),
+    (numpy_via_array, "it took the numbers out of torch ("),
+    (numpy_via_lists, ("it took the numbers out of torch (tolist", "from Python data (torch.tensor of a list)")),
 ], ids=["numpy", "array", "tolist"])
 def test_backward_computed_outside_torch_fails(cheat, says):
+    """Which way out is named first (Tensor.numpy, or torch.from_numpy on the way back) depends on
+    which guards ran earlier in the process; each names a way out of torch."""
     got = rows({"flash_backward": cheat}, "flash_backward")[0]
-    assert got.status in ("wrong", "error") and says in got.detail, got.detail
+    says = (says,) if isinstance(says, str) else says
+    assert got.status in ("wrong", "error") and any(s in got.detail for s in says), got.detail
 
 
 def test_returned_tensor_made_outside_any_op_is_named():
@@ -467,7 +472,7 @@ def dlpack_capsule(dout, q, k, v, out, lse, causal=False, block=32):
 
 
 @pytest.mark.parametrize("cheat, says", [
-    (dlpack_round_trip, "it took the numbers out of torch (Tensor.__dlpack__)"),
+    (dlpack_round_trip, "it took the numbers out of torch ("),     # __dlpack__, or from_dlpack back
     (dlpack_capsule, "it took the numbers out of torch (torch.to_dlpack is off"),
 ], ids=["np.from_dlpack", "to_dlpack"])
 def test_dlpack_is_a_way_out_too(cheat, says):

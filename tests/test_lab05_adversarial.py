@@ -232,9 +232,17 @@ def test_count_mistakes_are_named(fix, words):
     assert bad.status == "wrong" and words in bad.detail, bad
 
 
+def unsealed(monkeypatch):
+    """These tests change the lab's own modules on purpose (fixed cases, CUDA faked), which
+    gpumem.course.grader_seal refuses in a learner's kernel: its check is switched off here."""
+    from gpumem.course import grader_seal
+    monkeypatch.setattr(grader_seal, "refuse_if_changed", lambda lab: None)
+
+
 @pytest.fixture
 def known_sizes(monkeypatch):
     """check()'s bytes cases fixed (they are drawn at each check otherwise)."""
+    unsealed(monkeypatch)
     monkeypatch.setattr(lab_draw, "bytes_cases", lambda rng: [(1_000_003, 3), (8_030_261_249, 6)])
 
 
@@ -405,6 +413,7 @@ def test_gpu_part_measures_the_solution(gpu_record):
 def test_gpu_branch_of_check_grades_the_returned_seconds(monkeypatch):
     """The CUDA branch of check() with the device and the grader's timing faked (no copy runs here):
     an unwritten optional part adds no row, a copy far from the grader's own timing is refused."""
+    unsealed(monkeypatch)
     monkeypatch.setattr(lab_gpu, "cuda_reason", lambda: "")
     monkeypatch.setattr(lab_gpu, "datasheet_gpu", lambda: lab_gpu.gpu_table.get("h100-80gb"))
     monkeypatch.setattr(lab_gpu, "reference_seconds", lambda n: {"h2d": n / 50e9, "d2h": n / 50e9})
@@ -512,6 +521,7 @@ def test_round_three_cheats_are_refused(no_libaio, source, function, words):
 def test_the_gpu_part_refuses_the_graders_own_timing(monkeypatch):
     """Cheat (f): pcie_copy_seconds = lab_gpu.reference_seconds (no copy runs: CUDA faked)."""
     mine = lab_gpu.reference_seconds                       # saved before grading, the real code
+    unsealed(monkeypatch)
     monkeypatch.setattr(lab_gpu, "cuda_reason", lambda: "")
     monkeypatch.setattr(lab_gpu, "reference_seconds", lambda n: {"h2d": n / 50e9, "d2h": n / 50e9})
     row = rows(grade({"pcie_copy_seconds": mine}), "pcie_copy_seconds")[0]
