@@ -26,7 +26,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import units
 from ..errors import UsageError, one_of
@@ -34,8 +33,8 @@ from . import hf_config
 from .activations import activations
 from .estimate import LLAMA_LIKE
 from .models import ModelConfig
-from .optim import MasterWeightAdamW, make_optimizer
-from .tracer import CATEGORIES, Moment, PeakTracker, Trace, param_dtype, validate
+from .optim import MasterWeightAdamW
+from .tracer import CATEGORIES, Moment, PeakTracker, Trace, build_with, validate
 
 ATTENTION = ("sdpa", "eager")
 DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
@@ -76,18 +75,10 @@ def build_hf(raw: dict, attention: str = "sdpa", recipe: str = "mixed", fake: bo
     import transformers
     one_of(attention, ATTENTION, "attention implementation")
     hf_cfg = transformers.AutoConfig.for_model(**raw)
-    mode = FakeTensorMode() if fake else contextlib.nullcontext()
-    old = torch.get_default_dtype()
-    torch.manual_seed(seed)
-    torch.set_default_dtype(param_dtype(recipe))
-    try:
-        with mode:
-            model = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attention)
-            model.train()
-            opt = make_optimizer(model, recipe, adamw)
-    finally:
-        torch.set_default_dtype(old)
-    return model, opt, mode
+
+    def make_model():
+        return transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attention).train()
+    return build_with(make_model, recipe, fake, seed, adamw)
 
 
 def trace_hf(config: str | dict, seq: int = 4096, micro_batch: int = 1, attention: str = "sdpa",

@@ -152,13 +152,19 @@ class PeakTracker(MemTracker):
 def build(cfg: models.ModelConfig, recipe: str, fake: bool, seed: int = 0, norm: str = "fused",
           adamw: str = "for-loop"):
     """Model, optimizer and a batch of tokens; under ``fake``, nothing is allocated."""
+    return build_with(lambda: Llama(cfg, norm), recipe, fake, seed, adamw)
+
+
+def build_with(make_model, recipe: str, fake: bool, seed: int = 0, adamw: str = "for-loop"):
+    """``make_model()`` and its optimizer in the recipe's dtype, under fake tensors if ``fake``
+    (the course's Llama here, transformers' own model in ``hf_trace``); returns them and the mode."""
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
     old = torch.get_default_dtype()
     torch.manual_seed(seed)
     torch.set_default_dtype(param_dtype(recipe))
     try:
         with mode:
-            model = Llama(cfg, norm)
+            model = make_model()
             opt = make_optimizer(model, recipe, adamw)
     finally:
         torch.set_default_dtype(old)
