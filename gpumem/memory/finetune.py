@@ -1,26 +1,62 @@
-"""Fine-tuning's memory by formula: 8-bit AdamW, LoRA and QLoRA (chapter 08). Torch-free.
+"""Fine-tuning's model states by formula: 8-bit AdamW, LoRA and QLoRA (chapter 08). Torch-free.
 
-API (the command line and chapter 08's traces and runs use these):
+API (``estimate``, chapter 08's traces and real runs use these):
+:class:`Finetune` (one setup), :func:`validate` (bad combinations: one-line UsageError),
+:func:`lora_params`, :func:`nf4_bytes_per_param`, :func:`finetune_states` (role -> bytes per
+GPU) and :func:`finetune_activation_bytes` (saved activations, from ``finetune_acts``).
 
-* :class:`Finetune` - one setup: adapter, rank, targets, base dtype, optimizer, recipe;
-* :func:`lora_params` - trainable adapter elements of a whole model;
-* :func:`nf4_bytes_per_param` - NF4 + double quantisation, bytes per quantised weight;
-* :func:`finetune_states` - role -> bytes per GPU (weights, adapters, grads, optimizer, buffers);
-* :func:`finetune_activation_bytes` - saved activations by part, and the peak;
-* :func:`validate` - bad combinations raise the course's UsageError (exit 2, one line).
-
-Semantics, sources and assumptions are in each function's docstring.
+Sources, per figure:
+* LoRA adds B (out x r) and A (r x in) beside each adapted matrix, no bias (peft ``LoraConfig``:
+  ``bias="none"``, ``lora_dropout=0.0`` defaults, ``peft/tuners/lora/config.py``): r (in + out)
+  trainable elements per matrix. Llama-3-8B, r = 16, all seven projections: 41,943,040 (peft's
+  ``print_trainable_parameters`` as widely reproduced: "trainable params: 41,943,040 || all
+  params: 8,072,204,288"; tests derive it by hand).
+* peft keeps adapters in fp32 by default (``get_peft_model(..., autocast_adapter_dtype=True)``
+  upcasts bf16/fp16 adapter weights, ``tuners_utils._cast_adapter_dtype``): the fp32 adapter is its
+  own master copy; gradients in the same dtype; torch AdamW's moments in the parameter's dtype
+  and a 4-byte ``step`` tensor per parameter tensor (as ``accounting`` counts for torch AdamW).
+* NF4 (QLoRA, arXiv:2305.14314 section 3): 4-bit codes, one absmax per 64 weights; double
+  quantisation stores those absmaxes in 8 bits with one fp32 scale per 256 of them:
+  4 + 8/64 + 32/(64 x 256) = 4.127 bits per weight (the paper: 0.127 bits of constants, down
+  from 0.5). Per tensor, bitsandbytes 0.50.2 ``functional.quantize_4bit`` also keeps an fp32
+  offset (the absmaxes' mean) and its 16-value fp32 NF4 code; the 256-value fp32 map of the
+  nested 8-bit quantisation is one shared tensor (``name2qmap["dynamic"]``).
+* What is quantised: the blocks' linear layers (bitsandbytes ``Linear4bit``); transformers keeps
+  the output head unquantised (``quantizers/base.py`` ``get_keys_to_not_convert``), and the
+  embedding and norms are not linear layers: they stay bf16. Assumption: peft's
+  ``prepare_model_for_kbit_training`` would upcast those to fp32 (``utils/other.py``: every
+  non-``Params4bit`` bf16 parameter), +2 B each (+4.2 GB for Llama-3-70B); not counted.
+* The dequantised weight: bitsandbytes' ``gemm_4bit`` (the default and CPU path, and CUDA for
+  training-sized batches) dequantises the whole matrix to the compute dtype and calls
+  ``F.linear``; ``MatMul4Bit.backward`` dequantises it again for the input gradient. One bf16
+  matrix and its fp32 absmax vector exist at a time: the largest quantised matrix's.
+* 8-bit AdamW (arXiv:2110.02861, block-wise quantisation): bitsandbytes ``Optimizer2State.
+  init_state``: two uint8 states, blocks of 256 (``blocksize = 256``) with one fp32 absmax per
+  block each: 2 + 8/256 B per element; tensors under ``min_8bit_size`` = 4096 elements keep two
+  fp32 states; two shared 256-value fp32 maps (``fill_qmap``); the step is a Python int.
+  Paged (``PagedAdamW8bit``): the same bytes, in unified memory that may be evicted to the host.
+Assumptions (labelled): with ZeRO, trainable states shard as ``accounting`` shards them (adapters
+at stage 3, their gradients at 2, the optimizer at 1; an 8-bit state shards as one flat
+partition); ZeRO-3 shards the packed 4-bit weights (peft's DeepSpeed guide: ZeRO-3 + QLoRA with
+``bnb_4bit_quant_storage`` set to the model's dtype) but not their quantisation constants, which
+are attributes, not parameters (replicated).
 """
 
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from ..errors import UsageError, one_of
+from . import accounting
 
 FT_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 ADAPTERS = ("none", "lora")
 BASE_DTYPES = ("bf16", "nf4")
 OPTIMIZERS = ("adamw", "adamw-8bit")
 ADAPTER_DTYPES = ("fp32", "bf16")
+NF4_BLOCK, NF4_SCALE_BLOCK = 64, 256      # QLoRA section 3; bitsandbytes quantize_4bit defaults
+ADAM8_BLOCK, ADAM8_MIN = 256, 4096        # bitsandbytes Optimizer2State: blocksize, min_8bit_size
+QMAP_BYTES = 256 * 4                      # one create_dynamic_map(): 256 fp32 values
+ROLES = ("base_weights", "quant_constants", "adapter_weights", "grads", "master",
+         "optimizer_moments", "optimizer_scales", "step_counters", "dequant_buffer")
 
 
 @dataclass(frozen=True)
@@ -28,11 +64,12 @@ class Finetune:
     """One fine-tuning setup.
 
     ``adapter`` none (full fine-tuning) or lora; ``lora_rank`` r; ``lora_targets`` the adapted
-    projections (Llama names: q k v o gate up down); ``base_dtype`` bf16 or nf4 (nf4 + lora is
-    QLoRA); ``optimizer`` torch AdamW (fp32 moments) or bitsandbytes' 8-bit AdamW; ``recipe``
-    accounting's recipe, used for full fine-tuning. ``adapter_dtype``: fp32 is peft's default
-    (``get_peft_model(..., autocast_adapter_dtype=True)`` upcasts bf16 adapters to fp32);
-    ``autocast``: the step runs under ``torch.autocast(dtype=bfloat16)`` (HF Trainer's bf16=True).
+    projections (Llama's q k v o gate up down); ``base_dtype`` bf16 or nf4 (nf4 + lora is
+    QLoRA); ``optimizer`` adamw (torch: moments in the trained weights' dtype, fp32 with a master)
+    or adamw-8bit (bitsandbytes ``AdamW8bit``); ``recipe`` accounting's recipe for full
+    fine-tuning (with lora: mixed only). ``adapter_dtype`` fp32 (peft's default) or bf16 (as
+    the QLoRA repository's qlora.py casts them); ``autocast``: the step runs under
+    ``torch.autocast(dtype=torch.bfloat16)``, as the HF Trainer with ``bf16=True`` does.
     """
     adapter: str = "none"
     lora_rank: int = 16
@@ -43,28 +80,183 @@ class Finetune:
     adapter_dtype: str = "fp32"
     autocast: bool = True
 
+    @property
+    def lora(self) -> bool:
+        return self.adapter == "lora"
+
+    @property
+    def plain(self) -> bool:
+        """Full fine-tuning with torch AdamW: exactly ``accounting`` and ``activations``."""
+        return not self.lora and self.base_dtype == "bf16" and self.optimizer == "adamw"
+
+
+def validate(ft: Finetune, zero: int = 0) -> None:
+    """Refuse bad combinations with a one-line :class:`UsageError` naming what is accepted.
+
+    QLoRA with ZeRO-3 is accepted: the claim that ZeRO-3 cannot shard a 4-bit base is out of
+    date (peft's DeepSpeed guide, "Use PEFT QLoRA and DeepSpeed with ZeRO3": supported with
+    bitsandbytes >= 0.43 via ``bnb_4bit_quant_storage``; older versions of that page said
+    "DeepSpeed-Zero3 and bitsandbytes are currently not compatible")."""
+    one_of(ft.adapter, ADAPTERS, "adapter")
+    one_of(ft.base_dtype, BASE_DTYPES, "base dtype")
+    one_of(ft.optimizer, OPTIMIZERS, "optimizer")
+    one_of(ft.adapter_dtype, ADAPTER_DTYPES, "adapter dtype")
+    accounting.recipe(ft.recipe)
+    if zero not in (0, 1, 2, 3):
+        raise UsageError(f"ZeRO stage must be 0, 1, 2 or 3, got {zero!r}")
+    if ft.base_dtype == "nf4" and not ft.lora:
+        raise UsageError("--base-dtype nf4 needs --adapter lora (QLoRA): a 4-bit base gets no weight "
+                         "gradient (bitsandbytes' MatMul4Bit); accepted with --adapter none: --base-dtype bf16")
+    rank = ft.lora_rank
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise UsageError(f"--lora-rank must be a positive integer, got {rank!r}")
+    if rank > 65_536:
+        raise UsageError(f"--lora-rank {rank:,} is larger than any projection; accepted: 1 to 65,536")
+    targets = tuple(ft.lora_targets)
+    bad = [t for t in targets if t not in FT_TARGETS]
+    if bad or not targets or len(set(targets)) != len(targets):
+        what = f"unknown LoRA target {bad[0]!r}" if bad else (
+            "no LoRA target" if not targets else "a LoRA target named twice")
+        raise UsageError(f"{what}; accepted: a comma-separated subset of {','.join(FT_TARGETS)}")
+    if ft.lora and ft.recipe != "mixed":
+        raise UsageError(f"--recipe {ft.recipe} sets full fine-tuning's precision; with --adapter lora the base "
+                         "is bf16 and the adapters peft's fp32: accepted --recipe mixed")
+
+
+def matrices(cfg) -> dict[str, tuple[int, int]]:
+    """Each target's (in, out) features in one layer. Refused (UsageError) where LoRA counting
+    does not apply: mixtures of experts, a fused q/k/v matrix, an MLP without a gate."""
+    if cfg.moe or cfg.fused_qkv or cfg.mlp not in ("swiglu", "geglu"):
+        raise UsageError(f"LoRA is counted for dense models with separate q/k/v and a gated MLP; "
+                         f"{cfg.name} is not one (model_type {cfg.model_type}); accepted: --adapter none")
+    h, q, kv, F = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.ffn
+    return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "gate": (h, F), "up": (h, F), "down": (F, h)}
+
+
+def adapter_tensors(cfg, rank: int, targets=FT_TARGETS) -> list[int]:
+    """Element counts of every adapter tensor (A: r x in, B: out x r), whole model."""
+    dims = matrices(cfg)
+    layer = [n for t in targets for n in (rank * dims[t][0], dims[t][1] * rank)]
+    return layer * cfg.n_layers
+
 
 def lora_params(cfg, rank: int, targets=FT_TARGETS) -> int:
-    """Trainable adapter elements of the whole model: r x (in + out) per adapted matrix."""
-    raise NotImplementedError
+    """Trainable adapter elements of the whole model: r x (in + out) per adapted matrix, per layer."""
+    return sum(adapter_tensors(cfg, rank, targets))
 
 
-def nf4_bytes_per_param(block: int = 64, scale_block: int = 256) -> float:
-    """Bytes per NF4 weight with double quantisation (QLoRA, arXiv:2305.14314, section 3)."""
-    raise NotImplementedError
+def nf4_bytes_per_param(block: int = NF4_BLOCK, scale_block: int = NF4_SCALE_BLOCK) -> float:
+    """Bytes per NF4 weight with double quantisation, from the block sizes: a 4-bit code, an 8-bit
+    absmax per ``block`` weights, an fp32 scale per ``scale_block`` absmaxes (QLoRA section 3:
+    4 + 8/64 + 32/(64 x 256) = 4.127 bits)."""
+    return (4 + 8 / block + 32 / (block * scale_block)) / 8
+
+
+def nf4_tensor_bytes(n: int) -> tuple[int, int]:
+    """(packed codes, constants) in bytes of one n-element weight in bitsandbytes 0.50.2: codes
+    ceil(n/2) bytes; constants: ceil(n/64) uint8 absmaxes, ceil(that/256) fp32 scales, the fp32
+    offset and the 16-value fp32 NF4 code (``quantize_4bit``)."""
+    blocks = -(-n // NF4_BLOCK)
+    return -(-n // 2), blocks + 4 * -(-blocks // NF4_SCALE_BLOCK) + 4 + 16 * 4
+
+
+def quantised_tensors(cfg) -> list[int]:
+    """Element counts of the weights Linear4bit replaces: each block's linear matrices."""
+    return [i * o for i, o in matrices(cfg).values()] * cfg.n_layers
+
+
+def adam8_bytes(sizes: list[int]) -> tuple[int, int]:
+    """(moments, scales) in bytes of bitsandbytes' 8-bit AdamW over tensors of ``sizes``
+    elements: 2n + fp32 absmax per 256, or two fp32 states under 4096 elements, + the two maps."""
+    moments = sum(2 * n if n >= ADAM8_MIN else 8 * n for n in sizes)
+    scales = sum(8 * -(-n // ADAM8_BLOCK) for n in sizes if n >= ADAM8_MIN)
+    return moments, scales + (2 * QMAP_BYTES if any(n >= ADAM8_MIN for n in sizes) else 0)
+
+
+def param_tensors(cfg) -> list[int]:
+    """Element counts of the model's parameter tensors as transformers builds them (as many as
+    ``estimate.n_param_tensors``; a mixture of experts' fused expert tensors count one each),
+    for per-tensor optimizer counting."""
+    h, q, kv, F = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.ffn
+    layer = [h * (q + 2 * kv)] if cfg.fused_qkv else [h * q, h * kv, h * kv]
+    layer += [q * h] + [q + 2 * kv] * cfg.qkv_bias * (1 if cfg.fused_qkv else 0)
+    layer += [q, kv, kv] * (cfg.qkv_bias and not cfg.fused_qkv) + [h] * cfg.o_bias
+    norm = [h] * (2 if cfg.norm_kind == "layer" else 1)            # LayerNorm: a weight and a bias
+    layer += [cfg.head_dim] * (2 * cfg.qk_norm) + norm * cfg.norms_per_layer
+    if cfg.moe:
+        E = cfg.n_experts
+        layer += [E * 2 * F * h, E * F * h, E * h] + [h * cfg.shared_expert_ffn] * (3 * bool(cfg.shared_expert_ffn))
+    else:
+        mats = 2 if cfg.mlp == "gelu" else 3
+        layer += [h * F] * mats + ([F] * (mats - 1) + [h]) * cfg.mlp_bias
+    outside = [cfg.vocab * h] * (2 - cfg.tie_embeddings) + [cfg.positions * h] * (cfg.positions > 0)
+    return layer * cfg.n_layers + outside + norm
 
 
 def finetune_states(cfg, ft: Finetune, *, gpus: int = 1, zero: int = 0) -> dict[str, int]:
-    """Role -> bytes per GPU of the model states of one fine-tuning setup."""
-    raise NotImplementedError
+    """Role -> bytes per GPU (every role of :data:`ROLES`, 0 where unused):
+
+    ``base_weights`` (full fine-tuning: the trained weights; LoRA: the frozen bf16 base; QLoRA:
+    packed 4-bit codes + the bf16 embedding, head and norms), ``quant_constants`` (NF4 absmaxes,
+    scales, offsets, codes), ``adapter_weights``, ``grads``, ``master`` (fp32 copy), the
+    optimizer's ``optimizer_moments``, ``optimizer_scales`` (8-bit block absmaxes and maps) and
+    ``step_counters``, and ``dequant_buffer`` (QLoRA: the bf16 dequantised largest matrix and its
+    fp32 absmaxes, alive during its matmul in forward and backward). Full fine-tuning with
+    ``adamw`` is ``accounting.model_states`` with torch AdamW's step counters, split by role."""
+    from .estimate import n_param_tensors
+    validate(ft, zero)
+    roles = dict.fromkeys(ROLES, 0)
+    n = cfg.n_params()
+    sh = accounting.shard
+    if not ft.lora:
+        s = accounting.model_states(n, ft.recipe, gpus, zero, n_tensors=n_param_tensors(cfg))
+        r = accounting.recipe(ft.recipe)
+        o_elems = sh(n, gpus) if zero >= 1 else n
+        master = 4 * o_elems if any(lab.startswith("master") for lab, _ in r.optimizer) else 0
+        counters = 4 * n_param_tensors(cfg) if r.step_counter else 0
+        roles.update(base_weights=s.params, grads=s.grads, master=master)
+        if ft.optimizer == "adamw":
+            roles.update(optimizer_moments=s.optimizer - master - counters, step_counters=counters)
+        else:
+            sizes = [sh(n, gpus)] if zero >= 1 else param_tensors(cfg)
+            roles["optimizer_moments"], roles["optimizer_scales"] = adam8_bytes(sizes)
+        return roles
+    a_sizes = adapter_tensors(cfg, ft.lora_rank, ft.lora_targets)
+    n_a, e_a = sum(a_sizes), 4 if ft.adapter_dtype == "fp32" else 2
+    if ft.base_dtype == "bf16":
+        roles["base_weights"] = 2 * (sh(n, gpus) if zero == 3 else n)
+    else:
+        q_sizes = quantised_tensors(cfg)
+        packed = sum(nf4_tensor_bytes(m)[0] for m in q_sizes)
+        rest = n - sum(q_sizes)
+        roles["base_weights"] = sh(packed, gpus) + 2 * sh(rest, gpus) if zero == 3 else packed + 2 * rest
+        roles["quant_constants"] = sum(nf4_tensor_bytes(m)[1] for m in q_sizes) + QMAP_BYTES
+        big = max(q_sizes)
+        roles["dequant_buffer"] = 2 * big + 4 * -(-big // NF4_BLOCK)
+    roles["adapter_weights"] = e_a * (sh(n_a, gpus) if zero == 3 else n_a)
+    roles["grads"] = e_a * (sh(n_a, gpus) if zero >= 2 else n_a)
+    if ft.optimizer == "adamw":
+        roles["optimizer_moments"] = 2 * e_a * (sh(n_a, gpus) if zero >= 1 else n_a)
+        roles["step_counters"] = 4 * len(a_sizes)
+    else:
+        sizes = [sh(n_a, gpus)] if zero >= 1 else a_sizes
+        roles["optimizer_moments"], roles["optimizer_scales"] = adam8_bytes(sizes)
+    return roles
+
+
+def grouped(roles: dict[str, int]) -> dict[str, int]:
+    """Roles summed into ``estimate``'s categories: params (base, constants, adapters), grads,
+    optimizer (master, moments, scales, counters) and buffers (the dequantised weight)."""
+    return {"params": roles["base_weights"] + roles["quant_constants"] + roles["adapter_weights"],
+            "grads": roles["grads"],
+            "optimizer": roles["master"] + roles["optimizer_moments"] + roles["optimizer_scales"]
+            + roles["step_counters"],
+            "buffers": roles["dequant_buffer"]}
 
 
 def finetune_activation_bytes(cfg, ft: Finetune, seq: int, batch: int, *, attention: str = "flash",
                               checkpoint: str = "none") -> dict[str, int]:
-    """Part -> activation bytes of one step, with ``peak``."""
-    raise NotImplementedError
-
-
-def validate(ft: Finetune, zero: int = 0) -> None:
-    """Refuse bad combinations with a one-line :class:`UsageError`."""
-    raise UsageError("not implemented yet")
+    """Activation bytes of one step by part, with ``peak`` (see ``finetune_acts``): full
+    fine-tuning is ``activations.activations``; LoRA and QLoRA count what a frozen base saves."""
+    from .finetune_acts import finetune_activations
+    return finetune_activations(cfg, ft, seq, batch, attention, checkpoint)
