@@ -2,12 +2,13 @@
 
 * :func:`bytes_cases`: three (parameters, ranks) pairs, one per size class, never a multiple of
   the ranks (the shard's ceil matters) and never a model size or rank count the lab shows;
-* :func:`choose_cases`: four budgets, one per :data:`TEMPLATES` row (GPU, drive, ranks, compute
-  and budgets around a model size), whose expected rung is the template's ``target``: neither the
-  most offloaded rung nor ZeRO-3 alone, nor what the memory budgets alone give (the least GPU bytes
-  that fit); in one the fastest rung that fits memory is not it either, and in one no rung meets
-  all three budgets. In each, host memory rules out ``zero3+opt+params-cpu`` (whose step time rests
-  on the time engine's assumption that host parameter fetches hide behind compute). Each budget is at
+* :func:`choose_cases`: four budgets whose answers are drawn first (at least three different ones,
+  from :data:`ANSWERS`, in a drawn order); each case's model size, ranks, GPU, drive and compute
+  time are drawn independently of its answer (:func:`choose_case`), so none of them says the rung.
+  The answer is neither the most offloaded rung nor ZeRO-3 alone, nor what the memory budgets alone
+  give (the least GPU bytes that fit); in one case the fastest rung that fits memory is not it
+  either. In each, host memory rules out ``zero3+opt+params-cpu`` (whose step time rests on the
+  time engine's assumption that host parameter fetches hide behind compute). Each budget is at
   least :data:`MARGIN` away from every rung's bytes and seconds (asserted here, at draw time).
 
 The figures are the reference's (:mod:`.lab_reference`), the seconds the time engine's.
@@ -21,15 +22,14 @@ GB = 10**9
 MARGIN = 0.05
 SHOWN = {1000, 8_030_261_248, 70_553_706_496}          # model sizes the lab's notebook shows
 SIZES = ((1_000_001, 4_999_999), (5 * 10**9, 20 * 10**9), (30 * 10**9, 120 * 10**9))
-# (parameters, ranks, gpu, drive, compute_s, gpu budget, host budget, step budget, target rung or
-# None): the centre of each draw (parameters and budgets scaled together, each by a few per cent)
-TEMPLATES = (
-    (8.03e9, 4, "a100-80gb", "gen4", 6.0, 20 * GB, 34 * GB, 12.0, "zero2+opt-cpu"),
-    (13e9, 8, "h100-80gb", "gen3", 0.5, 30 * GB, 20 * GB, 20.3, "zero3+opt-nvme"),
-    (70.55e9, 16, "h100-80gb", "gen4", 4.0, 40 * GB, 83.7 * GB, 14.5, "zero3+opt-cpu"),
-    (34e9, 8, "a100-80gb", "gen4", 10.0, 60 * GB, 72 * GB, 15.0, None),
-)
-
+# What a choice case is drawn from, each independently of its answer (:func:`choose_case`), so that
+# neither the ranks, the GPU, the drive nor the compute time says which rung is the answer
+RANKS = (4, 8, 16, 32)
+GPUS = ("a100-80gb", "h100-80gb", "h200")
+NVME = ("gen3", "gen4", "gen5")
+PARAMS = (6e9, 90e9)                   # log-uniform
+COMPUTE = (0.3, 12.0)                  # seconds of forward and backward a step, log-uniform
+ANSWERS = ("zero2+opt-cpu", "zero3+opt-cpu", "zero3+opt-nvme", None)
 
 def bytes_cases(rng) -> list[tuple[int, int]]:
     """One (parameters, ranks) per size class of :data:`SIZES`."""
@@ -65,31 +65,58 @@ def _answers(budgets: tuple, fig: dict) -> tuple:
             min(memory, key=lambda m: m[1])[2] if memory else None)
 
 
-def choose_case(rng, template: tuple, tries: int = 2000) -> tuple:
-    """(case, the learner's arguments, expected rung, figures) for one template."""
-    about, ranks, gpu, drive, compute_about, gb0, hb0, sb0, target = template
-    links = offload_time.datasheet_links(gpu, drive, ranks_on_node=min(ranks, 8))
+def _setup(rng) -> tuple:
+    """(parameters, ranks, gpu, drive, compute seconds), drawn without looking at any answer."""
+    while True:
+        n = int(PARAMS[0] * (PARAMS[1] / PARAMS[0]) ** rng.random())
+        if n not in SHOWN:
+            return (n, rng.choice(RANKS), rng.choice(GPUS), rng.choice(NVME),
+                    round(COMPUTE[0] * (COMPUTE[1] / COMPUTE[0]) ** rng.random(), 2))
+
+
+def _between(rng, values) -> float:
+    """A value in a gap between ``values`` (or below or above them all) clear of each by MARGIN."""
+    v = sorted({x for x in values if x})
+    gaps = [(a * (1 + MARGIN), b / (1 + MARGIN)) for a, b in zip([v[0] / 2] + v, v + [v[-1] * 1.7])]
+    low, high = rng.choice([g for g in gaps if g[0] < g[1]])
+    return rng.uniform(low, high)
+
+
+def _budgets(rng, fig: dict) -> tuple:
+    """Budgets each drawn in a gap between the rungs' figures, rounded as the case shows them."""
+    return (round(_between(rng, [f[0] for f in fig.values()]), -8),
+            round(_between(rng, [f[1] for f in fig.values()]), -8),
+            round(_between(rng, [f[2] for f in fig.values()]), 2))
+
+
+def choose_case(rng, target, tries: int = 400, slow_fits: bool = False) -> tuple:
+    """(case, the learner's arguments, expected rung, figures) whose answer is ``target``: the
+    setup is drawn first (:func:`_setup`), then budgets around it; ``slow_fits``: the fastest rung
+    that fits memory is not the answer either."""
     for _ in range(tries):
-        scale = rng.uniform(0.9, 1.1)
-        n, compute_s = int(about * scale), round(compute_about * rng.uniform(0.95, 1.05), 2)
-        budgets = (round(gb0 * scale * rng.uniform(0.95, 1.05), -8), round(hb0 * scale * rng.uniform(0.97, 1.03), -8),
-                   round(sb0 * scale * rng.uniform(0.95, 1.05), 2))
-        if n in SHOWN:
-            continue
+        n, ranks, gpu, drive, compute_s = _setup(rng)
+        links = offload_time.datasheet_links(gpu, drive, ranks_on_node=min(ranks, 8))
         fig = figures(n, ranks, compute_s, links)
-        want, memory, _ = _answers(budgets, fig)
-        host_rules_out = fig["zero3+opt+params-cpu"][1] > budgets[1]     # the engine's unmeasured rung
-        if want == target and memory not in (None, target) and host_rules_out and _clear(budgets, fig):
-            gb, hb, sb = budgets
-            case = f"{n / 1e9:.1f} B, {ranks} {gpu[:4].upper()}, {drive} drive, {compute_s} s compute"
-            assert want not in ("zero3", "zero3+opt+params-nvme") and ref.choose(
-                n, ranks, int(gb), int(hb), sb, compute_s, links) == want
-            return case, (n, ranks, int(gb), int(hb), sb, compute_s, links), want, fig
-    raise AssertionError(f"no budgets found for {template}")
+        for _ in range(60):
+            budgets = _budgets(rng, fig)
+            want, memory, fastest = _answers(budgets, fig)
+            host_rules_out = fig["zero3+opt+params-cpu"][1] > budgets[1]     # the engine's unmeasured rung
+            if want == target and memory not in (None, target) and host_rules_out and _clear(budgets, fig) \
+                    and not (slow_fits and fastest == want):
+                gb, hb, sb = budgets
+                case = f"{n / 1e9:.1f} B, {ranks} {gpu[:4].upper()}, {drive} drive, {compute_s} s compute"
+                assert want not in ("zero3", "zero3+opt+params-nvme") and ref.choose(
+                    n, ranks, int(gb), int(hb), sb, compute_s, links) == want
+                return case, (n, ranks, int(gb), int(hb), sb, compute_s, links), want, fig
+    raise AssertionError(f"no budgets found for {target}")
 
 
 def choose_cases(rng) -> list[tuple]:
-    """One case per template; in at least one the fastest rung that fits memory is not the answer."""
-    out = [choose_case(rng, t) for t in TEMPLATES]
-    assert any(_answers(c[1][2:5], c[3])[2] != c[2] for c in out)
-    return out
+    """Four cases, each answer drawn (at least three different ones, in a drawn order); in at least
+    one the fastest rung that fits memory is not the answer."""
+    while True:
+        targets = [rng.choice(ANSWERS) for _ in range(4)]
+        if len(set(targets)) >= 3:
+            break
+    slow = rng.randrange(4)
+    return [choose_case(rng, t, slow_fits=i == slow) for i, t in enumerate(targets)]

@@ -6,10 +6,12 @@ direction, :mod:`gpumem.memory.gpus`). Without CUDA, or when the optional functi
 there is no row (a skipped row must not count as a passing check): :func:`grade` returns the line
 to print instead. Not run on the course's CPU machines."""
 
+from gpumem.course.copy_watch import graders_only
 from gpumem.course.grading import Report, Todo, call, case_seconds, run_case
 
 from ...memory import gpus as gpu_table
 from . import lab_guard
+from .lab_reference import ENTRIES
 from ...units import GB
 
 # torch.cuda.get_device_name() fragments -> gpumem.memory.gpus names (same PCIe per direction)
@@ -42,7 +44,9 @@ def optimizer_state_bytes(n_params: int = 1_000_000_000, ranks: int = 8) -> int:
 @lab_guard.keep("the grader's own timing")
 def reference_seconds(n_bytes: int, repeats: int = 5) -> dict:
     """The grader's own timing of the lab's copy: pinned host memory, one warm-up copy, CUDA events
-    around each copy, the median of ``repeats`` per direction (seconds)."""
+    around each copy, the median of ``repeats`` per direction (seconds). Runs only below the lab's
+    check() or a course test (:func:`gpumem.course.copy_watch.graders_only`): no timing saved before."""
+    graders_only("lab_gpu.reference_seconds", ENTRIES)
     import torch
     host = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=True)
     device = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")

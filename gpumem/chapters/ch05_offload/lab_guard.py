@@ -18,14 +18,22 @@ refused too (audit events), and every refusal is recorded: a learner who catches
 still reported. After the call, the blocked functions' ``__code__`` must be the one their module
 defined. Everything is put back with SIGALRM held (as lab 03's guard does).
 
-What it cannot stop: answers computed before grading and stored as data, source text copied into
-the notebook, or another process.
+A copy of those answers' code run under another name (``exec(compile(inspect.getsource(...),
+"<mine>", "exec"))``, its guard lines taken out) is refused too: the profile hook matches each new
+code object's content against the answers compiled afresh (:mod:`gpumem.course.copy_watch`). And
+the answers refuse before grading as well, from any caller but the grader (``graders_only``), so
+no table can be made from them at definition time.
+
+What it cannot stop: answers computed before grading from copied source text, or from the
+library's public counts (``accounting.model_states`` at definition time: the counts are linear in
+the shard and the model size), and another process.
 """
 
 import contextlib
 import sys
 import threading
 
+from gpumem.course import copy_watch
 from gpumem.course.case_limits import alarm_held
 from gpumem.memory import offload_cost
 from gpumem.timing import offload_time
@@ -89,7 +97,24 @@ def _allowed(frame) -> bool:
     return caller is not None and ENGINE.get(caller.f_code) is caller.f_globals
 
 
+_PRINTS: list = []
+
+
+def prints() -> copy_watch.Prints:
+    """The content fingerprints of the grader's answers and of the library's count (built once)."""
+    if not _PRINTS:
+        from . import lab_gpu, lab_swaps
+        from gpumem.memory import accounting
+        _PRINTS.append(copy_watch.Prints(
+            [(ref, "the grader's answer lab_reference"), (lab_swaps, "the grader's answer lab_swaps"),
+             (lab_gpu, "the grader's own timing lab_gpu"), (accounting, "gpumem.memory.accounting")],
+            only=("rung_bytes", "choose", "hand_files", "reference_seconds", "model_states")))
+    return _PRINTS[0]
+
+
 def _watch(hits: list):
+    copies = prints()
+
     def watch(frame, event, arg):
         if event != "call":
             return
@@ -98,6 +123,10 @@ def _watch(hits: list):
         if name and not (code.co_name == "model_states" and _allowed(frame)):
             hits.append(f"it called {name}")
             raise RuntimeError(f"{ref.REFUSAL} (it called {name})")
+        copied = copies.copied(frame)
+        if copied:
+            hits.append(f"it ran a copy of {copied} (the same code under another name)")
+            raise RuntimeError(f"{ref.REFUSAL} ({hits[-1]})")
     watch.lab05_hits = hits
     return watch
 

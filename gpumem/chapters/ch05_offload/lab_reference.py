@@ -1,5 +1,9 @@
 """Lab 05's reference answers, and what :mod:`.lab_guard` refuses while the learner's code runs.
 
+The answers refuse any caller but the course's own grading code (:data:`ENTRIES`), before grading
+too, and a copy of their code run under another name is refused while the learner's call runs
+(:mod:`gpumem.course.copy_watch`).
+
 The ladder (:data:`RUNGS`) is DeepSpeed 0.19.8's offload options for a ZeRO-3 (or ZeRO-2) run,
 mixed recipe (bf16 parameters and gradients, fp32 master, Adam's fp32 m and v). Per rank, with
 s = ceil(Psi / N) shard parameters, the bytes by device and role (:func:`rung_bytes`):
@@ -27,8 +31,10 @@ ZeRO-3 allocates its 16-bit gradient partition (``grad_partitions_flat_buffer``)
 :func:`gpumem.memory.accounting.model_states` gives the same totals per device (tests compare).
 """
 
+import os
 import sys
 
+from ...course.copy_watch import graders_only
 from ...memory import accounting, ds_estimators, offload_cost
 from ...runs import ds_offload
 from ...timing import offload_time
@@ -42,11 +48,15 @@ DEVICES = ("gpu", "cpu", "nvme")
 ROLES = ("params", "grads", "master", "optimizer")
 REFUSAL = "count it yourself: gpumem's accounting is off while lab 05 is graded"
 AUDIT = "gpumem.lab05.answer"     # raised by each answer's own body: refused while the learner's call runs
+# the answers run only below lab 05's check() (or a course test), with nothing but the course's own
+# code in between (:func:`gpumem.course.copy_watch.from_grader`): no table made at definition time
+ENTRIES = {(os.path.join(os.path.dirname(os.path.abspath(__file__)), "labcheck.py"), "check")}
 
 
 def rung_bytes(n_params: int, ranks: int, rung: str) -> dict[str, dict[str, int]]:
     """Per-rank bytes, device -> role -> bytes (only roles with bytes), by hand (module table)."""
     sys.audit(AUDIT)
+    graders_only("lab_reference.rung_bytes", ENTRIES)
     zero, offload, device = RUNGS[rung]
     s = -(-n_params // ranks)
     params = 2 * (s if zero == 3 else n_params)
@@ -69,6 +79,7 @@ def totals(bytes_by_role: dict) -> dict[str, int]:
 def step_seconds(n_params: int, ranks: int, rung: str, compute_s: float, links: offload_time.Links) -> float:
     """Stock DeepSpeed's step time of a rung (:func:`gpumem.timing.offload_time.step_time`)."""
     sys.audit(AUDIT)
+    graders_only("lab_reference.step_seconds", ENTRIES)
     zero, offload, device = RUNGS[rung]
     return offload_time.step_time(n_params, "mixed", zero, ranks, offload, device, compute_s, links)["stock"]
 
@@ -78,6 +89,7 @@ def choose(n_params: int, ranks: int, gpu_budget: int, host_budget: int, step_bu
     """The rung that fits both memory budgets and the step-time budget leaving the GPU the most
     room (fewest bytes there), the faster one between equals; None if no rung meets all three."""
     sys.audit(AUDIT)
+    graders_only("lab_reference.choose", ENTRIES)
     fits = []
     for rung in RUNGS:
         t = totals(count(n_params, ranks, rung))

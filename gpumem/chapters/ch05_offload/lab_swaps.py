@@ -1,17 +1,19 @@
 """Lab 05's part 2, graded: the swap files one rank writes under ZeRO-3 with optimizer and parameters
 on NVMe, against DeepSpeed itself.
 
-Each check draws two unseen models (:func:`draw_models`, from :data:`FAMILY`). With libaio
+Each check draws two unseen models (:func:`draw_models`: one of each of :data:`FAMILY`'s kinds,
+width, MLP and vocabulary drawn from ranges, so no table of models holds the answers). With libaio
 (:func:`gpumem.runs.ds_offload.nvme_ready`) the grader trains them one step on two CPU ranks
-(:func:`.lab_runs.swap_run`) and lists the files on disk; without it, it compares with a recorded run
-of the whole family (:mod:`.lab_swap_record`: file counts per role and a digest of the sizes, so the
-record is no answer to import), and says so in the row.
+(:func:`.lab_runs.swap_run`) and lists the files on disk; without it, it compares with DeepSpeed's
+swap rules as the grader writes them (:func:`hand_files`, which tests check against a recorded run
+of :data:`FAMILY`'s six models, :mod:`.lab_swap_record`), and says so in the row.
 """
 
 import hashlib
 import os
 import random
 
+from gpumem.course.copy_watch import graders_only, is_own
 from gpumem.course.grading import Report, Row, call, case_seconds, failure_line, returned, run_case
 from gpumem.errors import RunFailure
 from gpumem.memory.models import ModelConfig
@@ -20,8 +22,8 @@ from gpumem.runs import ds_offload, launch
 from . import lab_guard, lab_swap_record
 from . import lab_reference as ref
 
-# models the lab never shows, trained one step on 2 CPU ranks; each check draws one of each kind
-# (:func:`draw_models`). Kind A (1 MiB aio blocks): the embedding and head shards reach 1 MiB in bf16
+# the kinds of model a check draws (:func:`draw_model`), and six recorded members (:mod:`.lab_swap_record`),
+# trained one step on 2 CPU ranks. Kind A (1 MiB aio blocks): the embedding and head shards reach 1 MiB in bf16
 # at a length that is not a multiple of 1,024 B (padded files); the MLP shards reach it only in fp32
 # (gradients swapped, parameters kept in RAM). Kind B (2 MiB blocks): the bf16 shards stay under the
 # block (in RAM, though over 1 MiB), the embedding's fp32 gradient is cut to an aligned length and
@@ -36,9 +38,11 @@ SWAP_KINDS = {"params": "params", "fp32 master": "master", "moments": "optimizer
 
 
 def model_label(cfg: ModelConfig) -> str:
-    """The row's name of a family model: its kind, width and aio block."""
+    """The row's name of a model: its kind, width and aio block."""
     kind = cfg.name[len("lab05-")].upper()
-    return f"model {kind}{cfg.name[-1]} ({cfg.d_model} wide), {BLOCKS[kind] >> 20} MiB aio blocks"
+    if cfg.name[-2:-1].isalpha():                       # one of FAMILY's recorded models
+        return f"model {kind}{cfg.name[-1]} ({cfg.d_model} wide), {BLOCKS[kind] >> 20} MiB aio blocks"
+    return f"model {kind} ({cfg.d_model} wide, MLP {cfg.ffn}, vocab {cfg.vocab}), {BLOCKS[kind] >> 20} MiB aio blocks"
 
 
 def family() -> dict:
@@ -50,7 +54,9 @@ def family() -> dict:
 def hand_files(param_numels: list[int], ranks: int, block: int, skip: str = "") -> dict[str, list[int]]:
     """The grader's own rules (``runtime/swap_tensor/``), one left out with ``skip`` (:data:`RULES`):
     swapped only from max(MIN_AIO_BYTES, block) bytes, files padded up to 1,024 B, gradient fragments
-    cut down to an aligned length, master and moments one flat partition. Refused while graded."""
+    cut down to an aligned length, master and moments one flat partition. Runs only below the
+    lab's check() (:func:`gpumem.course.copy_watch.graders_only`); refused while the learner's call runs."""
+    graders_only("lab_swaps.hand_files", ref.ENTRIES)
     least = (1 << 20) if skip == "block" else max(1 << 20, block)
     shards = [-(-n // ranks) for n in param_numels]
     up = (lambda b: b) if skip == "pad" else (lambda b: -(-b // 1024) * 1024)
@@ -63,14 +69,36 @@ def hand_files(param_numels: list[int], ranks: int, block: int, skip: str = "") 
             "optimizer": [up(flat)] * 2, "grads": sorted(cut(4 * n) for n in shards if cut(4 * n) >= least)}
 
 
+def _kind_ok(kind: str, d: int, f: int, v: int) -> bool:
+    """Whether a model of width ``d``, MLP ``f`` and vocabulary ``v`` is of ``kind`` (:data:`FAMILY`'s
+    comment): A, bf16 embedding shards over 1 MiB at an unaligned length, MLP shards over it only
+    in fp32; B, bf16 embedding shards between 1 and 2 MiB, its fp32 gradient unaligned, fp32 MLP
+    shards between 1 and 2 MiB (2 ranks)."""
+    emb, mlp, mib = -(-v * d // 2), -(-d * f // 2), 1 << 20
+    if kind == "A":
+        return 2 * emb >= mib and (2 * emb) % 1024 != 0 and 2 * mlp < mib <= 4 * mlp
+    return mib <= 2 * emb < 2 * mib and (4 * emb) % 1024 != 0 and mib <= 4 * mlp < 2 * mib
+
+
+def draw_model(rng, kind: str) -> ModelConfig:
+    """A model of ``kind`` drawn from ranges (width 256-448 in steps of 32, MLP 1,536-2,560 in
+    steps of 64, vocabulary 2,500-5,999), so that no table of models can hold the answers."""
+    while True:
+        d, f, v = 32 * rng.randint(8, 14), 64 * rng.randint(24, 40), rng.randrange(2500, 6000)
+        if _kind_ok(kind, d, f, v):
+            return ModelConfig(f"lab05-{kind.lower()}-{d}-{f}-{v}", 1, d, 4, 2, f, v, teaching=True)
+
+
 def draw_models(rng) -> dict:
-    """One model of each kind, label -> (ModelConfig, block); asserts that leaving out any one rule
-    of :func:`hand_files` changes the files of at least one of them."""
-    drawn = {model_label(c): (c, BLOCKS[kind]) for kind, cfgs in FAMILY.items() for c in [rng.choice(cfgs)]}
-    sizes = {k: numels(c) for k, (c, _) in drawn.items()}
-    for rule in RULES:
-        assert any(hand_files(sizes[k], 2, b, rule) != hand_files(sizes[k], 2, b) for k, (_, b) in drawn.items()), rule
-    return drawn
+    """One model of each kind drawn from ranges (:func:`draw_model`), label -> (ModelConfig, block);
+    drawn again until leaving out any one rule of :func:`hand_files` changes the files of at least
+    one of them."""
+    while True:
+        drawn = {model_label(c): (c, BLOCKS[k]) for k in FAMILY for c in [draw_model(rng, k)]}
+        sizes = {k: numels(c) for k, (c, _) in drawn.items()}
+        if all(any(hand_files(sizes[k], 2, b, rule) != hand_files(sizes[k], 2, b) for k, (_, b) in drawn.items())
+               for rule in RULES):
+            return drawn
 
 
 def numels(cfg: ModelConfig) -> list[int]:
@@ -122,7 +150,11 @@ def recorded_problem(got, label: str) -> str:
 def swap_problem(got, files: dict[str, int]) -> str:
     """'' if ``got`` (role -> sizes) lists the sizes of ``files`` (DeepSpeed's name -> bytes) by role;
     else the first role that differs: the count of files, or a size's direction, never the sizes."""
-    want = by_role(files)
+    return role_problem(got, by_role(files))
+
+
+def role_problem(got, want: dict[str, list[int]]) -> str:
+    """:func:`swap_problem` against sizes by role."""
     for role in ("params", "master", "optimizer", "grads"):
         w, g = sorted(want.get(role, [])), sorted(got.get(role, []))
         if len(g) != len(w):
@@ -136,9 +168,14 @@ def swap_problem(got, files: dict[str, int]) -> str:
     return ""
 
 
-def _compare(report: Report, given: dict, rows: dict, ranks: list[dict] | None, source: str) -> None:
+def _compare(report: Report, given: dict, rows: dict, ranks: list[dict] | None, source: str,
+             models: dict | None = None) -> None:
     for label, got in given.items():
-        if ranks is None:                           # the recorded run (both ranks wrote the same)
+        if ranks is None and label not in lab_swap_record.DIGESTS:   # no live run: DeepSpeed's rules
+            cfg, block = models[label]
+            want = {k: v for k, v in hand_files(numels(cfg), 2, block).items() if v}
+            bad, count = role_problem(got, want), sum(len(v) for v in want.values())
+        elif ranks is None:                         # the recorded run (both ranks wrote the same)
             bad, count = recorded_problem(got, label), sum(c for c, _ in lab_swap_record.DIGESTS[label].values())
         else:
             bad = next((swap_problem(got, r[label]) for r in ranks if swap_problem(got, r[label])), "")
@@ -150,7 +187,6 @@ def _compare(report: Report, given: dict, rows: dict, ranks: list[dict] | None, 
 def grade_swaps(report: Report, fn, show: bool, models: dict | None = None) -> None:
     """One row per drawn model (``models``, else :func:`draw_models`): the learner's sizes against
     DeepSpeed's files."""
-    ready, why = ds_offload.nvme_ready()
     models = models or draw_models(random.Random())
     given = {}
     for label, (cfg, block) in models.items():
@@ -170,10 +206,21 @@ def grade_swaps(report: Report, fn, show: bool, models: dict | None = None) -> N
     rows = {r.case: i for i, r in enumerate(report.rows) if r.function == "swap_files"}
     if not given:
         return
+    swapped = [f"gpumem.runs.{m.__name__.rsplit('.', 1)[-1]}.{a}" for m, a in ((ds_offload, "nvme_ready"), (launch, "run"))
+               if not is_own(getattr(m, a))]
+    if swapped:                                    # the grader's own DeepSpeed run, as the course ships it
+        for label in given:
+            report.rows[rows[label]] = Row(
+                "swap_files", label, "error", f"{' and '.join(swapped)} {'were' if len(swapped) > 1 else 'was'} "
+                "replaced in this kernel: the swap files are graded against DeepSpeed's own run; restart the kernel")
+        return
+    ready, why = ds_offload.nvme_ready()
     if not ready:
+        recorded = all(label in lab_swap_record.DIGESTS for label in given)
         _compare(report, given, rows, None,
-                 f"recorded run, DeepSpeed {lab_swap_record.DEEPSPEED}, {lab_swap_record.DATE}; "
-                 f"not run live here: {why}")
+                 (f"recorded run, DeepSpeed {lab_swap_record.DEEPSPEED}, {lab_swap_record.DATE}" if recorded else
+                  f"by DeepSpeed {lab_swap_record.DEEPSPEED}'s swap rules, which match its files for the "
+                  f"{len(lab_swap_record.DIGESTS)} recorded models") + f"; not run live here: {why}", models)
         return
 
     def measure():

@@ -10,12 +10,16 @@ launch gaps) reaches less, so a matmul share *below* 54 % says the search is opt
 GPU. Skipped, with the reason, without CUDA; not run on the course's CPU machines.
 """
 
+import os
+
+from gpumem.course.copy_watch import graders_only
 from gpumem.course.grading import Report, Row, Todo, call, run_case
 from gpumem.memory import gpus as gpu_table
 from gpumem.timing import compute
 
 SHAPE = (8192, 8192, 28672)      # (tokens, d_model, ffn) of llama-3-70b, one micro-batch of 8,192
 NAMES = (("H200", "h200"), ("H100", "h100-80gb"), ("A100", "a100-80gb"), ("L4", "l4"))
+ENTRIES = {(os.path.join(os.path.dirname(os.path.abspath(__file__)), "labcheck.py"), "check")}
 AGREE = 0.20                     # the learner's and the grader's timing of one matmul agree within 20 %
 CEILING = 1.02                   # no matmul beats the dense peak (2 % for the clock's resolution)
 
@@ -30,7 +34,9 @@ def cuda_reason() -> str:
 
 def reference_flops(m: int, k: int, n: int, repeats: int = 10) -> float:
     """FLOP/s of a bf16 (m x k) @ (k x n) on this GPU: CUDA events around each of ``repeats``
-    calls after two warm-ups, the median."""
+    calls after two warm-ups, the median. Runs only below the lab's check() or a course test
+    (:func:`gpumem.course.copy_watch.graders_only`): no figure saved before grading."""
+    graders_only("lab06_gpu.reference_flops", ENTRIES)
     import torch
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)

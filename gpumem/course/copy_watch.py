@@ -1,0 +1,192 @@
+"""Knowing the course's own code by what it is, not by its name: for the labs' guards.
+
+A lab's guard refuses the course's answers while the learner's function runs. Two ways round a
+guard that knows functions by file and name:
+
+* **a copy run under another name**: ``exec(compile(inspect.getsource(module), "<mine>", "exec"))``
+  makes new code objects in a new "file"; :class:`Prints` knows them by their *content*: each
+  protected function (nested ones included) compiled afresh from its module's file and reduced to
+  its instructions and constants, with the names it uses (globals, attributes, locals), its file
+  and its line numbers left out, and a leading guard statement (``sys.audit(...)``, a call of
+  :data:`GUARD_CALLS`) dropped: renaming, moving or deleting the guard line still matches; a
+  changed constant or an added statement does not (that is the learner's own code then). Short
+  functions (fewer than ``least`` instructions) are left out: a learner's own code repeats them
+  by chance.
+* **an answer computed before grading** (a table made at definition time): :func:`from_grader`
+  lets an answer run only when every frame between it and a grading entry point (a lab's
+  ``check``, or a test module under ``tests/``) is the course's *own* code: a frame whose globals
+  are a loaded ``gpumem`` module's and whose code object equals one compiled afresh from that
+  module's file (:func:`genuine`). A learner's cell, a function of theirs handed to the grader
+  (a fake ``rng``) or code exec'd in a course module's namespace is none of those.
+
+lab 03's ``labprints`` does the first for torch's checkpoint (it keys on names too); a later
+version of lab 03 could use :class:`Prints`. Limits: test modules are taken at their word
+(pytest rewrites their code, so it cannot be compared with the file), and a copy of the source
+run at definition time, outside any guard, still computes whatever it computes.
+"""
+
+import dis
+import inspect
+import os
+import sys
+import types
+from functools import lru_cache
+
+GPUMEM = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+TESTS = os.path.join(os.path.dirname(os.path.dirname(GPUMEM)), "tests") + os.sep
+GUARD_CALLS = {"audit", "graders_only", "refuse_if_active"}   # a leading call of these is dropped
+_SKIP = {"RESUME", "NOP", "EXTENDED_ARG", "CACHE"}
+_NAMED = set(dis.hasname) | set(dis.haslocal) | set(dis.hasfree)
+
+
+@lru_cache(maxsize=None)
+def fresh(path: str) -> types.CodeType | None:
+    """The module code of the file at ``path``, compiled now (None if unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return compile(f.read(), path, "exec", dont_inherit=True)
+    except (OSError, SyntaxError):
+        return None
+
+
+def nested(code: types.CodeType):
+    """``code`` and every code object in its constants, depth first."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from nested(const)
+
+
+@lru_cache(maxsize=None)
+def _fresh_codes(path: str) -> frozenset:
+    top = fresh(path)
+    return frozenset(nested(top)) if top is not None else frozenset()
+
+
+_GENUINE: dict[int, tuple] = {}      # id(code) -> (code, globals, verdict): each frame's code checked once
+
+
+def genuine(frame) -> bool:
+    """True if ``frame`` runs a ``gpumem`` module's own code: its globals are the loaded module's
+    and its code object equals one compiled afresh from the module's file."""
+    code, g = frame.f_code, frame.f_globals
+    seen = _GENUINE.get(id(code))
+    if seen is not None and seen[0] is code and seen[1] is g:
+        return seen[2]
+    module = sys.modules.get(g.get("__name__", ""))
+    path = getattr(module, "__file__", None) or ""
+    ok = (module is not None and vars(module) is g and path.startswith(GPUMEM)
+          and code.co_filename == path and code in _fresh_codes(path))
+    _GENUINE[id(code)] = (code, g, ok)
+    return ok
+
+
+def is_test(frame) -> bool:
+    """True if ``frame`` runs code of a module loaded from the course's ``tests/`` folder."""
+    g = frame.f_globals
+    module = sys.modules.get(g.get("__name__", ""))
+    path = getattr(module, "__file__", None) or ""
+    return module is not None and vars(module) is g and path.startswith(TESTS) and frame.f_code.co_filename == path
+
+
+def from_grader(frame, entries: set[tuple[str, str]]) -> bool:
+    """True if ``frame`` and every frame above it, up to an entry point (``(file, qualified name)``
+    in ``entries``, run as the course's own code) or a test module, are the course's own code."""
+    while frame is not None:
+        if is_test(frame):
+            return True
+        if not genuine(frame):
+            return False
+        if (frame.f_code.co_filename, frame.f_code.co_qualname) in entries:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def graders_only(what: str, entries: set[tuple[str, str]], depth: int = 2) -> None:
+    """Raise unless the caller of the function calling this one comes from a grading entry point
+    (:func:`from_grader`): ``what`` names the answer in the message."""
+    if not from_grader(sys._getframe(depth), entries):
+        raise RuntimeError(f"{what} is the grader's answer: it runs only inside the lab's check(), "
+                           "not from a learner's code (work it out yourself)")
+
+
+def _const(value):
+    if isinstance(value, types.CodeType):
+        return signature(value)
+    if isinstance(value, (tuple, frozenset)):
+        return type(value)(_const(v) for v in value)
+    return value
+
+
+def _drop_guard(ops: list) -> list:
+    """``ops`` without its leading statements that call one of :data:`GUARD_CALLS` (bare calls, result dropped)."""
+    while True:
+        end = next((i for i, (name, _) in enumerate(ops[:12]) if name == "POP_TOP"), None)
+        head = ops[:end or 0]
+        if not (head and any(a in GUARD_CALLS for _, a in head)
+                and all(n.startswith(("LOAD_", "PRECALL", "CALL", "PUSH_NULL")) for n, _ in head)):
+            return ops
+        ops = ops[end + 1:]
+
+
+@lru_cache(maxsize=4096)
+def signature(code: types.CodeType) -> tuple:
+    """``code``'s instructions with their constants and operators, without names, lines or file;
+    a leading guard statement dropped (module docstring)."""
+    ops = []
+    for ins in dis.get_instructions(code):
+        if ins.opname in _SKIP:
+            continue
+        if ins.opcode in _NAMED:
+            arg = ins.argval if ins.argval in GUARD_CALLS else (ins.arg & 1 if ins.opname == "LOAD_GLOBAL" else None)
+        elif ins.opcode in dis.hasconst:
+            arg = _const(ins.argval)
+        else:
+            arg = ins.arg
+        ops.append((ins.opname, arg))
+    return tuple(_drop_guard(ops))
+
+
+class Prints:
+    """Content fingerprints of the functions of some modules (``(module, label)``; ``skip``: names
+    left out; ``only``: if given, the names kept) that are at least ``least`` instructions long; :meth:`match` names the one a code
+    object repeats."""
+
+    def __init__(self, modules, least: int = 40, skip=(), only=()):
+        self.known: dict[tuple, str] = {}
+        for module, label in modules:
+            top = fresh(module.__file__)
+            for code in nested(top) if top is not None else ():
+                if not code.co_flags & inspect.CO_OPTIMIZED or code.co_name.startswith("<") \
+                        or code.co_name in skip or (only and code.co_name not in only):
+                    continue
+                sig = signature(code)
+                if len(sig) >= least:
+                    self.known.setdefault(sig, f"{label}.{code.co_qualname}")
+        self._seen: dict[int, tuple] = {}
+
+    def match(self, code: types.CodeType) -> str:
+        """The protected function ``code`` repeats ('' if none); each code object computed once."""
+        seen = self._seen.get(id(code))
+        if seen is not None and seen[0] is code:
+            return seen[1]
+        hit = self.known.get(signature(code), "") if not code.co_name.startswith("<") else ""
+        self._seen[id(code)] = (code, hit)
+        return hit
+
+    def copied(self, frame) -> str:
+        """What ``frame`` runs a copy of ('' if nothing, or if it is the course's own code)."""
+        hit = self.match(frame.f_code)
+        return hit if hit and not genuine(frame) else ""
+
+
+def is_own(fn) -> bool:
+    """True if ``fn`` is a ``gpumem`` module's function as its file defines it: its globals are the
+    loaded module's and its code equals one compiled afresh from the file (a replaced function,
+    or one whose ``__code__`` was swapped, is not)."""
+    code, g = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+    module = sys.modules.get((g or {}).get("__name__", ""))
+    path = getattr(module, "__file__", None) or ""
+    return (code is not None and module is not None and vars(module) is g and path.startswith(GPUMEM)
+            and code in _fresh_codes(path))
