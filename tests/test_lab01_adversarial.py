@@ -83,7 +83,8 @@ def copying_the_chapter():
     part2 = solution()["layer_activation_bytes"]
 
     def copy(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
-        return {"activations": part2(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel),
+        return {"activations": part2(d_model, n_heads, n_kv_heads, d_model // n_heads, ffn, seq, batch, kernel,
+                                     qk_norm=False),
                 "params": llama_params(d_model, n_heads, n_kv_heads, ffn)}
     return copy
 
@@ -101,14 +102,14 @@ def _ask_variants(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, m
     return {"activations": act, "params": params}
 
 
-def _ask_labcheck(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+def _ask_labcheck(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, **kw):
     return labcheck.traced_layer(ModelConfig("x", 3, d_model, n_heads, n_kv_heads, ffn, 500), kernel, seq, batch)
 
 
 _bound = activations.layer_parts          # bound before the check, as `from ... import` would
 
 
-def _ask_formula(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+def _ask_formula(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, **kw):
     return sum(_bound(ModelConfig("x", 1, d_model, n_heads, n_kv_heads, ffn, 10), seq, batch, kernel, 2).values())
 
 
@@ -133,7 +134,7 @@ def _hooks_on_the_block(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, n
     return {"activations": sum(seen.values()), "params": sum(p.numel() for p in block.parameters())}
 
 
-def _subprocess_tracer(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+def _subprocess_tracer(**kw):
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True)
@@ -237,12 +238,12 @@ def test_copies_of_the_course_loaded_under_other_names_fail(register, says):
     assert torch.is_grad_enabled() and torch.ones(2).sum().item() == 2
 
 
-def _grad_on_by_the_c_switch(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+def _grad_on_by_the_c_switch(**kw):
     torch._C._set_grad_enabled(True)
     return 0
 
 
-def _copy_loaded_during_the_call(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+def _copy_loaded_during_the_call(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, **kw):
     from gpumem.memory import activations as a
     copy = _load_copy(a.__file__, "gpumem.memory.lab01_copy_activations", register=False)
     return sum(copy.layer_parts(ModelConfig("x", 1, d_model, n_heads, n_kv_heads, ffn, 10), seq, batch,
@@ -253,12 +254,12 @@ _pop = torch._C._pop_torch_dispatch_stack          # bound before the check
 _pop_f = torch._C._pop_torch_function_stack
 
 
-def _modes_popped(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+def _modes_popped(**kw):
     _pop(None), _pop_f()
     return int(torch.zeros(1).sum().item())
 
 
-def _modes_disabled(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel):
+def _modes_disabled(**kw):
     from torch.utils._python_dispatch import _disable_current_modes
     with _disable_current_modes():
         return 0
@@ -465,10 +466,11 @@ def test_a_fudge_factor_fitted_on_one_shape_fails_at_the_drawn_ones():
     """Part 2's count times the ratio HF's norm gave at one shape: a constant, not the formula."""
     part2 = solution()["layer_activation_bytes"]
     at = dict(d_model=64, n_heads=4, n_kv_heads=2, ffn=160, seq=16, batch=1, kernel="flash")
-    ratio = variants.measure(**at, norm="hf", mlp="swiglu", qkv_bias=False)[0] / part2(**at)
+    plain = part2(**at, head_dim=16, qk_norm=False)
+    ratio = variants.measure(**at, norm="hf", mlp="swiglu", qkv_bias=False)[0] / plain
 
     def fudge(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
-        count = part2(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel)
+        count = part2(d_model, n_heads, n_kv_heads, d_model // n_heads, ffn, seq, batch, kernel, False)
         return {"activations": round(count * ratio) if norm == "hf" else count,
                 "params": llama_params(d_model, n_heads, n_kv_heads, ffn)}
     got = rows(grade({"variant_layer": fudge}), "variant_layer")
@@ -678,3 +680,116 @@ def test_traced_model_states_planted_before_the_check_are_refused():
         assert got[-1].status == "error" and "accounting.model_states does not" in got[-1].detail
     finally:
         labcheck._states[key] = kept
+
+
+# ---- part 2: Qwen3's attention (head_dim given, n_heads * head_dim != d_model; per-head q/k norms) ----
+
+def _wide_hand(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm):
+    """By hand, bf16: T = b*s, q = a*head_dim, k = kv*head_dim. Norm inputs, W_q/W_k/W_v's and the
+    MLP's inputs are d_model wide; q, the expanded k and v and W_o's input are q wide."""
+    T, h, a = batch * seq, d_model, n_heads
+    q, k = a * head_dim, n_kv_heads * head_dim
+    saved = 2 * (2 * T * h + 4 * T) + 2 * T * h + 2 * T * h + 8 * T * ffn
+    if qk_norm:     # each norm keeps its input (the projection's output) and an fp32 1/rms a row
+        saved += 2 * T * q + 4 * T * a + 2 * T * k + 4 * T * n_kv_heads
+    scores = batch * a * seq * seq
+    saved += {"flash": 2 * T * (q + 2 * k) + 2 * T * q + 4 * a * T,
+              "naive": 3 * 2 * T * q + seq * seq + 2 * scores + 2 * T * q,
+              "eager": 3 * 2 * T * q + 6 * scores + 2 * T * q}[kernel]
+    return saved
+
+
+@pytest.mark.parametrize("kernel", ["flash", "naive", "eager"])
+def test_the_wide_layer_against_hand_counts(kernel):
+    """d=48 with 4 heads of 16 (q = 64) and 2 kv heads; and d=96 with 8 heads of 8 (q = 64)."""
+    from gpumem.chapters.ch01_memory_anatomy import labwide
+    for shape in (dict(d_model=48, n_heads=4, n_kv_heads=2, head_dim=16, ffn=80, seq=9, batch=2),
+                  dict(d_model=96, n_heads=8, n_kv_heads=4, head_dim=8, ffn=64, seq=7, batch=1)):
+        for qk in (False, True):
+            h, q, k = shape["d_model"], shape["n_heads"] * shape["head_dim"], shape["n_kv_heads"] * shape["head_dim"]
+            params = 2 * h + h * q + 2 * h * k + q * h + 3 * h * shape["ffn"] + 2 * shape["head_dim"] * qk
+            assert labwide.measure(**shape, kernel=kernel, qk_norm=qk) == (_wide_hand(**shape, kernel=kernel,
+                                                                                         qk_norm=qk), params)
+
+
+def _part2_slip(delta):
+    right = solution()["layer_activation_bytes"]
+    return lambda **kw: right(**kw) + delta(kw)
+
+
+def _llama_table(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm):
+    """Chapter 01's table transcribed: everything d_model or kv wide, head_dim = d_model // n_heads."""
+    return _wide_hand(d_model, n_heads, n_kv_heads, d_model // n_heads, ffn, seq, batch, kernel, False)
+
+
+def _library_copy():
+    """The reviewer's route: the course's formula module exec'd into a plain dict before the check
+    (imports made absolute), asked for the layer's configuration (head_dim and q/k norms set)."""
+    import inspect
+    import types
+
+    from gpumem.memory import activations as module
+    src = inspect.getsource(module).replace("from .. import", "from gpumem import")
+    src = src.replace("from ..", "from gpumem.").replace("from .", "from gpumem.memory.")
+    lib = {"__name__": "copied"}
+    exec(compile(src, "/tmp/copied_activations.py", "exec"), lib)
+    parts, cfg = lib["layer_parts"], types.SimpleNamespace
+
+    def copied(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm):
+        c = cfg(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, ffn=ffn, head_dim=head_dim,
+                q_dim=n_heads * head_dim, kv_dim=n_kv_heads * head_dim, qk_norm=qk_norm, norm_kind="rms",
+                sliding_window=0, mlp="swiglu")
+        return sum(parts(c, seq, batch, kernel, 2).values())
+    return copied
+
+
+def _first_row(fn, seed=0):
+    got = rows(grade({"layer_activation_bytes": fn}, seed), "layer_activation_bytes")
+    assert all(r.status == "ok" for r in got[:-1]) and got[-1].status == "wrong", [r.detail for r in got]
+    return got
+
+
+T_OF = lambda kw: kw["batch"] * kw["seq"]            # noqa: E731
+Q_OF = lambda kw: kw["n_heads"] * kw["head_dim"]     # noqa: E731
+PART2_SLIPS = {   # name: (submission, how many cases pass first at seed 0, words in the hint)
+    "chapter 01's table transcribed": (lambda: _llama_table, 0, ["head_dim=", "ignores head_dim"]),
+    "the course's formula module copied": (_library_copy, 1, ["kernel=naive", "head_dim=", "ignores head_dim"]),
+    "W_o's input counted d_model wide": (lambda: _part2_slip(lambda kw: 2 * T_OF(kw) * (kw["d_model"] - Q_OF(kw))),
+                                         0, ["head_dim=", "n_heads*head_dim"]),
+    "q/k norms left out": (lambda: _part2_slip(lambda kw: -(2 * T_OF(kw) * (Q_OF(kw) + kw["n_kv_heads"] * kw[
+        "head_dim"]) + 4 * T_OF(kw) * (kw["n_heads"] + kw["n_kv_heads"])) * kw["qk_norm"]), 0, ["no q/k norm term"]),
+    "q/k norms without their 1/rms": (lambda: _part2_slip(lambda kw: -4 * T_OF(kw) * (kw["n_heads"] + kw[
+        "n_kv_heads"]) * kw["qk_norm"]), 0, ["fp32 1/rms per head and row"]),
+    "RoPE's input counted too": (lambda: _part2_slip(lambda kw: 2 * T_OF(kw) * (Q_OF(kw) + kw["n_kv_heads"] * kw[
+        "head_dim"]) * kw["qk_norm"]), 0, ["q/k norm term", "RoPE"]),
+    "the layer norms without their 1/rms": (lambda: _part2_slip(lambda kw: -8 * T_OF(kw)), 0, ["plain Llama layer"]),
+}
+
+
+@pytest.mark.parametrize("name", list(PART2_SLIPS))
+def test_part_2_cheats_and_slips_fail_at_their_first_wrong_term(name):
+    make, passing, says = PART2_SLIPS[name]
+    got = _first_row(make())
+    assert len(got) == passing + 1, [r.case for r in got]
+    assert all(w in got[-1].case + " " + got[-1].detail for w in says), (got[-1].case, got[-1].detail)
+
+
+def test_the_library_does_not_answer_part_2():
+    """Tripwire: if ``activations.layer_parts`` one day counts a naive or eager attention of
+    n_heads * head_dim != d_model, copying it answers part 2 again: change part 2 then."""
+    from gpumem.chapters.ch01_memory_anatomy import labwide
+    case = dict(d_model=48, n_heads=4, n_kv_heads=2, head_dim=16, ffn=80, seq=9, batch=2)
+    for kernel in ("naive", "eager"):
+        cfg = labwide.config(**{k: v for k, v in case.items() if k not in ("seq", "batch")}, qk_norm=True)
+        library = sum(activations.layer_parts(cfg, 9, 2, kernel, 2).values())
+        assert library != labwide.measure(**case, kernel=kernel, qk_norm=True)[0] == _wide_hand(
+            **case, kernel=kernel, qk_norm=True)
+
+
+def test_chapter_01_does_not_print_part_2s_layer():
+    import json
+    cells = json.loads((ROOT / "notebooks" / "01_memory_anatomy.ipynb").read_text())["cells"]
+    text = "\n".join("".join(c["source"]) + "".join("".join(o.get("text", "")) for o in c.get("outputs", []))
+                     for c in cells)
+    for leak in ("qk_norm", "q norm per head", "head_dim *", "n_heads * head_dim", "explicit_head_dim"):
+        assert leak not in text, leak

@@ -3,12 +3,16 @@
 
 The cases are not the ones the lab shows. Model states come from fake-tensor traces
 (``gpumem.memory.tracing``) of two fixed configurations and from ``accounting.model_states`` at
-drawn sizes. Layers are drawn afresh at each check (shapes, and in part 3 the variants of
-:mod:`.variants`: Hugging Face's RMSNorm, a GeLU MLP with dropout, q/k/v biases) and measured on
-real tensors (:func:`.variants.measure`), so a table of last time's answers does not pass; a few
-shapes lie far outside the drawn range, where a fit to small measurements passes only if it is the
-exact formula. Each function stops at its first failing case; a wrong part 3 count is explained
-by the switch whose term differs (:mod:`.labhints`). While the learner's functions run, the
+drawn sizes. Part 2's layer is the Llama layer with Qwen3's attention (an explicit ``head_dim``,
+n_heads * head_dim != d_model, and per-head q/k norms; :mod:`.labwide`, graded by
+:mod:`.labpart2`), a layer neither chapter 01 nor ``gpumem.memory.activations`` counts. Layers
+are drawn afresh at each check (shapes, and in part 3 the variants of :mod:`.variants`: Hugging
+Face's RMSNorm, a GeLU MLP with dropout, q/k/v biases) and measured on real tensors
+(:func:`.labwide.measure`, :func:`.variants.measure`), so a table of last time's answers does not
+pass; a few shapes lie far outside the drawn range, where a fit to small measurements passes only
+if it is the exact formula. Each function stops at its first failing case; a wrong count is
+explained by its first wrong term (part 2) or the switch whose term differs (part 3,
+:mod:`.labhints`). While the learner's functions run, the
 course's own formulas and tracers raise "derive it yourself" and any tensor operation raises "no
 tensor ops" (:mod:`.labguard`). Before any of this, :mod:`.labtruth` checks that torch and the
 course are as they were when the lab imported them and that the measured plain layer matches the
@@ -23,7 +27,7 @@ from gpumem.memory import accounting, tracing
 from gpumem.memory.estimate import n_param_tensors
 from gpumem.memory.models import ModelConfig
 
-from . import lab_gpu, labhints, labtruth, variants
+from . import lab_gpu, labhints, labpart2, labtruth, labwide, variants
 from .labguard import guarded
 from .variants import without_comments
 
@@ -60,16 +64,9 @@ def traced_layer(cfg: ModelConfig, kernel: str, seq: int, batch: int) -> int:
 
 
 def layer_source() -> str:
-    """The code one layer of ``gpumem.memory.llama`` runs, as lab 01 shows it (comments removed,
-    the learner works out what each operation saves): the block, its attention and attention
-    core, ``repeat_kv``, RoPE, the SwiGLU MLP and the fused RMSNorm's forward."""
-    import inspect
-    import textwrap
-    from gpumem.memory import llama
-    parts = [llama.Block.forward, llama._FusedRMSNormFn.forward, llama.Attention.forward,
-             llama.apply_rope, llama.core_attention, llama.repeat_kv, llama.MLP.forward]
-    return "\n\n".join(f"# {f.__qualname__.replace('_FusedRMSNormFn', 'RMSNorm')}\n"
-                       + without_comments(textwrap.dedent(inspect.getsource(f))) for f in parts)
+    """The code part 2's layer runs, as lab 01 shows it (comments removed, the learner works out
+    what each operation saves): the course's Llama layer with Qwen3's attention (:mod:`.labwide`)."""
+    return labwide.source()
 
 
 def variant_source() -> str:
@@ -149,34 +146,15 @@ def _failed(row: Row) -> bool:
     return row.status in ("wrong", "error")
 
 
-def _grade_layers(report: Report, fn, rng: random.Random) -> None:
-    name = "layer_activation_bytes"
-    if fn is None:
-        report.rows.append(Row(name, "part 2", "todo", f"define {name}"))
-        return
-    learner = guarded(fn)
-    cases = [(shape, kernel, "") for shape in (draw_shape(rng), draw_shape(rng))
-             for kernel in ("flash", "naive", "eager")]
-    cases.append((draw_far_shape(rng), rng.choice(("flash", "naive", "eager")), ", far shape"))
-    for shape, kernel, far in cases:
-        def body(case=dict(**shape, kernel=kernel)):
-            got = call(learner, **case)          # the truth is measured after the learner's call
-            truth = variants.measure(**case, norm="fused", mlp="swiglu", qkv_bias=False)
-            if changed := labtruth.disagreement(dict(case, norm="fused", mlp="swiglu", qkv_bias=False), truth):
-                return "error", changed
-            want = truth[0]
-            if not plain_int(got):
-                return "wrong", returned(got, "an int (bytes)")
-            return ("ok", "") if got == want else ("wrong", f"expected {want:,} B, got {got:,} B")
-        if _failed(run_case(report, name, _label(shape, kernel=kernel) + f" (traced{far})", body)):
-            return
-
-
 # (norm, mlp, qkv_bias) of part 3's cases, one variant at a time first, so that the first row that
 # fails names the variant; the attention kernel cycles through all three
 VARIANT_CASES = [("hf", "swiglu", False), ("fused", "gelu-dropout", False), ("fused", "swiglu", True),
                  ("hf", "gelu-dropout", False), ("fused", "gelu-dropout", True), ("hf", "gelu-dropout", True)]
 KERNEL_CYCLE = ("flash", "naive", "eager")
+
+
+def _grade_layers(report: Report, fn, rng: random.Random) -> None:
+    labpart2.grade(report, fn, rng, guarded)
 
 
 def _grade_variants(report: Report, fn, rng: random.Random) -> None:

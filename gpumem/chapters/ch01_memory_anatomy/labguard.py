@@ -44,6 +44,7 @@ MODULES = ("gpumem.memory.activations", "gpumem.memory.accounting", "gpumem.memo
            "gpumem.chapters.ch01_memory_anatomy.labcheck", "gpumem.chapters.ch01_memory_anatomy.variants",
            "gpumem.chapters.ch01_memory_anatomy.labhints", "gpumem.chapters.ch01_memory_anatomy.labstate",
            "gpumem.chapters.ch01_memory_anatomy.lab_gpu", "gpumem.chapters.ch01_memory_anatomy.labtruth",
+           "gpumem.chapters.ch01_memory_anatomy.labwide", "gpumem.chapters.ch01_memory_anatomy.labpart2",
            "gpumem.chapters.ch01_memory_anatomy.diagrams",
            "gpumem.chapters.ch01_memory_anatomy.steps", "gpumem.chapters.ch01_memory_anatomy.claims")
 SAYS = "is switched off while your function is graded: derive it yourself"

@@ -16,9 +16,10 @@ hooks record nothing turns every truth into 0, and functions answering 0 would p
   (bound at import; a formula, it does not run through torch) for the plain layer and either
   norm, less 3TF for the GeLU MLP with dropout (it keeps 2TF + TF + 2TF where SwiGLU keeps 8TF),
   biases adding no bytes; parameters by hand count, 2h + 2h^2 + 2hk + 3hF (2hF for the GeLU MLP,
-  + h + 2k for biases). That is checked for a small layer under each kernel before grading, for
-  every entry already in the truth's cache (a cell could fill it with answers of its own), and
-  by :mod:`.labcheck` for each case it grades. The measurement stays the truth the learner is
+  + h + 2k for biases); part 2's layer (:mod:`.labwide`) is held to :func:`expected_wide`. That is
+  checked for a small layer of each part under each kernel before grading, for every entry
+  already in the truths' caches (a cell could fill them with answers of its own), and by
+  :mod:`.labcheck` and :mod:`.labpart2` for each case they grade. The measurement stays the truth the learner is
   told about; the formula is the grader's second witness.
 """
 
@@ -28,9 +29,11 @@ import os
 import sys
 import types
 
+from dataclasses import replace
+
 from gpumem.memory.activations import layer_parts
 
-from . import labguard, labstate, variants
+from . import labguard, labstate, labwide, variants
 
 CHANGED = ("torch or the course was changed in this kernel before the check ({}): the grader's "
            "measured truth cannot be trusted, so nothing is graded. Restart the kernel and run the "
@@ -139,21 +142,63 @@ def disagreement(case: dict, got) -> str:
     return CHANGED.format(said) if said else ""
 
 
+def expected_wide(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm) -> tuple[int, int]:
+    """Part 2's layer (:mod:`.labwide`) by formula: ``layer_parts`` of its configuration, whose
+    naive and eager attention terms (q, expanded k and v; W_o's input) are taken at d_model =
+    n_heads * head_dim, the width they have; parameters by hand count."""
+    cfg = labwide.config(d_model, n_heads, n_kv_heads, head_dim, ffn, qk_norm)
+    parts = _LAYER_PARTS(cfg, seq, batch, kernel, 2)
+    if kernel != "flash":
+        core = _LAYER_PARTS(replace(cfg, d_model=cfg.q_dim), seq, batch, kernel, 2)
+        parts.update({key: core[key] for key in ("q, expanded k and v", "W_o input")})
+    h, q, k = d_model, cfg.q_dim, cfg.kv_dim
+    return sum(parts.values()), 2 * h + 2 * h * q + 2 * h * k + 3 * h * ffn + (2 * head_dim if qk_norm else 0)
+
+
+def _wide_disagreement(case: dict, got) -> str:
+    want = expected_wide(**case)
+    if tuple(got) == want:
+        return ""
+    return (f"{', '.join(f'{k}={v}' for k, v in case.items())} measures {got[0]:,} B and {got[1]:,} "
+            f"parameters, the formula {want[0]:,} B and {want[1]:,}")
+
+
+def wide_disagreement(case: dict, got) -> str:
+    """Part 2's :func:`disagreement`."""
+    said = _wide_disagreement(case, got)
+    return CHANGED.format(said) if said else ""
+
+
+_WIDE = dict(d_model=48, n_heads=4, n_kv_heads=2, head_dim=16, ffn=80, seq=7, batch=2)
+
+
+def _caches_disagree() -> str:
+    """Measure the small layers afresh under each kernel; then every cached truth (a cell could
+    fill the caches with answers of its own) must be the formula's: the first that is not."""
+    for kernel in ("flash", "naive", "eager"):
+        plain, wide = dict(_SHAPE, kernel=kernel, norm="fused", mlp="swiglu", qkv_bias=False), dict(
+            _WIDE, kernel=kernel, qk_norm=True)
+        variants._truth.pop(tuple(plain.values()), None)
+        labwide._truth.pop(tuple(wide.values()), None)
+        if said := _disagreement(plain, variants.measure(**plain)) or _wide_disagreement(wide, labwide.measure(**wide)):
+            return said
+    for cache, keys, check in ((variants._truth, _KEYS, _disagreement),
+                               (labwide._truth, labwide.KEYS, _wide_disagreement)):
+        for key, got in list(cache.items()):
+            try:
+                said = check(dict(zip(keys, key, strict=True)), got)
+            except Exception:                                     # not even a key measure makes
+                said = f"a truth cache holds {key!r}"
+            if said:
+                return said
+    return ""
+
+
 def refusal() -> str:
     """Empty when the truth can be trusted; else the row's detail (and what changed is put back)."""
     changed = _changed_since_import() + _foreign()
-    if not changed:
-        for kernel in ("flash", "naive", "eager"):                # measured afresh each check
-            variants._truth.pop((*_SHAPE.values(), kernel, "fused", "swiglu", False), None)
-            variants.measure(**_SHAPE, kernel=kernel, norm="fused", mlp="swiglu", qkv_bias=False)
-        for key, got in list(variants._truth.items()):        # those just measured, and any cached
-            try:
-                said = _disagreement(dict(zip(_KEYS, key, strict=True)), got)
-            except Exception:                                     # not even a key measure makes
-                said = f"variants._truth holds {key!r}"
-            if said:
-                changed.append(said)
-                break
+    if not changed and (said := _caches_disagree()):
+        changed.append(said)
     if not changed:
         return ""
     shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")

@@ -1,0 +1,94 @@
+"""Lab 01, part 2's grading: ``layer_activation_bytes`` against :func:`.labwide.measure`, on shapes
+drawn at each check whose attention is not d_model wide (``n_heads * head_dim != d_model``), with
+and without per-head q/k norms, under all three kernels; one far shape.
+
+Neither chapter 01's table (a Llama layer: everything d_model or k wide) nor
+``gpumem.memory.activations.layer_parts`` (its naive and eager terms are d_model wide) gives these
+counts. A wrong count is explained by its first wrong term (:func:`why`): the grader asks the
+learner's function again at the same shape as the plain Llama layer (``head_dim = d_model //
+n_heads``, no q/k norms) and with the wide attention but no q/k norms, and compares each step's
+change with the measured one: the plain layer first, then the attention's width, then the norms.
+"""
+
+from gpumem.course.grading import LearnerError, Report, Todo, call, returned, run_case
+
+from . import labtruth, labwide
+
+NAME = "layer_activation_bytes"
+KERNELS = ("flash", "naive", "eager")
+
+
+def label(case: dict, tag: str = "") -> str:
+    """A row's case: the shape, kernel and q/k norm switch."""
+    c = case
+    return (f"d={c['d_model']} heads={c['n_heads']}/{c['n_kv_heads']}x{c['head_dim']} ffn={c['ffn']} "
+            f"seq={c['seq']} batch={c['batch']} kernel={c['kernel']} qk_norm={c['qk_norm']} (traced{tag})")
+
+
+def cases(rng) -> list[tuple[dict, str]]:
+    """Two drawn shapes under each kernel, q/k norms on every other case, then one far shape."""
+    found = [(dict(shape, kernel=kernel, qk_norm=(2 * i + j) % 2 == 0), "")
+             for i, shape in enumerate((labwide.draw_shape(rng), labwide.draw_shape(rng)))
+             for j, kernel in enumerate(KERNELS)]
+    return found + [(dict(labwide.draw_far_shape(rng), kernel=rng.choice(KERNELS), qk_norm=True), ", far shape")]
+
+
+def _ask(learner, case: dict):
+    """The learner's count at ``case``, or None if it raises or is no int."""
+    try:
+        got = call(learner, **case)
+    except (Todo, LearnerError):
+        return None
+    return got if type(got) is int else None
+
+
+def why(learner, case: dict, got: int, want: int) -> str:
+    """The row's detail for a wrong count: its first wrong term."""
+    h, a, d = case["d_model"], case["n_heads"], case["head_dim"]
+    plain = {**case, "head_dim": h // a, "qk_norm": False}
+    wide = {**case, "qk_norm": False}
+    steps = [(plain, None), (wide, plain)] + ([(case, wide)] if case["qk_norm"] else [])
+    for i, (now, before) in enumerate(steps):
+        mine, true = _ask(learner, now), labwide.measure(**now)[0]
+        if before is not None:
+            mine_before = _ask(learner, before)
+            mine = None if mine is None or mine_before is None else mine - mine_before
+            true -= labwide.measure(**before)[0]
+        if mine is None or mine == true:
+            continue
+        off = mine - true
+        if i == 0:
+            return (f"the plain Llama layer at this shape (head_dim = d_model // n_heads = {h // a}, "
+                    f"qk_norm=False) is already {off:+,} B off: go through its operations again")
+        if i == 1:
+            what = "your count ignores head_dim" if mine == 0 else f"your width term is {off:+,} B off"
+            return (f"head_dim={d}: the attention is {a}x{d} = {a * d} wide, d_model {h}; {what}: which saved "
+                    "tensors are d_model wide, which n_heads*head_dim, which n_kv_heads*head_dim?")
+        T, k = case["batch"] * case["seq"], case["n_kv_heads"]
+        if off == -4 * T * (a + k):
+            return f"qk_norm=True: {-off:,} B missing: one fp32 1/rms per head and row, for q and for k"
+        if mine == 0:
+            return "qk_norm=True: your count has no q/k norm term: what does each per-head RMSNorm save?"
+        return (f"qk_norm=True: your q/k norm term is {off:+,} B off: what do the two per-head RMSNorms save, "
+                "and does RoPE, between them and the attention, save anything new?")
+    return f"expected {want:,} B, got {got:,} B ({got - want:+,})"
+
+
+def grade(report: Report, fn, rng, guarded) -> None:
+    """Part 2's rows: each drawn case, stopping at the first that fails."""
+    if fn is None:
+        from gpumem.course.grading import Row
+        report.rows.append(Row(NAME, "part 2", "todo", f"define {NAME}"))
+        return
+    learner = guarded(fn)
+    for case, tag in cases(rng):
+        def body(case=case):
+            got = call(learner, **case)          # the truth is measured after the learner's call
+            truth = labwide.measure(**case)
+            if changed := labtruth.wide_disagreement(case, truth):
+                return "error", changed
+            if type(got) is not int:
+                return "wrong", returned(got, "an int (bytes)")
+            return ("ok", "") if got == truth[0] else ("wrong", why(learner, case, got, truth[0]))
+        if run_case(report, NAME, label(case, tag), body).status in ("wrong", "error"):
+            return
