@@ -25,18 +25,25 @@ def bar(value: int, scale: int, width: int = 20) -> str:
     return "█" * n + "·" * (width - n)
 
 
-def show_figures(*figs, alt: str | None = None) -> None:
-    """Display each matplotlib figure in a notebook as a PNG alone (``alt``, when given, is its
-    text form), never matplotlib's ``<Figure size ...>`` text, and close it so the inline backend
-    does not draw it a second time. Every chapter's ``plots.show`` is this function."""
+def figure_png(fig) -> str:
+    """``fig`` as a PNG (base64 text, as a notebook stores it), cropped to what it draws. A
+    pyplot figure is closed afterwards, so the inline backend does not draw it a second time;
+    a ``matplotlib.figure.Figure`` built without pyplot is in no registry and needs no closing."""
     import base64
     import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight", dpi=fig.dpi)
+    if getattr(fig.canvas, "manager", None) is not None:   # pyplot's: drop it from pyplot's registry
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
 
-    import matplotlib.pyplot as plt
+
+def show_figures(*figs, alt: str | None = None) -> None:
+    """Display each matplotlib figure in a notebook as a PNG alone (``alt``, when given, is its
+    text form), never matplotlib's ``<Figure size ...>`` text (:func:`figure_png` renders it).
+    Every chapter's ``plots.show`` is this function."""
     from IPython.display import display
     for fig in figs:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", bbox_inches="tight", dpi=fig.dpi)
-        plt.close(fig)
-        data = {"image/png": base64.b64encode(buf.getvalue()).decode("ascii")}
+        data = {"image/png": figure_png(fig)}
         display(data | ({"text/plain": alt} if alt else {}), raw=True)

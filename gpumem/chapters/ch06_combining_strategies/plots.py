@@ -1,7 +1,14 @@
 """Chapter 06's figures: the ranked plans' per-GPU memory as stacked bars against the usable
-bytes, and their step time by term. Both take a ``planner.Result``."""
+bytes, and their step time by term. Both take a ``planner.Result``.
 
-import matplotlib.pyplot as plt
+Figures are built with matplotlib's object API (``matplotlib.figure.Figure``), never pyplot: a
+pyplot figure sits in pyplot's global registry, where the inline backend's end-of-execution flush
+finds it, renders it and closes it. In JupyterLab the planner widget's callbacks and that flush
+can run on different kernel threads (ipykernel's subshells), so the flush rendered a figure the
+widget was still drawing: bars without axes, title or legend (issue 24, item 1). A ``Figure`` of
+our own is seen by nobody else."""
+
+from matplotlib.figure import Figure
 
 from gpumem.course.drawing import show_figures as show  # noqa: F401  (notebooks call plots.show)
 
@@ -18,7 +25,7 @@ def memory_bars(result, top: int = 6, ax=None):
     """Stacked horizontal bars: each distinct plan's per-GPU bytes by part (GB), the usable line."""
     plans = result.distinct(top)
     if ax is None:
-        fig, ax = plt.subplots(figsize=(9, 0.8 + 0.75 * max(len(plans), 1)))
+        ax = Figure(figsize=(9, 0.8 + 0.75 * max(len(plans), 1))).subplots()
     if not plans:
         ax.text(0.5, 0.5, "nothing fits", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel("per-GPU memory (GB = 10^9 bytes)")
@@ -45,7 +52,7 @@ def time_bars(result, top: int = 6, ax=None):
     """Stacked horizontal bars: each distinct plan's step time by term (seconds)."""
     plans = result.distinct(top)
     if ax is None:
-        fig, ax = plt.subplots(figsize=(9, 0.8 + 0.75 * max(len(plans), 1)))
+        ax = Figure(figsize=(9, 0.8 + 0.75 * max(len(plans), 1))).subplots()
     labels = [_short(p) for p in plans][::-1]
     left = [0.0] * len(plans)
     for part in TIME_PARTS:
@@ -73,7 +80,7 @@ def validation_scatter(rows, band: tuple[float, float] | None = None, ax=None):
     from gpumem.planner.validate import BAND, CALIBRATION
     band = band or BAND
     if ax is None:
-        fig, ax = plt.subplots(figsize=(7.5, 6))
+        ax = Figure(figsize=(7.5, 6)).subplots()
     priced = [r for r in rows if r.predicted is not None]
     lo = min(min(r.published, r.predicted) for r in priced) / 2
     hi = max(max(r.published, r.predicted) for r in priced) * 2

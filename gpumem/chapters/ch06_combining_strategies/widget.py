@@ -8,7 +8,16 @@ by the ranks on it; it starts at the ZeRO-Offload paper's measured 3.89 G
 ``planner_widget()`` returns the ipywidgets box (JupyterLab); in text mode (no kernel, no
 ipywidgets, or ``GPUMEM_QUIZ_MODE=text``) it shows the table and figure for the given values. The planner answers in well under a second, so the widget
 re-plans on every move.
+
+Redraws are safe across kernel threads (issue 24, item 1): JupyterLab 4.6 with ipykernel 7 can
+run a widget's callback on a subshell thread while the main thread runs another, and the inline
+backend's end-of-execution flush renders and closes every *pyplot* figure, whichever thread is
+still drawing it. So the figure is a ``matplotlib.figure.Figure`` of its own (``plots``), turned
+into a PNG before anything is shown, and one redraw at a time writes the output; a redraw that a
+later change has overtaken shows nothing, so the chart always matches the controls.
 """
+
+import threading
 
 from gpumem.memory import gpus as gpu_table
 from gpumem.memory import models
@@ -17,6 +26,7 @@ from gpumem.timing import offload_time
 
 from . import diagrams, plots
 
+_ONE_DRAW = threading.Lock()
 MODELS = ("llama-3-8b", "llama-3-70b", "llama-3.1-405b")
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SEQS = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -51,18 +61,32 @@ def planner_widget(model: str = "llama-3-70b", gpu: str = "h100-80gb", gpus: int
         "gpus": w.SelectionSlider(options=COUNTS, value=gpus, description="GPUs"),
         "seq": w.SelectionSlider(options=SEQS, value=seq, description="sequence"),
         "global_batch": w.SelectionSlider(options=BATCHES, value=global_batch, description="batch"),
-        "cpu_adam_g": w.FloatSlider(value=cpu_adam_g, min=ADAM_RANGE[0], max=ADAM_RANGE[1], step=ADAM_RANGE[2],
+        # on the slider's 0.01 grid: an off-grid value comes back rounded from the browser (a redraw)
+        "cpu_adam_g": w.FloatSlider(value=round(cpu_adam_g, 2), min=ADAM_RANGE[0], max=ADAM_RANGE[1], step=ADAM_RANGE[2],
                                     readout_format=".2f", description="CPU Adam",
                                     tooltip="G params/s per node, shared by its ranks"),
     }
     out = w.Output()
+    drawing_lock, asked = threading.Lock(), [0]    # asked: changes seen so far (the latest wins)
 
     def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
+        from IPython.display import display
+
+        from gpumem.course.drawing import figure_png
+        with drawing_lock:
+            asked[0] += 1
+            mine = asked[0]
+        with _ONE_DRAW:                      # matplotlib is not thread-safe: one figure at a time
+            if mine != asked[0]:
+                return                       # a later change is waiting; it draws the current values
             text, fig, _result = render(**{k: c.value for k, c in controls.items()})
-            print(text)
-            plots.show(fig)
+            png = figure_png(fig)
+            if mine != asked[0]:
+                return
+            with out:
+                out.clear_output(wait=True)
+                print(text)
+                display({"image/png": png}, raw=True)
 
     for c in controls.values():
         c.observe(redraw, names="value")
