@@ -10,6 +10,7 @@ import random
 import pytest
 
 from gpumem import chapters
+from gpumem.course import copy_watch
 from gpumem.chapters.ch05_offload import lab_draw, lab_gpu, lab_swap_record, lab_swaps, labcheck
 from gpumem.chapters.ch05_offload import lab_reference as ref
 from gpumem.runs import ds_offload
@@ -90,8 +91,8 @@ def test_graded_cases_are_drawn_and_not_the_labs():
 def test_choose_cases_need_both_budgets(seed):
     """Each drawn case's answer is neither the most offloaded rung nor ZeRO-3 alone, nor what the
     memory budgets alone would give (the least GPU bytes that fit), counted with the solution's
-    functions; in one the fastest rung that fits memory is not it; one case has no answer; every
-    budget at least 5 % from every rung's bytes and seconds."""
+    functions; in one the fastest rung that fits memory is not it; at least three different answers;
+    every budget at least 5 % from every rung's bytes and seconds."""
     ns = solution("lab05")
     answers, fastest_differs = [], False
     for case, (n, ranks, gb, hb, sb, compute_s, links), want, _ in lab_draw.choose_cases(random.Random(seed)):
@@ -105,7 +106,7 @@ def test_choose_cases_need_both_budgets(seed):
         for rung, values in figs.items():
             for value, budget in zip(values, (gb, hb, sb)):
                 assert not value or abs(value / budget - 1) >= labcheck.MARGIN == 0.05, (case, rung, value, budget)
-    assert None in answers and len(set(answers)) == len(answers) and fastest_differs
+    assert len(set(answers)) >= 3 and fastest_differs
 
 
 def _always_most_offloaded(*args):
@@ -343,7 +344,8 @@ def test_swap_stub_is_not_passed_without_libaio(no_libaio):
         assert row.status == "wrong" and "DeepSpeed wrote" in row.detail, row
     good = grade(solution("lab05"))
     assert good.solved, good.summary()
-    assert all("recorded run, DeepSpeed 0.19.8" in r.detail for r in rows(good, "swap_files"))
+    assert all("DeepSpeed 0.19.8's swap rules" in r.detail and "not run live here" in r.detail
+               for r in rows(good, "swap_files"))
 
 
 def test_recorded_swap_files_match_the_hand_count():
@@ -359,18 +361,29 @@ def test_recorded_swap_files_match_the_hand_count():
 
 
 def test_recorded_swap_files_equal_a_live_run():
-    """The record is what DeepSpeed writes now, for one drawn pair (2 CPU ranks, about 40 s; needs libaio)."""
+    """The record is what DeepSpeed writes now, for one recorded model of each kind, and a drawn pair
+    (the grader's fallback without libaio) writes the files counted by hand here (2 CPU ranks, about
+    60 s; needs libaio)."""
     from gpumem.runs import launch
     ready, why = ds_offload.nvme_ready()
     if not ready:
         pytest.skip(why)
-    models = lab_swaps.draw_models(random.Random())
+    rng = random.Random()
+    recorded = {k: v for kind in ("A", "B") for k, v in [rng.choice([i for i in lab_swaps.family().items()
+                                                                       if i[0].startswith(f"model {kind}")])]}
+    drawn = lab_swaps.draw_models(rng)
     with ds_offload.swap_folder() as swap:
         live = launch.run("gpumem.chapters.ch05_offload.lab_runs:swap_run", 2, "cpu", deepspeed=True, progress=False,
-                          models=models, swap_dir=str(swap))
+                          models={**recorded, **drawn}, swap_dir=str(swap))
     for rank in live:
         for label, files in rank.items():
-            assert lab_swaps.recorded_problem(lab_swaps.by_role(files), label) == "", label
+            if label in recorded:
+                assert lab_swaps.recorded_problem(lab_swaps.by_role(files), label) == "", label
+            else:
+                cfg, block = drawn[label]
+                hand = {k: v for k, v in _hand_files(labcheck.numels(cfg), 2, block).items() if v}
+                assert lab_swaps.by_role(files) == {k: sorted(v) for k, v in hand.items()} or \
+                    lab_swaps.swap_problem(hand, files) == "", label
 
 
 def test_gpu_part_adds_no_row_without_cuda(capsys):
@@ -526,3 +539,161 @@ def test_the_gpu_part_refuses_the_graders_own_timing(monkeypatch):
     monkeypatch.setattr(lab_gpu, "reference_seconds", lambda n: {"h2d": n / 50e9, "d2h": n / 50e9})
     row = rows(grade({"pcie_copy_seconds": mine}), "pcie_copy_seconds")[0]
     assert row.status == "error" and "the grader's own timing" in row.detail, row
+
+
+# -- review r5 (reviews21/r5/expert_05_06.md): the case predicted, the answer key tabled, its source copied
+def _keyed_on_the_case(n, ranks, gb, hb, sb, c, links):
+    """The reviewer's one-liner: the old templates' ranks and compute time named the answer."""
+    return {4: "zero2+opt-cpu", 16: "zero3+opt-cpu"}.get(ranks) or ("zero3+opt-nvme" if c < 2 else None)
+
+
+def test_choose_rung_keyed_on_the_case_fails(monkeypatch):
+    """Each case's answer is drawn before its setup (ranks, GPU, drive, compute), so neither the
+    reviewer's one-liner nor a table from ranks to the commonest answer solves a check (20 draws;
+    the cases are drawn here as check() draws them)."""
+    monkeypatch.setattr(copy_watch, "from_grader", lambda frame, entries: True)    # lab_draw called from here
+    draws = [lab_draw.choose_cases(random.Random(1000 + seed)) for seed in range(20)]
+    by_ranks: dict = {}
+    for cases in draws:
+        for _, args, want, _ in cases:
+            by_ranks.setdefault(args[1], []).append(want)
+    assert all(len(set(answers)) >= 2 for answers in by_ranks.values()), by_ranks    # no rank count names it
+    common = {r: max(set(a), key=a.count) for r, a in by_ranks.items()}
+    for guess in (_keyed_on_the_case, lambda n, ranks, *rest: common[ranks]):
+        assert not any(all(guess(*args) == want for _, args, want, _ in cases) for cases in draws)
+
+
+def test_the_one_liner_gets_a_wrong_row(no_libaio):
+    ns = solution("lab05")
+    ns.pop("swap_files")
+    ns["choose_rung"] = _keyed_on_the_case
+    for _ in range(3):                    # one check in (1/4 per case)^4 could pass by luck: three in a row cannot
+        report = grade(ns)
+        if not report.solved:
+            break
+    bad = first_problem(report, "choose_rung")
+    assert bad.status == "wrong" and "is not the rung to choose" in bad.detail, bad
+
+
+TABLED = """
+from gpumem.chapters.ch05_offload import lab_reference as R
+_A = {r: R.rung_bytes(1, 1, r) for r in R.RUNGS}            # the answer key at s = psi = 1
+"""
+SWAP_TABLE = """
+from gpumem.chapters.ch05_offload import lab_swaps as S
+_F = {tuple(S.numels(c)): S.hand_files(S.numels(c), 2, b) for c, b in S.family().values()}
+"""
+GPU_TIMING = """
+from gpumem.chapters.ch05_offload import lab_gpu
+_t = lab_gpu.reference_seconds(lab_gpu.optimizer_state_bytes())
+"""
+FAKE_RNG = """
+import random
+from gpumem.chapters.ch05_offload import labcheck, lab_reference as R
+_A = []
+class _Rng(random.Random):                  # check() draws with it: its methods are the learner's code
+    def randrange(self, *a):
+        _A.append(R.rung_bytes(1, 1, "zero3"))
+        return super().randrange(*a)
+labcheck.check({}, show=False, rng=_Rng(0))
+"""
+
+
+@pytest.mark.parametrize("source, what", [
+    (TABLED, "lab_reference.rung_bytes"), (SWAP_TABLE, "lab_swaps.hand_files"),
+    (GPU_TIMING, "lab_gpu.reference_seconds"), (FAKE_RNG, "lab_reference.rung_bytes")],
+    ids=["rung-table", "swap-table", "gpu-timing-saved", "fake-rng-inside-check"])
+def test_the_answer_key_refuses_outside_the_grader(source, what):
+    """The answers refuse a learner's cell (a table made at definition time), also when the cell
+    reaches them through check() with a function of its own on the way; the GPU part's timing
+    refuses before it touches CUDA (so this runs without a GPU)."""
+    ns = {}
+    with pytest.raises(RuntimeError, match=f"{what} is the grader's answer: it runs only inside the lab's check"):
+        exec(compile(source, "<learner cell>", "exec"), ns)
+
+
+def test_swap_models_are_drawn_from_ranges():
+    """Twenty checks draw twenty different pairs, none of the six recorded models: a table of models
+    is no help; every rule of the swap files still changes a drawn pair's files (draw_models)."""
+    pairs = [tuple(lab_swaps.draw_models(random.Random(seed))) for seed in range(20)]
+    assert len(set(pairs)) == 20
+    assert not set(label for p in pairs for label in p) & set(lab_swaps.family())
+
+
+COPY = """
+import inspect, types
+from gpumem.chapters.ch05_offload import lab_reference as R
+_m = types.ModuleType("mine"); _m.__package__ = "gpumem.chapters.ch05_offload"; _m.__file__ = "mine.py"
+_src = inspect.getsource(R).replace("sys.audit(AUDIT)", "pass").replace("graders_only(", "(lambda *a: 0)(")
+exec(compile(_src, "<mine>", "exec"), _m.__dict__)
+rung_bytes = _m.rung_bytes
+def choose_rung(*a): return _m.choose(*a)
+"""
+SWAP_COPY = """
+import inspect
+from gpumem.chapters.ch05_offload import lab_swaps as S
+_g = {}
+exec(inspect.getsource(S.hand_files).replace("@lab_guard.keep", "#").replace("graders_only", "len"), _g)
+def swap_files(numels, ranks, block): return _g["hand_files"](numels, ranks, block)
+"""
+ACCOUNTING_COPY = """
+import inspect
+from gpumem.memory import accounting
+_g = dict(vars(accounting))
+exec(compile(inspect.getsource(accounting.model_states), "<mine>", "exec"), _g)
+def rung_bytes(n, ranks, rung):
+    m = _g["model_states"](n, "mixed", ranks, *RUNGS[rung])
+    return {"gpu": {"params": m.total}, "cpu": {"master": m.host}, "nvme": {"master": m.nvme}}
+"""
+
+
+@pytest.mark.parametrize("source, function, words", [
+    (COPY, "rung_bytes", "a copy of the grader's answer lab_reference.rung_bytes"),
+    (COPY, "choose_rung", "a copy of the grader's answer lab_reference.choose"),
+    (SWAP_COPY, "swap_files", "a copy of the grader's answer lab_swaps.hand_files"),
+    (ACCOUNTING_COPY, "rung_bytes", "a copy of gpumem.memory.accounting.model_states"),
+], ids=["reference-source-exec", "reference-choose", "swap-rules-source", "accounting-source"])
+def test_copies_of_the_answers_are_known_by_their_code(no_libaio, source, function, words):
+    """Review r5 cheat 3: the answer key's source run under another name, its guard lines taken out,
+    is refused while the learner's call runs (gpumem.course.copy_watch: same instructions and
+    constants, names and lines aside)."""
+    ns = solution("lab05")
+    ns["RUNGS"] = ref.RUNGS
+    exec(compile(source, "<learner cell>", "exec"), ns)
+    report = grade(ns)
+    bad = first_problem(report, function)
+    assert bad.status == "error" and words in bad.detail and "count it yourself" in bad.detail, bad
+
+
+def test_the_solution_is_not_taken_for_a_copy():
+    """The solution's own functions match none of the protected ones, and a changed constant is
+    the learner's own code (not a copy)."""
+    from gpumem.chapters.ch05_offload import lab_guard
+    prints = lab_guard.prints()
+    for name in ("rung_bytes", "rung_seconds", "choose_rung", "swap_files"):
+        assert prints.match(solution("lab05")[name].__code__) == "", name
+    import inspect
+    src = inspect.getsource(ref.rung_bytes).replace("8 * s", "9 * s")
+    g = dict(vars(ref))
+    exec(src, g)
+    assert prints.match(g["rung_bytes"].__code__) == ""
+
+
+LAUNCHER = """
+from gpumem.runs import launch
+def _fake_run(target, world, device, **kw):
+    return [{label: {"x_param.tensor.swp": 123} for label in kw["models"]}] * 2
+launch.run = _fake_run
+def swap_files(numels, ranks, block): return {"params": [123]}
+"""
+
+
+def test_a_faked_launcher_is_refused(monkeypatch):
+    """Review r5 cheat 4: launch.run replaced so that "DeepSpeed's files" are the learner's own."""
+    from gpumem.runs import launch
+    monkeypatch.setattr(launch, "run", launch.run)          # put back after the test
+    ns = {}
+    exec(compile(LAUNCHER, "<learner cell>", "exec"), ns)
+    report = grade(ns)
+    for row in rows(report, "swap_files"):
+        assert row.status == "error" and "gpumem.runs.launch.run was replaced" in row.detail, row

@@ -7,9 +7,11 @@ guard that knows functions by file and name:
   makes new code objects in a new "file"; :class:`Prints` knows them by their *content*: each
   protected function (nested ones included) compiled afresh from its module's file and reduced to
   its instructions and constants, with the names it uses (globals, attributes, locals), its file
-  and its line numbers left out, and a leading guard statement (``sys.audit(...)``, a call of
-  :data:`GUARD_CALLS`) dropped: renaming, moving or deleting the guard line still matches; a
-  changed constant or an added statement does not (that is the learner's own code then). Short
+  and its line numbers left out, and its leading guard statements (``sys.audit(...)``, calls of
+  :data:`GUARD_CALLS`) dropped; a code object whose instructions *end with* a protected body is a
+  copy: renaming, moving, deleting or replacing the guard lines (anything put before the body)
+  still matches; a changed constant or a statement added inside the body does not (that is the
+  learner's own code then). Short
   functions (fewer than ``least`` instructions) are left out: a learner's own code repeats them
   by chance.
 * **an answer computed before grading** (a table made at definition time): :func:`from_grader`
@@ -35,7 +37,7 @@ from functools import lru_cache
 GPUMEM = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 TESTS = os.path.join(os.path.dirname(os.path.dirname(GPUMEM)), "tests") + os.sep
 GUARD_CALLS = {"audit", "graders_only", "refuse_if_active"}   # a leading call of these is dropped
-_SKIP = {"RESUME", "NOP", "EXTENDED_ARG", "CACHE"}
+_SKIP = {"RESUME", "NOP", "EXTENDED_ARG", "CACHE", "MAKE_CELL", "COPY_FREE_VARS", "RETURN_GENERATOR"}
 _NAMED = set(dis.hasname) | set(dis.haslocal) | set(dis.hasfree)
 
 
@@ -155,6 +157,7 @@ class Prints:
 
     def __init__(self, modules, least: int = 40, skip=(), only=()):
         self.known: dict[tuple, str] = {}
+        self.lengths: set[int] = set()
         for module, label in modules:
             top = fresh(module.__file__)
             for code in nested(top) if top is not None else ():
@@ -164,6 +167,7 @@ class Prints:
                 sig = signature(code)
                 if len(sig) >= least:
                     self.known.setdefault(sig, f"{label}.{code.co_qualname}")
+                    self.lengths.add(len(sig))
         self._seen: dict[int, tuple] = {}
 
     def match(self, code: types.CodeType) -> str:
@@ -171,7 +175,10 @@ class Prints:
         seen = self._seen.get(id(code))
         if seen is not None and seen[0] is code:
             return seen[1]
-        hit = self.known.get(signature(code), "") if not code.co_name.startswith("<") else ""
+        hit = ""
+        if not code.co_name.startswith("<"):
+            sig = signature(code)
+            hit = next((self.known[sig[-n:]] for n in self.lengths if len(sig) >= n and sig[-n:] in self.known), "")
         self._seen[id(code)] = (code, hit)
         return hit
 
@@ -184,9 +191,11 @@ class Prints:
 def is_own(fn) -> bool:
     """True if ``fn`` is a ``gpumem`` module's function as its file defines it: its globals are the
     loaded module's and its code equals one compiled afresh from the file (a replaced function,
-    or one whose ``__code__`` was swapped, is not)."""
+    or one whose ``__code__`` was swapped, is not); or a function of a course test module (a
+    test's stand-in, taken at its word as in :func:`is_test`)."""
     code, g = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
     module = sys.modules.get((g or {}).get("__name__", ""))
     path = getattr(module, "__file__", None) or ""
-    return (code is not None and module is not None and vars(module) is g and path.startswith(GPUMEM)
-            and code in _fresh_codes(path))
+    if code is None or module is None or vars(module) is not g:
+        return False
+    return (path.startswith(GPUMEM) and code in _fresh_codes(path)) or (path.startswith(TESTS) and code.co_filename == path)
