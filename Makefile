@@ -88,10 +88,11 @@ GPU_CHECK_ARGS ?=
 gpu-check: setup
 	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS),)
 
-# Offline static book of the executed notebooks; SITE_DIR=... to put it elsewhere.
+# The executed notebooks as an offline book (Sphinx + MyST-NB, nothing re-run, nothing fetched;
+# quizzes answered in the browser); SITE_DIR=... to put it elsewhere.
 SITE_DIR ?= .cache/site
 site: $(STAMP)
-	$(PY) -m gpumem.course.site --out "$(SITE_DIR)"
+	$(PY) tools/build_site.py --out "$(SITE_DIR)"
 
 labs: setup
 	$(PY) -m gpumem.course.labgen
