@@ -58,6 +58,7 @@ class _Bytes:
         self._seen: set[int] = set()
 
     def add(self, role: str, t) -> None:
+        """Count ``t``'s storage under ``role`` unless counted already."""
         if not torch.is_tensor(t):
             return
         storage = t.untyped_storage()
@@ -97,12 +98,14 @@ def model_bytes(model, acc: _Bytes | None = None) -> _Bytes:
 
 
 def grad_bytes(model, acc: _Bytes) -> None:
+    """Add the gradients alive now as ``grads``."""
     for p in model.parameters():
         if p.grad is not None:
             acc.add("grads", p.grad)
 
 
 def optimizer_bytes(opt, acc: _Bytes) -> None:
+    """Add every tensor in ``opt.state``: ``optimizer``, or ``constants`` for step counters and maps."""
     for state in opt.state.values():
         for key, t in state.items():
             acc.add("constants" if key in CONSTANT_STATE_KEYS else "optimizer", t)
@@ -114,6 +117,7 @@ def trainable(model) -> int:
 
 
 def batch(raw: dict, seq: int, rows: int, seed: int = 0) -> torch.Tensor:
+    """The fixed training batch: (rows, seq) token ids."""
     gen = torch.Generator().manual_seed(seed + 1)
     return torch.randint(0, raw["vocab_size"], (rows, seq), generator=gen)
 
