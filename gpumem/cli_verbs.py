@@ -11,7 +11,7 @@ import textwrap
 
 from . import units
 from .errors import UsageError
-from .memory import accounting
+from .memory import accounting, finetune_options
 from .memory.policies import ADAMW_IMPLS, KERNELS, NORMS, POLICIES
 
 _DECIMAL = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
@@ -113,6 +113,7 @@ def register(sub, run_options: bool = False) -> None:
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0)
     p.add_argument("--offload", choices=accounting.OFFLOADS, default="none")
     p.add_argument("--offload-device", choices=accounting.DEVICES, default="cpu")
+    finetune_options.add_options(p)
     p.set_defaults(func=_estimate)
 
     p = sub.add_parser("trace", help="the same step executed on fake tensors (exact bytes)")
@@ -175,9 +176,10 @@ def _estimate(args) -> int:
         "norm": args.norm or "fused"}
     if args.params is None and args.largest_layer is not None:
         raise UsageError("--largest-layer goes with --params; a --model knows its largest layer")
+    ft = finetune_options.from_args(args, args.zero, args.recipe)     # checked before the model loads
     model = hf_config.load(args.config) if args.config is not None else args.model
-    est = estimate(model=model, params=args.params, gpus=args.gpus, zero=args.zero,
-                   recipe=args.recipe, offload=args.offload, offload_device=args.offload_device, **kwargs)
+    est = estimate(model=model, params=args.params, gpus=args.gpus, zero=args.zero, recipe=args.recipe,
+                   offload=args.offload, offload_device=args.offload_device, finetune=ft, **kwargs)
     if args.json:
         print(json.dumps(est.as_dict()))
         return 0
@@ -187,9 +189,7 @@ def _estimate(args) -> int:
     print(f"recipe {d['recipe']}, {d['gpus']} GPU(s), ZeRO-{d['zero']}"
           + (f", seq {d['seq']} x micro-batch {d['micro_batch']}, checkpoint {d['checkpoint']}, "
              f"attention {d['attention']}" if est.acts else ", model states only"))
-    for key in ("params", "grads", "optimizer", "activations", "gathered", "total"):
-        if key == "gathered" and d["zero"] < 3:
-            continue
+    for key in ("params", "grads", "optimizer", "activations") + ("gathered",) * (d["zero"] == 3) + ("total",):
         if key == "activations" and not est.acts:
             print(f"  {key:12s} not counted" + (" (model states only)" if args.params is not None else ""))
             continue
@@ -197,9 +197,10 @@ def _estimate(args) -> int:
               + ("  ZeRO-3 working set:" if key == "gathered" and "gathered_parts" in d else ""))
         for part, value in (d.get("gathered_parts", {}).items() if key == "gathered" else ()):
             print(f"    {part:44s} {units.fmt(value)}")
-    for key in ("host", "nvme"):
-        if key in d:
-            print(f"  {key + ' (per GPU)':12s} {units.fmt_both(d[key])}")
+    for key in (k for k in ("host", "nvme") if k in d):
+        print(f"  {key + ' (per GPU)':12s} {units.fmt_both(d[key])}")
+    for line in finetune_options.render(d, units.fmt_both):
+        print(line)
     for note in d.get("notes", []):
         print(textwrap.fill(note, 100, initial_indent="  note: ", subsequent_indent="        "))
     return 0

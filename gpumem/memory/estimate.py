@@ -47,6 +47,9 @@ class Estimate:
     acts: Activations | None = None
     options: dict = field(default_factory=dict)
     gathered: accounting.GatheredBytes | int = 0
+    roles: dict | None = None        # finetune.finetune_states: role -> bytes per GPU
+    buffers: int = 0                 # QLoRA's dequantised weight (finetune's dequant_buffer)
+    finetune: dict | None = None     # the fine-tuning setup, where one was given
 
     @property
     def activation_bytes(self) -> int:
@@ -54,7 +57,7 @@ class Estimate:
 
     @property
     def total(self) -> int:
-        return self.states.total + self.activation_bytes + int(self.gathered)
+        return self.states.total + self.activation_bytes + int(self.gathered) + self.buffers
 
     def as_dict(self) -> dict:
         s = self.states
@@ -64,6 +67,12 @@ class Estimate:
                            "activations": self.activation_bytes, "gathered": int(self.gathered),
                            "total": self.total},
                "activations_counted": self.acts is not None}
+        if self.finetune is not None:
+            out["per_gpu"] = {k: v for k, v in out["per_gpu"].items() if k != "total"} | {
+                "buffers": self.buffers, "total": self.total}
+            out["finetune"] = self.finetune
+        if self.roles is not None:
+            out["roles"] = self.roles
         if isinstance(self.gathered, accounting.GatheredBytes):
             out["gathered_parts"] = self.gathered.parts
         if s.host:
@@ -79,11 +88,15 @@ def estimate(model: str | None = None, params: int | None = None, gpus: int = 1,
              recipe: str = "mixed", seq: int = 4096, micro_batch: int = 1, checkpoint: str = "none",
              attention: str = "flash", offload: str = "none", offload_device: str = "cpu",
              norm: str = "fused", largest_layer: int | None = None,
-             prefetch_bucket: int = 50_000_000) -> Estimate:
+             prefetch_bucket: int = 50_000_000, finetune=None) -> Estimate:
     """Per-GPU bytes of a training step for a registry model, or model states only for a
     parameter count (with ``largest_layer``, the ZeRO-3 working set too). A ``largest_layer``
     above ``params`` is refused (:class:`UsageError`); below ZeRO-3 it is not used, and a note
-    says so (only ZeRO-3 gathers parameters on the fly)."""
+    says so (only ZeRO-3 gathers parameters on the fly). ``finetune`` (a ``finetune.Finetune``)
+    other than full fine-tuning with torch AdamW counts by ``finetune`` (:func:`_finetuned`)."""
+    if finetune is not None and not finetune.plain:
+        return _finetuned(model, params, gpus, zero, recipe, seq, micro_batch, checkpoint, attention,
+                          offload, norm, prefetch_bucket, finetune)
     if (model is None) == (params is None):
         raise UsageError("give exactly one of --model NAME (or --config PATH) or --params N")
     if model is not None:
@@ -94,11 +107,17 @@ def estimate(model: str | None = None, params: int | None = None, gpus: int = 1,
                                          n_tensors=n_param_tensors(cfg))
         opts = {"seq": seq, "micro_batch": micro_batch, "checkpoint": checkpoint, "attention": attention,
                 "norm": norm, "offload": offload, "offload_device": offload_device}
+        roles = None
+        if offload == "none":   # the same bytes by role (finetune's split of accounting's)
+            from .finetune import Finetune, finetune_states
+            roles = finetune_states(cfg, Finetune(recipe=recipe), gpus=gpus, zero=zero)
         if cfg.model_type == "llama" and cfg.name in models.REGISTRY:
             acts = activations(cfg, seq, micro_batch, attention, checkpoint, recipe, norm)
             gathered = accounting.zero3_gathered(cfg, recipe, prefetch_bucket) if zero == 3 else 0
-            return Estimate(cfg.name, cfg.n_params(), recipe, gpus, zero, states, acts, opts, gathered)
-        return _from_config(cfg, states, recipe, gpus, zero, opts, prefetch_bucket)
+            return Estimate(cfg.name, cfg.n_params(), recipe, gpus, zero, states, acts, opts, gathered, roles)
+        est = _from_config(cfg, states, recipe, gpus, zero, opts, prefetch_bucket)
+        est.roles = roles
+        return est
     states = accounting.model_states(params, recipe, gpus, zero, offload, offload_device)
     gathered = 0
     if largest_layer is not None:
@@ -136,3 +155,41 @@ def _from_config(cfg: models.ModelConfig, states: accounting.States, recipe: str
                             f"{cfg.n_experts} experts); every expert has weights, gradients and optimizer states")
     gathered = accounting.zero3_gathered(cfg.largest_layer_params(), recipe, prefetch_bucket) if zero == 3 else 0
     return Estimate(cfg.name, cfg.n_params(), recipe, gpus, zero, states, acts, opts, gathered)
+
+
+def _finetuned(model, params, gpus, zero, recipe, seq, micro_batch, checkpoint, attention, offload, norm,
+               prefetch_bucket, ft) -> Estimate:
+    """LoRA, QLoRA or 8-bit AdamW (``finetune``): the model states by role, grouped into the
+    categories; activations: for LoRA ``finetune_acts``, for full fine-tuning as without it."""
+    from dataclasses import asdict, replace
+
+    from . import finetune
+    if model is None:
+        raise UsageError("--adapter, --base-dtype and --optimizer adamw-8bit need --model or --config: "
+                         "adapters and 8-bit blocks are counted per matrix")
+    ft = replace(ft, recipe=recipe)
+    finetune.validate(ft, zero)
+    if offload != "none":
+        raise UsageError(f"--offload {offload} is not counted with --adapter lora or --optimizer adamw-8bit "
+                         "(DeepSpeed's offload runs its own CPU Adam); accepted: --offload none")
+    if norm != "fused" and ft.lora:
+        raise UsageError("LoRA activations are counted with the fused norm; accepted: --norm fused")
+    cfg = model if isinstance(model, models.ModelConfig) else models.get(model)
+    roles = finetune.finetune_states(cfg, ft, gpus=gpus, zero=zero)
+    g = finetune.grouped(roles)
+    est = estimate(model=cfg, gpus=gpus, zero=zero, recipe=recipe, seq=seq, micro_batch=micro_batch,
+                   checkpoint=checkpoint, attention=attention, norm=norm, prefetch_bucket=prefetch_bucket)
+    est.states = accounting.States(params=g["params"], grads=g["grads"], optimizer=g["optimizer"],
+                                   notes=est.states.notes)
+    est.roles, est.buffers = roles, g["buffers"]
+    est.finetune = asdict(ft) | {"lora_targets": list(ft.lora_targets)}
+    if ft.lora:
+        d = finetune.finetune_activation_bytes(cfg, ft, seq, micro_batch, attention=attention, checkpoint=checkpoint)
+        est.acts = Activations(per_layer=d["per_layer"], checkpoint_input=d["checkpoint_input"],
+                               layers=d["layers"], outside=d["outside"], loss=d["loss"],
+                               forward_peak=d["forward_peak"], recompute_peak=d["recompute_peak"],
+                               parts={k[7:]: v for k, v in d.items() if k.startswith("layer: ")})
+        if zero == 3:
+            est.states.notes.append("ZeRO-3 working set counted as for full fine-tuning (bf16 weights, a "
+                                    "full gradient): an upper bound with a frozen base")
+    return est

@@ -42,107 +42,15 @@ partition); ZeRO-3 shards the packed 4-bit weights (peft's DeepSpeed guide: ZeRO
 are attributes, not parameters (replicated).
 """
 
-from dataclasses import dataclass
-
-from ..errors import UsageError, one_of
 from . import accounting
+from .finetune_setup import (ADAPTER_DTYPES, ADAPTERS, BASE_DTYPES, FT_TARGETS, OPTIMIZERS, Finetune,  # noqa: F401
+                             adapter_tensors, lora_params, matrices, validate)
 
-FT_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
-ADAPTERS = ("none", "lora")
-BASE_DTYPES = ("bf16", "nf4")
-OPTIMIZERS = ("adamw", "adamw-8bit")
-ADAPTER_DTYPES = ("fp32", "bf16")
 NF4_BLOCK, NF4_SCALE_BLOCK = 64, 256      # QLoRA section 3; bitsandbytes quantize_4bit defaults
 ADAM8_BLOCK, ADAM8_MIN = 256, 4096        # bitsandbytes Optimizer2State: blocksize, min_8bit_size
 QMAP_BYTES = 256 * 4                      # one create_dynamic_map(): 256 fp32 values
 ROLES = ("base_weights", "quant_constants", "adapter_weights", "grads", "master",
          "optimizer_moments", "optimizer_scales", "step_counters", "dequant_buffer")
-
-
-@dataclass(frozen=True)
-class Finetune:
-    """One fine-tuning setup.
-
-    ``adapter`` none (full fine-tuning) or lora; ``lora_rank`` r; ``lora_targets`` the adapted
-    projections (Llama's q k v o gate up down); ``base_dtype`` bf16 or nf4 (nf4 + lora is
-    QLoRA); ``optimizer`` adamw (torch: moments in the trained weights' dtype, fp32 with a master)
-    or adamw-8bit (bitsandbytes ``AdamW8bit``); ``recipe`` accounting's recipe for full
-    fine-tuning (with lora: mixed only). ``adapter_dtype`` fp32 (peft's default) or bf16 (as
-    the QLoRA repository's qlora.py casts them); ``autocast``: the step runs under
-    ``torch.autocast(dtype=torch.bfloat16)``, as the HF Trainer with ``bf16=True`` does.
-    """
-    adapter: str = "none"
-    lora_rank: int = 16
-    lora_targets: tuple[str, ...] = FT_TARGETS
-    base_dtype: str = "bf16"
-    optimizer: str = "adamw"
-    recipe: str = "mixed"
-    adapter_dtype: str = "fp32"
-    autocast: bool = True
-
-    @property
-    def lora(self) -> bool:
-        return self.adapter == "lora"
-
-    @property
-    def plain(self) -> bool:
-        """Full fine-tuning with torch AdamW: exactly ``accounting`` and ``activations``."""
-        return not self.lora and self.base_dtype == "bf16" and self.optimizer == "adamw"
-
-
-def validate(ft: Finetune, zero: int = 0) -> None:
-    """Refuse bad combinations with a one-line :class:`UsageError` naming what is accepted.
-
-    QLoRA with ZeRO-3 is accepted: the claim that ZeRO-3 cannot shard a 4-bit base is out of
-    date (peft's DeepSpeed guide, "Use PEFT QLoRA and DeepSpeed with ZeRO3": supported with
-    bitsandbytes >= 0.43 via ``bnb_4bit_quant_storage``; older versions of that page said
-    "DeepSpeed-Zero3 and bitsandbytes are currently not compatible")."""
-    one_of(ft.adapter, ADAPTERS, "adapter")
-    one_of(ft.base_dtype, BASE_DTYPES, "base dtype")
-    one_of(ft.optimizer, OPTIMIZERS, "optimizer")
-    one_of(ft.adapter_dtype, ADAPTER_DTYPES, "adapter dtype")
-    accounting.recipe(ft.recipe)
-    if zero not in (0, 1, 2, 3):
-        raise UsageError(f"ZeRO stage must be 0, 1, 2 or 3, got {zero!r}")
-    if ft.base_dtype == "nf4" and not ft.lora:
-        raise UsageError("--base-dtype nf4 needs --adapter lora (QLoRA): a 4-bit base gets no weight "
-                         "gradient (bitsandbytes' MatMul4Bit); accepted with --adapter none: --base-dtype bf16")
-    rank = ft.lora_rank
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise UsageError(f"--lora-rank must be a positive integer, got {rank!r}")
-    if rank > 65_536:
-        raise UsageError(f"--lora-rank {rank:,} is larger than any projection; accepted: 1 to 65,536")
-    targets = tuple(ft.lora_targets)
-    bad = [t for t in targets if t not in FT_TARGETS]
-    if bad or not targets or len(set(targets)) != len(targets):
-        what = f"unknown LoRA target {bad[0]!r}" if bad else (
-            "no LoRA target" if not targets else "a LoRA target named twice")
-        raise UsageError(f"{what}; accepted: a comma-separated subset of {','.join(FT_TARGETS)}")
-    if ft.lora and ft.recipe != "mixed":
-        raise UsageError(f"--recipe {ft.recipe} sets full fine-tuning's precision; with --adapter lora the base "
-                         "is bf16 and the adapters peft's fp32: accepted --recipe mixed")
-
-
-def matrices(cfg) -> dict[str, tuple[int, int]]:
-    """Each target's (in, out) features in one layer. Refused (UsageError) where LoRA counting
-    does not apply: mixtures of experts, a fused q/k/v matrix, an MLP without a gate."""
-    if cfg.moe or cfg.fused_qkv or cfg.mlp not in ("swiglu", "geglu"):
-        raise UsageError(f"LoRA is counted for dense models with separate q/k/v and a gated MLP; "
-                         f"{cfg.name} is not one (model_type {cfg.model_type}); accepted: --adapter none")
-    h, q, kv, F = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.ffn
-    return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "gate": (h, F), "up": (h, F), "down": (F, h)}
-
-
-def adapter_tensors(cfg, rank: int, targets=FT_TARGETS) -> list[int]:
-    """Element counts of every adapter tensor (A: r x in, B: out x r), whole model."""
-    dims = matrices(cfg)
-    layer = [n for t in targets for n in (rank * dims[t][0], dims[t][1] * rank)]
-    return layer * cfg.n_layers
-
-
-def lora_params(cfg, rank: int, targets=FT_TARGETS) -> int:
-    """Trainable adapter elements of the whole model: r x (in + out) per adapted matrix, per layer."""
-    return sum(adapter_tensors(cfg, rank, targets))
 
 
 def nf4_bytes_per_param(block: int = NF4_BLOCK, scale_block: int = NF4_SCALE_BLOCK) -> float:
@@ -203,17 +111,17 @@ def finetune_states(cfg, ft: Finetune, *, gpus: int = 1, zero: int = 0) -> dict[
     ``step_counters``, and ``dequant_buffer`` (QLoRA: the bf16 dequantised largest matrix and its
     fp32 absmaxes, alive during its matmul in forward and backward). Full fine-tuning with
     ``adamw`` is ``accounting.model_states`` with torch AdamW's step counters, split by role."""
-    from .estimate import n_param_tensors
     validate(ft, zero)
     roles = dict.fromkeys(ROLES, 0)
     n = cfg.n_params()
     sh = accounting.shard
     if not ft.lora:
-        s = accounting.model_states(n, ft.recipe, gpus, zero, n_tensors=n_param_tensors(cfg))
+        n_tensors = len(param_tensors(cfg))        # = estimate.n_param_tensors(cfg) (a test checks)
+        s = accounting.model_states(n, ft.recipe, gpus, zero, n_tensors=n_tensors)
         r = accounting.recipe(ft.recipe)
         o_elems = sh(n, gpus) if zero >= 1 else n
         master = 4 * o_elems if any(lab.startswith("master") for lab, _ in r.optimizer) else 0
-        counters = 4 * n_param_tensors(cfg) if r.step_counter else 0
+        counters = 4 * n_tensors if r.step_counter else 0
         roles.update(base_weights=s.params, grads=s.grads, master=master)
         if ft.optimizer == "adamw":
             roles.update(optimizer_moments=s.optimizer - master - counters, step_counters=counters)
@@ -260,3 +168,20 @@ def finetune_activation_bytes(cfg, ft: Finetune, seq: int, batch: int, *, attent
     fine-tuning is ``activations.activations``; LoRA and QLoRA count what a frozen base saves."""
     from .finetune_acts import finetune_activations
     return finetune_activations(cfg, ft, seq, batch, attention, checkpoint)
+
+
+RTX3090_BYTES = 24_576 * 2**20   # an RTX 3090's memory.total in nvidia-smi: 24,576 MiB (24 GB GDDR6X)
+
+
+def single_gpu(cfg, ft: Finetune | None = None, capacity: int = RTX3090_BYTES, seq: int = 512,
+               batch: int = 1, checkpoint: str = "full", attention: str = "flash") -> dict[str, int]:
+    """One fine-tuning step on one GPU, against its capacity: the study note's "70B, INT4 LoRA, one
+    24 GB RTX 3090" scenario with the defaults (QLoRA r = 16 on all seven projections, seq 512,
+    every layer checkpointed: assumptions, the note gives none). Returns the model states
+    (``states``, roles summed, with the dequantised buffer), ``activations`` (peak),
+    ``total``, ``capacity`` and ``short_by`` (bytes that must leave the GPU: offload)."""
+    ft = ft or Finetune(adapter="lora", base_dtype="nf4")
+    states = sum(finetune_states(cfg, ft).values())
+    acts = finetune_activation_bytes(cfg, ft, seq, batch, attention=attention, checkpoint=checkpoint)["peak"]
+    return {"states": states, "activations": acts, "total": states + acts, "capacity": capacity,
+            "short_by": max(0, states + acts - capacity)}

@@ -31,7 +31,7 @@ counts full fine-tuning; checkpointing as there: segment inputs, one segment re-
 
 from ..errors import UsageError, one_of, positive_int
 from .activations import activations, layer_terms, loss_terms, outside_terms, softmax_moment
-from .finetune import Finetune, adapter_tensors, matrices, validate
+from .finetune_setup import Finetune, adapter_tensors, matrices, validate
 from .policies import KERNELS, POLICIES, checkpoint_plan
 
 
