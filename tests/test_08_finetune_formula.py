@@ -224,3 +224,15 @@ def test_estimate_with_the_options_stays_torch_free():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     rc, seconds, torch_loaded = proc.stderr.split()
     assert (rc, torch_loaded) == ("0", "False") and float(seconds) < 0.5, proc.stderr
+
+
+def test_hf_norm_with_a_frozen_weight_keeps_no_normed_copy():
+    # LlamaRMSNorm: pow and the 1/rms multiply save the fp32 input and 1/rms (4Th + 4T); the frozen
+    # weight's multiply keeps only the weight. The fused norm keeps the bf16 input (2Th + 4T).
+    T, h = 2 * 64, 64
+    tiny = models.get("tiny")
+    args = (tiny, Finetune(adapter="lora"), 64, 2)
+    fused = finetune.finetune_activation_bytes(*args)
+    hf = finetune.finetune_activation_bytes(*args, norm="hf", impl="hf")
+    assert hf["per_layer"] - fused["per_layer"] == 2 * (4 * T * h - 2 * T * h)
+    assert hf["first_layer"] - fused["first_layer"] == 4 * T * h - 2 * T * h     # the MLP norm only

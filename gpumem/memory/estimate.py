@@ -172,8 +172,6 @@ def _finetuned(model, params, gpus, zero, recipe, seq, micro_batch, checkpoint, 
     if offload != "none":
         raise UsageError(f"--offload {offload} is not counted with --adapter lora or --optimizer adamw-8bit "
                          "(DeepSpeed's offload runs its own CPU Adam); accepted: --offload none")
-    if norm != "fused" and ft.lora:
-        raise UsageError("LoRA activations are counted with the fused norm; accepted: --norm fused")
     cfg = model if isinstance(model, models.ModelConfig) else models.get(model)
     roles = finetune.finetune_states(cfg, ft, gpus=gpus, zero=zero)
     g = finetune.grouped(roles)
@@ -184,7 +182,9 @@ def _finetuned(model, params, gpus, zero, recipe, seq, micro_batch, checkpoint, 
     est.roles, est.buffers = roles, g["buffers"]
     est.finetune = asdict(ft) | {"lora_targets": list(ft.lora_targets)}
     if ft.lora:
-        d = finetune.finetune_activation_bytes(cfg, ft, seq, micro_batch, attention=attention, checkpoint=checkpoint)
+        impl = "course" if cfg.name in models.REGISTRY or norm == "fused" else "hf"     # as estimate() counts
+        d = finetune.finetune_activation_bytes(cfg, ft, seq, micro_batch, attention=attention,
+                                               checkpoint=checkpoint, norm=norm, impl=impl)
         est.acts = Activations(per_layer=d["per_layer"], checkpoint_input=d["checkpoint_input"],
                                layers=d["layers"], outside=d["outside"], loss=d["loss"],
                                forward_peak=d["forward_peak"], recompute_peak=d["recompute_peak"],

@@ -24,9 +24,14 @@ e = 2, bf16):
   factors, the final norm; the output head is frozen, so its input is not saved;
 * layer 0's input (the frozen embedding's output) needs no gradient: its attention norm saves
   nothing, and without a q/k/v adapter neither does its attention core (``first_layer``).
+* Hugging Face's ``LlamaRMSNorm`` (``norm="hf"``) multiplies its frozen weight by the normed
+  input: that product no longer saves the normed bf16 copy, only the fp32 input and the 1/rms
+  (4Th + 4T); ``impl="hf"`` is transformers' own model as ``activations`` counts it (labels,
+  the last hidden state rebound). transformers' gradient checkpointing with a frozen embedding
+  needs ``enable_input_require_grads()`` (peft's ``prepare_model_for_kbit_training`` calls it),
+  which makes layer 0 like the others: not counted here.
 Dropout on the adapter path (peft's default ``lora_dropout=0.0`` is ``nn.Identity``) is not
-counted. Counted for the course's Llama with the fused norm (``--norm fused``), as ``activations``
-counts full fine-tuning; checkpointing as there: segment inputs, one segment re-run in backward.
+counted. Checkpointing as in ``activations``: segment inputs, one segment re-run in backward.
 """
 
 from ..errors import UsageError, one_of, positive_int
@@ -45,7 +50,7 @@ def copy_bytes(ft: Finetune) -> int:
 
 
 def layer_saved(cfg, seq: int, batch: int, kernel: str, ft: Finetune, grad_in: bool,
-                selective: bool = False) -> dict[str, int]:
+                selective: bool = False, norm: str = "fused", impl: str = "course") -> dict[str, int]:
     """Saved bytes of one layer with a frozen base, by tensor group; ``grad_in``: whether the
     layer's input needs a gradient (every layer after the first)."""
     T, e, r, tg = batch * seq, 2, ft.lora_rank, set(ft.lora_targets)
@@ -63,7 +68,12 @@ def layer_saved(cfg, seq: int, batch: int, kernel: str, ft: Finetune, grad_in: b
         return copy * T * width * len(adapted)
 
     out: dict[str, int] = {}
-    for name, (b, _) in layer_terms(cfg, seq, batch, kernel, e, selective).items():
+    frozen_norm = e * T * h if norm == "hf" else 0       # HF's weight multiply keeps no normed copy
+    for name, (b, _) in layer_terms(cfg, seq, batch, kernel, e, selective, norm, impl).items():
+        if name.startswith(("attn norm", "mlp norm")):
+            b -= frozen_norm
+        elif name.startswith(("q norm per head", "k norm per head")) and norm == "hf":   # Qwen3's q/k norms
+            b -= e * T * (q if name[0] == "q" else cfg.kv_dim)
         if name.startswith("attn norm"):
             out[name] = b if grad_in else 0
         elif name.startswith("mlp norm"):
@@ -85,7 +95,7 @@ def layer_saved(cfg, seq: int, batch: int, kernel: str, ft: Finetune, grad_in: b
 
 
 def finetune_activations(cfg, ft: Finetune, seq: int, batch: int, kernel: str = "flash",
-                         policy: str = "none") -> dict[str, int]:
+                         policy: str = "none", norm: str = "fused", impl: str = "course") -> dict[str, int]:
     """Activation bytes by part (``layer: ...`` for a layer after the first) and in total:
     ``per_layer``, ``first_layer``, ``checkpoint_input``, ``layers`` (at the end of the forward),
     ``outside``, ``loss``, ``adapter_casts``, ``forward_peak``, ``recompute_peak``, ``peak``.
@@ -95,7 +105,7 @@ def finetune_activations(cfg, ft: Finetune, seq: int, batch: int, kernel: str = 
     one_of(kernel, KERNELS, "attention kernel")
     one_of(policy, POLICIES, "checkpoint policy")
     if not ft.lora:
-        a = activations(cfg, seq, batch, kernel, policy, ft.recipe)
+        a = activations(cfg, seq, batch, kernel, policy, ft.recipe, norm, impl)
         return ({f"layer: {k}": v for k, v in a.parts.items()}
                 | {"per_layer": a.per_layer, "first_layer": a.per_layer, "checkpoint_input": a.checkpoint_input,
                    "layers": a.layers, "outside": a.outside, "loss": a.loss, "adapter_casts": 0,
@@ -104,14 +114,19 @@ def finetune_activations(cfg, ft: Finetune, seq: int, batch: int, kernel: str = 
         raise UsageError(f"LoRA activations are counted for RoPE models; {cfg.name} has learned positions")
     selective = policy == "selective"
     T, e, L = batch * seq, 2, cfg.n_layers
-    later = layer_saved(cfg, seq, batch, kernel, ft, True, selective)
-    first = layer_saved(cfg, seq, batch, kernel, ft, False, selective)
+    later = layer_saved(cfg, seq, batch, kernel, ft, True, selective, norm, impl)
+    first = layer_saved(cfg, seq, batch, kernel, ft, False, selective, norm, impl)
     per = [sum(first.values())] + [sum(later.values())] * (L - 1)
     casts = 2 * sum(adapter_tensors(cfg, ft.lora_rank, ft.lora_targets)) if (
         ft.autocast and ft.adapter_dtype == "fp32") else 0
     ckpt_input, rope = e * T * cfg.d_model, 2 * e * seq * cfg.head_dim
-    outside = sum(b for n, (b, _) in outside_terms(cfg, seq, batch, e).items() if n != "output head input")
-    loss = sum(b for b, _ in loss_terms(cfg, seq, batch, e).values())
+    frozen_norm = e * T * cfg.d_model if norm == "hf" else 0
+    outside = sum(b for n, (b, _) in outside_terms(cfg, seq, batch, e, norm).items()
+                  if n != "output head input") - frozen_norm
+    loss = sum(b for b, _ in loss_terms(cfg, seq, batch, e, impl).values())
+    # HF's bf16 norm does not save its input: the block's input and the mid-block residual are
+    # alive unsaved while a block runs, the last hidden state at the loss (``activations``)
+    shared_input, unsaved = (ckpt_input, 0) if norm == "fused" else (0, ckpt_input)
     segments = checkpoint_plan(policy, L)
     in_segment = {i for seg in segments for i in seg}
 
@@ -122,21 +137,22 @@ def finetune_activations(cfg, ft: Finetune, seq: int, batch: int, kernel: str = 
     # at a naive/eager softmax: what ``softmax_moment`` counts (the normed input is alive, held by
     # the caller) plus this layer's q/k/v adapters' copies and A outputs
     qkv = [t for t in ("q", "k", "v") if t in ft.lora_targets]
-    at_softmax = softmax_moment(cfg, seq, batch, kernel, e)
+    at_softmax = softmax_moment(cfg, seq, batch, kernel, e, norm)
     if at_softmax:
-        at_softmax += copy_bytes(ft) * T * cfg.d_model * len(qkv) + (
+        at_softmax += -frozen_norm + copy_bytes(ft) * T * cfg.d_model * len(qkv) + (
             2 if ft.autocast or ft.adapter_dtype == "bf16" else 4) * T * ft.lora_rank * len(qkv)
     layers = saved_before(L)
-    forward_peak = layers + outside + loss + casts
+    forward_peak = layers + outside + loss + casts + (0 if impl == "hf" else unsaved)
     if at_softmax:
-        forward_peak = max(forward_peak, saved_before(L - 1) + rope + at_softmax + casts)
+        forward_peak = max(forward_peak, saved_before(L - 1) + rope + at_softmax + casts + unsaved)
     recompute_peak = 0
     for seg in segments:
         held = saved_before(seg[0]) + ckpt_input + rope + 8 + casts
-        shared = ckpt_input if seg[0] > 0 else 0       # a re-run layer's first norm saves its input
+        shared = shared_input if seg[0] > 0 else 0     # a re-run layer's first norm saves its input
+        block_input = unsaved if len(seg) > 1 else 0
         rerun = [per[i] for i in seg]
-        recompute_peak = max(recompute_peak, held + sum(rerun) - shared,
-                             held + sum(rerun[:-1]) + at_softmax - shared if at_softmax else 0)
+        recompute_peak = max(recompute_peak, held + sum(rerun) - shared + block_input + unsaved,
+                             held + sum(rerun[:-1]) + at_softmax - shared + block_input if at_softmax else 0)
     if selective and at_softmax:
         recompute_peak = saved_before(L - 1) + rope + at_softmax + 8 + casts
     return ({f"layer: {k}": v for k, v in later.items()}
