@@ -329,7 +329,7 @@ def test_copied_examples_fail_against_the_recorded_run(no_libaio):
     for row in rows(report, "swap_files"):
         assert row.status == "wrong" and "DeepSpeed wrote" in row.detail, row
     a, b = rows(report, "swap_files")                     # kind A: 2 bf16 files; kind B: none
-    assert a.detail.startswith("params: DeepSpeed wrote 2 file(s), as you predicted, but the sizes differ"), a
+    assert a.detail.startswith("params: DeepSpeed wrote 2 file(s), as you predicted, but "), a
     assert b.detail == "params: DeepSpeed wrote 0 file(s), you predicted 2", b
 
 
@@ -361,7 +361,7 @@ def test_recorded_swap_files_match_the_hand_count():
 
 
 def test_recorded_swap_files_equal_a_live_run():
-    """The record is what DeepSpeed writes now, for one recorded model of each kind, and a drawn pair
+    """The record is what DeepSpeed writes now, for one recorded model, and a drawn pair
     (the grader's fallback without libaio) writes the files counted by hand here (2 CPU ranks, about
     60 s; needs libaio)."""
     from gpumem.runs import launch
@@ -369,8 +369,7 @@ def test_recorded_swap_files_equal_a_live_run():
     if not ready:
         pytest.skip(why)
     rng = random.Random()
-    recorded = {k: v for kind in ("A", "B") for k, v in [rng.choice([i for i in lab_swaps.family().items()
-                                                                       if i[0].startswith(f"model {kind}")])]}
+    recorded = dict([rng.choice(list(lab_swaps.family().items()))])
     drawn = lab_swaps.draw_models(rng)
     with ds_offload.swap_folder() as swap:
         live = launch.run("gpumem.chapters.ch05_offload.lab_runs:swap_run", 2, "cpu", deepspeed=True, progress=False,

@@ -385,9 +385,22 @@ def test_gpu_kernel_share_of_the_reference_matmul(gpu_record):
     if lab06_gpu.cuda_reason():
         pytest.skip(lab06_gpu.cuda_reason())
     from gpumem.course.grading import Report
-    own = lab06_gpu.reference_flops.__code__
-    import types
-    mine = types.FunctionType(own, lab06_gpu.__dict__, "mine", lab06_gpu.reference_flops.__defaults__)
+    import torch
+
+    def mine(m, k, n):                     # the learner's own timing: CUDA events, the median of 10
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        a @ b
+        a @ b
+        times = []
+        for _ in range(10):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            a @ b
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return 2 * m * k * n / sorted(times)[5]
     report = Report(L.LAB)
     line = lab06_gpu.grade(report, mine, lab06_guard.no_search)
     gpu_record("lab06.matmul_flops", lab06_gpu.reference_flops(*lab06_gpu.SHAPE), "FLOP/s")
@@ -405,3 +418,78 @@ def test_a_search_that_finds_nothing_is_told_the_degrees_that_fit():
     plans = ref(L.LAB_CASE, None).plans
     vps = sorted({p.layout.vp for p in plans})
     assert f"vp in {{{', '.join(map(str, vps))}}}" in row.detail and 1 in vps, row.detail
+
+
+# -- review r5 (reviews21/r5/expert_05_06.md) ---------------------------------------------------------
+SEARCH_COPY = """
+import inspect, types
+from gpumem.planner import search as _s, ranking as _r
+def _copy(mod, **over):
+    m = types.ModuleType(mod.__name__ + "_mine"); m.__package__ = "gpumem.planner"
+    exec(compile(inspect.getsource(mod), "<my search>", "exec"), m.__dict__)
+    m.__dict__.update(over); return m
+_R = _copy(_r); _S = _copy(_s, ranking=_R)
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None):
+    return _S.plan(model, gpus, gpu, seq=seq, global_batch=global_batch, inter_node=inter_node,
+                   advise=False, recipes=("mixed",)).plans[0].layout
+"""
+CAUGHT = SEARCH_COPY.replace("def choose_plan", "def _mine").replace("<my search>", "<caught>") + """
+def choose_plan(*a, **k):
+    try:
+        return _mine(*a, **k)
+    except RuntimeError:
+        return None
+"""
+RANKING_COPY = """
+import inspect
+from gpumem import planner
+from gpumem.planner import ranking
+_g = dict(vars(ranking))
+exec(compile(inspect.getsource(ranking.rank).replace("plans", "ps"), "<my ranking>", "exec"), _g)
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None):
+    _g["rank"]([])
+    return None
+"""
+
+
+@pytest.mark.parametrize("source, words", [
+    (SEARCH_COPY, "your code ran a copy of planner.search."),
+    (CAUGHT, "your code ran a copy of planner.search."),
+    (RANKING_COPY, "your code ran a copy of planner.ranking.rank"),
+], ids=["search-module-copied", "refusal-caught", "ranking-renamed-locals"])
+def test_copies_of_the_planners_search_are_refused(source, words):
+    """Review r5: search.py and ranking.py exec'd into new modules (8/8 before) are known by their
+    code's content while choose_plan runs; a caught refusal is still reported; renamed names match."""
+    ns = {}
+    exec(compile(source, "<learner cell>", "exec"), ns)
+    report = L.check(ns, show=False, seed=SEED, ref=ref)
+    row = report.rows[0]
+    assert row.status == "error" and words in row.detail and not report.solved, row
+
+
+def test_the_solution_is_not_taken_for_a_copy():
+    from test_labs_hostile import solution
+    prints = lab06_guard.prints()
+    ns = solution("lab06")
+    own = [v for v in ns.values() if callable(v) and getattr(v, "__code__", None) is not None
+           and v.__code__.co_filename.startswith("<")]
+    assert own
+    for fn in own:
+        assert prints.match(fn.__code__) == "", fn.__name__
+
+
+def test_the_graders_timing_refuses_outside_the_grader(monkeypatch):
+    """Review r5: reference_flops saved at definition time, or handed to the grader as the learner's
+    function (a FunctionType copy with the module's globals), refuses before it touches CUDA."""
+    import types
+    import torch
+    from gpumem.course.grading import Report
+    with pytest.raises(RuntimeError, match="lab06_gpu.reference_flops is the grader's answer"):
+        exec(compile("from gpumem.chapters.ch06_combining_strategies import lab06_gpu as G\n"
+                     "_f = G.reference_flops(*G.SHAPE)", "<learner cell>", "exec"), {})
+    copy = types.FunctionType(lab06_gpu.reference_flops.__code__, lab06_gpu.__dict__, "mine", (10,))
+    monkeypatch.setattr(lab06_gpu, "cuda_reason", lambda: "")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    report = Report(L.LAB)
+    lab06_gpu.grade(report, copy, lab06_guard.no_search)
+    assert report.rows[-1].status == "error" and "is the grader's answer" in report.rows[-1].detail, report.rows

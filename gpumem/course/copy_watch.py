@@ -91,13 +91,18 @@ def is_test(frame) -> bool:
     return module is not None and vars(module) is g and path.startswith(TESTS) and frame.f_code.co_filename == path
 
 
+LEARNER_CALL = (os.path.join(os.path.dirname(os.path.abspath(__file__)), "grading.py"), "call")
+
+
 def from_grader(frame, entries: set[tuple[str, str]]) -> bool:
     """True if ``frame`` and every frame above it, up to an entry point (``(file, qualified name)``
-    in ``entries``, run as the course's own code) or a test module, are the course's own code."""
+    in ``entries``, run as the course's own code) or a test module, are the course's own code, and
+    none of them is :func:`gpumem.course.grading.call` (then ``frame`` runs inside a learner's
+    function: the learner handed the grader the course's own function, or a copy of it)."""
     while frame is not None:
         if is_test(frame):
             return True
-        if not genuine(frame):
+        if not genuine(frame) or (frame.f_code.co_filename, frame.f_code.co_qualname) == LEARNER_CALL:
             return False
         if (frame.f_code.co_filename, frame.f_code.co_qualname) in entries:
             return True

@@ -13,6 +13,11 @@ points (:data:`BLOCKED`) are switched off two ways, so that undoing one does not
   refusing when the function carries a ``refusing`` message (:data:`IN_BODY`), so the original
   code, saved before grading and put back during the call, still refuses.
 
+* while the call runs, a profile hook refuses any call into a *copy* of ``planner.search`` or
+  ``planner.ranking`` (their source exec'd in a new module, or pasted): the functions are known by
+  their code's content, compiled afresh from the files, names and lines aside
+  (:mod:`gpumem.course.copy_watch`); a refusal the learner catches is still reported.
+
 After the call :func:`changed` compares the guard with what it set (the code objects, the
 messages, the module attributes, the active count); a change is an error row naming it.
 
@@ -20,14 +25,19 @@ The grader's own answers are never computed before or during the learner's call 
 prices the reference after it), and :func:`active` lets the grader's helpers refuse while it runs;
 the GPU part's own timing (``lab06_gpu.reference_flops``) is switched off too.
 
-What it cannot stop: a learner who starts another Python process (``python -m gpumem plan``), or
-code that undoes both switches and puts every one back before returning; the lab runs in the
+What it cannot stop: a learner who starts another Python process (``python -m gpumem plan``), a
+copy edited inside its functions' bodies (that is the learner's own code then), or code that
+undoes every switch and puts every one back before returning; the lab runs in the
 learner's own kernel, and the prompt says the search is the exercise.
 """
 
 import importlib
+import sys
+import threading
 from contextlib import contextmanager
 
+from gpumem.course import copy_watch
+from gpumem.course.case_limits import alarm_held
 from gpumem.planner import ranking, search
 
 from . import lab06_gpu
@@ -47,6 +57,29 @@ IN_BODY = (search.plan, search.candidates, search._inner)   # their bodies read 
 _MODULES = ((search, ("plan", "answer", "candidates", "layouts_of", "fits_any", "_inner")),
             (ranking, ("rank", "rank_of")))
 _ACTIVE = [0]          # > 0 while the learner's function runs
+COPY = ("write the search yourself: your code ran a copy of {} (the planner's own code under another "
+        "name) while lab 06 was graded")
+_PRINTS: list = []
+
+
+def prints() -> copy_watch.Prints:
+    """Content fingerprints of every function of ``planner.search`` and ``planner.ranking`` (once)."""
+    if not _PRINTS:
+        _PRINTS.append(copy_watch.Prints([(search, "planner.search"), (ranking, "planner.ranking")]))
+    return _PRINTS[0]
+
+
+def _watch(hits: list):
+    """A profile hook refusing any call into a copy of the planner's search (by content)."""
+    copies = prints()
+
+    def watch(frame, event, arg):
+        if event == "call":
+            copied = copies.copied(frame)
+            if copied:
+                hits.append(copied)
+                raise RuntimeError(COPY.format(copied))
+    return watch
 
 
 def _functions():
@@ -67,9 +100,10 @@ def _refusing_code(name: str, fn):
 def no_search():
     """Inside the block every function of :data:`BLOCKED` raises the lab's message; restored after,
     also when the learner's call raises or runs out of time. Yields :func:`changed`'s closure."""
-    saved, entered, armed = [], False, {}
+    saved, entered, armed, hits = [], False, {}, []
     names = {fn: name for name, fn in _functions()}
     bound = {(m, a): getattr(m, a) for m, attrs in _MODULES for a in attrs}
+    previous, previous_threads, watch = sys.getprofile(), threading.getprofile(), _watch(hits)
     try:
         for name, fn in _functions():
             code = _refusing_code(name, fn)
@@ -81,8 +115,19 @@ def no_search():
             fn.refusing = MESSAGE.format(names[fn])
         _ACTIVE[0], entered = _ACTIVE[0] + 1, True
         level = _ACTIVE[0]
-        yield lambda: _changes(armed, bound, names, level)
+
+        def changes() -> list[str]:
+            off = [] if hits or sys.getprofile() is watch else ["the copy watch (sys.setprofile)"]
+            return _changes(armed, bound, names, level) + off
+        changes.copies = hits
+        with alarm_held():
+            sys.setprofile(watch)
+            threading.setprofile(watch)
+        yield changes
     finally:
+        with alarm_held():
+            sys.setprofile(previous)
+            threading.setprofile(previous_threads)
         _ACTIVE[0] -= entered
         for fn in IN_BODY:
             fn.__dict__.pop("refusing", None)

@@ -35,7 +35,7 @@ from gpumem.errors import UsageError
 
 from . import lab06_cases, lab06_diagnose, lab06_gpu
 from .lab06_cases import SLOW_LINK  # noqa: F401 (the lab's text names it)
-from .lab06_guard import changed_line, no_search, refuse_if_active
+from .lab06_guard import COPY, changed_line, no_search, refuse_if_active
 
 LAB = "lab06_choose_plan"
 SLACK = 1.03
@@ -105,6 +105,8 @@ def _ask(choose, case: tuple, inter_node: float | None):
     with no_search() as changes:
         choice = call(choose, model, gpus, gpu, seq, batch, inter_node=inter_node)
         what = changes()
+    if changes.copies:                       # a refusal the learner's code caught
+        raise LearnerError(COPY.format(changes.copies[0]))
     if what:
         raise LearnerError(changed_line(what))
     return choice
