@@ -56,6 +56,16 @@ def _no_op_moves():
 def to_nf4(model: torch.nn.Module) -> torch.nn.Module:
     """Every ``nn.Linear`` but ``lm_head`` replaced by bitsandbytes' NF4 ``Linear4bit`` (in place)."""
     import bitsandbytes as bnb
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)   # bitsandbytes' code tables in fp32, as from_pretrained makes them
+    try:
+        _replace_linears(model, bnb)
+    finally:
+        torch.set_default_dtype(old)
+    return model
+
+
+def _replace_linears(model, bnb) -> None:
     for mod in list(model.modules()):
         for name, child in list(mod.named_children()):
             if type(child) is torch.nn.Linear and name != "lm_head":
@@ -67,7 +77,6 @@ def to_nf4(model: torch.nn.Module) -> torch.nn.Module:
                 if child.bias is not None:
                     q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
                 setattr(mod, name, q.train(child.training))
-    return model
 
 
 def lora_config(ft, dropout: float = 0.0):
