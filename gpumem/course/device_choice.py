@@ -32,14 +32,17 @@ class Choice:
     loss_scaling: bool
     reasons: tuple[str, ...]
 
-    def describe(self) -> str:
-        """One line for a notebook: the GPU, the choice, and the reason."""
+    def describe(self, width: int = 100) -> str:
+        """For a notebook: the GPU, the choice, and the reason, wrapped at ``width`` columns."""
+        import textwrap
         if self.device == "cpu":
-            return "no CUDA device: CPU path (" + "; ".join(self.reasons) + ")"
-        sm = f"sm_{self.capability[0]}{self.capability[1]}"
-        scaler = " with a loss scaler" if self.loss_scaling else ""
-        return (f"{self.gpu} ({sm}): {self.dtype}{scaler}, SDPA kernel {self.sdpa}"
-                + (" (" + "; ".join(self.reasons) + ")" if self.reasons else ""))
+            text = "no CUDA device: CPU path (" + "; ".join(self.reasons) + ")"
+        else:
+            sm = f"sm_{self.capability[0]}{self.capability[1]}"
+            scaler = " with a loss scaler" if self.loss_scaling else ""
+            text = (f"{self.gpu} ({sm}): {self.dtype}{scaler}, SDPA kernel {self.sdpa}"
+                    + (" (" + "; ".join(self.reasons) + ")" if self.reasons else ""))
+        return textwrap.fill(text, width, subsequent_indent="  ", break_long_words=False)
 
 
 def choose(capability: tuple[int, int] | None, gpu: str = "") -> Choice:

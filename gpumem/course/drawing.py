@@ -47,3 +47,64 @@ def show_figures(*figs, alt: str | None = None) -> None:
     for fig in figs:
         data = {"image/png": figure_png(fig)}
         display(data | ({"text/plain": alt} if alt else {}), raw=True)
+
+
+def show_source(*objs) -> None:
+    """Each function's source as a highlighted Python block (Markdown), its text form beside it.
+    Source keeps its own line lengths: a code block scrolls sideways, a table or a ledger must not."""
+    import inspect
+
+    from IPython.display import Markdown, display
+    for obj in objs:
+        src = inspect.getsource(obj).rstrip("\n")
+        display(Markdown(f"```python\n{src}\n```"))
+
+
+def progress_wanted() -> bool:
+    """Whether a long cell should show a progress bar: in a live kernel, not in text mode (nbval,
+    ``tools/execute_notebooks.py``: ``GPUMEM_QUIZ_MODE=text``) and not when tqdm is told to be quiet."""
+    import os
+    if os.environ.get("GPUMEM_QUIZ_MODE") == "text" or os.environ.get("TQDM_DISABLE"):
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
+def progress(items, desc: str = "", total: int | None = None):
+    """``items`` with a tqdm bar where :func:`progress_wanted`, else ``items`` unchanged."""
+    if not progress_wanted():
+        return items
+    from tqdm.auto import tqdm
+    return tqdm(items, desc=desc, total=total, leave=False)
+
+
+class busy:
+    """``with busy("tracing 80 layers, about 60 s"):`` a bar with the seconds elapsed while a
+    long call without steps of its own runs (where :func:`progress_wanted`; else nothing)."""
+
+    def __init__(self, desc: str):
+        self.desc, self.bar, self.stop = desc, None, None
+
+    def __enter__(self):
+        if not progress_wanted():
+            return self
+        import threading
+
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=None, desc=self.desc, bar_format="{desc}: {elapsed} elapsed", leave=False)
+        self.stop = threading.Event()
+
+        def tick():
+            while not self.stop.wait(1.0):
+                self.bar.refresh()
+        threading.Thread(target=tick, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.stop.set()
+            self.bar.close()
+        return False

@@ -117,7 +117,7 @@ def render(chapter: str, directory: Path = RESULTS_DIR) -> str:
     num = _chapter(chapter)
     runs = for_chapter(num, directory)
     if not runs:
-        return (f"No GPU measurements are committed for chapter {num} yet: run `make gpu-check` on a "
+        return (f"No GPU measurements are committed for chapter {num} yet: run `make gpu-check` on a\n"
                 f"CUDA machine, which writes results/gpu/<date>_<gpu>.json.")
     lines = [f"Committed GPU measurements for chapter {num} (measured by `make gpu-check`, not on this machine):"]
     for run in runs:

@@ -99,13 +99,15 @@ def table_two(claims: list[Claim], width: int = 100) -> str:
     return "\n".join(out)
 
 
-def explanations(claims: list[Claim], width: int | None = None) -> str:
+def explanations(claims: list[Claim], width: int | None = 100) -> str:
     """Each claim's verdict with the reason behind it, one paragraph per claim; a claim graded
-    under both recipes gives both verdicts. ``width`` wraps each paragraph (None: one line)."""
+    under both recipes gives both verdicts. Each paragraph wraps at ``width`` columns, at word
+    boundaries (continuation lines indented); None: one line a claim."""
     out = []
     for c in claims:
         head = (f"[{c.id}] note's recipe: {c.verdict_note()}; standard: {c.verdict()}"
                 if c.ours_note is not None else f"[{c.id}] {c.verdict()}")
         text = f"{head}: {c.why()}"
-        out.append(textwrap.fill(text, width, subsequent_indent="    ") if width else text)
+        out.append(textwrap.fill(text, width, subsequent_indent="    ", break_long_words=False,
+                                 break_on_hyphens=False) if width else text)
     return "\n".join(out)

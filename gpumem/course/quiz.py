@@ -184,8 +184,8 @@ def widgets_available() -> bool:
 
 
 def checklist(quizzes: list[Quiz]) -> str:
-    """Progress as a checklist: one line per question (its prompt, cut at 100 characters), [x]
-    once answered correctly."""
+    """Progress as a checklist: one line per question (the line, prompt included, cut at 100
+    characters), [x] once answered correctly."""
     data = load_progress()
     lines = []
     for quiz in quizzes:
@@ -194,5 +194,6 @@ def checklist(quizzes: list[Quiz]) -> str:
         for q in quiz.questions:
             mark = "x" if done.get(q.id, {}).get("correct") else " "
             prompt = q.prompt_text()
-            lines.append(f"  [{mark}] {q.id}: {prompt if len(prompt) <= 100 else prompt[:97] + '...'}")
+            line = f"  [{mark}] {q.id}: {' '.join(prompt.split())}"
+            lines.append(line if len(line) <= 100 else line[:97].rstrip() + "...")
     return "\n".join(lines)
