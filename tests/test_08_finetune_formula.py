@@ -159,6 +159,9 @@ def test_lora_layer_by_hand_llama3_8b():
     # QLoRA under autocast: peft's Linear4bit does not cast the input: shared, as bf16 adapters
     q = finetune.finetune_activation_bytes(L8B, QLORA, s, 1)
     assert q["per_layer"] == shared["per_layer"] and q["adapter_casts"] == casts
+    # ... but its check reads CUDA's autocast only: under CPU autocast it copies, as LoRA does
+    q_cpu = finetune.finetune_activation_bytes(L8B, QLORA, s, 1, device="cpu")
+    assert q_cpu["per_layer"] == later
 
 
 def test_lora_full_checkpointing_keeps_layer_inputs():

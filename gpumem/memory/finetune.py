@@ -163,12 +163,14 @@ def grouped(roles: dict[str, int]) -> dict[str, int]:
 
 
 def finetune_activation_bytes(cfg, ft: Finetune, seq: int, batch: int, *, attention: str = "flash",
-                              checkpoint: str = "none", norm: str = "fused", impl: str = "course") -> dict[str, int]:
+                              checkpoint: str = "none", norm: str = "fused", impl: str = "course",
+                              device: str = "cuda") -> dict[str, int]:
     """Activation bytes of one step by part, with ``peak`` (see ``finetune_acts``): full
     fine-tuning is ``activations.activations``; LoRA and QLoRA count what a frozen base saves.
-    ``norm="hf", impl="hf"``: transformers' own Llama (as ``activations`` counts it)."""
+    ``norm="hf", impl="hf"``: transformers' own Llama (as ``activations`` counts it);
+    ``device="cpu"``: where peft's QLoRA layer behaves differently under CPU autocast."""
     from .finetune_acts import finetune_activations
-    return finetune_activations(cfg, ft, seq, batch, attention, checkpoint, norm, impl)
+    return finetune_activations(cfg, ft, seq, batch, attention, checkpoint, norm, impl, device)
 
 
 RTX3090_BYTES = 24_576 * 2**20   # an RTX 3090's memory.total in nvidia-smi: 24,576 MiB (24 GB GDDR6X)

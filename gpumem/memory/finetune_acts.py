@@ -16,7 +16,10 @@ e = 2, bf16):
     matmul casts it back to a new bf16 tensor: each adapted projection saves its own 2-byte copy
     (4-byte without autocast). With bf16 adapters the input is shared;
   - 4-bit base (``lora.bnb.Linear4bit.forward``): no cast under autocast (``requires_conversion =
-    not torch.is_autocast_enabled()``): the input is shared; without autocast, fp32 adapters copy;
+    not torch.is_autocast_enabled()``): the input is shared; without autocast, fp32 adapters copy.
+    That check without a device argument reads CUDA's autocast only: under CPU autocast it is
+    False, so on a CPU (``device="cpu"``) QLoRA copies as LoRA does (checked with saved-tensor
+    hooks on peft 0.21.2, bitsandbytes 0.50.2, torch's CPU autocast);
   - under autocast the fp32 A and B are cast to bf16 once and cached (leaf tensors that require
     grad): 2 bytes per adapter element, alive while the step's graph is (``adapter_casts``);
 * everything that feeds a gradient still saves as before: both norms (their input and 1/rms),
@@ -40,22 +43,23 @@ from .finetune_setup import Finetune, adapter_tensors, matrices, validate
 from .policies import KERNELS, POLICIES, checkpoint_plan
 
 
-def copy_bytes(ft: Finetune) -> int:
+def copy_bytes(ft: Finetune, device: str = "cuda") -> int:
     """Bytes per element of the input copy each adapted projection saves (0: shared)."""
     if ft.adapter_dtype == "bf16":
         return 0
-    if ft.base_dtype == "nf4":
+    if ft.base_dtype == "nf4" and device == "cuda":
         return 0 if ft.autocast else 4
     return 2 if ft.autocast else 4
 
 
 def layer_saved(cfg, seq: int, batch: int, kernel: str, ft: Finetune, grad_in: bool,
-                selective: bool = False, norm: str = "fused", impl: str = "course") -> dict[str, int]:
+                selective: bool = False, norm: str = "fused", impl: str = "course",
+                device: str = "cuda") -> dict[str, int]:
     """Saved bytes of one layer with a frozen base, by tensor group; ``grad_in``: whether the
     layer's input needs a gradient (every layer after the first)."""
     T, e, r, tg = batch * seq, 2, ft.lora_rank, set(ft.lora_targets)
     h, q, F = cfg.d_model, cfg.q_dim, cfg.ffn
-    copy, e_out = copy_bytes(ft), 2 if ft.autocast or ft.adapter_dtype == "bf16" else 4
+    copy, e_out = copy_bytes(ft, device), 2 if ft.autocast or ft.adapter_dtype == "bf16" else 4
     core = grad_in or bool(tg & {"q", "k", "v"})       # does the attention core record a graph?
     flash_out = kernel == "flash" and not selective and core   # SDPA saves its output, W_o's input
 
@@ -95,7 +99,8 @@ def layer_saved(cfg, seq: int, batch: int, kernel: str, ft: Finetune, grad_in: b
 
 
 def finetune_activations(cfg, ft: Finetune, seq: int, batch: int, kernel: str = "flash",
-                         policy: str = "none", norm: str = "fused", impl: str = "course") -> dict[str, int]:
+                         policy: str = "none", norm: str = "fused", impl: str = "course",
+                         device: str = "cuda") -> dict[str, int]:
     """Activation bytes by part (``layer: ...`` for a layer after the first) and in total:
     ``per_layer``, ``first_layer``, ``checkpoint_input``, ``layers`` (at the end of the forward),
     ``outside``, ``loss``, ``adapter_casts``, ``forward_peak``, ``recompute_peak``, ``peak``.
@@ -114,8 +119,8 @@ def finetune_activations(cfg, ft: Finetune, seq: int, batch: int, kernel: str = 
         raise UsageError(f"LoRA activations are counted for RoPE models; {cfg.name} has learned positions")
     selective = policy == "selective"
     T, e, L = batch * seq, 2, cfg.n_layers
-    later = layer_saved(cfg, seq, batch, kernel, ft, True, selective, norm, impl)
-    first = layer_saved(cfg, seq, batch, kernel, ft, False, selective, norm, impl)
+    later = layer_saved(cfg, seq, batch, kernel, ft, True, selective, norm, impl, device)
+    first = layer_saved(cfg, seq, batch, kernel, ft, False, selective, norm, impl, device)
     per = [sum(first.values())] + [sum(later.values())] * (L - 1)
     casts = 2 * sum(adapter_tensors(cfg, ft.lora_rank, ft.lora_targets)) if (
         ft.autocast and ft.adapter_dtype == "fp32") else 0
@@ -139,7 +144,7 @@ def finetune_activations(cfg, ft: Finetune, seq: int, batch: int, kernel: str = 
     qkv = [t for t in ("q", "k", "v") if t in ft.lora_targets]
     at_softmax = softmax_moment(cfg, seq, batch, kernel, e, norm)
     if at_softmax:
-        at_softmax += -frozen_norm + copy_bytes(ft) * T * cfg.d_model * len(qkv) + (
+        at_softmax += -frozen_norm + copy_bytes(ft, device) * T * cfg.d_model * len(qkv) + (
             2 if ft.autocast or ft.adapter_dtype == "bf16" else 4) * T * ft.lora_rank * len(qkv)
     layers = saved_before(L)
     forward_peak = layers + outside + loss + casts + (0 if impl == "hf" else unsaved)
