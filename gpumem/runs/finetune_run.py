@@ -15,10 +15,11 @@ counted once):
 * ``optimizer``: the tensors in ``optimizer.state`` after the first step (fp32 master and
   moments; or uint8 moments and their fp32 block scales, one per 256 values);
 * ``buffers``: the model's buffers (the rotary inverse frequencies);
-* ``constants``: per-tensor tables whose size does not grow with the weight: NF4's 16-value code
-  and the 256-value code of the second-level quantisation and its offset, per quantised weight;
-  8-bit AdamW's two 256-value quantisation maps (shared); step counters. A formula per parameter
-  leaves them out; at 70B they are under a megabyte.
+* ``quant_constants``: per quantised weight, tables whose size does not grow with it: NF4's
+  16-value fp32 code, the fp32 offset, and the 256-value fp32 code of the second-level
+  quantisation (bitsandbytes 0.50.2 keeps one per tensor: 14 distinct storages in the tiny QLoRA);
+* ``optimizer_constants``: step counters (torch AdamW: a 4-byte tensor per parameter tensor;
+  bitsandbytes: a Python int) and 8-bit AdamW's two shared 256-value fp32 quantisation maps.
 
 bitsandbytes keeps the moments of a tensor with fewer than 4,096 elements in fp32 (its
 ``min_8bit_size``): the norms' weights always, and at the tiny size LoRA's smaller matrices.
@@ -42,7 +43,7 @@ TINY = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "nu
 RANK = 32
 SETUPS = {
     "full": Finetune(),
-    "full-8bit": Finetune(optimizer="adamw-8bit"),
+    "full-8bit": Finetune(optimizer="adamw-8bit", recipe="pure-bf16"),   # bitsandbytes keeps no fp32 master
     "lora": Finetune(adapter="lora", lora_rank=RANK),
     "qlora": Finetune(adapter="lora", lora_rank=RANK, base_dtype="nf4"),
     "qlora-8bit": Finetune(adapter="lora", lora_rank=RANK, base_dtype="nf4", optimizer="adamw-8bit"),
@@ -82,7 +83,7 @@ def _quant_tensors(p):
 
 
 def model_bytes(model, acc: _Bytes | None = None) -> _Bytes:
-    """``weights``, ``adapters``, ``buffers`` and the NF4 ``constants`` of ``model``."""
+    """``weights``, ``adapters``, ``buffers`` and the NF4 ``quant_constants`` of ``model``."""
     acc = acc or _Bytes()
     for name, p in model.named_parameters():
         role = "adapters" if ".lora_" in name else "weights"
@@ -91,7 +92,7 @@ def model_bytes(model, acc: _Bytes | None = None) -> _Bytes:
         for t in scales:
             acc.add(role, t)
         for t in consts:
-            acc.add("constants", t)
+            acc.add("quant_constants", t)
     for b in model.buffers():
         acc.add("buffers", b)
     return acc
@@ -105,10 +106,10 @@ def grad_bytes(model, acc: _Bytes) -> None:
 
 
 def optimizer_bytes(opt, acc: _Bytes) -> None:
-    """Add every tensor in ``opt.state``: ``optimizer``, or ``constants`` for step counters and maps."""
+    """Add every tensor in ``opt.state``: ``optimizer``, or ``optimizer_constants`` (steps, maps)."""
     for state in opt.state.values():
         for key, t in state.items():
-            acc.add("constants" if key in CONSTANT_STATE_KEYS else "optimizer", t)
+            acc.add("optimizer_constants" if key in CONSTANT_STATE_KEYS else "optimizer", t)
 
 
 def trainable(model) -> int:
@@ -144,7 +145,8 @@ def run(setup: str | Finetune = "full", steps: int = 4, lr: float = 1e-3, seq: i
                 optimizer_bytes(opt, acc)
             opt.zero_grad(set_to_none=True)
             losses.append(loss.item())
-    roles = {k: acc.roles.get(k, 0) for k in ("weights", "adapters", "grads", "optimizer", "buffers", "constants")}
+    roles = {k: acc.roles.get(k, 0) for k in ("weights", "adapters", "quant_constants", "grads", "optimizer",
+                                                "optimizer_constants", "buffers")}
     return {"setup": setup if isinstance(setup, str) else "custom", "losses": losses,
             "trainable": trainable(model), "bytes": roles, "optimizer_class": type(opt).__name__}
 
