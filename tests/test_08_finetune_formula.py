@@ -217,6 +217,10 @@ def test_estimate_json_has_the_roles(capsys):
     assert cli.main(["estimate", "--model", "llama-3-8b", "--optimizer", "adamw-8bit"]) == 0
     out = capsys.readouterr().out
     assert "8-bit block absmaxes" in out and max(map(len, out.splitlines())) <= 100
+    assert cli.main(["estimate", "--model", "llama-3-70b", "--adapter", "lora", "--base-dtype", "nf4",
+                     "--optimizer", "adamw-8bit", "--gpus", "2", "--zero", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "QLoRA r=16" in out and "dequantised bf16 matrix" in out and max(map(len, out.splitlines())) <= 100
 
 
 def test_estimate_with_the_options_stays_torch_free():

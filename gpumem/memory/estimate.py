@@ -192,4 +192,9 @@ def _finetuned(model, params, gpus, zero, recipe, seq, micro_batch, checkpoint, 
         if zero == 3:
             est.states.notes.append("ZeRO-3 working set counted as for full fine-tuning (bf16 weights, a "
                                     "full gradient): an upper bound with a frozen base")
+    if ft.base_dtype == "nf4":
+        est.states.notes.append("not counted: peft's prepare_model_for_kbit_training upcasts the embedding, "
+                                "head and norms to fp32 (+2 B each)" + (
+                                    "; ZeRO-3 shards the packed 4-bit weights (bnb_4bit_quant_storage set to "
+                                    "the model's dtype), not their NF4 constants" if zero == 3 else ""))
     return est

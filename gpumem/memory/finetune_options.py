@@ -72,6 +72,6 @@ def render(d: dict, fmt) -> list[str]:
     what = ("full fine-tuning" if ft["adapter"] == "none" else
             f"{'QLoRA' if ft['base_dtype'] == 'nf4' else 'LoRA'} r={ft['lora_rank']} on "
             f"{','.join(ft['lora_targets'])} ({ft['adapter_dtype']} adapters)")
-    lines = [f"  fine-tuning: {what}, base {ft['base_dtype']}, optimizer {ft['optimizer']}; by role:"]
+    lines = [f"  {what}, base {ft['base_dtype']}, {ft['optimizer']}; by role:"]
     lines += [f"    {ROLE_LABELS[k]:44s} {fmt(v)}" for k, v in d["roles"].items() if v]
     return lines
