@@ -7,8 +7,10 @@ ZeRO stage and offload; ZeRO-3's working set), ``zero3_schedule`` (DeepSpeed ZeR
 schedule replayed: the working set's gathered part), ``activations`` (tensor by tensor),
 ``megatron`` (Korthikanti's formula beside Llama's count), ``recompute_plans`` and
 ``recompute_cost`` (checkpoint plans, their bytes and FLOPs), ``attention_flops`` (attention's
-FLOPs and HBM bytes), ``offload_cost`` (offload's bytes per link), ``estimate``. The formulas
-count bytes and FLOPs only; the seconds they take are :mod:`gpumem.timing`'s.
+FLOPs and HBM bytes), ``offload_cost`` (offload's bytes per link), ``estimate``; for fine-tuning
+(chapter 08) ``finetune_setup`` (one setup and its checks), ``finetune`` (8-bit AdamW, LoRA and
+QLoRA states by role), ``finetune_acts`` (what a frozen base saves) and ``finetune_options``.
+The formulas count bytes and FLOPs only; the seconds they take are :mod:`gpumem.timing`'s.
 
 Traced and measured, with torch: ``llama`` (the model), ``optim`` (mixed-precision AdamW, and
 which AdamW a trace runs), ``tracing`` (MemTracker on fake tensors: ``tracer`` traces a step,
