@@ -125,6 +125,7 @@ def register(sub, run_options: bool = False) -> None:
                    help="with --config: trace this many layers (the config's depth)")
     p.add_argument("--adamw", choices=ADAMW_IMPLS, default="for-loop",
                    help="torch AdamW code path for pure-bf16 and fp32 (for-loop)")
+    finetune_options.add_options(p)     # with --config: peft's LoRA, bitsandbytes' NF4 (memory.lora_trace)
     p.set_defaults(func=_trace)
 
     from .chapters import CHAPTERS
@@ -223,8 +224,7 @@ def _trace(args) -> int:
                          "(torch.optim.AdamW); mixed and mixed-ds accept: for-loop")
     from .memory import tracing
     kwargs = dict(recipe=args.recipe, kernel=args.attention or "flash", policy=args.checkpoint or "none",
-                  seq=args.seq or 4096, micro_batch=args.micro_batch or 1, norm=args.norm or "fused",
-                  adamw=args.adamw)
+                  seq=args.seq or 4096, micro_batch=args.micro_batch or 1, norm=args.norm or "fused", adamw=args.adamw)
     tr = tracing.trace_step(args.model, **kwargs) if args.full else tracing.trace_fast(args.model, **kwargs)
     if args.json:
         print(json.dumps(tr.as_dict()))
@@ -239,7 +239,6 @@ def _trace(args) -> int:
 def _trace_config(args) -> int:
     """``trace --config``: transformers' own model (``memory.hf_trace``), beside the formula."""
     from dataclasses import replace
-
     from .memory import hf_config
     if args.model is not None:
         raise UsageError("give one of --model NAME or --config PATH")
@@ -255,15 +254,16 @@ def _trace_config(args) -> int:
         raise UsageError(f"AdamW implementation {args.adamw!r} applies to the pure-bf16 and fp32 recipes")
     if cfg.positions and (args.seq or 4096) > cfg.positions:
         raise UsageError(f"--seq {args.seq or 4096} is longer than {cfg.name}'s {cfg.positions} learned positions")
-    from .memory import hf_trace
-    attention = "eager" if args.attention == "eager" else "sdpa"
-    seq, mb = args.seq or 4096, args.micro_batch or 1
+    ft = finetune_options.from_args(args, 0, args.recipe)     # chapter 08's options, checked before torch loads
+    from .memory import hf_trace, lora_trace
+    if ft is not None:
+        return lora_trace.cli(args, cfg, ft)
+    attention, seq, mb = "eager" if args.attention == "eager" else "sdpa", args.seq or 4096, args.micro_batch or 1
     tr = hf_trace.trace_hf(args.config, seq, mb, attention, args.recipe, args.layers, adamw=args.adamw)
     cfg = replace(cfg, n_layers=args.layers or cfg.n_layers)
     formula = hf_trace.formula_activations(cfg, seq, mb, attention, args.recipe)
     if args.json:
-        print(json.dumps(tr.as_dict() | {"attention_impl": attention, "layers": cfg.n_layers,
-                                         "formula_activations": formula}))
+        print(json.dumps(tr.as_dict() | {"attention_impl": attention, "layers": cfg.n_layers, "formula_activations": formula}))
         return 0
     print("\n".join(hf_trace.summary(tr, cfg, attention, formula)))
     return 0

@@ -30,7 +30,8 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import hf_config
+from .. import units
+from ..errors import UsageError
 from .finetune_build import build_ft, make_ft_optimizer
 from .hf_trace import one_sequence_per_row, raw_config
 from .tracer import CATEGORIES, Moment, PeakTracker, Trace
@@ -49,10 +50,15 @@ def role_of(module: str, wrappers: set[str] = frozenset()) -> str:
     return "lora" if module in wrappers else "rest"
 
 
+def on_fake(ft) -> bool:
+    """Fake tensors unless bitsandbytes holds a tensor (an NF4 base, 8-bit AdamW's states)."""
+    return ft.base_dtype != "nf4" and ft.optimizer == "adamw"
+
+
 def _prepare(config, ft, layers, fake):
     raw, cfg = raw_config(config, layers)
     if not fake and cfg.n_params() > REAL_LIMIT:
-        raise ValueError(f"{cfg.name} at {cfg.n_layers} layers holds {cfg.n_params():,} parameters; a "
+        raise UsageError(f"{cfg.name} at {cfg.n_layers} layers holds {cfg.n_params():,} parameters; a "
                          f"real-tensor trace takes at most {REAL_LIMIT:,}: trace fewer --layers or a smaller model")
     return raw, cfg
 
@@ -80,7 +86,7 @@ def trace_ft(config: str | dict, ft, seq: int = 4096, micro_batch: int = 1, atte
              layers: int | None = None, seed: int = 0) -> Trace:
     """One training step of ``ft`` on transformers' model for ``config`` under :class:`PeakTracker`
     (fake tensors for a bf16 base, real ones for NF4)."""
-    fake = ft.base_dtype != "nf4"
+    fake = on_fake(ft)
     raw, cfg = _prepare(config, ft, layers, fake)
     start = time.perf_counter()
     model, mode = build_ft(raw, ft, fake, seed, attention)
@@ -131,7 +137,7 @@ def saved_by_role(config: str | dict, ft, seq: int = 256, micro_batch: int = 1, 
     """What autograd saves in one forward with the loss, (module, role, shape, dtype, bytes, op)
     per storage (first saver only, parameters left out), and bitsandbytes' operators of the
     forward and backward (:class:`_BnbOps`; empty for a bf16 base)."""
-    fake = ft.base_dtype != "nf4"
+    fake = on_fake(ft)
     raw, cfg = _prepare(config, ft, layers, fake)
     model, mode = build_ft(raw, ft, fake, seed, attention)
     params = {p.untyped_storage()._cdata for p in model.parameters()}
@@ -170,7 +176,38 @@ def by_role(rows: list[tuple]) -> dict[str, int]:
     return out
 
 
-def load_cfg(config: str | dict, layers: int | None = None):
-    """The :class:`ModelConfig` of ``config`` at ``layers`` (the formula's input)."""
-    return raw_config(config, layers)[1] if isinstance(config, dict) else \
-        raw_config(config, layers)[1] if layers else hf_config.load(config)
+def cli(args, cfg, ft, out=print) -> int:
+    """``trace --config X --adapter lora ...``: the traced step, what is saved by role, the formula
+    beside it, and bitsandbytes' dequantisation by phase; ``out`` prints a line."""
+    from .finetune_acts import finetune_activations
+    attention = "eager" if args.attention == "eager" else "sdpa"
+    seq, mb, kernel = args.seq or 4096, args.micro_batch or 1, "eager" if attention == "eager" else "flash"
+    tr = trace_ft(args.config, ft, seq, mb, attention, args.layers)
+    rows, ops = saved_by_role(args.config, ft, seq, mb, attention, args.layers)
+    depth = raw_config(args.config, args.layers)[1]
+    formula = finetune_activations(depth, ft, seq, mb, kernel, "none", "hf", "hf")["peak"]
+    dequant = {ph: sum(1 for o in ops if o[0] == ph and o[1] in ("gemm_4bit", "dequantize_4bit"))
+               for ph in ("forward", "backward")}
+    if args.json:
+        import json
+        out(json.dumps(tr.as_dict() | {"finetune": ft.__dict__, "layers": depth.n_layers, "formula_activations":
+                                       formula, "saved_by_role": by_role(rows), "nf4_ops_by_phase": dequant}))
+        return 0
+    what = "full fine-tuning" if ft.adapter == "none" else \
+        f"{'QLoRA' if ft.base_dtype == 'nf4' else 'LoRA'} r={ft.lora_rank} on {','.join(ft.lora_targets)}"
+    out(f"{cfg.name} ({depth.n_layers} layers), {what}: peft / bitsandbytes on {'fake' if on_fake(ft) else 'real'} "
+        f"tensors ({tr.seconds:.1f} s)")
+    out(f"  attention {attention}, seq {seq} x micro-batch {mb}, {ft.optimizer}, autocast bf16: {ft.autocast}")
+    for name, value in tr.peaks.items():
+        out(f"  {name:12s} peak {units.fmt_both(value):26s} at "
+            + str(tr.peak_moments[name]).replace("base_model.model.model.", "").replace("base_model.model", "loss"))
+    out(f"  formula, activations: {units.fmt_both(formula)}; trace / formula {tr.peaks['activations'] / formula:.4f}")
+    out("  saved in the forward, by role (frozen base layer, LoRA's A and B, dropout, wrapper, rest):")
+    out("    " + ", ".join(f"{k} {units.fmt(v, 'MB')}" for k, v in by_role(rows).items()))
+    if ft.base_dtype == "nf4":
+        out(f"  NF4 weight turned into bf16: {dequant['forward']} matmuls in forward, {dequant['backward']} "
+            "times again in backward (recomputed, not saved)")
+        out("  on a CPU peft's 4-bit layer copies each adapter's input (its autocast test asks about CUDA "
+            "only);")
+        out("  the formula counts a GPU, where the input is shared")
+    return 0
