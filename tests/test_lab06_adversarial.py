@@ -440,6 +440,37 @@ def choose_plan(*a, **k):
     except RuntimeError:
         return None
 """
+IN_CALL = """
+import inspect, types
+from gpumem.planner import search as _s, ranking as _r
+_SRC = [inspect.getsource(_r), inspect.getsource(_s)]
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None):
+    mods = []
+    for src in _SRC:                           # the copy made inside the call
+        m = types.ModuleType("mine"); m.__package__ = "gpumem.planner"
+        exec(compile(src, "<in the call>", "exec"), m.__dict__)
+        mods.append(m)
+    mods[1].ranking = mods[0]
+    return mods[1].plan(model, gpus, gpu, seq=seq, global_batch=global_batch, inter_node=inter_node,
+                        advise=False, recipes=("mixed",)).plans[0].layout
+"""
+NO_EXEC = """
+import inspect, types
+from gpumem.planner import search as _s, ranking as _r
+class _Box:                                    # code objects hidden where the namespace scan does not look
+    pass
+_box = _Box()
+_box.codes = [compile(inspect.getsource(m), "<hidden>", "exec") for m in (_r, _s)]
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None):
+    gs = []
+    for mod, top in zip((_r, _s), _box.codes):   # functions made from the code objects: no exec
+        g = dict(vars(mod))
+        g.update({c.co_name: types.FunctionType(c, g) for c in top.co_consts if isinstance(c, types.CodeType)})
+        gs.append(g)
+    gs[1]["ranking"] = types.SimpleNamespace(**gs[0])
+    return gs[1]["plan"](model, gpus, gpu, seq=seq, global_batch=global_batch, inter_node=inter_node,
+                         advise=False, recipes=("mixed",)).plans[0].layout
+"""
 RANKING_COPY = """
 import inspect
 from gpumem import planner
@@ -453,13 +484,17 @@ def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None):
 
 
 @pytest.mark.parametrize("source, words", [
-    (SEARCH_COPY, "your code ran a copy of planner.search."),
-    (CAUGHT, "your code ran a copy of planner.search."),
-    (RANKING_COPY, "your code ran a copy of planner.ranking.rank"),
-], ids=["search-module-copied", "refusal-caught", "ranking-renamed-locals"])
+    (SEARCH_COPY, "your notebook holds a copy of planner."),
+    (CAUGHT, "your notebook holds a copy of planner."),
+    (IN_CALL, "your code ran a copy of planner."),
+    (NO_EXEC, "your code ran a copy of planner."),
+    (RANKING_COPY, "holds a copy of planner.ranking.rank"),
+], ids=["search-module-copied", "refusal-caught", "copied-in-the-call", "functions-without-exec",
+        "ranking-renamed-locals"])
 def test_copies_of_the_planners_search_are_refused(source, words):
     """Review r5: search.py and ranking.py exec'd into new modules (8/8 before) are known by their
-    code's content while choose_plan runs; a caught refusal is still reported; renamed names match."""
+    code's content: held in the namespace (before the call), exec'd in the call (audit hook), or
+    made into functions in the call without exec (sampled stacks); renamed names still match."""
     ns = {}
     exec(compile(source, "<learner cell>", "exec"), ns)
     report = L.check(ns, show=False, seed=SEED, ref=ref)
@@ -476,6 +511,8 @@ def test_the_solution_is_not_taken_for_a_copy():
     assert own
     for fn in own:
         assert prints.match(fn.__code__) == "", fn.__name__
+    from gpumem.course import copy_watch
+    assert copy_watch.held_copies(prints, ns) == ""
 
 
 def test_the_graders_timing_refuses_outside_the_grader(monkeypatch):

@@ -83,6 +83,11 @@ def genuine(frame) -> bool:
     return ok
 
 
+def genuine_code(code: types.CodeType) -> bool:
+    """True if ``code`` equals one compiled afresh from its own (``gpumem``) file."""
+    return code.co_filename.startswith(GPUMEM) and code in _fresh_codes(code.co_filename)
+
+
 def is_test(frame) -> bool:
     """True if ``frame`` runs code of a module loaded from the course's ``tests/`` folder."""
     g = frame.f_globals
@@ -204,3 +209,77 @@ def is_own(fn) -> bool:
     if code is None or module is None or vars(module) is not g:
         return False
     return (path.startswith(GPUMEM) and code in _fresh_codes(path)) or (path.startswith(TESTS) and code.co_filename == path)
+
+
+class Sampler:
+    """``with Sampler(prints, hits, message):`` looks at the running stacks every ``interval`` s of
+    CPU time (``SIGPROF``; main thread only, else it does nothing) and refuses a frame that runs a
+    copy (:meth:`Prints.copied`): its name goes to ``hits``, and ``RuntimeError(message.format(name))``
+    is raised in the main thread. For a guard whose learner code makes many calls: a profile
+    hook would slow every call; a copy of a search runs long enough to be seen by a sample."""
+
+    def __init__(self, prints: Prints, hits: list, message: str, interval: float = 0.004):
+        self.prints, self.hits, self.message, self.interval = prints, hits, message, interval
+        self.previous = None
+
+    def __enter__(self):
+        import signal
+        import threading
+        if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+            return self
+        self.previous = signal.signal(signal.SIGPROF, self._tick)
+        signal.setitimer(signal.ITIMER_PROF, self.interval, self.interval)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+        if self.previous is not None:
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            signal.signal(signal.SIGPROF, self.previous)
+            self.previous = None
+        return False
+
+    def seen(self, frame) -> str:
+        """The first copy on ``frame``'s stack ('' if none)."""
+        while frame is not None:
+            hit = self.prints.copied(frame)
+            if hit:
+                return hit
+            frame = frame.f_back
+        return ""
+
+    def _tick(self, signum, frame):
+        if self.hits:
+            return
+        hit = self.seen(frame) or next((h for f in sys._current_frames().values() if (h := self.seen(f))), "")
+        if hit:
+            self.hits.append(hit)
+            raise RuntimeError(self.message.format(hit))
+
+
+def held_copies(prints: Prints, namespace: dict, depth: int = 2) -> str:
+    """The first copy among the functions a namespace holds ('' if none): its functions, and those
+    of the modules, classes and containers in it that are not loaded from a file (``depth`` levels)."""
+    seen: set[int] = set()
+
+    def look(value, level: int) -> str:
+        if id(value) in seen or level < 0:
+            return ""
+        seen.add(id(value))
+        code = value if isinstance(value, types.CodeType) else getattr(value, "__code__", None)
+        if isinstance(code, types.CodeType):
+            return next((hit for c in nested(code) if (hit := prints.match(c)) and not genuine_code(c)), "")
+        if isinstance(value, types.ModuleType):
+            if sys.modules.get(value.__name__) is value and getattr(value, "__file__", None):
+                return ""                                   # a loaded module: its functions are its file's
+            items = list(vars(value).values())
+        elif isinstance(value, type):
+            items = list(vars(value).values())
+        elif isinstance(value, dict):
+            items = list(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            items = list(value)
+        else:
+            return ""
+        return next((hit for item in items if (hit := look(item, level - 1))), "")
+    return next((hit for value in list(namespace.values()) if (hit := look(value, depth))), "")

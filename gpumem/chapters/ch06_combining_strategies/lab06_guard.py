@@ -13,10 +13,13 @@ points (:data:`BLOCKED`) are switched off two ways, so that undoing one does not
   refusing when the function carries a ``refusing`` message (:data:`IN_BODY`), so the original
   code, saved before grading and put back during the call, still refuses.
 
-* while the call runs, a profile hook refuses any call into a *copy* of ``planner.search`` or
-  ``planner.ranking`` (their source exec'd in a new module, or pasted): the functions are known by
-  their code's content, compiled afresh from the files, names and lines aside
-  (:mod:`gpumem.course.copy_watch`); a refusal the learner catches is still reported.
+* a *copy* of ``planner.search`` or ``planner.ranking`` (their source exec'd in a new module, or
+  pasted) is known by its code's content, compiled afresh from the files, names and lines aside
+  (:mod:`gpumem.course.copy_watch`): ``labcheck`` looks through the learner's namespace before the
+  call (``held_copies``); during it, code exec'd is matched as it runs (an audit hook), and the
+  running stacks are sampled every 4 ms of CPU time (``Sampler``, ``SIGPROF``: a copied search
+  runs far longer). A refusal the learner catches is still reported. No profile hook: it would
+  slow every call of the learner's own search about threefold.
 
 After the call :func:`changed` compares the guard with what it set (the code objects, the
 messages, the module attributes, the active count); a change is an error row naming it.
@@ -26,14 +29,14 @@ prices the reference after it), and :func:`active` lets the grader's helpers ref
 the GPU part's own timing (``lab06_gpu.reference_flops``) is switched off too.
 
 What it cannot stop: a learner who starts another Python process (``python -m gpumem plan``), a
-copy edited inside its functions' bodies (that is the learner's own code then), or code that
+copy edited inside its functions' bodies (that is the learner's own code then), a copy built
+inside the call without ``exec`` that runs for less than a sample's interval, or code that
 undoes every switch and puts every one back before returning; the lab runs in the
 learner's own kernel, and the prompt says the search is the exercise.
 """
 
 import importlib
 import sys
-import threading
 from contextlib import contextmanager
 
 from gpumem.course import copy_watch
@@ -59,6 +62,8 @@ _MODULES = ((search, ("plan", "answer", "candidates", "layouts_of", "fits_any", 
 _ACTIVE = [0]          # > 0 while the learner's function runs
 COPY = ("write the search yourself: your code ran a copy of {} (the planner's own code under another "
         "name) while lab 06 was graded")
+HELD = ("write the search yourself: your notebook holds a copy of {} (the planner's own code under "
+        "another name); lab 06 grades a search you wrote")
 _PRINTS: list = []
 
 
@@ -69,17 +74,25 @@ def prints() -> copy_watch.Prints:
     return _PRINTS[0]
 
 
-def _watch(hits: list):
-    """A profile hook refusing any call into a copy of the planner's search (by content)."""
-    copies = prints()
+_HOOKED: list = []
+_HITS: list[list] = []        # the copies seen by the guards now running (innermost last)
+_LIBRARY = tuple({sys.prefix, sys.base_prefix})
 
-    def watch(frame, event, arg):
-        if event == "call":
-            copied = copies.copied(frame)
-            if copied:
-                hits.append(copied)
-                raise RuntimeError(COPY.format(copied))
-    return watch
+
+def _audit(event, args):
+    """While a guard runs: code exec'd in the learner's call (a module copied and run then) is
+    matched against the planner's search by content."""
+    if event != "exec" or not _HITS or not args or not isinstance(args[0], type(_audit.__code__)):
+        return
+    top = args[0]
+    if top.co_filename.startswith(_LIBRARY):               # the interpreter's and site-packages' own modules
+        return
+    copies = prints()
+    for code in copy_watch.nested(top):
+        hit = copies.match(code)
+        if hit and not copy_watch.genuine_code(code):
+            _HITS[-1].append(hit)
+            raise RuntimeError(COPY.format(hit))
 
 
 def _functions():
@@ -103,7 +116,10 @@ def no_search():
     saved, entered, armed, hits = [], False, {}, []
     names = {fn: name for name, fn in _functions()}
     bound = {(m, a): getattr(m, a) for m, attrs in _MODULES for a in attrs}
-    previous, previous_threads, watch = sys.getprofile(), threading.getprofile(), _watch(hits)
+    sampler = copy_watch.Sampler(prints(), hits, COPY)
+    if not _HOOKED:
+        sys.addaudithook(_audit)
+        _HOOKED.append(True)
     try:
         for name, fn in _functions():
             code = _refusing_code(name, fn)
@@ -117,17 +133,17 @@ def no_search():
         level = _ACTIVE[0]
 
         def changes() -> list[str]:
-            off = [] if hits or sys.getprofile() is watch else ["the copy watch (sys.setprofile)"]
-            return _changes(armed, bound, names, level) + off
+            return _changes(armed, bound, names, level)
         changes.copies = hits
         with alarm_held():
-            sys.setprofile(watch)
-            threading.setprofile(watch)
+            _HITS.append(hits)
+            sampler.__enter__()
         yield changes
     finally:
         with alarm_held():
-            sys.setprofile(previous)
-            threading.setprofile(previous_threads)
+            sampler.__exit__()
+            if _HITS and _HITS[-1] is hits:
+                _HITS.pop()
         _ACTIVE[0] -= entered
         for fn in IN_BODY:
             fn.__dict__.pop("refusing", None)

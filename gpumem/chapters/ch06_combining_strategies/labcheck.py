@@ -30,12 +30,13 @@ first case that is wrong.
 import operator
 from dataclasses import asdict
 from gpumem import planner
+from gpumem.course import copy_watch
 from gpumem.course.grading import LearnerError, Report, Row, call, error_line, returned, run_case
 from gpumem.errors import UsageError
 
 from . import lab06_cases, lab06_diagnose, lab06_gpu
 from .lab06_cases import SLOW_LINK  # noqa: F401 (the lab's text names it)
-from .lab06_guard import COPY, changed_line, no_search, refuse_if_active
+from .lab06_guard import COPY, HELD, changed_line, no_search, prints, refuse_if_active
 
 LAB = "lab06_choose_plan"
 SLACK = 1.03
@@ -102,6 +103,9 @@ def reference(case: tuple, inter_node: float | None):
 
 def _ask(choose, case: tuple, inter_node: float | None):
     model, gpus, gpu, seq, batch = case
+    held = copy_watch.held_copies(prints(), getattr(choose, "__globals__", {}))
+    if held:                                 # a copy of the planner's search in the learner's namespace
+        raise LearnerError(HELD.format(held))
     with no_search() as changes:
         choice = call(choose, model, gpus, gpu, seq, batch, inter_node=inter_node)
         what = changes()
