@@ -66,10 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     data = quiz_data(args.fresh_quizzes)
     drawn = time.perf_counter() - start
     built = site.build(args.out, pools=data["pools"], groups=data["groups"], quiet=True)
-    quiz_dir = Path(args.out) / "_static" / "quiz"
-    quiz_dir.mkdir(parents=True, exist_ok=True)
-    for stem, pools in data["pools"].items():
-        (quiz_dir / f"{stem}.json").write_text(json.dumps(pools, indent=1))
     if built["remote"]:
         print("pages would load from the network:", json.dumps(built["remote"], indent=1))
         return 1

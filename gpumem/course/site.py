@@ -199,6 +199,8 @@ def prepare(src: Path, root: Path, pools: dict, groups: dict) -> list[str]:
     for f in (CONF / "_static").iterdir():
         _write(src / "_static" / f.name, f.read_text())
     _write(src / "_static" / "jupyterquiz.css", jupyterquiz_css())
+    for stem, chapter_pools in pools.items():      # each chapter's drawn variants, for readers and tests
+        _write(src / "_static" / "quiz" / f"{stem}.json", json.dumps(chapter_pools, indent=1))
     js = library_js()
     chapters, titles = [], {}
     for path in chapter_notebooks(root):

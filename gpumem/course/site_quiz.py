@@ -66,10 +66,11 @@ def numeric(q: Numeric, n: int) -> dict:
     """One drawn variant of a numeric question as a jupyterquiz numeric question."""
     want = q.value()
     right = f"Correct. {q.explanation_text()}"
-    if q.rel_tol == 0 and q.abs_tol == 0:
+    lo, hi = _bounds(q, want)
+    if lo == hi:                          # no tolerance (or an answer of 0 with a relative one)
         answers = [{"value": want, "correct": True, "feedback": _text(right)}]
     else:
-        answers = [_range(*_bounds(q, want), right, True)]
+        answers = [_range(lo, hi, right, True)]
     answers += _traps(q, want)
     hint = q.hint_for(math.nan)
     answers.append({"type": "default", "feedback": _text(f"Not quite. Hint: {hint[:1].upper() + hint[1:]} "
