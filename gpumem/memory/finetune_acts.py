@@ -26,7 +26,9 @@ e = 2, bf16):
   the attention core (q, k, v, output, logsumexp), SiLU's input, the gate/up product's two
   factors, the final norm; the output head is frozen, so its input is not saved;
 * layer 0's input (the frozen embedding's output) needs no gradient: its attention norm saves
-  nothing, and without a q/k/v adapter neither does its attention core (``first_layer``).
+  nothing, and without a q/k/v adapter neither does its attention core (``first_layer``). With
+  only some of q/k/v adapted, the naive and eager kernels' matmuls in layer 0 keep one operand
+  fewer than counted here (an approximation on the safe side, in that one layer only).
 * Hugging Face's ``LlamaRMSNorm`` (``norm="hf"``) multiplies its frozen weight by the normed
   input: that product no longer saves the normed bf16 copy, only the fp32 input and the 1/rms
   (4Th + 4T); ``impl="hf"`` is transformers' own model as ``activations`` counts it (labels,
