@@ -8,6 +8,8 @@ Each must fail with a row saying what was skipped. The truth is held to independ
 the fake-tensor MemTracker trace of the plain layer, and hand counts of the variants.
 """
 
+import sys
+
 import pytest
 import torch
 
@@ -146,7 +148,7 @@ def _subprocess_tracer(**kw):
     ("layer_activation_bytes", _ask_labcheck, "labcheck.traced_layer is switched off"),
     ("layer_activation_bytes", _ask_formula, "activations.layer_parts is switched off"),
     ("model_state_bytes", _ask_accounting, "accounting.model_states is switched off"),
-    ("variant_layer", _hooks_on_the_block, "llama.make_norm is switched off"),   # the block itself
+    ("variant_layer", _hooks_on_the_block, "variants.VariantBlock.__init__ (the course's code"),  # labcopies
     ("layer_activation_bytes", _subprocess_tracer, "Popen is switched off"),
 ])
 def test_the_course_answers_and_tracing_tools_are_switched_off(name, fn, says):
@@ -216,11 +218,12 @@ def _reviewer_cheat(llama_copy, variants_copy):
 
 
 @pytest.mark.parametrize("register, says", [
-    (True, "(loaded again as gpumem.memory.lab01_copy_llama).make_norm is switched off"),
-    (False, "no tensor ops: derive the count"),                     # copies nobody registered
+    (True, "ch01_memory_anatomy.variants.VariantBlock.__init__ (the course's code"),   # its super()
+    (False, "ch01_memory_anatomy.variants.VariantBlock.__init__ (the course's code"),   # unregistered
 ])
 def test_copies_of_the_course_loaded_under_other_names_fail(register, says):
-    """Registered copies are switched off like the originals; unregistered ones have no tensor."""
+    """Copies of llama.py and variants.py, registered or not: the copy watch (labcopies) sees the
+    copied VariantBlock.__init__ first (it calls super(), which the switch-off leaves alone)."""
     import sys
 
     from gpumem.memory import llama
@@ -753,7 +756,6 @@ T_OF = lambda kw: kw["batch"] * kw["seq"]            # noqa: E731
 Q_OF = lambda kw: kw["n_heads"] * kw["head_dim"]     # noqa: E731
 PART2_SLIPS = {   # name: (submission, how many cases pass first at seed 0, words in the hint)
     "chapter 01's table transcribed": (lambda: _llama_table, 0, ["head_dim=", "ignores head_dim"]),
-    "the course's formula module copied": (_library_copy, 1, ["kernel=naive", "head_dim=", "ignores head_dim"]),
     "W_o's input counted d_model wide": (lambda: _part2_slip(lambda kw: 2 * T_OF(kw) * (kw["d_model"] - Q_OF(kw))),
                                          0, ["head_dim=", "n_heads*head_dim"]),
     "q/k norms left out": (lambda: _part2_slip(lambda kw: -(2 * T_OF(kw) * (Q_OF(kw) + kw["n_kv_heads"] * kw[
@@ -772,6 +774,43 @@ def test_part_2_cheats_and_slips_fail_at_their_first_wrong_term(name):
     got = _first_row(make())
     assert len(got) == passing + 1, [r.case for r in got]
     assert all(w in got[-1].case + " " + got[-1].detail for w in says), (got[-1].case, got[-1].detail)
+
+
+def test_the_course_formula_module_copied_before_the_check_fails():
+    """The reviewer's cheap pass 3: its functions keep the course's bytecode, and the copy watch
+    (labcopies) refuses them at the first case."""
+    got = rows(grade({"layer_activation_bytes": _library_copy()}), "layer_activation_bytes")
+    assert len(got) == 1 and got[0].status == "error", [r.detail for r in got]
+    assert "memory.activations.layer_parts (the course's code, or a copy of it) ran inside" in got[0].detail, got[0].detail
+    assert sys.getprofile() is None
+
+
+def test_the_copy_unseen_by_the_watch_still_fails_at_the_first_naive_case(monkeypatch):
+    """With the watch blind, the copy answers flash right and naive wrong: the library's naive and
+    eager terms are d_model wide."""
+    from gpumem.chapters.ch01_memory_anatomy import labcopies
+    monkeypatch.setattr(labcopies, "match", lambda code, found: None)
+    got = _first_row(_library_copy())
+    assert len(got) == 2 and "kernel=naive" in got[-1].case and "ignores head_dim" in got[-1].detail, got[-1]
+
+
+def _switch_the_watch_off(**kw):
+    sys.setprofile(None)
+    return 0
+
+
+def _copy_in_a_thread(**kw):
+    import threading
+    threading.Thread(target=lambda: None).start()
+    return 0
+
+
+@pytest.mark.parametrize("fn, says", [(_switch_the_watch_off, "sys.setprofile is switched off"),
+                                      (_copy_in_a_thread, "starting a thread is switched off")])
+def test_the_copy_watch_cannot_be_switched_off(fn, says):
+    got = rows(grade({"layer_activation_bytes": fn}), "layer_activation_bytes")
+    assert len(got) == 1 and got[0].status == "error" and says in got[0].detail, got[0].detail
+    assert sys.getprofile() is None
 
 
 def test_the_library_does_not_answer_part_2():

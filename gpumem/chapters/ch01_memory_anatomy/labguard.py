@@ -35,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from gpumem.course.case_limits import alarm_held
 
-from . import labstate
+from . import labcopies, labstate
 
 MODULES = ("gpumem.memory.activations", "gpumem.memory.accounting", "gpumem.memory.estimate",
            "gpumem.memory.models", "gpumem.memory.llama",
@@ -252,6 +252,7 @@ def guarded(fn):
     # bound now: the learner's call could rebind the module attributes, not these closure cells
     snapshot, restore, refusal, held, guard = (labstate.snapshot, labstate.restore, labstate.refusal,
                                                alarm_held, derive_it_yourself)
+    copies, watch = labcopies.prints(MODULES + ("gpumem.memory.activation_parts",)), labcopies.no_copies
     from gpumem.course import grading       # its Report and Row: a patched class could pass anything
     me = [("gpumem.chapters.ch01_memory_anatomy.labguard", sys.modules[__name__]),
           ("gpumem.course.grading", grading)]
@@ -260,7 +261,7 @@ def guarded(fn):
         modules = _guarded_modules()
         taken = snapshot(modules + me)
         try:
-            with guard(modules):
+            with guard(modules), watch(copies):
                 result = fn(*args, **kwargs)
         except BaseException:
             with held():

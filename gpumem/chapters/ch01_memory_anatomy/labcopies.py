@@ -1,0 +1,107 @@
+"""Lab 01: no copy of the course's code runs inside a learner's function.
+
+:mod:`.labguard` switches the course's functions off while a learner's function runs, and refuses
+copies registered in ``sys.modules`` or loaded from gpumem's files during the call. A copy made
+*before* the check, ``exec(inspect.getsource(gpumem.memory.activations), lib)`` in a notebook
+cell, is neither (review r4 of lab 01, cheap pass 3). Its functions still have the course's
+bytecode, though: while the learner's function runs, a profile hook compares each Python frame's
+code with the fingerprints of every function in the guarded modules' files, taken as chapter 03's
+``labprints`` takes them: (name, bytecode, names used) for functions of at least
+:data:`SHORT` bytes, and (bytecode, names used) alone from :data:`LONG` bytes, so a rename does
+not hide a long function. A match fails the call, even if the learner catches the exception.
+Turning the hook off (``sys.setprofile``, ``sys.settrace``) is refused through an audit hook
+while the call runs, and so is starting a thread (the hook watches one thread; a reference to
+``_thread.start_new_thread`` bound before the check is not seen). A copy rewritten by hand (other names,
+other statements) is not seen here; part 2's layer is one the course's formulas do not count.
+"""
+
+import _thread
+import contextlib
+import functools
+import importlib
+import inspect
+import sys
+import threading
+import types
+
+SHORT = 24                 # bytes of bytecode: shorter functions are too common to match
+LONG = 64                  # from this length a function is matched without its name
+SAYS = "(the course's code, or a copy of it) ran inside your function: derive it yourself"
+_WATCHING = [False]        # read by the audit hook
+_REFUSED = ("sys.setprofile", "sys.settrace")
+_THREADS = ((_thread, "start_new_thread"), (threading, "_start_new_thread"))   # the hook is per thread
+
+
+def _walk(code: types.CodeType):
+    """``code`` and the code objects nested in it, functions only."""
+    if code.co_flags & inspect.CO_OPTIMIZED:
+        yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _walk(const)
+
+
+@functools.lru_cache(maxsize=None)
+def prints(names: tuple[str, ...]) -> tuple[dict, dict]:
+    """(named, unnamed) fingerprints of every function in the files of the modules ``names``."""
+    named, unnamed = {}, {}
+    for name in names:
+        try:
+            path = importlib.import_module(name).__file__
+            with open(path, encoding="utf-8") as f:
+                top = compile(f.read(), path, "exec")
+        except (ImportError, OSError):
+            continue
+        for code in _walk(top):
+            if not code.co_name.startswith("<") and len(code.co_code) >= SHORT:
+                shown = f"{name.replace('gpumem.chapters.', '').replace('gpumem.', '')}.{code.co_qualname}"
+                named[(code.co_name, code.co_code, code.co_names)] = shown
+                if len(code.co_code) >= LONG:
+                    unnamed[(code.co_code, code.co_names)] = shown
+    return named, unnamed
+
+
+def match(code: types.CodeType, found: tuple[dict, dict]) -> str | None:
+    """The course function whose code ``code`` repeats, or None."""
+    named, unnamed = found
+    return named.get((code.co_name, code.co_code, code.co_names)) or unnamed.get((code.co_code, code.co_names))
+
+
+def _audit(event, args):
+    if _WATCHING[0] and event in _REFUSED:
+        raise RuntimeError(f"{event} is switched off while your function is graded")
+
+
+sys.addaudithook(_audit)
+
+
+@contextlib.contextmanager
+def no_copies(found: tuple[dict, dict]):
+    """Run the block with the profile hook on; a copy that ran (caught or not) fails it."""
+    hits: list[str] = []
+    before = sys.getprofile()
+
+    def hook(frame, event, arg):
+        if event == "call" and (said := match(frame.f_code, found)):
+            hits.append(said)
+            _WATCHING[0] = False           # raising here unsets the hook: not the learner's doing
+            raise RuntimeError(f"{said} {SAYS}")
+    def no_thread(*args, **kwargs):
+        raise RuntimeError("starting a thread is switched off while your function is graded")
+    threads = [(owner, attr, getattr(owner, attr)) for owner, attr in _THREADS]
+    for owner, attr, _ in threads:
+        setattr(owner, attr, no_thread)
+    sys.setprofile(hook)
+    _WATCHING[0] = True
+    try:
+        yield
+    finally:
+        _WATCHING[0] = False
+        on = sys.getprofile() is hook
+        sys.setprofile(before)
+        for owner, attr, original in threads:
+            setattr(owner, attr, original)
+    if hits:
+        raise RuntimeError(f"{hits[0]} {SAYS}")
+    if not on:
+        raise RuntimeError("the copy watch was switched off inside your function: derive it yourself")
