@@ -128,3 +128,61 @@ def test_losses_track_full_finetuning(runs):
     for losses in (full, full8, lora, q, q8):
         assert all(b < a for a, b in zip(losses, losses[1:]))
     assert 0.2 * (full[0] - full[-1]) < lora[0] - lora[-1] < full[0] - full[-1]
+
+
+# --- part 3: what a LoRA / QLoRA step saves, traced (gpumem.memory.lora_trace) ---------------------
+SMALL = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "hidden_act": "silu",
+         "max_position_embeddings": 64, "tie_word_embeddings": False}
+h, q, f, r, T = 64, 64, 160, 8, 48      # SMALL by hand; rank 8; 48 tokens (no weight has a 48-long side)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("ft", [F.Finetune(adapter="lora", lora_rank=r),
+                                F.Finetune(adapter="lora", lora_rank=r, lora_targets=("q", "v"), autocast=False)],
+                         ids=["all-seven-autocast", "q-v-fp32"])
+def test_lora_formula_equals_trace_on_reduced_depths(ft, layers):
+    """The formula counts what autograd saves; the trace's peak (in transformers' loss code) also
+    holds the final norm's output, the frozen head's input, which nothing saves but
+    ``outputs.last_hidden_state`` keeps alive: 2 T h bytes the formula may leave out."""
+    from gpumem.memory import lora_trace as lt
+    tr = lt.trace_ft(SMALL, ft, T, 1, layers=layers)
+    formula = finetune_activations(raw_config(SMALL, layers)[1], ft, T, 1, "flash", "none", "hf", "hf")["peak"]
+    assert tr.peaks["activations"] - formula in (0, 2 * T * h)
+
+
+def test_lora_saves_by_role():
+    """A frozen base projection saves nothing (its weight is a parameter); each adapter saves its
+    own bf16 copy of its input (autocast's cast of peft's fp32 cast) and A's output (T x r); with
+    lora_dropout > 0 the CPU's dropout keeps an fp32 noise tensor per adapter input (peft drops out
+    its fp32 copy; CUDA's fused kernel would keep a 1-byte mask)."""
+    from gpumem.memory import lora_trace as lt
+    rows, ops = lt.saved_by_role(SMALL, F.Finetune(adapter="lora", lora_rank=r), T, 1, layers=2, dropout=0.1)
+    assert lt.by_role(rows)["base"] == 0 and ops == []
+    widths = {"q": h, "k": h, "v": h, "o": q, "gate": h, "up": h, "down": f}
+    for name, width in widths.items():
+        block = "mlp" if name in ("gate", "up", "down") else "self_attn"
+        got = {(row[1], row[2], row[3]) for row in rows if f"layers.1.{block}.{name}_proj." in row[0]}
+        assert ("lora_A", (T, width), "bfloat16") in got            # the input copy, 2 bytes
+        assert ("lora_B", (T, r), "bfloat16") in got                # A's output
+        assert ("dropout", (1, T, width), "float32") in got         # the noise tensor
+    # layer 0's q, k, v read the frozen embedding's output: no gradient, so their dropout records nothing
+    assert lt.by_role(rows)["dropout"] == 4 * T * (2 * sum(widths.values()) - 3 * h)
+
+
+def test_qlora_recomputes_the_dequantised_weight_and_saves_what_lora_saves():
+    """bitsandbytes' MatMul4Bit keeps only the packed weight: no saved tensor has a weight's shape;
+    backward dequantises again for every base matmul whose input needs a gradient (all but layer
+    0's q, k, v: the frozen embedding's output needs none). On a CPU the adapters' inputs are
+    copied as with a bf16 base, so the saved bytes equal LoRA's."""
+    from gpumem.memory import lora_trace as lt
+    lora = F.Finetune(adapter="lora", lora_rank=r)
+    rows_q, ops = lt.saved_by_role(SMALL, F.Finetune(adapter="lora", lora_rank=r, base_dtype="nf4"), T, 1, layers=2)
+    rows_l, _ = lt.saved_by_role(SMALL, lora, T, 1, layers=2)
+    assert lt.by_role(rows_q) == lt.by_role(rows_l)
+    weights = {(o, i) for i, o in [(h, q), (h, 32), (q, h), (h, f), (f, h)]}
+    assert not any(row[2] in weights for row in rows_q)
+    fwd = [o for o in ops if o[0] == "forward" and o[1] == "gemm_4bit"]
+    bwd = [o for o in ops if o[0] == "backward" and o[1] == "dequantize_4bit"]
+    assert len(fwd) == 7 * 2 and len(bwd) == 7 * 2 - 3
+    assert all(o[3] == "bfloat16" and o[2] in weights for o in bwd)

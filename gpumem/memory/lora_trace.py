@@ -133,13 +133,13 @@ class _BnbOps(TorchDispatchMode):
 
 
 def saved_by_role(config: str | dict, ft, seq: int = 256, micro_batch: int = 1, attention: str = "sdpa",
-                  layers: int | None = 1, seed: int = 0) -> tuple[list[tuple], list[tuple]]:
+                  layers: int | None = 1, seed: int = 0, dropout: float = 0.0) -> tuple[list[tuple], list[tuple]]:
     """What autograd saves in one forward with the loss, (module, role, shape, dtype, bytes, op)
     per storage (first saver only, parameters left out), and bitsandbytes' operators of the
     forward and backward (:class:`_BnbOps`; empty for a bf16 base)."""
     fake = on_fake(ft)
     raw, cfg = _prepare(config, ft, layers, fake)
-    model, mode = build_ft(raw, ft, fake, seed, attention)
+    model, mode = build_ft(raw, ft, fake, seed, attention, dropout)
     params = {p.untyped_storage()._cdata for p in model.parameters()}
     wrappers = {name for name, mod in model.named_modules() if hasattr(mod, "lora_A")}
     stack, rows, seen = ["loss"], [], set()
