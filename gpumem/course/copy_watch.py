@@ -218,7 +218,7 @@ class Sampler:
     is raised in the main thread. For a guard whose learner code makes many calls: a profile
     hook would slow every call; a copy of a search runs long enough to be seen by a sample."""
 
-    def __init__(self, prints: Prints, hits: list, message: str, interval: float = 0.004):
+    def __init__(self, prints: Prints, hits: list, message: str, interval: float = 0.01):
         self.prints, self.hits, self.message, self.interval = prints, hits, message, interval
         self.previous = None
 

@@ -98,17 +98,16 @@ def _allowed(frame) -> bool:
 
 
 _PRINTS: list = []
+_KEPT: list = [(ref, "the grader's answer lab_reference", ("rung_bytes", "choose"))]   # and keep()'s
 
 
 def prints() -> copy_watch.Prints:
-    """The content fingerprints of the grader's answers and of the library's count (built once)."""
+    """The content fingerprints of the grader's answers (:data:`_KEPT`: the reference's, and those
+    marked :func:`keep`) and of the library's count (``accounting.model_states``), built once."""
     if not _PRINTS:
-        from . import lab_gpu, lab_swaps
         from gpumem.memory import accounting
-        _PRINTS.append(copy_watch.Prints(
-            [(ref, "the grader's answer lab_reference"), (lab_swaps, "the grader's answer lab_swaps"),
-             (lab_gpu, "the grader's own timing lab_gpu"), (accounting, "gpumem.memory.accounting")],
-            only=("rung_bytes", "choose", "hand_files", "reference_seconds", "model_states")))
+        modules = [(m, label) for m, label, _ in _KEPT] + [(accounting, "gpumem.memory.accounting")]
+        _PRINTS.append(copy_watch.Prints(modules, only=[n for *_, names in _KEPT for n in names] + ["model_states"]))
     return _PRINTS[0]
 
 
@@ -140,6 +139,8 @@ def keep(what: str):
     def register(fn):
         module = sys.modules[fn.__module__]
         BLOCKED[(module.__file__, fn.__name__)] = f"{what} {fn.__module__}.{fn.__name__}"
+        _KEPT.append((module, f"{what} {fn.__module__.rsplit('.', 1)[-1]}", (fn.__name__,)))
+        _PRINTS.clear()
         ORIGINALS.append((fn, module, fn.__name__))
         return fn
     return register

@@ -17,7 +17,7 @@ points (:data:`BLOCKED`) are switched off two ways, so that undoing one does not
   pasted) is known by its code's content, compiled afresh from the files, names and lines aside
   (:mod:`gpumem.course.copy_watch`): ``labcheck`` looks through the learner's namespace before the
   call (``held_copies``); during it, code exec'd is matched as it runs (an audit hook), and the
-  running stacks are sampled every 4 ms of CPU time (``Sampler``, ``SIGPROF``: a copied search
+  running stacks are sampled every 10 ms of CPU time (``Sampler``, ``SIGPROF``: a copied search
   runs far longer). A refusal the learner catches is still reported. No profile hook: it would
   slow every call of the learner's own search about threefold.
 
@@ -177,6 +177,9 @@ def refuse_if_active(name: str) -> None:
     """Raise the lab's message when called from inside the learner's function."""
     if active():
         raise RuntimeError(MESSAGE.format(name))
+
+
+prints()                  # built at import, not inside a case's time limit
 
 
 def blocked_names() -> list[str]:

@@ -103,9 +103,6 @@ def reference(case: tuple, inter_node: float | None):
 
 def _ask(choose, case: tuple, inter_node: float | None):
     model, gpus, gpu, seq, batch = case
-    held = copy_watch.held_copies(prints(), getattr(choose, "__globals__", {}))
-    if held:                                 # a copy of the planner's search in the learner's namespace
-        raise LearnerError(HELD.format(held))
     with no_search() as changes:
         choice = call(choose, model, gpus, gpu, seq, batch, inter_node=inter_node)
         what = changes()
@@ -127,7 +124,11 @@ def grade_case(choose, case: tuple, inter_node: float | None = None, family=None
                ref=reference) -> tuple[str, str]:
     """(status, detail) of the learner's plan for one cluster (``inter_node``: bytes/s per GPU
     between nodes, None: the node type's own NICs); the reference is priced after the learner's
-    call (``ref``: the tests pass a cached one); never raises."""
+    call (``ref``: the tests pass a cached one); never raises. A copy of the planner's search in the
+    learner's namespace is an error before any call (looked for outside the case's time limit)."""
+    held = copy_watch.held_copies(prints(), getattr(choose, "__globals__", {}))
+    if held:
+        return "error", HELD.format(held)
     row = run_case(Report(LAB), "choose_plan", "", lambda: _grade(choose, case, inter_node, family, ref),
                    on_crash=_refused)
     return row.status, row.detail
