@@ -288,3 +288,77 @@ def test_solution_on_two_gpus(gpu_record):
         gpu_record(f"ch02.lab02_backward_{key}", r[key], "s")
     assert r["worst"] <= labcheck.GPU_ATOL
     assert r["hooked_peak"] < r["plain_peak"]
+
+
+# The reviewer's three cheats that passed the named checks. Each is graded on one case with 2 steps
+# (tiny, bucket 0: 21 buckets; pass 1 holds rank 1 back, pass 2 rank 0), which is enough to tell.
+ONE = (("tiny", 3, 2, 0, False),)
+
+
+def grade_on(monkeypatch, cases: tuple, *swaps: tuple[str, str]):
+    source = _lab02_solution()
+    for old, new in swaps:
+        assert old in source, old
+        source = source.replace(old, new)
+    monkeypatch.setattr(labcheck, "CASES", cases)
+    return _lab02_with(source)
+
+
+def _blocked(report) -> str:
+    assert [r.case.split(": ")[1] for r in report.problems] == ["async reduce-scatters overlapped with backward"]
+    detail = report.problems[0].detail
+    assert "held back 200 ms by the grader" in detail and "block right after each launch" in detail
+    return detail
+
+
+def test_a_barrier_the_guard_does_not_name_is_measured(monkeypatch):
+    """``dist.group.WORLD.barrier().wait()``: the process group's own barrier, not ``dist.barrier``
+    (no wrapper sees it); rank 0 computes no gradient until rank 1, held back, joins the collective."""
+    report = grade_on(monkeypatch, ONE, (LAUNCH, LAUNCH + "        dist.group.WORLD.barrier().wait()\n"))
+    assert "rank 0 computed no further gradient" in _blocked(report)
+
+
+def test_waiting_the_handle_behind_the_proxys_private_slot_is_measured(monkeypatch):
+    """``object.__getattribute__(work, "_h")``: the real handle, taken around the proxy's
+    ``__getattribute__`` (no wait is recorded); the hold measures the block all the same."""
+    report = grade_on(monkeypatch, ONE, (LAUNCH, LAUNCH + "        object.__getattribute__(work, '_h')[0].wait()\n"))
+    _blocked(report)
+
+
+def test_copies_made_with_the_dispatch_modes_off_are_counted(monkeypatch):
+    """Full-gradient copies made under ``_disable_current_modes()`` (the live meter, a dispatch mode,
+    does not see them) and kept: the reachability scan counts them. Bound as in the test above:
+    447,440 B for tiny, bucket 0; the cheat holds every copy (500,992 B) and the shards (250,496 B)."""
+    report = grade_on(monkeypatch, ONE,
+                      ("bucket, in_flight, queued = [], [], [False]", "bucket, in_flight, queued, kept = [], [], [False], {}"),
+                      ("        grads = [p.grad for p in bucket]\n", "        grads = [kept[id(p)] for p in bucket]\n"),
+                      ("        bucket.append(p)\n        if sum(q.grad.numel() * q.grad.element_size() for q in bucket)",
+                       "        from torch.utils._python_dispatch import _disable_current_modes\n"
+                       "        with _disable_current_modes():\n"
+                       "            kept[id(p)] = p.grad.detach().clone()\n        p.grad = None\n"
+                       "        bucket.append(p)\n        if sum(kept[id(q)].numel() * 4 for q in bucket)"))
+    assert [r.case.split(": ")[1] for r in report.problems] == ["peak full-gradient bytes during backward"]
+    detail = report.problems[0].detail
+    assert "dispatch modes off" in detail and "at most 447,440 B" in detail
+    held = int(detail.split("kept ")[1].split(" B")[0].replace(",", ""))
+    assert held >= 250_496 + 500_992
+
+
+def _pass(arrivals: int, launches: list[tuple[int, float]], times: list[float]) -> dict:
+    return {"arrivals": arrivals, "times": times, "launches": [{"at": a, "t_join": t} for a, t in launches]}
+
+
+def test_the_hold_decides_by_the_order_of_two_clock_readings():
+    """By hand: rank 0 launches at arrivals 1 and 2; rank 1, held, joins at t = 10 and 20. Rank 0's
+    next gradients arriving at t = 2 and 3 overlapped; at t = 11 and 21 (after each join) they did not."""
+    from gpumem.chapters.ch02_zero import lab02_probe
+    held = _pass(4, [(1, 10.0), (2, 20.0)], [9.0, 19.5, 25.0, 26.0])
+    for times, blocked in (([1.0, 2.0, 3.0, 4.0], False), ([1.0, 11.0, 21.0, 22.0], True)):
+        checked = _pass(4, [(1, 1.5), (2, 2.5)], times)
+        got = lab02_probe.grade_overlap([{"passes": [checked]}, {"passes": [held]}])
+        assert (got is not None) == blocked and (not got or "rank 0 computed no further gradient" in got)
+    last = _pass(2, [(2, 1.0)], [0.5, 0.9])        # launched at the last arrival: nothing to check
+    assert lab02_probe.grade_overlap([{"passes": [last]}, {"passes": [held]}]) is None
+    late = _pass(4, [(1, 9.95), (2, 19.95)], [1.0, 11.0, 21.0, 22.0])   # rank 0 lagged: no window opened
+    assert lab02_probe.WINDOW_S > 0.05
+    assert lab02_probe.grade_overlap([{"passes": [late]}, {"passes": [held]}]) is None

@@ -31,6 +31,7 @@ class LiveMeter(TorchDispatchMode):
         self.skip = {p.untyped_storage()._cdata for p in params}
         self.live: dict[int, tuple[StorageWeakRef, int]] = {}
         self.paused = False                # set while a collective runs: the backend's buffers are its own
+        self.backend: dict[int, StorageWeakRef] = {}    # storages seen while paused (lab02_probe skips them)
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -40,10 +41,14 @@ class LiveMeter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if not self.paused:
+        if not func.is_view:               # a view's storage was made by another op
             for t in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
-                    self._note(t.untyped_storage())
+                    st = t.untyped_storage()
+                    if self.paused:
+                        self.backend.setdefault(st._cdata, StorageWeakRef(st))
+                    else:
+                        self._note(st)
         return out
 
     def _note(self, st) -> None:
@@ -114,5 +119,5 @@ def grade_peak(ranks: list[dict], sizes: list[int], names: list[str], bucket: in
     if held > most:
         return (f"your hooks kept {held:,} B of tensors made during backward, at most {most:,} B expected (bucket, "
                 f"largest gradient, 2 flat copies, shards): copies of full gradients count even after "
-                f".grad = None; free them once sent")
+                f".grad = None, dispatch modes off or on; free them once sent")
     return None

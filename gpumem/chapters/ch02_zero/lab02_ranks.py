@@ -23,6 +23,7 @@ they happen, which gives how many buckets were in flight at each launch.
 
 import inspect
 import math
+import time
 
 FN = "install_zero2_hooks"
 COLLECTIVES = ("reduce_scatter_tensor", "reduce_scatter", "all_reduce", "all_gather", "all_gather_into_tensor",
@@ -68,15 +69,18 @@ class Record:
         self.queued = 0
         self.events = 0                       # launches and waits, in the order they happen
         self.meter = None                     # the LiveMeter of the current case
+        self.n_pass = 0                       # backward passes of the current case (lab02_probe holds ranks)
+        self.times: list[float] = []          # time.monotonic() at each arrival
 
     def start(self) -> None:
         self.on, self.arrivals, self.queued, self.events = True, 0, 0, 0
-        self.calls, self.launches = {}, []
+        self.calls, self.launches, self.times = {}, [], []
+        self.n_pass += 1
 
     def stop(self) -> dict:
         self.on = False
         return {"calls": dict(self.calls), "launches": [dict(x) for x in self.launches],
-                "arrivals": self.arrivals, "queued": self.queued}
+                "arrivals": self.arrivals, "queued": self.queued, "times": list(self.times)}
 
     def unmetered(self, fn, *args, **kwargs):
         """``fn(...)`` with the live-bytes meter paused: what the backend allocates for a
@@ -134,7 +138,8 @@ class _Engine:
 def instrument(dist, torch, rec: Record) -> None:
     """Wrap the collectives (in ``torch.distributed`` and ``distributed_c10d``, where they are
     defined) and the engine's ``queue_callback``; the real ones still run. A barrier counts as a
-    wait of every reduce-scatter in flight."""
+    wait of every reduce-scatter in flight; a held rank's reduce-scatter joins late (:mod:`.lab02_probe`)."""
+    from . import lab02_probe as probe
     c10d = dist.distributed_c10d
     for name in COLLECTIVES:
         real = getattr(c10d, name)
@@ -147,6 +152,7 @@ def instrument(dist, torch, rec: Record) -> None:
             if _name in BARRIERS:
                 for x in rec.launches:
                     rec.waited(x, f"dist.{_name}()")
+            t_join = probe.hold(rec, dist.get_rank()) if _name.startswith("reduce_scatter") else 0.0
             out = rec.unmetered(_real, *args, **kwargs)
             if _name.startswith("reduce_scatter"):
                 try:
@@ -155,7 +161,7 @@ def instrument(dist, torch, rec: Record) -> None:
                     is_async = False
                 rec.events += 1
                 launch = {"async": is_async, "at": rec.arrivals, "waited": None, "t": rec.events,
-                          "t_wait": None, "how": None}
+                          "t_wait": None, "how": None, "t_join": t_join}
                 rec.launches.append(launch)
                 if is_async and out is not None:
                     return _Handle(out, launch, rec)
@@ -190,6 +196,7 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
     from gpumem.runs.gradmeter import GradMeter
 
     from .lab02_meter import LiveMeter, autograd_bytes
+    from .lab02_probe import Reach
     rec = Record()
     instrument(dist, torch, rec)
     ns: dict = {"torch": torch, "dist": dist, "math": math}
@@ -201,15 +208,17 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
         shards: dict = {}
         first_batch = data[0, rank * 2:(rank + 1) * 2]
         own = autograd_bytes(net, params, first_batch[:, :-1], first_batch[:, 1:])   # no hooks yet
-        meter, live = GradMeter(params), LiveMeter(params)   # before the learner's hooks
-        rec.meter = live
+        meter, live, reach = GradMeter(params), LiveMeter(params), Reach(params)   # before the learner's hooks
+        rec.meter, rec.n_pass = live, 0
         arrived: set = set()
         held: list = []                               # bytes the hooks hold, per arrival and at the end
 
         def count(p, _index={id(p): i for i, p in enumerate(params)}, _arrived=arrived, _held=held):
             rec.arrivals += 1
+            rec.times.append(time.monotonic())
             _arrived.add(_index[id(p)])
-            _held.append(live.bytes() - own[min(rec.arrivals, len(own)) - 1])
+            hidden = reach.hidden(live, [q.grad for q in params]) if rec.arrivals == len(own) - 1 else 0
+            _held.append(live.bytes() - own[min(rec.arrivals, len(own)) - 1] + hidden)
         handles = [p.register_post_accumulate_grad_hook(count) for p in params]
         ns[FN](params, shards, bucket)
         m = [torch.zeros_like(zero.my_shard(p)) for p in params]
@@ -220,13 +229,16 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
             loss = net(mine[:, :-1], mine[:, 1:])
             meter.reset()
             arrived.clear()
+            dist.barrier()                            # both ranks start backward together (lab02_probe)
             rec.start()
+            reach.start()
             try:
                 with live:
                     loss.backward()
             finally:
                 passes.append(rec.stop())
-            held.append(live.bytes() - own[-1])
+            held.append(live.bytes() - own[-1] + reach.hidden(live, [q.grad for q in params]))
+            reach.stop()
             peaks.append(meter.peak_full)
             if first is None:
                 first = {"shards": {i: g.detach().clone() for i, g in shards.items()},

@@ -92,15 +92,41 @@ def sweep(install, timer, buckets=(0, 250_000, 2_000_000, 10**9), repeats: int =
     grads = 4 * sum(_numel().values())
     print(f"{'bucket':>14s} {'reduce-scatters':>16s} {'median fwd+bwd':>15s}   (gradients: {grads / 1e6:.1f} MB)")
     for r in rows:
-        label = "0 (each alone)" if r["bucket"] == 0 else "all in one" if r["bucket"] >= grads else f"{r['bucket']:,} B"
-        print(f"{label:>14s} {r['collectives']:>16d} {r['seconds'] * 1e3:>12.1f} ms")
+        print(f"{_label(r, grads):>14s} {r['collectives']:>16d} {r['seconds'] * 1e3:>12.1f} ms")
     lat = rows[0]["latency"]
     print(f"one reduce-scatter of 8 bytes per rank takes {lat * 1e6:.0f} us (median of 21)")
     r = max(rows, key=lambda r: r["collectives"])      # what the fixed cost adds up to, at most
     fixed = r["collectives"] * lat
     print(f"{r['collectives']} reduce-scatters x that fixed cost = {fixed * 1e3:.1f} ms, "
           f"{100 * fixed / r['seconds']:.0f} % of that row's {r['seconds'] * 1e3:.0f} ms step")
+    print(verdict(rows, grads))
     return rows
+
+
+NOISE = 0.10    # an assumption: on a shared 2-core machine medians of 5 move by about this much from
+# run to run; rows closer than that are not told apart (the verdict says so rather than rank them)
+
+
+def _label(r: dict, grads: int) -> str:
+    return "0 (each alone)" if r["bucket"] == 0 else "all in one" if r["bucket"] >= grads else f"{r['bucket']:,} B"
+
+
+def verdict(rows: list[dict], grads: int) -> str:
+    """What this run's table says, from its own numbers: the fastest and slowest rows, where the
+    one-bucket row landed, and whether the rows differ by more than :data:`NOISE`."""
+    fast, slow = min(rows, key=lambda r: r["seconds"]), max(rows, key=lambda r: r["seconds"])
+    ms = {id(r): f"{_label(r, grads).strip()} ({r['seconds'] * 1e3:.0f} ms)" for r in rows}
+    if slow["seconds"] <= fast["seconds"] * (1 + NOISE):
+        return (f"this run: every row within {NOISE:.0%} of the fastest, {ms[id(fast)]}: no row wins beyond "
+                "the noise; run it again")
+    ties = [ms[id(r)] for r in rows if r is not fast and r["seconds"] <= fast["seconds"] * (1 + NOISE)]
+    line = f"this run: fastest {ms[id(fast)]}" + (f" (tied within {NOISE:.0%}: {', '.join(ties)})" if ties else "")
+    line += f", slowest {ms[id(slow)]}"
+    one = next((r for r in rows if r["bucket"] >= grads), None)
+    if one is not None and one is not slow:
+        place = sorted(rows, key=lambda r: r["seconds"]).index(one) + 1
+        line += f"; all in one came {place} of {len(rows)}"
+    return line
 
 
 def _numel() -> dict:

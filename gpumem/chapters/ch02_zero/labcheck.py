@@ -38,7 +38,7 @@ import math
 from gpumem.course.grading import Report, Row, case_seconds, failure_line, kind, run_case
 from gpumem.errors import RunFailure
 
-from . import lab02_timer
+from . import lab02_probe, lab02_timer
 from .lab02_gpu import GPU_ATOL  # noqa: F401 (tests read it here)
 from .lab02_ranks import BARRIERS, FN, reference, sharded_step  # noqa: F401 (the lab prints sharded_step)
 
@@ -240,7 +240,7 @@ def _grade_overlap(ranks: list[dict], several: bool) -> str | None:
             if len(early) >= IN_FLIGHT and during < IN_FLIGHT:
                 return (f"{len(early)} reduce-scatters went out during backward but never {IN_FLIGHT} in flight at "
                         f"once: each was waited before the next launch; keep {IN_FLIGHT} in flight")
-    return None
+    return lab02_probe.grade_overlap(ranks) if several else None    # measured: whatever route blocked
 
 
 def _in_flight(launches: list[dict], x: dict) -> int:
