@@ -186,3 +186,16 @@ def test_qlora_recomputes_the_dequantised_weight_and_saves_what_lora_saves():
     bwd = [o for o in ops if o[0] == "backward" and o[1] == "dequantize_4bit"]
     assert len(fwd) == 7 * 2 and len(bwd) == 7 * 2 - 3
     assert all(o[3] == "bfloat16" and o[2] in weights for o in bwd)
+
+
+def test_prepare_model_for_kbit_training_makes_qlora_save_more_than_lora():
+    """The QLoRA recipe's peft.prepare_model_for_kbit_training upcasts the embedding, norms and head
+    to fp32; a norm's fp32 weight times its bf16 output is fp32, so the hidden states after every
+    norm, and what is computed from them outside the projections, are saved in fp32: the adapters'
+    own saves do not change, the rest of the model saves more than with a bf16 base (LoRA)."""
+    from gpumem.memory import lora_trace as lt
+    qlora = F.Finetune(adapter="lora", lora_rank=r, base_dtype="nf4")
+    plain = lt.by_role(lt.saved_by_role(SMALL, F.Finetune(adapter="lora", lora_rank=r), T, 1, layers=2)[0])
+    prepared = lt.by_role(lt.saved_by_role(SMALL, qlora, T, 1, layers=2, prepare=True)[0])
+    assert (prepared["lora_A"], prepared["lora_B"], prepared["base"]) == (plain["lora_A"], plain["lora_B"], 0)
+    assert prepared["rest"] > 1.3 * plain["rest"]

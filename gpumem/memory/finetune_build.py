@@ -87,8 +87,10 @@ def lora_config(ft, dropout: float = 0.0):
 
 
 def build_ft(raw: dict, ft, fake: bool = False, seed: int = 0, attention: str = "sdpa",
-             dropout: float = 0.0):
-    """transformers' model for ``raw`` set up as ``ft`` says (train mode), and the tensor mode."""
+             dropout: float = 0.0, prepare: bool = False):
+    """transformers' model for ``raw`` set up as ``ft`` says (train mode), and the tensor mode.
+    ``prepare``: peft's ``prepare_model_for_kbit_training(use_gradient_checkpointing=False)``
+    first, as QLoRA recipes do: every parameter that is not 4-bit (embedding, norms, head) in fp32."""
     import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
     if fake and ft.base_dtype == "nf4":
@@ -103,6 +105,9 @@ def build_ft(raw: dict, ft, fake: bool = False, seed: int = 0, attention: str = 
             model = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attention).train()
             if ft.base_dtype == "nf4":
                 to_nf4(model)
+            if prepare:
+                import peft
+                model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
             if ft.adapter == "lora":
                 model = _peft(model, ft, fake, dropout)
     finally:

@@ -19,7 +19,11 @@ fake tensors (any size: nothing is allocated); QLoRA on real tensors, because bi
 * ``lora``: the LoRA wrapper's own code (casts, the scaling, the sum with the base output);
 * ``rest``: everything else (attention, norms, MLP activation, loss), as without adapters.
 
-``dequant_ops`` records bitsandbytes' operators in forward and backward: where the NF4 weight is
+``prepare=True`` first runs peft's ``prepare_model_for_kbit_training`` (QLoRA recipes call it): the
+embedding, norms and head become fp32, and so do the hidden states after each norm's weight
+multiply: QLoRA then saves more than LoRA, the surprise the chapter explains (a test measures it).
+
+``_BnbOps`` records bitsandbytes' operators in forward and backward: where the NF4 weight is
 turned back into bf16, and whether that happens again in backward (recomputed) or the bf16
 weight is kept from forward (saved).
 """
@@ -83,13 +87,13 @@ def _amp(ft):
 
 
 def trace_ft(config: str | dict, ft, seq: int = 4096, micro_batch: int = 1, attention: str = "sdpa",
-             layers: int | None = None, seed: int = 0) -> Trace:
+             layers: int | None = None, seed: int = 0, prepare: bool = False) -> Trace:
     """One training step of ``ft`` on transformers' model for ``config`` under :class:`PeakTracker`
     (fake tensors for a bf16 base, real ones for NF4)."""
     fake = on_fake(ft)
     raw, cfg = _prepare(config, ft, layers, fake)
     start = time.perf_counter()
-    model, mode = build_ft(raw, ft, fake, seed, attention)
+    model, mode = build_ft(raw, ft, fake, seed, attention, prepare=prepare)
     with mode, one_sequence_per_row() if fake else contextlib.nullcontext():
         opt = make_ft_optimizer(model, ft)
         for p in model.parameters():          # one step on zero gradients creates the states
@@ -133,13 +137,14 @@ class _BnbOps(TorchDispatchMode):
 
 
 def saved_by_role(config: str | dict, ft, seq: int = 256, micro_batch: int = 1, attention: str = "sdpa",
-                  layers: int | None = 1, seed: int = 0, dropout: float = 0.0) -> tuple[list[tuple], list[tuple]]:
+                  layers: int | None = 1, seed: int = 0, dropout: float = 0.0,
+                  prepare: bool = False) -> tuple[list[tuple], list[tuple]]:
     """What autograd saves in one forward with the loss, (module, role, shape, dtype, bytes, op)
     per storage (first saver only, parameters left out), and bitsandbytes' operators of the
     forward and backward (:class:`_BnbOps`; empty for a bf16 base)."""
     fake = on_fake(ft)
     raw, cfg = _prepare(config, ft, layers, fake)
-    model, mode = build_ft(raw, ft, fake, seed, attention, dropout)
+    model, mode = build_ft(raw, ft, fake, seed, attention, dropout, prepare)
     params = {p.untyped_storage()._cdata for p in model.parameters()}
     wrappers = {name for name, mod in model.named_modules() if hasattr(mod, "lora_A")}
     stack, rows, seen = ["loss"], [], set()
