@@ -199,3 +199,27 @@ def test_prepare_model_for_kbit_training_makes_qlora_save_more_than_lora():
     prepared = lt.by_role(lt.saved_by_role(SMALL, qlora, T, 1, layers=2, prepare=True)[0])
     assert (prepared["lora_A"], prepared["lora_B"], prepared["base"]) == (plain["lora_A"], plain["lora_B"], 0)
     assert prepared["rest"] > 1.3 * plain["rest"]
+
+
+def test_cli_trace_lora_json_and_mistakes_before_torch(tmp_path, capsys):
+    import json
+    import subprocess
+    import sys
+
+    from gpumem import cli
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SMALL))
+    assert cli.main(["trace", "--config", str(path), "--seq", str(T), "--adapter", "lora", "--lora-rank", str(r),
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["saved_by_role"]["base"] == 0 and out["finetune"]["lora_rank"] == r
+    assert out["peaks"]["activations"] - out["formula_activations"] in (0, 2 * T * h)
+    cases = [["trace", "--config", str(path), "--base-dtype", "nf4"],
+             ["trace", "--config", str(path), "--adapter", "lora", "--lora-rank", "0"],
+             ["trace", "--config", str(path), "--adapter", "lora", "--lora-targets", "q,wq"],
+             ["trace", "--config", "meta-llama-3-70b", "--lora-rank", "8"]]
+    code = ("import sys; from gpumem import cli\n"
+            f"for argv in {cases!r}:\n"
+            "    print(cli.main(argv), 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split("\n")[:-1] == ["2 False"] * len(cases), proc
