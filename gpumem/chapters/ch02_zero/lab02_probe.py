@@ -25,9 +25,9 @@ gradient's arrival and when backward returns.
 """
 
 import gc
+import sys
 import time
 import tracemalloc
-import types
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -92,9 +92,13 @@ class Reach:
         # kept means referred to by a Python object (a list, a closure cell, a dict...): a tensor that
         # only the backend's C++ side keeps (gloo's buffers, behind a waited handle) is not the hooks'
         objs = [o for o in everything if id(o) in found]
+        running, f = set(), sys._getframe()           # the frames running now (this scan's callers)
+        while f is not None:
+            running.add(id(f))
+            f = f.f_back
         kept = set()
-        for r in gc.get_referrers(*objs):
-            if r is not everything and r is not objs and not isinstance(r, types.FrameType):
+        for r in gc.get_referrers(*objs):             # a suspended generator's frame counts: it keeps
+            if r is not everything and r is not objs and id(r) not in running:
                 kept |= {found[id(x)] for x in gc.get_referents(r) if id(x) in found}
         return sum(new[k] for k in kept) + max(0, host - HOST_SLACK)
 

@@ -14,7 +14,9 @@ Recording, all on the real ``torch.distributed`` (gloo) and the real autograd en
   ``queue_callback`` calls (the engine itself still runs every callback);
 * each backward runs inside a :class:`.lab02_meter.LiveMeter`: at each arrival and when backward
   returns, the bytes made during backward still alive, less autograd's own (measured once per
-  case in a backward with no hooks), are what the hooks hold, copies of gradients included.
+  case in a backward with no hooks), are what the hooks hold, copies of gradients included; at the
+  last arrival and at the end, :class:`.lab02_probe.Reach` adds what the garbage collector reaches
+  that the dispatcher never showed; and one rank is held back before it joins (:mod:`.lab02_probe`).
 
 A collective launched at arrival k and waited at arrival k was waited before any later gradient
 could be computed: nothing overlapped with it. Launches and waits are also numbered in the order

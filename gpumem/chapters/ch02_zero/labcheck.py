@@ -12,8 +12,9 @@ bucket sizes the lab never shows):
    the last, partly filled bucket went out before backward returned;
 2. the peak of full-gradient bytes alive during backward is at most the bucket plus the largest
    gradient, where ZeRO-1 would hold all of them; and every byte made during backward that the
-   hooks keep (:class:`.lab02_meter.LiveMeter`: a copy of a gradient counts after ``.grad = None``)
-   is at most that, two flat copies in flight and the shards (:func:`.lab02_meter.held_bound`);
+   hooks keep (:class:`.lab02_meter.LiveMeter`: a copy of a gradient counts after ``.grad = None``;
+   :class:`.lab02_probe.Reach` adds copies made with the dispatch modes off) is at most that, two
+   flat copies in flight and the shards (:func:`.lab02_meter.held_bound`);
 3. gradients leave by reduce-scatter (no all-reduce), one collective per bucket: a bucket larger
    than the model means one call per backward;
 4. the reduce-scatters overlap with backward: a full bucket's goes out from the hook that fills it
@@ -23,7 +24,8 @@ bucket sizes the lab never shows):
    before backward returns, and the end of the pass comes from a callback queued on autograd's
    engine (:mod:`.lab02_ranks` records launches and waits against the order gradients arrive),
    so a parameter that gets no gradient (the unused layer of the last case) neither hangs the
-   hooks nor keeps the last bucket back;
+   hooks nor keeps the last bucket back; and, measured whatever route blocks, the other rank goes
+   on computing gradients while one rank is held back before it joins (:mod:`.lab02_probe`);
 5. the weights after a few steps equal single-process ``torch.optim.AdamW``.
 
 Each row names the first thing that differs in it. Part 2's ``median_step_seconds`` is graded in
