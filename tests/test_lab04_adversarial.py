@@ -7,15 +7,19 @@ keeps an index vector as long as the keys. The references are checked against SD
 the grader itself never calls.
 """
 
+import inspect
 import math
+import sys
+import types
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import ROOT
 from gpumem import chapters
-from gpumem.chapters.ch04_flash_attention import labcheck, labgpu, labref
+from gpumem.chapters.ch04_flash_attention import labcases, labcheck, labgpu, labref
 from gpumem.course.grading import Report
 from gpumem.memory import flash_tiled
 from test_labs import notebook_namespace
@@ -685,3 +689,126 @@ def test_drawn_cases_keep_what_the_fixed_ones_test():
         merge = drawn["MERGE"]
         assert 0 in merge[1][4] and merge[3][5] == "rows with no key" and merge[3][6] >= 1
     assert labcases.draw(1) == labcases.draw(1) and labcases.draw(1) != labcases.draw(2)
+
+
+class _Made(TorchDispatchMode):
+    """Every tensor an op returns, as (shape, dtype): what the watch's shape rules are shown."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.made.append((tuple(t.shape), t.dtype))
+        return out
+
+
+def _merge_made(merge, b, a, s_q, d, n) -> list:
+    parts = [(torch.zeros(b, a, s_q, d, dtype=torch.float64), torch.zeros(b, a, s_q, dtype=torch.float64))
+             for _ in range(n)]
+    with _Made() as seen:
+        merge(parts)
+    return seen.made
+
+
+def _flagged(watch, made) -> str:
+    for shape, dtype in made:
+        watch._shape(torch.empty(shape, dtype=dtype, device="meta"))
+        if watch.broken:
+            return f"{shape}: {watch.broken}"
+    return ""
+
+
+def test_the_solutions_merge_is_never_taken_for_a_score_matrix():
+    """r5 expert #1: the stacked partials (n, b, a, s_q, d) hold n x d numbers per query row and
+    head; with n x d >= s_k the old per-head count called them the whole score matrix (83 of 2,000
+    draws failed the solution). Every ring and merge case of 2,000 draws, the solution's own merge
+    tensors shown to the grader's watch for that case (shapes only, no grading)."""
+    merge, empty, cache = solution()["merge_partials"], torch.empty(0), {}
+    stacked = 0
+    for seed in range(2000):
+        drawn = labcases.draw(seed)
+        for case in drawn["RING"]:
+            b, a, _, lengths, rank, d, causal, _ = case
+            n = sum(1 for r, m in enumerate(lengths) if m and not (causal and r > rank))
+            key = (b, a, lengths[rank], d, n)
+            made = cache[key] = cache.get(key) or _merge_made(merge, *key)
+            stacked += n * d >= sum(lengths)
+            bad = _flagged(labcheck.ring_watch(case, empty, [], []), made)
+            assert not bad, (seed, case, bad)
+        for case in drawn["MERGE"]:
+            b, heads, s_q, d, lengths, _, _ = case
+            key = (b, heads, s_q, d, len(lengths))
+            made = cache[key] = cache.get(key) or _merge_made(merge, *key)
+            bad = _flagged(labcheck.merge_watch(case, []), made)
+            assert not bad, (seed, case, bad)
+    assert stacked > 50                        # the draws do reach the shapes that used to be flagged
+    for shape in ((1, 3, 13 * 30), (1, 3, 13, 30), (2, 1, 3, 30, 13)):   # a score matrix still is one
+        watch = labcheck.ring_watch((1, 3, 1, (13, 17), 0, 16, False, 16), empty, [], [])
+        assert "the whole 13 x 30 score matrix" in _flagged(watch, [(shape, torch.float64)]), shape
+
+
+def _found(*names):
+    """What the grader's frames hold under ``names`` while the learner's function runs, or None."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        hit = [frame.f_locals[n] for n in names if n in frame.f_locals]
+        if len(hit) == len(names):
+            return tuple(hit)
+        frame = frame.f_back
+    return None
+
+
+def merge_from_the_stack(parts):
+    return _found("out", "lse") or parts[0]
+
+
+def test_the_expected_answer_is_not_on_the_stack_during_the_call():
+    """r5 expert #4 (lab 03's #2 here): the expected out and lse are made after the learner's call
+    returns, so a merge or a ring that walks up the frames for them finds nothing."""
+    got = rows({"merge_partials": merge_from_the_stack}, "merge_partials")[0]
+    assert got.status == "wrong" and got.detail.startswith("out["), got.detail
+    ns, seen = solution(), []
+    inner, found = ns["ring_attention"], _found
+
+    def ring(q, k_shards, v_shards, rank, causal=False, block=32):
+        seen.append(found("out", "lse"))
+        return inner(q, k_shards, v_shards, rank, causal, block)
+    ns["ring_attention"] = types.FunctionType(ring.__code__, ns, "ring_attention", ring.__defaults__,
+                                              ring.__closure__)
+    got = rows(ns, "ring_attention")[0]
+    assert got.status == "ok" and seen == [None], (got.detail, seen)
+
+
+def _chapter_backward_key_block(tb):
+    """r5 expert #2: the chapter's query-outer backward on the rows from j0, with a made-up O."""
+    def key_block_backward(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        i0 = min(j0, q.shape[2]) if causal else 0
+        qs, ds = q[..., i0:, :], dout[..., i0:, :]
+        ls, de = lse[..., None][..., i0:, :], delta[..., None][..., i0:, :]
+        out = ds * (de / (ds * ds).sum(-1, keepdim=True))           # any O with rowsum(dO * O) = D
+        dq, dk, dv = tb(ds, qs, k_blk, v_blk, out, ls, causal, block, None, block)
+        return torch.cat([q.new_zeros(q.shape[:2] + (i0, q.shape[3])), dq], 2), dk, dv
+    return key_block_backward
+
+
+def _rebuilt():
+    return types.FunctionType(flash_tiled.tiled_backward.__code__, flash_tiled.__dict__)
+
+
+def _pasted():
+    scope = dict(vars(flash_tiled))
+    exec(inspect.getsource(flash_tiled.tiled_backward).replace("def tiled_backward", "def _tb"), scope)
+    return scope["_tb"]
+
+
+@pytest.mark.parametrize("make, says", [
+    (_rebuilt, "it ran flash_tiled.tiled_backward (its code, rebuilt into a function of yours)"),
+    (_pasted, "it ran flash_tiled.tiled_backward (chapter 04's backward, copied under another name)"),
+], ids=["FunctionType", "pasted-source"])
+def test_chapter_backward_rebuilt_or_pasted_before_the_check_is_refused(make, says):
+    got = rows({"key_block_backward": _chapter_backward_key_block(make())}, "key_block_backward")[0]
+    assert got.status in ("wrong", "error") and says in got.detail, got.detail

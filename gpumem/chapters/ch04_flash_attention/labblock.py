@@ -5,6 +5,11 @@
   references in :mod:`.labref`; :mod:`.labgpu` adds its own measurement) raise "write the
   key-block loop yourself". Their code objects are swapped, as lab 06's guard does, so a
   reference saved before grading (``from gpumem.memory.flash_tiled import tiled_backward``) is caught too.
+* :func:`no_copies`: a profile hook over the learner's call that refuses (and reports through
+  the watch's ``flag``, so an ``except`` cannot hide it) any frame running the original code of
+  those functions (a ``types.FunctionType`` rebuilt on ``tiled_backward.__code__`` before the
+  check keeps it) or a copy of chapter 04's backward by content (its printed source pasted under
+  another name: :class:`gpumem.course.copy_watch.Prints`, names, file and lines left out).
 * :func:`key_block_calls`: every call of the learner's ``key_block_backward`` made inside their
   ``flash_backward`` (however it is reached: a profile hook on its code), with its ``j0`` (the
   seventh parameter) and a copy of what it returned; :func:`assembled` checks that dK, dV are those
@@ -12,11 +17,13 @@
 """
 
 import contextlib
+import dis
 import sys
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from gpumem.course import copy_watch
 from gpumem.memory import flash_tiled
 
 from . import labref
@@ -26,6 +33,66 @@ BLOCKED = (("flash_tiled.tiled_backward", flash_tiled.tiled_backward),
            ("flash_tiled.TiledAttention.backward", flash_tiled.TiledAttention.backward),
            ("labref.grads", labref.grads), ("labref.key_block", labref.key_block),
            ("labref.dense", labref.dense))
+
+ORIGINAL = {fn.__code__: name for name, fn in BLOCKED}    # taken at import, before any swap
+COPIED = "write the key-block loop yourself: it ran {} ({}) while lab 04 is graded"
+_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
+_PRINTS: dict = {}
+_SEEN: dict = {}                 # id(code) -> (code, what it copies), each code read once
+
+
+def _plain(sig: tuple) -> tuple:
+    """A :func:`copy_watch.signature` with what a paste changes left out: jump offsets, and
+    ``LOAD_METHOD`` vs ``LOAD_ATTR`` (Python 3.11 compiles ``math.sqrt(d)`` either way, depending on
+    whether ``import math`` is in the same source)."""
+    return tuple(("LOAD_ATTR", None) if op == "LOAD_METHOD" else (op, None) if (
+        dis.opmap.get(op) in _JUMPS or op == "LOAD_GLOBAL") else (op, arg) for op, arg in sig)
+
+
+def prints() -> dict:
+    """{plain signature: name} of chapter 04's backward (``tiled_backward``, ``TiledAttention.backward``)."""
+    if not _PRINTS:
+        for code in copy_watch.nested(copy_watch.fresh(flash_tiled.__file__)):
+            if code.co_name in ("tiled_backward", "backward"):
+                _PRINTS[_plain(copy_watch.signature(code))] = f"flash_tiled.{code.co_qualname}"
+    return _PRINTS
+
+
+def copied(frame) -> str:
+    """The chapter-04 backward that ``frame`` runs a copy of (its body at the end of the code), ''
+    if none or if it is the course's own code."""
+    code = frame.f_code
+    seen = _SEEN.get(id(code))
+    if seen is None or seen[0] is not code:
+        sig = () if code.co_name.startswith("<") else _plain(copy_watch.signature(code))
+        seen = _SEEN[id(code)] = (code, next((n for known, n in prints().items() if sig[-len(known):] == known), ""))
+    return seen[1] if seen[1] and not copy_watch.genuine(frame) else ""
+
+
+@contextlib.contextmanager
+def no_copies(flag):
+    """While the block runs, a call into the original code of :data:`BLOCKED` or into a copy of
+    chapter 04's backward calls ``flag(message)`` and raises it."""
+    before = sys.getprofile()
+
+    def hook(frame, event, arg):
+        if event == "call":
+            code, hit = frame.f_code, ""
+            if code in ORIGINAL:
+                hit = COPIED.format(ORIGINAL[code], "its code, rebuilt into a function of yours")
+            else:
+                name = copied(frame)
+                hit = COPIED.format(name, "chapter 04's backward, copied under another name") if name else ""
+            if hit:
+                flag(hit)
+                raise RuntimeError(hit)
+        if before is not None:
+            before(frame, event, arg)
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(before)
 
 
 def _refusing_code(name: str, message: str = MESSAGE):

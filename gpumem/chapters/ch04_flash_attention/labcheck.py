@@ -24,7 +24,9 @@ no watched op made fail the case even when the numbers are right; ``labblock`` s
 library's backwards off during the call and checks that ``flash_backward``'s dK, dV are the
 blocks its ``key_block_backward`` calls returned, dQ their sum; ``labring`` checks that
 ``ring_attention`` ran ``tiled_forward`` once per visible shard and merged those partials with
-``merge_partials``. Each function stops at its first failing case. With CUDA, ``labgpu`` grades
+``merge_partials``; ``labblock.no_copies`` refuses the chapter's backward rebuilt on its code or
+pasted under another name. Expected answers are made after the learner's call returns, so no
+frame on the stack holds them during it. Each function stops at its first failing case. With CUDA, ``labgpu`` grades
 the optional GPU part.
 """
 
@@ -33,7 +35,7 @@ import torch
 from gpumem.course.grading import Report, Row, call, returned, run_case
 
 from . import labcases, labgpu, labref
-from .labblock import assembled, key_block_calls, no_library_backward
+from .labblock import assembled, key_block_calls, no_copies, no_library_backward
 from .labguard import Watch
 from .labring import empty_shard_hint, ring_calls, ring_wrong
 
@@ -71,13 +73,17 @@ def _watch(case, q, k, v, rows, tile_rows=None, causal_from=None):
 
 def _guarded(fn, watch, *args):
     """The learner's call inside the watch with the library's backwards off; (result, broken)."""
-    with no_library_backward(), watch as w:
+    with no_library_backward(), watch as w, no_copies(w.flag):
         got = call(fn, *args)
     return got, w.broken or w.foreign(got)
 
 
 def _overworked(watch, case, j0, n) -> str:
     return watch.overworked(j0, n) if case[6] else ""
+
+
+def _first_wrong(names, got, want) -> str:
+    return next((m for m in (labref.first_wrong(n, t, r) for n, t, r in zip(names, got, want)) if m), "")
 
 
 def _key_blocks_rows(report, fn, case, seed):
@@ -97,9 +103,8 @@ def _key_blocks_rows(report, fn, case, seed):
             broken = broken or _overworked(watch, case, j0, j1 - j0)
             if not (isinstance(got, (tuple, list)) and len(got) == 3):
                 return "wrong", returned(got, "a tuple (dq_part, dk_blk, dv_blk)")
-            want = labref.key_block(q, k, v, dout, mask, j0, j1)
-            bad = next((m for m in (labref.first_wrong(n, t, r) for n, t, r in
-                                    zip(("dq_part", "dk_blk", "dv_blk"), got, want)) if m), "") or broken
+            bad = _first_wrong(("dq_part", "dk_blk", "dv_blk"), got,        # expected: made now
+                               labref.key_block(q, k, v, dout, mask, j0, j1)) or broken
             if bad:
                 return "wrong", f"key block {j0}:{j1}: {bad}"
         return "ok", ""
@@ -126,7 +131,8 @@ def _bf16_wrong(got, want) -> str:
     return ""
 
 
-def _flash_rows(report, fn, case, seed, inner=None):
+def _flash_case(case, seed):
+    """((q, k, v, dout, out, lse), (dq, dk, dv) expected) of one backward case."""
     q, k, v, dout, mask = _backward_inputs(case, seed)
     low = case in (BF16, BF16_DQ)
     if low:                                       # the reference: fp64 of the bf16-rounded inputs
@@ -135,8 +141,14 @@ def _flash_rows(report, fn, case, seed, inner=None):
     if low:                                       # FA2's own dtypes: bf16 tensors, an fp32 lse
         q, k, v, dout, out = (t.bfloat16() for t in (q, k, v, dout, out))
         lse = lse.float()
+    return (q, k, v, dout, out, lse), want
 
-    def body():
+
+def _flash_rows(report, fn, case, seed, inner=None):
+    low = case in (BF16, BF16_DQ)
+
+    def body():                  # the expected answer is made after the call: no frame holds it during
+        q, k, v, dout, out, lse = _flash_case(case, seed)[0]
         kc, vc, qc, ins = k.clone(), v.clone(), q.clone(), (dout.clone(), out.clone(), lse.clone())
         named = getattr(fn, "__globals__", {}).get("key_block_backward")
         with key_block_calls(inner, named) as calls:
@@ -144,8 +156,8 @@ def _flash_rows(report, fn, case, seed, inner=None):
                                    case[6], case[7])
         if not (isinstance(got, (tuple, list)) and len(got) == 3):
             return "wrong", returned(got, "a tuple (dq, dk, dv)")
-        bad = (_bf16_wrong(got, want) if low else next((m for m in (
-            labref.first_wrong(n, t, r) for n, t, r in zip(("dq", "dk", "dv"), got, want)) if m), "")) or broken
+        want = _flash_case(case, seed)[1]
+        bad = (_bf16_wrong(got, want) if low else _first_wrong(("dq", "dk", "dv"), got, want)) or broken
         visible, total = _visible_blocks(case)
         if not bad and not visible <= len(calls) <= total:
             bad = (f"it called key_block_backward {len(calls)} times; the outer loop over key blocks calls "
@@ -175,15 +187,31 @@ def _merge_case(case, seed):
     return parts, *labref.dense(q, torch.cat(ks, 2), torch.cat(vs, 2), mask)
 
 
-def _merge_rows(report, fn, case, seed):
-    parts, out, lse = _merge_case(case, seed)
-    name = f"b{case[0]} heads {case[1]} s_q {case[2]} shards {'/'.join(map(str, case[4]))} {case[5]}"
+def merge_watch(case, parts) -> Watch:
+    """The watch on one merge call: no key blocks here (its block is all the keys), but whatever it
+    makes must not be a whole score matrix, and no number may leave torch."""
+    b, heads, s_q, d, lengths, _, _ = case
+    return Watch(s_q, sum(lengths), d, sum(lengths), b * heads, inputs=[t for p in parts for t in p])
 
-    def body():
-        got = call(fn, [(o.clone(), l.clone()) for o, l in parts])
+
+def ring_watch(case, q, k_shards, v_shards) -> Watch:
+    """The watch on one ``ring_attention`` call."""
+    b, a, _, lengths, rank, d, _, block = case
+    return Watch(lengths[rank], sum(lengths), d, block, b * a, allowed=k_shards + v_shards,
+                 joined=max(lengths), inputs=(q,))
+
+
+def _merge_rows(report, fn, case, seed):
+    b, heads, s_q, d, lengths, _, _ = case
+    name = f"b{b} heads {heads} s_q {s_q} shards {'/'.join(map(str, lengths))} {case[5]}"
+
+    def body():                  # the expected answer is made after the call: no frame holds it during
+        parts = [(o.clone(), l.clone()) for o, l in _merge_case(case, seed)[0]]
+        got, broken = _guarded(fn, merge_watch(case, parts), parts)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             return "wrong", returned(got, "a tuple (out, lse)")
-        bad = labref.first_wrong("out", got[0], out) or labref.first_wrong("lse", got[1], lse)
+        _, out, lse = _merge_case(case, seed)
+        bad = labref.first_wrong("out", got[0], out) or labref.first_wrong("lse", got[1], lse) or broken
         return ("wrong" if bad else "ok"), bad
     run_case(report, "merge_partials", name, body)
 
@@ -194,19 +222,19 @@ def _ring_rows(report, fn, case, seed):
     ks, vs = _shards(g, b, a, kv, lengths, d)
     q = _randn(g, b, a, lengths[rank], d)
     sk, q0 = sum(lengths), sum(lengths[:rank])
-    out, lse = labref.dense(q, torch.cat(ks, 2), torch.cat(vs, 2),
-                            labref.causal_mask(lengths[rank], sk, q0=q0) if causal else None)
     name = (f"b{b} heads {a}/{kv} shards {'/'.join(map(str, lengths))} rank {rank} d {d}"
             f"{' causal' if causal else ''} block {block}")
 
     def body():
         kc, vc = [t.clone() for t in ks], [t.clone() for t in vs]
         qc = q.clone()
-        watch = Watch(lengths[rank], sk, d, block, b * a, allowed=kc + vc, joined=max(lengths), inputs=(qc,))
+        watch = ring_watch(case, qc, kc, vc)
         with ring_calls(getattr(fn, "__globals__", {}).get("merge_partials")) as calls:
             got, broken = _guarded(fn, watch, qc, kc, vc, rank, causal, block)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             return "wrong", returned(got, "a tuple (out, lse)")
+        out, lse = labref.dense(q, torch.cat(ks, 2), torch.cat(vs, 2),     # made after the call
+                                labref.causal_mask(lengths[rank], sk, q0=q0) if causal else None)
         bad = labref.first_wrong("out", got[0], out) or labref.first_wrong("lse", got[1], lse)
         bad = (empty_shard_hint(kc, got) + bad if bad else "") or broken or ring_wrong(calls, kc, rank, causal, got)
         return ("wrong" if bad else "ok"), bad

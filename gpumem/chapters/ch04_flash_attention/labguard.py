@@ -10,7 +10,8 @@ the FIRST rule broken, in the order the ops ran, as one sentence for the grader'
   kernels, forward or backward);
 * a softmax or logsumexp over more than ``block`` entries (a whole row of keys at once);
 * a tensor of ``s_q x s_k`` scores (last two dims, either way round, or that many elements per
-  head): the whole score matrix;
+  head), unless it is ``(..., s_q, d)``: rows of outputs, such as the merge's stacked partials,
+  whose size says nothing about keys (a merge's ``s_k`` may even equal ``d``): the whole score matrix;
 * a floating-point tensor (index and mask tensors are not scores) whose last dimension is
   longer than one block, other than K and V, their views and copies (a GQA expansion, a cast)
   (``rows`` lists the lengths that are not keys: the query length for per-row vectors such as the
@@ -246,7 +247,8 @@ class Watch(TorchDispatchMode):
             return
         shape, s_q, s_k, block = tuple(t.shape), self.s_q, self.s_k, self.block
         last2 = shape[-2:] if t.dim() >= 2 else ()
-        if last2 in ((s_q, s_k), (s_k, s_q)) or t.numel() // max(self.heads, 1) >= s_q * s_k:
+        rows_of_d = last2 == (s_q, self.d)            # outputs, dQ or a stack of them: not scores
+        if not rows_of_d and (last2 in ((s_q, s_k), (s_k, s_q)) or t.numel() // max(self.heads, 1) >= s_q * s_k):
             self.flag(f"a tensor of shape {shape} was made: the whole {s_q} x {s_k} score matrix; "
                       f"work one block of keys at a time")
         elif not t.is_floating_point():
