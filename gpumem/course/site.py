@@ -90,7 +90,7 @@ def standin(name: str) -> str:
     """The note above a widget's stored example: what the widget does, and what is shown here."""
     return (f'<div class="gpumem-standin"><p><strong>Interactive in JupyterLab.</strong> This cell '
             f"shows {html.escape(STANDINS[name])}. On this page: one example, computed by the library "
-            "when the notebook ran, for the values the cell starts from.</p></div>")
+            "when the notebook ran, for the values the cell starts from (its first lines name them).</p></div>")
 
 
 def page_notebook(nb: dict, pools: dict | None, groups: dict | None, library_js: str = "") -> dict:
