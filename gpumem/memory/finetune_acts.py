@@ -149,7 +149,9 @@ def finetune_activations(cfg, ft: Finetune, seq: int, batch: int, kernel: str = 
         at_softmax += -frozen_norm + copy_bytes(ft, device) * T * cfg.d_model * len(qkv) + (
             2 if ft.autocast or ft.adapter_dtype == "bf16" else 4) * T * ft.lora_rank * len(qkv)
     layers = saved_before(L)
-    forward_peak = layers + outside + loss + casts + (0 if impl == "hf" else unsaved)
+    # transformers' forward keeps the final norm's output (``last_hidden_state``) until the loss:
+    # the frozen head saves nothing, so it is alive unsaved there (the course's Llama frees it)
+    forward_peak = layers + outside + loss + casts + (ckpt_input if impl == "hf" else unsaved)
     if at_softmax:
         forward_peak = max(forward_peak, saved_before(L - 1) + rope + at_softmax + casts + unsaved)
     recompute_peak = 0
