@@ -19,8 +19,8 @@ Sources, per figure:
   quantisation stores those absmaxes in 8 bits with one fp32 scale per 256 of them:
   4 + 8/64 + 32/(64 x 256) = 4.127 bits per weight (the paper: 0.127 bits of constants, down
   from 0.5). Per tensor, bitsandbytes 0.50.2 ``functional.quantize_4bit`` also keeps an fp32
-  offset (the absmaxes' mean) and its 16-value fp32 NF4 code; the 256-value fp32 map of the
-  nested 8-bit quantisation is one shared tensor (``name2qmap["dynamic"]``).
+  offset (the absmaxes' mean), its 16-value fp32 NF4 code, and a copy of the 256-value fp32 map
+  of the nested 8-bit quantisation (``quantize_blockwise``: ``code.to(A.device, copy=True)``).
 * What is quantised: the blocks' linear layers (bitsandbytes ``Linear4bit``); transformers keeps
   the output head unquantised (``quantizers/base.py`` ``get_keys_to_not_convert``), and the
   embedding and norms are not linear layers: they stay bf16. Assumption: peft's
@@ -63,9 +63,9 @@ def nf4_bytes_per_param(block: int = NF4_BLOCK, scale_block: int = NF4_SCALE_BLO
 def nf4_tensor_bytes(n: int) -> tuple[int, int]:
     """(packed codes, constants) in bytes of one n-element weight in bitsandbytes 0.50.2: codes
     ceil(n/2) bytes; constants: ceil(n/64) uint8 absmaxes, ceil(that/256) fp32 scales, the fp32
-    offset and the 16-value fp32 NF4 code (``quantize_4bit``)."""
+    offset, the 16-value fp32 NF4 code and the nested quantisation's 256-value fp32 map."""
     blocks = -(-n // NF4_BLOCK)
-    return -(-n // 2), blocks + 4 * -(-blocks // NF4_SCALE_BLOCK) + 4 + 16 * 4
+    return -(-n // 2), blocks + 4 * -(-blocks // NF4_SCALE_BLOCK) + 4 + 16 * 4 + QMAP_BYTES
 
 
 def quantised_tensors(cfg) -> list[int]:
@@ -138,7 +138,7 @@ def finetune_states(cfg, ft: Finetune, *, gpus: int = 1, zero: int = 0) -> dict[
         packed = sum(nf4_tensor_bytes(m)[0] for m in q_sizes)
         rest = n - sum(q_sizes)
         roles["base_weights"] = sh(packed, gpus) + 2 * sh(rest, gpus) if zero == 3 else packed + 2 * rest
-        roles["quant_constants"] = sum(nf4_tensor_bytes(m)[1] for m in q_sizes) + QMAP_BYTES
+        roles["quant_constants"] = sum(nf4_tensor_bytes(m)[1] for m in q_sizes)
         big = max(q_sizes)
         roles["dequant_buffer"] = 2 * big + 4 * -(-big // NF4_BLOCK)
     roles["adapter_weights"] = e_a * (sh(n_a, gpus) if zero == 3 else n_a)
