@@ -15,6 +15,7 @@
   changes in backward, and "the first c layers as one segment" on 40 seeds.
 """
 
+import math
 import sys
 
 import pytest
@@ -459,14 +460,23 @@ def _walk_best(n, K, B, O, R):
     return best
 
 
+def _equal(c, g):
+    return [list(range(i, min(i + g, c))) for i in range(0, c, g)]
+
+
 def _first_c(shape):
-    """The common wrong answers: the smallest c whose first c layers fit, one each or as ONE
-    segment (peak from the hand-derived ``_exact``)."""
+    """The common wrong answers: the smallest c whose first c layers fit, one each, as ONE
+    segment, in segments of round(sqrt(c)) (Chen et al.'s rule, which chapter 03 teaches) or in
+    segments of any one length g = 1 .. c (r5: these two passed 66 and 100 of 100 checks) (peak
+    from the hand-derived ``_exact``)."""
     def place(n_layers, budget, **n):
         for c in range(n_layers + 1):
-            segments = [[i] for i in range(c)] if shape == "one each" else [list(range(c))] if c else []
-            if _exact(segments, n_layers, **n) <= budget:
-                return segments
+            tries = {"one each": [[[i] for i in range(c)]], "one segment": [[list(range(c))] if c else []],
+                     "sqrt(c)": [_equal(c, max(1, round(math.sqrt(c))))] if c else [[]],
+                     "equal lengths": [_equal(c, g) for g in range(1, c + 1)] or [[]]}[shape]
+            for segments in tries:
+                if _exact(segments, n_layers, **n) <= budget:
+                    return segments
         return [[i] for i in range(n_layers)]
     return place
 
@@ -474,9 +484,10 @@ def _first_c(shape):
 def test_every_drawn_question_has_the_drawn_optimum():
     """For 40 seeds: the count is the fewest layers any placement needs (walked here for the
     short models); on the deep model (12+ layers) the best placement of c cuts them into 2 to
-    c - 1 segments, and "the first c layers, one each" and "the first c layers as one segment"
-    (the smallest c that fits) both miss the optimum, so each fails every check (round four: the
-    one-segment answer passed 27 % of checks)."""
+    c - 1 segments, and "the first c layers, one each", "... as one segment", "... in segments of
+    round(sqrt(c))" and "... in equal segments of any length" (the smallest c that fits) all miss
+    the optimum, so each fails every check (round four: the one-segment answer passed 27 % of
+    checks; r5: sqrt(c) 66 %, equal lengths 100 %)."""
     for seed in range(40):
         for q, fam in zip(labcases.draw(seed)["questions"], labcases.FAMILIES):
             K, B, O, R = labplace.constants(q.cfg, labcheck.SEQ, labcheck.BATCH)
@@ -492,7 +503,7 @@ def test_every_drawn_question_has_the_drawn_optimum():
                 one = max(c * K + 2 * B + R, (n - c) * K + B + O)                 # by hand
                 assert one > q.budget
                 assert 2 <= len(labplace.best_placements(q.cfg, labcheck.SEQ, labcheck.BATCH)[c][1]) < c
-                for shape in ("one each", "one segment"):
+                for shape in ("one each", "one segment", "sqrt(c)", "equal lengths"):
                     got = _first_c(shape)(**labcheck.numbers(q.cfg), budget=q.budget)
                     assert sum(map(len, got)) != c, (seed, shape)
 
@@ -724,3 +735,50 @@ def test_a_hooks_checkpoint_passes_every_checkpoint_row():
     assert labcheck._grade_model(report, _hooks_checkpoint, GRAD)
     assert labvariants.grade_variants(report, _hooks_checkpoint)
     assert [r.status for r in report.rows] == ["ok"] * 7, report.summary()
+
+
+# -- r5: the answer read off the grader's stack ------------------------------------------------
+
+def _from_the_stack(name):
+    frame = sys._getframe(2)
+    while frame is not None and name not in frame.f_locals:
+        frame = frame.f_back
+    return None if frame is None else frame.f_locals[name]
+
+
+def estimate_from_the_stack(segments, **_):
+    """r5 expert #2: the grader's expected peak, read from a caller's frame."""
+    return _from_the_stack("want")
+
+
+def place_with_the_course_formula(n_layers, budget, **_):
+    """r5 expert #2: the model read from a caller's frame, then the course's own peak formula."""
+    cfg = _from_the_stack("cfg")
+    for c in range(n_layers + 1):
+        segments = [[i] for i in range(c)]
+        if recompute_cost.activation_bytes(cfg, 32, 2, from_segments(segments, n_layers), "scratch")["peak"] <= budget:
+            return segments
+    return [[i] for i in range(n_layers)]
+
+
+def test_no_answer_on_the_stack_and_no_course_formula_during_the_call():
+    """The expected peak is worked out after the learner's call returns (a walk up the frames
+    finds no ``want``), and the course's peak formula refuses while place_checkpoints runs."""
+    drawn = labcases.draw(3)
+    report = Report(labcheck.LAB)
+    labcheck._grade_estimates(report, estimate_from_the_stack, drawn["estimates"][:1])
+    assert report.rows[-1].status in ("wrong", "error"), report.rows[-1]
+    assert report.rows[-1].detail.startswith("returned None"), report.rows[-1].detail   # no want found
+    labcheck._grade_placement(report, place_with_the_course_formula, "scratch", drawn["questions"][0])
+    assert report.rows[-1].status == "wrong" and "it calls the course's peak formula (recompute_cost." \
+        "activation_bytes: work it out yourself)" in report.rows[-1].detail, report.rows[-1].detail
+
+
+def test_equal_segments_fail_the_deep_question_with_a_row():
+    """r5 expert #1: the best equal segment length (which covers Chen's sqrt(c); both miss on
+    every deep question, test above), graded as check() does on a drawn deep question: the row
+    says the placement re-runs more layers than needed (one measured run: the slow part)."""
+    q = labcases.draw(5)["questions"][-1]
+    report = Report(labcheck.LAB)
+    assert labcheck._grade_placement(report, _first_c("equal lengths"), "scratch", q) == "wrong"
+    assert "more recomputation than needed" in report.rows[-1].detail, report.rows[-1].detail

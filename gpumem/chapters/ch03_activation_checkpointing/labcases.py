@@ -10,9 +10,10 @@ Each check draws, from families of small Llamas (real tensors, measured in secon
   random mix) on two of those models.
 
 The ``deep`` family (12-14 thin layers) keeps only questions where the best placement cuts the
-checkpointed layers into at least 2 segments and fewer than c, and its budget lies below the peaks
-of "the first c layers, one each" and of "the first c layers as one segment": both answers miss
-(the smallest c at which either fits is not the optimum). Model widths, counts and budgets vary with the
+checkpointed layers into at least 2 segments and fewer than c, and its budget lies below the peak
+of every "first c layers in segments of equal length g" (g = 1 .. c: one each, Chen et al.'s
+sqrt(c), one segment): each of those rules misses (the smallest c at which it fits is not the
+optimum), so only a search over unequal cuts finds the answer. Model widths, counts and budgets vary with the
 seed, so no table of answers written before the check can hold them.
 """
 
@@ -67,6 +68,17 @@ def _model(rng: random.Random, fam: Family, tag: str) -> ModelConfig:
                        rng.randint(*fam.vocab), teaching=True)
 
 
+def equal_lengths(c: int, g: int) -> list[list[int]]:
+    """The first ``c`` layers cut into segments of ``g`` layers (the last one shorter)."""
+    return [list(range(i, min(i + g, c))) for i in range(0, c, g)]
+
+
+def shortcuts(c: int) -> list[list[list[int]]]:
+    """The placements of ``c`` layers a rule of thumb gives: every equal length g = 1 .. c (one
+    each, Chen et al.'s round(sqrt(c)), one segment, and all between)."""
+    return [equal_lengths(c, g) for g in range(1, c + 1)]
+
+
 def question(rng: random.Random, fam: Family) -> Question:
     """One placement question of family ``fam`` (module docstring)."""
     for attempt in range(500):
@@ -77,11 +89,11 @@ def question(rng: random.Random, fam: Family) -> Question:
         for c in range(1, cfg.n_layers):
             peak, segments = best[c]
             upper = min(best[f][0] for f in range(c))
-            if fam.deep:                # the best needs 2 to c - 1 segments; both shortcuts miss
+            if fam.deep:                # the best needs 2 to c - 1 segments; the shortcuts miss
                 if not 2 <= len(segments) < c:
                     continue
                 upper = min(upper, *(labplace.peak_of(wrong, cfg.n_layers, K, B, O, R)
-                                     for wrong in ([[i] for i in range(c)], [list(range(c))])))
+                                     for wrong in shortcuts(c)))
             if upper > peak + 1:
                 counts.append((c, peak, upper))
         if counts:

@@ -20,6 +20,12 @@ case: that row names the case, its later cases are not run.
 * ``place_checkpoints(...)``: segments whose measured peak fits the budget with the fewest layers
   re-run, run with the learner's checkpoint on real tensors, against a search over every placement.
 
+Both are called with numbers only, and the expected answers are worked out after the call
+returns: no frame on the stack holds them while the learner's code runs (``check`` keeps the
+drawn models and budgets, not the drawn optimum). The course's peak formula and tracer
+(``recompute_cost``, ``recompute_trace``) refuse during those calls, so a model found on the stack
+gives no answer without an estimate of the learner's own.
+
 The optional GPU part (``lab_gpu``) adds a row only where CUDA is present; otherwise check()
 prints ``GPU part: skipped (reason)``.
 """
@@ -134,43 +140,53 @@ def _grade_model(report: Report, ckpt, cfg: ModelConfig) -> bool:
     return not missing
 
 
+def _expected_peak(cfg: ModelConfig, segments) -> tuple[int, str, int]:
+    """(the step's peak, where it is reached, the end of the forward's bytes) of one placement."""
+    K, B, O, R = labplace.constants(cfg, SEQ, BATCH)
+    end, reruns = labplace.moments(segments, cfg.n_layers, K, B, O, R)
+    want = max([end, *(b for _, b in reruns)])
+    at = "the end of the forward" if want == end else \
+        f"the re-run of the segment from layer {next(i for i, b in reruns if b == want)}"
+    return want, at, end
+
+
 def _grade_estimates(report: Report, est, estimates) -> None:
     for cfg, segments in estimates:
-        n = numbers(cfg)
-        K, B, O, R = labplace.constants(cfg, SEQ, BATCH)
-        end, reruns = labplace.moments(segments, cfg.n_layers, K, B, O, R)
-        want = max([end, *(b for _, b in reruns)])
-        at = "the end of the forward" if want == end else \
-            f"the re-run of the segment from layer {next(i for i, b in reruns if b == want)}"
-
-        def body(segments=segments, n=n, want=want, at=at, end=end):
-            got = call(est, [list(s) for s in segments], **n)
+        # only the learner's arguments are here during the call: the answer is worked out after
+        # it returns, so no frame on the stack holds it (r5: a walk up sys._getframe found it)
+        def body(cfg=cfg, segments=segments):
+            got = guarded(lambda given=([list(s) for s in segments], numbers(cfg)):
+                          ("ok", call(est, given[0], **given[1])), answers=True)()
+            if got[0] != "ok":
+                return got
+            got = got[1]
             if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
                 return "wrong", returned(got, "a whole number of bytes (an int)")
+            want, at, end = _expected_peak(cfg, segments)
             if int(got) == want:
                 return "ok", ""
             return "wrong", (f"estimate {int(got):,} B, the step's peak is {want:,} B ({int(got) - want:+,} B), "
                              f"reached at {at}; the end of the forward holds {end:,} B")
         row = run_case(report, "estimate_peak", f"{cfg.name} ({cfg.n_layers} layers), segments {show(segments)}",
-                       guarded(body))
+                       body)
         if row.status != "ok":
             return
 
 
-def _grade_placement(report: Report, place, ckpt, q: labcases.Question) -> str:
+def _grade_placement(report: Report, place, ckpt, q: tuple) -> str:
+    """``q``: (model, budget), or a ``labcases.Question``."""
     from gpumem.memory import recompute_trace as rt
-    cfg, budget = q.cfg, q.budget
-    n = numbers(cfg)
-    best = optimum(cfg, budget)
-    layer = recompute_cost.layer_flops(cfg, SEQ, BATCH)["total"]
+    cfg, budget = q[0], q[-1]
     case = f"{cfg.name} ({cfg.n_layers} layers, h {cfg.d_model}), budget {budget:,} B" + (
         "" if callable(ckpt) else ", measured with the course's checkpoint")
 
-    def body():
-        segments = guarded(lambda: ("ok", call(place, **n, budget=budget)))()
+    def body():                 # the optimum is searched for after the learner's call returns
+        segments = guarded(lambda given=numbers(cfg): ("ok", call(place, **given, budget=budget)), answers=True)()
         if segments[0] != "ok":
             return segments
         segments = segments[1]
+        best = optimum(cfg, budget)
+        layer = recompute_cost.layer_flops(cfg, SEQ, BATCH)["total"]
         try:
             plan = from_segments(segments, cfg.n_layers, "yours")
         except (UsageError, TypeError, ValueError) as err:
@@ -215,25 +231,32 @@ def _grade_gpu(report: Report, place, ckpt) -> str:
     return f"{row.status}: {row.detail}"
 
 
+def _drawn(seed):
+    """The check's cases without the answers ``labcases`` drew them with (no optimum count is
+    kept on the stack while the learner's functions run)."""
+    cases = labcases.draw(seed)
+    return cases["grad"], [(q.cfg, q.budget) for q in cases["questions"]], cases["estimates"]
+
+
 def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
     """Grade ``checkpoint``, ``estimate_peak`` and ``place_checkpoints`` from the lab's namespace on
     cases drawn from ``seed`` (fresh each check when None); never raises."""
     report = Report(LAB)
-    cases = labcases.draw(seed)
+    grad, questions, estimates = _drawn(seed)
     ckpt, est, place = ns.get("checkpoint"), ns.get("estimate_peak"), ns.get("place_checkpoints")
     passed = False
     if ckpt is None:
         report.rows.append(Row("checkpoint", "defined", "todo", "define checkpoint(run, *args)"))
-    elif _grade_model(report, ckpt, cases["grad"]):
+    elif _grade_model(report, ckpt, grad):
         passed = grade_variants(report, ckpt)
     if est is None:
         report.rows.append(Row("estimate_peak", "defined", "todo", "define estimate_peak"))
     else:
-        _grade_estimates(report, est, cases["estimates"])
+        _grade_estimates(report, est, estimates)
     if place is None:
         report.rows.append(Row("place_checkpoints", "defined", "todo", "define place_checkpoints"))
     else:
-        for q in cases["questions"]:
+        for q in questions:
             # measured with the learner's checkpoint once it is right, else with the course's own
             if _grade_placement(report, place, ckpt if passed else "scratch", q) != "ok":
                 break

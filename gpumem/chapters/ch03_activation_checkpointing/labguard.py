@@ -24,6 +24,7 @@ back on the way out, on an error or a time limit too.
 """
 
 import contextlib
+import functools
 import os
 import sys
 from gpumem.course.case_limits import alarm_held
@@ -125,11 +126,28 @@ def refused() -> bool:
     return bool(_ACTIVE) and (bool(_ACTIVE[-1][0]) or sys.getprofile() is not _ACTIVE[-1][1])
 
 
+@functools.lru_cache(maxsize=1)
+def _answer_code() -> tuple[dict, tuple]:
+    """The course's own peak formula and tracer ({code: name}, their fingerprints): refused while
+    ``estimate_peak`` and ``place_checkpoints`` run (with the model found on the stack, they
+    would give the answer without an estimate of the learner's own)."""
+    from gpumem.memory import recompute_cost, recompute_trace
+    codes = {f.__code__: f"the course's peak formula ({m.__name__.split('.')[-1]}.{f.__name__}: work it out yourself)"
+             for m in (recompute_cost, recompute_trace) for f in vars(m).values()
+             if getattr(f, "__module__", "") == m.__name__ and hasattr(f, "__code__")}
+    return codes, labprints.merge(*(labprints.code_prints(c, lambda _, n=n: f"a copy of {n}")
+                                    for c, n in codes.items()))
+
+
 @contextlib.contextmanager
-def no_shortcuts():
-    """Refuse the ready-made checkpoints inside the block; yields the list of refusals."""
+def no_shortcuts(answers: bool = False):
+    """Refuse the ready-made checkpoints inside the block (and with ``answers`` the course's peak
+    formula and tracer); yields the list of refusals."""
     hits: list[str] = []
     codes, files, prints = _banned_code()
+    if answers:
+        more, more_prints = _answer_code()
+        codes, prints = {**codes, **more}, labprints.merge(prints, more_prints)
     seen: dict = {}                          # code object -> the banned name it matches, or ''
     c_exit = labprints.c_exit
     swapped = []
@@ -190,11 +208,12 @@ def shortcut_line(hits: list[str]) -> str:
     return f"it calls {hits[0]}, which the lab rules out: {MESSAGE}"
 
 
-def guarded(body):
-    """``body`` (a run_case body) run under :func:`no_shortcuts`; a refusal, even one the learner
-    caught, replaces its result with a ``wrong`` row naming what was called."""
+def guarded(body, answers: bool = False):
+    """``body`` (a run_case body) run under :func:`no_shortcuts` (``answers``: the peak formula
+    refused too); a refusal, even one the learner caught, replaces its result with a ``wrong``
+    row naming what was called."""
     def run():
-        with no_shortcuts() as hits:
+        with no_shortcuts(answers) as hits:
             try:
                 result = body()
             except Exception:
