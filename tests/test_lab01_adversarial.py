@@ -785,13 +785,13 @@ def test_the_course_formula_module_copied_before_the_check_fails():
     assert sys.getprofile() is None
 
 
-def test_the_copy_unseen_by_the_watch_still_fails_at_the_first_naive_case(monkeypatch):
-    """With the watch blind, the copy answers flash right and naive wrong: the library's naive and
-    eager terms are d_model wide."""
+def test_the_copy_watch_is_what_refuses_a_copy_of_the_library(monkeypatch):
+    """With the watch blind, a copy of the (right) library formula answers part 2: the watch is
+    the defence, so the refusal above is not an accident of the library being wrong."""
     from gpumem.chapters.ch01_memory_anatomy import labcopies
     monkeypatch.setattr(labcopies, "match", lambda code, found: None)
-    got = _first_row(_library_copy())
-    assert len(got) == 2 and "kernel=naive" in got[-1].case and "ignores head_dim" in got[-1].detail, got[-1]
+    got = rows(grade({"layer_activation_bytes": _library_copy()}), "layer_activation_bytes")
+    assert got and all(r.status == "ok" for r in got), [(r.case, r.detail) for r in got]
 
 
 def _switch_the_watch_off(**kw):
@@ -813,15 +813,16 @@ def test_the_copy_watch_cannot_be_switched_off(fn, says):
     assert sys.getprofile() is None
 
 
-def test_the_library_does_not_answer_part_2():
-    """Tripwire: if ``activations.layer_parts`` one day counts a naive or eager attention of
-    n_heads * head_dim != d_model, copying it answers part 2 again: change part 2 then."""
+def test_the_library_counts_wide_attention_and_copies_of_it_are_refused():
+    """``activations.layer_parts`` counts naive and eager attention n_heads * head_dim wide (it
+    counted d_model wide before 2026-12-03), equal to the measurement and the hand count; a copy
+    of it answers part 2, so the copy watch is what refuses it (test above, pass 3)."""
     from gpumem.chapters.ch01_memory_anatomy import labwide
     case = dict(d_model=48, n_heads=4, n_kv_heads=2, head_dim=16, ffn=80, seq=9, batch=2)
     for kernel in ("naive", "eager"):
         cfg = labwide.config(**{k: v for k, v in case.items() if k not in ("seq", "batch")}, qk_norm=True)
         library = sum(activations.layer_parts(cfg, 9, 2, kernel, 2).values())
-        assert library != labwide.measure(**case, kernel=kernel, qk_norm=True)[0] == _wide_hand(
+        assert library == labwide.measure(**case, kernel=kernel, qk_norm=True)[0] == _wide_hand(
             **case, kernel=kernel, qk_norm=True)
 
 

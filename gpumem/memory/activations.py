@@ -17,8 +17,8 @@ Per layer, no checkpointing:
 * attention keeps the normed input of W_q/W_k/W_v (e*T*h), then by kernel
   - flash: q, k, v (e*T*(h + 2k)), the output, which is also W_o's input (e*T*h), and an fp32
     logsumexp per head and row (4*a*T): **no s^2 term**;
-  - naive: q, K and V expanded to all heads (e*T*3h), the bool causal mask (s^2), the
-    probabilities (e*b*a*s^2) and W_o's input (e*T*h);
+  - naive: q, K and V expanded to all heads (e*T*3q, q = a*head_dim: h for Llama), the bool
+    causal mask (s^2), the probabilities (e*b*a*s^2) and W_o's input (e*T*q);
   - eager (Hugging Face, dropout 0): as naive without the mask, but the probabilities twice,
     fp32 from the softmax and a bf16 copy for the matmul (6*b*a*s^2 in bf16);
 * the SwiGLU MLP keeps its normed input (e*T*h) and gate, silu(gate), up and their product
@@ -96,14 +96,14 @@ def layer_terms(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
         terms["logsumexp (fp32)"] = (4 * a * T, "4asb")
     else:
         scores = batch * a * seq * seq
-        terms["q, expanded k and v"] = (e * T * 3 * h, f"{3 * e}sbh")
+        terms["q, expanded k and v"] = (e * T * 3 * q, f"{3 * e}sb{qs}")
         if kernel == "naive":
             terms["causal mask (bool)"] = (seq * seq, "s^2")
             terms["probabilities"] = (e * scores, f"{e}as^2b")
         else:  # eager: fp32 softmax output, and its bf16 copy when computing in bf16
             per = 4 + (e if e == 2 else 0)
             terms["probabilities fp32" + (" + bf16 copy" if e == 2 else "")] = (per * scores, f"{per}as^2b")
-        terms["W_o input"] = (e * T * h, f"{e}sbh")
+        terms["W_o input"] = (e * T * q, f"{e}sb{qs}")
     terms[f"mlp norm {label}"] = (n_bytes, n_formula)
     terms["mlp input"] = (e * T * h, f"{e}sbh")
     if cfg.mlp == "gelu":   # GPT-2's gelu_new in eager ops saves x, x/2, tanh, 1+tanh; + the output
