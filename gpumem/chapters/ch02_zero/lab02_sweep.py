@@ -99,7 +99,7 @@ def sweep(install, timer, buckets=(0, 250_000, 2_000_000, 10**9), repeats: int =
     fixed = r["collectives"] * lat
     print(f"{r['collectives']} reduce-scatters x that fixed cost = {fixed * 1e3:.1f} ms, "
           f"{100 * fixed / r['seconds']:.0f} % of that row's {r['seconds'] * 1e3:.0f} ms step")
-    print(verdict(rows, grads))
+    print(textwrap.fill(verdict(rows, grads), 100, subsequent_indent="  "))   # learners' outputs fit 100 columns
     return rows
 
 
