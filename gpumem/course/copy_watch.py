@@ -39,6 +39,10 @@ TESTS = os.path.join(os.path.dirname(os.path.dirname(GPUMEM)), "tests") + os.sep
 GUARD_CALLS = {"audit", "graders_only", "refuse_if_active"}   # a leading call of these is dropped
 _SKIP = {"RESUME", "NOP", "EXTENDED_ARG", "CACHE", "MAKE_CELL", "COPY_FREE_VARS", "RETURN_GENERATOR"}
 _NAMED = set(dis.hasname) | set(dis.haslocal) | set(dis.hasfree)
+# What a paste changes without changing the code: jump offsets, and LOAD_METHOD vs LOAD_GLOBAL's
+# NULL bit + LOAD_ATTR (Python 3.11 compiles ``math.sqrt(d)`` either way, depending on whether
+# ``import math`` is in the same source), so neither is part of a signature.
+_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
 
 
 @lru_cache(maxsize=None)
@@ -144,19 +148,22 @@ def _drop_guard(ops: list) -> list:
 
 @lru_cache(maxsize=4096)
 def signature(code: types.CodeType) -> tuple:
-    """``code``'s instructions with their constants and operators, without names, lines or file;
-    a leading guard statement dropped (module docstring)."""
+    """``code``'s instructions with their constants and operators, without names, lines, file,
+    jump offsets or the LOAD_METHOD/LOAD_ATTR choice; a leading guard statement dropped (module docstring)."""
     ops = []
     for ins in dis.get_instructions(code):
         if ins.opname in _SKIP:
             continue
+        name = "LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname
         if ins.opcode in _NAMED:
-            arg = ins.argval if ins.argval in GUARD_CALLS else (ins.arg & 1 if ins.opname == "LOAD_GLOBAL" else None)
+            arg = ins.argval if ins.argval in GUARD_CALLS else None
         elif ins.opcode in dis.hasconst:
             arg = _const(ins.argval)
+        elif ins.opcode in _JUMPS:
+            arg = None
         else:
             arg = ins.arg
-        ops.append((ins.opname, arg))
+        ops.append((name, arg))
     return tuple(_drop_guard(ops))
 
 
