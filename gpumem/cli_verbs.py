@@ -217,7 +217,7 @@ def _trace(args) -> int:
         raise UsageError("trace needs --model NAME or --config PATH")
     if args.layers is not None:
         raise UsageError("--layers goes with --config (a registry --model is traced at its depth)")
-    models.get(args.model)                       # a mistake is answered before torch loads (seconds)
+    finetune_options.registry_trace(args)        # mistakes are answered before torch loads (seconds)
     _activation_options(args)
     if args.recipe in ("mixed", "mixed-ds") and args.adamw != "for-loop":   # gpumem.memory.optim's rule
         raise UsageError(f"AdamW implementation {args.adamw!r} applies to the pure-bf16 and fp32 recipes "

@@ -202,6 +202,12 @@ def test_bad_combinations_exit_2_with_one_line(argv, words, capsys):
     assert words in one_line_exit_2(capsys, "estimate", "--model", "llama-3-8b", *argv)
 
 
+@pytest.mark.parametrize("option", [["--adapter", "lora"], ["--optimizer", "adamw-8bit"], ["--base-dtype", "bf16"]])
+def test_trace_of_a_registry_model_refuses_the_finetune_options(option, capsys):
+    """The course's Llama has no adapters: the options are refused (they used to be ignored)."""
+    assert "goes with --config" in one_line_exit_2(capsys, "trace", "--model", "llama-3-70b", *option)
+
+
 def test_params_with_an_adapter_is_refused(capsys):
     assert "need --model or --config" in one_line_exit_2(capsys, "estimate", "--params", "70B", "--adapter", "lora")
 

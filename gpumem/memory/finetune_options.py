@@ -56,6 +56,18 @@ def from_args(args, zero: int = 0, recipe: str = "mixed") -> Finetune | None:
     return ft
 
 
+def registry_trace(args) -> None:
+    """``trace --model NAME``: the name is a registry model (else exit 2), and none of chapter 08's
+    options is given: the course's own Llama has no adapters, so they are refused, not ignored
+    (they go with ``--config``)."""
+    from . import models
+    models.get(args.model)
+    given = [o for o in OPTIONS if getattr(args, o[2:].replace("-", "_")) is not None]
+    if given:
+        raise UsageError(f"trace --model traces the course's Llama, which has no adapters; {', '.join(given)} "
+                         "goes with --config (a shipped name such as meta-llama-3-70b, or a config.json)")
+
+
 ROLE_LABELS = {
     "base_weights": "base weights", "quant_constants": "NF4 absmax + double-quant scales",
     "adapter_weights": "adapter weights", "grads": "gradients", "master": "fp32 master copy",
