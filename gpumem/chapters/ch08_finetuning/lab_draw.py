@@ -1,0 +1,149 @@
+"""Lab 08's graded cases, drawn afresh at each check (no list of answers can be kept).
+
+* :func:`draw_model`: a dense Llama-like model's dimensions as a plain dict (the learner's input),
+  with grouped-query attention and, in most draws, ``n_heads * head_dim != d_model`` (as Qwen3 and
+  Gemma have), and :func:`config` the same model as the library's ``ModelConfig``;
+* :func:`setups`: the fine-tuning setups part 1 grades on one model (full with torch AdamW and with
+  8-bit AdamW, LoRA and QLoRA with drawn rank, targets, adapter dtype and optimizer);
+* :func:`choose_cases`: part 2's cases. Each answer is drawn first (a rung of :data:`LADDER` or
+  None, at least four different ones, in a drawn order); the GPU is drawn independently of it; then
+  the model's width and seq/batch are drawn and its depth is picked among the depths whose answer
+  is the drawn one, every rung's total at least :data:`MARGIN` away from the usable bytes. So
+  neither the GPU nor the model's width says the answer.
+
+The expected bytes are the library's (:func:`gpumem.memory.finetune.finetune_states` and
+``finetune_activation_bytes``), computed here, before the learner's call and outside its guard.
+"""
+
+from gpumem.memory import gpus, models
+from gpumem.memory.finetune import FT_TARGETS, Finetune, finetune_activation_bytes, finetune_states
+
+MARGIN = 0.03
+# The ladder, most faithful first: full weights before adapters, 32-bit moments before 8-bit,
+# a bf16 base before a 4-bit one. "Cheapest that fits" = the first rung that fits.
+LADDER = {
+    "full": Finetune(),
+    "full-8bit": Finetune(optimizer="adamw-8bit"),
+    "lora": Finetune(adapter="lora"),
+    "qlora": Finetune(adapter="lora", base_dtype="nf4"),
+}
+CARDS = ("t4", "l4", "a100-40gb", "a100-80gb", "h100-80gb", "h200")   # gpumem.memory.gpus (sourced there)
+SEQS = (512, 1024, 2048, 4096)
+SHOWN_WIDTHS = {2048, 4096, 8192}     # the d_model of the examples the lab's notebook shows
+
+
+def draw_model(rng, wide: bool = False, odd_heads: bool | None = None) -> dict:
+    """A dense model's dimensions (the learner's view); ``wide``: d_model 2,560 - 8,000."""
+    while True:
+        head_dim = rng.choice((64, 80, 96, 128))
+        n_kv = rng.choice((1, 2, 4, 8))
+        n_heads = n_kv * rng.choice((1, 2, 3, 4, 6, 8))
+        d_model = 64 * rng.randrange(40, 126) if wide else 64 * rng.randrange(6, 40)
+        odd = n_heads * head_dim != d_model
+        if (odd_heads is None or odd == odd_heads) and d_model not in SHOWN_WIDTHS and n_heads * head_dim <= 2 * d_model:
+            break
+    return {"n_layers": rng.randrange(2, 9), "d_model": d_model, "n_heads": n_heads, "n_kv_heads": n_kv,
+            "head_dim": head_dim, "ffn": 32 * round(d_model * rng.uniform(2.4, 3.6) / 32),
+            "vocab": rng.randrange(1000, 160_000), "tie_embeddings": rng.random() < 0.3}
+
+
+def config(model: dict) -> models.ModelConfig:
+    """The library's view of a drawn model."""
+    return models.ModelConfig(name="drawn", n_layers=model["n_layers"], d_model=model["d_model"],
+                              n_heads=model["n_heads"], n_kv_heads=model["n_kv_heads"], ffn=model["ffn"],
+                              vocab=model["vocab"], explicit_head_dim=model["head_dim"],
+                              tie_embeddings=model["tie_embeddings"])
+
+
+def _targets(rng) -> tuple[str, ...]:
+    picked = [t for t in FT_TARGETS if rng.random() < 0.5] or [rng.choice(FT_TARGETS)]
+    return tuple(picked)
+
+
+def setups(rng) -> list[Finetune]:
+    """Six setups for one model: full (AdamW, 8-bit AdamW), LoRA twice, QLoRA twice."""
+    r = lambda: rng.choice((2, 4, 8, 16, 32, 64))   # noqa: E731
+    return [Finetune(), Finetune(optimizer="adamw-8bit"),
+            Finetune(adapter="lora", lora_rank=r(), lora_targets=_targets(rng)),
+            Finetune(adapter="lora", lora_rank=r(), lora_targets=_targets(rng), adapter_dtype="bf16",
+                     optimizer="adamw-8bit"),
+            Finetune(adapter="lora", base_dtype="nf4", lora_rank=r(), lora_targets=FT_TARGETS),
+            Finetune(adapter="lora", base_dtype="nf4", lora_rank=r(), lora_targets=_targets(rng),
+                     optimizer=rng.choice(("adamw", "adamw-8bit")))]
+
+
+def states_cases(rng) -> list[tuple[dict, list[tuple[Finetune, dict]]]]:
+    """Three models (one with n_heads * head_dim == d_model, two without), each with its setups
+    and the library's bytes by role."""
+    out = []
+    for odd in (True, False, True):
+        model = draw_model(rng, odd_heads=odd)
+        cfg = config(model)
+        out.append((model, [(ft, finetune_states(cfg, ft)) for ft in setups(rng)]))
+    return out
+
+
+def totals(model: dict, seq: int, batch: int) -> dict[str, tuple[int, int]]:
+    """rung -> (model-state bytes, activation peak), one GPU, every layer checkpointed."""
+    cfg = config(model)
+    return {name: (sum(finetune_states(cfg, ft).values()),
+                   finetune_activation_bytes(cfg, ft, seq, batch, checkpoint="full")["peak"])
+            for name, ft in LADDER.items()}
+
+
+def answer(figures: dict, usable: int) -> str | None:
+    """The first rung whose states + activations fit ``usable`` bytes (None if none)."""
+    return next((name for name, (s, a) in figures.items() if s + a <= usable), None)
+
+
+def _clear(figures: dict, usable: int) -> bool:
+    return all(abs((s + a) / usable - 1) >= MARGIN for s, a in figures.values())
+
+
+DEPTHS = (2, 160)
+
+
+def _last_under(total, limit: float) -> int:
+    """The largest depth whose total is under ``limit`` (DEPTHS[0] - 1 if none): totals grow with depth."""
+    lo, hi = DEPTHS[0] - 1, DEPTHS[1]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if total(mid) < limit else (lo, mid - 1)
+    return lo
+
+
+def choose_case(rng, want: str | None, tries: int = 200) -> tuple:
+    """(card, model, seq, batch, figures) whose answer is ``want``: the card and the width drawn
+    independently of it, the depth picked among those that give it (bisection: totals grow with
+    depth), every rung at least MARGIN away from the usable bytes."""
+    names = list(LADDER)
+    for _ in range(tries):
+        card = rng.choice(CARDS)
+        usable = gpus.usable(card)
+        model, seq, batch = draw_model(rng, wide=True), rng.choice(SEQS), rng.choice((1, 2, 4))
+        cache: dict[int, dict] = {}
+
+        def fig(layers: int) -> dict:
+            if layers not in cache:
+                cache[layers] = totals(dict(model, n_layers=layers), seq, batch)
+            return cache[layers]
+        k = names.index(want) if want is not None else len(names)
+        above = [_last_under(lambda L, j=j: sum(fig(L)[names[j]]), usable * (1 + MARGIN)) for j in range(k)]
+        low = max(above, default=DEPTHS[0] - 1) + 1
+        high = DEPTHS[1] if want is None else _last_under(lambda L: sum(fig(L)[want]), usable * (1 - MARGIN))
+        if low > high:
+            continue
+        layers = rng.randint(low, high)
+        f = fig(layers)
+        if answer(f, usable) == want and _clear(f, usable):
+            return card, dict(model, n_layers=layers), seq, batch, f
+    raise RuntimeError(f"no case drawn for {want!r}")
+
+
+def choose_cases(rng) -> list[tuple]:
+    """Five cases, answers drawn first: four different answers (rungs or None), and one more."""
+    names = [*LADDER, None]
+    answers = rng.sample(names, 4)
+    answers.append(rng.choice(names))
+    rng.shuffle(answers)
+    return [(want, *choose_case(rng, want)) for want in answers]

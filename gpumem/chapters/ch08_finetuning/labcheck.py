@@ -1,0 +1,153 @@
+"""Lab 08's ``check()``: a fine-tuning step's bytes by role counted by hand, the cheapest recipe chosen.
+
+The learner writes two functions; while each call runs, gpumem's own fine-tuning counts raise
+"count it yourself" (:mod:`.lab_guard`):
+
+* ``role_bytes(model, ft)``: one GPU's bytes by role (:data:`ROLES`) for a model's dimensions (a
+  dict) and a :class:`~gpumem.memory.finetune.Finetune`, graded on three models and six setups each
+  drawn at every check (:func:`.lab_draw.states_cases`) against the library's
+  :func:`~gpumem.memory.finetune.finetune_states`; the first wrong role is named with the direction
+  and a factor, and a hint where the mistake is a known one, never with the hidden number;
+* ``choose_recipe(model, capacity, activations)``: the first rung of :data:`.lab_draw.LADDER` whose
+  model states plus its activation peak (given, per rung) fit the card's capacity after the
+  course's reserve (1 GiB CUDA context + 1 GiB NCCL + 5 % of capacity), returned as that rung's
+  ``Finetune`` (None if none fits), graded on five cases whose answers are drawn first
+  (:func:`.lab_draw.choose_cases`).
+"""
+
+import random
+
+from gpumem.course.grading import Report, Row, call, returned, run_case
+from gpumem.memory.finetune import ROLES, Finetune
+
+from . import lab_draw, lab_guard
+
+LAB = "lab08_finetune_recipe"
+GB = 10**9
+
+
+def off_by(got: int, want: int) -> str:
+    """How ``got`` differs from ``want`` without saying ``want``: direction and a rounded factor."""
+    if want == 0:
+        return f"you counted {got:,} B where the setup keeps none"
+    if got == 0:
+        return "you counted nothing where the setup keeps bytes"
+    factor = got / want
+    if abs(factor - 1) < 0.001:
+        return f"off by {got - want:+,} B: a per-tensor term or a rounding up (ceil) is off"
+    return f"yours is {factor:.3g}x the right count ({'too high' if factor > 1 else 'too low'})"
+
+
+def _hint(role: str, ft: Finetune, got: dict, want: dict) -> str:
+    if sum(got.values()) == sum(want.values()):
+        return "your total is right but bytes sit under the wrong role: see what each role holds"
+    if role == "quant_constants" and got[role] == 0:
+        return ("NF4 at a flat 4 bits skips its constants: an 8-bit absmax per 64 weights, an fp32 "
+                "scale per 256 absmaxes, and per quantised tensor bitsandbytes' offset, code and map")
+    if role == "base_weights" and ft.base_dtype == "nf4" and got[role] > want[role]:
+        return "the packed codes are 4 bits a weight; the absmaxes and scales go under quant_constants"
+    if role in ("adapter_weights", "grads", "optimizer_moments") and ft.lora:
+        return ("each adapted matrix has its own in and out features: k and v write n_kv_heads x head_dim, "
+                "q writes and o reads n_heads x head_dim, gate/up write and down reads ffn")
+    if role == "optimizer_moments" and ft.optimizer == "adamw-8bit":
+        return "8-bit AdamW keeps two fp32 states for a tensor under 4,096 elements"
+    if role == "dequant_buffer":
+        return "QLoRA dequantises the largest quantised matrix to bf16, with its fp32 absmaxes"
+    return ""
+
+
+def describe(ft: Finetune) -> str:
+    """A setup in a few words, for a row (the case the learner got wrong)."""
+    if not ft.lora:
+        return f"full, {ft.optimizer}"
+    kind = "QLoRA" if ft.base_dtype == "nf4" else "LoRA"
+    return f"{kind} r={ft.lora_rank} on {','.join(ft.lora_targets)}, {ft.adapter_dtype} adapters, {ft.optimizer}"
+
+
+def states_problem(got, want: dict, ft: Finetune) -> str:
+    """The first role where ``got`` differs from ``want`` ('' if none), in words."""
+    where = describe(ft)
+    if not isinstance(got, dict):
+        return f"{where}: " + returned(got, "a dict role -> bytes")
+    extra = [r for r in got if r not in ROLES]
+    if extra:
+        return f"{where}: unknown role {extra[0]!r}; roles are {', '.join(ROLES)}"
+    got = {r: got.get(r, 0) for r in ROLES}
+    for role in ROLES:
+        g, w = got[role], want[role]
+        if isinstance(g, bool) or not isinstance(g, int):
+            return f"{where}, {role}: bytes are a whole number (int), got {g!r}"
+        if g != w:
+            hint = _hint(role, ft, got, want)
+            return f"{where}, {role}: {off_by(g, w)}" + (f" -- {hint}" if hint else "")
+    return ""
+
+
+def _model_line(m: dict) -> str:
+    return (f"L={m['n_layers']} h={m['d_model']:,} a={m['n_heads']} kv={m['n_kv_heads']} "
+            f"hd={m['head_dim']} F={m['ffn']:,}")
+
+
+def _grade_states(report: Report, fn, cases: list) -> None:
+    for model, setups in cases:
+        case = _model_line(model)
+        if fn is None:
+            report.rows.append(Row("role_bytes", case, "todo", "define role_bytes(model, ft)"))
+            continue
+
+        def body(model=model, setups=setups):
+            for ft, want in setups:
+                bad = states_problem(call(lab_guard.guarded(fn), dict(model), ft), want, ft)
+                if bad:
+                    return "wrong", bad
+            return "ok", ""
+        run_case(report, "role_bytes", case, body)
+
+
+def why_not(got, want, figures: dict, usable: int) -> str:
+    """Why the learner's rung is not the answer, from the library's figures, in words."""
+    if got is None:
+        return f"{want} fits ({sum(figures[want]) / GB:.1f} GB of {usable / GB:.1f} GB usable)"
+    s, a = figures[got]
+    if s + a > usable:
+        return f"{got} needs {(s + a) / GB:.1f} GB (states + activations), over {usable / GB:.1f} GB usable"
+    return (f"{got} fits, but an earlier rung of the ladder fits too" if want is not None and
+            list(lab_draw.LADDER).index(want) < list(lab_draw.LADDER).index(got) else
+            f"{got} fits, but it is not the first rung that does")
+
+
+def _grade_choose(report: Report, fn, cases: list) -> None:
+    from gpumem.memory import gpus
+    wrong = any(r.function == "role_bytes" and r.status != "ok" for r in report.rows)
+    for want, card, model, seq, batch, figures in cases:
+        case = f"{card}, {_model_line(model)}, seq {seq} x {batch}"
+        if fn is None:
+            report.rows.append(Row("choose_recipe", case, "todo", "define choose_recipe(model, capacity, activations)"))
+            continue
+        acts = {name: a for name, (_, a) in figures.items()}
+
+        def body(want=want, card=card, model=model, acts=acts, figures=figures):
+            got = call(lab_guard.guarded(fn), dict(model), gpus.get(card).capacity, dict(acts))
+            right = None if want is None else lab_draw.LADDER[want]
+            if got == right:
+                return "ok", ""
+            if got is not None and not isinstance(got, Finetune):
+                return "wrong", returned(got, "a Finetune (a rung of LADDER) or None")
+            name = next((n for n, ft in lab_draw.LADDER.items() if ft == got), None)
+            if got is not None and name is None:
+                return "wrong", f"{describe(got)} is not a rung of LADDER: return the rung's own Finetune"
+            first = "your role_bytes is wrong (see its rows): fix that first; " if wrong else ""
+            return "wrong", first + why_not(name, want, figures, gpus.usable(card))
+        run_case(report, "choose_recipe", case, body)
+
+
+def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Report:
+    """Grade the lab's functions on cases drawn now, which it never shows (module docstring)."""
+    rng = rng or random.Random()
+    report = Report(LAB)
+    _grade_states(report, ns.get("role_bytes"), lab_draw.states_cases(rng))
+    _grade_choose(report, ns.get("choose_recipe"), lab_draw.choose_cases(rng))
+    if show:
+        print(report.summary())
+        print("GPU part: none in this lab (the bytes are graded by formula)")
+    return report

@@ -1,0 +1,186 @@
+"""Lab 08: the cheapest submissions that skip the idea fail, each with a row saying what was skipped.
+
+The hand counts here (peft's 41,943,040 trainable parameters for Llama-3-8B at r = 16 on all seven
+projections; QLoRA's 4 + 8/64 + 32/(64 x 256) bits) come from the published figures, not from the
+grader; the drawn cases are checked for what the lab promises (answers that vary, GQA, heads whose
+width is not d_model).
+"""
+
+import contextlib
+import inspect
+import io
+import random
+
+import pytest
+
+from conftest import ROOT
+from gpumem import chapters
+from gpumem.chapters.ch08_finetuning import lab_draw
+from gpumem.memory import finetune
+from test_labs import notebook_namespace
+
+LAB = "lab08_finetune_recipe"
+LLAMA3_8B = {"n_layers": 32, "d_model": 4096, "n_heads": 32, "n_kv_heads": 8, "head_dim": 128,
+             "ffn": 14336, "vocab": 128256, "tie_embeddings": False}
+_SOLVED: dict = {}
+
+
+def solution() -> dict:
+    if not _SOLVED:
+        with contextlib.redirect_stdout(io.StringIO()):
+            _SOLVED.update(notebook_namespace(ROOT / "solutions" / f"{LAB}.ipynb"))
+    return dict(_SOLVED)
+
+
+def grade(ns: dict, seed: int = 8):
+    from gpumem.chapters.ch08_finetuning import labcheck
+    from gpumem.course.grader_seal import refuse_if_changed
+    refuse_if_changed(LAB)
+    return labcheck.check(ns, show=False, rng=random.Random(seed))
+
+
+def first_problem(report, function: str):
+    bad = [r for r in report.rows if r.function == function and r.status != "ok"]
+    assert bad, report.summary()
+    return bad[0]
+
+
+def test_solution_passes_on_many_draws():
+    ns = solution()
+    for seed in range(4):
+        report = grade(ns, seed)
+        assert report.solved, report.summary()
+
+
+def test_solution_matches_published_figures():
+    ns = solution()
+    lora = ns["role_bytes"](LLAMA3_8B, lab_draw.LADDER["lora"])
+    assert lora["adapter_weights"] == 4 * 41_943_040          # peft print_trainable_parameters, fp32
+    n = 8_030_261_248                                          # Llama-3-8B's parameters (Meta)
+    full = ns["role_bytes"](LLAMA3_8B, lab_draw.LADDER["full"])
+    assert sum(full.values()) == 16 * n
+    q = ns["role_bytes"](LLAMA3_8B, lab_draw.LADDER["qlora"])
+    quantised = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    bits = 4 + 8 / 64 + 32 / (64 * 256)                        # QLoRA section 3: 4.127 bits
+    constants = q["base_weights"] - 2 * (n - quantised) + q["quant_constants"]
+    assert abs(constants - quantised * bits / 8) < 32 * 7 * 1200   # + bitsandbytes' per-tensor extras
+
+
+def test_cases_vary_and_cover_the_dimensions():
+    rng = random.Random(3)
+    answers, odd = set(), 0
+    for _ in range(3):
+        cases = lab_draw.choose_cases(rng)
+        answers |= {c[0] for c in cases}
+        assert len({c[0] for c in cases}) >= 4
+        for model, _ in lab_draw.states_cases(rng):
+            odd += model["n_heads"] * model["head_dim"] != model["d_model"]
+            assert model["n_heads"] % model["n_kv_heads"] == 0
+    assert answers == {*lab_draw.LADDER, None} and odd >= 6
+
+
+def test_library_call_is_refused():
+    from gpumem.memory import models
+    ns = solution()
+    ns["role_bytes"] = lambda model, ft: finetune.finetune_states(
+        models.ModelConfig(name="m", n_layers=model["n_layers"], d_model=model["d_model"], n_heads=model["n_heads"],
+                           n_kv_heads=model["n_kv_heads"], ffn=model["ffn"], vocab=model["vocab"],
+                           explicit_head_dim=model["head_dim"], tie_embeddings=model["tie_embeddings"]), ft)
+    row = first_problem(grade(ns), "role_bytes")
+    assert "count it yourself" in row.detail and "finetune_states" in row.detail
+
+
+def test_library_reserve_is_refused():
+    from gpumem.memory import gpus
+    ns = solution()
+    role_bytes, ladder = ns["role_bytes"], lab_draw.LADDER
+
+    def choose_recipe(model, capacity, activations):
+        usable = gpus.usable(capacity)
+        return next((ft for n, ft in ladder.items() if sum(role_bytes(model, ft).values()) + activations[n] <= usable), None)
+    ns["choose_recipe"] = choose_recipe
+    row = first_problem(grade(ns), "choose_recipe")
+    assert "count it yourself" in row.detail and "usable" in row.detail
+
+
+def test_copied_source_is_refused():
+    ns = solution()
+    mine: dict = {"__name__": "mine"}
+    source = inspect.getsource(finetune).replace("from . import accounting", "from gpumem.memory import accounting")
+    source = source.replace("from .finetune_setup", "from gpumem.memory.finetune_setup")
+    exec(compile(source, "<mine>", "exec"), mine)
+    cfg = lab_draw.config
+    ns["role_bytes"] = lambda model, ft: mine["finetune_states"](cfg(model), ft)
+    row = first_problem(grade(ns), "role_bytes")
+    assert "count it yourself" in row.detail
+
+
+def test_answer_table_fails():
+    ns = solution()
+    ladder = lab_draw.LADDER
+    table = {"t4": "qlora", "l4": "qlora", "a100-40gb": "lora", "a100-80gb": "lora", "h100-80gb": "lora",
+             "h200": "full-8bit"}
+    from gpumem.memory import gpus
+    by_capacity = {gpus.get(c).capacity: ladder[r] for c, r in table.items()}
+    ns["choose_recipe"] = lambda model, capacity, activations: by_capacity[capacity]
+    report = grade(ns)
+    assert sum(r.status != "ok" for r in report.rows if r.function == "choose_recipe") >= 2
+    assert "fits" in first_problem(report, "choose_recipe").detail
+
+
+def test_swapped_roles_fail_with_the_role_named():
+    ns = solution()
+    right = ns["role_bytes"]
+
+    def swapped(model, ft):
+        got = right(model, ft)
+        got["optimizer_moments"] += got["master"]      # master counted as optimizer state: total unchanged
+        got["master"] = 0
+        return got
+    ns["role_bytes"] = swapped
+    row = first_problem(grade(ns), "role_bytes")
+    assert "master" in row.detail and "wrong role" in row.detail
+
+
+def test_nf4_at_four_bits_fails():
+    ns = solution()
+    right = ns["role_bytes"]
+    ns["role_bytes"] = lambda model, ft: {**right(model, ft), "quant_constants": 0}
+    row = first_problem(grade(ns), "role_bytes")
+    assert "quant_constants" in row.detail and "absmax per 64" in row.detail
+
+
+def test_lora_with_d_model_everywhere_fails():
+    ns = solution()
+    right = ns["role_bytes"]
+
+    def square(model, ft):
+        got = right(model, ft)
+        if ft.adapter == "lora":
+            n_a = model["n_layers"] * len(ft.lora_targets) * ft.lora_rank * 2 * model["d_model"]
+            e = 4 if ft.adapter_dtype == "fp32" else 2
+            got["adapter_weights"] = got["grads"] = e * n_a
+        return got
+    ns["role_bytes"] = square
+    row = first_problem(grade(ns), "role_bytes")
+    assert "adapter_weights" in row.detail and "n_kv_heads x head_dim" in row.detail
+
+
+def test_todo_lab_reports_todo_and_registry_has_it():
+    assert chapters.lab_checks()[LAB].endswith("labcheck:check")
+    report = grade(notebook_namespace(ROOT / "labs" / f"{LAB}.ipynb"))
+    assert not report.solved and not report.problems and set(report.todo) == {"role_bytes", "choose_recipe"}
+
+
+@pytest.mark.parametrize("seed", [1])
+def test_seal_refuses_a_patched_grader(seed):
+    from gpumem.chapters.ch08_finetuning import labcheck
+    from gpumem.course.grader_seal import GraderChanged, changed
+    original = labcheck.states_problem
+    labcheck.states_problem = lambda got, want, ft: ""
+    try:
+        assert any("labcheck.states_problem" in n for n in changed())
+        with pytest.raises(GraderChanged):
+            chapters.check_lab(LAB, solution(), show=False)
+    finally:
+        labcheck.states_problem = original
