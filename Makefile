@@ -9,6 +9,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LAB_ARGS ?=
 PYTEST_ARGS ?=
+# The slowest tests and notebook cells of each tier, printed at its end (to keep the suite's time in view).
+DURATIONS ?= --durations=25 --durations-min=5
 # Quiet pip, minus the per-package notes some machines' pip configs print.
 PIP_QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
@@ -57,7 +59,7 @@ test: setup
 
 test-unit: setup
 	@echo "== tier: unit, lab and quiz tests"
-	$(PY) -m pytest -m "not browser and not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not browser and not gpu" $(DURATIONS) $(PYTEST_ARGS)
 
 # A temp folder of its own: a run someone killed on this machine leaves a folder in /tmp that the
 # next run sweeps with a note on stderr, which nbval would read as a changed output.
@@ -66,7 +68,7 @@ test-notebooks: setup
 	@rm -rf .cache/test-tmp && mkdir -p .cache/test-tmp
 	GPUMEM_QUIZ_MODE=text GPUMEM_QUIZ_SEED=0 GPUMEM_HOME=$(CURDIR)/.cache/test-home MPLBACKEND=Agg \
 	  TMPDIR=$(CURDIR)/.cache/test-tmp \
-	  $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks solutions $(PYTEST_ARGS)
+	  $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks solutions $(DURATIONS) $(PYTEST_ARGS)
 
 # One chapter: its tests, its notebook and its lab's solution under nbval.
 test-chapter: setup
