@@ -77,6 +77,8 @@ def test_cases_vary_and_cover_the_dimensions():
             odd += model["n_heads"] * model["head_dim"] != model["d_model"]
             assert model["n_heads"] % model["n_kv_heads"] == 0
     assert answers == {*lab_draw.LADDER, None} and odd >= 6
+    with pytest.raises(TypeError):
+        lab_draw.LADDER["full"] = lab_draw.LADDER["qlora"]     # the notebook's LADDER is the grader's: read-only
 
 
 def test_library_call_is_refused():

@@ -15,18 +15,21 @@ The expected bytes are the library's (:func:`gpumem.memory.finetune.finetune_sta
 ``finetune_activation_bytes``), computed here, before the learner's call and outside its guard.
 """
 
+from types import MappingProxyType
+
 from gpumem.memory import gpus, models
 from gpumem.memory.finetune import FT_TARGETS, Finetune, finetune_activation_bytes, finetune_states
 
 MARGIN = 0.03
 # The ladder, most faithful first: full weights before adapters, 32-bit moments before 8-bit,
-# a bf16 base before a 4-bit one. "Cheapest that fits" = the first rung that fits.
-LADDER = {
+# a bf16 base before a 4-bit one. "Cheapest that fits" = the first rung that fits. Read-only: the
+# learner's notebook imports this very mapping, and the grader's answers are drawn from it.
+LADDER = MappingProxyType({
     "full": Finetune(),
     "full-8bit": Finetune(optimizer="adamw-8bit"),
     "lora": Finetune(adapter="lora"),
     "qlora": Finetune(adapter="lora", base_dtype="nf4"),
-}
+})
 CARDS = ("t4", "l4", "a100-40gb", "a100-80gb", "h100-80gb", "h200")   # gpumem.memory.gpus (sourced there)
 SEQS = (512, 1024, 2048, 4096)
 SHOWN_WIDTHS = {2048, 4096, 8192}     # the d_model of the examples the lab's notebook shows

@@ -39,7 +39,7 @@ def off_by(got: int, want: int) -> str:
 
 
 def _hint(role: str, ft: Finetune, got: dict, want: dict) -> str:
-    if sum(got.values()) == sum(want.values()):
+    if all(isinstance(v, int) for v in got.values()) and sum(got.values()) == sum(want.values()):
         return "your total is right but bytes sit under the wrong role: see what each role holds"
     if role == "quant_constants" and got[role] == 0:
         return ("NF4 at a flat 4 bits skips its constants: an 8-bit absmax per 64 weights, an fp32 "
