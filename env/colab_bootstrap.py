@@ -47,13 +47,17 @@ def gpu_present() -> bool:
     return Path("/dev/nvidia0").exists()
 
 
+NOT_ON_COLAB = {"torch", "jupyterlab", "playwright", "sphinx", "myst-nb", "sphinx-book-theme", "jupyterquiz"}
+
+
 def colab_requirements(requirements: Path = REPO / "env" / "requirements.txt") -> list[str]:
-    """The pinned list minus torch (Colab's CUDA build stays) and minus JupyterLab itself."""
+    """The pinned list minus torch (Colab's CUDA build stays), JupyterLab itself, the browser tests'
+    playwright and the book's builders (``make site``: Sphinx and its theme, not used on Colab)."""
     keep = []
     for line in requirements.read_text().splitlines():
         line = line.split("#")[0].strip()
         name = line.split("==")[0].strip().lower()
-        if line and name not in {"torch", "jupyterlab", "playwright"}:
+        if line and name not in NOT_ON_COLAB:
             keep.append(line)
     return keep
 

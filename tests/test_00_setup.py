@@ -75,6 +75,7 @@ def test_colab_bootstrap_keeps_colabs_torch_and_does_nothing_elsewhere():
     reqs = colab_bootstrap.colab_requirements()
     assert not any(r.lower().startswith("torch==") for r in reqs)
     assert any(r.startswith("deepspeed==0.19.8") for r in reqs)
+    assert not any(r.lower().startswith(("sphinx", "myst-nb", "jupyterquiz", "playwright")) for r in reqs)   # book/browser only
     assert "nothing to install" in colab_bootstrap.bootstrap()  # not on Colab here
     install_gpumem = colab_bootstrap.pip_commands()[1]
     assert install_gpumem[-2:] == ["-e", str(ROOT)]
