@@ -35,6 +35,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             experiments=(Experiment("plan-proof", "experiments:plan_proof", "diagrams:plan_proof_table",
                                     "a planned DeepSpeed config run on CPU ranks: measured vs planned bytes"),)),
     Chapter("07", "ch07_must_understand", quiz="quiz:QUIZ"),
+    Chapter("08", "ch08_finetuning", quiz="quiz:QUIZ", labs={"lab08_finetune_recipe": "labcheck:check"}),
 )
 
 

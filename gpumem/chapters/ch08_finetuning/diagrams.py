@@ -1,0 +1,121 @@
+"""Chapter 08's pictures in text: who holds what in LoRA and QLoRA, the tiny model's bytes by role
+measured against the formula, the recipes x cards table, and the frameworks side by side."""
+
+from gpumem import units
+from gpumem.memory import finetune as F
+
+from . import scale
+
+GB = 10**9
+
+
+def idea(cfg, rank: int = 16) -> str:
+    """One adapted projection of ``cfg`` (its q matrix), and what each role costs per weight."""
+    h, q = cfg.d_model, cfg.q_dim
+    a, b = rank * h, q * rank
+    low = f"             └──► [ A  {rank} x {h:,} ] ──► [ B  {q:,} x {rank} ] ── x alpha/r "
+    head = "        x ───┬──► [ W  frozen: bf16 (LoRA) or NF4 (QLoRA) ] ──"
+    plus = max(len(head) + 4, len(low) + 1)
+    top = head + "─" * (plus - len(head) - 3) + "► (+) ──► y"
+    lines = [
+        f"one projection of {cfg.name}: W is {q:,} x {h:,} = {q * h:,} weights (frozen)",
+        "",
+        top,
+        "             │" + " " * (plus - 14) + "▲",
+        low + "─" * max(1, plus - len(low)) + "┘",
+        f"              trainable: r (in + out) = {a + b:,} = {100 * (a + b) / (q * h):.2f} % of W",
+        "",
+        "bytes per element, by role         full (mixed)     LoRA           QLoRA",
+        "  base weight                      2 (trained)      2 (frozen)     "
+        f"{F.nf4_bytes_per_param():.4f} (NF4 + constants)",
+        "  its gradient                     2                none           none",
+        "  fp32 master + AdamW m, v         4 + 8            none           none",
+        "  adapter weight / grad / m, v     -                4 / 4 / 8      4 / 4 / 8",
+        "  saved for backward               its input        W only: the    W packed; backward",
+        "                                                    adapter saves  dequantises again",
+        "                                                    its own input",
+    ]
+    return "\n".join(lines)
+
+
+def measured_table(runs: dict, cfg) -> str:
+    """The tiny model's bytes by role: measured on the real tensors, and the formula."""
+    lines = [f"{'setup':11s} {'role':24s} {'measured B':>12s} {'formula B':>12s}  equal   trainable"]
+    for name, r in runs.items():
+        f, b = F.finetune_states(cfg, _setup(name)), r["bytes"]
+        pairs = [("weights + NF4 constants", b["weights"] + b["quant_constants"],
+                  f["base_weights"] + f["quant_constants"]),
+                 ("adapters", b["adapters"], f["adapter_weights"]), ("gradients", b["grads"], f["grads"]),
+                 ("optimizer (all)", b["optimizer"] + b["optimizer_constants"],
+                  f["master"] + f["optimizer_moments"] + f["optimizer_scales"] + f["step_counters"])]
+        for i, (role, m, fo) in enumerate(pairs):
+            tail = f"{r['trainable']:>11,}" if i == 0 else ""
+            lines.append(f"{name if i == 0 else '':11s} {role:24s} {m:>12,} {fo:>12,}  {'yes' if m == fo else 'NO':5s} {tail}")
+    return "\n".join(lines)
+
+
+def _setup(name: str):
+    from gpumem.runs import finetune_run
+    return finetune_run.SETUPS[name]
+
+
+def losses_table(runs: dict) -> str:
+    """Each setup's loss per step."""
+    lines = [f"{'setup':11s} " + " ".join(f"{'step ' + str(i):>8s}" for i in range(len(runs['full']['losses'])))
+             + "   optimizer"]
+    for name, r in runs.items():
+        lines.append(f"{name:11s} " + " ".join(f"{v:8.4f}" for v in r["losses"]) + f"   {r['optimizer_class']}")
+    return "\n".join(lines)
+
+
+def scale_table(rows: list[dict]) -> str:
+    """Per-GPU GB (one GPU, no sharding), without / with checkpointing, and where it fits:
+    each card's mark is no-checkpointing/checkpointing (Y fits, - does not)."""
+    cards = list(scale.CARDS)
+    head = f"{'model':15s} {'recipe':23s} {'states':>8s} {'no ckpt':>8s} {'ckpt':>8s}  " + " ".join(
+        f"{scale.CARDS[c][0].split()[-1]:>6s}" for c in cards)
+    lines = [head, f"{'':15s} {'':23s} {'GB':>8s} {'GB':>8s} {'GB':>8s}  (fits: no ckpt/ckpt)"]
+    for r in rows:
+        marks = " ".join(f"{'/'.join('Y' if x else '-' for x in r['fits'][c]):>6s}" for c in cards)
+        lines.append(f"{r['model']:15s} {r['recipe']:23s} {r['states'] / GB:8.1f} {r['none'] / GB:8.1f} "
+                     f"{r['full'] / GB:8.1f}  {marks}")
+    return "\n".join(lines)
+
+
+def cards_table() -> str:
+    """The four cards: what they report, what a single GPU leaves for tensors, and the source."""
+    lines = [f"reserve on one GPU: {scale.SINGLE.describe()}"]
+    for c, (label, cap, src) in scale.CARDS.items():
+        lines.append(f"  {label:15s} {cap // 2**20:>8,} MiB = {units.fmt(cap, 'GB', 1):>9s}, "
+                     f"usable {units.fmt(scale.usable(c), 'GB', 1):>9s}")
+        lines.append(f"  {'':15s} source: {src}")
+    return "\n".join(lines)
+
+
+FRAMEWORKS = [
+    ("LoRA", "peft LoraConfig(r=16, lora_alpha=32, target_modules=[q_proj, k_proj, v_proj, o_proj,\n"
+             "gate_proj, up_proj, down_proj]); get_peft_model(model, config)"),
+    ("NF4 base", "transformers BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4',\n"
+                 "bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16);\n"
+                 "torchao: to_nf4(weight) (NF4Tensor, blocks of 64, scalers quantised per 256)"),
+    ("QLoRA prep", "peft prepare_model_for_kbit_training(model): norms, embedding, head -> fp32,\n"
+                   "enable_input_require_grads, gradient checkpointing on"),
+    ("8-bit AdamW", "bitsandbytes.optim.AdamW8bit / PagedAdamW8bit; HF Trainer optim='adamw_bnb_8bit',\n"
+                    "'paged_adamw_8bit', 'paged_adamw_32bit'; torchao.optim.AdamW8bit, AdamW4bit"),
+    ("DeepSpeed", "ZeRO-3 partitions only what DeepSpeed is handed; frozen bf16 base params are\n"
+                  "partitioned too (stage 3 shards all parameters), but grads and optimizer states\n"
+                  "exist only for the adapters; QLoRA + ZeRO-3 needs bnb_4bit_quant_storage=bf16"),
+    ("FSDP2", "fully_shard(module) per block shards every parameter (frozen or not) as DTensor;\n"
+              "grads and AdamW states only for requires_grad=True; QLoRA: quant_storage=bf16 too"),
+]
+
+
+def frameworks_table(width: int = 100) -> str:
+    """The switches in each library, side by side."""
+    lines = []
+    for what, how in FRAMEWORKS:
+        first, *rest = how.split("\n")
+        lines.append(f"{what:12s} {first}")
+        lines += [f"{'':12s} {line}" for line in rest]
+    assert max(map(len, lines)) <= width
+    return "\n".join(lines)

@@ -1,0 +1,157 @@
+"""Chapter 08 at scale: per-GPU bytes of each fine-tuning recipe against four cards, the note's
+RTX 3090 scenario, the QLoRA paper's 65B-on-48-GB claim, and time (dequantisation, a step).
+
+Bytes are the engine's (:mod:`gpumem.memory.finetune`: ``finetune_states`` by role,
+``finetune_activation_bytes``, ``single_gpu``); full fine-tuning with the optimizer on the CPU is
+chapter 05's ``accounting.model_states`` (DeepSpeed needs ZeRO stage >= 1 for it: one GPU at
+stage 1). The engine counts no offload for LoRA or QLoRA: where those do not fit, this module
+says how many bytes must leave the GPU (``single_gpu``'s ``short_by``) instead of pricing a layout.
+
+Hardware figures and their sources are next to each constant. Stated assumptions: one sequence
+of :data:`SEQ` tokens per step; LoRA r = 16 on all seven projections; a single GPU reserves the
+CUDA context and 5 % for fragmentation (``gpus.Reserve`` without NCCL: one GPU has no
+communicator); attention's own FLOPs left out of the step time (a few % at these lengths).
+"""
+
+from gpumem.memory import accounting, finetune as F, gpus, models
+from gpumem.memory.models import ModelConfig
+from gpumem.timing import compute
+
+GB = 10**9
+MiB = 2**20
+SEQ, BATCH = 2048, 1            # assumption: one 2,048-token sequence per step
+MODELS = ("llama-3-8b", "llama-3-70b", "llama-3.1-405b")
+SINGLE = gpus.Reserve(nccl=0)   # one GPU: context + fragmentation, no NCCL buffers
+
+# name -> (label, bytes the card reports, source)
+CARDS = {
+    "rtx-3090": ("RTX 3090 24GB", F.RTX3090_BYTES, "nvidia-smi memory.total (finetune.RTX3090_BYTES)"),
+    "a6000": ("RTX A6000 48GB", 49_140 * MiB, "datasheet 48 GB; 49,140 MiB as nvidia-smi prints it "
+                                            "(assumption)"),
+    "h100-80gb": ("H100 80GB", gpus.get("h100-80gb").capacity, "gpumem.memory.gpus (81,559 MiB)"),
+    "h200": ("H200 141GB", gpus.get("h200").capacity, "gpumem.memory.gpus (143,771 MiB)"),
+}
+
+RECIPES = {
+    "full, mixed AdamW": F.Finetune(),
+    "full, 8-bit AdamW": F.Finetune(optimizer="adamw-8bit"),
+    "LoRA r16": F.Finetune(adapter="lora"),
+    "QLoRA r16": F.Finetune(adapter="lora", base_dtype="nf4"),
+}
+
+# RTX 3090 (NVIDIA Ampere GA102 GPU architecture whitepaper, Table 9 / RTX 3090 datasheet):
+# 71 TFLOP/s dense bf16 tensor with fp32 accumulate, 936 GB/s GDDR6X, PCIe Gen4 x16
+RTX3090_BF16, RTX3090_MEM = 71e12, 936e9
+PCIE4 = gpus.get("a100-80gb").pcie     # PCIe Gen4 x16 per direction (31.5 GB/s; gpumem.memory.gpus)
+MFU = compute.MFU                     # 40 %: Meta's Llama 3 pre-training (arXiv:2407.21783 Table 4)
+
+# LLaMA-65B, the QLoRA paper's largest model: LLaMA paper (arXiv:2302.13971) Table 2 and Meta's
+# params.json (dim 8192, 80 layers, 64 heads, FFN 22,016, vocabulary 32,000)
+LLAMA_65B = ModelConfig("llama-65b", 80, 8192, 64, 64, 22016, 32000, published_params=65.2, rope_theta=10000.0,
+                        source="arXiv:2302.13971 Table 2")
+# the paper's setup (arXiv:2305.14314 section 4/5: r = 64 on every linear layer of the blocks,
+# bf16 adapters as its qlora.py casts them, paged AdamW); 512 tokens and every layer
+# checkpointed are assumptions (the Guanaco runs' lengths are short chat turns)
+QLORA_PAPER = F.Finetune(adapter="lora", lora_rank=64, base_dtype="nf4", adapter_dtype="bf16")
+QLORA_SEQ = 512
+
+
+def usable(card: str) -> int:
+    """Bytes a single GPU leaves for tensors: its capacity minus :data:`SINGLE`'s reserve."""
+    return gpus.usable(CARDS[card][1], SINGLE)
+
+
+def need(cfg, ft: F.Finetune, checkpoint: str = "none", seq: int = SEQ, batch: int = BATCH) -> dict:
+    """One GPU's bytes for a step: ``roles`` (finetune_states), ``states``, ``activations`` (peak),
+    ``total``."""
+    roles = F.finetune_states(cfg, ft)
+    acts = F.finetune_activation_bytes(cfg, ft, seq, batch, checkpoint=checkpoint)["peak"]
+    return {"roles": roles, "states": sum(roles.values()), "activations": acts,
+            "total": sum(roles.values()) + acts}
+
+
+def full_offloaded(cfg, checkpoint: str = "none", seq: int = SEQ) -> int:
+    """Full fine-tuning (mixed) on one GPU with the optimizer on the CPU (ZeRO-1, as DeepSpeed runs
+    it): the GPU keeps bf16 weights and gradients, plus the activations."""
+    s = accounting.model_states(cfg.n_params(), "mixed", 1, 1, "optimizer", "cpu")
+    return s.params + s.grads + need(cfg, F.Finetune(), checkpoint, seq)["activations"]
+
+
+def rows(seq: int = SEQ) -> list[dict]:
+    """Every model x recipe (and full mixed with CPU offload), without and with checkpointing:
+    bytes and which cards they fit (``fits``: card -> (no checkpointing, checkpointing))."""
+    out = []
+    for name in MODELS:
+        cfg = models.get(name)
+        for label, ft in RECIPES.items():
+            plain, ck = need(cfg, ft, "none", seq), need(cfg, ft, "full", seq)
+            out.append({"model": name, "recipe": label, "states": plain["states"], "none": plain["total"],
+                        "full": ck["total"], "roles": plain["roles"]})
+        out.append({"model": name, "recipe": "full, optimizer on CPU", "states": full_offloaded(cfg, "full", seq)
+                    - need(cfg, F.Finetune(), "full", seq)["activations"],
+                    "none": full_offloaded(cfg, "none", seq), "full": full_offloaded(cfg, "full", seq), "roles": None})
+    for r in out:
+        r["fits"] = {c: (r["none"] <= usable(c), r["full"] <= usable(c)) for c in CARDS}
+    return out
+
+
+def rtx3090(model: str = "llama-3-70b") -> dict:
+    """The note's scenario (LoRA on one RTX 3090 with INT4 and CPU offload), the engine's
+    ``single_gpu`` (QLoRA r16, 512 tokens, every layer checkpointed), with what paging the optimizer
+    would free, the seconds the rest costs over PCIe, and the step's compute at :data:`MFU`."""
+    cfg = models.get(model)
+    ft = F.Finetune(adapter="lora", base_dtype="nf4")
+    s = F.single_gpu(cfg, ft)
+    roles = F.finetune_states(cfg, ft)
+    pageable = roles["optimizer_moments"] + roles["optimizer_scales"]
+    # what still does not fit must be frozen base weights streamed up at each use: forward,
+    # the checkpointed re-run, backward (3 passes)
+    rest = max(0, s["short_by"] - pageable)
+    flops = lora_flops(cfg, ft, 512, recompute=True)
+    return s | {"model": model, "pageable": pageable, "streamed": rest, "pcie_s": 3 * rest / PCIE4,
+                "compute_s": flops / (RTX3090_BF16 * MFU)}
+
+
+def lora_flops(cfg, ft: F.Finetune, tokens: int, recompute: bool = False) -> int:
+    """FLOPs of a LoRA/QLoRA step: forward 2 N T, backward only the inputs' gradients for the
+    frozen base (2 N T, no weight gradient), the adapters 6 n_a T, a re-run forward 2 N T with
+    full checkpointing. Full fine-tuning: ``compute.train_flops`` (6 N T)."""
+    n = cfg.n_params()
+    if not ft.lora:
+        return compute.train_flops(n, tokens, recompute)
+    return (4 + 2 * recompute) * n * tokens + 6 * F.lora_params(cfg, ft.lora_rank, ft.lora_targets) * tokens
+
+
+def dequant_seconds(cfg, hbm: float, checkpoint: bool) -> float:
+    """Seconds a step spends turning the NF4 base into bf16, memory-bound at ``hbm`` bytes/s:
+    each pass reads the packed codes and constants (nf4_bytes_per_param) and writes 2 bytes per
+    quantised weight; passes: forward, backward (bitsandbytes dequantises again), and the re-run
+    forward with checkpointing. Assumption: the kernel reaches the datasheet bandwidth."""
+    q = sum(F.quantised_tensors(cfg))
+    return (2 + checkpoint) * q * (F.nf4_bytes_per_param() + 2) / hbm
+
+
+def step_seconds(cfg, ft: F.Finetune, gpu: str = "h100-80gb", seq: int = SEQ, checkpoint: bool = True,
+                 mfu: float = MFU) -> dict:
+    """A step on one ``gpu``: compute at ``mfu`` of the dense bf16 peak, plus (QLoRA) the
+    dequantisation, which the MFU does not count (no FLOPs)."""
+    g = gpus.get(gpu)
+    c = lora_flops(cfg, ft, seq * BATCH, checkpoint) / (g.bf16_flops * mfu)
+    d = dequant_seconds(cfg, g.hbm, checkpoint) if ft.base_dtype == "nf4" else 0.0
+    return {"compute": c, "dequant": d, "total": c + d}
+
+
+def qlora_65b(seq: int = QLORA_SEQ) -> dict:
+    """The QLoRA paper's claim (arXiv:2305.14314 abstract: "finetune a 65B parameter model on a
+    single 48GB GPU"), counted: states, activations with and without checkpointing, the card."""
+    ck, plain = need(LLAMA_65B, QLORA_PAPER, "full", seq), need(LLAMA_65B, QLORA_PAPER, "none", seq)
+    return {"states": ck["states"], "roles": ck["roles"], "acts_ckpt": ck["activations"],
+            "acts_none": plain["activations"], "total_ckpt": ck["total"], "total_none": plain["total"],
+            "usable": usable("a6000"), "capacity": CARDS["a6000"][1]}
+
+
+def double_quant_saving(cfg=LLAMA_65B) -> float:
+    """Bytes double quantisation saves over fp32 block absmaxes (32 bits per 64 weights) on a
+    model's quantised weights (the paper: 0.373 bits per parameter, about 3 GB for 65B)."""
+    q = sum(F.quantised_tensors(cfg))
+    return q * (32 / F.NF4_BLOCK - (8 / F.NF4_BLOCK + 32 / (F.NF4_BLOCK * F.NF4_SCALE_BLOCK))) / 8

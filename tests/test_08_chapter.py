@@ -1,0 +1,210 @@
+"""Chapter 08's claims, quiz and at-scale figures, each redone by hand from the models' shapes and
+the libraries' documented block sizes (NF4: 4-bit codes, a uint8 absmax per 64 weights, an fp32
+scale per 256 absmaxes, QLoRA arXiv:2305.14314 section 3; 8-bit AdamW: one byte per moment and
+an fp32 absmax per 256, bitsandbytes Optimizer2State), not from the code's own output.
+The real CPU runs are tests/test_08_finetune_run.py's."""
+
+import math
+import random
+
+import pytest
+
+from gpumem.chapters import CHAPTERS
+from gpumem.chapters.ch08_finetuning import claims, diagrams, quiz, scale
+from gpumem.memory import models
+
+NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)          # 4.126953125
+SEEDS = range(25)
+
+
+def ceil(a, b):
+    return -(-a // b)
+
+
+def quantised(h, q, kv, f, layers):
+    """Weights of every block's seven projections (q_dim = h for these Llamas)."""
+    return layers * (h * q + 2 * h * kv + q * h + 3 * h * f)
+
+
+def lora(h, q, kv, f, layers, r, targets=("q", "k", "v", "o", "gate", "up", "down")):
+    dims = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "gate": (h, f), "up": (h, f), "down": (f, h)}
+    return layers * sum(r * (dims[t][0] + dims[t][1]) for t in targets)
+
+
+# Llama-3-70B (Meta's params.json): d 8192, 80 layers, 64 heads of 128, 8 kv heads, FFN 28,672
+Q70 = quantised(8192, 8192, 1024, 28672, 80)
+N70 = 70_553_706_496
+# LLaMA-65B (arXiv:2302.13971 Table 2): d 8192, 80 layers, 64 heads, no GQA, FFN 22,016, vocab 32,000
+Q65 = quantised(8192, 8192, 8192, 22016, 80)
+N65 = Q65 + 2 * 32000 * 8192 + (2 * 80 + 1) * 8192
+
+
+def test_registered_with_its_quiz():
+    entry = next(c for c in CHAPTERS if c.number == "08")
+    assert entry.folder == "ch08_finetuning" and entry.quiz == "quiz:QUIZ"
+
+
+def test_hand_shapes():
+    assert Q70 == 68_451_041_280 and Q65 == 64_760_053_760 and N65 == 65_285_660_672
+    assert lora(8192, 8192, 1024, 28672, 80, 16) == 207_093_760
+    assert scale.LLAMA_65B.n_params() == N65
+
+
+def test_nf4_and_double_quantisation_claims():
+    c = {x.id: x for x in claims.CLAIMS}
+    assert c["qlora-bits"].ours() == pytest.approx(NF4_BITS, abs=1e-12) and c["qlora-bits"].verdict() == "agrees"
+    saving = Q65 * (32 / 64 - (NF4_BITS - 4)) / 8       # 0.373 bits per quantised weight
+    assert c["qlora-dq-65b"].ours() == pytest.approx(saving, rel=1e-12)
+    assert 2.9e9 < saving < 3.1e9 and c["qlora-dq-65b"].verdict() == "agrees"
+
+
+def test_peft_8b_rank_16_count():
+    # Llama-3-8B: d 4096, 32 layers, kv 8 x 128 = 1024, FFN 14,336
+    hand = 16 * (4096 + 4096 + 2 * (4096 + 1024) + 4096 + 4096 + 2 * (4096 + 14336) + 14336 + 4096) * 32
+    assert hand == 41_943_040
+    assert next(x for x in claims.CLAIMS if x.id == "peft-8b-r16").ours() == pytest.approx(hand / 1e6, abs=1e-9)
+
+
+def qlora_states(q, n, n_a, adapter_bytes, biggest, tensors):
+    """QLoRA states by hand: packed codes, uint8 absmax per 64, fp32 per 256 absmaxes, ~1.1 KiB of
+    tables per tensor (code, offset, nested map), bf16 for the rest, the adapters' bytes, and one
+    dequantised bf16 matrix with fp32 absmaxes."""
+    base = q / 2 + q / 64 + 4 * q / (64 * 256) + tensors * (4 + 64 + 1024) + 2 * (n - q)
+    return base + adapter_bytes * n_a + 2 * biggest + 4 * biggest / 64
+
+
+def test_rtx3090_scenario_by_hand():
+    r = scale.rtx3090("llama-3-70b")
+    n_a = lora(8192, 8192, 1024, 28672, 80, 16)
+    # fp32 adapter, gradient, m, v: 16 B each, + torch AdamW's 4 B step per adapter tensor
+    hand = qlora_states(Q70, N70, n_a, 16, 8192 * 28672, 7 * 80) + 4 * 14 * 80
+    assert r["states"] == pytest.approx(hand, rel=1e-6)
+    assert r["capacity"] == 24_576 * 2**20
+    assert r["short_by"] == r["states"] + r["activations"] - 24_576 * 2**20 > 0
+    assert r["pageable"] == 8 * n_a                                 # the adapters' two fp32 moments
+    assert r["pcie_s"] == pytest.approx(3 * (r["short_by"] - 8 * n_a) / 31.5e9)
+    # compute: forward + inputs' gradients + re-run, 6 N T, + 6 n_a T, at 40 % of 71 TFLOP/s
+    assert r["compute_s"] == pytest.approx((6 * N70 + 6 * n_a) * 512 / (0.4 * 71e12))
+    assert scale.rtx3090("llama-3-8b")["short_by"] == 0
+    c = {x.id: x for x in claims.CLAIMS}
+    assert c["3-rtx3090-70b"].verdict() == "wrong" and c["3-rtx3090-8b"].verdict() == "wrong"
+
+
+def test_qlora_65b_fits_48gb_only_checkpointed():
+    q = scale.qlora_65b()
+    n_a = lora(8192, 8192, 8192, 22016, 80, 64)
+    assert n_a == 799_539_200
+    # bf16 adapters: weight, gradient and two moments at 2 B each; a 4 B step per tensor
+    hand = qlora_states(Q65, N65, n_a, 8, 8192 * 22016, 7 * 80) + 4 * 14 * 80
+    assert q["states"] == pytest.approx(hand, rel=1e-6)
+    usable = 49_140 * 2**20 - 2**30 - int(0.05 * 49_140 * 2**20)     # context + 5 %, no NCCL
+    assert q["usable"] == usable and q["total_ckpt"] < usable < q["total_none"]
+
+
+def test_dequantisation_and_step_time_by_hand():
+    cfg = models.get("llama-3-70b")
+    h100_hbm, h100_flops = 3.35e12, 989e12                           # H100 SXM datasheet
+    t = scale.step_seconds(cfg, scale.RECIPES["QLoRA r16"], "h100-80gb", 2048, True)
+    assert t["dequant"] == pytest.approx(3 * Q70 * (NF4_BITS / 8 + 2) / h100_hbm)
+    n_a = lora(8192, 8192, 1024, 28672, 80, 16)
+    assert t["compute"] == pytest.approx((6 * N70 + 6 * n_a) * 2048 / (0.4 * h100_flops))
+    full = scale.step_seconds(cfg, scale.RECIPES["full, mixed AdamW"], "h100-80gb", 2048, False)
+    assert full["compute"] == pytest.approx(6 * N70 * 2048 / (0.4 * h100_flops)) and full["dequant"] == 0
+
+
+def test_scale_rows_fit_marks():
+    rows = {(r["model"], r["recipe"]): r for r in scale.rows()}
+    q70 = rows[("llama-3-70b", "QLoRA r16")]
+    h100 = 81_559 * 2**20
+    assert q70["fits"]["h100-80gb"] == (q70["none"] <= h100 - 2**30 - int(0.05 * h100),
+                                        q70["full"] <= h100 - 2**30 - int(0.05 * h100))
+    assert q70["states"] < q70["full"] < q70["none"]
+    # full mixed: 16 B per parameter (the course's fp32-master AdamW keeps its step as a Python int)
+    assert rows[("llama-3-70b", "full, mixed AdamW")]["states"] == 16 * N70
+    # optimizer on the CPU: bf16 weights and gradients stay on the GPU
+    off = rows[("llama-3-70b", "full, optimizer on CPU")]
+    assert off["states"] == 4 * N70
+    assert all(not any(r["fits"][c]) for (m, _), r in rows.items() if m == "llama-3.1-405b" for c in scale.CARDS)
+
+
+def test_tables_fit_100_columns():
+    cfg = models.get("llama-3.1-405b")
+    for text in (diagrams.idea(cfg, 64), diagrams.scale_table(scale.rows()), diagrams.cards_table(),
+                 diagrams.frameworks_table()):
+        assert max(map(len, text.splitlines())) <= 100
+
+
+# -- the quiz: every answer by hand, every trap rejected ------------------------------------------
+
+def _draws(qid):
+    q = quiz.QUIZ._get(qid)
+    for seed in SEEDS:
+        q.redraw(random.Random(seed))
+        yield q, q.numbers
+
+
+def _traps_rejected(q):
+    want = q.value()
+    for wrong, _ in q.traps:
+        v = float(wrong({**q.numbers, "expected": want, "unit": q.unit_now()}))
+        if v > 0 and not q.close(v, want):
+            assert not q.grade(v)
+    assert q.grade(want)
+
+
+def _hand_dims(n):
+    cfg = models.get(n["model_name"])
+    return cfg.d_model, cfg.q_dim, n["kv_dim"], n["ffn"], n["layers"]
+
+
+def test_quiz_lora_trainable():
+    seen = set()
+    for q, n in _draws("lora-trainable"):
+        h, qd, kv, f, L = _hand_dims(n)
+        assert q.value() == lora(h, qd, kv, f, L, n["rank"], n["targets"])
+        no_gqa = lora(h, qd, h, f, L, n["rank"], n["targets"])
+        if no_gqa != q.value():
+            assert not q.grade(no_gqa) and "grouped-query" in q.hint_for(no_gqa)
+        _traps_rejected(q)
+        seen.add(n["targets"])
+    assert len(seen) >= 3
+
+
+def test_quiz_qlora_states():
+    for q, n in _draws("qlora-states"):
+        h, qd, kv, f, L = _hand_dims(n)
+        qn, n_a = quantised(h, qd, kv, f, L), lora(h, qd, kv, f, L, n["rank"])
+        hand = (qn * NF4_BITS / 8 + 2 * (n["n_params"] - qn) + 16 * n_a) / 1e9
+        assert q.value() == pytest.approx(hand, rel=1e-3)
+        four_bits = (0.5 * n["n_params"] + 16 * n_a) / 1e9
+        assert not q.grade(four_bits) and "4 bits" in q.hint_for(four_bits)
+        _traps_rejected(q)
+
+
+def test_quiz_full_8bit():
+    for q, n in _draws("full-8bit"):
+        # 2 + 2 + 4 B, and two 1-byte moments with an fp32 absmax per 256
+        hand = n["n_params"] * (8 + 2 * (1 + 4 / 256)) / 1e9
+        assert q.value() == pytest.approx(hand, rel=1e-3)
+        assert not q.grade(16 * n["n_params"] / 1e9)
+        _traps_rejected(q)
+
+
+def test_quiz_dequant_time():
+    seen = set()
+    for q, n in _draws("dequant-time"):
+        h, qd, kv, f, L = _hand_dims(n)
+        passes = 3 if n["ckpt"] else 2
+        hand = 1e3 * passes * quantised(h, qd, kv, f, L) * (NF4_BITS / 8 + 2) / (n["hbm_tb"] * 1e12)
+        assert q.value() == pytest.approx(hand, rel=1e-9)
+        one = hand / passes
+        assert not q.grade(one) and "backward" in q.hint_for(one)
+        _traps_rejected(q)
+        seen.add(n["ckpt"])
+    assert seen == {True, False}
+
+
+def test_quiz_shape():
+    assert len(quiz.QUIZ.questions) >= 4
+    for q in quiz.QUIZ.questions:
+        assert q.hint and q.traps and not math.isnan(q.value())
