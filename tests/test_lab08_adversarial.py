@@ -186,3 +186,21 @@ def test_seal_refuses_a_patched_grader(seed):
             chapters.check_lab(LAB, solution(), show=False)
     finally:
         labcheck.states_problem = original
+
+
+def test_hostile_answers_get_rows_not_exceptions(monkeypatch):
+    monkeypatch.setenv("GPUMEM_CASE_SECONDS", "1")
+    ns = solution()
+    ns["role_bytes"] = lambda model, ft: [1, 2, 3]
+    ns["choose_recipe"] = lambda model, capacity, activations: "lora"
+    report = grade(ns)
+    assert "expected a dict role -> bytes" in first_problem(report, "role_bytes").detail
+    assert "a Finetune" in first_problem(report, "choose_recipe").detail
+
+    def hang(model, ft):
+        while True:
+            pass
+    ns = solution()
+    ns["role_bytes"] = hang
+    rows = [r for r in grade(ns).rows if r.function == "role_bytes"]
+    assert all(r.status == "error" for r in rows) and "longer than" in rows[0].detail
