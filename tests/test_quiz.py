@@ -184,6 +184,17 @@ def test_widget_answers_through_the_same_engine():
     assert "gpumem-quiz" in quiz_box(quiz)._dom_classes
 
 
+def test_widget_questions_are_numbered_and_the_prompt_is_not_bold():
+    from gpumem.course.quiz_widgets import quiz_box
+    quiz = _quiz().seed(2)
+    prompts = [box.children[0].value for box in quiz_box(quiz).children]
+    assert [p.split(" ", 1)[0] for p in prompts] == [f"<b>Q{i}.</b>" for i in range(1, len(prompts) + 1)]
+    assert all(p.count("<b>") == 1 for p in prompts)                 # only the number is bold
+    second = quiz_box(quiz).children[1]
+    second.children[2].children[2].click()                          # Try again / New numbers redraws
+    assert second.children[0].value.startswith("<b>Q2.</b> ")       # ... and keeps the number
+
+
 HOSTILE_ANSWERS = [10**5000, "x" * 100_000, float("nan"), object()]
 
 

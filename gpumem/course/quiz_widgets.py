@@ -21,12 +21,18 @@ def _entry(q):
     return w.Text(placeholder=describe(q.unit_now()), layout=w.Layout(width="28em"))
 
 
-def question_widget(quiz, q):
+def _prompt_html(q, number: int | None) -> str:
+    """The question's text in plain weight, after its number in bold ("<b>Q2.</b> ...") when given."""
+    head = f"<b>Q{number}.</b> " if number is not None else ""
+    return head + html.escape(q.prompt_text())
+
+
+def question_widget(quiz, q, number: int | None = None):
     """One question's widgets, wired to ``quiz``; returns the VBox (children: prompt, entry,
-    buttons, feedback)."""
+    buttons, feedback). ``number``: shown before the prompt (Q1, Q2, ...)."""
     import ipywidgets as w
     from .answers import describe
-    prompt = w.HTML(f"<b>{html.escape(q.prompt_text())}</b>")
+    prompt = w.HTML(_prompt_html(q, number))
     prompt.add_class(f"gpumem-prompt-{q.id}")
     entry = _entry(q)
     check = w.Button(description="Check", button_style="primary")
@@ -53,7 +59,7 @@ def question_widget(quiz, q):
 
     def on_again(_):
         quiz.renew(q.id, quiet=True)
-        prompt.value = f"<b>{html.escape(q.prompt_text())}</b>"
+        prompt.value = _prompt_html(q, number)
         if hasattr(q, "options"):
             entry.value = None
         else:
@@ -69,8 +75,8 @@ def question_widget(quiz, q):
 
 
 def quiz_box(quiz):
-    """Every question of ``quiz``, one under the other (CSS class ``gpumem-quiz``)."""
+    """Every question of ``quiz``, numbered, one under the other (CSS class ``gpumem-quiz``)."""
     import ipywidgets as w
-    box = w.VBox([question_widget(quiz, q) for q in quiz.questions])
+    box = w.VBox([question_widget(quiz, q, i) for i, q in enumerate(quiz.questions, 1)])
     box.add_class("gpumem-quiz")
     return box
