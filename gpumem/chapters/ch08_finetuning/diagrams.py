@@ -97,7 +97,8 @@ FRAMEWORKS = [
              "gate_proj, up_proj, down_proj]); get_peft_model(model, config)"),
     ("NF4 base", "transformers BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4',\n"
                  "bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16);\n"
-                 "torchao: to_nf4(weight) (NF4Tensor, blocks of 64, scalers quantised per 256)"),
+                 "torchao 0.18: torchao.quantization.to_nf4(weight): NF4Tensor, blocks of 64,\n"
+                 "block scales quantised per 256 (same sizes; not bit-equal to bitsandbytes')"),
     ("QLoRA prep", "peft prepare_model_for_kbit_training(model): norms, embedding, head -> fp32,\n"
                    "enable_input_require_grads, gradient checkpointing on"),
     ("8-bit AdamW", "bitsandbytes.optim.AdamW8bit / PagedAdamW8bit; HF Trainer optim='adamw_bnb_8bit',\n"
