@@ -9,6 +9,7 @@ CHAPTERS = [
     ("05", "offload", "§3", "bandwidth ladder, real ZeRO-Offload and NVMe runs"),
     ("06", "combining_strategies", "§4 + summary", "the planner: 7B / 70B / 405B recipes"),
     ("07", "must_understand", "checklist", "graded quiz over the six must-understand items"),
+    ("08", "finetuning", "§3 single-GPU rule", "8-bit AdamW, LoRA, QLoRA by role; real peft/bitsandbytes CPU runs"),
 ]
 
 
