@@ -696,3 +696,93 @@ def test_a_faked_launcher_is_refused(monkeypatch):
     report = grade(ns)
     for row in rows(report, "swap_files"):
         assert row.status == "error" and "gpumem.runs.launch.run was replaced" in row.detail, row
+
+
+# Review r6 (expert_04_06): a module copied through its syntax tree, every ``return X`` made
+# ``return _id(X)``, guard statements and decorators dropped, so no code object ends with a
+# protected body (copy_watch matched by suffix then; by shared runs of instructions now).
+MUTATE = '''
+import ast, inspect, types
+def _id(x): return x
+def _guard(s):
+    return (isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and
+            ast.unparse(s.value.func).split(".")[-1] in ("graders_only", "audit", "refuse_if_active"))
+class _T(ast.NodeTransformer):
+    def visit_Return(self, n):
+        n.value = ast.Call(ast.Name("_id", ast.Load()), [n.value or ast.Constant(None)], []); return n
+    def visit_FunctionDef(self, n):
+        self.generic_visit(n); n.decorator_list = []
+        n.body = [s for s in n.body if not _guard(s)] or [ast.Pass()]
+        n.body.append(ast.parse("return _id(None)").body[0]); return n
+def copy_of(mod, **over):
+    tree = ast.fix_missing_locations(_T().visit(ast.parse(inspect.getsource(mod))))
+    m = types.ModuleType(mod.__name__ + "_mine"); m.__package__ = mod.__package__
+    m.__dict__.update(_id=_id, __file__=mod.__file__)
+    exec(compile(tree, "<mine>", "exec"), m.__dict__); m.__dict__.update(over); return m
+'''
+MUTATED = MUTATE + '''
+from gpumem.chapters.ch05_offload import lab_reference as _r, lab_swaps as _s
+_R = copy_of(_r); _S = copy_of(_s, ref=_R)
+def rung_bytes(n, ranks, rung): return _R.rung_bytes(n, ranks, rung)
+def swap_files(numels, ranks, block): return _S.hand_files(numels, ranks, block)
+def choose_rung(n, k, g, h, s, c, links): return _R.choose(n, k, g, h, s, c, links)
+'''
+
+
+@pytest.mark.parametrize("function, words", [
+    ("rung_bytes", "a copy of the grader's answer lab_reference.rung_bytes"),
+    ("choose_rung", "a copy of the grader's answer lab_reference.choose"),
+    ("swap_files", "a copy of the grader's answer lab_swaps.hand_files")])
+def test_a_mutated_copy_of_the_answers_is_refused(no_libaio, function, words):
+    ns = solution("lab05")
+    exec(compile(MUTATED, "<learner cell>", "exec"), ns)
+    bad = first_problem(grade(ns), function)
+    assert bad.status == "error" and words in bad.detail and "count it yourself" in bad.detail, bad
+
+
+def test_a_mutated_copy_is_known_and_the_solution_is_not():
+    """Each protected body's mutated copy matches it; none of the solution's functions matches."""
+    from gpumem.chapters.ch05_offload import lab_guard
+    ns = {}
+    exec(compile(MUTATE, "<learner cell>", "exec"), ns)
+    prints, mine = lab_guard.prints(), ns["copy_of"](ref)
+    assert prints.match(mine.rung_bytes.__code__) == "the grader's answer lab_reference.rung_bytes"
+    assert prints.match(mine.choose.__code__) == "the grader's answer lab_reference.choose"
+    own = [f for f in solution("lab05").values() if getattr(getattr(f, "__code__", None), "co_filename", "").startswith("<")]
+    assert own and all(prints.match(f.__code__) == "" for f in own), own
+
+
+COLLECT = """
+import pickle
+from gpumem.runs import launch
+def swap_files(numels, ranks, block): return {"params": [123]}
+def _fake_collect(procs, job, timeout, stall_s, bar):      # "DeepSpeed's files": the learner's guess
+    labels = pickle.loads((job / "spec.pkl").read_bytes())["kwargs"]["models"]
+    return [{lab: {"0_param.tensor.swp": 123} for lab in labels}] * 2
+launch._collect = _fake_collect
+"""
+
+
+def test_a_faked_collector_below_the_launcher_is_refused(monkeypatch):
+    """Review r6 cheat f05: launch._collect (which launch.run calls) replaced; 13/13 before."""
+    from gpumem.runs import launch
+    monkeypatch.setattr(launch, "_collect", launch._collect)     # put back after the test
+    ns = solution("lab05")
+    exec(compile(COLLECT, "<learner cell>", "exec"), ns)
+    report = grade(ns)
+    assert rows(report, "swap_files") and not report.solved
+    for row in rows(report, "swap_files"):
+        assert row.status == "error" and "gpumem.runs.launch._collect was replaced" in row.detail, row
+
+
+def test_an_implausible_run_result_is_not_graded():
+    """A run result without the swapped optimizer (one made-up file) is refused; a recorded-like
+    listing of the chapter's files passes."""
+    models = lab_swaps.family()
+    label = next(iter(models))
+    fake = [{label: {"0_param.tensor.swp": 123}}] * 2
+    assert "lack the swapped optimizer" in lab_swaps.implausible(fake, [label], models)
+    assert "one listing per rank" in lab_swaps.implausible(fake[:1], [label], models)
+    files = {"0_param.tensor.swp": 1 << 20, "5_param.tensor.swp": 1 << 20, "optimizer.tensor.swp": 7 << 20,
+             "exp_avg.tensor.swp": 7 << 20, "exp_avg_sq.tensor.swp": 7 << 20}
+    assert lab_swaps.implausible([{label: files}] * 2, [label], models) == ""

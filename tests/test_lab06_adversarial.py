@@ -530,3 +530,47 @@ def test_the_graders_timing_refuses_outside_the_grader(monkeypatch):
     report = Report(L.LAB)
     lab06_gpu.grade(report, copy, lab06_guard.no_search)
     assert report.rows[-1].status == "error" and "is the grader's answer" in report.rows[-1].detail, report.rows
+
+
+# Review r6 (expert_04_06): search.py and ranking.py copied through their syntax trees, every
+# ``return X`` made ``return _id(X)`` and guard lines dropped, so no code object ends with a
+# protected body (matched by suffix then; by shared runs of instructions now).
+MUTATE = '''
+import ast, inspect, types
+def _id(x): return x
+class _T(ast.NodeTransformer):
+    def visit_Return(self, n):
+        n.value = ast.Call(ast.Name("_id", ast.Load()), [n.value or ast.Constant(None)], []); return n
+    def visit_FunctionDef(self, n):
+        self.generic_visit(n); n.decorator_list = []
+        n.body.append(ast.parse("return _id(None)").body[0]); return n
+def copy_of(mod, **over):
+    tree = ast.fix_missing_locations(_T().visit(ast.parse(inspect.getsource(mod))))
+    m = types.ModuleType(mod.__name__ + "_mine"); m.__package__ = mod.__package__
+    m.__dict__.update(_id=_id, __file__=mod.__file__)
+    exec(compile(tree, "<mine>", "exec"), m.__dict__); m.__dict__.update(over); return m
+from gpumem.planner import search as _s, ranking as _r
+'''
+MUTATED_HELD = MUTATE + '''
+_S = copy_of(_s, ranking=copy_of(_r))
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None):
+    return _S.plan(model, gpus, gpu, seq=seq, global_batch=global_batch, inter_node=inter_node,
+                   advise=False, recipes=("mixed",)).plans[0].layout
+'''
+MUTATED_IN_CALL = MUTATE + '''
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None):
+    S = copy_of(_s, ranking=copy_of(_r))
+    return S.plan(model, gpus, gpu, seq=seq, global_batch=global_batch, inter_node=inter_node,
+                  advise=False, recipes=("mixed",)).plans[0].layout
+'''
+
+
+@pytest.mark.parametrize("source, words", [
+    (MUTATED_HELD, "your notebook holds a copy of planner."),
+    (MUTATED_IN_CALL, "your code ran a copy of planner.")], ids=["held", "made-in-the-call"])
+def test_a_mutated_copy_of_the_search_is_refused(source, words):
+    ns = {}
+    exec(compile(source, "<learner cell>", "exec"), ns)
+    report = L.check(ns, show=False, seed=SEED, ref=ref)
+    row = report.rows[0]
+    assert row.status == "error" and words in row.detail and not report.solved, row

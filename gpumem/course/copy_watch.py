@@ -8,12 +8,10 @@ guard that knows functions by file and name:
   protected function (nested ones included) compiled afresh from its module's file and reduced to
   its instructions and constants, with the names it uses (globals, attributes, locals), its file
   and its line numbers left out, and its leading guard statements (``sys.audit(...)``, calls of
-  :data:`GUARD_CALLS`) dropped; a code object whose instructions *end with* a protected body is a
-  copy: renaming, moving, deleting or replacing the guard lines (anything put before the body)
-  still matches; a changed constant or a statement added inside the body does not (that is the
-  learner's own code then). Short
-  functions (fewer than ``least`` instructions) are left out: a learner's own code repeats them
-  by chance.
+  :data:`GUARD_CALLS`) dropped; a code object that holds most (:data:`COVER`) of a protected
+  body's runs of :data:`SHINGLE` instructions is a copy: renaming, deleting or replacing the guard
+  lines, wrapping each ``return`` in a call or adding a few statements still matches. Short
+  functions (under ``least`` instructions) are left out: a learner's code repeats them by chance.
 * **an answer computed before grading** (a table made at definition time): :func:`from_grader`
   lets an answer run only when every frame between it and a grading entry point (a lab's
   ``check``, or a test module under ``tests/``) is the course's *own* code: a frame whose globals
@@ -21,17 +19,18 @@ guard that knows functions by file and name:
   module's file (:func:`genuine`). A learner's cell, a function of theirs handed to the grader
   (a fake ``rng``) or code exec'd in a course module's namespace is none of those.
 
-lab 03's ``labprints`` does the first for torch's checkpoint (it keys on names too); a later
-version of lab 03 could use :class:`Prints`. Limits: test modules are taken at their word
-(pytest rewrites their code, so it cannot be compared with the file), and a copy of the source
-run at definition time, outside any guard, still computes whatever it computes.
+Limits: test modules are taken at their word (pytest rewrites their code, so it cannot be
+compared with the file); a copy run at definition time, outside any guard, computes what it computes.
 """
 
 import dis
 import inspect
 import os
+import signal
 import sys
+import threading
 import types
+from collections import Counter
 from functools import lru_cache
 
 GPUMEM = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -39,9 +38,8 @@ TESTS = os.path.join(os.path.dirname(os.path.dirname(GPUMEM)), "tests") + os.sep
 GUARD_CALLS = {"audit", "graders_only", "refuse_if_active"}   # a leading call of these is dropped
 _SKIP = {"RESUME", "NOP", "EXTENDED_ARG", "CACHE", "MAKE_CELL", "COPY_FREE_VARS", "RETURN_GENERATOR"}
 _NAMED = set(dis.hasname) | set(dis.haslocal) | set(dis.hasfree)
-# What a paste changes without changing the code: jump offsets, and LOAD_METHOD vs LOAD_GLOBAL's
-# NULL bit + LOAD_ATTR (Python 3.11 compiles ``math.sqrt(d)`` either way, depending on whether
-# ``import math`` is in the same source), so neither is part of a signature.
+# A paste changes jump offsets and LOAD_METHOD vs LOAD_GLOBAL's NULL bit + LOAD_ATTR (3.11 compiles
+# ``math.sqrt(d)`` either way, as ``import math`` is in the same source or not): not in a signature.
 _JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
 
 
@@ -58,15 +56,12 @@ def fresh(path: str) -> types.CodeType | None:
 def nested(code: types.CodeType):
     """``code`` and every code object in its constants, depth first."""
     yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from nested(const)
+    yield from (c for const in code.co_consts if isinstance(const, types.CodeType) for c in nested(const))
 
 
 @lru_cache(maxsize=None)
 def _fresh_codes(path: str) -> frozenset:
-    top = fresh(path)
-    return frozenset(nested(top)) if top is not None else frozenset()
+    return frozenset(nested(top)) if (top := fresh(path)) is not None else frozenset()
 
 
 _GENUINE: dict[int, tuple] = {}      # id(code) -> (code, globals, verdict): each frame's code checked once
@@ -128,11 +123,8 @@ def graders_only(what: str, entries: set[tuple[str, str]], depth: int = 2) -> No
 
 
 def _const(value):
-    if isinstance(value, types.CodeType):
-        return signature(value)
-    if isinstance(value, (tuple, frozenset)):
-        return type(value)(_const(v) for v in value)
-    return value
+    return signature(value) if isinstance(value, types.CodeType) else (
+        type(value)(_const(v) for v in value) if isinstance(value, (tuple, frozenset)) else value)
 
 
 def _drop_guard(ops: list) -> list:
@@ -167,24 +159,42 @@ def signature(code: types.CodeType) -> tuple:
     return tuple(_drop_guard(ops))
 
 
+SHINGLE, COVER = 8, 0.6   # instructions per shingle; share of a body's shingles that makes a copy
+
+
+def _shingles(sig: tuple, k: int = SHINGLE) -> set[int]:   # hashes of sig's runs of k instructions
+    return {hash(sig[i:i + k]) for i in range(len(sig) - k + 1)}
+
+
+def _loaded(sig: tuple) -> frozenset:      # the constants sig loads, nested functions' bodies aside
+    return frozenset(a for op, a in sig if op == "LOAD_CONST" and not (isinstance(a, tuple) and a and all(
+        isinstance(x, tuple) and len(x) == 2 and x[0] in dis.opmap for x in a)))
+
+
 class Prints:
     """Content fingerprints of the functions of some modules (``(module, label)``; ``skip``: names
-    left out; ``only``: if given, the names kept) that are at least ``least`` instructions long; :meth:`match` names the one a code
-    object repeats."""
+    left out; ``only``: if given, the names kept) at least ``least`` instructions long; :meth:`match`
+    names the one a code object repeats: it holds :data:`COVER` of that body's :func:`_shingles` (a
+    learner's code shares a few runs of instructions with it by chance, not most) and every constant
+    the body loads (one changed: the learner's own code, as a solution that reads like the answer)."""
 
     def __init__(self, modules, least: int = 40, skip=(), only=()):
         self.known: dict[tuple, str] = {}
-        self.lengths: set[int] = set()
+        # per body: the shingles a copy must hold, the constants it loads; shingle -> bodies holding it
+        self.needed, self.consts, self.index = [], [], {}
         for module, label in modules:
-            top = fresh(module.__file__)
-            for code in nested(top) if top is not None else ():
+            for code in nested(top) if (top := fresh(module.__file__)) is not None else ():
                 if not code.co_flags & inspect.CO_OPTIMIZED or code.co_name.startswith("<") \
                         or code.co_name in skip or (only and code.co_name not in only):
                     continue
                 sig = signature(code)
-                if len(sig) >= least:
-                    self.known.setdefault(sig, f"{label}.{code.co_qualname}")
-                    self.lengths.add(len(sig))
+                if len(sig) >= least and sig not in self.known:
+                    self.known[sig] = f"{label}.{code.co_qualname}"
+                    for h in (body := _shingles(sig)):
+                        self.index.setdefault(h, []).append(len(self.needed))
+                    self.needed.append(max(1, int(COVER * len(body) + 0.999)))
+                    self.consts.append(_loaded(sig))
+        self.names = list(self.known.values())
         self._seen: dict[int, tuple] = {}
 
     def match(self, code: types.CodeType) -> str:
@@ -195,7 +205,9 @@ class Prints:
         hit = ""
         if not code.co_name.startswith("<"):
             sig = signature(code)
-            hit = next((self.known[sig[-n:]] for n in self.lengths if len(sig) >= n and sig[-n:] in self.known), "")
+            counts = Counter(j for h in _shingles(sig) for j in self.index.get(h, ()))
+            hit = next((self.names[j] for j, n in counts.most_common()
+                        if n >= self.needed[j] and self.consts[j] <= _loaded(sig)), "")
         self._seen[id(code)] = (code, hit)
         return hit
 
@@ -207,9 +219,8 @@ class Prints:
 
 def is_own(fn) -> bool:
     """True if ``fn`` is a ``gpumem`` module's function as its file defines it: its globals are the
-    loaded module's and its code equals one compiled afresh from the file (a replaced function,
-    or one whose ``__code__`` was swapped, is not); or a function of a course test module (a
-    test's stand-in, taken at its word as in :func:`is_test`)."""
+    loaded module's and its code equals one compiled afresh from the file (a replaced function, or
+    a swapped ``__code__``, is not); or a course test module's (a stand-in, as in :func:`is_test`)."""
     code, g = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
     module = sys.modules.get((g or {}).get("__name__", ""))
     path = getattr(module, "__file__", None) or ""
@@ -222,16 +233,14 @@ class Sampler:
     """``with Sampler(prints, hits, message):`` looks at the running stacks every ``interval`` s of
     CPU time (``SIGPROF``; main thread only, else it does nothing) and refuses a frame that runs a
     copy (:meth:`Prints.copied`): its name goes to ``hits``, and ``RuntimeError(message.format(name))``
-    is raised in the main thread. For a guard whose learner code makes many calls: a profile
-    hook would slow every call; a copy of a search runs long enough to be seen by a sample."""
+    is raised in the main thread. A profile hook would slow every call; a copy of a search runs
+    long enough to be seen by a sample."""
 
     def __init__(self, prints: Prints, hits: list, message: str, interval: float = 0.01):
         self.prints, self.hits, self.message, self.interval = prints, hits, message, interval
         self.previous = None
 
     def __enter__(self):
-        import signal
-        import threading
         if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
             return self
         self.previous = signal.signal(signal.SIGPROF, self._tick)
@@ -239,7 +248,6 @@ class Sampler:
         return self
 
     def __exit__(self, *exc):
-        import signal
         if self.previous is not None:
             signal.setitimer(signal.ITIMER_PROF, 0)
             signal.signal(signal.SIGPROF, self.previous)

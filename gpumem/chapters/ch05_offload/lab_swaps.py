@@ -9,15 +9,19 @@ swap rules as the grader writes them (:func:`hand_files`, which tests check agai
 of :data:`FAMILY`'s six models, :mod:`.lab_swap_record`), and says so in the row.
 """
 
+import contextlib
 import hashlib
+import inspect
 import os
 import random
+import types
 
-from gpumem.course.copy_watch import graders_only, is_own
+from gpumem import scratch
+from gpumem.course.copy_watch import fresh, graders_only, is_own
 from gpumem.course.grading import Report, Row, call, case_seconds, failure_line, returned, run_case
 from gpumem.errors import RunFailure
 from gpumem.memory.models import ModelConfig
-from gpumem.runs import ds_offload, launch
+from gpumem.runs import ds_offload, launch, rank_guard
 
 from . import lab_guard, lab_swap_record
 from . import lab_reference as ref
@@ -184,6 +188,46 @@ def _compare(report: Report, given: dict, rows: dict, ranks: list[dict] | None, 
                                        bad or f"{count} files, as DeepSpeed wrote them ({source})")
 
 
+RUN_PATH = (launch, ds_offload, rank_guard, scratch)      # the modules of the grader's DeepSpeed run
+
+
+def replaced_run_path() -> list[str]:
+    """The functions that :data:`RUN_PATH`'s files define (module level) whose module attribute is
+    no longer that function as its file defines it (:func:`is_own`; a ``contextmanager``'s own)."""
+    out = []
+    for module in RUN_PATH:
+        for code in fresh(module.__file__).co_consts:
+            if not isinstance(code, types.CodeType) or not code.co_flags & inspect.CO_OPTIMIZED:
+                continue
+            fn = getattr(module, code.co_name, None)
+            inner, cells = getattr(fn, "__wrapped__", None), getattr(fn, "__closure__", None) or ()
+            wraps = (getattr(getattr(fn, "__code__", None), "co_filename", "") == contextlib.__file__
+                     and any(c.cell_contents is inner for c in cells))
+            if not (is_own(fn) or (wraps and is_own(inner))):
+                out.append(f"gpumem.{module.__name__.split('.', 1)[1]}.{code.co_name}")
+    return out
+
+
+def implausible(res, labels, models: dict) -> str:
+    """'' if ``res`` reads as DeepSpeed's files: one dict per rank (2) with every model, file name
+    -> positive size, names DeepSpeed's roles; the master and both moments where a rank's flat fp32
+    partition reaches the aio block (never a single file then)."""
+    if not isinstance(res, list) or len(res) != 2 or not all(isinstance(r, dict) for r in res):
+        return "the run did not return one listing per rank"
+    for rank, r in enumerate(res):
+        for label in labels:
+            files = r.get(label)
+            if not isinstance(files, dict) or not all(isinstance(n, str) and type(b) is int and b > 0
+                                                      for n, b in files.items()):
+                return f"rank {rank} listed no files of {label}"
+            kinds = [ds_offload._kind(n.rsplit("/", 1)[-1]) for n in files]
+            cfg, block = models[label]
+            if 4 * sum(-(-n // 2) for n in numels(cfg)) >= max(1 << 20, block) and (
+                    len(files) < 2 or kinds.count("moments") != 2 or "fp32 master" not in kinds):
+                return f"rank {rank}'s files of {label} lack the swapped optimizer (master, two moments)"
+    return ""
+
+
 def grade_swaps(report: Report, fn, show: bool, models: dict | None = None) -> None:
     """One row per drawn model (``models``, else :func:`draw_models`): the learner's sizes against
     DeepSpeed's files."""
@@ -206,8 +250,7 @@ def grade_swaps(report: Report, fn, show: bool, models: dict | None = None) -> N
     rows = {r.case: i for i, r in enumerate(report.rows) if r.function == "swap_files"}
     if not given:
         return
-    swapped = [f"gpumem.runs.{m.__name__.rsplit('.', 1)[-1]}.{a}" for m, a in ((ds_offload, "nvme_ready"), (launch, "run"))
-               if not is_own(getattr(m, a))]
+    swapped = replaced_run_path()
     if swapped:                                    # the grader's own DeepSpeed run, as the course ships it
         for label in given:
             report.rows[rows[label]] = Row(
@@ -231,6 +274,9 @@ def grade_swaps(report: Report, fn, show: bool, models: dict | None = None) -> N
                                  models={k: models[k] for k in given}, swap_dir=str(swap))
             except (launch.RankError, RunFailure) as err:
                 return "error", failure_line(err)
+        odd = implausible(res, given, models)
+        if odd:
+            return "error", f"the grader's DeepSpeed run is not as the course ships it ({odd}); restart the kernel"
         _compare(report, given, rows, res, "live run on 2 CPU ranks")
     start = len(report.rows)
     failed = run_case(report, "swap_files", "2 CPU ranks, real NVMe offload", measure, case_seconds(cases=2))
