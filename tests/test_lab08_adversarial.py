@@ -105,6 +105,25 @@ def test_library_reserve_is_refused():
     assert "count it yourself" in row.detail and "usable" in row.detail
 
 
+def test_chapter_reserve_is_refused_and_is_the_lab_s():
+    """The lab's reserve is chapter 08's single-GPU one (context + 5 %, no NCCL): the grader's usable
+    bytes equal the hand count, and the learner may not borrow the chapter's function."""
+    from gpumem.chapters.ch08_finetuning import scale
+    from gpumem.memory import gpus
+    h100 = 81_559 * 2**20
+    assert scale.usable("h100-80gb") == h100 - 2**30 - int(0.05 * h100)
+    ns = solution()
+    role_bytes, ladder = ns["role_bytes"], lab_draw.LADDER
+    names = {gpus.get(c).capacity: c for c in lab_draw.CARDS}
+
+    def choose_recipe(model, capacity, activations):
+        usable = scale.usable(names[capacity])
+        return next((ft for n, ft in ladder.items() if sum(role_bytes(model, ft).values()) + activations[n] <= usable), None)
+    ns["choose_recipe"] = choose_recipe
+    row = first_problem(grade(ns), "choose_recipe")
+    assert "count it yourself" in row.detail and "usable" in row.detail
+
+
 def test_copied_source_is_refused():
     ns = solution()
     mine: dict = {"__name__": "mine"}

@@ -84,7 +84,9 @@ def scale_table(rows: list[dict]) -> str:
 
 def cards_table() -> str:
     """The four cards: what they report, what a single GPU leaves for tensors, and the source."""
-    lines = [f"reserve on one GPU: {scale.SINGLE.describe()}"]
+    r = scale.SINGLE
+    lines = [f"reserve on one GPU: CUDA context {units.fmt(r.context, 'GiB')} + {r.fragmentation:.0%} of capacity "
+             "for fragmentation\n  (no NCCL buffers: one GPU has no communicator)"]
     for c, (label, cap, src) in scale.CARDS.items():
         lines.append(f"  {label:15s} {cap // 2**20:>8,} MiB = {units.fmt(cap, 'GB', 1):>9s}, "
                      f"usable {units.fmt(scale.usable(c), 'GB', 1):>9s}")

@@ -8,8 +8,9 @@
 * :func:`choose_cases`: part 2's cases. Each answer is drawn first (a rung of :data:`LADDER` or
   None, at least four different ones, in a drawn order); the GPU is drawn independently of it; then
   the model's width and seq/batch are drawn and its depth is picked among the depths whose answer
-  is the drawn one, every rung's total at least :data:`MARGIN` away from the usable bytes. So
-  neither the GPU nor the model's width says the answer.
+  is the drawn one, every rung's total at least :data:`MARGIN` away from the usable bytes
+  (chapter 08's ``scale.usable``: capacity minus the single-GPU reserve, no NCCL). So neither the
+  GPU nor the model's width says the answer.
 
 The expected bytes are the library's (:func:`gpumem.memory.finetune.finetune_states` and
 ``finetune_activation_bytes``), computed here, before the learner's call and outside its guard.
@@ -17,12 +18,14 @@ The expected bytes are the library's (:func:`gpumem.memory.finetune.finetune_sta
 
 from types import MappingProxyType
 
-from gpumem.memory import gpus, models
+from gpumem.memory import models
 from gpumem.memory.finetune import FT_TARGETS, Finetune, finetune_activation_bytes, finetune_states
+
+from .scale import usable as card_usable     # the chapter's single-GPU reserve: one fact, one function
 
 MARGIN = 0.03
 # The ladder, most faithful first: full weights before adapters, 32-bit moments before 8-bit,
-# a bf16 base before a 4-bit one. "Cheapest that fits" = the first rung that fits. Read-only: the
+# a bf16 base before a 4-bit one. "The most faithful recipe that fits" = the first rung that fits. Read-only: the
 # learner's notebook imports this very mapping, and the grader's answers are drawn from it.
 LADDER = MappingProxyType({
     "full": Finetune(),
@@ -122,7 +125,7 @@ def choose_case(rng, want: str | None, tries: int = 200) -> tuple:
     names = list(LADDER)
     for _ in range(tries):
         card = rng.choice(CARDS)
-        usable = gpus.usable(card)
+        usable = card_usable(card)
         model, seq, batch = draw_model(rng, wide=True), rng.choice(SEQS), rng.choice((1, 2, 4))
         cache: dict[int, dict] = {}
 

@@ -1,4 +1,4 @@
-"""Lab 08's ``check()``: a fine-tuning step's bytes by role counted by hand, the cheapest recipe chosen.
+"""Lab 08's ``check()``: a fine-tuning step's bytes by role counted by hand; the most faithful recipe that fits.
 
 The learner writes two functions; while each call runs, gpumem's own fine-tuning counts raise
 "count it yourself" (:mod:`.lab_guard`):
@@ -9,8 +9,9 @@ The learner writes two functions; while each call runs, gpumem's own fine-tuning
   :func:`~gpumem.memory.finetune.finetune_states`; the first wrong role is named with the direction
   and a factor, and a hint where the mistake is a known one, never with the hidden number;
 * ``choose_recipe(model, capacity, activations)``: the first rung of :data:`.lab_draw.LADDER` whose
-  model states plus its activation peak (given, per rung) fit the card's capacity after the
-  course's reserve (1 GiB CUDA context + 1 GiB NCCL + 5 % of capacity), returned as that rung's
+  model states plus its activation peak (given, per rung) fit the card's capacity after chapter
+  08's single-GPU reserve (``scale.usable``: 1 GiB CUDA context + 5 % of capacity, no NCCL
+  communicator on one GPU), returned as that rung's
   ``Finetune`` (None if none fits), graded on five cases whose answers are drawn first
   (:func:`.lab_draw.choose_cases`).
 """
@@ -20,7 +21,7 @@ import random
 from gpumem.course.grading import Report, Row, call, returned, run_case
 from gpumem.memory.finetune import ROLES, Finetune
 
-from . import lab_draw, lab_guard
+from . import lab_draw, lab_guard, scale
 
 LAB = "lab08_finetune_recipe"
 GB = 10**9
@@ -137,7 +138,7 @@ def _grade_choose(report: Report, fn, cases: list) -> None:
             if got is not None and name is None:
                 return "wrong", f"{describe(got)} is not a rung of LADDER: return the rung's own Finetune"
             first = "your role_bytes is wrong (see its rows): fix that first; " if wrong else ""
-            return "wrong", first + why_not(name, want, figures, gpus.usable(card))
+            return "wrong", first + why_not(name, want, figures, scale.usable(card))
         run_case(report, "choose_recipe", case, body)
 
 

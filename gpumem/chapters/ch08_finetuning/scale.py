@@ -57,8 +57,9 @@ QLORA_SEQ = 512
 
 
 def usable(card: str) -> int:
-    """Bytes a single GPU leaves for tensors: its capacity minus :data:`SINGLE`'s reserve."""
-    return gpus.usable(CARDS[card][1], SINGLE)
+    """Bytes a single GPU leaves for tensors: its capacity minus :data:`SINGLE`'s reserve. ``card``
+    is a key of :data:`CARDS` or a ``gpumem.memory.gpus`` name (lab 08 uses the same function)."""
+    return gpus.usable(CARDS[card][1] if card in CARDS else gpus.get(card).capacity, SINGLE)
 
 
 def need(cfg, ft: F.Finetune, checkpoint: str = "none", seq: int = SEQ, batch: int = BATCH) -> dict:
@@ -97,11 +98,13 @@ def rows(seq: int = SEQ) -> list[dict]:
 
 def rtx3090(model: str = "llama-3-70b") -> dict:
     """The note's scenario (LoRA on one RTX 3090 with INT4 and CPU offload), the engine's
-    ``single_gpu`` (QLoRA r16, 512 tokens, every layer checkpointed), with what paging the optimizer
-    would free, the seconds the rest costs over PCIe, and the step's compute at :data:`MFU`."""
+    ``single_gpu`` (QLoRA r16, 512 tokens, every layer checkpointed) against the card's usable
+    bytes (``short_by``; ``capacity`` is what it reports), with what paging the optimizer would
+    free, the seconds the rest costs over PCIe, and the step's compute at :data:`MFU`."""
     cfg = models.get(model)
     ft = F.Finetune(adapter="lora", base_dtype="nf4")
-    s = F.single_gpu(cfg, ft)
+    s = F.single_gpu(cfg, ft, capacity=usable("rtx-3090")) | {"capacity": CARDS["rtx-3090"][1],
+                                                               "usable": usable("rtx-3090")}
     roles = F.finetune_states(cfg, ft)
     pageable = roles["optimizer_moments"] + roles["optimizer_scales"]
     # what still does not fit must be frozen base weights streamed up at each use: forward,
