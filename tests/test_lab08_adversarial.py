@@ -223,3 +223,80 @@ def test_hostile_answers_get_rows_not_exceptions(monkeypatch):
     ns["role_bytes"] = hang
     rows = [r for r in grade(ns).rows if r.function == "role_bytes"]
     assert all(r.status == "error" for r in rows) and "longer than" in rows[0].detail
+
+
+# The expert review's cheats (reviews23/expert_08.md): the drawn answers sit in the grader's frames
+# while the learner's call runs, and another interpreter runs the library unguarded.
+_FRAME_WALKS = {
+    "sys._getframe": "f = sys._getframe(1)",
+    "inspect": "import inspect; f = inspect.currentframe().f_back",
+    "a traceback": "f = _tb_frame()",
+    "a generator": "f = _gen_frame()",
+}
+_WALK = '''
+import sys
+def _tb_frame():
+    try:
+        raise ValueError
+    except ValueError as e:
+        return e.__traceback__.tb_frame
+def _gen_frame():
+    def g():
+        yield box[0].gi_frame.f_back
+    box = [g()]
+    return next(box[0])
+def _up(f, pred):
+    while f is not None:
+        if pred(f.f_locals):
+            return f.f_locals
+        f = f.f_back
+def role_bytes(model, ft):
+    {get}
+    return dict(_up(f, lambda l: l.get("ft") is ft and isinstance(l.get("want"), dict))["want"])
+def choose_recipe(model, capacity, activations):
+    {get}
+    w = _up(f, lambda l: "want" in l and "figures" in l)["want"]
+    return None if w is None else LADDER[w]
+'''
+
+
+@pytest.mark.parametrize("route", sorted(_FRAME_WALKS))
+def test_reading_the_answers_off_the_graders_frames_is_refused(route):
+    ns = notebook_namespace(ROOT / "labs" / f"{LAB}.ipynb")
+    exec(compile(_WALK.replace("{get}", _FRAME_WALKS[route]), "<cheat cell>", "exec"), ns)
+    report = grade(ns)
+    assert not report.solved
+    for function in ("role_bytes", "choose_recipe"):
+        row = first_problem(report, function)
+        assert "stack frames or the collector" in row.detail, row.detail
+
+
+def test_running_the_library_in_another_process_is_refused():
+    ns = notebook_namespace(ROOT / "labs" / f"{LAB}.ipynb")
+    src = '''
+import json, subprocess, sys
+def role_bytes(model, ft):
+    code = ("import json,sys; from gpumem.memory.finetune import Finetune, finetune_states;"
+            "from gpumem.chapters.ch08_finetuning.lab_draw import config;"
+            "m, f = json.loads(sys.argv[1]); f['lora_targets']=tuple(f['lora_targets']);"
+            "print(json.dumps(finetune_states(config(m), Finetune(**f))))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps([model, ft.__dict__])],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+'''
+    exec(compile(src, "<cheat cell>", "exec"), ns)
+    row = first_problem(grade(ns), "role_bytes")
+    assert "started another process (subprocess.Popen)" in row.detail, row.detail
+
+
+def test_a_namedtuple_made_inside_the_call_is_not_taken_for_a_frame_walk():
+    """collections.namedtuple looks at its caller's frame for a module name: benign, allowed."""
+    ns = solution()
+    inner = ns["role_bytes"]
+
+    def role_bytes(model, ft):
+        from collections import namedtuple
+        namedtuple("Dims", "h a")(model["d_model"], model["n_heads"])
+        return inner(model, ft)
+    ns["role_bytes"] = role_bytes
+    assert all(r.status == "ok" for r in grade(ns).rows if r.function == "role_bytes")
