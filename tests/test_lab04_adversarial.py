@@ -805,10 +805,32 @@ def _pasted():
     return scope["_tb"]
 
 
+def _mutated():
+    """The r6 expert's route: the chapter's module re-parsed, every ``return X`` made ``return _id(X)``
+    and a return added at the end of every function, then run under another name (no suffix of any
+    code object is the chapter's any more; copy_watch's similarity match still finds it)."""
+    import ast
+
+    class Wrap(ast.NodeTransformer):
+        def visit_Return(self, node):
+            node.value = ast.Call(ast.Name("_id", ast.Load()), [node.value or ast.Constant(None)], [])
+            return node
+
+        def visit_FunctionDef(self, node):
+            self.generic_visit(node)
+            node.body.append(ast.parse("return _id(None)").body[0])
+            return node
+    tree = ast.fix_missing_locations(Wrap().visit(ast.parse(inspect.getsource(flash_tiled))))
+    scope = {"_id": lambda x: x, "__name__": "mine"}
+    exec(compile(tree, "<mine>", "exec"), scope)
+    return scope["tiled_backward"]
+
+
 @pytest.mark.parametrize("make, says", [
     (_rebuilt, "it ran flash_tiled.tiled_backward (its code, rebuilt into a function of yours)"),
     (_pasted, "it ran flash_tiled.tiled_backward (chapter 04's backward, copied under another name)"),
-], ids=["FunctionType", "pasted-source"])
+    (_mutated, "it ran flash_tiled.tiled_backward (chapter 04's backward, copied under another name)"),
+], ids=["FunctionType", "pasted-source", "mutated-copy"])
 def test_chapter_backward_rebuilt_or_pasted_before_the_check_is_refused(make, says):
     got = rows({"key_block_backward": _chapter_backward_key_block(make())}, "key_block_backward")[0]
     assert got.status in ("wrong", "error") and says in got.detail, got.detail

@@ -17,7 +17,6 @@
 """
 
 import contextlib
-import dis
 import sys
 
 import torch
@@ -36,37 +35,21 @@ BLOCKED = (("flash_tiled.tiled_backward", flash_tiled.tiled_backward),
 
 ORIGINAL = {fn.__code__: name for name, fn in BLOCKED}    # taken at import, before any swap
 COPIED = "write the key-block loop yourself: it ran {} ({}) while lab 04 is graded"
-_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
-_PRINTS: dict = {}
-_SEEN: dict = {}                 # id(code) -> (code, what it copies), each code read once
+_PRINTS: list = []
 
 
-def _plain(sig: tuple) -> tuple:
-    """A :func:`copy_watch.signature` with what a paste changes left out: jump offsets, and
-    ``LOAD_METHOD`` vs ``LOAD_ATTR`` (Python 3.11 compiles ``math.sqrt(d)`` either way, depending on
-    whether ``import math`` is in the same source)."""
-    return tuple(("LOAD_ATTR", None) if op == "LOAD_METHOD" else (op, None) if (
-        dis.opmap.get(op) in _JUMPS or op == "LOAD_GLOBAL") else (op, arg) for op, arg in sig)
-
-
-def prints() -> dict:
-    """{plain signature: name} of chapter 04's backward (``tiled_backward``, ``TiledAttention.backward``)."""
+def prints() -> copy_watch.Prints:
+    """Content fingerprints of chapter 04's backward (``tiled_backward``, ``TiledAttention.backward``),
+    built once: copy_watch's similarity match, so a paste, a rebuilt function or a mechanically
+    edited copy (wrapped returns, added statements) is found alike."""
     if not _PRINTS:
-        for code in copy_watch.nested(copy_watch.fresh(flash_tiled.__file__)):
-            if code.co_name in ("tiled_backward", "backward"):
-                _PRINTS[_plain(copy_watch.signature(code))] = f"flash_tiled.{code.co_qualname}"
-    return _PRINTS
+        _PRINTS.append(copy_watch.Prints([(flash_tiled, "flash_tiled")], only=("tiled_backward", "backward")))
+    return _PRINTS[0]
 
 
 def copied(frame) -> str:
-    """The chapter-04 backward that ``frame`` runs a copy of (its body at the end of the code), ''
-    if none or if it is the course's own code."""
-    code = frame.f_code
-    seen = _SEEN.get(id(code))
-    if seen is None or seen[0] is not code:
-        sig = () if code.co_name.startswith("<") else _plain(copy_watch.signature(code))
-        seen = _SEEN[id(code)] = (code, next((n for known, n in prints().items() if sig[-len(known):] == known), ""))
-    return seen[1] if seen[1] and not copy_watch.genuine(frame) else ""
+    """The chapter-04 backward that ``frame`` runs a copy of, '' if none or if it is the course's own code."""
+    return prints().copied(frame)
 
 
 @contextlib.contextmanager
