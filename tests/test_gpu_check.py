@@ -35,10 +35,12 @@ def test_file_name_is_date_and_gpu_slug():
         gpu_results.file_name("1 Dec 2026", "Tesla T4")
 
 
-def test_none_committed_says_so_in_one_line(tmp_path, capsys):
+def test_none_committed_says_so_in_one_sentence(tmp_path, capsys):
+    """One sentence, wrapped to fit the page (100 columns, issue 24), nothing else."""
     gpu_results.show("04", directory=tmp_path / "absent")
     out = capsys.readouterr().out
-    assert out.count("\n") == 1
+    assert out.count("\n") <= 2 and out.rstrip().endswith("results/gpu/<date>_<gpu>.json.")
+    assert max(len(line) for line in out.splitlines()) <= 100
     assert "No GPU measurements are committed for chapter 04 yet" in out and "make gpu-check" in out
 
 
