@@ -132,7 +132,9 @@ def _fastest_that_fits(ns):
 @pytest.mark.parametrize("make, words", [
     (lambda ns: _always_most_offloaded, "s a step (stock schedule), over the"),
     (_ignores_time, "s a step (stock schedule), over the"),
-    (_fastest_that_fits, "also fits and leaves the GPU more room"),
+    # the fastest rung that fits memory fails either way the drawn cases fall: where the answer is a
+    # slower rung that leaves the GPU more room, or where even the fastest misses the step budget
+    (_fastest_that_fits, ("also fits and leaves the GPU more room", "s a step (stock schedule), over the")),
 ], ids=["always-most-offloaded", "ignores-time-budget", "fastest-that-fits"])
 def test_choice_shortcuts_fail(make, words):
     ns = solution("lab05")
@@ -141,7 +143,8 @@ def test_choice_shortcuts_fail(make, words):
     report = grade(ns)
     assert all(r.status == "ok" for r in rows(report, "rung_bytes"))
     bad = first_problem(report, "choose_rung")
-    assert bad.status == "wrong" and words in bad.detail, bad
+    words = (words,) if isinstance(words, str) else words
+    assert bad.status == "wrong" and any(w in bad.detail for w in words), bad
 
 
 BY_MODULE = """
