@@ -226,7 +226,18 @@ def test_ctrl_c_goes_through():
 
 def test_time_limit_off_the_main_thread_and_restores_the_alarm():
     """In a thread the watchdog stops the loop; in the main thread the learner's own SIGALRM
-    handler and timer are as they were."""
+    handler and timer are as they were. Run in a process of its own: after lab 06 is graded in a
+    thread, grading lab 01's sys.exit case in the same process was seen to hang in a storm of
+    SIGALRM handlers (2026-12-03, root cause not found yet; a learner grades in the main thread)."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.path.insert(0, 'tests'); import test_labs_hostile as t; "
+            "t._time_limit_off_the_main_thread(); print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+
+
+def _time_limit_off_the_main_thread():
     import signal
     import threading
     rows = []
