@@ -336,14 +336,15 @@ def test_trace_rejects_bad_options():
 
 
 def test_lab_prints_the_layer_code_without_its_comments():
-    """Lab 01 shows the code one layer runs and asks what each operation saves: the source is the
-    library's own, and its comments (which name what is saved) are gone."""
+    """Lab 01 shows the code part 2's layer runs (the course's layer with Qwen3's attention) and asks
+    what each operation saves: the source is the code that runs, and its comments (which name what is
+    saved) are gone."""
     import inspect
     from gpumem.chapters.ch01_memory_anatomy import labcheck
     from gpumem.memory import llama
     text = labcheck.layer_source()
-    for name in ("Block.forward", "RMSNorm.forward", "Attention.forward", "core_attention", "repeat_kv",
-                 "MLP.forward", "apply_rope"):
+    for name in ("WideBlock", "RMSNorm (fused)", "WideAttention", "core_attention", "repeat_kv",
+                 "MLP", "apply_rope"):
         assert f"# {name}\n" in text
     assert "# bf16, saved" in inspect.getsource(llama.core_attention) and "saved" not in text
     assert "ctx.save_for_backward(x, weight, rstd)" in text and "scaled_dot_product_attention" in text

@@ -231,6 +231,7 @@ def place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, othe
     for count in range(n_layers + 1):
         if (n_layers - count) * layer_bytes + count * checkpoint_bytes + other_bytes <= budget:
             return [[i] for i in range(n_layers - count, n_layers)]      # the last layers instead
+    return [[i] for i in range(n_layers)]          # nothing fits by this count: every layer, one each
 """)
     rows = [r for r in report.rows if r.function == "place_checkpoints"]
     # the grader stops at the first failing question; the deep one always fails (its budget is below
