@@ -22,7 +22,8 @@ Per layer, no checkpointing:
   - eager (Hugging Face, dropout 0): as naive without the mask, but the probabilities twice,
     fp32 from the softmax and a bf16 copy for the matmul (6*b*a*s^2 in bf16);
 * the SwiGLU MLP keeps its normed input (e*T*h) and gate, silu(gate), up and their product
-  (4*e*T*F).
+  (4*e*T*F); a mixture of experts keeps the same input (the router's), then the router, the
+  dispatched rows, the experts and the combine (``gpumem.memory.moe_acts``, at a stated routing).
 
 Outside the layers: RoPE's cos and sin tables (2*e*s*head_dim, shared), the final norm, the
 head's input, and at the loss the bf16 logits, their fp32 copy and fp32 log-softmax live
@@ -48,6 +49,7 @@ from .. import units
 from ..errors import one_of, positive_int
 from .activation_parts import elem_bytes, hf_window_mask, layer_norm, norm_bytes, norm_label
 from .models import ModelConfig
+from .moe_acts import Routing, moe_terms
 from .policies import KERNELS, NORMS, POLICIES, checkpoint_plan
 
 IMPLS = ("course", "hf")   # whose code: gpumem.memory.llama, or transformers' (module docstring)
@@ -71,7 +73,8 @@ class Activations:
 
 
 def layer_terms(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
-                selective: bool = False, norm: str = "fused", impl: str = "course") -> dict[str, tuple[int, str]]:
+                selective: bool = False, norm: str = "fused", impl: str = "course",
+                routing: Routing | None = None) -> dict[str, tuple[int, str]]:
     """Saved bytes of one un-checkpointed layer, by tensor group, each with its formula (in s, b,
     h, k, F, a, q = a*head_dim; the element size ``e`` written out, e.g. ``2sbh`` in bf16)."""
     T, h, k, F, a = batch * seq, cfg.d_model, cfg.kv_dim, cfg.ffn, cfg.n_heads
@@ -106,7 +109,9 @@ def layer_terms(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
         terms["W_o input"] = (e * T * q, f"{e}sb{qs}")
     terms[f"mlp norm {label}"] = (n_bytes, n_formula)
     terms["mlp input"] = (e * T * h, f"{e}sbh")
-    if cfg.mlp == "gelu":   # GPT-2's gelu_new in eager ops saves x, x/2, tanh, 1+tanh; + the output
+    if cfg.moe:
+        terms |= moe_terms(cfg, T, e, routing)
+    elif cfg.mlp == "gelu":   # GPT-2's gelu_new in eager ops saves x, x/2, tanh, 1+tanh; + the output
         terms["gelu_new: 4 saved, the output"] = (5 * e * T * F, f"{5 * e}sbF")
     else:
         terms["gate, silu, up, product"] = (4 * e * T * F, f"{4 * e}sbF")
@@ -114,10 +119,11 @@ def layer_terms(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
 
 
 def layer_parts(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
-                selective: bool = False, norm: str = "fused", impl: str = "course") -> dict[str, int]:
+                selective: bool = False, norm: str = "fused", impl: str = "course",
+                routing: Routing | None = None) -> dict[str, int]:
     """Saved bytes of one un-checkpointed layer, by tensor group (:func:`layer_terms` without
     the formulas)."""
-    terms = layer_terms(cfg, seq, batch, kernel, e, selective, norm, impl)
+    terms = layer_terms(cfg, seq, batch, kernel, e, selective, norm, impl, routing)
     return {name: b for name, (b, _) in terms.items()}
 
 
@@ -151,9 +157,10 @@ def softmax_moment(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
 
 def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash",
                 policy: str = "none", recipe: str = "mixed", norm: str = "fused",
-                impl: str = "course") -> Activations:
+                impl: str = "course", routing: Routing | None = None) -> Activations:
     """Activation bytes of one training step of ``cfg``, by part, with its forward and recompute
-    peaks; ``impl="hf"``: what transformers' own model saves (module docstring)."""
+    peaks; ``impl="hf"``: what transformers' own model saves (module docstring); ``routing``:
+    how a mixture of experts dispatches its tokens (default balanced, capacity factor 1.0)."""
     seq, batch = positive_int(seq, "sequence length"), positive_int(batch, "micro-batch")
     one_of(kernel, KERNELS, "attention kernel")
     one_of(policy, POLICIES, "checkpoint policy")
@@ -161,9 +168,9 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
     one_of(impl, IMPLS, "implementation")
     e = elem_bytes(recipe)
     T, h, V, L = batch * seq, cfg.d_model, cfg.vocab, cfg.n_layers
-    parts = layer_parts(cfg, seq, batch, kernel, e, policy == "selective", norm, impl)
+    parts = layer_parts(cfg, seq, batch, kernel, e, policy == "selective", norm, impl, routing)
     per_layer = sum(parts.values())
-    full_layer = sum(layer_parts(cfg, seq, batch, kernel, e, norm=norm, impl=impl).values())
+    full_layer = sum(layer_parts(cfg, seq, batch, kernel, e, norm=norm, impl=impl, routing=routing).values())
     at_softmax = softmax_moment(cfg, seq, batch, kernel, e, norm)
     segments = checkpoint_plan(policy, L)
     segment_of = {i: seg for seg in segments for i in seg}
