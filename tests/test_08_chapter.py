@@ -98,14 +98,35 @@ def test_rtx3090_scenario_by_hand():
 
 
 def test_qlora_65b_fits_48gb_only_checkpointed():
+    # the QLoRA repo's scripts/finetune_guanaco_65b.sh: 1 x (16 + 512) tokens, checkpointed
     q = scale.qlora_65b()
+    assert (q["seq"], q["batch"]) == (528, 1)
     n_a = lora(8192, 8192, 8192, 22016, 80, 64)
     assert n_a == 799_539_200
-    # bf16 adapters: weight, gradient and two moments at 2 B each; a 4 B step per tensor
-    hand = qlora_states(Q65, N65, n_a, 8, 8192 * 22016, 7 * 80) + 4 * 14 * 80
-    assert q["states"] == pytest.approx(hand, rel=1e-6)
+    # bf16 adapter and gradient at 2 B each; PagedAdamW32bit: two fp32 states (8 B), a Python-int step
+    hand = qlora_states(Q65, N65, n_a, 2 + 2 + 8, 8192 * 22016, 7 * 80)
+    assert q["states"] == pytest.approx(hand, rel=1e-6) and q["pageable"] == 8 * n_a
     usable = 49_140 * 2**20 - 2**30 - int(0.05 * 49_140 * 2**20)     # context + 5 %, no NCCL
     assert q["usable"] == usable and q["total_ckpt"] < usable < q["total_none"]
+    # the script's first version (4 x 528): on the edge; the GPU-resident part (all but the paged
+    # optimizer states) fits with room
+    q4 = scale.qlora_65b(batch=4)
+    assert abs(q4["total_ckpt"] - usable) < 0.1e9 and q4["total_ckpt"] - q4["pageable"] < usable - 6e9
+
+
+def test_paged_adamw_states_and_bad_combinations():
+    from gpumem.errors import UsageError
+    from gpumem.memory import finetune as F
+    cfg = models.get("llama-3-8b")
+    n_a = lora(4096, 4096, 1024, 14336, 32, 16)
+    for dtype, e in (("fp32", 4), ("bf16", 2)):       # fp32 states whatever the adapters' dtype
+        r = F.finetune_states(cfg, F.Finetune(adapter="lora", optimizer="paged-adamw", adapter_dtype=dtype))
+        assert (r["adapter_weights"], r["grads"], r["optimizer_moments"]) == (e * n_a, e * n_a, 8 * n_a)
+        assert r["step_counters"] == r["optimizer_scales"] == 0
+    with pytest.raises(UsageError, match="paged-adamw"):
+        F.validate(F.Finetune(optimizer="paged-adamw"))
+    with pytest.raises(UsageError, match="QLoRA"):
+        F.validate(F.Finetune(adapter="lora", prepare=True))
 
 
 def test_dequantisation_and_step_time_by_hand():
@@ -215,3 +236,16 @@ def test_quiz_shape():
     assert len(quiz.QUIZ.questions) >= 4
     for q in quiz.QUIZ.questions:
         assert q.hint and q.traps and not math.isnan(q.value())
+
+
+def test_prepare_row_adds_two_bytes_per_unquantised_parameter():
+    """prepare_model_for_kbit_training: embedding, head and norms bf16 -> fp32, +2 B each."""
+    rows = {(r["model"], r["recipe"]): r for r in scale.rows()}
+    # Llama-3-8B (params.json): d 4096, 32 layers, kv 1024, FFN 14,336, vocabulary 128,256, untied
+    q8 = quantised(4096, 4096, 1024, 14336, 32)
+    n8 = q8 + 2 * 128_256 * 4096 + (2 * 32 + 1) * 4096
+    for model, n, q in (("llama-3-8b", n8, q8), ("llama-3-70b", N70, Q70)):
+        plain, prep = rows[model, "QLoRA r16"], rows[model, "QLoRA r16 +prepare"]
+        assert prep["states"] - plain["states"] == 2 * (n - q)
+        assert prep["full"] - plain["full"] == 2 * (n - q)       # activations counted as without it
+    assert 2 * (N70 - Q70) == 4_205_330_432 and 2 * (n8 - q8) == 2_101_878_784

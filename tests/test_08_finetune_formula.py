@@ -196,6 +196,7 @@ def one_line_exit_2(capsys, *argv) -> str:
     (["--adapter", "lora", "--recipe", "fp32"], "accepted --recipe mixed"),
     (["--adapter", "adapterx"], "invalid choice"),
     (["--optimizer", "adamw-4bit"], "invalid choice"),
+    (["--optimizer", "paged-adamw"], "paged-adamw is counted for adapters"),
     (["--adapter", "lora", "--zero", "2", "--gpus", "2", "--offload", "optimizer"], "not counted"),
 ])
 def test_bad_combinations_exit_2_with_one_line(argv, words, capsys):
@@ -227,6 +228,12 @@ def test_estimate_json_has_the_roles(capsys):
                      "--optimizer", "adamw-8bit", "--gpus", "2", "--zero", "3"]) == 0
     out = capsys.readouterr().out
     assert "QLoRA r=16" in out and "dequantised bf16 matrix" in out and max(map(len, out.splitlines())) <= 100
+    # bitsandbytes' PagedAdamW32bit: two fp32 states per adapter element, no step tensors
+    assert cli.main(["estimate", "--model", "llama-3-8b", "--adapter", "lora", "--base-dtype", "nf4",
+                     "--optimizer", "paged-adamw", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    n_a = 32 * 16 * (4096 + 4096 + 2 * (4096 + 1024) + 4096 + 4096 + 2 * (4096 + 14336) + 14336 + 4096)
+    assert d["roles"]["optimizer_moments"] == 8 * n_a and d["roles"]["step_counters"] == 0
 
 
 def test_estimate_with_the_options_stays_torch_free():

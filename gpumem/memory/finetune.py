@@ -23,9 +23,9 @@ Sources, per figure:
   of the nested 8-bit quantisation (``quantize_blockwise``: ``code.to(A.device, copy=True)``).
 * What is quantised: the blocks' linear layers (bitsandbytes ``Linear4bit``); transformers keeps
   the output head unquantised (``quantizers/base.py`` ``get_keys_to_not_convert``), and the
-  embedding and norms are not linear layers: they stay bf16. Assumption: peft's
-  ``prepare_model_for_kbit_training`` would upcast those to fp32 (``utils/other.py``: every
-  non-``Params4bit`` bf16 parameter), +2 B each (+4.2 GB for Llama-3-70B); not counted.
+  embedding and norms are not linear layers: they stay bf16. With ``Finetune(prepare=True)``:
+  peft's ``prepare_model_for_kbit_training`` has upcast those to fp32 (``utils/other.py``: every
+  parameter that is not ``Params4bit``), 4 B each instead of 2 (+4.2 GB for Llama-3-70B).
 * The dequantised weight: bitsandbytes' ``gemm_4bit`` (the default and CPU path, and CUDA for
   training-sized batches) dequantises the whole matrix to the compute dtype and calls
   ``F.linear``; ``MatMul4Bit.backward`` dequantises it again for the input gradient. One bf16
@@ -35,6 +35,10 @@ Sources, per figure:
   block each: 2 + 8/256 B per element; tensors under ``min_8bit_size`` = 4096 elements keep two
   fp32 states; two shared 256-value fp32 maps (``fill_qmap``); the step is a Python int.
   Paged (``PagedAdamW8bit``): the same bytes, in unified memory that may be evicted to the host.
+* ``paged-adamw`` (bitsandbytes ``PagedAdamW32bit``, the QLoRA repository's default
+  ``optim="paged_adamw_32bit"``): ``init_state`` with ``optim_bits=32`` allocates ``state1`` and
+  ``state2`` in fp32 whatever the parameter's dtype (8 B per adapter element, also for bf16
+  adapters), no scales, and its step is a Python int (no step bytes).
 Assumptions (labelled): with ZeRO, trainable states shard as ``accounting`` shards them (adapters
 at stage 3, their gradients at 2, the optimizer at 1; an 8-bit state shards as one flat
 partition); ZeRO-3 shards the packed 4-bit weights (peft's DeepSpeed guide: ZeRO-3 + QLoRA with
@@ -105,7 +109,7 @@ def finetune_states(cfg, ft: Finetune, *, gpus: int = 1, zero: int = 0) -> dict[
     """Role -> bytes per GPU (every role of :data:`ROLES`, 0 where unused):
 
     ``base_weights`` (full fine-tuning: the trained weights; LoRA: the frozen bf16 base; QLoRA:
-    packed 4-bit codes + the bf16 embedding, head and norms), ``quant_constants`` (NF4 absmaxes,
+    packed 4-bit codes + the bf16 embedding, head and norms, fp32 with ``prepare``), ``quant_constants`` (NF4 absmaxes,
     scales, offsets, codes), ``adapter_weights``, ``grads``, ``master`` (fp32 copy), the
     optimizer's ``optimizer_moments``, ``optimizer_scales`` (8-bit block absmaxes and maps) and
     ``step_counters``, and ``dequant_buffer`` (QLoRA: the bf16 dequantised largest matrix and its
@@ -137,7 +141,8 @@ def finetune_states(cfg, ft: Finetune, *, gpus: int = 1, zero: int = 0) -> dict[
         q_sizes = quantised_tensors(cfg)
         packed = sum(nf4_tensor_bytes(m)[0] for m in q_sizes)
         rest = n - sum(q_sizes)
-        roles["base_weights"] = sh(packed, gpus) + 2 * sh(rest, gpus) if zero == 3 else packed + 2 * rest
+        e_rest = 4 if ft.prepare else 2          # prepare_model_for_kbit_training: fp32 embedding, head, norms
+        roles["base_weights"] = sh(packed, gpus) + e_rest * sh(rest, gpus) if zero == 3 else packed + e_rest * rest
         roles["quant_constants"] = sum(nf4_tensor_bytes(m)[1] for m in q_sizes)
         big = max(q_sizes)
         roles["dequant_buffer"] = 2 * big + 4 * -(-big // NF4_BLOCK)
@@ -146,6 +151,8 @@ def finetune_states(cfg, ft: Finetune, *, gpus: int = 1, zero: int = 0) -> dict[
     if ft.optimizer == "adamw":
         roles["optimizer_moments"] = 2 * e_a * (sh(n_a, gpus) if zero >= 1 else n_a)
         roles["step_counters"] = 4 * len(a_sizes)
+    elif ft.optimizer == "paged-adamw":
+        roles["optimizer_moments"] = 8 * (sh(n_a, gpus) if zero >= 1 else n_a)
     else:
         sizes = [sh(n_a, gpus)] if zero >= 1 else a_sizes
         roles["optimizer_moments"], roles["optimizer_scales"] = adam8_bytes(sizes)

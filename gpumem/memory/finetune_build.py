@@ -20,8 +20,9 @@ swaps fake parameters, which fails (a weak reference is held on them).
 
 ``make_ft_optimizer`` picks the optimizer: mixed recipes' fp32-master AdamW
 (``optim.MasterWeightAdamW``) or torch AdamW (fp32 adapters) for ``adamw``; bitsandbytes'
-``AdamW8bit`` for ``adamw-8bit``; the paged variants for QLoRA (on a CPU bitsandbytes warns and
-allocates ordinary tensors: paging is CUDA unified memory).
+``AdamW8bit`` for ``adamw-8bit`` (``PagedAdamW8bit`` for QLoRA); ``PagedAdamW32bit`` for
+``paged-adamw`` (on a CPU bitsandbytes warns and allocates ordinary tensors: paging is CUDA
+unified memory).
 """
 
 import contextlib
@@ -132,11 +133,10 @@ def _peft(model, ft, fake: bool, dropout: float):
 def make_ft_optimizer(model, ft, lr: float = 1e-3, weight_decay: float = 0.0):
     """The optimizer ``ft`` names, over the trainable parameters."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if ft.optimizer == "adamw-8bit" or (ft.base_dtype == "nf4" and ft.adapter == "lora"):
+    if ft.optimizer in ("adamw-8bit", "paged-adamw"):
         import bitsandbytes as bnb
-        paged = ft.base_dtype == "nf4"
-        cls = {(False, True): bnb.optim.AdamW8bit, (True, True): bnb.optim.PagedAdamW8bit,
-               (True, False): bnb.optim.PagedAdamW32bit}[paged, ft.optimizer == "adamw-8bit"]
+        cls = (bnb.optim.PagedAdamW32bit if ft.optimizer == "paged-adamw" else
+               bnb.optim.PagedAdamW8bit if ft.base_dtype == "nf4" else bnb.optim.AdamW8bit)
         return cls(params, lr=lr, weight_decay=weight_decay)
     if ft.adapter == "none" and ft.recipe in ("mixed", "mixed-ds"):
         return MasterWeightAdamW(params, lr=lr, weight_decay=weight_decay, fp32_grads=ft.recipe == "mixed-ds")

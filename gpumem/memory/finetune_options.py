@@ -1,6 +1,7 @@
 """The fine-tuning options of ``estimate`` (and of any verb that counts a fine-tuning step):
 ``--adapter none|lora``, ``--lora-rank R``, ``--lora-targets q,k,v,o,gate,up,down``,
-``--base-dtype bf16|nf4`` and ``--optimizer adamw|adamw-8bit``, read into a
+``--base-dtype bf16|nf4`` and ``--optimizer adamw|adamw-8bit|paged-adamw`` (the last: adapters
+only, bitsandbytes' ``PagedAdamW32bit``), read into a
 :class:`~gpumem.memory.finetune.Finetune` and checked (a one-line UsageError, exit 2). Torch-free;
 argparse only, so ``gpumem.cli_verbs`` stays a thin layer and ``trace`` can take the same options.
 """
@@ -23,7 +24,8 @@ def add_options(p) -> None:
     p.add_argument("--base-dtype", choices=BASE_DTYPES, default=None,
                    help="the base's weights: bf16, or nf4 with --adapter lora (QLoRA) (bf16)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
-                   help="adamw (torch, fp32 moments) or adamw-8bit (bitsandbytes, block-wise 8-bit) (adamw)")
+                   help="adamw (torch, moments in the weights' dtype), adamw-8bit (bitsandbytes, block-wise "
+                        "8-bit) or paged-adamw (bitsandbytes PagedAdamW32bit: fp32 states; adapters only) (adamw)")
 
 
 def _rank(text: str) -> int:

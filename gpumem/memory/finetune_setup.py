@@ -10,7 +10,7 @@ from . import accounting
 FT_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 ADAPTERS = ("none", "lora")
 BASE_DTYPES = ("bf16", "nf4")
-OPTIMIZERS = ("adamw", "adamw-8bit")
+OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw")
 ADAPTER_DTYPES = ("fp32", "bf16")
 @dataclass(frozen=True)
 class Finetune:
@@ -19,10 +19,14 @@ class Finetune:
     ``adapter`` none (full fine-tuning) or lora; ``lora_rank`` r; ``lora_targets`` the adapted
     projections (Llama's q k v o gate up down); ``base_dtype`` bf16 or nf4 (nf4 + lora is
     QLoRA); ``optimizer`` adamw (torch: moments in the trained weights' dtype, fp32 with a master)
-    or adamw-8bit (bitsandbytes ``AdamW8bit``); ``recipe`` accounting's recipe for full
+    or adamw-8bit (bitsandbytes ``AdamW8bit``) or, for adapters only, paged-adamw (bitsandbytes
+    ``PagedAdamW32bit``, HF ``optim="paged_adamw_32bit"``, the QLoRA repository's default: two fp32
+    states whatever the parameter's dtype, no step tensor); ``recipe`` accounting's recipe for full
     fine-tuning (with lora: mixed only). ``adapter_dtype`` fp32 (peft's default) or bf16 (as
     the QLoRA repository's qlora.py casts them); ``autocast``: the step runs under
     ``torch.autocast(dtype=torch.bfloat16)``, as the HF Trainer with ``bf16=True`` does.
+    ``prepare`` (QLoRA only): peft's ``prepare_model_for_kbit_training`` was called, which casts
+    every parameter that is not 4-bit (embedding, head, norms) to fp32 (``peft/utils/other.py``).
     """
     adapter: str = "none"
     lora_rank: int = 16
@@ -32,6 +36,7 @@ class Finetune:
     recipe: str = "mixed"
     adapter_dtype: str = "fp32"
     autocast: bool = True
+    prepare: bool = False
 
     @property
     def lora(self) -> bool:
@@ -60,6 +65,11 @@ def validate(ft: Finetune, zero: int = 0) -> None:
     if ft.base_dtype == "nf4" and not ft.lora:
         raise UsageError("--base-dtype nf4 needs --adapter lora (QLoRA): a 4-bit base gets no weight "
                          "gradient (bitsandbytes' MatMul4Bit); accepted with --adapter none: --base-dtype bf16")
+    if ft.optimizer == "paged-adamw" and not ft.lora:
+        raise UsageError("--optimizer paged-adamw is counted for adapters (--adapter lora); accepted with "
+                         "--adapter none: --optimizer adamw or adamw-8bit")
+    if ft.prepare and not (ft.lora and ft.base_dtype == "nf4"):
+        raise UsageError("prepare_model_for_kbit_training goes with QLoRA (--adapter lora --base-dtype nf4)")
     rank = ft.lora_rank
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise UsageError(f"--lora-rank must be a positive integer, got {rank!r}")

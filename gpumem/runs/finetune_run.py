@@ -45,7 +45,7 @@ SETUPS = {
     "full": Finetune(),
     "full-8bit": Finetune(optimizer="adamw-8bit", recipe="pure-bf16"),   # bitsandbytes keeps no fp32 master
     "lora": Finetune(adapter="lora", lora_rank=RANK),
-    "qlora": Finetune(adapter="lora", lora_rank=RANK, base_dtype="nf4"),
+    "qlora": Finetune(adapter="lora", lora_rank=RANK, base_dtype="nf4", optimizer="paged-adamw"),
     "qlora-8bit": Finetune(adapter="lora", lora_rank=RANK, base_dtype="nf4", optimizer="adamw-8bit"),
 }
 CONSTANT_STATE_KEYS = ("step", "qmap1", "qmap2", "unorm_vec")

@@ -37,6 +37,10 @@ RECIPES = {
     "full, 8-bit AdamW": F.Finetune(optimizer="adamw-8bit"),
     "LoRA r16": F.Finetune(adapter="lora"),
     "QLoRA r16": F.Finetune(adapter="lora", base_dtype="nf4"),
+    # as most QLoRA recipes run it: peft's prepare_model_for_kbit_training first, which casts every
+    # parameter that is not 4-bit (embedding, head, norms) to fp32 (peft utils/other.py); counted in
+    # the states; its fp32 norm outputs in the activations are not (section 4 traces them)
+    "QLoRA r16 +prepare": F.Finetune(adapter="lora", base_dtype="nf4", prepare=True),
 }
 
 # RTX 3090 (NVIDIA Ampere GA102 GPU architecture whitepaper, Table 9 / RTX 3090 datasheet):
@@ -49,11 +53,21 @@ MFU = compute.MFU                     # 40 %: Meta's Llama 3 pre-training (arXiv
 # params.json (dim 8192, 80 layers, 64 heads, FFN 22,016, vocabulary 32,000)
 LLAMA_65B = ModelConfig("llama-65b", 80, 8192, 64, 64, 22016, 32000, published_params=65.2, rope_theta=10000.0,
                         source="arXiv:2302.13971 Table 2")
-# the paper's setup (arXiv:2305.14314 section 4/5: r = 64 on every linear layer of the blocks,
-# bf16 adapters as its qlora.py casts them, paged AdamW); 512 tokens and every layer
-# checkpointed are assumptions (the Guanaco runs' lengths are short chat turns)
-QLORA_PAPER = F.Finetune(adapter="lora", lora_rank=64, base_dtype="nf4", adapter_dtype="bf16")
-QLORA_SEQ = 512
+# The paper's setup, from its code (github.com/artidoro/qlora at 7f4e95a): qlora.py's defaults
+# optim="paged_adamw_32bit" (bitsandbytes PagedAdamW32bit: fp32 states, finetune.py) and
+# gradient_checkpointing=True; after get_peft_model it casts the LoRA layers to bf16 (--bf16),
+# the norms to fp32 and the embedding and head back to bf16. scripts/finetune_guanaco_65b.sh:
+# --lora_r 64 --lora_modules all (every linear layer of the blocks), --source_max_len 16
+# --target_max_len 512 (at most 528 tokens a sequence), --per_device_train_batch_size 1
+# --gradient_accumulation_steps 16 (commit 86ac601; the script's first version, 0b46ca8, ran a
+# micro-batch of 4 x 4 steps), --lora_dropout 0.05. Not counted (assumptions, with their effect):
+# the norms' fp32 weights (+2 B x 1.3 M = 2.6 MB); lora_dropout's own copy and 1-byte mask of each
+# adapted input, alive for the re-run layer only (~0.11 GB at 528 tokens, ~0.45 GB at 4 x 528);
+# the fp32 norm outputs prepare leaves in the re-run layer (traced in lora_trace, not in the formula).
+QLORA_PAPER = F.Finetune(adapter="lora", lora_rank=64, base_dtype="nf4", adapter_dtype="bf16",
+                         optimizer="paged-adamw")
+QLORA_SEQ = 16 + 512            # source_max_len + target_max_len
+QLORA_BATCH = 1                 # finetune_guanaco_65b.sh since 86ac601 (the first version: 4)
 
 
 def usable(card: str) -> int:
@@ -144,12 +158,17 @@ def step_seconds(cfg, ft: F.Finetune, gpu: str = "h100-80gb", seq: int = SEQ, ch
     return {"compute": c, "dequant": d, "total": c + d}
 
 
-def qlora_65b(seq: int = QLORA_SEQ) -> dict:
+def qlora_65b(seq: int = QLORA_SEQ, batch: int = QLORA_BATCH) -> dict:
     """The QLoRA paper's claim (arXiv:2305.14314 abstract: "finetune a 65B parameter model on a
-    single 48GB GPU"), counted: states, activations with and without checkpointing, the card."""
-    ck, plain = need(LLAMA_65B, QLORA_PAPER, "full", seq), need(LLAMA_65B, QLORA_PAPER, "none", seq)
+    single 48GB GPU"), counted with its code's settings: states, activations with and without
+    checkpointing, the card, and ``pageable``: the paged optimizer's fp32 states, which CUDA
+    unified memory can move to the host when the GPU runs short (``total_ckpt - pageable`` is
+    what must stay on the GPU)."""
+    ck = need(LLAMA_65B, QLORA_PAPER, "full", seq, batch)
+    plain = need(LLAMA_65B, QLORA_PAPER, "none", seq, batch)
     return {"states": ck["states"], "roles": ck["roles"], "acts_ckpt": ck["activations"],
             "acts_none": plain["activations"], "total_ckpt": ck["total"], "total_none": plain["total"],
+            "pageable": ck["roles"]["optimizer_moments"], "seq": seq, "batch": batch,
             "usable": usable("a6000"), "capacity": CARDS["a6000"][1]}
 
 
