@@ -115,3 +115,38 @@ def test_a_quiz_answered_on_the_page(book, offline):
     assert choice.locator(".Feedback").inner_text().startswith("Correct.")
     offline.goto(f"file://{book}/02_zero.html")
     offline.screenshot(path=str(SHOTS / "site-chapter.png"))
+
+
+def _cjk_fonts_installed() -> bool:
+    import subprocess
+    fc = shutil.which("fc-list")
+    return bool(fc and subprocess.run([fc, ":lang=zh", "family"], capture_output=True, text=True).stdout.strip())
+
+
+def test_chinese_glosses_render_in_a_cjk_font(book, offline):
+    """The note's terms are glossed in Chinese (chapter 00 onward): Chromium draws them with a CJK
+    font, not empty boxes. Which font drew the text comes from Chromium itself (DevTools'
+    CSS.getPlatformFontsForNode). CI installs Debian's fonts-noto-cjk (.ci/run)."""
+    if not _cjk_fonts_installed():
+        if os.environ.get("CI"):
+            pytest.fail("no CJK font in CI: .ci/run must install Debian's fonts-noto-cjk")
+        pytest.skip("no CJK font installed (apt-get install fonts-noto-cjk): glosses would show as boxes")
+    offline.goto(f"file://{book}/00_setup.html")
+    found = offline.evaluate("""() => {
+        const cjk = /[\\u4e00-\\u9fff]/;
+        const el = [...document.querySelectorAll('article p, article li, article td')]
+            .find(e => cjk.test(e.textContent));
+        if (!el) return null;
+        el.id = el.id || 'gpumem-cjk-probe';
+        return [el.id, el.textContent.match(/[\\u4e00-\\u9fff]+/)[0]];
+    }""")
+    assert found, "chapter 00 has no Chinese gloss in a paragraph, list or table"
+    cdp = offline.context.new_cdp_session(offline)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument")["root"]["nodeId"]
+    node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": f"#{found[0]}"})["nodeId"]
+    fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+    families = [f["familyName"] for f in fonts]
+    assert any("CJK" in name for name in families), (found[1], families)
+    offline.locator(f"#{found[0]}").screenshot(path=str(SHOTS / "site-cjk-gloss.png"))
