@@ -243,9 +243,6 @@ def _trace_config(args) -> int:
     if args.model is not None:
         raise UsageError("give one of --model NAME or --config PATH")
     cfg = hf_config.load(args.config)            # every mistake below is answered before torch loads
-    if cfg.moe:
-        raise UsageError(f"trace --config: model_type {cfg.model_type} (mixture of experts) is not traced yet; "
-                         "estimate --config counts it")
     _activation_options(args)
     if (args.checkpoint or "none") != "none" or (args.norm or "hf") != "hf" or args.attention == "naive":
         raise UsageError("trace --config runs transformers' code as it is: accepted --checkpoint none, "
@@ -255,6 +252,9 @@ def _trace_config(args) -> int:
     if cfg.positions and (args.seq or 4096) > cfg.positions:
         raise UsageError(f"--seq {args.seq or 4096} is longer than {cfg.name}'s {cfg.positions} learned positions")
     ft = finetune_options.from_args(args, 0, args.recipe)     # chapter 08's options, checked before torch loads
+    if cfg.moe:   # routing follows the tensors' values: the formula at full size, no torch
+        from .memory import moe_summary
+        return moe_summary.cli(args, cfg, ft)
     from .memory import hf_trace, lora_trace
     if ft is not None:
         return lora_trace.cli(args, cfg, ft)

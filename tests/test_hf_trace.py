@@ -141,7 +141,8 @@ def test_cli_trace_config_mistakes_before_torch(tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps(SMALL | {"num_key_value_heads": 3}))
     cases = [["trace", "--config", str(tmp_path / "nope.json")], ["trace", "--config", str(bad)],
-             ["trace", "--model", "mixtral-8x7b"], ["trace", "--model", "qwen3-8b", "--checkpoint", "full"],
+             ["trace", "--model", "mixtral-8x7b", "--attention", "eager"],
+             ["trace", "--model", "qwen3-8b", "--checkpoint", "full"],
              ["trace", "--model", "qwen3-8b", "--attention", "naive"],
              ["trace", "--model", "llama-3-8b", "--layers", "2"], ["trace", "--model", "gpt2"]]
     code = ("import sys; from gpumem import cli\n"

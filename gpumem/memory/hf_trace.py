@@ -15,6 +15,12 @@ chapter 01 tracer (``tracer.PeakTracker``). Stated settings:
   per layer of Llama-3-70B at 4k that real tensors never save. The trace gives the answer real
   tensors give (a test compares fake with real tensors on a small model).
 
+A mixture of experts (``mixtral``, ``qwen3_moe``) routes each token by its tensors' values, which
+fake tensors lack: it is traced on real CPU tensors at reduced sizes (``fake=False``), with the
+experts implementation named (``grouped_mm``, transformers' default) and each layer's tokens per
+expert read off its router; ``tests/test_hf_moe.py`` shows the formula (``moe_acts``) equal, and
+``trace --config`` uses the formula at full size (``moe_summary``).
+
 ``saved_tensors`` lists what autograd saves in the forward, tensor by tensor (module, shape, dtype,
 bytes, the op that saved it), for the difference tables of ``hf_compare``.
 """
@@ -33,6 +39,7 @@ from . import hf_config
 from .activations import activations
 from .estimate import LLAMA_LIKE
 from .models import ModelConfig
+from .moe_acts import Routing
 from .optim import MasterWeightAdamW
 from .tracer import CATEGORIES, Moment, PeakTracker, Trace, build_with, validate
 
@@ -40,6 +47,7 @@ ATTENTION = ("sdpa", "eager")
 DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
             "summary_first_dropout", "dropout")
 LAYER_FIELD = {"gpt2": "n_layer"}
+MOE = ("mixtral", "qwen3_moe")   # formula = trace on real tensors: tests/test_hf_moe.py
 
 
 def raw_config(config: str | dict, layers: int | None = None) -> tuple[dict, ModelConfig]:
@@ -71,31 +79,42 @@ def one_sequence_per_row():
 
 def build_hf(raw: dict, attention: str = "sdpa", recipe: str = "mixed", fake: bool = True,
              adamw: str = "for-loop", seed: int = 0):
-    """transformers' model for ``raw`` (train mode), its optimizer, and the tensor mode."""
+    """transformers' model for ``raw`` (train mode), its optimizer, and the tensor mode; a mixture
+    of experts runs transformers' default experts implementation, ``grouped_mm``, named here."""
     import transformers
     one_of(attention, ATTENTION, "attention implementation")
     hf_cfg = transformers.AutoConfig.for_model(**raw)
+    experts = {"experts_implementation": "grouped_mm"} if raw.get("num_experts_per_tok") else {}
 
     def make_model():
-        return transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attention).train()
+        return transformers.AutoModelForCausalLM.from_config(
+            hf_cfg, attn_implementation=attention, **experts).train()
     return build_with(make_model, recipe, fake, seed, adamw)
 
 
 def trace_hf(config: str | dict, seq: int = 4096, micro_batch: int = 1, attention: str = "sdpa",
              recipe: str = "mixed", layers: int | None = None, fake: bool = True,
-             adamw: str = "for-loop", seed: int = 0) -> Trace:
+             adamw: str = "for-loop", seed: int = 0, routing_counts: list | None = None) -> Trace:
     """One training step of transformers' model for ``config`` (a shipped name, a path or a
-    dictionary) under :class:`PeakTracker`; ``layers`` overrides the depth."""
+    dictionary) under :class:`PeakTracker`; ``layers`` overrides the depth. A mixture of experts
+    routes by the values of its tensors: real tensors only (``fake=False``), and each layer's
+    tokens per expert, read off its router, are appended to ``routing_counts`` if given."""
     if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
         raise UsageError(f"--layers must be a positive integer, got {layers!r}")
     raw, cfg = raw_config(config, layers)
-    if cfg.moe:
-        raise UsageError(f"model_type {cfg.model_type}: tracing a mixture of experts is not supported yet")
+    if cfg.moe and fake:
+        raise UsageError(f"model_type {cfg.model_type}: a mixture of experts routes by its tensors' values; "
+                         "fake tensors have none (trace a reduced config with real tensors)")
     seq, micro_batch = validate(recipe, "flash", "none", seq, micro_batch, "hf", adamw)
     if cfg.positions and seq > cfg.positions:   # fake tensors would not notice the bad index
         raise UsageError(f"--seq {seq} is longer than {cfg.name}'s {cfg.positions} learned positions")
     start = time.perf_counter()
     model, opt, mode = build_hf(raw, attention, recipe, fake, adamw, seed)
+    if cfg.moe and routing_counts is not None:   # the router returns (logits, weights, indices)
+        for name, mod in model.named_modules():
+            if name.endswith("mlp.gate"):
+                mod.register_forward_hook(lambda m, a, o: routing_counts.append(tuple(
+                    torch.bincount(o[2].flatten(), minlength=cfg.n_experts).tolist())))
     # real tensors answer the packing question from their values: no patch there
     with mode, one_sequence_per_row() if fake else contextlib.nullcontext():
         gen = None if fake else torch.Generator().manual_seed(seed)
@@ -150,10 +169,13 @@ def saved_tensors(config: str | dict, seq: int = 4096, micro_batch: int = 1,
 
 
 def formula_activations(cfg: ModelConfig, seq: int, micro_batch: int, attention: str,
-                        recipe: str = "mixed") -> int | None:
+                        recipe: str = "mixed", routing: Routing | None = None) -> int | None:
     """The formula's activation peak for transformers' code (``impl="hf"``), or None where the
     formula does not cover the type or the attention implementation yet (eager: Llama and Qwen2,
-    whose eager attention is the course's ``eager`` kernel)."""
+    whose eager attention is the course's ``eager`` kernel; a mixture of experts: sdpa, at
+    ``routing``, balanced by default)."""
+    if cfg.model_type in MOE and attention == "sdpa":   # ``routing``: balanced unless given
+        return activations(cfg, seq, micro_batch, "flash", "none", recipe, "hf", "hf", routing).peak
     if cfg.model_type not in LLAMA_LIKE or (attention == "eager" and cfg.model_type not in ("llama", "qwen2")):
         return None
     kernel = "flash" if attention == "sdpa" else "eager"

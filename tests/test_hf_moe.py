@@ -1,0 +1,130 @@
+"""Mixture of experts (issue 22): the activation formula (``moe_acts``) against transformers' own
+Mixtral and Qwen3-MoE code run on real CPU tensors at reduced sizes, and by hand.
+
+The references are independent of the formula: the trace (``hf_trace.trace_hf(fake=False)``,
+the chapter 01 tracer on transformers' model with its default ``grouped_mm`` experts), with the
+tokens each expert got read off the routers, and hand counts written out tensor by tensor from
+transformers' ``MixtralTopKRouter`` and ``grouped_mm_experts_forward`` (``integrations/moe.py``).
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from gpumem import cli
+from gpumem.errors import UsageError
+from gpumem.memory import hf_config, moe_acts
+from gpumem.memory.activations import activations
+from gpumem.memory.moe_acts import Routing
+
+pytest.importorskip("transformers")
+from gpumem.memory import hf_trace  # noqa: E402
+
+MIX = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "hidden_act": "silu",
+       "max_position_embeddings": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+       "tie_word_embeddings": False}
+QMOE = {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 160,
+        "moe_intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 3,
+        "norm_topk_prob": True, "vocab_size": 256, "hidden_act": "silu",
+        "max_position_embeddings": 64, "tie_word_embeddings": False}
+CASES = [(MIX, "mixed", 32, 1), (MIX, "fp32", 24, 2), (QMOE, "mixed", 32, 1), (QMOE, "fp32", 24, 2),
+         (QMOE | {"norm_topk_prob": False}, "mixed", 24, 2)]
+IDS = ["mixtral-bf16", "mixtral-fp32-b2", "qwen3_moe-bf16", "qwen3_moe-fp32-b2", "qwen3_moe-no-norm-b2"]
+
+
+def formula(raw, seq, batch, recipe, **routing):
+    cfg = hf_trace.raw_config(raw)[1]
+    r = Routing(norm_topk=raw["model_type"] == "mixtral" or raw["norm_topk_prob"], **routing)
+    return hf_trace.formula_activations(cfg, seq, batch, "sdpa", recipe, r)
+
+
+def test_one_mixtral_layer_by_hand():
+    """The small Mixtral, 32 tokens, bf16: every tensor grouped_mm's path saves, written out."""
+    cfg = hf_config.from_dict(MIX)
+    T, h, F, E, k, S = 32, 64, 96, 4, 2, 64
+    hand = (4 * T * E            # softmax of the fp32 logits: its output
+            + 8 * T * k          # top-k indices, int64
+            + 4 * T + 4 * T * k  # in-place renormalisation: the sum and the fp32 weights
+            + 8 * S + 8 * S      # perm (sorted weights' gather) and perm // k (rows' gather)
+            + 4 * E              # int32 offsets for grouped_mm
+            + 2 * S * h          # the gathered rows, grouped_mm's input
+            + 2 * S * 2 * F      # gate|up output (silu and the multiply save views of it)
+            + 2 * S * F          # silu(gate)
+            + 2 * S * F          # silu(gate) * up, the down projection's input
+            + 2 * S * h + 4 * S  # down output and the fp32 routing weights it is scaled by
+            + 8 * S)             # inverse permutation (the un-sorting gather)
+    assert sum(b for b, _ in moe_acts.moe_terms(cfg, T, 2).values()) == hand == 68_752
+
+
+@pytest.mark.parametrize("raw,recipe,seq,batch", CASES, ids=IDS)
+def test_formula_equals_transformers_on_real_tensors(raw, recipe, seq, batch):
+    """Routed by the real router (not balanced: the counts differ), the trace equals the
+    balanced formula to the byte: with nothing dropped or padded only S = T*k counts; and the
+    formula fed the counted tokens per expert says the same. Model states exact too."""
+    counts = []
+    tr = hf_trace.trace_hf(raw, seq, batch, recipe=recipe, fake=False, routing_counts=counts)
+    cfg = hf_trace.raw_config(raw)[1]
+    assert len(counts) == 2 and all(sum(c) == seq * batch * cfg.top_k for c in counts)
+    assert any(len(set(c)) > 1 for c in counts)     # the real routing is not balanced
+    assert tr.peaks["activations"] == formula(raw, seq, batch, recipe)
+    for c in counts:
+        assert tr.peaks["activations"] == formula(raw, seq, batch, recipe, tokens_per_expert=c)
+    assert tr.peaks["params"] == (4 if recipe == "fp32" else 2) * cfg.n_params()
+
+
+def test_forced_balanced_routing(monkeypatch):
+    """Routing forced round-robin (token t to experts t*k .. t*k+k-1 mod E: each gets T*k/E)."""
+    import torch
+    from transformers.models.mixtral import modeling_mixtral
+    original = modeling_mixtral.MixtralTopKRouter.forward
+
+    def balanced(self, hidden_states):
+        logits, weights, _ = original(self, hidden_states)
+        t = torch.arange(weights.shape[0])[:, None] * self.top_k + torch.arange(self.top_k)
+        return logits, weights, t % self.num_experts
+
+    monkeypatch.setattr(modeling_mixtral.MixtralTopKRouter, "forward", balanced)
+    counts = []
+    tr = hf_trace.trace_hf(MIX, 32, recipe="mixed", fake=False, routing_counts=counts)
+    assert counts == [(16, 16, 16, 16)] * 2
+    assert tr.peaks["activations"] == formula(MIX, 32, 1, "mixed")
+
+
+def test_capacity_factor_and_counts():
+    cfg = hf_config.load("mixtral-8x7b")
+    T = 4096
+    assert moe_acts.dispatched_rows(cfg, T) == 8192
+    # c = 1.25: every one of the 8 experts' buffers holds ceil(1.25 * 8192 / 8) = 1280 rows
+    assert moe_acts.dispatched_rows(cfg, T, Routing(capacity_factor=1.25)) == 8 * 1280
+    with pytest.raises(UsageError, match="summing to"):
+        moe_acts.dispatched_rows(cfg, T, Routing(tokens_per_expert=(1024,) * 7 + (1000,)))
+    base = activations(cfg, T, 1, "flash", "none", "mixed", "hf", "hf").per_layer
+    padded = activations(cfg, T, 1, "flash", "none", "mixed", "hf", "hf", Routing(capacity_factor=1.25))
+    # the dispatched terms per row: 2h + 16 (gather) + 8F (experts) + 2h + 12 (combine), by hand
+    assert padded.per_layer - base == 2048 * (2 * 4096 + 16 + 8 * 14336 + 2 * 4096 + 12)
+
+
+def test_fake_tensors_refused_for_moe():
+    with pytest.raises(UsageError, match="fake tensors"):
+        hf_trace.trace_hf(MIX, 32)
+
+
+def test_trace_config_moe_uses_the_formula_without_torch():
+    code = ("import sys; from gpumem import cli\n"
+            "rc = cli.main(['trace', '--config', 'mixtral-8x7b'])\n"
+            "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "0 False False", out.stderr
+    assert "activations by formula, not traced" in lines[0]
+    assert all(len(line) <= 100 for line in lines)
+    # Mixtral-8x7B, seq 4096: the experts' SwiGLU alone is 8 bytes x S = 8192 rows x F = 14336
+    assert any("939.5 MB" in line and "8SF" in line for line in lines)
+
+
+def test_trace_config_moe_refuses_eager(capsys):
+    assert cli.main(["trace", "--config", "qwen3-30b-a3b", "--attention", "eager"]) == 2
+    assert "sdpa" in capsys.readouterr().err
