@@ -7,6 +7,7 @@ widgets (a hint first, the answer on the second wrong try, a unit converted, Sho
 then opens a lab from the file browser.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -49,25 +50,25 @@ def test_make_lab_roots_jupyterlab_at_the_repository():
     assert "notebooks/00_setup.ipynb" in argv, argv
 
 
-@pytest.fixture
-def lab_server(tmp_path):
-    work = tmp_path / "repo"
-    (work / "notebooks").mkdir(parents=True)
-    shutil.copy(ROOT / "notebooks" / "00_setup.ipynb", work / "notebooks")
-    for folder in ("labs", "solutions"):
-        shutil.copytree(ROOT / folder, work / folder)
+@contextlib.contextmanager
+def jupyter_lab(tmp_path, work, notebook: str | None = None, token: str = "gpumem-browser-test"):
+    """JupyterLab as ``make lab`` starts it (the Makefile's command), rooted at the copy ``work``
+    (opening ``notebooks/<notebook>`` instead of 00_setup when given), with no announcements
+    prompt and a home of its own; yields the page ``make lab`` would open in the browser."""
     config = tmp_path / "config"
     (config / "labconfig").mkdir(parents=True)
     (config / "labconfig" / "page_config.json").write_text(json.dumps(
         {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
-    port, token = _free_port(), "gpumem-browser-test"
-    runtime = tmp_path / "runtime"
-    env = {k: v for k, v in os.environ.items() if k not in ("GPUMEM_QUIZ_MODE", "GPUMEM_QUIZ_SEED")}
+    port, runtime = _free_port(), tmp_path / "runtime"
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUMEM_QUIZ_MODE", "GPUMEM_QUIZ_SEED", "MPLBACKEND")}
     env |= {"JUPYTER_CONFIG_DIR": str(config), "JUPYTER_RUNTIME_DIR": str(runtime),
             "GPUMEM_HOME": str(tmp_path / "home")}
     argv = lab_command()
     assert argv[0].endswith("jupyter") and argv[1] == "lab", argv
-    cmd = [sys.executable, "-m", "jupyter", *[a.replace(str(ROOT), str(work)) for a in argv[1:]],
+    args = [a.replace(str(ROOT), str(work)) for a in argv[1:]]
+    if notebook:
+        args = [a.replace("notebooks/00_setup.ipynb", f"notebooks/{notebook}") for a in args]
+    cmd = [sys.executable, "-m", "jupyter", *args,
            "--no-browser", "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}"]
     log = open(tmp_path / "jupyter.log", "w")
     proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -86,8 +87,7 @@ def lab_server(tmp_path):
                 raise RuntimeError("JupyterLab did not start: " + (tmp_path / "jupyter.log").read_text()[-2000:])
             time.sleep(0.5)
         # the page `make lab` opens in the browser: JupyterLab's redirect file for the path argument
-        url = re.search(r'url=([^"]+)"', opened[0].read_text()).group(1).replace("&amp;", "&")
-        yield url, work
+        yield re.search(r'url=([^"]+)"', opened[0].read_text()).group(1).replace("&amp;", "&")
     finally:
         proc.terminate()
         try:
@@ -95,6 +95,37 @@ def lab_server(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def chromium(pw):
+    """Headless Chromium (Debian's), quiet: no sync, no component updates, no first-run pages;
+    skipped where it is not installed, failed in CI (.ci/run installs it)."""
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing in CI: .ci/run must install Debian's chromium")
+        pytest.skip("chromium not installed (apt-get install chromium) — browser test skipped")
+    return pw.chromium.launch(executable_path=CHROMIUM, args=[
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"])
+
+
+def run_all_cells(page) -> None:
+    """Once the kernel is idle: Run > Run All Cells, as a learner does."""
+    _pick_kernel_if_asked(page)
+    page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=60_000)
+    page.click('.lm-MenuBar-itemLabel:text-is("Run")')
+    page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+
+
+@pytest.fixture
+def lab_server(tmp_path):
+    work = tmp_path / "repo"
+    (work / "notebooks").mkdir(parents=True)
+    shutil.copy(ROOT / "notebooks" / "00_setup.ipynb", work / "notebooks")
+    for folder in ("labs", "solutions"):
+        shutil.copytree(ROOT / folder, work / folder)
+    with jupyter_lab(tmp_path, work) as url:
+        yield url, work
 
 
 def _pick_kernel_if_asked(page, timeout=15_000):
@@ -160,25 +191,16 @@ def _open_a_lab_from_the_file_browser(page):
 
 
 def test_run_setup_notebook_answer_the_quiz_and_open_a_lab(lab_server, tmp_path):
-    if CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing in CI: .ci/run must install Debian's chromium")
-        pytest.skip("chromium not installed (apt-get install chromium) — browser test skipped")
     from playwright.sync_api import sync_playwright
 
     url, work = lab_server
     assert "/lab/tree/notebooks/00_setup.ipynb" in url, url      # rooted at the repository
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        browser = chromium(pw)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
             page.goto(url)
-            _pick_kernel_if_asked(page)
-            page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=60_000)
-            page.click('.lm-MenuBar-itemLabel:text-is("Run")')
-            page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+            run_all_cells(page)
             _answer_quiz(page)
             _open_a_lab_from_the_file_browser(page)
         finally:

@@ -15,18 +15,11 @@ legend text) outside the bars' area: left of the axes, under them and right of t
 import base64
 import io
 import json
-import os
-import re
-import shutil
-import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
 
-from conftest import ROOT
-from test_browser import CHROMIUM, _free_port, _pick_kernel_if_asked, lab_command
+from test_browser import chromium, jupyter_lab, run_all_cells
 
 pytestmark = pytest.mark.browser
 
@@ -85,42 +78,8 @@ def planner_lab(tmp_path):
     work = tmp_path / "repo"
     (work / "notebooks").mkdir(parents=True)
     (work / "notebooks" / "planner_widget.ipynb").write_text(_notebook(CELLS))
-    config = tmp_path / "config"
-    (config / "labconfig").mkdir(parents=True)
-    (config / "labconfig" / "page_config.json").write_text(json.dumps(
-        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
-    port, token = _free_port(), "gpumem-browser-planner"
-    env = {k: v for k, v in os.environ.items() if k not in ("GPUMEM_QUIZ_MODE", "GPUMEM_QUIZ_SEED", "MPLBACKEND")}
-    env |= {"JUPYTER_CONFIG_DIR": str(config), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-            "GPUMEM_HOME": str(tmp_path / "home")}
-    argv = lab_command()
-    # the command `make lab` runs, rooted at the copy, opening this notebook instead of 00_setup
-    args = [a.replace(str(ROOT), str(work)).replace("notebooks/00_setup.ipynb", "notebooks/planner_widget.ipynb")
-            for a in argv[1:]]
-    cmd = [sys.executable, "-m", "jupyter", *args,
-           "--no-browser", "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}"]
-    log = open(tmp_path / "jupyter.log", "w")
-    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                pass
-            if time.time() > deadline or proc.poll() is not None:
-                raise RuntimeError("JupyterLab did not start: " + (tmp_path / "jupyter.log").read_text()[-2000:])
-            time.sleep(0.5)
-        yield f"{base}/lab/tree/notebooks/planner_widget.ipynb?token={token}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with jupyter_lab(tmp_path, work, "planner_widget.ipynb", token="gpumem-browser-planner") as url:
+        yield url
 
 
 def _widget_png(page, before: str | None, timeout: float = 60) -> str:
@@ -137,25 +96,16 @@ def _widget_png(page, before: str | None, timeout: float = 60) -> str:
 
 
 def test_planner_widget_redraws_a_whole_chart_on_every_change(planner_lab, tmp_path):
-    if CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing in CI: .ci/run must install Debian's chromium")
-        pytest.skip("chromium not installed (apt-get install chromium) — browser test skipped")
     from playwright.sync_api import sync_playwright
 
     shots: list = []
     question = dict(DEFAULT)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        browser = chromium(pw)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
             page.goto(planner_lab)
-            _pick_kernel_if_asked(page)
-            page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=60_000)
-            page.click('.lm-MenuBar-itemLabel:text-is("Run")')
-            page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+            run_all_cells(page)
             page.locator(".widget-output img").last.wait_for(timeout=120_000)
             src = _widget_png(page, None)
             pngs = [("defaults", dict(question), src)]
