@@ -86,7 +86,7 @@ def copying_the_chapter():
 
     def copy(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
         return {"activations": part2(d_model, n_heads, n_kv_heads, d_model // n_heads, ffn, seq, batch, kernel,
-                                     qk_norm=False),
+                                     qk_norm="none"),
                 "params": llama_params(d_model, n_heads, n_kv_heads, ffn)}
     return copy
 
@@ -469,11 +469,11 @@ def test_a_fudge_factor_fitted_on_one_shape_fails_at_the_drawn_ones():
     """Part 2's count times the ratio HF's norm gave at one shape: a constant, not the formula."""
     part2 = solution()["layer_activation_bytes"]
     at = dict(d_model=64, n_heads=4, n_kv_heads=2, ffn=160, seq=16, batch=1, kernel="flash")
-    plain = part2(**at, head_dim=16, qk_norm=False)
+    plain = part2(**at, head_dim=16, qk_norm="none")
     ratio = variants.measure(**at, norm="hf", mlp="swiglu", qkv_bias=False)[0] / plain
 
     def fudge(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
-        count = part2(d_model, n_heads, n_kv_heads, d_model // n_heads, ffn, seq, batch, kernel, False)
+        count = part2(d_model, n_heads, n_kv_heads, d_model // n_heads, ffn, seq, batch, kernel, "none")
         return {"activations": round(count * ratio) if norm == "hf" else count,
                 "params": llama_params(d_model, n_heads, n_kv_heads, ffn)}
     got = rows(grade({"variant_layer": fudge}), "variant_layer")
@@ -685,7 +685,7 @@ def test_traced_model_states_planted_before_the_check_are_refused():
         labcheck._states[key] = kept
 
 
-# ---- part 2: Qwen3's attention (head_dim given, n_heads * head_dim != d_model; per-head q/k norms) ----
+# ---- part 2: a wide attention (n_heads * head_dim != d_model); q/k norms per head or full width ----
 
 def _wide_hand(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm):
     """By hand, bf16: T = b*s, q = a*head_dim, k = kv*head_dim. Norm inputs, W_q/W_k/W_v's and the
@@ -693,8 +693,10 @@ def _wide_hand(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, 
     T, h, a = batch * seq, d_model, n_heads
     q, k = a * head_dim, n_kv_heads * head_dim
     saved = 2 * (2 * T * h + 4 * T) + 2 * T * h + 2 * T * h + 8 * T * ffn
-    if qk_norm:     # each norm keeps its input (the projection's output) and an fp32 1/rms a row
-        saved += 2 * T * q + 4 * T * a + 2 * T * k + 4 * T * n_kv_heads
+    if qk_norm == "per-head":   # each norm keeps its input (the projection's output), an fp32 1/rms a row
+        saved += 2 * T * q + 4 * T * a + 2 * T * k + 4 * T * n_kv_heads       # rows: one per head
+    elif qk_norm == "full":     # the same input; one row per token for q and one for k (OLMo 2)
+        saved += 2 * T * q + 4 * T + 2 * T * k + 4 * T
     scores = batch * a * seq * seq
     saved += {"flash": 2 * T * (q + 2 * k) + 2 * T * q + 4 * a * T,
               "naive": 3 * 2 * T * q + seq * seq + 2 * scores + 2 * T * q,
@@ -708,9 +710,10 @@ def test_the_wide_layer_against_hand_counts(kernel):
     from gpumem.chapters.ch01_memory_anatomy import labwide
     for shape in (dict(d_model=48, n_heads=4, n_kv_heads=2, head_dim=16, ffn=80, seq=9, batch=2),
                   dict(d_model=96, n_heads=8, n_kv_heads=4, head_dim=8, ffn=64, seq=7, batch=1)):
-        for qk in (False, True):
+        for qk in ("none", "per-head", "full"):
             h, q, k = shape["d_model"], shape["n_heads"] * shape["head_dim"], shape["n_kv_heads"] * shape["head_dim"]
-            params = 2 * h + h * q + 2 * h * k + q * h + 3 * h * shape["ffn"] + 2 * shape["head_dim"] * qk
+            norms = {"none": 0, "per-head": 2 * shape["head_dim"], "full": q + k}[qk]   # the norms' weights
+            params = 2 * h + h * q + 2 * h * k + q * h + 3 * h * shape["ffn"] + norms
             assert labwide.measure(**shape, kernel=kernel, qk_norm=qk) == (_wide_hand(**shape, kernel=kernel,
                                                                                          qk_norm=qk), params)
 
@@ -722,7 +725,7 @@ def _part2_slip(delta):
 
 def _llama_table(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm):
     """Chapter 01's table transcribed: everything d_model or kv wide, head_dim = d_model // n_heads."""
-    return _wide_hand(d_model, n_heads, n_kv_heads, d_model // n_heads, ffn, seq, batch, kernel, False)
+    return _wide_hand(d_model, n_heads, n_kv_heads, d_model // n_heads, ffn, seq, batch, kernel, "none")
 
 
 def _library_copy():
@@ -740,8 +743,8 @@ def _library_copy():
 
     def copied(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm):
         c = cfg(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, ffn=ffn, head_dim=head_dim,
-                q_dim=n_heads * head_dim, kv_dim=n_kv_heads * head_dim, qk_norm=qk_norm, norm_kind="rms",
-                sliding_window=0, mlp="swiglu")
+                q_dim=n_heads * head_dim, kv_dim=n_kv_heads * head_dim, qk_norm=qk_norm != "none",
+                norm_kind="rms", sliding_window=0, mlp="swiglu", moe=False)
         return sum(parts(c, seq, batch, kernel, 2).values())
     return copied
 
@@ -754,16 +757,21 @@ def _first_row(fn, seed=0):
 
 T_OF = lambda kw: kw["batch"] * kw["seq"]            # noqa: E731
 Q_OF = lambda kw: kw["n_heads"] * kw["head_dim"]     # noqa: E731
+K_OF = lambda kw: kw["n_kv_heads"] * kw["head_dim"]                                        # noqa: E731
+ROWS_OF = lambda kw: {"none": 0, "per-head": kw["n_heads"] + kw["n_kv_heads"], "full": 2}[kw["qk_norm"]]  # noqa
+NORMED = lambda kw: kw["qk_norm"] != "none"                                                 # noqa: E731
 PART2_SLIPS = {   # name: (submission, how many cases pass first at seed 0, words in the hint)
     "chapter 01's table transcribed": (lambda: _llama_table, 0, ["head_dim=", "ignores head_dim"]),
     "W_o's input counted d_model wide": (lambda: _part2_slip(lambda kw: 2 * T_OF(kw) * (kw["d_model"] - Q_OF(kw))),
                                          0, ["head_dim=", "n_heads*head_dim"]),
-    "q/k norms left out": (lambda: _part2_slip(lambda kw: -(2 * T_OF(kw) * (Q_OF(kw) + kw["n_kv_heads"] * kw[
-        "head_dim"]) + 4 * T_OF(kw) * (kw["n_heads"] + kw["n_kv_heads"])) * kw["qk_norm"]), 0, ["no q/k norm term"]),
-    "q/k norms without their 1/rms": (lambda: _part2_slip(lambda kw: -4 * T_OF(kw) * (kw["n_heads"] + kw[
-        "n_kv_heads"]) * kw["qk_norm"]), 0, ["fp32 1/rms per head and row"]),
-    "RoPE's input counted too": (lambda: _part2_slip(lambda kw: 2 * T_OF(kw) * (Q_OF(kw) + kw["n_kv_heads"] * kw[
-        "head_dim"]) * kw["qk_norm"]), 0, ["q/k norm term", "RoPE"]),
+    "q/k norms left out": (lambda: _part2_slip(lambda kw: -(2 * T_OF(kw) * (Q_OF(kw) + K_OF(kw)) * NORMED(kw)
+                                                           + 4 * T_OF(kw) * ROWS_OF(kw))), 0, ["no q/k norm term"]),
+    "q/k norms without their 1/rms": (lambda: _part2_slip(lambda kw: -4 * T_OF(kw) * ROWS_OF(kw)), 0,
+                                      ["fp32 1/rms, one per row"]),
+    "OLMo 2's norms counted per head": (lambda: _part2_slip(lambda kw: 4 * T_OF(kw) * (
+        kw["n_heads"] + kw["n_kv_heads"] - 2) * (kw["qk_norm"] == "full")), 0, ["1/rms per head", "before the split"]),
+    "RoPE's input counted too": (lambda: _part2_slip(lambda kw: 2 * T_OF(kw) * (Q_OF(kw) + K_OF(kw)) * NORMED(kw)), 0,
+                                 ["q/k norm term", "RoPE"]),
     "the layer norms without their 1/rms": (lambda: _part2_slip(lambda kw: -8 * T_OF(kw)), 0, ["plain Llama layer"]),
 }
 
@@ -785,13 +793,87 @@ def test_the_course_formula_module_copied_before_the_check_fails():
     assert sys.getprofile() is None
 
 
-def test_the_copy_watch_is_what_refuses_a_copy_of_the_library(monkeypatch):
-    """With the watch blind, a copy of the (right) library formula answers part 2: the watch is
-    the defence, so the refusal above is not an accident of the library being wrong."""
+def test_with_the_watch_blind_a_copy_of_the_library_still_fails_at_olmo_2s_norms(monkeypatch):
+    """With the copy watch blind, a copy of the library (its per-head q/k norms for any q/k norm)
+    fails part 2's first case, OLMo 2's full-width norms: the library cannot answer the lab."""
     from gpumem.chapters.ch01_memory_anatomy import labcopies
     monkeypatch.setattr(labcopies, "match", lambda code, found: None)
     got = rows(grade({"layer_activation_bytes": _library_copy()}), "layer_activation_bytes")
-    assert got and all(r.status == "ok" for r in got), [(r.case, r.detail) for r in got]
+    assert len(got) == 1 and got[0].status == "wrong" and "qk_norm='full'" in got[0].case, [
+        (r.case, r.detail) for r in got]
+    assert "1/rms per head" in got[0].detail and "before the split" in got[0].detail, got[0].detail
+
+
+def _nop_copies():
+    """Review r6's cheat: ``gpumem.memory.activations`` and ``activation_parts`` parsed, a no-op
+    ``_zz = 0`` put at the top of every function (new bytecode, same meaning), exec'd into plain
+    dicts before the check and wired to each other; part 2 answered with the copy's layer_parts
+    (q/k norms on for any placement, the closest the library comes to OLMo 2's)."""
+    import ast
+    import inspect
+    import types
+
+    from gpumem.memory import activation_parts
+
+    def nop(module):
+        tree = ast.parse(inspect.getsource(module))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                node.body.insert(0, ast.parse("_zz = 0").body[0])
+        lib = {k: v for k, v in vars(module).items()
+               if not isinstance(v, types.FunctionType) or v.__module__ != module.__name__}
+        exec(compile(tree, "/tmp/mine.py", "exec"), lib)
+        return lib
+    lib, parts = nop(activations), nop(activation_parts)
+    lib.update({k: v for k, v in parts.items() if isinstance(v, types.FunctionType) and k in lib})
+    mine = {k: v for k, v in lib.items() if isinstance(v, types.FunctionType)}
+    for f in mine.values():
+        f.__globals__.update(mine)
+    assert mine["layer_parts"].__code__.co_code != activations.layer_parts.__code__.co_code
+
+    def copied(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm):
+        cfg = ModelConfig("x", 1, d_model, n_heads, n_kv_heads, ffn, 16, explicit_head_dim=head_dim,
+                          qk_norm=qk_norm != "none")
+        return sum(lib["layer_parts"](cfg, seq, batch, kernel, 2).values())
+    return copied
+
+
+def test_a_library_copy_with_a_nop_in_every_function_is_refused_by_the_copy_watch():
+    """Review r6 lab 01 #1: the copy's bytecode differs, but its functions use every name and
+    string the course's do (labcopies.uses): the watch refuses it at the first case."""
+    got = rows(grade({"layer_activation_bytes": _nop_copies()}), "layer_activation_bytes")
+    assert len(got) == 1 and got[0].status == "error", [(r.case, r.detail) for r in got]
+    assert "(the course's code, or a copy of it) ran inside your function" in got[0].detail, got[0].detail
+    assert sys.getprofile() is None
+
+
+def test_a_nop_copy_past_a_blind_watch_fails_at_olmo_2s_norms(monkeypatch):
+    """The second line: with the watch blind, the same cheat's count is wrong at the first case."""
+    from gpumem.chapters.ch01_memory_anatomy import labcopies
+    monkeypatch.setattr(labcopies, "match", lambda code, found: None)
+    got = rows(grade({"layer_activation_bytes": _nop_copies()}), "layer_activation_bytes")
+    assert len(got) == 1 and got[0].status == "wrong" and "qk_norm='full'" in got[0].case, got[0].detail
+    assert "1/rms per head" in got[0].detail, got[0].detail
+
+
+def test_the_library_cannot_count_part_2s_graded_layer():
+    """Every check's first case and far case are OLMo 2's full-width q/k norms; for them the
+    library's count (q/k norms on: per head, or off) differs from the measurement, which equals
+    the hand count (4 B a token for each norm's 1/rms, not 4 B a head)."""
+    import random
+
+    from gpumem.chapters.ch01_memory_anatomy import labpart2, labwide
+    for seed in range(5):
+        drawn = labpart2.cases(random.Random(seed))
+        assert drawn[0][0]["qk_norm"] == drawn[-1][0]["qk_norm"] == "full"
+    case = dict(d_model=48, n_heads=4, n_kv_heads=2, head_dim=16, ffn=80, seq=9, batch=2)
+    shape = {k: v for k, v in case.items() if k not in ("seq", "batch")}
+    for kernel in ("flash", "naive", "eager"):
+        truth = labwide.measure(**case, kernel=kernel, qk_norm="full")[0]
+        assert truth == _wide_hand(**case, kernel=kernel, qk_norm="full")
+        for placement in ("per-head", "none"):
+            cfg = labwide.config(**shape, qk_norm=placement)
+            assert sum(activations.layer_parts(cfg, 9, 2, kernel, 2).values()) != truth
 
 
 def _switch_the_watch_off(**kw):
@@ -813,17 +895,18 @@ def test_the_copy_watch_cannot_be_switched_off(fn, says):
     assert sys.getprofile() is None
 
 
-def test_the_library_counts_wide_attention_and_copies_of_it_are_refused():
+def test_the_library_counts_wide_attention_and_qwen3s_norms():
     """``activations.layer_parts`` counts naive and eager attention n_heads * head_dim wide (it
-    counted d_model wide before 2026-12-03), equal to the measurement and the hand count; a copy
-    of it answers part 2, so the copy watch is what refuses it (test above, pass 3)."""
+    counted d_model wide before 2026-12-03) and Qwen3's per-head q/k norms, equal to the
+    measurement and the hand count: the per-head and no-norm cases a copy could answer, which is
+    why OLMo 2's (above) is graded first and the copy watch refuses copies."""
     from gpumem.chapters.ch01_memory_anatomy import labwide
     case = dict(d_model=48, n_heads=4, n_kv_heads=2, head_dim=16, ffn=80, seq=9, batch=2)
     for kernel in ("naive", "eager"):
-        cfg = labwide.config(**{k: v for k, v in case.items() if k not in ("seq", "batch")}, qk_norm=True)
+        cfg = labwide.config(**{k: v for k, v in case.items() if k not in ("seq", "batch")}, qk_norm="per-head")
         library = sum(activations.layer_parts(cfg, 9, 2, kernel, 2).values())
-        assert library == labwide.measure(**case, kernel=kernel, qk_norm=True)[0] == _wide_hand(
-            **case, kernel=kernel, qk_norm=True)
+        assert library == labwide.measure(**case, kernel=kernel, qk_norm="per-head")[0] == _wide_hand(
+            **case, kernel=kernel, qk_norm="per-head")
 
 
 def test_chapter_01_does_not_print_part_2s_layer():

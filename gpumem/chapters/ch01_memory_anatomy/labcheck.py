@@ -3,9 +3,11 @@
 
 The cases are not the ones the lab shows. Model states come from fake-tensor traces
 (``gpumem.memory.tracing``) of two fixed configurations and from ``accounting.model_states`` at
-drawn sizes. Part 2's layer is the Llama layer with Qwen3's attention (an explicit ``head_dim``,
-n_heads * head_dim != d_model, and per-head q/k norms; :mod:`.labwide`, graded by
-:mod:`.labpart2`), a layer neither chapter 01 nor ``gpumem.memory.activations`` counts. Layers
+drawn sizes. Part 2's layer is the Llama layer with a wider attention (an explicit ``head_dim``,
+n_heads * head_dim != d_model) and q/k norms per head (Qwen3) or over the whole width (OLMo 2;
+:mod:`.labwide`, graded by :mod:`.labpart2`). Chapter 01 counts none of it;
+``gpumem.memory.activations`` counts the width and Qwen3's norms but not OLMo 2's, which every
+check grades first. Layers
 are drawn afresh at each check (shapes, and in part 3 the variants of :mod:`.variants`: Hugging
 Face's RMSNorm, a GeLU MLP with dropout, q/k/v biases) and measured on real tensors
 (:func:`.labwide.measure`, :func:`.variants.measure`), so a table of last time's answers does not
@@ -65,7 +67,7 @@ def traced_layer(cfg: ModelConfig, kernel: str, seq: int, batch: int) -> int:
 
 def layer_source() -> str:
     """The code part 2's layer runs, as lab 01 shows it (comments removed, the learner works out
-    what each operation saves): the course's Llama layer with Qwen3's attention (:mod:`.labwide`)."""
+    what each operation saves): the course's Llama layer with the wide attention (:mod:`.labwide`)."""
     return labwide.source()
 
 

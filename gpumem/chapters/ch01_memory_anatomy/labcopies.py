@@ -8,11 +8,18 @@ bytecode, though: while the learner's function runs, a profile hook compares eac
 code with the fingerprints of every function in the guarded modules' files, taken as chapter 03's
 ``labprints`` takes them: (name, bytecode, names used) for functions of at least
 :data:`SHORT` bytes, and (bytecode, names used) alone from :data:`LONG` bytes, so a rename does
-not hide a long function. A match fails the call, even if the learner catches the exception.
+not hide a long function. Bytecode changes with any inserted statement, though (review r6: a
+``_zz = 0`` put at the top of every function of an AST copy of ``gpumem.memory.activations``
+passed), so a long function is also known by what it *uses*: the global and attribute names it
+reads and the strings it holds, less its docstring (:func:`uses`). A frame whose code uses all of
+that, whatever else it adds or in whatever order, is a copy; only functions with at least
+:data:`DISTINCT` such names and strings are matched this way, so a learner's own formula (a few
+names) is not mistaken for one. A match fails the call, even if the learner catches the exception.
 Turning the hook off (``sys.setprofile``, ``sys.settrace``) is refused through an audit hook
 while the call runs, and so is starting a thread (the hook watches one thread; a reference to
-``_thread.start_new_thread`` bound before the check is not seen). A copy rewritten by hand (other names,
-other statements) is not seen here; part 2's layer is one the course's formulas do not count.
+``_thread.start_new_thread`` bound before the check is not seen). A copy rewritten by hand (other
+names and strings throughout) is not seen here; part 2's first case, OLMo 2's full-width q/k
+norms, is one the course's formulas do not count (:mod:`.labpart2`), so a copy still fails it.
 """
 
 import _thread
@@ -26,6 +33,7 @@ import types
 
 SHORT = 24                 # bytes of bytecode: shorter functions are too common to match
 LONG = 64                  # from this length a function is matched without its name
+DISTINCT = 10              # names and strings a long function needs to be matched by what it uses
 SAYS = "(the course's code, or a copy of it) ran inside your function: derive it yourself"
 _WATCHING = [False]        # read by the audit hook
 _REFUSED = ("sys.setprofile", "sys.settrace")
@@ -41,10 +49,18 @@ def _walk(code: types.CodeType):
             yield from _walk(const)
 
 
+def uses(code: types.CodeType) -> frozenset:
+    """The global and attribute names ``code`` reads and the strings it holds (its first constant,
+    the docstring or None in CPython 3.11, left out): unchanged by inserted or reordered
+    statements and by renamed locals."""
+    return frozenset(code.co_names) | frozenset(("str", c) for c in code.co_consts[1:] if isinstance(c, str))
+
+
 @functools.lru_cache(maxsize=None)
-def prints(names: tuple[str, ...]) -> tuple[dict, dict]:
-    """(named, unnamed) fingerprints of every function in the files of the modules ``names``."""
-    named, unnamed = {}, {}
+def prints(names: tuple[str, ...]) -> tuple[dict, dict, list, dict]:
+    """(named, unnamed, by use, verdicts) fingerprints of every function in the files of the
+    modules ``names``; ``verdicts`` caches :func:`match`'s answer for each code object seen."""
+    named, unnamed, used = {}, {}, []
     for name in names:
         try:
             path = importlib.import_module(name).__file__
@@ -58,13 +74,21 @@ def prints(names: tuple[str, ...]) -> tuple[dict, dict]:
                 named[(code.co_name, code.co_code, code.co_names)] = shown
                 if len(code.co_code) >= LONG:
                     unnamed[(code.co_code, code.co_names)] = shown
-    return named, unnamed
+                    if len(mine := uses(code)) >= DISTINCT:
+                        used.append((mine, shown))
+    return named, unnamed, used, {}
 
 
-def match(code: types.CodeType, found: tuple[dict, dict]) -> str | None:
-    """The course function whose code ``code`` repeats, or None."""
-    named, unnamed = found
-    return named.get((code.co_name, code.co_code, code.co_names)) or unnamed.get((code.co_code, code.co_names))
+def match(code: types.CodeType, found: tuple) -> str | None:
+    """The course function whose code ``code`` repeats, or whose names and strings it all uses,
+    or None."""
+    named, unnamed, used, verdicts = found
+    if hit := named.get((code.co_name, code.co_code, code.co_names)) or unnamed.get((code.co_code, code.co_names)):
+        return hit
+    if code not in verdicts:
+        mine = uses(code)
+        verdicts[code] = next((shown for theirs, shown in used if theirs <= mine), None)
+    return verdicts[code]
 
 
 def _audit(event, args):
@@ -76,7 +100,7 @@ sys.addaudithook(_audit)
 
 
 @contextlib.contextmanager
-def no_copies(found: tuple[dict, dict]):
+def no_copies(found: tuple):
     """Run the block with the profile hook on; a copy that ran (caught or not) fails it."""
     hits: list[str] = []
     before = sys.getprofile()

@@ -1,15 +1,17 @@
 """Lab 01, part 2's grading: ``layer_activation_bytes`` against :func:`.labwide.measure`, on shapes
-drawn at each check whose attention is not d_model wide (``n_heads * head_dim != d_model``), with
-and without per-head q/k norms, under all three kernels; one far shape.
+drawn at each check whose attention is not d_model wide (``n_heads * head_dim != d_model``),
+with q/k norms per head (Qwen3), over the whole width (OLMo 2) or none, under all three kernels;
+one far shape.
 
-Neither chapter 01's table (a Llama layer: everything d_model or k wide) nor
-``gpumem.memory.activations.layer_parts`` (its naive and eager terms are d_model wide) gives these
-counts. A wrong count is explained by its first wrong term (:func:`why`): the grader asks the
-learner's function again at the same shape as the plain Llama layer (``head_dim = d_model //
-n_heads``, no q/k norms) and with the wide attention but no q/k norms, and compares each step's
-change with the measured one: the plain layer first, then the attention's width, then the norms.
+Chapter 01's table (a Llama layer: everything d_model or k wide) does not give these counts, and
+``gpumem.memory.activations.layer_parts`` has no full-width q/k norm (it counts a 1/rms per
+head): the first case of every check, and the far one, are ``qk_norm="full"``, so a copy of the
+library fails there however it is disguised. A wrong count is explained by its first wrong term
+(:func:`why`): the grader asks the learner's function again at the same shape as the plain Llama
+layer (``head_dim = d_model // n_heads``, no q/k norms) and with the wide attention but no q/k
+norms, and compares each step's change with the measured one: the plain layer first, then the
+attention's width, then the norms.
 """
-
 from gpumem.course.grading import LearnerError, Report, Todo, call, returned, run_case
 
 from . import labtruth, labwide
@@ -22,15 +24,18 @@ def label(case: dict, tag: str = "") -> str:
     """A row's case: the shape, kernel and q/k norm switch."""
     c = case
     return (f"d={c['d_model']} heads={c['n_heads']}/{c['n_kv_heads']}x{c['head_dim']} ffn={c['ffn']} "
-            f"seq={c['seq']} batch={c['batch']} kernel={c['kernel']} qk_norm={c['qk_norm']} (traced{tag})")
+            f"seq={c['seq']} batch={c['batch']} kernel={c['kernel']} qk_norm={c['qk_norm']!r} (traced{tag})")
 
 
 def cases(rng) -> list[tuple[dict, str]]:
-    """Two drawn shapes under each kernel, q/k norms on every other case, then one far shape."""
-    found = [(dict(shape, kernel=kernel, qk_norm=(2 * i + j) % 2 == 0), "")
+    """Two drawn shapes under each kernel, the q/k norms cycling so that the first case is OLMo 2's
+    (which the library does not count) and each kernel meets two placements; then one far shape,
+    also OLMo 2's."""
+    norms = ("full", "per-head", "none")
+    found = [(dict(shape, kernel=kernel, qk_norm=norms[(i + j) % 3]), "")
              for i, shape in enumerate((labwide.draw_shape(rng), labwide.draw_shape(rng)))
              for j, kernel in enumerate(KERNELS)]
-    return found + [(dict(labwide.draw_far_shape(rng), kernel=rng.choice(KERNELS), qk_norm=True), ", far shape")]
+    return found + [(dict(labwide.draw_far_shape(rng), kernel=rng.choice(KERNELS), qk_norm="full"), ", far shape")]
 
 
 def _ask(learner, case: dict):
@@ -45,9 +50,9 @@ def _ask(learner, case: dict):
 def why(learner, case: dict, got: int, want: int) -> str:
     """The row's detail for a wrong count: its first wrong term."""
     h, a, d = case["d_model"], case["n_heads"], case["head_dim"]
-    plain = {**case, "head_dim": h // a, "qk_norm": False}
-    wide = {**case, "qk_norm": False}
-    steps = [(plain, None), (wide, plain)] + ([(case, wide)] if case["qk_norm"] else [])
+    plain = {**case, "head_dim": h // a, "qk_norm": "none"}
+    wide = {**case, "qk_norm": "none"}
+    steps = [(plain, None), (wide, plain)] + ([(case, wide)] if case["qk_norm"] != "none" else [])
     for i, (now, before) in enumerate(steps):
         mine, true = _ask(learner, now), labwide.measure(**now)[0]
         if before is not None:
@@ -59,19 +64,31 @@ def why(learner, case: dict, got: int, want: int) -> str:
         off = mine - true
         if i == 0:
             return (f"the plain Llama layer at this shape (head_dim = d_model // n_heads = {h // a}, "
-                    f"qk_norm=False) is already {off:+,} B off: go through its operations again")
+                    f"qk_norm='none') is already {off:+,} B off: go through its operations again")
         if i == 1:
             what = "your count ignores head_dim" if mine == 0 else f"your width term is {off:+,} B off"
             return (f"head_dim={d}: the attention is {a}x{d} = {a * d} wide, d_model {h}; {what}: which saved "
                     "tensors are d_model wide, which n_heads*head_dim, which n_kv_heads*head_dim?")
-        T, k = case["batch"] * case["seq"], case["n_kv_heads"]
-        if off == -4 * T * (a + k):
-            return f"qk_norm=True: {-off:,} B missing: one fp32 1/rms per head and row, for q and for k"
-        if mine == 0:
-            return "qk_norm=True: your count has no q/k norm term: what does each per-head RMSNorm save?"
-        return (f"qk_norm=True: your q/k norm term is {off:+,} B off: what do the two per-head RMSNorms save, "
-                "and does RoPE, between them and the attention, save anything new?")
+        return _norm_hint(case, mine, off)
     return f"expected {want:,} B, got {got:,} B ({got - want:+,})"
+
+
+def _norm_hint(case: dict, mine: int, off: int) -> str:
+    """A wrong q/k norm term: what the learner's term most likely left out or added."""
+    T, a, k, said = case["batch"] * case["seq"], case["n_heads"], case["n_kv_heads"], f"qk_norm={case['qk_norm']!r}"
+    if mine == 0:
+        return f"{said}: your count has no q/k norm term: what does each of the two RMSNorms save?"
+    rows = (a + k) * T if case["qk_norm"] == "per-head" else 2 * T      # 1/rms rows of the two norms
+    if off == -4 * rows:
+        return f"{said}: {-off:,} B missing: each norm's fp32 1/rms, one per row it normalises"
+    if case["qk_norm"] == "full" and off == 4 * (a + k - 2) * T:
+        return (f"{said}: {off:+,} B: you counted a 1/rms per head; this norm runs before the split into "
+                "heads: how long is each row it normalises?")
+    if case["qk_norm"] == "per-head" and off == -4 * (a + k - 2) * T:
+        return (f"{said}: {off:+,} B: you counted one 1/rms per token; this norm runs after the split into "
+                "heads: how long is each row it normalises?")
+    return (f"{said}: your q/k norm term is {off:+,} B off: go through the two norms, and RoPE between them "
+            "and the attention, operation by operation")
 
 
 def grade(report: Report, fn, rng, guarded) -> None:

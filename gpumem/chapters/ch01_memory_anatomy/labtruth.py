@@ -145,14 +145,19 @@ def disagreement(case: dict, got) -> str:
 def expected_wide(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm) -> tuple[int, int]:
     """Part 2's layer (:mod:`.labwide`) by formula: ``layer_parts`` of its configuration, whose
     naive and eager attention terms (q, expanded k and v; W_o's input) are taken at d_model =
-    n_heads * head_dim, the width they have; parameters by hand count."""
+    n_heads * head_dim, the width they have; ``layer_parts`` knows only Qwen3's per-head q/k
+    norms, so OLMo 2's full-width ones are added by hand (each keeps its input and one fp32
+    1/rms per token: e*T*(q + k) + 2 * 4T); parameters by hand count."""
     cfg = labwide.config(d_model, n_heads, n_kv_heads, head_dim, ffn, qk_norm)
     parts = _LAYER_PARTS(cfg, seq, batch, kernel, 2)
     if kernel != "flash":
         core = _LAYER_PARTS(replace(cfg, d_model=cfg.q_dim), seq, batch, kernel, 2)
         parts.update({key: core[key] for key in ("q, expanded k and v", "W_o input")})
-    h, q, k = d_model, cfg.q_dim, cfg.kv_dim
-    return sum(parts.values()), 2 * h + 2 * h * q + 2 * h * k + 3 * h * ffn + (2 * head_dim if qk_norm else 0)
+    h, q, k, T = d_model, cfg.q_dim, cfg.kv_dim, batch * seq
+    full = qk_norm == "full"
+    norm_params = {"none": 0, "per-head": 2 * head_dim, "full": q + k}[qk_norm]
+    return (sum(parts.values()) + (2 * T * (q + k) + 8 * T if full else 0),
+            2 * h + 2 * h * q + 2 * h * k + 3 * h * ffn + norm_params)
 
 
 def _wide_disagreement(case: dict, got) -> str:
@@ -175,9 +180,9 @@ _WIDE = dict(d_model=48, n_heads=4, n_kv_heads=2, head_dim=16, ffn=80, seq=7, ba
 def _caches_disagree() -> str:
     """Measure the small layers afresh under each kernel; then every cached truth (a cell could
     fill the caches with answers of its own) must be the formula's: the first that is not."""
-    for kernel in ("flash", "naive", "eager"):
+    for kernel, qk_norm in (("flash", "full"), ("naive", "per-head"), ("eager", "full")):
         plain, wide = dict(_SHAPE, kernel=kernel, norm="fused", mlp="swiglu", qkv_bias=False), dict(
-            _WIDE, kernel=kernel, qk_norm=True)
+            _WIDE, kernel=kernel, qk_norm=qk_norm)
         variants._truth.pop(tuple(plain.values()), None)
         labwide._truth.pop(tuple(wide.values()), None)
         if said := _disagreement(plain, variants.measure(**plain)) or _wide_disagreement(wide, labwide.measure(**wide)):
