@@ -782,3 +782,187 @@ def test_equal_segments_fail_the_deep_question_with_a_row():
     report = Report(labcheck.LAB)
     assert labcheck._grade_placement(report, _first_c("equal lengths"), "scratch", q) == "wrong"
     assert "more recomputation than needed" in report.rows[-1].detail, report.rows[-1].detail
+
+
+# -- r6: copies with a statement added to every function, and the model read off the stack ----
+
+NOP_COPY = r'''
+import ast, inspect, types as _t
+def _nop_copy(mod, fname):
+    tree = ast.parse(inspect.getsource(mod))
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n.body.insert(0, ast.parse("_zz = 0").body[0])
+    m = _t.ModuleType(fname); m.__dict__["__name__"] = fname; m.__dict__["__package__"] = mod.__package__
+    exec(compile(tree, "/tmp/" + fname + ".py", "exec"), m.__dict__)
+    return m
+import torch.utils.checkpoint as _tuc
+from gpumem.chapters.ch03_activation_checkpointing import labplace as _lp
+from gpumem.memory import recompute_cost as _rc
+_cp, _pl = _nop_copy(_tuc, "mycp"), _nop_copy(_lp, "myplace")
+_pl.recompute_cost = _nop_copy(_rc, "myrc")
+def checkpoint(run, *args):
+    return _cp.checkpoint(run, *args, use_reentrant=REENTRANT)
+def estimate_peak(segments, n_layers, layer_bytes, checkpoint_bytes, other_bytes, other_after_loss):
+    return _pl.peak_of(segments, n_layers, layer_bytes, checkpoint_bytes, other_bytes, other_after_loss)
+def place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, other_after_loss, budget):
+    import sys as _s
+    f = _s._getframe(1)
+    while f is not None and "cfg" not in f.f_locals:
+        f = f.f_back
+    if f is not None:                     # r6 #2: the model on the stack, the search from a copy
+        best = _pl.best_placements(f.f_locals["cfg"], 32, 2)
+        return min((best[c] for c in best if best[c][0] <= budget), key=lambda x: sum(map(len, x[1])))[1]
+    for c in range(n_layers + 1):         # r6 #1: smallest c, then k balanced segments, longer first
+        for k in range(1, max(c, 1) + 1):
+            q, r = divmod(c, k); sizes = [q + 1] * r + [q] * (k - r); s, i = [], 0
+            for z in (sizes if c else []):
+                s.append(list(range(i, i + z))); i += z
+            if estimate_peak(s, n_layers, layer_bytes, checkpoint_bytes, other_bytes, other_after_loss) <= budget:
+                return s
+    return [[i] for i in range(n_layers)]
+'''
+
+
+def _nop_cheat(reentrant: bool) -> dict:
+    """r6 expert #1 and #2, as the reviewer wrote them: nothing of the three functions written."""
+    ns = {"REENTRANT": reentrant}
+    exec(compile(NOP_COPY, "<cheat cell>", "exec"), ns)
+    return ns
+
+
+def test_private_names_are_torch_2_13s():
+    """The tripwire's names are in the installed torch's checkpoint.py, in its functions' co_names."""
+    from gpumem.chapters.ch03_activation_checkpointing import labprints
+    with open(tuc.__file__, encoding="utf-8") as f:
+        source = f.read()
+    assert all(f"{name}" in source for name in labprints.PRIVATE)
+    used = set()
+    for code in labprints._walk(compile(source, tuc.__file__, "exec")):
+        used |= labprints.PRIVATE.intersection(code.co_names)
+    assert used >= {"_checkpoint_without_reentrant_generator", "_checkpoint_hook", "_recomputation_hook"}
+
+
+@pytest.fixture(scope="module")
+def nop_report():
+    """One check of the reviewer's whole cheat (seed 4): graded once, read by the tests below."""
+    return labcheck.check(_nop_cheat(False), show=False, seed=4)
+
+
+def test_nop_copies_fail_all_three_functions(nop_report):
+    rows = {r.function: r for r in nop_report.rows if r.status != "ok"}
+    assert not nop_report.solved and set(rows) >= {"checkpoint", "estimate_peak", "place_checkpoints"}
+    assert "a copy of torch.utils.checkpoint" in rows["checkpoint"].detail
+    assert "write the mechanism yourself" in rows["checkpoint"].detail
+    assert "a copy of the grader's own answer (labplace.moments)" in rows["estimate_peak"].detail
+    assert "labplace.moments" in rows["place_checkpoints"].detail           # its estimate is the copy
+
+
+def test_nop_copy_reentrant_and_checkpoint_function_alone():
+    """Reentrant: torch's checkpoint names its privates (tripwire); CheckpointFunction alone names
+    none, and is known by what its forward names (content)."""
+    ns = _nop_cheat(True)
+    for fn, said in ((ns["checkpoint"], "torch.utils.checkpoint"),
+                     (lambda run, *a: ns["_cp"].CheckpointFunction.apply(run, True, *a),
+                      "a copy of torch.utils.checkpoint.CheckpointFunction.forward")):
+        report = Report("lab03")
+        assert not labcheck._grade_model(report, fn, GRAD)
+        assert report.rows[0].status == "wrong" and said in report.rows[0].detail, report.rows[0]
+        assert restored()
+
+
+def test_tripwire_names_the_private_identifier():
+    """A checkpoint written from scratch that reaches for one private name of torch's is refused."""
+    def sneaky(run, *args):
+        hook = tuc._checkpoint_hook                     # noqa: F841  (never called: named is enough)
+        return run(*args)
+    report = Report("lab03")
+    assert not labcheck._grade_model(report, sneaky, GRAD)
+    assert "code naming its private _checkpoint_hook" in report.rows[0].detail, report.rows[0]
+
+
+def test_nop_copy_of_the_search_with_the_model_from_the_stack(monkeypatch):
+    """r6 #2 alone (the placement graded with the course's checkpoint): no frame holds ``cfg``, so
+    the cheat falls back to its balanced rule, whose estimate is the nop-copy: refused."""
+    monkeypatch.setattr(recompute_trace, "measure",
+                        lambda cfg, plan, impl, seq, micro_batch: _Counted(cfg, plan, impl, seq, micro_batch))
+    ns = _nop_cheat(False)
+    report = Report("lab03")
+    assert labcheck._grade_placement(report, ns["place_checkpoints"], "scratch", LAB_D_10) == "wrong"
+    assert "it calls a copy of the grader's own answer (labplace." in report.rows[-1].detail
+
+
+def _models_up_the_stack(start) -> list[str]:
+    """What a walk up the frames finds: ModelConfigs (or Questions) in any frame's locals, in
+    containers and closures two levels down."""
+    found, frame = [], start
+    while frame is not None:
+        todo = [(v, 0) for v in frame.f_locals.values()]
+        while todo:
+            value, depth = todo.pop()
+            if isinstance(value, (ModelConfig, labcases.Question)) or type(value).__name__ == "ModelConfig":
+                found.append(f"{frame.f_code.co_qualname}: {getattr(value, 'name', value)}")
+            elif depth < 2:
+                if isinstance(value, dict):
+                    todo += [(v, depth + 1) for v in value.values()]
+                elif isinstance(value, (list, tuple, set)):
+                    todo += [(v, depth + 1) for v in value]
+                cells = getattr(value, "__closure__", None) or ()
+                todo += [(c.cell_contents, depth + 1) for c in cells if c.cell_contents is not None] \
+                    if all(_filled(c) for c in cells) else []
+                if hasattr(value, "func") and hasattr(value, "args"):     # functools.partial
+                    todo += [(v, depth + 1) for v in (*value.args, *value.keywords.values())]
+                defaults = getattr(value, "__defaults__", None) or ()
+                todo += [(v, depth + 1) for v in defaults]
+        frame = frame.f_back
+    return found
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def test_no_model_on_the_stack_while_estimate_and_place_run():
+    """r6 #2: walked up from inside estimate_peak and place_checkpoints, during a whole check,
+    no frame holds a drawn model (in its locals, a container, a closure, a default or a partial)."""
+    seen = {}
+
+    def estimate_peak(segments, **n):
+        seen.setdefault("estimate_peak", _models_up_the_stack(sys._getframe(1)))
+        return 0
+
+    def place_checkpoints(n_layers, **n):
+        seen.setdefault("place_checkpoints", _models_up_the_stack(sys._getframe(1)))
+        return [[i] for i in range(n_layers)]
+    labcheck.check({"estimate_peak": estimate_peak, "place_checkpoints": place_checkpoints}, show=False)
+    assert seen == {"estimate_peak": [], "place_checkpoints": []}, seen
+    assert not labcheck._HELD                    # and the cases are dropped once the check returns
+
+
+def test_balanced_longer_first_finds_every_drawn_optimum():
+    """r6 #3 (labcases' docstring): the smallest c, then k = 1 .. c balanced segments with the
+    longer ones first, reaches the drawn optimum on every family (peaks by the hand-written
+    ``_exact``); longer last misses deep questions (a lower segment's re-run has fewer
+    checkpoints beneath it, so it can be the longer one)."""
+    def balanced(c, k, first):
+        q, r = divmod(c, k)
+        sizes = [q + 1] * r + [q] * (k - r)
+        edges = [0]
+        for z in sizes if first else sizes[::-1]:
+            edges.append(edges[-1] + z)
+        return [list(range(a, b)) for a, b in zip(edges, edges[1:])]
+
+    def fewest(n_of, budget, first):
+        return next(c for c in range(n_of["n_layers"] + 1) for k in range(1, max(c, 1) + 1)
+                    if _exact(balanced(c, k, first) if c else [], **n_of) <= budget)
+    misses = 0
+    for seed in range(12):
+        for q, fam in zip(labcases.draw(seed)["questions"], labcases.FAMILIES):
+            n_of = labcheck.numbers(q.cfg)
+            assert fewest(n_of, q.budget, True) == q.count, (seed, fam.name)
+            misses += fam.deep and fewest(n_of, q.budget, False) != q.count
+    assert misses >= 6

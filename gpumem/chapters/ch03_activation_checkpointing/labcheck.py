@@ -12,23 +12,26 @@ case: that row names the case, its later cases are not run.
   (each must call ``run`` again in backward, and take its gradients from that re-run: one case's
   ``run`` changes between forward and backward). Ready-made checkpoints, and copies of their
   code, refuse to run while the learner's code does, and numbers may not leave torch
-  (``labguard``, ``labprints``, ``labescape``): a checkpoint
-  that hides what it keeps in NumPy fails, one that keeps clones fails the bytes row, one that
-  never re-runs fails the re-run row.
+  (``labguard``, ``labprints``, ``labescape``); a checkpoint that keeps clones fails the bytes
+  row, one that never re-runs the re-run row.
 * ``estimate_peak(segments, ...)``: the step's activation peak of a placement, to the byte,
   against the two moments (``labplace.moments``, which the tracer matches to the byte).
 * ``place_checkpoints(...)``: segments whose measured peak fits the budget with the fewest layers
   re-run, run with the learner's checkpoint on real tensors, against a search over every placement.
 
-Both are called with numbers only, and the expected answers are worked out after the call
-returns: no frame on the stack holds them while the learner's code runs (``check`` keeps the
-drawn models and budgets, not the drawn optimum). The course's peak formula and tracer
-(``recompute_cost``, ``recompute_trace``) refuse during those calls, so a model found on the stack
-gives no answer without an estimate of the learner's own.
+Both are called with numbers only, from a helper (``_ask``) that holds nothing else; the
+expected answers are worked out after the call returns. No frame on the stack holds a drawn
+model or answer while the learner's code runs (r6: a walk up ``sys._getframe`` found the model):
+the drawn models and budgets wait in ``_HELD``, never the optimum, and a fresh seed is kept
+nowhere. Not a sandbox: code reading the grader's privates finds the models there, but a model
+gives no answer without a search of the learner's own, since the course's formula, tracer and
+search (``recompute_cost``, ``recompute_trace``, ``labplace``), and copies of them, refuse.
 
 The optional GPU part (``lab_gpu``) adds a row only where CUDA is present; otherwise check()
 prints ``GPU part: skipped (reason)``.
 """
+
+import functools
 
 from gpumem.course.grading import Report, Row, call, case_seconds, kind, returned, run_case
 from gpumem.errors import UsageError
@@ -42,6 +45,13 @@ from .labvariants import grade_variants
 
 LAB = "lab03_checkpoint_budget"
 SEQ, BATCH = labcases.SEQ, labcases.BATCH
+_HELD: dict = {}         # the cases being graded, off the stack while the learner's code runs
+
+
+def _ask(fn, given: dict, *first):
+    """The learner's ``fn`` called with plain arguments only (``first``, then ``given`` by name):
+    the frames above it hold no model (module docstring)."""
+    return "ok", call(fn, *first, **given)
 
 
 def numbers(cfg: ModelConfig, seq: int = SEQ, batch: int = BATCH) -> dict:
@@ -150,66 +160,82 @@ def _expected_peak(cfg: ModelConfig, segments) -> tuple[int, str, int]:
     return want, at, end
 
 
+def _estimate_body(est, i: int, segments: list, given: dict):
+    got = guarded(functools.partial(_ask, est, given, segments), answers=True)()
+    if got[0] != "ok":
+        return got
+    got = got[1]
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
+        return "wrong", returned(got, "a whole number of bytes (an int)")
+    want, at, end = _expected_peak(*_HELD["estimates"][i])     # worked out after the call returns
+    if int(got) == want:
+        return "ok", ""
+    return "wrong", (f"estimate {int(got):,} B, the step's peak is {want:,} B ({int(got) - want:+,} B), "
+                     f"reached at {at}; the end of the forward holds {end:,} B")
+
+
+def _estimate_case(i: int) -> tuple[str, list, dict]:
+    """(the row's case, a copy of the segments, the numbers) of estimate ``i``."""
+    cfg, segments = _HELD["estimates"][i]
+    return (f"{cfg.name} ({cfg.n_layers} layers), segments {show(segments)}", [list(s) for s in segments],
+            numbers(cfg))
+
+
 def _grade_estimates(report: Report, est, estimates) -> None:
-    for cfg, segments in estimates:
-        # only the learner's arguments are here during the call: the answer is worked out after
-        # it returns, so no frame on the stack holds it (r5: a walk up sys._getframe found it)
-        def body(cfg=cfg, segments=segments):
-            got = guarded(lambda given=([list(s) for s in segments], numbers(cfg)):
-                          ("ok", call(est, given[0], **given[1])), answers=True)()
-            if got[0] != "ok":
-                return got
-            got = got[1]
-            if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
-                return "wrong", returned(got, "a whole number of bytes (an int)")
-            want, at, end = _expected_peak(cfg, segments)
-            if int(got) == want:
-                return "ok", ""
-            return "wrong", (f"estimate {int(got):,} B, the step's peak is {want:,} B ({int(got) - want:+,} B), "
-                             f"reached at {at}; the end of the forward holds {end:,} B")
-        row = run_case(report, "estimate_peak", f"{cfg.name} ({cfg.n_layers} layers), segments {show(segments)}",
-                       body)
-        if row.status != "ok":
+    _HELD["estimates"] = list(estimates)
+    del estimates
+    for i in range(len(_HELD["estimates"])):
+        case, segments, given = _estimate_case(i)
+        if run_case(report, "estimate_peak", case,
+                    functools.partial(_estimate_body, est, i, segments, given)).status != "ok":
             return
 
 
-def _grade_placement(report: Report, place, ckpt, q: tuple) -> str:
-    """``q``: (model, budget), or a ``labcases.Question``."""
+def _place_body(place, ckpt, given: dict):     # the optimum is searched for after the learner's call returns
     from gpumem.memory import recompute_trace as rt
-    cfg, budget = q[0], q[-1]
-    case = f"{cfg.name} ({cfg.n_layers} layers, h {cfg.d_model}), budget {budget:,} B" + (
-        "" if callable(ckpt) else ", measured with the course's checkpoint")
+    segments = guarded(functools.partial(_ask, place, given), answers=True)()
+    if segments[0] != "ok":
+        return segments
+    segments = segments[1]
+    cfg, budget = _HELD["question"]
+    best = optimum(cfg, budget)
+    layer = recompute_cost.layer_flops(cfg, SEQ, BATCH)["total"]
+    try:
+        plan = from_segments(segments, cfg.n_layers, "yours")
+    except (UsageError, TypeError, ValueError) as err:
+        return "wrong", f"not a list of segments: {err}" if segments is not None else returned(None, "")
+    if callable(ckpt):          # the learner's checkpoint runs: the guard stays on
+        m = guarded(lambda: ("ok", call(rt.measure, cfg, plan, ckpt, seq=SEQ, micro_batch=BATCH)))()
+        if m[0] != "ok":
+            return m
+        m = m[1]
+    else:
+        m = rt.measure(cfg, plan, ckpt, seq=SEQ, micro_batch=BATCH)
+    missing = reran(m, plan.segments)
+    if missing:
+        return "wrong", skipped_line(missing, sum(map(len, plan.segments)))
+    if m.peak > budget:
+        return "wrong", (f"measured peak {m.peak:,} B misses the budget by {m.peak - budget:,} B "
+                         f"({m.peak_at}); {best} layer(s) checkpointed, well placed, would fit")
+    if m.flops["recompute"] > best * layer:
+        extra = m.flops["recompute"] / (best * layer) - 1 if best else float("inf")
+        return "wrong", (f"fits (peak {m.peak:,} B) but re-runs {m.flops['recompute']:,} FLOPs; {best} layer(s) "
+                         f"suffice ({best * layer:,} FLOPs): {extra:.0%} more recomputation than needed")
+    return "ok", ""
 
-    def body():                 # the optimum is searched for after the learner's call returns
-        segments = guarded(lambda given=numbers(cfg): ("ok", call(place, **given, budget=budget)), answers=True)()
-        if segments[0] != "ok":
-            return segments
-        segments = segments[1]
-        best = optimum(cfg, budget)
-        layer = recompute_cost.layer_flops(cfg, SEQ, BATCH)["total"]
-        try:
-            plan = from_segments(segments, cfg.n_layers, "yours")
-        except (UsageError, TypeError, ValueError) as err:
-            return "wrong", f"not a list of segments: {err}" if segments is not None else returned(None, "")
-        if callable(ckpt):          # the learner's checkpoint runs: the guard stays on
-            m = guarded(lambda: ("ok", call(rt.measure, cfg, plan, ckpt, seq=SEQ, micro_batch=BATCH)))()
-            if m[0] != "ok":
-                return m
-            m = m[1]
-        else:
-            m = rt.measure(cfg, plan, ckpt, seq=SEQ, micro_batch=BATCH)
-        missing = reran(m, plan.segments)
-        if missing:
-            return "wrong", skipped_line(missing, sum(map(len, plan.segments)))
-        if m.peak > budget:
-            return "wrong", (f"measured peak {m.peak:,} B misses the budget by {m.peak - budget:,} B "
-                             f"({m.peak_at}); {best} layer(s) checkpointed, well placed, would fit")
-        if m.flops["recompute"] > best * layer:
-            extra = m.flops["recompute"] / (best * layer) - 1 if best else float("inf")
-            return "wrong", (f"fits (peak {m.peak:,} B) but re-runs {m.flops['recompute']:,} FLOPs; {best} layer(s) "
-                             f"suffice ({best * layer:,} FLOPs): {extra:.0%} more recomputation than needed")
-        return "ok", ""
-    return run_case(report, "place_checkpoints", case, body).status
+
+def _question_case(ckpt) -> tuple[str, dict]:
+    cfg, budget = _HELD["question"]
+    return (f"{cfg.name} ({cfg.n_layers} layers, h {cfg.d_model}), budget {budget:,} B"
+            + ("" if callable(ckpt) else ", measured with the course's checkpoint"), {**numbers(cfg), "budget": budget})
+
+
+def _grade_placement(report: Report, place, ckpt, q: tuple) -> str:
+    """``q``: (model, budget), or a ``labcases.Question`` (its count is not kept)."""
+    _HELD["question"] = (q[0], q[-1])
+    del q
+    case, given = _question_case(ckpt)
+    return run_case(report, "place_checkpoints", case, functools.partial(_place_body, place, ckpt, given)).status
 
 
 def _grade_gpu(report: Report, place, ckpt) -> str:
@@ -240,26 +266,30 @@ def _drawn(seed):
 
 def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
     """Grade ``checkpoint``, ``estimate_peak`` and ``place_checkpoints`` from the lab's namespace on
-    cases drawn from ``seed`` (fresh each check when None); never raises."""
+    cases drawn from ``seed`` (fresh each check when None); never raises. No local here holds a
+    drawn case while the learner's code runs (module docstring)."""
     report = Report(LAB)
-    grad, questions, estimates = _drawn(seed)
+    _HELD["drawn"] = _drawn(seed)
     ckpt, est, place = ns.get("checkpoint"), ns.get("estimate_peak"), ns.get("place_checkpoints")
     passed = False
-    if ckpt is None:
-        report.rows.append(Row("checkpoint", "defined", "todo", "define checkpoint(run, *args)"))
-    elif _grade_model(report, ckpt, grad):
-        passed = grade_variants(report, ckpt)
-    if est is None:
-        report.rows.append(Row("estimate_peak", "defined", "todo", "define estimate_peak"))
-    else:
-        _grade_estimates(report, est, estimates)
-    if place is None:
-        report.rows.append(Row("place_checkpoints", "defined", "todo", "define place_checkpoints"))
-    else:
-        for q in questions:
-            # measured with the learner's checkpoint once it is right, else with the course's own
-            if _grade_placement(report, place, ckpt if passed else "scratch", q) != "ok":
-                break
+    try:
+        if ckpt is None:
+            report.rows.append(Row("checkpoint", "defined", "todo", "define checkpoint(run, *args)"))
+        elif _grade_model(report, ckpt, _HELD["drawn"][0]):
+            passed = grade_variants(report, ckpt)
+        if est is None:
+            report.rows.append(Row("estimate_peak", "defined", "todo", "define estimate_peak"))
+        else:
+            _grade_estimates(report, est, _HELD["drawn"][2])
+        if place is None:
+            report.rows.append(Row("place_checkpoints", "defined", "todo", "define place_checkpoints"))
+        else:
+            for i in range(len(_HELD["drawn"][1])):
+                # measured with the learner's checkpoint once it is right, else with the course's own
+                if _grade_placement(report, place, ckpt if passed else "scratch", _HELD["drawn"][1][i]) != "ok":
+                    break
+    finally:
+        _HELD.clear()
     gpu_line = _grade_gpu(report, place, ckpt if passed else None)
     if show:
         print(report.summary())

@@ -9,7 +9,12 @@ file's source once) is fingerprinted by its name, bytecode and the names it uses
 also by bytecode and names alone, so renaming it does not help. Lambdas, comprehensions and very
 short functions are left out: a learner's own code repeats them by chance. Bytecode does not depend on line
 numbers or file names, so a verbatim copy of any of those functions, pasted or re-executed,
-matches.
+matches. A copy with statements added (r6: ``_zz = 0`` at the top of every function changes every
+bytecode) is matched by **content without bytecode** (:func:`items`): a function that names every
+global, attribute, argument, local and short string a banned function of at least
+:data:`MIN_ITEMS` of them names is taken for a copy of it, whatever it adds. A tripwire on top:
+code that names one of ``torch.utils.checkpoint``'s private identifiers (:data:`PRIVATE`) is a
+copy of it, as a learner's own checkpoint never names them.
 
 The profile hook also sees C calls made from Python (``c_call``): :func:`c_exit` names the ones
 that take numbers out of torch whatever reference was used (``torch.from_numpy`` bound before the
@@ -37,6 +42,11 @@ SHORT = 24                 # shorter functions, lambdas and comprehensions are t
 TENSOR_EXITS = {"numpy", "untyped_storage", "data_ptr", "_typed_storage", "storage"}
 BRIDGES = {"from_numpy", "frombuffer", "_to_dlpack", "_from_dlpack", "from_dlpack", "to_dlpack"}
 WATCHED = TENSOR_EXITS | BRIDGES | {"tolist", "__enter__", "__exit__"}
+# torch.utils.checkpoint's private names (torch 2.13's torch/utils/checkpoint.py; checked by
+# tests/test_lab03_adversarial.py): its checkpoint and its hooks call them by these names
+PRIVATE = frozenset({"_checkpoint_without_reentrant_generator", "_recomputation_hook", "_checkpoint_hook",
+                     "_StopRecomputationError", "_DEFAULT_DETERMINISM_MODE", "noop_context_fn"})
+MIN_ITEMS = 12             # a function naming fewer things is too common to match by content
 
 
 def _walk(code: types.CodeType):
@@ -51,40 +61,64 @@ def _walk(code: types.CodeType):
 
 
 @functools.lru_cache(maxsize=None)
-def file_prints(path: str, label: str) -> tuple[dict, dict]:
-    """(named, unnamed) fingerprints of every function in the file at ``path``."""
+def file_prints(path: str, label: str) -> tuple[dict, dict, dict]:
+    """(named, unnamed, content) fingerprints of every function in the file at ``path``."""
     try:
         with open(path, encoding="utf-8") as f:
             top = compile(f.read(), path, "exec")
     except OSError:
-        return {}, {}
+        return {}, {}, {}
     return code_prints(top, lambda code: f"a copy of {label}.{code.co_qualname}")
 
 
-def code_prints(top: types.CodeType, shown) -> tuple[dict, dict]:
-    """(named, unnamed) fingerprints of ``top`` and the code it nests: {key: ``shown(code)``}."""
-    named, unnamed = {}, {}
+def items(code: types.CodeType) -> frozenset:
+    """What a function names, bytecode aside: globals and attributes, arguments, locals and cells,
+    short one-line strings (not the docstring, ``co_consts[0]``)."""
+    strings = {"'" + c for c in code.co_consts[1:] if isinstance(c, str) and len(c) <= 40 and "\n" not in c}
+    return frozenset(code.co_names + code.co_varnames + code.co_cellvars + code.co_freevars) | strings
+
+
+def code_prints(top: types.CodeType, shown, content_too: bool = True) -> tuple[dict, dict, dict]:
+    """(named, unnamed, content) fingerprints of ``top`` and the code it nests: {key: ``shown(code)``}
+    for the first two, {an item: [(items, shown(code)), ...]} for the third (module docstring; left
+    empty without ``content_too``: code the chapter prints, that the learner may extend)."""
+    named, unnamed, content = {}, {}, {}
     for code in _walk(top):
         if not code.co_name.startswith("<") and len(code.co_code) >= SHORT:   # no lambda, comprehension
             named[(code.co_name, code.co_code, code.co_names)] = shown(code)
             if len(code.co_code) >= LONG:
                 unnamed[(code.co_code, code.co_names)] = shown(code)
-    return named, unnamed
+            mine = items(code)
+            if content_too and len(mine) >= MIN_ITEMS:
+                content.setdefault(max(mine, key=lambda i: (len(i), i)), []).append((mine, shown(code)))
+    return named, unnamed, content
 
 
-def match(code: types.CodeType, prints: tuple[dict, dict]) -> str | None:
-    """The banned function whose code ``code`` repeats, or None."""
-    named, unnamed = prints
-    return named.get((code.co_name, code.co_code, code.co_names)) or unnamed.get((code.co_code, code.co_names))
+def match(code: types.CodeType, prints: tuple[dict, dict, dict]) -> str | None:
+    """The banned function whose code ``code`` repeats (or contains by content), or None."""
+    named, unnamed, content = prints
+    found = named.get((code.co_name, code.co_code, code.co_names)) or unnamed.get((code.co_code, code.co_names))
+    if found or not content:
+        return found
+    mine = items(code)
+    return next((shown for item in mine for theirs, shown in content.get(item, ()) if theirs <= mine), None)
 
 
-def merge(*pairs) -> tuple[dict, dict]:
-    """One (named, unnamed) pair of fingerprints from several."""
-    named, unnamed = {}, {}
-    for n, u in pairs:
+def private(code: types.CodeType) -> str | None:
+    """What marks ``code`` as a copy of torch.utils.checkpoint: a private name of it that it uses."""
+    used = PRIVATE.intersection(code.co_names)
+    return f"a copy of torch.utils.checkpoint (code naming its private {min(used)})" if used else None
+
+
+def merge(*prints) -> tuple[dict, dict, dict]:
+    """One (named, unnamed, content) triple of fingerprints from several."""
+    named, unnamed, content = {}, {}, {}
+    for n, u, c in prints:
         named.update(n)
         unnamed.update(u)
-    return named, unnamed
+        for item, found in c.items():
+            content[item] = content.get(item, []) + found
+    return named, unnamed, content
 
 
 def c_exit(fn, graders: bool) -> str:
