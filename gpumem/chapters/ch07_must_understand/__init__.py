@@ -7,6 +7,7 @@ progress per item saved and a summary of what to revisit.
 - ``flash_items``    4. why FlashAttention saves memory
 - ``offload_items``  5. CPU versus NVMe offload, and what can be offloaded
 - ``combine_items``  6. which combination for 8B, 70B and 405B models
+- ``finetune_items`` chapter 08's question in item 6: which fine-tuning recipe fits 70B on one GPU
 - ``pointers``       the notebook sections each answer points to
 - ``CHECKLIST``      the six items (``gpumem.course.checklist.Checklist``); ``QUIZ`` its quiz
 """

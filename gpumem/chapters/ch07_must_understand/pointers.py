@@ -43,6 +43,8 @@ OFFLOAD_FRAMEWORKS = Pointer("05_offload", "7 · In the frameworks")
 SCENARIOS = Pointer("06_combining_strategies", "6 · At scale: the note's three scenarios")
 SELECTION = Pointer("06_combining_strategies", "7 · Slow or fast interconnect: the note's selection rules, tested")
 PLAN_CLAIMS = Pointer("06_combining_strategies", "10 · The note's claims")
+# chapter 08: fine-tuning
+FINETUNE_SCALE = Pointer("08_finetuning", "5. At scale")
 
 # Where item 5's answers are shown, by question id (the quiz module applies it to the offload
 # item, whose questions live in ``offload_items``).

@@ -6,12 +6,12 @@ item once all its questions were answered correctly, and says what to revisit; `
 quiz, the chapter's entry in ``gpumem.chapters.quizzes()``.
 
 Item 5's pointers come from ``pointers.OFFLOAD_SEE`` (chapter 05's notebook), over those its
-module names; a question missing from both fails at import (``Checklist`` requires a pointer).
+module names; item 6 ends with chapter 08's question (``finetune_items``); a question missing from both fails at import (``Checklist`` requires a pointer).
 """
 
 from gpumem.course.checklist import Checklist, Item
 
-from . import ckpt_items, combine_items, flash_items, gather_items, offload_items, zero_items
+from . import ckpt_items, combine_items, finetune_items, flash_items, gather_items, offload_items, zero_items
 from . import pointers as P
 
 
@@ -23,7 +23,13 @@ def _offload_item() -> Item:
                 {**o.see, **{qid: where for qid, where in P.OFFLOAD_SEE.items() if qid in ids}})
 
 
+def _combine_item() -> Item:
+    """Item 6 with chapter 08's question (fine-tuning 70B on one GPU) after its own."""
+    c = combine_items.ITEM
+    return Item(c.key, c.title, [*c.questions, finetune_items.QUESTION], {**c.see, **finetune_items.SEE})
+
+
 ITEMS = [zero_items.ITEM, gather_items.ITEM, ckpt_items.ITEM, flash_items.ITEM, _offload_item(),
-         combine_items.ITEM]
+         _combine_item()]
 CHECKLIST = Checklist("07_must_understand", ITEMS)
 QUIZ = CHECKLIST.quiz
