@@ -249,3 +249,24 @@ def test_prepare_row_adds_two_bytes_per_unquantised_parameter():
         assert prep["states"] - plain["states"] == 2 * (n - q)
         assert prep["full"] - plain["full"] == 2 * (n - q)       # activations counted as without it
     assert 2 * (N70 - Q70) == 4_205_330_432 and 2 * (n8 - q8) == 2_101_878_784
+
+
+def test_chapter07_finetune_question_by_hand_bounds():
+    """Chapter 07's item-6 question from chapter 08: only QLoRA r16 checkpointed fits one H100 80GB
+    for Llama-3-70B at 2,048 tokens. Each option bounded by hand (T = 2,048, h 8,192, F 28,672)."""
+    from gpumem.chapters.ch07_must_understand import finetune_items as fi
+    usable = 81_559 * 2**20 - 2**30 - int(0.05 * 81_559 * 2**20)        # context + 5 %, no NCCL
+    assert fi.usable() == usable
+    got = list(fi.totals().values())
+    T, h, F, kv = 2048, 8192, 28672, 1024
+    n_a = lora(8192, 8192, 1024, 28672, 80, 16)
+    qstates = qlora_states(Q70, N70, n_a, 16, 8192 * 28672, 7 * 80) + 4 * 14 * 80
+    assert got[0] >= 10 * N70 > usable                   # bf16 weights + grads, fp32 master, 8-bit moments
+    assert got[1] >= 2 * N70 > usable                    # the frozen bf16 base alone
+    # not checkpointed, each layer keeps at least q, k, v and the attention output (flash), the gate,
+    # the SiLU output and up (bf16), and both norms' inputs
+    per_layer = 2 * T * (h + 2 * kv + h) + 3 * 2 * T * F + 2 * 2 * T * h
+    assert got[2] >= qstates + 80 * per_layer > usable
+    # checkpointed: states + 80 layer inputs + one re-run layer + the fp32 logits twice, generously
+    assert got[3] <= qstates + 80 * 2 * T * h + 2 * per_layer + 2 * 4 * T * 128_256 < usable
+    assert fi.QUESTION._authored[1] == 3
