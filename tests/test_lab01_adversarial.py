@@ -732,19 +732,17 @@ def _library_copy():
     """The reviewer's route: the course's formula module exec'd into a plain dict before the check
     (imports made absolute), asked for the layer's configuration (head_dim and q/k norms set)."""
     import inspect
-    import types
 
     from gpumem.memory import activations as module
     src = inspect.getsource(module).replace("from .. import", "from gpumem import")
     src = src.replace("from ..", "from gpumem.").replace("from .", "from gpumem.memory.")
     lib = {"__name__": "copied"}
     exec(compile(src, "/tmp/copied_activations.py", "exec"), lib)
-    parts, cfg = lib["layer_parts"], types.SimpleNamespace
+    parts = lib["layer_parts"]
 
     def copied(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm):
-        c = cfg(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, ffn=ffn, head_dim=head_dim,
-                q_dim=n_heads * head_dim, kv_dim=n_kv_heads * head_dim, qk_norm=qk_norm != "none",
-                norm_kind="rms", sliding_window=0, mlp="swiglu", moe=False)
+        c = ModelConfig("x", 1, d_model, n_heads, n_kv_heads, ffn, 16, explicit_head_dim=head_dim,
+                        qk_norm=qk_norm != "none")
         return sum(parts(c, seq, batch, kernel, 2).values())
     return copied
 
@@ -854,6 +852,27 @@ def test_a_nop_copy_past_a_blind_watch_fails_at_olmo_2s_norms(monkeypatch):
     got = rows(grade({"layer_activation_bytes": _nop_copies()}), "layer_activation_bytes")
     assert len(got) == 1 and got[0].status == "wrong" and "qk_norm='full'" in got[0].case, got[0].detail
     assert "1/rms per head" in got[0].detail, got[0].detail
+
+
+def test_the_copy_watch_knows_the_solution_from_the_library():
+    """The watch's fingerprints by use (names and strings) do not take the solution's own
+    functions, nor a by-hand formula that shares a few of the library's names, for a copy."""
+    import types
+
+    from gpumem.chapters.ch01_memory_anatomy import labcopies, labguard
+    found = labcopies.prints(labguard.MODULES + ("gpumem.memory.activation_parts",))
+    assert len(found[2]) > 50                        # the long course functions, known by use
+
+    def codes(code):
+        yield code
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                yield from codes(const)
+    for name in ("model_state_bytes", "layer_activation_bytes", "variant_layer", "gpu_held_bytes"):
+        assert all(labcopies.match(c, found) is None for c in codes(solution()[name].__code__)), name
+    by_hand = compile("def f(cfg, T, e):\n    return e * T * cfg.d_model + 4 * T + cfg.kv_dim * cfg.ffn * len('fused')",
+                      "<cell>", "exec").co_consts[0]
+    assert labcopies.match(by_hand, found) is None
 
 
 def test_the_library_cannot_count_part_2s_graded_layer():
