@@ -61,9 +61,10 @@ LLAMA_65B = ModelConfig("llama-65b", 80, 8192, 64, 64, 22016, 32000, published_p
 # --target_max_len 512 (at most 528 tokens a sequence), --per_device_train_batch_size 1
 # --gradient_accumulation_steps 16 (commit 86ac601; the script's first version, 0b46ca8, ran a
 # micro-batch of 4 x 4 steps), --lora_dropout 0.05. Not counted (assumptions, with their effect):
-# the norms' fp32 weights (+2 B x 1.3 M = 2.6 MB); lora_dropout's own copy and 1-byte mask of each
-# adapted input, alive for the re-run layer only (~0.11 GB at 528 tokens, ~0.45 GB at 4 x 528);
-# the fp32 norm outputs prepare leaves in the re-run layer (traced in lora_trace, not in the formula).
+# the norms' fp32 weights (+2 B x 1.3 M = 2.6 MB); lora_dropout: on a GPU each adapter then saves
+# its own dropped bf16 copy and a 1-byte mask instead of the shared input (peft lora/bnb.py), in the
+# re-run layer only: 14 h + F bytes a token more, +0.07 GB at 528 tokens, +0.29 GB at 4 x 528
+# (which puts the first version 0.2 GB over); the fp32 norm outputs (traced in lora_trace only).
 QLORA_PAPER = F.Finetune(adapter="lora", lora_rank=64, base_dtype="nf4", adapter_dtype="bf16",
                          optimizer="paged-adamw")
 QLORA_SEQ = 16 + 512            # source_max_len + target_max_len
