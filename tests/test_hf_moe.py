@@ -128,3 +128,56 @@ def test_trace_config_moe_uses_the_formula_without_torch():
 def test_trace_config_moe_refuses_eager(capsys):
     assert cli.main(["trace", "--config", "qwen3-30b-a3b", "--attention", "eager"]) == 2
     assert "sdpa" in capsys.readouterr().err
+
+
+# --- Gemma 2 (issue 22): eager attention only, soft-capping, four norms a layer ---------------
+
+GEMMA = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24, "vocab_size": 256,
+         "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 24, "sliding_window": 16,
+         "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+         "max_position_embeddings": 128}
+
+
+def gemma_formula(raw, seq, batch, recipe="mixed"):
+    return hf_trace.formula_activations(hf_trace.raw_config(raw)[1], seq, batch, "eager", recipe)
+
+
+def test_gemma2_by_hand():
+    """The small Gemma 2, 32 tokens, bf16, written out from transformers' modeling_gemma2.py:
+    every Gemma2RMSNorm keeps an fp32 copy of its input, the 1/rms, the fp32 normed rows and the
+    fp32 (1 + weight); eager attention with tanh soft-capping keeps the tanh output besides the
+    fp32 softmax and its bf16 copy; the final soft-cap keeps its tanh output at the loss."""
+    T, h, q, F, V, a, s = 32, 64, 4 * 24, 96, 256, 4, 32
+    norm = 4 * T * h + 4 * T + 4 * T * h + 4 * h
+    attention = 2 * T * h + 3 * 2 * T * q + (2 + 4 + 2) * a * s * s + 2 * T * q
+    mlp = 2 * T * h + 4 * 2 * T * F
+    layer = 4 * norm + attention + mlp
+    outside = 2 * 2 * s * 24 + norm + 2 * T * h           # RoPE cos and sin, final norm, head input
+    loss = 2 * T * V + 2 * T * V + 4 * T * V + 4 * T * V + 8 + 8 * (s + 1)   # logits, tanh, fp32
+    assert gemma_formula(GEMMA, 32, 1) == 2 * layer + outside + loss          # copy, log-softmax
+
+
+@pytest.mark.parametrize("vocab,seq,batch,recipe", [(256, 32, 1, "mixed"), (256, 24, 2, "fp32"),
+                                                    (16, 64, 2, "mixed"), (16, 96, 1, "fp32")])
+def test_gemma2_formula_equals_the_trace(vocab, seq, batch, recipe):
+    """Fake tensors (no routing here), equal to real ones; the peak is at the loss with a vocabulary
+    of 256 and inside the final norm with one of 16 (masks and fp32 temporaries): both exact."""
+    raw = GEMMA | {"vocab_size": vocab}
+    fake = hf_trace.trace_hf(raw, seq, batch, "eager", recipe)
+    real = hf_trace.trace_hf(raw, seq, batch, "eager", recipe, fake=False)
+    assert fake.peaks == real.peaks
+    assert fake.peaks["activations"] == gemma_formula(raw, seq, batch, recipe)
+    assert fake.peak_moments["activations"].module == ("loss" if vocab == 256 else "model.norm")
+
+
+def test_gemma2_9b_two_layers_at_4k():
+    tr = hf_trace.trace_hf("gemma-2-9b", 4096, attention="eager", layers=2)
+    cfg = hf_trace.raw_config("gemma-2-9b", 2)[1]
+    assert tr.peaks["activations"] == hf_trace.formula_activations(cfg, 4096, 1, "eager")
+    assert tr.peaks["params"] == 2 * cfg.n_params()
+
+
+def test_gemma2_sdpa_refused():
+    with pytest.raises(UsageError, match="eager attention only"):
+        hf_trace.trace_hf(GEMMA, 32)

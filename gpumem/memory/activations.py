@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 
 from .. import units
 from ..errors import one_of, positive_int
-from .activation_parts import elem_bytes, hf_window_mask, layer_norm, norm_bytes, norm_label
+from .activation_parts import (elem_bytes, gemma_final_norm, hf_window_mask, layer_norm, norm_bytes,
+                               norm_label, softcap)
 from .models import ModelConfig
 from .moe_acts import Routing, moe_terms
 from .policies import KERNELS, NORMS, POLICIES, checkpoint_plan
@@ -106,7 +107,11 @@ def layer_terms(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
         else:  # eager: fp32 softmax output, and its bf16 copy when computing in bf16
             per = 4 + (e if e == 2 else 0)
             terms["probabilities fp32" + (" + bf16 copy" if e == 2 else "")] = (per * scores, f"{per}as^2b")
+            if softcap(cfg):   # Gemma 2: tanh(scores / 50) * 50 before the mask
+                terms["scores soft-capped: tanh output"] = (e * scores, f"{e}as^2b")
         terms["W_o input"] = (e * T * q, f"{e}sb{qs}")
+    if cfg.norms_per_layer == 4:   # Gemma 2 also normalises each sub-layer's output
+        terms[f"post-attention norm {label}"] = (n_bytes, n_formula)
     terms[f"mlp norm {label}"] = (n_bytes, n_formula)
     terms["mlp input"] = (e * T * h, f"{e}sbh")
     if cfg.moe:
@@ -114,7 +119,9 @@ def layer_terms(cfg: ModelConfig, seq: int, batch: int, kernel: str, e: int,
     elif cfg.mlp == "gelu":   # GPT-2's gelu_new in eager ops saves x, x/2, tanh, 1+tanh; + the output
         terms["gelu_new: 4 saved, the output"] = (5 * e * T * F, f"{5 * e}sbF")
     else:
-        terms["gate, silu, up, product"] = (4 * e * T * F, f"{4 * e}sbF")
+        terms[f"gate, {'gelu' if cfg.mlp == 'geglu' else 'silu'}, up, product"] = (4 * e * T * F, f"{4 * e}sbF")
+    if cfg.norms_per_layer == 4:
+        terms[f"post-MLP norm {label}"] = (n_bytes, n_formula)
     return terms
 
 
@@ -195,6 +202,8 @@ def activations(cfg: ModelConfig, seq: int, batch: int = 1, kernel: str = "flash
     loss = sum(b for b, _ in loss_terms(cfg, seq, batch, e, impl).values())
     # Hugging Face's forward rebinds the last hidden state to the final norm's output
     forward_peak = layers + outside + loss + (0 if impl == "hf" else unsaved)
+    if softcap(cfg) and impl == "hf":   # Gemma 2: its final norm's moment; the softmax's not modelled
+        at_softmax, forward_peak = 0, max(forward_peak, layers + rope + gemma_final_norm(cfg, seq, batch, e))
     if at_softmax:  # the last layer's softmax can top the loss (its input is in at_softmax)
         forward_peak = max(forward_peak, saved_before(L - 1) + rope + at_softmax + unsaved)
     recompute_peak = 0
@@ -235,6 +244,8 @@ def loss_terms(cfg: ModelConfig, seq: int, batch: int, e: int, impl: str = "cour
     ``impl="hf"`` the labels ``ForCausalLMLoss`` pads by one token (int64)."""
     T, V = batch * seq, cfg.vocab
     terms = {"logits" + (" (bf16)" if e == 2 else " (fp32)"): (e * T * V, f"{e}sbV")}
+    if softcap(cfg):   # Gemma 2's final soft-cap: the tanh output beside the capped logits
+        terms["logits soft-capped: tanh output"] = (e * T * V, f"{e}sbV")
     if e == 2:
         terms["logits, fp32 copy"] = (4 * T * V, "4sbV")
     terms["log-softmax (fp32)"] = (4 * T * V, "4sbV")

@@ -105,6 +105,8 @@ def trace_hf(config: str | dict, seq: int = 4096, micro_batch: int = 1, attentio
     if cfg.moe and fake:
         raise UsageError(f"model_type {cfg.model_type}: a mixture of experts routes by its tensors' values; "
                          "fake tensors have none (trace a reduced config with real tensors)")
+    if cfg.model_type == "gemma2" and attention != "eager":   # transformers: sdpa cannot soft-cap
+        raise UsageError("gemma2: transformers runs it with eager attention only; use --attention eager")
     seq, micro_batch = validate(recipe, "flash", "none", seq, micro_batch, "hf", adamw)
     if cfg.positions and seq > cfg.positions:   # fake tensors would not notice the bad index
         raise UsageError(f"--seq {seq} is longer than {cfg.name}'s {cfg.positions} learned positions")
@@ -174,6 +176,8 @@ def formula_activations(cfg: ModelConfig, seq: int, micro_batch: int, attention:
     formula does not cover the type or the attention implementation yet (eager: Llama and Qwen2,
     whose eager attention is the course's ``eager`` kernel; a mixture of experts: sdpa, at
     ``routing``, balanced by default)."""
+    if cfg.model_type == "gemma2" and attention == "eager":
+        return activations(cfg, seq, micro_batch, "eager", "none", recipe, "hf", "hf").peak
     if cfg.model_type in MOE and attention == "sdpa":   # ``routing``: balanced unless given
         return activations(cfg, seq, micro_batch, "flash", "none", recipe, "hf", "hf", routing).peak
     if cfg.model_type not in LLAMA_LIKE or (attention == "eager" and cfg.model_type not in ("llama", "qwen2")):
@@ -186,8 +190,8 @@ def summary(tr: Trace, cfg: ModelConfig, attention: str, formula: int | None) ->
     """What ``trace --config`` prints: the settings, each category's peak, the formula beside it."""
     lines = [f"{tr.model} ({cfg.model_type}, {cfg.n_layers} layers): transformers' own model, one "
              f"training step on fake tensors ({tr.seconds:.1f} s)",
-             f"  attention {attention}, dropout 0, one sequence per row (not packed), "
-             f"seq {tr.seq} x micro-batch {tr.micro_batch}, recipe {tr.recipe}"]
+             f"  attention {attention}, dropout 0, one sequence per row (not packed),",
+             f"  seq {tr.seq} x micro-batch {tr.micro_batch}, recipe {tr.recipe}"]
     for name, value in tr.peaks.items():
         lines.append(f"  {name:12s} peak {units.fmt_both(value):26s} at {tr.peak_moments[name]}")
     lines.append(f"  {'total':12s} peak {units.fmt_both(tr.total_peak):26s} at {tr.total_peak_moment}")
