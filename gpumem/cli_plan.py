@@ -24,7 +24,9 @@ from .planner.stage_split import split_text
 def register(sub) -> None:
     """Add the ``plan`` verb to the command line's subparsers."""
     p = sub.add_parser("plan", help="ranked training layouts that fit, with memory, time and a DeepSpeed config")
-    p.add_argument("--model", required=True, help="llama-3-8b, llama-3-70b, llama-3.1-405b, tiny, mini")
+    p.add_argument("--model", default=None, help="llama-3-8b, llama-3-70b, llama-3.1-405b, tiny, mini, or a "
+                                                  "shipped config's name (qwen2.5-72b, mistral-7b-v0.1, ...)")
+    p.add_argument("--config", default=None, help="a Hugging Face config.json (dense models) instead of --model")
     p.add_argument("--gpus", type=positive("--gpus"), required=True, help="GPU count")
     p.add_argument("--gpu", default=None, help="a GPU of the course's table (speeds and capacity): "
                                                 "a100-40gb, a100-80gb, h100-80gb, h200, l4, t4 (h100-80gb)")
@@ -68,21 +70,38 @@ def _gpu_name(text: str | None) -> str:
     return name
 
 
+def _model(args):
+    """The model ``plan`` is asked about: a registry name, or a ModelConfig read from ``--config``
+    or from a shipped config named by ``--model``. A mixture of experts is refused: the planner has
+    no expert-parallel lever (``ep``) nor the all-to-all it costs yet, and would price all experts'
+    FLOPs as dense ones."""
+    from .memory import hf_config, models
+    if (args.model is None) == (args.config is None):
+        raise UsageError("give one of --model NAME or --config PATH")
+    if args.model is not None and args.model not in hf_config.SHIPPED:
+        models.get(args.model)
+        return args.model
+    cfg = hf_config.load(args.config or args.model)
+    if cfg.moe:
+        raise UsageError(f"{cfg.name} is a mixture of experts ({cfg.n_experts} experts, top-{cfg.top_k}); "
+                         "plan takes dense models (no expert-parallel lever yet); estimate and trace count it")
+    return cfg
+
+
 def _plan(args) -> int:
-    from .memory import models
     from . import planner
-    models.get(args.model)
+    model = _model(args)
     gpu = _gpu_name(args.gpu)
     mem = units.parse_size(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None
     fields = planner.parse_layout(args.layout) if args.layout is not None else None   # bad keys before the search
     recipes = ("mixed", "pure-bf16") if args.recipe == "both" else (args.recipe,)
-    result = planner.plan(args.model, args.gpus, gpu, gpu_mem=mem, seq=args.seq, global_batch=args.global_batch,
+    result = planner.plan(model, args.gpus, gpu, gpu_mem=mem, seq=args.seq, global_batch=args.global_batch,
                           recipes=recipes, cpu_adam_rate=args.cpu_adam_rate)
     if (result.advice or {}).get("nearest"):      # suggest only batches --global-batch accepts
         result.advice["nearest"] = [b for b in result.advice["nearest"] if b <= BOUNDS["--global-batch"]]
     given = None
     if fields is not None:
-        given = planner.evaluate(args.model, args.gpus, fields, gpu, result=result, cpu_adam_rate=args.cpu_adam_rate)
+        given = planner.evaluate(model, args.gpus, fields, gpu, result=result, cpu_adam_rate=args.cpu_adam_rate)
     if args.json:
         out = result.as_dict(args.top)
         if given is not None:
