@@ -60,12 +60,16 @@ def test_variants_against_hand_counts():
     T, h, k, F, a = 30, 64, 32, 96, 4
     attention = 2 * T * (h + 2 * k) + 2 * T * h + 4 * a * T          # q, k, v, output, logsumexp
     fused_norm, hf_norm = 2 * T * h + 4 * T, 4 * T * h + 4 * T + 2 * T * h
+    # Gemma's: pow's fp32 copy, rsqrt's 1/rms, and the fp32 product's two factors: the normalised
+    # input and 1 + weight (h wide, fp32, made from the weight: not a parameter's storage)
+    gemma_norm = 4 * T * h + 4 * T + 4 * T * h + 4 * h
     plain = 2 * fused_norm + 2 * 2 * T * h + attention + 4 * 2 * T * F
     got = {v: variants.measure(64, 4, 2, 96, 10, 3, "flash", *v) for v in
            [("fused", "swiglu", False), ("hf", "swiglu", False), ("fused", "gelu-dropout", False),
-            ("fused", "swiglu", True)]}
+            ("fused", "swiglu", True), ("gemma", "swiglu", False)]}
     assert got["fused", "swiglu", False] == (plain, llama_params(64, 4, 2, 96))
     assert got["hf", "swiglu", False][0] == plain + 2 * (hf_norm - fused_norm)
+    assert got["gemma", "swiglu", False] == (plain + 2 * (gemma_norm - fused_norm), llama_params(64, 4, 2, 96))
     # GeLU's input, the bool mask and dropout's output (down's input); GeLU's output is not kept
     assert got["fused", "gelu-dropout", False] == (plain - 8 * T * F + 2 * T * F + T * F + 2 * T * F,
                                                    llama_params(64, 4, 2, 96) - h * F)
@@ -95,8 +99,8 @@ def test_chapter_formulas_copied_for_the_variants_fail_at_the_first_case():
     report = grade({"variant_layer": copying_the_chapter()})
     got = rows(report, "variant_layer")
     assert len(got) == 1, report.summary()                  # it stops at its first failing case
-    assert "norm=hf" in got[0].case and "norm='hf'" in got[0].detail and "missing" in got[0].detail
-    assert "LlamaRMSNorm" in got[0].detail and "fp32" in got[0].detail
+    assert "norm=gemma" in got[0].case and "norm='gemma'" in got[0].detail and "missing" in got[0].detail
+    assert "GemmaRMSNorm" in got[0].detail
 
 
 def _ask_variants(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
@@ -332,8 +336,12 @@ def _when(switch, value, term):
 
 
 # hand counts per norm: fused 2Th + 4T; hf 4Th (pow's fp32 copy) + 4T (rsqrt) + 2Th (bf16 normalised)
-HF, GELU, BIAS = ("norm", "hf"), ("mlp", "gelu-dropout"), ("qkv_bias", True)
+HF, GELU, BIAS, GEMMA = ("norm", "hf"), ("mlp", "gelu-dropout"), ("qkv_bias", True), ("norm", "gemma")
 SLIPS = {   # name: (switch, activations change, params change, the case's variant, words in the hint)
+    "gemma norm without its fp32 1 + weight": (GEMMA, lambda kw: -2 * 4 * kw["d_model"], None,
+                                               "norm=gemma mlp=swiglu", ["norm='gemma'", "not the weight"]),
+    "gemma norm counted as hf": (GEMMA, lambda kw: -2 * (2 * _T(kw) * kw["d_model"] + 4 * kw["d_model"]), None,
+                                 "norm=gemma mlp=swiglu", ["norm='gemma'", "GemmaRMSNorm's operators"]),
     "hf norm counted as fused": (HF, lambda kw: -2 * 4 * _T(kw) * kw["d_model"], None,
                                  "norm=hf mlp=swiglu qkv_bias=False", ["norm='hf'", "fused RMSNorm"]),
     "hf norm without the bf16 normalised copy": (HF, lambda kw: -2 * 2 * _T(kw) * kw["d_model"], None,
@@ -477,7 +485,7 @@ def test_a_fudge_factor_fitted_on_one_shape_fails_at_the_drawn_ones():
         return {"activations": round(count * ratio) if norm == "hf" else count,
                 "params": llama_params(d_model, n_heads, n_kv_heads, ffn)}
     got = rows(grade({"variant_layer": fudge}), "variant_layer")
-    assert len(got) == 1 and got[0].status == "wrong" and "norm='hf'" in got[0].detail
+    assert len(got) == 1 and got[0].status == "wrong" and "norm='gemma'" in got[0].detail    # Gemma's first
 
 
 def test_chapter_01_does_not_print_what_part_3_grades():
@@ -873,6 +881,16 @@ def test_the_copy_watch_knows_the_solution_from_the_library():
     by_hand = compile("def f(cfg, T, e):\n    return e * T * cfg.d_model + 4 * T + cfg.kv_dim * cfg.ffn * len('fused')",
                       "<cell>", "exec").co_consts[0]
     assert labcopies.match(by_hand, found) is None
+
+
+def test_the_library_has_no_gemma_norm_and_part_3_grades_it_first():
+    """Part 3's first case is Gemma's RMSNorm, which gpumem.memory does not count (its norms are
+    the fused and Hugging Face's), so its term cannot be read off ``norm_bytes``."""
+    from gpumem.errors import UsageError
+    from gpumem.memory import activation_parts
+    assert labcheck.VARIANT_CASES[0] == ("gemma", "swiglu", False)
+    with pytest.raises(UsageError):
+        activation_parts.norm_bytes(30, 64, 2, "gemma")
 
 
 def test_the_library_cannot_count_part_2s_graded_layer():

@@ -9,7 +9,7 @@ n_heads * head_dim != d_model) and q/k norms per head (Qwen3) or over the whole 
 ``gpumem.memory.activations`` counts the width and Qwen3's norms but not OLMo 2's, which every
 check grades first. Layers
 are drawn afresh at each check (shapes, and in part 3 the variants of :mod:`.variants`: Hugging
-Face's RMSNorm, a GeLU MLP with dropout, q/k/v biases) and measured on real tensors
+Face's and Gemma's RMSNorms, a GeLU MLP with dropout, q/k/v biases) and measured on real tensors
 (:func:`.labwide.measure`, :func:`.variants.measure`), so a table of last time's answers does not
 pass; a few shapes lie far outside the drawn range, where a fit to small measurements passes only
 if it is the exact formula. Each function stops at its first failing case; a wrong count is
@@ -72,7 +72,8 @@ def layer_source() -> str:
 
 
 def variant_source() -> str:
-    """Part 3's code: the variant block, Hugging Face's RMSNorm, the GeLU MLP and its dropout."""
+    """Part 3's code: the variant block, Hugging Face's and Gemma's RMSNorms, the GeLU MLP and its
+    dropout."""
     return variants.variant_source()
 
 
@@ -150,8 +151,11 @@ def _failed(row: Row) -> bool:
 
 # (norm, mlp, qkv_bias) of part 3's cases, one variant at a time first, so that the first row that
 # fails names the variant; the attention kernel cycles through all three
-VARIANT_CASES = [("hf", "swiglu", False), ("fused", "gelu-dropout", False), ("fused", "swiglu", True),
-                 ("hf", "gelu-dropout", False), ("fused", "gelu-dropout", True), ("hf", "gelu-dropout", True)]
+# Gemma's norm first: the library counts Hugging Face's (norm_bytes(norm="hf")), not Gemma's
+VARIANT_CASES = [("gemma", "swiglu", False), ("hf", "swiglu", False), ("fused", "gelu-dropout", False),
+                 ("fused", "swiglu", True), ("hf", "gelu-dropout", False), ("gemma", "gelu-dropout", True),
+                 ("hf", "gelu-dropout", True)]
+MIXED = 4                  # VARIANT_CASES[MIXED:] switch two or three on; the far shapes draw from them
 KERNEL_CYCLE = ("flash", "naive", "eager")
 
 
@@ -165,7 +169,7 @@ def _grade_variants(report: Report, fn, rng: random.Random) -> None:
         report.rows.append(Row(name, "part 3", "todo", f"define {name}"))
         return
     learner = guarded(fn)
-    far = [(draw_far_shape(rng), ", far shape", rng.choice(VARIANT_CASES[3:])) for _ in range(2)]
+    far = [(draw_far_shape(rng), ", far shape", rng.choice(VARIANT_CASES[MIXED:])) for _ in range(2)]
     for i, (shape, tag, (norm, mlp, bias)) in enumerate([(draw_shape(rng), "", v) for v in VARIANT_CASES] + far):
         case = dict(shape, kernel=KERNEL_CYCLE[i % 3], norm=norm, mlp=mlp, qkv_bias=bias)
 

@@ -45,15 +45,22 @@ def terms(learner, case: dict, key: str) -> dict:
     return out
 
 
-def _bytes_hint(switch: str, mine: int, true: int, sizes: tuple) -> str:
-    """``sizes``: (tokens, d_model, ffn)."""
+NORM_CLASS = {"hf": "LlamaRMSNorm", "gemma": "GemmaRMSNorm"}
+
+
+def _bytes_hint(switch: str, mine: int, true: int, sizes: tuple, norm: str = "hf") -> str:
+    """``sizes``: (tokens, d_model, ffn); ``norm``: the case's norm."""
     off = mine - true
     if switch == "norm":
+        said, cls = f"norm={norm!r}", NORM_CLASS[norm]
         if mine == 0:
-            return (f"norm='hf': {-off:,} B missing; your count keeps the fused RMSNorm's tensors: count what "
-                    "LlamaRMSNorm's own operators save (an fp32 copy of the input among them)")
-        return (f"norm='hf': your norm term is {off:+,} B off: list what LlamaRMSNorm's operators save, "
-                "with dtype, and which of part 2's norm tensors are gone")
+            return (f"{said}: {-off:,} B missing; your count keeps the fused RMSNorm's tensors: count what "
+                    f"{cls}'s own operators save")
+        if norm == "gemma" and off == -8 * sizes[1]:
+            return (f"{said}: {-off:,} B missing, {-off // 2:,} B a norm: something d_model wide that is not "
+                    "the weight itself")
+        return (f"{said}: your norm term is {off:+,} B off: list what {cls}'s operators save, "
+                "with shape and dtype, and which of part 2's norm tensors are gone")
     if switch == "mlp":
         t, h, f = sizes
         if mine == 0:
@@ -89,7 +96,7 @@ def _params_hint(switch: str, mine: int, true: int, case: dict) -> str:
         if off == case["d_model"] * case["ffn"]:
             return "mlp='gelu-dropout': your count has SwiGLU's three matrices; the GeLU MLP has two"
         return f"mlp='gelu-dropout': your MLP has {off:+,} parameters too many; up and down, no biases"
-    return f"norm='hf': {off:+,} parameters: LlamaRMSNorm has the same weight as the fused norm"
+    return f"norm={case['norm']!r}: {off:+,} parameters: {NORM_CLASS[case['norm']]} has one weight as wide as the fused norm's"
 
 
 def why(learner, case: dict, key: str, got: int, want: int) -> str:
@@ -105,7 +112,8 @@ def why(learner, case: dict, key: str, got: int, want: int) -> str:
     if wrong:
         mine, true = t[wrong[0]]
         if key == "activations":
-            return _bytes_hint(wrong[0], mine, true, (case["batch"] * case["seq"], case["d_model"], case["ffn"]))
+            return _bytes_hint(wrong[0], mine, true, (case["batch"] * case["seq"], case["d_model"], case["ffn"]),
+                               case["norm"])
         return _params_hint(wrong[0], mine, true, case)
     if plain_mine is not None and plain_mine != plain_true and len(t) == sum(m is not None for m, _ in t.values()):
         return (f"the plain layer (norm='fused', mlp='swiglu', qkv_bias=False) at this shape is already "

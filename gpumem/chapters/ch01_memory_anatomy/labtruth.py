@@ -13,8 +13,8 @@ hooks record nothing turns every truth into 0, and functions answering 0 would p
 - a Python function in those torch namespaces must come from an installed file (a patch made
   before the import, from a notebook cell, has its cell as its file);
 - every measured truth must equal :func:`expected`: ``gpumem.memory.activations.layer_parts``
-  (bound at import; a formula, it does not run through torch) for the plain layer and either
-  norm, less 3TF for the GeLU MLP with dropout (it keeps 2TF + TF + 2TF where SwiGLU keeps 8TF),
+  (bound at import; a formula, it does not run through torch) for the plain layer and the fused
+  and HF norms (Gemma's by hand: 8Th + 4T + 4h a norm in fp32, for the fused norm's 2Th + 4T), less 3TF for the GeLU MLP with dropout (it keeps 2TF + TF + 2TF where SwiGLU keeps 8TF),
   biases adding no bytes; parameters by hand count, 2h + 2h^2 + 2hk + 3hF (2hF for the GeLU MLP,
   + h + 2k for biases); part 2's layer (:mod:`.labwide`) is held to :func:`expected_wide`. That is
   checked for a small layer of each part under each kernel before grading, for every entry
@@ -118,7 +118,10 @@ def expected(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm="fused"
              qkv_bias=False) -> tuple[int, int]:
     """(saved bytes in bf16, parameters) of a layer by formula (module docstring)."""
     cfg = variants.config(d_model, n_heads, n_kv_heads, ffn)
-    saved = sum(_LAYER_PARTS(cfg, seq, batch, kernel, 2, norm=norm).values())
+    gemma, T = norm == "gemma", batch * seq
+    saved = sum(_LAYER_PARTS(cfg, seq, batch, kernel, 2, norm="fused" if gemma else norm).values())
+    if gemma:     # not in the library: fp32 input, 1/rms, fp32 normalised, fp32 (1 + w), two norms
+        saved += 2 * (4 * T * d_model + 4 * T + 4 * T * d_model + 4 * d_model - (2 * T * d_model + 4 * T))
     h, k, F, gelu = d_model, cfg.kv_dim, ffn, mlp == "gelu-dropout"
     params = 2 * h + 2 * h * h + 2 * h * k + (2 if gelu else 3) * h * F + (h + 2 * k if qkv_bias else 0)
     return saved - (3 * batch * seq * F if gelu else 0), params

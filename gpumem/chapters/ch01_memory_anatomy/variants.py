@@ -4,7 +4,11 @@
 
 - ``norm="hf"``: Hugging Face's eager ``LlamaRMSNorm`` (``llama.HFRMSNorm``, the same operators as
   transformers' ``modeling_llama.py``; transformers is not installed here, the class is copied
-  from its source, which upcasts to fp32 and multiplies the weight last);
+  from its source, which upcasts to fp32 and multiplies the weight last); ``norm="gemma"``:
+  Gemma's ``GemmaRMSNorm`` (transformers ``modeling_gemma.py``, class ``GemmaRMSNorm``, copied
+  operator for operator: the weight enters as ``1 + weight``, in fp32, and the product is cast
+  back last, "(x * w).to(float16)", transformers PR 29402), which ``gpumem.memory`` does not
+  count, so part 3's first case cannot be read off the library's ``norm_bytes``;
 - ``mlp="gelu-dropout"``: a GeLU MLP (up, GeLU, dropout, down, no biases) with dropout on its
   F-wide hidden activations, where transformers' ``T5DenseActDense`` puts it (wi, act, dropout,
   wo), not on the MLP's output as in Korthikanti et al.'s layer, whose count chapter 01 prints;
@@ -27,7 +31,7 @@ from torch import nn
 from gpumem.memory import llama
 from gpumem.memory.models import ModelConfig
 
-NORMS = ("fused", "hf")
+NORMS = ("fused", "hf", "gemma")
 MLPS = ("swiglu", "gelu-dropout")
 DROPOUT = 0.1
 _truth: dict = {}          # (shape, variant) -> (saved bytes, parameters); plain dict, see labguard
@@ -41,6 +45,28 @@ _SET_GRAD, _GRAD_ON = torch._C._set_grad_enabled, torch._C.is_grad_enabled
 def dropout(x, p: float):
     """Dropout in training mode, as CUDA's ``F.dropout`` runs it."""
     return torch.native_dropout(x, p, True)[0]
+
+
+class GemmaRMSNorm(nn.Module):
+    """transformers' ``GemmaRMSNorm`` (``modeling_gemma.py``), the same operators."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        output = self._norm(x.float())
+        output = output * (1.0 + self.weight.float())
+        return output.type_as(x)
+
+
+def make_norm(norm: str, dim: int, eps: float) -> nn.Module:
+    """Part 3's norm: Gemma's here, the fused and Hugging Face's from ``gpumem.memory.llama``."""
+    return GemmaRMSNorm(dim, eps) if norm == "gemma" else llama.make_norm(norm, dim, eps)
 
 
 class GeluMLP(nn.Module):
@@ -62,13 +88,13 @@ class VariantBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, norm: str = "fused", mlp: str = "swiglu",
                  qkv_bias: bool = False):
         super().__init__()
-        self.attn_norm = llama.make_norm(norm, cfg.d_model, cfg.norm_eps)
+        self.attn_norm = make_norm(norm, cfg.d_model, cfg.norm_eps)
         self.attn = llama.Attention(cfg)
         if qkv_bias:
             self.attn.wq = nn.Linear(cfg.d_model, cfg.d_model, bias=True)
             self.attn.wk = nn.Linear(cfg.d_model, cfg.kv_dim, bias=True)
             self.attn.wv = nn.Linear(cfg.d_model, cfg.kv_dim, bias=True)
-        self.mlp_norm = llama.make_norm(norm, cfg.d_model, cfg.norm_eps)
+        self.mlp_norm = make_norm(norm, cfg.d_model, cfg.norm_eps)
         self.mlp = llama.MLP(cfg) if mlp == "swiglu" else GeluMLP(cfg.d_model, cfg.ffn, DROPOUT)
 
     def forward(self, x, cos, sin, kernel: str):
@@ -92,7 +118,8 @@ def variant_source() -> str:
     """What part 3 prints: the variant block and the pieces part 2 did not show."""
     import inspect
     import textwrap
-    parts = [("VariantBlock", VariantBlock), ("HFRMSNorm (norm='hf')", llama.HFRMSNorm.forward),
+    parts = [("VariantBlock", VariantBlock), ("make_norm", make_norm),
+             ("HFRMSNorm (norm='hf')", llama.HFRMSNorm.forward), ("GemmaRMSNorm (norm='gemma')", GemmaRMSNorm),
              ("GeluMLP (mlp='gelu-dropout')", GeluMLP), ("dropout", dropout)]
     return "\n\n".join(f"# {title}\n" + without_comments(textwrap.dedent(inspect.getsource(obj)))
                        for title, obj in parts)
