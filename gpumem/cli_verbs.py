@@ -252,7 +252,7 @@ def _trace_config(args) -> int:
     if cfg.positions and (args.seq or 4096) > cfg.positions:
         raise UsageError(f"--seq {args.seq or 4096} is longer than {cfg.name}'s {cfg.positions} learned positions")
     ft = finetune_options.from_args(args, 0, args.recipe)     # chapter 08's options, checked before torch loads
-    if cfg.moe:   # routing follows the tensors' values: the formula at full size, no torch
+    if cfg.moe:   # experts: the trace, the formula and the routing stated
         from .memory import moe_summary
         return moe_summary.cli(args, cfg, ft)
     from .memory import hf_trace, lora_trace

@@ -129,8 +129,10 @@ def from_dict(raw: dict, name: str = "config") -> ModelConfig:
         norm_kind="layer" if mt == "gpt2" else "rms", norms_per_layer=kind.norms_per_layer,
         qk_norm=kind.qk_norm, fused_qkv=mt == "gpt2", positions=f.get("P", 0),
         n_experts=f.get("E", 0), top_k=f.get("k", 0), published_active=published[1], source=published[2],
-        # MistralConfig's default window is 4096 (transformers configuration_mistral.py); null: none
-        sliding_window=(raw.get("sliding_window", 4096) or 0) if mt == "mistral" else 0)
+        # MistralConfig's default window is 4096 (transformers configuration_mistral.py), Mixtral's
+        # None (configuration_mixtral.py); null: none
+        sliding_window=(raw.get("sliding_window", 4096 if mt == "mistral" else None) or 0)
+        if mt in ("mistral", "mixtral") else 0)
 
 
 def load(name_or_path: str) -> ModelConfig:

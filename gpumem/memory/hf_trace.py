@@ -16,10 +16,12 @@ chapter 01 tracer (``tracer.PeakTracker``). Stated settings:
   tensors give (a test compares fake with real tensors on a small model).
 
 A mixture of experts (``mixtral``, ``qwen3_moe``) routes each token by its tensors' values, which
-fake tensors lack: it is traced on real CPU tensors at reduced sizes (``fake=False``), with the
-experts implementation named (``grouped_mm``, transformers' default) and each layer's tokens per
-expert read off its router; ``tests/test_hf_moe.py`` shows the formula (``moe_acts``) equal, and
-``trace --config`` uses the formula at full size (``moe_summary``).
+fake tensors lack. With transformers' default experts implementation (``grouped_mm``, named here)
+no shape depends on them: every token's top-k rows are computed (S = T*k), only their split among
+the experts follows the values. So on real CPU tensors at reduced sizes (``fake=False``, each
+layer's tokens per expert read off its router) the saved bytes equal the formula's (``moe_acts``)
+at the routing counted, at a forced balanced routing and at none; fake tensors give the same
+bytes, at full size too (``tests/test_hf_moe.py``).
 
 ``saved_tensors`` lists what autograd saves in the forward, tensor by tensor (module, shape, dtype,
 bytes, the op that saved it), for the difference tables of ``hf_compare``.
@@ -96,15 +98,14 @@ def trace_hf(config: str | dict, seq: int = 4096, micro_batch: int = 1, attentio
              recipe: str = "mixed", layers: int | None = None, fake: bool = True,
              adamw: str = "for-loop", seed: int = 0, routing_counts: list | None = None) -> Trace:
     """One training step of transformers' model for ``config`` (a shipped name, a path or a
-    dictionary) under :class:`PeakTracker`; ``layers`` overrides the depth. A mixture of experts
-    routes by the values of its tensors: real tensors only (``fake=False``), and each layer's
-    tokens per expert, read off its router, are appended to ``routing_counts`` if given."""
+    dictionary) under :class:`PeakTracker`; ``layers`` overrides the depth. For a mixture of
+    experts on real tensors, each layer's tokens per expert, read off its router, are appended
+    to ``routing_counts`` if given."""
     if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
         raise UsageError(f"--layers must be a positive integer, got {layers!r}")
     raw, cfg = raw_config(config, layers)
-    if cfg.moe and fake:
-        raise UsageError(f"model_type {cfg.model_type}: a mixture of experts routes by its tensors' values; "
-                         "fake tensors have none (trace a reduced config with real tensors)")
+    if cfg.moe and fake and routing_counts is not None:
+        raise UsageError("tokens per expert are read off real tensors only (fake=False)")
     if cfg.model_type == "gemma2" and attention != "eager":   # transformers: sdpa cannot soft-cap
         raise UsageError("gemma2: transformers runs it with eager attention only; use --attention eager")
     seq, micro_batch = validate(recipe, "flash", "none", seq, micro_batch, "hf", adamw)
@@ -188,9 +189,9 @@ def formula_activations(cfg: ModelConfig, seq: int, micro_batch: int, attention:
 
 def summary(tr: Trace, cfg: ModelConfig, attention: str, formula: int | None) -> list[str]:
     """What ``trace --config`` prints: the settings, each category's peak, the formula beside it."""
-    lines = [f"{tr.model} ({cfg.model_type}, {cfg.n_layers} layers): transformers' own model, one "
-             f"training step on fake tensors ({tr.seconds:.1f} s)",
-             f"  attention {attention}, dropout 0, one sequence per row (not packed),",
+    lines = [f"{tr.model} ({cfg.model_type}, {cfg.n_layers} layers): transformers' own model, one training step",
+             f"  on fake tensors ({tr.seconds:.1f} s), attention {attention}, dropout 0, one sequence per "
+             "row (not packed),",
              f"  seq {tr.seq} x micro-batch {tr.micro_batch}, recipe {tr.recipe}"]
     for name, value in tr.peaks.items():
         lines.append(f"  {name:12s} peak {units.fmt_both(value):26s} at {tr.peak_moments[name]}")
