@@ -151,7 +151,7 @@ def _failed(row: Row) -> bool:
 
 # (norm, mlp, qkv_bias) of part 3's cases, one variant at a time first, so that the first row that
 # fails names the variant; the attention kernel cycles through all three
-# Gemma's norm first: the library counts Hugging Face's (norm_bytes(norm="hf")), not Gemma's
+# Gemma's norm first (its fp32 1 + weight: a tensor made from a parameter is saved, and counted)
 VARIANT_CASES = [("gemma", "swiglu", False), ("hf", "swiglu", False), ("fused", "gelu-dropout", False),
                  ("fused", "swiglu", True), ("hf", "gelu-dropout", False), ("gemma", "gelu-dropout", True),
                  ("hf", "gelu-dropout", True)]

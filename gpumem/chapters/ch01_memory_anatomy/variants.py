@@ -7,8 +7,10 @@
   from its source, which upcasts to fp32 and multiplies the weight last); ``norm="gemma"``:
   Gemma's ``GemmaRMSNorm`` (transformers ``modeling_gemma.py``, class ``GemmaRMSNorm``, copied
   operator for operator: the weight enters as ``1 + weight``, in fp32, and the product is cast
-  back last, "(x * w).to(float16)", transformers PR 29402), which ``gpumem.memory`` does not
-  count, so part 3's first case cannot be read off the library's ``norm_bytes``;
+  back last, "(x * w).to(float16)", transformers PR 29402). ``gpumem.memory`` counts both
+  norms too (``norm_bytes(norm="hf")``; Gemma 2's in ``activation_parts.layer_norm``), so a
+  learner who reads its docstrings can take the norm term from there; running a copy of its code
+  is refused (:mod:`.labcopies`), and the GeLU MLP with dropout and the biases are not in it;
 - ``mlp="gelu-dropout"``: a GeLU MLP (up, GeLU, dropout, down, no biases) with dropout on its
   F-wide hidden activations, where transformers' ``T5DenseActDense`` puts it (wi, act, dropout,
   wo), not on the MLP's output as in Korthikanti et al.'s layer, whose count chapter 01 prints;
