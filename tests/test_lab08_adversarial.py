@@ -146,7 +146,8 @@ def test_answer_table_fails():
     ns["choose_recipe"] = lambda model, capacity, activations: by_capacity[capacity]
     report = grade(ns)
     assert sum(r.status != "ok" for r in report.rows if r.function == "choose_recipe") >= 2
-    assert "fits" in first_problem(report, "choose_recipe").detail
+    wrong = [r.detail for r in report.rows if r.function == "choose_recipe" and r.status != "ok"]
+    assert all("fits" in d or "usable" in d for d in wrong), wrong
 
 
 def test_swapped_roles_fail_with_the_role_named():
@@ -168,7 +169,25 @@ def test_nf4_at_four_bits_fails():
     right = ns["role_bytes"]
     ns["role_bytes"] = lambda model, ft: {**right(model, ft), "quant_constants": 0}
     row = first_problem(grade(ns), "role_bytes")
-    assert "quant_constants" in row.detail and "absmax per 64" in row.detail
+    assert "quant_constants" in row.detail and "absmax per ft.nf4_block" in row.detail
+
+
+def test_the_papers_block_of_64_everywhere_fails():
+    """A role_bytes that reads neither ft.nf4_block nor ft.double_quant (QLoRA's defaults, as the
+    lab spelled them out before) is wrong on the drawn setups, and told which choice it missed."""
+    ns = solution()
+    right = ns["role_bytes"]
+    ladder_qlora = lab_draw.LADDER["qlora"]
+
+    def defaults(model, ft):
+        if ft.base_dtype != "nf4":
+            return right(model, ft)
+        got = right(model, lab_draw.LabFinetune(**{**ft.__dict__, "nf4_block": 64, "double_quant": True}))
+        assert ladder_qlora.nf4_block == 64
+        return got
+    ns["role_bytes"] = defaults
+    row = first_problem(grade(ns), "role_bytes")
+    assert "quant_constants" in row.detail and "ft.nf4_block is" in row.detail
 
 
 def test_lora_with_d_model_everywhere_fails():
@@ -300,3 +319,102 @@ def test_a_namedtuple_made_inside_the_call_is_not_taken_for_a_frame_walk():
         return inner(model, ft)
     ns["role_bytes"] = role_bytes
     assert all(r.status == "ok" for r in grade(ns).rows if r.function == "role_bytes")
+
+
+# The review's cheat C: gpumem copied and every expression wrapped in an identity call defeats
+# any fingerprint. The graded QLoRA setups are ones gpumem does not count (an NF4 block other than
+# 64, double quantisation on or off), so such a copy is wrong, not refused.
+def _nf4_held(n: int, block: int, double: bool) -> int:
+    """Bytes bitsandbytes keeps beside an n-element weight's codes, read off real tensors (CPU)."""
+    import torch
+    import bitsandbytes.functional as bnbf
+    _, s = bnbf.quantize_4bit(torch.ones(n, dtype=torch.bfloat16), blocksize=block,
+                              compress_statistics=double, quant_type="nf4")
+    held = [s.absmax, s.code] + ([s.offset, s.state2.absmax, s.state2.code] if double else [])
+    return sum(t.numel() * t.element_size() for t in held)
+
+
+@pytest.mark.parametrize("n", [96 * 1000, 64 * 256 * 3 + 1, 448 * 1088])
+def test_grader_nf4_constants_match_bitsandbytes(n):
+    for block in (32, 64, 128, 256, 512):
+        for double in (True, False):
+            assert lab_draw.nf4_constants(n, block, double) == _nf4_held(n, block, double), (n, block, double)
+
+
+def test_library_is_wrong_on_every_drawn_qlora_setup():
+    rng = random.Random(23)
+    for _ in range(3):
+        for model, cases in lab_draw.states_cases(rng):
+            qlora = [(ft, want) for ft, want in cases if ft.base_dtype == "nf4"]
+            assert len(qlora) == 2 and {ft.double_quant for ft, _ in qlora} == {True, False}
+            for ft, want in qlora:
+                assert ft.nf4_block != finetune.NF4_BLOCK
+                assert finetune.finetune_states(lab_draw.config(model), ft) != want
+                fields = {k: v for k, v in ft.__dict__.items() if k in finetune.Finetune.__dataclass_fields__}
+                assert finetune.finetune_states(lab_draw.config(model), finetune.Finetune(**fields)) != want
+
+
+_IDENTITY = '''
+import ast, pathlib, sys
+class Wrap(ast.NodeTransformer):
+    def visit(self, node):
+        node = super().visit(node)
+        kinds = (ast.BinOp, ast.Call, ast.Compare, ast.BoolOp, ast.Dict, ast.Tuple, ast.Attribute, ast.Subscript, ast.List)
+        if isinstance(node, kinds) and type(getattr(node, "ctx", ast.Load())) is ast.Load and not getattr(node, "_w", 0):
+            call = ast.Call(func=ast.Name("_i_", ast.Load()), args=[node], keywords=[])
+            call._w = 1
+            return call
+        return node
+    def visit_Call(self, node):
+        return node if isinstance(node.func, ast.Name) and node.func.id == "_i_" else self.generic_visit(node)
+for p in pathlib.Path(sys.argv[1]).glob("*.py"):
+    t = ast.parse(p.read_text())
+    keep = (ast.Import, ast.ImportFrom)
+    t.body = [s if isinstance(s, keep) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+              else Wrap().visit(s) for s in t.body]
+    t.body.insert(1, ast.parse("_i_ = lambda v: v").body[0])
+    ast.fix_missing_locations(t)
+    p.write_text(ast.unparse(t))
+'''
+
+
+@pytest.mark.parametrize("patch_block", [False, True])
+def test_identity_wrapped_copy_of_gpumem_is_wrong(tmp_path, patch_block):
+    """Cheat C, as the reviewer ran it (8/8 before): now every role_bytes row fails, on the drawn
+    QLoRA setups. Patching the copy's NF4 block to the drawn one is not enough either: the setup
+    without double quantisation keeps fp32 absmaxes, which the copy's formula has no place for."""
+    import shutil
+    import subprocess
+    import sys
+    copy = tmp_path / "gpumem_copy"
+    shutil.copytree(ROOT / "gpumem", copy, ignore=shutil.ignore_patterns("__pycache__", "chapters", "app*"))
+    (tmp_path / "wrap.py").write_text(_IDENTITY)
+    subprocess.run([sys.executable, str(tmp_path / "wrap.py"), str(copy / "memory")], check=True)
+    ns = notebook_namespace(ROOT / "labs" / f"{LAB}.ipynb")
+    ns.update(_sys_path=str(tmp_path), _patch=patch_block)
+    src = '''
+import sys; sys.path.insert(0, _sys_path)
+from gpumem_copy.memory import finetune as _f, models as _m
+def role_bytes(model, ft):
+    cfg = _m.ModelConfig(name="x", n_layers=model["n_layers"], d_model=model["d_model"], n_heads=model["n_heads"],
+        n_kv_heads=model["n_kv_heads"], ffn=model["ffn"], vocab=model["vocab"], explicit_head_dim=model["head_dim"],
+        tie_embeddings=model["tie_embeddings"])
+    if _patch:
+        _f.NF4_BLOCK = getattr(ft, "nf4_block", 64)
+    return _f.finetune_states(cfg, _f.Finetune(**{k: v for k, v in ft.__dict__.items() if k in _f.Finetune.__dataclass_fields__}))
+def choose_recipe(model, capacity, activations):
+    usable = capacity - GiB - int(0.05 * capacity)
+    return next((ft for n, ft in LADDER.items() if sum(role_bytes(model, ft).values()) + activations[n] <= usable), None)
+'''
+    exec(compile(src, "<cheat cell>", "exec"), ns)
+    try:
+        report = grade(ns)
+    finally:
+        sys.modules.pop("gpumem_copy", None)
+        for name in [m for m in sys.modules if m.startswith("gpumem_copy.")]:
+            sys.modules.pop(name)
+    rows = [r for r in report.rows if r.function == "role_bytes"]
+    assert not report.solved and len(rows) == 3
+    for row in rows:
+        assert row.status == "wrong" and "QLoRA" in row.detail, row.detail
+        assert ("quant_constants" in row.detail or "dequant_buffer" in row.detail), row.detail

@@ -12,26 +12,69 @@
   (chapter 08's ``scale.usable``: capacity minus the single-GPU reserve, no NCCL). So neither the
   GPU nor the model's width says the answer.
 
-The expected bytes are the library's (:func:`gpumem.memory.finetune.finetune_states` and
-``finetune_activation_bytes``), computed here, before the learner's call and outside its guard.
+Part 1's QLoRA setups are ones the library does not count (:class:`LabFinetune`): an NF4 block
+other than 64 and, in one of the two, no double quantisation, so a copy of gpumem's counts, however
+rewritten, is wrong on them. Their truth is :func:`truth`: the library's bytes for every role the
+block does not touch, and a hand count of bitsandbytes 0.50.2 for the two it does
+(:func:`nf4_constants`; tests compare it with ``bitsandbytes.functional.quantize_4bit`` run on the
+CPU). The activation peaks of part 2 are the library's (``finetune_activation_bytes``). All are
+computed here, before the learner's call and outside its guard.
 """
 
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from gpumem.memory import models
-from gpumem.memory.finetune import FT_TARGETS, Finetune, finetune_activation_bytes, finetune_states
+from gpumem.memory.finetune import FT_TARGETS, Finetune, finetune_activation_bytes, finetune_states, matrices
 
 from .scale import usable as card_usable     # the chapter's single-GPU reserve: one fact, one function
 
 MARGIN = 0.03
+
+
+@dataclass(frozen=True)
+class LabFinetune(Finetune):
+    """A :class:`Finetune` with two of bitsandbytes' NF4 choices that gpumem does not count:
+    ``nf4_block``, the weights per absmax (``quantize_4bit(blocksize=...)``, ``Params4bit(blocksize=
+    ...)``: 32 to 4,096, default 64), and ``double_quant`` (``compress_statistics``, transformers'
+    ``bnb_4bit_use_double_quant``): absmaxes stored in 8 bits (True) or kept fp32 (False)."""
+    nf4_block: int = 64
+    double_quant: bool = True
+
+
+NF4_BLOCKS = (32, 128, 256, 512)     # bitsandbytes quantize_4bit's accepted sizes, 64 (the library's) left out
+NESTED_BLOCK, NF4_CODE, NESTED_MAP = 256, 16 * 4, 256 * 4   # quantize_4bit: blocksize=256; 16 and 256 fp32 values
+
+
+def nf4_constants(n: int, block: int, double_quant: bool) -> int:
+    """Bytes bitsandbytes 0.50.2 keeps beside one n-element NF4 weight's codes (hand count of
+    ``functional.quantize_4bit``): double quantisation: uint8 absmaxes, an fp32 absmax per 256 of
+    them, an fp32 offset, the NF4 code and the nested map; without: fp32 absmaxes and the code."""
+    blocks = -(-n // block)
+    if not double_quant:
+        return 4 * blocks + NF4_CODE
+    return blocks + 4 * -(-blocks // NESTED_BLOCK) + 4 + NF4_CODE + NESTED_MAP
+
+
+def truth(cfg, ft: LabFinetune) -> dict[str, int]:
+    """The bytes by role of a lab setup: gpumem's for the roles the NF4 block does not touch,
+    :func:`nf4_constants` and the dequantised matrix (bf16, with its fp32 absmaxes rebuilt when
+    they are stored 8-bit) for the two it does."""
+    roles = finetune_states(cfg, ft)
+    if ft.base_dtype == "nf4":
+        sizes = [i * o for i, o in matrices(cfg).values()] * cfg.n_layers
+        big = max(sizes)
+        roles["quant_constants"] = sum(nf4_constants(m, ft.nf4_block, ft.double_quant) for m in sizes)
+        roles["dequant_buffer"] = 2 * big + (4 * -(-big // ft.nf4_block) if ft.double_quant else 0)
+    return roles
 # The ladder, most faithful first: full weights before adapters, 32-bit moments before 8-bit,
 # a bf16 base before a 4-bit one. "The most faithful recipe that fits" = the first rung that fits. Read-only: the
 # learner's notebook imports this very mapping, and the grader's answers are drawn from it.
 LADDER = MappingProxyType({
-    "full": Finetune(),
-    "full-8bit": Finetune(optimizer="adamw-8bit"),
-    "lora": Finetune(adapter="lora"),
-    "qlora": Finetune(adapter="lora", base_dtype="nf4"),
+    "full": LabFinetune(),
+    "full-8bit": LabFinetune(optimizer="adamw-8bit"),
+    "lora": LabFinetune(adapter="lora"),
+    "qlora": LabFinetune(adapter="lora", base_dtype="nf4"),
 })
 CARDS = ("t4", "l4", "a100-40gb", "a100-80gb", "h100-80gb", "h200")   # gpumem.memory.gpus (sourced there)
 SEQS = (512, 1024, 2048, 4096)
@@ -66,26 +109,30 @@ def _targets(rng) -> tuple[str, ...]:
     return tuple(picked)
 
 
-def setups(rng) -> list[Finetune]:
-    """Six setups for one model: full (AdamW, 8-bit AdamW), LoRA twice, QLoRA twice."""
+def setups(rng) -> list[LabFinetune]:
+    """Six setups for one model: full (AdamW, 8-bit AdamW), LoRA twice, QLoRA twice, each QLoRA
+    with an NF4 block other than 64, one of them without double quantisation (drawn which)."""
     r = lambda: rng.choice((2, 4, 8, 16, 32, 64))   # noqa: E731
-    return [Finetune(), Finetune(optimizer="adamw-8bit"),
-            Finetune(adapter="lora", lora_rank=r(), lora_targets=_targets(rng)),
-            Finetune(adapter="lora", lora_rank=r(), lora_targets=_targets(rng), adapter_dtype="bf16",
-                     optimizer="adamw-8bit"),
-            Finetune(adapter="lora", base_dtype="nf4", lora_rank=r(), lora_targets=FT_TARGETS),
-            Finetune(adapter="lora", base_dtype="nf4", lora_rank=r(), lora_targets=_targets(rng),
-                     optimizer=rng.choice(("adamw", "adamw-8bit")))]
+    dq = rng.sample((True, False), 2)
+    return [LabFinetune(), LabFinetune(optimizer="adamw-8bit"),
+            LabFinetune(adapter="lora", lora_rank=r(), lora_targets=_targets(rng)),
+            LabFinetune(adapter="lora", lora_rank=r(), lora_targets=_targets(rng), adapter_dtype="bf16",
+                        optimizer="adamw-8bit"),
+            LabFinetune(adapter="lora", base_dtype="nf4", lora_rank=r(), lora_targets=FT_TARGETS,
+                        nf4_block=rng.choice(NF4_BLOCKS), double_quant=dq[0]),
+            LabFinetune(adapter="lora", base_dtype="nf4", lora_rank=r(), lora_targets=_targets(rng),
+                        optimizer=rng.choice(("adamw", "adamw-8bit")), nf4_block=rng.choice(NF4_BLOCKS),
+                        double_quant=dq[1])]
 
 
 def states_cases(rng) -> list[tuple[dict, list[tuple[Finetune, dict]]]]:
     """Three models (one with n_heads * head_dim == d_model, two without), each with its setups
-    and the library's bytes by role."""
+    and their bytes by role (:func:`truth`)."""
     out = []
     for odd in (True, False, True):
         model = draw_model(rng, odd_heads=odd)
         cfg = config(model)
-        out.append((model, [(ft, finetune_states(cfg, ft)) for ft in setups(rng)]))
+        out.append((model, [(ft, truth(cfg, ft)) for ft in setups(rng)]))
     return out
 
 

@@ -24,7 +24,7 @@ from gpumem.course import copy_watch
 from gpumem.course.case_limits import alarm_held
 from gpumem.memory import accounting, finetune, finetune_acts, finetune_setup, gpus, models
 
-from . import scale
+from . import lab_draw, scale
 
 REFUSAL = "count it yourself: gpumem's fine-tuning counts are off while lab 08 is graded"
 _NAMES = {finetune: [n for n, f in vars(finetune).items() if callable(f) and getattr(f, "__module__", "") == finetune.__name__
@@ -32,6 +32,7 @@ _NAMES = {finetune: [n for n, f in vars(finetune).items() if callable(f) and get
           finetune_acts: ["copy_bytes", "layer_saved", "finetune_activations"],
           finetune_setup: ["validate", "matrices", "adapter_tensors", "lora_params"],
           accounting: ["model_states"], gpus: ["usable", "of"], scale: ["usable"],
+          lab_draw: ["truth", "nf4_constants"],
           models: ["n_params", "layer_params", "attention_params", "mlp_params", "expert_params",
                    "embedding_params", "norm_params"]}
 BLOCKED = {(m.__file__, n): f"{m.__name__}.{n}" for m, names in _NAMES.items() for n in names}

@@ -4,9 +4,10 @@ The learner writes two functions; while each call runs, gpumem's own fine-tuning
 "count it yourself" (:mod:`.lab_guard`):
 
 * ``role_bytes(model, ft)``: one GPU's bytes by role (:data:`ROLES`) for a model's dimensions (a
-  dict) and a :class:`~gpumem.memory.finetune.Finetune`, graded on three models and six setups each
-  drawn at every check (:func:`.lab_draw.states_cases`) against the library's
-  :func:`~gpumem.memory.finetune.finetune_states`; the first wrong role is named with the direction
+  dict) and a :class:`.lab_draw.LabFinetune` (a ``Finetune`` with an NF4 block size and double
+  quantisation on or off), graded on three models and six setups each drawn at every check
+  (:func:`.lab_draw.states_cases`: the QLoRA ones with NF4 blocks gpumem does not count) against
+  :func:`.lab_draw.truth`; the first wrong role is named with the direction
   and a factor, and a hint where the mistake is a known one, never with the hidden number;
 * ``choose_recipe(model, capacity, activations)``: the first rung of :data:`.lab_draw.LADDER` whose
   model states plus its activation peak (given, per rung) fit the card's capacity after chapter
@@ -43,8 +44,12 @@ def _hint(role: str, ft: Finetune, got: dict, want: dict) -> str:
     if all(isinstance(v, int) for v in got.values()) and sum(got.values()) == sum(want.values()):
         return "your total is right but bytes sit under the wrong role: see what each role holds"
     if role == "quant_constants" and got[role] == 0:
-        return ("NF4 at a flat 4 bits skips its constants: an 8-bit absmax per 64 weights, an fp32 "
-                "scale per 256 absmaxes, and per quantised tensor bitsandbytes' offset, code and map")
+        return ("NF4 at a flat 4 bits skips its constants: one absmax per ft.nf4_block weights, and what "
+                "bitsandbytes' quantize_4bit keeps beside them per quantised tensor")
+    if role == "quant_constants":
+        return (f"ft.nf4_block is {ft.nf4_block} here, and the absmaxes are "
+                f"{'quantised to 8 bits (double quantisation)' if ft.double_quant else 'kept in fp32'}: "
+                "see what quantize_4bit stores in each case")
     if role == "base_weights" and ft.base_dtype == "nf4" and got[role] > want[role]:
         return "the packed codes are 4 bits a weight; the absmaxes and scales go under quant_constants"
     if role in ("adapter_weights", "grads", "optimizer_moments") and ft.lora:
@@ -53,7 +58,8 @@ def _hint(role: str, ft: Finetune, got: dict, want: dict) -> str:
     if role == "optimizer_moments" and ft.optimizer == "adamw-8bit":
         return "8-bit AdamW keeps two fp32 states for a tensor under 4,096 elements"
     if role == "dequant_buffer":
-        return "QLoRA dequantises the largest quantised matrix to bf16, with its fp32 absmaxes"
+        return ("QLoRA dequantises the largest quantised matrix to bf16; 8-bit absmaxes are first rebuilt "
+                "in fp32 (dequantize_4bit), fp32 ones are used as they are")
     return ""
 
 
@@ -62,7 +68,9 @@ def describe(ft: Finetune) -> str:
     if not ft.lora:
         return f"full, {ft.optimizer}"
     kind = "QLoRA" if ft.base_dtype == "nf4" else "LoRA"
-    return f"{kind} r={ft.lora_rank} on {','.join(ft.lora_targets)}, {ft.adapter_dtype} adapters, {ft.optimizer}"
+    nf4 = (f", NF4 block {getattr(ft, 'nf4_block', 64)}, double quant {getattr(ft, 'double_quant', True)}"
+           if ft.base_dtype == "nf4" else "")
+    return f"{kind} r={ft.lora_rank} on {','.join(ft.lora_targets)}, {ft.adapter_dtype} adapters, {ft.optimizer}{nf4}"
 
 
 def states_problem(got, want: dict, ft: Finetune) -> str:
