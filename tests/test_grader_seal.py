@@ -79,3 +79,23 @@ def test_patching_a_chapters_lab_module_is_refused():
         labcheck._grade_states, labguard.Watch = saved
         labcheck.check.__code__ = code
     assert grader_seal.changed() == []
+
+
+def test_the_shared_copy_watch_is_sealed():
+    """Review r7's one-line cheat: ``copy_watch.Prints.match = lambda self, code: ""`` blinded the
+    copy checks of labs 04, 05 and 06 (copy_watch was not in the seal). A method replaced on the
+    class, or a module function rebound, is now refused before grading."""
+    from gpumem.course import copy_watch
+    assert grader_seal.changed() == []
+    match, held = copy_watch.Prints.match, copy_watch.held_copies
+    try:
+        copy_watch.Prints.match = lambda self, code: ""
+        assert grader_seal.changed() == ["gpumem.course.copy_watch.Prints.match"]
+        with pytest.raises(grader_seal.GraderChanged, match="copy_watch.Prints.match"):
+            chapters.check_lab("lab04_online_softmax", {}, show=False)
+        copy_watch.Prints.match = match
+        copy_watch.held_copies = lambda prints, namespace, depth=2: ""
+        assert grader_seal.changed() == ["gpumem.course.copy_watch.held_copies"]
+    finally:
+        copy_watch.Prints.match, copy_watch.held_copies = match, held
+    assert grader_seal.changed() == []

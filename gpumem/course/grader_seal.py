@@ -7,8 +7,10 @@ and :class:`~gpumem.course.grading.Row`, the grading functions and the time limi
 and code object); :func:`changed` lists what differs now. ``gpumem.chapters.check_lab`` refuses to
 grade in a changed kernel, before the check and after it (a learner's function may change the
 grader while it runs). It also compares every function the chapters' lab modules define (``labcheck``,
-``labguard``, ``lab_*``: loaded ones) with the code compiled afresh from their files, so replacing
-``labcheck._grade_states`` or a guard's function, or its ``__code__``, is refused too. This closes
+``labguard``, ``lab_*``: loaded ones) and the guards' shared copy watch (``copy_watch``, methods of
+its classes included) with the code compiled afresh from their files, so replacing
+``labcheck._grade_states``, a guard's function or ``copy_watch.Prints.match`` (review r7: one line
+that blinded labs 04-06's copy checks), or its ``__code__``, is refused too. This closes
 the cheap patches; code determined to defeat a grader that runs in its own process can also change
 this module, which is why instructors grade from a fresh kernel.
 """
@@ -57,7 +59,8 @@ _SEALED = _marks()
 def _is_lab_module(name: str) -> bool:
     parts = name.split(".")
     return (len(parts) == 4 and parts[:2] == ["gpumem", "chapters"] and parts[3].startswith("lab")) \
-        or name in ("gpumem.chapters", "gpumem.course.grading", "gpumem.course.case_limits", __name__)
+        or name in ("gpumem.chapters", "gpumem.course.grading", "gpumem.course.case_limits",
+                    "gpumem.course.copy_watch", __name__)
 
 
 @lru_cache(maxsize=64)
