@@ -48,6 +48,12 @@ RECIPES = {
 RTX3090_BF16, RTX3090_MEM = 71e12, 936e9
 PCIE4 = gpus.get("a100-80gb").pcie     # PCIe Gen4 x16 per direction (31.5 GB/s; gpumem.memory.gpus)
 MFU = compute.MFU                     # 40 %: Meta's Llama 3 pre-training (arXiv:2407.21783 Table 4)
+# Assumptions for the RTX 3090 (labelled, with their effect): MFU 40 % is Llama 3's on H100 clusters,
+# not measured on a 3090 (compute time scales as 1/MFU: at 20 % it doubles); PCIe's 31.5 GB/s is the
+# link's peak (PCIe time scales as 1/(achieved share)); with FSDP's parameter CPU offload each
+# block's weights cross PCIe once in forward and once in backward (the checkpointed re-run inside
+# it), and the GPU holds two blocks' (one computing, one prefetched).
+FSDP_PASSES, FSDP_RESIDENT_BLOCKS = 2, 2
 
 # LLaMA-65B, the QLoRA paper's largest model: LLaMA paper (arXiv:2302.13971) Table 2 and Meta's
 # params.json (dim 8192, 80 layers, 64 heads, FFN 22,016, vocabulary 32,000)
@@ -126,8 +132,15 @@ def rtx3090(model: str = "llama-3-70b") -> dict:
     # the checkpointed re-run, backward (3 passes)
     rest = max(0, s["short_by"] - pageable)
     flops = lora_flops(cfg, ft, 512, recompute=True)
+    # the route a library offers (FSDP CPU offload of every parameter, bnb_4bit_quant_storage=bf16,
+    # as Answer.AI's fsdp_qlora runs 70B on two 24 GB cards): the whole 4-bit base crosses PCIe each
+    # pass; the GPU keeps the activations, the dequantised matrix and two blocks' 4-bit weights
+    base4 = roles["base_weights"] + roles["quant_constants"] + roles["adapter_weights"]
+    block4 = sum(F.nf4_tensor_bytes(m)[0] + F.nf4_tensor_bytes(m)[1] for m in F.quantised_tensors(cfg)) // cfg.n_layers
+    resident = s["activations"] + roles["dequant_buffer"] + FSDP_RESIDENT_BLOCKS * block4
     return s | {"model": model, "pageable": pageable, "streamed": rest, "pcie_s": 3 * rest / PCIE4,
-                "compute_s": flops / (RTX3090_BF16 * MFU)}
+                "compute_s": flops / (RTX3090_BF16 * MFU), "dequant_s": dequant_seconds(cfg, RTX3090_MEM, True),
+                "fsdp_streamed": base4, "fsdp_pcie_s": FSDP_PASSES * base4 / PCIE4, "fsdp_resident": resident}
 
 
 def lora_flops(cfg, ft: F.Finetune, tokens: int, recompute: bool = False) -> int:
