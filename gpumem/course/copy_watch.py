@@ -23,7 +23,6 @@ Limits: test modules are taken at their word (pytest rewrites their code, so it 
 compared with the file); a copy run at definition time, outside any guard, computes what it computes.
 """
 
-import dis
 import inspect
 import os
 import signal
@@ -33,16 +32,10 @@ import types
 from collections import Counter
 from functools import lru_cache
 
+from .copy_signature import COVER, GUARD_CALLS, _loaded, _shingles, _valued, signature  # noqa: F401
+
 GPUMEM = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 TESTS = os.path.join(os.path.dirname(os.path.dirname(GPUMEM)), "tests") + os.sep
-GUARD_CALLS = {"audit", "graders_only", "refuse_if_active"}   # a leading call of these is dropped
-_SKIP = {"RESUME", "NOP", "EXTENDED_ARG", "CACHE", "MAKE_CELL", "COPY_FREE_VARS", "RETURN_GENERATOR"}
-_NAMED = set(dis.hasname) | set(dis.haslocal) | set(dis.hasfree)
-# A paste changes jump offsets and LOAD_METHOD vs LOAD_GLOBAL's NULL bit + LOAD_ATTR (3.11 compiles
-# ``math.sqrt(d)`` either way, as ``import math`` is in the same source or not): not in a signature.
-_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
-
-
 @lru_cache(maxsize=None)
 def fresh(path: str) -> types.CodeType | None:
     """The module code of the file at ``path``, compiled now (None if unreadable)."""
@@ -122,55 +115,6 @@ def graders_only(what: str, entries: set[tuple[str, str]], depth: int = 2) -> No
                            "not from a learner's code (work it out yourself)")
 
 
-def _const(value):
-    return signature(value) if isinstance(value, types.CodeType) else (
-        type(value)(_const(v) for v in value) if isinstance(value, (tuple, frozenset)) else value)
-
-
-def _drop_guard(ops: list) -> list:
-    """``ops`` without its leading statements that call one of :data:`GUARD_CALLS` (bare calls, result dropped)."""
-    while True:
-        end = next((i for i, (name, _) in enumerate(ops[:12]) if name == "POP_TOP"), None)
-        head = ops[:end or 0]
-        if not (head and any(a in GUARD_CALLS for _, a in head)
-                and all(n.startswith(("LOAD_", "PRECALL", "CALL", "PUSH_NULL")) for n, _ in head)):
-            return ops
-        ops = ops[end + 1:]
-
-
-@lru_cache(maxsize=4096)
-def signature(code: types.CodeType) -> tuple:
-    """``code``'s instructions with their constants and operators, without names, lines, file,
-    jump offsets or the LOAD_METHOD/LOAD_ATTR choice; a leading guard statement dropped (module docstring)."""
-    ops = []
-    for ins in dis.get_instructions(code):
-        if ins.opname in _SKIP:
-            continue
-        name = "LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname
-        if ins.opcode in _NAMED:
-            arg = ins.argval if ins.argval in GUARD_CALLS else None
-        elif ins.opcode in dis.hasconst:
-            arg = _const(ins.argval)
-        elif ins.opcode in _JUMPS:
-            arg = None
-        else:
-            arg = ins.arg
-        ops.append((name, arg))
-    return tuple(_drop_guard(ops))
-
-
-SHINGLE, COVER = 8, 0.6   # instructions per shingle; share of a body's shingles that makes a copy
-
-
-def _shingles(sig: tuple, k: int = SHINGLE) -> set[int]:   # hashes of sig's runs of k instructions
-    return {hash(sig[i:i + k]) for i in range(len(sig) - k + 1)}
-
-
-def _loaded(sig: tuple) -> frozenset:      # the constants sig loads, nested functions' bodies aside
-    return frozenset(a for op, a in sig if op == "LOAD_CONST" and not (isinstance(a, tuple) and a and all(
-        isinstance(x, tuple) and len(x) == 2 and x[0] in dis.opmap for x in a)))
-
-
 class Prints:
     """Content fingerprints of the functions of some modules (``(module, label)``; ``skip``: names
     left out; ``only``: if given, the names kept) at least ``least`` instructions long; :meth:`match`
@@ -197,23 +141,25 @@ class Prints:
         self.names = list(self.known.values())
         self._seen: dict[int, tuple] = {}
 
-    def match(self, code: types.CodeType) -> str:
-        """The protected function ``code`` repeats ('' if none); each code object computed once."""
+    def match(self, code: types.CodeType, values: dict | None = None) -> str:
+        """The protected function ``code`` repeats ('' if none; ``values``: the globals it runs
+        with, whose constants count as loaded); each code object computed once per globals."""
         seen = self._seen.get(id(code))
-        if seen is not None and seen[0] is code:
-            return seen[1]
+        if seen is not None and seen[0] is code and seen[1] is values:
+            return seen[2]
         hit = ""
         if not code.co_name.startswith("<"):
             sig = signature(code)
+            loaded = _loaded(sig) | _valued(code, values)
             counts = Counter(j for h in _shingles(sig) for j in self.index.get(h, ()))
             hit = next((self.names[j] for j, n in counts.most_common()
-                        if n >= self.needed[j] and self.consts[j] <= _loaded(sig)), "")
-        self._seen[id(code)] = (code, hit)
+                        if n >= self.needed[j] and self.consts[j] <= loaded), "")
+        self._seen[id(code)] = (code, values, hit)
         return hit
 
     def copied(self, frame) -> str:
         """What ``frame`` runs a copy of ('' if nothing, or if it is the course's own code)."""
-        hit = self.match(frame.f_code)
+        hit = self.match(frame.f_code, frame.f_globals)
         return hit if hit and not genuine(frame) else ""
 
 
@@ -283,7 +229,8 @@ def held_copies(prints: Prints, namespace: dict, depth: int = 2) -> str:
         seen.add(id(value))
         code = value if isinstance(value, types.CodeType) else getattr(value, "__code__", None)
         if isinstance(code, types.CodeType):
-            return next((hit for c in nested(code) if (hit := prints.match(c)) and not genuine_code(c)), "")
+            g = getattr(value, "__globals__", None)
+            return next((hit for c in nested(code) if (hit := prints.match(c, g)) and not genuine_code(c)), "")
         if isinstance(value, types.ModuleType):
             if sys.modules.get(value.__name__) is value and getattr(value, "__file__", None):
                 return ""                                   # a loaded module: its functions are its file's
