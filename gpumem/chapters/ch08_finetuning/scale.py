@@ -165,7 +165,8 @@ def dequant_seconds(cfg, hbm: float, checkpoint: bool) -> float:
 def step_seconds(cfg, ft: F.Finetune, gpu: str = "h100-80gb", seq: int = SEQ, checkpoint: bool = True,
                  mfu: float = MFU) -> dict:
     """A step on one ``gpu``: compute at ``mfu`` of the dense bf16 peak, plus (QLoRA) the
-    dequantisation, which the MFU does not count (no FLOPs)."""
+    dequantisation, which no FLOP count holds. The FLOPs include the checkpointed re-run, so
+    ``mfu`` acts here as a hardware-FLOPs utilisation (HFU; an assumption, see :data:`MFU`)."""
     g = gpus.get(gpu)
     c = lora_flops(cfg, ft, seq * BATCH, checkpoint) / (g.bf16_flops * mfu)
     d = dequant_seconds(cfg, g.hbm, checkpoint) if ft.base_dtype == "nf4" else 0.0
