@@ -188,3 +188,21 @@ def test_gemma2_9b_two_layers_at_4k():
 def test_gemma2_sdpa_refused():
     with pytest.raises(UsageError, match="eager attention only"):
         hf_trace.trace_hf(GEMMA, 32)
+
+
+@pytest.mark.parametrize("raw, attention", [(MIX, "flash"), (QMOE, "flash"), (GEMMA, "eager")],
+                         ids=["mixtral", "qwen3_moe", "gemma2"])
+def test_estimate_config_counts_activations_as_traced(tmp_path, capsys, raw, attention):
+    """``estimate --config`` now counts a mixture of experts' and Gemma 2's activations (they were
+    "not counted"): with transformers' own norms (``--norm hf``) its figure is the trace of
+    transformers' model on real tensors (flash: the sdpa kernel)."""
+    import json
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    assert cli.main(["estimate", "--config", str(path), "--seq", "32", "--norm", "hf",
+                     "--attention", attention, "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    kernel = "sdpa" if attention == "flash" else "eager"
+    traced = hf_trace.trace_hf(raw, 32, 1, kernel, "mixed", fake=False)
+    assert est["per_gpu"]["activations"] == traced.peaks["activations"]
+    assert est["per_gpu"]["params"] == traced.peaks["params"]

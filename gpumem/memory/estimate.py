@@ -17,9 +17,10 @@ from .activations import Activations, activations
 # Architectures the activation formula counts: a Llama layer (``gpumem.memory.llama``), where a
 # q/k/v bias adds no saved tensor (addmm keeps its input and weight, not the bias), q/k norms
 # (Qwen3) add their own terms, and a sliding window (Mistral) adds terms in transformers' code
-# (``impl="hf"``); GPT-2's LayerNorm, gelu_new MLP and learned positions have theirs.
-# tests/test_hf_trace.py checks each against a trace of transformers' own model.
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+# (``impl="hf"``); GPT-2's LayerNorm, gelu_new MLP and learned positions have theirs; Gemma 2's
+# norms and soft-capping and a mixture of experts' router and experts (``moe_acts``) theirs.
+# tests/test_hf_trace.py and tests/test_hf_moe.py check each against a trace of transformers' model.
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma2", "mixtral", "qwen3_moe")
 
 
 def n_param_tensors(cfg: models.ModelConfig) -> int:
@@ -149,6 +150,9 @@ def _from_config(cfg: models.ModelConfig, states: accounting.States, recipe: str
     else:
         states.notes.append(f"activations not counted for model_type {cfg.model_type}: its layer is not "
                             f"Llama's; model states are exact")
+    if cfg.model_type == "gemma2" and opts["attention"] != "eager":
+        states.notes.append("Gemma 2 soft-caps its attention scores: transformers runs it with eager attention "
+                            "(traced: tests/test_hf_moe.py); flash here is a kernel that soft-caps, untraced")
     if cfg.moe:
         states.notes.append(f"mixture of experts: {cfg.n_params(active=True) / 1e9:.2f} B of the "
                             f"{cfg.n_params() / 1e9:.2f} B parameters are used per token ({cfg.top_k} of "

@@ -181,7 +181,8 @@ def formula_activations(cfg: ModelConfig, seq: int, micro_batch: int, attention:
         return activations(cfg, seq, micro_batch, "eager", "none", recipe, "hf", "hf").peak
     if cfg.model_type in MOE and attention == "sdpa":   # ``routing``: balanced unless given
         return activations(cfg, seq, micro_batch, "flash", "none", recipe, "hf", "hf", routing).peak
-    if cfg.model_type not in LLAMA_LIKE or (attention == "eager" and cfg.model_type not in ("llama", "qwen2")):
+    if cfg.model_type not in LLAMA_LIKE or cfg.model_type in MOE or cfg.model_type == "gemma2" \
+            or (attention == "eager" and cfg.model_type not in ("llama", "qwen2")):
         return None
     kernel = "flash" if attention == "sdpa" else "eager"
     return activations(cfg, seq, micro_batch, kernel, "none", recipe, "hf", impl="hf").peak
