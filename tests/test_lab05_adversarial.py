@@ -789,3 +789,75 @@ def test_an_implausible_run_result_is_not_graded():
     files = {"0_param.tensor.swp": 1 << 20, "5_param.tensor.swp": 1 << 20, "optimizer.tensor.swp": 7 << 20,
              "exp_avg.tensor.swp": 7 << 20, "exp_avg_sq.tensor.swp": 7 << 20}
     assert lab_swaps.implausible([{label: files}] * 2, [label], models) == ""
+
+
+# Review r7 (reviews21/r7/expert_04_06.md): the expected answers were read off the grader's frames
+# (13/13), and a subprocess ran the library's answers (13/13); gpumem.course.lab_audit refuses both.
+FRAME_WALK = """
+import sys
+def _up(key):
+    f = sys._getframe(2)
+    while f is not None and key not in f.f_locals: f = f.f_back
+    return f.f_locals
+def rung_bytes(n, k, rung): return _up("wants")["wants"][rung]
+def rung_seconds(n, k, rung, c, links): return _up("figures")["figures"][rung][-1]
+def choose_rung(n, k, g, h, s, c, links): return _up("want")["want"]
+"""
+TRACEBACK_WALK = """
+def _frame():
+    try:
+        raise ValueError
+    except ValueError as e:
+        return e.__traceback__.tb_frame.f_back
+def rung_bytes(n, k, rung):
+    try:
+        return _frame().f_back.f_locals["wants"][rung]
+    except RuntimeError:                       # caught: still reported
+        return {}
+"""
+SPAWNED = """
+import subprocess, sys
+_mine = rung_bytes
+def rung_bytes(n, k, rung):
+    subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True)   # the review's remote()
+    return _mine(n, k, rung)
+"""
+
+
+@pytest.mark.parametrize("source, function, words", [
+    (FRAME_WALK, "rung_bytes", "stack frames or the collector's objects (sys._getframe)"),
+    (FRAME_WALK, "rung_seconds", "stack frames or the collector's objects (sys._getframe)"),
+    (FRAME_WALK, "choose_rung", "stack frames or the collector's objects (sys._getframe)"),
+    (TRACEBACK_WALK, "rung_bytes", "stack frames or the collector's objects (.tb_frame)"),
+    (SPAWNED, "rung_bytes", "it started another process (subprocess.Popen)"),
+], ids=["frame-walk-bytes", "frame-walk-seconds", "frame-walk-choice", "traceback-caught", "subprocess"])
+def test_the_graders_frames_and_other_processes_are_refused(no_libaio, source, function, words):
+    ns = solution("lab05")
+    exec(compile(source, "<learner cell>", "exec"), ns)
+    report = grade(ns)
+    assert not report.solved
+    for row in rows(report, function):
+        assert row.status == "error" and words in row.detail, row
+        assert row.detail.count("count it yourself") == 1, row.detail
+
+
+LOGGED = """
+import dataclasses, enum, logging, warnings, collections
+_mine = rung_bytes
+def rung_bytes(n, k, rung):
+    logging.getLogger("lab05").warning("rung %s", rung)            # logging looks up its caller's frame
+    warnings.warn(f"rung {rung}")
+    Shard = collections.namedtuple("Shard", "n k")                   # these read their caller's frame too
+    Kind = enum.Enum("Kind", "a b")
+    Box = dataclasses.make_dataclass("Box", [("x", int)])
+    assert Shard(n, k).n == n and Kind.a and Box(1).x == 1
+    return _mine(n, k, rung)
+"""
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_standard_librarys_own_frame_reads_are_not_refused(no_libaio):
+    ns = solution("lab05")
+    exec(compile(LOGGED, "<learner cell>", "exec"), ns)
+    report = grade(ns)
+    assert all(r.status == "ok" for r in rows(report, "rung_bytes")), report.summary()

@@ -574,3 +574,28 @@ def test_a_mutated_copy_of_the_search_is_refused(source, words):
     report = L.check(ns, show=False, seed=SEED, ref=ref)
     row = report.rows[0]
     assert row.status == "error" and words in row.detail and not report.solved, row
+
+
+# Review r7 (reviews21/r7/expert_04_06.md, c06sub.py): a child process ran planner.plan (8/8);
+# gpumem.course.lab_audit refuses starting a process, and reaching the grader's frames, in the call.
+def test_another_process_or_the_graders_frames_are_refused():
+    import subprocess
+    import sys
+    fixed = {"recipe": "mixed", "zero": 3, "checkpoint": "full", "attention": "flash", "offload": "none",
+             "device": "cpu", "micro_batch": 1, "tp": 1, "pp": 1}
+
+    def spawns(model, gpus, gpu, seq, batch, inter_node=None):
+        subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True)
+        return fixed
+
+    def caught(model, gpus, gpu, seq, batch, inter_node=None):
+        try:
+            sys._getframe(1)
+        except RuntimeError:
+            pass
+        return fixed
+    for cheat, words in ((spawns, "it started another process (subprocess.Popen)"),
+                         (caught, "stack frames or the collector's objects (sys._getframe)")):
+        row, at = first_wrong(cheat)
+        assert at == 0 and row.status == "error", row
+        assert lab06_guard.REACHED in row.detail and words in row.detail, row.detail

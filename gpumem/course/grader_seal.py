@@ -60,7 +60,7 @@ def _is_lab_module(name: str) -> bool:
     parts = name.split(".")
     return (len(parts) == 4 and parts[:2] == ["gpumem", "chapters"] and parts[3].startswith("lab")) \
         or name in ("gpumem.chapters", "gpumem.course.grading", "gpumem.course.case_limits",
-                    "gpumem.course.copy_watch", "gpumem.course.copy_signature", __name__)
+                    "gpumem.course.copy_watch", "gpumem.course.copy_signature", "gpumem.course.lab_audit", __name__)
 
 
 @lru_cache(maxsize=64)

@@ -24,16 +24,21 @@ code object's content against the answers compiled afresh (:mod:`gpumem.course.c
 the answers refuse before grading as well, from any caller but the grader (``graders_only``), so
 no table can be made from them at definition time.
 
+Reaching the grader's frames (``sys._getframe``, ``inspect``, a traceback's or a generator's frame),
+the collector's object lists, or starting another process, from the learner's call, are refused
+too (:mod:`gpumem.course.lab_audit`, shared with labs 06 and 08); the expected answers are computed
+after the call returns besides (``labcheck``).
+
 What it cannot stop: answers computed before grading from copied source text, or from the
 library's public counts (``accounting.model_states`` at definition time: the counts are linear in
-the shard and the model size), and another process.
+the shard and the model size).
 """
 
 import contextlib
 import sys
 import threading
 
-from gpumem.course import copy_watch
+from gpumem.course import copy_watch, lab_audit
 from gpumem.course.case_limits import alarm_held
 from gpumem.memory import offload_cost
 from gpumem.timing import offload_time
@@ -173,7 +178,8 @@ def no_library_counts():
             sys.setprofile(watch)
             threading.setprofile(watch)
             _ACTIVE.append(hits)
-        yield hits
+        with lab_audit.refusing(ref.REFUSAL, hits):
+            yield hits
         if sys.getprofile() is not watch and not hits:
             hits.append("it switched the grader's watch off")
     finally:

@@ -96,16 +96,19 @@ def bytes_problem(got, want: dict, rung: str) -> str:
     return ""
 
 
-def _grade_bytes(report: Report, fn, expected: dict) -> None:
-    for (n, ranks), wants in expected.items():
+def _grade_bytes(report: Report, fn, cases: list[tuple[int, int]]) -> None:
+    """rung_bytes at each drawn (parameters, ranks); each answer is counted after the learner's call
+    returns, so none is in a frame while it runs."""
+    for n, ranks in cases:
         case = f"{n:,} params, {ranks} ranks"
         if fn is None:
             report.rows.append(Row("rung_bytes", case, "todo", "define rung_bytes(n_params, ranks, rung)"))
             continue
 
-        def body(n=n, ranks=ranks, wants=wants):
-            for rung, want in wants.items():
-                bad = bytes_problem(call(lab_guard.guarded(fn), n, ranks, rung), want, rung)
+        def body(n=n, ranks=ranks):
+            for rung in ref.RUNGS:
+                mine = call(lab_guard.guarded(fn), n, ranks, rung)
+                bad = bytes_problem(mine, ref.rung_bytes(n, ranks, rung), rung)
                 if bad:
                     return "wrong", bad
             return "ok", ""
@@ -113,20 +116,22 @@ def _grade_bytes(report: Report, fn, expected: dict) -> None:
 
 
 def _grade_seconds(report: Report, fn, cases: list[tuple]) -> None:
-    """rung_seconds on the choice's cases: each rung's stock seconds against the time engine's."""
-    for case, args, _, figures in cases:
+    """rung_seconds on the choice's cases: each rung's stock seconds against the time engine's
+    (each priced after the learner's call returns)."""
+    for case, args in cases:
         if fn is None:
             report.rows.append(Row("rung_seconds", case, "todo", "define rung_seconds(n, ranks, rung, compute_s, links)"))
             continue
 
-        def body(args=args, figures=figures):
+        def body(args=args):
             n, ranks, *_, compute_s, links = args
-            for rung, (*_, want) in figures.items():
-                got = call(lab_guard.guarded(fn), n, ranks, rung, compute_s, links)
-                if isinstance(got, bool) or not isinstance(got, (int, float)):
-                    return "wrong", f"{rung}: " + returned(got, "seconds (a float)")
-                if abs(got - want) > 1e-9 * max(1.0, want):
-                    return "wrong", (f"{rung}: yours {got:.3f} s a step, the time engine's stock schedule "
+            for rung in ref.RUNGS:
+                mine = call(lab_guard.guarded(fn), n, ranks, rung, compute_s, links)
+                if isinstance(mine, bool) or not isinstance(mine, (int, float)):
+                    return "wrong", f"{rung}: " + returned(mine, "seconds (a float)")
+                want = ref.step_seconds(n, ranks, rung, compute_s, links)
+                if abs(mine - want) > 1e-9 * max(1.0, want):
+                    return "wrong", (f"{rung}: yours {mine:.3f} s a step, the time engine's stock schedule "
                                      f"{want:.3f} s: map the rung to step_time's arguments and read 'stock'")
             return "ok", ""
         run_case(report, "rung_seconds", case, body)
@@ -134,15 +139,17 @@ def _grade_seconds(report: Report, fn, cases: list[tuple]) -> None:
 
 def _grade_choose(report: Report, fn, cases: list[tuple]) -> None:
     wrong = [f for f in ("rung_bytes", "rung_seconds") if any(r.function == f and r.status != "ok" for r in report.rows)]
-    for case, args, want, figures in cases:
+    for case, args in cases:
         if fn is None:
             report.rows.append(Row("choose_rung", case, "todo", "define choose_rung(...)"))
             continue
 
-        def body(args=args, want=want, figures=figures):
+        def body(args=args):
             got = call(lab_guard.guarded(fn), *args)
+            want = ref.choose(*args)                       # the answer, after the learner's call
             if got == want:
                 return "ok", ""
+            figures = lab_draw.figures(*args[:2], *args[5:])
             if got is not None and got not in ref.RUNGS:
                 return "wrong", returned(got, f"a rung name ({', '.join(ref.RUNGS)}) or None")
             first = f"your {' and '.join(wrong)} {'are' if len(wrong) > 1 else 'is'} wrong (see the rows): fix that first; " if wrong else ""
@@ -173,10 +180,10 @@ def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Repo
     from .lab_swaps import draw_models
     rng = rng or random.Random()
     report = Report(LAB)
-    expected = {(n, r): {rung: ref.rung_bytes(n, r, rung) for rung in ref.RUNGS} for n, r in lab_draw.bytes_cases(rng)}
-    choices = lab_draw.choose_cases(rng)
+    sizes = lab_draw.bytes_cases(rng)
+    choices = [(case, args) for case, args, *_ in lab_draw.choose_cases(rng)]   # answers dropped: counted after each call
     models = draw_models(rng)
-    _grade_bytes(report, ns.get("rung_bytes"), expected)
+    _grade_bytes(report, ns.get("rung_bytes"), sizes)
     _grade_seconds(report, ns.get("rung_seconds"), choices)
     _grade_choose(report, ns.get("choose_rung"), choices)
     grade_swaps(report, ns.get("swap_files"), show, models)

@@ -28,8 +28,12 @@ The grader's own answers are never computed before or during the learner's call 
 prices the reference after it), and :func:`active` lets the grader's helpers refuse while it runs;
 the GPU part's own timing (``lab06_gpu.reference_flops``) is switched off too.
 
-What it cannot stop: a learner who starts another Python process (``python -m gpumem plan``), a
-copy edited inside its functions' bodies (that is the learner's own code then), a copy built
+Reaching the grader's frames (``sys._getframe``, ``inspect``, a traceback's or a generator's frame),
+the collector's object lists, or starting another process (``python -m gpumem plan``, a
+``subprocess`` that imports the planner) from the learner's call are refused by an audit hook
+(:mod:`gpumem.course.lab_audit`, shared with labs 05 and 08), with :data:`REACHED`'s words.
+
+What it cannot stop: a copy edited inside its functions' bodies (that is the learner's own code then), a copy built
 inside the call without ``exec`` that runs for less than a sample's interval, or code that
 undoes every switch and puts every one back before returning; the lab runs in the
 learner's own kernel, and the prompt says the search is the exercise.
@@ -39,7 +43,7 @@ import importlib
 import sys
 from contextlib import contextmanager
 
-from gpumem.course import copy_watch
+from gpumem.course import copy_watch, lab_audit
 from gpumem.course.case_limits import alarm_held
 from gpumem.planner import ranking, search
 
@@ -64,6 +68,7 @@ COPY = ("write the search yourself: your code ran a copy of {} (the planner's ow
         "name) while lab 06 was graded")
 HELD = ("write the search yourself: your notebook holds a copy of {} (the planner's own code under "
         "another name); lab 06 grades a search you wrote")
+REACHED = "write the search yourself: lab 06 refuses this while choose_plan is graded"
 _PRINTS: list = []
 
 
@@ -113,7 +118,7 @@ def _refusing_code(name: str, fn):
 def no_search():
     """Inside the block every function of :data:`BLOCKED` raises the lab's message; restored after,
     also when the learner's call raises or runs out of time. Yields :func:`changed`'s closure."""
-    saved, entered, armed, hits = [], False, {}, []
+    saved, entered, armed, hits, reached = [], False, {}, [], []
     names = {fn: name for name, fn in _functions()}
     bound = {(m, a): getattr(m, a) for m, attrs in _MODULES for a in attrs}
     sampler = copy_watch.Sampler(prints(), hits, COPY)
@@ -134,11 +139,12 @@ def no_search():
 
         def changes() -> list[str]:
             return _changes(armed, bound, names, level)
-        changes.copies = hits
+        changes.copies, changes.reached = hits, reached
         with alarm_held():
             _HITS.append(hits)
             sampler.__enter__()
-        yield changes
+        with lab_audit.refusing(REACHED, reached):
+            yield changes
     finally:
         with alarm_held():
             sampler.__exit__()

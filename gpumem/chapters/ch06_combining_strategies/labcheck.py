@@ -36,7 +36,7 @@ from gpumem.errors import UsageError
 
 from . import lab06_cases, lab06_diagnose, lab06_gpu
 from .lab06_cases import SLOW_LINK  # noqa: F401 (the lab's text names it)
-from .lab06_guard import COPY, HELD, changed_line, no_search, prints, refuse_if_active
+from .lab06_guard import COPY, HELD, REACHED, changed_line, no_search, prints, refuse_if_active
 
 LAB = "lab06_choose_plan"
 SLACK = 1.03
@@ -104,8 +104,15 @@ def reference(case: tuple, inter_node: float | None):
 def _ask(choose, case: tuple, inter_node: float | None):
     model, gpus, gpu, seq, batch = case
     with no_search() as changes:
-        choice = call(choose, model, gpus, gpu, seq, batch, inter_node=inter_node)
+        try:
+            choice = call(choose, model, gpus, gpu, seq, batch, inter_node=inter_node)
+        except LearnerError:
+            if not changes.reached:
+                raise
+            choice = None
         what = changes()
+    if changes.reached:                      # frames or another process (lab_audit), caught or not
+        raise LearnerError(f"{REACHED} ({changes.reached[0]})")
     if changes.copies:                       # a refusal the learner's code caught
         raise LearnerError(COPY.format(changes.copies[0]))
     if what:

@@ -11,16 +11,17 @@ learner who catches the exception is still reported. Lab 05's guard does the sam
 
 Reaching the grader's frames (``sys._getframe``, ``inspect``, ``traceback``, a traceback's or a
 generator's frame), the collector's object lists, or starting another process, all from the
-learner's call, are refused through the same audit hook (the drawn answers sit in the grader's
-frames while the call runs). What it cannot stop: answers computed before grading (the cases are
-drawn at check time, so a table made then holds none of them).
+learner's call, are refused by an audit hook (the drawn answers sit in the grader's
+frames while the call runs): :mod:`gpumem.course.lab_audit`, shared with labs 05 and 06. What it
+cannot stop: answers computed before grading (the cases are drawn at check time, so a table made
+then holds none of them).
 """
 
 import contextlib
 import sys
 import threading
 
-from gpumem.course import copy_watch
+from gpumem.course import copy_watch, lab_audit
 from gpumem.course.case_limits import alarm_held
 from gpumem.memory import accounting, finetune, finetune_acts, finetune_setup, gpus, models
 
@@ -37,9 +38,6 @@ _NAMES = {finetune: [n for n, f in vars(finetune).items() if callable(f) and get
                    "embedding_params", "norm_params"]}
 BLOCKED = {(m.__file__, n): f"{m.__name__}.{n}" for m, names in _NAMES.items() for n in names}
 _ACTIVE: list[list[str]] = []
-_OWN = str(__import__("pathlib").Path(copy_watch.__file__).parents[1])   # gpumem's own code
-_INSTALLED = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})        # the standard library, site-packages
-_GRADING: list[int] = [0]                                                 # the thread that runs the learner's call
 _HOOKED: list = []
 _PRINTS: list = []
 
@@ -52,54 +50,21 @@ def prints() -> copy_watch.Prints:
     return _PRINTS[0]
 
 
-# Reaching the grader's frames or objects (where the drawn answers live while the learner's call
-# runs), and starting another process (an unguarded interpreter), are refused from the learner's code.
-FRAME_EVENTS = {"sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents"}
-FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"}
-SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.exec"}
-# Standard-library modules that look at their caller's frame for a name only (namedtuple, enum, ...).
-_BENIGN = ("collections/__init__.py", "typing.py", "enum.py", "dataclasses.py", "abc.py", "functools.py")
-_IN_AUDIT = threading.local()
-
-
-def _learner_reach(event: str, args, caller) -> str:
-    """What the learner's call reached for ('' if nothing refused): frames, the collector, a process."""
-    where = caller.f_code.co_filename if caller is not None else ""
-    if where.startswith(_OWN) or (event not in SPAWN_EVENTS and where.endswith(_BENIGN)):
-        return ""
-    if threading.get_ident() != _GRADING[-1] and where.startswith(_INSTALLED):
-        return ""       # another thread's library code (the kernel's own threads); a learner's thread is not
-    if event in SPAWN_EVENTS:
-        return f"it started another process ({event}): a guard in this kernel cannot watch it"
-    if event in FRAME_EVENTS or (event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRS):
-        what = event if event != "object.__getattr__" else f".{args[1]}"
-        return f"it reached for stack frames or the collector's objects ({what}), where the grader's answers are"
-    return ""
-
-
 def _audit(event, args):
-    watched = event in ("sys.setprofile", "object.__setattr__") or event in FRAME_EVENTS or event in SPAWN_EVENTS \
-        or (event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRS)
-    if not watched or not _ACTIVE or getattr(_IN_AUDIT, "on", False):
+    """Switching the profile hook off or assigning ``__code__`` while the learner's call runs (the
+    grader's frames and other processes: :mod:`gpumem.course.lab_audit`)."""
+    if event not in ("sys.setprofile", "object.__setattr__") or not _ACTIVE:
         return
     hits = _ACTIVE[-1]
-    _IN_AUDIT.on = True        # sys._getframe below raises its own audit event
-    try:
-        caller = sys._getframe(1)
-    finally:
-        _IN_AUDIT.on = False
+    caller = sys._getframe(1)      # its own audit event: lab_audit exempts gpumem's code
     if event == "sys.setprofile":
         if hits or caller.f_code is no_library_counts.__wrapped__.__code__ or caller.f_code.co_filename == threading.__file__:
             return
         name = "it called sys.setprofile (switching the grader's watch off)"
-    elif event == "object.__setattr__":
+    else:
         if len(args) <= 1 or args[1] != "__code__":
             return
         name = "it assigned a function's __code__ (swapping code objects)"
-    else:
-        name = _learner_reach(event, args, caller)
-        if not name:
-            return
     hits.append(name)
     raise RuntimeError(f"{REFUSAL} ({name})")
 
@@ -136,15 +101,14 @@ def no_library_counts():
             sys.setprofile(watch)
             threading.setprofile(watch)
             _ACTIVE.append(hits)
-            _GRADING.append(threading.get_ident())
-        yield hits
+        with lab_audit.refusing(REFUSAL, hits):
+            yield hits
         if sys.getprofile() is not watch and not hits:
             hits.append("it switched the grader's watch off")
     finally:
         with alarm_held():
             if _ACTIVE and _ACTIVE[-1] is hits:
                 _ACTIVE.pop()
-                _GRADING.pop()
             sys.setprofile(previous)
             threading.setprofile(previous_threads)
 
