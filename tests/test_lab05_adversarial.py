@@ -861,3 +861,30 @@ def test_the_standard_librarys_own_frame_reads_are_not_refused(no_libaio):
     exec(compile(LOGGED, "<learner cell>", "exec"), ns)
     report = grade(ns)
     assert all(r.status == "ok" for r in rows(report, "rung_bytes")), report.summary()
+
+
+UNWATCHED = """
+import sys
+from gpumem.course import lab_audit
+lab_audit.OWN, lab_audit.FRAME_EVENTS = "", frozenset()          # rebinding the rules: the hook keeps its own
+_mine = rung_bytes
+def rung_bytes(n, k, rung):
+    if "{emptied}":
+        lab_audit._HOOKED[0].active.clear()                      # emptying the watch: reported at the end
+    sys._getframe(1)
+    return _mine(n, k, rung)
+"""
+
+
+@pytest.mark.parametrize("emptied, words", [("", "stack frames or the collector's objects (sys._getframe)"),
+                                            ("yes", "it emptied the grader's watch")])
+def test_the_audits_rules_and_watch_cannot_be_switched_off(no_libaio, emptied, words):
+    from gpumem.course import lab_audit
+    saved = lab_audit.OWN, lab_audit.FRAME_EVENTS
+    ns = solution("lab05")
+    try:
+        exec(compile(UNWATCHED.replace("{emptied}", emptied), "<learner cell>", "exec"), ns)
+        bad = first_problem(grade(ns), "rung_bytes")
+    finally:
+        lab_audit.OWN, lab_audit.FRAME_EVENTS = saved
+    assert bad.status == "error" and words in bad.detail, bad

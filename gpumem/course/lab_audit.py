@@ -19,7 +19,10 @@ were when this module was imported), and installed library code on threads other
 one (the kernel's own threads). A learner's thread is watched like the grading thread. Each refusal
 is appended to the ``hits`` list the grader passed, so a learner who catches the exception is still
 reported. (Reading ``frame.f_back`` raises no audit event in Python 3.11: the frame must first be
-had through one of the events above.)
+had through one of the events above.) The hook reads its own copies of these rules and its own
+list of watched calls, so rebinding this module's names does nothing, and a watch emptied during
+the call is reported (:data:`EMPTIED`); a learner's code determined enough to dig the hook's
+closure out before grading is beyond an in-kernel guard (instructors grade from a fresh kernel).
 
 Used by labs 05, 06 and 08 (their ``lab_guard`` modules); sealed by :mod:`.grader_seal`.
 """
@@ -32,9 +35,11 @@ import threading
 
 from .case_limits import alarm_held
 
-FRAME_EVENTS = {"sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents"}
-FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"}
-SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.exec"}
+FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
+                          "gc.get_referents"})
+FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
+SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+                          "os.exec"})
 # Standard-library modules that look at their caller's frame for a name only (namedtuple, enum, ...).
 BENIGN = ("collections/__init__.py", "typing.py", "enum.py", "dataclasses.py", "abc.py", "functools.py")
 OWN = str(pathlib.Path(__file__).parents[1])                   # gpumem's own code
@@ -42,77 +47,81 @@ INSTALLED = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})         # the 
 # logging.Logger.findCaller -> logging.currentframe (a lambda calling sys._getframe(1)): a log line
 _LOGGING = (logging.currentframe.__code__, logging.Logger.findCaller.__code__)
 
-_ACTIVE: list[tuple[list, str, int]] = []     # (hits, refusal, grading thread) of the calls now watched
-_HOOKED: list = []
-_IN_AUDIT = threading.local()
+_HOOKED: list = []          # the hook installed (its ``active`` list: (hits, refusal, grading thread))
+EMPTIED = "it emptied the grader's watch (gpumem.course.lab_audit)"
 
 
-def _logging_lookup(caller) -> bool:
-    """True for ``logging``'s own caller lookup (its currentframe called by its findCaller)."""
-    back = caller.f_back if caller.f_code is _LOGGING[0] else None
-    return back is not None and back.f_code is _LOGGING[1]
+def _make_hook():
+    """The audit hook, with its own copies of the rules and of the calls watched (closure locals:
+    rebinding this module's names afterwards changes nothing it reads)."""
+    own, installed, benign = OWN, INSTALLED, BENIGN
+    frame_events, frame_attrs, spawn_events = frozenset(FRAME_EVENTS), frozenset(FRAME_ATTRS), frozenset(SPAWN_EVENTS)
+    log_frame, log_finder = _LOGGING
+    active: list[tuple[list, str, int]] = []
+    busy = threading.local()
+    getframe, ident = sys._getframe, threading.get_ident
 
-
-def reach(event: str, args, caller, grading: int) -> str:
-    """What the learner's call reached for ('' if nothing refused): frames, the collector, a process.
-    ``caller``: the frame that raised ``event``; ``grading``: the thread that runs the learner's call."""
-    where = caller.f_code.co_filename if caller is not None else ""
-    if where.startswith(OWN) or (event not in SPAWN_EVENTS and where.endswith(BENIGN)):
-        return ""
-    if threading.get_ident() != grading and where.startswith(INSTALLED):
-        return ""       # another thread's library code (the kernel's own threads); a learner's thread is not
-    if event in SPAWN_EVENTS:
-        return f"it started another process ({event}): a guard in this kernel cannot watch it"
-    if event in FRAME_EVENTS or (event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRS):
-        if event == "sys._getframe" and _logging_lookup(caller):
+    def reach(event: str, args, caller, grading: int) -> str:
+        where = caller.f_code.co_filename if caller is not None else ""
+        if where.startswith(own) or (event not in spawn_events and where.endswith(benign)):
             return ""
+        if ident() != grading and where.startswith(installed):
+            return ""   # another thread's library code (the kernel's own threads); a learner's thread is not
+        if event in spawn_events:
+            return f"it started another process ({event}): a guard in this kernel cannot watch it"
+        if event == "sys._getframe" and caller.f_code is log_frame and caller.f_back is not None \
+                and caller.f_back.f_code is log_finder:
+            return ""   # logging's own caller lookup (Logger.findCaller -> logging.currentframe)
         what = event if event != "object.__getattr__" else f".{args[1]}"
         return f"it reached for stack frames or the collector's objects ({what}), where the grader's answers are"
-    return ""
+
+    def hook(event, args):
+        watched = event in frame_events or event in spawn_events \
+            or (event == "object.__getattr__" and len(args) > 1 and args[1] in frame_attrs)
+        if not watched or not active or getattr(busy, "on", False):
+            return
+        hits, refusal, grading = active[-1]
+        busy.on = True        # sys._getframe below raises its own audit event
+        try:
+            name = reach(event, args, getframe(1), grading)
+        finally:
+            busy.on = False
+        if name:
+            hits.append(name)
+            raise RuntimeError(f"{refusal} ({name})")
+    hook.active = active
+    return hook
 
 
-def _audit(event, args):
-    watched = event in FRAME_EVENTS or event in SPAWN_EVENTS \
-        or (event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRS)
-    if not watched or not _ACTIVE or getattr(_IN_AUDIT, "on", False):
-        return
-    hits, refusal, grading = _ACTIVE[-1]
-    _IN_AUDIT.on = True        # sys._getframe below raises its own audit event
-    try:
-        caller = sys._getframe(1)
-        name = reach(event, args, caller, grading)
-    finally:
-        _IN_AUDIT.on = False
-    if name:
-        hits.append(name)
-        raise RuntimeError(f"{refusal} ({name})")
-
-
-def install() -> None:
+def install():
     """Add the audit hook (once per interpreter; it does nothing while no call is watched)."""
     if not _HOOKED:
-        sys.addaudithook(_audit)
-        _HOOKED.append(True)
+        hook = _make_hook()
+        sys.addaudithook(hook)
+        _HOOKED.append(hook)
+    return _HOOKED[0]
 
 
 @contextlib.contextmanager
 def refusing(refusal: str, hits: list[str]):
     """Inside the block, the current thread's call is watched: a refused event appends what it
-    reached for to ``hits`` and raises ``RuntimeError(f"{refusal} ({what})")``. Yields ``hits``."""
-    install()
+    reached for to ``hits`` and raises ``RuntimeError(f"{refusal} ({what})")``. Yields ``hits``;
+    a watch found emptied at the end is a hit too (:data:`EMPTIED`)."""
+    active = install().active
     entry = (hits, refusal, threading.get_ident())
     try:
         with alarm_held():
-            _ACTIVE.append(entry)
+            active.append(entry)
         yield hits
     finally:
         with alarm_held():
-            for i in range(len(_ACTIVE) - 1, -1, -1):
-                if _ACTIVE[i] is entry:
-                    del _ACTIVE[i]
-                    break
+            found = [i for i, e in enumerate(active) if e is entry]
+            for i in reversed(found):
+                del active[i]
+        if not found and not hits:
+            hits.append(EMPTIED)
 
 
 def active() -> bool:
     """True while some learner's call is watched."""
-    return bool(_ACTIVE)
+    return bool(_HOOKED and _HOOKED[0].active)
