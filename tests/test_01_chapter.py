@@ -101,7 +101,8 @@ def test_recipe_names_fit_100_columns():
 HEADINGS = ["1 · The problem in numbers", "2 · Recipes: what a parameter costs",
             "3 · Activations, tensor by tensor",
             "4 · The exact trace: one full Llama-3-70B step on a laptop", "5 · Three ways, one answer",
-            "6 · At scale: memory and time", "7 · In the frameworks", "8 · The note's claims"]
+            "6 · At scale: memory and time", "7 · In the frameworks", "8 · The note's claims",
+            "9 · Your model"]
 
 
 def test_section_headings_unchanged_and_results_first():

@@ -9,6 +9,9 @@ measurement.
 - ``plots``     activations against sequence length; a step's memory timeline; the peak by
                 category, unsharded or per GPU under ZeRO-3
 - ``labcheck``  lab 01's ``check()`` and the layer code the lab prints (``layer_source``)
+- ``your_model`` section 9: Qwen2.5-72B and Mixtral-8x7B beside Llama-3-70B, counted from their
+                configs and traced with transformers' own code (imported on its own: it loads
+                transformers)
 - ``QUIZ``      the chapter's quiz
 """
 
