@@ -142,7 +142,9 @@ HOSTILE = [
 @pytest.mark.parametrize("lab, what, make, function, status, words", HOSTILE,
                          ids=[f"{h[0]}-{h[1]}" for h in HOSTILE])
 def test_hostile_submission_is_reported_in_the_learners_terms(monkeypatch, lab, what, make, function, status, words):
-    monkeypatch.setenv("GPUMEM_CASE_SECONDS", "1")
+    # 1 s where the limit is what is tested; elsewhere the grader's own work in a case (a model's
+    # forward, a reference) must not meet it on a loaded machine (the notebook tier runs alongside)
+    monkeypatch.setenv("GPUMEM_CASE_SECONDS", "1" if "took longer" in words else "30")
     report, seconds = grade(lab, make({}))       # the lab's other functions undefined: todo rows
     rows = [r for r in report.rows if r.function == function and r.status != "ok"]
     assert rows, report.summary()
