@@ -312,6 +312,8 @@ from gpumem.memory.recompute import Checkpoint
 def checkpoint(run, *inputs):
     return Checkpoint.apply(run, *inputs)
 """)
+    ckpt_rows = [r for r in copied.rows if r.function == "checkpoint"]
+    assert ckpt_rows and ckpt_rows[0].status == "wrong" and "course's Checkpoint" in ckpt_rows[0].detail, ckpt_rows
     rows = {r.case: r for r in copied.rows if r.case.startswith("unseen case")}
     assert all(r.status == "wrong" and "course's Checkpoint" in r.detail for r in rows.values())
     no_rng = lab_with(solved, ckpt="""
