@@ -18,7 +18,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: help setup lab test test-unit test-notebooks test-browser test-chapter gpu-check site labs bench clean
+.PHONY: help setup lab test test-unit test-unit-early test-unit-late test-notebooks test-browser test-chapter gpu-check site labs bench clean
 
 help:
 	@echo "make lab    set up .venv and the DeepSpeed ops, then open JupyterLab on 00_setup"
@@ -49,25 +49,39 @@ $(LAB_OVERRIDES): env/jupyterlab_overrides.json $(STAMP)
 lab: setup $(LAB_OVERRIDES)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" notebooks/00_setup.ipynb $(ROOT_FLAG) $(LAB_ARGS)
 
-# Every tier runs even when an earlier one fails; the target fails if any did. The notebook tier
-# runs beside the unit tier (the unit tests leave about a third of the two cores idle: separate
-# processes, temp folders and ports); its output is held in a file and printed when both are done.
-# The browser tier runs alone afterwards. TIERS_IN_SERIES=1 runs the first two one after the other.
-NB_LOG := .cache/test-notebooks.log
+# Every tier runs even when an earlier one fails; the target fails if any did. Two streams share
+# the two cores (one alone leaves about a third of them idle): the unit tests of test_00 .. test_labs*
+# in front, and behind them the notebook tier, the browser tier and the rest of the unit tests
+# (test_launch* .. test_timing*), in separate processes, temp folders and ports; the second stream's
+# output is held in files and printed when the first is done. TIERS_IN_SERIES=1: one after the other.
+UNIT_LATE := $(sort $(filter-out tests/test_lab%,$(wildcard tests/test_l*.py tests/test_[m-z]*.py)))
+UNIT_EARLY := $(sort $(filter-out $(UNIT_LATE),$(wildcard tests/test_*.py)))
+BG_LOGS := .cache/test-notebooks.log .cache/test-browser.log .cache/test-unit-late.log
 test: setup
-	@status=0; mkdir -p .cache; rm -f $(NB_LOG) $(NB_LOG).rc; \
+	@status=0; mkdir -p .cache; rm -f $(BG_LOGS) $(addsuffix .rc,$(BG_LOGS)); \
 	if [ -n "$(TIERS_IN_SERIES)" ]; then \
 	  $(MAKE) --no-print-directory test-unit || status=1; \
 	  $(MAKE) --no-print-directory test-notebooks || status=1; \
+	  $(MAKE) --no-print-directory test-browser || status=1; \
 	else \
-	  echo "== the notebook tier runs beside the unit tier; its output follows the unit tier's"; \
-	  { $(MAKE) --no-print-directory test-notebooks > $(NB_LOG) 2>&1 && echo 0 > $(NB_LOG).rc || echo 1 > $(NB_LOG).rc; } & nb=$$!; \
-	  $(MAKE) --no-print-directory test-unit || status=1; \
-	  wait $$nb || true; cat $(NB_LOG); \
-	  [ "$$(cat $(NB_LOG).rc 2>/dev/null)" = 0 ] || status=1; \
+	  echo "== two streams: unit tests test_00 .. test_labs*; beside them the notebook tier, the browser"; \
+	  echo "   tier and the other unit tests (their output follows)"; \
+	  { for t in notebooks browser unit-late; do log=.cache/test-$$t.log; \
+	      $(MAKE) --no-print-directory test-$$t > $$log 2>&1 && echo 0 > $$log.rc || echo 1 > $$log.rc; \
+	    done; } & bg=$$!; \
+	  $(MAKE) --no-print-directory test-unit-early || status=1; \
+	  wait $$bg || true; \
+	  for log in $(BG_LOGS); do cat $$log; [ "$$(cat $$log.rc 2>/dev/null)" = 0 ] || status=1; done; \
 	fi; \
-	$(MAKE) --no-print-directory test-browser || status=1; \
 	exit $$status
+
+test-unit-early: setup
+	@echo "== tier: unit, lab and quiz tests (test_00 .. test_labs*)"
+	$(PY) -m pytest -m "not browser and not gpu" $(DURATIONS) $(PYTEST_ARGS) $(UNIT_EARLY)
+
+test-unit-late: setup
+	@echo "== tier: unit tests (test_launch* .. test_timing*)"
+	$(PY) -m pytest -m "not browser and not gpu" $(DURATIONS) $(PYTEST_ARGS) $(UNIT_LATE)
 
 test-unit: setup
 	@echo "== tier: unit, lab and quiz tests"
