@@ -8,8 +8,8 @@ guard that knows functions by file and name:
   protected function (nested ones included) compiled afresh from its module's file and reduced to
   its instructions and constants, with the names it uses (globals, attributes, locals), its file
   and its line numbers left out, and its leading guard statements (``sys.audit(...)``, calls of
-  :data:`GUARD_CALLS`) dropped; a code object that holds most (:data:`COVER`) of a protected
-  body's runs of :data:`SHINGLE` instructions is a copy: renaming, deleting or replacing the guard
+  :data:`.copy_signature.GUARD_CALLS`) dropped; a code object that holds most (:data:`COVER`) of
+  a protected body's runs of :data:`.copy_signature.SHINGLE` instructions is a copy: renaming, deleting or replacing the guard
   lines, wrapping each ``return`` in a call or adding a few statements still matches. Short
   functions (under ``least`` instructions) are left out: a learner's code repeats them by chance.
 * **an answer computed before grading** (a table made at definition time): :func:`from_grader`
@@ -32,7 +32,7 @@ import types
 from collections import Counter
 from functools import lru_cache
 
-from .copy_signature import COVER, GUARD_CALLS, _loaded, _shingles, _valued, signature  # noqa: F401
+from .copy_signature import COVER, _loaded, _shingles, _valued, signature
 
 GPUMEM = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 TESTS = os.path.join(os.path.dirname(os.path.dirname(GPUMEM)), "tests") + os.sep
