@@ -9,8 +9,9 @@ guard that knows functions by file and name:
   its instructions and constants, with the names it uses (globals, attributes, locals), its file
   and its line numbers left out, and its leading guard statements (``sys.audit(...)``, calls of
   :data:`.copy_signature.GUARD_CALLS`) dropped; a code object that holds most (:data:`COVER`) of
-  a protected body's runs of :data:`.copy_signature.SHINGLE` instructions is a copy: renaming, deleting or replacing the guard
-  lines, wrapping each ``return`` in a call or adding a few statements still matches. Short
+  a protected body's runs of :data:`.copy_signature.SHINGLE` instructions is a copy: renaming,
+  deleting or replacing the guard lines, wrapping each ``return`` in a call or adding a few
+  statements still matches. Short
   functions (under ``least`` instructions) are left out: a learner's code repeats them by chance.
 * **an answer computed before grading** (a table made at definition time): :func:`from_grader`
   lets an answer run only when every frame between it and a grading entry point (a lab's
