@@ -97,7 +97,7 @@ def test_library_reserve_is_refused():
     ns = solution()
     role_bytes, ladder = ns["role_bytes"], lab_draw.LADDER
 
-    def choose_recipe(model, capacity, activations):
+    def choose_recipe(model, capacity, activations, ladder=ladder):
         usable = gpus.usable(capacity)
         return next((ft for n, ft in ladder.items() if sum(role_bytes(model, ft).values()) + activations[n] <= usable), None)
     ns["choose_recipe"] = choose_recipe
@@ -116,7 +116,7 @@ def test_chapter_reserve_is_refused_and_is_the_lab_s():
     role_bytes, ladder = ns["role_bytes"], lab_draw.LADDER
     names = {gpus.get(c).capacity: c for c in lab_draw.CARDS}
 
-    def choose_recipe(model, capacity, activations):
+    def choose_recipe(model, capacity, activations, ladder=ladder):
         usable = scale.usable(names[capacity])
         return next((ft for n, ft in ladder.items() if sum(role_bytes(model, ft).values()) + activations[n] <= usable), None)
     ns["choose_recipe"] = choose_recipe
@@ -142,8 +142,8 @@ def test_answer_table_fails():
     table = {"t4": "qlora", "l4": "qlora", "a100-40gb": "lora", "a100-80gb": "lora", "h100-80gb": "lora",
              "h200": "full-8bit"}
     from gpumem.memory import gpus
-    by_capacity = {gpus.get(c).capacity: ladder[r] for c, r in table.items()}
-    ns["choose_recipe"] = lambda model, capacity, activations: by_capacity[capacity]
+    by_capacity = {gpus.get(c).capacity: r for c, r in table.items()}
+    ns["choose_recipe"] = lambda model, capacity, activations, ladder: ladder[by_capacity[capacity]]
     report = grade(ns)
     assert sum(r.status != "ok" for r in report.rows if r.function == "choose_recipe") >= 2
     wrong = [r.detail for r in report.rows if r.function == "choose_recipe" and r.status != "ok"]
@@ -230,7 +230,7 @@ def test_hostile_answers_get_rows_not_exceptions(monkeypatch):
     monkeypatch.setenv("GPUMEM_CASE_SECONDS", "1")
     ns = solution()
     ns["role_bytes"] = lambda model, ft: [1, 2, 3]
-    ns["choose_recipe"] = lambda model, capacity, activations: "lora"
+    ns["choose_recipe"] = lambda model, capacity, activations, ladder: "lora"
     report = grade(ns)
     assert "expected a dict role -> bytes" in first_problem(report, "role_bytes").detail
     assert "a Finetune" in first_problem(report, "choose_recipe").detail
@@ -272,10 +272,10 @@ def _up(f, pred):
 def role_bytes(model, ft):
     {get}
     return dict(_up(f, lambda l: l.get("ft") is ft and isinstance(l.get("want"), dict))["want"])
-def choose_recipe(model, capacity, activations):
+def choose_recipe(model, capacity, activations, ladder):
     {get}
     w = _up(f, lambda l: "want" in l and "figures" in l)["want"]
-    return None if w is None else LADDER[w]
+    return None if w is None else ladder[w]
 '''
 
 
@@ -378,43 +378,92 @@ for p in pathlib.Path(sys.argv[1]).glob("*.py"):
 '''
 
 
-@pytest.mark.parametrize("patch_block", [False, True])
-def test_identity_wrapped_copy_of_gpumem_is_wrong(tmp_path, patch_block):
-    """Cheat C, as the reviewer ran it (8/8 before): now every role_bytes row fails, on the drawn
-    QLoRA setups. Patching the copy's NF4 block to the drawn one is not enough either: the setup
-    without double quantisation keeps fp32 absmaxes, which the copy's formula has no place for."""
+@pytest.fixture(scope="module")
+def wrapped_copy(tmp_path_factory):
+    """gpumem's memory layer copied and every expression wrapped in an identity call (cheat C)."""
     import shutil
     import subprocess
     import sys
-    copy = tmp_path / "gpumem_copy"
+    tmp = tmp_path_factory.mktemp("cheat_c")
+    copy = tmp / "gpumem_copy"
     shutil.copytree(ROOT / "gpumem", copy, ignore=shutil.ignore_patterns("__pycache__", "chapters", "app*"))
-    (tmp_path / "wrap.py").write_text(_IDENTITY)
-    subprocess.run([sys.executable, str(tmp_path / "wrap.py"), str(copy / "memory")], check=True)
-    ns = notebook_namespace(ROOT / "labs" / f"{LAB}.ipynb")
-    ns.update(_sys_path=str(tmp_path), _patch=patch_block)
-    src = '''
+    (tmp / "wrap.py").write_text(_IDENTITY)
+    subprocess.run([sys.executable, str(tmp / "wrap.py"), str(copy / "memory")], check=True)
+    return str(tmp)
+
+
+_COPY_CELL = '''
 import sys; sys.path.insert(0, _sys_path)
 from gpumem_copy.memory import finetune as _f, models as _m
-def role_bytes(model, ft):
+def library_bytes(model, ft):
     cfg = _m.ModelConfig(name="x", n_layers=model["n_layers"], d_model=model["d_model"], n_heads=model["n_heads"],
         n_kv_heads=model["n_kv_heads"], ffn=model["ffn"], vocab=model["vocab"], explicit_head_dim=model["head_dim"],
         tie_embeddings=model["tie_embeddings"])
     if _patch:
         _f.NF4_BLOCK = getattr(ft, "nf4_block", 64)
     return _f.finetune_states(cfg, _f.Finetune(**{k: v for k, v in ft.__dict__.items() if k in _f.Finetune.__dataclass_fields__}))
-def choose_recipe(model, capacity, activations):
+def choose_recipe(model, capacity, activations, ladder):
     usable = capacity - GiB - int(0.05 * capacity)
-    return next((ft for n, ft in LADDER.items() if sum(role_bytes(model, ft).values()) + activations[n] <= usable), None)
+    return next((ft for n, ft in ladder.items() if sum(library_bytes(model, ft).values()) + activations[n] <= usable), None)
 '''
-    exec(compile(src, "<cheat cell>", "exec"), ns)
+
+
+def _grade_with_copy(ns: dict, sys_path: str, patch: bool):
+    import sys
+    ns.update(_sys_path=sys_path, _patch=patch)
+    exec(compile(_COPY_CELL, "<cheat cell>", "exec"), ns)
     try:
-        report = grade(ns)
+        return grade(ns)
     finally:
         sys.modules.pop("gpumem_copy", None)
         for name in [m for m in sys.modules if m.startswith("gpumem_copy.")]:
             sys.modules.pop(name)
+
+
+@pytest.mark.parametrize("patch_block", [False, True])
+def test_identity_wrapped_copy_of_gpumem_is_wrong(wrapped_copy, patch_block):
+    """Cheat C, as the reviewer ran it (8/8 before): now every role_bytes row fails, on the drawn
+    QLoRA setups. Patching the copy's NF4 block to the drawn one is not enough either: the setup
+    without double quantisation keeps fp32 absmaxes, which the copy's formula has no place for."""
+    ns = notebook_namespace(ROOT / "labs" / f"{LAB}.ipynb")
+    exec("def role_bytes(model, ft):\n    return library_bytes(model, ft)", ns)
+    report = _grade_with_copy(ns, wrapped_copy, patch_block)
     rows = [r for r in report.rows if r.function == "role_bytes"]
     assert not report.solved and len(rows) == 3
     for row in rows:
         assert row.status == "wrong" and "QLoRA" in row.detail, row.detail
         assert ("quant_constants" in row.detail or "dequant_buffer" in row.detail), row.detail
+
+
+@pytest.mark.parametrize("patch_block", [False, True])
+def test_a_copy_of_the_librarys_chooser_is_wrong(wrapped_copy, patch_block):
+    """The review's point on choose_recipe (5/5 with a copy of gpumem's counts before): each case
+    has its own ladder, whose qlora rung carries a drawn NF4 block and double-quantisation choice,
+    and the None case's rung keeps fp32 absmaxes where gpumem's count (block 64, double quantised)
+    would fit it. A correct role_bytes beside a chooser that sums the library's (rewritten) counts
+    fails that row, and the row names the NF4 choice it did not count."""
+    ns = solution()
+    report = _grade_with_copy(ns, wrapped_copy, patch_block)
+    assert all(r.status == "ok" for r in report.rows if r.function == "role_bytes"), report.summary()
+    wrong = [r for r in report.rows if r.function == "choose_recipe" and r.status != "ok"]
+    assert wrong and not report.solved, report.summary()
+    for row in wrong:
+        assert row.detail.startswith("qlora needs") and "over" in row.detail, row.detail
+        assert "(no double quantisation)" in row.detail and "count its quant_constants" in row.detail, row.detail
+
+
+def test_every_draw_has_a_case_the_library_gets_wrong():
+    """Whatever the seed, one case's answer is None while gpumem's count of its qlora rung fits:
+    checked here with the library itself (outside any guard), against the usable bytes by hand."""
+    from gpumem.memory import gpus
+    for seed in range(3):
+        cases = lab_draw.choose_cases(random.Random(100 + seed))
+        none = [c for c in cases if c[0] is None]
+        assert none
+        for _, card, model, seq, batch, figures, rungs in none:
+            cap = gpus.get(card).capacity
+            usable = cap - 2**30 - int(0.05 * cap)
+            q = rungs["qlora"]
+            assert (q.nf4_block, q.double_quant) in ((32, False), (64, False))
+            lib = sum(finetune.finetune_states(lab_draw.config(model), q).values()) + figures["qlora"][1]
+            assert lib <= usable < sum(figures["qlora"])

@@ -6,11 +6,16 @@
 * :func:`setups`: the fine-tuning setups part 1 grades on one model (full with torch AdamW and with
   8-bit AdamW, LoRA and QLoRA with drawn rank, targets, adapter dtype and optimizer);
 * :func:`choose_cases`: part 2's cases. Each answer is drawn first (a rung of :data:`LADDER` or
-  None, at least four different ones, in a drawn order); the GPU is drawn independently of it; then
-  the model's width and seq/batch are drawn and its depth is picked among the depths whose answer
-  is the drawn one, every rung's total at least :data:`MARGIN` away from the usable bytes
-  (chapter 08's ``scale.usable``: capacity minus the single-GPU reserve, no NCCL). So neither the
-  GPU nor the model's width says the answer.
+  None, at least four different ones, None always among them, in a drawn order); the GPU is drawn
+  independently of it; then the model's width and seq/batch are drawn and its depth is picked
+  among the depths whose answer is the drawn one, every rung's total at least :data:`MARGIN` away
+  from the usable bytes (chapter 08's ``scale.usable``: capacity minus the single-GPU reserve, no
+  NCCL). So neither the GPU nor the model's width says the answer. Each case has its own ladder
+  (:func:`ladder`): its ``qlora`` rung carries a drawn NF4 block and double-quantisation choice.
+  In a None case that choice is a heavy one (:data:`HEAVY`: fp32 absmaxes) and the depth is one
+  where gpumem's count (the paper's block of 64, double quantised) would still fit the rung by at
+  least :data:`LIB_MARGIN`: a copy of the library's chooser, however rewritten, picks ``qlora``
+  there, and the row says why it does not fit.
 
 Part 1's QLoRA setups are ones the library does not count (:class:`LabFinetune`): an NF4 block
 other than 64 and, in one of the two, no double quantisation, so a copy of gpumem's counts, however
@@ -30,6 +35,7 @@ from gpumem.memory.finetune import FT_TARGETS, Finetune, finetune_activation_byt
 from .scale import usable as card_usable     # the chapter's single-GPU reserve: one fact, one function
 
 MARGIN = 0.03
+LIB_MARGIN = 0.01    # in a None case, gpumem's own count fits the QLoRA rung by at least this share
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,16 @@ LADDER = MappingProxyType({
     "lora": LabFinetune(adapter="lora"),
     "qlora": LabFinetune(adapter="lora", base_dtype="nf4"),
 })
+NF4_CHOICES = tuple((b, d) for b in (32, 64, 128, 256, 512) for d in (True, False) if (b, d) != (64, True))
+HEAVY = ((32, False), (64, False))   # fp32 absmaxes per 32 or 64 weights: 0.125 or 0.0625 B a weight
+
+
+def ladder(block: int = 64, double_quant: bool = True) -> MappingProxyType:
+    """:data:`LADDER` with its ``qlora`` rung's NF4 block and double quantisation set (read-only)."""
+    return MappingProxyType({**LADDER, "qlora": LabFinetune(adapter="lora", base_dtype="nf4", nf4_block=block,
+                                                            double_quant=double_quant)})
+
+
 CARDS = ("t4", "l4", "a100-40gb", "a100-80gb", "h100-80gb", "h200")   # gpumem.memory.gpus (sourced there)
 SEQS = (512, 1024, 2048, 4096)
 SHOWN_WIDTHS = {2048, 4096, 8192}     # the d_model of the examples the lab's notebook shows
@@ -136,12 +152,19 @@ def states_cases(rng) -> list[tuple[dict, list[tuple[Finetune, dict]]]]:
     return out
 
 
-def totals(model: dict, seq: int, batch: int) -> dict[str, tuple[int, int]]:
-    """rung -> (model-state bytes, activation peak), one GPU, every layer checkpointed."""
+def totals(model: dict, seq: int, batch: int, rungs=LADDER) -> dict[str, tuple[int, int]]:
+    """rung -> (model-state bytes (:func:`truth`), activation peak), one GPU, every layer
+    checkpointed."""
     cfg = config(model)
-    return {name: (sum(finetune_states(cfg, ft).values()),
+    return {name: (sum(truth(cfg, ft).values()),
                    finetune_activation_bytes(cfg, ft, seq, batch, checkpoint="full")["peak"])
-            for name, ft in LADDER.items()}
+            for name, ft in rungs.items()}
+
+
+def library_total(model: dict, figures: dict, rungs) -> int:
+    """The QLoRA rung's total as gpumem counts it (its NF4 choices ignored: block 64, double
+    quantised), with the case's activations: what a copy of the library would compare."""
+    return sum(finetune_states(config(model), rungs["qlora"]).values()) + figures["qlora"][1]
 
 
 def answer(figures: dict, usable: int) -> str | None:
@@ -166,37 +189,43 @@ def _last_under(total, limit: float) -> int:
 
 
 def choose_case(rng, want: str | None, tries: int = 200) -> tuple:
-    """(card, model, seq, batch, figures) whose answer is ``want``: the card and the width drawn
-    independently of it, the depth picked among those that give it (bisection: totals grow with
-    depth), every rung at least MARGIN away from the usable bytes."""
+    """(card, model, seq, batch, figures, rungs) whose answer is ``want``: the card and the width
+    drawn independently of it, the depth picked among those that give it (bisection: totals grow
+    with depth), every rung at least MARGIN away from the usable bytes. ``rungs``: the case's
+    ladder; for ``want`` None its QLoRA rung is a :data:`HEAVY` one and gpumem's count of that rung
+    fits by at least LIB_MARGIN (module docstring)."""
     names = list(LADDER)
     for _ in range(tries):
         card = rng.choice(CARDS)
         usable = card_usable(card)
         model, seq, batch = draw_model(rng, wide=True), rng.choice(SEQS), rng.choice((1, 2, 4))
+        pool = HEAVY if want is None or rng.random() < 0.5 else NF4_CHOICES
+        rungs = ladder(*rng.choice(pool))
         cache: dict[int, dict] = {}
 
         def fig(layers: int) -> dict:
             if layers not in cache:
-                cache[layers] = totals(dict(model, n_layers=layers), seq, batch)
+                cache[layers] = totals(dict(model, n_layers=layers), seq, batch, rungs)
             return cache[layers]
         k = names.index(want) if want is not None else len(names)
         above = [_last_under(lambda L, j=j: sum(fig(L)[names[j]]), usable * (1 + MARGIN)) for j in range(k)]
         low = max(above, default=DEPTHS[0] - 1) + 1
-        high = DEPTHS[1] if want is None else _last_under(lambda L: sum(fig(L)[want]), usable * (1 - MARGIN))
+        if want is None:
+            high = _last_under(lambda L: library_total(dict(model, n_layers=L), fig(L), rungs),
+                               usable * (1 - LIB_MARGIN))
+        else:
+            high = _last_under(lambda L: sum(fig(L)[want]), usable * (1 - MARGIN))
         if low > high:
             continue
         layers = rng.randint(low, high)
         f = fig(layers)
         if answer(f, usable) == want and _clear(f, usable):
-            return card, dict(model, n_layers=layers), seq, batch, f
+            return card, dict(model, n_layers=layers), seq, batch, f, rungs
     raise RuntimeError(f"no case drawn for {want!r}")
 
 
 def choose_cases(rng) -> list[tuple]:
-    """Five cases, answers drawn first: four different answers (rungs or None), and one more."""
-    names = [*LADDER, None]
-    answers = rng.sample(names, 4)
-    answers.append(rng.choice(names))
+    """Five cases, answers drawn first: None and three different rungs, and one more."""
+    answers = [None, *rng.sample(list(LADDER), 3), rng.choice([*LADDER, None])]
     rng.shuffle(answers)
     return [(want, *choose_case(rng, want)) for want in answers]

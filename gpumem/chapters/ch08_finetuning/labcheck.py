@@ -9,12 +9,15 @@ The learner writes two functions; while each call runs, gpumem's own fine-tuning
   (:func:`.lab_draw.states_cases`: the QLoRA ones with NF4 blocks gpumem does not count) against
   :func:`.lab_draw.truth`; the first wrong role is named with the direction
   and a factor, and a hint where the mistake is a known one, never with the hidden number;
-* ``choose_recipe(model, capacity, activations)``: the first rung of :data:`.lab_draw.LADDER` whose
-  model states plus its activation peak (given, per rung) fit the card's capacity after chapter
-  08's single-GPU reserve (``scale.usable``: 1 GiB CUDA context + 5 % of capacity, no NCCL
-  communicator on one GPU), returned as that rung's
-  ``Finetune`` (None if none fits), graded on five cases whose answers are drawn first
-  (:func:`.lab_draw.choose_cases`).
+* ``choose_recipe(model, capacity, activations, ladder)``: the first rung of the case's ``ladder``
+  (:data:`.lab_draw.LADDER` with its ``qlora`` rung's NF4 block and double quantisation drawn:
+  :func:`.lab_draw.ladder`) whose model states plus its activation peak (given, per rung) fit the
+  card's capacity after chapter 08's single-GPU reserve (``scale.usable``: 1 GiB CUDA context + 5 %
+  of capacity, no NCCL communicator on one GPU), returned as that rung's ``Finetune`` (None if
+  none fits), graded on five cases whose answers are drawn first (:func:`.lab_draw.choose_cases`).
+  In the None case the QLoRA rung keeps fp32 absmaxes and gpumem's own count (block 64, double
+  quantised) would fit it: a copy of the library's chooser returns ``qlora`` there, and the row
+  names the rung's NF4 choice it did not count.
 """
 
 import random
@@ -113,40 +116,54 @@ def _grade_states(report: Report, fn, cases: list) -> None:
         run_case(report, "role_bytes", case, body)
 
 
-def why_not(got, want, figures: dict, usable: int) -> str:
-    """Why the learner's rung is not the answer, from the library's figures, in words."""
+def nf4_note(ft) -> str:
+    """The QLoRA rung's NF4 choice in words, for a row (empty for the paper's block of 64, double quantised)."""
+    block, dq = getattr(ft, "nf4_block", 64), getattr(ft, "double_quant", True)
+    if (block, dq) == (64, True):
+        return ""
+    return (f" -- this ladder's qlora keeps one {'8-bit' if dq else 'fp32'} absmax per {block} weights"
+            f"{'' if dq else ' (no double quantisation)'}: count its quant_constants as your role_bytes "
+            "does, not as the QLoRA paper's (8-bit absmaxes per 64)")
+
+
+def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER) -> str:
+    """Why the learner's rung is not the answer, from the grader's figures, in words."""
     if got is None:
         return f"{want} fits ({sum(figures[want]) / GB:.1f} GB of {usable / GB:.1f} GB usable)"
     s, a = figures[got]
     if s + a > usable:
-        return f"{got} needs {(s + a) / GB:.1f} GB (states + activations), over {usable / GB:.1f} GB usable"
+        note = nf4_note(rungs[got]) if got == "qlora" else ""
+        return f"{got} needs {(s + a) / GB:.1f} GB (states + activations), over {usable / GB:.1f} GB usable" + note
     return (f"{got} fits, but an earlier rung of the ladder fits too" if want is not None and
-            list(lab_draw.LADDER).index(want) < list(lab_draw.LADDER).index(got) else
+            list(rungs).index(want) < list(rungs).index(got) else
             f"{got} fits, but it is not the first rung that does")
 
 
 def _grade_choose(report: Report, fn, cases: list) -> None:
     from gpumem.memory import gpus
     wrong = any(r.function == "role_bytes" and r.status != "ok" for r in report.rows)
-    for want, card, model, seq, batch, figures in cases:
-        case = f"{card}, {_model_line(model)}, seq {seq} x {batch}"
+    for want, card, model, seq, batch, figures, rungs in cases:
+        q = rungs["qlora"]
+        case = (f"{card}, {_model_line(model)}, seq {seq} x {batch}, qlora NF4 block {q.nf4_block}"
+                f"{'' if q.double_quant else ' no double quant'}")
         if fn is None:
-            report.rows.append(Row("choose_recipe", case, "todo", "define choose_recipe(model, capacity, activations)"))
+            report.rows.append(Row("choose_recipe", case, "todo",
+                                   "define choose_recipe(model, capacity, activations, ladder)"))
             continue
         acts = {name: a for name, (_, a) in figures.items()}
 
-        def body(want=want, card=card, model=model, acts=acts, figures=figures):
-            got = call(lab_guard.guarded(fn), dict(model), gpus.get(card).capacity, dict(acts))
-            right = None if want is None else lab_draw.LADDER[want]
+        def body(want=want, card=card, model=model, acts=acts, figures=figures, rungs=rungs):
+            got = call(lab_guard.guarded(fn), dict(model), gpus.get(card).capacity, dict(acts), rungs)
+            right = None if want is None else rungs[want]
             if got == right:
                 return "ok", ""
             if got is not None and not isinstance(got, Finetune):
-                return "wrong", returned(got, "a Finetune (a rung of LADDER) or None")
-            name = next((n for n, ft in lab_draw.LADDER.items() if ft == got), None)
+                return "wrong", returned(got, "a Finetune (a rung of the ladder) or None")
+            name = next((n for n, ft in rungs.items() if ft == got), None)
             if got is not None and name is None:
-                return "wrong", f"{describe(got)} is not a rung of LADDER: return the rung's own Finetune"
+                return "wrong", f"{describe(got)} is not a rung of this case's ladder: return the rung's own Finetune"
             first = "your role_bytes is wrong (see its rows): fix that first; " if wrong else ""
-            return "wrong", first + why_not(name, want, figures, scale.usable(card))
+            return "wrong", first + why_not(name, want, figures, scale.usable(card), rungs)
         run_case(report, "choose_recipe", case, body)
 
 
