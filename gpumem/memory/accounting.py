@@ -265,31 +265,32 @@ def zero3_gathered(cfg_or_largest_params, recipe: str, prefetch_bucket: int = DS
     definition every chapter, ``estimate`` and the planner use (``Timeline.zero3_per_gpu`` places
     the same parts on the step's timeline instead of adding them as constants).
 
-    * gathered parameters: for a model config, the fullest moment of a steady step replayed with
+    * gathered parameters: for a model, the fullest moment of a steady step replayed with
       DeepSpeed's rules (``zero3_schedule.gathered_by_moment``: the module running, the prefetch
-      bucket ahead, modules kept whole for reuse); ``tp`` and ``layers`` replay one
-      tensor-parallel rank's slice of one pipeline stage. Given only the largest module's element
-      count, the on-demand bound: that module + ``prefetch_bucket`` elements;
+      bucket ahead, modules kept whole for reuse); ``tp`` and ``layers`` replay one rank's tensor-
+      parallel slice of one stage (registry or config file alike: ``zero3_schedule.replays``).
+      Given only the largest module's element count, or another layout, the on-demand moment:
+      that module + ``prefetch_bucket`` (a floor: prefetch and reuse can hold more);
     * the largest module's full gradient (for Llama the 128,256 x h embedding or output head),
       which exists in backward before it is reduce-scattered;
-    * DeepSpeed's contiguous gradient bucket: ``reduce_bucket_size`` elements allocated at start
-      and kept (``stage3.py`` 780-784, ``contiguous_gradients`` is on by default), capped at the
-      model's size.
+    * DeepSpeed's contiguous gradient bucket: ``reduce_bucket_size`` elements allocated at start and
+      kept (``stage3.py`` 780-784, ``contiguous_gradients`` on by default), capped at the model's size.
     All in the parameters' dtype (bf16, or fp32 for the fp32 recipe).
     """
     for value, what in ((prefetch_bucket, "prefetch bucket"), (reduce_bucket, "reduce bucket")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise UsageError(f"{what} must be a whole number of elements >= 0, got {value!r}")
     e = RECIPE[one_of(recipe, RECIPES, "recipe")].params
-    if hasattr(cfg_or_largest_params, "largest_layer_params"):
-        cfg = cfg_or_largest_params
+    cfg = cfg_or_largest_params if hasattr(cfg_or_largest_params, "largest_layer_params") else None
+    if cfg is not None and zero3_schedule.replays(cfg):
         if layers is not None and layers != cfg.n_layers:
             cfg = with_layers(cfg, positive_int(layers, "layers"))
         largest = -(-cfg.largest_layer_params() // positive_int(tp, "tensor-parallel size"))
         gathered = _steady_gathered(cfg, e, tp, prefetch_bucket)
         total = sum(n for own in zero3_schedule.llama_params(cfg, tp).values() for _, n in own)
         return GatheredBytes(gathered, e * largest, e * min(reduce_bucket, total), True)
-    largest = positive_int(cfg_or_largest_params, "largest module's parameter count")
+    largest = (positive_int(cfg_or_largest_params, "largest module's parameter count") if cfg is None
+               else -(-cfg.largest_layer_params() // positive_int(tp, "tensor-parallel size")))
     return GatheredBytes(e * largest, e * largest, e * reduce_bucket, False, e * prefetch_bucket)
 
 

@@ -2,9 +2,10 @@
 
 This is what ``python -m gpumem estimate`` prints. Activations are per GPU and do not shrink
 with ZeRO (each rank runs its own micro-batch). At ZeRO stage 3 a rank also holds a working set
-beyond its shards, ``gathered`` (``accounting.zero3_gathered``: the largest module's gathered
-parameters and full gradient, plus the prefetch bucket). Temporaries (gradients of activations
-in backward, optimizer workspace) are not included: ``python -m gpumem trace`` measures them.
+beyond its shards, ``gathered`` (``accounting.zero3_gathered``, for a registry model and a config
+file alike: the gathered parameters of DeepSpeed's replayed steady step, the largest module's full
+gradient, the reduce bucket). Temporaries (gradients of activations in backward, optimizer
+workspace) are not included: ``python -m gpumem trace`` measures them.
 The total adds every part, as if all peaked at once: on the safe side of the traced peak.
 """
 
@@ -142,7 +143,7 @@ def _from_config(cfg: models.ModelConfig, states: accounting.States, recipe: str
                  opts: dict, prefetch_bucket: int) -> Estimate:
     """A model from a config file: exact model states; activations where the formula covers the
     layer (the course's code at these widths; with ``norm="hf"``, transformers' own code,
-    ``impl="hf"``); ZeRO-3's on-demand bound for the working set."""
+    ``impl="hf"``); ZeRO-3's working set as for a registry model (``accounting.zero3_gathered``)."""
     acts = None
     if cfg.model_type in LLAMA_LIKE:
         acts = activations(cfg, opts["seq"], opts["micro_batch"], opts["attention"], opts["checkpoint"],
@@ -157,7 +158,11 @@ def _from_config(cfg: models.ModelConfig, states: accounting.States, recipe: str
         states.notes.append(f"mixture of experts: {cfg.n_params(active=True) / 1e9:.2f} B of the "
                             f"{cfg.n_params() / 1e9:.2f} B parameters are used per token ({cfg.top_k} of "
                             f"{cfg.n_experts} experts); every expert has weights, gradients and optimizer states")
-    gathered = accounting.zero3_gathered(cfg.largest_layer_params(), recipe, prefetch_bucket) if zero == 3 else 0
+    gathered = accounting.zero3_gathered(cfg, recipe, prefetch_bucket) if zero == 3 else 0
+    if zero == 3 and not gathered.steady:
+        states.notes.append(f"ZeRO-3 working set: the on-demand moment (largest module + prefetch bucket), a "
+                            f"floor: the replay of DeepSpeed's prefetch and reuse builds Llama-layout models, "
+                            f"not {cfg.model_type}'s modules (zero3_schedule.replays)")
     return Estimate(cfg.name, cfg.n_params(), recipe, gpus, zero, states, acts, opts, gathered)
 
 

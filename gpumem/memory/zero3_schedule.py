@@ -29,19 +29,36 @@ DEFAULTS = {"stage3_prefetch_bucket_size": 5e7, "stage3_max_reuse_distance": 1e9
             "stage3_max_live_parameters": 1e9, "stage3_param_persistence_threshold": 1e5}
 
 
+def replays(cfg: models.ModelConfig) -> bool:
+    """Whether :func:`llama_params` and :func:`fetch_order` are this model's own modules, so that
+    :func:`simulate` replays it: the course's Llama layout (dense SwiGLU MLP, two RMSNorms a layer,
+    separate q/k/v, RoPE, an untied head), biases allowed (they only add parameters to the same
+    modules). Not: q/k norms (Qwen3: modules of their own in the fetch order), four norms a layer
+    (Gemma 2), a tied head (one parameter in two modules), GPT-2's blocks, a mixture of experts."""
+    return (cfg.mlp == "swiglu" and not cfg.moe and cfg.norm_kind == "rms" and cfg.norms_per_layer == 2
+            and not (cfg.qk_norm or cfg.fused_qkv or cfg.tie_embeddings or cfg.positions))
+
+
 def llama_params(cfg: models.ModelConfig, tp: int = 1) -> dict[str, list[tuple[str, int]]]:
     """Module name -> its own parameters (name, elements), for the course's Llama; with ``tp``,
-    one tensor-parallel rank's slice (Megatron splits every matrix and the vocabulary, not the norms)."""
-    d, kv, f, v = cfg.d_model, cfg.kv_dim, cfg.ffn, cfg.vocab
+    one tensor-parallel rank's slice (Megatron splits every matrix and the vocabulary, not the norms).
+    Biases (Qwen2's q/k/v) are parameters of their linear module, split as its output is (the
+    row-parallel wo and down keep theirs whole)."""
+    d, q, kv, f, v = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.ffn, cfg.vocab
+    bias = {"attn.wq": q * cfg.qkv_bias, "attn.wk": kv * cfg.qkv_bias, "attn.wv": kv * cfg.qkv_bias,
+            "attn.wo": d * cfg.o_bias, "mlp.gate": f * cfg.mlp_bias, "mlp.up": f * cfg.mlp_bias,
+            "mlp.down": d * cfg.mlp_bias}
     out = {"model": [], "embed": [("embed.weight", -(-v * d // tp))], "norm": [("norm.weight", d)],
            "head": [("head.weight", -(-v * d // tp))]}
     for i in range(cfg.n_layers):
         L = f"layers.{i}"
         out |= {L: [], f"{L}.attn": [], f"{L}.mlp": [],
                 f"{L}.attn_norm": [(f"{L}.attn_norm.weight", d)], f"{L}.mlp_norm": [(f"{L}.mlp_norm.weight", d)]}
-        for name, n in (("attn.wq", d * d), ("attn.wk", d * kv), ("attn.wv", d * kv), ("attn.wo", d * d),
+        for name, n in (("attn.wq", d * q), ("attn.wk", d * kv), ("attn.wv", d * kv), ("attn.wo", q * d),
                         ("mlp.gate", d * f), ("mlp.up", d * f), ("mlp.down", f * d)):
-            out[f"{L}.{name}"] = [(f"{L}.{name}.weight", -(-n // tp))]
+            split = 1 if name in ("attn.wo", "mlp.down") else tp     # a row-parallel bias is whole
+            out[f"{L}.{name}"] = [(f"{L}.{name}.weight", -(-n // tp))] + (
+                [(f"{L}.{name}.bias", -(-bias[name] // split))] if bias[name] else [])
     return out
 
 
