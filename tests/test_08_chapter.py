@@ -92,11 +92,19 @@ def test_rtx3090_scenario_by_hand():
     # the dequantisation on the 3090 (936 GB/s, RTX 3090 datasheet): forward, re-run, backward
     assert r["dequant_s"] == pytest.approx(3 * Q70 * (NF4_BITS / 8 + 2) / 936e9, rel=1e-3)
     assert 0.54 < r["dequant_s"] < 0.56
-    # FSDP's CPU offload moves the whole 4-bit base (codes, constants, bf16 rest, adapters) twice
-    base4 = qlora_states(Q70, N70, n_a, 4, 0, 7 * 80)                  # fp32 adapters, no buffer
-    assert r["fsdp_streamed"] == pytest.approx(base4, rel=1e-6)
-    assert r["fsdp_pcie_s"] == pytest.approx(2 * base4 / 31.5e9, rel=1e-6)
-    assert r["fsdp_resident"] < usable
+    # FSDP's CPU offload copies each block up twice (forward, backward): its packed codes, bf16 norms
+    # and fp32 adapters; the root (embedding, head, final norm), the NF4 constants, the dequantised
+    # matrix, two blocks with their adapters' gradients and the activations stay on the GPU
+    blocks = Q70 / 2 + 80 * 2 * 2 * 8192 + 4 * n_a
+    assert r["fsdp_streamed"] == blocks
+    assert r["fsdp_pcie_s"] == pytest.approx(2 * blocks / 31.5e9, rel=1e-9)
+    root = 2 * 2 * 128256 * 8192 + 2 * 8192
+    constants = Q70 / 64 + 4 * Q70 / (64 * 256) + 7 * 80 * (4 + 64 + 1024)
+    buffer = 2 * 8192 * 28672 + 4 * 8192 * 28672 / 64
+    resident = root + constants + buffer + 2 * (blocks / 80 + 4 * n_a / 80) + r["activations"]
+    assert r["fsdp_resident"] == pytest.approx(resident, rel=1e-9) and r["fsdp_resident"] < usable
+    # on the CPU: the base, the adapters, their gradients, moments and step tensors
+    assert r["fsdp_host"] == Q70 / 2 + 2 * (N70 - Q70) + 16 * n_a + 4 * 14 * 80
     # the note: "INT4 + offload: barely runs". 70B: INT4 alone short, runs with offload (agrees);
     # 8B: the note names no model, and it needs no offload (not stated)
     c = {x.id: x for x in claims.CLAIMS}
@@ -162,7 +170,41 @@ def test_scale_rows_fit_marks():
     # optimizer on the CPU: bf16 weights and gradients stay on the GPU
     off = rows[("llama-3-70b", "full, optimizer on CPU")]
     assert off["states"] == 4 * N70
-    assert all(not any(r["fits"][c]) for (m, _), r in rows.items() if m == "llama-3.1-405b" for c in scale.CARDS)
+    assert all(not any(r["fits"][c]) for (m, lab), r in rows.items() if m == "llama-3.1-405b"
+               and "base on CPU" not in lab for c in scale.CARDS)
+
+
+def test_eight_bit_without_master_row_by_hand():
+    """8-bit AdamW on the bf16 weights themselves: 2 (weight) + 2 (gradient) + 2 (two 1-byte
+    moments) + 2 x 4/256 (their fp32 absmax per 256) B a parameter; every Llama-3-70B tensor has at
+    least 4,096 elements and a multiple of 256 (norms 8,192), + the two 256-value fp32 maps."""
+    rows = {(r["model"], r["recipe"]): r for r in scale.rows()}
+    r = rows[("llama-3-70b", "full, 8-bit, no master")]
+    assert r["states"] == 6 * N70 + 8 * N70 // 256 + 2 * 256 * 4
+    assert r["roles"]["master"] == 0 and 425e9 < r["states"] < 426e9
+
+
+def test_base_on_cpu_rows_by_hand():
+    """LoRA r16 on Llama-3-70B with every parameter on the CPU (FSDP CPU offload, one unit per
+    block): by hand, the GPU keeps the root (bf16 embedding, head, final norm), two blocks (bf16
+    matrices and norms, fp32 adapters and their fp32 gradients) and the activations; the activations
+    are the LoRA row's (its total less its states: the same step, only the weights moved)."""
+    rows = {(r["model"], r["recipe"]): r for r in scale.rows()}
+    n_a = lora(8192, 8192, 1024, 28672, 80, 16)
+    root = 2 * 2 * 128256 * 8192 + 2 * 8192
+    block = 2 * Q70 // 80 + 2 * 2 * 8192 + 4 * n_a // 80
+    states = root + 2 * (block + 4 * n_a // 80)
+    lora_row, off = rows[("llama-3-70b", "LoRA r16")], rows[("llama-3-70b", "LoRA r16, base on CPU")]
+    assert off["states"] == states
+    for ck in ("none", "full"):
+        ck_states = states if ck == "full" else scale.base_offloaded(models.get("llama-3-70b"),
+                                                                   scale.OFFLOAD["LoRA r16, base on CPU"], "none")["states"]
+        assert off[ck] == ck_states + lora_row[ck] - lora_row["states"]
+    assert off["fits"]["rtx-3090"] == (False, True) and off["fits"]["h100-80gb"] == (True, True)
+    # the step on an H100: 80 blocks cross PCIe Gen5 (63 GB/s) twice, beside 2.2 s of compute
+    t = scale.offload_seconds(models.get("llama-3-70b"), scale.OFFLOAD["LoRA r16, base on CPU"], "h100-80gb")
+    assert t["pcie"] == pytest.approx(2 * 80 * block / 63e9, rel=1e-9) and 4.3 < t["pcie"] < 4.4
+    assert t["overlapped"] == t["pcie"] and t["serial"] == pytest.approx(t["pcie"] + t["compute"])
 
 
 def test_tables_fit_100_columns():

@@ -110,6 +110,11 @@ FRAMEWORKS = [
                   "exist only for the adapters; QLoRA + ZeRO-3 needs bnb_4bit_quant_storage=bf16"),
     ("FSDP2", "fully_shard(module) per block shards every parameter (frozen or not) as DTensor;\n"
               "grads and AdamW states only for requires_grad=True; QLoRA: quant_storage=bf16 too"),
+    ("CPU offload", "frozen base: FSDP1 CPUOffload(offload_params=True); FSDP2 fully_shard(...,\n"
+                    "offload_policy=CPUOffloadPolicy()); DeepSpeed ZeRO-3 \"offload_param\": {\"device\":\n"
+                    "\"cpu\"} (stage 3 only). Adapters' states only: \"offload_optimizer\" (stage >= 1)"),
+    ("bf16 step", "HF Trainer bf16=True / torch.autocast('cuda', dtype=torch.bfloat16); peft\n"
+                  "get_peft_model(..., autocast_adapter_dtype=True) keeps the adapters fp32 (default)"),
 ]
 
 

@@ -4,8 +4,9 @@ RTX 3090 scenario, the QLoRA paper's 65B-on-48-GB claim, and time (dequantisatio
 Bytes are the engine's (:mod:`gpumem.memory.finetune`: ``finetune_states`` by role,
 ``finetune_activation_bytes``, ``single_gpu``); full fine-tuning with the optimizer on the CPU is
 chapter 05's ``accounting.model_states`` (DeepSpeed needs ZeRO stage >= 1 for it: one GPU at
-stage 1). The engine counts no offload for LoRA or QLoRA: where those do not fit, this module
-says how many bytes must leave the GPU (``single_gpu``'s ``short_by``) instead of pricing a layout.
+stage 1). LoRA and QLoRA with the frozen base on the CPU are priced here as FSDP's CPU offload
+lays them out (:data:`OFFLOAD`, :func:`base_offloaded`: GPU and host bytes; :func:`offload_seconds`:
+PCIe beside compute); full fine-tuning with 8-bit AdamW and no fp32 master is :data:`NO_MASTER`.
 
 Hardware figures and their sources are next to each constant. Stated assumptions: one sequence
 of :data:`SEQ` tokens per step; LoRA r = 16 on all seven projections; a single GPU reserves the
@@ -42,6 +43,26 @@ RECIPES = {
     # the states; its fp32 norm outputs in the activations are not (section 4 traces them)
     "QLoRA r16 +prepare": F.Finetune(adapter="lora", base_dtype="nf4", prepare=True),
 }
+# full fine-tuning with 8-bit AdamW updating the bf16 weights themselves (no fp32 master: chapter
+# 08's measured full-8bit run): accounting's pure-bf16 recipe with bitsandbytes' moments
+NO_MASTER = F.Finetune(optimizer="adamw-8bit", recipe="pure-bf16")
+# CPU offload with a frozen base. The adapters' optimizer states are tiny (1.7 GB at 70B); what
+# must leave the GPU is the frozen base. Two frameworks move frozen parameters: PyTorch FSDP's
+# CPU offload (FSDP1 ``CPUOffload(offload_params=True)``; FSDP2 ``fully_shard(...,
+# offload_policy=CPUOffloadPolicy())``: "offloads parameters, gradients, and optimizer states to
+# CPU ... the optimizer step runs on CPU", torch/distributed/fsdp/_fully_shard/_fsdp_api.py) and
+# DeepSpeed ZeRO-3's ``offload_param`` (stage 3 only; with ``offload_optimizer`` the adapters'
+# states too). Counted as FSDP runs it with one unit per decoder block: the GPU holds the
+# activations, QLoRA's dequantised matrix, the root unit's weights (embedding, head, final norm:
+# FSDP2 keeps the root unsharded from forward to backward, ``reshard_after_forward`` None ->
+# False for the root), and OFFLOAD_BLOCKS blocks' weights with their adapters and adapter
+# gradients (one computing, one prefetched). Assumptions, with their effect: QLoRA's quantisation
+# constants stay on the GPU (attributes, not parameters: FSDP moves only the flat parameters;
+# 1.1 GB at 70B); the root is not wrapped on its own (wrapping embedding and head apart would free
+# 4.2 GB at 70B for most of the step).
+OFFLOAD = {"LoRA r16, base on CPU": F.Finetune(adapter="lora"),
+           "QLoRA r16, base on CPU": F.Finetune(adapter="lora", base_dtype="nf4")}
+OFFLOAD_BLOCKS = 2
 
 # RTX 3090 (NVIDIA Ampere GA102 GPU architecture whitepaper, Table 9 / RTX 3090 datasheet):
 # 71 TFLOP/s dense bf16 tensor with fp32 accumulate, 936 GB/s GDDR6X, PCIe Gen4 x16
@@ -53,7 +74,7 @@ MFU = compute.MFU                     # 40 %: Meta's Llama 3 pre-training (arXiv
 # link's peak (PCIe time scales as 1/(achieved share)); with FSDP's parameter CPU offload each
 # block's weights cross PCIe once in forward and once in backward (the checkpointed re-run inside
 # it), and the GPU holds two blocks' (one computing, one prefetched).
-FSDP_PASSES, FSDP_RESIDENT_BLOCKS = 2, 2
+FSDP_PASSES = 2
 
 # LLaMA-65B, the QLoRA paper's largest model: LLaMA paper (arXiv:2302.13971) Table 2 and Meta's
 # params.json (dim 8192, 80 layers, 64 heads, FFN 22,016, vocabulary 32,000)
@@ -99,6 +120,46 @@ def full_offloaded(cfg, checkpoint: str = "none", seq: int = SEQ) -> int:
     return s.params + s.grads + need(cfg, F.Finetune(), checkpoint, seq)["activations"]
 
 
+def block_weights(cfg, ft: F.Finetune) -> int:
+    """One decoder block's weights as FSDP copies them up: the base (bf16, or NF4's packed codes
+    with bf16 norms, fp32 with ``prepare``) and the block's adapters."""
+    e_rest = 4 if ft.prepare else 2
+    if ft.base_dtype == "nf4":
+        base = sum(F.nf4_tensor_bytes(m)[0] for m in F.quantised_tensors(cfg)) // cfg.n_layers
+    else:
+        base = 2 * sum(F.quantised_tensors(cfg)) // cfg.n_layers
+    norms = cfg.d_model * cfg.norms_per_layer
+    e_a = 4 if ft.adapter_dtype == "fp32" else 2
+    adapters = e_a * F.lora_params(cfg, ft.lora_rank, ft.lora_targets) // cfg.n_layers
+    return base + e_rest * norms + adapters
+
+
+def base_offloaded(cfg, ft: F.Finetune, checkpoint: str = "full", seq: int = SEQ, batch: int = BATCH) -> dict:
+    """LoRA/QLoRA on one GPU with every parameter on the CPU (FSDP's CPU offload, see
+    :data:`OFFLOAD`): ``gpu`` (bytes held there; ``states``: all but the activations), ``host``
+    (CPU RAM: base, adapters, their gradients and moments), ``streamed`` (weights copied up per
+    pass: the blocks; the root stays) and ``passes`` (forward and backward; a checkpointed re-run
+    happens inside the backward's gather)."""
+    roles = F.finetune_states(cfg, ft)
+    acts = need(cfg, ft, checkpoint, seq, batch)["activations"]
+    blocks = block_weights(cfg, ft)
+    root = roles["base_weights"] - (blocks - roles["adapter_weights"] // cfg.n_layers) * cfg.n_layers
+    grads_block = roles["grads"] // cfg.n_layers
+    states = root + roles["quant_constants"] + roles["dequant_buffer"] + OFFLOAD_BLOCKS * (blocks + grads_block)
+    host = sum(roles.values()) - roles["dequant_buffer"] - roles["quant_constants"]
+    return {"states": states, "activations": acts, "gpu": states + acts, "host": host, "root": root,
+            "streamed": blocks * cfg.n_layers, "passes": FSDP_PASSES}
+
+
+def offload_seconds(cfg, ft: F.Finetune, gpu: str = "h100-80gb", seq: int = SEQ) -> dict:
+    """A step with the base on the CPU: the blocks cross PCIe (host to device, the GPU's link at
+    its peak: an assumption) ``passes`` times; beside :func:`step_seconds` (checkpointed).
+    ``serial``: nothing overlaps; ``overlapped``: FSDP's prefetch hides the shorter of the two."""
+    o, t = base_offloaded(cfg, ft, "full", seq), step_seconds(cfg, ft, gpu, seq)
+    pcie = o["passes"] * o["streamed"] / gpus.get(gpu).pcie
+    return {"pcie": pcie, "compute": t["total"], "serial": pcie + t["total"], "overlapped": max(pcie, t["total"])}
+
+
 def rows(seq: int = SEQ) -> list[dict]:
     """Every model x recipe (and full mixed with CPU offload), without and with checkpointing:
     bytes and which cards they fit (``fits``: card -> (no checkpointing, checkpointing))."""
@@ -109,6 +170,14 @@ def rows(seq: int = SEQ) -> list[dict]:
             plain, ck = need(cfg, ft, "none", seq), need(cfg, ft, "full", seq)
             out.append({"model": name, "recipe": label, "states": plain["states"], "none": plain["total"],
                         "full": ck["total"], "roles": plain["roles"]})
+            if label == "full, 8-bit AdamW":
+                plain, ck = need(cfg, NO_MASTER, "none", seq), need(cfg, NO_MASTER, "full", seq)
+                out.append({"model": name, "recipe": "full, 8-bit, no master", "states": plain["states"],
+                            "none": plain["total"], "full": ck["total"], "roles": plain["roles"]})
+        for label, ft in OFFLOAD.items():
+            plain, ck = base_offloaded(cfg, ft, "none", seq), base_offloaded(cfg, ft, "full", seq)
+            out.append({"model": name, "recipe": label, "states": ck["states"], "none": plain["gpu"],
+                        "full": ck["gpu"], "roles": None})
         out.append({"model": name, "recipe": "full, optimizer on CPU", "states": full_offloaded(cfg, "full", seq)
                     - need(cfg, F.Finetune(), "full", seq)["activations"],
                     "none": full_offloaded(cfg, "none", seq), "full": full_offloaded(cfg, "full", seq), "roles": None})
@@ -135,12 +204,11 @@ def rtx3090(model: str = "llama-3-70b") -> dict:
     # the route a library offers (FSDP CPU offload of every parameter, bnb_4bit_quant_storage=bf16,
     # as Answer.AI's fsdp_qlora runs 70B on two 24 GB cards): the whole 4-bit base crosses PCIe each
     # pass; the GPU keeps the activations, the dequantised matrix and two blocks' 4-bit weights
-    base4 = roles["base_weights"] + roles["quant_constants"] + roles["adapter_weights"]
-    block4 = sum(F.nf4_tensor_bytes(m)[0] + F.nf4_tensor_bytes(m)[1] for m in F.quantised_tensors(cfg)) // cfg.n_layers
-    resident = s["activations"] + roles["dequant_buffer"] + FSDP_RESIDENT_BLOCKS * block4
+    o = base_offloaded(cfg, ft, "full", 512)
     return s | {"model": model, "pageable": pageable, "streamed": rest, "pcie_s": 3 * rest / PCIE4,
                 "compute_s": flops / (RTX3090_BF16 * MFU), "dequant_s": dequant_seconds(cfg, RTX3090_MEM, True),
-                "fsdp_streamed": base4, "fsdp_pcie_s": FSDP_PASSES * base4 / PCIE4, "fsdp_resident": resident}
+                "fsdp_streamed": o["streamed"], "fsdp_pcie_s": o["passes"] * o["streamed"] / PCIE4,
+                "fsdp_resident": o["gpu"], "fsdp_host": o["host"]}
 
 
 def lora_flops(cfg, ft: F.Finetune, tokens: int, recompute: bool = False) -> int:
