@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from gpumem import planner
-from gpumem.chapters.ch06_combining_strategies import lab06_cases, lab06_gpu, lab06_guard, labcheck as L
+from gpumem.chapters.ch06_combining_strategies import (lab06_cases, lab06_gpu, lab06_guard, lab06_limit_cases,
+                                                      lab06_limits, labcheck as L)
 from gpumem.memory import gpus as gpu_table, models
 from gpumem.memory.policies import POLICIES
 from gpumem.planner import Layout, rules
@@ -48,7 +49,8 @@ def priced(model, gpus, gpu, seq, batch, link):
                 rep, node = batch // dp, 8 // tp
                 for vp in (v for v in range(1, 9) if v == 1 or pp > 1 and cfg.n_layers % (pp * v) == 0):
                     for zero in (0, 1, 2, 3):
-                        for hy, grp in [("none", 0)] + [(h, k) for h in ("hsdp", "hpz") for k in (node, 2 * node)
+                        for hy, grp in [("none", 0)] + [(h, k) for h in ("hsdp", "hpz")
+                                                        for k in (node, 2 * node, 4 * node)
                                                         if 1 < k < dp and dp % k == 0]:
                             for off, dev in planner.OFFLOAD_CHOICES:
                                 for mc in (False, True) if cp == vp == 1 and tp * pp > 1 else (False,):
@@ -72,15 +74,19 @@ def priced(model, gpus, gpu, seq, batch, link):
                                             host = (mem["host"] + swap) * per_node <= planner.HOST_PER_NODE and \
                                                 mem["nvme"] * per_node <= planner.NVME_PER_NODE
                                             t = step_seconds(cfg, seq, lay, g, links=links, inter_node=link)["total"]
-                                            found.append((t, mem["total"], host, lay))
+                                            node = (mem["host"] + swap) * per_node
+                                            found.append((t, mem["total"], host, lay, node))
     return found
 
 
-def search(keep=lambda lay: True, pick="time", use_link=True, host_rule=True):
-    """A learner's search that tries only the layouts ``keep`` accepts (or picks by memory)."""
-    def choose(model, gpus, gpu, seq, batch, inter_node=None):
+def search(keep=lambda lay: True, pick="time", use_link=True, host_rule=True,
+           in_node=lambda lay: lay.tp * lay.cp * lay.pp <= 8, host_cap=True):
+    """A learner's search that tries only the layouts ``keep`` accepts (or picks by memory); the
+    team's limits kept as ``in_node`` and ``host_cap`` say."""
+    def choose(model, gpus, gpu, seq, batch, inter_node=None, host_per_node=None, one_node=False):
         ok = [x for x in priced(model, gpus, gpu, seq, batch, inter_node if use_link else None)
-              if keep(x[3]) and (x[2] or not host_rule)]
+              if keep(x[3]) and (x[2] or not host_rule) and (not one_node or in_node(x[3]))
+              and (host_per_node is None or not host_cap or x[4] <= host_per_node)]
         key = {"time": lambda x: x[0], "least-memory": lambda x: x[1], "most-memory": lambda x: -x[1]}[pick]
         return min(ok, key=key)[3] if ok else None
     return choose
@@ -107,8 +113,9 @@ def family_row(name):
 
 def test_the_complete_search_passes_and_the_draw_changes():
     got = rows(search())
-    assert [r.status for r in got] == ["ok"] * (1 + len(lab06_cases.FAMILIES))
-    assert [r.case.split(":")[0] for r in got[1:]] == [f.name for f in lab06_cases.FAMILIES]
+    families = lab06_cases.FAMILIES + lab06_limit_cases.FAMILIES
+    assert [r.status for r in got] == ["ok"] * (1 + len(families)), [r for r in got if r.status != "ok"]
+    assert [r.case.split(":")[0] for r in got[1:]] == [f.name for f in families]
     for f in lab06_cases.FAMILIES:          # the ranges, not the planner: no pricing needed
         assert len({lab06_cases.member(f, lab06_cases.rng_of(s)) for s in range(12)}) > 3, f.name
     assert list(L.cases(SEED, ref)) == list(L.cases(SEED, ref))
@@ -259,7 +266,7 @@ FALLBACKS = [(f, m) for f in lab06_cases.FAMILIES for m in f.fallback]
 
 def drawn():
     """(family, (case, link)) of the seed's draw, as the grader makes it."""
-    return [(f, (c, link)) for _, f, c, link in L.cases(SEED, ref) if f is not None]
+    return [(f, (c, link)) for _, f, c, link, limits in L.cases(SEED, ref) if f is not None and limits is None]
 
 
 @pytest.mark.parametrize("family,member", FALLBACKS, ids=lambda x: str(x)[:40])
@@ -599,3 +606,94 @@ def test_another_process_or_the_graders_frames_are_refused():
         row, at = first_wrong(cheat)
         assert at == 0 and row.status == "error", row
         assert lab06_guard.REACHED in row.detail and words in row.detail, row.detail
+
+
+# -- the team's limits, which planner.plan does not take (review r7 lab06 #1; issue 21) ---------------
+
+LIMIT_MEMBERS = [(f, m) for f in lab06_limit_cases.FAMILIES for m in f.fallback]
+LIMIT_WORDS = {"host cap": "over the team's host_per_node", "one node, slow link": "spans more than one node",
+               "one node, long sequence": "spans more than one node"}
+
+
+def limit_row(choose, family, member):
+    case, link, limits = member
+    return L.grade_case(choose, case, link, family, ref, limits)
+
+
+def planners_answer(model, gpus, gpu, seq, batch, inter_node=None, **limits):
+    """planner.plan's own top plan (priced outside the guard, as an undetected copy of its search
+    or a child process would give it): right wherever the planner's question is the lab's."""
+    return ref((model, gpus, gpu, seq, batch), inter_node).plans[0].layout
+
+
+def test_the_planners_answer_breaks_each_limit_and_the_row_says_which():
+    """plan()'s answer (the reference every other family grades against) is wrong on each limit
+    family's member, the row naming the limit it breaks and that plan() answers for its own nodes."""
+    for family, member in LIMIT_MEMBERS:
+        ref(*member[:2])                     # priced here, outside the guard (what a copy would give)
+        status, detail = limit_row(planners_answer, family, member)
+        assert status == "wrong" and LIMIT_WORDS[family.name] in detail, (family.name, detail)
+        assert "planner.plan answers for its own nodes (2 TB, any placement)" in detail, detail
+
+
+@pytest.mark.parametrize("family,member", LIMIT_MEMBERS, ids=lambda x: str(x)[:40])
+def test_each_limit_member_hinges_and_the_truth_is_the_tests_own_search(family, member):
+    """The grader's truth (lab06_limits.fastest, its own search) equals this file's independent
+    enumeration (``priced``) filtered by the limit; the planner's fastest breaks the limit and the
+    fastest that keeps it is at least MARGIN slower."""
+    case, link, limits = member
+    found = lab06_limits.fastest(*case, link, limits)
+    assert lab06_limit_cases.hinges(found)
+    kept = [x for x in priced(*case, link) if x[2] and (not limits.one_node or x[3].tp * x[3].cp * x[3].pp <= 8)
+            and (limits.host_per_node is None or x[4] <= limits.host_per_node)]
+    assert min(x[0] for x in kept) == pytest.approx(found.best[0], rel=1e-9)
+    assert min(x[0] for x in priced(*case, link) if x[2]) == pytest.approx(found.planner_best[0], rel=1e-9)
+    assert ref(case, link).best.time["total"] <= lab06_cases.MARGIN * found.planner_best[0] <= found.best[0]
+    assert lab06_limits.breaks(limits, ref(case, link).best.layout, ref(case, link).best.memory["host"] * min(case[1], 8))
+
+
+def test_limits_applied_wrongly_or_not_at_all_fail_naming_the_limit():
+    # one_node read as tp x pp <= 8 (context-parallel ranks forgotten): the long-sequence member
+    fam, member = LIMIT_MEMBERS[2]
+    status, detail = limit_row(search(in_node=lambda lay: lay.tp * lay.pp <= 8), fam, member)
+    assert status == "wrong" and "tp 4 x cp 4 x pp 1 = 16 GPUs spans more than one node" in detail, detail
+    fam, member = LIMIT_MEMBERS[0]                   # the host cap ignored
+    status, detail = limit_row(search(host_cap=False), fam, member)
+    assert status == "wrong" and "host memory" in detail and "over the team's host_per_node 0.8 TB" in detail, detail
+    status, detail = limit_row(lambda model, gpus, gpu, seq, batch, inter_node=None: None, fam, member)
+    assert status == "error" and "give it the keywords host_per_node=None and one_node=False" in detail, detail
+
+
+def test_a_search_that_skips_the_time_engine_under_a_limit_fails():
+    """Keeps the limit but picks without step_seconds, by memory (on the long-sequence member the
+    few layouts that keep one node are within 1 % of each other, so that member is left out)."""
+    for (family, member), pick in zip(LIMIT_MEMBERS[:2], ("least-memory", "most-memory")):
+        status, detail = limit_row(search(pick=pick), family, member)
+        assert status == "wrong" and "x the fastest step that keeps the limits" in detail, (family.name, detail)
+
+
+def test_the_graders_limit_search_is_off_during_the_call_and_a_copy_is_refused():
+    fam, (case, link, limits) = LIMIT_MEMBERS[1]
+
+    def calls(model, gpus, gpu, seq, batch, inter_node=None, **lim):
+        return lab06_limits.fastest(model, gpus, gpu, seq, batch, inter_node, lab06_limits.Limits(**lim)).best[1]
+    status, detail = L.grade_case(calls, case, link, fam, ref, limits)
+    assert status == "error" and "lab06_limits.fastest is off" in detail, detail
+    ns = {}
+    exec(compile(MUTATE + '''
+from gpumem.chapters.ch06_combining_strategies import lab06_limits as _l
+_F = copy_of(_l)
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None, **lim):
+    return _F.fastest(model, gpus, gpu, seq, global_batch, inter_node, _F.Limits(**lim)).best[1]
+''', "<learner cell>", "exec"), ns)
+    status, detail = L.grade_case(ns["choose_plan"], case, link, fam, ref, limits)
+    assert status == "error" and "holds a copy of the grader's lab06_limits" in detail, detail
+
+
+def test_each_limit_family_draws_from_ranges_and_falls_back():
+    for family in lab06_limit_cases.FAMILIES:
+        assert len({lab06_cases.member(family, lab06_cases.rng_of(s)) for s in range(12)}) > 3, family.name
+        tried = []
+        got = lab06_limit_cases.draw(family, lab06_cases.rng_of(3), lambda *a: tried.append(a) or
+                                     lab06_limits.Found(None, None))
+        assert len(tried) == lab06_cases.TRIES and got in family.fallback

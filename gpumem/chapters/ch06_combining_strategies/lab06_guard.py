@@ -26,7 +26,8 @@ messages, the module attributes, the active count); a change is an error row nam
 
 The grader's own answers are never computed before or during the learner's call (``labcheck``
 prices the reference after it), and :func:`active` lets the grader's helpers refuse while it runs;
-the GPU part's own timing (``lab06_gpu.reference_flops``) is switched off too.
+the GPU part's own timing (``lab06_gpu.reference_flops``) and the grader's search under the team's
+limits (``lab06_limits.fastest``, whose copies are known like the planner's) are switched off too.
 
 Reaching the grader's frames (``sys._getframe``, ``inspect``, a traceback's or a generator's frame),
 the collector's object lists, or starting another process (``python -m gpumem plan``, a
@@ -47,7 +48,7 @@ from gpumem.course import copy_watch, lab_audit
 from gpumem.course.case_limits import alarm_held
 from gpumem.planner import ranking, search
 
-from . import lab06_gpu
+from . import lab06_gpu, lab06_limits
 
 evaluate = importlib.import_module("gpumem.planner.evaluate")   # the package exports the function
 
@@ -59,10 +60,11 @@ BLOCKED = (("planner.plan", search.plan), ("planner.search.answer", search.answe
            ("planner.search.fits_any", search.fits_any), ("planner.search._inner", search._inner),
            ("planner.ranking.rank", ranking.rank),
            ("planner.ranking.rank_of", ranking.rank_of), ("planner.evaluate", evaluate.evaluate),
-           ("lab06_gpu.reference_flops", lab06_gpu.reference_flops))
+           ("lab06_gpu.reference_flops", lab06_gpu.reference_flops),
+           ("lab06_limits.fastest", lab06_limits.fastest))
 IN_BODY = (search.plan, search.candidates, search._inner)   # their bodies read ``refusing``
 _MODULES = ((search, ("plan", "answer", "candidates", "layouts_of", "fits_any", "_inner")),
-            (ranking, ("rank", "rank_of")))
+            (ranking, ("rank", "rank_of")), (lab06_limits, ("fastest",)))
 _ACTIVE = [0]          # > 0 while the learner's function runs
 COPY = ("write the search yourself: your code ran a copy of {} (the planner's own code under another "
         "name) while lab 06 was graded")
@@ -75,7 +77,8 @@ _PRINTS: list = []
 def prints() -> copy_watch.Prints:
     """Content fingerprints of every function of ``planner.search`` and ``planner.ranking`` (once)."""
     if not _PRINTS:
-        _PRINTS.append(copy_watch.Prints([(search, "planner.search"), (ranking, "planner.ranking")]))
+        _PRINTS.append(copy_watch.Prints([(search, "planner.search"), (ranking, "planner.ranking"),
+                                          (lab06_limits, "the grader's lab06_limits")]))
     return _PRINTS[0]
 
 

@@ -1,7 +1,8 @@
 """Lab 06's ``check()``: the learner's own search over the planner's levers, graded on clusters
 the lab never shows.
 
-The learner writes ``choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None)`` returning
+The learner writes ``choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None,
+host_per_node=None, one_node=False)`` returning
 a :class:`gpumem.planner.Layout` (or a dict of its fields; ``dp`` and ``n_micro`` are derived,
 ``cp``/``vp`` default to 1, ``hybrid`` to ``"none"``, ``group`` to 0, ``mcore`` to False) under
 mixed precision. The pieces are the time engine's (``per_gpu``, ``step_seconds``, ``rules``); the
@@ -23,10 +24,14 @@ The cases: the lab's own cluster (``LAB_CASE``), then one member of each family 
 :mod:`.lab06_cases` drawn at check time from a seed (fresh each check unless ``seed`` is given;
 GPU count, sequence, batch and link drawn from ranges): offload, NVMe offload, tensor with
 pipeline parallelism, context parallelism, then on a 5-20 Gb/s link between nodes the interleaved
-schedule, ZeRO-1/2 and hybrid sharding. Each row is labelled with its family. Grading stops at the
-first case that is wrong.
+schedule, ZeRO-1/2 and hybrid sharding; then one member of each family under the team's limits,
+which ``planner.plan`` does not take (:mod:`.lab06_limit_cases`: a host cap per node below 2 TB,
+one node per replica on a slow link and at long sequences), graded against the grader's own search
+(:mod:`.lab06_limits`), so ``plan()``'s answer, a copy's or a child process's breaks the limit.
+Each row is labelled with its family. Grading stops at the first case that is wrong.
 """
 
+import inspect
 import operator
 from dataclasses import asdict
 from gpumem import planner
@@ -34,7 +39,7 @@ from gpumem.course import copy_watch
 from gpumem.course.grading import LearnerError, Report, Row, call, error_line, returned, run_case
 from gpumem.errors import UsageError
 
-from . import lab06_cases, lab06_diagnose, lab06_gpu
+from . import lab06_cases, lab06_diagnose, lab06_gpu, lab06_limit_cases
 from .lab06_cases import SLOW_LINK  # noqa: F401 (the lab's text names it)
 from .lab06_guard import COPY, HELD, REACHED, changed_line, no_search, prints, refuse_if_active
 
@@ -101,11 +106,12 @@ def reference(case: tuple, inter_node: float | None):
                         **LAB_LEVERS)
 
 
-def _ask(choose, case: tuple, inter_node: float | None):
+def _ask(choose, case: tuple, inter_node: float | None, limits=None):
     model, gpus, gpu, seq, batch = case
     with no_search() as changes:
         try:
-            choice = call(choose, model, gpus, gpu, seq, batch, inter_node=inter_node)
+            choice = call(choose, model, gpus, gpu, seq, batch, inter_node=inter_node,
+                          **({} if limits is None else limits.keywords()))
         except LearnerError:
             if not changes.reached:
                 raise
@@ -128,7 +134,7 @@ def _refused(err: Exception) -> str:
 
 
 def grade_case(choose, case: tuple, inter_node: float | None = None, family=None,
-               ref=reference) -> tuple[str, str]:
+               ref=reference, limits=None) -> tuple[str, str]:
     """(status, detail) of the learner's plan for one cluster (``inter_node``: bytes/s per GPU
     between nodes, None: the node type's own NICs); the reference is priced after the learner's
     call (``ref``: the tests pass a cached one); never raises. A copy of the planner's search in the
@@ -136,8 +142,20 @@ def grade_case(choose, case: tuple, inter_node: float | None = None, family=None
     held = copy_watch.held_copies(prints(), getattr(choose, "__globals__", {}))
     if held:
         return "error", HELD.format(held)
-    row = run_case(Report(LAB), "choose_plan", "", lambda: _grade(choose, case, inter_node, family, ref),
-                   on_crash=_refused)
+    if limits is not None:            # the team's limits (lab06_limit_cases): the grader's own search
+        try:
+            inspect.signature(choose).bind("m", 1, "g", 1, 1, inter_node=None, **limits.keywords())
+        except (TypeError, ValueError):
+            return "error", ("choose_plan does not take the team's limits: give it the keywords host_per_node=None "
+                             "and one_node=False (section 2)")
+
+        def body():
+            return lab06_limit_cases.grade(_ask(choose, case, inter_node, limits), case, inter_node, limits, SLACK,
+                                           fields_of)
+    else:
+        def body():
+            return _grade(choose, case, inter_node, family, ref)
+    row = run_case(Report(LAB), "choose_plan", "", body, on_crash=_refused)
     return row.status, row.detail
 
 
@@ -184,17 +202,21 @@ def _case_text(case: tuple, inter_node: float | None) -> str:
 
 
 def cases(seed: int | None = None, ref=reference):
-    """Yield (function, family, case, inter_node) in grading order: the lab's cluster, then one
-    member of each family, drawn when it is reached (so a check that stops early draws no more)."""
-    yield "choose_plan", None, LAB_CASE, None
+    """Yield (function, family, case, inter_node, limits) in grading order: the lab's cluster, then
+    one member of each family, then of each family under the team's limits (``limits``: None
+    before), drawn when it is reached (so a check that stops early draws no more)."""
+    yield "choose_plan", None, LAB_CASE, None, None
     rng = lab06_cases.rng_of(seed)
     for family in lab06_cases.FAMILIES:
         case, link = lab06_cases.draw(family, rng, ref)
-        yield "choose_plan", family, case, link
+        yield "choose_plan", family, case, link, None
+    for family in lab06_limit_cases.FAMILIES:
+        yield "choose_plan", family, *lab06_limit_cases.draw(family, rng)
 
 
-def _label(family, case: tuple, link: float | None) -> str:
-    return _case_text(case, link) if family is None else f"{family.name}: {_case_text(case, link)}"
+def _label(family, case: tuple, link: float | None, limits=None) -> str:
+    text = _case_text(case, link) + ("" if limits is None else f"; limits: {limits.text()}")
+    return text if family is None else f"{family.name}: {text}"
 
 
 def check(ns: dict, show: bool = True, seed: int | None = None, ref=reference) -> Report:
@@ -206,9 +228,9 @@ def check(ns: dict, show: bool = True, seed: int | None = None, ref=reference) -
         report.rows.append(Row("choose_plan", "defined", "todo",
                                "define choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None)"))
     else:
-        for function, family, case, link in cases(seed, ref):
-            status, detail = grade_case(choose, case, link, family, ref)
-            report.rows.append(Row(function, _label(family, case, link), status, detail))
+        for function, family, case, link, limits in cases(seed, ref):
+            status, detail = grade_case(choose, case, link, family, ref, limits)
+            report.rows.append(Row(function, _label(family, case, link, limits), status, detail))
             if status != "ok":
                 break
     gpu_line = lab06_gpu.grade(report, ns.get("measure_kernel_share"), no_search)

@@ -1,0 +1,119 @@
+"""Lab 06's questions under the team's limits, which ``planner.plan`` does not take, and their grading.
+
+Three families, one member of each drawn at check time like :mod:`.lab06_cases`' (GPU count,
+sequence, batch, link and the host cap drawn from ranges): a host-memory cap per node below the
+planner's 2 TB; model-parallel ranks kept in one node (tp x cp x pp <= 8) on a 5-20 Gb/s link
+between nodes (issue 21's slow-network case); the same on 64K-192K-token sequences (its
+long-sequence case). A member counts only when the planner's own fastest layout breaks the limit
+and the fastest that keeps it is at least :data:`.lab06_cases.MARGIN` slower, so ``plan()``'s
+answer, or a copy's or a child process's, breaks it (and everything within 5 % of it does too).
+The truth is :func:`.lab06_limits.fastest`, computed after the learner's call; a plan passes when
+it runs, fits, keeps the limits and is within the lab's slack of that truth.
+"""
+
+import random
+from typing import Callable, NamedTuple
+
+from gpumem.memory import gpus as gpu_table, models
+from gpumem.planner import HOST_PER_NODE, NVME_PER_NODE
+from gpumem.planner.cost import step_seconds
+from gpumem.planner.evaluate import to_layout
+from gpumem.planner.memory import per_gpu
+from gpumem.timing.offload_time import datasheet_links
+
+from . import lab06_cases, lab06_diagnose, lab06_limits
+from .lab06_cases import FAST, SLOW, SLOW_LINK
+from .lab06_limits import NODE, Limits
+
+CAP_STEP = 0.05e12           # drawn host caps are rounded to 0.05 TB
+
+
+class LimitFamily(NamedTuple):
+    """Questions under one of the team's limits."""
+    name: str
+    space: dict                          # as lab06_cases.Family's: model, gpus, gpu, seq, batch, link
+    limits: Callable                     # rng -> Limits
+    fallback: tuple                      # ((case, link, limits),) that hinge
+
+
+def _cap(rng: random.Random) -> Limits:
+    """A host cap of 0.3-1.2 TB per node: an assumption (nodes of 512 GB-1 TB are common in rented
+    clusters; the planner's 2 TB is a DGX H100's, NVIDIA DGX H100 datasheet)."""
+    return Limits(round(rng.uniform(0.3e12, 1.2e12) / CAP_STEP) * CAP_STEP)
+
+
+FAMILIES = (
+    LimitFamily("host cap", lab06_cases._space(("llama-3-70b",), (8, 16), ("a100-40gb", "a100-80gb"),
+                                               (2048, 4096, 8192), (16, 256, 8), FAST), _cap,
+                ((("llama-3-70b", 8, "a100-40gb", 4096, 64), None, Limits(0.8e12)),)),
+    LimitFamily("one node, slow link", lab06_cases._space(("llama-3-70b",), (32, 64), ("h100-80gb",), (2048, 4096),
+                                                          (128, 512, 32), SLOW), lambda rng: Limits(None, True),
+                ((("llama-3-70b", 32, "h100-80gb", 4096, 256), SLOW_LINK, Limits(None, True)),)),
+    LimitFamily("one node, long sequence", lab06_cases._space(("llama-3-8b",), (16, 32), ("h100-80gb",),
+                                                              (131072, 163840, 196608), (4, 64, 4), FAST),
+                lambda rng: Limits(None, True),
+                ((("llama-3-8b", 16, "h100-80gb", 131072, 8), None, Limits(None, True)),)),
+)
+
+
+def hinges(found) -> bool:
+    """The planner's fastest layout breaks the limits and the fastest that keeps them is
+    :data:`.lab06_cases.MARGIN` slower (so nothing within 5 % of the planner's answer keeps them)."""
+    return found.best is not None and found.planner_best is not None and \
+        found.best[0] >= lab06_cases.MARGIN * found.planner_best[0]
+
+
+def draw(family: LimitFamily, rng: random.Random, search=None) -> tuple:
+    """A ``(case, link, limits)`` of the family that hinges (priced here and dropped)."""
+    for _ in range(lab06_cases.TRIES):
+        case, link = lab06_cases.member(family, rng)
+        limits = family.limits(rng)
+        if hinges((search or lab06_limits.fastest)(*case, link, limits)):
+            return case, link, limits
+    return rng.choice(family.fallback)
+
+
+def grade(choice, case: tuple, link: float | None, limits: Limits, slack: float, fields_of) -> tuple[str, str]:
+    """(status, detail) of the learner's ``choice`` (returned before the truth is computed);
+    ``fields_of``: labcheck's reading of a Layout or dict. UsageError (a layout no framework runs)
+    propagates to the caller's row."""
+    model, gpus, gpu, seq, batch = case
+    found = lab06_limits.fastest(*case, link, limits)                 # the truth, after the learner's call
+    if choice is None:
+        if found.best is None:
+            return "ok", "no layout keeps the limits and fits"
+        return "wrong", (f"returned None, but layouts fit and keep the limits ({limits.text()}): the fastest "
+                         f"takes {found.best[0]:.2f} s. Does your search still try every lever under the limit?")
+    try:
+        fields = fields_of(choice, gpus, batch)
+    except (TypeError, ValueError) as err:
+        return "wrong", str(err) if not isinstance(err, TypeError) else f"the plan's values: {err}"
+    cfg, g = models.get(model), gpu_table.get(gpu)
+    lay = to_layout(cfg, fields, gpus, batch, NODE, seq)
+    mem = per_gpu(cfg, seq, lay)
+    host, nvme = lab06_limits.host_node(cfg, seq, lay, mem, gpus)
+    label = lay.label()
+    if mem["total"] > gpu_table.usable(g):
+        return "wrong", (f"yours: {label}: does not fit: needs {mem['total'] / 1e9:.1f} GB per GPU, usable "
+                         f"{gpu_table.usable(g) / 1e9:.1f} GB")
+    why = lab06_limits.breaks(limits, lay, host)
+    if why:
+        return "wrong", (f"yours: {label}: {why}. planner.plan answers for its own nodes "
+                         f"({HOST_PER_NODE / 1e12:g} TB, any placement); keep the team's limit in your search")
+    if host > HOST_PER_NODE or nvme > NVME_PER_NODE:
+        return "wrong", (f"yours: {label}: does not fit: host {host / 1e12:.2f} TB, NVMe {nvme / 1e12:.2f} TB per "
+                         f"node (limits {HOST_PER_NODE / 1e12:g} and {NVME_PER_NODE / 1e12:g} TB)")
+    links = datasheet_links(g.name, ranks_on_node=min(gpus, NODE))
+    mine = step_seconds(cfg, seq, lay, g, links=links, inter_node=link)
+    best_t, best = found.best
+    ratio = mine["total"] / best_t
+    if ratio <= slack:
+        return "ok", f"{mine['total']:.2f} s vs the fastest layout that keeps the limits: {best_t:.2f} s"
+    theirs = step_seconds(cfg, seq, best, g, links=links, inter_node=link)
+    for text, uses in lab06_diagnose.LEVERS:
+        if uses(best) and not uses(lay):
+            return "wrong", (f"yours: {label}: {ratio:.2f}x the fastest step that keeps the limits (more than "
+                             f"{slack}x); the fastest that keeps them uses {text} and yours does not")
+    term = max(lab06_diagnose.TERMS, key=lambda k: mine[k] - theirs[k])
+    return "wrong", (f"yours: {label}: {ratio:.2f}x the fastest step that keeps the limits (more than {slack}x): "
+                     f"its {term.replace('_', ' ')} term takes {mine[term]:.2f} s against {theirs[term]:.2f} s")

@@ -1,0 +1,136 @@
+"""Lab 06's limits the planner does not take: the grader's own search, independent of ``plan()``.
+
+A team's cluster is rarely the planner's: its nodes may hold less host memory than
+``planner.HOST_PER_NODE`` (2 TB), and its operators may keep every model replica's tensor,
+context and pipeline ranks inside one node of 8 GPUs (``one_node``: tp x cp x pp <= 8), so that
+only data-parallel traffic crosses the slow link between nodes. ``planner.plan`` answers for its
+own node (2 TB, any placement), so its answer, or a copy's, is a layout that breaks the team's
+limit. The learner's ``choose_plan`` takes the limits as keywords (``host_per_node=None``: bytes
+per node, None for the planner's; ``one_node=False``).
+
+The truth is :func:`fastest`, written here from the same pieces the lab hands out
+(``per_gpu``, ``step_seconds``, ``offload_buffers``, ``rules``), not from ``planner.search``:
+every degree split, ZeRO stage, hybrid group, offload, engine, checkpoint policy and micro-batch
+the lab's text allows, kept when it fits the GPU, the node's drives and the limits. It runs only
+after the learner's call (``lab06_guard`` switches it off during the call, and a copy of it is
+known by its content).
+"""
+
+from dataclasses import replace
+from itertools import product
+from typing import NamedTuple
+
+from gpumem.memory import gpus as gpu_table, models
+from gpumem.memory.policies import POLICIES
+from gpumem.planner import HOST_PER_NODE, MICRO_BATCHES, NVME_PER_NODE, OFFLOAD_CHOICES, Layout, rules
+from gpumem.planner.cost import step_seconds
+from gpumem.planner.memory import per_gpu
+from gpumem.planner.swap_buffers import offload_buffers
+from gpumem.timing.offload_time import datasheet_links
+
+NODE = 8                          # GPUs per node (the planner's GPUS_PER_NODE: DGX/HGX 8-GPU nodes)
+CP = (1, 2, 4, 8)                 # ring-attention degrees the lab's planner tries (question.CP_DEGREES)
+VP = range(1, 9)                  # virtual stages per pipeline rank (question.VP_DEGREES)
+
+
+class Limits(NamedTuple):
+    """The team's limits: host bytes per node (None: the planner's 2 TB) and one-node replicas."""
+    host_per_node: float | None = None
+    one_node: bool = False
+
+    def keywords(self) -> dict:
+        """What the grader passes to ``choose_plan`` (only the limits that are set)."""
+        out = {} if self.host_per_node is None else {"host_per_node": self.host_per_node}
+        return out | ({"one_node": True} if self.one_node else {})
+
+    def text(self) -> str:
+        parts = [] if self.host_per_node is None else [f"host {self.host_per_node / 1e12:g} TB per node"]
+        return ", ".join(parts + (["tp x cp x pp in one node"] if self.one_node else []))
+
+
+def breaks(limits: Limits, lay: Layout, host_node: float) -> str:
+    """The limit ``lay`` breaks ('' when none); ``host_node``: its host bytes on one node."""
+    if limits.one_node and lay.tp * lay.cp * lay.pp > NODE:
+        return (f"tp {lay.tp} x cp {lay.cp} x pp {lay.pp} = {lay.tp * lay.cp * lay.pp} GPUs spans more than one "
+                f"node of {NODE} (one_node=True: a replica's model-parallel ranks stay in one node)")
+    if limits.host_per_node is not None and host_node > limits.host_per_node:
+        return (f"host memory {host_node / 1e12:.2f} TB per node, over the team's "
+                f"host_per_node {limits.host_per_node / 1e12:g} TB")
+    return ""
+
+
+def host_node(cfg, seq: int, lay: Layout, mem: dict, gpus: int) -> tuple[float, float]:
+    """(host bytes, NVMe bytes) of one node: per GPU states plus NVMe swap buffers, times its ranks."""
+    swap = sum(v for k, v in offload_buffers(cfg, lay).items() if k.endswith("swap"))
+    ranks = min(gpus, NODE)
+    return (mem["host"] + swap) * ranks, mem["nvme"] * ranks
+
+
+def _splits(cfg, gpus: int, seq: int, batch: int, one_node: bool):
+    """(tp, cp, pp, dp) that multiply to ``gpus``, tp inside a node holding whole heads, cp
+    splitting the sequence in 2 cp chunks, dp dividing the batch."""
+    for tp, cp in product((1, 2, 4, 8), CP):
+        if gpus % (tp * cp) or cfg.n_heads % tp or cfg.n_kv_heads % tp or cp > 1 and seq % (2 * cp):
+            continue
+        rest = gpus // (tp * cp)
+        for pp in (p for p in range(1, min(rest, cfg.n_layers) + 1) if rest % p == 0):
+            if batch % (rest // pp) == 0 and not (one_node and tp * cp * pp > NODE):
+                yield tp, cp, pp, rest // pp
+
+
+def _groups(tp: int, dp: int, gpus: int) -> list[int]:
+    """Shard groups of hybrid sharding: one node's data-parallel ranks, then doubled."""
+    g, out = max(NODE // tp if gpus >= NODE else gpus, 2), []
+    while g < dp:
+        out += [g] if dp % g == 0 else []
+        g *= 2
+    return out
+
+
+def _bases(cfg, gpus: int, seq: int, batch: int, one_node: bool):
+    """Every base layout (checkpoint 'none', micro-batch 1) some framework runs."""
+    for tp, cp, pp, dp in _splits(cfg, gpus, seq, batch, one_node):
+        per = batch // dp
+        hybrids = [("none", 0)] + [(h, g) for h in ("hsdp", "hpz") for g in _groups(tp, dp, gpus)]
+        vps = [v for v in VP if v == 1 or pp > 1 and cfg.n_layers % (pp * v) == 0]
+        for vp, zero, (hy, grp), (off, dev), core in product(vps, (0, 1, 2, 3), hybrids, OFFLOAD_CHOICES,
+                                                              (False, True)):
+            if core and (cp > 1 or vp > 1 or tp * pp == 1) or not rules.allowed("mixed", zero, pp, off, dev, tp):
+                continue
+            lay = Layout("mixed", zero, "none", "flash", off, dev, 1, tp, pp, dp, per, cp, vp, hy, grp, core)
+            if (core or cp > 1 or vp > 1) and rules.megatron_core(cfg, seq, zero, off, "flash", pp, cp, vp, per):
+                continue
+            if hy == "none" or not rules.hybrid(lay):
+                yield lay
+
+
+class Found(NamedTuple):
+    """The fastest fitting layout under the limits, and the fastest under the planner's own."""
+    best: tuple | None            # (seconds, layout) or None when nothing fits the limits
+    planner_best: tuple | None    # (seconds, layout) under the planner's 2 TB and any placement
+
+
+def fastest(model: str, gpus: int, gpu: str, seq: int, batch: int, link: float | None,
+            limits: Limits = Limits()) -> Found:
+    """The grader's search (see the module): one pass, keeping the fastest plan that keeps the
+    limits and the fastest that keeps only the planner's own."""
+    cfg, g = models.get(model), gpu_table.get(gpu)
+    usable, links = gpu_table.usable(g), datasheet_links(g.name, ranks_on_node=min(gpus, NODE))
+    cap = HOST_PER_NODE if limits.host_per_node is None else max(limits.host_per_node, HOST_PER_NODE)
+    best, planner_best = None, None
+    for base in _bases(cfg, gpus, seq, batch, False):
+        for policy in POLICIES:
+            for mb in (m for m in MICRO_BATCHES if base.n_micro % m == 0):
+                if base.vp > 1 and (base.n_micro // mb) % base.pp:
+                    continue
+                lay = replace(base, checkpoint=policy, micro_batch=mb, n_micro=base.n_micro // mb)
+                mem = per_gpu(cfg, seq, lay)
+                host, nvme = host_node(cfg, seq, lay, mem, gpus)
+                if mem["total"] > usable or host > cap or nvme > NVME_PER_NODE:
+                    break             # a larger micro-batch under this policy holds more
+                t = step_seconds(cfg, seq, lay, g, links=links, inter_node=link)["total"]
+                if host <= HOST_PER_NODE and (planner_best is None or t < planner_best[0]):
+                    planner_best = (t, lay)
+                if not breaks(limits, lay, host) and (best is None or t < best[0]):
+                    best = (t, lay)
+    return Found(best, planner_best)
