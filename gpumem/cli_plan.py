@@ -26,7 +26,8 @@ def register(sub) -> None:
     p = sub.add_parser("plan", help="ranked training layouts that fit, with memory, time and a DeepSpeed config")
     p.add_argument("--model", default=None, help="llama-3-8b, llama-3-70b, llama-3.1-405b, tiny, mini, or a "
                                                   "shipped config's name (qwen2.5-72b, mistral-7b-v0.1, ...)")
-    p.add_argument("--config", default=None, help="a Hugging Face config.json (dense models) instead of --model")
+    p.add_argument("--config", default=None, help="a Hugging Face config.json instead of --model (dense, or a "
+                                                   "mixture of experts: expert parallelism ep is then searched)")
     p.add_argument("--gpus", type=positive("--gpus"), required=True, help="GPU count")
     p.add_argument("--gpu", default=None, help="a GPU of the course's table (speeds and capacity): "
                                                 "a100-40gb, a100-80gb, h100-80gb, h200, l4, t4 (h100-80gb)")
@@ -43,7 +44,7 @@ def register(sub) -> None:
                         "(default: the published achieved rate the assumptions line names)")
     p.add_argument("--layout", default=None,
                    help="evaluate one layout too, e.g. tp=8,pp=16,dp=8,zero=1,ckpt=selective,mb=1 "
-                        "(keys: tp pp dp zero ckpt mb attn recipe offload device vp cp; vp, cp: 1)")
+                        "(keys: tp pp dp zero ckpt mb attn recipe offload device vp cp ep; vp, cp, ep: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_plan)
 
@@ -72,20 +73,15 @@ def _gpu_name(text: str | None) -> str:
 
 def _model(args):
     """The model ``plan`` is asked about: a registry name, or a ModelConfig read from ``--config``
-    or from a shipped config named by ``--model``. A mixture of experts is refused: the planner has
-    no expert-parallel lever (``ep``) nor the all-to-all it costs yet, and would price all experts'
-    FLOPs as dense ones."""
+    or from a shipped config named by ``--model``. A mixture of experts is planned with expert
+    parallelism (``ep``) as a lever and its all-to-all priced (``gpumem.planner.moe``)."""
     from .memory import hf_config, models
     if (args.model is None) == (args.config is None):
         raise UsageError("give one of --model NAME or --config PATH")
     if args.model is not None and args.model not in hf_config.SHIPPED:
         models.get(args.model)
         return args.model
-    cfg = hf_config.load(args.config or args.model)
-    if cfg.moe:
-        raise UsageError(f"{cfg.name} is a mixture of experts ({cfg.n_experts} experts, top-{cfg.top_k}); "
-                         "plan takes dense models (no expert-parallel lever yet); estimate and trace count it")
-    return cfg
+    return hf_config.load(args.config or args.model)
 
 
 def _plan(args) -> int:

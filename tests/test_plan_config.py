@@ -1,5 +1,5 @@
 """``plan`` on a learner's own model (issue 22): a shipped config by name or a config.json path,
-dense models only for now (a mixture of experts is refused in one line: no expert-parallel lever)."""
+dense or a mixture of experts (expert parallelism: ``tests/test_plan_moe.py``)."""
 
 import json
 import subprocess
@@ -38,8 +38,9 @@ def test_a_config_path_plans_like_its_name():
 
 
 @pytest.mark.parametrize("args, says", [
-    (("--model", "mixtral-8x7b"), "mixture of experts (8 experts, top-2)"),
-    (("--config", str(CONFIGS / "qwen3-30b-a3b.json")), "mixture of experts"),
+    (("--model", "mixtral-8x7b", "--layout", "tp=1,pp=1,dp=8,zero=1,ep=16"), "must divide the 8 experts"),
+    (("--config", str(CONFIGS / "qwen3-30b-a3b.json"), "--layout", "tp=1,pp=1,dp=8,zero=1,ep=3"),
+     "must divide the 128 experts"),
     ((), "give one of --model NAME or --config PATH"),
     (("--model", "llama-3-8b", "--config", str(CONFIGS / "gpt2.json")), "give one of --model NAME or --config PATH"),
     (("--config", "/no/such/config.json"), "no such file"),

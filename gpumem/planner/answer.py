@@ -7,6 +7,15 @@ from dataclasses import asdict, dataclass, field
 from .memory import Layout
 
 
+def _fields(lay: Layout) -> dict:
+    """The layout's fields, ``ep`` only where expert parallelism is used (a dense plan's JSON
+    keeps the keys it had before ``ep`` existed)."""
+    out = asdict(lay)
+    if lay.ep == 1:
+        del out["ep"]
+    return out
+
+
 @dataclass
 class Plan:
     """One layout that fits: memory and time per GPU, and the switches that set it up."""
@@ -24,7 +33,7 @@ class Plan:
         """JSON-ready: the layout's fields, its breakdowns and configs."""
         return {"label": self.layout.label(), "framework": self.layout.framework,
                 "tight": bool(self.memory.get("tight")),
-                "layout": asdict(self.layout) | {"framework": self.layout.framework,
+                "layout": _fields(self.layout) | {"framework": self.layout.framework,
                                                  "sequence_parallel": self.layout.sequence_parallel,
                                                  "stage_layers": list(self.stages)},
                 "memory": self.memory,
@@ -50,12 +59,12 @@ class Result:
         return self.plans[0] if self.plans else None
 
     def distinct(self, top: int = 10) -> list[Plan]:
-        """The best plan of each (recipe, ZeRO, tp, pp, cp, vp, hybrid, offload) combination, ranked, at
+        """The best plan of each (recipe, ZeRO, tp, pp, cp, vp, hybrid, ep, offload) combination, ranked, at
         most ``top``."""
         seen, out = set(), []
         for p in self.plans:
             key = (p.layout.recipe, p.layout.zero, p.layout.tp, p.layout.pp, p.layout.offload, p.layout.device,
-                   p.layout.cp, p.layout.vp, p.layout.hybrid)
+                   p.layout.cp, p.layout.vp, p.layout.hybrid, p.layout.ep)
             if key not in seen:
                 seen.add(key)
                 out.append(p)

@@ -43,6 +43,7 @@ from ..memory.models import ModelConfig
 from ..memory.zero3_schedule import DEFAULTS as DS_STAGE3_DEFAULTS
 from .stage_split import stage_layers
 from .memory import FRAMEWORK_MCORE, DS_BUCKET, DS_PREFETCH, Layout, layers_per_stage, local_params, persistence_threshold
+from . import moe
 from .swap_buffers import OPT_BUFFERS, PARAM_BUFFERS, SUB_GROUP, offload_buffers
 
 ADAMW = {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
@@ -130,7 +131,7 @@ def deepspeed_config(cfg: ModelConfig, lay: Layout) -> dict | None:
         out["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     if lay.tp > 1 and lay.framework == "deepspeed":
         out["tensor_parallel"] = {"autotp_size": lay.tp}
-    return out
+    return out | moe.deepspeed_keys(cfg, lay)   # AutoEP's section when ep > 1
 
 
 def recompute_flags(policy: str, layers: int) -> list[str]:
@@ -199,7 +200,7 @@ def fsdp_equivalent(lay: Layout) -> dict | None:
     if lay.pp > 1:
         out["pipeline"] = f"torch.distributed.pipelining, {lay.pp} stages, Schedule1F1B"
     out["checkpoint"] = CHECKPOINT_CODE[lay.checkpoint]
-    return out
+    return out | moe.fsdp_keys(lay)
 
 
 def _fsdp_hybrid(lay: Layout) -> dict:

@@ -53,6 +53,10 @@ Every term is stated, not fitted; the ranking is only as good as these assumptio
   Collectives go in buckets of ``planner.memory.DS_BUCKET`` elements (ZeRO-3's gathers of
   ``DS_PREFETCH``), each paying NCCL's latency.
 
+* **expert parallel** (mixtures of experts, :mod:`.moe`): compute by active parameters (the top-k
+  experts a token visits); with ep > 1 the experts' gradients reduce over their dp / ep
+  expert-data-parallel ranks, the rest's over dp, and each MoE layer's dispatch and combine
+  all-to-alls (4 a micro-batch, 2 more per re-run forward) are exposed (``timing.moe_time``).
 * **optimizer**: on the GPU, AdamW's HBM traffic (``compute.optimizer_seconds``). Offloaded, the
   links of ``offload_time`` (PCIe, NVMe, CPU Adam): gradient copies down and parameter fetches
   up run during forward and backward and hide behind :data:`OFFLOAD_OVERLAP` (70 %, stated, not
@@ -76,7 +80,8 @@ from ..memory import accounting, recompute_cost
 from ..memory.gpus import GPU, INTER_NODE  # noqa: F401 (50 GB/s per GPU: the lab's "fast" network)
 from ..memory.models import ModelConfig
 from ..timing import compute, context_parallel, offload_time, overlap, schedules
-from . import hybrid, placement
+from ..timing import moe_time
+from . import hybrid, moe, placement
 from .config import PIPE_INTERVAL
 from .memory import (DS_BUCKET, DS_PREFETCH, FRAMEWORK_3D, FRAMEWORK_FSDP2, FRAMEWORK_MCORE, Layout, layers_per_stage,
                      local_params)
@@ -109,7 +114,7 @@ def recompute_share(cfg: ModelConfig, seq: int, lay: Layout) -> float:
     """Recompute FLOPs over forward + backward FLOPs of ``lay``'s checkpoint policy, priced as
     its checkpoint re-runs (:func:`rerun_impl`), as PyTorch's FLOP counter counts them (chapter 03's
     share; the seconds use the causal count)."""
-    return _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay), False)["overhead"]
+    return _flops(moe.flops_model(cfg), seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay), False)["overhead"]
 
 
 def overlap_table(lay: Layout) -> str:
@@ -133,7 +138,7 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
     NICs (``placement.node_for``)."""
     r = accounting.RECIPE[lay.state_recipe]   # Megatron-Core reduces fp32 gradients (Layout.state_recipe)
     e = 4 if lay.recipe == "fp32" else 2
-    f = _flops(cfg, seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay))
+    f = _flops(moe.flops_model(cfg), seq, lay.micro_batch, lay.checkpoint, rerun_impl(lay))   # MoE: active FLOPs
     per_mb = (f["forward"] + f["backward"] + f["recompute"]) / (lay.tp * lay.pp * lay.cp)
     busy = compute.seconds(per_mb * lay.n_micro, gpu, mfu)
     mb_compute = busy / lay.n_micro
@@ -177,12 +182,19 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
     dg, buckets, gathers = grp["dp"], -(-psi // DS_BUCKET), -(-psi // DS_PREFETCH)
     grads, params = psi * r.grads, psi * r.params
     windows = {"forward": busy / 3, "backward": busy * 2 / 3, "last_backward": mb_compute * 2 / 3}
-    gather = placement.seconds("all_gather", params, dg, buckets) if lay.zero in (1, 2) else 0.0
+    # ep > 1: the experts' gradients reduce over their own expert-data-parallel group (planner.moe)
+    parts = [(n, dg if k == lay.shards else placement.place(node, lay.gpus, k, lay.tp * lay.ep))
+             for n, k in moe.split_params(cfg, psi, lay)]
+    gather = sum(placement.seconds("all_gather", n * r.params, g, -(-n // DS_BUCKET)) for n, g in parts) \
+        if lay.zero in (1, 2) else 0.0
     if lay.zero in (0, 1):   # only Megatron-Core's distributed optimizer reduce-scatters (see the module)
         coll = "reduce_scatter" if lay.zero == 1 and lay.framework == FRAMEWORK_MCORE else "all_reduce"
-        dp_comm, term = placement.seconds(coll, grads, dg, buckets), "dp_grad_reduce"
+        dp_comm, term = sum(placement.seconds(coll, n * r.grads, g, -(-n // DS_BUCKET)) for n, g in parts), \
+            "dp_grad_reduce"
     elif lay.zero == 2:
-        dp_comm, term = lay.n_micro * placement.seconds("all_reduce", grads, dg, buckets), "dp_grad_reduce"
+        dp_comm = lay.n_micro * sum(placement.seconds("all_reduce", n * r.grads, g, -(-n // DS_BUCKET))
+                                    for n, g in parts)
+        term = "dp_grad_reduce"
     elif lay.hybrid == "none":
         dp_comm = lay.n_micro * (2 * placement.seconds("all_gather", params, dg, gathers)
                                  + placement.seconds("reduce_scatter", grads, dg, buckets))
@@ -194,13 +206,19 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
         dp_s = overlap.exposed(fw, term, dp_comm, windows) + overlap.exposed(fw, "dp_param_gather", gather, windows)
     off = {"h2d": 0.0, "d2h": 0.0, "nvme": 0.0, "cpu_adam": 0.0}
     if lay.offload == "none":
-        optimizer = compute.optimizer_seconds(psi, lay.recipe, gpu, hybrid.state_shards(lay), lay.zero)
+        optimizer = sum(compute.optimizer_seconds(n, lay.recipe, gpu, hybrid.state_shards(lay) if k == lay.shards else k,
+                                                  lay.zero) for n, k in moe.split_params(cfg, psi, lay))
         offload_s = 0.0
     else:
         optimizer, offload_s, off = 0.0, *_offload(psi, lay, links, busy)
     terms = {"compute": busy, "attention_scores": score_s, "pipeline_bubble": bubble,
              "tensor_parallel": tp_s, "context_parallel": cp_s, "pipeline_p2p": pp_s, "data_parallel": dp_s,
              "optimizer": optimizer, "offload": offload_s}
+    if cfg.moe:   # the experts' all-to-all (timing.moe_time), exposed; 0 at ep = 1
+        ep_group = placement.place(node, lay.gpus, lay.ep, lay.tp)   # ep consecutive data-parallel ranks
+        terms["expert_parallel"] = moe_time.step(ep_group, local * lay.micro_batch, cfg.top_k, cfg.d_model, e,
+                                                 cfg.n_layers, lay.n_micro, rerun, moe.CAPACITY_FACTOR).seconds \
+            if lay.ep > 1 else 0.0
     total = sum(terms.values())
     return {**terms, "total": total, "bound": max(terms, key=terms.get),
             "data_parallel_moved_s": dp_comm + gather, "offload_terms": off}

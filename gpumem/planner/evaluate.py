@@ -22,6 +22,10 @@ offload. A layout DeepSpeed would refuse
 (``search.allowed``) or that cannot be placed (tp not dividing the heads or larger than a node, pp
 above the layer count) is a :class:`~gpumem.errors.UsageError`, one line.
 
+Expert parallelism (:mod:`.moe`): ``ep`` (default 1) for a mixture of experts, dividing its
+experts and dp, with tp = pp = cp = 1 and ZeRO 0-2 (what the search plans); anything else is a
+one-line UsageError naming what is accepted.
+
 Hybrid sharding (:mod:`.hybrid`): ``hybrid`` (none, hsdp, hpz; default none) with ``group`` (the
 ranks of one shard group, required with a hybrid): ZeRO-3 only, the group a divisor of dp x cp
 strictly between 1 and dp x cp, and whatever else ``hybrid.allowed_hybrid`` refuses (offload
@@ -39,17 +43,17 @@ from ..memory.policies import KERNELS, POLICIES
 from .cost import GPUS_PER_NODE
 from .hybrid import HYBRIDS, allowed_hybrid
 from .memory import Layout, per_gpu
-from . import rules
+from . import moe, rules
 from .question import Question
 from .ranking import rank_of
 from .search import PLANNABLE_RECIPES, Plan, Result, allowed, plan, price
 
 KEYS = ("tp", "pp", "dp", "zero", "ckpt", "mb", "attn", "recipe", "offload", "device", "vp", "cp", "engine", "hybrid",
-        "group")
+        "group", "ep")
 REQUIRED = ("tp", "pp", "dp", "zero")
 ENGINES = ("auto", "megatron-core")   # auto: the framework the layout's shape implies (Layout.framework)
 DEFAULTS = {"engine": "auto", "ckpt": "none", "mb": "1", "attn": "flash", "recipe": "mixed", "offload": "none", "device": "cpu",
-            "vp": "1", "cp": "1", "hybrid": "none"}
+            "vp": "1", "cp": "1", "hybrid": "none", "ep": "1"}
 CHOICES = {"zero": ("0", "1", "2", "3"), "ckpt": POLICIES, "attn": KERNELS, "recipe": PLANNABLE_RECIPES,
            "offload": ("none", "optimizer", "optimizer+params"), "device": ("cpu", "nvme"), "hybrid": HYBRIDS,
            "engine": ENGINES}
@@ -111,8 +115,9 @@ def to_layout(cfg: ModelConfig, fields: dict, gpus: int, global_batch: int,
         raise UsageError(f"--layout {_refusal(fields['recipe'], fields['zero'], pp, tp, fields['offload'], device)}")
     lay = Layout(fields["recipe"], fields["zero"], fields["ckpt"], fields["attn"], fields["offload"], device,
                  mb, tp, pp, dp, global_batch // (dp * mb), cp, vp, fields.get("hybrid", "none"),
-                 fields.get("group", 0), fields.get("engine") == "megatron-core" and cp == 1 and vp == 1)
-    why = allowed_hybrid(lay)
+                 fields.get("group", 0), fields.get("engine") == "megatron-core" and cp == 1 and vp == 1,
+                 fields.get("ep", 1))
+    why = allowed_hybrid(lay) or moe.refusal(cfg, lay)
     if why:
         raise UsageError(f"--layout {why}")
     return lay

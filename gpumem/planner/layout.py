@@ -34,6 +34,7 @@ class Layout:
     hybrid: str = "none"  # hybrid sharding with ZeRO-3: "hsdp" (FSDP2 HSDP = DeepSpeed MiCS), "hpz" (ZeRO++)
     group: int = 0        # ranks of one shard group under ``hybrid`` (e.g. the dp ranks of a node); 0: none
     mcore: bool = False   # run a tensor- or pipeline-parallel layout under Megatron-Core (its overlaps)
+    ep: int = 1           # expert parallelism (mixtures of experts): each rank holds n_experts / ep experts
 
     @property
     def framework(self) -> str:
@@ -63,6 +64,17 @@ class Layout:
         return self.framework in (FRAMEWORK_3D, FRAMEWORK_MCORE) and self.tp > 1
 
     @property
+    def gpus(self) -> int:
+        """GPUs the layout spans: tp x cp x pp x dp."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def expert_shards(self) -> int:
+        """Ranks ZeRO shards the experts' states over: the expert-data-parallel group, dp x cp / ep
+        (DeepSpeed's ``expert_dp_process_group``, Megatron-Core's expert data parallelism)."""
+        return self.shards // self.ep
+
+    @property
     def shards(self) -> int:
         """Ranks ZeRO shards over: ``dp x cp`` (context-parallel ranks hold the same weights, so
         Megatron's distributed optimizer shards over the data-and-context-parallel group)."""
@@ -72,6 +84,7 @@ class Layout:
         """A short name: ``mixed ZeRO-3 tp1 pp1 dp8 mb1 full flash``, with offload when used."""
         off = "" if self.offload == "none" else f" offload {self.offload}->{self.device}"
         extra = (f" cp{self.cp}" if self.cp > 1 else "") + (f" vp{self.vp}" if self.vp > 1 else "") \
-            + (f" {self.hybrid}{self.group}" if self.hybrid != "none" else "") + (" mcore" if self.mcore else "")
+            + (f" {self.hybrid}{self.group}" if self.hybrid != "none" else "") + (" mcore" if self.mcore else "") \
+            + (f" ep{self.ep}" if self.ep > 1 else "")
         return (f"{self.recipe} ZeRO-{self.zero} tp{self.tp} pp{self.pp} dp{self.dp}{extra} mb{self.micro_batch}"
                 f" ckpt {self.checkpoint} {self.attention}{off}")

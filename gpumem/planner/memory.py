@@ -39,6 +39,9 @@ Activations (``activations.activations`` on a stage of ceil(L / pp) layers):
   stage holds min(pp, micro-batches) micro-batches of its layers (it does not shrink with pp), and
   the last stage one micro-batch with the loss's logits.
 
+Expert parallelism (``ep`` > 1, a mixture of experts): :func:`.moe.model_states` (the experts
+over dp / ep expert-data-parallel ranks, the rest over dp); activations unchanged (:mod:`.moe`).
+
 Offload is ``accounting.model_states``'s, which follows DeepSpeed's allocations: the optimizer
 states and an fp32 gradient partition go to the host (or drive); ZeRO-2 keeps only the reduce
 bucket of gradients on the GPU, ZeRO-3 its 16-bit gradient partition in host memory, and ZeRO-1
@@ -62,7 +65,7 @@ from ..memory.activations import activations, layer_parts, norm_bytes, softmax_m
 from ..memory.models import ModelConfig
 from ..memory.policies import checkpoint_plan
 from ..timing import context_parallel, schedules
-from . import hybrid
+from . import hybrid, moe
 from .layout import FRAMEWORK_3D, FRAMEWORK_FSDP2, FRAMEWORK_MCORE, Layout  # noqa: F401 (re-exported)
 from .stage_split import middle_stage, split_text, stage_layers  # noqa: F401 (re-exported)
 
@@ -208,7 +211,7 @@ def states_part(cfg: ModelConfig, lay: Layout, part: str = "ends") -> dict:
     sharding's states are :func:`.hybrid.model_states` (hsdp: over ``group``; hpz: + its secondary copy)."""
     lp = local_params(cfg, lay.tp, lay.pp, part)
     n, r = lp["params"], accounting.RECIPE[lay.state_recipe]
-    s = hybrid.model_states(n, lay)
+    s = moe.model_states(cfg, n, lay) if lay.ep > 1 else hybrid.model_states(n, lay)   # ep: planner.moe
     gathered, persistent, buffers = 0, 0, 0
     if lay.zero == 3:   # the working set holds the reduce bucket (one definition, no buffers here)
         layers = lp["layers"] if lay.pp > 1 else None

@@ -9,7 +9,7 @@ passed around; ``plan(model, gpus, **keywords)`` still works and builds the same
   nodes, host memory and NVMe per node, the offload links and the CPU-Adam rate;
 * :class:`Levers`: what the search may vary (recipe, ZeRO stage, offload, checkpoint policy,
   attention kernel, micro-batch, tensor / context / pipeline degrees, virtual stages, hybrid
-  sharding);
+  sharding, expert parallelism for a mixture of experts);
 * :class:`Question`: model, GPU count, sequence, global batch, the memory reserve, the compute
   efficiency, and the two objects above.
 
@@ -73,6 +73,7 @@ class Levers:
     cp: tuple = CP_DEGREES
     vp: tuple = VP_DEGREES
     hybrid: tuple = HYBRIDS
+    ep: tuple | None = None   # expert-parallel degrees (mixtures of experts; planner.moe), None: every one
 
 
 @dataclass(frozen=True)
@@ -110,5 +111,5 @@ class Question:
                 "recipes": tuple(v.recipes), "zero": tuple(v.zero), "offloads": tuple(v.offloads),
                 "checkpoints": tuple(v.checkpoints), "attentions": tuple(v.attentions),
                 "micro_batches": tuple(sorted(v.micro_batches)), "tp": v.tp, "pp": v.pp,
-                "cp": tuple(sorted(v.cp)), "vp": tuple(sorted(v.vp)), "hybrid": tuple(v.hybrid),
+                "cp": tuple(sorted(v.cp)), "vp": tuple(sorted(v.vp)), "hybrid": tuple(v.hybrid), "ep": v.ep,
                 "gpus_per_node": c.gpus_per_node}

@@ -27,7 +27,7 @@ from ..errors import UsageError, one_of, positive_int
 from ..memory import bf16_rounding, gpus as gpu_table, models
 from ..memory.models import ModelConfig
 from ..timing.offload_time import datasheet_links
-from . import ranking, rules
+from . import moe, ranking, rules
 from .advice import advise as _advise, check_capacity, nearest_batches
 from .answer import Answer, Plan, Result  # noqa: F401 (re-exported)
 from .config import deepspeed_config, fsdp_equivalent, megatron_args, model_code
@@ -121,17 +121,18 @@ def candidates(cfg: ModelConfig, gpus: int, seq: int, global_batch: int, usable:
                         (h, g) for h in opts.get("hybrid", ()) if h != "none" and zero == 3 for g in groups]:
                     for offload, device in opts["offloads"]:
                         engines = _engines(opts, tp, pp, cp, vp, zero, offload, hybrid)
+                        eps = moe.degrees(cfg, tp, pp, cp, dp, zero, offload, hybrid, opts.get("ep"))   # 1 if dense
                         count["considered"] += len(engines) * len(opts["checkpoints"]) * len(opts["attentions"]) \
-                            * len(micro)
+                            * len(micro) * len(eps)
                         if not rules.allowed(recipe, zero, pp, offload, device, tp):
                             continue
                         if mcore and (zero > 1 or offload != "none"):
                             continue   # Megatron-Core: distributed optimizer at most, no offload
                         if dp * cp == 1 and offload == "none" and zero > (1 if recipe == "pure-bf16" else 0):
                             continue   # nothing to shard over: the same bytes as the lowest stage
-                        for core in engines:
+                        for core, ep in [(c, x) for c in engines for x in eps]:
                             base = Layout(recipe, zero, "none", "flash", offload, device, 1, tp, pp, dp, replica, cp,
-                                          vp, hybrid, group, core)
+                                          vp, hybrid, group, core, ep)
                             if hybrid != "none" and rules.hybrid(base):
                                 continue
                             states = _states_ok(cfg, base, mid, opts, ranks_per_node)
@@ -175,7 +176,7 @@ def _inner(cfg: ModelConfig, seq: int, base: Layout, states: tuple, mid: bool, m
                 if b.vp > 1 and (b.n_micro // mb) % b.pp:
                     continue   # interleaving needs micro-batches a multiple of pp
                 lay = Layout(b.recipe, b.zero, policy, kernel, b.offload, b.device, mb, b.tp, b.pp, b.dp,
-                             b.n_micro // mb, b.cp, b.vp, b.hybrid, b.group, b.mcore)
+                             b.n_micro // mb, b.cp, b.vp, b.hybrid, b.group, b.mcore, b.ep)
                 mem = per_gpu(cfg, seq, lay, states[0], states[1] if mid else None, where := {}) | where
                 count["evaluated"] += 1
                 if mem["total"] > usable:
@@ -193,7 +194,7 @@ def plan(model, gpus: int | None = None, gpu: str = "h100-80gb", **keywords) -> 
     name / ``ModelConfig`` with ``gpus``, ``gpu`` and the keywords of :meth:`Question.of`:
     ``gpu_mem`` (bytes), ``seq``, ``global_batch`` (sequences per step; default 4M tokens' worth),
     the levers (``recipes`` -- mixed only unless pure-bf16 is asked --, ``zero``, ``offloads``,
-    ``checkpoints``, ``attentions``, ``micro_batches``, ``tp``, ``pp``, ``cp``, ``vp``, ``hybrid``),
+    ``checkpoints``, ``attentions``, ``micro_batches``, ``tp``, ``pp``, ``cp``, ``vp``, ``hybrid``, ``ep``),
     the cluster (``gpus_per_node``, ``inter_node`` in bytes/s per GPU, ``host_per_node``,
     ``nvme_per_node``, ``links``, ``cpu_adam_rate`` in parameters/s per node), ``reserve``,
     ``mfu`` and ``advise``."""
@@ -233,7 +234,8 @@ def answer(q: Question) -> Result:
                 "tight_below": ranking.tight_limit(usable)}
     notes = [bf16_rounding.risk_line()] if "pure-bf16" in q.levers.recipes else []
     result = Result(question, ranking.rank(plans), count["considered"], closest or None,
-                    assumptions=assumptions(g, q.reserve, q.mfu, links, node, opts), evaluated=count["evaluated"],
+                    assumptions=assumptions(g, q.reserve, q.mfu, links, node, opts) + moe.assumptions(cfg),
+                    evaluated=count["evaluated"],
                     notes=notes, asked=q)
     if not plans and q.advise:   # no layout's dp divides the batch: the batches that run; else what to change
         result.advice = nearest_batches(cfg, gpus, capacity, seq, global_batch, q.reserve, opts, fits_any,
