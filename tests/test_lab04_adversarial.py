@@ -25,6 +25,7 @@ from gpumem.memory import flash_tiled
 from test_labs import notebook_namespace
 
 _NS: dict = {}
+LOG2E = math.log2(math.e)              # kernels the grader must pass take exp2, log2 e folded in
 
 
 def solution() -> dict:
@@ -387,9 +388,9 @@ def test_flash_backward_whose_answer_is_not_its_key_blocks_fails():
         in got.detail, got.detail
 
 
-def _key_block(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, first, prep=lambda t: t):
+def _key_block(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, first, prep=lambda t: t, fold=True):
     """The key-block kernel written out, its query loop starting at row ``first(j0)``; ``prep``
-    applied to each tile of q and dout (a copy, say)."""
+    applied to each tile of q and dout (a copy, say); ``fold`` False: exp2 of (S c - lse) log2 e."""
     b, a, s_q, d = q.shape
     kv, n, c = k_blk.shape[1], k_blk.shape[2], d ** -0.5
     kk, vv = (t.repeat_interleave(a // kv, 1) for t in (k_blk, v_blk))
@@ -397,8 +398,11 @@ def _key_block(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, first, prep
     for i0 in range(first(j0, block) if causal else 0, s_q, block):
         i1 = min(i0 + block, s_q)
         qt, dot = prep(q[:, :, i0:i1]), prep(dout[:, :, i0:i1])
-        s = _masked(qt @ kk.transpose(-1, -2) * c, causal, i0, j0)
-        p = torch.exp(s - lse[:, :, i0:i1, None])
+        if fold:
+            s = _masked(qt @ kk.transpose(-1, -2) * (c * LOG2E), causal, i0, j0)  # exp2, log2 e folded
+            p = torch.exp2(s - lse[:, :, i0:i1, None] * LOG2E)
+        else:
+            p = torch.exp2((_masked(qt @ kk.transpose(-1, -2) * c, causal, i0, j0) - lse[:, :, i0:i1, None]) * LOG2E)
         dv += p.transpose(-1, -2) @ dot
         ds = p * (dot @ vv.transpose(-1, -2) - delta[:, :, i0:i1, None]) * c
         dk += ds.transpose(-1, -2) @ qt
@@ -440,7 +444,7 @@ def test_each_function_stops_at_its_first_failing_case(capsys):
     ns["merge_partials"] = merge_by_average                         # wrong on every case
     report = chapters.check_lab("lab04_online_softmax", ns, show=False)
     merge = [r for r in report.rows if r.function == "merge_partials"]
-    assert [r.status for r in merge] == ["wrong"] and len(report.rows) == 15    # 4 + 6 + 1 + 4
+    assert [r.status for r in merge] == ["wrong"] and len(report.rows) == 22    # 4 + 6 + 1 + 4 + 4 + 3
     assert all(r.status == "ok" for r in report.rows if r.function != "merge_partials")
 
 
@@ -498,7 +502,8 @@ def test_bf16_accumulators_fail_the_bf16_case():
         dk, dv = (torch.zeros(b, kv, n, d, dtype=q.dtype) for _ in range(2))
         for i0 in range(j0 // block * block if causal else 0, s_q, block):
             qt, dot = q[:, :, i0:i0 + block].to(acc), dout[:, :, i0:i0 + block].to(acc)
-            p = torch.exp(_masked(qt @ kk.transpose(-1, -2) * c, causal, i0, j0) - lse[:, :, i0:i0 + block, None])
+            p = torch.exp2(_masked(qt @ kk.transpose(-1, -2) * (c * LOG2E), causal, i0, j0)
+                           - lse[:, :, i0:i0 + block, None] * LOG2E)
             dv += _fold(p.transpose(-1, -2) @ dot, kv).to(q.dtype)              # summed in bf16
             ds = p * (dot @ vv.transpose(-1, -2) - delta[:, :, i0:i0 + block, None].to(acc)) * c
             dk += _fold(ds.transpose(-1, -2) @ qt, kv).to(q.dtype)
@@ -587,7 +592,8 @@ def no_skip_by_index_select(q, k_blk, v_blk, dout, lse, delta, j0, causal=False,
     for i0 in range(0, s_q, block):
         idx = torch.arange(i0, min(i0 + block, s_q))
         qt, dot = q.index_select(2, idx), dout.index_select(2, idx)
-        p = torch.exp(_masked(qt @ kk.transpose(-1, -2) * c, causal, i0, j0) - lse.index_select(2, idx)[..., None])
+        p = torch.exp2(_masked(qt @ kk.transpose(-1, -2) * (c * LOG2E), causal, i0, j0)   # exp2 done right
+                       - lse.index_select(2, idx)[..., None] * LOG2E)
         ds = p * (dot @ vv.transpose(-1, -2) - delta.index_select(2, idx)[..., None]) * c
         dq[:, :, i0:i0 + block] = ds @ kk
         dk += ds.transpose(-1, -2) @ qt
@@ -834,3 +840,126 @@ def _mutated():
 def test_chapter_backward_rebuilt_or_pasted_before_the_check_is_refused(make, says):
     got = rows({"key_block_backward": _chapter_backward_key_block(make())}, "key_block_backward")[0]
     assert got.status in ("wrong", "error") and says in got.detail, got.detail
+
+
+# ---- r7 review: exp2 with log2 e folded (what chapter 04's backward does not compute), part 5 ----
+
+def _hoisted(fn):
+    """Review r7's mut2: every number and string of ``fn``'s module hoisted into a global, a no-op
+    call before every statement; behaviour unchanged."""
+    import ast
+
+    class K(ast.NodeTransformer):
+        names: dict = {}
+
+        def visit_Constant(self, node):
+            if node.value is None or (isinstance(node.value, (int, float, str)) and not isinstance(node.value, bool)):
+                return ast.copy_location(ast.Name(self.names.setdefault((type(node.value), node.value),
+                                                                        f"_k{len(self.names)}"), ast.Load()), node)
+            return node
+
+        def visit_Expr(self, node):                                   # docstrings kept
+            return node if isinstance(node.value, ast.Constant) else self.generic_visit(node)
+
+        def generic_visit(self, node):
+            super().generic_visit(node)
+            for field in ("body", "orelse"):
+                body = getattr(node, field, None)
+                if isinstance(body, list) and body and isinstance(body[0], ast.stmt) and not isinstance(node, ast.Module):
+                    setattr(node, field, [x for st in body for x in (ast.parse("_nop()").body[0], st)])
+            return node
+    k = K()
+    tree = ast.fix_missing_locations(k.visit(ast.parse(inspect.getsource(sys.modules[fn.__module__]))))
+    scope = {"_nop": lambda: None, "__name__": "mine", **{v: key[1] for key, v in k.names.items()}}
+    exec(compile(tree, "<mine>", "exec"), scope)
+    return scope[fn.__name__]
+
+
+def test_mut2_copy_of_the_chapter_backward_is_named():
+    got = rows({"key_block_backward": _chapter_backward_key_block(_hoisted(flash_tiled.tiled_backward))},
+               "key_block_backward")[0]
+    assert got.status in ("wrong", "error") and "chapter 04's backward, copied under another name" in got.detail, \
+        got.detail
+
+
+@pytest.mark.parametrize("make", [_pasted, lambda: _hoisted(flash_tiled.tiled_backward)], ids=["pasted", "mut2"])
+def test_a_copy_the_copy_watch_misses_still_fails_on_its_exponentials(make, monkeypatch):
+    """With the copy watch blinded (as a future transform might), chapter 04's backward still
+    cannot answer: its probabilities come from exp, not FA-2's exp2 with log2 e folded in."""
+    from gpumem.chapters.ch04_flash_attention import labblock
+    monkeypatch.setattr(labcheck, "no_copies", lambda flag: labblock.contextlib.nullcontext())
+    got = rows({"key_block_backward": _chapter_backward_key_block(make())}, "key_block_backward")[0]
+    assert got.status == "wrong" and got.detail.startswith("key block 0:16: it rebuilt P with exp, the natural base, "
+                                                           "as chapter 04's backward does"), got.detail
+
+
+def test_exp2_without_the_fold_fails_and_the_folded_kernel_passes():
+    skip = lambda j0, bl: j0 // bl * bl
+    unfolded = lambda q, kb, vb, do, l, dl, j0, causal=False, block=32: _key_block(
+        q, kb, vb, do, l, dl, j0, causal, block, skip, fold=False)
+    got = rows({"key_block_backward": unfolded}, "key_block_backward")[0]
+    want = f"it took exp2 but never multiplied by scale * log2(e) = {20 ** -0.5 / math.log(2):.6g} in one step"
+    assert got.status == "wrong" and want in got.detail, got.detail          # case 0: d = 20
+
+
+def _zig(function, fn, case, ring=None):
+    from gpumem.chapters.ch04_flash_attention import labzig
+    report = Report(labcheck.LAB)
+    grade = labzig.order_rows if function == "shard_order" else labzig.count_rows
+    grade(report, fn, case, 7, ring=ring or solution()["ring_attention"])
+    return report.rows[0]
+
+
+def test_contiguous_shard_order_is_unbalanced():
+    """3 ranks, chunks of 5: chunk c's queries keep 25 c + 15 entries (c whole chunks, then its own
+    lower triangle, 5 * 6 / 2); contiguous: rank 0 = 15 + 40 = 55, rank 2 = 115 + 140 = 255."""
+    got = _zig("shard_order", lambda ranks: [c // 2 for c in range(2 * ranks)], (3, 5))
+    assert got.status == "wrong" and got.detail == (
+        "order [0, 0, 1, 1, 2, 2]: rank 0 takes 55 exps, rank 2 255 (chunks of 5, causal): not balanced"), got.detail
+    assert _zig("shard_order", lambda r: [0, 1, 2, 2, 1, 0], (3, 5)).status == "ok"   # rank r: r and 2R-1-r
+    bad = _zig("shard_order", lambda r: [0, 0, 0, 1, 2, 2], (3, 5))
+    assert bad.status == "wrong" and "each of the 3 ranks must hold exactly two of the 6 chunks" in bad.detail
+
+
+def test_counts_that_assume_the_contiguous_order_fail_on_a_balanced_one():
+    contiguous = lambda owner, n: [(4 * r + 1) * n * n + n * (n + 1) for r in range(len(owner) // 2)]
+    assert _zig("exp_counts", contiguous, (3, 5, "contiguous")).status == "ok"
+    got = _zig("exp_counts", contiguous, (4, 6, "balanced"))
+    assert got.status == "wrong" and got.detail.startswith("rank 0 (chunks ") and ", expected 294" in got.detail, \
+        got.detail                                                   # (2R-1) n^2 + n (n+1) = 7 * 36 + 42 = 294
+
+
+def test_counting_entry_by_entry_does_not_finish_on_a_long_sequence(monkeypatch):
+    def brute(owner, n):
+        counts = [0] * (len(owner) // 2)
+        for c, r in enumerate(owner):
+            for i in range(c * n, c * n + n):
+                for _ in range(i + 1):
+                    counts[r] += 1
+        return counts
+    assert _zig("exp_counts", brute, (3, 7, "shuffled")).status == "ok"
+    monkeypatch.setenv("GPUMEM_CASE_SECONDS", "2")
+    got = _zig("exp_counts", brute, labzig_case("long"))
+    assert got.status == "error" and "took longer than 2 s" in got.detail, got.detail
+
+
+def labzig_case(what):
+    from gpumem.chapters.ch04_flash_attention import labzig
+    return next(c for c in labzig.COUNTS if c[2] == what)
+
+
+def test_part_5_counts_what_the_ring_ran():
+    """A ring that also runs the shards after its queries (the causal skip missed) is named."""
+    right = solution()["ring_attention"]
+    extra = lambda q, ks, vs, rank, causal=False, block=32: right(q, ks, vs, len(ks) - 1, False, block) and \
+        right(q, ks, vs, rank, causal, block)
+    got = _zig("exp_counts", solution()["exp_counts"], (3, 5, "contiguous"), ring=extra)
+    assert got.status == "wrong" and got.detail.startswith("your ring_attention for chunk 0 (of 6 chunks of 5 tokens, "
+                                                           "causal) ran tiled_forward on 7 shards"), got.detail
+    drawn = [__import__("random").Random(s) for s in range(20)]
+    from gpumem.chapters.ch04_flash_attention import labzig
+    for rng in drawn:
+        zig = labzig.draw(rng)
+        assert [c[2] for c in zig["COUNTS"]] == [c[2] for c in labzig.COUNTS]
+        ranks, n, _ = zig["COUNTS"][3]
+        assert 2 * ranks * n == 2 ** 20 and all(3 <= r <= 7 for r, _ in zig["ORDERS"])

@@ -10,7 +10,13 @@ prints it whole)
   loop over key blocks calling ``key_block_backward``, dQ summed across blocks;
 * ``merge_partials(parts)`` -> ``(out, lse)`` from ``[(out_i, lse_i), ...]`` over key shards;
 * ``ring_attention(q, k_shards, v_shards, rank, causal, block)`` -> ``(out, lse)``: context
-  parallelism's step, every shard's partial with ``tiled_forward``, then the merge.
+  parallelism's step, every shard's partial with ``tiled_forward``, then the merge;
+* ``exp_counts(owner, n)`` and ``shard_order(ranks)``: each rank's causal work over 2R chunks, and
+  an order that balances it (:mod:`.labzig`, measured on ``ring_attention``'s calls).
+
+The backward's probabilities must come from exp2 with log2(e) folded into the scale, as
+FlashAttention-2's kernels take them (:mod:`.labexp2`): chapter 04's ``tiled_backward`` takes exp,
+so a copy of it cannot answer parts 1 and 2 however well it hides from the copy watch.
 
 Graded in fp64 on cases drawn afresh at every check (``labcases``: GQA, lengths not multiples of
 the block, query and key lengths that differ, causal and not, empty shards, rows no key is visible
@@ -30,11 +36,13 @@ frame on the stack holds them during it. Each function stops at its first failin
 the optional GPU part.
 """
 
+import random
+
 import torch
 
 from gpumem.course.grading import Report, Row, call, returned, run_case
 
-from . import labcases, labgpu, labref
+from . import labcases, labgpu, labref, labzig
 from .labblock import assembled, key_block_calls, no_copies, no_library_backward
 from .labguard import Watch
 from .labring import empty_shard_hint, ring_calls, ring_wrong
@@ -68,7 +76,7 @@ def _watch(case, q, k, v, rows, tile_rows=None, causal_from=None):
     """The op watch on one call; ``rows``: (dout, lse, delta or out), vectors per query row."""
     b, a, kv, sq, sk, d, causal, block = case
     return Watch(sq, sk, d, block, b * a, allowed=(k, v), tile_rows=tile_rows, rows=rows[1:],
-                 queries=(q, rows[0]), causal_from=causal_from)
+                 queries=(q, rows[0]), causal_from=causal_from, exp2=True)
 
 
 def _guarded(fn, watch, *args):
@@ -76,6 +84,11 @@ def _guarded(fn, watch, *args):
     with no_library_backward(), watch as w, no_copies(w.flag):
         got = call(fn, *args)
     return got, w.broken or w.foreign(got)
+
+
+def _exp2_wrong(watch) -> str:
+    """'' or the backward's exp2 rule broken (checked after every other rule: those name the worse slip)."""
+    return watch.exp2.wrong() if watch.exp2 is not None else ""
 
 
 def _overworked(watch, case, j0, n) -> str:
@@ -100,7 +113,7 @@ def _key_blocks_rows(report, fn, case, seed):
             ins = (q.clone(), dout.clone(), lse.clone(), delta.clone())
             watch = _watch(case, ins[0], kb, vb, ins[1:], j1 - j0, j0 if case[6] else None)
             got, broken = _guarded(fn, watch, ins[0], kb, vb, *ins[1:], j0, case[6], block)
-            broken = broken or _overworked(watch, case, j0, j1 - j0)
+            broken = broken or _overworked(watch, case, j0, j1 - j0) or _exp2_wrong(watch)
             if not (isinstance(got, (tuple, list)) and len(got) == 3):
                 return "wrong", returned(got, "a tuple (dq_part, dk_blk, dv_blk)")
             bad = _first_wrong(("dq_part", "dk_blk", "dv_blk"), got,        # expected: made now
@@ -152,8 +165,9 @@ def _flash_rows(report, fn, case, seed, inner=None):
         kc, vc, qc, ins = k.clone(), v.clone(), q.clone(), (dout.clone(), out.clone(), lse.clone())
         named = getattr(fn, "__globals__", {}).get("key_block_backward")
         with key_block_calls(inner, named) as calls:
-            got, broken = _guarded(fn, _watch(case, qc, kc, vc, ins), ins[0], qc, kc, vc, *ins[1:],
-                                   case[6], case[7])
+            watch = _watch(case, qc, kc, vc, ins)
+            got, broken = _guarded(fn, watch, ins[0], qc, kc, vc, *ins[1:], case[6], case[7])
+        broken = broken or _exp2_wrong(watch)
         if not (isinstance(got, (tuple, list)) and len(got) == 3):
             return "wrong", returned(got, "a tuple (dq, dk, dv)")
         want = _flash_case(case, seed)[1]
@@ -242,13 +256,15 @@ def _ring_rows(report, fn, case, seed):
 
 
 def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
-    """Grade the lab's four functions (and, with CUDA, its GPU part) on cases drawn afresh
+    """Grade the lab's six functions (and, with CUDA, its GPU part) on cases drawn afresh
     (:func:`.labcases.draw`; ``seed`` fixes the draw); never raises. Each function stops at its
     first failing case: that row is the one to fix, its later cases are not run."""
     report, drawn = Report(LAB), labcases.draw(seed)
+    zig = labzig.draw(random.Random(drawn["seeds"][-1]))
     parts = (("key_block_backward", drawn["BACKWARD"], _key_blocks_rows),
              ("flash_backward", drawn["BACKWARD"] + (BF16, BF16_DQ), _flash_rows),
-             ("merge_partials", drawn["MERGE"], _merge_rows), ("ring_attention", drawn["RING"], _ring_rows))
+             ("merge_partials", drawn["MERGE"], _merge_rows), ("ring_attention", drawn["RING"], _ring_rows),
+             ("exp_counts", zig["COUNTS"], labzig.count_rows), ("shard_order", zig["ORDERS"], labzig.order_rows))
     for fn_name, cases, rows in parts:
         fn = ns.get(fn_name)
         for i, case in enumerate(cases):
@@ -256,6 +272,8 @@ def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
                 report.rows.append(Row(fn_name, f"case {i + 1}", "todo", f"define {fn_name}"))
             elif rows is _flash_rows:
                 rows(report, fn, case, drawn["seeds"][i], inner=ns.get("key_block_backward"))
+            elif rows in (labzig.count_rows, labzig.order_rows):    # part 5 counts part 4's ring
+                rows(report, fn, case, drawn["seeds"][i], ring=ns.get("ring_attention"))
             else:
                 rows(report, fn, case, drawn["seeds"][i])
             if report.rows[-1].status in ("wrong", "error"):

@@ -34,7 +34,8 @@ and (:meth:`Watch.unknown`) an op fed a floating tensor of more than 64 numbers 
 input nor made by a watched op: work done in another thread or with the modes off, brought back in.
 :mod:`.labfence` refuses threads and the mode-switching entry points during the call;
 :meth:`Watch.overworked` counts the exponentials a causal key block takes (its probabilities) and
-so the query rows that met it, however the rows were picked (slices, ``index_select``, a gather).
+so the query rows that met it, however the rows were picked (slices, ``index_select``, a gather);
+with ``exp2``, :class:`.labexp2.Exp2Rule` notes every exponential (the backward's exp2 rule).
 """
 
 import numpy as np
@@ -43,6 +44,7 @@ import torch.utils.dlpack
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .labexp2 import Exp2Rule
 from .labfence import Fence
 
 
@@ -107,8 +109,9 @@ class Watch(TorchDispatchMode):
 
     def __init__(self, s_q: int, s_k: int, d: int, block: int, heads: int, allowed=(),
                  tile_rows: int | None = None, joined: int | None = None, rows=(), queries=(),
-                 causal_from: int | None = None, inputs=()):
+                 causal_from: int | None = None, inputs=(), exp2: bool = False):
         super().__init__()
+        self.exp2 = Exp2Rule(d) if exp2 else None      # the backward's exp2 rule (:mod:`.labexp2`)
         self.s_q, self.s_k, self.d, self.block, self.heads = s_q, s_k, d, block, heads
         self.allowed = {_ptr(t) for t in allowed if t.numel()}
         self.rows = {_ptr(t) for t in (*rows, *queries) if t.numel()}     # per query row: not keys
@@ -201,8 +204,10 @@ class Watch(TorchDispatchMode):
         if self.causal_from is not None:
             self._above_diagonal(name, args, out)
         op, first = name.split(".")[1], list(_tensors(args[:1]))
-        if op in _EXPS:
-            self.exps += sum(t.numel() for t in _tensors(out))
+        if self.exp2 is not None:
+            self.exp2.note(op, args, kwargs)
+        if op in _EXPS or (op == "pow" and args and not isinstance(args[0], torch.Tensor)):
+            self.exps += sum(t.numel() for t in _tensors(out))       # pow(2, x) is exp2 too
         for tag in (self.allowed, self.queries):     # a copy of a whole Q (a cast) is Q; of a tile not
             if op in _COPIES and any(t.numel() and _ptr(t) in tag for t in first):
                 tag.update(_ptr(t) for t in _tensors(out) if t.numel() and (
