@@ -1,8 +1,9 @@
 """Lab 05: the cheapest submissions that skip the idea fail, each with a row saying what was skipped.
 
-Expected bytes and file sizes here are counted by hand from DeepSpeed 0.19.8's allocations (the
-lab's reference module cites the lines), not read from the grader. Only one test starts ranks: the
-recorded swap files (the grader's fallback without libaio) against a live NVMe offload run.
+Expected bytes, seconds and file sizes here are counted by hand from DeepSpeed 0.19.8's allocations
+and the time engine's stated schedule, not read from the grader; the hand counts live here, not in
+the package the learner imports (review r7 defect 2). Only one test starts ranks: the recorded swap
+files (the grader's fallback without libaio) and a drawn pair against a live NVMe offload run.
 """
 
 import random
@@ -201,15 +202,22 @@ def test_saved_references_to_the_answers_are_refused(source):
     assert ref.totals(ref.rung_bytes(4000, 4, "zero3")) == {"gpu": 16_000, "cpu": 0, "nvme": 0}   # restored
 
 
-def test_the_time_engine_still_counts_while_guarded():
-    """The guard lets offload_time call accounting.model_states (part 3 needs it)."""
+def test_the_time_engine_refuses_while_guarded_but_its_links_do_not():
+    """Part 3 asks for the time mechanism: the engine's schedules refuse inside the learner's call;
+    the link figures stay on (the learner is given them)."""
     from gpumem.chapters.ch05_offload import lab_guard
-    links = offload_time.datasheet_links("h100-80gb", "gen4", ranks_on_node=8)
-    free = offload_time.step_time(8_000_000_000, "mixed", 3, 8, "optimizer", "cpu", 2.0, links)["stock"]
+    terms = {"compute": 1.0, "h2d": 0.0, "d2h": 0.0, "nvme": 0.0, "cpu_adam": 0.0}
     with lab_guard.no_library_counts():
-        assert offload_time.step_time(8_000_000_000, "mixed", 3, 8, "optimizer", "cpu", 2.0, links)["stock"] == free
+        links = offload_time.datasheet_links("h100-80gb", "gen4", ranks_on_node=8)
+        with pytest.raises(RuntimeError, match="count it yourself"):
+            offload_time.step_time(8_000_000_000, "mixed", 3, 8, "optimizer", "cpu", 2.0, links)
+    with lab_guard.no_library_counts():
+        with pytest.raises(RuntimeError, match="count it yourself"):
+            offload_time.stock_schedule(terms)
+    with lab_guard.no_library_counts():
         with pytest.raises(RuntimeError, match="count it yourself"):
             accounting.model_states(8, "mixed", 2, 3)
+    assert links.h2d > 0
 
 
 @pytest.mark.parametrize("fix, words", [
@@ -275,32 +283,107 @@ def test_a_wrong_count_is_blamed_before_the_choice():
     assert "s a step (stock schedule), over the" in bad.detail
 
 
-def _ideal_schedule(n, ranks, rung, compute_s, links):
+def _engine_seconds(n, ranks, rung, compute_s, links):
+    """The library-call cheat for part 3 (review r7 defect 3): the rung mapped onto step_time."""
     zero, offload, device = ref.RUNGS[rung]
-    return offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links)["total"]
+    return offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links)["stock"]
 
 
-def test_a_wrong_schedule_is_named_by_rung_seconds():
-    """Learner and expert finding: the ideal schedule ("total") for the stock one gets a rung_seconds
-    row about seconds, and the choice's row blames rung_seconds first."""
+ENGINE_CALL = """
+from gpumem.timing import offload_time
+def rung_seconds(n, ranks, rung, compute_s, links):
+    zero, what, where = RUNGS[rung]
+    offload = {"nothing": "none", "optimizer": "optimizer", "optimizer and parameters": "optimizer+params"}[what]
+    return offload_time.step_time(n, "mixed", zero, ranks, offload, "nvme" if where == "nvme" else "cpu",
+                                  compute_s, links)["stock"]
+"""
+
+
+def test_calling_the_time_engine_for_rung_seconds_is_refused():
+    """The old solution's rung_seconds (the rung mapped onto step_time), as a learner's cell."""
     ns = solution("lab05")
     ns.pop("swap_files")
-    ns["rung_seconds"] = _ideal_schedule
+    exec(compile(ENGINE_CALL, "<learner cell>", "exec"), ns)
     report = grade(ns)
     bad = first_problem(report, "rung_seconds")
-    assert bad.status == "wrong" and "the time engine's stock schedule" in bad.detail, bad
+    assert bad.status == "error" and "it called gpumem.timing.offload_time.step_time" in bad.detail, bad
+    assert "count it yourself" in bad.detail and not report.solved
+
+
+def _hand_seconds(n, ranks, rung, compute_s, links):
+    """A rung's stock step, by hand from the schedule the lab states (offload_time's module text):
+    bytes per shard parameter s on each link, what runs beside compute, what follows in series."""
+    zero, offload, device = ref.RUNGS[rung]
+    if offload == "none":
+        return compute_s
+    s = -(-n // ranks)
+    grad_down, grad_up = (6 * s, 2 * s) if zero == 3 else (4 * s, 0)     # bf16 down, up, fp32 down
+    fetch = 4 * s if offload == "optimizer+params" else 0               # 2 B up, forward and backward
+    during = max(compute_s, grad_down / links.d2h + grad_up / links.h2d, (grad_up + fetch) / links.h2d,
+                 fetch / links.nvme_read if device == "nvme" else 0)
+    nvme = 0.0
+    if device == "nvme":                       # fp32 grad, master, m, v read; written (+ bf16 shard)
+        nvme = 16 * s / links.nvme_read + (16 * s + (2 * s if fetch else 0)) / links.nvme_write
+    return during + nvme + s / links.cpu_adam + (0 if fetch else 2 * s / links.h2d)
+
+
+def test_hand_schedule_equals_the_time_engine():
+    """The grader's truth (the engine's stock schedule) against the hand count above."""
+    rng = random.Random(5)
+    for _ in range(200):
+        n, ranks, c = rng.randrange(10**6, 10**11), rng.choice((3, 8, 16, 32)), rng.uniform(0.1, 10)
+        links = offload_time.datasheet_links(rng.choice(lab_draw.GPUS), rng.choice(lab_draw.NVME),
+                                             ranks_on_node=min(ranks, 8))
+        for rung in ref.RUNGS:
+            assert _hand_seconds(n, ranks, rung, c, links) == pytest.approx(_engine_seconds(n, ranks, rung, c, links),
+                                                                             rel=1e-12), rung
+
+
+def _variant(change):
+    def seconds(n, ranks, rung, compute_s, links):
+        zero, offload, device = ref.RUNGS[rung]
+        s = -(-n // ranks)
+        base = _hand_seconds(n, ranks, rung, compute_s, links)
+        if offload == "none":
+            return base
+        return change(base, s, offload, device, compute_s, links, n, ranks)
+    return seconds
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda t, s, o, d, c, links, *_: t - s / links.cpu_adam, "CPU Adam's time is missing"),
+    (lambda t, s, o, d, c, links, *_: t - (0 if o == "optimizer+params" else 2 * s / links.h2d),
+     "the updated 16-bit shard's upload after the step is missing"),
+    (lambda t, s, o, d, c, links, *_: c, "yours is compute alone"),
+    (lambda t, s, o, d, c, links, *_: t * 1.5, "1.5x the time engine's stock step (too long)"),
+], ids=["no-cpu-adam", "no-update-upload", "compute-only", "off-by-half"])
+def test_a_wrong_mechanism_is_named_by_rung_seconds(change, words):
+    """The learner's own mechanism with one piece left out: the row names the piece (or the factor)
+    without the engine's seconds, and the choice's rows blame rung_seconds first."""
+    ns = solution("lab05")
+    ns.pop("swap_files")
+    ns["rung_seconds"] = _variant(change)
+    report = grade(ns)
+    bad = first_problem(report, "rung_seconds")
+    assert bad.status == "wrong" and words in bad.detail, bad
     choose = [r for r in rows(report, "choose_rung") if r.status != "ok"]
     assert all(r.detail.startswith("your rung_seconds is wrong") for r in choose), choose
 
 
-def _hand_files(numels, ranks, block):
-    """Model A/B files by DeepSpeed's rules, written out independently of the lab's solution."""
-    least = max(1 << 20, block)
+def _hand_files(numels, ranks, block, skip=""):
+    """Model A/B files by DeepSpeed's rules, written out independently of the lab's solution; the
+    grader ships no such rules (review r7 defect 2). ``skip`` leaves one rule out: "block" (swapped
+    from MIN_AIO_BYTES alone), "pad" (1,024 B), "cut" (aligned gradient fragments), "flat" (master
+    per tensor)."""
+    least = (1 << 20) if skip == "block" else max(1 << 20, block)
     shards = [(n + ranks - 1) // ranks for n in numels]
-    up = [((4 * sum(shards) + 1023) // 1024) * 1024]
-    return {"params": [((2 * n + 1023) // 1024) * 1024 for n in shards if 2 * n >= least],
-            "master": up, "optimizer": up * 2,
-            "grads": [(4 * n) - (4 * n) % 1024 for n in shards if (4 * n) - (4 * n) % 1024 >= least]}
+    pad = (lambda b: b) if skip == "pad" else (lambda b: ((b + 1023) // 1024) * 1024)
+    cut = (lambda b: b) if skip == "cut" else (lambda b: b - b % 1024)
+    up = [pad(4 * sum(shards))]
+    master = [pad(4 * n) for n in shards if 4 * n >= least] if skip == "flat" else up
+    return {"params": [pad(2 * n) for n in shards if 2 * n >= least],
+            "master": master, "optimizer": up * 2,
+            "grads": [cut(4 * n) for n in shards if cut(4 * n) >= least]}
 
 
 def test_swap_prediction_compare_names_the_role():
@@ -347,8 +430,9 @@ def test_swap_stub_is_not_passed_without_libaio(no_libaio):
         assert row.status == "wrong" and "DeepSpeed wrote" in row.detail, row
     good = grade(solution("lab05"))
     assert good.solved, good.summary()
-    assert all("DeepSpeed 0.19.8's swap rules" in r.detail and "not run live here" in r.detail
+    assert all("recorded run, DeepSpeed 0.19.8" in r.detail and "not run live here" in r.detail
                for r in rows(good, "swap_files"))
+    assert set(r.case for r in rows(good, "swap_files")) <= set(lab_swaps.family())
 
 
 def test_recorded_swap_files_match_the_hand_count():
@@ -481,6 +565,10 @@ RULES = """
 from gpumem.chapters.ch05_offload import lab_swaps
 def swap_files(numels, ranks, block): return lab_swaps.hand_files(numels, ranks, block)
 """
+STEP_REF = """
+from gpumem.chapters.ch05_offload import lab_reference as R
+def rung_seconds(n, r, rung, c, links): return R.step_seconds(n, r, rung, c, links)
+"""
 WATCH_OFF = """
 import sys
 from gpumem.memory import accounting
@@ -513,12 +601,13 @@ def rung_bytes(n, r, rung):
     (PARKED, "rung_bytes", "KeyError"),
     (COPIED, "choose_rung", "it called the grader's answer"),
     (RESTORED, "rung_seconds", "it assigned a function's __code__"),
-    (RULES, "swap_files", "it called the grader's answer gpumem.chapters.ch05_offload.lab_swaps.hand_files"),
+    (RULES, "swap_files", "has no attribute 'hand_files'"),          # no swap rules ship (r7 defect 2)
+    (STEP_REF, "rung_seconds", "it called the grader's answer"),
     (WATCH_OFF, "rung_bytes", "it called sys.setprofile"),
     (EMPTIED, "rung_bytes", "it called sys.setprofile"),
     (THREAD, "rung_bytes", "rung_bytes"),
 ], ids=["spoofed-module-name", "parked-originals", "functiontype-copies", "code-restored-in-call",
-        "grader-swap-rules", "watch-switched-off", "guard-state-emptied",
+        "grader-swap-rules", "step-seconds-imported", "watch-switched-off", "guard-state-emptied",
         "answer-in-a-thread"])
 def test_round_three_cheats_are_refused(no_libaio, source, function, words):
     """Each reviewer's way around the old guard: the row names what was called (or finds nothing)."""
@@ -581,10 +670,6 @@ TABLED = """
 from gpumem.chapters.ch05_offload import lab_reference as R
 _A = {r: R.rung_bytes(1, 1, r) for r in R.RUNGS}            # the answer key at s = psi = 1
 """
-SWAP_TABLE = """
-from gpumem.chapters.ch05_offload import lab_swaps as S
-_F = {tuple(S.numels(c)): S.hand_files(S.numels(c), 2, b) for c, b in S.family().values()}
-"""
 GPU_TIMING = """
 from gpumem.chapters.ch05_offload import lab_gpu
 _t = lab_gpu.reference_seconds(lab_gpu.optimizer_state_bytes())
@@ -602,9 +687,9 @@ labcheck.check({}, show=False, rng=_Rng(0))
 
 
 @pytest.mark.parametrize("source, what", [
-    (TABLED, "lab_reference.rung_bytes"), (SWAP_TABLE, "lab_swaps.hand_files"),
+    (TABLED, "lab_reference.rung_bytes"),
     (GPU_TIMING, "lab_gpu.reference_seconds"), (FAKE_RNG, "lab_reference.rung_bytes")],
-    ids=["rung-table", "swap-table", "gpu-timing-saved", "fake-rng-inside-check"])
+    ids=["rung-table", "gpu-timing-saved", "fake-rng-inside-check"])
 def test_the_answer_key_refuses_outside_the_grader(source, what):
     """The answers refuse a learner's cell (a table made at definition time), also when the cell
     reaches them through check() with a function of its own on the way; the GPU part's timing
@@ -616,10 +701,27 @@ def test_the_answer_key_refuses_outside_the_grader(source, what):
 
 def test_swap_models_are_drawn_from_ranges():
     """Twenty checks draw twenty different pairs, none of the six recorded models: a table of models
-    is no help; every rule of the swap files still changes a drawn pair's files (draw_models)."""
-    pairs = [tuple(lab_swaps.draw_models(random.Random(seed))) for seed in range(20)]
-    assert len(set(pairs)) == 20
-    assert not set(label for p in pairs for label in p) & set(lab_swaps.family())
+    is no help; leaving out any one rule of the swap files changes a drawn pair's files (by the hand
+    count here: the kinds alone guarantee it, the grader holds no rules)."""
+    draws = [lab_swaps.draw_models(random.Random(seed)) for seed in range(20)]
+    assert len(set(tuple(d) for d in draws)) == 20
+    assert not set(label for d in draws for label in d) & set(lab_swaps.family())
+    for models in draws + [lab_swaps.family()]:
+        sizes = {k: (labcheck.numels(c), b) for k, (c, b) in models.items()}
+        for rule in ("block", "pad", "cut", "flat"):
+            assert any(_hand_files(n, 2, b, rule) != _hand_files(n, 2, b) for n, b in sizes.values()), rule
+
+
+def test_no_swap_rules_or_rung_table_ship_with_the_lab():
+    """Review r7 defect 2: the package holds no hand rules for the swap files and no table of the
+    rungs; help() of the grader's module prints no per-rung count."""
+    import pydoc
+    from gpumem.chapters import ch05_offload
+    assert not any(hasattr(m, "hand_files") for m in (lab_swaps, labcheck, ref, lab_draw))
+    text = pydoc.render_doc(ref, renderer=pydoc.plaintext)
+    for words in ("18s", "grads 6s", "optim 8s", "params 2s", "master 4s", "2 Psi"):
+        assert words not in text, words
+    assert "ch05_offload" in ch05_offload.__name__
 
 
 COPY = """
@@ -631,12 +733,8 @@ exec(compile(_src, "<mine>", "exec"), _m.__dict__)
 rung_bytes = _m.rung_bytes
 def choose_rung(*a): return _m.choose(*a)
 """
-SWAP_COPY = """
-import inspect
-from gpumem.chapters.ch05_offload import lab_swaps as S
-_g = {}
-exec(inspect.getsource(S.hand_files).replace("@lab_guard.keep", "#").replace("graders_only", "len"), _g)
-def swap_files(numels, ranks, block): return _g["hand_files"](numels, ranks, block)
+STEP_COPY = COPY + """
+def rung_seconds(n, k, rung, c, links): return _m.step_seconds(n, k, rung, c, links)
 """
 ACCOUNTING_COPY = """
 import inspect
@@ -652,9 +750,9 @@ def rung_bytes(n, ranks, rung):
 @pytest.mark.parametrize("source, function, words", [
     (COPY, "rung_bytes", "a copy of the grader's answer lab_reference.rung_bytes"),
     (COPY, "choose_rung", "a copy of the grader's answer lab_reference.choose"),
-    (SWAP_COPY, "swap_files", "a copy of the grader's answer lab_swaps.hand_files"),
+    (STEP_COPY, "rung_seconds", "it called gpumem.timing.offload_time.step_time"),
     (ACCOUNTING_COPY, "rung_bytes", "a copy of gpumem.memory.accounting.model_states"),
-], ids=["reference-source-exec", "reference-choose", "swap-rules-source", "accounting-source"])
+], ids=["reference-source-exec", "reference-choose", "reference-step-seconds", "accounting-source"])
 def test_copies_of_the_answers_are_known_by_their_code(no_libaio, source, function, words):
     """Review r5 cheat 3: the answer key's source run under another name, its guard lines taken out,
     is refused while the learner's call runs (gpumem.course.copy_watch: same instructions and
@@ -675,7 +773,7 @@ def test_the_solution_is_not_taken_for_a_copy():
     for name in ("rung_bytes", "rung_seconds", "choose_rung", "swap_files"):
         assert prints.match(solution("lab05")[name].__code__) == "", name
     import inspect
-    src = inspect.getsource(ref.rung_bytes).replace("8 * s", "9 * s")
+    src = inspect.getsource(ref.rung_bytes).replace('"mixed"', '"fp32"')
     g = dict(vars(ref))
     exec(src, g)
     assert prints.match(g["rung_bytes"].__code__) == ""
@@ -724,23 +822,39 @@ def copy_of(mod, **over):
     exec(compile(tree, "<mine>", "exec"), m.__dict__); m.__dict__.update(over); return m
 '''
 MUTATED = MUTATE + '''
-from gpumem.chapters.ch05_offload import lab_reference as _r, lab_swaps as _s
-_R = copy_of(_r); _S = copy_of(_s, ref=_R)
+from gpumem.chapters.ch05_offload import lab_reference as _r
+_R = copy_of(_r)
 def rung_bytes(n, ranks, rung): return _R.rung_bytes(n, ranks, rung)
-def swap_files(numels, ranks, block): return _S.hand_files(numels, ranks, block)
+def rung_seconds(n, k, rung, c, links): return _R.step_seconds(n, k, rung, c, links)
 def choose_rung(n, k, g, h, s, c, links): return _R.choose(n, k, g, h, s, c, links)
 '''
+# review r7's mut2 on top: every number and string hoisted into a module global, _nop() before
+# every statement (tests/test_copy_watch.py's transforms)
+MUTATED2 = MUTATED.replace("_R = copy_of(_r)", """
+from test_copy_watch import _Hoist, _Nops, _nop
+def copy_of(mod):
+    tree = _Nops().visit(_T().visit(ast.parse(inspect.getsource(mod))))
+    h = _Hoist(); tree = ast.fix_missing_locations(h.visit(tree))
+    m = types.ModuleType(mod.__name__ + "_mine"); m.__package__ = mod.__package__
+    m.__dict__.update({v: k[1] for k, v in h.k.items()}, _id=_id, _nop=_nop, __file__="mine.py")
+    exec(compile(tree, "<mine>", "exec"), m.__dict__); return m
+_R = copy_of(_r)""")
 
 
+@pytest.mark.parametrize("source", [MUTATED, MUTATED2], ids=["r6-mut", "r7-mut2"])
 @pytest.mark.parametrize("function, words", [
-    ("rung_bytes", "a copy of the grader's answer lab_reference.rung_bytes"),
-    ("choose_rung", "a copy of the grader's answer lab_reference.choose"),
-    ("swap_files", "a copy of the grader's answer lab_swaps.hand_files")])
-def test_a_mutated_copy_of_the_answers_is_refused(no_libaio, function, words):
+    ("rung_bytes", ("a copy of the grader's answer lab_reference.rung_bytes",
+                    "it called gpumem.memory.accounting.model_states")),
+    ("rung_seconds", ("it called gpumem.timing.offload_time.step_time",)),
+    ("choose_rung", ("a copy of the grader's answer lab_reference.choose",
+                     "it called gpumem.memory.accounting.model_states"))])
+def test_a_mutated_copy_of_the_answers_is_refused(no_libaio, source, function, words):
+    """The copy needs the library's counts, which refuse inside the learner's call (review r7
+    defect 2): whether or not the copy watch names it, it cannot answer."""
     ns = solution("lab05")
-    exec(compile(MUTATED, "<learner cell>", "exec"), ns)
+    exec(compile(source, "<learner cell>", "exec"), ns)
     bad = first_problem(grade(ns), function)
-    assert bad.status == "error" and words in bad.detail and "count it yourself" in bad.detail, bad
+    assert bad.status == "error" and any(w in bad.detail for w in words) and "count it yourself" in bad.detail, bad
 
 
 def test_a_mutated_copy_is_known_and_the_solution_is_not():
@@ -888,3 +1002,20 @@ def test_the_audits_rules_and_watch_cannot_be_switched_off(no_libaio, emptied, w
     finally:
         lab_audit.OWN, lab_audit.FRAME_EVENTS = saved
     assert bad.status == "error" and words in bad.detail, bad
+
+
+def test_a_copy_of_the_reference_cannot_answer_even_unseen(monkeypatch, no_libaio):
+    """Review r7 defect 2, structurally: with the copy watch blinded (as r7's one-line patch did
+    before the seal), the reference's copy still cannot answer, because its counts are the
+    library's, which refuse inside the learner's call; the row names the library."""
+    from gpumem.course import copy_watch as watch
+    unsealed(monkeypatch)
+    monkeypatch.setattr(watch.Prints, "match", lambda self, code, *a, **k: "")
+    ns = solution("lab05")
+    exec(compile(MUTATED, "<learner cell>", "exec"), ns)
+    report = grade(ns)
+    for function, called in (("rung_bytes", "gpumem.memory.accounting.model_states"),
+                             ("rung_seconds", "gpumem.timing.offload_time.step_time"),
+                             ("choose_rung", "gpumem.memory.accounting.model_states")):
+        bad = first_problem(report, function)
+        assert bad.status == "error" and f"it called {called}" in bad.detail, bad

@@ -1,8 +1,7 @@
 """Lab 05's guard: while one call of the learner's runs, gpumem's own counts refuse ("count it yourself").
 
 Refused (:data:`.lab_reference.BLOCKED`, and the grader's own answers: :mod:`.lab_reference`'s
-functions, and those marked :func:`keep`: :func:`.lab_swaps.hand_files`,
-:func:`.lab_gpu.reference_seconds`) is their *code*,
+functions, and those marked :func:`keep`: :func:`.lab_gpu.reference_seconds`) is their *code*,
 wherever it is called from: a profile hook (``sys.setprofile``, and ``threading.setprofile`` for
 threads the call starts) refuses every call into a function defined at those places (file, name),
 so a reference saved before grading, a ``types.FunctionType`` copy, a ``__code__`` saved at load and
@@ -10,9 +9,11 @@ put back inside the call, or a function exec'd under the time engine's module na
 Nothing is swapped and no original is parked anywhere. The grader's answers also refuse from their
 own body (``sys.audit(AUDIT)``, seen by an audit hook the learner cannot remove).
 
-The time engine counts its traffic with ``accounting.model_states``: a call whose caller *frame* runs
-one of :mod:`gpumem.timing.offload_time`'s or :mod:`gpumem.memory.offload_cost`'s own code objects
-with that module's own globals goes through (a module's name proves nothing). While the call runs,
+The time engine's schedules and traffic counts refuse as well (part 3 asks for that mechanism);
+its links (``datasheet_links``) stay open. Should an engine function that is not refused reach
+``accounting.model_states``, a call whose caller *frame* runs one of :mod:`gpumem.timing.offload_time`'s
+or :mod:`gpumem.memory.offload_cost`'s own code objects with that module's own globals goes
+through (a module's name proves nothing). While the call runs,
 switching the profile hook off (``sys.setprofile``) or assigning any function's ``__code__`` is
 refused too (audit events), and every refusal is recorded: a learner who catches the exception is
 still reported. After the call, the blocked functions' ``__code__`` must be the one their module
@@ -140,7 +141,7 @@ ORIGINALS = [(getattr(m, a), m, a) for m, a in [*ref.BLOCKED, *((ref, f.__name__
 
 def keep(what: str):
     """Decorator: the grader's own function refused too (``what`` names it in the row); for the
-    lab's modules that import this one (:func:`.lab_swaps.hand_files`, :func:`.lab_gpu.reference_seconds`)."""
+    lab's modules that import this one (:func:`.lab_gpu.reference_seconds`)."""
     def register(fn):
         module = sys.modules[fn.__module__]
         BLOCKED[(module.__file__, fn.__name__)] = f"{what} {fn.__module__}.{fn.__name__}"

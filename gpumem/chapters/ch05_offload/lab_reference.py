@@ -1,34 +1,12 @@
-"""Lab 05's reference answers, and what :mod:`.lab_guard` refuses while the learner's code runs.
+"""Lab 05's grader truth, and what :mod:`.lab_guard` refuses while the learner's code runs.
 
-The answers refuse any caller but the course's own grading code (:data:`ENTRIES`), before grading
-too, and a copy of their code run under another name is refused while the learner's call runs
-(:mod:`gpumem.course.copy_watch`).
-
-The ladder (:data:`RUNGS`) is DeepSpeed 0.19.8's offload options for a ZeRO-3 (or ZeRO-2) run,
-mixed recipe (bf16 parameters and gradients, fp32 master, Adam's fp32 m and v). Per rank, with
-s = ceil(Psi / N) shard parameters, the bytes by device and role (:func:`rung_bytes`):
-
-=========================  ======================  ===========================  ===================
-rung                       GPU                     CPU (host)                   NVMe
-=========================  ======================  ===========================  ===================
-zero3                      params 2s grads 2s      -                            -
-                           master 4s optim 8s
-zero2+opt-cpu              params 2 Psi            grads 4s master 4s optim 8s  -
-zero3+opt-cpu              params 2s               grads 6s master 4s optim 8s  -
-zero3+opt-nvme             params 2s               grads 2s                     grads 4s master 4s optim 8s
-zero3+opt+params-cpu       -                       params 2s grads 6s master    -
-                                                   4s optim 8s
-zero3+opt+params-nvme      -                       grads 2s                     params 2s grads 4s
-                                                                                master 4s optim 8s
-=========================  ======================  ===========================  ===================
-
-Where DeepSpeed 0.19.8 puts them (``deepspeed/runtime/zero/``): an offloaded optimizer gets its
-own fp32 gradient partition beside master, m and v (``stage_1_and_2.py`` 934-944, ``stage3.py``
-1342-1344; DeepSpeedCPUAdam reads it); ZeRO-2 copies each reduced bucket's slice straight into it
-and keeps no 16-bit gradient partition on the GPU (``async_inplace_copy_grad_to_fp32_buffer_from_gpu``);
-ZeRO-3 allocates its 16-bit gradient partition (``grad_partitions_flat_buffer``) on
-``self.device``, the CPU whenever the optimizer is offloaded (lines 333, 791), and never swaps it.
-:func:`gpumem.memory.accounting.model_states` gives the same totals per device (tests compare).
+No table of answers lives here: each expected count is the library's own
+(:func:`gpumem.memory.accounting.model_states`, split by role with its recipe), each step time the
+time engine's (:func:`gpumem.timing.offload_time.step_time`), computed after the learner's call
+returns. Both refuse while that call runs (:mod:`.lab_guard`), so neither this module nor a copy of
+it can answer from inside the learner's code; the hand count they are checked against lives in
+``tests/test_lab05_adversarial.py``. The answers also refuse any caller but the course's own
+grading code (:data:`ENTRIES`), before grading too.
 """
 
 import os
@@ -54,20 +32,29 @@ ENTRIES = {(os.path.join(os.path.dirname(os.path.abspath(__file__)), "labcheck.p
 
 
 def rung_bytes(n_params: int, ranks: int, rung: str) -> dict[str, dict[str, int]]:
-    """Per-rank bytes, device -> role -> bytes (only roles with bytes), by hand (module table)."""
+    """Per-rank bytes, device -> role -> bytes (only roles with bytes): the library's per-device
+    count (``accounting.model_states``), each device's bytes split by role with the recipe."""
     sys.audit(AUDIT)
     graders_only("lab_reference.rung_bytes", ENTRIES)
     zero, offload, device = RUNGS[rung]
-    s = -(-n_params // ranks)
-    params = 2 * (s if zero == 3 else n_params)
+    st = accounting.model_states(n_params, "mixed", ranks, zero, offload, device)
+    recipe, s = accounting.RECIPE["mixed"], accounting.shard(n_params, ranks)
+    per = dict(recipe.optimizer)
+    states = {"master": per["master fp32"] * s, "optimizer": (per["m fp32"] + per["v fp32"]) * s}
     if offload == "none":
-        return {"gpu": {"params": params, "grads": 2 * s, "master": 4 * s, "optimizer": 8 * s}}
+        return {"gpu": {"params": st.params, "grads": st.grads, **states}}
     out: dict[str, dict[str, int]] = {"gpu": {}, "cpu": {}, "nvme": {}}
-    states = out[device]
-    states.update(master=4 * s, optimizer=8 * s, grads=4 * s)          # the offloaded optimizer's side
-    if zero == 3:                                                      # the 16-bit gradient partition
-        out["cpu"]["grads"] = out["cpu"].get("grads", 0) + 2 * s
-    (out[device] if offload == "optimizer+params" else out["gpu"])["params"] = params
+    side = out[device]
+    side.update(states, grads=accounting.optimizer_grad_bytes(recipe) * s)
+    if offload == "optimizer+params":
+        side["params"] = recipe.params * s
+    for role, b in (("params", st.params), ("grads", st.grads)):
+        if b:
+            out["gpu"][role] = b
+    rest = st.host - (sum(side.values()) if device == "cpu" else 0)     # ZeRO-3's 16-bit partition
+    if rest:
+        out["cpu"]["grads"] = out["cpu"].get("grads", 0) + rest
+    assert sum(out["nvme"].values()) == st.nvme and sum(out["gpu"].values()) == st.total
     return {d: roles for d, roles in out.items() if roles}
 
 
@@ -99,7 +86,11 @@ def choose(n_params: int, ranks: int, gpu_budget: int, host_budget: int, step_bu
     return min(fits)[2] if fits else None
 
 
-# the library's own counts of what the lab asks for, and where the learner's namespace may hold them
+# the library's own counts of what the lab asks for, and where the learner's namespace may hold them;
+# part 3 asks for the time mechanism, so the time engine's schedules and traffic counts refuse too
 BLOCKED = [(accounting, "model_states"), (ds_offload, "swap_files"), (ds_offload, "swap_bytes"),
            (ds_offload, "placement"), (ds_offload, "by_device"),
-           (ds_estimators, "compare"), (ds_estimators, "printed_tables")]
+           (ds_estimators, "compare"), (ds_estimators, "printed_tables"),
+           (offload_time, "step_time"), (offload_time, "stock_schedule"), (offload_time, "ideal_schedule"),
+           (offload_time, "break_even_tokens"), (offload_cost, "traffic_parts"),
+           (offload_cost, "offload_traffic"), (offload_cost, "gradient_trip")]

@@ -1,8 +1,8 @@
-"""Lab 05's recorded swap files: one training step of every model :func:`.lab_swaps.draw_models` may
-draw (:data:`.lab_swaps.FAMILY`) under ZeRO-3 with optimizer and parameters on NVMe
-(:func:`.lab_runs.swap_run`, 2 CPU ranks, libaio present). Both ranks wrote the same files; kept per
-role: how many, and a digest of their sizes (:func:`.lab_swaps.digest`), so that this module is no
-answer to import.
+"""Lab 05's recorded swap files: one training step of every model that
+:func:`.lab_swaps.recorded_models` may draw (:data:`.lab_swaps.FAMILY`) under ZeRO-3 with
+optimizer and parameters on NVMe (:func:`.lab_runs.swap_run`, 2 CPU ranks, libaio present). Both
+ranks wrote the same files; kept per role: how many, and a digest of their sizes
+(:func:`.lab_swaps.digest`), so that this module is no answer to import.
 
 Recorded by running ``launch.run("gpumem.chapters.ch05_offload.lab_runs:swap_run", 2, "cpu",
 deepspeed=True, models=lab_swaps.family(), ...)`` (66 s on 2 cores); the grader uses it where libaio

@@ -1,12 +1,13 @@
 """Lab 05's part 2, graded: the swap files one rank writes under ZeRO-3 with optimizer and parameters
 on NVMe, against DeepSpeed itself.
 
-Each check draws two unseen models (:func:`draw_models`: one of each of :data:`FAMILY`'s kinds,
-width, MLP and vocabulary drawn from ranges, so no table of models holds the answers). With libaio
-(:func:`gpumem.runs.ds_offload.nvme_ready`) the grader trains them one step on two CPU ranks
-(:func:`.lab_runs.swap_run`) and lists the files on disk; without it, it compares with DeepSpeed's
-swap rules as the grader writes them (:func:`hand_files`, which tests check against a recorded run
-of :data:`FAMILY`'s six models, :mod:`.lab_swap_record`), and says so in the row.
+With libaio (:func:`gpumem.runs.ds_offload.nvme_ready`) each check draws two unseen models
+(:func:`draw_models`: one of each of :data:`FAMILY`'s kinds, width, MLP and vocabulary drawn from
+ranges), trains them one step on two CPU ranks (:func:`.lab_runs.swap_run`) and compares with the
+files on disk. Without it, it draws two of :data:`FAMILY`'s six recorded models and compares with
+the counts and digests of their recorded run (:mod:`.lab_swap_record`), and says so in the row. No
+rule for the file sizes ships here: the hand count that tests check the record and the kinds
+against lives in ``tests/test_lab05_adversarial.py``.
 """
 
 import contextlib
@@ -17,7 +18,7 @@ import random
 import types
 
 from gpumem import scratch
-from gpumem.course.copy_watch import fresh, graders_only, is_own
+from gpumem.course.copy_watch import fresh, is_own
 from gpumem.course.grading import Report, Row, call, case_seconds, failure_line, returned, run_case
 from gpumem.errors import RunFailure
 from gpumem.memory.models import ModelConfig
@@ -37,7 +38,6 @@ FAMILY = {"A": [ModelConfig(f"lab05-a{i}", 1, d, 4, 2, f, v, teaching=True) for 
           "B": [ModelConfig(f"lab05-b{i}", 1, d, 4, 2, f, v, teaching=True) for i, (d, f, v) in
                 enumerate([(416, 2176, 4001), (320, 1792, 5501), (288, 2368, 5501)])]}
 BLOCKS = {"A": 1 << 20, "B": 2 << 20}
-RULES = ("block", "pad", "cut", "flat")  # the rules hand_files(skip=...) can leave out, one at a time
 SWAP_KINDS = {"params": "params", "fp32 master": "master", "moments": "optimizer", "grads": "grads"}
 
 
@@ -52,25 +52,6 @@ def model_label(cfg: ModelConfig) -> str:
 def family() -> dict:
     """Every model a check may draw: label -> (ModelConfig, block bytes)."""
     return {model_label(c): (c, BLOCKS[kind]) for kind, cfgs in FAMILY.items() for c in cfgs}
-
-
-@lab_guard.keep("the grader's answer")
-def hand_files(param_numels: list[int], ranks: int, block: int, skip: str = "") -> dict[str, list[int]]:
-    """The grader's own rules (``runtime/swap_tensor/``), one left out with ``skip`` (:data:`RULES`):
-    swapped only from max(MIN_AIO_BYTES, block) bytes, files padded up to 1,024 B, gradient fragments
-    cut down to an aligned length, master and moments one flat partition. Runs only below the
-    lab's check() (:func:`gpumem.course.copy_watch.graders_only`); refused while the learner's call runs."""
-    graders_only("lab_swaps.hand_files", ref.ENTRIES)
-    least = (1 << 20) if skip == "block" else max(1 << 20, block)
-    shards = [-(-n // ranks) for n in param_numels]
-    up = (lambda b: b) if skip == "pad" else (lambda b: -(-b // 1024) * 1024)
-    cut = (lambda b: b) if skip == "cut" else (lambda b: b // 1024 * 1024)
-    flat = 4 * sum(shards)
-    if flat < least:
-        return {"params": sorted(up(2 * n) for n in shards if 2 * n >= least)}
-    master = sorted(up(4 * n) for n in shards if 4 * n >= least) if skip == "flat" else [up(flat)]
-    return {"params": sorted(up(2 * n) for n in shards if 2 * n >= least), "master": master,
-            "optimizer": [up(flat)] * 2, "grads": sorted(cut(4 * n) for n in shards if cut(4 * n) >= least)}
 
 
 def _kind_ok(kind: str, d: int, f: int, v: int) -> bool:
@@ -94,15 +75,17 @@ def draw_model(rng, kind: str) -> ModelConfig:
 
 
 def draw_models(rng) -> dict:
-    """One model of each kind drawn from ranges (:func:`draw_model`), label -> (ModelConfig, block);
-    drawn again until leaving out any one rule of :func:`hand_files` changes the files of at least
-    one of them."""
-    while True:
-        drawn = {model_label(c): (c, BLOCKS[k]) for k in FAMILY for c in [draw_model(rng, k)]}
-        sizes = {k: numels(c) for k, (c, _) in drawn.items()}
-        if all(any(hand_files(sizes[k], 2, b, rule) != hand_files(sizes[k], 2, b) for k, (_, b) in drawn.items())
-               for rule in RULES):
-            return drawn
+    """One model of each kind drawn from ranges (:func:`draw_model`), label -> (ModelConfig, block).
+    The kinds are chosen so that leaving out any one of DeepSpeed's swap rules (the block and
+    MIN_AIO_BYTES, the 1,024-byte padding, the aligned cut of gradient fragments, the flat fp32
+    partition) changes the files of at least one of the two (tests check it by hand)."""
+    return {model_label(c): (c, BLOCKS[k]) for k in FAMILY for c in [draw_model(rng, k)]}
+
+
+def recorded_models(rng) -> dict:
+    """One recorded model of each kind (:data:`FAMILY`, :mod:`.lab_swap_record`), drawn: the
+    models graded where libaio is missing."""
+    return {model_label(c): (c, BLOCKS[k]) for k in FAMILY for c in [rng.choice(FAMILY[k])]}
 
 
 def numels(cfg: ModelConfig) -> list[int]:
@@ -175,11 +158,7 @@ def role_problem(got, want: dict[str, list[int]]) -> str:
 def _compare(report: Report, given: dict, rows: dict, ranks: list[dict] | None, source: str,
              models: dict | None = None) -> None:
     for label, got in given.items():
-        if ranks is None and label not in lab_swap_record.DIGESTS:   # no live run: DeepSpeed's rules
-            cfg, block = models[label]
-            want = {k: v for k, v in hand_files(numels(cfg), 2, block).items() if v}
-            bad, count = role_problem(got, want), sum(len(v) for v in want.values())
-        elif ranks is None:                         # the recorded run (both ranks wrote the same)
+        if ranks is None:                           # the recorded run (both ranks wrote the same)
             bad, count = recorded_problem(got, label), sum(c for c, _ in lab_swap_record.DIGESTS[label].values())
         else:
             bad = next((swap_problem(got, r[label]) for r in ranks if swap_problem(got, r[label])), "")
@@ -259,11 +238,13 @@ def grade_swaps(report: Report, fn, show: bool, models: dict | None = None) -> N
         return
     ready, why = ds_offload.nvme_ready()
     if not ready:
-        recorded = all(label in lab_swap_record.DIGESTS for label in given)
-        _compare(report, given, rows, None,
-                 (f"recorded run, DeepSpeed {lab_swap_record.DEEPSPEED}, {lab_swap_record.DATE}" if recorded else
-                  f"by DeepSpeed {lab_swap_record.DEEPSPEED}'s swap rules, which match its files for the "
-                  f"{len(lab_swap_record.DIGESTS)} recorded models") + f"; not run live here: {why}", models)
+        unrecorded = [label for label in given if label not in lab_swap_record.DIGESTS]
+        for label in unrecorded:                   # drawn for a live run that cannot run here
+            report.rows[rows[label]] = Row("swap_files", label, "error", f"no live DeepSpeed run here ({why}) "
+                                           "and no recorded one of this model: check() draws recorded ones then")
+        _compare(report, {k: v for k, v in given.items() if k not in unrecorded}, rows, None,
+                 f"recorded run, DeepSpeed {lab_swap_record.DEEPSPEED}, {lab_swap_record.DATE}; "
+                 f"not run live here: {why}", models)
         return
 
     def measure():

@@ -11,9 +11,12 @@ saved references, copies and restored code objects refuse too):
   named by device, role, direction and factor, never by the hidden number;
 * ``swap_files(param_numels, ranks, block_bytes)``: the sizes of the swap files one rank writes
   under ZeRO-3 with optimizer and parameters on NVMe, graded against DeepSpeed (:mod:`.lab_swaps`:
-  a live run with libaio, else a recorded one);
-* ``rung_seconds(n_params, ranks, rung, compute_s, links)``: each rung's stock step time, graded on
-  its own against the time engine, on the choice's cases;
+  a live run of drawn models with libaio, else a recorded run of drawn recorded ones);
+* ``rung_seconds(n_params, ranks, rung, compute_s, links)``: each rung's stock step time written
+  from the mechanism (the bytes that cross PCIe and the drive per step over ``links``, what overlaps
+  compute, CPU Adam), graded on the choice's cases against the time engine, whose schedules and
+  traffic counts refuse while the learner's call runs; a wrong time is named by the piece that
+  explains it (:func:`seconds_problem`);
 * ``choose_rung(n_params, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links)``: the
   rung that fits both memory budgets and the step time (stock DeepSpeed, the time engine's
   :func:`gpumem.timing.offload_time.step_time`) leaving the GPU the most room, graded on budgets
@@ -27,6 +30,7 @@ saved references, copies and restored code objects refuse too):
 import random
 
 from gpumem.course.grading import Report, Row, call, returned, run_case
+from gpumem.timing import offload_time
 
 from . import lab_draw, lab_gpu, lab_guard
 from . import lab_reference as ref
@@ -129,12 +133,40 @@ def _grade_seconds(report: Report, fn, cases: list[tuple]) -> None:
                 mine = call(lab_guard.guarded(fn), n, ranks, rung, compute_s, links)
                 if isinstance(mine, bool) or not isinstance(mine, (int, float)):
                     return "wrong", f"{rung}: " + returned(mine, "seconds (a float)")
-                want = ref.step_seconds(n, ranks, rung, compute_s, links)
-                if abs(mine - want) > 1e-9 * max(1.0, want):
-                    return "wrong", (f"{rung}: yours {mine:.3f} s a step, the time engine's stock schedule "
-                                     f"{want:.3f} s: map the rung to step_time's arguments and read 'stock'")
+                bad = seconds_problem(mine, n, ranks, rung, compute_s, links)    # priced after the call
+                if bad:
+                    return "wrong", f"{rung}: {bad}"
             return "ok", ""
         run_case(report, "rung_seconds", case, body)
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(1e-3, abs(b))
+
+
+def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float, links) -> str:
+    """'' if ``mine`` is the time engine's stock step; else what explains the difference: a known
+    wrong schedule or a missing piece, else direction and factor (the engine's seconds not shown)."""
+    zero, offload, device = ref.RUNGS[rung]
+    t = offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links)
+    want = t["stock"]
+    if _close(mine, want):
+        return ""
+    wrong = [(compute_s, "yours is compute alone: this rung moves states every step"),
+             (t["total"], "yours overlaps what stock DeepSpeed runs after backward (CPU Adam, the state "
+                          "swaps, the updated shard's upload); that is the delayed-update schedule"),
+             (t["compute"] + t["h2d"] + t["d2h"] + t["nvme"] + t["cpu_adam"],
+              "yours adds every transfer to compute: the gradient copies, the parameter fetches and their "
+              "NVMe reads run beside forward and backward"),
+             (want - t["cpu_adam"], "CPU Adam's time is missing (it runs after backward, at links.cpu_adam)"),
+             (want - t["h2d_after"], "the updated 16-bit shard's upload after the step is missing"),
+             (want - t["nvme_states"], "the optimizer states' NVMe traffic (read and written in the step) is missing"),
+]
+    for value, words in wrong:
+        if value != want and _close(mine, value):
+            return words
+    return (f"yours is {mine / want:.3g}x the time engine's stock step ({'too long' if mine > want else 'too short'}): "
+            "check what crosses each link per step and which of it overlaps compute")
 
 
 def _grade_choose(report: Report, fn, cases: list[tuple]) -> None:
@@ -177,12 +209,13 @@ def why_not(got, want, args, figures: dict) -> str:
 
 def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Report:
     """Grade the lab's functions on cases drawn now, which it never shows (module docstring)."""
-    from .lab_swaps import draw_models
+    from gpumem.runs import ds_offload
+    from .lab_swaps import draw_models, recorded_models
     rng = rng or random.Random()
     report = Report(LAB)
     sizes = lab_draw.bytes_cases(rng)
     choices = [(case, args) for case, args, *_ in lab_draw.choose_cases(rng)]   # answers dropped: counted after each call
-    models = draw_models(rng)
+    models = (draw_models if ds_offload.nvme_ready()[0] else recorded_models)(rng)   # live run, else recorded
     _grade_bytes(report, ns.get("rung_bytes"), sizes)
     _grade_seconds(report, ns.get("rung_seconds"), choices)
     _grade_choose(report, ns.get("choose_rung"), choices)
