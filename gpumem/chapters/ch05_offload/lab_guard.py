@@ -30,9 +30,11 @@ the collector's object lists, or starting another process, from the learner's ca
 too (:mod:`gpumem.course.lab_audit`, shared with labs 06 and 08); the expected answers are computed
 after the call returns besides (``labcheck``).
 
-What it cannot stop: answers computed before grading from copied source text, or from the
-library's public counts (``accounting.model_states`` at definition time: the counts are linear in
-the shard and the model size).
+What it cannot stop: a table made before grading, at definition time, from the library's public
+counts (``accounting.model_states``, ``offload_time.step_time``) or a copy of :mod:`.lab_reference`
+run then, fitted to the drawn cases (the counts are linear in the shard and the model size; the
+seconds are not, but follow from a few such terms). During the call neither can answer: the
+reference's counts are the library's, which refuse there.
 """
 
 import contextlib
