@@ -50,7 +50,7 @@ def priced(model, gpus, gpu, seq, batch, link):
                 for vp in (v for v in range(1, 9) if v == 1 or pp > 1 and cfg.n_layers % (pp * v) == 0):
                     for zero in (0, 1, 2, 3):
                         for hy, grp in [("none", 0)] + [(h, k) for h in ("hsdp", "hpz")
-                                                        for k in (node, 2 * node, 4 * node)
+                                                        for k in (node, 2 * node)
                                                         if 1 < k < dp and dp % k == 0]:
                             for off, dev in planner.OFFLOAD_CHOICES:
                                 for mc in (False, True) if cp == vp == 1 and tp * pp > 1 else (False,):
@@ -74,8 +74,8 @@ def priced(model, gpus, gpu, seq, batch, link):
                                             host = (mem["host"] + swap) * per_node <= planner.HOST_PER_NODE and \
                                                 mem["nvme"] * per_node <= planner.NVME_PER_NODE
                                             t = step_seconds(cfg, seq, lay, g, links=links, inter_node=link)["total"]
-                                            node = (mem["host"] + swap) * per_node
-                                            found.append((t, mem["total"], host, lay, node))
+                                            host_node = (mem["host"] + swap) * per_node
+                                            found.append((t, mem["total"], host, lay, host_node))
     return found
 
 
@@ -697,3 +697,56 @@ def test_each_limit_family_draws_from_ranges_and_falls_back():
         got = lab06_limit_cases.draw(family, lab06_cases.rng_of(3), lambda *a: tried.append(a) or
                                      lab06_limits.Found(None, None))
         assert len(tried) == lab06_cases.TRIES and got in family.fallback
+
+
+# Review r7 (mut2.py): r6's copy plus every int/float/str/None constant hoisted into a module global
+# and a no-op call before every statement (8/8 before copy signatures read every load alike); and
+# one line, copy_watch.Prints.match blinded (8/8 before grader_seal covered copy_watch).
+MUTATE2 = MUTATE + '''
+def _nop(): pass
+class _Nop(ast.NodeTransformer):
+    def generic_visit(self, n):
+        super().generic_visit(n)
+        for f in ("body", "orelse", "finalbody"):
+            b = getattr(n, f, None)
+            if isinstance(b, list) and b and isinstance(b[0], ast.stmt) and not isinstance(n, ast.Module):
+                setattr(n, f, [x for s in b for x in (ast.Expr(ast.Call(ast.Name("_nop", ast.Load()), [], [])), s)])
+        return n
+class _K(ast.NodeTransformer):
+    def __init__(self): self.k = {}
+    def visit_Constant(self, n):
+        if n.value is None or isinstance(n.value, (int, float, str)) and not isinstance(n.value, bool):
+            return ast.copy_location(ast.Name(self.k.setdefault((type(n.value), n.value), f"_k{len(self.k)}"),
+                                              ast.Load()), n)
+        return n
+    def visit_JoinedStr(self, n): return n
+    def visit_Expr(self, n): return n if isinstance(n.value, ast.Constant) else self.generic_visit(n)
+def copy_of(mod, **over):
+    k = _K()
+    tree = ast.fix_missing_locations(k.visit(_Nop().visit(_T().visit(ast.parse(inspect.getsource(mod))))))
+    m = types.ModuleType(mod.__name__ + "_mine"); m.__package__ = mod.__package__
+    m.__dict__.update(_id=_id, _nop=_nop, __file__=mod.__file__, **{v: key[1] for key, v in k.k.items()})
+    exec(compile(tree, "<mine>", "exec"), m.__dict__); m.__dict__.update(over); return m
+_S = copy_of(_s, ranking=copy_of(_r))
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None, **limits):
+    return _S.plan(model, gpus, gpu, seq=seq, global_batch=global_batch, inter_node=inter_node,
+                   advise=False, recipes=("mixed",)).plans[0].layout
+'''
+
+
+def test_review_r7_hoisted_constant_copy_and_the_blinded_matcher_are_refused():
+    from gpumem import chapters
+    from gpumem.course import copy_watch, grader_seal
+    ns = {}
+    exec(compile(MUTATE2, "<learner cell>", "exec"), ns)
+    report = L.check(ns, show=False, seed=SEED, ref=ref)
+    row = report.rows[0]
+    assert row.status == "error" and "your notebook holds a copy of planner." in row.detail and not report.solved, row
+    saved = copy_watch.Prints.match
+    copy_watch.Prints.match = lambda self, code, values=None: ""
+    try:
+        with pytest.raises(grader_seal.GraderChanged, match="copy_watch.Prints.match"):
+            chapters.check_lab(L.LAB, ns, show=False)
+    finally:
+        copy_watch.Prints.match = saved
+    assert not grader_seal.changed()
