@@ -963,3 +963,16 @@ def test_part_5_counts_what_the_ring_ran():
         assert [c[2] for c in zig["COUNTS"]] == [c[2] for c in labzig.COUNTS]
         ranks, n, _ = zig["COUNTS"][3]
         assert 2 * ranks * n == 2 ** 20 and all(3 <= r <= 7 for r, _ in zig["ORDERS"])
+
+
+def test_part_5_counts_are_not_on_the_stack_during_the_call():
+    """exp_counts is called before the grader counts: a frame walk finds no expected list."""
+    def from_the_stack(owner, n):
+        frame = sys._getframe(1)
+        while frame is not None:
+            if "want" in frame.f_locals:
+                return frame.f_locals["want"]
+            frame = frame.f_back
+        return None
+    got = _zig("exp_counts", from_the_stack, (3, 5, "contiguous"))
+    assert got.status == "wrong" and got.detail.startswith("expected a list of 3 counts"), got.detail
