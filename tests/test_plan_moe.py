@@ -8,6 +8,7 @@ experts, top 2, vocabulary 32000, untied head), DeepSpeed's expert-data-parallel
 
 import contextlib
 import io
+import re
 import subprocess
 import sys
 import pytest
@@ -163,3 +164,12 @@ def test_qwen3_moe_is_planned_with_ep_searched():
     cfg = hf_config.load("qwen3-30b-a3b")
     r = plan(cfg, 8, "h100-80gb", seq=4096, tp=(1,), pp=(1,), zero=(1, 2), offloads=(("none", "cpu"),))
     assert {p.layout.ep for p in r.plans} == {4, 8}
+
+
+def test_chapter_cells_fit_100_columns():
+    from gpumem.chapters.ch06_combining_strategies import moe_cells
+    a, b = moe_cells.compare()
+    text = moe_cells.table(a, b) + "\n" + moe_cells.all_to_all_lines()
+    assert max(len(line) for line in text.splitlines()) <= 100
+    lines = text.splitlines()
+    assert re.search(r" ep[248] ", lines[1]) and not re.search(r" ep\d", lines[2])

@@ -211,7 +211,7 @@ def states_part(cfg: ModelConfig, lay: Layout, part: str = "ends") -> dict:
     sharding's states are :func:`.hybrid.model_states` (hsdp: over ``group``; hpz: + its secondary copy)."""
     lp = local_params(cfg, lay.tp, lay.pp, part)
     n, r = lp["params"], accounting.RECIPE[lay.state_recipe]
-    s = moe.model_states(cfg, n, lay) if lay.ep > 1 else hybrid.model_states(n, lay)   # ep: planner.moe
+    s = moe.model_states(cfg, n, lay) if lay.ep > 1 else hybrid.model_states(n, lay)   # ep: .moe
     gathered, persistent, buffers = 0, 0, 0
     if lay.zero == 3:   # the working set holds the reduce bucket (one definition, no buffers here)
         layers = lp["layers"] if lay.pp > 1 else None

@@ -16,13 +16,15 @@ questions, its plans drawn and priced, and one plan run for real on CPU ranks.
                    search's best, the calibration
 - ``ranking_cells`` why the top plan wins: top against runner-up term by term, the answer's
                    sensitivity to its stated figures, the note's rules asked with every lever
+- ``moe_cells``    planning a mixture of experts: Mixtral-8x7B with and without expert
+                   parallelism, and where its all-to-all goes
 - ``QUIZ``         the chapter's quiz (``quiz_topology``: its questions that need the topology;
                    ``quiz_ranking``: predict the planner's top family on a drawn cluster)
 """
 
-from . import (claims, diagrams, experiments, labcheck, plots, ranking_cells, scenarios, timing_cells,
-               topology, validation_cells, widget)
+from . import (claims, diagrams, experiments, labcheck, moe_cells, plots, ranking_cells, scenarios,
+               timing_cells, topology, validation_cells, widget)
 from .quiz import QUIZ
 
-__all__ = ["claims", "diagrams", "experiments", "labcheck", "plots", "ranking_cells", "scenarios", "timing_cells",
+__all__ = ["claims", "diagrams", "experiments", "labcheck", "moe_cells", "plots", "ranking_cells", "scenarios", "timing_cells",
            "topology", "validation_cells", "widget", "QUIZ"]
