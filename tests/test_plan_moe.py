@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT
 from gpumem import cli
 from gpumem.errors import UsageError
-from gpumem.memory import hf_config, models
+from gpumem.memory import hf_config, models, moe_acts
 from gpumem.planner import cost, evaluate, hybrid, moe, plan
 from gpumem.planner.layout import Layout
 from gpumem.timing import moe_time
@@ -64,19 +64,27 @@ def test_all_to_all_of_one_layer_by_hand():
     NVLink at 370 GB/s, plus NCCL's p2p latency (8.4 + 3.4 us); 4 calls a layer (dispatch, combine,
     forward and backward)."""
     group = Group(NODES["dgx-h100"], 8, 1)
-    a = moe_time.step(group, 4096, 2, H, 2, moe_layers=1, micro_batches=1)
+    a = moe_time.step(group, moe.a2a_rows(MIX, 4096), H, 2, moe_layers=1, micro_batches=1)
     assert a.nbytes == 4096 * 2 * 4096 * 2 == 67_108_864
     assert a.moved == 67_108_864 * 7 / 8
     assert a.calls == 4
     assert a.one_s == pytest.approx(67_108_864 * 7 / 8 / 370e9 + 11.8e-6, rel=1e-9)
-    assert moe_time.step(Group(NODES["dgx-h100"], 1, 1), 4096, 2, H, 2, 1, 1).seconds == 0.0
+    assert moe_time.step(Group(NODES["dgx-h100"], 1, 1), 8192, H, 2, 1, 1).seconds == 0.0
 
 
 def test_all_to_all_crosses_the_network_when_ep_spans_nodes():
-    one_node = moe_time.step(Group(NODES["dgx-h100"], 8, 1), 4096, 2, H, 2, 1, 1)
-    two_nodes = moe_time.step(Group(NODES["dgx-h100"], 8, 2), 4096, 2, H, 2, 1, 1)
+    one_node = moe_time.step(Group(NODES["dgx-h100"], 8, 1), 8192, H, 2, 1, 1)
+    two_nodes = moe_time.step(Group(NODES["dgx-h100"], 8, 2), 8192, H, 2, 1, 1)
     assert one_node.binding == "NVLink" and two_nodes.binding == "network"
     assert two_nodes.one_s > 3 * one_node.one_s
+
+
+def test_local_experts_get_the_same_rows_whatever_ep():
+    """Balanced: 4,096 tokens x top-2 = 8,192 rows a GPU at every ep; at capacity factor 1.25 each
+    of the 8 experts' slots holds ceil(1.25 x 8,192 / 8) = 1,280 rows from each sender: 10,240."""
+    assert {moe_acts.local_rows(MIX, 4096, ep) for ep in (1, 2, 4, 8)} == {8192}
+    assert moe_acts.local_rows(MIX, 4096, 8, moe_acts.Routing(capacity_factor=1.25)) == 10_240
+    assert moe.a2a_rows(MIX, 4096) == 8192 and moe.CAPACITY_FACTOR == 1.0
 
 
 def test_compute_counts_active_parameters():

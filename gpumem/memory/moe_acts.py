@@ -68,6 +68,18 @@ def dispatched_rows(cfg: ModelConfig, tokens: int, routing: Routing = BALANCED) 
     return cfg.n_experts * math.ceil(routing.capacity_factor * tokens * cfg.top_k / cfg.n_experts)
 
 
+def local_rows(cfg: ModelConfig, tokens: int, ep: int = 1, routing: Routing = BALANCED) -> int:
+    """Rows one GPU's experts process when ``ep`` GPUs of ``tokens`` tokens each split the experts
+    (expert parallelism), balanced routing at ``routing``'s capacity factor: each of its
+    n_experts / ep experts takes ceil(c T k / n_experts) rows from each of the ep GPUs (a sender
+    sizes each expert's slot by its own tokens, as DeepSpeed's top-k gating does), so
+    ep x (n_experts / ep) x ceil(c T k / n_experts): :func:`dispatched_rows` of one GPU's tokens,
+    whatever ep. What the experts save (:func:`moe_terms`) is therefore the same per GPU with ep."""
+    if routing.tokens_per_expert is not None or cfg.n_experts % ep:
+        raise UsageError(f"local rows: balanced routing over ep={ep} dividing {cfg.n_experts} experts only")
+    return dispatched_rows(cfg, tokens, routing)
+
+
 def moe_terms(cfg: ModelConfig, tokens: int, e: int,
               routing: Routing | None = None) -> dict[str, tuple[int, str]]:
     """One MoE layer's saved bytes after the MLP input, by tensor group, with formulas."""

@@ -216,9 +216,8 @@ def step_seconds(cfg: ModelConfig, seq: int, lay: Layout, gpu: GPU, mfu: float =
              "optimizer": optimizer, "offload": offload_s}
     if cfg.moe:   # the experts' all-to-all (timing.moe_time), exposed; 0 at ep = 1
         ep_group = placement.place(node, lay.gpus, lay.ep, lay.tp)   # ep consecutive data-parallel ranks
-        terms["expert_parallel"] = moe_time.step(ep_group, local * lay.micro_batch, cfg.top_k, cfg.d_model, e,
-                                                 cfg.n_layers, lay.n_micro, rerun, moe.CAPACITY_FACTOR).seconds \
-            if lay.ep > 1 else 0.0
+        terms["expert_parallel"] = moe_time.step(ep_group, moe.a2a_rows(cfg, local * lay.micro_batch), cfg.d_model, e,
+                                                 cfg.n_layers, lay.n_micro, rerun).seconds if lay.ep > 1 else 0.0
     total = sum(terms.values())
     return {**terms, "total": total, "bound": max(terms, key=terms.get),
             "data_parallel_moved_s": dp_comm + gather, "offload_terms": off}

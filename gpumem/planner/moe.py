@@ -53,15 +53,25 @@ from functools import lru_cache
 
 from ..memory import accounting
 from ..memory.models import ModelConfig
+from ..memory.moe_acts import BALANCED, dispatched_rows
 from . import hybrid
 from .layout import Layout
 
-CAPACITY_FACTOR = 1.0     # DeepSpeed-MoE's default (deepspeed/moe/layer.py); dropless balanced: the same rows
+# The routing the activations are counted at (memory.moe_acts.BALANCED: capacity factor 1.0, DeepSpeed-MoE's
+# default, deepspeed/moe/layer.py; a dropless dispatcher under balanced routing moves the same rows)
+ROUTING = BALANCED
+CAPACITY_FACTOR = ROUTING.capacity_factor
 
 
 def expert_params(cfg: ModelConfig, layers: int | None = None) -> int:
     """X: the routed experts' parameters of ``layers`` MoE layers (all of them by default)."""
     return (cfg.n_layers if layers is None else layers) * cfg.n_experts * cfg.expert_params() if cfg.moe else 0
+
+
+def a2a_rows(cfg: ModelConfig, tokens: int) -> int:
+    """Rows one rank dispatches (and its experts receive back) per MoE layer: ``dispatched_rows``
+    of its ``tokens`` at :data:`ROUTING`, the rows the activations count."""
+    return dispatched_rows(cfg, tokens, ROUTING)
 
 
 def degrees(cfg: ModelConfig, tp: int, pp: int, cp: int, dp: int, zero: int, offload: str, hybrid_: str,

@@ -9,8 +9,9 @@ Megatron-Core's ``MoEAlltoAllTokenDispatcher``, whose dispatch and combine are a
 ep group, ``megatron/core/transformer/moe/token_dispatcher.py``). A re-run forward under
 activation checkpointing sends dispatch and combine again.
 
-Bytes. Each rank's send buffer is S = c x T x k x h x e (T tokens of the rank's micro-batch, k
-experts each, h = d_model, e bytes per element, c the capacity factor: ``planner.moe``); with
+Bytes. Each rank's send buffer is S = rows x h x e: rows = c x T x k dispatched rows
+(``memory.moe_acts.dispatched_rows``: T tokens of the rank's micro-batch, k experts each, c the
+capacity factor the activations are counted at), h = d_model, e bytes per element; with
 balanced routing (n_experts / ep experts on each rank) a share 1 / ep of it stays on the rank,
 so each rank sends S (ep - 1) / ep -- ``collectives.bytes_per_rank("all_to_all", S, ep)``.
 
@@ -31,9 +32,9 @@ PER_LAYER = 4      # dispatch and combine, forward and backward (see the module)
 RE_RUN = 2         # a re-run forward's dispatch and combine
 
 
-def send_bytes(tokens: int, top_k: int, d_model: int, elem_bytes: int, capacity_factor: float = 1.0) -> int:
-    """S: one rank's all-to-all send buffer for ``tokens`` tokens: c x T x k x h x e bytes."""
-    return int(round(capacity_factor * tokens * top_k)) * d_model * elem_bytes
+def send_bytes(rows: int, d_model: int, elem_bytes: int) -> int:
+    """S: one rank's all-to-all send buffer of ``rows`` dispatched rows: rows x h x e bytes."""
+    return rows * d_model * elem_bytes
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,12 @@ def _one(nbytes: int, group: Group):
     return collective_time("all_to_all", nbytes, group)
 
 
-def step(group: Group, tokens: int, top_k: int, d_model: int, elem_bytes: int, moe_layers: int,
-         micro_batches: int, rerun: float = 0.0, capacity_factor: float = 1.0) -> AllToAll:
-    """The all-to-alls of one step: (4 + 2 x ``rerun``) per MoE layer per micro-batch of
-    ``tokens`` tokens, over ``group`` (the ep ranks); ``rerun``: the share of a forward re-run."""
-    s = send_bytes(tokens, top_k, d_model, elem_bytes, capacity_factor)
+def step(group: Group, rows: int, d_model: int, elem_bytes: int, moe_layers: int, micro_batches: int,
+         rerun: float = 0.0) -> AllToAll:
+    """The all-to-alls of one step: (4 + 2 x ``rerun``) per MoE layer per micro-batch, each of
+    ``rows`` rows a rank (c x T x k: ``memory.moe_acts.dispatched_rows``), over ``group`` (the ep
+    ranks); ``rerun``: the share of a forward re-run."""
+    s = send_bytes(rows, d_model, elem_bytes)
     calls = micro_batches * moe_layers * (PER_LAYER + RE_RUN * rerun)
     if group.size == 1:
         return AllToAll(calls, s, 0.0, 0.0, 0.0, "none", "ep = 1: no all-to-all")

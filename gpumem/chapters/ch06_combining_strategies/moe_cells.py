@@ -6,6 +6,7 @@ Everything is the planner's (``gpumem.planner.plan``, ``planner.moe``) and the t
 """
 
 from ... import planner, units
+from ...planner import moe
 from ...memory import hf_config
 from ...timing import moe_time
 from ...timing.hardware import NODES, Group
@@ -43,7 +44,8 @@ def all_to_all_lines(model: str = "mixtral-8x7b", tokens: int = 4096, node: str 
     cfg = hf_config.load(model)
     out = [f"one all-to-all of {cfg.name}: {tokens:,} tokens x top-{cfg.top_k} x d {cfg.d_model:,} x 2 bytes"]
     for label, group in (("ep 8, one node", Group(NODES[node], 8, 1)), ("ep 16, two nodes", Group(NODES[node], 8, 2))):
-        a = moe_time.step(group, tokens, cfg.top_k, cfg.d_model, 2, moe_layers=cfg.n_layers, micro_batches=1)
+        a = moe_time.step(group, moe.a2a_rows(cfg, tokens), cfg.d_model, 2, moe_layers=cfg.n_layers,
+                          micro_batches=1)
         out.append(f"  {label + ':':18s} sends {units.fmt(a.moved, 'MB', 1)} of {units.fmt(a.nbytes, 'MB', 1)} "
                    f"in {a.one_s * 1e3:.3f} ms ({a.binding}); x {a.calls:.0f} = {a.seconds * 1e3:.1f} ms a "
                    "micro-batch")
