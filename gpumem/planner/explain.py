@@ -49,7 +49,7 @@ def terms(plan: Plan) -> dict:
 def kind(lay: Layout) -> tuple:
     """What makes two layouts different kinds (see the module): not micro-batch, checkpoint, kernel."""
     return (lay.tp, lay.pp, lay.cp, lay.vp, lay.zero, lay.hybrid, lay.offload,
-            lay.device if lay.offload != "none" else "", lay.mcore)
+            lay.device if lay.offload != "none" else "", lay.mcore, lay.ep)
 
 
 def layout_diff(a: Layout, b: Layout) -> list[tuple[str, object, object]]:
