@@ -322,3 +322,17 @@ def test_chapter07_finetune_question_by_hand_bounds():
     # checkpointed: states + 80 layer inputs + one re-run layer + the fp32 logits twice, generously
     assert got[3] <= qstates + 80 * 2 * T * h + 2 * per_layer + 2 * 4 * T * 128_256 < usable
     assert fi.QUESTION._authored[1] == 3
+
+
+def test_host_ram_column_by_hand():
+    """The table's host column: LoRA with its base on the CPU keeps every state there; by hand for
+    Llama-3-70B: bf16 base 2 N, fp32 adapters 4 + grads 4 + AdamW moments 8 per adapter element,
+    and torch AdamW's 4-byte step per adapter tensor (2 per projection x 7 x 80 layers)."""
+    h, kv, f, L = 8192, 1024, 28672, 80
+    n_a = 16 * ((h + h) * 2 + (h + kv) * 2 + (h + f) * 3) * L
+    n = models.get("llama-3-70b").n_params()
+    rows = {(r["model"], r["recipe"]): r for r in scale.rows()}
+    assert rows[("llama-3-70b", "LoRA r16, base on CPU")]["host"] == 2 * n + 16 * n_a + 4 * 2 * 7 * L
+    assert rows[("llama-3-70b", "full, optimizer on CPU")]["host"] == 16 * n    # chapter 05's count
+    assert rows[("llama-3-70b", "QLoRA r16")]["host"] == 0
+    assert "RAM GB" in diagrams.scale_table(scale.rows())

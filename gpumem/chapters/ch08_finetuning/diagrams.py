@@ -69,16 +69,20 @@ def losses_table(runs: dict) -> str:
 
 
 def scale_table(rows: list[dict]) -> str:
-    """Per-GPU GB (one GPU, no sharding), without / with checkpointing, and where it fits:
-    each card's mark is no-checkpointing/checkpointing (Y fits, - does not)."""
+    """Per-GPU GB (one GPU, no sharding): the states the GPU holds, the host RAM a row needs,
+    the GPU's total without / with checkpointing, and where it fits: each card's mark is
+    no-checkpointing/checkpointing (Y fits, - does not)."""
     cards = list(scale.CARDS)
-    head = f"{'model':15s} {'recipe':23s} {'states':>8s} {'no ckpt':>8s} {'ckpt':>8s}  " + " ".join(
-        f"{scale.CARDS[c][0].split()[-1]:>6s}" for c in cards)
-    lines = [head, f"{'':15s} {'':23s} {'GB':>8s} {'GB':>8s} {'GB':>8s}  (fits: no ckpt/ckpt)"]
+    head = (f"{'model':14s} {'recipe':22s} {'states':>7s} {'host':>7s} {'no ckpt':>7s} {'ckpt':>7s} "
+            + " ".join(f"{scale.CARDS[c][0].split()[-1]:>5s}" for c in cards))
+    lines = ["states: bytes on the GPU besides activations; host: CPU RAM (- when none); no ckpt, ckpt:",
+             "the GPU's total for a step without / with checkpointing; cards: fits no ckpt/ckpt", "",
+             head, f"{'':14s} {'':22s} {'GPU GB':>7s} {'RAM GB':>7s} {'GPU GB':>7s} {'GPU GB':>7s}"]
     for r in rows:
-        marks = " ".join(f"{'/'.join('Y' if x else '-' for x in r['fits'][c]):>6s}" for c in cards)
-        lines.append(f"{r['model']:15s} {r['recipe']:23s} {r['states'] / GB:8.1f} {r['none'] / GB:8.1f} "
-                     f"{r['full'] / GB:8.1f}  {marks}")
+        marks = " ".join(f"{'/'.join('Y' if x else '-' for x in r['fits'][c]):>5s}" for c in cards)
+        host = f"{r['host'] / GB:7.1f}" if r.get("host") else f"{'-':>7s}"
+        lines.append(f"{r['model']:14s} {r['recipe']:22s} {r['states'] / GB:7.1f} {host} {r['none'] / GB:7.1f} "
+                     f"{r['full'] / GB:7.1f} {marks}")
     return "\n".join(lines)
 
 

@@ -162,7 +162,8 @@ def offload_seconds(cfg, ft: F.Finetune, gpu: str = "h100-80gb", seq: int = SEQ)
 
 def rows(seq: int = SEQ) -> list[dict]:
     """Every model x recipe (and full mixed with CPU offload), without and with checkpointing:
-    bytes and which cards they fit (``fits``: card -> (no checkpointing, checkpointing))."""
+    bytes and which cards they fit (``fits``: card -> (no checkpointing, checkpointing)).
+    ``states`` is what the GPU holds besides activations; ``host`` the CPU RAM a row needs."""
     out = []
     for name in MODELS:
         cfg = models.get(name)
@@ -177,11 +178,13 @@ def rows(seq: int = SEQ) -> list[dict]:
         for label, ft in OFFLOAD.items():
             plain, ck = base_offloaded(cfg, ft, "none", seq), base_offloaded(cfg, ft, "full", seq)
             out.append({"model": name, "recipe": label, "states": ck["states"], "none": plain["gpu"],
-                        "full": ck["gpu"], "roles": None})
+                        "full": ck["gpu"], "roles": None, "host": ck["host"]})
         out.append({"model": name, "recipe": "full, optimizer on CPU", "states": full_offloaded(cfg, "full", seq)
                     - need(cfg, F.Finetune(), "full", seq)["activations"],
-                    "none": full_offloaded(cfg, "none", seq), "full": full_offloaded(cfg, "full", seq), "roles": None})
+                    "none": full_offloaded(cfg, "none", seq), "full": full_offloaded(cfg, "full", seq), "roles": None,
+                    "host": accounting.model_states(cfg.n_params(), "mixed", 1, 1, "optimizer", "cpu").host})
     for r in out:
+        r.setdefault("host", 0)    # CPU RAM the recipe needs (0: everything on the GPU)
         r["fits"] = {c: (r["none"] <= usable(c), r["full"] <= usable(c)) for c in CARDS}
     return out
 
