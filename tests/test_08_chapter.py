@@ -250,23 +250,29 @@ def test_quiz_lora_trainable():
     assert len(seen) >= 3
 
 
-def test_quiz_qlora_states():
-    for q, n in _draws("qlora-states"):
+def test_quiz_qlora_saving():
+    """LoRA -> QLoRA: only the quantised weights change, 2 B -> NF4_BITS / 8 each."""
+    models_seen = set()
+    for q, n in _draws("qlora-saving"):
         h, qd, kv, f, L = _hand_dims(n)
-        qn, n_a = quantised(h, qd, kv, f, L), lora(h, qd, kv, f, L, n["rank"])
-        hand = (qn * NF4_BITS / 8 + 2 * (n["n_params"] - qn) + 16 * n_a) / 1e9
+        qn = quantised(h, qd, kv, f, L)
+        assert n["quantised"] == qn and f"{qn:,}" in q.prompt_text()   # the prompt gives what it needs
+        hand = qn * (2 - NF4_BITS / 8) / 1e9
         assert q.value() == pytest.approx(hand, rel=1e-3)
-        four_bits = (0.5 * n["n_params"] + 16 * n_a) / 1e9
-        assert not q.grade(four_bits) and "4 bits" in q.hint_for(four_bits)
+        four_bits = 1.5 * qn / 1e9
+        assert not q.grade(four_bits) and "absmax" in q.hint_for(four_bits)
+        assert not q.grade(1.5 * n["n_params"] / 1e9)
         _traps_rejected(q)
+        models_seen.add(n["model_name"])
+    assert len(models_seen) >= 2
 
 
-def test_quiz_full_8bit():
-    for q, n in _draws("full-8bit"):
-        # 2 + 2 + 4 B, and two 1-byte moments with an fp32 absmax per 256
-        hand = n["n_params"] * (8 + 2 * (1 + 4 / 256)) / 1e9
+def test_quiz_8bit_saving():
+    for q, n in _draws("8bit-saving"):
+        # the moments alone: 8 B -> two 1-byte moments with an fp32 absmax per 256
+        hand = n["n_params"] * (8 - 2 * (1 + 4 / 256)) / 1e9
         assert q.value() == pytest.approx(hand, rel=1e-3)
-        assert not q.grade(16 * n["n_params"] / 1e9)
+        assert not q.grade(12 * n["n_params"] / 1e9) and "master" in q.hint_for(12 * n["n_params"] / 1e9)
         _traps_rejected(q)
 
 
@@ -281,6 +287,7 @@ def test_quiz_dequant_time():
         assert not q.grade(one) and "backward" in q.hint_for(one)
         _traps_rejected(q)
         seen.add(n["ckpt"])
+        assert ("re-run once more" in q.explanation_text()) == n["ckpt"]
     assert seen == {True, False}
 
 

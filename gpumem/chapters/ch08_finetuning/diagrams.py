@@ -38,6 +38,29 @@ def idea(cfg, rank: int = 16) -> str:
     return "\n".join(lines)
 
 
+def timeline() -> str:
+    """When things happen to one decoder block during a QLoRA step with every layer checkpointed
+    and the base on the CPU (FSDP's offload): what crosses PCIe, what the GPU does, what is saved."""
+    cols = [("", 10), ("forward", 25), ("backward: re-run forward", 26), ("backward proper", 0)]
+    rows = [
+        ("PCIe H->D", "copy 1: the 4-bit block", "copy 2: the 4-bit block", "(uses copy 2)"),
+        ("", "(prefetched)", "(prefetched again)", ""),
+        ("GPU", "each matmul: NF4 ->", "each matmul: NF4 -> bf16", "each matmul: NF4 -> bf16"),
+        ("", "bf16, x W^T, free it;", "again, x W^T, free it;", "a 3rd time, dx = g W, free;"),
+        ("", "A, B cast to bf16", "A, B cast to bf16 again", "A, B gradients"),
+        ("saved", "the block's input only", "the block's activations", "freed as backward goes"),
+        ("PCIe D->H", "", "", "A, B gradients (CPU step)"),
+    ]
+
+    def line(cells):
+        return "".join(f"{c:<{w}}" if w else c for c, (_, w) in zip(cells, cols)).rstrip()
+    head = ["one decoder block over one QLoRA step: every layer checkpointed, base on the CPU (FSDP)",
+            "", line([c for c, _ in cols]), line(["", "-" * 23, "-" * 24, "-" * 26])]
+    tail = ["", "base on the GPU: no copies; LoRA (bf16 base): no NF4 -> bf16, and a copy is 2 B a weight;",
+            "no checkpointing: no re-run, so two dequantisations a step, and the forward saves it all."]
+    return "\n".join(head + [line(r) for r in rows] + tail)
+
+
 def measured_table(runs: dict, cfg) -> str:
     """The tiny model's bytes by role: measured on the real tensors, and the formula."""
     lines = [f"{'setup':11s} {'role':24s} {'measured B':>12s} {'formula B':>12s}  equal   trainable"]

@@ -1,6 +1,6 @@
-"""Chapter 08's quiz: how many parameters LoRA trains on a GQA model, what a QLoRA step's states
-weigh, what full fine-tuning with 8-bit AdamW keeps, and how long the NF4 base takes to
-dequantise per step. Each attempt draws a model, rank, targets, GPU or checkpointing; every
+"""Chapter 08's quiz: how many parameters LoRA trains on a GQA model, what switching LoRA to QLoRA
+frees (which states change), what switching AdamW to 8-bit frees (which roles change), and how
+long the NF4 base takes to dequantise per step (how many passes). Each attempt draws a model, rank, targets, GPU or checkpointing; every
 expected value is computed by the library (:mod:`gpumem.memory.finetune`, :mod:`.scale`)."""
 
 from gpumem.course.quiz import Numeric, Quiz
@@ -42,13 +42,18 @@ def _no_gqa(n: dict) -> float:
 
 
 def _qlora(rng) -> dict:
-    return _dims(model_numbers(pick(rng, LLAMAS))) | {"rank": pick(rng, (16, 64))}
+    n = _dims(model_numbers(pick(rng, LLAMAS))) | {"rank": pick(rng, (16, 64))}
+    return n | {"quantised": _quantised(n)}
 
 
-def _qlora_gb(n: dict) -> float:
-    roles = F.finetune_states(models.get(n["model_name"]), F.Finetune(adapter="lora", lora_rank=n["rank"],
-                                                                       base_dtype="nf4"))
-    return (sum(roles.values()) - roles["dequant_buffer"]) / GB
+def _states(n: dict, **kw) -> int:
+    roles = F.finetune_states(models.get(n["model_name"]), F.Finetune(adapter="lora", lora_rank=n["rank"], **kw))
+    return sum(roles.values()) - roles["dequant_buffer"]
+
+
+def _qlora_saving_gb(n: dict) -> float:
+    """LoRA's states minus QLoRA's (same adapters): only the quantised weights change."""
+    return (_states(n) - _states(n, base_dtype="nf4")) / GB
 
 
 def _quantised(n: dict) -> int:
@@ -63,8 +68,11 @@ def _full8(rng) -> dict:
     return model_numbers(pick(rng, LLAMAS))
 
 
-def _full8_gb(n: dict) -> float:
-    return sum(F.finetune_states(models.get(n["model_name"]), F.Finetune(optimizer="adamw-8bit")).values()) / GB
+def _full8_saving_gb(n: dict) -> float:
+    """The mixed recipe's states minus the same with 8-bit AdamW (the master kept)."""
+    cfg = models.get(n["model_name"])
+    return (sum(F.finetune_states(cfg, F.Finetune()).values())
+            - sum(F.finetune_states(cfg, F.Finetune(optimizer="adamw-8bit")).values())) / GB
 
 
 def _dequant(rng) -> dict:
@@ -72,6 +80,8 @@ def _dequant(rng) -> dict:
     n["ckpt"] = pick(rng, (True, False))
     n["ckpt_words"] = ("every layer is checkpointed (its forward runs again in backward)" if n["ckpt"] else
                        "nothing is checkpointed")
+    n["passes_words"] = ("and the checkpointed re-run once more: three passes" if n["ckpt"] else
+                         "two passes (nothing is re-run)")
     n["hbm_tb"] = gpus.get(n["gpu_name"]).hbm / 1e12
     n["quantised"] = _quantised(n)
     return n
@@ -100,39 +110,50 @@ QUIZ = Quiz("08_finetuning", [
                    (lambda n: _trainable(n) / n["layers"], "that is one layer; every layer has its adapters."),
                    (lambda n: _trainable(n) / 2,
                     "that counts A or B alone, or half of each; both are trained."))),
-    Numeric("qlora-states",
-            "QLoRA on {model} ({n_params:,} parameters): every linear layer of the blocks stored in NF4 "
-            "(4-bit codes, one 8-bit absmax per 64 weights, one fp32 scale per 256 absmaxes), the "
-            "embedding, output head and norms kept in bf16, LoRA rank {rank} on all seven projections "
-            "with fp32 adapters (peft's default) trained by torch AdamW. How many GB (10^9 B) of model "
-            "states does the GPU hold: weights and their constants, adapters, their gradients and "
-            "optimizer states? Leave out activations and the dequantised buffer.",
-            answer=_qlora_gb, unit="GB", rel_tol=0.01, draw=_qlora,
-            hint="Which weights are quantised, and how many bits does one cost with its constants? "
-                 "Then: what does each trainable adapter element cost in fp32 with AdamW?",
-            explanation="{answer} GB: the quantised weights at 4 + 8/64 + 32/16384 bits, the rest at 2 B, "
-                        "and 16 B per adapter element (4 weight, 4 gradient, 8 for m and v).",
-            traps=((lambda n: (0.5 * n["n_params"] + 16 * _adapters(n)) / GB,
-                    "that quantises every parameter to exactly 4 bits; the embedding and head stay bf16 "
-                    "and each block of 64 carries its absmax."),
-                   (lambda n: (2 * n["n_params"] + 16 * _adapters(n)) / GB,
-                    "that keeps a bf16 base: that is LoRA, not QLoRA."),
-                   (lambda n: _qlora_gb(n) - 12 * _adapters(n) / GB,
-                    "that counts the adapters' weights alone; their gradients and AdamW moments live "
-                    "on the GPU too."))),
-    Numeric("full-8bit",
-            "Full fine-tuning of {model} ({n_params:,} parameters) on one GPU: bf16 weights and gradients, "
-            "an fp32 master copy, and bitsandbytes' 8-bit AdamW (each moment one byte per element, with an "
-            "fp32 absmax per block of 256). How many GB (10^9 B) of model states?",
-            answer=_full8_gb, unit="GB", rel_tol=0.01, draw=_full8,
-            hint="List the bytes per parameter: weight, gradient, master, two moments, and the moments' "
-                 "block scales.",
-            explanation="2 + 2 + 4 + 2 x (1 + 4/256) = 10.03 bytes per parameter: {answer} GB (the norms' "
-                        "small tensors keep fp32 moments, a rounding error here).",
-            traps=((lambda n: 16 * n["n_params"] / GB, "that keeps fp32 moments: the mixed recipe without "
-                                                       "the 8-bit optimizer."),
-                   (lambda n: 6 * n["n_params"] / GB, "that leaves out the fp32 master copy this setup keeps."),
-                   (lambda n: 12 * n["n_params"] / GB, "that counts 8-bit moments as 4 bytes in all."))),
+    Numeric("qlora-saving",
+            "LoRA of rank {rank} on all seven projections of {model} ({n_params:,} parameters) runs on one GPU: "
+            "a bf16 base, fp32 adapters (peft's default) trained by torch AdamW. You switch it to QLoRA, "
+            "with the same adapters: the blocks' {quantised:,} linear weights are stored in NF4 with double "
+            "quantisation (a 4-bit code per weight, an 8-bit absmax per 64 weights, an fp32 scale per 256 "
+            "absmaxes). How many GB (10^9 B) of model states (weights and their constants, adapters, their "
+            "gradients and optimizer states) does the GPU hold fewer? Leave out activations and the "
+            "dequantised buffer.",
+            answer=_qlora_saving_gb, unit="GB", rel_tol=0.005, draw=_qlora,
+            hint="Which of the states change between the two setups, and which stay the same? For what "
+                 "changes: bytes per weight before, and after with its constants.",
+            explanation="Only the quantised weights change: 2 B each before, 4 + 8/64 + 32/16384 bits = "
+                        "0.5159 B after, so {quantised:,} x 1.4841 B = {answer} GB. The embedding, head and "
+                        "norms stay bf16, and the adapters with their gradients and moments are the same in "
+                        "both.",
+            traps=((lambda n: 1.5 * n["n_params"] / GB,
+                    "that quantises every parameter; the embedding, output head and norms stay bf16."),
+                   (lambda n: 1.5 * n["quantised"] / GB,
+                    "that counts 4 bits a weight; each block of 64 also stores its absmax, and those "
+                    "absmaxes their own scales."),
+                   (lambda n: 2 * n["quantised"] / GB,
+                    "that removes the base weights altogether; the packed codes stay on the GPU."),
+                   (lambda n: _qlora_saving_gb(n) + 16 * _adapters(n) / GB,
+                    "that also removes the adapters' states; QLoRA keeps the same adapters as LoRA."))),
+    Numeric("8bit-saving",
+            "Full fine-tuning of {model} ({n_params:,} parameters) on one GPU with the mixed recipe: bf16 "
+            "weights and gradients, an fp32 master copy, torch AdamW's two fp32 moments. You replace the "
+            "optimizer with bitsandbytes' 8-bit AdamW (each moment one byte per element, an fp32 absmax "
+            "per block of 256) and keep the master. How many GB (10^9 B) of model states does that free?",
+            answer=_full8_saving_gb, unit="GB", rel_tol=0.01, draw=_full8,
+            hint="Which of the five roles (weight, gradient, master, two moments) does the optimizer's "
+                 "storage change, and what does each of them cost per parameter after?",
+            explanation="Only the moments change: 8 B per parameter before, 2 x (1 + 4/256) = 2.03 B after, "
+                        "so about 5.97 B per parameter: {answer} GB (the norms' small tensors keep fp32 "
+                        "moments in bitsandbytes, a rounding error here). The master stays: the states go "
+                        "from 16 to about 10 B per parameter.",
+            traps=((lambda n: 12 * n["n_params"] / GB,
+                    "that drops the fp32 master as well; this setup keeps it, only the moments shrink."),
+                   (lambda n: 4 * n["n_params"] / GB,
+                    "that halves the moments (bf16); 8-bit keeps one byte per element each."),
+                   (lambda n: 10.03 * n["n_params"] / GB,
+                    "that is what the states weigh after the switch, not what it frees."),
+                   (lambda n: 8 * n["n_params"] / GB,
+                    "that frees the moments entirely; 8-bit AdamW still stores one byte each."))),
     Numeric("dequant-time",
             "QLoRA on one {gpu} ({hbm_tb:.2f} TB/s memory bandwidth): {model}'s {quantised:,} quantised "
             "weights are turned into bf16 each time a matmul needs them, as bitsandbytes does; each "
@@ -144,7 +165,7 @@ QUIZ = Quiz("08_finetuning", [
             hint="In which passes of a step does each base matmul run, and does backward keep the bf16 "
                  "weight from forward?",
             explanation="Forward dequantises each matrix once; backward again (MatMul4Bit keeps only the "
-                        "packed weight); a checkpointed re-run once more: {answer} ms.",
+                        "packed weight), {passes_words}: {answer} ms.",
             traps=((lambda n: _dequant_ms(n, 1), "that dequantises in forward only; backward needs W for the "
                                                  "input's gradient and dequantises again."),
                    (lambda n: _dequant_ms(n, 2) if n["ckpt"] else -1.0,
