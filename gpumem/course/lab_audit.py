@@ -29,14 +29,16 @@ Used by labs 05, 06 and 08 (their ``lab_guard`` modules); sealed by :mod:`.grade
 
 import contextlib
 import logging
+import os
 import pathlib
 import sys
 import threading
 
+from . import genuine
 from .case_limits import alarm_held
 
 FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
-                          "gc.get_referents"})
+                          "gc.get_referents", "sys.settrace", "sys.setprofile"})
 FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
 SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
                           "os.exec"})
@@ -59,16 +61,19 @@ def _make_hook():
     log_frame, log_finder = _LOGGING
     active: list[tuple[list, str, int]] = []
     busy = threading.local()
-    getframe, ident = sys._getframe, threading.get_ident
+    getframe, ident, is_genuine = sys._getframe, threading.get_ident, genuine.genuine
 
     def reach(event: str, args, caller, grading: int) -> str:
         where = caller.f_code.co_filename if caller is not None else ""
-        if where.startswith(own) or (event not in spawn_events and where.endswith(benign)):
+        real = caller is not None and is_genuine(caller.f_code)    # the file's own code, not a look-alike
+        if real and (where.startswith(own) or (event not in spawn_events and where.endswith(benign))):
             return ""
-        if ident() != grading and where.startswith(installed):
+        if ident() != grading and real and where.startswith(installed):
             return ""   # another thread's library code (the kernel's own threads); a learner's thread is not
         if event in spawn_events:
             return f"it started another process ({event}): a guard in this kernel cannot watch it"
+        if event in ("sys.settrace", "sys.setprofile"):
+            return f"it called {event} (a hook that can rewrite the grader's variables or blind its watch)"
         if event == "sys._getframe" and caller.f_code is log_frame and caller.f_back is not None \
                 and caller.f_back.f_code is log_finder:
             return ""   # logging's own caller lookup (Logger.findCaller -> logging.currentframe)
@@ -102,24 +107,79 @@ def install():
     return _HOOKED[0]
 
 
+THREAD = "it started a thread (the grader watches the thread that calls your function)"
+# Python threads a kernel runs on its own: a thread with a frame of these packages' files (or gpumem's)
+KERNEL = ("ipykernel", "IPython", "jupyter_client", "zmq", "tqdm", "debugpy")
+_STARTS = ((threading, "_start_new_thread"), (sys.modules["_thread"], "start_new_thread"))
+
+
+def foreign_threads() -> list[str]:
+    """Threads other than this one that a learner's cells started and that still run: a frame of
+    code that is not its file's (a cell's, an ``exec``), or no frame of the kernel's packages or
+    gpumem's (an executor's worker, a ``threading.Timer``, a loop in a thread). Their code could
+    answer for the learner's function unwatched (review r8 of lab 08: a worker thread fed by a queue)."""
+    here, names = threading.get_ident(), {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for tid, frame in sys._current_frames().items():
+        owned, stranger = False, None
+        while frame is not None and stranger is None:
+            code = frame.f_code
+            if not genuine.genuine(code):
+                stranger = code
+            elif code.co_filename.startswith(OWN) or any(f"{p}{os.sep}" in code.co_filename for p in KERNEL):
+                owned = True
+            frame = frame.f_back
+        if tid != here and (stranger is not None or not owned):
+            at = f", running {stranger.co_name} from {stranger.co_filename}" if stranger is not None else ""
+            out.append(f"{names.get(tid, tid)}{at}")
+    return out
+
+
+def _refusing_start(original, refusal: str, hits: list[str]):
+    """``original`` (a thread starter) for gpumem's own callers; refused for anyone else."""
+    def start(*args, **kwargs):
+        caller = sys._getframe(1)
+        while caller is not None and caller.f_code.co_filename == threading.__file__:
+            caller = caller.f_back
+        if caller is not None and caller.f_code.co_filename.startswith(OWN) and genuine.genuine(caller.f_code):
+            return original(*args, **kwargs)
+        hits.append(THREAD)
+        raise RuntimeError(f"{refusal} ({THREAD})")
+    return start
+
+
 @contextlib.contextmanager
 def refusing(refusal: str, hits: list[str]):
     """Inside the block, the current thread's call is watched: a refused event appends what it
     reached for to ``hits`` and raises ``RuntimeError(f"{refusal} ({what})")``. Yields ``hits``;
-    a watch found emptied at the end is a hit too (:data:`EMPTIED`)."""
+    a watch found emptied at the end is a hit too (:data:`EMPTIED`). A thread the learner's cells
+    left running refuses the call before it starts (and one found after it, as it ends); starting
+    a thread inside it is refused (:data:`THREAD`)."""
+    running = foreign_threads()
+    if running:
+        hits.append(f"a thread your cells started is running ({running[0]}): restart the kernel")
+        raise RuntimeError(f"{refusal} ({hits[-1]})")
     active = install().active
     entry = (hits, refusal, threading.get_ident())
+    starts = [(owner, name, getattr(owner, name)) for owner, name in _STARTS]
     try:
         with alarm_held():
             active.append(entry)
+            for owner, name, original in starts:
+                setattr(owner, name, _refusing_start(original, refusal, hits))
         yield hits
     finally:
         with alarm_held():
+            for owner, name, original in starts:
+                setattr(owner, name, original)
             found = [i for i, e in enumerate(active) if e is entry]
             for i in reversed(found):
                 del active[i]
         if not found and not hits:
             hits.append(EMPTIED)
+    running = foreign_threads()
+    if running and not hits:
+        hits.append(f"a thread was left running ({running[0]}): {THREAD}")
 
 
 def active() -> bool:
