@@ -898,8 +898,87 @@ def test_exp2_without_the_fold_fails_and_the_folded_kernel_passes():
     unfolded = lambda q, kb, vb, do, l, dl, j0, causal=False, block=32: _key_block(
         q, kb, vb, do, l, dl, j0, causal, block, skip, fold=False)
     got = rows({"key_block_backward": unfolded}, "key_block_backward")[0]
-    want = f"it took exp2 but never multiplied by scale * log2(e) = {20 ** -0.5 / math.log(2):.6g} in one step"
+    want = "it took exp2 of scores multiplied by log2(e) on its own (exp2 of a tensor of shape (1, 6, 16, 16))"
     assert got.status == "wrong" and want in got.detail, got.detail          # case 0: d = 20
+
+
+# ---- r8 review: the fold checked by data flow (cheat B: a paste with exp2(log2e * (...)) and a dummy fold) ----
+
+def _cheat_b():
+    """Review r8's cheat B: chapter 04's backward pasted with three one-line edits: exp made
+    exp2(LOG2E * (...)) (unfolded), a dummy multiply by scale * log2 e of a scalar, and
+    ``range(0, ...)`` made ``range(len(()), ...)`` (one fewer constant for the copy watch)."""
+    body = inspect.getsource(flash_tiled.tiled_backward).replace("def tiled_backward(", "def _tb(")
+    edits = (("p = torch.exp(_tile_scores(q_blk, k_blk, scale, causal, i0, j0) - lse_g[..., i0:i1, :])",
+              "p = torch.exp2(LOG2E * (_tile_scores(q_blk, k_blk, scale, causal, i0, j0) - lse_g[..., i0:i1, :]))"),
+             ("    acc = _acc(q)\n", "    acc = _acc(q)\n    _ = q.new_ones(()) * (scale * LOG2E)\n"),
+             ("range(0, s_q, bq)", "range(len(()), s_q, bq)"))
+    for old, new in edits:
+        assert old in body, old
+        body = body.replace(old, new)
+    scope = {**vars(flash_tiled), "LOG2E": LOG2E}
+    exec(body, scope)
+    return scope["_tb"]
+
+
+def test_cheat_b_is_refused_and_fails_the_fold_without_the_copy_watch(monkeypatch):
+    got = rows({"key_block_backward": _chapter_backward_key_block(_cheat_b())}, "key_block_backward")[0]
+    assert got.status in ("wrong", "error"), got.detail
+    from gpumem.chapters.ch04_flash_attention import labblock
+    monkeypatch.setattr(labcheck, "no_copies", lambda flag: labblock.contextlib.nullcontext())
+    got = rows({"key_block_backward": _chapter_backward_key_block(_cheat_b())}, "key_block_backward")[0]
+    assert got.status == "wrong" and "it took exp2 of scores multiplied by log2(e) on its own" in got.detail, \
+        got.detail
+
+
+def _exp2_kernel(exponent):
+    """The key-block kernel with its exponent written by ``exponent(qt, kk, lse_rows, c, causal, i0, j0)``."""
+    def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        b, a, s_q, d = q.shape
+        kv, c = k_blk.shape[1], d ** -0.5
+        kk, vv = (t.repeat_interleave(a // kv, 1) for t in (k_blk, v_blk))
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(kk), torch.zeros_like(vv)
+        for i0 in range(j0 // block * block if causal else 0, s_q, block):
+            i1 = min(i0 + block, s_q)
+            qt, dot = q[:, :, i0:i1], dout[:, :, i0:i1]
+            p = torch.exp2(exponent(qt, kk, lse[:, :, i0:i1, None], c, causal, i0, j0))
+            dv += p.transpose(-1, -2) @ dot
+            ds = p * (dot @ vv.transpose(-1, -2) - delta[:, :, i0:i1, None]) * c
+            dk += ds.transpose(-1, -2) @ qt
+            dq[:, :, i0:i1] = ds @ kk
+        return dq, _fold(dk, kv), _fold(dv, kv)
+    return kernel
+
+
+def _dummy_fold(qt, kk, l, c, causal, i0, j0):          # a fold on a scalar; the exponent unfolded
+    _ = qt.new_ones(()) * (c * LOG2E)
+    return (_masked(qt @ kk.transpose(-1, -2) * c, causal, i0, j0) - l) / math.log(2)
+
+
+def _side_fold(qt, kk, l, c, causal, i0, j0):           # a folded tile made, another one exponentiated
+    _ = qt @ kk.transpose(-1, -2) * (c * LOG2E)
+    return (_masked(qt @ kk.transpose(-1, -2) * c, causal, i0, j0) - l) * 2.0 * (LOG2E / 2)   # log2 e in two
+
+
+@pytest.mark.parametrize("exponent, says", [
+    (_dummy_fold, "it took exp2 of scores multiplied by log2(e) on its own"),
+    (_side_fold, "that does not come from the score tile Q K^T multiplied once by scale * log2(e)")],
+    ids=["dummy-scalar-fold", "fold-of-another-tile"])
+def test_a_fold_that_does_not_reach_the_exponential_fails(exponent, says):
+    got = rows({"key_block_backward": _exp2_kernel(exponent)}, "key_block_backward")[0]
+    assert got.status == "wrong" and says in got.detail, got.detail
+
+
+@pytest.mark.parametrize("exponent", [
+    lambda qt, kk, l, c, causal, i0, j0: _masked(qt @ kk.transpose(-1, -2) * (c * LOG2E), causal, i0, j0) - l * LOG2E,
+    lambda qt, kk, l, c, causal, i0, j0: _masked((qt * (c * LOG2E)) @ kk.transpose(-1, -2), causal, i0, j0) - l * LOG2E,
+    lambda qt, kk, l, c, causal, i0, j0: _masked(torch.baddbmm(
+        (-l * LOG2E).expand(*qt.shape[:3], kk.shape[2]).flatten(0, 1), qt.flatten(0, 1),
+        kk.transpose(-1, -2).flatten(0, 1), alpha=c * LOG2E).view(*qt.shape[:3], -1), causal, i0, j0)],
+    ids=["scores-times-c2", "q-times-c2", "baddbmm-alpha-c2"])
+def test_folds_a_learner_may_write_pass(exponent):
+    got = rows({"key_block_backward": _exp2_kernel(exponent)}, "key_block_backward", (0, 1))
+    assert all(r.status == "ok" for r in got), [r.detail for r in got]
 
 
 def _zig(function, fn, case, ring=None):
@@ -976,3 +1055,32 @@ def test_part_5_counts_are_not_on_the_stack_during_the_call():
         return None
     got = _zig("exp_counts", from_the_stack, (3, 5, "contiguous"))
     assert got.status == "wrong" and got.detail.startswith("expected a list of 3 counts"), got.detail
+
+
+# ---- r8 review: part 5 answered by the grader's own functions (cheat C) ----
+
+def test_part_5_from_the_graders_functions_is_refused():
+    """Review r8's cheat C: labzig.by_hand as exp_counts, labzig.owners(R, "balanced") as
+    shard_order; a function rebuilt on by_hand's code before the check is refused as well."""
+    import random
+    from gpumem.chapters.ch04_flash_attention import labzig
+    got = _zig("exp_counts", labzig.by_hand, (3, 5, "contiguous"))
+    assert got.status == "error" and "labzig.by_hand is the grader's own answer" in got.detail, got.detail
+    got = _zig("shard_order", lambda r: labzig.owners(r, "balanced", random.Random(0)), (3, 5))
+    assert got.status == "error" and "labzig.owners is the grader's own answer" in got.detail, got.detail
+    rebuilt = types.FunctionType(labzig.by_hand.__code__, vars(labzig))
+    got = _zig("exp_counts", rebuilt, (3, 5, "contiguous"))
+    assert got.status == "error" and "labzig.by_hand is the grader's own answer" in got.detail, got.detail
+    measure = lambda owner, n: labzig.measured(solution()["ring_attention"], owner, n, 0)[0]
+    got = _zig("exp_counts", measure, (3, 5, "contiguous"))
+    assert got.status == "error" and "labzig.measured is the grader's own answer" in got.detail, got.detail
+    assert labzig.by_hand([0, 1, 1, 0], 3) == [39, 39]     # restored after: c 9 + 6 per chunk, 6 + 33, 15 + 24
+
+
+def test_help_of_labzig_prints_no_answer():
+    """help(labzig) shows docstrings: neither the balanced order nor the count per chunk."""
+    import pydoc
+    from gpumem.chapters.ch04_flash_attention import labzig
+    text = pydoc.render_doc(labzig, renderer=pydoc.plaintext)
+    for answer in ("2R-1", "2R - 1", "2 x CP - 1", "n (n + 1)", "n(n+1)", "c n^2", "lower triangle", "chunks r"):
+        assert answer not in text, answer

@@ -750,3 +750,20 @@ def test_review_r7_hoisted_constant_copy_and_the_blinded_matcher_are_refused():
     finally:
         copy_watch.Prints.match = saved
     assert not grader_seal.changed()
+
+
+def test_the_limits_truth_rebuilt_on_its_code_is_refused_and_help_prints_no_recipe():
+    """Review r8 (lab06 #2): ``fastest`` rebuilt on its own code and module globals before the check
+    (the copy watch takes it for the course's own code) still refuses; help() shows no search."""
+    import pydoc
+    import types
+    fam, (case, link, limits) = LIMIT_MEMBERS[1]
+    rebuilt = types.FunctionType(lab06_limits.fastest.__code__, vars(lab06_limits))
+
+    def calls(model, gpus, gpu, seq, batch, inter_node=None, **lim):
+        return rebuilt(model, gpus, gpu, seq, batch, inter_node, lab06_limits.Limits(**lim)).best[1]
+    status, detail = L.grade_case(calls, case, link, fam, ref, limits)
+    assert status == "error" and "lab06_limits.fastest is off" in detail, detail
+    text = pydoc.render_doc(lab06_limits, renderer=pydoc.plaintext)
+    for recipe in ("degree split", "ZeRO stage", "hybrid group", "micro-batch", "checkpoint policy"):
+        assert recipe not in text, recipe

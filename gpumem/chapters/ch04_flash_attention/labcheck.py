@@ -76,7 +76,7 @@ def _watch(case, q, k, v, rows, tile_rows=None, causal_from=None):
     """The op watch on one call; ``rows``: (dout, lse, delta or out), vectors per query row."""
     b, a, kv, sq, sk, d, causal, block = case
     return Watch(sq, sk, d, block, b * a, allowed=(k, v), tile_rows=tile_rows, rows=rows[1:],
-                 queries=(q, rows[0]), causal_from=causal_from, exp2=True)
+                 queries=(q, rows[0]), causal_from=causal_from, exp2=(q, k))
 
 
 def _guarded(fn, watch, *args):

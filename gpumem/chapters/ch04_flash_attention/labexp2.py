@@ -6,63 +6,205 @@ FlashAttention-2 never calls ``exp``: ``flash_api.cpp`` (``set_params_fprop``) s
 computes ``exp2f(S * scale_softmax_log2 - lse * M_LOG2E)``: one multiply-add per score before
 exp2, which the GPU's special-function unit evaluates natively (Dao-AILab/flash-attention,
 csrc/flash_attn/src; the backward, ``flash_bwd_kernel.h``, calls the same ``scale_apply_exp2``).
-Since exp2(x log2 e) = exp(x), the numbers cannot tell the two apart; the ops can. Chapter 04's
-``tiled_backward`` takes ``torch.exp`` of ``S * scale - lse``, so a copy of it, however renamed or
-rewritten mechanically, fails here on its first exponential.
+Since exp2(x log2 e) = exp(x), the numbers cannot tell the two apart; the data flow can.
 
-:class:`Exp2Rule` watches the ops :class:`.labguard.Watch` dispatches: the first exponential in
-the natural base (``exp``, ``expm1``, a softmax or logsumexp, ``sigmoid``, ``pow`` of a base other
-than 2) is named; an ``exp2`` (or ``pow(2, x)``) counts once some op of the call multiplied (or
-divided) by the Python number scale * log2(e) (or by its inverse): the fold. ``wrong()`` says
-which is missing, '' when both hold.
+:class:`Exp2Rule` follows the ops :class:`.labguard.Watch` dispatches, by storage: Q and K (the
+call's inputs, their views, copies and casts) are *plain*; a matrix product of plain Q and plain
+K is a *raw* score tile; the raw tile times the Python number c2 = scale * log2(e) (or Q or K
+times c2 before the product, or ``baddbmm(..., alpha=c2)``) is *folded*; masking keeps the form;
+adding or subtracting a term that is not made from both Q and K (the lse in base 2, a mask bias)
+makes it *ready*. Each ``exp2`` (or ``pow(2, x)``) must take a folded or ready tensor of its own
+shape. So ``exp2(log2e * (S * scale - lse))`` (log2 e applied on its own: two multiplies per
+score) fails, and so does a multiply by c2 of anything else (a dummy scalar, a tile that never
+reaches the exponential). An exponential in the natural base (``exp``, ``expm1``, a softmax or
+logsumexp, ``sigmoid``, ``pow`` of another base) is named first. ``wrong()`` says which part of
+the rule broke, '' when it holds.
 """
 
 import math
+
+import torch
 
 LOG2E = math.log2(math.e)
 # exponentials in the natural base: what chapter 04's code (and a softmax) takes
 _PLAIN = {"exp", "exp_", "expm1", "expm1_", "_softmax", "_log_softmax", "logsumexp", "sigmoid", "sigmoid_",
           "_safe_softmax"}
-_FOLDS = {"mul", "mul_", "div", "div_", "baddbmm", "addmm", "addcmul", "addcmul_", "addbmm", "add", "sub",
-          "add_", "sub_", "bmm", "mm"}
 _RTOL = 1e-9                      # a Python float of scale * log2 e, however it was spelled
+Q, K, QK = 1, 2, 3                # where a tensor's numbers come from (bits)
+PLAIN, ONE, RAW, FOLDED, READY = "plain", "one", "raw", "folded", "ready"
+# ops whose output holds the same numbers as their first tensor (views, copies, casts)
+_SAME = {"view", "_unsafe_view", "reshape", "_reshape_alias", "_reshape_copy", "expand", "expand_copy", "slice",
+         "select", "transpose", "t", "permute", "unsqueeze", "squeeze", "as_strided", "narrow", "alias",
+         "detach", "clone", "_to_copy", "contiguous", "view_copy", "permute_copy", "transpose_copy",
+         "unsqueeze_copy", "squeeze_copy", "slice_copy", "select_copy", "unbind", "split", "split_with_sizes",
+         "movedim", "flatten", "repeat", "repeat_interleave", "index_select", "_conj", "resolve_conj",
+         "resolve_neg", "lift_fresh", "lift_fresh_copy"}
+_MM = {"mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm"}
+_ADD = {"add", "add_", "sub", "sub_", "rsub"}
+_MASK = {"masked_fill", "masked_fill_", "index_put", "index_put_", "fill_"}
+
+
+def _ptr(t) -> int:
+    return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) and t.numel() else 0
+
+
+def _flat(xs):
+    for x in xs:
+        yield from (_flat(x) if isinstance(x, (tuple, list)) else (x,))
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 class Exp2Rule:
-    """The exp2 rule for one call on head dimension ``d`` (scale 1/sqrt(d))."""
+    """The exp2 rule for one call on head dimension ``d`` (scale 1/sqrt(d)); ``q``, ``k``: the
+    call's query and key tensors."""
 
-    def __init__(self, d: int):
+    def __init__(self, d: int, q=None, k=None):
         self.folded_scale = d ** -0.5 * LOG2E
-        self.plain, self.exp2, self.folded = "", False, False
+        self.plain, self.exp2, self.unfolded, self.alone = "", False, "", False
+        self.tags: dict[int, tuple[int, str | None]] = {}        # storage -> (bits, form)
+        for t, bit in ((q, Q), (k, K)):
+            if _ptr(t):
+                self.tags[_ptr(t)] = (bit, PLAIN)
 
-    def _is_fold(self, x) -> bool:
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or x == 0:
-            return False
-        c = self.folded_scale
-        return abs(x - c) <= _RTOL * c or abs(x * c - 1.0) <= _RTOL
+    def _tag(self, x) -> tuple[int, str | None]:
+        return self.tags.get(_ptr(x), (0, None)) if isinstance(x, torch.Tensor) else (0, None)
 
-    def note(self, op: str, args, kwargs) -> None:
-        """Record one dispatched op (``op``: its name without namespace and overload)."""
-        if op in ("pow", "pow_") and args and isinstance(args[0], (int, float)):
-            if args[0] == 2:
-                self.exp2 = True
-            elif not self.plain:
-                self.plain = f"pow({args[0]:g}, x)"
-        elif op in ("exp2", "exp2_"):
-            self.exp2 = True
+    def _near(self, x, c: float) -> bool:
+        return _number(x) and x != 0 and abs(x - c) <= _RTOL * abs(c)
+
+    def _factor(self, op: str, args) -> tuple[object, object]:
+        """(the tensor, the Python number it is multiplied by) of a mul or div, else (None, None)."""
+        a, b = (list(args) + [None, None])[:2]
+        if isinstance(a, torch.Tensor) and _number(b):
+            return a, (b if op.startswith("mul") else (1.0 / b if b else None))
+        if op.startswith("mul") and isinstance(b, torch.Tensor) and _number(a):
+            return b, a
+        return None, None
+
+    def _scaled(self, op, args, bits):
+        x, c = self._factor(op, args)
+        if x is None:
+            return bits, None
+        xb, xf = self._tag(x)
+        if xb == QK and self._near(c, LOG2E):
+            self.alone = True                       # log2 e on its own: the unfolded form
+        if not self._near(c, self.folded_scale):
+            return bits, None
+        return bits, {PLAIN: ONE, RAW: FOLDED}.get(xf)
+
+    def _product(self, op, args, kwargs, out):
+        ins = list(args)
+        first, (a, b) = (ins[0], ins[1:3]) if op in ("addmm", "baddbmm", "addbmm") else (None, ins[:2])
+        (ab, af), (bb, bf) = self._tag(a), self._tag(b)
+        bits = ab | bb | self._tag(first)[0]
+        form = None
+        if {ab, bb} == {Q, K} and af in (PLAIN, ONE) and bf in (PLAIN, ONE) and (af, bf) != (ONE, ONE):
+            form = FOLDED if ONE in (af, bf) else RAW
+        alpha = (kwargs or {}).get("alpha", 1)
+        if alpha != 1:
+            form = FOLDED if form == RAW and self._near(alpha, self.folded_scale) else None
+        if first is not None and (kwargs or {}).get("beta", 1) != 0:
+            form = self._added(form, self._tag(first)[0])
+        return bits, form
+
+    @staticmethod
+    def _added(form, other_bits):
+        """The form of a raw/folded/ready tile plus a term with ``other_bits``."""
+        if form not in (RAW, FOLDED, READY) or other_bits == QK:
+            return None
+        return RAW if form == RAW else READY
+
+    def _sum(self, op, args, kwargs, out):
+        a, b = (list(args) + [None, None])[:2]
+        if op == "rsub":
+            a, b = b, a                             # rsub(x, y) = y - alpha x
+        (ab, af), (bb, bf) = self._tag(a), self._tag(b)
+        alpha = (kwargs or {}).get("alpha", 1)
+        carriers = [(t, f) for t, f in ((a, af), (b, bf)) if f in (RAW, FOLDED, READY)]
+        if len(carriers) != 1 or not isinstance(out, torch.Tensor) or carriers[0][0].shape != out.shape \
+                or (alpha != 1 and carriers[0][0] is b):
+            return ab | bb, None
+        other = bb if carriers[0][0] is a else ab
+        return ab | bb, self._added(carriers[0][1], other)
+
+    def _masked(self, op, args):
+        x, rest = args[0], list(_flat(args[1:]))
+        xb, xf = self._tag(x)
+        if op == "where":                          # where(cond, a, b): the tile is a or b
+            (ab, af), (bb, bf) = self._tag(args[1]), self._tag(args[2])
+            xb, xf, other = (ab, af, bb) if af in (RAW, FOLDED, READY) else (bb, bf, ab)
+            return ab | bb, (xf if other != QK else None)
+        others = 0
+        for t in rest:
+            others |= self._tag(t)[0]
+        return xb | others, (xf if others != QK else None)
+
+    def _exponent(self, op, args):
+        """The tensor an exp2 takes (None if ``op`` is no exp2); names a natural-base one."""
+        if op in ("exp2", "exp2_"):
+            return args[0]
+        if op in ("pow", "pow_", "float_power", "float_power_") and len(args) > 1 \
+                and isinstance(args[1], torch.Tensor):
+            if _number(args[0]) and args[0] == 2:
+                return args[1]
+            if not self.plain:
+                self.plain = f"{op}({args[0]:g}, x)" if _number(args[0]) else f"{op}(tensor, x)"
         elif op in _PLAIN and not self.plain:
             self.plain = op.strip("_")
-        if op in _FOLDS and any(self._is_fold(x) for x in (*args, *(kwargs or {}).values())):
-            self.folded = True
+        return None
+
+    def note(self, op: str, args, kwargs, out=None) -> None:
+        """Record one dispatched op (``op``: its name without namespace and overload) and its output."""
+        x = self._exponent(op, args)
+        if x is not None:
+            self.exp2 = True
+            form = self._tag(x)[1]
+            if isinstance(x, torch.Tensor) and x.numel() and form not in (FOLDED, READY) and not self.unfolded:
+                self.unfolded = f"exp2 of a tensor of shape {tuple(x.shape)}"
+        bits = 0
+        for t in _flat([*args, *(kwargs or {}).values()]):
+            bits |= self._tag(t)[0]
+        form = None
+        if op in _SAME or op == "copy_":
+            src = args[1] if op == "copy_" else next((t for t in _flat(args) if isinstance(t, torch.Tensor)), None)
+            bits, form = self._tag(src)
+        elif op in ("mul", "mul_", "div", "div_"):
+            bits, form = self._scaled(op, args, bits)
+        elif op in _MM:
+            bits, form = self._product(op, args, kwargs, out)
+        elif op in _ADD:
+            bits, form = self._sum(op, args, kwargs, out)
+        elif op in _MASK or op == "where":
+            bits, form = self._masked(op, args)
+        outs = [t for t in _flat([out]) if isinstance(t, torch.Tensor) and t.numel()]
+        if not op.endswith("_") and op not in _SAME:     # a view this rule does not know: the storage keeps its tag
+            shared = {_ptr(t) for t in _flat([*args, *(kwargs or {}).values()]) if isinstance(t, torch.Tensor)}
+            outs = [t for t in outs if _ptr(t) not in shared]
+        if op.endswith("_") and args and isinstance(args[0], torch.Tensor) and outs:
+            target = args[0]                        # an in-place write, maybe to part of a storage
+            if target.numel() * target.element_size() < target.untyped_storage().nbytes():
+                ob, of = self._tag(target)
+                if (bits, form) != (ob, of) and not (op in _MASK and bits == ob):
+                    bits, form = bits | ob, None
+        for t in outs:
+            self.tags[_ptr(t)] = (bits, form)
 
     def wrong(self) -> str:
         """'' or the first part of the rule the call broke."""
+        c = f"{self.folded_scale:.6g}"
         if self.plain:
             return (f"it rebuilt P with {self.plain}, the natural base, as chapter 04's backward does: "
                     f"FlashAttention-2's kernels take exp2 with log2(e) folded into the softmax scale "
                     f"(scale_softmax_log2 = scale * log2 e); use torch.exp2, no exp")
-        if self.exp2 and not self.folded:
-            return (f"it took exp2 but never multiplied by scale * log2(e) = {self.folded_scale:.6g} in one "
-                    f"step: fold log2(e) into the softmax scale (one multiply of the scores), and scale the "
-                    f"lse by log2(e)")
+        if self.unfolded and self.alone:
+            return (f"it took exp2 of scores multiplied by log2(e) on its own ({self.unfolded}): two multiplies "
+                    f"per score; fold log2(e) into the softmax scale: exp2(S * c2 - lse * log2 e), c2 = "
+                    f"scale * log2(e) = {c}")
+        if self.unfolded:
+            return (f"it took {self.unfolded} that does not come from the score tile Q K^T multiplied once "
+                    f"by scale * log2(e) = {c} (then the lse in base 2 subtracted, masking allowed): fold "
+                    f"log2(e) into the softmax scale, exp2(S * c2 - lse * log2 e)")
         return ""

@@ -109,9 +109,9 @@ class Watch(TorchDispatchMode):
 
     def __init__(self, s_q: int, s_k: int, d: int, block: int, heads: int, allowed=(),
                  tile_rows: int | None = None, joined: int | None = None, rows=(), queries=(),
-                 causal_from: int | None = None, inputs=(), exp2: bool = False):
+                 causal_from: int | None = None, inputs=(), exp2=()):
         super().__init__()
-        self.exp2 = Exp2Rule(d) if exp2 else None      # the backward's exp2 rule (:mod:`.labexp2`)
+        self.exp2 = Exp2Rule(d, *exp2) if exp2 else None   # exp2: (q, k), the backward's rule (:mod:`.labexp2`)
         self.s_q, self.s_k, self.d, self.block, self.heads = s_q, s_k, d, block, heads
         self.allowed = {_ptr(t) for t in allowed if t.numel()}
         self.rows = {_ptr(t) for t in (*rows, *queries) if t.numel()}     # per query row: not keys
@@ -205,7 +205,7 @@ class Watch(TorchDispatchMode):
             self._above_diagonal(name, args, out)
         op, first = name.split(".")[1], list(_tensors(args[:1]))
         if self.exp2 is not None:
-            self.exp2.note(op, args, kwargs)
+            self.exp2.note(op, args, kwargs, out)
         if op in _EXPS or (op == "pow" and args and not isinstance(args[0], torch.Tensor)):
             self.exps += sum(t.numel() for t in _tensors(out))       # pow(2, x) is exp2 too
         for tag in (self.allowed, self.queries):     # a copy of a whole Q (a cast) is Q; of a tile not

@@ -1,24 +1,19 @@
 """Lab 04 part 5: causal load balance for context parallelism, graded on the lab's own ring.
 
-With a causal mask, query i sees keys 0..i: a rank holding the end of the sequence takes far more
-exponentials than one holding its start. Cut the sequence into 2R equal chunks and give rank r
-chunks r and 2R-1-r, and every rank takes the same number (Llama 3, arXiv:2407.21783, section
-3.3.2: "the i-th CP rank received both the i-th and the (2 x CP - 1 - i)-th chunks"; Megatron-LM's
-``get_batch_on_this_cp_rank``, whose docstring gives chunks 0 and 3 to GPU0 at CP = 2;
-zhuzilin/ring-flash-attention's ``zigzag_ring_flash_attn``). That is why chapter 06's rule 5 asks
-for a sequence divisible by 2 cp.
-
-The learner writes ``exp_counts(owner, n)``: ``owner[c]`` is the rank that holds chunk c of n
-tokens (2R chunks, each rank twice); rank r's count is the number of (query, key) score entries the
-causal mask leaves for its queries, the exponentials its ring steps take; and ``shard_order(ranks)``:
-an owner list under which every rank's count is equal. Counts are measured, not assumed: for each
-chunk c the grader runs the learner's ``ring_attention`` (part 4) with chunk c's queries against all
-2R chunks (``rank=c``, causal), records every ``tiled_forward`` call with a profile hook on its code
-(as :mod:`.labring` does) and counts the unmasked entries of each call (top-left causal: row i of
-a call sees min(i + 1, n_k) keys; otherwise n_q x n_k). The hand count (chunk c against the chunks
-before it, plus its own lower triangle: c n^2 + n (n + 1) / 2) must agree, or the ring is named.
-A long-sequence case (2^20 tokens) is graded on the hand count alone: a count entry by entry, or
-a mask of s x s, does not finish.
+With a causal mask, query i sees keys 0..i, so the ranks that hold the sequence's chunks do
+unequal work. The learner writes ``exp_counts(owner, n)`` (``owner[c]``: the rank that holds
+chunk c of n tokens; 2R chunks, each rank twice; each rank's count of the score entries the
+causal mask leaves for its queries) and ``shard_order(ranks)`` (an owner list under which every
+rank's count is equal). Counts are measured, not assumed: for each chunk c the grader runs the
+learner's ``ring_attention`` (part 4) with chunk c's queries against all 2R chunks (``rank=c``,
+causal), records every ``tiled_forward`` call with a profile hook on its code (as :mod:`.labring`
+does) and counts the unmasked entries of each call (top-left causal: row i of a call sees
+min(i + 1, n_k) keys; otherwise n_q x n_k). The grader's own count of a chunk must agree, or the
+ring is named. A long-sequence case (2^20 tokens) is graded on the grader's count alone: a count
+entry by entry, or a mask of s x s, does not finish. The grader's functions here are off while
+the learner's code runs (:func:`answers_off`). Sources: the lab's part 5 (solutions/) and its
+tests; the order the course teaches is Llama 3's (arXiv:2407.21783, section 3.3.2) and
+Megatron-LM's (``get_batch_on_this_cp_rank``).
 """
 
 import contextlib
@@ -29,6 +24,8 @@ import torch
 
 from gpumem.course.grading import Todo, call, kind, run_case
 from gpumem.memory import flash_tiled
+
+from .labblock import no_library_backward
 
 # (ranks, chunk length n, which owner list); "long": 2^20 tokens, hand count only
 COUNTS = ((3, 7, "contiguous"), (4, 6, "balanced"), (3, 9, "shuffled"), (8, 2 ** 16, "long"))
@@ -43,8 +40,7 @@ def unmasked(n_q: int, n_k: int, causal: bool) -> int:
 
 
 def by_hand(owner, n: int) -> list[int]:
-    """Each rank's count from the chunks it holds: chunk c sees c whole chunks and its own
-    lower triangle."""
+    """The grader's count for each rank (off during the learner's call)."""
     counts = [0] * (max(owner) + 1)
     for c, r in enumerate(owner):
         counts[r] += c * n * n + n * (n + 1) // 2
@@ -52,8 +48,8 @@ def by_hand(owner, n: int) -> list[int]:
 
 
 def owners(ranks: int, what: str, rng: random.Random) -> list[int]:
-    """An owner list of 2R chunks: contiguous (rank r: chunks 2r, 2r+1), a balanced one with the
-    ranks relabelled at random, or a random one (each rank twice)."""
+    """The owner list of one case: ``what`` names its kind (contiguous, balanced with the ranks
+    relabelled at random, or shuffled); off during the learner's call."""
     if what in ("contiguous", "long"):
         return [c // 2 for c in range(2 * ranks)]
     if what == "balanced":
@@ -122,6 +118,37 @@ def _first_rank_wrong(got, want, owner) -> str:
     return ""
 
 
+REFUSED = "work it out yourself: {} is the grader's own answer, off while lab 04 is graded"
+ANSWERS = (("labzig.by_hand", by_hand), ("labzig.owners", owners), ("labzig.measured", measured),
+           ("labzig.unmasked", unmasked))
+_CODES = {fn.__code__: name for name, fn in ANSWERS}     # taken at import, before any swap
+
+
+@contextlib.contextmanager
+def answers_off():
+    """While the block runs, :data:`ANSWERS` raise (their code swapped, as :mod:`.labblock` does
+    for the backwards), and so does a function rebuilt on their original code (a profile hook)."""
+    before = sys.getprofile()
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code in _CODES:
+            raise RuntimeError(REFUSED.format(_CODES[frame.f_code]))
+        if before is not None:
+            before(frame, event, arg)
+    with no_library_backward(*((name, fn, REFUSED) for name, fn in ANSWERS)):
+        sys.setprofile(hook)
+        try:
+            yield
+        finally:
+            sys.setprofile(before)
+
+
+def _asked(fn, *args):
+    """The learner's call with the grader's part-5 functions off."""
+    with answers_off():
+        return call(fn, *args)
+
+
 RING_FIRST = "write ring_attention (part 4) first: part 5 counts its tiled_forward calls"
 
 
@@ -142,7 +169,7 @@ def count_rows(report, fn, case, seed, ring=None) -> None:
     name = f"{ranks} ranks, {2 * ranks} chunks of {n:,} tokens, {what} {owner if what != 'long' else ''}".rstrip()
 
     def body():                  # the learner first: no frame holds the counts during the call
-        got = call(fn, list(owner), n)
+        got = _asked(fn, list(owner), n)
         want, bad = (by_hand(owner, n), "") if what == "long" else _measured(ring, owner, n, seed)
         if bad:
             return ("todo" if bad == RING_FIRST else "wrong"), bad
@@ -156,7 +183,7 @@ def order_rows(report, fn, case, seed, ring=None) -> None:
     ranks, n = case
 
     def body():
-        got = call(fn, ranks)
+        got = _asked(fn, ranks)
         bad = _owner_of(got, ranks)
         if bad:
             return "wrong", bad

@@ -9,9 +9,10 @@ points (:data:`BLOCKED`) are switched off two ways, so that undoing one does not
   yourself: <name> is off while lab 06 is graded")``: this catches a reference the learner saved
   (``my_plan = planner.plan``), ``from ... import plan`` bindings elsewhere and the library's
   helpers that search through them (``planner.evaluate``, the chapter's widget, ``advice``);
-* the real bodies of ``plan``, ``candidates`` and ``_inner`` (gpumem/planner/search.py) begin by
-  refusing when the function carries a ``refusing`` message (:data:`IN_BODY`), so the original
-  code, saved before grading and put back during the call, still refuses.
+* the real bodies of ``plan``, ``candidates`` and ``_inner`` (gpumem/planner/search.py) and of
+  ``lab06_limits.fastest`` begin by refusing when the function carries a ``refusing`` message
+  (:data:`IN_BODY`), so the original code, saved before grading (or rebuilt into a function on the
+  module's globals) and put back during the call, still refuses.
 
 * a *copy* of ``planner.search`` or ``planner.ranking`` (their source exec'd in a new module, or
   pasted) is known by its code's content, compiled afresh from the files, names and lines aside
@@ -62,7 +63,8 @@ BLOCKED = (("planner.plan", search.plan), ("planner.search.answer", search.answe
            ("planner.ranking.rank_of", ranking.rank_of), ("planner.evaluate", evaluate.evaluate),
            ("lab06_gpu.reference_flops", lab06_gpu.reference_flops),
            ("lab06_limits.fastest", lab06_limits.fastest))
-IN_BODY = (search.plan, search.candidates, search._inner)   # their bodies read ``refusing``
+IN_BODY = (search.plan, search.candidates, search._inner,   # their bodies read ``refusing``
+           lab06_limits.fastest)
 _MODULES = ((search, ("plan", "answer", "candidates", "layouts_of", "fits_any", "_inner")),
             (ranking, ("rank", "rank_of")), (lab06_limits, ("fastest",)))
 _ACTIVE = [0]          # > 0 while the learner's function runs
