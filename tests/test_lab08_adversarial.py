@@ -462,3 +462,58 @@ def test_a_copy_of_the_librarys_chooser_is_wrong(wrapped_copy, patch_block):
     for row in wrong:
         assert row.detail.startswith("qlora needs") and "over" in row.detail, row.detail
         assert "(no double quantisation)" in row.detail and "count its quant_constants" in row.detail, row.detail
+
+
+def test_an_untied_head_everywhere_fails_on_the_tied_model():
+    """Every check draws a tied model (the second), and its case label says so."""
+    ns = solution()
+    right = ns["role_bytes"]
+    ns["role_bytes"] = lambda model, ft: right({**model, "tie_embeddings": False}, ft)
+    for seed in (0, 1, 2):
+        row = first_problem(grade(ns, seed), "role_bytes")
+        assert " tied" in row.case and "V=" in row.case and "base_weights" in row.detail
+
+
+def test_moments_always_fp32_fails_on_bf16_adapters():
+    """torch AdamW keeps m and v in the adapters' dtype: bf16 adapters, bf16 moments."""
+    ns = solution()
+    right = ns["role_bytes"]
+
+    def fp32_moments(model, ft):
+        got = right(model, ft)
+        if ft.lora and ft.optimizer == "adamw" and ft.adapter_dtype == "bf16":
+            got["optimizer_moments"] *= 2
+        return got
+    ns["role_bytes"] = fp32_moments
+    for seed in (0, 1):
+        row = first_problem(grade(ns, seed), "role_bytes")
+        assert "bf16 adapters" in row.detail and "optimizer_moments" in row.detail
+
+
+def test_small_errors_are_given_in_bytes():
+    ns = solution()
+    right = ns["role_bytes"]
+    ns["role_bytes"] = lambda model, ft: {**right(model, ft), "grads": right(model, ft)["grads"] + 4096}
+    row = first_problem(grade(ns), "role_bytes")
+    assert "off by +4,096 B" in row.detail and "x the right count" not in row.detail
+
+
+def test_a_missing_reserve_is_named_not_the_nf4_constants():
+    """A chooser that compares against the whole capacity: where its rung fits the reported bytes
+    but not the usable ones, the row names the reserve (the NF4 note only where gpumem's own count
+    of the qlora rung would fit)."""
+    ns = solution()
+    role_bytes = ns["role_bytes"]
+
+    def no_reserve(model, capacity, activations, ladder=lab_draw.LADDER):
+        for name, ft in ladder.items():
+            if sum(role_bytes(model, ft).values()) + activations[name] <= capacity:
+                return ft
+        return None
+    ns["choose_recipe"] = no_reserve
+    details = []
+    for seed in range(6):
+        details += [r.detail for r in grade(ns, seed).rows if r.function == "choose_recipe" and r.status != "ok"]
+    assert details
+    reserve = [d for d in details if "reserve" in d]
+    assert reserve and not any("quant_constants" in d for d in reserve)

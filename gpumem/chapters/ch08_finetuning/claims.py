@@ -72,7 +72,7 @@ def _3090_step(r: dict) -> str:
 
 def _measured() -> str:
     m, a = published.predicted(), published.scenario_at_measured()
-    return (f" Measured elsewhere ({published.SOURCE}): Llama-2-70B QLoRA r64 with CPU offload, 2 x 2,048 "
+    return (f" Measured elsewhere ({published.SOURCE}, {published.RIG}): Llama-2-70B QLoRA r64 with CPU offload, 2 x 2,048 "
             f"tokens per GPU, {m['measured']:.0f} s a step (11,795 s / 256 steps); this count predicts "
             f"{m['overlapped']:.0f}-{m['serial']:.0f} s there at 40 %. The measured step implies at least "
             f"{100 * m['utilisation']:.0f} % of 71 TFLOP/s (on 280 W-capped cards), so the 40 % is "

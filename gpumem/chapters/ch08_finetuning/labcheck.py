@@ -8,7 +8,8 @@ The learner writes two functions; while each call runs, gpumem's own fine-tuning
   quantisation on or off), graded on three models and six setups each drawn at every check
   (:func:`.lab_draw.states_cases`: the QLoRA ones with NF4 blocks gpumem does not count) against
   :func:`.lab_draw.truth`; the first wrong role is named with the direction
-  and a factor, and a hint where the mistake is a known one, never with the hidden number;
+  and a factor (the bytes off, under 1 %), and a hint where the mistake is a known one; the case
+  label gives the model's dimensions, vocabulary and whether its head is tied;
 * ``choose_recipe(model, capacity, activations, ladder)``: the first rung of the case's ``ladder``
   (:data:`.lab_draw.LADDER` with its ``qlora`` rung's NF4 block and double quantisation drawn:
   :func:`.lab_draw.ladder`) whose model states plus its activation peak (given, per rung) fit the
@@ -38,8 +39,9 @@ def off_by(got: int, want: int) -> str:
     if got == 0:
         return "you counted nothing where the setup keeps bytes"
     factor = got / want
-    if abs(factor - 1) < 0.001:
-        return f"off by {got - want:+,} B: a per-tensor term or a rounding up (ceil) is off"
+    if abs(factor - 1) < 0.01:       # a ratio would print as 1x or 0.999x: give the bytes
+        return (f"off by {got - want:+,} B ({100 * (factor - 1):+.3f} %): a small term (per tensor, per "
+                "block, a rounding up) is off")
     return f"yours is {factor:.3g}x the right count ({'too high' if factor > 1 else 'too low'})"
 
 
@@ -97,7 +99,7 @@ def states_problem(got, want: dict, ft: Finetune) -> str:
 
 def _model_line(m: dict) -> str:
     return (f"L={m['n_layers']} h={m['d_model']:,} a={m['n_heads']} kv={m['n_kv_heads']} "
-            f"hd={m['head_dim']} F={m['ffn']:,}")
+            f"hd={m['head_dim']} F={m['ffn']:,} V={m['vocab']:,} {'tied' if m['tie_embeddings'] else 'untied'}")
 
 
 def _grade_states(report: Report, fn, cases: list) -> None:
@@ -126,14 +128,23 @@ def nf4_note(ft) -> str:
             "does, not as the QLoRA paper's (8-bit absmaxes per 64)")
 
 
-def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER) -> str:
-    """Why the learner's rung is not the answer, from the grader's figures, in words."""
+def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capacity: int | None = None,
+            lib_fits: bool = False) -> str:
+    """Why the learner's rung is not the answer, from the grader's figures, in words. ``capacity``:
+    what the card reports (a rung between usable and capacity points at the reserve);
+    ``lib_fits``: gpumem's own count of the QLoRA rung (block 64, double quantised) fits, so a
+    ``qlora`` answer points at the rung's NF4 choice."""
     if got is None:
         return f"{want} fits ({sum(figures[want]) / GB:.1f} GB of {usable / GB:.1f} GB usable)"
     s, a = figures[got]
     if s + a > usable:
-        note = nf4_note(rungs[got]) if got == "qlora" else ""
-        return f"{got} needs {(s + a) / GB:.1f} GB (states + activations), over {usable / GB:.1f} GB usable" + note
+        over = f"{got} needs {(s + a) / GB:.1f} GB (states + activations), over {usable / GB:.1f} GB usable"
+        if got == "qlora" and lib_fits:
+            return over + nf4_note(rungs[got])
+        if capacity is not None and s + a <= capacity:
+            return (over + f" -- it fits the {capacity / GB:.1f} GB the card reports, not what is left after "
+                    "the single-GPU reserve (1 GiB of CUDA context + 5 % of capacity)")
+        return over
     return (f"{got} fits, but an earlier rung of the ladder fits too" if want is not None and
             list(rungs).index(want) < list(rungs).index(got) else
             f"{got} fits, but it is not the first rung that does")
@@ -163,7 +174,9 @@ def _grade_choose(report: Report, fn, cases: list) -> None:
             if got is not None and name is None:
                 return "wrong", f"{describe(got)} is not a rung of this case's ladder: return the rung's own Finetune"
             first = "your role_bytes is wrong (see its rows): fix that first; " if wrong else ""
-            return "wrong", first + why_not(name, want, figures, scale.usable(card), rungs)
+            lib_fits = lab_draw.library_total(model, figures, rungs) <= scale.usable(card)
+            return "wrong", first + why_not(name, want, figures, scale.usable(card), rungs,
+                                            gpus.get(card).capacity, lib_fits)
         run_case(report, "choose_recipe", case, body)
 
 

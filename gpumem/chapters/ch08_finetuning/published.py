@@ -21,8 +21,8 @@ from gpumem.memory.models import ModelConfig
 
 from . import scale
 
-SOURCE = ("AnswerDotAI/fsdp_qlora benchmarks_03_2024.md @ e877dda "
-          "(2x RTX 3090 at 280 W, no NVLink, 128 GB RAM)")
+SOURCE = "AnswerDotAI/fsdp_qlora benchmarks_03_2024.md @ e877dda"
+RIG = "2x RTX 3090 at 280 W, no NVLink, 128 GB RAM"      # the "Dual 3090 'Basement Rig'" section
 SAMPLES = 1024          # the template command's --dataset_samples
 SEQ = 2048              # "Context Length of 2048"
 GPUS = 2
