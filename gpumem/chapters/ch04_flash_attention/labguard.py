@@ -35,7 +35,8 @@ input nor made by a watched op: work done in another thread or with the modes of
 :mod:`.labfence` refuses threads and the mode-switching entry points during the call;
 :meth:`Watch.overworked` counts the exponentials a causal key block takes (its probabilities) and
 so the query rows that met it, however the rows were picked (slices, ``index_select``, a gather);
-with ``exp2``, :class:`.labexp2.Exp2Rule` notes every exponential (the backward's exp2 rule).
+with ``exp2=(q, k)``, :class:`.labexp2.Exp2Rule` follows the data flow into every exponential (the
+backward's exp2 rule: each exp2 takes the score tile times scale * log2 e).
 """
 
 import numpy as np
