@@ -969,13 +969,28 @@ def test_a_fold_that_does_not_reach_the_exponential_fails(exponent, says):
     assert got.status == "wrong" and says in got.detail, got.detail
 
 
+def _einsum_where(qt, kk, l, c, causal, i0, j0):         # einsum, torch.where for the mask
+    s = torch.einsum("bhqd,bhkd->bhqk", qt, kk) * (c * LOG2E)
+    if causal:
+        hide = torch.arange(j0, j0 + s.shape[-1])[None, :] > torch.arange(i0, i0 + s.shape[-2])[:, None]
+        s = torch.where(hide, -math.inf, s)
+    return s - l * LOG2E
+
+
+def _in_place(qt, kk, l, c, causal, i0, j0):              # mul_ and sub_ on the tile
+    s = qt @ kk.transpose(-1, -2)
+    s.mul_(c * LOG2E)
+    return _masked(s, causal, i0, j0).sub_(l * LOG2E)
+
+
 @pytest.mark.parametrize("exponent", [
     lambda qt, kk, l, c, causal, i0, j0: _masked(qt @ kk.transpose(-1, -2) * (c * LOG2E), causal, i0, j0) - l * LOG2E,
     lambda qt, kk, l, c, causal, i0, j0: _masked((qt * (c * LOG2E)) @ kk.transpose(-1, -2), causal, i0, j0) - l * LOG2E,
     lambda qt, kk, l, c, causal, i0, j0: _masked(torch.baddbmm(
         (-l * LOG2E).expand(*qt.shape[:3], kk.shape[2]).flatten(0, 1), qt.flatten(0, 1),
-        kk.transpose(-1, -2).flatten(0, 1), alpha=c * LOG2E).view(*qt.shape[:3], -1), causal, i0, j0)],
-    ids=["scores-times-c2", "q-times-c2", "baddbmm-alpha-c2"])
+        kk.transpose(-1, -2).flatten(0, 1), alpha=c * LOG2E).view(*qt.shape[:3], -1), causal, i0, j0),
+    _einsum_where, _in_place],
+    ids=["scores-times-c2", "q-times-c2", "baddbmm-alpha-c2", "einsum-where", "in-place"])
 def test_folds_a_learner_may_write_pass(exponent):
     got = rows({"key_block_backward": _exp2_kernel(exponent)}, "key_block_backward", (0, 1))
     assert all(r.status == "ok" for r in got), [r.detail for r in got]
