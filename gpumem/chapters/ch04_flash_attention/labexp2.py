@@ -95,7 +95,7 @@ class Exp2Rule:
             return bits, None
         return bits, {PLAIN: ONE, RAW: FOLDED}.get(xf)
 
-    def _product(self, op, args, kwargs, out):
+    def _product(self, op, args, kwargs):
         ins = list(args)
         first, (a, b) = (ins[0], ins[1:3]) if op in ("addmm", "baddbmm", "addbmm") else (None, ins[:2])
         (ab, af), (bb, bf) = self._tag(a), self._tag(b)
@@ -174,7 +174,7 @@ class Exp2Rule:
         elif op in ("mul", "mul_", "div", "div_"):
             bits, form = self._scaled(op, args, bits)
         elif op in _MM:
-            bits, form = self._product(op, args, kwargs, out)
+            bits, form = self._product(op, args, kwargs)
         elif op in _ADD:
             bits, form = self._sum(op, args, kwargs, out)
         elif op in _MASK or op == "where":
