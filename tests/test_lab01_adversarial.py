@@ -581,8 +581,10 @@ def test_a_function_that_edits_the_report_fails(fn):
     right = solution()
     report = grade({"model_state_bytes": lambda n_params, recipe, gpus=1, zero=0: {},
                     "layer_activation_bytes": right["layer_activation_bytes"], "variant_layer": fn})
-    assert not report.solved and [r.status for r in report.rows] == ["error"], report.summary()
-    assert "changed the grader's report" in report.rows[0].detail
+    # the walk up the stack is refused first (gpumem.course.lab_audit): the report is never reached
+    assert not report.solved and report.rows[0].status == "wrong", report.summary()
+    got = rows(report, "variant_layer")
+    assert got[0].status == "error" and "reached for stack frames" in got[0].detail, report.summary()
 
 
 # ---- changes made before check(): the truth must not be measured through them (review r4) ----
@@ -804,6 +806,7 @@ def test_with_the_watch_blind_a_copy_of_the_library_still_fails_at_olmo_2s_norms
     fails part 2's first case, OLMo 2's full-width norms: the library cannot answer the lab."""
     from gpumem.chapters.ch01_memory_anatomy import labcopies
     monkeypatch.setattr(labcopies, "match", lambda code, found: None)
+    monkeypatch.setattr(labcopies, "shared", lambda: None)      # the shared content match, blind too
     got = rows(grade({"layer_activation_bytes": _library_copy()}), "layer_activation_bytes")
     assert len(got) == 1 and got[0].status == "wrong" and "qk_norm='full'" in got[0].case, [
         (r.case, r.detail) for r in got]
@@ -857,6 +860,7 @@ def test_a_nop_copy_past_a_blind_watch_fails_at_olmo_2s_norms(monkeypatch):
     """The second line: with the watch blind, the same cheat's count is wrong at the first case."""
     from gpumem.chapters.ch01_memory_anatomy import labcopies
     monkeypatch.setattr(labcopies, "match", lambda code, found: None)
+    monkeypatch.setattr(labcopies, "shared", lambda: None)      # the shared content match, blind too
     got = rows(grade({"layer_activation_bytes": _nop_copies()}), "layer_activation_bytes")
     assert len(got) == 1 and got[0].status == "wrong" and "qk_norm='full'" in got[0].case, got[0].detail
     assert "1/rms per head" in got[0].detail, got[0].detail
@@ -921,7 +925,7 @@ def _copy_in_a_thread(**kw):
 
 
 @pytest.mark.parametrize("fn, says", [(_switch_the_watch_off, "sys.setprofile is switched off"),
-                                      (_copy_in_a_thread, "starting a thread is switched off")])
+                                      (_copy_in_a_thread, "it started a thread")])
 def test_the_copy_watch_cannot_be_switched_off(fn, says):
     got = rows(grade({"layer_activation_bytes": fn}), "layer_activation_bytes")
     assert len(got) == 1 and got[0].status == "error" and says in got[0].detail, got[0].detail
@@ -949,3 +953,165 @@ def test_chapter_01_does_not_print_part_2s_layer():
                      for c in cells)
     for leak in ("qk_norm", "q norm per head", "head_dim *", "n_heads * head_dim", "explicit_head_dim"):
         assert leak not in text, leak
+
+
+# ---- review r8: another interpreter; a renamed copy with one statement added ----------------------
+
+def disguise(module, name: str = "mine"):
+    """Review r8's mechanical disguise of ``module``'s source: every name it binds prefixed ``q``
+    (functions, arguments, locals, imports, classes; not attributes, builtins or dunders), every
+    string hoisted into a module global, docstrings dropped and ``qzz = 0`` put first in each
+    function; exec'd as a new module. New bytecode, names and strings: the same counts."""
+    import ast
+    import builtins
+    import inspect
+    import types
+    keep, strings = set(dir(builtins)), {}
+    q = lambda n: n if n in keep or n.startswith("__") else "q" + n           # noqa: E731
+    tree = ast.parse(inspect.getsource(module))
+    defs = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    methods = {id(b) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for b in c.body
+               if isinstance(b, ast.FunctionDef)}
+    fields = {id(t) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for b in c.body
+              if isinstance(b, (ast.Assign, ast.AnnAssign)) for t in getattr(b, "targets", [getattr(b, "target", None)])}
+
+    class Rename(ast.NodeTransformer):
+        def visit_Name(self, node):
+            node.id = node.id if id(node) in fields else q(node.id)
+            return node
+
+        def visit_arg(self, node):
+            node.arg, node.annotation = q(node.arg), None
+            return node
+
+        def visit_FunctionDef(self, node):
+            node.name = node.name if id(node) in methods else q(node.name)
+            node.returns = None
+            body = node.body[1:] if isinstance(node.body[0], ast.Expr) and isinstance(
+                getattr(node.body[0].value, "value", None), str) else node.body
+            node.body = [ast.parse("qzz = 0").body[0], *(body or [ast.Pass()])]
+            self.generic_visit(node)
+            return node
+
+        def visit_ClassDef(self, node):
+            node.name = q(node.name)
+            self.generic_visit(node)
+            return node
+
+        def visit_alias(self, node):
+            node.asname = q(node.asname or node.name.split(".")[0]) if node.name != "*" else None
+            return node
+
+        def visit_Call(self, node):
+            if isinstance(node.func, ast.Name) and node.func.id in defs:
+                for k in node.keywords:
+                    k.arg = q(k.arg) if k.arg else k.arg
+            self.generic_visit(node)
+            return node
+
+        def visit_JoinedStr(self, node):
+            for v in node.values:
+                if isinstance(v, ast.FormattedValue):
+                    v.value = self.visit(v.value)
+            return node
+
+        def visit_Constant(self, node):
+            if not isinstance(node.value, str):
+                return node
+            key = strings.setdefault(node.value, f"QS{len(strings)}")
+            return ast.copy_location(ast.Name(id=key, ctx=ast.Load()), node)
+    tree = ast.fix_missing_locations(Rename().visit(tree))
+    out = types.ModuleType(name)
+    out.__package__ = module.__package__
+    for text, key in strings.items():
+        setattr(out, key, text)
+    exec(compile(tree, f"/tmp/{name}.py", "exec"), vars(out))
+    return out
+
+
+def _disguised_library():
+    """Review r8 lab 01 #2: disguised copies of activations.py and activation_parts.py, wired to each
+    other; part 2 answered with the copy's layer_terms plus the one line the library lacks."""
+    from types import SimpleNamespace
+
+    from gpumem.memory import activation_parts
+    parts, lib = disguise(activation_parts, "myparts"), disguise(activations, "myact")
+    for k in ("elem_bytes", "gemma_final_norm", "hf_window_mask", "layer_norm", "norm_bytes", "softcap"):
+        if hasattr(parts, "q" + k):
+            setattr(lib, "q" + k, getattr(parts, "q" + k))
+
+    def layer_activation_bytes(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm):
+        cfg = SimpleNamespace(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, ffn=ffn,
+                              q_dim=n_heads * head_dim, kv_dim=n_kv_heads * head_dim, qk_norm=qk_norm != "none",
+                              model_type="llama", norm_kind="rms", sliding_window=0, norms_per_layer=2, moe=False,
+                              mlp="swiglu")
+        total = sum(b for b, _ in lib.qlayer_terms(cfg, seq, batch, kernel, 2).values())
+        if qk_norm == "full":       # one 1/rms a token, not one a head
+            total -= 4 * batch * seq * (n_heads + n_kv_heads - 2)
+        return total
+    return layer_activation_bytes, lib
+
+
+def test_a_renamed_copy_with_a_statement_added_is_refused_by_the_shared_content_match():
+    """labcopies' own prints (bytecode; names and strings used) miss the disguise; the shared
+    copy_watch.Prints names it, and the row is the copy's refusal, not the profile-unset audit's."""
+    from gpumem.chapters.ch01_memory_anatomy import labcopies, labguard
+    fn, lib = _disguised_library()
+    found = labcopies.prints(labguard.MODULES + ("gpumem.memory.activation_parts",))
+    assert labcopies.match(lib.qlayer_terms.__code__, found) is None
+    assert labcopies.shared().match(lib.qlayer_terms.__code__, vars(lib)) == "gpumem.memory.activations.layer_terms"
+    got = rows(grade({"layer_activation_bytes": fn}), "layer_activation_bytes")
+    assert len(got) == 1 and got[0].status == "error", [(r.case, r.detail) for r in got]
+    assert "gpumem.memory.activations." in got[0].detail, got[0].detail
+    assert "(the course's code, or a copy of it) ran inside your function" in got[0].detail, got[0].detail
+    assert sys.getprofile() is None
+
+
+def test_the_shared_content_match_does_not_take_the_solution_for_a_copy():
+    import types
+
+    from gpumem.chapters.ch01_memory_anatomy import labcopies
+
+    def codes(code):
+        yield code
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                yield from codes(const)
+    for name in ("model_state_bytes", "layer_activation_bytes", "variant_layer", "gpu_held_bytes"):
+        fn = solution()[name]
+        assert all(labcopies.shared().match(c, fn.__globals__) == "" for c in codes(fn.__code__)), name
+
+
+def _another_interpreter(how: str, mod: str, **case):
+    """Review r8 lab 01 #1: a fresh interpreter runs the grader's own ``measure`` (labwide's or
+    variants') on the case, where no guard of this kernel watches, and hands back its answer."""
+    import json
+    import os
+    import shlex
+    import tempfile
+    out = os.path.join(tempfile.mkdtemp(), "answer.json")
+    code = (f"import json; from gpumem.chapters.ch01_memory_anatomy import {mod}; "
+            f"json.dump({mod}.measure(**{case!r}), open({out!r}, 'w'))")
+    if how == "os.system":
+        os.system(f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -c {shlex.quote(code)}")
+    else:
+        pid = os.posix_spawn(sys.executable, [sys.executable, "-c", code], {**os.environ, "PYTHONPATH": str(ROOT)})
+        os.waitpid(pid, 0)
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("how", ["os.system", "os.posix_spawn"])
+def test_another_interpreter_running_the_graders_measure_is_refused(how):
+    def variant_layer(**case):
+        b, p = _another_interpreter(how, "variants", **case)
+        return {"activations": b, "params": p}
+    ns = dict(solution(), variant_layer=variant_layer,
+              layer_activation_bytes=lambda **case: _another_interpreter(how, "labwide", **case)[0])
+    report = grade(ns)
+    assert all(r.status == "ok" for r in rows(report, "model_state_bytes")), report.summary()
+    for name in ("layer_activation_bytes", "variant_layer"):
+        got = rows(report, name)
+        assert len(got) == 1 and got[0].status == "error", report.summary()
+        assert f"it started another process ({how})" in got[0].detail, got[0].detail
+    assert sys.getprofile() is None and torch.is_grad_enabled()

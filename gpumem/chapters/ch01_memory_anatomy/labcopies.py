@@ -18,8 +18,11 @@ names) is not mistaken for one. A match fails the call, even if the learner catc
 Turning the hook off (``sys.setprofile``, ``sys.settrace``) is refused through an audit hook
 while the call runs, and so is starting a thread (the hook watches one thread; a reference to
 ``_thread.start_new_thread`` bound before the check is not seen). A copy rewritten by hand (other
-names and strings throughout) is not seen here; part 2's first case, OLMo 2's full-width q/k
-norms, is one the course's formulas do not count (:mod:`.labpart2`), so a copy still fails it.
+names and strings throughout) is not seen here. Review r8 renamed every name and added one
+statement per function, which defeats both matches above; the shared content match
+(:class:`gpumem.course.copy_watch.Prints` over ``gpumem.memory.activations`` and
+``activation_parts``, :func:`shared`) names such a copy, and the hook asks it too. OLMo 2's
+full-width q/k norms (part 2's first case) do not stop a copy by themselves: one added line fixes them.
 """
 
 import _thread
@@ -99,14 +102,26 @@ def _audit(event, args):
 sys.addaudithook(_audit)
 
 
+@functools.lru_cache(maxsize=None)
+def shared():
+    """The shared content fingerprints (:mod:`gpumem.course.copy_watch`) of the library's
+    activation counts, built once."""
+    from gpumem.course import copy_watch
+    from gpumem.memory import activation_parts, activations
+    return copy_watch.Prints([(activations, "gpumem.memory.activations"),
+                              (activation_parts, "gpumem.memory.activation_parts")])
+
+
 @contextlib.contextmanager
-def no_copies(found: tuple):
-    """Run the block with the profile hook on; a copy that ran (caught or not) fails it."""
-    hits: list[str] = []
+def no_copies(found: tuple, content=None, hits: list | None = None):
+    """Run the block with the profile hook on; a copy that ran (caught or not) fails it
+    (``content``: a :class:`gpumem.course.copy_watch.Prints` asked as well; ``hits``: the list
+    the copies found are appended to, for a caller whose inner guard raises first)."""
+    hits = [] if hits is None else hits
     before = sys.getprofile()
 
     def hook(frame, event, arg):
-        if event == "call" and (said := match(frame.f_code, found)):
+        if event == "call" and (said := match(frame.f_code, found) or (content and content.copied(frame))):
             hits.append(said)
             _WATCHING[0] = False           # raising here unsets the hook: not the learner's doing
             raise RuntimeError(f"{said} {SAYS}")

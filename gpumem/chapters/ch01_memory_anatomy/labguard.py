@@ -18,7 +18,10 @@ grader checks the modes are still in place and recording is still off. Copies of
 files in ``sys.modules`` under other names are switched off like the originals, and opening a
 gpumem source file during the call (``importlib`` loading a fresh copy) is refused by an audit
 hook. Whatever the call rebinds or changes in the course, its caches or torch is put back and the
-call fails (:mod:`.labstate`). A learner set on it can still get round this in-process (C entry
+call fails (:mod:`.labstate`). Starting another process (``os.system``, ``subprocess``,
+``os.posix_spawn``, ``os.fork``: an interpreter where no guard watches, review r8), reading the
+grader's frames, trace or profile hooks and threads are refused by the labs' shared audit hook
+(:func:`gpumem.course.lab_audit.refusing`, innermost, around the learner's call only). A learner set on it can still get round this in-process (C entry
 points bound before the check); the fresh and far-off shapes of :mod:`.labcheck` remain the last
 line.
 """
@@ -33,6 +36,7 @@ import sys
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from gpumem.course import lab_audit
 from gpumem.course.case_limits import alarm_held
 
 from . import labcopies, labstate
@@ -50,6 +54,9 @@ MODULES = ("gpumem.memory.activations", "gpumem.memory.accounting", "gpumem.memo
 SAYS = "is switched off while your function is graded: derive it yourself"
 NO_OPS = "no tensor ops: derive the count, do not measure it (your function runs on plain ints)"
 _ACTIVE = [False]           # read by the audit hook
+# another process, the grader's frames, trace hooks, threads (gpumem.course.lab_audit; review r8: an
+# os.system interpreter ran labwide.measure / variants.measure, where no guard of this kernel watches)
+REFUSAL = "derive it yourself: lab 01's grader refuses this inside your function"
 
 
 class _NoDispatch(TorchDispatchMode):
@@ -81,9 +88,15 @@ sys.addaudithook(_audit)
 
 
 def _refuse(*args, **kwargs):
-    import sys
-    raise RuntimeError(f"{sys._getframe().f_code.co_filename} "
-                       "is switched off while your function is graded: derive it yourself")
+    raise RuntimeError("\0label is switched off while your function is graded: derive it yourself")
+
+
+def _refusing_code(f, label: str):
+    """:func:`_refuse`'s code named as ``f``, its message naming ``label`` (a constant: no frame
+    is read, which :mod:`gpumem.course.lab_audit` would refuse)."""
+    code = _refuse.__code__
+    consts = tuple(c.replace("\0label", label) if isinstance(c, str) else c for c in code.co_consts)
+    return code.replace(co_name=f.__name__, co_qualname=f.__qualname__, co_filename=label, co_consts=consts)
 
 
 def _functions(module):
@@ -132,8 +145,7 @@ def derive_it_yourself(modules: list | None = None):
             if id(f) not in seen:
                 seen.add(id(f))
                 swapped.append((f, f.__code__))
-                f.__code__ = _refuse.__code__.replace(co_name=f.__name__, co_qualname=f.__qualname__,
-                                                      co_filename=label)
+                f.__code__ = _refusing_code(f, label)
         for owner, attr, _ in tools:
             setattr(owner, attr, _tool_refuser(f"{owner.__module__}.{owner.__qualname__}"))
         torch.set_grad_enabled.__init__ = grad_stays_off
@@ -243,6 +255,12 @@ def _still_in_place(functions, ops) -> None:
 
 
 
+def _refused(copied: list, hits: list) -> str:
+    """The call's refusal: a copy of the course's code first (stopping it makes CPython unset the
+    profile hook, which the audit hook then reports too), else the first audit refusal."""
+    return f"{copied[0]} {labcopies.SAYS}" if copied else f"{REFUSAL} ({hits[0]})"
+
+
 def guarded(fn):
     """``fn`` called inside :func:`derive_it_yourself`; a non-callable is returned unchanged (the
     grader says what it is)."""
@@ -253,22 +271,28 @@ def guarded(fn):
     snapshot, restore, refusal, held, guard = (labstate.snapshot, labstate.restore, labstate.refusal,
                                                alarm_held, derive_it_yourself)
     copies, watch = labcopies.prints(MODULES + ("gpumem.memory.activation_parts",)), labcopies.no_copies
+    shared, refusing, explain, threads = labcopies.shared(), lab_audit.refusing, _refused, lab_audit.foreign_threads
     from gpumem.course import grading       # its Report and Row: a patched class could pass anything
     me = [("gpumem.chapters.ch01_memory_anatomy.labguard", sys.modules[__name__]),
           ("gpumem.course.grading", grading)]
 
     def learner(*args, **kwargs):
+        threads()        # its file reads, cached now: opening gpumem's files is refused in the block
         modules = _guarded_modules()
-        taken = snapshot(modules + me)
+        taken, hits, copied = snapshot(modules + me), [], []
         try:
-            with guard(modules), watch(copies):
+            with guard(modules), watch(copies, shared, copied), refusing(REFUSAL, hits):
                 result = fn(*args, **kwargs)
         except BaseException:
             with held():
                 restore(taken)
+            if copied or hits:  # a refusal the learner caught still fails; a copy is named first
+                raise RuntimeError(explain(copied, hits)) from None
             raise
         with held():
             changed = restore(taken)
+        if copied or hits:
+            raise RuntimeError(explain(copied, hits))
         if changed:
             raise RuntimeError(refusal(changed))
         return result
