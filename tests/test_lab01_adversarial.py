@@ -1002,6 +1002,11 @@ def disguise(module, name: str = "mine"):
             node.asname = q(node.asname or node.name.split(".")[0]) if node.name != "*" else None
             return node
 
+        def visit_Nonlocal(self, node):
+            node.names = [q(n) for n in node.names]
+            return node
+        visit_Global = visit_Nonlocal
+
         def visit_Call(self, node):
             if isinstance(node.func, ast.Name) and node.func.id in defs:
                 for k in node.keywords:

@@ -23,6 +23,7 @@ import torch
 import torch.utils.checkpoint as tuc
 from torch.utils.checkpoint import checkpoint as taken_before
 
+from conftest import ROOT
 from gpumem.chapters.ch03_activation_checkpointing import labcases, labcheck, labguard, labplace
 from gpumem.course.grading import Report, Row, TookTooLong, run_case
 from gpumem.course.case_limits import time_limit
@@ -761,15 +762,30 @@ def place_with_the_course_formula(n_layers, budget, **_):
     return [[i] for i in range(n_layers)]
 
 
+def _formula_on(cfg, n_layers, budget):
+    for c in range(n_layers + 1):
+        segments = [[i] for i in range(c)]
+        if recompute_cost.activation_bytes(cfg, 32, 2, from_segments(segments, n_layers), "scratch")["peak"] <= budget:
+            return segments
+    return [[i] for i in range(n_layers)]
+
+
 def test_no_answer_on_the_stack_and_no_course_formula_during_the_call():
-    """The expected peak is worked out after the learner's call returns (a walk up the frames
-    finds no ``want``), and the course's peak formula refuses while place_checkpoints runs."""
+    """The expected peak is worked out after the learner's call returns, and since review r8 the
+    walk up the frames is refused before it finds anything (gpumem.course.lab_audit); the course's
+    peak formula refuses while place_checkpoints runs (given a model made by hand)."""
     drawn = labcases.draw(3)
     report = Report(labcheck.LAB)
     labcheck._grade_estimates(report, estimate_from_the_stack, drawn["estimates"][:1])
-    assert report.rows[-1].status in ("wrong", "error"), report.rows[-1]
-    assert report.rows[-1].detail.startswith("returned None"), report.rows[-1].detail   # no want found
+    assert report.rows[-1].status == "wrong", report.rows[-1]
+    assert "reached for stack frames" in report.rows[-1].detail, report.rows[-1].detail
     labcheck._grade_placement(report, place_with_the_course_formula, "scratch", drawn["questions"][0])
+    assert report.rows[-1].status == "wrong" and "reached for stack frames" in report.rows[-1].detail
+    cfg = drawn["questions"][0].cfg
+
+    def formula(n_layers, budget, **_):      # the model in a closure, as a learner's cell could hold it
+        return _formula_on(cfg, n_layers, budget)
+    labcheck._grade_placement(report, formula, "scratch", drawn["questions"][0])
     assert report.rows[-1].status == "wrong" and "it calls the course's peak formula (recompute_cost." \
         "activation_bytes: work it out yourself)" in report.rows[-1].detail, report.rows[-1].detail
 
@@ -855,7 +871,8 @@ def test_nop_copies_fail_all_three_functions(nop_report):
     assert "a copy of torch.utils.checkpoint" in rows["checkpoint"].detail
     assert "write the mechanism yourself" in rows["checkpoint"].detail
     assert "a copy of the grader's own answer (labplace.moments)" in rows["estimate_peak"].detail
-    assert "labplace.moments" in rows["place_checkpoints"].detail           # its estimate is the copy
+    # its frame walk for the model is refused first since review r8 (gpumem.course.lab_audit)
+    assert "reached for stack frames" in rows["place_checkpoints"].detail, rows["place_checkpoints"].detail
 
 
 def test_nop_copy_reentrant_and_checkpoint_function_alone():
@@ -882,14 +899,15 @@ def test_tripwire_names_the_private_identifier():
 
 
 def test_nop_copy_of_the_search_with_the_model_from_the_stack(monkeypatch):
-    """r6 #2 alone (the placement graded with the course's checkpoint): no frame holds ``cfg``, so
-    the cheat falls back to its balanced rule, whose estimate is the nop-copy: refused."""
+    """r6 #2 alone (the placement graded with the course's checkpoint): its walk up the frames for
+    ``cfg`` is refused (gpumem.course.lab_audit, review r8); the fallback, the balanced rule whose
+    estimate is the nop-copy, is refused as estimate_peak in test_nop_copies_fail_all_three_functions."""
     monkeypatch.setattr(recompute_trace, "measure",
                         lambda cfg, plan, impl, seq, micro_batch: _Counted(cfg, plan, impl, seq, micro_batch))
     ns = _nop_cheat(False)
     report = Report("lab03")
     assert labcheck._grade_placement(report, ns["place_checkpoints"], "scratch", LAB_D_10) == "wrong"
-    assert "it calls a copy of the grader's own answer (labplace." in report.rows[-1].detail
+    assert "reached for stack frames" in report.rows[-1].detail, report.rows[-1].detail
 
 
 def _models_up_the_stack(start) -> list[str]:
@@ -926,21 +944,26 @@ def _filled(cell) -> bool:
         return False
 
 
-def test_no_model_on_the_stack_while_estimate_and_place_run():
-    """r6 #2: walked up from inside estimate_peak and place_checkpoints, during a whole check,
-    no frame holds a drawn model (in its locals, a container, a closure, a default or a partial)."""
-    seen = {}
-
+def test_the_stack_is_out_of_reach_while_estimate_and_place_run():
+    """r6 #2, r8 #1: the drawn models sit in the grader's locals (no module global holds them);
+    a walk up ``sys._getframe`` from inside estimate_peak and place_checkpoints is refused
+    (gpumem.course.lab_audit), caught or not, and the row says so."""
     def estimate_peak(segments, **n):
-        seen.setdefault("estimate_peak", _models_up_the_stack(sys._getframe(1)))
+        try:
+            _models_up_the_stack(sys._getframe(1))
+        except RuntimeError:
+            pass
         return 0
 
     def place_checkpoints(n_layers, **n):
-        seen.setdefault("place_checkpoints", _models_up_the_stack(sys._getframe(1)))
+        _models_up_the_stack(sys._getframe(1))
         return [[i] for i in range(n_layers)]
-    labcheck.check({"estimate_peak": estimate_peak, "place_checkpoints": place_checkpoints}, show=False)
-    assert seen == {"estimate_peak": [], "place_checkpoints": []}, seen
-    assert not labcheck._HELD                    # and the cases are dropped once the check returns
+    report = labcheck.check({"estimate_peak": estimate_peak, "place_checkpoints": place_checkpoints}, show=False)
+    for name in ("estimate_peak", "place_checkpoints"):
+        got = [r for r in report.rows if r.function == name]
+        assert len(got) == 1 and got[0].status == "wrong", report.summary()
+        assert "reached for stack frames" in got[0].detail, got[0].detail
+    assert not hasattr(labcheck, "_HELD") and sys.getprofile() is None
 
 
 def test_balanced_longer_first_finds_every_drawn_optimum():
@@ -966,3 +989,72 @@ def test_balanced_longer_first_finds_every_drawn_optimum():
             assert fewest(n_of, q.budget, True) == q.count, (seed, fam.name)
             misses += fam.deep and fewest(n_of, q.budget, False) != q.count
     assert misses >= 6
+
+
+# ---- review r8: another interpreter; a module global holding the cases; a renamed copy ------------
+
+def test_no_module_global_holds_the_drawn_cases():
+    """r8 #1: ``labcheck._HELD`` held the drawn model and budget while the learner ran; it is gone,
+    and a submission that reads it gets an error row (AttributeError), not an answer."""
+    assert not hasattr(labcheck, "_HELD")
+
+    def place_checkpoints(**n):
+        cfg, budget = labcheck._HELD["question"]
+        return []
+    report = labcheck.check({"place_checkpoints": place_checkpoints}, show=False, seed=0)
+    got = [r for r in report.rows if r.function == "place_checkpoints"]
+    assert len(got) == 1 and got[0].status == "error" and "_HELD" in got[0].detail, report.summary()
+
+
+def _interpreter(expr: str, **values):
+    """r8 #1's route: a fresh interpreter evaluates ``expr`` with the grader's modules (labcheck,
+    labplace) on ``values`` and hands back the answer, where no guard of this kernel watches."""
+    import os
+    import pickle
+    import shlex
+    import tempfile
+    where = tempfile.mkdtemp()
+    with open(os.path.join(where, "in.pkl"), "wb") as f:
+        pickle.dump(values, f)
+    code = (f"import pickle; from gpumem.chapters.ch03_activation_checkpointing import labcheck, labplace; "
+            f"v = pickle.load(open({where + '/in.pkl'!r}, 'rb')); "
+            f"pickle.dump({expr}, open({where + '/out.pkl'!r}, 'wb'))")
+    os.system(f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -c {shlex.quote(code)}")
+    with open(os.path.join(where, "out.pkl"), "rb") as f:
+        return pickle.load(f)
+
+
+def test_another_interpreter_is_refused_in_estimate_and_place():
+    """r8 #1: both functions start an interpreter (here on the numbers they are given, as the
+    drawn model is out of reach); lab_audit refuses the start, and the row names it."""
+    def estimate_peak(segments, n_layers, layer_bytes, checkpoint_bytes, other_bytes, other_after_loss):
+        return _interpreter("labplace.peak_of(v['s'], *v['n'])", s=segments,
+                            n=(n_layers, layer_bytes, checkpoint_bytes, other_bytes, other_after_loss))
+
+    def place_checkpoints(n_layers, **n):
+        return _interpreter("[[i] for i in range(v['n'])]", n=n_layers)
+    report = labcheck.check({"estimate_peak": estimate_peak, "place_checkpoints": place_checkpoints},
+                            show=False, seed=0)
+    for name in ("estimate_peak", "place_checkpoints"):
+        got = [r for r in report.rows if r.function == name]
+        assert len(got) == 1 and got[0].status == "wrong", report.summary()
+        assert "it started another process (os.system)" in got[0].detail, got[0].detail
+    assert sys.getprofile() is None
+
+
+def test_a_renamed_copy_of_torchs_checkpoint_is_refused_by_the_shared_content_match():
+    """r8 #2: torch.utils.checkpoint with every name renamed and ``qzz = 0`` first in each function
+    passed labprints; the shared copy_watch.Prints (labguard.shared_prints) names it."""
+    from test_lab01_adversarial import disguise
+    cp = disguise(tuc, "mycp")
+    report = Report("x")
+    _first_check = labcheck._grade_model(report, lambda run, *a: cp.qcheckpoint(run, *a, quse_reentrant=False),
+                                         labcases.draw(0)["grad"])
+    assert not _first_check and report.rows[0].status == "wrong", report.summary()
+    assert "a copy of torch.utils.checkpoint." in report.rows[0].detail, report.rows[0].detail
+    assert "which the lab rules out" in report.rows[0].detail
+    assert sys.getprofile() is None
+
+
+# The solution passing tests/test_labs.py -k lab03 shows the shared content match does not take its
+# MyCheckpoint, estimate_peak or place_checkpoints for a copy (a match is a "wrong" row there).

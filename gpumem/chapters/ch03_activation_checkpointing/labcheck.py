@@ -20,12 +20,16 @@ case: that row names the case, its later cases are not run.
   re-run, run with the learner's checkpoint on real tensors, against a search over every placement.
 
 Both are called with numbers only, from a helper (``_ask``) that holds nothing else; the
-expected answers are worked out after the call returns. No frame on the stack holds a drawn
-model or answer while the learner's code runs (r6: a walk up ``sys._getframe`` found the model):
-the drawn models and budgets wait in ``_HELD``, never the optimum, and a fresh seed is kept
-nowhere. Not a sandbox: code reading the grader's privates finds the models there, but a model
-gives no answer without a search of the learner's own, since the course's formula, tracer and
-search (``recompute_cost``, ``recompute_trace``, ``labplace``), and copies of them, refuse.
+expected answers are worked out after the call returns, so no optimum exists while the
+learner's code runs. The drawn models and budgets sit in the grader's locals, and the learner's
+code runs under :func:`gpumem.course.lab_audit.refusing` (``labguard.guarded``): reading frames
+(r6: a walk up ``sys._getframe`` found the model) or the collector's objects, and starting another
+process (review r8: an ``os.system`` interpreter ran ``labplace`` on the model read from a module
+global, then removed), are refused. The course's formula, tracer and search (``recompute_cost``,
+``recompute_trace``, ``labplace``) refuse too, and so do copies of them (``labprints``, and
+copy_watch for ``torch.utils.checkpoint``). copy_watch is not used for ``labplace``: its content
+match takes the solution's own ``estimate_peak`` for ``labplace.moments`` (the same short loop),
+so the lab's weight is on the checkpoint and the placement.
 
 The optional GPU part (``lab_gpu``) adds a row only where CUDA is present; otherwise check()
 prints ``GPU part: skipped (reason)``.
@@ -45,7 +49,6 @@ from .labvariants import grade_variants
 
 LAB = "lab03_checkpoint_budget"
 SEQ, BATCH = labcases.SEQ, labcases.BATCH
-_HELD: dict = {}         # the cases being graded, off the stack while the learner's code runs
 
 
 def _ask(fn, given: dict, *first):
@@ -160,44 +163,34 @@ def _expected_peak(cfg: ModelConfig, segments) -> tuple[int, str, int]:
     return want, at, end
 
 
-def _estimate_body(est, i: int, segments: list, given: dict):
-    got = guarded(functools.partial(_ask, est, given, segments), answers=True)()
+def _estimate_body(est, cfg: ModelConfig, segments: list, given: dict):
+    got = guarded(functools.partial(_ask, est, given, [list(s) for s in segments]), answers=True)()
     if got[0] != "ok":
         return got
     got = got[1]
     if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
         return "wrong", returned(got, "a whole number of bytes (an int)")
-    want, at, end = _expected_peak(*_HELD["estimates"][i])     # worked out after the call returns
+    want, at, end = _expected_peak(cfg, segments)     # worked out after the call returns
     if int(got) == want:
         return "ok", ""
     return "wrong", (f"estimate {int(got):,} B, the step's peak is {want:,} B ({int(got) - want:+,} B), "
                      f"reached at {at}; the end of the forward holds {end:,} B")
 
 
-def _estimate_case(i: int) -> tuple[str, list, dict]:
-    """(the row's case, a copy of the segments, the numbers) of estimate ``i``."""
-    cfg, segments = _HELD["estimates"][i]
-    return (f"{cfg.name} ({cfg.n_layers} layers), segments {show(segments)}", [list(s) for s in segments],
-            numbers(cfg))
-
-
 def _grade_estimates(report: Report, est, estimates) -> None:
-    _HELD["estimates"] = list(estimates)
-    del estimates
-    for i in range(len(_HELD["estimates"])):
-        case, segments, given = _estimate_case(i)
+    for cfg, segments in estimates:
+        case = f"{cfg.name} ({cfg.n_layers} layers), segments {show(segments)}"
         if run_case(report, "estimate_peak", case,
-                    functools.partial(_estimate_body, est, i, segments, given)).status != "ok":
+                    functools.partial(_estimate_body, est, cfg, segments, numbers(cfg))).status != "ok":
             return
 
 
-def _place_body(place, ckpt, given: dict):     # the optimum is searched for after the learner's call returns
+def _place_body(place, ckpt, cfg: ModelConfig, budget: int, given: dict):   # the optimum: after the call
     from gpumem.memory import recompute_trace as rt
     segments = guarded(functools.partial(_ask, place, given), answers=True)()
     if segments[0] != "ok":
         return segments
     segments = segments[1]
-    cfg, budget = _HELD["question"]
     best = optimum(cfg, budget)
     layer = recompute_cost.layer_flops(cfg, SEQ, BATCH)["total"]
     try:
@@ -224,18 +217,17 @@ def _place_body(place, ckpt, given: dict):     # the optimum is searched for aft
     return "ok", ""
 
 
-def _question_case(ckpt) -> tuple[str, dict]:
-    cfg, budget = _HELD["question"]
+def _question_case(ckpt, cfg: ModelConfig, budget: int) -> tuple[str, dict]:
     return (f"{cfg.name} ({cfg.n_layers} layers, h {cfg.d_model}), budget {budget:,} B"
             + ("" if callable(ckpt) else ", measured with the course's checkpoint"), {**numbers(cfg), "budget": budget})
 
 
 def _grade_placement(report: Report, place, ckpt, q: tuple) -> str:
     """``q``: (model, budget), or a ``labcases.Question`` (its count is not kept)."""
-    _HELD["question"] = (q[0], q[-1])
-    del q
-    case, given = _question_case(ckpt)
-    return run_case(report, "place_checkpoints", case, functools.partial(_place_body, place, ckpt, given)).status
+    cfg, budget = q[0], q[-1]
+    case, given = _question_case(ckpt, cfg, budget)
+    return run_case(report, "place_checkpoints", case,
+                    functools.partial(_place_body, place, ckpt, cfg, budget, given)).status
 
 
 def _grade_gpu(report: Report, place, ckpt) -> str:
@@ -266,30 +258,27 @@ def _drawn(seed):
 
 def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
     """Grade ``checkpoint``, ``estimate_peak`` and ``place_checkpoints`` from the lab's namespace on
-    cases drawn from ``seed`` (fresh each check when None); never raises. No local here holds a
-    drawn case while the learner's code runs (module docstring)."""
+    cases drawn from ``seed`` (fresh each check when None); never raises. The learner's code
+    cannot read the drawn cases here (module docstring: lab_audit)."""
     report = Report(LAB)
-    _HELD["drawn"] = _drawn(seed)
+    drawn = _drawn(seed)
     ckpt, est, place = ns.get("checkpoint"), ns.get("estimate_peak"), ns.get("place_checkpoints")
     passed = False
-    try:
-        if ckpt is None:
-            report.rows.append(Row("checkpoint", "defined", "todo", "define checkpoint(run, *args)"))
-        elif _grade_model(report, ckpt, _HELD["drawn"][0]):
-            passed = grade_variants(report, ckpt)
-        if est is None:
-            report.rows.append(Row("estimate_peak", "defined", "todo", "define estimate_peak"))
-        else:
-            _grade_estimates(report, est, _HELD["drawn"][2])
-        if place is None:
-            report.rows.append(Row("place_checkpoints", "defined", "todo", "define place_checkpoints"))
-        else:
-            for i in range(len(_HELD["drawn"][1])):
-                # measured with the learner's checkpoint once it is right, else with the course's own
-                if _grade_placement(report, place, ckpt if passed else "scratch", _HELD["drawn"][1][i]) != "ok":
-                    break
-    finally:
-        _HELD.clear()
+    if ckpt is None:
+        report.rows.append(Row("checkpoint", "defined", "todo", "define checkpoint(run, *args)"))
+    elif _grade_model(report, ckpt, drawn[0]):
+        passed = grade_variants(report, ckpt)
+    if est is None:
+        report.rows.append(Row("estimate_peak", "defined", "todo", "define estimate_peak"))
+    else:
+        _grade_estimates(report, est, drawn[2])
+    if place is None:
+        report.rows.append(Row("place_checkpoints", "defined", "todo", "define place_checkpoints"))
+    else:
+        for q in drawn[1]:
+            # measured with the learner's checkpoint once it is right, else with the course's own
+            if _grade_placement(report, place, ckpt if passed else "scratch", q) != "ok":
+                break
     gpu_line = _grade_gpu(report, place, ckpt if passed else None)
     if show:
         print(report.summary())

@@ -13,12 +13,20 @@ backward the grader runs through the learner's function) these raise ``Shortcut`
 * the course's own ``Checkpoint`` (``gpumem.memory.recompute``) and the grader's own answer
   (``labplace``: the search for the best placement).
 
-While the block runs, numbers may not leave torch either (``labescape``: NumPy, DLPack, storage).
+While the block runs, numbers may not leave torch either (``labescape``: NumPy, DLPack, storage),
+and :func:`guarded` with ``answers`` (``estimate_peak`` and ``place_checkpoints``, called through
+``labcheck._ask``) runs its body under :func:`gpumem.course.lab_audit.refusing`: starting another
+process (``os.system``, ``subprocess``, ``os.posix_spawn``, ``os.fork``: an interpreter where no
+guard watches, review r8), reading the grader's frames or the collector's objects, trace and profile
+hooks and threads are refused. The checkpoint's bodies are not: the grader's own steps there run
+torch code that reads the stack (``torch.manual_seed`` on a machine without CUDA records
+``traceback.format_stack()``), and the checkpoint is graded on what torch measures, not on a number.
 
 Two layers: the modules' attributes are swapped for refusals, and a profile hook
 (``sys.setprofile``) refuses any call into the code of those functions however it was reached,
 and any copy of that code run under another name (``labprints``: matched by bytecode, or by the
-names it uses when statements were added; code naming torch's checkpoint's privates), and sees
+names it uses when statements were added; code naming torch's checkpoint's privates; by content,
+:func:`shared_prints`, when every name was changed as well), and sees
 the C calls that take numbers out of torch through references bound before the check. Every
 refusal is recorded, so a learner who catches the exception is still reported. Everything is put
 back on the way out, on an error or a time limit too.
@@ -28,12 +36,16 @@ import contextlib
 import functools
 import os
 import sys
+
+from gpumem.course import copy_watch, lab_audit
 from gpumem.course.case_limits import alarm_held
 
 from . import labprints
 from .labescape import Escapes, _graders, sentence
 
 MESSAGE = "write the mechanism yourself"
+REACHED = "lab 03's grader refuses this while your code runs"      # lab_audit's refusals
+_PRINTS: list = []
 _INHERITED = object()
 HELPERS = labprints.HELPERS          # torch.utils.checkpoint's RNG and input helpers: allowed
 
@@ -120,6 +132,21 @@ def _package_dir(name: str) -> str:
     return os.path.dirname(origin) if origin else ""
 
 
+def shared_prints() -> copy_watch.Prints:
+    """The shared content fingerprints (:mod:`gpumem.course.copy_watch`) of
+    ``torch.utils.checkpoint``, built once. ``labplace`` is left out: they take the solution's own
+    ``estimate_peak`` for ``labplace.moments`` (a short loop anyone writes alike; review r8)."""
+    if not _PRINTS:
+        import torch.utils.checkpoint as tuc
+        _PRINTS.append(copy_watch.Prints([(tuc, "torch.utils.checkpoint")]))
+    return _PRINTS[0]
+
+
+def _copied(frame, copies) -> str:
+    hit = copies.copied(frame)
+    return f"a copy of {hit} (its code under other names)" if hit else ""
+
+
 _ACTIVE: list[tuple[list, object]] = []       # (refusals, watch) of the guards now running
 
 
@@ -148,6 +175,7 @@ def no_shortcuts(answers: bool = False):
     formula and tracer); yields the list of refusals."""
     hits: list[str] = []
     codes, files, prints = _banned_code()
+    copies = shared_prints()
     if answers:
         more, more_prints = _answer_code()
         codes, prints = {**codes, **more}, labprints.merge(prints, more_prints)
@@ -172,7 +200,8 @@ def no_shortcuts(answers: bool = False):
             name = codes.get(code)
             if name is None and code.co_name not in HELPERS and code.co_filename in files:
                 name = f"{files[code.co_filename]}.{code.co_qualname}"
-            name = seen[code] = name or labprints.match(code, prints) or labprints.private(code) or ""
+            name = seen[code] = (name or labprints.match(code, prints) or labprints.private(code)
+                                 or _copied(frame, copies) or "")
         if name:
             hits.append(name)
             raise Shortcut(f"{name} is off limits in this lab: {MESSAGE}")
@@ -216,12 +245,16 @@ def guarded(body, answers: bool = False):
     refused too); a refusal, even one the learner caught, replaces its result with a ``wrong``
     row naming what was called."""
     def run():
+        reached: list[str] = []
         with no_shortcuts(answers) as hits:
             try:
-                result = body()
+                with lab_audit.refusing(REACHED, reached) if answers else contextlib.nullcontext():
+                    result = body()
             except Exception:
-                if hits:
-                    return "wrong", shortcut_line(hits)
+                if hits or reached:
+                    return "wrong", shortcut_line(hits) if hits else f"{REACHED} ({reached[0]})"
                 raise
-        return ("wrong", shortcut_line(hits)) if hits else result
+        if hits or reached:          # a shortcut first: stopping it unsets the profile hook, which lab_audit sees too
+            return "wrong", shortcut_line(hits) if hits else f"{REACHED} ({reached[0]})"
+        return result
     return run
