@@ -12,6 +12,7 @@ import pytest
 
 from gpumem import chapters
 from gpumem.course import copy_watch
+from gpumem.course.grader_seal import GraderChanged
 from gpumem.chapters.ch05_offload import lab_draw, lab_gpu, lab_swap_record, lab_swaps, labcheck
 from gpumem.chapters.ch05_offload import lab_reference as ref
 from gpumem.runs import ds_offload
@@ -32,8 +33,12 @@ def grade(ns: dict):
 
 @pytest.fixture
 def no_libaio(monkeypatch):
-    """The grader as on a machine without libaio: swap files compared with the recorded run."""
+    """The grader as on a machine without libaio: swap files compared with the recorded run (the
+    seal, which refuses any changed gpumem function, is told of this one stand-in only)."""
+    from gpumem.course import grader_seal
     monkeypatch.setattr(ds_offload, "nvme_ready", lambda: (False, "libaio missing (test)"))
+    changed, ours = grader_seal.changed, {"gpumem.runs.ds_offload.nvme_ready", "gpumem.course.grader_seal.changed"}
+    monkeypatch.setattr(grader_seal, "changed", lambda: [n for n in changed() if n not in ours])
 
 
 def rows(report, function):
@@ -605,7 +610,7 @@ def rung_bytes(n, r, rung):
     (STEP_REF, "rung_seconds", "it called the grader's answer"),
     (WATCH_OFF, "rung_bytes", "it called sys.setprofile"),
     (EMPTIED, "rung_bytes", "it called sys.setprofile"),
-    (THREAD, "rung_bytes", "rung_bytes"),
+    (THREAD, "rung_bytes", "it started a thread"),
 ], ids=["spoofed-module-name", "parked-originals", "functiontype-copies", "code-restored-in-call",
         "grader-swap-rules", "step-seconds-imported", "watch-switched-off", "guard-state-emptied",
         "answer-in-a-thread"])
@@ -766,17 +771,74 @@ def test_copies_of_the_answers_are_known_by_their_code(no_libaio, source, functi
 
 
 def test_the_solution_is_not_taken_for_a_copy():
-    """The solution's own functions match none of the protected ones, and a changed constant is
-    the learner's own code (not a copy)."""
+    """The solution's own functions match none of the protected ones. One constant changed is
+    still a copy (review r8: a single altered constant blinded the watch); every string of the
+    body changed (its 13 strings by hand: the devices, roles, rungs and recipe keys) is the
+    learner's own code that reads like the answer."""
     from gpumem.chapters.ch05_offload import lab_guard
     prints = lab_guard.prints()
     for name in ("rung_bytes", "rung_seconds", "choose_rung", "swap_files"):
         assert prints.match(solution("lab05")[name].__code__) == "", name
     import inspect
-    src = inspect.getsource(ref.rung_bytes).replace('"mixed"', '"fp32"')
+    import re
     g = dict(vars(ref))
-    exec(src, g)
+    exec(inspect.getsource(ref.rung_bytes).replace('"mixed"', '"fp32"'), g)
+    assert prints.match(g["rung_bytes"].__code__) == "the grader's answer lab_reference.rung_bytes"
+    body = inspect.getsource(ref.rung_bytes).split('"""')
+    body[2] = re.sub(r'"([^"]*)"', r'"my \1"', body[2])
+    assert len(set(re.findall(r'"my [^"]*"', body[2]))) == 13 + 1      # and the guard line's name
+    g = dict(vars(ref))
+    exec('"""'.join(body), g)
     assert prints.match(g["rung_bytes"].__code__) == ""
+
+
+# Review r8 (expert_05_06, c05plain.py): the time engine run unchanged under another name answered
+# part 3, 13/13 (lab_guard's prints held only the reference and model_states). Its one call of
+# model_states (the NVMe states) goes to the learner's own part 1 through a shim.
+ENGINE_COPY = """
+import inspect, types
+from gpumem.memory import accounting as _a, offload_cost as _c
+from gpumem.timing import offload_time as _t
+def _mod(m, **over):
+    g = types.ModuleType(m.__name__ + "_x"); g.__package__ = m.__package__
+    exec(compile(inspect.getsource(m), "<x>", "exec"), g.__dict__); g.__dict__.update(over); return g
+class _St:
+    def __getattr__(self, k): return getattr(_a, k)
+    def model_states(self, n, recipe, gpus, zero, offload, device):
+        rung = {("optimizer", "nvme"): "zero3+opt-nvme", ("optimizer+params", "nvme"): "zero3+opt+params-nvme"}[offload, device]
+        return types.SimpleNamespace(nvme=sum(rung_bytes(n, gpus, rung).get("nvme", {}).values()))
+_C = _mod(_c, accounting=_St())
+_T = _mod(_t, traffic_parts=_C.traffic_parts, offload_traffic=_C.offload_traffic)
+_RUNG = {"zero3": (3, "none", "cpu"), "zero2+opt-cpu": (2, "optimizer", "cpu"), "zero3+opt-cpu": (3, "optimizer", "cpu"),
+         "zero3+opt-nvme": (3, "optimizer", "nvme"), "zero3+opt+params-cpu": (3, "optimizer+params", "cpu"),
+         "zero3+opt+params-nvme": (3, "optimizer+params", "nvme")}
+def rung_seconds(n, ranks, rung, compute_s, links):
+    z, o, d = _RUNG[rung]
+    return _T.step_time(n, "mixed", z, ranks, o, d, compute_s, links)["stock"]
+"""
+# the same with review r8's mut3 on the engine's modules: every constant a keyword-only default
+ENGINE_DEFAULTS = ENGINE_COPY.replace("import inspect, types", """import inspect, types, ast
+from test_copy_watch import _Defaults""").replace(
+    'exec(compile(inspect.getsource(m), "<x>", "exec"), g.__dict__)',
+    'exec(compile(ast.fix_missing_locations(_Defaults().visit(ast.parse(inspect.getsource(m)))), "<x>", "exec"), g.__dict__)')
+
+
+@pytest.mark.parametrize("source, copied", [
+    (ENGINE_COPY, "gpumem.timing.offload_time.step_time"),
+    # mut3 turns step_time's dict literals' constant keys into loads (BUILD_MAP, not
+    # BUILD_CONST_KEY_MAP): 0.53 of its shingles, under COVER; traffic_parts, which it calls, is named
+    (ENGINE_DEFAULTS, "gpumem.memory.offload_cost.traffic_parts"),
+], ids=["unchanged", "constants-in-defaults"])
+def test_a_copy_of_the_time_engine_fails_part_3(no_libaio, source, copied):
+    """Part 3 asks for the learner's own time mechanism: a copy of offload_time.step_time (with
+    offload_cost's traffic) run under another name is refused, and the row names the copy."""
+    ns = solution("lab05")
+    exec(compile(source, "<learner cell>", "exec"), ns)
+    report = grade(ns)
+    bad = first_problem(report, "rung_seconds")
+    assert bad.status == "error" and "count it yourself" in bad.detail, bad
+    assert f"it ran a copy of {copied} (the same code under another name)" in bad.detail, bad
+    assert not report.solved
 
 
 LAUNCHER = """
@@ -794,9 +856,8 @@ def test_a_faked_launcher_is_refused(monkeypatch):
     monkeypatch.setattr(launch, "run", launch.run)          # put back after the test
     ns = {}
     exec(compile(LAUNCHER, "<learner cell>", "exec"), ns)
-    report = grade(ns)
-    for row in rows(report, "swap_files"):
-        assert row.status == "error" and "gpumem.runs.launch.run was replaced" in row.detail, row
+    with pytest.raises(GraderChanged, match=r"gpumem\.runs\.launch\.run"):    # the seal, before grading
+        grade(ns)
 
 
 # Review r6 (expert_04_06): a module copied through its syntax tree, every ``return X`` made
@@ -886,10 +947,8 @@ def test_a_faked_collector_below_the_launcher_is_refused(monkeypatch):
     monkeypatch.setattr(launch, "_collect", launch._collect)     # put back after the test
     ns = solution("lab05")
     exec(compile(COLLECT, "<learner cell>", "exec"), ns)
-    report = grade(ns)
-    assert rows(report, "swap_files") and not report.solved
-    for row in rows(report, "swap_files"):
-        assert row.status == "error" and "gpumem.runs.launch._collect was replaced" in row.detail, row
+    with pytest.raises(GraderChanged, match=r"gpumem\.runs\.launch\._collect"):    # the seal, before grading
+        grade(ns)
 
 
 def test_an_implausible_run_result_is_not_graded():
@@ -998,9 +1057,13 @@ def test_the_audits_rules_and_watch_cannot_be_switched_off(no_libaio, emptied, w
     ns = solution("lab05")
     try:
         exec(compile(UNWATCHED.replace("{emptied}", emptied), "<learner cell>", "exec"), ns)
-        bad = first_problem(grade(ns), "rung_bytes")
+        with pytest.raises(GraderChanged, match=r"lab_audit\.FRAME_EVENTS, gpumem\.course\.lab_audit\.OWN"):
+            grade(ns)                                    # the seal sees the rules rebound, before grading
+        saved_rules, (lab_audit.OWN, lab_audit.FRAME_EVENTS) = (lab_audit.OWN, lab_audit.FRAME_EVENTS), saved
+        bad = first_problem(grade(ns), "rung_bytes")     # the rules put back: the call itself is refused
     finally:
         lab_audit.OWN, lab_audit.FRAME_EVENTS = saved
+    assert saved_rules == ("", frozenset())
     assert bad.status == "error" and words in bad.detail, bad
 
 

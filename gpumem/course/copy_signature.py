@@ -5,7 +5,10 @@ names, lines, file or jump offsets; :func:`_shingles` hashes its runs of :data:`
 instructions after :func:`_shape` reads every load alike (a constant moved into a global, a
 renamed local) and drops statements that only call something with no arguments (``_nop()``):
 review r7's copy of the chapters' code (constants hoisted into globals, a no-op call before every
-statement) matched no protected body under the older, exact signature.
+statement) matched no protected body under the older, exact signature. Review r8's copies
+(constants moved into keyword defaults, ``_pz = 0`` before every statement, one constant computed)
+are met by :func:`bound_values`/:func:`frame_values`, the dead stores left out of a signature, and
+:func:`consts_met`.
 """
 
 import dis
@@ -18,6 +21,7 @@ _NAMED = set(dis.hasname) | set(dis.haslocal) | set(dis.hasfree)
 # A paste changes jump offsets and LOAD_METHOD vs LOAD_GLOBAL's NULL bit + LOAD_ATTR (3.11 compiles
 # ``math.sqrt(d)`` either way, as ``import math`` is in the same source or not): not in a signature.
 _JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
+_SIMPLE = {"LOAD_CONST", "LOAD_FAST", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME"}
 
 
 def _const(value):
@@ -39,10 +43,17 @@ def _drop_guard(ops: list) -> list:
 @lru_cache(maxsize=4096)
 def signature(code: types.CodeType) -> tuple:
     """``code``'s instructions with their constants and operators, without names, lines, file,
-    jump offsets or the LOAD_METHOD/LOAD_ATTR choice; a leading guard statement dropped (module docstring)."""
+    jump offsets or the LOAD_METHOD/LOAD_ATTR choice; a leading guard statement dropped (module
+    docstring), and stores of a plain load into a local never read (review r8's copy_pad put
+    ``_pz = 0`` before every statement: no run of 8 instructions was left whole)."""
     ops = []
-    for ins in dis.get_instructions(code):
+    every = list(dis.get_instructions(code))
+    read = {ins.argval for ins in every if ins.opname in ("LOAD_FAST", "DELETE_FAST", "LOAD_CLOSURE")}
+    for ins in every:
         if ins.opname in _SKIP:
+            continue
+        if ins.opname == "STORE_FAST" and ins.argval not in read and ops and ops[-1][0] in _SIMPLE:
+            del ops[-1]                     # a dead store of a plain load (``_pz = 0``): left out
             continue
         name = "LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname
         if ins.opcode in _NAMED:
@@ -58,6 +69,7 @@ def signature(code: types.CodeType) -> tuple:
 
 
 SHINGLE, COVER = 8, 0.6   # instructions per shingle; share of a body's shingles that makes a copy
+CLOSE = 0.75              # a share of shingles at which over half a body's constants are enough (consts_met)
 
 
 _LOADS = {"LOAD_CONST", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE"}
@@ -81,10 +93,12 @@ def _shingles(sig: tuple, k: int = SHINGLE) -> set[int]:   # hashes of sig's run
     return {hash(sig[i:i + k]) for i in range(len(sig) - k + 1)}
 
 
+_KINDS = (int, float, str, type(None))
+
+
 def _valued(code: types.CodeType, values: dict | None) -> frozenset:
     """The numbers, strings and None the globals ``code`` names hold (a constant moved into one)."""
-    kinds = (int, float, str, type(None))
-    return _atoms(v for n in code.co_names if type(v := (values or {}).get(n, ...)) in kinds)
+    return _atoms(v for n in code.co_names if type(v := (values or {}).get(n, ...)) in _KINDS)
 
 
 def _atoms(values) -> frozenset:
@@ -94,9 +108,54 @@ def _atoms(values) -> frozenset:
     for v in values:
         if isinstance(v, (tuple, frozenset)):
             out |= _atoms(v)
-        else:
-            out.add(abs(v) if type(v) in (int, float) else v)
+        else:   # True is not 1 here (``keepdim=True`` supplied the 1.0 of a changed copy)
+            out.add(abs(v) if type(v) in (int, float) else ("bool", v) if type(v) is bool else v)
     return frozenset(out)
+
+
+def _plain(v) -> bool:    # a number, string or None, or a tuple of them
+    return type(v) in _KINDS or (isinstance(v, tuple) and len(v) < 64 and all(_plain(x) for x in v))
+
+
+def bound_values(fn) -> frozenset:
+    """The numbers, strings and None a function carries outside its body: its defaults
+    (``__defaults__``, ``__kwdefaults__``) and closure cells (review r8's mut3 moved every constant
+    of a copy into a keyword-only default, read with LOAD_FAST like a parameter)."""
+    cells = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:                      # an empty cell
+            pass
+    kw = getattr(fn, "__kwdefaults__", None) or {}
+    return _atoms(v for v in (*(getattr(fn, "__defaults__", None) or ()), *kw.values(), *cells)
+                  if _plain(v))
+
+
+def frame_values(frame) -> frozenset:
+    """What :func:`bound_values` reads, from a running frame: the values its parameters and free
+    variables hold (a default, or a constant the caller passed, or a closure's)."""
+    code = frame.f_code
+    flags = code.co_flags
+    n = code.co_argcount + code.co_kwonlyargcount + bool(flags & 0x04) + bool(flags & 0x08)   # *args, **kw
+    names = set(code.co_varnames[:n]) | set(code.co_freevars)
+    local = frame.f_locals
+    return _atoms(v for k in names if _plain(v := local.get(k, ...)))
+
+
+def consts_met(needed: frozenset, loaded: frozenset, cover: float) -> bool:
+    """True if ``loaded`` holds enough of the constants ``needed`` (those a protected body loads):
+    all of them, all but one when the body loads 4 or more (review r8: ``range(0, ...)`` pasted as
+    ``range(len(()), ...)`` took out the only 0 of chapter 04's backward's six), and more than half
+    of them when the code holds :data:`CLOSE` of the body's shingles (a copy with a few of a long
+    body's numbers computed). The learner's own code that reads like the answer holds few of its
+    shingles or differs in many constants (the library's ``offload_traffic`` holds 0.96 of
+    ``finetune.grouped``'s shingles and none of its 12 strings). Limit: a copy whose every number is
+    computed (``len(((),))``) keeps 3 of that backward's 6 and 0.79 of its shingles, which reads as
+    the same body with other numbers: not named."""
+    missing = len(needed - loaded)
+    allowed = max(1 if len(needed) >= 4 else 0, (len(needed) - 1) // 2 if cover >= CLOSE else 0)
+    return missing <= allowed
 
 
 def _loaded(sig: tuple) -> frozenset:      # the constants sig loads, nested functions' bodies aside

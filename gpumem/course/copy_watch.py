@@ -33,7 +33,8 @@ import types
 from collections import Counter
 from functools import lru_cache
 
-from .copy_signature import COVER, _loaded, _shingles, _valued, signature
+from .copy_signature import (COVER, _loaded, _shingles, _valued, bound_values, consts_met, frame_values,
+                             signature)
 
 GPUMEM = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 TESTS = os.path.join(os.path.dirname(os.path.dirname(GPUMEM)), "tests") + os.sep
@@ -120,13 +121,16 @@ class Prints:
     """Content fingerprints of the functions of some modules (``(module, label)``; ``skip``: names
     left out; ``only``: if given, the names kept) at least ``least`` instructions long; :meth:`match`
     names the one a code object repeats: it holds :data:`COVER` of that body's :func:`_shingles` (a
-    learner's code shares a few runs of instructions with it by chance, not most) and every constant
-    the body loads (one changed: the learner's own code, as a solution that reads like the answer)."""
+    learner's code shares a few runs of instructions with it by chance, not most) and enough of the
+    constants the body loads (:func:`.copy_signature.consts_met`: all, all but one of 4 or more,
+    over half at a close cover; the learner's own code that reads like the answer differs in more). A
+    constant counts as loaded from the body, from a global (:func:`_valued`), or from the
+    function's defaults and closure, or its frame's parameters (review r8's mut3)."""
 
     def __init__(self, modules, least: int = 40, skip=(), only=()):
         self.known: dict[tuple, str] = {}
         # per body: the shingles a copy must hold, the constants it loads; shingle -> bodies holding it
-        self.needed, self.consts, self.index = [], [], {}
+        self.needed, self.total, self.consts, self.index = [], [], [], {}
         for module, label in modules:
             for code in nested(top) if (top := fresh(module.__file__)) is not None else ():
                 if not code.co_flags & inspect.CO_OPTIMIZED or code.co_name.startswith("<") \
@@ -138,29 +142,40 @@ class Prints:
                     for h in (body := _shingles(sig)):
                         self.index.setdefault(h, []).append(len(self.needed))
                     self.needed.append(max(1, int(COVER * len(body) + 0.999)))
+                    self.total.append(len(body))
                     self.consts.append(_loaded(sig))
         self.names = list(self.known.values())
         self._seen: dict[int, tuple] = {}
 
-    def match(self, code: types.CodeType, values: dict | None = None) -> str:
+    def match(self, code: types.CodeType, values: dict | None = None, bound=None) -> str:
         """The protected function ``code`` repeats ('' if none; ``values``: the globals it runs
-        with, whose constants count as loaded); each code object computed once per globals."""
+        with, whose constants count as loaded; ``bound``: a callable giving the constants its
+        function carries, defaults and closure, :func:`.copy_signature.bound_values`, read only
+        for a body whose shingles it holds); shingles and globals computed once per code object."""
         seen = self._seen.get(id(code))
-        if seen is not None and seen[0] is code and seen[1] is values:
-            return seen[2]
-        hit = ""
-        if not code.co_name.startswith("<"):
-            sig = signature(code)
-            loaded = _loaded(sig) | _valued(code, values)
-            counts = Counter(j for h in _shingles(sig) for j in self.index.get(h, ()))
-            hit = next((self.names[j] for j, n in counts.most_common()
-                        if n >= self.needed[j] and self.consts[j] <= loaded), "")
-        self._seen[id(code)] = (code, values, hit)
-        return hit
+        if seen is None or seen[0] is not code or seen[1] is not values:
+            near: list = []
+            loaded = frozenset()
+            if not code.co_name.startswith("<"):
+                sig = signature(code)
+                loaded = _loaded(sig) | _valued(code, values)
+                counts = Counter(j for h in _shingles(sig) for j in self.index.get(h, ()))
+                near = [(j, n / self.total[j]) for j, n in counts.most_common() if n >= self.needed[j]]
+            seen = self._seen[id(code)] = (code, values, near, loaded)
+        near, loaded = seen[2], seen[3]
+        extra = None
+        for j, cover in near:
+            if consts_met(self.consts[j], loaded, cover):
+                return self.names[j]
+            if bound is not None:
+                extra = bound() if extra is None else extra
+                if consts_met(self.consts[j], loaded | extra, cover):
+                    return self.names[j]
+        return ""
 
     def copied(self, frame) -> str:
         """What ``frame`` runs a copy of ('' if nothing, or if it is the course's own code)."""
-        hit = self.match(frame.f_code, frame.f_globals)
+        hit = self.match(frame.f_code, frame.f_globals, lambda: frame_values(frame))
         return hit if hit and not genuine(frame) else ""
 
 
@@ -231,7 +246,9 @@ def held_copies(prints: Prints, namespace: dict, depth: int = 2) -> str:
         code = value if isinstance(value, types.CodeType) else getattr(value, "__code__", None)
         if isinstance(code, types.CodeType):
             g = getattr(value, "__globals__", None)
-            return next((hit for c in nested(code) if (hit := prints.match(c, g)) and not genuine_code(c)), "")
+            carried = (lambda: bound_values(value)) if code is getattr(value, "__code__", None) else None
+            return next((hit for c in nested(code) if (hit := prints.match(c, g, carried if c is code else None))
+                         and not genuine_code(c)), "")
         if isinstance(value, types.ModuleType):
             if sys.modules.get(value.__name__) is value and getattr(value, "__file__", None):
                 return ""                                   # a loaded module: its functions are its file's

@@ -21,7 +21,8 @@ defined. Everything is put back with SIGALRM held (as lab 03's guard does).
 
 A copy of those answers' code run under another name (``exec(compile(inspect.getsource(...),
 "<mine>", "exec"))``, its guard lines taken out) is refused too: the profile hook matches each new
-code object's content against the answers compiled afresh (:mod:`gpumem.course.copy_watch`). And
+code object's content against the answers compiled afresh (:mod:`gpumem.course.copy_watch`), and
+against the time engine's ``step_time`` and traffic counts (:data:`_LIBRARY`). And
 the answers refuse before grading as well, from any caller but the grader (``graders_only``), so
 no table can be made from them at definition time.
 
@@ -38,6 +39,7 @@ reference's counts are the library's, which refuse there.
 """
 
 import contextlib
+import importlib
 import sys
 import threading
 
@@ -109,13 +111,23 @@ _PRINTS: list = []
 _KEPT: list = [(ref, "the grader's answer lab_reference", ("rung_bytes", "choose"))]   # and keep()'s
 
 
+# the library's counts and the time engine part 3 asks the learner to write (review r8: an
+# unchanged copy of offload_time + offload_cost answered part 3); stock_schedule and
+# ideal_schedule are under the 40-instruction floor, _split (which both call) is not
+_LIBRARY = [("gpumem.memory.accounting", ("model_states",)),
+            ("gpumem.timing.offload_time", ("step_time", "_split")),
+            ("gpumem.memory.offload_cost", ("traffic_parts", "gradient_trip", "offload_traffic"))]
+
+
 def prints() -> copy_watch.Prints:
     """The content fingerprints of the grader's answers (:data:`_KEPT`: the reference's, and those
-    marked :func:`keep`) and of the library's count (``accounting.model_states``), built once."""
+    marked :func:`keep`), of the library's count (``accounting.model_states``) and of the time
+    engine's step and traffic (:data:`_LIBRARY`), built once."""
     if not _PRINTS:
-        from gpumem.memory import accounting
-        modules = [(m, label) for m, label, _ in _KEPT] + [(accounting, "gpumem.memory.accounting")]
-        _PRINTS.append(copy_watch.Prints(modules, only=[n for *_, names in _KEPT for n in names] + ["model_states"]))
+        modules = [(m, label) for m, label, _ in _KEPT]
+        modules += [(importlib.import_module(name), name) for name, _ in _LIBRARY]
+        only = [n for *_, names in _KEPT for n in names] + [n for _, names in _LIBRARY for n in names]
+        _PRINTS.append(copy_watch.Prints(modules, only=only))
     return _PRINTS[0]
 
 
