@@ -114,13 +114,17 @@ _STARTS = ((threading, "_start_new_thread"), (sys.modules["_thread"], "start_new
 
 
 def foreign_threads() -> list[str]:
-    """Threads other than this one that a learner's cells started and that still run: a frame of
+    """Threads other than this one (and the main thread, which a check run in a thread leaves
+    waiting) that a learner's cells started and that still run: a frame of
     code that is not its file's (a cell's, an ``exec``), or no frame of the kernel's packages or
     gpumem's (an executor's worker, a ``threading.Timer``, a loop in a thread). Their code could
     answer for the learner's function unwatched (review r8 of lab 08: a worker thread fed by a queue)."""
     here, names = threading.get_ident(), {t.ident: t.name for t in threading.enumerate()}
+    caller = threading.main_thread().ident      # a grading thread's caller waits on the main thread
     out = []
     for tid, frame in sys._current_frames().items():
+        if tid in (here, caller):
+            continue
         owned, stranger = False, None
         while frame is not None and stranger is None:
             code = frame.f_code
@@ -129,7 +133,7 @@ def foreign_threads() -> list[str]:
             elif code.co_filename.startswith(OWN) or any(f"{p}{os.sep}" in code.co_filename for p in KERNEL):
                 owned = True
             frame = frame.f_back
-        if tid != here and (stranger is not None or not owned):
+        if stranger is not None or not owned:
             at = f", running {stranger.co_name} from {stranger.co_filename}" if stranger is not None else ""
             out.append(f"{names.get(tid, tid)}{at}")
     return out
