@@ -4,8 +4,10 @@ A file name proves nothing: ``compile(source, "/…/gpumem/memory/finetune.py", 
 that claims to be gpumem's (review r8 of lab 08: code compiled under a gpumem file name was
 trusted by the labs' audit hook, and read the grader's frames). :func:`genuine` compiles the file
 the code names, afresh, and looks for a code object with the same qualified name, bytecode, names
-and constants, and the file must be gpumem's or the installed Python's (:func:`trusted`). Used by :mod:`.grader_seal` (is every function of the grading machinery still the
-file's?) and :mod:`.lab_audit` (may this caller read frames?).
+and constants; the file must be gpumem's or the installed Python's (:func:`trusted`), so a
+learner's own module is not (a file a learner adds inside gpumem/ would be). Used by
+:mod:`.grader_seal` (is every function of the grading machinery still the file's?) and
+:mod:`.lab_audit` (may this caller read frames?).
 """
 
 import os

@@ -6,13 +6,15 @@ this module records what grading rests on (the members of :class:`~gpumem.course
 and :class:`~gpumem.course.grading.Row`, the grading functions and the time limits, by identity
 and code object); :func:`changed` lists what differs now. ``gpumem.chapters.check_lab`` refuses to
 grade in a changed kernel, before the check and after it (a learner's function may change the
-grader while it runs). It also compares every function the chapters' lab modules define (``labcheck``,
-``labguard``, ``lab_*``: loaded ones) and the guards' shared copy watch (``copy_watch``, methods of
-its classes included) with the code compiled afresh from their files, so replacing
-``labcheck._grade_states``, a guard's function or ``copy_watch.Prints.match`` (review r7: one line
-that blinded labs 04-06's copy checks), or its ``__code__``, is refused too. This closes
-the cheap patches; code determined to defeat a grader that runs in its own process can also change
-this module, which is why instructors grade from a fresh kernel.
+grader while it runs). It also compares every function of every loaded gpumem module, and each
+wrapper around it, with the code compiled afresh from its file (:mod:`.genuine`): replacing
+``labcheck._grade_states``, ``copy_watch.Prints.match`` (review r7) or a ``__code__``, or wrapping
+``offload_time.step_time`` in a ``functools.wraps`` recorder (review r8), is refused. The chapters'
+lab modules' tables are compared with a fresh run of their file (review r8: ``BLOCKED.clear()``
+switched a guard off), and no trace or profile hook may be set when grading starts or ends
+(:func:`hooks`: r8's ``sys.settrace`` rewrote the grader's variables). This closes the cheap
+patches; code determined to defeat a grader that runs in its own process can also change this
+module, which is why instructors grade from a fresh kernel.
 """
 
 import ast
