@@ -24,7 +24,10 @@ list of watched calls, so rebinding this module's names does nothing, and a watc
 the call is reported (:data:`EMPTIED`); a learner's code determined enough to dig the hook's
 closure out before grading is beyond an in-kernel guard (instructors grade from a fresh kernel).
 
-Used by labs 05, 06 and 08 (their ``lab_guard`` modules); sealed by :mod:`.grader_seal`.
+Threads: a call is refused while a thread the learner's cells started runs, and starting one inside it is
+refused (:func:`foreign_threads`, :data:`THREAD`). Exemptions hold only for genuine code (:mod:`.genuine`:
+code compiled under a gpumem file name is not). Used by labs 01, 03, 05, 06 and 08; sealed by
+:mod:`.grader_seal`.
 """
 
 import contextlib
