@@ -100,12 +100,30 @@ def no_library_backward(*extra):
 
 
 @contextlib.contextmanager
-def key_block_calls(*fns):
-    """Record ``(j0, returned)`` of each call of any of ``fns``' code while the block runs."""
-    calls, stack, before = [], [], sys.getprofile()
-    codes = {getattr(fn, "__code__", None) for fn in fns} - {None}
+def chained(on_event):
+    """``on_event(frame, event, arg)`` for every profile event while the block runs, chained to the
+    hook already set (the lab's guard watches the same calls); the records of labblock, labring
+    and labzig."""
+    before = sys.getprofile()
 
     def hook(frame, event, arg):
+        on_event(frame, event, arg)
+        if before is not None:
+            before(frame, event, arg)
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(before)
+
+
+@contextlib.contextmanager
+def key_block_calls(*fns):
+    """Record ``(j0, returned)`` of each call of any of ``fns``' code while the block runs."""
+    calls, stack = [], []
+    codes = {getattr(fn, "__code__", None) for fn in fns} - {None}
+
+    def record(frame, event, arg):
         if frame.f_code in codes:
             if event == "call":
                 names = frame.f_code.co_varnames
@@ -115,13 +133,8 @@ def key_block_calls(*fns):
                     got = tuple(t.detach().clone() if isinstance(t, torch.Tensor) else t
                                 for t in arg) if isinstance(arg, (tuple, list)) else arg
                 calls.append((stack.pop(), got))
-        if before is not None:
-            before(frame, event, arg)
-    sys.setprofile(hook)
-    try:
+    with chained(record):
         yield calls
-    finally:
-        sys.setprofile(before)
 
 
 def assembled(calls, got) -> str:

@@ -11,12 +11,13 @@ when the answer has NaN (``tiled_forward`` of no keys gives out = 0/0).
 """
 
 import contextlib
-import sys
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from gpumem.memory import flash_tiled
+
+from .labblock import chained
 
 
 def _copy(x):
@@ -31,11 +32,11 @@ def _copy(x):
 def ring_calls(merge):
     """Record ``("forward", k, returned)`` and ``("merge", parts, returned)`` calls while the
     block runs; ``merge`` is the learner's ``merge_partials`` (or None)."""
-    calls, stack, before = [], [], sys.getprofile()
+    calls, stack = [], []
     forward = flash_tiled.tiled_forward.__code__
     merging = getattr(merge, "__code__", None)
 
-    def hook(frame, event, arg):
+    def record(frame, event, arg):
         code = frame.f_code
         if code is forward or (merging is not None and code is merging):
             if event == "call":
@@ -44,13 +45,8 @@ def ring_calls(merge):
             elif event == "return" and stack:
                 with _disable_current_modes():
                     calls.append(("forward" if code is forward else "merge", stack.pop(), _copy(arg)))
-        if before is not None:
-            before(frame, event, arg)
-    sys.setprofile(hook)
-    try:
+    with chained(record):
         yield calls
-    finally:
-        sys.setprofile(before)
 
 
 def _snapshot(parts):

@@ -18,14 +18,13 @@ Megatron-LM's (``get_batch_on_this_cp_rank``).
 
 import contextlib
 import random
-import sys
 
 import torch
 
 from gpumem.course.grading import Todo, call, kind, run_case
 from gpumem.memory import flash_tiled
 
-from .labblock import no_library_backward
+from .labblock import chained, no_library_backward
 
 # (ranks, chunk length n, which owner list); "long": 2^20 tokens, hand count only
 COUNTS = ((3, 7, "contiguous"), (4, 6, "balanced"), (3, 9, "shuffled"), (8, 2 ** 16, "long"))
@@ -64,20 +63,15 @@ def owners(ranks: int, what: str, rng: random.Random) -> list[int]:
 @contextlib.contextmanager
 def forward_calls():
     """Record (n_q, n_k, causal) of every ``flash_tiled.tiled_forward`` call while the block runs."""
-    calls, before, code = [], sys.getprofile(), flash_tiled.tiled_forward.__code__
+    calls, code = [], flash_tiled.tiled_forward.__code__
 
-    def hook(frame, event, arg):
+    def record(frame, event, arg):
         if event == "call" and frame.f_code is code:
             q, k, causal = (frame.f_locals.get(x) for x in ("q", "k", "causal"))
             if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor):
                 calls.append((q.shape[2], k.shape[2], bool(causal)))
-        if before is not None:
-            before(frame, event, arg)
-    sys.setprofile(hook)
-    try:
+    with chained(record):
         yield calls
-    finally:
-        sys.setprofile(before)
 
 
 def measured(ring, owner, n: int, seed: int) -> tuple[list[int], str]:
@@ -128,19 +122,11 @@ _CODES = {fn.__code__: name for name, fn in ANSWERS}     # taken at import, befo
 def answers_off():
     """While the block runs, :data:`ANSWERS` raise (their code swapped, as :mod:`.labblock` does
     for the backwards), and so does a function rebuilt on their original code (a profile hook)."""
-    before = sys.getprofile()
-
-    def hook(frame, event, arg):
+    def refuse(frame, event, arg):
         if event == "call" and frame.f_code in _CODES:
             raise RuntimeError(REFUSED.format(_CODES[frame.f_code]))
-        if before is not None:
-            before(frame, event, arg)
-    with no_library_backward(*((name, fn, REFUSED) for name, fn in ANSWERS)):
-        sys.setprofile(hook)
-        try:
-            yield
-        finally:
-            sys.setprofile(before)
+    with no_library_backward(*((name, fn, REFUSED) for name, fn in ANSWERS)), chained(refuse):
+        yield
 
 
 def _asked(fn, *args):
