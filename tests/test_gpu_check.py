@@ -180,3 +180,38 @@ def test_gpu_box_script_refuses_a_driver_too_old_for_torchs_cuda_wheels(tmp_path
     assert "Tesla T4 (compute capability 7.5), driver supports CUDA up to 11.8" in proc.stdout
     assert "update the driver or set TORCH_CUDA" in proc.stderr
     assert not (tmp_path / ".venv").exists()
+
+
+def test_budget_stops_an_item_and_its_children(tmp_path):
+    """--budget: an item that outlives what is left is killed with its whole process group (a
+    grandchild holding the output pipe, as DeepSpeed's ranks do, does not keep it waiting), and
+    once the budget is spent the next items are skipped, not started."""
+    import time
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import gpu_check
+    clock = gpu_check.Clock(2.0)
+    start = time.monotonic()
+    marker = tmp_path / "grandchild-ran-on"
+    proc = gpu_check._run(["sh", "-c", f"(sleep 4; touch {marker}) & sleep 30"], clock, capture_output=True)
+    assert proc is None and time.monotonic() - start < 10
+    time.sleep(3)
+    assert not marker.exists()                       # the grandchild was killed with the group
+    assert clock.spent()
+    done = gpu_check._run([sys.executable, "-c", "print(6 * 7)"], gpu_check.Clock(None), capture_output=True)
+    assert done.returncode == 0 and done.stdout.strip() == b"42"
+    rows = gpu_check.notebooks({"cuda_available": True}, clock)
+    assert rows and all(r["outcome"] == "skipped" and "out of --budget" in r["detail"] for r in rows)
+
+
+def test_a_lab_measurement_belongs_to_its_chapter(tmp_path):
+    """The labs' GPU parts record ``labNN.<what>``: valid, and shown with chapter NN's runs."""
+    data = {"date": "2026-12-04", "gpu": "Test GPU", "gpu_count": 1, "driver": "1", "cuda": "13.0",
+            "torch": "2.11", "deepspeed": "0.19.8", "outcomes": [],
+            "measurements": [{"test": "t", "key": "lab03.placement_peak_measured", "value": 5, "unit": "B"},
+                             {"test": "t", "key": "ch04.x", "value": 1, "unit": "s"}]}
+    gpu_results.write(data, tmp_path)
+    assert [m["key"] for r in gpu_results.for_chapter("03", tmp_path) for m in r["measurements"]] == \
+        ["lab03.placement_peak_measured"]
+    with pytest.raises(ValueError, match="labNN"):
+        gpu_results.validate({**data, "measurements": [{"test": "t", "key": "lab3.x", "value": 1, "unit": "B"}]})

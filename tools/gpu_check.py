@@ -1,6 +1,7 @@
 """`make gpu-check`: run every GPU item of the course, collect what it measured, and report.
 
-    .venv/bin/python tools/gpu_check.py [--no-notebooks] [--results-dir DIR] [--report FILE] [-- PYTEST_ARGS]
+    .venv/bin/python tools/gpu_check.py [--no-notebooks] [--budget S] [--results-dir DIR] [--report FILE]
+                                        [-- PYTEST_ARGS]
 
 The items, all found afresh each run:
   1. every ``gpu``-marked test (``pytest -m gpu``), with GPUMEM_GPU_RECORD set so each
@@ -11,7 +12,9 @@ The items, all found afresh each run:
   3. every chapter notebook under nbval, so its ``if torch.cuda.is_available()`` branches run.
 
 With CUDA it writes ``results/gpu/<date>_<gpu>.json`` (gpumem.course.gpu_results' format) and
-the report next to it (``.md``); commit both. Without CUDA every item is reported as skipped
+the report next to it (``.md``); commit both. ``--budget S`` (seconds, for a rented GPU by the
+hour): each item runs under what is left of S, one that runs out is stopped and reported
+"failed: out of time", and the items after it "skipped", so the report is always written. Without CUDA every item is reported as skipped
 with its reason, nothing is written under results/, and the exit status is 0. The exit status
 is 1 when an item failed.
 
@@ -24,6 +27,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +36,39 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_CUDA = "no CUDA device on this machine (run `make gpu-check` on a GPU box)"
+
+
+class Clock:
+    """What is left of ``--budget``: the timeout for the next item, or None once it is spent."""
+
+    def __init__(self, budget: float | None):
+        self.end = None if budget is None else time.monotonic() + budget
+
+    def left(self) -> float | None:
+        return None if self.end is None else self.end - time.monotonic()
+
+    def spent(self) -> bool:
+        return self.end is not None and self.left() < 5
+
+
+def _run(cmd, clock: Clock, capture_output=False, **kw):
+    """subprocess.run under what is left of the budget; None when it ran out (the item's whole
+    process group is killed: DeepSpeed's ranks and a notebook's kernel too, not only the child)."""
+    pipe = subprocess.PIPE if capture_output else None
+    with subprocess.Popen(cmd, stdout=pipe, stderr=pipe, start_new_session=True, **kw) as proc:
+        try:
+            out, err = proc.communicate(timeout=clock.left())
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return None
+        except KeyboardInterrupt:        # its own session: Ctrl-C reaches only us, so pass it on
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+OUT_OF_TIME = {"outcome": "skipped", "detail": "out of --budget time before it started"}
 
 
 # -- the pytest plugin half --------------------------------------------------------------------
@@ -72,15 +109,17 @@ def machine() -> dict:
 
 # -- the three kinds of item ---------------------------------------------------------------------
 
-def gpu_tests(tmp: Path, pytest_args: list[str]) -> tuple[list[dict], list[dict]]:
+def gpu_tests(tmp: Path, pytest_args: list[str], clock: Clock) -> tuple[list[dict], list[dict]]:
     """Run ``pytest -m gpu``; returns (outcomes, measurements recorded by the tests)."""
     outcomes, records = tmp / "outcomes.jsonl", tmp / "records.jsonl"
     env = {**os.environ, "GPUMEM_GPU_RECORD": str(records), "GPUMEM_GPU_OUTCOMES": str(outcomes),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tools"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-p", "no:cacheprovider",
-                           "-p", "gpu_check", "tests", *pytest_args], cwd=ROOT, env=env)
+    proc = _run([sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-p", "no:cacheprovider",
+                 "-p", "gpu_check", "tests", *pytest_args], clock, cwd=ROOT, env=env)
     rows = [json.loads(line) for line in outcomes.read_text().splitlines()] if outcomes.exists() else []
-    if proc.returncode not in (0, 1, 5) or (proc.returncode == 1 and not any(r["outcome"] == "failed" for r in rows)):
+    if proc is None:
+        rows.append({"item": "pytest -m gpu", "outcome": "failed", "detail": "out of --budget time: stopped"})
+    elif proc.returncode not in (0, 1, 5) or (proc.returncode == 1 and not any(r["outcome"] == "failed" for r in rows)):
         rows.append({"item": "pytest -m gpu", "outcome": "failed",
                      "detail": f"pytest exited with status {proc.returncode} (collection or usage error)"})
     measured = [json.loads(line) for line in records.read_text().splitlines()] if records.exists() else []
@@ -100,7 +139,7 @@ def _cuda_peaks(data, path=""):
             yield from _cuda_peaks(v, f"{path}.{i}")
 
 
-def experiments(info: dict) -> tuple[list[dict], list[dict]]:
+def experiments(info: dict, clock: Clock) -> tuple[list[dict], list[dict]]:
     """Each registered experiment on CUDA; returns (outcomes, measurements)."""
     from gpumem.chapters import CHAPTERS
     rows, measured = [], []
@@ -112,9 +151,15 @@ def experiments(info: dict) -> tuple[list[dict], list[dict]]:
             if not info["cuda_available"]:
                 rows.append({"item": item, "outcome": "skipped", "detail": NO_CUDA})
                 continue
+            if clock.spent():
+                rows.append({"item": item, **OUT_OF_TIME})
+                continue
             start = time.monotonic()
-            proc = subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, capture_output=True, text=True)
+            proc = _run([sys.executable, *cmd[1:]], clock, cwd=ROOT, capture_output=True, text=True)
             seconds = time.monotonic() - start
+            if proc is None:
+                rows.append({"item": item, "outcome": "failed", "detail": f"out of --budget time: stopped after {seconds:.0f} s"})
+                continue
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
                 rows.append({"item": item, "outcome": "failed", "detail": tail[:300]})
@@ -129,7 +174,7 @@ def experiments(info: dict) -> tuple[list[dict], list[dict]]:
     return rows, measured
 
 
-def notebooks(info: dict) -> list[dict]:
+def notebooks(info: dict, clock: Clock) -> list[dict]:
     """Each registered chapter's notebook under nbval (on CUDA its GPU branches run)."""
     from gpumem.chapters import CHAPTERS
     rows = []
@@ -140,11 +185,19 @@ def notebooks(info: dict) -> list[dict]:
                 rows.append({"item": item, "outcome": "skipped",
                              "detail": NO_CUDA + "; `make test-notebooks` runs its CPU path"})
                 continue
+            if clock.spent():
+                rows.append({"item": item, **OUT_OF_TIME})
+                continue
             env = {**os.environ, "GPUMEM_QUIZ_MODE": "text", "GPUMEM_QUIZ_SEED": "0", "MPLBACKEND": "Agg",
                    "TQDM_DISABLE": "1", "GPUMEM_HOME": tempfile.mkdtemp(prefix="gpumem-home-")}
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", "--nbval-current-env",
-                                   "-p", "no:cacheprovider", str(nb)], cwd=ROOT, env=env,
-                                  capture_output=True, text=True)
+            start = time.monotonic()
+            proc = _run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", "--nbval-current-env",
+                         "-p", "no:cacheprovider", str(nb)], clock, cwd=ROOT, env=env,
+                        capture_output=True, text=True)
+            if proc is None:
+                rows.append({"item": item, "outcome": "failed",
+                             "detail": f"out of --budget time: stopped after {time.monotonic() - start:.0f} s"})
+                continue
             last = (proc.stdout.strip().splitlines() or [""])[-1]
             rows.append({"item": item, "outcome": "passed" if proc.returncode == 0 else "failed", "detail": last[:300]})
     return rows
@@ -180,23 +233,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=None,
                         help="default: next to the results file; without CUDA .cache/gpu-check/report.md")
     parser.add_argument("--no-notebooks", action="store_true", help="skip item 3 (the notebooks)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds for all items; what runs out is stopped, the rest skipped")
     args, pytest_args = parser.parse_known_args(argv)
     pytest_args = [a for a in pytest_args if a != "--"]
     sys.path.insert(0, str(ROOT))
     from gpumem.course import gpu_results
 
-    info = machine()
+    info, clock = machine(), Clock(args.budget)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        rows, measured = gpu_tests(Path(tmp), pytest_args)
-    more_rows, more = experiments(info)
+        rows, measured = gpu_tests(Path(tmp), pytest_args, clock)
+    more_rows, more = experiments(info, clock)
     rows, measured = rows + more_rows, measured + more
     if not args.no_notebooks:
-        rows += notebooks(info)
+        rows += notebooks(info, clock)
     results_file = None
     if info["cuda_available"]:
         data = {k: info[k] for k in ("date", "gpu", "gpu_count", "driver", "cuda", "torch", "deepspeed")}
         data.update(measurements=measured, outcomes=rows)
-        path = gpu_results.write(data, args.results_dir)
+        try:
+            path = gpu_results.write(data, args.results_dir)
+        except ValueError as err:           # keep what was measured; the report says why it is raw
+            path = Path(args.results_dir) / "unvalidated.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data, indent=1) + "\n")
+            rows.append({"item": "results file", "outcome": "failed", "detail": str(err)[:300]})
         results_file = os.path.relpath(path, ROOT)
         report_path = args.report or path.with_suffix(".md")
     else:

@@ -27,7 +27,7 @@ RESULTS_DIR = Path(__file__).resolve().parents[2] / "results" / "gpu"
 FIELDS = ("date", "gpu", "driver", "cuda", "torch", "deepspeed", "measurements")
 ROW_FIELDS = ("test", "key", "value", "unit")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-_KEY = re.compile(r"^ch(\d{2})\.\S+$")
+_KEY = re.compile(r"^(?:ch|lab)(\d{2})\.\S+$")     # a lab NN measurement belongs to chapter NN
 
 
 def slug(gpu_name: str) -> str:
@@ -56,7 +56,7 @@ def validate(data: dict) -> dict:
         if lacking:
             raise ValueError(f"measurement {row!r} lacks {', '.join(lacking)}")
         if not _KEY.match(str(row["key"])):
-            raise ValueError(f"measurement key {row['key']!r} is not chNN.<what>")
+            raise ValueError(f"measurement key {row['key']!r} is not chNN.<what> or labNN.<what>")
     return data
 
 
