@@ -271,8 +271,13 @@ def _trace_config(args) -> int:
 
 def _run(args) -> int:
     from .memory import models
+    from .chapters import experiments
+    least = experiments()[args.experiment][1].min_ranks
     if args.ranks > 8 and args.device == "cpu":
-        raise UsageError(f"--ranks {args.ranks} is too many CPU ranks for a laptop; accepted: 1 to 8")
+        raise UsageError(f"--ranks {args.ranks} is too many CPU ranks for a laptop; accepted: {least} to 8")
+    if args.ranks < least:
+        raise UsageError(f"--ranks {args.ranks} is too few for {args.experiment}: its layouts shard over "
+                         f"the ranks; accepted: {least} to 8 (--device cpu runs them on one machine)")
     kwargs = {"ranks": args.ranks, "device": args.device, "progress": not args.json}
     if args.model is not None:
         cfg = models.get(args.model)

@@ -222,3 +222,23 @@ def test_private_apis_this_chapter_relies_on():
     assert callable(FlopCounterMode._count_flops)
     assert torch._C._current_graph_task_id() == -1
     assert hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def test_gqa_attention_counts_query_heads_on_any_torch():
+    """Grouped-query K/V (2 heads for Q's 4): the count is Q's heads of work, 2 x 2*b*h_q*s*s*d
+    forward, by hand; widened to shapes, so a formula that asserts equal heads (PyTorch 2.11's,
+    as the first H200 run met on CUDA, 2026-12-04) accepts it; equal heads pass unchanged."""
+    from torch.utils.flop_counter import sdpa_flop
+
+    from gpumem.memory import flops
+    aten = torch.ops.aten
+    q, kv = torch.empty(2, 4, 64, 16), torch.empty(2, 2, 64, 16)
+    fwd = flops.gqa_as_heads(aten._scaled_dot_product_flash_attention, (q, kv, kv, 0.0, True))
+    assert fwd[1] == fwd[2] == torch.Size([2, 4, 64, 16]) and fwd[0] is q and fwd[3:] == (0.0, True)
+    assert sdpa_flop(*fwd, out_val=None) == 2 * (2 * 2 * 4 * 64 * 64 * 16)
+    g = torch.empty(2, 4, 64, 16)
+    bwd = flops.gqa_as_heads(aten._scaled_dot_product_efficient_attention_backward, (g, q, kv, kv, g))
+    assert bwd[2] == bwd[3] == torch.Size([2, 4, 64, 16]) and bwd[4] is g
+    same = (q, q, q)
+    assert flops.gqa_as_heads(aten._scaled_dot_product_flash_attention, same) is same
+    assert flops.gqa_as_heads(aten.mm, (q, kv)) == (q, kv)

@@ -150,3 +150,16 @@ def test_the_kernels_own_threads_and_gpumems_are_not_foreign():
     with case_limits.time_limit(5):
         pass
     assert lab_audit.foreign_threads() == []
+
+
+def test_user_site_packages_are_installed_code():
+    """A package installed with ``pip install --user`` (a shared workshop machine) is the installed
+    Python's code, as site-packages is; a learner's file in /tmp or the notebooks' folder is not."""
+    import os
+    import site
+    from pathlib import Path
+
+    assert genuine.trusted(os.path.join(site.getusersitepackages(), "typing_extensions.py"))
+    assert genuine.trusted(os.path.join(site.getsitepackages()[0], "torch", "__init__.py"))
+    assert not genuine.trusted("/tmp/learner/typing_extensions.py")
+    assert not genuine.trusted(str(Path(__file__).parents[1] / "labs" / "helper.py"))

@@ -1,7 +1,7 @@
 """`make gpu-check`: run every GPU item of the course, collect what it measured, and report.
 
-    .venv/bin/python tools/gpu_check.py [--no-notebooks] [--budget S] [--results-dir DIR] [--report FILE]
-                                        [-- PYTEST_ARGS]
+    .venv/bin/python tools/gpu_check.py [--no-notebooks] [--chapters 02,05] [--budget S] [--results-dir DIR]
+                                        [--report FILE] [-- PYTEST_ARGS]
 
 The items, all found afresh each run:
   1. every ``gpu``-marked test (``pytest -m gpu``), with GPUMEM_GPU_RECORD set so each
@@ -139,17 +139,28 @@ def _cuda_peaks(data, path=""):
             yield from _cuda_peaks(v, f"{path}.{i}")
 
 
+def _chosen(chapters, info: dict):
+    """The chapters ``--chapters`` names (all by default)."""
+    wanted = info.get("chapters")
+    return [c for c in chapters if not wanted or c.number in wanted]
+
+
 def experiments(info: dict, clock: Clock) -> tuple[list[dict], list[dict]]:
     """Each registered experiment on CUDA; returns (outcomes, measurements)."""
     from gpumem.chapters import CHAPTERS
     rows, measured = [], []
     ranks = max(1, min(info["gpu_count"], 8))
-    for chapter in CHAPTERS:
+    for chapter in _chosen(CHAPTERS, info):
         for exp in chapter.experiments:
             cmd = ["python", "-m", "gpumem", "run", exp.name, "--device", "cuda", "--ranks", str(ranks), "--json"]
             item = " ".join(cmd)
             if not info["cuda_available"]:
                 rows.append({"item": item, "outcome": "skipped", "detail": NO_CUDA})
+                continue
+            if ranks < exp.min_ranks:
+                rows.append({"item": item, "outcome": "skipped",
+                             "detail": f"needs {exp.min_ranks} GPUs, this machine has {info['gpu_count']}; "
+                                       "`make test` runs it on CPU ranks"})
                 continue
             if clock.spent():
                 rows.append({"item": item, **OUT_OF_TIME})
@@ -178,7 +189,7 @@ def notebooks(info: dict, clock: Clock) -> list[dict]:
     """Each registered chapter's notebook under nbval (on CUDA its GPU branches run)."""
     from gpumem.chapters import CHAPTERS
     rows = []
-    for chapter in CHAPTERS:
+    for chapter in _chosen(CHAPTERS, info):
         for nb in sorted((ROOT / "notebooks").glob(f"{chapter.number}_*.ipynb")):
             item = f"notebooks/{nb.name} under nbval (its CUDA branches)"
             if not info["cuda_available"]:
@@ -199,6 +210,8 @@ def notebooks(info: dict, clock: Clock) -> list[dict]:
                              "detail": f"out of --budget time: stopped after {time.monotonic() - start:.0f} s"})
                 continue
             last = (proc.stdout.strip().splitlines() or [""])[-1]
+            if proc.returncode != 0:                 # the failing cells, for whoever reads the log
+                print(f"== {item}: failed\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}", flush=True)
             rows.append({"item": item, "outcome": "passed" if proc.returncode == 0 else "failed", "detail": last[:300]})
     return rows
 
@@ -233,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=None,
                         help="default: next to the results file; without CUDA .cache/gpu-check/report.md")
     parser.add_argument("--no-notebooks", action="store_true", help="skip item 3 (the notebooks)")
+    parser.add_argument("--chapters", default="",
+                        help="comma-separated chapter numbers (02,05) for items 2 and 3; default all")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds for all items; what runs out is stopped, the rest skipped")
     args, pytest_args = parser.parse_known_args(argv)
@@ -241,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpumem.course import gpu_results
 
     info, clock = machine(), Clock(args.budget)
+    info["chapters"] = {c.strip().zfill(2) for c in args.chapters.split(",") if c.strip()}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         rows, measured = gpu_tests(Path(tmp), pytest_args, clock)
     more_rows, more = experiments(info, clock)

@@ -33,7 +33,8 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("05", "ch05_offload", quiz="quiz:QUIZ", labs={"lab05_offload_budget": "labcheck:check"}, experiments=(Experiment("offload", "experiments:offload", "diagrams:offload_table", "bandwidth ladder and real DeepSpeed CPU/NVMe offload on CPU ranks", options="options:add_options"),)),
     Chapter("06", "ch06_combining_strategies", quiz="quiz:QUIZ", labs={"lab06_choose_plan": "labcheck:check"},
             experiments=(Experiment("plan-proof", "experiments:plan_proof", "diagrams:plan_proof_table",
-                                    "a planned DeepSpeed config run on CPU ranks: measured vs planned bytes"),)),
+                                    "a planned DeepSpeed config run on CPU ranks: measured vs planned bytes",
+                                    min_ranks=2),)),
     Chapter("07", "ch07_must_understand", quiz="quiz:QUIZ"),
     Chapter("08", "ch08_finetuning", quiz="quiz:QUIZ", labs={"lab08_finetune_recipe": "labcheck:check"}),
 )

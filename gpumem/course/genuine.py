@@ -11,6 +11,7 @@ learner's own module is not (a file a learner adds inside gpumem/ would be). Use
 """
 
 import os
+import site
 import sys
 import types
 from functools import lru_cache
@@ -55,7 +56,18 @@ def same(a: types.CodeType, b: types.CodeType) -> bool:
 
 
 _OWN = str(Path(__file__).resolve().parents[1]) + os.sep                    # gpumem's own files
-_INSTALLED = tuple({str(Path(p).resolve()) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+def _installed_roots() -> tuple[str, ...]:
+    """The installed Python's prefixes and every site-packages folder, the user's own too
+    (``pip install --user``, as on a shared workshop machine)."""
+    roots = [sys.prefix, sys.base_prefix, sys.exec_prefix]
+    try:
+        roots += [*site.getsitepackages(), site.getusersitepackages()]
+    except AttributeError:                               # a virtualenv's old site.py lacks them
+        pass
+    return tuple({str(Path(p).resolve()) + os.sep for p in roots})
+
+
+_INSTALLED = _installed_roots()
 
 
 @lru_cache(maxsize=4096)

@@ -38,12 +38,14 @@ class Experiment:
     ``options``, when given, names ``add_options(parser)`` in a torch-free module of the chapter:
     it adds the experiment's own flags (``--seqs``), whose values reach ``run`` as keyword
     arguments under their ``dest`` names. It is imported when the command line is built, so it
-    must not import torch (the ``estimate`` timing test would catch it)."""
+    must not import torch (the ``estimate`` timing test would catch it). ``min_ranks``: the
+    fewest ranks it means anything on (a sharding proof needs two)."""
     name: str
     run: str
     table: str
     about: str
     options: str | None = None
+    min_ranks: int = 1
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,35 @@ CPU_ATTENTION = {_aten._scaled_dot_product_flash_attention_for_cpu: sdpa_flop.__
                  _aten._scaled_dot_product_flash_attention_for_cpu_backward: sdpa_backward_flop.__wrapped__}
 
 
+# (query, key, value) positions of the fused attention kernels; grouped-query attention passes K
+# and V with fewer heads than Q. PyTorch 2.13's formulas count that (h_q heads of work); 2.11's
+# assert equal heads, so on a GPU with an older torch (Colab's, say) a GQA model failed to count.
+_FWD = (0, 1, 2)
+_BWD = (1, 2, 3)                                   # after grad_out
+_GQA = {_aten._scaled_dot_product_flash_attention: _FWD, _aten._scaled_dot_product_efficient_attention: _FWD,
+        _aten._scaled_dot_product_cudnn_attention: _FWD, _aten._scaled_dot_product_flash_attention_for_cpu: _FWD,
+        _aten._scaled_dot_product_flash_attention_backward: _BWD,
+        _aten._scaled_dot_product_efficient_attention_backward: _BWD,
+        _aten._scaled_dot_product_cudnn_attention_backward: _BWD,
+        _aten._scaled_dot_product_flash_attention_for_cpu_backward: _BWD}
+
+
+def gqa_as_heads(func_packet, args: tuple) -> tuple:
+    """``args`` with K's and V's shapes widened to Q's head count when they have fewer (the
+    kernel does h_q heads of work either way); shapes, not tensors: the formulas read only
+    ``.shape``, and nothing is allocated inside a memory trace."""
+    where = _GQA.get(func_packet)
+    if where is None:
+        return args
+    q, k, v = (args[i] for i in where)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)) or k.shape[1] == q.shape[1]:
+        return args
+    args = list(args)
+    for i, t in zip(where[1:], (k, v)):
+        args[i] = torch.Size([t.shape[0], q.shape[1], t.shape[2], t.shape[3]])
+    return tuple(args)
+
+
 class _Global:
     """Stands in for FlopCounterMode's module tracker: every FLOP is filed under "Global" only.
     The tracker's hooks would keep re-run tensors alive (and distort a memory trace running at
@@ -57,7 +86,7 @@ class PhaseFlops(FlopCounterMode):
     def _count_flops(self, func_packet, out, args, kwargs):
         flops = 0
         if func_packet in self.flop_registry:
-            flops = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
+            flops = self.flop_registry[func_packet](*gqa_as_heads(func_packet, args), **kwargs, out_val=out)
             self.flop_counts["Global"][func_packet] += flops
         key = self.where()
         if self.runs and self.runs[-1][0] == key:

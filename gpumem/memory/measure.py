@@ -10,6 +10,7 @@
 import torch
 
 from . import models, tracing
+from .llama import Llama
 from .models import ModelConfig
 
 # A Llama-3-8B-wide model, shallow and with a smaller vocabulary, that fits a 16 GB GPU.
@@ -38,7 +39,7 @@ def cuda_step_peak(cfg: ModelConfig | str = GPU_PROBE, recipe: str = "mixed", ke
     torch.set_default_dtype(tracing.param_dtype(recipe))
     try:
         with torch.device("cuda"):
-            model = tracing.Llama(cfg)
+            model = Llama(cfg)
             opt = tracing.make_optimizer(model, recipe)
     finally:
         torch.set_default_dtype(old)

@@ -13,6 +13,7 @@ import time
 import torch
 
 from . import models, recompute, tracing
+from .llama import Llama
 from .models import ModelConfig
 from .recompute_plans import plan as make_plan
 
@@ -33,7 +34,7 @@ def cuda_step(cfg: ModelConfig | str = GPU_1B, plan: str = "none", impl: str = "
     torch.set_default_dtype(tracing.param_dtype("mixed"))
     try:
         with torch.device("cuda"):
-            net = tracing.Llama(cfg)
+            net = Llama(cfg)
     finally:
         torch.set_default_dtype(old)
     tokens = torch.randint(0, cfg.vocab, (micro_batch, seq + 1), device="cuda")

@@ -97,7 +97,7 @@ def audit(rank: int, world: int, configs: list[dict], model: str = "tiny", steps
             try:
                 engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
                 for s in range(steps):
-                    mine = data[s, rank * b:(rank + 1) * b]
+                    mine = data[s, rank * b:(rank + 1) * b].to(engine.device)
                     loss = engine(mine[:, :-1], mine[:, 1:])
                     engine.backward(loss)
                     engine.step()

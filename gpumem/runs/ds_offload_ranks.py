@@ -93,7 +93,7 @@ def _one_config(name: str, rank: int, world: int, swap_dir, steps: int, seq: int
     # on a GPU the calls return before the kernels finish: wait for them before reading the clock
     sync = torch.cuda.synchronize if str(engine.device).startswith("cuda") else (lambda: None)
     for step in range(steps):
-        mine = data[step, rank * batch_per_rank:(rank + 1) * batch_per_rank]
+        mine = data[step, rank * batch_per_rank:(rank + 1) * batch_per_rank].to(engine.device)
         t = {}
         clock.phase = "forward"
         sync()

@@ -141,7 +141,7 @@ def gather_trace(rank: int, world: int, model: str = "mini", steps: int = 2, seq
         persistent = sorted(n for n, p in net.named_parameters() if p.ds_persist)
         for step in range(steps):
             state["step"] = step
-            mine_ = data[step, rank * batch_per_rank:(rank + 1) * batch_per_rank]
+            mine_ = data[step, rank * batch_per_rank:(rank + 1) * batch_per_rank].to(engine.device)
             loss = engine(mine_[:, :-1], mine_[:, 1:])
             engine.backward(loss)
             engine.step()

@@ -45,6 +45,7 @@ def measure_cuda(segments, checkpoint) -> int:
     import torch
 
     from gpumem.memory import recompute, tracing
+    from gpumem.memory.llama import Llama
     from gpumem.memory.recompute_plans import from_segments
     cfg = setting()["cfg"]
     plan = from_segments(segments, cfg.n_layers, "yours")
@@ -53,7 +54,7 @@ def measure_cuda(segments, checkpoint) -> int:
     torch.set_default_dtype(tracing.param_dtype("mixed"))
     try:
         with torch.device("cuda"):
-            net = tracing.Llama(cfg)
+            net = Llama(cfg)
     finally:
         torch.set_default_dtype(old)
     for p in net.parameters():

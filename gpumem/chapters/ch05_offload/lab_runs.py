@@ -43,7 +43,7 @@ def swap_run(rank: int, world: int, models: dict, swap_dir: str, seq: int = 8, s
             engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
                                               config=nvme_config(cfg, folder, block, world))
         logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
-        data = batches(cfg, 1, world, seq, seed)[0, rank:rank + 1]
+        data = batches(cfg, 1, world, seq, seed)[0, rank:rank + 1].to(engine.device)
         loss = engine(data[:, :-1], data[:, 1:])
         engine.backward(loss)
         engine.step()
