@@ -270,28 +270,23 @@ def _trace_config(args) -> int:
 
 
 def _run(args) -> int:
+    from . import chapters
     from .memory import models
-    from .chapters import experiments
-    least = experiments()[args.experiment][1].min_ranks
-    if args.ranks > 8 and args.device == "cpu":
-        raise UsageError(f"--ranks {args.ranks} is too many CPU ranks for a laptop; accepted: {least} to 8")
-    if args.ranks < least:
-        raise UsageError(f"--ranks {args.ranks} is too few for {args.experiment}: its layouts shard over "
-                         f"the ranks; accepted: {least} to 8 (--device cpu runs them on one machine)")
+    least = chapters.experiments()[args.experiment][1].min_ranks            # a sharding proof needs 2
+    if args.ranks < least or (args.ranks > 8 and args.device == "cpu"):
+        raise UsageError(f"--ranks {args.ranks} is too {'few' if args.ranks < least else 'many'} for "
+                         f"{args.experiment} on {args.device.upper()} ranks; accepted: {least} to 8")
     kwargs = {"ranks": args.ranks, "device": args.device, "progress": not args.json}
     if args.model is not None:
         cfg = models.get(args.model)
         if args.device == "cpu" and not cfg.teaching:   # a billion-parameter model on CPU ranks swaps for hours
-            teaching = [m.name for m in models.REGISTRY.values() if m.teaching]
             raise UsageError(f"--model {cfg.name} is too large for CPU ranks; accepted with --device cpu: "
-                             f"{', '.join(teaching)}")
+                             f"{', '.join(m.name for m in models.REGISTRY.values() if m.teaching)}")
         kwargs["model"] = cfg.name
     if getattr(args, "_check_options", None):     # an experiment's checks across its options (torch-free)
         args._check_options(args)
     kwargs.update({name: getattr(args, name) for name in args._options})
     import torch
-
-    from . import chapters
     if args.device == "cuda" and torch.cuda.device_count() == 0:
         raise UsageError("--device cuda needs a CUDA GPU; this machine has none (accepted here: --device cpu)")
     if args.device == "cuda" and args.ranks > torch.cuda.device_count():

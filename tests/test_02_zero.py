@@ -264,7 +264,7 @@ def test_run_zero_from_the_command_line(cli_zero):
     (["run", "zero3"], "invalid choice: 'zero3'"),
     (["run", "zero", "--device", "tpu"], "invalid choice: 'tpu'"),
     # one rank shards nothing: the planner had no ZeRO layout and the run died in min() (H200, 2026-12-04)
-    (["run", "plan-proof", "--ranks", "1"], "too few for plan-proof: its layouts shard over the ranks; accepted: 2 to 8"),
+    (["run", "plan-proof", "--ranks", "1"], "too few for plan-proof on CPU ranks; accepted: 2 to 8"),
     (["run", "plan-proof", "--ranks", "9"], "accepted: 2 to 8"),
 ])
 def test_run_bad_input(args, says):

@@ -51,6 +51,10 @@ def test_show_lists_only_that_chapter_labelled_with_gpu_and_date(tmp_path, capsy
     out = capsys.readouterr().out
     assert "NVIDIA H100 80GB HBM3, measured 2026-11-30" in out
     assert "driver 570.86.15" in out and "torch 2.13.0+cu128" in out and "DeepSpeed 0.19.8" in out
+    assert "the course pins" not in out and max(len(line) for line in out.splitlines()) <= 100
+    gpu_results.write(run_file(date="2026-12-04", gpu="NVIDIA H200", torch="2.11.0+cu130"), tmp_path)
+    gpu_results.show("04", directory=tmp_path)
+    assert "torch 2.11.0+cu130 (the course pins 2.13.0)" in capsys.readouterr().out
     # 3 GiB exactly: the integer, then GB (10^9) and GiB (2^30), labelled
     assert f"{3 * 2**30:,} B (3.22 GB (3.00 GiB))" in out
     assert "0.01235 s" in out

@@ -122,11 +122,15 @@ def render(chapter: str, directory: Path = RESULTS_DIR) -> str:
     lines = [f"Committed GPU measurements for chapter {num} (measured by `make gpu-check`, not on this machine):"]
     for run in runs:
         count = f"{run['gpu_count']} x " if run.get("gpu_count", 1) != 1 else ""
-        lines.append(f"  {count}{run['gpu']}, measured {run['date']} (driver {run['driver']}, CUDA {run['cuda']}, "
-                     f"torch {run['torch']}, DeepSpeed {run['deepspeed']})")
+        from .envcheck import PINS
+        pinned = PINS["torch"]
+        other = "" if run["torch"].split("+")[0] == pinned else f" (the course pins {pinned})"
+        lines.append(f"  {count}{run['gpu']}, measured {run['date']}")
+        lines.append(f"    driver {run['driver']}, CUDA {run['cuda']}, torch {run['torch']}{other}, "
+                     f"DeepSpeed {run['deepspeed']}")
         width = max(len(m["key"]) for m in run["measurements"])
         for m in sorted(run["measurements"], key=lambda m: m["key"]):
-            lines.append(f"    {m['key']:{width}s}  {format_value(m['value'], m['unit'])}")
+            lines.append(f"  {m['key']:{width}s}  {format_value(m['value'], m['unit'])}")
     return "\n".join(lines)
 
 
