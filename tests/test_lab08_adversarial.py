@@ -77,17 +77,20 @@ def test_cases_vary_and_cover_the_dimensions():
         cases = lab_draw.choose_cases(rng)
         answers |= {c[0] for c in cases}
         assert len({c[0] for c in cases}) >= 4 and None in {c[0] for c in cases}
+        assert {c[0][1] for c in cases if c[0]} == {"none", "full"}          # both policies, every draw
+        assert len({c[0][0] for c in cases if c[0]}) >= 3
         for _, card, model, seq, batch, figures, rungs in (c for c in cases if c[0] is None):
             cap = gpus.get(card).capacity
             usable = cap - 2**30 - int(0.05 * cap)
             q = rungs["qlora"]
             assert (q.nf4_block, q.double_quant) in ((32, False), (64, False))
-            lib = sum(finetune.finetune_states(lab_draw.config(model), q).values()) + figures["qlora"][1]
-            assert lib <= usable < sum(figures["qlora"])
+            states, acts = figures["qlora"]
+            lib = sum(finetune.finetune_states(lab_draw.config(model), q).values()) + acts["full"]
+            assert lib <= usable < states + min(acts.values())
         for model, _ in lab_draw.states_cases(rng):
             odd += model["n_heads"] * model["head_dim"] != model["d_model"]
             assert model["n_heads"] % model["n_kv_heads"] == 0
-    assert answers == {*lab_draw.LADDER, None} and odd >= 6
+    assert {a[0] for a in answers if a} == set(lab_draw.LADDER) and None in answers and odd >= 6
     with pytest.raises(TypeError):
         lab_draw.LADDER["full"] = lab_draw.LADDER["qlora"]     # the notebook's LADDER is the grader's: read-only
 
@@ -110,7 +113,8 @@ def test_library_reserve_is_refused():
 
     def choose_recipe(model, capacity, activations, ladder=ladder):
         usable = gpus.usable(capacity)
-        return next((ft for n, ft in ladder.items() if sum(role_bytes(model, ft).values()) + activations[n] <= usable), None)
+        return next(((ft, p) for n, ft in ladder.items() for p in ("none", "full")
+                     if sum(role_bytes(model, ft).values()) + activations[n][p] <= usable), None)
     ns["choose_recipe"] = choose_recipe
     row = first_problem(grade(ns), "choose_recipe")
     assert "count it yourself" in row.detail and "usable" in row.detail
@@ -129,7 +133,8 @@ def test_chapter_reserve_is_refused_and_is_the_lab_s():
 
     def choose_recipe(model, capacity, activations, ladder=ladder):
         usable = scale.usable(names[capacity])
-        return next((ft for n, ft in ladder.items() if sum(role_bytes(model, ft).values()) + activations[n] <= usable), None)
+        return next(((ft, p) for n, ft in ladder.items() for p in ("none", "full")
+                     if sum(role_bytes(model, ft).values()) + activations[n][p] <= usable), None)
     ns["choose_recipe"] = choose_recipe
     row = first_problem(grade(ns), "choose_recipe")
     assert "count it yourself" in row.detail and "usable" in row.detail
@@ -154,7 +159,7 @@ def test_answer_table_fails():
              "h200": "full-8bit"}
     from gpumem.memory import gpus
     by_capacity = {gpus.get(c).capacity: r for c, r in table.items()}
-    ns["choose_recipe"] = lambda model, capacity, activations, ladder: ladder[by_capacity[capacity]]
+    ns["choose_recipe"] = lambda model, capacity, activations, ladder: (ladder[by_capacity[capacity]], "full")
     report = grade(ns)
     assert sum(r.status != "ok" for r in report.rows if r.function == "choose_recipe") >= 2
     wrong = [r.detail for r in report.rows if r.function == "choose_recipe" and r.status != "ok"]
@@ -244,7 +249,11 @@ def test_hostile_answers_get_rows_not_exceptions(monkeypatch):
     ns["choose_recipe"] = lambda model, capacity, activations, ladder: "lora"
     report = grade(ns)
     assert "expected a dict role -> bytes" in first_problem(report, "role_bytes").detail
-    assert "a Finetune" in first_problem(report, "choose_recipe").detail
+    assert "a rung's own Finetune" in first_problem(report, "choose_recipe").detail
+    ns["choose_recipe"] = lambda model, capacity, activations, ladder: (ladder["lora"], "selective")
+    assert "is not 'none' or 'full'" in first_problem(grade(ns), "choose_recipe").detail
+    ns["choose_recipe"] = lambda model, capacity, activations, ladder: ladder["lora"]      # the old interface
+    assert "'none' or 'full'" in first_problem(grade(ns), "choose_recipe").detail
 
     def hang(model, ft):
         while True:
@@ -286,7 +295,7 @@ def role_bytes(model, ft):
 def choose_recipe(model, capacity, activations, ladder):
     {get}
     w = _up(f, lambda l: "want" in l and "figures" in l)["want"]
-    return None if w is None else ladder[w]
+    return None if w is None else (ladder[w[0]], w[1])
 '''
 
 
@@ -415,7 +424,8 @@ def library_bytes(model, ft):
     return _f.finetune_states(cfg, _f.Finetune(**{k: v for k, v in ft.__dict__.items() if k in _f.Finetune.__dataclass_fields__}))
 def choose_recipe(model, capacity, activations, ladder):
     usable = capacity - GiB - int(0.05 * capacity)
-    return next((ft for n, ft in ladder.items() if sum(library_bytes(model, ft).values()) + activations[n] <= usable), None)
+    return next(((ft, p) for n, ft in ladder.items() for p in ("none", "full")
+                 if sum(library_bytes(model, ft).values()) + activations[n][p] <= usable), None)
 '''
 
 
@@ -460,7 +470,7 @@ def test_a_copy_of_the_librarys_chooser_is_wrong(wrapped_copy, patch_block):
     wrong = [r for r in report.rows if r.function == "choose_recipe" and r.status != "ok"]
     assert wrong and not report.solved, report.summary()
     for row in wrong:
-        assert row.detail.startswith("qlora needs") and "over" in row.detail, row.detail
+        assert row.detail.startswith("qlora with every layer checkpointed needs") and "over" in row.detail, row.detail
         assert "(no double quantisation)" in row.detail and "count its quant_constants" in row.detail, row.detail
 
 
@@ -507,8 +517,9 @@ def test_a_missing_reserve_is_named_not_the_nf4_constants():
 
     def no_reserve(model, capacity, activations, ladder=lab_draw.LADDER):
         for name, ft in ladder.items():
-            if sum(role_bytes(model, ft).values()) + activations[name] <= capacity:
-                return ft
+            for policy in ("none", "full"):
+                if sum(role_bytes(model, ft).values()) + activations[name][policy] <= capacity:
+                    return ft, policy
         return None
     ns["choose_recipe"] = no_reserve
     details = []
@@ -517,3 +528,33 @@ def test_a_missing_reserve_is_named_not_the_nf4_constants():
     assert details
     reserve = [d for d in details if "reserve" in d]
     assert reserve and not any("quant_constants" in d for d in reserve)
+
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_one_policy_for_every_rung_fails(policy):
+    """The configuration is graded: a chooser that always checkpoints (the safe habit) or never
+    does fails the cases whose answer has the other policy, every draw having both; the row says
+    the rung fits without checkpointing, or by how much it is over without it."""
+    ns = solution()
+    role_bytes = ns["role_bytes"]
+
+    def one_policy(model, capacity, activations, ladder=lab_draw.LADDER):
+        usable = capacity - 2**30 - int(0.05 * capacity)
+        return next(((ft, policy) for n, ft in ladder.items()
+                     if sum(role_bytes(model, ft).values()) + activations[n][policy] <= usable), None)
+    ns["choose_recipe"] = one_policy
+    for seed in (0, 1):
+        row = first_problem(grade(ns, seed), "choose_recipe")
+        if policy == "full":
+            assert "fits without checkpointing too" in row.detail or "earlier rung" in row.detail, row.detail
+        else:
+            assert "fits" in row.detail, row.detail
+
+
+def test_cheapest_setup_fails():
+    """The fewest bytes (QLoRA, checkpointed) is not the answer: faithfulness comes first."""
+    ns = solution()
+    ns["choose_recipe"] = lambda model, capacity, activations, ladder: (ladder["qlora"], "full")
+    details = [r.detail for r in grade(ns).rows if r.function == "choose_recipe" and r.status != "ok"]
+    assert len(details) >= 3 and any("earlier rung of the ladder fits too" in d for d in details), details

@@ -5,8 +5,9 @@
   Gemma have), and :func:`config` the same model as the library's ``ModelConfig``;
 * :func:`setups`: the fine-tuning setups part 1 grades on one model (full with torch AdamW and with
   8-bit AdamW, LoRA and QLoRA with drawn rank, targets, adapter dtype and optimizer);
-* :func:`choose_cases`: part 2's cases. Each answer is drawn first (a rung of :data:`LADDER` or
-  None, at least four different ones, None always among them, in a drawn order); the GPU is drawn
+* :func:`choose_cases`: part 2's cases. Each answer is drawn first (a setup of :data:`SETUPS`, a
+  rung with a checkpoint policy, or None: None always among them, three rungs, both policies, in a
+  drawn order); the GPU is drawn
   independently of it; then the model's width and seq/batch are drawn and its depth is picked
   among the depths whose answer is the drawn one, every rung's total at least :data:`MARGIN` away
   from the usable bytes (chapter 08's ``scale.usable``: capacity minus the single-GPU reserve, no
@@ -156,28 +157,39 @@ def states_cases(rng) -> list[tuple[dict, list[tuple[Finetune, dict]]]]:
     return out
 
 
-def totals(model: dict, seq: int, batch: int, rungs=LADDER) -> dict[str, tuple[int, int]]:
-    """rung -> (model-state bytes (:func:`truth`), activation peak), one GPU, every layer
-    checkpointed."""
+# Within a rung: no re-run first (faster), then every layer checkpointed (one more forward per
+# step). A setup is (rung, policy); the answer is the first in this order that fits.
+POLICIES = ("none", "full")
+SETUPS = tuple((rung, policy) for rung in LADDER for policy in POLICIES)
+
+
+def totals(model: dict, seq: int, batch: int, rungs=LADDER) -> dict[str, tuple[int, dict[str, int]]]:
+    """rung -> (model-state bytes (:func:`truth`), {policy: activation peak}), one GPU."""
     cfg = config(model)
     return {name: (sum(truth(cfg, ft).values()),
-                   finetune_activation_bytes(cfg, ft, seq, batch, checkpoint="full")["peak"])
+                   {p: finetune_activation_bytes(cfg, ft, seq, batch, checkpoint=p)["peak"] for p in POLICIES})
             for name, ft in rungs.items()}
 
 
+def total(figures: dict, setup: tuple[str, str]) -> int:
+    """States + activations of ``setup`` (rung, policy)."""
+    states, acts = figures[setup[0]]
+    return states + acts[setup[1]]
+
+
 def library_total(model: dict, figures: dict, rungs) -> int:
-    """The QLoRA rung's total as gpumem counts it (its NF4 choices ignored: block 64, double
-    quantised), with the case's activations: what a copy of the library would compare."""
-    return sum(finetune_states(config(model), rungs["qlora"]).values()) + figures["qlora"][1]
+    """The QLoRA rung's total, checkpointed, as gpumem counts it (its NF4 choices ignored: block
+    64, double quantised), with the case's activations: what a copy of the library would compare."""
+    return sum(finetune_states(config(model), rungs["qlora"]).values()) + figures["qlora"][1]["full"]
 
 
-def answer(figures: dict, usable: int) -> str | None:
-    """The first rung whose states + activations fit ``usable`` bytes (None if none)."""
-    return next((name for name, (s, a) in figures.items() if s + a <= usable), None)
+def answer(figures: dict, usable: int) -> tuple[str, str] | None:
+    """The first setup (rung, policy) whose states + activations fit ``usable`` bytes (None if none)."""
+    return next((setup for setup in SETUPS if total(figures, setup) <= usable), None)
 
 
 def _clear(figures: dict, usable: int) -> bool:
-    return all(abs((s + a) / usable - 1) >= MARGIN for s, a in figures.values())
+    return all(abs(total(figures, setup) / usable - 1) >= MARGIN for setup in SETUPS)
 
 
 DEPTHS = (2, 160)
@@ -192,13 +204,12 @@ def _last_under(total, limit: float) -> int:
     return lo
 
 
-def choose_case(rng, want: str | None, tries: int = 200) -> tuple:
-    """(card, model, seq, batch, figures, rungs) whose answer is ``want``: the card and the width
-    drawn independently of it, the depth picked among those that give it (bisection: totals grow
-    with depth), every rung at least MARGIN away from the usable bytes. ``rungs``: the case's
-    ladder; for ``want`` None its QLoRA rung is a :data:`HEAVY` one and gpumem's count of that rung
-    fits by at least LIB_MARGIN (module docstring)."""
-    names = list(LADDER)
+def choose_case(rng, want: tuple[str, str] | None, tries: int = 200) -> tuple:
+    """(card, model, seq, batch, figures, rungs) whose answer is ``want`` (a setup of
+    :data:`SETUPS`): the card and the width drawn independently of it, the depth picked among
+    those that give it (bisection: totals grow with depth), every setup at least MARGIN away from
+    the usable bytes. ``rungs``: the case's ladder; for ``want`` None its QLoRA rung is a
+    :data:`HEAVY` one and gpumem's count of that rung fits by at least LIB_MARGIN (module docstring)."""
     for _ in range(tries):
         card = rng.choice(CARDS)
         usable = card_usable(card)
@@ -211,14 +222,14 @@ def choose_case(rng, want: str | None, tries: int = 200) -> tuple:
             if layers not in cache:
                 cache[layers] = totals(dict(model, n_layers=layers), seq, batch, rungs)
             return cache[layers]
-        k = names.index(want) if want is not None else len(names)
-        above = [_last_under(lambda L, j=j: sum(fig(L)[names[j]]), usable * (1 + MARGIN)) for j in range(k)]
+        k = SETUPS.index(want) if want is not None else len(SETUPS)
+        above = [_last_under(lambda L, u=u: total(fig(L), u), usable * (1 + MARGIN)) for u in SETUPS[:k]]
         low = max(above, default=DEPTHS[0] - 1) + 1
         if want is None:
             high = _last_under(lambda L: library_total(dict(model, n_layers=L), fig(L), rungs),
                                usable * (1 - LIB_MARGIN))
         else:
-            high = _last_under(lambda L: sum(fig(L)[want]), usable * (1 - MARGIN))
+            high = _last_under(lambda L: total(fig(L), want), usable * (1 - MARGIN))
         if low > high:
             continue
         layers = rng.randint(low, high)
@@ -229,7 +240,12 @@ def choose_case(rng, want: str | None, tries: int = 200) -> tuple:
 
 
 def choose_cases(rng) -> list[tuple]:
-    """Five cases, answers drawn first: None and three different rungs, and one more."""
-    answers = [None, *rng.sample(list(LADDER), 3), rng.choice([*LADDER, None])]
+    """Five cases, answers drawn first: None, three different setups from three different rungs,
+    and one more; both policies among them, so neither "always checkpoint" nor "never" passes."""
+    while True:
+        rungs = rng.sample(list(LADDER), 3)
+        answers = [None, *((r, rng.choice(POLICIES)) for r in rungs), rng.choice([*SETUPS, None])]
+        if {a[1] for a in answers if a} == set(POLICIES):
+            break
     rng.shuffle(answers)
     return [(want, *choose_case(rng, want)) for want in answers]

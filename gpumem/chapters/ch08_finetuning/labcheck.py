@@ -1,4 +1,4 @@
-"""Lab 08's ``check()``: a fine-tuning step's bytes by role counted by hand; the most faithful recipe that fits.
+"""Lab 08's ``check()``: a fine-tuning step's bytes by role counted by hand; the most faithful setup that fits.
 
 The learner writes two functions; while each call runs, gpumem's own fine-tuning counts raise
 "count it yourself" (:mod:`.lab_guard`):
@@ -10,15 +10,17 @@ The learner writes two functions; while each call runs, gpumem's own fine-tuning
   :func:`.lab_draw.truth`; the first wrong role is named with the direction
   and a factor (the bytes off, under 1 %), and a hint where the mistake is a known one; the case
   label gives the model's dimensions, vocabulary and whether its head is tied;
-* ``choose_recipe(model, capacity, activations, ladder)``: the first rung of the case's ``ladder``
-  (:data:`.lab_draw.LADDER` with its ``qlora`` rung's NF4 block and double quantisation drawn:
-  :func:`.lab_draw.ladder`) whose model states plus its activation peak (given, per rung) fit the
-  card's capacity after chapter 08's single-GPU reserve (``scale.usable``: 1 GiB CUDA context + 5 %
-  of capacity, no NCCL communicator on one GPU), returned as that rung's ``Finetune`` (None if
-  none fits), graded on five cases whose answers are drawn first (:func:`.lab_draw.choose_cases`).
-  In the None case the QLoRA rung keeps fp32 absmaxes and gpumem's own count (block 64, double
-  quantised) would fit it: a copy of the library's chooser returns ``qlora`` there, and the row
-  names the rung's NF4 choice it did not count.
+* ``choose_recipe(model, capacity, activations, ladder)``: the first setup, a rung of the case's
+  ``ladder`` (:data:`.lab_draw.LADDER` with its ``qlora`` rung's NF4 block and double quantisation
+  drawn: :func:`.lab_draw.ladder`) with a checkpoint policy (``"none"`` before ``"full"`` within a
+  rung: :data:`.lab_draw.SETUPS`), whose model states plus its activation peak (given, per rung
+  and policy) fit the card's capacity after chapter 08's single-GPU reserve (``scale.usable``:
+  1 GiB CUDA context + 5 % of capacity, no NCCL communicator on one GPU), returned as (that rung's
+  ``Finetune``, policy), None if none fits, graded on five cases whose answers are drawn first
+  (:func:`.lab_draw.choose_cases`: both policies among them). In the None case the QLoRA rung
+  keeps fp32 absmaxes and gpumem's own count (block 64, double quantised) would fit it: a copy of
+  the library's chooser returns ``qlora`` there, and the row names the rung's NF4 choice it did
+  not count.
 """
 
 import random
@@ -128,26 +130,48 @@ def nf4_note(ft) -> str:
             "does, not as the QLoRA paper's (8-bit absmaxes per 64)")
 
 
+def label(setup) -> str:
+    """A setup (rung, policy) in words."""
+    rung, policy = setup
+    return f"{rung} {'without checkpointing' if policy == 'none' else 'with every layer checkpointed'}"
+
+
 def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capacity: int | None = None,
             lib_fits: bool = False) -> str:
-    """Why the learner's rung is not the answer, from the grader's figures, in words. ``capacity``:
-    what the card reports (a rung between usable and capacity points at the reserve);
-    ``lib_fits``: gpumem's own count of the QLoRA rung (block 64, double quantised) fits, so a
-    ``qlora`` answer points at the rung's NF4 choice."""
+    """Why the learner's setup (rung, policy) is not the answer, from the grader's figures, in
+    words. ``capacity``: what the card reports (a setup between usable and capacity points at the
+    reserve); ``lib_fits``: gpumem's own count of the QLoRA rung (block 64, double quantised) fits,
+    so a ``qlora`` answer points at the rung's NF4 choice."""
     if got is None:
-        return f"{want} fits ({sum(figures[want]) / GB:.1f} GB of {usable / GB:.1f} GB usable)"
-    s, a = figures[got]
-    if s + a > usable:
-        over = f"{got} needs {(s + a) / GB:.1f} GB (states + activations), over {usable / GB:.1f} GB usable"
-        if got == "qlora" and lib_fits:
-            return over + nf4_note(rungs[got])
-        if capacity is not None and s + a <= capacity:
+        return f"{label(want)} fits ({lab_draw.total(figures, want) / GB:.1f} GB of {usable / GB:.1f} GB usable)"
+    need = lab_draw.total(figures, got)
+    if need > usable:
+        over = f"{label(got)} needs {need / GB:.1f} GB (states + activations), over {usable / GB:.1f} GB usable"
+        if got[0] == "qlora" and lib_fits:
+            return over + nf4_note(rungs[got[0]])
+        if capacity is not None and need <= capacity:
             return (over + f" -- it fits the {capacity / GB:.1f} GB the card reports, not what is left after "
                     "the single-GPU reserve (1 GiB of CUDA context + 5 % of capacity)")
         return over
-    return (f"{got} fits, but an earlier rung of the ladder fits too" if want is not None and
-            list(rungs).index(want) < list(rungs).index(got) else
-            f"{got} fits, but it is not the first rung that does")
+    if want is not None and want[0] == got[0]:
+        return (f"{label(got)} fits, but the rung fits without checkpointing too: no layer needs its "
+                "forward run twice")
+    return (f"{label(got)} fits, but an earlier rung of the ladder fits too" if want is not None and
+            lab_draw.SETUPS.index(want) < lab_draw.SETUPS.index(got) else
+            f"{label(got)} fits, but it is not the first setup that does")
+
+
+def _setup_of(got, rungs) -> tuple[str | None, str]:
+    """(rung name or None, problem) for a learner's return value; problem is "" when well formed."""
+    shape = "(a rung's own Finetune from the ladder, 'none' or 'full'), or None"
+    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], Finetune)):
+        return None, returned(got, shape)
+    if got[1] not in lab_draw.POLICIES:
+        return None, f"the checkpoint policy {got[1]!r} is not 'none' or 'full'"
+    name = next((n for n, ft in rungs.items() if ft == got[0]), None)
+    if name is None:
+        return None, f"{describe(got[0])} is not a rung of this case's ladder: return the rung's own Finetune"
+    return name, ""
 
 
 def _grade_choose(report: Report, fn, cases: list) -> None:
@@ -161,22 +185,20 @@ def _grade_choose(report: Report, fn, cases: list) -> None:
             report.rows.append(Row("choose_recipe", case, "todo",
                                    "define choose_recipe(model, capacity, activations, ladder)"))
             continue
-        acts = {name: a for name, (_, a) in figures.items()}
+        acts = {name: dict(a) for name, (_, a) in figures.items()}
 
         def body(want=want, card=card, model=model, acts=acts, figures=figures, rungs=rungs):
-            got = call(lab_guard.guarded(fn), dict(model), gpus.get(card).capacity, dict(acts), rungs)
-            right = None if want is None else rungs[want]
+            got = call(lab_guard.guarded(fn), dict(model), gpus.get(card).capacity, acts, rungs)
+            right = None if want is None else (rungs[want[0]], want[1])
             if got == right:
                 return "ok", ""
-            if got is not None and not isinstance(got, Finetune):
-                return "wrong", returned(got, "a Finetune (a rung of the ladder) or None")
-            name = next((n for n, ft in rungs.items() if ft == got), None)
-            if got is not None and name is None:
-                return "wrong", f"{describe(got)} is not a rung of this case's ladder: return the rung's own Finetune"
+            name, problem = (None, "") if got is None else _setup_of(got, rungs)
+            if problem:
+                return "wrong", problem
             first = "your role_bytes is wrong (see its rows): fix that first; " if wrong else ""
             lib_fits = lab_draw.library_total(model, figures, rungs) <= scale.usable(card)
-            return "wrong", first + why_not(name, want, figures, scale.usable(card), rungs,
-                                            gpus.get(card).capacity, lib_fits)
+            return "wrong", first + why_not(None if got is None else (name, got[1]), want, figures,
+                                            scale.usable(card), rungs, gpus.get(card).capacity, lib_fits)
         run_case(report, "choose_recipe", case, body)
 
 
