@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import run_cli
-from gpumem.chapters.ch02_zero import claims, ds_config_note, ds_ranks, experiments, scratch_ranks
+from gpumem.chapters.ch02_zero import claims, ds_config_note, ds_ranks, experiments, scratch_ranks, tables
 from gpumem.runs import launch, training, zero3_schedule
 from gpumem.timing import zero3_cost
 from gpumem.timing.compute import KERNEL_SHARE
@@ -284,6 +284,11 @@ def test_zero_on_gpus_reports_cuda_memory(gpu_record):
         assert all(r["cuda_max_memory_allocated"] > 0 for r in row["ranks"])
     for row in res["deepspeed"].values():
         assert all(r["cuda_max_memory_allocated"] > 0 for r in row["ranks"])
+    # DeepSpeed's ZeRO-1/2/3 allocate the default reduce bucket whole (5e8 elements x 4 B fp32),
+    # whatever the model's size: +2.01 to +2.03 GB over ZeRO-0 on the H200 (2026-12-04)
+    peak = {str(k): row["ranks"][0]["cuda_max_memory_allocated"] for k, row in res["deepspeed"].items()}
+    for stage in ("1", "2", "3"):
+        assert peak[stage] - peak["0"] == pytest.approx(4 * tables.DS_REDUCE_BUCKET, rel=0.05), stage
 
 
 def test_zero_table_verdicts():
@@ -574,3 +579,23 @@ def test_time_table_at_half_the_link_and_the_attention_share():
     text = tables.time_table()
     assert f"+{share:.1%} FLOPs" in text and 0.07 < share < 0.08
     assert "8 per node x 8 nodes" in text and "1 per node x 8 nodes" in text and "8 NIC(s)" in text
+
+
+def test_gpu_bucket_lines_against_the_default_bucket_by_hand(tmp_path):
+    """The notebook's reading of the committed GPU run: each stage's peak above ZeRO-0's against
+    DeepSpeed's default reduce bucket, 5e8 elements (its runtime/zero/config.py) x 4 B of fp32
+    gradient = 2.00 GB; on a synthetic run file, by hand: +2.01 GB is 1.005 x the bucket."""
+    from gpumem.chapters.ch02_zero import tables
+    from gpumem.course import gpu_results
+    assert tables.DS_REDUCE_BUCKET == 5 * 10**8
+    key = "ch02.deepspeed_{}_rank0_cuda_max_memory_allocated"
+    gpu_results.write({"date": "2026-12-04", "gpu": "Test GPU", "gpu_count": 1, "driver": "1", "cuda": "13.0",
+                       "torch": "2.13.0", "deepspeed": "0.19.8", "outcomes": [],
+                       "measurements": [{"test": "t", "key": key.format(s), "value": v, "unit": "B"}
+                                        for s, v in ((0, 80_000_000), (1, 2_090_000_000), (3, 2_080_000_000))]},
+                      tmp_path)
+    text = tables.gpu_bucket_lines(tmp_path)
+    assert "ZeRO-1: +2.01 GB (1.005 x the bucket)" in text and "(1.000 x the bucket)" in text
+    assert "ZeRO-2" not in text and "2.00 GB (1.86 GiB)" in text
+    assert max(map(len, text.splitlines())) <= 100
+    assert "nothing measured" in tables.gpu_bucket_lines(tmp_path / "none")

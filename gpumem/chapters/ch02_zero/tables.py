@@ -270,3 +270,28 @@ def gpus_table() -> str:
     lines.append("sources: capacity as nvidia-smi reports it, speeds from NVIDIA's datasheets (gpumem/memory/gpus.py)")
     return "\n".join(lines)
 
+
+
+DS_REDUCE_BUCKET = 500_000_000     # elements: DeepSpeed 0.19.8's reduce_bucket_size default (runtime/zero/config.py)
+
+
+def gpu_bucket_lines(directory=None) -> str:
+    """Each committed GPU run's DeepSpeed ZeRO-1/2/3 peak on rank 0 above ZeRO-0's (the chapter's
+    fp32 ``mini`` run, 0.84 M parameters) beside the reduce bucket by hand: the default
+    reduce_bucket_size x 4 B of fp32 gradient, allocated whole whatever the model's size."""
+    from gpumem.course import gpu_results
+    runs = gpu_results.for_chapter("02", *([directory] if directory else []))
+    bucket = DS_REDUCE_BUCKET * 4
+    lines = []
+    for run in runs:
+        got = {m["key"]: m["value"] for m in run["measurements"]}
+        key = "ch02.deepspeed_{}_rank0_cuda_max_memory_allocated"
+        if key.format(0) not in got:
+            continue
+        base = got[key.format(0)]
+        lines += [f"{run['gpu']} ({run['date']}): ZeRO-0 peaked at {units.fmt_both(base, 2)}; above it,",
+                  f"  against reduce_bucket_size x 4 B = {units.fmt_both(bucket, 2)}:"]
+        lines += [f"  ZeRO-{s}: +{units.fmt(got[key.format(s)] - base, digits=2)} "
+                  f"({(got[key.format(s)] - base) / bucket:.3f} x the bucket)"
+                  for s in (1, 2, 3) if key.format(s) in got]
+    return "\n".join(lines) or "no GPU run of chapter 02 is committed: nothing measured to compare"
