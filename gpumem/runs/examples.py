@@ -57,3 +57,9 @@ def make_temp_folder(rank, world):
     """Make a folder in the temp directory as libraries do (DeepSpeed's compile checks); return it."""
     import tempfile
     return tempfile.mkdtemp()
+
+
+def deepspeed_accelerator(rank, world):
+    """The accelerator DeepSpeed picks in this rank, and the ``DS_ACCELERATOR`` the rank was given."""
+    from deepspeed.accelerator import get_accelerator
+    return {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR"), "name": get_accelerator().device_name()}

@@ -19,6 +19,23 @@ from typing import Callable, Iterable
 import torch
 
 
+def weak_hook(method: Callable) -> Callable:
+    """A tensor hook that calls the bound ``method`` while its object lives, holding it weakly.
+
+    Autograd keeps a tensor's hooks on its C++ side, where Python's garbage collector cannot see
+    them: a hook that holds its object strongly (a meter or an optimizer that holds the
+    parameters) makes a cycle that is never freed. A rank that trains stage after stage would
+    keep every earlier model, its gradients and its moments allocated (on a GPU they showed in the
+    next stage's ``max_memory_allocated``). The object must be kept alive by its user meanwhile."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(*args):
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+    return hook
+
+
 class GradMeter:
     """Sample live gradient bytes each time a gradient arrives during backward; keep the peak.
 
@@ -32,7 +49,7 @@ class GradMeter:
         self._live: dict[int, tuple[weakref.ref, int]] = {}
         self.peak = self.peak_full = 0
         self.samples: list[tuple[int, int]] = []      # (full gradient bytes, extra bytes) per arrival
-        self._handles = [p.register_post_accumulate_grad_hook(self._arrived) for p in self.params]
+        self._handles = [p.register_post_accumulate_grad_hook(weak_hook(self._arrived)) for p in self.params]
 
     def _arrived(self, p: torch.nn.Parameter) -> None:
         g = p.grad

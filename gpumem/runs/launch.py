@@ -57,6 +57,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def accelerator(device: str) -> str:
+    """DeepSpeed's accelerator for ranks on ``device``, set in each rank's ``DS_ACCELERATOR``.
+    Left to itself DeepSpeed picks CUDA wherever a GPU is visible, also on gloo CPU ranks: their
+    engines then go to ``cuda:<local rank>`` (rank 1 of 2 on one GPU has no device) and meet the
+    CPU token ids. Nor may a ``DS_ACCELERATOR=cpu`` in this process reach CUDA ranks."""
+    return "cuda" if device == "cuda" else "cpu"
+
+
 def init(device: str = "cpu", deepspeed: bool = False) -> None:
     """Join the process group described by the environment (used by every rank)."""
     import torch
@@ -217,7 +225,8 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
             for r in range(ranks):
                 env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
                        "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(ranks),
-                       "OMP_NUM_THREADS": "1", rank_guard.PARENT_ENV: str(os.getpid()), rank_guard.PIPE_ENV: "1"}
+                       "OMP_NUM_THREADS": "1", rank_guard.PARENT_ENV: str(os.getpid()), rank_guard.PIPE_ENV: "1",
+                       "DS_ACCELERATOR": accelerator(device)}
                 # torch's and triton's caches default to <tmp>/torchinductor_<user>: keep them in the job.
                 # Torch writes that default into this process's environment once anything here
                 # looked the cache up (DeepSpeed's import does), so a value in the temp folder is replaced.

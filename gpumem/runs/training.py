@@ -5,6 +5,8 @@ Rank functions of any chapter build on these, so that a run on N ranks can be co
 process training on the whole batch (the same seed gives the same weights and tokens).
 """
 
+import gc
+
 import torch
 
 from ..memory import models
@@ -29,3 +31,15 @@ def device_of_rank(rank: int) -> torch.device:
     """This rank's GPU under NCCL, else the CPU (gloo)."""
     return torch.device("cuda", rank) if torch.cuda.is_available() and torch.distributed.get_backend() == "nccl" \
         else torch.device("cpu")
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start a CUDA peak measurement on ``device`` that counts this run only: first collect what
+    earlier runs in this process left in reference cycles (a GradMeter's or ZeroAdamW's hooks hold
+    their model, DeepSpeed's engines hold theirs; without a collection an earlier stage's weights
+    and moments stay allocated and inflate the next stage's peak), then reset the allocator's peak.
+    On the CPU it only collects."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..memory.optim import adamw_update
+from .gradmeter import weak_hook
 
 
 class CommLog:
@@ -130,7 +131,7 @@ class ZeroAdamW:
         self.v = {p: torch.zeros(self.chunk[p], device=self.device) for p in self.params}
         if stage >= 2:
             for p in self.params:
-                p.register_post_accumulate_grad_hook(self._grad_ready)
+                p.register_post_accumulate_grad_hook(weak_hook(self._grad_ready))   # no cycle via autograd
         if stage == 3:
             self.shard = {p: my_shard(p) for p in self.params}
             for p in self.params:

@@ -11,7 +11,7 @@ import logging
 import torch
 
 from gpumem.runs.ds_engine import ds_config, held
-from gpumem.runs.training import batches, build, device_of_rank
+from gpumem.runs.training import batches, build, device_of_rank, reset_peak
 from gpumem.memory import models
 
 
@@ -26,8 +26,7 @@ def deepspeed_stages(rank: int, world: int, stages=(0, 1, 2, 3), model: str = "t
     for stage in stages:
         net = build(model, seed).to(device)
         data = batches(net.cfg, steps, world * batch_per_rank, seq, seed).to(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        reset_peak(device)     # the previous stage's engine and model are garbage in cycles until collected
         with contextlib.redirect_stdout(io.StringIO()):
             engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
                                               config=ds_config(stage, batch_per_rank))

@@ -1,0 +1,83 @@
+"""CUDA-only code paths, checked where a CPU can check them (the audit after the first H200 run).
+
+Nothing here measures a GPU: each test runs the placement or bookkeeping logic that decides what
+happens on one, with real ranks, real DeepSpeed and real tensors on the CPU.
+"""
+
+import contextlib
+import gc
+import inspect
+
+import torch
+import torch.distributed as dist
+
+from gpumem.memory.llama import Llama
+from gpumem.runs import launch, training
+
+
+def test_cpu_ranks_get_deepspeeds_cpu_accelerator_whatever_this_process_says(monkeypatch):
+    """Left to itself DeepSpeed picks CUDA wherever a GPU is visible, also in gloo CPU ranks, whose
+    engines then land on cuda:<rank> (rank 1 of 2 on a one-GPU machine has no device; a one-rank
+    engine meets CPU token ids). A parent whose environment says cuda stands in for that machine:
+    the rank must still get DeepSpeed's CPU accelerator."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    got = launch.run("gpumem.runs.examples:deepspeed_accelerator", 1, "cpu", progress=False)
+    assert got == [{"DS_ACCELERATOR": "cpu", "name": "cpu"}]
+
+
+def test_the_accelerator_follows_the_ranks_device():
+    """CUDA ranks get DeepSpeed's CUDA accelerator even where this process set DS_ACCELERATOR=cpu
+    (chapter 03's in-process DeepSpeed run does, and its setting is inherited by later launches)."""
+    assert (launch.accelerator("cuda"), launch.accelerator("cpu")) == ("cuda", "cpu")
+
+
+@contextlib.contextmanager
+def _one_rank_group():
+    """A real gloo process group of one rank in this process (ZeroAdamW asks it its rank), with the
+    garbage collector off, so that only reference counting frees what a stage leaves."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{launch.free_port()}", rank=0, world_size=1)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+        dist.destroy_process_group()
+
+
+def _live_models() -> int:
+    return sum(type(o) is Llama for o in gc.get_objects())
+
+
+def test_a_from_scratch_stage_leaves_no_model_behind():
+    """On the H200 the from-scratch stages' CUDA peaks grew stage by stage by about one model's
+    weights and moments (mini: +10.6, +9.8, +12.7 MB; 3 x 3.35 MB is 10.0): every earlier stage's
+    model was still allocated. The GradMeter's and ZeroAdamW's gradient hooks held them; autograd
+    keeps tensor hooks where Python's collector cannot see them, so that cycle was never freed,
+    not even by gc.collect(). Stages 0-2 must now be freed by reference counting alone."""
+    from gpumem.chapters.ch02_zero import scratch_ranks
+    with _one_rank_group():
+        before = _live_models()
+        scratch_ranks.from_scratch_stages(0, 1, stages=(0, 1, 2), model="tiny", steps=1, seq=8)
+        assert _live_models() == before
+
+
+def test_reset_peak_frees_a_stage_3_model_before_the_next_peak():
+    """ZeRO-3's module hooks (a Python cycle: module -> hook -> optimizer -> model) wait for the
+    collector; reset_peak, where a rank function starts a CUDA peak, collects them first."""
+    from gpumem.chapters.ch02_zero import scratch_ranks
+    with _one_rank_group():
+        before = _live_models()
+        scratch_ranks.from_scratch_stages(0, 1, stages=(3,), model="tiny", steps=1, seq=8)
+        left = _live_models() - before
+        training.reset_peak(torch.device("cpu"))
+        assert (left, _live_models() - before) == (1, 0)
+
+
+def test_deepspeed_stages_start_each_peak_with_reset_peak():
+    """Each ZeRO stage's engine is re-created in the same rank: its CUDA peak must start after the
+    previous engine is collected (a static check of the rank function's source)."""
+    from gpumem.chapters.ch02_zero import ds_ranks
+    src = inspect.getsource(ds_ranks.deepspeed_stages)
+    assert "reset_peak(device)" in src and "reset_peak_memory_stats" not in src
