@@ -377,3 +377,26 @@ def test_plans_on_a_gpu_1b_model(gpu_record):
         assert row["peak_above_held"] == pytest.approx(max(end_of_forward, grads), rel=0.10), p
     assert rows["full"]["peak_above_held"] < rows["sac"]["peak_above_held"] < rows["none"]["peak_above_held"]
     assert rows["full"]["seconds_per_step"] > rows["none"]["seconds_per_step"]
+
+
+def test_gpu_reading_of_a_run_by_hand(tmp_path):
+    """The notebook's reading of a committed GPU run: the gradients are 2 B x the probe's
+    1,104,218,112 parameters (by hand: 16 x (2 x 2048^2 + 2 x 2048 x 512 + 3 x 2048 x 8192 +
+    2 x 2048) + 2 x 32000 x 2048 + 2048), full checkpointing's peak is compared with them (its
+    activations are smaller), and times are read as ratios to the plain step."""
+    from gpumem.chapters.ch03_activation_checkpointing import experiments
+    from gpumem.course import gpu_results
+    from gpumem.memory import recompute_cuda
+    per_layer = 2 * 2048**2 + 2 * 2048 * 512 + 3 * 2048 * 8192 + 2 * 2048
+    assert recompute_cuda.GPU_1B.n_params() == 16 * per_layer + 2 * 32000 * 2048 + 2048 == 1_104_218_112
+    rows = {"peak_above_held_bytes_none": 3_700_000_000, "seconds_per_step_none": 0.050,
+            "peak_above_held_bytes_full": 2_208_436_224, "seconds_per_step_full": 0.075}
+    gpu_results.write({"date": "2026-12-04", "gpu": "Test GPU", "gpu_count": 1, "driver": "1", "cuda": "13.0",
+                       "torch": "2.13.0", "deepspeed": "0.19.8", "outcomes": [],
+                       "measurements": [{"test": "t", "key": f"ch03.{k}", "value": v, "unit": "B"}
+                                        for k, v in rows.items()]}, tmp_path)
+    text = experiments.gpu_reading(tmp_path)
+    assert "gradients 2.21 GB" in text
+    full = next(line for line in text.splitlines() if line.strip().startswith("full"))
+    assert "peak 2.21 GB vs max(activations, gradients) 2.21 GB (+0.0%)" in full and "time +50%" in full
+    assert "sac" not in text and experiments.gpu_reading(tmp_path / "none").startswith("no GPU run")

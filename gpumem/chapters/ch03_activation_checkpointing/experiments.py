@@ -87,3 +87,29 @@ def checkpointing(ranks: int = 1, device: str = "cpu", model: str | None = None,
             m = recompute_trace.measure(cfg, "every-2", impl, seq=seq, micro_batch=micro_batch, keep_grads=True)
             out["implementations"][impl] = _row(cfg, m, plain.grads)
     return out
+
+
+def gpu_reading(directory=None) -> str:
+    """Each committed GPU run of the 1.1 B probe (``recompute_cuda.GPU_1B``, s 2048, micro-batch
+    1) beside the formulas: each plan's peak against the larger of its activation peak and the
+    bf16 gradients of every parameter (the two moments a step peaks at), its time against the
+    FLOP share of the re-run."""
+    from gpumem import units
+    from gpumem.course import gpu_results
+    from gpumem.memory import recompute_cuda
+    cfg, grads = recompute_cuda.GPU_1B, 2 * recompute_cuda.GPU_1B.n_params()
+    lines = []
+    for run in gpu_results.for_chapter("03", *([directory] if directory else [])):
+        got = {m["key"]: m["value"] for m in run["measurements"]}
+        plans = [p for p in ("none", "sac", "full") if f"ch03.peak_above_held_bytes_{p}" in got]
+        if "none" not in plans:
+            continue
+        base = got["ch03.seconds_per_step_none"]
+        lines.append(f"{run['gpu']} ({run['date']}), gradients {units.fmt(grads, digits=2)}:")
+        for p in plans:
+            want = max(recompute_cost.activation_bytes(cfg, 2048, 1, p)["peak"], grads)
+            peak, share = got[f"ch03.peak_above_held_bytes_{p}"], recompute_cost.step_flops(cfg, 2048, 1, p)["overhead"]
+            lines.append(f"  {p:5s} peak {units.fmt(peak, digits=2)} vs max(activations, gradients) "
+                         f"{units.fmt(want, digits=2)} ({peak / want - 1:+.1%}); time "
+                         f"{got[f'ch03.seconds_per_step_{p}'] / base - 1:+.0%} vs FLOPs {share:+.0%}")
+    return "\n".join(lines) or "no GPU run of chapter 03 is committed"
