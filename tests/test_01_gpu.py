@@ -16,8 +16,6 @@ def test_cuda_step_peak_is_near_the_trace(policy, gpu_record):
     assert abs(measured["peak"] / traced.total_peak - 1) < 0.10, (measured, traced.total_peak)
 
 
-NAMES = {"H100 80GB HBM3": "h100-80gb", "A100-SXM4-80GB": "a100-80gb", "A100-SXM4-40GB": "a100-40gb",
-         "H200": "h200", "L4": "l4", "Tesla T4": "t4"}
 
 
 @pytest.mark.gpu
@@ -30,12 +28,12 @@ def test_gpu_table_capacity_is_what_nvidia_smi_reports(gpu_record):
     import torch
     from gpumem.memory import gpus
     name = torch.cuda.get_device_name()
-    key = next((v for k, v in NAMES.items() if k in name), None)
-    if key is None or shutil.which("nvidia-smi") is None:
+    gpu = gpus.of_device(name)
+    if gpu is None or shutil.which("nvidia-smi") is None:
         pytest.skip(f"{name} is not in the GPU table (or nvidia-smi is missing)")
     mib = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
                              capture_output=True, text=True, check=True).stdout.strip())
     gpu_record("ch01.nvidia_smi_memory_total_mib", mib, "MiB")
     gpu_record("ch01.torch_total_memory_bytes", torch.cuda.get_device_properties(0).total_memory, "B")
-    assert mib * 2**20 == gpus.get(key).capacity
-    assert torch.cuda.get_device_properties(0).total_memory <= gpus.get(key).capacity
+    assert mib * 2**20 == gpu.capacity
+    assert torch.cuda.get_device_properties(0).total_memory <= gpu.capacity

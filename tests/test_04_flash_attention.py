@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from conftest import run_cli
 from gpumem import chapters
-from gpumem.chapters.ch04_flash_attention import claims, diagrams
+from gpumem.chapters.ch04_flash_attention import claims, diagrams, experiments
 from gpumem.chapters.ch04_flash_attention.quiz import QUIZ
 from gpumem.memory import attention_flops, attention_measure as am, flops
 from gpumem.memory.flash_tiled import tiled_attention, tiled_forward
@@ -260,7 +260,7 @@ def test_cpu_flash_scratch_by_hand():
 @pytest.mark.gpu
 def test_gpu_sdpa_backends_memory_and_time(gpu_record):
     """On CUDA: math keeps s x s per head, memory-efficient and flash O(s); time per fwd + bwd."""
-    res = am.cuda_backends(seq=8192, heads=16, head_dim=128)
+    res = am.cuda_backends(**experiments.GPU_SHAPE)
     for name, r in res["backends"].items():
         if "error" in r:
             continue
@@ -397,3 +397,22 @@ def test_notebook_04_outputs_are_narrow_and_machine_independent():
     assert "64 H100s" not in prose and f"{claims.gpus_filled(5 * 2**40, 81_559 * 2**20)} H100s" in prose
     shown = prose + "\n".join(_text(o) for c in cells for o in c.get("outputs", []))
     assert not re.search(r"\d ?% MFU", shown)          # recompute FLOPs are timed at an HFU
+
+
+def test_gpu_reading_of_a_run_by_hand(tmp_path):
+    """The notebook's reading of a committed SDPA run, by hand: a causal tiled forward + backward at
+    s 8192, 16 heads of 128 does 14 x 16 x 128 x (8192 x 8193 / 2 + the diagonal tiles' masked
+    half) FLOPs; the math backend 12 x 16 x 128 x 8192^2 = 1.649e12; 1 ms of it is 1,649 TFLOP/s."""
+    from gpumem.course import gpu_results
+    n = 16 * 128
+    naive = 12 * n * 8192**2
+    tiled = 14 * n * (8192 * 8193 // 2 + 64 * 128 * 127 // 2)        # 64 diagonal tiles of 128: masked half kept
+    rows = {"sdpa_math_seconds_s8192": (naive / 100e12, "s"), "sdpa_math_peak_bytes_s8192": (17e9, "B"),
+            "sdpa_flash_seconds_s8192": (tiled / 200e12, "s"), "sdpa_flash_peak_bytes_s8192": (2.7e8, "B")}
+    gpu_results.write({"date": "2026-12-04", "gpu": "NVIDIA H200", "gpu_count": 1, "driver": "1", "cuda": "13.0",
+                       "torch": "2.13.0", "deepspeed": "0.19.8", "outcomes": [],
+                       "measurements": [{"test": "t", "key": f"ch04.{k}", "value": v, "unit": u}
+                                        for k, (v, u) in rows.items()]}, tmp_path)
+    text = experiments.gpu_reading(tmp_path)
+    assert "  100 TFLOP/s  10% of 989" in text and "  200 TFLOP/s  20% of 989" in text, text
+    assert "17.00 GB" in text and "cudnn" not in text

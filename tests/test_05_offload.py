@@ -418,3 +418,21 @@ def test_aio_config_uses_deepspeed_keys_and_the_ladder_queue_depth():
     aio = ds_offload.offload_config("zero3+nvme", "/tmp", 2)["aio"]
     assert constants.AIO_INTRA_OP_PARALLELISM in aio and "thread_count" not in aio
     assert aio["queue_depth"] == bandwidth.AIO_QUEUE_DEPTH and aio["block_size"] == bandwidth.AIO_BLOCK
+
+
+def test_gpu_reading_of_a_run_by_hand(tmp_path):
+    """The notebook's reading of a committed copy run, by hand: 31.5 GB/s pinned on an H200 is
+    0.50 x its PCIe Gen5 x16 63 GB/s per direction (line rate 32 GT/s x 16 x 128/130 / 8), and a
+    device copy of 1.2 TB/s moves 2.4 TB/s of HBM traffic, 0.50 x 4.8 TB/s."""
+    from gpumem.chapters.ch05_offload import experiments
+    from gpumem.course import gpu_results
+    assert round(32e9 * 16 * 128 / 130 / 8 / 1e9, 1) == 63.0
+    rates = {"h2d_pinned": 31.5e9, "d2h_pinned": 63e9, "h2d_pageable": 6.3e9, "d2h_pageable": 12.6e9, "d2d": 1.2e12}
+    gpu_results.write({"date": "2026-12-04", "gpu": "NVIDIA H200", "gpu_count": 1, "driver": "1", "cuda": "13.0",
+                       "torch": "2.13.0", "deepspeed": "0.19.8", "outcomes": [],
+                       "measurements": [{"test": "t", "key": f"ch05.{k}_bytes_per_s", "value": v, "unit": "B/s"}
+                                        for k, v in rates.items()]}, tmp_path)
+    text = experiments.gpu_reading(tmp_path)
+    assert "h2d pinned     31.5 GB/s  0.50 x the datasheet" in text and "d2h pinned     63.0 GB/s  1.00 x" in text
+    assert "2.40 TB/s read + written  0.50 x its 4.8 TB/s HBM" in text
+    assert experiments.gpu_reading(tmp_path / "none").startswith("no GPU run")

@@ -11,9 +11,10 @@ covers it.
 
 Sources. Capacity: ``nvidia-smi`` ``memory.total`` as printed on those GPUs (H100, A100, L4, T4
 as collected in modal-labs/modal-client PR #2797; H200 143,771 MiB as printed in public
-nvidia-smi outputs). Speeds: NVIDIA's datasheets (A100, H100/H200, L4, T4), dense tensor-core
-peaks without sparsity; link bandwidths per direction (NVIDIA quotes NVLink and PCIe summed over
-both directions: "600 GB/s", "900 GB/s", "64 GB/s"). PCIe per direction: Gen3 x16 15.75 GB/s,
+nvidia-smi outputs, and on the H200 this course ran on, 2026-12-04: results/gpu/). Speeds:
+NVIDIA's datasheets (A100, H100/H200, L4, T4), dense tensor-core peaks without sparsity; link
+bandwidths per direction (NVIDIA quotes NVLink and PCIe summed over both directions: "600 GB/s",
+"900 GB/s", "64 GB/s"). PCIe per direction: Gen3 x16 15.75 GB/s,
 Gen4 x16 31.5 GB/s, Gen5 x16 63 GB/s (line rate x 128/130 encoding).
 """
 
@@ -56,6 +57,17 @@ REGISTRY: dict[str, GPU] = {g.name: g for g in [
 def get(name: str) -> GPU:
     """Look a GPU up by name; a :class:`UsageError` lists the accepted names."""
     return REGISTRY[one_of(name, tuple(REGISTRY), "GPU")]
+
+
+# What ``torch.cuda.get_device_name()`` contains for each GPU of the table (the first match wins)
+DEVICE_NAMES = {"H100 80GB HBM3": "h100-80gb", "A100-SXM4-80GB": "a100-80gb", "A100-SXM4-40GB": "a100-40gb",
+                "H200": "h200", "L4": "l4", "Tesla T4": "t4"}
+
+
+def of_device(device_name: str) -> GPU | None:
+    """The table's GPU for a CUDA device name ("NVIDIA H200"), or None if it is not in the table."""
+    key = next((v for k, v in DEVICE_NAMES.items() if k in device_name), None)
+    return REGISTRY[key] if key else None
 
 
 @dataclass(frozen=True)

@@ -112,3 +112,34 @@ def gqa_saved(seq: int = 1024, heads: int = 8, kv_heads: int = 2, head_dim: int 
                      "kv_heads_saved": kv_heads if unexpanded else heads,
                      "saved_tensors": r["saved_tensors"]}
     return {"seq": seq, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": "float32", "rows": out}
+
+
+GPU_SHAPE = dict(seq=8192, heads=16, head_dim=128)   # the GPU check's SDPA call: causal, bf16, batch 1
+
+
+def gpu_reading(directory=None) -> str:
+    """Each committed GPU run of SDPA's backends at :data:`GPU_SHAPE`: peak above the inputs and
+    the FLOP rate of a forward + backward, counted as the chapter counts them (``attention_flops``:
+    the math backend computes every score, the fused ones skip the causal tiles above the
+    diagonal), as a share of the table's dense bf16 peak."""
+    from gpumem.course import gpu_results
+    from gpumem.memory import gpus
+    from gpumem.memory.attention_flops import attention_flops
+    lines = []
+    for run in gpu_results.for_chapter("04", *([directory] if directory else [])):
+        got = {m["key"]: m["value"] for m in run["measurements"]}
+        gpu = gpus.of_device(run["gpu"])
+        if gpu is None or f"ch04.sdpa_math_seconds_s{GPU_SHAPE['seq']}" not in got:
+            continue
+        lines.append(f"{run['gpu']} ({run['date']}): causal s {GPU_SHAPE['seq']:,}, {GPU_SHAPE['heads']} heads "
+                     f"of {GPU_SHAPE['head_dim']}, bf16, forward + backward")
+        for name in ("math", "memory_efficient", "flash", "cudnn"):
+            key = f"ch04.sdpa_{name}_{{}}_s{GPU_SHAPE['seq']}"
+            if key.format("seconds") not in got:
+                continue
+            f = attention_flops("naive" if name == "math" else "tiled", causal=True, **GPU_SHAPE)
+            rate = (f["forward"] + f["backward"]) / got[key.format("seconds")]
+            lines.append(f"  {name:16s} {got[key.format('peak_bytes')] / 1e9:6.2f} GB  "
+                         f"{got[key.format('seconds')] * 1e3:6.2f} ms  {rate / 1e12:5.0f} TFLOP/s  "
+                         f"{rate / gpu.bf16_flops:.0%} of {gpu.bf16_flops / 1e12:.0f}")
+    return "\n".join(lines) or "no GPU run of chapter 04 is committed"

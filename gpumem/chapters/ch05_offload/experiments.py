@@ -134,3 +134,27 @@ def loss_differences(out: dict) -> dict[str, float]:
         if c["offload"] != "none" and base:
             diffs[name] = max(abs(a - b) / abs(b) for a, b in zip(c["losses"], base["losses"]))
     return diffs
+
+
+def gpu_reading(directory=None) -> str:
+    """Each committed GPU run's copies (256 MiB, best of 5) beside the datasheet figures the time
+    engine prices them with: the host link against the table's PCIe rate per direction, the copy
+    inside the GPU (it reads and writes each byte: 2x the bytes copied) against HBM bandwidth."""
+    from gpumem.course import gpu_results
+    from gpumem.memory import gpus
+    lines = []
+    for run in gpu_results.for_chapter("05", *([directory] if directory else [])):
+        got = {m["key"]: m["value"] for m in run["measurements"]}
+        gpu = gpus.of_device(run["gpu"])
+        if gpu is None or "ch05.h2d_pinned_bytes_per_s" not in got:
+            continue
+        lines.append(f"{run['gpu']} ({run['date']}), against the time engine's PCIe "
+                     f"{gpu.pcie / 1e9:.1f} GB/s per direction:")
+        for way in ("h2d", "d2h"):
+            for kind in ("pinned", "pageable"):
+                rate = got[f"ch05.{way}_{kind}_bytes_per_s"]
+                lines.append(f"  {way} {kind:8s} {rate / 1e9:6.1f} GB/s  {rate / gpu.pcie:.2f} x the datasheet")
+        traffic = 2 * got["ch05.d2d_bytes_per_s"]
+        lines.append(f"  in the GPU  {traffic / 1e12:6.2f} TB/s read + written  {traffic / gpu.hbm:.2f} x its "
+                     f"{gpu.hbm / 1e12:.1f} TB/s HBM")
+    return "\n".join(lines) or "no GPU run of chapter 05 is committed"
