@@ -81,3 +81,22 @@ def test_deepspeed_stages_start_each_peak_with_reset_peak():
     from gpumem.chapters.ch02_zero import ds_ranks
     src = inspect.getsource(ds_ranks.deepspeed_stages)
     assert "reset_peak(device)" in src and "reset_peak_memory_stats" not in src
+
+
+def test_offload_configs_pin_host_buffers_only_for_cuda_ranks():
+    """Page-locked host buffers serve a GPU's copy engine only. The config used to pin wherever the
+    calling process saw a GPU: CPU ranks on a GPU machine, and chapter 05's printed config (an
+    output-checked cell that says "pin_memory": false), changed with the machine."""
+    from gpumem.runs import ds_offload
+    for name in ("zero2+cpu", "zero3+nvme"):
+        pins = {dev: [v["pin_memory"] for k, v in ds_offload.offload_config(name, "/swap", 2, device=dev)
+                      ["zero_optimization"].items() if k.startswith("offload_")] for dev in ("cpu", "cuda")}
+        assert pins == {"cpu": [False] * len(pins["cuda"]), "cuda": [True] * len(pins["cuda"])}
+    assert ds_offload.offload_config("zero3+nvme", "/swap", 2) == ds_offload.offload_config("zero3+nvme", "/swap", 2,
+                                                                                          device="cpu")
+
+
+def test_the_offload_rank_asks_for_its_own_device():
+    """The rank function passes the device it trains on (static: the ranks need a process group)."""
+    from gpumem.runs import ds_offload_ranks
+    assert "device=device_of_rank(rank).type" in inspect.getsource(ds_offload_ranks._one_config)

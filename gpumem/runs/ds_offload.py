@@ -59,16 +59,19 @@ def nvme_ready() -> tuple[bool, str]:
 
 
 def offload_config(name: str, swap_dir: str | None, batch_per_rank: int, cfg: ModelConfig = MODEL,
-                   world: int = 2) -> dict:
-    """The DeepSpeed config of one named configuration (bf16, DeepSpeedCPUAdam when offloading).
+                   world: int = 2, device: str = "cpu") -> dict:
+    """The DeepSpeed config of one named configuration (bf16, DeepSpeedCPUAdam when offloading)
+    for ranks on ``device``: host buffers are page-locked only for CUDA ranks (they help only a
+    GPU's copy engine), whatever GPU the calling process can see, so that CPU ranks on a GPU
+    machine, and the chapter's printed config, are the same as on a laptop.
 
     Stage 3 keeps only the norms whole (persistence threshold d_model + 1, as chapter 02 does)
     and prefetches nothing: DeepSpeed 0.19.8 asserts when it prefetches an NVMe parameter that
     is already being swapped in ("already assigned swap buffer").
     """
-    zero, offload, device = CONFIGS[name]
+    pin = device == "cuda"
+    zero, offload, device = CONFIGS[name]              # from here on, where the states go
     extra: dict = {}
-    pin = torch.cuda.is_available()    # page-locked host buffers help only a GPU's copy engine
     if zero == 3:
         extra.update(stage3_param_persistence_threshold=cfg.d_model + 1, stage3_prefetch_bucket_size=0)
     if offload != "none":

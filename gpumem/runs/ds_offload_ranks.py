@@ -20,7 +20,7 @@ import torch
 
 from ..memory.llama import Llama
 from . import ds_offload
-from .training import batches
+from .training import batches, device_of_rank
 
 # DeepSpeed 0.19.8 swapper methods that read or write swap files, or wait for them.
 SWAP_METHODS = {
@@ -83,7 +83,8 @@ def _one_config(name: str, rank: int, world: int, swap_dir, steps: int, seq: int
     torch.manual_seed(seed)
     net = Llama(ds_offload.MODEL)
     data = batches(net.cfg, steps, world * batch_per_rank, seq, seed)
-    cfg = config or ds_offload.offload_config(name, str(swap_dir) if swap_dir else None, batch_per_rank, world=world)
+    cfg = config or ds_offload.offload_config(name, str(swap_dir) if swap_dir else None, batch_per_rank, world=world,
+                                              device=device_of_rank(rank).type)
     clock.phase = "init"
     with contextlib.redirect_stdout(io.StringIO()):
         engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)

@@ -48,7 +48,8 @@ def plan_proof(ranks: int = 2, device: str = "cpu", progress: bool = True, model
             "layout": best.as_dict()["layout"], "deepspeed": best.deepspeed, "planned": planned,
             "planned_total": best.memory["total"], "fitting": len(result.plans),
             "ranks_held": [{"rank": r["rank"], "measured": {k: r["held"][k] for k in PARTS},
-                            "persistent": r["held"]["persistent"], "losses": r["losses"]} for r in runs],
+                            "persistent": r["held"]["persistent"], "losses": r["losses"],
+                            "peak_allocated": r["peak_allocated"]} for r in runs],   # CUDA ranks; None on CPU
             "tolerance": tolerance(model, ranks)}
 
 
