@@ -558,3 +558,26 @@ def test_cheapest_setup_fails():
     ns["choose_recipe"] = lambda model, capacity, activations, ladder: (ladder["qlora"], "full")
     details = [r.detail for r in grade(ns).rows if r.function == "choose_recipe" and r.status != "ok"]
     assert len(details) >= 3 and any("earlier rung of the ladder fits too" in d for d in details), details
+
+
+def test_an_answer_equal_to_everything_fails():
+    """Review r9's lying values, on lab 08: a Finetune subclass whose == is always True was compared
+    by its own method after the guard (the grader's ``got == right``); the answer is now rebuilt as
+    the course's own class inside the guard, and an object of any other type is refused by name."""
+    from gpumem.memory.finetune import Finetune
+
+    class Yes(Finetune):
+        def __eq__(self, other):
+            return True
+        __hash__ = Finetune.__hash__
+
+    class Always:
+        def __eq__(self, other):
+            return True
+    ns = solution()
+    ns["choose_recipe"] = lambda model, capacity, activations, ladder: (Yes(), "full")
+    details = [r.detail for r in grade(ns).rows if r.function == "choose_recipe" and r.status != "ok"]
+    assert len(details) >= 4 and all("is not a rung of this case's ladder" in d or "fits" in d or "over" in d
+                                     for d in details), details
+    ns["choose_recipe"] = lambda model, capacity, activations, ladder: Always()
+    assert "return plain values" in first_problem(grade(ns), "choose_recipe").detail

@@ -45,6 +45,7 @@ import threading
 
 from gpumem.course import copy_watch, lab_audit
 from gpumem.course.case_limits import alarm_held
+from gpumem.course.plain import plain
 from gpumem.memory import offload_cost
 from gpumem.timing import offload_time
 
@@ -214,7 +215,7 @@ def guarded(fn):
     def run(*args, **kwargs):
         with no_library_counts() as hits:
             try:
-                result = fn(*args, **kwargs)
+                result = plain(fn(*args, **kwargs))     # read now, under the guard (gpumem.course.plain)
             except Exception:
                 if hits:
                     raise RuntimeError(f"{ref.REFUSAL} ({hits[0]})") from None

@@ -20,7 +20,7 @@ from gpumem.timing import compute
 SHAPE = (8192, 8192, 28672)      # (tokens, d_model, ffn) of llama-3-70b, one micro-batch of 8,192
 NAMES = (("H200", "h200"), ("H100", "h100-80gb"), ("A100", "a100-80gb"), ("L4", "l4"))
 ENTRIES = {(os.path.join(os.path.dirname(os.path.abspath(__file__)), "labcheck.py"), "check")}
-AGREE = 0.20                     # the learner's and the grader's timing of one matmul agree within 20 %
+AGREE = 0.10                     # two timings of one matmul: 2.3 % apart on the H200 (2026-12-04)
 CEILING = 1.02                   # no matmul beats the dense peak (2 % for the clock's resolution)
 
 

@@ -23,6 +23,7 @@ import threading
 
 from gpumem.course import copy_watch, lab_audit
 from gpumem.course.case_limits import alarm_held
+from gpumem.course.plain import plain
 from gpumem.memory import accounting, finetune, finetune_acts, finetune_setup, gpus, models
 
 from . import lab_draw, scale
@@ -119,7 +120,7 @@ def guarded(fn):
     def run(*args, **kwargs):
         with no_library_counts() as hits:
             try:
-                result = fn(*args, **kwargs)
+                result = plain(fn(*args, **kwargs))     # read now, under the guard (gpumem.course.plain)
             except Exception:
                 if hits:
                     raise RuntimeError(f"{REFUSAL} ({hits[0]})") from None
