@@ -100,3 +100,25 @@ def test_the_offload_rank_asks_for_its_own_device():
     """The rank function passes the device it trains on (static: the ranks need a process group)."""
     from gpumem.runs import ds_offload_ranks
     assert "device=device_of_rank(rank).type" in inspect.getsource(ds_offload_ranks._one_config)
+
+
+def test_prepare_builds_the_cpu_ranks_ops_even_where_deepspeed_picked_cuda():
+    """On a GPU machine DeepSpeed's accelerator is CUDA's, which has no builder for the CPU ranks'
+    shared-memory op: prepare() (make setup) called None.load() there. The course's ops come from
+    DeepSpeed's CPU builders, the ones CPU ranks load, whatever this process's accelerator."""
+    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+
+    from gpumem.runs import dsops
+    assert CUDA_Accelerator().create_op_builder(dsops.OPS["deepspeed_shm_comm"][0]) is None   # the premise
+    for name, (cls, _) in dsops.OPS.items():
+        b = dsops.host_builder(name)
+        assert (type(b).__name__, type(b).__module__.rsplit(".", 1)[0]) == (cls, "deepspeed.ops.op_builder.cpu")
+    src = inspect.getsource(dsops.prepare)
+    assert "host_builder(name).load(" in src and "create_op_builder" not in src
+
+
+def test_the_ladders_aio_handle_is_the_cpu_ranks_flavour():
+    """The ladder loads async_io in this process; built with CUDA's flags here and the CPU ranks'
+    flags there, the shared cache would rebuild it at each switch (static: needs libaio to load)."""
+    from gpumem.memory import bandwidth
+    assert "from deepspeed.ops.op_builder.cpu import AsyncIOBuilder" in inspect.getsource(bandwidth.aio_handle)

@@ -140,7 +140,8 @@ def aio_handle(libaio_present: bool = True):
         return None
     try:
         _quiet_deepspeed()
-        from deepspeed.ops.op_builder import AsyncIOBuilder
+        # the CPU ranks' flavour (gpumem.runs.dsops.host_builder), also where DeepSpeed picked CUDA
+        from deepspeed.ops.op_builder.cpu import AsyncIOBuilder
         return AsyncIOBuilder().load(verbose=False).aio_handle(AIO_BLOCK, AIO_QUEUE_DEPTH, False, True, 1)
     except Exception:   # an op that fails to build or load: fall back to O_DIRECT
         return None

@@ -114,6 +114,15 @@ def _cpu_or_cuda_accelerator(verbose: bool):
         logging.disable(logging.NOTSET)
 
 
+def host_builder(name: str):
+    """DeepSpeed's builder of the course op ``name`` as CPU ranks load it: the CPU accelerator's,
+    whatever accelerator this process has. On a GPU machine DeepSpeed picks CUDA, which has no
+    ``ShareMemCommBuilder`` (``create_op_builder`` returns None) and builds ``async_io`` with CUDA's
+    flags: one flavour loaded after the other rebuilds the op in the shared cache."""
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+    return CPU_Accelerator().create_op_builder(OPS[name][0])
+
+
 def prepare(verbose: bool = True) -> dict[str, float]:
     """Build (or load) every op the course uses into the course cache; seconds per op."""
     root = use_course_cache()
@@ -123,15 +132,15 @@ def prepare(verbose: bool = True) -> dict[str, float]:
         if verbose:
             print(f"DeepSpeed ops ready: {', '.join(wanted_ops())}", flush=True)
         return {name: 0.0 for name in wanted_ops()}
-    accel = _cpu_or_cuda_accelerator(verbose)
+    _cpu_or_cuda_accelerator(verbose)            # DeepSpeed imported quietly; the ops are the CPU ranks'
     times = {}
     for name in wanted_ops():
-        builder_name, why = OPS[name]
+        why = OPS[name][1]
         state = "ready" if op_built(name, root) else "building (once; a minute or two)"
         if verbose:
             print(f"DeepSpeed op {name:20s} {state} — {why}", flush=True)
         start = time.perf_counter()
-        accel.create_op_builder(builder_name).load(verbose=False)
+        host_builder(name).load(verbose=False)
         times[name] = time.perf_counter() - start
     return times
 
