@@ -1114,3 +1114,20 @@ def test_values_that_lie_are_read_as_what_they_hold():
     report = grade(ns)
     assert not any(r.status == "ok" for r in report.rows), report.summary()
     assert "yours is" in first_problem(report, "rung_bytes").detail
+
+
+def test_zero3_grads_left_on_the_gpu_get_a_pointer():
+    """Review r9: the commonest slip, ZeRO-3's 16-bit gradient partition counted on the GPU once
+    the optimizer is offloaded, got a bare "you counted ... where DeepSpeed keeps none"."""
+    ns = solution("lab05")
+    ns.pop("swap_files")
+    right = ns["rung_bytes"]
+
+    def on_gpu(n, ranks, rung):
+        held = right(n, ranks, rung)
+        if rung.startswith("zero3+") and "grads" in held.get("cpu", {}):
+            held.setdefault("gpu", {})["grads"] = held["gpu"].get("grads", 0) + 2 * -(-n // ranks)
+        return held
+    ns["rung_bytes"] = on_gpu
+    row = first_problem(grade(ns), "rung_bytes")
+    assert "gpu grads" in row.detail and "grad_partitions_flat_buffer" in row.detail, row.detail

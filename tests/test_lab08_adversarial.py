@@ -581,3 +581,19 @@ def test_an_answer_equal_to_everything_fails():
                                      for d in details), details
     ns["choose_recipe"] = lambda model, capacity, activations, ladder: Always()
     assert "return plain values" in first_problem(grade(ns), "choose_recipe").detail
+
+
+def test_a_process_started_before_the_check_is_refused():
+    """Review r9 (labs 05 and 06, 11/13 and 11/11): a helper process started by the learner's cells
+    before the check answered through a pipe, with no guard in it. Now any live child process of
+    the kernel (multiprocessing's own helpers aside) refuses each graded call, by name."""
+    import subprocess
+    import sys
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        row = first_problem(grade(solution()), "role_bytes")
+        assert "a process your cells started is running" in row.detail and str(helper.pid) in row.detail
+    finally:
+        helper.kill()
+        helper.wait()
+    assert grade(solution()).solved

@@ -25,7 +25,7 @@ the call is reported (:data:`EMPTIED`); a learner's code determined enough to di
 closure out before grading is beyond an in-kernel guard (instructors grade from a fresh kernel).
 
 Threads: a call is refused while a thread the learner's cells started runs, and starting one inside it is
-refused (:func:`foreign_threads`, :data:`THREAD`). Exemptions hold only for genuine code (:mod:`.genuine`:
+refused (:func:`foreign_threads`, :data:`THREAD`); likewise while a child process runs (:func:`foreign_children`). Exemptions hold only for genuine code (:mod:`.genuine`:
 code compiled under a gpumem file name is not). Used by labs 01, 03, 05, 06 and 08; sealed by
 :mod:`.grader_seal`.
 """
@@ -142,6 +142,32 @@ def foreign_threads() -> list[str]:
     return out
 
 
+# a multiprocessing helper any library may leave running (torch's data loaders, our launcher)
+_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def foreign_children() -> list[str]:
+    """Live child processes of this kernel (Linux: /proc; elsewhere none are seen), zombies and
+    multiprocessing's own helpers aside. One a learner's cells started before the check could
+    answer for the learner's function through a pipe, with no guard in it (review r9 of labs 05
+    and 06: 11 of 13 and 11 of 11 rows)."""
+    out = []
+    for task in pathlib.Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        try:
+            pids = task.read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                cmd = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, IndexError):
+                continue
+            if state != "Z" and cmd.strip() and not any(h in cmd for h in _HELPERS):   # "": still exec-ing
+                out.append(f"pid {pid}: {cmd.strip()[:80]}")
+    return out
+
+
 def _refusing_start(original, refusal: str, hits: list[str]):
     """``original`` (a thread starter) for gpumem's own callers; refused for anyone else."""
     def start(*args, **kwargs):
@@ -165,6 +191,10 @@ def refusing(refusal: str, hits: list[str]):
     running = foreign_threads()
     if running:
         hits.append(f"a thread your cells started is running ({running[0]}): restart the kernel")
+        raise RuntimeError(f"{refusal} ({hits[-1]})")
+    children = foreign_children()
+    if children:
+        hits.append(f"a process your cells started is running ({children[0]}): stop it or restart the kernel")
         raise RuntimeError(f"{refusal} ({hits[-1]})")
     active = install().active
     entry = (hits, refusal, threading.get_ident())

@@ -43,6 +43,9 @@ HINTS = {  # pointers to where DeepSpeed 0.19.8 decides, by mistake; none gives 
     "z3-cpu-grads-low": "a gradient buffer is missing from host memory: see on which device stage3.py "
                         "allocates its 16-bit gradient partition (grad_partitions_flat_buffer) once the "
                         "optimizer is offloaded",
+    "z3-gpu-grads-high": "a gradient buffer is on the GPU that DeepSpeed keeps elsewhere: see on which device "
+                         "stage3.py allocates its 16-bit gradient partition (grad_partitions_flat_buffer) once "
+                         "the optimizer is offloaded",
     "fp32-grads-to-nvme": "too much gradient in host memory: read where swap_out_gradients (stage3.py) "
                           "sends the gradient the offloaded optimizer reads",
     "z2-gpu-grads-high": "too much gradient on the GPU: follow where ZeRO-2 copies each reduced bucket once "
@@ -63,6 +66,8 @@ def _hint(rung: str, device: str, role: str, want: int, got: int) -> str:
         return HINTS["z2-params"] if zero == 2 and low else ""
     if zero == 3 and device == "cpu":
         return HINTS["fp32-grads-to-nvme"] if high and where == "nvme" else HINTS["z3-cpu-grads-low"] if low else ""
+    if zero == 3 and device == "gpu" and high:       # review r9: the 16-bit partition left on the GPU
+        return HINTS["z3-gpu-grads-high"]
     if zero == 2 and device == "gpu" and high:
         return HINTS["z2-gpu-grads-high"]
     if device == where and low:
