@@ -122,3 +122,27 @@ def test_the_ladders_aio_handle_is_the_cpu_ranks_flavour():
     flags there, the shared cache would rebuild it at each switch (static: needs libaio to load)."""
     from gpumem.memory import bandwidth
     assert "from deepspeed.ops.op_builder.cpu import AsyncIOBuilder" in inspect.getsource(bandwidth.aio_handle)
+
+
+def test_cpu_ranks_offload_is_priced_with_host_copies_on_a_gpu_machine(tmp_path):
+    """On a GPU machine the ladder also has PCIe rungs (the H200 run measured them, results/gpu/);
+    the cost model used them for CPU ranks too, whose "device" is host memory: chapter 05's
+    prediction of a CPU-rank run priced RAM copies at PCIe's rate. The CPU rungs here are measured
+    on this machine, the PCIe ones are the H200's."""
+    import json
+    from pathlib import Path
+
+    from gpumem.chapters.ch05_offload import experiments
+    from gpumem.memory import bandwidth
+    from gpumem.units import MiB
+    h200 = {m["key"]: m["value"] for m in json.loads((Path(__file__).parents[1] / "results" / "gpu" /
+                                                     "2026-12-04_nvidia-h200.json").read_text())["measurements"]}
+    rungs = {"ram_copy": bandwidth.ram_copy(8 * MiB, 2), **bandwidth.disk(tmp_path, 4 * MiB, 2, use_aio=False)}
+    for rung in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "d2d"):
+        rungs[rung] = {"bytes_per_s": h200[f"ch05.{rung}_bytes_per_s"]}
+    lad = {"rungs": rungs, "cpu_adam": None, "machine": "test", "date": "today"}
+    ram = rungs["ram_copy"]["bytes_per_s"]
+    cpu, cuda = experiments.ladder_links(lad, "cpu"), experiments.ladder_links(lad, "cuda")
+    assert (cpu.h2d, cpu.d2h) == (ram, ram)
+    assert (cuda.h2d, cuda.d2h) == (h200["ch05.h2d_pinned_bytes_per_s"], h200["ch05.d2h_pinned_bytes_per_s"])
+    assert cpu.nvme_read == cuda.nvme_read == rungs["disk_read"]["bytes_per_s"]

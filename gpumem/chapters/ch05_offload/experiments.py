@@ -102,11 +102,20 @@ def offload(ranks: int = 2, device: str = "cpu", progress: bool = True, model: s
                 "ranks": [{"rank": r, "held_by_role": p["held_by_role"], "swap_files": p["swap_files"],
                            "by_device": ds_offload.by_device(p["held_by_role"], name, p["swap_files"]["total"]),
                            "formula": formula(out["n_params"], ranks, name)} for r, p in enumerate(per)]}
-        adam = lad["cpu_adam"]["params_per_s"] if lad.get("cpu_adam") else 1e9
-        links = offload_time.links_from_ladder(bandwidth.rates(lad), f"measured on {lad['machine']} {lad['date']}", adam)
-        out["prediction"] = predicted_vs_measured(out, links)
+        out["prediction"] = predicted_vs_measured(out, ladder_links(lad, device))
         out["loss_rel_diff"] = loss_differences(out)
     return out
+
+
+def ladder_links(lad: dict, device: str) -> offload_time.Links:
+    """The cost model's links fed with the measured ladder, for ranks on ``device``. A CPU rank's
+    "accelerator" is host memory, so its transfers are RAM copies even where the machine has a GPU
+    and the ladder PCIe rungs: those price CUDA ranks only (without them the RAM copy stands in)."""
+    rates = bandwidth.rates(lad)
+    if device != "cuda":
+        rates = {k: v for k, v in rates.items() if not k.startswith(("h2d_", "d2h_", "d2d"))}
+    adam = lad["cpu_adam"]["params_per_s"] if lad.get("cpu_adam") else 1e9
+    return offload_time.links_from_ladder(rates, f"measured on {lad['machine']} {lad['date']}", adam)
 
 
 def _room(nvme_path: str | None, run_names, ranks: int, ladder_bytes: int) -> int:
