@@ -1131,3 +1131,62 @@ def test_zero3_grads_left_on_the_gpu_get_a_pointer():
     ns["rung_bytes"] = on_gpu
     row = first_problem(grade(ns), "rung_bytes")
     assert "gpu grads" in row.detail and "grad_partitions_flat_buffer" in row.detail, row.detail
+
+
+def _stream_slip(slip):
+    """rung_seconds by hand (the review's model of stock DeepSpeed) with one slip: "z3-fp32-once"
+    sends ZeRO-3's gradient down once in fp32 as ZeRO-2 does; "no-stream" leaves the gradient
+    copies out of what runs beside compute."""
+    def seconds(n, ranks, rung, compute_s, links):
+        zero, offload, device = ref.RUNGS[rung]
+        if offload == "none":
+            return compute_s
+        s = -(-n // ranks)
+        down, up = (4 * s, 0) if zero < 3 or slip == "z3-fp32-once" else (2 * s + 4 * s, 2 * s)
+        moved = offload == "optimizer+params"
+        fetch = 2 * (2 * s) if moved else 0
+        beside = [compute_s, down / links.d2h + up / links.h2d, (up + fetch) / links.h2d]
+        if slip == "no-stream":
+            beside = [compute_s, fetch / links.h2d]
+        swaps = 0.0
+        if device == "nvme":
+            states = 4 * s + 8 * s + 4 * s
+            swaps = states / links.nvme_read + (states + (2 * s if moved else 0)) / links.nvme_write
+            if moved:
+                beside.append(fetch / links.nvme_read)
+        return max(beside) + swaps + s / links.cpu_adam + (0.0 if moved else 2 * s / links.h2d)
+    return seconds
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_draw_has_a_case_paced_by_the_gradient_stream(seed):
+    """Review r9: leaving the gradient stream out of the max, or sending ZeRO-3's gradient down once
+    as ZeRO-2 does, passed a third of fresh checks. Each draw now has a case where ZeRO-3 with the
+    optimizer on the CPU is paced by its stream (by hand: 2 + 2 + 4 B per shard parameter over PCIe
+    outlast compute), so both slips fail every draw; the hand model without a slip passes."""
+    from gpumem.chapters.ch05_offload import labcheck
+    cases = lab_draw.choose_cases(random.Random(seed))
+    paced = []
+    for _, (n, ranks, *_, compute_s, links), _, _ in cases:
+        s = -(-n // ranks)
+        paced.append(2 * s / links.d2h + 2 * s / links.h2d + 4 * s / links.d2h > compute_s * 1.05)
+    assert any(paced)
+    for slip in ("z3-fp32-once", "no-stream"):
+        report = labcheck.check({"rung_seconds": _stream_slip(slip)}, show=False, rng=random.Random(seed))
+        assert any(r.status != "ok" for r in rows(report, "rung_seconds")), slip
+    report = labcheck.check({"rung_seconds": _stream_slip("")}, show=False, rng=random.Random(seed))
+    assert all(r.status == "ok" for r in rows(report, "rung_seconds")), report.summary()
+
+
+def test_the_engines_stream_slips_are_named():
+    """The time engine's own variants, the stream left out and the ZeRO-Offload paper's one 16-bit
+    copy, are named by the row (the schedule's words, never the engine's seconds)."""
+    from gpumem.chapters.ch05_offload import labcheck
+    from gpumem.timing import offload_time
+    links = offload_time.datasheet_links("a100-80gb", "gen4", ranks_on_node=4)
+    n, ranks, compute_s = 40_000_000_001, 4, 0.4
+    t = offload_time.step_time(n, "mixed", 3, ranks, "optimizer", "cpu", compute_s, links)
+    paper = offload_time.step_time(n, "mixed", 3, ranks, "optimizer", "cpu", compute_s, links, grads="paper")
+    for slip in (offload_time.stock_schedule({**t, "grad_trip": 0.0}), paper["stock"]):
+        said = labcheck.seconds_problem(slip, n, ranks, "zero3+opt-cpu", compute_s, links)
+        assert "down, back up, then an fp32 copy down" in said and "sets the pace" in said, said

@@ -149,6 +149,13 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-6 * max(1e-3, abs(b))
 
 
+STREAM = ("the gradient stream is missing: during backward each reduced gradient is copied to the host, one "
+          "copy after another on one CUDA stream, beside compute; here it sets the pace")
+Z3_STREAM = ("ZeRO-3's gradient stream is missing or too light: during backward stage3.py copies the bf16 "
+             "partition down, back up, then an fp32 copy down (not the ZeRO-Offload paper's one 16-bit copy), "
+             "one after another on one CUDA stream beside compute; here it sets the pace")
+
+
 def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float, links) -> str:
     """'' if ``mine`` is the time engine's stock step; else what explains the difference: a known
     wrong schedule or a missing piece, else direction and factor (the engine's seconds not shown)."""
@@ -166,6 +173,9 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
              (want - t["cpu_adam"], "CPU Adam's time is missing (it runs after backward, at links.cpu_adam)"),
              (want - t["h2d_after"], "the updated 16-bit shard's upload after the step is missing"),
              (want - t["nvme_states"], "the optimizer states' NVMe traffic (read and written in the step) is missing"),
+             (offload_time.stock_schedule({**t, "grad_trip": 0.0}), Z3_STREAM if zero == 3 else STREAM),
+             (offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links, grads="paper")["stock"]
+              if zero == 3 else want, Z3_STREAM),
 ]
     for value, words in wrong:
         if value != want and _close(mine, value):
