@@ -808,3 +808,14 @@ def test_a_dict_that_fills_itself_when_read_fails():
         return Lazy()
     got = rows(choose)
     assert got[0].status == "wrong" and "the plan lacks recipe" in got[0].detail and not filled
+
+
+@pytest.mark.parametrize("keep, words", [
+    (lambda lay: lay.checkpoint == "full", "it recomputes more: checkpoint='full'"),
+    (lambda lay: lay.micro_batch == 1, "micro_batch=1: more micro-batches a step"),
+], ids=["full-checkpoint-only", "micro-batch-1-only"])
+def test_a_search_that_never_varies_a_knob_is_told_the_knob(keep, words):
+    """Review r9: a search that never tries another checkpoint policy or micro-batch was told only
+    "its compute term" or "its data parallel term"; the row now names the knob behind the term."""
+    got = [r.detail for r in rows(search(keep=keep), seed=1) if r.status != "ok"]   # the review's draw
+    assert got and any(words in d for d in got), got

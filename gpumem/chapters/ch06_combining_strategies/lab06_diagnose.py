@@ -46,7 +46,18 @@ def why_slower(mine, result, slack: float, family=None) -> str:
                 return f"it lacks {text} (the fastest layout has it); {alone}. Does your search try it?"
     term = max(TERMS, key=lambda k: mine.time[k] - best.time[k])
     return (f"its {term.replace('_', ' ')} term takes {mine.time[term]:.2f} s against {best.time[term]:.2f} s in "
-            "the fastest layout")
+            "the fastest layout" + _which_lever(term, mine.layout, best.layout))
+
+
+def _which_lever(term: str, mine, best) -> str:
+    """The lever behind a term, where the two layouts differ in it (review r9: "compute" and "data
+    parallel" did not say that the checkpoint policy or the micro-batch was the knob)."""
+    if term == "compute" and mine.checkpoint != best.checkpoint:
+        return f" (it recomputes more: checkpoint={mine.checkpoint!r}; does your search try lighter policies?)"
+    if term == "data_parallel" and mine.micro_batch < best.micro_batch:
+        return (f" (micro_batch={mine.micro_batch}: more micro-batches a step, each gathering or reducing "
+                "over the data-parallel group; does your search try larger ones?)")
+    return ""
 
 
 def why_none(result, family=None) -> str:
