@@ -73,3 +73,15 @@ def test_other_objects_are_refused_with_what_is_accepted():
         for _ in range(20):
             deep = [deep]
         plain(deep)
+
+
+def test_numpy_scalars_are_their_python_values_and_a_numpy_subclass_is_not_trusted():
+    import numpy as np
+
+    class Fake(np.int64):
+        def item(self):
+            return 7
+    got = plain({"n": np.int64(5), "x": np.float32(0.5), "b": np.bool_(True)})
+    assert got == {"n": 5, "x": 0.5, "b": True} and type(got["n"]) is int and type(got["b"]) is bool
+    with pytest.raises(NotPlain, match="Fake"):
+        plain(Fake(5))

@@ -7,12 +7,13 @@ guard is off). :func:`plain` rebuilds the value from the built-in types' own slo
 ``dict.items``...), so no method of the learner's classes runs after it, and it runs inside the
 guard, so a lazy value computed on reading is computed under the guard's refusals.
 
-Kept: ``None``, ``bool``, exact built-ins (rebuilt), and instances of gpumem's own dataclasses
+Kept: ``None``, ``bool``, exact built-ins (rebuilt), numpy's own scalars (as Python values), and instances of gpumem's own dataclasses
 (a ``Finetune``, a planner ``Layout``), rebuilt as that class from their fields. Anything else is
 refused with a line saying what was returned and what is accepted (:class:`NotPlain`).
 """
 
 import dataclasses
+import sys
 
 DEPTH = 12
 
@@ -32,10 +33,11 @@ def plain(value, depth: int = 0):
     if depth > DEPTH:
         raise NotPlain(f"the answer is nested more than {DEPTH} levels deep")
     kind = type(value)
-    if value is None or kind is bool:
+    if value is None or kind is bool:      # bool cannot be subclassed
         return value
-    if isinstance(value, bool):            # bool cannot be subclassed; kept for clarity
-        return bool(value)
+    np = sys.modules.get("numpy")
+    if np is not None and issubclass(kind, np.generic) and kind.__module__ == "numpy":   # np.int64 from a sum
+        return plain(np.generic.item(value), depth + 1)     # numpy's own types only: a subclass is not
     if isinstance(value, int):
         return int.__add__(value, 0)
     if isinstance(value, float):
