@@ -7,9 +7,10 @@ guard is off). :func:`plain` rebuilds the value from the built-in types' own slo
 ``dict.items``...), so no method of the learner's classes runs after it, and it runs inside the
 guard, so a lazy value computed on reading is computed under the guard's refusals.
 
-Kept: ``None``, ``bool``, exact built-ins (rebuilt), numpy's own scalars (as Python values), and instances of gpumem's own dataclasses
-(a ``Finetune``, a planner ``Layout``), rebuilt as that class from their fields. Anything else is
-refused with a line saying what was returned and what is accepted (:class:`NotPlain`).
+Kept: ``None``, ``bool``, exact built-ins (rebuilt), numpy's own scalars (as Python values), and
+instances of gpumem's own dataclasses (a ``Finetune``, a planner ``Layout``), rebuilt as that class
+from their fields. Anything else is refused with a line saying what was returned and what is
+accepted (:class:`NotPlain`).
 """
 
 import dataclasses
