@@ -37,6 +37,7 @@ def _one_rank_group():
     garbage collector off, so that only reference counting frees what a stage leaves."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{launch.free_port()}", rank=0, world_size=1)
     was = gc.isenabled()
+    gc.collect()             # earlier tests' cyclic garbage (models among it) goes now, not inside the count
     gc.disable()
     try:
         yield
