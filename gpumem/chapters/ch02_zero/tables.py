@@ -280,11 +280,9 @@ def gpu_bucket_lines(directory=None) -> str:
     fp32 ``mini`` run, 0.84 M parameters) beside the reduce bucket by hand: the default
     reduce_bucket_size x 4 B of fp32 gradient, allocated whole whatever the model's size."""
     from gpumem.course import gpu_results
-    runs = gpu_results.for_chapter("02", *([directory] if directory else []))
     bucket = DS_REDUCE_BUCKET * 4
     lines = []
-    for run in runs:
-        got = {m["key"]: m["value"] for m in run["measurements"]}
+    for run, got in gpu_results.values("02", directory):
         key = "ch02.deepspeed_{}_rank0_cuda_max_memory_allocated"
         if key.format(0) not in got:
             continue

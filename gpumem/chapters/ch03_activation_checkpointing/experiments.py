@@ -99,8 +99,7 @@ def gpu_reading(directory=None) -> str:
     from gpumem.memory import recompute_cuda
     cfg, grads = recompute_cuda.GPU_1B, 2 * recompute_cuda.GPU_1B.n_params()
     lines = []
-    for run in gpu_results.for_chapter("03", *([directory] if directory else [])):
-        got = {m["key"]: m["value"] for m in run["measurements"]}
+    for run, got in gpu_results.values("03", directory):
         plans = [p for p in ("none", "sac", "full") if f"ch03.peak_above_held_bytes_{p}" in got]
         if "none" not in plans:
             continue

@@ -126,8 +126,7 @@ def gpu_reading(directory=None) -> str:
     from gpumem.memory import gpus
     from gpumem.memory.attention_flops import attention_flops
     lines = []
-    for run in gpu_results.for_chapter("04", *([directory] if directory else [])):
-        got = {m["key"]: m["value"] for m in run["measurements"]}
+    for run, got in gpu_results.values("04", directory):
         gpu = gpus.of_device(run["gpu"])
         if gpu is None or f"ch04.sdpa_math_seconds_s{GPU_SHAPE['seq']}" not in got:
             continue

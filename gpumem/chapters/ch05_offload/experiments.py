@@ -152,8 +152,7 @@ def gpu_reading(directory=None) -> str:
     from gpumem.course import gpu_results
     from gpumem.memory import gpus
     lines = []
-    for run in gpu_results.for_chapter("05", *([directory] if directory else [])):
-        got = {m["key"]: m["value"] for m in run["measurements"]}
+    for run, got in gpu_results.values("05", directory):
         gpu = gpus.of_device(run["gpu"])
         if gpu is None or "ch05.h2d_pinned_bytes_per_s" not in got:
             continue
