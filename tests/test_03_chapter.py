@@ -354,6 +354,26 @@ def test_lab03_budgets_separate_the_optimum():
         assert fewer > budget
 
 
+def test_lab03_models_peak_where_the_formula_says():
+    """Each family's widest model with its smallest vocabulary, measured: the step peaks at the
+    loss, as the formula's end of the forward says, to the byte. With the wide family's old
+    vocabulary floor (64 at width 128) the final norm's fp32 temporaries peaked 8,184 B higher at
+    the head, and a drawn budget fell below the optimum's measured peak."""
+    from gpumem.memory import recompute_cost
+    from gpumem.memory import recompute_trace as rt
+    from gpumem.memory.models import ModelConfig
+    from gpumem.chapters.ch03_activation_checkpointing import labcases
+    for fam in labcases.FAMILIES:
+        h, heads = max(fam.hidden)
+        cfg = ModelConfig(f"edge-{fam.name}", min(fam.layers), h, heads, 1, min(fam.ffn), fam.vocab[0],
+                          teaching=True)
+        for plan in ("none", "full"):
+            m = rt.measure(cfg, plan, "scratch", seq=labcases.SEQ, micro_batch=labcases.BATCH)
+            want = recompute_cost.activation_bytes(cfg, labcases.SEQ, labcases.BATCH, plan, "scratch")
+            assert m.peak_at != "forward head", (fam.name, plan, m.peak, m.peak_at)
+            assert m.peak == want["peak"], (fam.name, plan, m.peak, want["peak"], m.peak_at)
+
+
 # -- the GPU path (skipped without CUDA) ----------------------------------------------------
 
 @pytest.mark.gpu
