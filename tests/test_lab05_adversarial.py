@@ -452,6 +452,17 @@ def test_recorded_swap_files_match_the_hand_count():
     assert lab_swap_record.DEEPSPEED == "0.19.8" and not hasattr(lab_swap_record, "RANKS")
 
 
+def test_recorded_path_names_the_rule_to_check():
+    """On the recorded path (no libaio) a rule left out gets the role's pointer, since the digest
+    cannot say which way: unpadded bf16 shards point at the padding, uncut fp32 gradients at the
+    alignment (per-tensor master files already differ in count)."""
+    label, (cfg, block) = next(iter(lab_swaps.family().items()))
+    for skip, role, words in (("pad", "params", "padding"), ("cut", "grads", "aligned")):
+        wrong = {k: v for k, v in _hand_files(labcheck.numels(cfg), 2, block, skip).items() if v}
+        line = lab_swaps.recorded_problem(wrong, label)
+        assert line.startswith(f"{role}: ") and words in line and "which way" in line, (skip, line)
+
+
 def test_recorded_swap_files_equal_a_live_run():
     """The record is what DeepSpeed writes now, for one recorded model, and a drawn pair
     (the grader's fallback without libaio) writes the files counted by hand here (2 CPU ranks, about

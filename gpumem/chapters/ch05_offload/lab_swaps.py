@@ -8,6 +8,12 @@ files on disk. Without it, it draws two of :data:`FAMILY`'s six recorded models 
 the counts and digests of their recorded run (:mod:`.lab_swap_record`), and says so in the row. No
 rule for the file sizes ships here: the hand count that tests check the record and the kinds
 against lives in ``tests/test_lab05_adversarial.py``.
+
+Known gap (review r9): the recorded digests and :func:`digest` are importable, so a learner can
+test candidate sizes against them offline, as often as they like, with no message. A digest
+gives no size back, so a rule is still needed to produce the candidates; any coarser record that
+could say which way a size is off (its MiB, its KiB) would give the padded sizes away, so the
+recorded path names the rules to check instead of a direction.
 """
 
 import contextlib
@@ -121,6 +127,13 @@ def digest(label: str, role: str, sizes) -> str:
     return hashlib.sha256(f"{label}|{role}|{sorted(sizes)}".encode()).hexdigest()[:32]
 
 
+# what decides each role's file sizes: the recorded path's pointer where it cannot give a direction
+RULES = {"params": "which shards are large enough to be swapped (against the aio block) and their padding",
+         "master": "whether the fp32 master copy is one flat partition or a file per tensor, and its padding",
+         "optimizer": "how many moment files there are and their padding",
+         "grads": "which fp32 gradient pieces are swapped and how their length is aligned"}
+
+
 def recorded_problem(got, label: str) -> str:
     """:func:`swap_problem` against the recorded counts and digests: no direction (not recorded)."""
     for role in ("params", "master", "optimizer", "grads"):
@@ -129,8 +142,9 @@ def recorded_problem(got, label: str) -> str:
         if len(g) != count:
             return f"{role}: DeepSpeed wrote {count} file(s), you predicted {len(g)}"
         if digest(label, role, g) != want:
-            return (f"{role}: DeepSpeed wrote {count} file(s), as you predicted, but the sizes differ "
-                    "(the recorded run keeps a digest only: a live run, with libaio, says which way)")
+            return (f"{role}: DeepSpeed wrote {count} file(s), as you predicted, but the sizes differ: check "
+                    + RULES.get(role, "the block size") + " (the recorded run keeps a digest only: "
+                    "a live run, with libaio, says which file and which way)")
     return ""
 
 
