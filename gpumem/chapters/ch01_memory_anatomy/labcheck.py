@@ -7,24 +7,36 @@ drawn sizes. Part 2's layer is the Llama layer with a wider attention (an explic
 n_heads * head_dim != d_model) and q/k norms per head (Qwen3) or over the whole width (OLMo 2;
 :mod:`.labwide`, graded by :mod:`.labpart2`). Chapter 01 counts none of it;
 ``gpumem.memory.activations`` counts the width and Qwen3's norms but not OLMo 2's, which every
-check grades first. Layers
-are drawn afresh at each check (shapes, and in part 3 the variants of :mod:`.variants`: Hugging
-Face's and Gemma's RMSNorms, a GeLU MLP with dropout, q/k/v biases) and measured on real tensors
-(:func:`.labwide.measure`, :func:`.variants.measure`), so a table of last time's answers does not
-pass; a few shapes lie far outside the drawn range, where a fit to small measurements passes only
-if it is the exact formula. Each function stops at its first failing case; a wrong count is
-explained by its first wrong term (part 2) or the switch whose term differs (part 3,
-:mod:`.labhints`). While the learner's functions run, the
-course's own formulas and tracers raise "derive it yourself" and any tensor operation raises "no
-tensor ops" (:mod:`.labguard`). Before any of this, :mod:`.labtruth` checks that torch and the
-course are as they were when the lab imported them and that the measured plain layer matches the
-course's formula; otherwise nothing is graded.
+check grades first. Part 3's layers are the variants of :mod:`.variants` (Hugging Face's and
+Gemma's RMSNorms, a GeLU MLP with dropout, q/k/v biases) and, after those, chain MLPs whose
+operations (:data:`.variants.OPS`, three to six of them) are drawn at each check and given to
+the learner's function as data. Every truth is measured on real tensors
+(:func:`.labwide.measure`, :func:`.variants.measure`). Each function stops at its first failing
+case; a wrong count is explained by its first wrong term (part 2), the switch whose term differs
+(part 3, :mod:`.labhints`), or a chain's first operation whose change differs.
+
+What this does and does not exclude. While the learner's functions run, the course's own
+formulas and tracers raise "derive it yourself" and any tensor operation raises "no tensor ops"
+(:mod:`.labguard`): nothing is measured *during* the call. Nothing stops a learner measuring
+*before* the check, though. Review r9 measured :func:`.labwide.measure` and
+:func:`.variants.measure` at a dozen small shapes per layer and fitted integer coefficients over
+chapter 01's monomials: the fit was exact, far shapes included, and passed everything then
+graded. The drawn shapes (fresh each check, a few far outside the small range) stop a table of
+last time's answers and a fit with the wrong monomials, not a fit with the right ones. So
+part 2's layers and part 3's fixed switches can still be fitted in advance; what stops a
+measured-then-fitted submission is part 3's chain MLPs, drawn at check time from 12 operations
+(millions of chains; tests/test_lab01_adversarial.py runs the reviewer's fit and holds the
+row's message to saying so). A learner who measures single operations with ``saved_by`` and
+works out how they compose, dtype and shared tensors included, has done what the chains ask.
+Before any of this, :mod:`.labtruth` checks that torch and the course are as they were when the
+lab imported them and that the measured plain layer matches the course's formula; otherwise
+nothing is graded.
 """
 
 import os
 import random
 
-from gpumem.course.grading import Report, Row, call, grade, returned, run_case
+from gpumem.course.grading import LearnerError, Report, Row, call, grade, returned, run_case
 from gpumem.memory import accounting, tracing
 from gpumem.memory.estimate import n_param_tensors
 from gpumem.memory.models import ModelConfig
@@ -73,7 +85,7 @@ def layer_source() -> str:
 
 def variant_source() -> str:
     """Part 3's code: the variant block, Hugging Face's and Gemma's RMSNorms, the GeLU MLP and its
-    dropout."""
+    dropout, the chain MLP and its operations."""
     return variants.variant_source()
 
 
@@ -92,8 +104,9 @@ def draw_shape(rng: random.Random) -> dict:
 
 def draw_far_shape(rng: random.Random) -> dict:
     """A shape far outside :func:`draw_shape`'s range (6-8 key/value heads, head width 64 or 128,
-    hundreds of positions): a count fitted to measurements at small shapes passes here only if it
-    has the formula's exact structure, that is, if it is the formula."""
+    hundreds of positions): a count fitted at small shapes passes here only if its monomials are
+    the formula's. That stops a wrong basis, not a measurement made before the check with the
+    right one (review r9; the module docstring)."""
     kv, rep, head = rng.choice([6, 8]), rng.choice([1, 2]), rng.choice([64, 128])
     return dict(d_model=kv * rep * head, n_heads=kv * rep, n_kv_heads=kv, ffn=16 * rng.randint(100, 250),
                 seq=rng.randint(300, 600), batch=rng.randint(1, 2))
@@ -155,8 +168,22 @@ def _failed(row: Row) -> bool:
 VARIANT_CASES = [("gemma", "swiglu", False), ("hf", "swiglu", False), ("fused", "gelu-dropout", False),
                  ("fused", "swiglu", True), ("hf", "gelu-dropout", False), ("gemma", "gelu-dropout", True),
                  ("hf", "gelu-dropout", True)]
-MIXED = 4                  # VARIANT_CASES[MIXED:] switch two or three on; the far shapes draw from them
+MIXED = 4                  # VARIANT_CASES[MIXED:] switch two or three on; a far shape draws from them
 KERNEL_CYCLE = ("flash", "naive", "eager")
+CHAINS = 3                 # chain MLPs drawn at each check, after VARIANT_CASES; the other far shape is one
+CHAIN_NOTE = ("this MLP's operations were drawn at this check: no count measured or fitted before it "
+              "covers them; work out what each one keeps (input, output or a mask; which dtype) and what "
+              "two share")
+
+
+def draw_chain(rng: random.Random) -> tuple:
+    """A chain MLP's operations: three to six names from :data:`.variants.OPS`."""
+    return tuple(rng.choice(variants.OPS) for _ in range(rng.randint(3, 6)))
+
+
+def draw_variant(rng: random.Random) -> tuple:
+    """(norm, a drawn chain, qkv_bias) of a chain case."""
+    return rng.choice(variants.NORMS), draw_chain(rng), rng.random() < 0.5
 
 
 def _grade_layers(report: Report, fn, rng: random.Random) -> None:
@@ -169,12 +196,18 @@ def _grade_variants(report: Report, fn, rng: random.Random) -> None:
         report.rows.append(Row(name, "part 3", "todo", f"define {name}"))
         return
     learner = guarded(fn)
-    far = [(draw_far_shape(rng), ", far shape", rng.choice(VARIANT_CASES[MIXED:])) for _ in range(2)]
-    for i, (shape, tag, (norm, mlp, bias)) in enumerate([(draw_shape(rng), "", v) for v in VARIANT_CASES] + far):
+    variants_ = VARIANT_CASES + [draw_variant(rng) for _ in range(CHAINS)]
+    far = [(draw_far_shape(rng), ", far shape", v) for v in (rng.choice(VARIANT_CASES[MIXED:]), draw_variant(rng))]
+    for i, (shape, tag, (norm, mlp, bias)) in enumerate([(draw_shape(rng), "", v) for v in variants_] + far):
         case = dict(shape, kernel=KERNEL_CYCLE[i % 3], norm=norm, mlp=mlp, qkv_bias=bias)
 
         def body(case=case):
-            got = call(learner, **case)              # the truth is measured after the learner's call
+            try:
+                got = call(learner, **case)          # the truth is measured after the learner's call
+            except LearnerError as err:
+                if isinstance(case["mlp"], tuple):
+                    raise LearnerError(f"{CHAIN_NOTE} (your function raised {err})") from None
+                raise
             want_bytes, want_params = truth = variants.measure(**case)
             if changed := labtruth.disagreement(case, truth):
                 return "error", changed

@@ -6,6 +6,9 @@ part 2's layer, and compares the learner's term (their count with the switch on,
 off) with the true term (the same difference of :func:`.variants.measure`). The switch whose term
 differs is the one the hint names; if every term agrees, the plain layer itself is off. So a
 count that adds bytes for the biases is blamed on ``qkv_bias``, whatever else the case switches on.
+A chain MLP's wrong term is narrowed down further (:func:`chain_hint`): the learner's count and
+the measured one for the chain's prefixes, from no operation (up, then down) to all of them; the
+first operation whose addition changes the two differently is named.
 """
 
 from gpumem.course.grading import LearnerError, Todo, call
@@ -86,6 +89,35 @@ def _bytes_hint(switch: str, mine: int, true: int, sizes: tuple, norm: str = "hf
             "save")
 
 
+def _ask(learner, case: dict):
+    try:
+        return _value(call(learner, **case), "activations")
+    except (Todo, LearnerError):
+        return None
+
+
+def chain_hint(learner, case: dict) -> str:
+    """A chain MLP's wrong count: the first operation whose addition to the chain changes the
+    learner's count by other than it changes the measured bytes."""
+    ops, n = case["mlp"], case["batch"] * case["seq"] * case["ffn"]
+    mine_before, true_before = _ask(learner, {**case, "mlp": ()}), variants.measure(**{**case, "mlp": ()})[0]
+    if mine_before is not None and mine_before != true_before:
+        return (f"mlp=() (up, then down, no operation between) is already {mine_before - true_before:+,} B "
+                "off: what do the two projections keep?")
+    for i in range(1, len(ops) + 1):
+        mine, true = _ask(learner, {**case, "mlp": ops[:i]}), variants.measure(**{**case, "mlp": ops[:i]})[0]
+        if mine is None or mine_before is None:
+            break
+        if mine - mine_before != true - true_before:
+            after = f", after {ops[:i - 1]!r}" if i > 1 else ""
+            return (f"operation {i}, {ops[i - 1]!r}{after}: adds {true - true_before:+,} B to what the layer "
+                    f"keeps ({(true - true_before) / n:+g} x tokens x ffn), {mine - mine_before:+,} B to your "
+                    "count: what does it keep, in which dtype, and what does it change next to it?")
+        mine_before, true_before = mine, true
+    return (f"mlp={ops!r}: your MLP term is off: go through the chain operation by operation (what each "
+            "keeps, in which dtype; a tensor two operations keep counts once)")
+
+
 def _params_hint(switch: str, mine: int, true: int, case: dict) -> str:
     off = mine - true
     if switch == "qkv_bias":
@@ -93,9 +125,10 @@ def _params_hint(switch: str, mine: int, true: int, case: dict) -> str:
                 f"qkv_bias=True: {off:,} parameters too many for three bias vectors (q's is d_model "
                 "wide, k's and v's as wide as the keys)")
     if switch == "mlp":
+        said = f"mlp={case['mlp']!r}"
         if off == case["d_model"] * case["ffn"]:
-            return "mlp='gelu-dropout': your count has SwiGLU's three matrices; the GeLU MLP has two"
-        return f"mlp='gelu-dropout': your MLP has {off:+,} parameters too many; up and down, no biases"
+            return f"{said}: your count has SwiGLU's three matrices; this MLP has two"
+        return f"{said}: your MLP's parameters are {off:+,} off; up and down, no biases"
     return f"norm={case['norm']!r}: {off:+,} parameters: {NORM_CLASS[case['norm']]} has one weight as wide as the fused norm's"
 
 
@@ -111,6 +144,8 @@ def why(learner, case: dict, key: str, got: int, want: int) -> str:
                 "changes what is saved")
     if wrong:
         mine, true = t[wrong[0]]
+        if key == "activations" and wrong[0] == "mlp" and isinstance(case["mlp"], tuple):
+            return chain_hint(learner, case)
         if key == "activations":
             return _bytes_hint(wrong[0], mine, true, (case["batch"] * case["seq"], case["d_model"], case["ffn"]),
                                case["norm"])

@@ -15,7 +15,8 @@ hooks record nothing turns every truth into 0, and functions answering 0 would p
 - every measured truth must equal :func:`expected`: ``gpumem.memory.activations.layer_parts``
   (bound at import; a formula, it does not run through torch) for the plain layer and the fused
   and HF norms (Gemma's by hand: 8Th + 4T + 4h a norm in fp32, for the fused norm's 2Th + 4T), less 3TF for the GeLU MLP with dropout (it keeps 2TF + TF + 2TF where SwiGLU keeps 8TF),
-  biases adding no bytes; parameters by hand count, 2h + 2h^2 + 2hk + 3hF (2hF for the GeLU MLP,
+  a chain MLP's tensors composed from what each op keeps (:func:`_chain_bytes`) for SwiGLU's 8TF,
+  biases adding no bytes; parameters by hand count, 2h + 2h^2 + 2hk + 3hF (2hF for the GeLU and chain MLPs,
   + h + 2k for biases); part 2's layer (:mod:`.labwide`) is held to :func:`expected_wide`. That is
   checked for a small layer of each part under each kernel before grading, for every entry
   already in the truths' caches (a cell could fill them with answers of its own), and by
@@ -123,9 +124,36 @@ def expected(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm="fused"
     saved = sum(_LAYER_PARTS(cfg, seq, batch, kernel, 2, norm="fused" if gemma else norm).values())
     if gemma:     # not in the library: fp32 input, 1/rms, fp32 normalised, fp32 (1 + w), two norms
         saved += 2 * (4 * T * d_model + 4 * T + 4 * T * d_model + 4 * d_model - (2 * T * d_model + 4 * T))
-    h, k, F, gelu = d_model, cfg.kv_dim, ffn, mlp == "gelu-dropout"
-    params = 2 * h + 2 * h * h + 2 * h * k + (2 if gelu else 3) * h * F + (h + 2 * k if qkv_bias else 0)
-    return saved - (3 * batch * seq * F if gelu else 0), params
+    h, k, F, two = d_model, cfg.kv_dim, ffn, mlp != "swiglu"
+    params = 2 * h + 2 * h * h + 2 * h * k + (2 if two else 3) * h * F + (h + 2 * k if qkv_bias else 0)
+    if mlp == "gelu-dropout":
+        saved -= 3 * T * F
+    elif two:                 # a chain: SwiGLU's four bf16 F-wide tensors out, the chain's in
+        saved += _chain_bytes(tuple(mlp), T * F) - 8 * T * F
+    return saved, params
+
+
+# what each op of a chain keeps for backward (checked against saved-tensor hooks by
+# tests/test_lab01_adversarial.py, op by op); the casts return their input when it already has the dtype
+_KEEPS = {"gelu": "in", "gelu_tanh": "in", "relu": "out", "square": "in", "silu": "in", "sigmoid": "out",
+          "tanh": "out", "exp": "out", "dropout": "mask", "scale": "", "float": "", "bf16": ""}
+
+
+def _chain_bytes(ops: tuple, n: int) -> int:
+    """Bytes a chain MLP keeps for ``n`` hidden numbers: each kept tensor once, down's input too."""
+    kept, now, size = {}, 0, 2                          # tensor 0: up's bf16 output
+    for i, op in enumerate(ops, 1):
+        new_size = {"float": 4, "bf16": 2}.get(op, size)
+        new = now if op in ("float", "bf16") and new_size == size else i
+        if _KEEPS[op] == "in":
+            kept[now] = size * n
+        elif _KEEPS[op] == "out":
+            kept[new] = new_size * n
+        elif _KEEPS[op] == "mask":
+            kept["mask", i] = n
+        now, size = new, new_size
+    kept["down" if size != 2 else now] = 2 * n          # down's input, back in bf16
+    return sum(kept.values())
 
 
 _KEYS = ("d_model", "n_heads", "n_kv_heads", "ffn", "seq", "batch", "kernel", "norm", "mlp", "qkv_bias")

@@ -17,6 +17,12 @@
   dropout is ``torch.native_dropout``, which ``F.dropout``
   runs on CUDA (on CPU ``F.dropout`` multiplies by a noise tensor of the input's dtype instead, so
   the layer calls the CUDA path directly and CPU and GPU save the same bool mask);
+- ``mlp=(op, ...)``, a tuple of names from :data:`OPS`: an MLP of two matrices with those
+  elementwise operations, in that order, between them (:class:`ChainMLP`; :func:`apply_op`
+  is what each name runs, and the hidden tensor goes back to the input's dtype before the down
+  projection). The grader draws the tuple at each check (review r9: a count measured or
+  fitted in advance for a fixed list of MLPs cannot cover a chain drawn then; the count must
+  come from what each operation saves, its dtype, and which tensors two operations share);
 - ``qkv_bias=True``: q, k and v projections with biases (Qwen2's attention).
 
 :func:`measure` runs one forward on real bf16 CPU tensors under saved-tensor hooks (autograd's
@@ -34,7 +40,9 @@ from gpumem.memory import llama
 from gpumem.memory.models import ModelConfig
 
 NORMS = ("fused", "hf", "gemma")
-MLPS = ("swiglu", "gelu-dropout")
+MLPS = ("swiglu", "gelu-dropout")            # and any tuple of OPS (ChainMLP)
+OPS = ("gelu", "gelu_tanh", "relu", "square", "silu", "sigmoid", "tanh", "exp", "dropout", "scale",
+       "float", "bf16")
 DROPOUT = 0.1
 _truth: dict = {}          # (shape, variant) -> (saved bytes, parameters); plain dict, see labguard
 # bound at import, C entry points: a notebook cell that patches torch.autograd.graph.saved_tensors_hooks
@@ -84,10 +92,66 @@ class GeluMLP(nn.Module):
         return self.down(dropout(F.gelu(self.up(x)), self.p))
 
 
+def apply_op(name: str, x):
+    """One elementwise operation of a chain MLP, by its name in :data:`OPS`."""
+    if name == "gelu":
+        return F.gelu(x)
+    if name == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu(x)
+    if name == "square":
+        return torch.square(x)
+    if name == "silu":
+        return F.silu(x)
+    if name == "sigmoid":
+        return torch.sigmoid(x)
+    if name == "tanh":
+        return torch.tanh(x)
+    if name == "exp":
+        return torch.exp(x)
+    if name == "dropout":
+        return dropout(x, DROPOUT)
+    if name == "scale":
+        return x * 0.5
+    if name == "float":
+        return x.float()
+    if name == "bf16":
+        return x.to(torch.bfloat16)
+    raise ValueError(f"unknown op {name!r}: one of {OPS}")
+
+
+class ChainMLP(nn.Module):
+    """up, the chain's operations in order, back to the input's dtype, down."""
+
+    def __init__(self, d_model: int, ffn: int, ops: tuple):
+        super().__init__()
+        self.up = nn.Linear(d_model, ffn, bias=False)
+        self.down = nn.Linear(ffn, d_model, bias=False)
+        self.ops = tuple(ops)
+
+    def forward(self, x):
+        h = self.up(x)
+        for name in self.ops:
+            h = apply_op(name, h)
+        return self.down(h.type_as(x))
+
+
+def make_mlp(mlp, d_model: int, ffn: int, cfg: ModelConfig) -> nn.Module:
+    """Part 3's MLP: part 2's SwiGLU, the GeLU MLP with dropout, or a chain (a tuple of OPS)."""
+    if mlp == "swiglu":
+        return llama.MLP(cfg)
+    if mlp == "gelu-dropout":
+        return GeluMLP(d_model, ffn, DROPOUT)
+    if isinstance(mlp, tuple) and all(op in OPS for op in mlp):
+        return ChainMLP(d_model, ffn, mlp)
+    raise ValueError(f"mlp must be one of {MLPS} or a tuple of {OPS}, not {mlp!r}")
+
+
 class VariantBlock(nn.Module):
     """The course's Llama layer with part 3's three switches."""
 
-    def __init__(self, cfg: ModelConfig, norm: str = "fused", mlp: str = "swiglu",
+    def __init__(self, cfg: ModelConfig, norm: str = "fused", mlp="swiglu",
                  qkv_bias: bool = False):
         super().__init__()
         self.attn_norm = make_norm(norm, cfg.d_model, cfg.norm_eps)
@@ -97,7 +161,7 @@ class VariantBlock(nn.Module):
             self.attn.wk = nn.Linear(cfg.d_model, cfg.kv_dim, bias=True)
             self.attn.wv = nn.Linear(cfg.d_model, cfg.kv_dim, bias=True)
         self.mlp_norm = make_norm(norm, cfg.d_model, cfg.norm_eps)
-        self.mlp = llama.MLP(cfg) if mlp == "swiglu" else GeluMLP(cfg.d_model, cfg.ffn, DROPOUT)
+        self.mlp = make_mlp(mlp, cfg.d_model, cfg.ffn, cfg)
 
     def forward(self, x, cos, sin, kernel: str):
         h = x + self.attn(self.attn_norm(x), cos, sin, kernel)
@@ -122,7 +186,8 @@ def variant_source() -> str:
     import textwrap
     parts = [("VariantBlock", VariantBlock), ("make_norm", make_norm),
              ("HFRMSNorm (norm='hf')", llama.HFRMSNorm.forward), ("GemmaRMSNorm (norm='gemma')", GemmaRMSNorm),
-             ("GeluMLP (mlp='gelu-dropout')", GeluMLP), ("dropout", dropout)]
+             ("GeluMLP (mlp='gelu-dropout')", GeluMLP), ("dropout", dropout),
+             ("ChainMLP (mlp=a tuple of op names)", ChainMLP), ("apply_op", apply_op)]
     return "\n\n".join(f"# {title}\n" + without_comments(textwrap.dedent(inspect.getsource(obj)))
                        for title, obj in parts)
 
@@ -133,8 +198,9 @@ def config(d_model: int, n_heads: int, n_kv_heads: int, ffn: int) -> ModelConfig
 
 
 def measure(d_model: int, n_heads: int, n_kv_heads: int, ffn: int, seq: int, batch: int, kernel: str,
-            norm: str, mlp: str, qkv_bias: bool) -> tuple[int, int]:
+            norm: str, mlp, qkv_bias: bool) -> tuple[int, int]:
     """(bytes one layer saves for backward, the layer's parameters), from one real forward."""
+    mlp = tuple(mlp) if isinstance(mlp, (tuple, list)) else mlp
     key = (d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, bool(qkv_bias))
     if key in _truth:
         return _truth[key]
