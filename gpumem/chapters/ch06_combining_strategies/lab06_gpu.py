@@ -14,6 +14,7 @@ import os
 
 from gpumem.course.copy_watch import graders_only
 from gpumem.course.grading import Report, Row, Todo, call, run_case
+from gpumem.course.plain import plain
 from gpumem.memory import gpus as gpu_table
 from gpumem.timing import compute
 
@@ -21,6 +22,8 @@ SHAPE = (8192, 8192, 28672)      # (tokens, d_model, ffn) of llama-3-70b, one mi
 NAMES = (("H200", "h200"), ("H100", "h100-80gb"), ("A100", "a100-80gb"), ("L4", "l4"))
 ENTRIES = {(os.path.join(os.path.dirname(os.path.abspath(__file__)), "labcheck.py"), "check")}
 AGREE = 0.10                     # two timings of one matmul: 2.3 % apart on the H200 (2026-12-04)
+ROUND = tuple(x / 100 for x in range(50, 100, 5))   # shares of the peak a guess would name: 50 %, 55 % ... 95 %
+NEAR = 0.01                      # an answer this close to a round share of the peak is a guess, not a timing
 CEILING = 1.02                   # no matmul beats the dense peak (2 % for the clock's resolution)
 
 
@@ -53,10 +56,18 @@ def reference_flops(m: int, k: int, n: int, repeats: int = 10) -> float:
     return 2 * m * k * n / sorted(times)[len(times) // 2]
 
 
+def round_share(flops: float, peak: float) -> float | None:
+    """The round share of ``peak`` (:data:`ROUND`) that ``flops`` lies within :data:`NEAR` of, else None."""
+    return next((r for r in ROUND if abs(flops / (r * peak) - 1) <= NEAR), None)
+
+
 def verdict(got, mine_ref: float, peak: float | None, label: str) -> tuple[str, str]:
-    """(status, detail) of the learner's FLOP/s against the grader's own timing and the peak."""
-    if isinstance(got, bool) or not isinstance(got, (int, float)) or not got > 0:
-        return "wrong", f"expected a positive number of FLOP/s, got {got!r}"[:160]
+    """(status, detail) of the learner's FLOP/s (read by :func:`gpumem.course.plain.plain`) against
+    the grader's own timing and the peak. Review r9: ``0.7 * peak`` passed without a timing (1.5 %
+    from the H200's measured 703 TF/s); an answer within :data:`NEAR` of a round share of the peak is
+    refused unless the grader's own timing lies as close to that share (then the GPU runs there)."""
+    if type(got) is not float or not got > 0:
+        return "wrong", f"expected a positive float of FLOP/s (2 m k n / seconds), got {got!r}"[:160]
     if abs(got / mine_ref - 1) > AGREE:
         return "wrong", (f"{got / 1e12:.0f} TF/s, but the same matmul timed here runs at {mine_ref / 1e12:.0f} TF/s: "
                          "time only the matmul (warm up, record, matmul, record, synchronize) and count 2 m k n FLOPs")
@@ -64,6 +75,11 @@ def verdict(got, mine_ref: float, peak: float | None, label: str) -> tuple[str, 
         return "ok", f"{got / 1e12:.0f} TF/s ({label} is not in gpumem.memory.gpus: no datasheet peak to compare)"
     if got > CEILING * peak:
         return "wrong", f"{got / 1e12:.0f} TF/s beats {label}'s dense bf16 peak of {peak / 1e12:.0f} TF/s"
+    guess = round_share(got, peak)
+    if guess is not None and round_share(mine_ref, peak) != guess:
+        return "wrong", (f"{got / 1e12:.1f} TF/s is {guess:.0%} of {label}'s datasheet peak ({peak / 1e12:.0f} TF/s) "
+                         f"to within {NEAR:.0%}, while the matmul timed here runs at {mine_ref / 1e12:.1f} TF/s = "
+                         f"{mine_ref / peak:.1%}: return your own timing, not a share of the peak")
     share = got / peak
     side = "optimistic here" if share < compute.KERNEL_SHARE else "below what one matmul reaches"
     return "ok", (f"{got / 1e12:.0f} TF/s = {share:.0%} of {label}'s {peak / 1e12:.0f} TF/s; the search assumes "
@@ -88,7 +104,7 @@ def grade(report: Report, fn, guard) -> str:
     def body():
         try:
             with guard():
-                got = call(fn, *SHAPE)
+                got = call((lambda *a: plain(fn(*a))) if callable(fn) else fn, *SHAPE)   # read under the guard
         except Todo:
             todo.append(True)
             return "ok", ""

@@ -1,12 +1,15 @@
 """Lab 06's questions under the team's limits, which ``planner.plan`` does not take, and their grading.
 
-Three families, one member of each drawn at check time like :mod:`.lab06_cases`' (GPU count,
+Four families, one member of each drawn at check time like :mod:`.lab06_cases`' (GPU count,
 sequence, batch, link and the host cap drawn from ranges): a host-memory cap per node below the
 planner's 2 TB; model-parallel ranks kept in one node (tp x cp x pp <= 8) on a 5-20 Gb/s link
 between nodes (issue 21's slow-network case); the same on 64K-192K-token sequences (its
-long-sequence case). A member counts only when the planner's own fastest layout breaks the limit
-and the fastest that keeps it is at least :data:`.lab06_cases.MARGIN` slower, so ``plan()``'s
-answer, or a copy's or a child process's, breaks it (and everything within 5 % of it does too).
+long-sequence case); a cap that NVMe offload's states fit but not with its swap buffers (review
+r9: the buffers never decided a case; on its 405B clusters nothing keeps that cap, so the answer
+is None). A member counts only when the planner's own fastest layout breaks the limit and the
+fastest that keeps it is at least :data:`.lab06_cases.MARGIN` slower (for the swap buffers: or
+none keeps it), so ``plan()``'s answer, or a copy's or a child process's, breaks it (and
+everything within 5 % of it does too).
 The truth is :func:`.lab06_limits.fastest`, computed after the learner's call; a plan passes when
 it runs, fits, keeps the limits and is within the lab's slack of that truth.
 """
@@ -19,6 +22,7 @@ from gpumem.planner import HOST_PER_NODE, NVME_PER_NODE
 from gpumem.planner.cost import step_seconds
 from gpumem.planner.evaluate import to_layout
 from gpumem.planner.memory import per_gpu
+from gpumem.planner.swap_buffers import offload_buffers
 from gpumem.timing.offload_time import datasheet_links
 
 from . import lab06_cases, lab06_diagnose, lab06_limits
@@ -26,33 +30,68 @@ from .lab06_cases import FAST, SLOW, SLOW_LINK
 from .lab06_limits import NODE, Limits
 
 CAP_STEP = 0.05e12           # drawn host caps are rounded to 0.05 TB
+SWAP_STEP = 0.01e12          # the swap-buffer caps to 0.01 TB (the buffers are 0.13 TB a node of 8)
 
 
 class LimitFamily(NamedTuple):
     """Questions under one of the team's limits."""
     name: str
     space: dict                          # as lab06_cases.Family's: model, gpus, gpu, seq, batch, link
-    limits: Callable                     # rng -> Limits
+    limits: Callable                     # (rng, case, link, search) -> Limits, or None: draw again
     fallback: tuple                      # ((case, link, limits),) that hinge
+    hinge: Callable = None               # (Found, Limits, case) -> bool; None: :func:`hinges`
 
 
-def _cap(rng: random.Random) -> Limits:
+def _cap(rng: random.Random, *_) -> Limits:
     """A host cap of 0.3-1.2 TB per node: an assumption (nodes of 512 GB-1 TB are common in rented
     clusters; the planner's 2 TB is a DGX H100's, NVIDIA DGX H100 datasheet)."""
     return Limits(round(rng.uniform(0.3e12, 1.2e12) / CAP_STEP) * CAP_STEP)
 
 
+def swap_of(model: str, gpus: int, seq: int, lay) -> tuple[float, float]:
+    """(host bytes of one node without, with NVMe offload's swap buffers) of ``lay``."""
+    cfg = models.get(model)
+    host = per_gpu(cfg, seq, lay)["host"]
+    swap = sum(v for k, v in offload_buffers(cfg, lay).items() if k.endswith("swap"))
+    return host * min(gpus, NODE), (host + swap) * min(gpus, NODE)
+
+
+def _swap_cap(rng: random.Random, case: tuple, link, search) -> Limits | None:
+    """A cap between the host bytes of the planner's fastest layout (NVMe offload) without and with
+    its swap buffers: a search that leaves the buffers out takes a layout over the cap."""
+    found = search(*case, link, Limits())
+    if found.planner_best is None or found.planner_best[1].device != "nvme":
+        return None
+    lo, hi = (x / SWAP_STEP for x in swap_of(case[0], case[1], case[3], found.planner_best[1]))
+    steps = range(int(lo) + 1, -int(-hi // 1))             # whole steps strictly inside (lo, hi)
+    return Limits(rng.choice(steps) * SWAP_STEP) if steps else None
+
+
+def swap_hinges(found, limits: Limits, case: tuple) -> bool:
+    """The planner's fastest is NVMe offload, its states fit the cap and with the swap buffers do
+    not (so leaving them out picks it), and what keeps the cap is MARGIN slower, or nothing does."""
+    if found.planner_best is None or found.planner_best[1].device != "nvme" or limits.host_per_node is None:
+        return False
+    t, lay = found.planner_best
+    without, with_swap = swap_of(case[0], case[1], case[3], lay)
+    return without <= limits.host_per_node < with_swap and (found.best is None or
+                                                            found.best[0] >= lab06_cases.MARGIN * t)
+
+
+_NVME = next(f for f in lab06_cases.FAMILIES if f.name == "NVMe offload")     # its ranges: 405B on 16 GPUs
 FAMILIES = (
     LimitFamily("host cap", lab06_cases._space(("llama-3-70b",), (8, 16), ("a100-40gb", "a100-80gb"),
                                                (2048, 4096, 8192), (16, 256, 8), FAST), _cap,
                 ((("llama-3-70b", 8, "a100-40gb", 4096, 64), None, Limits(0.8e12)),)),
     LimitFamily("one node, slow link", lab06_cases._space(("llama-3-70b",), (32, 64), ("h100-80gb",), (2048, 4096),
-                                                          (128, 512, 32), SLOW), lambda rng: Limits(None, True),
+                                                          (128, 512, 32), SLOW), lambda *_: Limits(None, True),
                 ((("llama-3-70b", 32, "h100-80gb", 4096, 256), SLOW_LINK, Limits(None, True)),)),
     LimitFamily("one node, long sequence", lab06_cases._space(("llama-3-8b",), (16, 32), ("h100-80gb",),
                                                               (131072, 163840, 196608), (4, 64, 4), FAST),
-                lambda rng: Limits(None, True),
+                lambda *_: Limits(None, True),
                 ((("llama-3-8b", 16, "h100-80gb", 131072, 8), None, Limits(None, True)),)),
+    LimitFamily("NVMe swap buffers", _NVME.space, _swap_cap,
+                ((("llama-3.1-405b", 16, "h100-80gb", 4096, 64), None, Limits(0.47e12)),), swap_hinges),
 )
 
 
@@ -63,12 +102,18 @@ def hinges(found) -> bool:
         found.best[0] >= lab06_cases.MARGIN * found.planner_best[0]
 
 
+def hinged(family: LimitFamily, found, limits: Limits, case: tuple) -> bool:
+    """Whether the member hinges on its limit (the family's own test, else :func:`hinges`)."""
+    return family.hinge(found, limits, case) if family.hinge else hinges(found)
+
+
 def draw(family: LimitFamily, rng: random.Random, search=None) -> tuple:
     """A ``(case, link, limits)`` of the family that hinges (priced here and dropped)."""
+    search = search or lab06_limits.fastest
     for _ in range(lab06_cases.TRIES):
         case, link = lab06_cases.member(family, rng)
-        limits = family.limits(rng)
-        if hinges((search or lab06_limits.fastest)(*case, link, limits)):
+        limits = family.limits(rng, case, link, search)
+        if limits is not None and hinged(family, search(*case, link, limits), limits, case):
             return case, link, limits
     return rng.choice(family.fallback)
 
@@ -97,6 +142,11 @@ def grade(choice, case: tuple, link: float | None, limits: Limits, slack: float,
         return "wrong", (f"yours: {label}: does not fit: needs {mem['total'] / 1e9:.1f} GB per GPU, usable "
                          f"{gpu_table.usable(g) / 1e9:.1f} GB")
     why = lab06_limits.breaks(limits, lay, host)
+    states = mem["host"] * min(gpus, NODE)
+    if why.startswith("host memory") and states <= limits.host_per_node < host:     # the buffers tip it
+        return "wrong", (f"yours: {label}: host memory {host / 1e12:.2f} TB per node with NVMe offload's swap "
+                         f"buffers (offload_buffers: {(host - states) / 1e12:.2f} TB of it), over the team's "
+                         f"host_per_node {limits.host_per_node / 1e12:g} TB; count the buffers in your fit test")
     if why:
         return "wrong", (f"yours: {label}: {why}. planner.plan answers for its own nodes "
                          f"({HOST_PER_NODE / 1e12:g} TB, any placement); keep the team's limit in your search")
