@@ -37,9 +37,9 @@ def hf_window_mask(cfg: ModelConfig, seq: int, impl: str) -> bool:
 def layer_norm(cfg: ModelConfig, T: int, e: int, norm: str) -> tuple[int, str, str]:
     """One norm over T rows of d_model: bytes, formula, label. LayerNorm (GPT-2) keeps its input,
     a mean and a 1/std per row, in the input's dtype on CPU (bf16: 2*e*T; CUDA keeps fp32).
-    Gemma 2's norm (``Gemma2RMSNorm``) computes in fp32 whatever the input: it keeps the fp32
-    input (a copy in bf16, the input itself in fp32), the 1/rms, the fp32 normed rows and the
-    fp32 (1 + weight) it multiplies them by, 4 bytes a weight element in every norm."""
+    Gemma 2's norm (``Gemma2RMSNorm``) computes in fp32 whatever the input: 8*T*h + 4*T + 4*h in
+    bf16, the last term made from the weight in every norm (the tensors are lab 01's to derive;
+    tests/test_lab01_adversarial.py counts them by hand)."""
     h = cfg.d_model
     if cfg.model_type == "gemma2":   # Gemma2RMSNorm: all in fp32, then (1 + weight), cast back
         return 8 * T * h + 4 * T + 4 * h, "8sbh + 4sb + 4h", "(fp32 input, normed, 1/rms, 1+w)"

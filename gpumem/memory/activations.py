@@ -10,10 +10,9 @@ Per layer, no checkpointing:
 * each RMSNorm (two per layer), by implementation (``norm``):
   - fused (the default; Apex, Transformer Engine, fused CUDA kernels): its input and an fp32
     1/rms per token, e*T*h + 4*T;
-  - hf (Hugging Face's ``LlamaRMSNorm``, eager ops): an fp32 copy of the input (saved by
-    ``pow``), the 1/rms, and the normalised input cast back to the compute dtype (saved by the
-    weight multiply): 4*T*h + e*T*h + 4*T. In bf16 that is 6 instead of 2 bytes per element,
-    +8*s*b*h per layer: 48.5 instead of 40.5 s*b*h for Llama-3-70B with flash (+20 %);
+  - hf (Hugging Face's ``LlamaRMSNorm``, eager ops): 4*T*h + e*T*h + 4*T (which operator saves
+    which tensor is lab 01's to derive; tests/test_lab01_adversarial.py counts it by hand). In
+    bf16 that is +8*s*b*h per layer: 48.5 instead of 40.5 s*b*h for Llama-3-70B with flash (+20 %);
 * attention keeps the normed input of W_q/W_k/W_v (e*T*h), then by kernel
   - flash: q, k, v (e*T*(h + 2k)), the output, which is also W_o's input (e*T*h), and an fp32
     logsumexp per head and row (4*a*T): **no s^2 term**;

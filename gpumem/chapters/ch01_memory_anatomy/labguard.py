@@ -9,7 +9,7 @@ Tracing tools are refused the same way (saved-tensor hooks, ``FakeTensorMode``, 
 subprocesses), and autograd records nothing (``torch.no_grad``, which ``enable_grad``,
 ``set_grad_enabled`` and ``torch._C._set_grad_enabled`` cannot lift).
 
-At the root, a formula needs no tensor at all: while the learner's function runs, a
+A formula needs no tensor at all: while the learner's function runs, a
 ``TorchDispatchMode`` and a ``TorchFunctionMode`` refuse every tensor operation ("no tensor ops:
 derive the count, do not measure it"), so a copy of the course's code loaded under another name,
 a model of the learner's own or a walk over ``grad_fn._saved_*`` has nothing to run on. The
@@ -21,9 +21,10 @@ hook. Whatever the call rebinds or changes in the course, its caches or torch is
 call fails (:mod:`.labstate`). Starting another process (``os.system``, ``subprocess``,
 ``os.posix_spawn``, ``os.fork``: an interpreter where no guard watches, review r8), reading the
 grader's frames, trace or profile hooks and threads are refused by the labs' shared audit hook
-(:func:`gpumem.course.lab_audit.refusing`, innermost, around the learner's call only). A learner set on it can still get round this in-process (C entry
-points bound before the check); the fresh and far-off shapes of :mod:`.labcheck` remain the last
-line.
+(:func:`gpumem.course.lab_audit.refusing`, around the learner's call only). Covered: measuring
+*during* the call (bar C entry points bound before it). Not covered: measuring *before* the
+check and fitting (review r9); only part 3's chain MLPs, drawn at each check, stop that
+(:mod:`.labcheck`'s docstring).
 """
 
 import contextlib

@@ -93,7 +93,7 @@ class GeluMLP(nn.Module):
 
 
 def apply_op(name: str, x):
-    """One elementwise operation of a chain MLP, by its name in :data:`OPS`."""
+    """One elementwise operation of a chain MLP, by its name (one of ``OPS``)."""
     if name == "gelu":
         return F.gelu(x)
     if name == "gelu_tanh":
@@ -184,7 +184,7 @@ def variant_source() -> str:
     """What part 3 prints: the variant block and the pieces part 2 did not show."""
     import inspect
     import textwrap
-    parts = [("VariantBlock", VariantBlock), ("make_norm", make_norm),
+    parts = [("VariantBlock", VariantBlock), ("make_norm", make_norm), ("make_mlp", make_mlp),
              ("HFRMSNorm (norm='hf')", llama.HFRMSNorm.forward), ("GemmaRMSNorm (norm='gemma')", GemmaRMSNorm),
              ("GeluMLP (mlp='gelu-dropout')", GeluMLP), ("dropout", dropout),
              ("ChainMLP (mlp=a tuple of op names)", ChainMLP), ("apply_op", apply_op)]
