@@ -1058,3 +1058,219 @@ def test_a_renamed_copy_of_torchs_checkpoint_is_refused_by_the_shared_content_ma
 
 # The solution passing tests/test_labs.py -k lab03 shows the shared content match does not take its
 # MyCheckpoint, estimate_peak or place_checkpoints for a copy (a match is a "wrong" row there).
+
+
+# ---- review r9: selective checkpointing (choose_saved, labsac); the dropout row's message ----------
+
+import functools  # noqa: E402
+import random  # noqa: E402
+from itertools import combinations  # noqa: E402
+
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from gpumem.chapters.ch03_activation_checkpointing import labsac, labsacrun  # noqa: E402
+
+SAC_LAYER = labsacrun.Layer(96, 6, 2, 256, "eager", 64)        # the lab's example layer
+SAC_NAMES = {str(op) for op in recompute.SAVE_OPS}
+
+
+def _solution_cells(*needles: str, edit=lambda source: source) -> dict:
+    """A namespace with the solution's first code cell (imports) and the cells holding ``needles``
+    run, each readable by inspect (as test_labs.notebook_namespace does, without the slow cells)."""
+    import linecache
+
+    import nbformat
+    cells = [c for c in nbformat.read(ROOT / "solutions" / "lab03_checkpoint_budget.ipynb", as_version=4).cells
+             if c.cell_type == "code"]
+    ns: dict = {}
+    for i, cell in enumerate(cells):
+        if i == 0 or any(n in cell.source for n in needles):
+            source, name = edit(cell.source), f"<lab03 solution cell {i}>"
+            linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+            exec(compile(source, name, "exec"), ns)
+    return ns
+
+
+def _solution_choose_saved():
+    return _solution_cells("def choose_saved")["choose_saved"]
+
+
+def _enumerated(ops, budget) -> int:
+    """The fewest FLOPs re-run within ``budget``, by trying every subset of the operators with
+    FLOPs (independent of labsac.best's table)."""
+    costly = [i for i, o in enumerate(ops) if o["flops"]]
+    total = sum(o["flops"] for o in ops)
+    return min(total - sum(ops[i]["flops"] for i in pick) for k in range(len(costly) + 1)
+               for pick in combinations(costly, k) if sum(ops[i]["bytes"] for i in pick) <= budget)
+
+
+def _keep_all(ops, budget):
+    return set(range(len(ops)))
+
+
+def _keep_nothing(ops, budget):
+    return set()
+
+
+def _chapter_rule(ops, budget):                 # recompute.sac_policy: every matmul and attention kernel
+    return {i for i, o in enumerate(ops) if o["op"] in SAC_NAMES}
+
+
+def _random_pick(ops, budget, seed=0):
+    """Ratio-free: the operators with FLOPs in a random order, each kept if it still fits."""
+    rng = random.Random(seed)
+    order = [i for i, o in enumerate(ops) if o["flops"]]
+    rng.shuffle(order)
+    kept, used = set(), 0
+    for i in order:
+        if used + ops[i]["bytes"] <= budget:
+            kept.add(i)
+            used += ops[i]["bytes"]
+    return kept
+
+
+def test_sac_knapsack_by_hand():
+    """Three operators (bytes, FLOPs) = (5, 10), (4, 7), (3, 6) and a free one, budget 7: keeping
+    the last two (7 B, 13 FLOPs) beats the best ratio first ((5, 10) alone: 10 FLOPs)."""
+    ops = [{"op": "a", "bytes": 5, "flops": 10}, {"op": "b", "bytes": 4, "flops": 7},
+           {"op": "c", "bytes": 3, "flops": 6}, {"op": "free", "bytes": 1, "flops": 0}]
+    assert labsac.best(ops, 7) == (10, frozenset({1, 2}))
+    assert labsac.best(ops, 12) == (0, frozenset({0, 1, 2}))
+    assert labsac.best(ops, 2)[0] == 23
+
+
+def test_sac_listing_matches_a_hand_count():
+    """The listed matmuls and attention of an eager and a flash layer, by hand: a projection of
+    T tokens from width i to o keeps 2 T o bytes (bf16) for 2 T i o FLOPs; the eager scores keep
+    2 b a s^2 bytes for 2 b a s^2 d FLOPs and their product with V 2 b a s d bytes for as many; the
+    CPU flash kernel keeps its output and an fp32 logsumexp (2 T h + 4 b a s) for 4 b a s^2 d FLOPs."""
+    for kernel in ("eager", "flash"):
+        L = SAC_LAYER._replace(kernel=kernel)
+        T, h, kv, F = L.batch * L.seq, L.d_model, L.d_model // L.heads * L.kv_heads, L.ffn
+        b, a, s, d = L.batch, L.heads, L.seq, L.d_model // L.heads
+        proj = [(2 * T * o, 2 * T * i * o) for i, o in ((h, h), (h, kv), (h, kv))]
+        attn = ([(2 * b * a * s * s, 2 * b * a * s * s * d), (2 * b * a * s * d, 2 * b * a * s * s * d)]
+                if kernel == "eager" else [(2 * T * h + 4 * b * a * s, 4 * b * a * s * s * d)])
+        after = [(2 * T * h, 2 * T * h * h), (2 * T * F, 2 * T * h * F), (2 * T * F, 2 * T * h * F),
+                 (2 * T * h, 2 * T * F * h)]
+        ops = labsacrun.forward_ops(L).ops
+        assert [(o["bytes"], o["flops"]) for o in ops if o["flops"]] == proj + attn + after, kernel
+        assert all(o["op"] in SAC_NAMES for o in ops if o["flops"])   # the chapter's rule keeps all of them
+
+
+def test_sac_measured_bytes_and_flops_follow_the_choice():
+    """Under PyTorch's SAC: keeping nothing keeps 0 B and re-runs the whole forward, as a plain
+    FlopCounterMode counts it; keeping W_q's output keeps 2 T h bytes and spares 2 T h^2 FLOPs;
+    the optimum keeps what the listing says, within the budget."""
+    listing = labsacrun.forward_ops(SAC_LAYER)
+    block, x, cos, sin = labsacrun._build(SAC_LAYER)
+    with FlopCounterMode(display=False) as counter:
+        block(x, cos, sin, "eager")
+    forward = counter.get_total_flops()
+    T, h = SAC_LAYER.batch * SAC_LAYER.seq, SAC_LAYER.d_model
+    assert labsacrun.run_saved(SAC_LAYER, listing, set()) == (0, forward)
+    wq = next(i for i, o in enumerate(listing.ops) if o["flops"])
+    assert labsacrun.run_saved(SAC_LAYER, listing, {wq}) == (2 * T * h, forward - 2 * T * h * h)
+    budget = 250_000
+    cost, which = labsac.best(listing.ops, budget)
+    kept, rerun = labsacrun.run_saved(SAC_LAYER, listing, which)
+    assert kept == sum(listing.ops[i]["bytes"] for i in which) <= budget and rerun == cost
+
+
+def test_sac_drawn_budgets_defeat_the_fixed_rules():
+    """Over draws 0-7, from the listing (no SAC run): the optimum equals an enumeration of every
+    subset; the chapter's rule is over the budget and keeping nothing re-runs more than needed on
+    every case; a ratio-free random pick misses on some case of every draw."""
+    for seed in range(8):
+        misses = 0
+        for layer, share in labcases.draw(seed)["selective"]:
+            ops = labsacrun.forward_ops(layer).ops
+            budget = labsac.budget_of(ops, share)
+            cost = labsac.best(ops, budget)[0]
+            assert cost == _enumerated(ops, budget), (seed, layer)
+            assert sum(ops[i]["bytes"] for i in _chapter_rule(ops, budget)) > budget
+            assert cost < sum(o["flops"] for o in ops)
+            pick = _random_pick(ops, budget, seed)
+            misses += sum(o["flops"] for o in ops) - sum(ops[i]["flops"] for i in pick) > cost * (1 + labsac.SLACK)
+        assert misses, seed
+    assert {layer.kernel for layer, _ in labcases.draw(0)["selective"]} == {"flash", "eager"}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sac_shortcuts_fail_and_the_solution_passes(seed):
+    """Graded as check() grades them, with SAC measured: each shortcut gets a row that says what
+    is wrong; the solution's choose_saved passes every case."""
+    cases = labcases.draw(seed)["selective"]
+    expect = {_keep_all: ("over the budget by", "cost no FLOPs to re-run"),
+              _chapter_rule: ("over the budget by", "the fewest FLOPs per byte among those kept"),
+              _keep_nothing: ("FLOPs where", "suffice", "the best choice keeps it"),
+              functools.partial(_random_pick, seed=seed): ("FLOPs where", "the best choice keeps it")}
+    for fn, said in expect.items():
+        report = Report(labcheck.LAB)
+        labcheck._grade_selective(report, fn, cases)
+        bad = report.problems
+        assert len(bad) == 1 and bad[0].status == "wrong", report.summary()
+        assert all(s in bad[0].detail for s in said), bad[0].detail
+    report = Report(labcheck.LAB)
+    labcheck._grade_selective(report, _solution_choose_saved(), cases)
+    assert report.solved and len(report.rows) == 3, report.summary()
+    assert restored()
+
+
+def test_sac_answers_that_are_not_indices_are_named():
+    cases = labcases.draw(0)["selective"][:1]
+    for fn, said in ((lambda ops, budget: None, "returned None"), (lambda ops, budget: {10 ** 6}, "outside ops"),
+                     (lambda ops, budget: ["mm"], "not an index"), (lambda ops, budget: {True}, "not an index")):
+        report = Report(labcheck.LAB)
+        labcheck._grade_selective(report, fn, cases)
+        assert report.rows[0].status == "wrong" and said in report.rows[0].detail, report.rows[0]
+
+
+def test_sac_grader_answer_and_its_copy_are_refused_while_the_learner_runs():
+    """labsac.best on the ops given, a renamed copy of it, and the measurement (which would let a
+    search try choices on the real layer) are refused; the rows name them."""
+    import inspect
+    source = inspect.getsource(labsac.best).replace("def best(", "def mine(")
+    ns = {}
+    exec(compile(source, "<copied>", "exec"), ns)
+    tries = {"labsac.best": lambda ops, budget: labsac.best(ops, budget)[1],
+             "labsac.best)": lambda ops, budget: ns["mine"](ops, budget)[1],
+             "labsacrun.run_saved": lambda ops, budget: labsacrun.run_saved(SAC_LAYER, None, set()) and set()}
+    for named, fn in tries.items():
+        report = Report(labcheck.LAB)
+        labcheck._grade_selective(report, fn, labcases.draw(0)["selective"][:1])
+        row = report.rows[0]
+        assert row.status == "wrong" and named in row.detail and "rules out" in row.detail, row
+    assert restored()
+
+
+def test_check_grades_choose_saved_after_the_placements():
+    report = labcheck.check({"choose_saved": _keep_nothing}, show=False, seed=0)
+    rows = [r for r in report.rows if r.function == "choose_saved"]
+    assert len(rows) == 1 and rows[0].status == "wrong" and "suffice" in rows[0].detail
+    assert report.rows[-1] is rows[0]
+    report = labcheck.check({}, show=False, seed=0)
+    assert "choose_saved" in report.todo
+
+
+def test_the_dropout_row_says_the_masks_differ():
+    """r9 #5: the solution's checkpoint without restoring the CPU generator for the re-run: the
+    dropout row says the re-run drew other masks (confirmed by a run with the generator put back)."""
+    from gpumem.chapters.ch03_activation_checkpointing.labvariants import grade_variants
+    line = "            torch.set_rng_state(ctx.rng)\n"
+    seen = []
+
+    def drop(source):
+        seen.append(line in source)
+        return source.replace(line, "")
+    ns = _solution_cells("class MyCheckpoint", edit=drop)
+    assert any(seen)
+    report = Report(labcheck.LAB)
+    assert not grade_variants(report, ns["checkpoint"])
+    row = report.rows[-1]
+    assert row.case == "unseen case: random numbers (dropout) replayed" and row.status == "wrong", row
+    assert "gradients differ from plain autograd" in row.detail and "other dropout masks" in row.detail
+    assert "restore it for the re-run" in row.detail
+    report = Report(labcheck.LAB)                      # the solution itself passes every variant
+    assert grade_variants(report, _solution_cells("class MyCheckpoint")["checkpoint"]), report.summary()
+    assert restored()

@@ -18,6 +18,8 @@ case: that row names the case, its later cases are not run.
   against the two moments (``labplace.moments``, which the tracer matches to the byte).
 * ``place_checkpoints(...)``: segments whose measured peak fits the budget with the fewest layers
   re-run, run with the learner's checkpoint on real tensors, against a search over every placement.
+* ``choose_saved(ops, budget)``: which of a drawn layer's operators to keep (selective
+  checkpointing), run under PyTorch's SAC outside the learner's call (``labsac``).
 
 Both are called with numbers only, from a helper (``_ask``) that holds nothing else; the
 expected answers are worked out after the call returns, so no optimum exists while the
@@ -43,7 +45,7 @@ from gpumem.memory import recompute_cost
 from gpumem.memory.models import ModelConfig
 from gpumem.memory.recompute_plans import from_segments
 
-from . import lab_gpu, labcases, labplace
+from . import lab_gpu, labcases, labplace, labsac
 from .labguard import guarded, refused
 from .labvariants import grade_variants
 
@@ -230,10 +232,11 @@ def _grade_placement(report: Report, place, ckpt, q: tuple) -> str:
                     functools.partial(_place_body, place, ckpt, cfg, budget, given)).status
 
 
-def _grade_gpu(report: Report, place, ckpt) -> str:
-    """The optional GPU part (``lab_gpu``): a row only with CUDA, once the CPU rows pass; returns
-    the line check() prints either way."""
-    reason = lab_gpu.cuda_reason() or ("" if place is not None and callable(ckpt) and report.solved else
+def _grade_gpu(report: Report, place, ckpt, ready: bool | None = None) -> str:
+    """The optional GPU part (``lab_gpu``): a row only with CUDA, once the CPU rows it rests on
+    pass (``ready``; all rows when None); returns the line check() prints either way."""
+    ready = report.solved if ready is None else ready
+    reason = lab_gpu.cuda_reason() or ("" if place is not None and callable(ckpt) and ready else
                                        "checkpoint, estimate_peak and place_checkpoints must pass on the CPU first")
     if reason:
         return f"skipped ({reason})"
@@ -249,17 +252,23 @@ def _grade_gpu(report: Report, place, ckpt) -> str:
     return f"{row.status}: {row.detail}"
 
 
+def _grade_selective(report: Report, fn, cases: list) -> None:
+    """``choose_saved`` on the drawn layers (``labsac``), asked under the guard as the others are."""
+    labsac.grade(report, fn, cases, lambda f, given: guarded(functools.partial(_ask, f, given), answers=True)())
+
+
 def _drawn(seed):
     """The check's cases without the answers ``labcases`` drew them with (no optimum count is
     kept on the stack while the learner's functions run)."""
     cases = labcases.draw(seed)
-    return cases["grad"], [(q.cfg, q.budget) for q in cases["questions"]], cases["estimates"]
+    return (cases["grad"], [(q.cfg, q.budget) for q in cases["questions"]], cases["estimates"],
+            cases["selective"])
 
 
 def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
-    """Grade ``checkpoint``, ``estimate_peak`` and ``place_checkpoints`` from the lab's namespace on
-    cases drawn from ``seed`` (fresh each check when None); never raises. The learner's code
-    cannot read the drawn cases here (module docstring: lab_audit)."""
+    """Grade ``checkpoint``, ``estimate_peak``, ``place_checkpoints`` and ``choose_saved`` from the
+    lab's namespace on cases drawn from ``seed`` (fresh each check when None); never raises. The
+    learner's code cannot read the drawn cases here (module docstring: lab_audit)."""
     report = Report(LAB)
     drawn = _drawn(seed)
     ckpt, est, place = ns.get("checkpoint"), ns.get("estimate_peak"), ns.get("place_checkpoints")
@@ -279,7 +288,9 @@ def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
             # measured with the learner's checkpoint once it is right, else with the course's own
             if _grade_placement(report, place, ckpt if passed else "scratch", q) != "ok":
                 break
-    gpu_line = _grade_gpu(report, place, ckpt if passed else None)
+    ready = report.solved                  # the GPU part rests on the three rows above only
+    _grade_selective(report, ns.get("choose_saved"), drawn[3])
+    gpu_line = _grade_gpu(report, place, ckpt if passed else None, ready)
     if show:
         print(report.summary())
         print(f"GPU part: {gpu_line}")

@@ -10,8 +10,9 @@ backward the grader runs through the learner's function) these raise ``Shortcut`
   checkpoint``, refuses too);
 * what wraps them: ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``, the
   ``tag_activation_checkpoint`` higher-order op, DeepSpeed's ``checkpointing`` module;
-* the course's own ``Checkpoint`` (``gpumem.memory.recompute``) and the grader's own answer
-  (``labplace``: the search for the best placement).
+* the course's own ``Checkpoint`` (``gpumem.memory.recompute``) and the grader's own answers
+  (``labplace``: the search for the best placement; ``labsac`` and ``labsacrun``: the operators
+  to keep under a budget, and their measurement).
 
 While the block runs, numbers may not leave torch either (``labescape``: NumPy, DLPack, storage),
 and :func:`guarded` with ``answers`` (``estimate_peak`` and ``place_checkpoints``, called through
@@ -93,13 +94,15 @@ def _banned_code() -> tuple[dict, dict, tuple]:
 
     from gpumem.memory import recompute
 
-    from . import labplace
+    from . import labplace, labsac, labsacrun
     course = {f.__code__: "the course's Checkpoint (gpumem.memory.recompute)"
               for f in (recompute.Checkpoint.forward, recompute.Checkpoint.backward)}
     codes = dict(course)          # chapter 03 prints it and the lab asks to extend it: not matched by content
-    codes.update({f.__code__: f"the grader's own answer (labplace.{f.__name__})"
-                  for f in vars(labplace).values() if getattr(f, "__module__", "") == labplace.__name__
-                  and hasattr(f, "__code__")})
+    for module in (labplace, labsac, labsacrun):
+        short = module.__name__.rsplit(".", 1)[-1]
+        codes.update({f.__code__: f"the grader's own answer ({short}.{f.__name__})"
+                      for f in vars(module).values() if getattr(f, "__module__", "") == module.__name__
+                      and hasattr(f, "__code__")})
     hop = sys.modules.get("torch._higher_order_ops.wrap")
     for cls in (getattr(hop, "TagActivationCheckpoint", None), getattr(hop, "WrapActivationCheckpoint", None)):
         codes.update({f.__code__: f"torch's {cls.__name__} (torch._higher_order_ops.wrap)"

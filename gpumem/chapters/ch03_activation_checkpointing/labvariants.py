@@ -8,11 +8,20 @@ that holds 0.7 in the forward and 1.3 once the forward is done (changed in place
 ``run`` but its inputs may be kept). Gradients taken from the re-run equal plain autograd's at
 1.3 (the loss is linear in the outputs, so the forward's values do not enter), whether the
 checkpoint is an ``autograd.Function`` or saved-tensor hooks that refill the forward's graph;
-gradients taken from copies kept in the forward are those at 0.7, whatever re-ran beside them."""
+gradients taken from copies kept in the forward are those at 0.7, whatever re-ran beside them.
+
+The dropout case moves the random-number generator on between forward and backward. When its
+gradients differ, the case is run again with the generator put back to the forward's state
+before backward instead: if they agree then, the re-run drew other masks than the forward, and
+the row says so (review r9: "gradients differ" alone did not say what was skipped)."""
 
 from gpumem.course.grading import Report, call, returned, run_case
 
 from .labguard import guarded
+
+DROPOUT = "random numbers (dropout) replayed"
+MASKS = ("the re-run drew other dropout masks than the forward: save the random-number state "
+         "in forward and restore it for the re-run only")
 
 
 def variants():
@@ -40,7 +49,7 @@ def variants():
 
     def switch(to):
         u.fill_(to)
-    return w, x, (("random numbers (dropout) replayed", dropout, (x,), None),
+    return w, x, ((DROPOUT, dropout, (x,), None),
                   ("two outputs", two_outputs, (x,), None),
                   ("non-tensor arguments (a float, a string)", with_options, (x, 0.7, "tanh"), None),
                   ("gradients taken from the re-run", changes, (x,), switch))
@@ -57,7 +66,7 @@ def grade_variants(report: Report, ckpt) -> bool:
     import torch
     w, x, cases = variants()
     for name, run, args, switch in cases:
-        def body(run=run, args=args, switch=switch):
+        def body(run=run, args=args, switch=switch, name=name, replay=False):
             grads, again = [], [0]
             for wrapped in (False, True):
                 if switch:                            # plain autograd at 1.3 throughout; yours at 0.7 until
@@ -78,7 +87,10 @@ def grade_variants(report: Report, ckpt) -> bool:
                     return "wrong", "checkpoint(run, ...) " + returned(out, "what run returns (a tensor or a tuple of them)")
                 if not all(o.requires_grad for o in outs):
                     return "wrong", "an output does not require grad: it is cut from the graph"
-                torch.rand(7)                         # the RNG moves on between forward and backward
+                if replay:                            # the generator back where the forward began
+                    torch.manual_seed(11)
+                else:                                 # the RNG moves on between forward and backward
+                    torch.rand(7)
                 call(lambda: _loss(out).backward())
                 if w.grad is None or x.grad is None:
                     return "wrong", f"no gradient reached {'the weight' if w.grad is None else 'the input'}: it is cut from the graph"
@@ -91,6 +103,8 @@ def grade_variants(report: Report, ckpt) -> bool:
                 return "wrong", ("run gave other values in backward, but your gradients are not the re-run's "
                                  f"(off by up to {diff:.3g}): they come from copies kept in the forward, so the "
                                  "recomputation was for show; take the gradients from the re-run's graph")
+            if diff and name == DROPOUT and not replay and body(replay=True) == ("ok", ""):
+                return "wrong", f"gradients differ from plain autograd by up to {diff:.3g}: {MASKS}"
             return ("ok", "") if diff == 0 else ("wrong", f"gradients differ from plain autograd by up to {diff:.3g}")
         if run_case(report, "checkpoint", f"unseen case: {name}", guarded(body)).status != "ok":
             return False

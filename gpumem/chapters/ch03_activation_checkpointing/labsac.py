@@ -1,0 +1,149 @@
+"""Lab 03's selective part: which of one layer's operators to keep under a byte budget (SAC).
+
+The learner writes ``choose_saved(ops, budget)``. ``ops`` is a drawn layer's forward as plain
+data, measured on real tensors at check time (``labsacrun.forward_ops``): for each operator that
+makes a new tensor, in forward order, ``{"op": aten name, "bytes": output bytes, "flops": forward
+FLOPs}``. ``budget`` bounds what the layer may keep between forward and backward besides its
+input. The answer is the indices of the operators to keep; every other operator is re-run in
+backward. The grader runs the real layer under PyTorch's SAC with a policy built from that
+answer (``labsacrun.run_saved``) and measures the bytes kept and the FLOPs re-run. A case passes
+when the bytes fit the budget and the re-run is within :data:`SLACK` of the fewest FLOPs any
+choice within the budget re-runs.
+
+The answer key (:func:`best`) is a 0/1 knapsack: keep the operators whose FLOPs add up to the
+most, with their bytes within the budget. Operators without FLOPs (norms, RoPE, softmax, SiLU,
+the products) are free to re-run and never kept. It is solved exactly over the operators that
+have FLOPs (at most ten here), by a table of the most FLOPs kept at each total of bytes kept;
+tests/test_lab03_adversarial.py checks it against an enumeration of every subset. It is worked
+out after the learner's call returns, and ``labguard`` refuses this module and ``labsacrun``
+while the learner's code runs.
+
+Cases (:func:`draw`, from the check's seed): three layers (widths, heads, kv heads, FFN, sequence)
+with flash attention, eager attention, and either. Each budget is a drawn share (below 1) of the
+bytes of every operator with FLOPs, so the chapter's fixed rule, "keep every matmul and the
+attention kernel" (``recompute.sac_policy``), is over the budget on every case. The budget is
+above the smallest such operator, so "keep nothing" re-runs more than needed on every case.
+Within an operator kind the trade is regular: a matmul's FLOPs per byte kept is its input width
+(h for W_q ... W_up, the FFN width for W_down), the eager scores' (Q Kᵀ) the head width, and
+their product with V the sequence length. The optimum therefore keeps W_down and the attention
+output first, never the s x s scores, and fills the rest of the budget as tightly as it can. A
+choice taken in a random order misses on some case of every draw (seeds 0-29 checked).
+"""
+
+import copy
+import functools
+import random
+
+from gpumem.course.grading import Report, Row, returned, run_case
+
+HIDDEN = ((64, 4), (96, 6), (128, 8), (128, 4), (96, 3))     # (d_model, heads): head width 16 or 32
+FFN = (160, 192, 256, 320, 384)
+SEQ = (32, 48, 64, 96)
+SHARES = {"flash": (0.3, 0.85), "eager": (0.3, 0.85), "either": (0.15, 0.6)}
+SLACK = 0.01                # FLOPs re-run above the optimum's, as a fraction of them
+
+
+def draw(rng: random.Random) -> list:
+    """The check's selective cases: (``labsacrun.Layer``, budget share), one per kind of
+    :data:`SHARES`."""
+    from .labsacrun import Layer
+    cases = []
+    for kind, (low, high) in SHARES.items():
+        h, heads = rng.choice(HIDDEN)
+        kv = rng.choice([k for k in (1, 2, heads) if heads % k == 0])
+        kernel = rng.choice(("flash", "eager")) if kind == "either" else kind
+        layer = Layer(h, heads, kv, rng.choice(FFN), kernel, rng.choice(SEQ))
+        cases.append((layer, round(rng.uniform(low, high), 4)))
+    return cases
+
+
+def budget_of(ops: list, share: float) -> int:
+    """``share`` of the bytes of every operator with FLOPs, and at least the smallest of them."""
+    costly = [o["bytes"] for o in ops if o["flops"] > 0]
+    return max(int(share * sum(costly)), min(costly))
+
+
+def best(ops: list, budget: int) -> tuple[int, frozenset]:
+    """(FLOPs re-run, indices kept) of a cheapest choice within ``budget`` (module docstring)."""
+    table = {0: (0, frozenset())}             # bytes kept -> (most FLOPs kept with them, which)
+    for index, op in enumerate(ops):
+        if op["flops"] <= 0:
+            continue
+        for held, (spared, which) in list(table.items()):
+            total = held + op["bytes"]
+            if total <= budget and table.get(total, (-1,))[0] < spared + op["flops"]:
+                table[total] = (spared + op["flops"], which | {index})
+    spared, which = max(table.values(), key=lambda entry: entry[0])
+    return sum(o["flops"] for o in ops) - spared, which
+
+
+def _indices(got, count: int):
+    """The learner's answer as a set of indices, or the row's detail when it is not one."""
+    if isinstance(got, dict) or isinstance(got, (str, bytes)) or not hasattr(got, "__iter__"):
+        return returned(got, "a set of indices into ops (ints)")
+    out = set()
+    for i in got:
+        if isinstance(i, bool) or not isinstance(i, int):
+            return f"it holds {i!r}, not an index into ops (an int)"
+        if not 0 <= i < count:
+            return f"it holds {i}, outside ops (indices 0 to {count - 1})"
+        out.add(int(i))
+    return out
+
+
+def _named(ops: list, i: int) -> str:
+    o = ops[i]
+    return f"#{i} {o['op'].replace('.default', '')} ({o['flops']:,} FLOPs for {o['bytes']:,} B)"
+
+
+def _free_kept(ops: list, chosen: set) -> str:
+    free = sorted((i for i in chosen if ops[i]["flops"] == 0), key=lambda i: -ops[i]["bytes"])
+    if not free:
+        return ""
+    return (f"; {len(free)} op(s) kept cost no FLOPs to re-run ({sum(ops[i]['bytes'] for i in free):,} B, "
+            f"largest {_named(ops, free[0])}): keeping them buys nothing")
+
+
+def verdict(ops: list, budget: int, chosen: set, kept: int, rerun: int) -> tuple[str, str]:
+    """The row of one case: the measured ``kept`` and ``rerun`` against the budget and the optimum."""
+    if kept > budget:
+        hint = _free_kept(ops, chosen)
+        if not hint:
+            worst = min(chosen, key=lambda i: (ops[i]["flops"] / ops[i]["bytes"], -ops[i]["bytes"]))
+            hint = (f"; the fewest FLOPs per byte among those kept: {_named(ops, worst)}")
+        return "wrong", f"keeps {kept:,} B (measured), over the budget by {kept - budget:,} B" + hint
+    cost, which = best(ops, budget)                # worked out after the learner's call
+    if rerun > cost * (1 + SLACK):
+        missed = max(which - chosen, key=lambda i: ops[i]["flops"])
+        more = f" (+{rerun / cost - 1:.0%})" if cost else ""
+        return "wrong", (f"fits ({kept:,} B of {budget:,} B) but re-runs {rerun:,} FLOPs where {cost:,} suffice{more}: "
+                         f"{_named(ops, missed)} is re-run, the best choice keeps it" + _free_kept(ops, chosen))
+    return "ok", ""
+
+
+def _body(fn, ask, layer, listing, budget: int):
+    from .labsacrun import run_saved
+    got = ask(fn, {"ops": copy.deepcopy(listing.ops), "budget": budget})
+    if got[0] != "ok":
+        return got
+    chosen = _indices(got[1], len(listing.ops))
+    if isinstance(chosen, str):
+        return "wrong", chosen
+    kept, rerun = run_saved(layer, listing, chosen)          # outside the learner's call
+    return verdict(listing.ops, budget, chosen, kept, rerun)
+
+
+def grade(report: Report, fn, cases: list, ask) -> None:
+    """One row per drawn case, up to the first that fails. ``ask(fn, given)`` calls the learner's
+    ``fn(**given)`` under lab 03's guard (``labcheck``: this module is refused inside it)."""
+    from .labsacrun import forward_ops
+    if fn is None:
+        report.rows.append(Row("choose_saved", "defined", "todo", "define choose_saved(ops, budget)"))
+        return
+    for layer, share in cases:
+        listing = forward_ops(layer)
+        budget = budget_of(listing.ops, share)
+        case = f"{layer.describe()}, budget {budget:,} B"
+        if run_case(report, "choose_saved", case,
+                    functools.partial(_body, fn, ask, layer, listing, budget)).status != "ok":
+            return
