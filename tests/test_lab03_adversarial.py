@@ -567,7 +567,8 @@ def test_each_function_stops_at_its_first_failing_case():
     ns = {"estimate_peak": lambda s, **n: 0, "place_checkpoints": lambda **n: "all"}
     report = labcheck.check(ns, show=False, seed=1)
     assert [(r.function, r.status) for r in report.rows] == [
-        ("checkpoint", "todo"), ("estimate_peak", "wrong"), ("place_checkpoints", "wrong")], report.summary()
+        ("checkpoint", "todo"), ("estimate_peak", "wrong"), ("place_checkpoints", "wrong"),
+        ("choose_saved", "todo")], report.summary()
 
 
 # -- round four: copies of the banned code, numbers out of torch by references bound before ----
