@@ -1312,3 +1312,34 @@ def test_the_solution_counts_every_drawn_chain():
         got = rows(grade(solution(), seed), "variant_layer")
         assert sum("mlp=(" in r.case for r in got) == labcheck.CHAINS + 1
         assert all(r.status == "ok" for r in got)
+
+
+def _chain_slip(fix):
+    right = solution()["variant_layer"]
+
+    def slip(**kw):
+        got = right(**kw)
+        return dict(got, activations=got["activations"] + fix(kw)) if isinstance(kw["mlp"], tuple) else got
+    return slip
+
+
+def _casts_ignored(kw):
+    """Every hidden tensor counted at 2 bytes: the casts' fp32 left out (the solution's count of the
+    chain without its casts, less its count with them)."""
+    right, ops = solution()["variant_layer"], kw["mlp"]
+    return (right(**{**kw, "mlp": tuple(o for o in ops if o not in ("float", "bf16"))})["activations"]
+            - right(**kw)["activations"])
+
+
+def _shared_counted_twice(kw):
+    """An output an operation keeps counted again as the next operation's kept input."""
+    ops, n = kw["mlp"], kw["batch"] * kw["seq"] * kw["ffn"]
+    return sum(2 * n for a, b in zip(ops, ops[1:])
+               if a in ("relu", "sigmoid", "tanh", "exp") and b in ("gelu", "gelu_tanh", "square", "silu"))
+
+
+@pytest.mark.parametrize("fix", [_casts_ignored, _shared_counted_twice])
+def test_a_chain_slip_is_named_at_its_first_wrong_operation(fix):
+    bad = first_problem(grade({**solution(), "variant_layer": _chain_slip(fix)}, seed=0), "variant_layer")
+    assert bad.status == "wrong" and "mlp=(" in bad.case and bad.detail.startswith("operation "), bad.detail
+    assert "x tokens x ffn" in bad.detail and len(bad.detail) <= 300

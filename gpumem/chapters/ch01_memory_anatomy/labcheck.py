@@ -9,7 +9,7 @@ n_heads * head_dim != d_model) and q/k norms per head (Qwen3) or over the whole 
 ``gpumem.memory.activations`` counts the width and Qwen3's norms but not OLMo 2's, which every
 check grades first. Part 3's layers are the variants of :mod:`.variants` (Hugging Face's and
 Gemma's RMSNorms, a GeLU MLP with dropout, q/k/v biases) and, after those, chain MLPs whose
-operations (:data:`.variants.OPS`, three to six of them) are drawn at each check and given to
+operations (:data:`.variants.OPS`, three to eight of them) are drawn at each check and given to
 the learner's function as data. Every truth is measured on real tensors
 (:func:`.labwide.measure`, :func:`.variants.measure`). Each function stops at its first failing
 case; a wrong count is explained by its first wrong term (part 2), the switch whose term differs
@@ -25,8 +25,8 @@ graded. The drawn shapes (fresh each check, a few far outside the small range) s
 last time's answers and a fit with the wrong monomials, not a fit with the right ones. So
 part 2's layers and part 3's fixed switches can still be fitted in advance; what stops a
 measured-then-fitted submission is part 3's chain MLPs, drawn at check time from 12 operations
-(millions of chains; tests/test_lab01_adversarial.py runs the reviewer's fit and holds the
-row's message to saying so). A learner who measures single operations with ``saved_by`` and
+(470 million chains, too many to measure in advance; tests/test_lab01_adversarial.py runs the
+reviewer's fit and holds the row's message to saying so). A learner who measures single operations with ``saved_by`` and
 works out how they compose, dtype and shared tensors included, has done what the chains ask.
 Before any of this, :mod:`.labtruth` checks that torch and the course are as they were when the
 lab imported them and that the measured plain layer matches the course's formula; otherwise
@@ -177,8 +177,8 @@ CHAIN_NOTE = ("this MLP's operations were drawn at this check: no count measured
 
 
 def draw_chain(rng: random.Random) -> tuple:
-    """A chain MLP's operations: three to six names from :data:`.variants.OPS`."""
-    return tuple(rng.choice(variants.OPS) for _ in range(rng.randint(3, 6)))
+    """A chain MLP's operations: three to eight names from :data:`.variants.OPS`."""
+    return tuple(rng.choice(variants.OPS) for _ in range(rng.randint(3, 8)))
 
 
 def draw_variant(rng: random.Random) -> tuple:
