@@ -137,22 +137,30 @@ def label(setup) -> str:
 
 
 def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capacity: int | None = None,
-            lib_fits: bool = False) -> str:
+            lib_fits: bool = False, counted_qlora: bool = False) -> str:
     """Why the learner's setup (rung, policy) is not the answer, from the grader's figures, in
     words. ``capacity``: what the card reports (a setup between usable and capacity points at the
     reserve); ``lib_fits``: gpumem's own count of the QLoRA rung (block 64, double quantised) fits,
-    so a ``qlora`` answer points at the rung's NF4 choice."""
+    so a ``qlora`` answer points at the rung's NF4 choice; with ``counted_qlora`` (the learner's
+    ``role_bytes`` counts this rung's states right) at the reserve first (review r10: a reserve
+    left out was blamed on the NF4 count)."""
     if got is None:
         return f"{label(want)} fits ({lab_draw.total(figures, want) / GB:.1f} GB of {usable / GB:.1f} GB usable)"
     need = lab_draw.total(figures, got)
     if need > usable:
         over = f"{label(got)} needs {need / GB:.1f} GB (states + activations), over {usable / GB:.1f} GB usable"
+        reserve = (f" -- it fits the {capacity / GB:.1f} GB the card reports, not what is left after "
+                   "the single-GPU reserve (1 GiB of CUDA context + 5 % of capacity)"
+                   if capacity is not None and need <= capacity else "")
         if got[0] == "qlora" and lib_fits:
+            if reserve and counted_qlora:        # both could be off: the reserve first, as their count is right
+                ft = rungs[got[0]]
+                return (over + f" -- reserve 1 GiB + 5 % of the card's {capacity / GB:.1f} GB; or your chooser's "
+                        f"count: this qlora keeps one {'8-bit' if ft.double_quant else 'fp32'} absmax per "
+                        f"{ft.nf4_block} weights{'' if ft.double_quant else ' (no double quantisation)'}; "
+                        "count its quant_constants as role_bytes does")
             return over + nf4_note(rungs[got[0]])
-        if capacity is not None and need <= capacity:
-            return (over + f" -- it fits the {capacity / GB:.1f} GB the card reports, not what is left after "
-                    "the single-GPU reserve (1 GiB of CUDA context + 5 % of capacity)")
-        return over
+        return over + reserve
     if want is not None and want[0] == got[0]:
         return (f"{label(got)} fits, but the rung fits without checkpointing too: no layer needs its "
                 "forward run twice")
@@ -174,7 +182,16 @@ def _setup_of(got, rungs) -> tuple[str | None, str]:
     return name, ""
 
 
-def _grade_choose(report: Report, fn, cases: list) -> None:
+def _counts(role_bytes, model: dict, ft, states: int) -> bool:
+    """Whether the learner's ``role_bytes`` (guarded) sums to ``states`` for ``ft``; False if it fails."""
+    try:
+        got = call(lab_guard.guarded(role_bytes), dict(model), ft)
+        return isinstance(got, dict) and sum(got.values()) == states
+    except Exception:       # noqa: BLE001 - any failure means "not counted right"
+        return False
+
+
+def _grade_choose(report: Report, fn, cases: list, role_bytes=None) -> None:
     from gpumem.memory import gpus
     wrong = any(r.function == "role_bytes" and r.status != "ok" for r in report.rows)
     for want, card, model, seq, batch, figures, rungs in cases:
@@ -197,8 +214,10 @@ def _grade_choose(report: Report, fn, cases: list) -> None:
                 return "wrong", problem
             first = "your role_bytes is wrong (see its rows): fix that first; " if wrong else ""
             lib_fits = lab_draw.library_total(model, figures, rungs) <= scale.usable(card)
+            counted = (name == "qlora" and role_bytes is not None
+                       and _counts(role_bytes, model, rungs["qlora"], figures["qlora"][0]))
             return "wrong", first + why_not(None if got is None else (name, got[1]), want, figures,
-                                            scale.usable(card), rungs, gpus.get(card).capacity, lib_fits)
+                                            scale.usable(card), rungs, gpus.get(card).capacity, lib_fits, counted)
         run_case(report, "choose_recipe", case, body)
 
 
@@ -207,7 +226,7 @@ def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Repo
     rng = rng or random.Random()
     report = Report(LAB)
     _grade_states(report, ns.get("role_bytes"), lab_draw.states_cases(rng))
-    _grade_choose(report, ns.get("choose_recipe"), lab_draw.choose_cases(rng))
+    _grade_choose(report, ns.get("choose_recipe"), lab_draw.choose_cases(rng), ns.get("role_bytes"))
     if show:
         print(report.summary())
         print("GPU part: none in this lab (the bytes are graded by formula)")
