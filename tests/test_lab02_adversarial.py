@@ -314,18 +314,25 @@ def grade_on(monkeypatch, cases: tuple, *swaps: tuple[str, str]):
     return _lab02_with(source)
 
 
-def _blocked(report) -> str:
-    assert [r.case.split(": ")[1] for r in report.problems] == ["async reduce-scatters overlapped with backward"]
-    detail = report.problems[0].detail
-    assert "held back 200 ms by the grader" in detail and "block right after each launch" in detail
+def _blocked(report, unseen: bool = False) -> str:
+    """The overlap row says the hooks blocked, measured by the hold; with ``unseen``, the collectives
+    row also says the process group ran a collective the grader's wrappers did not see."""
+    want = ["async reduce-scatters overlapped with backward"]
+    if unseen:
+        want.insert(0, "collectives during backward")
+        assert "gloo's own count" in report.problems[0].detail and "went around them" in report.problems[0].detail
+    assert [r.case.split(": ")[1] for r in report.problems] == want
+    detail = report.problems[-1].detail
+    assert "held back by the grader's own arrival hook" in detail and "block right after each launch" in detail
     return detail
 
 
 def test_a_barrier_the_guard_does_not_name_is_measured(monkeypatch):
     """``dist.group.WORLD.barrier().wait()``: the process group's own barrier, not ``dist.barrier``
-    (no wrapper sees it); rank 0 computes no gradient until rank 1, held back, joins the collective."""
+    (no wrapper sees it, gloo's sequence number does); rank 0 computes no gradient until rank 1,
+    held back, joins the collective."""
     report = grade_on(monkeypatch, ONE, (LAUNCH, LAUNCH + "        dist.group.WORLD.barrier().wait()\n"))
-    assert "rank 0 computed no further gradient" in _blocked(report)
+    assert "rank 0 computed no further gradient" in _blocked(report, unseen=True)
 
 
 def test_waiting_the_handle_behind_the_proxys_private_slot_is_measured(monkeypatch):
@@ -354,21 +361,121 @@ def test_copies_made_with_the_dispatch_modes_off_are_counted(monkeypatch):
     assert held >= 250_496 + 500_992
 
 
-def _pass(arrivals: int, launches: list[tuple[int, float]], times: list[float]) -> dict:
-    return {"arrivals": arrivals, "times": times, "launches": [{"at": a, "t_join": t} for a, t in launches]}
+def _pass(times: list[float], seqs: list[int], hold=None) -> dict:
+    return {"times": times, "seqs": seqs, "hold": hold}
 
 
 def test_the_hold_decides_by_the_order_of_two_clock_readings():
-    """By hand: rank 0 launches at arrivals 1 and 2; rank 1, held, joins at t = 10 and 20. Rank 0's
-    next gradients arriving at t = 2 and 3 overlapped; at t = 11 and 21 (after each join) they did not."""
+    """By hand: rank 1, held at its first arrival with no collective run yet, wakes at t = 10.
+    Rank 0's hook at arrival 2 (t = 1) issues its first collective (its count goes 0 -> 1 by
+    arrival 3): arrival 3 at t = 2 means backward went on while it was pending (overlapped); at
+    t = 11, only after the held rank woke (blocked)."""
     from gpumem.chapters.ch02_zero import lab02_probe
-    held = _pass(4, [(1, 10.0), (2, 20.0)], [9.0, 19.5, 25.0, 26.0])
-    for times, blocked in (([1.0, 2.0, 3.0, 4.0], False), ([1.0, 11.0, 21.0, 22.0], True)):
-        checked = _pass(4, [(1, 1.5), (2, 2.5)], times)
+    held = _pass([0.0, 10.5, 10.6, 10.7], [0, 0, 1, 1], hold=(0, 10.0))
+    for t3, blocked in ((2.0, False), (11.0, True)):
+        checked = _pass([0.5, 1.0, t3, t3 + 1], [0, 0, 1, 2])
         got = lab02_probe.grade_overlap([{"passes": [checked]}, {"passes": [held]}])
         assert (got is not None) == blocked and (not got or "rank 0 computed no further gradient" in got)
-    last = _pass(2, [(2, 1.0)], [0.5, 0.9])        # launched at the last arrival: nothing to check
-    assert lab02_probe.grade_overlap([{"passes": [last]}, {"passes": [held]}]) is None
-    late = _pass(4, [(1, 9.95), (2, 19.95)], [1.0, 11.0, 21.0, 22.0])   # rank 0 lagged: no window opened
+    # nothing issued before the last arrival, or the launching hook began after the wake: nothing
+    # to test, and a probe that tested nothing fails
+    for untested, why in ((_pass([0.5, 1.0], [0, 0]), "no collective before its last gradient"),
+                          (_pass([9.95, 10.2, 10.3], [0, 0, 1]), "began +0.20 s from the held rank's wake")):
+        got = lab02_probe.grade_overlap([{"passes": [untested]}, {"passes": [held]}])
+        assert got and "could not test overlap on rank 0" in got and why in got
     assert lab02_probe.WINDOW_S > 0.05
-    assert lab02_probe.grade_overlap([{"passes": [late]}, {"passes": [held]}]) is None
+
+
+# Review r10's cheats: the gradient data by another collective than the recorded one, and the
+# grader's record edited. Graded on ONE (tiny, bucket 0, 2 steps: each rank is checked once).
+DECOY = "        work = dist.reduce_scatter_tensor(torch.empty(1), torch.zeros(world), async_op=True)   # decoy\n"
+
+
+def test_reduce_scatter_single_is_a_reduce_scatter(monkeypatch):
+    """torch 2.13 deprecates reduce_scatter_tensor in favour of reduce_scatter_single: the solution
+    written with it passes every row."""
+    report = grade_on(monkeypatch, ONE, ("dist.reduce_scatter_tensor(mine, send, async_op=True)",
+                                         "dist.reduce_scatter_single(mine, send, async_op=True)"))
+    assert report.solved, report.summary()
+
+
+def test_synchronous_data_and_an_async_decoy_are_named(monkeypatch):
+    """Review r10 (H): the bucket goes by a synchronous reduce_scatter_single and a 1-element
+    asynchronous reduce-scatter is launched for the record. Tiny, bucket 0: 21 gradients, so 42
+    reduce-scatters where 21 are allowed; the synchronous one is named in the overlap row."""
+    report = grade_on(monkeypatch, ONE, (LAUNCH, "        dist.reduce_scatter_single(mine, send)\n" + DECOY))
+    calls, over = rows(report, "collectives")[0], rows(report, "async")[0]
+    assert calls.status == "wrong" and "42 reduce-scatters in one backward" in calls.detail
+    assert over.status == "wrong" and "dist.reduce_scatter_single ran with async_op=False" in over.detail
+
+
+def test_data_through_the_process_group_and_a_decoy_are_named(monkeypatch):
+    """The bucket by the process group's own reduce-scatter (no torch.distributed function), an
+    asynchronous decoy in its place: gloo's count shows the unseen collective, and the hold shows
+    that backward stood still."""
+    report = grade_on(monkeypatch, ONE, (LAUNCH, "        dist.group.WORLD._reduce_scatter_base(mine, send).wait()\n"
+                                                 + DECOY))
+    _blocked(report, unseen=True)
+
+
+def test_decoy_alone_is_short_of_the_gradients(monkeypatch):
+    """The decoy is all that is recorded once the data goes unseen by any route: its elements
+    fall short of the padded gradients. (Here the shards are left unfilled: the decoy's own row.)"""
+    from gpumem.chapters.ch02_zero import labcheck as lc
+    p = {"seq_ops": 21, "ops": 21, "calls": {"reduce_scatter_tensor": 21}, "need": 125_504,
+         "launches": [{"sent": 2}] * 21}
+    got = lc._grade_calls([{"passes": [p]}, {"passes": [p]}], 21, 4 * 125_000, 0)
+    assert "sent 42 elements" in got and "are 125,504" in got and "some other way" in got
+
+
+RECORD_EDIT = '''def install_zero2_hooks(params, grad_shards, bucket_bytes):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    grader = dist.all_reduce.func.__globals__                      # the wrappers' module
+    real_all_reduce, rec = grader["_REAL"]["all_reduce"], grader["_REC"]
+    index = {id(p): i for i, p in enumerate(params)}
+    state = {"bytes": 0, "queued": False, "sent": 0}
+
+    def fake_launch():                                             # what the grader will read
+        rec.calls["reduce_scatter_tensor"] = rec.calls.get("reduce_scatter_tensor", 0) + 1
+        rec.events += 1
+        rec.launches.append({"name": "reduce_scatter_tensor", "async": True, "at": rec.arrivals, "waited": None,
+                             "t": rec.events, "t_wait": None, "how": None, "sent": state["sent"]})
+        state["bytes"] = state["sent"] = 0
+
+    def end():
+        if state["bytes"]:
+            fake_launch()
+        L = rec.launches
+        for k, x in enumerate(L):                                  # "two in flight, oldest waited"
+            x["waited"] = rec.arrivals
+            x["t_wait"] = L[k + 2]["t"] - 0.5 if k + 2 < len(L) else rec.events + 1 + k
+            x["how"] = "wait()"
+        state["queued"] = False
+
+    def ready(p):
+        if not state["queued"]:
+            torch.autograd.Variable._execution_engine.queue_callback(end)
+            state["queued"] = True
+        g = p.grad.clone()
+        real_all_reduce(g)                                         # synchronous, whole tensor, unrecorded
+        c = math.ceil(g.numel() / world)
+        flat = torch.nn.functional.pad(g.reshape(-1), (0, c * world - g.numel()))
+        grad_shards[index[id(p)]] = (flat[rank * c:(rank + 1) * c] / world).clone()
+        state["bytes"] += g.numel() * g.element_size()
+        state["sent"] += c * world
+        p.grad = None
+        if state["bytes"] >= bucket_bytes:
+            fake_launch()
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(ready)
+'''
+
+
+def test_an_edited_record_is_named(monkeypatch):
+    """Review r10 (D), on today's grader: the wrappers hold no record in a closure or default any
+    more, so the record is taken from their module; each gradient is all-reduced synchronously by
+    the saved original and launches are written into the record. Gloo's own count of collectives
+    disagrees with it, and the hold (the grader's arrival hook, not the record) shows the block."""
+    _narrowed(monkeypatch)
+    monkeypatch.setattr(labcheck, "CASES", ONE)
+    _blocked(_lab02_with(RECORD_EDIT), unseen=True)

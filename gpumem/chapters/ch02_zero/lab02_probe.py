@@ -1,19 +1,22 @@
 """Lab 02's two physical probes: they measure what happened, whatever route the learner's code took.
 
-**Overlap, by holding one rank back.** In each backward pass the grader holds one rank (rank 1 in
-the first pass, rank 0 in the second, ...) for :data:`DELAY_S` before its first :data:`HELD`
-reduce-scatters join the collective. A collective cannot finish on the other rank before the held
-rank has joined it. So if, on the other rank, the gradient after a launch arrives *before* the
-held rank joined that launch's collective, backward went on while the collective was pending: it
-overlapped. If it arrives only after, the hooks stood still until the collective could finish:
-they blocked right after the launch, by ``wait()``, a barrier, a poll, the handle behind the
-grader's proxy or any other route. No timing threshold decides it, only the order of two clock
-readings (``time.monotonic`` is one clock for all processes of a machine). The ranks meet at a
-barrier before each backward; a launch is checked only if the held rank joined at least
-:data:`WINDOW_S` after it (a rank that lagged behind the held one opens no window), so a busy
-machine can only make an overlapping rank look blocked if it computes one gradient slower than
-that window, at every checked launch: a rank fails only if none of its checked launches, in any
-pass, overlapped.
+**Overlap, by holding one rank back.** In each backward pass the grader's own arrival hook holds
+one rank (rank 1 in the first pass, rank 0 in the second, ...) at its first gradient, before the
+learner's hook runs, for :func:`delay` seconds (at least :data:`DELAY_S`, more on a slow machine),
+and notes when it wakes and how many operations its process group had run. Every collective that
+rank issues after that (whatever function, wrapper or method issued it) joins after it woke, and
+a collective cannot finish on the other rank before the held rank has joined it. The other rank's
+arrival hook notes, at each gradient, the time and its own operation count. So if, on the other
+rank, a gradient arrives after its first such collective was issued and *before* the held rank
+woke, backward went on while that collective was pending: it overlapped. If it arrives only
+after, the hooks stood still until the collective could finish: they blocked (a synchronous
+collective, a wait, a barrier, a poll, the handle behind the grader's proxy...). No timing
+threshold decides it, only the order of two clock readings (``time.monotonic`` is one clock for
+all processes of a machine), and none of the readings comes from the record the wrappers keep.
+The ranks meet at a barrier before each backward; a pass is checked only if the other rank began
+the hook that issued that collective at least :data:`WINDOW_S` before the held rank woke. A rank
+fails if none of its checked passes overlapped, and also if no pass could be checked: a probe
+that tested nothing proves nothing.
 
 **Bytes held, by reachability.** :class:`.lab02_meter.LiveMeter` sees tensors through the dispatcher;
 tensors made with the dispatch modes switched off (``_disable_current_modes``) escape it.
@@ -32,9 +35,9 @@ import tracemalloc
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-DELAY_S = 0.2                # how long the held rank sleeps before each of its first HELD launches
-HELD = 2
-WINDOW_S = 0.1               # a launch is checked only if the held rank joined at least this long after it
+DELAY_S = 0.25               # the least the held rank sleeps at its first arrival
+DELAY_MAX = 2.0
+WINDOW_S = 0.1               # a pass is checked only if the launching hook began this long before the wake
 HOST_SLACK = 256 * 1024      # an assumption: the Python objects a hook makes (lists, dicts, tensor
 # wrappers) stay well under this; a host copy of a gradient bucket is larger in every graded case
 
@@ -44,12 +47,11 @@ def held_rank(n_pass: int) -> int:
     return n_pass % 2
 
 
-def hold(rec, rank: int) -> float:
-    """In the reduce-scatter wrapper, before the real call: sleep if this rank is held in this pass
-    and the launch is among the first :data:`HELD`; returns the moment it joins."""
-    if rec.n_pass and held_rank(rec.n_pass) == rank and len(rec.launches) < HELD:
-        time.sleep(DELAY_S)
-    return time.monotonic()
+def delay(step_s: float) -> float:
+    """How long the held rank sleeps: twice this rank's forward and backward without hooks
+    (``step_s``), so the other rank fills its first bucket and computes the next gradient in the
+    meantime, between :data:`DELAY_S` and :data:`DELAY_MAX`."""
+    return min(DELAY_MAX, max(DELAY_S, 2 * step_s))
 
 
 class Reach:
@@ -123,24 +125,31 @@ def _storages(everything: list):
 
 
 def grade_overlap(ranks: list[dict]) -> str | None:
-    """The first rank on which no checked launch overlapped with backward (see the module text)."""
+    """The first rank on which no checked pass overlapped, or no pass could be checked (module text)."""
     for c in range(len(ranks)):
-        checked = overlapped = 0
+        checked, overlapped, why = 0, 0, set()
         for n, mine in enumerate(ranks[c]["passes"], 1):
             held = held_rank(n)
-            if held == c or held >= len(ranks):
+            if held == c or held >= len(ranks) or ranks[held]["passes"][n - 1]["hold"] is None:
                 continue
-            theirs = ranks[held]["passes"][n - 1]
-            for x, y in zip(mine["launches"][:HELD], theirs["launches"][:HELD]):
-                if x["at"] >= mine["arrivals"] or x["at"] >= len(mine["times"]):
-                    continue            # launched at the last arrival: no later gradient to compute
-                if y["t_join"] - x["t_join"] < WINDOW_S:
-                    continue            # this rank lagged: the other joined too soon after to tell
-                checked += 1
-                overlapped += mine["times"][x["at"]] < y["t_join"]
-        if checked and not overlapped:
-            return (f"rank {c} computed no further gradient after launching a reduce-scatter until rank "
-                    f"{1 - c}, held back {DELAY_S * 1e3:.0f} ms by the grader, had joined it ({checked} launches "
-                    "checked): your hooks block right after each launch (a wait, a barrier or a poll, by "
-                    "whatever route), so nothing overlapped; let backward go on while the bucket travels")
+            ops, woke = ranks[held]["passes"][n - 1]["hold"]
+            times, seqs = mine["times"], mine["seqs"]
+            j = next((j for j, s in enumerate(seqs) if s > ops), None)   # first arrival after it was issued
+            if j is None or j == 0:
+                why.add("it issued no collective before its last gradient arrived")
+                continue
+            if woke - times[j - 1] < WINDOW_S:
+                why.add(f"the hook that issued its first collective began {times[j - 1] - woke:+.2f} s from "
+                        f"the held rank's wake")
+                continue
+            checked += 1
+            overlapped += times[j] < woke
+        if not checked:
+            return (f"the grader could not test overlap on rank {c} in any pass ({'; '.join(sorted(why)) or 'no pass'}"
+                    "): send each full bucket from the hook that fills it, as soon as it fills")
+        if not overlapped:
+            return (f"rank {c} computed no further gradient after issuing a collective until rank {1 - c}, held back "
+                    f"by the grader's own arrival hook, had woken ({checked} passes checked): your hooks block "
+                    "right after each launch (a synchronous collective, a wait, a barrier or a poll, by whatever "
+                    "route), so nothing overlapped; let backward go on while the bucket travels")
     return None

@@ -3,34 +3,30 @@ end-of-backward callback recorded against the order in which gradients arrive.
 
 Recording, all on the real ``torch.distributed`` (gloo) and the real autograd engine:
 
-* a ``register_post_accumulate_grad_hook`` on every parameter, installed after the
-  :class:`~gpumem.runs.gradmeter.GradMeter` and before the learner's hooks, numbers the arrivals
-  of one backward pass (1, 2, ...);
-* the collectives of ``torch.distributed`` (and ``distributed_c10d``) are wrapped: a reduce-scatter
-  records the arrival number at its launch and its ``async_op``; an asynchronous one returns its
-  real work handle inside a proxy on which any use (``wait()``, ``_work``, ``get_future()``...)
-  records the arrival number at the wait; a barrier counts as a wait of every handle;
-* ``torch.autograd.Variable._execution_engine`` is replaced by a proxy that counts
-  ``queue_callback`` calls (the engine itself still runs every callback);
+* a ``register_post_accumulate_grad_hook`` on every parameter (:func:`_arrive`), installed after
+  the :class:`~gpumem.runs.gradmeter.GradMeter` and before the learner's hooks, numbers the
+  arrivals of one backward pass (1, 2, ...) and notes, at each, the time and how many operations
+  the process groups have run since backward started (their own sequence numbers); in each pass
+  it holds one rank back at its first arrival, before the learner's hook runs (:mod:`.lab02_probe`);
+* every collective of ``torch.distributed`` is wrapped and the engine's ``queue_callback`` counted
+  (:mod:`.lab02_watch`);
 * each backward runs inside a :class:`.lab02_meter.LiveMeter`: at each arrival and when backward
   returns, the bytes made during backward still alive, less autograd's own (measured once per
   case in a backward with no hooks), are what the hooks hold, copies of gradients included; at the
   last arrival and at the end, :class:`.lab02_probe.Reach` adds what the garbage collector reaches
-  that the dispatcher never showed; and one rank is held back before it joins (:mod:`.lab02_probe`).
+  that the dispatcher never showed.
 
 A collective launched at arrival k and waited at arrival k was waited before any later gradient
 could be computed: nothing overlapped with it. Launches and waits are also numbered in the order
 they happen, which gives how many buckets were in flight at each launch.
 """
 
-import inspect
 import math
 import time
 
+from .lab02_watch import _REC, BARRIERS, REDUCE_SCATTERS, instrument  # noqa: F401 (labcheck reads them here)
+
 FN = "install_zero2_hooks"
-COLLECTIVES = ("reduce_scatter_tensor", "reduce_scatter", "all_reduce", "all_gather", "all_gather_into_tensor",
-               "broadcast", "all_to_all_single", "barrier", "monitored_barrier")
-BARRIERS = ("barrier", "monitored_barrier")   # on gloo a barrier waits for every collective before it
 # a model shape the lab never shows (head dim 8, 6 heads over 2 KV heads, 3 layers)
 ODD = dict(name="lab02-odd", n_layers=3, d_model=48, n_heads=6, n_kv_heads=2, ffn=136, vocab=300, teaching=True)
 SPARE = ("spare.weight", "spare.bias")      # a layer the forward never calls: no gradient, ever
@@ -60,121 +56,6 @@ def build(model: str, seed: int, spare: bool):
     return net, names, params
 
 
-class Record:
-    """What one rank saw during the current backward pass."""
-
-    def __init__(self):
-        self.on = False
-        self.arrivals = 0
-        self.calls: dict = {}
-        self.launches: list[dict] = []
-        self.queued = 0
-        self.events = 0                       # launches and waits, in the order they happen
-        self.meter = None                     # the LiveMeter of the current case
-        self.n_pass = 0                       # backward passes of the current case (lab02_probe holds ranks)
-        self.times: list[float] = []          # time.monotonic() at each arrival
-
-    def start(self) -> None:
-        self.on, self.arrivals, self.queued, self.events = True, 0, 0, 0
-        self.calls, self.launches, self.times = {}, [], []
-        self.n_pass += 1
-
-    def stop(self) -> dict:
-        self.on = False
-        return {"calls": dict(self.calls), "launches": [dict(x) for x in self.launches],
-                "arrivals": self.arrivals, "queued": self.queued, "times": list(self.times)}
-
-    def unmetered(self, fn, *args, **kwargs):
-        """``fn(...)`` with the live-bytes meter paused: what the backend allocates for a
-        collective (gloo's own buffers, kept by its work handle) is not the hooks'."""
-        meter, paused = self.meter, getattr(self.meter, "paused", False)
-        if meter is not None:
-            meter.paused = True
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if meter is not None:
-                meter.paused = paused
-
-    def waited(self, launch: dict, how: str) -> None:
-        """Note the first wait of ``launch`` (by ``how``) at the current arrival."""
-        if launch["waited"] is None:
-            self.events += 1
-            launch["waited"], launch["t_wait"], launch["how"] = self.arrivals, self.events, how
-
-
-class _Handle:
-    """The real work handle behind a proxy: any use of it (``wait()``, ``is_completed()``,
-    ``get_future()``, ``_work``, ...) is noted as a wait at the current arrival, then passed on.
-    (One class for all: a class made per launch would keep its handle, and the bucket's tensors,
-    alive in a reference cycle until the garbage collector runs.)"""
-    __slots__ = ("_h",)
-
-    def __init__(self, work, launch: dict, rec: "Record"):
-        object.__setattr__(self, "_h", (work, launch, rec))
-
-    def __getattribute__(self, name):
-        work, launch, rec = object.__getattribute__(self, "_h")
-        rec.waited(launch, "wait()" if name == "wait" else f"work.{name}")
-        if name in ("_work", "_h"):
-            return work
-        real = getattr(work, name)
-        return (lambda *a, **k: rec.unmetered(real, *a, **k)) if callable(real) else real
-
-
-class _Engine:
-    """Autograd's engine, with ``queue_callback`` calls counted."""
-
-    def __init__(self, real, rec: Record):
-        self._real, self._rec = real, rec
-
-    def queue_callback(self, callback):
-        if self._rec.on:
-            self._rec.queued += 1
-        return self._real.queue_callback(callback)
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-
-def instrument(dist, torch, rec: Record) -> None:
-    """Wrap the collectives (in ``torch.distributed`` and ``distributed_c10d``, where they are
-    defined) and the engine's ``queue_callback``; the real ones still run. A barrier counts as a
-    wait of every reduce-scatter in flight; a held rank's reduce-scatter joins late (:mod:`.lab02_probe`)."""
-    from . import lab02_probe as probe
-    c10d = dist.distributed_c10d
-    for name in COLLECTIVES:
-        real = getattr(c10d, name)
-        sig = inspect.signature(real)
-
-        def wrapped(*args, _real=real, _name=name, _sig=sig, **kwargs):
-            if not rec.on:
-                return _real(*args, **kwargs)
-            rec.calls[_name] = rec.calls.get(_name, 0) + 1
-            if _name in BARRIERS:
-                for x in rec.launches:
-                    rec.waited(x, f"dist.{_name}()")
-            t_join = probe.hold(rec, dist.get_rank()) if _name.startswith("reduce_scatter") else 0.0
-            out = rec.unmetered(_real, *args, **kwargs)
-            if _name.startswith("reduce_scatter"):
-                try:
-                    is_async = bool(_sig.bind(*args, **kwargs).arguments.get("async_op", False))
-                except TypeError:
-                    is_async = False
-                rec.events += 1
-                launch = {"async": is_async, "at": rec.arrivals, "waited": None, "t": rec.events,
-                          "t_wait": None, "how": None, "t_join": t_join}
-                rec.launches.append(launch)
-                if is_async and out is not None:
-                    return _Handle(out, launch, rec)
-            return out
-        setattr(dist, name, wrapped)
-        setattr(c10d, name, wrapped)
-    variable = torch.autograd.variable.Variable
-    if not isinstance(variable._execution_engine, _Engine):
-        variable._execution_engine = _Engine(variable._execution_engine, rec)
-
-
 def sharded_step(params, grad_shards, m, v, t, lr, betas, eps, weight_decay) -> None:
     """The ZeRO-2 update the lab's hooks feed: each rank updates its shard of every parameter
     that got a gradient with the reduced gradient shard, then all ranks exchange the updated
@@ -189,6 +70,27 @@ def sharded_step(params, grad_shards, m, v, t, lr, betas, eps, weight_decay) -> 
         p.copy_(zero.all_gather_full(mine, p.numel(), p.shape))
 
 
+_CASE: dict = {}        # the current case, read by the grader's arrival hook alone
+
+
+def _arrive(p) -> None:
+    """The grader's hook, before the learner's: number the arrival, note the time and the
+    operations the process groups ran so far; hold this rank at its first arrival if it is the
+    held one in this pass (:mod:`.lab02_probe`); sample the bytes the hooks hold."""
+    from . import lab02_probe as probe
+    case, rec = _CASE, _REC
+    rec.arrivals += 1
+    rec.times.append(time.monotonic())
+    rec.seqs.append(rec.seq() - rec.seq0)
+    if rec.arrivals == 1 and probe.held_rank(rec.n_pass) == case["rank"]:
+        time.sleep(case["delay"])
+        rec.hold = (rec.seqs[-1], time.monotonic())
+    case["arrived"].add(case["index"][id(p)])
+    own, live = case["own"], case["live"]
+    hidden = case["reach"].hidden(live, [q.grad for q in case["params"]]) if rec.arrivals == len(own) - 1 else 0
+    case["held"].append(live.bytes() - own[min(rec.arrivals, len(own)) - 1] + hidden)
+
+
 def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
     """On each rank, per case: the learner's hooks on a fresh model, trained with ``sharded_step``."""
     import torch
@@ -198,9 +100,9 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
     from gpumem.runs.gradmeter import GradMeter
 
     from .lab02_meter import LiveMeter, autograd_bytes
+    from . import lab02_probe as probe
     from .lab02_probe import Reach
-    rec = Record()
-    instrument(dist, torch, rec)
+    rec = instrument(dist, torch)
     ns: dict = {"torch": torch, "dist": dist, "math": math}
     exec(compile(source, f"<your {FN}>", "exec"), ns)
     out = []
@@ -209,19 +111,16 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
         data = training.batches(net.cfg, steps, world * 2, 32, seed)
         shards: dict = {}
         first_batch = data[0, rank * 2:(rank + 1) * 2]
+        start = time.monotonic()
         own = autograd_bytes(net, params, first_batch[:, :-1], first_batch[:, 1:])   # no hooks yet
         meter, live, reach = GradMeter(params), LiveMeter(params), Reach(params)   # before the learner's hooks
         rec.meter, rec.n_pass = live, 0
         arrived: set = set()
         held: list = []                               # bytes the hooks hold, per arrival and at the end
-
-        def count(p, _index={id(p): i for i, p in enumerate(params)}, _arrived=arrived, _held=held):
-            rec.arrivals += 1
-            rec.times.append(time.monotonic())
-            _arrived.add(_index[id(p)])
-            hidden = reach.hidden(live, [q.grad for q in params]) if rec.arrivals == len(own) - 1 else 0
-            _held.append(live.bytes() - own[min(rec.arrivals, len(own)) - 1] + hidden)
-        handles = [p.register_post_accumulate_grad_hook(count) for p in params]
+        _CASE.update(index={id(p): i for i, p in enumerate(params)}, arrived=arrived, held=held, reach=reach,
+                     live=live, own=own, params=params, rank=rank,
+                     delay=probe.delay(time.monotonic() - start))
+        handles = [p.register_post_accumulate_grad_hook(_arrive) for p in params]
         ns[FN](params, shards, bucket)
         m = [torch.zeros_like(zero.my_shard(p)) for p in params]
         v = [torch.zeros_like(zero.my_shard(p)) for p in params]
@@ -239,6 +138,7 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
                     loss.backward()
             finally:
                 passes.append(rec.stop())
+            passes[-1]["need"] = sum(math.ceil(params[i].numel() / world) * world for i in arrived)
             held.append(live.bytes() - own[-1] + reach.hidden(live, [q.grad for q in params]))
             reach.stop()
             peaks.append(meter.peak_full)
@@ -254,6 +154,7 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
                 p.grad = None
             shards.clear()
         meter.remove()
+        _CASE.clear()
         for h in handles:
             h.remove()
         out.append({"first": first, "peak_full": max(peaks), "peak_held": max(held), "passes": passes,

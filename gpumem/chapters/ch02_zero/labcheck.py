@@ -42,7 +42,7 @@ from gpumem.errors import RunFailure
 
 from . import lab02_probe, lab02_timer
 from .lab02_gpu import GPU_ATOL  # noqa: F401 (tests read it here)
-from .lab02_ranks import BARRIERS, FN, reference, sharded_step  # noqa: F401 (the lab prints sharded_step)
+from .lab02_ranks import BARRIERS, FN, REDUCE_SCATTERS, reference, sharded_step  # noqa: F401 (the lab prints sharded_step)
 
 LAB = "lab02_zero2_hooks"
 # (model, seed, steps, bucket_bytes, an unused layer's parameters in the list): cases the lab does
@@ -189,11 +189,18 @@ def _why_wrong(got, want, grads: list, world: int) -> str:
 
 
 def _grade_calls(ranks: list[dict], n_tensors: int, total: int, bucket: int) -> str | None:
-    """Gradients leave by reduce-scatter only, one collective per bucket."""
+    """Every collective the process group ran went through torch.distributed's functions; gradients
+    leave by reduce-scatter only, one collective per bucket, carrying every gradient once."""
     most = 1 if bucket >= total else n_tensors if bucket == 0 else min(n_tensors, 2 * math.ceil(total / bucket) + 1)
-    for res in ranks:
-        for calls in (p["calls"] for p in res["passes"]):
-            other = {k: v for k, v in calls.items() if not k.startswith("reduce_scatter")}
+    for r, res in enumerate(ranks):
+        for n, p in enumerate(res["passes"], 1):
+            if p["seq_ops"] != p["ops"]:
+                return (f"in backward {n} rank {r}'s process group ran {p['seq_ops']} collective operation(s) "
+                        f"(gloo's own count), the grader saw {p['ops']} go through torch.distributed's functions: "
+                        "a collective went around them (a ProcessGroup method, a saved original) or the grader's "
+                        "record was edited; call dist.reduce_scatter_tensor (or reduce_scatter_single) itself")
+            calls = p["calls"]
+            other = {k: v for k, v in calls.items() if k not in REDUCE_SCATTERS}
             if other:
                 name = next(iter(other))
                 if name in BARRIERS:
@@ -207,6 +214,12 @@ def _grade_calls(ranks: list[dict], n_tensors: int, total: int, bucket: int) -> 
             if rs > most:
                 return (f"{rs} reduce-scatters in one backward; with a {bucket:,}-byte bucket and {total:,} bytes "
                         f"of gradients at most {most} (one collective per bucket)")
+            sent = sum(x["sent"] for x in p["launches"])
+            if sent != p["need"]:
+                return (f"in backward {n} rank {r}'s reduce-scatters sent {sent:,} elements; the gradients that "
+                        f"arrived, each padded to a multiple of {len(ranks)}, are {p['need']:,}: "
+                        + ("part of them went some other way, or not at all" if sent < p["need"] else
+                           "send each gradient once, padded to a multiple of the ranks and no more"))
     return None
 
 
@@ -221,9 +234,10 @@ def _grade_overlap(ranks: list[dict], several: bool) -> str | None:
             if not p["queued"]:
                 return (f"backward {n} queued no callback on autograd's engine: how do your hooks know the "
                         "pass is over? A count of arrivals breaks when a parameter gets no gradient")
-            if any(not x["async"] for x in early):
-                return ("a full bucket's reduce-scatter ran with async_op=False inside a gradient hook: "
-                        "backward stopped until it finished; launch it with async_op=True, keep the handle")
+            sync = next((x for x in early if not x["async"]), None)
+            if sync:
+                return (f"dist.{sync['name']} ran with async_op=False inside a gradient hook: backward stopped "
+                        "until it finished; launch the bucket's reduce-scatter with async_op=True, keep the handle")
             if any(x["async"] and x["waited"] is None for x in p["launches"]):
                 return ("a reduce-scatter's work handle was never waited before backward returned: its shard "
                         "may not have arrived; wait every handle in the end-of-backward callback")

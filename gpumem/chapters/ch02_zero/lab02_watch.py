@@ -1,0 +1,205 @@
+"""Lab 02's record of what one rank's hooks did during backward, on the real ``torch.distributed``
+(gloo) and the real autograd engine.
+
+* Every collective of ``torch.distributed`` is wrapped (:func:`collectives`: each public function
+  of ``distributed_c10d`` that takes a ``group``, and ``batch_isend_irecv``), synchronous or not:
+  a call made during backward is recorded with its name, its ``async_op``, the elements it sends
+  (for a reduce-scatter) and the arrival number at its launch; an asynchronous one returns its
+  real work handle inside a proxy on which any use (``wait()``, ``_work``, ``get_future()``...)
+  records the arrival number at the wait; a barrier counts as a wait of every handle.
+* ``torch.autograd.Variable._execution_engine`` is replaced by a proxy that counts
+  ``queue_callback`` calls (the engine itself still runs every callback).
+* The process groups' own sequence numbers (gloo counts every collective it runs, whoever calls it:
+  a ``ProcessGroup`` method, a saved original function) are read by the grader at the start and
+  end of backward and at every gradient arrival, through the method as it was before the learner's
+  code ran. A collective that went around the wrappers, or a record written by hand, shows as a
+  difference between the two counts.
+
+Nothing the learner is handed closes over the record or the real functions: the wrappers are
+``functools.partial`` objects of a module function that reads this module's private ``_REC`` and
+``_REAL``; a handle proxy keeps its launch's number, not the record.
+"""
+
+import functools
+import inspect
+
+REDUCE_SCATTERS = ("reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter")
+BARRIERS = ("barrier", "monitored_barrier")   # on gloo a barrier waits for every collective before it
+NOT_COLLECTIVES = ("destroy_process_group", "new_subgroups", "new_subgroups_by_enumeration", "shrink_group",
+                   "split_group")            # take a group but move no tensor of the learner's
+
+
+class Record:
+    """What one rank saw during the current backward pass."""
+
+    def __init__(self):
+        self.on = False
+        self.depth = 0                        # inside a wrapped collective (an object collective calls others)
+        self.arrivals = 0
+        self.calls: dict = {}
+        self.launches: list[dict] = []
+        self.by_id: dict = {}                 # launch number -> launch (handle proxies keep the number)
+        self.ids = 0
+        self.ops = 0                          # process-group operations the recorded calls ran
+        self.queued = 0
+        self.events = 0                       # launches and waits, in the order they happen
+        self.meter = None                     # the LiveMeter of the current case
+        self.n_pass = 0                       # backward passes of the current case (lab02_probe holds ranks)
+        self.times: list[float] = []          # time.monotonic() at each arrival, read by the grader's hook
+        self.seqs: list[int] = []             # process-group operations before each arrival (since start)
+        self.hold = None                      # (operations before the hold, monotonic time it ended)
+        self.seq0 = 0
+        self.groups: list = []                # the default group, captured before the learner's code ran
+        self.seqfn = None                     # ProcessGroup._get_sequence_number_for_group, as it was then
+
+    def seq(self) -> int:
+        """Operations run so far on every process group (gloo numbers each collective it runs)."""
+        import torch.distributed as dist
+        groups = {id(g): g for g in self.groups}
+        groups.update((id(g), g) for g in list(dist.distributed_c10d._world.pg_map))
+        return sum(int(self.seqfn(g)) for g in groups.values())
+
+    def start(self) -> None:
+        self.on, self.arrivals, self.queued, self.events, self.ops = True, 0, 0, 0, 0
+        self.calls, self.launches, self.times, self.seqs, self.by_id, self.hold = {}, [], [], [], {}, None
+        self.n_pass += 1
+        self.seq0 = self.seq()
+
+    def stop(self) -> dict:
+        self.on = False
+        return {"calls": dict(self.calls), "launches": [dict(x) for x in self.launches],
+                "arrivals": self.arrivals, "queued": self.queued, "times": list(self.times),
+                "seqs": list(self.seqs), "hold": self.hold, "ops": self.ops, "seq_ops": self.seq() - self.seq0}
+
+    def unmetered(self, fn, *args, **kwargs):
+        """``fn(...)`` with the live-bytes meter paused: what the backend allocates for a
+        collective (gloo's own buffers, kept by its work handle) is not the hooks'."""
+        meter, paused = self.meter, getattr(self.meter, "paused", False)
+        if meter is not None:
+            meter.paused = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if meter is not None:
+                meter.paused = paused
+
+    def waited(self, launch: dict | None, how: str) -> None:
+        """Note the first wait of ``launch`` (by ``how``) at the current arrival."""
+        if launch is not None and launch["waited"] is None:
+            self.events += 1
+            launch["waited"], launch["t_wait"], launch["how"] = self.arrivals, self.events, how
+
+
+_REC = Record()
+_REAL: dict = {}
+_SIG: dict = {}
+
+
+class _Handle:
+    """The real work handle behind a proxy: any use of it (``wait()``, ``is_completed()``,
+    ``get_future()``, ``_work``, ...) is noted as a wait at the current arrival, then passed on.
+    (One class for all: a class made per launch would keep its handle, and the bucket's tensors,
+    alive in a reference cycle until the garbage collector runs.)"""
+    __slots__ = ("_h",)
+
+    def __init__(self, work, launch_id: int):
+        object.__setattr__(self, "_h", (work, launch_id))
+
+    def __getattribute__(self, name):
+        work, launch_id = object.__getattribute__(self, "_h")
+        _REC.waited(_REC.by_id.get(launch_id), "wait()" if name == "wait" else f"work.{name}")
+        if name in ("_work", "_h"):
+            return work
+        real = getattr(work, name)
+        return (lambda *a, **k: _REC.unmetered(real, *a, **k)) if callable(real) else real
+
+
+class _Engine:
+    """Autograd's engine, with ``queue_callback`` calls counted."""
+    __slots__ = ("_real",)
+
+    def __init__(self, real):
+        self._real = real
+
+    def queue_callback(self, callback):
+        if _REC.on:
+            _REC.queued += 1
+        return self._real.queue_callback(callback)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def collectives(c10d) -> list[str]:
+    """Every public function of ``distributed_c10d`` that takes a ``group`` and runs a collective
+    or a point-to-point transfer, and ``batch_isend_irecv``."""
+    names = []
+    for name, fn in sorted(vars(c10d).items()):
+        if name.startswith(("_", "get_", "new_")) or name in NOT_COLLECTIVES or not inspect.isfunction(fn):
+            continue
+        try:
+            if "group" in inspect.signature(fn).parameters:
+                names.append(name)
+        except (TypeError, ValueError):
+            continue
+    return names + ["batch_isend_irecv"]
+
+
+def _sent(name: str, bound: dict) -> int:
+    """Elements a reduce-scatter sends from this rank (its input, or its input list)."""
+    if name == "reduce_scatter":
+        return sum(t.numel() for t in bound.get("input_list", ()))
+    x = bound.get("input")
+    return x.numel() if x is not None else 0
+
+
+def _collective(name: str, *args, **kwargs):
+    rec, real = _REC, _REAL[name]
+    if not rec.on or rec.depth:
+        return real(*args, **kwargs)
+    rec.calls[name] = rec.calls.get(name, 0) + 1
+    if name in BARRIERS:
+        for x in rec.launches:
+            rec.waited(x, f"dist.{name}()")
+    before = rec.seq()
+    rec.depth += 1
+    try:
+        out = rec.unmetered(real, *args, **kwargs)
+    finally:
+        rec.depth -= 1
+        rec.ops += rec.seq() - before
+    if name in BARRIERS:
+        return out
+    try:
+        bound = _SIG[name].bind(*args, **kwargs).arguments
+    except TypeError:
+        bound = {}
+    is_async = bool(bound.get("async_op", name in ("isend", "irecv", "batch_isend_irecv")))
+    rec.events += 1
+    rec.ids += 1
+    launch = {"name": name, "async": is_async, "at": rec.arrivals, "waited": None, "t": rec.events,
+              "t_wait": None, "how": None, "sent": _sent(name, bound) if name in REDUCE_SCATTERS else 0}
+    rec.launches.append(launch)
+    rec.by_id[rec.ids] = launch
+    if is_async and out is not None and not isinstance(out, list):
+        return _Handle(out, rec.ids)
+    return out
+
+
+def instrument(dist, torch) -> Record:
+    """Wrap the collectives (in ``torch.distributed`` and ``distributed_c10d``, where they are
+    defined) and the engine's ``queue_callback``; the real ones still run. Returns the record."""
+    c10d = dist.distributed_c10d
+    _REC.groups = [c10d._get_default_group()]
+    _REC.seqfn = type(_REC.groups[0])._get_sequence_number_for_group
+    for name in collectives(c10d):
+        real = _REAL.setdefault(name, getattr(c10d, name))
+        _SIG[name] = inspect.signature(real)
+        wrapped = functools.partial(_collective, name)
+        setattr(c10d, name, wrapped)
+        if hasattr(dist, name):
+            setattr(dist, name, wrapped)
+    variable = torch.autograd.variable.Variable
+    if not isinstance(variable._execution_engine, _Engine):
+        variable._execution_engine = _Engine(variable._execution_engine)
+    return _REC
