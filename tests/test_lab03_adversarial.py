@@ -1245,6 +1245,25 @@ def test_sac_grader_answer_and_its_copy_are_refused_while_the_learner_runs():
     assert restored()
 
 
+def test_sac_a_patched_measurement_is_an_error_not_a_pass():
+    """Keep everything, and make every storage look freed while the function runs: 0 B measured,
+    nothing re-run, which would pass; the measurement disagrees with the listing, an error row."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    original = StorageWeakRef.expired
+
+    def patched(ops, budget):
+        StorageWeakRef.expired = lambda self: True
+        return set(range(len(ops)))
+    try:
+        report = Report(labcheck.LAB)
+        labcheck._grade_selective(report, patched, labcases.draw(0)["selective"][:1])
+    finally:
+        StorageWeakRef.expired = original
+    row = report.rows[0]
+    assert row.status == "error" and "was torch or the course's code changed" in row.detail, row
+    assert row.detail.startswith("measured 0 B kept and 0 FLOPs re-run"), row.detail
+
+
 def test_check_grades_choose_saved_after_the_placements():
     report = labcheck.check({"choose_saved": _keep_nothing}, show=False, seed=0)
     rows = [r for r in report.rows if r.function == "choose_saved"]

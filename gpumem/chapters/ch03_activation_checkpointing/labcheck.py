@@ -1,6 +1,6 @@
-"""Lab 03's ``check()``: the learner's checkpoint, peak estimate and placement, measured.
+"""Lab 03's ``check()``: the learner's checkpoint, peak estimate, placement and SAC choice, measured.
 
-The learner writes three functions, graded in this order on cases drawn at check time
+The learner writes four functions, graded in this order on cases drawn at check time
 (``labcases``: fresh each check unless a seed is given). Each function stops at its first failing
 case: that row names the case, its later cases are not run.
 
@@ -288,7 +288,7 @@ def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
             # measured with the learner's checkpoint once it is right, else with the course's own
             if _grade_placement(report, place, ckpt if passed else "scratch", q) != "ok":
                 break
-    ready = report.solved                  # the GPU part rests on the three rows above only
+    ready = report.solved                  # the GPU part rests on the three functions above
     _grade_selective(report, ns.get("choose_saved"), drawn[3])
     gpu_line = _grade_gpu(report, place, ckpt if passed else None, ready)
     if show:

@@ -8,7 +8,9 @@ input. The answer is the indices of the operators to keep; every other operator 
 backward. The grader runs the real layer under PyTorch's SAC with a policy built from that
 answer (``labsacrun.run_saved``) and measures the bytes kept and the FLOPs re-run. A case passes
 when the bytes fit the budget and the re-run is within :data:`SLACK` of the fewest FLOPs any
-choice within the budget re-runs.
+choice within the budget re-runs. The two measurements must agree with the listing (bytes of the
+operators kept, their output's aside; FLOPs of those not kept): a learner's function that patched
+torch's weak references or FLOP counter while it ran gets an error row, not a pass.
 
 The answer key (:func:`best`) is a 0/1 knapsack: keep the operators whose FLOPs add up to the
 most, with their bytes within the budget. Operators without FLOPs (norms, RoPE, softmax, SiLU,
@@ -130,7 +132,13 @@ def _body(fn, ask, layer, listing, budget: int):
     if isinstance(chosen, str):
         return "wrong", chosen
     kept, rerun = run_saved(layer, listing, chosen)          # outside the learner's call
-    return verdict(listing.ops, budget, chosen, kept, rerun)
+    ops = listing.ops                   # the last operator makes the output, which is not kept
+    held = sum(ops[i]["bytes"] for i in chosen if i != len(ops) - 1)
+    spent = sum(o["flops"] for i, o in enumerate(ops) if i not in chosen)
+    if (kept, rerun) != (held, spent):  # two measurements of one choice: each checks the other
+        return "error", (f"measured {kept:,} B kept and {rerun:,} FLOPs re-run, where the operators listed "
+                         f"hold {held:,} B and {spent:,} FLOPs: was torch or the course's code changed during the check?")
+    return verdict(ops, budget, chosen, kept, rerun)
 
 
 def grade(report: Report, fn, cases: list, ask) -> None:
