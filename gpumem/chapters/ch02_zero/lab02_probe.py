@@ -126,12 +126,14 @@ def _storages(everything: list):
 
 def grade_overlap(ranks: list[dict]) -> str | None:
     """The first rank on which no checked pass overlapped, or no pass could be checked (module text)."""
+    eligible = 0
     for c in range(len(ranks)):
         checked, overlapped, why = 0, 0, set()
         for n, mine in enumerate(ranks[c]["passes"], 1):
             held = held_rank(n)
             if held == c or held >= len(ranks) or ranks[held]["passes"][n - 1]["hold"] is None:
                 continue
+            eligible += 1
             ops, woke = ranks[held]["passes"][n - 1]["hold"]
             times, seqs = mine["times"], mine["seqs"]
             j = next((j for j, s in enumerate(seqs) if s > ops), None)   # first arrival after it was issued
@@ -144,12 +146,12 @@ def grade_overlap(ranks: list[dict]) -> str | None:
                 continue
             checked += 1
             overlapped += times[j] < woke
-        if not checked:
-            return (f"the grader could not test overlap on rank {c} in any pass ({'; '.join(sorted(why)) or 'no pass'}"
+        if why and not checked:
+            return (f"the grader could not test overlap on rank {c} in any pass ({'; '.join(sorted(why))}"
                     "): send each full bucket from the hook that fills it, as soon as it fills")
-        if not overlapped:
+        if checked and not overlapped:
             return (f"rank {c} computed no further gradient after issuing a collective until rank {1 - c}, held back "
                     f"by the grader's own arrival hook, had woken ({checked} passes checked): your hooks block "
                     "right after each launch (a synchronous collective, a wait, a barrier or a poll, by whatever "
                     "route), so nothing overlapped; let backward go on while the bucket travels")
-    return None
+    return None if eligible else "the grader could not test overlap: no rank was held back in any pass"
