@@ -27,9 +27,11 @@ attention kernel" (``recompute.sac_policy``), is over the budget on every case. 
 above the smallest such operator, so "keep nothing" re-runs more than needed on every case.
 Within an operator kind the trade is regular: a matmul's FLOPs per byte kept is its input width
 (h for W_q ... W_up, the FFN width for W_down), the eager scores' (Q Kᵀ) the head width, and
-their product with V the sequence length. The optimum therefore keeps W_down and the attention
-output first, never the s x s scores, and fills the rest of the budget as tightly as it can. A
-choice taken in a random order misses on some case of every draw (seeds 0-29 checked).
+their product with V the sequence length. The optimum keeps the best buys first and fills the
+rest of the budget as tightly as it can: over the draws of seeds 0-39 (120 cases) it keeps
+W_down's output in every case and the eager s x s scores in none, while the best ratio taken
+first misses the optimum in 29 of the 40 draws. A choice taken in a random order misses on some
+case of every one of those draws (tests check seeds 0-7).
 """
 
 import copy
