@@ -29,7 +29,6 @@ gradient's arrival and when backward returns.
 
 import gc
 import sys
-import time
 import tracemalloc
 
 import torch

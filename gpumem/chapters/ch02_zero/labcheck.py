@@ -15,8 +15,9 @@ bucket sizes the lab never shows):
    hooks keep (:class:`.lab02_meter.LiveMeter`: a copy of a gradient counts after ``.grad = None``;
    :class:`.lab02_probe.Reach` adds copies made with the dispatch modes off) is at most that, two
    flat copies in flight and the shards (:func:`.lab02_meter.held_bound`);
-3. gradients leave by reduce-scatter (no all-reduce), one collective per bucket: a bucket larger
-   than the model means one call per backward;
+3. gradients leave by reduce-scatter (``reduce_scatter_tensor`` or ``reduce_scatter_single``; no
+   other collective), one per bucket, carrying every gradient that arrived once (padded), and
+   gloo's own count of collectives agrees with what the wrappers saw (:mod:`.lab02_watch`);
 4. the reduce-scatters overlap with backward: a full bucket's goes out from the hook that fills it
    with ``async_op=True`` and is waited later (not right after its launch, by ``wait()``, the
    handle behind the proxy or a barrier), two are in flight while backward runs and never more
@@ -25,7 +26,7 @@ bucket sizes the lab never shows):
    engine (:mod:`.lab02_ranks` records launches and waits against the order gradients arrive),
    so a parameter that gets no gradient (the unused layer of the last case) neither hangs the
    hooks nor keeps the last bucket back; and, measured whatever route blocks, the other rank goes
-   on computing gradients while one rank is held back before it joins (:mod:`.lab02_probe`);
+   on computing gradients while one rank is held back at its first gradient (:mod:`.lab02_probe`);
 5. the weights after a few steps equal single-process ``torch.optim.AdamW``.
 
 Each row names the first thing that differs in it. Part 2's ``median_step_seconds`` is graded in
