@@ -479,3 +479,14 @@ def test_an_edited_record_is_named(monkeypatch):
     _narrowed(monkeypatch)
     monkeypatch.setattr(labcheck, "CASES", ONE)
     _blocked(_lab02_with(RECORD_EDIT), unseen=True)
+
+
+def test_every_collective_is_watched():
+    """The wrappers come from distributed_c10d itself, not a hand list: every function a learner
+    could send gradients with (review r10's list), synchronous or not, is among them."""
+    from gpumem.chapters.ch02_zero import lab02_watch
+    watched = set(lab02_watch.collectives(dist.distributed_c10d))
+    assert {"reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter", "all_reduce", "all_reduce_coalesced",
+            "reduce", "all_to_all", "all_to_all_single", "all_gather", "all_gather_into_tensor", "broadcast", "gather",
+            "scatter", "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier"} <= watched
+    assert not watched & {"get_rank", "get_world_size", "new_group", "destroy_process_group"}

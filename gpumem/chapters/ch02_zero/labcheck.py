@@ -23,7 +23,7 @@ bucket sizes the lab never shows):
    handle behind the proxy or a barrier), two are in flight while backward runs and never more
    (each holds a flat copy until it is waited), every handle is waited
    before backward returns, and the end of the pass comes from a callback queued on autograd's
-   engine (:mod:`.lab02_ranks` records launches and waits against the order gradients arrive),
+   engine (:mod:`.lab02_watch` records launches and waits against the order gradients arrive),
    so a parameter that gets no gradient (the unused layer of the last case) neither hangs the
    hooks nor keeps the last bucket back; and, measured whatever route blocks, the other rank goes
    on computing gradients while one rank is held back at its first gradient (:mod:`.lab02_probe`);
