@@ -150,7 +150,7 @@ def grade_overlap(ranks: list[dict]) -> str | None:
                     "): send each full bucket from the hook that fills it, as soon as it fills")
         if checked and not overlapped:
             return (f"rank {c} computed no further gradient after issuing a collective until rank {1 - c}, held back "
-                    f"by the grader's own arrival hook, had woken ({checked} pass{"es" if checked != 1 else ""} checked): your hooks block "
+                    f"by the grader's own arrival hook, had woken ({checked} pass{'es' if checked != 1 else ''} checked): your hooks block "
                     "right after each launch (a synchronous collective, a wait, a barrier or a poll, by whatever "
                     "route), so nothing overlapped; let backward go on while the bucket travels")
     return None if eligible else "the grader could not test overlap: no rank was held back in any pass"
