@@ -486,7 +486,8 @@ def test_every_collective_is_watched():
     could send gradients with (review r10's list), synchronous or not, is among them."""
     from gpumem.chapters.ch02_zero import lab02_watch
     watched = set(lab02_watch.collectives(dist.distributed_c10d))
-    assert {"reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter", "all_reduce", "all_reduce_coalesced",
-            "reduce", "all_to_all", "all_to_all_single", "all_gather", "all_gather_into_tensor", "broadcast", "gather",
-            "scatter", "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier"} <= watched
+    assert {"reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter", "all_reduce",
+            "all_reduce_coalesced", "reduce", "all_to_all", "all_to_all_single", "all_gather",
+            "all_gather_into_tensor", "broadcast", "gather", "scatter", "send", "recv", "isend", "irecv",
+            "batch_isend_irecv", "barrier"} <= watched
     assert not watched & {"get_rank", "get_world_size", "new_group", "destroy_process_group"}

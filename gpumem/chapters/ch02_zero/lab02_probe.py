@@ -149,8 +149,9 @@ def grade_overlap(ranks: list[dict]) -> str | None:
             return (f"the grader could not test overlap on rank {c} in any pass ({'; '.join(sorted(why))}"
                     "): send each full bucket from the hook that fills it, as soon as it fills")
         if checked and not overlapped:
+            passes = f"{checked} pass{'es' if checked != 1 else ''} checked"
             return (f"rank {c} computed no further gradient after issuing a collective until rank {1 - c}, held back "
-                    f"by the grader's own arrival hook, had woken ({checked} pass{'es' if checked != 1 else ''} checked): your hooks block "
+                    f"by the grader's own arrival hook, had woken ({passes}): your hooks block "
                     "right after each launch (a synchronous collective, a wait, a barrier or a poll, by whatever "
                     "route), so nothing overlapped; let backward go on while the bucket travels")
     return None if eligible else "the grader could not test overlap: no rank was held back in any pass"

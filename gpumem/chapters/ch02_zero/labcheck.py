@@ -43,7 +43,7 @@ from gpumem.errors import RunFailure
 
 from . import lab02_probe, lab02_timer
 from .lab02_gpu import GPU_ATOL  # noqa: F401 (tests read it here)
-from .lab02_ranks import BARRIERS, FN, REDUCE_SCATTERS, reference, sharded_step  # noqa: F401 (the lab prints sharded_step)
+from .lab02_ranks import BARRIERS, FN, REDUCE_SCATTERS, reference, sharded_step  # noqa: F401 (lab prints sharded_step)
 
 LAB = "lab02_zero2_hooks"
 # (model, seed, steps, bucket_bytes, an unused layer's parameters in the list): cases the lab does
