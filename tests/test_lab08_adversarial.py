@@ -25,6 +25,17 @@ LLAMA3_8B = {"n_layers": 32, "d_model": 4096, "n_heads": 32, "n_kv_heads": 8, "h
 _SOLVED: dict = {}
 
 
+@pytest.fixture(autouse=True)
+def _tests_count_as_cells(monkeypatch):
+    """The learners' functions these tests write live in this file or in strings they compile ("<cheat
+    cell>", "<string>"), not in notebook cells: while graded, lab 08 runs only cells' and installed
+    code (lab_guard.allowed), so these count as cells here, and the tests written before that rule
+    still test what they test (only here: "<mine>" and a module elsewhere stay refused, as
+    test_code_from_a_string_or_a_file_is_refused checks)."""
+    import os
+    monkeypatch.setenv("GPUMEM_TEST_CELLS", os.pathsep.join((__file__, "<cheat cell>", "<string>")))
+
+
 def solution() -> dict:
     if not _SOLVED:
         with contextlib.redirect_stdout(io.StringIO()):
@@ -430,12 +441,20 @@ def choose_recipe(model, capacity, activations, ladder):
 
 
 def _grade_with_copy(ns: dict, sys_path: str, patch: bool):
+    """Cheat C graded as if the copy's files were cells: the origin rule (lab_guard.allowed) refuses
+    a copy in files of its own, which test_code_from_a_string_or_a_file_is_refused checks; these
+    tests check the second line of defence, the drawn setups gpumem does not count."""
+    import os
+    import pathlib
     import sys
     ns.update(_sys_path=sys_path, _patch=patch)
     exec(compile(_COPY_CELL, "<cheat cell>", "exec"), ns)
+    before = os.environ["GPUMEM_TEST_CELLS"]
+    os.environ["GPUMEM_TEST_CELLS"] = os.pathsep.join([before, *map(str, pathlib.Path(sys_path).rglob("*.py"))])
     try:
         return grade(ns)
     finally:
+        os.environ["GPUMEM_TEST_CELLS"] = before
         sys.modules.pop("gpumem_copy", None)
         for name in [m for m in sys.modules if m.startswith("gpumem_copy.")]:
             sys.modules.pop(name)
@@ -613,7 +632,7 @@ def test_a_reserve_left_out_fails_every_draw(usable):
     cells = json.loads((ROOT / "solutions" / f"{LAB}.ipynb").read_text())["cells"]
     source = next("".join(c["source"]) for c in cells if "def choose_recipe" in "".join(c["source"]))
     assert "capacity - GiB - int(0.05 * capacity)" in source
-    exec(source.replace("capacity - GiB - int(0.05 * capacity)", usable), ns)
+    ns.update(_cell_function(source.replace("capacity - GiB - int(0.05 * capacity)", usable), "choose_recipe"))
     for seed in range(5):
         report = grade(ns, seed)
         wrong = [r for r in report.rows if r.status != "ok"]
@@ -641,3 +660,55 @@ def test_tight_cases_by_hand():
             if card not in ("t4", "l4") and 0 < over <= int(0.05 * cap) - 2 ** 30:
                 kinds.add("share")
         assert kinds == {"context", "share"}, (seed, kinds)
+
+
+def _cell_function(source: str, name: str, i: int = 90):
+    """``name`` from ``source`` run as a notebook cell (as tests/test_labs.py names cells)."""
+    import linecache
+    ns = solution()
+    filename = f"<{LAB}.ipynb cell {i}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), ns)
+    return ns
+
+
+def test_code_from_a_string_or_a_file_is_refused(tmp_path):
+    """Review r10 cheat S2 (8/8 on 11 of 11 draws): the library rewritten by a generic AST pass (every
+    a + b an operator call) escapes a content match, but not the origin rule: while graded only code
+    of notebook cells and of installed files runs. Here the solution's own role_bytes, rewritten by
+    the same kind of pass and compiled from a string, and then loaded from a module file the
+    learner wrote, are refused by name; the solution itself, as cells, passes."""
+    import ast
+    import json
+    import operator
+    import sys
+    cells = json.loads((ROOT / "solutions" / f"{LAB}.ipynb").read_text())["cells"]
+    source = next("".join(c["source"]) for c in cells if "def role_bytes" in "".join(c["source"]))
+
+    class Calls(ast.NodeTransformer):
+        def visit_BinOp(self, node):
+            self.generic_visit(node)
+            name = {ast.Add: "add", ast.Mult: "mul", ast.FloorDiv: "floordiv", ast.Sub: "sub"}.get(type(node.op))
+            return ast.Call(ast.Attribute(ast.Name("_op", ast.Load()), name, ast.Load()), [node.left, node.right], []) \
+                if name else node
+    tree = ast.fix_missing_locations(Calls().visit(ast.parse(source)))
+    ns = solution()
+    ns["_op"] = operator
+    exec(compile(tree, "<mine>", "exec"), ns)
+    rows = [r for r in grade(ns, 3).rows if r.function == "role_bytes"]
+    assert rows and all(r.status == "error" and "role_bytes from <mine>" in r.detail
+                        and "neither a notebook cell nor an installed library" in r.detail for r in rows), rows
+    (tmp_path / "my_counts.py").write_text("from gpumem.memory.finetune import ROLES, Finetune\n" + source)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import my_counts
+        ns = solution()
+        ns["role_bytes"] = my_counts.role_bytes
+        rows = [r for r in grade(ns, 3).rows if r.function == "role_bytes"]
+        assert rows and all(r.status == "error" and "my_counts.py" in r.detail for r in rows), rows
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_counts", None)
+    ns = _cell_function("from dataclasses import dataclass\n@dataclass\nclass Box:\n    n: int\n"
+                        "_rb = role_bytes\ndef role_bytes(model, ft):\n    return _rb(model, Box(1) and ft)\n", "role_bytes")
+    assert all(r.status == "ok" for r in grade(ns, 3).rows), "a cell's own dataclass is a cell's code"

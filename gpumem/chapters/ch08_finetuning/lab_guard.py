@@ -5,7 +5,9 @@ Refused (:data:`BLOCKED`) is their *code*, wherever it is called from: a profile
 into a function defined at those places (file, name), so a reference saved before grading or a
 ``types.FunctionType`` copy refuses alike. A copy of their source run under another name
 (``exec(compile(inspect.getsource(finetune), "<mine>", "exec"))``) is refused by content
-(:class:`gpumem.course.copy_watch.Prints`). Switching the hook off or assigning a function's
+(:class:`gpumem.course.copy_watch.Prints`), and so is any code that is neither a notebook cell's
+nor an installed file's (:func:`allowed`: code compiled from a string or a learner's own module,
+however rewritten; a learner who pastes a rewritten copy into a cell is beyond it). Switching the hook off or assigning a function's
 ``__code__`` while the call runs is refused by an audit hook, and every refusal is recorded, so a
 learner who catches the exception is still reported. Lab 05's guard does the same for its lab.
 
@@ -18,10 +20,14 @@ then holds none of them).
 """
 
 import contextlib
+import linecache
+import os
+import re
 import sys
+import tempfile
 import threading
 
-from gpumem.course import copy_watch, lab_audit
+from gpumem.course import copy_watch, genuine, lab_audit
 from gpumem.course.case_limits import alarm_held
 from gpumem.course.plain import plain
 from gpumem.memory import accounting, finetune, finetune_acts, finetune_setup, gpus, models
@@ -70,6 +76,57 @@ def _audit(event, args):
     raise RuntimeError(f"{REFUSAL} ({name})")
 
 
+# A notebook cell's file name: ipykernel's (a temporary folder per kernel, a number per cell),
+# IPython's older one, the course's tests' (tests/test_labs.py), or the kernel's IPYKERNEL_CELL_NAME.
+_CELL = re.compile(r"<ipython-input-\d+-[0-9a-f]+>|<[^<>]+\.ipynb cell \d+>|"
+                   + re.escape(os.path.realpath(tempfile.gettempdir())) + r"[/\\]ipykernel_\d+[/\\]\d+\.py")
+_ORIGIN: dict = {}      # code object -> where it comes from is allowed (checked once per code)
+
+
+def allowed(code) -> bool:
+    """True for code a notebook cell defines (its name is a cell's and its source is in linecache,
+    where IPython keeps cells) or that its installed file defines (:func:`genuine.genuine`);
+    False for code compiled from a string or loaded from a file the learner wrote (review r10: a
+    generic AST rewrite of the library, exec'd under another name, beat the content match).
+    ``GPUMEM_TEST_CELLS`` (os.pathsep-separated) adds the file names the course's tests write
+    learners' code in; a learner who sets it has stepped round the rule on purpose."""
+    if code not in _ORIGIN:
+        name = code.co_filename
+        cell = (bool(_CELL.fullmatch(name)) or name == os.environ.get("IPYKERNEL_CELL_NAME")) \
+            and bool(linecache.getlines(name)) or name in os.environ.get("GPUMEM_TEST_CELLS", "").split(os.pathsep)
+        _ORIGIN[code] = cell or genuine.genuine(code) or _frozen(code) or _generated(code)
+    return _ORIGIN[code]
+
+
+def _generated(code) -> bool:
+    """Code the standard library writes and compiles itself (no file): a dataclass's methods
+    (``dataclasses._create_fn``) and a namedtuple's ``__new__`` (a lambda calling ``_tuple_new``)."""
+    return code.co_filename == "<string>" and (
+        code.co_qualname.startswith("__create_fn__.<locals>.")
+        or (code.co_qualname == "<lambda>" and code.co_names == ("_tuple_new",)))
+
+
+def _frozen(code) -> bool:
+    """Code of a module frozen into the interpreter (``<frozen codecs>``), as the interpreter has it."""
+    found = re.fullmatch(r"<frozen ([\w.]+)>", code.co_filename)
+    if not found:
+        return False
+    try:
+        import _imp
+        name = found.group(1)           # importlib's bootstrap is frozen under an alias
+        top = _imp.get_frozen_object({"importlib._bootstrap": "_frozen_importlib", "importlib._bootstrap_external":
+                                      "_frozen_importlib_external"}.get(name, name))
+    except ImportError:
+        return False
+    stack = [top]
+    while stack:
+        c = stack.pop()
+        if c.co_qualname == code.co_qualname and genuine.same(c, code):
+            return True
+        stack += [k for k in c.co_consts if isinstance(k, type(code))]
+    return False
+
+
 def _watch(hits: list):
     copies = prints()
 
@@ -84,6 +141,10 @@ def _watch(hits: list):
         copied = copies.copied(frame)
         if copied:
             hits.append(f"it ran a copy of {copied} (the library's code under another name)")
+            raise RuntimeError(f"{REFUSAL} ({hits[-1]})")
+        if not allowed(code):
+            hits.append(f"it ran {code.co_qualname} from {code.co_filename}, neither a notebook cell nor an "
+                        "installed library: while graded, only your cells' code and installed libraries run")
             raise RuntimeError(f"{REFUSAL} ({hits[-1]})")
     return watch
 
