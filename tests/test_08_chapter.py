@@ -343,3 +343,22 @@ def test_host_ram_column_by_hand():
     assert rows[("llama-3-70b", "full, optimizer on CPU")]["host"] == 16 * n    # chapter 05's count
     assert rows[("llama-3-70b", "QLoRA r16")]["host"] == 0
     assert "RAM GB" in diagrams.scale_table(scale.rows())
+
+
+def test_dropout_extra_by_hand():
+    """lora_dropout on the 65B QLoRA run (review r10 #6: the chapter's typed sums were 45.34 and
+    48.10 GB, the count gives 45.37 and 48.19), counted tensor by tensor: each of the seven adapters
+    saves a dropped bf16 copy (2 B) and a 1-byte mask of its input; without dropout q/k/v share one
+    saved normed input, gate/up another, and down's input is saved once; o's input is flash
+    attention's output, saved with or without dropout."""
+    from gpumem.chapters.ch08_finetuning import scale
+    h, F, tokens = 8192, 22016, 16 + 512
+    widths = {"q": h, "k": h, "v": h, "o": h, "gate": h, "up": h, "down": F}
+    with_dropout = sum(3 * w for w in widths.values())
+    without = 2 * h + 2 * h + 2 * F
+    for batch, total in ((1, 45.368), (4, 48.194)):
+        q = scale.qlora_65b(batch=batch)
+        assert q["dropout_extra"] == (with_dropout - without) * tokens * batch
+        assert round((q["total_ckpt"] + q["dropout_extra"]) / 1e9, 3) == total
+    assert scale.qlora_65b(batch=4)["total_ckpt"] + scale.qlora_65b(batch=4)["dropout_extra"] > \
+        scale.qlora_65b(batch=4)["usable"]

@@ -145,8 +145,13 @@ FRAMEWORKS = [
     ("CPU offload", "frozen base: FSDP1 CPUOffload(offload_params=True); FSDP2 fully_shard(...,\n"
                     "offload_policy=CPUOffloadPolicy()); DeepSpeed ZeRO-3 \"offload_param\": {\"device\":\n"
                     "\"cpu\"} (stage 3 only). Adapters' states only: \"offload_optimizer\" (stage >= 1)"),
+    ("Megatron", "Megatron-Bridge (docs/training/peft.md): ConfigContainer(peft=LoRA(target_modules=\n"
+                 "[linear_qkv, linear_proj, linear_fc1, linear_fc2], dim=16, alpha=32)): fused qkv and\n"
+                 "gate/up (fc1) projections, so four targets cover Llama's seven projections"),
     ("bf16 step", "HF Trainer bf16=True / torch.autocast('cuda', dtype=torch.bfloat16); peft\n"
-                  "get_peft_model(..., autocast_adapter_dtype=True) keeps the adapters fp32 (default)"),
+                  "get_peft_model(..., autocast_adapter_dtype=True) keeps the adapters fp32 (default):\n"
+                  "each adapter then saves its own bf16 cast of its input; False on a bf16 model, or\n"
+                  "peft.helpers.disable_input_dtype_casting(model), keeps one shared input"),
 ]
 
 

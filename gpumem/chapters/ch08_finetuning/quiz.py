@@ -143,8 +143,9 @@ QUIZ = Quiz("08_finetuning", [
             hint="Which of the five roles (weight, gradient, master, two moments) does the optimizer's "
                  "storage change, and what does each of them cost per parameter after?",
             explanation="Only the moments change: 8 B per parameter before, 2 x (1 + 4/256) = 2.03 B after, "
-                        "so about 5.97 B per parameter: {answer} GB (the norms' small tensors keep fp32 "
-                        "moments in bitsandbytes, a rounding error here). The master stays: the states go "
+                        "so about 5.97 B per parameter: {answer} GB (bitsandbytes keeps fp32 moments only for "
+                        "tensors under 4,096 elements, which these models' tensors never are). The master "
+                        "stays: the states go "
                         "from 16 to about 10 B per parameter.",
             traps=((lambda n: 12 * n["n_params"] / GB,
                     "that drops the fp32 master as well; this setup keeps it, only the moments shrink."),

@@ -90,8 +90,8 @@ LLAMA_65B = ModelConfig("llama-65b", 80, 8192, 64, 64, 22016, 32000, published_p
 # micro-batch of 4 x 4 steps), --lora_dropout 0.05. Not counted (assumptions, with their effect):
 # the norms' fp32 weights (+2 B x 1.3 M = 2.6 MB); lora_dropout: on a GPU each adapter then saves
 # its own dropped bf16 copy and a 1-byte mask instead of the shared input (peft lora/bnb.py), in the
-# re-run layer only: 14 h + F bytes a token more, +0.07 GB at 528 tokens, +0.29 GB at 4 x 528
-# (which puts the first version 0.2 GB over); the fp32 norm outputs (traced in lora_trace only).
+# re-run layer only: 14 h + F bytes a token more (:func:`dropout_extra`), which puts the first
+# version's micro-batch of 4 over the card; the fp32 norm outputs (traced in lora_trace only).
 QLORA_PAPER = F.Finetune(adapter="lora", lora_rank=64, base_dtype="nf4", adapter_dtype="bf16",
                          optimizer="paged-adamw")
 QLORA_SEQ = 16 + 512            # source_max_len + target_max_len
@@ -258,7 +258,17 @@ def qlora_65b(seq: int = QLORA_SEQ, batch: int = QLORA_BATCH) -> dict:
     return {"states": ck["states"], "roles": ck["roles"], "acts_ckpt": ck["activations"],
             "acts_none": plain["activations"], "total_ckpt": ck["total"], "total_none": plain["total"],
             "pageable": ck["roles"]["optimizer_moments"], "seq": seq, "batch": batch,
-            "usable": usable("a6000"), "capacity": CARDS["a6000"][1]}
+            "usable": usable("a6000"), "capacity": CARDS["a6000"][1],
+            "dropout_extra": dropout_extra(LLAMA_65B, seq, batch)}
+
+
+def dropout_extra(cfg, seq: int, batch: int) -> int:
+    """Bytes ``lora_dropout`` adds to the re-run layer on a GPU (bf16 adapters, all seven targets):
+    each adapter saves its own dropped bf16 copy (2 B) and a 1-byte mask (3 B an element) instead of
+    its input: q, k, v, gate, up (h wide) and o (h) and down (F) give 18 h + 3 F a token, and what
+    no longer needs saving is the shared normed input of q/k/v and of gate/up (2 x 2 h) and down's
+    input (2 F); o's input stays, as flash attention saves its output anyway: 14 h + F a token."""
+    return (14 * cfg.d_model + cfg.ffn) * seq * batch
 
 
 def double_quant_saving(cfg=LLAMA_65B) -> float:
