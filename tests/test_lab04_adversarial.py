@@ -1099,3 +1099,191 @@ def test_help_of_labzig_prints_no_answer():
     text = pydoc.render_doc(labzig, renderer=pydoc.plaintext)
     for answer in ("2R-1", "2R - 1", "2 x CP - 1", "n (n + 1)", "n(n+1)", "c n^2", "lower triangle", "chunks r"):
         assert answer not in text, answer
+
+
+# Review r10 of lab 04, C1: the learner's call took the grader's watch off the mode stack and
+# rebound its verdict, then ran a dense column tile with exp and no causal skip (10 of 10 rows).
+_STACK_AT = torch._C._get_dispatch_stack_at                         # saved before grading
+
+
+def _blind(w):
+    w.flag = lambda *a, **k: None
+    w.foreign = lambda *a, **k: ""
+    w.exp2 = None
+    w.exps = 0
+
+
+def _dense_column(q, k_blk, v_blk, dout, lse, delta, j0, causal):
+    """r10's C1 body: every query row against the key block at once, exp, no skip."""
+    b, a, s_q, d = q.shape
+    kv, n = k_blk.shape[1], k_blk.shape[2]
+    kk, vv = k_blk.repeat_interleave(a // kv, 1), v_blk.repeat_interleave(a // kv, 1)
+    s = q @ kk.transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        s = s.masked_fill(torch.arange(j0, j0 + n)[None, :] > torch.arange(s_q)[:, None], -math.inf)
+    p = torch.exp(s - lse[..., None])
+    ds = p * (dout @ vv.transpose(-1, -2) - delta[..., None]) / math.sqrt(d)
+    fold = lambda t: t.reshape(b, kv, a // kv, n, d).sum(2)
+    return ds @ kk, fold(ds.transpose(-1, -2) @ q), fold(p.transpose(-1, -2) @ dout)
+
+
+def blinded_by_the_current_mode(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    import torch.utils._python_dispatch as _pd
+    _blind(_pd._get_current_dispatch_mode())                        # r10's C1, as written
+    return _dense_column(q, k_blk, v_blk, dout, lse, delta, j0, causal)
+
+
+def blinded_by_the_function_mode(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    _blind(torch.overrides._get_current_function_mode_stack()[-1].watch)
+    return _dense_column(q, k_blk, v_blk, dout, lse, delta, j0, causal)
+
+
+def blinded_quietly(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    """The getter saved before the check; each refused rebinding caught."""
+    w = _STACK_AT(torch._C._len_torch_dispatch_stack() - 1)
+    for name in ("flag", "exps"):
+        try:
+            setattr(w, name, 0)
+        except AttributeError:
+            pass
+    return _dense_column(q, k_blk, v_blk, dout, lse, delta, j0, causal)
+
+
+def blinded_past_setattr(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    """The getter saved before the check; the instance written without __setattr__."""
+    w = _STACK_AT(torch._C._len_torch_dispatch_stack() - 1)
+    object.__setattr__(w, "flag", lambda *a, **k: None)
+    vars(w)["exp2"] = None
+    object.__setattr__(w, "foreign", lambda *a, **k: "")
+    return _dense_column(q, k_blk, v_blk, dout, lse, delta, j0, causal)
+
+
+@pytest.mark.parametrize("cheat, status, says", [
+    (blinded_by_the_current_mode, "error", "it reached for the grader's watch "
+     "(torch.utils._python_dispatch._get_current_dispatch_mode is off while lab 04 is graded)"),
+    (blinded_by_the_function_mode, "error", "it reached for the grader's watch "
+     "(torch.overrides._get_current_function_mode_stack is off while lab 04 is graded)"),
+    (blinded_quietly, "wrong", "it rebound the grader's watch (Watch.flag)"),
+    (blinded_past_setattr, "wrong", "it rebound the grader's watch (Watch.exp2, Watch.flag, Watch.foreign)"),
+], ids=["r10-C1", "function-mode", "setattr-caught", "object-setattr"])
+def test_a_watch_reached_from_the_call_cannot_be_blinded(cheat, status, says):
+    got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
+    assert got.status == status and says in got.detail, got.detail
+    ns = solution()                  # the solution's flash_backward calling the cheat: refused too
+    flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
+                                                               "key_block_backward": cheat})
+    got = rows({"flash_backward": flash, "key_block_backward": cheat}, "flash_backward")[0]
+    assert got.status == status and says in got.detail, got.detail
+
+
+def test_torch_reading_its_own_mode_stack_is_not_refused():
+    """torch.get_default_device reads the function-mode stack itself: not the learner reaching."""
+    right = solution()["key_block_backward"]
+
+    def asks_torch(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        assert torch.get_default_device().type == "cpu"
+        return right(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+    got = rows({"key_block_backward": asks_torch}, "key_block_backward")[0]
+    assert got.status == "ok", got.detail
+
+
+# Review r10 of lab 04, C2: no loop over query blocks; the key block cut in halves so that no tile
+# is (query rows x key block) wide, and dV, dK written as (dO^T P)^T, (Q^T dS)^T (10 of 10 rows).
+def all_rows_half_key_blocks(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    b, a, s_q, d = q.shape
+    kv, n = k_blk.shape[1], k_blk.shape[2]
+    acc = torch.promote_types(q.dtype, torch.float32)
+    c2 = (1.0 / math.sqrt(d)) * math.log2(math.e)
+    view = lambda t: t.reshape(b, kv, a // kv, s_q, -1).to(acc)
+    qg, dog, dl = view(q), view(dout), view(delta[..., None])
+    l2 = view(lse[..., None]) * math.log2(math.e)
+    i0 = min((j0 // block * block) if causal else 0, s_q)
+    dq, dks, dvs, h = torch.zeros_like(qg), [], [], max(1, n // 2)
+    for c0 in range(0, n, h):
+        c1 = min(c0 + h, n)
+        kb, vb = k_blk[:, :, c0:c1].to(acc)[:, :, None], v_blk[:, :, c0:c1].to(acc)[:, :, None]
+        s2 = qg[..., i0:, :] @ kb.transpose(-1, -2) * c2                  # (s_q - i0) x n/2: all rows
+        if causal:
+            s2 = s2.masked_fill(torch.arange(j0 + c0, j0 + c1)[None, :] > torch.arange(i0, s_q)[:, None], -math.inf)
+        p = torch.exp2(s2 - l2[..., i0:, :])
+        do = dog[..., i0:, :]
+        dvs.append((do.transpose(-1, -2) @ p).sum(2).transpose(-1, -2))
+        ds = p * (do @ vb.transpose(-1, -2) - dl[..., i0:, :]) / math.sqrt(d)
+        dks.append((qg[..., i0:, :].transpose(-1, -2) @ ds).sum(2).transpose(-1, -2))
+        dq[..., i0:, :] += ds @ kb
+    return dq.reshape(q.shape).to(q.dtype), torch.cat(dks, 2).to(k_blk.dtype), torch.cat(dvs, 2).to(v_blk.dtype)
+
+
+def all_rows_in_a_fifth_dimension(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    """All query rows at once with the rows moved out of the last two dimensions: (.., s_q, 1, n)."""
+    kk, vv, c = _expanded(q, k_blk, v_blk)
+    s = (q[..., :, None, :] @ kk[:, :, None].transpose(-1, -2)) * (c * LOG2E)     # (b, a, s_q, 1, n)
+    if causal:
+        s = s.masked_fill(torch.arange(j0, j0 + k_blk.shape[2])[None, None, :]
+                          > torch.arange(q.shape[2])[:, None, None], -math.inf)
+    p = torch.exp2(s - lse[..., None, None] * LOG2E)
+    dp = dout[..., :, None, :] @ vv[:, :, None].transpose(-1, -2)
+    ds = p * (dp - delta[..., None, None]) * c
+    dq = (ds @ kk[:, :, None]).squeeze(-2)
+    dk = (ds.transpose(-1, -2) * q[..., :, None, :]).sum(2)
+    dv = (p.transpose(-1, -2) * dout[..., :, None, :]).sum(2)
+    return dq, _fold(dk, k_blk.shape[1]), _fold(dv, k_blk.shape[1])
+
+
+@pytest.mark.parametrize("cheat, says", [
+    (all_rows_half_key_blocks, "a tensor of shape (6, 77, 8) made from both Q and K"),
+    (all_rows_in_a_fifth_dimension, "a tensor of shape (462, 1, 16) made from both Q and K"),
+], ids=["r10-C2", "fifth-dim"])
+def test_all_query_rows_against_a_narrower_key_tile_fail(cheat, says):
+    tail = "more than 16 query rows against the key block at once; loop over query blocks of 16 rows"
+    got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
+    assert got.status == "wrong" and says in got.detail and tail in got.detail, got.detail
+    ns = solution()
+    flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
+                                                               "key_block_backward": cheat})
+    got = rows({"flash_backward": flash, "key_block_backward": cheat}, "flash_backward")[0]
+    assert got.status == "wrong" and tail in got.detail, got.detail
+
+
+_MASKED_RING = '''
+def ring_attention(q, k_shards, v_shards, rank, causal=False, block=32):
+    parts = []
+    for r, (k_r, v_r) in enumerate(zip(k_shards, v_shards)):
+        if k_r.shape[2] == 0 or (causal and r > rank):
+            continue
+        parts.append(tiled_forward(q, k_r, v_r, causal, block, block_q=block))   # every shard masked
+    return merge_partials(parts)
+'''
+
+
+def test_every_draw_has_a_ring_case_that_catches_masking_every_visible_shard():
+    """Review r10 defect 4: on about 4 % of draws no causal ring case had a non-empty shard before
+    its rank, and a ring that masks every shard passed every ring row."""
+    def catching(drawn):
+        return [(i, c) for i, c in enumerate(drawn["RING"]) if c[6] and any(c[3][:c[4]])]
+    assert all(catching(labcases.draw(seed)) for seed in range(1000))
+    g = dict(solution()["ring_attention"].__globals__)
+    exec(compile(_MASKED_RING, "<masked ring>", "exec"), g)
+    for seed in range(2):
+        drawn = labcases.draw(seed)
+        i, case = catching(drawn)[0]
+        report = Report(labcheck.LAB)
+        labcheck._ring_rows(report, g["ring_attention"], case, drawn["seeds"][i])
+        assert report.rows[-1].status == "wrong" and "out[" in report.rows[-1].detail, report.rows[-1].detail
+
+
+def unfolded_then_cleared(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    """exp2 without the fold, then the exp2 rule's verdict cleared through a saved getter."""
+    got = _key_block(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, lambda j, b: j // b * b, fold=False)
+    w = _STACK_AT(torch._C._len_torch_dispatch_stack() - 1)
+    for name, value in (("unfolded", ""), ("alone", False), ("tags", {})):
+        try:
+            setattr(w.exp2, name, value)
+        except AttributeError:
+            pass
+    return got
+
+
+def test_the_exp2_verdict_cannot_be_cleared():
+    got = rows({"key_block_backward": unfolded_then_cleared}, "key_block_backward")[0]
+    assert got.status == "wrong" and "multiplied by log2(e) on its own" in got.detail, got.detail

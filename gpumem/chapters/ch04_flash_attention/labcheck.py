@@ -23,10 +23,12 @@ the block, query and key lengths that differ, causal and not, empty shards, rows
 to, logsumexps near 1,000) against plain attention and autograd (``labref``), at 1e-9 absolute +
 1e-9 relative; two bf16 ``flash_backward`` cases are fixed. A failing case names its FIRST element
 out of tolerance (row-major), with how many are. ``labguard.Watch`` runs around every call: SDPA, a
-softmax over a whole row, the whole score matrix, a tensor wider than one block of keys, a tile of
-more than one block of query rows, a causal key block that exponentiates more query rows than see
-it, joined shards, numbers taken out of torch, threads, the watch switched off, or a tensor that
-no watched op made fail the case even when the numbers are right; ``labblock`` switches the
+softmax over a whole row, the whole score matrix, a tensor wider than one block of keys, a tensor
+made from both Q and K larger than one block x block tile per head in any layout or key width
+(more than one block of query rows: ``labexp2.Exp2Rule.wide``), a causal key block that
+exponentiates more query rows than see it, joined shards, numbers taken out of torch, threads, the
+watch switched off or reached from the call (``labfence``) or rebound (``labseal``), or a tensor
+that no watched op made fail the case even when the numbers are right; ``labblock`` switches the
 library's backwards off during the call and checks that ``flash_backward``'s dK, dV are the
 blocks its ``key_block_backward`` calls returned, dQ their sum; ``labring`` checks that
 ``ring_attention`` ran ``tiled_forward`` once per visible shard and merged those partials with
@@ -42,7 +44,7 @@ import torch
 
 from gpumem.course.grading import Report, Row, call, returned, run_case
 
-from . import labcases, labgpu, labref, labzig
+from . import labcases, labgpu, labref, labseal, labzig
 from .labblock import assembled, key_block_calls, no_copies, no_library_backward
 from .labguard import Watch
 from .labring import empty_shard_hint, ring_calls, ring_wrong
@@ -80,10 +82,15 @@ def _watch(case, q, k, v, rows, tile_rows=None, causal_from=None):
 
 
 def _guarded(fn, watch, *args):
-    """The learner's call inside the watch with the library's backwards off; (result, broken)."""
+    """The learner's call inside the watch with the library's backwards off and the watch sealed
+    (labseal: an attribute of it rebound during the call is named first); (result, broken)."""
     with no_library_backward(), watch as w, no_copies(w.flag):
-        got = call(fn, *args)
-    return got, w.broken or w.foreign(got)
+        before = labseal.kept(w, w._functions)
+        try:
+            got = call(fn, *args)
+        finally:
+            tampered = labseal.rebound(before)
+    return got, tampered or w.broken or w.foreign(got)
 
 
 def _exp2_wrong(watch) -> str:

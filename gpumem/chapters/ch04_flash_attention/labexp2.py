@@ -69,6 +69,14 @@ class Exp2Rule:
             if _ptr(t):
                 self.tags[_ptr(t)] = (bit, PLAIN)
 
+    def __setattr__(self, name, value):
+        """A verdict once found is kept: ``plain``, ``unfolded`` set, or ``tags`` and the scale,
+        are not rebound (a learner's call that reached the watch cannot clear them)."""
+        old = self.__dict__.get(name)
+        if name in self.__dict__ and (name in ("tags", "folded_scale") or (old and value != old)):
+            raise AttributeError(f"it rebound the grader's watch (Exp2Rule.{name}): leave the watch alone")
+        object.__setattr__(self, name, value)
+
     def _tag(self, x) -> tuple[int, str | None]:
         return self.tags.get(_ptr(x), (0, None)) if isinstance(x, torch.Tensor) else (0, None)
 
@@ -191,6 +199,29 @@ class Exp2Rule:
                     bits, form = bits | ob, None
         for t in outs:
             self.tags[_ptr(t)] = (bits, form)
+
+    def _wide(self, t, heads: int, block: int, d: int, exp: bool) -> bool:
+        if not (isinstance(t, torch.Tensor) and t.numel() and self._tag(t)[0] == QK):
+            return False
+        last2, big = tuple(t.shape[-2:]), t.numel() > heads * block * block
+        if exp or d in last2:                       # rows of dQ, dK, dV (or their parts) are results
+            return exp and big
+        return (t.dim() >= 2 and any(x > block for x in last2)) or big
+
+    def wide(self, op: str, args, out, heads: int, block: int, d: int) -> str:
+        """'' or why ``op`` made or took (views aside) a tensor computed from both Q and K (scores,
+        P, dP, dS, in any layout: transposed, sliced, cut to any key width) larger than one
+        ``block`` x ``block`` tile per head: one of its last two dimensions over ``block``, or more
+        than ``heads * block**2`` numbers. Tensors with ``d`` among their last two dimensions (dQ,
+        dK, dV and their parts) are exempt unless exponentiated (a score tile padded to d columns)."""
+        exp = op in _PLAIN or op in ("exp2", "exp2_", "pow", "pow_")
+        ins = [] if op in _SAME else [t for t in _flat(args) if isinstance(t, torch.Tensor)]
+        for t in (*_flat([out]), *ins):
+            if self._wide(t, heads, block, d, exp and any(t is o for o in _flat([out]))):
+                return (f"a tensor of shape {tuple(t.shape)} made from both Q and K (scores, P, dP or dS) "
+                        f"is larger than one {block} x {block} tile per head: more than {block} query rows "
+                        f"against the key block at once; loop over query blocks of {block} rows")
+        return ""
 
     def wrong(self) -> str:
         """'' or the first part of the rule the call broke."""

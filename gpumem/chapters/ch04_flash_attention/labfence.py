@@ -7,11 +7,17 @@ grades it only (a Jupyter kernel's own threads go on), these raise and mark the 
 * starting a thread or a process (``threading.Thread.start``, ``_thread.start_new_thread``,
   ``multiprocessing``'s ``Process.start``; a ``ThreadPoolExecutor`` starts threads too);
 * the entry points that switch the modes off: ``torch.utils._python_dispatch._disable_current_modes``
-  and ``_pop_mode_temporarily``, ``torch._C.DisableTorchFunction``, ``torch._C._DisableTorchDispatch``.
+  and ``_pop_mode_temporarily``, ``torch._C.DisableTorchFunction``, ``torch._C._DisableTorchDispatch``;
+* the getters and poppers of the mode stacks (:data:`REACH`: ``_get_current_dispatch_mode`` and
+  ``_get_current_dispatch_mode_stack``, ``torch.overrides._get_current_function_mode(_stack)``,
+  their ``torch._C`` stack accessors, ``_pop_mode``): they hand the learner the watch itself, whose
+  verdict could then be rebound (review r10 of lab 04: 10 of 10 rows). torch's own code calling
+  them (``torch.get_default_device`` does) is let through (:func:`_torch_calls`).
 
 A reference saved before the call (``from torch._C import DisableTorchFunction`` at the top of a
 cell) escapes this fence; the watch's backstop catches what it computes: an op fed a tensor that is
-neither an input nor made by a watched op (:meth:`.labguard.Watch.unknown`).
+neither an input nor made by a watched op (:meth:`.labguard.Watch.unknown`); a watch reached that
+way is sealed (:mod:`.labseal`: rebinding its attributes is refused and found after the call).
 ``torch.overrides._pop_mode_temporarily`` is left alone: torch's own ``handle_torch_function`` uses it.
 """
 
@@ -19,13 +25,30 @@ import _thread
 import multiprocessing.process
 import threading
 
+import sys
+
 import torch
+import torch.overrides
 import torch.utils._python_dispatch as python_dispatch
+
+from gpumem.course import genuine
 
 THREADS = ((threading.Thread, "start"), (_thread, "start_new_thread"), (threading, "_start_new_thread"),
            (multiprocessing.process.BaseProcess, "start"))
 MODES = ((python_dispatch, "_disable_current_modes"), (python_dispatch, "_pop_mode_temporarily"),
          (torch._C, "DisableTorchFunction"), (torch._C, "_DisableTorchDispatch"))
+REACH = tuple((owner, attr) for owner, names in (
+    (python_dispatch, ("_get_current_dispatch_mode", "_get_current_dispatch_mode_stack", "_pop_mode")),
+    (torch.overrides, ("_get_current_function_mode", "_get_current_function_mode_stack", "_pop_mode")),
+    (torch._C, ("_get_dispatch_stack_at", "_get_function_stack_at", "_pop_torch_dispatch_stack",
+                "_pop_torch_function_stack"))) for attr in names)
+_TORCH = torch.__file__.rsplit("/", 1)[0] + "/"
+
+
+def _torch_calls() -> bool:
+    """True when the refused entry point's caller is torch's own (genuine) code."""
+    code = sys._getframe(2).f_code
+    return code.co_filename.startswith(_TORCH) and genuine.genuine(code)
 
 
 def _label(owner, attr: str) -> str:
@@ -43,17 +66,18 @@ class Fence:
         label, owner_thread, flag = _label(owner, attr), threading.get_ident(), self.flag
 
         def refuse(*args, **kwargs):
-            if threading.get_ident() != owner_thread:
+            if threading.get_ident() != owner_thread or (what.startswith("reached") and _torch_calls()):
                 return original(*args, **kwargs)            # not the graded call: a kernel's own
             message = f"it {what} ({label} is off while lab 04 is graded): " + (
                 "the watch sees only this thread; compute in the call itself" if what.startswith("started")
-                else "leave the grader's watch on")
+                else "leave the grader's watch alone" if what.startswith("reached") else "leave the grader's watch on")
             flag(message)
             raise RuntimeError(message)
         return refuse
 
     def __enter__(self):
-        for group, what in ((THREADS, "started a thread"), (MODES, "switched the grader's watch off")):
+        for group, what in ((THREADS, "started a thread"), (MODES, "switched the grader's watch off"),
+                            (REACH, "reached for the grader's watch")):
             for owner, attr in group:
                 if hasattr(owner, attr):
                     original = getattr(owner, attr)

@@ -17,7 +17,8 @@ the FIRST rule broken, in the order the ops ran, as one sentence for the grader'
   (``rows`` lists the lengths that are not keys: the query length for per-row vectors such as the
   logsumexp, the head dim); or one with ``s_k`` rows that is not ``(..., s_k, d)`` (dK, dV);
 * with ``tile_rows``: a tile of more than ``block`` query rows against one key block (the
-  key-block kernel must loop over query blocks);
+  key-block kernel must loop over query blocks); with ``exp2``, any tensor made from both Q and K
+  larger than one ``block`` x ``block`` tile per head, whatever its key width (:mod:`.labexp2`);
 * with ``joined``: a tensor with more rows than the longest K/V shard (shards concatenated);
 * with ``causal_from`` (the key block's first key, causal): work on query rows that all lie above
   the diagonal (rows ``i0:i1`` of Q or dO with ``i1 <= j0`` fed to an op): the causal skip missed;
@@ -47,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .labexp2 import Exp2Rule
 from .labfence import Fence
+from .labseal import Sealed, seal, tally
 
 
 # ops that copy a tensor without arithmetic: a copy of K or V (its GQA expansion, its fp32 cast)
@@ -73,10 +75,10 @@ def _tensors(out):
             yield t
 
 
-class _Functions(TorchFunctionMode):
+class _Functions(Sealed, TorchFunctionMode):
     def __init__(self, watch):
         super().__init__()
-        self.watch = watch
+        self.watch, self.flag = watch, watch.flag
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", str(func))
@@ -86,9 +88,9 @@ class _Functions(TorchFunctionMode):
                 isinstance(a, np.ndarray) for a in args)):
             self.watch.exit(f"Tensor.{name}" if name in _EXITS else f"torch.{name} of a NumPy array")
         elif name in _READS or name == "tolist":
-            self.watch.reads += args[0].numel() if name == "tolist" and args else 1
-            if self.watch.reads > _READ_BUDGET or (name == "tolist" and args and args[0].numel() > 64):
-                self.watch.exit(f"{name} ({self.watch.reads:,} numbers read out)")
+            reads = self.watch.count("reads", args[0].numel() if name == "tolist" and args else 1)
+            if reads > _READ_BUDGET or (name == "tolist" and args and args[0].numel() > 64):
+                self.watch.exit(f"{name} ({reads:,} numbers read out)")
         return func(*args, **(kwargs or {}))
 
 
@@ -104,24 +106,30 @@ _BRIDGES = ((torch, "from_numpy"), (torch, "from_dlpack"), (torch, "to_dlpack"),
             (torch.utils.dlpack, "from_dlpack"), (torch.utils.dlpack, "to_dlpack"))
 
 
-class Watch(TorchDispatchMode):
+class Watch(Sealed, TorchDispatchMode):
     """Watch one call: ``with Watch(...) as w: fn(...)``; then ``w.broken`` is '' or the first rule
-    broken. ``allowed`` are the input tensors whose views may be any shape (K, V, their shards)."""
+    broken. ``allowed`` are the input tensors whose views may be any shape (K, V, their shards).
+    Sealed while entered (:mod:`.labseal`): the verdict and counts live in a closure."""
+
+    broken = property(lambda self: self.read("broken"))
+    exps = property(lambda self: self.read("exps"))         # elements exponentiated
+    reads = property(lambda self: self.read("reads"))
 
     def __init__(self, s_q: int, s_k: int, d: int, block: int, heads: int, allowed=(),
                  tile_rows: int | None = None, joined: int | None = None, rows=(), queries=(),
                  causal_from: int | None = None, inputs=(), exp2=()):
         super().__init__()
+        self.flag, self.count, self.read = tally()          # the first rule broken: flag(message)
         self.exp2 = Exp2Rule(d, *exp2) if exp2 else None   # exp2: (q, k), the backward's rule (:mod:`.labexp2`)
         self.s_q, self.s_k, self.d, self.block, self.heads = s_q, s_k, d, block, heads
         self.allowed = {_ptr(t) for t in allowed if t.numel()}
         self.rows = {_ptr(t) for t in (*rows, *queries) if t.numel()}     # per query row: not keys
         self.queries = {_ptr(t) for t in queries if t.numel()}            # Q, dO: (..., s_q, d)
         self.tile_rows, self.joined, self.causal_from = tile_rows, joined, causal_from
-        self.broken, self._functions, self.reads, self.made = "", _Functions(self), 0, set()
+        self._functions, self.made = _Functions(self), set()
         self.tiles: dict = {}                          # storage of a copy of Q / dO rows -> (i0, i1)
         self.known = {_ptr(t) for t in (*allowed, *rows, *queries, *inputs) if t.numel()}
-        self.exps, self.fence = 0, Fence(self.flag)   # elements exponentiated; threads, modes off
+        self.fence = Fence(self.flag)                  # threads, modes off, the mode stack reached
 
     def unknown(self, func, args) -> None:
         """Flag an op fed a tensor that is neither an input nor made inside the call, or a tensor
@@ -153,9 +161,6 @@ class Watch(TorchDispatchMode):
                 f"heads, but only the {needed} rows from {j0 // self.block * self.block} on see any of its "
                 f"keys; skip the query blocks above the diagonal")
 
-    def flag(self, message: str) -> None:
-        self.broken = self.broken or message
-
     def exit(self, what: str) -> None:
         """Flag and refuse a way out of torch (the learner's call stops here with the reason)."""
         self.flag(f"it took the numbers out of torch ({what}): compute every tile with torch ops "
@@ -176,9 +181,14 @@ class Watch(TorchDispatchMode):
         for module, attr, _ in self._bridges:
             setattr(module, attr, _refusing(f"torch.{attr}"))
         self._functions.__enter__()
-        return super().__enter__()
+        entered = super().__enter__()
+        for obj in (self, self._functions):
+            seal(obj, True)
+        return entered
 
     def __exit__(self, *exc):
+        for obj in (self, self._functions):
+            seal(obj, False)
         self.fence.__exit__(*exc)
         try:
             return super().__exit__(*exc)
@@ -208,7 +218,7 @@ class Watch(TorchDispatchMode):
         if self.exp2 is not None:
             self.exp2.note(op, args, kwargs, out)
         if op in _EXPS or (op == "pow" and args and not isinstance(args[0], torch.Tensor)):
-            self.exps += sum(t.numel() for t in _tensors(out))       # pow(2, x) is exp2 too
+            self.count("exps", sum(t.numel() for t in _tensors(out)))  # pow(2, x) is exp2 too
         for tag in (self.allowed, self.queries):     # a copy of a whole Q (a cast) is Q; of a tile not
             if op in _COPIES and any(t.numel() and _ptr(t) in tag for t in first):
                 tag.update(_ptr(t) for t in _tensors(out) if t.numel() and (
@@ -220,6 +230,8 @@ class Watch(TorchDispatchMode):
                 if t.dim() and t.shape[-1] in wide and t.shape[-1] != self.s_k:
                     self.rows.add(_ptr(t))            # made from per-row vectors: still query rows
             self._shape(t)
+        if self.exp2 is not None and not self.broken:      # tiles of both Q and K: one block of rows
+            self.flag(self.exp2.wide(op, args, out, self.heads, self.block, self.d))
         return out
 
     def _above_diagonal(self, name: str, args, out) -> None:
