@@ -128,6 +128,16 @@ def _why_65b() -> str:
             f"{q['total_none'] / GB:.1f} GB, no fit")
 
 
+def _n65() -> int:
+    """LLaMA-65B's parameters (the count's bf16 weights, 2 B each)."""
+    return F.finetune_states(scale.LLAMA_65B, F.Finetune())["base_weights"] // 2
+
+
+def _full65() -> int:
+    """LLaMA-65B's states under the course's mixed recipe (16 B a parameter)."""
+    return sum(F.finetune_states(scale.LLAMA_65B, F.Finetune()).values())
+
+
 def _65b_judge() -> str:
     q = scale.qlora_65b()
     return "agrees" if q["total_ckpt"] <= q["usable"] else "wrong"
@@ -144,6 +154,12 @@ CLAIMS = [
                  lambda: scale.qlora_65b()["total_ckpt"], _why_65b, unit="",
                  says=lambda: f"{scale.qlora_65b()['total_ckpt'] / GB:.1f} <= {scale.qlora_65b()['usable'] / GB:.1f} GB",
                  judge=_65b_judge),
+    MeaningClaim("qlora-780gb", "QLoRA paper: 16-bit fine-tuning of 65B needs more than 780 GB",
+                 "> 780 GB", lambda: _full65(), lambda: "the paper's 780 GB is 12 B a parameter (bf16 "
+                 f"weights and gradients, fp32 Adam moments, no master copy): {12 * _n65() / GB:,.0f} GB for "
+                 f"LLaMA-65B's {_n65():,} parameters; the course's mixed recipe adds the fp32 master (16 B)",
+                 unit="", says=lambda: f"{_full65() / GB:,.0f} GB mixed; {12 * _n65() / GB:,.0f} GB at 12 B",
+                 judge=lambda: "agrees" if min(_full65(), 12 * _n65()) > 780 * GB else "wrong"),
     Claim("qlora-bits", "QLoRA paper: NF4 + double quantisation = 4.127 bits per weight", 4.127,
           lambda: 8 * F.nf4_bytes_per_param(),
           lambda: "4-bit code + 8-bit absmax per 64 weights + fp32 scale per 256 absmaxes: "

@@ -22,6 +22,8 @@ from gpumem.memory.models import ModelConfig
 from . import scale
 
 SOURCE = "AnswerDotAI/fsdp_qlora benchmarks_03_2024.md @ e877dda"
+PEFT_DOC = "huggingface/peft docs/source/accelerate/fsdp.md, 'Memory usage' (read at 018ca9d)"
+GiB = 2**30
 RIG = "2x RTX 3090 at 280 W, no NVLink, 128 GB RAM"      # the "Dual 3090 'Basement Rig'" section
 SAMPLES = 1024          # the template command's --dataset_samples
 SEQ = 2048              # "Context Length of 2048"
@@ -83,3 +85,31 @@ def scenario_at_measured(model: str = "llama-3-70b") -> dict:
     r, u = scale.rtx3090(model), implied_utilisation()["utilisation"]
     busy = r["compute_s"] * scale.MFU / u + r["dequant_s"]
     return {"utilisation": u, "serial": r["fsdp_pcie_s"] + busy, "overlapped": max(r["fsdp_pcie_s"], busy)}
+
+
+# Measured memory beside the count. Answer.AI's "Peak Memory (GiB)" is PyTorch's reserved peak
+# (their note under the 7B LoRA table: "the reported peak reserved memory ... the peak allocated
+# memory is 8.28 GiB vs 9.16 GiB"); the PEFT guide's run: Llama-2-70B, QLoRA r = 8 on all linear
+# layers, nested quantisation, bf16 quant storage, 2 x 2,048 tokens a GPU, checkpointing, FSDP
+# with CPU offload on 2 GPUs; "memory consumed per GPU is 19.6 GB while CPU RAM usage is around
+# 107 GB"; how it was read (nvidia-smi or the allocator) is not said.
+PEFT_R8 = F.Finetune(adapter="lora", lora_rank=8, base_dtype="nf4")
+MEASURED_MEMORY = (
+    # (what, source, recipe, batch per GPU, measured GPU bytes, measured host bytes or None)
+    ("Answer.AI, 2x RTX 3090", SOURCE, FSDP_QLORA, 2, int(14.92 * GiB), None),
+    ("PEFT guide, 2x 24 GB", PEFT_DOC, PEFT_R8, 2, int(19.6e9), int(107e9)),
+)
+
+
+def memory_rows() -> list[dict]:
+    """Each measurement of :data:`MEASURED_MEMORY` beside the chapter's count for the same run on
+    one GPU (:func:`scale.base_offloaded`: Llama-2-70B, base on the CPU, checkpointed, 2,048
+    tokens x the batch): ``gpu``/``host`` measured, ``count_gpu``/``count_host`` counted. The
+    counts are tensors; the measurements are a process's reserved or used memory, on two GPUs
+    (the host figure is the machine's, two ranks' worth), so the gap is not adjusted away."""
+    out = []
+    for what, source, ft, batch, gpu, host in MEASURED_MEMORY:
+        o = scale.base_offloaded(LLAMA2_70B, ft, "full", SEQ, batch)
+        out.append({"what": what, "source": source, "rank": ft.lora_rank, "batch": batch, "gpu": gpu,
+                    "host": host, "count_gpu": o["gpu"], "count_host": o["host"]})
+    return out
