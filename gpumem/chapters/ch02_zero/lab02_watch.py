@@ -17,7 +17,10 @@
 
 Nothing the learner is handed closes over the record or the real functions: the wrappers are
 ``functools.partial`` objects of a module function that reads this module's private ``_REC`` and
-``_REAL``; a handle proxy keeps its launch's number, not the record.
+``_REAL``; a handle proxy keeps its launch's number, not the record. This raises the bar, no more:
+code running in the same process can reach any object (``gc``, ``sys.modules``, a function's
+``__globals__``), the hold's clock readings included. An edit that adds launches without also
+matching gloo's count is named; one that rewrites the count and the readings too is not caught.
 """
 
 import functools
