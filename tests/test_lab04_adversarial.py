@@ -1189,7 +1189,7 @@ def test_torch_reading_its_own_mode_stack_is_not_refused():
 
 # Review r10 of lab 04, C2: no loop over query blocks; the key block cut in halves so that no tile
 # is (query rows x key block) wide, and dV, dK written as (dO^T P)^T, (Q^T dS)^T (10 of 10 rows).
-def all_rows_half_key_blocks(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+def all_rows_half_key_blocks(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32, width=None):
     b, a, s_q, d = q.shape
     kv, n = k_blk.shape[1], k_blk.shape[2]
     acc = torch.promote_types(q.dtype, torch.float32)
@@ -1198,7 +1198,7 @@ def all_rows_half_key_blocks(q, k_blk, v_blk, dout, lse, delta, j0, causal=False
     qg, dog, dl = view(q), view(dout), view(delta[..., None])
     l2 = view(lse[..., None]) * math.log2(math.e)
     i0 = min((j0 // block * block) if causal else 0, s_q)
-    dq, dks, dvs, h = torch.zeros_like(qg), [], [], max(1, n // 2)
+    dq, dks, dvs, h = torch.zeros_like(qg), [], [], width or max(1, n // 2)
     for c0 in range(0, n, h):
         c1 = min(c0 + h, n)
         kb, vb = k_blk[:, :, c0:c1].to(acc)[:, :, None], v_blk[:, :, c0:c1].to(acc)[:, :, None]
@@ -1230,18 +1230,31 @@ def all_rows_in_a_fifth_dimension(q, k_blk, v_blk, dout, lse, delta, j0, causal=
     return dq, _fold(dk, k_blk.shape[1]), _fold(dv, k_blk.shape[1])
 
 
-@pytest.mark.parametrize("cheat, says", [
-    (all_rows_half_key_blocks, "a tensor of shape (6, 77, 8) made from both Q and K"),
-    (all_rows_in_a_fifth_dimension, "a tensor of shape (462, 1, 16) made from both Q and K"),
-], ids=["r10-C2", "fifth-dim"])
-def test_all_query_rows_against_a_narrower_key_tile_fail(cheat, says):
-    tail = "more than 16 query rows against the key block at once; loop over query blocks of 16 rows"
-    got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
+def all_rows_key_pieces_of_width_d(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    """C2 with the key block cut into pieces as wide as the head dimension (dQ's width)."""
+    return all_rows_half_key_blocks(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, width=q.shape[-1])
+
+
+def all_rows_key_by_key(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    """C2 with one key at a time against every query row."""
+    return all_rows_half_key_blocks(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, width=1)
+
+
+@pytest.mark.parametrize("cheat, case, says", [
+    (all_rows_half_key_blocks, 0, "a tile of shape (6, 77, 8) made from both Q and K"),
+    (all_rows_in_a_fifth_dimension, 0, "a tile of shape (462, 1, 16) made from both Q and K"),
+    (all_rows_key_pieces_of_width_d, 1, "a tile of shape (8, 50, 8) made from both Q and K"),   # d 8, block 32
+    (all_rows_key_by_key, 0, "a tile of shape (6, 77, 1) made from both Q and K"),
+], ids=["r10-C2", "fifth-dim", "width-d", "key-by-key"])
+def test_all_query_rows_against_a_narrower_key_tile_fail(cheat, case, says):
+    block = labcheck.BACKWARD[case][7]
+    tail = f"more than {block} query rows against the key block at once; loop over query blocks of {block} rows"
+    got = rows({"key_block_backward": cheat}, "key_block_backward", (case,))[0]
     assert got.status == "wrong" and says in got.detail and tail in got.detail, got.detail
     ns = solution()
     flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
                                                                "key_block_backward": cheat})
-    got = rows({"flash_backward": flash, "key_block_backward": cheat}, "flash_backward")[0]
+    got = rows({"flash_backward": flash, "key_block_backward": cheat}, "flash_backward", (case,))[0]
     assert got.status == "wrong" and tail in got.detail, got.detail
 
 

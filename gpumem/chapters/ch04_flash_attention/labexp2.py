@@ -41,6 +41,8 @@ _SAME = {"view", "_unsafe_view", "reshape", "_reshape_alias", "_reshape_copy", "
          "resolve_neg", "lift_fresh", "lift_fresh_copy"}
 _MM = {"mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm"}
 _ADD = {"add", "add_", "sub", "sub_", "rsub"}
+_REDUCE = {"sum", "mean", "amax", "amin", "max", "min", "logsumexp", "prod", "norm", "linalg_vector_norm",
+           "var", "std", "argmax", "argmin", "all", "any", "count_nonzero", "nansum"}   # rows of a tile: no tile
 _MASK = {"masked_fill", "masked_fill_", "index_put", "index_put_", "fill_"}
 
 
@@ -65,6 +67,7 @@ class Exp2Rule:
         self.folded_scale = d ** -0.5 * LOG2E
         self.plain, self.exp2, self.unfolded, self.alone = "", False, "", False
         self.tags: dict[int, tuple[int, str | None]] = {}        # storage -> (bits, form)
+        self.tiles: set[int] = set()                              # storages of P's family
         for t, bit in ((q, Q), (k, K)):
             if _ptr(t):
                 self.tags[_ptr(t)] = (bit, PLAIN)
@@ -73,7 +76,7 @@ class Exp2Rule:
         """A verdict once found is kept: ``plain``, ``unfolded`` set, or ``tags`` and the scale,
         are not rebound (a learner's call that reached the watch cannot clear them)."""
         old = self.__dict__.get(name)
-        if name in self.__dict__ and (name in ("tags", "folded_scale") or (old and value != old)):
+        if name in self.__dict__ and (name in ("tags", "tiles", "folded_scale") or (old and value != old)):
             raise AttributeError(f"it rebound the grader's watch (Exp2Rule.{name}): leave the watch alone")
         object.__setattr__(self, name, value)
 
@@ -200,25 +203,42 @@ class Exp2Rule:
         for t in outs:
             self.tags[_ptr(t)] = (bits, form)
 
-    def _wide(self, t, heads: int, block: int, d: int, exp: bool) -> bool:
-        if not (isinstance(t, torch.Tensor) and t.numel() and self._tag(t)[0] == QK):
-            return False
-        last2, big = tuple(t.shape[-2:]), t.numel() > heads * block * block
-        if exp or d in last2:                       # rows of dQ, dK, dV (or their parts) are results
-            return exp and big
-        return (t.dim() >= 2 and any(x > block for x in last2)) or big
+    @staticmethod
+    def _rest(shape, heads: int) -> list:
+        """``shape`` without its leading batch and head dimensions (``heads`` of them in all, in
+        any grouping: (b, a, ...), (b * a, ...), (b, kv, g, ...), or heads packed with rows)."""
+        dims, done = list(shape), 1
+        while dims and done < heads and dims[0]:
+            if heads % (done * dims[0]) == 0:
+                done *= dims.pop(0)
+            elif (done * dims[0]) % heads == 0:
+                dims[0], done = done * dims[0] // heads, heads
+            else:
+                break
+        return dims
 
-    def wide(self, op: str, args, out, heads: int, block: int, d: int) -> str:
-        """'' or why ``op`` made or took (views aside) a tensor computed from both Q and K (scores,
-        P, dP, dS, in any layout: transposed, sliced, cut to any key width) larger than one
-        ``block`` x ``block`` tile per head: one of its last two dimensions over ``block``, or more
-        than ``heads * block**2`` numbers. Tensors with ``d`` among their last two dimensions (dQ,
-        dK, dV and their parts) are exempt unless exponentiated (a score tile padded to d columns)."""
-        exp = op in _PLAIN or op in ("exp2", "exp2_", "pow", "pow_")
-        ins = [] if op in _SAME else [t for t in _flat(args) if isinstance(t, torch.Tensor)]
-        for t in (*_flat([out]), *ins):
-            if self._wide(t, heads, block, d, exp and any(t is o for o in _flat([out]))):
-                return (f"a tensor of shape {tuple(t.shape)} made from both Q and K (scores, P, dP or dS) "
+    def tile(self, op: str, args, out, heads: int, block: int) -> str:
+        """'' or why ``op`` made or took (views aside) a tile of P's family larger than one
+        ``block`` x ``block`` tile per head: a dimension past the batch and heads over ``block``, or
+        more than ``heads * block**2`` numbers. Tiles are the score product Q K^T, every
+        exponential of numbers made from both Q and K, and what elementwise work, masking, views or
+        joins make from tiles (P, dP - D, dS); a product that contracts a tile (dS K, P^T dO) is
+        not one. So all query rows at once fail whatever the key width or layout."""
+        ins = [t for t in _flat(args) if isinstance(t, torch.Tensor) and t.numel()]
+        outs = [t for t in _flat([out]) if isinstance(t, torch.Tensor) and t.numel()]
+        fed = [t for t in ins if _ptr(t) in self.tiles]
+        exp = op in _PLAIN or op in ("exp2", "exp2_") or (op in ("pow", "pow_") and args and _number(args[0]))
+        if op in _MM:
+            made = bool(outs) and all(self._tag(t)[1] in (RAW, FOLDED, READY) for t in outs)
+        else:
+            made = (exp and any(self._tag(t)[0] == QK for t in ins)) or (bool(fed) and op not in _REDUCE)
+        shared = {_ptr(t) for t in ins}
+        for t in outs:             # a view keeps its storage's standing; a fresh storage takes the op's
+            if _ptr(t) not in shared or (made and op.endswith("_")):
+                (self.tiles.add if made else self.tiles.discard)(_ptr(t))
+        for t in (outs if made else []) + ([] if op in _SAME else fed):
+            if any(x > block for x in self._rest(t.shape, heads)) or t.numel() > heads * block * block:
+                return (f"a tile of shape {tuple(t.shape)} made from both Q and K (scores, P, dP - D or dS) "
                         f"is larger than one {block} x {block} tile per head: more than {block} query rows "
                         f"against the key block at once; loop over query blocks of {block} rows")
         return ""

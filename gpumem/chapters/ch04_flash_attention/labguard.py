@@ -231,7 +231,7 @@ class Watch(Sealed, TorchDispatchMode):
                     self.rows.add(_ptr(t))            # made from per-row vectors: still query rows
             self._shape(t)
         if self.exp2 is not None and not self.broken:      # tiles of both Q and K: one block of rows
-            self.flag(self.exp2.wide(op, args, out, self.heads, self.block, self.d))
+            self.flag(self.exp2.tile(op, args, out, self.heads, self.block))
         return out
 
     def _above_diagonal(self, name: str, args, out) -> None:
