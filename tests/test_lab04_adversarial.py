@@ -1282,7 +1282,11 @@ def test_every_draw_has_a_ring_case_that_catches_masking_every_visible_shard():
         i, case = catching(drawn)[0]
         report = Report(labcheck.LAB)
         labcheck._ring_rows(report, g["ring_attention"], case, drawn["seeds"][i])
-        assert report.rows[-1].status == "wrong" and "out[" in report.rows[-1].detail, report.rows[-1].detail
+        detail = report.rows[-1].detail
+        assert report.rows[-1].status == "wrong" and "out[" in detail, detail
+        r = next(r for r in range(case[4]) if case[3][r])                 # the first shard to name
+        assert detail.startswith(f"shard {r} (keys 0:{case[3][r]}) lies wholly before rank {case[4]}'s queries: "
+                                 f"every key is visible, so its tiled_forward takes causal=False"), detail
 
 
 def unfolded_then_cleared(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):

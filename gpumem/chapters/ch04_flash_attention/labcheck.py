@@ -47,7 +47,7 @@ from gpumem.course.grading import Report, Row, call, returned, run_case
 from . import labcases, labgpu, labref, labseal, labzig
 from .labblock import assembled, key_block_calls, no_copies, no_library_backward
 from .labguard import Watch
-from .labring import empty_shard_hint, ring_calls, ring_wrong
+from .labring import empty_shard_hint, masked_shard_hint, ring_calls, ring_wrong
 
 LAB = "lab04_online_softmax"
 BACKWARD, BF16, BF16_DQ, MERGE, RING = labcases.BACKWARD, labcases.BF16, labcases.BF16_DQ, labcases.MERGE, labcases.RING
@@ -257,7 +257,8 @@ def _ring_rows(report, fn, case, seed):
         out, lse = labref.dense(q, torch.cat(ks, 2), torch.cat(vs, 2),     # made after the call
                                 labref.causal_mask(lengths[rank], sk, q0=q0) if causal else None)
         bad = labref.first_wrong("out", got[0], out) or labref.first_wrong("lse", got[1], lse)
-        bad = (empty_shard_hint(kc, got) + bad if bad else "") or broken or ring_wrong(calls, kc, rank, causal, got)
+        hint = empty_shard_hint(kc, got) + masked_shard_hint(calls, kc, rank, causal) if bad else ""
+        bad = (hint + bad if bad else "") or broken or ring_wrong(calls, kc, rank, causal, got)
         return ("wrong" if bad else "ok"), bad
     run_case(report, "ring_attention", name, body)
 

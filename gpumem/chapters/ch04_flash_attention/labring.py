@@ -7,7 +7,8 @@ tensor it got, what it returned) and of the learner's ``merge_partials`` (the pa
 :func:`ring_wrong` then names the first thing skipped: a visible shard that no ``tiled_forward``
 call computed, a shard computed twice or one no query sees, a partial that never reached the
 merge, an answer that is not the merge's. :func:`empty_shard_hint` says which shard is empty
-when the answer has NaN (``tiled_forward`` of no keys gives out = 0/0).
+when the answer has NaN (``tiled_forward`` of no keys gives out = 0/0); :func:`masked_shard_hint`
+which earlier shard a causal ring masked when its numbers are wrong.
 """
 
 import contextlib
@@ -30,8 +31,8 @@ def _copy(x):
 
 @contextlib.contextmanager
 def ring_calls(merge):
-    """Record ``("forward", k, returned)`` and ``("merge", parts, returned)`` calls while the
-    block runs; ``merge`` is the learner's ``merge_partials`` (or None)."""
+    """Record ``("forward", k, returned, causal)`` and ``("merge", parts, returned, None)`` calls
+    while the block runs; ``merge`` is the learner's ``merge_partials`` (or None)."""
     calls, stack = [], []
     forward = flash_tiled.tiled_forward.__code__
     merging = getattr(merge, "__code__", None)
@@ -41,10 +42,11 @@ def ring_calls(merge):
         if code is forward or (merging is not None and code is merging):
             if event == "call":
                 first = frame.f_locals.get(code.co_varnames[1 if code is forward else 0])
-                stack.append(first if code is forward else _snapshot(first))
+                stack.append((first, frame.f_locals.get("causal")) if code is forward else (_snapshot(first), None))
             elif event == "return" and stack:
+                first, masked = stack.pop()
                 with _disable_current_modes():
-                    calls.append(("forward" if code is forward else "merge", stack.pop(), _copy(arg)))
+                    calls.append(("forward" if code is forward else "merge", first, _copy(arg), masked))
     with chained(record):
         yield calls
 
@@ -65,7 +67,7 @@ def ring_wrong(calls, ks, rank: int, causal: bool, got) -> str:
     """'' or the first thing the recorded calls skipped."""
     spans = [(sum(k.shape[2] for k in ks[:r]), sum(k.shape[2] for k in ks[:r + 1])) for r in range(len(ks))]
     partial = {}
-    for kind, first, result in calls:
+    for kind, first, result, _ in calls:
         if kind != "forward":
             continue
         r = next((r for r, k in enumerate(ks) if k.shape[2] and _same(first, k)), None)
@@ -81,7 +83,7 @@ def ring_wrong(calls, ks, rank: int, causal: bool, got) -> str:
         if k.shape[2] and not (causal and r > rank) and r not in partial:
             return (f"shard {r} (keys {spans[r][0]}:{spans[r][1]}) was not computed with the given tiled_forward: "
                     f"ring attention takes one partial per shard its queries see, then merges them")
-    merges = [(parts, result) for kind, parts, result in calls if kind == "merge"]
+    merges = [(parts, result) for kind, parts, result, _ in calls if kind == "merge"]
     if not merges:
         return "it never called merge_partials: join the shards' partials with your merge"
     given = [p for parts, _ in merges if isinstance(parts, list) for p in parts if isinstance(p, (tuple, list))]
@@ -91,6 +93,18 @@ def ring_wrong(calls, ks, rank: int, causal: bool, got) -> str:
     last = merges[-1][1]
     if not (isinstance(last, tuple) and len(last) == 2 and all(_same(x, y) for x, y in zip(got, last))):
         return "its answer is not what its last merge_partials call returned: return the merge"
+    return ""
+
+
+def masked_shard_hint(calls, ks, rank: int, causal: bool) -> str:
+    """'' or, for a causal ring, the first shard before the rank's own that ``tiled_forward`` was
+    told to mask: every key of it lies before every query of the rank, so all are visible."""
+    for kind, first, _, masked in calls:
+        r = next((r for r, k in enumerate(ks) if k.shape[2] and _same(first, k)), None) if kind == "forward" else None
+        if causal and masked and r is not None and r < rank:
+            keys = f"keys {sum(k.shape[2] for k in ks[:r])}:{sum(k.shape[2] for k in ks[:r + 1])}"
+            return (f"shard {r} ({keys}) lies wholly before rank {rank}'s queries: every key is visible, so "
+                    f"its tiled_forward takes causal=False; only the rank's own shard needs the mask. ")
     return ""
 
 
