@@ -1301,6 +1301,17 @@ def unfolded_then_cleared(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, b
     return got
 
 
-def test_the_exp2_verdict_cannot_be_cleared():
-    got = rows({"key_block_backward": unfolded_then_cleared}, "key_block_backward")[0]
-    assert got.status == "wrong" and "multiplied by log2(e) on its own" in got.detail, got.detail
+def unfolded_then_cleared_in_its_dict(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    got = _key_block(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, lambda j, b: j // b * b, fold=False)
+    w = _STACK_AT(torch._C._len_torch_dispatch_stack() - 1)
+    vars(w.exp2).update(unfolded="", alone=False)
+    return got
+
+
+@pytest.mark.parametrize("cheat, says", [
+    (unfolded_then_cleared, "multiplied by log2(e) on its own"),
+    (unfolded_then_cleared_in_its_dict, "it rebound the grader's watch (Exp2Rule.alone, Exp2Rule.unfolded)"),
+], ids=["setattr", "vars"])
+def test_the_exp2_verdict_cannot_be_cleared(cheat, says):
+    got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
+    assert got.status == "wrong" and says in got.detail, got.detail

@@ -85,7 +85,7 @@ def _guarded(fn, watch, *args):
     """The learner's call inside the watch with the library's backwards off and the watch sealed
     (labseal: an attribute of it rebound during the call is named first); (result, broken)."""
     with no_library_backward(), watch as w, no_copies(w.flag):
-        before = labseal.kept(w, w._functions)
+        before = labseal.kept(w, w._functions, w.exp2)
         try:
             got = call(fn, *args)
         finally:

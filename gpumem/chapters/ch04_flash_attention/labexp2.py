@@ -59,13 +59,30 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _marks():
+    """``(mark, seen)`` over one closure: what the rule found (``plain``, ``exp2``, ``unfolded``,
+    ``alone``), each kept once set; the rule's attributes only read it."""
+    state = {"plain": "", "exp2": False, "unfolded": "", "alone": False}
+
+    def mark(name: str, value) -> None:
+        state[name] = state[name] or value
+    return mark, state.get
+
+
 class Exp2Rule:
     """The exp2 rule for one call on head dimension ``d`` (scale 1/sqrt(d)); ``q``, ``k``: the
-    call's query and key tensors."""
+    call's query and key tensors. What it found lives in a closure (:func:`_marks`), and no
+    attribute is rebound after ``__init__``, so a learner's call that reached the watch cannot
+    clear it (:mod:`.labseal` names a rebinding that skipped ``__setattr__``)."""
+
+    plain = property(lambda self: self.seen("plain"))
+    exp2 = property(lambda self: self.seen("exp2"))
+    unfolded = property(lambda self: self.seen("unfolded"))
+    alone = property(lambda self: self.seen("alone"))
 
     def __init__(self, d: int, q=None, k=None):
         self.folded_scale = d ** -0.5 * LOG2E
-        self.plain, self.exp2, self.unfolded, self.alone = "", False, "", False
+        self.mark, self.seen = _marks()
         self.tags: dict[int, tuple[int, str | None]] = {}        # storage -> (bits, form)
         self.tiles: set[int] = set()                              # storages of P's family
         for t, bit in ((q, Q), (k, K)):
@@ -73,10 +90,7 @@ class Exp2Rule:
                 self.tags[_ptr(t)] = (bit, PLAIN)
 
     def __setattr__(self, name, value):
-        """A verdict once found is kept: ``plain``, ``unfolded`` set, or ``tags`` and the scale,
-        are not rebound (a learner's call that reached the watch cannot clear them)."""
-        old = self.__dict__.get(name)
-        if name in self.__dict__ and (name in ("tags", "tiles", "folded_scale") or (old and value != old)):
+        if name in self.__dict__ or name in ("plain", "exp2", "unfolded", "alone"):
             raise AttributeError(f"it rebound the grader's watch (Exp2Rule.{name}): leave the watch alone")
         object.__setattr__(self, name, value)
 
@@ -101,7 +115,7 @@ class Exp2Rule:
             return bits, None
         xb, xf = self._tag(x)
         if xb == QK and self._near(c, LOG2E):
-            self.alone = True                       # log2 e on its own: the unfolded form
+            self.mark("alone", True)                # log2 e on its own: the unfolded form
         if not self._near(c, self.folded_scale):
             return bits, None
         return bits, {PLAIN: ONE, RAW: FOLDED}.get(xf)
@@ -162,19 +176,19 @@ class Exp2Rule:
             if _number(args[0]) and args[0] == 2:
                 return args[1]
             if not self.plain:
-                self.plain = f"{op}({args[0]:g}, x)" if _number(args[0]) else f"{op}(tensor, x)"
+                self.mark("plain", f"{op}({args[0]:g}, x)" if _number(args[0]) else f"{op}(tensor, x)")
         elif op in _PLAIN and not self.plain:
-            self.plain = op.strip("_")
+            self.mark("plain", op.strip("_"))
         return None
 
     def note(self, op: str, args, kwargs, out=None) -> None:
         """Record one dispatched op (``op``: its name without namespace and overload) and its output."""
         x = self._exponent(op, args)
         if x is not None:
-            self.exp2 = True
+            self.mark("exp2", True)
             form = self._tag(x)[1]
             if isinstance(x, torch.Tensor) and x.numel() and form not in (FOLDED, READY) and not self.unfolded:
-                self.unfolded = f"exp2 of a tensor of shape {tuple(x.shape)}"
+                self.mark("unfolded", f"exp2 of a tensor of shape {tuple(x.shape)}")
         bits = 0
         for t in _flat([*args, *(kwargs or {}).values()]):
             bits |= self._tag(t)[0]

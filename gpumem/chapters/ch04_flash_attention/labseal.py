@@ -68,8 +68,8 @@ def seal(obj, on: bool) -> None:
 
 
 def kept(*objs) -> list:
-    """Each object with a copy of its attributes now (``vars``)."""
-    return [(obj, dict(vars(obj))) for obj in objs]
+    """Each object (None aside) with a copy of its attributes now (``vars``)."""
+    return [(obj, dict(vars(obj))) for obj in objs if obj is not None]
 
 
 def rebound(before: list) -> str:
