@@ -1104,6 +1104,7 @@ def test_help_of_labzig_prints_no_answer():
 # Review r10 of lab 04, C1: the learner's call took the grader's watch off the mode stack and
 # rebound its verdict, then ran a dense column tile with exp and no causal skip (10 of 10 rows).
 _STACK_AT = torch._C._get_dispatch_stack_at                         # saved before grading
+import torch.fx.experimental.proxy_tensor  # noqa: E402,F401 (imported before grading, as a cell would)
 
 
 def _blind(w):
@@ -1138,6 +1139,12 @@ def blinded_by_the_function_mode(q, k_blk, v_blk, dout, lse, delta, j0, causal=F
     return _dense_column(q, k_blk, v_blk, dout, lse, delta, j0, causal)
 
 
+def blinded_by_a_torch_helper(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    import torch.fx.experimental.proxy_tensor as proxy_tensor
+    _blind(proxy_tensor.get_torch_dispatch_modes()[-1])           # torch code handing the stack on
+    return _dense_column(q, k_blk, v_blk, dout, lse, delta, j0, causal)
+
+
 def blinded_quietly(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
     """The getter saved before the check; each refused rebinding caught."""
     w = _STACK_AT(torch._C._len_torch_dispatch_stack() - 1)
@@ -1163,9 +1170,11 @@ def blinded_past_setattr(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, bl
      "(torch.utils._python_dispatch._get_current_dispatch_mode is off while lab 04 is graded)"),
     (blinded_by_the_function_mode, "error", "it reached for the grader's watch "
      "(torch.overrides._get_current_function_mode_stack is off while lab 04 is graded)"),
+    (blinded_by_a_torch_helper, "error", "it reached for the grader's watch "
+     "(torch.utils._python_dispatch._get_current_dispatch_mode_stack is off while lab 04 is graded)"),
     (blinded_quietly, "wrong", "it rebound the grader's watch (Watch.flag)"),
     (blinded_past_setattr, "wrong", "it rebound the grader's watch (Watch.exp2, Watch.flag, Watch.foreign)"),
-], ids=["r10-C1", "function-mode", "setattr-caught", "object-setattr"])
+], ids=["r10-C1", "function-mode", "torch-helper", "setattr-caught", "object-setattr"])
 def test_a_watch_reached_from_the_call_cannot_be_blinded(cheat, status, says):
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
     assert got.status == status and says in got.detail, got.detail

@@ -43,12 +43,14 @@ REACH = tuple((owner, attr) for owner, names in (
     (torch._C, ("_get_dispatch_stack_at", "_get_function_stack_at", "_pop_torch_dispatch_stack",
                 "_pop_torch_function_stack"))) for attr in names)
 _TORCH = torch.__file__.rsplit("/", 1)[0] + "/"
+_HANDS_ON = frozenset({"get_torch_dispatch_modes"})      # torch helpers that return the stack itself
 
 
 def _torch_calls() -> bool:
-    """True when the refused entry point's caller is torch's own (genuine) code."""
+    """True when the refused entry point's caller is torch's own (genuine) code, other than a
+    helper that hands the stack to its own caller (``proxy_tensor.get_torch_dispatch_modes``)."""
     code = sys._getframe(2).f_code
-    return code.co_filename.startswith(_TORCH) and genuine.genuine(code)
+    return code.co_filename.startswith(_TORCH) and code.co_name not in _HANDS_ON and genuine.genuine(code)
 
 
 def _label(owner, attr: str) -> str:
