@@ -1324,3 +1324,29 @@ def unfolded_then_cleared_in_its_dict(q, k_blk, v_blk, dout, lse, delta, j0, cau
 def test_the_exp2_verdict_cannot_be_cleared(cheat, says):
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
     assert got.status == "wrong" and says in got.detail, got.detail
+
+
+def patched_while_graded(module, name, value):
+    """A kernel that patches the grader for the length of its call, restored before it returns."""
+    def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        saved = getattr(module, name)
+        setattr(module, name, value)
+        try:
+            return all_rows_half_key_blocks(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+        finally:
+            setattr(module, name, saved)
+    return kernel
+
+
+@pytest.mark.parametrize("where, name, value, says", [
+    ("labexp2.Exp2Rule", "tile", lambda *a, **k: "", "it patched the grader (Exp2Rule.tile)"),
+    ("labexp2", "_flat", lambda xs: iter(()), "it patched the grader (labexp2._flat)"),
+    ("labguard.Watch", "_shape", lambda *a: None, "it patched the grader (Watch._shape)"),
+], ids=["method", "helper", "watch"])
+def test_the_grader_patched_during_the_call_and_restored_is_named(where, name, value, says):
+    from gpumem.chapters.ch04_flash_attention import labexp2, labguard
+    owner = {"labexp2.Exp2Rule": labexp2.Exp2Rule, "labexp2": labexp2, "labguard.Watch": labguard.Watch}[where]
+    got = rows({"key_block_backward": patched_while_graded(owner, name, value)}, "key_block_backward")[0]
+    assert got.status == "wrong" and says in got.detail, got.detail
+    assert getattr(owner, name) is not value                           # restored by the kernel
+

@@ -40,6 +40,8 @@ with ``exp2=(q, k)``, :class:`.labexp2.Exp2Rule` follows the data flow into ever
 backward's exp2 rule: each exp2 takes the score tile times scale * log2 e).
 """
 
+import sys
+
 import numpy as np
 import torch
 import torch.utils.dlpack
@@ -48,7 +50,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .labexp2 import Exp2Rule
 from .labfence import Fence
-from .labseal import Sealed, seal, tally
+from . import labexp2, labfence, labseal
+from .labseal import Sealed, seal, seal_dispatch, tally
 
 
 # ops that copy a tensor without arithmetic: a copy of K or V (its GQA expansion, its fp32 cast)
@@ -197,7 +200,7 @@ class Watch(Sealed, TorchDispatchMode):
             for module, attr, fn in self._bridges:
                 setattr(module, attr, fn)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def _dispatch(self, func, types, args=(), kwargs=None):
         name = str(func)
         self.unknown(func, list(args) + [v for k, v in (kwargs or {}).items() if k != "out"])
         if "scaled_dot_product" in name:
@@ -285,3 +288,8 @@ class Watch(Sealed, TorchDispatchMode):
         elif self.joined is not None and len(shape) >= 2 and shape[-2] > self.joined and shape[-2] != s_q:
             self.flag(f"a tensor of shape {shape} was made: {shape[-2]} keys in one tensor, more than "
                       f"the longest shard ({self.joined}); the shards were joined, merge partials instead")
+
+
+# every op first checks that none of the grader's modules and classes was patched during the call
+_DISPATCH = seal_dispatch(Watch, (sys.modules[__name__], labexp2, labfence, labseal, Watch, _Functions,
+                                  labexp2.Exp2Rule, labfence.Fence, Sealed))

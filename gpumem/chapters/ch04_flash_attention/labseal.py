@@ -14,6 +14,9 @@ Three layers, beside :mod:`.labfence` (which refuses the mode-stack getters duri
   objects it names) before the learner's call and names, after it, any that was rebound, added
   or deleted by a route that skips ``__setattr__`` (``object.__setattr__``, ``vars(w)[...]``).
 
+Beside these, :func:`intact` (checked at every op the watch sees, from a closure of its
+``__torch_dispatch__``) names a grader module's or class's attribute patched during the call.
+
 Not covered: code that digs the closure's cells out of a function (``w.flag.__closure__``) or
 mutates the sets the watch fills during the call, once it has the watch through a reference to a
 stack getter saved before the check; that is beyond an in-kernel guard (instructors grade from a
@@ -72,6 +75,23 @@ def kept(*objs) -> list:
     return [(obj, dict(vars(obj))) for obj in objs if obj is not None]
 
 
+def intact(*owners):
+    """A function that returns '' or the first attribute of ``owners`` (the grader's modules and
+    classes) that is no longer the object it was now, or (classes) was added: a grader patched
+    during the learner's call and restored before it returns is seen at the next op."""
+    kept = [(owner, dict(vars(owner)), isinstance(owner, type)) for owner in owners]
+
+    def changed() -> str:
+        for owner, attrs, cls in kept:
+            now = vars(owner)
+            names = [k for k, v in attrs.items() if now.get(k, attrs) is not v]
+            names += [k for k in now if k not in attrs] if cls else []
+            if names:
+                return f"{owner.__name__.rsplit('.', 1)[-1]}.{names[0]}"
+        return ""
+    return changed
+
+
 def rebound(before: list) -> str:
     """'' or the message naming every attribute of :func:`kept`'s objects that is no longer the
     object it was (rebound, added, deleted)."""
@@ -82,3 +102,18 @@ def rebound(before: list) -> str:
         names += [f"{type(obj).__name__}.{k}" for k in sorted(set(attrs) | set(now))
                   if now.get(k, missing) is not attrs.get(k, missing)]
     return TAMPERED.format(", ".join(names)) if names else ""
+
+
+def seal_dispatch(cls, owners):
+    """``cls.__torch_dispatch__``: at every op, first the grader's integrity (:func:`intact`
+    of ``owners``, snapshot taken once this is set), then ``cls._dispatch`` as it was now."""
+    dispatch, check = cls._dispatch, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        patched = check()
+        if patched:
+            self.flag(f"it patched the grader ({patched}) while lab 04 was graded: leave the grader alone")
+        return dispatch(self, func, types, args, kwargs)
+    cls.__torch_dispatch__ = __torch_dispatch__
+    check = intact(*owners)
+    return __torch_dispatch__
