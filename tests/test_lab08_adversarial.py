@@ -712,3 +712,21 @@ def test_code_from_a_string_or_a_file_is_refused(tmp_path):
     ns = _cell_function("from dataclasses import dataclass\n@dataclass\nclass Box:\n    n: int\n"
                         "_rb = role_bytes\ndef role_bytes(model, ft):\n    return _rb(model, Box(1) and ft)\n", "role_bytes")
     assert all(r.status == "ok" for r in grade(ns, 3).rows), "a cell's own dataclass is a cell's code"
+
+
+def test_cells_under_a_symlinked_temporary_folder_are_cells(tmp_path):
+    """Review r11: ipykernel names a cell tempfile.gettempdir()/ipykernel_<pid>/<n>.py without
+    resolving the folder; on macOS that folder is behind a symlink, and matching the resolved form
+    alone refused the solution's cells (0/8). With TMPDIR a symlink, both forms are a cell's name."""
+    import subprocess
+    import sys
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    code = ("import os, tempfile; from gpumem.chapters.ch08_finetuning import lab_guard as g; "
+            "t = tempfile.gettempdir(); print(bool(g._CELL.fullmatch(os.path.join(t, 'ipykernel_12', '34.py'))), "
+            "bool(g._CELL.fullmatch(os.path.join(os.path.realpath(t), 'ipykernel_12', '34.py'))), "
+            "bool(g._CELL.fullmatch(os.path.join(t, 'mine', '34.py'))))")
+    out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "TMPDIR": str(tmp_path / "link")},
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
+    assert out == ["True", "True", "False"], out

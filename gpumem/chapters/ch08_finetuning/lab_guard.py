@@ -78,8 +78,12 @@ def _audit(event, args):
 
 # A notebook cell's file name: ipykernel's (a temporary folder per kernel, a number per cell),
 # IPython's older one, the course's tests' (tests/test_labs.py), or the kernel's IPYKERNEL_CELL_NAME.
+# ipykernel names cells under tempfile.gettempdir() as it is, not resolved: both forms are taken
+# (review r11: on macOS the temporary folder is behind a symlink, and the resolved form alone
+# refused the solution's own cells).
+_TMP = "|".join(sorted({re.escape(tempfile.gettempdir()), re.escape(os.path.realpath(tempfile.gettempdir()))}))
 _CELL = re.compile(r"<ipython-input-\d+-[0-9a-f]+>|<[^<>]+\.ipynb cell \d+>|"
-                   + re.escape(os.path.realpath(tempfile.gettempdir())) + r"[/\\]ipykernel_\d+[/\\]\d+\.py")
+                   + f"(?:{_TMP})" + r"[/\\]ipykernel_\d+[/\\]\d+\.py")
 _ORIGIN: dict = {}      # code object -> where it comes from is allowed (checked once per code)
 
 
