@@ -7,9 +7,11 @@ into a function defined at those places (file, name), so a reference saved befor
 (``exec(compile(inspect.getsource(finetune), "<mine>", "exec"))``) is refused by content
 (:class:`gpumem.course.copy_watch.Prints`), and so is any code that is neither a notebook cell's
 nor an installed file's (:func:`allowed`: code compiled from a string or a learner's own module,
-however rewritten; a learner who pastes a rewritten copy into a cell is beyond it). Switching the hook off or assigning a function's
-``__code__`` while the call runs is refused by an audit hook, and every refusal is recorded, so a
-learner who catches the exception is still reported. Lab 05's guard does the same for its lab.
+however rewritten). Known gaps (review r11): a rewritten copy pasted into a cell, or compiled under
+a cell's name with a linecache entry, or run with ``GPUMEM_TEST_CELLS`` set, is beyond it.
+Switching the hook off or assigning a function's ``__code__`` while the call runs is refused by an
+audit hook, and every refusal is recorded, so a learner who catches the exception is still
+reported. Lab 05's guard does the same for its lab.
 
 Reaching the grader's frames (``sys._getframe``, ``inspect``, ``traceback``, a traceback's or a
 generator's frame), the collector's object lists, or starting another process, all from the
