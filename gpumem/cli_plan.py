@@ -10,6 +10,8 @@ regard to case (``H100-80GB`` is ``h100-80gb``). ``--recipe`` plans mixed precis
 pure bf16 is asked for (``pure-bf16`` or ``both``; its rounding risk is printed as a note);
 ``--cpu-adam-rate`` sets the parameters/s a node's CPU Adam updates (shared by its ranks). The
 table's ``free`` column is the headroom, marked ``tight`` under max(5 GB, 6 % of usable).
+Chapter 08's options (``--adapter lora``, ``--lora-rank``, ``--lora-targets``, ``--base-dtype nf4``,
+``--optimizer adamw-8bit``/``paged-adamw``) plan fine-tuning layouts instead (``cli_plan_ft``).
 """
 
 import argparse
@@ -18,6 +20,7 @@ import json
 from . import units
 from .cli_verbs import BOUNDS, positive, seq_length
 from .errors import UsageError
+from .memory import finetune_options
 from .planner.stage_split import split_text
 
 
@@ -46,6 +49,7 @@ def register(sub) -> None:
                    help="evaluate one layout too, e.g. tp=8,pp=16,dp=8,zero=1,ckpt=selective,mb=1 "
                         "(keys: tp pp dp zero ckpt mb attn recipe offload device vp cp ep; vp, cp, ep: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    finetune_options.add_options(p)     # fine-tuning layouts instead (gpumem.planner.finetune, cli_plan_ft)
     p.set_defaults(func=_plan)
 
 
@@ -89,6 +93,10 @@ def _plan(args) -> int:
     model = _model(args)
     gpu = _gpu_name(args.gpu)
     mem = units.parse_size(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None
+    ft = finetune_options.from_args(args, 0, "mixed" if args.recipe == "both" else args.recipe)
+    if ft is not None and not ft.plain:      # LoRA, QLoRA, or full fine-tuning with 8-bit AdamW
+        from . import cli_plan_ft
+        return cli_plan_ft.run(args, model, gpu, mem, ft)
     fields = planner.parse_layout(args.layout) if args.layout is not None else None   # bad keys before the search
     recipes = ("mixed", "pure-bf16") if args.recipe == "both" else (args.recipe,)
     result = planner.plan(model, args.gpus, gpu, gpu_mem=mem, seq=args.seq, global_batch=args.global_batch,

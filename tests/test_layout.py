@@ -3,7 +3,7 @@
 Layers, imports one way (read from the source with ``ast``, lazy imports inside functions
 included):
 
-    app       gpumem.cli, cli_verbs, cli_plan, gpumem.__main__   may import anything below
+    app       gpumem.cli, cli_verbs, cli_plan, cli_plan_ft, gpumem.__main__   may import anything below
     chapters  gpumem.chapters.chNN_*                             its own chapter, the registry,
                                                                  course, engine, base
     registry  gpumem.chapters (its __init__)                     course, engine, base
@@ -50,7 +50,7 @@ def layer(mod: str) -> str:
         return "registry"
     if len(parts) >= 3 and parts[1] == "chapters":
         return "chapters"
-    if mod in ("gpumem.cli", "gpumem.cli_verbs", "gpumem.cli_plan", "gpumem.__main__"):
+    if mod in ("gpumem.cli", "gpumem.cli_verbs", "gpumem.cli_plan", "gpumem.cli_plan_ft", "gpumem.__main__"):
         return "app"
     raise AssertionError(f"{mod} belongs to no layer: put it in memory/, timing/, planner/, runs/, course/ or a chapter")
 

@@ -159,6 +159,40 @@ def finetune_states(cfg, ft: Finetune, *, gpus: int = 1, zero: int = 0) -> dict[
     return roles
 
 
+def block_weights(cfg, ft: Finetune) -> int:
+    """One decoder block's weights as FSDP gathers or copies them up (one unit per block): the base
+    (bf16, or NF4's packed codes, stored in bf16 as ``bnb_4bit_quant_storage`` lets FSDP shard them),
+    its norms (bf16, fp32 with ``prepare``) and, with LoRA, the block's adapters."""
+    per = sum(quantised_tensors(cfg)) // cfg.n_layers
+    if ft.base_dtype == "nf4":
+        base = sum(nf4_tensor_bytes(m)[0] for m in quantised_tensors(cfg)) // cfg.n_layers
+    else:
+        base = 2 * per
+    norms = cfg.d_model * cfg.norms_per_layer
+    if not ft.lora:
+        return base + 2 * norms
+    e_a = 4 if ft.adapter_dtype == "fp32" else 2
+    adapters = e_a * lora_params(cfg, ft.lora_rank, ft.lora_targets) // cfg.n_layers
+    return base + (4 if ft.prepare else 2) * norms + adapters
+
+
+def root_weights(cfg, ft: Finetune) -> int:
+    """The weights outside the blocks (embedding, head, final norm; bf16, fp32 with ``prepare``):
+    FSDP2's root unit, kept gathered from forward to backward (``reshard_after_forward`` is False
+    for the root)."""
+    outside = cfg.n_params() - sum(quantised_tensors(cfg)) - cfg.n_layers * cfg.d_model * cfg.norms_per_layer
+    return (4 if ft.prepare else 2) * outside
+
+
+def block_grads(cfg, ft: Finetune) -> int:
+    """One block's gradients before FSDP reduce-scatters them: its adapters' (in their dtype), or
+    with full fine-tuning its bf16 weights'."""
+    if not ft.lora:
+        return 2 * (sum(quantised_tensors(cfg)) // cfg.n_layers + cfg.d_model * cfg.norms_per_layer)
+    e_a = 4 if ft.adapter_dtype == "fp32" else 2
+    return e_a * lora_params(cfg, ft.lora_rank, ft.lora_targets) // cfg.n_layers
+
+
 def grouped(roles: dict[str, int]) -> dict[str, int]:
     """Roles summed into ``estimate``'s categories: params (base, constants, adapters), grads,
     optimizer (master, moments, scales, counters) and buffers (the dequantised weight)."""

@@ -14,9 +14,9 @@ CUDA context and 5 % for fragmentation (``gpus.Reserve`` without NCCL: one GPU h
 communicator); attention's own FLOPs left out of the step time (a few % at these lengths).
 """
 
-from gpumem.memory import accounting, finetune as F, gpus, models
+from gpumem.memory import accounting, finetune as F, finetune_fsdp, gpus, models
 from gpumem.memory.models import ModelConfig
-from gpumem.timing import compute
+from gpumem.timing import compute, finetune_time
 
 GB = 10**9
 MiB = 2**20
@@ -47,22 +47,13 @@ RECIPES = {
 # 08's measured full-8bit run): accounting's pure-bf16 recipe with bitsandbytes' moments
 NO_MASTER = F.Finetune(optimizer="adamw-8bit", recipe="pure-bf16")
 # CPU offload with a frozen base. The adapters' optimizer states are tiny (1.7 GB at 70B); what
-# must leave the GPU is the frozen base. Two frameworks move frozen parameters: PyTorch FSDP's
-# CPU offload (FSDP1 ``CPUOffload(offload_params=True)``; FSDP2 ``fully_shard(...,
-# offload_policy=CPUOffloadPolicy())``: "offloads parameters, gradients, and optimizer states to
-# CPU ... the optimizer step runs on CPU", torch/distributed/fsdp/_fully_shard/_fsdp_api.py) and
-# DeepSpeed ZeRO-3's ``offload_param`` (stage 3 only; with ``offload_optimizer`` the adapters'
-# states too). Counted as FSDP runs it with one unit per decoder block: the GPU holds the
-# activations, QLoRA's dequantised matrix, the root unit's weights (embedding, head, final norm:
-# FSDP2 keeps the root unsharded from forward to backward, ``reshard_after_forward`` None ->
-# False for the root), and OFFLOAD_BLOCKS blocks' weights with their adapters and adapter
-# gradients (one computing, one prefetched). Assumptions, with their effect: QLoRA's quantisation
-# constants stay on the GPU (attributes, not parameters: FSDP moves only the flat parameters;
-# 1.1 GB at 70B); the root is not wrapped on its own (wrapping embedding and head apart would free
-# 4.2 GB at 70B for most of the step).
+# must leave the GPU is the frozen base. Two frameworks move frozen parameters: PyTorch FSDP's CPU
+# offload (FSDP2 ``offload_policy=CPUOffloadPolicy()``) and DeepSpeed ZeRO-3's ``offload_param``.
+# Counted as FSDP runs it with one unit per decoder block (the engine's ``finetune_fsdp``: what
+# stays on the GPU, what crosses PCIe, and the assumptions with their effect).
 OFFLOAD = {"LoRA r16, base on CPU": F.Finetune(adapter="lora"),
            "QLoRA r16, base on CPU": F.Finetune(adapter="lora", base_dtype="nf4")}
-OFFLOAD_BLOCKS = 2
+OFFLOAD_BLOCKS = finetune_fsdp.FSDP_BLOCKS    # one block computing, one prefetched
 
 # RTX 3090 (NVIDIA Ampere GA102 GPU architecture whitepaper, Table 9 / RTX 3090 datasheet):
 # 71 TFLOP/s dense bf16 tensor with fp32 accumulate, 936 GB/s GDDR6X, PCIe Gen4 x16
@@ -74,7 +65,7 @@ MFU = compute.MFU                     # 40 %: Meta's Llama 3 pre-training (arXiv
 # link's peak (PCIe time scales as 1/(achieved share)); with FSDP's parameter CPU offload each
 # block's weights cross PCIe once in forward and once in backward (the checkpointed re-run inside
 # it), and the GPU holds two blocks' (one computing, one prefetched).
-FSDP_PASSES = 2
+FSDP_PASSES = finetune_fsdp.FSDP_PASSES
 
 # LLaMA-65B, the QLoRA paper's largest model: LLaMA paper (arXiv:2302.13971) Table 2 and Meta's
 # params.json (dim 8192, 80 layers, 64 heads, FFN 22,016, vocabulary 32,000)
@@ -121,17 +112,9 @@ def full_offloaded(cfg, checkpoint: str = "none", seq: int = SEQ) -> int:
 
 
 def block_weights(cfg, ft: F.Finetune) -> int:
-    """One decoder block's weights as FSDP copies them up: the base (bf16, or NF4's packed codes
-    with bf16 norms, fp32 with ``prepare``) and the block's adapters."""
-    e_rest = 4 if ft.prepare else 2
-    if ft.base_dtype == "nf4":
-        base = sum(F.nf4_tensor_bytes(m)[0] for m in F.quantised_tensors(cfg)) // cfg.n_layers
-    else:
-        base = 2 * sum(F.quantised_tensors(cfg)) // cfg.n_layers
-    norms = cfg.d_model * cfg.norms_per_layer
-    e_a = 4 if ft.adapter_dtype == "fp32" else 2
-    adapters = e_a * F.lora_params(cfg, ft.lora_rank, ft.lora_targets) // cfg.n_layers
-    return base + e_rest * norms + adapters
+    """One decoder block's weights as FSDP copies them up (the engine's ``finetune.block_weights``):
+    the base (bf16, or NF4's packed codes with bf16 norms, fp32 with ``prepare``) and its adapters."""
+    return F.block_weights(cfg, ft)
 
 
 def base_offloaded(cfg, ft: F.Finetune, checkpoint: str = "full", seq: int = SEQ, batch: int = BATCH) -> dict:
@@ -140,15 +123,10 @@ def base_offloaded(cfg, ft: F.Finetune, checkpoint: str = "full", seq: int = SEQ
     (CPU RAM: base, adapters, their gradients and moments), ``streamed`` (weights copied up per
     pass: the blocks; the root stays) and ``passes`` (forward and backward; a checkpointed re-run
     happens inside the backward's gather)."""
-    roles = F.finetune_states(cfg, ft)
+    o = finetune_fsdp.fsdp_states(cfg, ft, 1, base_on_cpu=True)
     acts = need(cfg, ft, checkpoint, seq, batch)["activations"]
-    blocks = block_weights(cfg, ft)
-    root = roles["base_weights"] - (blocks - roles["adapter_weights"] // cfg.n_layers) * cfg.n_layers
-    grads_block = roles["grads"] // cfg.n_layers
-    states = root + roles["quant_constants"] + roles["dequant_buffer"] + OFFLOAD_BLOCKS * (blocks + grads_block)
-    host = sum(roles.values()) - roles["dequant_buffer"] - roles["quant_constants"]
-    return {"states": states, "activations": acts, "gpu": states + acts, "host": host, "root": root,
-            "streamed": blocks * cfg.n_layers, "passes": FSDP_PASSES}
+    return {"states": o["gpu"], "activations": acts, "gpu": o["gpu"] + acts, "host": o["host"], "root": o["root"],
+            "streamed": o["streamed"], "passes": o["passes"]}
 
 
 def offload_seconds(cfg, ft: F.Finetune, gpu: str = "h100-80gb", seq: int = SEQ) -> dict:
@@ -218,22 +196,17 @@ def rtx3090(model: str = "llama-3-70b") -> dict:
 
 
 def lora_flops(cfg, ft: F.Finetune, tokens: int, recompute: bool = False) -> int:
-    """FLOPs of a LoRA/QLoRA step: forward 2 N T, backward only the inputs' gradients for the
-    frozen base (2 N T, no weight gradient), the adapters 6 n_a T, a re-run forward 2 N T with
-    full checkpointing. Full fine-tuning: ``compute.train_flops`` (6 N T)."""
-    n = cfg.n_params()
-    if not ft.lora:
-        return compute.train_flops(n, tokens, recompute)
-    return (4 + 2 * recompute) * n * tokens + 6 * F.lora_params(cfg, ft.lora_rank, ft.lora_targets) * tokens
+    """FLOPs of a LoRA/QLoRA step (the engine's ``finetune_time.lora_flops``): forward 2 N T,
+    backward only the inputs' gradients for the frozen base (2 N T), the adapters 6 n_a T, a re-run
+    forward 2 N T with full checkpointing. Full fine-tuning: ``compute.train_flops`` (6 N T)."""
+    return finetune_time.lora_flops(cfg, ft, tokens, recompute)
 
 
 def dequant_seconds(cfg, hbm: float, checkpoint: bool) -> float:
-    """Seconds a step spends turning the NF4 base into bf16, memory-bound at ``hbm`` bytes/s:
-    each pass reads the packed codes and constants (nf4_bytes_per_param) and writes 2 bytes per
-    quantised weight; passes: forward, backward (bitsandbytes dequantises again), and the re-run
-    forward with checkpointing. Assumption: the kernel reaches the datasheet bandwidth."""
-    q = sum(F.quantised_tensors(cfg))
-    return (2 + checkpoint) * q * (F.nf4_bytes_per_param() + 2) / hbm
+    """Seconds a step spends turning the NF4 base into bf16, memory-bound at ``hbm`` bytes/s
+    (``finetune_time.dequant_seconds``): passes forward, backward (bitsandbytes dequantises again)
+    and the re-run forward with checkpointing. Assumption: the kernel reaches the datasheet bandwidth."""
+    return finetune_time.dequant_seconds(cfg, hbm, 2 + checkpoint)
 
 
 def step_seconds(cfg, ft: F.Finetune, gpu: str = "h100-80gb", seq: int = SEQ, checkpoint: bool = True,

@@ -1,0 +1,125 @@
+"""``plan`` with chapter 08's options (issue 23): the fine-tuning search's bytes and FLOPs against hand
+counts from the model's dimensions, its refusals (exit 2, one line), and what it searches."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpumem.memory import finetune as F, models
+from gpumem.planner import finetune as P
+from gpumem.timing import finetune_time
+
+# Llama-3-70B from its config.json: hidden 8192, 80 layers, 64 heads, 8 KV heads of 128, FFN 28,672, vocab 128,256
+H, L, KV, FF, V = 8192, 80, 1024, 28672, 128256
+MATS = H * H + 2 * H * KV + H * H + 3 * H * FF          # one block's matrices: q, k, v, o, gate, up, down
+ADAPT = 16 * ((H + H) + 2 * (H + KV) + (H + H) + 2 * (H + FF) + (FF + H))   # r (in + out) each, r = 16
+N = L * (MATS + 2 * H) + 2 * V * H + H                  # blocks with their two norms, embedding, head, final norm
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "gpumem", "plan", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_hand_counts_match_the_model():
+    cfg = models.get("llama-3-70b")
+    assert cfg.n_params() == N
+    assert F.lora_params(cfg, 16) == L * ADAPT == 207_093_760       # peft's count for r = 16, all seven
+
+
+def test_fsdp_lora_bytes_by_hand():
+    """LoRA r16 on 70B, FSDP over 8 GPUs: 1/8 of the bf16 base, of the fp32 adapters, their fp32 gradients
+    and two fp32 moments, torch AdamW's 4-byte step per adapter tensor (whole), plus the root (embedding,
+    head, final norm) and two blocks (weights, adapters, adapter gradients) gathered whole."""
+    cfg = models.get("llama-3-70b")
+    lay = P.FtLayout(zero=3, checkpoint="full", micro_batch=1, dp=8, n_micro=2)
+    m = P.memory(cfg, F.Finetune(adapter="lora"), lay, 2048)
+    shards = 2 * N // 8 + (4 + 4 + 8) * L * ADAPT // 8 + 4 * 14 * L
+    assert abs(m["states"] - shards) <= 16        # shards rounded up per role
+    block = 2 * MATS + 2 * 2 * H + 4 * ADAPT
+    root = 2 * (2 * V * H + H)
+    assert m["working"] == root + 2 * (block + 4 * ADAPT)
+    assert m["host"] == 0 and m["buffers"] == 0
+
+
+def test_base_on_cpu_keeps_only_the_working_set():
+    """With the base on the CPU the GPU keeps the gathered units, QLoRA's constants and dequantised
+    matrix; the host holds every shard; each pass copies up the GPU's shard of the blocks."""
+    cfg = models.get("llama-3-70b")
+    ft = F.Finetune(adapter="lora", base_dtype="nf4")
+    lay = P.FtLayout(zero=3, checkpoint="full", micro_batch=1, dp=1, n_micro=16, base_on_cpu=True)
+    m = P.memory(cfg, ft, lay, 512)
+    roles = F.finetune_states(cfg, ft)
+    assert m["states"] == roles["quant_constants"] + roles["dequant_buffer"]
+    assert m["host"] == sum(roles.values()) - m["states"]
+    packed = sum(-(-n // 2) for n in F.quantised_tensors(cfg))   # 4-bit codes: half a byte each
+    assert packed == L * MATS // 2
+
+
+def test_frozen_backward_skips_the_weight_gradients():
+    """A frozen matrix's backward computes only its input's gradient: full fine-tuning's backward
+    minus LoRA's (without the adapters' own) is the weight gradients, 2 x tokens x elements for every
+    block matrix and the head."""
+    cfg = models.get("llama-3-70b")
+    seq, mb = 2048, 2
+    full = finetune_time.step_flops(cfg, F.Finetune(), seq, mb)
+    lora = finetune_time.step_flops(cfg, F.Finetune(adapter="lora"), seq, mb)
+    T = seq * mb
+    assert full["backward"] - (lora["backward"] - 4 * ADAPT * L * T) == 2 * T * (L * MATS + V * H)
+    assert lora["forward"] - full["forward"] == 2 * ADAPT * L * T
+
+
+def test_dequantisation_bytes_by_hand():
+    """Each pass reads 4.127 bits a weight (codes, 8-bit absmax per 64, fp32 scale per 256 absmaxes)
+    and writes 2 bytes, for every block matrix."""
+    cfg = models.get("llama-3-70b")
+    per = (4 + 8 / 64 + 32 / (64 * 256)) / 8 + 2
+    assert finetune_time.dequant_bytes(cfg) == pytest.approx(L * MATS * per, rel=1e-12)
+    assert finetune_time.dequant_seconds(cfg, 3.35e12, 3) == pytest.approx(3 * L * MATS * per / 3.35e12)
+
+
+def test_one_gpu_searches_no_sharding():
+    r = P.plan("llama-3-8b", F.Finetune(adapter="lora", base_dtype="nf4"), 1, "l4", seq=1024)
+    assert r.plans and {(p.layout.zero, p.layout.base_on_cpu) for p in r.plans} <= {(0, False), (3, True)}
+    assert r.question["reserve"] == 2**30 + int(0.05 * r.question["capacity"])      # no NCCL on one GPU
+
+
+def test_a_24_gib_card_needs_the_base_on_the_cpu():
+    """The note's scenario (70B QLoRA on a 24 GB card): the 4-bit base alone is 35 GB, so every plan
+    that fits keeps it on the CPU."""
+    r = P.plan("llama-3-70b", F.Finetune(adapter="lora", base_dtype="nf4"), 1, "h100-80gb", gpu_mem=24 * 2**30,
+               seq=512)
+    assert r.plans and all(p.layout.base_on_cpu for p in r.plans)
+    assert L * MATS // 2 > 24 * 2**30
+
+
+def test_ranking_is_by_time_then_room():
+    r = P.plan("llama-3-70b", F.Finetune(adapter="lora"), 8, "h100-80gb", seq=2048)
+    times = [p.time["total"] for p in r.plans]
+    assert len(times) > 2
+    for i, a in enumerate(times):            # out of order only inside the tie band
+        assert all(b * (1 + 0.005) >= a for b in times[i + 1:])
+
+
+def test_cli_table_json_and_refusals():
+    ok = _cli("--model", "llama-3-70b", "--gpus", "8", "--adapter", "lora", "--base-dtype", "nf4", "--seq", "2048",
+              "--json")
+    assert ok.returncode == 0, ok.stderr
+    d = json.loads(ok.stdout)
+    best = d["plans"][0]
+    assert d["question"]["finetune"]["base_dtype"] == "nf4" and best["peft"]["r"] == 16
+    assert best["bitsandbytes"]["bnb_4bit_quant_type"] == "nf4"
+    table = _cli("--model", "llama-3-8b", "--gpus", "2", "--adapter", "lora", "--optimizer", "adamw-8bit")
+    assert table.returncode == 0 and "best: " in table.stdout and "trainer: " in table.stdout
+    for args, said in [(("--base-dtype", "nf4"), "needs --adapter lora"),
+                       (("--adapter", "lora", "--lora-rank", "0"), "--lora-rank"),
+                       (("--adapter", "lora", "--lora-targets", "q,x"), "unknown LoRA target"),
+                       (("--adapter", "lora", "--layout", "tp=1"), "--layout"),
+                       (("--adapter", "lora", "--recipe", "both"), "--recipe both")]:
+        r = _cli("--gpus", "2", *args) if args[0] == "--model" else _cli("--model", "llama-3-8b", "--gpus", "2", *args)
+        assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    for args, said in [(("--model", "mixtral-8x7b", "--adapter", "lora"), "dense models"),
+                       (("--model", "gpt2", "--adapter", "lora"), "dense models")]:
+        r = _cli("--gpus", "2", *args) if args[0] == "--model" else _cli("--model", "llama-3-8b", "--gpus", "2", *args)
+        assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
