@@ -73,7 +73,7 @@ def breakdown(p) -> list[str]:
         if m[k]:
             out.append(f"  memory {label:40s} {units.fmt(m[k]):>10s}")
     out += [f"  time {k:20s} {v:>10.2f} s" for k, v in p.time.items() if isinstance(v, float)
-            and k != "data_parallel_moved_s"]
+            and not k.endswith("_moved_s")]
     for k in ("peft", "bitsandbytes", "trainer", "deepspeed", "fsdp"):
         if p.configs[k] is not None:
             out.append(f"{k}: {json.dumps(p.configs[k])}")

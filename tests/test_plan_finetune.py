@@ -123,3 +123,18 @@ def test_cli_table_json_and_refusals():
                        (("--model", "gpt2", "--adapter", "lora"), "dense models")]:
         r = _cli("--gpus", "2", *args) if args[0] == "--model" else _cli("--model", "llama-3-8b", "--gpus", "2", *args)
         assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_pcie_copies_hide_under_compute_only_while_shorter():
+    """Base on the CPU, one GPU: the copies (16 micro-batches x 2 passes x the 4-bit blocks) take
+    bytes / link seconds; FSDP2's prefetch hides them under the compute, so what shows is what exceeds it."""
+    cfg = models.get("llama-3-70b")
+    ft = F.Finetune(adapter="lora", base_dtype="nf4")
+    fast = P.plan(cfg, ft, 1, "h100-80gb", seq=2048)
+    lay = next(p for p in fast.plans if p.layout.base_on_cpu and p.layout.n_micro == 16 and p.layout.checkpoint == "none")
+    streamed = L * MATS // 2 + 2 * 2 * H * L + 4 * ADAPT * L     # codes, bf16 norms, fp32 adapters: every block
+    assert lay.time["offload_moved_s"] == pytest.approx(16 * 2 * streamed / 63e9, rel=1e-9)
+    slow = P.plan(cfg, ft, 1, "h100-80gb", seq=2048, pcie=31.5e9)
+    same = next(p for p in slow.plans if p.layout == lay.layout)
+    assert same.time["offload_moved_s"] == pytest.approx(2 * lay.time["offload_moved_s"])
+    assert same.time["offload"] == pytest.approx(same.time["offload_moved_s"] - same.time["compute"])

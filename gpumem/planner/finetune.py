@@ -133,8 +133,10 @@ def trainable(cfg, ft: F.Finetune) -> tuple[int, int]:
     return cfg.n_params(), 2
 
 
-def seconds(cfg, ft: F.Finetune, lay: FtLayout, seq: int, g, mfu: float, node, cpu_adam_rate=None) -> dict:
-    """One step's seconds by term (see the module), with ``total`` and ``bound``."""
+def seconds(cfg, ft: F.Finetune, lay: FtLayout, seq: int, g, mfu: float, node, cpu_adam_rate=None,
+            pcie: float | None = None) -> dict:
+    """One step's seconds by term (see the module), with ``total`` and ``bound``; ``*_moved_s``: the
+    collectives' and the PCIe copies' seconds before overlap."""
     f = finetune_time.step_flops(cfg, ft, seq, lay.micro_batch, lay.checkpoint)
     per_mb = f["forward"] + f["backward"] + f["recompute"]
     busy = compute.seconds(per_mb * lay.n_micro, g, mfu)
@@ -159,17 +161,19 @@ def seconds(cfg, ft: F.Finetune, lay: FtLayout, seq: int, g, mfu: float, node, c
         moved = reduce + gather
         dp_s = overlap.exposed(fw, "dp_grad_reduce", reduce, windows) + overlap.exposed(fw, "dp_param_gather",
                                                                                         gather, windows)
-    pcie = 0.0
+    offload_s = copies = 0.0
     if lay.base_on_cpu:     # a unit's H2D copy precedes its all-gather: both hide behind the same compute
         o = finetune_fsdp.fsdp_states(cfg, ft, lay.dp, True)
-        copies = lay.n_micro * o["passes"] * o["streamed"] / g.pcie
-        pcie = overlap.exposed("fsdp2", "offload_copies", copies + moved, windows) - dp_s
+        copies = lay.n_micro * o["passes"] * o["streamed"] / (pcie or g.pcie)
+        offload_s = overlap.exposed("fsdp2", "offload_copies", copies + moved, windows) - dp_s
         optimizer = -(-n_t // lay.dp) / offload_time.cpu_adam_per_rank(cpu_adam_rate)
     else:
         optimizer = compute.optimizer_seconds(n_t, ft.recipe, g, lay.dp, lay.zero)
-    terms = {"compute": busy, "dequantise": dequant, "data_parallel": dp_s, "offload": pcie, "optimizer": optimizer}
+    terms = {"compute": busy, "dequantise": dequant, "data_parallel": dp_s, "offload": offload_s,
+             "optimizer": optimizer}
     total = sum(terms.values())
-    return terms | {"total": total, "bound": max(terms, key=terms.get), "data_parallel_moved_s": moved}
+    return terms | {"total": total, "bound": max(terms, key=terms.get), "data_parallel_moved_s": moved,
+                    "offload_moved_s": copies}
 
 
 def layouts(cfg, ft: F.Finetune, gpus: int, global_batch: int):
@@ -192,9 +196,11 @@ def layouts(cfg, ft: F.Finetune, gpus: int, global_batch: int):
 
 
 def plan(model, ft: F.Finetune, gpus: int, gpu: str = "h100-80gb", *, gpu_mem: int | None = None, seq: int = 4096,
-         global_batch: int | None = None, mfu: float = compute.KERNEL_SHARE, cpu_adam_rate=None) -> FtResult:
+         global_batch: int | None = None, mfu: float = compute.KERNEL_SHARE, cpu_adam_rate=None,
+         pcie: float | None = None) -> FtResult:
     """Every fine-tuning layout of ``model`` (a registry name or ModelConfig) with ``ft`` on ``gpus``
-    GPUs that fits, ranked (see the module)."""
+    GPUs that fits, ranked (see the module); ``pcie``: host-to-device bytes/s instead of the GPU's
+    datasheet link (e.g. a measured rate)."""
     from ..memory import models
     cfg = models.get(model) if isinstance(model, str) else model
     F.validate(ft)
@@ -217,11 +223,12 @@ def plan(model, ft: F.Finetune, gpus: int, gpu: str = "h100-80gb", *, gpu_mem: i
             continue
         room = usable - mem["total"]
         mem |= {"usable": usable, "headroom": room, "tight": ranking.tight(room, usable)}
-        t = seconds(cfg, ft, lay, seq, g, mfu, node, cpu_adam_rate)
+        t = seconds(cfg, ft, lay, seq, g, mfu, node, cpu_adam_rate, pcie)
         plans.append(FtPlan(lay, mem, t, batch * seq / t["total"], configs(cfg, ft, lay)))
     question = {"model": cfg.name, "gpus": gpus, "gpu": g.name, "capacity": capacity, "usable": usable,
                 "reserve": reserve.of(capacity), "seq": seq, "global_batch": batch, "finetune": asdict(ft),
-                "tight_below": ranking.tight_limit(usable), "host_per_gpu": host_cap}
+                "tight_below": ranking.tight_limit(usable), "host_per_gpu": host_cap,
+                "pcie": pcie or g.pcie}
     return FtResult(question, rank(plans), considered, closest, assumptions(global_batch is None, mfu))
 
 

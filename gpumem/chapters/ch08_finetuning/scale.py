@@ -249,3 +249,13 @@ def double_quant_saving(cfg=LLAMA_65B) -> float:
     model's quantised weights (the paper: 0.373 bits per parameter, about 3 GB for 65B)."""
     q = sum(F.quantised_tensors(cfg))
     return q * (32 / F.NF4_BLOCK - (8 / F.NF4_BLOCK + 32 / (F.NF4_BLOCK * F.NF4_SCALE_BLOCK))) / 8
+
+
+def measured_h2d() -> tuple[str, float] | None:
+    """(the GPU and date, pinned host-to-device bytes/s) of the newest committed GPU run that measured
+    it (chapter 05's ``ch05.h2d_pinned_bytes_per_s``, ``results/gpu/``), or None."""
+    from gpumem.course import gpu_results
+    for run, got in gpu_results.values("05"):
+        if "ch05.h2d_pinned_bytes_per_s" in got:
+            return f"{run['gpu']}, {run['date']}", got["ch05.h2d_pinned_bytes_per_s"]
+    return None
