@@ -53,10 +53,16 @@ def render(result, top: int = 10) -> list[str]:
         lines += breakdown(result.best)
     else:
         c = result.closest
-        lines.append("nothing fits" + (f"; the closest layout, {c['label']}, misses by {units.fmt(c['missing'])} "
-                                       "per GPU" if c else " (no data-parallel degree divides the global batch)"))
-        lines.append("  try: --base-dtype nf4 with --adapter lora (QLoRA), more GPUs, a shorter --seq, or "
-                     "full training's planner (without the fine-tuning options) for tensor and pipeline parallelism")
+        if not result.considered:
+            lines.append(f"no layout runs it: the global batch ({q['global_batch']:,}) must be a multiple of the "
+                         f"GPU count ({q['gpus']:,}); set --global-batch")
+        else:
+            lines.append("nothing fits" + (f"; the closest layout, {c['label']}, misses by "
+                                           f"{units.fmt(c['missing'])} per GPU" if c else
+                                           " (every layout needs more host memory than the node has)"))
+            lines.append("  try: --base-dtype nf4 with --adapter lora (QLoRA), more GPUs, a shorter --seq, or "
+                         "full training's planner (without the fine-tuning options) for tensor and pipeline "
+                         "parallelism")
     lines += [f"assumption: {s}" for s in result.assumptions]
     return lines
 

@@ -138,3 +138,8 @@ def test_pcie_copies_hide_under_compute_only_while_shorter():
     same = next(p for p in slow.plans if p.layout == lay.layout)
     assert same.time["offload_moved_s"] == pytest.approx(2 * lay.time["offload_moved_s"])
     assert same.time["offload"] == pytest.approx(same.time["offload_moved_s"] - same.time["compute"])
+
+
+def test_a_batch_no_gpu_count_divides_is_named():
+    r = _cli("--model", "llama-3-8b", "--gpus", "2", "--adapter", "lora", "--global-batch", "3")
+    assert r.returncode == 0 and "must be a multiple of the GPU count (2)" in r.stdout
