@@ -37,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("--gpu-mem", default=None, help="capacity per GPU instead of the table's, e.g. 80GB, 80GiB")
     p.add_argument("--seq", type=seq_length, default=4096, help="sequence length: 4096, 4k (4096)")
     p.add_argument("--global-batch", type=positive("--global-batch"), default=None,
-                   help="sequences per step (4M tokens' worth)")
+                   help="sequences per step (4M tokens' worth; with the fine-tuning options: 16)")
     p.add_argument("--top", type=positive("--top"), default=10, help="plans shown (10)")
     p.add_argument("--recipe", default="mixed", choices=("mixed", "pure-bf16", "both"),
                    help="precision recipes planned: mixed (fp32 master weights; the default), pure-bf16 "
@@ -50,6 +50,10 @@ def register(sub) -> None:
                         "(keys: tp pp dp zero ckpt mb attn recipe offload device vp cp ep; vp, cp, ep: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     finetune_options.add_options(p)     # fine-tuning layouts instead (gpumem.planner.finetune, cli_plan_ft)
+    p.epilog = ("With --adapter lora, --base-dtype nf4 or --optimizer adamw-8bit/paged-adamw, plan searches "
+                "fine-tuning layouts instead: data parallelism under DeepSpeed ZeRO 0-2 or FSDP2, the frozen base "
+                "on the CPU, checkpointing and micro-batch (tp = pp = 1); --gpu-mem changes the capacity only, "
+                "the speeds stay the --gpu's.")
     p.set_defaults(func=_plan)
 
 

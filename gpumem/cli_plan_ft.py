@@ -41,7 +41,7 @@ def render(result, top: int = 10) -> list[str]:
              f"{units.fmt(q['usable'])} of {units.fmt(q['capacity'])} each), seq {q['seq']:,}, global batch "
              f"{q['global_batch']:,}: {len(result.plans):,} of {result.considered:,} layouts fit"]
     if result.plans:
-        lines.append(f"{'#':>2s}  {'layout':44s} {'GB/GPU':>7s} {'free':>11s} {'host GB':>8s} {'step s':>8s} "
+        lines.append(f"{'#':>2s}  {'layout':44s} {'GB/GPU':>7s} {'free':>11s} {'host/GPU':>8s} {'step s':>8s} "
                      f"{'tok/s':>9s}  bound")
         for i, p in enumerate(result.distinct(top), 1):
             m = p.memory
