@@ -1,7 +1,7 @@
 """``plan`` with chapter 08's options (``--adapter lora``, ``--base-dtype nf4``, ``--optimizer
 adamw-8bit``, ...): the fine-tuning layouts that fit, ranked (``gpumem.planner.finetune``), as a
 table and the top plan's bytes by role, seconds by term and switches (peft, bitsandbytes, the
-Trainer, DeepSpeed or FSDP2); ``--json``: one object (``FtResult.as_dict``)."""
+Trainer, with DeepSpeed's or FSDP's config inside); ``--json``: one object (``FtResult.as_dict``)."""
 
 import json
 
@@ -80,7 +80,7 @@ def breakdown(p) -> list[str]:
             out.append(f"  memory {label:40s} {units.fmt(m[k]):>10s}")
     out += [f"  time {k:20s} {v:>10.2f} s" for k, v in p.time.items() if isinstance(v, float)
             and not k.endswith("_moved_s")]
-    for k in ("peft", "bitsandbytes", "trainer", "deepspeed", "fsdp"):
+    for k in ("peft", "bitsandbytes", "trainer"):
         if p.configs[k] is not None:
             out.append(f"{k}: {json.dumps(p.configs[k])}")
     return out

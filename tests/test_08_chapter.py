@@ -97,7 +97,8 @@ def test_rtx3090_scenario_by_hand():
     # matrix, two blocks with their adapters' gradients and the activations stay on the GPU
     blocks = Q70 / 2 + 80 * 2 * 2 * 8192 + 4 * n_a
     assert r["fsdp_streamed"] == blocks
-    assert r["fsdp_pcie_s"] == pytest.approx(2 * blocks / 31.5e9, rel=1e-9)
+    root = 2 * (2 * 128256 * 8192 + 8192)       # embedding, head, final norm in bf16: copied up once a step
+    assert r["fsdp_pcie_s"] == pytest.approx((2 * blocks + root) / 31.5e9, rel=1e-9)
     root = 2 * 2 * 128256 * 8192 + 2 * 8192
     constants = Q70 / 64 + 4 * Q70 / (64 * 256) + 7 * 80 * (4 + 64 + 1024)
     buffer = 2 * 8192 * 28672 + 4 * 8192 * 28672 / 64
@@ -201,9 +202,9 @@ def test_base_on_cpu_rows_by_hand():
                                                                    scale.OFFLOAD["LoRA r16, base on CPU"], "none")["states"]
         assert off[ck] == ck_states + lora_row[ck] - lora_row["states"]
     assert off["fits"]["rtx-3090"] == (False, True) and off["fits"]["h100-80gb"] == (True, True)
-    # the step on an H100: 80 blocks cross PCIe Gen5 (63 GB/s) twice, beside 2.2 s of compute
+    # the step on an H100: 80 blocks cross PCIe Gen5 (63 GB/s) twice and the root once, beside 2.2 s of compute
     t = scale.offload_seconds(models.get("llama-3-70b"), scale.OFFLOAD["LoRA r16, base on CPU"], "h100-80gb")
-    assert t["pcie"] == pytest.approx(2 * 80 * block / 63e9, rel=1e-9) and 4.3 < t["pcie"] < 4.4
+    assert t["pcie"] == pytest.approx((2 * 80 * block + root) / 63e9, rel=1e-9) and 4.4 < t["pcie"] < 4.5
     assert t["overlapped"] == t["pcie"] and t["serial"] == pytest.approx(t["pcie"] + t["compute"])
 
 

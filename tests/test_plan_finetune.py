@@ -126,14 +126,15 @@ def test_cli_table_json_and_refusals():
 
 
 def test_pcie_copies_hide_under_compute_only_while_shorter():
-    """Base on the CPU, one GPU: the copies (16 micro-batches x 2 passes x the 4-bit blocks) take
+    """Base on the CPU, one GPU: the copies (16 micro-batches x (2 passes x the 4-bit blocks + the root)) take
     bytes / link seconds; FSDP2's prefetch hides them under the compute, so what shows is what exceeds it."""
     cfg = models.get("llama-3-70b")
     ft = F.Finetune(adapter="lora", base_dtype="nf4")
     fast = P.plan(cfg, ft, 1, "h100-80gb", seq=2048)
     lay = next(p for p in fast.plans if p.layout.base_on_cpu and p.layout.n_micro == 16 and p.layout.checkpoint == "none")
     streamed = L * MATS // 2 + 2 * 2 * H * L + 4 * ADAPT * L     # codes, bf16 norms, fp32 adapters: every block
-    assert lay.time["offload_moved_s"] == pytest.approx(16 * 2 * streamed / 63e9, rel=1e-9)
+    root = 2 * (2 * V * H + H)                                    # and the root, once a micro-batch
+    assert lay.time["offload_moved_s"] == pytest.approx(16 * (2 * streamed + root) / 63e9, rel=1e-9)
     slow = P.plan(cfg, ft, 1, "h100-80gb", seq=2048, pcie=31.5e9)
     same = next(p for p in slow.plans if p.layout == lay.layout)
     assert same.time["offload_moved_s"] == pytest.approx(2 * lay.time["offload_moved_s"])
@@ -143,3 +144,41 @@ def test_pcie_copies_hide_under_compute_only_while_shorter():
 def test_a_batch_no_gpu_count_divides_is_named():
     r = _cli("--model", "llama-3-8b", "--gpus", "2", "--adapter", "lora", "--global-batch", "3")
     assert r.returncode == 0 and "must be a multiple of the GPU count (2)" in r.stdout
+
+
+def test_bitsandbytes_optimizers_are_not_planned_under_fsdp():
+    """bitsandbytes' 8-bit and paged optimizers fail on FSDP's DTensor shards (review r12, bitsandbytes
+    #1403, #1633): no stage-3 layout is offered with them; 70B full fine-tuning with 8-bit AdamW then
+    fits nowhere on 8 x 80 GB (10 B a parameter over 8 GPUs is 88 GB before activations)."""
+    r = P.plan("llama-3-8b", F.Finetune(adapter="lora", optimizer="adamw-8bit"), 8, "h100-80gb", seq=2048)
+    assert r.plans and all(p.layout.zero < 3 for p in r.plans)
+    assert any("#1403" in a for a in r.assumptions)
+    full = P.plan("llama-3-70b", F.Finetune(optimizer="adamw-8bit"), 8, "h100-80gb", seq=2048)
+    assert not full.plans and 10 * N / 8 > 80e9
+
+
+def test_sharded_layouts_run_the_adapters_in_bf16():
+    """DeepSpeed's bf16 engine and FSDP's mixed precision cast the adapters to bf16 for compute, so
+    peft keeps no per-adapter bf16 copy of its input: the activations are the bf16-adapter count,
+    which saves (at 70B, 2,048 tokens, no checkpointing) about what full fine-tuning saves; one GPU under
+    autocast keeps peft's fp32 adapters and their copies."""
+    cfg = models.get("llama-3-70b")
+    ft = F.Finetune(adapter="lora")
+    sharded = P.memory(cfg, ft, P.FtLayout(3, "none", 1, 8, 2), 2048)["activations"]
+    alone = P.memory(cfg, ft, P.FtLayout(0, "none", 1, 1, 16), 2048)["activations"]
+    full = F.finetune_activation_bytes(cfg, F.Finetune(), 2048, 1)["peak"]
+    assert sharded == pytest.approx(full, rel=1e-3)
+    assert alone - sharded > 4 * 2 * 2048 * H * L     # at least four more h-wide bf16 copies a layer (q/k/v, gate/up, o)
+
+
+def test_an_adapted_down_projection_is_re_run():
+    """Checkpointed, PyTorch's early stop skips W_down's matmul in the re-run (nothing saves its output);
+    an adapter on down_proj runs after the base matmul, so the whole layer re-runs: 2 x tokens x h x F
+    more a layer than without it."""
+    cfg = models.get("llama-3-70b")
+    T = 2048
+    with_down = finetune_time.step_flops(cfg, F.Finetune(adapter="lora"), T, 1, "full")
+    no_down = finetune_time.step_flops(cfg, F.Finetune(adapter="lora", lora_targets=("q", "k", "v", "o", "gate", "up")),
+                                       T, 1, "full")
+    adapt_down = 2 * 16 * (FF + H) * L * T            # the down adapter's own re-run forward
+    assert with_down["recompute"] - no_down["recompute"] == 2 * T * H * FF * L + adapt_down

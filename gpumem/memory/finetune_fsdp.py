@@ -15,7 +15,7 @@ gradients, and optimizer states to CPU ... the optimizer step runs on CPU",
 torch/distributed/fsdp/_fully_shard/_fsdp_api.py; DeepSpeed's twin is ZeRO-3 ``offload_param``)
 the shards live in host memory and each rank copies its shard up before each gather: the blocks
 cross PCIe :data:`FSDP_PASSES` times a micro-batch (forward, and backward, inside which a
-checkpointed re-run happens). Assumptions, with their effect: QLoRA's quantisation constants stay on
+checkpointed re-run happens), the root once a micro-batch (:func:`copied_up`). Assumptions, with their effect: QLoRA's quantisation constants stay on
 the GPU (attributes, not parameters: FSDP moves only the flat parameters; 1.1 GB at 70B); the root
 is not wrapped on its own (wrapping embedding and head apart would free 4.2 GB at 70B for most of
 the step).
@@ -33,7 +33,7 @@ def fsdp_states(cfg, ft: F.Finetune, dp: int = 1, base_on_cpu: bool = False) -> 
     ``roles`` (the shards by role, ``finetune_states`` at stage 3), ``root``, ``block`` and
     ``block_grads`` (one unit's weights and gradients, whole), ``working`` (the gathered root and
     blocks), ``streamed`` (bytes a GPU copies up a pass with ``base_on_cpu``: its shards of the
-    blocks) and ``passes``."""
+    blocks), ``root_streamed`` (its shard of the root, copied once a micro-batch) and ``passes``."""
     roles = F.finetune_states(cfg, ft, gpus=dp, zero=3)
     root, block, grads = F.root_weights(cfg, ft), F.block_weights(cfg, ft), F.block_grads(cfg, ft)
     working = root + FSDP_BLOCKS * (block + grads)
@@ -42,4 +42,12 @@ def fsdp_states(cfg, ft: F.Finetune, dp: int = 1, base_on_cpu: bool = False) -> 
     gpu = resident + working + (0 if base_on_cpu else shards)
     return {"gpu": gpu, "host": shards if base_on_cpu else 0, "roles": roles, "root": root, "block": block,
             "block_grads": grads, "working": working,
-            "streamed": -(-block * cfg.n_layers // dp) if base_on_cpu else 0, "passes": FSDP_PASSES}
+            "streamed": -(-block * cfg.n_layers // dp) if base_on_cpu else 0,
+            "root_streamed": -(-root // dp) if base_on_cpu else 0, "passes": FSDP_PASSES}
+
+
+def copied_up(o: dict, n_micro: int = 1) -> int:
+    """Bytes one GPU copies host-to-device a step with the base on the CPU (``o``: :func:`fsdp_states`):
+    each micro-batch gathers every block in forward and again in backward, and the root unit once
+    (it stays gathered from its forward to its backward, then is freed)."""
+    return n_micro * (o["passes"] * o["streamed"] + o["root_streamed"])

@@ -19,7 +19,7 @@ on the GPU; on the CPU at the published CPU Adam rate). Ranked as the planner ra
 within ``ranking.TIE`` going roomy first, then fewer host bytes, then fewer bytes.
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import UsageError
 from ..memory import finetune as F, finetune_fsdp, gpus as gpu_table
@@ -109,7 +109,8 @@ def memory(cfg, ft: F.Finetune, lay: FtLayout, seq: int) -> dict:
     """Per-GPU bytes of ``lay``: ``states`` (roles summed, FSDP's gathered units apart),
     ``working`` (FSDP: the root and two blocks whole), ``buffers`` (DeepSpeed's ZeRO-1/2 buckets),
     ``activations`` (peak), ``total``, ``host`` (per GPU), and ``roles``."""
-    acts = F.finetune_activation_bytes(cfg, ft, seq, lay.micro_batch, checkpoint=lay.checkpoint)["peak"]
+    acts = F.finetune_activation_bytes(cfg, compute_setup(ft, lay), seq, lay.micro_batch,
+                                       checkpoint=lay.checkpoint)["peak"]
     buffers = working = host = 0
     if lay.zero == 3:
         o = finetune_fsdp.fsdp_states(cfg, ft, lay.dp, lay.base_on_cpu)
@@ -125,6 +126,13 @@ def memory(cfg, ft: F.Finetune, lay: FtLayout, seq: int) -> dict:
             "total": states + working + buffers + acts, "host": host, "roles": roles}
 
 
+def compute_setup(ft: F.Finetune, lay: FtLayout) -> F.Finetune:
+    """The setup as the step computes it: DeepSpeed's bf16 engine (ZeRO over several GPUs) and FSDP's
+    ``MixedPrecisionPolicy(param_dtype=bf16)`` run the adapters in bf16, so peft makes no per-adapter
+    copy of the input (its fp32 adapters under autocast do: one GPU with the Trainer's bf16=True)."""
+    return replace(ft, adapter_dtype="bf16") if ft.lora and (lay.dp > 1 or lay.zero == 3) else ft
+
+
 def trainable(cfg, ft: F.Finetune) -> tuple[int, int]:
     """(trained elements, bytes of one of their gradients): the adapters (fp32 by default) or,
     with full fine-tuning, every weight (bf16 gradients)."""
@@ -137,7 +145,7 @@ def seconds(cfg, ft: F.Finetune, lay: FtLayout, seq: int, g, mfu: float, node, c
             pcie: float | None = None) -> dict:
     """One step's seconds by term (see the module), with ``total`` and ``bound``; ``*_moved_s``: the
     collectives' and the PCIe copies' seconds before overlap."""
-    f = finetune_time.step_flops(cfg, ft, seq, lay.micro_batch, lay.checkpoint)
+    f = finetune_time.step_flops(cfg, ft, seq, lay.micro_batch, lay.checkpoint)     # the re-run: see there
     per_mb = f["forward"] + f["backward"] + f["recompute"]
     busy = compute.seconds(per_mb * lay.n_micro, g, mfu)
     fwd = busy * f["forward"] / per_mb
@@ -164,9 +172,9 @@ def seconds(cfg, ft: F.Finetune, lay: FtLayout, seq: int, g, mfu: float, node, c
     offload_s = copies = 0.0
     if lay.base_on_cpu:     # a unit's H2D copy precedes its all-gather: both hide behind the same compute
         o = finetune_fsdp.fsdp_states(cfg, ft, lay.dp, True)
-        copies = lay.n_micro * o["passes"] * o["streamed"] / (pcie or g.pcie)
+        copies = finetune_fsdp.copied_up(o, lay.n_micro) / (pcie or g.pcie)
         offload_s = overlap.exposed("fsdp2", "offload_copies", copies + moved, windows) - dp_s
-        optimizer = -(-n_t // lay.dp) / offload_time.cpu_adam_per_rank(cpu_adam_rate)
+        optimizer = -(-n_t // lay.dp) / offload_time.cpu_adam_per_rank(cpu_adam_rate, min(lay.dp, GPUS_PER_NODE))
     else:
         optimizer = compute.optimizer_seconds(n_t, ft.recipe, g, lay.dp, lay.zero)
     terms = {"compute": busy, "dequantise": dequant, "data_parallel": dp_s, "offload": offload_s,
@@ -181,7 +189,8 @@ def layouts(cfg, ft: F.Finetune, gpus: int, global_batch: int):
     if global_batch % gpus:
         return
     per = global_batch // gpus
-    for zero in (0, 1, 2, 3) if gpus > 1 else (0, 3):       # one GPU: nothing to shard over ...
+    stage3 = ft.optimizer == "adamw"       # bitsandbytes' optimizers cannot step FSDP's sharded parameters
+    for zero in ((0, 1, 2, 3) if gpus > 1 else (0, 3)) if stage3 else (0, 1, 2) if gpus > 1 else (0,):
         if zero < 3:
             places = (False,)
         elif gpus > 1:
@@ -229,7 +238,7 @@ def plan(model, ft: F.Finetune, gpus: int, gpu: str = "h100-80gb", *, gpu_mem: i
                 "reserve": reserve.of(capacity), "seq": seq, "global_batch": batch, "finetune": asdict(ft),
                 "tight_below": ranking.tight_limit(usable), "host_per_gpu": host_cap,
                 "pcie": pcie or g.pcie}
-    return FtResult(question, rank(plans), considered, closest, assumptions(global_batch is None, mfu))
+    return FtResult(question, rank(plans), considered, closest, assumptions(global_batch is None, mfu, ft))
 
 
 def rank(plans: list) -> list:
@@ -244,12 +253,18 @@ def rank(plans: list) -> list:
     return out
 
 
-def assumptions(default_batch: bool, mfu: float) -> list[str]:
+def assumptions(default_batch: bool, mfu: float, ft: F.Finetune) -> list[str]:
     """The stated assumptions the answer rests on, with their effect."""
     out = [f"compute at {mfu:.0%} of the bf16 peak (the planner's compute share); NF4 dequantisation at the "
            "datasheet HBM bandwidth; PCIe at the link's peak (times scale as 1 / the share reached)",
            "data parallelism only (tp = pp = 1): tensor and pipeline parallelism for adapters "
            "(Megatron Bridge) are not searched"]
+    if ft.optimizer != "adamw":
+        out.append("bitsandbytes' optimizers do not step FSDP's sharded (DTensor) parameters (bitsandbytes issues "
+                   "#1403, #1633, open): stage 3 is not searched with them")
+    if ft.lora:
+        out.append("with the base on the CPU, FSDP steps torch's AdamW on the CPU; priced at DeepSpeed CPU-Adam's "
+                   "published rate (torch's is slower: the optimizer term grows)")
     if default_batch:
         out.insert(0, f"global batch {FT_GLOBAL_BATCH} sequences (the QLoRA paper's 65B run: 1 x 16 "
                       "accumulation), rounded up to a multiple of the GPUs; set it with --global-batch")

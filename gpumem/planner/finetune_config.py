@@ -10,19 +10,28 @@ arguments, and the DeepSpeed config or FSDP2 call that shards it. Torch-free; na
   bnb_4bit_compute_dtype=torch.bfloat16)``; sharded by FSDP or ZeRO-3 it also needs
   ``bnb_4bit_quant_storage=torch.bfloat16`` (peft's "Use PEFT QLoRA and DeepSpeed with ZeRO3" and
   FSDP + QLoRA guides), so that the packed codes are a bf16 tensor the sharder can split.
-* The Trainer's ``optim``: ``adamw_torch`` (torch AdamW), ``adamw_bnb_8bit`` (bitsandbytes AdamW8bit),
-  ``paged_adamw_32bit`` (bitsandbytes PagedAdamW32bit); ``gradient_checkpointing=True`` is the full
-  policy (every block re-run).
+* The Trainer's ``optim``: ``adamw_torch_fused`` (torch AdamW, its default with torch >= 2.8),
+  ``adamw_bnb_8bit`` (bitsandbytes AdamW8bit), ``paged_adamw_32bit`` (bitsandbytes PagedAdamW32bit);
+  ``activation_checkpointing=True`` is the full policy (every block re-run; ``gradient_checkpointing``
+  is its deprecated alias in transformers 5.24). DeepSpeed goes in as ``deepspeed=<config dict>``;
+  FSDP as ``fsdp=True`` with ``fsdp_config`` (``version``, ``cpu_offload``, ``activation_checkpointing``:
+  transformers 5.24 ``training_args.py``).
 """
 
 TARGET_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
                   "down": "down_proj"}
-TRAINER_OPTIM = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw": "paged_adamw_32bit"}
+TRAINER_OPTIM = {"adamw": "adamw_torch_fused", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw": "paged_adamw_32bit"}
+
+
+def fsdp_version(ft) -> int:
+    """FSDP1 for a 4-bit base (the route peft's FSDP + QLoRA guide and Answer.AI's fsdp_qlora test;
+    bitsandbytes issue #1945, open: wrong outputs reported under FSDP2), FSDP2 (the Trainer's default) else."""
+    return 1 if ft.base_dtype == "nf4" else 2
 
 
 def configs(cfg, ft, lay) -> dict:
-    """``peft``, ``bitsandbytes``, ``trainer`` and ``deepspeed`` or ``fsdp`` for ``lay`` (None where
-    not used)."""
+    """``peft``, ``bitsandbytes``, ``trainer`` (the Trainer's arguments, with ``deepspeed`` or ``fsdp`` +
+    ``fsdp_config`` inside when used) for ``lay`` (None where not used)."""
     peft = None
     if ft.lora:
         peft = {"r": ft.lora_rank, "lora_alpha": 2 * ft.lora_rank,
@@ -34,18 +43,20 @@ def configs(cfg, ft, lay) -> dict:
                "bnb_4bit_compute_dtype": "bfloat16"}
         if lay.zero == 3:
             bnb["bnb_4bit_quant_storage"] = "bfloat16"
+    ckpt = lay.checkpoint == "full"
     trainer = {"per_device_train_batch_size": lay.micro_batch, "gradient_accumulation_steps": lay.n_micro,
-               "gradient_checkpointing": lay.checkpoint == "full", "bf16": True, "optim": TRAINER_OPTIM[ft.optimizer]}
-    ds = fsdp = None
-    if lay.zero < 3 and lay.dp > 1:
-        ds = {"train_micro_batch_size_per_gpu": lay.micro_batch, "gradient_accumulation_steps": lay.n_micro,
-              "bf16": {"enabled": True}, "zero_optimization": {"stage": lay.zero}}
-        if lay.zero in (1, 2):
-            ds["zero_optimization"] |= {"reduce_bucket_size": 50_000_000, "allgather_bucket_size": 50_000_000}
-    else:
-        fsdp = {"fully_shard": "each LlamaDecoderLayer, then the model", "reshard_after_forward": True,
-                "mp_policy": "MixedPrecisionPolicy(param_dtype=torch.bfloat16)",
-                "offload_policy": "CPUOffloadPolicy()" if lay.base_on_cpu else None,
-                "deepspeed_equivalent": {"zero_optimization": {"stage": 3} | (
-                    {"offload_param": {"device": "cpu", "pin_memory": True}} if lay.base_on_cpu else {})}}
-    return {"peft": peft, "bitsandbytes": bnb, "trainer": trainer, "deepspeed": ds, "fsdp": fsdp}
+               "bf16": True, "optim": TRAINER_OPTIM[ft.optimizer]}
+    if lay.zero < 3:
+        trainer["activation_checkpointing"] = ckpt
+        if lay.dp > 1:
+            zero = {"stage": lay.zero} | ({"reduce_bucket_size": 50_000_000, "allgather_bucket_size": 50_000_000}
+                                         if lay.zero in (1, 2) else {})
+            trainer["deepspeed"] = {"train_micro_batch_size_per_gpu": lay.micro_batch,
+                                    "gradient_accumulation_steps": lay.n_micro, "bf16": {"enabled": True},
+                                    "zero_optimization": zero}
+    else:        # FSDP checkpoints inside its wrapper (the Trainer's argument would add an all-gather)
+        trainer["fsdp"] = True
+        trainer["fsdp_config"] = {"version": fsdp_version(ft), "reshard_after_forward": True,
+                                  "cpu_offload": lay.base_on_cpu, "activation_checkpointing": ckpt,
+                                  "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}
+    return {"peft": peft, "bitsandbytes": bnb, "trainer": trainer}

@@ -36,13 +36,18 @@ def step_flops(cfg, ft: F.Finetune, seq: int, batch: int, checkpoint: str = "non
     causal (``recompute_cost.step_flops``, as the planner prices full training). With adapters the
     frozen matmuls' backward is halved (input gradients only), the head's too, and the adapters'
     own 2 n_a T (forward, re-run), 4 n_a T (backward) are added."""
-    f = full_step_flops(cfg, seq, batch, checkpoint, "torch", causal=True)
+    # PyTorch's non-reentrant checkpoint stops its re-run before a layer's last matmul (W_down), whose
+    # output nothing saves; with an adapter on down_proj it cannot: peft's LoRA layer runs the base
+    # matmul first and its adapter (which saves the input and A x) after it, so the whole layer re-runs
+    impl = "scratch" if ft.lora and "down" in ft.lora_targets else "torch"
+    f = full_step_flops(cfg, seq, batch, checkpoint, impl, causal=True)
     if not ft.lora:
         return f
     lay, L = layer_flops(cfg, seq, batch, causal=True), cfg.n_layers
     head = 2 * batch * seq * cfg.d_model * cfg.vocab
     adapters = 2 * F.lora_params(cfg, ft.lora_rank, ft.lora_targets) * batch * seq
-    rerun = f["recompute"] / (L * lay["total"])          # share of the layers re-run
+    whole = full_step_flops(cfg, seq, batch, checkpoint, "scratch", causal=True)["recompute"]
+    rerun = whole / (L * lay["total"])                   # share of the layers re-run: their adapters re-run whole
     return {"forward": f["forward"] + adapters,
             "backward": L * (lay["matmuls"] + 5 * lay["core"] // 2) + head + 2 * adapters,
             "recompute": f["recompute"] + int(rerun * adapters)}

@@ -69,11 +69,12 @@ def implied_utilisation(run: str = "70b-3090", peak: float = scale.RTX3090_BF16)
 
 def predicted(run: str = "70b-3090") -> dict:
     """The chapter's step for the measured setup (Llama-2-70B, QLoRA r64, every block's NF4
-    weights over PCIe Gen4 twice, one GPU's tokens) at its assumed :data:`scale.MFU`: ``serial``
-    and ``overlapped`` as :func:`scale.offload_seconds` gives them, beside ``measured``."""
+    weights over PCIe Gen4 twice and the root once, one GPU's tokens) at its assumed
+    :data:`scale.MFU`: ``serial`` and ``overlapped`` as :func:`scale.offload_seconds` gives them,
+    beside ``measured``."""
     s = implied_utilisation(run)
     o = scale.base_offloaded(LLAMA2_70B, FSDP_QLORA, "full", s["tokens"])
-    pcie = o["passes"] * o["streamed"] / scale.PCIE4
+    pcie = o["copied"] / scale.PCIE4
     busy = s["predicted_compute"] + scale.dequant_seconds(LLAMA2_70B, scale.RTX3090_MEM, True)
     return {"pcie": pcie, "busy": busy, "serial": pcie + busy, "overlapped": max(pcie, busy),
             "measured": s["seconds"], "utilisation": s["utilisation"]}

@@ -126,7 +126,7 @@ def base_offloaded(cfg, ft: F.Finetune, checkpoint: str = "full", seq: int = SEQ
     o = finetune_fsdp.fsdp_states(cfg, ft, 1, base_on_cpu=True)
     acts = need(cfg, ft, checkpoint, seq, batch)["activations"]
     return {"states": o["gpu"], "activations": acts, "gpu": o["gpu"] + acts, "host": o["host"], "root": o["root"],
-            "streamed": o["streamed"], "passes": o["passes"]}
+            "streamed": o["streamed"], "passes": o["passes"], "copied": finetune_fsdp.copied_up(o)}
 
 
 def offload_seconds(cfg, ft: F.Finetune, gpu: str = "h100-80gb", seq: int = SEQ) -> dict:
@@ -134,7 +134,7 @@ def offload_seconds(cfg, ft: F.Finetune, gpu: str = "h100-80gb", seq: int = SEQ)
     its peak: an assumption) ``passes`` times; beside :func:`step_seconds` (checkpointed).
     ``serial``: nothing overlaps; ``overlapped``: FSDP's prefetch hides the shorter of the two."""
     o, t = base_offloaded(cfg, ft, "full", seq), step_seconds(cfg, ft, gpu, seq)
-    pcie = o["passes"] * o["streamed"] / gpus.get(gpu).pcie
+    pcie = o["copied"] / gpus.get(gpu).pcie
     return {"pcie": pcie, "compute": t["total"], "serial": pcie + t["total"], "overlapped": max(pcie, t["total"])}
 
 
@@ -187,7 +187,7 @@ def rtx3090(model: str = "llama-3-70b") -> dict:
     # pass; the GPU keeps the activations, the dequantised matrix and two blocks' 4-bit weights
     o = base_offloaded(cfg, ft, "full", 512)
     t = {"compute_s": flops / (RTX3090_BF16 * MFU), "dequant_s": dequant_seconds(cfg, RTX3090_MEM, True),
-         "fsdp_pcie_s": o["passes"] * o["streamed"] / PCIE4}
+         "fsdp_pcie_s": o["copied"] / PCIE4}
     # as offload_seconds: serial adds the copy, overlapped (FSDP's prefetch) hides the shorter part
     busy = t["compute_s"] + t["dequant_s"]
     return s | t | {"model": model, "pageable": pageable, "streamed": rest, "pcie_s": 3 * rest / PCIE4,
