@@ -25,7 +25,10 @@ the call is reported (:data:`EMPTIED`); a learner's code determined enough to di
 closure out before grading is beyond an in-kernel guard (instructors grade from a fresh kernel).
 
 Threads: a call is refused while a thread the learner's cells started runs, and starting one inside it is
-refused (:func:`foreign_threads`, :data:`THREAD`); likewise while a child process runs (:func:`foreign_children`). Exemptions hold only for genuine code (:mod:`.genuine`:
+refused (:func:`foreign_threads`, :data:`THREAD`); likewise while a child process runs (:func:`foreign_children`),
+or a process the kernel's cells started that was re-parented away from it (a double fork: :mod:`.lab_orphans`,
+review r11; on Linux, :func:`install` makes the kernel adopt its descendants' orphans, and zombies it
+adopted are reaped before each check). Exemptions hold only for genuine code (:mod:`.genuine`:
 code compiled under a gpumem file name is not). Used by labs 01, 03, 05, 06 and 08; sealed by
 :mod:`.grader_seal`.
 """
@@ -39,6 +42,7 @@ import threading
 
 from . import genuine
 from .case_limits import alarm_held
+from .lab_orphans import adopt, orphans, reap
 
 FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
                           "gc.get_referents", "sys.settrace", "sys.setprofile"})
@@ -102,7 +106,9 @@ def _make_hook():
 
 
 def install():
-    """Add the audit hook (once per interpreter; it does nothing while no call is watched)."""
+    """Add the audit hook (once per interpreter; it does nothing while no call is watched), and make
+    this process adopt its descendants' orphans (Linux; each time: a cell may have unset it)."""
+    adopt()
     if not _HOOKED:
         hook = _make_hook()
         sys.addaudithook(hook)
@@ -192,7 +198,9 @@ def refusing(refusal: str, hits: list[str]):
     if running:
         hits.append(f"a thread your cells started is running ({running[0]}): restart the kernel")
         raise RuntimeError(f"{refusal} ({hits[-1]})")
-    children = foreign_children()
+    install()
+    reap()                      # zombies of orphans adopted earlier (never a pid a Popen object holds)
+    children = foreign_children() or orphans()
     if children:
         hits.append(f"a process your cells started is running ({children[0]}): stop it or restart the kernel")
         raise RuntimeError(f"{refusal} ({hits[-1]})")
