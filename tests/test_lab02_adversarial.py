@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from gpumem import chapters
-from gpumem.chapters.ch02_zero import lab02_gpu, lab02_timer, labcheck
+from gpumem.chapters.ch02_zero import lab02_gpu, labcheck
 from gpumem.course.grading import Report
 from test_labs import _lab02_solution
 
@@ -67,11 +67,40 @@ def rows(report, kind: str):
     return [r for r in report.rows if kind in r.case]
 
 
+def part1(report) -> list:
+    """The failing rows of Part 1's fp32 cases (the bf16 case and Part 2 have rows of their own)."""
+    return [r for r in report.problems if r.function == labcheck.FN and "bf16" not in r.case]
+
+
 def test_the_cases_are_what_the_tests_below_assume():
     """1: several buckets; 2: one bucket for everything; 3: an unused layer and a bucket that
-    divides nothing evenly (its parameters first and in the middle of the list)."""
+    divides nothing evenly. Every check draws seeds, buckets and the unused layer's places afresh
+    (review r10 #5), keeping each role: by hand, tiny's gradients are 500,992 B (the budget cell),
+    mini's 3,346,944 B with 262,144 B the largest, odd's 425,280 B with 57,600 B the largest, and
+    odd has 30 parameter tensors (32 with the unused layer's two)."""
+    from gpumem.chapters.ch02_zero import lab02_cases
     _, (_, _, _, several, _), (_, _, _, one, _), (model, _, _, odd, spare) = labcheck.CASES
     assert several == 200_000 and one >= 10**7 and spare and model == "odd" and odd % 4 != 0
+    seen = set()
+    for seed in range(200):
+        (zero, mini, tiny, odd), bf16 = lab02_cases.draw(labcheck.CASES, seed)
+        assert zero[3] == 0 and zero[0] == "tiny"
+        assert mini[0] == "mini" and 150_000 <= mini[3] < 250_000 <= 3_346_944 - 262_144
+        assert tiny[0] == "tiny" and tiny[3] >= 500_992
+        assert odd[0] == "odd" and odd[3] % 2 == 1 and odd[3] <= 425_280 - 57_600
+        w, b = odd[4]
+        assert w != b and 0 <= w <= 31 and 0 <= b <= 31
+        assert bf16[0] == "tiny" and 40_000 <= bf16[3] < 80_000      # several buckets of tiny's 250,496 bf16 bytes
+        seen.add((mini[1], mini[3], odd[4]))
+    assert len(seen) > 150                                            # a fresh draw, not a few fixed cases
+    assert lab02_cases.draw(labcheck.CASES) != lab02_cases.draw(labcheck.CASES)
+
+
+def test_unused_layer_lands_where_drawn():
+    from gpumem.chapters.ch02_zero import lab02_ranks
+    for at in ((0, 16), (31, 5), (12, 13)):
+        names = lab02_ranks.build("odd", 1, at)[1]
+        assert len(names) == 32 and (names.index("spare.weight"), names.index("spare.bias")) == at
 
 
 def test_synchronous_reduce_scatter_is_named(monkeypatch):
@@ -86,8 +115,8 @@ def test_synchronous_reduce_scatter_is_named(monkeypatch):
 
 def test_waiting_right_after_the_launch_is_named(monkeypatch):
     report, _ = grade(monkeypatch, (1,), (LAUNCH, LAUNCH + "        work.wait()\n"))
-    assert [r.case.split(": ")[1] for r in report.problems] == ["async reduce-scatters overlapped with backward"]
-    assert "waited right after its launch" in report.problems[0].detail
+    assert [r.case.split(": ")[1] for r in part1(report)] == ["async reduce-scatters overlapped with backward"]
+    assert "waited right after its launch" in part1(report)[0].detail
 
 
 def test_counting_arrivals_fails_the_unused_layer_with_a_clear_message_and_does_not_hang(monkeypatch):
@@ -158,10 +187,10 @@ def test_copies_sent_after_backward_are_metered_and_not_overlapped(monkeypatch):
                        "        for p in bucket:\n            p.grad = stash.pop(id(p))\n"
                        "        if bucket:\n            flush()\n"),
                       ("bucket, in_flight, queued = [], [], [False]", "bucket, in_flight, queued, stash = [], [], [False], {}"))
-    assert [r.case.split(": ")[1] for r in report.problems] == ["peak full-gradient bytes during backward",
+    assert [r.case.split(": ")[1] for r in part1(report)] == ["peak full-gradient bytes during backward",
                                                                 "async reduce-scatters overlapped with backward"]
-    assert "copies of full gradients count even after .grad = None" in report.problems[0].detail
-    assert "nothing overlapped with backward" in report.problems[1].detail
+    assert "copies of full gradients count even after .grad = None" in part1(report)[0].detail
+    assert "nothing overlapped with backward" in part1(report)[1].detail
 
 
 def test_full_gradient_copies_kept_after_sending_are_named(monkeypatch):
@@ -173,8 +202,8 @@ def test_full_gradient_copies_kept_after_sending_are_named(monkeypatch):
                       ("        bucket.append(p)\n        if sum(q.grad.numel() * q.grad.element_size() for q in bucket)",
                        "        kept[id(p)] = p.grad.detach().clone()\n        p.grad = None\n"
                        "        bucket.append(p)\n        if sum(kept[id(q)].numel() * 4 for q in bucket)"))
-    assert [r.case.split(": ")[1] for r in report.problems] == ["peak full-gradient bytes during backward"]
-    detail = report.problems[0].detail
+    assert [r.case.split(": ")[1] for r in part1(report)] == ["peak full-gradient bytes during backward"]
+    detail = part1(report)[0].detail
     assert "copies of full gradients count even after .grad = None" in detail
     # tiny, bucket 0 (the lab's budget cell: gradients 500,992 B, the largest 65,536 B, shards
     # 250,496 B on 2 ranks, 21 tensors): bound = 65,536 (.grad) + 2 x (65,536 + 4 x 2 x 21 padding)
@@ -194,15 +223,15 @@ def test_barrier_right_after_each_launch_is_named(monkeypatch):
 
 def test_waiting_the_real_handle_behind_the_proxy_is_named(monkeypatch):
     report, _ = grade(monkeypatch, (0,), (LAUNCH, LAUNCH + "        work._work.wait()\n"))
-    assert [r.case.split(": ")[1] for r in report.problems] == ["async reduce-scatters overlapped with backward"]
-    assert "right after its launch (by work._work)" in report.problems[0].detail
+    assert [r.case.split(": ")[1] for r in part1(report)] == ["async reduce-scatters overlapped with backward"]
+    assert "right after its launch (by work._work)" in part1(report)[0].detail
 
 
 def test_one_in_flight_at_a_time_is_named(monkeypatch):
     """Waiting the previous bucket at the next launch: never two in flight while backward runs."""
     report, _ = grade(monkeypatch, (0,), ("        if len(in_flight) == 2:", "        if len(in_flight) == 1:"))
-    assert [r.case.split(": ")[1] for r in report.problems] == ["async reduce-scatters overlapped with backward"]
-    assert "never 2 in flight at once" in report.problems[0].detail
+    assert [r.case.split(": ")[1] for r in part1(report)] == ["async reduce-scatters overlapped with backward"]
+    assert "never 2 in flight at once" in part1(report)[0].detail
 
 
 def test_wrong_shards_say_summed_or_not_rank_major():
@@ -217,43 +246,6 @@ def test_wrong_shards_say_summed_or_not_rank_major():
     assert labcheck._why_wrong(torch.tensor([7.0, -7.0, 9.0]), want, [a, b], 2) == ""
 
 
-def _timer_rows(source: str):
-    report = Report("lab02")
-    name = f"<timer {abs(hash(source))}>"
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-    ns: dict = {}
-    exec(compile(source, name, "exec"), ns)
-    labcheck._grade_timer(report, ns["median_step_seconds"])
-    return report.rows
-
-
-TIMER = """def median_step_seconds(step, repeats):
-    import statistics, time
-    step()
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-"""
-
-
-def test_timer_mistakes_are_named():
-    """Part 2's timer is graded on planned step times (medians 0.04 and 0.02 s, by hand from
-    lab02_timer.PLANS): a mean, a median with the warm-up in it, no barrier."""
-    assert [r.status for r in _timer_rows(TIMER)] == ["ok", "ok"]
-    mean = _timer_rows(TIMER.replace("statistics.median(times)", "statistics.mean(times)"))
-    assert mean[-1].status == "wrong" and "= the mean" in mean[-1].detail
-    warm = _timer_rows(TIMER.replace("    step()\n    times = []\n", "    times = []\n")
-                       .replace("range(repeats)", "range(repeats + 1)"))
-    assert warm[0].status == "wrong" and "with the warm-up call in it" in warm[0].detail
-    alone = _timer_rows(TIMER.replace("        dist.barrier()\n", ""))
-    assert alone[0].status == "wrong" and "without dist.barrier()" in alone[0].detail
-    assert lab02_timer.PLANS[0][0] == 4 and sorted(lab02_timer.PLANS[0][1][1:])[1:3] == [0.02, 0.06]
-
-
 def test_one_collective_per_parameter_is_named(monkeypatch):
     report, _ = grade(monkeypatch, (2, 3), (") >= bucket_bytes:", ") >= 0:"))
     calls = rows(report, "collectives")
@@ -265,9 +257,9 @@ def test_every_bucket_in_flight_at_once_is_named(monkeypatch):
     """Every bucket in flight: the flat copies, alive until waited, add up to the gradients again;
     the live-bytes meter sees them, and the overlap row names the cause."""
     report, _ = grade(monkeypatch, (1,), (CAP, ""))
-    assert [r.case.split(": ")[1] for r in report.problems] == ["peak full-gradient bytes during backward",
+    assert [r.case.split(": ")[1] for r in part1(report)] == ["peak full-gradient bytes during backward",
                                                                 "async reduce-scatters overlapped with backward"]
-    assert "buckets were in flight at once" in report.problems[1].detail
+    assert "buckets were in flight at once" in part1(report)[1].detail
 
 
 def test_gpu_part_says_why_it_is_skipped(monkeypatch):
@@ -320,9 +312,9 @@ def _blocked(report, unseen: bool = False) -> str:
     want = ["async reduce-scatters overlapped with backward"]
     if unseen:
         want.insert(0, "collectives during backward")
-        assert "gloo's own count" in report.problems[0].detail and "went around them" in report.problems[0].detail
-    assert [r.case.split(": ")[1] for r in report.problems] == want
-    detail = report.problems[-1].detail
+        assert "gloo's own count" in part1(report)[0].detail and "went around them" in part1(report)[0].detail
+    assert [r.case.split(": ")[1] for r in part1(report)] == want
+    detail = part1(report)[-1].detail
     assert "held back by the grader's own arrival hook" in detail and "block right after each launch" in detail
     return detail
 
@@ -354,8 +346,8 @@ def test_copies_made_with_the_dispatch_modes_off_are_counted(monkeypatch):
                        "        with _disable_current_modes():\n"
                        "            kept[id(p)] = p.grad.detach().clone()\n        p.grad = None\n"
                        "        bucket.append(p)\n        if sum(kept[id(q)].numel() * 4 for q in bucket)"))
-    assert [r.case.split(": ")[1] for r in report.problems] == ["peak full-gradient bytes during backward"]
-    detail = report.problems[0].detail
+    assert [r.case.split(": ")[1] for r in part1(report)] == ["peak full-gradient bytes during backward"]
+    detail = part1(report)[0].detail
     assert "dispatch modes off" in detail and "at most 447,440 B" in detail
     held = int(detail.split("kept ")[1].split(" B")[0].replace(",", ""))
     assert held >= 250_496 + 500_992
@@ -491,3 +483,94 @@ def test_every_collective_is_watched():
             "all_gather_into_tensor", "broadcast", "gather", "scatter", "send", "recv", "isend", "irecv",
             "batch_isend_irecv", "barrier"} <= watched
     assert not watched & {"get_rank", "get_world_size", "new_group", "destroy_process_group"}
+
+
+def test_a_callback_queued_only_in_the_first_pass_is_named():
+    """Review r10 #5: the callback is cleared after each backward; a pass that queued none after one
+    that did gets its own message (records by hand: 3 arrivals, no launch)."""
+    passes = [{"arrivals": 3, "launches": [], "queued": q} for q in (1, 0)]
+    got = labcheck._grade_overlap([{"passes": passes}], several=False)
+    assert "backward 2 queued no callback" in got and "queue one in every pass" in got
+    never = labcheck._grade_overlap([{"passes": [dict(passes[1])]}], several=False)
+    assert "backward 1 queued no callback" in never and "count of arrivals" in never
+
+
+def test_bf16_shards_are_the_fp32_mean_by_hand():
+    """1.0 + 2**-8 is not a bf16 number (8 significant bits): summed in bf16 the two ranks' gradients
+    give 1.0 (round to even), halved 0.5; in fp32 the mean is 0.501953125. Two ranks, one gradient
+    of 2 elements: rank r keeps element r."""
+    from gpumem.chapters.ch02_zero import lab02_bf16
+    g0, g1 = torch.tensor([1.0, 3.0], dtype=torch.bfloat16), torch.tensor([2.0**-8, 1.0], dtype=torch.bfloat16)
+    res = lambda a, b: [{"grads": {0: g0}, "shards": {0: a}}, {"grads": {0: g1}, "shards": {0: b}}]  # noqa: E731
+    assert lab02_bf16.grade(res(torch.tensor([0.501953125]), torch.tensor([2.0])), ["w"]) is None
+    bad = lab02_bf16.grade(res(torch.tensor([0.5]), torch.tensor([2.0])), ["w"])
+    assert "first shard off the fp32 mean: w on rank 0" in bad and "summed in bf16" not in bad
+    assert "the bucket went over the wire in bf16" in bad
+    kept = lab02_bf16.grade(res(torch.tensor([0.5], dtype=torch.bfloat16), torch.tensor([2.0])), ["w"])
+    assert "is bfloat16: reduce in fp32" in kept
+
+
+# Part 2's prediction (review r10 #4): planned numbers worked by hand. Lines through the planned
+# lone reduce-scatters: A = 2 ms + 1 us a byte, B = 6 ms + 2 us a byte.
+PREDICT = """def predict_exposed_seconds(sizes, bucket_bytes, lone):
+    (b1, t1), (b2, t2) = lone
+    per_byte = (t2 - t1) / (b2 - b1)
+    fixed = t1 - per_byte * b1
+    last, filling = 0, 0
+    for size in sizes:
+        filling += size
+        if filling >= bucket_bytes:
+            last, filling = filling, 0
+    if filling:
+        last = filling
+    return fixed + per_byte * last
+"""
+
+
+def _predict_rows(source: str, lone=None):
+    from gpumem.chapters.ch02_zero import lab02_predict
+    ns: dict = {}
+    exec(source, ns)
+    report = Report("lab02")
+    lab02_predict.grade(report, ns["predict_exposed_seconds"], lone)
+    return report.rows
+
+
+def test_planned_predictions_by_hand():
+    from gpumem.chapters.ch02_zero import lab02_predict
+    # sizes 400, 300, 200, 150 on line A: each alone exposes the last 150 B; a 500 B bucket sends
+    # 400 + 300 and leaves 200 + 150; one bucket all 1,050 B. Sizes 300, 200, 100, 400, bucket 400
+    # on line B: 300 + 200 go, then 100 + 400 = 500 B from the last hook
+    assert [p[3] for p in lab02_predict.PLANS] == pytest.approx([0.00215, 0.00235, 0.00305, 0.007], rel=1e-12)
+    ok = _predict_rows(PREDICT)
+    assert [r.status for r in ok] == ["ok"] * 4 + ["error"]           # no ranks ran here
+    whole = _predict_rows(PREDICT.replace("fixed + per_byte * last", "fixed + per_byte * sum(sizes)"))
+    assert whole[-1].status == "wrong" and "every gradient's transfer" in whole[-1].detail
+    hidden = _predict_rows(PREDICT.replace("return fixed + per_byte * last", "return 0.0"))
+    assert "nothing hides it" in hidden[0].detail
+    no_fixed = _predict_rows(PREDICT.replace("fixed + per_byte * last", "per_byte * last"))
+    assert "a fixed cost too" in no_fixed[0].detail
+    modulo = _predict_rows(PREDICT.replace("    return fixed + per_byte * last",
+                                           "    return fixed + per_byte * (sum(sizes) % bucket_bytes if bucket_bytes"
+                                           " else sizes[-1])"))
+    assert modulo[-1].case.startswith("planned numbers 2") and "not all bucket_bytes long" in modulo[-1].detail
+
+
+def test_bf16_reduced_in_bf16_and_copied_answers_fail_on_the_ranks(monkeypatch):
+    """On 2 real ranks, no fp32 case (the bf16 case and Part 2's lone reduce-scatters only): hooks
+    that reduce the bf16 bucket in bf16 and cast the shards afterwards are named by the values; a
+    prediction that returns the planned answers from the grader's table passes those rows and fails
+    on the run (it returns 0 s for a transfer the same ranks timed)."""
+    copied = """def predict_exposed_seconds(sizes, bucket_bytes, lone):
+    from gpumem.chapters.ch02_zero.lab02_predict import PLANS
+    return next((p[3] for p in PLANS if list(p[0]) == list(sizes) and p[1] == bucket_bytes), 0.0)
+"""
+    report, seconds = grade(monkeypatch, (), ("g.reshape(-1).float()", "g.reshape(-1)"),
+                            ("grad_shards[i] = shard\n", "grad_shards[i] = shard.float()\n"),
+                            ("    ### END SOLUTION", "    ### END SOLUTION\n\n\n" + copied))
+    bf16 = rows(report, "bf16")[0]
+    assert bf16.status == "wrong" and "the bucket went over the wire in bf16" in bf16.detail
+    run = [r for r in report.rows if r.function == "predict_exposed_seconds"]
+    assert [r.status for r in run] == ["ok"] * 4 + ["wrong"]
+    assert "predicted 0.0 ms for one bucket of all 9.4 MB" in run[-1].detail and "timed that" in run[-1].detail
+    assert seconds < 60

@@ -32,9 +32,10 @@ ODD = dict(name="lab02-odd", n_layers=3, d_model=48, n_heads=6, n_kv_heads=2, ff
 SPARE = ("spare.weight", "spare.bias")      # a layer the forward never calls: no gradient, ever
 
 
-def build(model: str, seed: int, spare: bool):
-    """(net, names, params): a teaching Llama (registry name or ``"odd"``), with the two parameters
-    of an unused layer put first and in the middle of ``params`` when ``spare``."""
+def build(model: str, seed: int, spare):
+    """(net, names, params): a teaching Llama (registry name or ``"odd"``); ``spare`` False, or the
+    places ``(weight, bias)`` of an unused layer's two parameters in ``params`` (True: first and
+    in the middle)."""
     import torch
 
     from gpumem.memory import models
@@ -48,12 +49,18 @@ def build(model: str, seed: int, spare: bool):
     names, params = map(list, zip(*net.named_parameters()))
     if spare:
         unused = torch.nn.Linear(24, 10)
-        mid = len(params) // 2
-        names[mid:mid] = [SPARE[1]]
-        params[mid:mid] = [unused.bias]
-        names.insert(0, SPARE[0])
-        params.insert(0, unused.weight)
+        at = (0, len(params) // 2 + 1) if spare is True else spare
+        for k in sorted((0, 1), key=lambda k: at[k]):      # the lower place first: both end where asked
+            names.insert(at[k], SPARE[k])
+            params.insert(at[k], (unused.weight, unused.bias)[k])
     return net, names, params
+
+
+def n_params(model: str) -> int:
+    """How many parameter tensors ``model`` has (no unused layer)."""
+    import torch
+    with torch.device("meta"):
+        return len(build(model, 0, False)[2])
 
 
 def sharded_step(params, grad_shards, m, v, t, lr, betas, eps, weight_decay) -> None:
@@ -91,8 +98,10 @@ def _arrive(p) -> None:
     case["held"].append(live.bytes() - own[min(rec.arrivals, len(own)) - 1] + hidden)
 
 
-def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
-    """On each rank, per case: the learner's hooks on a fresh model, trained with ``sharded_step``."""
+def lab02_rank(rank: int, world: int, source: str, cases: tuple, bf16: tuple | None = None) -> list[dict]:
+    """On each rank, per case: the learner's hooks on a fresh model, trained with ``sharded_step``;
+    then, in one more entry, the ``bf16`` case (:mod:`.lab02_bf16`) and Part 2's lone
+    reduce-scatters (:mod:`.lab02_measure`)."""
     import torch
     import torch.distributed as dist
 
@@ -159,6 +168,9 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple) -> list[dict]:
             h.remove()
         out.append({"first": first, "peak_full": max(peaks), "peak_held": max(held), "passes": passes,
                     "weights": [p.detach().clone() for p in params]})
+    from . import lab02_bf16, lab02_measure
+    out.append({"bf16": lab02_bf16.rank_case(ns[FN], rank, world, bf16) if bf16 else None,
+                "lone": lab02_measure.lone_rank(world)})
     return out
 
 

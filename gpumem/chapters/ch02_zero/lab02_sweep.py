@@ -1,68 +1,75 @@
-"""Lab 02's bucket-size sweep: the learner's hooks and timer on 2 CPU ranks (gloo), one fresh
-model per bucket size, forward + backward timed by the learner's ``median_step_seconds``.
+"""Lab 02's bucket-size sweep (given): the learner's hooks on 2 CPU ranks (gloo), one thread a rank,
+one model per bucket size and one with no hooks, timed in interleaved rounds with the lone
+reduce-scatters of :mod:`.lab02_measure`; next to each row, the learner's
+``predict_exposed_seconds`` from this run's lone reduce-scatters of half and one and a half times
+the gradients.
 
-Not graded (a time depends on the machine); the lab asks the learner to read the table. One run
-per source and settings is kept for the session, so re-running the notebook's cells (or a test
-that runs them) does not launch the ranks again.
+The table is not graded (a step time depends on the machine and its load); what the lines under it
+say is computed from this run: which rows lie above or below no hooks (the middle half of the
+round-by-round differences excludes 0) and where the one-bucket row's difference lies against the
+predicted transfer. One run per source and settings is kept for the session, so re-running the
+notebook's cells (or a test that runs them) does not launch the ranks again.
 """
 
 import inspect
 import math
 import statistics
 import textwrap
-import time
 
-from .lab02_ranks import FN
+from . import lab02_measure as measure
+from .lab02_ranks import FN, REDUCE_SCATTERS
 
-TIMER = "median_step_seconds"
-MODEL = dict(name="lab02-sweep", n_layers=4, d_model=192, n_heads=6, n_kv_heads=2, ffn=512, vocab=2048,
-             teaching=True)   # 2.4 M parameters: 9.4 MB of fp32 gradients, a tenth of a second per step
+ROUNDS = 7
 _RUNS: dict = {}
 
 
-def sweep_rank(rank: int, world: int, source: str, timer: str, buckets: tuple, repeats: int) -> list[dict]:
-    """Per bucket size: the median forward + backward seconds (the learner's timer) and the number
-    of reduce-scatters one backward issued."""
+def sweep_rank(rank: int, world: int, source: str, buckets: tuple, rounds: int) -> dict:
+    """On each rank, one thread: seconds of each round for no hooks, each bucket size and the lone
+    reduce-scatters; the reduce-scatters one backward issued per bucket; the arrival order's sizes."""
     import torch
     import torch.distributed as dist
 
     from gpumem.memory import models
     from gpumem.memory.llama import Llama
     from gpumem.runs import training
+    torch.set_num_threads(1)
     ns: dict = {"torch": torch, "dist": dist, "math": math}
     exec(compile(source, f"<your {FN}>", "exec"), ns)
-    exec(compile(timer, f"<your {TIMER}>", "exec"), ns)
     calls = [0]
-    real = dist.reduce_scatter_tensor
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return real(*args, **kwargs)
-    dist.reduce_scatter_tensor = counted
-    tiny, got = torch.ones(world * 2), torch.empty(2)
-    latency = []
-    for _ in range(21):                       # one collective's fixed cost: 8 bytes per rank
-        dist.barrier()
-        start = time.perf_counter()
-        real(got, tiny)
-        latency.append(time.perf_counter() - start)
-    out = []
+    for name in REDUCE_SCATTERS:
+        real = getattr(dist, name)
+        setattr(dist, name, lambda *a, _real=real, **k: (calls.__setitem__(0, calls[0] + 1), _real(*a, **k))[1])
+    torch.manual_seed(0)
+    plain = Llama(models.ModelConfig(**measure.MODEL))
+    data = training.batches(plain.cfg, 1, world * 2, 128, 0)[0, rank * 2:(rank + 1) * 2]
+    order: list = []
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: order.append(4 * p.numel())) for p in plain.parameters()]
+    nets, shards = {"none": plain}, {}
     for bucket in buckets:
-        torch.manual_seed(0)
-        net = Llama(models.ModelConfig(**MODEL))
-        shards: dict = {}
-        ns[FN](list(net.parameters()), shards, bucket)
-        data = training.batches(net.cfg, 1, world * 2, 128, 0)[0, rank * 2:(rank + 1) * 2]
+        nets[bucket] = Llama(models.ModelConfig(**measure.MODEL))
+        nets[bucket].load_state_dict(plain.state_dict())
+        ns[FN](list(nets[bucket].parameters()), shards, bucket)
 
-        def step():
-            net(data[:, :-1], data[:, 1:]).backward()
-            shards.clear()
-        seconds = ns[TIMER](step, repeats)
+    def step(net):
+        net(data[:, :-1], data[:, 1:]).backward()
+        for p in net.parameters():
+            p.grad = None
+        shards.clear()
+    kinds = {k: (lambda net=net: step(net)) for k, net in nets.items()}
+    lone, sizes = measure.lone_calls(world, sum(p.numel() for p in plain.parameters()))
+    kinds.update({f"lone {f}": call for f, call in lone.items()})
+    counts = {}
+    for bucket in buckets:
         calls[0] = 0
-        step()
-        out.append({"bucket": bucket, "seconds": float(seconds), "collectives": calls[0],
-                    "latency": statistics.median(latency)})
-    return out
+        step(nets[bucket])
+        counts[bucket] = calls[0]
+    step(plain)                                   # the arrival order, once
+    for h in hooks:
+        h.remove()
+    secs = measure.rounds(kinds, rounds)
+    return {"seconds": secs, "counts": counts, "order": order, "lone": {"bytes": sizes, "seconds":
+            {f: secs[f"lone {f}"] for f in measure.FRACTIONS}}, "threads": torch.get_num_threads(),
+            "cores": measure.cores()}
 
 
 def _source(fn, name: str) -> str | None:
@@ -73,67 +80,62 @@ def _source(fn, name: str) -> str | None:
         return None
 
 
-def sweep(install, timer, buckets=(0, 250_000, 2_000_000, 10**9), repeats: int = 5) -> list[dict] | None:
-    """Run the sweep on 2 CPU ranks; print a table (rank 0's medians) and return its rows, or say
-    what is still to write and return None."""
-    sources = [_source(f, n) for f, n in ((install, FN), (timer, TIMER))]
-    if None in sources:
+def sweep(install, predict, buckets=(0, 250_000, 2_000_000, 10**9), rounds: int = ROUNDS) -> dict | None:
+    """Run the sweep on 2 CPU ranks; print rank 0's table and what this run tells; return rank 0's
+    results, or say what is still to write and return None."""
+    source = _source(install, FN)
+    if source is None:
         return None
-    todo = [n for s, n in zip(sources, (FN, TIMER)) if 'NotImplementedError("TODO' in s]
-    if todo:
-        print(f"write {' and '.join(todo)} first: the sweep runs them on 2 ranks")
+    if 'NotImplementedError("TODO' in source:
+        print(f"write {FN} first: the sweep runs it on 2 ranks")
         return None
-    key = (*sources, tuple(buckets), repeats)
+    key = (source, tuple(buckets), rounds)
     if key not in _RUNS:
         from gpumem.runs import launch
         _RUNS[key] = launch.run("gpumem.chapters.ch02_zero.lab02_sweep:sweep_rank", 2, progress=False,
-                                source=sources[0], timer=sources[1], buckets=tuple(buckets), repeats=repeats)
-    rows = _RUNS[key][0]
-    grads = 4 * sum(_numel().values())
-    print(f"{'bucket':>14s} {'reduce-scatters':>16s} {'median fwd+bwd':>15s}   (gradients: {grads / 1e6:.1f} MB)")
-    for r in rows:
-        print(f"{_label(r, grads):>14s} {r['collectives']:>16d} {r['seconds'] * 1e3:>12.1f} ms")
-    lat = rows[0]["latency"]
-    print(f"one reduce-scatter of 8 bytes per rank takes {lat * 1e6:.0f} us (median of 21)")
-    r = max(rows, key=lambda r: r["collectives"])      # what the fixed cost adds up to, at most
-    fixed = r["collectives"] * lat
-    print(f"{r['collectives']} reduce-scatters x that fixed cost = {fixed * 1e3:.1f} ms, "
-          f"{100 * fixed / r['seconds']:.0f} % of that row's {r['seconds'] * 1e3:.0f} ms step")
-    print(textwrap.fill(verdict(rows, grads), 100, subsequent_indent="  "))   # learners' outputs fit 100 columns
-    return rows
+                                source=source, buckets=tuple(buckets), rounds=rounds)
+    res = _RUNS[key][0]
+    for line in table(res, predict):
+        print(line)
+    return res
 
 
-NOISE = 0.10    # an assumption: on a shared 2-core machine medians of 5 move by about this much from
-# run to run; rows closer than that are not told apart (the verdict says so rather than rank them)
+def _predicted(res: dict, predict, bucket: int):
+    try:
+        return float(predict(list(res["order"]), bucket, measure.points(res["lone"])))
+    except NotImplementedError:
+        return None
 
 
-def _label(r: dict, grads: int) -> str:
-    return "0 (each alone)" if r["bucket"] == 0 else "all in one" if r["bucket"] >= grads else f"{r['bucket']:,} B"
-
-
-def verdict(rows: list[dict], grads: int) -> str:
-    """What this run's table says, from its own numbers: the fastest and slowest rows, where the
-    one-bucket row landed, and whether the rows differ by more than :data:`NOISE`."""
-    fast, slow = min(rows, key=lambda r: r["seconds"]), max(rows, key=lambda r: r["seconds"])
-    ms = {id(r): f"{_label(r, grads).strip()} ({r['seconds'] * 1e3:.0f} ms)" for r in rows}
-    if slow["seconds"] <= fast["seconds"] * (1 + NOISE):
-        return (f"this run: every row within {NOISE:.0%} of the fastest, {ms[id(fast)]}: no row wins beyond "
-                "the noise; run it again")
-    ties = [ms[id(r)] for r in rows if r is not fast and r["seconds"] <= fast["seconds"] * (1 + NOISE)]
-    line = f"this run: fastest {ms[id(fast)]}" + (f" (tied within {NOISE:.0%}: {', '.join(ties)})" if ties else "")
-    line += f", slowest {ms[id(slow)]}"
-    one = next((r for r in rows if r["bucket"] >= grads), None)
-    if one is not None and one is not slow:
-        place = sorted(rows, key=lambda r: r["seconds"]).index(one) + 1
-        line += f"; all in one came {place} of {len(rows)}"
-    return line
-
-
-def _numel() -> dict:
-    import torch
-
-    from gpumem.memory import models
-    from gpumem.memory.llama import Llama
-    with torch.device("meta"):
-        net = Llama(models.ModelConfig(**MODEL))
-    return {n: p.numel() for n, p in net.named_parameters()}
+def table(res: dict, predict) -> list[str]:
+    """The printed lines (each under 100 columns)."""
+    sec, grads = res["seconds"], sum(res["order"])
+    out = [f"2 ranks, {res['threads']} thread each, {res['cores']} cores here; {len(sec['none'])} rounds, "
+           f"interleaved; gradients {grads / 1e6:.1f} MB",
+           f"{'bucket':>14s} {'collectives':>11s} {'median step':>12s}  {'step - no hooks (middle half)':>31s}"
+           f"  {'predicted':>9s}"]
+    plain = sec["none"]
+    out.append(f"{'no hooks':>14s} {0:>11d} {statistics.median(plain) * 1e3:>9.1f} ms")
+    told = []
+    for bucket, n in res["counts"].items():
+        diffs = [a - b for a, b in zip(sec[bucket], plain)]
+        q1, med, q3 = statistics.quantiles(diffs, n=4, method="inclusive")
+        pred = _predicted(res, predict, bucket)
+        label = "0 (each alone)" if bucket == 0 else "all in one" if bucket >= grads else f"{bucket:,} B"
+        shown = f"{pred * 1e3:6.1f} ms" if pred is not None else "(todo)"
+        out.append(f"{label:>14s} {n:>11d} {statistics.median(sec[bucket]) * 1e3:>9.1f} ms  {med * 1e3:+8.1f} ms "
+                   f"({q1 * 1e3:+7.1f} ..{q3 * 1e3:+7.1f})  {shown:>9s}")
+        told.append((label, q1, q3, pred))
+    lone = res["lone"]
+    out.append("lone reduce-scatter, fastest of the rounds: " + "; ".join(
+        f"{lone['bytes'][f] / 1e6:.2f} MB {measure.fastest(lone['seconds'][f]) * 1e3:.1f} ms" for f in measure.FRACTIONS))
+    above, below = [t[0] for t in told if t[1] > 0], [t[0] for t in told if t[2] < 0]
+    line = (f"this run: the middle half lies above 0 for {', '.join(above) or 'no row'}"
+            + (f", below 0 for {', '.join(below)}" if below else "")
+            + f"; {len(told) - len(above) - len(below)} row(s) are not told apart from no hooks")
+    label, q1, q3, pred = told[-1]
+    if pred is not None:
+        where = "below" if pred < q1 else "above" if pred > q3 else "inside"
+        line += (f". {label}: the predicted transfer ({pred * 1e3:.1f} ms) lies {where} the middle half of its "
+                 f"difference ({q1 * 1e3:+.1f} .. {q3 * 1e3:+.1f} ms)")
+    return out + textwrap.wrap(line, 99, subsequent_indent="  ")

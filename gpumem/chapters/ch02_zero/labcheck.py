@@ -4,8 +4,8 @@ The learner writes ``install_zero2_hooks(params, grad_shards, bucket_bytes)`` wi
 ``torch.distributed`` alone (no ``gpumem`` helpers). On each rank the grader builds a model, puts
 a :class:`gpumem.runs.gradmeter.GradMeter` on it *first* (so it sees every gradient before the
 learner's hooks can free it), installs the learner's hooks and trains with :func:`sharded_step`,
-recording the collectives called during each backward. Graded per case (models, seeds and
-bucket sizes the lab never shows):
+recording the collectives called during each backward. Graded per case, the seeds, bucket sizes
+and the unused layer's place drawn afresh at every check from :data:`CASES` (:mod:`.lab02_cases`):
 
 1. when ``backward()`` returns, ``grad_shards[i]`` is this rank's shard of the gradient averaged
    over ranks (against a single-process gradient on the whole batch) and no ``.grad`` is left:
@@ -27,10 +27,12 @@ bucket sizes the lab never shows):
    so a parameter that gets no gradient (the unused layer of the last case) neither hangs the
    hooks nor keeps the last bucket back; and, measured whatever route blocks, the other rank goes
    on computing gradients while one rank is held back at its first gradient (:mod:`.lab02_probe`);
-5. the weights after a few steps equal single-process ``torch.optim.AdamW``.
+5. the weights after a few steps equal single-process ``torch.optim.AdamW``;
 
-Each row names the first thing that differs in it. Part 2's ``median_step_seconds`` is graded in
-this process on planned step times (:mod:`.lab02_timer`). The optional GPU part
+and on a bf16 model (one more drawn case, :mod:`.lab02_bf16`) the shards are the ranks' bf16
+gradients reduced in fp32. Each row names the first thing that differs in it. Part 2's
+``predict_exposed_seconds`` is graded on planned numbers and on lone reduce-scatters the same
+ranks timed (:mod:`.lab02_predict`). The optional GPU part
 (:mod:`.lab02_gpu`) runs once the hooks are right and 2 GPUs are here; otherwise ``check()``
 prints "GPU part: skipped (reason)" and adds no row.
 """
@@ -41,13 +43,14 @@ import math
 from gpumem.course.grading import Report, Row, case_seconds, failure_line, kind, run_case
 from gpumem.errors import RunFailure
 
-from . import lab02_probe, lab02_timer
+from . import lab02_bf16, lab02_cases, lab02_predict, lab02_probe
 from .lab02_gpu import GPU_ATOL  # noqa: F401 (tests read it here)
 from .lab02_ranks import BARRIERS, FN, REDUCE_SCATTERS, reference, sharded_step  # noqa: F401 (lab prints sharded_step)
 
 LAB = "lab02_zero2_hooks"
-# (model, seed, steps, bucket_bytes, an unused layer's parameters in the list): cases the lab does
-# not show; "odd" is a shape no chapter uses, and its bucket divides no gradient evenly
+# (model, seed, steps, bucket_bytes, an unused layer's parameters in the list): the roles of the graded
+# cases; each check draws its seeds, buckets and the unused layer's places from them (lab02_cases).
+# "odd" is a shape no chapter uses, and its bucket divides no gradient evenly
 CASES = (("tiny", 3, 3, 0, False), ("mini", 5, 2, 200_000, False), ("tiny", 7, 2, 10**7, False),
          ("odd", 11, 3, 150_001, True))
 RTOL, ATOL = 1e-4, 1e-5          # gradient shards: float32 sums in another order
@@ -66,10 +69,10 @@ def gpumem_imports(source: str) -> list[str]:
 
 
 def check(ns: dict, show: bool = True) -> Report:
-    """Grade Part 1's hooks on 2 CPU ranks (each row names its first mismatch), then Part 2's timer;
+    """Grade Part 1's hooks on 2 CPU ranks (each row names its first mismatch), then Part 2's prediction;
     once the hooks are right, the optional GPU part runs with 2 GPUs, else a printed line says why
     it is skipped (no row). Never raises: an unsolved lab reports what is left."""
-    report = Report(LAB)
+    report, (cases, bf16), lone = Report(LAB), lab02_cases.draw(CASES), []
     fn = ns.get(FN)
     source, problem = _source_of(fn, FN, "params, grad_shards, bucket_bytes") if fn is not None else (None, "")
     if problem:
@@ -85,36 +88,24 @@ def check(ns: dict, show: bool = True) -> Report:
             from gpumem.runs import launch
             try:                                 # the learner's code runs on the ranks
                 ranks = launch.run("gpumem.chapters.ch02_zero.lab02_ranks:lab02_rank", 2, progress=False,
-                                   source=source, cases=CASES)
+                                   source=source, cases=cases, bf16=bf16)
             except (launch.RankError, RunFailure) as err:
                 return "error", failure_line(err)
-            for k, case in enumerate(CASES):
+            for k, case in enumerate(cases):
                 run_case(report, FN, _label(case, 2), lambda: _grade_case(report, case, [r[k] for r in ranks]))
-        run_case(report, FN, "2 CPU ranks", body, case_seconds(cases=len(CASES)))
+            extra = [r[-1] for r in ranks]
+            lone.append(extra[0]["lone"])
+            bad = lab02_bf16.grade([x["bf16"] for x in extra], reference(bf16[0], bf16[1], 1, 2, False)["names"])
+            report.rows.append(Row(FN, lab02_bf16.label(bf16, 2), "wrong" if bad else "ok", bad or ""))
+        run_case(report, FN, "2 CPU ranks", body, case_seconds(cases=len(CASES) + 1))
     hooks_ok = report.solved
-    _grade_timer(report, ns.get(lab02_timer.TIMER))
+    lab02_predict.grade(report, ns.get(lab02_predict.PREDICT), lone[0] if lone else None)
     from . import lab02_gpu
     gpu_line = lab02_gpu.grade(report, source) if hooks_ok else "not run: Part 1's hooks are not right yet"
     if show:
         print(report.summary())
         print(f"GPU part: {gpu_line}")
     return report
-
-
-def _grade_timer(report: Report, timer) -> None:
-    """Part 2's ``median_step_seconds`` on planned step durations (:mod:`.lab02_timer`)."""
-    name = lab02_timer.TIMER
-    source, problem = _source_of(timer, name, "step, repeats") if timer is not None else (None, "")
-    if problem or timer is None or 'NotImplementedError("TODO' in source:
-        report.rows.append(Row(name, "planned step times", "error" if problem else "todo",
-                               problem or f"{name} is still to write"))
-        return
-    fn = lab02_timer.build(source)
-    for repeats, plan in lab02_timer.PLANS:
-        row = run_case(report, name, f"{repeats} timed calls of {', '.join(f'{x:g}' for x in plan[1:])} s",
-                       lambda: lab02_timer.grade_one(fn, repeats, plan))
-        if row.status != "ok":
-            break
 
 
 def _source_of(fn, name: str, args: str) -> tuple[str, str]:
@@ -135,7 +126,9 @@ def _source_of(fn, name: str, args: str) -> tuple[str, str]:
 
 def _label(case: tuple, world: int) -> str:
     model, seed, steps, bucket, spare = case
-    return f"{model}{' + unused layer' if spare else ''}, seed {seed}, bucket {bucket:,} B, {world} ranks"
+    at = f" + unused layer at {spare[0]} and {spare[1]}" if isinstance(spare, tuple) else \
+        " + unused layer" * bool(spare)
+    return f"{model}{at}, seed {seed}, bucket {bucket:,} B, {world} ranks"
 
 
 def _grade_shards(ranks: list[dict], ref: dict, world: int) -> str | None:
@@ -232,6 +225,9 @@ def _grade_overlap(ranks: list[dict], several: bool) -> str | None:
         for n, p in enumerate(res["passes"], 1):
             last = p["arrivals"]                # launched at arrival k < last: later gradients still to come
             early = [x for x in p["launches"] if x["at"] < last]
+            if not p["queued"] and any(q["queued"] for q in res["passes"][:n - 1]):
+                return (f"backward {n} queued no callback on autograd's engine, an earlier one did: a queued "
+                        "callback runs once, when that backward ends, and is then cleared; queue one in every pass")
             if not p["queued"]:
                 return (f"backward {n} queued no callback on autograd's engine: how do your hooks know the "
                         "pass is over? A count of arrivals breaks when a parameter gets no gradient")

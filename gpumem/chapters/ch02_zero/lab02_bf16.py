@@ -1,0 +1,88 @@
+"""Lab 02's bf16 case: the learner's hooks on a model whose weights and gradients are bf16, one
+backward on 2 CPU ranks; the shards must be the gradients reduced in fp32.
+
+Summing N bf16 gradients in bf16 rounds every partial sum to bf16's 8 significant bits; DeepSpeed
+reduces in the dtype its ``communication_data_type`` setting names (``"fp32"`` in the config; by
+default the training dtype, bf16 here: ``DeepSpeedEngine.communication_data_type``,
+``deepspeed/runtime/engine.py``). The grader checks the real reduced values: the grader's own hook,
+registered before the learner's, keeps each rank's bf16 gradient as it arrives; the expected shard
+is the fp32 sum of both ranks' gradients, divided by 2 (exact in fp32: two bf16 numbers add
+exactly unless their exponents are 16 or more apart, and halving is exact), sliced rank-major. A
+bucket reduced in bf16 and cast afterwards differs from it by up to half a bf16 step
+(2**-9 of the value) in most elements.
+"""
+
+import math
+
+RTOL = 1e-6          # fp32 rounding of the rare sums that are not exact; a bf16 sum is off by up to 2**-9
+ATOL = 1e-30
+
+
+def rank_case(install, rank: int, world: int, case: tuple) -> dict:
+    """On each rank: the bf16 gradients as they arrived and the learner's shards after one backward."""
+    import torch
+
+    from gpumem.runs import training
+
+    from .lab02_ranks import build
+    model, seed, steps, bucket = case
+    net, _, params = build(model, seed, False)
+    net.to(torch.bfloat16)
+    index = {id(p): i for i, p in enumerate(params)}
+    grads: dict = {}
+
+    def keep(p):                                   # the grader's hook runs before the learner's
+        grads[index[id(p)]] = p.grad.detach().clone()
+    handles = [p.register_post_accumulate_grad_hook(keep) for p in params]
+    shards: dict = {}
+    install(params, shards, bucket)
+    data = training.batches(net.cfg, steps, world * 2, 32, seed)[0, rank * 2:(rank + 1) * 2]
+    net(data[:, :-1], data[:, 1:]).backward()
+    for h in handles:
+        h.remove()
+    return {"grads": grads, "shards": {i: s.detach().clone() for i, s in shards.items()}}
+
+
+def label(case: tuple, world: int) -> str:
+    model, seed, _, bucket = case
+    return f"{model} in bf16, seed {seed}, bucket {bucket:,} B, {world} ranks: shards reduced in fp32"
+
+
+def grade(results: list[dict], names: list[str]) -> str | None:
+    """The first shard that is not the fp32 mean of the ranks' bf16 gradients, or None."""
+    import torch
+    world = len(results)
+    for i, name in enumerate(names):
+        got_grads = [r["grads"].get(i) for r in results]
+        if any(g is None for g in got_grads):
+            continue
+        total = sum(g.float() for g in got_grads) / world
+        c = math.ceil(total.numel() / world)
+        flat = torch.nn.functional.pad(total.reshape(-1), (0, c * world - total.numel()))
+        for r, res in enumerate(results):
+            got, want = res["shards"].get(i), flat[r * c:(r + 1) * c]
+            if got is None:
+                return f"grad_shards has no entry for {name} (index {i}) on rank {r} when backward returns"
+            if got.dtype != torch.float32:
+                return (f"grad_shards[{i}] ({name}) is {str(got.dtype).replace('torch.', '')}: reduce in fp32 "
+                        "(cast as you pack the bucket) and keep the fp32 result")
+            if got.shape != want.shape:
+                return f"grad_shards[{i}] ({name}) on rank {r}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+            if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
+                rel = ((got - want).abs() / want.abs().clamp_min(1e-30)).max().item()
+                rounded = _bf16_sum(got, got_grads, r, c, world)
+                return (f"first shard off the fp32 mean: {name} on rank {r}, largest relative error {rel:.2g}"
+                        + ("; it is the bf16 sum of the ranks' gradients: the bucket went over the wire in bf16 "
+                           "and was rounded at every addition, cast it to fp32 before the reduce-scatter"
+                           if rounded else ""))
+    return None
+
+
+def _bf16_sum(got, grads: list, r: int, c: int, world: int) -> bool:
+    """Whether ``got`` is rank ``r``'s shard of the ranks' gradients summed in bf16 (then averaged)."""
+    import torch
+    total = grads[0]
+    for g in grads[1:]:
+        total = total + g                              # bf16 + bf16: rounded to bf16, as gloo sums it
+    flat = torch.nn.functional.pad(total.float().reshape(-1) / world, (0, c * world - total.numel()))
+    return torch.allclose(got, flat[r * c:(r + 1) * c], rtol=RTOL, atol=ATOL)
