@@ -1,0 +1,129 @@
+"""Lab 03's selective cases (``labsac``): layers and budgets that no greedy rule meets.
+
+A budget is kept only if every rule of :func:`greedy_picks` re-runs more than ``labsac.SLACK``
+above the fewest FLOPs at that budget (:func:`traps`). The rules take the operators with FLOPs in
+some order and keep each that still fits: FLOPs per byte first (exact, or rounded down to a whole
+number), with ties by bytes up or down, by FLOPs, or by place either way; the most FLOPs first;
+the fewest bytes first. Each rule skips what does not fit, or stops there, and each is also tried
+as "that, or the single operator with the most FLOPs that fits" (the textbook fix for greedy
+knapsack). A submission that takes the best of several of them still misses.
+
+This module is not among those ``labguard`` refuses or fingerprints: a learner's own greedy loop
+must not be taken for a copy of the grader's (review: one was, while these rules sat in
+``labsac``). What it uses of the answer key, ``labsac.best``, is refused inside a learner's call.
+"""
+
+import random
+
+from .labsac import FFN, HIDDEN, SEQ, SHARES, SLACK, best
+from .labsacrun import Layer, forward_ops
+
+TRIES = 200                 # layers drawn per case, at most, for one with a greedy-defeating budget
+
+
+def _greedy(ops: list, budget: int, key, stop: bool) -> set:
+    """The operators with FLOPs in ``key``'s order, each kept if it fits (``stop``: until one does not)."""
+    kept, used = set(), 0
+    for i in sorted((i for i, o in enumerate(ops) if o["flops"] > 0), key=lambda i: key(i, ops[i])):
+        if used + ops[i]["bytes"] <= budget:
+            kept.add(i)
+            used += ops[i]["bytes"]
+        elif stop:
+            break
+    return kept
+
+
+_RATIOS = (lambda o: o["flops"] / o["bytes"], lambda o: o["flops"] // o["bytes"])
+_TIES = (lambda i, o: -o["bytes"], lambda i, o: o["bytes"], lambda i, o: -o["flops"], lambda i, o: i,
+         lambda i, o: -i)
+_KEYS = tuple((lambda i, o, r=r, t=t: (-r(o), t(i, o))) for r in _RATIOS for t in _TIES) + (
+    lambda i, o: -o["flops"], lambda i, o: o["bytes"])
+
+
+def greedy_picks(ops: list, budget: int) -> list:
+    """What greedy rules keep: FLOPs per byte first (exact or whole, ties by bytes up or down, by
+    FLOPs, by order either way), the most FLOPs first, the fewest bytes first; each skipping what
+    does not fit or stopping there, and each also as "that, or the best single operator"."""
+    picks = [_greedy(ops, budget, key, stop) for key in _KEYS for stop in (False, True)]
+    fits = [i for i, o in enumerate(ops) if 0 < o["bytes"] <= budget and o["flops"] > 0]
+    single = {max(fits, key=lambda i: ops[i]["flops"])} if fits else set()
+    return picks + [max(p, single, key=lambda q: sum(ops[i]["flops"] for i in q)) for p in picks]
+
+
+def _defeats(ops: list, budget: int) -> bool:
+    """Every greedy rule re-runs more than :data:`SLACK` above the fewest FLOPs at ``budget``."""
+    total, cost = sum(o["flops"] for o in ops), best(ops, budget)[0]
+    return all(total - sum(ops[i]["flops"] for i in p) > cost * (1 + SLACK) for p in greedy_picks(ops, budget))
+
+
+def traps(ops: list, low: float, high: float) -> list:
+    """The budgets between ``low`` and ``high`` of the costly operators' bytes that every greedy
+    rule misses (as :func:`greedy_picks` and ``labsac.best`` would say, computed here at once for
+    every budget): each the bytes of some set of operators (the optimum fills it exactly)."""
+    costly = [i for i, o in enumerate(ops) if o["flops"] > 0]
+    most = {0: 0}                                    # bytes of a set of them -> the most FLOPs kept
+    for i in costly:
+        size, gain = ops[i]["bytes"], ops[i]["flops"]
+        for held, kept in list(most.items()):
+            if most.get(held + size, -1) < kept + gain:
+                most[held + size] = kept + gain
+    orders = [sorted(costly, key=lambda i: key(i, ops[i])) for key in _KEYS]
+    total, size = sum(o["flops"] for o in ops), sum(ops[i]["bytes"] for i in costly)
+    found, top = [], 0
+    for budget in sorted(most):
+        top = max(top, most[budget])
+        if not low * size <= budget <= high * size:
+            continue
+        single = max((ops[i]["flops"] for i in costly if ops[i]["bytes"] <= budget), default=0)
+        rules = []
+        for order in orders:
+            for stop in (False, True):
+                kept = used = 0
+                for i in order:
+                    if used + ops[i]["bytes"] <= budget:
+                        kept, used = kept + ops[i]["flops"], used + ops[i]["bytes"]
+                    elif stop:
+                        break
+                rules.append(max(kept, single))     # "that, or the best single one" keeps more or as much
+        if total - max(rules) > (total - top) * (1 + SLACK):
+            found.append(budget)
+    return found
+
+
+def _sketch(layer) -> list:
+    """The operators with FLOPs of ``layer`` by hand count (bf16; the CPU flash kernel's fp32
+    logsumexp), in forward order: only to skip layers with no greedy-defeating budget before
+    measuring one (the case itself is measured, ``labsacrun.forward_ops``)."""
+    b, s, a, h, F = layer.batch, layer.seq, layer.heads, layer.d_model, layer.ffn
+    T, d = b * s, h // a
+    kv = d * layer.kv_heads
+    proj = [(2 * T * o, 2 * T * i * o) for i, o in ((h, h), (h, kv), (h, kv))]
+    attn = ([(2 * b * a * s * s, 2 * b * a * s * s * d), (2 * b * a * s * d, 2 * b * a * s * s * d)]
+            if layer.kernel == "eager" else [(2 * T * h + 4 * b * a * s, 4 * b * a * s * s * d)])
+    rest = [(2 * T * h, 2 * T * h * h), (2 * T * F, 2 * T * h * F), (2 * T * F, 2 * T * h * F), (2 * T * h, 2 * T * F * h)]
+    return [{"op": "", "bytes": size, "flops": gain} for size, gain in proj + attn + rest]
+
+
+def draw(rng: random.Random) -> list:
+    """The check's selective cases: (``labsacrun.Layer``, budget), one per kind of ``SHARES``;
+    each budget one that every greedy rule misses (:func:`traps`: layers are drawn until one has
+    such a budget in the kind's share of its costly bytes)."""
+    cases = []
+    for kind, (low, high) in SHARES.items():
+        for _ in range(TRIES):
+            h, heads = rng.choice(HIDDEN)
+            kv = rng.choice([k for k in (1, 2, heads) if heads % k == 0])
+            kernel = rng.choice(("flash", "eager")) if kind == "either" else kind
+            layer = Layer(h, heads, kv, rng.choice(FFN), kernel, rng.choice(SEQ))
+            if not traps(_sketch(layer), low, high):
+                continue
+            ops = forward_ops(layer).ops
+            found = [b for b in traps(ops, low, high) if _defeats(ops, b)]     # the answer key's word
+            if found:
+                break
+        else:
+            raise RuntimeError(f"no {kind} layer with a budget that defeats the greedy rules in {TRIES} draws")
+        budget = rng.choice(found)
+        loose = budget + rng.randrange(min(o["bytes"] for o in ops if o["flops"]) // 8)
+        cases.append((layer, loose if _defeats(ops, loose) else budget))
+    return cases
