@@ -292,6 +292,21 @@ def test_quiz_dequant_time():
     assert seen == {True, False}
 
 
+def test_quiz_offload_copies():
+    """Base on the CPU: every block twice a micro-batch (forward, backward), the root once, times the
+    micro-batches; the prompt's own GB figures give it (a trap for each thing left out)."""
+    seen = set()
+    for q, n in _draws("offload-copies"):
+        hand = n["n_micro"] * (2 * n["blocks_gb"] + n["root_gb"])
+        assert q.value() == pytest.approx(hand, rel=1e-9)
+        assert f"{n['blocks_gb']:.2f} GB" in q.prompt_text() and f"{n['n_micro']} micro-batches" in q.prompt_text()
+        one = 2 * n["blocks_gb"] + n["root_gb"]
+        assert not q.grade(one) and "micro-batch" in q.hint_for(one)
+        _traps_rejected(q)
+        seen.add((n["recipe"][:5], n["n_micro"]))
+    assert len(seen) >= 3
+
+
 def test_quiz_shape():
     assert len(quiz.QUIZ.questions) >= 4
     for q in quiz.QUIZ.questions:

@@ -48,12 +48,13 @@ class FtLayout:
 
     @property
     def framework(self) -> str:
-        """Who runs it: ``fsdp2`` (stage 3), ``deepspeed`` (stages 0-2 over several GPUs), ``torch``."""
-        return "fsdp2" if self.zero == 3 else "torch" if self.dp == 1 else "deepspeed"
+        """Who runs it: ``fsdp`` (stage 3: FSDP2, FSDP1 for a 4-bit base), ``deepspeed`` (stages 0-2 over
+        several GPUs), ``torch`` (one GPU)."""
+        return "fsdp" if self.zero == 3 else "torch" if self.dp == 1 else "deepspeed"
 
     def label(self) -> str:
-        """A short name: ``FSDP2 (ZeRO-3) dp8 mb1 x2 ckpt full base->cpu``."""
-        z = "FSDP2 (ZeRO-3)" if self.zero == 3 else f"ZeRO-{self.zero}"
+        """A short name: ``FSDP (ZeRO-3) dp8 mb1 x2 ckpt full base->cpu``."""
+        z = "FSDP (ZeRO-3)" if self.zero == 3 else f"ZeRO-{self.zero}"
         where = "one GPU" if self.dp == 1 and self.zero < 3 else f"{z} dp{self.dp}"
         return (f"{where} mb{self.micro_batch} x{self.n_micro} ckpt {self.checkpoint}"
                 + (" base->cpu" if self.base_on_cpu else ""))

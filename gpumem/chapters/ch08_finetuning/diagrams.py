@@ -131,17 +131,21 @@ FRAMEWORKS = [
              "gate_proj, up_proj, down_proj]); get_peft_model(model, config)"),
     ("NF4 base", "transformers BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4',\n"
                  "bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16);\n"
-                 "torchao 0.18: torchao.quantization.to_nf4(weight): NF4Tensor, blocks of 64,\n"
-                 "block scales quantised per 256 (same sizes; not bit-equal to bitsandbytes')"),
+                 "torchao (not pinned here): torchao.dtypes.to_nf4(weight) (dtypes/nf4tensor.py),\n"
+                 "blocks of 64, block scales quantised per 256 (same sizes; not bit-equal)"),
     ("QLoRA prep", "peft prepare_model_for_kbit_training(model): norms, embedding, head -> fp32,\n"
                    "enable_input_require_grads, gradient checkpointing on"),
     ("8-bit AdamW", "bitsandbytes.optim.AdamW8bit / PagedAdamW8bit; HF Trainer optim='adamw_bnb_8bit',\n"
-                    "'paged_adamw_8bit', 'paged_adamw_32bit'; torchao.optim.AdamW8bit, AdamW4bit"),
+                    "'paged_adamw_8bit', 'paged_adamw_32bit'; no 4-bit optimizer in bitsandbytes\n"
+                    "0.50.2 (optim_bits 8 or 32); torchao.optim has AdamW4bit (not counted here)"),
     ("DeepSpeed", "ZeRO-3 partitions only what DeepSpeed is handed; frozen bf16 base params are\n"
                   "partitioned too (stage 3 shards all parameters), but grads and optimizer states\n"
                   "exist only for the adapters; QLoRA + ZeRO-3 needs bnb_4bit_quant_storage=bf16"),
     ("FSDP2", "fully_shard(module) per block shards every parameter (frozen or not) as DTensor;\n"
-              "grads and AdamW states only for requires_grad=True; QLoRA: quant_storage=bf16 too"),
+              "grads and AdamW states only for requires_grad=True; QLoRA: quant_storage=bf16 too,\n"
+              "and FSDP1 (fsdp_config version 1), the route tested with 4-bit weights (bitsandbytes\n"
+              "#1945: wrong outputs reported under FSDP2); bitsandbytes' optimizers fail on DTensor\n"
+              "shards (#1403, #1633): torch AdamW with FSDP"),
     ("CPU offload", "frozen base: FSDP1 CPUOffload(offload_params=True); FSDP2 fully_shard(...,\n"
                     "offload_policy=CPUOffloadPolicy()); DeepSpeed ZeRO-3 \"offload_param\": {\"device\":\n"
                     "\"cpu\"} (stage 3 only). Adapters' states only: \"offload_optimizer\" (stage >= 1)"),

@@ -1,11 +1,12 @@
 """Chapter 08's quiz: how many parameters LoRA trains on a GQA model, what switching LoRA to QLoRA
-frees (which states change), what switching AdamW to 8-bit frees (which roles change), and how
-long the NF4 base takes to dequantise per step (how many passes). Each attempt draws a model, rank, targets, GPU or checkpointing; every
+frees (which states change), what switching AdamW to 8-bit frees (which roles change), how
+long the NF4 base takes to dequantise per step (how many passes), and how many bytes cross PCIe
+a step with the base on the CPU (what multiplies with accumulation). Each attempt draws a model, rank, targets, GPU or checkpointing; every
 expected value is computed by the library (:mod:`gpumem.memory.finetune`, :mod:`.scale`)."""
 
 from gpumem.course.quiz import Numeric, Quiz
 from gpumem.course.quiz_draws import LLAMAS, TRAINING_GPUS, gpu_numbers, model_numbers, pick
-from gpumem.memory import finetune as F, gpus, models
+from gpumem.memory import finetune as F, finetune_fsdp, gpus, models
 
 from . import scale
 
@@ -94,6 +95,20 @@ def _dequant_ms(n: dict, passes: int | None = None) -> float:
     return 1e3 * passes * n["quantised"] * (F.nf4_bytes_per_param() + 2) / (n["hbm_tb"] * 1e12)
 
 
+def _offload(rng) -> dict:
+    n = model_numbers(pick(rng, LLAMAS))
+    nf4 = pick(rng, (True, False))
+    ft = F.Finetune(adapter="lora", base_dtype="nf4" if nf4 else "bf16")
+    o = finetune_fsdp.fsdp_states(models.get(n["model_name"]), ft, 1, base_on_cpu=True)
+    return n | {"recipe": "QLoRA (4-bit codes stored in bf16)" if nf4 else "LoRA (a bf16 base)",
+                "n_micro": pick(rng, (4, 8, 16)), "blocks_gb": o["streamed"] / GB, "root_gb": o["root_streamed"] / GB,
+                "o": o}
+
+
+def _copied_gb(n: dict) -> float:
+    return finetune_fsdp.copied_up(n["o"], n["n_micro"]) / GB
+
+
 QUIZ = Quiz("08_finetuning", [
     Numeric("lora-trainable",
             "{model} has {layers} layers, hidden size {d_model:,}, {heads} query heads and {kv_heads} key/value "
@@ -173,4 +188,25 @@ QUIZ = Quiz("08_finetuning", [
                     "checkpointing re-runs the forward in backward: one more pass."),
                    (lambda n: _dequant_ms(n) * 2 / (F.nf4_bytes_per_param() + 2),
                     "that counts only the bf16 writes; the packed codes are read too."))),
+    Numeric("offload-copies",
+            "{recipe} of {model} on one GPU, every parameter in host memory (FSDP's CPU offload, one unit "
+            "per decoder block, every layer checkpointed). The blocks' weights with their adapters total "
+            "{blocks_gb:.2f} GB; the root unit (embedding, head, final norm) {root_gb:.2f} GB, which FSDP keeps "
+            "gathered from its forward to its backward. A step runs {n_micro} micro-batches (gradient "
+            "accumulation). How many GB (10^9 B) cross PCIe from host to GPU in one step?",
+            answer=_copied_gb, unit="GB", rel_tol=0.005, draw=_offload,
+            hint="When is a block needed on the GPU, and is it still there the next time? Does accumulating "
+                 "gradients over micro-batches keep the weights on the GPU?",
+            explanation="Each micro-batch gathers every block for its forward and again for its backward (the "
+                        "checkpointed re-run happens inside that backward gather), and the root once: "
+                        "{n_micro} x (2 x {blocks_gb:.2f} + {root_gb:.2f}) = {answer} GB. Accumulation saves "
+                        "the optimizer step, not the copies.",
+            traps=((lambda n: (2 * n["o"]["streamed"] + n["o"]["root_streamed"]) / GB,
+                    "that is one micro-batch; each of the {n_micro} gathers the base again."),
+                   (lambda n: n["n_micro"] * 2 * n["o"]["streamed"] / GB,
+                    "the root unit (embedding and head) is copied up once a micro-batch too."),
+                   (lambda n: n["n_micro"] * (n["o"]["streamed"] + n["o"]["root_streamed"]) / GB,
+                    "a block freed after its forward is copied up again for its backward."),
+                   (lambda n: n["n_micro"] * (3 * n["o"]["streamed"] + n["o"]["root_streamed"]) / GB,
+                    "the checkpointed re-run runs inside the backward's gather: no third copy."))),
 ])

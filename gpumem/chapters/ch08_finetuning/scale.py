@@ -191,7 +191,8 @@ def rtx3090(model: str = "llama-3-70b") -> dict:
     # as offload_seconds: serial adds the copy, overlapped (FSDP's prefetch) hides the shorter part
     busy = t["compute_s"] + t["dequant_s"]
     return s | t | {"model": model, "pageable": pageable, "streamed": rest, "pcie_s": 3 * rest / PCIE4,
-                    "fsdp_streamed": o["streamed"], "fsdp_resident": o["gpu"], "fsdp_host": o["host"],
+                    "fsdp_streamed": o["streamed"], "fsdp_root": o["root"], "fsdp_resident": o["gpu"],
+                    "fsdp_host": o["host"],
                     "step_serial": t["fsdp_pcie_s"] + busy, "step_overlapped": max(t["fsdp_pcie_s"], busy)}
 
 
