@@ -1343,3 +1343,57 @@ def test_a_chain_slip_is_named_at_its_first_wrong_operation(fix):
     bad = first_problem(grade({**solution(), "variant_layer": _chain_slip(fix)}, seed=0), "variant_layer")
     assert bad.status == "wrong" and "mlp=(" in bad.case and bad.detail.startswith("operation "), bad.detail
     assert "x tokens x ffn" in bad.detail and len(bad.detail) <= 300
+
+
+# ---- review r11 lab 01 #2: a copy of the grader's chain count with its table renamed -------------
+
+def _chain_copy(disguised: bool):
+    """Review r11's route: ``labtruth._chain_bytes`` exec'd from its source as ``my_chain``, with
+    ``_KEEPS`` renamed ``KEEPS`` (one global: its bytecode and the names it uses then differ from
+    the original's); or review r8's disguise of the whole of labtruth (every name prefixed, every
+    string in a global, a statement added). Parts 1 and 2 and the fixed variants are the
+    solution's; a chain's count is the copy's."""
+    import inspect
+
+    from gpumem.chapters.ch01_memory_anatomy import labtruth
+    if disguised:
+        mine = disguise(labtruth, "mytruth").q_chain_bytes
+    else:
+        source = inspect.getsource(labtruth._chain_bytes).replace("_chain_bytes", "my_chain").replace("_KEEPS", "KEEPS")
+        ns = {"KEEPS": dict(labtruth._KEEPS)}
+        exec(compile(source, "<lab01 cell 30>", "exec"), ns)
+        mine = ns["my_chain"]
+    right = solution()["variant_layer"]
+
+    def variant_layer(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
+        got = right(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias)
+        if not isinstance(mlp, tuple):
+            return got
+        n = batch * seq * ffn
+        plain = right(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, (), qkv_bias)
+        return dict(got, activations=plain["activations"] - 2 * n + mine(mlp, n))
+    return variant_layer
+
+
+@pytest.mark.parametrize("disguised", [False, True])
+def test_a_renamed_copy_of_the_graders_chain_count_is_refused(disguised):
+    """Without the watch (labcopies.shared blind) the copy answers every chain row; with it, the
+    first chain row is the copy's refusal, named."""
+    from gpumem.chapters.ch01_memory_anatomy import labcopies
+    fn = _chain_copy(disguised)
+    got = rows(grade({**solution(), "variant_layer": fn}), "variant_layer")
+    chains = [r for r in got if "mlp=(" in r.case]
+    bad = [r for r in got if r.status != "ok"]
+    assert chains and len(bad) == 1 and bad[0] is chains[0] and bad[0].status == "error", [(r.case, r.detail) for r in got]
+    assert bad[0].detail.count("labtruth._chain_bytes (the course's code, or a copy of it) ran inside your function"), \
+        bad[0].detail
+    assert sys.getprofile() is None
+    labcopies.shared.cache_clear()
+    blind = labcopies.shared
+    try:
+        labcopies.shared = lambda: None
+        got = rows(grade({**solution(), "variant_layer": fn}), "variant_layer")
+    finally:
+        labcopies.shared = blind
+    assert sum("mlp=(" in r.case for r in got) == labcheck.CHAINS + 1 and all(r.status == "ok" for r in got), \
+        [(r.case, r.detail) for r in got if r.status != "ok"]
