@@ -126,6 +126,9 @@ _SCRIPT = textwrap.dedent("""
     print(json.dumps({{"ready": early.pid}}), flush=True)
     sys.stdin.readline()                               # the test starts another terminal's program
     out["orphans_with_strangers"] = lab_orphans.orphans()
+    lab_orphans._LINUX, _ = False, lab_orphans._SELF.clear()     # macOS's way: psutil, no /proc
+    out["orphans_psutil"] = lab_orphans.orphans()
+    lab_orphans._LINUX, _ = True, lab_orphans._SELF.clear()
     hits = []
     try:
         with lab_audit.refusing("refused", hits):
@@ -133,7 +136,8 @@ _SCRIPT = textwrap.dedent("""
     except RuntimeError as e:
         out["refused_early"] = str(e)
     early.stop()
-    # after a check: the kernel is a subreaper, and a new helper is adopted
+    # after a check in a kernel: it is a subreaper (install() -> adopt()), and a new helper is adopted
+    lab_orphans.adopt(True)
     late = Helper()
     out["late"], out["late_parent"] = late.pid, late.parent()
     hits = []
@@ -193,6 +197,7 @@ def test_a_helper_double_forked_before_any_check_and_one_after_are_refused():
     assert len(got["orphans_before"]) == 1 and got["orphans_before"][0].startswith(f"pid {early}: "), got
     assert len(got["orphans_exec"]) == 2 and "sleep 60, re-parented" in got["orphans_exec"][1], got
     assert len(got["orphans_with_strangers"]) == 1 and f"pid {early}:" in got["orphans_with_strangers"][0], got
+    assert got["orphans_psutil"] == got["orphans_with_strangers"], got
     assert f"refused ({REFUSED.format(pid=early)}" in got["refused_early"], got
     assert got["late_parent"] not in (early, os.getpid()), got               # the script adopted it
     assert f"refused ({REFUSED.format(pid=late)}" in got["refused_late"], got
@@ -201,8 +206,18 @@ def test_a_helper_double_forked_before_any_check_and_one_after_are_refused():
     assert got["codes"] == [3, 7], got                                       # their exit status kept
 
 
-def test_an_adopted_helper_in_this_process_is_refused_and_its_zombie_collected():
-    lab_audit.install()                      # as the first check does
+@pytest.fixture
+def adopting():
+    """This process adopts orphans, as a kernel does once a check ran; put back after."""
+    assert lab_orphans.adopt(True)
+    try:
+        yield
+    finally:
+        lab_orphans.adopt(False)
+        lab_orphans.reap()
+
+
+def test_an_adopted_helper_in_this_process_is_refused_and_its_zombie_collected(adopting):
     helper = Helper()
     try:
         assert helper.parent() == os.getpid()      # adopted: the kernel's child, though never forked by it
@@ -221,9 +236,8 @@ def test_an_adopted_helper_in_this_process_is_refused_and_its_zombie_collected()
     assert hits == []
 
 
-def test_the_course_own_processes_are_not_refused():
+def test_the_course_own_processes_are_not_refused(adopting):
     import multiprocessing
-    lab_audit.install()
     subprocess.run(["true"], check=True)
     subprocess.run(["sh", "-c", "sleep 0.01 & exit 0"], check=True)      # its orphan ends: a zombie here
     ctx = multiprocessing.get_context("fork")
@@ -236,6 +250,17 @@ def test_the_course_own_processes_are_not_refused():
         pass
     assert hits == [] and child.exitcode == 5
     assert lab_orphans.orphans() == [] and lab_audit.foreign_children() == []
+    assert all(lab_orphans._stat(p)[2] != "Z" for p in lab_orphans.children())   # the sleep's zombie reaped
+
+
+def test_only_a_kernel_adopts_when_installed():
+    """A test run or a script grading in-process is no subreaper (init reaps its orphans at once);
+    an IPython kernel is, once the audit is installed."""
+    lab_audit.install()
+    assert not lab_orphans.in_kernel()
+    libc = __import__("ctypes").CDLL(None)
+    flag = __import__("ctypes").c_int(-1)
+    assert libc.prctl(37, __import__("ctypes").byref(flag), 0, 0, 0) == 0 and flag.value == 0   # GET_CHILD_SUBREAPER
 
 
 # ---- end to end: the reviewer's helper answering for the solution, per lab ----------------------
@@ -275,3 +300,54 @@ def test_lab03_choose_saved_refuses_the_double_forked_helper():
     sol = notebook_namespace(ROOT / "solutions" / "lab03_checkpoint_budget.ipynb")
     _grade_through({"choose_saved": sol["choose_saved"]}, ("choose_saved",),
                    lambda ns: labcheck.check(ns, show=False, seed=0), "choose_saved")
+
+
+_FIRST_CELL = """
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.write(w, str(os.getpid()).encode() + b"\\n")
+        time.sleep(120)
+    os._exit(0)
+os.wait()
+print("HELPER", os.read(r, 32).decode().strip())
+"""
+_CHECK_CELL = """
+import ctypes
+from gpumem.course import lab_audit, lab_orphans
+for _ in range(2):
+    try:
+        with lab_audit.refusing("refused", []):
+            print("PASSED")
+    except RuntimeError as e:
+        print("REFUSED", e)
+flag = ctypes.c_int(-1)
+ctypes.CDLL(None).prctl(37, ctypes.byref(flag), 0, 0, 0)
+print("SUBREAPER", flag.value, lab_orphans.in_kernel())
+"""
+
+
+def test_in_a_jupyter_kernel_a_first_cells_helper_is_refused_and_the_kernel_adopts():
+    """A real kernel (jupyter_client, as nbval and the notebook runner start one): a helper
+    double-forked in the first cell, before gpumem is imported, refuses the check by its pid; the
+    check made the kernel a subreaper."""
+    from jupyter_client.manager import start_new_kernel
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
+    out: list = []
+    hook = lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None  # noqa: E731
+    helper = None
+    try:
+        kc.execute_interactive(_FIRST_CELL, timeout=60, output_hook=hook)
+        helper = int("".join(out).split("HELPER")[1].split()[0])
+        assert lab_orphans._stat(helper)[0] != km.provisioner.process.pid
+        kc.execute_interactive(_CHECK_CELL, timeout=120, output_hook=hook)
+        text = "".join(out)
+        assert text.count(f"refused ({REFUSED.format(pid=helper)}") == 2, text
+        assert "SUBREAPER 1 True" in text, text
+    finally:
+        if helper:
+            os.kill(helper, signal.SIGKILL)
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
