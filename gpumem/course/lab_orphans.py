@@ -24,12 +24,15 @@ pipe (lab 01 31/31, lab 03's choose_saved 15/15). Two nets, whatever channel the
   another terminal or session (tmux, an editor, ``nohup`` jobs, systemd's user services, another
   job of the same CI runner) carry neither and are not refused.
 
-Not caught: a helper given an environment of its own (``env={}``, or ``MARK`` removed) and a command
-line of its own, started before the first check (after it, the subreaper adopts it); a helper whose orphan lands on
-the kernel's parent (a kernel whose parent is init, e.g. a Jupyter server run as a container's pid
-1 without ``--init``); a process started from outside the kernel (another terminal). Linux reads
-/proc. Elsewhere (macOS) there is no subreaper: :func:`adopt` does nothing and :func:`orphans`
-uses psutil where it is installed (else it sees nothing), as ``foreign_children`` sees no children.
+Not caught: a helper given an environment of its own (``env={}``, or ``MARK`` removed) and a
+command line of its own, started before the first check (after it, a kernel adopts it), or in a
+process that is no IPython kernel (a script grading in-process adopts nothing); a helper whose
+orphan lands on the kernel's parent (a kernel whose parent is init, e.g. a Jupyter server run as a
+container's pid 1 without ``--init``); a process started from outside the kernel (another
+terminal); a C library's own child that it waits for later by pid with no Python object holding
+that pid (:func:`reap` could take its exit status). Linux reads /proc. Elsewhere (macOS) there is
+no subreaper: :func:`adopt` does nothing and :func:`orphans` uses psutil where it is installed
+(else it sees nothing), as ``foreign_children`` sees no children.
 """
 
 import ctypes
