@@ -1,42 +1,31 @@
 """Lab 08's graded cases, drawn afresh at each check (no list of answers can be kept).
 
 * :func:`draw_model`: a dense Llama-like model's dimensions as a plain dict (the learner's input),
-  with grouped-query attention and, in most draws, ``n_heads * head_dim != d_model`` (as Qwen3 and
+  shaped like published ones (head_dim 64 or 128, at least 4 heads, KV heads dividing the heads),
+  with grouped-query attention and, in some draws, ``n_heads * head_dim != d_model`` (as Qwen3 and
   Gemma have), and :func:`config` the same model as the library's ``ModelConfig``;
 * :func:`setups`: the fine-tuning setups part 1 grades on one model (full with torch AdamW and with
   8-bit AdamW, LoRA and QLoRA with drawn rank, targets, adapter dtype and optimizer);
-* :func:`choose_cases`: part 2's cases. Each answer is drawn first (a setup of :data:`SETUPS`, a
-  rung with a checkpoint policy, or None: None always among them, three rungs, both policies, in a
-  drawn order); the GPU is drawn
-  independently of it; then the model's width and seq/batch are drawn and its depth is picked
-  among the depths whose answer is the drawn one, every rung's total at least :data:`MARGIN` away
-  from the usable bytes (chapter 08's ``scale.usable``: capacity minus the single-GPU reserve, no
-  NCCL). So neither the GPU nor the model's width says the answer. Each case has its own ladder
-  (:func:`ladder`): its ``qlora`` rung carries a drawn NF4 block and double-quantisation choice.
-  In a None case that choice is a heavy one (:data:`HEAVY`: fp32 absmaxes) and the depth is one
-  where gpumem's count (the paper's block of 64, double quantised) would still fit the rung by at
-  least :data:`LIB_MARGIN`: a copy of the library's chooser, however rewritten, picks ``qlora``
-  there, and the row says why it does not fit.
+* :data:`LADDER`: the recipes part 3 walks, the last one QLoRA with its base on the CPU
+  (``LabFinetune(offload=True)``: chapter 08's ``scale.base_offloaded``, FSDP's CPU offload);
+  :func:`totals`: each rung's GPU states, activation peaks and host bytes (:mod:`.lab_acts`).
+  Part 3's cases are :mod:`.lab_cases`'.
 
 Part 1's QLoRA setups are ones the library does not count (:class:`LabFinetune`): an NF4 block
 other than 64 and, in one of the two, no double quantisation, so a copy of gpumem's counts, however
 rewritten, is wrong on them. Their truth is :func:`truth`: the library's bytes for every role the
 block does not touch, and a hand count of bitsandbytes 0.50.2 for the two it does
 (:func:`nf4_constants`; tests compare it with ``bitsandbytes.functional.quantize_4bit`` run on the
-CPU). The activation peaks of part 2 are the library's (``finetune_activation_bytes``). All are
-computed here, before the learner's call and outside its guard.
+CPU). Activation peaks are the library's (``finetune_activation_bytes``). All are computed here,
+before the learner's call and outside its guard.
 """
 
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gpumem.memory import gpus, models
+from gpumem.memory import models
 from gpumem.memory.finetune import FT_TARGETS, Finetune, finetune_activation_bytes, finetune_states, matrices
 
-from .scale import usable as card_usable     # the chapter's single-GPU reserve: one fact, one function
-
-MARGIN = 0.03
-LIB_MARGIN = 0.01    # in a None case, gpumem's own count fits the QLoRA rung by at least this share
 
 
 @dataclass(frozen=True)
@@ -47,6 +36,7 @@ class LabFinetune(Finetune):
     ``bnb_4bit_use_double_quant``): absmaxes stored in 8 bits (True) or kept fp32 (False)."""
     nf4_block: int = 64
     double_quant: bool = True
+    offload: bool = False     # every parameter on the CPU (FSDP CPU offload), blocks copied up when they run
 
 
 NF4_BLOCKS = (32, 128, 256, 512)     # bitsandbytes quantize_4bit's accepted sizes, 64 (the library's) left out
@@ -82,15 +72,16 @@ LADDER = MappingProxyType({
     "full-8bit": LabFinetune(optimizer="adamw-8bit"),
     "lora": LabFinetune(adapter="lora"),
     "qlora": LabFinetune(adapter="lora", base_dtype="nf4"),
+    "qlora-cpu": LabFinetune(adapter="lora", base_dtype="nf4", offload=True),
 })
 NF4_CHOICES = tuple((b, d) for b in (32, 64, 128, 256, 512) for d in (True, False) if (b, d) != (64, True))
 HEAVY = ((32, False), (64, False))   # fp32 absmaxes per 32 or 64 weights: 0.125 or 0.0625 B a weight
 
 
 def ladder(block: int = 64, double_quant: bool = True) -> MappingProxyType:
-    """:data:`LADDER` with its ``qlora`` rung's NF4 block and double quantisation set (read-only)."""
-    return MappingProxyType({**LADDER, "qlora": LabFinetune(adapter="lora", base_dtype="nf4", nf4_block=block,
-                                                            double_quant=double_quant)})
+    """:data:`LADDER` with its two QLoRA rungs' NF4 block and double quantisation set (read-only)."""
+    q = dict(adapter="lora", base_dtype="nf4", nf4_block=block, double_quant=double_quant)
+    return MappingProxyType({**LADDER, "qlora": LabFinetune(**q), "qlora-cpu": LabFinetune(**q, offload=True)})
 
 
 CARDS = ("t4", "l4", "a100-40gb", "a100-80gb", "h100-80gb", "h200")   # gpumem.memory.gpus (sourced there)
@@ -98,18 +89,30 @@ SEQS = (512, 1024, 2048, 4096)
 SHOWN_WIDTHS = {2048, 4096, 8192}     # the d_model of the examples the lab's notebook shows
 
 
+HEAD_COUNTS = (4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+
+
 def draw_model(rng, wide: bool = False, odd_heads: bool | None = None) -> dict:
-    """A dense model's dimensions (the learner's view); ``wide``: d_model 2,560 - 8,000."""
+    """A dense model's dimensions (the learner's view), shaped like published ones (review r10 #12):
+    head_dim 64 or 128, 4 to 64 heads, KV heads dividing them (GQA, or all of them);
+    ``odd_heads``: n_heads * head_dim != d_model (Qwen3, Gemma); ``wide``: d_model 2,560 - 8,064."""
     while True:
-        head_dim = rng.choice((64, 80, 96, 128))
-        n_kv = rng.choice((1, 2, 4, 8))
-        n_heads = n_kv * rng.choice((1, 2, 3, 4, 6, 8))
-        d_model = 64 * rng.randrange(40, 126) if wide else 64 * rng.randrange(6, 40)
-        odd = n_heads * head_dim != d_model
-        if (odd_heads is None or odd == odd_heads) and d_model not in SHOWN_WIDTHS and n_heads * head_dim <= 2 * d_model:
+        d_model = 128 * (rng.randrange(20, 64) if wide else rng.randrange(4, 21))
+        head_dim = rng.choice((64, 128))
+        if odd_heads is None:
+            odd = rng.random() < 0.5
+        else:
+            odd = odd_heads
+        if odd:
+            n_heads = rng.choice([a for a in HEAD_COUNTS if d_model <= 2 * a * head_dim <= 4 * d_model
+                                  and a * head_dim != d_model] or [0])
+        else:
+            n_heads = d_model // head_dim if d_model % head_dim == 0 else 0
+        if n_heads >= 4 and d_model not in SHOWN_WIDTHS:
             break
+    n_kv = rng.choice([k for k in (2, 4, 8, n_heads) if n_heads % k == 0 and k <= n_heads])
     return {"n_layers": rng.randrange(2, 9), "d_model": d_model, "n_heads": n_heads, "n_kv_heads": n_kv,
-            "head_dim": head_dim, "ffn": 32 * round(d_model * rng.uniform(2.4, 3.6) / 32),
+            "head_dim": head_dim, "ffn": 256 * round(d_model * rng.uniform(2.4, 3.6) / 256),
             "vocab": rng.randrange(1000, 160_000), "tie_embeddings": rng.random() < 0.3}
 
 
@@ -163,18 +166,59 @@ POLICIES = ("none", "full")
 SETUPS = tuple((rung, policy) for rung in LADDER for policy in POLICIES)
 
 
-def totals(model: dict, seq: int, batch: int, rungs=LADDER) -> dict[str, tuple[int, dict[str, int]]]:
-    """rung -> (model-state bytes (:func:`truth`), {policy: activation peak}), one GPU."""
-    cfg = config(model)
-    return {name: (sum(truth(cfg, ft).values()),
-                   {p: finetune_activation_bytes(cfg, ft, seq, batch, checkpoint=p)["peak"] for p in POLICIES})
-            for name, ft in rungs.items()}
+def _pieces(model: dict, seq: int, batch: int, rungs) -> dict[tuple, int]:
+    """(rung, part) -> bytes: ``states`` (on the GPU besides activations), ``host``, and for each
+    policy its forward and recompute peaks (the activation peak is their larger)."""
+    from .lab_acts import offloaded
+    cfg, out, seen = config(model), {}, {}
+    for name, ft in rungs.items():
+        key = (ft.adapter, ft.base_dtype, ft.lora_rank, ft.lora_targets, ft.adapter_dtype)
+        if key not in seen:          # full and full-8bit save alike, and so do QLoRA on the GPU or not
+            seen[key] = {p: finetune_activation_bytes(cfg, ft, seq, batch, checkpoint=p) for p in POLICIES}
+        for p, a in seen[key].items():
+            out[name, p, "forward"], out[name, p, "recompute"] = a["forward_peak"], a["recompute_peak"]
+        if getattr(ft, "offload", False):
+            o = offloaded(cfg, ft, seq, batch, "full")
+            out[name, "states"], out[name, "host"] = o["gpu"] - o["activations"], o["host"]
+        else:
+            out[name, "states"], out[name, "host"] = sum(truth(cfg, ft).values()), 0
+    return out
+
+
+def _assemble(pieces: dict, rungs) -> dict[str, tuple[int, dict[str, int], int]]:
+    return {name: (pieces[name, "states"], {p: max(pieces[name, p, "forward"], pieces[name, p, "recompute"])
+                                            for p in POLICIES}, pieces[name, "host"]) for name in rungs}
+
+
+def totals(model: dict, seq: int, batch: int, rungs=LADDER) -> dict[str, tuple[int, dict[str, int], int]]:
+    """rung -> (GPU bytes besides activations, {policy: activation peak}, host bytes), one GPU: a
+    rung on the GPU holds its states (:func:`truth`) and needs no host memory; the ``offload`` rung
+    is :func:`.lab_acts.offloaded`'s (FSDP CPU offload of every parameter)."""
+    return _assemble(_pieces(model, seq, batch, rungs), rungs)
+
+
+def in_depth(model: dict, seq: int, batch: int, rungs=LADDER, key: str = "n_layers", at: tuple = (2, 3)):
+    """``x -> totals(model with model[key] = x)`` extrapolated from two values of ``key``: with the
+    other dimensions fixed every piece is affine in the depth (each layer alike; a checkpointed
+    step's peaks are the forward's end and the last layer's re-run) and nearly so in the
+    vocabulary (per-block roundings aside). For searching only: a drawn case is checked with
+    :func:`totals` itself."""
+    a, b = (_pieces(dict(model, **{key: x}), seq, batch, rungs) for x in at)
+
+    def figures(x: int) -> dict:
+        return _assemble({k: a[k] + (b[k] - a[k]) * (x - at[0]) // (at[1] - at[0]) for k in a}, rungs)
+    return figures
 
 
 def total(figures: dict, setup: tuple[str, str]) -> int:
-    """States + activations of ``setup`` (rung, policy)."""
-    states, acts = figures[setup[0]]
+    """GPU bytes of ``setup`` (rung, policy): states (or what offload keeps there) + activations."""
+    states, acts, _ = figures[setup[0]]
     return states + acts[setup[1]]
+
+
+def fits(figures: dict, setup: tuple[str, str], usable: int, host_ram: int) -> bool:
+    """``setup``'s GPU bytes fit ``usable`` and its host bytes fit ``host_ram``."""
+    return total(figures, setup) <= usable and figures[setup[0]][2] <= host_ram
 
 
 def library_total(model: dict, figures: dict, rungs) -> int:
@@ -183,98 +227,6 @@ def library_total(model: dict, figures: dict, rungs) -> int:
     return sum(finetune_states(config(model), rungs["qlora"]).values()) + figures["qlora"][1]["full"]
 
 
-def answer(figures: dict, usable: int) -> tuple[str, str] | None:
-    """The first setup (rung, policy) whose states + activations fit ``usable`` bytes (None if none)."""
-    return next((setup for setup in SETUPS if total(figures, setup) <= usable), None)
-
-
-def _clear(figures: dict, usable: int, tight: tuple | None = None) -> bool:
-    return all(abs(total(figures, setup) / usable - 1) >= MARGIN for setup in SETUPS if setup != tight)
-
-
-# Two cases a check are tight: the setup just before the answer misses the usable bytes by less
-# than one part of the single-GPU reserve, so a chooser that leaves that part out takes it. Review
-# r10: with every setup 3 % away, forgetting the CUDA context passed 12 of 20 draws, a flat 2 GiB
-# 13 of 20. "context": within the context's GiB, on the small cards (a layer of a big card's model
-# outgrows a GiB); "share": within 5 % of capacity less a GiB, on the big cards, so that a flat
-# reserve of 2 GiB or less takes it too. Smaller slips (10^9 for 2^30) pass.
-TIGHT = {"context": (("t4", "l4"), lambda card: 2 ** 30),
-         "share": (("a100-40gb", "a100-80gb", "h100-80gb", "h200"),
-                   lambda card: int(0.05 * gpus.get(card).capacity) - 2 ** 30)}
-
-
-DEPTHS = (2, 160)
-
-
-def _last_under(total, limit: float) -> int:
-    """The largest depth whose total is under ``limit`` (DEPTHS[0] - 1 if none): totals grow with depth."""
-    lo, hi = DEPTHS[0] - 1, DEPTHS[1]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if total(mid) < limit else (lo, mid - 1)
-    return lo
-
-
-def choose_case(rng, want: tuple[str, str] | None, tries: int = 200, tight: str | None = None) -> tuple:
-    """(card, model, seq, batch, figures, rungs) whose answer is ``want`` (a setup of
-    :data:`SETUPS`): the card and the width drawn independently of it, the depth picked among
-    those that give it (bisection: totals grow with depth), every setup at least MARGIN away from
-    the usable bytes. ``rungs``: the case's ladder; for ``want`` None its QLoRA rung is a
-    :data:`HEAVY` one and gpumem's count of that rung fits by at least LIB_MARGIN (module docstring).
-    ``tight`` (a key of :data:`TIGHT`): the setup just before ``want`` misses the usable bytes by
-    less than that part of the reserve, every other setup MARGIN away."""
-    for _ in range(tries):
-        card = rng.choice(TIGHT[tight][0] if tight else CARDS)
-        usable = card_usable(card)
-        model, seq, batch = draw_model(rng, wide=True), rng.choice(SEQS), rng.choice((1, 2, 4))
-        pool = HEAVY if want is None or rng.random() < 0.5 else NF4_CHOICES
-        rungs = ladder(*rng.choice(pool))
-        cache: dict[int, dict] = {}
-
-        def fig(layers: int) -> dict:
-            if layers not in cache:
-                cache[layers] = totals(dict(model, n_layers=layers), seq, batch, rungs)
-            return cache[layers]
-        k = SETUPS.index(want) if want is not None else len(SETUPS)
-        above = [_last_under(lambda L, u=u: total(fig(L), u), usable * (1 + MARGIN)) for u in SETUPS[:k]]
-        low = max(above, default=DEPTHS[0] - 1) + 1
-        if want is None:
-            high = _last_under(lambda L: library_total(dict(model, n_layers=L), fig(L), rungs),
-                               usable * (1 - LIB_MARGIN))
-        else:
-            high = _last_under(lambda L: total(fig(L), want), usable * (1 - MARGIN))
-        if tight:                   # the setup before want lands in (usable, usable + window]
-            before = SETUPS[k - 1]
-            low = max(low, _last_under(lambda L: total(fig(L), before), usable + 1) + 1)
-            high = min(high, _last_under(lambda L: total(fig(L), before), usable + TIGHT[tight][1](card) + 1))
-        if low > high:
-            continue
-        layers = rng.randint(low, high)
-        f = fig(layers)
-        if answer(f, usable) == want and _clear(f, usable, SETUPS[k - 1] if tight else None):
-            return card, dict(model, n_layers=layers), seq, batch, f, rungs
-    raise RuntimeError(f"no case drawn for {want!r}")
-
-
-def choose_cases(rng) -> list[tuple]:
-    """Five cases, answers drawn first: None, three different setups from three different rungs,
-    and one more; both policies among them, so neither "always checkpoint" nor "never" passes; the
-    two of those with a setup before them in the ladder are tight (:data:`TIGHT`)."""
-    while True:
-        rungs = rng.sample(list(LADDER), 3)
-        answers = [None, *((r, rng.choice(POLICIES)) for r in rungs), rng.choice([*SETUPS, None])]
-        if {a[1] for a in answers if a} == set(POLICIES):
-            break
-    rng.shuffle(answers)
-    cases: list = [None] * len(answers)
-    for kind in TIGHT:                  # each kind on the first answer, in a drawn order, it can be drawn for
-        for i in rng.sample(range(len(answers)), len(answers)):
-            if answers[i] not in (None, SETUPS[0]) and cases[i] is None:
-                try:
-                    cases[i] = (answers[i], *choose_case(rng, answers[i], tight=kind))
-                    break
-                except RuntimeError:
-                    continue
-        else:
-            raise RuntimeError(f"no {kind} case drawn")
-    return [case or (want, *choose_case(rng, want)) for case, want in zip(cases, answers)]
+def answer(figures: dict, usable: int, host_ram: int) -> tuple[str, str] | None:
+    """The first setup (rung, policy) that fits (:func:`fits`), None if none does."""
+    return next((setup for setup in SETUPS if fits(figures, setup, usable, host_ram)), None)

@@ -1,6 +1,6 @@
-"""Lab 08's ``check()``: a fine-tuning step's bytes by role counted by hand; the most faithful setup that fits.
+"""Lab 08's ``check()``: a fine-tuning step's bytes counted by hand; the most faithful setup that fits.
 
-The learner writes two functions; while each call runs, gpumem's own fine-tuning counts raise
+The learner writes four functions; while each call runs, gpumem's own fine-tuning counts raise
 "count it yourself" (:mod:`.lab_guard`):
 
 * ``role_bytes(model, ft)``: one GPU's bytes by role (:data:`ROLES`) for a model's dimensions (a
@@ -10,17 +10,17 @@ The learner writes two functions; while each call runs, gpumem's own fine-tuning
   :func:`.lab_draw.truth`; the first wrong role is named with the direction
   and a factor (the bytes off, under 1 %), and a hint where the mistake is a known one; the case
   label gives the model's dimensions, vocabulary and whether its head is tied;
-* ``choose_recipe(model, capacity, activations, ladder)``: the first setup, a rung of the case's
-  ``ladder`` (:data:`.lab_draw.LADDER` with its ``qlora`` rung's NF4 block and double quantisation
-  drawn: :func:`.lab_draw.ladder`) with a checkpoint policy (``"none"`` before ``"full"`` within a
-  rung: :data:`.lab_draw.SETUPS`), whose model states plus its activation peak (given, per rung
-  and policy) fit the card's capacity after chapter 08's single-GPU reserve (``scale.usable``:
-  1 GiB CUDA context + 5 % of capacity, no NCCL communicator on one GPU), returned as (that rung's
-  ``Finetune``, policy), None if none fits, graded on five cases whose answers are drawn first
-  (:func:`.lab_draw.choose_cases`: both policies among them). In the None case the QLoRA rung
-  keeps fp32 absmaxes and gpumem's own count (block 64, double quantised) would fit it: a copy of
-  the library's chooser returns ``qlora`` there, and the row names the rung's NF4 choice it did
-  not count.
+* ``activation_peak(model, ft, seq, batch, policy)``: one step's activation peak, graded on three
+  drawn models (:func:`.lab_acts.acts_cases`) against the engine's ``finetune_activation_bytes``
+  (:mod:`.lab_parts`): the frozen base still saves, peft's fp32 adapters copy their inputs;
+* ``base_on_cpu(model, ft, seq, batch, policy)``: GPU, host and PCIe bytes with every parameter on
+  the CPU (chapter 08's ``scale.base_offloaded``, :func:`.lab_acts.offloaded`), on two drawn models;
+* ``choose_recipe(model, capacity, host_ram, seq, batch, ladder)``: the first setup, a rung of the
+  case's ``ladder`` (:data:`.lab_draw.LADDER`: its last rung QLoRA with the base on the CPU; the
+  QLoRA rungs' NF4 choice drawn) with a checkpoint policy, whose GPU bytes fit the card's capacity
+  after chapter 08's single-GPU reserve (``scale.usable``) and, base on the CPU, whose host bytes
+  fit ``host_ram``; None if none fits; graded on six cases whose answers are drawn first
+  (:mod:`.lab_cases`), rows by :mod:`.lab_choose`.
 """
 
 import random
@@ -28,23 +28,12 @@ import random
 from gpumem.course.grading import Report, Row, call, returned, run_case
 from gpumem.memory.finetune import ROLES, Finetune
 
-from . import lab_draw, lab_guard, scale
+from . import lab_acts, lab_cases, lab_draw, lab_guard
+from .lab_choose import grade_choose
+from .lab_parts import grade_acts, grade_offload
+from .lab_text import GB, describe, model_line, off_by  # noqa: F401 (the rows' words)
 
 LAB = "lab08_finetune_recipe"
-GB = 10**9
-
-
-def off_by(got: int, want: int) -> str:
-    """How ``got`` differs from ``want`` without saying ``want``: direction and a rounded factor."""
-    if want == 0:
-        return f"you counted {got:,} B where the setup keeps none"
-    if got == 0:
-        return "you counted nothing where the setup keeps bytes"
-    factor = got / want
-    if abs(factor - 1) < 0.01:       # a ratio would print as 1x or 0.999x: give the bytes
-        return (f"off by {got - want:+,} B ({100 * (factor - 1):+.3f} %): a small term (per tensor, per "
-                "block, a rounding up) is off")
-    return f"yours is {factor:.3g}x the right count ({'too high' if factor > 1 else 'too low'})"
 
 
 def _hint(role: str, ft: Finetune, got: dict, want: dict) -> str:
@@ -70,16 +59,6 @@ def _hint(role: str, ft: Finetune, got: dict, want: dict) -> str:
     return ""
 
 
-def describe(ft: Finetune) -> str:
-    """A setup in a few words, for a row (the case the learner got wrong)."""
-    if not ft.lora:
-        return f"full, {ft.optimizer}"
-    kind = "QLoRA" if ft.base_dtype == "nf4" else "LoRA"
-    nf4 = (f", NF4 block {getattr(ft, 'nf4_block', 64)}, double quant {getattr(ft, 'double_quant', True)}"
-           if ft.base_dtype == "nf4" else "")
-    return f"{kind} r={ft.lora_rank} on {','.join(ft.lora_targets)}, {ft.adapter_dtype} adapters, {ft.optimizer}{nf4}"
-
-
 def states_problem(got, want: dict, ft: Finetune) -> str:
     """The first role where ``got`` differs from ``want`` ('' if none), in words."""
     where = describe(ft)
@@ -99,14 +78,9 @@ def states_problem(got, want: dict, ft: Finetune) -> str:
     return ""
 
 
-def _model_line(m: dict) -> str:
-    return (f"L={m['n_layers']} h={m['d_model']:,} a={m['n_heads']} kv={m['n_kv_heads']} "
-            f"hd={m['head_dim']} F={m['ffn']:,} V={m['vocab']:,} {'tied' if m['tie_embeddings'] else 'untied'}")
-
-
 def _grade_states(report: Report, fn, cases: list) -> None:
     for model, setups in cases:
-        case = _model_line(model)
+        case = model_line(model)
         if fn is None:
             report.rows.append(Row("role_bytes", case, "todo", "define role_bytes(model, ft)"))
             continue
@@ -120,113 +94,14 @@ def _grade_states(report: Report, fn, cases: list) -> None:
         run_case(report, "role_bytes", case, body)
 
 
-def nf4_note(ft) -> str:
-    """The QLoRA rung's NF4 choice in words, for a row (empty for the paper's block of 64, double quantised)."""
-    block, dq = getattr(ft, "nf4_block", 64), getattr(ft, "double_quant", True)
-    if (block, dq) == (64, True):
-        return ""
-    return (f" -- this ladder's qlora keeps one {'8-bit' if dq else 'fp32'} absmax per {block} weights"
-            f"{'' if dq else ' (no double quantisation)'}: count its quant_constants as your role_bytes "
-            "does, not as the QLoRA paper's (8-bit absmaxes per 64)")
-
-
-def label(setup) -> str:
-    """A setup (rung, policy) in words."""
-    rung, policy = setup
-    return f"{rung} {'without checkpointing' if policy == 'none' else 'with every layer checkpointed'}"
-
-
-def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capacity: int | None = None,
-            lib_fits: bool = False, counted_qlora: bool = False) -> str:
-    """Why the learner's setup (rung, policy) is not the answer, from the grader's figures, in
-    words. ``capacity``: what the card reports (a setup between usable and capacity points at the
-    reserve); ``lib_fits``: gpumem's own count of the QLoRA rung (block 64, double quantised) fits,
-    so a ``qlora`` answer points at the rung's NF4 choice; with ``counted_qlora`` (the learner's
-    ``role_bytes`` counts this rung's states right) at the reserve first (review r10: a reserve
-    left out was blamed on the NF4 count)."""
-    if got is None:
-        return f"{label(want)} fits ({lab_draw.total(figures, want) / GB:.1f} GB of {usable / GB:.1f} GB usable)"
-    need = lab_draw.total(figures, got)
-    if need > usable:
-        over = f"{label(got)} needs {need / GB:.1f} GB (states + activations), over {usable / GB:.1f} GB usable"
-        reserve = (f" -- it fits the {capacity / GB:.1f} GB the card reports, not what is left after "
-                   "the single-GPU reserve (1 GiB of CUDA context + 5 % of capacity)"
-                   if capacity is not None and need <= capacity else "")
-        if got[0] == "qlora" and lib_fits:
-            if reserve and counted_qlora:        # both could be off: the reserve first, as their count is right
-                ft = rungs[got[0]]
-                return (over + f" -- reserve 1 GiB + 5 % of the card's {capacity / GB:.1f} GB; or your chooser's "
-                        f"count: this qlora keeps one {'8-bit' if ft.double_quant else 'fp32'} absmax per "
-                        f"{ft.nf4_block} weights{'' if ft.double_quant else ' (no double quantisation)'}; "
-                        "count its quant_constants as role_bytes does")
-            return over + nf4_note(rungs[got[0]])
-        return over + reserve
-    if want is not None and want[0] == got[0]:
-        return (f"{label(got)} fits, but the rung fits without checkpointing too: no layer needs its "
-                "forward run twice")
-    return (f"{label(got)} fits, but an earlier rung of the ladder fits too" if want is not None and
-            lab_draw.SETUPS.index(want) < lab_draw.SETUPS.index(got) else
-            f"{label(got)} fits, but it is not the first setup that does")
-
-
-def _setup_of(got, rungs) -> tuple[str | None, str]:
-    """(rung name or None, problem) for a learner's return value; problem is "" when well formed."""
-    shape = "(a rung's own Finetune from the ladder, 'none' or 'full'), or None"
-    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], Finetune)):
-        return None, returned(got, shape)
-    if got[1] not in lab_draw.POLICIES:
-        return None, f"the checkpoint policy {got[1]!r} is not 'none' or 'full'"
-    name = next((n for n, ft in rungs.items() if ft == got[0]), None)
-    if name is None:
-        return None, f"{describe(got[0])} is not a rung of this case's ladder: return the rung's own Finetune"
-    return name, ""
-
-
-def _counts(role_bytes, model: dict, ft, states: int) -> bool:
-    """Whether the learner's ``role_bytes`` (guarded) sums to ``states`` for ``ft``; False if it fails."""
-    try:
-        got = call(lab_guard.guarded(role_bytes), dict(model), ft)
-        return isinstance(got, dict) and sum(got.values()) == states
-    except Exception:       # noqa: BLE001 - any failure means "not counted right"
-        return False
-
-
-def _grade_choose(report: Report, fn, cases: list, role_bytes=None) -> None:
-    from gpumem.memory import gpus
-    wrong = any(r.function == "role_bytes" and r.status != "ok" for r in report.rows)
-    for want, card, model, seq, batch, figures, rungs in cases:
-        q = rungs["qlora"]
-        case = (f"{card}, {_model_line(model)}, seq {seq} x {batch}, qlora NF4 block {q.nf4_block}"
-                f"{'' if q.double_quant else ' no double quant'}")
-        if fn is None:
-            report.rows.append(Row("choose_recipe", case, "todo",
-                                   "define choose_recipe(model, capacity, activations, ladder)"))
-            continue
-        acts = {name: dict(a) for name, (_, a) in figures.items()}
-
-        def body(want=want, card=card, model=model, acts=acts, figures=figures, rungs=rungs):
-            got = call(lab_guard.guarded(fn), dict(model), gpus.get(card).capacity, acts, rungs)
-            right = None if want is None else (rungs[want[0]], want[1])
-            if got == right:
-                return "ok", ""
-            name, problem = (None, "") if got is None else _setup_of(got, rungs)
-            if problem:
-                return "wrong", problem
-            first = "your role_bytes is wrong (see its rows): fix that first; " if wrong else ""
-            lib_fits = lab_draw.library_total(model, figures, rungs) <= scale.usable(card)
-            counted = (name == "qlora" and role_bytes is not None
-                       and _counts(role_bytes, model, rungs["qlora"], figures["qlora"][0]))
-            return "wrong", first + why_not(None if got is None else (name, got[1]), want, figures,
-                                            scale.usable(card), rungs, gpus.get(card).capacity, lib_fits, counted)
-        run_case(report, "choose_recipe", case, body)
-
-
 def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Report:
     """Grade the lab's functions on cases drawn now, which it never shows (module docstring)."""
     rng = rng or random.Random()
     report = Report(LAB)
     _grade_states(report, ns.get("role_bytes"), lab_draw.states_cases(rng))
-    _grade_choose(report, ns.get("choose_recipe"), lab_draw.choose_cases(rng), ns.get("role_bytes"))
+    grade_acts(report, ns.get("activation_peak"), lab_acts.acts_cases(rng))
+    grade_offload(report, ns.get("base_on_cpu"), lab_acts.offload_cases(rng))
+    grade_choose(report, ns.get("choose_recipe"), lab_cases.choose_cases(rng), ns.get("role_bytes"))
     if show:
         print(report.summary())
         print("GPU part: none in this lab (the bytes are graded by formula)")

@@ -1,0 +1,155 @@
+"""Lab 08's part 3 cases: a GPU, its host's RAM, a model, a sequence length and a micro-batch.
+
+Each answer is drawn first (a setup of :data:`.lab_draw.SETUPS`, a rung with a checkpoint policy,
+or None: None and a base-on-CPU answer always among them, three rungs, both policies, in a drawn
+order); the GPU is drawn independently of it; then the model's width and seq/batch are drawn and
+its depth is picked among the depths whose answer is the drawn one, every setup's GPU bytes at
+least :data:`MARGIN` away from the usable bytes (chapter 08's ``scale.usable``: capacity minus the
+single-GPU reserve, no NCCL); then the host's RAM, from :data:`HOST_GIB`, at least MARGIN away
+from the base-on-CPU rung's host bytes: above them when that rung is the answer, below them in a
+None case. So neither the GPU nor the model's width says the answer. Each case has its own ladder
+(:func:`.lab_draw.ladder`): its QLoRA rungs carry a drawn NF4 block and double-quantisation choice.
+In a None case that choice is a heavy one (:data:`HEAVY`: fp32 absmaxes) and the depth is one
+where gpumem's count (the paper's block of 64, double quantised) would still fit the ``qlora`` rung
+by at least :data:`LIB_MARGIN`: a copy of the library's chooser, however rewritten, picks
+``qlora`` there.
+
+Three cases a check are tight (:data:`TIGHT`): the setup just before the answer misses the usable
+bytes by less than a part of the reserve ("context", "share"), so the reserve must be right, or by
+less than its own ``dequant_buffer`` ("buffer": the answer is the base on the CPU, the setup before
+it QLoRA on the GPU, checkpointed), so a per-parameter count of QLoRA's states (4.127 bits a
+weight, no dequantised matrix) takes it (review r11 defect 3).
+"""
+
+from gpumem.memory import gpus
+
+from . import lab_draw
+from .lab_draw import NF4_CHOICES, SETUPS, answer, config, draw_model, in_depth, ladder, total, totals, truth
+from .scale import usable as card_usable     # the chapter's single-GPU reserve: one fact, one function
+
+MARGIN = 0.03
+LIB_MARGIN = 0.01    # in a None case, gpumem's own count fits the QLoRA rung by at least this share
+HEAVY = ((32, False), (64, False))   # fp32 absmaxes per 32 or 64 weights: 0.125 or 0.0625 B a weight
+# NF4 choices whose constants are at least the paper's (a per-parameter 0.5159 B counts too few)
+DENSE = ((32, True), (32, False), (64, False), (128, False))
+HOST_GIB = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+OFFLOADED = "qlora-cpu"
+BUFFER = (OFFLOADED, "none")          # the "buffer" case's answer; the setup before it is ("qlora", "full")
+TIGHT = {"context": (("t4", "l4"), lambda card, model, rungs: 2 ** 30),
+         "share": (("a100-40gb", "a100-80gb", "h100-80gb", "h200"),
+                   lambda card, model, rungs: int(0.05 * gpus.get(card).capacity) - 2 ** 30),
+         "buffer": (("t4", "l4", "a100-40gb"),
+                    lambda card, model, rungs: truth(config(model), rungs["qlora"])["dequant_buffer"])}
+DEPTHS = (2, 160)
+
+
+def _last_under(total_of, limit: float) -> int:
+    """The largest depth whose total is under ``limit`` (DEPTHS[0] - 1 if none): totals grow with depth."""
+    lo, hi = DEPTHS[0] - 1, DEPTHS[1]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if total_of(mid) < limit else (lo, mid - 1)
+    return lo
+
+
+def _clear(figures: dict, usable: int, host_ram: int, tight: tuple | None = None) -> bool:
+    gpu = all(abs(total(figures, s) / usable - 1) >= MARGIN for s in SETUPS if s != tight)
+    return gpu and abs(figures[OFFLOADED][2] / host_ram - 1) >= MARGIN
+
+
+def _host(rng, want, host: int) -> int | None:
+    """Host RAM (bytes) for a case: above the offloaded rung's ``host`` bytes when it is the
+    answer, below them when none fits, anything otherwise (an earlier rung fits)."""
+    sizes = [g * 2 ** 30 for g in HOST_GIB]
+    if want is None:
+        sizes = [s for s in sizes if s <= host * (1 - MARGIN)]
+    elif want[0] == OFFLOADED:
+        sizes = [s for s in sizes if s >= host * (1 + MARGIN)]
+    else:
+        sizes = [s for s in sizes if abs(s / host - 1) >= MARGIN]
+    return rng.choice(sizes) if sizes else None
+
+
+def _trim_vocab(model: dict, layers: int, seq: int, batch: int, rungs, before, usable: int) -> dict:
+    """The model with the smallest vocabulary (>= 1,000) that keeps ``before`` over ``usable``
+    (bisection: totals grow with the vocabulary); the model as given if none."""
+    fig = in_depth(dict(model, n_layers=layers), seq, batch, rungs, "vocab", (1000, model["vocab"]))
+    lo, hi = 1000, model["vocab"]
+    if total(fig(lo), before) > usable:
+        return model
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if total(fig(mid), before) > usable else (mid, hi)
+    return dict(model, vocab=hi)
+
+
+def choose_case(rng, want: tuple[str, str] | None, tries: int = 200, tight: str | None = None) -> tuple:
+    """(card, host_ram, model, seq, batch, figures, rungs) whose answer is ``want`` (module docstring)."""
+    k = SETUPS.index(want) if want is not None else len(SETUPS)
+    on_gpu = [s for s in SETUPS[:k] if s[0] != OFFLOADED]
+    for _ in range(tries):
+        card = rng.choice(TIGHT[tight][0] if tight else lab_draw.CARDS)
+        usable = card_usable(card)
+        model, seq, batch = draw_model(rng, wide=True), rng.choice(lab_draw.SEQS), rng.choice((1, 2, 4))
+        if tight == "buffer":       # no re-run with the base on the CPU: short sequences, one at a time
+            seq, batch = rng.choice((512, 1024)), 1
+        pool = HEAVY if want is None else DENSE if tight == "buffer" else (
+            HEAVY if rng.random() < 0.5 else NF4_CHOICES)
+        rungs = ladder(*rng.choice(pool))
+        fig = in_depth(model, seq, batch, rungs)       # the search's figures; the case's are totals'
+        before = SETUPS[k - 1] if tight else None
+        under = [u for u in on_gpu if u != before]    # every one over: the least of them over (totals grow with depth)
+        low = (_last_under(lambda L: min(total(fig(L), u) for u in under), usable * (1 + MARGIN)) + 1 if under
+               else DEPTHS[0])
+        if want is None:
+            high = _last_under(lambda L: lab_draw.library_total(dict(model, n_layers=L), fig(L), rungs),
+                               usable * (1 - LIB_MARGIN))
+        else:
+            high = _last_under(lambda L: total(fig(L), want), usable * (1 - MARGIN))
+        if tight:                   # the setup before want lands in (usable, usable + window]
+            window = TIGHT[tight][1](card, model, rungs)
+            low = max(low, _last_under(lambda L: total(fig(L), before), usable + 1) + 1)
+            if low > high:
+                continue
+            layers = low
+            if total(fig(layers), before) > usable + window:     # a layer is more than the window: trim the vocabulary
+                model = _trim_vocab(model, layers, seq, batch, rungs, before, usable)
+        else:
+            if low > high:
+                continue
+            layers = rng.randint(low, high)
+        f = totals(dict(model, n_layers=layers), seq, batch, rungs)
+        host_ram = _host(rng, want, f[OFFLOADED][2])
+        if host_ram and answer(f, usable, host_ram) == want and _clear(f, usable, host_ram, before) and (
+                not tight or total(f, before) <= usable + window):
+            return card, host_ram, dict(model, n_layers=layers), seq, batch, f, rungs
+    raise RuntimeError(f"no case drawn for {want!r}")
+
+
+def choose_cases(rng) -> list[tuple]:
+    """Six cases, answers drawn first: None, the base on the CPU without checkpointing (the
+    "buffer" case), three setups from three other rungs, and one more; both policies among them, so
+    neither "always checkpoint" nor "never" passes; :data:`TIGHT`'s "context" and "share" go to
+    two of those with a setup before them in the ladder. Each: (want, card, host_ram, model, seq,
+    batch, figures, rungs)."""
+    while True:
+        rungs = rng.sample([r for r in lab_draw.LADDER if r != OFFLOADED], 3)
+        answers = [None, BUFFER, *((r, rng.choice(lab_draw.POLICIES)) for r in rungs),
+                   rng.choice([*SETUPS, None])]
+        if {a[1] for a in answers if a} == set(lab_draw.POLICIES):
+            break
+    rng.shuffle(answers)
+    cases: list = [None] * len(answers)
+    cases[answers.index(BUFFER)] = (BUFFER, *choose_case(rng, BUFFER, tight="buffer"))
+    for kind in ("context", "share"):      # each kind on the first answer, in a drawn order, it can be drawn for
+        for i in rng.sample(range(len(answers)), len(answers)):
+            if answers[i] not in (None, SETUPS[0]) and cases[i] is None:
+                try:
+                    cases[i] = (answers[i], *choose_case(rng, answers[i], tight=kind))
+                    break
+                except RuntimeError:
+                    continue
+        else:
+            raise RuntimeError(f"no {kind} case drawn")
+    return [case or (want, *choose_case(rng, want)) for case, want in zip(cases, answers)]
+

@@ -1,0 +1,141 @@
+"""Lab 08's rows for ``choose_recipe(model, capacity, host_ram, seq, batch, ladder)`` (part 3).
+
+A case (:mod:`.lab_cases`) is a GPU, its host's RAM, a model, seq x batch and a ladder; the answer
+is the first setup (rung, policy) whose GPU bytes fit the usable bytes and, for the base on the
+CPU, whose host bytes fit the host's RAM. A wrong answer's row says why, from the grader's figures,
+what is first wrong: the learner's own counts (role_bytes, activation_peak, base_on_cpu rows) if
+they fail; the reserve when the setup fits what the card reports; the dequantised matrix (and the
+NF4 choice) when the setup is over by less than that role alone; the NF4 choice when gpumem's own
+count of the rung would fit; the host's RAM; the policy; the ladder's order.
+"""
+
+from gpumem.course.grading import Row, call, returned, run_case
+from gpumem.memory import gpus
+from gpumem.memory.finetune import Finetune
+
+from . import lab_draw, lab_guard, scale
+from .lab_text import GB, describe, model_line
+
+RESERVE = "the single-GPU reserve (1 GiB of CUDA context + 5 % of capacity)"
+
+
+def nf4_note(ft) -> str:
+    """The QLoRA rung's NF4 choice in words, for a row (empty for the paper's block of 64, double quantised)."""
+    block, dq = getattr(ft, "nf4_block", 64), getattr(ft, "double_quant", True)
+    if (block, dq) == (64, True):
+        return ""
+    return (f" -- this ladder's qlora keeps one {'8-bit' if dq else 'fp32'} absmax per {block} weights"
+            f"{'' if dq else ' (no double quantisation)'}: count its quant_constants as your role_bytes "
+            "does, not as the QLoRA paper's (8-bit absmaxes per 64)")
+
+
+def label(setup) -> str:
+    """A setup (rung, policy) in words."""
+    rung, policy = setup
+    where = " (base on the CPU)" if rung == "qlora-cpu" else ""
+    return f"{rung}{where} {'without checkpointing' if policy == 'none' else 'with every layer checkpointed'}"
+
+
+def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capacity: int | None = None,
+            lib_fits: bool = False, counted_qlora: bool = False, host_ram: int | None = None,
+            buffer: int = 0) -> str:
+    """Why the learner's setup (rung, policy) is not the answer, in words (module docstring).
+    ``buffer``: the got rung's dequant_buffer (0 for a bf16 base)."""
+    if got is None:
+        return f"{label(want)} fits ({lab_draw.total(figures, want) / GB:.1f} GB of {usable / GB:.1f} GB usable)"
+    need = lab_draw.total(figures, got)
+    if need > usable:
+        over = f"{label(got)} needs {need / GB:.1f} GB on the GPU, over {usable / GB:.1f} GB usable"
+        reserve = (f" -- it fits the {capacity / GB:.1f} GB the card reports, not what is left after {RESERVE}"
+                   if capacity is not None and need <= capacity else "")
+        if got[0] == "qlora" and lib_fits:
+            if reserve and counted_qlora:        # both could be off: the reserve first, as their count is right
+                ft = rungs[got[0]]
+                return (over + f" -- reserve 1 GiB + 5 % of the card's {capacity / GB:.1f} GB; or your chooser's "
+                        f"count: this qlora keeps one {'8-bit' if ft.double_quant else 'fp32'} absmax per "
+                        f"{ft.nf4_block} weights{'' if ft.double_quant else ' (no double quantisation)'}; "
+                        "count its quant_constants as role_bytes does")
+            return over + nf4_note(rungs[got[0]])
+        if buffer and got[0] == "qlora" and need - usable <= buffer:
+            return (over + f" by {(need - usable) / 2**20:,.0f} MiB, less than its dequant_buffer alone "
+                    f"({buffer / 2**20:,.0f} MiB: the largest matrix dequantised to bf16) -- count each rung's "
+                    "states as role_bytes does, every role (a per-parameter 4.127 bits leaves out the dequantised "
+                    f"matrix{' and this ladder' + chr(39) + 's NF4 constants' if nf4_note(rungs[got[0]]) else ''})"
+                    + (f"; or your reserve: {reserve[4:]}" if reserve else ""))
+        if reserve and counted_qlora:        # the reserve, or a chooser that does not use role_bytes' count
+            return (over + f" -- reserve 1 GiB + 5 % of the card's {capacity / GB:.1f} GB; or your chooser "
+                    "counts this rung's states short, though your role_bytes counts them right: use it")
+        return over + reserve
+    host = figures[got[0]][2]
+    if host_ram is not None and host > host_ram:
+        return (f"{label(got)} fits the GPU, but the host must hold {host / GB:.1f} GB (the base, the adapters, "
+                f"their gradients and moments), over its {host_ram / GB:.1f} GB of RAM")
+    if want is not None and want[0] == got[0]:
+        return (f"{label(got)} fits, but the rung fits without checkpointing too: no layer needs its "
+                "forward run twice")
+    return (f"{label(got)} fits, but an earlier rung of the ladder fits too" if want is not None and
+            lab_draw.SETUPS.index(want) < lab_draw.SETUPS.index(got) else
+            f"{label(got)} fits, but it is not the first setup that does")
+
+
+def _setup_of(got, rungs) -> tuple[str | None, str]:
+    """(rung name or None, problem) for a learner's return value; problem is "" when well formed."""
+    shape = "(a rung's own Finetune from the ladder, 'none' or 'full'), or None"
+    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], Finetune)):
+        return None, returned(got, shape)
+    if got[1] not in lab_draw.POLICIES:
+        return None, f"the checkpoint policy {got[1]!r} is not 'none' or 'full'"
+    name = next((n for n, ft in rungs.items() if ft == got[0]), None)
+    if name is None:
+        return None, f"{describe(got[0])} is not a rung of this case's ladder: return the rung's own Finetune"
+    return name, ""
+
+
+def _counts(role_bytes, model: dict, ft, states: int) -> bool:
+    """Whether the learner's ``role_bytes`` (guarded) sums to ``states`` for ``ft``; False if it fails."""
+    try:
+        got = call(lab_guard.guarded(role_bytes), dict(model), ft)
+        return isinstance(got, dict) and sum(got.values()) == states
+    except Exception:       # noqa: BLE001 - any failure means "not counted right"
+        return False
+
+
+def _first(report, got_rung: str | None, want) -> str:
+    """What to fix first, if one of the learner's own counts has failing rows."""
+    bad = {r.function for r in report.rows if r.status != "ok"}
+    offload = "qlora-cpu" in (got_rung, want and want[0])
+    for fn in ("role_bytes", "activation_peak", *(("base_on_cpu",) if offload else ())):
+        if fn in bad:
+            return f"your {fn} is wrong (see its rows): fix that first; "
+    return ""
+
+
+def grade_choose(report, fn, cases: list, role_bytes=None) -> None:
+    """One row per case (:mod:`.lab_cases`): the learner's setup against the drawn answer."""
+    for want, card, host_ram, model, seq, batch, figures, rungs in cases:
+        q = rungs["qlora"]
+        case = (f"{card} + {host_ram // 2**30} GiB RAM, {model_line(model)}, seq {seq} x {batch}, qlora NF4 block "
+                f"{q.nf4_block}{'' if q.double_quant else ' no double quant'}")
+        if fn is None:
+            report.rows.append(Row("choose_recipe", case, "todo",
+                                   "define choose_recipe(model, capacity, host_ram, seq, batch, ladder)"))
+            continue
+
+        def body(want=want, card=card, host_ram=host_ram, model=model, seq=seq, batch=batch, figures=figures,
+                 rungs=rungs):
+            got = call(lab_guard.guarded(fn), dict(model), gpus.get(card).capacity, host_ram, seq, batch, rungs)
+            right = None if want is None else (rungs[want[0]], want[1])
+            if got == right:
+                return "ok", ""
+            name, problem = (None, "") if got is None else _setup_of(got, rungs)
+            if problem:
+                return "wrong", problem
+            lib_fits = lab_draw.library_total(model, figures, rungs) <= scale.usable(card)
+            counted = (name is not None and not rungs[name].offload and role_bytes is not None
+                       and _counts(role_bytes, model, rungs[name], figures[name][0]))
+            buffer = (lab_draw.truth(lab_draw.config(model), rungs[name])["dequant_buffer"]
+                      if name in ("qlora", "qlora-cpu") else 0)
+            return "wrong", _first(report, name, want) + why_not(
+                None if got is None else (name, got[1]), want, figures, scale.usable(card), rungs,
+                gpus.get(card).capacity, lib_fits, counted, host_ram, buffer)
+        run_case(report, "choose_recipe", case, body)

@@ -1,0 +1,122 @@
+"""Lab 08's rows for ``activation_peak`` (part 2) and ``base_on_cpu`` (part 3's last rung).
+
+Each row is one drawn model (:mod:`.lab_acts`); the first wrong figure is named with its setup and
+policy, the direction and a factor (bytes under 1 %), and, where the difference is one the chapter
+names, that piece: the frozen base's saves, the adapters' bf16 input copies, their bf16 casts, the
+loss, RoPE's tables, the re-run layer; for the base on the CPU, the root unit, the two blocks, the
+NF4 constants and the dequantised matrix that stay, and the passes over PCIe.
+"""
+
+from gpumem.course.grading import Row, call, returned, run_case
+
+from . import lab_guard
+from .lab_text import describe, model_line, off_by
+
+KEYS = ("host", "pcie", "gpu")     # checked in this order: the host's bytes need no new idea
+
+
+def policy_text(policy: str) -> str:
+    """A checkpoint policy in words, for a row."""
+    return "no checkpointing" if policy == "none" else "every layer checkpointed"
+
+
+def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, batch: int) -> str:
+    want, gap = parts["peak"], parts["peak"] - got
+    T, L, h = seq * batch, model["n_layers"], model["d_model"]
+    named = {parts["adapter_casts"]: "the adapters' bf16 casts (under autocast each fp32 A and B is cast to "
+                                     "bf16 once a step and kept: 2 B per adapter element)",
+             8: "the loss's two fp32 scalars (8 B)",
+             4 * seq * model["head_dim"]: "RoPE's cos and sin tables (2 x 2 B x seq x head_dim, shared by the batch)",
+             10 * T * model["vocab"]: "the loss's logits (bf16), their fp32 copy and the fp32 log-softmax"}
+    if gap in named and gap:
+        return f"{'missing' if gap > 0 else 'counted once too often'}: {named[gap]}"
+    base = parts["per_layer"] - sum(v for k, v in parts.items() if k.startswith("layer: adapter"))
+    if ft.lora and gap >= 0.5 * base * (L if policy == "none" else 1):
+        return ("the frozen base's activations are still saved: backward runs through every layer to reach "
+                "the adapters, so the norms, the attention core and SiLU save as before; only a frozen "
+                "projection's own input is not saved (unless an adapter saves it)")
+    if ft.lora and ft.adapter_dtype == "fp32" and ft.base_dtype == "bf16" and got < want:
+        return ("peft's fp32 adapters under autocast: each adapted projection saves its own bf16 copy of its "
+                "input (q, k and v: three copies of one tensor; o its own)")
+    if ft.lora and ft.base_dtype == "nf4" and got > want:
+        return ("on a GPU under autocast peft's 4-bit layer does not cast the input: adapters that read one "
+                "tensor share it, and o's input is attention's output, already saved")
+    if policy == "full":
+        return ("checkpointed, the peak is the larger of the end of the forward (each layer's bf16 input, "
+                "what lies outside the layers, the loss) and the last layer's re-run in backward (the inputs "
+                "before it, that layer's saves, RoPE's tables, the loss scalars)")
+    if not ft.lora and abs(gap) == L * 2 * T * h:
+        return "full fine-tuning saves each projection's input: q/k/v's and the MLP's, one bf16 copy each"
+    return ""
+
+
+def grade_acts(report, fn, cases: list) -> None:
+    """Rows of ``activation_peak(model, ft, seq, batch, policy)`` against the engine's peak."""
+    for model, seq, batch, setups in cases:
+        case = f"{model_line(model)}, seq {seq} x {batch}"
+        if fn is None:
+            report.rows.append(Row("activation_peak", case, "todo",
+                                   "define activation_peak(model, ft, seq, batch, policy)"))
+            continue
+
+        def body(model=model, seq=seq, batch=batch, setups=setups):
+            for ft, policy, parts in setups:
+                got = call(lab_guard.guarded(fn), dict(model), ft, seq, batch, policy)
+                where = f"{describe(ft)}, {policy_text(policy)}"
+                if isinstance(got, bool) or not isinstance(got, int):
+                    return "wrong", f"{where}: " + returned(got, "bytes, a whole number (int)")
+                if got != parts["peak"]:
+                    hint = _acts_hint(ft, policy, got, parts, model, seq, batch)
+                    return "wrong", f"{where}: {off_by(got, parts['peak'])}" + (f" -- {hint}" if hint else "")
+            return "ok", ""
+        run_case(report, "activation_peak", case, body)
+
+
+def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
+    gap, L = want[key] - got, model["n_layers"]
+    if key == "host":
+        return ("the host keeps every role of role_bytes but two: quant_constants (attributes, not parameters: "
+                "FSDP moves only parameters) and the dequant_buffer stay on the GPU")
+    if key == "pcie":
+        if got in (L * want["block"], 3 * L * want["block"]):
+            return ("each block crosses twice a step, forward and backward; the checkpointed re-run uses the "
+                    "backward's copy")
+        return ("what crosses is each block's weights as FSDP copies them up: the base's matrices as stored, "
+                "its two bf16 norms and its adapters; the root unit (embedding, head, final norm) stays")
+    pieces = {want["root"]: "the root unit (embedding, head unless tied, final norm: FSDP keeps it from forward "
+                            "to backward)",
+              2 * (want["block"] + want["block_grads"]): "two blocks (one computing, one prefetched) with their "
+                                                         "adapters' gradients",
+              want["block"] + want["block_grads"]: "a second block: one computes while the next is prefetched",
+              want["block_grads"] * 2: "the two blocks' adapter gradients",
+              want["constants"]: "the NF4 constants (quant_constants: attributes, not parameters, so they stay)",
+              want["dequant_buffer"]: "the dequantised matrix (dequant_buffer)"}
+    if gap in pieces and gap:
+        return f"{'missing' if gap > 0 else 'counted once too often'}: {pieces[gap]}"
+    return ("the GPU keeps the activations, the root unit, the NF4 constants, the dequantised matrix and two "
+            "blocks (weights as copied up, with their adapters' gradients)")
+
+
+def grade_offload(report, fn, cases: list) -> None:
+    """Rows of ``base_on_cpu(model, ft, seq, batch, policy)``: {"gpu", "host", "pcie"} bytes."""
+    for model, seq, batch, setups in cases:
+        case = f"{model_line(model)}, seq {seq} x {batch}"
+        if fn is None:
+            report.rows.append(Row("base_on_cpu", case, "todo", "define base_on_cpu(model, ft, seq, batch, policy)"))
+            continue
+
+        def body(model=model, seq=seq, batch=batch, setups=setups):
+            for ft, policy, want in setups:
+                got = call(lab_guard.guarded(fn), dict(model), ft, seq, batch, policy)
+                where = f"{describe(ft)}, base on the CPU, {policy_text(policy)}"
+                if not isinstance(got, dict) or set(got) != set(KEYS):
+                    return "wrong", f"{where}: " + returned(got, "a dict with the keys 'gpu', 'host' and 'pcie'")
+                for key in KEYS:
+                    g = got[key]
+                    if isinstance(g, bool) or not isinstance(g, int):
+                        return "wrong", f"{where}, {key}: bytes are a whole number (int), got {g!r}"
+                    if g != want[key]:
+                        hint = _offload_hint(key, g, want, ft, model)
+                        return "wrong", f"{where}, {key}: {off_by(g, want[key])}" + (f" -- {hint}" if hint else "")
+            return "ok", ""
+        run_case(report, "base_on_cpu", case, body)
