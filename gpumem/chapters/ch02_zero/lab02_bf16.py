@@ -18,13 +18,12 @@ RTOL = 1e-6          # fp32 rounding of the rare sums that are not exact; a bf16
 ATOL = 1e-30
 
 
-def rank_case(install, rank: int, world: int, case: tuple) -> dict:
-    """On each rank: the bf16 gradients as they arrived and the learner's shards after one backward."""
+def rank_case(install, build, rank: int, world: int, case: tuple) -> dict:
+    """On each rank: the bf16 gradients as they arrived and the learner's shards after one backward
+    (``build``: :func:`.lab02_ranks.build`, passed in so that this module imports none of the lab's)."""
     import torch
 
     from gpumem.runs import training
-
-    from .lab02_ranks import build
     model, seed, steps, bucket = case
     net, _, params = build(model, seed, False)
     net.to(torch.bfloat16)
@@ -44,8 +43,18 @@ def rank_case(install, rank: int, world: int, case: tuple) -> dict:
 
 
 def label(case: tuple, world: int) -> str:
+    """The bf16 row's case, as the report shows it."""
     model, seed, _, bucket = case
     return f"{model} in bf16, seed {seed}, bucket {bucket:,} B, {world} ranks: shards reduced in fp32"
+
+
+def row(results: list[dict], names: list[str]) -> tuple[str, str]:
+    """(status, detail) of the bf16 row: an error the hooks raised on a rank, or :func:`grade`."""
+    failed = next((f"rank {r}: {res['error']}" for r, res in enumerate(results) if "error" in res), None)
+    if failed:
+        return "error", f"your hooks raised on the bf16 model, {failed}"
+    bad = grade(results, names)
+    return ("wrong", bad) if bad else ("ok", "")
 
 
 def grade(results: list[dict], names: list[str]) -> str | None:

@@ -7,9 +7,10 @@ bucket exposes: one reduce-scatter of every gradient, timed alone, next to lone 
 of other sizes from which the learner predicts it.
 
 Every kind of call is timed in interleaved rounds (a load that comes and goes on a shared machine
-hits every kind alike, and each round starts one kind later), each call between two barriers: both ranks start together, and the time
-ends when both are done. On a shared machine other work only adds time, so a kind's fastest
-round is its least disturbed one; the spread of its rounds in the same run is its noise band.
+hits every kind alike, and each round starts one kind later), each call between two barriers:
+both ranks start together, and the time ends when both are done. On a shared machine other work
+only adds time, so a kind's fastest round is its least disturbed one; the spread of its rounds in
+the same run is its noise band (:func:`band`).
 """
 
 import math
@@ -85,6 +86,7 @@ def lone_rank(world: int, n: int = ROUNDS) -> dict:
 
 
 def fastest(xs) -> float:
+    """A kind's least disturbed round (other work on a shared machine only adds time)."""
     return min(xs)
 
 

@@ -13,8 +13,8 @@ Graded twice:
   ``bucket_bytes``) or the line without its fixed cost are each named;
 * on this run: the ranks of ``check()`` time lone reduce-scatters (:mod:`.lab02_measure`); the
   learner's function, given those of half and one and a half times the sweep model's 9.4 MB,
-  predicts the one-bucket transfer of all 9.4 MB, which the same run timed alone: the prediction must fall in that time's noise
-  band (:func:`.lab02_measure.band`).
+  predicts the one-bucket transfer of all 9.4 MB, which the same run timed alone: the prediction
+  must fall in that time's noise band (:func:`.lab02_measure.band`).
 """
 
 import math
@@ -61,6 +61,7 @@ def _lasts(sizes) -> list[int]:
 
 
 def grade_plan(fn, plan) -> tuple[str, str]:
+    """(status, detail) of the learner's function on one planned case of :data:`PLANS`."""
     sizes, bucket, lone, want = plan
     got = call(fn, list(sizes), bucket, [tuple(x) for x in lone])
     if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):

@@ -169,8 +169,11 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple, bf16: tuple | N
         out.append({"first": first, "peak_full": max(peaks), "peak_held": max(held), "passes": passes,
                     "weights": [p.detach().clone() for p in params]})
     from . import lab02_bf16, lab02_measure
-    out.append({"bf16": lab02_bf16.rank_case(ns[FN], rank, world, bf16) if bf16 else None,
-                "lone": lab02_measure.lone_rank(world)})
+    out.append({"lone": lab02_measure.lone_rank(world), "bf16": None})
+    try:                                   # the learner's hooks fail here alone: Part 1's rows stand
+        out[-1]["bf16"] = lab02_bf16.rank_case(ns[FN], build, rank, world, bf16) if bf16 else None
+    except Exception as err:               # noqa: BLE001 - reported in the bf16 row
+        out[-1]["bf16"] = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
     return out
 
 

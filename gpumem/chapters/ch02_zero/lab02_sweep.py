@@ -128,7 +128,8 @@ def table(res: dict, predict) -> list[str]:
         told.append((label, q1, q3, pred))
     lone = res["lone"]
     out.append("lone reduce-scatter, fastest of the rounds: " + "; ".join(
-        f"{lone['bytes'][f] / 1e6:.2f} MB {measure.fastest(lone['seconds'][f]) * 1e3:.1f} ms" for f in measure.FRACTIONS))
+        f"{lone['bytes'][f] / 1e6:.2f} MB {measure.fastest(lone['seconds'][f]) * 1e3:.1f} ms"
+        for f in measure.FRACTIONS))
     above, below = [t[0] for t in told if t[1] > 0], [t[0] for t in told if t[2] < 0]
     line = (f"this run: the middle half lies above 0 for {', '.join(above) or 'no row'}"
             + (f", below 0 for {', '.join(below)}" if below else "")
