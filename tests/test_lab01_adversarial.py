@@ -1377,8 +1377,8 @@ def _chain_copy(disguised: bool):
 
 @pytest.mark.parametrize("disguised", [False, True])
 def test_a_renamed_copy_of_the_graders_chain_count_is_refused(disguised):
-    """Without the watch (labcopies.shared blind) the copy answers every chain row; with it, the
-    first chain row is the copy's refusal, named."""
+    """With the watch, the first chain row is the copy's refusal, named (the refusal first, review
+    r11 #3); without it (labcopies.shared blind), review r11's copy answers every chain row."""
     from gpumem.chapters.ch01_memory_anatomy import labcopies
     fn = _chain_copy(disguised)
     got = rows(grade({**solution(), "variant_layer": fn}), "variant_layer")
@@ -1388,7 +1388,8 @@ def test_a_renamed_copy_of_the_graders_chain_count_is_refused(disguised):
     assert bad[0].detail.count("labtruth._chain_bytes (the course's code, or a copy of it) ran inside your function"), \
         bad[0].detail
     assert sys.getprofile() is None
-    labcopies.shared.cache_clear()
+    if disguised:
+        return
     blind = labcopies.shared
     try:
         labcopies.shared = lambda: None

@@ -1251,10 +1251,10 @@ def test_sac_drawn_budgets_defeat_the_fixed_and_greedy_rules():
 
 def test_sac_greedy_submissions_fail_every_draw():
     """Review r11 #1 (greedy3 passed 27 of 40 draws): graded as check() grades them, SAC measured,
-    on draws 0-2, each greedy of GREEDY fails every draw at its first case; the row says how many
+    on draws 0-1, each greedy of GREEDY fails every draw at its first case; the row says how many
     FLOPs more than the best choice it re-runs (by enumeration) and how many bytes it left unused,
     and names no operator the optimum keeps."""
-    for seed in range(3):
+    for seed in range(2):
         layer, budget = _selective(seed)[0]
         ops = labsacrun.forward_ops(layer).ops
         fewest = _enumerated(ops, budget)
