@@ -111,7 +111,7 @@ def test_cases_vary_and_cover_the_dimensions():
         assert len({c[0] for c in cases}) >= 4 and None in {c[0] for c in cases}
         assert {c[0][1] for c in cases if c[0]} == {"none", "full"}          # both policies, every draw
         assert len({c[0][0] for c in cases if c[0]}) >= 3
-        assert any(c[0] and c[0][0] == "qlora-cpu" for c in cases)                 # the base on the CPU, every draw
+        assert {("qlora-cpu", "none"), ("qlora-cpu", "full")} <= {c[0] for c in cases}   # the base on the CPU
         for _, card, host_ram, model, seq, batch, figures, rungs in (c for c in cases if c[0] is None):
             cap = gpus.get(card).capacity
             usable = cap - 2**30 - int(0.05 * cap)
@@ -835,7 +835,7 @@ def test_base_on_cpu_that_skips_a_piece_fails(cheat, key, said):
     assert f", {key}: " in row.detail and said in row.detail and "base on the CPU" in row.detail, row.detail
 
 
-@pytest.mark.parametrize("cheat", ["no host", "no offload rung"])
+@pytest.mark.parametrize("cheat", ["no host", "no offload rung", "no gpu check"])
 def test_a_chooser_that_skips_the_host_or_the_cpu_rung_fails(cheat):
     """Every draw has a case only the base on the CPU fits, and a None case whose host cannot hold
     it: a chooser that never checks the host's RAM, or stops at QLoRA on the GPU, fails, told so."""
@@ -845,11 +845,22 @@ def test_a_chooser_that_skips_the_host_or_the_cpu_rung_fails(cheat):
     def choose_recipe(model, capacity, host_ram, seq, batch, ladder):
         if cheat == "no host":
             return right(model, capacity, 10**15, seq, batch, ladder)
+        if cheat == "no gpu check":     # the base on the CPU taken as soon as the host holds it
+            usable = capacity - 2**30 - int(0.05 * capacity)
+            for ft in ladder.values():
+                for p in ("none", "full"):
+                    if ft.offload and ns["base_on_cpu"](model, ft, seq, batch, p)["host"] <= host_ram:
+                        return ft, p
+                    if not ft.offload and sum(ns["role_bytes"](model, ft).values()) + ns["activation_peak"](
+                            model, ft, seq, batch, p) <= usable:
+                        return ft, p
+            return None
         return right(model, capacity, host_ram, seq, batch, {k: v for k, v in ladder.items() if not v.offload})
     ns["choose_recipe"] = choose_recipe
     for seed in (0, 1):
         wrong = [r.detail for r in grade(ns, seed).rows if r.function == "choose_recipe" and r.status != "ok"]
-        said = "fits the GPU, but the host must hold" if cheat == "no host" else "qlora-cpu (base on the CPU)"
+        said = {"no host": "fits the GPU, but the host must hold", "no offload rung": "qlora-cpu (base on the CPU)",
+                "no gpu check": "the GPU still holds base_on_cpu's gpu bytes"}[cheat]
         assert wrong and any(said in d for d in wrong), wrong
 
 

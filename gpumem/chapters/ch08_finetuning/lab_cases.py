@@ -128,14 +128,14 @@ def choose_case(rng, want: tuple[str, str] | None, tries: int = 200, tight: str 
 
 def choose_cases(rng) -> list[tuple]:
     """Six cases, answers drawn first: None, the base on the CPU without checkpointing (the
-    "buffer" case), three setups from three other rungs, and one more; both policies among them, so
+    "buffer" case) and with it (its GPU bytes must be checked too: without checkpointing they do
+    not fit), three setups from three other rungs; both policies among them, so
     neither "always checkpoint" nor "never" passes; :data:`TIGHT`'s "context" and "share" go to
     two of those with a setup before them in the ladder. Each: (want, card, host_ram, model, seq,
     batch, figures, rungs)."""
     while True:
         rungs = rng.sample([r for r in lab_draw.LADDER if r != OFFLOADED], 3)
-        answers = [None, BUFFER, *((r, rng.choice(lab_draw.POLICIES)) for r in rungs),
-                   rng.choice([*SETUPS, None])]
+        answers = [None, BUFFER, (OFFLOADED, "full"), *((r, rng.choice(lab_draw.POLICIES)) for r in rungs)]
         if {a[1] for a in answers if a} == set(lab_draw.POLICIES):
             break
     rng.shuffle(answers)

@@ -48,6 +48,9 @@ def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capaci
         over = f"{label(got)} needs {need / GB:.1f} GB on the GPU, over {usable / GB:.1f} GB usable"
         reserve = (f" -- it fits the {capacity / GB:.1f} GB the card reports, not what is left after {RESERVE}"
                    if capacity is not None and need <= capacity else "")
+        if got[0] == "qlora-cpu":
+            return (over + (f" (it fits the {capacity / GB:.1f} GB the card reports, not what 1 GiB + 5 % leave)" if reserve else "")
+                    + " -- with the base on the CPU the GPU still holds base_on_cpu's gpu bytes: compare them too")
         if got[0] == "qlora" and lib_fits:
             if reserve and counted_qlora:        # both could be off: the reserve first, as their count is right
                 ft = rungs[got[0]]
