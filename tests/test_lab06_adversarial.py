@@ -165,17 +165,26 @@ def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None):
 """
 
 
+def _as_cell(source: str, ns: dict, i: int = 9) -> dict:
+    """Run ``source`` as a notebook cell would (a cell's name, its source in linecache): while graded,
+    lab 06 runs only cells' and installed code (gpumem.course.lab_origin)."""
+    import linecache
+    name = f"<lab06_choose_plan.ipynb cell {i}>"
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    exec(compile(source, name, "exec"), ns)
+    return ns
+
+
 @pytest.mark.parametrize("leave_off", [False, True])
 def test_the_planners_code_put_back_during_the_call_still_refuses(leave_off):
     """Round-three cheat: save the blocked functions' code objects when the cell runs, put them
     back inside choose_plan, re-arm after. The real bodies refuse too; a guard left changed is
     named after the call."""
-    ns = {"LEAVE_OFF": leave_off}
-    exec(RESTORE, ns)
+    ns = _as_cell(RESTORE, {"LEAVE_OFF": leave_off})
     row, at = first_wrong(ns["choose_plan"])
     assert at == 0 and row.status == "error" and "write the search yourself: planner.plan is off" in row.detail, row
     ns = {"LEAVE_OFF": leave_off}                 # the refusal marks taken off as well, not put back
-    exec(RESTORE.replace("    try:\n", "    for fn, _ in _codes: fn.__dict__.pop('refusing', None)\n    try:\n"), ns)
+    _as_cell(RESTORE.replace("    try:\n", "    for fn, _ in _codes: fn.__dict__.pop('refusing', None)\n    try:\n"), ns)
     row, at = first_wrong(ns["choose_plan"])
     assert at == 0 and row.status == "error" and "guard was changed while choose_plan ran" in row.detail, row
     said = "planner.plan's code" if leave_off else "planner.plan's refusal"
@@ -909,3 +918,89 @@ def test_gpu_part_takes_a_timing_and_a_plain_float_only():
         assert status == "wrong" and "a positive float" in detail, (bad, detail)
     # a GPU whose own matmul runs at a round share: the learner's timing there is not a guess
     assert lab06_gpu.verdict(0.7 * peak * 1.003, 0.7 * peak, peak, "H200")[0] == "ok"
+
+
+# Review r11 (reviews21/r11/lab06.md defect 1, /tmp/r11/l06_astcopy.py): r10's generic AST rewrite
+# (a+b -> operator.add(a, b), comparisons -> operator.lt(...), every loaded name wrapped in _I(...))
+# of the grader's own limit search, exec'd as "<mylim>", changes every run of instructions the
+# content watch knows, and passed 13/13 on seeds 1-3. The origin rule (gpumem.course.lab_origin)
+# refuses it: its code is neither a notebook cell's nor an installed file's.
+REWRITE = '''
+import ast, inspect, operator, types
+from gpumem.chapters.ch06_combining_strategies import lab06_limits as _lim
+OPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.FloorDiv: "floordiv", ast.Div: "truediv",
+       ast.Mod: "mod", ast.Pow: "pow"}
+CMP = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
+class T(ast.NodeTransformer):
+    def visit_BinOp(self, n):
+        self.generic_visit(n)
+        if type(n.op) in OPS:
+            op = ast.Attribute(ast.Name("_op", ast.Load()), OPS[type(n.op)], ast.Load())
+            return ast.Call(op, [n.left, n.right], [])
+        return n
+    def visit_Compare(self, n):
+        self.generic_visit(n)
+        if len(n.ops) == 1 and type(n.ops[0]) in CMP:
+            return ast.Call(ast.Attribute(ast.Name("_op", ast.Load()), CMP[type(n.ops[0])], ast.Load()),
+                            [n.left, n.comparators[0]], [])
+        return n
+    def visit_Name(self, n):
+        if isinstance(n.ctx, ast.Load) and n.id not in ("_op", "_I", "super", "__class__"):
+            return ast.Call(ast.Name("_I", ast.Load()), [n], [])
+        return n
+def rewritten():
+    tree = ast.fix_missing_locations(T().visit(ast.parse(inspect.getsource(_lim))))
+    m = types.ModuleType("mylim")
+    m.__dict__.update(_op=operator, _I=lambda x: x)
+    exec(compile(tree, "<mylim>", "exec"), m.__dict__)
+    return m
+'''
+REWRITE_HELD = REWRITE + '''
+m = rewritten()
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None, host_per_node=None, one_node=False):
+    found = m.fastest(model, gpus, gpu, seq, global_batch, inter_node, m.Limits(host_per_node, one_node))
+    return None if found.best is None else found.best[1]
+'''
+REWRITE_IN_CALL = REWRITE + '''
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None, host_per_node=None, one_node=False):
+    m = rewritten()
+    found = m.fastest(model, gpus, gpu, seq, global_batch, inter_node, m.Limits(host_per_node, one_node))
+    return None if found.best is None else found.best[1]
+'''
+
+REWRITE_WORKER = REWRITE + """
+import queue, threading
+asks, answers = queue.Queue(), queue.Queue()
+m = rewritten()
+def worker():
+    for args in iter(asks.get, None):
+        try:
+            found = m.fastest(*args)
+            answers.put(None if found.best is None else found.best[1])
+        except Exception as e:
+            answers.put(e)
+threading.Thread(target=worker, daemon=True).start()
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None, host_per_node=None, one_node=False):
+    asks.put((model, gpus, gpu, seq, global_batch, inter_node, m.Limits(host_per_node, one_node)))
+    return answers.get(timeout=60)
+"""
+
+
+@pytest.mark.parametrize("source", [REWRITE_HELD, REWRITE_IN_CALL, REWRITE_WORKER],
+                         ids=["held", "exec-in-the-call", "a-worker-thread-started-before"])
+def test_review_r11_rewritten_copy_of_the_graders_limit_search_is_refused(source):
+    """The copy runs from "<mylim>" (exec'd in a cell before grading, or in the call): every row of
+    choose_plan is an error naming it; the cell that holds it is a cell (a notebook-shaped name
+    whose source linecache holds, as IPython keeps cells), so only the copy is refused."""
+    ns = _as_cell(source, {})
+    try:
+        report = L.check(ns, show=False, seed=1, ref=ref)
+    finally:
+        if "asks" in ns:
+            ns["asks"].put(None)
+    rows = [r for r in report.rows if r.function == "choose_plan"]
+    assert rows and not report.solved
+    if "asks" in ns and any("started is running" in r.detail for r in rows):
+        return      # the worker refused before the call too (gpumem.course.lab_audit: a cell's thread)
+    assert all(r.status == "error" and "from <mylim>, neither a notebook cell nor an installed library" in r.detail
+               and "write the search yourself: it ran " in r.detail for r in rows), rows

@@ -22,6 +22,13 @@ points (:data:`BLOCKED`) are switched off two ways, so that undoing one does not
   runs far longer). A refusal the learner catches is still reported. No profile hook: it would
   slow every call of the learner's own search about threefold.
 
+* code that is neither a notebook cell's nor an installed file's (the course's origin rule,
+  :mod:`gpumem.course.lab_origin`, shared with lab 08) is refused when it is exec'd during the call
+  (the audit hook) or seen by a sample between the learner's call and the grader (review r11: a
+  generic AST rewrite of ``lab06_limits.fastest``, exec'd as ``"<mylim>"``, passed 13/13). In a
+  kernel a cell is one IPython ran (its compiler's and history's records); without one (the tests)
+  a file on disk counts too. Known gap: a rewritten copy pasted into a cell is a cell's code.
+
 After the call :func:`changed` compares the guard with what it set (the code objects, the
 messages, the module attributes, the active count); a change is an error row naming it.
 
@@ -42,10 +49,12 @@ learner's own kernel, and the prompt says the search is the exercise.
 """
 
 import importlib
+import os
 import sys
+import threading
 from contextlib import contextmanager
 
-from gpumem.course import copy_watch, lab_audit
+from gpumem.course import copy_watch, genuine, lab_audit, lab_origin
 from gpumem.course.case_limits import alarm_held
 from gpumem.planner import ranking, search
 
@@ -73,6 +82,7 @@ COPY = ("write the search yourself: your code ran a copy of {} (the planner's ow
 HELD = ("write the search yourself: your notebook holds a copy of {} (the planner's own code under "
         "another name); lab 06 grades a search you wrote")
 REACHED = "write the search yourself: lab 06 refuses this while choose_plan is graded"
+FOREIGN = "write the search yourself: {} (lab 06)"
 _PRINTS: list = []
 
 
@@ -86,6 +96,58 @@ def prints() -> copy_watch.Prints:
 
 _HOOKED: list = []
 _HITS: list[list] = []        # the copies seen by the guards now running (innermost last)
+_FOREIGN: list[list] = []     # the code of no cell's and no installed file's origin they saw
+
+
+def origin_ok(code, cache: dict | None = None) -> bool:
+    """The origin rule (:mod:`gpumem.course.lab_origin`): a notebook cell's code or an installed
+    file's. Without a kernel (the course's tests, whose learners live in test files) code loaded
+    from a file on disk counts too; code compiled from a string does not."""
+    if lab_origin.allowed(code, cache):
+        return True
+    return lab_origin.shell() is None and os.path.isfile(code.co_filename)
+
+
+class _Sampler(copy_watch.Sampler):
+    """The copy sampler, which also refuses a sampled frame of no cell's and no installed file's
+    origin (:func:`origin_ok`) between the learner's call and the grader's frame that made it, or
+    anywhere in another thread (a worker a cell started before grading, fed the cases through a
+    queue, runs while the call waits): a rewritten copy of a search runs for many samples (review r11)."""
+
+    def __init__(self, hits: list, foreign: list, entry):
+        super().__init__(prints(), hits, COPY)
+        self.foreign, self.entry, self.busy, self.origins = foreign, entry, False, {}
+        self.main = threading.main_thread().ident
+
+    def _tick(self, signum, frame):
+        if self.busy:
+            return
+        self.busy = True
+        try:
+            super()._tick(signum, frame)
+            if self.hits or self.foreign:
+                return
+            found = _foreign(frame, self.entry, self.origins) or next(
+                (w for t, f in sys._current_frames().items()
+                 if t != self.main and (w := _foreign(f, None, self.origins))), "")
+        finally:
+            self.busy = False
+        if found:
+            self.foreign.append(found)
+            raise RuntimeError(FOREIGN.format(found))
+
+
+def _foreign(frame, stop, cache: dict) -> str:
+    """:func:`lab_origin.where`'s words for the newest frame above ``stop`` failing :func:`origin_ok`."""
+    seen = []
+    while frame is not None and frame is not stop:
+        seen.append(frame.f_code)
+        frame = frame.f_back
+    if frame is None and stop is not None:
+        return ""
+    return next((lab_origin.where(c) for c in seen if not origin_ok(c, cache)), "")
+
+
 _LIBRARY = tuple({sys.prefix, sys.base_prefix})
 
 
@@ -103,6 +165,10 @@ def _audit(event, args):
         if hit and not copy_watch.genuine_code(code):
             _HITS[-1].append(hit)
             raise RuntimeError(COPY.format(hit))
+    caller = sys._getframe(1).f_code             # the stdlib's own exec of "<string>" (a dataclass's methods)
+    if not origin_ok(top) and not (top.co_filename == "<string>" and genuine.genuine(caller)) and _FOREIGN:
+        _FOREIGN[-1].append(lab_origin.where(top))
+        raise RuntimeError(FOREIGN.format(_FOREIGN[-1][-1]))
 
 
 def _functions():
@@ -123,10 +189,11 @@ def _refusing_code(name: str, fn):
 def no_search():
     """Inside the block every function of :data:`BLOCKED` raises the lab's message; restored after,
     also when the learner's call raises or runs out of time. Yields :func:`changed`'s closure."""
-    saved, entered, armed, hits, reached = [], False, {}, [], []
+    saved, entered, armed, hits, reached, foreign = [], False, {}, [], [], []
     names = {fn: name for name, fn in _functions()}
     bound = {(m, a): getattr(m, a) for m, attrs in _MODULES for a in attrs}
-    sampler = copy_watch.Sampler(prints(), hits, COPY)
+    lab_origin.note_kernel()            # IPython's run_code on this stack: cells known by its records
+    sampler = _Sampler(hits, foreign, sys._getframe(2))      # 2: the grader's frame whose `with` calls
     if not _HOOKED:
         sys.addaudithook(_audit)
         _HOOKED.append(True)
@@ -144,9 +211,10 @@ def no_search():
 
         def changes() -> list[str]:
             return _changes(armed, bound, names, level)
-        changes.copies, changes.reached = hits, reached
+        changes.copies, changes.reached, changes.foreign = hits, reached, foreign
         with alarm_held():
             _HITS.append(hits)
+            _FOREIGN.append(foreign)
             sampler.__enter__()
         with lab_audit.refusing(REACHED, reached):
             yield changes
@@ -155,6 +223,8 @@ def no_search():
             sampler.__exit__()
             if _HITS and _HITS[-1] is hits:
                 _HITS.pop()
+            if _FOREIGN and _FOREIGN[-1] is foreign:
+                _FOREIGN.pop()
         _ACTIVE[0] -= entered
         for fn in IN_BODY:
             fn.__dict__.pop("refusing", None)
@@ -191,6 +261,8 @@ def refuse_if_active(name: str) -> None:
 
 
 prints()                  # built at import, not inside a case's time limit
+for _frame in sys._current_frames().values():      # so are the running threads' files (origin_ok)
+    _foreign(_frame, None, {})
 
 
 def blocked_names() -> list[str]:

@@ -44,7 +44,7 @@ from gpumem.errors import UsageError
 
 from . import lab06_cases, lab06_diagnose, lab06_gpu, lab06_limit_cases
 from .lab06_cases import SLOW_LINK  # noqa: F401 (the lab's text names it)
-from .lab06_guard import COPY, HELD, REACHED, changed_line, no_search, prints, refuse_if_active
+from .lab06_guard import COPY, FOREIGN, HELD, REACHED, changed_line, no_search, prints, refuse_if_active
 
 LAB = "lab06_choose_plan"
 SLACK = 1.03
@@ -125,6 +125,8 @@ def _ask(choose, case: tuple, inter_node: float | None, limits=None):
         raise LearnerError(f"{REACHED} ({changes.reached[0]})")
     if changes.copies:                       # a refusal the learner's code caught
         raise LearnerError(COPY.format(changes.copies[0]))
+    if changes.foreign:                      # code of no cell's and no installed file's (lab_origin)
+        raise LearnerError(FOREIGN.format(changes.foreign[0]))
     if what:
         raise LearnerError(changed_line(what))
     return choice

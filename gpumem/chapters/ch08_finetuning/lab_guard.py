@@ -6,9 +6,13 @@ into a function defined at those places (file, name), so a reference saved befor
 ``types.FunctionType`` copy refuses alike. A copy of their source run under another name
 (``exec(compile(inspect.getsource(finetune), "<mine>", "exec"))``) is refused by content
 (:class:`gpumem.course.copy_watch.Prints`), and so is any code that is neither a notebook cell's
-nor an installed file's (:func:`allowed`: code compiled from a string or a learner's own module,
-however rewritten). Known gaps (review r11): a rewritten copy pasted into a cell, or compiled under
-a cell's name with a linecache entry, or run with ``GPUMEM_TEST_CELLS`` set, is beyond it.
+nor an installed file's (:func:`allowed`, the course's origin rule, :mod:`gpumem.course.lab_origin`:
+code compiled from a string or a learner's own module, however rewritten; in a kernel a cell is
+one IPython ran, by its compiler's and its history's records, so a forged cell name, a file under
+``/tmp/ipykernel_N/`` or ``GPUMEM_TEST_CELLS`` set from a cell no longer pass, review r11). Known
+gaps: a rewritten copy pasted into a cell (or run through ``get_ipython().run_cell``) is a cell's
+code, and so is a source a cell writes into IPython's own records (its history and compiler map);
+the hook watches the call's thread and those it starts, not a thread started before grading.
 Switching the hook off or assigning a function's ``__code__`` while the call runs is refused by an
 audit hook, and every refusal is recorded, so a learner who catches the exception is still
 reported. Lab 05's guard does the same for its lab.
@@ -22,17 +26,14 @@ then holds none of them).
 """
 
 import contextlib
-import linecache
-import os
-import re
 import sys
-import tempfile
 import threading
 
-from gpumem.course import copy_watch, genuine, lab_audit
+from gpumem.course import copy_watch, lab_audit, lab_origin
 from gpumem.course.case_limits import alarm_held
 from gpumem.course.plain import plain
-from gpumem.memory import accounting, finetune, finetune_acts, finetune_setup, gpus, models
+from gpumem.memory import accounting, finetune, finetune_acts, finetune_fsdp, finetune_setup, gpus, models
+from gpumem.timing import finetune_time
 
 from . import lab_draw, scale
 
@@ -41,7 +42,9 @@ _NAMES = {finetune: [n for n, f in vars(finetune).items() if callable(f) and get
                      and not isinstance(f, type)],
           finetune_acts: ["copy_bytes", "layer_saved", "finetune_activations"],
           finetune_setup: ["validate", "matrices", "adapter_tensors", "lora_params"],
-          accounting: ["model_states"], gpus: ["usable", "of"], scale: ["usable"],
+          finetune_fsdp: ["fsdp_states"],
+          finetune_time: ["lora_flops", "step_flops", "dequant_bytes", "dequant_seconds"],
+          accounting: ["model_states"], gpus: ["usable", "of"], scale: ["usable", "base_offloaded", "need"],
           lab_draw: ["truth", "nf4_constants"],
           models: ["n_params", "layer_params", "attention_params", "mlp_params", "expert_params",
                    "embedding_params", "norm_params"]}
@@ -78,63 +81,21 @@ def _audit(event, args):
     raise RuntimeError(f"{REFUSAL} ({name})")
 
 
-# A notebook cell's file name: ipykernel's (a temporary folder per kernel, a number per cell),
-# IPython's older one, the course's tests' (tests/test_labs.py), or the kernel's IPYKERNEL_CELL_NAME.
-# ipykernel names cells under tempfile.gettempdir() as it is, not resolved: both forms are taken
-# (review r11: on macOS the temporary folder is behind a symlink, and the resolved form alone
-# refused the solution's own cells).
-_TMP = "|".join(sorted({re.escape(tempfile.gettempdir()), re.escape(os.path.realpath(tempfile.gettempdir()))}))
-_CELL = re.compile(r"<ipython-input-\d+-[0-9a-f]+>|<[^<>]+\.ipynb cell \d+>|"
-                   + f"(?:{_TMP})" + r"[/\\]ipykernel_\d+[/\\]\d+\.py")
-_ORIGIN: dict = {}      # code object -> where it comes from is allowed (checked once per code)
+# The origin rule (which code may run while graded) is the course's: gpumem.course.lab_origin,
+# shared with lab 06; its names stay importable from here.
+_TMP, _CELL = lab_origin._TMP, lab_origin._CELL
+_generated, _frozen = lab_origin._generated, lab_origin._frozen
 
 
 def allowed(code) -> bool:
-    """True for code a notebook cell defines (its name is a cell's and its source is in linecache,
-    where IPython keeps cells) or that its installed file defines (:func:`genuine.genuine`);
-    False for code compiled from a string or loaded from a file the learner wrote (review r10: a
-    generic AST rewrite of the library, exec'd under another name, beat the content match).
-    ``GPUMEM_TEST_CELLS`` (os.pathsep-separated) adds the file names the course's tests write
-    learners' code in; a learner who sets it has stepped round the rule on purpose."""
-    if code not in _ORIGIN:
-        name = code.co_filename
-        cell = (bool(_CELL.fullmatch(name)) or name == os.environ.get("IPYKERNEL_CELL_NAME")) \
-            and bool(linecache.getlines(name)) or name in os.environ.get("GPUMEM_TEST_CELLS", "").split(os.pathsep)
-        _ORIGIN[code] = cell or genuine.genuine(code) or _frozen(code) or _generated(code)
-    return _ORIGIN[code]
-
-
-def _generated(code) -> bool:
-    """Code the standard library writes and compiles itself (no file): a dataclass's methods
-    (``dataclasses._create_fn``) and a namedtuple's ``__new__`` (a lambda calling ``_tuple_new``)."""
-    return code.co_filename == "<string>" and (
-        code.co_qualname.startswith("__create_fn__.<locals>.")
-        or (code.co_qualname == "<lambda>" and code.co_names == ("_tuple_new",)))
-
-
-def _frozen(code) -> bool:
-    """Code of a module frozen into the interpreter (``<frozen codecs>``), as the interpreter has it."""
-    found = re.fullmatch(r"<frozen ([\w.]+)>", code.co_filename)
-    if not found:
-        return False
-    try:
-        import _imp
-        name = found.group(1)           # importlib's bootstrap is frozen under an alias
-        top = _imp.get_frozen_object({"importlib._bootstrap": "_frozen_importlib", "importlib._bootstrap_external":
-                                      "_frozen_importlib_external"}.get(name, name))
-    except ImportError:
-        return False
-    stack = [top]
-    while stack:
-        c = stack.pop()
-        if c.co_qualname == code.co_qualname and genuine.same(c, code):
-            return True
-        stack += [k for k in c.co_consts if isinstance(k, type(code))]
-    return False
+    """True for code a notebook cell defines or an installed file defines; False for code compiled
+    from a string, loaded from a file the learner wrote, or compiled under a cell's name that is
+    not a cell IPython ran (:func:`gpumem.course.lab_origin.allowed`, reviews r10 and r11)."""
+    return lab_origin.allowed(code)
 
 
 def _watch(hits: list):
-    copies = prints()
+    copies, origins = prints(), {}          # codes decided, this call's own (lab_origin.allowed)
 
     def watch(frame, event, arg):
         if event != "call":
@@ -148,9 +109,8 @@ def _watch(hits: list):
         if copied:
             hits.append(f"it ran a copy of {copied} (the library's code under another name)")
             raise RuntimeError(f"{REFUSAL} ({hits[-1]})")
-        if not allowed(code):
-            hits.append(f"it ran {code.co_qualname} from {code.co_filename}, neither a notebook cell nor an "
-                        "installed library: while graded, only your cells' code and installed libraries run")
+        if not lab_origin.allowed(code, origins):
+            hits.append(lab_origin.where(code))
             raise RuntimeError(f"{REFUSAL} ({hits[-1]})")
     return watch
 
@@ -162,6 +122,7 @@ def no_library_counts():
         sys.addaudithook(_audit)
         _HOOKED.append(True)
     hits: list[str] = []
+    lab_origin.note_kernel()          # IPython's run_code on this stack: cells are known by its records
     previous, previous_threads = sys.getprofile(), threading.getprofile()
     watch = _watch(hits)
     try:
