@@ -116,58 +116,62 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple, bf16: tuple | N
     exec(compile(source, f"<your {FN}>", "exec"), ns)
     out = []
     for model, seed, steps, bucket, spare in cases:
-        net, _, params = build(model, seed, spare)
-        data = training.batches(net.cfg, steps, world * 2, 32, seed)
-        shards: dict = {}
-        first_batch = data[0, rank * 2:(rank + 1) * 2]
-        start = time.monotonic()
-        own = autograd_bytes(net, params, first_batch[:, :-1], first_batch[:, 1:])   # no hooks yet
-        meter, live, reach = GradMeter(params), LiveMeter(params), Reach(params)   # before the learner's hooks
-        rec.meter, rec.n_pass = live, 0
-        arrived: set = set()
-        held: list = []                               # bytes the hooks hold, per arrival and at the end
-        _CASE.update(index={id(p): i for i, p in enumerate(params)}, arrived=arrived, held=held, reach=reach,
-                     live=live, own=own, params=params, rank=rank,
-                     delay=probe.delay(time.monotonic() - start))
-        handles = [p.register_post_accumulate_grad_hook(_arrive) for p in params]
-        ns[FN](params, shards, bucket)
-        m = [torch.zeros_like(zero.my_shard(p)) for p in params]
-        v = [torch.zeros_like(zero.my_shard(p)) for p in params]
-        first, peaks, passes = None, [], []
-        for t in range(1, steps + 1):
-            mine = data[t - 1, rank * 2:(rank + 1) * 2]
-            loss = net(mine[:, :-1], mine[:, 1:])
-            meter.reset()
-            arrived.clear()
-            dist.barrier()                            # both ranks start backward together (lab02_probe)
-            rec.start()
-            reach.start()
-            try:
-                with live:
-                    loss.backward()
-            finally:
-                passes.append(rec.stop())
-            passes[-1]["need"] = sum(math.ceil(params[i].numel() / world) * world for i in arrived)
-            held.append(live.bytes() - own[-1] + reach.hidden(live, [q.grad for q in params]))
-            reach.stop()
-            peaks.append(meter.peak_full)
-            if first is None:
-                first = {"shards": {i: g.detach().clone() for i, g in shards.items()},
-                         "grads_left": [i for i, p in enumerate(params) if p.grad is not None]}
-            if any(i not in shards for i in arrived):     # graded in row 1; the step needs every shard
-                break
-            with torch.no_grad():
-                sharded_step(params, shards, m, v, t, **training.HYPER)
-            net.zero_grad(set_to_none=True)
-            for p in params:
-                p.grad = None
-            shards.clear()
-        meter.remove()
-        _CASE.clear()
-        for h in handles:
-            h.remove()
-        out.append({"first": first, "peak_full": max(peaks), "peak_held": max(held), "passes": passes,
-                    "weights": [p.detach().clone() for p in params]})
+        undo: list = []
+        try:
+            net, _, params = build(model, seed, spare)
+            data = training.batches(net.cfg, steps, world * 2, 32, seed)
+            shards: dict = {}
+            first_batch = data[0, rank * 2:(rank + 1) * 2]
+            start = time.monotonic()
+            own = autograd_bytes(net, params, first_batch[:, :-1], first_batch[:, 1:])   # no hooks yet
+            meter, live, reach = GradMeter(params), LiveMeter(params), Reach(params)   # before the learner's hooks
+            undo += [meter.remove, reach.stop, _CASE.clear]
+            rec.meter, rec.n_pass = live, 0
+            arrived: set = set()
+            held: list = []                               # bytes the hooks hold, per arrival and at the end
+            _CASE.update(index={id(p): i for i, p in enumerate(params)}, arrived=arrived, held=held, reach=reach,
+                         live=live, own=own, params=params, rank=rank,
+                         delay=probe.delay(time.monotonic() - start))
+            undo += [h.remove for h in (p.register_post_accumulate_grad_hook(_arrive) for p in params)]
+            ns[FN](params, shards, bucket)
+            m = [torch.zeros_like(zero.my_shard(p)) for p in params]
+            v = [torch.zeros_like(zero.my_shard(p)) for p in params]
+            first, peaks, passes = None, [], []
+            for t in range(1, steps + 1):
+                mine = data[t - 1, rank * 2:(rank + 1) * 2]
+                loss = net(mine[:, :-1], mine[:, 1:])
+                meter.reset()
+                arrived.clear()
+                dist.barrier()                            # both ranks start backward together (lab02_probe)
+                rec.start()
+                reach.start()
+                try:
+                    with live:
+                        loss.backward()
+                finally:
+                    passes.append(rec.stop())
+                passes[-1]["need"] = sum(math.ceil(params[i].numel() / world) * world for i in arrived)
+                held.append(live.bytes() - own[-1] + reach.hidden(live, [q.grad for q in params]))
+                reach.stop()
+                peaks.append(meter.peak_full)
+                if first is None:
+                    first = {"shards": {i: g.detach().clone() for i, g in shards.items()},
+                             "grads_left": [i for i, p in enumerate(params) if p.grad is not None]}
+                if any(i not in shards for i in arrived):     # graded in row 1; the step needs every shard
+                    break
+                with torch.no_grad():
+                    sharded_step(params, shards, m, v, t, **training.HYPER)
+                net.zero_grad(set_to_none=True)
+                for p in params:
+                    p.grad = None
+                shards.clear()
+            out.append({"first": first, "peak_full": max(peaks), "peak_held": max(held), "passes": passes,
+                        "weights": [p.detach().clone() for p in params]})
+        except Exception as err:              # noqa: BLE001 - the learner's hooks raised: this case's row says so
+            out.append({"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]})
+        finally:
+            for fn in reversed(undo):
+                fn()
     from . import lab02_bf16, lab02_measure
     out.append({"lone": lab02_measure.lone_rank(world), "bf16": None})
     try:                                   # the learner's hooks fail here alone: Part 1's rows stand
