@@ -14,8 +14,10 @@ where gpumem's count (the paper's block of 64, double quantised) would still fit
 by at least :data:`LIB_MARGIN`: a copy of the library's chooser, however rewritten, picks
 ``qlora`` there.
 
-Three cases a check are tight (:data:`TIGHT`): the setup just before the answer misses the usable
-bytes by less than a part of the reserve ("context", "share"), so the reserve must be right, or by
+Four cases a check are tight (:data:`TIGHT`): the answer fits by less than a quarter GiB ("under"),
+so a reserve too large misses it (review r11: 1.5 GiB + 5 % passed 9 of 10 draws); the setup just
+before the answer misses the usable bytes by less than a part of the reserve ("context", "share"),
+so a reserve too small takes it, or by
 less than its own ``dequant_buffer`` ("buffer": the answer is the base on the CPU, the setup before
 it QLoRA on the GPU, checkpointed), so a per-parameter count of QLoRA's states (4.127 bits a
 weight, no dequantised matrix) takes it (review r11 defect 3).
@@ -38,6 +40,7 @@ BUFFER = (OFFLOADED, "none")          # the "buffer" case's answer; the setup be
 TIGHT = {"context": (("t4", "l4"), lambda card, model, rungs: 2 ** 30),
          "share": (("a100-40gb", "a100-80gb", "h100-80gb", "h200"),
                    lambda card, model, rungs: int(0.05 * gpus.get(card).capacity) - 2 ** 30),
+         "under": (lab_draw.CARDS, lambda card, model, rungs: 2 ** 28),
          "buffer": (("t4", "l4", "a100-40gb"),
                     lambda card, model, rungs: truth(config(model), rungs["qlora"])["dequant_buffer"])}
 DEPTHS = (2, 160)
@@ -83,6 +86,18 @@ def _trim_vocab(model: dict, layers: int, seq: int, batch: int, rungs, before, u
     return dict(model, vocab=hi)
 
 
+def _grow_vocab(model: dict, layers: int, seq: int, batch: int, rungs, want, usable: int) -> dict:
+    """The model with the largest vocabulary (up to 200,000) whose ``want`` still fits ``usable``."""
+    fig = in_depth(dict(model, n_layers=layers), seq, batch, rungs, "vocab", (model["vocab"], 200_000))
+    lo, hi = model["vocab"], 200_000
+    if total(fig(hi), want) <= usable:
+        return dict(model, vocab=hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if total(fig(mid), want) <= usable else (lo, mid)
+    return dict(model, vocab=lo)
+
+
 def choose_case(rng, want: tuple[str, str] | None, tries: int = 200, tight: str | None = None) -> tuple:
     """(card, host_ram, model, seq, batch, figures, rungs) whose answer is ``want`` (module docstring)."""
     k = SETUPS.index(want) if want is not None else len(SETUPS)
@@ -97,7 +112,7 @@ def choose_case(rng, want: tuple[str, str] | None, tries: int = 200, tight: str 
             HEAVY if rng.random() < 0.5 else NF4_CHOICES)
         rungs = ladder(*rng.choice(pool))
         fig = in_depth(model, seq, batch, rungs)       # the search's figures; the case's are totals'
-        before = SETUPS[k - 1] if tight else None
+        before = SETUPS[k - 1] if tight and tight != "under" else None
         under = [u for u in on_gpu if u != before]    # every one over: the least of them over (totals grow with depth)
         low = (_last_under(lambda L: min(total(fig(L), u) for u in under), usable * (1 + MARGIN)) + 1 if under
                else DEPTHS[0])
@@ -106,7 +121,12 @@ def choose_case(rng, want: tuple[str, str] | None, tries: int = 200, tight: str 
                                usable * (1 - LIB_MARGIN))
         else:
             high = _last_under(lambda L: total(fig(L), want), usable * (1 - MARGIN))
-        if tight:                   # the setup before want lands in (usable, usable + window]
+        if tight == "under":        # want itself lands in (usable - window, usable]: a reserve too large misses it
+            layers = _last_under(lambda L: total(fig(L), want), usable + 1)
+            if layers < max(low, DEPTHS[0]):
+                continue
+            model = _grow_vocab(model, layers, seq, batch, rungs, want, usable)
+        elif tight:                 # the setup before want lands in (usable, usable + window]
             window = TIGHT[tight][1](card, model, rungs)
             low = max(low, _last_under(lambda L: total(fig(L), before), usable + 1) + 1)
             if low > high:
@@ -120,8 +140,10 @@ def choose_case(rng, want: tuple[str, str] | None, tries: int = 200, tight: str 
             layers = rng.randint(low, high)
         f = totals(dict(model, n_layers=layers), seq, batch, rungs)
         host_ram = _host(rng, want, f[OFFLOADED][2])
-        if host_ram and answer(f, usable, host_ram) == want and _clear(f, usable, host_ram, before) and (
-                not tight or total(f, before) <= usable + window):
+        near = (usable - TIGHT["under"][1](card, model, rungs) < total(f, want) if tight == "under" else
+                not tight or total(f, before) <= usable + window)
+        if host_ram and answer(f, usable, host_ram) == want and near and _clear(
+                f, usable, host_ram, want if tight == "under" else before):
             return card, host_ram, dict(model, n_layers=layers), seq, batch, f, rungs
     raise RuntimeError(f"no case drawn for {want!r}")
 
@@ -141,9 +163,9 @@ def choose_cases(rng) -> list[tuple]:
     rng.shuffle(answers)
     cases: list = [None] * len(answers)
     cases[answers.index(BUFFER)] = (BUFFER, *choose_case(rng, BUFFER, tight="buffer"))
-    for kind in ("context", "share"):      # each kind on the first answer, in a drawn order, it can be drawn for
+    for kind in ("context", "share", "under"):     # each kind on the first answer, in a drawn order, it can be drawn for
         for i in rng.sample(range(len(answers)), len(answers)):
-            if answers[i] not in (None, SETUPS[0]) and cases[i] is None:
+            if answers[i] is not None and (kind == "under" or answers[i] != SETUPS[0]) and cases[i] is None:
                 try:
                     cases[i] = (answers[i], *choose_case(rng, answers[i], tight=kind))
                     break

@@ -41,8 +41,11 @@ def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capaci
             buffer: int = 0) -> str:
     """Why the learner's setup (rung, policy) is not the answer, in words (module docstring).
     ``buffer``: the got rung's dequant_buffer (0 for a bf16 base)."""
+    spare = usable - lab_draw.total(figures, want) if want is not None else usable
+    close = (f" -- by {spare / 2**20:,.0f} MiB: a reserve larger than 1 GiB + 5 % of capacity misses it"
+             if 0 <= spare <= 2**28 else "")
     if got is None:
-        return f"{label(want)} fits ({lab_draw.total(figures, want) / GB:.1f} GB of {usable / GB:.1f} GB usable)"
+        return f"{label(want)} fits ({lab_draw.total(figures, want) / GB:.1f} GB of {usable / GB:.1f} GB usable)" + close
     need = lab_draw.total(figures, got)
     if need > usable:
         over = f"{label(got)} needs {need / GB:.1f} GB on the GPU, over {usable / GB:.1f} GB usable"
@@ -75,10 +78,10 @@ def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capaci
                 f"their gradients and moments), over its {host_ram / GB:.1f} GB of RAM")
     if want is not None and want[0] == got[0]:
         return (f"{label(got)} fits, but the rung fits without checkpointing too: no layer needs its "
-                "forward run twice")
-    return (f"{label(got)} fits, but an earlier rung of the ladder fits too" if want is not None and
+                f"forward run twice{close}")
+    return (f"{label(got)} fits, but an earlier rung of the ladder fits too{close}" if want is not None and
             lab_draw.SETUPS.index(want) < lab_draw.SETUPS.index(got) else
-            f"{label(got)} fits, but it is not the first setup that does")
+            f"{label(got)} fits, but it is not the first setup that does{close}")
 
 
 def _setup_of(got, rungs) -> tuple[str | None, str]:
