@@ -79,7 +79,7 @@ def first_problem(report, function: str):
 
 def test_solution_passes_on_many_draws():
     ns = solution()
-    for seed in range(4):
+    for seed in range(3):
         report = grade(ns, seed)
         assert report.solved, report.summary()
 
@@ -553,7 +553,7 @@ def test_a_missing_reserve_is_named_not_the_nf4_constants():
     ns = solution()
     ns["choose_recipe"] = walk(ns, lambda capacity: capacity)
     details = []
-    for seed in range(6):
+    for seed in range(4):
         details += [r.detail for r in grade(ns, seed).rows if r.function == "choose_recipe" and r.status != "ok"]
     assert details
     reserve = [d for d in details if "reserve" in d]
