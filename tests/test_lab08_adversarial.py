@@ -811,7 +811,8 @@ def test_base_on_cpu_by_hand_and_the_chapters():
     block = (2 * h * h + 2 * h * 1024 + 3 * h * F) // 2 + 2 * 2 * h + 4 * r * (2 * 2 * h + 2 * (h + 1024) + 3 * (h + F))
     got = solution()["base_on_cpu"](m, lab_draw.LADDER["qlora-cpu"], 2048, 1, "full")
     ch = scale.base_offloaded(models.get("llama-3-70b"), lab_draw.LADDER["qlora"], "full", 2048, 1)
-    assert got["pcie"] == 2 * 80 * block == ch["passes"] * ch["streamed"]
+    root = 2 * (2 * 128256 * h + h)
+    assert got["pcie"] == 2 * 80 * block + root == ch["passes"] * ch["streamed"] + ch["root"] == ch["copied"]
     assert (got["gpu"], got["host"]) == (ch["gpu"], ch["host"])
     assert ch["root"] == 2 * (2 * 128256 * h + h)                 # embedding, head, final norm in bf16
 
@@ -819,6 +820,7 @@ def test_base_on_cpu_by_hand_and_the_chapters():
 @pytest.mark.parametrize("cheat, key, said", [
     ("gpu", "gpu", "the GPU keeps the activations, the root unit"),
     ("once", "pcie", "each block crosses twice a step"),
+    ("no root", "pcie", "the root unit (embedding, head, final norm) crosses too"),
     ("host", "host", "the host keeps every role of role_bytes but two")])
 def test_base_on_cpu_that_skips_a_piece_fails(cheat, key, said):
     ns = solution()
@@ -828,8 +830,11 @@ def test_base_on_cpu_that_skips_a_piece_fails(cheat, key, said):
         got = right(model, ft, seq, batch, policy)
         if cheat == "gpu":          # only the activations stay: root, blocks, constants forgotten
             return {**got, "gpu": acts(model, ft, seq, batch, policy)}
+        root = 2 * (model["vocab"] * model["d_model"] * (1 if model["tie_embeddings"] else 2) + model["d_model"])
         if cheat == "once":
-            return {**got, "pcie": got["pcie"] // 2}
+            return {**got, "pcie": (got["pcie"] - root) // 2 + root}
+        if cheat == "no root":
+            return {**got, "pcie": got["pcie"] - root}
         return {**got, "host": sum(roles(model, ft).values())}
     ns["base_on_cpu"] = base_on_cpu
     row = first_problem(grade(ns, 2), "base_on_cpu")

@@ -8,7 +8,7 @@ Each check draws, from families of small Llamas (real tensors, measured in secon
   between the best peak with ``c`` layers and the best with fewer (``labplace``'s search);
 * the placements ``estimate_peak`` is graded on (none, every layer alone, one long segment, a
   random mix) on two of those models;
-* last, three layers and budget shares for ``choose_saved`` (``labsac.draw``), so the cases above
+* last, three layers and budget shares for ``choose_saved`` (``labsacdraw.draw``), so the cases above
   are those earlier versions drew from the same seed.
 
 The ``deep`` family (12-14 thin layers) keeps only questions where the best placement cuts the
@@ -118,7 +118,7 @@ def question(rng: random.Random, fam: Family) -> Question:
 
 def draw(seed: int | None = None) -> dict:
     """The check's cases: ``grad`` (a model), ``questions`` (one per family), ``estimates`` (a list
-    of (model, segments)), ``selective`` (``labsac.draw``: layers and budget shares)."""
+    of (model, segments)), ``selective`` (``labsacdraw.draw``: layers and budget shares)."""
     rng = rng_of(seed)
     n, h, a, kv, f, v = rng.choice(GRAD_SHAPES)
     grad = ModelConfig("unseen-grad", n, h, a, kv, f, v, teaching=True)
@@ -130,5 +130,5 @@ def draw(seed: int | None = None) -> dict:
         mixed = [[i] for i in range(cut[0])] + [list(range(cut[1], n))]
         for segments in ([], [[i] for i in range(n)], [list(range(n))], mixed):
             estimates.append((q.cfg, segments))
-    from . import labsac                # drawn last: the cases above stay those of earlier checks
-    return {"grad": grad, "questions": questions, "estimates": estimates, "selective": labsac.draw(rng)}
+    from . import labsacdraw            # drawn last: the cases above stay those of earlier checks
+    return {"grad": grad, "questions": questions, "estimates": estimates, "selective": labsacdraw.draw(rng)}

@@ -39,7 +39,6 @@ not which operators the optimum keeps (there are often several optima).
 
 import copy
 import functools
-import random
 
 from gpumem.course.grading import Report, Row, returned, run_case
 
@@ -48,13 +47,6 @@ FFN = (160, 192, 256, 320, 384)
 SEQ = (32, 48, 64, 96)
 SHARES = {"flash": (0.3, 0.85), "eager": (0.3, 0.85), "either": (0.15, 0.6)}
 SLACK = 0.01                # FLOPs re-run above the optimum's, as a fraction of them
-
-
-def draw(rng: random.Random) -> list:
-    """The check's selective cases: (``labsacrun.Layer``, budget), one per kind of :data:`SHARES`,
-    each budget one that every greedy rule misses (``labsacdraw``)."""
-    from .labsacdraw import draw as drawn
-    return drawn(rng)
 
 
 def best(ops: list, budget: int) -> tuple[int, frozenset]:

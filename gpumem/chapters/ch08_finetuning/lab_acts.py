@@ -4,35 +4,21 @@
   with bf16 adapters; QLoRA), a drawn rank, sequence length and micro-batch, both checkpoint
   policies. The truth is the engine's ``finetune_activation_bytes(...)["peak"]`` (flash attention,
   fused norms, on a GPU under bf16 autocast), with its parts for the rows' hints.
-* :func:`offloaded`: chapter 08's ``scale.base_offloaded`` (FSDP's CPU offload of every parameter,
-  one unit per decoder block) for a lab setup: the GPU keeps the activations, the root unit
-  (embedding, head, final norm), the NF4 constants and the dequantised matrix, and two blocks with
-  their adapters' gradients; the host keeps every other byte of the states; each block's weights
-  cross PCIe twice a step. The lab's NF4 choices (block, double quantisation) change only the two
-  roles that stay on the GPU, so the chapter's figures are corrected by :func:`.lab_draw.truth`'s.
+* :func:`.lab_draw.offloaded` (re-exported here): chapter 08's ``scale.base_offloaded`` (FSDP's
+  CPU offload of every parameter, one unit per decoder block) for a lab setup: the GPU keeps the
+  activations, the root unit (embedding, head, final norm), the NF4 constants and the dequantised
+  matrix, and two blocks with their adapters' gradients; the host keeps every other byte of the
+  states; each block's weights cross PCIe twice a step, the root once. The lab's NF4 choices change
+  only the two roles that stay on the GPU, so the chapter's figures are corrected by ``truth``'s.
 * :func:`offload_cases`: two models, each with a LoRA and a QLoRA setup whose base is on the CPU.
 """
 
-from gpumem.memory.finetune import finetune_activation_bytes, finetune_states
+from gpumem.memory.finetune import finetune_activation_bytes
 
 from . import lab_draw
-from .scale import base_offloaded
+from .lab_draw import offloaded  # noqa: F401 (the lab's figures with the base on the CPU)
 
 RANKS = (2, 4, 8, 16, 32, 64)
-
-
-def offloaded(cfg, ft, seq: int, batch: int, policy: str) -> dict[str, int]:
-    """``gpu``, ``host`` and ``pcie`` (bytes copied host to device a step) of ``ft`` with every
-    parameter on the CPU, and its ``activations`` and the parts the rows name (``root``, ``block``:
-    one block's weights as FSDP copies them up, ``block_grads``: its adapters' gradients)."""
-    o = base_offloaded(cfg, ft, policy, seq, batch)
-    lib, lab = finetune_states(cfg, ft), lab_draw.truth(cfg, ft)
-    fix = sum(lab[r] - lib[r] for r in ("quant_constants", "dequant_buffer"))
-    block = o["streamed"] // cfg.n_layers
-    return {"gpu": o["gpu"] + fix, "host": o["host"], "pcie": o["passes"] * o["streamed"],
-            "activations": o["activations"], "root": o["root"], "block": block,
-            "block_grads": lab["grads"] // cfg.n_layers, "constants": lab["quant_constants"],
-            "dequant_buffer": lab["dequant_buffer"]}
 
 
 def _lora(rng, base: str, offload: bool = False, dtype: str | None = None) -> lab_draw.LabFinetune:

@@ -26,6 +26,8 @@ from types import MappingProxyType
 from gpumem.memory import models
 from gpumem.memory.finetune import FT_TARGETS, Finetune, finetune_activation_bytes, finetune_states, matrices
 
+from .scale import base_offloaded
+
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,6 @@ SETUPS = tuple((rung, policy) for rung in LADDER for policy in POLICIES)
 def _pieces(model: dict, seq: int, batch: int, rungs) -> dict[tuple, int]:
     """(rung, part) -> bytes: ``states`` (on the GPU besides activations), ``host``, and for each
     policy its forward and recompute peaks (the activation peak is their larger)."""
-    from .lab_acts import offloaded
     cfg, out, seen = config(model), {}, {}
     for name, ft in rungs.items():
         key = (ft.adapter, ft.base_dtype, ft.lora_rank, ft.lora_targets, ft.adapter_dtype)
@@ -193,7 +194,7 @@ def _assemble(pieces: dict, rungs) -> dict[str, tuple[int, dict[str, int], int]]
 def totals(model: dict, seq: int, batch: int, rungs=LADDER) -> dict[str, tuple[int, dict[str, int], int]]:
     """rung -> (GPU bytes besides activations, {policy: activation peak}, host bytes), one GPU: a
     rung on the GPU holds its states (:func:`truth`) and needs no host memory; the ``offload`` rung
-    is :func:`.lab_acts.offloaded`'s (FSDP CPU offload of every parameter)."""
+    is :func:`offloaded`'s (FSDP CPU offload of every parameter)."""
     return _assemble(_pieces(model, seq, batch, rungs), rungs)
 
 
@@ -230,3 +231,17 @@ def library_total(model: dict, figures: dict, rungs) -> int:
 def answer(figures: dict, usable: int, host_ram: int) -> tuple[str, str] | None:
     """The first setup (rung, policy) that fits (:func:`fits`), None if none does."""
     return next((setup for setup in SETUPS if fits(figures, setup, usable, host_ram)), None)
+
+
+def offloaded(cfg, ft, seq: int, batch: int, policy: str) -> dict[str, int]:
+    """``gpu``, ``host`` and ``pcie`` (bytes copied host to device a step) of ``ft`` with every
+    parameter on the CPU, and its ``activations`` and the parts the rows name (``root``, ``block``:
+    one block's weights as FSDP copies them up, ``block_grads``: its adapters' gradients)."""
+    o = base_offloaded(cfg, ft, policy, seq, batch)
+    lib, lab = finetune_states(cfg, ft), truth(cfg, ft)
+    fix = sum(lab[r] - lib[r] for r in ("quant_constants", "dequant_buffer"))
+    block = o["streamed"] // cfg.n_layers
+    return {"gpu": o["gpu"] + fix, "host": o["host"], "pcie": o["copied"],
+            "activations": o["activations"], "root": o["root"], "block": block,
+            "block_grads": lab["grads"] // cfg.n_layers, "constants": lab["quant_constants"],
+            "dequant_buffer": lab["dequant_buffer"]}

@@ -78,11 +78,14 @@ def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
         return ("the host keeps every role of role_bytes but two: quant_constants (attributes, not parameters: "
                 "FSDP moves only parameters) and the dequant_buffer stay on the GPU")
     if key == "pcie":
-        if got in (L * want["block"], 3 * L * want["block"]):
+        if got in (L * want["block"] + want["root"], 3 * L * want["block"] + want["root"]):
             return ("each block crosses twice a step, forward and backward; the checkpointed re-run uses the "
                     "backward's copy")
-        return ("what crosses is each block's weights as FSDP copies them up: the base's matrices as stored, "
-                "its two bf16 norms and its adapters; the root unit (embedding, head, final norm) stays")
+        if got == want["pcie"] - want["root"]:
+            return ("the root unit (embedding, head, final norm) crosses too, once a step: gathered for the "
+                    "forward, kept to the backward, then freed")
+        return ("what crosses is each block's weights as FSDP copies them up (the base's matrices as stored, "
+                "its two bf16 norms and its adapters), twice, and the root unit once")
     pieces = {want["root"]: "the root unit (embedding, head unless tied, final norm: FSDP keeps it from forward "
                             "to backward)",
               2 * (want["block"] + want["block_grads"]): "two blocks (one computing, one prefetched) with their "
