@@ -923,3 +923,28 @@ def test_a_reserve_too_large_fails():
     for seed in (0, 1):
         wrong = [r.detail for r in grade(ns, seed).rows if r.function == "choose_recipe" and r.status != "ok"]
         assert wrong and any("a reserve larger than 1 GiB + 5 % of capacity misses it" in d for d in wrong), wrong
+
+
+def test_every_check_has_a_peak_set_by_the_re_run():
+    """Review r12 #2: with a large vocabulary the loss's logits set a checkpointed peak, so a count
+    that forgets the last layer's re-run passed 155 of 200 checks; now each check has a checkpointed
+    case whose re-run sets the peak, and that count fails it, the re-run named."""
+    for seed in range(40):
+        model, seq, batch, [(ft, policy, parts)] = lab_acts.acts_cases(random.Random(seed))[-1]
+        assert policy == "full" and parts["peak"] == parts["recompute_peak"] > parts["forward_peak"]
+    ns = solution()
+    right = ns["activation_peak"]
+
+    def activation_peak(model, ft, seq, batch, policy):     # the forward's end only (review r12's slip)
+        if policy == "none":
+            return right(model, ft, seq, batch, policy)
+        h, L, V, T = model["d_model"], model["n_layers"], model["vocab"], seq * batch
+        outside = 4 * seq * model["head_dim"] + T * (2 * h + 4 + (0 if ft.lora else 2 * h))
+        casts = 0
+        if ft.lora and ft.adapter_dtype == "fp32":
+            q, k, F = model["n_heads"] * model["head_dim"], model["n_kv_heads"] * model["head_dim"], model["ffn"]
+            casts = 2 * L * ft.lora_rank * (2 * (h + q) + 2 * (h + k) + 3 * (h + F))
+        return L * 2 * T * h + outside + 10 * T * V + 8 + casts
+    ns["activation_peak"] = activation_peak
+    row = first_problem(grade(ns, 0), "activation_peak")
+    assert "checkpointed" in row.detail and "re-run" in row.detail, row.detail

@@ -30,6 +30,9 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
              10 * T * model["vocab"]: "the loss's logits (bf16), their fp32 copy and the fp32 log-softmax"}
     if gap in named and gap:
         return f"{'missing' if gap > 0 else 'counted once too often'}: {named[gap]}"
+    if policy == "full" and got == parts["forward_peak"] != want:
+        return ("that is the end of the forward; here the last layer's re-run in backward is higher (the "
+                "checkpointed inputs before it, that layer's saves again, RoPE's tables, the loss scalars)")
     base = parts["per_layer"] - sum(v for k, v in parts.items() if k.startswith("layer: adapter"))
     if ft.lora and gap >= 0.5 * base * (L if policy == "none" else 1):
         return ("the frozen base's activations are still saved: backward runs through every layer to reach "
