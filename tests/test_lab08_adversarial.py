@@ -948,3 +948,55 @@ def test_every_check_has_a_peak_set_by_the_re_run():
     ns["activation_peak"] = activation_peak
     row = first_problem(grade(ns, 0), "activation_peak")
     assert "checkpointed" in row.detail and "re-run" in row.detail, row.detail
+
+
+@pytest.mark.parametrize("how", ["pool", "raw"])
+def test_a_thread_started_before_the_check_cannot_run_the_truth(how):
+    """Review r12 #1: a worker started before the check (its stack all gpumem's and the standard
+    library's, so not a learner's thread), or a raw _thread saved before the check, ran the grader's
+    truth for every function: 14/14 from the blank lab. The blocked functions now refuse in every
+    thread while a call is graded (their code is swapped for a refusing stub, then restored)."""
+    import _thread
+    import concurrent.futures.thread as cft
+    import queue
+    import sys
+    import threading
+    import weakref
+    from gpumem.course import grading
+    from gpumem.memory.finetune import finetune_activation_bytes
+    ns = solution()
+    start = _thread.start_new_thread
+    pool = cft.ThreadPoolExecutor(max_workers=1)
+    if how == "pool":          # the review's disguise: the worker's stack starts in gpumem's own code
+        out, err = sys.stdout, sys.stderr
+        worker = threading.Thread(target=grading.call, daemon=True,
+                                  args=(cft._worker, weakref.ref(pool), pool._work_queue, None, ()))
+        worker.start()
+        pool._threads.add(worker)
+        pool.submit(int).result()                  # the worker runs before the check
+        sys.stdout, sys.stderr = out, err
+
+    def run(f, *args):
+        if how == "pool":
+            return pool.submit(f, *args).result()
+        out = queue.Queue()
+        start(lambda: out.put(_call(f, *args)), ())
+        got = out.get(timeout=30)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    ns["role_bytes"] = lambda model, ft: run(lab_draw.truth, lab_draw.config(model), ft)
+    ns["activation_peak"] = lambda model, ft, seq, batch, policy: run(
+        finetune_activation_bytes, lab_draw.config(model), ft, seq, batch, "flash", policy)["peak"]
+    row = first_problem(grade(ns, 5), "role_bytes")
+    assert "from a thread the grader does not watch" in row.detail and "lab_draw.truth" in row.detail, row.detail
+    assert lab_draw.truth.__code__.co_name == "truth"          # restored after the call
+    pool.shutdown()
+
+
+def _call(f, *args):
+    try:
+        return f(*args)
+    except BaseException as e:          # handed back to the graded call
+        return e

@@ -11,8 +11,12 @@ code compiled from a string or a learner's own module, however rewritten; in a k
 one IPython ran, by its compiler's and its history's records, so a forged cell name, a file under
 ``/tmp/ipykernel_N/`` or ``GPUMEM_TEST_CELLS`` set from a cell no longer pass, review r11). Known
 gaps: a rewritten copy pasted into a cell (or run through ``get_ipython().run_cell``) is a cell's
-code, and so is a source a cell writes into IPython's own records (its history and compiler map);
-the hook watches the call's thread and those it starts, not a thread started before grading.
+code, and so is a source a cell writes into IPython's own records (its history and compiler map).
+The hook watches the call's thread and those it starts; for threads started before grading, each
+blocked function's code is swapped for a refusing stub while the call runs (:func:`_swap`; review
+r12: a worker thread disguised as the course's ran the truth, 14/14 from the blank lab), so only a
+``types.FunctionType`` copy made before grading and run in such a thread escapes it (its own calls
+into the other blocked functions still refuse).
 Switching the hook off or assigning a function's ``__code__`` while the call runs is refused by an
 audit hook, and every refusal is recorded, so a learner who catches the exception is still
 reported. Lab 05's guard does the same for its lab.
@@ -28,6 +32,7 @@ then holds none of them).
 import contextlib
 import sys
 import threading
+import types
 
 from gpumem.course import copy_watch, lab_audit, lab_origin
 from gpumem.course.case_limits import alarm_held
@@ -50,6 +55,7 @@ _NAMES = {finetune: [n for n, f in vars(finetune).items() if callable(f) and get
                    "embedding_params", "norm_params"]}
 BLOCKED = {(m.__file__, n): f"{m.__name__}.{n}" for m, names in _NAMES.items() for n in names}
 _ACTIVE: list[list[str]] = []
+_FUNCS: list = []                 # the blocked functions themselves, found once (:func:`_swap`)
 _HOOKED: list = []
 _PRINTS: list = []
 
@@ -115,6 +121,51 @@ def _watch(hits: list):
     return watch
 
 
+def _refusing_stub(*args, **kwargs):
+    """The body every blocked function takes while a call is graded, in every thread (review r12:
+    a thread started before the check ran the grader's truth unwatched): it records the refusal."""
+    return __import__("gpumem.chapters.ch08_finetuning.lab_guard", fromlist=["_refused"])._refused("NAME")
+
+
+def _refused(name: str):
+    if _ACTIVE:
+        _ACTIVE[-1].append(f"it called {name} (from a thread the grader does not watch)")
+        raise RuntimeError(f"{REFUSAL} ({_ACTIVE[-1][-1]})")
+    raise RuntimeError(f"{name} ran while its code was swapped out; run it again")
+
+
+def _functions() -> list:
+    """Every function object whose code :data:`BLOCKED` names (module functions, class methods)."""
+    if not _FUNCS:
+        for m in _NAMES:
+            for obj in list(vars(m).values()):
+                inner = list(vars(obj).values()) if isinstance(obj, type) and obj.__module__ == m.__name__ else []
+                for f in [obj, *inner]:
+                    f = getattr(f, "__func__", f)
+                    code = getattr(f, "__code__", None)
+                    if (isinstance(f, types.FunctionType) and not code.co_freevars
+                            and (code.co_filename, code.co_name) in BLOCKED and all(f is not g for g in _FUNCS)):
+                        _FUNCS.append(f)
+    return _FUNCS
+
+
+@contextlib.contextmanager
+def _swap():
+    """While the block runs every blocked function's code is a stub that refuses, whichever thread
+    calls it and through whatever reference (Python 3.11 cannot profile threads already running)."""
+    saved, stub = [(f, f.__code__) for f in _functions()], _refusing_stub.__code__
+    try:
+        for f, code in saved:
+            f.__code__ = stub.replace(co_name=code.co_name, co_qualname=code.co_qualname,
+                                      co_filename=code.co_filename, co_firstlineno=code.co_firstlineno,
+                                      co_consts=tuple(BLOCKED[code.co_filename, code.co_name] if c == "NAME" else c
+                                                      for c in stub.co_consts))
+        yield
+    finally:
+        for f, code in saved:
+            f.__code__ = code
+
+
 @contextlib.contextmanager
 def no_library_counts():
     """Inside the block every function of :data:`BLOCKED` refuses; yields the list of refusals."""
@@ -125,8 +176,10 @@ def no_library_counts():
     lab_origin.note_kernel()          # IPython's run_code on this stack: cells are known by its records
     previous, previous_threads = sys.getprofile(), threading.getprofile()
     watch = _watch(hits)
+    swapped = _swap()
     try:
         with alarm_held():
+            swapped.__enter__()            # before the audit hook refuses __code__ assignments
             sys.setprofile(watch)
             threading.setprofile(watch)
             _ACTIVE.append(hits)
@@ -140,6 +193,7 @@ def no_library_counts():
                 _ACTIVE.pop()
             sys.setprofile(previous)
             threading.setprofile(previous_threads)
+            swapped.__exit__(None, None, None)
 
 
 def guarded(fn):
