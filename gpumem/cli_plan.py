@@ -45,6 +45,9 @@ def register(sub) -> None:
     p.add_argument("--cpu-adam-rate", type=_rate, default=None,
                    help="parameters/s one node's CPU Adam updates, shared by its ranks, e.g. 1.2e9 "
                         "(default: the published achieved rate the assumptions line names)")
+    p.add_argument("--pcie", type=_pcie, default=None,
+                   help="host-to-GPU bytes/s for the fine-tuning search's base on the CPU, e.g. 55.2e9 (a "
+                        "measured link; default: the --gpu's datasheet PCIe)")
     p.add_argument("--layout", default=None,
                    help="evaluate one layout too, e.g. tp=8,pp=16,dp=8,zero=1,ckpt=selective,mb=1 "
                         "(keys: tp pp dp zero ckpt mb attn recipe offload device vp cp ep; vp, cp, ep: 1)")
@@ -66,6 +69,17 @@ def _rate(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"--cpu-adam-rate must be a positive number of parameters/s per node, "
                                          f"e.g. 1.2e9, got {text!r}")
+    return value
+
+
+def _pcie(text: str) -> float:
+    """``--pcie``: a positive number of bytes/s (``55.2e9``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 1e6 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"--pcie must be bytes/s, at least 1e6, e.g. 55.2e9, got {text!r}")
     return value
 
 
@@ -101,6 +115,9 @@ def _plan(args) -> int:
     if ft is not None and not ft.plain:      # LoRA, QLoRA, or full fine-tuning with 8-bit AdamW
         from . import cli_plan_ft
         return cli_plan_ft.run(args, model, gpu, mem, ft)
+    if args.pcie is not None:
+        raise UsageError("--pcie goes with the fine-tuning search (--adapter lora, --base-dtype nf4, --optimizer "
+                         "adamw-8bit or paged-adamw); full training's links come from the --gpu")
     fields = planner.parse_layout(args.layout) if args.layout is not None else None   # bad keys before the search
     recipes = ("mixed", "pure-bf16") if args.recipe == "both" else (args.recipe,)
     result = planner.plan(model, args.gpus, gpu, gpu_mem=mem, seq=args.seq, global_batch=args.global_batch,

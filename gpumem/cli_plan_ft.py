@@ -18,7 +18,7 @@ def run(args, model, gpu: str, mem: int | None, ft) -> int:
         raise UsageError("--recipe both plans full training's two recipes; with fine-tuning options give one "
                          "(--recipe mixed, or pure-bf16 with --adapter none)")
     result = P.plan(model, ft, args.gpus, gpu, gpu_mem=mem, seq=args.seq, global_batch=args.global_batch,
-                    cpu_adam_rate=args.cpu_adam_rate)
+                    cpu_adam_rate=args.cpu_adam_rate, pcie=args.pcie)
     if args.json:
         print(json.dumps(result.as_dict(args.top)))
     else:

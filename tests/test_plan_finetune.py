@@ -182,3 +182,17 @@ def test_an_adapted_down_projection_is_re_run():
                                        T, 1, "full")
     adapt_down = 2 * 16 * (FF + H) * L * T            # the down adapter's own re-run forward
     assert with_down["recompute"] - no_down["recompute"] == 2 * T * H * FF * L + adapt_down
+
+
+def test_cli_pcie_rate():
+    """``--pcie`` prices the base-on-CPU copies at a given link (e.g. one measured); refused without
+    the fine-tuning options and for anything but bytes/s."""
+    slow = json.loads(_cli("--model", "llama-3-70b", "--gpus", "1", "--adapter", "lora", "--base-dtype", "nf4",
+                           "--seq", "2048", "--pcie", "31.5e9", "--json").stdout)
+    copies = {p["label"]: p["time"]["offload_moved_s"] for p in slow["plans"] if p["layout"]["base_on_cpu"]}
+    fast = P.plan("llama-3-70b", F.Finetune(adapter="lora", base_dtype="nf4"), 1, "h100-80gb", seq=2048)
+    same = [(copies[p.layout.label()], p.time["offload_moved_s"]) for p in fast.plans if p.layout.label() in copies]
+    assert same and all(a == pytest.approx(2 * b) for a, b in same)        # 31.5 GB/s is half the H100's 63
+    for args, said in [(("--pcie", "55e9"), "--pcie goes with"), (("--adapter", "lora", "--pcie", "fast"), "--pcie")]:
+        r = _cli("--model", "llama-3-8b", "--gpus", "2", *args)
+        assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
