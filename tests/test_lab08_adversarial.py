@@ -1000,3 +1000,22 @@ def _call(f, *args):
         return f(*args)
     except BaseException as e:          # handed back to the graded call
         return e
+
+
+def test_a_row_keeps_its_whole_hint():
+    """Review r12 #4: rows were cut at 300 characters, inside the hint (the setup alone takes ~110);
+    lab 08's rows now keep 700: a dequantised buffer without the fp32 absmax rebuild is told the whole
+    rule."""
+    ns = solution()
+    right = ns["role_bytes"]
+
+    def role_bytes(model, ft):
+        r = right(model, ft)
+        if ft.base_dtype == "nf4":           # the largest matrix in bf16, the absmaxes forgotten
+            h, F = model["d_model"], model["ffn"]
+            q, k = model["n_heads"] * model["head_dim"], model["n_kv_heads"] * model["head_dim"]
+            r["dequant_buffer"] = 2 * max(h * q, h * k, q * h, h * F)
+        return r
+    ns["role_bytes"] = role_bytes
+    row = first_problem(grade(ns, 7), "role_bytes")
+    assert row.detail.endswith("fp32 ones are used as they are") and len(row.detail) > 300, row.detail

@@ -154,11 +154,13 @@ def call(fn: Callable, *args, **kwargs):
 
 
 def run_case(report: Report, function: str, case: str, body: Callable[[], tuple[str, str] | None],
-             seconds: float | None = None, on_crash: Callable[[Exception], str] | None = None) -> Row:
+             seconds: float | None = None, on_crash: Callable[[Exception], str] | None = None,
+             limit: int = DETAIL_CHARS) -> Row:
     """Add the row of one case: ``body()`` calls the learner through :func:`call` and returns
     ``(status, detail)`` (or adds its own rows and returns None). Nothing escapes: the learner's
     exception, or the case's time limit, gives an ``error`` row; a check the learner's value broke
-    (a compare raising on a numpy array) a ``wrong`` row ``on_crash(err)``, replacing the body's."""
+    (a compare raising on a numpy array) a ``wrong`` row ``on_crash(err)``, replacing the body's.
+    ``limit``: the detail's characters (a lab whose rows name a long setup and a hint asks more)."""
     start = len(report.rows)
     if function in report.stopped:                # one hang costs one time limit, not one per case
         report.rows.append(Row(function, case, "error", report.stopped[function]))
@@ -180,7 +182,7 @@ def run_case(report: Report, function: str, case: str, body: Callable[[], tuple[
         with contextlib.suppress(Exception):
             detail = on_crash(err) if on_crash else detail
     del report.rows[start:]
-    report.rows.append(Row(function, case, status, one_line(detail or "") if status != "ok" else detail or ""))
+    report.rows.append(Row(function, case, status, one_line(detail or "", limit) if status != "ok" else detail or ""))
     return report.rows[-1]
 
 

@@ -14,7 +14,7 @@ from gpumem.memory import gpus
 from gpumem.memory.finetune import Finetune
 
 from . import lab_draw, lab_guard, scale
-from .lab_text import GB, describe, model_line
+from .lab_text import ROW_CHARS, GB, describe, model_line
 
 RESERVE = "the single-GPU reserve (1 GiB of CUDA context + 5 % of capacity)"
 
@@ -144,4 +144,4 @@ def grade_choose(report, fn, cases: list, role_bytes=None) -> None:
             return "wrong", _first(report, name, want) + why_not(
                 None if got is None else (name, got[1]), want, figures, scale.usable(card), rungs,
                 gpus.get(card).capacity, lib_fits, counted, host_ram, buffer)
-        run_case(report, "choose_recipe", case, body)
+        run_case(report, "choose_recipe", case, body, limit=ROW_CHARS)

@@ -10,7 +10,7 @@ NF4 constants and the dequantised matrix that stay, and the passes over PCIe.
 from gpumem.course.grading import Row, call, returned, run_case
 
 from . import lab_guard
-from .lab_text import describe, model_line, off_by
+from .lab_text import ROW_CHARS, describe, model_line, off_by
 
 KEYS = ("host", "pcie", "gpu")     # checked in this order: the host's bytes need no new idea
 
@@ -72,7 +72,7 @@ def grade_acts(report, fn, cases: list) -> None:
                     hint = _acts_hint(ft, policy, got, parts, model, seq, batch)
                     return "wrong", f"{where}: {off_by(got, parts['peak'])}" + (f" -- {hint}" if hint else "")
             return "ok", ""
-        run_case(report, "activation_peak", case, body)
+        run_case(report, "activation_peak", case, body, limit=ROW_CHARS)
 
 
 def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
@@ -125,4 +125,4 @@ def grade_offload(report, fn, cases: list) -> None:
                         hint = _offload_hint(key, g, want, ft, model)
                         return "wrong", f"{where}, {key}: {off_by(g, want[key])}" + (f" -- {hint}" if hint else "")
             return "ok", ""
-        run_case(report, "base_on_cpu", case, body)
+        run_case(report, "base_on_cpu", case, body, limit=ROW_CHARS)

@@ -1,6 +1,7 @@
 """Lab 08's words for its rows: a setup, a model, how far a count is off (no answer is printed)."""
 
 GB = 10**9
+ROW_CHARS = 700       # a row names the setup (up to ~110 characters) and then a hint: room for both (review r12)
 
 
 def off_by(got: int, want: int) -> str:

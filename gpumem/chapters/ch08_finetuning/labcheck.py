@@ -31,7 +31,7 @@ from gpumem.memory.finetune import ROLES, Finetune
 from . import lab_acts, lab_cases, lab_draw, lab_guard
 from .lab_choose import grade_choose
 from .lab_parts import grade_acts, grade_offload
-from .lab_text import GB, describe, model_line, off_by  # noqa: F401 (the rows' words)
+from .lab_text import ROW_CHARS, GB, describe, model_line, off_by  # noqa: F401 (the rows' words)
 
 LAB = "lab08_finetune_recipe"
 
@@ -91,7 +91,7 @@ def _grade_states(report: Report, fn, cases: list) -> None:
                 if bad:
                     return "wrong", bad
             return "ok", ""
-        run_case(report, "role_bytes", case, body)
+        run_case(report, "role_bytes", case, body, limit=ROW_CHARS)
 
 
 def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Report:
