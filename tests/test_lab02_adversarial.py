@@ -592,3 +592,14 @@ def test_weights_allow_a_few_rounding_flips_not_a_wrong_step():
     assert off(1, 5e-3) is None and off(2, 5e-3) is None and off(2000, 5e-5) is None
     assert "3 of 2000 elements beyond 0.0001" in off(3, 5e-3)
     assert off(1, 0.02) and "first diverging tensor: w on rank 0" in off(2000, 3e-3)
+
+
+def test_shards_keyed_by_the_parameter_are_told_the_key(monkeypatch):
+    """Review r12 #3: chapter 02's ZeroAdamW keys its shards by the parameter; the lab keys them by
+    index. Keyed by parameter, the row said a shard was missing and blamed the last bucket; it now
+    names the key."""
+    report, _ = grade(monkeypatch, (0,), ("            grad_shards[i] = shard\n",
+                                          "            grad_shards[params[i]] = shard\n"))
+    shards = rows(report, "gradient shards")
+    assert shards[0].status == "wrong" and "keys must be each parameter's index" in shards[0].detail, shards[0].detail
+    assert "Parameter keys" in shards[0].detail

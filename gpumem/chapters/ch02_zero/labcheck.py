@@ -139,6 +139,10 @@ def _grade_shards(ranks: list[dict], ref: dict, world: int) -> str | None:
            "len(params): let autograd's engine tell you the pass is over" if unused else
            " (was the last, partly filled bucket sent?)")
     for r, res in enumerate(ranks):
+        keys = [k for k in res["first"]["shards"] if isinstance(k, bool) or not isinstance(k, int)]
+        if keys:         # review r12 #3: chapter 02's ZeroAdamW keys its shards by the parameter itself
+            return (f"grad_shards' keys must be each parameter's index in params (an int, 0 to {len(names) - 1}); "
+                    f"rank {r} has {type(keys[0]).__name__} keys (chapter 02's ZeroAdamW keys by the parameter)")
         left = res["first"]["grads_left"]
         if left and left[0] not in res["first"]["shards"]:
             return f"{names[left[0]]} has its full .grad and no shard on rank {r} when backward returns{why}"
