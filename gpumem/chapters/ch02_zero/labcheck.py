@@ -39,6 +39,7 @@ prints "GPU part: skipped (reason)" and adds no row.
 
 import ast
 import math
+import numbers
 
 from gpumem.course.grading import Report, Row, case_seconds, failure_line, kind, run_case
 from gpumem.errors import RunFailure
@@ -139,7 +140,7 @@ def _grade_shards(ranks: list[dict], ref: dict, world: int) -> str | None:
            "len(params): let autograd's engine tell you the pass is over" if unused else
            " (was the last, partly filled bucket sent?)")
     for r, res in enumerate(ranks):
-        keys = [k for k in res["first"]["shards"] if isinstance(k, bool) or not isinstance(k, int)]
+        keys = [k for k in res["first"]["shards"] if isinstance(k, bool) or not isinstance(k, numbers.Integral)]
         if keys:         # review r12 #3: chapter 02's ZeroAdamW keys its shards by the parameter itself
             return (f"grad_shards' keys must be each parameter's index in params (an int, 0 to {len(names) - 1}); "
                     f"rank {r} has {type(keys[0]).__name__} keys (chapter 02's ZeroAdamW keys by the parameter)")
