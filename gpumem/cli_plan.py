@@ -60,27 +60,21 @@ def register(sub) -> None:
     p.set_defaults(func=_plan)
 
 
-def _rate(text: str) -> float:
-    """``--cpu-adam-rate``: a positive number of parameters per second (``1.2e9``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"--cpu-adam-rate must be a positive number of parameters/s per node, "
-                                         f"e.g. 1.2e9, got {text!r}")
-    return value
+def _number(option: str, unit: str, example: str, least: float = 0.0):
+    """An argparse type for ``option``: a finite number above ``least`` (one line naming ``unit``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (least < value < float("inf")):
+            raise argparse.ArgumentTypeError(f"{option} must be {unit}, e.g. {example}, got {text!r}")
+        return value
+    return parse
 
 
-def _pcie(text: str) -> float:
-    """``--pcie``: a positive number of bytes/s (``55.2e9``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 1e6 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"--pcie must be bytes/s, at least 1e6, e.g. 55.2e9, got {text!r}")
-    return value
+_rate = _number("--cpu-adam-rate", "a positive number of parameters/s per node", "1.2e9")
+_pcie = _number("--pcie", "bytes/s above 1e6", "55.2e9", 1e6)
 
 
 def _gpu_name(text: str | None) -> str:

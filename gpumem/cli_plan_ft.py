@@ -13,7 +13,9 @@ from .memory.finetune_options import ROLE_LABELS
 def run(args, model, gpu: str, mem: int | None, ft) -> int:
     """Plan ``ft`` for ``plan``'s arguments; print a table or JSON."""
     from .planner import finetune as P
-    P.check_layout_absent(args.layout)
+    if args.layout is not None:         # --layout prices full-training layouts
+        raise UsageError("--layout evaluates full-training layouts; with --adapter lora or --optimizer adamw-8bit "
+                         "leave it out (the fine-tuning search lists every layout it tried that fits)")
     if args.recipe == "both":
         raise UsageError("--recipe both plans full training's two recipes; with fine-tuning options give one "
                          "(--recipe mixed, or pure-bf16 with --adapter none)")

@@ -21,7 +21,6 @@ within ``ranking.TIE`` going roomy first, then fewer host bytes, then fewer byte
 
 from dataclasses import asdict, dataclass, field, replace
 
-from ..errors import UsageError
 from ..memory import finetune as F, finetune_fsdp, gpus as gpu_table
 from ..timing import compute, finetune_time, offload_time, overlap
 from . import placement, ranking
@@ -156,8 +155,8 @@ def seconds(cfg, ft: F.Finetune, lay: FtLayout, seq: int, g, mfu: float, node, c
     n_t, e = trainable(cfg, ft)
     grp = placement.groups(node, 1, 1, lay.dp)["dp"]
     buckets = -(-n_t // DS_BUCKET)
-    if lay.zero == 3:
-        o = finetune_fsdp.fsdp_states(cfg, ft, lay.dp, lay.base_on_cpu)
+    o = finetune_fsdp.fsdp_states(cfg, ft, lay.dp, lay.base_on_cpu) if lay.zero == 3 else None
+    if o is not None:
         gathered = 2 * o["block"] * cfg.n_layers + o["root"]        # blocks forward and backward, the root once
         moved = lay.n_micro * (placement.seconds("all_gather", gathered, grp, 2 * cfg.n_layers + 1)
                                + placement.seconds("reduce_scatter", o["block_grads"] * cfg.n_layers, grp,
@@ -172,7 +171,6 @@ def seconds(cfg, ft: F.Finetune, lay: FtLayout, seq: int, g, mfu: float, node, c
                                                                                         gather, windows)
     offload_s = copies = 0.0
     if lay.base_on_cpu:     # a unit's H2D copy precedes its all-gather: both hide behind the same compute
-        o = finetune_fsdp.fsdp_states(cfg, ft, lay.dp, True)
         copies = finetune_fsdp.copied_up(o, lay.n_micro) / (pcie or g.pcie)
         offload_s = overlap.exposed("fsdp2", "offload_copies", copies + moved, windows) - dp_s
         optimizer = -(-n_t // lay.dp) / offload_time.cpu_adam_per_rank(cpu_adam_rate, min(lay.dp, GPUS_PER_NODE))
@@ -239,19 +237,12 @@ def plan(model, ft: F.Finetune, gpus: int, gpu: str = "h100-80gb", *, gpu_mem: i
                 "reserve": reserve.of(capacity), "seq": seq, "global_batch": batch, "finetune": asdict(ft),
                 "tight_below": ranking.tight_limit(usable), "host_per_gpu": host_cap,
                 "pcie": pcie or g.pcie}
-    return FtResult(question, rank(plans), considered, closest, assumptions(global_batch is None, mfu, ft))
+    return FtResult(question, ranking.rank(plans, _tie_key), considered, closest, assumptions(global_batch is None, mfu, ft))
 
 
-def rank(plans: list) -> list:
-    """By step time; within ``ranking.TIE`` of a group's fastest: roomy first, fewer host bytes,
-    fewer bytes, then the label (a total order)."""
-    rest, out = sorted(plans, key=lambda p: p.time["total"]), []
-    while rest:
-        edge = rest[0].time["total"] * (1 + ranking.TIE)
-        group = [p for p in rest if p.time["total"] <= edge]
-        rest = rest[len(group):]
-        out += sorted(group, key=lambda p: (p.memory["tight"], p.memory["host"], p.memory["total"], p.layout.label()))
-    return out
+def _tie_key(p) -> tuple:
+    """Inside a tie group (``ranking.rank``): roomy first, fewer host bytes, fewer bytes, the label."""
+    return p.memory["tight"], p.memory["host"], p.memory["total"], p.layout.label()
 
 
 def assumptions(default_batch: bool, mfu: float, ft: F.Finetune) -> list[str]:
@@ -270,10 +261,3 @@ def assumptions(default_batch: bool, mfu: float, ft: F.Finetune) -> list[str]:
         out.insert(0, f"global batch {FT_GLOBAL_BATCH} sequences (the QLoRA paper's 65B run: 1 x 16 "
                       "accumulation), rounded up to a multiple of the GPUs; set it with --global-batch")
     return out
-
-
-def check_layout_absent(layout: str | None) -> None:
-    """``plan --layout`` prices full-training layouts; with fine-tuning options it is refused."""
-    if layout is not None:
-        raise UsageError("--layout evaluates full-training layouts; with --adapter lora or --optimizer adamw-8bit "
-                         "leave it out (the fine-tuning search lists every layout it tried that fits)")

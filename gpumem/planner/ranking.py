@@ -43,14 +43,15 @@ def secondary_key(p) -> tuple:
             p.time["total"], lay.label())   # the label last: a total order, so rank_of is exact
 
 
-def rank(plans: list) -> list:
-    """``plans`` in the planner's order (see the module)."""
+def rank(plans: list, key=secondary_key) -> list:
+    """``plans`` in the planner's order (see the module); ``key`` orders a tie group (the fine-tuning
+    search passes its own: its layouts have no recipe or pipeline)."""
     rest = sorted(plans, key=lambda p: p.time["total"])
     times = [p.time["total"] for p in rest]
     out, start = [], 0
     while start < len(rest):
         end = bisect_right(times, times[start] * (1 + TIE), lo=start)
-        out += sorted(rest[start:end], key=secondary_key)
+        out += sorted(rest[start:end], key=key)
         start = end
     return out
 
