@@ -5,6 +5,7 @@ swap folder is swept by the next run. Small filesystems are real tmpfs mounts (r
 with the reason where mounting is not allowed)."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -198,10 +199,17 @@ def test_sigkilled_run_offload_leaves_a_swap_folder_the_next_run_sweeps(tmp_path
         left = [p.name for p in base.iterdir()]
         assert len(left) == 1 and left[0].startswith(f"gpumem-swap-{proc.pid}-")    # SIGKILL skips every finally
         if mounted:
+            before = shutil.disk_usage(base).free
+            swept = sum(f.stat().st_size for f in base.rglob("*") if f.is_file())
             code, err = _cli(capsys, "--configs", "zero3+nvme", "--ladder-mib", "1", "--nvme-path", str(base))
             assert code == 2 and len(err) == 2, err
             assert err[0] == f"gpumem: note: removed {base / left[0]}, left by a swap run that was killed (pid {proc.pid})"
-            assert f"{two:,} bytes needed" in err[1] and f"{one:,} free" in err[1], (err, held, _holders(base))
+            assert f"{two:,} bytes needed" in err[1], err
+            # the sweep ran before the free space was read: the figure gained the swept files' bytes.
+            # Not to the byte: the kernel may hand back a killed run's pages a moment late (a CI run
+            # reported 51,298,304 free of 55,492,608 right after the sweep: 4 MiB still pinned).
+            free = int(re.search(r"([\d,]+) free", err[1])[1].replace(",", ""))
+            assert before + swept // 2 <= free <= one, (err, before, swept, held, _holders(base))
         else:
             notes = []
             with ds_offload.swap_folder(base, note=notes.append) as fresh:
