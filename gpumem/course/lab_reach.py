@@ -1,0 +1,98 @@
+"""Refuse a learner's source that reaches into the grader, read statically before it runs.
+
+A lab that runs the learner's function in the grader's own process (lab 02's ranks run its hooks
+next to the record, the clock and the probe) cannot keep its objects out of reach: any code in the
+process can find them. Review r12 rewrote lab 02's arrival clock through ``sys.modules`` and took the
+real work handle from behind the grader's proxy with ``object.__getattribute__``, in ten lines. A
+solution needs none of the tools those cheats use, so :func:`first_reach` refuses them in the
+source text (``ast``), before anything runs:
+
+* imports of the modules that find or build objects by name or by reference: ``gc``, ``inspect``,
+  ``importlib``, ``sys``'s ``modules``, ``ctypes``, ``builtins``, ``pickle`` ... (:data:`MODULES`);
+* the attributes that open a function, a class or a frame: ``__globals__``, ``__closure__``,
+  ``__code__``, ``__kwdefaults__``, ``__getattribute__``, ``__setattr__``, ``__dict__``,
+  ``f_globals``, ``_getframe``, ``modules`` ... (:data:`ATTRIBUTES`);
+* the builtins that do the same by name: ``__import__``, ``vars``, ``globals``, ``eval``, ``exec``
+  ... (:data:`BUILTINS`), and ``getattr`` / ``setattr`` / ``delattr`` / ``hasattr`` unless called
+  with a literal name that is not refused (``getattr(work, "wait")`` is fine);
+* any string that names the course's package (``"gpumem"``) or one of the refused attributes.
+
+This raises the bar; it proves nothing. Python can reach an object by routes no list names (a
+pickle built at run time, a torch helper that imports by dotted name). The labs that use it also
+check at run time that what they measure with was not changed (lab 02: ``lab02_watch.seal``).
+"""
+
+import ast
+
+MODULES = ("gc", "inspect", "importlib", "ctypes", "builtins", "pickle", "marshal", "copyreg", "pydoc",
+           "pkgutil", "runpy", "dill", "cloudpickle", "_thread")
+ATTRIBUTES = ("__globals__", "__closure__", "__code__", "__kwdefaults__", "__defaults__", "__dict__",
+              "__getattribute__", "__setattr__", "__delattr__", "__subclasses__", "__builtins__", "__import__",
+              "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__func__", "__wrapped__",
+              "__loader__", "__spec__", "__mro__", "__bases__", "__base__",
+              "modules", "_getframe", "_current_frames", "settrace", "setprofile", "f_globals", "f_locals",
+              "f_back", "f_builtins", "f_code", "tb_frame", "gi_frame", "cr_frame", "ag_frame",
+              "get_referrers", "get_referents", "get_objects", "import_module", "_import_dotted_name", "attrgetter",
+              "methodcaller")
+BUILTINS = ("__import__", "vars", "globals", "locals", "eval", "exec", "compile", "breakpoint", "__builtins__")
+BY_NAME = ("getattr", "setattr", "delattr", "hasattr")
+PACKAGE = "gpumem"
+
+
+def first_reach(source: str) -> str | None:
+    """The first reach into the grader in ``source`` (Python text), as one line naming its line
+    number, or None. A source that does not parse gives None: running it says why."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            child._reach_parent = node           # read by _called
+    found = [(getattr(node, "lineno", 0), getattr(node, "col_offset", 0), why)
+             for node in ast.walk(tree) for why in [_offence(node)] if why]
+    if not found:
+        return None
+    line, _, why = min(found)
+    return f"line {line}: {why}; the lab forbids reaching into the grader (write the lab with the tools it names)"
+
+
+def _offence(node: ast.AST) -> str | None:
+    """Why ``node`` alone reaches into the grader, or None."""
+    if isinstance(node, ast.Import):
+        bad = next((a.name for a in node.names if _refused_module(a.name)), None)
+        return bad and f"imports {bad}"
+    if isinstance(node, ast.ImportFrom):
+        module = node.module or ""
+        if _refused_module(module):
+            return f"imports from {module}"
+        bad = next((a.name for a in node.names if a.name in ATTRIBUTES or a.name in BUILTINS), None)
+        return bad and f"imports {bad} from {module}"
+    if isinstance(node, ast.Attribute) and node.attr in ATTRIBUTES:
+        return f"uses the attribute .{node.attr}"
+    if isinstance(node, ast.Name) and node.id in BUILTINS:
+        return f"uses {node.id}"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BY_NAME:
+        name = node.args[1] if len(node.args) > 1 else None
+        if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+            return f"calls {node.func.id} with a name that is not a literal string"
+        return None              # the literal itself is checked as a string below
+    if isinstance(node, ast.Name) and node.id in BY_NAME and not _called(node):
+        return f"passes {node.id} around (call it with a literal name)"
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+        text = node.value.decode("latin-1") if isinstance(node.value, bytes) else node.value
+        if PACKAGE in text.lower():
+            return f"a string names {PACKAGE!r}, the grader's package"
+        word = text.strip()
+        if word in ATTRIBUTES or word in MODULES or any(a in text for a in ATTRIBUTES if a.startswith("__")):
+            return f"a string names {word if word in ATTRIBUTES + MODULES else 'a refused attribute'}"
+    return None
+
+
+def _refused_module(name: str) -> bool:
+    return name.split(".")[0] in MODULES
+
+
+def _called(node: ast.Name) -> bool:
+    """Whether ``node`` is the function of a call (set by :func:`first_reach`'s parent links)."""
+    return isinstance(getattr(node, "_reach_parent", None), ast.Call) and node._reach_parent.func is node

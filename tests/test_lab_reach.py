@@ -1,0 +1,72 @@
+"""gpumem.course.lab_reach: the static refusal of a learner's source that reaches into the grader.
+The cheats are review r12's (lab 02: C rewrote the arrival clock through sys.modules, F took the
+real handle with object.__getattribute__) and review r10's record edit (``__globals__``)."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from gpumem.course.lab_reach import first_reach
+
+CHEATS = {
+    'import sys\nr = sys.modules["x"]\n': "line 2: uses the attribute .modules",
+    "def f(w):\n    return object.__getattribute__(w, '_h')\n": "line 2: uses the attribute .__getattribute__",
+    "g = dist.all_reduce.func.__globals__\n": "line 1: uses the attribute .__globals__",
+    "c = f.__closure__[0].cell_contents\n": "line 1: uses the attribute .__closure__",
+    "f.__kwdefaults__['rec'] = None\n": "line 1: uses the attribute .__kwdefaults__",
+    "f.__code__ = g.__code__\n": "line 1: uses the attribute .__code__",
+    "object.__setattr__(w, 'x', 1)\n": "line 1: uses the attribute .__setattr__",
+    "import gc\n": "line 1: imports gc",
+    "import inspect as i\n": "line 1: imports inspect",
+    "from importlib import import_module\n": "line 1: imports from importlib",
+    "m = __import__('os')\n": "line 1: uses __import__",
+    "x = getattr(w, name)\n": "line 1: calls getattr with a name that is not a literal string",
+    "setattr(m, 'ti' + 'me', 1)\n": "line 1: calls setattr with a name that is not a literal string",
+    "x = getattr(m, '__globals__')\n": "line 1: a string names __globals__",
+    "s = 'gpumem.chapters.ch02_zero.lab02_ranks'\n": "line 1: a string names 'gpumem'",
+    "s = b'cgpumem.x'\n": "line 1: a string names 'gpumem'",
+    "from sys import modules\n": "line 1: imports modules from sys",
+    "import sys\nf = sys._getframe(1).f_globals\n": "line 2: uses the attribute .",      # _getframe or f_globals
+    "v = vars(m)\n": "line 1: uses vars",
+    "from functools import reduce\nx = reduce(getattr, ['a', 'b'], m)\n": "line 2: passes getattr around",
+    "x = 1\n\n\ny = eval('x')\n": "line 4: uses eval",
+}
+
+
+@pytest.mark.parametrize("source", list(CHEATS))
+def test_each_reach_is_refused_with_its_line(source):
+    got = first_reach(source)
+    assert got and got.startswith(CHEATS[source]), got
+    assert "\n" not in got and "forbids reaching into the grader" in got
+
+
+def test_the_first_offence_is_named():
+    assert first_reach("a = 1\nimport gc\nb = f.__code__\n").startswith("line 2: imports gc")
+
+
+def test_plain_code_passes():
+    """What a solution uses: torch, dist, math, closures, getattr with a literal, the engine's
+    queue_callback, a private torch module (measured at run time, not refused here)."""
+    ok = '''
+import math
+import time
+def install(params, shards, bucket):
+    """Docstring."""
+    engine = torch.autograd.Variable._execution_engine
+    w = getattr(dist, "reduce_scatter_tensor")
+    if hasattr(torch, "float32"):
+        pass
+    name = type(params).__name__
+    from torch.utils._python_dispatch import _disable_current_modes
+    f"{len(params)} modules of a model"
+'''
+    assert first_reach(ok) is None
+    assert first_reach("def broken(:\n") is None           # running it says why
+
+
+def test_the_lab02_solution_passes():
+    cells = nbformat.read(Path(__file__).parents[1] / "solutions" / "lab02_zero2_hooks.ipynb", as_version=4).cells
+    for cell in cells:
+        if cell.cell_type == "code" and "### BEGIN SOLUTION" in cell.source:
+            assert first_reach(cell.source) is None, first_reach(cell.source)
