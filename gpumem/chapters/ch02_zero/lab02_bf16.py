@@ -10,36 +10,16 @@ is the fp32 sum of both ranks' gradients, divided by 2 (exact in fp32: two bf16 
 exactly unless their exponents are 16 or more apart, and halving is exact), sliced rank-major. A
 bucket reduced in bf16 and cast afterwards differs from it by up to half a bf16 step
 (2**-9 of the value) in most elements.
+
+The case runs on the ranks as the fp32 ones do (:func:`.lab02_ranks._case`, one backward, no step):
+recorded, metered and held back (review r12 #6: it ran unwatched, with raw work handles), its
+flat copies bound as fp32 copies of its elements (``labcheck._bf16_row``).
 """
 
 import math
 
 RTOL = 1e-6          # fp32 rounding of the rare sums that are not exact; a bf16 sum is off by up to 2**-9
 ATOL = 1e-30
-
-
-def rank_case(install, build, rank: int, world: int, case: tuple) -> dict:
-    """On each rank: the bf16 gradients as they arrived and the learner's shards after one backward
-    (``build``: :func:`.lab02_ranks.build`, passed in so that this module imports none of the lab's)."""
-    import torch
-
-    from gpumem.runs import training
-    model, seed, steps, bucket = case
-    net, _, params = build(model, seed, False)
-    net.to(torch.bfloat16)
-    index = {id(p): i for i, p in enumerate(params)}
-    grads: dict = {}
-
-    def keep(p):                                   # the grader's hook runs before the learner's
-        grads[index[id(p)]] = p.grad.detach().clone()
-    handles = [p.register_post_accumulate_grad_hook(keep) for p in params]
-    shards: dict = {}
-    install(params, shards, bucket)
-    data = training.batches(net.cfg, steps, world * 2, 32, seed)[0, rank * 2:(rank + 1) * 2]
-    net(data[:, :-1], data[:, 1:]).backward()
-    for h in handles:
-        h.remove()
-    return {"grads": grads, "shards": {i: s.detach().clone() for i, s in shards.items()}}
 
 
 def label(case: tuple, world: int) -> str:

@@ -74,13 +74,16 @@ def storage_bytes(tensors) -> int:
     return sum(seen.values())
 
 
-def autograd_bytes(net, params, inputs, targets) -> list[int]:
+def autograd_bytes(net, params, inputs, targets, order: list | None = None) -> list[int]:
     """Autograd's own live bytes at each gradient arrival of one backward with no hooks, and when it
     returned (the last entry): everything made during backward and alive, less the ``.grad``
-    storages. The gradients are freed afterwards; the weights do not change."""
+    storages. The gradients are freed afterwards; the weights do not change. ``order``, if given,
+    gets the parameters in the order their gradients arrived."""
     meter, out = LiveMeter(params), []
 
     def sample(_p):
+        if order is not None:
+            order.append(_p)
         out.append(meter.bytes() - storage_bytes(p.grad for p in params))
     handles = [p.register_post_accumulate_grad_hook(sample) for p in params]
     try:
@@ -107,15 +110,17 @@ def held_bound(sizes: list[int], bucket: int, world: int) -> int:
     return full + 2 * (full + pad) + sum(4 * math.ceil(n / 4 / world) for n in used)
 
 
-def grade_peak(ranks: list[dict], sizes: list[int], names: list[str], bucket: int, world: int) -> str | None:
+def grade_peak(ranks: list[dict], sizes: list[int], names: list[str], bucket: int, world: int,
+               most: int | None = None) -> str | None:
     """Full ``.grad`` bytes (:class:`~gpumem.runs.gradmeter.GradMeter`), then every byte the hooks
-    made and kept (:class:`LiveMeter`: copies count even after ``.grad = None``)."""
+    made and kept (:class:`LiveMeter`: copies count even after ``.grad = None``) against ``most``
+    (default :func:`held_bound`; the bf16 case passes the bound of its fp32 copies)."""
     peak = max(res["peak_full"] for res in ranks)
     if peak > bucket + max(sizes):
         return (f"expected at most {bucket + max(sizes):,} B (the bucket, {bucket:,} B, plus the largest "
                 f"gradient, {names[sizes.index(max(sizes))]}), got {peak:,} B"
                 + (" = every gradient at once, as ZeRO-1 holds them" if peak >= sum(sizes) else ""))
-    held, most = max(res["peak_held"] for res in ranks), held_bound(sizes, bucket, world)
+    held, most = max(res["peak_held"] for res in ranks), most or held_bound(sizes, bucket, world)
     if held > most:
         return (f"your hooks kept {held:,} B of tensors made during backward, at most {most:,} B expected (bucket, "
                 f"largest gradient, 2 flat copies, shards): copies of full gradients count even after "

@@ -1,9 +1,13 @@
 """Lab 02's two physical probes: they measure what happened, whatever route the learner's code took.
 
 **Overlap, by holding one rank back.** In each backward pass the grader's own arrival hook holds
-one rank (rank 1 in the first pass, rank 0 in the second, ...) at its first gradient, before the
-learner's hook runs, for :func:`delay` seconds (at least :data:`DELAY_S`, more on a slow machine),
-and notes when it wakes and how many operations its process group had run. Every collective that
+one rank (rank 1 in the first pass, rank 0 in the second, ...) at a drawn gradient, before the
+learner's hook runs: the first arrival after that rank's own k-th collective of the pass, k drawn
+per pass among the first half of the buckets the lab's rule sends before the last gradient
+(:func:`hold_after`; review r12 #2: holding always at the first gradient tested only the first
+bucket, and hooks that blocked on every later one passed). It sleeps :func:`delay` seconds (at
+least :data:`DELAY_S`, more on a slow machine), and notes when it woke and how many operations its
+process group had run. Every collective that
 rank issues after that (whatever function, wrapper or method issued it) joins after it woke, and
 a collective cannot finish on the other rank before the held rank has joined it. The other rank's
 arrival hook notes, at each gradient, the time and its own operation count. So if, on the other
@@ -28,13 +32,17 @@ gradient's arrival and when backward returns.
 """
 
 import gc
+import os
+import random
 import sys
+import threading
 import tracemalloc
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-DELAY_S = 0.25               # the least the held rank sleeps at its first arrival
+WATCH_S = 90.0               # a case still running after this long is stuck (a case takes seconds)
+DELAY_S = 0.25               # the least the held rank sleeps at its held arrival
 DELAY_MAX = 2.0
 WINDOW_S = 0.1               # a pass is checked only if the launching hook began this long before the wake
 HOST_SLACK = 256 * 1024      # an assumption: the Python objects a hook makes (lists, dicts, tensor
@@ -44,6 +52,57 @@ HOST_SLACK = 256 * 1024      # an assumption: the Python objects a hook makes (l
 def held_rank(n_pass: int) -> int:
     """The rank held back in backward pass ``n_pass`` (1, 2, ...): 1, 0, 1, ..."""
     return n_pass % 2
+
+
+def hold_after(sizes: list[int], bucket: int, rng: random.Random) -> int:
+    """k: the held rank is held at its first arrival after its own k-th collective of the pass.
+    ``sizes``: the gradients' bytes in the order they arrive. k is drawn from 1 to half the buckets
+    the lab's rule (send once the bucket reaches ``bucket``) sends before the last gradient; 0 (the
+    first arrival) when it sends at most one. A rank that never gets that far is held at its last
+    arrival."""
+    early, filling = 0, 0
+    for size in sizes[:-1]:
+        filling += size
+        if filling >= bucket:
+            early, filling = early + 1, 0
+    return rng.randint(1, max(1, early // 2)) if early > 1 else 0
+
+
+class Stuck(BaseException):
+    """Raised in a rank's main thread by :func:`watchdog`: not an ``Exception``, so it ends the run."""
+    line = ""
+
+    def __str__(self) -> str:
+        return self.line
+
+
+def watchdog(what: str, filename: str, source: str, seconds: float):
+    """Watch one case on this rank: if it has not ended after ``seconds``, name ``what`` (the case)
+    and the line of the learner's code (compiled as ``filename`` from ``source``) the rank was
+    running, raise :class:`Stuck` in the main thread (the run ends with that line as the rank's
+    error), and end the rank 10 s later if that did not stop it (stuck in C: the line is its last
+    output). Review r12 #5: a hook spinning on its output, which gloo fills only in ``wait()``,
+    hung the whole check for its 480 s with a row naming nothing. Returns the function that stops
+    the watch."""
+    import ctypes
+    me, done, lines = threading.get_ident(), threading.Event(), source.splitlines()
+
+    def fire():
+        if done.wait(seconds):
+            return
+        frame, where = sys._current_frames().get(me), ""
+        while frame is not None and not where:
+            if frame.f_code.co_filename == filename and 0 < frame.f_lineno <= len(lines):
+                where = f"; it was at line {frame.f_lineno} of your function: {lines[frame.f_lineno - 1].strip()[:70]}"
+            frame = frame.f_back
+        line = f"{what}: still running after {seconds:g} s{where}"
+        print(line, file=sys.stderr, flush=True)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me),
+                                                   ctypes.py_object(type("Stuck", (Stuck,), {"line": line})))
+        if not done.wait(10):
+            os._exit(3)
+    threading.Thread(target=fire, name="lab02-watchdog", daemon=True).start()
+    return done.set
 
 
 def delay(step_s: float) -> float:
@@ -135,13 +194,14 @@ def grade_overlap(ranks: list[dict]) -> str | None:
             eligible += 1
             ops, woke = ranks[held]["passes"][n - 1]["hold"]
             times, seqs = mine["times"], mine["seqs"]
-            j = next((j for j, s in enumerate(seqs) if s > ops), None)   # first arrival after it was issued
+            j = next((j for j, s in enumerate(seqs) if s > ops), None)   # first arrival after the tested one
             if j is None or j == 0:
-                why.add("it issued no collective before its last gradient arrived")
+                why.add("it issued no collective before its last gradient arrived" if not ops else
+                        f"it issued no collective after its first {ops} before its last gradient arrived")
                 continue
             if woke - times[j - 1] < WINDOW_S:
-                why.add(f"the hook that issued its first collective began {times[j - 1] - woke:+.2f} s from "
-                        f"the held rank's wake")
+                nth = "first collective" if not ops else f"collective no. {ops + 1}"
+                why.add(f"the hook that issued its {nth} began {times[j - 1] - woke:+.2f} s from the held rank's wake")
                 continue
             checked += 1
             overlapped += times[j] < woke

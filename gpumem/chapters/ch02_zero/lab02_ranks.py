@@ -21,8 +21,13 @@ could be computed: nothing overlapped with it. Launches and waits are also numbe
 they happen, which gives how many buckets were in flight at each launch.
 """
 
+import functools
 import math
+import random
+import sys
 import time
+
+import torch
 
 from .lab02_watch import _REC, BARRIERS, REDUCE_SCATTERS, instrument  # noqa: F401 (labcheck reads them here)
 
@@ -81,104 +86,131 @@ _CASE: dict = {}        # the current case, read by the grader's arrival hook al
 
 
 def _arrive(p) -> None:
-    """The grader's hook, before the learner's: number the arrival, note the time and the
-    operations the process groups ran so far; hold this rank at its first arrival if it is the
-    held one in this pass (:mod:`.lab02_probe`); sample the bytes the hooks hold."""
+    """The grader's hook, before the learner's: check the grader is as sealed, number the arrival,
+    note the time and the operations the process groups ran so far; hold this rank at its drawn
+    arrival if it is the held one in this pass (:mod:`.lab02_probe`); keep the bf16 case's gradient;
+    sample the bytes the hooks hold."""
     from . import lab02_probe as probe
     case, rec = _CASE, _REC
+    _intact(case)
     rec.arrivals += 1
     rec.times.append(time.monotonic())
     rec.seqs.append(rec.seq() - rec.seq0)
-    if rec.arrivals == 1 and probe.held_rank(rec.n_pass) == case["rank"]:
+    if rec.hold is None and probe.held_rank(rec.n_pass) == case["rank"] and (
+            rec.seqs[-1] >= case["after"][rec.n_pass - 1] or rec.arrivals >= case["n_arrivals"]):
         time.sleep(case["delay"])
         rec.hold = (rec.seqs[-1], time.monotonic())
-    case["arrived"].add(case["index"][id(p)])
+        _intact(case)
+    i = case["index"][id(p)]
+    case["arrived"].add(i)
+    if case["keep"] is not None:                  # the bf16 case: the gradient as it arrived
+        case["keep"][i] = rec.unmetered(lambda: p.grad.detach().clone())
     own, live = case["own"], case["live"]
     hidden = case["reach"].hidden(live, [q.grad for q in case["params"]]) if rec.arrivals == len(own) - 1 else 0
     case["held"].append(live.bytes() - own[min(rec.arrivals, len(own)) - 1] + hidden)
 
 
-def lab02_rank(rank: int, world: int, source: str, cases: tuple, bf16: tuple | None = None) -> list[dict]:
+def _intact(case: dict) -> None:
+    """Note the first change to what the record and the probe rely on (lab02_watch.seal)."""
+    if not case["changed"]:
+        case["changed"] = case["seal"]()
+
+
+def lab02_rank(rank: int, world: int, source: str, cases: tuple, bf16: tuple | None = None,
+               watch_s: float = 90.0) -> list[dict]:
     """On each rank, per case: the learner's hooks on a fresh model, trained with ``sharded_step``;
-    then, in one more entry, the ``bf16`` case (:mod:`.lab02_bf16`) and Part 2's lone
-    reduce-scatters (:mod:`.lab02_measure`)."""
-    import torch
+    then, in one more entry, the ``bf16`` case (:mod:`.lab02_bf16`: one backward, watched as the
+    others) and Part 2's lone reduce-scatters (:mod:`.lab02_measure`). Each case is watched for
+    ``watch_s`` seconds (:func:`.lab02_probe.watchdog`)."""
     import torch.distributed as dist
 
+    from . import lab02_meter, lab02_probe, lab02_watch
+    rec = instrument(dist, torch)
+    sealed = lab02_watch.seal((sys.modules[__name__], lab02_watch, lab02_probe, lab02_meter))
+    ns: dict = {"torch": torch, "dist": dist, "math": math}
+    exec(compile(source, f"<your {FN}>", "exec"), ns)
+    run = functools.partial(_case, ns, rank, world, rec, sealed, source, watch_s)
+    out = [run(case) for case in cases]
+    from . import lab02_measure
+    out.append({"lone": lab02_measure.lone_rank(world), "bf16": run((*bf16, False), True) if bf16 else None})
+    return out
+
+
+def _case(ns, rank, world, rec, sealed, source, watch_s, case: tuple, bf16: bool = False) -> dict:
+    """One case on this rank: what the hooks did in each backward, the shards after the first, the
+    weights after the last step (none in the bf16 case, which keeps the gradients as they arrived)."""
     from gpumem.runs import training, zero
     from gpumem.runs.gradmeter import GradMeter
 
-    from .lab02_meter import LiveMeter, autograd_bytes
     from . import lab02_probe as probe
-    from .lab02_probe import Reach
-    rec = instrument(dist, torch)
-    ns: dict = {"torch": torch, "dist": dist, "math": math}
-    exec(compile(source, f"<your {FN}>", "exec"), ns)
-    out = []
-    for model, seed, steps, bucket, spare in cases:
-        undo: list = []
-        try:
-            net, _, params = build(model, seed, spare)
-            data = training.batches(net.cfg, steps, world * 2, 32, seed)
-            shards: dict = {}
-            first_batch = data[0, rank * 2:(rank + 1) * 2]
-            start = time.monotonic()
-            own = autograd_bytes(net, params, first_batch[:, :-1], first_batch[:, 1:])   # no hooks yet
-            meter, live, reach = GradMeter(params), LiveMeter(params), Reach(params)   # before the learner's hooks
-            undo += [meter.remove, reach.stop, _CASE.clear]
-            rec.meter, rec.n_pass = live, 0
-            arrived: set = set()
-            held: list = []                               # bytes the hooks hold, per arrival and at the end
-            _CASE.update(index={id(p): i for i, p in enumerate(params)}, arrived=arrived, held=held, reach=reach,
-                         live=live, own=own, params=params, rank=rank,
-                         delay=probe.delay(time.monotonic() - start))
-            undo += [h.remove for h in (p.register_post_accumulate_grad_hook(_arrive) for p in params)]
-            ns[FN](params, shards, bucket)
-            m = [torch.zeros_like(zero.my_shard(p)) for p in params]
-            v = [torch.zeros_like(zero.my_shard(p)) for p in params]
-            first, peaks, passes = None, [], []
-            for t in range(1, steps + 1):
-                mine = data[t - 1, rank * 2:(rank + 1) * 2]
-                loss = net(mine[:, :-1], mine[:, 1:])
-                meter.reset()
-                arrived.clear()
-                dist.barrier()                            # both ranks start backward together (lab02_probe)
-                rec.start()
-                reach.start()
-                try:
-                    with live:
-                        loss.backward()
-                finally:
-                    passes.append(rec.stop())
-                passes[-1]["need"] = sum(math.ceil(params[i].numel() / world) * world for i in arrived)
-                held.append(live.bytes() - own[-1] + reach.hidden(live, [q.grad for q in params]))
-                reach.stop()
-                peaks.append(meter.peak_full)
-                if first is None:
-                    first = {"shards": {i: g.detach().clone() for i, g in shards.items()},
-                             "grads_left": [i for i, p in enumerate(params) if p.grad is not None]}
-                if any(i not in shards for i in arrived):     # graded in row 1; the step needs every shard
-                    break
-                with torch.no_grad():
-                    sharded_step(params, shards, m, v, t, **training.HYPER)
-                net.zero_grad(set_to_none=True)
-                for p in params:
-                    p.grad = None
-                shards.clear()
-            out.append({"first": first, "peak_full": max(peaks), "peak_held": max(held), "passes": passes,
-                        "weights": [p.detach().clone() for p in params]})
-        except Exception as err:              # noqa: BLE001 - the learner's hooks raised: this case's row says so
-            out.append({"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]})
-        finally:
-            for fn in reversed(undo):
-                fn()
-    from . import lab02_bf16, lab02_measure
-    out.append({"lone": lab02_measure.lone_rank(world), "bf16": None})
-    try:                                   # the learner's hooks fail here alone: Part 1's rows stand
-        out[-1]["bf16"] = lab02_bf16.rank_case(ns[FN], build, rank, world, bf16) if bf16 else None
-    except Exception as err:               # noqa: BLE001 - reported in the bf16 row
-        out[-1]["bf16"] = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
-    return out
+    from .lab02_meter import LiveMeter, autograd_bytes
+    model, seed, steps, bucket, spare = case
+    undo: list = [probe.watchdog(f"rank {rank}, case {model}{' in bf16' * bf16}, seed {seed}, bucket {bucket:,} B",
+                                 f"<your {FN}>", source, watch_s)]
+    try:
+        net, _, params = build(model, seed, spare)
+        if bf16:
+            net.to(torch.bfloat16)
+        data = training.batches(net.cfg, steps, world * 2, 32, seed)
+        shards: dict = {}
+        first_batch = data[0, rank * 2:(rank + 1) * 2]
+        start, order = time.monotonic(), []
+        own = autograd_bytes(net, params, first_batch[:, :-1], first_batch[:, 1:], order)   # no hooks yet
+        sizes = [q.numel() * q.element_size() for q in order]
+        meter, live, reach = GradMeter(params), LiveMeter(params), probe.Reach(params)   # before the learner's hooks
+        undo += [meter.remove, reach.stop, _CASE.clear]
+        rec.meter, rec.n_pass = live, 0
+        arrived: set = set()
+        held: list = []                               # bytes the hooks hold, per arrival and at the end
+        rng = random.Random(random.SystemRandom().getrandbits(64))
+        _CASE.update(index={id(p): i for i, p in enumerate(params)}, arrived=arrived, held=held, reach=reach,
+                     live=live, own=own, params=params, rank=rank, delay=probe.delay(time.monotonic() - start),
+                     after=[probe.hold_after(sizes, bucket, rng) for _ in range(steps)], n_arrivals=len(order),
+                     keep={} if bf16 else None, seal=sealed, changed=None)
+        undo += [h.remove for h in (p.register_post_accumulate_grad_hook(_arrive) for p in params)]
+        ns[FN](params, shards, bucket)
+        m = [torch.zeros_like(zero.my_shard(p)) for p in params]
+        v = [torch.zeros_like(zero.my_shard(p)) for p in params]
+        first, peaks, passes = None, [], []
+        for t in range(1, steps + 1):
+            mine = data[t - 1, rank * 2:(rank + 1) * 2]
+            loss = net(mine[:, :-1], mine[:, 1:])
+            meter.reset()
+            arrived.clear()
+            torch.distributed.barrier()               # both ranks start backward together (lab02_probe)
+            rec.start()
+            reach.start()
+            try:
+                with live:
+                    loss.backward()
+            finally:
+                passes.append(rec.stop())
+                _intact(_CASE)
+            passes[-1]["need"] = sum(math.ceil(params[i].numel() / world) * world for i in arrived)
+            held.append(live.bytes() - own[-1] + reach.hidden(live, [q.grad for q in params]))
+            reach.stop()
+            peaks.append(meter.peak_full)
+            if first is None:
+                first = {"shards": {i: g.detach().clone() for i, g in shards.items()},
+                         "grads_left": [i for i, p in enumerate(params) if p.grad is not None]}
+            if bf16 or any(i not in shards for i in arrived):     # graded in row 1; the step needs every shard
+                break
+            with torch.no_grad():
+                sharded_step(params, shards, m, v, t, **training.HYPER)
+            net.zero_grad(set_to_none=True)
+            for p in params:
+                p.grad = None
+            shards.clear()
+        out = {"first": first, "peak_full": max(peaks), "peak_held": max(held), "passes": passes,
+               "weights": [p.detach().clone() for p in params], "changed": _CASE["changed"] or sealed()}
+        if bf16:
+            out.update(grads=dict(_CASE["keep"]), shards=first["shards"])
+        return out
+    except Exception as err:              # noqa: BLE001 - the learner's hooks raised: this case's row says so
+        return {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
+    finally:
+        for fn in reversed(undo):
+            fn()
 
 
 def reference(model: str, seed: int, steps: int, world: int, spare: bool) -> dict:

@@ -39,14 +39,14 @@ prints "GPU part: skipped (reason)" and adds no row.
 
 import ast
 import math
-import numbers
 
 from gpumem.course.grading import Report, Row, case_seconds, failure_line, kind, run_case
+from gpumem.course.lab_reach import first_reach
 from gpumem.errors import RunFailure
 
 from . import lab02_bf16, lab02_cases, lab02_predict, lab02_probe, lab02_weights
 from .lab02_gpu import GPU_ATOL  # noqa: F401 (tests read it here)
-from .lab02_ranks import BARRIERS, FN, REDUCE_SCATTERS, reference, sharded_step  # noqa: F401 (lab prints sharded_step)
+from .lab02_ranks import BARRIERS, FN, REDUCE_SCATTERS, build, reference, sharded_step  # noqa: F401 (lab prints sharded_step)
 
 LAB = "lab02_zero2_hooks"
 # (model, seed, steps, bucket_bytes, an unused layer's parameters in the list): the roles of the graded
@@ -54,7 +54,6 @@ LAB = "lab02_zero2_hooks"
 # "odd" is a shape no chapter uses, and its bucket divides no gradient evenly
 CASES = (("tiny", 3, 3, 0, False), ("mini", 5, 2, 200_000, False), ("tiny", 7, 2, 10**7, False),
          ("odd", 11, 3, 150_001, True))
-RTOL, ATOL = 1e-4, 1e-5          # gradient shards: float32 sums in another order
 IN_FLIGHT = 2                      # this lab's cap (a choice): one bucket on the wire while the next one goes out
 
 
@@ -83,20 +82,21 @@ def check(ns: dict, show: bool = True) -> Report:
         report.rows.append(Row(FN, "torch.distributed only", "wrong",
                                f"it imports {gpumem_imports(source)[0]}: write the padding, the layout and "
                                "the reduce-scatter with torch.distributed yourself"))
+    elif first_reach(source):                # review r12 #1: the grader's clock and handles, reached into
+        report.rows.append(Row(FN, "no reaching into the grader", "wrong", first_reach(source)))
     else:
         def body():
             from gpumem.runs import launch
             try:                                 # the learner's code runs on the ranks
                 ranks = launch.run("gpumem.chapters.ch02_zero.lab02_ranks:lab02_rank", 2, progress=False,
-                                   source=source, cases=cases, bf16=bf16)
+                                   source=source, cases=cases, bf16=bf16, watch_s=lab02_probe.WATCH_S)
             except (launch.RankError, RunFailure) as err:
                 return "error", failure_line(err)
             for k, case in enumerate(cases):
                 run_case(report, FN, _label(case, 2), lambda: _grade_case(report, case, [r[k] for r in ranks]))
             extra = [r[-1] for r in ranks]
             lone.append(extra[0]["lone"])
-            status, detail = lab02_bf16.row([x["bf16"] for x in extra], reference(*bf16[:2], 1, 2, False)["names"])
-            report.rows.append(Row(FN, lab02_bf16.label(bf16, 2), status, detail))
+            report.rows.append(Row(FN, lab02_bf16.label(bf16, 2), *_bf16_row([x["bf16"] for x in extra], bf16)))
         run_case(report, FN, "2 CPU ranks", body, case_seconds(cases=max(len(CASES), 1)))
     hooks_ok = report.solved
     lab02_predict.grade(report, ns.get(lab02_predict.PREDICT), lone[0] if lone else None)
@@ -129,61 +129,6 @@ def _label(case: tuple, world: int) -> str:
     at = f" + unused layer at {spare[0]} and {spare[1]}" if isinstance(spare, tuple) else \
         " + unused layer" * bool(spare)
     return f"{model}{at}, seed {seed}, bucket {bucket:,} B, {world} ranks"
-
-
-def _grade_shards(ranks: list[dict], ref: dict, world: int) -> str | None:
-    """The first wrong, missing or extra shard after the first backward, or a full gradient left behind."""
-    import torch
-    names = ref["names"]
-    unused = [n for n, g in zip(names, ref["grads"]) if g is None]
-    why = (f"; {' and '.join(unused)} get no gradient here, so a count of arrivals never reaches "
-           "len(params): let autograd's engine tell you the pass is over" if unused else
-           " (was the last, partly filled bucket sent?)")
-    for r, res in enumerate(ranks):
-        keys = [k for k in res["first"]["shards"] if isinstance(k, bool) or not isinstance(k, numbers.Integral)]
-        if keys:         # review r12 #3: chapter 02's ZeroAdamW keys its shards by the parameter itself
-            return (f"grad_shards' keys must be each parameter's index in params (an int, 0 to {len(names) - 1}); "
-                    f"rank {r} has {type(keys[0]).__name__} keys (chapter 02's ZeroAdamW keys by the parameter)")
-        left = res["first"]["grads_left"]
-        if left and left[0] not in res["first"]["shards"]:
-            return f"{names[left[0]]} has its full .grad and no shard on rank {r} when backward returns{why}"
-        if left:
-            return f"{names[left[0]]} still has its full .grad on rank {r} when backward returns (free it)"
-        for i, (name, g) in enumerate(zip(names, ref["grads"])):
-            got = res["first"]["shards"].get(i)
-            if g is None:
-                if got is not None:
-                    return (f"grad_shards has an entry for {name}, which got no gradient in this pass: leave "
-                            "it out (the step skips it, as torch.optim skips a .grad of None)")
-                continue
-            c = math.ceil(g.numel() / world)
-            want = torch.nn.functional.pad(g.reshape(-1), (0, c * world - g.numel()))[r * c:(r + 1) * c]
-            if got is None:
-                return f"grad_shards has no entry for {name} (index {i}) on rank {r} when backward returns{why}"
-            if got.shape != want.shape:
-                return f"grad_shards[{i}] ({name}) on rank {r}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-            if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
-                return (f"first wrong gradient shard: {name} on rank {r}, max |got - expected| = "
-                        f"{(got - want).abs().max().item():.3g}" + _why_wrong(got, want, ref["grads"], world))
-    return None
-
-
-def _why_wrong(got, want, grads: list, world: int) -> str:
-    """What a wrong shard looks like: the sum over ranks, or values of the right gradients from
-    another place in the flattened bucket (the rank-major layout skipped)."""
-    import torch
-    if torch.allclose(got, want * world, rtol=RTOL, atol=ATOL):
-        return f": you summed, the reference averages over {world} ranks"
-    k = min(8, got.numel())
-    if not k or not got[:k].abs().max() > 0 or torch.allclose(got[:k], want[:k], rtol=RTOL, atol=ATOL):
-        return ""
-    flat = torch.cat([g.reshape(-1) for g in grads if g is not None])
-    for scale, how in ((1, ""), (world, "summed, and ")):
-        windows = (flat * scale).unfold(0, k, 1) if flat.numel() >= k else flat[:0].view(0, k)
-        if torch.isclose(windows, got[:k], rtol=RTOL, atol=ATOL).all(dim=1).any():
-            return (f": {how}it holds gradient values from another place in the bucket, so the shard order is "
-                    "not rank-major ([piece r of every gradient] goes to rank r)")
-    return ""
 
 
 def _grade_calls(ranks: list[dict], n_tensors: int, total: int, bucket: int) -> str | None:
@@ -265,15 +210,41 @@ def _in_flight(launches: list[dict], x: dict) -> int:
     return sum(1 for y in launches if y["async"] and y["t"] <= x["t"] and (y["t_wait"] or 1e9) > x["t"])
 
 
+def _changed(ranks: list[dict]) -> str | None:
+    """Review r12 #1: the first rank on which the grader's modules were changed while the hooks ran."""
+    return next((f"the grader's module was changed ({res['changed']}) on rank {r} while your hooks ran: "
+                 "the case is not graded" for r, res in enumerate(ranks) if res.get("changed")), None)
+
+
+def _bf16_row(ranks: list[dict], case: tuple) -> tuple[str, str]:
+    """The bf16 case's row: the values (fp32 mean), then, watched as the fp32 cases are, the bytes the
+    hooks keep (their flat copies are fp32: the bound of an fp32 model with the same elements), the
+    collectives and the overlap."""
+    model, seed, _, bucket = case
+    status, detail = lab02_bf16.row(ranks, reference(model, seed, 1, 2, False)["names"])
+    if status != "ok" or _changed(ranks):
+        return (status, detail) if status != "ok" else ("wrong", _changed(ranks))
+    from .lab02_meter import grade_peak, held_bound
+    net, names, params = build(model, seed, False)
+    numel = [p.numel() for p in params]
+    bad = (grade_peak(ranks, [2 * n for n in numel], names, bucket, len(ranks),
+                      most=held_bound([4 * n for n in numel], 2 * bucket, len(ranks)))
+           or _grade_calls(ranks, len(numel), 2 * sum(numel), bucket)
+           or _grade_overlap(ranks, 2 * (sum(numel) - max(numel)) >= bucket))
+    return ("wrong", bad) if bad else ("ok", "")
+
+
 def _grade_case(report: Report, case: tuple, ranks: list[dict]) -> None:
     model, seed, steps, bucket, spare = case
     world, label = len(ranks), _label(case, len(ranks))
     failed = next((f"rank {r}: {res['error']}" for r, res in enumerate(ranks) if "error" in res), None)
     if failed:
         return report.rows.append(Row(FN, label, "error", f"your hooks raised, {failed}"))
+    if _changed(ranks):
+        return report.rows.append(Row(FN, label, "wrong", _changed(ranks)))
     ref = reference(model, seed, steps, world, spare)
     names = ref["names"]
-    bad = _grade_shards(ranks, ref, world)
+    bad = lab02_weights.grade_shards(ranks, ref, world)
     report.rows.append(Row(FN, f"{label}: gradient shards when backward returns", "wrong" if bad else "ok",
                            bad or ""))
     sizes = [4 * g.numel() if g is not None else 0 for g in ref["grads"]]
