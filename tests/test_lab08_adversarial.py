@@ -755,9 +755,9 @@ def _lora_acts_skipping(piece: str):
     ns = solution()
     right = ns["activation_peak"]
 
-    def activation_peak(model, ft, seq, batch, policy):
-        if not ft.lora:
-            return right(model, ft, seq, batch, policy)
+    def activation_peak(model, ft, seq, batch, policy, dropout=0.0):
+        if not ft.lora or dropout:
+            return right(model, ft, seq, batch, policy, dropout)
         h, F, L, V, T = model["d_model"], model["ffn"], model["n_layers"], model["vocab"], seq * batch
         q = model["n_heads"] * model["head_dim"]
         if piece == "base":          # "the frozen base saves nothing": only the adapters' inputs and A outputs
@@ -930,14 +930,14 @@ def test_every_check_has_a_peak_set_by_the_re_run():
     that forgets the last layer's re-run passed 155 of 200 checks; now each check has a checkpointed
     case whose re-run sets the peak, and that count fails it, the re-run named."""
     for seed in range(40):
-        model, seq, batch, [(ft, policy, parts)] = lab_acts.acts_cases(random.Random(seed))[-1]
+        model, seq, batch, [(ft, policy, dropout, parts)] = lab_acts.acts_cases(random.Random(seed))[-1]
         assert policy == "full" and parts["peak"] == parts["recompute_peak"] > parts["forward_peak"]
     ns = solution()
     right = ns["activation_peak"]
 
-    def activation_peak(model, ft, seq, batch, policy):     # the forward's end only (review r12's slip)
+    def activation_peak(model, ft, seq, batch, policy, dropout=0.0):     # the forward's end only (review r12's slip)
         if policy == "none":
-            return right(model, ft, seq, batch, policy)
+            return right(model, ft, seq, batch, policy, dropout)
         h, L, V, T = model["d_model"], model["n_layers"], model["vocab"], seq * batch
         outside = 4 * seq * model["head_dim"] + T * (2 * h + 4 + (0 if ft.lora else 2 * h))
         casts = 0
@@ -987,7 +987,7 @@ def test_a_thread_started_before_the_check_cannot_run_the_truth(how):
         return got
 
     ns["role_bytes"] = lambda model, ft: run(lab_draw.truth, lab_draw.config(model), ft)
-    ns["activation_peak"] = lambda model, ft, seq, batch, policy: run(
+    ns["activation_peak"] = lambda model, ft, seq, batch, policy, dropout=0.0: run(
         finetune_activation_bytes, lab_draw.config(model), ft, seq, batch, "flash", policy)["peak"]
     row = first_problem(grade(ns, 5), "role_bytes")
     assert "from a thread the grader does not watch" in row.detail and "lab_draw.truth" in row.detail, row.detail
@@ -1019,3 +1019,104 @@ def test_a_row_keeps_its_whole_hint():
     ns["role_bytes"] = role_bytes
     row = first_problem(grade(ns, 7), "role_bytes")
     assert row.detail.endswith("fp32 ones are used as they are") and len(row.detail) > 300, row.detail
+
+
+# Review r12 #5: part 2's prompt gives rules and a trace, not the terms; lora_dropout, which the
+# prompt does not count, is drawn in every check, and its truth is checked against peft itself.
+TRACED = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24, "vocab_size": 256,
+          "hidden_act": "silu", "max_position_embeddings": 64, "tie_word_embeddings": False}
+
+
+def _layer_bytes(rows, i: int) -> int:
+    """Bytes autograd saved in layer i, a dropout's saved tensor counted as CUDA's bool mask (1 B an
+    element): on a CPU F.dropout saves a noise tensor in its input's dtype instead."""
+    import math
+    return sum(math.prod(shape) if role == "dropout" else b
+               for module, role, shape, dtype, b, op in rows if f".layers.{i}." in module)
+
+
+@pytest.mark.parametrize("dtype, targets", [("fp32", finetune.FT_TARGETS), ("bf16", finetune.FT_TARGETS),
+                                            ("bf16", ("o", "down")), ("fp32", ("k", "up"))])
+def test_dropout_bytes_are_a_real_traces(dtype, targets):
+    """What lora_dropout adds to layer 0 and to a later layer, from peft's model run on the CPU
+    (lora_trace.saved_by_role: saved_tensors_hooks on transformers' Llama) with the dropout at 0.1
+    and at 0, against the grader's :func:`lab_acts.dropout_saves` (a bf16 base: peft casts alike
+    on a CPU and a GPU; only the mask's size differs, converted above)."""
+    from gpumem.memory import lora_trace
+    model = {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 24, "ffn": 160,
+             "vocab": 256, "tie_embeddings": False}
+    ft = lab_draw.LabFinetune(adapter="lora", lora_rank=8, adapter_dtype=dtype, lora_targets=targets)
+    rows = {p: lora_trace.saved_by_role(TRACED, ft, 40, 1, layers=2, dropout=p)[0] for p in (0.0, 0.1)}
+    assert any(r[1] == "dropout" for r in rows[0.1]) and not any(r[1] == "dropout" for r in rows[0.0])
+    for i in (0, 1):
+        traced = _layer_bytes(rows[0.1], i) - _layer_bytes(rows[0.0], i)
+        assert traced == lab_acts.dropout_saves(lab_draw.config(model), ft, 40, 1, i > 0)[0], (i, traced)
+
+
+def test_dropout_is_chapter_08s_and_in_every_check():
+    """The re-run layer's bytes at bf16 adapters are chapter 08's scale.dropout_extra, (14h + F) a token
+    by hand (each adapter: a 2-byte copy and a 1-byte mask, 18h + 3F, for the shared 2h, 2h and
+    2F); each check draws one adapter setup with dropout per model: without checkpointing on the
+    three models, checkpointed on the fourth, whose peak is the re-run."""
+    from gpumem.chapters.ch08_finetuning import scale
+    from gpumem.memory import models
+    cfg, ft = models.get("llama-3-8b"), lab_draw.LabFinetune(adapter="lora", adapter_dtype="bf16")
+    assert lab_acts.dropout_saves(cfg, ft, 2048, 1, True)[0] == scale.dropout_extra(cfg, 2048, 1) \
+        == (14 * 4096 + 14336) * 2048
+    for seed in range(8):
+        for model, seq, batch, setups in lab_acts.acts_cases(random.Random(seed)):
+            drops = [(ft, p, parts) for ft, p, d, parts in setups if d]
+            assert len(drops) == 1 and drops[0][0].lora and drops[0][2]["dropout"] > 0
+            assert drops[0][1] == ("full" if len(setups) == 1 else "none")    # every layer's, or the re-run's
+            assert len(setups) == 1 or [ft.adapter_dtype for ft, p, d, parts in setups[1:3]] == ["fp32", "bf16"]
+
+
+def _acts_cheat(how: str):
+    ns = solution()
+    right = ns["activation_peak"]
+
+    def activation_peak(model, ft, seq, batch, policy, dropout=0.0):
+        got = right(model, ft, seq, batch, policy, 0.0 if how == "ignored" else dropout)
+        if not (ft.lora and dropout) or how == "ignored":
+            return got
+        h, F, L, T = model["d_model"], model["ffn"], model["n_layers"], seq * batch
+        q = model["n_heads"] * model["head_dim"]
+        masks = T * (3 * h + q + 2 * h + F)                    # one layer's, by hand
+        layers = L if policy == "none" else 1
+        if how == "no masks":
+            return got - layers * masks + (3 * h * T if policy == "none" else 0)
+        if how == "cpu noise":                                  # the trace's fp32 noise read as the mask
+            return got + 3 * (layers * masks - (3 * h * T if policy == "none" else 0))
+        return got + (3 * h * T if policy == "none" else 0)     # "layer 0 masks": q, k, v's in layer 0 too
+    ns["activation_peak"] = activation_peak
+    return ns
+
+
+@pytest.mark.parametrize("how, said", [
+    ("ignored", "lora_dropout is"), ("no masks", "missing: the dropout masks"),
+    ("cpu noise", "that is the CPU's dropout"), ("layer 0 masks", "layer 0's q, k and v")])
+def test_a_count_that_skips_the_dropout_fails_every_check(how, said):
+    """The cheapest part 2 that passes the old prompt (the dropout argument taken and ignored) and
+    three slips in the dropout's count fail every check, the piece named; hand counts."""
+    ns = _acts_cheat(how)
+    for seed in range(3):
+        report = grade(ns, seed)
+        bad = [r for r in report.rows if r.function == "activation_peak" and r.status != "ok"]
+        assert bad and "lora_dropout" in bad[0].detail, (seed, report.summary())
+        if how != "layer 0 masks":        # checkpointed, layer 0 is not re-run: only the none policy shows it
+            masks = "missing: the dropout masks"   # fp32 adapters on a bf16 base: dropout ignored = masks missing
+            assert len(bad) >= 3 and all(said in r.detail or how == "ignored" and masks in r.detail
+                                         for r in bad), (seed, [r.detail for r in bad])
+        else:
+            assert any(said in r.detail for r in bad), (seed, [r.detail for r in bad])
+
+
+def test_the_old_transcribed_part_2_fails():
+    """Review r12 #5's transcription: the part-2 solution the old prompt dictated term by term (five
+    arguments, no dropout) gets no activation_peak row right."""
+    ns = solution()
+    right = ns["activation_peak"]
+    ns["activation_peak"] = lambda model, ft, seq, batch, policy: right(model, ft, seq, batch, policy)
+    rows = [r for r in grade(ns, 2).rows if r.function == "activation_peak"]
+    assert rows and all(r.status != "ok" for r in rows), [r.detail for r in rows]

@@ -108,8 +108,8 @@ def draw_model(rng, wide: bool = False, odd_heads: bool | None = None) -> dict:
         if odd:
             n_heads = rng.choice([a for a in HEAD_COUNTS if d_model <= 2 * a * head_dim <= 4 * d_model
                                   and a * head_dim != d_model] or [0])
-        else:
-            n_heads = d_model // head_dim if d_model % head_dim == 0 else 0
+        else:                # n_heads * head_dim == d_model, the heads a published count (review r12 7.4)
+            n_heads = d_model // head_dim if d_model % head_dim == 0 and d_model // head_dim in HEAD_COUNTS else 0
         if n_heads >= 4 and d_model not in SHOWN_WIDTHS:
             break
     n_kv = rng.choice([k for k in (2, 4, 8, n_heads) if n_heads % k == 0 and k <= n_heads])

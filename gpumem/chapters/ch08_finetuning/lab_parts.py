@@ -3,7 +3,7 @@
 Each row is one drawn model (:mod:`.lab_acts`); the first wrong figure is named with its setup and
 policy, the direction and a factor (bytes under 1 %), and, where the difference is one the chapter
 names, that piece: the frozen base's saves, the adapters' bf16 input copies, their bf16 casts, the
-loss, RoPE's tables, the re-run layer; for the base on the CPU, the root unit, the two blocks, the
+loss, RoPE's tables, the re-run layer, lora_dropout's copies and masks; for the base on the CPU, the root unit, the two blocks, the
 NF4 constants and the dequantised matrix that stay, and the passes over PCIe.
 """
 
@@ -20,9 +20,32 @@ def policy_text(policy: str) -> str:
     return "no checkpointing" if policy == "none" else "every layer checkpointed"
 
 
-def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, batch: int) -> str:
+def _dropout_hint(ft, policy: str, dropout: float, got: int, parts: dict, model: dict, seq: int,
+                  batch: int) -> str:
+    """A row's hint for a setup with ``lora_dropout`` > 0 ('' when the difference is elsewhere)."""
+    want, masks, T = parts["peak"], parts["masks"], seq * batch
+    if got == want - masks:      # (fp32 adapters on a bf16 base copy their inputs anyway: no dropout at all)
+        return "missing: the dropout masks (1 B an element: CUDA's native_dropout keeps a bool mask)"
+    if got == parts["no_dropout"]:
+        return (f"lora_dropout is {dropout} here: peft runs lora_B(lora_A(dropout(x))), so each adapter saves "
+                "its own dropped copy of its input and dropout saves a mask; count those, not the input")
+    if got - want in (masks, 3 * masks):
+        return ("that is the CPU's dropout, which keeps a noise tensor in the input's dtype; on a GPU, "
+                "native_dropout keeps a bool mask: 1 B an element")
+    qkv = sum(1 for t in ("q", "k", "v") if t in ft.lora_targets)
+    if policy == "none" and got - want == qkv * T * model["d_model"]:
+        return ("layer 0's q, k and v read the frozen embedding's normed output, which needs no gradient: "
+                "their dropout keeps no mask (A still saves the dropped copy)")
+    return ""
+
+
+def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, batch: int,
+               dropout: float = 0.0) -> str:
     want, gap = parts["peak"], parts["peak"] - got
     T, L, h = seq * batch, model["n_layers"], model["d_model"]
+    said = _dropout_hint(ft, policy, dropout, got, parts, model, seq, batch) if ft.lora and dropout else ""
+    if said:
+        return said
     named = {parts["adapter_casts"]: "the adapters' bf16 casts (under autocast each fp32 A and B is cast to "
                                      "bf16 once a step and kept: 2 B per adapter element)",
              8: "the loss's two fp32 scalars (8 B)",
@@ -38,6 +61,9 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
         return ("the frozen base's activations are still saved: backward runs through every layer to reach "
                 "the adapters, so the norms, the attention core and SiLU save as before; only a frozen "
                 "projection's own input is not saved (unless an adapter saves it)")
+    if ft.lora and dropout:
+        return ("with lora_dropout each adapter saves its own dropped bf16 copy of its input (2 B an element, "
+                "whatever the adapter's dtype) and, where that input needs a gradient, a 1-byte mask")
     if ft.lora and ft.adapter_dtype == "fp32" and ft.base_dtype == "bf16" and got < want:
         return ("peft's fp32 adapters under autocast: each adapted projection saves its own bf16 copy of its "
                 "input (q, k and v: three copies of one tensor; o its own)")
@@ -54,22 +80,23 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
 
 
 def grade_acts(report, fn, cases: list) -> None:
-    """Rows of ``activation_peak(model, ft, seq, batch, policy)`` against the engine's peak."""
+    """Rows of ``activation_peak(model, ft, seq, batch, policy, dropout)`` against
+    :func:`.lab_acts.peak_parts`' peak."""
     for model, seq, batch, setups in cases:
         case = f"{model_line(model)}, seq {seq} x {batch}"
         if fn is None:
             report.rows.append(Row("activation_peak", case, "todo",
-                                   "define activation_peak(model, ft, seq, batch, policy)"))
+                                   "define activation_peak(model, ft, seq, batch, policy, dropout)"))
             continue
 
         def body(model=model, seq=seq, batch=batch, setups=setups):
-            for ft, policy, parts in setups:
-                got = call(lab_guard.guarded(fn), dict(model), ft, seq, batch, policy)
-                where = f"{describe(ft)}, {policy_text(policy)}"
+            for ft, policy, dropout, parts in setups:
+                got = call(lab_guard.guarded(fn), dict(model), ft, seq, batch, policy, dropout)
+                where = f"{describe(ft)}{f', lora_dropout {dropout}' if dropout else ''}, {policy_text(policy)}"
                 if isinstance(got, bool) or not isinstance(got, int):
                     return "wrong", f"{where}: " + returned(got, "bytes, a whole number (int)")
                 if got != parts["peak"]:
-                    hint = _acts_hint(ft, policy, got, parts, model, seq, batch)
+                    hint = _acts_hint(ft, policy, got, parts, model, seq, batch, dropout)
                     return "wrong", f"{where}: {off_by(got, parts['peak'])}" + (f" -- {hint}" if hint else "")
             return "ok", ""
         run_case(report, "activation_peak", case, body, limit=ROW_CHARS)
