@@ -111,7 +111,9 @@ def test_synchronous_reduce_scatter_is_named(monkeypatch):
     over = rows(report, "async")
     assert over[0].status == "wrong" and "async_op=False inside a gradient hook" in over[0].detail
     assert over[1].status == "ok"              # one bucket, sent at the end: nothing to overlap with
-    assert all(r.status == "ok" for r in report.rows if "async" not in r.case and r.function == labcheck.FN)
+    assert all(r.status == "ok" for r in part1(report) if "async" not in r.case)
+    bf16 = rows(report, "bf16")[0]             # watched as the others (review r12 #6): its values are right
+    assert bf16.status == "wrong" and "async_op=False inside a gradient hook" in bf16.detail
 
 
 def test_waiting_right_after_the_launch_is_named(monkeypatch):
@@ -237,15 +239,19 @@ def test_one_in_flight_at_a_time_is_named(monkeypatch):
 
 
 def test_wrong_shards_say_summed_or_not_rank_major():
-    """The messages for the two usual mistakes, on hand-made shards (no ranks needed): gradient a
+    """The messages for the three usual mistakes, on hand-made shards (no ranks needed): gradient a
     = [1..6], b = [10, 20]; world 2, rank 0's shard of a is [1, 2, 3] averaged."""
+    from gpumem.chapters.ch02_zero.lab02_weights import why_wrong
     a, b = torch.arange(1.0, 7.0), torch.tensor([10.0, 20.0])
     want = a[:3]
-    assert "you summed, the reference averages over 2 ranks" in labcheck._why_wrong(2 * want, want, [a, b], 2)
+    assert "you summed, the reference averages over 2 ranks" in why_wrong(2 * want, want, [a, b], 2)
     # param-major layout: rank 0 gets the first half of [a | b] = a[0:4], its first 3 for a's shard... shifted
     got = torch.tensor([3.0, 4.0, 5.0])
-    assert "not rank-major" in labcheck._why_wrong(got, want, [a, b], 2)
-    assert labcheck._why_wrong(torch.tensor([7.0, -7.0, 9.0]), want, [a, b], 2) == ""
+    assert "not rank-major" in why_wrong(got, want, [a, b], 2)
+    # review r12 #5: values from nowhere in the gradients (torch.empty's, read before the wait)
+    for garbage in (torch.tensor([7.0, -7.0, 9.0]), torch.tensor([float("nan"), 0.0, 1e30])):
+        assert "read (or divided) before its handle was waited" in why_wrong(garbage, want, [a, b], 2)
+    assert why_wrong(want.clone(), want, [a, b], 2) == ""
 
 
 def test_one_collective_per_parameter_is_named(monkeypatch):
@@ -329,11 +335,28 @@ def test_a_barrier_the_guard_does_not_name_is_measured(monkeypatch):
     assert "rank 0 computed no further gradient" in _blocked(report, unseen=True)
 
 
-def test_waiting_the_handle_behind_the_proxys_private_slot_is_measured(monkeypatch):
-    """``object.__getattribute__(work, "_h")``: the real handle, taken around the proxy's
-    ``__getattribute__`` (no wait is recorded); the hold measures the block all the same."""
-    report = grade_on(monkeypatch, ONE, (LAUNCH, LAUNCH + "        object.__getattribute__(work, '_h')[0].wait()\n"))
-    _blocked(report)
+def test_waiting_the_handle_behind_the_proxys_private_slot_is_refused(monkeypatch):
+    """``object.__getattribute__(work, "_h")`` took the real handle around the proxy (no wait recorded;
+    the hold measured the block). The proxy now keeps only its launch's number (the real work is in
+    the grader's module, review r12 #2) and the source is refused before it runs (r12 #1)."""
+    _narrowed(monkeypatch)
+    report = _lab02_with(_lab02_solution().replace(LAUNCH, LAUNCH + "        object.__getattribute__(work, '_h')[0].wait()\n"))
+    assert [(r.case, r.detail.split(";")[0]) for r in part1(report)] == [
+        ("no reaching into the grader", "line 25: uses the attribute .__getattribute__")]
+
+
+def test_graded_handles_are_torchs_work_by_name_and_hold_no_work():
+    """Review r12 #6: ``type(work).__name__ == "_Handle"`` told hooks whether they were graded (the
+    bf16 case, the sweep and the GPU part got torch's Work). The proxy is a Work named as torch names
+    it, and nothing in it is the real work (#2: it was behind the proxy's ``_h`` slot)."""
+    from gpumem.chapters.ch02_zero import lab02_watch
+    proxy = lab02_watch.Work(10**9)
+    assert isinstance(proxy, dist.Work) and type(proxy).__name__ == type(proxy).__qualname__ == "Work"
+    assert dist.Work.__name__ == dist.Work.__qualname__ == "Work"
+    assert object.__getattribute__(proxy, "_id") == 10**9 and 10**9 not in lab02_watch._WORKS
+    lab02_watch._WORKS[10**9] = "the work"
+    del proxy                                                      # its entry goes with it
+    assert 10**9 not in lab02_watch._WORKS
 
 
 def test_copies_made_with_the_dispatch_modes_off_are_counted(monkeypatch):
@@ -469,9 +492,15 @@ def test_an_edited_record_is_named(monkeypatch):
     """Review r10 (D), on today's grader: the wrappers hold no record in a closure or default any
     more, so the record is taken from their module; each gradient is all-reduced synchronously by
     the saved original and launches are written into the record. Gloo's own count of collectives
-    disagrees with it, and the hold (the grader's arrival hook, not the record) shows the block."""
+    disagrees with it, and the hold (the grader's arrival hook, not the record) shows the block.
+    Since review r12 #1 the source is refused before it runs (``__globals__``); past that refusal,
+    the ranks still name it."""
     _narrowed(monkeypatch)
     monkeypatch.setattr(labcheck, "CASES", ONE)
+    refused = part1(_lab02_with(RECORD_EDIT))
+    assert [(r.case, r.detail.split(";")[0]) for r in refused] == [
+        ("no reaching into the grader", "line 3: uses the attribute .__globals__")]
+    _unscanned(monkeypatch)
     _blocked(_lab02_with(RECORD_EDIT), unseen=True)
 
 
@@ -603,3 +632,102 @@ def test_shards_keyed_by_the_parameter_are_told_the_key(monkeypatch):
     shards = rows(report, "gradient shards")
     assert shards[0].status == "wrong" and "keys must be each parameter's index" in shards[0].detail, shards[0].detail
     assert "Parameter keys" in shards[0].detail
+
+
+# Review r12's cheats C and F, and the hang P. C rewrote the hold's clock through sys.modules, with
+# every bucket blocking on the real handle: 26/26. F blocked on every bucket but the first of each
+# pass, through the proxy's private slot: all 20 Part 1 rows. The versions below take the real
+# handle from the grader's module (where it is kept now) with the static refusal switched off, to
+# test what runs on the ranks: the seal (C) and the drawn hold (F).
+# (before the fix the real work sat in the proxy's slot _h: this falls back to it, so that each test
+# below fails on the grader of review r12 as it did, not on a missing name)
+GRADER = "dist.reduce_scatter_tensor.func.__globals__"
+REAL = (f"({GRADER}['_WORKS'][max({GRADER}['_WORKS'])] if '_WORKS' in {GRADER} "
+        "else object.__getattribute__(work, '_h')[0])")
+CLOCK = """    import sys, time as _time
+    _ranks = sys.modules["gpumem.chapters.ch02_zero.lab02_ranks"]
+    _rec, _me = _ranks._REC, dist.get_rank()
+
+    class _Clock:
+        sleep = staticmethod(_time.sleep)
+
+        @staticmethod
+        def monotonic():
+            return _time.monotonic() + (5.0 if _rec.on and _rec.n_pass % 2 == _me else 0.0)
+    _ranks.time = _Clock
+"""
+BEGIN = "    ### BEGIN SOLUTION\n"
+
+
+def _unscanned(monkeypatch):
+    """The static refusal off, to test the ranks' own checks behind it."""
+    monkeypatch.setattr(labcheck, "first_reach", lambda source: None, raising=False)
+
+
+def test_cheat_c_the_clock_rewritten_through_sys_modules_is_refused_before_it_runs(monkeypatch):
+    _narrowed(monkeypatch)
+    report = _lab02_with(_lab02_solution().replace(BEGIN, BEGIN + CLOCK))
+    assert [(r.case, r.detail.split(";")[0]) for r in part1(report)] == [
+        ("no reaching into the grader", "line 8: uses the attribute .modules")]
+
+
+def test_cheat_c_a_grader_module_changed_on_the_ranks_fails_each_case(monkeypatch):
+    """Past the static refusal, the ranks' seal sees lab02_ranks.time replaced at the first arrival:
+    the case gets one row saying so, whatever the other rows would have said."""
+    _unscanned(monkeypatch)
+    report = grade_on(monkeypatch, ONE, (BEGIN, BEGIN + CLOCK), (LAUNCH, LAUNCH + f"        {REAL}.wait()\n"))
+    assert [r.status for r in part1(report)] == ["wrong"] and len([r for r in part1(report) if "tiny" in r.case]) == 1
+    assert [r for r in report.rows if r.function == labcheck.FN and "tiny, seed" in r.case] == part1(report)
+    assert "the grader's module was changed (gpumem.chapters.ch02_zero.lab02_ranks.time was replaced)" in \
+        part1(report)[0].detail
+
+
+def test_cheat_f_every_bucket_but_the_first_blocking_is_measured(monkeypatch):
+    """The held rank is held after a drawn k-th collective (k >= 1 on tiny's 21 buckets), so the
+    collective tested is never the first; every later one blocks (on the real work, unrecorded)."""
+    _unscanned(monkeypatch)
+    report = grade_on(monkeypatch, ONE,
+                      ("bucket, in_flight, queued = [], [], [False]", "bucket, in_flight, queued, started = [], [], [False], [False]"),
+                      (LAUNCH, LAUNCH + f"        if started[0]:\n            {REAL}.wait()\n        started[0] = True\n"),
+                      ("        queued[0] = False\n", "        queued[0] = False\n        started[0] = False\n"))
+    _blocked(report)
+
+
+def test_the_held_arrival_is_drawn_after_an_early_bucket_by_hand():
+    """Tiny, bucket 0: 21 gradients, 20 sent before the last arrives, so k is drawn from 1 to 10.
+    Sizes 100 x 6, bucket 150: sent at the 2nd and 4th (the 6th is the last): k = 1. Sizes 100 x 4:
+    sent at the 2nd only: k = 0, the first arrival, as before."""
+    import random
+
+    from gpumem.chapters.ch02_zero import lab02_probe
+    rng = random.Random(0)
+    drawn = {lab02_probe.hold_after([4] * 21, 0, rng) for _ in range(400)}
+    assert drawn == set(range(1, 11))
+    assert {lab02_probe.hold_after([100] * 6, 150, rng) for _ in range(20)} == {1}
+    assert lab02_probe.hold_after([100] * 4, 150, rng) == 0
+
+
+def test_cheat_p_a_hook_that_never_returns_names_the_case_and_its_line():
+    """Review r12 #5: spinning on the output tensor (gloo writes it only in wait()) never returns.
+    The watchdog raises in the rank's main thread, naming the case and the learner's line (here in
+    this process, 1 s: on the ranks the run then ends with that line as the rank's error)."""
+    from gpumem.chapters.ch02_zero import lab02_probe
+    source = "def hook(out):\n    while out.isnan().any():\n        pass\n"
+    ns: dict = {}
+    exec(compile(source, "<your install_zero2_hooks>", "exec"), ns)
+    stop = lab02_probe.watchdog("rank 0, case tiny, seed 1, bucket 0 B", "<your install_zero2_hooks>", source, 1.0)
+    start = time.monotonic()
+    with pytest.raises(lab02_probe.Stuck) as stuck:
+        ns["hook"](torch.full((4,), float("nan")))
+    stop()
+    assert time.monotonic() - start < 5
+    assert str(stuck.value) == ("rank 0, case tiny, seed 1, bucket 0 B: still running after 1 s; it was at line 2 of "
+                                "your function: while out.isnan().any():")
+
+
+def test_the_bf16_case_is_watched(monkeypatch):
+    """Review r12 #6: the bf16 case ran with no record, meter or hold. Every bucket in flight at once
+    (its fp32 flat copies add up to the gradients again) passed its row; now it is named."""
+    report, _ = grade(monkeypatch, (), (CAP, ""))
+    bf16 = rows(report, "bf16")[0]
+    assert bf16.status == "wrong" and ("your hooks kept" in bf16.detail or "in flight at once" in bf16.detail), bf16

@@ -33,7 +33,7 @@ import time
 import types
 import weakref
 
-from torch.distributed import Work
+from torch.distributed import Work as _TorchWork
 
 REDUCE_SCATTERS = ("reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter")
 BARRIERS = ("barrier", "monitored_barrier")   # on gloo a barrier waits for every collective before it
@@ -108,12 +108,13 @@ _SIG: dict = {}
 _WORKS: dict = {}            # launch number -> the real work handle, while its proxy lives
 
 
-class _Handle(Work):
+class Work(_TorchWork):
     """A proxy for the real work handle (kept in ``_WORKS`` under the launch's number): any use of
     it (``wait()``, ``is_completed()``, ``get_future()``, ``_work``, ...) is noted as a wait at the
-    current arrival, then passed on. A ``Work``, named as torch's is. (One class for
-    all: a class made per launch would keep its handle, and the bucket's tensors, alive in a
-    reference cycle until the garbage collector runs; the entry in ``_WORKS`` goes with the proxy.)"""
+    current arrival, then passed on. A ``Work``, named as torch's is (only its module differs).
+    (One class for all: a class made per launch would keep its handle, and the bucket's tensors,
+    alive in a reference cycle until the garbage collector runs; the entry in ``_WORKS`` goes with
+    the proxy.)"""
 
     def __init__(self, launch_id: int):
         super().__init__()
@@ -128,9 +129,6 @@ class _Handle(Work):
             return work
         real = getattr(work, name)
         return (lambda *a, **k: _REC.unmetered(real, *a, **k)) if callable(real) else real
-
-
-_Handle.__name__, _Handle.__qualname__, _Handle.__module__ = Work.__name__, Work.__qualname__, Work.__module__
 
 
 class _Engine:
@@ -202,7 +200,7 @@ def _collective(name: str, *args, **kwargs):
     rec.by_id[rec.ids] = launch
     if is_async and out is not None and not isinstance(out, list):
         _WORKS[rec.ids] = out
-        return _Handle(rec.ids)
+        return Work(rec.ids)
     return out
 
 

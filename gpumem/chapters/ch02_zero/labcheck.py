@@ -46,7 +46,8 @@ from gpumem.errors import RunFailure
 
 from . import lab02_bf16, lab02_cases, lab02_predict, lab02_probe, lab02_weights
 from .lab02_gpu import GPU_ATOL  # noqa: F401 (tests read it here)
-from .lab02_ranks import BARRIERS, FN, REDUCE_SCATTERS, build, reference, sharded_step  # noqa: F401 (lab prints sharded_step)
+from .lab02_ranks import (BARRIERS, FN, REDUCE_SCATTERS, build, reference,  # noqa: F401 (lab prints sharded_step)
+                          sharded_step)
 
 LAB = "lab02_zero2_hooks"
 # (model, seed, steps, bucket_bytes, an unused layer's parameters in the list): the roles of the graded
@@ -90,8 +91,8 @@ def check(ns: dict, show: bool = True) -> Report:
             try:                                 # the learner's code runs on the ranks
                 ranks = launch.run("gpumem.chapters.ch02_zero.lab02_ranks:lab02_rank", 2, progress=False,
                                    source=source, cases=cases, bf16=bf16, watch_s=lab02_probe.WATCH_S)
-            except (launch.RankError, RunFailure) as err:
-                return "error", failure_line(err)
+            except (launch.RankError, RunFailure) as err:      # a case stuck: lab02_probe.watchdog names it
+                return "error", failure_line(err).replace(f"{lab02_probe.__name__}.Stuck: ", "")
             for k, case in enumerate(cases):
                 run_case(report, FN, _label(case, 2), lambda: _grade_case(report, case, [r[k] for r in ranks]))
             extra = [r[-1] for r in ranks]
