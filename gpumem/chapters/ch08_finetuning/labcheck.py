@@ -10,9 +10,11 @@ The learner writes four functions; while each call runs, gpumem's own fine-tunin
   :func:`.lab_draw.truth`; the first wrong role is named with the direction
   and a factor (the bytes off, under 1 %), and a hint where the mistake is a known one; the case
   label gives the model's dimensions, vocabulary and whether its head is tied;
-* ``activation_peak(model, ft, seq, batch, policy)``: one step's activation peak, graded on three
-  drawn models (:func:`.lab_acts.acts_cases`) against the engine's ``finetune_activation_bytes``
-  (:mod:`.lab_parts`): the frozen base still saves, peft's fp32 adapters copy their inputs;
+* ``activation_peak(model, ft, seq, batch, policy, dropout)``: one step's activation peak, graded on
+  four drawn models (:func:`.lab_acts.acts_cases`) against the engine's ``finetune_activation_bytes``
+  with peft's ``lora_dropout`` counted (:func:`.lab_acts.peak_parts`; rows by :mod:`.lab_parts`):
+  the frozen base still saves, peft's fp32 adapters copy their inputs, and with dropout each
+  adapter saves its own dropped copy and a mask (the prompt gives rules and a trace, not these);
 * ``base_on_cpu(model, ft, seq, batch, policy)``: GPU, host and PCIe bytes with every parameter on
   the CPU (chapter 08's ``scale.base_offloaded``, :func:`.lab_acts.offloaded`), on two drawn models;
 * ``choose_recipe(model, capacity, host_ram, seq, batch, ladder)``: the first setup, a rung of the
