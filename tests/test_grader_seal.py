@@ -1,7 +1,10 @@
 """A lab cannot be solved by changing the grader: the cheapest cheat a reviewer found (one line,
 ``Report.solved = property(lambda s: True)``, every lab "solved" unsolved) and its relatives."""
 
+import re
+
 import pytest
+import torch
 
 from gpumem import chapters
 from gpumem.course import case_limits, grader_seal, grading
@@ -99,3 +102,27 @@ def test_the_shared_copy_watch_is_sealed():
     finally:
         copy_watch.Prints.match, copy_watch.held_copies = match, held
     assert grader_seal.changed() == []
+
+
+@pytest.mark.parametrize("how", ["entry-zeroed", "registry-emptied", "cpu-attention"])
+def test_a_changed_flop_counter_grades_nothing(monkeypatch, how):
+    """Review r13 of lab 03: every entry of torch's flop_registry set to ``lambda *a, **k: 0`` made
+    the checkpoint labs' re-run cost 0 FLOPs (21/21). A changed registry, one emptied before gpumem
+    was imported (its entries are checked against torch's file), or a changed CPU attention formula
+    is refused before grading."""
+    from torch.utils import flop_counter
+
+    from gpumem.memory import flops
+    if how == "entry-zeroed":
+        monkeypatch.setitem(flop_counter.flop_registry, torch.ops.aten.mm.default, lambda *a, **k: 0)
+        said = "flop_registry[aten.mm"
+    elif how == "registry-emptied":
+        monkeypatch.setattr(flop_counter, "flop_registry", {})
+        assert grader_seal.counter_problem().endswith("flop_registry (emptied)")
+        said = "flop_registry"
+    else:
+        key = next(iter(flops.CPU_ATTENTION))
+        monkeypatch.setitem(flops.CPU_ATTENTION, key, lambda *a, **k: 0)
+        said = "flops.CPU_ATTENTION["
+    with pytest.raises(grader_seal.GraderChanged, match=re.escape(said)):
+        chapters.check_lab("lab03_checkpoint_budget", {}, show=False)

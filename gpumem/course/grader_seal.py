@@ -25,7 +25,7 @@ import types
 from functools import lru_cache
 from pathlib import Path
 
-from . import case_limits, genuine, grading
+from . import case_limits, genuine, grading, seeds
 
 _FUNCTIONS = (grading, ("run_case", "grade", "call", "returned", "failure_line", "kind", "one_line",
                         "error_line", "capped_output", "Report", "Row"))
@@ -47,6 +47,7 @@ def _marks() -> dict[str, object]:
                     marks[f"{cls.__name__}.{key}.{part}"] = getattr(inner, "__code__", inner)
             if hasattr(value, "__code__"):
                 marks[f"{cls.__name__}.{key}.code"] = value.__code__
+    marks.update(_counter_marks())
     for module, names in (_FUNCTIONS, _LIMITS):
         for name in names:
             value = getattr(module, name, None)
@@ -54,6 +55,34 @@ def _marks() -> dict[str, object]:
             if hasattr(value, "__code__"):
                 marks[f"{name}.code"] = value.__code__
     return marks
+
+
+def _counter_marks() -> dict[str, object]:
+    """What every FLOP count of the labs rests on (review r13 of lab 03: a cell that set each entry
+    of torch's ``flop_registry`` to ``lambda *a, **k: 0`` made "keep nothing" and "checkpoint every
+    layer alone" cost 0 FLOPs, 21/21): the registry's entries, the course's CPU attention formulas
+    and the counter's method, by identity (:func:`counter_problem` checks them against their files)."""
+    from torch.utils import flop_counter
+
+    from gpumem.memory import flops
+    marks: dict[str, object] = {f"flop_registry[{k}]": v for k, v in flop_counter.flop_registry.items()}
+    marks.update({f"flops.CPU_ATTENTION[{k}]": v for k, v in flops.CPU_ATTENTION.items()})
+    marks["FlopCounterMode._count_flops"] = flop_counter.FlopCounterMode._count_flops
+    return marks
+
+
+def counter_problem() -> str:
+    """'' when torch's FLOP counter is torch's own: at least 20 formulas in its registry, each the
+    code ``torch/utils/flop_counter.py`` defines (a registry changed before gpumem was imported is
+    seen too), else what is wrong."""
+    from torch.utils import flop_counter
+    if len(flop_counter.flop_registry) < 20:
+        return "torch.utils.flop_counter.flop_registry (emptied)"
+    for key, fn in flop_counter.flop_registry.items():
+        code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
+        if code is None or not genuine.genuine(code):
+            return f"torch.utils.flop_counter.flop_registry[{key}]"
+    return ""
 
 
 _SEALED = _marks()
@@ -246,7 +275,7 @@ def hooks() -> list[str]:
 def refuse_if_changed(lab: str) -> None:
     """Raise :class:`GraderChanged` naming what changed, or the hook that is set; restarting the
     kernel restores it."""
-    names = changed()
+    names = changed() + [said for said in (seeds.problem(), counter_problem()) if said]   # review r13
     if names:
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         raise GraderChanged(f"{lab}: not graded: the grader was changed in this kernel ({shown}); "

@@ -33,9 +33,9 @@ lab imported them and that the measured plain layer matches the course's formula
 nothing is graded.
 """
 
-import os
 import random
 
+from gpumem.course import seeds
 from gpumem.course.grading import LearnerError, Report, Row, call, grade, returned, run_case
 from gpumem.memory import accounting, tracing
 from gpumem.memory.estimate import n_param_tensors
@@ -258,7 +258,7 @@ def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
     """Grade ``model_state_bytes``, ``layer_activation_bytes`` and ``variant_layer`` from the
     lab's namespace (and, with CUDA, the optional GPU part); shapes are drawn from ``seed`` (fresh
     each time if None). Each function stops at its first failing case."""
-    rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+    rng = seeds.rng(seed)
     report = Report(LAB)
     if refused := labtruth.refusal():          # torch changed before the check: nothing is graded
         report.rows.append(Row("check", "the kernel's torch and course", "error", refused))

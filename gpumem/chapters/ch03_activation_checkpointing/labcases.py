@@ -31,10 +31,10 @@ the width that moment is the higher (width 128, vocabulary 65: 7,544 B above the
 drew a budget the optimum misses); real models, with V >> h, never come near it.
 """
 
-import os
 import random
 from typing import NamedTuple
 
+from gpumem.course import seeds
 from gpumem.memory.models import ModelConfig
 
 from . import labplace
@@ -71,8 +71,8 @@ class Question(NamedTuple):
 
 
 def rng_of(seed: int | None) -> random.Random:
-    """A generator from ``seed``, or a fresh one (os.urandom) when None."""
-    return random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+    """A generator from ``seed``, or a fresh one (:func:`gpumem.course.seeds.rng`) when None."""
+    return seeds.rng(seed)
 
 
 def _model(rng: random.Random, fam: Family, tag: str) -> ModelConfig:

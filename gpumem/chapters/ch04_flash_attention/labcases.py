@@ -8,7 +8,8 @@ logsumexps near 1,000; rings with empty shards, every rank position. The sizes s
 fixed cases' ranges, so a check takes about as long.
 """
 
-import random
+from gpumem.course import seeds
+
 
 # (batch, query heads, kv heads, s_q, s_k, head dim, causal, block); ragged blocks of >= 9 keys
 BACKWARD = ((1, 6, 2, 77, 73, 20, True, 16), (2, 4, 4, 50, 93, 8, False, 32),
@@ -73,7 +74,7 @@ def _ring(rng, fixed):
 
 def draw(seed: int | None = None) -> dict:
     """Fresh cases for one check, keyed like the fixed tuples; ``seed`` None: from the system."""
-    rng = random.Random(seed if seed is not None else random.SystemRandom().getrandbits(64))
+    rng = seeds.rng(seed)
     drawn = {"BACKWARD": tuple(_backward(rng, c) for c in BACKWARD), "MERGE": tuple(_merge(rng, c) for c in MERGE),
              "RING": tuple(_ring(rng, c) for c in RING), "seeds": [rng.getrandbits(31) for _ in range(16)]}
     assert any(causal and any(lengths[:rank]) for _, _, _, lengths, rank, _, causal, _ in drawn["RING"]), \

@@ -20,9 +20,9 @@ import contextlib
 import hashlib
 import inspect
 import os
-import random
 import types
 
+from gpumem.course import seeds
 from gpumem import scratch
 from gpumem.course.copy_watch import fresh, is_own
 from gpumem.course.grading import Report, Row, call, case_seconds, failure_line, returned, run_case
@@ -224,7 +224,7 @@ def implausible(res, labels, models: dict) -> str:
 def grade_swaps(report: Report, fn, show: bool, models: dict | None = None) -> None:
     """One row per drawn model (``models``, else :func:`draw_models`): the learner's sizes against
     DeepSpeed's files."""
-    models = models or draw_models(random.Random())
+    models = models or draw_models(seeds.rng())
     given = {}
     for label, (cfg, block) in models.items():
         if fn is None:

@@ -11,9 +11,10 @@ takes one of the family's ``fallback`` members (tests/test_lab06_adversarial.py 
 hinge). ``check()`` draws from a seed (fresh each time unless one is given).
 """
 
-import os
 import random
 from typing import Callable, NamedTuple
+
+from gpumem.course import seeds
 
 SLOW_LINK = 1.25e9        # 10 Gb/s Ethernet per GPU between nodes, bytes/s
 MARGIN = 1.05             # each family's lever is worth at least the slack (3 %) plus 2 points
@@ -77,8 +78,8 @@ FAMILIES = (
 
 
 def rng_of(seed: int | None) -> random.Random:
-    """A generator from ``seed``, or a fresh one (os.urandom) when None."""
-    return random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+    """A generator from ``seed``, or a fresh one (:func:`gpumem.course.seeds.rng`) when None."""
+    return seeds.rng(seed)
 
 
 def member(family: Family, rng: random.Random) -> tuple:

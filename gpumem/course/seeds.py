@@ -1,0 +1,65 @@
+"""The graders' fresh draws: a seed nobody chose, from the operating system, as Python's C code reads it.
+
+A lab's check draws its cases from a fresh seed, so a table of answers made before the check
+cannot match them. Review r13 (lab 03): a cell replaced ``os.urandom`` with a function returning
+zeros, every check then drew seed 0, and answers worked out beforehand from the grader's own modules
+passed every row. :func:`problem` says, and :func:`rng` refuses (:class:`Tampered`), when
+
+* ``os.urandom`` is not the operating system module's own C function (``posix.urandom`` or
+  ``nt.urandom``, a builtin named ``urandom``): a Python function, a lambda or ``bytes`` standing in
+  for it is refused;
+* ``random.Random`` is not the standard library's class: a method of it, or of a class standing
+  in for it, that is not the code ``random.py`` defines (:func:`gpumem.course.genuine.genuine`),
+  such as ``random.Random.seed = lambda self, a=None: ...``.
+
+The C type under ``random.Random`` cannot be changed from Python. Without a seed, the seed is 8
+bytes of ``os.urandom``. :func:`gpumem.course.grader_seal.refuse_if_changed` asks :func:`problem`
+too, before and after every check.
+"""
+
+import os
+import random
+import sys
+import types
+
+from . import genuine
+
+_OS = sys.modules["nt" if os.name == "nt" else "posix"]
+
+
+class Tampered(RuntimeError):
+    """What a grader draws with was replaced in this kernel."""
+
+
+def _urandom_problem() -> str:
+    f = os.urandom
+    if isinstance(f, types.BuiltinFunctionType) and f.__name__ == "urandom" and f.__self__ is _OS \
+            and getattr(_OS, "urandom", None) is f:
+        return ""
+    return "os.urandom was replaced (the checks' fresh seeds come from it)"
+
+
+def _random_problem() -> str:
+    for cls in random.Random.__mro__:
+        if cls.__module__ not in ("random", "_random", "builtins"):
+            return f"random.Random was replaced ({cls.__module__}.{cls.__qualname__} in its place)"
+        for name, member in vars(cls).items():
+            code = getattr(member, "__code__", None) or getattr(getattr(member, "__func__", None), "__code__", None)
+            if code is not None and not genuine.genuine(code):
+                return f"random.Random.{name} was replaced (the checks draw their cases with it)"
+    return ""
+
+
+def problem() -> str:
+    """'' when the draws' sources are the interpreter's own, else what was replaced."""
+    return _urandom_problem() or _random_problem()
+
+
+def rng(seed: int | None = None) -> random.Random:
+    """A generator from ``seed``, or from 8 fresh bytes of ``os.urandom`` when None; refuses a
+    replaced ``os.urandom`` or ``random.Random`` (module docstring)."""
+    said = problem()
+    if said:
+        raise Tampered(f"this kernel changed what the grader draws with: {said}; restart the kernel "
+                            "and run the lab's cells again")
+    return random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
