@@ -1,6 +1,7 @@
 """Lab 05's optional GPU part: a host <-> device copy of the optimizer states' size, timed with CUDA
-events. The grader times the same copy itself (:func:`reference_seconds`) and wants the learner's
-seconds within :data:`AGREE` of its own in each direction (as lab 06 does for its matmul); the
+events, at two sizes (the states and a quarter of them). The grader times the same copies itself
+(:func:`reference_seconds`) and wants the learner's seconds within :data:`AGREE` of its own in each
+direction and size (as lab 06 does for its matmul), without showing its own timing; the
 detail then compares with the time engine's PCIe term (bytes / the GPU's datasheet PCIe rate per
 direction, :mod:`gpumem.memory.gpus`). Without CUDA, or when the optional function is not written,
 there is no row (a skipped row must not count as a passing check): :func:`grade` returns the line
@@ -75,9 +76,10 @@ def verdict(got, n_bytes: int, mine: dict) -> tuple[str, str]:
         return "wrong", f"expected a dict with positive float seconds under 'h2d' and 'd2h', got {got!r}"[:200]
     for way in ("h2d", "d2h"):
         if abs(got[way] / mine[way] - 1) > AGREE:
-            return "wrong", (f"{way}: you timed {1e3 * got[way]:.2f} ms, the grader timed the same copy at "
-                             f"{1e3 * mine[way]:.2f} ms (more than {AGREE:.0%} apart): time the copy itself, "
-                             "pinned host memory, warm up, record, copy, record, synchronize")
+            side = "longer" if got[way] > mine[way] else "shorter"      # never the grader's ms (review r13 #3)
+            return "wrong", (f"{way}: your time is {side} than the grader's timing of the same copy by more than "
+                             f"{AGREE:.0%}: time the copy itself, pinned host memory, warm up, record, copy, "
+                             "record, synchronize")
     gpu = datasheet_gpu()
     if gpu is None:
         return "ok", (f"h2d {n_bytes / got['h2d'] / GB:.1f} GB/s, d2h {n_bytes / got['d2h'] / GB:.1f} GB/s "
@@ -107,8 +109,16 @@ def grade(report: Report, fn) -> str:
     n_bytes = optimizer_state_bytes()
 
     def body():
-        got = call(lab_guard.guarded(fn), n_bytes)     # the grader's own timing refuses meanwhile
-        return verdict(got, n_bytes, reference_seconds(n_bytes))
+        # two sizes, the optimizer states and a quarter of them (where a copy's fixed cost weighs
+        # more): a constant cannot agree with the grader's timing of both (review r13 #3)
+        details = []
+        for size in (n_bytes, n_bytes // 4):
+            got = call(lab_guard.guarded(fn), size)     # the grader's own timing refuses meanwhile
+            status, detail = verdict(got, size, reference_seconds(size))
+            if status != "ok":
+                return status, f"{size / GB:.3g} GB copy: {detail}"
+            details.append(detail)
+        return "ok", details[0]
     try:
         row = run_case(report, "pcie_copy_seconds", "optional GPU part", body, case_seconds(cases=4))
     except Todo:                                    # run_case turns it into a todo row; kept for safety

@@ -31,11 +31,20 @@ the collector's object lists, or starting another process, from the learner's ca
 too (:mod:`gpumem.course.lab_audit`, shared with labs 06 and 08); the expected answers are computed
 after the call returns besides (``labcheck``).
 
-What it cannot stop: a table made before grading, at definition time, from the library's public
-counts (``accounting.model_states``, ``offload_time.step_time``) or a copy of :mod:`.lab_reference`
-run then, fitted to the drawn cases (the counts are linear in the shard and the model size; the
-seconds are not, but follow from a few such terms). During the call neither can answer: the
-reference's counts are the library's, which refuse there.
+While the call runs, only a notebook cell's code and installed code may run (the course's origin
+rule, :func:`gpumem.course.lab_origin.allowed_here`, shared with lab 06; without a kernel, as in the
+course's tests, a file on disk counts too, a string compiled under a made-up name does not):
+review r13's generic AST
+rewrite of ``accounting``, ``offload_cost``, ``offload_time`` and :mod:`.lab_reference`, exec'd
+under another name at definition time, matched no content print and passed 13/13; its code is
+refused where it runs.
+
+What it cannot stop: a rewritten copy *pasted* into a cell (a cell's code), and a table made
+before grading, at definition time, from the library's public counts (``accounting.model_states``,
+``offload_time.step_time``) or a copy of :mod:`.lab_reference` run then, fitted to the drawn cases
+(the counts are linear in the shard and the model size; the seconds are not, but follow from a few
+such terms). During the call neither can answer: the reference's counts are the library's, which
+refuse there.
 """
 
 import contextlib
@@ -43,7 +52,7 @@ import importlib
 import sys
 import threading
 
-from gpumem.course import copy_watch, lab_audit
+from gpumem.course import copy_watch, lab_audit, lab_origin
 from gpumem.course.case_limits import alarm_held
 from gpumem.course.plain import plain
 from gpumem.memory import offload_cost
@@ -117,7 +126,8 @@ _KEPT: list = [(ref, "the grader's answer lab_reference", ("rung_bytes", "choose
 # ideal_schedule are under the 40-instruction floor, _split (which both call) is not
 _LIBRARY = [("gpumem.memory.accounting", ("model_states",)),
             ("gpumem.timing.offload_time", ("step_time", "_split")),
-            ("gpumem.memory.offload_cost", ("traffic_parts", "gradient_trip", "offload_traffic"))]
+            ("gpumem.memory.offload_cost", ("traffic_parts", "gradient_trip", "offload_traffic")),
+            ("gpumem.runs.ds_offload", ("swap_files",))]       # part 2's file sizes (review r13 #2)
 
 
 def prints() -> copy_watch.Prints:
@@ -133,7 +143,7 @@ def prints() -> copy_watch.Prints:
 
 
 def _watch(hits: list):
-    copies = prints()
+    copies, origins = prints(), {}          # codes decided, this call's own (lab_origin.allowed)
 
     def watch(frame, event, arg):
         if event != "call":
@@ -146,6 +156,9 @@ def _watch(hits: list):
         copied = copies.copied(frame)
         if copied:
             hits.append(f"it ran a copy of {copied} (the same code under another name)")
+            raise RuntimeError(f"{ref.REFUSAL} ({hits[-1]})")
+        if not lab_origin.allowed_here(code, origins):
+            hits.append(lab_origin.where(code))
             raise RuntimeError(f"{ref.REFUSAL} ({hits[-1]})")
     watch.lab05_hits = hits
     return watch
@@ -184,6 +197,7 @@ def no_library_counts():
         sys.addaudithook(_audit)
         _HOOKED.append(True)
     hits: list[str] = []
+    lab_origin.note_kernel()          # IPython's run_code on this stack: cells are known by its records
     swapped = changed_code()
     if swapped:
         raise RuntimeError(f"{ref.REFUSAL} (the code of {swapped} was replaced before grading)")

@@ -29,6 +29,7 @@ saved references, copies and restored code objects refuse too):
 
 import random
 
+from gpumem.course import seeds
 from gpumem.course.grading import Report, Row, call, returned, run_case
 from gpumem.timing import offload_time
 
@@ -54,6 +55,8 @@ HINTS = {  # pointers to where DeepSpeed 0.19.8 decides, by mistake; none gives 
                            "writes beside master and moments",
     "fp32-grads-low": "a gradient buffer is missing beside master and moments: what does DeepSpeedCPUAdam read?",
     "z2-params": "too few parameter bytes on the GPU: which states does ZeRO-2 partition (stage_1_and_2.py)?",
+    "params-device": "offload_param.device decides where the 16-bit parameter shard lives between its uses "
+                     "(partitioned_param_swapper.py swaps it to the drive when that is nvme)",
 }
 
 
@@ -63,7 +66,10 @@ def _hint(rung: str, device: str, role: str, want: int, got: int) -> str:
     if offload == "none" or role not in ("grads", "params"):
         return ""
     if role == "params":
-        return HINTS["z2-params"] if zero == 2 and low else ""
+        if zero == 2:
+            return HINTS["z2-params"] if low else ""
+        moved = "params" in offload and ((want == 0) != (got == 0))    # review r13 #5: the shard on the wrong device
+        return HINTS["params-device"] if moved else ""
     if zero == 3 and device == "cpu":
         return HINTS["fp32-grads-to-nvme"] if high and where == "nvme" else HINTS["z3-cpu-grads-low"] if low else ""
     if zero == 3 and device == "gpu" and high:       # review r9: the 16-bit partition left on the GPU
@@ -226,7 +232,7 @@ def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Repo
     """Grade the lab's functions on cases drawn now, which it never shows (module docstring)."""
     from gpumem.runs import ds_offload
     from .lab_swaps import draw_models, recorded_models
-    rng = rng or random.Random()
+    rng = rng or seeds.rng()
     report = Report(LAB)
     sizes = lab_draw.bytes_cases(rng)
     choices = [(case, args) for case, args, *_ in lab_draw.choose_cases(rng)]   # answers dropped: counted after each call

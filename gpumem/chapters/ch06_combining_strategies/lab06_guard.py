@@ -49,7 +49,6 @@ learner's own kernel, and the prompt says the search is the exercise.
 """
 
 import importlib
-import os
 import sys
 import threading
 from contextlib import contextmanager
@@ -82,7 +81,7 @@ COPY = ("write the search yourself: your code ran a copy of {} (the planner's ow
 HELD = ("write the search yourself: your notebook holds a copy of {} (the planner's own code under "
         "another name); lab 06 grades a search you wrote")
 REACHED = "write the search yourself: lab 06 refuses this while choose_plan is graded"
-FOREIGN = "write the search yourself: {} (lab 06)"
+FOREIGN = "your code must run from a notebook cell: {} (lab 06)"   # review r13 #4: not "write it yourself"
 _PRINTS: list = []
 
 
@@ -103,9 +102,7 @@ def origin_ok(code, cache: dict | None = None) -> bool:
     """The origin rule (:mod:`gpumem.course.lab_origin`): a notebook cell's code or an installed
     file's. Without a kernel (the course's tests, whose learners live in test files) code loaded
     from a file on disk counts too; code compiled from a string does not."""
-    if lab_origin.allowed(code, cache):
-        return True
-    return lab_origin.shell() is None and os.path.isfile(code.co_filename)
+    return lab_origin.allowed_here(code, cache)
 
 
 class _Sampler(copy_watch.Sampler):
