@@ -392,6 +392,14 @@ def test_gpu_part_refuses_the_graders_timing_and_skips_a_todo(monkeypatch):
     report = Report(L.LAB)
     line = lab06_gpu.grade(report, lambda m, k, n: 510e12, lab06_guard.no_search)
     assert report.rows[-1].status == "ok" and "of H200" in line, line
+    # review r13 #3: where the skinny product runs slower (here 300 TF/s), a constant fails on it
+    monkeypatch.setattr(lab06_gpu, "reference_flops", lambda m, k, n, repeats=10: 500e12 if n > 4096 else 300e12)
+    report = Report(L.LAB)
+    lab06_gpu.grade(report, lambda m, k, n: 510e12, lab06_guard.no_search)
+    assert report.rows[-1].status == "wrong" and report.rows[-1].detail.startswith("(8192 x 8192) @ (8192 x 1024)")
+    report = Report(L.LAB)
+    lab06_gpu.grade(report, lambda m, k, n: 505e12 if n > 4096 else 310e12, lab06_guard.no_search)
+    assert report.rows[-1].status == "ok", report.rows[-1]
     report = Report(L.LAB)
 
     def todo(m, k, n):
@@ -1003,4 +1011,4 @@ def test_review_r11_rewritten_copy_of_the_graders_limit_search_is_refused(source
     if "asks" in ns and any("started is running" in r.detail for r in rows):
         return      # the worker refused before the call too (gpumem.course.lab_audit: a cell's thread)
     assert all(r.status == "error" and "from <mylim>, neither a notebook cell nor an installed library" in r.detail
-               and "write the search yourself: it ran " in r.detail for r in rows), rows
+               and "your code must run from a notebook cell: it ran " in r.detail for r in rows), rows
