@@ -1350,3 +1350,21 @@ def test_the_grader_patched_during_the_call_and_restored_is_named(where, name, v
     assert got.status == "wrong" and says in got.detail, got.detail
     assert getattr(owner, name) is not value                           # restored by the kernel
 
+
+
+def test_walking_up_to_the_watch_is_refused():
+    """Review r13 #3: a key-block backward that computed a dense column with torch.exp, then walked
+    ``sys._getframe(1).f_back`` up to the grader's frame and cleared the watch's verdict in its
+    closure, passed all 10 rows of parts 1-2. The learner's call now runs under the labs' audit hook
+    (gpumem.course.lab_audit): the first frame it reaches for is refused and named."""
+    import sys
+    right = solution()["key_block_backward"]
+
+    def walker(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        frame = sys._getframe(1)
+        while frame is not None and type(frame.f_locals.get("w")).__name__ != "Watch":
+            frame = frame.f_back
+        return right(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+    got = rows({"key_block_backward": walker}, "key_block_backward")[0]
+    assert got.status != "ok" and "the grader's frames are off" in got.detail and "sys._getframe" in got.detail, got
+    assert rows({"key_block_backward": right}, "key_block_backward")[0].status == "ok"

@@ -42,6 +42,7 @@ import random
 
 import torch
 
+from gpumem.course import lab_audit
 from gpumem.course.grading import Report, Row, call, returned, run_case
 
 from . import labcases, labgpu, labref, labseal, labzig
@@ -81,16 +82,22 @@ def _watch(case, q, k, v, rows, tile_rows=None, causal_from=None):
                  queries=(q, rows[0]), causal_from=causal_from, exp2=(q, k))
 
 
+REFUSAL = "lab 04 grades your own tiles: the grader's frames are off while your function runs"
+
+
 def _guarded(fn, watch, *args):
     """The learner's call inside the watch with the library's backwards off and the watch sealed
     (labseal: an attribute of it rebound during the call is named first); (result, broken)."""
+    hits: list[str] = []
     with no_library_backward(), watch as w, no_copies(w.flag):
         before = labseal.kept(w, w._functions, w.exp2)
         try:
-            got = call(fn, *args)
+            with lab_audit.refusing(REFUSAL, hits):    # frames, the collector's objects (review r13 #3)
+                got = call(fn, *args)
         finally:
             tampered = labseal.rebound(before)
-    return got, tampered or w.broken or w.foreign(got)
+    reached = f"{REFUSAL} ({hits[0]})" if hits else ""
+    return got, reached or tampered or w.broken or w.foreign(got)
 
 
 def _exp2_wrong(watch) -> str:
