@@ -100,7 +100,8 @@ def verdict(ops: list, budget: int, chosen: set, kept: int, rerun: int) -> tuple
         return "wrong", f"keeps {kept:,} B (measured), over the budget by {kept - budget:,} B" + hint
     cost = best(ops, budget)[0]                    # worked out after the learner's call
     if rerun > cost * (1 + SLACK):
-        more = f", +{rerun / cost - 1:.0%}" if cost else ""
+        forward = sum(op["flops"] for op in ops)     # review r13 #4: the excess against the layer's forward too
+        more = (f", +{rerun / cost - 1:.0%}" if cost else "") + f"; {(rerun - cost) / forward:.1%} of the layer's forward"
         return "wrong", (f"fits ({kept:,} B of {budget:,} B, {budget - kept:,} B unused) but re-runs {rerun - cost:,} "
                          f"FLOPs more than the best choice within this budget ({rerun:,} where {cost:,} suffice{more})"
                          + _free_kept(ops, chosen))
