@@ -27,6 +27,7 @@ The learner writes four functions; while each call runs, gpumem's own fine-tunin
 
 import random
 
+from gpumem.course import seeds
 from gpumem.course.grading import Report, Row, call, returned, run_case
 from gpumem.memory.finetune import ROLES, Finetune
 
@@ -98,7 +99,7 @@ def _grade_states(report: Report, fn, cases: list) -> None:
 
 def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Report:
     """Grade the lab's functions on cases drawn now, which it never shows (module docstring)."""
-    rng = rng or random.Random()
+    rng = rng or seeds.rng()
     report = Report(LAB)
     _grade_states(report, ns.get("role_bytes"), lab_draw.states_cases(rng))
     grade_acts(report, ns.get("activation_peak"), lab_acts.acts_cases(rng))
