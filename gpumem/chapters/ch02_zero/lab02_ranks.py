@@ -7,7 +7,9 @@ Recording, all on the real ``torch.distributed`` (gloo) and the real autograd en
   the :class:`~gpumem.runs.gradmeter.GradMeter` and before the learner's hooks, numbers the
   arrivals of one backward pass (1, 2, ...) and notes, at each, the time and how many operations
   the process groups have run since backward started (their own sequence numbers); in each pass
-  it holds one rank back at its first arrival, before the learner's hook runs (:mod:`.lab02_probe`);
+  it holds one rank back at a drawn arrival, before the learner's hook runs (:mod:`.lab02_probe`),
+  and checks that the grader's modules are as sealed before the learner's code ran
+  (``lab02_watch.seal``: a change fails the case);
 * every collective of ``torch.distributed`` is wrapped and the engine's ``queue_callback`` counted
   (:mod:`.lab02_watch`);
 * each backward runs inside a :class:`.lab02_meter.LiveMeter`: at each arrival and when backward

@@ -26,11 +26,16 @@ and the unused layer's place drawn afresh at every check from :data:`CASES` (:mo
    engine (:mod:`.lab02_watch` records launches and waits against the order gradients arrive),
    so a parameter that gets no gradient (the unused layer of the last case) neither hangs the
    hooks nor keeps the last bucket back; and, measured whatever route blocks, the other rank goes
-   on computing gradients while one rank is held back at its first gradient (:mod:`.lab02_probe`);
+   on computing gradients while one rank is held back at a gradient drawn per pass (:mod:`.lab02_probe`);
 5. the weights after a few steps equal single-process ``torch.optim.AdamW``;
 
-and on a bf16 model (one more drawn case, :mod:`.lab02_bf16`) the shards are the ranks' bf16
-gradients reduced in fp32. Each row names the first thing that differs in it. Part 2's
+and on a bf16 model (one more drawn case, :mod:`.lab02_bf16`, watched as the others) the shards are
+the ranks' bf16 gradients reduced in fp32, then its flat copies are bounded as fp32 copies, its
+collectives and its overlap checked, in one row. Each row names the first thing that differs in it.
+Before anything runs, a source that reaches into the grader (``sys.modules``, ``__globals__``,
+``gc``...) is refused (:mod:`gpumem.course.lab_reach`); on the ranks, a change to the grader's
+modules while the hooks ran fails the case (``lab02_watch.seal``), and a case still running after
+``lab02_probe.WATCH_S`` ends the run with a row naming the case and the learner's line. Part 2's
 ``predict_exposed_seconds`` is graded on planned numbers and on lone reduce-scatters the same
 ranks timed (:mod:`.lab02_predict`). The optional GPU part
 (:mod:`.lab02_gpu`) runs once the hooks are right and 2 GPUs are here; otherwise ``check()``
