@@ -725,6 +725,26 @@ def test_cheat_p_a_hook_that_never_returns_names_the_case_and_its_line():
                                 "your function: while out.isnan().any():")
 
 
+def test_cheat_p_on_the_ranks_ends_with_a_row_naming_the_case_and_the_line(monkeypatch):
+    """The same on 2 ranks, with a 15 s watchdog: every bucket after the first of a pass spins on its
+    output (no handle touched, no grader internals). It hung for the check's 480 s with a row naming
+    nothing; now the run ends at the watchdog, its row naming the case and the spinning line."""
+    from gpumem.chapters.ch02_zero import lab02_probe
+    monkeypatch.setattr(lab02_probe, "WATCH_S", 15.0)
+    start = time.monotonic()
+    report = grade_on(monkeypatch, ONE,
+                      ("bucket, in_flight, queued = [], [], [False]", "bucket, in_flight, queued, started = [], [], [False], [False]"),
+                      ("        mine = torch.empty(sum(chunks), dtype=send.dtype, device=send.device)\n",
+                       "        mine = torch.full((sum(chunks),), float('nan'), dtype=send.dtype)\n"),
+                      (LAUNCH, LAUNCH + "        if started[0]:\n            while mine.isnan().any():\n                pass\n"
+                                        "        started[0] = True\n"),
+                      ("        queued[0] = False\n", "        queued[0] = False\n        started[0] = False\n"))
+    row = part1(report)[0]
+    assert row.status == "error" and "case tiny, seed" in row.detail and "bucket 0 B: still running after 15 s" in \
+        row.detail and "of your function: while mine.isnan().any():" in row.detail, row.detail
+    assert time.monotonic() - start < 60
+
+
 def test_the_bf16_case_is_watched(monkeypatch):
     """Review r12 #6: the bf16 case ran with no record, meter or hold. Every bucket in flight at once
     (its fp32 flat copies add up to the gradients again) passed its row; now it is named."""
