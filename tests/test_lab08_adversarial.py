@@ -1120,3 +1120,49 @@ def test_the_old_transcribed_part_2_fails():
     ns["activation_peak"] = lambda model, ft, seq, batch, policy: right(model, ft, seq, batch, policy)
     rows = [r for r in grade(ns, 2).rows if r.function == "activation_peak"]
     assert rows and all(r.status != "ok" for r in rows), [r.detail for r in rows]
+
+
+def test_a_second_import_of_the_library_cannot_run_the_truth():
+    """Review r14 #1: a cell imported gpumem's modules a second time (sys.modules set aside, then
+    restored), and each graded call ran that copy's truth in a raw thread: 15/15 from the blank lab,
+    since the guard swapped only the functions it found in the loaded modules. The guard now finds
+    every function with a blocked function's code (the collector, at the check's start), and a
+    second import of a loaded module while graded is refused."""
+    import _thread
+    import queue
+    import sys
+    mine = [k for k in sys.modules if k == "gpumem" or k.startswith("gpumem.")]
+    saved = {k: sys.modules.pop(k) for k in mine}
+    try:
+        import gpumem.chapters.ch08_finetuning.lab_draw as copy_draw
+        fresh = {k: v for k, v in sys.modules.items() if k == "gpumem" or k.startswith("gpumem.")}
+    finally:
+        for k in [k for k in sys.modules if k == "gpumem" or k.startswith("gpumem.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+    assert copy_draw is not lab_draw and fresh
+    start = _thread.start_new_thread
+
+    def run(f):
+        out = queue.Queue()
+        start(lambda: out.put(_call(f)), ())
+        got = out.get(timeout=60)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+    ns = solution()
+    ns["role_bytes"] = lambda model, ft: run(lambda: copy_draw.truth(copy_draw.config(model), ft))
+    row = grade(ns, 5).rows[0]
+    assert row.function == "role_bytes" and row.status == "error" and "lab_draw.truth" in row.detail, row
+    # a copy imported while graded (the modules set aside inside the call) is refused at its import
+
+    def fresh_inside(model, ft):
+        saved = {k: sys.modules.pop(k) for k in [k for k in sys.modules if k.startswith("gpumem.chapters.ch08")]}
+        try:
+            import gpumem.chapters.ch08_finetuning.lab_draw as again
+            return again.truth(again.config(model), ft)
+        finally:
+            sys.modules.update(saved)
+    ns["role_bytes"] = fresh_inside
+    row = grade(ns, 5).rows[0]
+    assert row.status == "error" and "it imported a second copy of gpumem.chapters.ch08_finetuning" in row.detail, row

@@ -30,6 +30,7 @@ then holds none of them).
 """
 
 import contextlib
+import gc
 import sys
 import threading
 import types
@@ -55,7 +56,8 @@ _NAMES = {finetune: [n for n, f in vars(finetune).items() if callable(f) and get
                    "embedding_params", "norm_params"]}
 BLOCKED = {(m.__file__, n): f"{m.__name__}.{n}" for m, names in _NAMES.items() for n in names}
 _ACTIVE: list[list[str]] = []
-_FUNCS: list = []                 # the blocked functions themselves, found once (:func:`_swap`)
+_FUNCS: list = []                 # the blocked functions themselves, found once a check (:func:`refresh`)
+_LOADED: set = set()              # the gpumem modules loaded when the check began
 _HOOKED: list = []
 _PRINTS: list = []
 
@@ -69,11 +71,18 @@ def prints() -> copy_watch.Prints:
 
 
 def _audit(event, args):
-    """Switching the profile hook off or assigning ``__code__`` while the learner's call runs (the
-    grader's frames and other processes: :mod:`gpumem.course.lab_audit`)."""
-    if event not in ("sys.setprofile", "object.__setattr__") or not _ACTIVE:
+    """Switching the profile hook off, assigning ``__code__`` or importing a second copy of a gpumem
+    module loaded when the check began (review r14: a copy escapes the code swap) while the
+    learner's call runs (the grader's frames and other processes: :mod:`gpumem.course.lab_audit`)."""
+    if event not in ("sys.setprofile", "object.__setattr__", "import") or not _ACTIVE:
         return
     hits = _ACTIVE[-1]
+    if event == "import":
+        if args and args[0] in _LOADED:
+            name = f"it imported a second copy of {args[0]} (the grader's truth runs only as loaded)"
+            hits.append(name)
+            raise RuntimeError(f"{REFUSAL} ({name})")
+        return
     caller = sys._getframe(1)      # its own audit event: lab_audit exempts gpumem's code
     if event == "sys.setprofile":
         if hits or caller.f_code is no_library_counts.__wrapped__.__code__ or caller.f_code.co_filename == threading.__file__:
@@ -134,9 +143,25 @@ def _refused(name: str):
     raise RuntimeError(f"{name} ran while its code was swapped out; run it again")
 
 
+def refresh() -> None:
+    """At the start of a check: find the blocked functions again, copies included (:func:`_functions`),
+    and note the gpumem modules loaded now (a second import of one while graded is refused)."""
+    _FUNCS.clear()
+    _LOADED.clear()
+    _LOADED.update(k for k in sys.modules if k == "gpumem" or k.startswith("gpumem."))
+    _functions()
+
+
 def _functions() -> list:
-    """Every function object whose code :data:`BLOCKED` names (module functions, class methods)."""
+    """Every function object whose code :data:`BLOCKED` names: the modules' functions and class
+    methods, and any other function object with such code, found by the collector (review r14: a
+    second import of gpumem's modules, made before the check and set aside, kept unswapped copies
+    that a raw thread ran for 15/15)."""
     if not _FUNCS:
+        for f in gc.get_objects():
+            code = getattr(f, "__code__", None) if type(f) is types.FunctionType else None
+            if code is not None and not code.co_freevars and (code.co_filename, code.co_name) in BLOCKED:
+                _FUNCS.append(f)
         for m in _NAMES:
             for obj in list(vars(m).values()):
                 inner = list(vars(obj).values()) if isinstance(obj, type) and obj.__module__ == m.__name__ else []
