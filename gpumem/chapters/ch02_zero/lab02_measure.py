@@ -2,25 +2,32 @@
 
 On CPU ranks there is no spare core for gloo's thread while backward runs (2 ranks, 1 thread
 each, and the machine's cores, printed with the table, shared with whatever else runs), so how
-much of a transfer hides is barely measurable here. What can be measured is the transfer one
-bucket exposes: one reduce-scatter of every gradient, timed alone, next to lone reduce-scatters
-of other sizes from which the learner predicts it.
+much of a transfer hides behind a real backward is barely measurable here. What is measured:
+
+* lone reduce-scatters of two sizes (64 KiB and all the sweep model's gradients), each timed whole (:func:`timed`) and as the **launch** alone
+  (:func:`launched`: until ``reduce_scatter_tensor(..., async_op=True)`` returns). Gloo does part
+  of an asynchronous collective in the thread that calls it (the input is taken in before the call
+  returns) and writes the output only in ``wait()``; that part runs in the learner's hook, so it
+  cannot hide behind backward. The learner prices both on lines through these points;
+* a backward that leaves the core free (:func:`stand_in`): the buckets' reduce-scatters launched
+  one after the other with a sleep before each, in place of the gradients' computation; the time
+  left after the sleeps is what the buckets expose when the transfers can hide.
 
 Every kind of call is timed in interleaved rounds (a load that comes and goes on a shared machine
 hits every kind alike, and each round starts one kind later), each call between two barriers:
 both ranks start together, and the time ends when both are done. On a shared machine other work
-only adds time, so a kind's fastest round is its least disturbed one; the spread of its rounds in
-the same run is its noise band (:func:`band`).
+only adds time, so a kind's fastest round is its least disturbed one (the prediction's points).
 """
 
 import math
 import os
-import statistics
 import time
 
 ROUNDS = 15                  # rounds of lone reduce-scatters in a check (about 0.5 s on 2 ranks)
-FRACTIONS = (0.5, 1.5, 1.0)  # lone reduce-scatters: these multiples of the sweep model's gradients (the
-# last is the one-bucket transfer the learner predicts from the first two)
+SMALL = 1 << 16              # the small lone reduce-scatter's bytes; the large one is all the gradients,
+POINTS = ("small", "all")    # so every bucket size lies between the two (a line through two sizes of
+# megabytes, extrapolated to small buckets, came out negative at 0 bytes)
+GAP = 0.005                  # seconds of "backward" (a sleep) before each bucket's launch in the stand-in
 MODEL = dict(name="lab02-sweep", n_layers=4, d_model=192, n_heads=6, n_kv_heads=2, ffn=512, vocab=2048,
              teaching=True)   # 2.4 M parameters: 9.4 MB of fp32 gradients
 
@@ -50,39 +57,91 @@ def timed(call) -> float:
     return time.perf_counter() - start
 
 
+def launched(call) -> float:
+    """Seconds until ``call()`` (an asynchronous collective) returns its work, both ranks started
+    together; the work is waited afterwards, outside the time."""
+    import torch.distributed as dist
+    dist.barrier()
+    start = time.perf_counter()
+    work = call()
+    took = time.perf_counter() - start
+    work.wait()
+    dist.barrier()
+    return took
+
+
+def stand_in(calls: list, gap: float = GAP) -> float:
+    """A backward that leaves the core free: before each of ``calls`` (asynchronous collectives, in
+    the buckets' order) each rank sleeps ``gap``; every work is waited at the end. Returns the
+    seconds beyond the longer of the two ranks' sleeps (measured, not ``gap`` times the count: a
+    sleep ends late, and the collectives wait for the rank that slept longer)."""
+    import torch
+    import torch.distributed as dist
+    works, slept = [], 0.0
+    dist.barrier()
+    start = time.perf_counter()
+    for call in calls:
+        t = time.perf_counter()
+        time.sleep(gap)
+        slept += time.perf_counter() - t
+        works.append(call())
+    for work in works:
+        work.wait()
+    took = time.perf_counter() - start
+    longest = torch.tensor([slept], dtype=torch.float64)
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+    return took - longest.item()
+
+
 def rounds(kinds: dict, n: int) -> dict:
-    """{kind: [seconds of each round]}: one warm-up call of each kind, then ``n`` interleaved rounds,
-    each starting one kind later than the one before (no kind always comes first)."""
-    for call in kinds.values():
-        timed(call)
+    """{kind: [seconds of each round]}: each kind is a function that runs and times one call and
+    returns its seconds. One warm-up call of each kind, then ``n`` interleaved rounds, each starting
+    one kind later than the one before (no kind always comes first)."""
+    for run in kinds.values():
+        run()
     out: dict = {k: [] for k in kinds}
     names = list(kinds)
     for r in range(n):
         for k in names[r % len(names):] + names[:r % len(names)]:
-            out[k].append(timed(kinds[k]))
+            out[k].append(kinds[k]())
     return out
 
 
-def lone_calls(world: int, numel: int) -> tuple[dict, dict]:
-    """({fraction: call}, {fraction: input bytes a rank}): synchronous reduce-scatters of fp32
-    inputs of :data:`FRACTIONS` of ``numel`` elements (padded to a multiple of the ranks)."""
+def reduce_scatter(world: int, nbytes: int):
+    """An asynchronous reduce-scatter of an fp32 input of about ``nbytes`` (padded to a multiple of
+    the ranks): returns (the call, the input's bytes)."""
     import torch
     import torch.distributed as dist
-    calls, sizes = {}, {}
-    for f in FRACTIONS:
-        send = torch.ones(world * math.ceil(f * numel / world))
-        recv = torch.empty(send.numel() // world)
-        calls[f] = (lambda s=send, r=recv: dist.reduce_scatter_tensor(r, s))
-        sizes[f] = 4 * send.numel()
-    return calls, sizes
+    send = torch.ones(world * math.ceil(nbytes / 4 / world))
+    recv = torch.empty(send.numel() // world)
+    return (lambda: dist.reduce_scatter_tensor(recv, send, async_op=True)), 4 * send.numel()
+
+
+def lone_kinds(world: int, numel: int) -> tuple[dict, dict]:
+    """({kind: timed run}, {point: input bytes a rank}): for each of :data:`POINTS` (:data:`SMALL`
+    bytes, and ``numel`` fp32 elements), the reduce-scatter timed whole (``("whole", point)``, waited
+    at once) and its launch alone (``("launch", point)``)."""
+    kinds, sizes = {}, {}
+    for point, nbytes in zip(POINTS, (SMALL, 4 * numel)):
+        call, sizes[point] = reduce_scatter(world, nbytes)
+        kinds[("whole", point)] = lambda c=call: timed(lambda: c().wait())
+        kinds[("launch", point)] = lambda c=call: launched(c)
+    return kinds, sizes
 
 
 def lone_rank(world: int, n: int = ROUNDS) -> dict:
     """On each rank, one thread: the lone reduce-scatters' seconds, round by round."""
     import torch
     torch.set_num_threads(1)
-    calls, sizes = lone_calls(world, sum(model_numel()))
-    return {"seconds": rounds(calls, n), "bytes": sizes, "threads": torch.get_num_threads(), "cores": cores()}
+    kinds, sizes = lone_kinds(world, sum(model_numel()))
+    return lone(rounds(kinds, n), sizes, torch.get_num_threads())
+
+
+def lone(secs: dict, sizes: dict, threads: int) -> dict:
+    """The lone reduce-scatters' record: {"bytes": {point: B}, "seconds": {point: [...]}, "launch": {point: [...]},
+    "threads", "cores"}."""
+    return {"bytes": sizes, "seconds": {p: secs[("whole", p)] for p in POINTS},
+            "launch": {p: secs[("launch", p)] for p in POINTS}, "threads": threads, "cores": cores()}
 
 
 def fastest(xs) -> float:
@@ -90,17 +149,7 @@ def fastest(xs) -> float:
     return min(xs)
 
 
-def band(xs) -> tuple[float, float]:
-    """The noise band of one kind's rounds in this run: from its fastest round to its lower quartile
-    (the least disturbed quarter), widened on both sides by that width, or by a tenth of the fastest
-    where the rounds agree closer than that; never below half the fastest."""
-    lo = min(xs)
-    q1 = statistics.quantiles(xs, n=4, method="inclusive")[0]
-    w = max(q1 - lo, lo / 10)
-    return max(lo - w, lo / 2), q1 + w
-
-
-def points(lone: dict) -> list[tuple[int, float]]:
-    """The (bytes, seconds) pairs a prediction is made from: the first two lone reduce-scatters
-    (half and one and a half times the gradients), each at its fastest round."""
-    return [(lone["bytes"][f], fastest(lone["seconds"][f])) for f in FRACTIONS[:2]]
+def points(lone: dict) -> list[tuple[int, float, float]]:
+    """The (bytes, seconds, launch seconds) triples a prediction is made from: the lone
+    reduce-scatters of :data:`POINTS`, each at its fastest round."""
+    return [(lone["bytes"][p], fastest(lone["seconds"][p]), fastest(lone["launch"][p])) for p in POINTS]

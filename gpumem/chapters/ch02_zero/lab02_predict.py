@@ -1,68 +1,118 @@
 """Lab 02 Part 2's graded prediction: ``predict_exposed_seconds(sizes, bucket_bytes, lone)``.
 
 The learner's function gets the gradients' bytes in the order they arrive, the bucket size and two
-lone reduce-scatters ``[(bytes, seconds), (bytes, seconds)]``, and returns the seconds of transfer
-that cannot hide behind backward: the last bucket's reduce-scatter (it starts only when the last
-gradient exists), priced on the line through the two measurements (a fixed cost plus bytes over a
-bandwidth). Every earlier bucket is taken to hide (an assumption the sweep's table tests).
+lone reduce-scatters ``[(bytes, seconds, launch_seconds), ...]`` (each timed whole, and its launch
+alone: the part gloo does in the calling thread before ``async_op=True`` returns). It returns the
+seconds of communication that cannot hide behind backward when a core is free for the transfers:
 
-Graded twice:
+* each bucket but the last: its **launch**, which runs in the hook and so holds backward up (on
+  the line through the two launch times);
+* the last bucket: its **whole** reduce-scatter, which starts only when the last gradient exists
+  (on the line through the two whole times).
+
+Each line is a fixed cost plus bytes over a bandwidth. Graded twice (:func:`exposed` is the
+grader's own count):
 
 * on planned numbers (:data:`PLANS`, worked by hand), so a constant, the whole gradients' transfer,
   a bucket rule other than the lab's (a bucket goes out from the hook whose gradient makes it reach
-  ``bucket_bytes``) or the line without its fixed cost are each named;
-* on this run: the ranks of ``check()`` time lone reduce-scatters (:mod:`.lab02_measure`); the
-  learner's function, given those of half and one and a half times the sweep model's 9.4 MB,
-  predicts the one-bucket transfer of all 9.4 MB, which the same run timed alone: the prediction
-  must fall in that time's noise band (:func:`.lab02_measure.band`).
+  ``bucket_bytes``), a line without its fixed cost or launches left out are each named;
+* on this run: the ranks of ``check()`` time the lone reduce-scatters (:mod:`.lab02_measure`), and
+  the learner's function prices the sweep model's gradients at two bucket sizes drawn per check,
+  from those measurements: numbers no table can hold.
+
+Whether the model fits a measurement is the sweep's to show (:mod:`.lab02_sweep`, not graded: a
+step time on shared CPU cores is too noisy to grade).
 """
 
 import math
+import random
 
+from gpumem.course import seeds
 from gpumem.course.grading import Report, Row, call, returned, run_case
 
 from . import lab02_measure
 
 PREDICT = "predict_exposed_seconds"
-# (sizes in arrival order, bucket_bytes, lone, the answer by hand). Lines: 2 ms + 1 us a byte; 6 ms + 2 us a byte
-_A = ((1000, 0.003), (5000, 0.007))
-_B = ((2000, 0.010), (6000, 0.018))
-PLANS = (((400, 300, 200, 150), 0, _A, 0.002 + 150e-6),          # each alone: the last gradient
-         ((400, 300, 200, 150), 500, _A, 0.002 + 350e-6),        # 400+300 goes out; 200+150 is left
-         ((400, 300, 200, 150), 10**9, _A, 0.002 + 1050e-6),     # one bucket: everything
-         ((300, 200, 100, 400), 400, _B, 0.006 + 500 * 2e-6))    # the last gradient fills a bucket of 100+400
+# (sizes in arrival order, bucket_bytes, lone, the answer by hand). Line A: whole 2 ms + 1 us a
+# byte, launch 0.5 ms + 0.1 us a byte; line B: whole 6 ms + 2 us a byte, launch 1 ms + 0.2 us a byte
+_A = ((1000, 0.003, 0.0006), (5000, 0.007, 0.0010))
+_B = ((2000, 0.010, 0.0014), (6000, 0.018, 0.0022))
+PLANS = (((400, 300, 200, 150), 0, _A, 3 * 0.0005 + 900e-7 + 0.002 + 150e-6),   # each alone: 3 launches + 150 B
+         ((400, 300, 200, 150), 500, _A, 0.0005 + 700e-7 + 0.002 + 350e-6),     # 400+300 launched; 200+150 whole
+         ((400, 300, 200, 150), 10**9, _A, 0.002 + 1050e-6),                    # one bucket: no launch before it
+         ((300, 200, 100, 400), 400, _B, 0.001 + 500 * 2e-7 + 0.006 + 500 * 2e-6))   # 300+200, then 100+400
 REL = 1e-6
+DRAWN = ((50_000, 500_000), (1_000_000, 4_000_000))   # this run's two bucket sizes: one from each range
 
 
-def _line(lone) -> tuple[float, float]:
-    (b1, t1), (b2, t2) = lone
-    slope = (t2 - t1) / (b2 - b1)
-    return t1 - slope * b1, slope
+def _line(lone, k: int) -> tuple[float, float]:
+    """(fixed, per byte) through the two measurements' ``k``-th seconds (1 whole, 2 launch)."""
+    (b1, *t1), (b2, *t2) = lone
+    slope = (t2[k - 1] - t1[k - 1]) / (b2 - b1)
+    return t1[k - 1] - slope * b1, slope
+
+
+def buckets(sizes, bucket: int) -> list[int]:
+    """The buckets' bytes in the order they go out: a bucket goes from the hook whose gradient makes
+    it reach ``bucket`` bytes; what is left goes when backward ends."""
+    out, filling = [], 0
+    for size in sizes:
+        filling += size
+        if filling >= bucket:
+            out.append(filling)
+            filling = 0
+    return out + [filling] if filling else out
+
+
+def exposed(sizes, bucket: int, lone) -> float:
+    """The grader's count: every bucket's launch but the last one's, and the last one whole."""
+    (fw, sw), (fl, sl) = _line(lone, 1), _line(lone, 2)
+    *early, last = buckets(sizes, bucket)
+    return sum(fl + sl * b for b in early) + fw + sw * last
+
+
+def _other_rules(sizes, bucket: int) -> list[list[int]]:
+    """Buckets by two rules other than the lab's: chunks of exactly ``bucket`` bytes (a gradient
+    split across them), and a bucket sent before the gradient that would take it past ``bucket``."""
+    total, out = sum(sizes), []
+    if bucket:
+        out.append([bucket] * (total // bucket) + ([total % bucket] if total % bucket else []))
+    before, filling = [], 0
+    for size in sizes:
+        if filling and filling + size > bucket:
+            before.append(filling)
+            filling = 0
+        filling += size
+    out.append(before + [filling])
+    return [b for b in out if b and b != buckets(sizes, bucket)]
 
 
 def _hint(got: float, sizes, bucket: int, lone) -> str:
-    fixed, slope = _line(lone)
+    (fw, sw), (fl, sl) = _line(lone, 1), _line(lone, 2)
+    *early, last = buckets(sizes, bucket)
+    launches_of = lambda bs: sum(fl + sl * b for b in bs)    # noqa: E731
+    launches = launches_of(early)
     near = lambda x: math.isclose(got, x, rel_tol=1e-3)    # noqa: E731
-    if near(fixed + slope * sum(sizes)) and bucket < sum(sizes):
+    if near(fw + sw * sum(sizes)) and early:
         return (": that is every gradient's transfer; with this bucket the earlier buckets went out while "
-                "backward still ran, only the last one is exposed")
+                "backward still ran, only their launches and the last bucket are exposed")
     if near(0.0):
         return ": the last bucket starts only after the last gradient exists, so nothing hides it"
-    if near(slope * sum(sizes)) or any(near(slope * s) for s in _lasts(sizes)):
-        return ": the line through the two measurements has a fixed cost too (its value at 0 bytes)"
-    if near(fixed + slope * (sum(sizes) % bucket if bucket else sizes[-1])):
+    if early and near(fw + sw * last):
+        return (": that is the last bucket alone; each earlier bucket's launch runs in your hook, before "
+                "backward goes on (price it on the line through the launch times)")
+    if early and near(sum(fw + sw * b for b in early) + fw + sw * last):
+        return ": the earlier buckets' transfers hide when a core is free; only their launches hold backward up"
+    if near(launches + sw * last) or near(sw * last) or near(sum(sl * b for b in early) + sw * last):
+        return ": each line through two measurements has a fixed cost too (its value at 0 bytes)"
+    if any(near(launches_of(alt[:-1]) + fw + sw * alt[-1]) or near(launches + fw + sw * alt[-1])
+           for alt in _other_rules(sizes, bucket)):
         return (": a bucket goes out from the hook whose gradient makes it reach bucket_bytes, so buckets "
                 "are not all bucket_bytes long; follow the gradients in their order")
     return ""
 
 
-def _lasts(sizes) -> list[int]:
-    return [sum(sizes[k:]) for k in range(len(sizes))]
-
-
-def grade_plan(fn, plan) -> tuple[str, str]:
-    """(status, detail) of the learner's function on one planned case of :data:`PLANS`."""
-    sizes, bucket, lone, want = plan
+def _grade(fn, sizes, bucket: int, lone, want: float) -> tuple[str, str]:
     got = call(fn, list(sizes), bucket, [tuple(x) for x in lone])
     if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
         return "wrong", returned(got, "seconds (a float)")
@@ -71,23 +121,19 @@ def grade_plan(fn, plan) -> tuple[str, str]:
     return "ok", ""
 
 
-def grade_run(fn, lone: dict) -> tuple[str, str]:
-    """The learner's one-bucket prediction from this run's two other lone reduce-scatters, against
-    the reduce-scatter of all the sweep model's gradients timed alone in the same run."""
-    sizes = [4 * n for n in reversed(lab02_measure.model_numel())]   # for one bucket only the total counts
-    pred = call(fn, sizes, 1 << 62, lab02_measure.points(lone))
-    full = lone["seconds"][lab02_measure.FRACTIONS[-1]]
-    lo, hi = lab02_measure.band(full)
-    if not isinstance(pred, (int, float)) or not lo <= pred <= hi:
-        shown = f"{pred * 1e3:.1f} ms" if isinstance(pred, (int, float)) else repr(pred)[:40]
-        return "wrong", (f"predicted {shown} for one bucket of all {sum(sizes) / 1e6:.1f} MB; this run timed that "
-                         f"reduce-scatter alone at {lab02_measure.fastest(full) * 1e3:.1f} ms (fastest of "
-                         f"{len(full)}), noise band {lo * 1e3:.1f} .. {hi * 1e3:.1f} ms")
-    return "ok", f"predicted {pred * 1e3:.1f} ms, in this run's band {lo * 1e3:.1f} .. {hi * 1e3:.1f} ms"
+def grade_plan(fn, plan) -> tuple[str, str]:
+    """(status, detail) of the learner's function on one planned case of :data:`PLANS`."""
+    sizes, bucket, lone, want = plan
+    return _grade(fn, sizes, bucket, lone, want)
 
 
-def grade(report: Report, fn, lone: dict | None) -> None:
-    """Rows for the planned numbers, then (when the ranks ran) for this run's measurement."""
+def draw_buckets(rng: random.Random) -> list[int]:
+    """This check's two bucket sizes for the run's rows, one from each range of :data:`DRAWN`."""
+    return [rng.randrange(lo, hi) for lo, hi in DRAWN]
+
+
+def grade(report: Report, fn, lone: dict | None, rng: random.Random | None = None) -> None:
+    """Rows for the planned numbers, then (when the ranks ran) for this run's measurements."""
     if fn is None:
         report.rows.append(Row(PREDICT, "planned numbers", "todo", f"{PREDICT} is still to write"))
         return
@@ -99,5 +145,9 @@ def grade(report: Report, fn, lone: dict | None) -> None:
         report.rows.append(Row(PREDICT, "this run's reduce-scatters", "error",
                                "the ranks did not run (see Part 1's rows), so nothing was timed"))
         return
-    run_case(report, PREDICT, f"one bucket vs this run's lone reduce-scatter ({lone['threads']} thread a rank, "
-             f"{lone['cores']} cores)", lambda: grade_run(fn, lone))
+    sizes = [4 * n for n in reversed(lab02_measure.model_numel())]   # backward's order, roughly
+    points = lab02_measure.points(lone)
+    for bucket in draw_buckets(rng or seeds.rng()):
+        run_case(report, PREDICT, f"the sweep model's {sum(sizes) / 1e6:.1f} MB, bucket {bucket:,} B, on this "
+                 f"run's lone reduce-scatters ({lone['threads']} thread a rank, {lone['cores']} cores)",
+                 lambda b=bucket: _grade(fn, sizes, b, points, exposed(sizes, b, points)))

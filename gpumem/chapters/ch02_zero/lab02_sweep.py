@@ -1,14 +1,15 @@
 """Lab 02's bucket-size sweep (given): the learner's hooks on 2 CPU ranks (gloo), one thread a rank,
 one model per bucket size and one with no hooks, timed in interleaved rounds with the lone
-reduce-scatters of :mod:`.lab02_measure`; next to each row, the learner's
-``predict_exposed_seconds`` from this run's lone reduce-scatters of half and one and a half times
-the gradients.
+reduce-scatters of :mod:`.lab02_measure`. Each bucket size gets two measurements: the real
+backward with the learner's hooks (minus the model without hooks), and the core-free stand-in
+(:func:`.lab02_measure.stand_in`) of the very reduce-scatters those hooks issued (their sizes are
+recorded); next to them, the learner's ``predict_exposed_seconds`` from this run's lone
+reduce-scatters.
 
-The table is not graded (a step time depends on the machine and its load); what the lines under it
-say is computed from this run: which rows lie above or below no hooks (the middle half of the
-round-by-round differences excludes 0) and where the one-bucket row's difference lies against the
-predicted transfer. One run per source and settings is kept for the session, so re-running the
-notebook's cells (or a test that runs them) does not launch the ranks again.
+Not graded (a step time depends on the machine and its load), and no verdict is printed: the
+table is one run, with each row's middle half of its rounds to show its spread. One run per source
+and settings is kept for the session, so re-running the notebook's cells (or a test that runs them)
+does not launch the ranks again.
 """
 
 import inspect
@@ -35,10 +36,10 @@ def sweep_rank(rank: int, world: int, source: str, buckets: tuple, rounds: int) 
     torch.set_num_threads(1)
     ns: dict = {"torch": torch, "dist": dist, "math": math}
     exec(compile(source, f"<your {FN}>", "exec"), ns)
-    calls = [0]
+    issued: list = []                             # the input bytes of each reduce-scatter the hooks issue
     for name in REDUCE_SCATTERS:
         real = getattr(dist, name)
-        setattr(dist, name, lambda *a, _real=real, **k: (calls.__setitem__(0, calls[0] + 1), _real(*a, **k))[1])
+        setattr(dist, name, lambda *a, _real=real, **k: (issued.append(_input_bytes(a, k)), _real(*a, **k))[1])
     torch.manual_seed(0)
     plain = Llama(models.ModelConfig(**measure.MODEL))
     data = training.batches(plain.cfg, 1, world * 2, 128, 0)[0, rank * 2:(rank + 1) * 2]
@@ -55,21 +56,29 @@ def sweep_rank(rank: int, world: int, source: str, buckets: tuple, rounds: int) 
         for p in net.parameters():
             p.grad = None
         shards.clear()
-    kinds = {k: (lambda net=net: step(net)) for k, net in nets.items()}
-    lone, sizes = measure.lone_calls(world, sum(p.numel() for p in plain.parameters()))
-    kinds.update({f"lone {f}": call for f, call in lone.items()})
+    kinds = {k: (lambda net=net: measure.timed(lambda: step(net))) for k, net in nets.items()}
     counts = {}
     for bucket in buckets:
-        calls[0] = 0
+        issued.clear()
         step(nets[bucket])
-        counts[bucket] = calls[0]
+        counts[bucket] = list(issued)
+        calls = [measure.reduce_scatter(world, b)[0] for b in issued]
+        kinds[("stand-in", bucket)] = lambda c=calls: measure.stand_in(c)
     step(plain)                                   # the arrival order, once
     for h in hooks:
         h.remove()
+    lone, sizes = measure.lone_kinds(world, sum(p.numel() for p in plain.parameters()))
+    kinds.update(lone)
     secs = measure.rounds(kinds, rounds)
-    return {"seconds": secs, "counts": counts, "order": order, "lone": {"bytes": sizes, "seconds":
-            {f: secs[f"lone {f}"] for f in measure.FRACTIONS}}, "threads": torch.get_num_threads(),
-            "cores": measure.cores()}
+    return {"seconds": secs, "counts": counts, "order": order, "lone": measure.lone(secs, sizes, torch.get_num_threads())}
+
+
+def _input_bytes(args: tuple, kwargs: dict) -> int:
+    """Bytes of a reduce-scatter's input (``reduce_scatter_tensor(output, input)`` or
+    ``reduce_scatter(output, input_list)``)."""
+    x = args[1] if len(args) > 1 else kwargs.get("input", kwargs.get("input_list"))
+    xs = x if isinstance(x, (list, tuple)) else [x]
+    return sum(t.numel() * t.element_size() for t in xs)
 
 
 def _source(fn, name: str) -> str | None:
@@ -107,36 +116,28 @@ def _predicted(res: dict, predict, bucket: int):
         return None
 
 
+def _spread(xs) -> str:
+    q1, med, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return f"{med * 1e3:+6.1f} ({q1 * 1e3:+6.1f}..{q3 * 1e3:+6.1f})"
+
+
 def table(res: dict, predict) -> list[str]:
     """The printed lines (each under 100 columns)."""
     sec, grads = res["seconds"], sum(res["order"])
-    out = [f"2 ranks, {res['threads']} thread each, {res['cores']} cores here; {len(sec['none'])} rounds, "
-           f"interleaved; gradients {grads / 1e6:.1f} MB",
-           f"{'bucket':>14s} {'collectives':>11s} {'median step':>12s}  {'step - no hooks (middle half)':>31s}"
-           f"  {'predicted':>9s}"]
+    lone = res["lone"]
+    out = [f"2 ranks, {lone['threads']} thread each, {lone['cores']} cores here; {len(sec['none'])} rounds, "
+           f"interleaved; gradients {grads / 1e6:.1f} MB; ms, median (middle half)",
+           f"{'bucket':>14s} {'sent':>4s} {'backward - no hooks':>23s}  {'core-free stand-in':>22s} {'predicted':>9s}"]
     plain = sec["none"]
-    out.append(f"{'no hooks':>14s} {0:>11d} {statistics.median(plain) * 1e3:>9.1f} ms")
-    told = []
-    for bucket, n in res["counts"].items():
+    out.append(f"{'no hooks':>14s} {0:>4d} {statistics.median(plain) * 1e3:>8.1f} ms a backward")
+    for bucket, issued in res["counts"].items():
         diffs = [a - b for a, b in zip(sec[bucket], plain)]
-        q1, med, q3 = statistics.quantiles(diffs, n=4, method="inclusive")
         pred = _predicted(res, predict, bucket)
         label = "0 (each alone)" if bucket == 0 else "all in one" if bucket >= grads else f"{bucket:,} B"
-        shown = f"{pred * 1e3:6.1f} ms" if pred is not None else "(todo)"
-        out.append(f"{label:>14s} {n:>11d} {statistics.median(sec[bucket]) * 1e3:>9.1f} ms  {med * 1e3:+8.1f} ms "
-                   f"({q1 * 1e3:+7.1f} ..{q3 * 1e3:+7.1f})  {shown:>9s}")
-        told.append((label, q1, q3, pred))
-    lone = res["lone"]
-    out.append("lone reduce-scatter, fastest of the rounds: " + "; ".join(
-        f"{lone['bytes'][f] / 1e6:.2f} MB {measure.fastest(lone['seconds'][f]) * 1e3:.1f} ms"
-        for f in measure.FRACTIONS))
-    above, below = [t[0] for t in told if t[1] > 0], [t[0] for t in told if t[2] < 0]
-    line = (f"this run: the middle half lies above 0 for {', '.join(above) or 'no row'}"
-            + (f", below 0 for {', '.join(below)}" if below else "")
-            + f"; {len(told) - len(above) - len(below)} row(s) are not told apart from no hooks")
-    label, q1, q3, pred = told[-1]
-    if pred is not None:
-        where = "below" if pred < q1 else "above" if pred > q3 else "inside"
-        line += (f". {label}: the predicted transfer ({pred * 1e3:.1f} ms) lies {where} the middle half of its "
-                 f"difference ({q1 * 1e3:+.1f} .. {q3 * 1e3:+.1f} ms)")
-    return out + textwrap.wrap(line, 99, subsequent_indent="  ")
+        shown = f"{pred * 1e3:6.1f}" if pred is not None else "(todo)"
+        out.append(f"{label:>14s} {len(issued):>4d} {_spread(diffs):>23s}  {_spread(sec[('stand-in', bucket)]):>22s} "
+                   f"{shown:>9s}")
+    out.append("lone reduce-scatters, fastest round, whole / launch alone: " + "; ".join(
+        f"{lone['bytes'][f] / 1e6:.2f} MB {measure.fastest(lone['seconds'][f]) * 1e3:.1f} / "
+        f"{measure.fastest(lone['launch'][f]) * 1e3:.2f} ms" for f in measure.POINTS))
+    return out

@@ -1,0 +1,97 @@
+"""Lab 02 Part 2's graded prediction (review r12 #4): each bucket but the last exposes its launch
+(the part of an asynchronous reduce-scatter gloo does in the calling thread), the last its whole
+transfer. Planned numbers worked by hand, wrong counts named, and the run's rows on drawn bucket
+sizes, which a table of the planned answers cannot pass."""
+
+import random
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from gpumem.chapters.ch02_zero import lab02_measure, lab02_predict
+from gpumem.course.grading import Report
+
+SOLUTION = next(c.source for c in nbformat.read(Path(__file__).parents[1] / "solutions" / "lab02_zero2_hooks.ipynb",
+                                                as_version=4).cells
+                if c.cell_type == "code" and "def predict_exposed_seconds" in c.source)
+# a run's lone reduce-scatters (made-up numbers in the shape lab02_measure.lone returns)
+LONE = {"bytes": {"small": 65_536, "all": 9_444_096}, "seconds": {"small": [0.0009, 0.0008], "all": [0.0092, 0.0095]},
+        "launch": {"small": [0.00006, 0.00005], "all": [0.0009, 0.0011]}, "threads": 1, "cores": 2}
+
+
+def _rows(source: str, lone=None, seed: int = 0):
+    ns: dict = {}
+    exec(source, ns)
+    report = Report("lab02")
+    lab02_predict.grade(report, ns["predict_exposed_seconds"], lone, random.Random(seed))
+    return report.rows
+
+
+def test_planned_numbers_by_hand():
+    # Line A: whole 2 ms + 1 us a byte, launch 0.5 ms + 0.1 us a byte; sizes 400, 300, 200, 150.
+    # Each alone: launches of 400, 300, 200 (1.5 ms + 90 us) and the last 150 B whole (2.15 ms).
+    # 500 B: 400 + 300 launched (0.57 ms), 200 + 150 whole (2.35 ms). One bucket: 1,050 B whole.
+    # Line B (whole 6 ms + 2 us, launch 1 ms + 0.2 us), 300, 200, 100, 400, bucket 400: 300 + 200
+    # launched (1.1 ms), then 100 + 400 whole (7 ms).
+    assert [p[3] * 1e3 for p in lab02_predict.PLANS] == pytest.approx([3.74, 2.92, 3.05, 8.1], rel=1e-12)
+    for sizes, bucket, lone, want in lab02_predict.PLANS:
+        assert lab02_predict.exposed(sizes, bucket, lone) == pytest.approx(want, rel=1e-12)
+
+
+def test_the_solution_passes_planned_and_drawn_rows():
+    rows = _rows(SOLUTION, LONE)
+    assert [r.status for r in rows] == ["ok"] * 6, [r.detail for r in rows]
+    assert "bucket" in rows[-1].case and "this run's lone reduce-scatters" in rows[-1].case
+    assert [r.status for r in _rows(SOLUTION)] == ["ok"] * 4 + ["error"]      # no ranks ran
+
+
+def test_the_run_rows_price_the_model_by_hand():
+    """The sweep model's 39 gradients at a bucket of 2 MB, on LONE's fastest rounds, by hand."""
+    sizes = [4 * n for n in reversed(lab02_measure.model_numel())]
+    (b1, w1, l1), (b2, w2, l2) = lab02_measure.points(LONE)
+    assert (b1, w1, l1, b2, w2, l2) == (65_536, 0.0008, 0.00005, 9_444_096, 0.0092, 0.0009)
+    sent, filling = [], 0
+    for s in sizes:
+        filling += s
+        if filling >= 2_000_000:
+            sent, filling = sent + [filling], 0
+    sent += [filling] if filling else []
+    whole = lambda b: w1 + (w2 - w1) / (b2 - b1) * (b - b1)          # noqa: E731
+    launch = lambda b: l1 + (l2 - l1) / (b2 - b1) * (b - b1)         # noqa: E731
+    assert lab02_predict.exposed(sizes, 2_000_000, lab02_measure.points(LONE)) == \
+        pytest.approx(sum(map(launch, sent[:-1])) + whole(sent[-1]), rel=1e-12)
+    assert len(sent) >= 3
+
+
+@pytest.mark.parametrize("swap, row, says", [
+    (("    return sum(launch(b) for b in sent[:-1]) + whole(sent[-1])", "    return whole(sum(sizes))"),
+     0, "every gradient's transfer"),
+    (("    return sum(launch(b) for b in sent[:-1]) + whole(sent[-1])", "    return 0.0"), 0, "nothing hides it"),
+    (("sum(launch(b) for b in sent[:-1]) + ", ""), 0, "each earlier bucket's launch runs in your hook"),
+    (("sum(launch(b) for b in sent[:-1])", "sum(whole(b) for b in sent[:-1])"), 0, "only their launches"),
+    (("return lambda nbytes: t1 + slope * (nbytes - b1)", "return lambda nbytes: slope * nbytes"), 0,
+     "a fixed cost too"),
+    (("        filling += size\n        if filling >= bucket_bytes:\n",   # sent before the one that overflows
+      "        if filling and filling + size > bucket_bytes:\n            sent.append(filling)\n"
+      "            filling = 0\n        filling += size\n        if False:\n"), 1, "not all bucket_bytes long"),
+])
+def test_wrong_counts_are_named(swap, row, says):
+    old, new = swap
+    assert old in SOLUTION
+    rows = _rows(SOLUTION.replace(old, new), LONE)
+    assert rows[row].status == "wrong" and says in rows[row].detail, [r.detail for r in rows]
+
+
+def test_a_table_of_the_planned_answers_fails_the_drawn_rows():
+    table = "def predict_exposed_seconds(sizes, bucket_bytes, lone):\n" + "".join(
+        f"    if list(sizes) == {list(s)} and bucket_bytes == {b}:\n        return {w!r}\n"
+        for s, b, _, w in lab02_predict.PLANS) + "    return 0.01\n"
+    rows = _rows(table, LONE)
+    assert [r.status for r in rows] == ["ok"] * 4 + ["wrong", "wrong"]
+
+
+def test_drawn_buckets_differ_between_checks_and_span_the_ranges():
+    draws = {tuple(lab02_predict.draw_buckets(random.Random(s))) for s in range(20)}
+    assert len(draws) == 20
+    assert all(50_000 <= a < 500_000 and 1_000_000 <= b < 4_000_000 for a, b in draws)
