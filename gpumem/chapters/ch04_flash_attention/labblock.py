@@ -22,10 +22,11 @@ import sys
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from gpumem.course import copy_watch
+from gpumem.course import copy_watch, lab_audit
+from gpumem.course.grading import LearnerError, call
 from gpumem.memory import flash_tiled
 
-from . import labref
+from . import labref, labseal
 
 MESSAGE = "write the key-block loop yourself: {} is off while lab 04 is graded"
 BLOCKED = (("flash_tiled.tiled_backward", flash_tiled.tiled_backward),
@@ -162,3 +163,25 @@ def assembled(calls, got) -> str:
             what = "the sum of the dq_part" if name == "dq" else f"the {name}_blk blocks side by side"
             return f"{name} is not {what} that key_block_backward returned ({bad})"
     return ""
+
+
+REFUSAL = "lab 04 grades your own tiles: the grader's frames are off while your function runs"
+
+
+def guarded(fn, watch, *args):
+    """The learner's call inside the watch with the library's backwards off and the watch sealed
+    (labseal: an attribute of it rebound during the call is named first); (result, broken)."""
+    hits: list[str] = []
+    with no_library_backward(), watch as w, no_copies(w.flag):
+        before = labseal.kept(w, w._functions, w.exp2)
+        try:
+            with lab_audit.refusing(REFUSAL, hits):    # frames, the collector's objects (review r13 #3)
+                got = call(fn, *args)
+        except LearnerError:
+            if not w.broken:       # a rule the watch saw first (its hook raised, and Python then unset
+                raise              # the profile hook: an audit event the refusal reports) names the slip
+            raise LearnerError(f"RuntimeError: {w.broken}") from None
+        finally:
+            tampered = labseal.rebound(before)
+    reached = f"{REFUSAL} ({hits[0]})" if hits else ""
+    return got, tampered or w.broken or reached or w.foreign(got)

@@ -42,11 +42,10 @@ import random
 
 import torch
 
-from gpumem.course import lab_audit
-from gpumem.course.grading import LearnerError, Report, Row, call, returned, run_case
+from gpumem.course.grading import Report, Row, call, returned, run_case
 
 from . import labcases, labgpu, labref, labseal, labzig
-from .labblock import assembled, key_block_calls, no_copies, no_library_backward
+from .labblock import assembled, guarded, key_block_calls
 from .labguard import Watch
 from .labring import empty_shard_hint, masked_shard_hint, ring_calls, ring_wrong
 
@@ -82,28 +81,6 @@ def _watch(case, q, k, v, rows, tile_rows=None, causal_from=None):
                  queries=(q, rows[0]), causal_from=causal_from, exp2=(q, k))
 
 
-REFUSAL = "lab 04 grades your own tiles: the grader's frames are off while your function runs"
-
-
-def _guarded(fn, watch, *args):
-    """The learner's call inside the watch with the library's backwards off and the watch sealed
-    (labseal: an attribute of it rebound during the call is named first); (result, broken)."""
-    hits: list[str] = []
-    with no_library_backward(), watch as w, no_copies(w.flag):
-        before = labseal.kept(w, w._functions, w.exp2)
-        try:
-            with lab_audit.refusing(REFUSAL, hits):    # frames, the collector's objects (review r13 #3)
-                got = call(fn, *args)
-        except LearnerError:
-            if not w.broken:       # a rule the watch saw first (its hook raised, and Python then unset
-                raise              # the profile hook: an audit event the refusal reports) names the slip
-            raise LearnerError(f"RuntimeError: {w.broken}") from None
-        finally:
-            tampered = labseal.rebound(before)
-    reached = f"{REFUSAL} ({hits[0]})" if hits else ""
-    return got, tampered or w.broken or reached or w.foreign(got)
-
-
 def _exp2_wrong(watch) -> str:
     """'' or the backward's exp2 rule broken (checked after every other rule: those name the worse slip)."""
     return watch.exp2.wrong() if watch.exp2 is not None else ""
@@ -130,7 +107,7 @@ def _key_blocks_rows(report, fn, case, seed):
             kb, vb = k[:, :, j0:j1].clone(), v[:, :, j0:j1].clone()
             ins = (q.clone(), dout.clone(), lse.clone(), delta.clone())
             watch = _watch(case, ins[0], kb, vb, ins[1:], j1 - j0, j0 if case[6] else None)
-            got, broken = _guarded(fn, watch, ins[0], kb, vb, *ins[1:], j0, case[6], block)
+            got, broken = guarded(fn, watch, ins[0], kb, vb, *ins[1:], j0, case[6], block)
             broken = broken or _overworked(watch, case, j0, j1 - j0) or _exp2_wrong(watch)
             if not (isinstance(got, (tuple, list)) and len(got) == 3):
                 return "wrong", returned(got, "a tuple (dq_part, dk_blk, dv_blk)")
@@ -184,7 +161,7 @@ def _flash_rows(report, fn, case, seed, inner=None):
         named = getattr(fn, "__globals__", {}).get("key_block_backward")
         with key_block_calls(inner, named) as calls:
             watch = _watch(case, qc, kc, vc, ins)
-            got, broken = _guarded(fn, watch, ins[0], qc, kc, vc, *ins[1:], case[6], case[7])
+            got, broken = guarded(fn, watch, ins[0], qc, kc, vc, *ins[1:], case[6], case[7])
         broken = broken or _exp2_wrong(watch)
         if not (isinstance(got, (tuple, list)) and len(got) == 3):
             return "wrong", returned(got, "a tuple (dq, dk, dv)")
@@ -239,7 +216,7 @@ def _merge_rows(report, fn, case, seed):
 
     def body():                  # the expected answer is made after the call: no frame holds it during
         parts = [(o.clone(), l.clone()) for o, l in _merge_case(case, seed)[0]]
-        got, broken = _guarded(fn, merge_watch(case, parts), parts)
+        got, broken = guarded(fn, merge_watch(case, parts), parts)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             return "wrong", returned(got, "a tuple (out, lse)")
         _, out, lse = _merge_case(case, seed)
@@ -262,7 +239,7 @@ def _ring_rows(report, fn, case, seed):
         qc = q.clone()
         watch = ring_watch(case, qc, kc, vc)
         with ring_calls(getattr(fn, "__globals__", {}).get("merge_partials")) as calls:
-            got, broken = _guarded(fn, watch, qc, kc, vc, rank, causal, block)
+            got, broken = guarded(fn, watch, qc, kc, vc, rank, causal, block)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             return "wrong", returned(got, "a tuple (out, lse)")
         out, lse = labref.dense(q, torch.cat(ks, 2), torch.cat(vs, 2),     # made after the call
