@@ -544,8 +544,9 @@ def test_bf16_shards_are_the_fp32_mean_by_hand():
 def test_bf16_reduced_in_bf16_and_copied_answers_fail_on_the_ranks(monkeypatch):
     """On 2 real ranks, no fp32 case (the bf16 case and Part 2's lone reduce-scatters only): hooks
     that reduce the bf16 bucket in bf16 and cast the shards afterwards are named by the values; a
-    prediction that returns the planned answers from the grader's table passes those rows and fails
-    both of the run's drawn bucket sizes (tests/test_lab02_predict.py grades Part 2 by hand)."""
+    prediction that reads the planned answers from the grader's table is refused before any row
+    (review r14: the grader's own formula imported as the answer passed all 6); a table typed out
+    fails the run's drawn bucket sizes (tests/test_lab02_predict.py grades Part 2 by hand)."""
     copied = """def predict_exposed_seconds(sizes, bucket_bytes, lone):
     from gpumem.chapters.ch02_zero.lab02_predict import PLANS
     return next((p[3] for p in PLANS if list(p[0]) == list(sizes) and p[1] == bucket_bytes), 0.0)
@@ -556,8 +557,7 @@ def test_bf16_reduced_in_bf16_and_copied_answers_fail_on_the_ranks(monkeypatch):
     bf16 = rows(report, "bf16")[0]
     assert bf16.status == "wrong" and "the bucket went over the wire in bf16" in bf16.detail
     run = [r for r in report.rows if r.function == "predict_exposed_seconds"]
-    assert [r.status for r in run] == ["ok"] * 4 + ["wrong", "wrong"], run
-    assert run[-1].detail.startswith("returned 0 ms, expected") and "this run's lone reduce-scatters" in run[-1].case
+    assert [r.status for r in run] == ["wrong"] and "it imports gpumem" in run[0].detail, run
     assert seconds < 60
 
 
@@ -648,7 +648,7 @@ def test_cheat_f_every_bucket_but_the_first_blocking_is_measured(monkeypatch):
 
 
 def test_the_held_arrival_is_drawn_after_an_early_bucket_by_hand():
-    """Tiny, bucket 0: 21 gradients, 20 sent before the last arrives, so k is drawn from 1 to 10.
+    """Tiny, bucket 0: 21 gradients, 20 sent before the last arrives, so k is drawn from 1 to 19.
     Sizes 100 x 6, bucket 150: sent at the 2nd and 4th (the 6th is the last): k = 1. Sizes 100 x 4:
     sent at the 2nd only: k = 0, the first arrival, as before."""
     import random
@@ -656,7 +656,7 @@ def test_the_held_arrival_is_drawn_after_an_early_bucket_by_hand():
     from gpumem.chapters.ch02_zero import lab02_probe
     rng = random.Random(0)
     drawn = {lab02_probe.hold_after([4] * 21, 0, rng) for _ in range(400)}
-    assert drawn == set(range(1, 11))
+    assert drawn == set(range(1, 20))
     assert {lab02_probe.hold_after([100] * 6, 150, rng) for _ in range(20)} == {1}
     assert lab02_probe.hold_after([100] * 4, 150, rng) == 0
 

@@ -3,6 +3,7 @@
 transfer. Planned numbers worked by hand, wrong counts named, and the run's rows on drawn bucket
 sizes, which a table of the planned answers cannot pass."""
 
+import linecache
 import random
 from pathlib import Path
 
@@ -21,8 +22,10 @@ LONE = {"bytes": {"small": 65_536, "all": 9_444_096}, "seconds": {"small": [0.00
 
 
 def _rows(source: str, lone=None, seed: int = 0):
+    name = f"<lab02 predict cell {abs(hash(source))}>"      # readable by inspect, as a notebook cell is
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
     ns: dict = {}
-    exec(source, ns)
+    exec(compile(source, name, "exec"), ns)
     report = Report("lab02")
     lab02_predict.grade(report, ns["predict_exposed_seconds"], lone, random.Random(seed))
     return report.rows
@@ -95,3 +98,15 @@ def test_drawn_buckets_differ_between_checks_and_span_the_ranges():
     draws = {tuple(lab02_predict.draw_buckets(random.Random(s))) for s in range(20)}
     assert len(draws) == 20
     assert all(50_000 <= a < 500_000 and 1_000_000 <= b < 4_000_000 for a, b in draws)
+
+
+def test_the_graders_own_formula_is_not_an_answer():
+    """Review r14: ``from gpumem.chapters.ch02_zero.lab02_predict import exposed as
+    predict_exposed_seconds`` passed all 6 rows."""
+    rows = _rows("from gpumem.chapters.ch02_zero.lab02_predict import exposed as predict_exposed_seconds\n", LONE)
+    assert [r.status for r in rows] == ["wrong"] and "gpumem's own" in rows[0].detail, rows
+    wrapped = "def predict_exposed_seconds(sizes, bucket_bytes, lone):\n" \
+              "    from gpumem.chapters.ch02_zero import lab02_predict\n" \
+              "    return lab02_predict.exposed(sizes, bucket_bytes, lone)\n"
+    rows = _rows(wrapped, LONE)
+    assert [r.status for r in rows] == ["wrong"], rows

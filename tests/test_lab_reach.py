@@ -70,3 +70,17 @@ def test_the_lab02_solution_passes():
     for cell in cells:
         if cell.cell_type == "code" and "### BEGIN SOLUTION" in cell.source:
             assert first_reach(cell.source) is None, first_reach(cell.source)
+
+
+@pytest.mark.parametrize("line, word", [
+    ("h = weakref.finalize._registry", "_registry"),
+    ("works = handle.pop.__self__", "__self__"),
+    ("store = dist.distributed_c10d._get_default_store()", "_get_default_store"),
+    ("torch.utils._python_dispatch._get_current_dispatch_mode().paused = True", "_get_current_dispatch_mode"),
+], ids=["finalize-registry", "bound-self", "default-store", "dispatch-mode"])
+def test_review_r14_routes_are_refused(line, word):
+    """Review r14 of lab 02: the real handle reached through weakref.finalize's registry and a bound
+    method's __self__, the peer's progress read from the process group's store, the grader's meters
+    paused through the current dispatch mode."""
+    said = first_reach(f"def hook(p):\n    {line}\n")
+    assert said is not None and said.startswith("line 2:") and word in said, said

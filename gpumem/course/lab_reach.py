@@ -33,7 +33,11 @@ ATTRIBUTES = ("__globals__", "__closure__", "__code__", "__kwdefaults__", "__def
               "modules", "_getframe", "_current_frames", "settrace", "setprofile", "f_globals", "f_locals",
               "f_back", "f_builtins", "f_code", "tb_frame", "gi_frame", "cr_frame", "ag_frame",
               "get_referrers", "get_referents", "get_objects", "import_module", "_import_dotted_name", "attrgetter",
-              "methodcaller")
+              "methodcaller",
+              # review r14 of lab 02: a bound method's object (weakref.finalize's registry -> the grader's
+              # dict), the process group's store, and the dispatch modes the grader's meters run as
+              "__self__", "_registry", "_get_default_store", "_get_current_dispatch_mode", "_pop_mode",
+              "_push_mode", "_get_dispatch_mode_pre_dispatch", "paused")
 BUILTINS = ("__import__", "vars", "globals", "locals", "eval", "exec", "compile", "breakpoint", "__builtins__")
 BY_NAME = ("getattr", "setattr", "delattr", "hasattr")
 PACKAGE = "gpumem"

@@ -9,7 +9,7 @@ evenly) and puts the layer's two parameters at two drawn places in ``params``. S
 the fixed cases' ranges, so a check takes about as long.
 """
 
-import random
+from gpumem.course import seeds
 
 ONE_BUCKET = 10**7        # a fixed bucket this large or larger holds every gradient of the lab's models
 BF16 = ("tiny", 1)        # (model, steps) of the bf16 case (lab02_bf16): its seed and bucket are drawn
@@ -38,7 +38,7 @@ def draw(cases: tuple, seed: int | None = None) -> tuple[tuple, tuple]:
     (where it has one) unused-layer position; and the bf16 case ``(model, seed, steps, bucket)``, a
     bucket of several. ``seed`` None: from the system."""
     from .lab02_ranks import n_params
-    rng = random.Random(seed if seed is not None else random.SystemRandom().getrandbits(64))
+    rng = seeds.rng(seed)
     out = tuple((model, rng.randrange(1, 10_000), steps, _bucket(rng, bucket, spare),
                  _spare(rng, n_params(model)) if spare else False)
                 for model, _, steps, bucket, spare in cases)

@@ -149,7 +149,8 @@ def fastest(xs) -> float:
     return min(xs)
 
 
-def points(lone: dict) -> list[tuple[int, float, float]]:
+def points(lone: dict, at=fastest) -> list[tuple[int, float, float]]:
     """The (bytes, seconds, launch seconds) triples a prediction is made from: the lone
-    reduce-scatters of :data:`POINTS`, each at its fastest round."""
-    return [(lone["bytes"][p], fastest(lone["seconds"][p]), fastest(lone["launch"][p])) for p in POINTS]
+    reduce-scatters of :data:`POINTS`, each its rounds' ``at`` (the fastest; the sweep's table,
+    whose other columns are medians, passes ``statistics.median``)."""
+    return [(lone["bytes"][p], at(lone["seconds"][p]), at(lone["launch"][p])) for p in POINTS]

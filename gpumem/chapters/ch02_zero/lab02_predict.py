@@ -29,6 +29,7 @@ import random
 
 from gpumem.course import seeds
 from gpumem.course.grading import Report, Row, call, returned, run_case
+from gpumem.course.lab_reach import first_reach
 
 from . import lab02_measure
 
@@ -127,6 +128,21 @@ def grade_plan(fn, plan) -> tuple[str, str]:
     return _grade(fn, sizes, bucket, lone, want)
 
 
+def _borrowed(fn) -> str:
+    """'' for a function of the learner's own, else why not (review r14: importing the grader's
+    :func:`exposed` as the answer passed every row): a function of gpumem's, or a source that
+    imports gpumem or reaches into the grader (:func:`gpumem.course.lab_reach.first_reach`)."""
+    import inspect
+    import textwrap
+    if str(getattr(fn, "__module__", "") or "").split(".")[0] == "gpumem":
+        return f"it is gpumem's own {fn.__module__}.{getattr(fn, '__name__', '?')}: write the prediction yourself"
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return ""
+    return first_reach(source) or ("it imports gpumem: write the prediction yourself" if "gpumem" in source else "")
+
+
 def draw_buckets(rng: random.Random) -> list[int]:
     """This check's two bucket sizes for the run's rows, one from each range of :data:`DRAWN`."""
     return [rng.randrange(lo, hi) for lo, hi in DRAWN]
@@ -136,6 +152,10 @@ def grade(report: Report, fn, lone: dict | None, rng: random.Random | None = Non
     """Rows for the planned numbers, then (when the ranks ran) for this run's measurements."""
     if fn is None:
         report.rows.append(Row(PREDICT, "planned numbers", "todo", f"{PREDICT} is still to write"))
+        return
+    borrowed = _borrowed(fn)
+    if borrowed:
+        report.rows.append(Row(PREDICT, "your own function", "wrong", borrowed))
         return
     for k, plan in enumerate(PLANS, 1):
         row = run_case(report, PREDICT, f"planned numbers {k}: bucket {plan[1]:,} B", lambda: grade_plan(fn, plan))

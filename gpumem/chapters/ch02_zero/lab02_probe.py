@@ -56,16 +56,17 @@ def held_rank(n_pass: int) -> int:
 
 def hold_after(sizes: list[int], bucket: int, rng: random.Random) -> int:
     """k: the held rank is held at its first arrival after its own k-th collective of the pass.
-    ``sizes``: the gradients' bytes in the order they arrive. k is drawn from 1 to half the buckets
-    the lab's rule (send once the bucket reaches ``bucket``) sends before the last gradient; 0 (the
-    first arrival) when it sends at most one. A rank that never gets that far is held at its last
-    arrival."""
+    ``sizes``: the gradients' bytes in the order they arrive. k is drawn from 1 to one less than the
+    buckets the lab's rule (send once the bucket reaches ``bucket``) sends before the last gradient,
+    so every early collective but the first can be the one tested (review r14: drawn from the first
+    half only, blocking on the second half passed); 0 (the first arrival) when it sends at most one.
+    A rank that never gets that far is held at its last arrival."""
     early, filling = 0, 0
     for size in sizes[:-1]:
         filling += size
         if filling >= bucket:
             early, filling = early + 1, 0
-    return rng.randint(1, max(1, early // 2)) if early > 1 else 0
+    return rng.randint(1, early - 1) if early > 1 else 0
 
 
 class Stuck(BaseException):

@@ -25,11 +25,12 @@ they happen, which gives how many buckets were in flight at each launch.
 
 import functools
 import math
-import random
 import sys
 import time
 
 import torch
+
+from gpumem.course import seeds
 
 from .lab02_watch import _REC, BARRIERS, REDUCE_SCATTERS, instrument  # noqa: F401 (labcheck reads them here)
 
@@ -164,7 +165,7 @@ def _case(ns, rank, world, rec, sealed, source, watch_s, case: tuple, bf16: bool
         rec.meter, rec.n_pass = live, 0
         arrived: set = set()
         held: list = []                               # bytes the hooks hold, per arrival and at the end
-        rng = random.Random(random.SystemRandom().getrandbits(64))
+        rng = seeds.rng()                        # refused where the learner replaced what it draws with
         _CASE.update(index={id(p): i for i, p in enumerate(params)}, arrived=arrived, held=held, reach=reach,
                      live=live, own=own, params=params, rank=rank, delay=probe.delay(time.monotonic() - start),
                      after=[probe.hold_after(sizes, bucket, rng) for _ in range(steps)], n_arrivals=len(order),

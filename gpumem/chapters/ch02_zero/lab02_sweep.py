@@ -4,7 +4,8 @@ reduce-scatters of :mod:`.lab02_measure`. Each bucket size gets two measurements
 backward with the learner's hooks (minus the model without hooks), and the core-free stand-in
 (:func:`.lab02_measure.stand_in`) of the very reduce-scatters those hooks issued (their sizes are
 recorded); next to them, the learner's ``predict_exposed_seconds`` from this run's lone
-reduce-scatters.
+reduce-scatters, at their medians as the other columns are (review r14: the fastest rounds against
+medians put every row about 2x apart).
 
 Not graded (a step time depends on the machine and its load), and no verdict is printed: the
 table is one run, with each row's middle half of its rounds to show its spread. One run per source
@@ -111,7 +112,7 @@ def sweep(install, predict, buckets=(0, 250_000, 2_000_000, 10**9), rounds: int 
 
 def _predicted(res: dict, predict, bucket: int):
     try:
-        return float(predict(list(res["order"]), bucket, measure.points(res["lone"])))
+        return float(predict(list(res["order"]), bucket, measure.points(res["lone"], statistics.median)))
     except NotImplementedError:
         return None
 
@@ -137,7 +138,7 @@ def table(res: dict, predict) -> list[str]:
         shown = f"{pred * 1e3:6.1f}" if pred is not None else "(todo)"
         out.append(f"{label:>14s} {len(issued):>4d} {_spread(diffs):>23s}  {_spread(sec[('stand-in', bucket)]):>22s} "
                    f"{shown:>9s}")
-    out.append("lone reduce-scatters, fastest round, whole / launch alone: " + "; ".join(
-        f"{lone['bytes'][f] / 1e6:.2f} MB {measure.fastest(lone['seconds'][f]) * 1e3:.1f} / "
-        f"{measure.fastest(lone['launch'][f]) * 1e3:.2f} ms" for f in measure.POINTS))
+    out.append("lone reduce-scatters, medians (whole / launch): " + "; ".join(
+        f"{lone['bytes'][f] / 1e6:.2f} MB {statistics.median(lone['seconds'][f]) * 1e3:.1f} / "
+        f"{statistics.median(lone['launch'][f]) * 1e3:.2f} ms" for f in measure.POINTS))
     return out
