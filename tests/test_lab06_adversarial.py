@@ -797,6 +797,25 @@ def test_the_limits_truth_rebuilt_on_its_code_is_refused_and_help_prints_no_reci
         assert recipe not in text, recipe
 
 
+def test_the_limits_truth_rebuilt_with_its_mark_lifted_is_refused():
+    """Review r13 #1: ``fastest`` rebuilt on its code before the check, its ``refusing`` mark popped
+    for the call and put back (8 lines, 13/13 from the blank lab, in a kernel too). The genuine body
+    also refuses while any learner's call is watched (gpumem.course.lab_audit), mark or no mark."""
+    import types
+    fam, (case, link, limits) = LIMIT_MEMBERS[1]
+    rebuilt = types.FunctionType(lab06_limits.fastest.__code__, vars(lab06_limits))
+
+    def calls(model, gpus, gpu, seq, batch, inter_node=None, **lim):
+        mark = lab06_limits.fastest.__dict__.pop("refusing", None)
+        try:
+            return rebuilt(model, gpus, gpu, seq, batch, inter_node, lab06_limits.Limits(**lim)).best[1]
+        finally:
+            if mark is not None:
+                lab06_limits.fastest.refusing = mark
+    status, detail = L.grade_case(calls, case, link, fam, ref, limits)
+    assert status == "error" and "lab06_limits.fastest is off" in detail, detail
+
+
 def test_the_solution_keeps_a_base_whose_full_checkpointing_does_not_fit():
     """Found by drawing 13 seeds: the solution skipped any base layout whose full checkpointing did
     not fit at micro-batch 1, taking it for the smallest footprint. At 70B, pp 8 x vp 2 on H100s,
@@ -1010,5 +1029,5 @@ def test_review_r11_rewritten_copy_of_the_graders_limit_search_is_refused(source
     assert rows and not report.solved
     if "asks" in ns and any("started is running" in r.detail for r in rows):
         return      # the worker refused before the call too (gpumem.course.lab_audit: a cell's thread)
-    assert all(r.status == "error" and "from <mylim>, neither a notebook cell nor an installed library" in r.detail
-               and "your code must run from a notebook cell: it ran " in r.detail for r in rows), rows
+    refused = ("your code must run from a notebook cell: it ran ", "lab06_limits.fastest is off")  # origin, or
+    assert all(r.status == "error" and any(w in r.detail for w in refused) for r in rows), rows  # the body's own
