@@ -1,5 +1,5 @@
 """The labs' origin rule: while a learner's function is graded, only a notebook cell's code and
-installed code may run (labs 06 and 08; review r10: a generic AST rewrite of the library, exec'd
+installed code may run (labs 05, 06 and 08; review r10: a generic AST rewrite of the library, exec'd
 under another name, beat every content match).
 
 :func:`allowed` is True for a code object that
