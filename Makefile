@@ -54,10 +54,7 @@ lab: setup $(LAB_OVERRIDES)
 # in front, and behind them the notebook tier, the browser tier and the rest of the unit tests
 # (test_launch* .. test_timing*), in separate processes, temp folders and ports; the second stream's
 # output is held in files and printed when the first is done. TIERS_IN_SERIES=1: one after the other.
-# lab 02's tests start two ranks each (about 4 min in all): they run in the second stream, which
-# has the room (a fresh clone: first stream 25:43, second 15:57 before this move)
-UNIT_LATE := $(sort $(filter-out tests/test_lab%,$(wildcard tests/test_l*.py tests/test_[m-z]*.py)) \
-               $(wildcard tests/test_lab02_*.py))
+UNIT_LATE := $(sort $(filter-out tests/test_lab%,$(wildcard tests/test_l*.py tests/test_[m-z]*.py)))
 UNIT_EARLY := $(sort $(filter-out $(UNIT_LATE),$(wildcard tests/test_*.py)))
 BG_LOGS := .cache/test-notebooks.log .cache/test-browser.log .cache/test-unit-late.log
 test: setup
@@ -83,7 +80,7 @@ test-unit-early: setup
 	$(PY) -m pytest -m "not browser and not gpu" $(DURATIONS) $(PYTEST_ARGS) $(UNIT_EARLY)
 
 test-unit-late: setup
-	@echo "== tier: unit tests (test_launch* .. test_timing*, and lab 02's)"
+	@echo "== tier: unit tests (test_launch* .. test_timing*)"
 	$(PY) -m pytest -m "not browser and not gpu" $(DURATIONS) $(PYTEST_ARGS) $(UNIT_LATE)
 
 test-unit: setup
