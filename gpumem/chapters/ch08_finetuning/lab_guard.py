@@ -153,8 +153,8 @@ def refresh() -> None:
 
 
 def _functions() -> list:
-    """Every function object whose code :data:`BLOCKED` names: the modules' functions and class
-    methods, and any other function object with such code, found by the collector (review r14: a
+    """Every function object whose code :data:`BLOCKED` names, found by the collector: the modules'
+    functions and class methods, and any other function object with such code (review r14: a
     second import of gpumem's modules, made before the check and set aside, kept unswapped copies
     that a raw thread ran for 15/15)."""
     if not _FUNCS:
@@ -162,15 +162,6 @@ def _functions() -> list:
             code = getattr(f, "__code__", None) if type(f) is types.FunctionType else None
             if code is not None and not code.co_freevars and (code.co_filename, code.co_name) in BLOCKED:
                 _FUNCS.append(f)
-        for m in _NAMES:
-            for obj in list(vars(m).values()):
-                inner = list(vars(obj).values()) if isinstance(obj, type) and obj.__module__ == m.__name__ else []
-                for f in [obj, *inner]:
-                    f = getattr(f, "__func__", f)
-                    code = getattr(f, "__code__", None)
-                    if (isinstance(f, types.FunctionType) and not code.co_freevars
-                            and (code.co_filename, code.co_name) in BLOCKED and all(f is not g for g in _FUNCS)):
-                        _FUNCS.append(f)
     return _FUNCS
 
 
