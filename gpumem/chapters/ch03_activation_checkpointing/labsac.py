@@ -4,36 +4,49 @@ The learner writes ``choose_saved(ops, budget)``. ``ops`` is a drawn layer's for
 data, measured on real tensors at check time (``labsacrun.forward_ops``): for each operator that
 makes a new tensor, in forward order, ``{"op": aten name, "bytes": output bytes, "flops": forward
 FLOPs}``. ``budget`` bounds what the layer may keep between forward and backward besides its
-input. The answer is the indices of the operators to keep; every other operator is re-run in
-backward. The grader runs the real layer under PyTorch's SAC with a policy built from that
-answer (``labsacrun.run_saved``) and measures the bytes kept and the FLOPs re-run. A case passes
-when the bytes fit the budget and the re-run is within :data:`SLACK` of the fewest FLOPs any
-choice within the budget re-runs. The two measurements must agree with the listing (bytes of the
-operators kept, their output's aside; FLOPs of those not kept): a learner's function that patched
-torch's weak references or FLOP counter while it ran gets an error row, not a pass.
+input. The answer is the indices of the operators to keep; every other operator is left to the
+re-run in backward. The grader runs the real layer under PyTorch's SAC with a policy built from
+that answer (``labsacrun.run_saved``), early stop on as by default, and measures the bytes kept
+and the FLOPs re-run. A case passes when the bytes fit the budget and the re-run is within
+:data:`SLACK` of the fewest FLOPs any choice within the budget re-runs. The two measurements must
+agree with the listing (bytes of the operators kept, their output's aside; FLOPs of those not kept
+that the re-run reaches): a learner's function that patched torch's weak references or FLOP
+counter while it ran gets an error row, not a pass.
 
-The answer key (:func:`best`) is a 0/1 knapsack: keep the operators whose FLOPs add up to the
-most, with their bytes within the budget. Operators without FLOPs (norms, RoPE, softmax, SiLU,
-the products) are free to re-run and never kept. It is solved exactly over the operators that
-have FLOPs (at most ten here), by a table of the most FLOPs kept at each total of bytes kept;
-tests/test_lab03_adversarial.py checks it against an enumeration of every subset. It is worked
-out after the learner's call returns, and ``labguard`` refuses this module and ``labsacrun``
-while the learner's code runs.
+Early stop (review r11 #3 (c), r13 #5: with it off, the part was a knapsack over numbers handed
+over, and any subset search passed with no idea of SAC): the re-run stops once it has rebuilt
+the last tensor the layer's backward needs, W_down's input, so W_down's output and what follows
+it are never re-run, and keeping them spares nothing. Where that stops is measured, not assumed:
+``forward_ops`` runs the layer under SAC keeping nothing and counts the operators the re-run
+reaches (``Listing.reached``, ``Listing.worth``). The learner is given forward FLOPs only, so a
+choice must work out which operators the re-run never reaches; a knapsack over the FLOPs as given
+keeps W_down (the best FLOPs per byte) and wastes its bytes, and every drawn budget is one where
+that costs more than :data:`SLACK` (``labsacdraw``). The row of such a choice says how many of the
+bytes it keeps are never handed back to the re-run, measured as the bytes of the kept operators
+the re-run did not reach.
 
-Cases (:func:`draw`, from the check's seed): three layers (widths, heads, kv heads, FFN, sequence)
-with flash attention, eager attention, and either. Within an operator kind the trade is regular: a
-matmul's FLOPs per byte kept is its input width (h for W_q ... W_up, the FFN width for W_down), the
-eager scores' (Q Kᵀ) the head width, their product with V the sequence length. So many operators
-tie, and a greedy rule that takes the best ratio first and fills the rest by size fills most
-budgets as well as the knapsack (review r11: ties broken by the larger first passed 27 of 40
-draws). Each budget is therefore drawn among those that every greedy rule of ``labsacdraw``
-misses by more than :data:`SLACK` (``labsacdraw``; a layer without one is drawn again): the bytes
-of some set of operators (plus up to an eighth of the smallest one's, where that still defeats
-them all), between the kind's :data:`SHARES` of the bytes of every operator with FLOPs. So the
-chapter's fixed rule, "keep every matmul and the attention kernel" (``recompute.sac_policy``), is
-over the budget and "keep nothing" re-runs more than needed on every case, and a greedy choice,
-or the best of several, fails the first case of every draw (tests check seeds 0-39). The row of
-a choice that fits but re-runs too much says by how many FLOPs and how many bytes it left unused,
+The answer key (:func:`best`) is a 0/1 knapsack over ``Listing.worth``: keep the operators whose
+FLOPs spared add up to the most, with their bytes within the budget. Operators without FLOPs
+(norms, RoPE, softmax, SiLU, the products) are free to re-run and never kept. It is solved exactly
+over the operators that have FLOPs (at most ten here), by a table of the most FLOPs kept at each
+total of bytes kept; tests/test_lab03_adversarial.py checks it against an enumeration of every
+subset. It is worked out after the learner's call returns, and ``labguard`` refuses this module
+and ``labsacrun`` while the learner's code runs.
+
+Cases (``labsacdraw.draw``, from the check's seed): three layers (widths, heads, kv heads, FFN,
+sequence) with flash attention, eager attention, and either. Within an operator kind the trade is
+regular: a matmul's FLOPs per byte kept is its input width (h for W_q ... W_up, the FFN width for
+W_down), the eager scores' (Q Kᵀ) the head width, their product with V the sequence length. So
+many operators tie, and a greedy rule that takes the best ratio first and fills the rest by size
+fills most budgets as well as the knapsack (review r11: ties broken by the larger first passed 27
+of 40 draws). Each budget is therefore drawn among those that every greedy rule of
+``labsacdraw`` misses by more than :data:`SLACK`, on the FLOPs as given and on those the re-run
+spends, and that every choice keeping W_down misses too: the bytes of some set of operators (plus
+up to an eighth of the smallest one's, where that still defeats them all), between the kind's
+:data:`SHARES` of the bytes of the operators the re-run reaches. So the chapter's fixed rule,
+"keep every matmul and the attention kernel" (``recompute.sac_policy``), is over the budget and
+"keep nothing" re-runs more than needed on every case (tests check seeds 0-39). The row of a
+choice that fits but re-runs too much says by how many FLOPs and how many bytes it left unused,
 not which operators the optimum keeps (there are often several optima).
 """
 
@@ -90,21 +103,31 @@ def _free_kept(ops: list, chosen: set) -> str:
             f"largest {_named(ops, free[0])}): keeping them buys nothing")
 
 
-def verdict(ops: list, budget: int, chosen: set, kept: int, rerun: int) -> tuple[str, str]:
-    """The row of one case: the measured ``kept`` and ``rerun`` against the budget and the optimum."""
+def _unreached(ops: list, chosen: set, reached: int) -> str:
+    idle = sum(ops[i]["bytes"] for i in chosen if i >= reached and ops[i]["flops"])
+    return (f"; {idle:,} B of what it keeps is never handed back: the re-run stops before reaching "
+            f"those operators (early stop)") if idle else ""
+
+
+def verdict(ops: list, budget: int, chosen: set, kept: int, rerun: int, reached: int | None = None) -> tuple[str, str]:
+    """The row of one case: the measured ``kept`` and ``rerun`` against the budget and the optimum
+    (the FLOPs each operator spares: those of ``ops`` below ``reached``, the operators the
+    early-stopping re-run reaches; all of them when None)."""
+    reached = len(ops) if reached is None else reached
+    worth = [dict(o, flops=o["flops"] if i < reached else 0) for i, o in enumerate(ops)]
     if kept > budget:
         hint = _free_kept(ops, chosen)
         if not hint:
             worst = min(chosen, key=lambda i: (ops[i]["flops"] / ops[i]["bytes"], -ops[i]["bytes"]))
             hint = (f"; the fewest FLOPs per byte among those kept: {_named(ops, worst)}")
         return "wrong", f"keeps {kept:,} B (measured), over the budget by {kept - budget:,} B" + hint
-    cost = best(ops, budget)[0]                    # worked out after the learner's call
+    cost = best(worth, budget)[0]                  # worked out after the learner's call
     if rerun > cost * (1 + SLACK):
         forward = sum(op["flops"] for op in ops)     # review r13 #4: the excess against the layer's forward too
         more = (f", +{rerun / cost - 1:.0%}" if cost else "") + f"; {(rerun - cost) / forward:.1%} of the layer's forward"
         return "wrong", (f"fits ({kept:,} B of {budget:,} B, {budget - kept:,} B unused) but re-runs {rerun - cost:,} "
                          f"FLOPs more than the best choice within this budget ({rerun:,} where {cost:,} suffice{more})"
-                         + _free_kept(ops, chosen))
+                         + _free_kept(ops, chosen) + _unreached(ops, chosen, reached))
     return "ok", ""
 
 
@@ -116,14 +139,15 @@ def _body(fn, ask, layer, listing, budget: int):
     chosen = _indices(got[1], len(listing.ops))
     if isinstance(chosen, str):
         return "wrong", chosen
-    kept, rerun = run_saved(layer, listing, chosen)          # outside the learner's call
+    kept, rerun, reached = run_saved(layer, listing, chosen)          # outside the learner's call
     ops = listing.ops                   # the last operator makes the output, which is not kept
     held = sum(ops[i]["bytes"] for i in chosen if i != len(ops) - 1)
-    spent = sum(o["flops"] for i, o in enumerate(ops) if i not in chosen)
-    if (kept, rerun) != (held, spent):  # two measurements of one choice: each checks the other
-        return "error", (f"measured {kept:,} B kept and {rerun:,} FLOPs re-run, where the operators listed "
-                         f"hold {held:,} B and {spent:,} FLOPs: was torch or the course's code changed during the check?")
-    return verdict(ops, budget, chosen, kept, rerun)
+    spent = sum(o["flops"] for i, o in enumerate(listing.worth()) if i not in chosen)
+    if (kept, rerun, reached) != (held, spent, listing.reached):  # measurements of one choice: each checks the others
+        return "error", (f"measured {kept:,} B kept and {rerun:,} FLOPs re-run (stopping after {reached} operators), "
+                         f"where the operators listed hold {held:,} B and {spent:,} FLOPs (stopping after "
+                         f"{listing.reached}): was torch or the course's code changed during the check?")
+    return verdict(ops, budget, chosen, kept, rerun, listing.reached)
 
 
 def grade(report: Report, fn, cases: list, ask) -> None:

@@ -8,6 +8,14 @@ the fewest bytes first. Each rule skips what does not fit, or stops there, and e
 as "that, or the single operator with the most FLOPs that fits" (the textbook fix for greedy
 knapsack). A submission that takes the best of several of them still misses.
 
+Early stop (``labsac``'s docstring): the re-run never reaches W_down, the last operator with
+FLOPs, so the draw works on two listings of the hand count (:func:`_sketch`): the FLOPs as given
+to the learner, and those the re-run spends (W_down's set to 0; tests hold this equal to the
+measured ``Listing.worth``). A budget is kept only if the greedy rules miss on both (each rule's
+pick judged by the FLOPs the re-run spends), every best choice on the FLOPs as given keeps W_down,
+and every choice that keeps W_down misses (:func:`_defeats`): a knapsack that ignores early stop
+fails.
+
 This module is not among those ``labguard`` refuses or fingerprints: a learner's own greedy loop
 must not be taken for a copy of the grader's (review: one was, while these rules sat in
 ``labsac``). What it uses of the answer key, ``labsac.best``, is refused inside a learner's call.
@@ -50,10 +58,20 @@ def greedy_picks(ops: list, budget: int) -> list:
     return picks + [max(p, single, key=lambda q: sum(ops[i]["flops"] for i in q)) for p in picks]
 
 
-def _defeats(ops: list, budget: int) -> bool:
-    """Every greedy rule re-runs more than :data:`SLACK` above the fewest FLOPs at ``budget``."""
-    total, cost = sum(o["flops"] for o in ops), best(ops, budget)[0]
-    return all(total - sum(ops[i]["flops"] for i in p) > cost * (1 + SLACK) for p in greedy_picks(ops, budget))
+def _defeats(ops: list, worth: list, budget: int) -> bool:
+    """At ``budget``, with ``worth`` the FLOPs the re-run spends (``ops``: as given): every greedy
+    rule, on either, re-runs more than :data:`SLACK` above the fewest FLOPs; every best choice on
+    ``ops`` keeps the operators ``worth`` zeroes (W_down), and every choice keeping them misses."""
+    total, cost = sum(o["flops"] for o in worth), best(worth, budget)[0]
+    if not all(total - sum(worth[i]["flops"] for i in p) > cost * (1 + SLACK)
+               for p in greedy_picks(ops, budget) + greedy_picks(worth, budget)):
+        return False
+    idle = sum(o["bytes"] for o, w in zip(ops, worth) if o["flops"] != w["flops"])
+    if not idle:
+        return True
+    with_idle = best(worth, budget - idle)[0] if idle <= budget else total       # re-run, W_down kept
+    naive = sum(o["flops"] for o in ops) - best(ops, budget)[0]                  # most FLOPs kept, as given
+    return with_idle > cost * (1 + SLACK) and naive > total - cost
 
 
 def traps(ops: list, low: float, high: float) -> list:
@@ -115,8 +133,9 @@ def _sketch(layer) -> list:
 
 def draw(rng: random.Random) -> list:
     """The check's selective cases: (``labsacrun.Layer``, budget), one per kind of ``SHARES``;
-    each budget one that every greedy rule misses (:func:`traps`: layers are drawn until one has
-    such a budget in the kind's share of its costly bytes)."""
+    each budget one that every greedy rule and every choice keeping W_down misses (:func:`traps`,
+    :func:`_defeats`: layers are drawn until one has such a budget in the kind's share of the bytes
+    of its operators the re-run reaches)."""
     cases = []
     for kind, (low, high) in SHARES.items():
         for _ in range(TRIES):
@@ -125,12 +144,13 @@ def draw(rng: random.Random) -> list:
             kernel = rng.choice(("flash", "eager")) if kind == "either" else kind
             layer = Layer(h, heads, kv, rng.choice(FFN), kernel, rng.choice(SEQ))
             ops = _sketch(layer)
-            found = [b for b in traps(ops, low, high) if _defeats(ops, b)]     # the answer key's word
+            worth = ops[:-1] + [dict(ops[-1], flops=0)]        # early stop: W_down is never re-run
+            found = [b for b in traps(worth, low, high) if _defeats(ops, worth, b)]     # the answer key's word
             if found:
                 break
         else:
             raise RuntimeError(f"no {kind} layer with a budget that defeats the greedy rules in {TRIES} draws")
         budget = rng.choice(found)
         loose = budget + rng.randrange(min(o["bytes"] for o in ops if o["flops"]) // 8)
-        cases.append((layer, loose if _defeats(ops, loose) else budget))
+        cases.append((layer, loose if _defeats(ops, worth, loose) else budget))
     return cases

@@ -20,9 +20,14 @@ name against the listing on the way. Measured, not derived from the listing:
   returned (weak references, after a garbage collection), its output aside (the next layer's
   input): what SAC's cache holds between forward and backward;
 * ``rerun``: the FLOPs of the re-run in backward: a FLOP counter entered just beneath SAC's re-run
-  mode, so an operator handed back from the cache never reaches it. Early stop is off
-  (``set_checkpoint_early_stop(False)``): every operator not kept is re-run, the last matmul
-  (W_down) too, so a choice costs exactly the FLOPs of what it does not keep.
+  mode, so an operator handed back from the cache never reaches it. Early stop is on, as it is by
+  default (review r11 #3 (c)): the re-run stops once it has rebuilt the last tensor the layer's
+  backward needs (the last one autograd saved in the forward, W_down's input), so the operators
+  after it (W_down itself, the residual add) never run again, kept or not;
+* ``reached``: how many of the listed operators the re-run reached before it stopped (a mode
+  above SAC's re-run mode sees every operator, handed back or not). :func:`forward_ops` measures
+  it once, keeping nothing (``Listing.reached``); the key (``labsac``) counts an operator's FLOPs
+  as worth keeping only below it.
 
 Both run outside the learner's call; ``labguard`` refuses this module while the learner's code runs.
 """
@@ -60,10 +65,23 @@ class Layer(NamedTuple):
 
 class Listing(NamedTuple):
     """A layer's forward: ``ops`` (what the learner is given), every operator's name in the order
-    SAC's policy sees them (``names``), and the position there of each listed operator."""
+    SAC's policy sees them (``names``), the position there of each listed operator, and how many
+    listed operators the early-stopping re-run reaches (``reached``: the rest never run again)."""
     ops: list
     names: list
     positions: list
+    reached: int = -1
+
+    def worth(self) -> list:
+        """``ops`` with the FLOPs keeping each spares under early stop: 0 from ``reached`` on."""
+        return [dict(o, flops=o["flops"] if i < self.reached else 0) for i, o in enumerate(self.ops)]
+
+
+class Saved(NamedTuple):
+    """One SAC run's measurements (module docstring)."""
+    kept: int
+    rerun: int
+    reached: int
 
 
 def _build(layer: Layer):
@@ -119,7 +137,8 @@ def forward_ops(layer: Layer) -> Listing:
         if new:
             ops.append({"op": name, "bytes": size, "flops": int(counter.by_key.get(i, 0))})
             positions.append(i)
-    return Listing(ops, [r[0] for r in lister.rows], positions)
+    listing = Listing(ops, [r[0] for r in lister.rows], positions)
+    return listing._replace(reached=run_saved(layer, listing, set()).reached)     # measured
 
 
 class _Made(TorchDispatchMode):
@@ -145,9 +164,23 @@ class _Made(TorchDispatchMode):
         return sum({p: n for ref, p, n in self.refs if not ref.expired() and p != skip}.values())
 
 
-def run_saved(layer: Layer, listing: Listing, chosen) -> tuple[int, int]:
-    """(bytes kept between forward and backward, FLOPs re-run in backward) of ``layer`` under
-    PyTorch's SAC keeping the listed operators ``chosen`` (indices into ``listing.ops``)."""
+class _Reached(TorchDispatchMode):
+    """Above SAC's re-run mode: how many operators the re-run reached, handed back or not."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func not in tuc.SAC_IGNORED_OPS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def run_saved(layer: Layer, listing: Listing, chosen) -> Saved:
+    """(bytes kept between forward and backward, FLOPs re-run in backward, listed operators the
+    re-run reached) of ``layer`` under PyTorch's SAC, early stop on, keeping the listed operators
+    ``chosen`` (indices into ``listing.ops``)."""
     keep = {listing.positions[i] for i in chosen}
     seen = [0]
 
@@ -157,11 +190,11 @@ def run_saved(layer: Layer, listing: Listing, chosen) -> tuple[int, int]:
         if at >= len(listing.names) or str(op) != listing.names[at]:
             raise RuntimeError(f"the layer's forward changed since it was listed: {op} at position {at}")
         return tuc.CheckpointPolicy.MUST_SAVE if at in keep else tuc.CheckpointPolicy.PREFER_RECOMPUTE
-    counter = flops.PhaseFlops()
+    counter, reached = flops.PhaseFlops(), _Reached()
 
     @contextlib.contextmanager
     def counted(rerun):
-        with counter, rerun:                       # SAC's re-run mode on top: a cache hit is not counted
+        with counter, rerun, reached:              # SAC's re-run mode above the counter: a cache hit is not counted
             yield
 
     def contexts():
@@ -169,7 +202,7 @@ def run_saved(layer: Layer, listing: Listing, chosen) -> tuple[int, int]:
         return forward, counted(rerun)
     block, x, cos, sin = _build(layer)
     made = _Made()
-    with tuc.set_checkpoint_early_stop(False):
+    with tuc.set_checkpoint_early_stop(True):          # PyTorch's default, said out loud
         with made:
             out = tuc.checkpoint(lambda h, c, s: block(h, c, s, layer.kernel), x, cos, sin,
                                  use_reentrant=False, context_fn=contexts)
@@ -177,4 +210,5 @@ def run_saved(layer: Layer, listing: Listing, chosen) -> tuple[int, int]:
         out.float().square().sum().backward()
     if seen[0] != len(listing.names):
         raise RuntimeError(f"the policy saw {seen[0]} operators, the listing has {len(listing.names)}")
-    return kept, int(sum(counter.by_key.values()))
+    listed = sum(p < reached.count for p in listing.positions)
+    return Saved(kept, int(sum(counter.by_key.values())), listed)
