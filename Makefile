@@ -54,8 +54,11 @@ lab: setup $(LAB_OVERRIDES)
 # in front, and behind them the notebook tier, the browser tier and the rest of the unit tests
 # (test_launch* .. test_timing*), in separate processes, temp folders and ports; the second stream's
 # output is held in files and printed when the first is done. TIERS_IN_SERIES=1: one after the other.
+# The formula-against-trace test runs last in the first stream: its two worker processes then use
+# the core that the second stream, done by then, leaves idle (in front they crowd both streams).
 UNIT_LATE := $(sort $(filter-out tests/test_lab%,$(wildcard tests/test_l*.py tests/test_[m-z]*.py)))
-UNIT_EARLY := $(sort $(filter-out $(UNIT_LATE),$(wildcard tests/test_*.py)))
+UNIT_LAST := tests/test_01_formula_vs_trace.py
+UNIT_EARLY := $(sort $(filter-out $(UNIT_LATE) $(UNIT_LAST),$(wildcard tests/test_*.py))) $(UNIT_LAST)
 BG_LOGS := .cache/test-notebooks.log .cache/test-browser.log .cache/test-unit-late.log
 test: setup
 	@status=0; mkdir -p .cache; rm -f $(BG_LOGS) $(addsuffix .rc,$(BG_LOGS)); \
