@@ -816,6 +816,37 @@ def test_the_limits_truth_rebuilt_with_its_mark_lifted_is_refused():
     assert status == "error" and "lab06_limits.fastest is off" in detail, detail
 
 
+# The planner's own functions rebuilt on their genuine code and module globals at cell time, bound
+# into the modules for the call and put back after (no mark popped, the guard unchanged when compared):
+# found while moving the limit families onto planner.plan; 13/13 from the blank lab (seed 1) before
+# the sampler refused a frame of a blocked function's genuine code.
+REBIND = """
+import types
+from gpumem.planner import search as _s, ranking as _r
+_new = {(m, n): types.FunctionType(getattr(m, n).__code__, vars(m), n, getattr(m, n).__defaults__)
+        for m, names in ((_s, ("plan", "answer", "candidates", "layouts_of", "fits_any", "_inner")),
+                         (_r, ("rank", "rank_of"))) for n in names}
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None, host_per_node=None, one_node=False):
+    old = {k: getattr(*k) for k in _new}
+    for (m, n), f in _new.items(): setattr(m, n, f)
+    try:
+        res = _new[(_s, "plan")](model, gpus, gpu, seq=seq, global_batch=global_batch, inter_node=inter_node,
+                                 advise=False, recipes=("mixed",),
+                                 **({"host_per_node": host_per_node} if host_per_node else {}))
+    finally:
+        for (m, n), f in old.items(): setattr(m, n, f)
+    keep = [p for p in res.plans if not one_node or p.layout.tp * p.layout.cp * p.layout.pp <= 8]
+    return min(keep, key=lambda p: p.time["total"]).layout if keep else None
+"""
+
+
+def test_the_planners_functions_rebuilt_and_bound_in_for_the_call_are_refused():
+    ns = _as_cell(REBIND, {})
+    row, at = first_wrong(ns["choose_plan"], seed=1)
+    assert at == 0 and row.status == "error" and "own code ran while choose_plan was graded" in row.detail, row
+    assert planner.plan("llama-3-8b", 8, seq=4096, global_batch=64).plans       # the modules restored after
+
+
 def test_the_solution_keeps_a_base_whose_full_checkpointing_does_not_fit():
     """Found by drawing 13 seeds: the solution skipped any base layout whose full checkpointing did
     not fit at micro-batch 1, taking it for the smallest footprint. At 70B, pp 8 x vp 2 on H100s,

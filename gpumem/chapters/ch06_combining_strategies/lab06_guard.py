@@ -12,7 +12,10 @@ points (:data:`BLOCKED`) are switched off two ways, so that undoing one does not
 * the real bodies of ``plan``, ``candidates`` and ``_inner`` (gpumem/planner/search.py) and of
   ``lab06_limits.fastest`` begin by refusing when the function carries a ``refusing`` message
   (:data:`IN_BODY`), so the original code, saved before grading (or rebuilt into a function on the
-  module's globals) and put back during the call, still refuses.
+  module's globals) and put back during the call, still refuses;
+* while the guard is in force no frame may run a blocked function's *genuine* code: the sampler
+  (below) refuses one, so functions rebuilt on the saved code and bound into the modules for the
+  call (no mark popped, everything put back before the guard is compared) are refused too.
 
 * a *copy* of ``planner.search`` or ``planner.ranking`` (their source exec'd in a new module, or
   pasted) is known by its code's content, compiled afresh from the files, names and lines aside
@@ -81,6 +84,8 @@ COPY = ("write the search yourself: your code ran a copy of {} (the planner's ow
 HELD = ("write the search yourself: your notebook holds a copy of {} (the planner's own code under "
         "another name); lab 06 grades a search you wrote")
 REACHED = "write the search yourself: lab 06 refuses this while choose_plan is graded"
+RAN = ("write the search yourself: {}'s own code ran while choose_plan was graded (rebuilt or bound back "
+       "for the call; lab 06 keeps the planner's search off)")
 FOREIGN = "your code must run from a notebook cell: {} (lab 06)"   # review r13 #4: not "write it yourself"
 _PRINTS: list = []
 
@@ -109,12 +114,15 @@ class _Sampler(copy_watch.Sampler):
     """The copy sampler, which also refuses a sampled frame of no cell's and no installed file's
     origin (:func:`origin_ok`) between the learner's call and the grader's frame that made it, or
     anywhere in another thread (a worker a cell started before grading, fed the cases through a
-    queue, runs while the call waits): a rewritten copy of a search runs for many samples (review r11)."""
+    queue, runs while the call waits): a rewritten copy of a search runs for many samples (review r11).
+    It also refuses a frame running the *genuine* code of a blocked function (``blocked``: original
+    code -> name, set when the guard swaps it): while the guard is in force none may run, so such a
+    frame is a bypass (functions rebuilt on the saved code and bound in for the call)."""
 
-    def __init__(self, hits: list, foreign: list, entry):
+    def __init__(self, hits: list, foreign: list, entry, ran: list):
         super().__init__(prints(), hits, COPY)
         self.foreign, self.entry, self.busy, self.origins = foreign, entry, False, {}
-        self.main = threading.main_thread().ident
+        self.main, self.ran, self.blocked = threading.main_thread().ident, ran, {}
 
     def _tick(self, signum, frame):
         if self.busy:
@@ -122,16 +130,31 @@ class _Sampler(copy_watch.Sampler):
         self.busy = True
         try:
             super()._tick(signum, frame)
-            if self.hits or self.foreign:
+            if self.hits or self.foreign or self.ran:
                 return
-            found = _foreign(frame, self.entry, self.origins) or next(
+            ran = _genuine(frame, self.entry, self.blocked) or next(
+                (w for t, f in sys._current_frames().items() if t != self.main and (w := _genuine(f, None, self.blocked))),
+                "")
+            found = "" if ran else _foreign(frame, self.entry, self.origins) or next(
                 (w for t, f in sys._current_frames().items()
                  if t != self.main and (w := _foreign(f, None, self.origins))), "")
         finally:
             self.busy = False
+        if ran:
+            self.ran.append(ran)
+            raise RuntimeError(RAN.format(ran))
         if found:
             self.foreign.append(found)
             raise RuntimeError(FOREIGN.format(found))
+
+
+def _genuine(frame, stop, blocked: dict) -> str:
+    """The name of the first blocked function whose original code runs on ``frame``'s stack above ``stop``."""
+    while blocked and frame is not None and frame is not stop:
+        if frame.f_code in blocked:
+            return blocked[frame.f_code]
+        frame = frame.f_back
+    return ""
 
 
 def _foreign(frame, stop, cache: dict) -> str:
@@ -186,11 +209,11 @@ def _refusing_code(name: str, fn):
 def no_search():
     """Inside the block every function of :data:`BLOCKED` raises the lab's message; restored after,
     also when the learner's call raises or runs out of time. Yields :func:`changed`'s closure."""
-    saved, entered, armed, hits, reached, foreign = [], False, {}, [], [], []
+    saved, entered, armed, hits, reached, foreign, ran = [], False, {}, [], [], [], []
     names = {fn: name for name, fn in _functions()}
     bound = {(m, a): getattr(m, a) for m, attrs in _MODULES for a in attrs}
     lab_origin.note_kernel()            # IPython's run_code on this stack: cells known by its records
-    sampler = _Sampler(hits, foreign, sys._getframe(2))      # 2: the grader's frame whose `with` calls
+    sampler = _Sampler(hits, foreign, sys._getframe(2), ran)      # 2: the grader's frame whose `with` calls
     if not _HOOKED:
         sys.addaudithook(_audit)
         _HOOKED.append(True)
@@ -201,6 +224,7 @@ def no_search():
                 saved.append((fn, fn.__code__))
                 fn.__code__ = code
                 armed[fn] = code
+                sampler.blocked[saved[-1][1]] = name
         for fn in IN_BODY:
             fn.refusing = MESSAGE.format(names[fn])
         _ACTIVE[0], entered = _ACTIVE[0] + 1, True
@@ -208,7 +232,7 @@ def no_search():
 
         def changes() -> list[str]:
             return _changes(armed, bound, names, level)
-        changes.copies, changes.reached, changes.foreign = hits, reached, foreign
+        changes.copies, changes.reached, changes.foreign, changes.ran = hits, reached, foreign, ran
         with alarm_held():
             _HITS.append(hits)
             _FOREIGN.append(foreign)

@@ -44,7 +44,7 @@ from gpumem.errors import UsageError
 
 from . import lab06_cases, lab06_diagnose, lab06_gpu, lab06_limit_cases
 from .lab06_cases import SLOW_LINK  # noqa: F401 (the lab's text names it)
-from .lab06_guard import COPY, FOREIGN, HELD, REACHED, changed_line, no_search, prints, refuse_if_active
+from .lab06_guard import COPY, FOREIGN, HELD, RAN, REACHED, changed_line, no_search, prints, refuse_if_active
 
 LAB = "lab06_choose_plan"
 SLACK = 1.03
@@ -117,7 +117,7 @@ def _ask(choose, case: tuple, inter_node: float | None, limits=None):
             choice = call(asked, model, gpus, gpu, seq, batch, inter_node=inter_node,
                           **({} if limits is None else limits.keywords()))
         except LearnerError:
-            if not changes.reached:
+            if not (changes.reached or changes.ran):
                 raise
             choice = None
         what = changes()
@@ -129,6 +129,8 @@ def _ask(choose, case: tuple, inter_node: float | None, limits=None):
         raise LearnerError(FOREIGN.format(changes.foreign[0]))
     if what:
         raise LearnerError(changed_line(what))
+    if changes.ran:                          # a blocked function's genuine code ran (rebuilt, bound back)
+        raise LearnerError(RAN.format(changes.ran[0]))
     return choice
 
 
