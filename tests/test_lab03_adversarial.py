@@ -1069,7 +1069,7 @@ from itertools import combinations  # noqa: E402
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from gpumem.chapters.ch03_activation_checkpointing import labsac, labsacrun  # noqa: E402
+from gpumem.chapters.ch03_activation_checkpointing import labsac, labsacdraw, labsacrun  # noqa: E402
 
 SAC_LAYER = labsacrun.Layer(96, 6, 2, 256, "eager", 64)        # the lab's example layer
 SAC_NAMES = {str(op) for op in recompute.SAVE_OPS}
@@ -1096,9 +1096,18 @@ def _solution_choose_saved():
     return _solution_cells("def choose_saved")["choose_saved"]
 
 
+def _early_stopped(ops):
+    """``ops`` with the FLOPs the early-stopping re-run spends, by hand: the layer ends with W_down
+    (a matmul: autograd saves its inputs before it runs) and the residual add (saves nothing), so
+    the last tensor backward needs is W_down's input; W_down, the last operator with FLOPs, is
+    never re-run (independent of labsacrun's measured Listing.reached)."""
+    last = max(i for i, o in enumerate(ops) if o["flops"])
+    return [dict(o, flops=0) if i == last else o for i, o in enumerate(ops)]
+
+
 def _enumerated(ops, budget) -> int:
     """The fewest FLOPs re-run within ``budget``, by trying every subset of the operators with
-    FLOPs (independent of labsac.best's table)."""
+    FLOPs (independent of labsac.best's table); ``ops`` as the re-run spends them."""
     costly = [i for i, o in enumerate(ops) if o["flops"]]
     total = sum(o["flops"] for o in ops)
     return min(total - sum(ops[i]["flops"] for i in pick) for k in range(len(costly) + 1)
@@ -1115,6 +1124,23 @@ def _keep_nothing(ops, budget):
 
 def _chapter_rule(ops, budget):                 # recompute.sac_policy: every matmul and attention kernel
     return {i for i, o in enumerate(ops) if o["op"] in SAC_NAMES}
+
+
+def _as_given_knapsack(ops, budget):
+    """The solution before early stop was graded (review r13 #5): every subset, FLOPs as given."""
+    costly = [i for i, o in enumerate(ops) if o["flops"]]
+    picks = (set(p) for k in range(len(costly) + 1) for p in combinations(costly, k)
+             if sum(ops[i]["bytes"] for i in p) <= budget)
+    return max(picks, key=lambda p: sum(ops[i]["flops"] for i in p))
+
+
+def _random_orders(ops, budget, tries=200):
+    """Review r13's search (40/40 draws with early stop off): 200 random orders of the operators
+    with FLOPs, each filled greedily, keeping the most FLOPs as given."""
+    rng, picks = random.Random(0), []
+    for _ in range(tries):
+        picks.append(_random_pick(ops, budget, rng.randrange(10 ** 9)))
+    return max(picks, key=lambda p: sum(ops[i]["flops"] for i in p))
 
 
 def _random_pick(ops, budget, seed=0):
@@ -1144,7 +1170,9 @@ def test_sac_listing_matches_a_hand_count():
     """The listed matmuls and attention of an eager and a flash layer, by hand: a projection of
     T tokens from width i to o keeps 2 T o bytes (bf16) for 2 T i o FLOPs; the eager scores keep
     2 b a s^2 bytes for 2 b a s^2 d FLOPs and their product with V 2 b a s d bytes for as many; the
-    CPU flash kernel keeps its output and an fp32 logsumexp (2 T h + 4 b a s) for 4 b a s^2 d FLOPs."""
+    CPU flash kernel keeps its output and an fp32 logsumexp (2 T h + 4 b a s) for 4 b a s^2 d FLOPs.
+    The early-stopping re-run reaches every listed operator but the last two (W_down and the
+    residual add), and labsacdraw's hand count (what budgets are drawn from) is the same."""
     for kernel in ("eager", "flash"):
         L = SAC_LAYER._replace(kernel=kernel)
         T, h, kv, F = L.batch * L.seq, L.d_model, L.d_model // L.heads * L.kv_heads, L.ffn
@@ -1154,28 +1182,37 @@ def test_sac_listing_matches_a_hand_count():
                 if kernel == "eager" else [(2 * T * h + 4 * b * a * s, 4 * b * a * s * s * d)])
         after = [(2 * T * h, 2 * T * h * h), (2 * T * F, 2 * T * h * F), (2 * T * F, 2 * T * h * F),
                  (2 * T * h, 2 * T * F * h)]
-        ops = labsacrun.forward_ops(L).ops
+        listing = labsacrun.forward_ops(L)
+        ops = listing.ops
         assert [(o["bytes"], o["flops"]) for o in ops if o["flops"]] == proj + attn + after, kernel
         assert all(o["op"] in SAC_NAMES for o in ops if o["flops"])   # the chapter's rule keeps all of them
+        assert [o["op"] for o in ops[-2:]] == ["aten.mm.default", "aten.add.Tensor"] and ops[-2]["flops"]
+        assert listing.reached == len(ops) - 2 and listing.worth() == _early_stopped(ops), kernel
+        assert [(o["bytes"], o["flops"]) for o in labsacdraw._sketch(L)] == proj + attn + after, kernel
 
 
 def test_sac_measured_bytes_and_flops_follow_the_choice():
-    """Under PyTorch's SAC: keeping nothing keeps 0 B and re-runs the whole forward, as a plain
-    FlopCounterMode counts it; keeping W_q's output keeps 2 T h bytes and spares 2 T h^2 FLOPs;
-    the optimum keeps what the listing says, within the budget."""
+    """Under PyTorch's SAC, early stop on: keeping nothing keeps 0 B and re-runs the whole forward,
+    as a plain FlopCounterMode counts it, but W_down (2 T F h FLOPs, by hand); keeping W_q's output
+    keeps 2 T h bytes and spares 2 T h^2 FLOPs; keeping W_down's keeps 2 T h bytes and spares
+    nothing; the optimum keeps what the listing says, within the budget."""
     listing = labsacrun.forward_ops(SAC_LAYER)
     block, x, cos, sin = labsacrun._build(SAC_LAYER)
     with FlopCounterMode(display=False) as counter:
         block(x, cos, sin, "eager")
     forward = counter.get_total_flops()
-    T, h = SAC_LAYER.batch * SAC_LAYER.seq, SAC_LAYER.d_model
-    assert labsacrun.run_saved(SAC_LAYER, listing, set()) == (0, forward)
+    T, h, F = SAC_LAYER.batch * SAC_LAYER.seq, SAC_LAYER.d_model, SAC_LAYER.ffn
+    reached = len(listing.ops) - 2
+    rerun = forward - 2 * T * F * h
+    assert labsacrun.run_saved(SAC_LAYER, listing, set()) == (0, rerun, reached)
     wq = next(i for i, o in enumerate(listing.ops) if o["flops"])
-    assert labsacrun.run_saved(SAC_LAYER, listing, {wq}) == (2 * T * h, forward - 2 * T * h * h)
+    assert labsacrun.run_saved(SAC_LAYER, listing, {wq}) == (2 * T * h, rerun - 2 * T * h * h, reached)
+    assert labsacrun.run_saved(SAC_LAYER, listing, {reached}) == (2 * T * h, rerun, reached)
     budget = 250_000
-    cost, which = labsac.best(listing.ops, budget)
-    kept, rerun = labsacrun.run_saved(SAC_LAYER, listing, which)
-    assert kept == sum(listing.ops[i]["bytes"] for i in which) <= budget and rerun == cost
+    cost, which = labsac.best(listing.worth(), budget)
+    assert cost == _enumerated(_early_stopped(listing.ops), budget)
+    kept, spent, _ = labsacrun.run_saved(SAC_LAYER, listing, which)
+    assert kept == sum(listing.ops[i]["bytes"] for i in which) <= budget and spent == cost
 
 
 def _greedy(ops, budget, key, stop=False):
@@ -1224,27 +1261,36 @@ def _selective(seed):
 
 
 def _rerun(ops, pick) -> int:
-    return sum(o["flops"] for i, o in enumerate(ops) if i not in pick)
+    """FLOPs the early-stopping re-run spends with ``pick`` kept (``_early_stopped``: by hand)."""
+    return sum(o["flops"] for i, o in enumerate(_early_stopped(ops)) if i not in pick)
 
 
 def test_sac_drawn_budgets_defeat_the_fixed_and_greedy_rules():
-    """Over draws 0-39, from the listing (no SAC run): the optimum equals an enumeration of every
-    subset; the chapter's rule is over the budget and keeping nothing re-runs more than needed on
-    every case; every greedy of GREEDY re-runs more than SLACK above the optimum on every case (so
-    on the first case of every draw); a ratio-free random pick misses on some case of every draw."""
+    """Over draws 0-39, from the listing (no SAC run), early stop counted by hand: the optimum
+    equals an enumeration of every subset; the chapter's rule is over the budget and keeping
+    nothing re-runs more than needed on every case; every greedy of GREEDY, on the FLOPs as given
+    and on those the re-run spends, re-runs more than SLACK above the optimum on every case (so
+    on the first case of every draw), and so do the knapsack over the FLOPs as given (the
+    solution before early stop was graded) and review r13's 200 random orders (40/40 before); a
+    ratio-free random pick misses on some case of every draw."""
     for seed in range(40):
         misses = 0
         for layer, budget in _selective(seed):
-            ops = labsacrun.forward_ops(layer).ops
-            cost = labsac.best(ops, budget)[0]
-            assert cost == _enumerated(ops, budget), (seed, layer)
+            listing = labsacrun.forward_ops(layer)
+            ops, spends = listing.ops, _early_stopped(listing.ops)
+            assert listing.worth() == spends, (seed, layer)
+            cost = labsac.best(listing.worth(), budget)[0]
+            assert cost == _enumerated(spends, budget), (seed, layer)
             assert sum(ops[i]["bytes"] for i in _chapter_rule(ops, budget)) > budget
-            assert cost < sum(o["flops"] for o in ops)
-            for name, greedy in GREEDY.items():
-                pick = greedy(ops, budget)
+            assert cost < sum(o["flops"] for o in spends)
+            shortcuts = {**{(name, "as given"): greedy(ops, budget) for name, greedy in GREEDY.items()},
+                         **{(name, "re-run"): greedy(spends, budget) for name, greedy in GREEDY.items()},
+                         "knapsack as given": _as_given_knapsack(ops, budget),
+                         "200 random orders": _random_orders(ops, budget)}
+            for name, pick in shortcuts.items():
                 assert sum(ops[i]["bytes"] for i in pick) <= budget, (seed, name)
                 assert _rerun(ops, pick) > cost * (1 + labsac.SLACK), (seed, layer, budget, name)
-            misses += _rerun(ops, _random_pick(ops, budget, seed)) > cost * (1 + labsac.SLACK)
+            misses += _rerun(ops, _random_pick(spends, budget, seed)) > cost * (1 + labsac.SLACK)
         assert misses, seed
     assert {layer.kernel for seed in range(3) for layer, _ in _selective(seed)} == {"flash", "eager"}
 
@@ -1257,7 +1303,7 @@ def test_sac_greedy_submissions_fail_every_draw():
     for seed in range(2):
         layer, budget = _selective(seed)[0]
         ops = labsacrun.forward_ops(layer).ops
-        fewest = _enumerated(ops, budget)
+        fewest = _enumerated(_early_stopped(ops), budget)
         for name, greedy in GREEDY.items():
             report = Report(labcheck.LAB)
             labcheck._grade_selective(report, greedy, _selective(seed))
@@ -1272,9 +1318,15 @@ def test_sac_greedy_submissions_fail_every_draw():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sac_shortcuts_fail_and_the_solution_passes(seed):
     """Graded as check() grades them, with SAC measured: each shortcut gets a row that says what
-    is wrong; the solution's choose_saved passes every case."""
+    is wrong (a knapsack or search over the FLOPs as given keeps W_down: the row says how many kept
+    bytes the early-stopping re-run never reaches, W_down's 2 T h); the solution's choose_saved
+    passes every case."""
     cases = _selective(seed)
+    layer = cases[0][0]
+    idle = f"the re-run never reaches {2 * layer.batch * layer.seq * layer.d_model:,} B of what it keeps"
     expect = {_keep_all: ("over the budget by", "cost no FLOPs to re-run"),
+              _as_given_knapsack: ("FLOPs more than the best choice within this budget", idle, "early stop"),
+              _random_orders: ("FLOPs more than the best choice within this budget", idle),
               _chapter_rule: ("over the budget by", "the fewest FLOPs per byte among those kept"),
               _keep_nothing: ("FLOPs more than the best choice within this budget", "suffice", "B unused"),
               functools.partial(_random_pick, seed=seed): ("FLOPs more than the best choice", "suffice")}

@@ -22,8 +22,7 @@ reaches (``Listing.reached``, ``Listing.worth``). The learner is given forward F
 choice must work out which operators the re-run never reaches; a knapsack over the FLOPs as given
 keeps W_down (the best FLOPs per byte) and wastes its bytes, and every drawn budget is one where
 that costs more than :data:`SLACK` (``labsacdraw``). The row of such a choice says how many of the
-bytes it keeps are never handed back to the re-run, measured as the bytes of the kept operators
-the re-run did not reach.
+bytes it keeps the re-run never reaches (the kept operators at or past ``Listing.reached``).
 
 The answer key (:func:`best`) is a 0/1 knapsack over ``Listing.worth``: keep the operators whose
 FLOPs spared add up to the most, with their bytes within the budget. Operators without FLOPs
@@ -105,8 +104,7 @@ def _free_kept(ops: list, chosen: set) -> str:
 
 def _unreached(ops: list, chosen: set, reached: int) -> str:
     idle = sum(ops[i]["bytes"] for i in chosen if i >= reached and ops[i]["flops"])
-    return (f"; {idle:,} B of what it keeps is never handed back: the re-run stops before reaching "
-            f"those operators (early stop)") if idle else ""
+    return f"; the re-run never reaches {idle:,} B of what it keeps (early stop)" if idle else ""
 
 
 def verdict(ops: list, budget: int, chosen: set, kept: int, rerun: int, reached: int | None = None) -> tuple[str, str]:
