@@ -64,12 +64,15 @@ def lab_checks() -> dict[str, str]:
 
 def check_lab(lab: str, ns: dict, show: bool = True):
     """Grade a lab from its notebook's namespace; every lab's last cell calls this. Refused
-    (:class:`~gpumem.course.grader_seal.GraderChanged`) where the grading machinery was changed."""
+    (:class:`~gpumem.course.grader_seal.GraderChanged`) where the grading machinery was changed,
+    and in a kernel (:class:`~gpumem.course.lab_history.Reached`) after a cell that reached into it."""
     checks = lab_checks()
     if lab not in checks:
         raise KeyError(f"no lab {lab!r}; registered: {', '.join(checks)}")
     from gpumem.course.grader_seal import refuse_if_changed
+    from gpumem.course.lab_history import refuse_if_reached
     refuse_if_changed(lab)                 # a patched Report or grading function: nothing is graded
+    refuse_if_reached()                    # ... nor after a cell that reached into the grader (in a kernel)
     report = resolve(checks[lab])(ns, show=show)
     refuse_if_changed(lab)                 # ... nor when the learner's code patched it while graded
     return report

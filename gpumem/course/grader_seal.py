@@ -94,7 +94,8 @@ def _is_lab_module(name: str) -> bool:
     return (len(parts) == 4 and parts[:2] == ["gpumem", "chapters"] and parts[3].startswith("lab")) \
         or name in ("gpumem.chapters", "gpumem.course.grading", "gpumem.course.case_limits",
                     "gpumem.course.copy_watch", "gpumem.course.copy_signature", "gpumem.course.lab_audit",
-                    "gpumem.course.genuine", __name__)
+                    "gpumem.course.genuine", "gpumem.course.lab_history", "gpumem.course.lab_reach",
+                    __name__)
 
 
 def _bound(module, qualname: str):

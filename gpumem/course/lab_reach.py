@@ -37,15 +37,18 @@ ATTRIBUTES = ("__globals__", "__closure__", "__code__", "__kwdefaults__", "__def
               # review r14 of lab 02: a bound method's object (weakref.finalize's registry -> the grader's
               # dict), the process group's store, and the dispatch modes the grader's meters run as
               "__self__", "_registry", "_get_default_store", "_get_current_dispatch_mode", "_pop_mode",
-              "_push_mode", "_get_dispatch_mode_pre_dispatch", "paused")
+              "_push_mode", "_get_dispatch_mode_pre_dispatch", "paused",
+              # IPython's records of the cells a kernel ran (gpumem.course.lab_history reads them)
+              "history_manager", "input_hist_parsed", "input_hist_raw", "_filename_map", "user_ns")
 BUILTINS = ("__import__", "vars", "globals", "locals", "eval", "exec", "compile", "breakpoint", "__builtins__")
 BY_NAME = ("getattr", "setattr", "delattr", "hasattr")
 PACKAGE = "gpumem"
 
 
-def first_reach(source: str) -> str | None:
+def first_reach(source: str, allow: tuple = ()) -> str | None:
     """The first reach into the grader in ``source`` (Python text), as one line naming its line
-    number, or None. A source that does not parse gives None: running it says why."""
+    number, or None. A source that does not parse gives None: running it says why. ``allow``: names
+    of :data:`BUILTINS` let through (the kernel-wide scan lets the check cell's ``globals()`` pass)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -54,14 +57,14 @@ def first_reach(source: str) -> str | None:
         for child in ast.iter_child_nodes(node):
             child._reach_parent = node           # read by _called
     found = [(getattr(node, "lineno", 0), getattr(node, "col_offset", 0), why)
-             for node in ast.walk(tree) for why in [_offence(node)] if why]
+             for node in ast.walk(tree) for why in [_offence(node, allow)] if why]
     if not found:
         return None
     line, _, why = min(found)
     return f"line {line}: {why}; the lab forbids reaching into the grader (write the lab with the tools it names)"
 
 
-def _offence(node: ast.AST) -> str | None:
+def _offence(node: ast.AST, allow: tuple = ()) -> str | None:
     """Why ``node`` alone reaches into the grader, or None."""
     if isinstance(node, ast.Import):
         bad = next((a.name for a in node.names if _refused_module(a.name)), None)
@@ -74,7 +77,7 @@ def _offence(node: ast.AST) -> str | None:
         return bad and f"imports {bad} from {module}"
     if isinstance(node, ast.Attribute) and node.attr in ATTRIBUTES:
         return f"uses the attribute .{node.attr}"
-    if isinstance(node, ast.Name) and node.id in BUILTINS:
+    if isinstance(node, ast.Name) and node.id in BUILTINS and node.id not in allow:
         return f"uses {node.id}"
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BY_NAME:
         name = node.args[1] if len(node.args) > 1 else None

@@ -1,0 +1,136 @@
+"""Before a lab is graded in a kernel, read every cell the kernel ran for reaches into the grader.
+
+Reviews r13 and r14 passed labs from a cell that reached into the grader while it ran: a closure
+cell of lab 04's watch swapped through ``sys.modules``, a frame walk to its verdict, lab 02's work
+handle found through ``weakref.finalize._registry`` ... Each lab's guards refuse the routes found so
+far, one by one. This module refuses the tools themselves, in every cell the kernel has run, before
+anything is graded: :func:`first_reach` runs :func:`gpumem.course.lab_reach.first_reach` over
+IPython's own record of the cells (``history_manager.input_hist_parsed``: magics already turned into
+Python, cells deleted or re-run since included). No cell is exempt: the labs' given cells use none
+of the refused tools (lab 02's shows the grader's source with ``drawing.show_source``), and a list of
+exempt cells read from a notebook on disk would be the learner's to edit. ``globals()`` and
+``locals()`` are allowed here: the check cell passes the notebook's namespace, and the names a cell
+sees are its own.
+
+A cell magic's body and the code a cell hands to IPython to run (``get_ipython().run_cell(...)``,
+which stores no history) are read as well when they are literal strings; a body built at run time,
+``%run`` of a file and a record shorter than the cells the kernel ran are refused, since what they
+ran cannot be read. Without a kernel (the course's tests, plain Python) nothing is read: the tests'
+learners live in test files, and each lab's own guards still apply.
+
+Like ``lab_reach``, this raises the bar; it proves nothing. A cell can reach the grader by routes no
+list names; the labs' run-time guards and the grader seal stay in place behind it.
+"""
+
+import ast
+import linecache
+
+from gpumem.course import lab_origin, lab_reach
+
+# IPython's ways to run a source held in a string (their first string argument is read as Python;
+# a cell magic's body is its third)
+_RUNNERS = {"run_cell": 0, "run_cell_async": 0, "run_cell_magic": 2, "ex": 0, "ev": 0, "run_code": 0,
+            "run_source": 0, "runsource": 0, "run_ast_nodes": 0, "safe_execfile": None,
+            "safe_run_module": None, "safe_execfile_ipy": None}
+ALLOWED = ("globals", "locals")
+
+
+class Reached(RuntimeError):
+    """A cell the kernel ran reaches into the grader: nothing is graded."""
+
+
+def refuse_if_reached() -> None:
+    """Raise :class:`Reached`, naming the cell and its line, when a cell the kernel ran reaches into
+    the grader (module docstring); nothing without a kernel."""
+    why = first_reach()
+    if why:
+        raise Reached(f"{why}. Nothing was graded: restart the kernel, take that cell out, run your "
+                      "cells again and check")
+
+
+def first_reach() -> str | None:
+    """The first cell the kernel ran that reaches into the grader, in one line, or None."""
+    lab_origin.note_kernel()
+    sh = lab_origin.shell()
+    if sh is None:
+        return None
+    manager = getattr(sh, "history_manager", None)
+    history = getattr(manager, "input_hist_parsed", None)
+    raw = getattr(manager, "input_hist_raw", None)
+    ran = getattr(sh, "execution_count", 0)
+    if not isinstance(history, list) or not isinstance(raw, list) or min(len(history), len(raw)) < ran:
+        return (f"the kernel's record of its cells holds {len(history or ())} of the {ran} it ran (a cell "
+                "changed IPython's history)")
+    for number, source in _records(sh, history, raw):
+        if not isinstance(source, str) or not source.strip():
+            continue
+        why = _reach(source)
+        if why:
+            return f"cell [{number}] ({_first_line(source)}), {why}"
+    return None
+
+
+def _records(sh, history: list, raw: list):
+    """Every record IPython keeps of the cells it ran, each with its cell's number: the parsed and
+    the typed history, the ``_i<n>`` names in the notebook's namespace, and the source its
+    compiler put in ``linecache`` under each cell's file name. A cell that rubs itself out of one
+    record is still read in the others."""
+    yield from enumerate(history)
+    yield from enumerate(raw)
+    names = getattr(sh, "user_ns", None) or {}
+    for key, value in list(names.items()):
+        if isinstance(key, str) and key[:2] == "_i" and key[2:].isdigit():
+            yield int(key[2:]), value
+    for filename, number in list((getattr(getattr(sh, "compile", None), "_filename_map", None) or {}).items()):
+        entry = linecache.cache.get(filename)
+        if entry and len(entry) > 2 and isinstance(entry[2], list):
+            yield number, "".join(entry[2])
+
+
+def _reach(source: str, depth: int = 0) -> str | None:
+    """``lab_reach``'s verdict on ``source`` with :data:`ALLOWED` let through, and on every string
+    the source hands IPython to run."""
+    why = lab_reach.first_reach(source, allow=ALLOWED) or _history_named(source)
+    if why or depth > 3:
+        return why
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _RUNNERS):
+            continue
+        line = f"line {node.lineno}: "
+        if _RUNNERS[node.func.attr] is None:
+            return line + f"runs a file through IPython ({node.func.attr}), which the grader cannot read"
+        at = _RUNNERS[node.func.attr]
+        arg = node.args[at] if len(node.args) > at else None
+        if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
+            return line + f"hands IPython code built at run time ({node.func.attr}), which the grader cannot read"
+        inner = _reach(arg.value, depth + 1)
+        if inner:
+            return line + f"the code it hands IPython ({node.func.attr}): " + inner.split("; the lab")[0]
+    for node in ast.walk(tree):         # %run: a file's code, never in the history
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "run_line_magic"
+                and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in ("run", "load_ext")):
+            return f"line {node.lineno}: %{node.args[0].value} runs code from a file, which the grader cannot read"
+    return None
+
+
+def _history_named(source: str) -> str | None:
+    """A cell that names IPython's records of the cells (``In``, ``_ih``, ``_i3`` ...)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and (node.id in ("In", "_ih", "_i", "_ii", "_iii", "Out", "_oh")
+                                           or (node.id[:2] == "_i" and node.id[2:].isdigit())):
+            return f"line {node.lineno}: uses {node.id}, IPython's record of the cells the kernel ran"
+    return None
+
+
+def _first_line(source: str) -> str:
+    line = next((ln.strip() for ln in source.splitlines() if ln.strip()), "")
+    return line if len(line) <= 40 else line[:37] + "..."

@@ -1,0 +1,94 @@
+"""gpumem.course.lab_history: before a lab is graded in a kernel, every cell the kernel ran is read
+for reaches into the grader (reviews r13, r14: closure cells, frame walks, ``__self__`` ...).
+
+Each case runs its cells in a real IPython shell (``InteractiveShell``, the class ipykernel's shell
+subclasses) in a fresh process, since the kernel, once seen, stays known to ``lab_origin``.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpumem.course import lab_history, lab_reach
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_DRIVER = textwrap.dedent("""
+    import json, sys
+    from IPython.core.interactiveshell import InteractiveShell
+    sh = InteractiveShell.instance()
+    for cell in json.loads(sys.argv[1]):
+        sh.run_cell(cell, store_history=True)
+    sh.run_cell("from gpumem.course import lab_history as _lh\\n_verdict = _lh.first_reach()", store_history=True)
+    print("VERDICT", json.dumps(sh.user_ns.get("_verdict")))
+    sh.run_cell("from gpumem.chapters import check_lab\\n"
+                "try:\\n    check_lab('lab01_memory_calculator', {}, show=False)\\n"
+                "except Exception as e:\\n    _err = type(e).__name__ + ': ' + str(e)\\n", store_history=True)
+    print("CHECK", json.dumps(sh.user_ns.get("_err")))
+""")
+
+
+def run_cells(*cells: str) -> tuple:
+    """The scan's verdict after ``cells`` ran in an IPython shell, and what ``check_lab`` raised."""
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(list(cells))], capture_output=True,
+                          text=True, timeout=240, cwd=ROOT)
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("VERDICT", "CHECK")))
+    assert "VERDICT" in lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(lines["VERDICT"]), json.loads(lines["CHECK"])
+
+
+def test_a_learners_ordinary_cells_pass_and_a_reach_is_refused_before_grading():
+    """One process for both: plain cells (magics, globals(), getattr with a literal) are not read as
+    reaches; after a cell that walks to a closure, check_lab grades nothing and names the cell."""
+    verdict, err = run_cells("import torch\nx = torch.ones(3)", "%time y = x * 2",
+                             "ns = globals()\nn = getattr(x, 'shape')")
+    assert verdict is None
+    assert "Reached" not in str(err)                 # the empty namespace fails later, in the lab's check
+    verdict, err = run_cells("def f():\n    pass", "import sys\nm = sys.modules['gpumem.course.grading']")
+    assert verdict.startswith("cell [2] (import sys)") and "modules" in verdict
+    assert err.startswith("Reached: cell [2]") and "Nothing was graded" in err
+
+
+@pytest.mark.parametrize("cells, named", [
+    (["%%capture\nimport gc\nobjs = gc.get_objects()"], "imports gc"),                  # a cell magic's body
+    (["get_ipython().run_cell('import inspect')"], "imports inspect"),                  # code handed to IPython
+    (["src = 'import gc'\nget_ipython().run_cell(src)"], "built at run time"),
+    (["%run /dev/null"], "%run"),
+    (["a = In[1]"], "uses In"),
+    # a cell that rubs itself out of the parsed and typed history is still read in the other records
+    (["h = get_ipython().history_manager\nh.input_hist_parsed[-1] = 'pass'\nh.input_hist_raw[-1] = 'pass'"],
+     "history_manager"),
+])
+def test_routes_around_the_scan_are_refused(cells, named):
+    verdict, _ = run_cells(*cells)
+    assert verdict is not None and named in verdict, verdict
+
+
+def test_without_a_kernel_nothing_is_read():
+    assert lab_history.first_reach() is None
+
+
+def test_every_cell_of_every_solution_passes_the_scan():
+    """A learner who writes the labs as the solutions do is never refused (the check cell's
+    ``globals()`` is allowed; lab 02's given cell shows the grader's source without ``inspect``)."""
+    for path in sorted((ROOT / "solutions").glob("lab*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] == "code":
+                src = "\n".join(ln for ln in "".join(cell["source"]).splitlines()
+                                if not ln.lstrip().startswith(("%", "!")))
+                assert lab_history._reach(src) is None, (path.name, i)
+
+
+def test_the_scan_refuses_what_the_reviews_used():
+    """The closure swap (r13, lab 04), the frame walk (r13), the handle behind ``__self__`` (r14)."""
+    for src in ("import sys\nlg = sys.modules['gpumem.chapters.ch04_flash_attention.labguard']",
+                "cell = f.__closure__[0]\ncell.cell_contents = g",
+                "import sys\nframe = sys._getframe(1)",
+                "import weakref\nreg = weakref.finalize._registry",
+                "getattr(f, '__clo' + 'sure__')"):
+        assert lab_history._reach(src), src
+    assert lab_reach.first_reach("x = globals()") and not lab_history._reach("x = globals()")
