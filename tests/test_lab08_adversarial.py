@@ -930,8 +930,10 @@ def test_every_check_has_a_peak_set_by_the_re_run():
     that forgets the last layer's re-run passed 155 of 200 checks; now each check has a checkpointed
     case whose re-run sets the peak, and that count fails it, the re-run named."""
     for seed in range(40):
-        model, seq, batch, [(ft, policy, dropout, parts)] = lab_acts.acts_cases(random.Random(seed))[-1]
-        assert policy == "full" and parts["peak"] == parts["recompute_peak"] > parts["forward_peak"]
+        model, seq, batch, setups = lab_acts.acts_cases(random.Random(seed))[-1]
+        assert [ft.lora for ft, *_ in setups] == [False, True], setups     # full fine-tuning too (review r14 5.2)
+        for ft, policy, dropout, parts in setups:
+            assert policy == "full" and parts["peak"] == parts["recompute_peak"] > parts["forward_peak"]
     ns = solution()
     right = ns["activation_peak"]
 
@@ -1018,7 +1020,9 @@ def test_a_row_keeps_its_whole_hint():
         return r
     ns["role_bytes"] = role_bytes
     row = first_problem(grade(ns, 7), "role_bytes")
-    assert row.detail.endswith("fp32 ones are used as they are") and len(row.detail) > 300, row.detail
+    assert row.detail.endswith("fp32 ones are used as they are") and " B (-" in row.detail, row.detail
+    rows = [r.detail for r in grade(_acts_cheat("ignored"), 7).rows if "lora_dropout is" in r.detail]
+    assert rows and all(len(d) > 300 and d.endswith("count those, not the input") for d in rows), rows
 
 
 # Review r12 #5: part 2's prompt gives rules and a trace, not the terms; lora_dropout, which the
@@ -1065,11 +1069,13 @@ def test_dropout_is_chapter_08s_and_in_every_check():
     assert lab_acts.dropout_saves(cfg, ft, 2048, 1, True)[0] == scale.dropout_extra(cfg, 2048, 1) \
         == (14 * 4096 + 14336) * 2048
     for seed in range(8):
-        for model, seq, batch, setups in lab_acts.acts_cases(random.Random(seed)):
+        cases = lab_acts.acts_cases(random.Random(seed))
+        assert len(cases) == 4
+        for i, (model, seq, batch, setups) in enumerate(cases):
             drops = [(ft, p, parts) for ft, p, d, parts in setups if d]
             assert len(drops) == 1 and drops[0][0].lora and drops[0][2]["dropout"] > 0
-            assert drops[0][1] == ("full" if len(setups) == 1 else "none")    # every layer's, or the re-run's
-            assert len(setups) == 1 or [ft.adapter_dtype for ft, p, d, parts in setups[1:3]] == ["fp32", "bf16"]
+            assert drops[0][1] == ("full" if i == 3 else "none")    # every layer's, or the re-run's
+            assert i == 3 or [ft.adapter_dtype for ft, p, d, parts in setups[1:3]] == ["fp32", "bf16"]
 
 
 def _acts_cheat(how: str):
@@ -1166,3 +1172,82 @@ def test_a_second_import_of_the_library_cannot_run_the_truth():
     ns["role_bytes"] = fresh_inside
     row = grade(ns, 5).rows[0]
     assert row.status == "error" and "it imported a second copy of gpumem.chapters.ch08_finetuning" in row.detail, row
+
+
+def _engine_call(name: str, model: dict, seq: int, batch: int, policy: str):
+    """A learner's call into chapter 01's activation engine (review r14 #2's probe_acts: a
+    ModelConfig built from the model dict, the engine or one of its building blocks called)."""
+    from gpumem.memory import activations, models
+    cfg = models.ModelConfig(name="x", n_layers=model["n_layers"], d_model=model["d_model"], n_heads=model["n_heads"],
+                             n_kv_heads=model["n_kv_heads"], ffn=model["ffn"], vocab=model["vocab"],
+                             explicit_head_dim=model["head_dim"], tie_embeddings=model["tie_embeddings"])
+    if name == "activations":
+        return activations.activations(cfg, seq, batch, "flash", policy).peak
+    if name in ("layer_terms", "softmax_moment"):
+        return getattr(activations, name)(cfg, seq, batch, "flash", 2)
+    return getattr(activations, name)(cfg, seq, batch, 2)
+
+
+@pytest.mark.parametrize("name", ["activations", "layer_terms", "softmax_moment", "outside_terms", "loss_terms"])
+def test_chapter_01s_activation_engine_is_refused(name):
+    """Review r14 #2: chapter 01's activations.activations ran while lab 08 was graded and is full
+    fine-tuning's peak byte for byte (8,126,660,616 B at seed 3, both policies); finetune_acts builds
+    the other setups from its *_terms. All refuse now, called directly under the guard and inside a
+    graded activation_peak."""
+    from gpumem.chapters.ch08_finetuning import lab_guard
+    model = lab_draw.draw_model(random.Random(3))
+    with pytest.raises(RuntimeError, match=rf"count it yourself.*gpumem\.memory\.activations\.{name}\b"):
+        lab_guard.guarded(_engine_call)(name, model, 2048, 2, "full")
+    assert _engine_call(name, model, 2048, 2, "full") is not None     # ungraded, the engine runs (restored)
+    if name != "activations":
+        return
+    ns = solution()
+    right = ns["activation_peak"]
+    ns["activation_peak"] = lambda model, ft, seq, batch, policy, dropout=0.0: (
+        right(model, ft, seq, batch, policy, dropout) if ft.lora else _engine_call(name, model, seq, batch, policy))
+    row = first_problem(grade(ns, 3), "activation_peak")
+    assert "count it yourself" in row.detail and "activations.activations" in row.detail, row.detail
+
+
+def _forward_end(model: dict, ft, seq: int, batch: int) -> int:
+    """Full fine-tuning's checkpointed forward's end by hand: each layer's bf16 input (2Th), RoPE's
+    tables (4 seq hd), the fused final norm's input and 1/rms (2h + 4 a token), the trained head's
+    input (2h), the loss's bf16 logits, their fp32 copy and the fp32 log-softmax (10 V a token) and
+    its two fp32 scalars."""
+    h, L, V, T = model["d_model"], model["n_layers"], model["vocab"], seq * batch
+    return L * 2 * T * h + 4 * seq * model["head_dim"] + T * (2 * h + 4 + 2 * h) + 10 * T * V + 8
+
+
+def test_full_fine_tunings_re_run_is_graded_every_check():
+    """Review r14 minor 5.2: the fourth model's re-run bound only an adapter setup, so full fine-tuning
+    counted at the forward's end (its re-run forgotten) passed whenever the drawn vocabulary was
+    large. Now the fourth model has a full fine-tuning setup whose peak is the re-run, and that
+    count fails every check, the setup and the re-run named."""
+    ns = solution()
+    right = ns["activation_peak"]
+
+    def activation_peak(model, ft, seq, batch, policy, dropout=0.0):
+        if ft.lora or policy == "none":
+            return right(model, ft, seq, batch, policy, dropout)
+        return _forward_end(model, ft, seq, batch)
+    ns["activation_peak"] = activation_peak
+    for seed in range(3):
+        model, seq, batch, setups = lab_acts.acts_cases(random.Random(seed))[-1]
+        full = setups[0][3]
+        assert not setups[0][0].lora and _forward_end(model, setups[0][0], seq, batch) == full["forward_peak"] < full["peak"]
+        row = first_problem(grade(ns, seed), "activation_peak")
+        assert row.detail.startswith("full, ") and "that is the end of the forward" in row.detail, row.detail
+
+
+def test_a_hint_replaces_the_generic_clause():
+    """Review r14 minor 5.1: a small difference with a known cause reads its bytes, then the cause,
+    without the generic "a small term ... is off" first; one without a known cause keeps it. The
+    slip: layer 0's q/k/v dropout masks counted (3 x T x h bytes more, by hand)."""
+    from gpumem.chapters.ch08_finetuning.lab_text import off_by
+    assert off_by(1_001, 1_000) == ("off by +1 B (+0.100 %): a small term (per tensor, per block, per token, "
+                                    "a rounding up) is off")
+    assert off_by(1_001, 1_000, "the loss") == "off by +1 B (+0.100 %) -- the loss"
+    assert off_by(2_000, 1_000, "the loss") == "yours is 2x the right count (too high) -- the loss"
+    rows = [r for r in grade(_acts_cheat("layer 0 masks"), 0).rows if r.function == "activation_peak" and r.status != "ok"]
+    said = [r.detail for r in rows if "layer 0's q, k and v" in r.detail]
+    assert said and all("a small term" not in d and " B (+" in d for d in said), [r.detail for r in rows]

@@ -1,4 +1,5 @@
-"""Lab 08's guard: while one call of the learner's runs, gpumem's own fine-tuning counts refuse.
+"""Lab 08's guard: while one call of the learner's runs, gpumem's own fine-tuning counts refuse,
+and so does chapter 01's activation engine they are built on (review r14 #2).
 
 Refused (:data:`BLOCKED`) is their *code*, wherever it is called from: a profile hook
 (``sys.setprofile``, and ``threading.setprofile`` for threads the call starts) refuses every call
@@ -38,14 +39,24 @@ import types
 from gpumem.course import copy_watch, lab_audit, lab_origin
 from gpumem.course.case_limits import alarm_held
 from gpumem.course.plain import plain
-from gpumem.memory import accounting, finetune, finetune_acts, finetune_fsdp, finetune_setup, gpus, models
+from gpumem.memory import (accounting, activation_parts, activations, finetune, finetune_acts, finetune_fsdp,
+                           finetune_setup, gpus, models)
 from gpumem.timing import finetune_time
 
 from . import lab_draw, scale
 
 REFUSAL = "count it yourself: gpumem's fine-tuning counts are off while lab 08 is graded"
-_NAMES = {finetune: [n for n, f in vars(finetune).items() if callable(f) and getattr(f, "__module__", "") == finetune.__name__
-                     and not isinstance(f, type)],
+
+
+def _own(module) -> list[str]:
+    """The names of a module's own functions (not its classes, not what it imports)."""
+    return [n for n, f in vars(module).items() if callable(f) and getattr(f, "__module__", "") == module.__name__
+            and not isinstance(f, type)]
+
+
+# chapter 01's activation engine and its building blocks too (review r14 #2: activations.activations
+# is full fine-tuning's peak, and finetune_acts builds the others from its *_terms)
+_NAMES = {finetune: _own(finetune), activations: _own(activations), activation_parts: _own(activation_parts),
           finetune_acts: ["copy_bytes", "layer_saved", "finetune_activations"],
           finetune_setup: ["validate", "matrices", "adapter_tensors", "lora_params"],
           finetune_fsdp: ["fsdp_states"],
