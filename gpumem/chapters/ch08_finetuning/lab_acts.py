@@ -5,7 +5,9 @@
   policies, and in each model a fifth, LoRA or QLoRA with peft's ``lora_dropout`` above 0, which
   the lab's prompt does not count for the learner. The truth is :func:`peak_parts`: the engine's
   ``finetune_activation_bytes`` (flash attention, fused norms, on a GPU under bf16 autocast), with
-  the dropout's bytes (:func:`dropout_saves`) where it is on, and its parts for the rows' hints.
+  the dropout's bytes (:func:`dropout_saves`) where it is on, and its parts for the rows' hints;
+  then a fourth model, checkpointed, whose peak is the last layer's re-run for full fine-tuning and
+  for LoRA or QLoRA with ``lora_dropout`` (:func:`_rerun_case`).
 * :func:`.lab_draw.offloaded` (re-exported here): chapter 08's ``scale.base_offloaded`` (FSDP's
   CPU offload of every parameter, one unit per decoder block) for a lab setup: the GPU keeps the
   activations, the root unit (embedding, head, final norm), the NF4 constants and the dequantised
@@ -82,8 +84,9 @@ def acts_cases(rng) -> list[tuple[dict, int, int, list[tuple]]]:
     dropout, :func:`peak_parts`)]): full, LoRA fp32, LoRA bf16, QLoRA (fp32 adapters: shared inputs
     on a GPU), the policies alternating so that each of the four meets both over the three models,
     and LoRA or QLoRA (drawn, as its adapters' dtype) with ``lora_dropout`` > 0 without
-    checkpointing (the dropout in every layer); then :func:`_rerun_case`'s checkpointed setup whose
-    peak is the re-run, LoRA or QLoRA with ``lora_dropout`` > 0 (the dropout in the re-run layer)."""
+    checkpointing (the dropout in every layer); then :func:`_rerun_case`'s checkpointed setups whose
+    peak is the re-run: full fine-tuning, and LoRA or QLoRA with ``lora_dropout`` > 0 (the dropout
+    in the re-run layer)."""
     out, flip = [], rng.randrange(2)
     for j, odd in enumerate((False, True, None)):
         model = lab_draw.draw_model(rng, wide=rng.random() < 0.5, odd_heads=odd)
@@ -99,17 +102,21 @@ def acts_cases(rng) -> list[tuple[dict, int, int, list[tuple]]]:
 
 
 def _rerun_case(rng) -> tuple:
-    """A fourth model, LoRA or QLoRA with ``lora_dropout`` > 0, every layer checkpointed, whose peak is
-    the last layer's re-run in backward, not the forward's end (a small vocabulary: the loss's logits no longer dominate; review r12 #2:
-    otherwise the re-run decided the peak in 45 of 200 checks). Drawn from its own generator, seeded
-    by the three models above, so the later cases stay those of earlier checks."""
+    """A fourth model, every layer checkpointed, with two setups whose peak is the last layer's re-run
+    in backward, not the forward's end (a small vocabulary: the loss's logits no longer dominate;
+    review r12 #2: otherwise the re-run decided the peak in 45 of 200 checks): full fine-tuning (its
+    re-run layer saves every projection's input; review r14 minor 5.2) and LoRA or QLoRA with
+    ``lora_dropout`` > 0. Drawn from its own generator, seeded by the three models above, so the
+    later cases stay those of earlier checks."""
     while True:
         model = lab_draw.draw_model(rng) | {"vocab": rng.randrange(1000, 8000)}
         seq, batch = rng.choice(lab_draw.SEQS), rng.choice((1, 2, 4))
         ft, dropout = rng.choice((_lora(rng, "bf16"), _lora(rng, "nf4", dtype="fp32"))), rng.choice(DROPOUTS)
-        parts = peak_parts(lab_draw.config(model), ft, seq, batch, "full", dropout)
-        if parts["recompute_peak"] > 1.02 * parts["forward_peak"]:
-            return model, seq, batch, [(ft, "full", dropout, parts)]
+        full = lab_draw.LabFinetune(optimizer=rng.choice(("adamw", "adamw-8bit")))
+        cfg = lab_draw.config(model)
+        setups = [(f, "full", d, peak_parts(cfg, f, seq, batch, "full", d)) for f, d in ((full, 0.0), (ft, dropout))]
+        if all(parts["recompute_peak"] > 1.02 * parts["forward_peak"] for *_, parts in setups):
+            return model, seq, batch, setups
 
 
 def offload_cases(rng) -> list[tuple[dict, int, int, list[tuple]]]:

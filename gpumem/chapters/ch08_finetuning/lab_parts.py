@@ -70,12 +70,12 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
     if ft.lora and ft.base_dtype == "nf4" and got > want:
         return ("on a GPU under autocast peft's 4-bit layer does not cast the input: adapters that read one "
                 "tensor share it, and o's input is attention's output, already saved")
+    if not ft.lora and abs(gap) == (L if policy == "none" else 1) * 2 * T * h:     # every layer's, or the re-run's
+        return "full fine-tuning saves each projection's input: q/k/v's and the MLP's, one bf16 copy each"
     if policy == "full":
         return ("checkpointed, the peak is the larger of the end of the forward (each layer's bf16 input, "
                 "what lies outside the layers, the loss) and the last layer's re-run in backward (the inputs "
                 "before it, that layer's saves, RoPE's tables, the loss scalars)")
-    if not ft.lora and abs(gap) == L * 2 * T * h:
-        return "full fine-tuning saves each projection's input: q/k/v's and the MLP's, one bf16 copy each"
     return ""
 
 
@@ -97,7 +97,7 @@ def grade_acts(report, fn, cases: list) -> None:
                     return "wrong", f"{where}: " + returned(got, "bytes, a whole number (int)")
                 if got != parts["peak"]:
                     hint = _acts_hint(ft, policy, got, parts, model, seq, batch, dropout)
-                    return "wrong", f"{where}: {off_by(got, parts['peak'])}" + (f" -- {hint}" if hint else "")
+                    return "wrong", f"{where}: {off_by(got, parts['peak'], hint)}"
             return "ok", ""
         run_case(report, "activation_peak", case, body, limit=ROW_CHARS)
 
@@ -150,6 +150,6 @@ def grade_offload(report, fn, cases: list) -> None:
                         return "wrong", f"{where}, {key}: bytes are a whole number (int), got {g!r}"
                     if g != want[key]:
                         hint = _offload_hint(key, g, want, ft, model)
-                        return "wrong", f"{where}, {key}: {off_by(g, want[key])}" + (f" -- {hint}" if hint else "")
+                        return "wrong", f"{where}, {key}: {off_by(g, want[key], hint)}"
             return "ok", ""
         run_case(report, "base_on_cpu", case, body, limit=ROW_CHARS)

@@ -4,17 +4,20 @@ GB = 10**9
 ROW_CHARS = 700       # a row names the setup (up to ~110 characters) and then a hint: room for both (review r12)
 
 
-def off_by(got: int, want: int) -> str:
-    """How ``got`` differs from ``want`` without saying ``want``: direction and a rounded factor."""
+def off_by(got: int, want: int, hint: str = "") -> str:
+    """How ``got`` differs from ``want`` without saying ``want``: direction and a rounded factor, then
+    ``hint`` (a known mistake's words) after " -- "; a small difference is given in bytes, with the
+    generic clause only where no hint names the term (review r14 minor 5.1)."""
+    tail = f" -- {hint}" if hint else ""
     if want == 0:
-        return f"you counted {got:,} B where the setup keeps none"
+        return f"you counted {got:,} B where the setup keeps none{tail}"
     if got == 0:
-        return "you counted nothing where the setup keeps bytes"
+        return f"you counted nothing where the setup keeps bytes{tail}"
     factor = got / want
     if abs(factor - 1) < 0.01:       # a ratio would print as 1x or 0.999x: give the bytes
-        return (f"off by {got - want:+,} B ({100 * (factor - 1):+.3f} %): a small term (per tensor, per "
-                "block, per token, a rounding up) is off")
-    return f"yours is {factor:.3g}x the right count ({'too high' if factor > 1 else 'too low'})"
+        return (f"off by {got - want:+,} B ({100 * (factor - 1):+.3f} %)" + (tail or ": a small term (per tensor, "
+                "per block, per token, a rounding up) is off"))
+    return f"yours is {factor:.3g}x the right count ({'too high' if factor > 1 else 'too low'}){tail}"
 
 
 def describe(ft) -> str:

@@ -77,7 +77,7 @@ def states_problem(got, want: dict, ft: Finetune) -> str:
             return f"{where}, {role}: bytes are a whole number (int), got {g!r}"
         if g != w:
             hint = _hint(role, ft, got, want)
-            return f"{where}, {role}: {off_by(g, w)}" + (f" -- {hint}" if hint else "")
+            return f"{where}, {role}: {off_by(g, w, hint)}"
     return ""
 
 
