@@ -13,7 +13,7 @@ import pytest
 
 from gpumem import planner
 from gpumem.chapters.ch06_combining_strategies import (lab06_cases, lab06_gpu, lab06_guard, lab06_limit_cases,
-                                                      lab06_limits, labcheck as L)
+                                                      labcheck as L)
 from gpumem.memory import gpus as gpu_table, models
 from gpumem.memory.policies import POLICIES
 from gpumem.planner import Layout, rules
@@ -21,6 +21,8 @@ from gpumem.planner.cost import step_seconds
 from gpumem.planner.memory import per_gpu
 from gpumem.planner.swap_buffers import offload_buffers
 from gpumem.timing.offload_time import datasheet_links
+
+import test_lab06_limits_truth as T          # the tests' own limit search (the grader's until review r13)
 
 SEED = 0
 
@@ -662,11 +664,11 @@ def test_the_planners_answer_breaks_each_limit_and_the_row_says_which():
 
 @pytest.mark.parametrize("family,member", LIMIT_MEMBERS, ids=lambda x: str(x)[:40])
 def test_each_limit_member_hinges_and_the_truth_is_the_tests_own_search(family, member):
-    """The grader's truth (lab06_limits.fastest, its own search) equals this file's independent
-    enumeration (``priced``) filtered by the limit; the planner's fastest breaks the limit and the
-    fastest that keeps it is at least MARGIN slower."""
+    """The grader's truth (lab06_limit_cases.truth: the planner's search under the team's limits)
+    equals this file's independent enumeration (``priced``) filtered by the limit; the planner's
+    fastest breaks the limit and the fastest that keeps it is at least MARGIN slower."""
     case, link, limits = member
-    found = lab06_limits.fastest(*case, link, limits)
+    found = lab06_limit_cases.truth(*case, link, limits)
     assert lab06_limit_cases.hinged(family, found, limits, case)
     kept = [x for x in priced(*case, link) if x[2] and (not limits.one_node or x[3].tp * x[3].cp * x[3].pp <= 8)
             and (limits.host_per_node is None or x[4] <= limits.host_per_node)]
@@ -677,7 +679,33 @@ def test_each_limit_member_hinges_and_the_truth_is_the_tests_own_search(family, 
     assert min(x[0] for x in priced(*case, link) if x[2]) == pytest.approx(found.planner_best[0], rel=1e-9)
     assert ref(case, link).best.time["total"] <= lab06_cases.MARGIN * found.planner_best[0] <= \
         (found.best[0] if found.best else float("inf"))
-    assert lab06_limits.breaks(limits, ref(case, link).best.layout, ref(case, link).best.memory["host"] * min(case[1], 8))
+    top = ref(case, link).best
+    assert lab06_limit_cases.breaks(limits, top.layout, top.memory["host"] * min(case[1], 8))
+
+
+LIMIT_TRUTH_CASES = [(f, s) for s in (None, 0, 1, 2) for f in lab06_limit_cases.FAMILIES]    # None: fallback
+
+
+@pytest.mark.parametrize("family,seed", LIMIT_TRUTH_CASES, ids=lambda x: str(getattr(x, "name", x)))
+def test_the_graders_limit_truth_is_the_tests_own_search(family, seed):
+    """Review r13 #2: the grader's truth (the planner's search under the team's limits) against the
+    tests' own limit search (test_lab06_limits_truth, written from the lab's text), on each family's
+    fallback and its members drawn from seeds 0-2: the same seconds (1e-9) for the fastest that
+    keeps the limits (or none) and the fastest under the planner's 2 TB; the grader's layout keeps
+    the limits by the tests' reading of them."""
+    member = family.fallback[0] if seed is None else lab06_limit_cases.draw(family, lab06_cases.rng_of(seed))
+    name = family.name
+    case, link, limits = member
+    mine = T.fastest(*case, link, T.Limits(limits.host_per_node, limits.one_node))
+    theirs = lab06_limit_cases.truth(*case, link, limits)
+    assert (mine.best is None) == (theirs.best is None), name
+    if mine.best is not None:
+        assert theirs.best[0] == pytest.approx(mine.best[0], rel=1e-9), (name, theirs.best[1].label())
+        cfg = models.get(case[0])
+        lay = theirs.best[1]
+        host = T.host_node(cfg, case[3], lay, per_gpu(cfg, case[3], lay), case[1])[0]
+        assert not T.breaks(T.Limits(limits.host_per_node, limits.one_node), lay, host), name
+    assert theirs.planner_best[0] == pytest.approx(mine.planner_best[0], rel=1e-9), name
 
 
 def test_limits_applied_wrongly_or_not_at_all_fail_naming_the_limit():
@@ -704,18 +732,18 @@ def test_the_graders_limit_search_is_off_during_the_call_and_a_copy_is_refused()
     fam, (case, link, limits) = LIMIT_MEMBERS[1]
 
     def calls(model, gpus, gpu, seq, batch, inter_node=None, **lim):
-        return lab06_limits.fastest(model, gpus, gpu, seq, batch, inter_node, lab06_limits.Limits(**lim)).best[1]
+        return lab06_limit_cases.truth(model, gpus, gpu, seq, batch, inter_node, lab06_limit_cases.Limits(**lim)).best[1]
     status, detail = L.grade_case(calls, case, link, fam, ref, limits)
-    assert status == "error" and "lab06_limits.fastest is off" in detail, detail
-    ns = {}
+    assert status == "error" and "lab06_limit_cases.truth is off" in detail, detail
+    ns = {}                     # a copy of the truth's module runs the planner's search, which is off
     exec(compile(MUTATE + '''
-from gpumem.chapters.ch06_combining_strategies import lab06_limits as _l
+from gpumem.chapters.ch06_combining_strategies import lab06_limit_cases as _l
 _F = copy_of(_l)
 def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None, **lim):
-    return _F.fastest(model, gpus, gpu, seq, global_batch, inter_node, _F.Limits(**lim)).best[1]
+    return _F.truth(model, gpus, gpu, seq, global_batch, inter_node, _F.Limits(**lim)).best[1]
 ''', "<learner cell>", "exec"), ns)
     status, detail = L.grade_case(ns["choose_plan"], case, link, fam, ref, limits)
-    assert status == "error" and "holds a copy of the grader's lab06_limits" in detail, detail
+    assert status == "error" and "write the search yourself" in detail, detail
 
 
 def test_each_limit_family_draws_from_ranges_and_falls_back():
@@ -723,7 +751,7 @@ def test_each_limit_family_draws_from_ranges_and_falls_back():
         assert len({lab06_cases.member(family, lab06_cases.rng_of(s)) for s in range(12)}) > 3, family.name
         tried = []
         got = lab06_limit_cases.draw(family, lab06_cases.rng_of(3), lambda *a: tried.append(a) or
-                                     lab06_limits.Found(None, None))
+                                     lab06_limit_cases.Found(None, None))
         assert len(tried) == lab06_cases.TRIES and got in family.fallback
 
 
@@ -780,40 +808,54 @@ def test_review_r7_hoisted_constant_copy_and_the_blinded_matcher_are_refused():
     assert not grader_seal.changed()
 
 
-def test_the_limits_truth_rebuilt_on_its_code_is_refused_and_help_prints_no_recipe():
-    """Review r8 (lab06 #2): ``fastest`` rebuilt on its own code and module globals before the check
-    (the copy watch takes it for the course's own code) still refuses; help() shows no search."""
-    import pydoc
+def test_the_limits_truth_rebuilt_on_its_code_is_refused_and_the_package_holds_no_limit_search():
+    """Review r8 (lab06 #2): the truth rebuilt on its own code and module globals before the check
+    (the copy watch takes it for the course's own code) still refuses. Review r13 #2: the grader's
+    own limit search (lab06_limits, a readable answer key) is gone from the package; the truth is
+    the planner's search, and the truth's module enumerates nothing itself."""
+    import importlib.util
+    import inspect
     import types
     fam, (case, link, limits) = LIMIT_MEMBERS[1]
-    rebuilt = types.FunctionType(lab06_limits.fastest.__code__, vars(lab06_limits))
+    truth = lab06_limit_cases.truth
+    rebuilt = types.FunctionType(truth.__code__, vars(lab06_limit_cases), "truth", truth.__defaults__)
 
     def calls(model, gpus, gpu, seq, batch, inter_node=None, **lim):
-        return rebuilt(model, gpus, gpu, seq, batch, inter_node, lab06_limits.Limits(**lim)).best[1]
+        return rebuilt(model, gpus, gpu, seq, batch, inter_node, lab06_limit_cases.Limits(**lim)).best[1]
     status, detail = L.grade_case(calls, case, link, fam, ref, limits)
-    assert status == "error" and "lab06_limits.fastest is off" in detail, detail
-    text = pydoc.render_doc(lab06_limits, renderer=pydoc.plaintext)
-    for recipe in ("degree split", "ZeRO stage", "hybrid group", "micro-batch", "checkpoint policy"):
-        assert recipe not in text, recipe
+    assert status == "error" and "lab06_limit_cases.truth is off" in detail, detail
+    assert importlib.util.find_spec("gpumem.chapters.ch06_combining_strategies.lab06_limits") is None
+    source = inspect.getsource(lab06_limit_cases)
+    for lever in ("POLICIES", "MICRO_BATCHES", "OFFLOAD_CHOICES", "rules.", "product("):
+        assert lever not in source, lever
 
 
-def test_the_limits_truth_rebuilt_with_its_mark_lifted_is_refused():
-    """Review r13 #1: ``fastest`` rebuilt on its code before the check, its ``refusing`` mark popped
-    for the call and put back (8 lines, 13/13 from the blank lab, in a kernel too). The genuine body
-    also refuses while any learner's call is watched (gpumem.course.lab_audit), mark or no mark."""
+def test_the_planner_rebuilt_with_its_marks_lifted_is_refused():
+    """Review r13 #1, on the truth the limit families now use: ``plan`` and its helpers rebuilt on
+    their code before the check, the ``refusing`` marks popped for the call and put back. The
+    sampler refuses a frame running a blocked function's genuine code, mark or no mark."""
     import types
+    from gpumem.planner import search as s
     fam, (case, link, limits) = LIMIT_MEMBERS[1]
-    rebuilt = types.FunctionType(lab06_limits.fastest.__code__, vars(lab06_limits))
+    names = ("plan", "answer", "candidates", "layouts_of", "_inner")
+    rebuilt = {n: types.FunctionType(getattr(s, n).__code__, vars(s), n, getattr(s, n).__defaults__) for n in names}
 
     def calls(model, gpus, gpu, seq, batch, inter_node=None, **lim):
-        mark = lab06_limits.fastest.__dict__.pop("refusing", None)
+        marks = {n: getattr(s, n).__dict__.pop("refusing", None) for n in names}
+        bound = {n: getattr(s, n) for n in names}
+        vars(s).update(rebuilt)
         try:
-            return rebuilt(model, gpus, gpu, seq, batch, inter_node, lab06_limits.Limits(**lim)).best[1]
+            res = rebuilt["plan"](model, gpus, gpu, seq=seq, global_batch=batch, inter_node=inter_node,
+                                  advise=False, recipes=("mixed",))
         finally:
-            if mark is not None:
-                lab06_limits.fastest.refusing = mark
+            vars(s).update(bound)
+            for n, mark in marks.items():
+                if mark is not None:
+                    getattr(s, n).refusing = mark
+        keep = [p for p in res.plans if p.layout.tp * p.layout.cp * p.layout.pp <= 8]
+        return min(keep, key=lambda p: p.time["total"]).layout
     status, detail = L.grade_case(calls, case, link, fam, ref, limits)
-    assert status == "error" and "lab06_limits.fastest is off" in detail, detail
+    assert status == "error" and "own code ran while choose_plan was graded" in detail, detail
 
 
 # The planner's own functions rebuilt on their genuine code and module globals at cell time, bound
@@ -864,7 +906,7 @@ def test_the_solution_keeps_a_base_whose_full_checkpointing_does_not_fit():
     ns = notebook_namespace(Path(__file__).parents[1] / "solutions" / "lab06_choose_plan.ipynb")
     case, link = ("llama-3-70b", 64, "h100-80gb", 4096, 256), 0.85e9
     family = lab06_limit_cases.FAMILIES[1]
-    limits = lab06_limits.Limits(one_node=True)
+    limits = lab06_limit_cases.Limits(one_node=True)
     status, detail = L.grade_case(ns["choose_plan"], case, link, family, L.reference, limits)
     assert status == "ok", detail
 
@@ -985,7 +1027,7 @@ def test_gpu_part_takes_a_timing_and_a_plain_float_only():
 # refuses it: its code is neither a notebook cell's nor an installed file's.
 REWRITE = '''
 import ast, inspect, operator, types
-from gpumem.chapters.ch06_combining_strategies import lab06_limits as _lim
+import test_lab06_limits_truth as _lim       # the tests' own limit search (the grader's until r13)
 OPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.FloorDiv: "floordiv", ast.Div: "truediv",
        ast.Mod: "mod", ast.Pow: "pow"}
 CMP = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
@@ -1060,5 +1102,5 @@ def test_review_r11_rewritten_copy_of_the_graders_limit_search_is_refused(source
     assert rows and not report.solved
     if "asks" in ns and any("started is running" in r.detail for r in rows):
         return      # the worker refused before the call too (gpumem.course.lab_audit: a cell's thread)
-    refused = ("your code must run from a notebook cell: it ran ", "lab06_limits.fastest is off")  # origin, or
-    assert all(r.status == "error" and any(w in r.detail for w in refused) for r in rows), rows  # the body's own
+    refused = "your code must run from a notebook cell: it ran "                    # the origin rule
+    assert all(r.status == "error" and refused in r.detail for r in rows), rows

@@ -9,10 +9,10 @@ points (:data:`BLOCKED`) are switched off two ways, so that undoing one does not
   yourself: <name> is off while lab 06 is graded")``: this catches a reference the learner saved
   (``my_plan = planner.plan``), ``from ... import plan`` bindings elsewhere and the library's
   helpers that search through them (``planner.evaluate``, the chapter's widget, ``advice``);
-* the real bodies of ``plan``, ``candidates`` and ``_inner`` (gpumem/planner/search.py) and of
-  ``lab06_limits.fastest`` begin by refusing when the function carries a ``refusing`` message
-  (:data:`IN_BODY`), so the original code, saved before grading (or rebuilt into a function on the
-  module's globals) and put back during the call, still refuses;
+* the real bodies of ``plan``, ``candidates`` and ``_inner`` (gpumem/planner/search.py) begin by
+  refusing when the function carries a ``refusing`` message (:data:`IN_BODY`), so the original
+  code, saved before grading (or rebuilt into a function on the module's globals) and put back
+  during the call, still refuses;
 * while the guard is in force no frame may run a blocked function's *genuine* code: the sampler
   (below) refuses one, so functions rebuilt on the saved code and bound into the modules for the
   call (no mark popped, everything put back before the guard is compared) are refused too.
@@ -28,7 +28,7 @@ points (:data:`BLOCKED`) are switched off two ways, so that undoing one does not
 * code that is neither a notebook cell's nor an installed file's (the course's origin rule,
   :mod:`gpumem.course.lab_origin`, shared with lab 08) is refused when it is exec'd during the call
   (the audit hook) or seen by a sample between the learner's call and the grader (review r11: a
-  generic AST rewrite of ``lab06_limits.fastest``, exec'd as ``"<mylim>"``, passed 13/13). In a
+  generic AST rewrite of the grader's former limit search, exec'd as ``"<mylim>"``, passed 13/13). In a
   kernel a cell is one IPython ran (its compiler's and history's records); without one (the tests)
   a file on disk counts too. Known gap: a rewritten copy pasted into a cell is a cell's code.
 
@@ -37,8 +37,8 @@ messages, the module attributes, the active count); a change is an error row nam
 
 The grader's own answers are never computed before or during the learner's call (``labcheck``
 prices the reference after it), and :func:`active` lets the grader's helpers refuse while it runs;
-the GPU part's own timing (``lab06_gpu.reference_flops``) and the grader's search under the team's
-limits (``lab06_limits.fastest``, whose copies are known like the planner's) are switched off too.
+the GPU part's own timing (``lab06_gpu.reference_flops``) is switched off too; the truth under the
+team's limits is the planner's search (``lab06_limit_cases.truth``), which refuses while the call runs.
 
 Reaching the grader's frames (``sys._getframe``, ``inspect``, a traceback's or a generator's frame),
 the collector's object lists, or starting another process (``python -m gpumem plan``, a
@@ -60,7 +60,7 @@ from gpumem.course import copy_watch, genuine, lab_audit, lab_origin
 from gpumem.course.case_limits import alarm_held
 from gpumem.planner import ranking, search
 
-from . import lab06_gpu, lab06_limits
+from . import lab06_gpu
 
 evaluate = importlib.import_module("gpumem.planner.evaluate")   # the package exports the function
 
@@ -72,12 +72,10 @@ BLOCKED = (("planner.plan", search.plan), ("planner.search.answer", search.answe
            ("planner.search.fits_any", search.fits_any), ("planner.search._inner", search._inner),
            ("planner.ranking.rank", ranking.rank),
            ("planner.ranking.rank_of", ranking.rank_of), ("planner.evaluate", evaluate.evaluate),
-           ("lab06_gpu.reference_flops", lab06_gpu.reference_flops),
-           ("lab06_limits.fastest", lab06_limits.fastest))
-IN_BODY = (search.plan, search.candidates, search._inner,   # their bodies read ``refusing``
-           lab06_limits.fastest)
+           ("lab06_gpu.reference_flops", lab06_gpu.reference_flops))
+IN_BODY = (search.plan, search.candidates, search._inner)   # their bodies read ``refusing``
 _MODULES = ((search, ("plan", "answer", "candidates", "layouts_of", "fits_any", "_inner")),
-            (ranking, ("rank", "rank_of")), (lab06_limits, ("fastest",)))
+            (ranking, ("rank", "rank_of")))
 _ACTIVE = [0]          # > 0 while the learner's function runs
 COPY = ("write the search yourself: your code ran a copy of {} (the planner's own code under another "
         "name) while lab 06 was graded")
@@ -93,8 +91,7 @@ _PRINTS: list = []
 def prints() -> copy_watch.Prints:
     """Content fingerprints of every function of ``planner.search`` and ``planner.ranking`` (once)."""
     if not _PRINTS:
-        _PRINTS.append(copy_watch.Prints([(search, "planner.search"), (ranking, "planner.ranking"),
-                                          (lab06_limits, "the grader's lab06_limits")]))
+        _PRINTS.append(copy_watch.Prints([(search, "planner.search"), (ranking, "planner.ranking")]))
     return _PRINTS[0]
 
 
@@ -133,8 +130,8 @@ class _Sampler(copy_watch.Sampler):
             if self.hits or self.foreign or self.ran:
                 return
             ran = _genuine(frame, self.entry, self.blocked) or next(
-                (w for t, f in sys._current_frames().items() if t != self.main and (w := _genuine(f, None, self.blocked))),
-                "")
+                (w for t, f in sys._current_frames().items()
+                 if t != self.main and (w := _genuine(f, None, self.blocked))), "")
             found = "" if ran else _foreign(frame, self.entry, self.origins) or next(
                 (w for t, f in sys._current_frames().items()
                  if t != self.main and (w := _foreign(f, None, self.origins))), "")

@@ -1,33 +1,108 @@
-"""Lab 06's questions under the team's limits, which ``planner.plan`` does not take, and their grading.
+"""Lab 06's questions under the team's limits, and their grading against the course planner.
+
+A team's cluster is rarely the planner's default: its nodes may hold less host memory than
+``planner.HOST_PER_NODE`` (2 TB), and its operators may keep every model replica's tensor,
+context and pipeline ranks inside one node of 8 GPUs (``one_node``: tp x cp x pp <= 8), so that
+only data-parallel traffic crosses the slow link between nodes. ``planner.plan``'s default answer
+is for its own node (2 TB, any placement), so it, or a copy's, is a layout that breaks the
+team's limit. The learner's ``choose_plan`` takes the limits as keywords (``host_per_node=None``:
+bytes per node, None for the planner's; ``one_node=False``).
 
 Four families, one member of each drawn at check time like :mod:`.lab06_cases`' (GPU count,
 sequence, batch, link and the host cap drawn from ranges): a host-memory cap per node below the
-planner's 2 TB; model-parallel ranks kept in one node (tp x cp x pp <= 8) on a 5-20 Gb/s link
-between nodes (issue 21's slow-network case); the same on 64K-192K-token sequences (its
-long-sequence case); a cap that NVMe offload's states fit but not with its swap buffers (review
-r9: the buffers never decided a case; on its 405B clusters nothing keeps that cap, so the answer
-is None). A member counts only when the planner's own fastest layout breaks the limit and the
-fastest that keeps it is at least :data:`.lab06_cases.MARGIN` slower (for the swap buffers: or
-none keeps it), so ``plan()``'s answer, or a copy's or a child process's, breaks it (and
-everything within 5 % of it does too).
-The truth is :func:`.lab06_limits.fastest`, computed after the learner's call; a plan passes when
-it runs, fits, keeps the limits and is within the lab's slack of that truth.
+planner's 2 TB; model-parallel ranks kept in one node on a 5-20 Gb/s link between nodes (issue
+21's slow-network case); the same on 64K-192K-token sequences (its long-sequence case); a cap
+that NVMe offload's states fit but not with its swap buffers (review r9: the buffers never
+decided a case; on its 405B clusters nothing keeps that cap, so the answer is None). A member
+counts only when the planner's own fastest layout breaks the limit and the fastest that keeps it
+is at least :data:`.lab06_cases.MARGIN` slower (for the swap buffers: or none keeps it), so
+``plan()``'s default answer, or a copy's or a child process's, breaks it (and everything within
+5 % of it does too).
+
+The truth is :func:`truth`: the course planner's own search (``planner.plan``, copy-watched and
+switched off during the learner's call by :mod:`.lab06_guard`) asked with the team's host memory
+(its ``host_per_node`` option); ``one_node`` is no option of the planner's, so its list of every
+fitting layout is kept to those whose tp x cp x pp fits a node (review r13 #2: the grader's own
+search, ``lab06_limits``, was a readable answer key; the tests keep an independent one). It is
+computed after the learner's call; a plan passes when it runs, fits, keeps the limits and is
+within the lab's slack of that truth.
 """
 
 import random
 from typing import Callable, NamedTuple
 
+from gpumem import planner
+from gpumem.course import lab_audit
 from gpumem.memory import gpus as gpu_table, models
-from gpumem.planner import HOST_PER_NODE, NVME_PER_NODE
+from gpumem.planner import HOST_PER_NODE, NVME_PER_NODE, Layout
 from gpumem.planner.cost import step_seconds
 from gpumem.planner.evaluate import to_layout
 from gpumem.planner.memory import per_gpu
 from gpumem.planner.swap_buffers import offload_buffers
 from gpumem.timing.offload_time import datasheet_links
 
-from . import lab06_cases, lab06_diagnose, lab06_limits
+from . import lab06_cases, lab06_diagnose, lab06_guard
 from .lab06_cases import FAST, SLOW, SLOW_LINK
-from .lab06_limits import NODE, Limits
+
+NODE = 8                          # GPUs per node (the planner's GPUS_PER_NODE: DGX/HGX 8-GPU nodes)
+
+
+class Limits(NamedTuple):
+    """The team's limits: host bytes per node (None: the planner's 2 TB) and one-node replicas."""
+    host_per_node: float | None = None
+    one_node: bool = False
+
+    def keywords(self) -> dict:
+        """What the grader passes to ``choose_plan`` (only the limits that are set)."""
+        out = {} if self.host_per_node is None else {"host_per_node": self.host_per_node}
+        return out | ({"one_node": True} if self.one_node else {})
+
+    def text(self) -> str:
+        parts = [] if self.host_per_node is None else [f"host {self.host_per_node / 1e12:g} TB per node"]
+        return ", ".join(parts + (["tp x cp x pp in one node"] if self.one_node else []))
+
+
+def breaks(limits: Limits, lay: Layout, host_node: float) -> str:
+    """The limit ``lay`` breaks ('' when none); ``host_node``: its host bytes on one node."""
+    if limits.one_node and lay.tp * lay.cp * lay.pp > NODE:
+        return (f"tp {lay.tp} x cp {lay.cp} x pp {lay.pp} = {lay.tp * lay.cp * lay.pp} GPUs spans more than one "
+                f"node of {NODE} (one_node=True: a replica's model-parallel ranks stay in one node)")
+    if limits.host_per_node is not None and host_node > limits.host_per_node:
+        return (f"host memory {host_node / 1e12:.2f} TB per node, over the team's "
+                f"host_per_node {limits.host_per_node / 1e12:g} TB")
+    return ""
+
+
+def host_node(cfg, seq: int, lay: Layout, mem: dict, gpus: int) -> tuple[float, float]:
+    """(host bytes, NVMe bytes) of one node: per GPU states plus NVMe swap buffers, times its ranks."""
+    swap = sum(v for k, v in offload_buffers(cfg, lay).items() if k.endswith("swap"))
+    ranks = min(gpus, NODE)
+    return (mem["host"] + swap) * ranks, mem["nvme"] * ranks
+
+
+class Found(NamedTuple):
+    """The fastest fitting layout under the limits, and the fastest under the planner's own."""
+    best: tuple | None            # (seconds, layout) or None when nothing fits the limits
+    planner_best: tuple | None    # (seconds, layout) under the planner's 2 TB and any placement
+
+
+def _fastest(plans) -> tuple | None:
+    top = lab06_diagnose.fastest(plans) if plans else None
+    return None if top is None else (top.time["total"], top.layout)
+
+
+def truth(model: str, gpus: int, gpu: str, seq: int, batch: int, link: float | None,
+          limits: Limits = Limits()) -> Found:
+    """The grader's answer for one case (see the module); refuses while the learner's call runs."""
+    if lab_audit.active() or lab06_guard.active():
+        raise RuntimeError(lab06_guard.MESSAGE.format("lab06_limit_cases.truth"))
+    asked = {"seq": seq, "global_batch": batch, "inter_node": link, "advise": False, "recipes": ("mixed",)}
+    own = planner.plan(model, gpus, gpu, **asked)
+    capped = own if limits.host_per_node is None else planner.plan(model, gpus, gpu, **asked,
+                                                                   host_per_node=limits.host_per_node)
+    kept = [p for p in capped.plans if not breaks(Limits(one_node=limits.one_node), p.layout, 0)]
+    return Found(_fastest(kept), _fastest(own.plans))
+
 
 CAP_STEP = 0.05e12           # drawn host caps are rounded to 0.05 TB
 SWAP_STEP = 0.01e12          # the swap-buffer caps to 0.01 TB (the buffers are 0.13 TB a node of 8)
@@ -109,7 +184,7 @@ def hinged(family: LimitFamily, found, limits: Limits, case: tuple) -> bool:
 
 def draw(family: LimitFamily, rng: random.Random, search=None) -> tuple:
     """A ``(case, link, limits)`` of the family that hinges (priced here and dropped)."""
-    search = search or lab06_limits.fastest
+    search = search or truth
     for _ in range(lab06_cases.TRIES):
         case, link = lab06_cases.member(family, rng)
         limits = family.limits(rng, case, link, search)
@@ -123,7 +198,7 @@ def grade(choice, case: tuple, link: float | None, limits: Limits, slack: float,
     ``fields_of``: labcheck's reading of a Layout or dict. UsageError (a layout no framework runs)
     propagates to the caller's row."""
     model, gpus, gpu, seq, batch = case
-    found = lab06_limits.fastest(*case, link, limits)                 # the truth, after the learner's call
+    found = truth(*case, link, limits)                              # the truth, after the learner's call
     if choice is None:
         if found.best is None:
             return "ok", "no layout keeps the limits and fits"
@@ -136,12 +211,12 @@ def grade(choice, case: tuple, link: float | None, limits: Limits, slack: float,
     cfg, g = models.get(model), gpu_table.get(gpu)
     lay = to_layout(cfg, fields, gpus, batch, NODE, seq)
     mem = per_gpu(cfg, seq, lay)
-    host, nvme = lab06_limits.host_node(cfg, seq, lay, mem, gpus)
+    host, nvme = host_node(cfg, seq, lay, mem, gpus)
     label = lay.label()
     if mem["total"] > gpu_table.usable(g):
         return "wrong", (f"yours: {label}: does not fit: needs {mem['total'] / 1e9:.1f} GB per GPU, usable "
                          f"{gpu_table.usable(g) / 1e9:.1f} GB")
-    why = lab06_limits.breaks(limits, lay, host)
+    why = breaks(limits, lay, host)
     states = mem["host"] * min(gpus, NODE)
     if why.startswith("host memory") and states <= limits.host_per_node < host:     # the buffers tip it
         return "wrong", (f"yours: {label}: host memory {host / 1e12:.2f} TB per node with NVMe offload's swap "

@@ -26,10 +26,12 @@ The cases: the lab's own cluster (``LAB_CASE``), then one member of each family 
 GPU count, sequence, batch and link drawn from ranges): offload, NVMe offload, tensor with
 pipeline parallelism, Megatron-Core's engine, context parallelism, then on a 5-20 Gb/s link
 between nodes the interleaved schedule, ZeRO-1/2 and hybrid sharding; then one member of each
-family under the team's limits, which ``planner.plan`` does not take (:mod:`.lab06_limit_cases`: a
-host cap per node below 2 TB, one node per replica on a slow link and at long sequences, a cap
-NVMe offload fits only without its swap buffers), graded against the grader's own search
-(:mod:`.lab06_limits`), so ``plan()``'s answer, a copy's or a child process's breaks the limit.
+family under the team's limits, which ``planner.plan``'s default question leaves out
+(:mod:`.lab06_limit_cases`: a host cap per node below 2 TB, one node per replica on a slow link and
+at long sequences, a cap NVMe offload fits only without its swap buffers), graded against the
+planner's own search asked with the team's host memory, its plans kept to one node when asked
+(:func:`.lab06_limit_cases.truth`), so ``plan()``'s default answer, a copy's or a child process's
+breaks the limit.
 Each row is labelled with its family. Grading stops at the first case that is wrong.
 """
 
