@@ -59,6 +59,9 @@ def test_a_learners_ordinary_cells_pass_and_a_reach_is_refused_before_grading():
     (["src = 'import gc'\nget_ipython().run_cell(src)"], "built at run time"),
     (["%run /dev/null"], "%run"),
     (["a = In[1]"], "uses In"),
+    # a helper process started from a cell (review r13, labs 03 and 05): none is needed
+    (["!sleep 0 &"], ".system"), (["%%bash\necho hi"], "%bash"), (["import subprocess"], "imports subprocess"),
+    (["import os\nif False:\n    os.fork()"], ".fork"),
     # a cell that rubs itself out of the parsed and typed history is still read in the other records
     (["h = get_ipython().history_manager\nh.input_hist_parsed[-1] = 'pass'\nh.input_hist_raw[-1] = 'pass'"],
      "history_manager"),

@@ -12,7 +12,10 @@ exempt cells read from a notebook on disk would be the learner's to edit. ``glob
 ``locals()`` are allowed here: the check cell passes the notebook's namespace, and the names a cell
 sees are its own.
 
-A cell magic's body and the code a cell hands to IPython to run (``get_ipython().run_cell(...)``,
+A cell that starts a process is refused too (:func:`_starts_process`: ``subprocess``, ``os.fork``,
+``!cmd``, ``%%bash`` ...): review r13 passed labs 03 and 05 with a helper started from a cell,
+detached, with an environment of its own, that answered the grader through a pipe; no lab needs a
+process of the learner's own. A cell magic's body and the code a cell hands to IPython to run (``get_ipython().run_cell(...)``,
 which stores no history) are read as well when they are literal strings; a body built at run time,
 ``%run`` of a file and a record shorter than the cells the kernel ran are refused, since what they
 ran cannot be read. Without a kernel (the course's tests, plain Python) nothing is read: the tests'
@@ -33,6 +36,17 @@ _RUNNERS = {"run_cell": 0, "run_cell_async": 0, "run_cell_magic": 2, "ex": 0, "e
             "run_source": 0, "runsource": 0, "run_ast_nodes": 0, "safe_execfile": None,
             "safe_run_module": None, "safe_execfile_ipy": None}
 ALLOWED = ("globals", "locals")
+# Starting a process from a cell (review r13 of labs 03 and 05: a helper double-forked with an
+# environment of its own, started before the first check, answered the grader through a pipe). No
+# lab needs one: the labs' runs (ranks, DeepSpeed) are started by gpumem's own functions.
+PROCESS_MODULES = ("subprocess", "multiprocessing", "pty", "torch.multiprocessing", "pexpect", "sh", "plumbum")
+PROCESS_ATTRIBUTES = ("fork", "forkpty", "system", "popen", "Popen", "posix_spawn", "posix_spawnp", "startfile",
+                      "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
+                      "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
+                      "getoutput", "getstatusoutput", "system_raw", "system_piped", "create_subprocess_exec",
+                      "create_subprocess_shell", "ProcessPoolExecutor", "start_processes", "spawn", "Process")
+SHELL_MAGICS = ("system", "sx", "bash", "sh", "script", "python", "python2", "python3", "pypy", "perl", "ruby",
+                "js", "javascript", "killbgscripts")
 
 
 class Reached(RuntimeError):
@@ -90,7 +104,7 @@ def _records(sh, history: list, raw: list):
 def _reach(source: str, depth: int = 0) -> str | None:
     """``lab_reach``'s verdict on ``source`` with :data:`ALLOWED` let through, and on every string
     the source hands IPython to run."""
-    why = lab_reach.first_reach(source, allow=ALLOWED) or _history_named(source)
+    why = lab_reach.first_reach(source, allow=ALLOWED) or _history_named(source) or _starts_process(source)
     if why or depth > 3:
         return why
     try:
@@ -129,6 +143,41 @@ def _history_named(source: str) -> str | None:
                                            or (node.id[:2] == "_i" and node.id[2:].isdigit())):
             return f"line {node.lineno}: uses {node.id}, IPython's record of the cells the kernel ran"
     return None
+
+
+def _starts_process(source: str) -> str | None:
+    """A cell that starts a process: a module or function that does, a shell line (``!cmd``) or a
+    shell or interpreter magic (``%%bash``, ``%%script``, ``%sx``)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    found = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Import):
+            bad = next((a.name for a in node.names if _process_module(a.name)), None)
+            if bad:
+                found.append((line, f"imports {bad}"))
+        elif isinstance(node, ast.ImportFrom):
+            bad = next((a.name for a in node.names if a.name in PROCESS_ATTRIBUTES), None)
+            if _process_module(node.module or "") or bad:
+                found.append((line, f"imports {bad or node.module} from {node.module}"))
+        elif isinstance(node, ast.Attribute) and node.attr in PROCESS_ATTRIBUTES:
+            found.append((line, f"uses .{node.attr}"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("run_line_magic", "run_cell_magic") and node.args
+              and isinstance(node.args[0], ast.Constant) and node.args[0].value in SHELL_MAGICS):
+            found.append((line, f"runs the %{node.args[0].value} magic"))
+    if not found:
+        return None
+    line, what = min(found)
+    return (f"line {line}: {what}, which starts a process; no lab needs one (its runs start from "
+            "gpumem's functions), and a process of yours could answer for your code")
+
+
+def _process_module(name: str) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in PROCESS_MODULES)
 
 
 def _first_line(source: str) -> str:
