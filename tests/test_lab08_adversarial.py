@@ -1251,3 +1251,15 @@ def test_a_hint_replaces_the_generic_clause():
     rows = [r for r in grade(_acts_cheat("layer 0 masks"), 0).rows if r.function == "activation_peak" and r.status != "ok"]
     said = [r.detail for r in rows if "layer 0's q, k and v" in r.detail]
     assert said and all("a small term" not in d and " B (+" in d for d in said), [r.detail for r in rows]
+
+
+def test_part_4_says_its_host_margin():
+    """Review r14 minor 5.3: part 4's cases keep the host's RAM lab_cases.MARGIN away from the
+    base-on-CPU rung's host bytes, so a host count a few per cent off passes part 4 (part 3 refuses
+    it); the prompt says so, with the grader's margin."""
+    import json
+    for folder in ("solutions", "labs"):
+        cells = json.loads((ROOT / folder / f"{LAB}.ipynb").read_text())["cells"]
+        part4 = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("## 4 "))
+        text = " ".join(part4.split())
+        assert f"`lab_cases.MARGIN` ({100 * lab_cases.MARGIN:.0f} %)" in text and "part 3 refuses" in text, folder
