@@ -8,7 +8,7 @@ from the lab's text and the pieces it hands out (``per_gpu``, ``step_seconds``, 
 ``offload_buffers``), not from ``planner.search``, and checks that both give the same fastest
 layout's seconds on every family's fallback and on drawn members (tests/test_lab06_adversarial.py,
 ``test_the_graders_limit_truth_is_the_tests_own_search``, which also rewrites this module's source,
-r11's AST rewrite, to test the origin rule). This file holds no tests of its own.
+r11's AST rewrite, to test the origin rule); its own test is a hand count of how it reads the limits.
 """
 
 from dataclasses import replace
@@ -133,3 +133,15 @@ def fastest(model: str, gpus: int, gpu: str, seq: int, batch: int, link: float |
                     best = (t, lay)
     return Found(best, planner_best)
 
+
+
+def test_the_search_reads_the_limits_as_the_lab_states_them():
+    """By hand: one_node counts the context-parallel ranks (tp 2 x cp 4 x pp 1 = 8 GPUs stays in a
+    node, x pp 2 = 16 spans two); the host cap compares one node's bytes; the shard groups start at
+    one node's data-parallel ranks (8 / tp) and double while they divide dp and leave two replicas."""
+    in_node = Layout("mixed", 1, "full", "flash", "none", "cpu", 1, 2, 1, 4, 1, 4)
+    spans = Layout("mixed", 1, "full", "flash", "none", "cpu", 1, 2, 2, 2, 1, 4, 2)
+    assert not breaks(Limits(one_node=True), in_node, 0)
+    assert breaks(Limits(one_node=True), spans, 0).startswith("tp 2 x cp 4 x pp 2 = 16 GPUs spans")
+    assert breaks(Limits(0.8e12), in_node, 0.81e12) and not breaks(Limits(0.8e12), in_node, 0.8e12)
+    assert _groups(1, 16, 16) == [8] and _groups(2, 32, 64) == [4, 8, 16]
