@@ -5,7 +5,7 @@ readable answer key that a mechanically rewritten copy pasted into a cell passed
 grader now asks the course planner (``lab06_limit_cases.truth``: ``planner.plan`` with the team's
 ``host_per_node``, its fitting plans kept to one node); this file keeps the former search, written
 from the lab's text and the pieces it hands out (``per_gpu``, ``step_seconds``, ``rules``,
-``offload_buffers``), not from ``planner.search``, and checks that both give the same fastest
+``offload_buffers``), not from ``planner.search``; the tests check that both give the same fastest
 layout's seconds on every family's fallback and on drawn members (tests/test_lab06_adversarial.py,
 ``test_the_graders_limit_truth_is_the_tests_own_search``, which also rewrites this module's source,
 r11's AST rewrite, to test the origin rule); its own test is a hand count of how it reads the limits.
