@@ -8,6 +8,7 @@ subclasses) in a fresh process, since the kernel, once seen, stays known to ``la
 import json
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -34,8 +35,9 @@ _DRIVER = textwrap.dedent("""
 
 def run_cells(*cells: str) -> tuple:
     """The scan's verdict after ``cells`` ran in an IPython shell, and what ``check_lab`` raised."""
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(list(cells))], capture_output=True,
-                          text=True, timeout=240, cwd=ROOT)
+    with tempfile.TemporaryDirectory() as here:          # a cell may write a file of its own
+        proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(list(cells))], capture_output=True,
+                              text=True, timeout=240, cwd=here)
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("VERDICT", "CHECK")))
     assert "VERDICT" in lines, proc.stdout[-2000:] + proc.stderr[-2000:]
     return json.loads(lines["VERDICT"]), json.loads(lines["CHECK"])
@@ -57,7 +59,10 @@ def test_a_learners_ordinary_cells_pass_and_a_reach_is_refused_before_grading():
     (["%%capture\nimport gc\nobjs = gc.get_objects()"], "imports gc"),                  # a cell magic's body
     (["get_ipython().run_cell('import inspect')"], "imports inspect"),                  # code handed to IPython
     (["src = 'import gc'\nget_ipython().run_cell(src)"], "built at run time"),
-    (["%run /dev/null"], "%run"),
+    (["%run /nonexistent/helper.py"], "cannot read"),
+    # a learner's own module or script is read like a cell
+    (["open('mine_r15.py', 'w').write('import gc\\n')", "import mine_r15"], "imports gc"),
+    (["open('mine_r15b.py', 'w').write('import inspect\\n')", "%run mine_r15b.py"], "imports inspect"),
     (["a = In[1]"], "uses In"),
     # a helper process started from a cell (review r13, labs 03 and 05): none is needed
     (["!sleep 0 &"], ".system"), (["%%bash\necho hi"], "%bash"), (["import subprocess"], "imports subprocess"),

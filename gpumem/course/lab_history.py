@@ -17,8 +17,9 @@ A cell that starts a process is refused too (:func:`_starts_process`: ``subproce
 detached, with an environment of its own, that answered the grader through a pipe; no lab needs a
 process of the learner's own. A cell magic's body and the code a cell hands to IPython to run (``get_ipython().run_cell(...)``,
 which stores no history) are read as well when they are literal strings; a body built at run time,
-``%run`` of a file and a record shorter than the cells the kernel ran are refused, since what they
-ran cannot be read. Without a kernel (the course's tests, plain Python) nothing is read: the tests'
+and a record shorter than the cells the kernel ran are refused, since what they ran cannot be read.
+A file of the learner's own that a cell runs (a module it imports, loaded from outside gpumem and
+the installed Python; a ``%run`` script) is read like a cell. Without a kernel (the course's tests, plain Python) nothing is read: the tests'
 learners live in test files, and each lab's own guards still apply.
 
 Like ``lab_reach``, this raises the bar; it proves nothing. A cell can reach the grader by routes no
@@ -27,8 +28,10 @@ list names; the labs' run-time guards and the grader seal stay in place behind i
 
 import ast
 import linecache
+import sys
+from pathlib import Path
 
-from gpumem.course import lab_origin, lab_reach
+from gpumem.course import genuine, lab_origin, lab_reach
 
 # IPython's ways to run a source held in a string (their first string argument is read as Python;
 # a cell magic's body is its third)
@@ -125,11 +128,38 @@ def _reach(source: str, depth: int = 0) -> str | None:
         inner = _reach(arg.value, depth + 1)
         if inner:
             return line + f"the code it hands IPython ({node.func.attr}): " + inner.split("; the lab")[0]
-    for node in ast.walk(tree):         # %run: a file's code, never in the history
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "run_line_magic"
-                and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in ("run", "load_ext")):
-            return f"line {node.lineno}: %{node.args[0].value} runs code from a file, which the grader cannot read"
+    for line, path, how in _files_run(tree):     # a learner's own file, imported or %run: read it too
+        try:
+            text = Path(path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return f"line {line}: {how} {path}, which the grader cannot read"
+        inner = _reach(text, depth + 1)
+        if inner:
+            return f"line {line}: {how} {path}, whose " + inner.split("; the lab")[0]
     return None
+
+
+def _files_run(tree: ast.AST):
+    """(line, file, how) of each file of the learner's own that ``tree`` runs: a module it imports
+    (loaded by now) whose file is not gpumem's or the installed Python's, and a ``%run`` script."""
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "run_line_magic" and len(node.args) > 1
+              and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2])):
+            magic, arg = node.args[0].value, node.args[1].value.split()
+            if magic == "run" and arg:
+                yield node.lineno, str(Path(arg[-1] if arg[0].startswith("-") else arg[0]).expanduser()), "runs"
+            if magic in ("load_ext", "reload_ext") and arg:
+                names = [arg[0]]
+        for name in names:
+            path = getattr(sys.modules.get(name), "__file__", None)
+            if isinstance(path, str) and not genuine.trusted(path):
+                yield node.lineno, path, "imports"
 
 
 def _history_named(source: str) -> str | None:
