@@ -1096,11 +1096,15 @@ def _solution_choose_saved():
     return _solution_cells("def choose_saved")["choose_saved"]
 
 
-def _early_stopped(ops):
+def _early_stopped(ops, final_norm=False):
     """``ops`` with the FLOPs the early-stopping re-run spends, by hand: the layer ends with W_down
     (a matmul: autograd saves its inputs before it runs) and the residual add (saves nothing), so
     the last tensor backward needs is W_down's input; W_down, the last operator with FLOPs, is
-    never re-run (independent of labsacrun's measured Listing.reached)."""
+    never re-run. With the final norm after it, the norm saves its input (the residual sum, made
+    from W_down's output): everything is re-run. Independent of labsacrun's measured
+    Listing.reached."""
+    if final_norm:
+        return ops
     last = max(i for i, o in enumerate(ops) if o["flops"])
     return [dict(o, flops=0) if i == last else o for i, o in enumerate(ops)]
 
@@ -1132,6 +1136,12 @@ def _as_given_knapsack(ops, budget):
     picks = (set(p) for k in range(len(costly) + 1) for p in combinations(costly, k)
              if sum(ops[i]["bytes"] for i in p) <= budget)
     return max(picks, key=lambda p: sum(ops[i]["flops"] for i in p))
+
+
+def _last_matmul_out(ops, budget):
+    """Early stop as a fixed rule: the knapsack with the last operator with FLOPs always left out."""
+    last = max(i for i, o in enumerate(ops) if o["flops"])
+    return _as_given_knapsack([dict(o, flops=0) if i == last else o for i, o in enumerate(ops)], budget)
 
 
 def _random_orders(ops, budget, tries=200):
@@ -1173,8 +1183,8 @@ def test_sac_listing_matches_a_hand_count():
     CPU flash kernel keeps its output and an fp32 logsumexp (2 T h + 4 b a s) for 4 b a s^2 d FLOPs.
     The early-stopping re-run reaches every listed operator but the last two (W_down and the
     residual add), and labsacdraw's hand count (what budgets are drawn from) is the same."""
-    for kernel in ("eager", "flash"):
-        L = SAC_LAYER._replace(kernel=kernel)
+    for kernel, final_norm in (("eager", False), ("flash", False), ("flash", True)):
+        L = SAC_LAYER._replace(kernel=kernel, final_norm=final_norm)
         T, h, kv, F = L.batch * L.seq, L.d_model, L.d_model // L.heads * L.kv_heads, L.ffn
         b, a, s, d = L.batch, L.heads, L.seq, L.d_model // L.heads
         proj = [(2 * T * o, 2 * T * i * o) for i, o in ((h, h), (h, kv), (h, kv))]
@@ -1186,8 +1196,10 @@ def test_sac_listing_matches_a_hand_count():
         ops = listing.ops
         assert [(o["bytes"], o["flops"]) for o in ops if o["flops"]] == proj + attn + after, kernel
         assert all(o["op"] in SAC_NAMES for o in ops if o["flops"])   # the chapter's rule keeps all of them
-        assert [o["op"] for o in ops[-2:]] == ["aten.mm.default", "aten.add.Tensor"] and ops[-2]["flops"]
-        assert listing.reached == len(ops) - 2 and listing.worth() == _early_stopped(ops), kernel
+        down = max(i for i, o in enumerate(ops) if o["flops"])
+        assert [o["op"] for o in ops[down:down + 2]] == ["aten.mm.default", "aten.add.Tensor"]
+        assert listing.reached == (len(ops) if final_norm else down) == (down + 11 if final_norm else len(ops) - 2)
+        assert listing.worth() == _early_stopped(ops, final_norm), kernel
         assert [(o["bytes"], o["flops"]) for o in labsacdraw._sketch(L)] == proj + attn + after, kernel
 
 
@@ -1202,6 +1214,8 @@ def test_sac_measured_bytes_and_flops_follow_the_choice():
         block(x, cos, sin, "eager")
     forward = counter.get_total_flops()
     T, h, F = SAC_LAYER.batch * SAC_LAYER.seq, SAC_LAYER.d_model, SAC_LAYER.ffn
+    normed = SAC_LAYER._replace(final_norm=True)            # the final norm saves the residual sum
+    assert labsacrun.run_saved(normed, labsacrun.forward_ops(normed), set()) == (0, forward, len(listing.ops) + 9)
     reached = len(listing.ops) - 2
     rerun = forward - 2 * T * F * h
     assert labsacrun.run_saved(SAC_LAYER, listing, set()) == (0, rerun, reached)
@@ -1260,9 +1274,9 @@ def _selective(seed):
     return labcases.draw(seed)["selective"]
 
 
-def _rerun(ops, pick) -> int:
+def _rerun(ops, pick, final_norm=False) -> int:
     """FLOPs the early-stopping re-run spends with ``pick`` kept (``_early_stopped``: by hand)."""
-    return sum(o["flops"] for i, o in enumerate(_early_stopped(ops)) if i not in pick)
+    return sum(o["flops"] for i, o in enumerate(_early_stopped(ops, final_norm)) if i not in pick)
 
 
 def test_sac_drawn_budgets_defeat_the_fixed_and_greedy_rules():
@@ -1270,14 +1284,16 @@ def test_sac_drawn_budgets_defeat_the_fixed_and_greedy_rules():
     equals an enumeration of every subset; the chapter's rule is over the budget and keeping
     nothing re-runs more than needed on every case; every greedy of GREEDY, on the FLOPs as given
     and on those the re-run spends, re-runs more than SLACK above the optimum on every case (so
-    on the first case of every draw), and so do the knapsack over the FLOPs as given (the
-    solution before early stop was graded) and review r13's 200 random orders (40/40 before); a
-    ratio-free random pick misses on some case of every draw."""
+    on the first case of every draw); the knapsack over the FLOPs as given (the solution before
+    early stop was graded) and review r13's 200 random orders (40/40 before) miss on every layer
+    alone, the knapsack that always leaves the last matmul out on every case with the final norm,
+    and every draw has both; a ratio-free random pick misses on some case of every draw."""
     for seed in range(40):
         misses = 0
+        assert {layer.final_norm for layer, _ in _selective(seed)} == {True, False}, seed
         for layer, budget in _selective(seed):
             listing = labsacrun.forward_ops(layer)
-            ops, spends = listing.ops, _early_stopped(listing.ops)
+            ops, spends = listing.ops, _early_stopped(listing.ops, layer.final_norm)
             assert listing.worth() == spends, (seed, layer)
             cost = labsac.best(listing.worth(), budget)[0]
             assert cost == _enumerated(spends, budget), (seed, layer)
@@ -1285,12 +1301,13 @@ def test_sac_drawn_budgets_defeat_the_fixed_and_greedy_rules():
             assert cost < sum(o["flops"] for o in spends)
             shortcuts = {**{(name, "as given"): greedy(ops, budget) for name, greedy in GREEDY.items()},
                          **{(name, "re-run"): greedy(spends, budget) for name, greedy in GREEDY.items()},
-                         "knapsack as given": _as_given_knapsack(ops, budget),
-                         "200 random orders": _random_orders(ops, budget)}
+                         **({"last matmul left out": _last_matmul_out(ops, budget)} if layer.final_norm else
+                            {"knapsack as given": _as_given_knapsack(ops, budget),
+                             "200 random orders": _random_orders(ops, budget)})}
             for name, pick in shortcuts.items():
                 assert sum(ops[i]["bytes"] for i in pick) <= budget, (seed, name)
-                assert _rerun(ops, pick) > cost * (1 + labsac.SLACK), (seed, layer, budget, name)
-            misses += _rerun(ops, _random_pick(spends, budget, seed)) > cost * (1 + labsac.SLACK)
+                assert _rerun(ops, pick, layer.final_norm) > cost * (1 + labsac.SLACK), (seed, layer, budget, name)
+            misses += _rerun(ops, _random_pick(spends, budget, seed), layer.final_norm) > cost * (1 + labsac.SLACK)
         assert misses, seed
     assert {layer.kernel for seed in range(3) for layer, _ in _selective(seed)} == {"flash", "eager"}
 
@@ -1303,14 +1320,15 @@ def test_sac_greedy_submissions_fail_every_draw():
     for seed in range(2):
         layer, budget = _selective(seed)[0]
         ops = labsacrun.forward_ops(layer).ops
-        fewest = _enumerated(_early_stopped(ops), budget)
+        fewest = _enumerated(_early_stopped(ops, layer.final_norm), budget)
         for name, greedy in GREEDY.items():
             report = Report(labcheck.LAB)
             labcheck._grade_selective(report, greedy, _selective(seed))
             bad = report.problems
             assert len(report.rows) == 1 and len(bad) == 1 and bad[0].status == "wrong", (seed, name, report.summary())
             pick, detail = greedy(ops, budget), bad[0].detail
-            assert f"re-runs {_rerun(ops, pick) - fewest:,} FLOPs more than the best choice within this budget" in detail
+            more = _rerun(ops, pick, layer.final_norm) - fewest
+            assert f"re-runs {more:,} FLOPs more than the best choice within this budget" in detail
             assert f"{budget - sum(ops[i]['bytes'] for i in pick):,} B unused" in detail, detail
             assert "#" not in detail and "keeps it" not in detail, detail
 
@@ -1318,15 +1336,19 @@ def test_sac_greedy_submissions_fail_every_draw():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sac_shortcuts_fail_and_the_solution_passes(seed):
     """Graded as check() grades them, with SAC measured: each shortcut gets a row that says what
-    is wrong (a knapsack or search over the FLOPs as given keeps W_down: the row says how many kept
-    bytes the early-stopping re-run never reaches, W_down's 2 T h); the solution's choose_saved
-    passes every case."""
+    is wrong (a knapsack or search over the FLOPs as given keeps W_down: on the first layer alone
+    the row says how many kept bytes the early-stopping re-run never reaches, W_down's 2 T h; one
+    that always leaves the last matmul out fails a case with the final norm, no such bytes named);
+    the solution's choose_saved passes every case."""
     cases = _selective(seed)
-    layer = cases[0][0]
-    idle = f"the re-run never reaches {2 * layer.batch * layer.seq * layer.d_model:,} B of what it keeps"
+    alone = next(layer for layer, _ in cases if not layer.final_norm)
+    normed = next(layer for layer, _ in cases if layer.final_norm)
+    idle = f"the re-run never reaches {2 * alone.batch * alone.seq * alone.d_model:,} B of what it keeps"
     expect = {_keep_all: ("over the budget by", "cost no FLOPs to re-run"),
-              _as_given_knapsack: ("FLOPs more than the best choice within this budget", idle, "early stop"),
-              _random_orders: ("FLOPs more than the best choice within this budget", idle),
+              _as_given_knapsack: ("FLOPs more than the best choice within this budget", idle, "early stop",
+                                   alone.describe()),
+              _random_orders: ("FLOPs more than the best choice within this budget", idle, alone.describe()),
+              _last_matmul_out: ("FLOPs more than the best choice within this budget", normed.describe()),
               _chapter_rule: ("over the budget by", "the fewest FLOPs per byte among those kept"),
               _keep_nothing: ("FLOPs more than the best choice within this budget", "suffice", "B unused"),
               functools.partial(_random_pick, seed=seed): ("FLOPs more than the best choice", "suffice")}
@@ -1335,7 +1357,8 @@ def test_sac_shortcuts_fail_and_the_solution_passes(seed):
         labcheck._grade_selective(report, fn, cases)
         bad = report.problems
         assert len(bad) == 1 and bad[0].status == "wrong", report.summary()
-        assert all(s in bad[0].detail for s in said), bad[0].detail
+        assert all(s in bad[0].detail or s in bad[0].case for s in said), (bad[0].case, bad[0].detail)
+        assert fn is not _last_matmul_out or "never reaches" not in bad[0].detail, bad[0].detail
     report = Report(labcheck.LAB)
     labcheck._grade_selective(report, _solution_choose_saved(), cases)
     assert report.solved and len(report.rows) == 3, report.summary()

@@ -15,14 +15,19 @@ counter while it ran gets an error row, not a pass.
 
 Early stop (review r11 #3 (c), r13 #5: with it off, the part was a knapsack over numbers handed
 over, and any subset search passed with no idea of SAC): the re-run stops once it has rebuilt
-the last tensor the layer's backward needs, W_down's input, so W_down's output and what follows
-it are never re-run, and keeping them spares nothing. Where that stops is measured, not assumed:
-``forward_ops`` runs the layer under SAC keeping nothing and counts the operators the re-run
-reaches (``Listing.reached``, ``Listing.worth``). The learner is given forward FLOPs only, so a
-choice must work out which operators the re-run never reaches; a knapsack over the FLOPs as given
-keeps W_down (the best FLOPs per byte) and wastes its bytes, and every drawn budget is one where
-that costs more than :data:`SLACK` (``labsacdraw``). The row of such a choice says how many of the
-bytes it keeps the re-run never reaches (the kept operators at or past ``Listing.reached``).
+the last tensor the region's backward needs. For a layer alone that is W_down's input (a matmul
+saves its inputs before it runs; the residual add after it saves nothing), so W_down's output is
+never re-run and keeping it spares nothing. Some cases checkpoint the model's last layer together
+with the final norm (``Layer.final_norm``): the norm saves its input, the residual sum, which needs
+W_down's output, so everything is re-run. Where the re-run stops is measured, not assumed:
+``forward_ops`` runs the region under SAC keeping nothing and counts the operators the re-run
+reaches (``Listing.reached``, ``Listing.worth``). The learner is given forward FLOPs and the
+operators' names only, so a choice must work out, from what the region ends with, which tensor
+backward needs last. A knapsack over the FLOPs as given keeps W_down (the best FLOPs per byte) and
+wastes its bytes on a layer alone; one that always leaves the last matmul out loses its FLOPs with
+the final norm; every check has both kinds of case, each budget one where the wrong reading costs
+more than :data:`SLACK` (``labsacdraw``). The row of a choice that keeps what the re-run never
+reaches says how many bytes that is (the kept operators at or past ``Listing.reached``).
 
 The answer key (:func:`best`) is a 0/1 knapsack over ``Listing.worth``: keep the operators whose
 FLOPs spared add up to the most, with their bytes within the budget. Operators without FLOPs
@@ -33,14 +38,15 @@ subset. It is worked out after the learner's call returns, and ``labguard`` refu
 and ``labsacrun`` while the learner's code runs.
 
 Cases (``labsacdraw.draw``, from the check's seed): three layers (widths, heads, kv heads, FFN,
-sequence) with flash attention, eager attention, and either. Within an operator kind the trade is
+sequence) with flash attention, eager attention, and either, at least one alone and one with the
+final norm. Within an operator kind the trade is
 regular: a matmul's FLOPs per byte kept is its input width (h for W_q ... W_up, the FFN width for
 W_down), the eager scores' (Q Kᵀ) the head width, their product with V the sequence length. So
 many operators tie, and a greedy rule that takes the best ratio first and fills the rest by size
 fills most budgets as well as the knapsack (review r11: ties broken by the larger first passed 27
 of 40 draws). Each budget is therefore drawn among those that every greedy rule of
-``labsacdraw`` misses by more than :data:`SLACK`, on the FLOPs as given and on those the re-run
-spends, and that every choice keeping W_down misses too: the bytes of some set of operators (plus
+``labsacdraw`` misses by more than :data:`SLACK`, on the FLOPs the re-run spends and on the wrong
+region's reading, and that every best choice of that wrong reading misses too: the bytes of some set of operators (plus
 up to an eighth of the smallest one's, where that still defeats them all), between the kind's
 :data:`SHARES` of the bytes of the operators the re-run reaches. So the chapter's fixed rule,
 "keep every matmul and the attention kernel" (``recompute.sac_policy``), is over the budget and

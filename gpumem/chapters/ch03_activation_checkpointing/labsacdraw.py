@@ -8,13 +8,15 @@ the fewest bytes first. Each rule skips what does not fit, or stops there, and e
 as "that, or the single operator with the most FLOPs that fits" (the textbook fix for greedy
 knapsack). A submission that takes the best of several of them still misses.
 
-Early stop (``labsac``'s docstring): the re-run never reaches W_down, the last operator with
-FLOPs, so the draw works on two listings of the hand count (:func:`_sketch`): the FLOPs as given
-to the learner, and those the re-run spends (W_down's set to 0; tests hold this equal to the
-measured ``Listing.worth``). A budget is kept only if the greedy rules miss on both (each rule's
-pick judged by the FLOPs the re-run spends), every best choice on the FLOPs as given keeps W_down,
-and every choice that keeps W_down misses (:func:`_defeats`): a knapsack that ignores early stop
-fails.
+Early stop (``labsac``'s docstring): for a layer alone the re-run never reaches W_down, the last
+operator with FLOPs; with the final norm in the region it re-runs everything. So the draw works
+on two listings of the hand count (:func:`_sketch`, :func:`_spent`): the FLOPs the re-run spends
+(tests hold them equal to the measured ``Listing.worth``) and the wrong reading of the region
+(W_down counted for a layer alone, as the FLOPs given to the learner; W_down left out with the
+final norm). A budget is kept only if the greedy rules miss on both (each rule's pick judged by
+the FLOPs the re-run spends) and every best choice of the wrong reading misses too
+(:func:`_defeats`). Every check has a case of each region (:func:`draw`): a knapsack over the
+FLOPs as given fails it, and so does one that always leaves the last matmul out.
 
 This module is not among those ``labguard`` refuses or fingerprints: a learner's own greedy loop
 must not be taken for a copy of the grader's (review: one was, while these rules sat in
@@ -58,20 +60,32 @@ def greedy_picks(ops: list, budget: int) -> list:
     return picks + [max(p, single, key=lambda q: sum(ops[i]["flops"] for i in q)) for p in picks]
 
 
-def _defeats(ops: list, worth: list, budget: int) -> bool:
-    """At ``budget``, with ``worth`` the FLOPs the re-run spends (``ops``: as given): every greedy
-    rule, on either, re-runs more than :data:`SLACK` above the fewest FLOPs; every best choice on
-    ``ops`` keeps the operators ``worth`` zeroes (W_down), and every choice keeping them misses."""
+def _spent(ops: list, final_norm: bool, wrong: bool = False) -> list:
+    """``ops`` (the hand count) with the FLOPs the early-stopping re-run spends on each (or, with
+    ``wrong``, the other region's reading): a layer alone never re-runs W_down (the last saved
+    tensor is its input); with the final norm, the norm saves the residual sum, and all is re-run."""
+    if final_norm != wrong:
+        return ops
+    return ops[:-1] + [dict(ops[-1], flops=0)]
+
+
+def _defeats(worth: list, wrong: list, budget: int) -> bool:
+    """At ``budget``, with ``worth`` the FLOPs the re-run spends and ``wrong`` the other region's
+    reading: every greedy rule, on either, re-runs more than :data:`SLACK` above the fewest FLOPs,
+    and so does every best choice on ``wrong`` (for a layer alone, every best choice on the FLOPs
+    as given keeps W_down, and every choice keeping it misses; with the final norm, every choice
+    leaving W_down out misses)."""
     total, cost = sum(o["flops"] for o in worth), best(worth, budget)[0]
-    if not all(total - sum(worth[i]["flops"] for i in p) > cost * (1 + SLACK)
-               for p in greedy_picks(ops, budget) + greedy_picks(worth, budget)):
+    enough = cost * (1 + SLACK)
+    if not all(total - sum(worth[i]["flops"] for i in p) > enough
+               for p in greedy_picks(worth, budget) + greedy_picks(wrong, budget)):
         return False
-    idle = sum(o["bytes"] for o, w in zip(ops, worth) if o["flops"] != w["flops"])
-    if not idle:
-        return True
-    with_idle = best(worth, budget - idle)[0] if idle <= budget else total       # re-run, W_down kept
-    naive = sum(o["flops"] for o in ops) - best(ops, budget)[0]                  # most FLOPs kept, as given
-    return with_idle > cost * (1 + SLACK) and naive > total - cost
+    down = worth[-1] if worth[-1]["flops"] else wrong[-1]
+    if worth[-1]["flops"]:                                  # final norm: W_down left out
+        return best(wrong, budget)[0] + down["flops"] > enough
+    with_down = best(worth, budget - down["bytes"])[0] if down["bytes"] <= budget else total
+    naive = sum(o["flops"] for o in wrong) - best(wrong, budget)[0]          # most FLOPs kept, as given
+    return with_down > enough and naive > total - cost
 
 
 def traps(ops: list, low: float, high: float) -> list:
@@ -132,25 +146,28 @@ def _sketch(layer) -> list:
 
 
 def draw(rng: random.Random) -> list:
-    """The check's selective cases: (``labsacrun.Layer``, budget), one per kind of ``SHARES``;
-    each budget one that every greedy rule and every choice keeping W_down misses (:func:`traps`,
-    :func:`_defeats`: layers are drawn until one has such a budget in the kind's share of the bytes
-    of its operators the re-run reaches)."""
+    """The check's selective cases: (``labsacrun.Layer``, budget), one per kind of ``SHARES``, at
+    least one a layer alone and one with the final norm; each budget one that every greedy rule and
+    every best choice of the wrong region's reading misses (:func:`traps`, :func:`_defeats`: layers
+    are drawn until one has such a budget in the kind's share of the bytes of its operators the
+    re-run reaches)."""
     cases = []
-    for kind, (low, high) in SHARES.items():
+    norms = [True, False, rng.random() < 0.5]
+    rng.shuffle(norms)
+    for (kind, (low, high)), final_norm in zip(SHARES.items(), norms):
         for _ in range(TRIES):
             h, heads = rng.choice(HIDDEN)
             kv = rng.choice([k for k in (1, 2, heads) if heads % k == 0])
             kernel = rng.choice(("flash", "eager")) if kind == "either" else kind
-            layer = Layer(h, heads, kv, rng.choice(FFN), kernel, rng.choice(SEQ))
+            layer = Layer(h, heads, kv, rng.choice(FFN), kernel, rng.choice(SEQ), final_norm=final_norm)
             ops = _sketch(layer)
-            worth = ops[:-1] + [dict(ops[-1], flops=0)]        # early stop: W_down is never re-run
-            found = [b for b in traps(worth, low, high) if _defeats(ops, worth, b)]     # the answer key's word
+            worth, wrong = _spent(ops, final_norm), _spent(ops, final_norm, wrong=True)
+            found = [b for b in traps(worth, low, high) if _defeats(worth, wrong, b)]     # the answer key's word
             if found:
                 break
         else:
             raise RuntimeError(f"no {kind} layer with a budget that defeats the greedy rules in {TRIES} draws")
         budget = rng.choice(found)
         loose = budget + rng.randrange(min(o["bytes"] for o in ops if o["flops"]) // 8)
-        cases.append((layer, loose if _defeats(ops, worth, loose) else budget))
+        cases.append((layer, loose if _defeats(worth, wrong, loose) else budget))
     return cases

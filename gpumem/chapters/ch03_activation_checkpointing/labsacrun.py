@@ -21,9 +21,11 @@ name against the listing on the way. Measured, not derived from the listing:
   input): what SAC's cache holds between forward and backward;
 * ``rerun``: the FLOPs of the re-run in backward: a FLOP counter entered just beneath SAC's re-run
   mode, so an operator handed back from the cache never reaches it. Early stop is on, as it is by
-  default (review r11 #3 (c)): the re-run stops once it has rebuilt the last tensor the layer's
-  backward needs (the last one autograd saved in the forward, W_down's input), so the operators
-  after it (W_down itself, the residual add) never run again, kept or not;
+  default (review r11 #3 (c)): the re-run stops once it has rebuilt the last tensor the region's
+  backward needs (the last one autograd saved in the forward). For a layer alone that is W_down's
+  input, so the operators after it (W_down itself, the residual add) never run again, kept or
+  not; with the final norm in the region, the norm saves its input, the residual sum, and
+  everything is re-run;
 * ``reached``: how many of the listed operators the re-run reached before it stopped (a mode
   above SAC's re-run mode sees every operator, handed back or not). :func:`forward_ops` measures
   it once, keeping nothing (``Listing.reached``); the key (``labsac``) counts an operator's FLOPs
@@ -49,7 +51,8 @@ DTYPE = torch.bfloat16
 
 
 class Layer(NamedTuple):
-    """One drawn layer: widths, attention kernel (``flash`` or ``eager``) and tokens."""
+    """One drawn layer: widths, attention kernel (``flash`` or ``eager``) and tokens; with
+    ``final_norm``, the model's last layer, checkpointed together with the final norm."""
     d_model: int
     heads: int
     kv_heads: int
@@ -57,10 +60,18 @@ class Layer(NamedTuple):
     kernel: str
     seq: int
     batch: int = 2
+    final_norm: bool = False
 
     def describe(self) -> str:
         return (f"layer h {self.d_model}, {self.heads} heads ({self.kv_heads} kv), ffn {self.ffn}, "
-                f"{self.kernel} attention, {self.seq} tokens x {self.batch}")
+                f"{self.kernel} attention, {self.seq} tokens x {self.batch}"
+                + (", with the final norm" if self.final_norm else ""))
+
+    def region(self, block):
+        """The checkpointed function: the layer, then the final norm (``block.final``) if drawn."""
+        if self.final_norm:
+            return lambda h, c, s: block.final(block(h, c, s, self.kernel))
+        return lambda h, c, s: block(h, c, s, self.kernel)
 
 
 class Listing(NamedTuple):
@@ -91,6 +102,7 @@ def _build(layer: Layer):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         block = llama.Block(cfg).to(DTYPE)
+        block.final = llama.make_norm("fused", layer.d_model, cfg.norm_eps).to(DTYPE)     # the final norm
         x = torch.randn(layer.batch, layer.seq, layer.d_model, dtype=DTYPE, requires_grad=True)
     cos, sin = llama.rope_tables(layer.seq, cfg.head_dim, cfg.rope_theta, DTYPE)
     return block, x, cos, sin
@@ -131,7 +143,7 @@ def forward_ops(layer: Layer) -> Listing:
     lister = _Lister()
     counter = flops.PhaseFlops(lambda: lister.now)
     with counter, lister:                   # the counter beneath the lister: it sees each op once
-        block(x, cos, sin, layer.kernel)
+        layer.region(block)(x, cos, sin)
     ops, positions = [], []
     for i, (name, new, size) in enumerate(lister.rows):
         if new:
@@ -204,7 +216,7 @@ def run_saved(layer: Layer, listing: Listing, chosen) -> Saved:
     made = _Made()
     with tuc.set_checkpoint_early_stop(True):          # PyTorch's default, said out loud
         with made:
-            out = tuc.checkpoint(lambda h, c, s: block(h, c, s, layer.kernel), x, cos, sin,
+            out = tuc.checkpoint(layer.region(block), x, cos, sin,
                                  use_reentrant=False, context_fn=contexts)
         kept = made.alive(besides=out)
         out.float().square().sum().backward()
