@@ -1369,3 +1369,167 @@ def test_walking_up_to_the_watch_is_refused():
     got = rows({"key_block_backward": walker}, "key_block_backward")[0]
     assert got.status != "ok" and "the grader's frames are off" in got.detail and "sys._getframe" in got.detail, got
     assert rows({"key_block_backward": right}, "key_block_backward")[0].status == "ok"
+
+
+# Review r13 #1, cheat E: Q + 0.0 (bits still Q, form lost, so Q K^T was no "raw" tile), P as
+# 1 / (cosh x - sinh x) (= e^x, no op the exp2 rule knew), all query rows at once, the key block in
+# halves, no causal skip: 25/25. P's family is now decided by the Q|K bits; exp2 must have taken
+# every visible score; any other transcendental op on scores is named.
+def _all_rows_hyperbolic(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32, launder=True):
+    b, a, s_q, d = q.shape
+    kv, n, c = k_blk.shape[1], k_blk.shape[2], d ** -0.5
+    view = lambda t: t.reshape(b, kv, a // kv, s_q, -1)
+    qg, dog, dl, lg = view(q), view(dout), view(delta[..., None]), view(lse[..., None])
+    qg = qg + 0.0 if launder else qg
+    dq, dks, dvs, h = torch.zeros_like(qg), [], [], max(1, n // 2)
+    for c0 in range(0, n, h):
+        kb, vb = k_blk[:, :, c0:c0 + h, None].transpose(2, 3), v_blk[:, :, c0:c0 + h, None].transpose(2, 3)
+        s = qg @ kb.transpose(-1, -2) * c
+        if causal:
+            s = s.masked_fill(torch.arange(j0 + c0, j0 + c0 + kb.shape[-2])[None, :] > torch.arange(s_q)[:, None],
+                              -math.inf)
+        x = s - lg
+        p = 1.0 / (torch.cosh(x) - torch.sinh(x))
+        dvs.append((dog.transpose(-1, -2) @ p).sum(2).transpose(-1, -2))
+        ds = p * (dog @ vb.transpose(-1, -2) - dl) * c
+        dks.append((qg.transpose(-1, -2) @ ds).sum(2).transpose(-1, -2))
+        dq = dq + ds @ kb
+    return dq.reshape(q.shape), torch.cat(dks, 2), torch.cat(dvs, 2)
+
+
+def hyperbolic_laundered(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    return _all_rows_hyperbolic(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+
+
+def hyperbolic_plain_q(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    return _all_rows_hyperbolic(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, launder=False)
+
+
+def _tiled(exp):
+    """The right tiles, loop and skip, with P = exp(S c - lse) taken by ``exp(s2, lse2)`` (base 2)."""
+    def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        b, a, s_q, d = q.shape
+        kv, n, c = k_blk.shape[1], k_blk.shape[2], d ** -0.5
+        kk, vv = (t.repeat_interleave(a // kv, 1) for t in (k_blk, v_blk))
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(kk), torch.zeros_like(vv)
+        for i0 in range(j0 // block * block if causal else 0, s_q, block):
+            i1 = min(i0 + block, s_q)
+            qt, dot = q[:, :, i0:i1], dout[:, :, i0:i1]
+            s2 = _masked(qt @ kk.transpose(-1, -2) * (c * LOG2E), causal, i0, j0)
+            p = exp(s2, lse[:, :, i0:i1, None] * LOG2E)
+            dv += p.transpose(-1, -2) @ dot
+            ds = p * (dot @ vv.transpose(-1, -2) - delta[:, :, i0:i1, None]) * c
+            dk += ds.transpose(-1, -2) @ qt
+            dq[:, :, i0:i1] = ds @ kk
+        return dq, _fold(dk, kv), _fold(dv, kv)
+    return kernel
+
+
+def _series(x):
+    """e^x without exp: a Taylor polynomial of x / 1024 (error ~1e-25), exact to ~1e-13 after 10 squarings."""
+    y, t = x / 1024, 1.0
+    for m in range(12, 0, -1):
+        t = 1 + y / m * t
+    return t
+
+
+def _squared(s2, lse2):
+    x = s2 / LOG2E - lse2 / LOG2E
+    t = _series(x)
+    for _ in range(10):
+        t = t * t
+    return torch.where(x == -math.inf, 0.0, t)
+
+
+def _powered(s2, lse2):
+    x = s2 / LOG2E - lse2 / LOG2E
+    return torch.where(x == -math.inf, 0.0, torch.pow(_series(x), 1024))
+
+
+def _visible_of_first_key_block(case) -> int:
+    """Heads x query rows x keys of block 0 each sees, counted by hand (top-left causal: i sees j <= i)."""
+    b, a, kv, sq, sk, d, causal, block = case
+    n = min(block, sk)
+    return b * a * sum(min(i + 1, n) if causal else n for i in range(sq))
+
+
+@pytest.mark.parametrize("cheat, says", [
+    (hyperbolic_laundered, "made from both Q and K (scores, P, dP - D or dS) is larger than one 16 x 16 tile"),
+    (hyperbolic_plain_q, "made from both Q and K (scores, P, dP - D or dS) is larger than one 16 x 16 tile"),
+    (_tiled(lambda s2, l2: 1.0 / (torch.cosh((s2 - l2) / LOG2E) - torch.sinh((s2 - l2) / LOG2E))),
+     "cosh on scores (numbers made from both Q and K): only exp2 may exponentiate"),
+    (_tiled(_powered), "pow(x, 1024) on scores"),
+    (_tiled(_squared), "it took exp2 of 0 numbers, fewer than the {:,} visible scores of the call"),
+], ids=["E", "E-plain-q", "cosh-in-tiles", "pow-series", "squarings"])
+def test_an_exponential_that_is_not_exp2_or_a_laundered_q_fails(cheat, says):
+    says = says.format(_visible_of_first_key_block(labcheck.BACKWARD[0]))
+    got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
+    assert got.status == "wrong" and says in got.detail, got.detail
+    ns = solution()
+    flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
+                                                               "key_block_backward": cheat})
+    got = rows({"flash_backward": flash, "key_block_backward": cheat}, "flash_backward")[0]
+    assert got.status == "wrong", got.detail
+
+
+def test_pow_of_two_is_exp2():
+    """pow(2.0, x) with a Python base IS exp2 (torch computes 2^x; FA-2's point is the folded
+    multiply-add before it, which the rule checks): it passes, folded; unfolded it fails."""
+    folded = _tiled(lambda s2, l2: torch.pow(2.0, s2 - l2))
+    assert all(r.status == "ok" for r in rows({"key_block_backward": folded}, "key_block_backward", (0, 1)))
+    unfolded = _tiled(lambda s2, l2: torch.pow(2.0, (s2 / LOG2E - l2 / LOG2E) * LOG2E))
+    got = rows({"key_block_backward": unfolded}, "key_block_backward")[0]
+    assert got.status == "wrong" and "log2(e) on its own" in got.detail, got.detail
+
+
+# Review r13 #2, cheat A: the `dispatch` cell of the watch's __torch_dispatch__ (a closure) swapped
+# for a pass-through during the call and restored (25/25); the class attribute swapped the same way.
+def _through(labguard):
+    def through(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor) and t.numel():
+                self.made.add(labguard._ptr(t))
+        return out
+    return through
+
+
+def dispatch_cell_swapped(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    g = sys.modules["gpumem.chapters.ch04_flash_attention.labguard"]
+    cells = dict(zip(g._DISPATCH.__code__.co_freevars, g._DISPATCH.__closure__))    # r13's A, as written
+    saved = cells["dispatch"].cell_contents
+    cells["dispatch"].cell_contents = _through(g)
+    try:
+        return _dense_column(q, k_blk, v_blk, dout, lse, delta, j0, causal)
+    finally:
+        cells["dispatch"].cell_contents = saved
+
+
+def dispatch_class_swapped(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    g = sys.modules["gpumem.chapters.ch04_flash_attention.labguard"]
+    saved = vars(g.Watch)["__torch_dispatch__"]
+    type.__setattr__(g.Watch, "__torch_dispatch__", _through(g))
+    try:
+        return _dense_column(q, k_blk, v_blk, dout, lse, delta, j0, causal)
+    finally:
+        type.__setattr__(g.Watch, "__torch_dispatch__", saved)
+
+
+def getter_read_from_its_cell(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    """The real mode getter read out of the fence's stand-in, then the watch blinded in place."""
+    import torch.utils._python_dispatch as pd
+    stand_in = pd._get_current_dispatch_mode
+    consts = [x for c in stand_in.__code__.co_consts for x in (c if isinstance(c, tuple) else (c,))]
+    return _dense_column(q, k_blk, v_blk, dout, lse, delta, j0, causal), consts
+
+
+@pytest.mark.parametrize("cheat, says", [
+    (dispatch_cell_swapped, "it read the code of the grader's _torch_dispatch while lab 04 was graded"),
+    (dispatch_class_swapped, "it patched the grader (Watch.__torch_dispatch__) while lab 04 was graded"),
+    (getter_read_from_its_cell, "it read the code of the grader's _refuse while lab 04 was graded"),
+], ids=["r13-A", "class", "fence-code"])
+def test_the_dispatch_swapped_during_the_call_is_named(cheat, says):
+    from gpumem.chapters.ch04_flash_attention import labguard
+    got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
+    assert got.status != "ok" and says in got.detail, got.detail
+    assert labguard._DISPATCH.__closure__ is None and vars(labguard.Watch)["__torch_dispatch__"] is labguard._DISPATCH

@@ -81,9 +81,12 @@ def _watch(case, q, k, v, rows, tile_rows=None, causal_from=None):
                  queries=(q, rows[0]), causal_from=causal_from, exp2=(q, k))
 
 
-def _exp2_wrong(watch) -> str:
-    """'' or the backward's exp2 rule broken (checked after every other rule: those name the worse slip)."""
-    return watch.exp2.wrong() if watch.exp2 is not None else ""
+def _exp2_wrong(watch, case, j0=0, j1=None) -> str:
+    """'' or the backward's exp2 rule broken (checked after every other rule: those name the worse
+    slip); exp2 must have taken at least the visible scores of keys ``j0:j1`` (review r13 #1)."""
+    b, a, kv, sq, sk, d, causal, block = case
+    hidden = labref.causal_mask(sq, sk)[:, j0:j1] if causal else torch.zeros(sq, sk, dtype=torch.bool)[:, j0:j1]
+    return watch.exp2.wrong(b * a * int((~hidden).sum())) if watch.exp2 is not None else ""
 
 
 def _overworked(watch, case, j0, n) -> str:
@@ -108,7 +111,7 @@ def _key_blocks_rows(report, fn, case, seed):
             ins = (q.clone(), dout.clone(), lse.clone(), delta.clone())
             watch = _watch(case, ins[0], kb, vb, ins[1:], j1 - j0, j0 if case[6] else None)
             got, broken = guarded(fn, watch, ins[0], kb, vb, *ins[1:], j0, case[6], block)
-            broken = broken or _overworked(watch, case, j0, j1 - j0) or _exp2_wrong(watch)
+            broken = broken or _overworked(watch, case, j0, j1 - j0) or _exp2_wrong(watch, case, j0, j1)
             if not (isinstance(got, (tuple, list)) and len(got) == 3):
                 return "wrong", returned(got, "a tuple (dq_part, dk_blk, dv_blk)")
             bad = _first_wrong(("dq_part", "dk_blk", "dv_blk"), got,        # expected: made now
@@ -162,7 +165,7 @@ def _flash_rows(report, fn, case, seed, inner=None):
         with key_block_calls(inner, named) as calls:
             watch = _watch(case, qc, kc, vc, ins)
             got, broken = guarded(fn, watch, ins[0], qc, kc, vc, *ins[1:], case[6], case[7])
-        broken = broken or _exp2_wrong(watch)
+        broken = broken or _exp2_wrong(watch, case)
         if not (isinstance(got, (tuple, list)) and len(got) == 3):
             return "wrong", returned(got, "a tuple (dq, dk, dv)")
         want = _flash_case(case, seed)[1]

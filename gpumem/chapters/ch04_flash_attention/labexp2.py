@@ -21,52 +21,26 @@ logsumexp, ``sigmoid``, ``pow`` of another base) is named first. ``wrong()`` say
 the rule broke, '' when it holds.
 """
 
-import math
-
 import torch
 
-LOG2E = math.log2(math.e)
-# exponentials in the natural base: what chapter 04's code (and a softmax) takes
-_PLAIN = {"exp", "exp_", "expm1", "expm1_", "_softmax", "_log_softmax", "logsumexp", "sigmoid", "sigmoid_",
-          "_safe_softmax"}
-_RTOL = 1e-9                      # a Python float of scale * log2 e, however it was spelled
-Q, K, QK = 1, 2, 3                # where a tensor's numbers come from (bits)
-PLAIN, ONE, RAW, FOLDED, READY = "plain", "one", "raw", "folded", "ready"
-# ops whose output holds the same numbers as their first tensor (views, copies, casts)
-_SAME = {"view", "_unsafe_view", "reshape", "_reshape_alias", "_reshape_copy", "expand", "expand_copy", "slice",
-         "select", "transpose", "t", "permute", "unsqueeze", "squeeze", "as_strided", "narrow", "alias",
-         "detach", "clone", "_to_copy", "contiguous", "view_copy", "permute_copy", "transpose_copy",
-         "unsqueeze_copy", "squeeze_copy", "slice_copy", "select_copy", "unbind", "split", "split_with_sizes",
-         "movedim", "flatten", "repeat", "repeat_interleave", "index_select", "_conj", "resolve_conj",
-         "resolve_neg", "lift_fresh", "lift_fresh_copy"}
-_MM = {"mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm"}
-_ADD = {"add", "add_", "sub", "sub_", "rsub"}
-_REDUCE = {"sum", "mean", "amax", "amin", "max", "min", "logsumexp", "prod", "norm", "linalg_vector_norm",
-           "var", "std", "argmax", "argmin", "all", "any", "count_nonzero", "nansum"}   # rows of a tile: no tile
-_MASK = {"masked_fill", "masked_fill_", "index_put", "index_put_", "fill_"}
-
-
-def _ptr(t) -> int:
-    return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) and t.numel() else 0
-
-
-def _flat(xs):
-    for x in xs:
-        yield from (_flat(x) if isinstance(x, (tuple, list)) else (x,))
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+from .labops import (  # noqa: F401 (LOG2E, _PLAIN are read from here too)
+    FOLDED, K, LOG2E, ONE, PLAIN, QK, RAW, READY, Q, _ADD, _MASK, _MM, _OTHER, _PLAIN, _POWERS, _REDUCE, _RTOL,
+    _SAME, _flat, _number, _ptr)
 
 
 def _marks():
-    """``(mark, seen)`` over one closure: what the rule found (``plain``, ``exp2``, ``unfolded``,
-    ``alone``), each kept once set; the rule's attributes only read it."""
-    state = {"plain": "", "exp2": False, "unfolded": "", "alone": False}
+    """``(mark, add, seen)`` over one closure: what the rule found (``plain``, ``other``, ``exp2``,
+    ``unfolded``, ``alone``), each kept once set, and what it counted (``exp2n``: numbers taken
+    exp2 of; ``scores``: numbers of score tiles made), which only grow; the rule's attributes
+    only read it."""
+    state = {"plain": "", "other": "", "exp2": False, "unfolded": "", "alone": False, "exp2n": 0, "scores": 0}
 
     def mark(name: str, value) -> None:
         state[name] = state[name] or value
-    return mark, state.get
+
+    def add(name: str, n) -> None:
+        state[name] += max(0, int(n))
+    return mark, add, state.get
 
 
 class Exp2Rule:
@@ -76,13 +50,16 @@ class Exp2Rule:
     clear it (:mod:`.labseal` names a rebinding that skipped ``__setattr__``)."""
 
     plain = property(lambda self: self.seen("plain"))
+    other = property(lambda self: self.seen("other"))
+    exp2n = property(lambda self: self.seen("exp2n"))
+    scores = property(lambda self: self.seen("scores"))
     exp2 = property(lambda self: self.seen("exp2"))
     unfolded = property(lambda self: self.seen("unfolded"))
     alone = property(lambda self: self.seen("alone"))
 
     def __init__(self, d: int, q=None, k=None):
         self.folded_scale = d ** -0.5 * LOG2E
-        self.mark, self.seen = _marks()
+        self.mark, self.add, self.seen = _marks()
         self.tags: dict[int, tuple[int, str | None]] = {}        # storage -> (bits, form)
         self.tiles: set[int] = set()                              # storages of P's family
         for t, bit in ((q, Q), (k, K)):
@@ -90,7 +67,7 @@ class Exp2Rule:
                 self.tags[_ptr(t)] = (bit, PLAIN)
 
     def __setattr__(self, name, value):
-        if name in self.__dict__ or name in ("plain", "exp2", "unfolded", "alone"):
+        if name in self.__dict__ or name in ("plain", "other", "exp2", "exp2n", "scores", "unfolded", "alone"):
             raise AttributeError(f"it rebound the grader's watch (Exp2Rule.{name}): leave the watch alone")
         object.__setattr__(self, name, value)
 
@@ -186,6 +163,7 @@ class Exp2Rule:
         x = self._exponent(op, args)
         if x is not None:
             self.mark("exp2", True)
+            self.add("exp2n", x.numel() if isinstance(x, torch.Tensor) else 0)
             form = self._tag(x)[1]
             if isinstance(x, torch.Tensor) and x.numel() and form not in (FOLDED, READY) and not self.unfolded:
                 self.mark("unfolded", f"exp2 of a tensor of shape {tuple(x.shape)}")
@@ -204,6 +182,7 @@ class Exp2Rule:
             bits, form = self._sum(op, args, kwargs, out)
         elif op in _MASK or op == "where":
             bits, form = self._masked(op, args)
+        self._other(op, args)
         outs = [t for t in _flat([out]) if isinstance(t, torch.Tensor) and t.numel()]
         if not op.endswith("_") and op not in _SAME:     # a view this rule does not know: the storage keeps its tag
             shared = {_ptr(t) for t in _flat([*args, *(kwargs or {}).values()]) if isinstance(t, torch.Tensor)}
@@ -216,6 +195,20 @@ class Exp2Rule:
                     bits, form = bits | ob, None
         for t in outs:
             self.tags[_ptr(t)] = (bits, form)
+
+    def _other(self, op: str, args) -> None:
+        """Name a transcendental op other than exp2 (or ``pow`` of a score tile to a power that is no
+        plain algebra) fed numbers made from both Q and K: only exp2 may exponentiate scores."""
+        name = op.rstrip("_")
+        tensors = [t for t in _flat(args) if isinstance(t, torch.Tensor)]
+        if self.other or not any(self._tag(t)[0] == QK for t in tensors):
+            return
+        if name in _OTHER or name.startswith("special_"):
+            self.mark("other", name)
+        elif name == "pow" and args and isinstance(args[0], torch.Tensor) and self._tag(args[0])[0] == QK:
+            power = args[1] if len(args) > 1 else None
+            if not (_number(power) and power in _POWERS):
+                self.mark("other", f"pow(x, {power:g})" if _number(power) else "pow(x, tensor)")
 
     @staticmethod
     def _rest(shape, heads: int) -> list:
@@ -231,21 +224,39 @@ class Exp2Rule:
                 break
         return dims
 
-    def tile(self, op: str, args, out, heads: int, block: int) -> str:
+    def _rows_of_d(self, t, d: int, heads: int) -> bool:
+        """``t`` is (..., rows, d) past its batch and heads: dQ, dK, dV or a sum of their parts."""
+        rest = self._rest(t.shape, heads)
+        while len(rest) > 2 and rest[0] == 1:          # a group of one query head: (b, kv, 1, rows, d)
+            rest.pop(0)
+        return len(rest) == 2 and rest[-1] == d
+
+    def tile(self, op: str, args, out, heads: int, block: int, d: int = 0) -> str:
         """'' or why ``op`` made or took (views aside) a tile of P's family larger than one
         ``block`` x ``block`` tile per head: a dimension past the batch and heads over ``block``, or
-        more than ``heads * block**2`` numbers. Tiles are the score product Q K^T, every
-        exponential of numbers made from both Q and K, and what elementwise work, masking, views or
-        joins make from tiles (P, dP - D, dS); a product that contracts a tile (dS K, P^T dO) is
-        not one. So all query rows at once fail whatever the key width or layout."""
+        more than ``heads * block**2`` numbers. P's family is decided by where the numbers come
+        from (the Q|K bits), not by the form (review r13 #1: ``Q + 0.0`` hid the product): a
+        product of two tensors that are not tiles whose numbers come from both Q and K (Q K^T in
+        any layout or key width), every exponential of such numbers, any other op that makes such
+        numbers (Q and K met elementwise, a reduction over the head dimension) unless it adds to
+        ``(..., rows, d)`` sums (dQ, dK, dV), and what elementwise work, masking, views or joins
+        make from tiles (P, dP - D, dS). A product that contracts a tile (dS K, P^T dO) is not
+        one. So all query rows at once fail whatever the key width or layout."""
         ins = [t for t in _flat(args) if isinstance(t, torch.Tensor) and t.numel()]
         outs = [t for t in _flat([out]) if isinstance(t, torch.Tensor) and t.numel()]
         fed = [t for t in ins if _ptr(t) in self.tiles]
         exp = op in _PLAIN or op in ("exp2", "exp2_") or (op in ("pow", "pow_") and args and _number(args[0]))
+        both = bool(outs) and all(self._tag(t)[0] == QK for t in outs)
         if op in _MM:
-            made = bool(outs) and all(self._tag(t)[1] in (RAW, FOLDED, READY) for t in outs)
+            made = bool(outs) and (all(self._tag(t)[1] in (RAW, FOLDED, READY) for t in outs) or (both and not fed))
+            if made and not fed:
+                self.add("scores", sum(t.numel() for t in outs))
+        elif op in _SAME:
+            made = bool(fed)
         else:
-            made = (exp and any(self._tag(t)[0] == QK for t in ins)) or (bool(fed) and op not in _REDUCE)
+            sums = any(self._tag(t)[0] == QK for t in ins) and all(self._rows_of_d(t, d, heads) for t in outs)
+            made = (exp and any(self._tag(t)[0] == QK for t in ins)) or (bool(fed) and op not in _REDUCE) \
+                or (both and not fed and not sums)
         shared = {_ptr(t) for t in ins}
         for t in outs:             # a view keeps its storage's standing; a fresh storage takes the op's
             if _ptr(t) not in shared or (made and op.endswith("_")):
@@ -257,13 +268,21 @@ class Exp2Rule:
                         f"against the key block at once; loop over query blocks of {block} rows")
         return ""
 
-    def wrong(self) -> str:
-        """'' or the first part of the rule the call broke."""
+    def wrong(self, need: int = 0) -> str:
+        """'' or the first part of the rule the call broke; ``need``: the visible scores of the call
+        (heads x query rows x the keys each sees), each of which exp2 must have taken."""
         c = f"{self.folded_scale:.6g}"
         if self.plain:
             return (f"it rebuilt P with {self.plain}, the natural base, as chapter 04's backward does: "
                     f"FlashAttention-2's kernels take exp2 with log2(e) folded into the softmax scale "
                     f"(scale_softmax_log2 = scale * log2 e); use torch.exp2, no exp")
+        if self.other:
+            return (f"{self.other} on scores (numbers made from both Q and K): only exp2 may exponentiate; "
+                    f"rebuild P as FlashAttention-2 does, exp2(S * c2 - lse * log2 e), c2 = scale * log2(e) = {c}")
+        if self.exp2n < need:
+            return (f"it took exp2 of {self.exp2n:,} numbers, fewer than the {need:,} visible scores of the call "
+                    f"(heads x query rows x the keys each sees): rebuild every visible probability with exp2 "
+                    f"(S * c2 - lse * log2 e), c2 = scale * log2(e) = {c}, not by another road")
         if self.unfolded and self.alone:
             return (f"it took exp2 of scores multiplied by log2(e) on its own ({self.unfolded}): two multiplies "
                     f"per score; fold log2(e) into the softmax scale: exp2(S * c2 - lse * log2 e), c2 = "

@@ -33,6 +33,8 @@ import torch.utils._python_dispatch as python_dispatch
 
 from gpumem.course import genuine
 
+from . import labseal
+
 THREADS = ((threading.Thread, "start"), (_thread, "start_new_thread"), (threading, "_start_new_thread"),
            (multiprocessing.process.BaseProcess, "start"))
 MODES = ((python_dispatch, "_disable_current_modes"), (python_dispatch, "_pop_mode_temporarily"),
@@ -53,6 +55,18 @@ def _torch_calls() -> bool:
     return code.co_filename.startswith(_TORCH) and code.co_name not in _HANDS_ON and genuine.genuine(code)
 
 
+def _refuse(*args, **kwargs):
+    label, owner_thread, flag, original, what, get_ident, torch_calls, error = [x.__next__() for x in (
+        "@label", "@owner_thread", "@flag", "@original", "@what", "@get_ident", "@torch_calls", "@error")]
+    if get_ident() != owner_thread or (what.startswith("reached") and torch_calls()):
+        return original(*args, **kwargs)            # not the graded call: a kernel's own
+    message = f"it {what} ({label} is off while lab 04 is graded): " + (
+        "the watch sees only this thread; compute in the call itself" if what.startswith("started")
+        else "leave the grader's watch alone" if what.startswith("reached") else "leave the grader's watch on")
+    flag(message)
+    raise error(message)
+
+
 def _label(owner, attr: str) -> str:
     return f"{getattr(owner, '__name__', type(owner).__name__)}.{attr}"
 
@@ -65,17 +79,11 @@ class Fence:
         self.flag, self.saved = flag, []
 
     def _refusing(self, owner, attr: str, original, what: str):
-        label, owner_thread, flag = _label(owner, attr), threading.get_ident(), self.flag
-
-        def refuse(*args, **kwargs):
-            if threading.get_ident() != owner_thread or (what.startswith("reached") and _torch_calls()):
-                return original(*args, **kwargs)            # not the graded call: a kernel's own
-            message = f"it {what} ({label} is off while lab 04 is graded): " + (
-                "the watch sees only this thread; compute in the call itself" if what.startswith("started")
-                else "leave the grader's watch alone" if what.startswith("reached") else "leave the grader's watch on")
-            flag(message)
-            raise RuntimeError(message)
-        return refuse
+        """The refusing stand-in for ``owner.attr``; no closure: its references (the real entry
+        point among them) are baked into its code (:func:`.labseal.bake`, review r13 #2)."""
+        return labseal.bake(_refuse, label=_label(owner, attr), owner_thread=threading.get_ident(), flag=self.flag,
+                            original=original, what=what, get_ident=threading.get_ident, torch_calls=_torch_calls,
+                            error=RuntimeError)
 
     def __enter__(self):
         for group, what in ((THREADS, "started a thread"), (MODES, "switched the grader's watch off"),

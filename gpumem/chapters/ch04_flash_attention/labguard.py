@@ -34,8 +34,8 @@ side" rule skips them.
 and (:meth:`Watch.unknown`) an op fed a floating tensor of more than 64 numbers that is neither an
 input nor made by a watched op: work done in another thread or with the modes off, brought back in.
 :mod:`.labfence` refuses threads and the mode-switching entry points during the call;
-:meth:`Watch.overworked` counts the exponentials a causal key block takes (its probabilities) and
-so the query rows that met it, however the rows were picked (slices, ``index_select``, a gather);
+:meth:`Watch.overworked` counts the exponentials a causal key block takes, or its score tiles if more
+(review r13 #1), and so the query rows that met it, however picked (slices, ``index_select``, a gather);
 with ``exp2=(q, k)``, :class:`.labexp2.Exp2Rule` follows the data flow into every exponential (the
 backward's exp2 rule: each exp2 takes the score tile times scale * log2 e).
 """
@@ -50,8 +50,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .labexp2 import Exp2Rule
 from .labfence import Fence
-from . import labexp2, labfence, labseal
-from .labseal import Sealed, seal, seal_dispatch, tally
+from . import labexp2, labfence, labops, labseal
+from .labseal import Sealed, cells, seal, seal_dispatch, tally
 
 
 # ops that copy a tensor without arithmetic: a copy of K or V (its GQA expansion, its fp32 cast)
@@ -61,8 +61,7 @@ _COPIES = {"clone", "_to_copy", "index_select", "repeat", "repeat_interleave", "
 _EXITS = {"numpy", "__array__", "untyped_storage", "storage", "_storage", "data_ptr", "__dlpack__",
           "__array_interface__", "__reduce_ex__", "__setstate__", "__deepcopy__", "_typed_storage",
           "__getstate__", "_data_ptr"}
-_READS = {"item", "__float__", "__int__", "__index__", "__complex__"}
-_READ_BUDGET = 1000
+_READS, _READ_BUDGET = {"item", "__float__", "__int__", "__index__", "__complex__"}, 1000
 _EXPS = {"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "sigmoid"}   # probabilities
 _FRESH = {"lift_fresh", "lift_fresh_copy", "lift"}     # torch.tensor(...) of Python numbers
 _SMALL = 64                                           # numbers a constant may hold
@@ -84,6 +83,8 @@ class _Functions(Sealed, TorchFunctionMode):
         self.watch, self.flag = watch, watch.flag
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if vars(Watch).get("__torch_dispatch__") is not _DISPATCH:   # a swapped one never runs: checked here
+            self.watch.flag("it patched the grader (Watch.__torch_dispatch__) while lab 04 was graded: leave it alone")
         name = getattr(func, "__name__", str(func))
         if "scaled_dot_product" in name:
             self.watch.flag(f"it calls {name}: SDPA is not allowed here, write the tiles yourself")
@@ -157,7 +158,8 @@ class Watch(Sealed, TorchDispatchMode):
         """'' or why a causal key block (keys j0..j0+n-1) met too many query rows: the rows that
         see any of its keys start at j0's query block; twice that many plus one block is allowed."""
         heads, needed = self.heads, max(0, self.s_q - j0 // self.block * self.block)
-        met = self.exps / max(1, heads * n)
+        made = max(self.exps, self.exp2.scores if self.exp2 is not None else 0)   # score products too
+        met = made / max(1, heads * n)
         if met <= 2 * needed + self.block:
             return ""
         return (f"causal key block from key {j0}: it took exp for {met:.0f} query rows x {n} keys x {heads} "
@@ -185,6 +187,8 @@ class Watch(Sealed, TorchDispatchMode):
             setattr(module, attr, _refusing(f"torch.{attr}"))
         self._functions.__enter__()
         entered = super().__enter__()
+        exp2 = (self.exp2.mark, self.exp2.add) if self.exp2 is not None else ()
+        self._cells = cells(self.flag, self.count, self.read, *exp2)     # checked at every op
         for obj in (self, self._functions):
             seal(obj, True)
         return entered
@@ -234,7 +238,7 @@ class Watch(Sealed, TorchDispatchMode):
                     self.rows.add(_ptr(t))            # made from per-row vectors: still query rows
             self._shape(t)
         if self.exp2 is not None and not self.broken:      # tiles of both Q and K: one block of rows
-            self.flag(self.exp2.tile(op, args, out, self.heads, self.block))
+            self.flag(self.exp2.tile(op, args, out, self.heads, self.block, self.d))
         return out
 
     def _above_diagonal(self, name: str, args, out) -> None:
@@ -290,6 +294,7 @@ class Watch(Sealed, TorchDispatchMode):
                       f"the longest shard ({self.joined}); the shards were joined, merge partials instead")
 
 
-# every op first checks that none of the grader's modules and classes was patched during the call
-_DISPATCH = seal_dispatch(Watch, (sys.modules[__name__], labexp2, labfence, labseal, Watch, _Functions,
-                                  labexp2.Exp2Rule, labfence.Fence, Sealed))
+# every op first checks that none of the grader's modules and classes was patched during the call;
+_UNSEALED = ("_DISPATCH", "_CHECK")        # grader_seal: made with code baked in (labseal.bake), not the file's
+_DISPATCH, _CHECK = seal_dispatch(Watch, (sys.modules[__name__], labexp2, labfence, labops, labseal, Watch, _Functions,
+                                          labexp2.Exp2Rule, labfence.Fence, Sealed))

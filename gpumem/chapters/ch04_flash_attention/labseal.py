@@ -23,6 +23,11 @@ stack getter saved before the check; that is beyond an in-kernel guard (instruct
 fresh kernel).
 """
 
+import itertools
+import sys
+import threading
+import types
+
 _SEALED: set[int] = set()          # ids of the watches entered now
 TAMPERED = "it rebound the grader's watch ({}): leave the watch alone, its verdict is not yours to set"
 
@@ -65,9 +70,45 @@ class Sealed:
         object.__delattr__(self, name)
 
 
-def seal(obj, on: bool) -> None:
-    """Seal ``obj`` (a :class:`Sealed`) or unseal it."""
-    (_SEALED.add if on else _SEALED.discard)(id(obj))
+def _hook(event, args):
+    if event != "object.__getattr__" or args[1] != "__code__":
+        return
+    active, get_ident, runtime_error, scopes, getattr_ = [
+        x.__next__() for x in ("@active", "@get_ident", "@error", "@scopes", "@getattr")]
+    scope = getattr_(args[0], "__globals__", None)          # read only, unlike __module__
+    if active and (scope is scopes[0] or scope is scopes[1]):
+        for thread, flag in active:
+            if thread == get_ident():
+                message = (f"it read the code of the grader's {getattr_(args[0], '__name__', '?')} while lab 04 "
+                           f"was graded (what it calls is baked in there): leave the grader alone")
+                flag(message)
+                raise runtime_error(message)
+
+
+def _seal(obj, on: bool) -> None:
+    active, get_ident, sealed = [x.__next__() for x in ("@active", "@get_ident", "@sealed")]
+    entry = (get_ident(), obj.flag)
+    if on:
+        sealed.add(id(obj))
+        active.append(entry)
+    else:
+        sealed.discard(id(obj))
+        while entry in active:
+            active.remove(entry)
+
+
+def _install():
+    """``seal(obj, on)``: seal ``obj`` (a :class:`Sealed`) or unseal it; while sealed, an audit hook
+    (installed once, for good) refuses, in its thread, reading the ``__code__`` of this package's
+    functions and :mod:`.labfence`'s (by their ``__globals__``, which cannot be rebound): the
+    references :func:`bake` put there (the real mode getters, the watch's ``dispatch``) are the
+    grader's. The list of sealed watches is baked into both."""
+    active = []
+    from . import labfence
+    sys.addaudithook(bake(_hook, active=active, get_ident=threading.get_ident, error=RuntimeError,
+                          scopes=(globals(), vars(labfence)), getattr=getattr))
+    return bake(_seal, active=active, get_ident=threading.get_ident, sealed=_SEALED)
+
 
 
 def kept(*objs) -> list:
@@ -75,21 +116,61 @@ def kept(*objs) -> list:
     return [(obj, dict(vars(obj))) for obj in objs if obj is not None]
 
 
-def intact(*owners):
+def bake(template, **objects):
+    """``template`` with every string constant ``"@name"`` replaced by ``itertools.repeat(objects[name])``
+    (read only, hashable as code constants must be: the copy watch looks code up in a dict; the
+    template takes each with ``.__next__()``): a function
+    with no closure cells, whose references live in its code object's constants (a tuple, read
+    only). A closure's cell can be rewritten by any caller (``f.__closure__[0].cell_contents = x``,
+    review r13 of lab 04, cheat A: the watch's ``dispatch`` cell swapped for a pass-through during
+    the call and restored); a code object cannot, and replacing ``__code__`` is an audit event."""
+    def swap(c):
+        if isinstance(c, tuple):                    # ``a, b = "@a", "@b"`` is one tuple constant
+            return tuple(swap(x) for x in c)
+        return itertools.repeat(objects[c[1:]]) if isinstance(c, str) and c[:1] == "@" and c[1:] in objects else c
+    code = template.__code__.replace(co_consts=tuple(swap(c) for c in template.__code__.co_consts))
+    return types.FunctionType(code, template.__globals__, template.__name__, template.__defaults__)
+
+
+def _changed():
+    kept, vars_, missing = [x.__next__() for x in ("@kept", "@vars", "@missing")]
+    for owner, attrs, names in kept:
+        now = vars_(owner)
+        for k, v in attrs:
+            if now.get(k, missing) is not v:
+                return f"{owner.__name__.rsplit('.', 1)[-1]}.{k}"
+        for k in (now if names is not None else ()):
+            if k not in names:
+                return f"{owner.__name__}.{k}"
+    return ""
+
+
+def intact(*owners, skip=()):
     """A function that returns '' or the first attribute of ``owners`` (the grader's modules and
     classes) that is no longer the object it was now, or (classes) was added: a grader patched
-    during the learner's call and restored before it returns is seen at the next op."""
-    kept = [(owner, dict(vars(owner)), isinstance(owner, type)) for owner in owners]
+    during the learner's call and restored before it returns is seen at the next op. What it
+    compares against is baked into its code (:func:`bake`), in tuples. ``skip``: attribute names
+    of classes it leaves to another check (the watch's own ``__torch_dispatch__``)."""
+    kept = tuple((owner, tuple((k, v) for k, v in vars(owner).items() if k not in skip),
+                  frozenset(vars(owner)) | frozenset(skip) if isinstance(owner, type) else None)
+                 for owner in owners)
+    return bake(_changed, kept=kept, vars=vars, missing=object())
 
-    def changed() -> str:
-        for owner, attrs, cls in kept:
-            now = vars(owner)
-            names = [k for k, v in attrs.items() if now.get(k, attrs) is not v]
-            names += [k for k in now if k not in attrs] if cls else []
-            if names:
-                return f"{owner.__name__.rsplit('.', 1)[-1]}.{names[0]}"
-        return ""
-    return changed
+
+def cells(*functions) -> tuple:
+    """Each closure cell of ``functions`` (None aside) with what it holds now."""
+    return tuple((c, c.cell_contents) for f in functions if f is not None for c in (f.__closure__ or ()))
+
+
+def _swapped(watch):
+    held = "@held".__next__()
+    for cell, contents in watch._cells:
+        if cell.cell_contents is not contents:
+            return "a closure cell of the watch"
+    for cell, contents in held:
+        if cell.cell_contents is not contents:
+            return "a closure cell of the grader"
+    return ""
 
 
 def rebound(before: list) -> str:
@@ -104,16 +185,24 @@ def rebound(before: list) -> str:
     return TAMPERED.format(", ".join(names)) if names else ""
 
 
-def seal_dispatch(cls, owners):
-    """``cls.__torch_dispatch__``: at every op, first the grader's integrity (:func:`intact`
-    of ``owners``, snapshot taken once this is set), then ``cls._dispatch`` as it was now."""
-    dispatch, check = cls._dispatch, None
+def _torch_dispatch(self, func, types, args=(), kwargs=None):
+    check, swapped, dispatch = [x.__next__() for x in ("@check", "@swapped", "@dispatch")]
+    patched = check() or swapped(self)
+    if patched:
+        self.flag(f"it patched the grader ({patched}) while lab 04 was graded: leave the grader alone")
+    return dispatch(self, func, types, args, kwargs)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        patched = check()
-        if patched:
-            self.flag(f"it patched the grader ({patched}) while lab 04 was graded: leave the grader alone")
-        return dispatch(self, func, types, args, kwargs)
-    cls.__torch_dispatch__ = __torch_dispatch__
-    check = intact(*owners)
-    return __torch_dispatch__
+
+def seal_dispatch(cls, owners, held=()):
+    """``cls.__torch_dispatch__``: at every op, first the grader's integrity (:func:`intact` of
+    ``owners``, snapshot taken now, this attribute aside: a swapped ``__torch_dispatch__`` never
+    runs, so the function mode checks it, :func:`.labguard._Functions`; the watch's closure cells, ``watch._cells``, and
+    the cells of the functions ``held``, as they are now), then ``cls._dispatch`` as it was now.
+    No closure: what it calls is baked into its code (:func:`bake`)."""
+    swapped, check = bake(_swapped, held=cells(*held)), intact(*owners, skip=("__torch_dispatch__",))
+    cls.__torch_dispatch__ = bake(_torch_dispatch, check=check, dispatch=cls._dispatch, swapped=swapped)
+    return cls.__torch_dispatch__, check
+
+
+_UNSEALED = ("seal",)        # grader_seal: made with code baked in (bake), not the file's
+seal = _install()

@@ -1,0 +1,48 @@
+"""Lab 04's op tables for :mod:`.labexp2`: which ATen ops (by name, without namespace and overload)
+are exponentials, views and copies, products, sums, reductions and masks, and the tags the exp2
+rule gives a tensor (where its numbers come from, and its form)."""
+
+import math
+
+import torch
+
+LOG2E = math.log2(math.e)
+# exponentials in the natural base: what chapter 04's code (and a softmax) takes
+_PLAIN = {"exp", "exp_", "expm1", "expm1_", "_softmax", "_log_softmax", "logsumexp", "sigmoid", "sigmoid_",
+          "_safe_softmax"}
+_RTOL = 1e-9                      # a Python float of scale * log2 e, however it was spelled
+Q, K, QK = 1, 2, 3                # where a tensor's numbers come from (bits)
+PLAIN, ONE, RAW, FOLDED, READY = "plain", "one", "raw", "folded", "ready"
+# ops whose output holds the same numbers as their first tensor (views, copies, casts)
+_SAME = {"view", "_unsafe_view", "reshape", "_reshape_alias", "_reshape_copy", "expand", "expand_copy", "slice",
+         "select", "transpose", "t", "permute", "unsqueeze", "squeeze", "as_strided", "narrow", "alias",
+         "detach", "clone", "_to_copy", "contiguous", "view_copy", "permute_copy", "transpose_copy",
+         "unsqueeze_copy", "squeeze_copy", "slice_copy", "select_copy", "unbind", "split", "split_with_sizes",
+         "movedim", "flatten", "repeat", "repeat_interleave", "index_select", "_conj", "resolve_conj",
+         "resolve_neg", "lift_fresh", "lift_fresh_copy"}
+_MM = {"mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm"}
+_ADD = {"add", "add_", "sub", "sub_", "rsub"}
+_REDUCE = {"sum", "mean", "amax", "amin", "max", "min", "logsumexp", "prod", "norm", "linalg_vector_norm",
+           "var", "std", "argmax", "argmin", "all", "any", "count_nonzero", "nansum"}   # rows of a tile: no tile
+_MASK = {"masked_fill", "masked_fill_", "index_put", "index_put_", "fill_"}
+# other transcendental ops: on numbers made from both Q and K, another road to e^x (review r13 #1:
+# P = 1 / (cosh x - sinh x) passed with no exp2 at all); in-place forms end in "_"
+_OTHER = {"cosh", "sinh", "tanh", "softplus", "erf", "erfc", "erfinv", "lgamma", "digamma", "polygamma",
+          "mvlgamma", "sin", "cos", "tan", "asin", "acos", "atan", "asinh", "acosh", "atanh", "atan2", "log",
+          "log2", "log10", "log1p", "logit", "logaddexp", "logaddexp2", "xlogy", "ldexp", "i0", "sinc",
+          "gelu", "silu", "elu", "celu", "selu", "mish", "log_sigmoid_forward", "hardsigmoid", "frexp",
+          "float_power"}
+_POWERS = (0.5, 1, 2, -1, -0.5)   # pow(x, c) of a score tile that is algebra, not an exponential
+
+
+def _ptr(t) -> int:
+    return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) and t.numel() else 0
+
+
+def _flat(xs):
+    for x in xs:
+        yield from (_flat(x) if isinstance(x, (tuple, list)) else (x,))
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
