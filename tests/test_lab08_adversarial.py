@@ -105,7 +105,7 @@ def test_cases_vary_and_cover_the_dimensions():
     from gpumem.memory import gpus
     rng = random.Random(3)
     answers, odd = set(), 0
-    for _ in range(3):
+    for _ in range(5):       # each draw has three rungs of four: every rung over five draws (this seed)
         cases = lab_cases.choose_cases(rng)
         answers |= {c[0] for c in cases}
         assert len({c[0] for c in cases}) >= 4 and None in {c[0] for c in cases}
@@ -1263,3 +1263,18 @@ def test_part_4_says_its_host_margin():
         part4 = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("## 4 "))
         text = " ".join(part4.split())
         assert f"`lab_cases.MARGIN` ({100 * lab_cases.MARGIN:.0f} %)" in text and "part 3 refuses" in text, folder
+
+
+def test_choose_cases_are_as_deep_as_published_models():
+    """Review r14 minor 5.4: choose cases were 97 to 139 layers deep at d_model 6 to 7 k (L=139
+    h=6,528), unlike any published model. Their depth is now 16 to 128 layers with d_model / n_layers
+    between 64 and 160 (by hand: Qwen3-4B 2,560 / 36 = 71, Qwen2.5-32B 5,120 / 64 = 80, Llama-3-70B
+    8,192 / 80 = 102, Llama-3-8B 4,096 / 32 = 128, Llama-3.1-405B 16,384 / 126 = 130)."""
+    for h, L in ((2560, 36), (5120, 64), (8192, 80), (4096, 32)):
+        low, high = lab_cases.published_depths(h)
+        assert low <= L <= high, (h, L, low, high)
+    assert lab_cases.published_depths(6528) == (41, 102)         # ceil(6528 / 160), 6528 // 64
+    for seed in range(3):
+        for want, card, host_ram, model, *_ in lab_cases.choose_cases(random.Random(seed)):
+            L, h = model["n_layers"], model["d_model"]
+            assert 16 <= L <= 128 and 64 <= h / L <= 160, (seed, want, L, h)

@@ -3,7 +3,8 @@
 Each answer is drawn first (a setup of :data:`.lab_draw.SETUPS`, a rung with a checkpoint policy,
 or None: None and a base-on-CPU answer always among them, three rungs, both policies, in a drawn
 order); the GPU is drawn independently of it; then the model's width and seq/batch are drawn and
-its depth is picked among the depths whose answer is the drawn one, every setup's GPU bytes at
+its depth is picked among the depths whose answer is the drawn one and that a published model of
+that width has (:func:`published_depths`; review r14 minor 5.4), every setup's GPU bytes at
 least :data:`MARGIN` away from the usable bytes (chapter 08's ``scale.usable``: capacity minus the
 single-GPU reserve, no NCCL); then the host's RAM, from :data:`HOST_GIB`, at least MARGIN away
 from the base-on-CPU rung's host bytes: above them when that rung is the answer, below them in a
@@ -44,6 +45,15 @@ TIGHT = {"context": (("t4", "l4"), lambda card, model, rungs: 2 ** 30),
          "buffer": (("t4", "l4", "a100-40gb"),
                     lambda card, model, rungs: truth(config(model), rungs["qlora"])["dequant_buffer"])}
 DEPTHS = (2, 160)
+LAYERS = (16, 128)          # published dense models' depths (Llama-3.2-3B's 28 to Llama-3.1-405B's 126)
+WIDTH_PER_LAYER = (64, 160)  # and their d_model / n_layers (Qwen3-4B 71, Qwen2.5-32B 80, Llama-3-70B 102,
+                             # Llama-3-8B 128, Llama-3.1-405B 130, Llama-3.2-1B 128)
+
+
+def published_depths(d_model: int) -> tuple[int, int]:
+    """The depths a published dense model of width ``d_model`` has (review r14 minor 5.4): n_layers
+    within :data:`LAYERS` and d_model / n_layers within :data:`WIDTH_PER_LAYER`."""
+    return max(LAYERS[0], -(-d_model // WIDTH_PER_LAYER[1])), min(LAYERS[1], d_model // WIDTH_PER_LAYER[0])
 
 
 def _last_under(total_of, limit: float) -> int:
@@ -112,6 +122,7 @@ def choose_case(rng, want: tuple[str, str] | None, tries: int = 200, tight: str 
             HEAVY if rng.random() < 0.5 else NF4_CHOICES)
         rungs = ladder(*rng.choice(pool))
         fig = in_depth(model, seq, batch, rungs)       # the search's figures; the case's are totals'
+        shallow, deep = published_depths(model["d_model"])
         before = SETUPS[k - 1] if tight and tight != "under" else None
         under = [u for u in on_gpu if u != before]    # every one over: the least of them over (totals grow with depth)
         low = (_last_under(lambda L: min(total(fig(L), u) for u in under), usable * (1 + MARGIN)) + 1 if under
@@ -123,18 +134,19 @@ def choose_case(rng, want: tuple[str, str] | None, tries: int = 200, tight: str 
             high = _last_under(lambda L: total(fig(L), want), usable * (1 - MARGIN))
         if tight == "under":        # want itself lands in (usable - window, usable]: a reserve too large misses it
             layers = _last_under(lambda L: total(fig(L), want), usable + 1)
-            if layers < max(low, DEPTHS[0]):
+            if layers < max(low, DEPTHS[0], shallow) or layers > deep:
                 continue
             model = _grow_vocab(model, layers, seq, batch, rungs, want, usable)
         elif tight:                 # the setup before want lands in (usable, usable + window]
             window = TIGHT[tight][1](card, model, rungs)
-            low = max(low, _last_under(lambda L: total(fig(L), before), usable + 1) + 1)
-            if low > high:
+            low = max(low, shallow, _last_under(lambda L: total(fig(L), before), usable + 1) + 1)
+            if low > min(high, deep):
                 continue
             layers = low
             if total(fig(layers), before) > usable + window:     # a layer is more than the window: trim the vocabulary
                 model = _trim_vocab(model, layers, seq, batch, rungs, before, usable)
         else:
+            low, high = max(low, shallow), min(high, deep)
             if low > high:
                 continue
             layers = rng.randint(low, high)
