@@ -56,16 +56,16 @@ def test_a_learners_ordinary_cells_pass_and_a_reach_is_refused_before_grading():
 
 
 @pytest.mark.parametrize("cells, named", [
-    (["%%capture\nimport gc\nobjs = gc.get_objects()"], "imports gc"),                  # a cell magic's body
-    (["get_ipython().run_cell('import inspect')"], "imports inspect"),                  # code handed to IPython
-    (["src = 'import gc'\nget_ipython().run_cell(src)"], "built at run time"),
+    (["%%capture\nimport gc\nobjs = gc.get_objects()"], "get_objects"),                  # a cell magic's body
+    (["get_ipython().run_cell('import inspect; f = inspect.currentframe()')"], "currentframe"),  # handed to IPython
+    (["src = 'import sys'\nget_ipython().run_cell(src)"], "built at run time"),
     (["%run /nonexistent/helper.py"], "cannot read"),
     # a learner's own module or script is read like a cell
-    (["open('mine_r15.py', 'w').write('import gc\\n')", "import mine_r15"], "imports gc"),
-    (["open('mine_r15b.py', 'w').write('import inspect\\n')", "%run mine_r15b.py"], "imports inspect"),
+    (["open('mine_r15.py', 'w').write('import sys\\nm = sys.modules\\n')", "import mine_r15"], "modules"),
+    (["open('mine_r15b.py', 'w').write('import timeit\\n')", "%run mine_r15b.py"], "imports timeit"),
     (["a = In[1]"], "uses In"),
     # a helper process started from a cell (review r13, labs 03 and 05): none is needed
-    (["!sleep 0 &"], ".system"), (["%%bash\necho hi"], "%bash"), (["import subprocess"], "imports subprocess"),
+    (["!sleep 0 &"], ".system"), (["%%bash\nsleep 100 &"], "%bash"), (["import subprocess"], "imports subprocess"),
     (["import os\nif False:\n    os.fork()"], ".fork"),
     # a cell that rubs itself out of the parsed and typed history is still read in the other records
     (["h = get_ipython().history_manager\nh.input_hist_parsed[-1] = 'pass'\nh.input_hist_raw[-1] = 'pass'"],
@@ -100,3 +100,24 @@ def test_the_scan_refuses_what_the_reviews_used():
                 "getattr(f, '__clo' + 'sure__')"):
         assert lab_history._reach(src), src
     assert lab_reach.first_reach("x = globals()") and not lab_history._reach("x = globals()")
+
+
+@pytest.mark.parametrize("typed, refused", [
+    # what a learner writes to look around (review r15 of labs 01, 02, 05): let through
+    ("import gc\ngc.collect()", False), ("n = sum(1 for m in net.modules())", False),
+    ("import inspect\nprint(inspect.getsource(f), inspect.signature(f))", False),
+    ("!nvidia-smi", False), ("!grep -n MIN_AIO_BYTES utils.py", False), ("%%bash\nls /tmp\ncat x\n", False),
+    ("import platform\nplatform.system()", False), ('def f():\n    """Like gpumem\'s count."""', False),
+    # what reaches, or starts a process, spelled another way (reviews r15 of labs 01, 02, 05): refused
+    ("import gc\nobjs = gc.get_objects()", True), ("import inspect\nf = inspect.currentframe()", True),
+    ("import timeit\ntimeit.Timer(src).timeit(1)", True), ("import code", True),
+    ("import os\ngetattr(os, 'system')('helper &')", True), ("getattr(os, 'fork')()", True),
+    ("getattr(get_ipython(), 'system')('x')", True), ("import webbrowser", True), ("import _posixsubprocess", True),
+    ("from torch.utils.cpp_extension import load_inline", True), ("!python helper.py", True),
+    ("!grep x y | sh", True), ("%%bash\nls\npython x.py &", True), ("!pip install x", True),
+    ("import sys\nm = sys.modules", True),
+])
+def test_ordinary_cells_pass_and_other_spellings_do_not(typed, refused):
+    from IPython.core.inputtransformer2 import TransformerManager
+    source = TransformerManager().transform_cell(typed)
+    assert bool(lab_history._reach(source)) is refused, (typed, lab_history._reach(source))

@@ -23,10 +23,13 @@ the installed Python; a ``%run`` script) is read like a cell. Without a kernel (
 learners live in test files, and each lab's own guards still apply.
 
 Like ``lab_reach``, this raises the bar; it proves nothing. A cell can reach the grader by routes no
-list names; the labs' run-time guards and the grader seal stay in place behind it.
+list names; the labs' run-time guards and the grader seal stay in place behind it. Out of its reach:
+a second kernel or a terminal on the same machine (no cell of this kernel starts them), and a module
+of the learner's that takes itself out of ``sys.modules`` and erases its own file.
 """
 
 import ast
+import importlib.util
 import linecache
 import sys
 from pathlib import Path
@@ -38,16 +41,26 @@ from gpumem.course import genuine, lab_origin, lab_reach
 _RUNNERS = {"run_cell": 0, "run_cell_async": 0, "run_cell_magic": 2, "ex": 0, "ev": 0, "run_code": 0,
             "run_source": 0, "runsource": 0, "run_ast_nodes": 0, "safe_execfile": None,
             "safe_run_module": None, "safe_execfile_ipy": None}
-ALLOWED = ("globals", "locals")
+ALLOWED = ("globals", "locals", "gc", "inspect", lab_reach.PACKAGE)
 # Starting a process from a cell (review r13 of labs 03 and 05: a helper double-forked with an
 # environment of its own, started before the first check, answered the grader through a pipe). No
 # lab needs one: the labs' runs (ranks, DeepSpeed) are started by gpumem's own functions.
-PROCESS_MODULES = ("subprocess", "multiprocessing", "pty", "torch.multiprocessing", "pexpect", "sh", "plumbum")
+PROCESS_MODULES = ("subprocess", "multiprocessing", "pty", "torch.multiprocessing", "pexpect", "sh", "plumbum",
+                   # review r15 of lab 05: modules that start one by other names
+                   "webbrowser", "_posixsubprocess", "torch.utils.cpp_extension", "torch.distributed.run",
+                   "torch.distributed.launch", "torch.distributed.launcher", "torch.distributed.elastic",
+                   "jupyter_client", "deepspeed.launcher", "os.posix_spawn")
 PROCESS_ATTRIBUTES = ("fork", "forkpty", "system", "popen", "Popen", "posix_spawn", "posix_spawnp", "startfile",
                       "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
                       "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
                       "getoutput", "getstatusoutput", "system_raw", "system_piped", "create_subprocess_exec",
+                      "subprocess_exec", "subprocess_shell", "fork_exec", "load_inline",
                       "create_subprocess_shell", "ProcessPoolExecutor", "start_processes", "spawn", "Process")
+# Shell lines a learner types to look at the machine (``!nvidia-smi``): one command of these, no
+# shell syntax (``&``, ``;``, pipes, redirections, substitutions), ends before the cell does
+LOOKING = ("nvidia-smi", "rocm-smi", "nvcc", "nproc", "free", "df", "du", "ls", "pwd", "cat", "head", "tail", "wc",
+           "lscpu", "uname", "which", "echo", "hostname", "date", "whoami", "id", "grep", "file", "stat")
+_SHELL_SYNTAX = set("&;|<>`$(){}\n")
 SHELL_MAGICS = ("system", "sx", "bash", "sh", "script", "python", "python2", "python3", "pypy", "perl", "ruby",
                 "js", "javascript", "killbgscripts")
 
@@ -156,10 +169,26 @@ def _files_run(tree: ast.AST):
                 yield node.lineno, str(Path(arg[-1] if arg[0].startswith("-") else arg[0]).expanduser()), "runs"
             if magic in ("load_ext", "reload_ext") and arg:
                 names = [arg[0]]
-        for name in names:
-            path = getattr(sys.modules.get(name), "__file__", None)
+        for k, name in enumerate(names):
+            loaded = sys.modules.get(name)
+            if loaded is None and k == 0:
+                # a module that took itself out of sys.modules: read where Python would find it now.
+                # One found nowhere is let through (a cell that failed on a mistyped import), so a
+                # module that also erased its file (review r15 of lab 01) is a stated gap
+                yield from _unloaded(node.lineno, name)
+                continue
+            path = getattr(loaded, "__file__", None)
             if isinstance(path, str) and not genuine.trusted(path):
                 yield node.lineno, path, "imports"
+
+
+def _unloaded(line: int, name: str):
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError, AttributeError):
+        spec = None
+    if spec is not None and isinstance(spec.origin, str) and spec.has_location and not genuine.trusted(spec.origin):
+        yield line, spec.origin, "imports"
 
 
 def _history_named(source: str) -> str | None:
@@ -182,9 +211,11 @@ def _starts_process(source: str) -> str | None:
         tree = ast.parse(source)
     except SyntaxError:
         return None
-    found = []
+    found, looking = [], {id(node.func) for node in ast.walk(tree) if _looks(node)}
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
+        if id(node) in looking:
+            continue
         if isinstance(node, ast.Import):
             bad = next((a.name for a in node.names if _process_module(a.name)), None)
             if bad:
@@ -193,17 +224,47 @@ def _starts_process(source: str) -> str | None:
             bad = next((a.name for a in node.names if a.name in PROCESS_ATTRIBUTES), None)
             if _process_module(node.module or "") or bad:
                 found.append((line, f"imports {bad or node.module} from {node.module}"))
-        elif isinstance(node, ast.Attribute) and node.attr in PROCESS_ATTRIBUTES:
+        elif (isinstance(node, ast.Attribute) and node.attr in PROCESS_ATTRIBUTES
+              and not (node.attr == "system" and isinstance(node.value, ast.Name) and node.value.id == "platform")):
             found.append((line, f"uses .{node.attr}"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in lab_reach.BY_NAME
+              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+              and (node.args[1].value in PROCESS_ATTRIBUTES or _process_module(str(node.args[1].value)))):
+            found.append((line, f"uses {node.args[1].value!r} by name"))
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
               and node.func.attr in ("run_line_magic", "run_cell_magic") and node.args
-              and isinstance(node.args[0], ast.Constant) and node.args[0].value in SHELL_MAGICS):
+              and isinstance(node.args[0], ast.Constant) and node.args[0].value in SHELL_MAGICS
+              and not _looking_magic(node)):
             found.append((line, f"runs the %{node.args[0].value} magic"))
     if not found:
         return None
     line, what = min(found)
     return (f"line {line}: {what}, which starts a process; no lab needs one (its runs start from "
             "gpumem's functions), and a process of yours could answer for your code")
+
+
+def _looks(node: ast.AST) -> bool:
+    """``!cmd`` (``get_ipython().system('cmd')``) with one command of :data:`LOOKING` and no shell
+    syntax: a look at the machine, not a process that outlives the cell."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "system"
+            and len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        return False
+    return _looking_command(node.args[0].value)
+
+
+def _looking_command(command: str) -> bool:
+    command = command.strip()
+    return bool(command) and command.split()[0] in LOOKING and not (_SHELL_SYNTAX & set(command))
+
+
+def _looking_magic(node: ast.Call) -> bool:
+    """``%system ls``, ``%%bash`` with a body of :data:`LOOKING` lines only."""
+    magic = node.args[0].value
+    text = node.args[-1] if len(node.args) > 1 else None
+    if magic not in ("system", "sx", "bash", "sh") or not (isinstance(text, ast.Constant) and isinstance(text.value, str)):
+        return False
+    lines = [ln for ln in text.value.splitlines() if ln.strip()]
+    return bool(lines) and all(_looking_command(ln) for ln in lines)
 
 
 def _process_module(name: str) -> bool:

@@ -25,7 +25,17 @@ check at run time that what they measure with was not changed (lab 02: ``lab02_w
 import ast
 
 MODULES = ("gc", "inspect", "importlib", "ctypes", "builtins", "pickle", "marshal", "copyreg", "pydoc",
-           "pkgutil", "runpy", "dill", "cloudpickle", "_thread")
+           "pkgutil", "runpy", "dill", "cloudpickle", "_thread",
+           # review r15 of lab 02: modules that run a source string built at run time
+           "timeit", "code", "codeop")
+# What ``gc``, ``inspect`` and ``types`` offer that reaches objects (the kernel-wide scan, lab_history,
+# lets a learner's cells import gc and inspect for gc.collect() and inspect.signature(); these stay
+# refused, called on the module under any name it was imported as)
+REACHING = {"inspect": ("currentframe", "stack", "trace", "getouterframes", "getinnerframes", "getframeinfo",
+                        "getmembers", "getmembers_static", "getclosurevars", "getattr_static", "unwrap", "getmodule",
+                        "getcallargs"),
+            "gc": ("get_referrers", "get_referents", "get_objects", "callbacks", "garbage"),
+            "types": ("FunctionType", "CodeType", "LambdaType", "MethodType", "CellType", "FrameType")}
 ATTRIBUTES = ("__globals__", "__closure__", "__code__", "__kwdefaults__", "__defaults__", "__dict__",
               "__getattribute__", "__setattr__", "__delattr__", "__subclasses__", "__builtins__", "__import__",
               "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__func__", "__wrapped__",
@@ -48,7 +58,9 @@ PACKAGE = "gpumem"
 def first_reach(source: str, allow: tuple = ()) -> str | None:
     """The first reach into the grader in ``source`` (Python text), as one line naming its line
     number, or None. A source that does not parse gives None: running it says why. ``allow``: names
-    of :data:`BUILTINS` let through (the kernel-wide scan lets the check cell's ``globals()`` pass)."""
+    of :data:`BUILTINS` and :data:`MODULES`, or :data:`PACKAGE` (strings naming it), let through (the
+    kernel-wide scan lets the check cell's ``globals()``, ``gc`` and ``inspect`` without their
+    :data:`REACHING` functions, and a docstring naming gpumem pass)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -56,8 +68,10 @@ def first_reach(source: str, allow: tuple = ()) -> str | None:
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
             child._reach_parent = node           # read by _called
+    modules = {a.asname or a.name: a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for a in node.names if a.name in REACHING}
     found = [(getattr(node, "lineno", 0), getattr(node, "col_offset", 0), why)
-             for node in ast.walk(tree) for why in [_offence(node, allow)] if why]
+             for node in ast.walk(tree) for why in [_offence(node, allow) or _reaching(node, modules)] if why]
     if not found:
         return None
     line, _, why = min(found)
@@ -67,14 +81,16 @@ def first_reach(source: str, allow: tuple = ()) -> str | None:
 def _offence(node: ast.AST, allow: tuple = ()) -> str | None:
     """Why ``node`` alone reaches into the grader, or None."""
     if isinstance(node, ast.Import):
-        bad = next((a.name for a in node.names if _refused_module(a.name)), None)
+        bad = next((a.name for a in node.names if _refused_module(a.name, allow)), None)
         return bad and f"imports {bad}"
     if isinstance(node, ast.ImportFrom):
         module = node.module or ""
-        if _refused_module(module):
+        if _refused_module(module, allow):
             return f"imports from {module}"
-        bad = next((a.name for a in node.names if a.name in ATTRIBUTES or a.name in BUILTINS), None)
+        bad = next((a.name for a in node.names if a.name in ATTRIBUTES + BUILTINS + REACHING.get(module, ())), None)
         return bad and f"imports {bad} from {module}"
+    if isinstance(node, ast.Attribute) and node.attr == "modules" and _called(node):
+        return None              # nn.Module.modules(): sys.modules is a dict, never called
     if isinstance(node, ast.Attribute) and node.attr in ATTRIBUTES:
         return f"uses the attribute .{node.attr}"
     if isinstance(node, ast.Name) and node.id in BUILTINS and node.id not in allow:
@@ -88,18 +104,28 @@ def _offence(node: ast.AST, allow: tuple = ()) -> str | None:
         return f"passes {node.id} around (call it with a literal name)"
     if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
         text = node.value.decode("latin-1") if isinstance(node.value, bytes) else node.value
-        if PACKAGE in text.lower():
+        if PACKAGE in text.lower() and PACKAGE not in allow:
             return f"a string names {PACKAGE!r}, the grader's package"
         word = text.strip()
-        if word in ATTRIBUTES or word in MODULES or any(a in text for a in ATTRIBUTES if a.startswith("__")):
+        named = word in MODULES and word != "code"        # "code" is an everyday key; the module is refused by import
+        if word in ATTRIBUTES or named or any(a in text for a in ATTRIBUTES if a.startswith("__")):
             return f"a string names {word if word in ATTRIBUTES + MODULES else 'a refused attribute'}"
     return None
 
 
-def _refused_module(name: str) -> bool:
-    return name.split(".")[0] in MODULES
+def _reaching(node: ast.AST, modules: dict) -> str | None:
+    """``inspect.stack``, ``gc.get_objects`` ... (:data:`REACHING`) on the module by any name the
+    source imported it as; ``torch.stack`` is not ``inspect.stack``."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules \
+            and node.attr in REACHING[modules[node.value.id]]:
+        return f"uses {modules[node.value.id]}.{node.attr}"
+    return None
 
 
-def _called(node: ast.Name) -> bool:
+def _refused_module(name: str, allow: tuple = ()) -> bool:
+    return name.split(".")[0] in MODULES and name.split(".")[0] not in allow
+
+
+def _called(node: ast.AST) -> bool:
     """Whether ``node`` is the function of a call (set by :func:`first_reach`'s parent links)."""
     return isinstance(getattr(node, "_reach_parent", None), ast.Call) and node._reach_parent.func is node
