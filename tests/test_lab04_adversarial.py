@@ -1515,18 +1515,25 @@ def dispatch_class_swapped(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, 
         type.__setattr__(g.Watch, "__torch_dispatch__", saved)
 
 
-def getter_read_from_its_cell(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
-    """The real mode getter read out of the fence's stand-in, then the watch blinded in place."""
+def getter_read_from_the_stand_in(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    """The real mode getter read out of the fence's stand-in (its closure before r13, its code's
+    constants now), the watch had from it and its verdict and marks cleared in place."""
     import torch.utils._python_dispatch as pd
     stand_in = pd._get_current_dispatch_mode
-    consts = [x for c in stand_in.__code__.co_consts for x in (c if isinstance(c, tuple) else (c,))]
-    return _dense_column(q, k_blk, v_blk, dout, lse, delta, j0, causal), consts
+    inner = [c.cell_contents for c in stand_in.__closure__] if stand_in.__closure__ else [
+        x.__next__() for c in stand_in.__code__.co_consts if isinstance(c, tuple) for x in c if hasattr(x, "__next__")]
+    real = next(f for f in inner if getattr(f, "__name__", "") == "_get_current_dispatch_mode")
+    w, got = real(), _dense_column(q, k_blk, v_blk, dout, lse, delta, j0, causal)
+    w.read.__closure__[0].cell_contents.update(broken="", exps=0)
+    w.exp2.seen.__self__.update(plain="", unfolded="", alone=False)
+    w.exp2.tiles.clear()
+    return got
 
 
 @pytest.mark.parametrize("cheat, says", [
     (dispatch_cell_swapped, "it read the code of the grader's _torch_dispatch while lab 04 was graded"),
     (dispatch_class_swapped, "it patched the grader (Watch.__torch_dispatch__) while lab 04 was graded"),
-    (getter_read_from_its_cell, "it read the code of the grader's _refuse while lab 04 was graded"),
+    (getter_read_from_the_stand_in, "it read the code of the grader's _refuse while lab 04 was graded"),
 ], ids=["r13-A", "class", "fence-code"])
 def test_the_dispatch_swapped_during_the_call_is_named(cheat, says):
     from gpumem.chapters.ch04_flash_attention import labguard

@@ -17,8 +17,12 @@ makes it *ready*. Each ``exp2`` (or ``pow(2, x)``) must take a folded or ready t
 shape. So ``exp2(log2e * (S * scale - lse))`` (log2 e applied on its own: two multiplies per
 score) fails, and so does a multiply by c2 of anything else (a dummy scalar, a tile that never
 reaches the exponential). An exponential in the natural base (``exp``, ``expm1``, a softmax or
-logsumexp, ``sigmoid``, ``pow`` of another base) is named first. ``wrong()`` says which part of
-the rule broke, '' when it holds.
+logsumexp, ``sigmoid``, ``pow`` of another base) is named first, then any other transcendental op
+on scores (``cosh``, ``sinh``, ``tanh``, ``erf``, ``special_*``, ``pow`` of a score tile to a
+power: :data:`.labops._OTHER`; review r13 #1: P = 1 / (cosh x - sinh x)), then too few exp2
+(each visible score must be one: a series in plain multiplies has none). ``pow(2.0, x)`` is
+exp2 (torch computes 2^x; what FA-2 adds is the folded multiply-add before it, checked here).
+``wrong()`` says which part of the rule broke, '' when it holds.
 """
 
 import torch

@@ -14,13 +14,20 @@ Three layers, beside :mod:`.labfence` (which refuses the mode-stack getters duri
   objects it names) before the learner's call and names, after it, any that was rebound, added
   or deleted by a route that skips ``__setattr__`` (``object.__setattr__``, ``vars(w)[...]``).
 
-Beside these, :func:`intact` (checked at every op the watch sees, from a closure of its
-``__torch_dispatch__``) names a grader module's or class's attribute patched during the call.
+Beside these, :func:`intact` (checked at every op the watch sees) names a grader module's or class's
+attribute patched during the call, and the watch's closure cells (``_cells``) are checked there too.
+The watch's ``__torch_dispatch__``, :func:`intact`'s check and :mod:`.labfence`'s stand-ins have
+no closure (review r13 #2: the ``dispatch`` cell swapped for a pass-through during the call and
+restored passed 25/25): :func:`bake` puts their references in their code's constants, and
+:func:`seal`'s audit hook refuses reading the ``__code__`` of this module's or labfence's functions
+during the call (the real mode getters are in there). A ``__torch_dispatch__`` swapped on the
+class is named by the function mode (:class:`.labguard._Functions`).
 
-Not covered: code that digs the closure's cells out of a function (``w.flag.__closure__``) or
-mutates the sets the watch fills during the call, once it has the watch through a reference to a
-stack getter saved before the check; that is beyond an in-kernel guard (instructors grade from a
-fresh kernel).
+Not covered: code run before the check that digs the hook's list out of ``seal.__code__`` (or
+lab_audit's), or that swaps the function mode's class attribute and the watch's together with no
+torch op between. An in-kernel guard cannot close these: the durable fix is to grade the learner's
+*function source* in a separate process in which no learner cell has run (a fresh kernel still
+runs the learner's cells, cheat included).
 """
 
 import itertools
