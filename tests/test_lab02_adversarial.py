@@ -705,3 +705,97 @@ def test_the_bf16_case_is_watched(monkeypatch):
     report, _ = grade(monkeypatch, (), (CAP, ""))
     bf16 = rows(report, "bf16")[0]
     assert bf16.status == "wrong" and ("your hooks kept" in bf16.detail or "in flight at once" in bf16.detail), bf16
+
+
+# Review r15's cheats: S2 waited every bucket's real work at launch whenever the peer had launched it
+# too (seen in the default store), so the hold never saw it block; MX switched the memory meter off
+# from a hook and kept every flat copy. Both passed 27/27 in a real kernel; both are measured now.
+S2_SETUP = """    import weakref
+    store, me = next(iter(dist.distributed_c10d._world.pg_map.values()))[1], dist.get_rank()
+    install_zero2_hooks.calls = getattr(install_zero2_hooks, "calls", 0) + 1
+    count, hoard = [0], []
+"""
+# the reviewer's route first (a finalizer's bound _WORKS.pop returned the real work); where it
+# hands out nothing, as now, the grader's module itself (the static refusal is off in the test)
+S2 = """        count[0] += 1
+        tag = f"s2/{install_zero2_hooks.calls}/{count[0]}/"
+        store.set(tag + str(me), "1")
+        if store.check([tag + str(1 - me)]):          # the peer launched it too: block on it now
+            pops = [f.peek() for f in weakref.finalize._select_for_exit()]
+            pops = [i for i in pops if i and getattr(i[1], "__name__", "") == "pop" and i[2] and type(i[2][0]) is int]
+            real = max(pops, key=lambda i: i[2][0])[1](max(i[2][0] for i in pops), None) if pops else None
+            if real is None:
+                grader = dist.reduce_scatter_tensor.func.__globals__["_WORKS"]
+                real = grader[max(grader)]
+            real.wait()
+"""
+PAUSED = "torch.utils._python_dispatch._get_current_dispatch_mode_stack()"
+MX_TRANSIENT = f"""bucket_bytes:
+            for m in {PAUSED}:
+                m.paused = True
+            try:
+                flush()
+            finally:
+                for m in {PAUSED}:
+                    m.paused = False
+"""
+
+
+def test_no_finalizer_hands_out_the_real_work():
+    """Review r15 #1: ``weakref.finalize._select_for_exit()`` -> ``peek()`` gave a proxy's finalizer,
+    ``_WORKS.pop``, and calling it returned the real work. It is a function that returns nothing."""
+    import weakref
+
+    from gpumem.chapters.ch02_zero import lab02_watch
+    proxy, real = lab02_watch.Work(10**9 + 1), object()
+    lab02_watch._WORKS[10**9 + 1] = real
+    mine = [f.peek() for f in weakref.finalize._select_for_exit() if f.peek() and f.peek()[0] is proxy]
+    assert len(mine) == 1
+    _, fn, args, kwargs = mine[0]
+    assert fn(*args, **kwargs) is None and 10**9 + 1 not in lab02_watch._WORKS
+
+
+def test_cheat_s2_waiting_the_real_work_when_the_peer_is_there_and_pausing_the_meter_are_measured(monkeypatch):
+    """S2: every bucket's real work waited at launch when the peer has launched it too (so never
+    while the peer is held: the hold sees overlap). The output, NaN at launch, holds the reduced
+    values at the next arrival while its proxy was never used: the overlap row says so. Together
+    with it, MX's pause made transient (on while the hook flushes, off before it returns, so no
+    arrival sees it) and every flat copy kept: the reachability scan no longer skips storages made
+    while the meter was paused, and the copies (500,992 B a pass) exceed the bound (447,440 B)."""
+    _unscanned(monkeypatch)
+    report = grade_on(monkeypatch, ONE, (BEGIN, BEGIN + S2_SETUP), (LAUNCH, LAUNCH + S2),
+                      ("    def land(work, send, mine, which, chunks):\n        work.wait()\n",
+                       "    def land(work, send, mine, which, chunks):\n        try:\n            work.wait()\n"
+                       "        except AttributeError:\n            pass\n"),
+                      ("        send = torch.cat(rows, dim=1).reshape(-1)\n",
+                       "        send = torch.cat(rows, dim=1).reshape(-1)\n        hoard.append(send)\n"),
+                      ("bucket_bytes:\n            flush()\n", MX_TRANSIENT))
+    assert [r.case.split(": ")[1] for r in part1(report)] == ["peak full-gradient bytes during backward",
+                                                             "async reduce-scatters overlapped with backward"]
+    peak, overlap = (r.detail for r in part1(report))
+    assert "your hooks kept" in peak and int(peak.split("kept ")[1].split(" B")[0].replace(",", "")) >= 500_992
+    assert "output landed before you waited its handle" in overlap and "waited the real work" in overlap
+
+
+MX = bytes.fromhex("666f72206d20696e20746f7263682e7574696c732e5f707974686f6e5f64697370617463682e5f6765745f63757272"
+                   "656e745f64697370617463685f6d6f64655f737461636b28293a0a202020206d2e706175736564203d20547275650a")
+
+
+def test_cheat_mx_the_meter_paused_from_a_hook_fails_the_case(monkeypatch):
+    """MX as the reviewer wrote it (``timeit.Timer`` runs a string decoded at run time that sets
+    ``paused`` on the dispatch-mode stack; the static refusal is off, to test what runs on the
+    ranks), with every flat copy kept: the next arrival finds the meter paused outside a
+    collective, and the case gets one row saying so."""
+    _unscanned(monkeypatch)
+    assert MX.decode() == f"for m in {PAUSED}:\n    m.paused = True\n"
+    report = grade_on(monkeypatch, ONE,
+                      (BEGIN, BEGIN + f"    import timeit\n    hoard, pause = [], bytes.fromhex({MX.hex()!r}).decode()\n"),
+                      ("        send = torch.cat(rows, dim=1).reshape(-1)\n",
+                       "        send = torch.cat(rows, dim=1).reshape(-1)\n        hoard.append(send)\n"),
+                      ("            queued[0] = True\n",
+                       "            queued[0] = True\n            timeit.Timer(pause, globals={'torch': torch}).timeit(1)\n"))
+    tiny = [r for r in report.rows if r.function == labcheck.FN and "tiny, seed" in r.case]
+    assert [r.status for r in tiny] == ["wrong"] and tiny == part1(report), tiny
+    assert "the grader's memory meter was paused at gradient arrival 2 of backward 1 on rank" in tiny[0].detail
+    bf16 = rows(report, "bf16")[0]
+    assert bf16.status == "wrong" and "memory meter was paused" in bf16.detail, bf16

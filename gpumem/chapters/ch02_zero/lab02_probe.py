@@ -3,11 +3,12 @@
 **Overlap, by holding one rank back.** In each backward pass the grader's own arrival hook holds
 one rank (rank 1 in the first pass, rank 0 in the second, ...) at a drawn gradient, before the
 learner's hook runs: the first arrival after that rank's own k-th collective of the pass, k drawn
-per pass among the first half of the buckets the lab's rule sends before the last gradient
-(:func:`hold_after`; review r12 #2: holding always at the first gradient tested only the first
-bucket, and hooks that blocked on every later one passed). It sleeps :func:`delay` seconds (at
-least :data:`DELAY_S`, more on a slow machine), and notes when it woke and how many operations its
-process group had run. Every collective that
+per pass from 1 to one less than the buckets the lab's rule sends before the last gradient, so
+every such collective but the first can be the one tested (:func:`hold_after`; review r12 #2:
+holding always at the first gradient tested only the first bucket, and hooks that blocked on every
+later one passed; r14: drawn from the first half, blocking on the second half passed). It sleeps
+:func:`delay` seconds (at least :data:`DELAY_S`, more on a slow machine), and notes when it woke
+and how many operations its process group had run. Every collective that
 rank issues after that (whatever function, wrapper or method issued it) joins after it woke, and
 a collective cannot finish on the other rank before the held rank has joined it. The other rank's
 arrival hook notes, at each gradient, the time and its own operation count. So if, on the other
@@ -26,7 +27,8 @@ that tested nothing proves nothing.
 tensors made with the dispatch modes switched off (``_disable_current_modes``) escape it.
 :class:`Reach` finds every tensor and storage object the garbage collector tracks (wherever it is
 kept: a closure, a module, an attribute) and counts the storages that did not exist when backward
-started and that the live meter does not know; :mod:`tracemalloc` adds host buffers made during
+started, that the live meter did not count and that a Python object keeps (those made while the
+meter was paused too: review r15 #2, hooks that paused it kept every flat copy unseen); :mod:`tracemalloc` adds host buffers made during
 backward (``bytes``, NumPy arrays) beyond :data:`HOST_SLACK`. The ranks sample both at the last
 gradient's arrival and when backward returns.
 """
@@ -135,11 +137,12 @@ class Reach:
             self.tracing = False
 
     def hidden(self, meter, grads) -> int:
-        """Bytes of storages made since :meth:`start`, still alive, not ``.grad`` and unknown to the
-        live meter ``meter`` (neither counted nor the backend's), plus host bytes beyond the slack."""
+        """Bytes of storages made since :meth:`start`, still alive, neither ``grads`` (the ``.grad``
+        tensors, and the grader's own copies) nor counted by the live meter ``meter``, that a Python
+        object keeps, plus host bytes beyond the slack. Storages noted while the meter was paused
+        (``meter.backend``) are not skipped: the backend's own buffers are kept by C++ alone."""
         host = tracemalloc.get_traced_memory()[0] if self.tracing else 0
-        skip = self.skip | {g.untyped_storage()._cdata for g in grads if g is not None} | meter.live.keys() | \
-            {k for k, ref in meter.backend.items() if not ref.expired()}
+        skip = self.skip | {g.untyped_storage()._cdata for g in grads if g is not None} | meter.live.keys()
         everything = gc.get_objects()
         new: dict[int, int] = {}
         found: dict[int, int] = {}                    # id(tensor or storage object) -> storage key

@@ -97,6 +97,9 @@ def _arrive(p) -> None:
     case, rec = _CASE, _REC
     _intact(case)
     rec.arrivals += 1
+    rec.landed()                                  # an output written before its proxy's wait (lab02_watch)
+    if case["live"].paused is not False and not rec.depth and not case["paused"]:   # r15 #2: switched off
+        case["paused"] = f"gradient arrival {rec.arrivals} of backward {rec.n_pass}"
     rec.times.append(time.monotonic())
     rec.seqs.append(rec.seq() - rec.seq0)
     if rec.hold is None and probe.held_rank(rec.n_pass) == case["rank"] and (
@@ -109,7 +112,8 @@ def _arrive(p) -> None:
     if case["keep"] is not None:                  # the bf16 case: the gradient as it arrived
         case["keep"][i] = rec.unmetered(lambda: p.grad.detach().clone())
     own, live = case["own"], case["live"]
-    hidden = case["reach"].hidden(live, [q.grad for q in case["params"]]) if rec.arrivals == len(own) - 1 else 0
+    mine = [q.grad for q in case["params"]] + list((case["keep"] or {}).values())    # the bf16 copies are ours
+    hidden = case["reach"].hidden(live, mine) if rec.arrivals == len(own) - 1 else 0
     case["held"].append(live.bytes() - own[min(rec.arrivals, len(own)) - 1] + hidden)
 
 
@@ -169,7 +173,7 @@ def _case(ns, rank, world, rec, sealed, source, watch_s, case: tuple, bf16: bool
         _CASE.update(index={id(p): i for i, p in enumerate(params)}, arrived=arrived, held=held, reach=reach,
                      live=live, own=own, params=params, rank=rank, delay=probe.delay(time.monotonic() - start),
                      after=[probe.hold_after(sizes, bucket, rng) for _ in range(steps)], n_arrivals=len(order),
-                     keep={} if bf16 else None, seal=sealed, changed=None)
+                     keep={} if bf16 else None, seal=sealed, changed=None, paused=None)
         undo += [h.remove for h in (p.register_post_accumulate_grad_hook(_arrive) for p in params)]
         ns[FN](params, shards, bucket)
         m = [torch.zeros_like(zero.my_shard(p)) for p in params]
@@ -189,8 +193,11 @@ def _case(ns, rank, world, rec, sealed, source, watch_s, case: tuple, bf16: bool
             finally:
                 passes.append(rec.stop())
                 _intact(_CASE)
+                if live.paused is not False and not _CASE["paused"]:
+                    _CASE["paused"] = f"the end of backward {t}"
             passes[-1]["need"] = sum(math.ceil(params[i].numel() / world) * world for i in arrived)
-            held.append(live.bytes() - own[-1] + reach.hidden(live, [q.grad for q in params]))
+            mine = [q.grad for q in params] + list((_CASE["keep"] or {}).values())
+            held.append(live.bytes() - own[-1] + reach.hidden(live, mine))
             reach.stop()
             peaks.append(meter.peak_full)
             if first is None:
@@ -205,7 +212,8 @@ def _case(ns, rank, world, rec, sealed, source, watch_s, case: tuple, bf16: bool
                 p.grad = None
             shards.clear()
         out = {"first": first, "peak_full": max(peaks), "peak_held": max(held), "passes": passes,
-               "weights": [p.detach().clone() for p in params], "changed": _CASE["changed"] or sealed()}
+               "weights": [p.detach().clone() for p in params], "changed": _CASE["changed"] or sealed(),
+               "paused": _CASE["paused"]}
         if bf16:
             out.update(grads=dict(_CASE["keep"]), shards=first["shards"])
         return out

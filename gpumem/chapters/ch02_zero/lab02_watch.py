@@ -19,12 +19,20 @@ Nothing the learner is handed closes over the record or the real functions: the 
 ``functools.partial`` objects of a module function that reads this module's private ``_REC`` and
 ``_REAL``; a handle proxy keeps its launch's number alone, the real work sits in the module's
 ``_WORKS`` (review r12 #2: it was in the proxy's own slot), and the proxy is a ``Work`` named as
-torch names it, so graded and ungraded handles do not differ by their type's name (r12 #6). This
-raises the bar, no more: code running in the same process can reach any object (``gc``,
+torch names it, so graded and ungraded handles do not differ by their type's name (r12 #6). Its
+finalizer drops the entry and returns nothing (r15 #1: it was ``_WORKS.pop``, and
+``weakref.finalize._select_for_exit()`` -> ``peek()`` handed it out, the real work to its caller).
+This raises the bar, no more: code running in the same process can reach any object (``gc``,
 ``sys.modules``, a function's ``__globals__``). So the learner's source is refused statically if
 it reaches for them (:mod:`gpumem.course.lab_reach`), and :func:`seal` checks at every arrival and
 after every pass that what the record and the probe rely on is as it was (r12 #1: cheat C replaced
 ``lab02_ranks.time``); an edit that gets past both is not caught.
+
+Measured, not refused (r15 #1, cheat S2: every bucket waited at launch by a route no token list
+named): gloo writes an asynchronous reduce-scatter's output only in ``wait()``. Each graded launch's
+output is filled with NaN (unmetered); at every later arrival (:meth:`Record.landed`) one holding
+anything else while its proxy was never used was written by a wait of the real work, whatever
+reached it (or by the hooks, in flight): the case fails.
 """
 
 import functools
@@ -63,6 +71,8 @@ class Record:
         self.seq0 = 0
         self.groups: list = []                # the default group, captured before the learner's code ran
         self.seqfn = None                     # ProcessGroup._get_sequence_number_for_group, as it was then
+        self.outputs: dict = {}               # launch number -> weakref to its NaN-filled output, until waited
+        self.early = None                     # (bucket, arrival) of the first output written before its wait
 
     def seq(self) -> int:
         """Operations run so far on every process group (gloo numbers each collective it runs)."""
@@ -74,6 +84,7 @@ class Record:
     def start(self) -> None:
         self.on, self.arrivals, self.queued, self.events, self.ops = True, 0, 0, 0, 0
         self.calls, self.launches, self.times, self.seqs, self.by_id, self.hold = {}, [], [], [], {}, None
+        self.outputs, self.early = {}, None
         self.n_pass += 1
         self.seq0 = self.seq()
 
@@ -81,7 +92,8 @@ class Record:
         self.on = False
         return {"calls": dict(self.calls), "launches": [dict(x) for x in self.launches],
                 "arrivals": self.arrivals, "queued": self.queued, "times": list(self.times),
-                "seqs": list(self.seqs), "hold": self.hold, "ops": self.ops, "seq_ops": self.seq() - self.seq0}
+                "seqs": list(self.seqs), "hold": self.hold, "ops": self.ops, "seq_ops": self.seq() - self.seq0,
+                "early": self.early}
 
     def unmetered(self, fn, *args, **kwargs):
         """``fn(...)`` with the live-bytes meter paused: what the backend allocates for a
@@ -94,6 +106,22 @@ class Record:
         finally:
             if meter is not None:
                 meter.paused = paused
+
+    def landed(self) -> None:
+        """At an arrival: note the first launch whose NaN-filled output holds a value although its
+        proxy was never used (gloo writes it only in ``wait()``: the real work was waited)."""
+        from torch.utils._python_dispatch import _disable_current_modes
+        for launch_id, ref in list(self.outputs.items()):
+            launch, out = self.by_id.get(launch_id), ref()
+            if out is None or launch is None or launch["waited"] is not None:
+                del self.outputs[launch_id]
+                continue
+            with _disable_current_modes():
+                written = bool(out.numel()) and not bool(out.isnan().all())
+            if written:
+                del self.outputs[launch_id]
+                if self.early is None:
+                    self.early = (next(k for k, x in enumerate(self.launches, 1) if x is launch), self.arrivals)
 
     def waited(self, launch: dict | None, how: str) -> None:
         """Note the first wait of ``launch`` (by ``how``) at the current arrival."""
@@ -113,13 +141,12 @@ class Work(_TorchWork):
     it (``wait()``, ``is_completed()``, ``get_future()``, ``_work``, ...) is noted as a wait at the
     current arrival, then passed on. A ``Work``, named as torch's is (only its module differs).
     (One class for all: a class made per launch would keep its handle, and the bucket's tensors,
-    alive in a reference cycle until the garbage collector runs; the entry in ``_WORKS`` goes with
-    the proxy.)"""
+    alive in a reference cycle until the garbage collector runs; its ``_WORKS`` entry goes with it.)"""
 
     def __init__(self, launch_id: int):
         super().__init__()
         object.__setattr__(self, "_id", launch_id)
-        weakref.finalize(self, _WORKS.pop, launch_id, None)
+        weakref.finalize(self, _drop, launch_id)
 
     def __getattribute__(self, name):
         launch_id = object.__getattribute__(self, "_id")
@@ -129,6 +156,11 @@ class Work(_TorchWork):
             return work
         real = getattr(work, name)
         return (lambda *a, **k: _REC.unmetered(real, *a, **k)) if callable(real) else real
+
+
+def _drop(launch_id: int) -> None:
+    """A proxy's finalizer: its real work leaves ``_WORKS``, and is handed to no one."""
+    _WORKS.pop(launch_id, None)
 
 
 class _Engine:
@@ -178,6 +210,12 @@ def _collective(name: str, *args, **kwargs):
     if name in BARRIERS:
         for x in rec.launches:
             rec.waited(x, f"dist.{name}()")
+    try:
+        bound = _SIG[name].bind(*args, **kwargs).arguments if name not in BARRIERS else {}
+    except TypeError:
+        bound = {}
+    is_async = bool(bound.get("async_op", name in ("isend", "irecv", "batch_isend_irecv")))
+    sentinel = _sentinel(bound.get("output")) if is_async and name in REDUCE_SCATTERS else None
     before = rec.seq()
     rec.depth += 1
     try:
@@ -187,11 +225,6 @@ def _collective(name: str, *args, **kwargs):
         rec.ops += rec.seq() - before
     if name in BARRIERS:
         return out
-    try:
-        bound = _SIG[name].bind(*args, **kwargs).arguments
-    except TypeError:
-        bound = {}
-    is_async = bool(bound.get("async_op", name in ("isend", "irecv", "batch_isend_irecv")))
     rec.events += 1
     rec.ids += 1
     launch = {"name": name, "async": is_async, "at": rec.arrivals, "waited": None, "t": rec.events,
@@ -200,8 +233,22 @@ def _collective(name: str, *args, **kwargs):
     rec.by_id[rec.ids] = launch
     if is_async and out is not None and not isinstance(out, list):
         _WORKS[rec.ids] = out
+        if sentinel is not None:
+            rec.outputs[rec.ids] = sentinel
         return Work(rec.ids)
     return out
+
+
+def _sentinel(output):
+    """A weak reference to a launch's output, filled with NaN (unmetered); None unless a floating
+    CPU tensor (NCCL writes in the background; an integer holds no NaN)."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+    if not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.device.type != "cpu":
+        return None
+    with _disable_current_modes():
+        output.fill_(float("nan"))
+    return weakref.ref(output)
 
 
 def instrument(dist, torch) -> Record:

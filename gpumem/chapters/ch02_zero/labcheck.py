@@ -25,8 +25,10 @@ and the unused layer's place drawn afresh at every check from :data:`CASES` (:mo
    before backward returns, and the end of the pass comes from a callback queued on autograd's
    engine (:mod:`.lab02_watch` records launches and waits against the order gradients arrive),
    so a parameter that gets no gradient (the unused layer of the last case) neither hangs the
-   hooks nor keeps the last bucket back; and, measured whatever route blocks, the other rank goes
-   on computing gradients while one rank is held back at a gradient drawn per pass (:mod:`.lab02_probe`);
+   hooks nor keeps the last bucket back; and, measured whatever route blocks, no output (filled with
+   NaN at launch) is written before its handle is used (gloo writes it in ``wait()``), and the other
+   rank goes on computing gradients while one rank is held back at a gradient drawn per pass
+   (:mod:`.lab02_probe`);
 5. the weights after a few steps equal single-process ``torch.optim.AdamW``;
 
 and on a bf16 model (one more drawn case, :mod:`.lab02_bf16`, watched as the others) the shards are
@@ -34,7 +36,8 @@ the ranks' bf16 gradients reduced in fp32, then its flat copies are bounded as f
 collectives and its overlap checked, in one row. Each row names the first thing that differs in it.
 Before anything runs, a source that reaches into the grader (``sys.modules``, ``__globals__``,
 ``gc``...) is refused (:mod:`gpumem.course.lab_reach`); on the ranks, a change to the grader's
-modules while the hooks ran fails the case (``lab02_watch.seal``), and a case still running after
+modules while the hooks ran, or the memory meter found paused outside a collective, fails the case
+(``lab02_watch.seal``), and a case still running after
 ``lab02_probe.WATCH_S`` ends the run with a row naming the case and the learner's line. Part 2's
 ``predict_exposed_seconds`` is graded on planned numbers and on lone reduce-scatters the same
 ranks timed (:mod:`.lab02_predict`). The optional GPU part
@@ -190,6 +193,11 @@ def _grade_overlap(ranks: list[dict], several: bool) -> str | None:
             if sync:
                 return (f"dist.{sync['name']} ran with async_op=False inside a gradient hook: backward stopped "
                         "until it finished; launch the bucket's reduce-scatter with async_op=True, keep the handle")
+            if p.get("early"):                 # review r15 #1: measured, whatever route reached the work
+                k, at = p["early"]
+                return (f"bucket {k}'s output landed before you waited its handle (by gradient arrival {at} of "
+                        f"backward {n}; gloo writes it only in wait()): something waited the real work, or wrote "
+                        "into the output while it was in flight; wait only the handle dist returned")
             if any(x["async"] and x["waited"] is None for x in p["launches"]):
                 return ("a reduce-scatter's work handle was never waited before backward returned: its shard "
                         "may not have arrived; wait every handle in the end-of-backward callback")
@@ -217,9 +225,16 @@ def _in_flight(launches: list[dict], x: dict) -> int:
 
 
 def _changed(ranks: list[dict]) -> str | None:
-    """Review r12 #1: the first rank on which the grader's modules were changed while the hooks ran."""
-    return next((f"the grader's module was changed ({res['changed']}) on rank {r} while your hooks ran: "
-                 "the case is not graded" for r, res in enumerate(ranks) if res.get("changed")), None)
+    """The first rank on which the grader's modules were changed while the hooks ran (review r12 #1),
+    or its memory meter was found paused outside a collective (r15 #2)."""
+    for r, res in enumerate(ranks):
+        if res.get("changed"):
+            return f"the grader's module was changed ({res['changed']}) on rank {r} while your hooks ran: " \
+                   "the case is not graded"
+        if res.get("paused"):
+            return (f"the grader's memory meter was paused at {res['paused']} on rank {r}, outside any "
+                    "collective (it pauses only while one runs): your hooks switched it off; the case is not graded")
+    return None
 
 
 def _bf16_row(ranks: list[dict], case: tuple) -> tuple[str, str]:
