@@ -194,6 +194,42 @@ def test_the_planners_code_put_back_during_the_call_still_refuses(leave_off):
     assert planner.plan("llama-3-8b", 8, seq=4096, global_batch=64).plans       # restored after
 
 
+SILENCED = """
+import signal, string, types
+_F = type(lambda: 0)
+from gpumem.planner import search, ranking
+_get = lambda obj, name: string.Formatter().get_field("0." + name, (obj,), {})[0]
+_CO, _DI = "__co" + "de__", "__di" + "ct__"
+_g = dict(_get(search, _DI))                     # the planner's own globals, copied
+for _n in ("plan", "answer", "candidates", "_inner", "layouts_of"):
+    _g[_n] = _F(_get(_g[_n], _CO), _g, _n)      # genuine code, saved now (the guard is off)
+_g["ranking"] = types.SimpleNamespace(rank=lambda plans: plans, TIE=ranking.TIE,
+                                      tight_limit=ranking.tight_limit, tight=ranking.tight)
+
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None, host_per_node=None, one_node=False):
+    old = signal.setitimer(signal.ITIMER_PROF, 0)            # the guard's sampler: off for the call
+    try:
+        kw = {} if host_per_node is None else {"host_per_node": host_per_node}
+        res = _g["plan"](model, gpus, gpu, seq=seq, global_batch=global_batch, inter_node=inter_node,
+                         advise=False, recipes=("mixed",), **kw)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, *old)
+    ok = [p for p in res.plans if not one_node or p.layout.tp * p.layout.cp * p.layout.pp <= 8]
+    return min(ok, key=lambda p: p.time["total"]).layout if ok else None
+"""
+
+
+def test_the_samplers_timer_stopped_during_the_call_is_named():
+    """Review r15: the planner's functions rebuilt before grading on their own code (read through
+    ``string.Formatter().get_field``), the guard's SIGPROF sampler disarmed for the call and re-armed
+    after: 13/13 in a real kernel. The sampler now counts its ticks against the CPU time spent; the
+    kernel-wide scan refuses the cell as well (``signal``, ``get_field``)."""
+    from gpumem.course import lab_history
+    assert lab_history._reach(SILENCED)
+    row, _ = first_wrong(_as_cell(SILENCED, {})["choose_plan"])
+    assert row.status == "error" and "timer was stopped while your code ran" in row.detail, row
+
+
 def test_a_fixed_layout_fails():
     """The lab cluster's answer (what the chapter's planner prints for it), returned everywhere."""
     top = ref(L.LAB_CASE, None).best.layout

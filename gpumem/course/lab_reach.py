@@ -27,7 +27,9 @@ import ast
 MODULES = ("gc", "inspect", "importlib", "ctypes", "builtins", "pickle", "marshal", "copyreg", "pydoc",
            "pkgutil", "runpy", "dill", "cloudpickle", "_thread",
            # review r15 of lab 02: modules that run a source string built at run time
-           "timeit", "code", "codeop")
+           "timeit", "code", "codeop",
+           # review r15 of lab 06: the samplers' timer switched off from the call
+           "signal")
 # What ``gc``, ``inspect`` and ``types`` offer that reaches objects (the kernel-wide scan, lab_history,
 # lets a learner's cells import gc and inspect for gc.collect() and inspect.signature(); these stay
 # refused, called on the module under any name it was imported as)
@@ -43,7 +45,7 @@ ATTRIBUTES = ("__globals__", "__closure__", "__code__", "__kwdefaults__", "__def
               "modules", "_getframe", "_current_frames", "settrace", "setprofile", "f_globals", "f_locals",
               "f_back", "f_builtins", "f_code", "tb_frame", "gi_frame", "cr_frame", "ag_frame",
               "get_referrers", "get_referents", "get_objects", "import_module", "_import_dotted_name", "attrgetter",
-              "methodcaller",
+              "methodcaller", "get_field",        # string.Formatter().get_field("0.__code__") (r15, lab 06)
               # review r14 of lab 02: a bound method's object (weakref.finalize's registry -> the grader's
               # dict), the process group's store, and the dispatch modes the grader's meters run as
               "__self__", "_registry", "_get_default_store", "_get_current_dispatch_mode", "_pop_mode",

@@ -228,7 +228,8 @@ def no_search():
         level = _ACTIVE[0]
 
         def changes() -> list[str]:
-            return _changes(armed, bound, names, level)
+            silenced = ["the lab's sampler (its timer was stopped while your code ran)"] if sampler.silenced() else []
+            return _changes(armed, bound, names, level) + silenced
         changes.copies, changes.reached, changes.foreign, changes.ran = hits, reached, foreign, ran
         with alarm_held():
             _HITS.append(hits)
