@@ -21,11 +21,14 @@ LONE = {"bytes": {"small": 65_536, "all": 9_444_096}, "seconds": {"small": [0.00
         "launch": {"small": [0.00006, 0.00005], "all": [0.0009, 0.0011]}, "threads": 1, "cores": 2}
 
 
-def _rows(source: str, lone=None, seed: int = 0):
-    name = f"<lab02 predict cell {abs(hash(source))}>"      # readable by inspect, as a notebook cell is
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+def _rows(source: str, lone=None, seed: int = 0, before: str = ""):
+    """Part 2's rows for ``source``, run as a notebook cell (readable by inspect, named as the
+    course's tests name cells: the guard's origin rule), after a cell ``before`` if given."""
     ns: dict = {}
-    exec(compile(source, name, "exec"), ns)
+    for text in (before, source):
+        name = f"<lab02 predict.ipynb cell {abs(hash(text))}>"
+        linecache.cache[name] = (len(text), None, text.splitlines(True), name)
+        exec(compile(text, name, "exec"), ns)
     report = Report("lab02")
     lab02_predict.grade(report, ns["predict_exposed_seconds"], lone, random.Random(seed))
     return report.rows
@@ -110,3 +113,22 @@ def test_the_graders_own_formula_is_not_an_answer():
               "    return lab02_predict.exposed(sizes, bucket_bytes, lone)\n"
     rows = _rows(wrapped, LONE)
     assert [r.status for r in rows] == ["wrong"], rows
+
+
+IMPORTED = "import functools\nfrom gpumem.chapters.ch02_zero.lab02_predict import exposed as E\n"
+
+
+def test_the_graders_formula_through_a_partial_or_another_cell_is_not_an_answer():
+    """Review r15 #3: ``functools.partial(exposed)`` (no gpumem module, no source), and a ``def`` in a
+    cell calling ``E``, imported as ``exposed`` in another cell, passed all 6 rows. A partial is not
+    a function; the wrapper runs, and the grader's count refuses inside it, whatever name it has."""
+    rows = _rows("predict_exposed_seconds = functools.partial(E)\n", LONE, before=IMPORTED)
+    assert [(r.status, r.case) for r in rows] == [("wrong", "your own function")], rows
+    assert "functools.partial, not a function" in rows[0].detail
+    wrapper = "def predict_exposed_seconds(sizes, bucket_bytes, lone):\n    return E(sizes, bucket_bytes, lone)\n"
+    rows = _rows(wrapper, LONE, before=IMPORTED)
+    assert [r.status for r in rows] == ["error"], rows       # the first planned row stops the rest
+    assert "price it yourself" in rows[0].detail and "it called the grader's exposed" in rows[0].detail
+    line = "def predict_exposed_seconds(sizes, bucket_bytes, lone):\n    return L(lone, 1)[0]\n"
+    rows = _rows(line, LONE, before="from gpumem.chapters.ch02_zero.lab02_predict import _line as L\n")
+    assert [r.status for r in rows] == ["error"] and "it called the grader's _line" in rows[0].detail, rows

@@ -28,7 +28,7 @@ import math
 import random
 
 from gpumem.course import seeds
-from gpumem.course.grading import Report, Row, call, returned, run_case
+from gpumem.course.grading import Report, Row, call, kind, returned, run_case
 from gpumem.course.lab_reach import first_reach
 
 from . import lab02_measure
@@ -114,7 +114,8 @@ def _hint(got: float, sizes, bucket: int, lone) -> str:
 
 
 def _grade(fn, sizes, bucket: int, lone, want: float) -> tuple[str, str]:
-    got = call(fn, list(sizes), bucket, [tuple(x) for x in lone])
+    from .lab02_guard import guarded           # this module's functions refuse while fn runs (r15 #3)
+    got = call(guarded(fn), list(sizes), bucket, [tuple(x) for x in lone])
     if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
         return "wrong", returned(got, "seconds (a float)")
     if not math.isclose(got, want, rel_tol=REL):
@@ -130,10 +131,16 @@ def grade_plan(fn, plan) -> tuple[str, str]:
 
 def _borrowed(fn) -> str:
     """'' for a function of the learner's own, else why not (review r14: importing the grader's
-    :func:`exposed` as the answer passed every row): a function of gpumem's, or a source that
-    imports gpumem or reaches into the grader (:func:`gpumem.course.lab_reach.first_reach`)."""
+    :func:`exposed` as the answer passed every row): not a plain function (r15 #3:
+    ``functools.partial(exposed)`` passed every row), a function of gpumem's, or a source that
+    imports gpumem or reaches into the grader (:func:`gpumem.course.lab_reach.first_reach`). A
+    function that calls the grader's count as it runs is refused there (:mod:`.lab02_guard`)."""
     import inspect
     import textwrap
+    import types
+    if type(fn) is not types.FunctionType:
+        return (f"it is {kind(fn)}, not a function: define predict_exposed_seconds with `def` in a cell "
+                "and count the seconds in it")
     if str(getattr(fn, "__module__", "") or "").split(".")[0] == "gpumem":
         return f"it is gpumem's own {fn.__module__}.{getattr(fn, '__name__', '?')}: write the prediction yourself"
     try:
