@@ -201,7 +201,7 @@ from gpumem.planner import search, ranking
 _get = lambda obj, name: string.Formatter().get_field("0." + name, (obj,), {})[0]
 _CO, _DI = "__co" + "de__", "__di" + "ct__"
 _g = dict(_get(search, _DI))                     # the planner's own globals, copied
-for _n in ("plan", "answer", "candidates", "_inner", "layouts_of"):
+for _n in ("plan", "answer", "candidates", "_inner", "layouts_of", "parallel_degrees", "_shard_groups", "_engines", "_states_ok"):
     _g[_n] = _F(_get(_g[_n], _CO), _g, _n)      # genuine code, saved now (the guard is off)
 _g["ranking"] = types.SimpleNamespace(rank=lambda plans: plans, TIE=ranking.TIE,
                                       tight_limit=ranking.tight_limit, tight=ranking.tight)
@@ -873,7 +873,7 @@ def test_the_planner_rebuilt_with_its_marks_lifted_is_refused():
     import types
     from gpumem.planner import search as s
     fam, (case, link, limits) = LIMIT_MEMBERS[1]
-    names = ("plan", "answer", "candidates", "layouts_of", "_inner")
+    names = ("plan", "answer", "candidates", "layouts_of", "_inner", "parallel_degrees", "_shard_groups", "_engines", "_states_ok")
     rebuilt = {n: types.FunctionType(getattr(s, n).__code__, vars(s), n, getattr(s, n).__defaults__) for n in names}
 
     def calls(model, gpus, gpu, seq, batch, inter_node=None, **lim):
@@ -902,7 +902,8 @@ REBIND = """
 import types
 from gpumem.planner import search as _s, ranking as _r
 _new = {(m, n): types.FunctionType(getattr(m, n).__code__, vars(m), n, getattr(m, n).__defaults__)
-        for m, names in ((_s, ("plan", "answer", "candidates", "layouts_of", "fits_any", "_inner")),
+        for m, names in ((_s, ("plan", "answer", "candidates", "layouts_of", "fits_any", "_inner",
+                               "parallel_degrees", "_shard_groups", "_engines", "_states_ok")),
                          (_r, ("rank", "rank_of"))) for n in names}
 def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None, host_per_node=None, one_node=False):
     old = {k: getattr(*k) for k in _new}

@@ -72,9 +72,15 @@ BLOCKED = (("planner.plan", search.plan), ("planner.search.answer", search.answe
            ("planner.search.fits_any", search.fits_any), ("planner.search._inner", search._inner),
            ("planner.ranking.rank", ranking.rank),
            ("planner.ranking.rank_of", ranking.rank_of), ("planner.evaluate", evaluate.evaluate),
-           ("lab06_gpu.reference_flops", lab06_gpu.reference_flops))
+           ("lab06_gpu.reference_flops", lab06_gpu.reference_flops),
+           # review r15: the search's own helpers (the degree split, hybrid's groups, the engine
+           # choice, the host and NVMe fit with the swap buffers) are part of the answer too
+           ("planner.search.parallel_degrees", search.parallel_degrees),
+           ("planner.search._shard_groups", search._shard_groups), ("planner.search._engines", search._engines),
+           ("planner.search._states_ok", search._states_ok))
 IN_BODY = (search.plan, search.candidates, search._inner)   # their bodies read ``refusing``
-_MODULES = ((search, ("plan", "answer", "candidates", "layouts_of", "fits_any", "_inner")),
+_MODULES = ((search, ("plan", "answer", "candidates", "layouts_of", "fits_any", "_inner", "parallel_degrees",
+                      "_shard_groups", "_engines", "_states_ok")),
             (ranking, ("rank", "rank_of")))
 _ACTIVE = [0]          # > 0 while the learner's function runs
 COPY = ("write the search yourself: your code ran a copy of {} (the planner's own code under another "
