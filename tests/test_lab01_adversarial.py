@@ -1398,3 +1398,98 @@ def test_a_renamed_copy_of_the_graders_chain_count_is_refused(disguised):
         labcopies.shared = blind
     assert sum("mlp=(" in r.case for r in got) == labcheck.CHAINS + 1 and all(r.status == "ok" for r in got), \
         [(r.case, r.detail) for r in got if r.status != "ok"]
+
+
+# ---- review r15 lab 01 #1: a table of measured transitions covers every chain ------------------
+
+@pytest.fixture(scope="module")
+def bigram():
+    """Review r15's table, as its bigram.py builds it before the check: each operation's bytes
+    keyed on (previous operation, operation, dtype), measured with ``variants.measure`` at one tiny
+    shape as M(prefix + (p, op)) - M(prefix + (p,)) (253 entries, no reasoning about what an
+    operation keeps or what neighbours share). Yields the count per tokens x ffn and the chain
+    keys its measurements left in the grader's cache (taken out again afterwards)."""
+    shape = dict(d_model=32, n_heads=4, n_kv_heads=2, ffn=40, seq=9, batch=2, kernel="flash", norm="fused",
+                 qkv_bias=False)
+    n, before = 2 * 9 * 40, set(variants._truth)
+
+    def m(ops):
+        return variants.measure(**shape, mlp=tuple(ops))[0]
+
+    def dtype(op, d):
+        return "f" if op == "float" else "b" if op == "bf16" else d
+
+    def same(op, d):
+        return (op, d) in (("float", "f"), ("bf16", "b"))
+    empty, table = m(()), {}
+    for op in variants.OPS:
+        if not same(op, "b"):
+            table[None, op, "b"] = (m((op,)) - empty) // n
+    for d0, prefix in (("b", ()), ("f", ("float",))):
+        for p in variants.OPS:
+            if not same(p, d0):
+                d, base = dtype(p, d0), m(prefix + (p,))
+                for op in variants.OPS:
+                    if not same(op, d):
+                        table[p, op, d] = (m(prefix + (p, op)) - base) // n
+    assert len(table) == 253
+
+    def per_n(ops):
+        prev, d, total = None, "b", 2            # the empty chain: down keeps up's bf16 output
+        for op in ops:
+            if not same(op, d):
+                total += table[prev, op, d]
+                prev, d = op, dtype(op, d)
+        return total
+    left = {k: variants._truth[k] for k in set(variants._truth) - before}
+    yield per_n, left
+    for k in left:
+        variants._truth.pop(k, None)
+
+
+def _bigram_submission(fitted, per_n):
+    """Parts 1 and 2 and the named variants: review r9's fit; a chain: the fit's GeLU MLP with
+    dropout less its 5 T F, plus the table's count."""
+    fit = fitted["variant_layer"]
+
+    def variant_layer(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
+        if not isinstance(mlp, tuple):
+            return fit(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias)
+        got, n = fit(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, "gelu-dropout", qkv_bias), \
+            batch * seq * ffn
+        return dict(got, activations=got["activations"] - 5 * n + per_n(mlp) * n)
+    return {**fitted, "variant_layer": variant_layer}
+
+
+def test_a_table_of_measured_transitions_passes_every_chain(fitted, bigram):
+    """Review r15's cheat, kept as a test that PASSES: the chains do not stop a measured model of
+    how operations compose (a chain's bytes are a sum of terms fixed by each operation, the one
+    before it and the dtype, so 253 measurements cover all 470 million chains). That is acceptable
+    because nothing can stop it while the learner holds the block's code and autograd (hooks on a
+    rebuilt ChainMLP measure the same): labcheck's docstring, CHAIN_NOTE and cell 7 say so, and
+    the chains are a drill, not a defence. Only the table left in the grader's cache is refused
+    (the next test); here it has been taken out, and every row passes, the four chains included."""
+    per_n, left = bigram
+    for k in left:
+        variants._truth.pop(k, None)
+    report = grade(_bigram_submission(fitted, per_n), seed=3)
+    assert report.solved and sum("mlp=(" in r.case for r in report.rows) == labcheck.CHAINS + 1, report.summary()
+    assert "470 million" in labcheck.__doc__ and "do not stop" not in labcheck.CHAIN_NOTE
+
+
+def test_a_table_left_in_the_graders_cache_is_refused(fitted, bigram):
+    """Review r15 #1 (c): the same table with its measurements still in ``variants._truth``
+    (chain keys the grader did not measure) grades nothing and says why; the grader's own chain
+    keys, from earlier checks, do not count."""
+    from gpumem.chapters.ch01_memory_anatomy import labtruth
+    per_n, left = bigram
+    assert len(left) > labtruth.TABULATED
+    variants._truth.update(left)
+    try:
+        report = grade(_bigram_submission(fitted, per_n), seed=3)
+    finally:
+        for k in left:
+            variants._truth.pop(k, None)
+    assert [(r.function, r.status) for r in report.rows] == [("check", "error")], report.summary()
+    assert "chain MLPs measured in this kernel before the check" in report.rows[0].detail, report.rows[0].detail
+    assert not labtruth.tabulated() and grade(solution(), seed=5).solved

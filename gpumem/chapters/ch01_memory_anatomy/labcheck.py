@@ -18,16 +18,20 @@ case; a wrong count is explained by its first wrong term (part 2), the switch wh
 What this does and does not exclude. While the learner's functions run, the course's own
 formulas and tracers raise "derive it yourself" and any tensor operation raises "no tensor ops"
 (:mod:`.labguard`): nothing is measured *during* the call. Nothing stops a learner measuring
-*before* the check, though. Review r9 measured :func:`.labwide.measure` and
-:func:`.variants.measure` at a dozen small shapes per layer and fitted integer coefficients over
-chapter 01's monomials: the fit was exact, far shapes included, and passed everything then
-graded. The drawn shapes (fresh each check, a few far outside the small range) stop a table of
-last time's answers and a fit with the wrong monomials, not a fit with the right ones. So
-part 2's layers and part 3's fixed switches can still be fitted in advance; what stops a
-measured-then-fitted submission is part 3's chain MLPs, drawn at check time from 12 operations
-(470 million chains, too many to measure in advance; tests/test_lab01_adversarial.py runs the
-reviewer's fit and holds the row's message to saying so). A learner who measures single operations with ``saved_by`` and
-works out how they compose, dtype and shared tensors included, has done what the chains ask.
+*before* the check, though, and no part is out of its reach. Review r9 measured
+:func:`.labwide.measure` and :func:`.variants.measure` at a dozen small shapes per layer and
+fitted integer coefficients over chapter 01's monomials: exact, far shapes included. The drawn
+shapes (fresh each check, a few far outside the small range) stop a table of last time's answers
+and a fit with the wrong monomials, not a fit with the right ones. The chain MLPs, drawn at check
+time from 12 operations (470 million chains), stop the same two (a table of chains seen before, a
+fit per operation that misses what neighbours share), not a measured model of how operations
+compose: a chain's bytes are a sum of terms, each fixed by the operation, the one before it and
+the hidden tensor's dtype, so 253 measurements made before the check cover every chain (review
+r15's bigram table; tests/test_lab01_adversarial.py keeps it as a test that *passes*). The chains
+are a drill, not a defence. A learner who measures single operations with ``saved_by`` and works
+out how they compose, dtype and shared tensors included, has done what the chains ask; one who
+tabulates the grader's own measure over hundreds of chains is named if the table is still in its
+cache (:func:`.labtruth.tabulated`), which only stops the lazy version.
 Before any of this, :mod:`.labtruth` checks that torch and the course are as they were when the
 lab imported them and that the measured plain layer matches the course's formula; otherwise
 nothing is graded.
@@ -171,9 +175,9 @@ VARIANT_CASES = [("gemma", "swiglu", False), ("hf", "swiglu", False), ("fused", 
 MIXED = 4                  # VARIANT_CASES[MIXED:] switch two or three on; a far shape draws from them
 KERNEL_CYCLE = ("flash", "naive", "eager")
 CHAINS = 3                 # chain MLPs drawn at each check, after VARIANT_CASES; the other far shape is one
-CHAIN_NOTE = ("this MLP's operations were drawn at this check: no count measured or fitted before it "
-              "covers them; work out what each one keeps (input, output or a mask; which dtype) and what "
-              "two share")
+CHAIN_NOTE = ("this MLP's operations were drawn at this check, so no table of chains seen before and no "
+              "fit per operation covers them; work out what each one keeps (input, output or a mask; "
+              "which dtype) and what two share")
 REFUSALS = (labcopies.SAYS, labguard.SAYS, labguard.NO_OPS, labguard.REFUSAL)    # no chain note on these
 
 
@@ -265,12 +269,13 @@ def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
         if show:
             print(report.summary())
         return report
-    rows, said = report.rows, ()            # said: each row as it was made (a tuple: not editable)
+    rows, said, cached = report.rows, (), labtruth._chain_keys()    # said: each row as it was made
     for part, name in ((_grade_states, "model_state_bytes"), (_grade_layers, "layer_activation_bytes"),
                        (_grade_variants, "variant_layer")):
         part(report, ns.get(name), rng)
         said += tuple((r, r.status, r.detail) for r in report.rows[len(said):])   # earlier ones kept
     gpu_line = _grade_gpu(report, ns.get("variant_layer"), ns.get("gpu_held_bytes"))
+    labtruth.graded(cached)                 # the chains measured since are the grader's
     if report.rows is not rows or len(rows) < len(said) or any(
             type(r) is not Row or r is not was or (r.status, r.detail) != (status, detail)
             for r, (was, status, detail) in zip(rows, said)):

@@ -231,12 +231,42 @@ def _caches_disagree() -> str:
     return ""
 
 
+# Review r15 #1: the chains stop neither a measured model of how operations compose nor a table of
+# (previous op, op, dtype) -> bytes, 253 entries, measured with variants.measure before the check.
+# Fewer measurements than that table's entries do not determine it, so a cache holding more chain
+# MLPs than TABULATED that the grader did not measure is refused. Only the lazy version: a learner
+# who empties the cache, or measures a ChainMLP with hooks of their own, is not seen.
+TABULATED = 200
+TABLE_SAYS = ("the grader's cache of measured layers (variants._truth) holds {} chain MLPs measured in this "
+              "kernel before the check, not by the grader (mlp={!r} among them): a table of measured chains "
+              "is not a count you derived, so nothing is graded. Restart the kernel and derive the chains "
+              "(saved_by on one operation is fine)")
+_GRADERS: set = set()        # the chain keys the grader measured itself (labcheck.check adds them)
+
+
+def _chain_keys() -> set:
+    return {k for k in list(variants._truth) if type(k) is tuple and len(k) == len(_KEYS) and type(k[8]) is tuple}
+
+
+def graded(before: set) -> None:
+    """After a check: the chain keys measured since ``before`` (the cache's chain keys then) are the
+    grader's."""
+    _GRADERS.update(_chain_keys() - before)
+
+
+def tabulated() -> str:
+    """The row's detail when the truth cache holds more than :data:`TABULATED` chain MLPs the
+    grader did not measure, else empty."""
+    mine = sorted(_chain_keys() - _GRADERS, key=repr)
+    return TABLE_SAYS.format(len(mine), mine[0][8]) if len(mine) > TABULATED else ""
+
+
 def refusal() -> str:
     """Empty when the truth can be trusted; else the row's detail (and what changed is put back)."""
     changed = _changed_since_import() + _foreign()
     if not changed and (said := _caches_disagree()):
         changed.append(said)
     if not changed:
-        return ""
+        return tabulated()
     shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
     return CHANGED.format(shown.replace("gpumem.chapters.ch01_memory_anatomy.", "").replace("gpumem.memory.", ""))
