@@ -107,7 +107,7 @@ def test_the_scan_refuses_what_the_reviews_used():
     ("import gc\ngc.collect()", False), ("n = sum(1 for m in net.modules())", False),
     ("import inspect\nprint(inspect.getsource(f), inspect.signature(f))", False),
     ("!nvidia-smi", False), ("!grep -n MIN_AIO_BYTES utils.py", False), ("%%bash\nls /tmp\ncat x\n", False),
-    ("import platform\nplatform.system()", False), ('def f():\n    """Like gpumem\'s count."""', False),
+    ("import platform\nplatform.system()", False), ("from multiprocessing import dummy", False), ('def f():\n    """Like gpumem\'s count."""', False),
     # what reaches, or starts a process, spelled another way (reviews r15 of labs 01, 02, 05): refused
     ("import gc\nobjs = gc.get_objects()", True), ("import inspect\nf = inspect.currentframe()", True),
     ("import timeit\ntimeit.Timer(src).timeit(1)", True), ("import code", True),
