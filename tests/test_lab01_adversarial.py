@@ -783,7 +783,14 @@ PART2_SLIPS = {   # name: (submission, how many cases pass first at seed 0, word
         kw["n_heads"] + kw["n_kv_heads"] - 2) * (kw["qk_norm"] == "full")), 0, ["1/rms per head", "before the split"]),
     "RoPE's input counted too": (lambda: _part2_slip(lambda kw: 2 * T_OF(kw) * (Q_OF(kw) + K_OF(kw)) * NORMED(kw)), 0,
                                  ["q/k norm term", "RoPE"]),
-    "the layer norms without their 1/rms": (lambda: _part2_slip(lambda kw: -8 * T_OF(kw)), 0, ["plain Llama layer"]),
+    "the layer norms without their 1/rms": (lambda: _part2_slip(lambda kw: -8 * T_OF(kw)), 0,
+                                            ["plain Llama layer", "off = -8 x tokens: 8 B per token is missing"]),
+    # review r15 #4: the difference over the formula's monomials, not only "go through its operations"
+    "flash's logsumexp left out": (lambda: _part2_slip(lambda kw: -4 * kw["n_heads"] * T_OF(kw) * (kw["kernel"] == "flash")),
+                                   0, ["plain Llama layer", "= -4 x heads x tokens: an fp32 number per head and token "
+                                       "is missing"]),
+    "SwiGLU's gate output left out": (lambda: _part2_slip(lambda kw: -2 * T_OF(kw) * kw["ffn"]), 0,
+                                      ["= -2 x tokens x ffn: a bf16 number per token and MLP hidden unit is missing"]),
 }
 
 
@@ -793,6 +800,38 @@ def test_part_2_cheats_and_slips_fail_at_their_first_wrong_term(name):
     got = _first_row(make())
     assert len(got) == passing + 1, [r.case for r in got]
     assert all(w in got[-1].case + " " + got[-1].detail for w in says), (got[-1].case, got[-1].detail)
+
+
+def test_a_plain_layer_slip_is_named_by_its_monomial_where_two_coincide():
+    """Review r15 #4 at the reviewer's shape (2 heads, 2 key/value heads: heads x tokens = n_kv_heads
+    x tokens there): the grader asks again at shapes where they differ and names the one that
+    stays the difference; two slips at once are not passed off as one term."""
+    from gpumem.chapters.ch01_memory_anatomy import labpart2
+    case = dict(d_model=24, n_heads=2, n_kv_heads=2, head_dim=12, ffn=40, seq=9, batch=2, kernel="flash",
+                qk_norm="none")
+    for slip, says in [(lambda kw: -4 * kw["n_heads"] * T_OF(kw), "-144 B off = -4 x heads x tokens: an fp32"),
+                       (lambda kw: 2 * kw["n_kv_heads"] * T_OF(kw), "+72 B off = +2 x n_kv_heads x tokens: a bf16"),
+                       (lambda kw: -4 * kw["n_heads"] * T_OF(kw) - 4 * T_OF(kw), "off: go through its operations")]:
+        fn = _part2_slip(slip)
+        want = solution()["layer_activation_bytes"](**case)
+        assert says in labpart2.why(fn, case, fn(**case), want), labpart2.why(fn, case, fn(**case), want)
+
+
+def test_a_wrong_model_state_key_is_named_with_its_elements():
+    """Review r15 #4, part 1: the slip of sharding with // instead of rounding up is named by its key
+    and its element; the note's 4 B optimizer by its bytes per element; the whole dicts follow."""
+    right = solution()["model_state_bytes"]
+
+    def floor(n_params, recipe, gpus=1, zero=0):
+        return {k: v if v == right(n_params, recipe)[k] else v // -(-n_params // gpus) * (n_params // gpus)
+                for k, v in right(n_params, recipe, gpus, zero).items()}
+    bad = first_problem(grade({"model_state_bytes": floor}), "model_state_bytes")
+    assert bad.detail.startswith("optimizer: 12 B short = 12 B x 1 element: how is the last share rounded? "
+                                 "(expected {"), bad.detail
+    bad = first_problem(grade({"model_state_bytes": lambda n_params, recipe, gpus=1, zero=0: {
+        **right(n_params, recipe, gpus, zero), "optimizer": 4 * n_params}}), "model_state_bytes")
+    assert bad.detail.startswith(f"optimizer: {8 * 1_063_584:,} B short = 8 B x 1,063,584 elements: how many "
+                                 "bytes does 'mixed' keep"), bad.detail
 
 
 def test_the_course_formula_module_copied_before_the_check_fails():
@@ -1273,8 +1312,8 @@ def test_the_fit_is_exact_where_it_was_measured(fitted):
 @pytest.mark.parametrize("seed", [0, 4])
 def test_measuring_then_fitting_fails_at_the_first_drawn_chain(fitted, seed):
     """Part 2 and part 3's named variants still pass a fit made before the check (the module
-    docstring of labcheck says so); the first chain MLP, drawn at the check, does not, and the
-    row says why no advance measurement covers it."""
+    docstring of labcheck says so); the first chain MLP, drawn at the check, does not (a fit per
+    named variant has no count for it), and the row says the chain was drawn at this check."""
     report = grade(fitted, seed)
     assert all(r.status == "ok" for r in rows(report, "layer_activation_bytes"))
     got = rows(report, "variant_layer")

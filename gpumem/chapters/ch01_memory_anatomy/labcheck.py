@@ -12,7 +12,8 @@ Gemma's RMSNorms, a GeLU MLP with dropout, q/k/v biases) and, after those, chain
 operations (:data:`.variants.OPS`, three to eight of them) are drawn at each check and given to
 the learner's function as data. Every truth is measured on real tensors
 (:func:`.labwide.measure`, :func:`.variants.measure`). Each function stops at its first failing
-case; a wrong count is explained by its first wrong term (part 2), the switch whose term differs
+case; a wrong count is explained by the key that differs, over its elements (part 1,
+:func:`.labhints.states_hint`), its first wrong term (part 2), the switch whose term differs
 (part 3, :mod:`.labhints`), or a chain's first operation whose change differs.
 
 What this does and does not exclude. While the learner's functions run, the course's own
@@ -140,7 +141,12 @@ def _grade_states(report: Report, fn, rng: random.Random) -> None:
                       dict(n_params=n, recipe=recipe, gpus=gpus, zero=zero),
                       {"params": s.params, "grads": s.grads, "optimizer": s.optimizer}))
     for case in cases:
-        grade(report, "model_state_bytes", guarded(fn), [case], compare=_same_ints, show=_show)
+        box: list = []                                      # what the learner's function returned
+        grade(report, "model_state_bytes", guarded(fn), [case],
+              compare=lambda got, want: box.append(got) or _same_ints(got, want), show=_show)
+        if (row := report.rows[-1]).status == "wrong" and box and (
+                hint := labhints.states_hint(box[-1], case[2], **case[1])):
+            report.rows[-1] = Row(row.function, row.case, row.status, f"{hint} ({row.detail})")
         if _failed(report.rows[-1]):
             return
 

@@ -1,4 +1,5 @@
-"""Lab 01, part 3: which switch a wrong ``variant_layer`` count gets wrong.
+"""Lab 01, part 3: which switch a wrong ``variant_layer`` count gets wrong (and part 1's
+:func:`states_hint`: which of ``model_state_bytes``' keys is off, by how many elements).
 
 A count is a sum of terms, one per switch (``norm``, ``mlp``, ``qkv_bias``) on top of the plain
 layer. The grader asks the learner's function again at the same shape with one switch set back to
@@ -154,3 +155,33 @@ def why(learner, case: dict, key: str, got: int, want: int) -> str:
         return (f"the plain layer (norm='fused', mlp='swiglu', qkv_bias=False) at this shape is already "
                 f"{plain_mine - plain_true:+,} {unit} off; every switch's term is right: fix part 2's count")
     return f"expected {want:,} {unit}, got {got:,} {unit} ({got - want:+,})"
+
+
+SHARDED_FROM = {"optimizer": 1, "grads": 2, "params": 3}      # the ZeRO stage that first shards each
+
+
+def states_hint(got, want: dict, n_params: int, recipe: str, gpus: int = 1, zero: int = 0) -> str:
+    """Part 1's wrong dict, key by key (review r15 #4): how many bytes each differing key is off,
+    over the bytes per element that key keeps ("optimizer: 12 B short = 12 B x 1 element: how is
+    the last share rounded?"); empty when ``got`` is not a dict of ints with the right keys."""
+    if type(got) is not dict or set(got) != set(want) or any(type(v) is not int for v in got.values()):
+        return ""
+    shard, said = -(-n_params // gpus), []
+    for key, true in want.items():
+        if got[key] == true:
+            continue
+        off, sharded = got[key] - true, zero >= SHARDED_FROM[key]
+        held = shard if sharded else n_params
+        per, word = true // held, "short" if off < 0 else "too many"
+        if gpus > 1 and abs(off) == per * (n_params - shard):
+            why = f"{per} B x {n_params - shard:,} elements: which ZeRO stage first shards the {key}?"
+        elif sharded and off % per == 0 and 0 < abs(off) // per < gpus:
+            m = abs(off) // per
+            why = f"{per} B x {m} element{'s' * (m > 1)}: how is the last share rounded?"
+        elif off % held == 0:
+            why = (f"{abs(off) // held} B x {held:,} elements: how many bytes does {recipe!r} keep per "
+                   f"element for the {key}?")
+        else:
+            why = "go through this key again"
+        said.append(f"{key}: {abs(off):,} B {word} = {why}")
+    return "; ".join(said)

@@ -10,7 +10,9 @@ library fails there however it is disguised. A wrong count is explained by its f
 (:func:`why`): the grader asks the learner's function again at the same shape as the plain Llama
 layer (``head_dim = d_model // n_heads``, no q/k norms) and with the wide attention but no q/k
 norms, and compares each step's change with the measured one: the plain layer first, then the
-attention's width, then the norms.
+attention's width, then the norms. The plain layer's difference is put over the formula's
+monomials at the case's own dims (:func:`_in_terms`: "-4 x heads x tokens: an fp32 number per
+head and token is missing"), checked at nearby shapes where monomials equal at the case differ.
 """
 from gpumem.course.grading import LearnerError, Report, Todo, call, returned, run_case
 
@@ -64,13 +66,61 @@ def why(learner, case: dict, got: int, want: int) -> str:
         off = mine - true
         if i == 0:
             return (f"the plain Llama layer at this shape (head_dim = d_model // n_heads = {h // a}, "
-                    f"qk_norm='none') is already {off:+,} B off: go through its operations again")
+                    f"qk_norm='none') is already {off:+,} B off{_in_terms(learner, now, off)}")
         if i == 1:
             what = "your count ignores head_dim" if mine == 0 else f"your width term is {off:+,} B off"
             return (f"head_dim={d}: the attention is {a}x{d} = {a * d} wide, d_model {h}; {what}: which saved "
                     "tensors are d_model wide, which n_heads*head_dim, which n_kv_heads*head_dim?")
         return _norm_hint(case, mine, off)
     return f"expected {want:,} B, got {got:,} B ({got - want:+,})"
+
+
+# the plain layer's count is a sum of these, each times a few bytes (review r15 #4): name, value, what one is
+MONOMIALS = (("tokens x d_model", lambda c, T: T * c["d_model"], "token and channel"),
+             ("tokens x n_kv_heads x head_dim", lambda c, T: T * c["n_kv_heads"] * c["head_dim"],
+              "token and key/value channel"),
+             ("tokens x ffn", lambda c, T: T * c["ffn"], "token and MLP hidden unit"),
+             ("tokens", lambda c, T: T, "token"),
+             ("heads x tokens", lambda c, T: T * c["n_heads"], "head and token"),
+             ("n_kv_heads x tokens", lambda c, T: T * c["n_kv_heads"], "key/value head and token"),
+             ("batch x heads x seq^2", lambda c, T: T * c["n_heads"] * c["seq"], "attention score"),
+             ("seq^2", lambda c, T: c["seq"] ** 2, "pair of positions"))
+BYTES = {1: "a 1-byte number (a mask)", 2: "a bf16 number", 4: "an fp32 number"}
+
+
+def _probes(case: dict) -> list[dict]:
+    """Shapes near ``case`` where the monomials that coincide at it differ: twice the query heads,
+    twice all heads (the same head width), one more position, a wider MLP, one more sequence."""
+    c, wide = case, {**case, "n_heads": 2 * case["n_heads"], "d_model": 2 * case["d_model"]}
+    return [wide, {**wide, "n_kv_heads": 2 * c["n_kv_heads"]}, {**c, "seq": c["seq"] + 1},
+            {**c, "ffn": c["ffn"] + 8}, {**c, "batch": c["batch"] + 1}]
+
+
+def _terms(case: dict, off: int) -> list:
+    """(coefficient, monomial) with coefficient x monomial = ``off`` at ``case``: the coefficient a
+    whole number of bytes, at most 16."""
+    T = case["batch"] * case["seq"]
+    return [(off // v, m) for m in MONOMIALS if (v := m[1](case, T)) and off % v == 0 and 0 < abs(off // v) <= 16]
+
+
+def _in_terms(learner, case: dict, off: int) -> str:
+    """``off`` over the formula's monomials, from the case's own dims: "= -4 x heads x tokens: an
+    fp32 number per head and token is missing". A term that fits at the case may be a coincidence
+    (two monomials equal there, or two slips that add up to one): the learner's function and the
+    measure are asked again at :func:`_probes`' shapes, and only a term that is the difference there
+    too is kept; none, or more than one left: the old advice."""
+    found = _terms(case, off)
+    for probe in _probes(case):
+        if not found:
+            break
+        mine = _ask(learner, probe)
+        there = None if mine is None else mine - labwide.measure(**probe)[0]
+        found = [(k, m) for k, m in found if there is not None and k * m[1](probe, probe["batch"] * probe["seq"]) == there]
+    if len({m[0] for _, m in found}) != 1:
+        return ": go through its operations again"
+    k, (name, _, unit) = found[0]
+    what = BYTES.get(abs(k), f"{abs(k)} B")
+    return f" = {k:+} x {name}: {what} per {unit} {'is missing' if k < 0 else 'too many'}; which operation saves it?"
 
 
 def _norm_hint(case: dict, mine: int, off: int) -> str:
