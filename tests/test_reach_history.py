@@ -61,7 +61,7 @@ def test_a_learners_ordinary_cells_pass_and_a_reach_is_refused_before_grading():
     (["src = 'import sys'\nget_ipython().run_cell(src)"], "built at run time"),
     (["%run /nonexistent/helper.py"], "cannot read"),
     # a learner's own module or script is read like a cell
-    (["open('mine_r15.py', 'w').write('import sys\\nm = sys.modules\\n')", "import mine_r15"], "modules"),
+    (["open('mine_r15.py', 'w').write('x = 1\\n')", "import mine_r15"], "a module of your own is loaded"),
     (["open('mine_r15b.py', 'w').write('import timeit\\n')", "%run mine_r15b.py"], "imports timeit"),
     (["a = In[1]"], "uses In"),
     # a helper process started from a cell (review r13, labs 03 and 05): none is needed
@@ -107,7 +107,9 @@ def test_the_scan_refuses_what_the_reviews_used():
     ("import gc\ngc.collect()", False), ("n = sum(1 for m in net.modules())", False),
     ("import inspect\nprint(inspect.getsource(f), inspect.signature(f))", False),
     ("!nvidia-smi", False), ("!grep -n MIN_AIO_BYTES utils.py", False), ("%%bash\nls /tmp\ncat x\n", False),
-    ("import platform\nplatform.system()", False), ("from multiprocessing import dummy", False), ('def f():\n    """Like gpumem\'s count."""', False),
+    ("import platform\nplatform.system()", False), ("from multiprocessing import dummy", False),
+    ("%timeit -n 3 f(x)", False), ("%%timeit\ny = f(x)", False), ("%time y = f(x)", False),
+    ("%timeit sys.modules['x']", True), ("import threading\nstart = threading._start_new_thread", True), ('def f():\n    """Like gpumem\'s count."""', False),
     # what reaches, or starts a process, spelled another way (reviews r15 of labs 01, 02, 05): refused
     ("import gc\nobjs = gc.get_objects()", True), ("import inspect\nf = inspect.currentframe()", True),
     ("import timeit\ntimeit.Timer(src).timeit(1)", True), ("import code", True),

@@ -95,6 +95,7 @@ def _is_lab_module(name: str) -> bool:
         or name in ("gpumem.chapters", "gpumem.course.grading", "gpumem.course.case_limits",
                     "gpumem.course.copy_watch", "gpumem.course.copy_signature", "gpumem.course.lab_audit",
                     "gpumem.course.genuine", "gpumem.course.lab_history", "gpumem.course.lab_reach",
+                    "gpumem.course.lab_process",
                     __name__)
 
 

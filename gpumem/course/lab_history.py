@@ -12,7 +12,7 @@ exempt cells read from a notebook on disk would be the learner's to edit. ``glob
 ``locals()`` are allowed here: the check cell passes the notebook's namespace, and the names a cell
 sees are its own.
 
-A cell that starts a process is refused too (:func:`_starts_process`: ``subprocess``, ``os.fork``,
+A cell that starts a process is refused too (:mod:`gpumem.course.lab_process`: ``subprocess``, ``os.fork``,
 ``!cmd``, ``%%bash`` ...): review r13 passed labs 03 and 05 with a helper started from a cell,
 detached, with an environment of its own, that answered the grader through a pipe; no lab needs a
 process of the learner's own. A cell magic's body and the code a cell hands to IPython to run (``get_ipython().run_cell(...)``,
@@ -31,38 +31,20 @@ of the learner's that takes itself out of ``sys.modules`` and erases its own fil
 import ast
 import importlib.util
 import linecache
+import os
 import sys
 from pathlib import Path
 
 from gpumem.course import genuine, lab_origin, lab_reach
+from gpumem.course.lab_process import starts_process
 
 # IPython's ways to run a source held in a string (their first string argument is read as Python;
 # a cell magic's body is its third)
+_TIMERS = ("timeit", "time", "prun")          # line magics whose argument is a Python statement
 _RUNNERS = {"run_cell": 0, "run_cell_async": 0, "run_cell_magic": 2, "ex": 0, "ev": 0, "run_code": 0,
             "run_source": 0, "runsource": 0, "run_ast_nodes": 0, "safe_execfile": None,
             "safe_run_module": None, "safe_execfile_ipy": None}
 ALLOWED = ("globals", "locals", "gc", "inspect", lab_reach.PACKAGE)
-# Starting a process from a cell (review r13 of labs 03 and 05: a helper double-forked with an
-# environment of its own, started before the first check, answered the grader through a pipe). No
-# lab needs one: the labs' runs (ranks, DeepSpeed) are started by gpumem's own functions.
-PROCESS_MODULES = ("subprocess", "multiprocessing", "pty", "torch.multiprocessing", "pexpect", "sh", "plumbum",
-                   # review r15 of lab 05: modules that start one by other names
-                   "webbrowser", "_posixsubprocess", "torch.utils.cpp_extension", "torch.distributed.run",
-                   "torch.distributed.launch", "torch.distributed.launcher", "torch.distributed.elastic",
-                   "jupyter_client", "deepspeed.launcher", "os.posix_spawn")
-PROCESS_ATTRIBUTES = ("fork", "forkpty", "system", "popen", "Popen", "posix_spawn", "posix_spawnp", "startfile",
-                      "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
-                      "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
-                      "getoutput", "getstatusoutput", "system_raw", "system_piped", "create_subprocess_exec",
-                      "subprocess_exec", "subprocess_shell", "fork_exec", "load_inline",
-                      "create_subprocess_shell", "ProcessPoolExecutor", "start_processes", "spawn", "Process")
-# Shell lines a learner types to look at the machine (``!nvidia-smi``): one command of these, no
-# shell syntax (``&``, ``;``, pipes, redirections, substitutions), ends before the cell does
-LOOKING = ("nvidia-smi", "rocm-smi", "nvcc", "nproc", "free", "df", "du", "ls", "pwd", "cat", "head", "tail", "wc",
-           "lscpu", "uname", "which", "echo", "hostname", "date", "whoami", "id", "grep", "file", "stat")
-_SHELL_SYNTAX = set("&;|<>`$(){}\n")
-SHELL_MAGICS = ("system", "sx", "bash", "sh", "script", "python", "python2", "python3", "pypy", "perl", "ruby",
-                "js", "javascript", "killbgscripts")
 
 
 class Reached(RuntimeError):
@@ -91,6 +73,10 @@ def first_reach() -> str | None:
     if not isinstance(history, list) or not isinstance(raw, list) or min(len(history), len(raw)) < ran:
         return (f"the kernel's record of its cells holds {len(history or ())} of the {ran} it ran (a cell "
                 "changed IPython's history)")
+    own = own_modules()
+    if own:
+        return (f"a module of your own is loaded ({own[0]}): while a lab is graded, your code lives in the "
+                "notebook's cells (a copy of gpumem in a folder of yours would answer for it)")
     for number, source in _records(sh, history, raw):
         if not isinstance(source, str) or not source.strip():
             continue
@@ -98,6 +84,20 @@ def first_reach() -> str | None:
         if why:
             return f"cell [{number}] ({_first_line(source)}), {why}"
     return None
+
+
+def own_modules() -> list[str]:
+    """``name (file)`` of each loaded Python module whose file is neither gpumem's nor the installed
+    Python's (review r15 of lab 08: gpumem copied to a folder under another name, imported before the
+    check, ran the answers). Compiled extensions (``.so``: DeepSpeed's ops built under the course's
+    cache) are not Python a learner writes and are left out."""
+    out = []
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        # torch.classes names a bare "_classes.py": a module's own name, not a file of the learner's
+        if isinstance(path, str) and path.endswith(".py") and os.path.isabs(path) and not genuine.trusted(path):
+            out.append(f"{name} from {path}")
+    return sorted(out)
 
 
 def _records(sh, history: list, raw: list):
@@ -120,7 +120,7 @@ def _records(sh, history: list, raw: list):
 def _reach(source: str, depth: int = 0) -> str | None:
     """``lab_reach``'s verdict on ``source`` with :data:`ALLOWED` let through, and on every string
     the source hands IPython to run."""
-    why = lab_reach.first_reach(source, allow=ALLOWED) or _history_named(source) or _starts_process(source)
+    why = lab_reach.first_reach(source, allow=ALLOWED) or _history_named(source) or starts_process(source)
     if why or depth > 3:
         return why
     try:
@@ -128,6 +128,13 @@ def _reach(source: str, depth: int = 0) -> str | None:
     except SyntaxError:
         return None
     for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "run_line_magic"
+                and len(node.args) > 1 and isinstance(node.args[0], ast.Constant) and node.args[0].value in _TIMERS
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            statement = " ".join(w for w in node.args[1].value.split() if not w.startswith("-"))
+            inner = _reach(statement, depth + 1)
+            if inner:
+                return f"line {node.lineno}: %{node.args[0].value}'s statement: " + inner.split("; the lab")[0]
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr in _RUNNERS):
             continue
@@ -202,76 +209,6 @@ def _history_named(source: str) -> str | None:
                                            or (node.id[:2] == "_i" and node.id[2:].isdigit())):
             return f"line {node.lineno}: uses {node.id}, IPython's record of the cells the kernel ran"
     return None
-
-
-def _starts_process(source: str) -> str | None:
-    """A cell that starts a process: a module or function that does, a shell line (``!cmd``) or a
-    shell or interpreter magic (``%%bash``, ``%%script``, ``%sx``)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    found, looking = [], {id(node.func) for node in ast.walk(tree) if _looks(node)}
-    for node in ast.walk(tree):
-        line = getattr(node, "lineno", 0)
-        if id(node) in looking:
-            continue
-        if isinstance(node, ast.Import):
-            bad = next((a.name for a in node.names if _process_module(a.name)), None)
-            if bad:
-                found.append((line, f"imports {bad}"))
-        elif isinstance(node, ast.ImportFrom):
-            bad = next((a.name for a in node.names if a.name in PROCESS_ATTRIBUTES), None)
-            threads = node.module == "multiprocessing" and [a.name for a in node.names] == ["dummy"]
-            if (_process_module(node.module or "") and not threads) or bad:
-                found.append((line, f"imports {bad or node.module} from {node.module}"))
-        elif (isinstance(node, ast.Attribute) and node.attr in PROCESS_ATTRIBUTES
-              and not (node.attr == "system" and isinstance(node.value, ast.Name) and node.value.id == "platform")):
-            found.append((line, f"uses .{node.attr}"))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in lab_reach.BY_NAME
-              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
-              and (node.args[1].value in PROCESS_ATTRIBUTES or _process_module(str(node.args[1].value)))):
-            found.append((line, f"uses {node.args[1].value!r} by name"))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr in ("run_line_magic", "run_cell_magic") and node.args
-              and isinstance(node.args[0], ast.Constant) and node.args[0].value in SHELL_MAGICS
-              and not _looking_magic(node)):
-            found.append((line, f"runs the %{node.args[0].value} magic"))
-    if not found:
-        return None
-    line, what = min(found)
-    return (f"line {line}: {what}, which starts a process; no lab needs one (its runs start from "
-            "gpumem's functions), and a process of yours could answer for your code")
-
-
-def _looks(node: ast.AST) -> bool:
-    """``!cmd`` (``get_ipython().system('cmd')``) with one command of :data:`LOOKING` and no shell
-    syntax: a look at the machine, not a process that outlives the cell."""
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "system"
-            and len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-        return False
-    return _looking_command(node.args[0].value)
-
-
-def _looking_command(command: str) -> bool:
-    command = command.strip()
-    return bool(command) and command.split()[0] in LOOKING and not (_SHELL_SYNTAX & set(command))
-
-
-def _looking_magic(node: ast.Call) -> bool:
-    """``%system ls``, ``%%bash`` with a body of :data:`LOOKING` lines only."""
-    magic = node.args[0].value
-    text = node.args[-1] if len(node.args) > 1 else None
-    if magic not in ("system", "sx", "bash", "sh") or not (isinstance(text, ast.Constant) and isinstance(text.value, str)):
-        return False
-    lines = [ln for ln in text.value.splitlines() if ln.strip()]
-    return bool(lines) and all(_looking_command(ln) for ln in lines)
-
-
-def _process_module(name: str) -> bool:
-    if name == "multiprocessing.dummy" or name.startswith("multiprocessing.dummy."):
-        return False              # a pool of threads under multiprocessing's API (review r15 of lab 05)
-    return any(name == m or name.startswith(m + ".") for m in PROCESS_MODULES)
 
 
 def _first_line(source: str) -> str:
