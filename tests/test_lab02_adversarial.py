@@ -638,13 +638,16 @@ def test_cheat_c_a_grader_module_changed_on_the_ranks_fails_each_case(monkeypatc
 
 def test_cheat_f_every_bucket_but_the_first_blocking_is_measured(monkeypatch):
     """The held rank is held after a drawn k-th collective (k >= 1 on tiny's 21 buckets), so the
-    collective tested is never the first; every later one blocks (on the real work, unrecorded)."""
-    _unscanned(monkeypatch)
+    collective tested is never the first; every later one blocks. F waited the real work, which
+    the outputs' sentinel now names first (review r15, test_cheat_s2 below); here every bucket but
+    the first blocks on the process group's own barrier, which writes no output: the hold alone
+    measures it."""
     report = grade_on(monkeypatch, ONE,
                       ("bucket, in_flight, queued = [], [], [False]", "bucket, in_flight, queued, started = [], [], [False], [False]"),
-                      (LAUNCH, LAUNCH + f"        if started[0]:\n            {REAL}.wait()\n        started[0] = True\n"),
+                      (LAUNCH, LAUNCH + "        if started[0]:\n            dist.group.WORLD.barrier().wait()\n"
+                                        "        started[0] = True\n"),
                       ("        queued[0] = False\n", "        queued[0] = False\n        started[0] = False\n"))
-    _blocked(report)
+    _blocked(report, unseen=True)
 
 
 def test_the_held_arrival_is_drawn_after_an_early_bucket_by_hand():
