@@ -1,6 +1,7 @@
 """A lab cannot be solved by changing the grader: the cheapest cheat a reviewer found (one line,
 ``Report.solved = property(lambda s: True)``, every lab "solved" unsolved) and its relatives."""
 
+import functools
 import re
 
 import pytest
@@ -104,7 +105,8 @@ def test_the_shared_copy_watch_is_sealed():
     assert grader_seal.changed() == []
 
 
-@pytest.mark.parametrize("how", ["entry-zeroed", "registry-emptied", "cpu-attention"])
+@pytest.mark.parametrize("how", ["entry-zeroed", "registry-emptied", "cpu-attention", "wrapped-zero",
+                                 "shape-wrapped-zero"])
 def test_a_changed_flop_counter_grades_nothing(monkeypatch, how):
     """Review r13 of lab 03: every entry of torch's flop_registry set to ``lambda *a, **k: 0`` made
     the checkpoint labs' re-run cost 0 FLOPs (21/21). A changed registry, one emptied before gpumem
@@ -115,6 +117,12 @@ def test_a_changed_flop_counter_grades_nothing(monkeypatch, how):
     from gpumem.memory import flops
     if how == "entry-zeroed":
         monkeypatch.setitem(flop_counter.flop_registry, torch.ops.aten.mm.default, lambda *a, **k: 0)
+        said = "flop_registry[aten.mm"
+    elif how in ("wrapped-zero", "shape-wrapped-zero"):      # review r15 of lab 03
+        real = flop_counter.flop_registry[torch.ops.aten.mm]
+        zero = functools.wraps(real)(lambda *a, **k: 0) if how == "wrapped-zero" else \
+            flop_counter.shape_wrapper(lambda *a, **k: 0)
+        monkeypatch.setitem(flop_counter.flop_registry, torch.ops.aten.mm, zero)
         said = "flop_registry[aten.mm"
     elif how == "registry-emptied":
         monkeypatch.setattr(flop_counter, "flop_registry", {})

@@ -18,6 +18,12 @@ def test_fresh_seeds_differ_and_a_given_seed_is_pythons():
     assert seeds.rng(5).random() == random.Random(5).random()
 
 
+class _Pinned:
+    """Review r15's descriptor: every ``seed(...)`` call seeds 0."""
+    def __get__(self, obj, cls=None):
+        return lambda a=None, version=2: random.Random.__bases__[0].seed(obj, 0)
+
+
 @pytest.mark.parametrize("patch, says", [
     (lambda mp: mp.setattr(os, "urandom", lambda n: bytes(n)), "os.urandom was replaced"),
     (lambda mp: mp.setattr(os, "urandom", bytes), "os.urandom was replaced"),
@@ -25,7 +31,11 @@ def test_fresh_seeds_differ_and_a_given_seed_is_pythons():
      "random.Random.seed was replaced"),
     (lambda mp: mp.setattr(random, "Random", type("Random", (random.Random,), {"random": lambda self: 0.0})),
      "random.Random was replaced"),
-], ids=["urandom-zeros", "urandom-bytes", "Random.seed", "Random-class"])
+    # review r15 of lab 03: a descriptor in place of Random.seed has no code of its own
+    (lambda mp: mp.setattr(random.Random, "seed", _Pinned()), "random.Random.seed was replaced"),
+    (lambda mp: mp.setattr(random.Random, "getrandbits", lambda self, k: 0, raising=False),
+     "random.Random.getrandbits was added or removed"),
+], ids=["urandom-zeros", "urandom-bytes", "Random.seed", "Random-class", "seed-descriptor", "member-added"])
 def test_a_pinned_seed_is_refused_before_grading(monkeypatch, patch, says):
     patch(monkeypatch)
     assert says in seeds.problem()

@@ -26,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import case_limits, genuine, grading, seeds
+from .flop_seal import _counter_marks, counter_problem  # noqa: F401 -- counter_problem: the seal's API
 
 _FUNCTIONS = (grading, ("run_case", "grade", "call", "returned", "failure_line", "kind", "one_line",
                         "error_line", "capped_output", "Report", "Row"))
@@ -57,34 +58,6 @@ def _marks() -> dict[str, object]:
     return marks
 
 
-def _counter_marks() -> dict[str, object]:
-    """What every FLOP count of the labs rests on (review r13 of lab 03: a cell that set each entry
-    of torch's ``flop_registry`` to ``lambda *a, **k: 0`` made "keep nothing" and "checkpoint every
-    layer alone" cost 0 FLOPs, 21/21): the registry's entries, the course's CPU attention formulas
-    and the counter's method, by identity (:func:`counter_problem` checks them against their files)."""
-    from torch.utils import flop_counter
-
-    from gpumem.memory import flops
-    marks: dict[str, object] = {f"flop_registry[{k}]": v for k, v in flop_counter.flop_registry.items()}
-    marks.update({f"flops.CPU_ATTENTION[{k}]": v for k, v in flops.CPU_ATTENTION.items()})
-    marks["FlopCounterMode._count_flops"] = flop_counter.FlopCounterMode._count_flops
-    return marks
-
-
-def counter_problem() -> str:
-    """'' when torch's FLOP counter is torch's own: at least 20 formulas in its registry, each the
-    code ``torch/utils/flop_counter.py`` defines (a registry changed before gpumem was imported is
-    seen too), else what is wrong."""
-    from torch.utils import flop_counter
-    if len(flop_counter.flop_registry) < 20:
-        return "torch.utils.flop_counter.flop_registry (emptied)"
-    for key, fn in flop_counter.flop_registry.items():
-        code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
-        if code is None or not genuine.genuine(code):
-            return f"torch.utils.flop_counter.flop_registry[{key}]"
-    return ""
-
-
 _SEALED = _marks()
 
 
@@ -95,7 +68,7 @@ def _is_lab_module(name: str) -> bool:
         or name in ("gpumem.chapters", "gpumem.course.grading", "gpumem.course.case_limits",
                     "gpumem.course.copy_watch", "gpumem.course.copy_signature", "gpumem.course.lab_audit",
                     "gpumem.course.genuine", "gpumem.course.lab_history", "gpumem.course.lab_reach",
-                    "gpumem.course.lab_process",
+                    "gpumem.course.lab_process", "gpumem.course.flop_seal", "gpumem.course.seeds",
                     __name__)
 
 

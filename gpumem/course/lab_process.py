@@ -26,6 +26,8 @@ PROCESS_ATTRIBUTES = ("fork", "forkpty", "system", "popen", "Popen", "posix_spaw
                       "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
                       "getoutput", "getstatusoutput", "system_raw", "system_piped", "create_subprocess_exec",
                       "subprocess_exec", "subprocess_shell", "fork_exec", "load_inline",
+                      # the standard library's private ways (review r15 of lab 03: uuid's, with env -i)
+                      "_get_command_stdout", "_syscmd_ver", "_syscmd_file", "_syscmd_uname", "_popen",
                       "create_subprocess_shell", "ProcessPoolExecutor", "start_processes", "spawn", "Process")
 # Shell lines a learner types to look at the machine (``!nvidia-smi``): one command of these, no
 # shell syntax (``&``, ``;``, pipes, redirections, substitutions), ends before the cell does
@@ -33,6 +35,7 @@ LOOKING = ("nvidia-smi", "rocm-smi", "nvcc", "nproc", "free", "df", "du", "ls", 
            "lscpu", "uname", "which", "echo", "hostname", "date", "whoami", "id", "grep", "file", "stat")
 _SHELL_SYNTAX = set("&;|<>`$(){}\n")
 SHELL_MAGICS = ("system", "sx", "bash", "sh", "script", "python", "python2", "python3", "pypy", "perl", "ruby",
+                "alias", "pip", "conda", "mamba", "uv",
                 "js", "javascript", "killbgscripts")
 
 
@@ -89,14 +92,21 @@ def _looks(node: ast.AST) -> bool:
 
 
 def _looking_command(command: str) -> bool:
-    command = command.strip()
-    return bool(command) and command.split()[0] in LOOKING and not (_SHELL_SYNTAX & set(command))
+    words = command.split()
+    if not words or _SHELL_SYNTAX & set(command.strip()):
+        return False
+    if words[0] in ("pip", "pip3"):                  # pip list / show / freeze look; install runs code
+        return len(words) > 1 and words[1] in ("list", "show", "freeze", "--version")
+    return words[0] in LOOKING
 
 
 def _looking_magic(node: ast.Call) -> bool:
     """``%system ls``, ``%%bash`` with a body of :data:`LOOKING` lines only."""
     magic = node.args[0].value
     text = node.args[-1] if len(node.args) > 1 else None
+    if magic in ("pip", "conda", "mamba", "uv"):       # %pip list / show / freeze look; install runs code
+        words = text.value.split() if isinstance(text, ast.Constant) and isinstance(text.value, str) else []
+        return bool(words) and words[0] in ("list", "show", "freeze", "--version") and not (_SHELL_SYNTAX & set(text.value))
     if magic not in ("system", "sx", "bash", "sh") or not (isinstance(text, ast.Constant) and isinstance(text.value, str)):
         return False
     lines = [ln for ln in text.value.splitlines() if ln.strip()]
