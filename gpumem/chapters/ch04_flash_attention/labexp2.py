@@ -18,18 +18,20 @@ shape. So ``exp2(log2e * (S * scale - lse))`` (log2 e applied on its own: two mu
 score) fails, and so does a multiply by c2 of anything else (a dummy scalar, a tile that never
 reaches the exponential). An exponential in the natural base (``exp``, ``expm1``, a softmax or
 logsumexp, ``sigmoid``, ``pow`` of another base) is named first, then any other transcendental op
-on scores (``cosh``, ``sinh``, ``tanh``, ``erf``, ``special_*``, ``pow`` of a score tile to a
-power: :data:`.labops._OTHER`; review r13 #1: P = 1 / (cosh x - sinh x)), then too few exp2
-(each visible score must be one: a series in plain multiplies has none). ``pow(2.0, x)`` is
-exp2 (torch computes 2^x; what FA-2 adds is the folded multiply-add before it, checked here).
+on scores (:data:`.labops._OTHER`: review r13 #1 took P = 1 / (cosh x - sinh x)), then too few
+exp2 (a series in multiplies has none). ``pow(2.0, x)`` is exp2: FA-2's point is the fold.
 ``wrong()`` says which part of the rule broke, '' when it holds.
 """
 
 import torch
 
-from .labops import (  # noqa: F401 (LOG2E, _PLAIN are read from here too)
-    FOLDED, K, LOG2E, ONE, PLAIN, QK, RAW, READY, Q, _ADD, _MASK, _MM, _OTHER, _PLAIN, _POWERS, _REDUCE, _RTOL,
-    _SAME, _flat, _number, _ptr)
+from .labops import (  # noqa: F401 (LOG2E is read from here too)
+    FOLDED, K, LOG2E, ONE, PLAIN, QK, RAW, READY, Q, _ADD, _MASK, _MM, _OTHER, _POWERS, _REDUCE, _RTOL, _SAME,
+    _flat, _number, _ptr)
+
+# exponentials in the natural base: what chapter 04's code (and a softmax) takes
+_PLAIN = {"exp", "exp_", "expm1", "expm1_", "_softmax", "_log_softmax", "logsumexp", "sigmoid", "sigmoid_",
+          "_safe_softmax"}
 
 
 def _marks():

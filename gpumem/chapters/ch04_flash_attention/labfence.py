@@ -33,7 +33,7 @@ import torch.utils._python_dispatch as python_dispatch
 
 from gpumem.course import genuine
 
-from . import labseal
+from . import labbake
 
 THREADS = ((threading.Thread, "start"), (_thread, "start_new_thread"), (threading, "_start_new_thread"),
            (multiprocessing.process.BaseProcess, "start"))
@@ -80,8 +80,8 @@ class Fence:
 
     def _refusing(self, owner, attr: str, original, what: str):
         """The refusing stand-in for ``owner.attr``; no closure: its references (the real entry
-        point among them) are baked into its code (:func:`.labseal.bake`, review r13 #2)."""
-        return labseal.bake(_refuse, label=_label(owner, attr), owner_thread=threading.get_ident(), flag=self.flag,
+        point among them) are baked into its code (:func:`.labbake.bake`, review r13 #2)."""
+        return labbake.bake(_refuse, label=_label(owner, attr), owner_thread=threading.get_ident(), flag=self.flag,
                             original=original, what=what, get_ident=threading.get_ident, torch_calls=_torch_calls,
                             error=RuntimeError)
 

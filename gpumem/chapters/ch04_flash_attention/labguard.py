@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .labexp2 import Exp2Rule
 from .labfence import Fence
-from . import labexp2, labfence, labops, labseal
+from . import labbake, labexp2, labfence, labops, labseal
 from .labseal import Sealed, cells, seal, seal_dispatch, tally
 
 
@@ -296,5 +296,5 @@ class Watch(Sealed, TorchDispatchMode):
 
 # every op first checks that none of the grader's modules and classes was patched during the call;
 _UNSEALED = ("_DISPATCH", "_CHECK")        # grader_seal: made with code baked in (labseal.bake), not the file's
-_DISPATCH, _CHECK = seal_dispatch(Watch, (sys.modules[__name__], labexp2, labfence, labops, labseal, Watch, _Functions,
-                                          labexp2.Exp2Rule, labfence.Fence, Sealed))
+_DISPATCH, _CHECK = seal_dispatch(Watch, (sys.modules[__name__], labbake, labexp2, labfence, labops, labseal, Watch,
+                                          _Functions, labexp2.Exp2Rule, labfence.Fence, Sealed))

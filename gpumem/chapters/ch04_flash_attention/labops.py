@@ -7,9 +7,6 @@ import math
 import torch
 
 LOG2E = math.log2(math.e)
-# exponentials in the natural base: what chapter 04's code (and a softmax) takes
-_PLAIN = {"exp", "exp_", "expm1", "expm1_", "_softmax", "_log_softmax", "logsumexp", "sigmoid", "sigmoid_",
-          "_safe_softmax"}
 _RTOL = 1e-9                      # a Python float of scale * log2 e, however it was spelled
 Q, K, QK = 1, 2, 3                # where a tensor's numbers come from (bits)
 PLAIN, ONE, RAW, FOLDED, READY = "plain", "one", "raw", "folded", "ready"

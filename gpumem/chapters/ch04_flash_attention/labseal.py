@@ -30,10 +30,10 @@ torch op between. An in-kernel guard cannot close these: the durable fix is to g
 runs the learner's cells, cheat included).
 """
 
-import itertools
 import sys
 import threading
-import types
+
+from .labbake import bake
 
 _SEALED: set[int] = set()          # ids of the watches entered now
 TAMPERED = "it rebound the grader's watch ({}): leave the watch alone, its verdict is not yours to set"
@@ -121,22 +121,6 @@ def _install():
 def kept(*objs) -> list:
     """Each object (None aside) with a copy of its attributes now (``vars``)."""
     return [(obj, dict(vars(obj))) for obj in objs if obj is not None]
-
-
-def bake(template, **objects):
-    """``template`` with every string constant ``"@name"`` replaced by ``itertools.repeat(objects[name])``
-    (read only, hashable as code constants must be: the copy watch looks code up in a dict; the
-    template takes each with ``.__next__()``): a function
-    with no closure cells, whose references live in its code object's constants (a tuple, read
-    only). A closure's cell can be rewritten by any caller (``f.__closure__[0].cell_contents = x``,
-    review r13 of lab 04, cheat A: the watch's ``dispatch`` cell swapped for a pass-through during
-    the call and restored); a code object cannot, and replacing ``__code__`` is an audit event."""
-    def swap(c):
-        if isinstance(c, tuple):                    # ``a, b = "@a", "@b"`` is one tuple constant
-            return tuple(swap(x) for x in c)
-        return itertools.repeat(objects[c[1:]]) if isinstance(c, str) and c[:1] == "@" and c[1:] in objects else c
-    code = template.__code__.replace(co_consts=tuple(swap(c) for c in template.__code__.co_consts))
-    return types.FunctionType(code, template.__globals__, template.__name__, template.__defaults__)
 
 
 def _changed():
