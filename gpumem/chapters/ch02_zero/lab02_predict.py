@@ -11,7 +11,8 @@ seconds of communication that cannot hide behind backward when a core is free fo
   (on the line through the two whole times).
 
 Each line is a fixed cost plus bytes over a bandwidth. Graded twice (:func:`exposed` is the
-grader's own count):
+grader's own count; it, and every other function of this module, refuses while the learner's
+function runs, :mod:`.lab02_guard`):
 
 * on planned numbers (:data:`PLANS`, worked by hand), so a constant, the whole gradients' transfer,
   a bucket rule other than the lab's (a bucket goes out from the hook whose gradient makes it reach

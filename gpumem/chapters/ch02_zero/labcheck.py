@@ -40,7 +40,8 @@ modules while the hooks ran, or the memory meter found paused outside a collecti
 (``lab02_watch.seal``), and a case still running after
 ``lab02_probe.WATCH_S`` ends the run with a row naming the case and the learner's line. Part 2's
 ``predict_exposed_seconds`` is graded on planned numbers and on lone reduce-scatters the same
-ranks timed (:mod:`.lab02_predict`). The optional GPU part
+ranks timed (:mod:`.lab02_predict`; the grader's own count refuses meanwhile,
+:mod:`.lab02_guard`). The optional GPU part
 (:mod:`.lab02_gpu`) runs once the hooks are right and 2 GPUs are here; otherwise ``check()``
 prints "GPU part: skipped (reason)" and adds no row.
 """
