@@ -24,7 +24,8 @@ saved references, copies and restored code objects refuse too):
   every rung's figure; explained with the reference's counts;
 * ``pcie_copy_seconds(n_bytes)`` (optional, CUDA only): a host <-> device copy timed with CUDA
   events, compared with the grader's own timing of the same copy (:mod:`.lab_gpu`, refused while
-  the learner's call runs); without CUDA no row, a skip line.
+  the learner's call runs) at three sizes, 64 KiB among them, where bytes over a rate misses a
+  copy's fixed cost (not yet run on a GPU); without CUDA no row, a skip line.
 """
 
 import random
