@@ -1365,6 +1365,29 @@ def test_sac_shortcuts_fail_and_the_solution_passes(seed):
     assert restored()
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sac_dropping_w_down_with_the_final_norm_is_named(seed):
+    """Review r15 #5, the mirror of the early-stop row: a submission that always leaves W_down (the
+    last matmul) out fails the case with the final norm, and its row says why: the region ends with
+    the final norm, the re-run reaches W_down, and leaving it out re-runs its 2 x tokens x ffn x h
+    FLOPs (by hand from the layer's dims); a layer alone's row (the knapsack as given, which keeps
+    W_down) never says so."""
+    cases = _selective(seed)
+    normed = next(layer for layer, _ in cases if layer.final_norm)
+    down = 2 * normed.batch * normed.seq * normed.ffn * normed.d_model
+    report = Report(labcheck.LAB)
+    labcheck._grade_selective(report, _last_matmul_out, cases)
+    bad = report.problems
+    assert len(bad) == 1 and bad[0].status == "wrong" and normed.describe() in bad[0].case, report.summary()
+    assert ("here the region ends with the final norm, which saves the residual sum made from W_down's output, "
+            f"so the re-run reaches W_down: leaving it out re-runs its {down:,} FLOPs") in bad[0].detail, bad[0].detail
+    assert "#" not in bad[0].detail, bad[0].detail
+    alone = [(layer, budget) for layer, budget in cases if not layer.final_norm]
+    report = Report(labcheck.LAB)
+    labcheck._grade_selective(report, _as_given_knapsack, alone)
+    assert report.problems and "reaches W_down" not in report.problems[0].detail, report.summary()
+
+
 def test_sac_answers_that_are_not_indices_are_named():
     cases = _selective(0)[:1]
     for fn, said in ((lambda ops, budget: None, "returned None"), (lambda ops, budget: {10 ** 6}, "outside ops"),

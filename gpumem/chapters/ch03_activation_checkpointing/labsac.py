@@ -27,7 +27,9 @@ backward needs last. A knapsack over the FLOPs as given keeps W_down (the best F
 wastes its bytes on a layer alone; one that always leaves the last matmul out loses its FLOPs with
 the final norm; every check has both kinds of case, each budget one where the wrong reading costs
 more than :data:`SLACK` (``labsacdraw``). The row of a choice that keeps what the re-run never
-reaches says how many bytes that is (the kept operators at or past ``Listing.reached``).
+reaches says how many bytes that is (the kept operators at or past ``Listing.reached``); the row of
+one that leaves W_down out where the re-run reaches it (the final norm), when that alone misses
+the optimum by more than :data:`SLACK`, says so and how many FLOPs it re-runs (review r15 #5).
 
 The answer key (:func:`best`) is a 0/1 knapsack over ``Listing.worth``: keep the operators whose
 FLOPs spared add up to the most, with their bytes within the budget. Operators without FLOPs
@@ -65,6 +67,7 @@ FFN = (160, 192, 256, 320, 384)
 SEQ = (32, 48, 64, 96)
 SHARES = {"flash": (0.3, 0.85), "eager": (0.3, 0.85), "either": (0.15, 0.6)}
 SLACK = 0.01                # FLOPs re-run above the optimum's, as a fraction of them
+ROW_CHARS = 600             # a row's figures, then up to two causes (review r15 #5's is ~200 characters)
 
 
 def best(ops: list, budget: int) -> tuple[int, frozenset]:
@@ -113,6 +116,22 @@ def _unreached(ops: list, chosen: set, reached: int) -> str:
     return f"; the re-run never reaches {idle:,} B of what it keeps (early stop)" if idle else ""
 
 
+def _reached_down(ops: list, chosen: set, reached: int, worth: list, budget: int, cost: int) -> str:
+    """The mirror of :func:`_unreached` (review r15 #5): W_down (the last operator with FLOPs) left
+    out where the re-run reaches it (the final norm saves the residual sum, made from W_down's
+    output), and leaving it out alone costs more than :data:`SLACK` over the optimum. Like the other
+    rows, it names no operator by its index (W_down is the last matmul whichever the case)."""
+    down = max(i for i, o in enumerate(ops) if o["flops"])
+    if down >= reached or down in chosen:
+        return ""
+    without = best([dict(o, flops=0) if i == down else o for i, o in enumerate(worth)], budget)[0]
+    if without + ops[down]["flops"] <= cost * (1 + SLACK):
+        return ""
+    ends = ("the region ends with the final norm, which saves the residual sum made from W_down's output"
+            if any("rsqrt" in o["op"] for o in ops[down + 1:]) else "the region's backward needs W_down's output")
+    return f"; here {ends}, so the re-run reaches W_down: leaving it out re-runs its {ops[down]['flops']:,} FLOPs"
+
+
 def verdict(ops: list, budget: int, chosen: set, kept: int, rerun: int, reached: int | None = None) -> tuple[str, str]:
     """The row of one case: the measured ``kept`` and ``rerun`` against the budget and the optimum
     (the FLOPs each operator spares: those of ``ops`` below ``reached``, the operators the
@@ -131,7 +150,8 @@ def verdict(ops: list, budget: int, chosen: set, kept: int, rerun: int, reached:
         more = (f", +{rerun / cost - 1:.0%}" if cost else "") + f"; {(rerun - cost) / forward:.1%} of the layer's forward"
         return "wrong", (f"fits ({kept:,} B of {budget:,} B, {budget - kept:,} B unused) but re-runs {rerun - cost:,} "
                          f"FLOPs more than the best choice within this budget ({rerun:,} where {cost:,} suffice{more})"
-                         + _free_kept(ops, chosen) + _unreached(ops, chosen, reached))
+                         + _free_kept(ops, chosen) + _unreached(ops, chosen, reached)
+                         + _reached_down(ops, chosen, reached, worth, budget, cost))
     return "ok", ""
 
 
@@ -165,5 +185,5 @@ def grade(report: Report, fn, cases: list, ask) -> None:
         listing = forward_ops(layer)
         case = f"{layer.describe()}, budget {budget:,} B"
         if run_case(report, "choose_saved", case,
-                    functools.partial(_body, fn, ask, layer, listing, budget)).status != "ok":
+                    functools.partial(_body, fn, ask, layer, listing, budget), limit=ROW_CHARS).status != "ok":
             return
