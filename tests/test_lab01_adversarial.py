@@ -1513,7 +1513,9 @@ def test_a_table_of_measured_transitions_passes_every_chain(fitted, bigram):
         variants._truth.pop(k, None)
     report = grade(_bigram_submission(fitted, per_n), seed=3)
     assert report.solved and sum("mlp=(" in r.case for r in report.rows) == labcheck.CHAINS + 1, report.summary()
-    assert "470 million" in labcheck.__doc__ and "do not stop" not in labcheck.CHAIN_NOTE
+    said = " ".join(labcheck.__doc__.split())           # the claims review r15 found false are gone
+    assert "too many to measure in advance" not in said and "no count measured" not in labcheck.CHAIN_NOTE
+    assert "not a measured model of how operations compose" in said
 
 
 def test_a_table_left_in_the_graders_cache_is_refused(fitted, bigram):

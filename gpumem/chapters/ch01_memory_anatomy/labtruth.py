@@ -257,8 +257,9 @@ def graded(before: set) -> None:
 def tabulated() -> str:
     """The row's detail when the truth cache holds more than :data:`TABULATED` chain MLPs the
     grader did not measure, else empty."""
-    mine = sorted(_chain_keys() - _GRADERS, key=repr)
-    return TABLE_SAYS.format(len(mine), mine[0][8]) if len(mine) > TABULATED else ""
+    mine = _chain_keys() - _GRADERS
+    return TABLE_SAYS.format(len(mine), max(mine, key=lambda k: (len(k[8]), repr(k)))[8]) \
+        if len(mine) > TABULATED else ""
 
 
 def refusal() -> str:
