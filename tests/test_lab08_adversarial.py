@@ -7,6 +7,7 @@ width is not d_model).
 """
 
 import contextlib
+import functools
 import inspect
 import io
 import random
@@ -1251,6 +1252,75 @@ def test_a_hint_replaces_the_generic_clause():
     rows = [r for r in grade(_acts_cheat("layer 0 masks"), 0).rows if r.function == "activation_peak" and r.status != "ok"]
     said = [r.detail for r in rows if "layer 0's q, k and v" in r.detail]
     assert said and all("a small term" not in d and " B (+" in d for d in said), [r.detail for r in rows]
+
+
+def _not_4bit(model: dict) -> int:
+    """Parameters of the model that bitsandbytes leaves in bf16 under QLoRA, counted on transformers'
+    own Llama built on the meta device (no formula of the lab's): all but the decoder layers'
+    nn.Linear weights (transformers keeps lm_head unquantised; tied weights counted once). The
+    attention's shape only changes those Linears, so it is built with one head (transformers
+    refuses some of the drawn head counts' widths)."""
+    return _not_4bit_of(tuple(sorted(model.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _not_4bit_of(items: tuple) -> int:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    model = dict(items)
+    cfg = LlamaConfig(hidden_size=model["d_model"], intermediate_size=model["ffn"], num_hidden_layers=model["n_layers"],
+                      num_attention_heads=1, num_key_value_heads=1, head_dim=model["head_dim"],
+                      vocab_size=model["vocab"], tie_word_embeddings=model["tie_embeddings"])
+    with torch.device("meta"):
+        llama = LlamaForCausalLM(cfg)
+    quantised = sum(m.weight.numel() for name, m in llama.named_modules()
+                    if isinstance(m, torch.nn.Linear) and ".layers." in name)
+    return sum(p.numel() for p in llama.parameters()) - quantised
+
+
+def test_prepare_model_for_kbit_training_is_named():
+    """Review r15 #3: the slip part 1's prompt warns of, counting peft's prepare_model_for_kbit_training
+    (what it casts to fp32: 2 B more for each parameter that is not 4-bit, counted on transformers'
+    Llama), is named in role_bytes' rows (not the packed codes) and in base_on_cpu's host row;
+    checkpointing every layer as prepare would, under the policy 'none', is named in activation_peak's
+    row; and a LoRA (bf16 base) base_on_cpu row names no NF4 constants or dequantised matrix (r15 #4.1)."""
+    ns = solution()
+    states, acts, cpu = ns["role_bytes"], ns["activation_peak"], ns["base_on_cpu"]
+
+    def role_bytes(model, ft):
+        r = states(model, ft)
+        if ft.base_dtype == "nf4":
+            r["base_weights"] += 2 * _not_4bit(model)
+        return r
+
+    def activation_peak(model, ft, seq, batch, policy, dropout):
+        return acts(model, ft, seq, batch, "full" if ft.base_dtype == "nf4" else policy, dropout)
+
+    def base_on_cpu(model, ft, seq, batch, policy):           # the QLoRA setup's host with the cast
+        r = cpu(model, ft, seq, batch, policy)
+        return r | {"host": r["host"] + 2 * _not_4bit(model)} if ft.base_dtype == "nf4" else r
+
+    def lora_gpu_off(model, ft, seq, batch, policy):          # the LoRA setup's GPU off by a term unknown
+        r = cpu(model, ft, seq, batch, policy)
+        return r if ft.base_dtype == "nf4" else r | {"gpu": r["gpu"] + 12_345}
+
+    slips = dict(ns, role_bytes=role_bytes, activation_peak=activation_peak, base_on_cpu=base_on_cpu)
+    for seed in (3, 11):
+        rows = grade(slips, seed).rows
+        said = {f: [r.detail for r in rows if r.function == f and r.status != "ok"]
+                for f in ("role_bytes", "activation_peak", "base_on_cpu")}
+        assert len(said["role_bytes"]) == 3 and all(
+            "QLoRA" in d and "you counted peft's prepare_model_for_kbit_training: its fp32 cast" in d
+            and "packed codes" not in d for d in said["role_bytes"]), said["role_bytes"]
+        assert said["activation_peak"] and all(
+            "that is the checkpointed peak: peft's prepare_model_for_kbit_training would turn gradient "
+            "checkpointing on" in d for d in said["activation_peak"]), said["activation_peak"]
+        assert len(said["base_on_cpu"]) == 2 and all(
+            d.startswith("QLoRA") and ", host: " in d and "prepare_model_for_kbit_training" in d
+            for d in said["base_on_cpu"]), said["base_on_cpu"]
+        lora = [r.detail for r in grade(dict(ns, base_on_cpu=lora_gpu_off), seed).rows if r.status != "ok"]
+        assert len(lora) == 2 and all(d.startswith("LoRA") and ", gpu: off by +12,345 B" in d and "root unit and two "
+                                      "blocks" in d and "NF4" not in d and "dequantised" not in d for d in lora), lora
 
 
 def test_part_4_says_its_host_margin():

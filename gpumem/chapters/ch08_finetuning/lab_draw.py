@@ -66,6 +66,16 @@ def truth(cfg, ft: LabFinetune) -> dict[str, int]:
         roles["quant_constants"] = sum(nf4_constants(m, ft.nf4_block, ft.double_quant) for m in sizes)
         roles["dequant_buffer"] = 2 * big + (4 * -(-big // ft.nf4_block) if ft.double_quant else 0)
     return roles
+
+
+def prepare_cast(model: dict) -> int:
+    """Bytes peft's ``prepare_model_for_kbit_training`` adds to a QLoRA base, which the lab's rungs
+    leave out (review r15 #3, for the rows' hints): every parameter that is not 4-bit (embedding,
+    head unless tied, two norms a layer and the final norm) cast from bf16 to fp32, 2 B more each."""
+    h, L = model["d_model"], model["n_layers"]
+    return 2 * (model["vocab"] * h * (1 if model["tie_embeddings"] else 2) + (2 * L + 1) * h)
+
+
 # The ladder, most faithful first: full weights before adapters, 32-bit moments before 8-bit,
 # a bf16 base before a 4-bit one. "The most faithful recipe that fits" = the first rung that fits. Read-only: the
 # learner's notebook imports this very mapping, and the grader's answers are drawn from it.

@@ -62,7 +62,7 @@ _NAMES = {finetune: _own(finetune), activations: _own(activations), activation_p
           finetune_fsdp: ["fsdp_states"],
           finetune_time: ["lora_flops", "step_flops", "dequant_bytes", "dequant_seconds"],
           accounting: ["model_states"], gpus: ["usable", "of"], scale: ["usable", "base_offloaded", "need"],
-          lab_draw: ["truth", "nf4_constants"],
+          lab_draw: ["truth", "nf4_constants", "prepare_cast"],
           models: ["n_params", "layer_params", "attention_params", "mlp_params", "expert_params",
                    "embedding_params", "norm_params"]}
 BLOCKED = {(m.__file__, n): f"{m.__name__}.{n}" for m, names in _NAMES.items() for n in names}

@@ -4,12 +4,14 @@ Each row is one drawn model (:mod:`.lab_acts`); the first wrong figure is named 
 policy, the direction and a factor (bytes under 1 %), and, where the difference is one the chapter
 names, that piece: the frozen base's saves, the adapters' bf16 input copies, their bf16 casts, the
 loss, RoPE's tables, the re-run layer, lora_dropout's copies and masks; for the base on the CPU, the root unit, the two blocks, the
-NF4 constants and the dequantised matrix that stay, and the passes over PCIe.
+NF4 constants and the dequantised matrix that stay (a bf16 base has neither: its rows do not name
+them), and the passes over PCIe; for QLoRA, what peft's ``prepare_model_for_kbit_training`` would
+add and the rungs leave out (review r15 #3): every layer checkpointed, the fp32 cast on the host.
 """
 
 from gpumem.course.grading import Row, call, returned, run_case
 
-from . import lab_guard
+from . import lab_acts, lab_draw, lab_guard
 from .lab_text import ROW_CHARS, describe, model_line, off_by
 
 KEYS = ("host", "pcie", "gpu")     # checked in this order: the host's bytes need no new idea
@@ -53,6 +55,10 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
              10 * T * model["vocab"]: "the loss's logits (bf16), their fp32 copy and the fp32 log-softmax"}
     if gap in named and gap:
         return f"{'missing' if gap > 0 else 'counted once too often'}: {named[gap]}"
+    if ft.base_dtype == "nf4" and policy == "none" and got == lab_acts.peak_parts(
+            lab_draw.config(model), ft, seq, batch, "full", dropout)["peak"]:        # review r15 #3
+        return ("that is the checkpointed peak: peft's prepare_model_for_kbit_training would turn gradient "
+                "checkpointing on, but these rungs are QLoRA without it, and the policy here is none")
     if policy == "full" and got == parts["forward_peak"] != want:
         return ("that is the end of the forward; here the last layer's re-run in backward is higher (the "
                 "checkpointed inputs before it, that layer's saves again, RoPE's tables, the loss scalars)")
@@ -103,10 +109,14 @@ def grade_acts(report, fn, cases: list) -> None:
 
 
 def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
-    gap, L = want[key] - got, model["n_layers"]
+    gap, L, nf4 = want[key] - got, model["n_layers"], ft.base_dtype == "nf4"
+    if key == "host" and nf4 and -gap == lab_draw.prepare_cast(model):          # review r15 #3
+        return ("you counted peft's prepare_model_for_kbit_training: its fp32 cast of every parameter that is "
+                "not 4-bit (embedding, head, norms: 2 B more each); these rungs are QLoRA without it")
     if key == "host":
         return ("the host keeps every role of role_bytes but two: quant_constants (attributes, not parameters: "
-                "FSDP moves only parameters) and the dequant_buffer stay on the GPU")
+                "FSDP moves only parameters) and the dequant_buffer stay on the GPU" if nf4 else
+                "the host keeps every role of role_bytes (a bf16 base has no quant_constants or dequant_buffer)")
     if key == "pcie":
         if got in (L * want["block"] + want["root"], 3 * L * want["block"] + want["root"]):
             return ("each block crosses twice a step, forward and backward; the checkpointed re-run uses the "
@@ -126,8 +136,8 @@ def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
               want["dequant_buffer"]: "the dequantised matrix (dequant_buffer)"}
     if gap in pieces and gap:
         return f"{'missing' if gap > 0 else 'counted once too often'}: {pieces[gap]}"
-    return ("the GPU keeps the activations, the root unit, the NF4 constants, the dequantised matrix and two "
-            "blocks (weights as copied up, with their adapters' gradients)")
+    return (f"the GPU keeps the activations, the root unit{', the NF4 constants, the dequantised matrix' if nf4 else ''} "
+            "and two blocks (weights as copied up, with their adapters' gradients)")
 
 
 def grade_offload(report, fn, cases: list) -> None:

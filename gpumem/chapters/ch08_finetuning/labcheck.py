@@ -39,7 +39,7 @@ from .lab_text import ROW_CHARS, GB, describe, model_line, off_by  # noqa: F401 
 LAB = "lab08_finetune_recipe"
 
 
-def _hint(role: str, ft: Finetune, got: dict, want: dict) -> str:
+def _hint(role: str, ft: Finetune, got: dict, want: dict, model: dict | None = None) -> str:
     if all(isinstance(v, int) for v in got.values()) and sum(got.values()) == sum(want.values()):
         return "your total is right but bytes sit under the wrong role: see what each role holds"
     if role == "quant_constants" and got[role] == 0:
@@ -49,6 +49,11 @@ def _hint(role: str, ft: Finetune, got: dict, want: dict) -> str:
         return (f"ft.nf4_block is {ft.nf4_block} here, and the absmaxes are "
                 f"{'quantised to 8 bits (double quantisation)' if ft.double_quant else 'kept in fp32'}: "
                 "see what quantize_4bit stores in each case")
+    if (role == "base_weights" and ft.base_dtype == "nf4" and model is not None
+            and got[role] - want[role] == lab_draw.prepare_cast(model)):       # review r15 #3
+        return ("you counted peft's prepare_model_for_kbit_training: its fp32 cast of every parameter that "
+                "is not 4-bit (embedding, head, norms: 2 B more each); these rungs are QLoRA without it "
+                "(part 1's prompt), so those stay bf16")
     if role == "base_weights" and ft.base_dtype == "nf4" and got[role] > want[role]:
         return "the packed codes are 4 bits a weight; the absmaxes and scales go under quant_constants"
     if role in ("adapter_weights", "grads", "optimizer_moments") and ft.lora:
@@ -62,8 +67,9 @@ def _hint(role: str, ft: Finetune, got: dict, want: dict) -> str:
     return ""
 
 
-def states_problem(got, want: dict, ft: Finetune) -> str:
-    """The first role where ``got`` differs from ``want`` ('' if none), in words."""
+def states_problem(got, want: dict, ft: Finetune, model: dict | None = None) -> str:
+    """The first role where ``got`` differs from ``want`` ('' if none), in words (``model``: the
+    case's dimensions, for the hints that are worked out from them)."""
     where = describe(ft)
     if not isinstance(got, dict):
         return f"{where}: " + returned(got, "a dict role -> bytes")
@@ -76,7 +82,7 @@ def states_problem(got, want: dict, ft: Finetune) -> str:
         if isinstance(g, bool) or not isinstance(g, int):
             return f"{where}, {role}: bytes are a whole number (int), got {g!r}"
         if g != w:
-            hint = _hint(role, ft, got, want)
+            hint = _hint(role, ft, got, want, model)
             return f"{where}, {role}: {off_by(g, w, hint)}"
     return ""
 
@@ -90,7 +96,7 @@ def _grade_states(report: Report, fn, cases: list) -> None:
 
         def body(model=model, setups=setups):
             for ft, want in setups:
-                bad = states_problem(call(lab_guard.guarded(fn), dict(model), ft), want, ft)
+                bad = states_problem(call(lab_guard.guarded(fn), dict(model), ft), want, ft, model)
                 if bad:
                     return "wrong", bad
             return "ok", ""
