@@ -230,3 +230,8 @@ def refusing(refusal: str, hits: list[str]):
 def active() -> bool:
     """True while some learner's call is watched."""
     return bool(_HOOKED and _HOOKED[0].active)
+
+
+# Read now, at import: a graded call's own events check this file's code (genuine.genuine), and a lab
+# that refuses opening gpumem's files while graded (lab 01) would take that read for the learner's.
+genuine.file_codes(__file__)
