@@ -29,7 +29,10 @@ MODULES = ("gc", "inspect", "importlib", "ctypes", "builtins", "pickle", "marsha
            # review r15 of lab 02: modules that run a source string built at run time
            "timeit", "code", "codeop",
            # review r15 of lab 06: the samplers' timer switched off from the call
-           "signal")
+           "signal",
+           # review r15 of lab 04: breakpoint() was refused and pdb.set_trace() not (a debugger walks
+           # and writes the grader's frames); %debug after a failed cell is IPython's and stays allowed
+           "pdb", "ipdb", "bdb")
 # What ``gc``, ``inspect`` and ``types`` offer that reaches objects (the kernel-wide scan, lab_history,
 # lets a learner's cells import gc and inspect for gc.collect() and inspect.signature(); these stay
 # refused, called on the module under any name it was imported as)
