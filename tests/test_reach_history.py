@@ -64,6 +64,8 @@ def test_a_learners_ordinary_cells_pass_and_a_reach_is_refused_before_grading():
     (["open('mine_r15.py', 'w').write('x = 1\\n')", "import mine_r15"], "a module of your own is loaded"),
     (["open('mine_r15b.py', 'w').write('import timeit\\n')", "%run mine_r15b.py"], "imports timeit"),
     (["a = In[1]"], "uses In"),
+    # review r15 of lab 04: a grader's table mutated; the module imported in another cell
+    (["from gpumem.chapters.ch04_flash_attention import labops", "labops._SAME.add('bmm')"], "._SAME"),
     # a helper process started from a cell (review r13, labs 03 and 05): none is needed
     (["!sleep 0 &"], ".system"), (["%%bash\nsleep 100 &"], "%bash"), (["import subprocess"], "imports subprocess"),
     (["import os\nif False:\n    os.fork()"], ".fork"),
@@ -84,11 +86,12 @@ def test_every_cell_of_every_solution_passes_the_scan():
     """A learner who writes the labs as the solutions do is never refused (the check cell's
     ``globals()`` is allowed; lab 02's given cell shows the grader's source without ``inspect``)."""
     for path in sorted((ROOT / "solutions").glob("lab*.ipynb")):
-        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
-            if cell["cell_type"] == "code":
-                src = "\n".join(ln for ln in "".join(cell["source"]).splitlines()
-                                if not ln.lstrip().startswith(("%", "!")))
-                assert lab_history._reach(src) is None, (path.name, i)
+        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        sources = ["\n".join(ln for ln in "".join(c["source"]).splitlines() if not ln.lstrip().startswith(("%", "!")))
+                   for c in cells]
+        bound = frozenset().union(*(lab_history.gpumem_names(src) for src in sources))   # imported in any cell
+        for i, src in enumerate(sources):
+            assert lab_history._reach(src, ours=bound) is None, (path.name, i)
 
 
 def test_the_scan_refuses_what_the_reviews_used():

@@ -77,10 +77,10 @@ def first_reach() -> str | None:
     if own:
         return (f"a module of your own is loaded ({own[0]}): while a lab is graded, your code lives in the "
                 "notebook's cells (a copy of gpumem in a folder of yours would answer for it)")
-    for number, source in _records(sh, history, raw):
-        if not isinstance(source, str) or not source.strip():
-            continue
-        why = _reach(source)
+    records = [(n, src) for n, src in _records(sh, history, raw) if isinstance(src, str) and src.strip()]
+    bound = frozenset().union(*(gpumem_names(src) for _, src in records))
+    for number, source in records:
+        why = _reach(source, ours=bound)
         if why:
             return f"cell [{number}] ({_first_line(source)}), {why}"
     return None
@@ -117,10 +117,11 @@ def _records(sh, history: list, raw: list):
             yield number, "".join(entry[2])
 
 
-def _reach(source: str, depth: int = 0) -> str | None:
+def _reach(source: str, depth: int = 0, ours: frozenset = frozenset()) -> str | None:
     """``lab_reach``'s verdict on ``source`` with :data:`ALLOWED` let through, and on every string
     the source hands IPython to run."""
-    why = lab_reach.first_reach(source, allow=ALLOWED) or _history_named(source) or starts_process(source)
+    why = lab_reach.first_reach(source, allow=ALLOWED) or _history_named(source) or starts_process(source) \
+        or _private_of_gpumem(source, ours)
     if why or depth > 3:
         return why
     try:
@@ -132,7 +133,7 @@ def _reach(source: str, depth: int = 0) -> str | None:
                 and len(node.args) > 1 and isinstance(node.args[0], ast.Constant) and node.args[0].value in _TIMERS
                 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
             statement = " ".join(w for w in node.args[1].value.split() if not w.startswith("-"))
-            inner = _reach(statement, depth + 1)
+            inner = _reach(statement, depth + 1, ours)
             if inner:
                 return f"line {node.lineno}: %{node.args[0].value}'s statement: " + inner.split("; the lab")[0]
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
@@ -145,7 +146,7 @@ def _reach(source: str, depth: int = 0) -> str | None:
         arg = node.args[at] if len(node.args) > at else None
         if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
             return line + f"hands IPython code built at run time ({node.func.attr}), which the grader cannot read"
-        inner = _reach(arg.value, depth + 1)
+        inner = _reach(arg.value, depth + 1, ours)
         if inner:
             return line + f"the code it hands IPython ({node.func.attr}): " + inner.split("; the lab")[0]
     for line, path, how in _files_run(tree):     # a learner's own file, imported or %run: read it too
@@ -153,7 +154,7 @@ def _reach(source: str, depth: int = 0) -> str | None:
             text = Path(path).read_text(encoding="utf-8", errors="replace")
         except OSError:
             return f"line {line}: {how} {path}, which the grader cannot read"
-        inner = _reach(text, depth + 1)
+        inner = _reach(text, depth + 1, ours)
         if inner:
             return f"line {line}: {how} {path}, whose " + inner.split("; the lab")[0]
     return None
@@ -209,6 +210,53 @@ def _history_named(source: str) -> str | None:
                                            or (node.id[:2] == "_i" and node.id[2:].isdigit())):
             return f"line {node.lineno}: uses {node.id}, IPython's record of the cells the kernel ran"
     return None
+
+
+def _private_of_gpumem(source: str, bound: frozenset = frozenset()) -> str | None:
+    """A private name (``_x``) of a gpumem module a cell imported (in this source, or ``bound``: the
+    names any cell of the kernel imported from gpumem): the grader's tables and state (review r15 of
+    lab 04: ``labops._SAME.update(...)`` during the call blinded the watch). The labs' cells use
+    gpumem's public names only."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    ours = set(bound) | gpumem_names(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == lab_reach.PACKAGE:
+            private = next((a.name for a in node.names if a.name.startswith("_")), None)
+            if private:
+                return f"line {node.lineno}: imports {private}, a private name of {node.module}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                and _root(node.value) in ours:
+            return f"line {node.lineno}: uses .{node.attr}, a private name of gpumem's"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in lab_reach.BY_NAME \
+                and len(node.args) > 1 and _root(node.args[0]) in ours and isinstance(node.args[1], ast.Constant) \
+                and str(node.args[1].value).startswith("_"):
+            return f"line {node.lineno}: uses {node.args[1].value}, a private name of gpumem's, by name"
+    return None
+
+
+def gpumem_names(source: str) -> set:
+    """The names ``source`` binds to gpumem's modules and objects by its imports."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {(a.asname or a.name.split(".")[0]) for a in node.names if a.name.split(".")[0] == lab_reach.PACKAGE}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == lab_reach.PACKAGE:
+            out |= {a.asname or a.name for a in node.names}
+    return out
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
 
 
 def _first_line(source: str) -> str:
