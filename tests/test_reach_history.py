@@ -6,6 +6,7 @@ subclasses) in a fresh process, since the kernel, once seen, stays known to ``la
 """
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ def test_a_learners_ordinary_cells_pass_and_a_reach_is_refused_before_grading():
     assert err.startswith("Reached: cell [2]") and "Nothing was graded" in err
 
 
-@pytest.mark.parametrize("cells, named", [
+ROUTES = [
     (["%%capture\nimport gc\nobjs = gc.get_objects()"], "get_objects"),                  # a cell magic's body
     (["get_ipython().run_cell('import inspect; f = inspect.currentframe()')"], "currentframe"),  # handed to IPython
     (["src = 'import sys'\nget_ipython().run_cell(src)"], "built at run time"),
@@ -67,14 +68,49 @@ def test_a_learners_ordinary_cells_pass_and_a_reach_is_refused_before_grading():
     # review r15 of lab 04: a grader's table mutated; the module imported in another cell
     (["from gpumem.chapters.ch04_flash_attention import labops", "labops._SAME.add('bmm')"], "._SAME"),
     # a helper process started from a cell (review r13, labs 03 and 05): none is needed
-    (["!sleep 0 &"], ".system"), (["%%bash\nsleep 100 &"], "%bash"), (["import subprocess"], "imports subprocess"),
+    (["!sleep 0 &"], ".system"), (["%%bash\nsleep 1 &"], "%bash"), (["import subprocess"], "imports subprocess"),
     (["import os\nif False:\n    os.fork()"], ".fork"),
     # a cell that rubs itself out of the parsed and typed history is still read in the other records
     (["h = get_ipython().history_manager\nh.input_hist_parsed[-1] = 'pass'\nh.input_hist_raw[-1] = 'pass'"],
      "history_manager"),
-])
-def test_routes_around_the_scan_are_refused(cells, named):
-    verdict, _ = run_cells(*cells)
+]
+
+_MANY = textwrap.dedent("""
+    import json, os, sys, tempfile
+    from IPython.core.interactiveshell import InteractiveShell
+    for i, cells in enumerate(json.loads(sys.argv[1])):
+        here = tempfile.mkdtemp()
+        os.chdir(here)
+        InteractiveShell.clear_instance()                 # a fresh shell: its own history and names
+        sh = InteractiveShell.instance()
+        for cell in cells:
+            sh.run_cell(cell, store_history=True)
+        sh.run_cell("from gpumem.course import lab_history as _lh\\n_verdict = _lh.first_reach()",
+                    store_history=True)
+        print("VERDICT", i, json.dumps(sh.user_ns.get("_verdict")), flush=True)
+        for name, module in list(sys.modules.items()):   # the case's own modules leave with it
+            if str(getattr(module, "__file__", "")).startswith(here):
+                del sys.modules[name]
+""")
+
+
+@pytest.fixture(scope="module")
+def route_verdicts():
+    """The scan's verdict on every case of :data:`ROUTES`, each in a fresh IPython shell of one
+    process (a process per case cost about 6 s each on 2 cores)."""
+    with tempfile.TemporaryDirectory() as ipython_dir:
+        proc = subprocess.run([sys.executable, "-c", _MANY, json.dumps([cells for cells, _ in ROUTES])],
+                              capture_output=True, text=True, timeout=600, cwd=ipython_dir,
+                              env={**os.environ, "IPYTHONDIR": ipython_dir})
+    found = {int(line.split(" ", 2)[1]): json.loads(line.split(" ", 2)[2])
+             for line in proc.stdout.splitlines() if line.startswith("VERDICT")}
+    assert len(found) == len(ROUTES), proc.stdout[-2000:] + proc.stderr[-3000:]
+    return found
+
+
+@pytest.mark.parametrize("case", range(len(ROUTES)), ids=[named for _, named in ROUTES])
+def test_routes_around_the_scan_are_refused(case, route_verdicts):
+    verdict, named = route_verdicts[case], ROUTES[case][1]
     assert verdict is not None and named in verdict, verdict
 
 
