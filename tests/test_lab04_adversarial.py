@@ -1540,3 +1540,115 @@ def test_the_dispatch_swapped_during_the_call_is_named(cheat, says):
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
     assert got.status != "ok" and says in got.detail, got.detail
     assert labguard._DISPATCH.__closure__ is None and vars(labguard.Watch)["__torch_dispatch__"] is labguard._DISPATCH
+
+
+# Review r15 of lab 04. Cheat F: a decoy (ONE genuine folded tile, exp2 of it ceil(need / tile)
+# times, thrown away) met the count of exp2'd numbers; K rebuilt bit for bit through index_select's
+# INDEX (nibble look-ups in arange(16)), whose bits the rule took from the table alone, so the dense
+# cosh - sinh kernel on every query row made no "scores": 6/6 flash_backward rows in a real kernel.
+# Cheat G: no launder, labops._SAME given bmm and mm for the length of the call (25/25).
+def _decoy(q, k_blk, j0, causal, block):
+    """F's decoy: the last query rows against the key block, folded, exp2'd until as many numbers
+    as the call's visible scores (counted here by hand: top-left causal, row i sees key j <= i)."""
+    b, a, s_q, d = q.shape
+    kv, n = k_blk.shape[1], k_blk.shape[2]
+    need = b * a * sum(max(0, min(j0 + n, i + 1) - j0) if causal else n for i in range(s_q))
+    if need:
+        r = min(block, s_q)
+        qt = q[:, :, s_q - r:].reshape(b, kv, a // kv, r, d)
+        tile = (qt @ k_blk[:, :, None].transpose(-1, -2)) * (d ** -0.5 * LOG2E)
+        for _ in range(-(-need // tile.numel())):
+            torch.exp2(tile)
+
+
+def _nibbles(k):
+    """K rebuilt exactly from its integer view, 4 bits at a time, as index_select(arange(16), 0, nibble)."""
+    it = torch.int64 if k.dtype == torch.float64 else torch.int32
+    iv, lut = k.contiguous().view(it), torch.arange(16, dtype=it)
+    kl = torch.zeros(iv.shape, dtype=it)          # (zeros_like would inherit K's bits)
+    for i in range(iv.element_size() * 2):
+        nib = ((iv >> (4 * i)) & 15).reshape(-1).long()
+        kl = kl | (torch.index_select(lut, 0, nib).reshape(iv.shape) << (4 * i))
+    return kl.view(k.dtype)
+
+
+def _bitwise_where(k):
+    """K rebuilt exactly as a sum of torch.where(bit i of K, 2^i, 0): the bits sit in the condition."""
+    it = torch.int64 if k.dtype == torch.float64 else torch.int32
+    iv, zero = k.contiguous().view(it), torch.zeros((), dtype=it)
+    kl = torch.zeros(iv.shape, dtype=it)
+    for i in range(iv.element_size() * 8):
+        kl = kl | torch.where(((iv >> i) & 1).bool(), torch.ones((), dtype=it) << i, zero)
+    return kl.view(k.dtype)
+
+
+def cheat_f(launder):
+    def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        _decoy(q, k_blk, j0, causal, block)
+        kc = launder(k_blk)
+        assert torch.equal(kc, k_blk)
+        return _all_rows_hyperbolic(q, kc, v_blk, dout, lse, delta, j0, causal, block, launder=False)
+    return kernel
+
+
+def cheat_g(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    from gpumem.chapters.ch04_flash_attention import labops
+    _decoy(q, k_blk, j0, causal, block)
+    added = {"bmm", "mm"} - labops._SAME
+    try:
+        labops._SAME.update(added)                 # frozen: AttributeError, and the kernel goes on
+    except AttributeError:
+        added = set()
+    try:
+        return _all_rows_hyperbolic(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, launder=False)
+    finally:
+        if added:
+            labops._SAME.difference_update(added)
+
+
+@pytest.mark.parametrize("cheat", [cheat_f(_nibbles), cheat_f(_bitwise_where), cheat_g],
+                         ids=["F-index_select", "F-where", "G-tables"])
+def test_k_laundered_or_the_tables_mutated_during_the_call_fails(cheat):
+    from gpumem.chapters.ch04_flash_attention import labops
+    same = set(labops._SAME)
+    says = "made from both Q and K (scores, P, dP - D or dS) is larger than one 16 x 16 tile"
+    got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
+    assert got.status == "wrong" and says in got.detail, got.detail
+    ns = solution()
+    flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
+                                                               "key_block_backward": cheat})
+    got = rows({"flash_backward": flash, "key_block_backward": cheat}, "flash_backward")[0]
+    assert got.status == "wrong" and "made from both Q and K" in got.detail, got.detail
+    assert set(labops._SAME) == same
+
+
+def test_the_graders_op_tables_cannot_change():
+    """Review r15 #2: every table the watch reads at an op is a frozenset (rebinding one is named by
+    labseal.intact); the guards' tables of code objects are copied when the call starts."""
+    from gpumem.chapters.ch04_flash_attention import labexp2, labguard, labops
+    tables = [(labops, n) for n in ("_SAME", "_MM", "_ADD", "_REDUCE", "_MASK", "_OTHER")] + [(labexp2, "_PLAIN")] \
+        + [(labguard, n) for n in ("_EXPS", "_COPIES", "_EXITS", "_FRESH", "_READS")]
+    for module, name in tables:
+        with pytest.raises(AttributeError):
+            getattr(module, name).add("bmm")
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["one-tile-again", "fresh-copies"])
+def test_exp2_of_one_tile_again_and_again_does_not_meet_the_count(fresh):
+    """The right tiles with P by squarings of a series (no exp2: the 'squarings' cheat above) behind
+    F's decoy: the decoy's tile counts once, and so do fresh copies of it (tile - 0.0 each time):
+    exp2 counts the numbers of each Q K^T product once, however many tiles were made from it."""
+    def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        b, a, s_q, d = q.shape
+        kv, r = k_blk.shape[1], min(block, q.shape[2])
+        tile = (q[:, :, s_q - r:].reshape(b, kv, a // kv, r, d) @ k_blk[:, :, None].transpose(-1, -2)) \
+            * (d ** -0.5 * LOG2E)
+        for _ in range(-(-_visible_of_first_key_block(labcheck.BACKWARD[0]) // tile.numel()) + 1):
+            torch.exp2(tile - 0.0 if fresh else tile)
+        return _tiled(_squared)(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+    b, a, kv, sq, sk, d, causal, block = labcheck.BACKWARD[0]
+    tile = b * a * min(block, sq) * min(block, sk)                     # the decoy's numbers, by hand
+    need = _visible_of_first_key_block(labcheck.BACKWARD[0])
+    says = f"it took exp2 of {tile:,} numbers, fewer than the {need:,} visible scores of the call"
+    got = rows({"key_block_backward": kernel}, "key_block_backward")[0]
+    assert got.status == "wrong" and says in got.detail, got.detail

@@ -57,13 +57,13 @@ def copied(frame) -> str:
 def no_copies(flag):
     """While the block runs, a call into the original code of :data:`BLOCKED` or into a copy of
     chapter 04's backward calls ``flag(message)`` and raises it."""
-    before = sys.getprofile()
+    before, original = sys.getprofile(), dict(ORIGINAL)    # a copy: ORIGINAL emptied in the call does nothing
 
     def hook(frame, event, arg):
         if event == "call":
             code, hit = frame.f_code, ""
-            if code in ORIGINAL:
-                hit = COPIED.format(ORIGINAL[code], "its code, rebuilt into a function of yours")
+            if code in original:
+                hit = COPIED.format(original[code], "its code, rebuilt into a function of yours")
             else:
                 name = copied(frame)
                 hit = COPIED.format(name, "chapter 04's backward, copied under another name") if name else ""

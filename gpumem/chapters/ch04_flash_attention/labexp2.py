@@ -19,26 +19,26 @@ score) fails, and so does a multiply by c2 of anything else (a dummy scalar, a t
 reaches the exponential). An exponential in the natural base (``exp``, ``expm1``, a softmax or
 logsumexp, ``sigmoid``, ``pow`` of another base) is named first, then any other transcendental op
 on scores (:data:`.labops._OTHER`: review r13 #1 took P = 1 / (cosh x - sinh x)), then too few
-exp2 (a series in multiplies has none). ``pow(2.0, x)`` is exp2: FA-2's point is the fold.
-``wrong()`` says which part of the rule broke, '' when it holds.
+exp2 (a series has none; each Q K^T product's numbers count once, however many tiles are made
+of it: review r15 #1 took exp2 of one tile again and again). A tensor's Q|K bits are those of
+every tensor an op takes (r15: K laundered through index_select's index). ``pow(2.0, x)`` is exp2.
 """
 
 import torch
 
 from .labops import (  # noqa: F401 (LOG2E is read from here too)
     FOLDED, K, LOG2E, ONE, PLAIN, QK, RAW, READY, Q, _ADD, _MASK, _MM, _OTHER, _POWERS, _REDUCE, _RTOL, _SAME,
-    _flat, _number, _ptr)
+    _flat, _number, _ptr, _rest, _rows_of_d)
 
 # exponentials in the natural base: what chapter 04's code (and a softmax) takes
-_PLAIN = {"exp", "exp_", "expm1", "expm1_", "_softmax", "_log_softmax", "logsumexp", "sigmoid", "sigmoid_",
-          "_safe_softmax"}
+_PLAIN = frozenset({"exp", "exp_", "expm1", "expm1_", "_softmax", "_log_softmax", "logsumexp", "sigmoid",
+                    "sigmoid_", "_safe_softmax"})
 
 
 def _marks():
     """``(mark, add, seen)`` over one closure: what the rule found (``plain``, ``other``, ``exp2``,
     ``unfolded``, ``alone``), each kept once set, and what it counted (``exp2n``: numbers taken
-    exp2 of; ``scores``: numbers of score tiles made), which only grow; the rule's attributes
-    only read it."""
+    exp2 of; ``scores``: numbers of score tiles made), which only grow; attributes only read it."""
     state = {"plain": "", "other": "", "exp2": False, "unfolded": "", "alone": False, "exp2n": 0, "scores": 0}
 
     def mark(name: str, value) -> None:
@@ -68,6 +68,8 @@ class Exp2Rule:
         self.mark, self.add, self.seen = _marks()
         self.tags: dict[int, tuple[int, str | None]] = {}        # storage -> (bits, form)
         self.tiles: set[int] = set()                              # storages of P's family
+        self.counted: dict = {}            # product (or storage, unfolded) -> numbers exp2 took of it
+        self.origins: dict = {}            # storage -> (key, numbers) of the Q K^T product it comes from
         for t, bit in ((q, Q), (k, K)):
             if _ptr(t):
                 self.tags[_ptr(t)] = (bit, PLAIN)
@@ -143,8 +145,8 @@ class Exp2Rule:
         xb, xf = self._tag(x)
         if op == "where":                          # where(cond, a, b): the tile is a or b
             (ab, af), (bb, bf) = self._tag(args[1]), self._tag(args[2])
-            xb, xf, other = (ab, af, bb) if af in (RAW, FOLDED, READY) else (bb, bf, ab)
-            return ab | bb, (xf if other != QK else None)
+            xf, other = (af, bb) if af in (RAW, FOLDED, READY) else (bf, ab)
+            return xb | ab | bb, (xf if other != QK else None)     # the condition's bits too (review r15 #1)
         others = 0
         for t in rest:
             others |= self._tag(t)[0]
@@ -169,17 +171,17 @@ class Exp2Rule:
         x = self._exponent(op, args)
         if x is not None:
             self.mark("exp2", True)
-            self.add("exp2n", x.numel() if isinstance(x, torch.Tensor) else 0)
-            form = self._tag(x)[1]
-            if isinstance(x, torch.Tensor) and x.numel() and form not in (FOLDED, READY) and not self.unfolded:
+            self.add("exp2n", self._fresh(x))
+            if isinstance(x, torch.Tensor) and x.numel() and self._tag(x)[1] not in (FOLDED, READY) \
+                    and not self.unfolded:
                 self.mark("unfolded", f"exp2 of a tensor of shape {tuple(x.shape)}")
-        bits = 0
-        for t in _flat([*args, *(kwargs or {}).values()]):
+        every = [t for t in _flat([*args, *(kwargs or {}).values()]) if isinstance(t, torch.Tensor)]
+        bits, form = 0, None
+        for t in every:           # every tensor's: index_select's index, where's condition (review r15 #1)
             bits |= self._tag(t)[0]
-        form = None
-        if op in _SAME or op == "copy_":
-            src = args[1] if op == "copy_" else next((t for t in _flat(args) if isinstance(t, torch.Tensor)), None)
-            bits, form = self._tag(src)
+        if op in _SAME or op == "copy_":  # the form of the first tensor; copy_ overwrites (partly: see below)
+            src = args[1] if op == "copy_" else next(iter(every), None)
+            bits, form = (self._tag(src)[0] if op == "copy_" else bits), self._tag(src)[1]
         elif op in ("mul", "mul_", "div", "div_"):
             bits, form = self._scaled(op, args, bits)
         elif op in _MM:
@@ -189,9 +191,8 @@ class Exp2Rule:
         elif op in _MASK or op == "where":
             bits, form = self._masked(op, args)
         self._other(op, args)
-        outs = [t for t in _flat([out]) if isinstance(t, torch.Tensor) and t.numel()]
+        outs, shared = [t for t in _flat([out]) if isinstance(t, torch.Tensor) and t.numel()], {_ptr(t) for t in every}
         if not op.endswith("_") and op not in _SAME:     # a view this rule does not know: the storage keeps its tag
-            shared = {_ptr(t) for t in _flat([*args, *(kwargs or {}).values()]) if isinstance(t, torch.Tensor)}
             outs = [t for t in outs if _ptr(t) not in shared]
         if op.endswith("_") and args and isinstance(args[0], torch.Tensor) and outs:
             target = args[0]                        # an in-place write, maybe to part of a storage
@@ -199,8 +200,22 @@ class Exp2Rule:
                 ob, of = self._tag(target)
                 if (bits, form) != (ob, of) and not (op in _MASK and bits == ob):
                     bits, form = bits | ob, None
+        origin = (object(), sum(t.numel() for t in outs)) if op in _MM else next((self.origins.get(_ptr(t)) for t in (
+            args[1:2] if op == "copy_" else every) if self._tag(t)[1] in (RAW, FOLDED, READY)), None)
         for t in outs:
-            self.tags[_ptr(t)] = (bits, form)
+            self.tags[_ptr(t)], self.origins[_ptr(t)] = (bits, form), (origin if form in (RAW, FOLDED, READY) else None)
+            if op not in _SAME or _ptr(t) not in shared:     # new numbers there (a view writes none)
+                self.counted.pop(_ptr(t), None)
+
+    def _fresh(self, x) -> int:
+        """Numbers of ``x`` exp2 has not taken yet: of the Q K^T product a folded or ready tile comes from
+        (review r15 #1: one tile, or copies of it, again and again counts once), else of its storage
+        since it was last written."""
+        ptr = _ptr(x)
+        key, room = self.origins.get(ptr) or (ptr, x.untyped_storage().nbytes() // x.element_size() if ptr else 0)
+        n = max(0, min(x.numel() if ptr else 0, room - self.counted.get(key, 0)))
+        self.counted[key] = self.counted.get(key, 0) + n
+        return n
 
     def _other(self, op: str, args) -> None:
         """Name a transcendental op other than exp2 (or ``pow`` of a score tile to a power that is no
@@ -216,26 +231,7 @@ class Exp2Rule:
             if not (_number(power) and power in _POWERS):
                 self.mark("other", f"pow(x, {power:g})" if _number(power) else "pow(x, tensor)")
 
-    @staticmethod
-    def _rest(shape, heads: int) -> list:
-        """``shape`` without its leading batch and head dimensions (``heads`` of them in all, in
-        any grouping: (b, a, ...), (b * a, ...), (b, kv, g, ...), or heads packed with rows)."""
-        dims, done = list(shape), 1
-        while dims and done < heads and dims[0]:
-            if heads % (done * dims[0]) == 0:
-                done *= dims.pop(0)
-            elif (done * dims[0]) % heads == 0:
-                dims[0], done = done * dims[0] // heads, heads
-            else:
-                break
-        return dims
-
-    def _rows_of_d(self, t, d: int, heads: int) -> bool:
-        """``t`` is (..., rows, d) past its batch and heads: dQ, dK, dV or a sum of their parts."""
-        rest = self._rest(t.shape, heads)
-        while len(rest) > 2 and rest[0] == 1:          # a group of one query head: (b, kv, 1, rows, d)
-            rest.pop(0)
-        return len(rest) == 2 and rest[-1] == d
+    _rest, _rows_of_d = staticmethod(_rest), staticmethod(_rows_of_d)
 
     def tile(self, op: str, args, out, heads: int, block: int, d: int = 0) -> str:
         """'' or why ``op`` made or took (views aside) a tile of P's family larger than one

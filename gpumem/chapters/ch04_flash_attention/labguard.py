@@ -56,14 +56,14 @@ from .labseal import Sealed, cells, seal, seal_dispatch, tally
 
 # ops that copy a tensor without arithmetic: a copy of K or V (its GQA expansion, its fp32 cast)
 # is K or V for the rules; joining shards (cat, copy_ into a buffer) is not in the list
-_COPIES = {"clone", "_to_copy", "index_select", "repeat", "repeat_interleave", "contiguous"}
+_COPIES = frozenset({"clone", "_to_copy", "index_select", "repeat", "repeat_interleave", "contiguous"})
 # Tensor methods that take the numbers out of torch (computing elsewhere would hide the tiles)
-_EXITS = {"numpy", "__array__", "untyped_storage", "storage", "_storage", "data_ptr", "__dlpack__",
+_EXITS = frozenset({"numpy", "__array__", "untyped_storage", "storage", "_storage", "data_ptr", "__dlpack__",
           "__array_interface__", "__reduce_ex__", "__setstate__", "__deepcopy__", "_typed_storage",
-          "__getstate__", "_data_ptr"}
-_READS, _READ_BUDGET = {"item", "__float__", "__int__", "__index__", "__complex__"}, 1000
-_EXPS = {"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "sigmoid"}   # probabilities
-_FRESH = {"lift_fresh", "lift_fresh_copy", "lift"}     # torch.tensor(...) of Python numbers
+          "__getstate__", "_data_ptr"})
+_READS, _READ_BUDGET = frozenset({"item", "__float__", "__int__", "__index__", "__complex__"}), 1000
+_EXPS = frozenset({"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "sigmoid"})   # probabilities
+_FRESH = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})     # torch.tensor(...) of Python numbers
 _SMALL = 64                                           # numbers a constant may hold
 
 

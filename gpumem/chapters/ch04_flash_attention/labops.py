@@ -1,4 +1,5 @@
-"""Lab 04's op tables for :mod:`.labexp2`: which ATen ops (by name, without namespace and overload)
+"""Lab 04's op tables (frozensets: review r15 #2 added ``bmm`` to a mutable ``_SAME`` for the length of
+the call and passed 25/25) for :mod:`.labexp2`: which ATen ops (by name, without namespace and overload)
 are exponentials, views and copies, products, sums, reductions and masks, and the tags the exp2
 rule gives a tensor (where its numbers come from, and its form)."""
 
@@ -11,24 +12,27 @@ _RTOL = 1e-9                      # a Python float of scale * log2 e, however it
 Q, K, QK = 1, 2, 3                # where a tensor's numbers come from (bits)
 PLAIN, ONE, RAW, FOLDED, READY = "plain", "one", "raw", "folded", "ready"
 # ops whose output holds the same numbers as their first tensor (views, copies, casts)
-_SAME = {"view", "_unsafe_view", "reshape", "_reshape_alias", "_reshape_copy", "expand", "expand_copy", "slice",
-         "select", "transpose", "t", "permute", "unsqueeze", "squeeze", "as_strided", "narrow", "alias",
-         "detach", "clone", "_to_copy", "contiguous", "view_copy", "permute_copy", "transpose_copy",
-         "unsqueeze_copy", "squeeze_copy", "slice_copy", "select_copy", "unbind", "split", "split_with_sizes",
-         "movedim", "flatten", "repeat", "repeat_interleave", "index_select", "_conj", "resolve_conj",
-         "resolve_neg", "lift_fresh", "lift_fresh_copy"}
-_MM = {"mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm"}
-_ADD = {"add", "add_", "sub", "sub_", "rsub"}
-_REDUCE = {"sum", "mean", "amax", "amin", "max", "min", "logsumexp", "prod", "norm", "linalg_vector_norm",
-           "var", "std", "argmax", "argmin", "all", "any", "count_nonzero", "nansum"}   # rows of a tile: no tile
-_MASK = {"masked_fill", "masked_fill_", "index_put", "index_put_", "fill_"}
+_SAME = frozenset({
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "_reshape_copy", "expand", "expand_copy", "slice",
+    "select", "transpose", "t", "permute", "unsqueeze", "squeeze", "as_strided", "narrow", "alias",
+    "detach", "clone", "_to_copy", "contiguous", "view_copy", "permute_copy", "transpose_copy",
+    "unsqueeze_copy", "squeeze_copy", "slice_copy", "select_copy", "unbind", "split", "split_with_sizes",
+    "movedim", "flatten", "repeat", "repeat_interleave", "index_select", "_conj", "resolve_conj",
+    "resolve_neg", "lift_fresh", "lift_fresh_copy"})
+_MM = frozenset({"mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm"})
+_ADD = frozenset({"add", "add_", "sub", "sub_", "rsub"})
+_REDUCE = frozenset({  # rows of a tile: no tile
+    "sum", "mean", "amax", "amin", "max", "min", "logsumexp", "prod", "norm", "linalg_vector_norm",
+    "var", "std", "argmax", "argmin", "all", "any", "count_nonzero", "nansum"})
+_MASK = frozenset({"masked_fill", "masked_fill_", "index_put", "index_put_", "fill_"})
 # other transcendental ops: on numbers made from both Q and K, another road to e^x (review r13 #1:
 # P = 1 / (cosh x - sinh x) passed with no exp2 at all); in-place forms end in "_"
-_OTHER = {"cosh", "sinh", "tanh", "softplus", "erf", "erfc", "erfinv", "lgamma", "digamma", "polygamma",
-          "mvlgamma", "sin", "cos", "tan", "asin", "acos", "atan", "asinh", "acosh", "atanh", "atan2", "log",
-          "log2", "log10", "log1p", "logit", "logaddexp", "logaddexp2", "xlogy", "ldexp", "i0", "sinc",
-          "gelu", "silu", "elu", "celu", "selu", "mish", "log_sigmoid_forward", "hardsigmoid", "frexp",
-          "float_power"}
+_OTHER = frozenset({
+    "cosh", "sinh", "tanh", "softplus", "erf", "erfc", "erfinv", "lgamma", "digamma", "polygamma",
+    "mvlgamma", "sin", "cos", "tan", "asin", "acos", "atan", "asinh", "acosh", "atanh", "atan2", "log",
+    "log2", "log10", "log1p", "logit", "logaddexp", "logaddexp2", "xlogy", "ldexp", "i0", "sinc",
+    "gelu", "silu", "elu", "celu", "selu", "mish", "log_sigmoid_forward", "hardsigmoid", "frexp",
+    "float_power"})
 _POWERS = (0.5, 1, 2, -1, -0.5)   # pow(x, c) of a score tile that is algebra, not an exponential
 
 
@@ -43,3 +47,25 @@ def _flat(xs):
 
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _rest(shape, heads: int) -> list:
+    """``shape`` without its leading batch and head dimensions (``heads`` of them in all, in
+    any grouping: (b, a, ...), (b * a, ...), (b, kv, g, ...), or heads packed with rows)."""
+    dims, done = list(shape), 1
+    while dims and done < heads and dims[0]:
+        if heads % (done * dims[0]) == 0:
+            done *= dims.pop(0)
+        elif (done * dims[0]) % heads == 0:
+            dims[0], done = done * dims[0] // heads, heads
+        else:
+            break
+    return dims
+
+
+def _rows_of_d(t, d: int, heads: int) -> bool:
+    """``t`` is (..., rows, d) past its batch and heads: dQ, dK, dV or a sum of their parts."""
+    rest = _rest(t.shape, heads)
+    while len(rest) > 2 and rest[0] == 1:          # a group of one query head: (b, kv, 1, rows, d)
+        rest.pop(0)
+    return len(rest) == 2 and rest[-1] == d

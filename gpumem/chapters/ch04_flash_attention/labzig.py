@@ -122,9 +122,11 @@ _CODES = {fn.__code__: name for name, fn in ANSWERS}     # taken at import, befo
 def answers_off():
     """While the block runs, :data:`ANSWERS` raise (their code swapped, as :mod:`.labblock` does
     for the backwards), and so does a function rebuilt on their original code (a profile hook)."""
+    codes = dict(_CODES)             # a copy: _CODES emptied during the call does nothing
+
     def refuse(frame, event, arg):
-        if event == "call" and frame.f_code in _CODES:
-            raise RuntimeError(REFUSED.format(_CODES[frame.f_code]))
+        if event == "call" and frame.f_code in codes:
+            raise RuntimeError(REFUSED.format(codes[frame.f_code]))
     with no_library_backward(*((name, fn, REFUSED) for name, fn in ANSWERS)), chained(refuse):
         yield
 
