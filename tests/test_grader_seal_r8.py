@@ -40,12 +40,14 @@ def test_a_cleared_table_is_refused():
         _refused("lab_guard.BLOCKED")
     finally:
         guard08.BLOCKED.update(saved)
-    plain = set(labexp2._PLAIN)                   # review r8 of lab 04: the exp rule's table
-    labexp2._PLAIN.clear()
+    plain = labexp2._PLAIN                        # review r8 of lab 04: the exp rule's table
+    with pytest.raises(AttributeError):
+        plain.clear()                             # a frozenset since review r15: cleared in place, never
+    labexp2._PLAIN = frozenset()                  # ... so rebound: named too
     try:
         assert "gpumem.chapters.ch04_flash_attention.labexp2._PLAIN" in grader_seal.changed()
     finally:
-        labexp2._PLAIN.update(plain)
+        labexp2._PLAIN = plain
     assert grader_seal.changed() == []
 
 
