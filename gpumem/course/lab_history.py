@@ -12,14 +12,17 @@ exempt cells read from a notebook on disk would be the learner's to edit. ``glob
 ``locals()`` are allowed here: the check cell passes the notebook's namespace, and the names a cell
 sees are its own.
 
-A cell that starts a process is refused too (:mod:`gpumem.course.lab_process`: ``subprocess``, ``os.fork``,
-``!cmd``, ``%%bash`` ...): review r13 passed labs 03 and 05 with a helper started from a cell,
-detached, with an environment of its own, that answered the grader through a pipe; no lab needs a
-process of the learner's own. A cell magic's body and the code a cell hands to IPython to run (``get_ipython().run_cell(...)``,
-which stores no history) are read as well when they are literal strings; a body built at run time,
+A cell that starts a process is refused too (:mod:`gpumem.course.lab_process`: ``subprocess``,
+``os.fork``, ``!cmd``, ``%%bash`` ...): review r13 passed labs 03 and 05 with a helper started from a
+cell, detached, with an environment of its own, that answered the grader through a pipe; no lab
+needs a process of the learner's own. So is a private name (``_x``) of a gpumem module any cell
+imported (review r15 of lab 04: a grader's table changed during the call). A cell magic's body,
+``%timeit``'s statement and the code a cell hands to IPython to run (``get_ipython().run_cell(...)``,
+which stores no history) are read as well when they are literal strings; a body built at run time
 and a record shorter than the cells the kernel ran are refused, since what they ran cannot be read.
-A file of the learner's own that a cell runs (a module it imports, loaded from outside gpumem and
-the installed Python; a ``%run`` script) is read like a cell. Without a kernel (the course's tests, plain Python) nothing is read: the tests'
+A file of the learner's own that a cell runs (a ``%run`` script) is read like a cell, and a loaded
+module of the learner's own (from outside gpumem and the installed Python) refuses grading: the labs'
+code lives in cells. Without a kernel (the course's tests, plain Python) nothing is read: the tests'
 learners live in test files, and each lab's own guards still apply.
 
 Like ``lab_reach``, this raises the bar; it proves nothing. A cell can reach the grader by routes no
