@@ -148,7 +148,7 @@ def test_the_scan_refuses_what_the_reviews_used():
     ("!nvidia-smi", False), ("!grep -n MIN_AIO_BYTES utils.py", False), ("%%bash\nls /tmp\ncat x\n", False),
     ("import platform\nplatform.system()", False), ("from multiprocessing import dummy", False),
     ("%timeit -n 3 f(x)", False), ("%%timeit\ny = f(x)", False), ("%time y = f(x)", False),
-    ("%timeit sys.modules['x']", True), ("%pip list", False), ("!pip list", False), ("import pdb\npdb.set_trace()", True), ("breakpoint()", True), ("%pip install ./mine", True),
+    ("%timeit sys.modules['x']", True), ("%timeit -n 3 -r1 sys.modules['x']", True), ("%timeit -q -n3 x - 1", False), ("%pip list", False), ("!pip list", False), ("import pdb\npdb.set_trace()", True), ("breakpoint()", True), ("%pip install ./mine", True),
     ("%alias helper python helper.py", True), ("import uuid\nuuid._get_command_stdout('sh', '-c', 'x &')", True), ("import threading\nstart = threading._start_new_thread", True), ('def f():\n    """Like gpumem\'s count."""', False),
     # what reaches, or starts a process, spelled another way (reviews r15 of labs 01, 02, 05): refused
     ("import gc\nobjs = gc.get_objects()", True), ("import inspect\nf = inspect.currentframe()", True),

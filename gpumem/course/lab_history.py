@@ -135,7 +135,7 @@ def _reach(source: str, depth: int = 0, ours: frozenset = frozenset()) -> str | 
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "run_line_magic"
                 and len(node.args) > 1 and isinstance(node.args[0], ast.Constant) and node.args[0].value in _TIMERS
                 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
-            statement = " ".join(w for w in node.args[1].value.split() if not w.startswith("-"))
+            statement = _statement(node.args[1].value)
             inner = _reach(statement, depth + 1, ours)
             if inner:
                 return f"line {node.lineno}: %{node.args[0].value}'s statement: " + inner.split("; the lab")[0]
@@ -161,6 +161,21 @@ def _reach(source: str, depth: int = 0, ours: frozenset = frozenset()) -> str | 
         if inner:
             return f"line {line}: {how} {path}, whose " + inner.split("; the lab")[0]
     return None
+
+
+def _statement(line: str) -> str:
+    """``%timeit -n 3 -r 1 f(x)`` -> ``f(x)``: the magic's options (one taking a value takes the
+    next word when it is not attached, ``-n 3``) left out."""
+    words, out, skip = line.split(), [], False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+        elif word.startswith("-") and not out:
+            skip = word in ("-n", "-r", "-p")
+        else:
+            out = words[i:]
+            break
+    return " ".join(out)
 
 
 def _files_run(tree: ast.AST):
