@@ -39,9 +39,6 @@ SHELL_MAGICS = ("system", "sx", "bash", "sh", "script", "python", "python2", "py
                 "js", "javascript", "killbgscripts")
 
 
-
-
-
 def starts_process(source: str) -> str | None:
     """A cell that starts a process: a module or function that does, a shell line (``!cmd``) or a
     shell or interpreter magic (``%%bash``, ``%%script``, ``%sx``)."""
