@@ -44,7 +44,8 @@ def _genuine_through(fn, depth: int = 0) -> bool:
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType) or not genuine.genuine(code) or depth > 4:
         return isinstance(code, types.CodeType) and genuine.genuine(code)
-    inner = [c.cell_contents for c in (fn.__closure__ or ()) if callable(_cell(c))]
+    inner = [f for c in (getattr(fn, "__closure__", None) or ()) if callable(f := _cell(c))
+             and not isinstance(f, (types.BuiltinFunctionType, type))]     # C functions and classes: not code
     wrapped = getattr(fn, "__wrapped__", None)
     return all(_genuine_through(f, depth + 1) for f in inner + ([wrapped] if wrapped is not None else []))
 
