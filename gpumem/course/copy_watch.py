@@ -219,11 +219,12 @@ class Sampler:
         """The timer ran far fewer ticks than the CPU time spent since :meth:`__enter__` asks for
         (review r15 of lab 06: a learner's call disarmed it with ``signal.setitimer(ITIMER_PROF, 0)``
         and re-armed it before returning). Both count the process's CPU time, so load does not skew
-        them; under a quarter of the expected ticks over at least 30 of them is no accident."""
+        them; under a tenth of the expected ticks over at least 50 of them is no accident (ticks that
+        fall in one long C call, a first compile, arrive as one: a quarter misread those)."""
         if self.cpu is None:
             return False
         expected = (time.process_time() - self.cpu) / self.interval
-        return expected >= 30 and self.ticks < expected / 4
+        return expected >= 50 and self.ticks < expected / 10
 
     def __exit__(self, *exc):
         if self.previous is not None:
