@@ -1532,13 +1532,17 @@ def getter_read_from_the_stand_in(q, k_blk, v_blk, dout, lse, delta, j0, causal=
 
 @pytest.mark.parametrize("cheat, says", [
     (dispatch_cell_swapped, "it read the code of the grader's _torch_dispatch while lab 04 was graded"),
-    (dispatch_class_swapped, "it patched the grader (Watch.__torch_dispatch__) while lab 04 was graded"),
+    # the patch is named, or (after other tests in the same process: the full file in make test) the
+    # watch still counted the call and names its missing exp2 first; refused either way
+    (dispatch_class_swapped, ("it patched the grader (Watch.__torch_dispatch__) while lab 04 was graded",
+                              "it took exp2 of 0 numbers")),
     (getter_read_from_the_stand_in, "it read the code of the grader's _refuse while lab 04 was graded"),
 ], ids=["r13-A", "class", "fence-code"])
 def test_the_dispatch_swapped_during_the_call_is_named(cheat, says):
     from gpumem.chapters.ch04_flash_attention import labguard
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
-    assert got.status != "ok" and says in got.detail, got.detail
+    says = (says,) if isinstance(says, str) else says
+    assert got.status != "ok" and any(x in got.detail for x in says), got.detail
     assert labguard._DISPATCH.__closure__ is None and vars(labguard.Watch)["__torch_dispatch__"] is labguard._DISPATCH
 
 
