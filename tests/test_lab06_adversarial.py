@@ -219,15 +219,15 @@ def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None, host_per_n
 """
 
 
-def test_the_samplers_timer_stopped_during_the_call_is_named():
+def test_the_samplers_timer_stopped_during_the_call_is_refused_by_the_scan():
     """Review r15: the planner's functions rebuilt before grading on their own code (read through
     ``string.Formatter().get_field``), the guard's SIGPROF sampler disarmed for the call and re-armed
-    after: 13/13 in a real kernel. The sampler now counts its ticks against the CPU time spent; the
-    kernel-wide scan refuses the cell as well (``signal``, ``get_field``)."""
+    after: 13/13 in a real kernel. The kernel-wide scan refuses the cell (``signal``, ``get_field``).
+    At run time it is not caught: counting the sampler's ticks against the CPU time spent named
+    honest searches too in a full run (ticks that fall in long C calls arrive as one), so it is not
+    used."""
     from gpumem.course import lab_history
-    assert lab_history._reach(SILENCED)
-    row, _ = first_wrong(_as_cell(SILENCED, {})["choose_plan"])
-    assert row.status == "error" and "timer was stopped while your code ran" in row.detail, row
+    assert "imports signal" in lab_history._reach(SILENCED)
 
 
 def test_a_fixed_layout_fails():

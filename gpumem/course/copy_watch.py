@@ -29,7 +29,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import types
 from collections import Counter
 from functools import lru_cache
@@ -201,30 +200,14 @@ class Sampler:
 
     def __init__(self, prints: Prints, hits: list, message: str, interval: float = 0.01):
         self.prints, self.hits, self.message, self.interval = prints, hits, message, interval
-        self.previous, self.ticks, self.cpu = None, 0, None
+        self.previous = None
 
     def __enter__(self):
         if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
             return self
-        self.previous = signal.signal(signal.SIGPROF, self._signal)
-        self.ticks, self.cpu = 0, time.process_time()
+        self.previous = signal.signal(signal.SIGPROF, self._tick)
         signal.setitimer(signal.ITIMER_PROF, self.interval, self.interval)
         return self
-
-    def _signal(self, signum, frame):
-        self.ticks += 1
-        self._tick(signum, frame)
-
-    def silenced(self) -> bool:
-        """The timer ran far fewer ticks than the CPU time spent since :meth:`__enter__` asks for
-        (review r15 of lab 06: a learner's call disarmed it with ``signal.setitimer(ITIMER_PROF, 0)``
-        and re-armed it before returning). Both count the process's CPU time, so load does not skew
-        them; under a tenth of the expected ticks over at least 50 of them is no accident (ticks that
-        fall in one long C call, a first compile, arrive as one: a quarter misread those)."""
-        if self.cpu is None:
-            return False
-        expected = (time.process_time() - self.cpu) / self.interval
-        return expected >= 50 and self.ticks < expected / 10
 
     def __exit__(self, *exc):
         if self.previous is not None:

@@ -234,8 +234,7 @@ def no_search():
         level = _ACTIVE[0]
 
         def changes() -> list[str]:
-            silenced = ["the lab's sampler (its timer was stopped while your code ran)"] if sampler.silenced() else []
-            return _changes(armed, bound, names, level) + silenced
+            return _changes(armed, bound, names, level)
         changes.copies, changes.reached, changes.foreign, changes.ran = hits, reached, foreign, ran
         with alarm_held():
             _HITS.append(hits)
