@@ -20,27 +20,13 @@ from gpumem.memory.policies import POLICIES
 from gpumem.planner import HOST_PER_NODE, MICRO_BATCHES, NVME_PER_NODE, OFFLOAD_CHOICES, Layout, rules
 from gpumem.planner.cost import step_seconds
 from gpumem.planner.memory import per_gpu
+from gpumem.chapters.ch06_combining_strategies.lab06_limit_cases import Limits   # data only: the rules are the tests' own
 from gpumem.planner.swap_buffers import offload_buffers
 from gpumem.timing.offload_time import datasheet_links
 
 NODE = 8                          # GPUs per node (the planner's GPUS_PER_NODE: DGX/HGX 8-GPU nodes)
 CP = (1, 2, 4, 8)                 # ring-attention degrees the lab's planner tries (question.CP_DEGREES)
 VP = range(1, 9)                  # virtual stages per pipeline rank (question.VP_DEGREES)
-
-
-class Limits(NamedTuple):
-    """The team's limits: host bytes per node (None: the planner's 2 TB) and one-node replicas."""
-    host_per_node: float | None = None
-    one_node: bool = False
-
-    def keywords(self) -> dict:
-        """What the grader passes to ``choose_plan`` (only the limits that are set)."""
-        out = {} if self.host_per_node is None else {"host_per_node": self.host_per_node}
-        return out | ({"one_node": True} if self.one_node else {})
-
-    def text(self) -> str:
-        parts = [] if self.host_per_node is None else [f"host {self.host_per_node / 1e12:g} TB per node"]
-        return ", ".join(parts + (["tp x cp x pp in one node"] if self.one_node else []))
 
 
 def breaks(limits: Limits, lay: Layout, host_node: float) -> str:
