@@ -49,50 +49,54 @@ $(LAB_OVERRIDES): env/jupyterlab_overrides.json $(STAMP)
 lab: setup $(LAB_OVERRIDES)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" notebooks/00_setup.ipynb $(ROOT_FLAG) $(LAB_ARGS)
 
-# Every tier runs even when an earlier one fails; the target fails if any did. Two streams share
-# the two cores (one alone leaves about a third of them idle): the unit tests of test_00 .. test_labs*
-# in front, and behind them the notebook tier, the browser tier and the rest of the unit tests
-# (test_launch* .. test_timing*), in separate processes, temp folders and ports; the second stream's
-# output is held in files and printed when the first is done. TIERS_IN_SERIES=1: one after the other.
-# The formula-against-trace test runs last in the first stream: its two worker processes then use
-# the core that the second stream, done by then, leaves idle (in front they crowd both streams).
+# Every group runs even when an earlier one fails; the target fails if any did. The tests are cut into
+# groups, each a target below run in its own process, temp folder and ports: tools/run_tiers.py runs
+# them two at a time (one alone leaves a core idle), longest first, and prints each group's output
+# whole when it ends. Their order is by the minutes each took on 2 cores (a fresh clone, 2026-12-05:
+# notebooks 9, labs A 8, labs B 8, late unit 6, unit A 5, unit B 5, formula 2, browser 2), so both
+# cores stay busy to the end. The formula-against-trace test's two worker processes come last, beside
+# the browser tier. TIERS_IN_SERIES=1: one group at a time.
 UNIT_LATE := $(sort $(filter-out tests/test_lab%,$(wildcard tests/test_l*.py tests/test_[m-z]*.py)))
 UNIT_LAST := tests/test_01_formula_vs_trace.py
 UNIT_EARLY := $(sort $(filter-out $(UNIT_LATE) $(UNIT_LAST),$(wildcard tests/test_*.py))) $(UNIT_LAST)
-BG_LOGS := .cache/test-notebooks.log .cache/test-browser.log .cache/test-unit-late.log
-test: setup
-	@status=0; mkdir -p .cache; rm -f $(BG_LOGS) $(addsuffix .rc,$(BG_LOGS)); \
-	if [ -n "$(TIERS_IN_SERIES)" ]; then \
-	  $(MAKE) --no-print-directory test-unit || status=1; \
-	  $(MAKE) --no-print-directory test-notebooks || status=1; \
-	  $(MAKE) --no-print-directory test-browser || status=1; \
-	else \
-	  echo "== two streams: unit tests test_00 .. test_labs*; beside them the notebook tier, the browser"; \
-	  echo "   tier and the other unit tests (their output follows)"; \
-	  { for t in notebooks browser unit-late; do log=.cache/test-$$t.log; \
-	      $(MAKE) --no-print-directory test-$$t > $$log 2>&1 && echo 0 > $$log.rc || echo 1 > $$log.rc; \
-	    done; } & bg=$$!; \
-	  $(MAKE) --no-print-directory test-unit-early || status=1; \
-	  wait $$bg || true; \
-	  for log in $(BG_LOGS); do cat $$log; [ "$$(cat $$log.rc 2>/dev/null)" = 0 ] || status=1; done; \
-	fi; \
-	exit $$status
-
-# In four processes, one after the other: one pytest process for all of them grew past the machine's
-# 24 GB by the lab tests (a fresh clone's run was killed by the kernel's OOM killer, 2026-12-05).
+# Lab tests in two processes: one pytest process for all of the early unit tests grew past the
+# machine's 24 GB by the lab tests (a fresh clone's run was killed by the kernel's OOM killer, 2026-12-05).
 UNIT_EARLY_LABS_A := $(filter tests/test_lab0% tests/test_lab_%,$(filter-out tests/test_lab05% tests/test_lab06% tests/test_lab08%,$(UNIT_EARLY)))
 UNIT_EARLY_LABS_B := $(filter tests/test_lab%,$(filter-out $(UNIT_EARLY_LABS_A),$(UNIT_EARLY)))
 UNIT_EARLY_REST := $(filter-out $(UNIT_EARLY_LABS_A) $(UNIT_EARLY_LABS_B) $(UNIT_LAST),$(UNIT_EARLY))
-test-unit-early: setup
-	@echo "== tier: unit, lab and quiz tests (test_00 .. test_labs*)"
-	@st=0; for group in "$(UNIT_EARLY_REST)" "$(UNIT_EARLY_LABS_A)" "$(UNIT_EARLY_LABS_B)" "$(UNIT_LAST)"; do \
-	  echo "$(PY) -m pytest -m \"not browser and not gpu\" $(DURATIONS) $(PYTEST_ARGS) $$group"; \
-	  $(PY) -m pytest -m "not browser and not gpu" $(DURATIONS) $(PYTEST_ARGS) $$group || st=1; \
-	done; exit $$st
+UNIT_REST_A := $(filter tests/test_00% tests/test_01% tests/test_02% tests/test_03%,$(UNIT_EARLY_REST))
+UNIT_REST_B := $(filter-out $(UNIT_REST_A),$(UNIT_EARLY_REST))
+TEST_GROUPS := test-notebooks test-labs-a test-labs-b test-unit-late test-unit-a test-unit-b test-formula test-browser
+UNIT_RUN = $(PY) -m pytest -m "not browser and not gpu" $(DURATIONS) $(PYTEST_ARGS)
+
+test: setup $(LAB_OVERRIDES)
+	@$(PY) tools/run_tiers.py $(if $(TIERS_IN_SERIES),1,2) $(TEST_GROUPS)
+
+test-unit-a: setup
+	@echo "== unit tests of chapters 00-03"
+	$(UNIT_RUN) $(UNIT_REST_A)
+
+test-unit-b: setup
+	@echo "== unit tests of chapters 04-08 and test_b* .. test_hf*"
+	$(UNIT_RUN) $(UNIT_REST_B)
+
+test-labs-a: setup
+	@echo "== lab tests: labs 01-04 and the labs' shared guards"
+	$(UNIT_RUN) $(UNIT_EARLY_LABS_A)
+
+test-labs-b: setup
+	@echo "== lab tests: labs 05, 06, 08 and test_labs*"
+	$(UNIT_RUN) $(UNIT_EARLY_LABS_B)
+
+test-formula: setup
+	@echo "== chapter 01's formula against fake-tensor traces of every registry model"
+	$(UNIT_RUN) $(UNIT_LAST)
+
+test-unit-early: test-unit-a test-unit-b test-labs-a test-labs-b test-formula
 
 test-unit-late: setup
 	@echo "== tier: unit tests (test_launch* .. test_timing*)"
-	$(PY) -m pytest -m "not browser and not gpu" $(DURATIONS) $(PYTEST_ARGS) $(UNIT_LATE)
+	$(UNIT_RUN) $(UNIT_LATE)
 
 test-unit: setup
 	@echo "== tier: unit, lab and quiz tests"

@@ -42,6 +42,8 @@ def _add_verbs(sub, run_options: bool) -> None:
     cli_verbs.register(sub, run_options)
     from . import cli_plan
     cli_plan.register(sub)
+    from . import cli_grade
+    cli_grade.register(sub)
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

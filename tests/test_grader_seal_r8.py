@@ -16,6 +16,8 @@ import queue
 import sys
 import threading
 
+import types
+
 import pytest
 
 from gpumem import chapters
@@ -34,12 +36,14 @@ def _refused(match: str):
 
 
 def test_a_cleared_table_is_refused():
-    saved = dict(guard08.BLOCKED)
-    guard08.BLOCKED.clear()
+    with pytest.raises((AttributeError, TypeError)):
+        dict.clear(guard08.BLOCKED)               # read-only since review r18 (dict.clear through any name)
+    saved = guard08.BLOCKED
+    guard08.BLOCKED = types.MappingProxyType({})  # ... so rebound: named
     try:
         _refused("lab_guard.BLOCKED")
     finally:
-        guard08.BLOCKED.update(saved)
+        guard08.BLOCKED = saved
     plain = labexp2._PLAIN                        # review r8 of lab 04: the exp rule's table
     with pytest.raises(AttributeError):
         plain.clear()                             # a frozenset since review r15: cleared in place, never
@@ -52,12 +56,15 @@ def test_a_cleared_table_is_refused():
 
 
 def test_a_table_the_kernel_extends_is_not_a_change():
-    """lab 05's guard adds the lab's own modules to BLOCKED as they load: more entries are fine."""
-    guard08.BLOCKED[("nowhere.py", "f")] = "an extra refusal"
+    """lab 05's guard adds the lab's own modules to BLOCKED as they load (keep(), through its own
+    table): more entries are fine, and BLOCKED shows them."""
+    from gpumem.chapters.ch05_offload import lab_guard as guard05
+    guard05._TABLE[("nowhere.py", "f")] = "an extra refusal"
     try:
+        assert guard05.BLOCKED[("nowhere.py", "f")] == "an extra refusal"
         assert grader_seal.changed() == []
     finally:
-        del guard08.BLOCKED[("nowhere.py", "f")]
+        del guard05._TABLE[("nowhere.py", "f")]
 
 
 @pytest.mark.parametrize("module, name", [(offload_time, "step_time"), (search, "plan")])

@@ -1534,3 +1534,18 @@ def test_a_table_left_in_the_graders_cache_is_refused(fitted, bigram):
     assert [(r.function, r.status) for r in report.rows] == [("check", "error")], report.summary()
     assert "chain MLPs measured in this kernel before the check" in report.rows[0].detail, report.rows[0].detail
     assert not labtruth.tabulated() and grade(solution(), seed=5).solved
+
+
+def test_a_table_in_the_kernels_cache_is_refused_before_grading_apart(bigram):
+    """Review r16 #2: in a kernel the check grades in a fresh process, whose cache is empty; the
+    kernel's own cache is read first (labcheck.kernel_refusal), so the same table grades nothing."""
+    from gpumem import chapters
+    per_n, left = bigram
+    variants._truth.update(left)
+    try:
+        report = chapters.check_lab("lab01_memory_calculator", {}, show=False, apart=True)
+    finally:
+        for k in left:
+            variants._truth.pop(k, None)
+    assert [(r.function, r.status) for r in report.rows] == [("check", "error")], report.summary()
+    assert "chain MLPs measured in this kernel before the check" in report.rows[0].detail

@@ -1459,7 +1459,7 @@ def _visible_of_first_key_block(case) -> int:
     (_tiled(lambda s2, l2: 1.0 / (torch.cosh((s2 - l2) / LOG2E) - torch.sinh((s2 - l2) / LOG2E))),
      "cosh on scores (numbers made from both Q and K): only exp2 may exponentiate"),
     (_tiled(_powered), "pow(x, 1024) on scores"),
-    (_tiled(_squared), "it took exp2 of 0 numbers, fewer than the {:,} visible scores of the call"),
+    (_tiled(_squared), "it took exp2 of 0 distinct scores, fewer than the {:,} visible scores of the call"),
 ], ids=["E", "E-plain-q", "cosh-in-tiles", "pow-series", "squarings"])
 def test_an_exponential_that_is_not_exp2_or_a_laundered_q_fails(cheat, says):
     says = says.format(_visible_of_first_key_block(labcheck.BACKWARD[0]))
@@ -1535,7 +1535,7 @@ def getter_read_from_the_stand_in(q, k_blk, v_blk, dout, lse, delta, j0, causal=
     # the patch is named, or (after other tests in the same process: the full file in make test) the
     # watch still counted the call and names its missing exp2 first; refused either way
     (dispatch_class_swapped, ("it patched the grader (Watch.__torch_dispatch__) while lab 04 was graded",
-                              "it took exp2 of 0 numbers")),
+                              "it took exp2 of 0 distinct scores")),
     (getter_read_from_the_stand_in, "it read the code of the grader's _refuse while lab 04 was graded"),
 ], ids=["r13-A", "class", "fence-code"])
 def test_the_dispatch_swapped_during_the_call_is_named(cheat, says):
@@ -1631,7 +1631,7 @@ def test_the_graders_op_tables_cannot_change():
     labseal.intact); the guards' tables of code objects are copied when the call starts."""
     from gpumem.chapters.ch04_flash_attention import labexp2, labguard, labops
     tables = [(labops, n) for n in ("_SAME", "_MM", "_ADD", "_REDUCE", "_MASK", "_OTHER")] + [(labexp2, "_PLAIN")] \
-        + [(labguard, n) for n in ("_EXPS", "_COPIES", "_EXITS", "_FRESH", "_READS")]
+        + [(labguard, n) for n in ("_EXPS", "_COPIES", "_EXITS", "_FRESH", "_READS", "_PRINTS")]
     for module, name in tables:
         with pytest.raises(AttributeError):
             getattr(module, name).add("bmm")
@@ -1653,6 +1653,117 @@ def test_exp2_of_one_tile_again_and_again_does_not_meet_the_count(fresh):
     b, a, kv, sq, sk, d, causal, block = labcheck.BACKWARD[0]
     tile = b * a * min(block, sq) * min(block, sk)                     # the decoy's numbers, by hand
     need = _visible_of_first_key_block(labcheck.BACKWARD[0])
-    says = f"it took exp2 of {tile:,} numbers, fewer than the {need:,} visible scores of the call"
+    says = f"it took exp2 of {tile:,} distinct scores, fewer than the {need:,} visible scores of the call"
     got = rows({"key_block_backward": kernel}, "key_block_backward")[0]
     assert got.status == "wrong" and says in got.detail, got.detail
+
+
+# Review r16 #2, cheat H2 (25/25 in a real kernel): F's decoy with the tile's PRODUCT made again each
+# time (so each repetition was a new product for the exp2 count), K read out element by element
+# through format(t, '.17e') (Tensor.__format__ was no counted read: its .item() ran with the function
+# mode popped) and rebuilt from Python floats, d numbers per torch.tensor; then the dense cosh - sinh
+# kernel on every query row. Now every route to a Python number ends in _local_scalar_dense, counted
+# by the dispatch watch (a handful of numbers made from Q or K at most), printing a tensor is refused,
+# and exp2 is counted over distinct visible (query row, key, head) scores.
+def _recomputed_decoy(q, k_blk, j0, causal, block):
+    """H2's decoy: the last query rows' product with the key block made afresh and exp2'd, until as
+    many numbers as the call's visible scores (counted here by hand) were exponentiated."""
+    b, a, s_q, d = q.shape
+    kv, n, r = k_blk.shape[1], k_blk.shape[2], min(block, s_q)
+    need = b * a * sum(max(0, min(j0 + n, i + 1) - j0) if causal else n for i in range(s_q))
+    done = 0
+    while done < need:
+        qt = q[:, :, s_q - r:].reshape(b, kv, a // kv, r, d)
+        t = (qt @ k_blk[:, :, None].transpose(-1, -2)) * (d ** -0.5 * LOG2E)
+        torch.exp2(t)
+        done += t.numel()
+
+
+def _formatted(k):
+    """K rebuilt from Python floats read through format(0-dim tensor, '.17e'), d numbers per tensor."""
+    d, flat = k.shape[-1], k.reshape(-1)
+    vals = [float(f"{flat[e]:.17e}") for e in range(flat.numel())]
+    rows_ = [torch.tensor(vals[i:i + d], dtype=k.dtype) for i in range(0, len(vals), d)]
+    return torch.stack(rows_).reshape(k.shape)
+
+
+def _itemised(k):
+    """The same with .item() (the 1,000-read budget once let 1,000 numbers of K through)."""
+    d, flat = k.shape[-1], k.reshape(-1)
+    vals = [flat[e].item() for e in range(flat.numel())]
+    return torch.stack([torch.tensor(vals[i:i + d], dtype=k.dtype) for i in range(0, len(vals), d)]).reshape(k.shape)
+
+
+def cheat_h2(launder):
+    def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        _recomputed_decoy(q, k_blk, j0, causal, block)
+        kc = launder(k_blk)
+        return _all_rows_hyperbolic(q, kc, v_blk, dout, lse, delta, j0, causal, block, launder=False)
+    return kernel
+
+
+def test_h2_outside_the_grader_gets_the_right_numbers():
+    """Without the watch, H2's laundered K is K bit for bit and its answer is the reference's: the
+    rows below fail on the rules, not on the values."""
+    case = labcheck.BACKWARD[0]
+    q, k, v, dout, mask = labcheck._backward_inputs(case, 100)
+    out, lse = labref.dense(q, k, v, mask)
+    delta = (dout * out).sum(-1)
+    kb, vb = k[:, :, :case[7]], v[:, :, :case[7]]
+    assert torch.equal(_formatted(kb), kb) and torch.equal(_itemised(kb), kb)
+    got = cheat_h2(_formatted)(q, kb, vb, dout, lse, delta, 0, case[6], case[7])
+    for g, w in zip(got, labref.key_block(q, k, v, dout, mask, 0, case[7])):
+        assert torch.allclose(g, w, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("launder, says", [
+    (_formatted, "it printed or formatted a tensor (Tensor.__format__)"),
+    (_itemised, "numbers made from Q or K into Python (Tensor.item, float, int or bool), more than 8"),
+], ids=["H2-format", "H2-item"])
+def test_h2_k_read_into_python_is_refused(launder, says):
+    """Refused either way it reads K out; in make test's full file (other tests before it in the
+    process) the format route can meet the read count first, which names the reads instead."""
+    either = (says, "numbers made from Q or K into Python")
+    got = rows({"key_block_backward": cheat_h2(launder)}, "key_block_backward")[0]
+    assert got.status in ("wrong", "error") and any(s in got.detail for s in either), got.detail  # it raised
+    ns = solution()
+    flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
+                                                               "key_block_backward": cheat_h2(launder)})
+    got = rows({"flash_backward": flash, "key_block_backward": cheat_h2(launder)}, "flash_backward")[0]
+    assert got.status in ("wrong", "error") and any(s in got.detail for s in either), got.detail
+
+
+def test_exp2_of_a_tile_whose_product_is_made_again_counts_once():
+    """H2's decoy without its launder, before the right tiles with P by squarings (no exp2): the
+    decoy's product, made afresh each time, covers the last block of query rows once."""
+    def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        _recomputed_decoy(q, k_blk, j0, causal, block)
+        return _tiled(_squared)(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+    b, a, kv, sq, sk, d, causal, block = labcheck.BACKWARD[0]
+    tile = b * a * min(block, sq) * min(block, sk)      # rows 61..76 see all of keys 0..15: all visible
+    need = _visible_of_first_key_block(labcheck.BACKWARD[0])
+    says = f"it took exp2 of {tile:,} distinct scores, fewer than the {need:,} visible scores of the call"
+    got = rows({"key_block_backward": kernel}, "key_block_backward")[0]
+    assert got.status == "wrong" and says in got.detail, got.detail
+
+
+def _print_a_tile(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    print(q[:, :1, :2] @ k_blk[:, :1, :2].transpose(-1, -2))
+    return _tiled(lambda s2, l2: torch.exp2(s2 - l2))(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+
+
+def _a_few_reads(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    assert math.isfinite(float(k_blk[0, 0, 0, 0])) and bool((q[0, 0, 0] == q[0, 0, 0]).all())
+    assert len(lse[0, 0, :3].tolist()) == 3 and all(int(x >= -1e9) for x in delta[0, 0, :5])
+    return _tiled(lambda s2, l2: torch.exp2(s2 - l2))(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+
+
+def test_printing_is_named_and_a_handful_of_reads_passes():
+    """Printing a tile fails the case. Alone the row names the print; in make test's full file (other
+    tests before it) torch's repr reaches the watch's switch first and the row names that (noted in
+    the closing note of 2026-12-05 as a message to make order-proof)."""
+    got = rows({"key_block_backward": _print_a_tile}, "key_block_backward")[0]
+    assert got.status in ("wrong", "error") and (
+        ("it printed or formatted a tensor (Tensor.__repr__)" in got.detail and "print in a cell of your own" in got.detail)
+        or "it switched the grader's watch off" in got.detail), got.detail
+    assert all(r.status == "ok" for r in rows({"key_block_backward": _a_few_reads}, "key_block_backward", (0, 1)))

@@ -223,11 +223,63 @@ def test_the_samplers_timer_stopped_during_the_call_is_refused_by_the_scan():
     """Review r15: the planner's functions rebuilt before grading on their own code (read through
     ``string.Formatter().get_field``), the guard's SIGPROF sampler disarmed for the call and re-armed
     after: 13/13 in a real kernel. The kernel-wide scan refuses the cell (``signal``, ``get_field``).
-    At run time it is not caught: counting the sampler's ticks against the CPU time spent named
-    honest searches too in a full run (ticks that fall in long C calls arrive as one), so it is not
-    used."""
+    At run time the guard's timer watch refuses it too (review r16 #2: the same cheat by another
+    spelling, :func:`test_the_samplers_timer_stopped_inside_the_call_fails_the_case`); counting the
+    sampler's ticks against the CPU time spent is not used (ticks in long C calls arrive as one)."""
     from gpumem.course import lab_history
     assert "imports signal" in lab_history._reach(SILENCED)
+
+
+STOPPED_IN_CALL = """
+import string, types
+from gpumem.planner import search, ranking
+_F = type(lambda: 0)
+_get = lambda obj, name: string.Formatter().get_field("0." + name, (obj,), {})[0]
+_g = dict(_get(search, "__di" + "ct__"))          # the planner's own globals, copied at cell time
+for _n in ("plan", "answer", "candidates", "_inner", "layouts_of", "parallel_degrees", "_shard_groups", "_engines", "_states_ok"):
+    _g[_n] = _F(_get(_g[_n], "__co" + "de__"), _g, _n)      # genuine code, rebuilt in the cell
+_g["ranking"] = types.SimpleNamespace(rank=lambda plans: plans, TIE=ranking.TIE,
+                                      tight_limit=ranking.tight_limit, tight=ranking.tight)
+
+def choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None, host_per_node=None, one_node=False):
+    from unittest.signals import signal as s              # the signal module, by another module's name
+    OFF
+    try:
+        kw = {} if host_per_node is None else {"host_per_node": host_per_node}
+        res = _g["plan"](model, gpus, gpu, seq=seq, global_batch=global_batch, inter_node=inter_node,
+                         advise=False, recipes=("mixed",), **kw)
+    finally:
+        ON
+    ok = [p for p in res.plans if not one_node or p.layout.tp * p.layout.cp * p.layout.pp <= 8]
+    return min(ok, key=lambda p: p.time["total"]).layout if ok else None
+"""
+SAMPLER_OFF = {        # (switched off for the call, put back in its finally, what the row names)
+    "timer off": ("old = s.setitimer(s.ITIMER_PROF, 0)", "s.setitimer(s.ITIMER_PROF, *old)", "the profiling timer"),
+    "handler ignored": ("old = s.signal(s.SIGPROF, s.SIG_IGN)", "s.signal(s.SIGPROF, old)", "the SIGPROF handler"),
+    "handler replaced": ("old = s.signal(s.SIGPROF, lambda *a: None)", "s.signal(s.SIGPROF, old)",
+                         "the SIGPROF handler"),
+    "timer slowed": ("old = s.setitimer(s.ITIMER_PROF, 30, 30)", "s.setitimer(s.ITIMER_PROF, *old)",
+                     "the profiling timer"),
+    "time limit ignored": ("old = s.signal(s.SIGALRM, s.SIG_IGN)", "s.signal(s.SIGALRM, old)", "the SIGALRM handler"),
+}
+
+
+@pytest.mark.parametrize("how", SAMPLER_OFF)
+def test_the_samplers_timer_stopped_inside_the_call_fails_the_case(how):
+    """Review r16 #2: the planner's functions rebuilt on their genuine code in the cell, and the
+    guard's SIGPROF sampler switched off *inside* the call through a public module that re-exports
+    ``signal`` (``unittest.signals.signal``: the scan refuses only the name ``signal``), put back in a
+    ``finally``: 13/13 in a real kernel. The guard's timer watch (lab06_timer) sees the timer or a
+    handler changed while the call runs; the first case fails naming it, and the grader's signal
+    state is as it was after the check."""
+    import signal
+    off, on, said = SAMPLER_OFF[how]
+    before = (signal.getsignal(signal.SIGPROF), signal.getitimer(signal.ITIMER_PROF))
+    ns = _as_cell(STOPPED_IN_CALL.replace("OFF", off).replace("ON", on), {})
+    row, at = first_wrong(ns["choose_plan"])
+    assert at == 0 and row.status == "error", row
+    assert "your code stopped the grader's sampler" in row.detail and said in row.detail, row.detail
+    assert (signal.getsignal(signal.SIGPROF), signal.getitimer(signal.ITIMER_PROF)) == before
 
 
 def test_a_fixed_layout_fails():
@@ -443,6 +495,31 @@ def test_gpu_part_refuses_the_graders_timing_and_skips_a_todo(monkeypatch):
     def todo(m, k, n):
         raise NotImplementedError
     assert lab06_gpu.grade(report, todo, lab06_guard.no_search).startswith("skipped") and not report.rows
+
+
+def test_gpu_part_with_the_sampler_switched_off_is_an_error(monkeypatch):
+    """Review r16 #2 for the GPU part: a measure_kernel_share that switches the guard's sampler off
+    (through ``unittest.signals.signal``) is an error row, though its answer would pass."""
+    import time
+    import torch
+    from unittest.signals import signal as s
+    from gpumem.course.grading import Report
+    monkeypatch.setattr(lab06_gpu, "cuda_reason", lambda: "")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(lab06_gpu, "reference_flops", lambda m, k, n, repeats=10: 500e12)
+
+    def quiet(m, k, n):
+        old = s.setitimer(s.ITIMER_PROF, 0)
+        start = time.monotonic()
+        while time.monotonic() - start < 0.2:        # long enough for the watch to look (every 20 ms)
+            pass
+        s.setitimer(s.ITIMER_PROF, *old)
+        return 510e12
+    report = Report(L.LAB)
+    lab06_gpu.grade(report, quiet, lab06_guard.no_search)
+    row = report.rows[-1]
+    assert row.status == "error" and "stopped the grader's sampler" in row.detail, row
+    assert "measure_kernel_share" in row.detail, row.detail
 
 
 @pytest.mark.gpu

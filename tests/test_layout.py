@@ -50,7 +50,8 @@ def layer(mod: str) -> str:
         return "registry"
     if len(parts) >= 3 and parts[1] == "chapters":
         return "chapters"
-    if mod in ("gpumem.cli", "gpumem.cli_verbs", "gpumem.cli_plan", "gpumem.cli_plan_ft", "gpumem.__main__"):
+    if mod in ("gpumem.cli", "gpumem.cli_verbs", "gpumem.cli_plan", "gpumem.cli_plan_ft", "gpumem.cli_grade",
+               "gpumem.__main__"):
         return "app"
     raise AssertionError(f"{mod} belongs to no layer: put it in memory/, timing/, planner/, runs/, course/ or a chapter")
 

@@ -205,11 +205,12 @@ def test_sigkilled_run_offload_leaves_a_swap_folder_the_next_run_sweeps(tmp_path
             assert code == 2 and len(err) == 2, err
             assert err[0] == f"gpumem: note: removed {base / left[0]}, left by a swap run that was killed (pid {proc.pid})"
             assert f"{two:,} bytes needed" in err[1], err
-            # the sweep ran before the free space was read: the figure gained the swept files' bytes.
-            # Not to the byte: the kernel may hand back a killed run's pages a moment late (a CI run
-            # reported 51,298,304 free of 55,492,608 right after the sweep: 4 MiB still pinned).
+            # the sweep ran before the free space was read: the figure gained swept bytes. Not all of
+            # them: the kernel may hand back a killed run's pages late (a CI run reported 51,298,304
+            # free of 55,492,608 right after the sweep; a loaded 2-core run on 2026-12-05 got back 4.2
+            # of 17.8 MB by then), so the figure is only required to have grown.
             free = int(re.search(r"([\d,]+) free", err[1])[1].replace(",", ""))
-            assert before + swept // 2 <= free <= one, (err, before, swept, held, _holders(base))
+            assert before < free <= one, (err, before, swept, held, _holders(base))
         else:
             notes = []
             with ds_offload.swap_folder(base, note=notes.append) as fresh:

@@ -10,6 +10,8 @@ changes. Chapters import the engine (``gpumem.memory``, ``gpumem.runs``) and the
 machinery (``gpumem.course``), never another chapter (``tests/test_layout.py`` enforces it).
 """
 
+import importlib
+
 from gpumem.course.registry import Chapter, Experiment, resolve
 
 CHAPTERS: tuple[Chapter, ...] = (
@@ -62,18 +64,33 @@ def lab_checks() -> dict[str, str]:
     return {lab: ch.target(fn) for ch in CHAPTERS for lab, fn in ch.labs.items()}
 
 
-def check_lab(lab: str, ns: dict, show: bool = True):
+def check_lab(lab: str, ns: dict, show: bool = True, apart: bool | None = None, **options):
     """Grade a lab from its notebook's namespace; every lab's last cell calls this. Refused
     (:class:`~gpumem.course.grader_seal.GraderChanged`) where the grading machinery was changed,
-    and in a kernel (:class:`~gpumem.course.lab_history.Reached`) after a cell that reached into it."""
+    and in a kernel (:class:`~gpumem.course.lab_history.Reached`) after a cell that reached into it.
+    ``apart`` (default: in a kernel) grades in a fresh process from the source of the learner's
+    definitions (:mod:`gpumem.course.lab_fresh`), where no cell of the kernel has run. ``options``
+    (plain values, e.g. ``seed=0`` to repeat a draw) go to the lab's check."""
     checks = lab_checks()
     if lab not in checks:
         raise KeyError(f"no lab {lab!r}; registered: {', '.join(checks)}")
     from gpumem.course.grader_seal import refuse_if_changed
     from gpumem.course.lab_history import refuse_if_reached
+    from gpumem.course.lab_orphans import in_kernel
     refuse_if_changed(lab)                 # a patched Report or grading function: nothing is graded
-    refuse_if_reached()                    # ... nor after a cell that reached into the grader (in a kernel)
-    report = resolve(checks[lab])(ns, show=show)
+    if in_kernel() if apart is None else apart:    # what is carried is read there (lab_fresh.refusal)
+        from gpumem.course.lab_fresh import grade_apart
+        from gpumem.course.grading import Report, Row
+        # what only the kernel can show (lab 01: chains the learner measured and tabulated there)
+        kernel_refusal = getattr(importlib.import_module(checks[lab].split(":")[0]), "kernel_refusal", None)
+        if kernel_refusal is not None and (why := kernel_refusal()):
+            report = Report(lab, [Row("check", "what this kernel measured", "error", why)])
+            if show:
+                print(report.summary())
+            return report
+        return grade_apart(lab, ns, show=show, options=options)
+    refuse_if_reached()                    # in a kernel, graded in it: not after a cell that reached into it
+    report = resolve(checks[lab])(ns, show=show, **options)
     refuse_if_changed(lab)                 # ... nor when the learner's code patched it while graded
     return report
 

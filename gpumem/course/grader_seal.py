@@ -69,6 +69,9 @@ def _is_lab_module(name: str) -> bool:
                     "gpumem.course.copy_watch", "gpumem.course.copy_signature", "gpumem.course.lab_audit",
                     "gpumem.course.genuine", "gpumem.course.lab_history", "gpumem.course.lab_reach",
                     "gpumem.course.lab_process", "gpumem.course.flop_seal", "gpumem.course.seeds",
+                    "gpumem.course.lab_fresh", "gpumem.course.lab_carry", "gpumem.course.lab_vet",
+                    "gpumem.course.lab_patches", "gpumem.course.lab_watch", "gpumem.course.lab_file",
+                    "gpumem.course.lab_kernel",
                     __name__)
 
 
@@ -131,7 +134,7 @@ def _plain(value, depth: int = 0) -> bool:
         return True
     if isinstance(value, (tuple, list, set, frozenset)):
         return all(_plain(v, depth + 1) for v in value)
-    if isinstance(value, dict):
+    if isinstance(value, (dict, types.MappingProxyType)):        # a read-only table too (review r18)
         return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
     return False
 
@@ -149,7 +152,7 @@ def _eq(live, fresh, path: str) -> bool:
         return live is fresh or (isinstance(fresh, type) and _same_type(live, fresh))
     if isinstance(fresh, (tuple, list)):
         return len(live) == len(fresh) and all(_eq(x, y, path) for x, y in zip(live, fresh))
-    if isinstance(fresh, dict):
+    if isinstance(fresh, (dict, types.MappingProxyType)):
         return len(live) == len(fresh) and _covers(live, fresh, path)
     return live == fresh
 
@@ -214,7 +217,7 @@ def _covers(live, fresh, path: str) -> bool:
     list or set that modules add to when they load), every original entry unchanged."""
     if not _same_type(type(live), type(fresh)):
         return False
-    if isinstance(fresh, dict):
+    if isinstance(fresh, (dict, types.MappingProxyType)):
         return all(k in live and _eq(live[k], v, path) for k, v in fresh.items())
     if isinstance(fresh, list):
         return _eq(live[:len(fresh)], fresh, path)

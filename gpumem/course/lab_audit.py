@@ -9,6 +9,8 @@ learner cannot remove it) raises ``RuntimeError(f"{refusal} ({what})")`` on
   the collector's object lists (``gc.get_objects`` / ``get_referrers`` / ``get_referents``), and
   reading a traceback's, generator's or coroutine's frame (``object.__getattr__`` of
   :data:`FRAME_ATTRS`);
+* :data:`NET_EVENTS`: a network socket made, bound or connected (review r16 of lab 01: a helper
+  started from a terminal answered over a socket);
 * :data:`SPAWN_EVENTS`: ``subprocess``, ``os.system``, ``os.posix_spawn``, ``os.spawn*``,
   ``os.fork``, ``os.exec*``: another interpreter, where no guard of this kernel watches.
 
@@ -47,6 +49,8 @@ from .lab_orphans import adopt, orphans, reap
 FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
                           "gc.get_referents", "sys.settrace", "sys.setprofile"})
 FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
+# a network socket: a process outside the grader (started from a terminal) could answer (review r16, lab 01)
+NET_EVENTS = frozenset({"socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo"})
 SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
                           "os.exec"})
 # Standard-library modules that look at their caller's frame for a name only (namedtuple, enum, ...).
@@ -65,6 +69,7 @@ def _make_hook():
     rebinding this module's names afterwards changes nothing it reads)."""
     own, installed, benign = OWN, INSTALLED, BENIGN
     frame_events, frame_attrs, spawn_events = frozenset(FRAME_EVENTS), frozenset(FRAME_ATTRS), frozenset(SPAWN_EVENTS)
+    net_events = frozenset(NET_EVENTS)
     log_frame, log_finder = _LOGGING
     active: list[tuple[list, str, int]] = []
     busy = threading.local()
@@ -79,6 +84,8 @@ def _make_hook():
             return ""   # another thread's library code (the kernel's own threads); a learner's thread is not
         if event in spawn_events:
             return f"it started another process ({event}): a guard in this kernel cannot watch it"
+        if event in net_events:
+            return f"it opened a network connection ({event}): graded code computes its answer itself"
         if event in ("sys.settrace", "sys.setprofile"):
             return f"it called {event} (a hook that can rewrite the grader's variables or blind its watch)"
         if event == "sys._getframe" and caller.f_code is log_frame and caller.f_back is not None \
@@ -88,7 +95,7 @@ def _make_hook():
         return f"it reached for stack frames or the collector's objects ({what}), where the grader's answers are"
 
     def hook(event, args):
-        watched = event in frame_events or event in spawn_events \
+        watched = event in frame_events or event in spawn_events or event in net_events \
             or (event == "object.__getattr__" and len(args) > 1 and args[1] in frame_attrs)
         if not watched or not active or getattr(busy, "on", False):
             return

@@ -1,5 +1,10 @@
 """Before a lab is graded in a kernel, read every cell the kernel ran for reaches into the grader.
 
+Since review r16 a lab in a kernel is graded in a fresh process (:mod:`.lab_fresh`), and these rules
+(:func:`_reach`) are read on what is carried there only, the learner's other cells being theirs;
+:func:`refuse_if_reached`, reading every cell, applies where a kernel grades in itself
+(``check_lab(..., apart=False)``). What follows is that reading.
+
 Reviews r13 and r14 passed labs from a cell that reached into the grader while it ran: a closure
 cell of lab 04's watch swapped through ``sys.modules``, a frame walk to its verdict, lab 02's work
 handle found through ``weakref.finalize._registry`` ... Each lab's guards refuse the routes found so

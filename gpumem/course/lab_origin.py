@@ -18,8 +18,8 @@ under another name, beat every content match).
   one (:data:`_CELL`: ipykernel's ``<tempdir>/ipykernel_<this pid>/<n>.py``, the tempdir as
   ``tempfile`` gives it or resolved, so a symlinked TMPDIR as on macOS works; IPython's
   ``<ipython-input-…>``; the tests' ``<… .ipynb cell i>``) whose source ``linecache`` holds in
-  memory, or a name in ``GPUMEM_TEST_CELLS`` (os.pathsep-separated; read only without a kernel,
-  so a cell that sets it changes nothing in a kernel);
+  memory, or a name in ``GPUMEM_TEST_CELLS`` (os.pathsep-separated; read only without a kernel
+  and outside the fresh grading process, so a cell or graded code that sets it changes nothing);
 * an installed file defines (:func:`gpumem.course.genuine.genuine`: gpumem's or the installed
   Python's file, compiled afresh), the interpreter has frozen, or the standard library writes
   itself (a dataclass's methods, a namedtuple's ``__new__``).
@@ -50,6 +50,9 @@ _CELL = re.compile(r"<ipython-input-\d+-[0-9a-f]+>|<[^<>]+\.ipynb cell \d+>|"
 _CELL_NAME = os.environ.get("IPYKERNEL_CELL_NAME")        # ipykernel's one name for every cell, read once
 _KERNEL: list = []        # the IPython shell running the notebook, once seen
 _ASYNC = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
+# The fresh grading process (gpumem.course.lab_fresh), known at import, before any learner code runs
+# there: ``GPUMEM_TEST_CELLS`` is not read (review r16 of lab 08: graded code set it).
+_APART = os.environ.get("GPUMEM_GRADING_APART") == "1"
 
 
 def allowed(code, cache: dict | None = None) -> bool:
@@ -161,7 +164,7 @@ def _named_cell(code) -> bool:
         shaped = None                    # another process's cell folder: not this kernel's
     if (shaped or name == _CELL_NAME) and _in_memory(name):
         return True
-    return name in os.environ.get("GPUMEM_TEST_CELLS", "").split(os.pathsep)
+    return not _APART and name in os.environ.get("GPUMEM_TEST_CELLS", "").split(os.pathsep)
 
 
 def _in_memory(name: str) -> bool:

@@ -20,7 +20,10 @@ PROCESS_MODULES = ("subprocess", "multiprocessing", "pty", "torch.multiprocessin
                    # review r15 of lab 05: modules that start one by other names
                    "webbrowser", "_posixsubprocess", "torch.utils.cpp_extension", "torch.distributed.run",
                    "torch.distributed.launch", "torch.distributed.launcher", "torch.distributed.elastic",
-                   "jupyter_client", "deepspeed.launcher", "os.posix_spawn")
+                   "jupyter_client", "deepspeed.launcher", "os.posix_spawn",
+                   # review r16: pip's and the venv's own installers, and gpumem's launcher called from a
+                   # cell (a helper on ranks of its own answered lab 05 over a socket)
+                   "pip", "ensurepip", "venv", "gpumem.runs.launch")
 PROCESS_ATTRIBUTES = ("fork", "forkpty", "system", "popen", "Popen", "posix_spawn", "posix_spawnp", "startfile",
                       "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
                       "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
@@ -56,7 +59,8 @@ def starts_process(source: str) -> str | None:
             if bad:
                 found.append((line, f"imports {bad}"))
         elif isinstance(node, ast.ImportFrom):
-            bad = next((a.name for a in node.names if a.name in PROCESS_ATTRIBUTES), None)
+            bad = next((a.name for a in node.names if a.name in PROCESS_ATTRIBUTES
+                        or _process_module(f"{node.module}.{a.name}")), None)
             threads = node.module == "multiprocessing" and [a.name for a in node.names] == ["dummy"]
             if (_process_module(node.module or "") and not threads) or bad:
                 found.append((line, f"imports {bad or node.module} from {node.module}"))

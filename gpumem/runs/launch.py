@@ -34,7 +34,7 @@ from typing import NoReturn
 
 from .. import scratch
 from ..errors import RunFailure, Stopped, UsageError
-from . import rank_guard
+from . import rank_guard, rank_results
 
 STALL_S = 60.0               # default heartbeat deadline; GPUMEM_RANK_STALL_S overrides it
 STALL_ENV = "GPUMEM_RANK_STALL_S"
@@ -97,7 +97,7 @@ def _worker(job: Path, rank: int) -> NoReturn:
         result = getattr(importlib.import_module(module), name)(rank, spec["ranks"], **spec["kwargs"])
         torch.distributed.barrier()
         part = job / f"result{rank}.part"
-        part.write_bytes(pickle.dumps(result))
+        part.write_bytes(rank_results.dump(result, spec.get("results", "any")))
         part.rename(job / f"result{rank}.pkl")     # whole or absent, never half-written
         torch.distributed.destroy_process_group()
     except BaseException as exc:
@@ -158,7 +158,7 @@ def _failure(job: Path, procs, rank: int) -> RankError:
     return RankError(f"rank {rank} failed with exit code {code}{said}", tail)
 
 
-def _collect(procs, job: Path, timeout: float, stall_s: float, bar) -> list:
+def _collect(procs, job: Path, timeout: float, stall_s: float, bar, results: str = "any") -> list:
     ranks = len(procs)
     deadline = time.monotonic() + timeout
     done: set[int] = set()
@@ -181,7 +181,7 @@ def _collect(procs, job: Path, timeout: float, stall_s: float, bar) -> list:
         if time.monotonic() > deadline:
             raise RankError(f"ranks did not finish within {timeout:g} s")
         time.sleep(0.05)
-    return [pickle.loads((job / f"result{r}.pkl").read_bytes()) for r in range(ranks)]
+    return [rank_results.load((job / f"result{r}.pkl").read_bytes(), results) for r in range(ranks)]
 
 
 def _end(procs, pipes_and_logs) -> None:
@@ -200,8 +200,10 @@ def _note(line: str) -> None:
 
 
 def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = False,
-        timeout: float = 600, progress: bool = True, stall_timeout: float | None = None, **kwargs) -> list:
-    """Run ``target`` on ``ranks`` processes; return the per-rank results in rank order.
+        timeout: float = 600, progress: bool = True, stall_timeout: float | None = None,
+        results: str = "any", **kwargs) -> list:
+    """Run ``target`` on ``ranks`` processes; return the per-rank results in rank order
+    (``results="plain"``: tensors and plain values only, :func:`.rank_results.load`).
 
     ``stall_timeout``: seconds without a heartbeat after which a rank counts as stopped (default
     ``$GPUMEM_RANK_STALL_S`` or 60)."""
@@ -220,7 +222,7 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
                 _note(f"removed a stale JIT lock left by a killed rank: {lock}")
         try:
             (job / "spec.pkl").write_bytes(pickle.dumps(dict(target=target, ranks=ranks, device=device,
-                                                             deepspeed=deepspeed, kwargs=kwargs)))
+                                                             deepspeed=deepspeed, kwargs=kwargs, results=results)))
             port = free_port()
             for r in range(ranks):
                 env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
@@ -246,7 +248,7 @@ def run(target: str, ranks: int = 2, device: str = "cpu", deepspeed: bool = Fals
                 from tqdm.auto import tqdm
                 bar = tqdm(total=ranks, desc=f"{target.split(':')[1]} on {ranks} {device} ranks", unit="rank",
                            leave=False)
-            return _collect(procs, job, timeout, stall_s, bar)
+            return _collect(procs, job, timeout, stall_s, bar, results)
         except KeyboardInterrupt as stop:
             how = getattr(stop, "how", "Ctrl-C (KeyboardInterrupt)")
             _end(procs, files)

@@ -31,8 +31,9 @@ the hidden tensor's dtype, so 253 measurements made before the check cover every
 r15's bigram table; tests/test_lab01_adversarial.py keeps it as a test that *passes*). The chains
 are a drill, not a defence. A learner who measures single operations with ``saved_by`` and works
 out how they compose, dtype and shared tensors included, has done what the chains ask; one who
-tabulates the grader's own measure over hundreds of chains is named if the table is still in its
-cache (:func:`.labtruth.tabulated`), which only stops the lazy version.
+tabulates the grader's own measure over hundreds of chains is named if the table is still in the
+kernel's cache (:func:`kernel_refusal`, read before the fresh grading process starts), which only
+stops the lazy version.
 Before any of this, :mod:`.labtruth` checks that torch and the course are as they were when the
 lab imported them and that the measured plain layer matches the course's formula; otherwise
 nothing is graded.
@@ -262,6 +263,12 @@ def _grade_gpu(report: Report, fn, measure_fn) -> str:
     if todo:
         return "ran what is written; " + " and ".join(dict.fromkeys(r.function for r in todo)) + " not written yet"
     return "graded on CUDA (the rows marked 'optional GPU part')"
+
+
+def kernel_refusal() -> str:
+    """Read in the learner's kernel before grading in the fresh process (gpumem.chapters.check_lab):
+    a table of chain MLPs measured there (review r16 #2: the fresh process's cache is empty)."""
+    return labtruth.tabulated()
 
 
 def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:

@@ -1,9 +1,11 @@
 """Lab 01: is the grader's truth still the truth? Checked once per ``check()``, before grading.
 
-The truth is measured in the learner's own kernel (:func:`.variants.measure`), and
-:mod:`.labstate` puts back only what changes *during* a learner's call. A notebook cell run before
-``check()`` could change torch so that the measurement is wrong: one that makes saved-tensor
-hooks record nothing turns every truth into 0, and functions answering 0 would pass. So:
+The truth is measured in the process that grades (:func:`.variants.measure`): in a kernel that is a
+fresh process holding only the learner's definitions (:mod:`gpumem.course.lab_fresh`), outside one
+(the course's tests) the caller's own. :mod:`.labstate` puts back only what changes *during* a
+learner's call. Code run before ``check()`` in that process could change torch so that the
+measurement is wrong: one that makes saved-tensor hooks record nothing turns every truth into 0, and
+functions answering 0 would pass. So:
 
 - what the measurement runs through (torch's namespaces, as :mod:`.labstate` lists them; the
   bindings of the course's modules and the code of their functions) is snapshotted when this

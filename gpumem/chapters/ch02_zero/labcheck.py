@@ -99,7 +99,7 @@ def check(ns: dict, show: bool = True) -> Report:
             from gpumem.runs import launch
             try:                                 # the learner's code runs on the ranks
                 ranks = launch.run("gpumem.chapters.ch02_zero.lab02_ranks:lab02_rank", 2, progress=False,
-                                   source=source, cases=cases, bf16=bf16, watch_s=lab02_probe.WATCH_S)
+                                   results="plain", source=source, cases=cases, bf16=bf16, watch_s=lab02_probe.WATCH_S)
             except (launch.RankError, RunFailure) as err:      # a case stuck: lab02_probe.watchdog names it
                 return "error", failure_line(err).replace(f"{lab02_probe.__name__}.Stuck: ", "")
             for k, case in enumerate(cases):

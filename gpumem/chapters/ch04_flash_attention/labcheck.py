@@ -74,16 +74,18 @@ def _name(case) -> str:
     return f"b{b} heads {a}/{kv} s_q {sq} s_k {sk} d {d}{' causal' if causal else ''} block {block}"
 
 
-def _watch(case, q, k, v, rows, tile_rows=None, causal_from=None):
-    """The op watch on one call; ``rows``: (dout, lse, delta or out), vectors per query row."""
+def _watch(case, q, k, v, rows, tile_rows=None, causal_from=None, j0=0):
+    """The op watch on one call; ``rows``: (dout, lse, delta or out), vectors per query row; ``k``: keys
+    from ``j0`` on (exp2 is counted over the visible scores of these keys, :mod:`.labpairs`)."""
     b, a, kv, sq, sk, d, causal, block = case
+    hidden = labref.causal_mask(sq, sk)[:, j0:j0 + k.shape[2]] if causal else None
     return Watch(sq, sk, d, block, b * a, allowed=(k, v), tile_rows=tile_rows, rows=rows[1:],
-                 queries=(q, rows[0]), causal_from=causal_from, exp2=(q, k))
+                 queries=(q, rows[0]), causal_from=causal_from, exp2=(q, k, hidden))
 
 
 def _exp2_wrong(watch, case, j0=0, j1=None) -> str:
     """'' or the backward's exp2 rule broken (checked after every other rule: those name the worse
-    slip); exp2 must have taken at least the visible scores of keys ``j0:j1`` (review r13 #1)."""
+    slip); exp2 must have reached every visible score of keys ``j0:j1``, each counted once (r13 #1, r16 #2)."""
     b, a, kv, sq, sk, d, causal, block = case
     hidden = labref.causal_mask(sq, sk)[:, j0:j1] if causal else torch.zeros(sq, sk, dtype=torch.bool)[:, j0:j1]
     return watch.exp2.wrong(b * a * int((~hidden).sum())) if watch.exp2 is not None else ""
@@ -109,7 +111,7 @@ def _key_blocks_rows(report, fn, case, seed):
             j1 = min(j0 + block, sk)
             kb, vb = k[:, :, j0:j1].clone(), v[:, :, j0:j1].clone()
             ins = (q.clone(), dout.clone(), lse.clone(), delta.clone())
-            watch = _watch(case, ins[0], kb, vb, ins[1:], j1 - j0, j0 if case[6] else None)
+            watch = _watch(case, ins[0], kb, vb, ins[1:], j1 - j0, j0 if case[6] else None, j0)
             got, broken = guarded(fn, watch, ins[0], kb, vb, *ins[1:], j0, case[6], block)
             broken = broken or _overworked(watch, case, j0, j1 - j0) or _exp2_wrong(watch, case, j0, j1)
             if not (isinstance(got, (tuple, list)) and len(got) == 3):

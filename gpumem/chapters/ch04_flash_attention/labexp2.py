@@ -19,39 +19,27 @@ score) fails, and so does a multiply by c2 of anything else (a dummy scalar, a t
 reaches the exponential). An exponential in the natural base (``exp``, ``expm1``, a softmax or
 logsumexp, ``sigmoid``, ``pow`` of another base) is named first, then any other transcendental op
 on scores (:data:`.labops._OTHER`: review r13 #1 took P = 1 / (cosh x - sinh x)), then too few
-exp2 (a series has none; each Q K^T product's numbers count once, however many tiles are made
-of it: review r15 #1 took exp2 of one tile again and again). A tensor's Q|K bits are those of
-every tensor an op takes (r15: K laundered through index_select's index). ``pow(2.0, x)`` is exp2.
+exp2: exp2 must reach every visible score of the call, counted over DISTINCT (query row, key, head)
+pairs (:mod:`.labpairs`; review r15 #1 took exp2 of one tile again and again, r16 #2 recomputed its
+product each time). A tensor's Q|K bits are those of every tensor an op takes (r15: K laundered
+through index_select's index). ``pow(2.0, x)`` is exp2.
 """
 
 import torch
 
+from .labpairs import Pairs
 from .labops import (  # noqa: F401 (LOG2E is read from here too)
     FOLDED, K, LOG2E, ONE, PLAIN, QK, RAW, READY, Q, _ADD, _MASK, _MM, _OTHER, _POWERS, _REDUCE, _RTOL, _SAME,
-    _flat, _number, _ptr, _rest, _rows_of_d)
+    _flat, _marks, _number, _ptr, _rest, _rows_of_d)
 
 # exponentials in the natural base: what chapter 04's code (and a softmax) takes
 _PLAIN = frozenset({"exp", "exp_", "expm1", "expm1_", "_softmax", "_log_softmax", "logsumexp", "sigmoid",
                     "sigmoid_", "_safe_softmax"})
 
 
-def _marks():
-    """``(mark, add, seen)`` over one closure: what the rule found (``plain``, ``other``, ``exp2``,
-    ``unfolded``, ``alone``), each kept once set, and what it counted (``exp2n``: numbers taken
-    exp2 of; ``scores``: numbers of score tiles made), which only grow; attributes only read it."""
-    state = {"plain": "", "other": "", "exp2": False, "unfolded": "", "alone": False, "exp2n": 0, "scores": 0}
-
-    def mark(name: str, value) -> None:
-        state[name] = state[name] or value
-
-    def add(name: str, n) -> None:
-        state[name] += max(0, int(n))
-    return mark, add, state.get
-
-
 class Exp2Rule:
     """The exp2 rule for one call on head dimension ``d`` (scale 1/sqrt(d)); ``q``, ``k``: the
-    call's query and key tensors. What it found lives in a closure (:func:`_marks`), and no
+    call's query and key tensors, ``hidden`` its causal mask. What it found lives in a closure (:func:`_marks`), and no
     attribute is rebound after ``__init__``, so a learner's call that reached the watch cannot
     clear it (:mod:`.labseal` names a rebinding that skipped ``__setattr__``)."""
 
@@ -63,13 +51,14 @@ class Exp2Rule:
     unfolded = property(lambda self: self.seen("unfolded"))
     alone = property(lambda self: self.seen("alone"))
 
-    def __init__(self, d: int, q=None, k=None):
+    def __init__(self, d: int, q=None, k=None, hidden=None):
         self.folded_scale = d ** -0.5 * LOG2E
+        self.pairs = Pairs(q, k, self.folded_scale, hidden) if _ptr(q) and _ptr(k) else None
         self.mark, self.add, self.seen = _marks()
         self.tags: dict[int, tuple[int, str | None]] = {}        # storage -> (bits, form)
         self.tiles: set[int] = set()                              # storages of P's family
         self.counted: dict = {}            # product (or storage, unfolded) -> numbers exp2 took of it
-        self.origins: dict = {}            # storage -> (key, numbers) of the Q K^T product it comes from
+        self.origins: dict = {}            # storage -> (key, numbers, pair ids) of its Q K^T product
         for t, bit in ((q, Q), (k, K)):
             if _ptr(t):
                 self.tags[_ptr(t)] = (bit, PLAIN)
@@ -200,19 +189,28 @@ class Exp2Rule:
                 ob, of = self._tag(target)
                 if (bits, form) != (ob, of) and not (op in _MASK and bits == ob):
                     bits, form = bits | ob, None
-        origin = (object(), sum(t.numel() for t in outs)) if op in _MM else next((self.origins.get(_ptr(t)) for t in (
+        origin = (object(), sum(t.numel() for t in outs), self._pid(op, args, form)) if op in _MM else next((self.origins.get(_ptr(t)) for t in (
             args[1:2] if op == "copy_" else every) if self._tag(t)[1] in (RAW, FOLDED, READY)), None)
         for t in outs:
             self.tags[_ptr(t)], self.origins[_ptr(t)] = (bits, form), (origin if form in (RAW, FOLDED, READY) else None)
             if op not in _SAME or _ptr(t) not in shared:     # new numbers there (a view writes none)
                 self.counted.pop(_ptr(t), None)
 
+    def _pid(self, op, args, form):
+        """The (query row, key) pair ids of a score product's numbers (:class:`.labpairs.Pairs`)."""
+        if form not in (RAW, FOLDED, READY) or self.pairs is None or op not in ("mm", "bmm", "addmm", "baddbmm"):
+            return None
+        a, b = args[1:3] if op in ("addmm", "baddbmm") else args[:2]
+        return self.pairs.product(a, b, self._tag(a)[0] == Q, self._tag(a)[1] == ONE, self._tag(b)[1] == ONE)
+
     def _fresh(self, x) -> int:
-        """Numbers of ``x`` exp2 has not taken yet: of the Q K^T product a folded or ready tile comes from
-        (review r15 #1: one tile, or copies of it, again and again counts once), else of its storage
-        since it was last written."""
+        """Scores of ``x`` exp2 has not taken yet: the visible (query row, key) pairs of the Q K^T
+        product a folded or ready tile comes from that no exp2 reached (review r15 #1: one tile again
+        and again; r16 #2: its product recomputed), else numbers of its storage since it was last written."""
         ptr = _ptr(x)
-        key, room = self.origins.get(ptr) or (ptr, x.untyped_storage().nbytes() // x.element_size() if ptr else 0)
+        if self.origins.get(ptr) is not None and self.pairs is not None:
+            return self.pairs.take(self.origins[ptr][2], x.numel())
+        key, room, _ = self.origins.get(ptr) or (ptr, x.untyped_storage().nbytes() // x.element_size() if ptr else 0, 0)
         n = max(0, min(x.numel() if ptr else 0, room - self.counted.get(key, 0)))
         self.counted[key] = self.counted.get(key, 0) + n
         return n
@@ -282,9 +280,10 @@ class Exp2Rule:
             return (f"{self.other} on scores (numbers made from both Q and K): only exp2 may exponentiate; "
                     f"rebuild P as FlashAttention-2 does, exp2(S * c2 - lse * log2 e), c2 = scale * log2(e) = {c}")
         if self.exp2n < need:
-            return (f"it took exp2 of {self.exp2n:,} numbers, fewer than the {need:,} visible scores of the call "
-                    f"(heads x query rows x the keys each sees): rebuild every visible probability with exp2 "
-                    f"(S * c2 - lse * log2 e), c2 = scale * log2(e) = {c}, not by another road")
+            return (f"it took exp2 of {self.exp2n:,} distinct scores, fewer than the {need:,} visible scores of "
+                    f"the call (heads x query rows x the keys each sees; a tile taken again, or its product made "
+                    f"again, counts once): rebuild every visible probability with exp2 (S * c2 - lse * log2 e), "
+                    f"c2 = scale * log2(e) = {c}, not by another road")
         if self.unfolded and self.alone:
             return (f"it took exp2 of scores multiplied by log2(e) on its own ({self.unfolded}): two multiplies "
                     f"per score; fold log2(e) into the softmax scale: exp2(S * c2 - lse * log2 e), c2 = "

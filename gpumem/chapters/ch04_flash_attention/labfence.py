@@ -19,6 +19,7 @@ cell) escapes this fence; the watch's backstop catches what it computes: an op f
 neither an input nor made by a watched op (:meth:`.labguard.Watch.unknown`); a watch reached that
 way is sealed (:mod:`.labseal`: rebinding its attributes is refused and found after the call).
 ``torch.overrides._pop_mode_temporarily`` is left alone: torch's own ``handle_torch_function`` uses it.
+:data:`BRIDGES` (``from_numpy``, DLPack) are swapped for :func:`refusing` by :class:`.labguard.Watch`.
 """
 
 import _thread
@@ -29,6 +30,7 @@ import sys
 
 import torch
 import torch.overrides
+import torch.utils.dlpack
 import torch.utils._python_dispatch as python_dispatch
 
 from gpumem.course import genuine
@@ -100,3 +102,16 @@ class Fence:
             owner, attr, original = self.saved.pop()
             setattr(owner, attr, original)
         return False
+
+
+def refusing(name: str):
+    """A stand-in for the bridge ``name`` that refuses, in any thread, while lab 04 is graded."""
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"it took the numbers out of torch ({name} is off while lab 04 is "
+                           f"graded): compute every tile with torch ops inside the call")
+    return refuse
+
+
+# module functions that move numbers between torch and other libraries, off during the call
+BRIDGES = ((torch, "from_numpy"), (torch, "from_dlpack"), (torch, "to_dlpack"),
+            (torch.utils.dlpack, "from_dlpack"), (torch.utils.dlpack, "to_dlpack"))

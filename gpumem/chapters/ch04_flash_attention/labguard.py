@@ -22,35 +22,34 @@ the FIRST rule broken, in the order the ops ran, as one sentence for the grader'
 * with ``joined``: a tensor with more rows than the longest K/V shard (shards concatenated);
 * with ``causal_from`` (the key block's first key, causal): work on query rows that all lie above
   the diagonal (rows ``i0:i1`` of Q or dO with ``i1 <= j0`` fed to an op): the causal skip missed;
-* a way out of torch (``.numpy()``, ``__array__``, ``.tolist()`` of more than 64 numbers, more than
-  1,000 ``.item()`` / ``float()`` reads, storage or pointer access, DLPack, ``torch.tensor`` of a
-  NumPy array, ``torch.from_numpy``): scores computed outside the watch are not graded as tiles;
-  and (:meth:`Watch.foreign`) a returned tensor whose storage no watched op made.
+* a way out of torch (``.numpy()``, ``__array__``, ``apply_``/``map_``, storage or pointer access,
+  DLPack, ``torch.tensor`` of a NumPy array, ``torch.from_numpy``), and numbers read into Python
+  (:meth:`Watch.taken`: ``.tolist()`` of more than 64, more than 1,000 in all, or more than
+  :data:`_QK_READS` made from Q or K; every ``item``/``float``/``int``/``bool``/``__index__`` ends in
+  ATen's ``_local_scalar_dense``, counted there; printing or ``format`` of a tensor is refused: review
+  r16 #2 read K out through ``format(t, '.17e')`` and rebuilt it with no K bits); and
+  (:meth:`Watch.foreign`) a returned tensor whose storage no watched op made; (:meth:`Watch.unknown`)
+  an op fed a floating tensor of more than 64 numbers that no watched op made.
 
-Vectors of one number per query row (``lse``, ``delta``, slices of them such as ``lse[..., j0:]``)
-and tensors made from them or from Q, dO elementwise are query rows, not keys: the "keys side by
-side" rule skips them.
-
-and (:meth:`Watch.unknown`) an op fed a floating tensor of more than 64 numbers that is neither an
-input nor made by a watched op: work done in another thread or with the modes off, brought back in.
+Vectors of one number per query row (``lse``, ``delta``, their slices) and tensors made from them or
+from Q, dO elementwise are query rows, not keys: the "keys side by side" rule skips them.
 :mod:`.labfence` refuses threads and the mode-switching entry points during the call;
 :meth:`Watch.overworked` counts the exponentials a causal key block takes, or its score tiles if more
-(review r13 #1), and so the query rows that met it, however picked (slices, ``index_select``, a gather);
-with ``exp2=(q, k)``, :class:`.labexp2.Exp2Rule` follows the data flow into every exponential (the
-backward's exp2 rule: each exp2 takes the score tile times scale * log2 e).
+(review r13 #1); with ``exp2=(q, k, hidden)``, :class:`.labexp2.Exp2Rule` follows the data flow into
+every exponential (the backward's exp2 rule: each exp2 takes the score tile times scale * log2 e).
 """
 
 import sys
 
 import numpy as np
 import torch
-import torch.utils.dlpack
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .labexp2 import Exp2Rule
-from .labfence import Fence
-from . import labbake, labexp2, labfence, labops, labseal
+from .labfence import BRIDGES as _BRIDGES, Fence, refusing as _refusing
+from .labops import _ptr, _tensors
+from . import labbake, labexp2, labfence, labops, labpairs, labseal
 from .labseal import Sealed, cells, seal, seal_dispatch, tally
 
 
@@ -60,21 +59,14 @@ _COPIES = frozenset({"clone", "_to_copy", "index_select", "repeat", "repeat_inte
 # Tensor methods that take the numbers out of torch (computing elsewhere would hide the tiles)
 _EXITS = frozenset({"numpy", "__array__", "untyped_storage", "storage", "_storage", "data_ptr", "__dlpack__",
           "__array_interface__", "__reduce_ex__", "__setstate__", "__deepcopy__", "_typed_storage",
-          "__getstate__", "_data_ptr"})
-_READS, _READ_BUDGET = frozenset({"item", "__float__", "__int__", "__index__", "__complex__"}), 1000
+          "__getstate__", "_data_ptr", "apply_", "map_", "map2_"})
+# numbers read into Python: tolist here (item, float, int, bool, __index__ are ATen's _local_scalar_dense);
+# of them, a handful made from Q or K (a tile's emptiness tested, say); printing reads them all
+_READS, _READ_BUDGET, _QK_READS = frozenset({"tolist"}), 1000, 8
+_PRINTS = frozenset({"__format__", "__repr__", "__str__"})
 _EXPS = frozenset({"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "sigmoid"})   # probabilities
 _FRESH = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})     # torch.tensor(...) of Python numbers
 _SMALL = 64                                           # numbers a constant may hold
-
-
-def _ptr(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr() if t.numel() else 0
-
-
-def _tensors(out):
-    for t in out if isinstance(out, (tuple, list)) else (out,):
-        if isinstance(t, torch.Tensor):
-            yield t
 
 
 class _Functions(Sealed, TorchFunctionMode):
@@ -88,26 +80,16 @@ class _Functions(Sealed, TorchFunctionMode):
         name = getattr(func, "__name__", str(func))
         if "scaled_dot_product" in name:
             self.watch.flag(f"it calls {name}: SDPA is not allowed here, write the tiles yourself")
+        if name in _PRINTS:
+            self.watch.refuse(f"it printed or formatted a tensor (Tensor.{name}) while lab 04 was graded: that "
+                              f"reads its numbers into Python, where the watch cannot follow them; print in a "
+                              f"cell of your own, before the check")
         if name in _EXITS or (name in ("tensor", "as_tensor", "asarray") and any(
                 isinstance(a, np.ndarray) for a in args)):
             self.watch.exit(f"Tensor.{name}" if name in _EXITS else f"torch.{name} of a NumPy array")
-        elif name in _READS or name == "tolist":
-            reads = self.watch.count("reads", args[0].numel() if name == "tolist" and args else 1)
-            if reads > _READ_BUDGET or (name == "tolist" and args and args[0].numel() > 64):
-                self.watch.exit(f"{name} ({reads:,} numbers read out)")
+        elif name in _READS and args and isinstance(args[0], torch.Tensor):
+            self.watch.taken(args[0], args[0].numel(), name)
         return func(*args, **(kwargs or {}))
-
-
-def _refusing(name: str):
-    def refuse(*args, **kwargs):
-        raise RuntimeError(f"it took the numbers out of torch ({name} is off while lab 04 is "
-                           f"graded): compute every tile with torch ops inside the call")
-    return refuse
-
-
-# module functions that move numbers between torch and other libraries, off during the call
-_BRIDGES = ((torch, "from_numpy"), (torch, "from_dlpack"), (torch, "to_dlpack"),
-            (torch.utils.dlpack, "from_dlpack"), (torch.utils.dlpack, "to_dlpack"))
 
 
 class Watch(Sealed, TorchDispatchMode):
@@ -166,11 +148,26 @@ class Watch(Sealed, TorchDispatchMode):
                 f"heads, but only the {needed} rows from {j0 // self.block * self.block} on see any of its "
                 f"keys; skip the query blocks above the diagonal")
 
-    def exit(self, what: str) -> None:
-        """Flag and refuse a way out of torch (the learner's call stops here with the reason)."""
-        self.flag(f"it took the numbers out of torch ({what}): compute every tile with torch ops "
-                  f"inside the call, no NumPy, lists or storage access")
+    def refuse(self, message: str) -> None:
+        """Flag and stop the learner's call here with the reason."""
+        self.flag(message)
         raise RuntimeError(self.broken)
+
+    def exit(self, what: str) -> None:
+        self.refuse(f"it took the numbers out of torch ({what}): compute every tile with torch ops "
+                    f"inside the call, no NumPy, lists or storage access")
+
+    def taken(self, t, n: int, how: str) -> None:
+        """Count ``n`` numbers of ``t`` read into Python; refuse past the budget, a long ``tolist``, and
+        past a handful made from Q or K: they could come back as a tensor with no Q|K bits."""
+        qk = self.exp2 is not None and self.exp2._tag(t)[0] != 0
+        total, mine = self.count("reads", n), (self.count("qk", n) if qk else 0)
+        if total > _READ_BUDGET or (how == "tolist" and n > _SMALL):
+            self.exit(f"{how} ({total:,} numbers read out)")
+        if mine > _QK_READS:
+            self.refuse(f"it read {mine:,} numbers made from Q or K into Python ({how}), more than {_QK_READS}: "
+                        f"the watch cannot follow them back into a tensor; keep scores and K in torch ops, "
+                        f"and decide what to skip from indices, not from the numbers")
 
     def foreign(self, out) -> str:
         """'' or why a returned tensor was not made by an op the watch saw (torch.from_numpy...)."""
@@ -206,6 +203,8 @@ class Watch(Sealed, TorchDispatchMode):
 
     def _dispatch(self, func, types, args=(), kwargs=None):
         name = str(func)
+        if name.startswith("aten._local_scalar_dense") and args:       # item, float, int, bool, format...
+            self.taken(args[0], 1, "Tensor.item, float, int or bool")
         self.unknown(func, list(args) + [v for k, v in (kwargs or {}).items() if k != "out"])
         if "scaled_dot_product" in name:
             self.flag(f"it calls {name}: SDPA is not allowed here, write the tiles yourself")
@@ -296,5 +295,5 @@ class Watch(Sealed, TorchDispatchMode):
 
 # every op first checks that none of the grader's modules and classes was patched during the call;
 _UNSEALED = ("_DISPATCH", "_CHECK")        # grader_seal: made with code baked in (labseal.bake), not the file's
-_DISPATCH, _CHECK = seal_dispatch(Watch, (sys.modules[__name__], labbake, labexp2, labfence, labops, labseal, Watch,
-                                          _Functions, labexp2.Exp2Rule, labfence.Fence, Sealed))
+_DISPATCH, _CHECK = seal_dispatch(Watch, (sys.modules[__name__], labbake, labexp2, labfence, labops, labpairs, labseal,
+                                          Watch, _Functions, labexp2.Exp2Rule, labpairs.Pairs, labfence.Fence, Sealed))

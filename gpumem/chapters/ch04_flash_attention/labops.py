@@ -1,7 +1,7 @@
 """Lab 04's op tables (frozensets: review r15 #2 added ``bmm`` to a mutable ``_SAME`` for the length of
 the call and passed 25/25) for :mod:`.labexp2`: which ATen ops (by name, without namespace and overload)
 are exponentials, views and copies, products, sums, reductions and masks, and the tags the exp2
-rule gives a tensor (where its numbers come from, and its form)."""
+rule gives a tensor (where its numbers come from, and its form); with the helpers both read."""
 
 import math
 
@@ -40,6 +40,12 @@ def _ptr(t) -> int:
     return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) and t.numel() else 0
 
 
+def _tensors(out):
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if isinstance(t, torch.Tensor):
+            yield t
+
+
 def _flat(xs):
     for x in xs:
         yield from (_flat(x) if isinstance(x, (tuple, list)) else (x,))
@@ -69,3 +75,17 @@ def _rows_of_d(t, d: int, heads: int) -> bool:
     while len(rest) > 2 and rest[0] == 1:          # a group of one query head: (b, kv, 1, rows, d)
         rest.pop(0)
     return len(rest) == 2 and rest[-1] == d
+
+
+def _marks():
+    """``(mark, add, seen)`` over one closure: what the rule found (``plain``, ``other``, ``exp2``,
+    ``unfolded``, ``alone``), each kept once set, and what it counted (``exp2n``: distinct visible
+    scores taken exp2 of; ``scores``: numbers of score tiles made), which only grow."""
+    state = {"plain": "", "other": "", "exp2": False, "unfolded": "", "alone": False, "exp2n": 0, "scores": 0}
+
+    def mark(name: str, value) -> None:
+        state[name] = state[name] or value
+
+    def add(name: str, n) -> None:
+        state[name] += max(0, int(n))
+    return mark, add, state.get

@@ -41,9 +41,9 @@ TAMPERED = "it rebound the grader's watch ({}): leave the watch alone, its verdi
 
 def tally():
     """``(flag, count, read)`` over one closure: ``flag(message)`` keeps the first message,
-    ``count(key, n)`` adds ``n >= 0`` to ``"exps"`` or ``"reads"`` and returns the total,
+    ``count(key, n)`` adds ``n >= 0`` to ``"exps"``, ``"reads"`` or ``"qk"`` and returns the total,
     ``read(key)`` returns ``"broken"`` (the first message, '' if none) or a count."""
-    state = {"broken": "", "exps": 0, "reads": 0}
+    state = {"broken": "", "exps": 0, "reads": 0, "qk": 0}
 
     def flag(message: str) -> None:
         state["broken"] = state["broken"] or str(message)

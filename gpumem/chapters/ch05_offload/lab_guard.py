@@ -51,6 +51,7 @@ import contextlib
 import importlib
 import sys
 import threading
+from types import MappingProxyType
 
 from gpumem.course import copy_watch, lab_audit, lab_origin
 from gpumem.course.case_limits import alarm_held
@@ -80,7 +81,8 @@ def _blocked() -> dict[tuple[str, str], str]:
     return out
 
 
-BLOCKED = _blocked()
+_TABLE = _blocked()                  # keep() adds the lab's own functions as they load
+BLOCKED = MappingProxyType(_TABLE)   # read-only to everyone else (review r18: dict.clear(BLOCKED))
 # the time engine's own code objects and the globals they must run with (their callers pass)
 ENGINE = {f.__code__: vars(m) for m in (offload_time, offload_cost) for f in _functions(m)}
 _HOOKED = []
@@ -172,7 +174,7 @@ def keep(what: str):
     lab's modules that import this one (:func:`.lab_gpu.reference_seconds`)."""
     def register(fn):
         module = sys.modules[fn.__module__]
-        BLOCKED[(module.__file__, fn.__name__)] = f"{what} {fn.__module__}.{fn.__name__}"
+        _TABLE[(module.__file__, fn.__name__)] = f"{what} {fn.__module__}.{fn.__name__}"
         _KEPT.append((module, f"{what} {fn.__module__.rsplit('.', 1)[-1]}", (fn.__name__,)))
         _PRINTS.clear()
         ORIGINALS.append((fn, module, fn.__name__))

@@ -15,8 +15,8 @@ points (:data:`BLOCKED`) are switched off two ways, so that undoing one does not
   during the call, still refuses;
 * while the guard is in force no frame may run a blocked function's *genuine* code: the sampler
   (below) refuses one, so functions rebuilt on the saved code and bound into the modules for the
-  call (no mark popped, everything put back before the guard is compared) are refused too.
-
+  call (no mark popped, everything put back before the guard is compared) are refused too; the
+  sampler's timer and handler switched off during the call are seen (:mod:`.lab06_timer`, r16 #2).
 * a *copy* of ``planner.search`` or ``planner.ranking`` (their source exec'd in a new module, or
   pasted) is known by its code's content, compiled afresh from the files, names and lines aside
   (:mod:`gpumem.course.copy_watch`): ``labcheck`` looks through the learner's namespace before the
@@ -24,7 +24,6 @@ points (:data:`BLOCKED`) are switched off two ways, so that undoing one does not
   running stacks are sampled every 10 ms of CPU time (``Sampler``, ``SIGPROF``: a copied search
   runs far longer). A refusal the learner catches is still reported. No profile hook: it would
   slow every call of the learner's own search about threefold.
-
 * code that is neither a notebook cell's nor an installed file's (the course's origin rule,
   :mod:`gpumem.course.lab_origin`, shared with lab 08) is refused when it is exec'd during the call
   (the audit hook) or seen by a sample between the learner's call and the grader (review r11: a
@@ -41,9 +40,9 @@ the GPU part's own timing (``lab06_gpu.reference_flops``) is switched off too; t
 team's limits is the planner's search (``lab06_limit_cases.truth``), which refuses while the call runs.
 
 Reaching the grader's frames (``sys._getframe``, ``inspect``, a traceback's or a generator's frame),
-the collector's object lists, or starting another process (``python -m gpumem plan``, a
-``subprocess`` that imports the planner) from the learner's call are refused by an audit hook
-(:mod:`gpumem.course.lab_audit`, shared with labs 05 and 08), with :data:`REACHED`'s words.
+the collector's object lists, or starting another process (``python -m gpumem plan``, a ``subprocess``
+that imports the planner) from the learner's call are refused by an audit hook (:mod:`gpumem.course.lab_audit`,
+shared with labs 05 and 08), with :data:`REACHED`'s words.
 
 What it cannot stop: a copy edited inside its functions' bodies (that is the learner's own code then), a copy built
 inside the call without ``exec`` that runs for less than a sample's interval, or code that
@@ -60,7 +59,7 @@ from gpumem.course import copy_watch, genuine, lab_audit, lab_origin
 from gpumem.course.case_limits import alarm_held
 from gpumem.planner import ranking, search
 
-from . import lab06_gpu
+from . import lab06_gpu, lab06_timer
 
 evaluate = importlib.import_module("gpumem.planner.evaluate")   # the package exports the function
 
@@ -124,13 +123,16 @@ class _Sampler(copy_watch.Sampler):
 
     def __init__(self, hits: list, foreign: list, entry, ran: list):
         super().__init__(prints(), hits, COPY)
-        self.foreign, self.entry, self.busy, self.origins = foreign, entry, False, {}
-        self.main, self.ran, self.blocked = threading.main_thread().ident, ran, {}
+        self.foreign, self.entry, self.busy, self.origins, self.skips = foreign, entry, False, {}, 0
+        self.main, self.ran, self.blocked, self.watch = threading.main_thread().ident, ran, {}, None
 
     def _tick(self, signum, frame):
-        if self.busy:
-            return
-        self.busy = True
+        if self.watch is not None:
+            self.watch.tick()         # the timer and handlers as the guard set them (it only notes)
+        if self.busy:                 # a tick inside a tick: never many in a row (review r18: set from outside)
+            self.skips += 1
+            return self.skips > 5 and not self.hits and self.hits.append("it switched the grader's sampler off")
+        self.busy, self.skips = True, 0
         try:
             super()._tick(signum, frame)
             if self.hits or self.foreign or self.ran:
@@ -212,7 +214,7 @@ def _refusing_code(name: str, fn):
 def no_search():
     """Inside the block every function of :data:`BLOCKED` raises the lab's message; restored after,
     also when the learner's call raises or runs out of time. Yields :func:`changed`'s closure."""
-    saved, entered, armed, hits, reached, foreign, ran = [], False, {}, [], [], [], []
+    saved, entered, armed, hits, reached, foreign, ran, stopped = [], False, {}, [], [], [], [], []
     names = {fn: name for name, fn in _functions()}
     bound = {(m, a): getattr(m, a) for m, attrs in _MODULES for a in attrs}
     lab_origin.note_kernel()            # IPython's run_code on this stack: cells known by its records
@@ -236,14 +238,18 @@ def no_search():
         def changes() -> list[str]:
             return _changes(armed, bound, names, level)
         changes.copies, changes.reached, changes.foreign, changes.ran = hits, reached, foreign, ran
+        changes.stopped = stopped
         with alarm_held():
             _HITS.append(hits)
             _FOREIGN.append(foreign)
             sampler.__enter__()
+            sampler.watch = lab06_timer.Watch(sampler, stopped)
         with lab_audit.refusing(REACHED, reached):
             yield changes
     finally:
         with alarm_held():
+            if sampler.watch is not None:
+                sampler.watch.stop()
             sampler.__exit__()
             if _HITS and _HITS[-1] is hits:
                 _HITS.pop()

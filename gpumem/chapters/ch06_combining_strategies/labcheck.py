@@ -45,6 +45,7 @@ from gpumem.course.grading import LearnerError, Report, Row, call, error_line, r
 from gpumem.errors import UsageError
 
 from . import lab06_cases, lab06_diagnose, lab06_gpu, lab06_limit_cases
+from .lab06_timer import STOPPED
 from .lab06_cases import SLOW_LINK  # noqa: F401 (the lab's text names it)
 from .lab06_guard import COPY, FOREIGN, HELD, RAN, REACHED, changed_line, no_search, prints, refuse_if_active
 
@@ -119,12 +120,14 @@ def _ask(choose, case: tuple, inter_node: float | None, limits=None):
             choice = call(asked, model, gpus, gpu, seq, batch, inter_node=inter_node,
                           **({} if limits is None else limits.keywords()))
         except LearnerError:
-            if not (changes.reached or changes.ran):
+            if not (changes.reached or changes.ran or changes.stopped):
                 raise
             choice = None
         what = changes()
     if changes.reached:                      # frames or another process (lab_audit), caught or not
         raise LearnerError(f"{REACHED} ({changes.reached[0]})")
+    if changes.stopped:                      # the sampler's timer or handler changed (lab06_timer, review r16 #2)
+        raise LearnerError(STOPPED.format(changes.stopped[0], "choose_plan"))
     if changes.copies:                       # a refusal the learner's code caught
         raise LearnerError(COPY.format(changes.copies[0]))
     if changes.foreign:                      # code of no cell's and no installed file's (lab_origin)

@@ -1,0 +1,76 @@
+"""Lab 04: which scores of a call (query row x key x head) a Q K^T product holds, so that exp2 is
+counted over DISTINCT visible scores (review r16 #2: the same tile's product, recomputed again and
+again and exp2'd each time, met a count that keyed each product by the call that made it).
+
+:class:`Pairs` knows the call's Q and K. For a product the exp2 rule calls a score tile (plain or
+c2-scaled Q against plain or c2-scaled K, in either order, ``mm``/``bmm``/``addmm``/``baddbmm``),
+it finds each operand row among Q's rows and K's rows (by value: a view, copy, cast, GQA expansion
+or c2-scaling of a row is that row) and gives every element of the product the id of its (query
+row, key) pair; a pair across batches or across heads that do not share the key head, one the
+causal mask hides, or a row that is no row of Q or K, is no score (-1). :meth:`take` credits the
+pairs an exp2 reaches that no exp2 reached before, so a tile taken again, or recomputed, counts once.
+"""
+
+import torch
+
+_TOL = 1e-4                  # relative: a row cast to fp32, or scaled by c2 and back, is that row
+
+
+def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
+    return t.detach().reshape(-1, d).to(torch.float64)
+
+
+class Pairs:
+    """Scores of one call: ``q`` (b, a, s_q, d), ``k`` (b, kv, n, d); ``hidden`` (s_q, n) the causal
+    mask (True: that key is not visible to that query row), or None; ``scale`` the c2 of a scaled
+    operand."""
+
+    def __init__(self, q, k, scale: float, hidden=None):
+        b, a, s_q, d = q.shape
+        kv, n = k.shape[1], k.shape[2]
+        self.d, self.scale, self.nk = d, scale, b * kv * n
+        self.q, self.k = _rows(q, d), _rows(k, d)
+        qi = torch.arange(b * a * s_q)
+        ki = torch.arange(b * kv * n)
+        q_head = (qi // (a * s_q)) * kv + (qi // s_q % a) // max(1, a // kv)    # (batch, key head) it meets
+        k_head = ki // n
+        ok = q_head[:, None] == k_head[None, :]
+        if hidden is not None:
+            ok &= ~hidden.to(torch.bool)[qi % s_q][:, ki % n]
+        self.ok = ok.reshape(-1)                          # pair id -> a visible score of the call
+        self.seen = torch.zeros_like(self.ok)             # pair id -> an exp2 reached it
+
+    def _ids(self, x: torch.Tensor, ref: torch.Tensor, scaled: bool) -> torch.Tensor:
+        """Index into ``ref`` of each row of ``x`` (..., rows, d), -1 where none matches."""
+        rows = _rows(x, self.d) / (self.scale if scaled else 1.0)
+        if not rows.numel() or not ref.numel():
+            return torch.full(x.shape[:-1], -1, dtype=torch.long)
+        dist, idx = torch.cdist(rows, ref).min(-1)
+        idx[~(dist <= _TOL * (1.0 + rows.norm(dim=-1)))] = -1
+        return idx.reshape(x.shape[:-1])
+
+    def product(self, a, b, q_first: bool, a_scaled: bool, b_scaled: bool):
+        """Pair ids of ``a @ b`` (2-D or batched 3-D), Q's operand first if ``q_first``."""
+        if a.dim() != b.dim() or a.dim() not in (2, 3):
+            return None
+        bt = b.transpose(-1, -2)                          # (..., n, d): one row per column of b
+        if q_first:
+            qid, kid = self._ids(a, self.q, a_scaled), self._ids(bt, self.k, b_scaled)
+            pid = qid[..., :, None] * self.nk + kid[..., None, :]
+            bad = (qid[..., :, None] < 0) | (kid[..., None, :] < 0)
+        else:
+            kid, qid = self._ids(a, self.k, a_scaled), self._ids(bt, self.q, b_scaled)
+            pid = qid[..., None, :] * self.nk + kid[..., :, None]
+            bad = (qid[..., None, :] < 0) | (kid[..., :, None] < 0)
+        pid = pid.masked_fill(bad, 0)
+        return pid.masked_fill(bad | ~self.ok[pid], -1)
+
+    def take(self, pid, most: int) -> int:
+        """Credit at most ``most`` visible pairs of ``pid`` no exp2 reached yet; how many."""
+        if pid is None or most <= 0:
+            return 0
+        new = pid.reshape(-1)
+        new = new[new >= 0].unique()
+        new = new[~self.seen[new]][:most]
+        self.seen[new] = True
+        return int(new.numel())

@@ -1,0 +1,279 @@
+"""Grading in a fresh process (gpumem.course.lab_fresh, lab_carry): what is carried, as source, and
+that nothing else of the grading kernel reaches the grade."""
+
+import inspect
+import linecache
+import os
+
+import pytest
+import torch
+
+from conftest import ROOT
+from gpumem import chapters
+from gpumem.course import lab_carry, lab_fresh, lab_vet
+from test_labs import notebook_namespace
+
+CELLS = [
+    "import math\nimport torch\nimport torch.nn.functional as F\nfrom math import sqrt\n"
+    "SCALE = 3\nTABLE = {'a': (1, 2.5), 'b': [None, 'x']}\nDT = torch.bfloat16\n",
+
+    "def deco(f):\n    f.tagged = True\n    return f\n\n\n@deco\ndef area(r, k=SCALE):\n"
+    "    return math.pi * r * r * k + sqrt(4) + TABLE['a'][0]\n",
+
+    "class Box:\n    def __init__(self, n):\n        self.n = n\n\n    def size(self):\n"
+    "        return helper(self.n)\n\n\ndef helper(n):\n    return n * 2\n\n\nsquare = lambda x: x * x\n"
+    "alias = area\nX = torch.ones(3)\n\n\ndef uses_x():\n    return X.sum()\n\n\ndef make():\n"
+    "    def inner():\n        return 1\n    return inner\n\n\nmade = make()\n",
+
+    "def relu_sum(t):\n    return F.relu(t).sum().to(DT)\n",
+]
+
+
+def _cells_ns(tag: str, cells: list[str] = CELLS) -> dict:
+    """The cells run as the course's tests run a notebook's (each cell's source in linecache)."""
+    ns: dict = {}
+    for i, source in enumerate(cells):
+        name = f"<{tag}.ipynb cell {i}>"
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        exec(compile(source, name, "exec"), ns)
+    return ns
+
+
+def test_definitions_values_and_modules_are_carried_as_source():
+    carried = lab_carry.carry(_cells_ns("carry"))
+    assert set(carried.defs) == {"deco", "area", "Box", "helper", "square", "uses_x", "make", "relu_sum"}
+    assert carried.after == {"alias": "alias = area"}
+    order = list(carried.defs)
+    assert order.index("deco") < order.index("area")          # read when `def area` runs
+    assert set(carried.values) == {"math", "F", "sqrt", "SCALE", "TABLE", "DT"}   # torch: no def reads it
+    assert carried.values["F"] == "import torch.nn.functional as F"
+    assert carried.left == {"X": "a torch.Tensor",
+                            "made": "a function made inside another function (write it with `def` at the top "
+                                    "of a cell)"}
+    assert "X = torch.ones" not in "".join(carried.cells().values())      # only def/class lines travel
+
+
+def test_rebuilt_definitions_run_and_read_as_in_the_notebook():
+    ns = _cells_ns("rebuild")
+    sent = lab_fresh.payload("lab00_example", ns, show=False)
+    assert "token" in sent and len(sent["token"]) == 32
+    fresh = lab_fresh.rebuild(sent)
+    assert fresh["area"] is not ns["area"]
+    assert fresh["area"](2) == pytest.approx(math_area(2)) and fresh["area"].tagged
+    assert fresh["alias"] is fresh["area"] and fresh["square"](7) == 49 and fresh["Box"](3).size() == 6
+    assert fresh["relu_sum"](torch.tensor([-1.0, 2.0])).dtype == torch.bfloat16
+    # each definition keeps its cell's line numbers and reads back its own text (lab 02 runs it from there)
+    for name in ("area", "helper", "relu_sum"):
+        assert fresh[name].__code__.co_firstlineno == ns[name].__code__.co_firstlineno
+        assert inspect.getsource(fresh[name]) == inspect.getsource(ns[name])
+    assert fresh["area"].__code__.co_filename == "<lab00_example.ipynb cell 1>"       # the cell it came from
+    with pytest.raises(NameError, match="'X' is not defined"):
+        fresh["uses_x"]()
+    assert "made" not in fresh and "X" not in fresh
+
+
+def math_area(r):
+    import math
+    return math.pi * r * r * 3 + 2 + 1
+
+
+def test_a_cells_environment_variables_do_not_reach_the_grading_process(monkeypatch):
+    if not os.path.exists(f"/proc/{os.getpid()}/environ"):
+        pytest.skip("the environment a process started with is read from /proc (Linux)")
+    monkeypatch.setenv("GPUMEM_TEST_CELLS", "<anything>")    # the name rule without a kernel
+    monkeypatch.setenv("SET_BY_A_CELL", "1")
+    env = lab_fresh._environment()
+    assert "GPUMEM_TEST_CELLS" not in env and "SET_BY_A_CELL" not in env and env.get("PATH")
+
+
+def test_the_solution_passes_apart_and_kernel_objects_do_not_travel(capsys):
+    """Lab 08's solution graded in the fresh process passes; the same answers reached through an object
+    of this process (a dict holding the solution's function) fail there, with the reason."""
+    ns = notebook_namespace(ROOT / "solutions" / "lab08_finetune_recipe.ipynb")
+    report = chapters.check_lab("lab08_finetune_recipe", ns, show=True, apart=True)
+    assert report.solved, report.summary()
+    out = capsys.readouterr().out
+    assert "graded in a fresh Python process" in out and "all correct" in out
+    source = "def role_bytes(*args, **kwargs):\n    return KEPT['fn'](*args, **kwargs)\n"
+    name = "<lab08 wrapper.ipynb cell 99>"
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    ns["KEPT"] = {"fn": ns["role_bytes"]}
+    exec(compile(source, name, "exec"), ns)
+    assert chapters.check_lab("lab08_finetune_recipe", ns, show=False, apart=False).solved   # in this process
+    apart = chapters.check_lab("lab08_finetune_recipe", ns, show=False, apart=True)
+    first = next(r for r in apart.rows if r.function == "role_bytes")
+    assert not apart.solved and first.status == "error"
+    assert "`KEPT`, a builtins.dict, cannot be carried there" in first.detail, first.detail
+
+
+# --- review r16: code that runs while the definitions are rebuilt, and graded code that patches ---
+VET_NS = {"json": __import__("json"), "torch": torch, "functools": __import__("functools"),
+          "math": __import__("math"), "enum": __import__("enum"),
+          "Report": __import__("gpumem.course.grading", fromlist=["Report"]).Report}
+REFUSED = [
+    ("class Forge:\n    json.dumps = lambda *a, **k: '{}'\n", "body runs `json.dumps"),          # r16 lab 03/05
+    ("def f(x, _=json.dumps):\n    return x\n", "function, class or module held before grading"),  # r16 lab 01
+    ("def f(x, _=print('hi')):\n    return x\n", "computed when the definition is made"),
+    ("@(lambda g: g)\ndef f(x):\n    return x\n", "runs code when the definition is made"),
+    ("@functools.partial(print)\ndef f(x):\n    return x\n", "runs code when the definition"),
+    ("@torch.jit.script\ndef f(x):\n    return x\n", "runs your code or a library's"),
+    ("class M(type):\n    pass\n\n\nclass C(metaclass=M):\n    pass\n", "passes `metaclass=`"),
+    ("class B:\n    def __init_subclass__(cls):\n        pass\n", "defines __init_subclass__"),
+    ("def f(x: print('a')):\n    return x\n", "an annotation calls something"),
+    ("def f():\n    import sys\n    sys.stdout = None\n", "changes `sys.stdout`, part of a library"),   # r16 lab 02
+    ("def f():\n    torch.allclose = lambda *a, **k: True\n", "changes `torch.allclose`"),
+    ("def f():\n    import os\n    os.environ['GPUMEM_TEST_CELLS'] = 'x'\n", "changes `os.environ"),  # r16 lab 08
+    ("def f():\n    from unittest.signals import signal\n    signal.setitimer = None\n", "changes `signal.setitimer`"),
+    ("def f():\n    import _signal\n", "imports _signal"),                                        # r16 lab 06
+    ("def f():\n    m = __import__('json')\n", "calls __import__"),
+    ("def f():\n    import importlib\n", "imports importlib"),
+    ("def f():\n    setattr(math, 'isclose', None)\n", "calls setattr on `math`"),
+    # review r17: a second name, a method that changes a table, metaclasses, objects the grader formats
+    ("def f():\n    m = math\n    m.isclose = lambda *a, **k: True\n", "changes `m.isclose`"),
+    ("def f():\n    from json import decoder as R\n    box = [R][0]\n    box.x = 1\n", "changes `box.x`"),
+    ("def f():\n    from gpumem.chapters.ch05_offload import labcheck as ref\n    ref.RUNGS.update({})\n",
+     "calls `ref.RUNGS.update`"),
+    ("def f():\n    from gpumem.chapters.ch08_finetuning.lab_guard import BLOCKED\n    BLOCKED.clear()\n",
+     "calls `BLOCKED.clear`"),
+    ("def f():\n    getattr(math, 'pi').x = 1\n", "changes `getattr(math, 'pi').x`"),
+    ("class E(enum.Enum):\n    A = 1\n", "has a metaclass (EnumType)"),
+    ("class T(torch.Tensor):\n    pass\n", "a tensor subclass"),
+    ("class Oops(Exception):\n    def __str__(self):\n        return 'ok'\n", "defines __str__"),
+    ("def f():\n    R = Report\n    R.summary = None\n", "changes `R.summary`"),      # r17 of lab 03
+    ("class Q:\n    def __str__(self):\n        return 'ok'\n", "defines __str__"),
+    ("class Q:\n    def __del__(self):\n        pass\n", "defines __del__"),
+    # review r18: attributes read by names no rule sees
+    ("def f(x):\n    match x:\n        case object(f_locals=v):\n            return v\n", "through a match pattern"),
+    ("def f(x):\n    from string import Formatter\n    return Formatter\n", "string.Formatter"),
+    ("def f(x):\n    return ('{0.__s' + 'elf__}').format(x)\n", "template built at run time"),
+    ("def f(x):\n    return '{0.__self__}'.format(x)\n", "field that reads an attribute"),
+]
+FINE = [
+    "@functools.lru_cache(maxsize=None)\ndef f(x, y=2, z=-1.5, t=(1, 'a'), dt=torch.float32) -> int:\n    return x\n",
+    "@torch.no_grad()\ndef f(x: torch.Tensor, k: 'int' = 3) -> dict[str, int] | None:\n    return None\n",
+    "class Box:\n    '''doc'''\n    n: int = 3\n    scale = 2.0\n\n    def __init__(self, t):\n        self.t = t\n"
+    "        self.t.grad = None\n\n    @property\n    def size(self):\n        return 1\n\n    @size.setter\n"
+    "    def size(self, v):\n        pass\n\n    @staticmethod\n    def forward(ctx, x):\n        ctx.save_for_backward(x)\n",
+    "def f(p, out):\n    out[0] = p.grad\n    p.grad = None\n    import torch.distributed as dist\n    return dist.get_rank()\n",
+    "def f(x, big=25 * 2**20, top=float('inf'), rows=range(4)):\n    y = torch.zeros(3)\n    y[0] = 1\n"
+    "    a, b = {}, {}\n    (a if x else b)['k'] = 1\n    return y\n",
+    "class Fn(torch.autograd.Function):\n    MiB = 2**20\n\n    @staticmethod\n"
+    "    @torch.autograd.function.once_differentiable\n    def backward(ctx, g):\n        return g\n",
+    "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n",
+    "class BadSetup(ValueError):\n    pass\n",                      # r17 of lab 08: a learner's own error
+    "def f(x):\n    print('{:,} B, {:.2f} s, {!r}'.format(x, 1.5, 'a'))\n    return f'{x:.3e}'\n",
+]
+
+
+@pytest.mark.parametrize("source, why", REFUSED, ids=[w for _, w in REFUSED])
+def test_definition_time_code_and_patches_are_refused(source, why):
+    found = lab_vet.problem(source, VET_NS)
+    assert found is not None and why in found, found
+
+
+@pytest.mark.parametrize("source", FINE)
+def test_what_learners_write_is_carried(source):
+    assert lab_vet.problem(source, VET_NS) is None
+
+
+def test_decorated_aliased_bound_and_nested_definitions_are_carried():
+    """r16: lru_cache and no_grad definitions, a second name for an older version, an autograd
+    Function's apply, a def under `if`, -inf and torch.exp2 were not carried."""
+    cells = ["import functools\nimport torch\nfrom torch import exp2\nNEG = float('-inf')\n",
+             "@functools.lru_cache(maxsize=None)\ndef peak(n):\n    return n * 2\n",
+             "first_try = peak\n",
+             "@functools.lru_cache(maxsize=None)\ndef peak(n):\n    return n * 3 + helper()\n",
+             "if True:\n    def helper():\n        return int(exp2(torch.tensor(1.0)).item()) + (NEG < 0)\n",
+             "class Twice(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n        return 2 * x\n\n"
+             "    @staticmethod\n    def backward(ctx, g):\n        return 2 * g\n\n\ntwice = Twice.apply\n"]
+    ns = _cells_ns("wrapped", cells)
+    sent = lab_fresh.payload("lab00_example", ns, show=False)
+    assert sent["left"] == {} and lab_fresh.refusal(sent, ns) is None
+    fresh = lab_fresh.rebuild(sent)
+    assert fresh["peak"](1) == 3 + 3 and fresh["first_try"](1) == 2        # each its own version
+    assert fresh["twice"](torch.tensor(2.0)).item() == 4.0 and fresh["NEG"] == float("-inf")
+    assert fresh["peak"].cache_info().hits == 0
+
+
+def test_a_socket_opened_by_graded_code_is_refused():
+    """Review r16 of lab 01: a helper started from a terminal answered over a socket."""
+    import socket
+    from gpumem.course import lab_audit
+    lab_audit.install()
+    hits: list = []
+    with pytest.raises(RuntimeError, match="network connection"):
+        with lab_audit.refusing("refused", hits):
+            socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    assert hits and "socket" in hits[0]
+
+
+def test_what_is_carried_is_read_with_the_scans_rules_and_other_cells_are_free():
+    """In a kernel the scan reads what is carried, not every cell (a top-level `gc.get_objects()` no
+    longer stops the check: it never runs where the check grades)."""
+    cells = ["import gc\nimport sys\nobjs = gc.get_objects()\nkeys = net_keys = list(vars(sys))\n",
+             "def model_state_bytes(n_params, recipe, gpus=1, zero=0):\n    return sys.modules['math']\n"]
+    ns = _cells_ns("scan", cells)
+    report = chapters.check_lab("lab01_memory_calculator", ns, show=False, apart=True)
+    assert [(r.function, r.status) for r in report.rows] == [("check", "error")]
+    detail = report.rows[0].detail
+    assert detail.startswith("not graded: `model_state_bytes` (<lab01_memory_calculator.ipynb cell 1>): line 2")
+    assert "modules" in detail
+    sent = lab_fresh.payload("lab01_memory_calculator", {k: v for k, v in ns.items() if k != "model_state_bytes"}, False)
+    assert lab_fresh.refusal(sent, ns) is None            # the gc cell alone: nothing carried reaches
+
+
+def test_private_names_are_not_carried_and_builtins_are_not_named():
+    """Review r17 of lab 01: `from torch._C import DisableTorchFunction` was carried as an import line;
+    review r17 of lab 05: a function calling `open` got a note that `open` is not carried."""
+    cells = ["from torch._C import DisableTorchFunction\nopen = open\n",
+             "def f():\n    with DisableTorchFunction():\n        return open\n"]
+    ns = _cells_ns("private", cells)
+    sent = lab_fresh.payload("lab00_example", ns, show=False)
+    assert "open" not in sent["left"] and "open" not in dict(sent["values"])
+    assert "private name (_C)" in lab_fresh.refusal(sent, ns)
+
+
+def test_the_kernels_way_back_for_the_report_is_checked(monkeypatch):
+    """Review r17 of labs 01 and 05: a kernel cell swapped json.loads and forged the rows on their way
+    back; the kernel's side refuses to grade while json, subprocess.Popen or os's functions are not
+    the standard library's own."""
+    import json
+    import subprocess
+    from gpumem.course import lab_kernel
+    assert lab_kernel.stdlib_changed() is None
+    for module, name, fake in ((json, "loads", lambda *a, **k: {}), (os, "read", lambda *a: b""),
+                               (subprocess, "Popen", type("Popen", (subprocess.Popen,), {}))):
+        with monkeypatch.context() as m:
+            m.setattr(module, name, fake)
+            assert lab_kernel.stdlib_changed() == f"{module.__name__}.{name}"
+    report = chapters.check_lab("lab08_finetune_recipe", {}, show=False, apart=True)
+    assert report.rows[0].status == "todo"                     # nothing changed: graded as usual
+
+
+def test_a_def_beside_the_import_it_uses_is_carried_from_an_ipython_cell():
+    """Review r18 of lab 06: IPython compiles each statement of a cell alone, so `math.ceil(x)` in a def
+    under `import math` in the same cell compiles to other bytecode than the whole cell does."""
+    import subprocess
+    import sys
+    driver = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "sh = InteractiveShell.instance()\n"
+        "sh.run_cell('import math\\ndef up(x):\\n    return math.ceil(x)\\n', store_history=True)\n"
+        "from gpumem.course import lab_carry\n"
+        "c = lab_carry.carry(sh.user_ns)\n"
+        "print('CARRIED', sorted(c.defs), sorted(c.values), c.left)\n")
+    out = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120).stdout
+    assert "CARRIED ['up'] ['math'] {}" in out, out[-2000:]
+
+
+def test_a_dataclass_of_fields_only_is_carried():
+    """Review r18 of lab 03: its generated methods (file "<string>") hid its class statement."""
+    source = ("from dataclasses import dataclass\n\n\n@dataclass\nclass Plan:\n    tp: int = 1\n    pp: int = 1\n\n\n"
+              "def make():\n    return Plan(2, 3)\n")
+    name = "<dataclass.ipynb cell 0>"
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    ns: dict = {}
+    exec(compile(source, name, "exec"), ns)
+    sent = lab_fresh.payload("lab00_example", ns, show=False)
+    assert sent["left"] == {} and lab_fresh.refusal(sent, ns) is None
+    assert repr(lab_fresh.rebuild(sent)["make"]()) == "Plan(tp=2, pp=3)"
