@@ -341,6 +341,27 @@ def test_returned_tensor_made_outside_any_op_is_named():
     assert w.foreign((made,)) == "" and "was not made by any torch op" in w.foreign((made, stray))
 
 
+def test_numbers_read_as_tensor_split_lengths_are_refused():
+    """Review r18 #1: K's numbers read into Python as the lengths of ``tensor_split``'s chunks (ATen
+    reads a tensor of indices from memory, with no op the watch sees), to be rebuilt later with no K
+    in their history (``ones(n).sum()``). Splitting by a tensor is refused at the call, unit and row."""
+    from gpumem.chapters.ch04_flash_attention.labguard import Watch
+    k = torch.rand(1, 1, 4, 2, dtype=torch.float64)
+    with Watch(4, 4, 2, 2, 1, allowed=(k,)) as w:
+        codes = (k.flatten() * 1000).long().cumsum(0)
+        with pytest.raises(RuntimeError):
+            [c.shape[0] for c in torch.arange(9).tensor_split(codes)]
+        by_count = torch.arange(9).tensor_split(3)                  # by a number: no tensor read
+    assert "tensor_split by a tensor of indices" in w.broken and len(by_count) == 3
+
+    def split_then_solve(dout, q, k, v, out, lse, causal=False, block=32):
+        codes = (k.flatten().abs() * 100).long().cumsum(0)
+        torch.arange(codes.numel()).tensor_split(codes)
+        return solution()["flash_backward"](dout, q, k, v, out, lse, causal, block)
+    got = rows({**solution(), "flash_backward": split_then_solve}, "flash_backward")[0]
+    assert got.status in ("wrong", "error") and "tensor_split by a tensor of indices" in got.detail, got.detail
+
+
 def test_flash_backward_that_borrows_the_chapter_backward_is_refused():
     """Counted calls of key_block_backward on one-row slices, then the chapter's query-outer
     backward through a reference saved before grading: the saved reference refuses too."""

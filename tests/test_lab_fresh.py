@@ -128,6 +128,7 @@ REFUSED = [
     ("def f():\n    m = __import__('json')\n", "calls __import__"),
     ("def f():\n    import importlib\n", "imports importlib"),
     ("def f():\n    setattr(math, 'isclose', None)\n", "calls setattr on `math`"),
+    ("def f():\n    setattr(next(iter([math])), 'isclose', None)\n", "calls setattr on `next(iter([math]))`"),
     # review r17: a second name, a method that changes a table, metaclasses, objects the grader formats
     ("def f():\n    m = math\n    m.isclose = lambda *a, **k: True\n", "changes `m.isclose`"),
     ("def f():\n    from json import decoder as R\n    box = [R][0]\n    box.x = 1\n", "changes `box.x`"),
@@ -277,3 +278,66 @@ def test_a_dataclass_of_fields_only_is_carried():
     sent = lab_fresh.payload("lab00_example", ns, show=False)
     assert sent["left"] == {} and lab_fresh.refusal(sent, ns) is None
     assert repr(lab_fresh.rebuild(sent)["make"]()) == "Plan(tp=2, pp=3)"
+
+
+# --- review r18 (lab 02): a library changed through an object no reading of the source can follow ---
+LOOSEN = ("    import math as _m\n    box = next(iter([_m]))\n"        # a call's result: not seen as math
+          "    box.isclose = lambda *a, **k: True\n")
+
+
+def test_a_library_changed_through_a_calls_result_voids_the_grade():
+    """The static reading misses ``box = next(iter([math])); box.isclose = ...`` (a name bound to a
+    call's result is the learner's own object as far as it can tell); the fresh process compares every
+    module's names after grading with what they were before any learner code ran, and gives no grade."""
+    from gpumem.course import lab_intact
+    taken = lab_intact.take()
+    import math
+    real = math.isclose
+    try:
+        math.isclose = lambda *a, **k: True
+        assert lab_intact.changed(taken) == "math.isclose was replaced"
+    finally:
+        math.isclose = real
+    assert lab_intact.changed(taken) is None
+    ns = notebook_namespace(ROOT / "solutions" / "lab08_finetune_recipe.ipynb")
+    source = inspect.getsource(ns["role_bytes"])
+    head, _, body = source.partition(":\n")                   # after the def line (one line in the solution)
+    assert head.startswith("def role_bytes(") and "\n" not in head
+    patched = f"{head}:\n{LOOSEN}{body}"
+    name = "<lab08 loosen.ipynb cell 98>"
+    linecache.cache[name] = (len(patched), None, patched.splitlines(True), name)
+    exec(compile(patched, name, "exec"), ns)
+    assert lab_vet.problem(patched, ns) is None                # the reading of the source misses it
+    apart = chapters.check_lab("lab08_finetune_recipe", ns, show=False, apart=True)
+    assert not apart.solved and len(apart.rows) == 1, apart.summary()
+    assert "graded code changed a library (math.isclose was replaced)" in apart.rows[0].detail
+    assert math.isclose is real                              # this process was never touched
+
+
+def test_what_gpumem_adds_while_grading_is_not_a_change():
+    """Caches that grow and modules imported late are not changes; a gpumem table whose entry is
+    replaced or removed is, and so is a name added to a gpumem module."""
+    import types
+    from gpumem.course import lab_intact
+    table = {"a": 1}
+    mod = types.ModuleType("gpumem._intact_probe")
+    mod.TABLE, mod.LIST = table, [1, 2]
+    import sys
+    sys.modules[mod.__name__] = mod
+    try:
+        taken = lab_intact.take()
+        table["b"] = 2
+        mod.LIST.append(3)
+        sys.modules["gpumem._intact_probe2"] = types.ModuleType("gpumem._intact_probe2")
+        assert lab_intact.changed(taken) is None
+        del table["a"]
+        assert lab_intact.changed(taken) == "the contents of gpumem._intact_probe.TABLE were changed"
+        table["a"] = 1
+        mod.LIST[0] = 5
+        assert lab_intact.changed(taken) == "the contents of gpumem._intact_probe.LIST were changed"
+        mod.LIST[0] = 1
+        mod.abs = lambda x: 0                          # would shadow the builtin in that module
+        assert lab_intact.changed(taken) == "gpumem._intact_probe.abs was added"
+    finally:
+        sys.modules.pop(mod.__name__)
+        sys.modules.pop("gpumem._intact_probe2", None)

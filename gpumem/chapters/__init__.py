@@ -11,6 +11,7 @@ machinery (``gpumem.course``), never another chapter (``tests/test_layout.py`` e
 """
 
 import importlib
+from pathlib import Path
 
 from gpumem.course.registry import Chapter, Experiment, resolve
 
@@ -62,6 +63,17 @@ def render_experiment(name: str, result: dict) -> str:
 def lab_checks() -> dict[str, str]:
     """Lab stem (``lab02_zero2_hooks``) -> absolute ``module:function`` of its check."""
     return {lab: ch.target(fn) for ch in CHAPTERS for lab, fn in ch.labs.items()}
+
+
+def load_lab(lab: str) -> None:
+    """Import the lab's check and every ``lab*`` module of its chapter's folder (its guards, tables
+    and references), so that the fresh grading process records them before any learner code runs
+    (:mod:`gpumem.course.lab_intact`)."""
+    module = lab_checks()[lab].split(":")[0]
+    package = importlib.import_module(module.rpartition(".")[0])
+    importlib.import_module(module)
+    for path in sorted(Path(package.__file__).parent.glob("lab*.py")):
+        importlib.import_module(f"{package.__name__}.{path.stem}")
 
 
 def check_lab(lab: str, ns: dict, show: bool = True, apart: bool | None = None, **options):

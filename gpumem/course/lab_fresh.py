@@ -24,9 +24,10 @@ the routes found so far; this module removes the ground they stand on. In a kern
    finalizer of the learner's runs after it). Ctrl-C stops it.
 
 What a carried function does while graded is watched there as before (audit hook, seal, origin
-rule); what a cell did to the kernel before the check no longer reaches the grade. A name the
-process could not carry (a tensor, a model) is named before grading and in the row whose function
-needed it.
+rule), and after grading every library is compared with what it was before the definitions were
+rebuilt (:mod:`.lab_intact`: a change, however made, voids the grade); what a cell did to the
+kernel before the check no longer reaches the grade. A name the process could not carry (a tensor,
+a model) is named before grading and in the row whose function needed it.
 
 Known gap: the fresh process reads gpumem from disk, so a cell that rewrites gpumem's own files
 changes the grader there too (as it would for anyone who runs that checkout); instructors grade from
@@ -45,7 +46,7 @@ import sys
 import threading
 from pathlib import Path
 
-from . import genuine, lab_origin, lab_watch  # noqa: F401 -- lab_origin: imported before any learner code runs
+from . import genuine, lab_intact, lab_origin, lab_watch  # noqa: F401 -- lab_origin: imported before any learner code runs
 from .grading import Report, Row, freeze
 from .lab_carry import carry
 from .lab_kernel import notes, refusal
@@ -237,12 +238,19 @@ def main(fd: int, entry: str) -> int:
     sent = json.loads(sys.stdin.read())
     module, _, function = entry.partition(":")
     check = getattr(importlib.import_module(module), function)      # the grader, before any learner code
+    load = getattr(importlib.import_module(module), "load_lab", None)
+    if load is not None:
+        load(sent["lab"])                  # its guards and tables too, so that lab_intact records them
     hits = lab_watch.install()
     freeze()                               # Report and Row take no new attributes from here on
+    taken = lab_intact.take()
     ns = rebuild(sent)
     report = check(sent["lab"], ns, show=sent["show"], apart=False, **sent.get("options", {}))
-    if hits:                               # refused somewhere, caught or not: nothing else counts
-        report = Report(sent["lab"], [Row("check", "the grading process", "error", f"not graded: {hits[0]}")])
+    why = hits[0] if hits else lab_intact.changed(taken)
+    if why:                                # refused or changed somewhere, caught or not: nothing else counts
+        if not hits:
+            why = f"graded code changed a library ({why}): libraries stay as the grader found them"
+        report = Report(sent["lab"], [Row("check", "the grading process", "error", f"not graded: {why}")])
         print(report.summary(), flush=True)
     rows = ",".join("[" + ",".join(_ESC(_STR(x)) for x in (r.function, r.case, r.status, r.detail)) + "]"
                     for r in report.rows)

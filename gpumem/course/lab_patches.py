@@ -111,7 +111,7 @@ def _patches(tree: ast.AST, foreign: set[str]) -> str | None:
                 base = node.args[0]
                 while isinstance(base, (ast.Attribute, ast.Subscript)):
                     base = base.value
-                if isinstance(base, ast.Name) and base.id in foreign:
+                if not isinstance(base, ast.Name) or base.id in foreign:     # a call's result: r18
                     return f"line {node.lineno} calls {node.func.id} on `{ast.unparse(node.args[0])}`, part of a library"
     return None
 

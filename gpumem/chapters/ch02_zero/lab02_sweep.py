@@ -19,6 +19,7 @@ import statistics
 import textwrap
 
 from . import lab02_measure as measure
+from .lab02_bundle import bundle
 from .lab02_ranks import FN, REDUCE_SCATTERS
 
 ROUNDS = 7
@@ -83,8 +84,8 @@ def _input_bytes(args: tuple, kwargs: dict) -> int:
 
 
 def _source(fn, name: str) -> str | None:
-    try:
-        return textwrap.dedent(inspect.getsource(fn))
+    try:                                   # with its helpers from other cells (lab02_bundle)
+        return bundle(fn, getattr(fn, "__globals__", {}), textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError):
         print(f"could not read the source of {name} (define it in a notebook cell)")
         return None

@@ -53,7 +53,7 @@ from gpumem.course.grading import Report, Row, case_seconds, failure_line, kind,
 from gpumem.course.lab_reach import first_reach
 from gpumem.errors import RunFailure
 
-from . import lab02_bf16, lab02_cases, lab02_predict, lab02_probe, lab02_weights
+from . import lab02_bf16, lab02_bundle, lab02_cases, lab02_predict, lab02_probe, lab02_weights
 from .lab02_gpu import GPU_ATOL  # noqa: F401 (tests read it here)
 from .lab02_ranks import (BARRIERS, FN, REDUCE_SCATTERS, build, reference,  # noqa: F401 (lab prints sharded_step)
                           sharded_step)
@@ -84,6 +84,8 @@ def check(ns: dict, show: bool = True) -> Report:
     report, (cases, bf16), lone = Report(LAB), lab02_cases.draw(CASES), []
     fn = ns.get(FN)
     source, problem = _source_of(fn, FN, "params, grad_shards, bucket_bytes") if fn is not None else (None, "")
+    if source and not problem:             # its helpers from other cells travel with it (lab02_bundle)
+        source = lab02_bundle.bundle(fn, ns, source)
     if problem:
         report.rows.append(Row(FN, "2 CPU ranks", "error", problem))
     elif fn is None or 'NotImplementedError("TODO' in source:
@@ -101,7 +103,8 @@ def check(ns: dict, show: bool = True) -> Report:
                 ranks = launch.run("gpumem.chapters.ch02_zero.lab02_ranks:lab02_rank", 2, progress=False,
                                    results="plain", source=source, cases=cases, bf16=bf16, watch_s=lab02_probe.WATCH_S)
             except (launch.RankError, RunFailure) as err:      # a case stuck: lab02_probe.watchdog names it
-                return "error", failure_line(err).replace(f"{lab02_probe.__name__}.Stuck: ", "")
+                return "error", (failure_line(err).replace(f"{lab02_probe.__name__}.Stuck: ", "")
+                                 + lab02_bundle.where(getattr(err, "detail", ""), source))
             for k, case in enumerate(cases):
                 run_case(report, FN, _label(case, 2), lambda: _grade_case(report, case, [r[k] for r in ranks]))
             extra = [r[-1] for r in ranks]

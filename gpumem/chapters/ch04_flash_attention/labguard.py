@@ -22,9 +22,9 @@ the FIRST rule broken, in the order the ops ran, as one sentence for the grader'
 * with ``joined``: a tensor with more rows than the longest K/V shard (shards concatenated);
 * with ``causal_from`` (the key block's first key, causal): work on query rows that all lie above
   the diagonal (rows ``i0:i1`` of Q or dO with ``i1 <= j0`` fed to an op): the causal skip missed;
-* a way out of torch (``.numpy()``, ``__array__``, ``apply_``/``map_``, storage or pointer access,
-  DLPack, ``torch.tensor`` of a NumPy array, ``torch.from_numpy``), and numbers read into Python
-  (:meth:`Watch.taken`: ``.tolist()`` of more than 64, more than 1,000 in all, or more than
+* a way out of torch (``.numpy()``, ``__array__``, ``apply_``/``map_``, storage or pointer access, DLPack,
+  ``torch.tensor`` of a NumPy array, ``from_numpy``, ``tensor_split`` by a tensor), and numbers read into
+  Python (:meth:`Watch.taken`: ``.tolist()`` of more than 64, more than 1,000 in all, or more than
   :data:`_QK_READS` made from Q or K; every ``item``/``float``/``int``/``bool``/``__index__`` ends in
   ATen's ``_local_scalar_dense``, counted there; printing or ``format`` of a tensor is refused: review
   r16 #2 read K out through ``format(t, '.17e')`` and rebuilt it with no K bits); and
@@ -45,7 +45,6 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-
 from .labexp2 import Exp2Rule
 from .labfence import BRIDGES as _BRIDGES, Fence, refusing as _refusing
 from .labops import _ptr, _tensors
@@ -67,6 +66,7 @@ _PRINTS = frozenset({"__format__", "__repr__", "__str__"})
 _EXPS = frozenset({"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "sigmoid"})   # probabilities
 _FRESH = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})     # torch.tensor(...) of Python numbers
 _SMALL = 64                                           # numbers a constant may hold
+_SIZED = frozenset({"tensor_split"})   # by a tensor: ATen reads its memory unseen (review r18 #1 read K so)
 
 
 class _Functions(Sealed, TorchFunctionMode):
@@ -89,6 +89,8 @@ class _Functions(Sealed, TorchFunctionMode):
             self.watch.exit(f"Tensor.{name}" if name in _EXITS else f"torch.{name} of a NumPy array")
         elif name in _READS and args and isinstance(args[0], torch.Tensor):
             self.watch.taken(args[0], args[0].numel(), name)
+        elif name in _SIZED and any(isinstance(a, torch.Tensor) for a in (*args[1:], *(kwargs or {}).values())):
+            self.watch.exit(f"{name} by a tensor of indices: the chunks' lengths are that tensor's numbers")
         return func(*args, **(kwargs or {}))
 
 
@@ -263,8 +265,7 @@ class Watch(Sealed, TorchDispatchMode):
                 self.tiles.update({_ptr(o): (i0, i1) for o in _tensors(out) if o.numel()})
             else:
                 self.flag(f"causal key block from key {self.causal_from}: it worked on query rows "
-                          f"{i0}:{i1}, which see none of its keys; skip the query "
-                          f"blocks above the diagonal")
+                          f"{i0}:{i1}, which see none of its keys; skip the query blocks above the diagonal")
 
     def _shape(self, t: torch.Tensor) -> None:
         if self.broken or t.dim() < 1 or (t.numel() and _ptr(t) in self.allowed):

@@ -1,0 +1,73 @@
+"""What lab 02 sends to its ranks: the learner's ``install_zero2_hooks`` as source text, with the
+helpers it reads by name from the learner's other cells (review r18: a helper written in its own
+cell, ``def pad_to(n, world)``, was "not defined" on the ranks), and where a rank's error happened.
+
+A helper travels when the function (or a helper it reads, and so on) names it and the notebook holds
+it as one of these: a function defined in the same namespace (its source), a module (an import
+line), or a plain number, string or boolean (an assignment). Anything else stays behind, and a rank
+that needs it says ``name 'x' is not defined`` with the line that asked (:func:`where`).
+"""
+
+import ast
+import inspect
+import re
+import textwrap
+import types
+
+RANK_FILE = "<your install_zero2_hooks>"       # the name the ranks compile the bundle under
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _names(code: types.CodeType) -> list[str]:
+    """Global names a code object and the code nested in it read, in order of first use."""
+    found = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found += _names(const)
+    return list(dict.fromkeys(found))
+
+
+def _defaults(text: str) -> list[str]:
+    """Names a ``def``'s default values read (they are read when the ``def`` runs, not in its code)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    return [n.id for f in tree.body if isinstance(f, ast.FunctionDef)
+            for d in (*f.args.defaults, *f.args.kw_defaults) if d is not None
+            for n in ast.walk(d) if isinstance(n, ast.Name)]
+
+
+def bundle(fn, ns: dict, source: str) -> str:
+    """``source`` (the function's own text) preceded by the helpers it reads from ``ns``."""
+    lines, defs, seen, todo = [], [], {fn.__name__}, _names(fn.__code__) + _defaults(source)
+    while todo:
+        name = todo.pop(0)
+        if name in seen or name not in ns:
+            continue
+        seen.add(name)
+        value = ns[name]
+        if isinstance(value, types.FunctionType) and value.__globals__ is fn.__globals__:
+            try:
+                text = textwrap.dedent(inspect.getsource(value))
+            except (OSError, TypeError):
+                continue
+            defs.append(text)
+            todo += _names(value.__code__) + _defaults(text)
+        elif isinstance(value, types.ModuleType):
+            lines.append(f"import {value.__name__} as {name}" if value.__name__ != name else f"import {name}")
+        elif isinstance(value, _PLAIN):
+            lines.append(f"{name} = {value!r}")
+    head = "\n".join(lines) + "\n" if lines else ""
+    return "\n\n".join([head, *defs, source] if head else [*defs, source])
+
+
+def where(detail: str, source: str) -> str:
+    """' (line N of the code sent to the ranks: `text`)' for the innermost line of the learner's code
+    in a rank's traceback, or '' when the error did not happen there."""
+    lines = re.findall(rf'File "{re.escape(RANK_FILE)}", line (\d+)', detail or "")
+    text = source.splitlines()
+    if not lines or not 0 < int(lines[-1]) <= len(text):
+        return ""
+    n = int(lines[-1])
+    return f" (your code on the ranks, line {n}: `{text[n - 1].strip()[:80]}`)"

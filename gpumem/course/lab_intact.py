@@ -1,0 +1,123 @@
+"""Libraries as graded code found them: the fresh grading process's last check (:mod:`.lab_fresh`).
+
+:mod:`.lab_patches` reads the carried source for assignments to a library's objects, but a name can
+reach a library's object in ways no reading sees (review r18 of lab 02: ``math.isclose`` replaced
+through an object a call returned, and the grader's comparison then said yes to anything). So the
+process also looks at the result: :func:`take` records, before any learner code runs, what every
+loaded module's namespace binds (and the namespaces of ``torch.Tensor``, ``torch.nn.Module`` and
+gpumem's classes), and the contents of gpumem's own lists, dicts and sets (a guard's table of
+blocked functions, review r18 of lab 05); :func:`changed` names the first difference once the check
+has graded. A difference voids the grade: the grader ran against a library the learner's code
+changed. What counts: in gpumem's modules and in ``builtins``, ``math``, ``operator`` and
+``statistics`` every name (an added one too, in gpumem's: it could shadow a builtin the grader
+calls); elsewhere the functions, classes and modules a name binds (a library's own data changes as
+it runs), less a library's own wrapper of what was there. New modules and caches that grow are not
+changes; replacing or removing what was there is.
+"""
+
+import sys
+import types
+
+from . import genuine
+
+_OWN = "gpumem."
+_STRICT = ("builtins", "math", "cmath", "operator", "statistics")    # every name counts, data too
+_CLASSES = ("torch.Tensor", "torch.nn.Module")
+_SKIP = frozenset({"__warningregistry__", "__loader__", "__spec__", "__builtins__"})
+_CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.ModuleType,
+         staticmethod, classmethod, property)
+
+
+def _strict(module: str) -> bool:
+    return module.startswith(_OWN) or module in _STRICT
+
+
+def _watched(module: str, value) -> bool:
+    """Elsewhere only code counts (functions, classes, modules): a library's own data changes as it
+    runs (torch's counters, flags set on first use, ``tempfile``'s name sequence)."""
+    return _strict(module) or isinstance(value, _CODE)
+
+
+def _wraps(new, old) -> bool:
+    """A library's own wrapper of what was there, made as it runs (importing ``torch._dynamo`` wraps
+    ``torch.manual_seed``; the first optimizer wraps its class's ``step``): its ``__wrapped__`` is the
+    old value and its code is its file's (:func:`.genuine.genuine`), not a cell's."""
+    code = getattr(new, "__code__", None)
+    return getattr(new, "__wrapped__", None) is old and code is not None and genuine.genuine(code)
+
+
+def _classes() -> list[tuple[str, type]]:
+    found = []
+    for dotted in _CLASSES:
+        module, _, name = dotted.rpartition(".")
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type):
+            found.append((dotted, cls))
+    for mname, module in list(sys.modules.items()):
+        if mname.startswith(_OWN):
+            found += [(f"{mname}.{k}", v) for k, v in list(vars(module).items())
+                      if isinstance(v, type) and getattr(v, "__module__", None) == mname]
+    return found
+
+
+def _contents(value):
+    """A shallow copy of a list, dict or set of gpumem's (compared entry by entry), else None."""
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, (set, frozenset)):
+        return set(value)
+    return None
+
+
+def take() -> dict:
+    """What each loaded module and watched class binds now (references kept, so nothing is reused)."""
+    spaces = {name: (vars(module), {k: v for k, v in list(vars(module).items())
+                                    if k not in _SKIP and _watched(name, v)})
+              for name, module in list(sys.modules.items())
+              if isinstance(getattr(module, "__dict__", None), dict)}
+    classes = {name: (cls, {k: v for k, v in vars(cls).items() if _watched(name, v)})
+               for name, cls in _classes()}
+    held = {f"{name}.{k}": (v, _contents(v)) for name, (_, d) in spaces.items() if name.startswith(_OWN)
+            for k, v in d.items() if _contents(v) is not None}
+    return {"spaces": spaces, "classes": classes, "held": held}
+
+
+def _entry_changed(old, new) -> bool:
+    if isinstance(old, list):
+        return len(new) < len(old) or any(a is not b for a, b in zip(old, new))
+    if isinstance(old, dict):
+        return any(k not in new or new[k] is not v for k, v in old.items())
+    return not old <= new
+
+
+def changed(taken: dict) -> str | None:
+    """The first name graded code replaced or removed since :func:`take`, in words; None if none."""
+    return next(differences(taken), None)
+
+
+def differences(taken: dict):
+    """Every name replaced, removed (or, in gpumem's modules, added) since :func:`take`, in words."""
+    for name, (space, before) in taken["spaces"].items():
+        for key, value in before.items():
+            if key not in space:
+                yield f"{name}.{key} was removed"
+            elif space[key] is not value and not _wraps(space[key], value):
+                yield f"{name}.{key} was replaced"
+        if name.startswith(_OWN):
+            for key in set(space) - set(before) - _SKIP:
+                if not (isinstance(space[key], types.ModuleType) and space[key].__name__ == f"{name}.{key}"):
+                    yield f"{name}.{key} was added"
+    for name, (cls, before) in taken["classes"].items():
+        now = vars(cls)
+        for key, value in before.items():
+            if key not in now or (now[key] is not value and not _wraps(now[key], value)):
+                yield f"{name}.{key} was replaced or removed"
+        if name in _CLASSES or name.startswith(_OWN):
+            for key in set(now) - set(before) - {"__slotnames__"}:     # copyreg's cache, set by a copy
+                if _watched(name, now[key]):
+                    yield f"{name}.{key} was added"
+    for name, (value, before) in taken["held"].items():
+        if _entry_changed(before, _contents(value)):
+            yield f"the contents of {name} were changed"
