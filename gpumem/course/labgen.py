@@ -2,7 +2,9 @@
 
 In a solution notebook, code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` is the
 answer. The generated lab replaces it with a TODO that raises ``NotImplementedError`` at the
-same indentation, and drops every output (and the nbval check markers). ``python -m gpumem.course.labgen`` regenerates ``labs/``;
+same indentation, and drops every output, the nbval check markers and each line that ends with
+``# solutions only`` (the solutions' ``assert report.solved``: nbval, running the solution in a
+kernel, then fails where the solution does not pass its own check). ``python -m gpumem.course.labgen`` regenerates ``labs/``;
 ``--check`` exits 1 when a committed lab is stale (a test runs that).
 """
 
@@ -14,6 +16,7 @@ import nbformat
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 TODO = 'raise NotImplementedError("TODO: your code here")'
+SOLUTION_ONLY = "# solutions only"
 _REGION = re.compile(rf"^([ \t]*){re.escape(BEGIN)}[^\n]*\n.*?^[ \t]*{re.escape(END)}[^\n]*$",
                      re.MULTILINE | re.DOTALL)
 
@@ -33,7 +36,7 @@ def lab_from_solution(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             continue
         # the lab is not run under nbval (it has no outputs), so its check markers go too
         cell.source = "\n".join(line for line in strip_solutions(cell.source).splitlines()
-                                 if line.strip() != "# NBVAL_CHECK_OUTPUT")
+                                 if line.strip() != "# NBVAL_CHECK_OUTPUT" and not line.rstrip().endswith(SOLUTION_ONLY))
         cell.outputs = []
         cell.execution_count = None
         cell.metadata.pop("execution", None)
