@@ -35,7 +35,7 @@ def _strict(module: str) -> bool:
 def _watched(module: str, value) -> bool:
     """Elsewhere only code counts (functions, classes, modules): a library's own data changes as it
     runs (torch's counters, flags set on first use, ``tempfile``'s name sequence)."""
-    return _strict(module) or isinstance(value, _CODE)
+    return _strict(module) or issubclass(type(value), _CODE)    # type(): no object's __class__ is asked
 
 
 def _wraps(new, old) -> bool:
@@ -56,17 +56,18 @@ def _classes() -> list[tuple[str, type]]:
     for mname, module in list(sys.modules.items()):
         if mname.startswith(_OWN):
             found += [(f"{mname}.{k}", v) for k, v in list(vars(module).items())
-                      if isinstance(v, type) and getattr(v, "__module__", None) == mname]
+                      if issubclass(type(v), type) and getattr(v, "__module__", None) == mname]
     return found
 
 
 def _contents(value):
     """A shallow copy of a list, dict or set of gpumem's (compared entry by entry), else None."""
-    if isinstance(value, list):
+    kind = type(value)
+    if issubclass(kind, list):
         return list(value)
-    if isinstance(value, dict):
+    if issubclass(kind, dict):
         return dict(value)
-    if isinstance(value, (set, frozenset)):
+    if issubclass(kind, (set, frozenset)):
         return set(value)
     return None
 
