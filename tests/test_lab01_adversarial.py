@@ -1349,7 +1349,7 @@ def test_the_solution_counts_every_drawn_chain():
     """The solution follows the chain; at two more draws every chain row passes."""
     for seed in (21, 22):
         got = rows(grade(solution(), seed), "variant_layer")
-        assert sum("mlp=(" in r.case for r in got) == labcheck.CHAINS + 1
+        assert sum("mlp=(" in r.case for r in got) == labcheck.CHAINS + 1 + len(labcheck.FIXED_CHAINS)
         assert all(r.status == "ok" for r in got)
 
 
@@ -1435,7 +1435,7 @@ def test_a_renamed_copy_of_the_graders_chain_count_is_refused(disguised):
         got = rows(grade({**solution(), "variant_layer": fn}), "variant_layer")
     finally:
         labcopies.shared = blind
-    assert sum("mlp=(" in r.case for r in got) == labcheck.CHAINS + 1 and all(r.status == "ok" for r in got), \
+    assert sum("mlp=(" in r.case for r in got) == labcheck.CHAINS + 1 + len(labcheck.FIXED_CHAINS) and all(r.status == "ok" for r in got), \
         [(r.case, r.detail) for r in got if r.status != "ok"]
 
 
@@ -1512,7 +1512,7 @@ def test_a_table_of_measured_transitions_passes_every_chain(fitted, bigram):
     for k in left:
         variants._truth.pop(k, None)
     report = grade(_bigram_submission(fitted, per_n), seed=3)
-    assert report.solved and sum("mlp=(" in r.case for r in report.rows) == labcheck.CHAINS + 1, report.summary()
+    assert report.solved and sum("mlp=(" in r.case for r in report.rows) == labcheck.CHAINS + 1 + len(labcheck.FIXED_CHAINS), report.summary()
     said = " ".join(labcheck.__doc__.split())           # the claims review r15 found false are gone
     assert "too many to measure in advance" not in said and "no count measured" not in labcheck.CHAIN_NOTE
     assert "not a measured model of how operations compose" in said
@@ -1549,3 +1549,52 @@ def test_a_table_in_the_kernels_cache_is_refused_before_grading_apart(bigram):
             variants._truth.pop(k, None)
     assert [(r.function, r.status) for r in report.rows] == [("check", "error")], report.summary()
     assert "chain MLPs measured in this kernel before the check" in report.rows[0].detail
+
+
+# --- review r19: a slip in one chain rule passed most checks (the drawn chains rarely met it) ---
+def _slip_acts(mlp, slip, n):
+    """Bytes a chain MLP's hidden tensors keep, counted by the rules (review r19's working count), with
+    one rule slipped: A, a cast after an op that kept its output makes no new tensor; B, the cast
+    back to bf16 at the end never copies; C, ``scale`` keeps the tensor before it."""
+    acts, size, held = 0, 2, False
+    for op in mlp:
+        if op in ("float", "bf16"):
+            new = 4 if op == "float" else 2
+            if slip == "A":
+                size = new
+            elif new != size:
+                size, held = new, False
+        elif op in ("gelu", "gelu_tanh", "square", "silu"):
+            acts += 0 if held else size * n
+            held = False
+        elif op in ("relu", "sigmoid", "tanh", "exp"):
+            acts, held = acts + size * n, True
+        elif op == "dropout":
+            acts, held = acts + n, False
+        elif op == "scale" and slip != "C":
+            held = False
+    if size != 2 and slip != "B":
+        held = False
+    return acts + (0 if held else 2 * n)
+
+
+@pytest.mark.parametrize("slip", ["A", "B", "C"])
+def test_a_slip_in_one_chain_rule_fails_at_every_check(slip):
+    """The solution's count with one rule slipped (the difference the slip makes on each chain);
+    the fixed chains fail each slip at any seed, and the rules without a slip agree with the solution."""
+    sol = solution()["variant_layer"]
+
+    def slipped(**case):
+        got = sol(**case)
+        if isinstance(case["mlp"], tuple):
+            n = case["seq"] * case["batch"] * case["ffn"]
+            right = _slip_acts(case["mlp"], None, n)
+            got = {**got, "activations": got["activations"] + _slip_acts(case["mlp"], slip, n) - right}
+        return got
+    for fixed in labcheck.FIXED_CHAINS:
+        assert _slip_acts(fixed, None, 1) > 0
+    assert any(_slip_acts(c, slip, 1) != _slip_acts(c, None, 1) for c in labcheck.FIXED_CHAINS)
+    for seed in (5, 6):
+        report = grade({**solution(), "variant_layer": slipped}, seed)
+        bad = first_problem(report, "variant_layer")
+        assert bad.status == "wrong" and "mlp=(" in bad.case and not report.solved, report.summary()

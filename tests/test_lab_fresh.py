@@ -4,6 +4,7 @@ that nothing else of the grading kernel reaches the grade."""
 import inspect
 import linecache
 import os
+import sys
 
 import pytest
 import torch
@@ -341,3 +342,24 @@ def test_what_gpumem_adds_while_grading_is_not_a_change():
     finally:
         sys.modules.pop(mod.__name__)
         sys.modules.pop("gpumem._intact_probe2", None)
+
+
+def test_the_repositorys_other_folders_cannot_be_imported_where_the_check_grades(monkeypatch):
+    """Review r19 of lab 06: the fresh process had the repository's root on sys.path (to import
+    gpumem), so graded code imported ``tests.test_lab06_limits_truth``, an answer key. The root is
+    off sys.path once gpumem is imported: the same import fails there, with the row saying so."""
+    ns = notebook_namespace(ROOT / "solutions" / "lab08_finetune_recipe.ipynb")
+    source = inspect.getsource(ns["role_bytes"])
+    head, _, body = source.partition(":\n")
+    patched = f"{head}:\n    import tests.test_lab06_limits_truth as key\n{body}"
+    # as in the reviewer's kernel (its folder is the notebook's): `tests` is not importable here, so
+    # the kernel-side reading cannot follow the import; only the grading process could
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(ROOT))])
+    monkeypatch.delitem(sys.modules, "tests", raising=False)
+    name = "<lab08 key.ipynb cell 97>"
+    linecache.cache[name] = (len(patched), None, patched.splitlines(True), name)
+    exec(compile(patched, name, "exec"), ns)
+    assert ns["role_bytes"] is not None
+    apart = chapters.check_lab("lab08_finetune_recipe", ns, show=False, apart=True)
+    first = next((r for r in apart.rows if r.function == "role_bytes"), apart.rows[0])
+    assert not apart.solved and first.status == "error" and "No module named 'tests'" in first.detail, first

@@ -1,17 +1,33 @@
 """Lab 01's optional GPU part: one variant layer's forward on CUDA, the memory it leaves allocated
 (what autograd saved) and its peak, against the learner's CPU-graded prediction. Skipped, with the
-reason, without CUDA. Not run on a GPU by the course's authors yet: ``make gpu-check`` does.
+reason, without CUDA. Run on an H200 by ``make gpu-check`` (results/gpu/2026-12-04_nvidia-h200.md:
+``lab01.variant_held_bytes_flash`` 291,800,064 B, the solution's prediction within 1,024 B). While
+the learner's own ``gpu_held_bytes`` runs, :func:`held_after_forward` refuses (:func:`off`): the
+measurement is theirs to write (review r19 of lab 01).
 
 Measured as ``torch.cuda.memory_allocated()`` after the forward, less before it and less the
 layer's output; one warm-up forward and backward first, so cuBLAS's workspace is already
 allocated. The allocator rounds each block up to 512 B, hence :data:`TOLERANCE`.
 """
 
+import contextlib
+
 # one layer, all three variants at once, big enough that rounding and small buffers vanish
 SHAPE = dict(d_model=2048, n_heads=16, n_kv_heads=4, ffn=5632, seq=2048, batch=2)
 VARIANT = dict(norm="hf", mlp="gelu-dropout", qkv_bias=True)
 KERNELS = ("flash", "eager")
 TOLERANCE = 0.02
+_OFF: list = []            # not empty while the learner's gpu_held_bytes runs
+
+
+@contextlib.contextmanager
+def off():
+    """The course's own measurement refuses inside: the learner's ``gpu_held_bytes`` is graded."""
+    _OFF.append(True)
+    try:
+        yield
+    finally:
+        _OFF.pop()
 
 
 def cuda_reason() -> str:
@@ -46,6 +62,9 @@ def held_after_forward(block, x, cos, sin, kernel: str) -> dict:
     """{"held": bytes still allocated after the forward, less its output, "peak": the forward's
     peak above what was allocated before it}. ``x * 1``: a fresh input, freed unless saved."""
     import torch
+    if _OFF:
+        raise RuntimeError("the course's own measurement is off while your gpu_held_bytes runs: "
+                           "measure with torch.cuda.memory_allocated yourself")
     with torch.enable_grad():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -56,6 +75,13 @@ def held_after_forward(block, x, cos, sin, kernel: str) -> dict:
         peak = torch.cuda.max_memory_allocated() - before
     del out
     return {"held": held, "peak": peak}
+
+
+def learners(call, fn, kernel: str):
+    """The learner's measurement, ``call(fn, block, x, cos, sin, kernel)``, with the course's own off."""
+    args = setup(kernel)
+    with off():
+        return call(fn, *args, kernel)
 
 
 def measure_cuda(kernel: str) -> dict:
