@@ -1388,3 +1388,25 @@ def test_parameters_on_the_wrong_device_get_a_pointer():
     assert "offload_param.device" in labcheck._hint("zero3+opt+params-cpu", "cpu", "params", 666_670, 0)
     assert labcheck._hint("zero3+opt+params-cpu", "cpu", "params", 666_670, 666_000) == ""     # a count, not a place
     assert labcheck._hint("zero3", "gpu", "params", 0, 5) == ""                            # nothing offloaded
+
+
+REINIT = """
+def rung_seconds(n, ranks, rung, compute_s, links):
+    fast = float("inf")
+    links.__init__(h2d=fast, d2h=fast, nvme_read=fast, nvme_write=fast, cpu_adam=fast, source=links.source)
+    return compute_s
+"""
+
+
+def test_links_re_initialised_by_the_learner_do_not_reach_the_pricing():
+    """Review r19: a frozen dataclass's ``__init__`` rewrites its fields through ``object.__setattr__``;
+    the grader priced the expected step with the learner's ``links`` after the call, so every link at
+    infinite speed made ``compute_s`` right for every rung, and ``choose_rung`` followed. Each call
+    now gets its own copy of the arguments."""
+    ns = solution("lab05")
+    ns.pop("swap_files")
+    exec(compile(REINIT, "<learner cell>", "exec"), ns)
+    report = grade(ns)
+    bad = first_problem(report, "rung_seconds")
+    assert bad.status == "wrong" and "yours is compute alone" in bad.detail, bad
+    assert not report.solved

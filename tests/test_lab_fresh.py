@@ -130,6 +130,14 @@ REFUSED = [
     ("def f():\n    import importlib\n", "imports importlib"),
     ("def f():\n    setattr(math, 'isclose', None)\n", "calls setattr on `math`"),
     ("def f():\n    setattr(next(iter([math])), 'isclose', None)\n", "calls setattr on `next(iter([math]))`"),
+    # review r19: aten re-registered through torch._C (lab 04), the modes switched off (lab 03), a
+    # class reached through its instance and patched (lab 02)
+    ("def f():\n    lib = torch._C._dispatch_library('IMPL', 'aten', '', '', 0)\n",
+     "reads `torch._C._dispatch_library`, a library's private name"),
+    ("def f():\n    import torch.utils\n    with torch.utils._python_dispatch._disable_current_modes():\n"
+     "        pass\n", "reads `torch.utils._python_dispatch"),
+    ("def f():\n    c = getattr(torch, '_C')\n", "reads `getattr(torch, '_C')`"),
+    ("def f():\n    T = type(torch.empty(0))\n    T.isnan = lambda self: self == self\n", "changes `T.isnan`"),
     # review r17: a second name, a method that changes a table, metaclasses, objects the grader formats
     ("def f():\n    m = math\n    m.isclose = lambda *a, **k: True\n", "changes `m.isclose`"),
     ("def f():\n    from json import decoder as R\n    box = [R][0]\n    box.x = 1\n", "changes `box.x`"),
@@ -163,6 +171,9 @@ FINE = [
     "    @torch.autograd.function.once_differentiable\n    def backward(ctx, g):\n        return g\n",
     "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n",
     "class BadSetup(ValueError):\n    pass\n",                      # r17 of lab 08: a learner's own error
+    "def f(g):\n    torch.autograd.Variable._execution_engine.queue_callback(g)\n    return getattr(g, '__name__')\n",
+    "class Cache:\n    def __init__(self):\n        self._seen = {}\n\n    def get(self, k):\n"
+    "        return getattr(self, '_seen').get(k)\n",
     "def f(x):\n    print('{:,} B, {:.2f} s, {!r}'.format(x, 1.5, 'a'))\n    return f'{x:.3e}'\n",
 ]
 
@@ -363,3 +374,18 @@ def test_the_repositorys_other_folders_cannot_be_imported_where_the_check_grades
     apart = chapters.check_lab("lab08_finetune_recipe", ns, show=False, apart=True)
     first = next((r for r in apart.rows if r.function == "role_bytes"), apart.rows[0])
     assert not apart.solved and first.status == "error" and "No module named 'tests'" in first.detail, first
+
+
+def test_a_kernel_registered_over_atens_own_voids_the_grade():
+    """Review r19 of lab 04: ``torch._C._dispatch_library`` put a kernel over aten's ``all`` (True for
+    anything) and every comparison of the grader's passed. The carried source is refused for reading
+    the private name; the process also checks, after grading, that the ops graders compare with
+    still compute (in a subprocess here: the registration would outlive this test)."""
+    import subprocess
+    code = ("import torch\nfrom gpumem.course import lab_intact\nt = lab_intact.take()\nassert lab_intact.changed(t) is None\n"
+            "lib = torch._C._dispatch_library('IMPL', 'aten', '', '', 0)\n"
+            "lib.impl('all', 'CPU', lambda self: torch.ones((), dtype=torch.bool), False)\n"
+            "print(lab_intact.changed(t))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "torch's all no longer computes what it should (a kernel re-registered?)"

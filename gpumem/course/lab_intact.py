@@ -72,8 +72,10 @@ def _contents(value):
     return None
 
 
-def take() -> dict:
-    """What each loaded module and watched class binds now (references kept, so nothing is reused)."""
+def take(contents: bool = True) -> dict:
+    """What each loaded module and watched class binds now (references kept, so nothing is reused);
+    ``contents=False`` leaves out gpumem's lists, dicts and sets (lab 02's ranks, whose grader fills
+    its own tables while it grades; its seal watches those modules there)."""
     spaces = {name: (vars(module), {k: v for k, v in list(vars(module).items())
                                     if k not in _SKIP and _watched(name, v)})
               for name, module in list(sys.modules.items())
@@ -81,7 +83,7 @@ def take() -> dict:
     classes = {name: (cls, {k: v for k, v in vars(cls).items() if _watched(name, v)})
                for name, cls in _classes()}
     held = {f"{name}.{k}": (v, _contents(v)) for name, (_, d) in spaces.items() if name.startswith(_OWN)
-            for k, v in d.items() if _contents(v) is not None}
+            for k, v in d.items() if contents and _contents(v) is not None}
     return {"spaces": spaces, "classes": classes, "held": held}
 
 
@@ -122,3 +124,28 @@ def differences(taken: dict):
     for name, (value, before) in taken["held"].items():
         if _entry_changed(before, _contents(value)):
             yield f"the contents of {name} were changed"
+    if wrong := _aten_wrong():
+        yield f"torch's {wrong} no longer computes what it should (a kernel re-registered?)"
+
+
+def _aten_wrong() -> str | None:
+    """The first of the ops graders compare with that gives a wrong answer on two small tensors, or
+    None: names say nothing about torch's dispatcher, where a kernel can be registered over aten's
+    own (review r19 of lab 04: ``Tensor.all`` made to say True to anything)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    a, b = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([1.0, 3.0], dtype=torch.float64)
+    checks = (("all", lambda: bool((a == b).all()) is False), ("any", lambda: bool((a != a).any()) is False),
+              ("eq", lambda: (a == b).tolist() == [True, False]),
+              ("isclose", lambda: torch.isclose(a, b).tolist() == [True, False]),
+              ("allclose", lambda: torch.allclose(a, b) is False), ("equal", lambda: torch.equal(a, b) is False),
+              ("sub, abs and max", lambda: float((a - b).abs().max()) == 1.0),
+              ("sum", lambda: float(a.sum()) == 3.0), ("matmul", lambda: float(a @ b) == 7.0))
+    for name, ok in checks:
+        try:
+            if not ok():
+                return name
+        except Exception:                  # noqa: BLE001 -- an op that raises is wrong too
+            return name
+    return None

@@ -4,8 +4,10 @@ from a name that holds a library's object, and no method call that changes it in
 (:data:`MUTATORS`: ``.update``, ``.clear`` ...). A name holds a library's object when an import bound
 it, the notebook's namespace holds a module under it, or it was assigned a reference to such an
 object (``R = Report``, ``box = [labplace][0]``, ``m = math``: review r17). No import of a private
-module (``_signal``) or by computed name (``__import__``, ``importlib``); a carried import or value
-line names no private name (``from torch._C import ...``, review r17 of lab 01).
+module (``_signal``) or by computed name (``__import__``, ``importlib``), no read of a library's private
+name (``torch._C``, ``torch.utils._python_dispatch``: review r19) but :data:`PRIVATE_OK`; a carried
+import or value line names no private name (``from torch._C import ...``, review r17 of lab 01). A
+name bound to ``type(...)`` holds a library's class as far as these rules go (review r19 of lab 02).
 """
 
 import ast
@@ -46,9 +48,14 @@ def _reference(node: ast.AST, names: set) -> bool:
         return _reference(node.body, names) or _reference(node.orelse, names)
     if isinstance(node, ast.BoolOp):
         return any(_reference(v, names) for v in node.values)
-    return False
+    # a class by its instance (review r19 of lab 02: T = type(torch.empty(0)); T.isnan = ...)
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type"
 
 
+# private names of libraries graded code may read: autograd's engine (lab 02's queue_callback), and
+# torch.cuda._sleep (lab 05's GPU part). Any other is refused (review r19: torch._C._dispatch_library
+# re-registered aten's `all`, lab 04; torch.utils._python_dispatch hid a re-run from the tracer, lab 03)
+PRIVATE_OK = frozenset({"_execution_engine", "_sleep"})
 MUTATORS = frozenset({"update", "clear", "pop", "popitem", "setdefault", "append", "extend", "insert", "remove",
                       "add", "discard", "difference_update", "intersection_update", "symmetric_difference_update",
                       "__setitem__", "__delitem__", "__setattr__", "__delattr__", "sort", "reverse", "putenv",
@@ -80,9 +87,24 @@ def _reads_by_name(node: ast.AST) -> str | None:
     return None
 
 
+def _private(node: ast.AST, foreign: set[str]) -> str | None:
+    """A library's private name read (``torch._C``, ``getattr(torch, "_C")``), but :data:`PRIVATE_OK`."""
+    if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+            and node.attr not in PRIVATE_OK and _reference(_root(node.value), foreign):
+        name = ast.unparse(node)
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
+            and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) \
+            and node.args[1].value.startswith("_") and not node.args[1].value.startswith("__") \
+            and node.args[1].value not in PRIVATE_OK and _reference(_root(node.args[0]), foreign):
+        name = ast.unparse(node)
+    else:
+        return None
+    return f"line {node.lineno} reads `{name[:60]}`, a library's private name: graded code uses public names"
+
+
 def _patches(tree: ast.AST, foreign: set[str]) -> str | None:
     for node in ast.walk(tree):
-        if why := _reads_by_name(node):
+        if why := _reads_by_name(node) or _private(node, foreign):
             return why
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             mods = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]

@@ -30,11 +30,12 @@ import time
 
 import torch
 
-from gpumem.course import seeds
+from gpumem.course import lab_intact, seeds
 
 from .lab02_watch import _REC, BARRIERS, REDUCE_SCATTERS, instrument  # noqa: F401 (labcheck reads them here)
 
 FN = "install_zero2_hooks"
+_TAKEN: list = []          # lab_intact's record on this rank (review r19: torch.Tensor patched on the ranks)
 # a model shape the lab never shows (head dim 8, 6 heads over 2 KV heads, 3 layers)
 ODD = dict(name="lab02-odd", n_layers=3, d_model=48, n_heads=6, n_kv_heads=2, ffn=136, vocab=300, teaching=True)
 SPARE = ("spare.weight", "spare.bias")      # a layer the forward never calls: no gradient, ever
@@ -134,6 +135,7 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple, bf16: tuple | N
     from . import lab02_meter, lab02_probe, lab02_watch
     rec = instrument(dist, torch)
     sealed = lab02_watch.seal((sys.modules[__name__], lab02_watch, lab02_probe, lab02_meter))
+    _TAKEN[:] = [lab_intact.take(contents=False)]          # every library as it was before the learner's code ran
     ns: dict = {"torch": torch, "dist": dist, "math": math}
     exec(compile(source, f"<your {FN}>", "exec"), ns)
     run = functools.partial(_case, ns, rank, world, rec, sealed, source, watch_s)
@@ -212,7 +214,8 @@ def _case(ns, rank, world, rec, sealed, source, watch_s, case: tuple, bf16: bool
                 p.grad = None
             shards.clear()
         out = {"first": first, "peak_full": max(peaks), "peak_held": max(held), "passes": passes,
-               "weights": [p.detach().clone() for p in params], "changed": _CASE["changed"] or sealed(),
+               "weights": [p.detach().clone() for p in params],
+               "changed": _CASE["changed"] or sealed() or lab_intact.changed(_TAKEN[0]),
                "paused": _CASE["paused"]}
         if bf16:
             out.update(grads=dict(_CASE["keep"]), shards=first["shards"])

@@ -28,6 +28,7 @@ saved references, copies and restored code objects refuse too):
   copy's fixed cost (not yet run on a GPU); without CUDA no row, a skip line.
 """
 
+import copy
 import random
 
 from gpumem.course import seeds
@@ -142,7 +143,7 @@ def _grade_seconds(report: Report, fn, cases: list[tuple]) -> None:
         def body(args=args):
             n, ranks, *_, compute_s, links = args
             for rung in ref.RUNGS:
-                mine = call(lab_guard.guarded(fn), n, ranks, rung, compute_s, links)
+                mine = call(lab_guard.guarded(fn), n, ranks, rung, compute_s, copy.deepcopy(links))   # r19: its own
                 if isinstance(mine, bool) or not isinstance(mine, (int, float)):
                     return "wrong", f"{rung}: " + returned(mine, "seconds (a float)")
                 bad = seconds_problem(mine, n, ranks, rung, compute_s, links)    # priced after the call
@@ -199,7 +200,7 @@ def _grade_choose(report: Report, fn, cases: list[tuple]) -> None:
             continue
 
         def body(args=args):
-            got = call(lab_guard.guarded(fn), *args)
+            got = call(lab_guard.guarded(fn), *copy.deepcopy(args))    # r19: re-initialising links priced 0 s
             want = ref.choose(*args)                       # the answer, after the learner's call
             if got == want:
                 return "ok", ""
