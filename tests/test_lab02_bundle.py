@@ -9,11 +9,13 @@ import traceback
 from gpumem.chapters.ch02_zero import lab02_bundle
 
 CELLS = [
-    "import collections\nimport math as m\nWORLD = 2\nFLOOR = 4\n\n\ndef pad_to(n, world=WORLD):\n"
+    "import collections\nimport math as m\nfrom math import ceil\nfrom collections import deque as dq\n"
+    "import torch\nWORLD = 2\nFLOOR = 4\nSIZES = [1, 2, (3, 'x')]\n\n\ndef pad_to(n, world=WORLD):\n"
     "    return -(-n // world) * world\n",
     "def install_zero2_hooks(params, grad_shards, bucket_bytes, floor=FLOOR):\n"
-    "    q = collections.deque([m.ceil(0.5)])\n    return pad_to(5) + helper2() + len(q) + floor\n",
-    "def helper2():\n    return len(str(SHIFT))\n\n\nSHIFT = 3.5\nTENSOR_LIKE = object()\n",
+    "    q = collections.deque([m.ceil(0.5)])\n    return pad_to(5) + helper2() + len(q) + floor + flat()\n",
+    "def helper2():\n    return len(str(SHIFT)) + ceil(0.1) + len(dq(SIZES))\n\n\nSHIFT = 3.5\nTENSOR_LIKE = object()\n",
+    "@torch.no_grad()\ndef flat():\n    return int(torch.ones(2).sum())\n",
 ]
 
 
@@ -33,10 +35,12 @@ def test_helpers_modules_and_plain_values_travel_with_the_hooks():
     assert "def pad_to(n, world=WORLD):" in sent and "def helper2():" in sent     # a helper's helper too
     assert "import math as m" in sent and "import collections" in sent
     assert "WORLD = 2" in sent and "SHIFT = 3.5" in sent and "FLOOR = 4" in sent  # read by a default only
+    assert "SIZES = [1, 2, (3, 'x')]" in sent and "from math import ceil" in sent  # r19: both were left
+    assert "from collections import deque as dq" in sent and "@torch.no_grad()\ndef flat():" in sent
     assert "TENSOR_LIKE" not in sent                                            # never read: not sent
     rank: dict = {}
     exec(compile(sent, lab02_bundle.RANK_FILE, "exec"), rank)
-    assert rank["install_zero2_hooks"](None, None, 0) == 6 + 3 + 1 + 4           # as in the notebook
+    assert rank["install_zero2_hooks"](None, None, 0) == 6 + (3 + 1 + 3) + 1 + 4 + 2   # as in the notebook
     assert rank["install_zero2_hooks"](None, None, 0) == fn(None, None, 0)
 
 
@@ -53,6 +57,7 @@ def test_a_ranks_error_names_the_line_of_the_learners_code():
         detail = traceback.format_exc()
     else:
         raise AssertionError("SHIFT was sent although it is not a plain value")
+    line = "    return len(str(SHIFT)) + ceil(0.1) + len(dq(SIZES))"
     assert lab02_bundle.where(detail, sent) == " (your code on the ranks, line " \
-        f"{sent.splitlines().index('    return len(str(SHIFT))') + 1}: `return len(str(SHIFT))`)"
+        f"{sent.splitlines().index(line) + 1}: `{line.strip()}`)"
     assert lab02_bundle.where("Traceback ... File \"x.py\", line 3", sent) == ""

@@ -267,6 +267,30 @@ def test_cheap_placements_fail_on_lab_d(name, monkeypatch):
     assert restored()
 
 
+def test_a_checkpoint_that_hides_its_re_run_from_the_tracer_does_not_excuse_the_placement(monkeypatch):
+    """Review r19: the learner's checkpoint switched the dispatch modes off in its backward, so the
+    measurement with it saw no re-run, and a placement that only checks the end of the forward fitted.
+    The learner's private-name route is refused where it is carried (lab_patches); here the measure
+    is stood in for (with the learner's checkpoint: only the forward's bytes; with the course's: the
+    whole count), and a placement that fits only without its re-run is still over the budget."""
+    def measured(cfg, plan, impl, seq, micro_batch):
+        counted = _Counted(cfg, plan, "scratch", seq, micro_batch)
+        if callable(impl):                                          # the re-run, hidden
+            counted.peak = recompute_cost.activation_bytes(cfg, seq, micro_batch, plan, "scratch")["forward_peak"]
+        return counted
+    monkeypatch.setattr(recompute_trace, "measure", measured)
+    def one_segment_by_end_of_forward(n_layers, layer_bytes, checkpoint_bytes, other_bytes, budget, **_):
+        for c in range(1, n_layers + 1):                            # the reviewer's: a segment's re-run ignored
+            if (n_layers - c) * layer_bytes + checkpoint_bytes + other_bytes <= budget:
+                return [list(range(c))]
+    hiding = lambda fn, *args, **kwargs: fn(*args, **kwargs)        # noqa: E731 -- never run by the stand-in
+    report = Report("lab03")
+    labcheck._grade_placement(report, one_segment_by_end_of_forward, hiding, LAB_D_10)
+    row = report.rows[-1]
+    assert row.status == "wrong" and "misses the budget" in row.detail, row
+    assert restored()
+
+
 # -- the optional GPU part -------------------------------------------------------------------
 
 def test_gpu_part_is_skipped_with_a_reason_without_cuda(capsys):

@@ -3,14 +3,17 @@ helpers it reads by name from the learner's other cells (review r18: a helper wr
 cell, ``def pad_to(n, world)``, was "not defined" on the ranks), and where a rank's error happened.
 
 A helper travels when the function (or a helper it reads, and so on) names it and the notebook holds
-it as one of these: a function defined in the same namespace (its source), a module (an import
-line), or a plain number, string or boolean (an assignment). Anything else stays behind, and a rank
-that needs it says ``name 'x' is not defined`` with the line that asked (:func:`where`).
+it as one of these: a function defined in the same namespace, decorated or not (its source), a
+module or a library's function or class (an import line: ``from math import ceil``), or a plain
+value: a number, string, boolean, or a list, tuple, dict or set of them (an assignment). Anything
+else (a class of the notebook's, a tensor) stays behind, and a rank that needs it says ``name 'x' is
+not defined`` with the line that asked (:func:`where`).
 """
 
 import ast
 import inspect
 import re
+import sys
 import textwrap
 import types
 
@@ -27,14 +30,32 @@ def _names(code: types.CodeType) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def _plain(value) -> bool:
+    """A number, string, boolean or None, or a list, tuple, dict or set of them (its repr reads back)."""
+    if isinstance(value, _PLAIN):
+        return True
+    try:
+        return isinstance(value, (list, tuple, dict, set)) and ast.literal_eval(repr(value)) == value
+    except (ValueError, SyntaxError, RecursionError):
+        return False
+
+
+def _library(value) -> tuple[str, str] | None:
+    """(module, name) of a library's function or class that its module holds under its own name."""
+    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(name, str)) or module == "__main__" or "." in name:
+        return None
+    return (module, name) if getattr(sys.modules.get(module), name, None) is value else None
+
+
 def _defaults(text: str) -> list[str]:
-    """Names a ``def``'s default values read (they are read when the ``def`` runs, not in its code)."""
+    """Names a ``def``'s default values and decorators read (read when the ``def`` runs, not in its code)."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
         return []
     return [n.id for f in tree.body if isinstance(f, ast.FunctionDef)
-            for d in (*f.args.defaults, *f.args.kw_defaults) if d is not None
+            for d in (*f.args.defaults, *f.args.kw_defaults, *f.decorator_list) if d is not None
             for n in ast.walk(d) if isinstance(n, ast.Name)]
 
 
@@ -47,17 +68,23 @@ def bundle(fn, ns: dict, source: str) -> str:
             continue
         seen.add(name)
         value = ns[name]
-        if isinstance(value, types.FunctionType) and value.__globals__ is fn.__globals__:
+        try:                                                           # a decorated helper: the learner's
+            own = inspect.unwrap(value) if callable(value) else value
+        except ValueError:
+            own = value
+        if isinstance(own, types.FunctionType) and own.__globals__ is fn.__globals__:
             try:
                 text = textwrap.dedent(inspect.getsource(value))
             except (OSError, TypeError):
                 continue
             defs.append(text)
-            todo += _names(value.__code__) + _defaults(text)
+            todo += _names(own.__code__) + _defaults(text)
         elif isinstance(value, types.ModuleType):
             lines.append(f"import {value.__name__} as {name}" if value.__name__ != name else f"import {name}")
-        elif isinstance(value, _PLAIN):
+        elif _plain(value):
             lines.append(f"{name} = {value!r}")
+        elif (where := _library(value)) is not None:              # `from math import ceil`
+            lines.append(f"from {where[0]} import {where[1]}" + (f" as {name}" if name != where[1] else ""))
     head = "\n".join(lines) + "\n" if lines else ""
     return "\n\n".join([head, *defs, source] if head else [*defs, source])
 

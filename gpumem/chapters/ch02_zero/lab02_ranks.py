@@ -32,6 +32,7 @@ import torch
 
 from gpumem.course import lab_intact, seeds
 
+from . import lab02_bundle
 from .lab02_watch import _REC, BARRIERS, REDUCE_SCATTERS, instrument  # noqa: F401 (labcheck reads them here)
 
 FN = "install_zero2_hooks"
@@ -221,7 +222,9 @@ def _case(ns, rank, world, rec, sealed, source, watch_s, case: tuple, bf16: bool
             out.update(grads=dict(_CASE["keep"]), shards=first["shards"])
         return out
     except Exception as err:              # noqa: BLE001 - the learner's hooks raised: this case's row says so
-        return {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
+        import traceback
+        return {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]
+                + lab02_bundle.where(traceback.format_exc(), source)}      # the line, r19
     finally:
         for fn in reversed(undo):
             fn()

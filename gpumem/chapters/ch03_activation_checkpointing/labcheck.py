@@ -209,6 +209,8 @@ def _place_body(place, ckpt, cfg: ModelConfig, budget: int, given: dict):   # th
     missing = reran(m, plan.segments)
     if missing:
         return "wrong", skipped_line(missing, sum(map(len, plan.segments)))
+    if m.peak <= budget and callable(ckpt):     # r19: a checkpoint that hides its re-run from the tracer
+        m = rt.measure(cfg, plan, "scratch", seq=SEQ, micro_batch=BATCH)      # the course's, its bytes
     if m.peak > budget:
         return "wrong", (f"measured peak {m.peak:,} B misses the budget by {m.peak - budget:,} B "
                          f"({m.peak_at}); {best} layer(s) checkpointed, well placed, would fit")
