@@ -172,3 +172,16 @@ def test_context_parallel_memory_is_the_local_sequence_plus_the_ring_chunks():
     assert two["activations"] == one["activations"] + ring
     # ZeRO-1 shards over dp x cp = 2 ranks in both layouts: the same optimizer bytes
     assert two["optimizer"] == one["optimizer"]
+
+
+def test_the_interleaving_refusal_names_only_the_condition_that_fails():
+    """Review r19 of lab 06: the reason listed all three conditions, two of them met (8 micro-batches
+    are a multiple of pp 4); only 80 layers against pp x vp = 12 failed."""
+    from gpumem.memory import models
+    from gpumem.planner import rules
+    cfg = models.get("llama-3-70b")
+    assert rules.megatron_core(cfg, 4096, 1, "none", "flash", 4, 1, 3, 8) == \
+        "the interleaved schedule needs the 80 layers a multiple of pp x vp = 12"
+    assert rules.megatron_core(cfg, 4096, 1, "none", "flash", 4, 1, 2, 6) == \
+        "the interleaved schedule needs micro-batches (6) a multiple of pp (4)"
+    assert rules.megatron_core(cfg, 4096, 1, "none", "flash", 4, 1, 5, 8) is None          # 80 = 4 x 5 x 4

@@ -48,9 +48,13 @@ def megatron_core(cfg: ModelConfig, seq: int, zero: int, offload: str, attention
         return "Megatron-Core layouts shard at most the optimizer (zero 0 or 1) and do not offload"
     if cp > 1 and (attention != "flash" or seq % (2 * cp)):
         return f"ring attention needs a flash kernel and a sequence divisible by 2 x cp = {2 * cp}"
-    if vp > 1 and (pp == 1 or n_micro % pp or cfg.n_layers % (pp * vp)):
-        return (f"the interleaved schedule needs pp > 1, micro-batches ({n_micro}) a multiple of pp ({pp}) "
-                f"and the {cfg.n_layers} layers a multiple of pp x vp = {pp * vp}")
+    if vp > 1:                             # name only the conditions that fail (review r19 of lab 06)
+        failed = [need for ok, need in ((pp > 1, "pp > 1"),
+                                        (pp <= 1 or n_micro % pp == 0, f"micro-batches ({n_micro}) a multiple of pp ({pp})"),
+                                        (cfg.n_layers % (pp * vp) == 0,
+                                         f"the {cfg.n_layers} layers a multiple of pp x vp = {pp * vp}")) if not ok]
+        if failed:
+            return "the interleaved schedule needs " + " and ".join(failed)
     return None
 
 
