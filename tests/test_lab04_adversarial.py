@@ -362,6 +362,38 @@ def test_numbers_read_as_tensor_split_lengths_are_refused():
     assert got.status in ("wrong", "error") and "tensor_split by a tensor of indices" in got.detail, got.detail
 
 
+def autograd_key_block(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    """Review r19's submission: every rule kept (tiles, exp2 with the fold, the causal skip), but dQ,
+    dK and dV come from autograd's backward of a surrogate loss, sum(dO * PV) - sum(D * P)."""
+    b, a, s_q, d = q.shape
+    kv, n = k_blk.shape[1], k_blk.shape[2]
+    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+    c2 = (1.0 / math.sqrt(d)) * math.log2(math.e)
+    kb, vb = k_blk.to(ct).detach().requires_grad_(), v_blk.to(ct).detach().requires_grad_()
+    dq, dk, dv = (torch.zeros(t.shape, dtype=ct) for t in (q, k_blk, v_blk))
+    cols = torch.arange(j0, j0 + n)
+    with torch.enable_grad():
+        for i0 in range((j0 // block) * block if causal else 0, s_q, block):
+            i1 = min(s_q, i0 + block)
+            qt = q[:, :, i0:i1].to(ct).detach().requires_grad_()
+            s2 = qt @ kb.repeat_interleave(a // kv, 1).transpose(-1, -2) * c2
+            if causal:
+                s2 = s2.masked_fill(cols[None, :] > torch.arange(i0, i1)[:, None], float("-inf"))
+            p = torch.exp2(s2 - lse[:, :, i0:i1, None].to(ct) * math.log2(math.e))
+            loss = (dout[:, :, i0:i1].to(ct) * (p @ vb.repeat_interleave(a // kv, 1))).sum() \
+                - (delta[:, :, i0:i1, None].to(ct) * p).sum()
+            gq, gk, gv = torch.autograd.grad(loss, (qt, kb, vb))
+            dq[:, :, i0:i1] = gq
+            dk += gk
+            dv += gv
+    return dq.to(q.dtype), dk.to(k_blk.dtype), dv.to(v_blk.dtype)
+
+
+def test_a_key_block_backward_by_autograd_is_refused():
+    got = rows({**solution(), "key_block_backward": autograd_key_block}, "key_block_backward")[0]
+    assert got.status in ("wrong", "error") and "it used autograd" in got.detail, got.detail
+
+
 def test_flash_backward_that_borrows_the_chapter_backward_is_refused():
     """Counted calls of key_block_backward on one-row slices, then the chapter's query-outer
     backward through a reference saved before grading: the saved reference refuses too."""

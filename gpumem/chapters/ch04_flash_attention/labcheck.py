@@ -80,7 +80,7 @@ def _watch(case, q, k, v, rows, tile_rows=None, causal_from=None, j0=0):
     b, a, kv, sq, sk, d, causal, block = case
     hidden = labref.causal_mask(sq, sk)[:, j0:j0 + k.shape[2]] if causal else None
     return Watch(sq, sk, d, block, b * a, allowed=(k, v), tile_rows=tile_rows, rows=rows[1:],
-                 queries=(q, rows[0]), causal_from=causal_from, exp2=(q, k, hidden))
+                 queries=(q, rows[0]), causal_from=causal_from, exp2=(q, k, hidden), no_autograd=True)
 
 
 def _exp2_wrong(watch, case, j0=0, j1=None) -> str:

@@ -20,6 +20,8 @@ the FIRST rule broken, in the order the ops ran, as one sentence for the grader'
   key-block kernel must loop over query blocks); with ``exp2``, any tensor made from both Q and K
   larger than one ``block`` x ``block`` tile per head, whatever its key width (:mod:`.labexp2`);
 * with ``joined``: a tensor with more rows than the longest K/V shard (shards concatenated);
+* with ``no_autograd`` (the backward parts): an op fed a tensor that requires grad (autograd's own
+  backward of a surrogate loss would write the products the part asks for);
 * with ``causal_from`` (the key block's first key, causal): work on query rows that all lie above
   the diagonal (rows ``i0:i1`` of Q or dO with ``i1 <= j0`` fed to an op): the causal skip missed;
 * a way out of torch (``.numpy()``, ``__array__``, ``apply_``/``map_``, storage or pointer access, DLPack,
@@ -45,28 +47,13 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
 from .labexp2 import Exp2Rule
 from .labfence import BRIDGES as _BRIDGES, Fence, refusing as _refusing
-from .labops import _ptr, _tensors
+from .labops import (_COPIES, _EXITS, _EXPS, _FRESH, _PRINTS, _QK_READS, _READ_BUDGET, _READS, _SIZED, _SMALL,
+                     _ptr, _tensors)
 from . import labbake, labexp2, labfence, labops, labpairs, labseal
 from .labseal import Sealed, cells, seal, seal_dispatch, tally
-
-
-# ops that copy a tensor without arithmetic: a copy of K or V (its GQA expansion, its fp32 cast)
-# is K or V for the rules; joining shards (cat, copy_ into a buffer) is not in the list
-_COPIES = frozenset({"clone", "_to_copy", "index_select", "repeat", "repeat_interleave", "contiguous"})
-# Tensor methods that take the numbers out of torch (computing elsewhere would hide the tiles)
-_EXITS = frozenset({"numpy", "__array__", "untyped_storage", "storage", "_storage", "data_ptr", "__dlpack__",
-          "__array_interface__", "__reduce_ex__", "__setstate__", "__deepcopy__", "_typed_storage",
-          "__getstate__", "_data_ptr", "apply_", "map_", "map2_"})
-# numbers read into Python: tolist here (item, float, int, bool, __index__ are ATen's _local_scalar_dense);
-# of them, a handful made from Q or K (a tile's emptiness tested, say); printing reads them all
-_READS, _READ_BUDGET, _QK_READS = frozenset({"tolist"}), 1000, 8
-_PRINTS = frozenset({"__format__", "__repr__", "__str__"})
-_EXPS = frozenset({"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "sigmoid"})   # probabilities
-_FRESH = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})     # torch.tensor(...) of Python numbers
-_SMALL = 64                                           # numbers a constant may hold
-_SIZED = frozenset({"tensor_split"})   # by a tensor: ATen reads its memory unseen (review r18 #1 read K so)
 
 
 class _Functions(Sealed, TorchFunctionMode):
@@ -105,7 +92,7 @@ class Watch(Sealed, TorchDispatchMode):
 
     def __init__(self, s_q: int, s_k: int, d: int, block: int, heads: int, allowed=(),
                  tile_rows: int | None = None, joined: int | None = None, rows=(), queries=(),
-                 causal_from: int | None = None, inputs=(), exp2=()):
+                 causal_from: int | None = None, inputs=(), exp2=(), no_autograd: bool = False):
         super().__init__()
         self.flag, self.count, self.read = tally()          # the first rule broken: flag(message)
         self.exp2 = Exp2Rule(d, *exp2) if exp2 else None   # exp2: (q, k), the backward's rule (:mod:`.labexp2`)
@@ -114,6 +101,7 @@ class Watch(Sealed, TorchDispatchMode):
         self.rows = {_ptr(t) for t in (*rows, *queries) if t.numel()}     # per query row: not keys
         self.queries = {_ptr(t) for t in queries if t.numel()}            # Q, dO: (..., s_q, d)
         self.tile_rows, self.joined, self.causal_from = tile_rows, joined, causal_from
+        self.no_autograd = no_autograd                 # the backward parts: the products are the learner's
         self._functions, self.made = _Functions(self), set()
         self.tiles: dict = {}                          # storage of a copy of Q / dO rows -> (i0, i1)
         self.known = {_ptr(t) for t in (*allowed, *rows, *queries, *inputs) if t.numel()}
@@ -123,6 +111,10 @@ class Watch(Sealed, TorchDispatchMode):
         """Flag an op fed a tensor that is neither an input nor made inside the call, or a tensor
         of more than 64 numbers built from Python data (``torch.tensor`` of a list)."""
         if self.broken:
+            return
+        if self.no_autograd and any(t.requires_grad for t in _tensors(list(args))):
+            self.flag("it used autograd (an op met a tensor that requires grad, review r19): write dV, dS, dQ "
+                      "and dK from the tile's probabilities yourself")
             return
         if str(func).split(".")[1] in _FRESH:
             size = sum(t.numel() for t in _tensors(list(args)))

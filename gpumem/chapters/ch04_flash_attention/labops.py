@@ -89,3 +89,21 @@ def _marks():
     def add(name: str, n) -> None:
         state[name] += max(0, int(n))
     return mark, add, state.get
+
+
+# the watch's tables (:mod:`.labguard`)
+# ops that copy a tensor without arithmetic: a copy of K or V (its GQA expansion, its fp32 cast)
+# is K or V for the rules; joining shards (cat, copy_ into a buffer) is not in the list
+_COPIES = frozenset({"clone", "_to_copy", "index_select", "repeat", "repeat_interleave", "contiguous"})
+# Tensor methods that take the numbers out of torch (computing elsewhere would hide the tiles)
+_EXITS = frozenset({"numpy", "__array__", "untyped_storage", "storage", "_storage", "data_ptr", "__dlpack__",
+          "__array_interface__", "__reduce_ex__", "__setstate__", "__deepcopy__", "_typed_storage",
+          "__getstate__", "_data_ptr", "apply_", "map_", "map2_"})
+# numbers read into Python: tolist here (item, float, int, bool, __index__ are ATen's _local_scalar_dense);
+# of them, a handful made from Q or K (a tile's emptiness tested, say); printing reads them all
+_READS, _READ_BUDGET, _QK_READS = frozenset({"tolist"}), 1000, 8
+_PRINTS = frozenset({"__format__", "__repr__", "__str__"})
+_EXPS = frozenset({"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "sigmoid"})   # probabilities
+_FRESH = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})     # torch.tensor(...) of Python numbers
+_SMALL = 64                                           # numbers a constant may hold
+_SIZED = frozenset({"tensor_split"})   # by a tensor: ATen reads its memory unseen (review r18 #1 read K so)
