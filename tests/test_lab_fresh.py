@@ -389,3 +389,14 @@ def test_a_kernel_registered_over_atens_own_voids_the_grade():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "torch's all no longer computes what it should (a kernel re-registered?)"
+
+
+def test_a_grading_process_that_ends_without_a_report_says_so_last(capsys):
+    """Review r19 (labs 04, 05, 06): a process that printed its summary and then failed left "all
+    correct" as the last line; the row said otherwise but was not printed. The verdict is printed
+    last now (here the entry point is called with arguments it does not take, and raises)."""
+    ns = _cells_ns("ends")
+    report = lab_fresh.grade_apart("lab08_finetune_recipe", ns, show=True, entry="gpumem.course.lab_fresh:_run")
+    out = capsys.readouterr().out
+    assert not report.solved and report.rows[0].detail.startswith("the grading process ended")
+    assert out.rstrip().splitlines()[-1].startswith("NOT GRADED: the grading process ended"), out[-400:]
