@@ -26,8 +26,10 @@ Reaching the grader's frames (``sys._getframe``, ``inspect``, ``traceback``, a t
 generator's frame), the collector's object lists, or starting another process, all from the
 learner's call, are refused by an audit hook (the drawn answers sit in the grader's
 frames while the call runs): :mod:`gpumem.course.lab_audit`, shared with labs 05 and 06. What it
-cannot stop: answers computed before grading (the cases are drawn at check time, so a table made
-then holds none of them).
+cannot stop: answers computed before grading. The cases are drawn at check time, so a table made
+then holds none of them, but a closed form fitted then to the course's own counts over many drawn
+models covers them all (review r19: ``activation_peak`` fitted exactly, 27 branches of 58 terms,
+15/15): an exact fit *is* the count, and no grader can tell it from a derived one.
 """
 
 import contextlib
