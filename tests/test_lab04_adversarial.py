@@ -117,15 +117,18 @@ def chapter_query_outer(dout, q, k, v, out, lse, causal=False, block=32):
     (softmax_per_query_block, 3, "65 keys side by side, more than one block (24)"),
     (row_at_a_time, 3, "65 keys side by side, more than one block (24)"),
     # After other labs' graders ran in this process (the whole suite), the dispatch layer names
-    # the aten op before the Python-level check does: either message refuses SDPA.
-    (aten_flash_with_sdpa_autograd, 0, "_scaled_dot_product_flash_attention_for_cpu"),
-    (sdpa_with_gqa, 0, "SDPA is not allowed"),
-    (autograd_of_full_attention, 0, "the whole 77 x 73 score matrix"),
+    # the aten op before the Python-level check does: either message refuses SDPA. These three take
+    # autograd's backward, and the GQA expansion of a K that requires grad comes first: the autograd
+    # rule (review r19) may name it first.
+    (aten_flash_with_sdpa_autograd, 0, ("_scaled_dot_product_flash_attention_for_cpu", "it used autograd")),
+    (sdpa_with_gqa, 0, ("SDPA is not allowed", "it used autograd")),
+    (autograd_of_full_attention, 0, ("the whole 77 x 73 score matrix", "it used autograd")),
 ], ids=lambda x: getattr(x, "__name__", "")[:24] if callable(x) else "")
 def test_backward_that_skips_the_tiles_fails_with_the_reason(cheat, case, says):
     got = rows({"flash_backward": cheat}, "flash_backward", (case,))
     assert got and all(r.status == "wrong" for r in got), [r.detail for r in got]
-    assert says in got[0].detail, got[0].detail
+    says = (says,) if isinstance(says, str) else says
+    assert any(s in got[0].detail for s in says), got[0].detail
 
 
 def test_chapter_query_outer_backward_is_switched_off():
@@ -344,7 +347,17 @@ def test_returned_tensor_made_outside_any_op_is_named():
 def test_numbers_read_as_tensor_split_lengths_are_refused():
     """Review r18 #1: K's numbers read into Python as the lengths of ``tensor_split``'s chunks (ATen
     reads a tensor of indices from memory, with no op the watch sees), to be rebuilt later with no K
-    in their history (``ones(n).sum()``). Splitting by a tensor is refused at the call, unit and row."""
+    in their history (``ones(n).sum()``). Splitting by a tensor is refused at the call, unit and row.
+    Run in a fresh interpreter, as the grading process is one: only the function-level watch can see
+    the split, and after some of this file's hostile tests torch's function modes no longer run in
+    this process (the full make test run: "DID NOT RAISE")."""
+    import subprocess
+    code = "import sys\nsys.path.insert(0, 'tests')\nimport test_lab04_adversarial as t\nt._tensor_split_read_out()\n"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+def _tensor_split_read_out():
     from gpumem.chapters.ch04_flash_attention.labguard import Watch
     k = torch.rand(1, 1, 4, 2, dtype=torch.float64)
     with Watch(4, 4, 2, 16, 1, allowed=(k,)) as w:

@@ -84,27 +84,26 @@ def check(ns: dict, show: bool = True) -> Report:
     report, (cases, bf16), lone = Report(LAB), lab02_cases.draw(CASES), []
     fn = ns.get(FN)
     source, problem = _source_of(fn, FN, "params, grad_shards, bucket_bytes") if fn is not None else (None, "")
-    if source and not problem:             # its helpers from other cells travel with it (lab02_bundle)
-        source = lab02_bundle.bundle(fn, ns, source)
+    sent = lab02_bundle.bundle(fn, ns, source) if source and not problem else source   # with its helpers
     if problem:
         report.rows.append(Row(FN, "2 CPU ranks", "error", problem))
     elif fn is None or 'NotImplementedError("TODO' in source:
         report.rows.append(Row(FN, "2 CPU ranks", "todo", f"{FN} is still to write"))
-    elif gpumem_imports(source):
+    elif gpumem_imports(sent):
         report.rows.append(Row(FN, "torch.distributed only", "wrong",
-                               f"it imports {gpumem_imports(source)[0]}: write the padding, the layout and "
+                               f"it imports {gpumem_imports(sent)[0]}: write the padding, the layout and "
                                "the reduce-scatter with torch.distributed yourself"))
-    elif first_reach(source):                # review r12 #1: the grader's clock and handles, reached into
-        report.rows.append(Row(FN, "no reaching into the grader", "wrong", first_reach(source)))
+    elif first_reach(source) or first_reach(sent):     # r12 #1: the grader's clock and handles, reached into
+        report.rows.append(Row(FN, "no reaching into the grader", "wrong", first_reach(source) or first_reach(sent)))
     else:
         def body():
             from gpumem.runs import launch
             try:                                 # the learner's code runs on the ranks
                 ranks = launch.run("gpumem.chapters.ch02_zero.lab02_ranks:lab02_rank", 2, progress=False,
-                                   results="plain", source=source, cases=cases, bf16=bf16, watch_s=lab02_probe.WATCH_S)
+                                   results="plain", source=sent, cases=cases, bf16=bf16, watch_s=lab02_probe.WATCH_S)
             except (launch.RankError, RunFailure) as err:      # a case stuck: lab02_probe.watchdog names it
                 return "error", (failure_line(err).replace(f"{lab02_probe.__name__}.Stuck: ", "")
-                                 + lab02_bundle.where(getattr(err, "detail", ""), source))
+                                 + lab02_bundle.where(getattr(err, "detail", ""), sent))
             for k, case in enumerate(cases):
                 run_case(report, FN, _label(case, 2), lambda: _grade_case(report, case, [r[k] for r in ranks]))
             extra = [r[-1] for r in ranks]
@@ -114,7 +113,7 @@ def check(ns: dict, show: bool = True) -> Report:
     hooks_ok = report.solved
     lab02_predict.grade(report, ns.get(lab02_predict.PREDICT), lone[0] if lone else None)
     from . import lab02_gpu
-    gpu_line = lab02_gpu.grade(report, source) if hooks_ok else "not run: Part 1's hooks are not right yet"
+    gpu_line = lab02_gpu.grade(report, sent) if hooks_ok else "not run: Part 1's hooks are not right yet"
     if show:
         print(report.summary())
         print(f"GPU part: {gpu_line}")

@@ -112,10 +112,6 @@ class Watch(Sealed, TorchDispatchMode):
         of more than 64 numbers built from Python data (``torch.tensor`` of a list)."""
         if self.broken:
             return
-        if self.no_autograd and any(t.requires_grad for t in _tensors(list(args))):
-            self.flag("it used autograd (an op met a tensor that requires grad, review r19): write dV, dS, dQ "
-                      "and dK from the tile's probabilities yourself")
-            return
         if str(func).split(".")[1] in _FRESH:
             size = sum(t.numel() for t in _tensors(list(args)))
             if size > _SMALL:
@@ -230,6 +226,9 @@ class Watch(Sealed, TorchDispatchMode):
                 if t.dim() and t.shape[-1] in wide and t.shape[-1] != self.s_k:
                     self.rows.add(_ptr(t))            # made from per-row vectors: still query rows
             self._shape(t)
+        if self.no_autograd and any(t.requires_grad for t in _tensors(list(args))):    # after the op's own rules
+            self.flag("it used autograd (an op met a tensor that requires grad, review r19): write dV, dS, dQ "
+                      "and dK from the tile's probabilities yourself")
         if self.exp2 is not None and not self.broken:      # tiles of both Q and K: one block of rows
             self.flag(self.exp2.tile(op, args, out, self.heads, self.block, self.d))
         return out
