@@ -189,12 +189,22 @@ def test_swap_folder_removed_after_ctrl_c(tmp_path):
             "ladder={'rungs': {'ram_copy': {'bytes_per_s': 1e9}, 'disk_read': {'bytes_per_s': 1e9}, "
             "'disk_write': {'bytes_per_s': 1e9}}, 'cpu_adam': None, 'machine': 'test', 'date': 'today'})\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("gpumem-swap-*/zero_stage_3/optimizer/rank*/*.swp")):
-        assert proc.poll() is None and time.monotonic() < deadline, "no swap files appeared"
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("gpumem-swap-*/zero_stage_3/optimizer/rank*/*.swp")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no swap files appeared"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        # the ranks end and the folder is swept; on 2 busy cores (make test's two groups) that took
+        # more than 60 s once, and the run left behind failed the lab checks after it
+        _, err = proc.communicate(timeout=240)
+    finally:
+        import psutil
+        if proc.poll() is None:                  # never leave the run behind: the labs' checks refuse one
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+            proc.communicate()
     assert "KeyboardInterrupt" in err
     assert list(tmp_path.iterdir()) == []
 
