@@ -8,6 +8,7 @@ Each must fail with a row saying what was skipped. The truth is held to independ
 the fake-tensor MemTracker trace of the plain layer, and hand counts of the variants.
 """
 
+import random
 import sys
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from conftest import ROOT
 from gpumem.chapters.ch01_memory_anatomy import lab_gpu, labcheck, variants
+from gpumem.course.grading import Report
 from gpumem.memory import activations
 from gpumem.memory.models import ModelConfig
 from test_labs import notebook_namespace
@@ -1579,9 +1581,9 @@ def _slip_acts(mlp, slip, n):
 
 
 @pytest.mark.parametrize("slip", ["A", "B", "C"])
-def test_a_slip_in_one_chain_rule_fails_at_every_check(slip):
+def test_a_slip_in_one_chain_rule_fails_on_the_fixed_chains(slip):
     """The solution's count with one rule slipped (the difference the slip makes on each chain);
-    the fixed chains fail each slip at any seed, and the rules without a slip agree with the solution."""
+    the fixed chains (the same at every check) fail each slip; the drawn ones met them in 18-33 % of checks."""
     sol = solution()["variant_layer"]
 
     def slipped(**case):
@@ -1591,10 +1593,9 @@ def test_a_slip_in_one_chain_rule_fails_at_every_check(slip):
             right = _slip_acts(case["mlp"], None, n)
             got = {**got, "activations": got["activations"] + _slip_acts(case["mlp"], slip, n) - right}
         return got
-    for fixed in labcheck.FIXED_CHAINS:
-        assert _slip_acts(fixed, None, 1) > 0
-    assert any(_slip_acts(c, slip, 1) != _slip_acts(c, None, 1) for c in labcheck.FIXED_CHAINS)
-    for seed in (5, 6):
-        report = grade({**solution(), "variant_layer": slipped}, seed)
-        bad = first_problem(report, "variant_layer")
-        assert bad.status == "wrong" and "mlp=(" in bad.case and not report.solved, report.summary()
+    chains = [mlp for _, mlp, _ in labcheck.FIXED_CHAINS]
+    assert any(_slip_acts(c, slip, 1) != _slip_acts(c, None, 1) for c in chains)
+    report = Report(labcheck.LAB)                 # part 3 alone: parts 1 and 2 do not see the chains
+    labcheck._grade_variants(report, {**solution(), "variant_layer": slipped}["variant_layer"], random.Random(5))
+    bad = first_problem(report, "variant_layer")
+    assert bad.status == "wrong" and "mlp=(" in bad.case, report.summary()
