@@ -2,41 +2,38 @@
 ``layer_source()``, the layer's code the lab prints for the learner to read.
 
 The cases are not the ones the lab shows. Model states come from fake-tensor traces
-(``gpumem.memory.tracing``) of two fixed configurations and from ``accounting.model_states`` at
-drawn sizes. Part 2's layer is the Llama layer with a wider attention (an explicit ``head_dim``,
-n_heads * head_dim != d_model) and q/k norms per head (Qwen3) or over the whole width (OLMo 2;
-:mod:`.labwide`, graded by :mod:`.labpart2`). Chapter 01 counts none of it;
-``gpumem.memory.activations`` counts the width and Qwen3's norms but not OLMo 2's, which every
-check grades first. Part 3's layers are the variants of :mod:`.variants` (Hugging Face's and
-Gemma's RMSNorms, a GeLU MLP with dropout, q/k/v biases) and, after those, chain MLPs whose
-operations (:data:`.variants.OPS`, three to eight of them) are given to the learner's function as
-data: two fixed (:data:`FIXED_CHAINS`: transitions a draw meets rarely), then some drawn at each check. Every truth is measured on real tensors
-(:func:`.labwide.measure`, :func:`.variants.measure`). Each function stops at its first failing
-case; a wrong count is explained by the key that differs, over its elements (part 1,
-:func:`.labhints.states_hint`), its first wrong term (part 2), the switch whose term differs
-(part 3, :mod:`.labhints`), or a chain's first operation whose change differs.
+(``gpumem.memory.tracing``) of two fixed configurations and from ``accounting.model_states`` at drawn
+sizes. Part 2's layer is the Llama layer with a wider attention (an explicit ``head_dim``, n_heads *
+head_dim != d_model) and q/k norms per head (Qwen3) or over the whole width (OLMo 2; :mod:`.labwide`,
+graded by :mod:`.labpart2`). Chapter 01 counts none of it; ``gpumem.memory.activations`` counts the
+width and Qwen3's norms but not OLMo 2's, which every check grades first. Part 3's layers are the
+variants of :mod:`.variants` (Hugging Face's and Gemma's RMSNorms, a GeLU MLP with dropout, q/k/v
+biases) and, after those, chain MLPs whose operations (:data:`.variants.OPS`, three to eight) are given
+to the learner's function as data: two fixed (:data:`FIXED_CHAINS`), then some drawn at each check.
+Every truth is measured on real tensors (:func:`.labwide.measure`, :func:`.variants.measure`). Each
+function stops at its first failing case; a wrong count is explained by the key that differs, over its
+elements (part 1, :func:`.labhints.states_hint`), its first wrong term (part 2), the switch whose term
+differs (part 3, :mod:`.labhints`), or a chain's first operation whose change differs.
 
-What this does and does not exclude. While the learner's functions run, the course's own
-formulas and tracers raise "derive it yourself" and any tensor operation raises "no tensor ops"
-(:mod:`.labguard`): nothing is measured *during* the call. Nothing stops a learner measuring
-*before* the check, though, and no part is out of its reach. Review r9 measured
-:func:`.labwide.measure` and :func:`.variants.measure` at a dozen small shapes per layer and
-fitted integer coefficients over chapter 01's monomials: exact, far shapes included. The drawn
-shapes (fresh each check, a few far outside the small range) stop a table of last time's answers
-and a fit with the wrong monomials, not a fit with the right ones. The chain MLPs, drawn at check
-time from 12 operations (470 million chains), stop the same two (a table of chains seen before, a
-fit per operation that misses what neighbours share), not a measured model of how operations
-compose: a chain's bytes are a sum of terms, each fixed by the operation, the one before it and
-the hidden tensor's dtype, so 253 measurements made before the check cover every chain (review
-r15's bigram table; tests/test_lab01_adversarial.py keeps it as a test that *passes*). The chains
-are a drill, not a defence. A learner who measures single operations with ``saved_by`` and works
-out how they compose, dtype and shared tensors included, has done what the chains ask; one who
-tabulates the grader's own measure over hundreds of chains is named if the table is still in the
-kernel's cache (:func:`kernel_refusal`, read before the fresh grading process starts), which only
-stops the lazy version.
-Before any of this, :mod:`.labtruth` checks that torch and the course are as they were when the
-lab imported them and that the measured plain layer matches the course's formula; otherwise
-nothing is graded.
+What this does and does not exclude. While the learner's functions run, the course's own formulas and
+tracers raise "derive it yourself" and any tensor operation raises "no tensor ops" (:mod:`.labguard`):
+nothing is measured *during* the call. Nothing stops a learner measuring *before* the check, though, and
+no part is out of its reach. Review r9 measured :func:`.labwide.measure` and :func:`.variants.measure`
+at a dozen small shapes per layer and fitted integer coefficients over chapter 01's monomials: exact,
+far shapes included. The drawn shapes (fresh each check, a few far outside the small range) stop a table
+of last time's answers and a fit with the wrong monomials, not a fit with the right ones. The chain
+MLPs, drawn at check time from 12 operations (470 million chains), stop the same two (a table of chains
+seen before, a fit per operation that misses what neighbours share), not a measured model of how
+operations compose: a chain's bytes are a sum of terms, each fixed by the operation, the one before it
+and the hidden tensor's dtype, so 253 measurements made before the check cover every chain (review r15's
+bigram table; tests/test_lab01_adversarial.py keeps it as a test that *passes*). The chains are a drill,
+not a defence. A learner who measures single operations with ``saved_by`` and works out how they
+compose, dtype and shared tensors included, has done what the chains ask; one who tabulates the grader's
+own measure over hundreds of chains is named if the table is still in the kernel's cache
+(:func:`kernel_refusal`, read before the fresh grading process starts), which only stops the lazy
+version. Before any of this, :mod:`.labtruth` checks that torch and the course are as they were when the
+lab imported them and that the measured plain layer matches the course's formula; otherwise nothing is
+graded.
 """
 
 import random
@@ -181,9 +178,9 @@ VARIANT_CASES = [("gemma", "swiglu", False), ("hf", "swiglu", False), ("fused", 
 MIXED = 4                  # VARIANT_CASES[MIXED:] switch two or three on; a far shape draws from them
 KERNEL_CYCLE = ("flash", "naive", "eager")
 CHAINS = 3                 # chain MLPs drawn at each check, after VARIANT_CASES; the other far shape is one
-# review r19: a slip in a rule passed 67-82 % of checks; these fail each (a cast after an op that kept
-# its output, fp32 at the end, scale after relu)
-FIXED_CHAINS = (("hf", ("relu", "float", "gelu", "sigmoid"), True), ("gemma", ("relu", "scale", "gelu", "float", "sigmoid"), False))
+# r19: a rule slip passed 67-82 % of checks; each fails these (cast after a kept output, fp32 last, scale)
+FIXED_CHAINS = (("hf", ("relu", "float", "gelu", "sigmoid"), True),
+                ("gemma", ("relu", "scale", "gelu", "float", "sigmoid"), False))
 FIXED_SHAPE = dict(d_model=72, n_heads=6, n_kv_heads=3, ffn=200, seq=23, batch=2)   # measured once a process
 CHAIN_NOTE = ("this MLP's operations are combined at the check (most drawn afresh), so no table of chains "
               "seen before and no fit per operation covers them; work out what each one keeps (input, "
@@ -297,6 +294,5 @@ def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
         report.rows = [Row("report", "its rows", "error", "your function changed the grader's report after "
                                                          "a case was graded: derive the counts instead")]
     if show:
-        print(report.summary())
-        print(f"GPU part: {gpu_line}")
+        print(report.summary(), f"GPU part: {gpu_line}", sep="\n")
     return report
