@@ -188,7 +188,11 @@ def test_swap_folder_removed_after_ctrl_c(tmp_path):
             f"e.offload(progress=False, configs=('zero3+nvme',), steps=500, nvme_path={str(tmp_path)!r}, "
             "ladder={'rungs': {'ram_copy': {'bytes_per_s': 1e9}, 'disk_read': {'bytes_per_s': 1e9}, "
             "'disk_write': {'bytes_per_s': 1e9}}, 'cpu_adam': None, 'machine': 'test', 'date': 'today'})\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    # SIGINT back to its default first: a suite started in the background by a non-interactive shell
+    # inherits it ignored, and Python then installs no KeyboardInterrupt at all (a fresh clone's run:
+    # the Ctrl-C did nothing, the 500 steps ran out, stderr empty)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not list(tmp_path.glob("gpumem-swap-*/zero_stage_3/optimizer/rank*/*.swp")):
