@@ -181,7 +181,7 @@ def _def_source(obj) -> tuple[str, str] | str:
     return "its def statement was not found in the cells this kernel ran"
 
 
-def _import_line(name: str, obj) -> str | None:
+def import_line(name: str, obj) -> str | None:
     """``import`` line that gives ``name`` the same object in a fresh process, or None."""
     if isinstance(obj, types.ModuleType):
         mod = getattr(obj, "__name__", None)
@@ -201,7 +201,7 @@ def _import_line(name: str, obj) -> str | None:
     return None
 
 
-def _literal(value, depth: int = 0) -> str | None:
+def literal(value, depth: int = 0) -> str | None:
     """Python source for a plain value (None where it is not one)."""
     torch = sys.modules.get("torch")
     if depth > 20:
@@ -213,14 +213,14 @@ def _literal(value, depth: int = 0) -> str | None:
     if type(value) is complex or type(value) in _PLAIN:
         return repr(value) if type(value) is not complex or all(map(math.isfinite, (value.real, value.imag))) else None
     if type(value) in (tuple, list, set, frozenset):
-        parts = [_literal(v, depth + 1) for v in value]
+        parts = [literal(v, depth + 1) for v in value]
         if None in parts:
             return None
         body = ", ".join(parts) + ("," if type(value) is tuple and len(parts) == 1 else "")
         return {tuple: f"({body})", list: f"[{body}]", set: f"{{{body}}}" if parts else "set()",
                 frozenset: f"frozenset([{body}])"}[type(value)]
     if type(value) is dict:
-        items = [(_literal(k, depth + 1), _literal(v, depth + 1)) for k, v in value.items()]
+        items = [(literal(k, depth + 1), literal(v, depth + 1)) for k, v in value.items()]
         return None if any(None in kv for kv in items) else "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
     return None
 
@@ -278,7 +278,7 @@ def carry(ns: dict) -> Carried:
                 and not genuine.trusted(obj.__file__):
             out.left[name] = (f"a module of your own ({obj.__file__}): the grading process has the installed "
                               "libraries only; put its code in a cell")
-        elif (line := _import_line(name, obj) or (f"{name} = {text}" if (text := _literal(obj)) is not None
+        elif (line := import_line(name, obj) or (f"{name} = {text}" if (text := literal(obj)) is not None
                                                   and len(text) <= _VALUE_CHARS else None)) is not None:
             out.values[name] = line
         else:

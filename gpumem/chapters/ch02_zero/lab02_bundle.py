@@ -4,7 +4,7 @@ cell, ``def pad_to(n, world)``, was "not defined" on the ranks), and where a ran
 
 A helper travels when the function (or a helper it reads, and so on) names it and the notebook holds
 it as one of these: a function defined in the same namespace, decorated or not (its source), a
-module or a library's function or class (an import line: ``from math import ceil``), or a plain
+module or a library's function or class (import lines, as :mod:`gpumem.course.lab_carry` writes them), or a plain
 value: a number, string, boolean, or a list, tuple, dict or set of them (an assignment). Anything
 else (a class of the notebook's, a tensor) stays behind, and a rank that needs it says ``name 'x' is
 not defined`` with the line that asked (:func:`where`).
@@ -13,12 +13,12 @@ not defined`` with the line that asked (:func:`where`).
 import ast
 import inspect
 import re
-import sys
 import textwrap
 import types
 
+from gpumem.course.lab_carry import import_line, literal
+
 RANK_FILE = "<your install_zero2_hooks>"       # the name the ranks compile the bundle under
-_PLAIN = (int, float, str, bool, type(None))
 
 
 def _names(code: types.CodeType) -> list[str]:
@@ -28,24 +28,6 @@ def _names(code: types.CodeType) -> list[str]:
         if isinstance(const, types.CodeType):
             found += _names(const)
     return list(dict.fromkeys(found))
-
-
-def _plain(value) -> bool:
-    """A number, string, boolean or None, or a list, tuple, dict or set of them (its repr reads back)."""
-    if isinstance(value, _PLAIN):
-        return True
-    try:
-        return isinstance(value, (list, tuple, dict, set)) and ast.literal_eval(repr(value)) == value
-    except (ValueError, SyntaxError, RecursionError):
-        return False
-
-
-def _library(value) -> tuple[str, str] | None:
-    """(module, name) of a library's function or class that its module holds under its own name."""
-    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    if not (isinstance(module, str) and isinstance(name, str)) or module == "__main__" or "." in name:
-        return None
-    return (module, name) if getattr(sys.modules.get(module), name, None) is value else None
 
 
 def _defaults(text: str) -> list[str]:
@@ -79,12 +61,9 @@ def bundle(fn, ns: dict, source: str) -> str:
                 continue
             defs.append(text)
             todo += _names(own.__code__) + _defaults(text)
-        elif isinstance(value, types.ModuleType):
-            lines.append(f"import {value.__name__} as {name}" if value.__name__ != name else f"import {name}")
-        elif _plain(value):
-            lines.append(f"{name} = {value!r}")
-        elif (where := _library(value)) is not None:              # `from math import ceil`
-            lines.append(f"from {where[0]} import {where[1]}" + (f" as {name}" if name != where[1] else ""))
+        elif line := (f"{name} = {text}" if (text := literal(value)) is not None else None) \
+                or import_line(name, value):  # a plain value first: 2 is also some gpumem module's attribute
+            lines.append(line)
     head = "\n".join(lines) + "\n" if lines else ""
     return "\n\n".join([head, *defs, source] if head else [*defs, source])
 
