@@ -31,6 +31,8 @@ from gpumem.memory import recompute, recompute_cost, recompute_trace
 from gpumem.memory.models import ModelConfig
 from gpumem.memory.recompute_plans import from_segments
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")      # its SAC runs collect the heap each time
+
 # the old fixed cases (round one): kept here as hand-checked models, no longer graded as such
 LAB_A = ModelConfig("lab-a", 6, 96, 6, 2, 256, 128, teaching=True)
 LAB_D = ModelConfig("lab-d", 12, 64, 4, 1, 64, 400, teaching=True)
