@@ -1560,19 +1560,22 @@ def _slip_acts(mlp, slip, n):
     back to bf16 at the end never copies; C, ``scale`` keeps the tensor before it."""
     acts, size, held = 0, 2, False
     for op in mlp:
+        keeps_input = op in ("gelu", "gelu_tanh", "square", "silu") or slip == f"E:{op}"
+        if slip == f"F:{op}":                   # review r20 slips: E, an op keeps its input instead of
+            keeps_input = False                 # its output; F, its output instead of its input
         if op in ("float", "bf16"):
             new = 4 if op == "float" else 2
             if slip == "A":
                 size = new
-            elif new != size:
+            elif new != size or slip == "D":    # D (r20): a cast to the dtype it has copies too
                 size, held = new, False
-        elif op in ("gelu", "gelu_tanh", "square", "silu"):
+        elif keeps_input:
             acts += 0 if held else size * n
             held = False
-        elif op in ("relu", "sigmoid", "tanh", "exp"):
+        elif op in ("relu", "sigmoid", "tanh", "exp", "gelu", "gelu_tanh", "square", "silu"):
             acts, held = acts + size * n, True
-        elif op == "dropout":
-            acts, held = acts + n, False
+        elif op == "dropout":                   # G (r20): dropout keeps its output as well as its mask
+            acts, held = (acts + n + size * n, True) if slip == "G" else (acts + n, False)
         elif op == "scale" and slip != "C":
             held = False
     if size != 2 and slip != "B":
@@ -1580,7 +1583,20 @@ def _slip_acts(mlp, slip, n):
     return acts + (0 if held else 2 * n)
 
 
-@pytest.mark.parametrize("slip", ["A", "B", "C"])
+R20_SLIPS = ["D", "G"] + [f"E:{op}" for op in ("relu", "sigmoid", "tanh", "exp")] + \
+    [f"F:{op}" for op in ("gelu", "gelu_tanh", "square", "silu")]
+
+
+@pytest.mark.parametrize("slip", R20_SLIPS)
+def test_each_r20_slip_changes_a_fixed_chains_count(slip):
+    """Review r20: each of these slips passed 36-79 % of checks on the drawn chains alone; each
+    changes the count of a fixed chain (graded before the drawn ones, so it fails every check; the
+    grading itself is run for D below and for A-C)."""
+    n = 7 * 11
+    assert any(_slip_acts(c, slip, n) != _slip_acts(c, None, n) for _, c, _ in labcheck.FIXED_CHAINS), slip
+
+
+@pytest.mark.parametrize("slip", ["A", "B", "C", "D"])
 def test_a_slip_in_one_chain_rule_fails_on_the_fixed_chains(slip):
     """The solution's count with one rule slipped (the difference the slip makes on each chain);
     the fixed chains (the same at every check) fail each slip; the drawn ones met them in 18-33 % of checks."""
@@ -1599,3 +1615,27 @@ def test_a_slip_in_one_chain_rule_fails_on_the_fixed_chains(slip):
     labcheck._grade_variants(report, {**solution(), "variant_layer": slipped}["variant_layer"], random.Random(5))
     bad = first_problem(report, "variant_layer")
     assert bad.status == "wrong" and "mlp=(" in bad.case, report.summary()
+
+
+class _LazyAnswer(dict):
+    """Review r20: a dict whose ``get`` measured the truth when the grader read it, after the guarded
+    call (33/33 on both paths)."""
+
+    def get(self, key, default=None):
+        got = variants.measure(**self.case)
+        return {"activations": got[0], "params": got[1]}[key]
+
+
+def _lazy_variant(**case):
+    answer = _LazyAnswer(activations=0, params=0)
+    answer.case = case
+    return answer
+
+
+def test_an_answer_that_computes_itself_when_read_is_read_under_the_guard():
+    """The answer is rebuilt from dict's own slots inside the guarded call (gpumem.course.plain), so
+    its ``get`` never runs: the zeros it holds are graded, and fail the first case."""
+    report = Report(labcheck.LAB)
+    labcheck._grade_variants(report, _lazy_variant, random.Random(5))
+    bad = first_problem(report, "variant_layer")
+    assert bad is not None and bad.status == "wrong" and bad.case == report.rows[0].case, report.summary()

@@ -1833,3 +1833,31 @@ def test_printing_is_named_and_a_handful_of_reads_passes():
         ("it printed or formatted a tensor (Tensor.__repr__)" in got.detail and "print in a cell of your own" in got.detail)
         or "it switched the grader's watch off" in got.detail), got.detail
     assert all(r.status == "ok" for r in rows({"key_block_backward": _a_few_reads}, "key_block_backward", (0, 1)))
+
+
+def _liar(t):
+    """Review r20: a tensor subclass made with ``type(...)`` inside the call, whose
+    ``__torch_function__`` says True to ``.all()`` and 0.0 to ``float()``: zero gradients and a wrong
+    merge graded 25/25 through the grader's own comparisons."""
+    def lie(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name == "all":
+            return True
+        if name == "__float__":
+            return 0.0
+        ret = torch.Tensor.__torch_function__(func, (torch.Tensor,), args, kwargs or {})
+        return ret.as_subclass(cls) if isinstance(ret, torch.Tensor) else ret
+    return t.as_subclass(type("Liar", (torch.Tensor,), {"__torch_function__": classmethod(lie)}))
+
+
+def merge_first_shard_as_a_liar(parts):
+    return _liar(parts[0][0] * 1.0), _liar(parts[0][1] * 1.0)
+
+
+def test_a_tensor_subclass_that_lies_to_the_comparisons_is_refused():
+    """The liar's merge (first shard only) fails its first case, the row naming the subclass; a
+    plain tensor of the same values fails as wrong (so the refusal, not luck, stops the liar)."""
+    got = rows({"merge_partials": merge_first_shard_as_a_liar}, "merge_partials", (0,))[0]
+    assert got.status in ("wrong", "error") and "a subclass of torch.Tensor" in got.detail, got.detail
+    plain_ = rows({"merge_partials": lambda parts: (parts[0][0] * 1.0, parts[0][1] * 1.0)}, "merge_partials", (0,))[0]
+    assert plain_.status == "wrong" and "subclass" not in plain_.detail, plain_.detail

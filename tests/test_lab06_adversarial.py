@@ -766,13 +766,14 @@ def planners_answer(model, gpus, gpu, seq, batch, inter_node=None, **limits):
 
 def test_the_planners_answer_breaks_each_limit_and_the_row_says_which():
     """plan()'s answer (the reference every other family grades against) is wrong on each limit
-    family's member, the row naming the limit it breaks and that plan() answers for its own nodes."""
+    family's member, the row naming the limit it breaks and that the course's planner knows only its
+    own nodes."""
     for family, member in LIMIT_MEMBERS:
         ref(*member[:2])                     # priced here, outside the guard (what a copy would give)
         status, detail = limit_row(planners_answer, family, member)
         assert status == "wrong" and LIMIT_WORDS[family.name] in detail, (family.name, detail)
         if family.name != "NVMe swap buffers":   # there the row names the buffers the plan's host bytes hold
-            assert "planner.plan answers for its own nodes (2 TB, any placement)" in detail, detail
+            assert "the course's planner knows only its own nodes, 2 TB, any placement" in detail, detail
 
 
 @pytest.mark.parametrize("family,member", LIMIT_MEMBERS, ids=lambda x: str(x)[:40])

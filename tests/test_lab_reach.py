@@ -84,3 +84,17 @@ def test_review_r14_routes_are_refused(line, word):
     paused through the current dispatch mode."""
     said = first_reach(f"def hook(p):\n    {line}\n")
     assert said is not None and said.startswith("line 2:") and word in said, said
+
+
+@pytest.mark.parametrize("line, word", [
+    ("T = p.grad.__class__", "__class__"),
+    ("hook = sys.path_hooks[0]", "path_hooks"),
+    ("spec = hook(folder).find_spec('answer_key')", "find_spec"),
+    ("spec.loader.exec_module(key)", "exec_module"),
+    ("spec = importlib.util.spec_from_file_location('k', path)", "spec_from_file_location"),
+], ids=["class-of-a-tensor", "path-hooks", "find-spec", "exec-module", "spec-from-file"])
+def test_review_r20_routes_are_refused(line, word):
+    """Review r20: lab 02's ``Tensor.isnan`` patched through ``p.grad.__class__`` (put back before
+    the case ended); lab 06's answer key, a test file, loaded through the import system's hooks."""
+    said = first_reach(f"def f(p, folder, key, path):\n    {line}\n")
+    assert said is not None and said.startswith("line 2:") and word in said, said

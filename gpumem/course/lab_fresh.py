@@ -254,6 +254,7 @@ def main(fd: int, entry: str) -> int:
     hits = lab_watch.install()
     freeze()                               # Report and Row take no new attributes from here on
     taken = lab_intact.take()
+    lab_intact.keep(taken)
     ns = rebuild(sent)
     report = check(sent["lab"], ns, show=sent["show"], apart=False, **sent.get("options", {}))
     why = hits[0] if hits else lab_intact.changed(taken)

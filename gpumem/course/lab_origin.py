@@ -72,8 +72,10 @@ def allowed(code, cache: dict | None = None) -> bool:
 
 def allowed_here(code, cache: dict | None = None) -> bool:
     """:func:`allowed`, or, without a kernel (the course's tests, whose learners live in test files),
-    code loaded from a file on disk; code compiled from a string still is not (labs 05 and 06)."""
-    return allowed(code, cache) or (shell() is None and os.path.isfile(code.co_filename))
+    code loaded from a file on disk; code compiled from a string still is not (labs 05 and 06). Not
+    in the fresh grading process, where the learner's cells have cells' names (review r20 of lab 06:
+    the tests' answer key, a file on disk, loaded through ``sys.path_hooks``, graded 13/13)."""
+    return allowed(code, cache) or (shell() is None and not _APART and os.path.isfile(code.co_filename))
 
 
 def where(code) -> str:

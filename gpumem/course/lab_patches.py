@@ -7,7 +7,8 @@ object (``R = Report``, ``box = [labplace][0]``, ``m = math``: review r17). No i
 module (``_signal``) or by computed name (``__import__``, ``importlib``), no read of a library's private
 name (``torch._C``, ``torch.utils._python_dispatch``: review r19) but :data:`PRIVATE_OK`; a carried
 import or value line names no private name (``from torch._C import ...``, review r17 of lab 01). A
-name bound to ``type(...)`` holds a library's class as far as these rules go (review r19 of lab 02).
+name bound to ``type(...)`` holds a library's class as far as these rules go (review r19 of lab 02). A
+mutator called on a type with a library's object first (``dict.update(lib.TABLE, ...)``) is refused too.
 """
 
 import ast
@@ -123,7 +124,11 @@ def _patches(tree: ast.AST, foreign: set[str]) -> str | None:
                 return (f"line {node.lineno} changes `{ast.unparse(t)}`, part of a library: graded code leaves "
                         "libraries as they are")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
-            if _reference(_root(node.func.value), foreign):
+            # a type's own method with the library's object first (review r20 of lab 05:
+            # dict.update(accounting.RECIPE, ...) swapped a recipe while graded)
+            if _reference(_root(node.func.value), foreign) or (
+                    isinstance(node.func.value, ast.Name) and node.func.value.id in ("dict", "list", "set", "bytearray")
+                    and node.args and _reference(node.args[0], foreign)):
                 return (f"line {node.lineno} calls `{ast.unparse(node.func)}`, which changes part of a library: "
                         "graded code leaves libraries as they are")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):

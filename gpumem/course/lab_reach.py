@@ -57,7 +57,11 @@ ATTRIBUTES = ("__globals__", "__closure__", "__code__", "__kwdefaults__", "__def
               "__self__", "_registry", "_get_default_store", "_get_current_dispatch_mode", "_pop_mode",
               "_push_mode", "_get_dispatch_mode_pre_dispatch", "paused",
               # IPython's records of the cells a kernel ran (gpumem.course.lab_history reads them)
-              "history_manager", "input_hist_parsed", "input_hist_raw", "_filename_map", "user_ns")
+              "history_manager", "input_hist_parsed", "input_hist_raw", "_filename_map", "user_ns",
+              # review r20: a tensor's class patched through ``x.__class__`` (lab 02); a test file
+              # loaded through the import system's own hooks (lab 06's answer key)
+              "__class__", "path_hooks", "path_importer_cache", "meta_path", "find_spec", "exec_module",
+              "spec_from_file_location", "module_from_spec", "SourceFileLoader", "SourcelessFileLoader")
 BUILTINS = ("__import__", "vars", "globals", "locals", "eval", "exec", "compile", "breakpoint", "__builtins__")
 BY_NAME = ("getattr", "setattr", "delattr", "hasattr")
 PACKAGE = "gpumem"

@@ -9,21 +9,21 @@ Tracing tools are refused the same way (saved-tensor hooks, ``FakeTensorMode``, 
 subprocesses), and autograd records nothing (``torch.no_grad``, which ``enable_grad``,
 ``set_grad_enabled`` and ``torch._C._set_grad_enabled`` cannot lift).
 
-A formula needs no tensor at all: while the learner's function runs, a
-``TorchDispatchMode`` and a ``TorchFunctionMode`` refuse every tensor operation ("no tensor ops:
-derive the count, do not measure it"), so a copy of the course's code loaded under another name,
-a model of the learner's own or a walk over ``grad_fn._saved_*`` has nothing to run on. The
-ways out of those modes that Python can reach are refused during the call, and after it the
-grader checks the modes are still in place and recording is still off. Copies of the guarded
-files in ``sys.modules`` under other names are switched off like the originals, and opening a
-gpumem source file during the call (``importlib`` loading a fresh copy) is refused by an audit
-hook. Whatever the call rebinds or changes in the course, its caches or torch is put back and the
-call fails (:mod:`.labstate`). Starting another process (``os.system``, ``subprocess``,
+A formula needs no tensor at all: while the learner's function runs, a ``TorchDispatchMode`` and a
+``TorchFunctionMode`` refuse every tensor operation ("no tensor ops: derive the count, do not
+measure it"), so a copy of the course's code loaded under another name, a model of the learner's own
+or a walk over ``grad_fn._saved_*`` has nothing to run on. The answer is read at once, inside the
+guard (:func:`gpumem.course.plain.plain`, review r20). The ways out of those modes that Python can
+reach are refused during the call, and after it the grader checks the modes are still in place and
+recording is still off. Copies of the guarded files in ``sys.modules`` under other names are
+switched off like the originals, and opening a gpumem source file during the call is refused by an
+audit hook. Whatever the call rebinds or changes in the course, its caches or torch is put back and
+the call fails (:mod:`.labstate`). Starting another process (``os.system``, ``subprocess``,
 ``os.posix_spawn``, ``os.fork``: an interpreter where no guard watches, review r8), reading the
 grader's frames, trace or profile hooks and threads are refused by the labs' shared audit hook
 (:func:`gpumem.course.lab_audit.refusing`, around the learner's call only). Covered: measuring
-*during* the call (bar C entry points bound before it). Not covered: measuring *before* the
-check and fitting (review r9); only part 3's chain MLPs, drawn at each check, stop that
+*during* the call (bar C entry points bound before it). Not covered: measuring *before* the check
+and fitting (review r9); only part 3's chain MLPs, drawn at each check, stop that
 (:mod:`.labcheck`'s docstring).
 """
 
@@ -39,12 +39,12 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from gpumem.course import lab_audit
 from gpumem.course.case_limits import alarm_held
+from gpumem.course.plain import plain
 
 from . import labcopies, labstate
 
 MODULES = ("gpumem.memory.activations", "gpumem.memory.accounting", "gpumem.memory.estimate",
-           "gpumem.memory.models", "gpumem.memory.llama",
-           "gpumem.memory.tracer", "gpumem.memory.trace_compose", "gpumem.memory.megatron",
+           "gpumem.memory.models", "gpumem.memory.llama", "gpumem.memory.tracer", "gpumem.memory.trace_compose", "gpumem.memory.megatron",
            "gpumem.memory.ds_estimators", "gpumem.memory.crosscheck", "gpumem.memory.timeline",
            "gpumem.chapters.ch01_memory_anatomy.labcheck", "gpumem.chapters.ch01_memory_anatomy.variants",
            "gpumem.chapters.ch01_memory_anatomy.labhints", "gpumem.chapters.ch01_memory_anatomy.labstate",
@@ -283,7 +283,7 @@ def guarded(fn):
         taken, hits, copied = snapshot(modules + me), [], []
         try:
             with guard(modules), watch(copies, shared, copied), refusing(REFUSAL, hits):
-                result = fn(*args, **kwargs)
+                result = plain(fn(*args, **kwargs))   # read now, under the guard (r20: a dict subclass)
         except BaseException:
             with held():
                 restore(taken)

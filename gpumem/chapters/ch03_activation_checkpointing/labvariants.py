@@ -13,13 +13,18 @@ gradients taken from copies kept in the forward are those at 0.7, whatever re-ra
 The dropout case moves the random-number generator on between forward and backward. When its
 gradients differ, the case is run again with the generator put back to the forward's state
 before backward instead: if they agree then, the re-run drew other masks than the forward, and
-the row says so (review r9: "gradients differ" alone did not say what was skipped)."""
+the row says so (review r9: "gradients differ" alone did not say what was skipped). After backward
+the generator must be where plain autograd leaves it (review r20: a re-run that replayed the forward's
+state and never put the later one back passed, and repeats random numbers from then on)."""
 
 from gpumem.course.grading import Report, call, returned, run_case
 
 from .labguard import guarded
 
 DROPOUT = "random numbers (dropout) replayed"
+RNG_LEFT = ("after backward the random-number generator is not where plain autograd leaves it: the re-run "
+            "replayed the forward's state and left it there, so later draws repeat earlier ones; put back "
+            "the state the re-run replaced (review r20)")
 MASKS = ("the re-run drew other dropout masks than the forward: save the random-number state "
          "in forward and restore it for the re-run only")
 
@@ -67,7 +72,7 @@ def grade_variants(report: Report, ckpt) -> bool:
     w, x, cases = variants()
     for name, run, args, switch in cases:
         def body(run=run, args=args, switch=switch, name=name, replay=False):
-            grads, again = [], [0]
+            grads, again, states = [], [0], []
             for wrapped in (False, True):
                 if switch:                            # plain autograd at 1.3 throughout; yours at 0.7 until
                     switch(0.7 if wrapped else 1.3)   # the forward is done, 1.3 from then on
@@ -95,6 +100,7 @@ def grade_variants(report: Report, ckpt) -> bool:
                 if w.grad is None or x.grad is None:
                     return "wrong", f"no gradient reached {'the weight' if w.grad is None else 'the input'}: it is cut from the graph"
                 grads.append((w.grad.clone(), x.grad.clone()))
+                states.append(torch.get_rng_state())   # where backward left the generator
             if not again[0]:
                 return "wrong", ("run was not called again in backward: nothing was recomputed, so what run "
                                  "saved was kept instead (keep only the inputs, re-run run in backward)")
@@ -105,7 +111,11 @@ def grade_variants(report: Report, ckpt) -> bool:
                                  "recomputation was for show; take the gradients from the re-run's graph")
             if diff and name == DROPOUT and not replay and body(replay=True) == ("ok", ""):
                 return "wrong", f"gradients differ from plain autograd by up to {diff:.3g}: {MASKS}"
-            return ("ok", "") if diff == 0 else ("wrong", f"gradients differ from plain autograd by up to {diff:.3g}")
+            if diff:
+                return "wrong", f"gradients differ from plain autograd by up to {diff:.3g}"
+            if not torch.equal(*states):
+                return "wrong", RNG_LEFT
+            return "ok", ""
         if run_case(report, "checkpoint", f"unseen case: {name}", guarded(body)).status != "ok":
             return False
     return True

@@ -48,6 +48,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpumem.course.plain import odd_tensor
+
 from .labexp2 import Exp2Rule
 from .labfence import BRIDGES as _BRIDGES, Fence, refusing as _refusing
 from .labops import (_COPIES, _EXITS, _EXPS, _FRESH, _PRINTS, _QK_READS, _READ_BUDGET, _READS, _SIZED, _SMALL,
@@ -160,7 +162,10 @@ class Watch(Sealed, TorchDispatchMode):
                         f"and decide what to skip from indices, not from the numbers")
 
     def foreign(self, out) -> str:
-        """'' or why a returned tensor was not made by an op the watch saw (torch.from_numpy...)."""
+        """'' or why a returned tensor was not made by an op the watch saw (torch.from_numpy...), or
+        is not a plain ``torch.Tensor`` (:func:`gpumem.course.plain.odd_tensor`)."""
+        if why := odd_tensor(out):
+            return why
         for t in _tensors(out if isinstance(out, (tuple, list)) else (out,)):
             if t.numel() and _ptr(t) not in self.made:
                 return (f"a returned tensor of shape {tuple(t.shape)} was not made by any torch op in "

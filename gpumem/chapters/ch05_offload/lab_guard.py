@@ -53,7 +53,7 @@ import sys
 import threading
 from types import MappingProxyType
 
-from gpumem.course import copy_watch, lab_audit, lab_origin
+from gpumem.course import copy_watch, lab_audit, lab_intact, lab_origin
 from gpumem.course.case_limits import alarm_held
 from gpumem.course.plain import plain
 from gpumem.memory import offload_cost
@@ -236,7 +236,7 @@ def guarded(fn):
                 if hits:
                     raise RuntimeError(f"{ref.REFUSAL} ({hits[0]})") from None
                 raise
-        if hits:
+        if hits or (hits := [w for w in (lab_intact.now(),) if w]):   # a library changed in the call
             raise RuntimeError(f"{ref.REFUSAL} ({hits[0]})")
         return result
     return run

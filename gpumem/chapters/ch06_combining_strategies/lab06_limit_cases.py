@@ -223,8 +223,8 @@ def grade(choice, case: tuple, link: float | None, limits: Limits, slack: float,
                          f"buffers (offload_buffers: {(host - states) / 1e12:.2f} TB of it), over the team's "
                          f"host_per_node {limits.host_per_node / 1e12:g} TB; count the buffers in your fit test")
     if why:
-        return "wrong", (f"yours: {label}: {why}. planner.plan answers for its own nodes "
-                         f"({HOST_PER_NODE / 1e12:g} TB, any placement); keep the team's limit in your search")
+        return "wrong", (f"yours: {label}: {why}: keep the team's limit in your search (the course's planner "
+                         f"knows only its own nodes, {HOST_PER_NODE / 1e12:g} TB, any placement)")
     if host > HOST_PER_NODE or nvme > NVME_PER_NODE:
         return "wrong", (f"yours: {label}: does not fit: host {host / 1e12:.2f} TB, NVMe {nvme / 1e12:.2f} TB per "
                          f"node (limits {HOST_PER_NODE / 1e12:g} and {NVME_PER_NODE / 1e12:g} TB)")
