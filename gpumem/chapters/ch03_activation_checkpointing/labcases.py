@@ -11,7 +11,7 @@ Each check draws, from families of small Llamas (real tensors, measured in secon
 * last, three layers and budget shares for ``choose_saved`` (``labsacdraw.draw``), so the cases above
   are those earlier versions drew from the same seed.
 
-The ``deep`` family (12-14 thin layers) keeps only questions where the best placement cuts the
+The ``deep`` family (12-16 thin layers) keeps only questions where the best placement cuts the
 checkpointed layers into at least 2 segments and fewer than c, and its budget lies below the peak
 of every "first c layers in segments of equal length g" (g = 1 .. c: one each, Chen et al.'s
 sqrt(c), one segment): each of those rules misses (the smallest c at which it fits is not the
@@ -57,7 +57,9 @@ FAMILIES = (
     Family("wide", (5, 6, 7, 8), ((96, 6), (128, 8), (64, 4), (128, 4)), (1, 2), (192, 256, 320, 352),
            (96, 160)),
     Family("loss-heavy", (4, 5, 6, 7), ((64, 4), (96, 6), (80, 5)), (1,), (128, 192, 224), (200, 480)),
-    Family("deep", (12, 13, 14), ((64, 4), (48, 3)), (1,), (48, 64, 80), (300, 520), True),
+    # r20: (12-14 layers, widths 48-64) left one shape, 14 layers with 13 checkpointed, at every seed
+    Family("deep", (12, 13, 14, 15, 16), ((64, 4), (48, 3), (80, 5), (96, 6)), (1,), (48, 64, 80, 112, 144),
+           (200, 600), True),
 )
 GRAD_SHAPES = (((2, 64, 4, 2, 192, 160)), (3, 80, 5, 5, 224, 200), (3, 96, 6, 3, 160, 120),
                (4, 64, 4, 1, 128, 96), (2, 112, 7, 7, 256, 180))

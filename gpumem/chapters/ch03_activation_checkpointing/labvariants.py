@@ -24,7 +24,7 @@ from .labguard import guarded
 DROPOUT = "random numbers (dropout) replayed"
 RNG_LEFT = ("after backward the random-number generator is not where plain autograd leaves it: the re-run "
             "replayed the forward's state and left it there, so later draws repeat earlier ones; put back "
-            "the state the re-run replaced (review r20)")
+            "the state the re-run replaced")
 MASKS = ("the re-run drew other dropout masks than the forward: save the random-number state "
          "in forward and restore it for the re-run only")
 
