@@ -453,13 +453,13 @@ _MEASURE, _HOOKS = variants.measure, torch.autograd.graph.saved_tensors_hooks
 
 
 @pytest.mark.parametrize("ns, says", [
-    ({"model_state_bytes": lambda n_params, recipe, gpus=1, zero=0: _AlwaysEqualDict()},
-     "expected a dict with keys params, grads, optimizer"),
+    # the answer is read as plain values under the guard (r20): the subclasses' values are graded
+    ({"model_state_bytes": lambda n_params, recipe, gpus=1, zero=0: _AlwaysEqualDict()}, "got {}"),
     ({"model_state_bytes": lambda n_params, recipe, gpus=1, zero=0: dict.fromkeys(
-        ("params", "grads", "optimizer"), _AlwaysEqual(0))}, "(a _AlwaysEqual, not an int)"),
-    ({"layer_activation_bytes": lambda **kw: _AlwaysEqual(0)}, "expected an int (bytes)"),
+        ("params", "grads", "optimizer"), _AlwaysEqual(0))}, "got {'params': 0, 'grads': 0, 'optimizer': 0}"),
+    ({"layer_activation_bytes": lambda **kw: _AlwaysEqual(0)}, "off: go through its operations again"),
     ({"variant_layer": lambda **kw: {"activations": _AlwaysEqual(0), "params": _AlwaysEqual(0)}},
-     "expected a dict with int 'activations'"),
+     "B missing"),
     ({"variant_layer": _poison_the_cache}, "changed variants._truth (its contents)"),
     ({"variant_layer": _rebind_the_truth}, "changed variants.measure"),
     ({"variant_layer": _patch_torch}, "changed torch.autograd.graph.saved_tensors_hooks"),

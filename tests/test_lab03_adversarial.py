@@ -670,8 +670,8 @@ def _numpy_for_show(run, *args):
         out = run(*args)
     outs = out if isinstance(out, tuple) else (out,)
 
-    def rerun(grad):
-        with torch.enable_grad():
+    def rerun(grad):                       # the generator put back after it (r20 checks it)
+        with torch.enable_grad(), torch.random.fork_rng():
             run(*[a.detach() if torch.is_tensor(a) else a for a in args])
     next(o for o in outs if o.requires_grad).register_hook(rerun)
     return out
@@ -683,8 +683,8 @@ def _clones_for_show(run, *args):
         out = run(*args)
     outs = out if isinstance(out, tuple) else (out,)
 
-    def rerun(grad):
-        with torch.enable_grad():
+    def rerun(grad):                       # the generator put back after it (r20 checks it)
+        with torch.enable_grad(), torch.random.fork_rng():
             run(*[a.detach() if torch.is_tensor(a) else a for a in args])
     next(o for o in outs if o.requires_grad).register_hook(rerun)
     return out
@@ -1313,7 +1313,9 @@ def test_sac_drawn_budgets_defeat_the_fixed_and_greedy_rules():
     on the first case of every draw); the knapsack over the FLOPs as given (the solution before
     early stop was graded) and review r13's 200 random orders (40/40 before) miss on every layer
     alone, the knapsack that always leaves the last matmul out on every case with the final norm,
-    and every draw has both; a ratio-free random pick misses on some case of every draw."""
+    and every draw has both; a ratio-free random pick misses on some case of 39 of the 40 draws
+    (seed 27's three cases it meets by luck since the deep family widened, r20: about one in 40)."""
+    lucky = []
     for seed in range(40):
         misses = 0
         assert {layer.final_norm for layer, _ in _selective(seed)} == {True, False}, seed
@@ -1334,7 +1336,8 @@ def test_sac_drawn_budgets_defeat_the_fixed_and_greedy_rules():
                 assert sum(ops[i]["bytes"] for i in pick) <= budget, (seed, name)
                 assert _rerun(ops, pick, layer.final_norm) > cost * (1 + labsac.SLACK), (seed, layer, budget, name)
             misses += _rerun(ops, _random_pick(spends, budget, seed), layer.final_norm) > cost * (1 + labsac.SLACK)
-        assert misses, seed
+        lucky += [] if misses else [seed]
+    assert lucky == [27], lucky
     assert {layer.kernel for seed in range(3) for layer, _ in _selective(seed)} == {"flash", "eager"}
 
 
@@ -1490,3 +1493,41 @@ def test_the_dropout_row_says_the_masks_differ():
     report = Report(labcheck.LAB)                      # the solution itself passes every variant
     assert grade_variants(report, _solution_cells("class MyCheckpoint")["checkpoint"]), report.summary()
     assert restored()
+
+
+class _RewoundRng(torch.autograd.Function):
+    """Review r20's checkpoint (21/21 before): the CPU generator saved in forward, set again for the
+    re-run in backward and never put back, so later draws repeat the forward's."""
+
+    @staticmethod
+    def forward(ctx, run, *args):
+        ctx.run, ctx.rng = run, torch.get_rng_state()
+        ctx.save_for_backward(*[a for a in args if torch.is_tensor(a)])
+        ctx.others = [a for a in args]
+        with torch.no_grad():
+            return run(*args)
+
+    @staticmethod
+    def backward(ctx, *grad_outs):
+        torch.set_rng_state(ctx.rng)
+        args = [a.detach().requires_grad_(a.requires_grad) if torch.is_tensor(a) else a for a in ctx.others]
+        with torch.enable_grad():
+            outs = ctx.run(*args)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        torch.autograd.backward(outs, grad_outs)
+        return (None, *[a.grad if torch.is_tensor(a) else None for a in args])
+
+
+def _rewound_rng(run, *args):
+    return _RewoundRng.apply(run, *args)
+
+
+def test_a_rerun_that_leaves_the_generator_rewound_fails_the_dropout_case(monkeypatch):
+    """Its gradients equal plain autograd's; the generator after backward does not (the row says so)."""
+    from gpumem.chapters.ch03_activation_checkpointing import labprints, labvariants
+    monkeypatch.setattr(labguard, "Escapes", _NoWatch)
+    monkeypatch.setattr(labprints, "c_exit", lambda fn, graders: "")
+    report = Report("lab03")
+    assert not labvariants.grade_variants(report, _rewound_rng)
+    assert [r.status for r in report.rows] == ["wrong"], report.summary()
+    assert report.rows[0].detail == labvariants.RNG_LEFT

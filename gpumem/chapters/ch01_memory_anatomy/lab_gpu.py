@@ -91,7 +91,7 @@ def measure_cuda(kernel: str) -> dict:
 
 def measurement_verdict(got, measured: dict) -> tuple[str, str]:
     """(status, detail): the learner's ``{"held", "peak"}`` against the course's measurement."""
-    if not (isinstance(got, dict) and all(type(got.get(k)) is int for k in ("held", "peak"))):
+    if not (type(got) is dict and all(type(got.get(k)) is int for k in ("held", "peak"))):
         return "wrong", f"expected a dict with int 'held' and 'peak' bytes, got {got!r}"[:200]
     for key in ("held", "peak"):
         if abs(got[key] - measured[key]) > TOLERANCE * measured[key]:

@@ -38,7 +38,7 @@ import random
 
 from gpumem.course import seeds
 from gpumem.course.grading import LearnerError, Report, Row, call, grade, returned, run_case
-from gpumem.course.plain import plain
+from gpumem.course.plain import read_now
 from gpumem.memory import accounting, tracing
 from gpumem.memory.estimate import n_param_tensors
 from gpumem.memory.models import ModelConfig
@@ -223,7 +223,7 @@ def _grade_variants(report: Report, fn, rng: random.Random) -> None:
             want_bytes, want_params = truth = variants.measure(**case)
             if changed := labtruth.disagreement(case, truth):
                 return "error", changed
-            values = {k: got.get(k) for k in ("activations", "params")} if isinstance(got, dict) else {}
+            values = {k: got.get(k) for k in ("activations", "params")} if type(got) is dict else {}
             if not (values and all(plain_int(v) for v in values.values())):
                 return "wrong", returned(got, "a dict with int 'activations' (bytes) and 'params'")
             for key, want in (("activations", want_bytes), ("params", want_params)):
@@ -257,7 +257,7 @@ def _grade_gpu(report: Report, fn, measure_fn) -> str:
         run_case(report, "variant_layer", f"{case}, {kernel}", body)
         if measure_fn is not None:
             run_case(report, "gpu_held_bytes", f"{case}, {kernel}", lambda kernel=kernel: lab_gpu.measurement_verdict(
-                lab_gpu.learners(call, lambda *a: plain(measure_fn(*a)), kernel), lab_gpu.measure_cuda(kernel)))
+                lab_gpu.learners(call, lambda *a: read_now(measure_fn(*a)), kernel), lab_gpu.measure_cuda(kernel)))
     todo = [r for r in report.rows[start:] if r.status == "todo"]
     report.rows[start:] = [r for r in report.rows[start:] if r.status != "todo"]   # optional: no todo row
     if todo:

@@ -13,7 +13,7 @@ A formula needs no tensor at all: while the learner's function runs, a ``TorchDi
 ``TorchFunctionMode`` refuse every tensor operation ("no tensor ops: derive the count, do not
 measure it"), so a copy of the course's code loaded under another name, a model of the learner's own
 or a walk over ``grad_fn._saved_*`` has nothing to run on. The answer is read at once, inside the
-guard (:func:`gpumem.course.plain.plain`, review r20). The ways out of those modes that Python can
+guard (:func:`gpumem.course.plain.read_now`, review r20). The ways out of those modes that Python can
 reach are refused during the call, and after it the grader checks the modes are still in place and
 recording is still off. Copies of the guarded files in ``sys.modules`` under other names are
 switched off like the originals, and opening a gpumem source file during the call is refused by an
@@ -39,7 +39,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from gpumem.course import lab_audit
 from gpumem.course.case_limits import alarm_held
-from gpumem.course.plain import plain
+from gpumem.course.plain import read_now
 
 from . import labcopies, labstate
 
@@ -283,7 +283,7 @@ def guarded(fn):
         taken, hits, copied = snapshot(modules + me), [], []
         try:
             with guard(modules), watch(copies, shared, copied), refusing(REFUSAL, hits):
-                result = plain(fn(*args, **kwargs))   # read now, under the guard (r20: a dict subclass)
+                result = read_now(fn(*args, **kwargs))   # under the guard (r20: a dict subclass)
         except BaseException:
             with held():
                 restore(taken)
