@@ -127,6 +127,17 @@ def differences(taken: dict):
             for key in set(space) - set(before) - _SKIP:
                 if not (isinstance(space[key], types.ModuleType) and space[key].__name__ == f"{name}.{key}"):
                     yield f"{name}.{key} was added"
+    yield from class_differences(taken)
+    for name, (value, before) in taken["held"].items():
+        if _entry_changed(before, _contents(value)):
+            yield f"the contents of {name} were changed"
+    if wrong := _aten_wrong():
+        yield f"torch's {wrong} no longer computes what it should (a kernel re-registered?)"
+
+
+def class_differences(taken: dict):
+    """The watched classes' part of :func:`differences` alone (``torch.Tensor``, ``nn.Module``,
+    gpumem's classes): cheap enough for lab 02's ranks to check at every gradient's arrival."""
     for name, (cls, before) in taken["classes"].items():
         now = vars(cls)
         for key, value in before.items():
@@ -136,11 +147,6 @@ def differences(taken: dict):
             for key in set(now) - set(before) - {"__slotnames__"}:     # copyreg's cache, set by a copy
                 if _watched(name, now[key]):
                     yield f"{name}.{key} was added"
-    for name, (value, before) in taken["held"].items():
-        if _entry_changed(before, _contents(value)):
-            yield f"the contents of {name} were changed"
-    if wrong := _aten_wrong():
-        yield f"torch's {wrong} no longer computes what it should (a kernel re-registered?)"
 
 
 def _aten_wrong() -> str | None:

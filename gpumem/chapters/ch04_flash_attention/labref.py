@@ -7,11 +7,14 @@ has output 0 and logsumexp -inf (the logsumexp of an empty set): the lab's conve
 shards and fully masked rows.
 """
 
+import math
+
 import torch
 
 from gpumem.course.grading import kind
 
 ATOL = RTOL = 1e-9
+LOG2E = math.log2(math.e)         # a value off by exactly this factor: the exp2 fold done twice or undone
 
 
 def causal_mask(s_q: int, s_k: int, q0: int = 0, k0: int = 0) -> torch.Tensor:
@@ -76,4 +79,8 @@ def first_wrong(name: str, got, want) -> str:
     bad = (~ok).flatten().nonzero()
     idx = tuple(int(i) for i in torch.unravel_index(bad[0, 0], ok.shape))
     more = f" (first of {len(bad):,} wrong elements)" if len(bad) > 1 else ""
-    return f"{name}{list(idx)}: got {got_d[idx].item():.10g}, expected {want[idx].item():.10g}{more}"
+    g, w = got_d[idx].item(), want[idx].item()
+    ratio = g / w if w and math.isfinite(g) and math.isfinite(w) else 0.0   # r20: the folded scale left in
+    log2e = next((f" (x {word}: a log2 e folded in, or taken out, once too often?)" for r, word in
+                  ((LOG2E, "log2 e"), (1 / LOG2E, "1 / log2 e")) if abs(ratio - r) < 1e-6 * r), "")
+    return f"{name}{list(idx)}: got {g:.10g}, expected {w:.10g}{log2e}{more}"
