@@ -178,9 +178,11 @@ def call(fn: Callable, *args, **kwargs):
     (``sys.exit`` too; only Ctrl-C passes) :class:`LearnerError`; its printing is capped."""
     if not callable(fn):
         raise LearnerError(f"it is {kind(fn)}, not a function")
+    torch = sys.modules.get("torch")
+    state = torch._C._get_torch_function_state() if torch is not None else None
     try:
         with capped_output():
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
     except NotImplementedError:
         raise Todo() from None
     except BaseException as err:
@@ -188,6 +190,16 @@ def call(fn: Callable, *args, **kwargs):
             raise
         raise LearnerError(f"it called sys.exit({err.code!r}); return the answer instead"
                            if isinstance(err, SystemExit) else error_line(err)) from None
+    finally:
+        if state is not None and torch._C._get_torch_function_state() != state:
+            torch._C._set_torch_function_state(state)   # r20: left switched off, it blinded later checks
+            left_off = True
+        else:
+            left_off = False
+    if left_off:
+        raise LearnerError("it left torch's __torch_function__ switched off (DisableTorchFunction entered, never "
+                           "left): the grader's watches would see nothing after it")
+    return result
 
 
 def run_case(report: Report, function: str, case: str, body: Callable[[], tuple[str, str] | None],
