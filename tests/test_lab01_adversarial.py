@@ -1567,8 +1567,8 @@ def _slip_acts(mlp, slip, n):
             new = 4 if op == "float" else 2
             if slip == "A":
                 size = new
-            elif new != size or slip == "D":    # D (r20): a cast to the dtype it has copies too
-                size, held = new, False
+            elif new != size or slip == "D" or (slip == "H" and op == "float"):   # D (r20), H (r21): a cast
+                size, held = new, False         # to the dtype the tensor has copies too (H: .float() only)
         elif keeps_input:
             acts += 0 if held else size * n
             held = False
@@ -1583,7 +1583,7 @@ def _slip_acts(mlp, slip, n):
     return acts + (0 if held else 2 * n)
 
 
-R20_SLIPS = ["D", "G"] + [f"E:{op}" for op in ("relu", "sigmoid", "tanh", "exp")] + \
+R20_SLIPS = ["D", "G", "H"] + [f"E:{op}" for op in ("relu", "sigmoid", "tanh", "exp")] + \
     [f"F:{op}" for op in ("gelu", "gelu_tanh", "square", "silu")]
 
 
@@ -1596,7 +1596,7 @@ def test_each_r20_slip_changes_a_fixed_chains_count(slip):
     assert any(_slip_acts(c, slip, n) != _slip_acts(c, None, n) for _, c, _ in labcheck.FIXED_CHAINS), slip
 
 
-@pytest.mark.parametrize("slip", ["A", "B", "C", "D"])
+@pytest.mark.parametrize("slip", ["A", "B", "C", "D", "H"])
 def test_a_slip_in_one_chain_rule_fails_on_the_fixed_chains(slip):
     """The solution's count with one rule slipped (the difference the slip makes on each chain);
     the fixed chains (the same at every check) fail each slip; the drawn ones met them in 18-33 % of checks."""

@@ -238,14 +238,18 @@ def rebuild(sent: dict) -> dict:
     return ns
 
 
+def quiet() -> None:
+    """bitsandbytes' CPU backend logs a warning when it cannot fetch an optional kernel from the Hub
+    (lab 08's carried import; r20: "Failed to load CPU gemm_4bit_forward"): nothing is fetched here."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
 def main(fd: int, entry: str) -> int:
     """The fresh process: rebuild the learner's definitions from source, grade them, hand the rows
     back on ``fd`` with the primitives taken at import, and end at once (no exit handler, finalizer or
     thread of the learner's runs after the report)."""
     sent = json.loads(sys.stdin.read())
-    # bitsandbytes' CPU backend logs a warning when it cannot fetch an optional kernel from the Hub
-    # (lab 08's carried import; r20: "Failed to load CPU gemm_4bit_forward"): nothing is fetched here
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    quiet()
     module, _, function = entry.partition(":")
     check = getattr(importlib.import_module(module), function)      # the grader, before any learner code
     load = getattr(importlib.import_module(module), "load_lab", None)

@@ -15,6 +15,7 @@ it runs), less a library's own wrapper of what was there. New modules and caches
 changes; replacing or removing what was there is.
 """
 
+import dataclasses
 import sys
 import types
 
@@ -60,13 +61,26 @@ def _classes() -> list[tuple[str, type]]:
     return found
 
 
+class _Fields(tuple):
+    """A dataclass entry as recorded: the instance, then its field values."""
+
+
+def _fields(value):
+    """A dataclass instance's field values (compared one by one, review r21 of lab 05: a frozen
+    ``Recipe`` in gpumem's table re-initialised in place kept its identity), else the value itself."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _Fields((value, *(object.__getattribute__(value, f.name) for f in dataclasses.fields(value))))
+    return value
+
+
 def _contents(value):
-    """A shallow copy of a list, dict or set of gpumem's (compared entry by entry), else None."""
+    """A shallow copy of a list, dict or set of gpumem's (compared entry by entry, a dataclass entry
+    field by field), else None."""
     kind = type(value)
     if issubclass(kind, list):
-        return list(value)
+        return [_fields(v) for v in value]
     if issubclass(kind, dict):
-        return dict(value)
+        return {k: _fields(v) for k, v in dict.items(value)}
     if issubclass(kind, (set, frozenset)):
         return set(value)
     return None
@@ -87,11 +101,17 @@ def take(contents: bool = True) -> dict:
     return {"spaces": spaces, "classes": classes, "held": held}
 
 
+def _same(a, b) -> bool:
+    if type(a) is _Fields:
+        return type(b) is _Fields and len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    return a is b
+
+
 def _entry_changed(old, new) -> bool:
     if isinstance(old, list):
-        return len(new) < len(old) or any(a is not b for a, b in zip(old, new))
+        return len(new) < len(old) or any(not _same(a, b) for a, b in zip(old, new))
     if isinstance(old, dict):
-        return any(k not in new or new[k] is not v for k, v in old.items())
+        return any(k not in new or not _same(new[k], v) for k, v in old.items())
     return not old <= new
 
 

@@ -60,7 +60,8 @@ PRIVATE_OK = frozenset({"_execution_engine", "_sleep"})
 MUTATORS = frozenset({"update", "clear", "pop", "popitem", "setdefault", "append", "extend", "insert", "remove",
                       "add", "discard", "difference_update", "intersection_update", "symmetric_difference_update",
                       "__setitem__", "__delitem__", "__setattr__", "__delattr__", "sort", "reverse", "putenv",
-                      "unsetenv"})
+                      "unsetenv",
+                      "__init__", "__post_init__"})     # r20: a frozen library dataclass re-initialised in place
 
 
 def _root(node: ast.AST) -> ast.AST:

@@ -219,4 +219,15 @@ def problem(source: str, ns: dict) -> str | None:
             why = f"it runs `{ast.unparse(stmt)[:60]}` when the definition is made"
         if why:
             return why
+    nested = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n not in tree.body]
+    for node in nested:                    # r21 of lab 02: a tensor subclass made inside the function
+        for base in node.bases:
+            try:
+                value = _value(_dotted(base), ns) if _dotted(base) else None
+            except Exception:              # noqa: BLE001 -- a local name: not a library's tensor
+                value = None
+            torch = __import__("sys").modules.get("torch")
+            if torch is not None and isinstance(value, type) and issubclass(value, torch.Tensor):
+                return (f"class {node.name} (inside a function): its base `{ast.unparse(base)}` makes tensors "
+                        "whose own code runs wherever the grader handles them (a tensor subclass): use plain tensors")
     return _patches(tree, _foreign(tree, ns))

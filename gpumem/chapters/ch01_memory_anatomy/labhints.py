@@ -147,10 +147,9 @@ def why(learner, case: dict, key: str, got: int, want: int) -> str:
         mine, true = t[wrong[0]]
         if key == "activations" and wrong[0] == "mlp" and isinstance(case["mlp"], tuple):
             return chain_hint(learner, case)
-        if key == "activations":
-            return _bytes_hint(wrong[0], mine, true, (case["batch"] * case["seq"], case["d_model"], case["ffn"]),
-                               case["norm"])
-        return _params_hint(wrong[0], mine, true, case)
+        said = _bytes_hint(wrong[0], mine, true, (case["batch"] * case["seq"], case["d_model"], case["ffn"]),
+                           case["norm"]) if key == "activations" else _params_hint(wrong[0], mine, true, case)
+        return f"{said} (this case: expected {want:,} {unit}, got {got:,})"     # r21: the whole gap too
     if plain_mine is not None and plain_mine != plain_true and len(t) == sum(m is not None for m, _ in t.values()):
         return (f"the plain layer (norm='fused', mlp='swiglu', qkv_bias=False) at this shape is already "
                 f"{plain_mine - plain_true:+,} {unit} off; every switch's term is right: fix part 2's count")

@@ -211,7 +211,8 @@ def grade_overlap(ranks: list[dict]) -> str | None:
             overlapped += times[j] < woke
         if why and not checked:
             return (f"the grader could not test overlap on rank {c} in any pass ({'; '.join(sorted(why))}"
-                    "): send each full bucket from the hook that fills it, as soon as it fills")
+                    "): send each full bucket from the hook that fills it, as soon as it fills; if yours do, "
+                    "the machine was too busy for the probe's timing: run the check again")
         if checked and not overlapped:
             passes = f"{checked} pass{'es' if checked != 1 else ''} checked"
             return (f"rank {c} computed no further gradient after issuing a collective until rank {1 - c}, held back "

@@ -1,38 +1,36 @@
 """Lab 02's record of what one rank's hooks did during backward, on the real ``torch.distributed``
 (gloo) and the real autograd engine.
 
-* Every collective of ``torch.distributed`` is wrapped (:func:`collectives`: each public function
-  of ``distributed_c10d`` that takes a ``group``, and ``batch_isend_irecv``), synchronous or not:
-  a call made during backward is recorded with its name, its ``async_op``, the elements it sends
-  (for a reduce-scatter) and the arrival number at its launch; an asynchronous one returns its
-  real work handle inside a proxy on which any use (``wait()``, ``_work``, ``get_future()``...)
-  records the arrival number at the wait; a barrier counts as a wait of every handle.
+* Every collective of ``torch.distributed`` is wrapped (:func:`collectives`: each public function of
+  ``distributed_c10d`` that takes a ``group``, and ``batch_isend_irecv``), synchronous or not: a
+  call made during backward is recorded with its name, its ``async_op``, the elements it sends (for
+  a reduce-scatter) and the arrival number at its launch; an asynchronous one returns its real work
+  handle inside a proxy on which any use (``wait()``, ``_work``, ``get_future()``...) records the
+  arrival number at the wait; a barrier counts as a wait of every handle.
 * ``torch.autograd.Variable._execution_engine`` is replaced by a proxy that counts
   ``queue_callback`` calls (the engine itself still runs every callback).
 * The process groups' own sequence numbers (gloo counts every collective it runs, whoever calls it:
-  a ``ProcessGroup`` method, a saved original function) are read by the grader at the start and
-  end of backward and at every gradient arrival, through the method as it was before the learner's
-  code ran. A collective that went around the wrappers, or a record written by hand, shows as a
+  a ``ProcessGroup`` method, a saved original function) are read by the grader at the start and end
+  of backward and at every gradient arrival, through the method as it was before the learner's code
+  ran. A collective that went around the wrappers, or a record written by hand, shows as a
   difference between the two counts.
 
 Nothing the learner is handed closes over the record or the real functions: the wrappers are
 ``functools.partial`` objects of a module function that reads this module's private ``_REC`` and
 ``_REAL``; a handle proxy keeps its launch's number alone, the real work sits in the module's
-``_WORKS`` (review r12 #2: it was in the proxy's own slot), and the proxy is a ``Work`` named as
-torch names it, so graded and ungraded handles do not differ by their type's name (r12 #6). Its
-finalizer drops the entry and returns nothing (r15 #1: it was ``_WORKS.pop``, and
-``weakref.finalize._select_for_exit()`` -> ``peek()`` handed it out, the real work to its caller).
-This raises the bar, no more: code running in the same process can reach any object (``gc``,
-``sys.modules``, a function's ``__globals__``). So the learner's source is refused statically if
-it reaches for them (:mod:`gpumem.course.lab_reach`), and :func:`seal` checks at every arrival and
-after every pass that what the record and the probe rely on is as it was (r12 #1: cheat C replaced
-``lab02_ranks.time``); an edit that gets past both is not caught.
+``_WORKS``, and the proxy is a ``Work`` named as torch names it, so graded and ungraded handles do
+not differ by their type's name. Its finalizer drops the entry and returns nothing (r15 #1). This
+raises the bar only: code running in the same process can reach any object (``gc``, ``sys.modules``,
+a function's ``__globals__``). So the learner's source is refused statically if it reaches for them
+(:mod:`gpumem.course.lab_reach`), and :func:`seal` checks at every arrival and after every pass that
+what the record and the probe rely on is as it was (r12 #1); an edit that gets past both is not
+caught.
 
-Measured, not refused (r15 #1, cheat S2: every bucket waited at launch by a route no token list
-named): gloo writes an asynchronous reduce-scatter's output only in ``wait()``. Each graded launch's
-output is filled with NaN (unmetered); at every later arrival (:meth:`Record.landed`) one holding
-anything else while its proxy was never used was written by a wait of the real work, whatever
-reached it (or by the hooks, in flight): the case fails.
+Measured, not refused (r15 #1, cheat S2: every bucket waited at launch by an unnamed route): gloo
+writes an asynchronous reduce-scatter's output only in ``wait()``. Each graded launch's output is
+filled with NaN (unmetered); at every later arrival (:meth:`Record.landed`) one holding anything
+else while its proxy was never used was written by a wait of the real work, whatever reached it (or
+by the hooks, in flight): the case fails. A launch into a tensor subclass is refused.
 """
 
 import functools
@@ -244,6 +242,8 @@ def _sentinel(output):
     CPU tensor (NCCL writes in the background; an integer holds no NaN)."""
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
+    if isinstance(output, torch.Tensor) and type(output) is not torch.Tensor:     # r21: its own isnan
+        raise RuntimeError(f"your collective's output is a {type(output).__name__}: use plain tensors")
     if not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.device.type != "cpu":
         return None
     with _disable_current_modes():

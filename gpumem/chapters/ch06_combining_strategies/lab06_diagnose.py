@@ -19,6 +19,13 @@ LEVERS = (
     ("offload (optimizer or optimizer+params)", lambda lay: lay.offload != "none"),
     ("Megatron-Core's engine (mcore=True: its overlaps)", lambda lay: lay.mcore),
 )
+# which kind of hybrid sharding, named first (review r21: a search that tried HSDP read "it lacks hybrid
+# sharding" where the fastest layout used hpZ)
+HYBRIDS = (
+    ("hpZ (hybrid='hpz': a secondary copy of the parameter shards inside each shard group)",
+     lambda lay: lay.hybrid == "hpz"),
+    ("HSDP (hybrid='hsdp': shards inside each group, replicas across groups)", lambda lay: lay.hybrid == "hsdp"),
+)
 TERMS = ("compute", "attention_scores", "pipeline_bubble", "tensor_parallel", "context_parallel",
          "pipeline_p2p", "data_parallel", "optimizer", "offload")
 
@@ -38,7 +45,7 @@ def why_slower(mine, result, slack: float, family=None) -> str:
     """One clause: the missing lever that matters here, else the term that loses the most."""
     best = fastest(result.plans)
     levers = ((family.lever, family.uses),) if family is not None else ()
-    for text, uses in levers + LEVERS:
+    for text, uses in HYBRIDS + levers + LEVERS:
         if uses(best.layout) and not uses(mine.layout):
             without = best_without(result.plans, uses)
             if without is None or without > slack * best.time["total"]:

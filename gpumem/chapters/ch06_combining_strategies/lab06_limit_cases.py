@@ -11,7 +11,7 @@ bytes per node, None for the planner's; ``one_node=False``).
 Four families, one member of each drawn at check time like :mod:`.lab06_cases`' (GPU count,
 sequence, batch, link and the host cap drawn from ranges): a host-memory cap per node below the
 planner's 2 TB; model-parallel ranks kept in one node on a 5-20 Gb/s link between nodes (issue
-21's slow-network case); the same on 64K-192K-token sequences (its long-sequence case); a cap
+21's slow-network case); the same on 128K-192K-token sequences (its long-sequence case); a cap
 that NVMe offload's states fit but not with its swap buffers (review r9: the buffers never
 decided a case; on its 405B clusters nothing keeps that cap, so the answer is None). A member
 counts only when the planner's own fastest layout breaks the limit and the fastest that keeps it

@@ -42,7 +42,7 @@ from gpumem.course import copy_watch, lab_audit, lab_intact, lab_origin
 from gpumem.course.case_limits import alarm_held
 from gpumem.course.plain import plain
 from gpumem.memory import (accounting, activation_parts, activations, finetune, finetune_acts, finetune_fsdp,
-                           finetune_setup, gpus, models)
+                           finetune_setup, gpus, megatron, models)
 from gpumem.timing import finetune_time
 
 from . import lab_acts, lab_draw, scale
@@ -63,7 +63,7 @@ _NAMES = {finetune: _own(finetune), activations: _own(activations), activation_p
           finetune_setup: ["validate", "matrices", "adapter_tensors", "lora_params"],
           finetune_fsdp: ["fsdp_states"],
           finetune_time: ["lora_flops", "step_flops", "dequant_bytes", "dequant_seconds"],
-          accounting: ["model_states"], gpus: ["usable", "of"], scale: ["usable", "base_offloaded", "need"],
+          accounting: ["model_states"], gpus: ["usable", "of"], megatron: ["reconcile"],   # r21: its Llama column scale: ["usable", "base_offloaded", "need"],
           lab_draw: ["truth", "nf4_constants", "prepare_cast"],
           models: ["n_params", "layer_params", "attention_params", "mlp_params", "expert_params",
                    "embedding_params", "norm_params"]}

@@ -52,9 +52,11 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
                                      "bf16 once a step and kept: 2 B per adapter element)",
              8: "the loss's two fp32 scalars (8 B)",
              4 * seq * model["head_dim"]: "RoPE's cos and sin tables (2 x 2 B x seq x head_dim, shared by the batch)",
-             10 * T * model["vocab"]: "the loss's logits (bf16), their fp32 copy and the fp32 log-softmax"}
-    if gap in named and gap:
-        return f"{'missing' if gap > 0 else 'counted once too often'}: {named[gap]}"
+             10 * T * model["vocab"]: "the loss's logits (bf16), their fp32 copy and the fp32 log-softmax",
+             T * (2 * h + 4): "layer 0's first norm (its input comes from the frozen embedding and needs no "
+                              "gradient, so that norm saves nothing; every later layer's does: 2h + 4 B a token)"}
+    if abs(gap) in named and gap:
+        return f"{'missing' if gap > 0 else 'counted once too often'}: {named[abs(gap)]}"
     if ft.base_dtype == "nf4" and policy == "none" and got == lab_acts.peak_parts(
             lab_draw.config(model), ft, seq, batch, "full", dropout)["peak"]:        # review r15 #3
         return ("that is the checkpointed peak: peft's prepare_model_for_kbit_training would turn gradient "
@@ -160,6 +162,8 @@ def grade_offload(report, fn, cases: list) -> None:
                         return "wrong", f"{where}, {key}: bytes are a whole number (int), got {g!r}"
                     if g != want[key]:
                         hint = _offload_hint(key, g, want, ft, model)
-                        return "wrong", f"{where}, {key}: {off_by(g, want[key], hint)}"
+                        first = "your activation_peak is wrong (see its rows): fix that first; " if key == "gpu" and any(
+                            r.function == "activation_peak" and r.status != "ok" for r in report.rows) else ""
+                        return "wrong", f"{where}, {key}: {first}{off_by(g, want[key], hint)}"
             return "ok", ""
         run_case(report, "base_on_cpu", case, body, limit=ROW_CHARS)
