@@ -802,3 +802,17 @@ def test_cheat_mx_the_meter_paused_from_a_hook_fails_the_case(monkeypatch):
     assert "the grader's memory meter was paused at gradient arrival 2 of backward 1 on rank" in tiny[0].detail
     bf16 = rows(report, "bf16")[0]
     assert bf16.status == "wrong" and "memory meter was paused" in bf16.detail, bf16
+
+
+def test_review_r21_a_launch_into_a_tensor_subclass_is_refused():
+    """Review r21: a subclass defined inside the hook answered the grader's NaN check with its own
+    ``isnan``; a collective's output that is not a plain tensor is refused at its launch."""
+    import torch
+    from gpumem.chapters.ch02_zero import lab02_watch
+
+    class Quiet(torch.Tensor):
+        def isnan(self):
+            return torch.ones(self.shape, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="output is a Quiet: use plain tensors"):
+        lab02_watch._sentinel(torch.zeros(4).as_subclass(Quiet))
+    assert lab02_watch._sentinel(torch.zeros(4)) is not None

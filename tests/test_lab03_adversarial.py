@@ -1531,3 +1531,31 @@ def test_a_rerun_that_leaves_the_generator_rewound_fails_the_dropout_case(monkey
     assert not labvariants.grade_variants(report, _rewound_rng)
     assert [r.status for r in report.rows] == ["wrong"], report.summary()
     assert report.rows[0].detail == labvariants.RNG_LEFT
+
+
+def _top_rerun_only(segments, n_layers, layer_bytes, checkpoint_bytes, other_bytes, other_after_loss):
+    """Review r21: the end of the forward and only the topmost segment's re-run (every drawn
+    estimate placement before had its peak there: 8/8 rows on 40/40 seeds)."""
+    starts, plain, segs, i, top = {s[0]: len(s) for s in segments}, 0, 0, 0, 0
+    while i < n_layers:
+        if i in starts:
+            top = plain * layer_bytes + segs * checkpoint_bytes + starts[i] * layer_bytes + 2 * checkpoint_bytes \
+                + other_after_loss
+            segs, i = segs + 1, i + starts[i]
+        else:
+            plain, i = plain + 1, i + 1
+    return max(top, plain * layer_bytes + segs * checkpoint_bytes + other_bytes)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_estimate_that_sees_only_the_top_rerun_fails_the_drawn_estimates(seed):
+    """The drawn estimates now include a long lowest segment under two single ones, whose re-run is
+    the peak; the hand count passes all of them."""
+    cases = labcases.draw(seed)["estimates"]
+    assert any(len(s) == 3 and len(s[0]) == cfg.n_layers - 2 for cfg, s in cases)
+    report = Report("lab03")
+    labcheck._grade_estimates(report, _top_rerun_only, cases)
+    assert report.rows[-1].status == "wrong" and "[[0, ..." in report.rows[-1].case, report.summary()
+    report = Report("lab03")
+    labcheck._grade_estimates(report, _exact, cases)
+    assert all(r.status == "ok" for r in report.rows) and len(report.rows) == len(cases), report.summary()

@@ -1219,3 +1219,15 @@ def test_review_r11_rewritten_copy_of_the_graders_limit_search_is_refused(source
         return      # the worker refused before the call too (gpumem.course.lab_audit: a cell's thread)
     refused = "your code must run from a notebook cell: it ran "                    # the origin rule
     assert all(r.status == "error" and refused in r.detail for r in rows), rows
+
+
+def test_review_r21_the_missing_kind_of_hybrid_sharding_is_named():
+    """Review r21: a search that tried HSDP read "it lacks hybrid sharding (hybrid='hsdp' or 'hpz')"
+    where the fastest layout used hpZ (3.686 s; 3.871 s without it, HSDP's best 5.746 s)."""
+    from types import SimpleNamespace as NS
+    from gpumem.chapters.ch06_combining_strategies import lab06_diagnose
+    lay = dict(cp=1, vp=1, pp=1, tp=1, zero=3, offload="none", device="none", mcore=False)
+    plan = lambda hybrid, total: NS(layout=NS(hybrid=hybrid, **lay), time={"total": total})   # noqa: E731
+    best, plain_, hsdp = plan("hpz", 3.686), plan("none", 3.871), plan("hsdp", 5.746)
+    said = lab06_diagnose.why_slower(hsdp, NS(plans=[best, plain_, hsdp]), 1.05)
+    assert said.startswith("it lacks hpZ (hybrid='hpz'") and "without it the best is 3.87 s" in said, said

@@ -1348,3 +1348,17 @@ def test_choose_cases_are_as_deep_as_published_models():
         for want, card, host_ram, model, *_ in lab_cases.choose_cases(random.Random(seed)):
             L, h = model["n_layers"], model["d_model"]
             assert 16 <= L <= 128 and 64 <= h / L <= 160, (seed, want, L, h)
+
+
+def test_review_r21_layer_0s_norm_is_named_and_reconcile_is_blocked():
+    """Review r21: a count that gives layer 0's first norm its save (T (2h + 4) too many) read "a
+    small term ... is off"; the row now names layer 0. ``megatron.reconcile``'s Llama column is the
+    per-layer count for flash attention: it is off while graded like the other counts."""
+    from gpumem.chapters.ch08_finetuning import lab_acts, lab_guard, lab_parts
+    from gpumem.memory import megatron
+    ft, seq = lab_draw.LADDER["lora"], 512
+    parts = lab_acts.peak_parts(lab_draw.config(LLAMA3_8B), ft, seq, 1, "none")
+    extra = seq * (2 * LLAMA3_8B["d_model"] + 4)
+    hint = lab_parts._acts_hint(ft, "none", parts["peak"] + extra, parts, LLAMA3_8B, seq, 1)
+    assert hint.startswith("counted once too often: layer 0's first norm"), hint
+    assert lab_guard.BLOCKED[(megatron.__file__, "reconcile")] == "gpumem.memory.megatron.reconcile"

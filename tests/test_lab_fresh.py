@@ -157,6 +157,14 @@ REFUSED = [
     ("def f(x):\n    from string import Formatter\n    return Formatter\n", "string.Formatter"),
     ("def f(x):\n    return ('{0.__s' + 'elf__}').format(x)\n", "template built at run time"),
     ("def f(x):\n    return '{0.__self__}'.format(x)\n", "field that reads an attribute"),
+    # review r20/r21: a library's table changed through a type's own method or re-initialised in place
+    # (lab 05); a tensor subclass made inside a function (lab 02)
+    ("def f():\n    from gpumem.memory import accounting\n    dict.update(accounting.RECIPE, a=1)\n",
+     "calls `dict.update`, which changes part of a library"),
+    ("def f():\n    from gpumem.memory import accounting\n    accounting.RECIPE['mixed'].__init__('mixed')\n",
+     "which changes part of a library"),
+    ("def f(x):\n    class Quiet(torch.Tensor):\n        pass\n    return x.as_subclass(Quiet)\n",
+     "(inside a function): its base `torch.Tensor`"),
 ]
 FINE = [
     "@functools.lru_cache(maxsize=None)\ndef f(x, y=2, z=-1.5, t=(1, 'a'), dt=torch.float32) -> int:\n    return x\n",
@@ -350,6 +358,18 @@ def test_what_gpumem_adds_while_grading_is_not_a_change():
         mod.LIST[0] = 1
         mod.abs = lambda x: 0                          # would shadow the builtin in that module
         assert lab_intact.changed(taken) == "gpumem._intact_probe.abs was added"
+        del mod.abs
+        import dataclasses                             # review r21 of lab 05: a frozen entry re-initialised
+
+        @dataclasses.dataclass(frozen=True)
+        class Entry:
+            bytes_: int
+        table["e"] = Entry(18)
+        taken = lab_intact.take()
+        object.__setattr__(table["e"], "bytes_", 0)    # what its generated __init__ does, in place
+        assert lab_intact.changed(taken) == "the contents of gpumem._intact_probe.TABLE were changed"
+        object.__setattr__(table["e"], "bytes_", 18)
+        assert lab_intact.changed(taken) is None
     finally:
         sys.modules.pop(mod.__name__)
         sys.modules.pop("gpumem._intact_probe2", None)
