@@ -19,8 +19,8 @@ from gpumem.course.grading import Report
 from test_labs import _lab02_solution
 
 LAUNCH = "        work = dist.reduce_scatter_tensor(mine, send, async_op=True)\n"
-CAP = "        if len(in_flight) == 2:              # each in flight holds its copy: two at most\n" \
-      "            land(*in_flight.pop(0))\n"
+CAP = "        if len(in_flight) == 2:              # each in flight holds its flat copy: two at most, so the\n" \
+      "            land(*in_flight.pop(0))          # oldest lands before this bucket's copy is made\n"
 READY = """    def ready(p):
         if not queued[0]:                    # first gradient of this pass
             torch.autograd.Variable._execution_engine.queue_callback(end_of_backward)
