@@ -1362,3 +1362,5 @@ def test_review_r21_layer_0s_norm_is_named_and_reconcile_is_blocked():
     hint = lab_parts._acts_hint(ft, "none", parts["peak"] + extra, parts, LLAMA3_8B, seq, 1)
     assert hint.startswith("counted once too often: layer 0's first norm"), hint
     assert lab_guard.BLOCKED[(megatron.__file__, "reconcile")] == "gpumem.memory.megatron.reconcile"
+    from gpumem.chapters.ch08_finetuning import scale      # and what was blocked before stays blocked
+    assert {n for (f, n) in lab_guard.BLOCKED if f == scale.__file__} == {"usable", "base_offloaded", "need"}

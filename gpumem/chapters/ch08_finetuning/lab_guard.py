@@ -63,7 +63,8 @@ _NAMES = {finetune: _own(finetune), activations: _own(activations), activation_p
           finetune_setup: ["validate", "matrices", "adapter_tensors", "lora_params"],
           finetune_fsdp: ["fsdp_states"],
           finetune_time: ["lora_flops", "step_flops", "dequant_bytes", "dequant_seconds"],
-          accounting: ["model_states"], gpus: ["usable", "of"], megatron: ["reconcile"],   # r21: its Llama column scale: ["usable", "base_offloaded", "need"],
+          accounting: ["model_states"], gpus: ["usable", "of"], scale: ["usable", "base_offloaded", "need"],
+          megatron: ["reconcile"],                     # r21: its Llama column is the per-layer count
           lab_draw: ["truth", "nf4_constants", "prepare_cast"],
           models: ["n_params", "layer_params", "attention_params", "mlp_params", "expert_params",
                    "embedding_params", "norm_params"]}
