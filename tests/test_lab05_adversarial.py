@@ -6,6 +6,7 @@ the package the learner imports (review r7 defect 2). Only one test starts ranks
 files (the grader's fallback without libaio) and a drawn pair against a live NVMe offload run.
 """
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -150,11 +151,11 @@ def _fastest_that_fits(ns):
 
 
 @pytest.mark.parametrize("make, words", [
-    (lambda ns: _always_most_offloaded, "s a step (stock schedule), over the"),
-    (_ignores_time, "s a step (stock schedule), over the"),
+    (lambda ns: _always_most_offloaded, "stock step is over the"),
+    (_ignores_time, "stock step is over the"),
     # the fastest rung that fits memory fails either way the drawn cases fall: where the answer is a
     # slower rung that leaves the GPU more room, or where even the fastest misses the step budget
-    (_fastest_that_fits, ("also fits and leaves the GPU more room", "s a step (stock schedule), over the")),
+    (_fastest_that_fits, ("also fits and leaves the GPU more room", "stock step is over the")),
 ], ids=["always-most-offloaded", "ignores-time-budget", "fastest-that-fits"])
 def test_choice_shortcuts_fail(make, words):
     ns = solution("lab05")
@@ -299,7 +300,7 @@ def test_a_wrong_count_is_blamed_before_the_choice():
     bad = first_problem(grade(ns), "choose_rung")
     assert bad.detail.startswith("your rung_bytes is wrong (see the rows): fix that first"), bad
     assert "zero2+opt-cpu" not in bad.detail                        # the expected rung is not given away
-    assert "s a step (stock schedule), over the" in bad.detail
+    assert "stock step is over the" in bad.detail
 
 
 def _engine_seconds(n, ranks, rung, compute_s, links):
@@ -341,9 +342,30 @@ def _hand_seconds(n, ranks, rung, compute_s, links):
     during = max(compute_s, grad_down / links.d2h + grad_up / links.h2d, (grad_up + fetch) / links.h2d,
                  fetch / links.nvme_read if device == "nvme" else 0)
     nvme = 0.0
-    if device == "nvme":                       # fp32 grad, master, m, v read; written (+ bf16 shard)
-        nvme = 16 * s / links.nvme_read + (16 * s + (2 * s if fetch else 0)) / links.nvme_write
+    if device == "nvme":     # fp32 grad, master, m, v read in the step; master, m, v (+ bf16 shard) written
+        nvme = 16 * s / links.nvme_read + (12 * s + (2 * s if fetch else 0)) / links.nvme_write
+        nvme += _hand_grad_wait(s, links.nvme_write, compute_s * 2 / 3)
     return during + nvme + s / links.cpu_adam + (0 if fetch else 2 * s / links.h2d)
+
+
+def _hand_grad_wait(s, rate, backward, size=10**9, count=4):
+    """What the step waits for of backward's fp32 gradient write, round by round: backward fills up
+    to ``count`` buffers of min(s, size) elements at a steady pace, each written when full and the
+    drive is free; after a full round it waits for the drive (async_swapper.py's rule, checked
+    against DeepSpeed in test_05_grad_swap); the last buffer is written at the step."""
+    size = min(s, size)
+    sizes = [size] * (s // size) + ([s % size] if s % size else [])
+    rounds = [sizes[i:i + count] for i in range(0, len(sizes), count)]
+    start = 0.0                              # when backward starts filling the round (waits included)
+    for k, group in enumerate(rounds):
+        free = start                         # the drive is idle when a round begins
+        filled = start
+        for n in group:
+            filled += backward * n / s
+            free = max(free, filled) + 4 * n / rate
+        if k == len(rounds) - 1:
+            return free - backward
+        start = free                         # the round's last buffer triggered the wait for all
 
 
 def test_hand_schedule_equals_the_time_engine():
@@ -353,6 +375,7 @@ def test_hand_schedule_equals_the_time_engine():
         n, ranks, c = rng.randrange(10**6, 10**11), rng.choice((3, 8, 16, 32)), rng.uniform(0.1, 10)
         links = offload_time.datasheet_links(rng.choice(lab_draw.GPUS), rng.choice(lab_draw.NVME),
                                              ranks_on_node=min(ranks, 8))
+        links = dataclasses.replace(links, d2h=links.h2d * rng.choice(lab_draw.D2H_SHARES))
         for rung in ref.RUNGS:
             assert _hand_seconds(n, ranks, rung, c, links) == pytest.approx(_engine_seconds(n, ranks, rung, c, links),
                                                                              rel=1e-12), rung
@@ -375,7 +398,15 @@ def _variant(change):
      "the updated 16-bit shard's upload after the step is missing"),
     (lambda t, s, o, d, c, links, *_: c, "yours is compute alone"),
     (lambda t, s, o, d, c, links, *_: t * 1.5, "1.5x the time engine's stock step (too long)"),
-], ids=["no-cpu-adam", "no-update-upload", "compute-only", "off-by-half"])
+    (lambda t, s, o, d, c, links, *_: t + ((4 * s / links.nvme_write - _hand_grad_wait(s, links.nvme_write, c * 2 / 3))
+                                            if d == "nvme" else 0), "writes the whole fp32 gradient to the drive after backward"),
+    (lambda t, s, o, d, c, links, *_: t - (_hand_grad_wait(s, links.nvme_write, c * 2 / 3) if d == "nvme" else 0),
+     "the fp32 gradient's drive write is missing"),
+    (lambda t, s, o, d, c, links, *_: t + ((_hand_grad_wait(s, links.nvme_write, c * 2 / 3, count=10**9)
+                                             - _hand_grad_wait(s, links.nvme_write, c * 2 / 3)) if d == "nvme" else 0),
+     "your gradient write waits too little"),
+], ids=["no-cpu-adam", "no-update-upload", "compute-only", "off-by-half", "grad-write-serial", "grad-write-missing",
+        "grad-write-no-wait"])
 def test_a_wrong_mechanism_is_named_by_rung_seconds(change, words):
     """The learner's own mechanism with one piece left out: the row names the piece (or the factor)
     without the engine's seconds, and the choice's rows blame rung_seconds first."""
@@ -744,10 +775,12 @@ def _keyed_on_the_case(n, ranks, gb, hb, sb, c, links):
 
 def test_choose_rung_keyed_on_the_case_fails(monkeypatch):
     """Each case's answer is drawn before its setup (ranks, GPU, drive, compute), so neither the
-    reviewer's one-liner nor a table from ranks to the commonest answer solves a check (20 draws;
-    the cases are drawn here as check() draws them)."""
+    reviewer's one-liner nor a table from ranks to the commonest answer solves more than a lucky
+    few checks: 100 draws, drawn here as check() draws them; four drawn answers from four leave any
+    fixed guess a few lucky draws (the one-liner solves 3 of these 100; the old templates' cases
+    gave it every one)."""
     monkeypatch.setattr(copy_watch, "from_grader", lambda frame, entries: True)    # lab_draw called from here
-    draws = [lab_draw.choose_cases(random.Random(1000 + seed)) for seed in range(20)]
+    draws = [lab_draw.choose_cases(random.Random(1000 + seed)) for seed in range(100)]
     by_ranks: dict = {}
     for cases in draws:
         for _, args, want, _ in cases:
@@ -755,7 +788,7 @@ def test_choose_rung_keyed_on_the_case_fails(monkeypatch):
     assert all(len(set(answers)) >= 2 for answers in by_ranks.values()), by_ranks    # no rank count names it
     common = {r: max(set(a), key=a.count) for r, a in by_ranks.items()}
     for guess in (_keyed_on_the_case, lambda n, ranks, *rest: common[ranks]):
-        assert not any(all(guess(*args) == want for _, args, want, _ in cases) for cases in draws)
+        assert sum(all(guess(*args) == want for _, args, want, _ in cases) for cases in draws) <= 4
 
 
 def test_the_one_liner_gets_a_wrong_row(no_libaio):
@@ -925,8 +958,9 @@ from test_copy_watch import _Defaults""").replace(
 @pytest.mark.parametrize("source, copied", [
     (ENGINE_COPY, "gpumem.timing.offload_time.step_time"),
     # mut3 turns step_time's dict literals' constant keys into loads (BUILD_MAP, not
-    # BUILD_CONST_KEY_MAP): 0.53 of its shingles, under COVER; traffic_parts, which it calls, is named
-    (ENGINE_DEFAULTS, "gpumem.memory.offload_cost.traffic_parts"),
+    # BUILD_CONST_KEY_MAP): it was 0.53 of its shingles, under COVER, and traffic_parts, which it
+    # calls, was named; step_time's gradient-write lines (no dict) keep it over COVER now
+    (ENGINE_DEFAULTS, ("gpumem.memory.offload_cost.traffic_parts", "gpumem.timing.offload_time.step_time")),
 ], ids=["unchanged", "constants-in-defaults"])
 def test_a_copy_of_the_time_engine_fails_part_3(no_libaio, source, copied):
     """Part 3 asks for the learner's own time mechanism: a copy of offload_time.step_time (with
@@ -936,7 +970,8 @@ def test_a_copy_of_the_time_engine_fails_part_3(no_libaio, source, copied):
     report = grade(ns)
     bad = first_problem(report, "rung_seconds")
     assert bad.status == "error" and "count it yourself" in bad.detail, bad
-    assert f"it ran a copy of {copied} (the same code under another name)" in bad.detail, bad
+    copied = (copied,) if isinstance(copied, str) else copied
+    assert any(f"it ran a copy of {c} (the same code under another name)" in bad.detail for c in copied), bad
     assert not report.solved
 
 
@@ -1232,8 +1267,9 @@ def _stream_slip(slip):
             beside = [compute_s, fetch / links.h2d]
         swaps = 0.0
         if device == "nvme":
-            states = 4 * s + 8 * s + 4 * s
-            swaps = states / links.nvme_read + (states + (2 * s if moved else 0)) / links.nvme_write
+            states = 4 * s + 8 * s
+            swaps = (states + 4 * s) / links.nvme_read + (states + (2 * s if moved else 0)) / links.nvme_write
+            swaps += _hand_grad_wait(s, links.nvme_write, compute_s * 2 / 3)
             if moved:
                 beside.append(fetch / links.nvme_read)
         return max(beside) + swaps + s / links.cpu_adam + (0.0 if moved else 2 * s / links.h2d)
@@ -1339,13 +1375,14 @@ def test_a_rewritten_copy_of_the_library_is_refused_where_it_runs(monkeypatch):
         ("from ..errors", "from gpumem.errors"),
         ("from ..memory import accounting, gpus as gpu_table", "from mine import accounting\nfrom gpumem.memory import gpus as gpu_table"),
         ("from ..memory.offload_cost", "from mine.offload_cost"), ("from ..units", "from gpumem.units"),
-        ("from . import compute", "from gpumem.timing import compute")])
+        ("from . import compute, grad_swap", "from gpumem.timing import compute, grad_swap")])
     mine = _rewritten("lab_reference", "gpumem/chapters/ch05_offload/lab_reference.py", [
         ("sys.audit(AUDIT)", "pass"), ("graders_only(", "(lambda *a: 0)("), ("from ...course.copy_watch import graders_only\n", ""),
         ("from ...memory import accounting, ds_estimators, offload_cost",
          "from mine import accounting, offload_cost\nfrom gpumem.memory import ds_estimators"),
         ("from ...runs import ds_offload", "from gpumem.runs import ds_offload"),
-        ("from ...timing import offload_time", "from mine import offload_time"), ("os.path.abspath(__file__)", '"/x"')])
+        ("from ...timing import grad_swap, offload_time", "from mine import offload_time\nfrom gpumem.timing import grad_swap"),
+        ("os.path.abspath(__file__)", '"/x"')])
     try:
         assert acc.model_states is not accounting.model_states
 

@@ -83,11 +83,12 @@ def traffic_parts(n_params: int, recipe: str, zero: int, gpus: int, offload: str
     """Bytes one rank moves per step, by purpose: ``grad_down``, ``grad_up`` (:func:`gradient_trip`),
     ``param_fetch`` (ZeRO-3 parameters offloaded: the shard up in every forward and backward),
     ``param_update`` (optimizer only offloaded: the updated 16-bit shard up after the step),
-    ``nvme_param_read`` (the fetches' reads from the drive), ``nvme_state_read`` and ``nvme_write``."""
+    ``nvme_param_read`` (the fetches' reads from the drive), ``nvme_state_read``, ``nvme_write`` and,
+    of it, ``nvme_grad_write`` (the fp32 gradient, written during backward)."""
     n_params, gpus = _check(n_params, recipe, zero, gpus, offload, device)
     m = positive_int(micro_batches, "micro-batches per step")
     keys = ("grad_down", "grad_up", "param_fetch", "param_update", "nvme_param_read", "nvme_state_read",
-            "nvme_write")
+            "nvme_write", "nvme_grad_write")
     out = dict.fromkeys(keys, 0)
     if offload == "none":
         return out
@@ -101,6 +102,7 @@ def traffic_parts(n_params: int, recipe: str, zero: int, gpus: int, offload: str
         states = accounting.model_states(n_params, recipe, gpus, zero, offload, device).nvme
         on_drive = p16 * s if params_off else 0             # the 16-bit shard's own file
         out["nvme_write"] = states
+        out["nvme_grad_write"] = accounting.optimizer_grad_bytes(accounting.RECIPE[recipe]) * s
         out["nvme_state_read"] = states - on_drive
         out["nvme_param_read"] = out["param_fetch"] if params_off else 0
     return out

@@ -263,12 +263,13 @@ def assumptions(g: GPU, reserve, mfu: float, links: offload_time.Links, node, op
 def _offload(psi: int, lay: Layout, links: offload_time.Links, busy: float) -> tuple[float, dict]:
     """Exposed offload seconds and the per-link seconds behind them, from ``offload_time.step_time``
     (DeepSpeed 0.19.8's copies for ``lay.n_micro`` micro-batches): during forward and backward the
-    gradient copies (one stream), the parameter fetches and their NVMe reads; after backward the
-    state swaps and the updated shard's upload; CPU Adam in series."""
+    gradient copies (one stream), the parameter fetches and their NVMe reads; after backward what
+    the step waits for of the gradient's NVMe write, the state swaps and the updated shard's upload;
+    CPU Adam in series."""
     t = offload_time.step_time(psi, lay.recipe, lay.zero, lay.shards, lay.offload, lay.device, busy, links,
                                micro_batches=lay.n_micro)
     during = max(t["grad_trip"], t["h2d"] - t["h2d_after"], t["nvme_params"])
-    after = t["nvme_states"] + t["h2d_after"]
+    after = t["nvme_grad_exposed"] + t["nvme_states"] + t["h2d_after"]
     cpu_adam = t["cpu_adam"]
     exposed = max(0.0, during - OFFLOAD_OVERLAP * busy) + after + cpu_adam
     return exposed, {"during_compute": during, "after_backward": after, "cpu_adam": cpu_adam}

@@ -16,11 +16,11 @@ swap-in (``partitioned_param_coordinator.py``, ``__prefetch_nvme_param_partition
 667-690, on when ``offload_param`` is NVMe: ``parameter_offload.py`` line 218). The optimizer
 states are swapped in, updated and swapped out sub-group by sub-group inside ``step()``
 (``stage3.py`` lines 2910-2927: ``_prepare_sub_group``, ``_optimizer_step``,
-``_reassign_or_swap_out_partitioned_parameters``, ``_release_sub_group``), and backward's fp32
-gradient write blocks the training thread once the swapper's few pinned buffers are in flight
-(``swap_tensor/async_swapper.py``, ``_flush_buffers_until_complete``): no DeepSpeed schedule
-overlaps them with compute. So ``nvme`` splits into ``nvme_params`` (during compute) and
-``nvme_states`` (in the step). ``overlap=False`` adds the terms (the note's 155 ms example);
+``_reassign_or_swap_out_partitioned_parameters``, ``_release_sub_group``): no DeepSpeed schedule
+overlaps them with compute. Backward's fp32 gradient write overlaps backward only as far as the
+swapper's pinned buffers let it (:mod:`.grad_swap`: nothing when the shard fits one buffer). So
+``nvme`` splits into ``nvme_params`` (during compute), ``nvme_grad`` (the gradient write, of which
+``nvme_grad_exposed`` shows) and ``nvme_states`` (the rest, in the step). ``overlap=False`` adds the terms (the note's 155 ms example);
 ``overlap=True`` is :func:`ideal_schedule`. Hiding CPU Adam needs the paper's delayed parameter
 update (DPU); stock DeepSpeed runs it after backward (:func:`stock_schedule`); 0.19.8's
 overlapped path is ZenFlow (``zero_optimization.zenflow``, stale updates).
@@ -39,7 +39,7 @@ from ..errors import UsageError, one_of
 from ..memory import accounting, gpus as gpu_table
 from ..memory.offload_cost import offload_traffic, traffic_parts
 from ..units import GB
-from . import compute
+from . import compute, grad_swap
 
 
 class Drive(NamedTuple):
@@ -154,7 +154,9 @@ def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, de
               micro_batches: int = 1) -> dict:
     """Seconds per step: ``compute`` (given), ``h2d``/``d2h`` (each direction's bytes), ``grad_trip``
     (the gradient copies in turn on their one stream), ``h2d_after`` (the updated shard, after the
-    step), ``nvme`` = ``nvme_params`` (prefetched reads) + ``nvme_states`` (not overlapped),
+    step), ``nvme`` = ``nvme_params`` (prefetched reads) + ``nvme_grad`` (backward's fp32 gradient
+    write; ``nvme_grad_exposed``: what of it the step waits for, :func:`.grad_swap.exposed_seconds`
+    over the last micro-batch's backward) + ``nvme_states`` (the state swaps, not overlapped),
     ``cpu_adam``, ``total`` (``overlap``: :func:`ideal_schedule`, else the sum of compute, h2d, d2h,
     nvme, cpu_adam), ``stock`` (:func:`stock_schedule`) and ``bound`` (the largest of those five)."""
     if not compute_s >= 0:
@@ -166,7 +168,12 @@ def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, de
              "nvme": t["nvme_read"] / links.nvme_read + t["nvme_write"] / links.nvme_write,
              "cpu_adam": (accounting.shard(n_params, gpus) / links.cpu_adam if offload != "none" else 0.0)}
     bound = max(terms, key=terms.get)
-    terms |= {"nvme_params": params, "nvme_states": terms["nvme"] - params,
+    s = accounting.shard(n_params, gpus)
+    grad = p["nvme_grad_write"] / links.nvme_write
+    shown = (grad_swap.exposed_seconds(s, p["nvme_grad_write"] // s, links.nvme_write,
+                                       compute_s * grad_swap.BACKWARD_SHARE / micro_batches) if grad else 0.0)
+    terms |= {"nvme_params": params, "nvme_grad": grad, "nvme_grad_exposed": shown,
+              "nvme_states": terms["nvme"] - params - grad,
               "grad_trip": p["grad_down"] / links.d2h + p["grad_up"] / links.h2d,
               "h2d_after": p["param_update"] / links.h2d}
     total = ideal_schedule(terms) if overlap else sum(terms[k] for k in ("compute", "h2d", "d2h", "nvme", "cpu_adam"))
@@ -175,7 +182,8 @@ def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, de
 
 def _split(terms: dict) -> tuple[float, float, float, float]:
     """(gradient stream, up during compute, parameter reads, state swaps); a dict of compute, h2d,
-    d2h, nvme, cpu_adam only reads as: d2h the gradients, h2d all after the step, nvme all states."""
+    d2h, nvme, cpu_adam only reads as: d2h the gradients, h2d all after the step, nvme all states
+    (the gradient write among them)."""
     after = terms.get("h2d_after", terms["h2d"])
     params = terms.get("nvme_params", 0.0)
     return (terms.get("grad_trip", terms["d2h"]), terms["h2d"] - after, params,
@@ -183,20 +191,23 @@ def _split(terms: dict) -> tuple[float, float, float, float]:
 
 
 def ideal_schedule(terms: dict) -> float:
-    """The best any schedule reaches: overlappable terms beside compute (CPU Adam too, with the
-    paper's delayed update), then the state swaps, which nothing overlaps."""
+    """The best any schedule reaches: overlappable terms beside compute (CPU Adam and the whole
+    gradient write too), then the state swaps, which nothing overlaps."""
     grad, _, params, states = _split(terms)
-    return max(terms["compute"], grad, terms["h2d"], terms["d2h"], params, terms["cpu_adam"]) + states
+    return max(terms["compute"], grad, terms["h2d"], terms["d2h"], params, terms["cpu_adam"],
+               terms.get("nvme_grad", 0.0)) + states
 
 
 def stock_schedule(terms: dict) -> float:
     """Seconds of a step as stock DeepSpeed orders it (no delayed update): during forward and
     backward the gradient copies (one stream), the parameter fetches and their NVMe reads run beside
-    compute; then the state swaps, CPU Adam and the updated shard's upload, in series:
-    max(compute, grad_trip, h2d during, nvme_params) + nvme_states + cpu_adam + h2d_after."""
+    compute, and the gradient's NVMe write as far as its buffers let it; then the state swaps, CPU
+    Adam and the updated shard's upload, in series: max(compute, grad_trip, h2d during,
+    nvme_params) + nvme_grad_exposed + nvme_states + cpu_adam + h2d_after."""
     grad, up, params, states = _split(terms)
     after = terms["h2d"] - up
-    return max(terms["compute"], grad, up, params) + states + terms["cpu_adam"] + after
+    shown = terms.get("nvme_grad_exposed", 0.0)
+    return max(terms["compute"], grad, up, params) + shown + states + terms["cpu_adam"] + after
 
 
 def compute_seconds(n_params: int, tokens: int, flops: float, mfu: float = compute.KERNEL_SHARE) -> float:

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from ...course.copy_watch import graders_only
 from ...memory import accounting, ds_estimators, offload_cost
 from ...runs import ds_offload
-from ...timing import offload_time
+from ...timing import grad_swap, offload_time
 
 # rung -> (ZeRO stage, offload, device), in accounting's vocabulary; the ladder's order
 # read-only (review r18: graded code rewrote it through dict.update(ref.RUNGS, ...))
@@ -95,4 +95,5 @@ BLOCKED = ((accounting, "model_states"), (ds_offload, "swap_files"), (ds_offload
            (ds_estimators, "compare"), (ds_estimators, "printed_tables"),
            (offload_time, "step_time"), (offload_time, "stock_schedule"), (offload_time, "ideal_schedule"),
            (offload_time, "break_even_tokens"), (offload_cost, "traffic_parts"),
-           (offload_cost, "offload_traffic"), (offload_cost, "gradient_trip"))
+           (offload_cost, "offload_traffic"), (offload_cost, "gradient_trip"),
+           (grad_swap, "exposed_seconds"), (grad_swap, "waits"), (grad_swap, "buffers"))

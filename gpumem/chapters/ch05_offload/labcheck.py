@@ -33,7 +33,7 @@ import random
 
 from gpumem.course import seeds
 from gpumem.course.grading import Report, Row, call, returned, run_case
-from gpumem.timing import offload_time
+from gpumem.timing import grad_swap, offload_time
 
 from . import lab_draw, lab_gpu, lab_guard
 from . import lab_reference as ref
@@ -164,6 +164,14 @@ Z3_STREAM = ("ZeRO-3's gradient stream is missing or too light: during backward 
              "one after another on one CUDA stream beside compute; here it sets the pace")
 
 
+GRAD_SERIAL = ("yours writes the whole fp32 gradient to the drive after backward: DeepSpeed's swapper "
+               "(swap_tensor/async_swapper.py) starts writing each full buffer during backward")
+GRAD_HIDDEN = ("the fp32 gradient's drive write is missing, or all of it hidden behind backward: the "
+               "step waits for what backward's buffers have not written (swap_tensor/async_swapper.py)")
+GRAD_UNBOUNDED = ("your gradient write waits too little: in swap_tensor/async_swapper.py a written buffer "
+                  "is not free again until backward waits for every write in flight")
+
+
 def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float, links) -> str:
     """'' if ``mine`` is the time engine's stock step; else what explains the difference: a known
     wrong schedule or a missing piece, else direction and factor (the engine's seconds not shown)."""
@@ -172,7 +180,17 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
     want = t["stock"]
     if _close(mine, want):
         return ""
+    back = compute_s * grad_swap.BACKWARD_SHARE
+    s = -(-n // ranks)
+    shown = t["nvme_grad_exposed"]
+    unbounded = grad_swap.exposed_seconds(s, 4, links.nvme_write, back, buffer_count=10**9) if shown else 0.0
     wrong = [(compute_s, "yours is compute alone: this rung moves states every step"),
+             (want - shown + t["nvme_grad"], GRAD_SERIAL),
+             (want - shown, GRAD_HIDDEN),
+             (want - shown + unbounded, GRAD_UNBOUNDED),
+             (want - shown + (grad_swap.exposed_seconds(s, 4, links.nvme_write, compute_s) if shown else 0.0),
+              "your gradient write's window is all of compute_s: the fp32 gradient is produced during "
+              "backward alone (the lab takes it as two thirds of compute_s)"),
              (t["total"], "yours overlaps what stock DeepSpeed runs after backward (CPU Adam, the state "
                           "swaps, the updated shard's upload); that is the delayed-update schedule"),
              (t["compute"] + t["h2d"] + t["d2h"] + t["nvme"] + t["cpu_adam"],
@@ -219,8 +237,8 @@ def why_not(got, want, args, figures: dict) -> str:
     if got is None:
         return "a rung meets all three budgets"
     gpu, cpu, secs = figures[got]
-    if secs > sb:
-        return f"{got} takes {secs:.2f} s a step (stock schedule), over the {sb:.2f} s step budget"
+    if secs > sb:        # review r21: the seconds themselves are rung_seconds' answer for this case
+        return f"{got}'s stock step is over the {sb:.2f} s step budget (see your rung_seconds row for this case)"
     if gpu > gb:
         return f"{got} puts {gpu / GB:.2f} GB on the GPU, over its {gb / GB:.1f} GB budget"
     if cpu > hb:
