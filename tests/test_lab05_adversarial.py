@@ -1447,3 +1447,15 @@ def test_links_re_initialised_by_the_learner_do_not_reach_the_pricing():
     bad = first_problem(report, "rung_seconds")
     assert bad.status == "wrong" and "yours is compute alone" in bad.detail, bad
     assert not report.solved
+
+
+def test_the_labs_chapter_model_is_chapter_05s():
+    """Review r21: the lab no longer imports gpumem.runs (its listing code is part 2's answer); the
+    model it spells out must still be the one chapter 05 ran."""
+    import json
+    from gpumem.memory.models import ModelConfig
+    cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
+    src = next("".join(c["source"]) for c in cells if "chapter_model = ModelConfig(" in "".join(c["source"]))
+    line = next(x for x in src.splitlines() if x.startswith("chapter_model = "))
+    assert eval(line.split("=", 1)[1], {"ModelConfig": ModelConfig}) == ds_offload.MODEL
+    assert "gpumem.runs" not in "".join("".join(c["source"]) for c in cells)
