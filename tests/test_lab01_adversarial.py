@@ -1560,12 +1560,16 @@ def _slip_acts(mlp, slip, n):
     back to bf16 at the end never copies; C, ``scale`` keeps the tensor before it."""
     acts, size, held = 0, 2, False
     for op in mlp:
+        if op == "bf16" and slip == "I":        # I (r22): the cast back to bf16 taken for a no-op
+            continue
         keeps_input = op in ("gelu", "gelu_tanh", "square", "silu") or slip == f"E:{op}"
         if slip == f"F:{op}":                   # review r20 slips: E, an op keeps its input instead of
             keeps_input = False                 # its output; F, its output instead of its input
         if op in ("float", "bf16"):
             new = 4 if op == "float" else 2
             if slip == "A":
+                size = new
+            elif slip == "J" and op == "bf16":  # J (r22): fp32 -> bf16 taken for a view (no copy)
                 size = new
             elif new != size or slip == "D" or (slip == "H" and op == "float"):   # D (r20), H (r21): a cast
                 size, held = new, False         # to the dtype the tensor has copies too (H: .float() only)
@@ -1583,7 +1587,7 @@ def _slip_acts(mlp, slip, n):
     return acts + (0 if held else 2 * n)
 
 
-R20_SLIPS = ["D", "G", "H"] + [f"E:{op}" for op in ("relu", "sigmoid", "tanh", "exp")] + \
+R20_SLIPS = ["D", "G", "H", "I", "J"] + [f"E:{op}" for op in ("relu", "sigmoid", "tanh", "exp")] + \
     [f"F:{op}" for op in ("gelu", "gelu_tanh", "square", "silu")]
 
 
@@ -1596,7 +1600,7 @@ def test_each_r20_slip_changes_a_fixed_chains_count(slip):
     assert any(_slip_acts(c, slip, n) != _slip_acts(c, None, n) for _, c, _ in labcheck.FIXED_CHAINS), slip
 
 
-@pytest.mark.parametrize("slip", ["A", "B", "C", "D", "H"])
+@pytest.mark.parametrize("slip", ["A", "B", "C", "D", "H", "I", "J"])
 def test_a_slip_in_one_chain_rule_fails_on_the_fixed_chains(slip):
     """The solution's count with one rule slipped (the difference the slip makes on each chain);
     the fixed chains (the same at every check) fail each slip; the drawn ones met them in 18-33 % of checks."""

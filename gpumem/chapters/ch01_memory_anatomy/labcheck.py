@@ -9,7 +9,7 @@ graded by :mod:`.labpart2`). Chapter 01 counts none of it; ``gpumem.memory.activ
 width and Qwen3's norms but not OLMo 2's, which every check grades first. Part 3's layers are the
 variants of :mod:`.variants` (Hugging Face's and Gemma's RMSNorms, a GeLU MLP with dropout, q/k/v
 biases) and, after those, chain MLPs whose operations (:data:`.variants.OPS`, three to eight) are given
-to the learner's function as data: five fixed (:data:`FIXED_CHAINS`), then some drawn at each check.
+to the learner's function as data: six fixed (:data:`FIXED_CHAINS`), then some drawn at each check.
 Every truth is measured on real tensors (:func:`.labwide.measure`, :func:`.variants.measure`). Each
 function stops at its first failing case; a wrong count is explained by the key that differs, over its
 elements (part 1, :func:`.labhints.states_hint`), its first wrong term (part 2), the switch whose term
@@ -182,7 +182,8 @@ FIXED_CHAINS = (("hf", ("relu", "float", "gelu", "sigmoid"), True),
                 ("gemma", ("relu", "scale", "gelu", "float", "sigmoid"), False),
                 ("fused", ("sigmoid", "gelu", "dropout", "relu", "bf16"), False),
                 ("hf", ("tanh", "silu", "exp", "gelu_tanh", "dropout", "square", "bf16"), False),
-                ("fused", ("float", "exp", "float", "gelu"), True))
+                ("fused", ("float", "exp", "float", "gelu"), True),
+                ("gemma", ("float", "exp", "bf16", "gelu"), False))     # r22: a bf16 cast of fp32 copies
 FIXED_SHAPE = dict(d_model=72, n_heads=6, n_kv_heads=3, ffn=200, seq=23, batch=2)   # measured once a process
 CHAIN_NOTE = ("this MLP's operations are combined at the check (most drawn afresh), so no table of chains "
               "seen before and no fit per operation covers them; work out what each one keeps (input, "
@@ -209,7 +210,7 @@ def _grade_variants(report: Report, fn, rng: random.Random) -> None:
     variants_ = VARIANT_CASES + [draw_variant(rng) for _ in range(CHAINS)]
     far = [(draw_far_shape(rng), ", far shape", v) for v in (rng.choice(VARIANT_CASES[MIXED:]), draw_variant(rng))]
     plan = list(enumerate([(draw_shape(rng), "", v) for v in variants_] + far))    # i: the kernel's turn
-    plan[len(VARIANT_CASES):len(VARIANT_CASES)] = [(k, (FIXED_SHAPE, "", v)) for k, v in zip((0, 2, 1, 0, 2), FIXED_CHAINS)]
+    plan[len(VARIANT_CASES):len(VARIANT_CASES)] = [(k, (FIXED_SHAPE, "", v)) for k, v in zip((0, 2, 1, 0, 2, 1), FIXED_CHAINS)]
     for i, (shape, tag, (norm, mlp, bias)) in plan:
         case = dict(shape, kernel=KERNEL_CYCLE[i % 3], norm=norm, mlp=mlp, qkv_bias=bias)
 

@@ -111,9 +111,11 @@ def chain_hint(learner, case: dict) -> str:
             break
         if mine - mine_before != true - true_before:
             after = f", after {ops[:i - 1]!r}" if i > 1 else ""
+            cast = (f"; or the cast before it, {ops[i - 2]!r}: it keeps nothing itself, but whether it copies "
+                    "decides what this one keeps") if i > 1 and ops[i - 2] in ("float", "bf16") else ""
             return (f"operation {i}, {ops[i - 1]!r}{after}: adds {true - true_before:+,} B to what the layer "
                     f"keeps ({(true - true_before) / n:+g} x tokens x ffn), {mine - mine_before:+,} B to your "
-                    "count: what does it keep, in which dtype, and what does it change next to it?")
+                    f"count: what does it keep, in which dtype, and what does it change next to it{cast}?")
         mine_before, true_before = mine, true
     return (f"mlp={ops!r}: your MLP term is off: go through the chain operation by operation (what each "
             "keeps, in which dtype; a tensor two operations keep counts once)")
@@ -139,20 +141,21 @@ def why(learner, case: dict, key: str, got: int, want: int) -> str:
     t = terms(learner, case, key)
     plain_mine, plain_true = t.pop("plain")
     wrong = [s for s, (mine, true) in t.items() if mine is not None and mine != true]
+    whole = f" (this case: expected {want:,} {unit}, got {got:,})"      # r21, r22: the whole gap, every hint
     if key == "activations" and len(wrong) > 1 and all(t[s][0] == 0 for s in wrong):
         named = " and ".join(f"{s}={case[s]!r}" for s in wrong)
         return (f"{named}: you counted the plain Llama layer ({got - want:+,} B); each of these variants "
-                "changes what is saved")
+                "changes what is saved" + whole)
     if wrong:
         mine, true = t[wrong[0]]
         if key == "activations" and wrong[0] == "mlp" and isinstance(case["mlp"], tuple):
-            return chain_hint(learner, case)
+            return chain_hint(learner, case) + whole
         said = _bytes_hint(wrong[0], mine, true, (case["batch"] * case["seq"], case["d_model"], case["ffn"]),
                            case["norm"]) if key == "activations" else _params_hint(wrong[0], mine, true, case)
-        return f"{said} (this case: expected {want:,} {unit}, got {got:,})"     # r21: the whole gap too
+        return said + whole
     if plain_mine is not None and plain_mine != plain_true and len(t) == sum(m is not None for m, _ in t.values()):
         return (f"the plain layer (norm='fused', mlp='swiglu', qkv_bias=False) at this shape is already "
-                f"{plain_mine - plain_true:+,} {unit} off; every switch's term is right: fix part 2's count")
+                f"{plain_mine - plain_true:+,} {unit} off; every switch's term is right: fix part 2's count" + whole)
     return f"expected {want:,} {unit}, got {got:,} {unit} ({got - want:+,})"
 
 
