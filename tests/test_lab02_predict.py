@@ -81,6 +81,8 @@ def test_the_run_rows_price_the_model_by_hand():
     (("        filling += size\n        if filling >= bucket_bytes:\n",   # sent before the one that overflows
       "        if filling and filling + size > bucket_bytes:\n            sent.append(filling)\n"
       "            filling = 0\n        filling += size\n        if False:\n"), 1, "not all bucket_bytes long"),
+    # review r22: every bucket's launch plus the last one's whole time
+    (("sum(launch(b) for b in sent[:-1])", "sum(launch(b) for b in sent)"), 0, "launch is counted twice"),
 ])
 def test_wrong_counts_are_named(swap, row, says):
     old, new = swap

@@ -165,6 +165,11 @@ REFUSED = [
      "which changes part of a library"),
     ("def f(x):\n    class Quiet(torch.Tensor):\n        pass\n    return x.as_subclass(Quiet)\n",
      "(inside a function): its base `torch.Tensor`"),
+    # review r22 of lab 02: the base through a local alias, and a class made by type()
+    ("def f(x):\n    T = torch.Tensor\n    class Quiet(T):\n        pass\n    return x.as_subclass(Quiet)\n",
+     "its base `T` is not a class the notebook holds"),
+    ("def f(x):\n    Q = type('Quiet', (torch.Tensor,), {})\n    return x.as_subclass(Q)\n",
+     "`type(name, bases, namespace)` makes a class"),
 ]
 FINE = [
     "@functools.lru_cache(maxsize=None)\ndef f(x, y=2, z=-1.5, t=(1, 'a'), dt=torch.float32) -> int:\n    return x\n",
@@ -179,6 +184,8 @@ FINE = [
     "    @torch.autograd.function.once_differentiable\n    def backward(ctx, g):\n        return g\n",
     "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n",
     "class BadSetup(ValueError):\n    pass\n",                      # r17 of lab 08: a learner's own error
+    "def f(x):\n    class Fn(torch.autograd.Function):\n        pass\n\n    class G(Fn):\n        pass\n"
+    "    return type(x)\n",                                        # nested classes of its own; type(x)
     "def f(g):\n    torch.autograd.Variable._execution_engine.queue_callback(g)\n    return getattr(g, '__name__')\n",
     "class Cache:\n    def __init__(self):\n        self._seen = {}\n\n    def get(self, k):\n"
     "        return getattr(self, '_seen').get(k)\n",
@@ -420,3 +427,33 @@ def test_a_grading_process_that_ends_without_a_report_says_so_last(capsys):
     out = capsys.readouterr().out
     assert not report.solved and report.rows[0].detail.startswith("the grading process ended")
     assert out.rstrip().splitlines()[-1].startswith("NOT GRADED: the grading process ended"), out[-400:]
+
+
+def test_a_gpumem_functions_defaults_changed_in_place_is_a_change():
+    """Review r22 of lab 05: ``mock.patch.object(grad_swap.exposed_seconds, "__defaults__", ...)``
+    left the function itself in place; lab_intact records gpumem functions' defaults too."""
+    from gpumem.course import lab_intact
+    from gpumem.timing import grad_swap              # loaded before the record, as the grader's modules are
+    taken = lab_intact.take(contents=False)
+    real = grad_swap.exposed_seconds.__defaults__
+    try:
+        grad_swap.exposed_seconds.__defaults__ = (10**30, 4)
+        assert lab_intact.changed(taken) == "the default arguments of gpumem.timing.grad_swap.exposed_seconds were changed"
+        grad_swap.exposed_seconds.__defaults__ = real[:1] + real[1:]   # equal, but another tuple
+        assert lab_intact.changed(taken) is not None
+    finally:
+        grad_swap.exposed_seconds.__defaults__ = real
+    assert lab_intact.changed(taken) is None
+
+
+def test_unittest_mock_is_refused_in_graded_code():
+    """The same cheat's route: unittest.mock (and the standalone mock) are refused by name."""
+    source = ("def rung_seconds(n, ranks, rung, compute_s, links):\n"
+              "    from unittest import mock\n"
+              "    return 0.0\n")
+    from gpumem.course import lab_reach
+    why = lab_reach.first_reach(source)
+    assert why is not None and "unittest" in why, why
+    why = lab_reach.first_reach(source.replace("from unittest import mock", "import mock"))
+    assert why is not None and "mock" in why, why
+    assert lab_reach.first_reach(source.replace("from unittest import mock", "x = 'mock'")) is None

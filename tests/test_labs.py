@@ -187,3 +187,17 @@ def install_zero2_hooks(params, grad_shards, bucket_bytes):
     calls = _rows(report, "collectives")
     assert calls and all(r.status == "wrong" and "all_reduce" in r.detail for r in calls)
     assert all(r.status == "ok" for r in _rows(report, "weights"))
+
+
+def test_lab02_a_third_flat_copy_made_before_the_oldest_lands_is_measured():
+    """Review r21/r22: making the next bucket's flat copy, then landing the oldest, holds three
+    copies for a moment; the meter sampled only at arrivals and passed it 27/27. It samples at each
+    launch's first wait too, where the third copy is alive."""
+    source = _lab02_solution()
+    land = ("        if len(in_flight) == 2:              # each in flight holds its flat copy: two at most, so the\n"
+            "            land(*in_flight.pop(0))          # oldest lands before this bucket's copy is made\n")
+    send = "        send = torch.cat(rows, dim=1).reshape(-1)\n"
+    assert land in source and send in source
+    report = _lab02_with(source.replace(land, "").replace(send, send + land.replace("    #", "  #")))
+    peaks = [r for r in _rows(report, "peak") if r.status != "ok"]
+    assert peaks and "flat copies" in peaks[0].detail, report.summary()

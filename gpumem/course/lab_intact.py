@@ -98,7 +98,21 @@ def take(contents: bool = True) -> dict:
                for name, cls in _classes()}
     held = {f"{name}.{k}": (v, _contents(v)) for name, (_, d) in spaces.items() if name.startswith(_OWN)
             for k, v in d.items() if contents and _contents(v) is not None}
-    return {"spaces": spaces, "classes": classes, "held": held}
+    return {"spaces": spaces, "classes": classes, "held": held, "defaults": _defaults(spaces, classes)}
+
+
+def _defaults(spaces: dict, classes: dict) -> dict:
+    """gpumem's functions (module-level and in its classes) with their default arguments as they
+    are: review r22 of lab 05 swapped ``grad_swap.exposed_seconds.__defaults__`` through
+    ``unittest.mock`` (the function itself unchanged)."""
+    found = {}
+    for name, (_, d) in list(spaces.items()) + list(classes.items()):
+        if name.startswith(_OWN):
+            for k, v in d.items():
+                if type(v) is types.FunctionType:
+                    kw = v.__kwdefaults__
+                    found[f"{name}.{k}"] = (v, v.__defaults__, kw, dict(kw) if kw is not None else None)
+    return found
 
 
 def _same(a, b) -> bool:
@@ -148,6 +162,9 @@ def differences(taken: dict):
                 if not (isinstance(space[key], types.ModuleType) and space[key].__name__ == f"{name}.{key}"):
                     yield f"{name}.{key} was added"
     yield from class_differences(taken)
+    for name, (fn, defaults, kw, kw_copy) in taken.get("defaults", {}).items():
+        if fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kw or (kw is not None and kw != kw_copy):
+            yield f"the default arguments of {name} were changed"
     for name, (value, before) in taken["held"].items():
         if _entry_changed(before, _contents(value)):
             yield f"the contents of {name} were changed"

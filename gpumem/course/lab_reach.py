@@ -32,7 +32,9 @@ MODULES = ("gc", "inspect", "importlib", "ctypes", "builtins", "pickle", "marsha
            "signal",
            # review r15 of lab 04: breakpoint() was refused and pdb.set_trace() not (a debugger walks
            # and writes the grader's frames); %debug after a failed cell is IPython's and stays allowed
-           "pdb", "ipdb", "bdb")
+           "pdb", "ipdb", "bdb",
+           # review r22 of lab 05: unittest.mock's patch.object swapped a library function's defaults
+           "unittest", "mock")
 # What ``gc``, ``inspect`` and ``types`` offer that reaches objects (the kernel-wide scan, lab_history,
 # lets a learner's cells import gc and inspect for gc.collect() and inspect.signature(); these stay
 # refused, called on the module under any name it was imported as)
@@ -121,7 +123,8 @@ def _offence(node: ast.AST, allow: tuple = ()) -> str | None:
         word = text.strip()
         # everyday words ("code", "signal"), and "timeit", the name of IPython's %timeit: those modules are
         # refused by import, not by a string naming them
-        named = word in MODULES and word not in ("code", "codeop", "timeit", "signal", "pdb", "ipdb", "bdb")
+        named = word in MODULES and word not in ("code", "codeop", "timeit", "signal", "pdb", "ipdb", "bdb",
+                                                 "unittest", "mock")
         if word in ATTRIBUTES or named or any(a in text for a in ATTRIBUTES if a.startswith("__")):
             return f"a string names {word if word in ATTRIBUTES + MODULES else 'a refused attribute'}"
     return None

@@ -219,15 +219,34 @@ def problem(source: str, ns: dict) -> str | None:
             why = f"it runs `{ast.unparse(stmt)[:60]}` when the definition is made"
         if why:
             return why
-    nested = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n not in tree.body]
-    for node in nested:                    # r21 of lab 02: a tensor subclass made inside the function
+    return _nested(tree, ns) or _patches(tree, _foreign(tree, ns))
+
+
+def _nested(tree: ast.Module, ns: dict) -> str | None:
+    """Classes made inside a function (r21 of lab 02: a tensor subclass whose ``isnan`` lied): each
+    base is a class the notebook holds that is no tensor, or a class this source defines; review r22
+    of lab 02 got past a base looked up only in the notebook with a local alias (``T = torch.Tensor``)
+    and with ``type(name, bases, namespace)``."""
+    torch = __import__("sys").modules.get("torch")
+    own = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type" \
+                and len(node.args) + len(node.keywords) >= 3:
+            return "`type(name, bases, namespace)` makes a class while your code runs: write a class statement"
+        if not isinstance(node, ast.ClassDef) or node in tree.body:
+            continue
         for base in node.bases:
+            dotted = _dotted(base)
+            if dotted is not None and len(dotted) == 1 and dotted[0] in own:
+                continue
             try:
-                value = _value(_dotted(base), ns) if _dotted(base) else None
-            except Exception:              # noqa: BLE001 -- a local name: not a library's tensor
+                value = _value(dotted, ns) if dotted else None
+            except Exception:              # noqa: BLE001 -- a local name the notebook does not hold
                 value = None
-            torch = __import__("sys").modules.get("torch")
-            if torch is not None and isinstance(value, type) and issubclass(value, torch.Tensor):
+            if not isinstance(value, type):
+                return (f"class {node.name} (inside a function): its base `{ast.unparse(base)}` is not a class "
+                        "the notebook holds: name the class itself (or define yours at the top level)")
+            if torch is not None and issubclass(value, torch.Tensor):
                 return (f"class {node.name} (inside a function): its base `{ast.unparse(base)}` makes tensors "
                         "whose own code runs wherever the grader handles them (a tensor subclass): use plain tensors")
-    return _patches(tree, _foreign(tree, ns))
+    return None

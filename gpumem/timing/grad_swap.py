@@ -23,7 +23,9 @@ elements) nothing is written during backward and the whole write is serial; with
 and a fast drive only the last buffer's write shows. :func:`exposed_seconds` replays that rule.
 
 Assumptions (stated, not measured): backward produces the gradient at a steady rate over its
-compute window (:data:`BACKWARD_SHARE` of forward + backward, 4 of 6 N FLOPs per token); each
+compute window (:data:`BACKWARD_SHARE` of forward + backward, 4 of 6 N FLOPs per token), also when
+a slower transfer paces forward and backward (a longer backward would hide more of the write: the
+wait is then overstated by up to the difference, review r22 of lab 05); each
 buffer is exactly ``min(shard, sub_group_size)`` elements (DeepSpeed's is up to one parameter's
 partition larger); the drive writes at its sequential rate while it also serves ZeRO-Infinity's
 parameter reads (optimistic for the rung with parameters on NVMe).

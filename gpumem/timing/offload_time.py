@@ -171,7 +171,8 @@ def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, de
     s = accounting.shard(n_params, gpus)
     grad = p["nvme_grad_write"] / links.nvme_write
     shown = (grad_swap.exposed_seconds(s, p["nvme_grad_write"] // s, links.nvme_write,
-                                       compute_s * grad_swap.BACKWARD_SHARE / micro_batches) if grad else 0.0)
+                                       compute_s * grad_swap.BACKWARD_SHARE / micro_batches,
+                                       grad_swap.SUB_GROUP_SIZE, grad_swap.BUFFER_COUNT) if grad else 0.0)
     terms |= {"nvme_params": params, "nvme_grad": grad, "nvme_grad_exposed": shown,
               "nvme_states": terms["nvme"] - params - grad,
               "grad_trip": p["grad_down"] / links.d2h + p["grad_up"] / links.h2d,

@@ -95,6 +95,9 @@ def _hint(got: float, sizes, bucket: int, lone) -> str:
     launches_of = lambda bs: sum(fl + sl * b for b in bs)    # noqa: E731
     launches = launches_of(early)
     near = lambda x: math.isclose(got, x, rel_tol=1e-3)    # noqa: E731
+    if near(launches + fl + sl * last + fw + sw * last):      # review r22: the likeliest slip
+        return (": the last bucket's launch is counted twice: its whole time, launched and waited at "
+                "once, already holds its launch")
     if near(fw + sw * sum(sizes)) and early:
         return (": that is every gradient's transfer; with this bucket the earlier buckets went out while "
                 "backward still ran, only their launches and the last bucket are exposed")

@@ -172,7 +172,7 @@ def _case(ns, rank, world, rec, sealed, source, watch_s, case: tuple, bf16: bool
         own = autograd_bytes(net, params, first_batch[:, :-1], first_batch[:, 1:], order)   # no hooks yet
         sizes = [q.numel() * q.element_size() for q in order]
         meter, live, reach = GradMeter(params), LiveMeter(params), probe.Reach(params)   # before the learner's hooks
-        undo += [meter.remove, reach.stop, _CASE.clear]
+        undo += [meter.remove, reach.stop, _CASE.clear, lambda: setattr(rec, "on_wait", None)]
         rec.meter, rec.n_pass = live, 0
         arrived: set = set()
         held: list = []                               # bytes the hooks hold, per arrival and at the end
@@ -182,6 +182,9 @@ def _case(ns, rank, world, rec, sealed, source, watch_s, case: tuple, bf16: bool
                      after=[probe.hold_after(sizes, bucket, rng) for _ in range(steps)], n_arrivals=len(order),
                      keep={} if bf16 else None, seal=sealed, changed=None, paused=None)
         undo += [h.remove for h in (p.register_post_accumulate_grad_hook(_arrive) for p in params)]
+        # the bytes held are sampled at each arrival and at each launch's first wait too (review r22:
+        # a flat copy made before the oldest bucket landed held three, unseen at arrivals)
+        rec.on_wait = lambda: held.append(live.bytes() - own[min(max(rec.arrivals, 1), len(own)) - 1])
         ns[FN](params, shards, bucket)
         m = [torch.zeros_like(zero.my_shard(p)) for p in params]
         v = [torch.zeros_like(zero.my_shard(p)) for p in params]

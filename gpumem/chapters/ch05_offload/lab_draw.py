@@ -16,7 +16,7 @@ The figures are the reference's (:mod:`.lab_reference`), the seconds the time en
 
 import dataclasses
 
-from gpumem.timing import offload_time
+from gpumem.timing import grad_swap, offload_time
 
 from . import lab_reference as ref
 
@@ -92,16 +92,21 @@ def _budgets(rng, fig: dict) -> tuple:
             round(_between(rng, [f[2] for f in fig.values()]), 2))
 
 
-def choose_case(rng, target, tries: int = 400, slow_fits: bool = False, paced: bool = False) -> tuple:
+def choose_case(rng, target, tries: int = 400, slow_fits: bool = False, paced: bool = False,
+                buffered: bool = False) -> tuple:
     """(case, the learner's arguments, expected rung, figures) whose answer is ``target``: the
     setup is drawn first (:func:`_setup`), then budgets in the gaps between its rungs' figures; the
     memory budgets alone always give the most offloaded rung (too slow); ``slow_fits``: the fastest
     rung that fits memory is not the answer either (nor is the answer None); ``paced``: the setup is
-    one where ZeRO-3's gradient stream sets the pace (:func:`grad_paced`)."""
+    one where ZeRO-3's gradient stream sets the pace (:func:`grad_paced`); ``buffered``: one whose
+    shard fills more gradient buffers than DeepSpeed holds (:data:`.grad_swap.BUFFER_COUNT`), so
+    backward waits for the drive at least once."""
     for _ in range(tries):
         n, ranks, gpu, drive, compute_s = _setup(rng)
         links = _directions(rng, offload_time.datasheet_links(gpu, drive, ranks_on_node=min(ranks, 8)))
         if paced and not grad_paced((n, ranks, compute_s, links)):
+            continue
+        if buffered and -(-n // ranks) <= grad_swap.SUB_GROUP_SIZE * grad_swap.BUFFER_COUNT:
             continue
         fig = figures(n, ranks, compute_s, links)
         for _ in range(60):
@@ -140,12 +145,15 @@ def grad_paced(args: tuple) -> bool:
 
 def choose_cases(rng) -> list[tuple]:
     """Four cases, each answer drawn (at least three different ones, in a drawn order); in at least
-    one the fastest rung that fits memory is not the answer, and in one (drawn) the gradient stream
-    sets ZeRO-3's pace (:func:`grad_paced`: review r9, a third of the draws passed without it)."""
+    one the fastest rung that fits memory is not the answer, in one (drawn) the gradient stream
+    sets ZeRO-3's pace (:func:`grad_paced`: review r9, a third of the draws passed without it), and
+    in another the shard fills more than DeepSpeed's gradient buffers (review r22: a ring-buffer
+    reading of ``async_swapper.py``, waiting only for the oldest write, passed 3 % of draws)."""
     while True:
         targets = [rng.choice(ANSWERS) for _ in range(4)]
         if len(set(targets)) >= 3:
             break
     slow = rng.choice([i for i, t in enumerate(targets) if t is not None])
-    paced = rng.randrange(4)
-    return [choose_case(rng, t, slow_fits=i == slow, paced=i == paced) for i, t in enumerate(targets)]
+    paced, buffered = rng.sample(range(4), 2)
+    return [choose_case(rng, t, slow_fits=i == slow, paced=i == paced, buffered=i == buffered)
+            for i, t in enumerate(targets)]

@@ -239,10 +239,10 @@ def why_not(got, want, args, figures: dict) -> str:
     gpu, cpu, secs = figures[got]
     if secs > sb:        # review r21: the seconds themselves are rung_seconds' answer for this case
         return f"{got}'s stock step is over the {sb:.2f} s step budget (see your rung_seconds row for this case)"
-    if gpu > gb:
-        return f"{got} puts {gpu / GB:.2f} GB on the GPU, over its {gb / GB:.1f} GB budget"
+    if gpu > gb:         # r22: the bytes themselves are part 1's answer for a model it did not draw
+        return f"{got}'s states on the GPU are over its {gb / GB:.1f} GB budget (see your rung_bytes)"
     if cpu > hb:
-        return f"{got} puts {cpu / GB:.2f} GB in host memory, over its {hb / GB:.1f} GB budget"
+        return f"{got}'s states in host memory are over its {hb / GB:.1f} GB budget (see your rung_bytes)"
     if want is None:
         return "no rung meets all three budgets"
     return "another rung also fits and leaves the GPU more room, or is faster at the same bytes"
