@@ -103,3 +103,17 @@ def test_step_time_charges_only_the_exposed_write():
     assert r4["nvme_grad_exposed"] == pytest.approx(grad_swap.exposed_seconds(s, 4, 5.6e9, 10.0 * 2 / 3 / 4))
     # the CPU rungs write nothing
     assert ot.step_time(n, "mixed", 3, 8, "optimizer", "cpu", 10.0, links)["nvme_grad_exposed"] == 0.0
+
+
+def test_a_transfer_slower_than_compute_stretches_backward():
+    """Review r22 of lab 05: backward lasts as long as the slowest thing in it. ZeRO-Infinity at 2 s
+    of compute: the drive reads the bf16 shard twice, 4 s / 6.8 GB/s = 5.19 s, half in backward
+    (2.59 s), longer than backward's compute (1.33 s), the gradient stream (2 + 2 + 4 B over 63 GB/s,
+    1.12 s) and its uploads (2 B back up + half of 4 B fetched, 0.56 s)."""
+    links = ot.datasheet_links("h100-80gb", "gen4")
+    n, s = 70_553_706_496, 8_819_213_312
+    back = max(2.0 * 2 / 3, 8 * s / 63e9, 4 * s / 63e9, 4 * s / 6.8e9 / 2)
+    assert back == pytest.approx(4 * s / 6.8e9 / 2) and 2.59 < back < 2.60
+    r = ot.step_time(n, "mixed", 3, 8, "optimizer+params", "nvme", 2.0, links)
+    assert r["nvme_grad_exposed"] == pytest.approx(grad_swap.exposed_seconds(s, 4, 5.6e9, back))
+    assert grad_swap.backward_seconds(2.0, 8 * s / 63e9, 4 * s / 63e9, 4 * s / 6.8e9, 2) == pytest.approx(back / 2)

@@ -22,10 +22,14 @@ So when the rank's whole gradient fits in one buffer (a shard of at most ``sub_g
 elements) nothing is written during backward and the whole write is serial; with many buffers
 and a fast drive only the last buffer's write shows. :func:`exposed_seconds` replays that rule.
 
-Assumptions (stated, not measured): backward produces the gradient at a steady rate over its
-compute window (:data:`BACKWARD_SHARE` of forward + backward, 4 of 6 N FLOPs per token), also when
-a slower transfer paces forward and backward (a longer backward would hide more of the write: the
-wait is then overstated by up to the difference, review r22 of lab 05); each
+How long backward lasts (:func:`backward_seconds`, review r22 of lab 05: a transfer slower than
+compute stretches it, and a longer backward hides more of the write): as long as the slowest thing
+in it, its compute (:data:`BACKWARD_SHARE` of forward + backward, 4 of 6 N FLOPs per token), the
+gradients' copies on their stream, its PCIe uploads (the gradients' trip back up and half of the
+parameter fetches: forward and backward fetch once each) and its half of the drive's parameter
+reads; with several micro-batches, the last one's share (1/m of each).
+
+Assumptions (stated, not measured): backward produces the gradient at a steady rate; each
 buffer is exactly ``min(shard, sub_group_size)`` elements (DeepSpeed's is up to one parameter's
 partition larger); the drive writes at its sequential rate while it also serves ZeRO-Infinity's
 parameter reads (optimistic for the rung with parameters on NVMe).
@@ -36,6 +40,15 @@ from ..errors import UsageError
 SUB_GROUP_SIZE = 1_000_000_000    # zero_optimization.sub_group_size, DeepSpeed 0.19.8's default (zero/config.py)
 BUFFER_COUNT = 4                  # offload_optimizer.buffer_count, its default (zero/offload_config.py)
 BACKWARD_SHARE = 4 / 6            # backward's share of forward + backward FLOPs (2 N + 4 N per token)
+
+
+def backward_seconds(compute_s: float, trip_s: float, up_s: float, reads_s: float,
+                     micro_batches: int = 1) -> float:
+    """The last micro-batch's backward: the slowest of its compute (:data:`BACKWARD_SHARE` of
+    ``compute_s``), the gradient stream (``trip_s``), its PCIe uploads (``up_s``: the gradients'
+    trip back up and half of the parameter fetches) and half of the drive's parameter reads
+    (``reads_s``, forward's and backward's), each over ``micro_batches``."""
+    return max(compute_s * BACKWARD_SHARE, trip_s, up_s, reads_s / 2) / micro_batches
 
 
 def buffers(shard: int, sub_group_size: int = SUB_GROUP_SIZE) -> list[int]:

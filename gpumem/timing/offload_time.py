@@ -156,7 +156,7 @@ def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, de
     (the gradient copies in turn on their one stream), ``h2d_after`` (the updated shard, after the
     step), ``nvme`` = ``nvme_params`` (prefetched reads) + ``nvme_grad`` (backward's fp32 gradient
     write; ``nvme_grad_exposed``: what of it the step waits for, :func:`.grad_swap.exposed_seconds`
-    over the last micro-batch's backward) + ``nvme_states`` (the state swaps, not overlapped),
+    over the last micro-batch's backward, :func:`.grad_swap.backward_seconds`) + ``nvme_states`` (the state swaps, not overlapped),
     ``cpu_adam``, ``total`` (``overlap``: :func:`ideal_schedule`, else the sum of compute, h2d, d2h,
     nvme, cpu_adam), ``stock`` (:func:`stock_schedule`) and ``bound`` (the largest of those five)."""
     if not compute_s >= 0:
@@ -170,12 +170,13 @@ def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, de
     bound = max(terms, key=terms.get)
     s = accounting.shard(n_params, gpus)
     grad = p["nvme_grad_write"] / links.nvme_write
-    shown = (grad_swap.exposed_seconds(s, p["nvme_grad_write"] // s, links.nvme_write,
-                                       compute_s * grad_swap.BACKWARD_SHARE / micro_batches,
+    trip = p["grad_down"] / links.d2h + p["grad_up"] / links.h2d
+    back = grad_swap.backward_seconds(compute_s, trip, (p["grad_up"] + p["param_fetch"] / 2) / links.h2d,
+                                      params, micro_batches)
+    shown = (grad_swap.exposed_seconds(s, p["nvme_grad_write"] // s, links.nvme_write, back,
                                        grad_swap.SUB_GROUP_SIZE, grad_swap.BUFFER_COUNT) if grad else 0.0)
     terms |= {"nvme_params": params, "nvme_grad": grad, "nvme_grad_exposed": shown,
-              "nvme_states": terms["nvme"] - params - grad,
-              "grad_trip": p["grad_down"] / links.d2h + p["grad_up"] / links.h2d,
+              "nvme_states": terms["nvme"] - params - grad, "grad_trip": trip,
               "h2d_after": p["param_update"] / links.h2d}
     total = ideal_schedule(terms) if overlap else sum(terms[k] for k in ("compute", "h2d", "d2h", "nvme", "cpu_adam"))
     return {**terms, "total": total, "stock": stock_schedule(terms), "bound": bound}

@@ -182,8 +182,7 @@ FIXED_CHAINS = (("hf", ("relu", "float", "gelu", "sigmoid"), True),
                 ("gemma", ("relu", "scale", "gelu", "float", "sigmoid"), False),
                 ("fused", ("sigmoid", "gelu", "dropout", "relu", "bf16"), False),
                 ("hf", ("tanh", "silu", "exp", "gelu_tanh", "dropout", "square", "bf16"), False),
-                ("fused", ("float", "exp", "float", "gelu"), True),
-                ("gemma", ("float", "exp", "bf16", "gelu"), False))     # r22: a bf16 cast of fp32 copies
+                ("fused", ("float", "exp", "float", "gelu"), True), ("gemma", ("float", "exp", "bf16", "gelu"), False))
 FIXED_SHAPE = dict(d_model=72, n_heads=6, n_kv_heads=3, ffn=200, seq=23, batch=2)   # measured once a process
 CHAIN_NOTE = ("this MLP's operations are combined at the check (most drawn afresh), so no table of chains "
               "seen before and no fit per operation covers them; work out what each one keeps (input, "

@@ -23,15 +23,13 @@ not differ by their type's name. Its finalizer drops the entry and returns nothi
 raises the bar only: code running in the same process can reach any object (``gc``, ``sys.modules``,
 a function's ``__globals__``). So the learner's source is refused statically if it reaches for them
 (:mod:`gpumem.course.lab_reach`), and :func:`seal` checks at every arrival and after every pass that
-what the record and the probe rely on is as it was (r12 #1); an edit that gets past both is not
-caught.
+what the record and the probe rely on is as it was (r12 #1); an edit that gets past both is not caught.
 
 Measured, not refused (r15 #1, cheat S2: every bucket waited at launch by an unnamed route): gloo
 writes an asynchronous reduce-scatter's output only in ``wait()``. Each graded launch's output is
 filled with NaN (unmetered); at every later arrival (:meth:`Record.landed`) one holding anything
 else while its proxy was never used was written by a wait of the real work, whatever reached it (or
-by the hooks, in flight): the case fails. A launch into a tensor subclass is refused.
-"""
+by the hooks, in flight): the case fails. A launch into a tensor subclass is refused."""
 
 import functools
 import inspect
@@ -127,8 +125,7 @@ class Record:
         if launch is not None and launch["waited"] is None:
             self.events += 1
             launch["waited"], launch["t_wait"], launch["how"] = self.arrivals, self.events, how
-            if self.on_wait is not None:      # review r22: a third flat copy made before the oldest lands
-                self.on_wait()
+            self.on_wait and self.on_wait()   # review r22: a third flat copy made before the oldest lands
 
 
 _REC = Record()

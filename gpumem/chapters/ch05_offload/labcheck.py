@@ -33,6 +33,7 @@ import random
 
 from gpumem.course import seeds
 from gpumem.course.grading import Report, Row, call, returned, run_case
+from gpumem.memory import offload_cost
 from gpumem.timing import grad_swap, offload_time
 
 from . import lab_draw, lab_gpu, lab_guard
@@ -180,17 +181,24 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
     want = t["stock"]
     if _close(mine, want):
         return ""
-    back = compute_s * grad_swap.BACKWARD_SHARE
     s = -(-n // ranks)
+    p = offload_cost.traffic_parts(n, "mixed", zero, ranks, offload, device)
+    back = grad_swap.backward_seconds(compute_s, t["grad_trip"], (p["grad_up"] + p["param_fetch"] / 2) / links.h2d,
+                                      t["nvme_params"])
     shown = t["nvme_grad_exposed"]
-    unbounded = grad_swap.exposed_seconds(s, 4, links.nvme_write, back, buffer_count=10**9) if shown else 0.0
+    write = lambda b, count=grad_swap.BUFFER_COUNT: grad_swap.exposed_seconds(      # noqa: E731
+        s, 4, links.nvme_write, b, grad_swap.SUB_GROUP_SIZE, count) if shown else 0.0
+    unbounded = write(back, 10**9)
     wrong = [(compute_s, "yours is compute alone: this rung moves states every step"),
              (want - shown + t["nvme_grad"], GRAD_SERIAL),
              (want - shown, GRAD_HIDDEN),
              (want - shown + unbounded, GRAD_UNBOUNDED),
-             (want - shown + (grad_swap.exposed_seconds(s, 4, links.nvme_write, compute_s) if shown else 0.0),
+             (want - shown + write(compute_s),
               "your gradient write's window is all of compute_s: the fp32 gradient is produced during "
-              "backward alone (the lab takes it as two thirds of compute_s)"),
+              "backward alone"),
+             (want - shown + write(compute_s * grad_swap.BACKWARD_SHARE),
+              "your backward is its compute alone: a transfer slower than compute stretches backward "
+              "(the slowest thing in it sets its length), and a longer backward hides more of the write"),
              (t["total"], "yours overlaps what stock DeepSpeed runs after backward (CPU Adam, the state "
                           "swaps, the updated shard's upload); that is the delayed-update schedule"),
              (t["compute"] + t["h2d"] + t["d2h"] + t["nvme"] + t["cpu_adam"],
