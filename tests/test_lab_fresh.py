@@ -457,3 +457,24 @@ def test_unittest_mock_is_refused_in_graded_code():
     why = lab_reach.first_reach(source.replace("from unittest import mock", "import mock"))
     assert why is not None and "mock" in why, why
     assert lab_reach.first_reach(source.replace("from unittest import mock", "x = 'mock'")) is None
+
+
+def test_a_refusal_inside_a_library_names_the_library():
+    """Review r22 of lab 04: torch.vmap asked for sys._getframe while registering its
+    decompositions, and the row blamed the learner's code alone; it now names the library (and for
+    vmap/func, what to do instead)."""
+    import sys
+    from gpumem.course import lab_watch
+    lib = {"sys": sys}
+    exec(compile("def deep():\n    return sys._getframe()\n",
+                 "/x/site-packages/torch/_functorch/vmap.py", "exec"), lib)
+    other = {"sys": sys}
+    exec(compile("def deep():\n    return sys._getframe()\n", "/x/site-packages/somelib/core.py", "exec"), other)
+    for deep, words in ((lib["deep"], "inside torch.vmap or torch.func"),
+                        (other["deep"], "inside somelib/core.py, a library your code called")):
+        ns = {"deep": deep}
+        exec(compile("def mine():\n    return deep()\n", "<lab04_online_softmax.ipynb cell 3>", "exec"), ns)
+        assert words in lab_watch._through(ns["mine"]())
+    cell = {"sys": sys}
+    exec(compile("def mine():\n    return sys._getframe()\n", "<lab04_online_softmax.ipynb cell 3>", "exec"), cell)
+    assert lab_watch._through(cell["mine"]()) == ""

@@ -87,6 +87,22 @@ def _what(event: str, args) -> str | None:
     return None
 
 
+def _through(frame) -> str:
+    """Where in a library the request came from, when a library call of the learner's made it
+    (review r22 of lab 04: ``torch.vmap`` asked for a frame while registering its decompositions,
+    and the row blamed the learner alone): the library's outermost file below the learner's line."""
+    paths = []
+    while frame is not None and not _CELL.match(frame.f_code.co_filename):
+        paths.append(frame.f_code.co_filename.replace(os.sep, "/").rpartition("site-packages/")[2])
+        frame = frame.f_back
+    if not paths:
+        return ""
+    if any("torch/_functorch/" in p or p.startswith("torch/func/") for p in paths):
+        return (" (inside torch.vmap or torch.func, which register operators on first use, as graded "
+                "code may not: loop or broadcast instead)")
+    return f" (inside {paths[-1]}, a library your code called)"
+
+
 def install() -> list:
     """Add the hook (once); returns its list of refusals."""
     if _HOOK:
@@ -110,6 +126,7 @@ def install() -> list:
         finally:
             busy.on = False
         if asker == "learner":
+            what += _through(caller)
             hits.append(what)
             raise RuntimeError(f"refused in the grading process: {what}")
     sys.addaudithook(hook)
