@@ -48,7 +48,8 @@ def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capaci
         return f"{label(want)} fits ({lab_draw.total(figures, want) / GB:.1f} GB of {usable / GB:.1f} GB usable)" + close
     need = lab_draw.total(figures, got)
     if need > usable:
-        over = f"{label(got)} needs {need / GB:.1f} GB on the GPU, over {usable / GB:.1f} GB usable"
+        over = (f"{label(got)} needs {need / GB:.1f} GB on the GPU, over {usable / GB:.1f} GB usable by "
+                f"{(need - usable) / 2**20:,.0f} MiB")          # r22: the gap, so a 1 GB reserve shows its 70 MiB
         reserve = (f" -- it fits the {capacity / GB:.1f} GB the card reports, not what is left after {RESERVE}"
                    if capacity is not None and need <= capacity else "")
         if got[0] == "qlora-cpu":
@@ -57,10 +58,10 @@ def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capaci
         if got[0] == "qlora" and lib_fits:
             if reserve and counted_qlora:        # both could be off: the reserve first, as their count is right
                 ft = rungs[got[0]]
-                return (over + f" -- reserve 1 GiB + 5 % of the card's {capacity / GB:.1f} GB; or your chooser's "
-                        f"count: this qlora keeps one {'8-bit' if ft.double_quant else 'fp32'} absmax per "
-                        f"{ft.nf4_block} weights{'' if ft.double_quant else ' (no double quantisation)'}; "
-                        "count its quant_constants as role_bytes does")
+                return (over + f" -- reserve 1 GiB (2**30 B) + 5 % of the card's {capacity / GB:.1f} GB; your "
+                        "role_bytes counts this rung right, so if your chooser counts it apart: this qlora keeps "
+                        f"one {'8-bit' if ft.double_quant else 'fp32'} absmax per {ft.nf4_block} weights"
+                        f"{'' if ft.double_quant else ' (no double quantisation)'}")
             return over + nf4_note(rungs[got[0]])
         if buffer and got[0] == "qlora" and need - usable <= buffer:
             return (over + f" by {(need - usable) / 2**20:,.0f} MiB, less than its dequant_buffer alone "
@@ -69,8 +70,8 @@ def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capaci
                     f"matrix{' and this ladder' + chr(39) + 's NF4 constants' if nf4_note(rungs[got[0]]) else ''})"
                     + (f"; or your reserve: {reserve[4:]}" if reserve else ""))
         if reserve and counted_qlora:        # the reserve, or a chooser that does not use role_bytes' count
-            return (over + f" -- reserve 1 GiB + 5 % of the card's {capacity / GB:.1f} GB; or your chooser "
-                    "counts this rung's states short, though your role_bytes counts them right: use it")
+            return (over + f" -- reserve 1 GiB (2**30 B) + 5 % of the card's {capacity / GB:.1f} GB; or your "
+                    "chooser counts this rung's states short, though your role_bytes counts them right: use it")
         return over + reserve
     host = figures[got[0]][2]
     if host_ram is not None and host > host_ram:
