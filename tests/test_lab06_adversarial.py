@@ -1232,3 +1232,22 @@ def test_review_r21_the_missing_kind_of_hybrid_sharding_is_named():
     best, plain_, hsdp = plan("hpz", 3.686), plan("none", 3.871), plan("hsdp", 5.746)
     said = lab06_diagnose.why_slower(hsdp, NS(plans=[best, plain_, hsdp]), 1.05)
     assert said.startswith("it lacks hpZ (hybrid='hpz'") and "without it the best is 3.87 s" in said, said
+
+
+def test_a_lighter_policy_is_named_only_where_one_fits_the_learners_degrees():
+    """Review r22: a search that tried only pp dividing the layers (pp 2 for 126 layers on 128 GPUs)
+    was told to try lighter policies, which it had: none fits at pp 2. The hint names a lighter
+    policy only where a faster fitting layout has the learner's tp, cp and pp; else the degrees the
+    faster fitting layouts use."""
+    from types import SimpleNamespace as NS
+    from gpumem.chapters.ch06_combining_strategies import lab06_diagnose
+
+    def plan(tp, cp, pp, ckpt, total):
+        return NS(layout=NS(tp=tp, cp=cp, pp=pp, vp=1, checkpoint=ckpt, micro_batch=1), time={"total": total})
+    mine = plan(8, 1, 2, "full", 20.0)
+    best = plan(8, 2, 8, "none", 11.0)
+    others = [best, plan(8, 1, 8, "every-other", 12.0), plan(8, 1, 2, "full", 20.0)]
+    said = lab06_diagnose._which_lever("compute", mine, best.layout, others)
+    assert "no lighter policy fits your tp, cp and pp" in said and "pp in {8}" in said and "cp in {1, 2}" in said
+    said = lab06_diagnose._which_lever("compute", mine, best.layout, others + [plan(8, 1, 2, "every-other", 15.0)])
+    assert "does your search try lighter policies?" in said

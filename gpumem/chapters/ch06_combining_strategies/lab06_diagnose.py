@@ -53,14 +53,24 @@ def why_slower(mine, result, slack: float, family=None) -> str:
                 return f"it lacks {text} (the fastest layout has it); {alone}. Does your search try it?"
     term = max(TERMS, key=lambda k: mine.time[k] - best.time[k])
     return (f"its {term.replace('_', ' ')} term takes {mine.time[term]:.2f} s against {best.time[term]:.2f} s in "
-            "the fastest layout" + _which_lever(term, mine.layout, best.layout))
+            "the fastest layout" + _which_lever(term, mine, best.layout, result.plans))
 
 
-def _which_lever(term: str, mine, best) -> str:
+def _which_lever(term: str, plan, best, plans=()) -> str:
     """The lever behind a term, where the two layouts differ in it (review r9: "compute" and "data
-    parallel" did not say that the checkpoint policy or the micro-batch was the knob)."""
+    parallel" did not say that the checkpoint policy or the micro-batch was the knob). A lighter
+    policy is named only where one fits the learner's own degrees (review r22: none did at pp 2,
+    and the degrees were the knob); else the degrees the faster fitting layouts use."""
+    mine = plan.layout
     if term == "compute" and mine.checkpoint != best.checkpoint:
-        return f" (it recomputes more: checkpoint={mine.checkpoint!r}; does your search try lighter policies?)"
+        degrees = ("tp", "cp", "pp", "vp")
+        faster = [p.layout for p in plans if p.time["total"] < plan.time["total"]]
+        if not faster or any(all(getattr(x, k) == getattr(mine, k) for k in degrees) for x in faster):
+            return f" (it recomputes more: checkpoint={mine.checkpoint!r}; does your search try lighter policies?)"
+        reach = ", ".join(f"{k} in {{{', '.join(map(str, sorted({getattr(x, k) for x in faster})))}}}"
+                          for k in degrees[:3])
+        return (f" (it recomputes more: checkpoint={mine.checkpoint!r}, but no lighter policy fits your tp, cp "
+                f"and pp; the faster layouts that fit use {reach}: do your loops reach them?)")
     if term == "data_parallel" and mine.micro_batch < best.micro_batch:
         return (f" (micro_batch={mine.micro_batch}: more micro-batches a step, each gathering or reducing "
                 "over the data-parallel group; does your search try larger ones?)")
