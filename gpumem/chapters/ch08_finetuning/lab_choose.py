@@ -61,7 +61,8 @@ def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capaci
                 return (over + f" -- reserve 1 GiB (2**30 B) + 5 % of the card's {capacity / GB:.1f} GB; your "
                         "role_bytes counts this rung right, so if your chooser counts it apart: this qlora keeps "
                         f"one {'8-bit' if ft.double_quant else 'fp32'} absmax per {ft.nf4_block} weights"
-                        f"{'' if ft.double_quant else ' (no double quantisation)'}")
+                        f"{'' if ft.double_quant else ' (no double quantisation)'}: count its quant_constants "
+                        "as role_bytes does")
             return over + nf4_note(rungs[got[0]])
         if buffer and got[0] == "qlora" and need - usable <= buffer:
             return (over + f" by {(need - usable) / 2**20:,.0f} MiB, less than its dequant_buffer alone "
