@@ -20,8 +20,8 @@ states are swapped in, updated and swapped out sub-group by sub-group inside ``s
 overlaps them with compute. Backward's fp32 gradient write overlaps backward only as far as the
 swapper's pinned buffers let it (:mod:`.grad_swap`: nothing when the shard fits one buffer). So
 ``nvme`` splits into ``nvme_params`` (during compute), ``nvme_grad`` (the gradient write, of which
-``nvme_grad_exposed`` shows) and ``nvme_states`` (the rest, in the step). ``overlap=False`` adds the terms (the note's 155 ms example);
-``overlap=True`` is :func:`ideal_schedule`. Hiding CPU Adam needs the paper's delayed parameter
+``nvme_grad_exposed`` shows) and ``nvme_states`` (the rest, in the step). ``overlap=False`` adds
+the terms (the note's 155 ms example); ``overlap=True`` is :func:`ideal_schedule`. Hiding CPU Adam needs the paper's delayed parameter
 update (DPU); stock DeepSpeed runs it after backward (:func:`stock_schedule`); 0.19.8's
 overlapped path is ZenFlow (``zero_optimization.zenflow``, stale updates).
 
@@ -156,7 +156,8 @@ def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, de
     (the gradient copies in turn on their one stream), ``h2d_after`` (the updated shard, after the
     step), ``nvme`` = ``nvme_params`` (prefetched reads) + ``nvme_grad`` (backward's fp32 gradient
     write; ``nvme_grad_exposed``: what of it the step waits for, :func:`.grad_swap.exposed_seconds`
-    over the last micro-batch's backward, :func:`.grad_swap.backward_seconds`) + ``nvme_states`` (the state swaps, not overlapped),
+    over the last micro-batch's backward, :func:`.grad_swap.backward_seconds`) + ``nvme_states``
+    (the state swaps, not overlapped),
     ``cpu_adam``, ``total`` (``overlap``: :func:`ideal_schedule`, else the sum of compute, h2d, d2h,
     nvme, cpu_adam), ``stock`` (:func:`stock_schedule`) and ``bound`` (the largest of those five)."""
     if not compute_s >= 0:

@@ -96,4 +96,5 @@ BLOCKED = ((accounting, "model_states"), (ds_offload, "swap_files"), (ds_offload
            (offload_time, "step_time"), (offload_time, "stock_schedule"), (offload_time, "ideal_schedule"),
            (offload_time, "break_even_tokens"), (offload_cost, "traffic_parts"),
            (offload_cost, "offload_traffic"), (offload_cost, "gradient_trip"),
-           (grad_swap, "exposed_seconds"), (grad_swap, "waits"), (grad_swap, "buffers"))
+           (grad_swap, "exposed_seconds"), (grad_swap, "waits"), (grad_swap, "buffers"),
+           (grad_swap, "backward_seconds"))
