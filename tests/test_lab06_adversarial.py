@@ -1251,3 +1251,27 @@ def test_a_lighter_policy_is_named_only_where_one_fits_the_learners_degrees():
     assert "no lighter policy fits your tp, cp and pp" in said and "pp in {8}" in said and "cp in {1, 2}" in said
     said = lab06_diagnose._which_lever("compute", mine, best.layout, others + [plan(8, 1, 2, "every-other", 15.0)])
     assert "does your search try lighter policies?" in said
+
+
+def test_a_limit_row_names_the_kind_of_hybrid_sharding(monkeypatch):
+    """Review r22: the limit rows said "hybrid sharding (hybrid='hsdp' or 'hpz' ...)" where the
+    fastest layout that keeps the limits used hpZ and the learner's HSDP (lab06_limit_cases.grade
+    skipped lab06_diagnose.HYBRIDS). The grader's pricing is stood in for by fixed figures here; the
+    row's choice of words is what is tested."""
+    from types import SimpleNamespace as NS
+    lc = lab06_limit_cases
+    lay = dict(cp=1, vp=1, pp=1, tp=1, zero=3, offload="none", device="none", mcore=False, micro_batch=1,
+               checkpoint="none")
+    best, mine = NS(hybrid="hpz", **lay), NS(hybrid="hsdp", label=lambda: "hsdp layout", **lay)
+    monkeypatch.setattr(lc, "truth", lambda *a, **k: NS(best=(3.686, best)))
+    monkeypatch.setattr(lc, "to_layout", lambda *a, **k: mine)
+    monkeypatch.setattr(lc, "per_gpu", lambda *a, **k: {"total": 1, "host": 0})
+    monkeypatch.setattr(lc, "host_node", lambda *a, **k: (0, 0))
+    monkeypatch.setattr(lc, "breaks", lambda *a, **k: "")
+    from gpumem.chapters.ch06_combining_strategies import lab06_diagnose
+    times = {"total": 5.746, **{k: 0.0 for k in lab06_diagnose.TERMS}}
+    monkeypatch.setattr(lc, "step_seconds", lambda cfg, seq, lay, *a, **k: times if lay is mine else
+                        {**times, "total": 3.686})
+    status, detail = lc.grade({}, ("llama-3-8b", 96, "h100-80gb", 4096, 192), 5e9 / 8, lc.Limits(one_node=True),
+                              1.03, lambda choice, gpus, batch: {})
+    assert status == "wrong" and "uses hpZ (hybrid='hpz'" in detail, detail

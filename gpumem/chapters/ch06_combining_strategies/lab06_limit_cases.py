@@ -235,7 +235,7 @@ def grade(choice, case: tuple, link: float | None, limits: Limits, slack: float,
     if ratio <= slack:
         return "ok", f"{mine['total']:.2f} s vs the fastest layout that keeps the limits: {best_t:.2f} s"
     theirs = step_seconds(cfg, seq, best, g, links=links, inter_node=link)
-    for text, uses in lab06_diagnose.LEVERS:
+    for text, uses in lab06_diagnose.HYBRIDS + lab06_diagnose.LEVERS:    # r22: which hybrid, first
         if uses(best) and not uses(lay):
             return "wrong", (f"yours: {label}: {ratio:.2f}x the fastest step that keeps the limits (more than "
                              f"{slack}x); the fastest that keeps them uses {text} and yours does not")
