@@ -1897,3 +1897,11 @@ def test_a_per_head_loop_with_a_one_row_block_passes():
     report = Report(labcheck.LAB)
     labcheck._key_blocks_rows(report, ns["key_block_backward"], (1, 6, 2, 97, 110, 20, True, 24), 5)
     assert [r.status for r in report.rows] == ["ok"] * len(report.rows), report.summary()
+
+
+def test_a_nan_where_a_number_is_expected_says_where_nans_come_from():
+    """Review r22: a merge with no guard for rows that see no key got only "got nan, expected 0"."""
+    want = torch.tensor([[0.0, 1.0]], dtype=torch.float64)
+    said = labref.first_wrong("out", torch.tensor([[float("nan"), 1.0]], dtype=torch.float64), want)
+    assert said.startswith("out[0, 0]: got nan, expected 0") and "an lse of -inf" in said
+    assert "lse of -inf" not in labref.first_wrong("out", torch.tensor([[0.5, 1.0]], dtype=torch.float64), want)

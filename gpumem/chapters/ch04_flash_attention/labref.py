@@ -83,4 +83,6 @@ def first_wrong(name: str, got, want) -> str:
     ratio = g / w if w and math.isfinite(g) and math.isfinite(w) else 0.0   # r20: the folded scale left in
     log2e = next((f" (x {word}: a log2 e folded in, or taken out, once too often?)" for r, word in
                   ((LOG2E, "log2 e"), (1 / LOG2E, "1 / log2 e")) if abs(ratio - r) < 1e-6 * r), "")
-    return f"{name}{list(idx)}: got {g:.10g}, expected {w:.10g}{log2e}{more}"
+    nan = (" (nan: a row that sees no key has an lse of -inf, and -inf - (-inf) is nan: guard such rows)"
+           if math.isnan(g) and math.isfinite(w) else "")          # review r22: the likeliest merge slip
+    return f"{name}{list(idx)}: got {g:.10g}, expected {w:.10g}{log2e}{nan}{more}"
