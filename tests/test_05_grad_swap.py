@@ -117,3 +117,4 @@ def test_a_transfer_slower_than_compute_stretches_backward():
     r = ot.step_time(n, "mixed", 3, 8, "optimizer+params", "nvme", 2.0, links)
     assert r["nvme_grad_exposed"] == pytest.approx(grad_swap.exposed_seconds(s, 4, 5.6e9, back))
     assert grad_swap.backward_seconds(2.0, 8 * s / 63e9, 4 * s / 63e9, 4 * s / 6.8e9, 2) == pytest.approx(back / 2)
+    assert r["backward"] == pytest.approx(back)              # the window step_time timed the buffers on

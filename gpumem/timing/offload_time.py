@@ -156,8 +156,8 @@ def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, de
     (the gradient copies in turn on their one stream), ``h2d_after`` (the updated shard, after the
     step), ``nvme`` = ``nvme_params`` (prefetched reads) + ``nvme_grad`` (backward's fp32 gradient
     write; ``nvme_grad_exposed``: what of it the step waits for, :func:`.grad_swap.exposed_seconds`
-    over the last micro-batch's backward, :func:`.grad_swap.backward_seconds`) + ``nvme_states``
-    (the state swaps, not overlapped),
+    over the last micro-batch's backward, ``backward``: :func:`.grad_swap.backward_seconds`) +
+    ``nvme_states`` (the state swaps, not overlapped),
     ``cpu_adam``, ``total`` (``overlap``: :func:`ideal_schedule`, else the sum of compute, h2d, d2h,
     nvme, cpu_adam), ``stock`` (:func:`stock_schedule`) and ``bound`` (the largest of those five)."""
     if not compute_s >= 0:
@@ -176,7 +176,7 @@ def step_time(n_params: int, recipe: str, zero: int, gpus: int, offload: str, de
                                       params, micro_batches)
     shown = (grad_swap.exposed_seconds(s, p["nvme_grad_write"] // s, links.nvme_write, back,
                                        grad_swap.SUB_GROUP_SIZE, grad_swap.BUFFER_COUNT) if grad else 0.0)
-    terms |= {"nvme_params": params, "nvme_grad": grad, "nvme_grad_exposed": shown,
+    terms |= {"nvme_params": params, "nvme_grad": grad, "nvme_grad_exposed": shown, "backward": back,
               "nvme_states": terms["nvme"] - params - grad, "grad_trip": trip,
               "h2d_after": p["param_update"] / links.h2d}
     total = ideal_schedule(terms) if overlap else sum(terms[k] for k in ("compute", "h2d", "d2h", "nvme", "cpu_adam"))

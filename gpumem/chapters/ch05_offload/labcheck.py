@@ -33,7 +33,6 @@ import random
 
 from gpumem.course import seeds
 from gpumem.course.grading import Report, Row, call, returned, run_case
-from gpumem.memory import offload_cost
 from gpumem.timing import grad_swap, offload_time
 
 from . import lab_draw, lab_gpu, lab_guard
@@ -181,11 +180,7 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
     want = t["stock"]
     if _close(mine, want):
         return ""
-    s = -(-n // ranks)
-    p = offload_cost.traffic_parts(n, "mixed", zero, ranks, offload, device)
-    back = grad_swap.backward_seconds(compute_s, t["grad_trip"], (p["grad_up"] + p["param_fetch"] / 2) / links.h2d,
-                                      t["nvme_params"])
-    shown = t["nvme_grad_exposed"]
+    s, back, shown = -(-n // ranks), t["backward"], t["nvme_grad_exposed"]
     write = lambda b, count=grad_swap.BUFFER_COUNT: grad_swap.exposed_seconds(      # noqa: E731
         s, 4, links.nvme_write, b, grad_swap.SUB_GROUP_SIZE, count) if shown else 0.0
     unbounded = write(back, 10**9)
