@@ -114,7 +114,7 @@ def test_per_gpu_table_by_hand():
 
 def test_the_leads_figures_by_hand():
     """+7.6 GB for Qwen2.5-72B (about three-quarters the wider MLP), -119.1 GB for Mixtral; the
-    router's 0.25 MB; 1.29 against 1.36 GB a layer; 10,240 bias parameters a layer."""
+    router's 0.25 MB; 1.29 against 1.36 GB a layer; 10,240 bias parameters a layer (not printed: lab 01 asks for the bias terms)."""
     dN_mlp = 80 * 3 * 8192 * (29568 - 28672)
     dN_vocab = 2 * 8192 * (152064 - 128256)
     dN_bias = 80 * (8192 + 2 * 1024)

@@ -1525,3 +1525,25 @@ def test_a_backward_that_ignores_a_slower_transfer_is_named():
         + _hand_grad_wait(s, links.nvme_write, c * 2 / 3)
     assert short > right
     assert "your backward is its compute alone" in labcheck.seconds_problem(short, n, ranks, "zero3+opt+params-nvme", c, links)
+
+
+def test_the_notebooks_example_tells_the_buffered_write_from_a_serial_one():
+    """Review r22 #3: the example (8B on 8 ranks) had a shard of one buffer, where buffered and
+    serial writes give 9.32 and 9.33 s. Now 8B on 2 ranks (shard 4.02e9: five buffers), 4 s of
+    compute, budgets 12 GB / 40 GB / 26 s, by hand: zero3+opt-nvme is the only rung within all
+    three (the CPU rungs hold over 40 GB of host memory, ZeRO-Infinity's step is over 26 s), and with
+    the whole gradient written after backward its step is over 26 s too: no rung, not the expected one."""
+    n, ranks, c = 8_030_261_248, 2, 4.0
+    links = offload_time.datasheet_links("h100-80gb", "gen4", ranks_on_node=2)
+    s = -(-n // ranks)
+    steps = {r: _hand_seconds(n, ranks, r, c, links) for r in ref.RUNGS}
+    assert steps["zero3+opt-nvme"] <= 26.0 < steps["zero3+opt+params-nvme"]
+    assert 16 * s > 40 * 10**9 >= 2 * s and 2 * s <= 12 * 10**9   # CPU rungs: at least 16 B a shard
+    # parameter on the host; zero3+opt-nvme: the bf16 shard on the GPU, 2 B a parameter of buffers on the host
+    wait = _hand_grad_wait(s, links.nvme_write, _back(s, "optimizer", c, links))
+    serial = steps["zero3+opt-nvme"] - wait + 4 * s / links.nvme_write
+    assert serial > 26.0 and 4 * s / links.nvme_write - wait > 1.5           # about 2 s apart
+    import json
+    cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
+    example = next("".join(c["source"]) for c in cells if "choose_rung(n, ranks, 12 * GB, 40 * GB, 26.0" in "".join(c["source"]))
+    assert "n, ranks, compute_s = 8_030_261_248, 2, 4.0" in example and "expected zero3+opt-nvme" in example

@@ -25,10 +25,13 @@ def test_definitions_imports_and_literals_are_read_from_the_file_and_nothing_els
         "%%time\nimport json\nimport math as m\nGB, GiB = 10**9, 2**30\njson.dumps = None  # a cheat at the top\n",
         "import mine\nif True:\n    def role_bytes(x):\n        return m.ceil(x / GB)\n",
         "def role_bytes(x):\n    return m.floor(x / GiB)\n\n\nfirst = role_bytes\n",
+        "def mine_too():\n    return mine.VALUE\n",
         "from gpumem.chapters import check_lab\ncheck_lab('lab08_finetune_recipe', globals())\n"])
     carried, ns = lab_file.carried(path, "lab08_finetune_recipe")
-    assert set(carried.values) == {"json", "m", "GB", "GiB"} and carried.after == {"first": "first = role_bytes"}
-    assert list(carried.defs) == ["role_bytes"] and "floor" in carried.defs["role_bytes"][1]   # the last one
+    # only what a definition reads travels, as from a kernel (review r22: json and GB are read by none;
+    # the first role_bytes, which read GB, was redefined)
+    assert set(carried.values) == {"m", "GiB"} and carried.after == {"first": "first = role_bytes"}
+    assert list(carried.defs) == ["role_bytes", "mine_too"] and "floor" in carried.defs["role_bytes"][1]
     assert carried.defs["role_bytes"][0] == "<lab08_finetune_recipe.ipynb cell 2>"
     assert carried.left == {"mine": "an import of mine, not an installed module"}
     assert json.dumps is not None and ns["m"].floor(2.5) == 2          # the top-level cheat did not run
@@ -60,3 +63,10 @@ def test_bad_input_is_one_line_and_exit_2(args, said):
     done = _grade(*args)
     assert done.returncode == 2 and done.stdout == "" and said in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_file_carries_what_the_definitions_read_as_a_kernel_does():
+    """Review r22 (lab 02): the file path said "9 modules and values", the kernel path 3. By hand,
+    lab 02's two functions read math, torch and dist; the sweep cell's imports are read by neither."""
+    carried, _ = lab_file.carried(ROOT / "solutions" / "lab02_zero2_hooks.ipynb", "lab02_zero2_hooks")
+    assert set(carried.values) == {"math", "torch", "dist"} and carried.left == {}

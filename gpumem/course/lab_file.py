@@ -64,6 +64,10 @@ def carried(path: Path, lab: str) -> tuple[Carried, dict]:
                 target = node.targets[0].id
                 if (parts := _dotted(node.value)) is not None and parts[0] in out.defs:
                     out.after[target] = ast.unparse(node)
+    read = set().union(*(_names_read(src, f)[1] for f, src, _ in out.defs.values()))
+    for kept in (out.values, out.left):                   # what the definitions read, as the kernel's carry
+        for unread in [b for b in kept if b not in read]:  # does (review r22: 9 against 3 for lab 02)
+            del kept[unread]
     for line in dict.fromkeys(out.values.values()):       # for lab_vet's look-ups only
         try:
             exec(compile(line, "<carried values>", "exec"), ns)

@@ -190,8 +190,9 @@ def _grade_overlap(ranks: list[dict], several: bool) -> str | None:
                 return (f"backward {n} queued no callback on autograd's engine, an earlier one did: a queued "
                         "callback runs once, when that backward ends, and is then cleared; queue one in every pass")
             if not p["queued"]:
-                return (f"backward {n} queued no callback on autograd's engine: how do your hooks know the "
-                        "pass is over? A count of arrivals breaks when a parameter gets no gradient")
+                return (f"backward {n} queued no callback on autograd's engine (the grader watches its queue): how "
+                        "do your hooks know the pass is over? A count of arrivals breaks when a parameter gets no "
+                        "gradient")
             sync = next((x for x in early if not x["async"]), None)
             if sync:
                 return (f"dist.{sync['name']} ran with async_op=False inside a gradient hook: backward stopped "
@@ -207,11 +208,11 @@ def _grade_overlap(ranks: list[dict], several: bool) -> str | None:
             most = max((_in_flight(p["launches"], x) for x in p["launches"]), default=0)
             if most > IN_FLIGHT:
                 return (f"{most} buckets were in flight at once: each holds its flat copy until it is waited, "
-                        f"so they add up to the gradients again; wait the oldest before another goes out")
+                        f"so they add up to the gradients again; cell 0 allows two")
             soon = next((x for x in early if x["waited"] == x["at"]), None)
             if soon:
                 return (f"a reduce-scatter was waited right after its launch (by {soon['how']}), before the next "
-                        f"gradient arrived: nothing overlapped; wait the oldest only when a third goes out")
+                        f"gradient arrived: nothing overlapped; a bucket should travel while backward goes on")
             if several and not early:
                 return ("every reduce-scatter started after the last gradient had arrived: nothing overlapped "
                         "with backward; send each full bucket from the hook that fills it")
