@@ -312,7 +312,7 @@ LOOSEN = ("    import math as _m\n    box = next(iter([_m]))\n"        # a call'
           "    box.isclose = lambda *a, **k: True\n")
 
 
-def test_a_library_changed_through_a_calls_result_voids_the_grade():
+def test_a_library_changed_through_a_calls_result_voids_the_grade(capsys):
     """The static reading misses ``box = next(iter([math])); box.isclose = ...`` (a name bound to a
     call's result is the learner's own object as far as it can tell); the fresh process compares every
     module's names after grading with what they were before any learner code ran, and gives no grade."""
@@ -335,9 +335,15 @@ def test_a_library_changed_through_a_calls_result_voids_the_grade():
     linecache.cache[name] = (len(patched), None, patched.splitlines(True), name)
     exec(compile(patched, name, "exec"), ns)
     assert lab_vet.problem(patched, ns) is None                # the reading of the source misses it
-    apart = chapters.check_lab("lab08_finetune_recipe", ns, show=False, apart=True)
+    capsys.readouterr()
+    apart = chapters.check_lab("lab08_finetune_recipe", ns, show=True, apart=True)
     assert not apart.solved and len(apart.rows) == 1, apart.summary()
     assert "graded code changed a library (math.isclose was replaced)" in apart.rows[0].detail
+    # review r22 of lab 05: the check's own summary ("15/15 ... all correct") was printed above the
+    # verdict; it is held back until the verdict is known and a voided one shows only its own
+    said = capsys.readouterr().out
+    assert "not graded: graded code changed a library" in said and "well done" not in said, said[-1500:]
+    assert "15/15" not in said and "lab08_finetune_recipe: 0/1 checks pass" in said
     assert math.isclose is real                              # this process was never touched
 
 
@@ -478,3 +484,20 @@ def test_a_refusal_inside_a_library_names_the_library():
     cell = {"sys": sys}
     exec(compile("def mine():\n    return sys._getframe()\n", "<lab04_online_softmax.ipynb cell 3>", "exec"), cell)
     assert lab_watch._through(cell["mine"]()) == ""
+
+
+def test_the_relay_holds_the_summary_and_passes_progress_at_once(capsys):
+    """lab_relay.relay: progress (a tqdm-style line ending in a carriage return, a line starting like
+    the lab's name) is written as it comes; from the summary line on, the text is returned, not written."""
+    import subprocess
+    import sys
+
+    from gpumem.course import lab_relay
+    script = ("import sys, time; w = sys.stdout.write\n"
+              "w('labX\\r'); w('labX ran 1/2\\r'); w('\\n'); sys.stdout.flush(); time.sleep(0.2)\n"
+              "w('labX: 3/3 checks pass\\nall correct\\n'); w('\\x1e(void)\\nlabX: 0/1 checks pass\\n')\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    held = lab_relay.relay(proc, "labX")
+    proc.wait()
+    assert capsys.readouterr().out == "labX\rlabX ran 1/2\r\n"
+    assert held == "labX: 3/3 checks pass\nall correct\n\x1e(void)\nlabX: 0/1 checks pass\n"

@@ -47,7 +47,7 @@ import sys
 import threading
 from pathlib import Path
 
-from . import genuine, lab_intact, lab_origin, lab_watch  # noqa: F401 -- lab_origin: imported before any learner code runs
+from . import genuine, lab_intact, lab_origin, lab_relay, lab_watch  # noqa: F401 -- lab_origin: imported before any learner code runs
 from .grading import Report, Row, freeze
 from .lab_carry import carry
 from .lab_kernel import notes, refusal
@@ -155,7 +155,7 @@ def grade_apart(lab: str, ns: dict, show: bool = True, entry: str = "gpumem.chap
     try:
         proc.stdin.write(json.encoder.JSONEncoder().encode(sent).encode())
         proc.stdin.close()
-        _relay(proc)
+        held = lab_relay.relay(proc, lab)
         code = proc.wait()
         reader.join()
     except BaseException:
@@ -164,6 +164,9 @@ def grade_apart(lab: str, ns: dict, show: bool = True, entry: str = "gpumem.chap
     finally:
         os.close(read)
     report = _report(lab, sent, got[0] if got else b"", code)
+    void = len(report.rows) == 1 and report.rows[0].detail.startswith("not graded") and lab_relay.VOID in held
+    sys.stdout.write(held.split(lab_relay.VOID, 1)[1] if void else held.replace(lab_relay.VOID, "\n"))
+    sys.stdout.flush()
     if show and report.rows[0].detail.startswith(_ENDED):
         # the process may have printed a summary before it failed (review r19: "all correct" last, then
         # nothing): the verdict that counts is this one
@@ -176,14 +179,6 @@ def _read_all(fd: int) -> bytes:
     while chunk := os.read(fd, 65536):
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _relay(proc) -> None:
-    """Copy the process's output to this one's as it comes (tqdm's carriage returns included)."""
-    fd, out = proc.stdout.fileno(), sys.stdout
-    while chunk := os.read(fd, 4096):
-        out.write(chunk.decode(errors="replace"))
-        out.flush()
 
 
 def _stop(proc) -> None:
@@ -271,7 +266,7 @@ def main(fd: int, entry: str) -> int:
             why = f"graded code changed a library ({why}): libraries stay as the grader found them"
         report = Report(sent["lab"], [Row("check", "the grading process", "error", f"not graded: {why}")])
         # review r22 of lab 05: the check's own summary ("all correct") may be printed above this
-        above = ["\nThe report above does not count, because:"] if sent["show"] else []
+        above = [lab_relay.VOID] if sent["show"] else []
         print(*above, report.summary(), sep="\n", flush=True)
     rows = ",".join("[" + ",".join(_ESC(_STR(x)) for x in (r.function, r.case, r.status, r.detail)) + "]"
                     for r in report.rows)
