@@ -18,6 +18,7 @@ from conftest import ROOT
 from gpumem.chapters.ch01_memory_anatomy import lab_gpu, labcheck, variants
 from gpumem.course.grading import Report
 from gpumem.memory import activations
+from gpumem.memory.accounting import RECIPE as _RECIPE
 from gpumem.memory.models import ModelConfig
 from test_labs import notebook_namespace
 
@@ -152,6 +153,15 @@ def _subprocess_tracer(**kw):
     return int(out.stdout)
 
 
+def _read_recipe(n_params, recipe, gpus=1, zero=0):
+    """Review r22's part 1: the course's table of bytes per role, read instead of worked out."""
+    r = _RECIPE[recipe]
+    share = -(-n_params // gpus)
+    held = [share if zero >= stage else n_params for stage in (3, 2, 1)]
+    return {"params": r.params * held[0], "grads": r.grads * held[1],
+            "optimizer": sum(b for _, b in r.optimizer) * held[2]}
+
+
 @pytest.mark.parametrize("name, fn, says", [
     ("variant_layer", _ask_variants, "variants.measure is switched off"),
     ("layer_activation_bytes", _ask_labcheck, "labcheck.traced_layer is switched off"),
@@ -159,6 +169,7 @@ def _subprocess_tracer(**kw):
     ("model_state_bytes", _ask_accounting, "accounting.model_states is switched off"),
     ("variant_layer", _hooks_on_the_block, "variants.VariantBlock.__init__ (the course's code"),  # labcopies
     ("layer_activation_bytes", _subprocess_tracer, "Popen is switched off"),
+    ("model_state_bytes", _read_recipe, "accounting.Recipe is switched off"),
 ])
 def test_the_course_answers_and_tracing_tools_are_switched_off(name, fn, says):
     report = grade({name: fn})
@@ -166,7 +177,7 @@ def test_the_course_answers_and_tracing_tools_are_switched_off(name, fn, says):
     assert got and all(r.status == "error" and says in r.detail and "derive it yourself" in r.detail
                        for r in got), report.summary()
     # and everything is back afterwards
-    assert torch.is_grad_enabled() and activations.layer_parts is _bound
+    assert torch.is_grad_enabled() and activations.layer_parts is _bound and _RECIPE["mixed"].grads == 2
     assert _ask_variants(48, 4, 2, 64, 5, 1, "flash", "hf", "swiglu", False)["activations"] > 0
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
         pass

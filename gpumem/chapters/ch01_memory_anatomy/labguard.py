@@ -119,8 +119,10 @@ def _tools():
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
+    from gpumem.memory.accounting import Recipe      # review r22: part 1 read RECIPE's bytes per role
     return [(torch.autograd.graph.saved_tensors_hooks, "__enter__"), (FakeTensorMode, "__enter__"),
-            (MemTracker, "__enter__"), (subprocess.Popen, "__init__"), (torch.enable_grad, "__enter__")]
+            (MemTracker, "__enter__"), (subprocess.Popen, "__init__"), (torch.enable_grad, "__enter__"),
+            (Recipe, "__getattribute__")]
 
 
 def _tool_refuser(name: str):
