@@ -1355,7 +1355,7 @@ def test_a_per_operation_fit_fails_where_two_operations_share_a_tensor(fitted):
     report = grade({**fitted, "variant_layer": variant_layer}, seed=0)
     bad = first_problem(report, "variant_layer")
     assert bad.status == "wrong" and "mlp=(" in bad.case, report.summary()
-    assert bad.detail.startswith("operation ") and "B to your count" in bad.detail, bad.detail
+    assert bad.detail.startswith("operation ") and "B: what does it keep" in bad.detail, bad.detail
 
 
 def test_the_solution_counts_every_drawn_chain():
@@ -1395,6 +1395,40 @@ def test_a_chain_slip_is_named_at_its_first_wrong_operation(fix):
     bad = first_problem(grade({**solution(), "variant_layer": _chain_slip(fix)}, seed=0), "variant_layer")
     assert bad.status == "wrong" and "mlp=(" in bad.case and bad.detail.startswith("operation "), bad.detail
     assert "x tokens x ffn" in bad.detail and len(bad.detail) <= 300
+    assert "(this case: expected " in bad.detail, bad.detail        # review r23: it was cut off at 300
+
+
+def _solution_with(old: str, new: str):
+    """The solution's variant_layer with one line of its chain rule changed, as a learner's cell."""
+    import json
+    cells = json.loads((ROOT / "solutions" / "lab01_memory_calculator.ipynb").read_text())["cells"]
+    source = next("".join(c["source"]) for c in cells if "def variant_layer(" in "".join(c["source"]))
+    assert source.count(old) == 1, old
+    ns: dict = {}
+    exec(compile(source.replace(old, new), "<lab01 slip>", "exec"), ns)
+    return ns["variant_layer"]
+
+
+@pytest.mark.parametrize("old, new, chain", [
+    # dropout "zeroes the dropped numbers where they are": its output taken for its input
+    ('                kept, counted = kept + (n if op == "dropout" else 0), False',
+     '                kept, counted = kept + (n if op == "dropout" else 0), counted and op == "dropout"',
+     ("sigmoid", "exp", "dropout", "gelu")),
+    # relu, sigmoid, tanh and exp taken to work in place: an output kept where the input already is
+    ('                kept, counted = kept + size * n, True',
+     '                kept, counted = kept + (0 if counted else size * n), True',
+     ("sigmoid", "exp", "dropout", "gelu")),
+])
+def test_review_r23_an_output_taken_to_share_its_inputs_storage_fails_a_fixed_chain(old, new, chain):
+    """Review r23: these rules passed 37/37 (no fixed chain put such an operation after one whose
+    tensor was kept); drawn chains caught them in 24 % and about 40 % of checks. By hand at
+    FIXED_SHAPE (n = 2 x 23 x 200 = 9,200): sigmoid keeps its output, exp a new output (+2n, the
+    slip +0), dropout a mask (+n) and a new tensor that gelu keeps (+2n, the slip +0)."""
+    slip = _solution_with(old, new)
+    report = grade({**solution(), "variant_layer": slip}, seed=0)
+    bad = first_problem(report, "variant_layer")
+    assert bad.status == "wrong" and repr(chain) in bad.case, (bad.case, bad.detail)
+    assert "(this case: expected " in bad.detail and len(bad.detail) <= 300, bad.detail
 
 
 # ---- review r11 lab 01 #2: a copy of the grader's chain count with its table renamed -------------

@@ -83,6 +83,9 @@ def test_the_run_rows_price_the_model_by_hand():
       "            filling = 0\n        filling += size\n        if False:\n"), 1, "not all bucket_bytes long"),
     # review r22: every bucket's launch plus the last one's whole time
     (("sum(launch(b) for b in sent[:-1])", "sum(launch(b) for b in sent)"), 0, "launch is counted twice"),
+    # review r23: the last bucket's launch taken out of its whole time (plan 4's two equal buckets
+    # had the "last bucket alone" hint, plans 1-3 none)
+    (("+ whole(sent[-1])", "+ whole(sent[-1]) - launch(sent[-1])"), 0, "launch was taken out of its whole time"),
 ])
 def test_wrong_counts_are_named(swap, row, says):
     old, new = swap

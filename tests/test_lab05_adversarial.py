@@ -1547,3 +1547,72 @@ def test_the_notebooks_example_tells_the_buffered_write_from_a_serial_one():
     cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
     example = next("".join(c["source"]) for c in cells if "choose_rung(n, ranks, 12 * GB, 40 * GB, 26.0" in "".join(c["source"]))
     assert "n, ranks, compute_s = 8_030_261_248, 2, 4.0" in example and "expected zero3+opt-nvme" in example
+
+
+def test_review_r23_a_pasted_copy_of_the_gradient_buffers_is_refused(no_libaio):
+    """Review r23: gpumem/timing/grad_swap.py pasted into a cell, its exposed_seconds called from
+    rung_seconds, passed 13/13 (lab_guard's prints had no grad_swap function). It is named now."""
+    import inspect
+    import json
+    from gpumem.timing import grad_swap
+    cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
+    mine = next("".join(c["source"]) for c in cells if "def rung_seconds(" in "".join(c["source"]))
+    old = "        swaps += gradient_write_wait(s, links.nvme_write, backward)\n"
+    assert mine.count(old) == 1
+    pasted = inspect.getsource(grad_swap).replace("from ..errors import", "from gpumem.errors import")
+    ns = solution("lab05")
+    exec(compile(pasted, "<x>", "exec"), ns)
+    exec(compile(mine.replace(old, "        swaps += exposed_seconds(s, 4, links.nvme_write, backward)\n"),
+                 "<learner cell>", "exec"), ns)
+    report = grade(ns)
+    bad = first_problem(report, "rung_seconds")
+    assert "it ran a copy of gpumem.timing.grad_swap.exposed_seconds" in bad.detail, bad
+    assert all(r.status == "ok" for r in rows(report, "rung_bytes"))
+
+
+def test_review_r23_a_graders_watch_unset_by_its_own_refusal_is_not_the_learners_request():
+    """Review r23: in the grading process, a lab's profile watch that refuses (raises) is unset by
+    the interpreter, which raises the audit event sys.setprofile from the learner's frame; lab_watch
+    took that for the learner's request and voided the grade ("it asked for sys.setprofile"), hiding
+    the row that named the copy. Run apart: lab_watch's hook stays for the life of a process."""
+    import subprocess
+    import sys
+    script = """
+import sys
+from gpumem.course import lab_watch
+hits = lab_watch.install()
+refused = []
+def watch(frame, event, arg):
+    if event == "call" and frame.f_code.co_name == "copied":
+        refused.append("a copy")
+        raise RuntimeError("refused")
+watch.graders_refusals = refused
+ns = {}
+exec(compile("def copied():\\n    return 1\\n", "<lab05_offload_budget.ipynb cell 3>", "exec"), ns)
+sys.setprofile(watch)
+try:
+    ns["copied"]()
+except RuntimeError:
+    pass
+sys.setprofile(None)
+print(refused, hits)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.stdout.strip() == "['a copy'] []", done.stdout + done.stderr
+
+
+def test_review_r23_forward_then_backward_is_named_as_the_window_assumption():
+    """Review r23: a learner who runs forward, then backward (the gradient stream only in backward)
+    got only "1.04x the time engine's stock step". By hand, 85.3e9 parameters on 4 H200 with the
+    optimizer on the CPU at 0.55 s of compute: the gradient stream (6 B down, 2 B up a shard
+    parameter) outlasts compute, so the engine's window is the stream and the phased step is longer
+    by forward's third of compute. Cell 9 states the engine's window; the row names it."""
+    from gpumem.chapters.ch05_offload import labcheck
+    n, ranks, c, rung = 85_300_000_000, 4, 0.55, "zero3+opt-cpu"
+    links = offload_time.datasheet_links("h200", "gen4", ranks_on_node=4)
+    s = -(-n // ranks)
+    trip = 6 * s / links.d2h + 2 * s / links.h2d
+    assert trip > c and trip == _hand_backward(s, 3, 0, c, links)      # the stream sets the window
+    right = _hand_seconds(n, ranks, rung, c, links)
+    assert labcheck.seconds_problem(right, n, ranks, rung, c, links) == ""
+    assert labcheck.seconds_problem(right + c / 3, n, ranks, rung, c, links) == labcheck.PHASED

@@ -454,6 +454,8 @@ def test_a_drawn_members_reference_is_gone_before_the_learner_is_called():
     left for the learner's call to find (gc.get_objects), so the grader prices it again after."""
     import gc
     from gpumem.planner.answer import Result
+    ref.cache_clear()           # this module's own cache of the reference (other tests priced seed 7's members)
+    gc.collect()
     case, link = lab06_cases.draw(lab06_cases.FAMILIES[0], lab06_cases.rng_of(7), L.reference)
     left = [o for o in gc.get_objects() if type(o) is Result and o.question["global_batch"] == case[4]
             and o.question["seq"] == case[3] and o.question["gpus"] == case[1]]

@@ -495,9 +495,9 @@ def test_the_relay_holds_the_summary_and_passes_progress_at_once(capsys):
     from gpumem.course import lab_relay
     script = ("import sys, time; w = sys.stdout.write\n"
               "w('labX\\r'); w('labX ran 1/2\\r'); w('\\n'); sys.stdout.flush(); time.sleep(0.2)\n"
-              "w('labX: 3/3 checks pass\\nall correct\\n'); w('\\x1e(void)\\nlabX: 0/1 checks pass\\n')\n")
+              "w('bar\\r   \\rlabX: 3/3 checks pass\\nall correct\\n'); w('\\x1e(void)\\nlabX: 0/1 checks pass\\n')\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     held = lab_relay.relay(proc, "labX")
     proc.wait()
-    assert capsys.readouterr().out == "labX\rlabX ran 1/2\r\n"
+    assert capsys.readouterr().out == "labX\rlabX ran 1/2\r\nbar\r   \r"     # tqdm's last bar, then the summary
     assert held == "labX: 3/3 checks pass\nall correct\n\x1e(void)\nlabX: 0/1 checks pass\n"

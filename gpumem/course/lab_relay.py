@@ -20,7 +20,7 @@ def relay(proc, lab: str) -> str:
     until the verdict is known (review r22 of lab 05: "all correct" printed above "not graded")."""
     fd, out, text, shown, found = proc.stdout.fileno(), sys.stdout, "", 0, None
     decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
-    head = re.compile(rf"(^|\n){re.escape(lab)}: \d+/\d+ checks pass")
+    head = re.compile(rf"(^|[\n\r]){re.escape(lab)}: \d+/\d+ checks pass")     # \r: after tqdm's last bar
     while not found and (chunk := os.read(fd, 4096)):
         text += decode(chunk)
         if found := head.search(text, max(0, shown - 1)):

@@ -9,11 +9,10 @@ graded by :mod:`.labpart2`). Chapter 01 counts none of it; ``gpumem.memory.activ
 width and Qwen3's norms but not OLMo 2's, which every check grades first. Part 3's layers are the
 variants of :mod:`.variants` (Hugging Face's and Gemma's RMSNorms, a GeLU MLP with dropout, q/k/v
 biases) and, after those, chain MLPs whose operations (:data:`.variants.OPS`, three to eight) are given
-to the learner's function as data: six fixed (:data:`FIXED_CHAINS`), then some drawn at each check.
+to the learner's function as data: eight fixed (:data:`FIXED_CHAINS`), then some drawn at each check.
 Every truth is measured on real tensors (:func:`.labwide.measure`, :func:`.variants.measure`). Each
-function stops at its first failing case; a wrong count is explained by the key that differs, over its
-elements (part 1, :func:`.labhints.states_hint`), its first wrong term (part 2), the switch whose term
-differs (part 3, :mod:`.labhints`), or a chain's first operation whose change differs.
+function stops at its first failing case, explained by :mod:`.labhints` (part 1's key, part 2's term,
+part 3's switch, or a chain's first operation whose change differs).
 
 What this does and does not exclude. While the learner's functions run, the course's own formulas and
 tracers raise "derive it yourself" and any tensor operation raises "no tensor ops" (:mod:`.labguard`):
@@ -31,8 +30,7 @@ not a defence. A learner who measures single operations with ``saved_by`` and wo
 compose, dtype and shared tensors included, has done what the chains ask; one who tabulates the grader's
 own measure over hundreds of chains is named if the table is still in the kernel's cache
 (:func:`kernel_refusal`, read before the fresh grading process starts), which only stops the lazy
-version. Before any of this, :mod:`.labtruth` checks that torch and the course are as they were when the
-lab imported them and that the measured plain layer matches the course's formula, or grades nothing."""
+version. First :mod:`.labtruth` checks torch, the course and the plain layer's formula, or grades nothing."""
 
 import random
 
@@ -177,12 +175,14 @@ VARIANT_CASES = [("gemma", "swiglu", False), ("hf", "swiglu", False), ("fused", 
 MIXED = 4                  # VARIANT_CASES[MIXED:] switch two or three on; a far shape draws from them
 KERNEL_CYCLE = ("flash", "naive", "eager")
 CHAINS = 3                 # chain MLPs drawn at each check, after VARIANT_CASES; the other far shape is one
-# rule slips that passed most drawn checks each fail one: r19's, r20's and r21's (tests/test_lab01_adversarial.py)
+# rule slips that passed most drawn checks each fail one: r19-r23's (tests/test_lab01_adversarial.py); the
+# last two: an output taken to share its input's storage (dropout, exp; relu, sigmoid, tanh; r23)
 FIXED_CHAINS = (("hf", ("relu", "float", "gelu", "sigmoid"), True),
                 ("gemma", ("relu", "scale", "gelu", "float", "sigmoid"), False),
                 ("fused", ("sigmoid", "gelu", "dropout", "relu", "bf16"), False),
                 ("hf", ("tanh", "silu", "exp", "gelu_tanh", "dropout", "square", "bf16"), False),
-                ("fused", ("float", "exp", "float", "gelu"), True), ("gemma", ("float", "exp", "bf16", "gelu"), False))
+                ("fused", ("float", "exp", "float", "gelu"), True), ("gemma", ("float", "exp", "bf16", "gelu"), False),
+                ("fused", ("sigmoid", "exp", "dropout", "gelu"), False), ("hf", ("tanh", "relu", "sigmoid", "tanh"), True))
 FIXED_SHAPE = dict(d_model=72, n_heads=6, n_kv_heads=3, ffn=200, seq=23, batch=2)   # measured once a process
 CHAIN_NOTE = ("this MLP's operations are combined at the check (most drawn afresh), so no table of chains "
               "seen before and no fit per operation covers them; work out what each one keeps (input, "
@@ -209,7 +209,7 @@ def _grade_variants(report: Report, fn, rng: random.Random) -> None:
     variants_ = VARIANT_CASES + [draw_variant(rng) for _ in range(CHAINS)]
     far = [(draw_far_shape(rng), ", far shape", v) for v in (rng.choice(VARIANT_CASES[MIXED:]), draw_variant(rng))]
     plan = list(enumerate([(draw_shape(rng), "", v) for v in variants_] + far))    # i: the kernel's turn
-    plan[len(VARIANT_CASES):len(VARIANT_CASES)] = [(k, (FIXED_SHAPE, "", v)) for k, v in zip((0, 2, 1, 0, 2, 1), FIXED_CHAINS)]
+    plan[len(VARIANT_CASES):len(VARIANT_CASES)] = [(k, (FIXED_SHAPE, "", v)) for k, v in zip((0, 2, 1, 0, 2, 1, 0, 2), FIXED_CHAINS)]
     for i, (shape, tag, (norm, mlp, bias)) in plan:
         case = dict(shape, kernel=KERNEL_CYCLE[i % 3], norm=norm, mlp=mlp, qkv_bias=bias)
 

@@ -113,16 +113,14 @@ def _functions(module):
 
 
 def _tools():
-    """(owner, attribute) of the tracing tools a learner could measure with instead of deriving."""
+    """(owner, attribute) of the tracing tools a learner could measure with instead of deriving, and
+    the recipe table's fields (review r22: part 1 read RECIPE's bytes per role)."""
     import subprocess
-
-    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
-    from gpumem.memory.accounting import Recipe      # review r22: part 1 read RECIPE's bytes per role
-    return [(torch.autograd.graph.saved_tensors_hooks, "__enter__"), (FakeTensorMode, "__enter__"),
-            (MemTracker, "__enter__"), (subprocess.Popen, "__init__"), (torch.enable_grad, "__enter__"),
-            (Recipe, "__getattribute__")]
+    from gpumem.memory.accounting import Recipe
+    return [(torch.autograd.graph.saved_tensors_hooks, "__enter__"), (FakeTensorMode, "__enter__"), (MemTracker,
+            "__enter__"), (subprocess.Popen, "__init__"), (torch.enable_grad, "__enter__"), (Recipe, "__getattribute__")]
 
 
 def _tool_refuser(name: str):

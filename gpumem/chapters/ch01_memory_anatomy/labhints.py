@@ -111,11 +111,11 @@ def chain_hint(learner, case: dict) -> str:
             break
         if mine - mine_before != true - true_before:
             after = f", after {ops[:i - 1]!r}" if i > 1 else ""
-            cast = (f"; or the cast before it, {ops[i - 2]!r}: it keeps nothing itself, but whether it copies "
-                    "decides what this one keeps") if i > 1 and ops[i - 2] in ("float", "bf16") else ""
-            return (f"operation {i}, {ops[i - 1]!r}{after}: adds {true - true_before:+,} B to what the layer "
-                    f"keeps ({(true - true_before) / n:+g} x tokens x ffn), {mine - mine_before:+,} B to your "
-                    f"count: what does it keep, in which dtype, and what does it change next to it{cast}?")
+            cast = (f" (or the cast before it, {ops[i - 2]!r}: whether it copies decides what this one keeps)"
+                    if i > 1 and ops[i - 2] in ("float", "bf16") else "")
+            return (f"operation {i}, {ops[i - 1]!r}{after}: the layer keeps {true - true_before:+,} B more "
+                    f"({(true - true_before) / n:+g} x tokens x ffn), your count {mine - mine_before:+,} B: what "
+                    f"does it keep, in which dtype, sharing what{cast}?")
         mine_before, true_before = mine, true
     return (f"mlp={ops!r}: your MLP term is off: go through the chain operation by operation (what each "
             "keeps, in which dtype; a tensor two operations keep counts once)")

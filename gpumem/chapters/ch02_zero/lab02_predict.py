@@ -98,6 +98,9 @@ def _hint(got: float, sizes, bucket: int, lone) -> str:
     if near(launches + fl + sl * last + fw + sw * last):      # review r22: the likeliest slip
         return (": the last bucket's launch is counted twice: its whole time, launched and waited at "
                 "once, already holds its launch")
+    if near(launches + fw + sw * last - fl - sl * last):         # review r23: the launch taken out
+        return (": the last bucket's launch was taken out of its whole time: that launch runs in your hook "
+                "too, after the last gradient, with nothing left to hide behind")
     if near(fw + sw * sum(sizes)) and early:
         return (": that is every gradient's transfer; with this bucket the earlier buckets went out while "
                 "backward still ran, only their launches and the last bucket are exposed")

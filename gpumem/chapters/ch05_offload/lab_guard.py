@@ -129,7 +129,8 @@ _KEPT: list = [(ref, "the grader's answer lab_reference", ("rung_bytes", "choose
 _LIBRARY = [("gpumem.memory.accounting", ("model_states",)),
             ("gpumem.timing.offload_time", ("step_time", "_split")),
             ("gpumem.memory.offload_cost", ("traffic_parts", "gradient_trip", "offload_traffic")),
-            ("gpumem.runs.ds_offload", ("swap_files",))]       # part 2's file sizes (review r13 #2)
+            ("gpumem.runs.ds_offload", ("swap_files",)),       # part 2's file sizes (review r13 #2)
+            ("gpumem.timing.grad_swap", ("exposed_seconds",))]  # part 3's buffers (review r23: pasted)
 
 
 def prints() -> copy_watch.Prints:
@@ -162,7 +163,7 @@ def _watch(hits: list):
         if not lab_origin.allowed_here(code, origins):
             hits.append(lab_origin.where(code))
             raise RuntimeError(f"{ref.REFUSAL} ({hits[-1]})")
-    watch.lab05_hits = hits
+    watch.lab05_hits = watch.graders_refusals = hits     # lab_watch: its refusal unsets it
     return watch
 
 

@@ -33,6 +33,7 @@ import random
 
 from gpumem.course import seeds
 from gpumem.course.grading import Report, Row, call, returned, run_case
+from gpumem.memory import offload_cost
 from gpumem.timing import grad_swap, offload_time
 
 from . import lab_draw, lab_gpu, lab_guard
@@ -172,6 +173,17 @@ GRAD_UNBOUNDED = ("your gradient write waits too little: in swap_tensor/async_sw
                   "is not free again until backward waits for every write in flight")
 
 
+PHASED = ("yours runs forward, then backward: the course's engine runs every transfer of forward and backward "
+          "beside all of compute_s, the longest setting the pace (cell 9's stated assumption)")
+
+
+def _phased(n: int, ranks: int, zero: int, offload: str, device: str, compute_s: float, links, t: dict) -> float:
+    """Review r23's reading of the window: forward (its compute, its half of the parameter fetches and
+    drive reads), then the engine's backward."""
+    p = offload_cost.traffic_parts(n, "mixed", zero, ranks, offload, device)
+    return max(compute_s / 3, p["param_fetch"] / 2 / links.h2d, t["nvme_params"] / 2) + t["backward"]
+
+
 def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float, links) -> str:
     """'' if ``mine`` is the time engine's stock step; else what explains the difference: a known
     wrong schedule or a missing piece, else direction and factor (the engine's seconds not shown)."""
@@ -184,6 +196,7 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
     write = lambda b, count=grad_swap.BUFFER_COUNT: grad_swap.exposed_seconds(      # noqa: E731
         s, 4, links.nvme_write, b, grad_swap.SUB_GROUP_SIZE, count) if shown else 0.0
     unbounded = write(back, 10**9)
+    window = max(t["compute"], t["grad_trip"], t["h2d"] - t["h2d_after"], t["nvme_params"])
     wrong = [(compute_s, "yours is compute alone: this rung moves states every step"),
              (want - shown + t["nvme_grad"], GRAD_SERIAL),
              (want - shown, GRAD_HIDDEN),
@@ -194,6 +207,7 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
              (want - shown + write(compute_s * grad_swap.BACKWARD_SHARE),
               "your backward is its compute alone: a transfer slower than compute stretches backward "
               "(the slowest thing in it sets its length), and a longer backward hides more of the write"),
+             (want - window + max(window, _phased(n, ranks, zero, offload, device, compute_s, links, t)), PHASED),
              (t["total"], "yours overlaps what stock DeepSpeed runs after backward (CPU Adam, the state "
                           "swaps, the updated shard's upload); that is the delayed-update schedule"),
              (t["compute"] + t["h2d"] + t["d2h"] + t["nvme"] + t["cpu_adam"],
