@@ -250,6 +250,12 @@ def test_references_agree_with_sdpa_and_the_empty_convention():
     torch.testing.assert_close(torch.cat([p[2] for p in parts], 2), dv)
     empty_out, empty_lse = labref.dense(q, k[:, :, :0], v[:, :, :0])
     assert bool((empty_out == 0).all()) and bool((empty_lse == -math.inf).all())
+    # the bf16 cases' reference, given exact out and lse, is the exact gradient (SDPA's autograd)
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    want = torch.autograd.grad(F.scaled_dot_product_attention(qr, kr, vr, is_causal=True, enable_gqa=True),
+                               (qr, kr, vr), dout)
+    for got, w in zip(labref.kernel_grads(q, k, v, dout, out, lse, labref.causal_mask(30, 37)), want):
+        torch.testing.assert_close(got, w)
 
 
 def test_without_cuda_the_gpu_part_says_it_is_skipped(monkeypatch, capsys):
@@ -505,13 +511,36 @@ def test_key_block_that_slices_the_rows_from_j0_passes():
     assert got and all(r.status == "ok" for r in got), [r.detail for r in got]
 
 
-def test_each_function_stops_at_its_first_failing_case(capsys):
+@pytest.fixture(scope="module")
+def whole_check():
+    """One whole check, the slowest thing in this file, shared by the two tests below (each ran
+    its own before): ``merge_partials`` wrong on every case, and a ``flash_backward`` that
+    computes its answer, then zeroes every input in place."""
     ns = solution()
-    ns["merge_partials"] = merge_by_average                         # wrong on every case
-    report = chapters.check_lab("lab04_online_softmax", ns, show=False)
-    merge = [r for r in report.rows if r.function == "merge_partials"]
-    assert [r.status for r in merge] == ["wrong"] and len(report.rows) == 22    # 4 + 6 + 1 + 4 + 4 + 3
-    assert all(r.status == "ok" for r in report.rows if r.function != "merge_partials")
+    right = ns["flash_backward"]
+
+    def vandal(dout, q, k, v, out, lse, causal=False, block=32):
+        grads = right(dout, q, k, v, out, lse, causal, block)
+        for t in (dout, q, k, v, out, lse):
+            t.mul_(0)
+        return grads
+    ns["merge_partials"], ns["flash_backward"] = merge_by_average, vandal
+    return chapters.check_lab("lab04_online_softmax", ns, show=False)
+
+
+def test_each_function_stops_at_its_first_failing_case(whole_check):
+    merge = [r for r in whole_check.rows if r.function == "merge_partials"]
+    assert [r.status for r in merge] == ["wrong"] and len(whole_check.rows) == 22    # 4 + 6 + 1 + 4 + 4 + 3
+    assert all(r.status == "ok" for r in whole_check.rows if r.function != "merge_partials")
+
+
+def test_inputs_changed_in_place_change_no_later_check(whole_check):
+    """(From tests/test_labs_hostile.py.) A backward that zeroes q, k, v, dout, out, lse in place
+    after computing its answer must not make its own row, graded on the same inputs, or any later
+    case look wrong: all 6 flash_backward rows pass, and so do the ring and part 5 after them."""
+    flash = [r for r in whole_check.rows if r.function == "flash_backward"]
+    assert len(flash) == 6 and all(r.status == "ok" for r in flash), [r.detail for r in flash]
+    assert all(r.status == "ok" for r in whole_check.rows if r.function != "merge_partials")
 
 
 def test_the_graders_own_gpu_measurement_is_off_during_the_learners_call():
@@ -574,7 +603,7 @@ def test_bf16_accumulators_fail_the_bf16_case():
             ds = p * (dot @ vv.transpose(-1, -2) - delta[:, :, i0:i0 + block, None].to(acc)) * c
             dk += _fold(ds.transpose(-1, -2) @ qt, kv).to(q.dtype)
             dq[:, :, i0:i0 + block] = ds @ kk
-        return dq.to(q.dtype), dk, dv
+        return dq, dk, dv                                               # dq_part in fp32, as asked
     ns["key_block_backward"] = scope = ns["flash_backward"].__globals__   # the notebook's globals
     right, scope["key_block_backward"] = scope["key_block_backward"], bf16_sums
     try:
@@ -690,7 +719,8 @@ def test_dq_summed_in_bf16_fails_the_many_key_blocks_case():
     labcheck._flash_rows(report, bf16_dq, labcheck.BF16_DQ, 105, inner=kbb)
     got = report.rows[0]
     assert got.status == "wrong" and got.detail.startswith("dq: relative error 0.00") \
-        and "(dQ over key blocks, dK and dV over query blocks) in fp32" in got.detail, got.detail
+        and "against the exact dQ rounded once to bf16" in got.detail \
+        and "dQ's partial sums stay in fp32" in got.detail, got.detail
 
 
 def ring_of_unit_dims(q, k_shards, v_shards, rank, causal=False, block=32):
@@ -1076,7 +1106,7 @@ def test_contiguous_shard_order_is_unbalanced():
     lower triangle, 5 * 6 / 2); contiguous: rank 0 = 15 + 40 = 55, rank 2 = 115 + 140 = 255."""
     got = _zig("shard_order", lambda ranks: [c // 2 for c in range(2 * ranks)], (3, 5))
     assert got.status == "wrong" and got.detail == (
-        "order [0, 0, 1, 1, 2, 2]: rank 0 takes 55 exps, rank 2 255 (chunks of 5, causal): not balanced"), got.detail
+        "order [0, 0, 1, 1, 2, 2]: rank 0 keeps 55 score entries, rank 2 255 (chunks of 5, causal): not balanced"), got.detail
     assert _zig("shard_order", lambda r: [0, 1, 2, 2, 1, 0], (3, 5)).status == "ok"   # rank r: r and 2R-1-r
     bad = _zig("shard_order", lambda r: [0, 0, 0, 1, 2, 2], (3, 5))
     assert bad.status == "wrong" and "each of the 3 ranks must hold exactly two of the 6 chunks" in bad.detail
@@ -1905,3 +1935,123 @@ def test_a_nan_where_a_number_is_expected_says_where_nans_come_from():
     said = labref.first_wrong("out", torch.tensor([[float("nan"), 1.0]], dtype=torch.float64), want)
     assert said.startswith("out[0, 0]: got nan, expected 0") and "an lse of -inf" in said
     assert "lse of -inf" not in labref.first_wrong("out", torch.tensor([[0.5, 1.0]], dtype=torch.float64), want)
+
+
+# ---- review r22: dQ's partial sums in fp32, hints for three slips, the library's pair count ----
+
+def _with_kernel(kernel):
+    """The solution's flash_backward calling ``kernel`` as its key_block_backward."""
+    ns = solution()
+    return types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
+                                                              "key_block_backward": kernel})
+
+
+def test_dq_part_returned_in_bf16_fails_the_bf16_case():
+    """r22 #3: the old contract (each output in its input's dtype) rounded every key block's dq_part
+    to bf16 before the fp32 sum; FlashAttention-2 adds the fp32 share into dq_accum (fp32)."""
+    right = solution()["key_block_backward"]
+
+    def bf16_part(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        dq, dk, dv = right(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+        return dq.to(q.dtype), dk, dv
+    report = Report(labcheck.LAB)
+    labcheck._flash_rows(report, _with_kernel(bf16_part), labcheck.BF16_DQ, 106, inner=bf16_part)
+    got = report.rows[0]
+    assert got.status == "wrong" and got.detail.startswith(
+        "key_block_backward returned dq_part in bfloat16: dQ's partial sums stay in fp32"), got.detail
+
+
+@pytest.mark.parametrize("case", ["BF16", "BF16_DQ"])
+def test_dq_part_rounded_through_bf16_fails_on_its_numbers(case):
+    """A dq_part rounded to bf16 and handed back in fp32 (its dtype right) fails on dq's numbers:
+    measured against the exact dQ rounded once to bf16, the fp32 route is off by at most 5e-5 of the
+    norm, the rounded one by 0.0025 or more (labbf16's table), either side of 2^-11. Judged here
+    outside the grader's watch, which the test above goes through."""
+    from gpumem.chapters.ch04_flash_attention import labbf16
+    kernel = solution()["key_block_backward"]
+    (q, k, v, dout, out, lse), _ = labcheck._flash_case(getattr(labcheck, case), 103)
+    block, delta = labcheck.BF16[7], (dout.float() * out.float()).sum(-1)
+    parts = [(j0, kernel(q, k[:, :, j0:j0 + block], v[:, :, j0:j0 + block], dout, lse, delta, j0, False, block))
+             for j0 in range(0, k.shape[2], block)]
+    want = labref.kernel_grads(q, k, v, dout, out, lse)
+    dk, dv = (torch.cat([p[i] for _, p in parts], 2) for i in (1, 2))
+    for rounded in (False, True):
+        calls = [(j0, ((p[0].bfloat16().float() if rounded else p[0]), p[1], p[2])) for j0, p in parts]
+        dq = sum(p[0] for _, p in calls).bfloat16()
+        got = labbf16.wrong((dq, dk, dv), want, calls)
+        if rounded:
+            assert got.startswith("dq: relative error 0.00") and "dQ's partial sums stay in fp32" in got, got
+        else:
+            assert got == "", got
+
+
+def _lse_base(factor):
+    """exp2 of the folded score tile minus the lse times ``factor`` (log2 e is right)."""
+    return lambda qt, kk, l, c, causal, i0, j0: _masked(qt @ kk.transpose(-1, -2) * (c * LOG2E), causal, i0, j0) \
+        - l * factor
+
+
+@pytest.mark.parametrize("factor, alpha, says", [
+    (1.0, "0.6931", "the lse is still in base e while the exponent is in base 2: multiply it by log2 e too"),
+    (LOG2E * LOG2E, "1.4427", "the lse was taken to base 2 twice (log2 e once too often)"),
+    (1 / LOG2E, "0.4805", "the lse was divided by log2 e where it should be multiplied"),
+], ids=["base-e", "twice", "divided"])
+def test_an_lse_in_the_wrong_base_is_named_and_dv_first(factor, alpha, says):
+    """r22 #6: exp2(S c log2e - f lse) = exp(S c - f ln2 lse): f = 1 gives alpha = ln 2 = 0.6931,
+    f = log2e^2 gives log2 e = 1.4427, f = 1/log2e gives (ln 2)^2 = 0.4805 (by hand). dv = P^T dO
+    depends on P alone, so it is the element named; before, dq_part's first element was."""
+    got = rows({"key_block_backward": _exp2_kernel(_lse_base(factor))}, "key_block_backward")[0]
+    assert got.status == "wrong" and got.detail.startswith(
+        f"key block 0:16: these are the gradients of P = exp(S - {alpha} lse), not exp(S - lse): {says}. dv_blk["), \
+        got.detail
+    if factor == 1.0:                                # the outer loop names it too (case 1: not causal)
+        kernel = _exp2_kernel(_lse_base(factor))
+        got = rows({"flash_backward": _with_kernel(kernel), "key_block_backward": kernel}, "flash_backward", (1,))[0]
+        assert got.status == "wrong" and got.detail.startswith(
+            f"these are the gradients of P = exp(S - 0.6931 lse), not exp(S - lse): {says}. dv["), got.detail
+
+
+_OWN_SHARD_MASKED = '''
+def ring_attention(q, k_shards, v_shards, rank, causal=False, block=32):
+    parts = []
+    for r, (k_r, v_r) in enumerate(zip(k_shards, v_shards)):
+        if k_r.shape[2] == 0 or (causal and r > rank):
+            continue
+        parts.append(tiled_forward(q, k_r, v_r, r == rank, block, block_q=block))   # masked, causal or not
+    return merge_partials(parts)
+'''
+
+
+def test_the_own_shard_masked_in_a_ring_that_is_not_causal_is_named():
+    """r22: RING case 1 is not causal, shards 19/0/37/26, rank 2: shard 2 holds keys 19:56 (by hand)."""
+    g = dict(solution()["ring_attention"].__globals__)
+    exec(compile(_OWN_SHARD_MASKED, "<own shard masked>", "exec"), g)
+    got = rows({"ring_attention": g["ring_attention"]}, "ring_attention", (1,))[0]
+    assert got.status == "wrong" and got.detail.startswith(
+        "shard 2 (keys 19:56, rank 2's own) was run with causal=True, but this ring is not causal"), got.detail
+
+
+def test_part_5_from_the_librarys_pair_count_is_refused():
+    """r22's weak shortcut: exp_counts from attention_flops.visible_pairs, chunk c's queries as the
+    triangle of (c + 1) n minus that of c n, passed. Refused now, called through the module, through
+    a reference saved before grading, rebuilt on its code, or through attention_flops(), which calls
+    it; restored after: visible_pairs(4, 4, True) = 1 + 2 + 3 + 4 = 10."""
+    from gpumem.memory import attention_flops
+    saved = attention_flops.visible_pairs
+    rebuilt = types.FunctionType(saved.__code__, vars(attention_flops), "rebuilt", saved.__defaults__)
+
+    def counts(pairs):
+        def exp_counts(owner, n):
+            out = [0] * (len(owner) // 2)
+            for c, r in enumerate(owner):
+                out[r] += pairs((c + 1) * n, (c + 1) * n, True) - (pairs(c * n, c * n, True) if c else 0)
+            return out
+        return exp_counts
+    by_flops = lambda s_q, s_k, causal: attention_flops.attention_flops("tiled", s_q, 1, 1, causal=causal,
+                                                                        block=1)["forward"] // 4 if s_q else 0
+    for pairs in (lambda *a: attention_flops.visible_pairs(*a), saved, rebuilt, by_flops):
+        got = _zig("exp_counts", counts(pairs), (3, 5, "contiguous"))
+        assert got.status == "error" and "attention_flops.visible_pairs is the library's count of causal pairs, " \
+            "off while lab 04's part 5 is graded" in got.detail, got.detail
+    assert attention_flops.visible_pairs(4, 4, True) == 10
+    assert counts(saved)([0, 0, 1, 1], 2) == [(1 + 2) + (3 + 4), (5 + 6) + (7 + 8)]   # rows 0..7 see i + 1 keys

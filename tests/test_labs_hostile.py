@@ -178,22 +178,6 @@ def test_lab05_returning_none_is_not_called_unwritten():
     assert "rung_bytes" not in report.todo and all("did you forget `return`" in r.detail for r in mine)
 
 
-def test_lab04_inputs_changed_in_place_change_no_later_check():
-    """A forward that scales q, k, v in place (after computing its answer) must not make the
-    backward, graded on the same inputs, look wrong."""
-    ns = solution("lab04")
-    right = ns["flash_backward"]
-
-    def vandal(dout, q, k, v, out, lse, causal=False, block=32):
-        grads = right(dout, q, k, v, out, lse, causal, block)
-        for t in (dout, q, k, v, out, lse):
-            t.mul_(0)
-        return grads
-    ns["flash_backward"] = vandal
-    report, _ = grade("lab04", ns)
-    assert report.solved, report.summary()
-
-
 def test_huge_output_is_capped_and_the_answer_still_graded(capsys):
     right = solution("lab04")["merge_partials"]
 

@@ -14,7 +14,7 @@ from gpumem.course import seeds
 # (batch, query heads, kv heads, s_q, s_k, head dim, causal, block); ragged blocks of >= 9 keys
 BACKWARD = ((1, 6, 2, 77, 73, 20, True, 16), (2, 4, 4, 50, 93, 8, False, 32),
             (1, 8, 2, 100, 139, 40, True, 32), (1, 3, 3, 41, 65, 12, False, 24))
-# bf16 cases (not drawn: their tolerance was measured on them, see labcheck.BF16_TOL):
+# bf16 cases (not drawn: their tolerance was measured on them, see labbf16):
 # 20 query blocks summed into each key block's dK, dV; 20 key blocks summed into dQ
 BF16 = (1, 4, 2, 320, 64, 16, False, 16)
 BF16_DQ = (1, 4, 2, 32, 320, 16, False, 16)

@@ -21,8 +21,10 @@ so a copy of it cannot answer parts 1 and 2 however well it hides from the copy 
 Graded in fp64 on cases drawn afresh at every check (``labcases``: GQA, lengths not multiples of
 the block, query and key lengths that differ, causal and not, empty shards, rows no key is visible
 to, logsumexps near 1,000) against plain attention and autograd (``labref``), at 1e-9 absolute +
-1e-9 relative; two bf16 ``flash_backward`` cases are fixed. A failing case names its FIRST element
-out of tolerance (row-major), with how many are. ``labguard.Watch`` runs around every call: SDPA, a
+1e-9 relative; two bf16 ``flash_backward`` cases are fixed (:mod:`.labbf16`: dQ's sum in fp32). A
+failing case names its FIRST element out of tolerance (row-major; dv before dk and dq, and a
+logsumexp in the wrong base named: :mod:`.labslips`), with how many are. ``labguard.Watch`` runs
+around every call: SDPA, a
 softmax over a whole row, the whole score matrix, a tensor wider than one block of keys, a tensor
 made from both Q and K larger than one block x block tile per head in any layout or key width
 (more than one block of query rows: ``labexp2.Exp2Rule.wide``), a causal key block that
@@ -44,19 +46,13 @@ import torch
 
 from gpumem.course.grading import Report, Row, call, returned, run_case
 
-from . import labcases, labgpu, labref, labseal, labzig
+from . import labbf16, labcases, labgpu, labref, labseal, labslips, labzig
 from .labblock import assembled, guarded, key_block_calls
 from .labguard import Watch
 from .labring import empty_shard_hint, masked_shard_hint, ring_calls, ring_wrong
 
 LAB = "lab04_online_softmax"
 BACKWARD, BF16, BF16_DQ, MERGE, RING = labcases.BACKWARD, labcases.BF16, labcases.BF16_DQ, labcases.MERGE, labcases.RING
-# Measured (tools: the solution; a kernel whose dK, dV accumulators are bf16; one whose dQ sum is
-# bf16), relative error (norm) on BF16: dk 0.0017 vs 0.0058, dv 0.0017 vs 0.0059, dq 0.0025 for
-# all; on BF16_DQ (seeds 100-102): dq 0.0025-0.0026 vs 0.0058-0.0060 with dQ summed in bf16
-BF16_TOL = 2.0 ** -8         # bf16's unit roundoff, between the two
-
-
 def _randn(g, *shape):
     return torch.randn(*shape, generator=g, dtype=torch.float64)
 
@@ -95,10 +91,6 @@ def _overworked(watch, case, j0, n) -> str:
     return watch.overworked(j0, n) if case[6] else ""
 
 
-def _first_wrong(names, got, want) -> str:
-    return next((m for m in (labref.first_wrong(n, t, r) for n, t, r in zip(names, got, want)) if m), "")
-
-
 def _key_blocks_rows(report, fn, case, seed):
     q, k, v, dout, mask = _backward_inputs(case, seed)
     block, sk = case[7], case[4]
@@ -116,8 +108,9 @@ def _key_blocks_rows(report, fn, case, seed):
             broken = broken or _overworked(watch, case, j0, j1 - j0) or _exp2_wrong(watch, case, j0, j1)
             if not (isinstance(got, (tuple, list)) and len(got) == 3):
                 return "wrong", returned(got, "a tuple (dq_part, dk_blk, dv_blk)")
-            bad = _first_wrong(("dq_part", "dk_blk", "dv_blk"), got,        # expected: made now
-                               labref.key_block(q, k, v, dout, mask, j0, j1)) or broken
+            names = ("dq_part", "dk_blk", "dv_blk")                          # expected: made now
+            bad = labslips.first_wrong(names, got, labref.key_block(q, k, v, dout, mask, j0, j1))
+            bad = (labslips.lse_base(names, got, q, k, v, dout, mask, j0, j1) + bad if bad else "") or broken
             if bad:
                 return "wrong", f"key block {j0}:{j1}: {bad}"
         return "ok", ""
@@ -130,30 +123,18 @@ def _visible_blocks(case) -> tuple[int, int]:
     return (min(total, -(-case[3] // block)) if case[6] else total), total
 
 
-def _bf16_wrong(got, want) -> str:
-    """'' or the first of dq, dk, dv whose dtype is not bf16 or whose relative error (norm) is over
-    :data:`BF16_TOL` (accumulating dK, dV in bf16 across query blocks gives about 2x that)."""
-    for name, t, w in zip(("dq", "dk", "dv"), got, want):
-        if not isinstance(t, torch.Tensor) or t.shape != w.shape or t.dtype != torch.bfloat16:
-            return f"{name}: expected a bf16 tensor of shape {tuple(w.shape)} (like the inputs)"
-        err = float((t.double() - w).norm() / w.norm())
-        if err > BF16_TOL:
-            return (f"{name}: relative error {err:.4f} (norm) with bf16 inputs, above 2^-8 = {BF16_TOL:.4f}; "
-                    f"keep the tiles and every sum across blocks (dQ over key blocks, dK and dV over "
-                    f"query blocks) in fp32, and cast once at the end")
-    return ""
-
-
 def _flash_case(case, seed):
-    """((q, k, v, dout, out, lse), (dq, dk, dv) expected) of one backward case."""
+    """((q, k, v, dout, out, lse), (dq, dk, dv) expected) of one backward case; in bf16, the
+    inputs FA2 takes (bf16 tensors, an fp32 lse) and the fp64 gradients of exactly those."""
     q, k, v, dout, mask = _backward_inputs(case, seed)
     low = case in (BF16, BF16_DQ)
-    if low:                                       # the reference: fp64 of the bf16-rounded inputs
+    if low:                                       # the forward: fp64 of the bf16-rounded inputs
         q, k, v, dout = (t.bfloat16().double() for t in (q, k, v, dout))
     out, lse, *want = labref.grads(q, k, v, dout, mask)
     if low:                                       # FA2's own dtypes: bf16 tensors, an fp32 lse
         q, k, v, dout, out = (t.bfloat16() for t in (q, k, v, dout, out))
         lse = lse.float()
+        want = labref.kernel_grads(q, k, v, dout, out, lse, mask)
     return (q, k, v, dout, out, lse), want
 
 
@@ -171,7 +152,13 @@ def _flash_rows(report, fn, case, seed, inner=None):
         if not (isinstance(got, (tuple, list)) and len(got) == 3):
             return "wrong", returned(got, "a tuple (dq, dk, dv)")
         want = _flash_case(case, seed)[1]
-        bad = (_bf16_wrong(got, want) if low else _first_wrong(("dq", "dk", "dv"), got, want)) or broken
+        if low:
+            bad = labbf16.wrong(got, want, calls) or broken
+        else:
+            bad = labslips.first_wrong(("dq", "dk", "dv"), got, want)
+            q, k, v, dout, mask = _backward_inputs(case, seed)
+            hint = labslips.lse_base(("dq", "dk", "dv"), got, q, k, v, dout, mask, 0, case[4]) if bad else ""
+            bad = (hint + bad if bad else "") or broken
         visible, total = _visible_blocks(case)
         if not bad and not visible <= len(calls) <= total:
             bad = (f"it called key_block_backward {len(calls)} times; the outer loop over key blocks calls "

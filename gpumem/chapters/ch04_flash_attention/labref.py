@@ -45,22 +45,38 @@ def grads(q, k, v, dout, mask=None):
     return out.detach(), lse.detach(), dq, dk, dv
 
 
-def key_block(q, k, v, dout, mask, j0: int, j1: int):
-    """(dq_part, dk_blk, dv_blk) for keys j0..j1-1 from the softmax backward written out:
-    dS = P (dP - D), D = rowsum(P dP); dq_part = c dS[:, j0:j1] K_j, dk = c dS_j^T Q, dv = P_j^T dO."""
-    a, c = q.shape[1], q.shape[-1] ** -0.5
+def _block(q, k, v, dout, mask, lse, delta, j0: int, j1: int, lse_scale: float = 1.0):
+    """(dq_part, dk_blk, dv_blk) of keys j0..j1-1 in fp64, given the row vectors lse and D:
+    P = exp(S - lse_scale * lse), dS = P (dP - D); dq_part = c dS_j K_j, dk = c dS_j^T Q, dv = P_j^T dO,
+    the g query heads of a key/value head summed."""
+    a, c, kv = q.shape[1], q.shape[-1] ** -0.5, k.shape[1]
+    q, k, v, dout, lse, delta = (t.double() for t in (q, k, v, dout, lse, delta))
+    kj, vj = _expand(k, a)[:, :, j0:j1], _expand(v, a)[:, :, j0:j1]
+    s = q @ kj.transpose(-1, -2) * c
+    if mask is not None:
+        s = s.masked_fill(mask[:, j0:j1], float("-inf"))
+    p = torch.exp(s - lse_scale * lse[..., None])
+    ds = p * (dout @ vj.transpose(-1, -2) - delta[..., None])
+    fold = lambda t: t.reshape(t.shape[0], kv, a // kv, *t.shape[2:]).sum(2)   # sum the group
+    return c * ds @ kj, fold(c * ds.transpose(-1, -2) @ q), fold(p.transpose(-1, -2) @ dout)
+
+
+def key_block(q, k, v, dout, mask, j0: int, j1: int, lse_scale: float = 1.0):
+    """(dq_part, dk_blk, dv_blk) for keys j0..j1-1 from the softmax backward written out, with
+    lse and D = rowsum(dO O) of the plain forward; ``lse_scale`` != 1: the probabilities a kernel
+    rebuilds from the lse scaled by it (the lse in the wrong base), D still the true one."""
     with torch.no_grad():
         out, lse = dense(q, k, v, mask)
-        s = q @ _expand(k, a).transpose(-1, -2) * c
-        if mask is not None:
-            s = s.masked_fill(mask, float("-inf"))
-        p = torch.exp(s - lse[..., None])
-        dp = dout @ _expand(v, a).transpose(-1, -2)
-        ds = p * (dp - (p * dp).sum(-1, keepdim=True))
-        g = a // k.shape[1]
-        fold = lambda t: t.reshape(t.shape[0], k.shape[1], g, *t.shape[2:]).sum(2)   # sum the group
-        return (c * ds[..., j0:j1] @ _expand(k, a)[:, :, j0:j1], fold(c * ds[..., j0:j1].transpose(-1, -2) @ q),
-                fold(p[..., j0:j1].transpose(-1, -2) @ dout))
+        return _block(q, k, v, dout, mask, lse, (dout * out).sum(-1), j0, j1, lse_scale)
+
+
+def kernel_grads(q, k, v, dout, out, lse, mask=None):
+    """(dq, dk, dv) in fp64 from exactly what a bf16 kernel is given: bf16 ``q, k, v, dout, out``
+    and an fp32 ``lse`` (D made from the bf16 out): what a kernel computing in fp32 approaches, so
+    that its dQ, cast once, is this rounded to bf16 (review r22: FA-2 keeps dQ's sum in fp32)."""
+    with torch.no_grad():
+        delta = (dout.double() * out.double()).sum(-1)
+        return _block(q, k, v, dout, mask, lse, delta, 0, k.shape[2])
 
 
 def first_wrong(name: str, got, want) -> str:

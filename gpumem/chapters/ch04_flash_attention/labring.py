@@ -8,7 +8,8 @@ tensor it got, what it returned) and of the learner's ``merge_partials`` (the pa
 call computed, a shard computed twice or one no query sees, a partial that never reached the
 merge, an answer that is not the merge's. :func:`empty_shard_hint` says which shard is empty
 when the answer has NaN (``tiled_forward`` of no keys gives out = 0/0); :func:`masked_shard_hint`
-which earlier shard a causal ring masked when its numbers are wrong.
+which shard was masked where no key is hidden (an earlier shard of a causal ring, any shard of a
+ring that is not causal) when its numbers are wrong.
 """
 
 import contextlib
@@ -97,14 +98,20 @@ def ring_wrong(calls, ks, rank: int, causal: bool, got) -> str:
 
 
 def masked_shard_hint(calls, ks, rank: int, causal: bool) -> str:
-    """'' or, for a causal ring, the first shard before the rank's own that ``tiled_forward`` was
-    told to mask: every key of it lies before every query of the rank, so all are visible."""
+    """'' or the first shard ``tiled_forward`` was told to mask where no key is hidden: in a causal
+    ring a shard before the rank's own (every key of it lies before every query of the rank); in a
+    ring that is not causal any shard, the rank's own included (review r22: that slip had no hint)."""
     for kind, first, _, masked in calls:
         r = next((r for r, k in enumerate(ks) if k.shape[2] and _same(first, k)), None) if kind == "forward" else None
-        if causal and masked and r is not None and r < rank:
-            keys = f"keys {sum(k.shape[2] for k in ks[:r])}:{sum(k.shape[2] for k in ks[:r + 1])}"
+        if not masked or r is None or (causal and r >= rank):
+            continue
+        keys = f"keys {sum(k.shape[2] for k in ks[:r])}:{sum(k.shape[2] for k in ks[:r + 1])}"
+        if causal:
             return (f"shard {r} ({keys}) lies wholly before rank {rank}'s queries: every key is visible, so "
                     f"its tiled_forward takes causal=False; only the rank's own shard needs the mask. ")
+        own = f", rank {rank}'s own" if r == rank else ""
+        return (f"shard {r} ({keys}{own}) was run with causal=True, but this ring is not causal: every query "
+                f"sees every key, so no shard takes the mask, not even the rank's own. ")
     return ""
 
 

@@ -11,9 +11,10 @@ does) and counts the unmasked entries of each call (top-left causal: row i of a 
 min(i + 1, n_k) keys; otherwise n_q x n_k). The grader's own count of a chunk must agree, or the
 ring is named. A long-sequence case (2^20 tokens) is graded on the grader's count alone: a count
 entry by entry, or a mask of s x s, does not finish. The grader's functions here are off while
-the learner's code runs (:func:`answers_off`). Sources: the lab's part 5 (solutions/) and its
-tests; the order the course teaches is Llama 3's (arXiv:2407.21783, section 3.3.2) and
-Megatron-LM's (``get_batch_on_this_cp_rank``).
+the learner's code runs (:func:`answers_off`), and so is the library's count of causal pairs,
+``attention_flops.visible_pairs`` (review r22: two calls of it passed ``exp_counts``). Sources:
+the lab's part 5 (solutions/) and its tests; the order the course teaches is Llama 3's
+(arXiv:2407.21783, section 3.3.2) and Megatron-LM's (``get_batch_on_this_cp_rank``).
 """
 
 import contextlib
@@ -22,7 +23,7 @@ import random
 import torch
 
 from gpumem.course.grading import Todo, call, kind, run_case
-from gpumem.memory import flash_tiled
+from gpumem.memory import attention_flops, flash_tiled
 
 from .labblock import chained, no_library_backward
 
@@ -115,19 +116,24 @@ def _first_rank_wrong(got, want, owner) -> str:
 REFUSED = "work it out yourself: {} is the grader's own answer, off while lab 04 is graded"
 ANSWERS = (("labzig.by_hand", by_hand), ("labzig.owners", owners), ("labzig.measured", measured),
            ("labzig.unmasked", unmasked))
-_CODES = {fn.__code__: name for name, fn in ANSWERS}     # taken at import, before any swap
+# the library's own count of what part 5 asks (attention_flops.attention_flops calls it, so that is off too)
+LIBRARY = (("attention_flops.visible_pairs", attention_flops.visible_pairs,
+            "count it yourself: {} is the library's count of causal pairs, off while lab 04's part 5 is graded"),)
+_CODES = {fn.__code__: REFUSED.format(name) for name, fn in ANSWERS}     # taken at import, before any swap
+_CODES.update({fn.__code__: message.format(name) for name, fn, message in LIBRARY})
 
 
 @contextlib.contextmanager
 def answers_off():
-    """While the block runs, :data:`ANSWERS` raise (their code swapped, as :mod:`.labblock` does
-    for the backwards), and so does a function rebuilt on their original code (a profile hook)."""
+    """While the block runs, :data:`ANSWERS` and :data:`LIBRARY` raise (their code swapped, as
+    :mod:`.labblock` does for the backwards), and so does a function rebuilt on their original code
+    (a profile hook)."""
     codes = dict(_CODES)             # a copy: _CODES emptied during the call does nothing
 
     def refuse(frame, event, arg):
         if event == "call" and frame.f_code in codes:
-            raise RuntimeError(REFUSED.format(codes[frame.f_code]))
-    with no_library_backward(*((name, fn, REFUSED) for name, fn in ANSWERS)), chained(refuse):
+            raise RuntimeError(codes[frame.f_code])
+    with no_library_backward(*((name, fn, REFUSED) for name, fn in ANSWERS), *LIBRARY), chained(refuse):
         yield
 
 
@@ -180,8 +186,8 @@ def order_rows(report, fn, case, seed, ring=None) -> None:
             return ("todo" if bad == RING_FIRST else "wrong"), bad
         lo, hi = counts.index(min(counts)), counts.index(max(counts))
         if counts[lo] != counts[hi]:
-            return "wrong", (f"order {list(got)}: rank {lo} takes {counts[lo]:,} exps, rank {hi} {counts[hi]:,} "
-                             f"(chunks of {n}, causal): not balanced")
+            return "wrong", (f"order {list(got)}: rank {lo} keeps {counts[lo]:,} score entries, rank {hi} "
+                             f"{counts[hi]:,} (chunks of {n}, causal): not balanced")
         return "ok", ""
     run_case(report, "shard_order", f"{ranks} ranks, chunks of {n} tokens", body)
 
