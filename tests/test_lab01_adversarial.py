@@ -1688,3 +1688,12 @@ def test_an_answer_that_computes_itself_when_read_is_read_under_the_guard():
     labcheck._grade_variants(report, _lazy_variant, random.Random(5))
     bad = first_problem(report, "variant_layer")
     assert bad is not None and bad.status == "wrong" and bad.case == report.rows[0].case, report.summary()
+
+
+def test_review_r23_the_prompt_counts_the_fixed_chains_the_grader_grades():
+    """Review r23: cell 7 said "two fixed chains" while FIXED_CHAINS held six."""
+    import json
+    words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
+    text = "".join("".join(c["source"]) for c in json.loads(
+        (ROOT / "solutions" / "lab01_memory_calculator.ipynb").read_text())["cells"] if c["cell_type"] == "markdown")
+    assert f"grades {words[len(labcheck.FIXED_CHAINS)]} fixed chains" in text
