@@ -1591,9 +1591,9 @@ def test_an_estimate_that_keeps_the_plain_layers_above_a_rerun_fails(seed):
 # ---- review r22 #2: the deep question's answer leaves 1 to 4 layers plain, not nearly always 1 ----
 
 def _top_c(plains):
-    """A rule that never looks below the top: checkpoint n - p layers for the smallest p in ``plains``
-    ... the largest that fits (p = 1 only: "all but the top layer"), cut in the best balanced
-    segments, the longer first (peaks by the hand-written ``_exact``); all layers one each if none fits."""
+    """A rule that leaves only the top layers plain: c = n - p for the largest p in ``plains`` that
+    fits (``[1]``: "all but the top layer"; ``[1, 2]``: "n - 1 or n - 2"), cut in the best balanced
+    segments, the longer first (peaks by the hand-written ``_exact``); every layer alone if none fits."""
     def balanced(c, k):
         q, r = divmod(c, k)
         edges = [0]
@@ -1615,8 +1615,9 @@ def test_the_deep_question_asks_several_counts_and_top_c_rules_fail(monkeypatch)
     """Over seeds 0-39 the deep question's n - c (c the exact search's optimum) takes at least 3
     values, each at least 4 times (it was 1 at 34 seeds and 2 at 6). "All but the top layer" must
     then fail every seed whose answer leaves 2 or more plain, and "n - 1 or n - 2" every seed that
-    leaves 3 or more (those counts come from the drawn answers, not from grading); the solution's
-    place_checkpoints passes all 40 (measured by the formula, ``_Counted``, as the other rows here)."""
+    leaves 3 or more (those counts come from the drawn answers, not from grading). The solution's
+    place_checkpoints re-runs exactly c layers within the budget on all 40 (peaks by ``_exact``), and
+    passes the grader's row (measured by the formula, ``_Counted``) on six seeds that leave 3 or 4."""
     from collections import Counter
     monkeypatch.setattr(recompute_trace, "measure",
                         lambda cfg, plan, impl, seq, micro_batch: _Counted(cfg, plan, impl, seq, micro_batch))
@@ -1627,11 +1628,16 @@ def test_the_deep_question_asks_several_counts_and_top_c_rules_fail(monkeypatch)
     spread = Counter(plain)
     assert len([p for p, times in spread.items() if times >= 4]) >= 3, spread
     solution = _solution_cells("def estimate_peak", "def place_checkpoints")["place_checkpoints"]
-    for place, fails in ((solution, 0), (_top_c([1]), sum(p >= 2 for p in plain)),
-                         (_top_c([1, 2]), sum(p >= 3 for p in plain))):
+    for q in deep:
+        n_of = labcheck.numbers(q.cfg)
+        segments = solution(**n_of, budget=q.budget)
+        assert sum(map(len, segments)) == q.count and _exact(segments, **n_of) <= q.budget
+    high = [q for q, p in zip(deep, plain) if p >= 3]
+    assert len(high) >= 12
+    assert all(labcheck._grade_placement(Report("lab03"), solution, "scratch", q) == "ok" for q in high[:6])
+    for place, fails in ((_top_c([1]), sum(p >= 2 for p in plain)), (_top_c([1, 2]), len(high))):
         got = [labcheck._grade_placement(Report("lab03"), place, "scratch", q) for q in deep]
         assert got.count("wrong") == fails and set(got) <= {"ok", "wrong"}, (got, fails)
-    assert sum(p >= 3 for p in plain) >= 12
 
 
 def test_an_output_that_does_not_require_grad_is_graded():

@@ -29,8 +29,9 @@ The deep question first draws how many layers its answer leaves plain (``n - c``
 ``n - c = 1`` at 34 of 40 seeds and 2 at the rest, so "checkpoint all but the top layer" passed
 most checks). Few models ask a large ``n - c``: the re-run must be the peak (a segment longer
 than ``n - c`` plus the rest of the forward's end in layers) and the cut uneven in 3 or more
-segments, so only some depths do (4 plain: 17 layers, cut 5, 4, 4). A closed form of the balanced cuts (:func:`may_ask`) finds the
-depths that can; the exact search then decides, as for every question.
+segments, so only some depths do (4 plain: 17 layers, cut 5, 4, 4). A closed form of the
+balanced cuts (:func:`may_ask`) finds the depths that can; the exact search then decides, as for
+every question. c stays at most :data:`MOST`, so that a search over every cut stays quick.
 
 Vocabularies are at least 0.75 x the width: the formula puts the end of the forward at the loss
 (logits, their fp32 copy, the log-softmax: 10 B per token and vocabulary entry), but the final
@@ -67,7 +68,7 @@ FAMILIES = (
            (96, 160)),
     Family("loss-heavy", (4, 5, 6, 7), ((64, 4), (96, 6), (80, 5)), (1,), (128, 192, 224), (200, 480)),
     # r20: (12-14 layers, widths 48-64) left one shape, 14 layers with 13 checkpointed, at every seed;
-    # r22: 17 layers and smaller vocabularies, so that answers with up to 4 plain layers exist
+    # r22: up to 17 layers and smaller vocabularies, so that answers with 3 and 4 plain layers exist
     Family("deep", tuple(range(12, 18)), ((64, 4), (48, 3), (80, 5), (96, 6)), (1,), (48, 64, 80, 112, 144),
            (80, 400), True),
 )
