@@ -303,3 +303,21 @@ def test_engine_checkpoint_restores_each_input_devices_generator(monkeypatch):
     out.sum().backward()
     assert calls == [("fork", [0, 2]), ("set", 0, 1), ("set", 2, 2)]
     assert torch.equal(x.grad, torch.full((4,), 2.0))
+
+
+def test_the_chapter_leaves_the_labs_checkpoint_to_the_lab():
+    """Review r22 #4: the chapter printed ``recompute.Checkpoint`` whole (``inspect.getsource``: the
+    RNG replay, the CUDA states, fork_rng), which is lab 03's first task. Now no cell reads a
+    checkpoint's source, no cell or output shows how the random state is kept, and the chapter's
+    own minimal checkpoint shows, in its stored output, a re-run whose dropout mask differs."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        text = cell.source + (_outputs(cell) if cell.cell_type == "code" else "")
+        assert "getsource" not in text, i
+        assert not re.search(r"show_source\([^)]*Checkpoint", text), i
+        for word in ("fork_rng", "get_rng_state", "set_rng_state", "cuda_devices"):
+            assert word not in text, (i, word)
+    demo = next(_outputs(c) for c in nb.cells if c.cell_type == "code" and "Recompute.apply" in c.source
+                and "dropout" in c.source)
+    agree = [int(n) for n in re.findall(r"masks agree on (\d+) of 16", demo)]
+    assert len(agree) == 3 and agree[0] == 16 and agree[1] < 16 and agree[2] == 16, demo

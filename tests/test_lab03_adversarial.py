@@ -719,13 +719,13 @@ def test_references_bound_before_the_check_are_refused(name):
 @pytest.mark.parametrize("fn", [_numpy_for_show, _clones_for_show], ids=["NumPy", "clones"])
 def test_a_rerun_for_show_fails_the_rerun_gradients_case(fn, monkeypatch):
     """With both watches off, a checkpoint whose gradients come from copies kept in the forward
-    passes the three first unseen cases; when run gives other values in backward, it does not."""
+    passes the four first unseen cases; when run gives other values in backward, it does not."""
     from gpumem.chapters.ch03_activation_checkpointing import labprints, labvariants
     monkeypatch.setattr(labguard, "Escapes", _NoWatch)
     monkeypatch.setattr(labprints, "c_exit", lambda fn, graders: "")
     report = Report("lab03")
     assert not labvariants.grade_variants(report, fn)
-    assert [r.status for r in report.rows] == ["ok", "ok", "ok", "wrong"], report.summary()
+    assert [r.status for r in report.rows] == ["ok", "ok", "ok", "ok", "wrong"], report.summary()
     assert report.rows[-1].case == "unseen case: gradients taken from the re-run"
     assert "recomputation was for show" in report.rows[-1].detail
 
@@ -762,7 +762,7 @@ def test_a_hooks_checkpoint_passes_every_checkpoint_row():
     report = Report("lab03")
     assert labcheck._grade_model(report, _hooks_checkpoint, GRAD)
     assert labvariants.grade_variants(report, _hooks_checkpoint)
-    assert [r.status for r in report.rows] == ["ok"] * 7, report.summary()
+    assert [r.status for r in report.rows] == ["ok"] * 8, report.summary()
 
 
 # -- r5: the answer read off the grader's stack ------------------------------------------------
@@ -1007,8 +1007,8 @@ def test_balanced_longer_first_finds_every_drawn_optimum():
         return [list(range(a, b)) for a, b in zip(edges, edges[1:])]
 
     def fewest(n_of, budget, first):
-        return next(c for c in range(n_of["n_layers"] + 1) for k in range(1, max(c, 1) + 1)
-                    if _exact(balanced(c, k, first) if c else [], **n_of) <= budget)
+        return next((c for c in range(n_of["n_layers"] + 1) for k in range(1, max(c, 1) + 1)
+                     if _exact(balanced(c, k, first) if c else [], **n_of) <= budget), None)  # None: none fits
     misses = 0
     for seed in range(12):
         for q, fam in zip(labcases.draw(seed)["questions"], labcases.FAMILIES):
@@ -1314,7 +1314,8 @@ def test_sac_drawn_budgets_defeat_the_fixed_and_greedy_rules():
     early stop was graded) and review r13's 200 random orders (40/40 before) miss on every layer
     alone, the knapsack that always leaves the last matmul out on every case with the final norm,
     and every draw has both; a ratio-free random pick misses on some case of 39 of the 40 draws
-    (seed 27's three cases it meets by luck since the deep family widened, r20: about one in 40)."""
+    (by luck it meets one draw's three cases in about 40: seed 27 after r20, seed 3 since r22 redrew
+    the deep question, which shifts the draws that follow it)."""
     lucky = []
     for seed in range(40):
         misses = 0
@@ -1337,7 +1338,7 @@ def test_sac_drawn_budgets_defeat_the_fixed_and_greedy_rules():
                 assert _rerun(ops, pick, layer.final_norm) > cost * (1 + labsac.SLACK), (seed, layer, budget, name)
             misses += _rerun(ops, _random_pick(spends, budget, seed), layer.final_norm) > cost * (1 + labsac.SLACK)
         lucky += [] if misses else [seed]
-    assert lucky == [27], lucky
+    assert len(lucky) <= 1, lucky
     assert {layer.kernel for seed in range(3) for layer, _ in _selective(seed)} == {"flash", "eager"}
 
 
@@ -1585,3 +1586,81 @@ def test_an_estimate_that_keeps_the_plain_layers_above_a_rerun_fails(seed):
     report = Report("lab03")
     labcheck._grade_estimates(report, _exact, cases)
     assert all(r.status == "ok" for r in report.rows) and len(report.rows) == len(cases), report.summary()
+
+
+# ---- review r22 #2: the deep question's answer leaves 1 to 4 layers plain, not nearly always 1 ----
+
+def _top_c(plains):
+    """A rule that leaves only the top layers plain: c = n - p for the largest p in ``plains`` that
+    fits (``[1]``: "all but the top layer"; ``[1, 2]``: "n - 1 or n - 2"), cut in the best balanced
+    segments, the longer first (peaks by the hand-written ``_exact``); every layer alone if none fits."""
+    def balanced(c, k):
+        q, r = divmod(c, k)
+        edges = [0]
+        for z in [q + 1] * r + [q] * (k - r):
+            edges.append(edges[-1] + z)
+        return [list(range(a, b)) for a, b in zip(edges, edges[1:])]
+
+    def place(n_layers, budget, **n):
+        for p in sorted(plains, reverse=True):                  # fewest re-run first
+            c = n_layers - p
+            best = min((balanced(c, k) for k in range(1, c + 1)), key=lambda s: _exact(s, n_layers, **n))
+            if _exact(best, n_layers, **n) <= budget:
+                return best
+        return [[i] for i in range(n_layers)]
+    return place
+
+
+def test_the_deep_question_asks_several_counts_and_top_c_rules_fail(monkeypatch):
+    """Over seeds 0-39 the deep question's n - c (c the exact search's optimum) takes at least 3
+    values, each at least 4 times (it was 1 at 34 seeds and 2 at 6). "All but the top layer" must
+    then fail every seed whose answer leaves 2 or more plain, and "n - 1 or n - 2" every seed that
+    leaves 3 or more (those counts come from the drawn answers, not from grading). The solution's
+    place_checkpoints re-runs exactly c layers within the budget on all 40 (peaks by ``_exact``), and
+    passes the grader's row (measured by the formula, ``_Counted``) on six seeds that leave 3 or 4."""
+    from collections import Counter
+    monkeypatch.setattr(recompute_trace, "measure",
+                        lambda cfg, plan, impl, seq, micro_batch: _Counted(cfg, plan, impl, seq, micro_batch))
+    deep = [labcases.draw(seed)["questions"][-1] for seed in range(40)]
+    plain = [q.cfg.n_layers - q.count for q in deep]
+    for q in deep:
+        assert q.cfg.n_layers >= 12 and labcheck.optimum(q.cfg, q.budget) == q.count
+    spread = Counter(plain)
+    assert len([p for p, times in spread.items() if times >= 4]) >= 3, spread
+    solution = _solution_cells("def estimate_peak", "def place_checkpoints")["place_checkpoints"]
+    for q in deep:
+        n_of = labcheck.numbers(q.cfg)
+        segments = solution(**n_of, budget=q.budget)
+        assert sum(map(len, segments)) == q.count and _exact(segments, **n_of) <= q.budget
+    high = [q for q, p in zip(deep, plain) if p >= 3]
+    assert len(high) >= 12
+    assert all(labcheck._grade_placement(Report("lab03"), solution, "scratch", q) == "ok" for q in high[:6])
+    for place, fails in ((_top_c([1]), sum(p >= 2 for p in plain)), (_top_c([1, 2]), len(high))):
+        got = [labcheck._grade_placement(Report("lab03"), place, "scratch", q) for q in deep]
+        assert got.count("wrong") == fails and set(got) <= {"ok", "wrong"}, (got, fails)
+
+
+def test_an_output_that_does_not_require_grad_is_graded():
+    """r22 #5: a ``run`` whose second output is a mask (a comparison: no grad in plain autograd). The
+    solution's checkpoint without its ``o.requires_grad`` filter pushes that output's gradient through
+    the re-run, where it has no graph: torch raises, and the row names the output and what to do.
+    The solution itself passes (its gradients equal plain autograd's, as every variant's)."""
+    from gpumem.chapters.ch03_activation_checkpointing.labvariants import NO_GRAD, grade_variants
+    line = "if o.requires_grad and g is not None"
+    seen = []
+
+    def unfiltered(source):
+        seen.append(line in source)
+        return source.replace(line, "if g is not None")
+    ns = _solution_cells("class MyCheckpoint", edit=unfiltered)
+    assert any(seen)
+    report = Report(labcheck.LAB)
+    assert not grade_variants(report, ns["checkpoint"])
+    row = report.rows[-1]
+    assert row.case == f"unseen case: {NO_GRAD}" and row.status == "wrong", row
+    assert "does not require grad" in row.detail and "only through the outputs that do" in row.detail, row.detail
+    assert [r.status for r in report.rows[:-1]] == ["ok", "ok"], report.summary()   # dropout, two outputs
+    report = Report(labcheck.LAB)
+    assert grade_variants(report, _solution_cells("class MyCheckpoint")["checkpoint"]), report.summary()
+    assert any(r.case == f"unseen case: {NO_GRAD}" and r.status == "ok" for r in report.rows)
+    assert restored()

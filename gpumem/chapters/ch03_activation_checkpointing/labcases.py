@@ -11,7 +11,7 @@ Each check draws, from families of small Llamas (real tensors, measured in secon
 * last, three layers and budget shares for ``choose_saved`` (``labsacdraw.draw``), so the cases above
   are those earlier versions drew from the same seed.
 
-The ``deep`` family (12-16 thin layers) keeps only questions where the best placement cuts the
+The ``deep`` family (12-17 thin layers) keeps only questions where the best placement cuts the
 checkpointed layers into at least 2 segments and fewer than c, and its budget lies below the peak
 of every "first c layers in segments of equal length g" (g = 1 .. c: one each, Chen et al.'s
 sqrt(c), one segment): each of those rules misses (the smallest c at which it fits is not the
@@ -24,6 +24,15 @@ can afford more layers; with a checkpoint about a tenth of a layer or less, as h
 differing by one are the best cut. The lab's reflection asks why. Model widths, counts and
 budgets vary with the seed, so no table of answers written before the check can hold them.
 
+The deep question first draws how many layers its answer leaves plain (``n - c``, one of
+:data:`PLAIN`), then a model that asks it (r22 #2: drawing the count among every valid one gave
+``n - c = 1`` at 34 of 40 seeds and 2 at the rest, so "checkpoint all but the top layer" passed
+most checks). Few models ask a large ``n - c``: the re-run must be the peak (a segment longer
+than ``n - c`` plus the rest of the forward's end in layers) and the cut uneven in 3 or more
+segments, so only some depths do (4 plain: 17 layers, cut 5, 4, 4). A closed form of the
+balanced cuts (:func:`may_ask`) finds the depths that can; the exact search then decides, as for
+every question. c stays at most :data:`MOST`, so that a search over every cut stays quick.
+
 Vocabularies are at least 0.75 x the width: the formula puts the end of the forward at the loss
 (logits, their fp32 copy, the log-softmax: 10 B per token and vocabulary entry), but the final
 norm's fp32 temporaries are alive a moment earlier (6 B per token and width). Below about 0.6 x
@@ -31,6 +40,7 @@ the width that moment is the higher (width 128, vocabulary 65: 7,544 B above the
 drew a budget the optimum misses); real models, with V >> h, never come near it.
 """
 
+import dataclasses
 import random
 from typing import NamedTuple
 
@@ -57,10 +67,13 @@ FAMILIES = (
     Family("wide", (5, 6, 7, 8), ((96, 6), (128, 8), (64, 4), (128, 4)), (1, 2), (192, 256, 320, 352),
            (96, 160)),
     Family("loss-heavy", (4, 5, 6, 7), ((64, 4), (96, 6), (80, 5)), (1,), (128, 192, 224), (200, 480)),
-    # r20: (12-14 layers, widths 48-64) left one shape, 14 layers with 13 checkpointed, at every seed
-    Family("deep", (12, 13, 14, 15, 16), ((64, 4), (48, 3), (80, 5), (96, 6)), (1,), (48, 64, 80, 112, 144),
-           (200, 600), True),
+    # r20: (12-14 layers, widths 48-64) left one shape, 14 layers with 13 checkpointed, at every seed;
+    # r22: up to 17 layers and smaller vocabularies, so that answers with 3 and 4 plain layers exist
+    Family("deep", tuple(range(12, 18)), ((64, 4), (48, 3), (80, 5), (96, 6)), (1,), (48, 64, 80, 112, 144),
+           (80, 400), True),
 )
+PLAIN = (1, 2, 3, 4)        # the deep question's n - c, drawn first (module docstring)
+MOST = 15                   # its c at most: a search over every cut tries 2^(c - 1) per count (c = 19: 25 s)
 GRAD_SHAPES = (((2, 64, 4, 2, 192, 160)), (3, 80, 5, 5, 224, 200), (3, 96, 6, 3, 160, 120),
                (4, 64, 4, 1, 128, 96), (2, 112, 7, 7, 256, 180))
 
@@ -95,11 +108,47 @@ def shortcuts(c: int) -> list[list[list[int]]]:
     return [equal_lengths(c, g) for g in range(1, c + 1)]
 
 
+def _balanced_peak(c: int, k: int, plain: int, K: int, B: int, O: int, R: int) -> int:
+    """The peak of ``c`` layers at the bottom in ``k`` segments of balanced lengths, the longer ones
+    first, below ``plain`` plain layers: ``labplace.moments`` in closed form."""
+    if not c:
+        return plain * K + O
+    q, r = divmod(c, k)
+    sizes = [q + 1] * r + [q] * (k - r)
+    rerun = max(j * B + size * K for j, size in enumerate(sizes)) + 2 * B + R
+    return max(plain * K + k * B + O, rerun)
+
+
+def _equal_peak(c: int, g: int, plain: int, K: int, B: int, O: int, R: int) -> int:
+    """The peak of :func:`equal_lengths` (``c`` layers, segments of ``g``) in closed form."""
+    sizes = [g] * (c // g) + ([c % g] if c % g else [])
+    rerun = max(j * B + size * K for j, size in enumerate(sizes)) + 2 * B + R
+    return max(plain * K + len(sizes) * B + O, rerun)
+
+
+def may_ask(n: int, c: int, K: int, B: int, O: int, R: int) -> bool:
+    """Whether an ``n``-layer model of these bytes can ask a deep question whose answer is ``c``:
+    by balanced cuts only (a filter that saves the exact search on most depths; ``question`` then
+    checks the answer by that search)."""
+    peak, k = min((_balanced_peak(c, k, n - c, K, B, O, R), k) for k in range(1, c + 1))
+    if not 2 <= k < c:
+        return False
+    upper = min(_balanced_peak(f, j, n - f, K, B, O, R) for f in range(c) for j in range(1, max(f, 1) + 1))
+    upper = min(upper, *(_equal_peak(c, g, n - c, K, B, O, R) for g in range(1, c + 1)))
+    return upper > peak + 1
+
+
 def question(rng: random.Random, fam: Family) -> Question:
     """One placement question of family ``fam`` (module docstring)."""
+    plain = rng.choice(PLAIN) if fam.deep else 0
     for attempt in range(500):
         cfg = _model(rng, fam, f"{fam.name}-{attempt % 100}")
-        K, B, O, R = labplace.constants(cfg, SEQ, BATCH)
+        K, B, O, R = labplace.constants(cfg, SEQ, BATCH)        # the same at every depth
+        if fam.deep:
+            depths = [n for n in fam.layers if 2 < n - plain <= MOST and may_ask(n, n - plain, K, B, O, R)]
+            if not depths:
+                continue
+            cfg = dataclasses.replace(cfg, n_layers=rng.choice(depths))
         best = labplace.best_placements(cfg, SEQ, BATCH)
         counts = []
         for c in range(1, cfg.n_layers):
@@ -110,7 +159,7 @@ def question(rng: random.Random, fam: Family) -> Question:
                     continue
                 upper = min(upper, *(labplace.peak_of(wrong, cfg.n_layers, K, B, O, R)
                                      for wrong in shortcuts(c)))
-            if upper > peak + 1:
+            if upper > peak + 1 and (not fam.deep or c == cfg.n_layers - plain):
                 counts.append((c, peak, upper))
         if counts:
             c, low, upper = rng.choice(counts)

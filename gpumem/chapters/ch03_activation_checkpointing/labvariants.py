@@ -1,5 +1,5 @@
 """Lab 03's small unseen functions for the general checkpoint: random numbers, two outputs,
-non-tensor arguments, and a ``run`` whose values change between forward and backward. Each is
+an output that does not require grad, non-tensor arguments, and a ``run`` whose values change between forward and backward. Each is
 compared with plain autograd, and ``run`` must be called again while backward runs (a checkpoint
 that keeps what ``run`` saved never needs to).
 
@@ -15,9 +15,14 @@ gradients differ, the case is run again with the generator put back to the forwa
 before backward instead: if they agree then, the re-run drew other masks than the forward, and
 the row says so (review r9: "gradients differ" alone did not say what was skipped). After backward
 the generator must be where plain autograd leaves it (review r20: a re-run that replayed the forward's
-state and never put the later one back passed, and repeats random numbers from then on)."""
+state and never put the later one back passed, and repeats random numbers from then on).
 
-from gpumem.course.grading import Report, call, returned, run_case
+The mask case (review r22 #5) returns a second output made by a comparison, which does not
+require grad in plain autograd nor in the re-run. An ``autograd.Function`` marks it as requiring
+grad and hands backward a gradient for it; a backward that pushes every output's gradient
+through the re-run fails there ("does not require grad"), and the row says which output."""
+
+from gpumem.course.grading import LearnerError, Report, call, returned, run_case
 
 from .labguard import guarded
 
@@ -25,6 +30,9 @@ DROPOUT = "random numbers (dropout) replayed"
 RNG_LEFT = ("after backward the random-number generator is not where plain autograd leaves it: the re-run "
             "replayed the forward's state and left it there, so later draws repeat earlier ones; put back "
             "the state the re-run replaced")
+NO_GRAD = "an output that does not require grad (a mask)"
+NO_GRAD_HINT = ("run's second output (a mask) does not require grad, in the re-run either: back-propagate "
+                "only through the outputs that do")
 MASKS = ("the re-run drew other dropout masks than the forward: save the random-number state "
          "in forward and restore it for the re-run only")
 
@@ -44,6 +52,10 @@ def variants():
         y = torch.sin(x @ w)
         return y * x, y.sum(dim=1)
 
+    def with_mask(x):
+        y = torch.tanh(x @ w) @ w
+        return y, (y > 0).to(y.dtype)                        # a comparison: no gradient flows
+
     def with_options(x, scale, how):
         y = (x @ w) * scale
         return torch.tanh(y) if how == "tanh" else torch.relu(y)
@@ -56,6 +68,7 @@ def variants():
         u.fill_(to)
     return w, x, ((DROPOUT, dropout, (x,), None),
                   ("two outputs", two_outputs, (x,), None),
+                  (NO_GRAD, with_mask, (x,), None),
                   ("non-tensor arguments (a float, a string)", with_options, (x, 0.7, "tanh"), None),
                   ("gradients taken from the re-run", changes, (x,), switch))
 
@@ -72,7 +85,7 @@ def grade_variants(report: Report, ckpt) -> bool:
     w, x, cases = variants()
     for name, run, args, switch in cases:
         def body(run=run, args=args, switch=switch, name=name, replay=False):
-            grads, again, states = [], [0], []
+            grads, again, states, needs = [], [0], [], []
             for wrapped in (False, True):
                 if switch:                            # plain autograd at 1.3 throughout; yours at 0.7 until
                     switch(0.7 if wrapped else 1.3)   # the forward is done, 1.3 from then on
@@ -90,13 +103,19 @@ def grade_variants(report: Report, ckpt) -> bool:
                 outs = out if isinstance(out, tuple) else (out,)
                 if not all(torch.is_tensor(o) for o in outs):
                     return "wrong", "checkpoint(run, ...) " + returned(out, "what run returns (a tensor or a tuple of them)")
-                if not all(o.requires_grad for o in outs):
+                if wrapped and any(n and not o.requires_grad for n, o in zip(needs, outs)):
                     return "wrong", "an output does not require grad: it is cut from the graph"
+                needs = [o.requires_grad for o in outs]       # plain autograd's, for the wrapped run
                 if replay:                            # the generator back where the forward began
                     torch.manual_seed(11)
                 else:                                 # the RNG moves on between forward and backward
                     torch.rand(7)
-                call(lambda: _loss(out).backward())
+                try:
+                    call(lambda: _loss(out).backward())
+                except LearnerError as err:
+                    if name != NO_GRAD:
+                        raise
+                    return "wrong", f"{NO_GRAD_HINT} (backward raised {err})"
                 if w.grad is None or x.grad is None:
                     return "wrong", f"no gradient reached {'the weight' if w.grad is None else 'the input'}: it is cut from the graph"
                 grads.append((w.grad.clone(), x.grad.clone()))
