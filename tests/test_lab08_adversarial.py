@@ -1443,3 +1443,20 @@ def test_review_r22_the_worked_example_uses_models_chapter_08_does_not_tabulate(
         assert not any(name.split("-")[0] in m for m in scale.MODELS), (name, scale.MODELS)
     example = _part("solutions", "Examples with your own counts")
     assert "Mistral-7B" in example and "Qwen2.5-72B" in example and "Llama-3-70B" not in example
+
+
+def test_review_r23_a_qlora_cpu_near_miss_names_the_reserve_not_base_on_cpu():
+    """Review r23: a chooser with a 1 GB reserve and every count right picked qlora-cpu 11 MiB over
+    the usable bytes, and the row told it to compare base_on_cpu's gpu bytes (which it did). By
+    hand: a 16 GiB card, usable = 16 GiB - 1 GiB - 5 % (rounded down); a need 11 MiB over that still
+    fits the card, so the row names the reserve; a need over the card's bytes names base_on_cpu."""
+    from gpumem.chapters.ch08_finetuning import lab_choose
+    GiB, MiB = 2**30, 2**20
+    capacity = 16 * GiB
+    usable = capacity - GiB - capacity * 5 // 100
+    near = {"qlora-cpu": (usable + 11 * MiB - 100, {"none": 100, "full": 50}, 10**9)}
+    said = lab_choose.why_not(("qlora-cpu", "none"), None, near, usable, capacity=capacity)
+    assert "by 11 MiB" in said and "reserve 1 GiB (2**30 B) + 5 %" in said and "base_on_cpu" not in said, said
+    far = {"qlora-cpu": (capacity + MiB, {"none": 100, "full": 50}, 10**9)}
+    said = lab_choose.why_not(("qlora-cpu", "none"), None, far, usable, capacity=capacity)
+    assert "compare them too" in said and "reserve" not in said, said

@@ -208,6 +208,7 @@ def no_shortcuts(answers: bool = False):
         if name:
             hits.append(name)
             raise Shortcut(f"{name} is off limits in this lab: {MESSAGE}")
+    watch.graders_refusals = hits            # lab_watch: its refusal unsets it (review r23)
 
     try:
         for owner, attr, name in _targets():

@@ -70,6 +70,7 @@ def no_copies(flag):
                 hit = COPIED.format(name, "chapter 04's backward, copied under another name") if name else ""
             if hit:
                 flag(hit)
+                hook.graders_refusals = [hit]       # lab_watch: this refusal unsets the hook (review r23)
                 raise RuntimeError(hit)
         if before is not None:
             before(frame, event, arg)
@@ -109,7 +110,11 @@ def chained(on_event):
     before = sys.getprofile()
 
     def hook(frame, event, arg):
-        on_event(frame, event, arg)
+        try:
+            on_event(frame, event, arg)
+        except BaseException:
+            hook.graders_refusals = [on_event]      # lab_watch: a refusal unsets the hook (review r23)
+            raise
         if before is not None:
             before(frame, event, arg)
     sys.setprofile(hook)

@@ -50,7 +50,8 @@ def why_slower(mine, result, slack: float, family=None) -> str:
             without = best_without(result.plans, uses)
             if without is None or without > slack * best.time["total"]:
                 alone = "no layout fits without it" if without is None else f"without it the best is {without:.2f} s"
-                return f"it lacks {text} (the fastest layout has it); {alone}. Does your search try it?"
+                return (f"it lacks {text}; {alone}. The fastest is {best.layout.label()}: if your search tries "
+                        "this lever, which of its other settings does it not reach with it?")   # review r23
     term = max(TERMS, key=lambda k: mine.time[k] - best.time[k])
     return (f"its {term.replace('_', ' ')} term takes {mine.time[term]:.2f} s against {best.time[term]:.2f} s in "
             "the fastest layout" + _which_lever(term, mine, best.layout, result.plans))

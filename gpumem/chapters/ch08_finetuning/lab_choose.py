@@ -52,17 +52,16 @@ def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capaci
                 f"{(need - usable) / 2**20:,.0f} MiB")          # r22: the gap, so a 1 GB reserve shows its 70 MiB
         reserve = (f" -- it fits the {capacity / GB:.1f} GB the card reports, not what is left after {RESERVE}"
                    if capacity is not None and need <= capacity else "")
-        if got[0] == "qlora-cpu":
-            return (over + (f" (it fits the {capacity / GB:.1f} GB the card reports, not what 1 GiB + 5 % leave)" if reserve else "")
-                    + " -- with the base on the CPU the GPU still holds base_on_cpu's gpu bytes: compare them too")
+        if got[0] == "qlora-cpu":           # review r23: a near miss is the reserve, not base_on_cpu's count
+            return over + (f" -- reserve 1 GiB (2**30 B) + 5 % of the card's {capacity / GB:.1f} GB" if reserve else
+                           " -- with the base on the CPU the GPU still holds base_on_cpu's gpu bytes: compare them too")
         if got[0] == "qlora" and lib_fits:
             if reserve and counted_qlora:        # both could be off: the reserve first, as their count is right
                 ft = rungs[got[0]]
-                return (over + f" -- reserve 1 GiB (2**30 B) + 5 % of the card's {capacity / GB:.1f} GB; your "
-                        "role_bytes counts this rung right, so if your chooser counts it apart: this qlora keeps "
-                        f"one {'8-bit' if ft.double_quant else 'fp32'} absmax per {ft.nf4_block} weights"
-                        f"{'' if ft.double_quant else ' (no double quantisation)'}: count its quant_constants "
-                        "as role_bytes does")
+                return (over + f": reserve 1 GiB + 5 % of the card's {capacity / GB:.1f} GB? role_bytes is right "
+                        f"here; else your chooser miscounts: one {'8-bit' if ft.double_quant else 'fp32'} absmax "
+                        f"per {ft.nf4_block} weights{'' if ft.double_quant else ' (no double quantisation)'}: "
+                        "count its quant_constants")
             return over + nf4_note(rungs[got[0]])
         if buffer and got[0] == "qlora" and need - usable <= buffer:
             return (over + f" by {(need - usable) / 2**20:,.0f} MiB, less than its dequant_buffer alone "
