@@ -1460,3 +1460,26 @@ def test_review_r23_a_qlora_cpu_near_miss_names_the_reserve_not_base_on_cpu():
     far = {"qlora-cpu": (capacity + MiB, {"none": 100, "full": 50}, 10**9)}
     said = lab_choose.why_not(("qlora-cpu", "none"), None, far, usable, capacity=capacity)
     assert "compare them too" in said and "reserve" not in said, said
+
+
+def test_review_r23_the_reserve_method_is_named_as_it_is_called():
+    """Review r23: Reserve(nccl=0).of(capacity) was refused as "gpumem.memory.gpus.of", a name that
+    module does not have; the refusal now names the method."""
+    from gpumem.chapters.ch08_finetuning import lab_guard
+    from gpumem.memory import gpus
+    name = lab_guard.BLOCKED[gpus.__file__, "of"]
+    assert name == "gpumem.memory.gpus.Reserve.of" and callable(gpus.Reserve.of)
+
+
+def test_review_r23_part_1_sends_the_learner_to_bitsandbytes_for_the_8bit_states():
+    """Review r23: cell 2 dictated 8-bit AdamW's layout (uint8 states, an absmax per 256, fp32 under
+    4,096 elements, two 256-value maps once). It now points at the installed source, which holds
+    each of those (checked here, so the pointer stays true)."""
+    import inspect
+    import json
+    from bitsandbytes.optim.optimizer import Optimizer2State
+    cells = json.loads((ROOT / "solutions" / f"{LAB}.ipynb").read_text())["cells"]
+    part1 = next("".join(c["source"]) for c in cells if "## 1 · Bytes by role" in "".join(c["source"]))
+    assert "Optimizer2State.init_state" in part1 and "4,096" not in part1 and "256" not in part1
+    source = inspect.getsource(Optimizer2State.init_state)
+    assert all(s in source for s in ('min_8bit_size', 'blocksize = 256', 'torch.uint8', 'self.name2qmap["dynamic"]'))

@@ -68,8 +68,9 @@ _NAMES = {finetune: _own(finetune), activations: _own(activations), activation_p
           lab_draw: ["truth", "nf4_constants", "prepare_cast"],
           models: ["n_params", "layer_params", "attention_params", "mlp_params", "expert_params",
                    "embedding_params", "norm_params"]}
-BLOCKED = types.MappingProxyType({(m.__file__, n): f"{m.__name__}.{n}" for m, names in _NAMES.items()
-                                  for n in names})          # read-only (review r18: dict.clear(BLOCKED))
+_METHODS = {(gpus, "of"): "Reserve.of"}     # review r23: "gpumem.memory.gpus.of" named no function there
+BLOCKED = types.MappingProxyType({(m.__file__, n): f"{m.__name__}.{_METHODS.get((m, n), n)}" for m, names in
+                                  _NAMES.items() for n in names})   # read-only (review r18: dict.clear(BLOCKED))
 _ACTIVE: list[list[str]] = []
 _FUNCS: list = []                 # the blocked functions themselves, found once a check (:func:`refresh`)
 _LOADED: set = set()              # the gpumem modules loaded when the check began
