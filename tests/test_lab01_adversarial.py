@@ -1697,3 +1697,18 @@ def test_review_r23_the_prompt_counts_the_fixed_chains_the_grader_grades():
     text = "".join("".join(c["source"]) for c in json.loads(
         (ROOT / "solutions" / "lab01_memory_calculator.ipynb").read_text())["cells"] if c["cell_type"] == "markdown")
     assert f"grades {words[len(labcheck.FIXED_CHAINS)]} fixed chains" in text
+
+
+def test_review_r24_a_long_chain_hint_keeps_its_expected_and_got(monkeypatch):
+    """Review r24: an 8-operation chain's hint ran to 378 characters and lost "(this case: expected
+    ..., got ...)" at the 300-character row limit; part 3's rows now keep up to 450."""
+    from gpumem.chapters.ch01_memory_anatomy import labhints
+    long = "operation 8, 'gelu_tanh', after " + "x" * 300 + " (this case: expected 1 B, got 2)"
+    monkeypatch.setattr(labhints, "why", lambda *a, **k: long)
+    right = solution()["variant_layer"]
+
+    def wrong(**kw):
+        got = right(**kw)
+        return dict(got, activations=got["activations"] + 2)
+    bad = first_problem(grade({**solution(), "variant_layer": wrong}), "variant_layer")
+    assert len(long) > 300 and bad.detail.endswith("(this case: expected 1 B, got 2)"), bad.detail

@@ -820,3 +820,13 @@ def test_review_r21_a_launch_into_a_tensor_subclass_is_refused():
     with pytest.raises(RuntimeError, match="output is a Quiet: use plain tensors"):
         lab02_watch._sentinel(torch.zeros(4).as_subclass(Quiet))
     assert lab02_watch._sentinel(torch.zeros(4)) is not None
+
+
+def test_review_r24_the_list_form_is_told_to_use_one_flat_tensor(monkeypatch):
+    """Review r24: dist.reduce_scatter's list form, waited only through its handle, was accused of
+    waiting the real work: on gloo it fills its output before wait() (the reviewer's stand-alone
+    probe: 3.0 before wait against -1.0 for the tensor form). The row now names the list form."""
+    report, _ = grade(monkeypatch, (0,), (LAUNCH, "        work = dist.reduce_scatter(mine, list(send.view(world, -1)"
+                                                  ".unbind(0)), async_op=True)\n"))
+    bad = [r for r in report.problems if "overlapped" in r.case]
+    assert bad and "list form fills its output" in bad[0].detail, report.summary()

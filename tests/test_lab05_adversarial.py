@@ -1616,3 +1616,13 @@ def test_review_r23_forward_then_backward_is_named_as_the_window_assumption():
     right = _hand_seconds(n, ranks, rung, c, links)
     assert labcheck.seconds_problem(right, n, ranks, rung, c, links) == ""
     assert labcheck.seconds_problem(right + c / 3, n, ranks, rung, c, links) == labcheck.PHASED
+
+
+def test_review_r24_a_near_miss_is_not_printed_as_1x():
+    """Review r24: a step 0.05 % short read "yours is 1x the time engine's stock step (too short)"."""
+    from gpumem.chapters.ch05_offload import labcheck
+    links = offload_time.datasheet_links("h100-80gb", "gen4")
+    n, ranks, c, rung = 70_553_706_496, 8, 2.0, "zero3+opt+params-nvme"
+    right = _hand_seconds(n, ranks, rung, c, links)
+    said = labcheck.seconds_problem(right * 0.9995, n, ranks, rung, c, links)
+    assert "yours is 0.9995x" in said and "too short" in said, said

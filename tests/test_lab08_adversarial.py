@@ -1483,3 +1483,28 @@ def test_review_r23_part_1_sends_the_learner_to_bitsandbytes_for_the_8bit_states
     assert "Optimizer2State.init_state" in part1 and "4,096" not in part1 and "256" not in part1
     source = inspect.getsource(Optimizer2State.init_state)
     assert all(s in source for s in ('min_8bit_size', 'blocksize = 256', 'torch.uint8', 'self.name2qmap["dynamic"]'))
+
+
+def test_review_r24_a_gap_under_one_mib_is_given_in_bytes():
+    """Review r24: a setup 300 kB over the usable bytes read "over 21.9 GB usable by 0 MiB"."""
+    from gpumem.chapters.ch08_finetuning import lab_choose
+    capacity = 24 * 2**30
+    usable = capacity - 2**30 - capacity * 5 // 100
+    figures = {"qlora-cpu": (usable + 300_000 - 100, {"none": 100, "full": 50}, 10**9)}
+    said = lab_choose.why_not(("qlora-cpu", "none"), None, figures, usable, capacity=capacity)
+    assert "by 300,000 B" in said and "0 MiB" not in said, said
+
+
+def test_review_r24_the_8bit_maps_counted_per_tensor_are_named():
+    """Review r24: init_state puts qmap1 and qmap2 in every quantised tensor's state, so counting the
+    two 256-value fp32 maps (2 x 256 x 4 = 2,048 B) per tensor is the natural misreading of the new
+    prompt; it got only "1.01x the right count". The row now says the maps are shared."""
+    from gpumem.chapters.ch08_finetuning import labcheck as lab08
+    from gpumem.memory import models
+    cfg = models.get("llama-3-8b")
+    ft = lab_draw.LADDER["full-8bit"]
+    want = lab_draw.truth(cfg, ft)
+    quantised = 7 * cfg.n_layers + 2                      # by hand: 7 projections a layer, embedding, head
+    got = dict(want, optimizer_scales=want["optimizer_scales"] + 2048 * (quantised - 1))
+    said = lab08.states_problem(got, want, ft)
+    assert "optimizer_scales" in said and "count the two 256-value fp32 maps once" in said, said

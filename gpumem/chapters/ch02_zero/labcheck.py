@@ -199,6 +199,10 @@ def _grade_overlap(ranks: list[dict], several: bool) -> str | None:
                         "until it finished; launch the bucket's reduce-scatter with async_op=True, keep the handle")
             if p.get("early"):                 # review r15 #1: measured, whatever route reached the work
                 k, at = p["early"]
+                if any(x["name"] == "reduce_scatter" for x in p["launches"]):     # review r24
+                    return (f"bucket {k}'s output landed before you waited its handle: dist.reduce_scatter's list "
+                            "form fills its output on gloo's thread before wait(), so the grader cannot see the "
+                            "overlap; launch each bucket with reduce_scatter_tensor (one flat tensor)")
                 return (f"bucket {k}'s output landed before you waited its handle (by gradient arrival {at} of "
                         f"backward {n}; gloo writes it only in wait()): something waited the real work, or wrote "
                         "into the output while it was in flight; wait only the handle dist returned")

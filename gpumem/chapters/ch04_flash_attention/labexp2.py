@@ -30,7 +30,7 @@ import torch
 from .labpairs import Pairs
 from .labops import (  # noqa: F401 (LOG2E is read from here too)
     FOLDED, K, LOG2E, ONE, PLAIN, QK, RAW, READY, Q, _ADD, _MASK, _MM, _OTHER, _POWERS, _REDUCE, _RTOL, _SAME,
-    _flat, _marks, _number, _ptr, _rest, _rows_of_d)
+    _flat, _marks, _number, _ptr, _rest, _rows_of_d, _wider)
 
 # exponentials in the natural base: what chapter 04's code (and a softmax) takes
 _PLAIN = frozenset({"exp", "exp_", "expm1", "expm1_", "_softmax", "_log_softmax", "logsumexp", "sigmoid",
@@ -254,15 +254,17 @@ class Exp2Rule:
         elif op in _SAME:
             made = bool(fed)
         else:
-            sums = any(self._tag(t)[0] == QK for t in ins) and all(self._rows_of_d(t, d, heads) for t in outs)
-            made = (exp and any(self._tag(t)[0] == QK for t in ins)) or (bool(fed) and op not in _REDUCE) \
-                or (both and not fed and not sums)
+            rows_d = bool(outs) and all(self._rows_of_d(t, d, heads) for t in outs)
+            sums = any(self._tag(t)[0] == QK for t in ins) and rows_d
+            # review r23: einsum contracts a one-row block by a broadcast mul, (keys, d, 1): dK's part, no tile
+            made = (exp and any(self._tag(t)[0] == QK for t in ins)) or (bool(fed) and op not in _REDUCE and not (
+                op in ("mul", "mul_") and rows_d)) or (both and not fed and not sums)
         shared = {_ptr(t) for t in ins}
         for t in outs:             # a view keeps its storage's standing; a fresh storage takes the op's
             if _ptr(t) not in shared or (made and op.endswith("_")):
                 (self.tiles.add if made else self.tiles.discard)(_ptr(t))
         for t in (outs if made else []) + ([] if op in _SAME else fed):
-            if any(x > block for x in self._rest(t.shape, heads)) or t.numel() > heads * block * block:
+            if _wider(self._rest(t.shape, heads), block, d) or t.numel() > heads * block * max(block, d):
                 return (f"a tile of shape {tuple(t.shape)} made from both Q and K (scores, P, dP - D or dS) "
                         f"is larger than one {block} x {block} tile per head: more than {block} query rows "
                         f"against the key block at once; loop over query blocks of {block} rows")

@@ -70,12 +70,29 @@ def _rest(shape, heads: int) -> list:
 
 
 def _rows_of_d(t, d: int, heads: int) -> bool:
-    """``t`` is (..., rows, d) past its batch and heads: dQ, dK, dV or a sum of their parts."""
-    rest = _rest(t.shape, heads)
-    while len(rest) > 2 and rest[0] == 1:          # a group of one query head: (b, kv, 1, rows, d)
+    """``t`` is (..., rows, d) past its batch and heads: dQ, dK, dV or a sum of their parts. Trailing
+    1s go first (einsum's broadcast product ends in the contracted axis, review r23); the heads are
+    folded out of what is left of d, never into d (review r23: dq[:, h] of a per-head loop has no head
+    axis, and (2, 1, 20) with 4 heads folded 20 into them); a group of one query head, (b, kv, 1,
+    rows, d), and a block of one row (review r22) leave leading 1s."""
+    shape = list(t.shape)
+    while len(shape) > 1 and shape[-1] == 1 and d != 1:
+        shape.pop()
+    if not shape or shape[-1] != d:
+        return False
+    rest = _rest(shape[:-1], heads)
+    while len(rest) > 1 and rest[0] == 1:
         rest.pop(0)
-    # review r22: a block of one query row, (b, 1, 1, d) per head, loses its row with the leading 1s
-    return len(rest) in (1, 2) and rest[-1] == d
+    return len(rest) <= 1
+
+
+def _wider(rest: list, block: int, d: int) -> bool:
+    """A dimension past the batch and heads over ``block``; a last one of d (after trailing 1s) is
+    not a key width (review r23: einsum's broadcast product of a key block and dO, d > block)."""
+    dims = list(rest)
+    while len(dims) > 1 and dims[-1] == 1:
+        dims.pop()
+    return any(x > block for x in (dims[:-1] if dims and dims[-1] == d else dims))
 
 
 def _marks():

@@ -223,7 +223,8 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
     for value, words in wrong:
         if value != want and _close(mine, value):
             return words
-    return (f"yours is {mine / want:.3g}x the time engine's stock step ({'too long' if mine > want else 'too short'}): "
+    ratio = f"{mine / want:.4f}" if abs(mine / want - 1) < 0.01 else f"{mine / want:.3g}"   # r24: not "1x"
+    return (f"yours is {ratio}x the time engine's stock step ({'too long' if mine > want else 'too short'}): "
             "check what crosses each link per step and which of it overlaps compute")
 
 

@@ -36,20 +36,25 @@ def label(setup) -> str:
     return f"{rung}{where} {'without checkpointing' if policy == 'none' else 'with every layer checkpointed'}"
 
 
+def _gap(n_bytes: int) -> str:
+    """A gap in MiB, or in bytes under one MiB (review r24: "by 0 MiB" read as no gap at all)."""
+    return f"{n_bytes / 2**20:,.0f} MiB" if n_bytes >= 2**20 else f"{n_bytes:,} B"
+
+
 def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capacity: int | None = None,
             lib_fits: bool = False, counted_qlora: bool = False, host_ram: int | None = None,
             buffer: int = 0) -> str:
     """Why the learner's setup (rung, policy) is not the answer, in words (module docstring).
     ``buffer``: the got rung's dequant_buffer (0 for a bf16 base)."""
     spare = usable - lab_draw.total(figures, want) if want is not None else usable
-    close = (f" -- by {spare / 2**20:,.0f} MiB: a reserve larger than 1 GiB + 5 % of capacity misses it"
+    close = (f" -- by {_gap(spare)}: a reserve larger than 1 GiB + 5 % of capacity misses it"
              if 0 <= spare <= 2**28 else "")
     if got is None:
         return f"{label(want)} fits ({lab_draw.total(figures, want) / GB:.1f} GB of {usable / GB:.1f} GB usable)" + close
     need = lab_draw.total(figures, got)
     if need > usable:
         over = (f"{label(got)} needs {need / GB:.1f} GB on the GPU, over {usable / GB:.1f} GB usable by "
-                f"{(need - usable) / 2**20:,.0f} MiB")          # r22: the gap, so a 1 GB reserve shows its 70 MiB
+                f"{_gap(need - usable)}")          # r22: the gap, so a 1 GB reserve shows its 70 MiB
         reserve = (f" -- it fits the {capacity / GB:.1f} GB the card reports, not what is left after {RESERVE}"
                    if capacity is not None and need <= capacity else "")
         if got[0] == "qlora-cpu":           # review r23: a near miss is the reserve, not base_on_cpu's count

@@ -61,6 +61,10 @@ def _hint(role: str, ft: Finetune, got: dict, want: dict, model: dict | None = N
                 "q writes and o reads n_heads x head_dim, gate/up write and down reads ffn")
     if role == "optimizer_moments" and ft.optimizer == "adamw-8bit":
         return "8-bit AdamW keeps two fp32 states for a tensor under 4,096 elements"
+    extra = got[role] - want[role] if isinstance(got[role], int) else 0
+    if role == "optimizer_scales" and ft.optimizer == "adamw-8bit" and extra > 0 and extra % 2048 == 0:
+        return ("every quantised tensor's state holds qmap1 and qmap2, but they are the optimizer's two maps "
+                "(name2qmap), shared: count the two 256-value fp32 maps once")           # review r24
     if role == "dequant_buffer":
         return ("QLoRA dequantises the largest quantised matrix to bf16; 8-bit absmaxes are first rebuilt "
                 "in fp32 (dequantize_4bit), fp32 ones are used as they are")
