@@ -1664,3 +1664,19 @@ def test_an_output_that_does_not_require_grad_is_graded():
     assert grade_variants(report, _solution_cells("class MyCheckpoint")["checkpoint"]), report.summary()
     assert any(r.case == f"unseen case: {NO_GRAD}" and r.status == "ok" for r in report.rows)
     assert restored()
+
+
+def test_review_r24_an_estimate_of_the_end_and_the_outer_re_runs_fails():
+    """Review r24: an estimate that looks only at the end of the forward and at the bottom and top
+    segments' re-runs passed every estimate row (300 of 300 seeds): no graded placement had its peak
+    at a middle segment's re-run. The placement [[0], [1 .. n-3], [n-2], [n-1]] has (its long middle
+    segment re-runs with one checkpoint below it)."""
+    old = "    return max([end_of_forward, *reruns])\n"
+    new = "    return max([end_of_forward, *reruns[:1], *reruns[-1:]])\n"
+    ns = _solution_cells("def estimate_peak", edit=lambda source: source.replace(old, new))
+    import inspect
+    assert "reruns[:1]" in inspect.getsource(ns["estimate_peak"])
+    for seed in (0, 1, 2):
+        report = labcheck.check({"estimate_peak": ns["estimate_peak"]}, show=False, seed=seed)
+        bad = [r for r in report.rows if r.function == "estimate_peak" and r.status != "ok"]
+        assert bad and "re-run of the segment from layer 1" in bad[0].detail, (seed, bad[:1])

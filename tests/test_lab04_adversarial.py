@@ -2055,3 +2055,24 @@ def test_part_5_from_the_librarys_pair_count_is_refused():
             "off while lab 04's part 5 is graded" in got.detail, got.detail
     assert attention_flops.visible_pairs(4, 4, True) == 10
     assert counts(saved)([0, 0, 1, 1], 2) == [(1 + 2) + (3 + 4), (5 + 6) + (7 + 8)]   # rows 0..7 see i + 1 keys
+
+
+@pytest.mark.parametrize("kernel, function, case", [
+    ("lab04_r23_per_head", "key_block_backward", (2, 2, 2, 81, 60, 20, False, 16)),     # seed 30's
+    ("lab04_r23_einsum", "flash_backward", (1, 1, 1, 97, 90, 8, False, 32)),            # seed 1's
+    ("lab04_r23_einsum", "key_block_backward", (1, 6, 3, 49, 59, 20, True, 16)),         # d over the block
+])
+def test_review_r23_honest_per_head_and_einsum_kernels_pass(kernel, function, case):
+    """Review r23: an honest kernel that loops over heads (dq[:, h, i0:i1] += ..., no head axis in the
+    view) was refused on 14 % of checks ("a tile of shape (2, 81, 20)": the heads were folded into
+    d), and one written with einsum on 19 % (a one-row block contracts by a broadcast mul ending in 1;
+    with d over the block, (keys, d, 1) was taken for a wide tile). Both pass the cases that refused
+    them, graded as check() grades them."""
+    path = ROOT / "tests" / "data" / f"{kernel}.py"
+    ns = dict(solution())
+    exec(compile(path.read_text(), str(path), "exec"), ns)
+    report = Report(labcheck.LAB)
+    grade = labcheck._key_blocks_rows if function == "key_block_backward" else labcheck._flash_rows
+    extra = {"inner": ns["key_block_backward"]} if function == "flash_backward" else {}
+    grade(report, ns[function], case, 100, **extra)
+    assert report.rows and all(r.status == "ok" for r in report.rows), report.rows[:2]

@@ -181,7 +181,8 @@ def draw(seed: int | None = None) -> dict:
         mixed = [[i] for i in range(cut[0])] + [list(range(cut[1], n))]
         low = [list(range(n - 2)), [n - 2], [n - 1]]     # r21: a lower segment's re-run is the peak
         under = [list(range(n - 2))]                     # r22: plain layers above it (freed by then)
-        for segments in ([], [[i] for i in range(n)], [list(range(n))], mixed, low, under):
+        middle = [[0], list(range(1, n - 2)), [n - 2], [n - 1]]   # r24: a middle segment's re-run is the peak
+        for segments in ([], [[i] for i in range(n)], [list(range(n))], mixed, low, under, middle):
             estimates.append((q.cfg, segments))
     from . import labsacdraw            # drawn last: the cases above stay those of earlier checks
     return {"grad": grad, "questions": questions, "estimates": estimates, "selective": labsacdraw.draw(rng)}

@@ -257,8 +257,9 @@ class Exp2Rule:
             rows_d = bool(outs) and all(self._rows_of_d(t, d, heads) for t in outs)
             sums = any(self._tag(t)[0] == QK for t in ins) and rows_d
             # review r23: einsum contracts a one-row block by a broadcast mul, (keys, d, 1): dK's part, no tile
-            made = (exp and any(self._tag(t)[0] == QK for t in ins)) or (bool(fed) and op not in _REDUCE and not (
-                op in ("mul", "mul_") and rows_d)) or (both and not fed and not sums)
+            einsum = op in ("mul", "mul_") and rows_d and all(t.shape[-1] == 1 for t in outs)
+            made = (exp and any(self._tag(t)[0] == QK for t in ins)) or (bool(fed) and op not in _REDUCE
+                                                                         and not einsum) or (both and not fed and not sums)
         shared = {_ptr(t) for t in ins}
         for t in outs:             # a view keeps its storage's standing; a fresh storage takes the op's
             if _ptr(t) not in shared or (made and op.endswith("_")):
