@@ -1542,6 +1542,17 @@ def _powered(s2, lse2):
     return torch.where(x == -math.inf, 0.0, torch.pow(_series(x), 1024))
 
 
+def _glu_rows(s2, l2):
+    """Review r24's P: a decoy exp2, then e^x = sigma(x) / sigma(-x) through glu, one query row at a time."""
+    torch.exp2(s2 - l2)
+    x, rows_ = (s2 - l2) / LOG2E, []
+    for r in range(x.shape[-2]):
+        xr = x[..., r, :]
+        one = torch.ones_like(xr)
+        rows_.append(F.glu(torch.stack([one, xr], -1), -1)[..., 0] / F.glu(torch.stack([one, -xr], -1), -1)[..., 0])
+    return torch.stack(rows_, -2)
+
+
 def _visible_of_first_key_block(case) -> int:
     """Heads x query rows x keys of block 0 each sees, counted by hand (top-left causal: i sees j <= i)."""
     b, a, kv, sq, sk, d, causal, block = case
@@ -1556,7 +1567,12 @@ def _visible_of_first_key_block(case) -> int:
      "cosh on scores (numbers made from both Q and K): only exp2 may exponentiate"),
     (_tiled(_powered), "pow(x, 1024) on scores"),
     (_tiled(_squared), "it took exp2 of 0 distinct scores, fewer than the {:,} visible scores of the call"),
-], ids=["E", "E-plain-q", "cosh-in-tiles", "pow-series", "squarings"])
+    # review r24: a decoy exp2 thrown away, P from elu's backward (e^x for x <= 0) or glu (sigma(x) / sigma(-x))
+    (_tiled(lambda s2, l2: (torch.exp2(s2 - l2), torch.ops.aten.elu_backward(
+        torch.ones_like(s2), 1.0, 1, 1.0, False, (s2 - l2) / LOG2E))[1]),
+     "elu_backward on scores (numbers made from both Q and K): only exp2 may exponentiate"),
+    (_tiled(_glu_rows), "glu on scores (numbers made from both Q and K): only exp2 may exponentiate"),
+], ids=["E", "E-plain-q", "cosh-in-tiles", "pow-series", "squarings", "elu-backward", "glu"])
 def test_an_exponential_that_is_not_exp2_or_a_laundered_q_fails(cheat, says):
     says = says.format(_visible_of_first_key_block(labcheck.BACKWARD[0]))
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]

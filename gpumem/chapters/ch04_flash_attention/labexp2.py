@@ -222,8 +222,8 @@ class Exp2Rule:
         tensors = [t for t in _flat(args) if isinstance(t, torch.Tensor)]
         if self.other or not any(self._tag(t)[0] == QK for t in tensors):
             return
-        if name in _OTHER or name.startswith("special_"):
-            self.mark("other", name)
+        if name in _OTHER or name.startswith("special_") or name.endswith(("_backward", "_backward_data")):
+            self.mark("other", name)      # review r24: elu_backward(1, x) is e^x for x <= 0
         elif name == "pow" and args and isinstance(args[0], torch.Tensor) and self._tag(args[0])[0] == QK:
             power = args[1] if len(args) > 1 else None
             if not (_number(power) and power in _POWERS):

@@ -32,7 +32,7 @@ _OTHER = frozenset({
     "mvlgamma", "sin", "cos", "tan", "asin", "acos", "atan", "asinh", "acosh", "atanh", "atan2", "log",
     "log2", "log10", "log1p", "logit", "logaddexp", "logaddexp2", "xlogy", "ldexp", "i0", "sinc",
     "gelu", "silu", "elu", "celu", "selu", "mish", "log_sigmoid_forward", "hardsigmoid", "frexp",
-    "float_power"})
+    "float_power", "glu"})              # review r24: glu(x) = x1 * sigmoid(x2), and sigma(x) / sigma(-x) = e^x
 _POWERS = (0.5, 1, 2, -1, -0.5)   # pow(x, c) of a score tile that is algebra, not an exponential
 
 
