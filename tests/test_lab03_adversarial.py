@@ -1118,6 +1118,22 @@ def _solution_cells(*needles: str, edit=lambda source: source) -> dict:
     return ns
 
 
+def _variants_with(line: str, replacement: str) -> Report:
+    """The variant rows of the solution's checkpoint with ``line`` (which it holds) replaced; they
+    stop at the first that fails, the last row."""
+    from gpumem.chapters.ch03_activation_checkpointing.labvariants import grade_variants
+    seen = []
+
+    def edit(source):
+        seen.append(line in source)
+        return source.replace(line, replacement)
+    ns = _solution_cells("class MyCheckpoint", edit=edit)
+    assert any(seen)
+    report = Report(labcheck.LAB)
+    assert not grade_variants(report, ns["checkpoint"])
+    return report
+
+
 def _solution_choose_saved():
     return _solution_cells("def choose_saved")["choose_saved"]
 
@@ -1477,17 +1493,7 @@ def test_the_dropout_row_says_the_masks_differ():
     """r9 #5: the solution's checkpoint without restoring the CPU generator for the re-run: the
     dropout row says the re-run drew other masks (confirmed by a run with the generator put back)."""
     from gpumem.chapters.ch03_activation_checkpointing.labvariants import grade_variants
-    line = "            torch.set_rng_state(ctx.rng)\n"
-    seen = []
-
-    def drop(source):
-        seen.append(line in source)
-        return source.replace(line, "")
-    ns = _solution_cells("class MyCheckpoint", edit=drop)
-    assert any(seen)
-    report = Report(labcheck.LAB)
-    assert not grade_variants(report, ns["checkpoint"])
-    row = report.rows[-1]
+    row = _variants_with("            torch.set_rng_state(ctx.rng)\n", "").rows[-1]
     assert row.case == "unseen case: random numbers (dropout) replayed" and row.status == "wrong", row
     assert "gradients differ from plain autograd" in row.detail and "other dropout masks" in row.detail
     assert "restore it for the re-run" in row.detail
@@ -1646,16 +1652,7 @@ def test_an_output_that_does_not_require_grad_is_graded():
     the re-run, where it has no graph: torch raises, and the row names the output and what to do.
     The solution itself passes (its gradients equal plain autograd's, as every variant's)."""
     from gpumem.chapters.ch03_activation_checkpointing.labvariants import NO_GRAD, grade_variants
-    line = "if o.requires_grad and g is not None"
-    seen = []
-
-    def unfiltered(source):
-        seen.append(line in source)
-        return source.replace(line, "if g is not None")
-    ns = _solution_cells("class MyCheckpoint", edit=unfiltered)
-    assert any(seen)
-    report = Report(labcheck.LAB)
-    assert not grade_variants(report, ns["checkpoint"])
+    report = _variants_with("if o.requires_grad and g is not None", "if g is not None")
     row = report.rows[-1]
     assert row.case == f"unseen case: {NO_GRAD}" and row.status == "wrong", row
     assert "does not require grad" in row.detail and "only through the outputs that do" in row.detail, row.detail

@@ -2027,15 +2027,9 @@ def test_an_lse_in_the_wrong_base_is_named_and_dv_first(factor, alpha, says):
             f"these are the gradients of P = exp(S - 0.6931 lse), not exp(S - lse): {says}. dv["), got.detail
 
 
-_OWN_SHARD_MASKED = '''
-def ring_attention(q, k_shards, v_shards, rank, causal=False, block=32):
-    parts = []
-    for r, (k_r, v_r) in enumerate(zip(k_shards, v_shards)):
-        if k_r.shape[2] == 0 or (causal and r > rank):
-            continue
-        parts.append(tiled_forward(q, k_r, v_r, r == rank, block, block_q=block))   # masked, causal or not
-    return merge_partials(parts)
-'''
+# _MASKED_RING's ring with only the rank's own shard masked, causal or not
+_OWN_SHARD_MASKED = _MASKED_RING.replace("tiled_forward(q, k_r, v_r, causal,", "tiled_forward(q, k_r, v_r, r == rank,")
+assert _OWN_SHARD_MASKED != _MASKED_RING
 
 
 def test_the_own_shard_masked_in_a_ring_that_is_not_causal_is_named():

@@ -196,7 +196,7 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
     write = lambda b, count=grad_swap.BUFFER_COUNT: grad_swap.exposed_seconds(      # noqa: E731
         s, 4, links.nvme_write, b, grad_swap.SUB_GROUP_SIZE, count) if shown else 0.0
     unbounded = write(back, 10**9)
-    window = max(t["compute"], t["grad_trip"], t["h2d"] - t["h2d_after"], t["nvme_params"])
+    window = want - shown - t["nvme_states"] - t["cpu_adam"] - t["h2d_after"]    # stock_schedule's first term
     wrong = [(compute_s, "yours is compute alone: this rung moves states every step"),
              (want - shown + t["nvme_grad"], GRAD_SERIAL),
              (want - shown, GRAD_HIDDEN),
