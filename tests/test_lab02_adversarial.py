@@ -18,7 +18,7 @@ from gpumem.chapters.ch02_zero import lab02_gpu, labcheck
 from gpumem.course.grading import Report
 from test_labs import _lab02_solution
 
-LAUNCH = "        work = dist.reduce_scatter_tensor(mine, send, async_op=True)\n"
+LAUNCH = "        work = dist.reduce_scatter_single(mine, send, async_op=True)\n"
 CAP = "        if len(in_flight) == 2:              # each in flight holds its flat copy: two at most, so the\n" \
       "            land(*in_flight.pop(0))          # oldest lands before this bucket's copy is made\n"
 READY = """    def ready(p):
@@ -105,7 +105,7 @@ def test_unused_layer_lands_where_drawn():
 
 
 def test_synchronous_reduce_scatter_is_named(monkeypatch):
-    report, _ = grade(monkeypatch, (1, 2), (LAUNCH, "        dist.reduce_scatter_tensor(mine, send)\n"
+    report, _ = grade(monkeypatch, (1, 2), (LAUNCH, "        dist.reduce_scatter_single(mine, send)\n"
                                                    "        work = None\n"),
                       ("    work.wait()\n", "    work and work.wait()\n"))
     over = rows(report, "async")
@@ -411,11 +411,11 @@ def test_the_hold_decides_by_the_order_of_two_clock_readings():
 DECOY = "        work = dist.reduce_scatter_tensor(torch.empty(1), torch.zeros(world), async_op=True)   # decoy\n"
 
 
-def test_reduce_scatter_single_is_a_reduce_scatter(monkeypatch):
-    """torch 2.13 deprecates reduce_scatter_tensor in favour of reduce_scatter_single: the solution
-    written with it passes every row."""
-    report = grade_on(monkeypatch, ONE, ("dist.reduce_scatter_tensor(mine, send, async_op=True)",
-                                         "dist.reduce_scatter_single(mine, send, async_op=True)"))
+def test_the_deprecated_reduce_scatter_tensor_is_a_reduce_scatter(monkeypatch):
+    """torch 2.13 deprecates reduce_scatter_tensor in favour of reduce_scatter_single (the solution's
+    call): a learner who follows an older tutorial and calls the alias passes every row."""
+    report = grade_on(monkeypatch, ONE, ("dist.reduce_scatter_single(mine, send, async_op=True)",
+                                         "dist.reduce_scatter_tensor(mine, send, async_op=True)"))
     assert not [r for r in report.problems if r.function == labcheck.FN], report.summary()
 
 

@@ -188,7 +188,7 @@ def install_zero2_hooks(params, grad_shards, bucket_bytes):
         p.register_post_accumulate_grad_hook(ready)
 """)
     assert report.problems and "gpumem.runs" in report.problems[0].detail
-    report = _lab02_variant("        work = dist.reduce_scatter_tensor(mine, send, async_op=True)\n",
+    report = _lab02_variant("        work = dist.reduce_scatter_single(mine, send, async_op=True)\n",
                             "        work = dist.all_reduce(send, async_op=True)\n        work.wait()\n"
                             "        mine.copy_(send.view(world, -1)[dist.get_rank()])\n")
     calls = _rows(report, "collectives")

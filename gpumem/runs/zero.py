@@ -84,7 +84,7 @@ def reduce_scatter_coalesced(grads: list[torch.Tensor],
     rows = [padded(g, world).view(world, c) for g, c in zip(grads, chunks)]
     flat = torch.cat(rows, dim=1).reshape(-1)
     out = torch.empty(sum(chunks), dtype=flat.dtype, device=flat.device)
-    dist.reduce_scatter_tensor(out, flat)
+    dist.reduce_scatter_single(out, flat)
     if log is not None:
         log.add("reduce_scatter", flat.numel())
     return list(out.div_(world).split(chunks))

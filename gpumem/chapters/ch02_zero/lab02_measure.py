@@ -5,7 +5,7 @@ each, and the machine's cores, printed with the table, shared with whatever else
 much of a transfer hides behind a real backward is barely measurable here. What is measured:
 
 * lone reduce-scatters of two sizes (64 KiB and all the sweep model's gradients), each timed whole (:func:`timed`) and as the **launch** alone
-  (:func:`launched`: until ``reduce_scatter_tensor(..., async_op=True)`` returns). Gloo does part
+  (:func:`launched`: until ``reduce_scatter_single(..., async_op=True)`` returns). Gloo does part
   of an asynchronous collective in the thread that calls it (the input is taken in before the call
   returns) and writes the output only in ``wait()``; that part runs in the learner's hook, so it
   cannot hide behind backward. The learner prices both on lines through these points;
@@ -114,7 +114,7 @@ def reduce_scatter(world: int, nbytes: int):
     import torch.distributed as dist
     send = torch.ones(world * math.ceil(nbytes / 4 / world))
     recv = torch.empty(send.numel() // world)
-    return (lambda: dist.reduce_scatter_tensor(recv, send, async_op=True)), 4 * send.numel()
+    return (lambda: dist.reduce_scatter_single(recv, send, async_op=True)), 4 * send.numel()
 
 
 def lone_kinds(world: int, numel: int) -> tuple[dict, dict]:

@@ -76,8 +76,8 @@ def sweep_rank(rank: int, world: int, source: str, buckets: tuple, rounds: int) 
 
 
 def _input_bytes(args: tuple, kwargs: dict) -> int:
-    """Bytes of a reduce-scatter's input (``reduce_scatter_tensor(output, input)`` or
-    ``reduce_scatter(output, input_list)``)."""
+    """Bytes of a reduce-scatter's input (``reduce_scatter_single(output, input)``, its deprecated
+    alias ``reduce_scatter_tensor``, or ``reduce_scatter(output, input_list)``)."""
     x = args[1] if len(args) > 1 else kwargs.get("input", kwargs.get("input_list"))
     xs = x if isinstance(x, (list, tuple)) else [x]
     return sum(t.numel() * t.element_size() for t in xs)

@@ -15,9 +15,9 @@ and the unused layer's place drawn afresh at every check from :data:`CASES` (:mo
    hooks keep (:class:`.lab02_meter.LiveMeter`: a copy of a gradient counts after ``.grad = None``;
    :class:`.lab02_probe.Reach` adds copies made with the dispatch modes off) is at most that, two
    flat copies in flight and the shards (:func:`.lab02_meter.held_bound`);
-3. gradients leave by reduce-scatter (``reduce_scatter_tensor`` or ``reduce_scatter_single``; no
-   other collective), one per bucket, carrying every gradient that arrived once (padded), and
-   gloo's own count of collectives agrees with what the wrappers saw (:mod:`.lab02_watch`);
+3. gradients leave by reduce-scatter (``reduce_scatter_single`` or its deprecated alias
+   ``reduce_scatter_tensor``; no other collective), one per bucket, carrying every gradient that
+   arrived once (padded), and gloo's own count of collectives agrees with what the wrappers saw (:mod:`.lab02_watch`);
 4. the reduce-scatters overlap with backward: a full bucket's goes out from the hook that fills it
    with ``async_op=True`` and is waited later (not right after its launch, by ``wait()``, the
    handle behind the proxy or a barrier), two are in flight while backward runs and never more
@@ -153,7 +153,7 @@ def _grade_calls(ranks: list[dict], n_tensors: int, total: int, bucket: int) -> 
                 return (f"in backward {n} rank {r}'s process group ran {p['seq_ops']} collective operation(s) "
                         f"(gloo's own count), the grader saw {p['ops']} go through torch.distributed's functions: "
                         "a collective went around them (a ProcessGroup method, a saved original) or the grader's "
-                        "record was edited; call dist.reduce_scatter_tensor (or reduce_scatter_single) itself")
+                        "record was edited; call dist.reduce_scatter_single itself")
             calls = p["calls"]
             other = {k: v for k, v in calls.items() if k not in REDUCE_SCATTERS}
             if other:
@@ -202,7 +202,7 @@ def _grade_overlap(ranks: list[dict], several: bool) -> str | None:
                 if any(x["name"] == "reduce_scatter" for x in p["launches"]):     # review r24
                     return (f"bucket {k}'s output landed before you waited its handle: dist.reduce_scatter's list "
                             "form fills its output on gloo's thread before wait(), so the grader cannot see the "
-                            "overlap; launch each bucket with reduce_scatter_tensor (one flat tensor)")
+                            "overlap; launch each bucket with reduce_scatter_single (one flat tensor)")
                 return (f"bucket {k}'s output landed before you waited its handle (by gradient arrival {at} of "
                         f"backward {n}; gloo writes it only in wait()): something waited the real work, or wrote "
                         "into the output while it was in flight; wait only the handle dist returned")

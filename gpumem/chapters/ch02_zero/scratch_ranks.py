@@ -73,7 +73,7 @@ def collectives(rank: int, world: int, width: int = 2) -> dict:
     summed = x.clone()
     dist.all_reduce(summed)
     shard = torch.empty(width)
-    dist.reduce_scatter_tensor(shard, x.clone())
+    dist.reduce_scatter_single(shard, x.clone())
     rebuilt = torch.empty(world * width)
     dist.all_gather_into_tensor(rebuilt, shard)
     return {"rank": rank, "input": x.tolist(), "all_reduce": summed.tolist(), "reduce_scatter": shard.tolist(),

@@ -38,6 +38,7 @@ BLOCKED = (("flash_tiled.tiled_backward", flash_tiled.tiled_backward),
 ORIGINAL = {fn.__code__: name for name, fn in BLOCKED}    # taken at import, before any swap
 COPIED = "write the key-block loop yourself: it ran {} ({}) while lab 04 is graded"
 _PRINTS: list = []
+C_EVENTS = frozenset({"c_call", "c_return", "c_exception"})   # a builtin called, returned, raised
 
 
 def prints() -> copy_watch.Prints:
@@ -61,6 +62,8 @@ def no_copies(flag):
     before, original = sys.getprofile(), dict(ORIGINAL)    # a copy: ORIGINAL emptied in the call does nothing
 
     def hook(frame, event, arg):
+        if event in C_EVENTS:     # no watch of lab 04 reads them, and they are most of the events (the
+            return                # watch's own bookkeeping calls builtins): skipped, the grading runs faster
         if event == "call":
             code, hit = frame.f_code, ""
             if code in original:
@@ -110,6 +113,8 @@ def chained(on_event):
     before = sys.getprofile()
 
     def hook(frame, event, arg):
+        if event in C_EVENTS:     # as in no_copies: the records read only call and return events
+            return
         try:
             on_event(frame, event, arg)
         except BaseException:
