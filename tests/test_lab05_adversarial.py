@@ -356,11 +356,12 @@ def _hand_backward(s, zero, fetch, compute_s, links):
                (grad_up + fetch / 2) / links.h2d, fetch / 2 / links.nvme_read)
 
 
-def _hand_grad_wait(s, rate, backward, size=10**9, count=4):
+def _hand_grad_wait(s, rate, backward, size=10**9, count=4, width=4):
     """What the step waits for of backward's fp32 gradient write, round by round: backward fills up
     to ``count`` buffers of min(s, size) elements at a steady pace, each written when full and the
     drive is free; after a full round it waits for the drive (async_swapper.py's rule, checked
-    against DeepSpeed in test_05_grad_swap); the last buffer is written at the step."""
+    against DeepSpeed in test_05_grad_swap); the last buffer is written at the step. ``width``: bytes
+    an element (a bf16 slip writes 2)."""
     size = min(s, size)
     sizes = [size] * (s // size) + ([s % size] if s % size else [])
     rounds = [sizes[i:i + count] for i in range(0, len(sizes), count)]
@@ -370,7 +371,7 @@ def _hand_grad_wait(s, rate, backward, size=10**9, count=4):
         filled = start
         for n in group:
             filled += backward * n / s
-            free = max(free, filled) + 4 * n / rate
+            free = max(free, filled) + width * n / rate
         if k == len(rounds) - 1:
             return free - backward
         start = free                         # the round's last buffer triggered the wait for all
@@ -1626,3 +1627,110 @@ def test_review_r24_a_near_miss_is_not_printed_as_1x():
     right = _hand_seconds(n, ranks, rung, c, links)
     said = labcheck.seconds_problem(right * 0.9995, n, ranks, rung, c, links)
     assert "yours is 0.9995x" in said and "too short" in said, said
+
+
+def test_review_r24_the_pasted_buffers_without_their_argument_check_are_refused(no_libaio):
+    """Review r24 cheat 1: the r23 paste with exposed_seconds' leading argument check deleted (its
+    ``if ...: raise UsageError(...)``, about 40 % of the body's runs of instructions) fell under
+    COVER and passed 13/13. A leading run of argument checks is left out of every signature now, so
+    the copy without it is the same body."""
+    import inspect
+    import json
+    from gpumem.timing import grad_swap
+    cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
+    mine = next("".join(c["source"]) for c in cells if "def rung_seconds(" in "".join(c["source"]))
+    old = "        swaps += gradient_write_wait(s, links.nvme_write, backward)\n"
+    check = ('    if buffer_count < 1 or write_rate <= 0 or backward_s < 0:\n'
+             '        raise UsageError(f"need buffer_count >= 1, write_rate > 0 and backward_s >= 0, got "\n'
+             '                         f"{buffer_count!r}, {write_rate!r}, {backward_s!r}")\n')
+    source = inspect.getsource(grad_swap)
+    assert source.count(check) == 1
+    pasted = source.replace(check, "").replace("from ..errors import", "from gpumem.errors import")
+    ns = solution("lab05")
+    exec(compile(pasted, "<x>", "exec"), ns)
+    exec(compile(mine.replace(old, "        swaps += exposed_seconds(s, 4, links.nvme_write, backward)\n"),
+                 "<learner cell>", "exec"), ns)
+    report = grade(ns)
+    bad = first_problem(report, "rung_seconds")
+    assert "it ran a copy of gpumem.timing.grad_swap.exposed_seconds" in bad.detail, bad
+    assert all(r.status == "ok" for r in rows(report, "rung_bytes"))
+
+
+def _slip_setups(count: int, seed: int):
+    """Drawn setups as the grader draws them (lab_draw's ranges and link directions), seeded."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        n, ranks, gpu, drive, compute_s = lab_draw._setup(rng)
+        links = lab_draw._directions(rng, offload_time.datasheet_links(gpu, drive, ranks_on_node=min(ranks, 8)))
+        yield n, ranks, compute_s, links
+
+
+def _grad_wait_of(s, rung, c, links, width=4):
+    return _hand_grad_wait(s, links.nvme_write, _back(s, ref.RUNGS[rung][1], c, links), width=width)
+
+
+# each slip by hand, per shard parameter s: (rungs it changes, the step with it, words of its hint)
+SLIPS = {
+    "no-grad-read-back": (("zero3+opt-nvme", "zero3+opt+params-nvme"),    # 12 B read in the step, not 16
+                          lambda t, s, rung, c, links: t - 4 * s / links.nvme_read,
+                          "the fp32 gradient's read-back is missing"),
+    "no-shard-write-back": (("zero3+opt+params-nvme",),                   # 12 B written in the step, not 14
+                            lambda t, s, rung, c, links: t - 2 * s / links.nvme_write,
+                            "the updated 16-bit shard's write-back is missing"),
+    "bf16-grad-write": (("zero3+opt-nvme", "zero3+opt+params-nvme"),      # backward's write at 2 B
+                        lambda t, s, rung, c, links: t - _grad_wait_of(s, rung, c, links)
+                        + _grad_wait_of(s, rung, c, links, width=2),
+                        "your gradient goes to the drive in bf16"),
+    "bf16-grad-write-and-read": (("zero3+opt-nvme", "zero3+opt+params-nvme"),   # ... and read back at 2 B
+                                 lambda t, s, rung, c, links: t - _grad_wait_of(s, rung, c, links)
+                                 + _grad_wait_of(s, rung, c, links, width=2) - 2 * s / links.nvme_read,
+                                 "your gradient goes to the drive in bf16"),
+}
+
+
+@pytest.mark.parametrize("slip", SLIPS)
+def test_review_r24_a_drive_byte_slip_is_named(slip):
+    """Review r24 defect 1: a wrong drive byte count got only "yours is 0.9xx the time engine's stock
+    step". On 60 drawn setups (the grader's ranges) each slip, applied by hand to the hand-counted
+    step, gets its own hint with DeepSpeed's bytes per shard parameter and the learner's; the
+    hand-counted step itself gets none. Where a shard fills one gradient buffer (all of its write
+    after backward), a bf16 gradient write and the missing shard write-back both leave out 2 B per
+    shard parameter over the write rate: the hint names both."""
+    from gpumem.chapters.ch05_offload import labcheck
+    rungs, change, words = SLIPS[slip]
+    want = {"no-grad-read-back": "16 B per shard parameter from the drive, yours 12 B",
+            "no-shard-write-back": "writes 14 B per shard parameter, yours 12 B"}.get(slip, "4 B per shard parameter, yours 2 B")
+    for n, ranks, c, links in _slip_setups(60, seed=24):
+        s = -(-n // ranks)
+        for rung in rungs:
+            right = _hand_seconds(n, ranks, rung, c, links)
+            assert labcheck.seconds_problem(right, n, ranks, rung, c, links) == ""
+            said = labcheck.seconds_problem(change(right, s, rung, c, links), n, ranks, rung, c, links)
+            assert words in said and want in said, (slip, n, ranks, c, rung, said)
+
+
+def test_review_r24_a_drive_slip_is_named_in_the_graded_row(no_libaio):
+    """The slip's hint reaches the learner's row: the solution's step with the fp32 gradient's read-back
+    left out (12 B read in the step, not 16)."""
+    ns = solution("lab05")
+    ns.pop("swap_files")
+    ns["rung_seconds"] = _variant(lambda t, s, o, d, c, links, *_: t - (4 * s / links.nvme_read if d == "nvme" else 0))
+    bad = first_problem(grade(ns), "rung_seconds")
+    assert bad.detail.startswith("zero3+opt-nvme: the fp32 gradient's read-back is missing"), bad
+
+
+def test_review_r24_backwards_uploads_never_set_its_pace():
+    """Review r24 defect 3: at ZeRO-3 the stream (6 B down, then 2 B up a shard parameter) lasts at
+    least 8 s/h2d where d2h <= h2d, as every drawn case has it, and backward's uploads (the 2 B back
+    up and half of the 4 B fetch) 4 s/h2d: the upload term never binds, so cell 9 leaves it out.
+    Checked by hand on 200 drawn setups, and the prompt no longer lists it."""
+    import json
+    assert max(lab_draw.D2H_SHARES) <= 1
+    for n, ranks, c, links in _slip_setups(200, seed=3):
+        s = -(-n // ranks)
+        for fetch in (0, 4 * s):
+            stream = 6 * s / links.d2h + 2 * s / links.h2d
+            assert (2 * s + fetch / 2) / links.h2d < stream
+    cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
+    prompt = next("".join(c["source"]) for c in cells if "AsyncTensorSwapper" in "".join(c["source"]))
+    assert "the gradient stream, its uploads over PCIe, or" not in prompt

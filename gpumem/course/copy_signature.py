@@ -8,7 +8,10 @@ review r7's copy of the chapters' code (constants hoisted into globals, a no-op 
 statement) matched no protected body under the older, exact signature. Review r8's copies
 (constants moved into keyword defaults, ``_pz = 0`` before every statement, one constant computed)
 are met by :func:`bound_values`/:func:`frame_values`, the dead stores left out of a signature, and
-:func:`consts_met`.
+:func:`consts_met`. Review r24's copy of ``grad_swap.exposed_seconds`` with its argument check
+deleted held 0.6 of the body's shingles, under :data:`COVER`: a leading run of checks
+(``if ...: raise ...``, ``assert``) is left out of every signature (:func:`_drop_checks`), so a
+copy reads the same with or without them. A docstring compiles to no instruction: never in one.
 """
 
 import dis
@@ -29,31 +32,59 @@ def _const(value):
         type(value)(_const(v) for v in value) if isinstance(value, (tuple, frozenset)) else value)
 
 
-def _drop_guard(ops: list) -> list:
-    """``ops`` without its leading statements that call one of :data:`GUARD_CALLS` (bare calls, result dropped)."""
-    while True:
-        end = next((i for i, (name, _) in enumerate(ops[:12]) if name == "POP_TOP"), None)
-        head = ops[:end or 0]
-        if not (head and any(a in GUARD_CALLS for _, a in head)
-                and all(n.startswith(("LOAD_", "PRECALL", "CALL", "PUSH_NULL")) for n, _ in head)):
-            return ops
-        ops = ops[end + 1:]
+def _guard_call(ops: list) -> int:
+    """How many of ``ops`` a leading statement that calls one of :data:`GUARD_CALLS` takes (a bare
+    call, result dropped; 0 if ``ops`` starts with none)."""
+    end = next((i for i, (name, _) in enumerate(ops[:12]) if name == "POP_TOP"), None)
+    head = ops[:end or 0]
+    if head and any(a in GUARD_CALLS for _, a in head) \
+            and all(n.startswith(("LOAD_", "PRECALL", "CALL", "PUSH_NULL")) for n, _ in head):
+        return end + 1
+    return 0
+
+
+_NOT_A_CHECK = ("STORE_", "DELETE_", "IMPORT_", "POP_TOP", "RETURN", "YIELD", "PUSH_EXC", "POP_EXCEPT",
+                "CHECK_EXC", "RERAISE", "FOR_ITER", "SEND", "SETUP_")
+
+
+def _check(ops: list, at: list) -> int:
+    """How many of ``ops`` a leading argument check takes (``if cond: raise ...`` or ``assert``:
+    instructions up to the first ``RAISE_VARARGS``, every jump among them forward and no further
+    than the instruction after it, one of them past it, and nothing stored, imported or dropped on
+    the way); 0 if ``ops`` starts with none. ``at``: each op's (offset, jump target or None)."""
+    r = next((i for i, (name, _) in enumerate(ops) if name == "RAISE_VARARGS"), None)
+    if r is None or r + 1 >= len(ops):
+        return 0
+    raised, end = at[r][0], at[r + 1][0]       # skipped or dead-store instructions may lie between
+    jumps = [(offset, target) for offset, target in at[:r] if target is not None]
+    if not any(raised < t for _, t in jumps) or any(not offset < t <= end for offset, t in jumps):
+        return 0
+    return 0 if any(name.startswith(_NOT_A_CHECK) for name, _ in ops[:r]) else r + 1
+
+
+def _drop_checks(ops: list, at: list) -> list:
+    """``ops`` without its leading guard calls (:func:`_guard_call`) and argument checks
+    (:func:`_check`), in any order (review r24: a copy with its check deleted is still a copy)."""
+    while (cut := _guard_call(ops) or _check(ops, at)):
+        ops, at = ops[cut:], at[cut:]
+    return ops
 
 
 @lru_cache(maxsize=4096)
 def signature(code: types.CodeType) -> tuple:
     """``code``'s instructions with their constants and operators, without names, lines, file,
-    jump offsets or the LOAD_METHOD/LOAD_ATTR choice; a leading guard statement dropped (module
-    docstring), and stores of a plain load into a local never read (review r8's copy_pad put
-    ``_pz = 0`` before every statement: no run of 8 instructions was left whole)."""
-    ops = []
+    jump offsets or the LOAD_METHOD/LOAD_ATTR choice; leading guard statements and argument checks
+    dropped (module docstring, :func:`_drop_checks`), and stores of a plain load into a local never
+    read (review r8's copy_pad put ``_pz = 0`` before every statement: no run of 8 instructions was
+    left whole)."""
+    ops, at = [], []
     every = list(dis.get_instructions(code))
     read = {ins.argval for ins in every if ins.opname in ("LOAD_FAST", "DELETE_FAST", "LOAD_CLOSURE")}
     for ins in every:
         if ins.opname in _SKIP:
             continue
         if ins.opname == "STORE_FAST" and ins.argval not in read and ops and ops[-1][0] in _SIMPLE:
-            del ops[-1]                     # a dead store of a plain load (``_pz = 0``): left out
+            del ops[-1], at[-1]             # a dead store of a plain load (``_pz = 0``): left out
             continue
         name = "LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname
         if ins.opcode in _NAMED:
@@ -65,7 +96,8 @@ def signature(code: types.CodeType) -> tuple:
         else:
             arg = ins.arg
         ops.append((name, arg))
-    return tuple(_drop_guard(ops))
+        at.append((ins.offset, ins.argval if ins.opcode in _JUMPS else None))
+    return tuple(_drop_checks(ops, at))
 
 
 SHINGLE, COVER = 8, 0.6   # instructions per shingle; share of a body's shingles that makes a copy

@@ -16,7 +16,8 @@ saved references, copies and restored code objects refuse too):
   from the mechanism (the bytes that cross PCIe and the drive per step over ``links``, what overlaps
   compute, CPU Adam), graded on the choice's cases against the time engine, whose schedules and
   traffic counts refuse while the learner's call runs; a wrong time is named by the piece that
-  explains it (:func:`seconds_problem`);
+  explains it (:func:`seconds_problem`; a drive byte slip, :mod:`.lab_slips`, with DeepSpeed's
+  bytes per shard parameter and the learner's);
 * ``choose_rung(n_params, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links)``: the
   rung that fits both memory budgets and the step time (stock DeepSpeed, the time engine's
   :func:`gpumem.timing.offload_time.step_time`) leaving the GPU the most room, graded on budgets
@@ -36,7 +37,7 @@ from gpumem.course.grading import Report, Row, call, returned, run_case
 from gpumem.memory import offload_cost
 from gpumem.timing import grad_swap, offload_time
 
-from . import lab_draw, lab_gpu, lab_guard
+from . import lab_draw, lab_gpu, lab_guard, lab_slips
 from . import lab_reference as ref
 from .lab_swaps import SWAP_KINDS, grade_swaps, numels, swap_problem, swap_shape_problem  # noqa: F401
 
@@ -219,7 +220,7 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
              (offload_time.stock_schedule({**t, "grad_trip": 0.0}), Z3_STREAM if zero == 3 else STREAM),
              (offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links, grads="paper")["stock"]
               if zero == 3 else want, Z3_STREAM),
-]
+             *lab_slips.drive_slips(n, ranks, zero, offload, device, compute_s, links, t)]   # review r24 #1
     for value, words in wrong:
         if value != want and _close(mine, value):
             return words
