@@ -242,6 +242,19 @@ def test_one_in_flight_at_a_time_is_named(monkeypatch):
     assert "never 2 in flight at once" in part1(report)[0].detail
 
 
+def test_polling_is_completed_before_each_launch_is_no_wait(monkeypatch):
+    """Review r25: hooks that land any finished bucket before each launch (``is_completed()``) were
+    told "each was waited before the next launch" (23/27): every attribute read of the handle
+    counted as a wait. On gloo ``is_completed()`` stays False until ``wait()`` (the reviewer's
+    probe), so the poll lands nothing and the hooks are the solution's: every row passes."""
+    poll = ("        for item in list(in_flight):         # land what has finished\n"
+            "            if item[0].is_completed():\n"
+            "                in_flight.remove(item)\n"
+            "                land(*item)\n")
+    report, _ = grade(monkeypatch, (0,), ("        if len(in_flight) == 2:", poll + "        if len(in_flight) == 2:"))
+    assert not part1(report), [r.detail for r in part1(report)]
+
+
 def test_wrong_shards_say_summed_or_not_rank_major():
     """The messages for the three usual mistakes, on hand-made shards (no ranks needed): gradient a
     = [1..6], b = [10, 20]; world 2, rank 0's shard of a is [1, 2, 3] averaged."""

@@ -1677,3 +1677,18 @@ def test_review_r24_an_estimate_of_the_end_and_the_outer_re_runs_fails():
         report = labcheck.check({"estimate_peak": ns["estimate_peak"]}, show=False, seed=seed)
         bad = [r for r in report.rows if r.function == "estimate_peak" and r.status != "ok"]
         assert bad and "re-run of the segment from layer 1" in bad[0].detail, (seed, bad[:1])
+
+
+def test_review_r25_a_shorter_segment_above_a_plain_layer_is_an_estimate_case():
+    """Review r25: an estimate of the longest segment's re-run alone passed every estimate row (the
+    graded shapes all peaked there). Each check now grades a placement whose long segment is lowest
+    and a shorter one sits above a plain layer ([[0, 1, 2], [4, 5]], then singles; on fewer than 7
+    layers [[0, 1], [n - 1]]), on both drawn models."""
+    from gpumem.chapters.ch03_activation_checkpointing import labcases
+    for seed in range(6):
+        drawn = labcases.draw(seed)
+        for q in (drawn["questions"][0], drawn["questions"][-1]):
+            n = q.cfg.n_layers
+            want = [[0, 1, 2], [4, 5]] + [[i] for i in range(6, n)] if n >= 7 else [[0, 1], [n - 1]]
+            assert (q.cfg, want) in [(c, s) for c, s in drawn["estimates"]], (seed, n)
+            assert all(0 <= i < n for seg in want for i in seg)

@@ -1656,6 +1656,26 @@ def test_review_r24_the_pasted_buffers_without_their_argument_check_are_refused(
     assert all(r.status == "ok" for r in rows(report, "rung_bytes"))
 
 
+def test_review_r25_the_paste_padded_with_bare_names_is_refused(no_libaio):
+    """Review r25 cheat 1: r23's paste with a bare ``shard`` statement after five of
+    exposed_seconds' statements (each ``LOAD_FAST; POP_TOP``) broke enough runs of instructions to
+    hold 26 of the body's 53 shingles, under COVER's 32, and passed 13/13. A bare name (or
+    attribute) as a statement is left out of every signature now: the padded body is the body."""
+    import json
+    cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
+    mine = next("".join(c["source"]) for c in cells if "def rung_seconds(" in "".join(c["source"]))
+    old = "        swaps += gradient_write_wait(s, links.nvme_write, backward)\n"
+    source = (ROOT / "tests/data/lab05_r25_pad.py").read_text()     # the reviewer's cell, as pasted
+    assert source.count("\n    shard\n") == 2 and source.count("\n        shard\n") == 2
+    ns = solution("lab05")
+    exec(compile(source, "<x>", "exec"), ns)
+    exec(compile(mine.replace(old, "        swaps += exposed_seconds(s, 4, links.nvme_write, backward)\n"),
+                 "<learner cell>", "exec"), ns)
+    report = grade(ns)
+    bad = first_problem(report, "rung_seconds")
+    assert "it ran a copy of gpumem.timing.grad_swap.exposed_seconds" in bad.detail, bad
+
+
 def _slip_setups(count: int, seed: int):
     """Drawn setups as the grader draws them (lab_draw's ranges and link directions), seeded."""
     rng = random.Random(seed)

@@ -1508,3 +1508,17 @@ def test_review_r24_the_8bit_maps_counted_per_tensor_are_named():
     got = dict(want, optimizer_scales=want["optimizer_scales"] + 2048 * (quantised - 1))
     said = lab08.states_problem(got, want, ft)
     assert "optimizer_scales" in said and "count the two 256-value fp32 maps once" in said, said
+
+
+def test_review_r25_a_qlora_near_miss_under_its_buffer_states_the_gap_once():
+    """Review r25: the qlora branch for a miss smaller than the dequant buffer appended the gap again
+    in MiB after `over` had stated it ("by 300,000 B by 0 MiB", "by 37 MiB by 37 MiB"). By hand: a
+    need 37 MiB over the usable bytes with a 200 MiB buffer names the buffer and gives the gap once."""
+    from gpumem.chapters.ch08_finetuning import lab_choose
+    GiB, MiB = 2**30, 2**20
+    capacity = 24 * GiB
+    usable = capacity - GiB - capacity * 5 // 100
+    for gap, words in ((37 * MiB, "by 37 MiB"), (300_000, "by 300,000 B")):
+        figures = {"qlora": (usable + gap - 100, {"none": 100, "full": 50}, 0)}
+        said = lab_choose.why_not(("qlora", "none"), None, figures, usable, capacity=capacity, buffer=200 * MiB)
+        assert said.count(" by ") == 1 and words in said and "dequant_buffer alone (200 MiB" in said, said

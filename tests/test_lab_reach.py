@@ -98,3 +98,44 @@ def test_review_r20_routes_are_refused(line, word):
     the case ended); lab 06's answer key, a test file, loaded through the import system's hooks."""
     said = first_reach(f"def f(p, folder, key, path):\n    {line}\n")
     assert said is not None and said.startswith("line 2:") and word in said, said
+
+
+R25_SIGNAL = """
+def _peek(keys, take):
+    import asyncio.unix_events
+    import traceback
+    sig = asyncio.unix_events.signal
+    box = []
+    def handler(signum, frame):
+        for fs in traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False, capture_locals=True):
+            seen = fs.locals or {}
+            if all(k in seen for k in keys):
+                box.append(seen[take]); return
+    old = sig.signal(sig.SIGUSR1, handler)
+    try:
+        sig.raise_signal(sig.SIGUSR1)
+    finally:
+        sig.signal(sig.SIGUSR1, old)
+    return box[0]
+"""
+
+
+@pytest.mark.parametrize("line, word", [
+    ("sig = asyncio.unix_events.signal", ".signal"),
+    ("sig = asyncio.unix_events.signal.raise_signal", "signal"),
+    ("t = traceback.walk_stack(frame)", ".walk_stack"),
+    ("t = traceback.StackSummary.extract(x, capture_locals=True)", ".StackSummary"),
+    ("t = traceback.extract_stack(f)", ".extract_stack"),
+    ("from traceback import walk_stack", "walk_stack"),
+    ("from asyncio.unix_events import signal", "signal"),
+], ids=["module-attribute", "raise-signal", "walk-stack", "stack-summary", "extract-stack",
+        "import-walk-stack", "import-signal-from-a-module"])
+def test_review_r25_signal_frame_routes_are_refused(line, word):
+    """Review r25 of lab 08: a signal handler the call raises on itself gets the interrupted frame
+    (no audit event fires), and traceback's walk of it with capture_locals read the grader's
+    locals (15/15). ``import signal`` was refused; the module reached as another module's
+    attribute, and traceback's stack walkers, were not."""
+    said = first_reach(f"def f(asyncio, traceback, frame, x, f):\n    {line}\n")
+    assert said is not None and said.startswith("line 2:") and word in said, said
+    whole = first_reach(R25_SIGNAL)
+    assert whole is not None and whole.startswith("line 5:") and ".signal" in whole, whole

@@ -32,6 +32,15 @@ def _const(value):
         type(value)(_const(v) for v in value) if isinstance(value, (tuple, frozenset)) else value)
 
 
+def _bare(ops: list) -> int | None:
+    """Where a trailing bare expression starts in ``ops`` (a plain load and its attribute loads,
+    whose value a ``POP_TOP`` would drop), or None."""
+    k = len(ops)
+    while k and ops[k - 1][0] == "LOAD_ATTR":
+        k -= 1
+    return k - 1 if k and ops[k - 1][0] in _SIMPLE else None
+
+
 def _guard_call(ops: list) -> int:
     """How many of ``ops`` a leading statement that calls one of :data:`GUARD_CALLS` takes (a bare
     call, result dropped; 0 if ``ops`` starts with none)."""
@@ -85,6 +94,9 @@ def signature(code: types.CodeType) -> tuple:
             continue
         if ins.opname == "STORE_FAST" and ins.argval not in read and ops and ops[-1][0] in _SIMPLE:
             del ops[-1], at[-1]             # a dead store of a plain load (``_pz = 0``): left out
+            continue
+        if ins.opname == "POP_TOP" and (k := _bare(ops)) is not None:
+            del ops[k:], at[k:]             # review r25: a bare name (``shard``) as a statement: left out
             continue
         name = "LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname
         if ins.opcode in _NAMED:

@@ -63,7 +63,13 @@ ATTRIBUTES = ("__globals__", "__closure__", "__code__", "__kwdefaults__", "__def
               # review r20: a tensor's class patched through ``x.__class__`` (lab 02); a test file
               # loaded through the import system's own hooks (lab 06's answer key)
               "__class__", "path_hooks", "path_importer_cache", "meta_path", "find_spec", "exec_module",
-              "spec_from_file_location", "module_from_spec", "SourceFileLoader", "SourcelessFileLoader")
+              "spec_from_file_location", "module_from_spec", "SourceFileLoader", "SourcelessFileLoader",
+              # review r25 of lab 08: a signal handler raised in the call is handed the interrupted
+              # frame (no audit event), and traceback's walk with capture_locals read the grader's
+              # locals up its stack; signal was refused by import only (asyncio.unix_events.signal)
+              "signal", "raise_signal", "pthread_kill", "setitimer", "alarm", "set_wakeup_fd",
+              "walk_stack", "walk_tb", "extract_stack", "format_stack", "print_stack", "StackSummary",
+              "FrameSummary", "capture_locals")
 BUILTINS = ("__import__", "vars", "globals", "locals", "eval", "exec", "compile", "breakpoint", "__builtins__")
 BY_NAME = ("getattr", "setattr", "delattr", "hasattr")
 PACKAGE = "gpumem"

@@ -16,20 +16,18 @@
   difference between the two counts.
 
 Nothing the learner is handed closes over the record or the real functions: the wrappers are
-``functools.partial`` objects of a module function that reads this module's private ``_REC`` and
-``_REAL``; a handle proxy keeps its launch's number alone, the real work sits in the module's
-``_WORKS``, and the proxy is a ``Work`` named as torch names it, so graded and ungraded handles do
-not differ by their type's name. Its finalizer drops the entry and returns nothing (r15 #1). This
-raises the bar only: code running in the same process can reach any object (``gc``, ``sys.modules``,
-a function's ``__globals__``). So the learner's source is refused statically if it reaches for them
-(:mod:`gpumem.course.lab_reach`), and :func:`seal` checks at every arrival and after every pass that
-what the record and the probe rely on is as it was (r12 #1); an edit that gets past both is not caught.
+``functools.partial`` objects of a module function reading this module's private ``_REC`` and
+``_REAL``; a handle proxy keeps its launch's number alone (the real work sits in ``_WORKS``) and is
+a ``Work`` as torch names it; its finalizer drops the entry (r15 #1). This raises the bar only
+(``gc``, ``sys.modules``, ``__globals__`` reach anything): the source is refused statically if it
+uses them (:mod:`gpumem.course.lab_reach`), and :func:`seal` checks at every arrival and pass that
+what the record and the probe rely on is unchanged (r12 #1).
 
-Measured, not refused (r15 #1, cheat S2: every bucket waited at launch by an unnamed route): gloo
-writes an asynchronous reduce-scatter's output only in ``wait()``. Each graded launch's output is
-filled with NaN (unmetered); at every later arrival (:meth:`Record.landed`) one holding anything
-else while its proxy was never used was written by a wait of the real work, whatever reached it (or
-by the hooks, in flight): the case fails. A launch into a tensor subclass is refused."""
+Measured, not refused (r15 #1, cheat S2): gloo writes an asynchronous reduce-scatter's output only
+in ``wait()``. Each graded launch's output is filled with NaN (unmetered); at every later arrival
+(:meth:`Record.landed`) one holding anything else while its proxy was never used was written by a
+wait of the real work, whatever reached it (or by the hooks, in flight): the case fails. A launch
+into a tensor subclass is refused."""
 
 import functools
 import inspect
@@ -120,8 +118,9 @@ class Record:
                 if self.early is None:
                     self.early = (next(k for k, x in enumerate(self.launches, 1) if x is launch), self.arrivals)
 
-    def waited(self, launch: dict | None, how: str) -> None:
-        """Note the first wait of ``launch`` (by ``how``) at the current arrival."""
+    def waited(self, launch: dict | int | None, how: str) -> None:
+        """Note the first wait of ``launch`` (or the launch of that number; by ``how``) at the current arrival."""
+        launch = self.by_id.get(launch) if isinstance(launch, int) else launch
         if launch is not None and launch["waited"] is None:
             self.events += 1
             launch["waited"], launch["t_wait"], launch["how"] = self.arrivals, self.events, how
@@ -135,11 +134,10 @@ _WORKS: dict = {}            # launch number -> the real work handle, while its 
 
 
 class Work(_TorchWork):
-    """A proxy for the real work handle (kept in ``_WORKS`` under the launch's number): any use of
-    it (``wait()``, ``is_completed()``, ``get_future()``, ``_work``, ...) is noted as a wait at the
-    current arrival, then passed on. A ``Work``, named as torch's is (only its module differs).
-    (One class for all: a class made per launch would keep its handle, and the bucket's tensors,
-    alive in a reference cycle until the garbage collector runs; its ``_WORKS`` entry goes with it.)"""
+    """A proxy for the real work (in ``_WORKS`` under the launch's number): any use (``wait()``,
+    ``get_future()``, ``_work``...) is noted as a wait at the current arrival, then passed on;
+    ``is_completed()`` only when True. One class, named as torch's (a class per launch would keep
+    the handle and the bucket alive in a reference cycle until the collector runs)."""
 
     def __init__(self, launch_id: int):
         super().__init__()
@@ -149,7 +147,9 @@ class Work(_TorchWork):
     def __getattribute__(self, name):
         launch_id = object.__getattribute__(self, "_id")
         work = _WORKS.get(launch_id)
-        _REC.waited(_REC.by_id.get(launch_id), "wait()" if name == "wait" else f"work.{name}")
+        if name == "is_completed":     # review r25: a poll that finds it running waits for nothing
+            return lambda: _REC.unmetered(work.is_completed) and not _REC.waited(launch_id, "is_completed()")
+        _REC.waited(launch_id, "wait()" if name == "wait" else f"work.{name}")
         if name == "_work":
             return work
         real = getattr(work, name)

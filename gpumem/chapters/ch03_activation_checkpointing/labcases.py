@@ -182,7 +182,10 @@ def draw(seed: int | None = None) -> dict:
         low = [list(range(n - 2)), [n - 2], [n - 1]]     # r21: a lower segment's re-run is the peak
         under = [list(range(n - 2))]                     # r22: plain layers above it (freed by then)
         middle = [[0], list(range(1, n - 2)), [n - 2], [n - 1]]   # r24: a middle segment's re-run is the peak
-        for segments in ([], [[i] for i in range(n)], [list(range(n))], mixed, low, under, middle):
+        # r25: the peak at a shorter segment's re-run with a plain layer (3) below it; an estimate of
+        # the longest segment's re-run alone passed every shape above
+        short = [[0, 1, 2], [4, 5]] + [[i] for i in range(6, n)] if n >= 7 else [[0, 1], [n - 1]]
+        for segments in ([], [[i] for i in range(n)], [list(range(n))], mixed, low, under, middle, short):
             estimates.append((q.cfg, segments))
     from . import labsacdraw            # drawn last: the cases above stay those of earlier checks
     return {"grad": grad, "questions": questions, "estimates": estimates, "selective": labsacdraw.draw(rng)}

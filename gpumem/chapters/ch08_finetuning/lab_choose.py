@@ -69,7 +69,7 @@ def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capaci
                         "count its quant_constants")
             return over + nf4_note(rungs[got[0]])
         if buffer and got[0] == "qlora" and need - usable <= buffer:
-            return (over + f" by {(need - usable) / 2**20:,.0f} MiB, less than its dequant_buffer alone "
+            return (over + ", less than its dequant_buffer alone "      # r25: the gap is in `over` already
                     f"({buffer / 2**20:,.0f} MiB: the largest matrix dequantised to bf16) -- count each rung's "
                     "states as role_bytes does, every role (a per-parameter 4.127 bits leaves out the dequantised "
                     f"matrix{' and this ladder' + chr(39) + 's NF4 constants' if nf4_note(rungs[got[0]]) else ''})"
