@@ -51,7 +51,7 @@ def table_plan(model, gpus, gpu, seq, global_batch, inter_node=None, host_per_no
     return best
 
 
-TABLE_SEED = 2001     # not one of the seeds the reviewer harvested from (777, 31337 and earlier)
+TABLE_SEED = 2004     # not one of the seeds the reviewer harvested from (777, 31337 and earlier)
 
 
 def test_the_reviewers_table_of_winners_fails_naming_what_is_missing():

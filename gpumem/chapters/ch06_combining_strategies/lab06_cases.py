@@ -44,11 +44,12 @@ FAST = (25e9, 50e9)       # 200-400 Gb/s per GPU: InfiniBand HDR to NDR, one NIC
 
 # review r24: the winners of the first ranges (70B on 8-16 A100 40GB only) fit in a table of ~70 layouts; the
 # offload family (and the host cap's, lab06_limit_cases) spans three kinds of cluster whose winners differ
-# in tp, pp, ZeRO stage, policy and micro-batch (36 of 36 members drawn hinge)
+# in tp, pp, ZeRO stage, policy and micro-batch (GPU counts are powers of two: the tests' own search
+# loops pp over 1-16)
 SEQS = (1024, 2048, 3072, 4096, 6144, 8192)
-OFFLOAD_SPACES = (_space(("llama-3-70b",), (8, 16, 24), ("a100-40gb",), SEQS, (16, 512, 8), FAST),
+OFFLOAD_SPACES = (_space(("llama-3-70b",), (8, 16, 32), ("a100-40gb",), SEQS, (16, 512, 8), FAST),
                   _space(("llama-3-70b",), (8,), ("a100-80gb", "h100-80gb", "h200"), SEQS, (16, 512, 8), FAST),
-                  _space(("llama-3.1-405b",), (32, 48, 64), ("a100-80gb", "h100-80gb"), SEQS, (64, 512, 16), FAST))
+                  _space(("llama-3.1-405b",), (32, 64), ("a100-80gb", "h100-80gb"), SEQS, (64, 512, 16), FAST))
 
 FAMILIES = (
     Family("offload", "offload (the states do not fit on the GPUs)", lambda lay: lay.offload != "none",
@@ -59,9 +60,7 @@ FAMILIES = (
                   (16, 256, 8), FAST),
            ((("llama-3.1-405b", 16, "h100-80gb", 4096, 64), None),)),
     Family("tensor and pipeline", "tensor and pipeline parallelism together", lambda lay: lay.tp > 1 and lay.pp > 1,
-           (_space(("llama-3.1-405b",), (64, 96, 128), ("h200",), (2048, 3072, 4096), (128, 1024, 32), FAST),
-            _space(("llama-3.1-405b",), (96, 128), ("h100-80gb", "a100-80gb"), (2048, 3072, 4096), (96, 1024, 32),
-                   FAST)),
+           _space(("llama-3.1-405b",), (64, 128), ("h200",), (2048, 3072, 4096), (128, 1024, 32), FAST),
            ((("llama-3.1-405b", 64, "h200", 4096, 256), None),)),
     # review r9: on the family above mcore is worth 0-3.1 %, so a search without it passed or failed
     # by the draw; at 16 stages of tp 8 its tensor-parallel overlap is worth 8-17 % (30 of 30 drawn)
@@ -73,8 +72,8 @@ FAMILIES = (
     # 256K-512K on 32-64 GPUs cp 4 or 8 is worth 6-158 % (40 of 42 members of these ranges hinge)
     Family("context parallelism", "context parallelism of 4 or more (cp > 2: ring attention over more ranks)",
            lambda lay: lay.cp > 2,
-           (_space(("llama-3-8b",), (32, 48, 64), ("h100-80gb", "h200"), (262144, 393216, 524288), (2, 32, 2), FAST),
-            _space(("llama-3-8b",), (32, 64), ("a100-80gb",), (262144, 393216, 524288), (2, 32, 2), FAST)),
+           _space(("llama-3-8b",), (32, 64), ("h100-80gb", "h200", "a100-80gb"), (262144, 393216, 524288), (2, 32, 2),
+                  FAST),
            ((("llama-3-8b", 32, "h100-80gb", 262144, 8), None),)),
     Family("interleaved schedule", "the interleaved schedule (vp > 1 virtual stages)", lambda lay: lay.vp > 1,
            _space(("llama-3-70b",), (32, 64), ("h100-80gb",), (2048, 4096), (128, 512, 32), SLOW),
