@@ -24,7 +24,8 @@ from gpumem.timing.offload_time import datasheet_links
 
 import test_lab06_limits_truth as T          # the tests' own limit search (the grader's until review r13)
 
-SEED = 0
+SEED = 6             # r25: the offload and tensor/pipeline families moved to 24-112 GPUs; seed 6's draws reach
+#                      each lever's own family (at seed 0 the offload member fits only ZeRO-1 at pp 40)
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,7 +45,7 @@ def priced(model, gpus, gpu, seq, batch, link):
     links, found = datasheet_links(g.name, ranks_on_node=per_node), []
     for tp in (t for t in (1, 2, 4, 8) if gpus % t == 0 and cfg.n_kv_heads % t == 0):
         for cp in (c for c in (1, 2, 4, 8) if (gpus // tp) % c == 0 and seq % (2 * c) == 0):
-            for pp in (p for p in (1, 2, 4, 8, 16) if (gpus // tp // cp) % p == 0):
+            for pp in (p for p in range(1, min(gpus // tp // cp, cfg.n_layers) + 1) if (gpus // tp // cp) % p == 0):
                 dp = gpus // (tp * cp * pp)
                 if batch % dp:
                     continue
@@ -413,7 +414,9 @@ def test_a_search_without_the_host_rule_fails():
 
 
 def test_ignoring_the_link_is_named_and_stops_there():
-    row, _ = first_wrong(search(use_link=False))
+    """Seed 0: the first miss is a slow-link member. (r25: at seed 6 the offload family's 3 nodes on a
+    41.55 GB/s link already catch it, 1.13x, and that row names the settings instead.)"""
+    row, _ = first_wrong(search(use_link=False), seed=0)
     assert "did not change when the link between nodes slowed" in row.detail, row.detail
     assert row.detail.endswith("(pass inter_node on to step_seconds)") and "lacks" not in row.detail
 
@@ -1103,7 +1106,7 @@ def test_a_dict_that_fills_itself_when_read_fails():
 
 
 @pytest.mark.parametrize("keep, words, seed", [
-    (lambda lay: lay.checkpoint == "full", ("it recomputes more: checkpoint='full'",), 2),
+    (lambda lay: lay.checkpoint == "full", ("it recomputes more: checkpoint='full'",), 6),
     (lambda lay: lay.micro_batch == 1, ("micro_batch=1: more micro-batches a step", "checkpoint, micro_batch:"), 1),
 ], ids=["full-checkpoint-only", "micro-batch-1-only"])
 def test_a_search_that_never_varies_a_knob_is_told_the_knob(keep, words, seed):
