@@ -55,9 +55,12 @@ TABLE_SEED = 2004     # not one of the seeds the reviewer harvested from (777, 3
 
 
 def test_the_reviewers_table_of_winners_fails_naming_what_is_missing():
-    """Review r24: the 72-tuple table passed 13/13 on fresh seeds; the offload and host-cap families
-    now span 70B and 405B on A100 40/80 GB, H100 and H200 at 8-64 GPUs, whose winners the table
-    lacks. The row names the lever or settings the table's best plan misses."""
+    """Review r24: the 72-tuple table passed 13/13 on fresh seeds (and 8 of 12 after the first widening).
+    The offload family now draws 70B on 24 A100 40GB and 405B on 40-80 A100/H100, the tensor and
+    pipeline family 405B on 72-112 GPUs: whole nodes of 3-14, whose fastest layouts split the stages
+    in depths (3, 5, 7, 12, ...) the power-of-two winners lack; the table failed 12 of 12 fresh seeds
+    (6001-6012). The row names the lever or settings the table's best plan misses, or, where none of
+    its tuples fits, the degrees that do."""
     got = rows(table_plan, TABLE_SEED)
     bad = [r for r in got if r.status != "ok"]
     assert bad and bad[0].status == "wrong", got

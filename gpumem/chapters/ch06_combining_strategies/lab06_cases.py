@@ -43,10 +43,9 @@ FAST = (25e9, 50e9)       # 200-400 Gb/s per GPU: InfiniBand HDR to NDR, one NIC
 #                           datasheet: 8 x ConnectX-7 at 400 Gb/s, one per GPU)
 
 # review r24: the winners of the first ranges (70B on 8-16 A100 40GB only) fit in a table of ~70 layouts; r25:
-# a table of the winners on power-of-two clusters still passed 8 of 12 seeds, so the offload family (and the
-# host cap's, lab06_limit_cases) draws whole nodes of 3, 5, 6, 7 and 10 (24-80 GPUs), where the fastest
-# layouts take pipeline depths such as 3, 5, 6 or 7 and data-parallel degrees that divide the batch, drawn
-# in steps of 4 or 8 sequences
+# a table of the winners on power-of-two clusters still passed 8 of 12 seeds, so the offload family draws
+# whole nodes of 3, 5, 6, 7 and 10 (24-80 GPUs), where the fastest layouts take pipeline and data-parallel
+# degrees (pp 12 or 40, dp 3 ...) that no power-of-two winner has, the batch drawn in steps of 4 or 8
 SEQS = (1024, 2048, 3072, 4096, 6144, 8192)
 OFFLOAD_SPACES = (_space(("llama-3-70b",), (24,), ("a100-40gb",), SEQS, (12, 480, 4), FAST),
                   _space(("llama-3.1-405b",), (40, 48, 56, 80), ("a100-80gb", "h100-80gb"), SEQS, (64, 512, 8), FAST))
