@@ -4,7 +4,8 @@ learner's does not, or else the term of the step where the learner's plan loses 
 A lever is named only when it matters in the case: every fitting layout without it is itself more
 than the lab's slack behind the fastest (read from the reference's full list of fitting plans,
 computed after the learner's call). The case's own lever (its family's) is tried first. The
-fastest layout's label is never printed: the learner reads what is missing, not the answer.
+fastest layout's label and values are never printed, only the names of the settings in which it
+differs from the learner's: the learner reads what is missing, not the answer.
 """
 
 # (what the learner reads, the layout uses it)
@@ -53,8 +54,8 @@ def why_slower(mine, result, slack: float, family=None) -> str:
                 return (f"it lacks {text}; {alone}. The fastest also differs from yours in "
                         f"{differs(mine.layout, best.layout)}: does your search reach them together?")
     term = max(TERMS, key=lambda k: mine.time[k] - best.time[k])
-    return (f"its {term.replace('_', ' ')} term takes {mine.time[term]:.2f} s against {best.time[term]:.2f} s in "
-            "the fastest layout" + _which_lever(term, mine, best.layout, result.plans))
+    return (f"your plan's {term.replace('_', ' ')} term takes {mine.time[term]:.2f} s against "
+            f"{best.time[term]:.2f} s in the fastest layout" + _which_lever(term, mine, best.layout, result.plans))
 
 
 SETTINGS = ("tp", "cp", "pp", "vp", "zero", "hybrid", "group", "offload", "device", "checkpoint", "micro_batch", "mcore")

@@ -18,12 +18,13 @@ matters little in a case, while each case's own lever costs at least 5 % (:data:
 tested for each member as it is drawn; Megatron-Core's engine, worth 0-3.1 % on the tensor and
 pipeline family, has a family of its own where it is worth 8 % or more, so a search without it
 fails on every draw). A plan that is too slow is told the lever the fastest layout
-uses and the learner's lacks, or the term where it loses (:mod:`.lab06_diagnose`); the fastest
-layout itself is never printed.
+uses and the learner's lacks, or the term where it loses, and the names of the settings in which the
+fastest layout differs from the learner's (:mod:`.lab06_diagnose`); the fastest layout itself, its
+values, is never printed.
 
 The cases: the lab's own cluster (``LAB_CASE``), then one member of each family of
 :mod:`.lab06_cases` drawn at check time from a seed (fresh each check unless ``seed`` is given;
-GPU count, sequence, batch and link drawn from ranges): offload, NVMe offload, tensor with
+model, GPU type and count, sequence, batch and link drawn from ranges): offload, NVMe offload, tensor with
 pipeline parallelism, Megatron-Core's engine, context parallelism, then on a 5-20 Gb/s link
 between nodes the interleaved schedule, ZeRO-1/2 and hybrid sharding; then one member of each
 family under the team's limits, which ``planner.plan``'s default question leaves out
@@ -51,6 +52,7 @@ from .lab06_guard import COPY, FOREIGN, HELD, RAN, REACHED, changed_line, no_sea
 
 LAB = "lab06_choose_plan"
 SLACK = 1.03
+DETAIL_CHARS = 600           # a row names a lever, the settings that differ and a question (review r24 #2: 300 cut it)
 KEYS = ("recipe", "zero", "checkpoint", "attention", "offload", "device", "micro_batch", "tp", "pp")
 OPTIONAL = {"cp": 1, "vp": 1, "hybrid": "none", "group": 0, "mcore": False}
 LAB_CASE = ("llama-3-70b", 8, "h100-80gb", 8192, 64)
@@ -168,7 +170,7 @@ def grade_case(choose, case: tuple, inter_node: float | None = None, family=None
     else:
         def body():
             return _grade(choose, case, inter_node, family, ref)
-    row = run_case(Report(LAB), "choose_plan", "", body, on_crash=_refused)
+    row = run_case(Report(LAB), "choose_plan", "", body, on_crash=_refused, limit=DETAIL_CHARS)
     return row.status, row.detail
 
 
