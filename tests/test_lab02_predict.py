@@ -86,6 +86,13 @@ def test_the_run_rows_price_the_model_by_hand():
     # review r23: the last bucket's launch taken out of its whole time (plan 4's two equal buckets
     # had the "last bucket alone" hint, plans 1-3 none)
     (("+ whole(sent[-1])", "+ whole(sent[-1]) - launch(sent[-1])"), 0, "launch was taken out of its whole time"),
+    # review r25: the last bucket priced at its launch too; a line through 0 and the first
+    # measurement; the partial last bucket left out (plan 2's buckets end with one: 400+300, 200+150)
+    (("+ whole(sent[-1])", "+ launch(sent[-1])"), 0, "priced at its launch alone"),
+    (("return lambda nbytes: t1 + slope * (nbytes - b1)", "return lambda nbytes: t1 / b1 * nbytes"), 0,
+     "in proportion to one measurement"),
+    (("    if filling:                              # the partial bucket, sent when backward ends\n"
+      "        sent.append(filling)\n", ""), 1, "partly filled bucket is missing"),
 ])
 def test_wrong_counts_are_named(swap, row, says):
     old, new = swap

@@ -113,6 +113,14 @@ def _hint(got: float, sizes, bucket: int, lone) -> str:
         return ": the earlier buckets' transfers hide when a core is free; only their launches hold backward up"
     if near(launches + sw * last) or near(sw * last) or near(sum(sl * b for b in early) + sw * last):
         return ": each line through two measurements has a fixed cost too (its value at 0 bytes)"
+    if near(launches + fl + sl * last):                          # review r25: the likely slips below
+        return ": every bucket priced at its launch alone; the last one is launched and waited at once"
+    if any(near(sum(t[2] / t[0] * b for b in early) + t[1] / t[0] * last) for t in lone):
+        return (": each bucket priced in proportion to one measurement (a line through 0 bytes); a "
+                "collective has a fixed cost too: take the line through both measurements")
+    full = [b for b in buckets(sizes, bucket) if b >= bucket] if bucket else []
+    if full and len(full) < len(early) + 1 and near(launches_of(full[:-1]) + fw + sw * full[-1]):
+        return ": the last, partly filled bucket is missing: it goes out when backward ends, and is exposed"
     if any(near(launches_of(alt[:-1]) + fw + sw * alt[-1]) or near(launches + fw + sw * alt[-1])
            for alt in _other_rules(sizes, bucket)):
         return (": a bucket goes out from the hook whose gradient makes it reach bucket_bytes, so buckets "
