@@ -63,6 +63,19 @@ def test_show_lists_only_that_chapter_labelled_with_gpu_and_date(tmp_path, capsy
     assert "ch03.full_over_none  1.31 ratio" in capsys.readouterr().out
 
 
+def test_a_labs_gpu_answers_are_counted_not_shown(tmp_path, capsys):
+    """Review r25/r26 of lab 01: chapter 01's cell printed lab01.variant_held_bytes_flash and its
+    siblings, the very numbers lab 01's GPU part asks the learner to measure."""
+    data = run_file()
+    data["measurements"] += [{"test": "t::a", "key": "lab04.peak_bytes", "value": 7, "unit": "B"},
+                             {"test": "t::b", "key": "lab04.seconds", "value": 0.5, "unit": "s"}]
+    gpu_results.write(data, tmp_path)
+    gpu_results.show("04", directory=tmp_path)
+    out = capsys.readouterr().out
+    assert "lab04." not in out and "ch04.sdpa_seconds" in out
+    assert "(2 lab measurements not shown: the lab's GPU part asks you to measure them)" in out
+
+
 def test_load_is_newest_first_and_round_trips(tmp_path):
     gpu_results.write(run_file(), tmp_path)
     gpu_results.write(run_file(date="2026-12-01", gpu="Tesla T4"), tmp_path)

@@ -1692,3 +1692,6 @@ def test_review_r25_a_shorter_segment_above_a_plain_layer_is_an_estimate_case():
             want = [[0, 1, 2], [4, 5]] + [[i] for i in range(6, n)] if n >= 7 else [[0, 1], [n - 1]]
             assert (q.cfg, want) in [(c, s) for c, s in drawn["estimates"]], (seed, n)
             assert all(0 <= i < n for seg in want for i in seg)
+            # review r26: an estimate that resets its count of plain layers at each segment ([[1],
+            # [3 .. n-1]] keeps layer 0 below the first segment and layer 2 below the second)
+            assert (q.cfg, [[1], list(range(3, n))]) in [(c, s) for c, s in drawn["estimates"]], (seed, n)

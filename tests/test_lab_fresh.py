@@ -170,6 +170,14 @@ REFUSED = [
      "its base `T` is not a class the notebook holds"),
     ("def f(x):\n    Q = type('Quiet', (torch.Tensor,), {})\n    return x.as_subclass(Q)\n",
      "`type(name, bases, namespace)` makes a class"),
+    # review r26 of lab 08: inside a function, a finalizer class and an ABC whose metaclass registers
+    # a frame's type (its match pattern then read f_locals): refused as at the top level
+    ("def f(model):\n    class _Later:\n        def __del__(self):\n            pass\n    model['t'] = _Later()\n",
+     "(inside a function) defines __del__"),
+    ("def f(x):\n    import abc\n    class _Frame(abc.ABC):\n        pass\n    return _Frame\n",
+     "(inside a function): its base `abc.ABC`"),
+    ("def f(x):\n    class M(type):\n        pass\n    class C(metaclass=M):\n        pass\n    return C\n",
+     "passes `metaclass=`"),
 ]
 FINE = [
     "@functools.lru_cache(maxsize=None)\ndef f(x, y=2, z=-1.5, t=(1, 'a'), dt=torch.float32) -> int:\n    return x\n",

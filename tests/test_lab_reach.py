@@ -139,3 +139,17 @@ def test_review_r25_signal_frame_routes_are_refused(line, word):
     assert said is not None and said.startswith("line 2:") and word in said, said
     whole = first_reach(R25_SIGNAL)
     assert whole is not None and whole.startswith("line 5:") and ".signal" in whole, whole
+
+
+@pytest.mark.parametrize("line, word", [
+    ("from gpumem.course.registry import resolve", "gpumem.course.registry, the grading machinery"),
+    ("import gpumem.course.registry as r", "imports gpumem.course.registry"),
+    ("weakref.finalize(s, print)", ".finalize"),
+    ("s.__del__()", ".__del__"),
+], ids=["course-import-from", "course-import", "weakref-finalize", "del-attribute"])
+def test_review_r26_routes_out_of_the_guarded_call_are_refused(line, word):
+    """Review r26 of lab 08: ``gpumem.course.registry.resolve("traceback:walk_stack")`` named a
+    refused function by a string, and a ``weakref.finalize`` on an object the grader drops after
+    the call ran it outside the guard (15/15)."""
+    said = first_reach(f"def f(s, weakref):\n    {line}\n")
+    assert said is not None and said.startswith("line 2:") and word in said, said

@@ -32,13 +32,32 @@ def _const(value):
         type(value)(_const(v) for v in value) if isinstance(value, (tuple, frozenset)) else value)
 
 
-def _bare(ops: list) -> int | None:
-    """Where a trailing bare expression starts in ``ops`` (a plain load and its attribute loads,
-    whose value a ``POP_TOP`` would drop), or None."""
-    k = len(ops)
-    while k and ops[k - 1][0] == "LOAD_ATTR":
-        k -= 1
-    return k - 1 if k and ops[k - 1][0] in _SIMPLE else None
+_EFFECTS = ("STORE_", "DELETE_", "IMPORT_", "RETURN", "YIELD", "BEFORE_", "PUSH_EXC", "POP_EXCEPT", "RERAISE",
+            "SETUP_", "CHECK_EXC", "FOR_ITER", "SEND", "GET_", "MATCH_", "WITH_", "RAISE", "SWAP", "COPY")
+
+
+def _expression(ops: list, info: list, calls: bool, most: int = 16) -> int | None:
+    """Where the expression whose value ends ``ops`` starts (review r25/r26: a value dropped, ``shard``,
+    ``-shard``, ``(shard,)``, or stored in a local never read, ``_pz = abs(shard)``): the shortest
+    tail of at most ``most`` instructions that pushes one value and never reaches below where it
+    started, with no jump, jump target or instruction of another kind of effect, and no call unless
+    ``calls`` (a call whose result is dropped, ``out.append(x)``, is often the function's work:
+    left in, so the library's short functions keep their fingerprints); None if none."""
+    total = 0
+    for k in range(len(ops) - 1, max(-1, len(ops) - 1 - most), -1):
+        effect, flow = info[k]
+        if flow or ops[k][0].startswith(_EFFECTS) or (not calls and ops[k][0] in ("CALL", "PRECALL")):
+            return None
+        total += effect
+        if total == 1:
+            depth = 0
+            for e, _ in info[k:]:
+                depth += e
+                if depth < 1:
+                    break
+            else:
+                return k
+    return None
 
 
 def _guard_call(ops: list) -> int:
@@ -86,17 +105,15 @@ def signature(code: types.CodeType) -> tuple:
     dropped (module docstring, :func:`_drop_checks`), and stores of a plain load into a local never
     read (review r8's copy_pad put ``_pz = 0`` before every statement: no run of 8 instructions was
     left whole)."""
-    ops, at = [], []
+    ops, at, info = [], [], []
     every = list(dis.get_instructions(code))
     read = {ins.argval for ins in every if ins.opname in ("LOAD_FAST", "DELETE_FAST", "LOAD_CLOSURE")}
     for ins in every:
         if ins.opname in _SKIP:
             continue
-        if ins.opname == "STORE_FAST" and ins.argval not in read and ops and ops[-1][0] in _SIMPLE:
-            del ops[-1], at[-1]             # a dead store of a plain load (``_pz = 0``): left out
-            continue
-        if ins.opname == "POP_TOP" and (k := _bare(ops)) is not None:
-            del ops[k:], at[k:]             # review r25: a bare name (``shard``) as a statement: left out
+        dead = ins.opname == "STORE_FAST" and ins.argval not in read      # ``_pz = 0``, ``_pz = -shard``
+        if (dead or ins.opname == "POP_TOP") and (k := _expression(ops, info, calls=dead)) is not None:
+            del ops[k:], at[k:], info[k:]   # a value computed and dropped (r8, r25, r26): left out
             continue
         name = "LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname
         if ins.opcode in _NAMED:
@@ -109,6 +126,8 @@ def signature(code: types.CodeType) -> tuple:
             arg = ins.arg
         ops.append((name, arg))
         at.append((ins.offset, ins.argval if ins.opcode in _JUMPS else None))
+        effect = dis.stack_effect(ins.opcode, ins.arg) if ins.opcode >= dis.HAVE_ARGUMENT else dis.stack_effect(ins.opcode)
+        info.append((effect, ins.opcode in _JUMPS or ins.is_jump_target))
     return tuple(_drop_checks(ops, at))
 
 

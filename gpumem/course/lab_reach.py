@@ -69,10 +69,13 @@ ATTRIBUTES = ("__globals__", "__closure__", "__code__", "__kwdefaults__", "__def
               # locals up its stack; signal was refused by import only (asyncio.unix_events.signal)
               "signal", "raise_signal", "pthread_kill", "setitimer", "alarm", "set_wakeup_fd",
               "walk_stack", "walk_tb", "extract_stack", "format_stack", "print_stack", "StackSummary",
-              "FrameSummary", "capture_locals")
+              "FrameSummary", "capture_locals",
+              # review r26 of lab 08: a finalizer runs after the guarded call, outside the guard
+              "finalize", "__del__")
 BUILTINS = ("__import__", "vars", "globals", "locals", "eval", "exec", "compile", "breakpoint", "__builtins__")
 BY_NAME = ("getattr", "setattr", "delattr", "hasattr")
 PACKAGE = "gpumem"
+COURSE = "gpumem.course"         # the grading machinery: graded code never needs it
 
 
 def first_reach(source: str, allow: tuple = ()) -> str | None:
@@ -101,12 +104,15 @@ def first_reach(source: str, allow: tuple = ()) -> str | None:
 def _offence(node: ast.AST, allow: tuple = ()) -> str | None:
     """Why ``node`` alone reaches into the grader, or None."""
     if isinstance(node, ast.Import):
-        bad = next((a.name for a in node.names if _refused_module(a.name, allow)), None)
+        bad = next((a.name for a in node.names if _refused_module(a.name, allow)
+                    or a.name == COURSE or a.name.startswith(COURSE + ".")), None)
         return bad and f"imports {bad}"
     if isinstance(node, ast.ImportFrom):
         module = node.module or ""
         if _refused_module(module, allow):
             return f"imports from {module}"
+        if module == COURSE or module.startswith(COURSE + "."):    # review r26 of lab 08: registry.resolve
+            return f"imports from {module}, the grading machinery"
         bad = next((a.name for a in node.names if a.name in ATTRIBUTES + BUILTINS + REACHING.get(module, ())), None)
         return bad and f"imports {bad} from {module}"
     if isinstance(node, ast.Attribute) and node.attr == "modules" and _called(node):

@@ -249,4 +249,13 @@ def _nested(tree: ast.Module, ns: dict) -> str | None:
             if torch is not None and issubclass(value, torch.Tensor):
                 return (f"class {node.name} (inside a function): its base `{ast.unparse(base)}` makes tensors "
                         "whose own code runs wherever the grader handles them (a tensor subclass): use plain tensors")
+            if why := _base(base, ns):               # review r26 of lab 08: abc.ABC's metaclass, __del__
+                return f"class {node.name} (inside a function): {why}"
+        if node.keywords:
+            return f"class {node.name} (inside a function) passes `{node.keywords[0].arg}=`: it runs code when made"
+        hooked = next((f.name for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and f.name.startswith("__") and f.name.endswith("__") and f.name not in DUNDERS), None)
+        if hooked:
+            return (f"class {node.name} (inside a function) defines {hooked}, which the grader would run outside "
+                    "the watched call (when it prints, compares or drops your object): return plain values instead")
     return None

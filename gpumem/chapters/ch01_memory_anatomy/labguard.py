@@ -120,7 +120,8 @@ def _tools():
     from torch.distributed._tools.mem_tracker import MemTracker
     from gpumem.memory.accounting import Recipe
     return [(torch.autograd.graph.saved_tensors_hooks, "__enter__"), (FakeTensorMode, "__enter__"), (MemTracker,
-            "__enter__"), (subprocess.Popen, "__init__"), (torch.enable_grad, "__enter__"), (Recipe, "__getattribute__")]
+            "__enter__"), (subprocess.Popen, "__init__"), (torch.enable_grad, "__enter__"), (Recipe, "__getattribute__"),
+            (torch.inference_mode, "__enter__")]       # review r26: inference_mode(False) records again
 
 
 def _tool_refuser(name: str):

@@ -115,8 +115,8 @@ def chain_hint(learner, case: dict) -> str:
                     if i > 1 and ops[i - 2] in ("float", "bf16") else "")
             return (f"operation {i}, {ops[i - 1]!r}{after}: the layer keeps {true - true_before:+,} B more "
                     f"({(true - true_before) / n:+g} x tokens x ffn), your count {mine - mine_before:+,} B: what "
-                    f"does it keep, in which dtype, sharing what{cast}? (Or nothing: does a later one keep "
-                    "its new output?)")                       # review r25: a scale keeps nothing
+                    f"does it keep, in which dtype, sharing what{cast}?"
+                    + (" (Or nothing: does a later one keep its new output?)" if mine == mine_before else ""))
         mine_before, true_before = mine, true
     return (f"mlp={ops!r}: your MLP term is off: go through the chain operation by operation (what each "
             "keeps, in which dtype; a tensor two operations keep counts once)")

@@ -185,7 +185,8 @@ def draw(seed: int | None = None) -> dict:
         # r25: the peak at a shorter segment's re-run with a plain layer (3) below it; an estimate of
         # the longest segment's re-run alone passed every shape above
         short = [[0, 1, 2], [4, 5]] + [[i] for i in range(6, n)] if n >= 7 else [[0, 1], [n - 1]]
-        for segments in ([], [[i] for i in range(n)], [list(range(n))], mixed, low, under, middle, short):
+        gap = [[1], list(range(3, n))]       # r26: plain layers below an earlier segment count too
+        for segments in ([], [[i] for i in range(n)], [list(range(n))], mixed, low, under, middle, short, gap):
             estimates.append((q.cfg, segments))
     from . import labsacdraw            # drawn last: the cases above stay those of earlier checks
     return {"grad": grad, "questions": questions, "estimates": estimates, "selective": labsacdraw.draw(rng)}
