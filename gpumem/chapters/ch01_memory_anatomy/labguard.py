@@ -113,15 +113,14 @@ def _functions(module):
 
 
 def _tools():
-    """(owner, attribute) of the tracing tools a learner could measure with instead of deriving, and
-    the recipe table's fields (review r22: part 1 read RECIPE's bytes per role)."""
+    """(owner, attribute) of the tools a learner could measure with, and the recipe table's fields (r22)."""
     import subprocess
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensorMode as Fake
     from torch.distributed._tools.mem_tracker import MemTracker
     from gpumem.memory.accounting import Recipe
-    return [(torch.autograd.graph.saved_tensors_hooks, "__enter__"), (FakeTensorMode, "__enter__"), (MemTracker,
-            "__enter__"), (subprocess.Popen, "__init__"), (torch.enable_grad, "__enter__"), (Recipe, "__getattribute__"),
-            (torch.inference_mode, "__enter__")]       # review r26: inference_mode(False) records again
+    return [(torch.autograd.graph.saved_tensors_hooks, "__enter__"), (Fake, "__enter__"), (MemTracker, "__enter__"),
+            (subprocess.Popen, "__init__"), (torch.enable_grad, "__enter__"), (Recipe, "__getattribute__"),
+            (torch.inference_mode, "__enter__")]    # r26: inference_mode(False) records again
 
 
 def _tool_refuser(name: str):
