@@ -1656,17 +1656,28 @@ def test_review_r24_the_pasted_buffers_without_their_argument_check_are_refused(
     assert all(r.status == "ok" for r in rows(report, "rung_bytes"))
 
 
-def test_review_r25_the_paste_padded_with_bare_names_is_refused(no_libaio):
+PADS = {"bare": lambda s: s,                                              # review r25
+        "negated": lambda s: s.replace("\n    shard\n", "\n    -shard\n")      # review r26: -shard,
+                              .replace("\n        shard\n", "\n        _pz = -shard\n"),   # a dead store,
+        "calls": lambda s: s.replace("\n    shard\n", "\n    abs(shard)\n")      # calls whose value is
+                            .replace("\n        shard\n", "\n        shard.bit_length()\n")}   # dropped
+
+
+@pytest.mark.parametrize("pad", list(PADS))
+def test_review_r25_r26_the_paste_padded_between_its_statements_is_refused(no_libaio, pad):
     """Review r25 cheat 1: r23's paste with a bare ``shard`` statement after five of
     exposed_seconds' statements (each ``LOAD_FAST; POP_TOP``) broke enough runs of instructions to
-    hold 26 of the body's 53 shingles, under COVER's 32, and passed 13/13. A bare name (or
-    attribute) as a statement is left out of every signature now: the padded body is the body."""
+    hold 26 of the body's 53 shingles, under COVER's 32, and passed 13/13; r26 did the same with
+    ``-shard``, a dead store of it, ``abs(shard)`` and ``shard.bit_length()``. A value computed and
+    dropped is left out of a signature (calls only when stored), and code holding 30 % of a body's
+    shingles that keeps 90 % of its instructions in order (padding breaks runs, not order) is a copy."""
     import json
     cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
     mine = next("".join(c["source"]) for c in cells if "def rung_seconds(" in "".join(c["source"]))
     old = "        swaps += gradient_write_wait(s, links.nvme_write, backward)\n"
     source = (ROOT / "tests/data/lab05_r25_pad.py").read_text()     # the reviewer's cell, as pasted
     assert source.count("\n    shard\n") == 2 and source.count("\n        shard\n") == 2
+    source = PADS[pad](source)
     ns = solution("lab05")
     exec(compile(source, "<x>", "exec"), ns)
     exec(compile(mine.replace(old, "        swaps += exposed_seconds(s, 4, links.nvme_write, backward)\n"),

@@ -131,7 +131,20 @@ def signature(code: types.CodeType) -> tuple:
     return tuple(_drop_checks(ops, at))
 
 
+def common(a: tuple, b: tuple) -> int:
+    """Instructions ``a`` and ``b`` share in order (their longest common subsequence): a copy with
+    statements put between its own keeps all of them, whatever it breaks of the runs (review r26)."""
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
 SHINGLE, COVER = 8, 0.6   # instructions per shingle; share of a body's shingles that makes a copy
+KEPT, SOME = 0.9, 0.3     # a body kept in order this much, by code holding this share of its shingles
 CLOSE = 0.75              # a share of shingles at which over half a body's constants are enough (consts_met)
 
 

@@ -33,8 +33,8 @@ import types
 from collections import Counter
 from functools import lru_cache
 
-from .copy_signature import (COVER, _loaded, _shingles, _valued, bound_values, consts_met, frame_values,
-                             signature)
+from .copy_signature import (COVER, KEPT, SOME, _loaded, _shingles, _valued, bound_values, common, consts_met,
+                             frame_values, signature)
 
 GPUMEM = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 TESTS = os.path.join(os.path.dirname(os.path.dirname(GPUMEM)), "tests") + os.sep
@@ -130,7 +130,7 @@ class Prints:
     def __init__(self, modules, least: int = 40, skip=(), only=()):
         self.known: dict[tuple, str] = {}
         # per body: the shingles a copy must hold, the constants it loads; shingle -> bodies holding it
-        self.needed, self.total, self.consts, self.index = [], [], [], {}
+        self.needed, self.total, self.consts, self.index, self.sigs = [], [], [], {}, []
         for module, label in modules:
             for code in nested(top) if (top := fresh(module.__file__)) is not None else ():
                 if not code.co_flags & inspect.CO_OPTIMIZED or code.co_name.startswith("<") \
@@ -139,6 +139,7 @@ class Prints:
                 sig = signature(code)
                 if len(sig) >= least and sig not in self.known:
                     self.known[sig] = f"{label}.{code.co_qualname}"
+                    self.sigs.append(sig)
                     for h in (body := _shingles(sig)):
                         self.index.setdefault(h, []).append(len(self.needed))
                     self.needed.append(max(1, int(COVER * len(body) + 0.999)))
@@ -161,6 +162,8 @@ class Prints:
                 loaded = _loaded(sig) | _valued(code, values)
                 counts = Counter(j for h in _shingles(sig) for j in self.index.get(h, ()))
                 near = [(j, n / self.total[j]) for j, n in counts.most_common() if n >= self.needed[j]]
+                near += [(j, kept) for j, n in counts.items() if SOME * self.total[j] <= n < self.needed[j]
+                         and (kept := common(sig, self.sigs[j]) / len(self.sigs[j])) >= KEPT]   # padded (r26)
             seen = self._seen[id(code)] = (code, values, near, loaded)
         near, loaded = seen[2], seen[3]
         extra = None
