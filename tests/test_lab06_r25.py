@@ -66,7 +66,7 @@ def test_the_reviewers_table_of_winners_fails_naming_what_is_missing():
     assert bad and bad[0].status == "wrong", got
     d = bad[0].detail
     assert "the fastest step" in d and ("lacks" in d or "differs from yours in" in d) or \
-        "If your search found no plan" in d and "Do your loops reach" in d, bad[0]
+        "returned None (no plan)" in d and "Do your loops reach" in d, bad[0]
 
 
 def test_a_plan_that_fits_where_the_limit_truth_found_none_is_graded_not_crashed(monkeypatch):
@@ -91,3 +91,17 @@ def test_a_long_lever_row_keeps_its_question(monkeypatch):
     monkeypatch.setattr(L, "_grade", lambda *a: ("wrong", long))
     status, detail = L.grade_case(lambda *a, **k: None, L.LAB_CASE)
     assert (status, detail) == ("wrong", long)
+
+
+def test_a_search_that_found_nothing_is_told_which_degrees_not_their_values():
+    """Review r26: the row for a search that returned None listed the degrees of every fitting
+    layout ("pp in {12, 24}"), which handed a table of winners its missing pp, and began "did you
+    forget `return`?". It now says the search found none, names the degrees that reach past powers
+    of two, and gives no value. By hand: two fitting layouts with pp 12 and 24, tp 1, cp 1, vp 1."""
+    from types import SimpleNamespace as NS
+    from gpumem.chapters.ch06_combining_strategies import lab06_diagnose
+    plans = [NS(layout=NS(tp=1, cp=1, pp=pp, vp=1, zero=1, checkpoint="none", offload="none", hybrid="none",
+                          mcore=False, micro_batch=1)) for pp in (12, 24)]
+    said = lab06_diagnose.why_none(NS(plans=plans))
+    assert said.startswith("2 layouts fit") and "(pp of them not powers of two)" in said, said
+    assert "12" not in said and "24" not in said and "{" not in said, said

@@ -92,12 +92,14 @@ def _which_lever(term: str, plan, best, plans=()) -> str:
 
 def why_none(result, family=None) -> str:
     """The clause for a search that found nothing although layouts fit: what every fitting layout
-    pulls (a lever the search must reach) and the values of the degrees they use, so the learner
-    can see which loop never reaches them; the search's own choices are not known here."""
+    pulls (a lever the search must reach) and which degrees reach past powers of two, never their
+    values (review r26: the values handed a table its missing pp); the search's choices are unknown."""
     plans = result.plans
     levers = ((family.lever, family.uses),) if family is not None else ()
     needed = next((text for text, uses in levers + LEVERS if all(uses(p.layout) for p in plans)), None)
     head = f"{len(plans)} layouts fit" + (f", all with {needed}" if needed else "")
-    degrees = ", ".join(f"{k} in {{{', '.join(map(str, sorted({getattr(p.layout, k) for p in plans})))}}}"
-                        for k in ("tp", "cp", "pp", "vp"))
+    odd = sorted(k for k in ("tp", "cp", "pp", "vp") if any(getattr(p.layout, k) & (getattr(p.layout, k) - 1)
+                                                            for p in plans))      # not a power of two
+    degrees = "every tp, cp, pp and vp the GPUs and layers allow" + (
+        f" ({' and '.join(odd)} of them not powers of two)" if odd else "")
     return f"{head}; yours returned none. Do your loops reach {degrees}? Check your fit test too"
