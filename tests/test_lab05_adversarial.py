@@ -1765,3 +1765,17 @@ def test_review_r24_backwards_uploads_never_set_its_pace():
     cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
     prompt = next("".join(c["source"]) for c in cells if "AsyncTensorSwapper" in "".join(c["source"]))
     assert "the gradient stream, its uploads over PCIe, or" not in prompt
+
+
+def test_review_r26_a_stream_without_its_trip_up_is_named_beside_the_upload_it_ties():
+    """Review r26 #1: on a stream-paced ZeRO-3 step, leaving out the partition's trip back up (2 B a
+    shard parameter over h2d) shortens the step by exactly the updated shard's upload after the step,
+    and the row named only that upload (23 of 26 draws). By hand: 78.1e9 parameters on 32 H100 (PCIe
+    gen4), 0.05 s of compute: the stream 6s/d2h + 2s/h2d outlasts compute; both slips are named."""
+    from gpumem.chapters.ch05_offload import labcheck
+    links = offload_time.datasheet_links("h100-80gb", "gen4", ranks_on_node=8)
+    n, ranks, c, rung = 78_100_000_000, 32, 0.05, "zero3+opt-cpu"
+    s = -(-n // ranks)
+    assert 6 * s / links.d2h + 2 * s / links.h2d > c
+    said = labcheck.seconds_problem(_hand_seconds(n, ranks, rung, c, links) - 2 * s / links.h2d, n, ranks, rung, c, links)
+    assert "upload after the step is missing" in said and "ZeRO-3's gradient stream" in said, said
