@@ -102,9 +102,9 @@ def _drop_checks(ops: list, at: list) -> list:
 def signature(code: types.CodeType) -> tuple:
     """``code``'s instructions with their constants and operators, without names, lines, file,
     jump offsets or the LOAD_METHOD/LOAD_ATTR choice; leading guard statements and argument checks
-    dropped (module docstring, :func:`_drop_checks`), and stores of a plain load into a local never
-    read (review r8's copy_pad put ``_pz = 0`` before every statement: no run of 8 instructions was
-    left whole)."""
+    dropped (module docstring, :func:`_drop_checks`), and values computed and dropped or stored in a
+    local never read (:func:`_expression`; review r8's copy_pad put ``_pz = 0`` before every
+    statement, r25 and r26 ``shard`` and ``-shard``: no run of 8 instructions was left whole)."""
     ops, at, info = [], [], []
     every = list(dis.get_instructions(code))
     read = {ins.argval for ins in every if ins.opname in ("LOAD_FAST", "DELETE_FAST", "LOAD_CLOSURE")}
@@ -126,7 +126,7 @@ def signature(code: types.CodeType) -> tuple:
             arg = ins.arg
         ops.append((name, arg))
         at.append((ins.offset, ins.argval if ins.opcode in _JUMPS else None))
-        effect = dis.stack_effect(ins.opcode, ins.arg) if ins.opcode >= dis.HAVE_ARGUMENT else dis.stack_effect(ins.opcode)
+        effect = dis.stack_effect(ins.opcode, ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None)
         info.append((effect, ins.opcode in _JUMPS or ins.is_jump_target))
     return tuple(_drop_checks(ops, at))
 
