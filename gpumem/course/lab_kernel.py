@@ -24,13 +24,14 @@ def refusal(sent: dict, ns: dict) -> str | None:
     where the check grades, so the learner's other cells are theirs), or a thread or process a cell
     started still runs (it could rewrite what comes back, or answer for the learner)."""
     from .lab_history import _reach, gpumem_names
+    from .lab_reach import course_import
     program = [line for _, line in sent["values"]] + [line for _, line in sent["after"]]
     bound = frozenset().union(*(gpumem_names(text) for text in program + [d[2] for d in sent["defs"]]))
     for name, line in sent["values"] + sent["after"]:
         if why := value_problem(line):
             return f"`{name}`: {why}"
     for name, cell, source, _ in sent["defs"]:
-        if why := problem(source, ns) or _reach(source, ours=bound):
+        if why := problem(source, ns) or _reach(source, ours=bound) or course_import(source):
             return f"`{name}` ({cell}): {why.split('; the lab forbids')[0]}"
     from .lab_audit import foreign_children, foreign_threads, install, orphans, reap
     if threads := foreign_threads():

@@ -105,13 +105,13 @@ def _offence(node: ast.AST, allow: tuple = ()) -> str | None:
     """Why ``node`` alone reaches into the grader, or None."""
     if isinstance(node, ast.Import):
         bad = next((a.name for a in node.names if _refused_module(a.name, allow)
-                    or a.name == COURSE or a.name.startswith(COURSE + ".")), None)
+                    or COURSE not in allow and (a.name == COURSE or a.name.startswith(COURSE + "."))), None)
         return bad and f"imports {bad}"
     if isinstance(node, ast.ImportFrom):
         module = node.module or ""
         if _refused_module(module, allow):
             return f"imports from {module}"
-        if module == COURSE or module.startswith(COURSE + "."):    # review r26 of lab 08: registry.resolve
+        if COURSE not in allow and (module == COURSE or module.startswith(COURSE + ".")):   # r26 of lab 08
             return f"imports from {module}, the grading machinery"
         bad = next((a.name for a in node.names if a.name in ATTRIBUTES + BUILTINS + REACHING.get(module, ())), None)
         return bad and f"imports {bad} from {module}"
@@ -140,6 +140,19 @@ def _offence(node: ast.AST, allow: tuple = ()) -> str | None:
         if word in ATTRIBUTES or named or any(a in text for a in ATTRIBUTES if a.startswith("__")):
             return f"a string names {word if word in ATTRIBUTES + MODULES else 'a refused attribute'}"
     return None
+
+
+def course_import(source: str) -> str | None:
+    """The first import of :data:`COURSE` in ``source``, as :func:`first_reach` words it, or None: a
+    definition that is graded never needs the grading machinery (review r26 of lab 08 reached the
+    grader's frames through ``gpumem.course.registry.resolve``); other cells may import it."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    found = [(node.lineno, why) for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+             and (why := _offence(node, tuple(a for a in MODULES + BUILTINS + (PACKAGE,))))]
+    return f"line {min(found)[0]}: {min(found)[1]}" if found else None
 
 
 def _reaching(node: ast.AST, modules: dict) -> str | None:
