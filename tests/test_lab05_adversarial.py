@@ -1550,22 +1550,28 @@ def test_the_notebooks_example_tells_the_buffered_write_from_a_serial_one():
     assert "n, ranks, compute_s = 8_030_261_248, 2, 4.0" in example and "expected zero3+opt-nvme" in example
 
 
-def test_review_r23_a_pasted_copy_of_the_gradient_buffers_is_refused(no_libaio):
-    """Review r23: gpumem/timing/grad_swap.py pasted into a cell, its exposed_seconds called from
-    rung_seconds, passed 13/13 (lab_guard's prints had no grad_swap function). It is named now."""
-    import inspect
+def _graded_with_pasted(pasted: str):
+    """Grade the solution with ``pasted`` (a learner's copy of grad_swap, its relative import made
+    absolute) run in its namespace and its rung_seconds calling the copy's exposed_seconds instead
+    of its own buffer loop."""
     import json
-    from gpumem.timing import grad_swap
     cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
     mine = next("".join(c["source"]) for c in cells if "def rung_seconds(" in "".join(c["source"]))
     old = "        swaps += gradient_write_wait(s, links.nvme_write, backward)\n"
     assert mine.count(old) == 1
-    pasted = inspect.getsource(grad_swap).replace("from ..errors import", "from gpumem.errors import")
     ns = solution("lab05")
-    exec(compile(pasted, "<x>", "exec"), ns)
+    exec(compile(pasted.replace("from ..errors import", "from gpumem.errors import"), "<x>", "exec"), ns)
     exec(compile(mine.replace(old, "        swaps += exposed_seconds(s, 4, links.nvme_write, backward)\n"),
                  "<learner cell>", "exec"), ns)
-    report = grade(ns)
+    return grade(ns)
+
+
+def test_review_r23_a_pasted_copy_of_the_gradient_buffers_is_refused(no_libaio):
+    """Review r23: gpumem/timing/grad_swap.py pasted into a cell, its exposed_seconds called from
+    rung_seconds, passed 13/13 (lab_guard's prints had no grad_swap function). It is named now."""
+    import inspect
+    from gpumem.timing import grad_swap
+    report = _graded_with_pasted(inspect.getsource(grad_swap))
     bad = first_problem(report, "rung_seconds")
     assert "it ran a copy of gpumem.timing.grad_swap.exposed_seconds" in bad.detail, bad
     assert all(r.status == "ok" for r in rows(report, "rung_bytes"))
@@ -1635,22 +1641,13 @@ def test_review_r24_the_pasted_buffers_without_their_argument_check_are_refused(
     COVER and passed 13/13. A leading run of argument checks is left out of every signature now, so
     the copy without it is the same body."""
     import inspect
-    import json
     from gpumem.timing import grad_swap
-    cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
-    mine = next("".join(c["source"]) for c in cells if "def rung_seconds(" in "".join(c["source"]))
-    old = "        swaps += gradient_write_wait(s, links.nvme_write, backward)\n"
     check = ('    if buffer_count < 1 or write_rate <= 0 or backward_s < 0:\n'
              '        raise UsageError(f"need buffer_count >= 1, write_rate > 0 and backward_s >= 0, got "\n'
              '                         f"{buffer_count!r}, {write_rate!r}, {backward_s!r}")\n')
     source = inspect.getsource(grad_swap)
     assert source.count(check) == 1
-    pasted = source.replace(check, "").replace("from ..errors import", "from gpumem.errors import")
-    ns = solution("lab05")
-    exec(compile(pasted, "<x>", "exec"), ns)
-    exec(compile(mine.replace(old, "        swaps += exposed_seconds(s, 4, links.nvme_write, backward)\n"),
-                 "<learner cell>", "exec"), ns)
-    report = grade(ns)
+    report = _graded_with_pasted(source.replace(check, ""))
     bad = first_problem(report, "rung_seconds")
     assert "it ran a copy of gpumem.timing.grad_swap.exposed_seconds" in bad.detail, bad
     assert all(r.status == "ok" for r in rows(report, "rung_bytes"))
@@ -1671,18 +1668,9 @@ def test_review_r25_r26_the_paste_padded_between_its_statements_is_refused(no_li
     ``-shard``, a dead store of it, ``abs(shard)`` and ``shard.bit_length()``. A value computed and
     dropped is left out of a signature (calls only when stored), and code holding 30 % of a body's
     shingles that keeps 90 % of its instructions in order (padding breaks runs, not order) is a copy."""
-    import json
-    cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
-    mine = next("".join(c["source"]) for c in cells if "def rung_seconds(" in "".join(c["source"]))
-    old = "        swaps += gradient_write_wait(s, links.nvme_write, backward)\n"
     source = (ROOT / "tests/data/lab05_r25_pad.py").read_text()     # the reviewer's cell, as pasted
     assert source.count("\n    shard\n") == 2 and source.count("\n        shard\n") == 2
-    source = PADS[pad](source)
-    ns = solution("lab05")
-    exec(compile(source, "<x>", "exec"), ns)
-    exec(compile(mine.replace(old, "        swaps += exposed_seconds(s, 4, links.nvme_write, backward)\n"),
-                 "<learner cell>", "exec"), ns)
-    report = grade(ns)
+    report = _graded_with_pasted(PADS[pad](source))
     bad = first_problem(report, "rung_seconds")
     assert "it ran a copy of gpumem.timing.grad_swap.exposed_seconds" in bad.detail, bad
 

@@ -153,3 +153,7 @@ def test_review_r26_routes_out_of_the_guarded_call_are_refused(line, word):
     the call ran it outside the guard (15/15)."""
     said = first_reach(f"def f(s, weakref):\n    {line}\n")
     assert said is not None and said.startswith("line 2:") and word in said, said
+    if "course" in line:          # graded definitions (lab_kernel); the kernel-wide scan allows the import
+        from gpumem.course.lab_reach import COURSE, PACKAGE, course_import
+        assert course_import(f"def f(s):\n    {line}\n").startswith("line 2: imports")
+        assert first_reach(f"def f(s):\n    {line}\n", allow=(PACKAGE, COURSE)) is None
