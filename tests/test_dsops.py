@@ -1,7 +1,9 @@
 """The DeepSpeed op cache: stale JIT locks are cleared, live ones are left alone."""
 
+import json
 import os
 import subprocess
+import sys
 import time
 
 from conftest import ROOT
@@ -70,3 +72,38 @@ def test_set_up_says_cpu_in_its_own_words_not_deepspeeds_warning():
     assert proc.returncode == 0, out
     assert "Setting accelerator to CPU" not in out and "[WARNING]" not in out, out
     assert "no CUDA device here: DeepSpeed uses its CPU accelerator" in out and "cpu True" in out, out
+
+
+
+_ENGINE_OPS = """
+import json, logging, os
+from gpumem.runs import launch, training
+from gpumem.runs.ds_engine import ds_config
+launch.init("cpu", deepspeed=True)
+logging.disable(logging.WARNING)
+import deepspeed
+net = training.build("tiny")
+config = ds_config(2, 1)
+config["optimizer"]["params"].pop("torch_adam")            # as the note's config (chapter 02)
+deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
+root = os.environ["TORCH_EXTENSIONS_DIR"]
+print(json.dumps(sorted({line.split()[-1].rsplit("/", 1)[-1][:-3] for line in open("/proc/self/maps")
+                         if root in line and line.rstrip().endswith(".so")})))
+"""
+
+
+def test_prepare_builds_every_op_a_cpu_engine_loads():
+    """Every op this process maps from the course cache, after DeepSpeed's engine started on a CPU
+    rank with an Adam config that leaves out ``torch_adam`` (chapter 02 runs the note's config so),
+    is one that set-up builds. Left out, ``fused_adam`` was built by chapter 02's cell: 54 s
+    instead of 11 on 2 cores (2026-12-06)."""
+    from gpumem.runs import launch
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(launch.free_port()),
+           "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "DS_ACCELERATOR": "cpu",
+           "TORCH_EXTENSIONS_DIR": str(dsops.cache_dir())}
+    proc = subprocess.run([sys.executable, "-c", _ENGINE_OPS], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"fused_adam", "deepspeed_shm_comm"} <= set(loaded)          # what the engine maps today
+    assert set(loaded) <= set(dsops.OPS), sorted(set(loaded) - set(dsops.OPS))

@@ -1,8 +1,10 @@
 """DeepSpeed's CPU ops for the course: one JIT cache inside the repo, ready before any notebook.
 
 DeepSpeed compiles its C++ ops the first time they load (``deepspeed_shm_comm`` at every CPU
-``init_distributed``, ``cpu_adam`` for ZeRO-Offload, ``async_io`` for NVMe). ``prepare()`` does
-that once, into ``<repo>/.cache/torch_extensions``, so no notebook waits on a compiler.
+``init_distributed``, ``cpu_adam`` for ZeRO-Offload, ``fused_adam`` for an Adam config without
+``torch_adam``, ``async_io`` for NVMe). ``prepare()`` does that once, into
+``<repo>/.cache/torch_extensions``, so no notebook waits on a compiler. (Left out, ``fused_adam``
+was built by chapter 02's run of the note's config: that cell took 54 s instead of 11 on 2 cores.)
 
 A JIT build that was killed leaves ``<cache>/<op>/lock`` behind, and the next load waits on it
 forever. ``clear_stale_locks()`` removes a lock that no live process is building under.
@@ -19,6 +21,7 @@ from pathlib import Path
 OPS = {
     "deepspeed_shm_comm": ("ShareMemCommBuilder", "built by every CPU init_distributed"),
     "cpu_adam": ("CPUAdamBuilder", "ZeRO-Offload's optimizer on the CPU"),
+    "fused_adam": ("FusedAdamBuilder", "DeepSpeed's Adam where a config leaves out torch_adam (chapter 02's note)"),
     "async_io": ("AsyncIOBuilder", "NVMe offload (needs Debian's libaio-dev)"),
 }
 STALE_AFTER_S = 5.0
