@@ -16,6 +16,7 @@ included):
 """
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -135,7 +136,7 @@ def test_the_checker_sees_a_wrong_direction(tmp_path):
     assert RANK[layer("gpumem.course.quiz")] > RANK[layer("gpumem.memory.accounting")]
     assert "gpumem.memory.accounting" in GRAPH["gpumem.memory.estimate"]   # relative imports resolved
     assert "gpumem.course.registry" in GRAPH["gpumem.chapters"]
-    assert "gpumem.chapters.ch02_zero.claims" in GRAPH["gpumem.chapters.ch02_zero"]  # from . import x
+    assert "gpumem.chapters.ch07_must_understand.pointers" in GRAPH["gpumem.chapters.ch07_must_understand"]  # from . import x
     assert layer("gpumem.planner.search") == "planner" and layer("gpumem.planner") == "planner"
     assert RANK["timing"] < RANK["planner"] < RANK["runs"]
     assert "gpumem.memory.models" in GRAPH["gpumem.planner.search"]   # from ..memory import models
@@ -196,6 +197,27 @@ def test_formulas_import_no_torch():
             "import gpumem.cli as cli\n"
             "cli.build_parser()\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed', 'matplotlib')))\n")
+    proc = _run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def _rank_modules() -> list[str]:
+    """The chapter modules ranks are started on: ``launch.run("gpumem.chapters.<ch>.<module>:fn", ...)``."""
+    found = set()
+    for path in PKG.rglob("*.py"):
+        found |= set(re.findall(r"[\"'](gpumem\.chapters\.\w+\.\w+):\w+[\"']", path.read_text()))
+    return sorted(found)
+
+
+def test_a_rank_loads_no_figures_and_no_quiz():
+    """A rank starts in a fresh interpreter, and the suite starts a few hundred on 2 cores. Its
+    chapter's package loads nothing it does not ask for: with every module loaded up front, a
+    chapter 02 rank spent 0.6 s more CPU on matplotlib and the quiz's draw (2026-12-06)."""
+    modules = _rank_modules()
+    assert "gpumem.chapters.ch02_zero.ds_ranks" in modules and len(modules) >= 7, modules
+    code = (f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib' or m.endswith('.quiz')))\n")
     proc = _run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout

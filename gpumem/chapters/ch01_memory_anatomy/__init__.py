@@ -13,9 +13,12 @@ measurement.
                 configs and traced with transformers' own code (imported on its own: it loads
                 transformers)
 - ``QUIZ``      the chapter's quiz
+
+Modules load on first use (``ch.diagrams``), so a process that needs one of them (a rank, a grader)
+does not pay for the rest: the quiz's draw, the tracer, matplotlib.
 """
 
-from . import claims, diagrams, labcheck, plots, steps
-from .quiz import QUIZ
+from gpumem.course.registry import lazy_submodules
 
 __all__ = ["claims", "diagrams", "labcheck", "plots", "steps", "QUIZ"]
+__getattr__ = lazy_submodules(__name__, __all__)

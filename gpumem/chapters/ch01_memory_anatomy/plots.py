@@ -1,8 +1,6 @@
 """Chapter 01's figures: activations against sequence length, a traced step's memory timeline,
 and the peak's make-up by category (unsharded, or per GPU under ZeRO-3)."""
 
-import matplotlib.pyplot as plt
-
 from gpumem import units
 from gpumem.memory import models
 from gpumem.memory.activations import activations
@@ -26,6 +24,7 @@ def _limits(ax, capacity: int | None, usable: int | None) -> None:
 def peak_bars(breakdowns: dict[str, dict[str, int]], title: str, capacity: int | None = None,
               usable: int | None = None):
     """Stacked bars: bytes per category at each case's peak, in GB, against capacity and usable."""
+    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 4))
     labels = list(breakdowns)
     cats = list(dict.fromkeys(c for b in breakdowns.values() for c in b))
@@ -72,6 +71,7 @@ def timeline(tl, title: str | None = None, capacity: int | None = None, usable: 
     ``zoom`` phase is drawn there at full resolution, its y axis cut to that phase's range, so
     that a spike too small for the full scale (the optimizer's workspace) shows.
     """
+    import matplotlib.pyplot as plt
     fig = None
     if ax is None:
         fig, (ax, zoom_ax) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
@@ -106,6 +106,7 @@ def timeline(tl, title: str | None = None, capacity: int | None = None, usable: 
 def timelines(tls: list, title: str, capacity: int | None = None, usable: int | None = None):
     """Several timelines stacked vertically (e.g. without and with checkpointing), each with a
     zoom on its optimizer phase."""
+    import matplotlib.pyplot as plt
     fig, axes = plt.subplots(len(tls), 2, figsize=(12, 3.6 * len(tls)), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 1]})
     for (ax, zoom_ax), tl in zip(axes, tls):
@@ -118,6 +119,7 @@ def timelines(tls: list, title: str, capacity: int | None = None, usable: int | 
 def activations_vs_seq(model: str, seqs=(1024, 2048, 4096, 8192, 16384), policy: str = "none"):
     """Activation peak against sequence length for each attention kernel (log-log), from the
     formula (``activations.activations``), with guide lines proportional to s and to s^2."""
+    import matplotlib.pyplot as plt
     cfg = models.get(model)
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     curves = {k: [activations(cfg, s, 1, k, policy).peak / units.GB for s in seqs] for k in KERNELS}

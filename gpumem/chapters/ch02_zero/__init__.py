@@ -14,11 +14,13 @@ the note's DeepSpeed config examined.
 - ``ds_config_note``  the note's DeepSpeed config run on real DeepSpeed, and corrected
 - ``labcheck``        lab 02's ``check()`` (ZeRO-2 gradient hooks)
 - ``QUIZ``            the chapter's quiz
+
+Modules load on first use (``ch.diagrams``), so a process that needs one of them (a rank, a grader)
+does not pay for the rest: the quiz's draw, the tracer, matplotlib.
 """
 
-from . import (claims, diagrams, ds_config_note, ds_ranks, experiments, labcheck, plots, scratch_ranks, tables,
-               zero3_tables)
-from .quiz import QUIZ
+from gpumem.course.registry import lazy_submodules
 
 __all__ = ["claims", "diagrams", "ds_config_note", "ds_ranks", "experiments", "labcheck", "plots",
            "scratch_ranks", "tables", "zero3_tables", "QUIZ"]
+__getattr__ = lazy_submodules(__name__, __all__)

@@ -1,7 +1,5 @@
 """Chapter 02's figure: the ZeRO-3 gather/release timeline from a recorded run."""
 
-import matplotlib.pyplot as plt
-from matplotlib.lines import Line2D
 from gpumem.course.drawing import show_figures as show  # noqa: F401  (notebooks call plots.show)
 
 COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "step": "#55a868"}
@@ -13,6 +11,8 @@ def gather_timeline(events: list[dict], step: int = 1):
     prefetch across the turn from forward to backward); the persistent norms' all-gather after
     the optimizer step is a green square; releases are grey crosses. Shaded bands show which
     pass issued the events."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     rows = [e for e in events if e["step"] == step and e["event"] != "fetch"]
     params = []
     for e in rows:

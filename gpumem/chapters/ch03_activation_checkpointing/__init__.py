@@ -9,9 +9,12 @@ rest in backward; measured on CPU, traced at Llama-3 sizes, priced in FLOPs and 
 - ``scale``        8B / 70B / 405B per GPU under ZeRO-3, seconds at a stated share of peak, traced vs formula
 - ``labcheck``     lab 03's ``check()``
 - ``QUIZ``         the chapter's quiz
+
+Modules load on first use (``ch.diagrams``), so a process that needs one of them (a rank, a grader)
+does not pay for the rest: the quiz's draw, the tracer, matplotlib.
 """
 
-from . import claims, diagrams, experiments, frameworks, labcheck, opsaves, plots, scale
-from .quiz import QUIZ
+from gpumem.course.registry import lazy_submodules
 
 __all__ = ["claims", "diagrams", "experiments", "frameworks", "labcheck", "opsaves", "plots", "scale", "QUIZ"]
+__getattr__ = lazy_submodules(__name__, __all__)

@@ -1,8 +1,6 @@
 """Chapter 03's figures: the recorded event timeline, memory timelines per plan, and the
 memory-vs-recompute frontier with the formula's curve over the measured points."""
 
-import matplotlib.pyplot as plt
-
 from gpumem import units
 from gpumem.memory import models, recompute_cost
 from gpumem.memory.recompute_plans import Plan, first_layers, segments_of
@@ -21,6 +19,7 @@ def _y(part: str, n_layers: int) -> float:
 def event_timeline(result: dict, plans=None):
     """One row per plan: which part runs (y) as FLOPs accumulate (x, time at a fixed share of peak); blue
     forward, green re-run, orange backward. Zero-FLOP re-runs (SAC's pointwise ops) are ticks."""
+    import matplotlib.pyplot as plt
     n = result["layers"]
     names = [p for p in result["plans"] if not plans or p in plans]
     fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.5 * len(names) + 0.6), sharex=True)
@@ -49,6 +48,7 @@ def event_timeline(result: dict, plans=None):
 
 def memory_timelines(measured: list, title: str):
     """Activation and temporary bytes after every operator of one step, one row per plan."""
+    import matplotlib.pyplot as plt
     fig, axes = plt.subplots(len(measured), 1, figsize=(10, 2.2 * len(measured) + 0.5), sharey=True)
     axes = axes if len(measured) > 1 else [axes]
     for ax, m in zip(axes, measured):
@@ -108,6 +108,7 @@ def frontier_panel(ax, cfg: models.ModelConfig, seq: int, batch: int, points: di
 def frontier(small: tuple, large: tuple):
     """Two panels, each ``(cfg, seq, batch, points, unit, title)``: peak activation memory against
     recompute FLOPs for every plan, with the formula's curves."""
+    import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for ax, panel in zip(axes, (small, large)):
         frontier_panel(ax, *panel)

@@ -1,8 +1,6 @@
 """Chapter 04's figure: measured attention memory against s on log axes, with the s^2 and s laws
 and chapter 01's formula for the saved bytes overlaid."""
 
-
-import matplotlib.pyplot as plt
 from gpumem.course.drawing import show_figures
 
 COLOURS = {"naive": "#c44e52", "sdpa": "#4c72b0", "tiled": "#55a868"}
@@ -13,6 +11,7 @@ PANELS = (("peak_forward", "peak during forward"), ("peak_backward", "peak durin
 def memory_vs_seq(result: dict):
     """Three panels (forward peak, backward peak, saved bytes) against s, one line per method;
     dotted: the s^2 and s laws through each method's last point; x: chapter 01's formula."""
+    import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), sharey=True)
     for ax, (key, title) in zip(axes, PANELS):
         for method in result["methods"]:

@@ -1,8 +1,6 @@
 """Chapter 05's figures: the ladder (measured beside quoted), per-device stacked bars against the
 formula, step-time stacked bars, and the 70B step's cost terms as tokens per step grow."""
 
-import matplotlib.pyplot as plt
-
 from gpumem.course.drawing import show_figures as show  # noqa: F401  (notebooks call plots.show)
 from gpumem.memory import gpus
 from gpumem.timing import offload_time
@@ -20,6 +18,7 @@ COLORS = {"measured": "tab:blue", "datasheet": "tab:gray", "note": "tab:orange"}
 
 def ladder(ladder_result: dict):
     """Horizontal bars, log scale: this machine's rungs beside datasheet and note figures."""
+    import matplotlib.pyplot as plt
     rows = [(f"measured: {k}", v["bytes_per_s"], "measured") for k, v in ladder_result["rungs"].items()] + QUOTED
     rows.sort(key=lambda r: r[1])
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1))
@@ -34,6 +33,7 @@ def ladder(ladder_result: dict):
 def held(result: dict):
     """Stacked bars per configuration (rank 0): accelerator, host and NVMe bytes, measured beside
     chapter 01's formula."""
+    import matplotlib.pyplot as plt
     names = list(result["configs"])
     fig, ax = plt.subplots(figsize=(9, 4))
     for i, name in enumerate(names):
@@ -55,6 +55,7 @@ def held(result: dict):
 
 def times(result: dict):
     """Stacked bars per configuration: forward, backward and step compute, and swap I/O (ms)."""
+    import matplotlib.pyplot as plt
     names = list(result["configs"])
     fig, ax = plt.subplots(figsize=(8, 4))
     for i, name in enumerate(names):
@@ -78,6 +79,7 @@ def scale(n_params: int, links: offload_time.Links, flops: float, mfu: float, to
     """Step seconds (the best schedule, solid: offload_time.ideal_schedule, which keeps NVMe state
     swaps in the step; stock DeepSpeed's schedule, dotted) against tokens per rank per step, one line
     per offload case ``(label, zero, offload, device)``, with the compute line."""
+    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4))
     compute = [offload_time.compute_seconds(n_params, t, flops, mfu) for t in tokens]
     ax.plot(tokens, compute, "k--", label="compute alone")

@@ -20,11 +20,13 @@ questions, its plans drawn and priced, and one plan run for real on CPU ranks.
                    parallelism, and where its all-to-all goes
 - ``QUIZ``         the chapter's quiz (``quiz_topology``: its questions that need the topology;
                    ``quiz_ranking``: predict the planner's top family on a drawn cluster)
+
+Modules load on first use (``ch.diagrams``), so a process that needs one of them (a rank, a grader)
+does not pay for the rest: the quiz's draw, the tracer, matplotlib.
 """
 
-from . import (claims, diagrams, experiments, labcheck, moe_cells, plots, ranking_cells, scenarios,
-               timing_cells, topology, validation_cells, widget)
-from .quiz import QUIZ
+from gpumem.course.registry import lazy_submodules
 
 __all__ = ["claims", "diagrams", "experiments", "labcheck", "moe_cells", "plots", "ranking_cells", "scenarios", "timing_cells",
            "topology", "validation_cells", "widget", "QUIZ"]
+__getattr__ = lazy_submodules(__name__, __all__)

@@ -8,8 +8,6 @@ can run on different kernel threads (ipykernel's subshells), so the flush render
 widget was still drawing: bars without axes, title or legend (issue 24, item 1). A ``Figure`` of
 our own is seen by nobody else."""
 
-from matplotlib.figure import Figure
-
 from gpumem.course.drawing import show_figures as show  # noqa: F401  (notebooks call plots.show)
 
 from .diagrams import MEMORY_PARTS, TIME_PARTS
@@ -23,6 +21,7 @@ def _short(plan) -> str:
 
 def memory_bars(result, top: int = 6, ax=None):
     """Stacked horizontal bars: each distinct plan's per-GPU bytes by part (GB), the usable line."""
+    from matplotlib.figure import Figure
     plans = result.distinct(top)
     if ax is None:
         ax = Figure(figsize=(9, 0.8 + 0.75 * max(len(plans), 1))).subplots()
@@ -50,6 +49,7 @@ def memory_bars(result, top: int = 6, ax=None):
 
 def time_bars(result, top: int = 6, ax=None):
     """Stacked horizontal bars: each distinct plan's step time by term (seconds)."""
+    from matplotlib.figure import Figure
     plans = result.distinct(top)
     if ax is None:
         ax = Figure(figsize=(9, 0.8 + 0.75 * max(len(plans), 1))).subplots()
@@ -77,6 +77,7 @@ def validation_scatter(rows, band: tuple[float, float] | None = None, ax=None):
     rows), log-log, with y = x and the band ``band`` (default ``validate.BAND``) around it; one
     marker per framework family; the calibration run ringed. Runs out of scope have no prediction
     and are left out."""
+    from matplotlib.figure import Figure
     from gpumem.planner.validate import BAND, CALIBRATION
     band = band or BAND
     if ax is None:

@@ -3,8 +3,6 @@ per role and one for the total, not stacked: on the log axis that full fine-tuni
 25x apart, a stacked segment's height would not be its size), against the four cards' usable
 bytes (horizontal lines, labelled outside the plot)."""
 
-import matplotlib.pyplot as plt
-
 from gpumem.course.drawing import show_figures as show  # noqa: F401  (notebooks call plots.show)
 from gpumem.memory import models
 
@@ -37,6 +35,7 @@ def by_role(model: str = "llama-3-70b", checkpoint: str = "full"):
     GPU's total, side by side; a role a recipe does not hold has no bar. The rows with the base on
     the CPU show what the GPU keeps (states, activations, total) beside the host RAM they need
     (its own hatch). Each card's usable bytes is a dashed line."""
+    import matplotlib.pyplot as plt
     cfg = models.get(model)
     fig, ax = plt.subplots(figsize=(11, 5.2))
     cols = _columns(cfg, checkpoint)
