@@ -94,13 +94,16 @@ def _lab02_with(source: str, monkeypatch=None, cases: tuple | None = None):
     """Grade lab 02 with the learner's function replaced by ``source`` (readable by inspect). The
     solution's cells run once (its measured sweep on 2 ranks took 8-30 s a call); each grading gets
     its own copy of that namespace. ``cases``: indices into ``labcheck.CASES``, the ones a test
-    reads (each case is one more training on both ranks); narrowing them is a change the grader's
-    seal refuses in a learner's kernel, so it is off for that grading."""
+    reads (each case is one more training on both ranks), and Part 2's lone reduce-scatters run one
+    round (its run rows grade the prediction against the grader's count from the same measurements);
+    narrowing them is a change the grader's seal refuses in a learner's kernel, so it is off for that
+    grading."""
     if cases is not None:
         from gpumem.chapters.ch02_zero import labcheck
         from gpumem.course import grader_seal
         monkeypatch.setattr(grader_seal, "refuse_if_changed", lambda lab: None)
         monkeypatch.setattr(labcheck, "CASES", tuple(labcheck.CASES[i] for i in cases))
+        monkeypatch.setattr(labcheck, "LONE_ROUNDS", 1)       # Part 2's run rows: the same count either way
     if not _LAB02:
         _LAB02.update(notebook_namespace(ROOT / "solutions" / "lab02_zero2_hooks.ipynb"))
     ns = dict(_LAB02)

@@ -130,11 +130,12 @@ def _intact(case: dict) -> None:
 
 
 def lab02_rank(rank: int, world: int, source: str, cases: tuple, bf16: tuple | None = None,
-               watch_s: float = 90.0) -> list[dict]:
+               watch_s: float = 90.0, lone_rounds: int | None = None) -> list[dict]:
     """On each rank, per case: the learner's hooks on a fresh model, trained with ``sharded_step``;
     then, in one more entry, the ``bf16`` case (:mod:`.lab02_bf16`: one backward, watched as the
     others) and Part 2's lone reduce-scatters (:mod:`.lab02_measure`). Each case is watched for
-    ``watch_s`` seconds (:func:`.lab02_probe.watchdog`)."""
+    ``watch_s`` seconds (:func:`.lab02_probe.watchdog`); ``lone_rounds``: the lone reduce-scatters'
+    rounds (None: :data:`.lab02_measure.ROUNDS`)."""
     import torch.distributed as dist
 
     from . import lab02_meter, lab02_probe, lab02_watch
@@ -146,7 +147,8 @@ def lab02_rank(rank: int, world: int, source: str, cases: tuple, bf16: tuple | N
     run = functools.partial(_case, ns, rank, world, rec, sealed, source, watch_s)
     out = [run(case) for case in cases]
     from . import lab02_measure
-    out.append({"lone": lab02_measure.lone_rank(world), "bf16": run((*bf16, False), True) if bf16 else None})
+    out.append({"lone": lab02_measure.lone_rank(world, lone_rounds or lab02_measure.ROUNDS),
+                "bf16": run((*bf16, False), True) if bf16 else None})
     return out
 
 

@@ -53,7 +53,7 @@ from gpumem.course.grading import Report, Row, case_seconds, failure_line, kind,
 from gpumem.course.lab_reach import first_reach
 from gpumem.errors import RunFailure
 
-from . import lab02_bf16, lab02_bundle, lab02_cases, lab02_predict, lab02_probe, lab02_weights
+from . import lab02_bf16, lab02_bundle, lab02_cases, lab02_measure, lab02_predict, lab02_probe, lab02_weights
 from .lab02_gpu import GPU_ATOL  # noqa: F401 (tests read it here)
 from .lab02_ranks import (BARRIERS, FN, REDUCE_SCATTERS, build, reference,  # noqa: F401 (lab prints sharded_step)
                           sharded_step)
@@ -65,6 +65,7 @@ LAB = "lab02_zero2_hooks"
 CASES = (("tiny", 3, 3, 0, False), ("mini", 5, 2, 200_000, False), ("tiny", 7, 2, 10**7, False),
          ("odd", 11, 3, 150_001, True))
 IN_FLIGHT = 2                      # this lab's cap (a choice): one bucket on the wire while the next one goes out
+LONE_ROUNDS = lab02_measure.ROUNDS  # Part 2's lone reduce-scatters (tests that read no Part 2 row take 1)
 
 
 def gpumem_imports(source: str) -> list[str]:
@@ -100,7 +101,8 @@ def check(ns: dict, show: bool = True) -> Report:
             from gpumem.runs import launch
             try:                                 # the learner's code runs on the ranks
                 ranks = launch.run("gpumem.chapters.ch02_zero.lab02_ranks:lab02_rank", 2, progress=False,
-                                   results="plain", source=sent, cases=cases, bf16=bf16, watch_s=lab02_probe.WATCH_S)
+                                   results="plain", source=sent, cases=cases, bf16=bf16, watch_s=lab02_probe.WATCH_S,
+                                   lone_rounds=LONE_ROUNDS)
             except (launch.RankError, RunFailure) as err:      # a case stuck: lab02_probe.watchdog names it
                 return "error", (failure_line(err).replace(f"{lab02_probe.__name__}.Stuck: ", "")
                                  + lab02_bundle.where(getattr(err, "detail", ""), sent))
