@@ -51,11 +51,11 @@ lab: setup $(LAB_OVERRIDES)
 
 # Every group runs even when an earlier one fails; the target fails if any did. The tests are cut into
 # groups, each a target below run in its own process, temp folder and ports: tools/run_tiers.py runs
-# them two at a time (one alone leaves a core idle), longest first, and prints each group's output
-# whole when it ends. Their order is by the minutes each took on 2 cores (a fresh clone, 2026-12-05:
-# notebooks 9, labs A 8, labs B 8, late unit 6, unit A 5, unit B 5, formula 2, browser 2), so both
-# cores stay busy to the end. The formula-against-trace test's two worker processes come last, beside
-# the browser tier. TIERS_IN_SERIES=1: one group at a time.
+# them two at a time (one alone leaves a core idle), in the order listed, and prints each group's output
+# whole when it ends. Their order keeps both cores busy to the end (minutes each took beside another
+# on 2 cores, a fresh clone, 2026-12-06: notebooks 8, labs A 11, labs B 9, late unit 6, unit A 4,
+# unit B 5, formula 3, browser 2; all 8 in 24:15, set-up 5:50). The formula-against-trace test's two
+# worker processes come last, beside the browser tier. TIERS_IN_SERIES=1: one group at a time.
 UNIT_LATE := $(sort $(filter-out tests/test_lab%,$(wildcard tests/test_l*.py tests/test_[m-z]*.py)))
 UNIT_LAST := tests/test_01_formula_vs_trace.py
 UNIT_EARLY := $(sort $(filter-out $(UNIT_LATE) $(UNIT_LAST),$(wildcard tests/test_*.py))) $(UNIT_LAST)

@@ -2,7 +2,7 @@
 
 Each group is a ``make`` target run in its own process (its own pytest, temp folder and ports); its
 output goes to ``.cache/<target>.log`` and is printed whole when it ends, so two groups never
-interleave. The Makefile lists the groups longest first (measured on 2 cores, see its comment): with
+interleave. The Makefile lists the groups in an order measured on 2 cores (see its comment): with
 2 workers that keeps both cores busy to the end. A line says when each starts and ends. Exit status 1
 when any group failed (every group runs regardless), 2 on bad arguments.
 

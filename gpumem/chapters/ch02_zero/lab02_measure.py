@@ -23,7 +23,8 @@ import math
 import os
 import time
 
-ROUNDS = 15                  # rounds of lone reduce-scatters in a check (about 0.5 s on 2 ranks)
+ROUNDS = 15                  # rounds of lone reduce-scatters in a check (about 0.5 s on 2 ranks; 4.4 s
+#                             on a 2-core machine busy with other work, 2026-12-06)
 SMALL = 1 << 16              # the small lone reduce-scatter's bytes; the large one is all the gradients,
 POINTS = ("small", "all")    # so every bucket size lies between the two (a line through two sizes of
 # megabytes, extrapolated to small buckets, came out negative at 0 bytes)
