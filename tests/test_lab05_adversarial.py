@@ -1675,6 +1675,26 @@ def test_review_r25_r26_the_paste_padded_between_its_statements_is_refused(no_li
     assert "it ran a copy of gpumem.timing.grad_swap.exposed_seconds" in bad.detail, bad
 
 
+
+def test_review_r27_the_paste_with_plain_operators_and_no_max_is_refused(no_libaio):
+    """Review r27: r26's paste without its pads, with ``t += x`` written ``t = t + x`` (another
+    operator number in the bytecode) and both ``max(t, drive)`` written as conditional expressions,
+    kept 11 of the body's 53 shingles and 47 of its 60 instructions in order, and passed 13/13. An
+    in-place operator now reads as the plain one: the copy keeps 33 of its 52 shingles and 54 of 60
+    instructions in order."""
+    import inspect
+    from gpumem.timing import grad_swap
+    source = inspect.getsource(grad_swap)
+    edits = (("t += backward_s * n / shard", "t = t + backward_s * n / shard"),
+             ("drive = max(t, drive) + n", "drive = (t if t > drive else drive) + n"),
+             ("            t = max(t, drive)", "            t = t if t > drive else drive"))
+    for old, new in edits:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    report = _graded_with_pasted(source)
+    bad = first_problem(report, "rung_seconds")
+    assert "it ran a copy of gpumem.timing.grad_swap.exposed_seconds" in bad.detail, bad
+
 def _slip_setups(count: int, seed: int):
     """Drawn setups as the grader draws them (lab_draw's ranges and link directions), seeded."""
     rng = random.Random(seed)

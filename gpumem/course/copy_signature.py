@@ -11,7 +11,8 @@ are met by :func:`bound_values`/:func:`frame_values`, the dead stores left out o
 :func:`consts_met`. Review r24's copy of ``grad_swap.exposed_seconds`` with its argument check
 deleted held 0.6 of the body's shingles, under :data:`COVER`: a leading run of checks
 (``if ...: raise ...``, ``assert``) is left out of every signature (:func:`_drop_checks`), so a
-copy reads the same with or without them. A docstring compiles to no instruction: never in one.
+copy reads the same with or without them. Review r27 wrote ``t += x`` as ``t = t + x``: an in-place
+operator reads as the plain one. A docstring compiles to no instruction: never in one.
 """
 
 import dis
@@ -24,6 +25,7 @@ _NAMED = set(dis.hasname) | set(dis.haslocal) | set(dis.hasfree)
 # A paste changes jump offsets and LOAD_METHOD vs LOAD_GLOBAL's NULL bit + LOAD_ATTR (3.11 compiles
 # ``math.sqrt(d)`` either way, as ``import math`` is in the same source or not): not in a signature.
 _JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
+_INPLACE = 13         # 3.11's BINARY_OP: 0-12 the operators (NB_ADD ...), 13-25 the same in place (NB_INPLACE_ADD ...)
 _SIMPLE = {"LOAD_CONST", "LOAD_FAST", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME"}
 
 
@@ -122,6 +124,8 @@ def signature(code: types.CodeType) -> tuple:
             arg = _const(ins.argval)
         elif ins.opcode in _JUMPS:
             arg = None
+        elif ins.opname == "BINARY_OP" and ins.arg >= _INPLACE:
+            arg = ins.arg - _INPLACE        # ``t += x`` reads as ``t = t + x`` (review r27)
         else:
             arg = ins.arg
         ops.append((name, arg))
