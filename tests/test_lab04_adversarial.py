@@ -1553,6 +1553,15 @@ def _glu_rows(s2, l2):
     return torch.stack(rows_, -2)
 
 
+def _matrix_exp(s2, lse2):
+    """Review r27's P: e^x as the exponential of a 1 x 1 matrix (``linalg.matrix_exp``)."""
+    x = s2 / LOG2E - lse2 / LOG2E
+    return torch.where(x == -math.inf, 0.0, torch.linalg.matrix_exp(x.clamp_min(-1e4)[..., None, None])[..., 0, 0])
+
+
+_UNUSED = "its product P^T dO (dV's part) took a tile of shape"
+
+
 def _visible_of_first_key_block(case) -> int:
     """Heads x query rows x keys of block 0 each sees, counted by hand (top-left causal: i sees j <= i)."""
     b, a, kv, sq, sk, d, causal, block = case
@@ -1572,7 +1581,10 @@ def _visible_of_first_key_block(case) -> int:
         torch.ones_like(s2), 1.0, 1, 1.0, False, (s2 - l2) / LOG2E))[1]),
      "elu_backward on scores (numbers made from both Q and K): only exp2 may exponentiate"),
     (_tiled(_glu_rows), "glu on scores (numbers made from both Q and K): only exp2 may exponentiate"),
-], ids=["E", "E-plain-q", "cosh-in-tiles", "pow-series", "squarings", "elu-backward", "glu"])
+    # review r27: a decoy exp2 thrown away, P from linalg.matrix_exp of 1 x 1 matrices or a series
+    (_tiled(lambda s2, l2: (torch.exp2(s2 - l2), _matrix_exp(s2, l2))[1]), _UNUSED),
+    (_tiled(lambda s2, l2: (torch.exp2(s2 - l2), _squared(s2, l2))[1]), _UNUSED),
+], ids=["E", "E-plain-q", "cosh-in-tiles", "pow-series", "squarings", "elu-backward", "glu", "matrix-exp", "decoy-series"])
 def test_an_exponential_that_is_not_exp2_or_a_laundered_q_fails(cheat, says):
     says = says.format(_visible_of_first_key_block(labcheck.BACKWARD[0]))
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]

@@ -22,14 +22,15 @@ on scores (:data:`.labops._OTHER`: review r13 #1 took P = 1 / (cosh x - sinh x))
 exp2: exp2 must reach every visible score of the call, counted over DISTINCT (query row, key, head)
 pairs (:mod:`.labpairs`; review r15 #1 took exp2 of one tile again and again, r16 #2 recomputed its
 product each time). A tensor's Q|K bits are those of every tensor an op takes (r15: K laundered
-through index_select's index). ``pow(2.0, x)`` is exp2.
+through index_select's index). ``pow(2.0, x)`` is exp2. P^T dO must take exp2's output (r27: a decoy).
 """
 
 import torch
 
+from .labexp2_words import verdict
 from .labpairs import Pairs
 from .labops import (  # noqa: F401 (LOG2E is read from here too)
-    FOLDED, K, LOG2E, ONE, PLAIN, QK, RAW, READY, Q, _ADD, _MASK, _MM, _OTHER, _POWERS, _REDUCE, _RTOL, _SAME,
+    FOLDED, K, LOG2E, ONE, PLAIN, PROB, QK, RAW, READY, Q, _ADD, _MASK, _MM, _OTHER, _POWERS, _REDUCE, _RTOL, _SAME,
     _flat, _marks, _number, _ptr, _rest, _rows_of_d, _wider)
 
 # exponentials in the natural base: what chapter 04's code (and a softmax) takes
@@ -50,6 +51,7 @@ class Exp2Rule:
     exp2 = property(lambda self: self.seen("exp2"))
     unfolded = property(lambda self: self.seen("unfolded"))
     alone = property(lambda self: self.seen("alone"))
+    unused = property(lambda self: self.seen("unused"))
 
     def __init__(self, d: int, q=None, k=None, hidden=None):
         self.folded_scale = d ** -0.5 * LOG2E
@@ -64,7 +66,8 @@ class Exp2Rule:
                 self.tags[_ptr(t)] = (bit, PLAIN)
 
     def __setattr__(self, name, value):
-        if name in self.__dict__ or name in ("plain", "other", "exp2", "exp2n", "scores", "unfolded", "alone"):
+        if name in self.__dict__ or name in ("plain", "other", "exp2", "exp2n", "scores", "unfolded", "alone",
+                                             "unused"):
             raise AttributeError(f"it rebound the grader's watch (Exp2Rule.{name}): leave the watch alone")
         object.__setattr__(self, name, value)
 
@@ -85,8 +88,13 @@ class Exp2Rule:
 
     def _scaled(self, op, args, bits):
         x, c = self._factor(op, args)
-        if x is None:
-            return bits, None
+        if x is None:                               # tensor by tensor: P times a mask, dropout's or (dP - D)
+            tags = [self._tag(t) for t in args[:2] if isinstance(t, torch.Tensor)]
+            keeps = len(tags) == 2 and any(f == PROB for _, f in tags) and \
+                all(f == PROB or (b & QK) == 0 for b, f in tags)
+            return bits, (PROB if keeps else None)
+        if self._tag(x)[1] == PROB:
+            return bits, PROB
         xb, xf = self._tag(x)
         if xb == QK and self._near(c, LOG2E):
             self.mark("alone", True)                # log2 e on its own: the unfolded form
@@ -134,7 +142,7 @@ class Exp2Rule:
         xb, xf = self._tag(x)
         if op == "where":                          # where(cond, a, b): the tile is a or b
             (ab, af), (bb, bf) = self._tag(args[1]), self._tag(args[2])
-            xf, other = (af, bb) if af in (RAW, FOLDED, READY) else (bf, ab)
+            xf, other = (af, bb) if af in (RAW, FOLDED, READY, PROB) else (bf, ab)
             return xb | ab | bb, (xf if other != QK else None)     # the condition's bits too (review r15 #1)
         others = 0
         for t in rest:
@@ -175,10 +183,13 @@ class Exp2Rule:
             bits, form = self._scaled(op, args, bits)
         elif op in _MM:
             bits, form = self._product(op, args, kwargs)
+            self._fed(op, args)
         elif op in _ADD:
             bits, form = self._sum(op, args, kwargs, out)
         elif op in _MASK or op == "where":
             bits, form = self._masked(op, args)
+        if x is not None and self._tag(x)[1] in (FOLDED, READY):
+            form = PROB                             # exp2's own output: what P^T dO must take
         self._other(op, args)
         outs, shared = [t for t in _flat([out]) if isinstance(t, torch.Tensor) and t.numel()], {_ptr(t) for t in every}
         if not op.endswith("_") and op not in _SAME:     # a view this rule does not know: the storage keeps its tag
@@ -202,6 +213,17 @@ class Exp2Rule:
             return None
         a, b = args[1:3] if op in ("addmm", "baddbmm") else args[:2]
         return self.pairs.product(a, b, self._tag(a)[0] == Q, self._tag(a)[1] == ONE, self._tag(b)[1] == ONE)
+
+    def _fed(self, op, args) -> None:
+        """Review r27: a decoy exp2 whose output was thrown away, and P made by another road
+        (``linalg.matrix_exp`` of 1 x 1 matrices, a series), passed. A product of a tile made from
+        both Q and K with a tensor made from neither (P^T dO: dV's part) must take exp2's output
+        (masked, cast, scaled or times a mask allowed)."""
+        a, b = args[1:3] if op in ("addmm", "baddbmm", "addbmm") else args[:2]
+        (ab, af), (bb, bf) = self._tag(a), self._tag(b)
+        for (tb, tf), (ob, _), t in (((ab, af), (bb, bf), a), ((bb, bf), (ab, af), b)):
+            if tb == QK and ob == 0 and tf != PROB and not self.unused:
+                self.mark("unused", f"a tile of shape {tuple(t.shape)}")
 
     def _fresh(self, x) -> int:
         """Scores of ``x`` exp2 has not taken yet: the visible (query row, key) pairs of the Q K^T
@@ -272,27 +294,7 @@ class Exp2Rule:
         return ""
 
     def wrong(self, need: int = 0) -> str:
-        """'' or the first part of the rule the call broke; ``need``: the visible scores of the call
-        (heads x query rows x the keys each sees), each of which exp2 must have taken."""
-        c = f"{self.folded_scale:.6g}"
-        if self.plain:
-            return (f"it rebuilt P with {self.plain}, the natural base, as chapter 04's backward does: "
-                    f"FlashAttention-2's kernels take exp2 with log2(e) folded into the softmax scale "
-                    f"(scale_softmax_log2 = scale * log2 e); use torch.exp2, no exp")
-        if self.other:
-            return (f"{self.other} on scores (numbers made from both Q and K): only exp2 may exponentiate; "
-                    f"rebuild P as FlashAttention-2 does, exp2(S * c2 - lse * log2 e), c2 = scale * log2(e) = {c}")
-        if self.exp2n < need:
-            return (f"it took exp2 of {self.exp2n:,} distinct scores, fewer than the {need:,} visible scores of "
-                    f"the call (heads x query rows x the keys each sees; a tile taken again, or its product made "
-                    f"again, counts once): rebuild every visible probability with exp2 (S * c2 - lse * log2 e), "
-                    f"c2 = scale * log2(e) = {c}, not by another road")
-        if self.unfolded and self.alone:
-            return (f"it took exp2 of scores multiplied by log2(e) on its own ({self.unfolded}): two multiplies "
-                    f"per score; fold log2(e) into the softmax scale: exp2(S * c2 - lse * log2 e), c2 = "
-                    f"scale * log2(e) = {c}")
-        if self.unfolded:
-            return (f"it took {self.unfolded} that does not come from the score tile Q K^T multiplied once "
-                    f"by scale * log2(e) = {c} (then the lse in base 2 subtracted, masking allowed): fold "
-                    f"log2(e) into the softmax scale, exp2(S * c2 - lse * log2 e)")
-        return ""
+        """'' or the first part of the rule the call broke (:func:`.labexp2_words.verdict`); ``need``:
+        the visible scores of the call (heads x query rows x the keys each sees), each of which exp2
+        must have taken."""
+        return verdict(self, need)

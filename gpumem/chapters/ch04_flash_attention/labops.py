@@ -11,6 +11,7 @@ LOG2E = math.log2(math.e)
 _RTOL = 1e-9                      # a Python float of scale * log2 e, however it was spelled
 Q, K, QK = 1, 2, 3                # where a tensor's numbers come from (bits)
 PLAIN, ONE, RAW, FOLDED, READY = "plain", "one", "raw", "folded", "ready"
+PROB = "prob"                       # exp2's output from a folded or ready tile (masked, cast or scaled)
 # ops whose output holds the same numbers as their first tensor (views, copies, casts)
 _SAME = frozenset({
     "view", "_unsafe_view", "reshape", "_reshape_alias", "_reshape_copy", "expand", "expand_copy", "slice",
@@ -105,9 +106,10 @@ def _wider(rest: list, block: int, d: int) -> bool:
 
 def _marks():
     """``(mark, add, seen)`` over one closure: what the rule found (``plain``, ``other``, ``exp2``,
-    ``unfolded``, ``alone``), each kept once set, and what it counted (``exp2n``: distinct visible
-    scores taken exp2 of; ``scores``: numbers of score tiles made), which only grow."""
-    state = {"plain": "", "other": "", "exp2": False, "unfolded": "", "alone": False, "exp2n": 0, "scores": 0}
+    ``unfolded``, ``alone``, ``unused``), each kept once set, and what it counted (``exp2n``: distinct
+    visible scores taken exp2 of; ``scores``: numbers of score tiles made), which only grow."""
+    state = {"plain": "", "other": "", "exp2": False, "unfolded": "", "alone": False, "unused": "", "exp2n": 0,
+             "scores": 0}
 
     def mark(name: str, value) -> None:
         state[name] = state[name] or value
