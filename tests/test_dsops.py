@@ -1,4 +1,5 @@
-"""The DeepSpeed op cache: stale JIT locks are cleared, live ones are left alone."""
+"""The DeepSpeed op cache: stale JIT locks are cleared, live ones are left alone; set-up builds
+every op a CPU engine loads."""
 
 import json
 import os
@@ -72,7 +73,6 @@ def test_set_up_says_cpu_in_its_own_words_not_deepspeeds_warning():
     assert proc.returncode == 0, out
     assert "Setting accelerator to CPU" not in out and "[WARNING]" not in out, out
     assert "no CUDA device here: DeepSpeed uses its CPU accelerator" in out and "cpu True" in out, out
-
 
 
 _ENGINE_OPS = """
