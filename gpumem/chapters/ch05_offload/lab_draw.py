@@ -92,7 +92,7 @@ def _budgets(rng, fig: dict) -> tuple:
             round(_between(rng, [f[2] for f in fig.values()]), 2))
 
 
-def choose_case(rng, target, tries: int = 400, slow_fits: bool = False, paced: bool = False,
+def choose_case(rng, target, tries: int = 2000, slow_fits: bool = False, paced: bool = False,
                 buffered: bool = False) -> tuple:
     """(case, the learner's arguments, expected rung, figures) whose answer is ``target``: the
     setup is drawn first (:func:`_setup`), then budgets in the gaps between its rungs' figures; the
