@@ -93,9 +93,9 @@ class Exp2Rule:
             keeps = len(tags) == 2 and any(f == PROB for _, f in tags) and \
                 all(f == PROB or (b & QK) == 0 for b, f in tags)
             return bits, (PROB if keeps else None)
-        if self._tag(x)[1] == PROB:
-            return bits, PROB
         xb, xf = self._tag(x)
+        if xf == PROB:
+            return bits, PROB
         if xb == QK and self._near(c, LOG2E):
             self.mark("alone", True)                # log2 e on its own: the unfolded form
         if not self._near(c, self.folded_scale):
