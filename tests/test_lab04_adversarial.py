@@ -1501,8 +1501,9 @@ def hyperbolic_plain_q(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, bloc
     return _all_rows_hyperbolic(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, launder=False)
 
 
-def _tiled(exp):
-    """The right tiles, loop and skip, with P = exp(S c - lse) taken by ``exp(s2, lse2)`` (base 2)."""
+def _tiled(exp, taint=False):
+    """The right tiles, loop and skip, with P = exp(S c - lse) taken by ``exp(s2, lse2)`` (base 2);
+    ``taint``: dO made "from Q" by adding 0.0 * Q (review r28)."""
     def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
         b, a, s_q, d = q.shape
         kv, n, c = k_blk.shape[1], k_blk.shape[2], d ** -0.5
@@ -1511,6 +1512,7 @@ def _tiled(exp):
         for i0 in range(j0 // block * block if causal else 0, s_q, block):
             i1 = min(i0 + block, s_q)
             qt, dot = q[:, :, i0:i1], dout[:, :, i0:i1]
+            dot = dot + 0.0 * qt if taint else dot
             s2 = _masked(qt @ kk.transpose(-1, -2) * (c * LOG2E), causal, i0, j0)
             p = exp(s2, lse[:, :, i0:i1, None] * LOG2E)
             dv += p.transpose(-1, -2) @ dot
@@ -1559,7 +1561,7 @@ def _matrix_exp(s2, lse2):
     return torch.where(x == -math.inf, 0.0, torch.linalg.matrix_exp(x.clamp_min(-1e4)[..., None, None])[..., 0, 0])
 
 
-_UNUSED = "its product P^T dO (dV's part) took a tile of shape"
+_UNUSED = "a product (P^T dO, dS K or dS^T Q) took a tile of shape"
 
 
 def _visible_of_first_key_block(case) -> int:
@@ -1584,7 +1586,10 @@ def _visible_of_first_key_block(case) -> int:
     # review r27: a decoy exp2 thrown away, P from linalg.matrix_exp of 1 x 1 matrices or a series
     (_tiled(lambda s2, l2: (torch.exp2(s2 - l2), _matrix_exp(s2, l2))[1]), _UNUSED),
     (_tiled(lambda s2, l2: (torch.exp2(s2 - l2), _squared(s2, l2))[1]), _UNUSED),
-], ids=["E", "E-plain-q", "cosh-in-tiles", "pow-series", "squarings", "elu-backward", "glu", "matrix-exp", "decoy-series"])
+    # review r28: the same with dO made "from Q" (dO + 0.0 * Q), so P^T dO met no tensor made from neither
+    (_tiled(lambda s2, l2: (torch.exp2(s2 - l2), _squared(s2, l2))[1], taint=True), _UNUSED),
+], ids=["E", "E-plain-q", "cosh-in-tiles", "pow-series", "squarings", "elu-backward", "glu", "matrix-exp", "decoy-series",
+        "decoy-series-taint"])
 def test_an_exponential_that_is_not_exp2_or_a_laundered_q_fails(cheat, says):
     says = says.format(_visible_of_first_key_block(labcheck.BACKWARD[0]))
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]

@@ -131,6 +131,8 @@ class Exp2Rule:
         (ab, af), (bb, bf) = self._tag(a), self._tag(b)
         alpha = (kwargs or {}).get("alpha", 1)
         carriers = [(t, f) for t, f in ((a, af), (b, bf)) if f in (RAW, FOLDED, READY)]
+        if PROB in (af, bf) and all(f == PROB or not bits & QK for bits, f in ((ab, af), (bb, bf))):
+            return ab | bb, PROB                    # P dP - P D, P plus a bias: still exp2's output
         if len(carriers) != 1 or not isinstance(out, torch.Tensor) or carriers[0][0].shape != out.shape \
                 or (alpha != 1 and carriers[0][0] is b):
             return ab | bb, None
@@ -215,14 +217,12 @@ class Exp2Rule:
         return self.pairs.product(a, b, self._tag(a)[0] == Q, self._tag(a)[1] == ONE, self._tag(b)[1] == ONE)
 
     def _fed(self, op, args) -> None:
-        """Review r27: a decoy exp2 whose output was thrown away, and P made by another road
-        (``linalg.matrix_exp`` of 1 x 1 matrices, a series), passed. A product of a tile made from
-        both Q and K with a tensor made from neither (P^T dO: dV's part) must take exp2's output
-        (masked, cast, scaled or times a mask allowed)."""
+        """Every tile made from both Q and K that a product takes (P^T dO, dS K, dS^T Q) must be exp2's
+        output, masked, cast, scaled, times or plus a tensor made from neither (dS = P (dP - D)): r27's
+        decoy exp2 with P from ``linalg.matrix_exp`` or a series passed, r28's with ``dO + 0.0 * Q``."""
         a, b = args[1:3] if op in ("addmm", "baddbmm", "addbmm") else args[:2]
-        (ab, af), (bb, bf) = self._tag(a), self._tag(b)
-        for (tb, tf), (ob, _), t in (((ab, af), (bb, bf), a), ((bb, bf), (ab, af), b)):
-            if tb == QK and ob == 0 and tf != PROB and not self.unused:
+        for t in (a, b):
+            if self._tag(t)[0] == QK and self._tag(t)[1] != PROB and not self.unused:
                 self.mark("unused", f"a tile of shape {tuple(t.shape)}")
 
     def _fresh(self, x) -> int:
