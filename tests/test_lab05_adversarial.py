@@ -147,6 +147,30 @@ def test_choose_cases_need_both_budgets(seed):
     assert len(set(answers)) >= 3 and fastest_differs
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_review_r28_each_check_has_a_tie_and_a_zero2_paced_case(seed):
+    """Review r28 #1: "the most offloaded rung of the ladder that meets the three budgets", which skips
+    the faster between equals, passed the choice in 93 % of checks; #2: ZeRO-2's gradient trip priced in
+    bf16 (the ZeRO-Offload paper's 2 B a parameter, not stage_1_and_2.py's fp32 slice) passed every
+    rung_seconds row in 12 %. Each check now has a case whose answer zero3+opt-cpu ties zero3+opt-nvme
+    in GPU bytes with both in every budget (counted with the solution's functions), and one where the
+    bf16 trip changes ZeRO-2's step by more than the margin, and the row names the stream."""
+    ns = solution("lab05")
+    ladder, tie, paced2 = list(ref.RUNGS), False, False
+    for case, (n, ranks, gb, hb, sb, compute_s, links), want, _ in lab_draw.choose_cases(random.Random(seed)):
+        figs = {r: (*_totals(ns, n, ranks, r), _seconds(ns, n, ranks, r, compute_s, links)) for r in ref.RUNGS}
+        meets = [r for r in ladder if figs[r][0] <= gb and figs[r][1] <= hb and figs[r][2] <= sb]
+        tie |= want == "zero3+opt-cpu" and meets[-1] == "zero3+opt-nvme" and \
+            figs["zero3+opt-cpu"][0] == figs["zero3+opt-nvme"][0]
+        right = figs["zero2+opt-cpu"][2]
+        bf16 = offload_time.step_time(n, "mixed", 2, ranks, "optimizer", "cpu", compute_s, links, grads="paper")["stock"]
+        if right / bf16 > 1 + labcheck.MARGIN:
+            paced2 = True
+            said = labcheck.seconds_problem(bf16, n, ranks, "zero2+opt-cpu", compute_s, links)
+            assert said.startswith("the gradient stream is missing or too light") and "fp32" in said, said
+    assert tie and paced2
+
+
 def _always_most_offloaded(*args):
     return "zero3+opt+params-nvme"
 
@@ -1748,13 +1772,14 @@ SLIPS = {
 def test_review_r24_a_drive_byte_slip_is_named(slip):
     """Review r24 defect 1: a wrong drive byte count got only "yours is 0.9xx the time engine's stock
     step". On 60 drawn setups (the grader's ranges) each slip, applied by hand to the hand-counted
-    step, gets its own hint with DeepSpeed's bytes per shard parameter and the learner's; the
+    step, gets its own hint (with DeepSpeed's bytes per shard parameter and the learner's, but for the
+    read-back, whose count is the answer: review r28 #6); the
     hand-counted step itself gets none. Where a shard fills one gradient buffer (all of its write
     after backward), a bf16 gradient write and the missing shard write-back both leave out 2 B per
     shard parameter over the write rate: the hint names both."""
     from gpumem.chapters.ch05_offload import labcheck
     rungs, change, words = SLIPS[slip]
-    want = {"no-grad-read-back": "16 B per shard parameter from the drive, yours 12 B",
+    want = {"no-grad-read-back": "beside master and moments (swap_in_optimizer_state",     # r28: no count
             "no-shard-write-back": "writes 14 B per shard parameter, yours 12 B"}.get(slip, "4 B per shard parameter, yours 2 B")
     for n, ranks, c, links in _slip_setups(60, seed=24):
         s = -(-n // ranks)

@@ -20,10 +20,9 @@ parameter DeepSpeed moves and the learner's.
 from gpumem.memory import accounting, offload_cost
 from gpumem.timing import grad_swap
 
-READ_BACK = ("the fp32 gradient's read-back is missing from the step's drive reads: DeepSpeed's step reads "
-             "{want} B per shard parameter from the drive, yours {got} B (CPU Adam reads the gradient "
-             "backward wrote, beside master and moments: swap_in_optimizer_state in "
-             "swap_tensor/partitioned_optimizer_swapper.py)")
+READ_BACK = ("the fp32 gradient's read-back is missing from the step's drive reads: CPU Adam reads the "
+             "gradient backward wrote, beside master and moments (swap_in_optimizer_state in "
+             "swap_tensor/partitioned_optimizer_swapper.py)")     # review r28: no byte count, that is the answer
 WRITE_BACK = ("the updated 16-bit shard's write-back is missing from the step's drive writes: with the "
               "parameters on the drive DeepSpeed's step writes {want} B per shard parameter, yours {got} B "
               "(stage3.py's _reassign_or_swap_out_partitioned_parameters writes the updated shard back)")

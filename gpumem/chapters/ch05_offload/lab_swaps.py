@@ -165,7 +165,7 @@ def role_problem(got, want: dict[str, list[int]]) -> str:
             mine, theirs = off[0]
             return (f"{role}: DeepSpeed wrote {len(w)} file(s), as you predicted, but {len(off)} size(s) differ: "
                     f"your {mine:,} B file is too {'large' if mine > theirs else 'small'}, by "
-                    f"{'less' if abs(mine - theirs) < 1024 else 'more'} than 1 KiB")
+                    f"{'less than 1 KiB' if abs(mine - theirs) < 1024 else '1 KiB or more'}")   # r28: not "more"
     return ""
 
 

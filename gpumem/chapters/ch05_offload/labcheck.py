@@ -159,8 +159,9 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-6 * max(1e-3, abs(b))
 
 
-STREAM = ("the gradient stream is missing: during backward each reduced gradient is copied to the host, one "
-          "copy after another on one CUDA stream, beside compute; here it sets the pace")
+STREAM = ("the gradient stream is missing or too light: during backward stage_1_and_2.py widens each reduced "
+          "gradient slice to fp32 on the GPU before its copy to the host (not the ZeRO-Offload paper's 16-bit "
+          "copy), one copy after another on one CUDA stream, beside compute; here it sets the pace")
 Z3_STREAM = ("ZeRO-3's gradient stream is missing or too light: during backward stage3.py copies the bf16 "
              "partition down, back up, then an fp32 copy down (not the ZeRO-Offload paper's one 16-bit copy), "
              "one after another on one CUDA stream beside compute; here it sets the pace")
@@ -219,7 +220,7 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
              (want - t["nvme_states"], "the optimizer states' NVMe traffic (read and written in the step) is missing"),
              (offload_time.stock_schedule({**t, "grad_trip": 0.0}), Z3_STREAM if zero == 3 else STREAM),
              (offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links, grads="paper")["stock"]
-              if zero == 3 else want, Z3_STREAM),
+              if offload != "none" else want, Z3_STREAM if zero == 3 else STREAM),       # r28: ZeRO-2's in bf16
              *lab_slips.drive_slips(n, ranks, zero, offload, device, compute_s, links, t)]   # review r24 #1
     if zero == 3:                   # review r26: the partition's trip back up left out, or the legs overlapped
         down, up = 6 * s / links.d2h, 2 * s / links.h2d
