@@ -99,10 +99,13 @@ def check(ns: dict, show: bool = True) -> Report:
     else:
         def body():
             from gpumem.runs import launch
+
+            def ranks_of(these, rounds=LONE_ROUNDS):
+                return launch.run("gpumem.chapters.ch02_zero.lab02_ranks:lab02_rank", 2, progress=False,
+                                  results="plain", source=sent, cases=these, bf16=bf16, watch_s=lab02_probe.WATCH_S,
+                                  lone_rounds=rounds)
             try:                                 # the learner's code runs on the ranks
-                ranks = launch.run("gpumem.chapters.ch02_zero.lab02_ranks:lab02_rank", 2, progress=False,
-                                   results="plain", source=sent, cases=cases, bf16=bf16, watch_s=lab02_probe.WATCH_S,
-                                   lone_rounds=LONE_ROUNDS)
+                ranks = lab02_probe.again(ranks_of(cases), cases, lambda these: ranks_of(these, 1))
             except (launch.RankError, RunFailure) as err:      # a case stuck: lab02_probe.watchdog names it
                 return "error", (failure_line(err).replace(f"{lab02_probe.__name__}.Stuck: ", "")
                                  + lab02_bundle.where(getattr(err, "detail", ""), sent))
