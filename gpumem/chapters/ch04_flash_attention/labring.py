@@ -100,15 +100,17 @@ def ring_wrong(calls, ks, rank: int, causal: bool, got) -> str:
 def masked_shard_hint(calls, ks, rank: int, causal: bool) -> str:
     """'' or the first shard ``tiled_forward`` was told to mask where no key is hidden: in a causal
     ring a shard before the rank's own (every key of it lies before every query of the rank); in a
-    ring that is not causal any shard, the rank's own included (review r22: that slip had no hint)."""
+    ring that is not causal any shard, the rank's own included (review r22: that slip had no hint).
+    The causal case names the slip and asks, without the fix: cell 10 asks which shards need the
+    mask (review r28)."""
     for kind, first, _, masked in calls:
         r = next((r for r, k in enumerate(ks) if k.shape[2] and _same(first, k)), None) if kind == "forward" else None
         if not masked or r is None or (causal and r >= rank):
             continue
         keys = f"keys {sum(k.shape[2] for k in ks[:r])}:{sum(k.shape[2] for k in ks[:r + 1])}"
         if causal:
-            return (f"shard {r} ({keys}) lies wholly before rank {rank}'s queries: every key is visible, so "
-                    f"its tiled_forward takes causal=False; only the rank's own shard needs the mask. ")
+            return (f"shard {r} ({keys}) lies wholly before rank {rank}'s queries, yet was run with "
+                    f"causal=True: what does tiled_forward's top-left mask hide in it? ")
         own = f", rank {rank}'s own" if r == rank else ""
         return (f"shard {r} ({keys}{own}) was run with causal=True, but this ring is not causal: every query "
                 f"sees every key, so no shard takes the mask, not even the rank's own. ")

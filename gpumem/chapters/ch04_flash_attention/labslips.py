@@ -6,7 +6,8 @@ P' = exp(S - alpha * lse) with alpha = ln 2, log2 e or (ln 2)^2: every gradient 
 reference rebuilt with that alpha (:func:`gpumem.chapters.ch04_flash_attention.labref.key_block`'s
 ``lse_scale``), which :func:`lse_base` tries once a case has failed. ``ORDER``: the gradients are
 compared dv first, since dV = P^T dO depends on P alone; a wrong dv points at P, a right dv with a
-wrong dk or dq at dS. Expected values, as everywhere in this lab, are made after the call.
+wrong dk or dq at dS. Expected values, as everywhere in this lab, are made after the call. A hint names the slip, not
+its fix: cell 2 asks what the lse must become (review r28).
 """
 
 import math
@@ -15,7 +16,7 @@ from . import labref
 
 ORDER = (2, 1, 0)                 # dv, dk, dq: the one that depends on P alone first
 LN2 = math.log(2)
-SLIPS = ((LN2, "the lse is still in base e while the exponent is in base 2: multiply it by log2 e too"),
+SLIPS = ((LN2, "your exponent and your lse are in different bases"),
          (1 / LN2, "the lse was taken to base 2 twice (log2 e once too often)"),
          (LN2 * LN2, "the lse was divided by log2 e where it should be multiplied"))
 
