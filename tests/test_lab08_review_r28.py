@@ -19,8 +19,10 @@ from test_lab08_adversarial import LAB, LLAMA3_8B, first_problem, grade, solutio
 
 @pytest.fixture(autouse=True)
 def _tests_count_as_cells(monkeypatch):
-    """This file's learners' functions count as cells while graded (as in test_lab08_adversarial)."""
-    monkeypatch.setenv("GPUMEM_TEST_CELLS", os.pathsep.join((__file__, "<cheat cell>", "<string>")))
+    """This file's learners' functions, and test_lab08_adversarial's (walk), count as cells while graded."""
+    import test_lab08_adversarial
+    cells = (__file__, test_lab08_adversarial.__file__, "<cheat cell>", "<string>")
+    monkeypatch.setenv("GPUMEM_TEST_CELLS", os.pathsep.join(cells))
 
 
 def _cells(folder: str) -> list[dict]:
@@ -173,3 +175,43 @@ def test_a_learner_who_traces_the_peak_fails_its_row_naming_the_tracer():
     ns["activation_peak"] = activation_peak
     row = first_problem(grade(ns, random.Random(0).randrange(100)), "activation_peak")
     assert "count it yourself" in row.detail and "gpumem.memory.tracer.trace_step" in row.detail, row.detail
+
+
+def _nested_map_once(ns: dict):
+    right = ns["role_bytes"]
+
+    def role_bytes(model, ft):        # review r28's -mistakes2 slip: 1 KiB a quantised tensor, but one
+        got = right(model, ft)
+        if ft.base_dtype == "nf4" and ft.double_quant:
+            got["quant_constants"] -= 256 * 4 * (7 * model["n_layers"] - 1)
+        return got
+    return role_bytes
+
+
+def test_a_count_slip_that_cannot_change_the_answer_is_not_blamed_for_the_choice():
+    """Finding 6: the nested map counted once (KiBs) and a 1 GB reserve: the choose_recipe rows that
+    fail name the reserve (or the policy), not "your role_bytes is wrong ... fix that first", since
+    the learner's counts in the grader's place choose as the grader does."""
+    from test_lab08_adversarial import walk
+    wrong = []
+    for seed in (0, 1, 2):
+        ns = solution()
+        ns["role_bytes"] = _nested_map_once(ns)
+        ns["choose_recipe"] = walk(ns, lambda capacity: capacity - 10**9 - int(0.05 * capacity))
+        report = grade(ns, seed)
+        assert any(r.function == "role_bytes" and r.status == "wrong" for r in report.rows), report.summary()
+        wrong += [r.detail for r in report.rows if r.function == "choose_recipe" and r.status != "ok"]
+    assert wrong and all(d.startswith(("qlora", "lora", "full", "None")) for d in wrong), wrong   # why_not's rows
+    assert any("reserve" in d for d in wrong) and not any("fix that first" in d for d in wrong), wrong
+
+
+def test_a_count_slip_that_changes_the_answer_is_still_named_first():
+    """Finding 6, the other side: states counted twice over by role_bytes, and a chooser that walks the
+    ladder with them (the right reserve): every choose_recipe row that fails starts with role_bytes."""
+    from test_lab08_adversarial import walk
+    ns = solution()
+    right = ns["role_bytes"]
+    ns["role_bytes"] = lambda model, ft: {k: 2 * v for k, v in right(model, ft).items()}
+    ns["choose_recipe"] = walk(ns)
+    wrong = [r.detail for r in grade(ns, 0).rows if r.function == "choose_recipe" and r.status != "ok"]
+    assert wrong and all(d.startswith("your role_bytes is wrong (see its rows): fix that first; ") for d in wrong), wrong
