@@ -777,7 +777,7 @@ def _lora_acts_skipping(piece: str):
 
 @pytest.mark.parametrize("piece, said", [
     ("base", "the frozen base's activations are still saved"),
-    ("copies", "each adapted projection saves its own bf16 copy of its input"),
+    ("copies", "your adapted projections' saved inputs are short"),     # review r28 #2: not "three copies"
     ("casts", "missing: the adapters' bf16 casts")])
 def test_activations_that_skip_a_piece_fail(piece, said):
     """The chapter's two warnings and its casts, each left out of an otherwise right count: an
@@ -786,6 +786,7 @@ def test_activations_that_skip_a_piece_fail(piece, said):
     for seed in (0, 1):
         row = first_problem(grade(ns, seed), "activation_peak")
         assert "LoRA r=" in row.detail and said in row.detail, (seed, row.detail)
+        assert "three copies" not in row.detail and "o its own" not in row.detail, row.detail   # review r28 #2
 
 
 def test_llama3_8b_activations_by_hand():
@@ -952,6 +953,7 @@ def test_every_check_has_a_peak_set_by_the_re_run():
     ns["activation_peak"] = activation_peak
     row = first_problem(grade(ns, 0), "activation_peak")
     assert "checkpointed" in row.detail and "re-run" in row.detail, row.detail
+    assert "RoPE's tables" not in row.detail and "loss scalars" not in row.detail, row.detail   # review r28 #2
 
 
 @pytest.mark.parametrize("how", ["pool", "raw"])
@@ -1239,6 +1241,7 @@ def test_full_fine_tunings_re_run_is_graded_every_check():
         assert not setups[0][0].lora and _forward_end(model, setups[0][0], seq, batch) == full["forward_peak"] < full["peak"]
         row = first_problem(grade(ns, seed), "activation_peak")
         assert row.detail.startswith("full, ") and "that is the end of the forward" in row.detail, row.detail
+        assert "RoPE's tables" not in row.detail and "inputs before it" not in row.detail, row.detail  # r28 #2
 
 
 def test_a_hint_replaces_the_generic_clause():

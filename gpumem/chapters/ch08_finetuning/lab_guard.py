@@ -34,6 +34,7 @@ models covers them all (review r19: ``activation_peak`` fitted exactly, 27 branc
 
 import contextlib
 import gc
+import importlib.util
 import sys
 import threading
 import types
@@ -69,8 +70,16 @@ _NAMES = {finetune: _own(finetune), activations: _own(activations), activation_p
           models: ["n_params", "layer_params", "attention_params", "mlp_params", "expert_params",
                    "embedding_params", "norm_params"]}
 _METHODS = {(gpus, "of"): "Reserve.of"}     # review r23: "gpumem.memory.gpus.of" named no function there
-BLOCKED = types.MappingProxyType({(m.__file__, n): f"{m.__name__}.{_METHODS.get((m, n), n)}" for m, names in
-                                  _NAMES.items() for n in names})   # read-only (review r18: dict.clear(BLOCKED))
+# gpumem's tracers measure a step (its activation peak, its states) instead of counting it: refused by
+# name (review r28 #5: they were refused only because torch's MemTracker walks the stack). Found by
+# file, not imported here (they load torch, seconds); tracing.trace_step is tracer.trace_step.
+_TRACERS = {"gpumem.memory.tracer": ("trace_step", "build"), "gpumem.memory.trace_compose": ("trace_fast",),
+            "gpumem.memory.timeline": ("record", "recorded", "_recorded"),
+            "gpumem.memory.lora_trace": ("trace_ft", "saved_by_role"), "gpumem.memory.finetune_build": ("build_ft",)}
+BLOCKED = types.MappingProxyType({**{(m.__file__, n): f"{m.__name__}.{_METHODS.get((m, n), n)}" for m, names in
+                                     _NAMES.items() for n in names},
+                                  **{(importlib.util.find_spec(m).origin, n): f"{m}.{n}" for m, names in
+                                     _TRACERS.items() for n in names}})   # read-only (review r18: dict.clear)
 _ACTIVE: list[list[str]] = []
 _FUNCS: list = []                 # the blocked functions themselves, found once a check (:func:`refresh`)
 _LOADED: set = set()              # the gpumem modules loaded when the check began

@@ -62,8 +62,8 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
         return ("that is the checkpointed peak: peft's prepare_model_for_kbit_training would turn gradient "
                 "checkpointing on, but these rungs are QLoRA without it, and the policy here is none")
     if policy == "full" and got == parts["forward_peak"] != want:
-        return ("that is the end of the forward; here the last layer's re-run in backward is higher (the "
-                "checkpointed inputs before it, that layer's saves again, RoPE's tables, the loss scalars)")
+        return ("that is the end of the forward; here a later moment holds more, the last layer's re-run in "
+                "backward: count what is alive then")                                  # review r28 #2
     base = parts["per_layer"] - sum(v for k, v in parts.items() if k.startswith("layer: adapter"))
     if ft.lora and gap >= 0.5 * base * (L if policy == "none" else 1):
         return ("the frozen base's activations are still saved: backward runs through every layer to reach "
@@ -73,17 +73,16 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
         return ("with lora_dropout each adapter saves its own dropped bf16 copy of its input (2 B an element, "
                 "whatever the adapter's dtype) and, where that input needs a gradient, a 1-byte mask")
     if ft.lora and ft.adapter_dtype == "fp32" and ft.base_dtype == "bf16" and got < want:
-        return ("peft's fp32 adapters under autocast: each adapted projection saves its own bf16 copy of its "
-                "input (q, k and v: three copies of one tensor; o its own)")
+        return ("your adapted projections' saved inputs are short: with fp32 adapters under autocast, see what "
+                "each adapted projection saves of its input (saved_in_layer's fp32 row)")  # review r28 #2
     if ft.lora and ft.base_dtype == "nf4" and got > want:
         return ("on a GPU under autocast peft's 4-bit layer does not cast the input: adapters that read one "
                 "tensor share it, and o's input is attention's output, already saved")
     if not ft.lora and abs(gap) == (L if policy == "none" else 1) * 2 * T * h:     # every layer's, or the re-run's
         return "full fine-tuning saves each projection's input: q/k/v's and the MLP's, one bf16 copy each"
     if policy == "full":
-        return ("checkpointed, the peak is the larger of the end of the forward (each layer's bf16 input, "
-                "what lies outside the layers, the loss) and the last layer's re-run in backward (the inputs "
-                "before it, that layer's saves, RoPE's tables, the loss scalars)")
+        return ("checkpointed, the peak is the larger of two moments, the end of the forward and the last "
+                "layer's re-run in backward: count what is alive at each")
     return ""
 
 
