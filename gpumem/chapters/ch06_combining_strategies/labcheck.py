@@ -33,11 +33,14 @@ at long sequences, a cap NVMe offload fits only without its swap buffers), grade
 planner's own search asked with the team's host memory, its plans kept to one node when asked
 (:func:`.lab06_limit_cases.truth`), so ``plan()``'s default answer, a copy's or a child process's
 breaks the limit.
-Each row is labelled with its family. Grading stops at the first case that is wrong.
+Each row is labelled with its family. Grading stops at the first case that is wrong. After the lab's
+own cluster, a ``choose_plan`` that holds a table of answers (more literal data or code than a search
+needs, :mod:`.lab06_table`: review r26's harvested winners) gets one row saying so, and grading stops.
 """
 
 import inspect
 import operator
+import types
 from dataclasses import asdict
 from gpumem import planner
 from gpumem.course import copy_watch
@@ -45,7 +48,7 @@ from gpumem.course.plain import plain
 from gpumem.course.grading import LearnerError, Report, Row, call, error_line, returned, run_case
 from gpumem.errors import UsageError
 
-from . import lab06_cases, lab06_diagnose, lab06_gpu, lab06_limit_cases
+from . import lab06_cases, lab06_diagnose, lab06_gpu, lab06_limit_cases, lab06_table
 from .lab06_timer import STOPPED
 from .lab06_cases import SLOW_LINK  # noqa: F401 (the lab's text names it)
 from .lab06_guard import COPY, FOREIGN, HELD, RAN, REACHED, changed_line, no_search, prints, refuse_if_active
@@ -243,10 +246,14 @@ def check(ns: dict, show: bool = True, seed: int | None = None, ref=reference) -
         report.rows.append(Row("choose_plan", "defined", "todo",
                                "define choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None)"))
     else:
+        table = lab06_table.problem(choose, ns) if isinstance(choose, types.FunctionType) else ""
         for function, family, case, link, limits in cases(seed, ref):
             status, detail = grade_case(choose, case, link, family, ref, limits)
             report.rows.append(Row(function, _label(family, case, link, limits), status, detail))
             if status != "ok":
+                break
+            if table:               # review r26's harvested winners; after the lab's cluster, whose row names a copy
+                report.rows.append(Row("choose_plan", "a search, not a table of answers", "wrong", table))
                 break
     gpu_line = lab06_gpu.grade(report, ns.get("measure_kernel_share"), no_search)
     if show:

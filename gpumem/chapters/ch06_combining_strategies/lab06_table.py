@@ -1,0 +1,106 @@
+"""Lab 06: a table of answers is not a search.
+
+Review r26 harvested the planner's fastest layouts for the grader's own draws (about 100 winners from
+50 seeds, in minutes, by running ``labcheck.cases`` and ``planner.plan`` offline) and wrote a
+``choose_plan`` that prices only those layouts with the lab's pieces: it passed every row of 11 of 15
+fresh checks (rebuilt for review r28: 11 of 15 again; drawing shipped Hugging Face models beside the
+Llamas, or a memory fraction per case, still let 10 of 15 pass, since a family's winners repeat).
+The layouts that win are few, so no draw defeats such a table; its size does. A search needs the
+values of its levers, not the answers: the lab's own search holds 137 characters of literal data
+and 647 bytecode instructions, the harvested table 11,000 characters.
+
+:func:`problem` measures what ``choose_plan`` holds: the numbers and strings its code loads
+(docstrings aside, unless some code reads ``__doc__``) and the plain values it reads, through every
+function and class of the learner's it reaches, and the bytecode instructions of that code (a table
+written as a chain of ``if`` statements loads few distinct constants but many instructions). Over
+:data:`CHARS` or :data:`INSTRUCTIONS` the check stops with a row saying so.
+"""
+
+import dis
+import sys
+import types
+
+from gpumem.course import genuine
+
+CHARS = 400              # literal characters; the lab's search holds 137, a table of 100 layouts ~11,000
+INSTRUCTIONS = 2500      # bytecode instructions; the lab's search has 647
+_CLASS_OWN = frozenset({"__doc__", "__module__", "__qualname__", "__dict__", "__weakref__", "__annotations__",
+                        "__dataclass_fields__", "__dataclass_params__", "__match_args__"})
+
+
+def _chars(value, depth: int = 0) -> int:
+    """Characters of literal data in a constant or a plain value (numbers by their digits)."""
+    if depth > 20 or value is None or isinstance(value, bool):
+        return 0
+    if isinstance(value, (int, float, complex)):
+        return len(repr(value).lstrip("-"))
+    if isinstance(value, (str, bytes, bytearray)):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_chars(k, depth + 1) + _chars(v, depth + 1) for k, v in value.items())
+    if isinstance(value, (tuple, list, set, frozenset)):
+        return sum(_chars(v, depth + 1) for v in value)
+    return 0
+
+
+def _learners(value) -> bool:
+    """A function or class a notebook cell (or the learner's own text) defined, not an installed one."""
+    if isinstance(value, types.FunctionType):
+        return not genuine.genuine(value.__code__)
+    if not isinstance(value, type) or value.__module__ == "builtins":
+        return False
+    module = sys.modules.get(value.__module__)          # a cell's class: __main__, or no installed file
+    return module is None or value.__module__ == "__main__" or not getattr(module, "__file__", None)
+
+
+def measure(fn, ns: dict) -> tuple[int, int]:
+    """(literal characters, bytecode instructions) of ``fn`` and all of the learner's it reaches."""
+    codes, values, seen = [fn.__code__], [], set()
+    chars = instructions = 0
+    reads_doc = False
+    while codes:
+        code = codes.pop()
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        instructions += sum(1 for _ in dis.get_instructions(code))
+        reads_doc |= "__doc__" in code.co_names
+        for i, const in enumerate(code.co_consts):
+            if isinstance(const, types.CodeType):
+                codes.append(const)
+            elif i or not isinstance(const, str):       # a function's first constant is its docstring
+                chars += _chars(const)
+            else:
+                values.append(("doc", const))
+        for name in code.co_names:
+            if name in seen or name not in ns:
+                continue
+            seen.add(name)
+            value = ns[name]
+            if _learners(value) and isinstance(value, type):
+                for key, attr in vars(value).items():
+                    if key in _CLASS_OWN:
+                        continue
+                    attr = getattr(attr, "__func__", attr)
+                    (codes.append(attr.__code__) if isinstance(attr, types.FunctionType)
+                     else values.append(("value", attr)))
+            elif _learners(value):
+                codes.append(value.__code__)
+            elif not callable(value) and not isinstance(value, types.ModuleType):
+                values.append(("value", value))
+    chars += sum(_chars(v) for kind, v in values if kind == "value" or reads_doc)
+    return chars, instructions
+
+
+def problem(fn, ns: dict) -> str:
+    """'' or why ``choose_plan`` holds more than a search needs."""
+    chars, instructions = measure(fn, ns)
+    if chars > CHARS:
+        return (f"choose_plan and what it reads hold {chars:,} characters of literal data (numbers and strings, "
+                f"docstrings aside), more than a search needs ({CHARS}; the lab's own search holds about 140): a "
+                "table of answers is not a search; work out the values of each lever from the model and the cluster")
+    if instructions > INSTRUCTIONS:
+        return (f"choose_plan and what it calls run to {instructions:,} bytecode instructions, more than a search "
+                f"needs ({INSTRUCTIONS:,}; the lab's own search has about 650): a table of answers written as "
+                "code is not a search")
+    return ""
