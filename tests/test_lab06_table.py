@@ -70,14 +70,14 @@ def test_the_labs_search_is_well_inside_both_limits():
 
 def test_a_global_table_of_winners_gets_the_table_row():
     rows = _graded(SEARCH_OVER.format(pool="POOL"), {"POOL": _pool()})
-    _table_row(rows, "characters of literal data")
+    _table_row(rows, "bytes of literal data")
 
 
 def test_a_table_packed_into_one_string_gets_the_table_row():
     """Each layout's 13 fields packed in 6 bytes, base-64: 100 layouts in 800 characters."""
     packed = base64.b64encode(bytes(random.Random(1).randrange(256) for _ in range(600))).decode()
     source = f'PACKED = "{packed}"\n' + SEARCH_OVER.format(pool="[dict(tp=1, cp=1, pp=b) for b in PACKED.encode()]")
-    _table_row(_graded(source), "characters of literal data")
+    _table_row(_graded(source), "bytes of literal data")
 
 
 def test_a_table_written_as_if_statements_gets_the_table_row():
@@ -98,4 +98,34 @@ def test_a_table_in_a_class_body_or_a_docstring_gets_the_table_row(where):
     else:
         source = SEARCH_OVER.format(pool="eval(choose_plan.__doc__)").replace(
             "    if (model, gpus)", f'    """{text}"""\n    if (model, gpus)', 1)
-    _table_row(_graded(source), "characters of literal data")
+    _table_row(_graded(source), "bytes of literal data")
+
+
+def test_review_r29_decorated_defaulted_or_packed_tables_get_the_table_row():
+    """Review r29: functools.lru_cache on choose_plan skipped the rule (not a plain function), a table
+    in a helper's default argument was not counted, and 115 winners packed 20 bits a character into
+    292 Unicode characters passed every row. Each is measured now: through __wrapped__, with the
+    defaults, and strings by their UTF-8 bytes."""
+    cached = "import functools\n@functools.lru_cache\n" + SEARCH_OVER.format(pool="POOL").lstrip()
+    _table_row(_graded(cached, {"POOL": _pool()}), "bytes of literal data")
+    defaulted = ("def _known(pool=" + repr(_pool(30)) + "):\n    return pool\n" +
+                 SEARCH_OVER.format(pool="_known()"))
+    _table_row(_graded(defaulted), "bytes of literal data")
+    rng = random.Random(2)
+    packed = "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(200))   # 200 characters, 600 bytes
+    assert len(packed) < lab06_table.CHARS < len(packed.encode())
+    source = f'PACKED = "{packed}"\n' + SEARCH_OVER.format(pool="[dict(tp=1, cp=1, pp=ord(c) % 8 + 1) for c in PACKED]")
+    _table_row(_graded(source), "bytes of literal data")
+
+
+def test_review_r29_an_honest_search_with_debug_messages_passes_the_rule():
+    """r29's honest search carried four debug messages (442 bytes) and was refused at 400; the lab's
+    own search with four such messages, each 80 characters, stays inside the limit."""
+    ns = solution("lab06")
+    messages = "".join(f"    _note{i} = {str(i) * 80!r}\n" for i in range(4))     # four different messages
+    source = "def choose_plan(*args, **kwargs):\n" + messages + "    return SEARCH(*args, **kwargs)\n"
+    name = "<lab06_choose_plan.ipynb cell 977>"
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    exec(compile(source, name, "exec"), ns := {**ns, "SEARCH": ns["choose_plan"]})
+    chars, _ = lab06_table.measure(ns["choose_plan"], ns)
+    assert 137 + 4 * 80 <= chars <= lab06_table.CHARS and lab06_table.problem(ns["choose_plan"], ns) == ""

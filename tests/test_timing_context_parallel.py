@@ -146,3 +146,23 @@ def test_bad_node_and_when_it_pays_inputs():
         C.ring_buffer_bytes(**LLAMA70, seq=8192, cp=2, scheme="bogus")
     with pytest.raises(UsageError):            # one GPU per node and no network: no CP group of 2
         C.ring_attention("colab-t4", **dict(LLAMA70, tp=1), seq=8192, cp=2, attention_flops=1.0, flops_per_s=1.0)
+
+
+def test_an_uneven_cp_group_is_priced_with_its_fewest_ranks_a_node():
+    """Review r29 of lab 06: tp 4 x cp 3 (ranks 0, 4, 8 on nodes of 8: two on the first node, one on
+    the second) passed Megatron-Core's rules and then raised in step_seconds. It is priced as the
+    planner's other uneven groups: the node with the fewest ranks (one) binds, over two nodes. A
+    regular group question still refuses it."""
+    import math
+    from gpumem.memory import gpus, models
+    from gpumem.planner import Layout
+    from gpumem.planner.cost import step_seconds
+    from gpumem.timing import hardware
+    from gpumem.timing.offload_time import datasheet_links
+    assert C.cp_group(H100, 4, 3) == Group(H100, 1, 2)
+    with pytest.raises(UsageError, match="spread unevenly"):
+        hardware.Cluster(H100, 2).group(3, stride=4)
+    lay = Layout("mixed", 1, "full", "flash", "none", "cpu", 1, 4, 8, 1, 128, 3, 1, "none", 0, False)
+    g = gpus.get("h200")
+    t = step_seconds(models.get("llama-3.1-405b"), 3072, lay, g, links=datasheet_links(g.name, ranks_on_node=8))
+    assert math.isfinite(t["total"]) and t["total"] > 0

@@ -67,14 +67,7 @@ def per_gpu_network(node: NodeType) -> float:
 def place(node: NodeType, gpus: int, size: int, stride: int) -> Group:
     """The group of ``size`` ranks ``0, stride, 2 stride, ...`` on ``gpus`` GPUs of ``node``
     (ranks node-major); uneven spreads take the fewest ranks any node holds (see the module)."""
-    cluster = Cluster(node, max(1, -(-gpus // node.gpus_per_node)))
-    try:
-        return cluster.group(size, stride)
-    except UsageError:
-        per: dict[int, int] = {}
-        for i in range(size):
-            per[i * stride // node.gpus_per_node] = per.get(i * stride // node.gpus_per_node, 0) + 1
-        return Group(node, min(per.values()), len(per))
+    return Cluster(node, max(1, -(-gpus // node.gpus_per_node))).group(size, stride, uneven=True)
 
 
 def groups(node: NodeType, tp: int, pp: int, dp: int, cp: int = 1) -> dict[str, Group]:

@@ -119,11 +119,13 @@ def attention_flops(d_model: int, seq: int, micro_batch: int, tp: int, cp: int, 
 
 
 def cp_group(node, tp: int, cp: int) -> hardware.Group:
-    """The CP group's placement: ``cp`` ranks ``tp`` apart, on as many nodes as ``tp x cp`` fills."""
+    """The CP group's placement: ``cp`` ranks ``tp`` apart, on as many nodes as ``tp x cp`` fills; one
+    spread unevenly (tp 4 x cp 3 on nodes of 8: two ranks on one node, one on the next) is priced with
+    the fewest ranks a node holds, as the planner's other groups (review r29 of lab 06: it raised)."""
     node = hardware.node(node) if isinstance(node, str) else node
     _count(tp, "tp"), _count(cp, "cp")
     nodes = -(-tp * cp // node.gpus_per_node)
-    return hardware.Cluster(node, nodes).group(cp, stride=tp)
+    return hardware.Cluster(node, nodes).group(cp, stride=tp, uneven=True)
 
 
 def _hops(group: hardware.Group) -> list:

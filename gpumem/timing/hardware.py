@@ -186,10 +186,12 @@ class Cluster:
         """GPUs in the cluster."""
         return self.node.gpus_per_node * self.nodes
 
-    def group(self, size: int, stride: int = 1, first: int = 0) -> Group:
+    def group(self, size: int, stride: int = 1, first: int = 0, uneven: bool = False) -> Group:
         """The group of ranks ``first, first + stride, ...`` (``size`` of them). Each node it
         touches must hold the same number of its ranks, as in tensor-, pipeline- and
-        data-parallel groups of a regular layout."""
+        data-parallel groups of a regular layout; ``uneven``: a group that does not (a GPU count that
+        is not a multiple of a node, tp x cp = 12 on nodes of 8) is priced with the fewest ranks any
+        node holds (the fewest NICs: the slowest node binds) instead of refused."""
         if size < 1 or stride < 1 or first < 0 or first + (size - 1) * stride >= self.gpus:
             raise UsageError(f"a group of {size} ranks with stride {stride} from rank {first} does "
                              f"not fit in {self.gpus} GPUs ({self.nodes} x {self.node.label})")
@@ -198,6 +200,6 @@ class Cluster:
             n = (first + i * stride) // self.node.gpus_per_node
             per_node[n] = per_node.get(n, 0) + 1
         counts = set(per_node.values())
-        if len(counts) != 1:
+        if len(counts) != 1 and not uneven:
             raise UsageError(f"ranks of this group are spread unevenly over nodes: {per_node}")
-        return Group(self.node, counts.pop(), len(per_node))
+        return Group(self.node, min(counts), len(per_node))      # uneven: the fewest ranks a node holds binds
