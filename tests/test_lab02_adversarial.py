@@ -872,3 +872,82 @@ def test_review_r27_a_case_the_probe_could_not_time_runs_once_more(monkeypatch):
     report, _ = grade(monkeypatch, (0,))
     hooks = [r for r in report.rows if r.function == labcheck.FN]
     assert launched == [(1, 1), (1, 1)] and busy and hooks and all(r.status == "ok" for r in hooks), report.rows
+
+
+STORE = """
+def install_zero2_hooks(params, grad_shards, bucket_bytes):
+    # every gradient is copied into one whole-model fp32 store made here, before training, and written
+    # with numpy during backward: ZeRO-1's memory (all gradients, kept across passes)
+    world = dist.get_world_size()
+    where = {id(p): i for i, p in enumerate(params)}
+    offs, total = [], 0
+    for p in params:
+        offs.append(total)
+        total += p.numel()
+    store = torch.zeros(total, dtype=torch.float32)
+    store_np = store.numpy()
+    state = {"bucket": [], "bytes": 0, "flying": [], "armed": False}
+
+    def finish(entry):
+        work, flat, out, idx, sizes = entry
+        work.wait()
+        out.div_(world)
+        off = 0
+        for i, n in zip(idx, sizes):
+            grad_shards[i] = out[off:off + n]
+            off += n
+
+    def send():
+        if len(state["flying"]) >= 2:
+            finish(state["flying"].pop(0))
+        idx = state["bucket"]
+        sizes = [math.ceil(params[i].numel() / world) for i in idx]
+        parts = []
+        for i, n in zip(idx, sizes):
+            g = store[offs[i]:offs[i] + params[i].numel()]
+            parts.append(torch.cat([g, g.new_zeros(n * world - g.numel())]).view(world, n))
+        flat = torch.cat(parts, dim=1).reshape(-1)
+        del parts
+        out = torch.empty(sum(sizes), dtype=torch.float32)
+        work = dist.reduce_scatter_single(out, flat, async_op=True)
+        state["flying"].append((work, flat, out, list(idx), sizes))
+        state["bucket"], state["bytes"] = [], 0
+
+    def on_end():
+        if state["bucket"]:
+            send()
+        while state["flying"]:
+            finish(state["flying"].pop(0))
+        state["armed"] = False
+
+    def hook(p):
+        if not state["armed"]:
+            state["armed"] = True
+            torch.autograd.Variable._execution_engine.queue_callback(on_end)
+        i = where[id(p)]
+        g = p.grad.detach()
+        if g.dtype != torch.float32:
+            g = g.float()
+        store_np[offs[i]:offs[i] + p.numel()] = g.reshape(-1).numpy()
+        state["bytes"] += p.grad.numel() * p.grad.element_size()
+        p.grad = None
+        del g
+        state["bucket"].append(i)
+        if state["bytes"] >= bucket_bytes:
+            send()
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+
+"""
+
+
+def test_review_r29_a_gradient_store_made_at_install_counts(monkeypatch):
+    """Review r29 (27/27): install_zero2_hooks made a whole-model fp32 store and the hooks wrote each
+    gradient into it through numpy (unseen by the dispatch mode), then packed buckets from its slices:
+    ZeRO-1's gradient memory, kept across passes. What the install call makes and keeps now counts in
+    every sample of the bytes held."""
+    _narrowed(monkeypatch)
+    monkeypatch.setattr(labcheck, "CASES", labcheck.CASES[:1])
+    rows = [r for r in _lab02_with(STORE).rows if "peak full-gradient bytes" in r.case]
+    assert rows and rows[0].status == "wrong" and "or by the install call and kept" in rows[0].detail, rows

@@ -122,7 +122,8 @@ def grade_peak(ranks: list[dict], sizes: list[int], names: list[str], bucket: in
                 + (" = every gradient at once, as ZeRO-1 holds them" if peak >= sum(sizes) else ""))
     held, most = max(res["peak_held"] for res in ranks), most or held_bound(sizes, bucket, world)
     if held > most:
-        return (f"your hooks kept {held:,} B of tensors made during backward, at most {most:,} B expected (bucket, "
-                f"largest gradient, 2 flat copies, shards): copies of full gradients count even after "
+        return (f"your hooks kept {held:,} B of tensors made during backward (or by the install call and kept), "
+                f"at most {most:,} B expected (bucket, largest gradient, 2 flat copies, shards): copies of full "
+                f"gradients count even after "
                 f".grad = None, dispatch modes off or on; free them once sent")
     return None

@@ -123,7 +123,17 @@ class Reach:
     def __init__(self, params):
         self.skip = {p.untyped_storage()._cdata for p in params}
         self.before: dict = {}
+        self.made: dict = {}                        # storage key -> (weak ref, bytes) the install call made
         self.tracing = False
+
+    def install(self, call) -> None:
+        """Run the learner's install ``call``, noting the storages it made that a Python object keeps
+        (review r29: a whole-model store made there and written through numpy during backward was
+        counted nowhere): :meth:`hidden` adds those still alive to every sample."""
+        before = {key for key, _, _ in _storages(gc.get_objects())}
+        call()
+        self.made = {key: (StorageWeakRef(st), st.nbytes()) for key, st, _ in _storages(gc.get_objects())
+                     if key not in before and key not in self.skip}
 
     def start(self) -> None:
         self.before = {key: StorageWeakRef(st) for key, st, _ in _storages(gc.get_objects())}
@@ -140,10 +150,12 @@ class Reach:
     def hidden(self, meter, grads) -> int:
         """Bytes of storages made since :meth:`start`, still alive, neither ``grads`` (the ``.grad``
         tensors, and the grader's own copies) nor counted by the live meter ``meter``, that a Python
-        object keeps, plus host bytes beyond the slack. Storages noted while the meter was paused
+        object keeps, plus those the install call made and kept (:meth:`install`), plus host bytes
+        beyond the slack. Storages noted while the meter was paused
         (``meter.backend``) are not skipped: the backend's own buffers are kept by C++ alone."""
         host = tracemalloc.get_traced_memory()[0] if self.tracing else 0
         skip = self.skip | {g.untyped_storage()._cdata for g in grads if g is not None} | meter.live.keys()
+        installed = sum(n for key, (ref, n) in self.made.items() if key not in skip and not ref.expired())
         everything = gc.get_objects()
         new: dict[int, int] = {}
         found: dict[int, int] = {}                    # id(tensor or storage object) -> storage key
@@ -153,7 +165,7 @@ class Reach:
                 new[key] = st.nbytes()
                 found[id(o)] = key
         if not new:
-            return max(0, host - HOST_SLACK)
+            return installed + max(0, host - HOST_SLACK)
         # kept means referred to by a Python object (a list, a closure cell, a dict...): a tensor that
         # only the backend's C++ side keeps (gloo's buffers, behind a waited handle) is not the hooks'
         objs = [o for o in everything if id(o) in found]
@@ -165,7 +177,7 @@ class Reach:
         for r in gc.get_referrers(*objs):             # a suspended generator's frame counts: it keeps
             if r is not everything and r is not objs and id(r) not in running:
                 kept |= {found[id(x)] for x in gc.get_referents(r) if id(x) in found}
-        return sum(new[k] for k in kept) + max(0, host - HOST_SLACK)
+        return installed + sum(new[k] for k in kept) + max(0, host - HOST_SLACK)
 
 
 def _storages(everything: list):

@@ -187,7 +187,7 @@ def _case(ns, rank, world, rec, sealed, source, watch_s, case: tuple, bf16: bool
         # the bytes held are sampled at each arrival and at each launch's first wait too (review r22:
         # a flat copy made before the oldest bucket landed held three, unseen at arrivals)
         rec.on_wait = lambda: held.append(live.bytes() - own[min(max(rec.arrivals, 1), len(own)) - 1])
-        ns[FN](params, shards, bucket)
+        reach.install(lambda: ns[FN](params, shards, bucket))     # what it makes and keeps counts (r29)
         m = [torch.zeros_like(zero.my_shard(p)) for p in params]
         v = [torch.zeros_like(zero.my_shard(p)) for p in params]
         first, peaks, passes = None, [], []
