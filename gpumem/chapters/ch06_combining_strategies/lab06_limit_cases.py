@@ -226,7 +226,7 @@ def grade(choice, case: tuple, link: float | None, limits: Limits, slack: float,
     if why.startswith("host memory") and states <= limits.host_per_node < host:     # the buffers tip it
         return "wrong", (f"yours: {label}: host memory {host / 1e12:.2f} TB per node with NVMe offload's swap "
                          f"buffers (offload_buffers: {(host - states) / 1e12:.2f} TB of it), over the team's "
-                         f"host_per_node {limits.host_per_node / 1e12:g} TB; count the buffers in your fit test")
+                         f"host_per_node {limits.host_per_node / 1e12:g} TB: what else does NVMe offload keep in host memory?")
     if why:
         return "wrong", (f"yours: {label}: {why}: keep the team's limit in your search (the course's planner "
                          f"knows only its own nodes, {HOST_PER_NODE / 1e12:g} TB, any placement)")
@@ -241,7 +241,8 @@ def grade(choice, case: tuple, link: float | None, limits: Limits, slack: float,
     best_t, best = found.best
     ratio = mine["total"] / best_t
     if ratio <= slack:
-        return "ok", f"{mine['total']:.2f} s vs the fastest layout that keeps the limits: {best_t:.2f} s"
+        return "ok", (f"{mine['total']:.2f} s vs the fastest layout that keeps the limits: {best_t:.2f} s "
+                      f"({ratio:.3f}x, within {slack}x)")      # review r29: a pass shows its margin
     theirs = step_seconds(cfg, seq, best, g, links=links, inter_node=link)
     # review r23: a lever the fastest has and yours lacks need not be why (a layout without it may tie the
     # fastest): the row names the term that loses the most and the settings that differ (r24: not their values)

@@ -6,7 +6,7 @@ Review r26 harvested the planner's fastest layouts for the grader's own draws (a
 fresh checks (rebuilt for review r28: 11 of 15 again; drawing shipped Hugging Face models beside the
 Llamas, or a memory fraction per case, still let 10 of 15 pass, since a family's winners repeat).
 The layouts that win are few, so no draw defeats such a table; its size limits it. A search needs
-the values of its levers, not the answers: the lab's own search holds 137 bytes of literal data and
+the values of its levers, not the answers: the lab's own search holds 102 bytes of literal data and
 647 bytecode instructions, the harvested table 11,000 bytes.
 
 :func:`problem` measures what ``choose_plan`` holds: the numbers and strings its code loads
@@ -32,7 +32,7 @@ import types
 
 from gpumem.course import genuine
 
-CHARS = 500              # literal bytes; the lab's search holds 137, a table of 100 layouts ~11,000, packed ~600
+CHARS = 500              # literal bytes; the lab's search holds 102, a table of 100 layouts ~11,000, packed ~600
 INSTRUCTIONS = 2500      # bytecode instructions; the lab's search has 647
 _CLASS_OWN = frozenset({"__doc__", "__module__", "__qualname__", "__dict__", "__weakref__", "__annotations__",
                         "__dataclass_fields__", "__dataclass_params__", "__match_args__"})
@@ -65,13 +65,20 @@ def _learners(value) -> bool:
     return module is None or value.__module__ == "__main__" or not getattr(module, "__file__", None)
 
 
-def measure(fn, ns: dict) -> tuple[int, int]:
-    """(literal bytes, bytecode instructions) of ``fn`` and all of the learner's it reaches (through
-    decorators such as ``functools.lru_cache``, and their default arguments: review r29)."""
+def _library(name: str, value) -> bool:
+    """A value the course's library holds under that name (``from gpumem.memory.gpus import X``,
+    carried to the grading process as its text): not the learner's data (review r29)."""
+    return any(getattr(m, name, None) == value for key, m in list(sys.modules.items())
+               if key.startswith("gpumem.") and m is not None and name in vars(m))
+
+
+def _items(fn, ns: dict) -> tuple[list, int]:
+    """([(bytes, what)] of literal data, bytecode instructions) of ``fn`` and all of the learner's it
+    reaches (through decorators such as ``functools.lru_cache``, with default arguments: review r29)."""
     fn = inspect.unwrap(fn)
-    codes, values, seen = [fn.__code__], [("value", fn.__defaults__), ("value", fn.__kwdefaults__)], set()
-    chars = instructions = 0
-    reads_doc = False
+    codes, seen, items, docs = [fn.__code__], set(), [], []
+    values = [("defaults", fn.__defaults__), ("defaults", fn.__kwdefaults__)]
+    instructions, reads_doc = 0, False
     while codes:
         code = codes.pop()
         if id(code) in seen:
@@ -83,9 +90,9 @@ def measure(fn, ns: dict) -> tuple[int, int]:
             if isinstance(const, types.CodeType):
                 codes.append(const)
             elif i or not isinstance(const, str):       # a function's first constant is its docstring
-                chars += _chars(const)
+                items.append((_chars(const), f"{repr(const)[:40]} in {code.co_name}"))
             else:
-                values.append(("doc", const))
+                docs.append((_chars(const), f"the docstring of {code.co_name}"))
         for name in code.co_names:
             if name in seen or name not in ns:
                 continue
@@ -93,29 +100,36 @@ def measure(fn, ns: dict) -> tuple[int, int]:
             value = ns[name]
             if _learners(value) and isinstance(value, type):
                 for key, attr in vars(value).items():
-                    if key in _CLASS_OWN:
-                        continue
                     attr = getattr(attr, "__func__", attr)
-                    (codes.append(attr.__code__) if isinstance(attr, types.FunctionType)
-                     else values.append(("value", attr)))
+                    if isinstance(attr, types.FunctionType):
+                        codes.append(attr.__code__)
+                    elif key not in _CLASS_OWN:
+                        values.append((f"{name}.{key}", attr))
             elif _learners(inspect.unwrap(value)):
                 value = inspect.unwrap(value)
                 codes.append(value.__code__)
-                values += [("value", value.__defaults__), ("value", value.__kwdefaults__)]
-            elif not callable(value) and not isinstance(value, types.ModuleType):
-                values.append(("value", value))
-    chars += sum(_chars(v) for kind, v in values if kind == "value" or reads_doc)
-    return chars, instructions
+                values += [(f"{name}'s defaults", value.__defaults__), (f"{name}'s defaults", value.__kwdefaults__)]
+            elif not callable(value) and not isinstance(value, types.ModuleType) and not _library(name, value):
+                values.append((name, value))
+    items += [(_chars(v), where) for where, v in values] + (docs if reads_doc else [])
+    return [i for i in items if i[0]], instructions
+
+
+def measure(fn, ns: dict) -> tuple[int, int]:
+    """(literal bytes, bytecode instructions) of ``fn`` and all of the learner's it reaches."""
+    items, instructions = _items(fn, ns)
+    return sum(n for n, _ in items), instructions
 
 
 def problem(fn, ns: dict) -> str:
     """'' or why ``choose_plan`` holds more than a search needs."""
-    chars, instructions = measure(fn, ns)
+    items, instructions = _items(fn, ns)
+    chars = sum(n for n, _ in items)
     if chars > CHARS:
+        top = "; ".join(f"{n:,} B: {what}" for n, what in sorted(items, reverse=True)[:3])
         return (f"choose_plan and what it reads hold {chars:,} bytes of literal data (numbers and strings, "
-                f"docstrings aside), more than a search needs ({CHARS}; the lab's own search holds about 140): a "
-                "table of answers is not a search; work out the values of each lever from the model and the "
-                "cluster (if much of it is messages, shorten them)")
+                f"docstrings aside), more than a search needs ({CHARS}; the lab's own search holds about 100): a "
+                f"table of answers is not a search (if most of it is messages, shorten them). The largest: {top}")
     if instructions > INSTRUCTIONS:
         return (f"choose_plan and what it calls run to {instructions:,} bytecode instructions, more than a search "
                 f"needs ({INSTRUCTIONS:,}; the lab's own search has about 650): a table of answers written as "

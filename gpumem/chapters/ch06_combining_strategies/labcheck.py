@@ -196,7 +196,7 @@ def _grade(choose, case: tuple, inter_node, family, ref) -> tuple[str, str]:
     mine, fastest = ev.plan.time["total"], lab06_diagnose.fastest(result.plans).time["total"]
     ratio = mine / fastest
     if ratio <= SLACK:
-        return "ok", f"{mine:.2f} s vs the fastest fitting layout's {fastest:.2f} s"
+        return "ok", f"{mine:.2f} s vs the fastest fitting layout's {fastest:.2f} s ({ratio:.3f}x, within {SLACK}x)"
     shown = f"{ratio:.3f}" if abs(ratio - SLACK) < 0.01 else f"{ratio:.2f}"      # 1.031x, not "1.03x > 1.03x"
     head = f"yours: {label}: {shown}x the fastest step (more than {SLACK}x)"
     if inter_node is not None and inter_node < lab06_cases.FAST[0] and _same_plan(choose, case, fields):
