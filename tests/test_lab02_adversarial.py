@@ -562,6 +562,35 @@ def test_bf16_shards_are_the_fp32_mean_by_hand():
     assert "is bfloat16: reduce in fp32" in kept
 
 
+def test_bf16_shards_in_the_wrong_layout_name_the_layout():
+    """Review r29 #3: a packing that is not rank-major got only "largest relative error 2.4e+27" on
+    the bf16 row, which reads as a dtype fault. Two gradients, a of 4 elements and b of 2, packed
+    param-major ([a | b], rank 1 gets [a3, b0, b1]): the row says what the fp32 rows say; values
+    from nowhere, with an fp32 case's shards wrong, send the learner to those rows first."""
+    from gpumem.chapters.ch02_zero import lab02_bf16
+    bf = lambda *v: torch.tensor(v, dtype=torch.bfloat16)       # noqa: E731
+    a0, a1, b0, b1 = bf(1.0, 2.0, 3.0, 4.0), bf(3.0, 4.0, 5.0, 6.0), bf(10.0, 20.0), bf(30.0, 40.0)
+    a, b = (a0.float() + a1.float()) / 2, (b0.float() + b1.float()) / 2          # [2, 3, 4, 5], [20, 30]
+    res = lambda r0, r1: [{"grads": {0: a0, 1: b0}, "shards": r0}, {"grads": {0: a1, 1: b1}, "shards": r1}]  # noqa: E731
+    right = res({0: a[:2], 1: b[:1]}, {0: a[2:], 1: b[1:]})
+    assert lab02_bf16.grade(right, ["a", "b"]) is None
+    flat = torch.cat([a, b])
+    bad = lab02_bf16.grade(res({0: flat[:2], 1: flat[2:3]}, {0: flat[3:5], 1: flat[5:]}), ["a", "b"])
+    assert "first shard off the fp32 mean: a on rank 1" in bad and "not rank-major" in bad, bad
+    nowhere = res({0: a[:2], 1: b[:1]}, {0: torch.tensor([7.0, -7.0]), 1: b[1:]})
+    assert "fix the fp32 shard rows first" in lab02_bf16.grade(nowhere, ["a", "b"], fp32_wrong=True)
+    assert "fp32 shard rows" not in lab02_bf16.grade(nowhere, ["a", "b"])
+
+
+def test_a_layout_slip_is_named_on_the_bf16_row_too(monkeypatch):
+    """Review r29 #3, on 2 real ranks: hooks packing param-major fail the fp32 shard row with "not
+    rank-major", and the bf16 row (reduced in fp32 as asked) names the same fault, not the dtype."""
+    report, _ = grade(monkeypatch, (1,), ("torch.cat(rows, dim=1).reshape(-1)", "torch.cat([r.reshape(-1) for r in rows])"))
+    assert "not rank-major" in rows(report, "gradient shards")[0].detail, [r.detail for r in report.rows]
+    bf16 = rows(report, "in bf16")
+    assert bf16[0].status == "wrong" and "not rank-major" in bf16[0].detail, bf16
+
+
 def test_bf16_reduced_in_bf16_and_copied_answers_fail_on_the_ranks(monkeypatch):
     """On 2 real ranks, no fp32 case (the bf16 case and Part 2's lone reduce-scatters only): hooks
     that reduce the bf16 bucket in bf16 and cast the shards afterwards are named by the values; a

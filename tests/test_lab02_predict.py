@@ -73,6 +73,8 @@ def test_the_run_rows_price_the_model_by_hand():
 @pytest.mark.parametrize("swap, row, says", [
     (("    return sum(launch(b) for b in sent[:-1]) + whole(sent[-1])", "    return whole(sum(sizes))"),
      0, "every gradient's transfer"),
+    (("    return sum(launch(b) for b in sent[:-1]) + whole(sent[-1])", "    return whole(sum(sizes))"),
+     0, "(bucket_bytes 0 means each gradient alone)"),           # review r29: bucket 0 read as one bucket
     (("    return sum(launch(b) for b in sent[:-1]) + whole(sent[-1])", "    return 0.0"), 0, "nothing hides it"),
     (("sum(launch(b) for b in sent[:-1]) + ", ""), 0, "each earlier bucket's launch runs in your hook"),
     (("sum(launch(b) for b in sent[:-1])", "sum(whole(b) for b in sent[:-1])"), 0, "only their launches"),
@@ -93,12 +95,37 @@ def test_the_run_rows_price_the_model_by_hand():
      "in proportion to one measurement"),
     (("    if filling:                              # the partial bucket, sent when backward ends\n"
       "        sent.append(filling)\n", ""), 1, "partly filled bucket is missing"),
+    # review r29 #2: the small measurement's time taken as the fixed cost (the question cell 7
+    # asks); sizes divided by 4 as if they were elements; each early bucket at whole minus launch;
+    # the two lines swapped
+    (("return lambda nbytes: t1 + slope * (nbytes - b1)", "return lambda nbytes: t1 + slope * nbytes"), 0,
+     "not the small measurement's time"),
+    (("sum(launch(b) for b in sent[:-1]) + whole(sent[-1])", "sum(launch(b / 4) for b in sent[:-1]) + whole(sent[-1] / 4)"),
+     0, "no factor of 4"),
+    (("sum(launch(b) for b in sent[:-1])", "sum(whole(b) - launch(b) for b in sent[:-1])"), 0,
+     "whole time less its launch"),
+    (("sum(launch(b) for b in sent[:-1]) + whole(sent[-1])", "sum(whole(b) for b in sent[:-1]) + launch(sent[-1])"),
+     0, "the two lines are swapped"),
 ])
 def test_wrong_counts_are_named(swap, row, says):
     old, new = swap
     assert old in SOLUTION
     rows = _rows(SOLUTION.replace(old, new), LONE)
     assert rows[row].status == "wrong" and says in rows[row].detail, [r.detail for r in rows]
+
+
+def test_a_wrong_row_shows_what_the_function_was_given():
+    """Review r29 #2: "returned 5.04 ms, expected 3.74 ms" alone left no way to redo the sum by hand;
+    the planned row prints its sizes, bucket_bytes and lone; the run's rows their count and lone."""
+    rows = _rows(SOLUTION.replace("return lambda nbytes: t1 + slope * (nbytes - b1)",
+                                  "return lambda nbytes: t1 + slope * nbytes"), LONE)
+    assert rows[0].detail.startswith("returned 5.04 ms, expected 3.74 ms (given sizes [400, 300, 200, 150], "
+                                     "bucket_bytes 0, lone [(1000, 0.003, 0.0006), (5000, 0.007, 0.001)])"), rows[0]
+    plans = "\n".join(f"    if list(sizes) == {list(s)} and bucket_bytes == {b}:\n        return {w!r}"
+                      for s, b, _, w in lab02_predict.PLANS)
+    rows = _rows(f"def predict_exposed_seconds(sizes, bucket_bytes, lone):\n{plans}\n    return 0.01\n", LONE)
+    assert "(given 39 sizes, 9,444,096 B in all, bucket_bytes " in rows[4].detail, rows[4]
+    assert "lone [(65536, 0.0008, 5e-05), (9444096, 0.0092, 0.0009)])" in rows[4].detail, rows[4]
 
 
 def test_a_table_of_the_planned_answers_fails_the_drawn_rows():

@@ -28,24 +28,27 @@ def label(case: tuple, world: int) -> str:
     return f"{model} in bf16, seed {seed}, bucket {bucket:,} B, {world} ranks: shards reduced in fp32"
 
 
-def row(results: list[dict], names: list[str]) -> tuple[str, str]:
-    """(status, detail) of the bf16 row: an error the hooks raised on a rank, or :func:`grade`."""
+def row(results: list[dict], names: list[str], fp32_wrong: bool = False) -> tuple[str, str]:
+    """(status, detail) of the bf16 row: an error the hooks raised on a rank, or :func:`grade`
+    (``fp32_wrong``: an fp32 case's shard row is wrong)."""
     failed = next((f"rank {r}: {res['error']}" for r, res in enumerate(results) if "error" in res), None)
     if failed:
         return "error", f"your hooks raised on the bf16 model, {failed}"
-    bad = grade(results, names)
+    bad = grade(results, names, fp32_wrong)
     return ("wrong", bad) if bad else ("ok", "")
 
 
-def grade(results: list[dict], names: list[str]) -> str | None:
-    """The first shard that is not the fp32 mean of the ranks' bf16 gradients, or None."""
+def grade(results: list[dict], names: list[str], fp32_wrong: bool = False) -> str | None:
+    """The first shard that is not the fp32 mean of the ranks' bf16 gradients, or None; with what a
+    wrong shard looks like (review r29 #3: a layout slip read as a dtype fault)."""
     import torch
+    from .lab02_weights import why_wrong
     world = len(results)
-    for i, name in enumerate(names):
-        got_grads = [r["grads"].get(i) for r in results]
-        if any(g is None for g in got_grads):
+    each = [[r["grads"].get(i) for r in results] for i in range(len(names))]
+    means = [None if any(g is None for g in gs) else sum(g.float() for g in gs) / world for gs in each]
+    for i, (name, got_grads, total) in enumerate(zip(names, each, means)):
+        if total is None:
             continue
-        total = sum(g.float() for g in got_grads) / world
         c = math.ceil(total.numel() / world)
         flat = torch.nn.functional.pad(total.reshape(-1), (0, c * world - total.numel()))
         for r, res in enumerate(results):
@@ -59,11 +62,12 @@ def grade(results: list[dict], names: list[str]) -> str | None:
                 return f"grad_shards[{i}] ({name}) on rank {r}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
             if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
                 rel = ((got - want).abs() / want.abs().clamp_min(1e-30)).max().item()
-                rounded = _bf16_sum(got, got_grads, r, c, world)
-                return (f"first shard off the fp32 mean: {name} on rank {r}, largest relative error {rel:.2g}"
-                        + ("; it is the bf16 sum of the ranks' gradients: the bucket went over the wire in bf16 "
-                           "and was rounded at every addition, cast it to fp32 before the reduce-scatter"
-                           if rounded else ""))
+                why = ("; it is the bf16 sum of the ranks' gradients: the bucket went over the wire in bf16 "
+                       "and was rounded at every addition, cast it to fp32 before the reduce-scatter"
+                       if _bf16_sum(got, got_grads, r, c, world) else why_wrong(got, want, means, world, False)
+                       or ("; an fp32 case's shards are wrong too: fix the fp32 shard rows first" if fp32_wrong
+                           else ""))
+                return f"first shard off the fp32 mean: {name} on rank {r}, largest relative error {rel:.2g}" + why
     return None
 
 

@@ -102,8 +102,9 @@ def _hint(got: float, sizes, bucket: int, lone) -> str:
         return (": the last bucket's launch was taken out of its whole time: that launch runs in your hook "
                 "too, after the last gradient, with nothing left to hide behind")
     if near(fw + sw * sum(sizes)) and early:
-        return (": that is every gradient's transfer; with this bucket the earlier buckets went out while "
-                "backward still ran, only their launches and the last bucket are exposed")
+        return (": that is every gradient's transfer" + (" (bucket_bytes 0 means each gradient alone)" if not bucket
+                else "") + "; with this bucket the earlier buckets went out while backward still ran, only "
+                "their launches and the last bucket are exposed")
     if near(0.0):
         return ": the last bucket starts only after the last gradient exists, so nothing hides it"
     if early and near(fw + sw * last):
@@ -118,6 +119,17 @@ def _hint(got: float, sizes, bucket: int, lone) -> str:
     if any(near(sum(t[2] / t[0] * b for b in early) + t[1] / t[0] * last) for t in lone):
         return (": each bucket priced in proportion to one measurement (a line through 0 bytes); a "
                 "collective has a fixed cost too: take the line through both measurements")
+    (b1, w1, l1), _ = lone                                       # review r29: three slips more
+    if any(near(sum(f_l + sl * b for b in early) + f_w + sw * last) for f_w, f_l in ((w1, l1), (w1, fl), (fw, l1))):
+        return (f": a line's fixed cost is its value at 0 bytes, not the small measurement's time: that "
+                f"reduce-scatter moved {b1:,} B too; follow the line through both points down to 0 bytes")
+    if any(near(launches_of(b * k for b in early) + fw + sw * last * k) for k in (0.25, 4)):
+        return ": sizes, bucket_bytes and the measurements are all bytes: price a bucket at its bytes, no factor of 4"
+    if early and near(sum(fw + sw * b - fl - sl * b for b in early) + fw + sw * last):
+        return (": each earlier bucket priced at its whole time less its launch: the other way round; its "
+                "launch runs in your hook and holds backward up, the rest of its transfer hides behind backward")
+    if early and near(sum(fw + sw * b for b in early) + fl + sl * last):
+        return ": the two lines are swapped: each earlier bucket exposes its launch, the last one its whole time"
     full = [b for b in buckets(sizes, bucket) if b >= bucket] if bucket else []
     if full and len(full) < len(early) + 1 and near(launches_of(full[:-1]) + fw + sw * full[-1]):
         return ": the last, partly filled bucket is missing: it goes out when backward ends, and is exposed"
@@ -128,13 +140,22 @@ def _hint(got: float, sizes, bucket: int, lone) -> str:
     return ""
 
 
+def _inputs(sizes, bucket: int, lone) -> str:
+    """What the function was given, to redo the sum by hand (review r29 #2): the sizes themselves
+    when they are few, the lone reduce-scatters as ``(bytes, seconds whole, seconds to launch)``."""
+    shown = f"sizes {list(sizes)}" if len(sizes) <= 8 else f"{len(sizes)} sizes, {sum(sizes):,} B in all"
+    points = ", ".join(f"({b}, {w:.4g}, {la:.4g})" for b, w, la in lone)
+    return f" (given {shown}, bucket_bytes {bucket}, lone [{points}])"
+
+
 def _grade(fn, sizes, bucket: int, lone, want: float) -> tuple[str, str]:
     from .lab02_guard import guarded           # this module's functions refuse while fn runs (r15 #3)
     got = call(guarded(fn), list(sizes), bucket, [tuple(x) for x in lone])
     if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
         return "wrong", returned(got, "seconds (a float)")
     if not math.isclose(got, want, rel_tol=REL):
-        return "wrong", f"returned {got * 1e3:.4g} ms, expected {want * 1e3:.4g} ms" + _hint(got, sizes, bucket, lone)
+        return "wrong", (f"returned {got * 1e3:.4g} ms, expected {want * 1e3:.4g} ms" + _inputs(sizes, bucket, lone)
+                         + _hint(got, sizes, bucket, lone))
     return "ok", ""
 
 

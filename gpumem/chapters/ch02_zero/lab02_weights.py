@@ -70,9 +70,10 @@ def grade_shards(ranks: list[dict], ref: dict, world: int) -> str | None:
     return None
 
 
-def why_wrong(got, want, grads: list, world: int) -> str:
+def why_wrong(got, want, grads: list, world: int, unwaited: bool = True) -> str:
     """What a wrong shard looks like: the sum over ranks, or values of the right gradients from
-    another place in the flattened bucket (the rank-major layout skipped)."""
+    another place in the flattened bucket (the rank-major layout skipped); else, with ``unwaited``,
+    a shard read before its wait."""
     import torch
     if torch.allclose(got, want * world, rtol=SHARD_RTOL, atol=SHARD_ATOL):
         return f": you summed, the reference averages over {world} ranks"
@@ -86,5 +87,5 @@ def why_wrong(got, want, grads: list, world: int) -> str:
             return (f": {how}it holds gradient values from another place in the bucket, so the shard order is "
                     "not rank-major ([piece r of every gradient] goes to rank r)")
     # review r12 #5: a shard read before its wait holds torch.empty's garbage
-    return (": its values match no place in the gradients: was it read (or divided) before its handle was "
+    return "" if not unwaited else (": its values match no place in the gradients: was it read (or divided) before its handle was "
             "waited? On gloo a reduce-scatter's output is written only by wait()")
