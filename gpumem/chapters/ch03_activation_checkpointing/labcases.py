@@ -7,7 +7,8 @@ Each check draws, from families of small Llamas (real tensors, measured in secon
   layers that some placement needs and no placement of fewer reaches, and a budget drawn anywhere
   between the best peak with ``c`` layers and the best with fewer (``labplace``'s search);
 * the placements ``estimate_peak`` is graded on (none, every layer alone, one long segment, a
-  random mix) on two of those models;
+  random mix) on two of those models, and two on the loss-heavy one (every layer alone, [[0], [1]]:
+  the end of the forward is their peak, checkpoints included);
 * last, three layers and budget shares for ``choose_saved`` (``labsacdraw.draw``), so the cases above
   are those earlier versions drew from the same seed.
 
@@ -188,5 +189,10 @@ def draw(seed: int | None = None) -> dict:
         gap = [[1], list(range(3, n))]       # r26: plain layers below an earlier segment count too
         for segments in ([], [[i] for i in range(n)], [list(range(n))], mixed, low, under, middle, short, gap):
             estimates.append((q.cfg, segments))
+    # r29 #1: on the loss-heavy model the end of the forward beats every re-run once a segment
+    # exists ([[0], [1]] on any 4 layers or more; every layer alone where the loss outweighs a layer
+    # and its re-run): an estimate that leaves the checkpoints out of that moment fails each check
+    n = questions[1].cfg.n_layers
+    estimates += [(questions[1].cfg, [[i] for i in range(n)]), (questions[1].cfg, [[0], [1]])]
     from . import labsacdraw            # drawn last: the cases above stay those of earlier checks
     return {"grad": grad, "questions": questions, "estimates": estimates, "selective": labsacdraw.draw(rng)}
