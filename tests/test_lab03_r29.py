@@ -58,3 +58,69 @@ def test_r29_the_loss_heavy_model_is_an_estimate_case_with_the_end_as_its_peak()
         want, at, end = labcheck._expected_peak(cfg, [[0], [1]])
         assert at == "the end of the forward" and want == end, seed
         assert solution([[0], [1]], **labcheck.numbers(cfg)) == want
+
+
+# ---- r29 #6: labcases' closed form of balanced cuts, inlined into place_checkpoints ---------------
+
+INLINED = r'''
+def place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, other_after_loss, budget):
+    # labcases._balanced_peak, inlined (the reviewer's cheat2): the first c layers, k balanced
+    # segments, longer first
+    K, B, O, R = layer_bytes, checkpoint_bytes, other_bytes, other_after_loss
+    def peak(c, k, plain):
+        if not c:
+            return plain * K + O
+        q, r = divmod(c, k)
+        sizes = [q + 1] * r + [q] * (k - r)
+        rerun = max(j * B + size * K for j, size in enumerate(sizes)) + 2 * B + R
+        return max(plain * K + k * B + O, rerun), sizes
+    for c in range(n_layers + 1):
+        for k in range(1, max(c, 1) + 1):
+            got = peak(c, k, n_layers - c)
+            if not c:
+                if got <= budget:
+                    return []
+                continue
+            if got[0] <= budget:
+                segs, i = [], 0
+                for s in got[1]:
+                    segs.append(list(range(i, i + s)))
+                    i += s
+                return segs
+    return [[i] for i in range(n_layers)]
+'''
+
+
+def _pasted():
+    """labcases._balanced_peak's source run under another name, called from a placement."""
+    import inspect
+    ns: dict = {}
+    exec(compile(inspect.getsource(labcases._balanced_peak).replace("_balanced_peak", "cut_peak"), "<cell>", "exec"), ns)
+
+    def place_checkpoints(n_layers, layer_bytes, checkpoint_bytes, other_bytes, other_after_loss, budget):
+        n = (layer_bytes, checkpoint_bytes, other_bytes, other_after_loss)
+        c, k = min(((c, k) for c in range(1, n_layers + 1) for k in range(1, c + 1)
+                    if ns["cut_peak"](c, k, n_layers - c, *n) <= budget), default=(n_layers, n_layers))
+        q, r = divmod(c, k)
+        edges = [0]
+        for z in [q + 1] * r + [q] * (k - r):
+            edges.append(edges[-1] + z)
+        return [list(range(a, b)) for a, b in zip(edges, edges[1:])]
+    return place_checkpoints
+
+
+def test_r29_an_inlined_copy_of_the_draws_closed_form_is_refused():
+    """The reviewer's inlined copy of ``labcases._balanced_peak`` (a nested function, its constants
+    from the enclosing one) passed 3/3 placement rows on a fresh draw; it and a pasted copy under
+    another name are now refused as the grader's own answer (``labguard``: labcases' code is
+    fingerprinted as labplace's is). The solution's place_checkpoints passes the same questions."""
+    ns: dict = {}
+    exec(compile(INLINED, "<cheat cell>", "exec"), ns)
+    questions = labcases.draw(1000)["questions"]
+    for place in (ns["place_checkpoints"], _pasted()):
+        report = Report("lab03")
+        assert labcheck._grade_placement(report, place, "scratch", questions[0]) == "wrong", report.summary()
+        assert "a copy of the grader's own answer (labcases._balanced_peak)" in report.rows[0].detail, report.rows[0]
+    solution = _solution_cells("def estimate_peak", "def place_checkpoints")["place_checkpoints"]
+    for q in questions:
+        assert labcheck._grade_placement(Report("lab03"), solution, "scratch", q) == "ok"

@@ -11,8 +11,9 @@ backward the grader runs through the learner's function) these raise ``Shortcut`
 * what wraps them: ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``, the
   ``tag_activation_checkpoint`` higher-order op, DeepSpeed's ``checkpointing`` module;
 * the course's own ``Checkpoint`` (``gpumem.memory.recompute``) and the grader's own answers
-  (``labplace``: the search for the best placement; ``labsac`` and ``labsacrun``: the operators
-  to keep under a budget, and their measurement).
+  (``labplace``: the search for the best placement; ``labcases``: the closed form of balanced cuts
+  its draw filters with, review r29 #6; ``labsac`` and ``labsacrun``: the operators to keep under a
+  budget, and their measurement).
 
 While the block runs, numbers may not leave torch either (``labescape``: NumPy, DLPack, storage),
 and :func:`guarded` with ``answers`` (``estimate_peak`` and ``place_checkpoints``, called through
@@ -94,11 +95,11 @@ def _banned_code() -> tuple[dict, dict, tuple]:
 
     from gpumem.memory import recompute
 
-    from . import labplace, labsac, labsacrun
+    from . import labcases, labplace, labsac, labsacrun
     course = {f.__code__: "the course's Checkpoint (gpumem.memory.recompute)"
               for f in (recompute.Checkpoint.forward, recompute.Checkpoint.backward)}
     codes = dict(course)          # chapter 03 prints it and the lab asks to extend it: not matched by content
-    for module in (labplace, labsac, labsacrun):
+    for module in (labplace, labcases, labsac, labsacrun):
         short = module.__name__.rsplit(".", 1)[-1]
         codes.update({f.__code__: f"the grader's own answer ({short}.{f.__name__})"
                       for f in vars(module).values() if getattr(f, "__module__", "") == module.__name__
