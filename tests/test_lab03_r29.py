@@ -1,11 +1,12 @@
 """Lab 03 against review r29's findings (/work/notes/reviews21/r29/lab03.md)."""
 
 import pytest
+import torch
 
 from gpumem.chapters.ch03_activation_checkpointing import labcases, labcheck
 from gpumem.course.grading import Report
 
-from test_lab03_adversarial import _exact, _solution_cells
+from test_lab03_adversarial import _exact, _solution_cells, restored
 
 SEEDS = range(1000, 1020)
 
@@ -124,3 +125,43 @@ def test_r29_an_inlined_copy_of_the_draws_closed_form_is_refused():
     solution = _solution_cells("def estimate_peak", "def place_checkpoints")["place_checkpoints"]
     for q in questions:
         assert labcheck._grade_placement(Report("lab03"), solution, "scratch", q) == "ok"
+
+
+# ---- r29 #2: the chapter's Recompute, generalised, with no RNG handling gets the masks hint -------
+
+class _Generalised(torch.autograd.Function):
+    """The chapter's ``Recompute`` with non-tensor arguments and tuple outputs (the reviewer's first
+    checkpoint): no random-number state saved or restored, no ``fork_rng``."""
+
+    @staticmethod
+    def forward(ctx, run, *args):
+        ctx.run = run
+        ctx.is_t = [torch.is_tensor(a) for a in args]
+        ctx.other = [None if t else a for a, t in zip(args, ctx.is_t)]
+        ctx.save_for_backward(*[a for a in args if torch.is_tensor(a)])
+        with torch.no_grad():
+            return run(*args)
+
+    @staticmethod
+    def backward(ctx, *grad_outs):
+        it = iter([x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors])
+        args = [next(it) if t else o for t, o in zip(ctx.is_t, ctx.other)]
+        with torch.enable_grad():
+            outs = ctx.run(*args)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        pairs = [(o, g) for o, g in zip(outs, grad_outs) if o.requires_grad and g is not None]
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        return (None, *[a.grad if torch.is_tensor(a) and a.requires_grad else None for a in args])
+
+
+def test_r29_a_checkpoint_with_no_rng_handling_gets_the_masks_hint():
+    """Its dropout row said only "gradients differ ... by up to 648": the replay run (the generator
+    put back before backward) failed on the generator's state, not on gradients, so the MASKS hint
+    never fired. The replay compares gradients only now."""
+    from gpumem.chapters.ch03_activation_checkpointing import labvariants
+    report = Report(labcheck.LAB)
+    assert not labvariants.grade_variants(report, lambda run, *a: _Generalised.apply(run, *a))
+    row = report.rows[-1]
+    assert row.case == f"unseen case: {labvariants.DROPOUT}" and row.status == "wrong", report.summary()
+    assert "gradients differ from plain autograd" in row.detail and labvariants.MASKS in row.detail, row.detail
+    assert restored()
