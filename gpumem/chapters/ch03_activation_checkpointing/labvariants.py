@@ -22,7 +22,8 @@ state and never put the later one back passed, and repeats random numbers from t
 The mask case (review r22 #5) returns a second output made by a comparison, which does not
 require grad in plain autograd nor in the re-run. An ``autograd.Function`` marks it as requiring
 grad and hands backward a gradient for it; a backward that pushes every output's gradient
-through the re-run fails there ("does not require grad"), and the row says which output."""
+through the re-run fails there ("does not require grad"), and the row says which output, not the
+fix (review r29 #3)."""
 
 from gpumem.course.grading import LearnerError, Report, call, returned, run_case
 
@@ -33,8 +34,8 @@ RNG_LEFT = ("after backward the random-number generator is not where plain autog
             "replayed the forward's state and left it there, so later draws repeat earlier ones; put back "
             "the state the re-run replaced")
 NO_GRAD = "an output that does not require grad (a mask)"
-NO_GRAD_HINT = ("run's second output (a mask) does not require grad, in the re-run either: back-propagate "
-                "only through the outputs that do")
+NO_GRAD_HINT = ("your backward sent a gradient into run's second output (a mask), which does not require grad in "
+                "plain autograd nor in the re-run: which of the re-run's outputs can backward go through?")
 MASKS = ("the re-run drew other dropout masks than the forward: save the random-number state "
          "in forward and restore it for the re-run only")
 
