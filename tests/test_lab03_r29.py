@@ -165,3 +165,16 @@ def test_r29_a_checkpoint_with_no_rng_handling_gets_the_masks_hint():
     assert row.case == f"unseen case: {labvariants.DROPOUT}" and row.status == "wrong", report.summary()
     assert "gradients differ from plain autograd" in row.detail and labvariants.MASKS in row.detail, row.detail
     assert restored()
+
+
+def test_r29_the_gpu_parts_model_is_described_with_its_own_vocabulary():
+    """r29 #7: cell 16 called GPU_1B "Llama-3.2-1B's widths"; its vocabulary (32,000, untied) is not
+    that model's (128,256, tied), and the lab says so, with the count read from the config."""
+    import nbformat
+
+    from conftest import ROOT
+    from gpumem.memory.recompute_cuda import GPU_1B
+    for folder in ("solutions", "labs"):
+        cells = nbformat.read(ROOT / folder / "lab03_checkpoint_budget.ipynb", as_version=4).cells
+        text = " ".join(next(c.source for c in cells if c.source.startswith("## 4 · Optional: on a GPU")).split())
+        assert f"vocabulary of {GPU_1B.vocab:,}, untied" in text and "Llama-3.2-1B's widths" not in text, (folder, text)
