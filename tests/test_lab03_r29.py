@@ -178,3 +178,15 @@ def test_r29_the_gpu_parts_model_is_described_with_its_own_vocabulary():
         cells = nbformat.read(ROOT / folder / "lab03_checkpoint_budget.ipynb", as_version=4).cells
         text = " ".join(next(c.source for c in cells if c.source.startswith("## 4 · Optional: on a GPU")).split())
         assert f"vocabulary of {GPU_1B.vocab:,}, untied" in text and "Llama-3.2-1B's widths" not in text, (folder, text)
+
+
+def test_r29_the_re_runs_two_extra_tensors_are_stated_as_given():
+    """r29 #4: cell 6 pointed to the chapter's paragraph that prints them, a hint that was in fact
+    the term; it now gives ``2 * checkpoint_bytes`` plainly, as a measured detail."""
+    import nbformat
+
+    from conftest import ROOT
+    for folder in ("solutions", "labs"):
+        cells = nbformat.read(ROOT / folder / "lab03_checkpoint_budget.ipynb", as_version=4).cells
+        text = " ".join(next(c.source for c in cells if c.source.startswith("## 2 · When is memory held?")).split())
+        assert "`2 * checkpoint_bytes`, given here because it is a measured detail" in text, (folder, text)
