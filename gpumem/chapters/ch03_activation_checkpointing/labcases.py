@@ -19,8 +19,9 @@ sqrt(c), one segment): each of those rules misses (the smallest c at which it fi
 optimum). A search over unequal cuts finds the answer; which narrower rule also does, and why, is
 the lab's reflection (stated and checked in tests/test_lab03_adversarial.py, not here: review r29
 #6). Model widths, counts and budgets vary with the seed, so no table of answers written before
-the check can hold them. This module's code is the grader's own answer while the learner's runs
-(``labguard``: refused, and copies of it by their code, as ``labplace``'s).
+the check can hold them. This module's closed forms and search are the grader's own answer while
+the learner's code runs (``labguard.CASES_ANSWERS``: refused, and copies by their code, as
+``labplace``'s); its rules of thumb (:func:`equal_lengths`) are not.
 
 The deep question first draws how many layers its answer leaves plain (``n - c``, one of
 :data:`PLAIN`), then a model that asks it (r22 #2: drawing the count among every valid one gave
