@@ -7,7 +7,8 @@ Each check draws, from families of small Llamas (real tensors, measured in secon
   layers that some placement needs and no placement of fewer reaches, and a budget drawn anywhere
   between the best peak with ``c`` layers and the best with fewer (``labplace``'s search);
 * the placements ``estimate_peak`` is graded on (none, every layer alone, one long segment, a
-  random mix) on two of those models;
+  random mix) on two of those models, and two on the loss-heavy one (every layer alone, [[0], [1]]:
+  the end of the forward is their peak, checkpoints included);
 * last, three layers and budget shares for ``choose_saved`` (``labsacdraw.draw``), so the cases above
   are those earlier versions drew from the same seed.
 
@@ -15,14 +16,12 @@ The ``deep`` family (12-17 thin layers) keeps only questions where the best plac
 checkpointed layers into at least 2 segments and fewer than c, and its budget lies below the peak
 of every "first c layers in segments of equal length g" (g = 1 .. c: one each, Chen et al.'s
 sqrt(c), one segment): each of those rules misses (the smallest c at which it fits is not the
-optimum). A search over unequal cuts finds the answer, and so does a narrower one (r6): "the
-smallest c, then k = 1 .. c segments of balanced lengths, the longer ones first" reaches the
-optimum on all 450 questions of seeds 0-149 (a dozen seeds in tests/test_lab03_adversarial.py);
-"longer ones last" misses deep questions. That answer is right, not a loophole: a segment's
-re-run holds the checkpoints of the segments below it, so a lower segment, with fewer of them,
-can afford more layers; with a checkpoint about a tenth of a layer or less, as here, lengths
-differing by one are the best cut. The lab's reflection asks why. Model widths, counts and
-budgets vary with the seed, so no table of answers written before the check can hold them.
+optimum). A search over unequal cuts finds the answer; which narrower rule also does, and why, is
+the lab's reflection (stated and checked in tests/test_lab03_adversarial.py, not here: review r29
+#6). Model widths, counts and budgets vary with the seed, so no table of answers written before
+the check can hold them. This module's closed forms and search are the grader's own answer while
+the learner's code runs (``labguard.CASES_ANSWERS``: refused, and copies by their code, as
+``labplace``'s); its rules of thumb (:func:`equal_lengths`) are not.
 
 The deep question first draws how many layers its answer leaves plain (``n - c``, one of
 :data:`PLAIN`), then a model that asks it (r22 #2: drawing the count among every valid one gave
@@ -109,8 +108,8 @@ def shortcuts(c: int) -> list[list[list[int]]]:
 
 
 def _balanced_peak(c: int, k: int, plain: int, K: int, B: int, O: int, R: int) -> int:
-    """The peak of ``c`` layers at the bottom in ``k`` segments of balanced lengths, the longer ones
-    first, below ``plain`` plain layers: ``labplace.moments`` in closed form."""
+    """The peak of ``c`` layers at the bottom in ``k`` segments (``c // k`` or one more layers each),
+    below ``plain`` plain layers: ``labplace.moments`` in closed form, a filter for ``may_ask``."""
     if not c:
         return plain * K + O
     q, r = divmod(c, k)
@@ -188,5 +187,10 @@ def draw(seed: int | None = None) -> dict:
         gap = [[1], list(range(3, n))]       # r26: plain layers below an earlier segment count too
         for segments in ([], [[i] for i in range(n)], [list(range(n))], mixed, low, under, middle, short, gap):
             estimates.append((q.cfg, segments))
+    # r29 #1: on the loss-heavy model the end of the forward beats every re-run once a segment
+    # exists ([[0], [1]] on any 4 layers or more; every layer alone where the loss outweighs a layer
+    # and its re-run): an estimate that leaves the checkpoints out of that moment fails each check
+    n = questions[1].cfg.n_layers
+    estimates += [(questions[1].cfg, [[i] for i in range(n)]), (questions[1].cfg, [[0], [1]])]
     from . import labsacdraw            # drawn last: the cases above stay those of earlier checks
     return {"grad": grad, "questions": questions, "estimates": estimates, "selective": labsacdraw.draw(rng)}

@@ -11,8 +11,9 @@ backward the grader runs through the learner's function) these raise ``Shortcut`
 * what wraps them: ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``, the
   ``tag_activation_checkpoint`` higher-order op, DeepSpeed's ``checkpointing`` module;
 * the course's own ``Checkpoint`` (``gpumem.memory.recompute``) and the grader's own answers
-  (``labplace``: the search for the best placement; ``labsac`` and ``labsacrun``: the operators
-  to keep under a budget, and their measurement).
+  (``labplace``: the search for the best placement; ``labcases``: the closed forms and the search
+  its draw filters with, review r29 #6, not its rules of thumb; ``labsac`` and ``labsacrun``: the operators to keep under a
+  budget, and their measurement).
 
 While the block runs, numbers may not leave torch either (``labescape``: NumPy, DLPack, storage),
 and :func:`guarded` with ``answers`` (``estimate_peak`` and ``place_checkpoints``, called through
@@ -49,6 +50,9 @@ REACHED = "lab 03's grader refuses this while your code runs"      # lab_audit's
 _PRINTS: list = []
 _INHERITED = object()
 HELPERS = labprints.HELPERS          # torch.utils.checkpoint's RNG and input helpers: allowed
+# labcases' closed forms and searches (review r29 #6); its rules of thumb (equal_lengths, shortcuts)
+# are a learner's honest first try, graded on their placements, not refused
+CASES_ANSWERS = ("_balanced_peak", "_equal_peak", "may_ask", "question", "draw")
 
 
 class Shortcut(RuntimeError):
@@ -94,15 +98,15 @@ def _banned_code() -> tuple[dict, dict, tuple]:
 
     from gpumem.memory import recompute
 
-    from . import labplace, labsac, labsacrun
+    from . import labcases, labplace, labsac, labsacrun
     course = {f.__code__: "the course's Checkpoint (gpumem.memory.recompute)"
               for f in (recompute.Checkpoint.forward, recompute.Checkpoint.backward)}
     codes = dict(course)          # chapter 03 prints it and the lab asks to extend it: not matched by content
-    for module in (labplace, labsac, labsacrun):
+    for module in (labplace, labcases, labsac, labsacrun):
         short = module.__name__.rsplit(".", 1)[-1]
         codes.update({f.__code__: f"the grader's own answer ({short}.{f.__name__})"
                       for f in vars(module).values() if getattr(f, "__module__", "") == module.__name__
-                      and hasattr(f, "__code__")})
+                      and hasattr(f, "__code__") and (module is not labcases or f.__name__ in CASES_ANSWERS)})
     hop = sys.modules.get("torch._higher_order_ops.wrap")
     for cls in (getattr(hop, "TagActivationCheckpoint", None), getattr(hop, "WrapActivationCheckpoint", None)):
         codes.update({f.__code__: f"torch's {cls.__name__} (torch._higher_order_ops.wrap)"

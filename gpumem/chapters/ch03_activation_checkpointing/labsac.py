@@ -120,16 +120,17 @@ def _reached_down(ops: list, chosen: set, reached: int, worth: list, budget: int
     """The mirror of :func:`_unreached` (review r15 #5): W_down (the last operator with FLOPs) left
     out where the re-run reaches it (the final norm saves the residual sum, made from W_down's
     output), and leaving it out alone costs more than :data:`SLACK` over the optimum. Like the other
-    rows, it names no operator by its index (W_down is the last matmul whichever the case)."""
+    rows, it names no operator by its index (W_down is the last matmul whichever the case), and says
+    what was measured, not why (review r29 #3: naming the final norm's saved sum gave away section
+    3's early-stop reasoning)."""
     down = max(i for i, o in enumerate(ops) if o["flops"])
     if down >= reached or down in chosen:
         return ""
     without = best([dict(o, flops=0) if i == down else o for i, o in enumerate(worth)], budget)[0]
     if without + ops[down]["flops"] <= cost * (1 + SLACK):
         return ""
-    ends = ("the region ends with the final norm, which saves the residual sum made from W_down's output"
-            if any("rsqrt" in o["op"] for o in ops[down + 1:]) else "the region's backward needs W_down's output")
-    return f"; here {ends}, so the re-run reaches W_down: leaving it out re-runs its {ops[down]['flops']:,} FLOPs"
+    return (f"; the re-run ran W_down here (measured: {ops[down]['flops']:,} FLOPs, W_down left out), your choice "
+            "assumed it would not: what do the region's last operators save?")
 
 
 def verdict(ops: list, budget: int, chosen: set, kept: int, rerun: int, reached: int | None = None) -> tuple[str, str]:

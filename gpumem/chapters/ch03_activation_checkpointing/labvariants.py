@@ -12,15 +12,18 @@ gradients taken from copies kept in the forward are those at 0.7, whatever re-ra
 
 The dropout case moves the random-number generator on between forward and backward. When its
 gradients differ, the case is run again with the generator put back to the forward's state
-before backward instead: if they agree then, the re-run drew other masks than the forward, and
-the row says so (review r9: "gradients differ" alone did not say what was skipped). After backward
+before backward instead: if its gradients agree then, the re-run drew other masks than the
+forward, and the row says so (review r9: "gradients differ" alone did not say what was skipped;
+review r29 #2: that run compares gradients only, so a re-run with no RNG handling at all, which
+moves the generator on, gets the hint too). After backward
 the generator must be where plain autograd leaves it (review r20: a re-run that replayed the forward's
 state and never put the later one back passed, and repeats random numbers from then on).
 
 The mask case (review r22 #5) returns a second output made by a comparison, which does not
 require grad in plain autograd nor in the re-run. An ``autograd.Function`` marks it as requiring
 grad and hands backward a gradient for it; a backward that pushes every output's gradient
-through the re-run fails there ("does not require grad"), and the row says which output."""
+through the re-run fails there ("does not require grad"), and the row says which output, not the
+fix (review r29 #3)."""
 
 from gpumem.course.grading import LearnerError, Report, call, returned, run_case
 
@@ -31,8 +34,8 @@ RNG_LEFT = ("after backward the random-number generator is not where plain autog
             "replayed the forward's state and left it there, so later draws repeat earlier ones; put back "
             "the state the re-run replaced")
 NO_GRAD = "an output that does not require grad (a mask)"
-NO_GRAD_HINT = ("run's second output (a mask) does not require grad, in the re-run either: back-propagate "
-                "only through the outputs that do")
+NO_GRAD_HINT = ("your backward sent a gradient into run's second output (a mask), which does not require grad in "
+                "plain autograd nor in the re-run: which of the re-run's outputs can backward go through?")
 MASKS = ("the re-run drew other dropout masks than the forward: save the random-number state "
          "in forward and restore it for the re-run only")
 
@@ -124,6 +127,8 @@ def grade_variants(report: Report, ckpt) -> bool:
                 return "wrong", ("run was not called again in backward: nothing was recomputed, so what run "
                                  "saved was kept instead (keep only the inputs, re-run run in backward)")
             diff = max(float((a - b).abs().max()) for a, b in zip(*grads))
+            if replay:                                # gradients only (r29 #2: a re-run without fork_rng
+                return ("wrong" if diff else "ok"), ""   # leaves the generator moved on, as RNG_LEFT says)
             if diff and switch:
                 return "wrong", ("run gave other values in backward, but your gradients are not the re-run's "
                                  f"(off by up to {diff:.3g}): they come from copies kept in the forward, so the "
