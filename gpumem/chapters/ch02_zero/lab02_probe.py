@@ -239,9 +239,18 @@ def again(ranks: list[list[dict]], cases: list, relaunch) -> list[list[dict]]:
     """The ranks' results with each case whose overlap probe timed nothing (:data:`BUSY`) run once
     more (review r27: an honest design failed the row at load 0.74, and passed the next check);
     ``relaunch(cases)``: the ranks' results for those cases alone."""
-    busy = [k for k in range(len(cases)) if BUSY in (grade_overlap([r[k] for r in ranks]) or "")]
+    busy = [k for k in range(len(cases)) if _busy([r[k] for r in ranks])]
     if not busy:
         return ranks
     second = relaunch([cases[k] for k in busy])
     return [[second[r][busy.index(k)] if k in busy else res for k, res in enumerate(rank)]
             for r, rank in enumerate(ranks)]
+
+
+def _busy(results: list[dict]) -> bool:
+    """Whether a case's overlap probe timed nothing; False for a case the ranks did not finish (an
+    error, a stop: its own rows say why)."""
+    try:
+        return BUSY in (grade_overlap(results) or "")
+    except (KeyError, IndexError, TypeError):
+        return False
