@@ -53,14 +53,3 @@ def test_teaching_models_train_on_cpu():
 def test_unknown_model_lists_accepted_names():
     with pytest.raises(UsageError, match="accepted: llama-3-8b, llama-3-70b"):
         models.get("llama-2-7b")
-    with pytest.raises(UsageError, match="qwen2.5-72b, .*gpt3-175b"):     # the shipped configs too
-        models.get("llama-2-7b")
-
-
-def test_a_shipped_config_is_a_model_by_name():
-    """models.get reads a shipped Hugging Face config by name (lab 06 draws such models), once: GPT-3
-    175B's 96 layers of d_model 12288 and 96 heads (Brown et al. 2020, Table 2.1)."""
-    from gpumem.memory import hf_config
-    gpt3 = models.get("gpt3-175b")
-    assert (gpt3.n_layers, gpt3.d_model, gpt3.n_heads, gpt3.n_kv_heads) == (96, 12288, 96, 96)
-    assert gpt3 == hf_config.load("gpt3-175b") and models.get("gpt3-175b") is gpt3

@@ -8,7 +8,6 @@ files: ``gpumem.memory.hf_config``) fill the fields after ``teaching``; their de
 Llama's, so a Llama needs none of them.
 """
 
-import functools
 from dataclasses import dataclass, asdict
 
 from ..errors import UsageError
@@ -133,21 +132,10 @@ REGISTRY: dict[str, ModelConfig] = {
 
 
 def get(name: str) -> ModelConfig:
-    """Look a model up by name: the registry's, or a Hugging Face config shipped with the course
-    (``qwen2.5-72b``, ``gpt3-175b``: :data:`.hf_config.SHIPPED`, each read once); a
-    :class:`UsageError` lists the accepted names."""
-    if name in REGISTRY:
-        return REGISTRY[name]
-    from . import hf_config            # it imports this module's ModelConfig
-    if name in hf_config.SHIPPED:
-        return _shipped(name)
-    raise UsageError(f"unknown model {name!r}; accepted: {', '.join([*REGISTRY, *hf_config.SHIPPED])}")
-
-
-@functools.cache
-def _shipped(name: str) -> ModelConfig:
-    from . import hf_config
-    return hf_config.load(name)
+    """Look a model up by name; a :class:`UsageError` lists the accepted names."""
+    if name not in REGISTRY:
+        raise UsageError(f"unknown model {name!r}; accepted: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
 
 
 def with_layers(cfg: ModelConfig, n_layers: int) -> ModelConfig:

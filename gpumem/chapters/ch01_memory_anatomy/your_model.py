@@ -10,7 +10,7 @@ on fake tensors and sets the formula's activations and model states beside the t
 import contextlib
 import logging
 
-from gpumem.memory import hf_trace, models
+from gpumem.memory import hf_config, hf_trace, models
 from gpumem.memory.estimate import estimate
 
 MODELS = ("llama-3-70b", "qwen2.5-72b", "mixtral-8x7b")
@@ -19,7 +19,7 @@ TRACED = {"llama-3-70b": "meta-llama-3-70b"}     # the course's Llama as its Hug
 
 def config(name: str) -> models.ModelConfig:
     """The registry's Llama, or a shipped config file by name."""
-    return models.get(name)
+    return models.get(name) if name in models.REGISTRY else hf_config.load(name)
 
 
 def _b(n: int) -> str:
