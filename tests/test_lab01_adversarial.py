@@ -389,6 +389,15 @@ def test_each_hint_names_the_switch_whose_term_is_wrong(name):
     assert case in got[-1].case and all(w in got[-1].detail for w in says), (got[-1].case, got[-1].detail)
 
 
+def test_review_r29_a_stub_is_told_its_plain_layer_first():
+    """r29: a variant_layer returning zeros was told "norm='gemma': 33,888 B missing; your count keeps
+    the fused RMSNorm's tensors": a difference of two zero counts. The plain layer is checked first,
+    as part 2's and the chain rows do."""
+    got = rows(grade({"variant_layer": lambda **kw: {"activations": 0, "params": 0}}), "variant_layer")
+    assert got[0].status == "wrong" and got[0].detail.startswith("the plain layer"), got[0].detail
+    assert "fix part 2's count first" in got[0].detail and "RMSNorm" not in got[0].detail, got[0].detail
+
+
 def test_a_wrong_plain_layer_is_named_as_such():
     got = rows(grade({"variant_layer": _slip(lambda kw: 4 * _T(kw))}), "variant_layer")
     assert len(got) == 1 and "the plain layer" in got[0].detail and "part 2" in got[0].detail, got[0].detail
@@ -470,7 +479,7 @@ _MEASURE, _HOOKS = variants.measure, torch.autograd.graph.saved_tensors_hooks
         ("params", "grads", "optimizer"), _AlwaysEqual(0))}, "got {'params': 0, 'grads': 0, 'optimizer': 0}"),
     ({"layer_activation_bytes": lambda **kw: _AlwaysEqual(0)}, "off: go through its operations again"),
     ({"variant_layer": lambda **kw: {"activations": _AlwaysEqual(0), "params": _AlwaysEqual(0)}},
-     "B missing"),
+     "the plain layer"),          # graded as the zeros they are: the plain layer is off first (r29)
     ({"variant_layer": _poison_the_cache}, "changed variants._truth (its contents)"),
     ({"variant_layer": _rebind_the_truth}, "changed variants.measure"),
     ({"variant_layer": _patch_torch}, "changed torch.autograd.graph.saved_tensors_hooks"),
