@@ -87,5 +87,7 @@ def why_wrong(got, want, grads: list, world: int, unwaited: bool = True) -> str:
             return (f": {how}it holds gradient values from another place in the bucket, so the shard order is "
                     "not rank-major ([piece r of every gradient] goes to rank r)")
     # review r12 #5: a shard read before its wait holds torch.empty's garbage
-    return "" if not unwaited else (": its values match no place in the gradients: was it read (or divided) before its handle was "
+    if not unwaited:
+        return ""
+    return (": its values match no place in the gradients: was it read (or divided) before its handle was "
             "waited? On gloo a reduce-scatter's output is written only by wait()")

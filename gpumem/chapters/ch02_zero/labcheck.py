@@ -113,8 +113,10 @@ def check(ns: dict, show: bool = True) -> Report:
                 run_case(report, FN, _label(case, 2), lambda: _grade_case(report, case, [r[k] for r in ranks]))
             extra = [r[-1] for r in ranks]
             lone.append(extra[0]["lone"])
-            report.rows.append(Row(FN, lab02_bf16.label(bf16, 2), *_bf16_row([x["bf16"] for x in extra], bf16, any(
-                r.status == "wrong" and r.case.endswith("gradient shards when backward returns") for r in report.rows))))
+            shards_wrong = any(r.status == "wrong" and r.case.endswith("gradient shards when backward returns")
+                               for r in report.rows)
+            report.rows.append(Row(FN, lab02_bf16.label(bf16, 2), *_bf16_row([x["bf16"] for x in extra], bf16,
+                                                                              shards_wrong)))
         run_case(report, FN, "2 CPU ranks", body, case_seconds(cases=max(len(CASES), 1)))
     hooks_ok = report.solved
     lab02_predict.grade(report, ns.get(lab02_predict.PREDICT), lone[0] if lone else None)

@@ -12,8 +12,8 @@ backward the grader runs through the learner's function) these raise ``Shortcut`
   ``tag_activation_checkpoint`` higher-order op, DeepSpeed's ``checkpointing`` module;
 * the course's own ``Checkpoint`` (``gpumem.memory.recompute``) and the grader's own answers
   (``labplace``: the search for the best placement; ``labcases``: the closed forms and the search
-  its draw filters with, review r29 #6, not its rules of thumb; ``labsac`` and ``labsacrun``: the operators to keep under a
-  budget, and their measurement).
+  its draw filters with, review r29 #6, not its rules of thumb; ``labsac`` and ``labsacrun``: the
+  operators to keep under a budget, and their measurement).
 
 While the block runs, numbers may not leave torch either (``labescape``: NumPy, DLPack, storage),
 and :func:`guarded` with ``answers`` (``estimate_peak`` and ``place_checkpoints``, called through

@@ -3,8 +3,8 @@
 * :func:`bytes_cases`: three (parameters, ranks) pairs, one per size class, never a multiple of
   the ranks (the shard's ceil matters) and never a model size or rank count the lab shows;
 * :func:`choose_cases`: four budgets whose answers are drawn first (at least three different ones,
-  ``zero3+opt-cpu`` among them, from :data:`ANSWERS`, in a drawn order); each case's model size, ranks, GPU, drive and compute
-  time are drawn independently of its answer (:func:`choose_case`), so none of them says the rung.
+  ``zero3+opt-cpu`` among them, from :data:`ANSWERS`, in a drawn order); each case's model size,
+  ranks, GPU, drive and compute time are drawn independently of its answer (:func:`choose_case`), so none of them says the rung.
   The answer is neither the most offloaded rung nor ZeRO-3 alone, nor what the memory budgets alone
   give (the least GPU bytes that fit: always the most offloaded rung, too slow); in one case the fastest rung that fits memory is not it
   either. In each, host memory rules out ``zero3+opt+params-cpu`` (whose step time rests on the
@@ -124,7 +124,7 @@ def choose_case(rng, target, tries: int = 400, slow_fits: bool = False, paced: b
             host_rules_out = fig["zero3+opt+params-cpu"][1] > budgets[1]     # the engine's unmeasured rung
             tied = fig["zero3+opt-nvme"][2] <= budgets[2] and want == "zero3+opt-cpu"
             if want == target and memory == "zero3+opt+params-nvme" and host_rules_out and _clear(budgets, fig) \
-                    and not (slow_fits and fastest == want) and tied >= tie:
+                    and not (slow_fits and fastest == want) and (tied or not tie):
                 gb, hb, sb = budgets
                 case = f"{n / 1e9:.1f} B, {ranks} {gpu[:4].upper()}, {drive} drive, {compute_s} s compute"
                 assert want not in ("zero3", "zero3+opt+params-nvme") and ref.choose(

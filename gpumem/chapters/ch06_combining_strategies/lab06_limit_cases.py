@@ -226,7 +226,8 @@ def grade(choice, case: tuple, link: float | None, limits: Limits, slack: float,
     if why.startswith("host memory") and states <= limits.host_per_node < host:     # the buffers tip it
         return "wrong", (f"yours: {label}: host memory {host / 1e12:.2f} TB per node with NVMe offload's swap "
                          f"buffers (offload_buffers: {(host - states) / 1e12:.2f} TB of it), over the team's "
-                         f"host_per_node {limits.host_per_node / 1e12:g} TB: what else does NVMe offload keep in host memory?")
+                         f"host_per_node {limits.host_per_node / 1e12:g} TB: what else does NVMe offload keep in "
+                         "host memory?")
     if why:
         return "wrong", (f"yours: {label}: {why}: keep the team's limit in your search (the course's planner "
                          f"knows only its own nodes, {HOST_PER_NODE / 1e12:g} TB, any placement)")

@@ -4,8 +4,8 @@ A case (:mod:`.lab_cases`) is a GPU, its host's RAM, a model, seq x batch and a 
 is the first setup (rung, policy) whose GPU bytes fit the usable bytes and, for the base on the
 CPU, whose host bytes fit the host's RAM. A wrong answer's row says why, from the grader's figures,
 what is first wrong: the learner's own counts (role_bytes, activation_peak, base_on_cpu rows) if
-they fail and, in place of the grader's, would change this case's answer; the reserve when the setup fits what the card reports; the dequantised matrix (and the
-NF4 choice) when the setup is over by less than that role alone; the NF4 choice when gpumem's own
+they fail and, in place of the grader's, would change this case's answer; the reserve when the
+setup fits what the card reports; the dequantised matrix (and the NF4 choice) when the setup is over by less than that role alone; the NF4 choice when gpumem's own
 count of the rung would fit; the host's RAM; the policy; the ladder's order.
 """
 
@@ -156,7 +156,7 @@ def _first(report, counts: dict, want, *where) -> str:
 
 def grade_choose(report, fn, cases: list, counts: dict | None = None) -> None:
     """One row per case (:mod:`.lab_cases`): the learner's setup against the drawn answer; ``counts``:
-    the learner's role_bytes, activation_peak and base_on_cpu, by name."""
+    the notebook's namespace, where the learner's :data:`COUNTS` functions are read."""
     counts = {name: (counts or {}).get(name) for name in COUNTS}
     role_bytes = counts["role_bytes"]
     for want, card, host_ram, model, seq, batch, figures, rungs in cases:

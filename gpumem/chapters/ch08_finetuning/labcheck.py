@@ -133,8 +133,7 @@ def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Repo
     _grade_states(report, ns.get("role_bytes"), lab_draw.states_cases(rng))
     grade_acts(report, ns.get("activation_peak"), lab_acts.acts_cases(rng))
     grade_offload(report, ns.get("base_on_cpu"), lab_acts.offload_cases(rng))
-    grade_choose(report, ns.get("choose_recipe"), lab_cases.choose_cases(rng),
-                 {name: ns.get(name) for name in ("role_bytes", "activation_peak", "base_on_cpu")})
+    grade_choose(report, ns.get("choose_recipe"), lab_cases.choose_cases(rng), ns)
     if show:
         print(report.summary())
         print("GPU part: none in this lab (the bytes are graded by formula)")
