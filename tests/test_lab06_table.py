@@ -131,3 +131,14 @@ def test_review_r29_an_honest_search_with_debug_messages_passes_the_rule():
     exec(compile(source, name, "exec"), ns := {**ns, "SEARCH": ns["choose_plan"]})
     chars, _ = lab06_table.measure(ns["choose_plan"], ns)
     assert base + 4 * 80 <= chars <= lab06_table.CHARS and lab06_table.problem(ns["choose_plan"], ns) == ""
+
+
+def test_the_labs_text_states_the_limits_the_rule_uses():
+    """Cell 6 states both limits; they are lab06_table's constants, not a second copy that can drift."""
+    import json
+    from pathlib import Path
+    for folder in ("solutions", "labs"):
+        nb = json.loads((Path(__file__).resolve().parents[1] / folder / f"{LAB}.ipynb").read_text())
+        text = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown").replace("\n", " ")
+        assert f"more than {lab06_table.CHARS} bytes of literal data" in text, folder
+        assert f"more than {lab06_table.INSTRUCTIONS:,} bytecode instructions" in text, folder
