@@ -119,7 +119,8 @@ _SCRIPT = textwrap.dedent("""
     out["orphans_before"] = lab_orphans.orphans()
     subprocess.run(["setsid", "-f", "sleep", "60"], check=True)    # exec'd, os.environ: the token
     out["orphans_exec"] = lab_orphans.orphans()
-    exec_pid = int(out["orphans_exec"][-1].split()[1].rstrip(":"))
+    # /proc lists pids in order, and pids wrap: the sleep may sort before the helper
+    exec_pid = int(next(o for o in out["orphans_exec"] if "sleep 60" in o).split()[1].rstrip(":"))
     os.kill(exec_pid, signal.SIGKILL)
     while lab_orphans._stat(exec_pid)[2] != "Z":
         pass
@@ -195,7 +196,8 @@ def test_a_helper_double_forked_before_any_check_and_one_after_are_refused():
     early, late = got["early"], got["late"]
     assert got["early_parent"] != early and got["children_before"] == [], got    # not the kernel's child
     assert len(got["orphans_before"]) == 1 and got["orphans_before"][0].startswith(f"pid {early}: "), got
-    assert len(got["orphans_exec"]) == 2 and "sleep 60, re-parented" in got["orphans_exec"][1], got
+    assert len(got["orphans_exec"]) == 2, got
+    assert sorted("sleep 60, re-parented" in o for o in got["orphans_exec"]) == [False, True], got
     assert len(got["orphans_with_strangers"]) == 1 and f"pid {early}:" in got["orphans_with_strangers"][0], got
     assert got["orphans_psutil"] == got["orphans_with_strangers"], got
     assert f"refused ({REFUSED.format(pid=early)}" in got["refused_early"], got
