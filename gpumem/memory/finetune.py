@@ -46,6 +46,8 @@ partition); ZeRO-3 shards the packed 4-bit weights (peft's DeepSpeed guide: ZeRO
 are attributes, not parameters (replicated).
 """
 
+from collections import Counter
+
 from . import accounting
 from .finetune_setup import (ADAPTER_DTYPES, ADAPTERS, BASE_DTYPES, FT_TARGETS, OPTIMIZERS, Finetune,  # noqa: F401
                              adapter_tensors, lora_params, matrices, validate)
@@ -80,8 +82,9 @@ def quantised_tensors(cfg) -> list[int]:
 def adam8_bytes(sizes: list[int]) -> tuple[int, int]:
     """(moments, scales) in bytes of bitsandbytes' 8-bit AdamW over tensors of ``sizes``
     elements: 2n + fp32 absmax per 256, or two fp32 states under 4096 elements, + the two maps."""
-    moments = sum(2 * n if n >= ADAM8_MIN else 8 * n for n in sizes)
-    scales = sum(8 * -(-n // ADAM8_BLOCK) for n in sizes if n >= ADAM8_MIN)
+    alike = Counter(sizes).items()          # a model's layers repeat their tensors: each size once
+    moments = sum(c * (2 * n if n >= ADAM8_MIN else 8 * n) for n, c in alike)
+    scales = sum(c * 8 * -(-n // ADAM8_BLOCK) for n, c in alike if n >= ADAM8_MIN)
     return moments, scales + (2 * QMAP_BYTES if any(n >= ADAM8_MIN for n in sizes) else 0)
 
 
@@ -139,11 +142,12 @@ def finetune_states(cfg, ft: Finetune, *, gpus: int = 1, zero: int = 0) -> dict[
         roles["base_weights"] = 2 * (sh(n, gpus) if zero == 3 else n)
     else:
         q_sizes = quantised_tensors(cfg)
-        packed = sum(nf4_tensor_bytes(m)[0] for m in q_sizes)
+        alike = Counter(q_sizes).items()   # each layer's matrices again: each size once
+        packed = sum(c * nf4_tensor_bytes(m)[0] for m, c in alike)
         rest = n - sum(q_sizes)
         e_rest = 4 if ft.prepare else 2          # prepare_model_for_kbit_training: fp32 embedding, head, norms
         roles["base_weights"] = sh(packed, gpus) + e_rest * sh(rest, gpus) if zero == 3 else packed + e_rest * rest
-        roles["quant_constants"] = sum(nf4_tensor_bytes(m)[1] for m in q_sizes)
+        roles["quant_constants"] = sum(c * nf4_tensor_bytes(m)[1] for m, c in alike)
         big = max(q_sizes)
         roles["dequant_buffer"] = 2 * big + 4 * -(-big // NF4_BLOCK)
     roles["adapter_weights"] = e_a * (sh(n_a, gpus) if zero == 3 else n_a)
@@ -165,7 +169,7 @@ def block_weights(cfg, ft: Finetune) -> int:
     its norms (bf16, fp32 with ``prepare``) and, with LoRA, the block's adapters."""
     per = sum(quantised_tensors(cfg)) // cfg.n_layers
     if ft.base_dtype == "nf4":
-        base = sum(nf4_tensor_bytes(m)[0] for m in quantised_tensors(cfg)) // cfg.n_layers
+        base = sum(c * nf4_tensor_bytes(m)[0] for m, c in Counter(quantised_tensors(cfg)).items()) // cfg.n_layers
     else:
         base = 2 * per
     norms = cfg.d_model * cfg.norms_per_layer

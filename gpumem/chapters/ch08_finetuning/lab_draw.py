@@ -215,9 +215,12 @@ def in_depth(model: dict, seq: int, batch: int, rungs=LADDER, key: str = "n_laye
     vocabulary (per-block roundings aside). For searching only: a drawn case is checked with
     :func:`totals` itself."""
     a, b = (_pieces(dict(model, **{key: x}), seq, batch, rungs) for x in at)
+    seen: dict[int, dict] = {}       # a search asks for the same x again and again
 
     def figures(x: int) -> dict:
-        return _assemble({k: a[k] + (b[k] - a[k]) * (x - at[0]) // (at[1] - at[0]) for k in a}, rungs)
+        if x not in seen:
+            seen[x] = _assemble({k: a[k] + (b[k] - a[k]) * (x - at[0]) // (at[1] - at[0]) for k in a}, rungs)
+        return seen[x]
     return figures
 
 
