@@ -18,6 +18,7 @@ data-parallel group of one rank per node.
 """
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..errors import UsageError, one_of
 from ..memory.gpus import GPU, REGISTRY
@@ -195,11 +196,18 @@ class Cluster:
         if size < 1 or stride < 1 or first < 0 or first + (size - 1) * stride >= self.gpus:
             raise UsageError(f"a group of {size} ranks with stride {stride} from rank {first} does "
                              f"not fit in {self.gpus} GPUs ({self.nodes} x {self.node.label})")
-        per_node: dict[int, int] = {}
-        for i in range(size):
-            n = (first + i * stride) // self.node.gpus_per_node
-            per_node[n] = per_node.get(n, 0) + 1
-        counts = set(per_node.values())
-        if len(counts) != 1 and not uneven:
-            raise UsageError(f"ranks of this group are spread unevenly over nodes: {per_node}")
-        return Group(self.node, min(counts), len(per_node))      # uneven: the fewest ranks a node holds binds
+        return Group(self.node, *_spread(self.node.gpus_per_node, size, stride, first, uneven))
+
+
+@lru_cache(maxsize=4096)
+def _spread(per: int, size: int, stride: int, first: int, uneven: bool) -> tuple[int, int]:
+    """(ranks on a node, nodes touched) of :meth:`Cluster.group`'s ranks, nodes of ``per`` GPUs
+    (remembered: a planner's search asks for the same few groups some 400,000 times)."""
+    per_node: dict[int, int] = {}
+    for i in range(size):
+        n = (first + i * stride) // per
+        per_node[n] = per_node.get(n, 0) + 1
+    counts = set(per_node.values())
+    if len(counts) != 1 and not uneven:
+        raise UsageError(f"ranks of this group are spread unevenly over nodes: {per_node}")
+    return min(counts), len(per_node)      # uneven: the fewest ranks a node holds binds
