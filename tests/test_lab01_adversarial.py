@@ -310,22 +310,25 @@ def test_the_solution_does_no_tensor_op_and_passes_at_far_shapes():
 
 
 def test_a_table_of_answers_from_an_earlier_report_fails_at_the_next_draw():
-    right, table = solution(), {}
+    names = ("layer_activation_bytes", "variant_layer")
+    right, tables = solution(), {n: {} for n in names}
 
     def recorder(fn):
+        count, table = right[fn], tables[fn]        # empty while the table rule measures it
+
         def seen(**kw):
-            table[fn, tuple(sorted(kw.items()))] = right[fn](**kw)
-            return table[fn, tuple(sorted(kw.items()))]
+            table[tuple(sorted(kw.items()))] = count(**kw)
+            return table[tuple(sorted(kw.items()))]
         return seen
 
     def replay(fn):
-        return lambda **kw: table.get((fn, tuple(sorted(kw.items()))), {} if fn == "variant_layer" else 0)
-    names = ("layer_activation_bytes", "variant_layer")
+        table, none = tables[fn], {} if fn == "variant_layer" else 0
+        return lambda **kw: table.get(tuple(sorted(kw.items())), none)
     assert grade({n: recorder(n) for n in names}, seed=10).solved is False      # model states: todo
-    assert all(r.status == "ok" for n in names for r in rows(grade({n: replay(n) for n in names}, 10), n))
-    report = grade({n: replay(n) for n in names}, seed=11)
-    for n in names:
-        assert [r.status for r in rows(report, n)] == ["wrong"], report.summary()
+    for seed in (10, 11):       # the draw it recorded or the next: a table of answers, graded on no case
+        report = grade({n: replay(n) for n in names}, seed=seed)
+        for n in names:
+            assert "B: table" in _table_row(report, n)
 
 
 # ---- a learner's likely slips: each hint names the switch whose term is wrong --------------------
@@ -911,10 +914,22 @@ def _nop_copies():
     return copied
 
 
+def _part2(fn, seed: int = 0) -> list:
+    """Part 2's rows for ``fn``, graded as labcheck.check grades them, past the table rule (labtable)
+    that a copy of the library's data meets first: what the guards behind it do."""
+    from gpumem.chapters.ch01_memory_anatomy import labpart2
+    from gpumem.course import seeds
+    report = Report("lab01_memory_calculator")
+    labpart2.grade(report, fn, seeds.rng(seed), labcheck.guarded)
+    return rows(report, "layer_activation_bytes")
+
+
 def test_a_library_copy_with_a_nop_in_every_function_is_refused_by_the_copy_watch():
     """Review r6 lab 01 #1: the copy's bytecode differs, but its functions use every name and
-    string the course's do (labcopies.uses): the watch refuses it at the first case."""
-    got = rows(grade({"layer_activation_bytes": _nop_copies()}), "layer_activation_bytes")
+    string the course's do (labcopies.uses): the watch refuses it at the first case. The copy reads
+    the library's data, so the check's first line is the table rule now (labtable)."""
+    assert "B: lib" in _table_row(grade({"layer_activation_bytes": _nop_copies()}), "layer_activation_bytes")
+    got = _part2(_nop_copies())
     assert len(got) == 1 and got[0].status == "error", [(r.case, r.detail) for r in got]
     assert "(the course's code, or a copy of it) ran inside your function" in got[0].detail, got[0].detail
     assert sys.getprofile() is None
@@ -925,7 +940,7 @@ def test_a_nop_copy_past_a_blind_watch_fails_at_olmo_2s_norms(monkeypatch):
     from gpumem.chapters.ch01_memory_anatomy import labcopies
     monkeypatch.setattr(labcopies, "match", lambda code, found: None)
     monkeypatch.setattr(labcopies, "shared", lambda: None)      # the shared content match, blind too
-    got = rows(grade({"layer_activation_bytes": _nop_copies()}), "layer_activation_bytes")
+    got = _part2(_nop_copies())
     assert len(got) == 1 and got[0].status == "wrong" and "qk_norm='full'" in got[0].case, got[0].detail
     assert "1/rms per head" in got[0].detail, got[0].detail
 
@@ -1319,7 +1334,8 @@ def fitted():
                                                                           seq, batch))),
                 "params": sum(c * x for c, x in zip(params, _param_monomials(d_model, n_heads, n_kv_heads, ffn)))}
     return {"model_state_bytes": solution()["model_state_bytes"],
-            "layer_activation_bytes": layer_activation_bytes, "variant_layer": variant_layer}
+            "layer_activation_bytes": layer_activation_bytes, "variant_layer": variant_layer,
+            "_tables": (part2, part3)}
 
 
 def test_the_fit_is_exact_where_it_was_measured(fitted):
@@ -1331,20 +1347,50 @@ def test_the_fit_is_exact_where_it_was_measured(fitted):
                                                                        qkv_bias=bias)
 
 
-@pytest.mark.parametrize("seed", [0, 4])
-def test_measuring_then_fitting_fails_at_the_first_drawn_chain(fitted, seed):
-    """Part 2 and part 3's named variants still pass a fit made before the check (the module
-    docstring of labcheck says so); the first chain MLP, drawn at the check, does not (a fit per
-    named variant has no count for it), and the row says the chain was drawn at this check."""
-    report = grade(fitted, seed)
-    assert all(r.status == "ok" for r in rows(report, "layer_activation_bytes"))
-    got = rows(report, "variant_layer")
-    assert [r.status for r in got] == ["ok"] * len(labcheck.VARIANT_CASES) + ["error"], report.summary()
-    assert "mlp=(" in got[-1].case and "KeyError" in got[-1].detail
-    assert labcheck.CHAIN_NOTE in got[-1].detail and not report.solved
+def _table_row(report, function: str) -> str:
+    """The one row a part gets whose function holds a table (labtable): no case of it graded."""
+    got = rows(report, function)
+    assert [(r.status, r.case) for r in got] == [("wrong", "a count, not a table of answers")], report.summary()
+    return got[0].detail
 
 
-def test_a_per_operation_fit_fails_where_two_operations_share_a_tensor(fitted):
+def test_measuring_then_fitting_is_refused_as_a_table(fitted):
+    """Review r9's fit, held in its functions' closures, and review r29's, pasted as two global dict
+    literals (26 of 27 rows passed): each of parts 2 and 3 gets the table row, naming the table,
+    and none of its cases is graded. Part 1, a count, passes."""
+    report = grade(fitted, 0)
+    assert "more than a count needs (100" in _table_row(report, "layer_activation_bytes")
+    assert "B: part3" in _table_row(report, "variant_layer")
+    assert all(r.status == "ok" for r in rows(report, "model_state_bytes")) and not report.solved
+    part2, part3 = fitted["_tables"]
+    source = ("def layer_activation_bytes(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm):\n"
+              "    m = MONO2(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch)\n"
+              "    return sum(c * x for c, x in zip(FIT2[kernel, qk_norm], m))\n"
+              "def variant_layer(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):\n"
+              "    acts, params = FIT3[kernel, norm, mlp, bool(qkv_bias)]\n"
+              "    m = MONO3(d_model, n_heads, n_kv_heads, ffn, seq, batch)\n"
+              "    return {'activations': sum(c * x for c, x in zip(acts, m)), 'params': 0}\n")
+    ns = {"model_state_bytes": fitted["model_state_bytes"], "FIT2": dict(part2), "FIT3": dict(part3),
+          "MONO2": _monomials2, "MONO3": _monomials3}
+    exec(compile(source, "<lab01_memory_calculator.ipynb cell 6>", "exec"), ns)
+    report = grade(ns, 4)
+    assert "B: FIT2" in _table_row(report, "layer_activation_bytes")
+    assert "B: FIT3" in _table_row(report, "variant_layer")
+
+
+def test_the_labs_counts_are_well_inside_the_table_limits():
+    """The solution's counts hold 31 and 124 bytes of literal data (review r29's honest solution:
+    25 and 121), each limit about three times that, so messages have room."""
+    from gpumem.chapters.ch01_memory_anatomy import labtable
+    from gpumem.course import literal_size
+    ns = solution()
+    for name, (chars_limit, instructions_limit) in labtable.LIMITS.items():
+        chars, instructions = literal_size.measure(ns[name], ns)
+        assert chars * 3 < chars_limit and instructions * 3 < instructions_limit, (name, chars, instructions)
+        assert abs(chars - labtable.OWN[name][0]) <= 10, (name, chars)
+
+
+def test_a_per_operation_fit_fails_where_two_operations_share_a_tensor():
     """A smarter fit: each operation's bytes measured alone before the check (the chain of that one
     operation, less the chain of none), added up along a drawn chain. It misses what neighbours
     share and what a cast changes; the row names the first operation where it goes wrong."""
@@ -1352,7 +1398,7 @@ def test_a_per_operation_fit_fails_where_two_operations_share_a_tensor(fitted):
                  qkv_bias=False)
     n, empty = 2 * 9 * 40, variants.measure(**shape, mlp=())[0]
     per_op = {op: (variants.measure(**shape, mlp=(op,))[0] - empty) // n for op in variants.OPS}
-    fit = fitted["variant_layer"]
+    fit = solution()["variant_layer"]           # the named variants counted (a fit would be refused as a table)
 
     def variant_layer(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
         if not isinstance(mlp, tuple):
@@ -1361,7 +1407,7 @@ def test_a_per_operation_fit_fails_where_two_operations_share_a_tensor(fitted):
         T = batch * seq                                  # the GeLU MLP with dropout keeps 5 T F: none is 2 T F
         base = dropout["activations"] - 3 * T * ffn
         return {"activations": base + sum(per_op[op] for op in mlp) * T * ffn, "params": dropout["params"]}
-    report = grade({**fitted, "variant_layer": variant_layer}, seed=0)
+    report = grade({**solution(), "variant_layer": variant_layer}, seed=0)
     bad = first_problem(report, "variant_layer")
     assert bad.status == "wrong" and "mlp=(" in bad.case, report.summary()
     assert bad.detail.startswith("operation ") and "B: what does it keep" in bad.detail, bad.detail
@@ -1542,10 +1588,10 @@ def bigram():
         variants._truth.pop(k, None)
 
 
-def _bigram_submission(fitted, per_n):
-    """Parts 1 and 2 and the named variants: review r9's fit; a chain: the fit's GeLU MLP with
-    dropout less its 5 T F, plus the table's count."""
-    fit = fitted["variant_layer"]
+def _bigram_submission(per_n):
+    """Parts 1 and 2 and the named variants: the solution's counts; a chain: the solution's GeLU MLP
+    with dropout less its 5 T F, plus the table's count."""
+    fit = solution()["variant_layer"]
 
     def variant_layer(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):
         if not isinstance(mlp, tuple):
@@ -1553,28 +1599,29 @@ def _bigram_submission(fitted, per_n):
         got, n = fit(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, "gelu-dropout", qkv_bias), \
             batch * seq * ffn
         return dict(got, activations=got["activations"] - 5 * n + per_n(mlp) * n)
-    return {**fitted, "variant_layer": variant_layer}
+    return {**solution(), "variant_layer": variant_layer}
 
 
-def test_a_table_of_measured_transitions_passes_every_chain(fitted, bigram):
-    """Review r15's cheat, kept as a test that PASSES: the chains do not stop a measured model of
-    how operations compose (a chain's bytes are a sum of terms fixed by each operation, the one
-    before it and the dtype, so 253 measurements cover all 470 million chains). That is acceptable
-    because nothing can stop it while the learner holds the block's code and autograd (hooks on a
-    rebuilt ChainMLP measure the same): labcheck's docstring, CHAIN_NOTE and cell 7 say so, and
-    the chains are a drill, not a defence. Only the table left in the grader's cache is refused
-    (the next test); here it has been taken out, and every row passes, the four chains included."""
+def test_a_table_of_measured_transitions_written_out_is_refused_as_a_table(bigram):
+    """Review r15's cheat: the chains do not stop a measured model of how operations compose (a
+    chain's bytes are a sum of terms fixed by each operation, the one before it and the dtype, so
+    253 measurements cover all 470 million chains), and nothing can while the learner holds the
+    block's code and autograd: labcheck's docstring, CHAIN_NOTE and cell 7 say so. Written out as
+    data, the table (253 keyed counts) holds more than a count needs and gets the table row
+    (labtable); packed into a string it would pass. The table left in the grader's cache is refused
+    besides (the next test); here it has been taken out."""
     per_n, left = bigram
     for k in left:
         variants._truth.pop(k, None)
-    report = grade(_bigram_submission(fitted, per_n), seed=3)
-    assert report.solved and sum("mlp=(" in r.case for r in report.rows) == labcheck.CHAINS + 1 + len(labcheck.FIXED_CHAINS), report.summary()
+    report = grade(_bigram_submission(per_n), seed=3)
+    assert "B: table" in _table_row(report, "variant_layer")
+    assert all(r.status == "ok" for r in rows(report, "layer_activation_bytes"))
     said = " ".join(labcheck.__doc__.split())           # the claims review r15 found false are gone
     assert "too many to measure in advance" not in said and "no count measured" not in labcheck.CHAIN_NOTE
     assert "not a measured model of how operations compose" in said
 
 
-def test_a_table_left_in_the_graders_cache_is_refused(fitted, bigram):
+def test_a_table_left_in_the_graders_cache_is_refused(bigram):
     """Review r15 #1 (c): the same table with its measurements still in ``variants._truth``
     (chain keys the grader did not measure) grades nothing and says why; the grader's own chain
     keys, from earlier checks, do not count."""
@@ -1583,7 +1630,7 @@ def test_a_table_left_in_the_graders_cache_is_refused(fitted, bigram):
     assert len(left) > labtruth.TABULATED
     variants._truth.update(left)
     try:
-        report = grade(_bigram_submission(fitted, per_n), seed=3)
+        report = grade(_bigram_submission(per_n), seed=3)
     finally:
         for k in left:
             variants._truth.pop(k, None)
@@ -1721,3 +1768,16 @@ def test_review_r24_a_long_chain_hint_keeps_its_expected_and_got(monkeypatch):
         return dict(got, activations=got["activations"] + 2)
     bad = first_problem(grade({**solution(), "variant_layer": wrong}), "variant_layer")
     assert len(long) > 300 and bad.detail.endswith("(this case: expected 1 B, got 2)"), bad.detail
+
+
+def test_the_check_cell_states_labtables_limits():
+    """The Check cell's limits are labtable's constants, in the lab and its solution alike."""
+    import json
+
+    from gpumem.chapters.ch01_memory_anatomy import labtable
+    (c2, i2), (c3, i3) = labtable.LIMITS["layer_activation_bytes"], labtable.LIMITS["variant_layer"]
+    for folder in ("labs", "solutions"):
+        cells = json.loads((ROOT / folder / "lab01_memory_calculator.ipynb").read_text())["cells"]
+        text = " ".join(" ".join("".join(c["source"]).split()) for c in cells)
+        assert (f"at most {c2} bytes of literal data" in text and f"and {i2:,} bytecode instructions" in text
+                and f"`variant_layer` {c3} bytes and {i3:,} instructions" in text), folder

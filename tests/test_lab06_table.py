@@ -142,3 +142,12 @@ def test_the_labs_text_states_the_limits_the_rule_uses():
         text = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown").replace("\n", " ")
         assert f"more than {lab06_table.CHARS} bytes of literal data" in text, folder
         assert f"more than {lab06_table.INSTRUCTIONS:,} bytecode instructions" in text, folder
+
+
+def test_a_table_a_function_closes_over_gets_the_table_row():
+    """A table built in an outer function and held in the closure of the choose_plan it returns:
+    not a global, a default or a constant of choose_plan's code, it was not counted before."""
+    source = ("def _make(POOL):\n" + "\n".join("    " + line for line in SEARCH_OVER.format(pool="POOL").splitlines())
+              + "\n    return choose_plan\n")
+    source += "choose_plan = _make(" + repr(_pool()) + ")\ndel _make\n"
+    _table_row(_graded(source), "bytes of literal data")

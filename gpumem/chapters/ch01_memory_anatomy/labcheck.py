@@ -19,18 +19,17 @@ tracers raise "derive it yourself" and any tensor operation raises "no tensor op
 nothing is measured *during* the call. Nothing stops a learner measuring *before* the check, though, and
 no part is out of its reach. Review r9 measured :func:`.labwide.measure` and :func:`.variants.measure`
 at a dozen small shapes per layer and fitted integer coefficients over chapter 01's monomials: exact,
-far shapes included. The drawn shapes (fresh each check, a few far outside the small range) stop a table
-of last time's answers and a fit with the wrong monomials, not a fit with the right ones. The chain
-MLPs, drawn at check time from 12 operations (470 million chains), stop the same two (a table of chains
-seen before, a fit per operation that misses what neighbours share), not a measured model of how
-operations compose: a chain's bytes are a sum of terms, each fixed by the operation, the one before it
-and the hidden tensor's dtype, so 253 measurements made before the check cover every chain (review r15's
-bigram table; tests/test_lab01_adversarial.py keeps it as a test that *passes*). The chains are a drill,
-not a defence. A learner who measures single operations with ``saved_by`` and works out how they
-compose, dtype and shared tensors included, has done what the chains ask; one who tabulates the grader's
-own measure over hundreds of chains is named if the table is still in the kernel's cache
-(:func:`kernel_refusal`, read before the fresh grading process starts), which only stops the lazy
-version. First :mod:`.labtruth` checks torch, the course and the plain layer's formula, or grades nothing."""
+far shapes included; review r29 pasted such a fit as two dict literals (26 of 27 rows). The drawn
+shapes (fresh each check, a few far outside the small range) stop a table of last time's answers and a
+fit with the wrong monomials; a fit with the right ones, written out as data, holds more literal data
+than a count needs and gets one row (:mod:`.labtable`); packed into a string it would not. The chain
+MLPs, drawn at check time from 12 operations (470 million chains), stop a table of chains seen before
+and a fit per operation that misses what neighbours share, not a measured model of how operations
+compose: 253 measurements made before the check cover every chain (review r15's bigram table; written
+out as data it is now refused by :mod:`.labtable`). The chains are a drill, not a defence. A learner who
+measures single operations with ``saved_by`` and works out how they compose has done what the chains
+ask; one who tabulates the grader's own measure over hundreds of chains is named if the table is still
+in the kernel's cache (:func:`kernel_refusal`, read before the fresh grading process starts). First :mod:`.labtruth` checks torch, the course and the plain layer's formula, or grades nothing."""
 
 import random
 
@@ -41,7 +40,7 @@ from gpumem.memory import accounting, tracing
 from gpumem.memory.estimate import n_param_tensors
 from gpumem.memory.models import ModelConfig
 
-from . import lab_gpu, labcopies, labguard, labhints, labpart2, labtruth, labwide, variants
+from . import lab_gpu, labcopies, labguard, labhints, labpart2, labtable, labtruth, labwide, variants
 from .labguard import guarded
 from .variants import without_comments
 
@@ -286,7 +285,8 @@ def check(ns: dict, show: bool = True, seed: int | None = None) -> Report:
     layers = lambda report, fn, rng: labpart2.grade(report, fn, rng, guarded)      # noqa: E731
     for part, name in ((_grade_states, "model_state_bytes"), (layers, "layer_activation_bytes"),
                        (_grade_variants, "variant_layer")):
-        part(report, ns.get(name), rng)
+        if not labtable.refused(report, ns, name):        # a table of fitted counts (review r29)
+            part(report, ns.get(name), rng)
         said += tuple((r, r.status, r.detail) for r in report.rows[len(said):])   # earlier ones kept
     gpu_line = _grade_gpu(report, ns.get("variant_layer"), ns.get("gpu_held_bytes"))
     labtruth.graded(cached)                 # the chains measured since are the grader's

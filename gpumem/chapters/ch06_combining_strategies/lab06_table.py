@@ -25,113 +25,13 @@ cannot go much lower. Drawing a constraint per case (a lever value the team's st
 multiply the winners a table must hold; not done.
 """
 
-import dis
-import inspect
-import sys
-import types
-
-from gpumem.course import genuine
+from gpumem.course.literal_size import measure  # noqa: F401 -- the lab's tests measure with it
+from gpumem.course.literal_size import problem as _problem
 
 CHARS = 500              # literal bytes; the lab's search holds 102, a table of 100 layouts ~11,000, packed ~600
 INSTRUCTIONS = 2500      # bytecode instructions; the lab's search has 647
-_CLASS_OWN = frozenset({"__doc__", "__module__", "__qualname__", "__dict__", "__weakref__", "__annotations__",
-                        "__dataclass_fields__", "__dataclass_params__", "__match_args__"})
-
-
-def _chars(value, depth: int = 0) -> int:
-    """Characters of literal data in a constant or a plain value (numbers by their digits)."""
-    if depth > 20 or value is None or isinstance(value, bool):
-        return 0
-    if isinstance(value, (int, float, complex)):
-        return len(repr(value).lstrip("-"))
-    if isinstance(value, str):                 # review r29: one CJK or emoji character holds up to 20 bits
-        return len(value.encode("utf-8", "surrogatepass"))
-    if isinstance(value, (bytes, bytearray)):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(_chars(k, depth + 1) + _chars(v, depth + 1) for k, v in value.items())
-    if isinstance(value, (tuple, list, set, frozenset)):
-        return sum(_chars(v, depth + 1) for v in value)
-    return 0
-
-
-def _learners(value) -> bool:
-    """A function or class a notebook cell (or the learner's own text) defined, not an installed one."""
-    if isinstance(value, types.FunctionType):
-        return not genuine.genuine(value.__code__)
-    if not isinstance(value, type) or value.__module__ == "builtins":
-        return False
-    module = sys.modules.get(value.__module__)          # a cell's class: __main__, or no installed file
-    return module is None or value.__module__ == "__main__" or not getattr(module, "__file__", None)
-
-
-def _library(name: str, value) -> bool:
-    """A value the course's library holds under that name (``from gpumem.memory.gpus import X``,
-    carried to the grading process as its text): not the learner's data (review r29)."""
-    return any(getattr(m, name, None) == value for key, m in list(sys.modules.items())
-               if key.startswith("gpumem.") and m is not None and name in vars(m))
-
-
-def _items(fn, ns: dict) -> tuple[list, int]:
-    """([(bytes, what)] of literal data, bytecode instructions) of ``fn`` and all of the learner's it
-    reaches (through decorators such as ``functools.lru_cache``, with default arguments: review r29)."""
-    fn = inspect.unwrap(fn)
-    codes, seen, items, docs = [fn.__code__], set(), [], []
-    values = [("defaults", fn.__defaults__), ("defaults", fn.__kwdefaults__)]
-    instructions, reads_doc = 0, False
-    while codes:
-        code = codes.pop()
-        if id(code) in seen:
-            continue
-        seen.add(id(code))
-        instructions += sum(1 for _ in dis.get_instructions(code))
-        reads_doc |= "__doc__" in code.co_names
-        for i, const in enumerate(code.co_consts):
-            if isinstance(const, types.CodeType):
-                codes.append(const)
-            elif i or not isinstance(const, str):       # a function's first constant is its docstring
-                items.append((_chars(const), f"{repr(const)[:40]} in {code.co_name}"))
-            else:
-                docs.append((_chars(const), f"the docstring of {code.co_name}"))
-        for name in code.co_names:
-            if name in seen or name not in ns:
-                continue
-            seen.add(name)
-            value = ns[name]
-            if _learners(value) and isinstance(value, type):
-                for key, attr in vars(value).items():
-                    attr = getattr(attr, "__func__", attr)
-                    if isinstance(attr, types.FunctionType):
-                        codes.append(attr.__code__)
-                    elif key not in _CLASS_OWN:
-                        values.append((f"{name}.{key}", attr))
-            elif _learners(inspect.unwrap(value)):
-                value = inspect.unwrap(value)
-                codes.append(value.__code__)
-                values += [(f"{name}'s defaults", value.__defaults__), (f"{name}'s defaults", value.__kwdefaults__)]
-            elif not callable(value) and not isinstance(value, types.ModuleType) and not _library(name, value):
-                values.append((name, value))
-    items += [(_chars(v), where) for where, v in values] + (docs if reads_doc else [])
-    return [i for i in items if i[0]], instructions
-
-
-def measure(fn, ns: dict) -> tuple[int, int]:
-    """(literal bytes, bytecode instructions) of ``fn`` and all of the learner's it reaches."""
-    items, instructions = _items(fn, ns)
-    return sum(n for n, _ in items), instructions
 
 
 def problem(fn, ns: dict) -> str:
     """'' or why ``choose_plan`` holds more than a search needs."""
-    items, instructions = _items(fn, ns)
-    chars = sum(n for n, _ in items)
-    if chars > CHARS:
-        top = "; ".join(f"{n:,} B: {what}" for n, what in sorted(items, reverse=True)[:3])
-        return (f"choose_plan and what it reads hold {chars:,} bytes of literal data (numbers and strings, "
-                f"docstrings aside), more than a search needs ({CHARS}; the lab's own search holds about 100): a "
-                f"table of answers is not a search (if most of it is messages, shorten them). The largest: {top}")
-    if instructions > INSTRUCTIONS:
-        return (f"choose_plan and what it calls run to {instructions:,} bytecode instructions, more than a search "
-                f"needs ({INSTRUCTIONS:,}; the lab's own search has about 650): a table of answers written as "
-                "code is not a search")
-    return ""
+    return _problem(fn, ns, "choose_plan", (CHARS, INSTRUCTIONS), (100, 650), "a search")

@@ -1,0 +1,33 @@
+"""Lab 01: a table of fitted byte counts is not a count (review r29).
+
+Review r29 measured the library's layer counts (``labwide.measure``, ``variants.measure``) at about
+14 drawn shapes per (kernel, norm, mlp, bias), fitted integer coefficients of the terms a layer's
+bytes are made of (T·d, T·q, T·F, b·a·s², ...) offline, and pasted them as two dict literals: 26 of
+27 rows passed with no derivation. Those tables hold 191 and 1,321 bytes of literal data; the lab's
+own counts hold 31 and 124 (an honest solution of the reviewer's, 25 and 121). So each of parts 2
+and 3 is first measured by :mod:`gpumem.course.literal_size`, as lab 06's search is: over its limit,
+the part gets one row saying so and none of its cases is graded. A table packed several bits a
+character into a string with a decoder still fits (that module's docstring); the chains of part 3,
+drawn afresh each check, are what such a table cannot hold.
+"""
+
+import inspect
+import types
+
+from gpumem.course.grading import Report, Row
+from gpumem.course.literal_size import problem
+
+# name -> (literal bytes, bytecode instructions) allowed; the lab's own counts hold (31, 161) and (124, 330)
+LIMITS = {"layer_activation_bytes": (100, 1000), "variant_layer": (400, 2000)}
+OWN = {"layer_activation_bytes": (30, 160), "variant_layer": (120, 330)}
+
+
+def refused(report: Report, ns: dict, name: str) -> bool:
+    """Add the row refusing ``ns[name]`` when it holds a table (module text); whether it did."""
+    fn = ns.get(name)
+    if name not in LIMITS or not isinstance(inspect.unwrap(fn), types.FunctionType):
+        return False
+    why = problem(fn, ns, name, LIMITS[name], OWN[name], "a count")
+    if why:
+        report.rows.append(Row(name, "a count, not a table of answers", "wrong", why))
+    return bool(why)

@@ -1,0 +1,149 @@
+"""What a learner's function holds as literal data: a table of answers is not a mechanism.
+
+A grader that draws its cases from a few families can be passed by a table of the right answers
+harvested offline, from the library or from the grader's own draws (lab 06, review r26: about 100
+of the planner's winning layouts; lab 01, review r29: byte-count coefficients fitted to the
+library's measurements, pasted as two dict literals). Such a table is large where the mechanism
+is small. :func:`measure` counts what a function holds: the numbers and strings its code loads
+(numbers by their digits, strings by their UTF-8 bytes; docstrings aside unless some code reads
+``__doc__``), the plain values, class attributes and default arguments it reads, through every
+function and class of the learner's it reaches (decorated ones unwrapped), and the bytecode
+instructions of that code (a table written as a chain of ``if`` statements loads few distinct
+constants but many instructions). Values the course's library holds under the same name are not
+the learner's and are not counted. :func:`problem` says, in one line, when a limit is passed.
+
+What it does not stop: the information, not the characters, sets a table's size; a table packed
+several bits a character into a string, with a decoder, can fit where a dict literal does not. Each
+lab sets limits that its own solution clears several times over and says so in its prompt.
+"""
+
+import dis
+import inspect
+import sys
+import types
+
+from . import genuine
+
+_CLASS_OWN = frozenset({"__doc__", "__module__", "__qualname__", "__dict__", "__weakref__", "__annotations__",
+                        "__dataclass_fields__", "__dataclass_params__", "__match_args__"})
+
+
+def _chars(value, depth: int = 0) -> int:
+    """Characters of literal data in a constant or a plain value (numbers by their digits)."""
+    if depth > 20 or value is None or isinstance(value, bool):
+        return 0
+    if isinstance(value, (int, float, complex)):
+        return len(repr(value).lstrip("-"))
+    if isinstance(value, str):                 # review r29: one CJK or emoji character holds up to 20 bits
+        return len(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_chars(k, depth + 1) + _chars(v, depth + 1) for k, v in value.items())
+    if isinstance(value, (tuple, list, set, frozenset)):
+        return sum(_chars(v, depth + 1) for v in value)
+    return 0
+
+
+def _learners(value) -> bool:
+    """A function or class a notebook cell (or the learner's own text) defined, not an installed one."""
+    if isinstance(value, types.FunctionType):
+        return not genuine.genuine(value.__code__)
+    if not isinstance(value, type) or value.__module__ == "builtins":
+        return False
+    module = sys.modules.get(value.__module__)          # a cell's class: __main__, or no installed file
+    return module is None or value.__module__ == "__main__" or not getattr(module, "__file__", None)
+
+
+def _library(name: str, value) -> bool:
+    """A value the course's library holds under that name (``from gpumem.memory.gpus import X``,
+    carried to the grading process as its text): not the learner's data (review r29)."""
+    return any(getattr(m, name, None) == value for key, m in list(sys.modules.items())
+               if key.startswith("gpumem.") and m is not None and name in vars(m))
+
+
+def _cells(fn) -> list[tuple[str, object]]:
+    """(name, value) of each variable ``fn`` closes over (review r29's fit held its coefficients so)."""
+    out = []
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            out.append((name, cell.cell_contents))
+        except ValueError:           # a cell not yet filled
+            continue
+    return out
+
+
+def _items(fn, ns: dict) -> tuple[list, int]:
+    """([(bytes, what)] of literal data, bytecode instructions) of ``fn`` and all of the learner's it
+    reaches: globals it reads, variables it closes over, through decorators such as
+    ``functools.lru_cache``, with default arguments (review r29)."""
+    fn = inspect.unwrap(fn)
+    codes, seen, items, docs = [fn.__code__], {id(fn)}, [], []
+    values = [("defaults", fn.__defaults__), ("defaults", fn.__kwdefaults__)]
+    pending = _cells(fn)             # (name, value) reached, still to look into
+    instructions, reads_doc = 0, False
+    while codes or pending:
+        while pending:
+            name, value = pending.pop()
+            if callable(value):              # a function or class reached twice is looked into once
+                if id(value) in seen:
+                    continue
+                seen.add(id(value))
+            if _learners(value) and isinstance(value, type):
+                for key, attr in vars(value).items():
+                    attr = getattr(attr, "__func__", attr)
+                    if isinstance(attr, types.FunctionType):
+                        codes.append(attr.__code__)
+                        pending += _cells(attr)
+                    elif key not in _CLASS_OWN:
+                        values.append((f"{name}.{key}", attr))
+            elif _learners(inspect.unwrap(value)):
+                value = inspect.unwrap(value)
+                codes.append(value.__code__)
+                values += [(f"{name}'s defaults", value.__defaults__), (f"{name}'s defaults", value.__kwdefaults__)]
+                pending += _cells(value)
+            elif not callable(value) and not isinstance(value, types.ModuleType) and not _library(name, value):
+                values.append((name, value))
+        if not codes:
+            break
+        code = codes.pop()
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        instructions += sum(1 for _ in dis.get_instructions(code))
+        reads_doc |= "__doc__" in code.co_names
+        for i, const in enumerate(code.co_consts):
+            if isinstance(const, types.CodeType):
+                codes.append(const)
+            elif i or not isinstance(const, str):       # a function's first constant is its docstring
+                items.append((_chars(const), f"{repr(const)[:40]} in {code.co_name}"))
+            else:
+                docs.append((_chars(const), f"the docstring of {code.co_name}"))
+        for name in code.co_names:
+            if name not in seen and name in ns:
+                seen.add(name)
+                pending.append((name, ns[name]))
+    items += [(_chars(v), where) for where, v in values] + (docs if reads_doc else [])
+    return [i for i in items if i[0]], instructions
+
+
+def measure(fn, ns: dict) -> tuple[int, int]:
+    """(literal bytes, bytecode instructions) of ``fn`` and all of the learner's it reaches."""
+    items, instructions = _items(fn, ns)
+    return sum(n for n, _ in items), instructions
+
+
+def problem(fn, ns: dict, name: str, limits: tuple[int, int], own: tuple[int, int], does: str) -> str:
+    """'' or one line saying why ``fn`` (graded as ``name``) holds more than ``does`` needs:
+    ``limits`` = (literal bytes, instructions) allowed, ``own`` = what the lab's solution holds."""
+    items, instructions = _items(fn, ns)
+    chars, noun = sum(n for n, _ in items), does.split()[-1]
+    if chars > limits[0]:
+        top = "; ".join(f"{n:,} B: {what}" for n, what in sorted(items, reverse=True)[:3])
+        return (f"{name} and what it reads hold {chars:,} bytes of literal data (numbers and strings, docstrings "
+                f"aside), more than {does} needs ({limits[0]}; the lab's own {noun} holds about {own[0]}): a table of "
+                f"answers is not {does} (if most of it is messages, shorten them). The largest: {top}")
+    if instructions > limits[1]:
+        return (f"{name} and what it calls run to {instructions:,} bytecode instructions, more than {does} needs "
+                f"({limits[1]:,}; the lab's own {noun} has about {own[1]}): a table of answers written as code is not {does}")
+    return ""
