@@ -171,6 +171,28 @@ def test_review_r28_each_check_has_a_tie_and_a_zero2_paced_case(seed):
     assert tie and paced2
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_review_r28_counting_the_drive_as_host_memory_fails_every_check(seed):
+    """Review r28 #7: a choose_rung that counts the drive's bytes against host_budget (cell 11 says the
+    drive is large enough) passed the choice in 58 of 300 checks. Each check now has a case whose
+    answer zero3+opt-nvme holds more host and drive bytes together than the host budget: that reading,
+    built on the solution's own counts and seconds, chooses another rung there."""
+    ns = solution("lab05")
+
+    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links):
+        for rung in ns["RUNGS"]:
+            held = {d: sum((v or {}).values()) for d, v in ns["rung_bytes"](n, ranks, rung).items()}
+            if held.get("gpu", 0) <= gpu_budget and held.get("cpu", 0) + held.get("nvme", 0) <= host_budget \
+                    and _seconds(ns, n, ranks, rung, compute_s, links) <= step_budget_s:
+                return rung
+        return None
+    cases = lab_draw.choose_cases(random.Random(100 + seed))
+    assert sum(want == "zero3+opt-nvme" for *_, want, _ in cases) >= 1
+    wrong = [want for _, args, want, _ in cases if choose(*args) != want]
+    assert "zero3+opt-nvme" in wrong, [c[0] for c in cases]
+    assert [want for _, args, want, _ in cases if ns["choose_rung"](*args) != want] == []
+
+
 def _always_most_offloaded(*args):
     return "zero3+opt+params-nvme"
 
