@@ -11,8 +11,8 @@ library fails there however it is disguised. A wrong count is explained by its f
 layer (``head_dim = d_model // n_heads``, no q/k norms) and with the wide attention but no q/k
 norms, and compares each step's change with the measured one: the plain layer first, then the
 attention's width, then the norms. The plain layer's difference is put over the formula's
-monomials at the case's own dims (:func:`_in_terms`: "-4 x heads x tokens: an fp32 number per
-head and token is missing"), checked at nearby shapes where monomials equal at the case differ.
+monomials at the case's own dims (:func:`_in_terms`: "-144 B off = -4 x heads x tokens": the units,
+not which tensor or which operation), checked at nearby shapes where monomials equal at the case differ.
 """
 from gpumem.course.grading import LearnerError, Report, Todo, call, returned, run_case
 
@@ -75,17 +75,15 @@ def why(learner, case: dict, got: int, want: int) -> str:
     return f"expected {want:,} B, got {got:,} B ({got - want:+,})"
 
 
-# the plain layer's count is a sum of these, each times a few bytes (review r15 #4): name, value, what one is
-MONOMIALS = (("tokens x d_model", lambda c, T: T * c["d_model"], "token and channel"),
-             ("tokens x n_kv_heads x head_dim", lambda c, T: T * c["n_kv_heads"] * c["head_dim"],
-              "token and key/value channel"),
-             ("tokens x ffn", lambda c, T: T * c["ffn"], "token and MLP hidden unit"),
-             ("tokens", lambda c, T: T, "token"),
-             ("heads x tokens", lambda c, T: T * c["n_heads"], "head and token"),
-             ("n_kv_heads x tokens", lambda c, T: T * c["n_kv_heads"], "key/value head and token"),
-             ("batch x heads x seq^2", lambda c, T: T * c["n_heads"] * c["seq"], "attention score"),
-             ("seq^2", lambda c, T: c["seq"] ** 2, "pair of positions"))
-BYTES = {1: "a 1-byte number (a mask)", 2: "a bf16 number", 4: "an fp32 number"}
+# the plain layer's count is a sum of these, each times a few bytes (review r15 #4): name, value
+MONOMIALS = (("tokens x d_model", lambda c, T: T * c["d_model"]),
+             ("tokens x n_kv_heads x head_dim", lambda c, T: T * c["n_kv_heads"] * c["head_dim"]),
+             ("tokens x ffn", lambda c, T: T * c["ffn"]),
+             ("tokens", lambda c, T: T),
+             ("heads x tokens", lambda c, T: T * c["n_heads"]),
+             ("n_kv_heads x tokens", lambda c, T: T * c["n_kv_heads"]),
+             ("batch x heads x seq^2", lambda c, T: T * c["n_heads"] * c["seq"]),
+             ("seq^2", lambda c, T: c["seq"] ** 2))
 
 
 def _probes(case: dict) -> list[dict]:
@@ -104,8 +102,8 @@ def _terms(case: dict, off: int) -> list:
 
 
 def _in_terms(learner, case: dict, off: int) -> str:
-    """``off`` over the formula's monomials, from the case's own dims: "= -4 x heads x tokens: an
-    fp32 number per head and token is missing". A term that fits at the case may be a coincidence
+    """``off`` over the formula's monomials, from the case's own dims: " = -4 x heads x tokens" (review
+    r29: the units only; which dtype and which operation are the learner's to find). A term that fits at the case may be a coincidence
     (two monomials equal there, or two slips that add up to one): the learner's function and the
     measure are asked again at :func:`_probes`' shapes, and only a term that is the difference there
     too is kept; none, or more than one left: the old advice."""
@@ -118,9 +116,8 @@ def _in_terms(learner, case: dict, off: int) -> str:
         found = [(k, m) for k, m in found if there is not None and k * m[1](probe, probe["batch"] * probe["seq"]) == there]
     if len({m[0] for _, m in found}) != 1:
         return ": go through its operations again"
-    k, (name, _, unit) = found[0]
-    what = BYTES.get(abs(k), f"{abs(k)} B")
-    return f" = {k:+} x {name}: {what} per {unit} {'is missing' if k < 0 else 'too many'}; which operation saves it?"
+    k, (name, _) = found[0]
+    return f" = {k:+} x {name}"
 
 
 def _norm_hint(case: dict, mine: int, off: int) -> str:
