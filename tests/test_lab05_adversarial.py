@@ -193,6 +193,26 @@ def test_review_r28_counting_the_drive_as_host_memory_fails_every_check(seed):
     assert [want for _, args, want, _ in cases if ns["choose_rung"](*args) != want] == []
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_review_r30_a_chooser_that_never_prices_a_step_fails_every_check(seed):
+    """Review r30 #2: taking the first of zero3+opt-cpu, zero3+opt-nvme, zero2+opt-cpu and zero3 that
+    fits both memory budgets, never pricing a step, passed every choose row in 21 of 200 checks. Each
+    check now has a case, answered zero2+opt-cpu or None, where zero3+opt-cpu fits memory but is
+    too slow: that chooser, on the solution's counts, takes it there."""
+    ns = solution("lab05")
+
+    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links):
+        for rung in ("zero3+opt-cpu", "zero3+opt-nvme", "zero2+opt-cpu", "zero3"):
+            gpu, host = _totals(ns, n, ranks, rung)
+            if gpu <= gpu_budget and host <= host_budget:
+                return rung
+        return None
+    cases = lab_draw.choose_cases(random.Random(200 + seed))
+    assert any(choose(*args) != want and want in ("zero2+opt-cpu", None) for _, args, want, _ in cases), \
+        [c[0] for c in cases]
+    assert [want for _, args, want, _ in cases if ns["choose_rung"](*args) != want] == []
+
+
 def _always_most_offloaded(*args):
     return "zero3+opt+params-nvme"
 
