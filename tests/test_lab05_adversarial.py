@@ -1871,3 +1871,15 @@ def test_review_r26_a_stream_without_its_trip_up_is_named_beside_the_upload_it_t
     assert 6 * s / links.d2h + 2 * s / links.h2d > c
     said = labcheck.seconds_problem(_hand_seconds(n, ranks, rung, c, links) - 2 * s / links.h2d, n, ranks, rung, c, links)
     assert "upload after the step is missing" in said and "ZeRO-3's gradient stream" in said, said
+
+
+def test_review_r30_the_tie_and_the_spill_case_get_their_own_sentence():
+    """Review r30 #3: a tie broken the wrong way and a rung ruled out by counting the drive as host
+    memory got one generic line; each now says which it is, without naming the answer."""
+    figures = {"zero3+opt-cpu": (10, 16, 5.0), "zero3+opt-nvme": (10, 2, 6.0), "zero3": (40, 0, 4.0)}
+    args = (0, 0, 50, 20, 7.0)
+    tie = labcheck.why_not("zero3+opt-nvme", "zero3+opt-cpu", args, figures)
+    more = labcheck.why_not("zero3", "zero3+opt-nvme", args, figures)
+    assert tie == "a rung with the same GPU bytes as yours also meets all three budgets, and is faster"
+    assert "leaves the GPU more room" in more and "host memory" in more
+    assert not any(r in tie + more for r in figures)

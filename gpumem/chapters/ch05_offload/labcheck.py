@@ -268,7 +268,10 @@ def why_not(got, want, args, figures: dict) -> str:
         return f"{got}'s states in host memory are over its {hb / GB:.1f} GB budget (see your rung_bytes)"
     if want is None:
         return "no rung meets all three budgets"
-    return "another rung also fits and leaves the GPU more room, or is faster at the same bytes"
+    if gpu == figures[want][0]:     # review r30 #3: the tie and the spill case had one sentence
+        return "a rung with the same GPU bytes as yours also meets all three budgets, and is faster"
+    return ("a rung that leaves the GPU more room also meets all three budgets (if yours ruled it out, "
+            "recount what it holds in host memory)")
 
 
 def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Report:
