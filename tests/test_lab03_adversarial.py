@@ -1500,7 +1500,7 @@ def test_the_dropout_row_says_the_masks_differ():
     row = _variants_with("            torch.set_rng_state(ctx.rng)\n", "").rows[-1]
     assert row.case == "unseen case: random numbers (dropout) replayed" and row.status == "wrong", row
     assert "gradients differ from plain autograd" in row.detail and "other dropout masks" in row.detail
-    assert "restore it for the re-run" in row.detail
+    assert "what decides a mask" in row.detail and "restore" not in row.detail    # review r30: no fix given
     report = Report(labcheck.LAB)                      # the solution itself passes every variant
     assert grade_variants(report, _solution_cells("class MyCheckpoint")["checkpoint"]), report.summary()
     assert restored()

@@ -30,14 +30,14 @@ from gpumem.course.grading import LearnerError, Report, call, returned, run_case
 from .labguard import guarded
 
 DROPOUT = "random numbers (dropout) replayed"
+# review r30: these two name the symptom, not the fix
 RNG_LEFT = ("after backward the random-number generator is not where plain autograd leaves it: the re-run "
-            "replayed the forward's state and left it there, so later draws repeat earlier ones; put back "
-            "the state the re-run replaced")
+            "left the forward's state in place, so later draws repeat earlier ones")
 NO_GRAD = "an output that does not require grad (a mask)"
 NO_GRAD_HINT = ("your backward sent a gradient into run's second output (a mask), which does not require grad in "
                 "plain autograd nor in the re-run: which of the re-run's outputs can backward go through?")
-MASKS = ("the re-run drew other dropout masks than the forward: save the random-number state "
-         "in forward and restore it for the re-run only")
+MASKS = ("the re-run drew other dropout masks than the forward: what decides a mask, and where is that "
+         "state when backward runs?")
 
 
 def variants():
