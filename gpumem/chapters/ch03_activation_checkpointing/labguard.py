@@ -51,7 +51,8 @@ _PRINTS: list = []
 _INHERITED = object()
 HELPERS = labprints.HELPERS          # torch.utils.checkpoint's RNG and input helpers: allowed
 # labcases' closed forms and searches (review r29 #6); its rules of thumb (equal_lengths, shortcuts)
-# are a learner's honest first try, graded on their placements, not refused
+# are a learner's honest first try, graded on their placements, not refused. Calls are refused; a copy
+# is known only near verbatim (review r30: one renamed local passed 34/34), as labplace's docstring says.
 CASES_ANSWERS = ("_balanced_peak", "_equal_peak", "may_ask", "question", "draw")
 
 
