@@ -2111,12 +2111,14 @@ def test_review_r23_honest_per_head_and_einsum_kernels_pass(kernel, function, ca
 
 # Review r29 (expert review after r28): the product rule checked matmuls only. A decoy exp2 thrown
 # away, P from a series (r27's "decoy-series"), and every product written without a matmul: a
-# broadcast multiply by one column of dO, Q or K, then a sum over the query (or key) axis. No
-# matmul took a tile, so the forbidden P reached dV, dK and dQ; 25/25 before the rule below.
-def _summed(outer=False):
+# broadcast multiply by one column of dO, Q or K, then a sum over the query (or key) axis (or dV as
+# rank-one updates, or rows of P scaled and added up). No matmul took a tile, so the forbidden P
+# reached dV, dK and dQ, and the rows passed (status ok) before labproducts.
+def _summed(dv_by="columns"):
     """The solution's key_block_backward with P from ``_squared`` (after a decoy exp2) and P^T dO,
-    dS^T Q and dS K each a broadcast multiply and a sum, one column of d at a time; ``outer``: dV as rank-one
-    updates instead, P[r, :, None] * dO[r, None, :] (an outer product) added up row by row."""
+    dS^T Q and dS K each a broadcast multiply and a sum, one column of d at a time; ``dv_by``: dV so
+    ("columns"), as rank-one updates P[r, :, None] * dO[r, None, :] ("outer"), or as rows of P
+    scaled by one number of dO each and added up ("rows")."""
     def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
         b, a, s_q, d = q.shape
         kv, n = k_blk.shape[1], k_blk.shape[2]
@@ -2134,9 +2136,12 @@ def _summed(outer=False):
             do, qt = dog[..., i0:i1, :], qg[..., i0:i1, :]
             ds = p * (do @ vb.transpose(-1, -2) - delta_g[..., i0:i1, :]) * scale
             cols = lambda x, y, axis: torch.stack([(x * y(c)).sum(axis) for c in range(d)], -1)
-            if outer:                                       # rank-one updates, one query row at a time
+            if dv_by == "outer":
                 for r in range(i1 - i0):
                     dv += (p[..., r, :, None] * do[..., r, None, :]).sum(2)
+            elif dv_by == "rows":
+                for r in range(i1 - i0):
+                    dv += torch.stack([p[..., r, :] * do[..., r, c:c + 1] for c in range(d)], -1).sum(2)
             else:
                 dv += cols(p, lambda c: do[..., c:c + 1], -2).sum(2)                # P^T dO, no matmul
             dk += cols(ds, lambda c: qt[..., c:c + 1], -2).sum(2)                   # dS^T Q
@@ -2148,12 +2153,14 @@ def _summed(outer=False):
 _SUMMED = "a product (P^T dO, dS K or dS^T Q) written as a broadcast multiply"
 
 
-@pytest.mark.parametrize("outer, says", [
-    (False, " and a sum (no matmul) took a tile of shape (1, 2, 3, 16, 16) made from Q and K that is not exp2's output"),
-    (True, ", an outer product (no matmul) took a tile of shape (1, 2, 3, 16, 1) made from Q and K"),
-], ids=["column-by-column", "outer-product"])
-def test_a_decoy_p_contracted_by_a_broadcast_multiply_and_a_sum_fails(outer, says):
-    cheat = _summed(outer)
+@pytest.mark.parametrize("dv_by, says", [
+    ("columns", " and a sum (no matmul) took a tile of shape (1, 2, 3, 16, 16) made from Q and K that is not "
+                "exp2's output"),
+    ("outer", ", an outer product (no matmul) took a tile of shape (1, 2, 3, 16, 1) made from Q and K"),
+    ("rows", " and a sum (no matmul) took a tile of shape (1, 2, 3, 16) made from Q and K"),
+])
+def test_a_decoy_p_contracted_by_a_broadcast_multiply_and_a_sum_fails(dv_by, says):
+    cheat = _summed(dv_by)
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
     assert got.status == "wrong" and _SUMMED + says in got.detail, (got.status, got.detail)
     ns = solution()

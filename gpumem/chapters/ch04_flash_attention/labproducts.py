@@ -8,16 +8,18 @@ one column of d at a time (a broadcast multiply, then a sum over the query axis:
 contraction as P^T dO), and rank-one updates ``P[r, :, None] * dO[r, None, :]`` added row by row.
 So a product is: a matmul (:data:`.labops._MM`), a matrix-vector one (``mv``, ``addmv``, ``dot``,
 ``vdot``, ``addr``), or a multiply of a tile of P's family (:meth:`.labexp2.Exp2Rule.tile`) that is
-not exp2's output by a tensor of more than one number, when its result is larger than the tile
-(the tile broadcast along an axis it lacks: an outer product) or when a sum of it (``sum``,
-``nansum``, ``mean``, ``cumsum``; of the result, its views or its copies) reduces an axis longer
-than 1. Elementwise work on exp2's output is exp2's output (PROB), so the honest algorithm's
-``P * (dP - D)``, a mask or a row-wise scale, and products written as broadcast sums of P, pass.
+not exp2's output by a tensor that is no such tile (dO, Q, K; a series' ``t * t`` is P's own
+making), when its result is larger than the tile (the tile broadcast along an axis it lacks: an
+outer product), or when what the multiply made (the result, its views, copies, joins and anything
+made from it) is summed (``sum``, ``nansum``, ``mean``, ``cumsum`` over an axis longer than 1) or
+added (``add``, ``sub``: rows added up one by one). Elementwise work on exp2's output is exp2's
+output (PROB), so the honest algorithm's ``P * (dP - D)``, a mask, a row-wise scale, and products
+written as broadcast sums of exp2's P, pass.
 """
 
 import torch
 
-from .labops import PROB, QK, _MM, _SAME, _flat, _ptr
+from .labops import _ADD, PROB, QK, _MM, _SAME, _flat, _ptr
 
 _MATS = frozenset({"mv", "dot", "vdot", "addmv", "addr"})          # matrix-vector products, beside _MM
 _SUMS = frozenset({"sum", "nansum", "mean", "cumsum", "cumsum_"})   # a sum of a multiply: a product
@@ -50,27 +52,26 @@ class Products:
     def note(self, op: str, args, kwargs, out) -> None:
         """Mark (``unused``) a product of ``op`` that took a tile made from Q and K other than exp2's
         output; remember the storages whose sum would be one. Before the op's own tags are written."""
-        ts = [t for t in args[:3] if isinstance(t, torch.Tensor)]
+        ts = [t for t in _flat(args) if isinstance(t, torch.Tensor) and t.numel()]
         outs = [t for t in _flat([out]) if isinstance(t, torch.Tensor) and t.numel()]
-        why, keep = "", None
+        keep = next((self.made[_ptr(t)] for t in ts if _ptr(t) in self.made), None)   # made from such a multiply
+        why = ""
         if op in _MM or op in _MATS:
-            pair = ts[1:3] if op in ("addmm", "baddbmm", "addbmm", "addmv", "addr") else ts[:2]
+            pair = args[1:3] if op in ("addmm", "baddbmm", "addbmm", "addmv", "addr") else args[:2]
             why = next((f"a tile of shape {tuple(t.shape)}" for t in pair if self._bad(t, False)), "")
-        elif op in _SUMS and ts and _ptr(ts[0]) in self.made and _reduces(args, kwargs):
-            why = self.made[_ptr(ts[0])] + "|" + SUMMED
+        elif keep is not None and ((op in _SUMS and _reduces(args, kwargs)) or op in _ADD):
+            why = keep + "|" + SUMMED                # summed over an axis, or added up piece by piece
         elif op in ("mul", "mul_") and len(args) > 1 and all(isinstance(t, torch.Tensor) for t in args[:2]):
             tile = next((t for t in args[:2] if self._bad(t, True)), None)
-            other = args[1] if tile is args[0] else args[0]
-            if tile is not None and other.numel() > 1:
+            other = args[1] if tile is args[0] else args[0]          # dO, Q or K: no tile (a series' t * t is)
+            if tile is not None and _ptr(other) not in self.rule.tiles:
                 keep = f"a tile of shape {tuple(tile.shape)}"
                 if any(t.numel() > tile.numel() for t in outs):
                     why = keep + "|" + OUTER
-        elif op in _SAME:
-            keep = next((self.made[_ptr(t)] for t in ts[:1] if _ptr(t) in self.made), None)
         for t in outs:
             if keep is not None:
                 self.made[_ptr(t)] = keep
-            else:
+            elif op not in _SAME:                     # a view keeps its storage's standing
                 self.made.pop(_ptr(t), None)
         if why:
             self.rule.mark("unused", why)
