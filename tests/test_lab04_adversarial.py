@@ -2158,7 +2158,7 @@ _SUMMED = "a product (P^T dO, dS K or dS^T Q) written as a broadcast multiply"
                 "exp2's output"),
     ("outer", ", an outer product (no matmul) took a tile of shape (1, 2, 3, 16, 1) made from Q and K"),
     ("rows", " and a sum (no matmul) took a tile of shape (1, 2, 3, 16) made from Q and K"),
-])
+], ids=["columns", "outer", "rows"])
 def test_a_decoy_p_contracted_by_a_broadcast_multiply_and_a_sum_fails(dv_by, says):
     cheat = _summed(dv_by)
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]

@@ -68,10 +68,11 @@ class Products:
                 keep = f"a tile of shape {tuple(tile.shape)}"
                 if any(t.numel() > tile.numel() for t in outs):
                     why = keep + "|" + OUTER
+        shared = {_ptr(t) for t in ts}
         for t in outs:
             if keep is not None:
                 self.made[_ptr(t)] = keep
-            elif op not in _SAME:                     # a view keeps its storage's standing
+            elif op not in _SAME or _ptr(t) not in shared:      # a view keeps its storage's standing
                 self.made.pop(_ptr(t), None)
         if why:
             self.rule.mark("unused", why)
