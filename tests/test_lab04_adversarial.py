@@ -2107,3 +2107,74 @@ def test_review_r23_honest_per_head_and_einsum_kernels_pass(kernel, function, ca
     extra = {"inner": ns["key_block_backward"]} if function == "flash_backward" else {}
     grade(report, ns[function], case, 100, **extra)
     assert report.rows and all(r.status == "ok" for r in report.rows), report.rows[:2]
+
+
+# Review r29 (expert review after r28): the product rule checked matmuls only. A decoy exp2 thrown
+# away, P from a series (r27's "decoy-series"), and every product written without a matmul: a
+# broadcast multiply by one column of dO, Q or K, then a sum over the query (or key) axis (or dV as
+# rank-one updates, or rows of P scaled and added up). No matmul took a tile, so the forbidden P
+# reached dV, dK and dQ, and the rows passed (status ok) before labproducts.
+def _summed(dv_by="columns"):
+    """The solution's key_block_backward with P from ``_squared`` (after a decoy exp2) and P^T dO,
+    dS^T Q and dS K each a broadcast multiply and a sum, one column of d at a time; ``dv_by``: dV so
+    ("columns"), as rank-one updates P[r, :, None] * dO[r, None, :] ("outer"), or as rows of P
+    scaled by one number of dO each and added up ("rows")."""
+    def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        b, a, s_q, d = q.shape
+        kv, n = k_blk.shape[1], k_blk.shape[2]
+        scale = 1.0 / math.sqrt(d)
+        view = lambda t: t.reshape(b, kv, a // kv, s_q, -1)
+        qg, dog, delta_g = view(q), view(dout), view(delta[..., None])
+        lse2 = view(lse[..., None]) * LOG2E
+        kb, vb = k_blk[:, :, None], v_blk[:, :, None]
+        dq, dk, dv = torch.zeros_like(qg), torch.zeros(b, kv, n, d, dtype=q.dtype), torch.zeros(b, kv, n, d, dtype=q.dtype)
+        for i0 in range(j0 // block * block if causal else 0, s_q, block):
+            i1 = min(i0 + block, s_q)
+            s2 = _masked(qg[..., i0:i1, :] @ kb.transpose(-1, -2) * (scale * LOG2E), causal, i0, j0)
+            torch.exp2(s2 - lse2[..., i0:i1, :])                    # the decoy: thrown away
+            p = _squared(s2, lse2[..., i0:i1, :])                   # P by another road
+            do, qt = dog[..., i0:i1, :], qg[..., i0:i1, :]
+            ds = p * (do @ vb.transpose(-1, -2) - delta_g[..., i0:i1, :]) * scale
+            cols = lambda x, y, axis: torch.stack([(x * y(c)).sum(axis) for c in range(d)], -1)
+            if dv_by == "outer":
+                for r in range(i1 - i0):
+                    dv += (p[..., r, :, None] * do[..., r, None, :]).sum(2)
+            elif dv_by == "rows":
+                for r in range(i1 - i0):
+                    dv += torch.stack([p[..., r, :] * do[..., r, c:c + 1] for c in range(d)], -1).sum(2)
+            else:
+                dv += cols(p, lambda c: do[..., c:c + 1], -2).sum(2)                # P^T dO, no matmul
+            dk += cols(ds, lambda c: qt[..., c:c + 1], -2).sum(2)                   # dS^T Q
+            dq[..., i0:i1, :] = cols(ds, lambda c: kb[..., c][..., None, :], -1)    # dS K
+        return dq.reshape(q.shape), dk, dv
+    return kernel
+
+
+_SUMMED = "a product (P^T dO, dS K or dS^T Q) written as a broadcast multiply"
+
+
+@pytest.mark.parametrize("dv_by, says", [
+    ("columns", " and a sum (no matmul) took a tile of shape (1, 2, 3, 16, 16) made from Q and K that is not "
+                "exp2's output"),
+    ("outer", ", an outer product (no matmul) took a tile of shape (1, 2, 3, 16, 1) made from Q and K"),
+    ("rows", " and a sum (no matmul) took a tile of shape (1, 2, 3, 16) made from Q and K"),
+], ids=["columns", "outer", "rows"])
+def test_a_decoy_p_contracted_by_a_broadcast_multiply_and_a_sum_fails(dv_by, says):
+    cheat = _summed(dv_by)
+    got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
+    assert got.status == "wrong" and _SUMMED + says in got.detail, (got.status, got.detail)
+    ns = solution()
+    flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
+                                                               "key_block_backward": cheat})
+    got = rows({"flash_backward": flash, "key_block_backward": cheat}, "flash_backward")[0]
+    assert got.status == "wrong", got.detail
+
+
+def test_the_honest_backward_written_with_broadcast_sums_passes():
+    """The same kernel with P = exp2(...) itself (the rule's PROB form) passes: a broadcast multiply
+    and a sum is a fine way to write the products, with exp2's probabilities."""
+    honest = _summed()
+    code = honest.__code__
+    kernel = types.FunctionType(code, {**honest.__globals__, "_squared": lambda s2, l2: torch.exp2(s2 - l2)},
+                                closure=honest.__closure__)
+    assert all(r.status == "ok" for r in rows({"key_block_backward": kernel}, "key_block_backward", (0, 1)))

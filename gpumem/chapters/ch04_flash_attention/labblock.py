@@ -184,7 +184,7 @@ def guarded(fn, watch, *args):
     (labseal: an attribute of it rebound during the call is named first); (result, broken)."""
     hits: list[str] = []
     with no_library_backward(), watch as w, no_copies(w.flag):
-        before = labseal.kept(w, w._functions, w.exp2)
+        before = labseal.kept(w, w._functions, w.exp2, w.exp2 and w.exp2.products)
         try:
             with lab_audit.refusing(REFUSAL, hits):    # frames, the collector's objects (review r13 #3)
                 got = call(fn, *args)

@@ -22,13 +22,15 @@ on scores (:data:`.labops._OTHER`: review r13 #1 took P = 1 / (cosh x - sinh x))
 exp2: exp2 must reach every visible score of the call, counted over DISTINCT (query row, key, head)
 pairs (:mod:`.labpairs`; review r15 #1 took exp2 of one tile again and again, r16 #2 recomputed its
 product each time). A tensor's Q|K bits are those of every tensor an op takes (r15: K laundered
-through index_select's index). ``pow(2.0, x)`` is exp2. P^T dO must take exp2's output (r27: a decoy).
+through index_select's index). ``pow(2.0, x)`` is exp2. P^T dO must take exp2's output (r27: a decoy;
+r29: with a matmul or without, :mod:`.labproducts`).
 """
 
 import torch
 
 from .labexp2_words import verdict
 from .labpairs import Pairs
+from .labproducts import Products
 from .labops import (  # noqa: F401 (LOG2E is read from here too)
     FOLDED, K, LOG2E, ONE, PLAIN, PROB, QK, RAW, READY, Q, _ADD, _MASK, _MM, _OTHER, _POWERS, _REDUCE, _RTOL, _SAME,
     _flat, _marks, _number, _ptr, _rest, _rows_of_d, _wider)
@@ -61,6 +63,7 @@ class Exp2Rule:
         self.tiles: set[int] = set()                              # storages of P's family
         self.counted: dict = {}            # product (or storage, unfolded) -> numbers exp2 took of it
         self.origins: dict = {}            # storage -> (key, numbers, pair ids) of its Q K^T product
+        self.products = Products(self)     # the product rule (:mod:`.labproducts`)
         for t, bit in ((q, Q), (k, K)):
             if _ptr(t):
                 self.tags[_ptr(t)] = (bit, PLAIN)
@@ -168,6 +171,7 @@ class Exp2Rule:
     def note(self, op: str, args, kwargs, out=None) -> None:
         """Record one dispatched op (``op``: its name without namespace and overload) and its output."""
         x = self._exponent(op, args)
+        self.products.note(op, args, kwargs, out)         # P^T dO, dS K, dS^T Q take exp2's output (labproducts)
         if x is not None:
             self.mark("exp2", True)
             self.add("exp2n", self._fresh(x))
@@ -185,7 +189,6 @@ class Exp2Rule:
             bits, form = self._scaled(op, args, bits)
         elif op in _MM:
             bits, form = self._product(op, args, kwargs)
-            self._fed(op, args)
         elif op in _ADD:
             bits, form = self._sum(op, args, kwargs, out)
         elif op in _MASK or op == "where":
@@ -215,15 +218,6 @@ class Exp2Rule:
             return None
         a, b = args[1:3] if op in ("addmm", "baddbmm") else args[:2]
         return self.pairs.product(a, b, self._tag(a)[0] == Q, self._tag(a)[1] == ONE, self._tag(b)[1] == ONE)
-
-    def _fed(self, op, args) -> None:
-        """Every tile made from both Q and K that a product takes (P^T dO, dS K, dS^T Q) must be exp2's
-        output, masked, cast, scaled, times or plus a tensor made from neither (dS = P (dP - D)): r27's
-        decoy exp2 with P from ``linalg.matrix_exp`` or a series passed, r28's with ``dO + 0.0 * Q``."""
-        a, b = args[1:3] if op in ("addmm", "baddbmm", "addbmm") else args[:2]
-        for t in (a, b):
-            if self._tag(t)[0] == QK and self._tag(t)[1] != PROB and not self.unused:
-                self.mark("unused", f"a tile of shape {tuple(t.shape)}")
 
     def _fresh(self, x) -> int:
         """Scores of ``x`` exp2 has not taken yet: the visible (query row, key) pairs of the Q K^T

@@ -27,7 +27,8 @@ def verdict(rule, need: int = 0) -> str:
                 f"by scale * log2(e) = {c} (then the lse in base 2 subtracted, masking allowed): fold "
                 f"log2(e) into the softmax scale, exp2(S * c2 - lse * log2 e)")
     if rule.unused:
-        return (f"a product (P^T dO, dS K or dS^T Q) took {rule.unused} made from Q and K that is not "
+        tile, _, how = rule.unused.partition("|")      # how: the product without a matmul (labproducts)
+        return (f"a product (P^T dO, dS K or dS^T Q){how} took {tile} made from Q and K that is not "
                 f"exp2's output: the probabilities must be the ones exp2 rebuilt (masked, cast or scaled "
                 f"after it), not numbers made by another road")
     return ""

@@ -54,7 +54,7 @@ from .labexp2 import Exp2Rule
 from .labfence import BRIDGES as _BRIDGES, Fence, refusing as _refusing
 from .labops import (_COPIES, _EXITS, _EXPS, _FRESH, _PRINTS, _QK_READS, _READ_BUDGET, _READS, _SIZED, _SMALL,
                      _ptr, _tensors)
-from . import labbake, labexp2, labfence, labops, labpairs, labseal
+from . import labbake, labexp2, labfence, labops, labpairs, labproducts, labseal
 from .labseal import Sealed, cells, seal, seal_dispatch, tally
 
 
@@ -293,4 +293,5 @@ class Watch(Sealed, TorchDispatchMode):
 # every op first checks that none of the grader's modules and classes was patched during the call;
 _UNSEALED = ("_DISPATCH", "_CHECK")        # grader_seal: made with code baked in (labseal.bake), not the file's
 _DISPATCH, _CHECK = seal_dispatch(Watch, (sys.modules[__name__], labbake, labexp2, labfence, labops, labpairs, labseal,
-                                          Watch, _Functions, labexp2.Exp2Rule, labpairs.Pairs, labfence.Fence, Sealed))
+                                          labproducts, Watch, _Functions, labexp2.Exp2Rule, labpairs.Pairs,
+                                          labproducts.Products, labfence.Fence, Sealed))
