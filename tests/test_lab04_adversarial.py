@@ -2109,7 +2109,7 @@ def test_review_r23_honest_per_head_and_einsum_kernels_pass(kernel, function, ca
     assert report.rows and all(r.status == "ok" for r in report.rows), report.rows[:2]
 
 
-# Review r29 (expert review after r28): the product rule checked matmuls only. A decoy exp2 thrown
+# Review r28's open route: the product rule checked matmuls only. A decoy exp2 thrown
 # away, P from a series (r27's "decoy-series"), and every product written without a matmul: a
 # broadcast multiply by one column of dO, Q or K, then a sum over the query (or key) axis (or dV as
 # rank-one updates, or rows of P scaled and added up). No matmul took a tile, so the forbidden P

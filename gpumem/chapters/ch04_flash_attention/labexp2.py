@@ -23,7 +23,7 @@ exp2: exp2 must reach every visible score of the call, counted over DISTINCT (qu
 pairs (:mod:`.labpairs`; review r15 #1 took exp2 of one tile again and again, r16 #2 recomputed its
 product each time). A tensor's Q|K bits are those of every tensor an op takes (r15: K laundered
 through index_select's index). ``pow(2.0, x)`` is exp2. P^T dO must take exp2's output (r27: a decoy;
-r29: with a matmul or without, :mod:`.labproducts`).
+r28's open route: with a matmul or without, :mod:`.labproducts`).
 """
 
 import torch

@@ -3,9 +3,9 @@ product takes (P^T dO, dS K, dS^T Q) must be exp2's output in its PROB form (mas
 times or plus a tensor made from neither: dS = P (dP - D)), whether the product is a matmul or not.
 
 Review r27 took a decoy exp2 and P from a series to the matmuls; r28 the same with dO made "from Q".
-Review r29 took such a P to dV, dK and dQ with no matmul at all: ``(P * dO[..., c:c+1]).sum(-2)``,
-one column of d at a time (a broadcast multiply, then a sum over the query axis: the same
-contraction as P^T dO), and rank-one updates ``P[r, :, None] * dO[r, None, :]`` added row by row.
+Review r28 left open such a P taken to dV, dK and dQ with no matmul at all:
+``(P * dO[..., c:c+1]).sum(-2)``, one column of d at a time (a broadcast multiply, then a sum over
+the query axis: the same contraction as P^T dO), and rank-one updates ``P[r, :, None] * dO[r, None, :]`` added row by row.
 So a product is: a matmul (:data:`.labops._MM`), a matrix-vector one (``mv``, ``addmv``, ``dot``,
 ``vdot``, ``addr``), or a multiply of a tile of P's family (:meth:`.labexp2.Exp2Rule.tile`) that is
 not exp2's output by a tensor that is no such tile (dO, Q, K; a series' ``t * t`` is P's own
