@@ -2163,6 +2163,8 @@ def test_a_decoy_p_contracted_by_a_broadcast_multiply_and_a_sum_fails(dv_by, say
     cheat = _summed(dv_by)
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
     assert got.status == "wrong" and _SUMMED + says in got.detail, (got.status, got.detail)
+    if dv_by != "columns":       # flash_backward reaches the kernel the same way whichever dV it writes
+        return
     ns = solution()
     flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
                                                                "key_block_backward": cheat})

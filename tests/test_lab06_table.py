@@ -151,3 +151,9 @@ def test_a_table_a_function_closes_over_gets_the_table_row():
               + "\n    return choose_plan\n")
     source += "choose_plan = _make(" + repr(_pool()) + ")\ndel _make\n"
     _table_row(_graded(source), "bytes of literal data")
+
+
+def test_a_table_held_in_an_objects_attributes_gets_the_table_row():
+    """A SimpleNamespace (or any object) holding the table: its attributes are its data."""
+    source = "import types\nKNOWN = types.SimpleNamespace(pool=" + repr(_pool()) + ")\n"
+    _table_row(_graded(source + SEARCH_OVER.format(pool="KNOWN.pool")), "bytes of literal data")

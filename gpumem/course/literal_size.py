@@ -42,6 +42,10 @@ def _chars(value, depth: int = 0) -> int:
         return sum(_chars(k, depth + 1) + _chars(v, depth + 1) for k, v in value.items())
     if isinstance(value, (tuple, list, set, frozenset)):
         return sum(_chars(v, depth + 1) for v in value)
+    held = getattr(value, "__dict__", None)    # an object's attributes (a SimpleNamespace holding a table),
+    if isinstance(held, dict) and not isinstance(value, (type, types.ModuleType, types.FunctionType)) \
+            and not type(value).__module__.startswith("gpumem"):       # not the library's own objects
+        return _chars(held, depth + 1)
     return 0
 
 
