@@ -34,6 +34,11 @@ def solution() -> dict:
     return dict(_NS)
 
 
+def _flash_row(cheat, cases=(0,)):
+    """The first flash_backward row of the solution's flash_backward calling ``cheat`` (:func:`_with_kernel`)."""
+    return rows({"flash_backward": _with_kernel(cheat), "key_block_backward": cheat}, "flash_backward", cases)[0]
+
+
 def rows(ns: dict, function: str, cases=(0,)):
     """The rows of ``function`` on the given cases, graded as check() does (one case by default:
     the whole check is exercised by tests/test_labs.py and the GPU-skip test below)."""
@@ -1275,10 +1280,7 @@ def blinded_past_setattr(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, bl
 def test_a_watch_reached_from_the_call_cannot_be_blinded(cheat, status, says):
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
     assert got.status == status and says in got.detail, got.detail
-    ns = solution()                  # the solution's flash_backward calling the cheat: refused too
-    flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
-                                                               "key_block_backward": cheat})
-    got = rows({"flash_backward": flash, "key_block_backward": cheat}, "flash_backward")[0]
+    got = _flash_row(cheat)                  # the solution's flash_backward calling the cheat: refused too
     assert got.status == status and says in got.detail, got.detail
 
 
@@ -1357,10 +1359,7 @@ def test_all_query_rows_against_a_narrower_key_tile_fail(cheat, case, says):
     tail = f"more than {block} query rows against the key block at once; loop over query blocks of {block} rows"
     got = rows({"key_block_backward": cheat}, "key_block_backward", (case,))[0]
     assert got.status == "wrong" and says in got.detail and tail in got.detail, got.detail
-    ns = solution()
-    flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
-                                                               "key_block_backward": cheat})
-    got = rows({"flash_backward": flash, "key_block_backward": cheat}, "flash_backward", (case,))[0]
+    got = _flash_row(cheat, (case,))
     assert got.status == "wrong" and tail in got.detail, got.detail
 
 
@@ -1596,10 +1595,7 @@ def test_an_exponential_that_is_not_exp2_or_a_laundered_q_fails(cheat, says):
     says = says.format(_visible_of_first_key_block(labcheck.BACKWARD[0]))
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
     assert got.status == "wrong" and says in got.detail, got.detail
-    ns = solution()
-    flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
-                                                               "key_block_backward": cheat})
-    got = rows({"flash_backward": flash, "key_block_backward": cheat}, "flash_backward")[0]
+    got = _flash_row(cheat)
     assert got.status == "wrong", got.detail
 
 
@@ -1749,10 +1745,7 @@ def test_k_laundered_or_the_tables_mutated_during_the_call_fails(cheat):
     says = "made from both Q and K (scores, P, dP - D or dS) is larger than one 16 x 16 tile"
     got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
     assert got.status == "wrong" and says in got.detail, got.detail
-    ns = solution()
-    flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
-                                                               "key_block_backward": cheat})
-    got = rows({"flash_backward": flash, "key_block_backward": cheat}, "flash_backward")[0]
+    got = _flash_row(cheat)
     assert got.status == "wrong" and "made from both Q and K" in got.detail, got.detail
     assert set(labops._SAME) == same
 
@@ -2165,10 +2158,7 @@ def test_a_decoy_p_contracted_by_a_broadcast_multiply_and_a_sum_fails(dv_by, say
     assert got.status == "wrong" and _SUMMED + says in got.detail, (got.status, got.detail)
     if dv_by != "columns":       # flash_backward reaches the kernel the same way whichever dV it writes
         return
-    ns = solution()
-    flash = types.FunctionType(ns["flash_backward"].__code__, {**ns["flash_backward"].__globals__,
-                                                               "key_block_backward": cheat})
-    got = rows({"flash_backward": flash, "key_block_backward": cheat}, "flash_backward")[0]
+    got = _flash_row(cheat)
     assert got.status == "wrong", got.detail
 
 
