@@ -1380,6 +1380,31 @@ def test_measuring_then_fitting_is_refused_as_a_table(fitted):
     assert "B: FIT3" in _table_row(report, "variant_layer")
 
 
+def test_a_table_in_a_string_annotation_is_counted_and_reading_annotations_is_refused(fitted):
+    """Review r31: the fitted tables written as string annotations of a helper (``def notes(fit2:
+    "..."):``) and read back through ``notes.__annotations__`` passed 39 of 39 rows: the strings are
+    constants of the defining cell, not of any function, and no annotation was counted. Each part
+    now gets the table row naming the annotations, and the kernel-wide scan refuses the read."""
+    from gpumem.course import lab_reach
+    part2, part3 = fitted["_tables"]
+    source = (f"def notes(fit2: {repr(repr(dict(part2)))}, fit3: {repr(repr(dict(part3)))}):\n    pass\n"
+              "def _table(which):\n    return eval(notes.__annotations__[which])\n"
+              "def layer_activation_bytes(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm):\n"
+              "    m = MONO2(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch)\n"
+              "    return sum(c * x for c, x in zip(_table('fit2')[kernel, qk_norm], m))\n"
+              "def variant_layer(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):\n"
+              "    acts, params = _table('fit3')[kernel, norm, mlp, bool(qkv_bias)]\n"
+              "    m = MONO3(d_model, n_heads, n_kv_heads, ffn, seq, batch)\n"
+              "    return {'activations': sum(c * x for c, x in zip(acts, m)), 'params': 0}\n")
+    ns = {"model_state_bytes": fitted["model_state_bytes"], "MONO2": _monomials2, "MONO3": _monomials3}
+    exec(compile(source, "<lab01_memory_calculator.ipynb cell 7>", "exec"), ns)
+    report = grade(ns, 5)
+    assert "B: notes's annotations" in _table_row(report, "layer_activation_bytes")
+    assert "B: notes's annotations" in _table_row(report, "variant_layer")
+    assert "__annotations__" in (lab_reach.first_reach("x = notes.__annotations__['fit2']\n") or "")
+    assert "get_type_hints" in (lab_reach.first_reach("import typing\nx = typing.get_type_hints(notes)\n") or "")
+
+
 def test_the_labs_counts_are_well_inside_the_table_limits():
     """The solution's counts hold 31 and 124 bytes of literal data (review r29's honest solution:
     25 and 121), each limit about three times that, so messages have room."""

@@ -71,7 +71,9 @@ ATTRIBUTES = ("__globals__", "__closure__", "__code__", "__kwdefaults__", "__def
               "walk_stack", "walk_tb", "extract_stack", "format_stack", "print_stack", "StackSummary",
               "FrameSummary", "capture_locals",
               # review r26 of lab 08: a finalizer runs after the guarded call, outside the guard
-              "finalize", "__del__")
+              "finalize", "__del__",
+              # review r31 of lab 01: a table of answers held in a string annotation and read back
+              "__annotations__", "__annotate__", "get_annotations", "get_type_hints")
 BUILTINS = ("__import__", "vars", "globals", "locals", "eval", "exec", "compile", "breakpoint", "__builtins__")
 BY_NAME = ("getattr", "setattr", "delattr", "hasattr")
 PACKAGE = "gpumem"

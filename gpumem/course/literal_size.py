@@ -6,7 +6,7 @@ of the planner's winning layouts; lab 01, review r29: byte-count coefficients fi
 library's measurements, pasted as two dict literals). Such a table is large where the mechanism
 is small. :func:`measure` counts what a function holds: the numbers and strings its code loads
 (numbers by their digits, strings by their UTF-8 bytes; docstrings aside unless some code reads
-``__doc__``), the plain values, class attributes and default arguments it reads, through every
+``__doc__``), the plain values, class attributes, default arguments and annotations it reads, through every
 function and class of the learner's it reaches (decorated ones unwrapped), and the bytecode
 instructions of that code (a table written as a chain of ``if`` statements loads few distinct
 constants but many instructions). Values the course's library holds under the same name are not
@@ -66,6 +66,13 @@ def _library(name: str, value) -> bool:
                if key.startswith("gpumem.") and m is not None and name in vars(m))
 
 
+def _notes(value) -> tuple:
+    """The annotations of a function or class (review r31: a table of answers written as a string
+    annotation, ``def notes(fit: "..."):``, is a constant of the defining cell, not of the function)."""
+    held = vars(value).get("__annotations__") if isinstance(value, type) else getattr(value, "__annotations__", None)
+    return tuple(held.values()) if isinstance(held, dict) else ()
+
+
 def _cells(fn) -> list[tuple[str, object]]:
     """(name, value) of each variable ``fn`` closes over (review r29's fit held its coefficients so)."""
     out = []
@@ -83,7 +90,7 @@ def _items(fn, ns: dict) -> tuple[list, int]:
     ``functools.lru_cache``, with default arguments (review r29)."""
     fn = inspect.unwrap(fn)
     codes, seen, items, docs = [fn.__code__], {id(fn)}, [], []
-    values = [("defaults", fn.__defaults__), ("defaults", fn.__kwdefaults__)]
+    values = [("defaults", fn.__defaults__), ("defaults", fn.__kwdefaults__), ("annotations", _notes(fn))]
     pending = _cells(fn)             # (name, value) reached, still to look into
     instructions, reads_doc = 0, False
     while codes or pending:
@@ -94,6 +101,7 @@ def _items(fn, ns: dict) -> tuple[list, int]:
                     continue
                 seen.add(id(value))
             if _learners(value) and isinstance(value, type):
+                values.append((f"{name}'s annotations", _notes(value)))
                 for key, attr in vars(value).items():
                     attr = getattr(attr, "__func__", attr)
                     if isinstance(attr, types.FunctionType):
@@ -104,7 +112,8 @@ def _items(fn, ns: dict) -> tuple[list, int]:
             elif _learners(inspect.unwrap(value)):
                 value = inspect.unwrap(value)
                 codes.append(value.__code__)
-                values += [(f"{name}'s defaults", value.__defaults__), (f"{name}'s defaults", value.__kwdefaults__)]
+                values += [(f"{name}'s defaults", value.__defaults__), (f"{name}'s defaults", value.__kwdefaults__),
+                           (f"{name}'s annotations", _notes(value))]
                 pending += _cells(value)
             elif not callable(value) and not isinstance(value, types.ModuleType) and not _library(name, value):
                 values.append((name, value))
