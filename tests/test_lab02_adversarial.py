@@ -980,3 +980,24 @@ def test_review_r29_a_gradient_store_made_at_install_counts(monkeypatch):
     monkeypatch.setattr(labcheck, "CASES", labcheck.CASES[:1])
     rows = [r for r in _lab02_with(STORE).rows if "peak full-gradient bytes" in r.case]
     assert rows and rows[0].status == "wrong" and "or by the install call and kept" in rows[0].detail, rows
+
+
+STORE_BYTES = (STORE.replace("    store = torch.zeros(total, dtype=torch.float32)\n    store_np = store.numpy()\n",
+                             "    raw = bytearray(4 * total)\n\n    def view(a, b):\n"
+                             "        return torch.frombuffer(raw, dtype=torch.float32, count=b - a, offset=4 * a)\n")
+               .replace("g = store[offs[i]:offs[i] + params[i].numel()]", "g = view(offs[i], offs[i] + params[i].numel())")
+               .replace("store_np[offs[i]:offs[i] + p.numel()] = g.reshape(-1).numpy()",
+                        "view(offs[i], offs[i] + p.numel()).copy_(g.reshape(-1))"))
+
+
+def test_review_r31_a_gradient_store_made_as_a_bytearray_counts(monkeypatch):
+    """Review r31 (27/27): the same whole-model store made as a bytearray at install and written through
+    torch.frombuffer views (no torch storage outlives a line, so neither meter saw it). The install
+    call is traced by tracemalloc now: on mini (3,346,944 B of gradients) the store is far over the
+    slack, and the peak row fails."""
+    assert "bytearray" in STORE_BYTES and "store_np" not in STORE_BYTES
+    _narrowed(monkeypatch)
+    monkeypatch.setattr(labcheck, "CASES", labcheck.CASES[1:2])
+    rows = [r for r in _lab02_with(STORE_BYTES).rows if "peak full-gradient bytes" in r.case]
+    assert rows and rows[0].status == "wrong" and "or by the install call and kept" in rows[0].detail, rows
+

@@ -124,14 +124,24 @@ class Reach:
         self.skip = {p.untyped_storage()._cdata for p in params}
         self.before: dict = {}
         self.made: dict = {}                        # storage key -> (weak ref, bytes) the install call made
+        self.host_made = 0                          # host bytes the install call made and kept (tracemalloc)
         self.tracing = False
 
     def install(self, call) -> None:
         """Run the learner's install ``call``, noting the storages it made that a Python object keeps
         (review r29: a whole-model store made there and written through numpy during backward was
-        counted nowhere): :meth:`hidden` adds those still alive to every sample."""
+        counted nowhere), and the host bytes it made and kept, traced by :mod:`tracemalloc` (review
+        r31: the store as a ``bytearray``): :meth:`hidden` adds both to every sample."""
         before = {key for key, _, _ in _storages(gc.get_objects())}
-        call()
+        tracing = not tracemalloc.is_tracing()
+        if tracing:                                 # review r31: a bytearray store (written through
+            tracemalloc.start()                     # torch.frombuffer views) is no torch storage
+        try:
+            call()
+            self.host_made = tracemalloc.get_traced_memory()[0] if tracing else 0
+        finally:
+            if tracing:
+                tracemalloc.stop()
         self.made = {key: (StorageWeakRef(st), st.nbytes()) for key, st, _ in _storages(gc.get_objects())
                      if key not in before and key not in self.skip}
 
@@ -151,7 +161,7 @@ class Reach:
         """Bytes of storages made since :meth:`start`, still alive, neither ``grads`` (the ``.grad``
         tensors, and the grader's own copies) nor counted by the live meter ``meter``, that a Python
         object keeps, plus those the install call made and kept (:meth:`install`), plus host bytes
-        beyond the slack. Storages noted while the meter was paused
+        (the install call's and backward's) beyond the slack. Storages noted while the meter was paused
         (``meter.backend``) are not skipped: the backend's own buffers are kept by C++ alone."""
         host = tracemalloc.get_traced_memory()[0] if self.tracing else 0
         skip = self.skip | {g.untyped_storage()._cdata for g in grads if g is not None} | meter.live.keys()
@@ -164,8 +174,9 @@ class Reach:
             if key not in skip and (old is None or old.expired()):
                 new[key] = st.nbytes()
                 found[id(o)] = key
+        host = max(0, self.host_made + host - HOST_SLACK)         # one slack for the install call and backward
         if not new:
-            return installed + max(0, host - HOST_SLACK)
+            return installed + host
         # kept means referred to by a Python object (a list, a closure cell, a dict...): a tensor that
         # only the backend's C++ side keeps (gloo's buffers, behind a waited handle) is not the hooks'
         objs = [o for o in everything if id(o) in found]
@@ -177,7 +188,7 @@ class Reach:
         for r in gc.get_referrers(*objs):             # a suspended generator's frame counts: it keeps
             if r is not everything and r is not objs and id(r) not in running:
                 kept |= {found[id(x)] for x in gc.get_referents(r) if id(x) in found}
-        return installed + sum(new[k] for k in kept) + max(0, host - HOST_SLACK)
+        return installed + sum(new[k] for k in kept) + host
 
 
 def _storages(everything: list):
