@@ -278,6 +278,7 @@ def test_notebook_prose_after_review():
     assert "preserve_rng_state" in prose and "31–33 %" not in prose
     assert ") on the tiny model" not in prose
     assert "*ZeRO-3 working set*" in prose
+    assert "one `W_down` per segment" not in prose and "one matmul per segment" in prose   # r30 #6
 
 
 def test_engine_checkpoint_restores_each_input_devices_generator(monkeypatch):

@@ -1418,9 +1418,9 @@ def test_sac_shortcuts_fail_and_the_solution_passes(seed):
 def test_sac_dropping_w_down_with_the_final_norm_is_named(seed):
     """Review r15 #5, the mirror of the early-stop row: a submission that always leaves W_down (the
     last matmul) out fails the case with the final norm, and its row says what was measured (r29 #3:
-    not why): the re-run ran W_down, its 2 x tokens x ffn x h FLOPs (by hand from the layer's dims),
-    where the choice assumed it would not; a layer alone's row (the knapsack as given, which keeps
-    W_down) never says so."""
+    not why): the re-run spent W_down's 2 x tokens x ffn x h FLOPs (by hand from the layer's dims),
+    where the choice assumed the early stop comes first (r30 #3); a layer alone's row (the knapsack
+    as given, which keeps W_down) never says so."""
     cases = _selective(seed)
     normed = next(layer for layer, _ in cases if layer.final_norm)
     down = 2 * normed.batch * normed.seq * normed.ffn * normed.d_model
@@ -1428,14 +1428,15 @@ def test_sac_dropping_w_down_with_the_final_norm_is_named(seed):
     labcheck._grade_selective(report, _last_matmul_out, cases)
     bad = report.problems
     assert len(bad) == 1 and bad[0].status == "wrong" and normed.describe() in bad[0].case, report.summary()
-    assert (f"; the re-run ran W_down here (measured: {down:,} FLOPs, W_down left out), your choice assumed it "
-            "would not: what do the region's last operators save?") in bad[0].detail, bad[0].detail
+    assert (f"; your choice did not keep W_down's output and the re-run spent its {down:,} FLOPs (measured): "
+            "the choice assumed the early stop comes before W_down. What do the region's last operators save?"
+            ) in bad[0].detail, bad[0].detail
     assert "final norm" not in bad[0].detail and "residual" not in bad[0].detail, bad[0].detail   # r29 #3
     assert "#" not in bad[0].detail, bad[0].detail
     alone = [(layer, budget) for layer, budget in cases if not layer.final_norm]
     report = Report(labcheck.LAB)
     labcheck._grade_selective(report, _as_given_knapsack, alone)
-    assert report.problems and "ran W_down" not in report.problems[0].detail, report.summary()
+    assert report.problems and "spent its" not in report.problems[0].detail, report.summary()
 
 
 def test_sac_answers_that_are_not_indices_are_named():

@@ -122,15 +122,17 @@ def _reached_down(ops: list, chosen: set, reached: int, worth: list, budget: int
     output), and leaving it out alone costs more than :data:`SLACK` over the optimum. Like the other
     rows, it names no operator by its index (W_down is the last matmul whichever the case), and says
     what was measured, not why (review r29 #3: naming the final norm's saved sum gave away section
-    3's early-stop reasoning)."""
+    3's early-stop reasoning; r30 #3: what the re-run spent and what the choice assumed, then a
+    question)."""
     down = max(i for i, o in enumerate(ops) if o["flops"])
     if down >= reached or down in chosen:
         return ""
     without = best([dict(o, flops=0) if i == down else o for i, o in enumerate(worth)], budget)[0]
     if without + ops[down]["flops"] <= cost * (1 + SLACK):
         return ""
-    return (f"; the re-run ran W_down here (measured: {ops[down]['flops']:,} FLOPs, W_down left out), your choice "
-            "assumed it would not: what do the region's last operators save?")
+    return (f"; your choice did not keep W_down's output and the re-run spent its {ops[down]['flops']:,} FLOPs "
+            "(measured): the choice assumed the early stop comes before W_down. What do the region's last "
+            "operators save?")
 
 
 def verdict(ops: list, budget: int, chosen: set, kept: int, rerun: int, reached: int | None = None) -> tuple[str, str]:
