@@ -106,6 +106,11 @@ def test_the_run_rows_price_the_model_by_hand():
      "whole time less its launch"),
     (("sum(launch(b) for b in sent[:-1]) + whole(sent[-1])", "sum(whole(b) for b in sent[:-1]) + launch(sent[-1])"),
      0, "the two lines are swapped"),
+    # review r31 #3: the remainder appended even when empty (bucket 0: a 0 B bucket last); every
+    # earlier bucket priced as one launch (plan 1: three launches, two fixed costs short)
+    (("    if filling:                              # the partial bucket, sent when backward ends\n"
+      "        sent.append(filling)\n", "    sent.append(filling)\n"), 0, "last bucket holds 0 B"),
+    (("sum(launch(b) for b in sent[:-1])", "launch(sum(sent[:-1]))"), 0, "priced as one launch"),
 ])
 def test_wrong_counts_are_named(swap, row, says):
     old, new = swap

@@ -114,6 +114,12 @@ def _hint(got: float, sizes, bucket: int, lone) -> str:
         return ": the earlier buckets' transfers hide when a core is free; only their launches hold backward up"
     if near(launches + sw * last) or near(sw * last) or near(sum(sl * b for b in early) + sw * last):
         return ": each line through two measurements has a fixed cost too (its value at 0 bytes)"
+    if near(launches + fl + sl * last + fw):                     # review r31: the remainder sent unconditionally
+        return (": your last bucket holds 0 B, priced at a whole reduce-scatter's fixed cost: is anything "
+                "left to send when backward ends?")
+    if len(early) > 1 and near(fl + sl * sum(early) + fw + sw * last):     # review r31
+        return (": the earlier buckets are priced as one launch: each bucket is a reduce-scatter of its "
+                "own, with its own fixed cost")
     if near(launches + fl + sl * last):                          # review r25: the likely slips below
         return ": every bucket priced at its launch alone; the last one is launched and waited at once"
     if any(near(sum(t[2] / t[0] * b for b in early) + t[1] / t[0] * last) for t in lone):
