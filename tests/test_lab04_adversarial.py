@@ -2107,7 +2107,12 @@ def test_review_r23_honest_per_head_and_einsum_kernels_pass(kernel, function, ca
 # broadcast multiply by one column of dO, Q or K, then a sum over the query (or key) axis (or dV as
 # rank-one updates, or rows of P scaled and added up). No matmul took a tile, so the forbidden P
 # reached dV, dK and dQ, and the rows passed (status ok) before labproducts.
-def _summed(dv_by="columns"):
+_BY = {"mul": lambda x, y: x * y, "div": lambda x, y: x / (1.0 / y),       # review r31: no mul at all
+       "addcmul": lambda x, y: torch.addcmul(torch.zeros((), dtype=x.dtype), x, y),
+       "lerp": lambda x, y: torch.lerp(torch.zeros((), dtype=x.dtype), y, x)}
+
+
+def _summed(dv_by="columns", mul_by="mul"):
     """The solution's key_block_backward with P from ``_squared`` (after a decoy exp2) and P^T dO,
     dS^T Q and dS K each a broadcast multiply and a sum, one column of d at a time; ``dv_by``: dV so
     ("columns"), as rank-one updates P[r, :, None] * dO[r, None, :] ("outer"), or as rows of P
@@ -2127,8 +2132,8 @@ def _summed(dv_by="columns"):
             torch.exp2(s2 - lse2[..., i0:i1, :])                    # the decoy: thrown away
             p = _squared(s2, lse2[..., i0:i1, :])                   # P by another road
             do, qt = dog[..., i0:i1, :], qg[..., i0:i1, :]
-            ds = p * (do @ vb.transpose(-1, -2) - delta_g[..., i0:i1, :]) * scale
-            cols = lambda x, y, axis: torch.stack([(x * y(c)).sum(axis) for c in range(d)], -1)
+            ds = _BY[mul_by](p, do @ vb.transpose(-1, -2) - delta_g[..., i0:i1, :]) * scale
+            cols = lambda x, y, axis: torch.stack([_BY[mul_by](x, y(c)).sum(axis) for c in range(d)], -1)
             if dv_by == "outer":
                 for r in range(i1 - i0):
                     dv += (p[..., r, :, None] * do[..., r, None, :]).sum(2)
@@ -2160,6 +2165,14 @@ def test_a_decoy_p_contracted_by_a_broadcast_multiply_and_a_sum_fails(dv_by, say
         return
     got = _flash_row(cheat)
     assert got.status == "wrong", got.detail
+
+
+@pytest.mark.parametrize("mul_by", ["div", "addcmul", "lerp"])
+def test_a_decoy_p_contracted_by_a_division_or_addcmul_or_lerp_fails(mul_by):
+    """Review r31 (25/25): the same kernel with every product written as a division by a reciprocal
+    (or addcmul, lerp from zero) and a sum: the product rule named only mul."""
+    got = rows({"key_block_backward": _summed(mul_by=mul_by)}, "key_block_backward")[0]
+    assert got.status == "wrong" and _SUMMED in got.detail, (got.status, got.detail)
 
 
 def test_the_honest_backward_written_with_broadcast_sums_passes():

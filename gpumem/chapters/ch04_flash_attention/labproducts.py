@@ -7,7 +7,8 @@ Review r28 left open such a P taken to dV, dK and dQ with no matmul at all:
 ``(P * dO[..., c:c+1]).sum(-2)``, one column of d at a time (a broadcast multiply, then a sum over
 the query axis: the same contraction as P^T dO), and rank-one updates ``P[r, :, None] * dO[r, None, :]`` added row by row.
 So a product is: a matmul (:data:`.labops._MM`), a matrix-vector one (``mv``, ``addmv``, ``dot``,
-``vdot``, ``addr``), or a multiply of a tile of P's family (:meth:`.labexp2.Exp2Rule.tile`) that is
+``vdot``, ``addr``), or a multiply (``mul``; review r31: a division ``a / (1 / b)``, ``addcmul``,
+``addcdiv``, ``lerp``) of a tile of P's family (:meth:`.labexp2.Exp2Rule.tile`) that is
 not exp2's output by a tensor that is no such tile (dO, Q, K; a series' ``t * t`` is P's own
 making), when its result is larger than the tile (the tile broadcast along an axis it lacks: an
 outer product), or when what the multiply made (the result, its views, copies, joins and anything
@@ -23,6 +24,10 @@ from .labops import _ADD, PROB, QK, _MM, _SAME, _flat, _ptr
 
 _MATS = frozenset({"mv", "dot", "vdot", "addmv", "addr"})          # matrix-vector products, beside _MM
 _SUMS = frozenset({"sum", "nansum", "mean", "cumsum", "cumsum_"})   # a sum of a multiply: a product
+# multiplies, and where their factors are (review r31: a / (1 / b), addcmul and lerp are multiplies too)
+_MULS = {**dict.fromkeys(("mul", "mul_", "div", "div_", "true_divide", "true_divide_"), slice(0, 2)),
+         **dict.fromkeys(("addcmul", "addcmul_", "addcdiv", "addcdiv_"), slice(1, 3)),
+         **dict.fromkeys(("lerp", "lerp_"), slice(0, 3))}
 SUMMED = " written as a broadcast multiply and a sum (no matmul)"
 OUTER = " written as a broadcast multiply, an outer product (no matmul)"
 
@@ -61,10 +66,11 @@ class Products:
             why = next((f"a tile of shape {tuple(t.shape)}" for t in pair if self._bad(t, False)), "")
         elif keep is not None and ((op in _SUMS and _reduces(args, kwargs)) or op in _ADD):
             why = keep + "|" + SUMMED                # summed over an axis, or added up piece by piece
-        elif op in ("mul", "mul_") and len(args) > 1 and all(isinstance(t, torch.Tensor) for t in args[:2]):
-            tile = next((t for t in args[:2] if self._bad(t, True)), None)
-            other = args[1] if tile is args[0] else args[0]          # dO, Q or K: no tile (a series' t * t is)
-            if tile is not None and _ptr(other) not in self.rule.tiles:
+        elif op in _MULS and sum(isinstance(t, torch.Tensor) for t in args[_MULS[op]]) >= 2:
+            pair = [t for t in args[_MULS[op]] if isinstance(t, torch.Tensor)]
+            tile = next((t for t in pair if self._bad(t, True)), None)
+            others = [t for t in pair if t is not tile]               # dO, Q or K: no tile (a series' t * t is)
+            if tile is not None and all(_ptr(o) not in self.rule.tiles for o in others):
                 keep = f"a tile of shape {tuple(tile.shape)}"
                 if any(t.numel() > tile.numel() for t in outs):
                     why = keep + "|" + OUTER
