@@ -836,11 +836,25 @@ def test_a_plain_layer_slip_is_named_by_its_monomial_where_two_coincide():
                 qk_norm="none")
     for slip, says in [(lambda kw: -4 * kw["n_heads"] * T_OF(kw), "-144 B off = -4 x heads x tokens"),
                        (lambda kw: 2 * kw["n_kv_heads"] * T_OF(kw), "+72 B off = +2 x n_kv_heads x tokens"),
-                       (lambda kw: -4 * kw["n_heads"] * T_OF(kw) - 4 * T_OF(kw), "off: go through its operations")]:
+                       (lambda kw: -4 * kw["n_heads"] * T_OF(kw) - 4 * T_OF(kw), "off = -4 x tokens -4 x heads x tokens"),
+                       (lambda kw: -4 * kw["n_heads"] * T_OF(kw) - 4 * T_OF(kw) + 2 * kw["ffn"] * T_OF(kw),
+                        "off: go through its operations")]:
         fn = _part2_slip(slip)
         want = solution()["layer_activation_bytes"](**case)
         hint = labpart2.why(fn, case, fn(**case), want)
         assert says in hint and "fp32" not in hint and "which operation" not in hint, hint
+
+
+def test_a_slip_over_two_monomials_is_named_by_both():
+    """Review r31 #3: naive attention's K and V left n_kv_heads wide (not repeated to every query head)
+    is -4 x tokens x d_model + 4 x tokens x n_kv_heads x head_dim; one monomial cannot say it, and the
+    hint said only 'go through its operations again'. Two terms that hold at every probe are named."""
+    from gpumem.chapters.ch01_memory_anatomy import labpart2
+    case = dict(d_model=24, n_heads=4, n_kv_heads=2, head_dim=6, ffn=40, seq=9, batch=2, kernel="naive",
+                qk_norm="none")
+    fn = _part2_slip(lambda kw: -4 * kw["d_model"] * T_OF(kw) + 4 * kw["n_kv_heads"] * kw["head_dim"] * T_OF(kw))
+    hint = labpart2.why(fn, case, fn(**case), solution()["layer_activation_bytes"](**case))
+    assert "-864 B off = -4 x tokens x d_model +4 x tokens x n_kv_heads x head_dim" in hint, hint     # 18 tokens: -1,728 + 864
 
 
 def test_a_wrong_model_state_key_is_named_with_its_elements():

@@ -101,23 +101,56 @@ def _terms(case: dict, off: int) -> list:
     return [(off // v, m) for m in MONOMIALS if (v := m[1](case, T)) and off % v == 0 and 0 < abs(off // v) <= 16]
 
 
+def _pairs(case: dict, off: int) -> list:
+    """((k1, m1), (k2, m2)) with k1 x m1 + k2 x m2 = ``off`` at ``case``, each coefficient a whole
+    number of bytes, at most 16 (review r31: naive attention's K and V left n_kv_heads wide is
+    -4 x tokens x d_model + 4 x tokens x n_kv_heads x head_dim, one slip over two monomials)."""
+    T = case["batch"] * case["seq"]
+    vals = [(m, m[1](case, T)) for m in MONOMIALS]
+    out = []
+    for i, (m1, v1) in enumerate(vals):
+        for m2, v2 in vals[i + 1:]:
+            for k1 in range(-16, 17):
+                rest = off - k1 * v1
+                if k1 and v1 and v2 and rest % v2 == 0 and 0 < abs(rest // v2) <= 16:
+                    out.append(((k1, m1), (rest // v2, m2)))
+    return out
+
+
 def _in_terms(learner, case: dict, off: int) -> str:
     """``off`` over the formula's monomials, from the case's own dims: " = -4 x heads x tokens" (review
     r29: the units only; which dtype and which operation are the learner's to find). A term that fits at the case may be a coincidence
     (two monomials equal there, or two slips that add up to one): the learner's function and the
     measure are asked again at :func:`_probes`' shapes, and only a term that is the difference there
-    too is kept; none, or more than one left: the old advice."""
-    found = _terms(case, off)
-    for probe in _probes(case):
-        if not found:
-            break
-        mine = _ask(learner, probe)
-        there = None if mine is None else mine - labwide.measure(**probe)[0]
-        found = [(k, m) for k, m in found if there is not None and k * m[1](probe, probe["batch"] * probe["seq"]) == there]
-    if len({m[0] for _, m in found}) != 1:
-        return ": go through its operations again"
-    k, (name, _) = found[0]
-    return f" = {k:+} x {name}"
+    too is kept; then, with no single term left, a pair of terms (:func:`_pairs`) the same way; none,
+    or more than one left: the old advice."""
+    offs: list = []                       # (probe, the learner's bytes off there), asked when needed
+
+    def off_at(i: int):
+        while len(offs) <= i:
+            probe = _probes(case)[len(offs)]
+            mine = _ask(learner, probe)
+            offs.append((probe, None if mine is None else mine - labwide.measure(**probe)[0]))
+        return offs[i]
+
+    def holds(terms) -> bool:
+        for i in range(len(_probes(case))):
+            probe, there = off_at(i)
+            T = probe["batch"] * probe["seq"]
+            if there is None or sum(k * m[1](probe, T) for k, m in terms) != there:
+                return False
+        return True
+
+    found = [(k, m) for k, m in _terms(case, off) if holds([(k, m)])]
+    if len({m[0] for _, m in found}) == 1:
+        k, (name, _) = found[0]
+        return f" = {k:+} x {name}"
+    if not found:
+        pairs = [p for p in _pairs(case, off) if holds(p)]
+        if len({(a[0], a[1][0], b[0], b[1][0]) for a, b in pairs}) == 1:
+            (k1, (n1, _)), (k2, (n2, _)) = pairs[0]
+            return f" = {k1:+} x {n1} {k2:+} x {n2}"
+    return ": go through its operations again"
 
 
 def _norm_hint(case: dict, mine: int, off: int) -> str:
