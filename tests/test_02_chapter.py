@@ -125,3 +125,20 @@ def test_loss_table_rounds_and_compares_with_a_tolerance():
     rows = out.splitlines()
     assert rows[2].split()[-1] == "equal" and rows[3].split()[-1] == "DIFFERENT"
     assert "5.72" in rows[2] and "5.7234" not in out
+
+
+def test_the_rank_major_box_by_hand():
+    """Chapter 02 draws the coalesced reduce-scatter's send buffer instead of printing its code (lab 02
+    asks for it, review r31 #7). By hand: 5 and 3 elements on 2 ranks are pieces of 3 and 2; rank 0
+    gets g1[0:3] and g2[0:2], rank 1 the rest of each, padded to the piece (one zero each); on 4
+    ranks pieces of 2 and 1, g1's last piece g1[4:5] plus one zero, g2's fourth piece all padding."""
+    two = diagrams.rank_major_box((5, 3), 2)
+    assert "| g1[0:3] | g2[0:2] | g1[3:5] + 1 zero | g2[2:3] + 1 zero |" in two
+    assert "rank 0 receives the mean of: g1[0:3], g2[0:2] " in two
+    assert "rank 1 receives the mean of: g1[3:5] + 1 zero, g2[2:3] + 1 zero " in two
+    four = diagrams.rank_major_box((5, 3), 4)
+    assert "rank 2 receives the mean of: g1[4:5] + 1 zero, g2[2:3] " in four
+    assert "rank 3 receives the mean of: g1[5:5] + 2 zeros, g2[3:3] + 1 zero " in four
+    nb = json.loads((ROOT / "notebooks" / "02_zero.ipynb").read_text())
+    assert not any("def reduce_scatter_coalesced" in "".join(c["source"]) + json.dumps(c.get("outputs", []))
+                   for c in nb["cells"])

@@ -157,6 +157,27 @@ def stage_flow(ranks: int = 2) -> str:
     return "\n".join(out)
 
 
+def rank_major_box(sizes=(5, 3), world: int = 2) -> str:
+    """The send buffer of one coalesced reduce-scatter (``gpumem.runs.zero.reduce_scatter_coalesced``):
+    each gradient of ``sizes`` elements cut in ``world`` pieces of ceil(n / world), the last padded
+    with zeros, and the pieces laid out rank-major, so rank r receives piece r of every gradient."""
+    import math
+    pieces = []
+    for r in range(world):
+        row = []
+        for k, n in enumerate(sizes, 1):
+            c = math.ceil(n / world)
+            lo, hi = min(r * c, n), min((r + 1) * c, n)
+            pad = c - (hi - lo)
+            row.append(f"g{k}[{lo}:{hi}]" + (f" + {pad} zero{'s' if pad > 1 else ''}" if pad else ""))
+        pieces.append(row)
+    named = ", ".join(f"g{k} ({n} elements)" for k, n in enumerate(sizes, 1))
+    flat = "| " + " | ".join(piece for row in pieces for piece in row) + " |"
+    lines = [f"gradients {named}; {world} ranks", "", "flat buffer, in order:", "  " + flat, ""]
+    lines += [f"  rank {r} receives the mean of: " + ", ".join(row) for r, row in enumerate(pieces)]
+    return box("one coalesced reduce-scatter: the send buffer, rank-major", lines)
+
+
 def loss_table(result: dict, reference: dict, rtol: float = 1e-4, atol: float = 1e-5) -> str:
     """The losses of every from-scratch and DeepSpeed run against one-process AdamW: each run's
     losses rounded to 2 decimals (a measured float differs between machines in its last digits)
