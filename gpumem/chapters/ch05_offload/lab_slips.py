@@ -23,11 +23,12 @@ from gpumem.timing import grad_swap
 READ_BACK = ("the fp32 gradient's read-back is missing from the step's drive reads: CPU Adam reads the "
              "gradient backward wrote, beside master and moments (swap_in_optimizer_state in "
              "swap_tensor/partitioned_optimizer_swapper.py)")     # review r28: no byte count, that is the answer
+# review r30 #4: the three slips name the missing transfer, as READ_BACK does, not the bytes (the answer)
 WRITE_BACK = ("the updated 16-bit shard's write-back is missing from the step's drive writes: with the "
-              "parameters on the drive DeepSpeed's step writes {want} B per shard parameter, yours {got} B "
-              "(stage3.py's _reassign_or_swap_out_partitioned_parameters writes the updated shard back)")
-BF16_GRAD = ("your gradient goes to the drive in bf16: stage3.py's _swap_out_offload_fp32_gradients writes the fp32 gradient "
-             "CPU Adam reads, {want} B per shard parameter, yours {got} B")
+              "parameters on the drive, where does the step leave the shard it updated? (stage3.py's "
+              "_reassign_or_swap_out_partitioned_parameters)")
+BF16_GRAD = ("your gradient goes to the drive in bf16: which dtype does CPU Adam read it in? (stage3.py's "
+             "_swap_out_offload_fp32_gradients)")
 
 
 def drive_slips(n: int, ranks: int, zero: int, offload: str, device: str, compute_s: float, links,
@@ -40,16 +41,14 @@ def drive_slips(n: int, ranks: int, zero: int, offload: str, device: str, comput
     s = accounting.shard(n, ranks)
     want, grad = t["stock"], p["nvme_grad_write"]
     fp32, bf16 = grad // s, accounting.RECIPE["mixed"].grads
-    reads, shard = p["nvme_state_read"], p["nvme_write"] - p["nvme_state_read"]   # the 16-bit shard's file
-    writes = p["nvme_write"] - grad                                             # the step's own writes
+    shard = p["nvme_write"] - p["nvme_state_read"]                 # the 16-bit shard's file
     half = grad_swap.exposed_seconds(s, bf16, links.nvme_write, t["backward"], grad_swap.SUB_GROUP_SIZE,
                                      grad_swap.BUFFER_COUNT)
     in_bf16 = want - t["nvme_grad_exposed"] + half
-    out = [(want - grad / links.nvme_read, READ_BACK.format(want=reads // s, got=(reads - grad) // s)),
-           (in_bf16, BF16_GRAD.format(want=fp32, got=bf16)),
-           (in_bf16 - (fp32 - bf16) * s / links.nvme_read, BF16_GRAD.format(want=fp32, got=bf16))]
+    out = [(want - grad / links.nvme_read, READ_BACK), (in_bf16, BF16_GRAD),
+           (in_bf16 - (fp32 - bf16) * s / links.nvme_read, BF16_GRAD)]
     if shard:
-        out.append((want - shard / links.nvme_write, WRITE_BACK.format(want=writes // s, got=(writes - shard) // s)))
+        out.append((want - shard / links.nvme_write, WRITE_BACK))
     return _merged(out)
 
 
