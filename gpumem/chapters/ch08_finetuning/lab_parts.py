@@ -7,6 +7,9 @@ loss, RoPE's tables, the re-run layer, lora_dropout's copies and masks; for the 
 NF4 constants and the dequantised matrix that stay (a bf16 base has neither: its rows do not name
 them), and the passes over PCIe; for QLoRA, what peft's ``prepare_model_for_kbit_training`` would
 add and the rungs leave out (review r15 #3): every layer checkpointed, the fp32 cast on the host.
+A base-on-CPU slip that is none of these gets a question naming the group that is wrong (the roles
+that are FSDP parameters, what a block's copy holds, how long the root stays gathered) or, failing
+that, only the direction and the factor: never the rule cell 13 asks for (review r31 #1).
 """
 
 from gpumem.course.grading import Row, call, returned, run_case
@@ -114,10 +117,11 @@ def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
     if key == "host" and nf4 and -gap == lab_draw.prepare_cast(model):          # review r15 #3
         return ("you counted peft's prepare_model_for_kbit_training: its fp32 cast of every parameter that is "
                 "not 4-bit (embedding, head, norms: 2 B more each); these rungs are QLoRA without it")
-    if key == "host":
-        return ("the host keeps every role of role_bytes but two: quant_constants (attributes, not parameters: "
-                "FSDP moves only parameters) and the dequant_buffer stay on the GPU" if nf4 else
-                "the host keeps every role of role_bytes (a bf16 base has no quant_constants or dequant_buffer)")
+    if key == "host":      # review r31 #1: name the group that is wrong, not the rule
+        stay = {want["constants"], want["dequant_buffer"], want["constants"] + want["dequant_buffer"]}
+        if nf4 and gap < 0 and -gap in stay:
+            return "the host holds bytes that FSDP never moves there: which roles are FSDP parameters?"
+        return ""
     if key == "pcie":
         if got in (L * want["block"] + want["root"], 3 * L * want["block"] + want["root"]):
             return ("each block crosses twice a step, forward and backward; the checkpointed re-run uses the "
@@ -125,8 +129,12 @@ def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
         if got == want["pcie"] - want["root"]:
             return ("the root unit (embedding, head, final norm) crosses too, once a step: gathered for the "
                     "forward, kept to the backward, then freed")
-        return ("what crosses is each block's weights as FSDP copies them up (the base's matrices as stored, "
-                "its two bf16 norms and its adapters), twice, and the root unit once")
+        if gap < 0 and -gap % want["root"] == 0:
+            return "the root unit crosses fewer times than you counted: how long does it stay gathered?"
+        per, rest = divmod(gap, 2 * L)       # one block's bytes, per crossing
+        if gap > 0 and not rest and per <= want["block_grads"] + 4 * model["d_model"]:
+            return "a block's copy holds more than its matrices: what else does FSDP gather with them?"
+        return ""
     pieces = {want["root"]: "the root unit (embedding, head unless tied, final norm: FSDP keeps it from forward "
                             "to backward)",
               2 * (want["block"] + want["block_grads"]): "two blocks (one computing, one prefetched) with their "
@@ -137,8 +145,11 @@ def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
               want["dequant_buffer"]: "the dequantised matrix (dequant_buffer)"}
     if gap in pieces and gap:
         return f"{'missing' if gap > 0 else 'counted once too often'}: {pieces[gap]}"
-    return (f"the GPU keeps the activations, the root unit{', the NF4 constants, the dequantised matrix' if nf4 else ''} "
-            "and two blocks (weights as copied up, with their adapters' gradients)")
+    if nf4 and gap == want["constants"] + want["dequant_buffer"]:
+        return "the GPU keeps roles that FSDP never moves to the host: which roles are not FSDP parameters?"
+    if got == want["activations"]:
+        return "the GPU holds more than the activations while the base is on the CPU: what else must be there?"
+    return ""
 
 
 def grade_offload(report, fn, cases: list) -> None:

@@ -1,0 +1,100 @@
+"""Lab 08, review r31: part 3's fallback hints name the group that is wrong, as questions, not the
+rules cell 13 withholds; "fix that first" only where the learner's own count is wrong for the case;
+choose_recipe's row says only the gap after a count named first; activation_peak's two-moments hint
+only where one moment is right; a hint for NF4 on every tensor; the tracers listed by name; cells 8
+and 9's tiny layer with widths that do not collide.
+
+The slips are the review's mistake notebooks (/tmp/r31/lab08/-mistakes1/2/3), written here on the
+solution's functions; the bytes they move are counted by hand from the model's dimensions.
+"""
+
+import os
+import random
+
+import pytest
+
+from gpumem.chapters.ch08_finetuning import lab_acts, lab_draw
+from test_lab08_adversarial import grade, solution
+
+
+@pytest.fixture(autouse=True)
+def _tests_count_as_cells(monkeypatch):
+    """This file's learners' functions, and test_lab08_adversarial's, count as cells while graded."""
+    import test_lab08_adversarial
+    cells = (__file__, test_lab08_adversarial.__file__, "<cheat cell>", "<string>")
+    monkeypatch.setenv("GPUMEM_TEST_CELLS", os.pathsep.join(cells))
+
+
+def _adapters(model: dict, ft) -> int:
+    """One block's adapter parameters, by hand: r x (in + out) per adapted projection."""
+    h, q, kv, F = (model["d_model"], model["n_heads"] * model["head_dim"], model["n_kv_heads"] * model["head_dim"],
+                   model["ffn"])
+    shape = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "gate": (h, F), "up": (h, F), "down": (F, h)}
+    return sum(ft.lora_rank * sum(shape[t]) for t in ft.lora_targets)
+
+
+def _offload_rows(ns: dict, seeds=(0, 1)) -> list[str]:
+    return [r.detail for s in seeds for r in grade(ns, s).rows if r.function == "base_on_cpu" and r.status != "ok"]
+
+
+# the words of the rules cell 13 asks for: a fallback row must not say them
+_RULES = ("quant_constants", "dequant_buffer", "twice", "once", "two blocks", "two bf16 norms", "root unit once",
+          "every role", "adapters' gradients", "NF4 constants", "dequantised matrix", "keeps the activations")
+
+
+def test_a_pcie_copy_without_its_adapters_asks_what_a_block_holds():
+    """Finding 1 (-mistakes1): each block's copy counted as its matrices and one norm, no adapters; the
+    pcie row asks what else a block's copy holds and states no rule."""
+    ns = solution()
+    right = ns["base_on_cpu"]
+
+    def base_on_cpu(model, ft, seq, batch, policy):
+        got = right(model, ft, seq, batch, policy)
+        e = 4 if ft.adapter_dtype == "fp32" else 2
+        short = 2 * model["n_layers"] * (e * _adapters(model, ft) + 2 * model["d_model"])
+        return got | {"pcie": got["pcie"] - short}
+    ns["base_on_cpu"] = base_on_cpu
+    rows = _offload_rows(ns)
+    assert rows and all(", pcie: " in d and "a block's copy holds more than its matrices" in d and d.endswith("?")
+                        for d in rows), rows
+    assert not any(w in d for d in rows for w in _RULES), rows
+
+
+def test_the_root_counted_twice_asks_how_long_it_stays_gathered():
+    """Finding 1 (-mistakes2): the root unit (bf16 embedding, head unless tied, final norm, by hand)
+    crossing twice; the row asks how long it stays gathered."""
+    ns = solution()
+    right = ns["base_on_cpu"]
+
+    def base_on_cpu(model, ft, seq, batch, policy):
+        got = right(model, ft, seq, batch, policy)
+        h, V = model["d_model"], model["vocab"]
+        root = 2 * (V * h * (1 if model["tie_embeddings"] else 2) + h)
+        return got | {"pcie": got["pcie"] + root}
+    ns["base_on_cpu"] = base_on_cpu
+    rows = _offload_rows(ns)
+    assert rows and all(", pcie: " in d and "how long does it stay gathered?" in d for d in rows), rows
+    assert not any(w in d for d in rows for w in _RULES), rows
+
+
+def test_a_host_that_keeps_every_role_asks_which_are_fsdp_parameters():
+    """Finding 1: QLoRA's host counted as every role of role_bytes; the row asks which roles are FSDP
+    parameters, without naming the two that stay."""
+    ns = solution()
+    right, roles = ns["base_on_cpu"], ns["role_bytes"]
+    ns["base_on_cpu"] = lambda model, ft, seq, batch, policy: right(model, ft, seq, batch, policy) | {
+        "host": sum(roles(model, ft).values())}
+    rows = _offload_rows(ns)
+    assert rows and all(d.startswith("QLoRA") and ", host: " in d and "which roles are FSDP parameters?" in d
+                        for d in rows), rows
+    assert not any(w in d for d in rows for w in _RULES), rows
+
+
+@pytest.mark.parametrize("key", ["host", "pcie", "gpu"], ids=["host-row", "pcie-row", "gpu-row"])  # "gpu" alone: a GPU mark
+def test_an_unknown_slip_gets_the_direction_and_factor_only(key):
+    """Finding 1: a count off by no known group (a tenth too high) gets no hint: the row's own words
+    are the direction and the factor, no rule."""
+    from gpumem.chapters.ch08_finetuning import lab_parts
+    for model, _, _, setups in lab_acts.offload_cases(random.Random(5)):
+        for ft, _, want in setups:
+            assert lab_parts._offload_hint(key, want[key] * 11 // 10, want, ft, model) == ""
