@@ -98,3 +98,25 @@ def test_an_unknown_slip_gets_the_direction_and_factor_only(key):
     for model, _, _, setups in lab_acts.offload_cases(random.Random(5)):
         for ft, _, want in setups:
             assert lab_parts._offload_hint(key, want[key] * 11 // 10, want, ft, model) == ""
+
+
+def test_the_gpu_row_blames_activation_peak_only_where_it_is_wrong_for_that_setup():
+    """Finding 2 (-mistakes3): activation_peak wrong only when checkpointed, base_on_cpu's gpu off by
+    12,345 B in every setup: a gpu row without checkpointing is not blamed on activation_peak (its
+    count there is right); a checkpointed one is."""
+    ns = solution()
+    acts, cpu = ns["activation_peak"], ns["base_on_cpu"]
+
+    def activation_peak(model, ft, seq, batch, policy, dropout=0.0):
+        return acts(model, ft, seq, batch, policy, dropout) + (1_000 if policy == "full" else 0)
+
+    def base_on_cpu(model, ft, seq, batch, policy):
+        got = cpu(model, ft, seq, batch, policy)
+        return got | {"gpu": got["gpu"] + 12_345}
+    ns.update(activation_peak=activation_peak, base_on_cpu=base_on_cpu)
+    rows = _offload_rows(ns, (0, 1, 2))
+    plain = [d for d in rows if "no checkpointing, gpu: " in d]
+    checkpointed = [d for d in rows if "every layer checkpointed, gpu: " in d]
+    assert plain and checkpointed and len(plain) + len(checkpointed) == len(rows), rows
+    assert not any("fix that first" in d for d in plain), plain
+    assert all("your activation_peak is wrong (see its rows): fix that first; " in d for d in checkpointed), checkpointed

@@ -115,6 +115,21 @@ def _counts(role_bytes, model: dict, ft, states: int) -> bool:
 COUNTS = ("role_bytes", "activation_peak", "base_on_cpu")
 
 
+def fix_first(which: str) -> str:
+    """A row's prefix naming one of the learner's :data:`COUNTS` as what to fix first."""
+    return f"your {which} is wrong (see its rows): fix that first; "
+
+
+def own_differs(fn, args: tuple, want) -> bool:
+    """Whether the learner's ``fn`` (guarded), called with ``args``, returns other than ``want``; True
+    if it fails. The fact behind :func:`fix_first`: a count is blamed only where it is wrong for the
+    case at hand (review r28 #6 for choose_recipe, r31 #2 for base_on_cpu's gpu row)."""
+    try:
+        return call(lab_guard.guarded(fn), *args) != want
+    except Exception:       # noqa: BLE001 - a count that fails here is wrong here
+        return True
+
+
 def _by_own(counts: dict, which: str, case: tuple, figures: dict, rungs, usable: int, host_ram: int):
     """The first setup that fits by the grader's figures with ``which``'s counts (the learner's
     function, guarded) in their place; raises if one is not bytes."""
@@ -150,7 +165,7 @@ def _first(report, counts: dict, want, *where) -> str:
         except Exception:       # noqa: BLE001 - a count that fails here changes the answer
             changes = True
         if changes:
-            return f"your {which} is wrong (see its rows): fix that first; "
+            return fix_first(which)
     return ""
 
 

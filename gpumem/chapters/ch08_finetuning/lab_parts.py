@@ -15,6 +15,7 @@ that, only the direction and the factor: never the rule cell 13 asks for (review
 from gpumem.course.grading import Row, call, returned, run_case
 
 from . import lab_acts, lab_draw, lab_guard
+from .lab_choose import fix_first, own_differs
 from .lab_text import ROW_CHARS, describe, model_line, off_by
 
 KEYS = ("host", "pcie", "gpu")     # checked in this order: the host's bytes need no new idea
@@ -152,8 +153,10 @@ def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
     return ""
 
 
-def grade_offload(report, fn, cases: list) -> None:
-    """Rows of ``base_on_cpu(model, ft, seq, batch, policy)``: {"gpu", "host", "pcie"} bytes."""
+def grade_offload(report, fn, cases: list, acts=None) -> None:
+    """Rows of ``base_on_cpu(model, ft, seq, batch, policy)``: {"gpu", "host", "pcie"} bytes. A wrong
+    gpu row is blamed first on the learner's ``activation_peak`` (``acts``) only where that returns
+    other than the case's activations (review r31 #2: it was blamed whenever any of its rows failed)."""
     for model, seq, batch, setups in cases:
         case = f"{model_line(model)}, seq {seq} x {batch}"
         if fn is None:
@@ -172,8 +175,8 @@ def grade_offload(report, fn, cases: list) -> None:
                         return "wrong", f"{where}, {key}: bytes are a whole number (int), got {g!r}"
                     if g != want[key]:
                         hint = _offload_hint(key, g, want, ft, model)
-                        first = "your activation_peak is wrong (see its rows): fix that first; " if key == "gpu" and any(
-                            r.function == "activation_peak" and r.status != "ok" for r in report.rows) else ""
+                        first = fix_first("activation_peak") if key == "gpu" and acts is not None and own_differs(
+                            acts, (dict(model), ft, seq, batch, policy, 0.0), want["activations"]) else ""
                         return "wrong", f"{where}, {key}: {first}{off_by(g, want[key], hint)}"
             return "ok", ""
         run_case(report, "base_on_cpu", case, body, limit=ROW_CHARS)

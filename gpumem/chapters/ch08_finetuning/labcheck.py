@@ -132,7 +132,7 @@ def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Repo
     report = Report(LAB)
     _grade_states(report, ns.get("role_bytes"), lab_draw.states_cases(rng))
     grade_acts(report, ns.get("activation_peak"), lab_acts.acts_cases(rng))
-    grade_offload(report, ns.get("base_on_cpu"), lab_acts.offload_cases(rng))
+    grade_offload(report, ns.get("base_on_cpu"), lab_acts.offload_cases(rng), ns.get("activation_peak"))
     grade_choose(report, ns.get("choose_recipe"), lab_cases.choose_cases(rng), ns)
     if show:
         print(report.summary())
