@@ -120,3 +120,27 @@ def test_the_gpu_row_blames_activation_peak_only_where_it_is_wrong_for_that_setu
     assert plain and checkpointed and len(plain) + len(checkpointed) == len(rows), rows
     assert not any("fix that first" in d for d in plain), plain
     assert all("your activation_peak is wrong (see its rows): fix that first; " in d for d in checkpointed), checkpointed
+
+
+def test_a_count_named_first_is_followed_by_where_the_setup_stands_only():
+    """Finding 3 (-mistakes1): NF4 on every tensor shrinks role_bytes' QLoRA base_weights (here to
+    half), and the chooser walks the ladder with it; each choose_recipe row names role_bytes first,
+    then one line of where the setup stands, with no diagnosis after it (it blamed quant_constants,
+    which were right, or the reserve)."""
+    from test_lab08_adversarial import walk
+    ns = solution()
+    right = ns["role_bytes"]
+
+    def role_bytes(model, ft):
+        r = right(model, ft)
+        return r | {"base_weights": r["base_weights"] // 2} if ft.base_dtype == "nf4" else r
+    ns.update(role_bytes=role_bytes)
+    ns["choose_recipe"] = walk(ns)
+    prefix = "your role_bytes is wrong (see its rows): fix that first; "
+    rows = [r.detail for s in (0, 1) for r in grade(ns, s).rows if r.function == "choose_recipe" and r.status != "ok"]
+    assert rows and all(d.startswith(prefix) for d in rows), rows
+    for d in rows:
+        rest = d[len(prefix):]
+        assert " -- " not in rest and "?" not in rest and ";" not in rest, d
+        assert not any(w in rest for w in ("quant_constants", "reserve", "absmax", "dequant", "chooser")), d
+        assert " GB usable" in rest, d
