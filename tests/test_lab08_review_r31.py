@@ -144,3 +144,39 @@ def test_a_count_named_first_is_followed_by_where_the_setup_stands_only():
         assert " -- " not in rest and "?" not in rest and ";" not in rest, d
         assert not any(w in rest for w in ("quant_constants", "reserve", "absmax", "dequant", "chooser")), d
         assert " GB usable" in rest, d
+
+
+def test_full_fine_tuning_with_inputs_counted_twice_asks_which_are_saved_already():
+    """Finding 4 (-mistakes1): full fine-tuning with o's and down's inputs saved again, by hand one bf16
+    copy each, 2 T (n_heads x head_dim + ffn) B a layer (every layer's without checkpointing, the
+    re-run layer's with it): each row that fails is a full fine-tuning one and asks which
+    projections read a tensor already saved, not about the two moments."""
+    ns = solution()
+    right = ns["activation_peak"]
+
+    def activation_peak(model, ft, seq, batch, policy, dropout=0.0):
+        got = right(model, ft, seq, batch, policy, dropout)
+        if ft.lora:
+            return got
+        twice = 2 * seq * batch * (model["n_heads"] * model["head_dim"] + model["ffn"])
+        return got + twice * (model["n_layers"] if policy == "none" else 1)
+    ns["activation_peak"] = activation_peak
+    rows = [r.detail for s in (0, 1) for r in grade(ns, s).rows if r.function == "activation_peak" and r.status != "ok"]
+    assert rows and all(d.startswith("full, ") and "too high" in d and d.endswith(
+        "which projections read a tensor that another operator already saves?") for d in rows), rows
+    assert not any("two moments" in d for d in rows), rows
+
+
+def test_the_two_moments_hint_needs_one_moment_right():
+    """Finding 4: checkpointed, a peak equal to the smaller of the two moments gets the two-moments hint;
+    one off by a term of neither (12,345 B) does not."""
+    from gpumem.chapters.ch08_finetuning import lab_parts
+    from test_lab08_adversarial import LLAMA3_8B
+    ft, seq = lab_draw.LADDER["full"], 512
+    parts = lab_acts.peak_parts(lab_draw.config(LLAMA3_8B), ft, seq, 1, "full", 0.0)
+    smaller = min(parts["forward_peak"], parts["recompute_peak"])
+    assert smaller < parts["peak"]
+    said = lab_parts._acts_hint(ft, "full", smaller, parts, LLAMA3_8B, seq, 1)
+    assert "two moments" in said or "end of the forward" in said, said
+    for got in (parts["peak"] - 12_345, parts["peak"] + 12_345):
+        assert "moment" not in lab_parts._acts_hint(ft, "full", got, parts, LLAMA3_8B, seq, 1)

@@ -84,9 +84,11 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
                 "tensor share it, and o's input is attention's output, already saved")
     if not ft.lora and abs(gap) == (L if policy == "none" else 1) * 2 * T * h:     # every layer's, or the re-run's
         return "full fine-tuning saves each projection's input: q/k/v's and the MLP's, one bf16 copy each"
-    if policy == "full":
-        return ("checkpointed, the peak is the larger of two moments, the end of the forward and the last "
-                "layer's re-run in backward: count what is alive at each")
+    if policy == "full" and got in (parts["forward_peak"], parts["recompute_peak"]):   # review r31 #4: one
+        return ("checkpointed, the peak is the larger of two moments, the end of the forward and the last "   # moment
+                "layer's re-run in backward: count what is alive at each")                              # is right
+    if got > want:
+        return "which projections read a tensor that another operator already saves?"
     return ""
 
 
