@@ -180,3 +180,24 @@ def test_the_two_moments_hint_needs_one_moment_right():
     assert "two moments" in said or "end of the forward" in said, said
     for got in (parts["peak"] - 12_345, parts["peak"] + 12_345):
         assert "moment" not in lab_parts._acts_hint(ft, "full", got, parts, LLAMA3_8B, seq, 1)
+
+
+def test_nf4_on_every_tensor_asks_which_tensors_are_nf4():
+    """Finding 5 (-mistakes1): QLoRA's base_weights with the embedding, the head (untied) and every norm
+    (2 per layer and the final one) stored as NF4 too, by hand half a byte each instead of 2: each
+    role_bytes row asks which tensors QLoRA stores as NF4, and gives no list of them."""
+    ns = solution()
+    right = ns["role_bytes"]
+
+    def role_bytes(model, ft):
+        r = right(model, ft)
+        if ft.base_dtype != "nf4":
+            return r
+        h, V, L = model["d_model"], model["vocab"], model["n_layers"]
+        rest = V * h * (1 if model["tie_embeddings"] else 2) + (2 * L + 1) * h
+        return r | {"base_weights": r["base_weights"] - 2 * rest + (rest + 1) // 2}
+    ns["role_bytes"] = role_bytes
+    rows = [r.detail for r in grade(ns, 4).rows if r.function == "role_bytes"]
+    assert len(rows) == 3 and all("base_weights: yours is" in d and "too low" in d and d.endswith(
+        "which tensors does QLoRA store as NF4?") for d in rows), rows
+    assert not any(w in d for d in rows for w in ("embedding", "norm", "head")), rows

@@ -73,6 +73,8 @@ def _hint(role: str, ft: Finetune, got: dict, want: dict, model: dict | None = N
                 "(part 1's prompt), so those stay bf16")
     if role == "base_weights" and ft.base_dtype == "nf4" and got[role] > want[role]:
         return "the packed codes are 4 bits a weight; the absmaxes and scales go under quant_constants"
+    if role == "base_weights" and ft.base_dtype == "nf4" and got[role] < want[role]:       # review r31 #5
+        return "which tensors does QLoRA store as NF4?"
     if role in ("adapter_weights", "grads", "optimizer_moments") and ft.lora:
         return ("each adapted matrix has its own in and out features: k and v write n_kv_heads x head_dim, "
                 "q writes and o reads n_heads x head_dim, gate/up write and down reads ffn")
