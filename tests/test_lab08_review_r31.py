@@ -201,3 +201,35 @@ def test_nf4_on_every_tensor_asks_which_tensors_are_nf4():
     assert len(rows) == 3 and all("base_weights: yours is" in d and "too low" in d and d.endswith(
         "which tensors does QLoRA store as NF4?") for d in rows), rows
     assert not any(w in d for d in rows for w in ("embedding", "norm", "head")), rows
+
+
+_RAW = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+        "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 256,
+        "hidden_act": "silu", "max_position_embeddings": 64, "tie_word_embeddings": False}
+
+
+def _more_tracers():
+    import torch
+
+    from gpumem.memory import hf_trace, tracer
+    return {"gpumem.memory.hf_trace.saved_tensors": lambda: hf_trace.saved_tensors(_RAW, 16),
+            "gpumem.memory.hf_trace.trace_hf": lambda: hf_trace.trace_hf(_RAW, 16),
+            "gpumem.memory.hf_trace.build_hf": lambda: hf_trace.build_hf(_RAW),
+            "gpumem.memory.tracer.build_with": lambda: tracer.build_with(lambda: torch.nn.Linear(4, 4), "mixed", True)}
+
+
+@pytest.mark.parametrize("name", ["gpumem.memory.hf_trace.saved_tensors", "gpumem.memory.hf_trace.trace_hf",
+                                  "gpumem.memory.hf_trace.build_hf", "gpumem.memory.tracer.build_with"])
+def test_the_other_tracers_are_refused_by_name(name):
+    """Finding 6: hf_trace's tracers and tracer.build_with measure a step too; a learner's function
+    that calls one is refused by the library block, naming it, not by the frame rule."""
+    from gpumem.chapters.ch08_finetuning import lab_guard
+    run = _more_tracers()[name]
+    lab_guard.refresh()
+
+    def activation_peak(*args):       # the learner's function: it measures instead of counting
+        run()
+        return 0
+    with pytest.raises(RuntimeError) as refused:
+        lab_guard.guarded(activation_peak)()
+    assert f"(it called {name})" in str(refused.value), str(refused.value)
