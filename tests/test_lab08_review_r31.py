@@ -233,3 +233,45 @@ def test_the_other_tracers_are_refused_by_name(name):
     with pytest.raises(RuntimeError) as refused:
         lab_guard.guarded(activation_peak)()
     assert f"(it called {name})" in str(refused.value), str(refused.value)
+
+
+def _tiny_cell(folder: str) -> tuple[dict, str, str]:
+    """(the tiny layer's config, cell 8's stored output, cell 9's text) of the lab or its solution."""
+    import ast
+    import json
+
+    from conftest import ROOT
+    from test_lab08_adversarial import LAB
+    cells = json.loads((ROOT / folder / f"{LAB}.ipynb").read_text())["cells"]
+    i = next(i for i, c in enumerate(cells) if c["cell_type"] == "code" and "tiny = {" in "".join(c["source"]))
+    source = "".join(cells[i]["source"])
+    tiny = ast.literal_eval(source[source.index("tiny = {") + 7:source.index("}", source.index("tiny = {")) + 1])
+    out = "".join("".join(o.get("text", "")) for o in cells[i].get("outputs", []))
+    return tiny, out, "".join(cells[i + 1]["source"])
+
+
+@pytest.mark.parametrize("folder", ["solutions", "labs"])
+def test_the_tiny_layers_widths_do_not_collide(folder):
+    """Finding 7: cells 8 and 9's tiny layer; every width at 2 and 4 B an element (h, q, k, F, r = 8) is
+    its own figure, and cell 9 reads the figures without a hedge, each as the cell's widths give it."""
+    tiny, _, text = _tiny_cell(folder)
+    h, hd = tiny["hidden_size"], tiny["head_dim"]
+    widths = {"h": h, "q": tiny["num_attention_heads"] * hd, "k": tiny["num_key_value_heads"] * hd,
+              "F": tiny["intermediate_size"], "r": 8}
+    figures = [n * w for w in widths.values() for n in (2, 4)]
+    assert len(set(figures)) == len(figures), widths
+    assert "(or" not in text, text
+    for name in ("h", "q", "k", "F", "r"):
+        assert f"{2 * widths[name]} is 2{name}" in text, (name, text)
+
+
+def test_the_tiny_layers_stored_output_reads_by_its_widths():
+    """Finding 7: cell 8's stored output, re-run with the new widths: o's adapter A saves its input, a
+    bf16 copy of attention's output (2 B x n_heads x head_dim a token), and q's A a copy of the
+    normed hidden state (2 B x hidden_size); each fp32 adapter's bf16 cast of A is 2 B x r x its
+    in-features once."""
+    tiny, out, _ = _tiny_cell("solutions")
+    h, q = tiny["hidden_size"], tiny["num_attention_heads"] * tiny["head_dim"]
+    fp32 = out.split("LoRA r=8, fp32 adapters")[1].split("LoRA r=8, bf16")[0]
+    flat = " ".join(fp32.split())
+    assert f"o.lora_A {2 * q} (+{2 * 8 * q:,})" in flat and f"q.lora_A {2 * h} (+{2 * 8 * h:,})" in flat, flat
