@@ -97,11 +97,13 @@ def test_the_8bit_hint_names_the_group_not_the_rule():
 
 
 def test_the_checkpointed_fallback_hint_names_the_moments_not_their_terms():
-    """Finding 2: a checkpointed peak off by no known piece names the two moments, not what each holds."""
+    """Finding 2: a checkpointed peak off by no known piece names the two moments, not what each holds
+    (review r31 #4: where it is the other moment's count; a count of neither gets no such hint)."""
     from gpumem.chapters.ch08_finetuning import lab_acts, lab_parts
     ft, seq = lab_draw.LADDER["full"], 512
     parts = lab_acts.peak_parts(lab_draw.config(LLAMA3_8B), ft, seq, 1, "full", 0.0)
-    said = lab_parts._acts_hint(ft, "full", parts["peak"] - 12_345, parts, LLAMA3_8B, seq, 1)
+    assert parts["recompute_peak"] < parts["forward_peak"] == parts["peak"]
+    said = lab_parts._acts_hint(ft, "full", parts["recompute_peak"], parts, LLAMA3_8B, seq, 1)
     assert "end of the forward" in said and "re-run" in said, said
     assert "RoPE" not in said and "loss" not in said and "bf16 input" not in said, said
 

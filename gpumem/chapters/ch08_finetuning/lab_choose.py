@@ -4,7 +4,8 @@ A case (:mod:`.lab_cases`) is a GPU, its host's RAM, a model, seq x batch and a 
 is the first setup (rung, policy) whose GPU bytes fit the usable bytes and, for the base on the
 CPU, whose host bytes fit the host's RAM. A wrong answer's row says why, from the grader's figures,
 what is first wrong: the learner's own counts (role_bytes, activation_peak, base_on_cpu rows) if
-they fail and, in place of the grader's, would change this case's answer; the reserve when the
+they fail and, in place of the grader's, would change this case's answer (then only where the
+setup stands, :func:`gauge`: review r31 #3); else the reserve when the
 setup fits what the card reports; the dequantised matrix (and the NF4 choice) when the setup is over by less than that role alone; the NF4 choice when gpumem's own
 count of the rung would fit; the host's RAM; the policy; the ladder's order.
 """
@@ -41,6 +42,27 @@ def _gap(n_bytes: int) -> str:
     return f"{n_bytes / 2**20:,.0f} MiB" if n_bytes >= 2**20 else f"{n_bytes:,} B"
 
 
+def _over(got, need: int, usable: int) -> str:
+    return (f"{label(got)} needs {need / GB:.1f} GB on the GPU, over {usable / GB:.1f} GB usable by "
+            f"{_gap(need - usable)}")          # r22: the gap, so a 1 GB reserve shows its 70 MiB
+
+
+def gauge(got, want, figures: dict, usable: int, host_ram: int) -> str:
+    """The learner's setup (rung, policy) against the grader's figures, one line and no diagnosis:
+    what a row says after one of the learner's counts is named first (review r31 #3: a diagnosis
+    there blamed a role that was right, against the count just named)."""
+    if got is None:
+        return f"{label(want)} fits ({lab_draw.total(figures, want) / GB:.1f} GB of {usable / GB:.1f} GB usable)"
+    need, host = lab_draw.total(figures, got), figures[got[0]][2]
+    if need > usable:
+        return _over(got, need, usable)
+    if host > host_ram:
+        return (f"{label(got)} fits the GPU, but the host must hold {host / GB:.1f} GB, over its "
+                f"{host_ram / GB:.1f} GB of RAM")
+    return (f"{label(got)} fits ({need / GB:.1f} GB of {usable / GB:.1f} GB usable), but it is not the first "
+            "setup that does")
+
+
 def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capacity: int | None = None,
             lib_fits: bool = False, counted_qlora: bool = False, host_ram: int | None = None,
             buffer: int = 0) -> str:
@@ -53,8 +75,7 @@ def why_not(got, want, figures: dict, usable: int, rungs=lab_draw.LADDER, capaci
         return f"{label(want)} fits ({lab_draw.total(figures, want) / GB:.1f} GB of {usable / GB:.1f} GB usable)" + close
     need = lab_draw.total(figures, got)
     if need > usable:
-        over = (f"{label(got)} needs {need / GB:.1f} GB on the GPU, over {usable / GB:.1f} GB usable by "
-                f"{_gap(need - usable)}")          # r22: the gap, so a 1 GB reserve shows its 70 MiB
+        over = _over(got, need, usable)
         reserve = (f" -- it fits the {capacity / GB:.1f} GB the card reports, not what is left after {RESERVE}"
                    if capacity is not None and need <= capacity else "")
         if got[0] == "qlora-cpu":           # review r23: a near miss is the reserve, not base_on_cpu's count
@@ -115,6 +136,21 @@ def _counts(role_bytes, model: dict, ft, states: int) -> bool:
 COUNTS = ("role_bytes", "activation_peak", "base_on_cpu")
 
 
+def fix_first(which: str) -> str:
+    """A row's prefix naming one of the learner's :data:`COUNTS` as what to fix first."""
+    return f"your {which} is wrong (see its rows): fix that first; "
+
+
+def own_differs(fn, args: tuple, want) -> bool:
+    """Whether the learner's ``fn`` (guarded), called with ``args``, returns other than ``want``; True
+    if it fails. The fact behind :func:`fix_first`: a count is blamed only where it is wrong for the
+    case at hand (review r28 #6 for choose_recipe, r31 #2 for base_on_cpu's gpu row)."""
+    try:
+        return call(lab_guard.guarded(fn), *args) != want
+    except Exception:       # noqa: BLE001 - a count that fails here is wrong here
+        return True
+
+
 def _by_own(counts: dict, which: str, case: tuple, figures: dict, rungs, usable: int, host_ram: int):
     """The first setup that fits by the grader's figures with ``which``'s counts (the learner's
     function, guarded) in their place; raises if one is not bytes."""
@@ -150,7 +186,7 @@ def _first(report, counts: dict, want, *where) -> str:
         except Exception:       # noqa: BLE001 - a count that fails here changes the answer
             changes = True
         if changes:
-            return f"your {which} is wrong (see its rows): fix that first; "
+            return fix_first(which)
     return ""
 
 
@@ -183,7 +219,10 @@ def grade_choose(report, fn, cases: list, counts: dict | None = None) -> None:
             buffer = (lab_draw.truth(lab_draw.config(model), rungs[name])["dequant_buffer"]
                       if name in ("qlora", "qlora-cpu") else 0)
             first = _first(report, counts, want, (model, seq, batch), figures, rungs, scale.usable(card), host_ram)
-            return "wrong", first + why_not(
+            if first:          # review r31 #3: the count named first, then only where the setup stands
+                return "wrong", first + gauge(None if got is None else (name, got[1]), want, figures,
+                                              scale.usable(card), host_ram)
+            return "wrong", why_not(
                 None if got is None else (name, got[1]), want, figures, scale.usable(card), rungs,
                 gpus.get(card).capacity, lib_fits, counted, host_ram, buffer)
         run_case(report, "choose_recipe", case, body, limit=ROW_CHARS)

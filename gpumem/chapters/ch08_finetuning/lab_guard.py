@@ -73,9 +73,11 @@ _METHODS = {(gpus, "of"): "Reserve.of"}     # review r23: "gpumem.memory.gpus.of
 # gpumem's tracers measure a step (its activation peak, its states) instead of counting it: refused by
 # name (review r28 #5: they were refused only because torch's MemTracker walks the stack). Found by
 # file, not imported here (they load torch, seconds); tracing.trace_step is tracer.trace_step.
-_TRACERS = {"gpumem.memory.tracer": ("trace_step", "build"), "gpumem.memory.trace_compose": ("trace_fast",),
+# review r31 #6: hf_trace's and tracer.build_with too (refused before only by the frame rule FakeTensorMode trips)
+_TRACERS = {"gpumem.memory.tracer": ("trace_step", "build", "build_with"), "gpumem.memory.trace_compose": ("trace_fast",),
             "gpumem.memory.timeline": ("record", "recorded", "_recorded"),
-            "gpumem.memory.lora_trace": ("trace_ft", "saved_by_role"), "gpumem.memory.finetune_build": ("build_ft",)}
+            "gpumem.memory.lora_trace": ("trace_ft", "saved_by_role"), "gpumem.memory.finetune_build": ("build_ft",),
+            "gpumem.memory.hf_trace": ("saved_tensors", "trace_hf", "build_hf")}
 BLOCKED = types.MappingProxyType({**{(m.__file__, n): f"{m.__name__}.{_METHODS.get((m, n), n)}" for m, names in
                                      _NAMES.items() for n in names},
                                   **{(importlib.util.find_spec(m).origin, n): f"{m}.{n}" for m, names in

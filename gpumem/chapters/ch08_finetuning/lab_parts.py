@@ -7,11 +7,15 @@ loss, RoPE's tables, the re-run layer, lora_dropout's copies and masks; for the 
 NF4 constants and the dequantised matrix that stay (a bf16 base has neither: its rows do not name
 them), and the passes over PCIe; for QLoRA, what peft's ``prepare_model_for_kbit_training`` would
 add and the rungs leave out (review r15 #3): every layer checkpointed, the fp32 cast on the host.
+A base-on-CPU slip that is none of these gets a question naming the group that is wrong (the roles
+that are FSDP parameters, what a block's copy holds, how long the root stays gathered) or, failing
+that, only the direction and the factor: never the rule cell 13 asks for (review r31 #1).
 """
 
 from gpumem.course.grading import Row, call, returned, run_case
 
 from . import lab_acts, lab_draw, lab_guard
+from .lab_choose import fix_first, own_differs
 from .lab_text import ROW_CHARS, describe, model_line, off_by
 
 KEYS = ("host", "pcie", "gpu")     # checked in this order: the host's bytes need no new idea
@@ -80,9 +84,11 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
                 "tensor share it, and o's input is attention's output, already saved")
     if not ft.lora and abs(gap) == (L if policy == "none" else 1) * 2 * T * h:     # every layer's, or the re-run's
         return "full fine-tuning saves each projection's input: q/k/v's and the MLP's, one bf16 copy each"
-    if policy == "full":
-        return ("checkpointed, the peak is the larger of two moments, the end of the forward and the last "
-                "layer's re-run in backward: count what is alive at each")
+    if policy == "full" and got in (parts["forward_peak"], parts["recompute_peak"]):   # review r31 #4: one
+        return ("checkpointed, the peak is the larger of two moments, the end of the forward and the last "   # moment
+                "layer's re-run in backward: count what is alive at each")                              # is right
+    if got > want:
+        return "which projections read a tensor that another operator already saves?"
     return ""
 
 
@@ -114,10 +120,11 @@ def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
     if key == "host" and nf4 and -gap == lab_draw.prepare_cast(model):          # review r15 #3
         return ("you counted peft's prepare_model_for_kbit_training: its fp32 cast of every parameter that is "
                 "not 4-bit (embedding, head, norms: 2 B more each); these rungs are QLoRA without it")
-    if key == "host":
-        return ("the host keeps every role of role_bytes but two: quant_constants (attributes, not parameters: "
-                "FSDP moves only parameters) and the dequant_buffer stay on the GPU" if nf4 else
-                "the host keeps every role of role_bytes (a bf16 base has no quant_constants or dequant_buffer)")
+    if key == "host":      # review r31 #1: name the group that is wrong, not the rule
+        stay = {want["constants"], want["dequant_buffer"], want["constants"] + want["dequant_buffer"]}
+        if nf4 and gap < 0 and -gap in stay:
+            return "the host holds bytes that FSDP never moves there: which roles are FSDP parameters?"
+        return ""
     if key == "pcie":
         if got in (L * want["block"] + want["root"], 3 * L * want["block"] + want["root"]):
             return ("each block crosses twice a step, forward and backward; the checkpointed re-run uses the "
@@ -125,8 +132,12 @@ def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
         if got == want["pcie"] - want["root"]:
             return ("the root unit (embedding, head, final norm) crosses too, once a step: gathered for the "
                     "forward, kept to the backward, then freed")
-        return ("what crosses is each block's weights as FSDP copies them up (the base's matrices as stored, "
-                "its two bf16 norms and its adapters), twice, and the root unit once")
+        if gap < 0 and -gap % want["root"] == 0:
+            return "the root unit crosses fewer times than you counted: how long does it stay gathered?"
+        per, rest = divmod(gap, 2 * L)       # one block's bytes, per crossing
+        if gap > 0 and not rest and per <= want["block_grads"] + 4 * model["d_model"]:
+            return "a block's copy holds more than its matrices: what else does FSDP gather with them?"
+        return ""
     pieces = {want["root"]: "the root unit (embedding, head unless tied, final norm: FSDP keeps it from forward "
                             "to backward)",
               2 * (want["block"] + want["block_grads"]): "two blocks (one computing, one prefetched) with their "
@@ -137,12 +148,17 @@ def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
               want["dequant_buffer"]: "the dequantised matrix (dequant_buffer)"}
     if gap in pieces and gap:
         return f"{'missing' if gap > 0 else 'counted once too often'}: {pieces[gap]}"
-    return (f"the GPU keeps the activations, the root unit{', the NF4 constants, the dequantised matrix' if nf4 else ''} "
-            "and two blocks (weights as copied up, with their adapters' gradients)")
+    if nf4 and gap == want["constants"] + want["dequant_buffer"]:
+        return "the GPU keeps roles that FSDP never moves to the host: which roles are not FSDP parameters?"
+    if got == want["activations"]:
+        return "the GPU holds more than the activations while the base is on the CPU: what else must be there?"
+    return ""
 
 
-def grade_offload(report, fn, cases: list) -> None:
-    """Rows of ``base_on_cpu(model, ft, seq, batch, policy)``: {"gpu", "host", "pcie"} bytes."""
+def grade_offload(report, fn, cases: list, acts=None) -> None:
+    """Rows of ``base_on_cpu(model, ft, seq, batch, policy)``: {"gpu", "host", "pcie"} bytes. A wrong
+    gpu row is blamed first on the learner's ``activation_peak`` (``acts``) only where that returns
+    other than the case's activations (review r31 #2: it was blamed whenever any of its rows failed)."""
     for model, seq, batch, setups in cases:
         case = f"{model_line(model)}, seq {seq} x {batch}"
         if fn is None:
@@ -161,8 +177,8 @@ def grade_offload(report, fn, cases: list) -> None:
                         return "wrong", f"{where}, {key}: bytes are a whole number (int), got {g!r}"
                     if g != want[key]:
                         hint = _offload_hint(key, g, want, ft, model)
-                        first = "your activation_peak is wrong (see its rows): fix that first; " if key == "gpu" and any(
-                            r.function == "activation_peak" and r.status != "ok" for r in report.rows) else ""
+                        first = fix_first("activation_peak") if key == "gpu" and acts is not None and own_differs(
+                            acts, (dict(model), ft, seq, batch, policy, 0.0), want["activations"]) else ""
                         return "wrong", f"{where}, {key}: {first}{off_by(g, want[key], hint)}"
             return "ok", ""
         run_case(report, "base_on_cpu", case, body, limit=ROW_CHARS)

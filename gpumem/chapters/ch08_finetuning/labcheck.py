@@ -73,6 +73,8 @@ def _hint(role: str, ft: Finetune, got: dict, want: dict, model: dict | None = N
                 "(part 1's prompt), so those stay bf16")
     if role == "base_weights" and ft.base_dtype == "nf4" and got[role] > want[role]:
         return "the packed codes are 4 bits a weight; the absmaxes and scales go under quant_constants"
+    if role == "base_weights" and ft.base_dtype == "nf4" and got[role] < want[role]:       # review r31 #5
+        return "which tensors does QLoRA store as NF4?"
     if role in ("adapter_weights", "grads", "optimizer_moments") and ft.lora:
         return ("each adapted matrix has its own in and out features: k and v write n_kv_heads x head_dim, "
                 "q writes and o reads n_heads x head_dim, gate/up write and down reads ffn")
@@ -132,7 +134,7 @@ def check(ns: dict, show: bool = True, rng: random.Random | None = None) -> Repo
     report = Report(LAB)
     _grade_states(report, ns.get("role_bytes"), lab_draw.states_cases(rng))
     grade_acts(report, ns.get("activation_peak"), lab_acts.acts_cases(rng))
-    grade_offload(report, ns.get("base_on_cpu"), lab_acts.offload_cases(rng))
+    grade_offload(report, ns.get("base_on_cpu"), lab_acts.offload_cases(rng), ns.get("activation_peak"))
     grade_choose(report, ns.get("choose_recipe"), lab_cases.choose_cases(rng), ns)
     if show:
         print(report.summary())
