@@ -174,9 +174,17 @@ HOST_CAP_SPACES = (_S(("llama-3-70b",), (8, 16), ("a100-40gb", "a100-80gb"), (20
 ONE_NODE_SLOW = _S(("llama-3-70b",), (32, 64), ("h100-80gb",), (2048, 4096), (128, 512, 32), SLOW)
 ONE_NODE_LONG = _S(("llama-3-8b",), (16, 32), ("h100-80gb",), (131072, 163840, 196608), (4, 64, 4), FAST)
 _NVME = next(f for f in lab06_cases.FAMILIES if f.name == "NVMe offload")     # its ranges: 405B on 16 GPUs
-# every other family's ranges, 8 to 128 GPUs: the winners without a lever differ across them
-LACK_SPACES = tuple(s for f in lab06_cases.FAMILIES for s in lab06_cases.spaces(f)) + HOST_CAP_SPACES + \
-    (ONE_NODE_SLOW, ONE_NODE_LONG)
+
+
+def _every_node(space: dict) -> dict:
+    """``space`` with every whole number of 8-GPU nodes between its least and most GPUs."""
+    return {**space, "gpus": tuple(range(min(space["gpus"]), max(space["gpus"]) + 1, NODE))}
+
+
+# every other family's ranges, each on every node count between its ends (8 to 128 GPUs; 9, 11 or 13
+# nodes split the stages unlike any power of two): the winners without a lever differ across them
+LACK_SPACES = tuple(_every_node(s) for f in lab06_cases.FAMILIES for s in lab06_cases.spaces(f)) + \
+    tuple(_every_node(s) for s in HOST_CAP_SPACES + (ONE_NODE_SLOW, ONE_NODE_LONG))
 
 
 def _lacks(rng: random.Random, case: tuple, link, search) -> Limits | None:
