@@ -947,7 +947,8 @@ def test_each_limit_family_draws_from_ranges_and_falls_back():
         tried = []
         got = lab06_limit_cases.draw(family, lab06_cases.rng_of(3), lambda *a: tried.append(a) or
                                      lab06_limit_cases.Found(None, None))
-        assert len(tried) == lab06_cases.TRIES and got in family.fallback
+        assert len(tried) == family.tries and got in family.fallback
+    assert {f.tries for f in lab06_limit_cases.FAMILIES} == {lab06_cases.TRIES, 8}
 
 
 # Review r7 (mut2.py): r6's copy plus every int/float/str/None constant hoisted into a module global

@@ -38,13 +38,6 @@ def used(lay: Layout) -> tuple[str, ...]:
     return tuple(name for name, (_, uses) in LACKS.items() if uses(lay))
 
 
-def unknown(without) -> str:
-    """'' or why ``without`` is no tuple of names from :data:`LACKS`."""
-    if isinstance(without, str) or not all(isinstance(n, str) and n in LACKS for n in without):
-        return f"without must be a tuple of names from {', '.join(LACKS)}; got {without!r}"[:200]
-    return ""
-
-
 def lacking(without: tuple, lay: Layout) -> tuple[str, ...]:
     """The levers of ``without`` that ``lay`` uses (empty when it keeps the limit)."""
     return tuple(name for name in without if LACKS[name][1](lay))
