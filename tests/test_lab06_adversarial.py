@@ -83,15 +83,21 @@ def priced(model, gpus, gpu, seq, batch, link):
     return found
 
 
+def uses_lacked(without, lay) -> bool:
+    """Whether ``lay`` uses a lever the team's stack lacks (the tests' own reading, T.FORBIDS)."""
+    return any(T.FORBIDS[name](lay) for name in without)
+
+
 def search(keep=lambda lay: True, pick="time", use_link=True, host_rule=True,
-           in_node=lambda lay: lay.tp * lay.cp * lay.pp <= 8, host_cap=True, swap=True):
+           in_node=lambda lay: lay.tp * lay.cp * lay.pp <= 8, host_cap=True, swap=True, lacks=uses_lacked):
     """A learner's search that tries only the layouts ``keep`` accepts (or picks by memory); the
-    team's limits kept as ``in_node`` and ``host_cap`` say (``swap=False``: the cap tested without
-    NVMe offload's swap buffers)."""
-    def choose(model, gpus, gpu, seq, batch, inter_node=None, host_per_node=None, one_node=False):
+    team's limits kept as ``in_node``, ``host_cap`` and ``lacks`` say (``swap=False``: the cap tested
+    without NVMe offload's swap buffers; ``lacks``: whether a layout uses a lever ``without`` names)."""
+    def choose(model, gpus, gpu, seq, batch, inter_node=None, host_per_node=None, one_node=False, without=()):
         ok = [x for x in priced(model, gpus, gpu, seq, batch, inter_node if use_link else None)
               if keep(x[3]) and (x[2] or not host_rule) and (not one_node or in_node(x[3]))
-              and (host_per_node is None or not host_cap or x[4 if swap else 5] <= host_per_node)]
+              and (host_per_node is None or not host_cap or x[4 if swap else 5] <= host_per_node)
+              and not lacks(without, x[3])]
         key = {"time": lambda x: x[0], "least-memory": lambda x: x[1], "most-memory": lambda x: -x[1]}[pick]
         return min(ok, key=key)[3] if ok else None
     return choose
@@ -814,7 +820,8 @@ def test_another_process_or_the_graders_frames_are_refused():
 LIMIT_MEMBERS = [(f, m) for f in lab06_limit_cases.FAMILIES for m in f.fallback]
 LIMIT_WORDS = {"host cap": "over the team's host_per_node", "one node, slow link": "spans more than one node",
                "one node, long sequence": "spans more than one node",
-               "NVMe swap buffers": "with NVMe offload's swap buffers (offload_buffers"}
+               "NVMe swap buffers": "with NVMe offload's swap buffers (offload_buffers",
+               "the stack lacks a lever": "which the team's stack lacks (without="}
 
 
 def limit_row(choose, family, member):
@@ -836,7 +843,9 @@ def test_the_planners_answer_breaks_each_limit_and_the_row_says_which():
         ref(*member[:2])                     # priced here, outside the guard (what a copy would give)
         status, detail = limit_row(planners_answer, family, member)
         assert status == "wrong" and LIMIT_WORDS[family.name] in detail, (family.name, detail)
-        if family.name != "NVMe swap buffers":   # there the row names the buffers the plan's host bytes hold
+        if family.name == "the stack lacks a lever":
+            assert "the course's planner assumes a stack with every lever" in detail, detail
+        elif family.name != "NVMe swap buffers":   # there the row names the buffers the plan's host bytes hold
             assert "the course's planner knows only its own nodes, 2 TB, any placement" in detail, detail
 
 
@@ -849,7 +858,8 @@ def test_each_limit_member_hinges_and_the_truth_is_the_tests_own_search(family, 
     found = lab06_limit_cases.truth(*case, link, limits)
     assert lab06_limit_cases.hinged(family, found, limits, case)
     kept = [x for x in priced(*case, link) if x[2] and (not limits.one_node or x[3].tp * x[3].cp * x[3].pp <= 8)
-            and (limits.host_per_node is None or x[4] <= limits.host_per_node)]
+            and (limits.host_per_node is None or x[4] <= limits.host_per_node)
+            and not uses_lacked(limits.without, x[3])]
     if found.best is None:                   # the swap-buffer cap: nothing keeps it
         assert not kept and family.name == "NVMe swap buffers"
     else:
@@ -874,7 +884,7 @@ def test_the_graders_limit_truth_is_the_tests_own_search(family, seed):
     member = family.fallback[0] if seed is None else lab06_limit_cases.draw(family, lab06_cases.rng_of(seed))
     name = family.name
     case, link, limits = member
-    mine = T.fastest(*case, link, T.Limits(limits.host_per_node, limits.one_node))
+    mine = T.fastest(*case, link, T.Limits(limits.host_per_node, limits.one_node, limits.without))
     theirs = lab06_limit_cases.truth(*case, link, limits)
     assert (mine.best is None) == (theirs.best is None), name
     if mine.best is not None:
@@ -882,7 +892,7 @@ def test_the_graders_limit_truth_is_the_tests_own_search(family, seed):
         cfg = models.get(case[0])
         lay = theirs.best[1]
         host = T.host_node(cfg, case[3], lay, per_gpu(cfg, case[3], lay), case[1])[0]
-        assert not T.breaks(T.Limits(limits.host_per_node, limits.one_node), lay, host), name
+        assert not T.breaks(T.Limits(limits.host_per_node, limits.one_node, limits.without), lay, host), name
     assert theirs.planner_best[0] == pytest.approx(mine.planner_best[0], rel=1e-9), name
 
 
@@ -895,7 +905,14 @@ def test_limits_applied_wrongly_or_not_at_all_fail_naming_the_limit():
     status, detail = limit_row(search(host_cap=False), fam, member)
     assert status == "wrong" and "host memory" in detail and "over the team's host_per_node 0.8 TB" in detail, detail
     status, detail = limit_row(lambda model, gpus, gpu, seq, batch, inter_node=None: None, fam, member)
-    assert status == "error" and "give it the keywords host_per_node=None and one_node=False" in detail, detail
+    assert status == "error" and "give it the keywords host_per_node=None, one_node=False and without=()" in detail, detail
+    fam, member = LIMIT_MEMBERS[4]                   # without ignored: the planner's mcore layout, named
+    assert fam.name == "the stack lacks a lever" and member[2].without == ("mcore",)
+    status, detail = limit_row(search(lacks=lambda without, lay: False), fam, member)
+    assert status == "wrong" and "it uses mcore, which the team's stack lacks (without=('mcore',)" in detail, detail
+    status, detail = limit_row(lambda model, gpus, gpu, seq, batch, inter_node=None, host_per_node=None,
+                               one_node=False: None, fam, member)     # the keyword missing
+    assert status == "error" and "and without=() (section 2)" in detail, detail
 
 
 def test_a_search_that_skips_the_time_engine_under_a_limit_fails():
@@ -930,7 +947,8 @@ def test_each_limit_family_draws_from_ranges_and_falls_back():
         tried = []
         got = lab06_limit_cases.draw(family, lab06_cases.rng_of(3), lambda *a: tried.append(a) or
                                      lab06_limit_cases.Found(None, None))
-        assert len(tried) == lab06_cases.TRIES and got in family.fallback
+        assert len(tried) == family.tries and got in family.fallback
+    assert {f.tries for f in lab06_limit_cases.FAMILIES} == {lab06_cases.TRIES, 8}
 
 
 # Review r7 (mut2.py): r6's copy plus every int/float/str/None constant hoisted into a module global
@@ -1346,3 +1364,86 @@ def test_a_limit_row_names_the_settings_the_fastest_layout_differs_in(monkeypatc
     # review r23: a lever the fastest has need not be why (a layout without it tied the fastest): the row
     # names the settings in which the fastest differs, not the layout (review r24)
     assert status == "wrong" and "differs from yours in hybrid" in detail and "hpz layout" not in detail, detail
+
+
+# -- the stack lacks a lever: a per-case constraint that a table of winners cannot cover ----------
+# Review r29 packed ~115 harvested winners into ~420 bytes, under lab06_table's 500-byte rule. The
+# family "the stack lacks a lever" draws 1-3 of the levers the planner's own fastest layout uses as
+# lacking (Limits.without), so its answers are second choices that change with the lack and the
+# cluster. Measured offline (2026-12-07, seeds 0-129 of the family alone): 10, 20, 34, 58, 67, 76
+# distinct winners at 10, 20, 40, 80, 100, 130 seeds; the table search below over the winners of seeds
+# 0-9 (20 layouts, with the planner's own) passed 8 of 30 fresh members (seeds 100-129), of seeds 0-24
+# (45) 17, of 0-49 (71) 20, of 0-99 (107) 23 of 30: the lack makes a table larger, not useless.
+
+LACKS = next(f for f in lab06_limit_cases.FAMILIES if f.name == "the stack lacks a lever")
+HARVEST, FRESH = range(0, 10), range(200, 210)      # fixed seeds: the harvest, and draws not in it
+
+
+@functools.lru_cache(maxsize=None)
+def lack_truth(case, link, limits):
+    """The grader's truth for a member, priced once for this file (outside any guard)."""
+    return lab06_limit_cases.truth(*case, link, limits)
+
+
+@functools.lru_cache(maxsize=None)
+def lack_member(seed):
+    """The family's member drawn from ``seed`` (the grader's draw, on the cached truth)."""
+    return lab06_limit_cases.draw(LACKS, lab06_cases.rng_of(seed), lambda *a: lack_truth(a[:5], *a[5:]))
+
+
+TABLE_FIELDS = ("zero", "checkpoint", "offload", "device", "micro_batch", "tp", "pp", "cp", "vp", "hybrid",
+                "group", "mcore")
+
+
+def table_search(table):
+    """Review r26's cheat: price only the layouts of ``table`` (field tuples, dp and n_micro derived
+    per case) with the lab's pieces; the fastest that runs, fits and keeps the limits."""
+    def choose(model, gpus, gpu, seq, batch, inter_node=None, host_per_node=None, one_node=False, without=()):
+        cfg, g = models.get(model), gpu_table.get(gpu)
+        links, best = datasheet_links(g.name, ranks_on_node=min(gpus, 8)), None
+        for zero, ckpt, off, dev, mb, tp, pp, cp, vp, hy, grp, mc in table:
+            dp = gpus // (tp * cp * pp)
+            if gpus % (tp * cp * pp) or batch % (dp * mb) or hy != "none" and not (1 < grp < dp and dp % grp == 0):
+                continue
+            lay = Layout("mixed", zero, ckpt, "flash", off, dev, mb, tp, pp, dp, batch // (dp * mb), cp, vp, hy, grp, mc)
+            if uses_lacked(without, lay) or cfg.n_kv_heads % tp or cp > 1 and seq % (2 * cp) or \
+                    not rules.allowed("mixed", zero, pp, off, dev, tp) or vp > 1 and lay.n_micro % pp or \
+                    (mc or cp * vp > 1) and rules.megatron_core(cfg, seq, zero, off, "flash", pp, cp, vp, lay.n_micro) \
+                    or hy != "none" and rules.hybrid(lay):
+                continue
+            mem = per_gpu(cfg, seq, lay)
+            host = T.host_node(cfg, seq, lay, mem, gpus)
+            if mem["total"] > gpu_table.usable(g) or host[0] > planner.HOST_PER_NODE or host[1] > planner.NVME_PER_NODE:
+                continue
+            t = step_seconds(cfg, seq, lay, g, links=links, inter_node=inter_node)["total"]
+            best = (t, lay) if best is None or t < best[0] else best
+        return None if best is None else best[1]
+    return choose
+
+
+def test_the_stack_lacks_family_changes_the_answer():
+    """On each member drawn from 10 seeds, the planner's default answer uses a lever the stack
+    lacks (by the tests' own reading, T.FORBIDS), and the fastest layout that does not is at least
+    MARGIN slower (from the planner's full list of fitting layouts, filtered here)."""
+    for seed in HARVEST:
+        case, link, limits = lack_member(seed)
+        assert 1 <= len(limits.without) <= 3 and set(limits.without) <= set(T.FORBIDS), limits
+        result = ref(case, link)
+        assert uses_lacked(limits.without, result.best.layout), (seed, limits, result.best.layout.label())
+        kept = [p.time["total"] for p in result.plans if not uses_lacked(limits.without, p.layout)]
+        assert kept and min(kept) >= lab06_cases.MARGIN * result.best.time["total"], (seed, limits)
+    assert len({lack_member(s)[:2] for s in HARVEST}) >= 8                 # clusters of many ranges
+
+
+def test_a_table_of_the_lack_familys_harvested_winners_fails_fresh_draws():
+    """Review r26/r29's cheat against the lack family: the winners of 10 seeds' members (under the
+    lack, and the planner's own) rarely repeat, and a search over only them fails most of 10 fresh
+    draws (graded by the grader's own row)."""
+    found = [lack_truth(*lack_member(s)) for s in HARVEST]
+    wins = {tuple(getattr(f.best[1], k) for k in TABLE_FIELDS) for f in found}
+    assert len(wins) >= 8, len(wins)
+    table = sorted(wins | {tuple(getattr(f.planner_best[1], k) for k in TABLE_FIELDS) for f in found}, key=str)
+    rows_ = [L.grade_case(table_search(table), *lack_member(s)[:2], LACKS, ref, lack_member(s)[2]) for s in FRESH]
+    passed = [d for status, d in rows_ if status == "ok"]
+    assert 2 * len(passed) < len(FRESH), passed
+    assert all(status in ("ok", "wrong") for status, _ in rows_), rows_

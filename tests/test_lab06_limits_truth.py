@@ -27,10 +27,20 @@ from gpumem.timing.offload_time import datasheet_links
 NODE = 8                          # GPUs per node (the planner's GPUS_PER_NODE: DGX/HGX 8-GPU nodes)
 CP = (1, 2, 4, 8)                 # ring-attention degrees the lab's planner tries (question.CP_DEGREES)
 VP = range(1, 9)                  # virtual stages per pipeline rank (question.VP_DEGREES)
+# the names ``without`` may hold and what each forbids, as the lab's text states them (section 2)
+FORBIDS = {"tp": lambda lay: lay.tp != 1, "pp": lambda lay: lay.pp != 1, "cp": lambda lay: lay.cp != 1,
+           "vp": lambda lay: lay.vp != 1, "zero3": lambda lay: lay.zero == 3,
+           "offload": lambda lay: lay.offload != "none",
+           "nvme": lambda lay: lay.offload != "none" and lay.device == "nvme",
+           "hybrid": lambda lay: lay.hybrid != "none", "mcore": lambda lay: lay.mcore is True,
+           "selective": lambda lay: lay.checkpoint == "selective"}
 
 
 def breaks(limits: Limits, lay: Layout, host_node: float) -> str:
     """The limit ``lay`` breaks ('' when none); ``host_node``: its host bytes on one node."""
+    lacked = [name for name in limits.without if FORBIDS[name](lay)]
+    if lacked:
+        return f"it uses {', '.join(lacked)}, which the team's stack lacks"
     if limits.one_node and lay.tp * lay.cp * lay.pp > NODE:
         return (f"tp {lay.tp} x cp {lay.cp} x pp {lay.pp} = {lay.tp * lay.cp * lay.pp} GPUs spans more than one "
                 f"node of {NODE} (one_node=True: a replica's model-parallel ranks stay in one node)")
@@ -131,3 +141,9 @@ def test_the_search_reads_the_limits_as_the_lab_states_them():
     assert breaks(Limits(one_node=True), spans, 0).startswith("tp 2 x cp 4 x pp 2 = 16 GPUs spans")
     assert breaks(Limits(0.8e12), in_node, 0.81e12) and not breaks(Limits(0.8e12), in_node, 0.8e12)
     assert _groups(1, 16, 16) == [8] and _groups(2, 32, 64) == [4, 8, 16]
+    # without: each name forbids its own lever only (zero3 leaves ZeRO-1/2; nvme leaves CPU offload)
+    cpu = replace(in_node, zero=3, tp=1, cp=1, dp=8, offload="optimizer", device="cpu", checkpoint="selective")
+    assert not breaks(Limits(without=("tp", "cp", "pp", "vp", "nvme", "hybrid", "mcore")), cpu, 0)
+    assert breaks(Limits(without=("nvme", "zero3")), cpu, 0) == "it uses zero3, which the team's stack lacks"
+    assert breaks(Limits(without=("offload", "selective")), cpu, 0).startswith("it uses offload, selective,")
+    assert breaks(Limits(without=("tp",)), in_node, 0) and not breaks(Limits(without=("zero3",)), in_node, 0)

@@ -3,17 +3,21 @@
 A team's cluster is rarely the planner's default: its nodes may hold less host memory than
 ``planner.HOST_PER_NODE`` (2 TB), and its operators may keep every model replica's tensor,
 context and pipeline ranks inside one node of 8 GPUs (``one_node``: tp x cp x pp <= 8), so that
-only data-parallel traffic crosses the slow link between nodes. ``planner.plan``'s default answer
-is for its own node (2 TB, any placement), so it, or a copy's, is a layout that breaks the
-team's limit. The learner's ``choose_plan`` takes the limits as keywords (``host_per_node=None``:
-bytes per node, None for the planner's; ``one_node=False``).
+only data-parallel traffic crosses the slow link between nodes; its stack may lack some of the
+planner's levers (``without``: names from :data:`.lab06_levers.LACKS`). ``planner.plan``'s default
+answer is for its own node (2 TB, any placement) and every lever, so it, or a copy's, is a layout
+that breaks the team's limit. The learner's ``choose_plan`` takes the limits as keywords
+(``host_per_node=None``: bytes per node, None for the planner's; ``one_node=False``; ``without=()``).
 
-Four families, one member of each drawn at check time like :mod:`.lab06_cases`' (GPU count,
+Five families, one member of each drawn at check time like :mod:`.lab06_cases`' (GPU count,
 sequence, batch, link and the host cap drawn from ranges): a host-memory cap per node below the
 planner's 2 TB; model-parallel ranks kept in one node on a 5-20 Gb/s link between nodes (issue
 21's slow-network case); the same on 128K-192K-token sequences (its long-sequence case); a cap
 that NVMe offload's states fit but not with its swap buffers (review r9: the buffers never
-decided a case; on its 405B clusters nothing keeps that cap, so the answer is None). A member
+decided a case; on its 405B clusters nothing keeps that cap, so the answer is None); a stack that
+lacks 1-3 of the levers the planner's fastest layout uses, on clusters of every other family's
+ranges (review r29: a packed table of ~115 harvested winners fit the literal rule; the winners
+under a drawn lack are second choices that change with it, tests/test_lab06_adversarial.py). A member
 counts only when the planner's own fastest layout breaks the limit and the fastest that keeps it
 is at least :data:`.lab06_cases.MARGIN` slower (for the swap buffers: or none keeps it), so
 ``plan()``'s default answer, or a copy's or a child process's, breaks it (and everything within
@@ -21,8 +25,9 @@ is at least :data:`.lab06_cases.MARGIN` slower (for the swap buffers: or none ke
 
 The truth is :func:`truth`: the course planner's own search (``planner.plan``, copy-watched and
 switched off during the learner's call by :mod:`.lab06_guard`) asked with the team's host memory
-(its ``host_per_node`` option); ``one_node`` is no option of the planner's, so its list of every
-fitting layout is kept to those whose tp x cp x pp fits a node (review r13 #2: the grader's own
+(its ``host_per_node`` option); ``one_node`` and ``without`` are no options of the planner's, so its
+list of every fitting layout is kept to those whose tp x cp x pp fits a node and that use no lever
+the stack lacks (review r13 #2: the grader's own
 search, ``lab06_limits``, was a readable answer key; the tests keep an independent one). It is
 computed after the learner's call; a plan passes when it runs, fits, keeps the limits and is
 within the lab's slack of that truth.
@@ -41,29 +46,36 @@ from gpumem.planner.memory import per_gpu
 from gpumem.planner.swap_buffers import offload_buffers
 from gpumem.timing.offload_time import datasheet_links
 
-from . import lab06_cases, lab06_diagnose, lab06_guard
+from . import lab06_cases, lab06_diagnose, lab06_guard, lab06_levers
 from .lab06_cases import FAST, SLOW, SLOW_LINK
 
 NODE = 8                          # GPUs per node (the planner's GPUS_PER_NODE: DGX/HGX 8-GPU nodes)
 
 
 class Limits(NamedTuple):
-    """The team's limits: host bytes per node (None: the planner's 2 TB) and one-node replicas."""
+    """The team's limits: host bytes per node (None: the planner's 2 TB), one-node replicas, and the
+    levers its stack lacks (names from :data:`.lab06_levers.LACKS`)."""
     host_per_node: float | None = None
     one_node: bool = False
+    without: tuple = ()
 
     def keywords(self) -> dict:
         """What the grader passes to ``choose_plan`` (only the limits that are set)."""
         out = {} if self.host_per_node is None else {"host_per_node": self.host_per_node}
-        return out | ({"one_node": True} if self.one_node else {})
+        return out | ({"one_node": True} if self.one_node else {}) | ({"without": self.without} if self.without else {})
 
     def text(self) -> str:
         parts = [] if self.host_per_node is None else [f"host {self.host_per_node / 1e12:g} TB per node"]
-        return ", ".join(parts + (["tp x cp x pp in one node"] if self.one_node else []))
+        parts += ["tp x cp x pp in one node"] if self.one_node else []
+        return ", ".join(parts + ([f"the stack lacks {', '.join(self.without)}"] if self.without else []))
 
 
 def breaks(limits: Limits, lay: Layout, host_node: float) -> str:
     """The limit ``lay`` breaks ('' when none); ``host_node``: its host bytes on one node."""
+    lacked = lab06_levers.lacking(limits.without, lay)
+    if lacked:
+        return (f"it uses {', '.join(lacked)}, which the team's stack lacks "
+                f"(without={tuple(limits.without)!r}: {'; '.join(lab06_levers.LACKS[n][0] for n in lacked)})")
     if limits.one_node and lay.tp * lay.cp * lay.pp > NODE:
         return (f"tp {lay.tp} x cp {lay.cp} x pp {lay.pp} = {lay.tp * lay.cp * lay.pp} GPUs spans more than one "
                 f"node of {NODE} (one_node=True: a replica's model-parallel ranks stay in one node)")
@@ -100,7 +112,7 @@ def truth(model: str, gpus: int, gpu: str, seq: int, batch: int, link: float | N
     own = planner.plan(model, gpus, gpu, **asked)
     capped = own if limits.host_per_node is None else planner.plan(model, gpus, gpu, **asked,
                                                                    host_per_node=limits.host_per_node)
-    kept = [p for p in capped.plans if not breaks(Limits(one_node=limits.one_node), p.layout, 0)]
+    kept = [p for p in capped.plans if not breaks(Limits(None, limits.one_node, limits.without), p.layout, 0)]
     return Found(_fastest(kept), _fastest(own.plans))
 
 
@@ -115,6 +127,7 @@ class LimitFamily(NamedTuple):
     limits: Callable                     # (rng, case, link, search) -> Limits, or None: draw again
     fallback: tuple                      # ((case, link, limits),) that hinge
     hinge: Callable = None               # (Found, Limits, case) -> bool; None: :func:`hinges`
+    tries: int = lab06_cases.TRIES       # draws before the fallback
 
 
 def _cap(rng: random.Random, *_) -> Limits:
@@ -159,19 +172,41 @@ HOST_CAP_SPACES = (_S(("llama-3-70b",), (8, 16), ("a100-40gb", "a100-80gb"), (20
                    _S(("llama-3-70b",), (8, 16, 32), ("a100-40gb",), _SEQS, (16, 512, 8), FAST),
                    _S(("llama-3-70b",), (8,), ("a100-80gb", "h100-80gb", "h200"), _SEQS, (16, 512, 8), FAST),
                    _S(("llama-3.1-405b",), (32, 64), ("a100-80gb", "h100-80gb"), _SEQS, (64, 512, 16), FAST))
+ONE_NODE_SLOW = _S(("llama-3-70b",), (32, 64), ("h100-80gb",), (2048, 4096), (128, 512, 32), SLOW)
+ONE_NODE_LONG = _S(("llama-3-8b",), (16, 32), ("h100-80gb",), (131072, 163840, 196608), (4, 64, 4), FAST)
 _NVME = next(f for f in lab06_cases.FAMILIES if f.name == "NVMe offload")     # its ranges: 405B on 16 GPUs
+
+
+def _every_node(space: dict) -> dict:
+    """``space`` with every whole number of 8-GPU nodes between its least and most GPUs."""
+    return {**space, "gpus": tuple(range(min(space["gpus"]), max(space["gpus"]) + 1, NODE))}
+
+
+# every other family's ranges, each on every node count between its ends (8 to 128 GPUs; 9, 11 or 13
+# nodes split the stages unlike any power of two): the winners without a lever differ across them
+LACK_SPACES = tuple(_every_node(s) for f in lab06_cases.FAMILIES for s in lab06_cases.spaces(f)) + \
+    tuple(_every_node(s) for s in HOST_CAP_SPACES + (ONE_NODE_SLOW, ONE_NODE_LONG))
+
+
+def _lacks(rng: random.Random, case: tuple, link, search) -> Limits | None:
+    """1-3 of the levers the planner's fastest layout uses, which the team's stack lacks."""
+    found = search(*case, link, Limits())
+    names = None if found.planner_best is None else lab06_levers.draw(rng, found.planner_best[1])
+    return None if names is None else Limits(without=names)
+
+
 FAMILIES = (
     LimitFamily("host cap", HOST_CAP_SPACES, _cap,
                 ((("llama-3-70b", 8, "a100-40gb", 4096, 64), None, Limits(0.8e12)),)),
-    LimitFamily("one node, slow link", lab06_cases._space(("llama-3-70b",), (32, 64), ("h100-80gb",), (2048, 4096),
-                                                          (128, 512, 32), SLOW), lambda *_: Limits(None, True),
+    LimitFamily("one node, slow link", ONE_NODE_SLOW, lambda *_: Limits(None, True),
                 ((("llama-3-70b", 32, "h100-80gb", 4096, 256), SLOW_LINK, Limits(None, True)),)),
-    LimitFamily("one node, long sequence", lab06_cases._space(("llama-3-8b",), (16, 32), ("h100-80gb",),
-                                                              (131072, 163840, 196608), (4, 64, 4), FAST),
-                lambda *_: Limits(None, True),
+    LimitFamily("one node, long sequence", ONE_NODE_LONG, lambda *_: Limits(None, True),
                 ((("llama-3-8b", 16, "h100-80gb", 131072, 8), None, Limits(None, True)),)),
     LimitFamily("NVMe swap buffers", _NVME.space, _swap_cap,
                 ((("llama-3.1-405b", 16, "h100-80gb", 4096, 64), None, Limits(0.47e12)),), swap_hinges),
+    LimitFamily("the stack lacks a lever", LACK_SPACES, _lacks,
+                ((("llama-3.1-405b", 128, "h100-80gb", 2048, 672), None, Limits(without=("mcore",))),),
+                tries=8),        # about half the draws hinge: 4 tries fell back on 11 of 130 seeds
 )
 
 
@@ -190,7 +225,7 @@ def hinged(family: LimitFamily, found, limits: Limits, case: tuple) -> bool:
 def draw(family: LimitFamily, rng: random.Random, search=None) -> tuple:
     """A ``(case, link, limits)`` of the family that hinges (priced here and dropped)."""
     search = search or truth
-    for _ in range(lab06_cases.TRIES):
+    for _ in range(family.tries):
         case, link = lab06_cases.member(family, rng)
         limits = family.limits(rng, case, link, search)
         if limits is not None and hinged(family, search(*case, link, limits), limits, case):
@@ -229,8 +264,9 @@ def grade(choice, case: tuple, link: float | None, limits: Limits, slack: float,
                          f"host_per_node {limits.host_per_node / 1e12:g} TB: what else does NVMe offload keep in "
                          "host memory?")
     if why:
-        return "wrong", (f"yours: {label}: {why}: keep the team's limit in your search (the course's planner "
-                         f"knows only its own nodes, {HOST_PER_NODE / 1e12:g} TB, any placement)")
+        knows = ("assumes a stack with every lever" if limits.without and why.startswith("it uses") else
+                 f"knows only its own nodes, {HOST_PER_NODE / 1e12:g} TB, any placement")
+        return "wrong", f"yours: {label}: {why}: keep the team's limit in your search (the course's planner {knows})"
     if host > HOST_PER_NODE or nvme > NVME_PER_NODE:
         return "wrong", (f"yours: {label}: does not fit: host {host / 1e12:.2f} TB, NVMe {nvme / 1e12:.2f} TB per "
                          f"node (limits {HOST_PER_NODE / 1e12:g} and {NVME_PER_NODE / 1e12:g} TB)")

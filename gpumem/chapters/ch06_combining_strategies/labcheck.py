@@ -2,7 +2,7 @@
 the lab never shows.
 
 The learner writes ``choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None,
-host_per_node=None, one_node=False)`` returning
+host_per_node=None, one_node=False, without=())`` returning
 a :class:`gpumem.planner.Layout` (or a dict of its fields; ``dp`` and ``n_micro`` are derived,
 ``cp``/``vp`` default to 1, ``hybrid`` to ``"none"``, ``group`` to 0, ``mcore`` to False) under
 mixed precision. The pieces are the time engine's (``per_gpu``, ``step_seconds``, ``rules``); the
@@ -29,9 +29,10 @@ pipeline parallelism, Megatron-Core's engine, context parallelism, then on a 5-2
 between nodes the interleaved schedule, ZeRO-1/2 and hybrid sharding; then one member of each
 family under the team's limits, which ``planner.plan``'s default question leaves out
 (:mod:`.lab06_limit_cases`: a host cap per node below 2 TB, one node per replica on a slow link and
-at long sequences, a cap NVMe offload fits only without its swap buffers), graded against the
-planner's own search asked with the team's host memory, its plans kept to one node when asked
-(:func:`.lab06_limit_cases.truth`), so ``plan()``'s default answer, a copy's or a child process's
+at long sequences, a cap NVMe offload fits only without its swap buffers, a stack that lacks 1-3 of
+the levers the planner's answer uses, :mod:`.lab06_levers`), graded against the planner's own
+search asked with the team's host memory, its plans kept to one node and to the levers the stack
+has when asked (:func:`.lab06_limit_cases.truth`), so ``plan()``'s default answer, a copy's or a child process's
 breaks the limit.
 Each row is labelled with its family. Grading stops at the first case that is wrong. After the lab's
 own cluster, a ``choose_plan`` that holds a table of answers (more literal data or code than a search
@@ -164,8 +165,8 @@ def grade_case(choose, case: tuple, inter_node: float | None = None, family=None
         try:
             inspect.signature(choose).bind("m", 1, "g", 1, 1, inter_node=None, **limits.keywords())
         except (TypeError, ValueError):
-            return "error", ("choose_plan does not take the team's limits: give it the keywords host_per_node=None "
-                             "and one_node=False (section 2)")
+            return "error", ("choose_plan does not take the team's limits: give it the keywords host_per_node=None, "
+                             "one_node=False and without=() (section 2)")
 
         def body():
             return lab06_limit_cases.grade(_ask(choose, case, inter_node, limits), case, inter_node, limits, SLACK,
