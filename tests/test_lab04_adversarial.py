@@ -206,6 +206,7 @@ def test_wrong_merges_are_named(merge, case, says):
     assert got.status == "wrong" and says in got.detail, got.detail
 
 
+
 def ring_by_joining_shards(q, k_shards, v_shards, rank, causal=False, block=32):
     k, v = torch.cat(k_shards, 2), torch.cat(v_shards, 2)          # every key in one tensor
     q0 = sum(s.shape[2] for s in k_shards[:rank])
@@ -2112,7 +2113,7 @@ _BY = {"mul": lambda x, y: x * y, "div": lambda x, y: x / (1.0 / y),       # rev
        "lerp": lambda x, y: torch.lerp(torch.zeros((), dtype=x.dtype), y, x)}
 
 
-def _summed(dv_by="columns", mul_by="mul"):
+def _summed(dv_by="columns", mul_by="mul", p_by=None):
     """The solution's key_block_backward with P from ``_squared`` (after a decoy exp2) and P^T dO,
     dS^T Q and dS K each a broadcast multiply and a sum, one column of d at a time; ``dv_by``: dV so
     ("columns"), as rank-one updates P[r, :, None] * dO[r, None, :] ("outer"), or as rows of P
@@ -2130,7 +2131,7 @@ def _summed(dv_by="columns", mul_by="mul"):
             i1 = min(i0 + block, s_q)
             s2 = _masked(qg[..., i0:i1, :] @ kb.transpose(-1, -2) * (scale * LOG2E), causal, i0, j0)
             torch.exp2(s2 - lse2[..., i0:i1, :])                    # the decoy: thrown away
-            p = _squared(s2, lse2[..., i0:i1, :])                   # P by another road
+            p = (p_by or _squared)(s2, lse2[..., i0:i1, :])         # P by another road
             do, qt = dog[..., i0:i1, :], qg[..., i0:i1, :]
             ds = _BY[mul_by](p, do @ vb.transpose(-1, -2) - delta_g[..., i0:i1, :]) * scale
             cols = lambda x, y, axis: torch.stack([_BY[mul_by](x, y(c)).sum(axis) for c in range(d)], -1)
@@ -2183,3 +2184,115 @@ def test_the_honest_backward_written_with_broadcast_sums_passes():
     kernel = types.FunctionType(code, {**honest.__globals__, "_squared": lambda s2, l2: torch.exp2(s2 - l2)},
                                 closure=honest.__closure__)
     assert all(r.status == "ok" for r in rows({"key_block_backward": kernel}, "key_block_backward", (0, 1)))
+
+
+# ---- review r31 #1: routes to a product that no op list names. The product rule (labproducts) names the
+# ops that multiply; each route below multiplies with none of them, and every one passed (status ok)
+# before the provenance rule: what the kernel returns must come from exp2's output, by products and sums.
+
+def _exp_of(x):
+    """e^x without exp: _series of x, squared ten times by pow (``t * t`` of one tensor counts as a
+    product of a tile by itself, and the sum after it is named: r28's rule, met by chance)."""
+    t = _series(x)
+    for _ in range(10):
+        t = t ** 2
+    return t
+
+
+def _p_by_pow(s2, lse2):
+    """_squared's P with its squarings written as pow(t, 2)."""
+    x = s2 / LOG2E - lse2 / LOG2E
+    return torch.where(x == -math.inf, 0.0, _exp_of(x))
+
+
+def _prod_of_stacks(x, y):
+    """x y as torch.prod over the pair stacked on a new last axis, half the keys at a time (one
+    stack of the whole tile is twice a tile's numbers, which the tile rule refuses)."""
+    h = x.shape[-1] // 2
+    return torch.cat([torch.stack([x[..., :h], y[..., :h]], -1).prod(-1),
+                      torch.stack([x[..., h:], y[..., h:]], -1).prod(-1)], -1)
+
+
+_ROUTES = {
+    "squares": lambda x, y: ((x + y) ** 2 - (x - y) ** 2) / 4,           # the polarization identity
+    "prod-of-a-stack": lambda x, y: _prod_of_stacks(*torch.broadcast_tensors(x, y)),
+}
+_NOT_EXP2 = "is made from both Q and K, but not from exp2's output"
+
+
+@pytest.mark.parametrize("route", list(_ROUTES))
+def test_a_decoy_p_contracted_by_a_product_no_op_list_names_fails(route):
+    """The decoy-series kernel (_summed) with every product x y written as ``_ROUTES[route]``: without
+    the mul, div, addcmul or lerp that labproducts names. Outside the grader its numbers are right."""
+    _BY[route] = _ROUTES[route]
+    try:
+        case = labcheck.BACKWARD[0]
+        q, k, v, dout, mask = labcheck._backward_inputs(case, 100)
+        out, lse = labref.dense(q, k, v, mask)
+        n = case[7]
+        kernel = _summed(mul_by=route, p_by=_p_by_pow)
+        got = kernel(q, k[:, :, :n], v[:, :, :n], dout, lse, (dout * out).sum(-1), 0, case[6], n)
+        for g, w in zip(got, labref.key_block(q, k, v, dout, mask, 0, n)):
+            assert torch.allclose(g, w, atol=1e-9, rtol=1e-9)
+        got = rows({"key_block_backward": _summed(mul_by=route, p_by=_p_by_pow)}, "key_block_backward")[0]
+        assert got.status == "wrong" and _NOT_EXP2 in got.detail, (got.status, got.detail)
+        got = _flash_row(_summed(mul_by=route, p_by=_p_by_pow))
+        assert got.status == "wrong" and _NOT_EXP2 in got.detail, (got.status, got.detail)
+    finally:
+        del _BY[route]
+
+
+def in_log_space(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    """Every product in log space: ln P = x = S c - lse is known, so P y = +-e^(x + ln|y|), with ln|y|
+    of dO, Q or K (made from one of them only), the sign from a where, e^ by _exp_of; dS likewise
+    (its sign is that of dP - D). No multiply of a tile, no exp2 output used (a decoy exp2 only)."""
+    b, a, s_q, d = q.shape
+    kv, n = k_blk.shape[1], k_blk.shape[2]
+    kk, vv = (t.repeat_interleave(a // kv, 1) for t in (k_blk, v_blk))
+    c = d ** -0.5
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(kk), torch.zeros_like(vv)
+
+    def times(lx, neg, y):                  # +-e^(lx) y, summed later: no multiply by y
+        e = _exp_of(lx + torch.log(y.abs()))
+        return torch.where(lx == -math.inf, 0.0, torch.where(neg ^ (y < 0), -e, e))
+    for i0 in range(j0 // block * block if causal else 0, s_q, block):
+        i1 = min(i0 + block, s_q)
+        qt, dot = q[:, :, i0:i1], dout[:, :, i0:i1]
+        s2 = _masked(qt @ kk.transpose(-1, -2) * (c * LOG2E), causal, i0, j0)
+        l2 = lse[:, :, i0:i1, None] * LOG2E
+        torch.exp2(s2 - l2)                                             # the decoy
+        x = s2 / LOG2E - l2 / LOG2E                                     # ln P
+        g = dot @ vv.transpose(-1, -2) - delta[:, :, i0:i1, None]       # dP - D: dS = P g c
+        lds, neg = x + torch.log(g.abs() * c), g < 0
+        never = torch.zeros_like(g, dtype=torch.bool)
+        dv += torch.stack([times(x, never, dot[..., j:j + 1]).sum(-2) for j in range(d)], -1)
+        dk += torch.stack([times(lds, neg, qt[..., j:j + 1]).sum(-2) for j in range(d)], -1)
+        dq[:, :, i0:i1] = torch.stack([times(lds, neg, kk[..., j][..., None, :]).sum(-1) for j in range(d)], -1)
+    return dq, _fold(dk, kv), _fold(dv, kv)
+
+
+def test_a_decoy_p_contracted_in_log_space_fails():
+    """in_log_space, on a small case (its series make it slow under the watch); right outside the grader."""
+    case = (1, 2, 1, 21, 16, 4, True, 8)
+    q, k, v, dout, mask = labcheck._backward_inputs(case, 100)
+    out, lse = labref.dense(q, k, v, mask)
+    got = in_log_space(q, k[:, :, 8:16], v[:, :, 8:16], dout, lse, (dout * out).sum(-1), 8, True, 8)
+    for g, w in zip(got, labref.key_block(q, k, v, dout, mask, 8, 16)):
+        assert torch.allclose(g, w, atol=1e-9, rtol=1e-9)
+    report = Report(labcheck.LAB)
+    labcheck._key_blocks_rows(report, in_log_space, case, 100)
+    assert report.rows[0].status == "wrong" and _NOT_EXP2 in report.rows[0].detail, report.rows[0]
+
+
+def _overwritten(s2, l2):
+    """exp2's output kept as a buffer, then overwritten with the series' P through out=."""
+    p = torch.exp2(s2 - l2)
+    torch.add(_p_by_pow(s2, l2), 0.0, out=p)
+    return p
+
+
+def test_exp2s_output_overwritten_through_out_is_not_exp2s_output():
+    """A write through ``out=`` is a write: the buffer no longer holds exp2's numbers (it kept their form)."""
+    got = rows({"key_block_backward": _tiled(_overwritten)}, "key_block_backward")[0]
+    assert got.status == "wrong" and _UNUSED in got.detail, (got.status, got.detail)
+

@@ -87,6 +87,11 @@ def _exp2_wrong(watch, case, j0=0, j1=None) -> str:
     return watch.exp2.wrong(b * a * int((~hidden).sum())) if watch.exp2 is not None else ""
 
 
+def _unmade(watch, names, got) -> str:
+    """'' or which returned gradient is not made from exp2's output by products and sums (review r31 #1)."""
+    return watch.exp2.unmade(names, got) if watch.exp2 is not None else ""
+
+
 def _overworked(watch, case, j0, n) -> str:
     return watch.overworked(j0, n) if case[6] else ""
 
@@ -109,6 +114,7 @@ def _key_blocks_rows(report, fn, case, seed):
             if not (isinstance(got, (tuple, list)) and len(got) == 3):
                 return "wrong", returned(got, "a tuple (dq_part, dk_blk, dv_blk)")
             names = ("dq_part", "dk_blk", "dv_blk")                          # expected: made now
+            broken = broken or _unmade(watch, names, got)
             bad = labslips.first_wrong(names, got, labref.key_block(q, k, v, dout, mask, j0, j1))
             bad = (labslips.lse_base(names, got, q, k, v, dout, mask, j0, j1) + bad if bad else "") or broken
             if bad:
@@ -151,6 +157,7 @@ def _flash_rows(report, fn, case, seed, inner=None):
         broken = broken or _exp2_wrong(watch, case)
         if not (isinstance(got, (tuple, list)) and len(got) == 3):
             return "wrong", returned(got, "a tuple (dq, dk, dv)")
+        broken = broken or _unmade(watch, ("dq", "dk", "dv"), got)
         want = _flash_case(case, seed)[1]
         if low:
             bad = labbf16.wrong(got, want, calls) or broken

@@ -18,6 +18,8 @@ output (PROB), so the honest algorithm's ``P * (dP - D)``, a mask, a row-wise sc
 written as broadcast sums of exp2's P, pass.
 """
 
+from types import MappingProxyType
+
 import torch
 
 from .labops import _ADD, PROB, QK, _MM, _SAME, _flat, _ptr
@@ -25,9 +27,9 @@ from .labops import _ADD, PROB, QK, _MM, _SAME, _flat, _ptr
 _MATS = frozenset({"mv", "dot", "vdot", "addmv", "addr"})          # matrix-vector products, beside _MM
 _SUMS = frozenset({"sum", "nansum", "mean", "cumsum", "cumsum_"})   # a sum of a multiply: a product
 # multiplies, and where their factors are (review r31: a / (1 / b), addcmul and lerp are multiplies too)
-_MULS = {**dict.fromkeys(("mul", "mul_", "div", "div_", "true_divide", "true_divide_"), slice(0, 2)),
-         **dict.fromkeys(("addcmul", "addcmul_", "addcdiv", "addcdiv_"), slice(1, 3)),
-         **dict.fromkeys(("lerp", "lerp_"), slice(0, 3))}
+_MULS = MappingProxyType({**dict.fromkeys(("mul", "mul_", "div", "div_", "true_divide", "true_divide_"), slice(0, 2)),
+                         **dict.fromkeys(("addcmul", "addcmul_", "addcdiv", "addcdiv_"), slice(1, 3)),
+                         **dict.fromkeys(("lerp", "lerp_"), slice(0, 3))})   # read-only
 SUMMED = " written as a broadcast multiply and a sum (no matmul)"
 OUTER = " written as a broadcast multiply, an outer product (no matmul)"
 
