@@ -206,6 +206,17 @@ def test_wrong_merges_are_named(merge, case, says):
     assert got.status == "wrong" and says in got.detail, got.detail
 
 
+def test_the_nan_hint_of_a_merge_fits_the_case():
+    """Review r31 #2: the unshifted merge gives inf / inf on the "large" case (lses near 1,000; every
+    row sees keys), and its hint blamed rows with no key. The hint now fits the case's kind; the
+    empty-row case keeps the -inf wording."""
+    got = rows({"merge_partials": merge_without_the_max}, "merge_partials", (2,))[0]
+    assert got.status == "wrong" and "got nan" in got.detail, got.detail
+    assert "every row here sees keys, but its lse is near 1,000" in got.detail and "-inf - (-inf)" not in got.detail
+    assert "exp(" not in got.detail.split("(nan:")[1], got.detail          # no formula, a question
+    got = rows({"merge_partials": merge_by_softmax_of_lse}, "merge_partials", (3,))[0]
+    assert "got nan" in got.detail and "a row that sees no key has an lse of -inf" in got.detail, got.detail
+
 
 def ring_by_joining_shards(q, k_shards, v_shards, rank, causal=False, block=32):
     k, v = torch.cat(k_shards, 2), torch.cat(v_shards, 2)          # every key in one tensor

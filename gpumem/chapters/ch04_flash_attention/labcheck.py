@@ -219,7 +219,8 @@ def _merge_rows(report, fn, case, seed):
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             return "wrong", returned(got, "a tuple (out, lse)")
         _, out, lse = _merge_case(case, seed)
-        bad = labref.first_wrong("out", got[0], out) or labref.first_wrong("lse", got[1], lse) or broken
+        bad = labref.first_wrong("out", got[0], out, case[5]) or labref.first_wrong("lse", got[1], lse, case[5]) \
+            or broken
         return ("wrong" if bad else "ok"), bad
     run_case(report, "merge_partials", name, body)
 
