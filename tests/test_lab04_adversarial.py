@@ -1014,6 +1014,9 @@ def test_exp2_without_the_fold_fails_and_the_folded_kernel_passes():
     got = rows({"key_block_backward": unfolded}, "key_block_backward")[0]
     want = "it took exp2 of scores multiplied by log2(e) on its own (exp2 of a tensor of shape (1, 6, 16, 16))"
     assert got.status == "wrong" and want in got.detail, got.detail          # case 0: d = 20
+    # review r31 #3: the verdict asks where log2(e) can go; it gives no formula and no folded scale
+    c2 = f"{20 ** -0.5 * LOG2E:.6g}"                                       # 0.322596 (d = 20)
+    assert "single multiply-add before exp2?" in got.detail and c2 not in got.detail and "exp2(S" not in got.detail
 
 
 # ---- r8 review: the fold checked by data flow (cheat B: a paste with exp2(log2e * (...)) and a dummy fold) ----
