@@ -2310,3 +2310,53 @@ def test_exp2s_output_overwritten_through_out_is_not_exp2s_output():
     got = rows({"key_block_backward": _tiled(_overwritten)}, "key_block_backward")[0]
     assert got.status == "wrong" and _UNUSED in got.detail, (got.status, got.detail)
 
+
+# Review r31 #4: the g query heads of a key/value head packed into the rows of one tile (FA-3's pack_gqa
+# layout, FA-2's seqlenq_ngroups_swapped): g x block rows against the key block. The review's kernel.
+PACKED_GQA = '''def key_block_backward(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    b, a, s_q, d = q.shape
+    kv, n = k_blk.shape[1], k_blk.shape[2]
+    g = a // kv
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    sc = d ** -0.5
+    sc2 = sc * math.log2(math.e)
+    kb, vb = k_blk.to(work), v_blk.to(work)                      # (b, kv, n, d), shared by g heads
+    qg = q.to(work).view(b, kv, g, s_q, d)
+    dog = dout.to(work).view(b, kv, g, s_q, d)
+    lg = lse.to(work).view(b, kv, g, s_q) * math.log2(math.e)
+    dg = delta.to(work).view(b, kv, g, s_q)
+    dq = torch.zeros(b, kv, g, s_q, d, dtype=work, device=q.device)
+    dk = torch.zeros(b, kv, n, d, dtype=work, device=q.device)
+    dv = torch.zeros(b, kv, n, d, dtype=work, device=q.device)
+    lo = j0 - j0 % block if causal else 0
+    for r0 in range(lo, s_q, block):
+        r1 = min(s_q, r0 + block)
+        m = r1 - r0
+        qt = qg[:, :, :, r0:r1].reshape(b, kv, g * m, d)         # g heads' rows packed
+        dt = dog[:, :, :, r0:r1].reshape(b, kv, g * m, d)
+        s = qt @ kb.transpose(-1, -2) * sc2
+        if causal:
+            rows = torch.arange(r0, r1, device=q.device).repeat(g).view(-1, 1)
+            s = s.masked_fill(torch.arange(j0, j0 + n, device=q.device).view(1, -1) > rows, float("-inf"))
+        p = torch.exp2(s - lg[:, :, :, r0:r1].reshape(b, kv, g * m, 1))
+        dv += p.transpose(-1, -2) @ dt
+        ds = p * (dt @ vb.transpose(-1, -2) - dg[:, :, :, r0:r1].reshape(b, kv, g * m, 1)) * sc
+        dk += ds.transpose(-1, -2) @ qt
+        dq[:, :, :, r0:r1] = (ds @ kb).view(b, kv, g, m, d)
+    return dq.view(b, a, s_q, d), dk.to(k_blk.dtype), dv.to(v_blk.dtype)
+'''
+
+
+def test_heads_packed_into_the_rows_of_a_tile_are_named_as_rows():
+    """The tile is g times taller than a block. key_block_backward names its query rows; flash_backward
+    met P^T first, (b, kv, n, g x rows), and named those rows "keys side by side"."""
+    ns = {"math": math, "torch": torch}
+    exec(compile(PACKED_GQA, "<packed gqa>", "exec"), ns)
+    kernel = ns["key_block_backward"]
+    got = rows({"key_block_backward": kernel}, "key_block_backward")[0]            # case 0: g = 3, block 16
+    # matmul runs as bmm over b x kv = 2 batches: 48 = 3 heads x 16 rows, against 16 keys
+    assert got.status == "wrong" and "a tile of shape (2, 48, 16) was made: more than 16 query rows " \
+        "against the key block at once" in got.detail, got.detail
+    got = _flash_row(kernel)
+    assert got.status == "wrong" and "keys side by side" not in got.detail, got.detail
+    assert "a tile of shape (1, 2, 16, 48) was made: 48 query rows side by side" in got.detail, got.detail
