@@ -2360,3 +2360,53 @@ def test_heads_packed_into_the_rows_of_a_tile_are_named_as_rows():
     got = _flash_row(kernel)
     assert got.status == "wrong" and "keys side by side" not in got.detail, got.detail
     assert "a tile of shape (1, 2, 16, 48) was made: 48 query rows side by side" in got.detail, got.detail
+
+
+# Review r31 #1, routes to exp2's form (PROB) for numbers exp2 did not make: before the provenance rule's
+# fixes, where() kept its branch's form whatever its condition was made from, and index_select kept its
+# table's form whatever its index was made from. Both kernels get the right numbers (P = e^x to ~1e-12)
+# and passed (status ok).
+
+def _by_binary_digits(s2, l2):
+    """P as a product of e^(-2^k) for the binary digits of -x, each factor chosen by a where on the
+    residual; the factors are exp2's output times 0, plus numbers (so they had exp2's form)."""
+    p0 = torch.exp2(s2 - l2)                                  # the decoy: exp2's output
+    x = s2 / LOG2E - l2 / LOG2E
+    r = -torch.where(x == -math.inf, 0.0, x)                  # >= 0
+    one = p0 * 0.0 + 1.0
+    acc = one
+    for k in range(6, -41, -1):
+        c = r >= 2.0 ** k
+        r = r - torch.where(c, 2.0 ** k, 0.0)
+        acc = acc * (torch.where(c, one * math.exp(-2.0 ** k), 0.0) + torch.where(c, 0.0, one))
+    return torch.where(p0 == 0, 0.0, acc)
+
+
+def _by_tables(s2, l2):
+    """P as a product of twelve table look-ups, e^(-j 2^(4 k - 40)) for the base-16 digits j of
+    -x 2^40; each table (16 numbers: a tile's size) is exp2's output times 0 plus numbers, indexed one
+    query row at a time."""
+    p0 = torch.exp2(s2 - l2)
+    x = s2 / LOG2E - l2 / LOG2E
+    n = torch.floor((-torch.where(x == -math.inf, 0.0, x)).clamp_min(0.0) * 2.0 ** 40)     # x may be +1e-16
+    zero = (p0 * 0.0)[(0,) * (p0.dim() - 2)][:1, :1]                  # (1, 1)
+    acc = p0 * 0.0 + 1.0
+    for k in range(12):
+        digit, n = torch.remainder(n, 16).long(), torch.floor(n / 16)
+        table = zero + _exp_of(-torch.arange(16, dtype=s2.dtype) * 2.0 ** (4 * k - 40))[:, None]
+        for r in range(digit.shape[-2]):                                # in place: a join keeps no form
+            acc[..., r, :].mul_(torch.index_select(table, 0, digit[..., r, :].flatten()).view(digit[..., r, :].shape))
+    return torch.where(p0 == 0, 0.0, acc)
+
+
+@pytest.mark.parametrize("make_p", [_by_binary_digits, _by_tables], ids=["where-digits", "index_select-tables"])
+def test_numbers_exp2_did_not_make_do_not_get_its_form(make_p):
+    case = labcheck.BACKWARD[0]
+    q, k, v, dout, mask = labcheck._backward_inputs(case, 100)
+    out, lse = labref.dense(q, k, v, mask)
+    n = case[7]
+    got = _tiled(make_p)(q, k[:, :, :n], v[:, :, :n], dout, lse, (dout * out).sum(-1), 0, case[6], n)
+    for g, w in zip(got, labref.key_block(q, k, v, dout, mask, 0, n)):
+        assert torch.allclose(g, w, atol=1e-9, rtol=1e-9)
+    got = rows({"key_block_backward": _tiled(make_p)}, "key_block_backward")[0]
+    assert got.status == "wrong" and _UNUSED in got.detail, (got.status, got.detail)
