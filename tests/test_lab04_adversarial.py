@@ -2185,9 +2185,12 @@ def test_a_decoy_p_contracted_by_a_broadcast_multiply_and_a_sum_fails(dv_by, say
 @pytest.mark.parametrize("mul_by", ["div", "addcmul", "lerp"])
 def test_a_decoy_p_contracted_by_a_division_or_addcmul_or_lerp_fails(mul_by):
     """Review r31 (25/25): the same kernel with every product written as a division by a reciprocal
-    (or addcmul, lerp from zero) and a sum: the product rule named only mul."""
-    got = rows({"key_block_backward": _summed(mul_by=mul_by)}, "key_block_backward")[0]
-    assert got.status == "wrong" and _SUMMED in got.detail, (got.status, got.detail)
+    (or addcmul, lerp from zero) and a sum: the product rule named only mul. Also with P's squarings
+    written as pow (_p_by_pow): ``t * t`` of one tensor is itself taken for a product (review r31 #1 check),
+    so without it the rule must still find the division, addcmul or lerp."""
+    for p_by in (None, _p_by_pow):
+        got = rows({"key_block_backward": _summed(mul_by=mul_by, p_by=p_by)}, "key_block_backward")[0]
+        assert got.status == "wrong" and _SUMMED in got.detail, (got.status, got.detail)
 
 
 def test_the_honest_backward_written_with_broadcast_sums_passes():
@@ -2410,3 +2413,20 @@ def test_numbers_exp2_did_not_make_do_not_get_its_form(make_p):
         assert torch.allclose(g, w, atol=1e-9, rtol=1e-9)
     got = rows({"key_block_backward": _tiled(make_p)}, "key_block_backward")[0]
     assert got.status == "wrong" and _UNUSED in got.detail, (got.status, got.detail)
+
+
+def test_a_masked_softmax_is_a_natural_base_exponential():
+    """Review r31 ("not tried"): aten._masked_softmax was in neither exponential table. The right tiles
+    with P from a masked softmax of each (base-e) score against a 0: e^x / (e^x + 1), so e^x = s / (1 - s).
+    It was refused for its exp2 count only; now it is named (op names are shown without underscores)."""
+    def p_of(s2, l2):
+        x = (s2 - l2) / LOG2E
+
+        def half(x):                       # half the keys at a time: a stack of pairs is twice a tile
+            pair = torch.stack([x, torch.zeros_like(x)], -1)
+            s = torch.ops.aten._masked_softmax(pair, torch.zeros_like(pair, dtype=torch.bool), -1, 0)[..., 0]
+            return s / (1 - s)
+        h = x.shape[-1] // 2
+        return torch.cat([half(x[..., :h]), half(x[..., h:])], -1)
+    got = rows({"key_block_backward": _tiled(p_of)}, "key_block_backward")[0]
+    assert got.status == "wrong" and "it rebuilt P with masked_softmax, the natural base" in got.detail, got.detail

@@ -46,7 +46,7 @@ from .labops import (  # noqa: F401 (LOG2E is read from here too)
 
 # exponentials in the natural base: what chapter 04's code (and a softmax) takes
 _PLAIN = frozenset({"exp", "exp_", "expm1", "expm1_", "_softmax", "_log_softmax", "logsumexp", "sigmoid",
-                    "sigmoid_", "_safe_softmax"})
+                    "sigmoid_", "_safe_softmax", "_masked_softmax"})      # review r31: _masked_softmax too
 
 
 class Exp2Rule:

@@ -151,7 +151,8 @@ _EXITS = frozenset({"numpy", "__array__", "untyped_storage", "storage", "_storag
 # of them, a handful made from Q or K (a tile's emptiness tested, say); printing reads them all
 _READS, _READ_BUDGET, _QK_READS = frozenset({"tolist"}), 1000, 8
 _PRINTS = frozenset({"__format__", "__repr__", "__str__"})
-_EXPS = frozenset({"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "sigmoid"})   # probabilities
+_EXPS = frozenset({"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "_masked_softmax",
+                   "sigmoid"})                                                                 # probabilities
 _FRESH = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})     # torch.tensor(...) of Python numbers
 _SMALL = 64                                           # numbers a constant may hold
 _SIZED = frozenset({"tensor_split"})   # by a tensor: ATen reads its memory unseen (review r18 #1 read K so)
