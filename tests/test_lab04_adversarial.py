@@ -2430,3 +2430,53 @@ def test_a_masked_softmax_is_a_natural_base_exponential():
         return torch.cat([half(x[..., :h]), half(x[..., h:])], -1)
     got = rows({"key_block_backward": _tiled(p_of)}, "key_block_backward")[0]
     assert got.status == "wrong" and "it rebuilt P with masked_softmax, the natural base" in got.detail, got.detail
+
+
+def _honest_styles(style):
+    """Honest kernels written in styles the provenance rule must follow: nan and -inf guards by where on
+    masks of the tile or of P, baddbmm_ into zeros_like(K), Q scaled before the product, add_ with alpha,
+    dQ joined by cat ("joins"); or einsum, a bool mask by masked_fill with | of two masks, dV's parts added.
+    baddbmm_ (in place) was no product the rule knew: the honest "joins" kernel was refused."""
+    def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        b, a, s_q, d = q.shape
+        kv, n, c = k_blk.shape[1], k_blk.shape[2], d ** -0.5
+        kk, vv = (t.repeat_interleave(a // kv, 1) for t in (k_blk, v_blk))
+        dk, dv = torch.zeros_like(kk), torch.zeros_like(vv)
+        first = j0 // block * block if causal else 0
+        parts, dvs = [torch.zeros(b, a, first, d, dtype=q.dtype)], []
+        for i0 in range(first, s_q, block):
+            i1 = min(i0 + block, s_q)
+            qt, dot, l2 = q[:, :, i0:i1], dout[:, :, i0:i1], lse[:, :, i0:i1, None] * LOG2E
+            hide = torch.arange(j0, j0 + n)[None, :] > torch.arange(i0, i1)[:, None]
+            if style == "joins":
+                s2 = qt @ kk.transpose(-1, -2) * (c * LOG2E)
+                s2 = torch.where(hide, -math.inf, s2) if causal else s2
+                p = torch.exp2(s2 - l2)
+                p = torch.where(torch.isnan(p) | (s2 == -math.inf), 0.0, p)
+                dv.view(-1, n, d).baddbmm_(p.transpose(-1, -2).flatten(0, 1), dot.flatten(0, 1))
+                ds = p * (dot @ vv.transpose(-1, -2) - delta[:, :, i0:i1, None])
+                dk.view(-1, n, d).baddbmm_(ds.transpose(-1, -2).flatten(0, 1), (qt * c).flatten(0, 1))
+                part = torch.zeros_like(qt)
+                part.add_(torch.matmul(ds, kk), alpha=c)
+                parts.append(part)
+            else:
+                s2 = torch.einsum("bhqd,bhkd->bhqk", qt, kk) * (c * LOG2E)
+                mask = (hide if causal else torch.zeros_like(hide)) | (s2 == -math.inf)
+                p = torch.exp2(s2.masked_fill(mask, -math.inf) - l2)
+                dvs.append(torch.einsum("bhqk,bhqd->bhkd", p, dot))
+                ds = p * (torch.einsum("bhqd,bhkd->bhqk", dot, vv) - delta[:, :, i0:i1, None]) * c
+                dk += torch.einsum("bhqk,bhqd->bhkd", ds, qt)
+                parts.append(torch.einsum("bhqk,bhkd->bhqd", ds, kk))
+        if dvs:
+            dv = sum(dvs)
+        return torch.cat(parts, 2), _fold(dk, kv), _fold(dv, kv)
+    return kernel
+
+
+@pytest.mark.parametrize("style", ["joins", "einsum"])
+def test_honest_kernels_in_other_styles_pass_the_provenance_rule(style):
+    kernel = _honest_styles(style)
+    got = rows({"key_block_backward": kernel}, "key_block_backward", (0, 1))
+    assert all(r.status == "ok" for r in got), [r.detail for r in got]
+    got = _flash_row(kernel)
+    assert got.status == "ok", got.detail

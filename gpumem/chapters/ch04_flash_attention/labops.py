@@ -39,8 +39,8 @@ _LINEAR = frozenset({
 _FACTORS = MappingProxyType({      # read-only, like the frozensets (review r15 #2)
     **dict.fromkeys(("mm", "bmm", "matmul", "mv", "dot", "vdot", "mul", "mul_"), slice(0, 2)),
     **dict.fromkeys(("div", "div_", "true_divide", "true_divide_"), slice(0, 2)),
-    **dict.fromkeys(("addmm", "baddbmm", "addbmm", "addmv", "addr", "addcmul", "addcmul_", "addcdiv", "addcdiv_"),
-                    slice(1, 3))})
+    **dict.fromkeys(("addmm", "baddbmm", "addbmm", "addmv", "addr", "addcmul", "addcmul_", "addcdiv", "addcdiv_",
+                     "addmm_", "baddbmm_", "addbmm_", "addmv_", "addr_"), slice(1, 3))})
 _DIVIDES = frozenset({"div", "div_", "true_divide", "true_divide_", "addcdiv", "addcdiv_"})
 # comparisons: of a score tile or of P (with numbers or tensors made from neither Q nor K) they make a mask
 _CMP = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "isinf", "isnan", "isneginf", "isposinf", "isfinite",
