@@ -16,7 +16,8 @@ prints it whole)
 
 The backward's probabilities must come from exp2 with log2(e) folded into the scale, as
 FlashAttention-2's kernels take them (:mod:`.labexp2`): chapter 04's ``tiled_backward`` takes exp,
-so a copy of it cannot answer parts 1 and 2 however well it hides from the copy watch.
+so a copy of it cannot answer parts 1 and 2 however well it hides from the copy watch. What parts 1
+and 2 return must be made from exp2's output by products and sums (the provenance rule, review r31).
 
 Graded in fp64 on cases drawn afresh at every check (``labcases``: GQA, lengths not multiples of
 the block, query and key lengths that differ, causal and not, empty shards, rows no key is visible
