@@ -2480,3 +2480,28 @@ def test_honest_kernels_in_other_styles_pass_the_provenance_rule(style):
     assert all(r.status == "ok" for r in got), [r.detail for r in got]
     got = _flash_row(kernel)
     assert got.status == "ok", got.detail
+
+
+def test_a_decoy_p_taken_by_an_in_place_baddbmm_is_named_by_the_product_rule():
+    """baddbmm_ (in place) was no product the product rule knew; the provenance rule refused such a
+    kernel by its result only. The decoy-series P, dV accumulated with baddbmm_."""
+    def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        b, a, s_q, d = q.shape
+        kv, n, c = k_blk.shape[1], k_blk.shape[2], d ** -0.5
+        kk, vv = (t.repeat_interleave(a // kv, 1) for t in (k_blk, v_blk))
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(kk), torch.zeros_like(vv)
+        for i0 in range(j0 // block * block if causal else 0, s_q, block):
+            i1 = min(i0 + block, s_q)
+            qt, dot = q[:, :, i0:i1], dout[:, :, i0:i1]
+            s2 = _masked(qt @ kk.transpose(-1, -2) * (c * LOG2E), causal, i0, j0)
+            torch.exp2(s2 - lse[:, :, i0:i1, None] * LOG2E)                          # the decoy
+            p = _p_by_pow(s2, lse[:, :, i0:i1, None] * LOG2E)
+            dv.view(-1, n, d).baddbmm_(p.transpose(-1, -2).flatten(0, 1), dot.flatten(0, 1))
+            ds = p * (dot @ vv.transpose(-1, -2) - delta[:, :, i0:i1, None]) * c
+            dk += torch.stack([(ds * qt[..., j:j + 1]).sum(-2) for j in range(d)], -1)
+            dq[:, :, i0:i1] = torch.stack([(ds * kk[..., j][..., None, :]).sum(-1) for j in range(d)], -1)
+        return dq, _fold(dk, kv), _fold(dv, kv)
+    # baddbmm_ is the first product: it takes P^T of (1, 6, 16, 16) flattened to (6, 16, 16); before,
+    # the first product named was dS^T Q's, a broadcast multiply and a sum of (1, 6, 16, 16)
+    got = rows({"key_block_backward": kernel}, "key_block_backward")[0]
+    assert got.status == "wrong" and _UNUSED + " (6, 16, 16)" in got.detail, got.detail
