@@ -206,6 +206,18 @@ def test_wrong_merges_are_named(merge, case, says):
     assert got.status == "wrong" and says in got.detail, got.detail
 
 
+def test_the_nan_hint_of_a_merge_fits_the_case():
+    """Review r31 #2: the unshifted merge gives inf / inf on the "large" case (lses near 1,000; every
+    row sees keys), and its hint blamed rows with no key. The hint now fits the case's kind; the
+    empty-row case keeps the -inf wording."""
+    got = rows({"merge_partials": merge_without_the_max}, "merge_partials", (2,))[0]
+    assert got.status == "wrong" and "got nan" in got.detail, got.detail
+    assert "every row here sees keys, but its lse is near 1,000" in got.detail and "-inf - (-inf)" not in got.detail
+    assert "exp(" not in got.detail.split("(nan:")[1], got.detail          # no formula, a question
+    got = rows({"merge_partials": merge_by_softmax_of_lse}, "merge_partials", (3,))[0]
+    assert "got nan" in got.detail and "a row that sees no key has an lse of -inf" in got.detail, got.detail
+
+
 def ring_by_joining_shards(q, k_shards, v_shards, rank, causal=False, block=32):
     k, v = torch.cat(k_shards, 2), torch.cat(v_shards, 2)          # every key in one tensor
     q0 = sum(s.shape[2] for s in k_shards[:rank])
@@ -1002,6 +1014,9 @@ def test_exp2_without_the_fold_fails_and_the_folded_kernel_passes():
     got = rows({"key_block_backward": unfolded}, "key_block_backward")[0]
     want = "it took exp2 of scores multiplied by log2(e) on its own (exp2 of a tensor of shape (1, 6, 16, 16))"
     assert got.status == "wrong" and want in got.detail, got.detail          # case 0: d = 20
+    # review r31 #3: the verdict asks where log2(e) can go; it gives no formula and no folded scale
+    c2 = f"{20 ** -0.5 * LOG2E:.6g}"                                       # 0.322596 (d = 20)
+    assert "single multiply-add before exp2?" in got.detail and c2 not in got.detail and "exp2(S" not in got.detail
 
 
 # ---- r8 review: the fold checked by data flow (cheat B: a paste with exp2(log2e * (...)) and a dummy fold) ----
@@ -2112,7 +2127,7 @@ _BY = {"mul": lambda x, y: x * y, "div": lambda x, y: x / (1.0 / y),       # rev
        "lerp": lambda x, y: torch.lerp(torch.zeros((), dtype=x.dtype), y, x)}
 
 
-def _summed(dv_by="columns", mul_by="mul"):
+def _summed(dv_by="columns", mul_by="mul", p_by=None):
     """The solution's key_block_backward with P from ``_squared`` (after a decoy exp2) and P^T dO,
     dS^T Q and dS K each a broadcast multiply and a sum, one column of d at a time; ``dv_by``: dV so
     ("columns"), as rank-one updates P[r, :, None] * dO[r, None, :] ("outer"), or as rows of P
@@ -2130,7 +2145,7 @@ def _summed(dv_by="columns", mul_by="mul"):
             i1 = min(i0 + block, s_q)
             s2 = _masked(qg[..., i0:i1, :] @ kb.transpose(-1, -2) * (scale * LOG2E), causal, i0, j0)
             torch.exp2(s2 - lse2[..., i0:i1, :])                    # the decoy: thrown away
-            p = _squared(s2, lse2[..., i0:i1, :])                   # P by another road
+            p = (p_by or _squared)(s2, lse2[..., i0:i1, :])         # P by another road
             do, qt = dog[..., i0:i1, :], qg[..., i0:i1, :]
             ds = _BY[mul_by](p, do @ vb.transpose(-1, -2) - delta_g[..., i0:i1, :]) * scale
             cols = lambda x, y, axis: torch.stack([_BY[mul_by](x, y(c)).sum(axis) for c in range(d)], -1)
@@ -2170,9 +2185,12 @@ def test_a_decoy_p_contracted_by_a_broadcast_multiply_and_a_sum_fails(dv_by, say
 @pytest.mark.parametrize("mul_by", ["div", "addcmul", "lerp"])
 def test_a_decoy_p_contracted_by_a_division_or_addcmul_or_lerp_fails(mul_by):
     """Review r31 (25/25): the same kernel with every product written as a division by a reciprocal
-    (or addcmul, lerp from zero) and a sum: the product rule named only mul."""
-    got = rows({"key_block_backward": _summed(mul_by=mul_by)}, "key_block_backward")[0]
-    assert got.status == "wrong" and _SUMMED in got.detail, (got.status, got.detail)
+    (or addcmul, lerp from zero) and a sum: the product rule named only mul. Also with P's squarings
+    written as pow (_p_by_pow): ``t * t`` of one tensor is itself taken for a product (review r31 #1 check),
+    so without it the rule must still find the division, addcmul or lerp."""
+    for p_by in (None, _p_by_pow):
+        got = rows({"key_block_backward": _summed(mul_by=mul_by, p_by=p_by)}, "key_block_backward")[0]
+        assert got.status == "wrong" and _SUMMED in got.detail, (got.status, got.detail)
 
 
 def test_the_honest_backward_written_with_broadcast_sums_passes():
@@ -2183,3 +2201,307 @@ def test_the_honest_backward_written_with_broadcast_sums_passes():
     kernel = types.FunctionType(code, {**honest.__globals__, "_squared": lambda s2, l2: torch.exp2(s2 - l2)},
                                 closure=honest.__closure__)
     assert all(r.status == "ok" for r in rows({"key_block_backward": kernel}, "key_block_backward", (0, 1)))
+
+
+# ---- review r31 #1: routes to a product that no op list names. The product rule (labproducts) names the
+# ops that multiply; each route below multiplies with none of them, and every one passed (status ok)
+# before the provenance rule: what the kernel returns must come from exp2's output, by products and sums.
+
+def _exp_of(x):
+    """e^x without exp: _series of x, squared ten times by pow (``t * t`` of one tensor counts as a
+    product of a tile by itself, and the sum after it is named: r28's rule, met by chance)."""
+    t = _series(x)
+    for _ in range(10):
+        t = t ** 2
+    return t
+
+
+def _p_by_pow(s2, lse2):
+    """_squared's P with its squarings written as pow(t, 2)."""
+    x = s2 / LOG2E - lse2 / LOG2E
+    return torch.where(x == -math.inf, 0.0, _exp_of(x))
+
+
+def _prod_of_stacks(x, y):
+    """x y as torch.prod over the pair stacked on a new last axis, half the keys at a time (one
+    stack of the whole tile is twice a tile's numbers, which the tile rule refuses)."""
+    h = x.shape[-1] // 2
+    return torch.cat([torch.stack([x[..., :h], y[..., :h]], -1).prod(-1),
+                      torch.stack([x[..., h:], y[..., h:]], -1).prod(-1)], -1)
+
+
+_ROUTES = {
+    "squares": lambda x, y: ((x + y) ** 2 - (x - y) ** 2) / 4,           # the polarization identity
+    "prod-of-a-stack": lambda x, y: _prod_of_stacks(*torch.broadcast_tensors(x, y)),
+}
+_NOT_EXP2 = "is made from both Q and K, but not from exp2's output"
+
+
+@pytest.mark.parametrize("route", list(_ROUTES))
+def test_a_decoy_p_contracted_by_a_product_no_op_list_names_fails(route):
+    """The decoy-series kernel (_summed) with every product x y written as ``_ROUTES[route]``: without
+    the mul, div, addcmul or lerp that labproducts names. Outside the grader its numbers are right."""
+    _BY[route] = _ROUTES[route]
+    try:
+        case = labcheck.BACKWARD[0]
+        q, k, v, dout, mask = labcheck._backward_inputs(case, 100)
+        out, lse = labref.dense(q, k, v, mask)
+        n = case[7]
+        kernel = _summed(mul_by=route, p_by=_p_by_pow)
+        got = kernel(q, k[:, :, :n], v[:, :, :n], dout, lse, (dout * out).sum(-1), 0, case[6], n)
+        for g, w in zip(got, labref.key_block(q, k, v, dout, mask, 0, n)):
+            assert torch.allclose(g, w, atol=1e-9, rtol=1e-9)
+        got = rows({"key_block_backward": _summed(mul_by=route, p_by=_p_by_pow)}, "key_block_backward")[0]
+        assert got.status == "wrong" and _NOT_EXP2 in got.detail, (got.status, got.detail)
+        got = _flash_row(_summed(mul_by=route, p_by=_p_by_pow))
+        assert got.status == "wrong" and _NOT_EXP2 in got.detail, (got.status, got.detail)
+    finally:
+        del _BY[route]
+
+
+def in_log_space(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    """Every product in log space: ln P = x = S c - lse is known, so P y = +-e^(x + ln|y|), with ln|y|
+    of dO, Q or K (made from one of them only), the sign from a where, e^ by _exp_of; dS likewise
+    (its sign is that of dP - D). No multiply of a tile, no exp2 output used (a decoy exp2 only)."""
+    b, a, s_q, d = q.shape
+    kv, n = k_blk.shape[1], k_blk.shape[2]
+    kk, vv = (t.repeat_interleave(a // kv, 1) for t in (k_blk, v_blk))
+    c = d ** -0.5
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(kk), torch.zeros_like(vv)
+
+    def times(lx, neg, y):                  # +-e^(lx) y, summed later: no multiply by y
+        e = _exp_of(lx + torch.log(y.abs()))
+        return torch.where(lx == -math.inf, 0.0, torch.where(neg ^ (y < 0), -e, e))
+    for i0 in range(j0 // block * block if causal else 0, s_q, block):
+        i1 = min(i0 + block, s_q)
+        qt, dot = q[:, :, i0:i1], dout[:, :, i0:i1]
+        s2 = _masked(qt @ kk.transpose(-1, -2) * (c * LOG2E), causal, i0, j0)
+        l2 = lse[:, :, i0:i1, None] * LOG2E
+        torch.exp2(s2 - l2)                                             # the decoy
+        x = s2 / LOG2E - l2 / LOG2E                                     # ln P
+        g = dot @ vv.transpose(-1, -2) - delta[:, :, i0:i1, None]       # dP - D: dS = P g c
+        lds, neg = x + torch.log(g.abs() * c), g < 0
+        never = torch.zeros_like(g, dtype=torch.bool)
+        dv += torch.stack([times(x, never, dot[..., j:j + 1]).sum(-2) for j in range(d)], -1)
+        dk += torch.stack([times(lds, neg, qt[..., j:j + 1]).sum(-2) for j in range(d)], -1)
+        dq[:, :, i0:i1] = torch.stack([times(lds, neg, kk[..., j][..., None, :]).sum(-1) for j in range(d)], -1)
+    return dq, _fold(dk, kv), _fold(dv, kv)
+
+
+def test_a_decoy_p_contracted_in_log_space_fails():
+    """in_log_space, on a small case (its series make it slow under the watch); right outside the grader."""
+    case = (1, 2, 1, 21, 16, 4, True, 8)
+    q, k, v, dout, mask = labcheck._backward_inputs(case, 100)
+    out, lse = labref.dense(q, k, v, mask)
+    got = in_log_space(q, k[:, :, 8:16], v[:, :, 8:16], dout, lse, (dout * out).sum(-1), 8, True, 8)
+    for g, w in zip(got, labref.key_block(q, k, v, dout, mask, 8, 16)):
+        assert torch.allclose(g, w, atol=1e-9, rtol=1e-9)
+    report = Report(labcheck.LAB)
+    labcheck._key_blocks_rows(report, in_log_space, case, 100)
+    assert report.rows[0].status == "wrong" and _NOT_EXP2 in report.rows[0].detail, report.rows[0]
+
+
+def _overwritten(s2, l2):
+    """exp2's output kept as a buffer, then overwritten with the series' P through out=."""
+    p = torch.exp2(s2 - l2)
+    torch.add(_p_by_pow(s2, l2), 0.0, out=p)
+    return p
+
+
+def test_exp2s_output_overwritten_through_out_is_not_exp2s_output():
+    """A write through ``out=`` is a write: the buffer no longer holds exp2's numbers (it kept their form)."""
+    got = rows({"key_block_backward": _tiled(_overwritten)}, "key_block_backward")[0]
+    assert got.status == "wrong" and _UNUSED in got.detail, (got.status, got.detail)
+
+
+# Review r31 #4: the g query heads of a key/value head packed into the rows of one tile (FA-3's pack_gqa
+# layout, FA-2's seqlenq_ngroups_swapped): g x block rows against the key block. The review's kernel.
+PACKED_GQA = '''def key_block_backward(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    b, a, s_q, d = q.shape
+    kv, n = k_blk.shape[1], k_blk.shape[2]
+    g = a // kv
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    sc = d ** -0.5
+    sc2 = sc * math.log2(math.e)
+    kb, vb = k_blk.to(work), v_blk.to(work)                      # (b, kv, n, d), shared by g heads
+    qg = q.to(work).view(b, kv, g, s_q, d)
+    dog = dout.to(work).view(b, kv, g, s_q, d)
+    lg = lse.to(work).view(b, kv, g, s_q) * math.log2(math.e)
+    dg = delta.to(work).view(b, kv, g, s_q)
+    dq = torch.zeros(b, kv, g, s_q, d, dtype=work, device=q.device)
+    dk = torch.zeros(b, kv, n, d, dtype=work, device=q.device)
+    dv = torch.zeros(b, kv, n, d, dtype=work, device=q.device)
+    lo = j0 - j0 % block if causal else 0
+    for r0 in range(lo, s_q, block):
+        r1 = min(s_q, r0 + block)
+        m = r1 - r0
+        qt = qg[:, :, :, r0:r1].reshape(b, kv, g * m, d)         # g heads' rows packed
+        dt = dog[:, :, :, r0:r1].reshape(b, kv, g * m, d)
+        s = qt @ kb.transpose(-1, -2) * sc2
+        if causal:
+            rows = torch.arange(r0, r1, device=q.device).repeat(g).view(-1, 1)
+            s = s.masked_fill(torch.arange(j0, j0 + n, device=q.device).view(1, -1) > rows, float("-inf"))
+        p = torch.exp2(s - lg[:, :, :, r0:r1].reshape(b, kv, g * m, 1))
+        dv += p.transpose(-1, -2) @ dt
+        ds = p * (dt @ vb.transpose(-1, -2) - dg[:, :, :, r0:r1].reshape(b, kv, g * m, 1)) * sc
+        dk += ds.transpose(-1, -2) @ qt
+        dq[:, :, :, r0:r1] = (ds @ kb).view(b, kv, g, m, d)
+    return dq.view(b, a, s_q, d), dk.to(k_blk.dtype), dv.to(v_blk.dtype)
+'''
+
+
+def test_heads_packed_into_the_rows_of_a_tile_are_named_as_rows():
+    """The tile is g times taller than a block. key_block_backward names its query rows; flash_backward
+    met P^T first, (b, kv, n, g x rows), and named those rows "keys side by side"."""
+    ns = {"math": math, "torch": torch}
+    exec(compile(PACKED_GQA, "<packed gqa>", "exec"), ns)
+    kernel = ns["key_block_backward"]
+    got = rows({"key_block_backward": kernel}, "key_block_backward")[0]            # case 0: g = 3, block 16
+    # matmul runs as bmm over b x kv = 2 batches: 48 = 3 heads x 16 rows, against 16 keys
+    assert got.status == "wrong" and "a tile of shape (2, 48, 16) was made: more than 16 query rows " \
+        "against the key block at once" in got.detail, got.detail
+    got = _flash_row(kernel)
+    assert got.status == "wrong" and "keys side by side" not in got.detail, got.detail
+    assert "a tile of shape (1, 2, 16, 48) was made: 48 query rows side by side" in got.detail, got.detail
+
+
+# Review r31 #1, routes to exp2's form (PROB) for numbers exp2 did not make: before the provenance rule's
+# fixes, where() kept its branch's form whatever its condition was made from, and index_select kept its
+# table's form whatever its index was made from. Both kernels get the right numbers (P = e^x to ~1e-12)
+# and passed (status ok).
+
+def _by_binary_digits(s2, l2):
+    """P as a product of e^(-2^k) for the binary digits of -x, each factor chosen by a where on the
+    residual; the factors are exp2's output times 0, plus numbers (so they had exp2's form)."""
+    p0 = torch.exp2(s2 - l2)                                  # the decoy: exp2's output
+    x = s2 / LOG2E - l2 / LOG2E
+    r = -torch.where(x == -math.inf, 0.0, x)                  # >= 0
+    one = p0 * 0.0 + 1.0
+    acc = one
+    for k in range(6, -41, -1):
+        c = r >= 2.0 ** k
+        r = r - torch.where(c, 2.0 ** k, 0.0)
+        acc = acc * (torch.where(c, one * math.exp(-2.0 ** k), 0.0) + torch.where(c, 0.0, one))
+    return torch.where(p0 == 0, 0.0, acc)
+
+
+def _by_tables(s2, l2):
+    """P as a product of twelve table look-ups, e^(-j 2^(4 k - 40)) for the base-16 digits j of
+    -x 2^40; each table (16 numbers: a tile's size) is exp2's output times 0 plus numbers, indexed one
+    query row at a time."""
+    p0 = torch.exp2(s2 - l2)
+    x = s2 / LOG2E - l2 / LOG2E
+    n = torch.floor((-torch.where(x == -math.inf, 0.0, x)).clamp_min(0.0) * 2.0 ** 40)     # x may be +1e-16
+    zero = (p0 * 0.0)[(0,) * (p0.dim() - 2)][:1, :1]                  # (1, 1)
+    acc = p0 * 0.0 + 1.0
+    for k in range(12):
+        digit, n = torch.remainder(n, 16).long(), torch.floor(n / 16)
+        table = zero + _exp_of(-torch.arange(16, dtype=s2.dtype) * 2.0 ** (4 * k - 40))[:, None]
+        for r in range(digit.shape[-2]):                                # in place: a join keeps no form
+            acc[..., r, :].mul_(torch.index_select(table, 0, digit[..., r, :].flatten()).view(digit[..., r, :].shape))
+    return torch.where(p0 == 0, 0.0, acc)
+
+
+@pytest.mark.parametrize("make_p", [_by_binary_digits, _by_tables], ids=["where-digits", "index_select-tables"])
+def test_numbers_exp2_did_not_make_do_not_get_its_form(make_p):
+    case = labcheck.BACKWARD[0]
+    q, k, v, dout, mask = labcheck._backward_inputs(case, 100)
+    out, lse = labref.dense(q, k, v, mask)
+    n = case[7]
+    got = _tiled(make_p)(q, k[:, :, :n], v[:, :, :n], dout, lse, (dout * out).sum(-1), 0, case[6], n)
+    for g, w in zip(got, labref.key_block(q, k, v, dout, mask, 0, n)):
+        assert torch.allclose(g, w, atol=1e-9, rtol=1e-9)
+    got = rows({"key_block_backward": _tiled(make_p)}, "key_block_backward")[0]
+    assert got.status == "wrong" and _UNUSED in got.detail, (got.status, got.detail)
+
+
+def test_a_masked_softmax_is_a_natural_base_exponential():
+    """Review r31 ("not tried"): aten._masked_softmax was in neither exponential table. The right tiles
+    with P from a masked softmax of each (base-e) score against a 0: e^x / (e^x + 1), so e^x = s / (1 - s).
+    It was refused for its exp2 count only; now it is named (op names are shown without underscores)."""
+    def p_of(s2, l2):
+        x = (s2 - l2) / LOG2E
+
+        def half(x):                       # half the keys at a time: a stack of pairs is twice a tile
+            pair = torch.stack([x, torch.zeros_like(x)], -1)
+            s = torch.ops.aten._masked_softmax(pair, torch.zeros_like(pair, dtype=torch.bool), -1, 0)[..., 0]
+            return s / (1 - s)
+        h = x.shape[-1] // 2
+        return torch.cat([half(x[..., :h]), half(x[..., h:])], -1)
+    got = rows({"key_block_backward": _tiled(p_of)}, "key_block_backward")[0]
+    assert got.status == "wrong" and "it rebuilt P with masked_softmax, the natural base" in got.detail, got.detail
+
+
+def _honest_styles(style):
+    """Honest kernels written in styles the provenance rule must follow: nan and -inf guards by where on
+    masks of the tile or of P, baddbmm_ into zeros_like(K), Q scaled before the product, add_ with alpha,
+    dQ joined by cat ("joins"); or einsum, a bool mask by masked_fill with | of two masks, dV's parts added.
+    baddbmm_ (in place) was no product the rule knew: the honest "joins" kernel was refused."""
+    def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        b, a, s_q, d = q.shape
+        kv, n, c = k_blk.shape[1], k_blk.shape[2], d ** -0.5
+        kk, vv = (t.repeat_interleave(a // kv, 1) for t in (k_blk, v_blk))
+        dk, dv = torch.zeros_like(kk), torch.zeros_like(vv)
+        first = j0 // block * block if causal else 0
+        parts, dvs = [torch.zeros(b, a, first, d, dtype=q.dtype)], []
+        for i0 in range(first, s_q, block):
+            i1 = min(i0 + block, s_q)
+            qt, dot, l2 = q[:, :, i0:i1], dout[:, :, i0:i1], lse[:, :, i0:i1, None] * LOG2E
+            hide = torch.arange(j0, j0 + n)[None, :] > torch.arange(i0, i1)[:, None]
+            if style == "joins":
+                s2 = qt @ kk.transpose(-1, -2) * (c * LOG2E)
+                s2 = torch.where(hide, -math.inf, s2) if causal else s2
+                p = torch.exp2(s2 - l2)
+                p = torch.where(torch.isnan(p) | (s2 == -math.inf), 0.0, p)
+                dv.view(-1, n, d).baddbmm_(p.transpose(-1, -2).flatten(0, 1), dot.flatten(0, 1))
+                ds = p * (dot @ vv.transpose(-1, -2) - delta[:, :, i0:i1, None])
+                dk.view(-1, n, d).baddbmm_(ds.transpose(-1, -2).flatten(0, 1), (qt * c).flatten(0, 1))
+                part = torch.zeros_like(qt)
+                part.add_(torch.matmul(ds, kk), alpha=c)
+                parts.append(part)
+            else:
+                s2 = torch.einsum("bhqd,bhkd->bhqk", qt, kk) * (c * LOG2E)
+                mask = (hide if causal else torch.zeros_like(hide)) | (s2 == -math.inf)
+                p = torch.exp2(s2.masked_fill(mask, -math.inf) - l2)
+                dvs.append(torch.einsum("bhqk,bhqd->bhkd", p, dot))
+                ds = p * (torch.einsum("bhqd,bhkd->bhqk", dot, vv) - delta[:, :, i0:i1, None]) * c
+                dk += torch.einsum("bhqk,bhqd->bhkd", ds, qt)
+                parts.append(torch.einsum("bhqk,bhkd->bhqd", ds, kk))
+        if dvs:
+            dv = sum(dvs)
+        return torch.cat(parts, 2), _fold(dk, kv), _fold(dv, kv)
+    return kernel
+
+
+@pytest.mark.parametrize("style", ["joins", "einsum"])
+def test_honest_kernels_in_other_styles_pass_the_provenance_rule(style):
+    kernel = _honest_styles(style)
+    got = rows({"key_block_backward": kernel}, "key_block_backward", (0, 1))
+    assert all(r.status == "ok" for r in got), [r.detail for r in got]
+    got = _flash_row(kernel)
+    assert got.status == "ok", got.detail
+
+
+def test_a_decoy_p_taken_by_an_in_place_baddbmm_is_named_by_the_product_rule():
+    """baddbmm_ (in place) was no product the product rule knew; the provenance rule refused such a
+    kernel by its result only. The decoy-series P, dV accumulated with baddbmm_."""
+    def kernel(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        b, a, s_q, d = q.shape
+        kv, n, c = k_blk.shape[1], k_blk.shape[2], d ** -0.5
+        kk, vv = (t.repeat_interleave(a // kv, 1) for t in (k_blk, v_blk))
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(kk), torch.zeros_like(vv)
+        for i0 in range(j0 // block * block if causal else 0, s_q, block):
+            i1 = min(i0 + block, s_q)
+            qt, dot = q[:, :, i0:i1], dout[:, :, i0:i1]
+            s2 = _masked(qt @ kk.transpose(-1, -2) * (c * LOG2E), causal, i0, j0)
+            torch.exp2(s2 - lse[:, :, i0:i1, None] * LOG2E)                          # the decoy
+            p = _p_by_pow(s2, lse[:, :, i0:i1, None] * LOG2E)
+            dv.view(-1, n, d).baddbmm_(p.transpose(-1, -2).flatten(0, 1), dot.flatten(0, 1))
+            ds = p * (dot @ vv.transpose(-1, -2) - delta[:, :, i0:i1, None]) * c
+            dk += torch.stack([(ds * qt[..., j:j + 1]).sum(-2) for j in range(d)], -1)
+            dq[:, :, i0:i1] = torch.stack([(ds * kk[..., j][..., None, :]).sum(-1) for j in range(d)], -1)
+        return dq, _fold(dk, kv), _fold(dv, kv)
+    # baddbmm_ is the first product: it takes P^T of (1, 6, 16, 16) flattened to (6, 16, 16); before,
+    # the first product named was dS^T Q's, a broadcast multiply and a sum of (1, 6, 16, 16)
+    got = rows({"key_block_backward": kernel}, "key_block_backward")[0]
+    assert got.status == "wrong" and _UNUSED + " (6, 16, 16)" in got.detail, got.detail

@@ -16,7 +16,8 @@ prints it whole)
 
 The backward's probabilities must come from exp2 with log2(e) folded into the scale, as
 FlashAttention-2's kernels take them (:mod:`.labexp2`): chapter 04's ``tiled_backward`` takes exp,
-so a copy of it cannot answer parts 1 and 2 however well it hides from the copy watch.
+so a copy of it cannot answer parts 1 and 2 however well it hides from the copy watch. What parts 1
+and 2 return must be made from exp2's output by products and sums (the provenance rule, review r31).
 
 Graded in fp64 on cases drawn afresh at every check (``labcases``: GQA, lengths not multiples of
 the block, query and key lengths that differ, causal and not, empty shards, rows no key is visible
@@ -87,6 +88,11 @@ def _exp2_wrong(watch, case, j0=0, j1=None) -> str:
     return watch.exp2.wrong(b * a * int((~hidden).sum())) if watch.exp2 is not None else ""
 
 
+def _unmade(watch, names, got) -> str:
+    """'' or which returned gradient is not made from exp2's output by products and sums (review r31 #1)."""
+    return watch.exp2.unmade(names, got) if watch.exp2 is not None else ""
+
+
 def _overworked(watch, case, j0, n) -> str:
     return watch.overworked(j0, n) if case[6] else ""
 
@@ -109,6 +115,7 @@ def _key_blocks_rows(report, fn, case, seed):
             if not (isinstance(got, (tuple, list)) and len(got) == 3):
                 return "wrong", returned(got, "a tuple (dq_part, dk_blk, dv_blk)")
             names = ("dq_part", "dk_blk", "dv_blk")                          # expected: made now
+            broken = broken or _unmade(watch, names, got)
             bad = labslips.first_wrong(names, got, labref.key_block(q, k, v, dout, mask, j0, j1))
             bad = (labslips.lse_base(names, got, q, k, v, dout, mask, j0, j1) + bad if bad else "") or broken
             if bad:
@@ -151,6 +158,7 @@ def _flash_rows(report, fn, case, seed, inner=None):
         broken = broken or _exp2_wrong(watch, case)
         if not (isinstance(got, (tuple, list)) and len(got) == 3):
             return "wrong", returned(got, "a tuple (dq, dk, dv)")
+        broken = broken or _unmade(watch, ("dq", "dk", "dv"), got)
         want = _flash_case(case, seed)[1]
         if low:
             bad = labbf16.wrong(got, want, calls) or broken
@@ -212,7 +220,8 @@ def _merge_rows(report, fn, case, seed):
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             return "wrong", returned(got, "a tuple (out, lse)")
         _, out, lse = _merge_case(case, seed)
-        bad = labref.first_wrong("out", got[0], out) or labref.first_wrong("lse", got[1], lse) or broken
+        bad = labref.first_wrong("out", got[0], out, case[5]) or labref.first_wrong("lse", got[1], lse, case[5]) \
+            or broken
         return ("wrong" if bad else "ok"), bad
     run_case(report, "merge_partials", name, body)
 

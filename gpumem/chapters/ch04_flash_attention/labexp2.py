@@ -24,6 +24,15 @@ pairs (:mod:`.labpairs`; review r15 #1 took exp2 of one tile again and again, r1
 product each time). A tensor's Q|K bits are those of every tensor an op takes (r15: K laundered
 through index_select's index). ``pow(2.0, x)`` is exp2. P^T dO must take exp2's output (r27: a decoy;
 r28's open route: with a matmul or without, :mod:`.labproducts`).
+
+The provenance rule (review r31 #1: the product rule names ops, and a product written with none of them,
+``((P + y)^2 - (P - y)^2) / 4``, ``prod`` of a stack, or an add in log space, passed): one product of
+exp2's output with tensors made from Q or from K (not both) is *grad*; adds, sums, joins, partial writes
+into a buffer of zeros and products with tensors made from neither keep it (:meth:`Exp2Rule._grad`).
+Every other tensor made from both Q and K and in no form poisons what it reaches, and what the call
+returns must be grad (:meth:`Exp2Rule.unmade`). A write through ``out=`` is a write; index_select by an
+index made from Q or K, and ``where`` on a condition that is no mask of the tile or of P (*cond*), keep
+no form.
 """
 
 import torch
@@ -32,12 +41,12 @@ from .labexp2_words import verdict
 from .labpairs import Pairs
 from .labproducts import Products
 from .labops import (  # noqa: F401 (LOG2E is read from here too)
-    FOLDED, K, LOG2E, ONE, PLAIN, PROB, QK, RAW, READY, Q, _ADD, _MASK, _MM, _OTHER, _POWERS, _REDUCE, _RTOL, _SAME,
-    _flat, _marks, _number, _ptr, _rest, _rows_of_d, _wider)
+    COND, FOLDED, GRAD, K, LOG2E, ONE, PLAIN, PROB, QK, RAW, READY, Q, _ADD, _CMP, _DIVIDES, _FACTORS, _LINEAR, _MASK,
+    _MM, _OTHER, _POWERS, _REDUCE, _RTOL, _SAME, _flat, _marks, _number, _ptr, _rest, _rows_of_d, _wider)
 
 # exponentials in the natural base: what chapter 04's code (and a softmax) takes
 _PLAIN = frozenset({"exp", "exp_", "expm1", "expm1_", "_softmax", "_log_softmax", "logsumexp", "sigmoid",
-                    "sigmoid_", "_safe_softmax"})
+                    "sigmoid_", "_safe_softmax", "_masked_softmax"})      # review r31: _masked_softmax too
 
 
 class Exp2Rule:
@@ -147,12 +156,61 @@ class Exp2Rule:
         xb, xf = self._tag(x)
         if op == "where":                          # where(cond, a, b): the tile is a or b
             (ab, af), (bb, bf) = self._tag(args[1]), self._tag(args[2])
-            xf, other = (af, bb) if af in (RAW, FOLDED, READY, PROB) else (bf, ab)
+            xf, other = (af, bb) if af in (RAW, FOLDED, READY, PROB, GRAD) else (bf, ab)
+            if xb == QK and xf != COND and self._tag(x)[1] != COND:
+                return xb | ab | bb, None           # review r31: a choice made by numbers of another road
             return xb | ab | bb, (xf if other != QK else None)     # the condition's bits too (review r15 #1)
         others = 0
         for t in rest:
-            others |= self._tag(t)[0]
+            tb, tf = self._tag(t)
+            others |= 0 if tf == COND and t.dtype == torch.bool else tb     # a mask of the tile or of P
         return xb | others, (xf if others != QK else None)
+
+    def _compared(self, every) -> str | None:
+        """COND for a comparison of a score tile, P or a mask with numbers or tensors made from neither
+        Q nor K (``s == -inf``, ``p.isnan()``), else None (review r31 #1: a mask of numbers made by
+        another road may not choose a tile's numbers)."""
+        tags = [self._tag(t) for t in every]
+        ok = any(f in (RAW, FOLDED, READY, PROB, COND) for _, f in tags) and \
+            all(f in (RAW, FOLDED, READY, PROB, COND) or b == 0 for b, f in tags)
+        return COND if ok else None
+
+    def _grad(self, op, args, every) -> str | None:
+        """GRAD or None for an op the other forms leave without one (review r31 #1, the provenance rule).
+        GRAD: one product of exp2's output (PROB) with tensors made from Q or from K (not both: dS K,
+        dS^T Q, P^T dO), then adds, sums, joins and products with tensors made from neither (a scale).
+        A tensor made from both Q and K with no such form (P from a series, a division, ...) poisons
+        what it reaches; so does any other op on GRAD (a square, a root, GRAD times GRAD)."""
+        tags = [self._tag(t) for t in every]
+        if any(b == QK and f not in (PROB, GRAD) for b, f in tags) or not any(f in (PROB, GRAD) for _, f in tags):
+            return None
+        if op in _LINEAR:
+            side = 0
+            for b, f in tags:
+                side |= 0 if f in (PROB, GRAD) else b
+            return GRAD if side != QK else None
+        where = _FACTORS.get(op)
+        if where is None:
+            return None
+        factors = [t for t in args[where] if isinstance(t, torch.Tensor)]
+        derived = [t for t in factors if self._tag(t)[1] in (PROB, GRAD)]
+        if len(derived) != 1 or (op in _DIVIDES and factors[-1] is derived[0] and len(factors) > 1):
+            return None                             # P times P, or a division by P: no product of the rule
+        side = 0
+        for t in factors:
+            side |= 0 if t is derived[0] else self._tag(t)[0]
+        return GRAD if (side == 0 or (side != QK and self._tag(derived[0])[1] == PROB)) else None
+
+    def unmade(self, names, got) -> str:
+        """'' or which returned tensor (dV's first) is made from both Q and K but is not GRAD (nor PROB):
+        not made from exp2's output by products and sums alone (review r31 #1)."""
+        pairs = sorted(zip(names, got), key=lambda p: p[0][:2] != "dv")
+        for name, t in pairs:
+            bits, form = self._tag(t)
+            if bits == QK and form not in (PROB, GRAD):
+                return (f"{name} is made from both Q and K, but not from exp2's output by products and sums "
+                        f"alone. Which tile did your kernel make without exp2, and how does it reach {name}?")
+        return ""
 
     def _exponent(self, op, args):
         """The tensor an exp2 takes (None if ``op`` is no exp2); names a natural-base one."""
@@ -178,13 +236,17 @@ class Exp2Rule:
             if isinstance(x, torch.Tensor) and x.numel() and self._tag(x)[1] not in (FOLDED, READY) \
                     and not self.unfolded:
                 self.mark("unfolded", f"exp2 of a tensor of shape {tuple(x.shape)}")
-        every = [t for t in _flat([*args, *(kwargs or {}).values()]) if isinstance(t, torch.Tensor)]
+        written = [t for t in _flat([(kwargs or {}).get("out")]) if isinstance(t, torch.Tensor)]   # out=: a write
+        every = [t for t in _flat([*args, *(v for n, v in (kwargs or {}).items() if n != "out")])
+                 if isinstance(t, torch.Tensor)]
         bits, form = 0, None
         for t in every:           # every tensor's: index_select's index, where's condition (review r15 #1)
             bits |= self._tag(t)[0]
         if op in _SAME or op == "copy_":  # the form of the first tensor; copy_ overwrites (partly: see below)
             src = args[1] if op == "copy_" else next(iter(every), None)
             bits, form = (self._tag(src)[0] if op == "copy_" else bits), self._tag(src)[1]
+            if op in _SAME and any(self._tag(t)[0] for t in every if t is not src):
+                form = None                         # review r31: index_select by an index made from Q or K
         elif op in ("mul", "mul_", "div", "div_"):
             bits, form = self._scaled(op, args, bits)
         elif op in _MM:
@@ -193,18 +255,24 @@ class Exp2Rule:
             bits, form = self._sum(op, args, kwargs, out)
         elif op in _MASK or op == "where":
             bits, form = self._masked(op, args)
+        elif op in _CMP:
+            form = self._compared(every)
         if x is not None and self._tag(x)[1] in (FOLDED, READY):
             form = PROB                             # exp2's own output: what P^T dO must take
+        if form is None and bits == QK:
+            form = self._grad(op, args, every)      # the provenance rule (review r31 #1)
         self._other(op, args)
         outs, shared = [t for t in _flat([out]) if isinstance(t, torch.Tensor) and t.numel()], {_ptr(t) for t in every}
-        if not op.endswith("_") and op not in _SAME:     # a view this rule does not know: the storage keeps its tag
-            outs = [t for t in outs if _ptr(t) not in shared]
-        if op.endswith("_") and args and isinstance(args[0], torch.Tensor) and outs:
-            target = args[0]                        # an in-place write, maybe to part of a storage
+        if not op.endswith("_") and op not in _SAME and not written:   # a view this rule does not know: the
+            outs = [t for t in outs if _ptr(t) not in shared]             # storage keeps its tag
+        target = written[0] if written else (args[0] if op.endswith("_") and args else None)
+        if isinstance(target, torch.Tensor) and target.numel() and outs:
+            # an in-place write (or one through out=), maybe to part of a storage
             if target.numel() * target.element_size() < target.untyped_storage().nbytes():
                 ob, of = self._tag(target)
                 if (bits, form) != (ob, of) and not (op in _MASK and bits == ob):
-                    bits, form = bits | ob, None
+                    grad = GRAD in (form, of) and all(f == GRAD or b != QK for b, f in ((bits, form), (ob, of)))
+                    bits, form = bits | ob, (GRAD if grad else None)   # GRAD into a buffer of zeros stays GRAD
         origin = (object(), sum(t.numel() for t in outs), self._pid(op, args, form)) if op in _MM else next((self.origins.get(_ptr(t)) for t in (
             args[1:2] if op == "copy_" else every) if self._tag(t)[1] in (RAW, FOLDED, READY)), None)
         for t in outs:

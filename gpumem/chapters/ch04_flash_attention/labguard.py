@@ -263,6 +263,12 @@ class Watch(Sealed, TorchDispatchMode):
                 self.flag(f"causal key block from key {self.causal_from}: it worked on query rows "
                           f"{i0}:{i1}, which see none of its keys; skip the query blocks above the diagonal")
 
+    def _rows_last(self, t: torch.Tensor) -> bool:
+        """``t`` is a transposed view (its last axis the storage's rows) of a tile of P's family: a
+        score tile is made (query rows, keys), so its last axis holds query rows, not keys."""
+        return self.exp2 is not None and t.dim() >= 2 and bool(t.numel()) and _ptr(t) in self.exp2.tiles \
+            and t.stride(-2) == 1 and t.stride(-1) != 1
+
     def _shape(self, t: torch.Tensor) -> None:
         if self.broken or t.dim() < 1 or (t.numel() and _ptr(t) in self.allowed):
             return
@@ -275,8 +281,13 @@ class Watch(Sealed, TorchDispatchMode):
         elif not t.is_floating_point():
             return                                    # key indices and masks are not scores
         elif shape[-1] > block and shape[-1] not in (s_q, self.d) and not (t.numel() and _ptr(t) in self.rows):
-            self.flag(f"a tensor of shape {shape} was made: {shape[-1]} keys side by side, more than "
-                      f"one block ({block}); only K and V themselves may be that long")
+            if self._rows_last(t):                    # review r31 #4: P^T of a tile with g heads' rows stacked
+                self.flag(f"a tile of shape {shape} was made: {shape[-1]} query rows side by side (a transposed "
+                          f"tile of scores or P), more than one block ({block}); a tile holds at most {block} "
+                          f"query rows, of one head: are the rows of several heads stacked in it?")
+            else:
+                self.flag(f"a tensor of shape {shape} was made: {shape[-1]} keys side by side, more than "
+                          f"one block ({block}); only K and V themselves may be that long")
         elif len(last2) == 2 and last2[0] == s_k and s_k > block and last2[1] != self.d:
             self.flag(f"a tensor of shape {shape} was made: a row for each of the {s_k} keys; "
                       f"work one block of keys at a time")

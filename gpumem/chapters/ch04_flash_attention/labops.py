@@ -4,6 +4,7 @@ are exponentials, views and copies, products, sums, reductions and masks, and th
 rule gives a tensor (where its numbers come from, and its form); with the helpers both read."""
 
 import math
+from types import MappingProxyType
 
 import torch
 
@@ -12,6 +13,8 @@ _RTOL = 1e-9                      # a Python float of scale * log2 e, however it
 Q, K, QK = 1, 2, 3                # where a tensor's numbers come from (bits)
 PLAIN, ONE, RAW, FOLDED, READY = "plain", "one", "raw", "folded", "ready"
 PROB = "prob"                       # exp2's output from a folded or ready tile (masked, cast or scaled)
+GRAD = "grad"                       # made from PROB by one product with dO, Q or K, then sums (review r31 #1)
+COND = "cond"                       # a comparison of a score tile or of P: a mask, never a number
 # ops whose output holds the same numbers as their first tensor (views, copies, casts)
 _SAME = frozenset({
     "view", "_unsafe_view", "reshape", "_reshape_alias", "_reshape_copy", "expand", "expand_copy", "slice",
@@ -26,6 +29,23 @@ _REDUCE = frozenset({  # rows of a tile: no tile
     "sum", "mean", "amax", "amin", "max", "min", "logsumexp", "prod", "norm", "linalg_vector_norm",
     "var", "std", "argmax", "argmin", "all", "any", "count_nonzero", "nansum"})
 _MASK = frozenset({"masked_fill", "masked_fill_", "index_put", "index_put_", "fill_"})
+# review r31 #1, the provenance rule: GRAD keeps its form through these (adds, sums, joins, partial writes)...
+_LINEAR = frozenset({
+    "add", "add_", "sub", "sub_", "rsub", "neg", "neg_", "sum", "nansum", "mean", "cumsum", "cumsum_", "cat",
+    "stack", "copy_", "index_put", "index_put_", "_index_put_impl_", "index_add", "index_add_", "masked_fill",
+    "masked_fill_", "where", "select_scatter", "slice_scatter", "scatter_add", "scatter_add_", "zero_",
+    "constant_pad_nd"})
+# ...and is made by one of these products (where its factors are; the divisor of a division is the last)
+_FACTORS = MappingProxyType({      # read-only, like the frozensets (review r15 #2)
+    **dict.fromkeys(("mm", "bmm", "matmul", "mv", "dot", "vdot", "mul", "mul_"), slice(0, 2)),
+    **dict.fromkeys(("div", "div_", "true_divide", "true_divide_"), slice(0, 2)),
+    **dict.fromkeys(("addmm", "baddbmm", "addbmm", "addmv", "addr", "addcmul", "addcmul_", "addcdiv", "addcdiv_",
+                     "addmm_", "baddbmm_", "addbmm_", "addmv_", "addr_"), slice(1, 3))})
+_DIVIDES = frozenset({"div", "div_", "true_divide", "true_divide_", "addcdiv", "addcdiv_"})
+# comparisons: of a score tile or of P (with numbers or tensors made from neither Q nor K) they make a mask
+_CMP = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "isinf", "isnan", "isneginf", "isposinf", "isfinite",
+                  "logical_not", "logical_and", "logical_or", "logical_xor", "bitwise_not", "bitwise_and",
+                  "bitwise_or", "bitwise_xor"})
 # other transcendental ops: on numbers made from both Q and K, another road to e^x (review r13 #1:
 # P = 1 / (cosh x - sinh x) passed with no exp2 at all); in-place forms end in "_"
 _OTHER = frozenset({
@@ -131,7 +151,8 @@ _EXITS = frozenset({"numpy", "__array__", "untyped_storage", "storage", "_storag
 # of them, a handful made from Q or K (a tile's emptiness tested, say); printing reads them all
 _READS, _READ_BUDGET, _QK_READS = frozenset({"tolist"}), 1000, 8
 _PRINTS = frozenset({"__format__", "__repr__", "__str__"})
-_EXPS = frozenset({"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "sigmoid"})   # probabilities
+_EXPS = frozenset({"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "_masked_softmax",
+                   "sigmoid"})                                                                 # probabilities
 _FRESH = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})     # torch.tensor(...) of Python numbers
 _SMALL = 64                                           # numbers a constant may hold
 _SIZED = frozenset({"tensor_split"})   # by a tensor: ATen reads its memory unseen (review r18 #1 read K so)

@@ -18,16 +18,20 @@ output (PROB), so the honest algorithm's ``P * (dP - D)``, a mask, a row-wise sc
 written as broadcast sums of exp2's P, pass.
 """
 
+from types import MappingProxyType
+
 import torch
 
 from .labops import _ADD, PROB, QK, _MM, _SAME, _flat, _ptr
 
-_MATS = frozenset({"mv", "dot", "vdot", "addmv", "addr"})          # matrix-vector products, beside _MM
+_MATS = frozenset({"mv", "dot", "vdot", "addmv", "addr",           # matrix-vector products, beside _MM,
+                   "addmm_", "baddbmm_", "addbmm_", "addmv_", "addr_"})   # and the in-place ones (review r31)
+_ADDED = frozenset({"addmm", "baddbmm", "addbmm", "addmv", "addr", "addmm_", "baddbmm_", "addbmm_", "addmv_", "addr_"})
 _SUMS = frozenset({"sum", "nansum", "mean", "cumsum", "cumsum_"})   # a sum of a multiply: a product
 # multiplies, and where their factors are (review r31: a / (1 / b), addcmul and lerp are multiplies too)
-_MULS = {**dict.fromkeys(("mul", "mul_", "div", "div_", "true_divide", "true_divide_"), slice(0, 2)),
-         **dict.fromkeys(("addcmul", "addcmul_", "addcdiv", "addcdiv_"), slice(1, 3)),
-         **dict.fromkeys(("lerp", "lerp_"), slice(0, 3))}
+_MULS = MappingProxyType({**dict.fromkeys(("mul", "mul_", "div", "div_", "true_divide", "true_divide_"), slice(0, 2)),
+                         **dict.fromkeys(("addcmul", "addcmul_", "addcdiv", "addcdiv_"), slice(1, 3)),
+                         **dict.fromkeys(("lerp", "lerp_"), slice(0, 3))})   # read-only
 SUMMED = " written as a broadcast multiply and a sum (no matmul)"
 OUTER = " written as a broadcast multiply, an outer product (no matmul)"
 
@@ -62,7 +66,7 @@ class Products:
         keep = next((self.made[_ptr(t)] for t in ts if _ptr(t) in self.made), None)   # made from such a multiply
         why = ""
         if op in _MM or op in _MATS:
-            pair = args[1:3] if op in ("addmm", "baddbmm", "addbmm", "addmv", "addr") else args[:2]
+            pair = args[1:3] if op in _ADDED else args[:2]
             why = next((f"a tile of shape {tuple(t.shape)}" for t in pair if self._bad(t, False)), "")
         elif keep is not None and ((op in _SUMS and _reduces(args, kwargs)) or op in _ADD):
             why = keep + "|" + SUMMED                # summed over an axis, or added up piece by piece

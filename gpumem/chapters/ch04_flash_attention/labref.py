@@ -79,9 +79,24 @@ def kernel_grads(q, k, v, dout, out, lse, mask=None):
         return _block(q, k, v, dout, mask, lse, delta, 0, k.shape[2])
 
 
-def first_wrong(name: str, got, want) -> str:
+# what a nan where a number is expected most likely means, by the merge case's kind (review r31 #2: an
+# unshifted exp(lse) overflows on the "large" case, whose rows all see keys; the -inf wording sent the
+# learner after empty rows there)
+_NANS = {
+    "": "a row that sees no key has an lse of -inf, and -inf - (-inf) is nan: guard such rows",
+    "rows with no key": "a row that sees no key has an lse of -inf, and -inf - (-inf) is nan: guard such rows",
+    "causal": "a row that sees no key of a shard has an lse of -inf there, and -inf - (-inf) is nan: "
+              "guard such rows",
+    "large": "every row here sees keys, but its lse is near 1,000; exp of it is inf in fp64, and inf / inf "
+             "is nan. What does your merge exponentiate?",
+    "plain": "every row here sees keys: which step of your merge makes 0 / 0, inf / inf or -inf - (-inf)?",
+}
+
+
+def first_wrong(name: str, got, want, kind: str = "") -> str:
     """'' when every element is within ATOL + RTOL |want| (a -inf expected must be -inf), else the
-    FIRST element out of tolerance in row-major order, with how many are."""
+    FIRST element out of tolerance in row-major order, with how many are. ``kind``: the merge case's
+    (labcases.MERGE), which words the hint for a nan."""
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         return f"{name}: expected a tensor of shape {tuple(want.shape)}, got " + (
             f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else kind(got))
@@ -99,6 +114,6 @@ def first_wrong(name: str, got, want) -> str:
     ratio = g / w if w and math.isfinite(g) and math.isfinite(w) else 0.0   # r20: the folded scale left in
     log2e = next((f" (x {word}: a log2 e folded in, or taken out, once too often?)" for r, word in
                   ((LOG2E, "log2 e"), (1 / LOG2E, "1 / log2 e")) if abs(ratio - r) < 1e-6 * r), "")
-    nan = (" (nan: a row that sees no key has an lse of -inf, and -inf - (-inf) is nan: guard such rows)"
+    nan = (f" (nan: {_NANS.get(kind, _NANS[''])})"
            if math.isnan(g) and math.isfinite(w) else "")          # review r22: the likeliest merge slip
     return f"{name}{list(idx)}: got {g:.10g}, expected {w:.10g}{log2e}{nan}{more}"
