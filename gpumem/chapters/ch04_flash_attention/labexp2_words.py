@@ -31,3 +31,14 @@ def verdict(rule, need: int = 0) -> str:
                 f"exp2's output: the probabilities must be the ones exp2 rebuilt (masked, cast or scaled "
                 f"after it), not numbers made by another road")
     return ""
+
+
+def too_wide(shape: tuple, block: int, rows: bool) -> str:
+    """A tensor wider than a block: keys side by side, or (``rows``: a transposed tile of scores or P,
+    review r31 #4) query rows, as when the rows of several heads are stacked in one tile."""
+    if rows:
+        return (f"a tile of shape {shape} was made: {shape[-1]} query rows side by side (a transposed tile of "
+                f"scores or P), more than one block ({block}); a tile holds at most {block} query rows, of one "
+                "head: are the rows of several heads stacked in it?")
+    return (f"a tensor of shape {shape} was made: {shape[-1]} keys side by side, more than one block ({block}); "
+            "only K and V themselves may be that long")

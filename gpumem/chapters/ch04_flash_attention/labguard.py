@@ -53,8 +53,9 @@ from gpumem.course.plain import odd_tensor
 from .labexp2 import Exp2Rule
 from .labfence import BRIDGES as _BRIDGES, Fence, refusing as _refusing
 from .labops import (_COPIES, _EXITS, _EXPS, _FRESH, _PRINTS, _QK_READS, _READ_BUDGET, _READS, _SIZED, _SMALL,
-                     _ptr, _tensors)
-from . import labbake, labexp2, labfence, labops, labpairs, labproducts, labseal
+                     _ptr, _tensors, rows_last)
+from . import labbake, labexp2, labfence, labgrad, labops, labpairs, labproducts, labseal
+from .labexp2_words import too_wide
 from .labseal import Sealed, cells, seal, seal_dispatch, tally
 
 
@@ -263,12 +264,6 @@ class Watch(Sealed, TorchDispatchMode):
                 self.flag(f"causal key block from key {self.causal_from}: it worked on query rows "
                           f"{i0}:{i1}, which see none of its keys; skip the query blocks above the diagonal")
 
-    def _rows_last(self, t: torch.Tensor) -> bool:
-        """``t`` is a transposed view (its last axis the storage's rows) of a tile of P's family: a
-        score tile is made (query rows, keys), so its last axis holds query rows, not keys."""
-        return self.exp2 is not None and t.dim() >= 2 and bool(t.numel()) and _ptr(t) in self.exp2.tiles \
-            and t.stride(-2) == 1 and t.stride(-1) != 1
-
     def _shape(self, t: torch.Tensor) -> None:
         if self.broken or t.dim() < 1 or (t.numel() and _ptr(t) in self.allowed):
             return
@@ -281,13 +276,7 @@ class Watch(Sealed, TorchDispatchMode):
         elif not t.is_floating_point():
             return                                    # key indices and masks are not scores
         elif shape[-1] > block and shape[-1] not in (s_q, self.d) and not (t.numel() and _ptr(t) in self.rows):
-            if self._rows_last(t):                    # review r31 #4: P^T of a tile with g heads' rows stacked
-                self.flag(f"a tile of shape {shape} was made: {shape[-1]} query rows side by side (a transposed "
-                          f"tile of scores or P), more than one block ({block}); a tile holds at most {block} "
-                          f"query rows, of one head: are the rows of several heads stacked in it?")
-            else:
-                self.flag(f"a tensor of shape {shape} was made: {shape[-1]} keys side by side, more than "
-                          f"one block ({block}); only K and V themselves may be that long")
+            self.flag(too_wide(shape, block, self.exp2 is not None and rows_last(t, self.exp2.tiles)))
         elif len(last2) == 2 and last2[0] == s_k and s_k > block and last2[1] != self.d:
             self.flag(f"a tensor of shape {shape} was made: a row for each of the {s_k} keys; "
                       f"work one block of keys at a time")
@@ -304,5 +293,5 @@ class Watch(Sealed, TorchDispatchMode):
 # every op first checks that none of the grader's modules and classes was patched during the call;
 _UNSEALED = ("_DISPATCH", "_CHECK")        # grader_seal: made with code baked in (labseal.bake), not the file's
 _DISPATCH, _CHECK = seal_dispatch(Watch, (sys.modules[__name__], labbake, labexp2, labfence, labops, labpairs, labseal,
-                                          labproducts, Watch, _Functions, labexp2.Exp2Rule, labpairs.Pairs,
-                                          labproducts.Products, labfence.Fence, Sealed))
+                                          labproducts, labgrad, Watch, _Functions, labexp2.Exp2Rule, labpairs.Pairs,
+                                          labproducts.Products, labgrad.Provenance, labfence.Fence, Sealed))

@@ -156,3 +156,9 @@ _EXPS = frozenset({"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax"
 _FRESH = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})     # torch.tensor(...) of Python numbers
 _SMALL = 64                                           # numbers a constant may hold
 _SIZED = frozenset({"tensor_split"})   # by a tensor: ATen reads its memory unseen (review r18 #1 read K so)
+
+
+def rows_last(t: torch.Tensor, tiles) -> bool:
+    """``t`` is a transposed view (its last axis the storage's rows) of a tile of P's family (``tiles``:
+    their storages): a score tile is made (query rows, keys), so its last axis holds query rows, not keys."""
+    return t.dim() >= 2 and bool(t.numel()) and _ptr(t) in tiles and t.stride(-2) == 1 and t.stride(-1) != 1
