@@ -18,7 +18,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: help setup lab test test-ops test-unit test-unit-early test-unit-late test-notebooks test-browser test-chapter gpu-check site labs bench clean
+.PHONY: help setup lab test test-unit test-unit-early test-unit-late test-notebooks test-browser test-chapter gpu-check site labs bench clean
 
 help:
 	@echo "make lab    set up .venv and the DeepSpeed ops, then open JupyterLab on 00_setup"
@@ -36,13 +36,8 @@ $(STAMP): env/requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e . $(PIP_QUIET)
 	touch $(STAMP)
 
-# OPS_BY_GROUP (set by `make test`): the ops are built by the group test-ops, not before each group.
 setup: $(STAMP)
-	@$(if $(OPS_BY_GROUP),:,$(PY) -m gpumem.runs.dsops prepare)
-
-test-ops: $(STAMP)
-	@echo "== DeepSpeed's ops, built once (about 4.5 minutes on 2 cores)"
-	$(PY) -m gpumem.runs.dsops prepare
+	@$(PY) -m gpumem.runs.dsops prepare
 
 # Rooted at the repository, so the file browser reaches notebooks/, labs/ and solutions/;
 # the path argument opens 00_setup (relative to the root) in the browser.
@@ -59,11 +54,8 @@ lab: setup $(LAB_OVERRIDES)
 # them two at a time (one alone leaves a core idle), in the order listed, and prints each group's output
 # whole when it ends. Their order keeps both cores busy to the end (minutes each took beside another
 # on 2 cores, a fresh clone, 2026-12-06: notebooks 8, labs A 11, labs B 9, late unit 6, unit A 4,
-# unit B 5, formula 3, browser 2; all 8 in 24:15, set-up 5:50). DeepSpeed's ops are the first group
-# (test-ops): three of its four builds compile one file each and leave a core idle, so lab tests A, which
-# load no op, run beside them; a test that loads an op still being built waits on torch's build lock.
-# The formula-against-trace test's two worker processes come last, beside the browser tier.
-# TIERS_IN_SERIES=1: one group at a time.
+# unit B 5, formula 3, browser 2; all 8 in 24:15, set-up 5:50). The formula-against-trace test's two
+# worker processes come last, beside the browser tier. TIERS_IN_SERIES=1: one group at a time.
 UNIT_LATE := $(sort $(filter-out tests/test_lab%,$(wildcard tests/test_l*.py tests/test_[m-z]*.py)))
 UNIT_LAST := tests/test_01_formula_vs_trace.py
 UNIT_EARLY := $(sort $(filter-out $(UNIT_LATE) $(UNIT_LAST),$(wildcard tests/test_*.py))) $(UNIT_LAST)
@@ -74,11 +66,11 @@ UNIT_EARLY_LABS_B := $(filter tests/test_lab%,$(filter-out $(UNIT_EARLY_LABS_A),
 UNIT_EARLY_REST := $(filter-out $(UNIT_EARLY_LABS_A) $(UNIT_EARLY_LABS_B) $(UNIT_LAST),$(UNIT_EARLY))
 UNIT_REST_A := $(filter tests/test_00% tests/test_01% tests/test_02% tests/test_03%,$(UNIT_EARLY_REST))
 UNIT_REST_B := $(filter-out $(UNIT_REST_A),$(UNIT_EARLY_REST))
-TEST_GROUPS := test-ops test-labs-a test-notebooks test-labs-b test-unit-late test-unit-a test-unit-b test-formula test-browser
+TEST_GROUPS := test-notebooks test-labs-a test-labs-b test-unit-late test-unit-a test-unit-b test-formula test-browser
 UNIT_RUN = $(PY) -m pytest -m "not browser and not gpu" $(DURATIONS) $(PYTEST_ARGS)
 
-test: $(STAMP) $(LAB_OVERRIDES)
-	@OPS_BY_GROUP=1 $(PY) tools/run_tiers.py $(if $(TIERS_IN_SERIES),1,2) $(TEST_GROUPS)
+test: setup $(LAB_OVERRIDES)
+	@$(PY) tools/run_tiers.py $(if $(TIERS_IN_SERIES),1,2) $(TEST_GROUPS)
 
 test-unit-a: setup
 	@echo "== unit tests of chapters 00-03"
