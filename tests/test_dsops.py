@@ -107,3 +107,66 @@ def test_prepare_builds_every_op_a_cpu_engine_loads():
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {"fused_adam", "deepspeed_shm_comm"} <= set(loaded)          # what the engine maps today
     assert set(loaded) <= set(dsops.OPS), sorted(set(loaded) - set(dsops.OPS))
+
+
+def _ninja_dir(tmp_path, units: int, cxx: str = "c++"):
+    """A build folder as torch's JIT writes one (``cxx``, ``cflags``, a compile rule, one build line
+    per unit, a link): each unit includes ``slow.h`` first, as DeepSpeed's include torch's header."""
+    d = tmp_path / "op"
+    d.mkdir()
+    (d / "slow.h").write_text("#pragma once\ninline int answer() { return 42; }\n")
+    for k in range(units):
+        (d / f"u{k}.cpp").write_text(f'#include "slow.h"\nint f{k}() {{ return answer() + {k}; }}\n')
+    lines = [f"cxx = {cxx}", f"cflags = -I{d} -O0 -fPIC -DOP_NAME=op", "",
+             "rule compile", "  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out", "  depfile = $out.d",
+             "  deps = gcc", "", "rule link", "  command = $cxx $in -shared -o $out", ""]
+    lines += [f"build u{k}.o: compile {d}/u{k}.cpp" for k in range(units)]
+    lines += ["", "build op.so: link " + " ".join(f"u{k}.o" for k in range(units)), "", "default op.so", ""]
+    (d / "build.ninja").write_text("\n".join(lines))
+    return d
+
+
+def test_a_build_of_four_units_includes_the_header_compiled_once(tmp_path):
+    """The header is compiled with the ninja file's own flags; each compile of this op (and of no
+    other folder) includes it first, and GCC takes the ``.gch`` (``-H`` marks a precompiled header
+    with "!"); the ninja file is unchanged, so the next ninja run has nothing to do."""
+    d = _ninja_dir(tmp_path, 4)
+    written = (d / "build.ninja").read_text()
+    env = dsops.add_precompiled_header(d, '#include "slow.h"\n')
+    assert env is not None and (d / "gpumem_pch" / f"{dsops.PCH_HEADER}.gch").exists()
+    assert (d / "build.ninja").read_text() == written
+    assert subprocess.run(["ninja"], cwd=d, env=env, capture_output=True).returncode == 0
+    assert (d / "op.so").exists()
+    cflags = written.splitlines()[1].split(" = ", 1)[1].split()
+    used = subprocess.run(["c++", *cflags, "-H", "-c", str(d / "u0.cpp"), "-o", str(tmp_path / "x.o")],
+                          cwd=d, env=env, capture_output=True, text=True)
+    assert used.returncode == 0 and used.stderr.splitlines()[0].startswith("! ") \
+        and used.stderr.splitlines()[0].endswith(".gch"), used.stderr[:300]
+    elsewhere = subprocess.run(["c++", *cflags, "-H", "-c", str(d / "u0.cpp"), "-o", str(tmp_path / "x.o")],
+                               cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert elsewhere.returncode == 0 and ".gch" not in elsewhere.stderr          # another op's folder
+    again = subprocess.run(["ninja", "-n", "-d", "explain"], cwd=d, capture_output=True, text=True)
+    assert "no work to do" in again.stdout, again.stdout + again.stderr
+
+
+def test_small_builds_and_a_compiler_named_by_path_run_as_written(tmp_path):
+    for sub in ("a", "b", "c"):
+        (tmp_path / sub).mkdir()
+    assert dsops.add_precompiled_header(_ninja_dir(tmp_path / "a", 3)) is None
+    assert dsops.add_precompiled_header(_ninja_dir(tmp_path / "b", 4, "/usr/bin/c++")) is None
+    bad = _ninja_dir(tmp_path / "c", 4)
+    assert dsops.add_precompiled_header(bad, "#include <no_such_header.h>\n") is None
+    assert not (bad / "gpumem_pch").exists()
+
+
+def test_async_io_in_the_cache_has_nothing_left_to_build():
+    """``torch.utils.cpp_extension._run_ninja_build`` (private, torch 2.13) is what set-up wraps; in
+    the course cache set-up built async_io with the header, and ninja has nothing left to build
+    there (a rank's load runs it: a changed command would rebuild the op), nor is the header left."""
+    from torch.utils import cpp_extension
+    assert callable(cpp_extension._run_ninja_build)
+    if "async_io" not in dsops.wanted_ops():
+        return                                            # no libaio here: async_io is not built
+    op = next(d for d in dsops._op_dirs("async_io", dsops.cache_dir()) if (d / "async_io.so").exists())
+    again = subprocess.run(["ninja", "-n", "-d", "explain"], cwd=op, capture_output=True, text=True)
+    assert "no work to do" in again.stdout and not (op / "gpumem_pch").exists(), again.stdout + again.stderr

@@ -177,7 +177,13 @@ class Prints:
         return ""
 
     def copied(self, frame) -> str:
-        """What ``frame`` runs a copy of ('' if nothing, or if it is the course's own code)."""
+        """What ``frame`` runs a copy of ('' if nothing, or if it is the course's own code). A code
+        object already matched with these globals and near no protected body returns at once (the
+        hooks call this at every Python call of a graded region)."""
+        code = frame.f_code
+        seen = self._seen.get(id(code))
+        if seen is not None and not seen[2] and seen[0] is code and seen[1] is frame.f_globals:
+            return ""
         hit = self.match(frame.f_code, frame.f_globals, lambda: frame_values(frame))
         return hit if hit and not genuine(frame) else ""
 

@@ -60,6 +60,7 @@ def no_copies(flag):
     """While the block runs, a call into the original code of :data:`BLOCKED` or into a copy of
     chapter 04's backward calls ``flag(message)`` and raises it."""
     before, original = sys.getprofile(), dict(ORIGINAL)    # a copy: ORIGINAL emptied in the call does nothing
+    watch = prints()                                       # taken once: every call event reads it
 
     def hook(frame, event, arg):
         if event in C_EVENTS:     # no watch of lab 04 reads them, and they are most of the events (the
@@ -69,7 +70,7 @@ def no_copies(flag):
             if code in original:
                 hit = COPIED.format(original[code], "its code, rebuilt into a function of yours")
             else:
-                name = copied(frame)
+                name = watch.copied(frame)
                 hit = COPIED.format(name, "chapter 04's backward, copied under another name") if name else ""
             if hit:
                 flag(hit)

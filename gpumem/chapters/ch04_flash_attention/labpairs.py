@@ -20,6 +20,34 @@ def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
     return t.detach().reshape(-1, d).to(torch.float64)
 
 
+def _direction(d: int) -> torch.Tensor:
+    """A fixed unit vector of ``d`` elements (float64) that the rows are projected on."""
+    v = torch.cos(torch.arange(1, d + 1, dtype=torch.float64) * 0.7548776662466927) + 1.6180339887498949
+    return v / v.norm()
+
+
+def _sorted_projection(ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ref``'s projections on :func:`_direction`, sorted, and the order (row indices)."""
+    return torch.sort(ref @ _direction(ref.shape[-1]), stable=True)
+
+
+def _candidates(proj, tol, sorted_proj, order) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each row (``proj`` its projection, ``tol`` its distance tolerance), the rows of ``ref``
+    whose projection is within ``tol`` of it (a row within ``tol`` of it in distance is, as the
+    direction has length 1), as (indices, valid): (rows, most) each, ascending indices first."""
+    slack = tol * (1 + 1e-9) + 1e-12 * proj.abs()               # the projections' own rounding
+    lo = torch.searchsorted(sorted_proj, proj - slack, side="left")
+    hi = torch.searchsorted(sorted_proj, proj + slack, side="right")
+    most = int((hi - lo).max()) if proj.numel() else 0
+    at = lo[:, None] + torch.arange(most)
+    valid = at < hi[:, None]
+    cand = order[at.clamp(max=max(0, order.numel() - 1))]
+    cand = cand.masked_fill(~valid, order.numel())               # sorts last; masked out below
+    cand, _ = cand.sort(-1)                                      # the lowest index wins a tie
+    valid = cand < order.numel()
+    return cand.clamp(max=max(0, order.numel() - 1)), valid
+
+
 class Pairs:
     """Scores of one call: ``q`` (b, a, s_q, d), ``k`` (b, kv, n, d); ``hidden`` (s_q, n) the causal
     mask (True: that key is not visible to that query row), or None; ``scale`` the c2 of a scaled
@@ -39,14 +67,25 @@ class Pairs:
             ok &= ~hidden.to(torch.bool)[qi % s_q][:, ki % n]
         self.ok = ok.reshape(-1)                          # pair id -> a visible score of the call
         self.seen = torch.zeros_like(self.ok)             # pair id -> an exp2 reached it
+        self._sorted = (_sorted_projection(self.q), _sorted_projection(self.k))
 
     def _ids(self, x: torch.Tensor, ref: torch.Tensor, scaled: bool) -> torch.Tensor:
-        """Index into ``ref`` of each row of ``x`` (..., rows, d), -1 where none matches."""
+        """Index into ``ref`` of each row of ``x`` (..., rows, d), -1 where none matches: the nearest
+        row of ``ref`` when it lies within the tolerance (the lowest index on a tie). Only rows whose
+        projection on one fixed direction lies within the tolerance can match, so each row is
+        measured against those alone (:func:`_candidates`; a ``torch.cdist`` against every row of
+        Q or K was a quarter of a whole check)."""
         rows = _rows(x, self.d) / (self.scale if scaled else 1.0)
         if not rows.numel() or not ref.numel():
             return torch.full(x.shape[:-1], -1, dtype=torch.long)
-        dist, idx = torch.cdist(rows, ref).min(-1)
-        idx[~(dist <= _TOL * (1.0 + rows.norm(dim=-1)))] = -1
+        tol = _TOL * (1.0 + rows.norm(dim=-1))
+        cand, valid = _candidates(rows @ _direction(self.d), tol, *self._sorted[ref is self.k])
+        if not cand.shape[1]:                         # no row of ref within reach of any row
+            return torch.full(x.shape[:-1], -1, dtype=torch.long)
+        dist = (ref[cand] - rows[:, None, :]).norm(dim=-1).masked_fill(~valid, float("inf"))
+        best, at = dist.min(-1)
+        idx = cand.gather(1, at[:, None])[:, 0]
+        idx[~(best <= tol)] = -1
         return idx.reshape(x.shape[:-1])
 
     def product(self, a, b, q_first: bool, a_scaled: bool, b_scaled: bool):
