@@ -9,9 +9,11 @@ was built by chapter 02's run of the note's config: that cell took 54 s instead 
 A JIT build that was killed leaves ``<cache>/<op>/lock`` behind, and the next load waits on it
 forever. ``clear_stale_locks()`` removes a lock that no live process is building under.
 
-``async_io`` is 12 translation units, each of which parses ``torch/extension.h`` (about 8 of its
-11 s on one core). ``prepare()`` compiles that header once per op of 4 or more units, with the op's
-own flags, and each unit includes the precompiled copy (:func:`precompiled_header`).
+``async_io`` is 12 translation units, and parsing ``torch/extension.h`` is most of each one's
+compile (one unit: 38.6 s, 13.7 s with the header precompiled, on a busy machine). ``prepare()``
+compiles that header once for an op of 4 or more units, with the op's own flags, and each unit
+includes the precompiled copy (:func:`precompiled_header`). Measured on 2 idle cores, 2026-12-07:
+async_io 175 s before, 132 s after; the four ops 283 s before, 238 s after.
 
 Run ``python -m gpumem.runs.dsops prepare`` (``make lab`` and ``make test`` do).
 """
@@ -22,7 +24,6 @@ import shlex
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # Course op -> (DeepSpeed builder class name, what it is for)
@@ -209,29 +210,16 @@ def prepare(verbose: bool = True) -> dict[str, float]:
             print(f"DeepSpeed ops ready: {', '.join(wanted_ops())}", flush=True)
         return {name: 0.0 for name in wanted_ops()}
     _cpu_or_cuda_accelerator(verbose)            # DeepSpeed imported quietly; the ops are the CPU ranks'
-    names = wanted_ops()
-    if verbose:
-        for name in names:
-            state = "ready" if op_built(name, root) else "building (once; a minute or two)"
-            print(f"DeepSpeed op {name:20s} {state} — {OPS[name][1]}", flush=True)
     times: dict[str, float] = {}
-
-    def build(these: list[str]) -> None:
-        for name in these:
+    with precompiled_header():
+        for name in wanted_ops():
+            if verbose:
+                state = "ready" if op_built(name, root) else "building (once; a minute or two)"
+                print(f"DeepSpeed op {name:20s} {state} — {OPS[name][1]}", flush=True)
             start = time.perf_counter()
             host_builder(name).load(verbose=False)
             times[name] = time.perf_counter() - start
-    # async_io (with pin_memory, 15 units) beside the other three (1 or 2 units each: alone, they
-    # leave a core idle for most of their minutes); PARALLEL_OPS=0 builds them one after the other
-    lanes = [[n for n in names if n == "async_io"], [n for n in names if n != "async_io"]]
-    with precompiled_header():
-        if os.environ.get("PARALLEL_OPS", "1") == "0" or not all(lanes):
-            build(names)
-        else:
-            with ThreadPoolExecutor(2) as pool:
-                for done in [pool.submit(build, lane) for lane in lanes]:
-                    done.result()
-    return {name: times[name] for name in names}
+    return times
 
 
 def main(argv: list[str]) -> int:
