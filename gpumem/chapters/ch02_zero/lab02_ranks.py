@@ -67,6 +67,15 @@ def build(model: str, seed: int, spare):
     return net, names, params
 
 
+@functools.lru_cache(maxsize=None)
+def grad_bytes(model: str) -> tuple[int, ...]:
+    """The fp32 gradient bytes of each of ``model``'s parameters (no unused layer), built on the CPU
+    (the lab's models are small) with torch's generator left as it was."""
+    import torch
+    with torch.random.fork_rng(devices=[]):
+        return tuple(4 * p.numel() for p in build(model, 0, False)[2])
+
+
 def n_params(model: str) -> int:
     """How many parameter tensors ``model`` has (no unused layer)."""
     import torch
