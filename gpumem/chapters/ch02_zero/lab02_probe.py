@@ -252,14 +252,12 @@ def several(sizes, bucket: int) -> bool:
     return sum(sizes) - max(sizes) >= bucket
 
 
-def again(ranks: list[list[dict]], cases: list, relaunch) -> list[list[dict]]:
+def again(ranks: list[list[dict]], cases: list, relaunch, probed: list[bool]) -> list[list[dict]]:
     """The ranks' results with each case whose overlap probe timed nothing (:data:`BUSY`) run once
     more (review r27: an honest design failed the row at load 0.74, and passed the next check);
     ``relaunch(cases)``: the ranks' results for those cases alone. A case whose row does not read
-    the probe (:func:`several`) is not run again: it changed nothing, at 2.7 s a check."""
-    from .lab02_ranks import grad_bytes
-    busy = [k for k, case in enumerate(cases)
-            if several(grad_bytes(case[0]), case[3]) and _busy([r[k] for r in ranks])]
+    the probe (``probed[k]`` False, :func:`several`) is not run again: it changed nothing, at 2.7 s a check."""
+    busy = [k for k in range(len(cases)) if probed[k] and _busy([r[k] for r in ranks])]
     if not busy:
         return ranks
     second = relaunch([cases[k] for k in busy])

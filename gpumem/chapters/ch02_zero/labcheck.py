@@ -56,12 +56,12 @@ from gpumem.errors import RunFailure
 from . import lab02_bf16, lab02_bundle, lab02_cases, lab02_measure, lab02_predict, lab02_probe, lab02_weights
 from .lab02_gpu import GPU_ATOL  # noqa: F401 (tests read it here)
 from .lab02_ranks import (BARRIERS, FN, REDUCE_SCATTERS, build, reference,  # noqa: F401 (lab prints sharded_step)
-                          sharded_step)
+                          grad_bytes, sharded_step)
 
 LAB = "lab02_zero2_hooks"
-# (model, seed, steps, bucket_bytes, an unused layer's parameters in the list): the roles of the graded
-# cases; each check draws its seeds, buckets and the unused layer's places from them (lab02_cases).
-# "odd" is a shape no chapter uses, and its bucket divides no gradient evenly
+# (model, seed, steps, bucket_bytes, an unused layer's parameters in the list): roles of the graded cases;
+# each check draws seeds, buckets, the spare layer's places from them (lab02_cases); "odd": a shape no chapter
+# uses, its bucket divides no gradient evenly
 CASES = (("tiny", 3, 3, 0, False), ("mini", 5, 2, 200_000, False), ("tiny", 7, 2, 10**7, False),
          ("odd", 11, 3, 150_001, True))
 IN_FLIGHT = 2                      # this lab's cap (a choice): one bucket on the wire while the next one goes out
@@ -105,7 +105,8 @@ def check(ns: dict, show: bool = True) -> Report:
                                   results="plain", source=sent, cases=these, bf16=bf16, watch_s=lab02_probe.WATCH_S,
                                   lone_rounds=rounds)
             try:                                 # the learner's code runs on the ranks
-                ranks = lab02_probe.again(ranks_of(cases), cases, lambda these: ranks_of(these, 1))
+                ranks = lab02_probe.again(ranks_of(cases), cases, lambda these: ranks_of(these, 1),
+                                          [lab02_probe.several(grad_bytes(c[0]), c[3]) for c in cases])
             except (launch.RankError, RunFailure) as err:      # a case stuck: lab02_probe.watchdog names it
                 return "error", (failure_line(err).replace(f"{lab02_probe.__name__}.Stuck: ", "")
                                  + lab02_bundle.where(getattr(err, "detail", ""), sent))
@@ -115,8 +116,7 @@ def check(ns: dict, show: bool = True) -> Report:
             lone.append(extra[0]["lone"])
             shards_wrong = any(r.status == "wrong" and r.case.endswith("gradient shards when backward returns")
                                for r in report.rows)
-            report.rows.append(Row(FN, lab02_bf16.label(bf16, 2), *_bf16_row([x["bf16"] for x in extra], bf16,
-                                                                              shards_wrong)))
+            report.rows.append(Row(FN, lab02_bf16.label(bf16, 2), *_bf16_row([x["bf16"] for x in extra], bf16, shards_wrong)))
         run_case(report, FN, "2 CPU ranks", body, case_seconds(cases=max(len(CASES), 1)))
     hooks_ok = report.solved
     lab02_predict.grade(report, ns.get(lab02_predict.PREDICT), lone[0] if lone else None)
