@@ -36,7 +36,7 @@ from .labpairs import Pairs
 from .labproducts import Products
 from .labops import (  # noqa: F401 (LOG2E is read from here too)
     COND, FOLDED, GRAD, K, LOG2E, ONE, PLAIN, PROB, QK, RAW, READY, Q, _ADD, _CMP, _DIVIDES, _FACTORS, _LINEAR, _MASK,
-    _MM, _OTHER, _POWERS, _REDUCE, _RTOL, _SAME, _flat, _marks, _number, _ptr, _rest, _rows_of_d, _wider)
+    _FRESH, _MM, _OTHER, _POWERS, _REDUCE, _RTOL, _SAME, _flat, _marks, _number, _ptr, _rest, _rows_of_d, _wider)
 
 # exponentials in the natural base: what chapter 04's code (and a softmax) takes
 _PLAIN = frozenset({"exp", "exp_", "expm1", "expm1_", "_softmax", "_log_softmax", "logsumexp", "sigmoid",
@@ -161,6 +161,10 @@ class Exp2Rule(Provenance):
 
     def note(self, op: str, args, kwargs, out=None) -> None:
         """Record one dispatched op (``op``: its name without namespace and overload) and its output."""
+        if op in _FRESH:          # torch.tensor of Python numbers: made outside dispatch, maybe where a dead
+            for ptr in {_ptr(t) for t in _flat(args)} - {0}:     # tensor's tag still is (review r32 #2:
+                for kept in (self.tags, self.origins, self.counted):  # refused as made from Q and K)
+                    kept.pop(ptr, None)
         x = self._exponent(op, args)
         self.products.note(op, args, kwargs, out)         # P^T dO, dS K, dS^T Q take exp2's output (labproducts)
         if x is not None:
