@@ -157,3 +157,19 @@ def test_a_table_held_in_an_objects_attributes_gets_the_table_row():
     """A SimpleNamespace (or any object) holding the table: its attributes are its data."""
     source = "import types\nKNOWN = types.SimpleNamespace(pool=" + repr(_pool()) + ")\n"
     _table_row(_graded(source + SEARCH_OVER.format(pool="KNOWN.pool")), "bytes of literal data")
+
+
+def test_review_r32_a_table_packed_into_a_method_name_gets_the_table_row():
+    """Review r32 packed 137 harvested layouts into one method name of a class, decoded from
+    ``dir(K)`` (150 literal bytes, no row). Names count beyond literal_size.NAME_FREE characters."""
+    name = "q" + "".join(random.Random(2).choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+                         for _ in range(1200))
+    source = (f"class K:\n    def {name}(self):\n        pass\n\n"
+              + SEARCH_OVER.format(pool="[dict(tp=1, cp=1, pp=ord(c) % 8 + 1) "
+                                        "for c in [n for n in dir(K) if n[0] == 'q'][0]]"))
+    _table_row(_graded(source), "bytes of literal data")
+    from gpumem.course import literal_size
+    ns: dict = {}
+    long = "search_over_every_layout_we_could_name"                  # 38 characters: 14 count
+    exec(f"def {long}(x):\n    return x\n", ns)
+    assert literal_size.measure(ns[long], ns)[0] == len(long) - literal_size.NAME_FREE == 14

@@ -6,10 +6,11 @@ of the planner's winning layouts; lab 01, review r29: byte-count coefficients fi
 library's measurements, pasted as two dict literals). Such a table is large where the mechanism
 is small. :func:`measure` counts what a function holds: the numbers and strings its code loads
 (numbers by their digits, strings by their UTF-8 bytes; docstrings aside unless some code reads
-``__doc__``), the plain values, class attributes, default arguments and annotations it reads, through every
-function and class of the learner's it reaches (decorated ones unwrapped), and the bytecode
-instructions of that code (a table written as a chain of ``if`` statements loads few distinct
-constants but many instructions). Values the course's library holds under the same name are not
+``__doc__``), the plain values, class attributes, default arguments and annotations it reads, the
+characters of its names beyond :data:`NAME_FREE` (review r32: a table packed into a method's name,
+read back through ``dir``), through every function and class of the learner's it reaches
+(decorated ones unwrapped), and the bytecode instructions of that code (a table written as a chain
+of ``if`` statements loads few distinct constants but many instructions). Values the course's library holds under the same name are not
 the learner's and are not counted. :func:`problem` says, in one line, when a limit is passed.
 
 What it does not stop: the information, not the characters, sets a table's size; a table packed
@@ -24,6 +25,7 @@ import types
 
 from . import genuine
 
+NAME_FREE = 24     # characters of a name that are not data (a descriptive name is shorter); the rest count
 _CLASS_OWN = frozenset({"__doc__", "__module__", "__qualname__", "__dict__", "__weakref__", "__annotations__",
                         "__dataclass_fields__", "__dataclass_params__", "__match_args__"})
 
@@ -103,6 +105,8 @@ def _items(fn, ns: dict) -> tuple[list, int]:
             if _learners(value) and isinstance(value, type):
                 values.append((f"{name}'s annotations", _notes(value)))
                 for key, attr in vars(value).items():
+                    if len(key) > NAME_FREE:         # review r32: a table packed into a method's name, read by dir()
+                        items.append((len(key) - NAME_FREE, f"{name}'s attribute name of {len(key)} characters"))
                     attr = getattr(attr, "__func__", attr)
                     if isinstance(attr, types.FunctionType):
                         codes.append(attr.__code__)
@@ -124,6 +128,8 @@ def _items(fn, ns: dict) -> tuple[list, int]:
             continue
         seen.add(id(code))
         instructions += sum(1 for _ in dis.get_instructions(code))
+        items += [(len(n) - NAME_FREE, f"a name of {len(n)} characters in {code.co_name}")   # review r32
+                  for n in {code.co_name, *code.co_varnames, *code.co_cellvars} if len(n) > NAME_FREE]
         reads_doc |= "__doc__" in code.co_names
         for i, const in enumerate(code.co_consts):
             if isinstance(const, types.CodeType):
