@@ -1447,3 +1447,18 @@ def test_a_table_of_the_lack_familys_harvested_winners_fails_fresh_draws():
     passed = [d for status, d in rows_ if status == "ok"]
     assert 2 * len(passed) < len(FRESH), passed
     assert all(status in ("ok", "wrong") for status, _ in rows_), rows_
+
+
+def test_review_r32_a_term_row_names_the_settings_that_differ():
+    """Review r32 #2: a search that pruned on full recomputation lost tp4 pp24 (every-2 holds less
+    there) and read only "your plan's tensor parallel term takes 15.95 s against 7.17 s", which
+    sent it to its tp loop; cells 6 and 15 promise the settings in which the fastest differs."""
+    from types import SimpleNamespace as NS
+    from gpumem.chapters.ch06_combining_strategies import lab06_diagnose
+    terms = dict.fromkeys(lab06_diagnose.TERMS, 0.0)
+    lay = dict(cp=1, vp=1, zero=0, hybrid="none", group=0, offload="none", device="cpu", micro_batch=1, mcore=False)
+    mine = NS(layout=NS(tp=8, pp=12, checkpoint="full", **lay), time={**terms, "tensor_parallel": 15.95, "total": 40.0})
+    best = NS(layout=NS(tp=4, pp=24, checkpoint="every-2", **lay), time={**terms, "tensor_parallel": 7.17, "total": 37.0})
+    said = lab06_diagnose.why_slower(mine, NS(plans=[best, mine]), 1.03)
+    assert "tensor parallel term takes 15.95 s against 7.17 s" in said, said
+    assert said.endswith("the fastest differs from yours in tp, pp, checkpoint"), said

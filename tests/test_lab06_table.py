@@ -173,3 +173,16 @@ def test_review_r32_a_table_packed_into_a_method_name_gets_the_table_row():
     long = "search_over_every_layout_we_could_name"                  # 38 characters: 14 count
     exec(f"def {long}(x):\n    return x\n", ns)
     assert literal_size.measure(ns[long], ns)[0] == len(long) - literal_size.NAME_FREE == 14
+
+
+def test_review_r32_a_class_named_choose_plan_gets_the_table_row():
+    """Review r32 #4: ``class choose_plan(dict)`` filled with the layout's fields skipped the rule (it
+    measured functions only) while holding r26's 10,451-byte dict; a choose_plan that is not a
+    function now gets the table row after the lab's own cluster."""
+    source = ("from dataclasses import asdict\n\n"
+              "class choose_plan(dict):\n"
+              "    def __init__(self, model, gpus, gpu, seq, global_batch, inter_node=None, host_per_node=None,\n"
+              "                 one_node=False, without=()):\n"
+              "        lay = SEARCH(model, gpus, gpu, seq, global_batch, inter_node, host_per_node, one_node, without)\n"
+              "        super().__init__({} if lay is None else asdict(lay))\n")
+    _table_row(_graded(source), "not a function")

@@ -54,8 +54,10 @@ def why_slower(mine, result, slack: float, family=None) -> str:
                 return (f"it lacks {text}; {alone}. The fastest also differs from yours in "
                         f"{differs(mine.layout, best.layout)}: does your search reach them together?")
     term = max(TERMS, key=lambda k: mine.time[k] - best.time[k])
+    lever = _which_lever(term, mine, best.layout, result.plans)     # review r32: else the settings, by name
     return (f"your plan's {term.replace('_', ' ')} term takes {mine.time[term]:.2f} s against "
-            f"{best.time[term]:.2f} s in the fastest layout" + _which_lever(term, mine, best.layout, result.plans))
+            f"{best.time[term]:.2f} s in the fastest layout"
+            + (lever or f"; the fastest differs from yours in {differs(mine.layout, best.layout)}"))
 
 
 SETTINGS = ("tp", "cp", "pp", "vp", "zero", "hybrid", "group", "offload", "device", "checkpoint", "micro_batch", "mcore")
