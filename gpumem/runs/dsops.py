@@ -21,6 +21,7 @@ Run ``python -m gpumem.runs.dsops prepare`` (``make lab`` and ``make test`` do).
 import contextlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -146,7 +147,6 @@ def add_precompiled_header(build_dir: Path, header: str = "#include <torch/exten
     (about 1 GB for torch's: :func:`precompiled_header` deletes the folder). None where the build has
     fewer than :data:`PCH_MIN_UNITS` units, names its compiler by a path, or the header did not
     compile: the build then runs as written."""
-    import shutil
     lines = (build_dir / "build.ninja").read_text().splitlines()
     units = sum(line.startswith("build ") and ": compile " in line for line in lines)
     var = dict(line.split(" = ", 1) for line in lines if " = " in line and not line[:1].isspace())
@@ -175,10 +175,9 @@ def add_precompiled_header(build_dir: Path, header: str = "#include <torch/exten
 @contextlib.contextmanager
 def precompiled_header():
     """While it is open, torch's JIT builds of 4 or more units use :func:`add_precompiled_header`
-    (it wraps ``torch.utils.cpp_extension._run_ninja_build``, private in torch 2.13; a test checks
-    that async_io's units were compiled with it and that a later load rebuilds nothing)."""
-    import shutil
-
+    (it wraps ``torch.utils.cpp_extension._run_ninja_build``, private in torch 2.13: tests/test_dsops.py
+    checks the name, the header taken on four small units, and that the cache's async_io has nothing
+    left to build, so a rank's load rebuilds nothing)."""
     from torch.utils import cpp_extension
     run = cpp_extension._run_ninja_build
 
