@@ -10,8 +10,8 @@ is small. :func:`measure` counts what a function holds: the numbers and strings 
 characters of its names beyond :data:`NAME_FREE` (review r32: a table packed into a method's name,
 read back through ``dir``), through every function and class of the learner's it reaches
 (decorated ones unwrapped), and the bytecode instructions of that code (a table written as a chain
-of ``if`` statements loads few distinct constants but many instructions). Values the course's library holds under the same name are not
-the learner's and are not counted. :func:`problem` says, in one line, when a limit is passed.
+of ``if`` statements loads few distinct constants but many instructions). Values the course's
+library holds under the same name are not the learner's and are not counted. :func:`problem` says, in one line, when a limit is passed.
 
 What it does not stop: the information, not the characters, sets a table's size; a table packed
 several bits a character into a string, with a decoder, can fit where a dict literal does not. Each

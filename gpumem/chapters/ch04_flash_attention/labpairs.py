@@ -26,9 +26,9 @@ def _direction(d: int) -> torch.Tensor:
     return v / v.norm()
 
 
-def _sorted_projection(ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ref``'s projections on :func:`_direction`, sorted, and the order (row indices)."""
-    return torch.sort(ref @ _direction(ref.shape[-1]), stable=True)
+def _sorted_projection(ref: torch.Tensor, direction: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ref``'s projections on ``direction``, sorted, and the order (row indices)."""
+    return torch.sort(ref @ direction, stable=True)
 
 
 def _candidates(proj, tol, sorted_proj, order) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +67,8 @@ class Pairs:
             ok &= ~hidden.to(torch.bool)[qi % s_q][:, ki % n]
         self.ok = ok.reshape(-1)                          # pair id -> a visible score of the call
         self.seen = torch.zeros_like(self.ok)             # pair id -> an exp2 reached it
-        self._sorted = (_sorted_projection(self.q), _sorted_projection(self.k))
+        self._dir = _direction(d)                         # the rows' projections, Q's and K's sorted once
+        self._sorted = (_sorted_projection(self.q, self._dir), _sorted_projection(self.k, self._dir))
 
     def _ids(self, x: torch.Tensor, ref: torch.Tensor, scaled: bool) -> torch.Tensor:
         """Index into ``ref`` of each row of ``x`` (..., rows, d), -1 where none matches: the nearest
@@ -79,7 +80,7 @@ class Pairs:
         if not rows.numel() or not ref.numel():
             return torch.full(x.shape[:-1], -1, dtype=torch.long)
         tol = _TOL * (1.0 + rows.norm(dim=-1))
-        cand, valid = _candidates(rows @ _direction(self.d), tol, *self._sorted[ref is self.k])
+        cand, valid = _candidates(rows @ self._dir, tol, *self._sorted[ref is self.k])
         if not cand.shape[1]:                         # no row of ref within reach of any row
             return torch.full(x.shape[:-1], -1, dtype=torch.long)
         dist = (ref[cand] - rows[:, None, :]).norm(dim=-1).masked_fill(~valid, float("inf"))

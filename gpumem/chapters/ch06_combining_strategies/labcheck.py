@@ -248,7 +248,7 @@ def check(ns: dict, show: bool = True, seed: int | None = None, ref=reference) -
                                "define choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None)"))
     else:
         table = lab06_table.problem(choose, ns) if isinstance(inspect.unwrap(choose), types.FunctionType) else (
-            "choose_plan is not a function (a class? review r32 held a table in one): write def choose_plan(...)")
+            "choose_plan is not a function (a class?), so the table rule cannot read it: write def choose_plan(...)")
         for function, family, case, link, limits in cases(seed, ref):
             status, detail = grade_case(choose, case, link, family, ref, limits)
             report.rows.append(Row(function, _label(family, case, link, limits), status, detail))
