@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import ROOT
 from gpumem import chapters
-from gpumem.chapters.ch04_flash_attention import labcases, labcheck, labgpu, labref
+from gpumem.chapters.ch04_flash_attention import labcases, labcheck, labgpu, labref, labshape
 from gpumem.course.grading import Report
 from gpumem.memory import flash_tiled
 from test_labs import notebook_namespace
@@ -836,7 +836,7 @@ def _merge_made(merge, b, a, s_q, d, n) -> list:
 
 def _flagged(watch, made) -> str:
     for shape, dtype in made:
-        watch._shape(torch.empty(shape, dtype=dtype, device="meta"))
+        labshape.shape(watch, torch.empty(shape, dtype=dtype, device="meta"))
         if watch.broken:
             return f"{shape}: {watch.broken}"
     return ""
@@ -1455,11 +1455,13 @@ def patched_while_graded(module, name, value):
 @pytest.mark.parametrize("where, name, value, says", [
     ("labexp2.Exp2Rule", "tile", lambda *a, **k: "", "it patched the grader (Exp2Rule.tile)"),
     ("labexp2", "_flat", lambda xs: iter(()), "it patched the grader (labexp2._flat)"),
-    ("labguard.Watch", "_shape", lambda *a: None, "it patched the grader (Watch._shape)"),
-], ids=["method", "helper", "watch"])
+    ("labguard.Watch", "_after", lambda *a: None, "it patched the grader (Watch._after)"),
+    ("labshape", "shape", lambda *a: None, "it patched the grader (labshape.shape)"),
+], ids=["method", "helper", "watch", "shape-rules"])
 def test_the_grader_patched_during_the_call_and_restored_is_named(where, name, value, says):
     from gpumem.chapters.ch04_flash_attention import labexp2, labguard
-    owner = {"labexp2.Exp2Rule": labexp2.Exp2Rule, "labexp2": labexp2, "labguard.Watch": labguard.Watch}[where]
+    owner = {"labexp2.Exp2Rule": labexp2.Exp2Rule, "labexp2": labexp2, "labguard.Watch": labguard.Watch,
+             "labshape": labshape}[where]
     got = rows({"key_block_backward": patched_while_graded(owner, name, value)}, "key_block_backward")[0]
     assert got.status == "wrong" and says in got.detail, got.detail
     assert getattr(owner, name) is not value                           # restored by the kernel

@@ -53,9 +53,8 @@ from gpumem.course.plain import odd_tensor
 from .labexp2 import Exp2Rule
 from .labfence import BRIDGES as _BRIDGES, Fence, refusing as _refusing
 from .labops import (_COPIES, _EXITS, _EXPS, _FRESH, _PRINTS, _QK_READS, _READ_BUDGET, _READS, _SIZED, _SMALL,
-                     _ptr, _tensors, rows_last)
-from . import labbake, labexp2, labfence, labgrad, labops, labpairs, labproducts, labseal
-from .labexp2_words import too_wide
+                     _ptr, _tensors)
+from . import labbake, labexp2, labfence, labgrad, labops, labpairs, labproducts, labseal, labshape
 from .labseal import Sealed, cells, seal, seal_dispatch, tally
 
 
@@ -197,7 +196,34 @@ class Watch(Sealed, TorchDispatchMode):
             for module, attr, fn in self._bridges:
                 setattr(module, attr, fn)
 
-    def _dispatch(self, func, types, args=(), kwargs=None):
+    def _dispatch(self, func, types, args=(), kwargs=None, check=None, swapped=None):
+        """Every op: the grader's integrity (``check``, ``swapped``: labseal's baked checks), the
+        rules, the op, the records. The grader's own work runs with the profile hook off (the copy
+        watch and labblock's records watch the learner's calls; in the grader's bookkeeping they
+        saw a million calls a check and made grading 3.5 times slower); the op itself keeps it."""
+        profile = sys.getprofile()
+        quiet = type(self) is Watch and check is not None
+        if quiet:
+            sys.setprofile(None)
+        try:
+            patched = (check() or swapped(self)) if check is not None else ""
+            if patched:
+                self.flag(f"it patched the grader ({patched}) while lab 04 was graded: leave the grader alone")
+            name = self._before(func, args, kwargs)
+        finally:
+            if quiet:
+                sys.setprofile(profile)
+        out = func(*args, **(kwargs or {}))
+        if quiet:
+            sys.setprofile(None)
+        try:
+            self._after(func, name, args, kwargs, out)
+        finally:
+            if quiet:
+                sys.setprofile(profile)
+        return out
+
+    def _before(self, func, args, kwargs) -> str:
         name = str(func)
         if name.startswith("aten._local_scalar_dense") and args:       # item, float, int, bool, format...
             self.taken(args[0], 1, "Tensor.item, float, int or bool")
@@ -213,9 +239,11 @@ class Watch(Sealed, TorchDispatchMode):
             if width > self.block:
                 self.flag(f"a {name.split('.')[1]} over {width} entries at once (a whole row of keys): "
                           f"tiles are at most {self.block} keys wide")
-        out = func(*args, **(kwargs or {}))
+        return name
+
+    def _after(self, func, name: str, args, kwargs, out) -> None:
         if self.causal_from is not None:
-            self._above_diagonal(name, args, out)
+            labshape.above_diagonal(self, name, args, out)
         op, first = name.split(".")[1], list(_tensors(args[:1]))
         if self.exp2 is not None:
             self.exp2.note(op, args, kwargs, out)
@@ -231,67 +259,16 @@ class Watch(Sealed, TorchDispatchMode):
                 self.made.add(_ptr(t))
                 if t.dim() and t.shape[-1] in wide and t.shape[-1] != self.s_k:
                     self.rows.add(_ptr(t))            # made from per-row vectors: still query rows
-            self._shape(t)
+            labshape.shape(self, t)
         if self.no_autograd and any(t.requires_grad for t in _tensors(list(args))):    # after the op's own rules
             self.flag("it used autograd (an op met a tensor that requires grad, review r19): write dV, dS, dQ "
                       "and dK from the tile's probabilities yourself")
         if self.exp2 is not None and not self.broken:      # tiles of both Q and K: one block of rows
             self.flag(self.exp2.tile(op, args, out, self.heads, self.block, self.d))
-        return out
-
-    def _above_diagonal(self, name: str, args, out) -> None:
-        """Flag an op (not a view, not a copy) fed rows i0:i1 of Q or dO, or a copy of them, that all
-        lie before key ``causal_from``; a copy of such rows carries their range on."""
-        if self.broken or any(w in name for w in ("slice", "view", "select", "expand", "split", "unbind")):
-            return
-        copy = name.split(".")[1] in _COPIES or name.split(".")[1] in ("copy_", "_to_copy", "clone")
-        for t in _tensors(list(args)):
-            if not (t.dim() >= 2 and t.numel()):
-                continue
-            if _ptr(t) in self.tiles:
-                i0, i1 = self.tiles[_ptr(t)]
-            elif _ptr(t) in self.queries and t.stride(-2) == self.d and t.stride(-1) == 1 \
-                    and t.shape[-2] < self.s_q:                    # a tile, not the whole of Q
-                i0 = (t.storage_offset() // self.d) % self.s_q
-                i1 = i0 + t.shape[-2]
-            else:
-                continue
-            if i1 > self.causal_from:
-                continue
-            if copy:
-                self.tiles.update({_ptr(o): (i0, i1) for o in _tensors(out) if o.numel()})
-            else:
-                self.flag(f"causal key block from key {self.causal_from}: it worked on query rows "
-                          f"{i0}:{i1}, which see none of its keys; skip the query blocks above the diagonal")
-
-    def _shape(self, t: torch.Tensor) -> None:
-        if self.broken or t.dim() < 1 or (t.numel() and _ptr(t) in self.allowed):
-            return
-        shape, s_q, s_k, block = tuple(t.shape), self.s_q, self.s_k, self.block
-        last2 = shape[-2:] if t.dim() >= 2 else ()
-        rows_of_d = last2 == (s_q, self.d)            # outputs, dQ or a stack of them: not scores
-        if not rows_of_d and (last2 in ((s_q, s_k), (s_k, s_q)) or t.numel() // max(self.heads, 1) >= s_q * s_k):
-            self.flag(f"a tensor of shape {shape} was made: the whole {s_q} x {s_k} score matrix; "
-                      f"work one block of keys at a time")
-        elif not t.is_floating_point():
-            return                                    # key indices and masks are not scores
-        elif shape[-1] > block and shape[-1] not in (s_q, self.d) and not (t.numel() and _ptr(t) in self.rows):
-            self.flag(too_wide(shape, block, self.exp2 is not None and rows_last(t, self.exp2.tiles)))
-        elif len(last2) == 2 and last2[0] == s_k and s_k > block and last2[1] != self.d:
-            self.flag(f"a tensor of shape {shape} was made: a row for each of the {s_k} keys; "
-                      f"work one block of keys at a time")
-        elif self.tile_rows is not None and len(last2) == 2 and self.d not in last2 and (
-                (last2[0] > block and last2[1] == self.tile_rows)
-                or (last2[1] > block and last2[0] == self.tile_rows)):
-            self.flag(f"a tile of shape {shape} was made: more than {block} query rows against the "
-                      f"key block at once; loop over query blocks of {block} rows")
-        elif self.joined is not None and len(shape) >= 2 and shape[-2] > self.joined and shape[-2] != s_q:
-            self.flag(f"a tensor of shape {shape} was made: {shape[-2]} keys in one tensor, more than "
-                      f"the longest shard ({self.joined}); the shards were joined, merge partials instead")
 
 
 # every op first checks that none of the grader's modules and classes was patched during the call;
 _UNSEALED = ("_DISPATCH", "_CHECK")        # grader_seal: made with code baked in (labseal.bake), not the file's
-_DISPATCH, _CHECK = seal_dispatch(Watch, (sys.modules[__name__], labbake, labexp2, labfence, labops, labpairs, labseal,
+_DISPATCH, _CHECK = seal_dispatch(Watch, (sys.modules[__name__], labbake, labexp2, labfence, labops, labpairs, labseal, labshape,
                                           labproducts, labgrad, Watch, _Functions, labexp2.Exp2Rule, labpairs.Pairs,
                                           labproducts.Products, labgrad.Provenance, labfence.Fence, Sealed))

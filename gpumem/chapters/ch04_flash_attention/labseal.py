@@ -178,18 +178,16 @@ def rebound(before: list) -> str:
 
 def _torch_dispatch(self, func, types, args=(), kwargs=None):
     check, swapped, dispatch = [x.__next__() for x in ("@check", "@swapped", "@dispatch")]
-    patched = check() or swapped(self)
-    if patched:
-        self.flag(f"it patched the grader ({patched}) while lab 04 was graded: leave the grader alone")
-    return dispatch(self, func, types, args, kwargs)
+    return dispatch(self, func, types, args, kwargs, check, swapped)     # it runs both checks first
 
 
 def seal_dispatch(cls, owners, held=()):
     """``cls.__torch_dispatch__``: at every op, first the grader's integrity (:func:`intact` of
     ``owners``, snapshot taken now, this attribute aside: a swapped ``__torch_dispatch__`` never
     runs, so the function mode checks it, :func:`.labguard._Functions`; the watch's closure cells, ``watch._cells``, and
-    the cells of the functions ``held``, as they are now), then ``cls._dispatch`` as it was now.
-    No closure: what it calls is baked into its code (:func:`bake`)."""
+    the cells of the functions ``held``, as they are now), then ``cls._dispatch`` as it was now:
+    both checks are passed to it, which runs them first (with the profile hook off, as the rest of
+    the grader's work at an op). No closure: what it calls is baked into its code (:func:`bake`)."""
     swapped, check = bake(_swapped, held=cells(*held)), intact(*owners, skip=("__torch_dispatch__",))
     cls.__torch_dispatch__ = bake(_torch_dispatch, check=check, dispatch=cls._dispatch, swapped=swapped)
     return cls.__torch_dispatch__, check
