@@ -74,10 +74,19 @@ def _make_hook():
     active: list[tuple[list, str, int]] = []
     busy = threading.local()
     getframe, ident, is_genuine = sys._getframe, threading.get_ident, genuine.genuine
+    verdicts: dict = {}     # id(code) -> (code, genuine?): lab 04's watch calls sys.setprofile 4 times an op
+
+    def real_code(code) -> bool:
+        """``genuine`` of ``code``, once per code object (the object itself is kept, so its id is
+        not reused; a verdict is kept here, in the hook's closure, not in a module a cell can write)."""
+        seen = verdicts.get(id(code))
+        if seen is None or seen[0] is not code:
+            seen = verdicts[id(code)] = (code, is_genuine(code))
+        return seen[1]
 
     def reach(event: str, args, caller, grading: int) -> str:
         where = caller.f_code.co_filename if caller is not None else ""
-        real = caller is not None and is_genuine(caller.f_code)    # the file's own code, not a look-alike
+        real = caller is not None and real_code(caller.f_code)     # the file's own code, not a look-alike
         if real and (where.startswith(own) or (event not in spawn_events and where.endswith(benign))):
             return ""
         if ident() != grading and real and where.startswith(installed):
