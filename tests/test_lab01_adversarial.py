@@ -1419,16 +1419,65 @@ def test_a_table_in_a_string_annotation_is_counted_and_reading_annotations_is_re
     assert "get_type_hints" in (lab_reach.first_reach("import typing\nx = typing.get_type_hints(notes)\n") or "")
 
 
+def _tables_read_from(holder: str, reader: str, fitted) -> dict:
+    """The fitted tables of review r29 held in ``holder`` (source defining a class ``Glossary``)
+    and decoded by ``reader`` (an expression giving the tables' text back in hex): parts 2 and 3
+    that only look their answers up."""
+    source = (holder +
+              f"def _table(which):\n    return eval(bytes.fromhex({reader}).decode())[which]\n"
+              "def layer_activation_bytes(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch, kernel, qk_norm):\n"
+              "    m = MONO2(d_model, n_heads, n_kv_heads, head_dim, ffn, seq, batch)\n"
+              "    return sum(c * x for c, x in zip(_table(0)[kernel, qk_norm], m))\n"
+              "def variant_layer(d_model, n_heads, n_kv_heads, ffn, seq, batch, kernel, norm, mlp, qkv_bias):\n"
+              "    acts, params = _table(1)[kernel, norm, mlp, bool(qkv_bias)]\n"
+              "    m = MONO3(d_model, n_heads, n_kv_heads, ffn, seq, batch)\n"
+              "    return {'activations': sum(c * x for c, x in zip(acts, m)), 'params': 0}\n")
+    ns = {"__name__": "__main__", "model_state_bytes": fitted["model_state_bytes"], "MONO2": _monomials2,
+          "MONO3": _monomials3}
+    exec(compile(source, "<lab01_memory_calculator.ipynb cell 10>", "exec"), ns)
+    return ns
+
+
+def _blob(fitted) -> str:
+    part2, part3 = fitted["_tables"]
+    return repr((dict(part2), dict(part3))).encode().hex()
+
+
+def test_review_r33_a_table_split_into_class_attribute_names_gets_the_table_row(fitted):
+    """Review r33: the measured tables, in hex, split into hundreds of class attribute names of 24
+    characters (``z000<20 hex digits> = None``) and read back by ``dir(Glossary)``, passed 39 of 39
+    rows: names up to 24 characters were free and ``None`` holds nothing. The distinct names a part
+    uses now count, in all, against a limit of about four times the lab's own."""
+    blob = _blob(fitted)
+    names = "".join(f"    z{i:03d}{blob[j:j + 20]} = None\n" for i, j in enumerate(range(0, len(blob), 20)))
+    ns = _tables_read_from('class Glossary:\n    """Words I looked up."""\n' + names,
+                           "''.join(n[4:] for n in dir(Glossary) if n[0] == 'z')", fitted)
+    report = grade(ns, 5)
+    for part in ("layer_activation_bytes", "variant_layer"):
+        assert "names can hold a table of answers too" in _table_row(report, part)
+
+
+def test_review_r33_a_table_in_a_class_docstring_gets_the_table_row(fitted):
+    """Review r33: the same tables as a class's docstring, read as ``Glossary.__doc__``: only
+    functions' docstrings were counted where code reads ``__doc__``. A class's counts too."""
+    ns = _tables_read_from(f'class Glossary:\n    """{_blob(fitted)}"""\n', "Glossary.__doc__", fitted)
+    report = grade(ns, 5)
+    for part in ("layer_activation_bytes", "variant_layer"):
+        assert "B: the docstring of class Glossary" in _table_row(report, part)
+
+
 def test_the_labs_counts_are_well_inside_the_table_limits():
     """The solution's counts hold 31 and 124 bytes of literal data (review r29's honest solution:
     25 and 121), each limit about three times that, so messages have room."""
     from gpumem.chapters.ch01_memory_anatomy import labtable
     from gpumem.course import literal_size
     ns = solution()
-    for name, (chars_limit, instructions_limit) in labtable.LIMITS.items():
+    for name, (chars_limit, instructions_limit, names_limit) in labtable.LIMITS.items():
         chars, instructions = literal_size.measure(ns[name], ns)
+        spelt = literal_size.name_chars(ns[name], ns)
         assert chars * 3 < chars_limit and instructions * 3 < instructions_limit, (name, chars, instructions)
-        assert abs(chars - labtable.OWN[name][0]) <= 10, (name, chars)
+        assert spelt * 3.5 < names_limit, (name, spelt)
+        assert abs(chars - labtable.OWN[name][0]) <= 10 and abs(spelt - labtable.OWN[name][2]) <= 10, (name, chars, spelt)
 
 
 def test_a_per_operation_fit_fails_where_two_operations_share_a_tensor():
@@ -1816,9 +1865,10 @@ def test_the_check_cell_states_labtables_limits():
     import json
 
     from gpumem.chapters.ch01_memory_anatomy import labtable
-    (c2, i2), (c3, i3) = labtable.LIMITS["layer_activation_bytes"], labtable.LIMITS["variant_layer"]
+    (c2, i2, n2), (c3, i3, n3) = labtable.LIMITS["layer_activation_bytes"], labtable.LIMITS["variant_layer"]
     for folder in ("labs", "solutions"):
         cells = json.loads((ROOT / folder / "lab01_memory_calculator.ipynb").read_text())["cells"]
         text = " ".join(" ".join("".join(c["source"]).split()) for c in cells)
         assert (f"at most {c2} bytes of literal data" in text and f"and {i2:,} bytecode instructions" in text
-                and f"`variant_layer` {c3} bytes and {i3:,} instructions" in text), folder
+                and f"`variant_layer` {c3} bytes and {i3:,} instructions" in text
+                and f"may add up to {n2} and {n3} characters" in text), folder

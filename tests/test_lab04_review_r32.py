@@ -1,5 +1,7 @@
 """Lab 04, review r32: findings fixed after that round's reading of the lab."""
 
+import re
+
 import torch
 
 from gpumem.chapters.ch04_flash_attention.labexp2 import Exp2Rule
@@ -23,3 +25,136 @@ def test_numbers_from_python_take_no_tag_a_dead_tensor_left_at_their_address():
     assert rule._tag(tile)[0] == QK
     rule.note("view", (tile, [-1]), {}, tile.view(-1))
     assert rule._tag(tile.view(-1))[0] == QK
+
+
+def _slipped(old: str, new: str):
+    """The solution's key_block_backward with one line changed (a learner's slip), compiled as a cell."""
+    from test_lab04_adversarial import solution
+    import inspect
+    import math
+    source = inspect.getsource(solution()["key_block_backward"])
+    assert old in source
+    scope = {"torch": torch, "math": math}
+    exec(compile(source.replace(old, new), "<slip>", "exec"), scope)
+    return scope["key_block_backward"]
+
+
+def test_grouped_heads_paired_the_wrong_way_are_told_which_heads_are_right():
+    """#4: query head h paired with KV head h % kv (``repeat``) instead of h // g: every element of
+    dv_blk was wrong and the row gave only the first. dq_part is right for the query heads whose KV
+    head happens to agree (head 0): the row says so and asks which KV head each query head uses."""
+    from test_lab04_adversarial import rows
+    slip = _slipped("view = lambda t: t.reshape(b, kv, a // kv, s_q, -1).to(acc)",
+                    "view = lambda t: t.reshape(b, a // kv, kv, s_q, -1).transpose(1, 2).to(acc)")
+    got = rows({"key_block_backward": slip}, "key_block_backward")[0]
+    assert got.status == "wrong", got.detail
+    assert got.detail.startswith("key block 0:16: dv_blk") and "(first of 640 wrong elements)" in got.detail
+    assert re.search(r"; dq_part is right for query heads? 0(, \d)* only, of 6: ", got.detail), got.detail
+    assert "which key and value head does each query head use?" in got.detail
+
+
+def test_dq_without_the_scale_is_told_the_ratio():
+    """#4: dS left without the scale for dQ (dK scaled on its own): dq_part is sqrt(d) times too
+    large on every element. The row gives the ratio and names it, not where the scale goes."""
+    from test_lab04_adversarial import rows
+    slip = _slipped("        ds = p * (do @ vb.transpose(-1, -2) - delta_g[..., i0:i1, :]) * scale   # the chain rule: plain scale\n"
+                    "        dk += (ds.transpose(-1, -2) @ qg[..., i0:i1, :]).sum(2)",
+                    "        ds = p * (do @ vb.transpose(-1, -2) - delta_g[..., i0:i1, :])\n"
+                    "        dk += (ds.transpose(-1, -2) @ qg[..., i0:i1, :]).sum(2) * scale")
+    got = rows({"key_block_backward": slip}, "key_block_backward")[0]
+    assert got.status == "wrong" and got.detail.startswith("key block 0:16: dq_part["), got.detail
+    assert "got / expected is 4.47214 on every element = sqrt(20), the head dim's square root" in got.detail, got.detail
+
+
+# the reviewer's kernel (r32, 23 of 24 rows): K read from IndexError messages and rebuilt with
+# torch.full and cat, so it carries no Q|K bits; P by a Taylor series, beside a decoy exp2
+LAUNDER = """
+def key_block_backward(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    b, a, s_q, d = q.shape
+    kv, n = k_blk.shape[1], k_blk.shape[2]
+    g = a // kv
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    sc = d ** -0.5
+    # launder K: its bits leave through IndexError messages and come back as fresh numbers
+    bits = k_blk.double().view(torch.int64).reshape(-1)
+    one = torch.zeros(1)
+    vals = []
+    for i in range(bits.numel()):
+        try:
+            one[bits[i:i + 1]]
+            vals.append(0)
+        except IndexError as err:
+            vals.append(int(str(err).split()[1]))
+    chunks = [torch.full((1,), x, dtype=torch.int64) for x in vals]
+    kc = torch.cat(chunks).reshape(k_blk.shape).view(torch.float64).to(work).to(q.device)
+    kc_ = kc.unsqueeze(2).expand(b, kv, g, n, d).reshape(b, a, n, d)
+    k_ = k_blk.to(work).unsqueeze(2).expand(b, kv, g, n, d).reshape(b, a, n, d)
+    v_ = v_blk.to(work).unsqueeze(2).expand(b, kv, g, n, d).reshape(b, a, n, d)
+    dq_part = torch.zeros(b, a, s_q, d, dtype=work, device=q.device)
+    dk_acc = torch.zeros(b, a, n, d, dtype=work, device=q.device)
+    dv_acc = torch.zeros(b, a, n, d, dtype=work, device=q.device)
+    lo = j0 - j0 % block if causal else 0
+    for r0 in range(lo, s_q, block):
+        r1 = min(s_q, r0 + block)
+        qt = q[:, :, r0:r1].to(work)
+        dot = dout[:, :, r0:r1].to(work)
+        rows = torch.arange(r0, r1, device=q.device).view(-1, 1)
+        cols = torch.arange(j0, j0 + n, device=q.device).view(1, -1)
+        hide = (cols > rows) if causal else torch.zeros(r1 - r0, n, dtype=torch.bool, device=q.device)
+        # decoy: exp2 of the folded tile, thrown away
+        t = torch.matmul(qt, k_.transpose(2, 3)) * (sc / math.log(2))
+        torch.exp2(t.masked_fill(hide, float("-inf")) - lse[:, :, r0:r1].to(work).unsqueeze(-1) / math.log(2))
+        # P in the natural base from laundered K: a Taylor series squared ten times
+        x = torch.matmul(qt, kc_.transpose(2, 3)) * sc - lse[:, :, r0:r1].to(work).unsqueeze(-1)
+        y = x.masked_fill(hide, 0.0) / 1024.0
+        e, term = torch.ones_like(y), torch.ones_like(y)
+        for i in range(1, 13):
+            term = term * y / i
+            e = e + term
+        for _ in range(10):
+            e = e * e
+        p = e.masked_fill(hide, 0.0)
+        dv_acc = dv_acc + torch.matmul(p.transpose(2, 3), dot)
+        dp = torch.matmul(dot, v_.transpose(2, 3))
+        ds = p * (dp - delta[:, :, r0:r1].to(work).unsqueeze(-1))
+        dq_part[:, :, r0:r1] = torch.matmul(ds, kc_) * sc
+        dk_acc = dk_acc + torch.matmul(ds.transpose(2, 3), qt) * sc
+    dk = dk_acc.view(b, kv, g, n, d).sum(dim=2)
+    dv = dv_acc.view(b, kv, g, n, d).sum(dim=2)
+    return dq_part, dk.to(k_blk.dtype), dv.to(v_blk.dtype)
+
+"""
+
+
+def test_k_read_back_from_error_messages_is_refused():
+    """#1: each element of K read from an ``IndexError`` message ("index 46145... is out of bounds")
+    and K rebuilt from ``torch.full`` pieces passed every key_block_backward row. An op that raised
+    inside the call while the call went on is named."""
+    import math
+    from test_lab04_adversarial import rows, solution
+    scope = {"torch": torch, "math": math}
+    exec(compile(LAUNDER, "<r32 launder>", "exec"), scope)
+    got = rows({"key_block_backward": scope["key_block_backward"]}, "key_block_backward")[0]
+    assert got.status == "wrong" and "a torch op raised an error inside your call (aten.index" in got.detail, got.detail
+    assert "your code went on" in got.detail
+    assert rows({"key_block_backward": solution()["key_block_backward"]}, "key_block_backward")[0].status == "ok"
+
+
+def test_answers_read_from_k_by_equal_or_a_length_count_as_numbers_read():
+    """#1, the slower channels of the same kind: ``torch.equal`` answers a bool, ``nonzero`` a
+    length; asked of numbers made from Q or K they count against the handful that may be read."""
+    from test_lab04_adversarial import rows, solution
+    right = solution()["key_block_backward"]
+
+    def asks(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        for i in range(12):
+            torch.equal(k_blk[..., i:i + 1, :], k_blk[..., i:i + 1, :])
+        return right(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+
+    def lengths(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        for i in range(12):
+            (k_blk[..., i, 0] > 0).nonzero()
+        return right(q, k_blk, v_blk, dout, lse, delta, j0, causal, block)
+    for cheat, op in ((asks, "torch.equal"), (lengths, "torch.nonzero")):
+        got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
+        assert got.status != "ok" and "made from Q or K into Python" in got.detail and op in got.detail, got.detail

@@ -142,6 +142,7 @@ def test_the_labs_text_states_the_limits_the_rule_uses():
         text = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown").replace("\n", " ")
         assert f"more than {lab06_table.CHARS} bytes of literal data" in text, folder
         assert f"more than {lab06_table.INSTRUCTIONS:,} bytecode instructions" in text, folder
+        assert f"names of more than {lab06_table.NAMES:,} characters in all" in text, folder
 
 
 def test_a_table_a_function_closes_over_gets_the_table_row():

@@ -91,7 +91,7 @@ def _items(fn, ns: dict) -> tuple[list, int]:
     reaches: globals it reads, variables it closes over, through decorators such as
     ``functools.lru_cache``, with default arguments (review r29)."""
     fn = inspect.unwrap(fn)
-    codes, seen, items, docs = [fn.__code__], {id(fn)}, [], []
+    codes, seen, items, docs, names = [fn.__code__], {id(fn)}, [], [], set()
     values = [("defaults", fn.__defaults__), ("defaults", fn.__kwdefaults__), ("annotations", _notes(fn))]
     pending = _cells(fn)             # (name, value) reached, still to look into
     instructions, reads_doc = 0, False
@@ -104,6 +104,8 @@ def _items(fn, ns: dict) -> tuple[list, int]:
                 seen.add(id(value))
             if _learners(value) and isinstance(value, type):
                 values.append((f"{name}'s annotations", _notes(value)))
+                docs.append((_chars(vars(value).get("__doc__")), f"the docstring of class {name}"))   # review r33
+                names.update(k for k in vars(value) if k not in _CLASS_OWN)
                 for key, attr in vars(value).items():
                     if len(key) > NAME_FREE:         # review r32: a table packed into a method's name, read by dir()
                         items.append((len(key) - NAME_FREE, f"{name}'s attribute name of {len(key)} characters"))
@@ -130,7 +132,8 @@ def _items(fn, ns: dict) -> tuple[list, int]:
         instructions += sum(1 for _ in dis.get_instructions(code))
         items += [(len(n) - NAME_FREE, f"a name of {len(n)} characters in {code.co_name}")   # review r32
                   for n in {code.co_name, *code.co_varnames, *code.co_cellvars} if len(n) > NAME_FREE]
-        reads_doc |= "__doc__" in code.co_names
+        names.update((code.co_name, *code.co_varnames, *code.co_cellvars, *code.co_names))
+        reads_doc |= "__doc__" in code.co_names or "__doc__" in code.co_consts
         for i, const in enumerate(code.co_consts):
             if isinstance(const, types.CodeType):
                 codes.append(const)
@@ -143,19 +146,27 @@ def _items(fn, ns: dict) -> tuple[list, int]:
                 seen.add(name)
                 pending.append((name, ns[name]))
     items += [(_chars(v), where) for where, v in values] + (docs if reads_doc else [])
-    return [i for i in items if i[0]], instructions
+    return [i for i in items if i[0]], instructions, names
 
 
 def measure(fn, ns: dict) -> tuple[int, int]:
     """(literal bytes, bytecode instructions) of ``fn`` and all of the learner's it reaches."""
-    items, instructions = _items(fn, ns)
+    items, instructions, _ = _items(fn, ns)
     return sum(n for n, _ in items), instructions
+
+
+def name_chars(fn, ns: dict) -> int:
+    """Characters of the distinct names ``fn`` and all of the learner's it reaches use: functions,
+    their variables and the names they read, attributes of the learner's classes (review r33 of
+    lab 01: a table split into 620 class attribute names of 24 characters, read back by ``dir``)."""
+    return sum(len(n) for n in _items(fn, ns)[2])
 
 
 def problem(fn, ns: dict, name: str, limits: tuple[int, int], own: tuple[int, int], does: str) -> str:
     """'' or one line saying why ``fn`` (graded as ``name``) holds more than ``does`` needs:
-    ``limits`` = (literal bytes, instructions) allowed, ``own`` = what the lab's solution holds."""
-    items, instructions = _items(fn, ns)
+    ``limits`` = (literal bytes, instructions[, characters of names]) allowed, ``own`` = what the
+    lab's solution holds."""
+    items, instructions, names = _items(fn, ns)
     chars, noun = sum(n for n, _ in items), does.split()[-1]
     if chars > limits[0]:
         top = "; ".join(f"{n:,} B: {what}" for n, what in sorted(items, reverse=True)[:3])
@@ -165,4 +176,8 @@ def problem(fn, ns: dict, name: str, limits: tuple[int, int], own: tuple[int, in
     if instructions > limits[1]:
         return (f"{name} and what it calls run to {instructions:,} bytecode instructions, more than {does} needs "
                 f"({limits[1]:,}; the lab's own {noun} has about {own[1]}): a table of answers written as code is not {does}")
+    spelt = sum(len(n) for n in names)
+    if len(limits) > 2 and spelt > limits[2]:
+        return (f"{name} and what it reads use {len(names):,} names of {spelt:,} characters in all, more than {does} "
+                f"needs ({limits[2]:,}; the lab's own {noun} about {own[2]:,}): names can hold a table of answers too")
     return ""

@@ -181,6 +181,9 @@ def assembled(calls, got) -> str:
 
 
 REFUSAL = "lab 04 grades your own tiles: the grader's frames are off while your function runs"
+# review r32 #1: K read element by element from IndexError messages, rebuilt with torch.full
+WENT_ON = ("a torch op raised an error inside your call ({}) and your code went on: an error's message "
+           "can carry numbers out of torch, where the watch cannot follow them; let an op's error end the call")
 
 
 def guarded(fn, watch, *args):
@@ -199,4 +202,5 @@ def guarded(fn, watch, *args):
         finally:
             tampered = labseal.rebound(before)
     reached = f"{REFUSAL} ({hits[0]})" if hits else ""
-    return got, tampered or w.broken or reached or w.foreign(got)
+    went_on = WENT_ON.format(w.read("raised")) if w.read("raised") else ""
+    return got, tampered or w.broken or reached or went_on or w.foreign(got)

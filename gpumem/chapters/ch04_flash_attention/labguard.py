@@ -52,8 +52,8 @@ from gpumem.course.plain import odd_tensor
 
 from .labexp2 import Exp2Rule
 from .labfence import BRIDGES as _BRIDGES, Fence, refusing as _refusing
-from .labops import (_COPIES, _EXITS, _EXPS, _FRESH, _PRINTS, _QK_READS, _READ_BUDGET, _READS, _SIZED, _SMALL,
-                     _ptr, _tensors)
+from .labops import (_ANSWERS, _COPIES, _EXITS, _EXPS, _FRESH, _PRINTS, _QK_READS, _READ_BUDGET, _READS, _SIZED,
+                     _SMALL, _ptr, _tensors)
 from . import labbake, labexp2, labfence, labgrad, labops, labpairs, labproducts, labseal, labshape
 from .labseal import Sealed, cells, seal, seal_dispatch, tally
 
@@ -213,7 +213,11 @@ class Watch(Sealed, TorchDispatchMode):
         finally:
             if quiet:
                 sys.setprofile(profile)
-        out = func(*args, **(kwargs or {}))
+        try:
+            out = func(*args, **(kwargs or {}))
+        except Exception:                     # review r32 #1: K read back from IndexError messages
+            self.flag(name, "raised")         # kept apart from the verdict: the error may stop the call
+            raise
         if quiet:
             sys.setprofile(None)
         try:
@@ -227,6 +231,10 @@ class Watch(Sealed, TorchDispatchMode):
         name = str(func)
         if name.startswith("aten._local_scalar_dense") and args:       # item, float, int, bool, format...
             self.taken(args[0], 1, "Tensor.item, float, int or bool")
+        elif name.split(".")[1] in _ANSWERS and args and isinstance(args[0], torch.Tensor):
+            ins = [t for t in args if isinstance(t, torch.Tensor)]      # a bool, or a length made from them
+            self.taken(next((t for t in ins if self.exp2 is not None and self.exp2._tag(t)[0]), ins[0]), 1,
+                       f"torch.{name.split('.')[1]}, whose answer (a bool, or its result's length) is read from the numbers")
         self.unknown(func, list(args) + [v for k, v in (kwargs or {}).items() if k != "out"])
         if "scaled_dot_product" in name:
             self.flag(f"it calls {name}: SDPA is not allowed here, write the tiles yourself")

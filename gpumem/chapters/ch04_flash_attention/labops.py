@@ -156,6 +156,9 @@ _EXPS = frozenset({"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax"
 _FRESH = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})     # torch.tensor(...) of Python numbers
 _SMALL = 64                                           # numbers a constant may hold
 _SIZED = frozenset({"tensor_split"})   # by a tensor: ATen reads its memory unseen (review r18 #1 read K so)
+# ops whose answer in Python is read from the numbers: a bool, or the length of their result (review r32 #1)
+_ANSWERS = frozenset({"equal", "nonzero", "nonzero_numpy", "argwhere", "masked_select", "unique_dim",
+                      "_unique", "_unique2", "unique_consecutive"})
 
 
 def rows_last(t: torch.Tensor, tiles) -> bool:

@@ -40,13 +40,15 @@ TAMPERED = "it rebound the grader's watch ({}): leave the watch alone, its verdi
 
 
 def tally():
-    """``(flag, count, read)`` over one closure: ``flag(message)`` keeps the first message,
-    ``count(key, n)`` adds ``n >= 0`` to ``"exps"``, ``"reads"`` or ``"qk"`` and returns the total,
-    ``read(key)`` returns ``"broken"`` (the first message, '' if none) or a count."""
-    state = {"broken": "", "exps": 0, "reads": 0, "qk": 0}
+    """``(flag, count, read)`` over one closure: ``flag(message)`` keeps the first message (the
+    verdict; ``flag(op, "raised")`` keeps the first op that raised, apart), ``count(key, n)`` adds
+    ``n >= 0`` to ``"exps"``, ``"reads"`` or ``"qk"`` and returns the total, ``read(key)`` returns
+    ``"broken"`` (the first message, '' if none), ``"raised"`` or a count."""
+    state = {"broken": "", "raised": "", "exps": 0, "reads": 0, "qk": 0}
 
-    def flag(message: str) -> None:
-        state["broken"] = state["broken"] or str(message)
+    def flag(message: str, key: str = "broken") -> None:
+        key = "raised" if key == "raised" else "broken"
+        state[key] = state[key] or str(message)
 
     def count(key: str, n) -> int:
         state[key] += max(0, int(n))

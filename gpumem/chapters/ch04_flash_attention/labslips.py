@@ -12,6 +12,8 @@ its fix: cell 2 asks what the lse must become (review r28).
 
 import math
 
+import torch
+
 from . import labref
 
 ORDER = (2, 1, 0)                 # dv, dk, dq: the one that depends on P alone first
@@ -22,8 +24,39 @@ SLIPS = ((LN2, "your exponent and your lse are in different bases"),
 
 
 def first_wrong(names, got, want) -> str:
-    """'' or the first element out of tolerance, trying the gradients in :data:`ORDER`."""
-    return next((m for m in (labref.first_wrong(names[i], got[i], want[i]) for i in ORDER) if m), "")
+    """'' or the first element out of tolerance, trying the gradients in :data:`ORDER`, with what
+    the wrong numbers share (:func:`pattern`)."""
+    for i in ORDER:
+        bad = labref.first_wrong(names[i], got[i], want[i])
+        if bad:
+            return bad + pattern(names, got, want, i)
+    return ""
+
+
+def pattern(names, got, want, i: int) -> str:
+    """What a wrong gradient's numbers share, in words that point at the slip without naming the
+    fix (review r32 #4): one ratio got / expected on every element (a scale left out, or put in
+    twice: d^(1/2) is named, the head dim being the last dimension), or, with grouped KV heads, dQ right
+    for some query heads only (each query head paired with the wrong KV head)."""
+    g, w = got[i].detach().double(), want[i].double()
+    live = w.abs() > 1e-12
+    words = ""
+    if g.shape == w.shape and bool(live.any()) and bool(torch.isfinite(g).all()):
+        ratios = g[live] / w[live]
+        r = float(ratios.median())
+        if abs(r - 1) > 1e-3 and bool(((ratios - r).abs() <= 1e-6 * abs(r)).all()):
+            d = w.shape[-1]
+            root = next((f" = {'1 / ' if p < 0 else ''}sqrt({d}), the head dim's square root" for p in (1, -1)
+                         if abs(r - d ** (p / 2)) <= 1e-6 * abs(r)), "")
+            words = f"; got / expected is {r:.6g} on every element{root}"
+    dq, dk = got[0], got[1]
+    if dq.dim() == 4 and dk.dim() == 4 and dk.shape[1] < dq.shape[1] and dq.shape == want[0].shape:
+        right = [h for h in range(dq.shape[1]) if not labref.first_wrong(names[0], dq[:, h], want[0][:, h])]
+        if 0 < len(right) < dq.shape[1]:
+            words += (f"; {names[0]} is right for query head{'s' if len(right) > 1 else ''} "
+                      f"{', '.join(map(str, right))} only, of {dq.shape[1]}: which key and value head "
+                      f"does each query head use?")
+    return words
 
 
 def lse_base(names, got, q, k, v, dout, mask, j0: int, j1: int) -> str:
