@@ -758,6 +758,8 @@ def test_the_bf16_case_is_watched(monkeypatch):
     report, _ = grade(monkeypatch, (), (CAP, ""))
     bf16 = rows(report, "bf16")[0]
     assert bf16.status == "wrong" and ("your hooks kept" in bf16.detail or "in flight at once" in bf16.detail), bf16
+    # review r33 #2: the row's case reads "shards reduced in fp32": its detail says first that those were right
+    assert bf16.detail.startswith("the shards are the fp32 mean; ") and bf16.case.endswith("then bytes and overlap")
 
 
 # Review r15's cheats: S2 waited every bucket's real work at launch whenever the peer had launched it
@@ -1001,3 +1003,21 @@ def test_review_r31_a_gradient_store_made_as_a_bytearray_counts(monkeypatch):
     rows = [r for r in _lab02_with(STORE_BYTES).rows if "peak full-gradient bytes" in r.case]
     assert rows and rows[0].status == "wrong" and "or by the install call and kept" in rows[0].detail, rows
 
+
+
+@pytest.mark.parametrize("store", ["    import mmap\n    keep = mmap.mmap(-1, 1 << 20)\n",
+                                   "    from multiprocessing import shared_memory\n"
+                                   "    keep = shared_memory.SharedMemory(create=True, size=1 << 20)\n",
+                                   "    import numpy as np\n    keep = np.memmap('/dev/zero', mode='r', shape=(1 << 20,))\n"],
+                         ids=["mmap", "shared-memory", "numpy-memmap"])
+def test_review_r33_a_store_in_memory_the_probe_cannot_weigh_is_refused(monkeypatch, store):
+    """Review r33: hooks that wrote every gradient into an ``mmap.mmap(-1, ...)`` made at install,
+    through ``torch.frombuffer`` views, passed 27/27: neither torch's allocator nor tracemalloc sees
+    that memory. Memory from outside both is refused in the source, before a rank starts."""
+    source = _lab02_solution()
+    head = "def install_zero2_hooks(params, grad_shards, bucket_bytes):\n"
+    assert head in source
+    _narrowed(monkeypatch)
+    report = _lab02_with(source.replace(head, head + store, 1))
+    row = next(r for r in report.rows if r.status != "ok")
+    assert row.case == "gradients kept in torch" and "neither torch nor Python's allocator" in row.detail, row

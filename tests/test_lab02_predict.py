@@ -111,6 +111,14 @@ def test_the_run_rows_price_the_model_by_hand():
     (("    if filling:                              # the partial bucket, sent when backward ends\n"
       "        sent.append(filling)\n", "    sent.append(filling)\n"), 0, "last bucket holds 0 B"),
     (("sum(launch(b) for b in sent[:-1])", "launch(sum(sent[:-1]))"), 0, "priced as one launch"),
+    # review r33 #3: each line clamped below the small measurement (a small bucket at its time); the
+    # launches priced on the whole line's slope from the small launch time (plan 1: 4.8 and 1.85 ms)
+    (("return lambda nbytes: t1 + slope * (nbytes - b1)",
+      "return lambda nbytes: t1 if nbytes < b1 else t1 + slope * (nbytes - b1)"), 0,
+     "priced at that measurement's time"),
+    (("whole, launch = line(whole1, whole2), line(launch1, launch2)",
+      "whole, launch = line(whole1, whole2), line(launch1, launch1 + whole2 - whole1)"), 0,
+     "a line of their own, with its own slope"),
 ])
 def test_wrong_counts_are_named(swap, row, says):
     old, new = swap

@@ -25,7 +25,7 @@ ATOL = 1e-30
 def label(case: tuple, world: int) -> str:
     """The bf16 row's case, as the report shows it."""
     model, seed, _, bucket = case
-    return f"{model} in bf16, seed {seed}, bucket {bucket:,} B, {world} ranks: shards reduced in fp32"
+    return f"{model} in bf16, seed {seed}, bucket {bucket:,} B, {world} ranks: shards reduced in fp32, then bytes and overlap"
 
 
 def row(results: list[dict], names: list[str], fp32_wrong: bool = False) -> tuple[str, str]:

@@ -143,6 +143,13 @@ def _hint(got: float, sizes, bucket: int, lone) -> str:
            for alt in _other_rules(sizes, bucket)):
         return (": a bucket goes out from the hook whose gradient makes it reach bucket_bytes, so buckets "
                 "are not all bucket_bytes long; follow the gradients in their order")
+    floor = lambda t, f, s, b: t if b < b1 else f + s * b        # noqa: E731 (review r33 #3: clamped at b1)
+    if near(sum(floor(l1, fl, sl, b) for b in early) + floor(w1, fw, sw, last)):
+        return (": a bucket smaller than the small measurement was priced at that measurement's time: "
+                "the line runs through both points and on down to 0 bytes")
+    if early and near(sum(l1 + sw * (b - b1) for b in early) + fw + sw * last):
+        return (": the launches were priced on the whole reduce-scatter's slope: the launch times make a "
+                "line of their own, with its own slope")
     return ""
 
 

@@ -54,6 +54,7 @@ from gpumem.course.lab_reach import first_reach
 from gpumem.errors import RunFailure
 
 from . import lab02_bf16, lab02_bundle, lab02_cases, lab02_measure, lab02_predict, lab02_probe, lab02_weights
+from .lab02_bundle import gpumem_imports
 from .lab02_gpu import GPU_ATOL  # noqa: F401 (tests read it here)
 from .lab02_ranks import (BARRIERS, FN, REDUCE_SCATTERS, build, reference,  # noqa: F401 (lab prints sharded_step)
                           grad_bytes, sharded_step)
@@ -66,16 +67,6 @@ CASES = (("tiny", 3, 3, 0, False), ("mini", 5, 2, 200_000, False), ("tiny", 7, 2
          ("odd", 11, 3, 150_001, True))
 IN_FLIGHT = 2                      # this lab's cap (a choice): one bucket on the wire while the next one goes out
 LONE_ROUNDS = lab02_measure.ROUNDS  # Part 2's lone reduce-scatters (tests that read no Part 2 row take 1)
-
-
-def gpumem_imports(source: str) -> list[str]:
-    """Modules of ``gpumem`` the learner's source imports (the lab asks for torch.distributed alone)."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-        found += [n for n in names if n.split(".")[0] == "gpumem"]
-    return found
 
 
 def check(ns: dict, show: bool = True) -> Report:
@@ -94,6 +85,8 @@ def check(ns: dict, show: bool = True) -> Report:
         report.rows.append(Row(FN, "torch.distributed only", "wrong",
                                f"it imports {gpumem_imports(sent)[0]}: write the padding, the layout and "
                                "the reduce-scatter with torch.distributed yourself"))
+    elif lab02_bundle.unweighed(sent):                 # review r33: a store in an mmap, never weighed
+        report.rows.append(Row(FN, "gradients kept in torch", "wrong", lab02_bundle.unweighed(sent)))
     elif first_reach(source) or first_reach(sent):     # r12 #1: the grader's clock and handles, reached into
         report.rows.append(Row(FN, "no reaching into the grader", "wrong", first_reach(source) or first_reach(sent)))
     else:
@@ -268,7 +261,7 @@ def _bf16_row(ranks: list[dict], case: tuple, fp32_wrong: bool = False) -> tuple
                       most=held_bound([4 * n for n in numel], 2 * bucket, len(ranks)))
            or _grade_calls(ranks, len(numel), 2 * sum(numel), bucket)
            or _grade_overlap(ranks, 2 * (sum(numel) - max(numel)) >= bucket))
-    return ("wrong", bad) if bad else ("ok", "")
+    return ("wrong", f"the shards are the fp32 mean; {bad}") if bad else ("ok", "")    # review r33 #2
 
 
 def _grade_case(report: Report, case: tuple, ranks: list[dict]) -> None:
