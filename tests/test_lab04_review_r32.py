@@ -158,3 +158,20 @@ def test_answers_read_from_k_by_equal_or_a_length_count_as_numbers_read():
     for cheat, op in ((asks, "torch.equal"), (lengths, "torch.nonzero")):
         got = rows({"key_block_backward": cheat}, "key_block_backward")[0]
         assert got.status != "ok" and "made from Q or K into Python" in got.detail and op in got.detail, got.detail
+
+
+def test_part_2s_question_is_answered_by_the_library_after_the_code():
+    """#3: cell 4 asks for the bytes of O each call would read to make D itself, in all, and D's own
+    bytes, and nothing printed or graded them. By hand, Llama 3 70B (64 heads of 128), 8,192 tokens,
+    blocks of 128, O in bf16: 64 x 8,192 x 128 x 2 B = 128 MiB a call, 64 calls = 8 GiB; D in fp32 is
+    64 x 8,192 x 4 B = 2 MiB. The try-it cell after part 2's code prints them."""
+    import json
+    from pathlib import Path
+    from gpumem.chapters.ch04_flash_attention import traffic
+    assert traffic.delta_reread() == {"per_call": 134_217_728, "calls": 64, "in_all": 8_589_934_592,
+                                      "d_bytes": 2_097_152}
+    assert "O read per call 128 MiB, over the 64 calls 8 GiB; D made once in fp32: 2 MiB" in traffic.delta_line()
+    root = Path(__file__).resolve().parents[1]
+    for folder in ("solutions", "labs"):
+        cells = json.loads((root / folder / "lab04_online_softmax.ipynb").read_text())["cells"]
+        assert "traffic.delta_line()" in "".join(cells[7]["source"]), folder

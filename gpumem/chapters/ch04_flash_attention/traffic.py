@@ -96,3 +96,21 @@ def scale_table(names=("llama-3-8b", "llama-3-70b", "llama-3.1-405b"), seqs=(204
             mat = compute.seconds(6 * cfg.layer_params() * s, gpu, hfu)
             lines.append(f"{cfg.name:16s}{s:7,d}{att * 1e3:14,.2f}{mat * 1e3:12,.2f}{100 * att / (att + mat):16.0f} %")
     return "\n".join(lines)
+
+
+def delta_reread(model: str = "llama-3-70b", seq: int = 8192, block: int = 128, o_elem: int = 2) -> dict:
+    """Lab 04's part 2 question: bytes of O that each ``key_block_backward`` call would read to make
+    D = rowsum(dO * O) itself (every query row of every head, one layer, batch 1, O at ``o_elem`` B),
+    over the ceil(seq / block) calls, against D made once in fp32 before the loop."""
+    cfg = models.get(model)
+    per_call = cfg.n_heads * seq * cfg.head_dim * o_elem
+    calls = -(-seq // block)
+    return {"per_call": per_call, "calls": calls, "in_all": per_call * calls, "d_bytes": cfg.n_heads * seq * 4}
+
+
+def delta_line(model: str = "llama-3-70b", seq: int = 8192, block: int = 128, o_elem: int = 2) -> str:
+    """:func:`delta_reread` in one line, in binary units."""
+    r, cfg = delta_reread(model, seq, block, o_elem), models.get(model)
+    mib = lambda n: f"{n / 2**20:,.0f} MiB" if n < 2**30 else f"{n / 2**30:,.0f} GiB"    # noqa: E731
+    return (f"{cfg.name}, one layer, {seq:,} tokens, key blocks of {block}: O read per call {mib(r['per_call'])}, "
+            f"over the {r['calls']} calls {mib(r['in_all'])}; D made once in fp32: {mib(r['d_bytes'])}")
