@@ -144,10 +144,9 @@ def why(learner, case: dict, key: str, got: int, want: int) -> str:
     wrong = [s for s, (mine, true) in t.items() if mine is not None and mine != true]
     whole = f" (this case: expected {want:,} {unit}, got {got:,})"      # r21, r22: the whole gap, every hint
     if plain_mine is not None and plain_mine != plain_true:     # r29: as part 2's and the chain rows, plain first
-        right = "; every switch's term is right" if not wrong and len(t) == sum(m is not None for m, _ in t.values()) \
-            else ""
-        return (f"the plain layer (norm='fused', mlp='swiglu', qkv_bias=False) at this shape is already "
-                f"{plain_mine - plain_true:+,} {unit} off{right}: fix part 2's count first" + whole)
+        return (f"the plain layer (norm='fused', mlp='swiglu', qkv_bias=False) at this shape is already "     # r33 #4
+                f"{plain_mine - plain_true:+,} {unit} off: fix part 2's count first; the switches are checked after"
+                + whole)
     if key == "activations" and len(wrong) > 1 and all(t[s][0] == 0 for s in wrong):
         named = " and ".join(f"{s}={case[s]!r}" for s in wrong)
         return (f"{named}: you counted the plain Llama layer ({got - want:+,} B); each of these variants "
