@@ -5,7 +5,8 @@ A count is a sum of terms, one per switch (``norm``, ``mlp``, ``qkv_bias``) on t
 layer. The grader asks the learner's function again at the same shape with one switch set back to
 part 2's layer, and compares the learner's term (their count with the switch on, minus with it
 off) with the true term (the same difference of :func:`.variants.measure`). The switch whose term
-differs is the one the hint names; if every term agrees, the plain layer itself is off. So a
+differs is the one the hint names (the plain layer is checked first: when it is off, the row says to
+fix part 2's count first and names no switch). So a
 count that adds bytes for the biases is blamed on ``qkv_bias``, whatever else the case switches on.
 A chain MLP's wrong term is narrowed down further (:func:`chain_hint`): the learner's count and
 the measured one for the chain's prefixes, from no operation (up, then down) to all of them; the
