@@ -854,7 +854,7 @@ def test_a_slip_over_two_monomials_is_named_by_both():
                 qk_norm="none")
     fn = _part2_slip(lambda kw: -4 * kw["d_model"] * T_OF(kw) + 4 * kw["n_kv_heads"] * kw["head_dim"] * T_OF(kw))
     hint = labpart2.why(fn, case, fn(**case), solution()["layer_activation_bytes"](**case))
-    assert "-864 B off = -4 x tokens x d_model +4 x tokens x n_kv_heads x head_dim" in hint, hint     # 18 tokens: -1,728 + 864
+    assert "-864 B off = -4 x tokens x d_model +4 x tokens x n_kv_heads x 6" in hint, hint     # 18 tokens: -1,728 + 864
 
 
 def test_a_wrong_model_state_key_is_named_with_its_elements():

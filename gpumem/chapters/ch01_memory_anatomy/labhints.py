@@ -5,7 +5,8 @@ A count is a sum of terms, one per switch (``norm``, ``mlp``, ``qkv_bias``) on t
 layer. The grader asks the learner's function again at the same shape with one switch set back to
 part 2's layer, and compares the learner's term (their count with the switch on, minus with it
 off) with the true term (the same difference of :func:`.variants.measure`). The switch whose term
-differs is the one the hint names; if every term agrees, the plain layer itself is off. So a
+differs is the one the hint names (the plain layer is checked first: when it is off, the row says to
+fix part 2's count first and names no switch). So a
 count that adds bytes for the biases is blamed on ``qkv_bias``, whatever else the case switches on.
 A chain MLP's wrong term is narrowed down further (:func:`chain_hint`): the learner's count and
 the measured one for the chain's prefixes, from no operation (up, then down) to all of them; the
@@ -144,10 +145,9 @@ def why(learner, case: dict, key: str, got: int, want: int) -> str:
     wrong = [s for s, (mine, true) in t.items() if mine is not None and mine != true]
     whole = f" (this case: expected {want:,} {unit}, got {got:,})"      # r21, r22: the whole gap, every hint
     if plain_mine is not None and plain_mine != plain_true:     # r29: as part 2's and the chain rows, plain first
-        right = "; every switch's term is right" if not wrong and len(t) == sum(m is not None for m, _ in t.values()) \
-            else ""
-        return (f"the plain layer (norm='fused', mlp='swiglu', qkv_bias=False) at this shape is already "
-                f"{plain_mine - plain_true:+,} {unit} off{right}: fix part 2's count first" + whole)
+        return (f"the plain layer (norm='fused', mlp='swiglu', qkv_bias=False) at this shape is already "     # r33 #4
+                f"{plain_mine - plain_true:+,} {unit} off: fix part 2's count first; the switches are checked after"
+                + whole)
     if key == "activations" and len(wrong) > 1 and all(t[s][0] == 0 for s in wrong):
         named = " and ".join(f"{s}={case[s]!r}" for s in wrong)
         return (f"{named}: you counted the plain Llama layer ({got - want:+,} B); each of these variants "

@@ -123,7 +123,8 @@ def _in_terms(learner, case: dict, off: int) -> str:
     (two monomials equal there, or two slips that add up to one): the learner's function and the
     measure are asked again at :func:`_probes`' shapes, and only a term that is the difference there
     too is kept; then, with no single term left, a pair of terms (:func:`_pairs`) the same way; none,
-    or more than one left: the old advice."""
+    or more than one left: the old advice. ``case`` is the plain layer, so a monomial's head_dim is
+    written as its number, d_model // n_heads (review r33 #3: the row's header shows the case's)."""
     offs: list = []                       # (probe, the learner's bytes off there), asked when needed
 
     def off_at(i: int):
@@ -141,15 +142,18 @@ def _in_terms(learner, case: dict, off: int) -> str:
                 return False
         return True
 
+    def named(name: str) -> str:      # r33 #3: the plain layer's head width as a number, not the case's
+        return name.replace("head_dim", str(case["head_dim"]))
+
     found = [(k, m) for k, m in _terms(case, off) if holds([(k, m)])]
     if len({m[0] for _, m in found}) == 1:
         k, (name, _) = found[0]
-        return f" = {k:+} x {name}"
+        return f" = {k:+} x {named(name)}"
     if not found:
         pairs = [p for p in _pairs(case, off) if holds(p)]
         if len({(a[0], a[1][0], b[0], b[1][0]) for a, b in pairs}) == 1:
             (k1, (n1, _)), (k2, (n2, _)) = pairs[0]
-            return f" = {k1:+} x {n1} {k2:+} x {n2}"
+            return f" = {k1:+} x {named(n1)} {k2:+} x {named(n2)}"
     return ": go through its operations again"
 
 
