@@ -322,3 +322,15 @@ def test_the_chapter_leaves_the_labs_checkpoint_to_the_lab():
                 and "dropout" in c.source)
     agree = [int(n) for n in re.findall(r"masks agree on (\d+) of 16", demo)]
     assert len(agree) == 3 and agree[0] == 16 and agree[1] < 16 and agree[2] == 16, demo
+
+
+def test_the_chapter_leaves_lab_03s_question_open():
+    """Review r30 of lab 03 (#6): the chapter's early-stop cells named the matmul the early stop skips
+    (cell 31's labels "x W_down", cell 32's "`W_down`'s output"), and the quiz hint named it too; lab
+    03 asks which matmul and why. They now say "one MLP matmul" (three have its 2*T*F*h FLOPs)."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    early = [c for c in nb.cells if "early stop" in c.source or "non-reentrant: re-run" in c.source]
+    assert early and not any("W_down" in c.source for c in early)
+    outputs = "".join(o.get("text", "") for c in early if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "x one MLP matmul" in outputs and "W_down" not in outputs
+    assert "W_down" not in QUIZ._get("early-stop-flops").hint

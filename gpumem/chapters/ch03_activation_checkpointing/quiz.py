@@ -192,8 +192,8 @@ QUIZ = Quiz("03_activation_checkpointing", [
             "d_in x d_out weight as 2*T*d_in*d_out and attention's core as 4*s^2*d_model a layer. How "
             "many TFLOP does the recomputation add per sequence?",
             answer=lambda n: n["early_t"], unit="TFLOP", rel_tol=0.005,
-            hint="The layer's last operation is W_down followed by the residual sum. Does the layer's "
-                 "backward read W_down's output? Then count, per segment, what is never re-run.",
+            hint="Which tensors of a layer does its backward read? Its last operations' outputs may not be "
+                 "among them. Then count, per segment, what is never re-run.",
             explanation="The whole-segment re-run would cost {rec_t:,.3f} TFLOP. Backward needs W_down's "
                         "input and weight, not its output, so the last W_down of each of the {segs} "
                         "segments ({down_t:,.3f} TFLOP each) is skipped: the early-stop re-run, {answer} TFLOP.",
