@@ -13,13 +13,13 @@ Five families, one member of each drawn at check time like :mod:`.lab06_cases`' 
 sequence, batch, link and the host cap drawn from ranges): a host-memory cap per node below the
 planner's 2 TB; model-parallel ranks kept in one node on a 5-20 Gb/s link between nodes (issue
 21's slow-network case); the same on 128K-192K-token sequences (its long-sequence case); a cap
-that NVMe offload's states fit but not with its swap buffers (review r9: the buffers never
-decided a case; on its 405B clusters nothing keeps that cap, so the answer is None); a stack that
+that NVMe offload's states fit but not with its swap buffers, which a slower NVMe layout keeps
+(:mod:`.lab06_swap`; review r9: the buffers never decided a case; r32: nothing kept it); a stack that
 lacks 1-3 of the levers the planner's fastest layout uses, on clusters of every other family's
 ranges (review r29: a packed table of ~115 harvested winners fit the literal rule; the winners
 under a drawn lack are second choices that change with it, tests/test_lab06_adversarial.py). A member
 counts only when the planner's own fastest layout breaks the limit and the fastest that keeps it
-is at least :data:`.lab06_cases.MARGIN` slower (for the swap buffers: or none keeps it), so
+is at least :data:`.lab06_cases.MARGIN` slower, so
 ``plan()``'s default answer, or a copy's or a child process's, breaks it (and everything within
 5 % of it does too).
 
@@ -46,7 +46,8 @@ from gpumem.planner.memory import per_gpu
 from gpumem.planner.swap_buffers import offload_buffers
 from gpumem.timing.offload_time import datasheet_links
 
-from . import lab06_cases, lab06_diagnose, lab06_guard, lab06_levers
+from . import lab06_cases, lab06_diagnose, lab06_guard, lab06_levers, lab06_swap
+from .lab06_swap import swap_of  # noqa: F401 (tests read it here)
 from .lab06_cases import FAST, SLOW, SLOW_LINK
 
 NODE = 8                          # GPUs per node (the planner's GPUS_PER_NODE: DGX/HGX 8-GPU nodes)
@@ -117,7 +118,6 @@ def truth(model: str, gpus: int, gpu: str, seq: int, batch: int, link: float | N
 
 
 CAP_STEP = 0.05e12           # drawn host caps are rounded to 0.05 TB
-SWAP_STEP = 0.01e12          # the swap-buffer caps to 0.01 TB (the buffers are 0.13 TB a node of 8)
 
 
 class LimitFamily(NamedTuple):
@@ -136,34 +136,15 @@ def _cap(rng: random.Random, *_) -> Limits:
     return Limits(round(rng.uniform(0.3e12, 1.2e12) / CAP_STEP) * CAP_STEP)
 
 
-def swap_of(model: str, gpus: int, seq: int, lay) -> tuple[float, float]:
-    """(host bytes of one node without, with NVMe offload's swap buffers) of ``lay``."""
-    cfg = models.get(model)
-    host = per_gpu(cfg, seq, lay)["host"]
-    swap = sum(v for k, v in offload_buffers(cfg, lay).items() if k.endswith("swap"))
-    return host * min(gpus, NODE), (host + swap) * min(gpus, NODE)
-
-
 def _swap_cap(rng: random.Random, case: tuple, link, search) -> Limits | None:
-    """A cap between the host bytes of the planner's fastest layout (NVMe offload) without and with
-    its swap buffers: a search that leaves the buffers out takes a layout over the cap."""
+    """A cap that the planner's fastest layout (NVMe offload) breaks with its swap buffers and a
+    slower NVMe layout keeps (:mod:`.lab06_swap`): a search that leaves the buffers out takes the
+    fastest, over the cap."""
     found = search(*case, link, Limits())
     if found.planner_best is None or found.planner_best[1].device != "nvme":
         return None
-    lo, hi = (x / SWAP_STEP for x in swap_of(case[0], case[1], case[3], found.planner_best[1]))
-    steps = range(int(lo) + 1, -int(-hi // 1))             # whole steps strictly inside (lo, hi)
-    return Limits(rng.choice(steps) * SWAP_STEP) if steps else None
-
-
-def swap_hinges(found, limits: Limits, case: tuple) -> bool:
-    """The planner's fastest is NVMe offload, its states fit the cap and with the swap buffers do
-    not (so leaving them out picks it), and what keeps the cap is MARGIN slower, or nothing does."""
-    if found.planner_best is None or found.planner_best[1].device != "nvme" or limits.host_per_node is None:
-        return False
-    t, lay = found.planner_best
-    without, with_swap = swap_of(case[0], case[1], case[3], lay)
-    return without <= limits.host_per_node < with_swap and (found.best is None or
-                                                            found.best[0] >= lab06_cases.MARGIN * t)
+    steps = lab06_swap.caps(case, link, found.planner_best)
+    return Limits(rng.choice(steps) * lab06_swap.STEP) if steps else None
 
 
 _S, _SEQS = lab06_cases._space, lab06_cases.SEQS
@@ -174,7 +155,6 @@ HOST_CAP_SPACES = (_S(("llama-3-70b",), (8, 16), ("a100-40gb", "a100-80gb"), (20
                    _S(("llama-3.1-405b",), (32, 64), ("a100-80gb", "h100-80gb"), _SEQS, (64, 512, 16), FAST))
 ONE_NODE_SLOW = _S(("llama-3-70b",), (32, 64), ("h100-80gb",), (2048, 4096), (128, 512, 32), SLOW)
 ONE_NODE_LONG = _S(("llama-3-8b",), (16, 32), ("h100-80gb",), (131072, 163840, 196608), (4, 64, 4), FAST)
-_NVME = next(f for f in lab06_cases.FAMILIES if f.name == "NVMe offload")     # its ranges: 405B on 16 GPUs
 
 
 def _every_node(space: dict) -> dict:
@@ -202,8 +182,8 @@ FAMILIES = (
                 ((("llama-3-70b", 32, "h100-80gb", 4096, 256), SLOW_LINK, Limits(None, True)),)),
     LimitFamily("one node, long sequence", ONE_NODE_LONG, lambda *_: Limits(None, True),
                 ((("llama-3-8b", 16, "h100-80gb", 131072, 8), None, Limits(None, True)),)),
-    LimitFamily("NVMe swap buffers", _NVME.space, _swap_cap,
-                ((("llama-3.1-405b", 16, "h100-80gb", 4096, 64), None, Limits(0.47e12)),), swap_hinges),
+    LimitFamily("NVMe swap buffers", lab06_swap.SPACE, _swap_cap,
+                ((("llama-3.1-405b", 16, "h100-80gb", 6144, 64), None, Limits(0.54e12)),), lab06_swap.hinges),
     LimitFamily("the stack lacks a lever", LACK_SPACES, _lacks,
                 ((("llama-3.1-405b", 128, "h100-80gb", 2048, 672), None, Limits(without=("mcore",))),),
                 tries=8),        # about half the draws hinge: 4 tries fell back on 11 of 130 seeds
