@@ -49,6 +49,7 @@ from pathlib import Path
 
 from . import genuine, lab_intact, lab_origin, lab_relay, lab_watch  # noqa: F401 -- lab_origin: imported before any learner code runs
 from .grading import Report, Row, freeze
+from .lab_bare import bare
 from .lab_carry import carry
 from .lab_kernel import notes, refusal
 
@@ -211,17 +212,20 @@ def _report(lab: str, sent: dict, raw: bytes, code: int) -> Report:
 
 def rebuild(sent: dict) -> dict:
     """A fresh namespace holding the carried definitions, each cell's carried lines in ``linecache``
-    under its cell's name (so ``inspect.getsource`` and line numbers read as in the notebook). A
-    definition kept under a second name (``first_try``) does not replace the one of its own name."""
+    under its cell's name (so ``inspect.getsource`` and line numbers read as in the notebook), with
+    docstrings and comments emptied (:func:`.lab_bare.bare`: a table of answers kept there was read
+    back by ``inspect.getdoc``, review r34 of lab 06). A definition kept under a second name
+    (``first_try``) does not replace the one of its own name."""
     ns: dict = {"__name__": "__main__"}
     for name, cell in sent["cells"].items():
+        cell = bare(cell)
         linecache.cache[name] = (len(cell), None, cell.splitlines(True), name)
     for name, line in sent["values"]:
-        _run(name, line, "<carried values>", ns)
+        _run(name, bare(line), "<carried values>", ns)
     missing = object()
     for name, cell, source, own in sent["defs"]:
         before = ns.get(own, missing)
-        _run(name, source, cell, ns)
+        _run(name, bare(source), cell, ns)
         if own != name and own in ns:
             ns[name] = ns[own]
             if before is missing:
