@@ -822,8 +822,8 @@ def test_base_on_cpu_by_hand_and_the_chapters():
 
 @pytest.mark.parametrize("cheat, key, said", [
     ("gpu", "gpu", "the GPU holds more than the activations while the base is on the CPU: what else must be there?"),
-    ("once", "pcie", "each block crosses twice a step"),
-    ("no root", "pcie", "the root unit (embedding, head, final norm) crosses too"),
+    ("once", "pcie", "how many times does a block's copy cross in one step"),       # review r33 #4: questions
+    ("no root", "pcie", "what does FSDP gather besides the blocks"),
     ("host", "host", "which roles are FSDP parameters?")])       # review r31 #1: a question, not the rule
 def test_base_on_cpu_that_skips_a_piece_fails(cheat, key, said):
     ns = solution()

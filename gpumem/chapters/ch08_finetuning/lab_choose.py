@@ -166,7 +166,7 @@ def _by_own(counts: dict, which: str, case: tuple, figures: dict, rungs, usable:
             if name not in states:
                 states[name] = sum(call(fn, dict(model), ft).values())
             gpu += states[name] - figures[name][0]
-        elif which == "activation_peak" and not ft.offload:
+        elif which == "activation_peak":      # the base on the CPU too (review r33 #2: else the reserve was blamed)
             gpu += call(fn, dict(model), ft, seq, batch, policy, 0.0) - acts[policy]
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in (gpu, host)):
             raise TypeError("not bytes")

@@ -3,13 +3,14 @@
 Each row is one drawn model (:mod:`.lab_acts`); the first wrong figure is named with its setup and
 policy, the direction and a factor (bytes under 1 %), and, where the difference is one the chapter
 names, that piece: the frozen base's saves, the adapters' bf16 input copies, their bf16 casts, the
-loss, RoPE's tables, the re-run layer, lora_dropout's copies and masks; for the base on the CPU, the root unit, the two blocks, the
-NF4 constants and the dequantised matrix that stay (a bf16 base has neither: its rows do not name
-them), and the passes over PCIe; for QLoRA, what peft's ``prepare_model_for_kbit_training`` would
-add and the rungs leave out (review r15 #3): every layer checkpointed, the fp32 cast on the host.
-A base-on-CPU slip that is none of these gets a question naming the group that is wrong (the roles
-that are FSDP parameters, what a block's copy holds, how long the root stays gathered) or, failing
-that, only the direction and the factor: never the rule cell 13 asks for (review r31 #1).
+loss, RoPE's tables, the re-run layer, lora_dropout's copies and masks; for QLoRA, what peft's
+``prepare_model_for_kbit_training`` would add and the rungs leave out (review r15 #3): every layer
+checkpointed, the fp32 cast on the host. Some slips get a question instead (review r33 #1, #3):
+the checkpoint's input counted again in the re-run, projections' inputs saved twice, norms counted
+as the trace's plain ones; an excess of no known kind gets none. Part 3's rows never state the rule cell
+13 asks for (review r31 #1, r33 #4): a slip there gets a question naming the group that is wrong
+(how often a block's copy crosses, what else FSDP gathers, how many blocks it holds, which roles
+are FSDP parameters) or only the direction and the factor; a bf16 base's rows name no NF4 role.
 """
 
 from gpumem.course.grading import Row, call, returned, run_case
@@ -61,6 +62,8 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
                               "gradient, so that norm saves nothing; every later layer's does: 2h + 4 B a token)"}
     if abs(gap) in named and gap:
         return f"{'missing' if gap > 0 else 'counted once too often'}: {named[abs(gap)]}"
+    if policy == "full" and -gap == 2 * T * h and want == parts["recompute_peak"]:       # review r33 #1
+        return "the re-run layer's input is the checkpoint's own tensor: is it counted twice?"
     if ft.base_dtype == "nf4" and policy == "none" and got == lab_acts.peak_parts(
             lab_draw.config(model), ft, seq, batch, "full", dropout)["peak"]:        # review r15 #3
         return ("that is the checkpointed peak: peft's prepare_model_for_kbit_training would turn gradient "
@@ -79,17 +82,36 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
     if ft.lora and ft.adapter_dtype == "fp32" and ft.base_dtype == "bf16" and got < want:
         return ("your adapted projections' saved inputs are short: with fp32 adapters under autocast, see what "
                 "each adapted projection saves of its input (saved_in_layer's fp32 row)")  # review r28 #2
-    if ft.lora and ft.base_dtype == "nf4" and got > want:
+    excess = _excess(ft, policy, -gap, parts, model, T) if gap < 0 else ()        # review r33 #3
+    if excess == ("inputs",) and ft.lora and ft.base_dtype == "nf4":
         return ("on a GPU under autocast peft's 4-bit layer does not cast the input: adapters that read one "
                 "tensor share it, and o's input is attention's output, already saved")
-    if not ft.lora and abs(gap) == (L if policy == "none" else 1) * 2 * T * h:     # every layer's, or the re-run's
+    if not ft.lora and gap == (L if policy == "none" else 1) * 2 * T * h:      # every layer's, or the re-run's
         return "full fine-tuning saves each projection's input: q/k/v's and the MLP's, one bf16 copy each"
     if policy == "full" and got in (parts["forward_peak"], parts["recompute_peak"]):   # review r31 #4: one
         return ("checkpointed, the peak is the larger of two moments, the end of the forward and the last "   # moment
                 "layer's re-run in backward: count what is alive at each")                              # is right
-    if got > want:
-        return "which projections read a tensor that another operator already saves?"
-    return ""
+    return " Or ".join({"norms": "what does a fused RMSNorm save on a GPU, against the trace's plain one?",
+                        "inputs": "which projections read a tensor that another operator already saves?"}[k]
+                       for k in excess)
+
+
+def _excess(ft, policy: str, over: int, parts: dict, model: dict, T: int) -> tuple[str, ...]:
+    """What a count ``over`` bytes too high can be (review r33 #3), both where the bytes say both:
+    "norms", RMSNorms counted as the trace's plain ones (its fp32 input, and when trained its bf16
+    product: 2h or 4h a token more than a fused one) in every norm without checkpointing, the
+    re-run layer's two with it or the final norm at the forward's end (not 2Th there: a frozen
+    head's input, which LoRA does not save), or a fused norm's 2h + 4 counted again; "inputs", a sum
+    of projections' bf16 inputs saved again (2h, 2q, 2F a token: q/k/v/gate/up's, o's, down's) in
+    every layer, or in the re-run layer when that is the peak; () for any other excess."""
+    h, q, F, L = model["d_model"], model["n_heads"] * model["head_dim"], model["ffn"], model["n_layers"]
+    at_end = policy == "full" and parts["peak"] == parts["forward_peak"]
+    norms = (2 * L - 1, 2 * L, 2 * L + 1) if policy == "none" else (1,) if at_end else (2,)
+    plain = {n * T * w for n in norms for w in ((2 * h, 4 * h) if ft.lora else (4 * h,))} - {2 * T * h}
+    per, rest = divmod(over, T * (L if policy == "none" else 1))
+    widths = {2 * (a * h + b * q + c * F) for a in range(6) for b in (0, 1) for c in (0, 1)} - {0}
+    return tuple(k for k, yes in (("norms", over in plain or over % (T * (2 * h + 4)) == 0),
+                                  ("inputs", not (at_end or rest) and per in widths)) if yes)
 
 
 def grade_acts(report, fn, cases: list) -> None:
@@ -126,28 +148,25 @@ def _offload_hint(key: str, got: int, want: dict, ft, model: dict) -> str:
             return "the host holds bytes that FSDP never moves there: which roles are FSDP parameters?"
         return ""
     if key == "pcie":
-        if got in (L * want["block"] + want["root"], 3 * L * want["block"] + want["root"]):
-            return ("each block crosses twice a step, forward and backward; the checkpointed re-run uses the "
-                    "backward's copy")
-        if got == want["pcie"] - want["root"]:
-            return ("the root unit (embedding, head, final norm) crosses too, once a step: gathered for the "
-                    "forward, kept to the backward, then freed")
+        if got in (L * want["block"] + want["root"], 3 * L * want["block"] + want["root"]):   # review r33 #4:
+            return "how many times does a block's copy cross in one step, and does the re-run need a third?"
+        if got == want["pcie"] - want["root"]:                                             # questions only
+            return "what does FSDP gather besides the blocks, and how long does it stay gathered?"
         if gap < 0 and -gap % want["root"] == 0:
             return "the root unit crosses fewer times than you counted: how long does it stay gathered?"
         per, rest = divmod(gap, 2 * L)       # one block's bytes, per crossing
         if gap > 0 and not rest and per <= want["block_grads"] + 4 * model["d_model"]:
             return "a block's copy holds more than its matrices: what else does FSDP gather with them?"
         return ""
-    pieces = {want["root"]: "the root unit (embedding, head unless tied, final norm: FSDP keeps it from forward "
-                            "to backward)",
-              2 * (want["block"] + want["block_grads"]): "two blocks (one computing, one prefetched) with their "
-                                                         "adapters' gradients",
-              want["block"] + want["block_grads"]: "a second block: one computes while the next is prefetched",
-              want["block_grads"] * 2: "the two blocks' adapter gradients",
-              want["constants"]: "the NF4 constants (quant_constants: attributes, not parameters, so they stay)",
-              want["dequant_buffer"]: "the dequantised matrix (dequant_buffer)"}
+    held = "how many blocks does FSDP hold while it prefetches"
+    pieces = {want["root"]: "how long does FSDP keep the root unit gathered?",
+              2 * (want["block"] + want["block_grads"]): f"{held}, and what comes with each?",
+              want["block"] + want["block_grads"]: f"{held}?",
+              want["block_grads"] * 2: "what does each block on the GPU hold besides its weights?",
+              want["constants"]: "which of QLoRA's roles are not FSDP parameters?",
+              want["dequant_buffer"]: "which of QLoRA's roles are not FSDP parameters?"}
     if gap in pieces and gap:
-        return f"{'missing' if gap > 0 else 'counted once too often'}: {pieces[gap]}"
+        return pieces[gap]
     if nf4 and gap == want["constants"] + want["dequant_buffer"]:
         return "the GPU keeps roles that FSDP never moves to the host: which roles are not FSDP parameters?"
     if got == want["activations"]:
