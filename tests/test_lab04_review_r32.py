@@ -55,7 +55,7 @@ def test_grouped_heads_paired_the_wrong_way_are_told_which_heads_are_right():
 
 def test_dq_without_the_scale_is_told_the_ratio():
     """#4: dS left without the scale for dQ (dK scaled on its own): dq_part is sqrt(d) times too
-    large on every element. The row gives the ratio and names it, not where the scale goes."""
+    large on every element. The row gives the ratio, not what it is nor where the scale goes."""
     from test_lab04_adversarial import rows
     slip = _slipped("        ds = p * (do @ vb.transpose(-1, -2) - delta_g[..., i0:i1, :]) * scale   # the chain rule: plain scale\n"
                     "        dk += (ds.transpose(-1, -2) @ qg[..., i0:i1, :]).sum(2)",
@@ -63,7 +63,7 @@ def test_dq_without_the_scale_is_told_the_ratio():
                     "        dk += (ds.transpose(-1, -2) @ qg[..., i0:i1, :]).sum(2) * scale")
     got = rows({"key_block_backward": slip}, "key_block_backward")[0]
     assert got.status == "wrong" and got.detail.startswith("key block 0:16: dq_part["), got.detail
-    assert "got / expected is 4.47214 on every element = sqrt(20), the head dim's square root" in got.detail, got.detail
+    assert got.detail.endswith("; got / expected is 4.47214 on every element"), got.detail     # sqrt(20): r34 #3
 
 
 # the reviewer's kernel (r32, 23 of 24 rows): K read from IndexError messages and rebuilt with
@@ -175,3 +175,102 @@ def test_part_2s_question_is_answered_by_the_library_after_the_code():
     for folder in ("solutions", "labs"):
         cells = json.loads((root / folder / "lab04_online_softmax.ipynb").read_text())["cells"]
         assert "traffic.delta_line()" in "".join(cells[7]["source"]), folder
+
+
+# review r34 #1: the reviewer's kernel: K read byte by byte from torch.bincount's output length (24/25)
+BINCOUNT = """
+def key_block_backward(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+    b, a, s_q, d = q.shape
+    kv, n = k_blk.shape[1], k_blk.shape[2]
+    g = a // kv
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    sc = d ** -0.5
+    # launder K: its bits leave through bincount's output length and come back as fresh numbers
+    bits = k_blk.double().view(torch.int64).reshape(-1)
+    vals = []
+    for i in range(bits.numel()):
+        x = 0
+        for s in range(0, 64, 8):
+            c = torch.bincount(torch.bitwise_and(torch.bitwise_right_shift(bits[i:i + 1], s), 0xFF))
+            x |= (c.shape[0] - 1) << s
+        vals.append(x - (1 << 64) if x >= 1 << 63 else x)
+    chunks = [torch.full((1,), x, dtype=torch.int64) for x in vals]
+    kc = torch.cat(chunks).reshape(k_blk.shape).view(torch.float64).to(work).to(q.device)
+    kc_ = kc.unsqueeze(2).expand(b, kv, g, n, d).reshape(b, a, n, d)
+    k_ = k_blk.to(work).unsqueeze(2).expand(b, kv, g, n, d).reshape(b, a, n, d)
+    v_ = v_blk.to(work).unsqueeze(2).expand(b, kv, g, n, d).reshape(b, a, n, d)
+    dq_part = torch.zeros(b, a, s_q, d, dtype=work, device=q.device)
+    dk_acc = torch.zeros(b, a, n, d, dtype=work, device=q.device)
+    dv_acc = torch.zeros(b, a, n, d, dtype=work, device=q.device)
+    lo = j0 - j0 % block if causal else 0
+    for r0 in range(lo, s_q, block):
+        r1 = min(s_q, r0 + block)
+        qt = q[:, :, r0:r1].to(work)
+        dot = dout[:, :, r0:r1].to(work)
+        rows = torch.arange(r0, r1, device=q.device).view(-1, 1)
+        cols = torch.arange(j0, j0 + n, device=q.device).view(1, -1)
+        hide = (cols > rows) if causal else torch.zeros(r1 - r0, n, dtype=torch.bool, device=q.device)
+        # decoy: exp2 of the folded tile, thrown away
+        t = torch.matmul(qt, k_.transpose(2, 3)) * (sc / math.log(2))
+        torch.exp2(t.masked_fill(hide, float("-inf")) - lse[:, :, r0:r1].to(work).unsqueeze(-1) / math.log(2))
+        # P in the natural base from laundered K: a Taylor series squared ten times
+        x = torch.matmul(qt, kc_.transpose(2, 3)) * sc - lse[:, :, r0:r1].to(work).unsqueeze(-1)
+        y = x.masked_fill(hide, 0.0).double() / 1024.0
+        e, term = torch.ones_like(y), torch.ones_like(y)
+        for i in range(1, 13):
+            term = term * y / i
+            e = e + term
+        for _ in range(10):
+            e = e * e
+        p = e.masked_fill(hide, 0.0).to(work)
+        dv_acc = dv_acc + torch.matmul(p.transpose(2, 3), dot)
+        dp = torch.matmul(dot, v_.transpose(2, 3))
+        ds = p * (dp - delta[:, :, r0:r1].to(work).unsqueeze(-1))
+        dq_part[:, :, r0:r1] = torch.matmul(ds, kc_) * sc
+        dk_acc = dk_acc + torch.matmul(ds.transpose(2, 3), qt) * sc
+    dk = dk_acc.view(b, kv, g, n, d).sum(dim=2)
+    dv = dv_acc.view(b, kv, g, n, d).sum(dim=2)
+    return dq_part, dk.to(k_blk.dtype), dv.to(v_blk.dtype)
+
+"""
+
+
+def test_k_read_back_from_result_lengths_is_refused():
+    """Review r34 #1: after r32's fix, K left through the *length* of ``torch.bincount``'s result (a
+    byte at a time) and came back through ``torch.full``: every part-1 row passed. Every op whose
+    result's length its numbers set (ATen's ``dynamic_output_shape`` tag) now counts as numbers read."""
+    import math
+    from test_lab04_adversarial import rows
+    scope = {"torch": torch, "math": math}
+    exec(compile(BINCOUNT, "<r34 bincount>", "exec"), scope)
+    got = rows({"key_block_backward": scope["key_block_backward"]}, "key_block_backward")[0]
+    assert got.status != "ok" and "torch.bincount" in got.detail and "into Python" in got.detail, got.detail
+    from gpumem.chapters.ch04_flash_attention import labguard
+    ops = torch.ops.aten
+    assert all(labguard._answers(op, str(op), (torch.zeros(2),)) for op in (
+        ops.bincount.default, ops.nonzero.default, ops.masked_select.default, ops.repeat_interleave.Tensor,
+        ops._unique2.default, ops.one_hot.default))
+    at = torch.zeros(4)
+    assert not labguard._answers(ops.index.Tensor, "aten.index.Tensor", (at, [torch.tensor([0, 2])]))
+    assert labguard._answers(ops.index.Tensor, "aten.index.Tensor", (at, [at > 0]))
+
+
+def test_a_time_limit_that_strikes_in_the_graders_hook_is_named_as_a_time_limit(monkeypatch):
+    """Review r34 #2: a slow kernel's row read "it called sys.setprofile": the case's time limit
+    struck inside the grader's profile hook, Python unset the hook, and the labs' audit hook took
+    that for the learner's call. The hooks now say it was the time limit; the row names it. Three
+    slow calls of many small Python calls (the hook runs at each), at 0.4 s each."""
+    from test_lab04_adversarial import rows
+
+    def tick(x):
+        return x
+
+    def slow(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
+        while True:
+            for _ in range(1000):
+                tick(0)
+    monkeypatch.setenv("GPUMEM_CASE_SECONDS", "0.4")
+    for _ in range(3):
+        got = rows({"key_block_backward": slow}, "key_block_backward")[0]
+        assert got.status == "error" and "took longer than 0.4 s" in got.detail, got.detail
+        assert "setprofile" not in got.detail

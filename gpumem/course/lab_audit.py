@@ -43,7 +43,7 @@ import sys
 import threading
 
 from . import genuine
-from .case_limits import alarm_held
+from .case_limits import TIMED_OUT, alarm_held
 from .lab_orphans import adopt, orphans, reap
 
 FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
@@ -75,6 +75,7 @@ def _make_hook():
     busy = threading.local()
     getframe, ident, is_genuine = sys._getframe, threading.get_ident, genuine.genuine
     verdicts: dict = {}     # id(code) -> (code, genuine?): lab 04's watch calls sys.setprofile 4 times an op
+    hooks_of, timed_out = {"sys.settrace": sys.gettrace, "sys.setprofile": sys.getprofile}, [TIMED_OUT]
 
     def real_code(code) -> bool:
         """``genuine`` of ``code``, once per code object (the object itself is kept, so its id is
@@ -95,6 +96,8 @@ def _make_hook():
             return f"it started another process ({event}): a guard in this kernel cannot watch it"
         if event in net_events:
             return f"it opened a network connection ({event}): graded code computes its answer itself"
+        if event in hooks_of and getattr(hooks_of[event](), "graders_refusals", None) == timed_out:
+            return ""   # Python unsets a grader's hook that the case's time limit struck (lab 04, review r34 #2)
         if event in ("sys.settrace", "sys.setprofile"):
             return f"it called {event} (a hook that can rewrite the grader's variables or blind its watch)"
         if event == "sys._getframe" and caller.f_code is log_frame and caller.f_back is not None \

@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from gpumem.course import copy_watch, lab_audit
+from gpumem.course.case_limits import TIMED_OUT, TookTooLong
 from gpumem.course.grading import LearnerError, call
 from gpumem.memory import flash_tiled
 
@@ -66,21 +67,25 @@ def no_copies(flag):
     def hook(frame, event, arg):
         if event in C_EVENTS:     # no watch of lab 04 reads them, and they are most of the events (the
             return                # watch's own bookkeeping calls builtins): skipped, the grading runs faster
-        if event == "call":
-            code, hit = frame.f_code, ""
-            if code in original:
-                hit = COPIED.format(original[code], "its code, rebuilt into a function of yours")
-            else:             # code matched before with these globals and near no body: nothing to ask
-                was = seen.get(id(code))
-                known = was is not None and not was[2] and was[0] is code and was[1] is frame.f_globals
-                name = "" if known else watch.copied(frame)
-                hit = COPIED.format(name, "chapter 04's backward, copied under another name") if name else ""
-            if hit:
-                flag(hit)
-                hook.graders_refusals = [hit]       # lab_watch: this refusal unsets the hook (review r23)
-                raise RuntimeError(hit)
-        if before is not None:
-            before(frame, event, arg)
+        try:
+            if event == "call":
+                code, hit = frame.f_code, ""
+                if code in original:
+                    hit = COPIED.format(original[code], "its code, rebuilt into a function of yours")
+                else:             # code matched before with these globals and near no body: nothing to ask
+                    was = seen.get(id(code))
+                    known = was is not None and not was[2] and was[0] is code and was[1] is frame.f_globals
+                    name = "" if known else watch.copied(frame)
+                    hit = COPIED.format(name, "chapter 04's backward, copied under another name") if name else ""
+                if hit:
+                    flag(hit)
+                    hook.graders_refusals = [hit]       # lab_watch: this refusal unsets the hook (review r23)
+                    raise RuntimeError(hit)
+            if before is not None:
+                before(frame, event, arg)
+        except TookTooLong:       # the case's time limit struck in the hook: Python unsets it, no refusal
+            hook.graders_refusals = [TIMED_OUT]         # (review r34 #2: read as "it called sys.setprofile")
+            raise
     sys.setprofile(hook)
     try:
         yield
@@ -121,6 +126,9 @@ def chained(on_event):
             return
         try:
             on_event(frame, event, arg)
+        except TookTooLong:                         # as in no_copies: the case's time limit, no refusal
+            hook.graders_refusals = [TIMED_OUT]
+            raise
         except BaseException:
             hook.graders_refusals = [on_event]      # lab_watch: a refusal unsets the hook (review r23)
             raise

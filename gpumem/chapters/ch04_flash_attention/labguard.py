@@ -53,7 +53,7 @@ from gpumem.course.plain import odd_tensor
 from .labexp2 import Exp2Rule
 from .labfence import BRIDGES as _BRIDGES, Fence, refusing as _refusing
 from .labops import (_ANSWERS, _COPIES, _EXITS, _EXPS, _FRESH, _PRINTS, _QK_READS, _READ_BUDGET, _READS, _SIZED,
-                     _SMALL, _ptr, _tensors)
+                     _SMALL, _flat, _ptr, _tensors)
 from . import labbake, labexp2, labfence, labgrad, labops, labpairs, labproducts, labseal, labshape
 from .labseal import Sealed, cells, seal, seal_dispatch, tally
 
@@ -231,8 +231,8 @@ class Watch(Sealed, TorchDispatchMode):
         name = str(func)
         if name.startswith("aten._local_scalar_dense") and args:       # item, float, int, bool, format...
             self.taken(args[0], 1, "Tensor.item, float, int or bool")
-        elif name.split(".")[1] in _ANSWERS and args and isinstance(args[0], torch.Tensor):
-            ins = [t for t in args if isinstance(t, torch.Tensor)]      # a bool, or a length made from them
+        elif _answers(func, name, args):
+            ins = [t for t in _flat(args) if isinstance(t, torch.Tensor)]   # a bool, or a length made from them
             self.taken(next((t for t in ins if self.exp2 is not None and self.exp2._tag(t)[0]), ins[0]), 1,
                        f"torch.{name.split('.')[1]}, whose answer (a bool, or its result's length) is read from the numbers")
         self.unknown(func, list(args) + [v for k, v in (kwargs or {}).items() if k != "out"])
@@ -273,6 +273,21 @@ class Watch(Sealed, TorchDispatchMode):
                       "and dK from the tile's probabilities yourself")
         if self.exp2 is not None and not self.broken:      # tiles of both Q and K: one block of rows
             self.flag(self.exp2.tile(op, args, out, self.heads, self.block, self.d))
+
+
+def _answers(func, name: str, args) -> bool:
+    """Whether the op answers Python from its inputs' numbers: a bool (``equal``), or a result whose
+    length they set (ATen's ``dynamic_output_shape`` tag: nonzero, bincount, unique, masked_select,
+    repeat_interleave by a tensor, one_hot...; review r34 read K byte by byte from bincount's length).
+    Indexing counts only by a boolean mask (by positions its length is the index's)."""
+    if not args or not isinstance(args[0], torch.Tensor):
+        return False
+    if name.split(".")[1] in _ANSWERS:
+        return True
+    if torch.Tag.dynamic_output_shape not in func.tags:
+        return False
+    return not name.startswith("aten.index.") or any(
+        isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in _flat(args[1:]))
 
 
 # every op first checks that none of the grader's modules and classes was patched during the call;

@@ -36,8 +36,8 @@ def first_wrong(names, got, want) -> str:
 def pattern(names, got, want, i: int) -> str:
     """What a wrong gradient's numbers share, in words that point at the slip without naming the
     fix (review r32 #4): one ratio got / expected on every element (a scale left out, or put in
-    twice: d^(1/2) is named, the head dim being the last dimension), or, with grouped KV heads, dQ right
-    for some query heads only (each query head paired with the wrong KV head)."""
+    twice: which factor it is, the learner works out, review r34 #3), or, with grouped KV heads, dQ
+    right for some query heads only (each query head paired with the wrong KV head)."""
     g, w = got[i].detach().double(), want[i].double()
     live = w.abs() > 1e-12
     words = ""
@@ -45,10 +45,7 @@ def pattern(names, got, want, i: int) -> str:
         ratios = g[live] / w[live]
         r = float(ratios.median())
         if abs(r - 1) > 1e-3 and bool(((ratios - r).abs() <= 1e-6 * abs(r)).all()):
-            d = w.shape[-1]
-            root = next((f" = {'1 / ' if p < 0 else ''}sqrt({d}), the head dim's square root" for p in (1, -1)
-                         if abs(r - d ** (p / 2)) <= 1e-6 * abs(r)), "")
-            words = f"; got / expected is {r:.6g} on every element{root}"
+            words = f"; got / expected is {r:.6g} on every element"      # r34 #3: which factor, the learner's
     dq, dk = got[0], got[1]
     if dq.dim() == 4 and dk.dim() == 4 and dk.shape[1] < dq.shape[1] and dq.shape == want[0].shape:
         right = [h for h in range(dq.shape[1]) if not labref.first_wrong(names[0], dq[:, h], want[0][:, h])]
