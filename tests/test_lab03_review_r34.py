@@ -107,11 +107,11 @@ def test_r30_renamed_copies_of_the_placement_answers_are_refused(source, copied)
 def test_r30_the_solution_and_honest_placements_are_not_refused():
     """The solution's place_checkpoints and estimate_peak, and a learner's own balanced-cut rule
     that calls its estimate (r6's route: the lab's reflection asks for that rule), pass every drawn
-    question of two seeds."""
+    question of a seed (one seed: the suite's time; the adversarial file grades the solution on more)."""
     ns = _solution_cells("def estimate_peak", "def place_checkpoints")
     ns["own"] = _place(_OWN.replace("ESTIMATE", "estimate"))
     ns["own"].__globals__["estimate"] = ns["estimate_peak"]
-    for seed in (1000, 1001):
+    for seed in (1000,):
         for q in labcases.draw(seed)["questions"]:
             for place in (ns["place_checkpoints"], ns["own"]):
                 report = Report("lab03")
