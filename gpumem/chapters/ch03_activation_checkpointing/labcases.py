@@ -21,7 +21,8 @@ the lab's reflection (stated and checked in tests/test_lab03_adversarial.py, not
 #6). Model widths, counts and budgets vary with the seed, so no table of answers written before
 the check can hold them. This module's closed forms and search are the grader's own answer while
 the learner's code runs (``labguard.CASES_ANSWERS``: refused, and copies by their code, as
-``labplace``'s); its rules of thumb (:func:`equal_lengths`) are not.
+``labplace``'s, also with their locals renamed: ``labguard.answer_prints``, review r30 #1); its
+rules of thumb (:func:`equal_lengths`) are not.
 
 The deep question first draws how many layers its answer leaves plain (``n - c``, one of
 :data:`PLAIN`), then a model that asks it (r22 #2: drawing the count among every valid one gave

@@ -29,9 +29,9 @@ code runs under :func:`gpumem.course.lab_audit.refusing` (``labguard.guarded``):
 process (review r8: an ``os.system`` interpreter ran ``labplace`` on the model read from a module
 global, then removed), are refused. The course's formula, tracer and search (``recompute_cost``,
 ``recompute_trace``, ``labplace``) refuse too, and so do copies of them (``labprints``, and
-copy_watch for ``torch.utils.checkpoint``). copy_watch is not used for ``labplace``: its content
-match takes the solution's own ``estimate_peak`` for ``labplace.moments`` (the same short loop),
-so the lab's weight is on the checkpoint and the placement.
+copy_watch for ``torch.utils.checkpoint``, ``labplace.best_placements`` and ``labguard.CASES_ANSWERS``,
+renamed locals and all: review r30 #1); not for ``labplace.moments``, which copy_watch takes the
+solution's own ``estimate_peak`` for (the same short loop).
 
 The optional GPU part (``lab_gpu``) adds a row only where CUDA is present; otherwise check()
 prints ``GPU part: skipped (reason)``.

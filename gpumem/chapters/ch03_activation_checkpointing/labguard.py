@@ -28,7 +28,8 @@ Two layers: the modules' attributes are swapped for refusals, and a profile hook
 (``sys.setprofile``) refuses any call into the code of those functions however it was reached,
 and any copy of that code run under another name (``labprints``: matched by bytecode, or by the
 names it uses when statements were added; code naming torch's checkpoint's privates; by content,
-:func:`shared_prints`, when every name was changed as well), and sees
+:func:`shared_prints`, when every name was changed as well; the grader's placement answers by
+content too, :func:`answer_prints`, review r30 #1), and sees
 the C calls that take numbers out of torch through references bound before the check. Every
 refusal is recorded, so a learner who catches the exception is still reported. Everything is put
 back on the way out, on an error or a time limit too.
@@ -47,13 +48,15 @@ from .labescape import Escapes, _graders, sentence
 
 MESSAGE = "write the mechanism yourself"
 REACHED = "lab 03's grader refuses this while your code runs"      # lab_audit's refusals
+ANSWER = "the grader's own answer ({})"                              # as _banned_code names them
 _PRINTS: list = []
 _INHERITED = object()
 HELPERS = labprints.HELPERS          # torch.utils.checkpoint's RNG and input helpers: allowed
 # labcases' closed forms and searches (review r29 #6); its rules of thumb (equal_lengths, shortcuts)
-# are a learner's honest first try, graded on their placements, not refused. Calls are refused; a copy
-# is known only near verbatim (review r30: one renamed local passed 34/34), as labplace's docstring says.
+# are a learner's honest first try, graded on their placements, not refused. Calls are refused, and
+# copies under other names by content (answer_prints; review r30 #1: renamed locals passed 34/34).
 CASES_ANSWERS = ("_balanced_peak", "_equal_peak", "may_ask", "question", "draw")
+PLACE_ANSWERS = ("best_placements",)      # not labplace.moments: the learner's estimate_peak is that loop
 
 
 class Shortcut(RuntimeError):
@@ -150,9 +153,20 @@ def shared_prints() -> copy_watch.Prints:
     return _PRINTS[0]
 
 
-def _copied(frame, copies) -> str:
+@functools.lru_cache(maxsize=1)
+def answer_prints() -> copy_watch.Prints:
+    """Similarity fingerprints (:class:`gpumem.course.copy_watch.Prints`, as lab 04's) of the grader's
+    placement answers: ``labcases``' :data:`CASES_ANSWERS` and ``labplace``'s :data:`PLACE_ANSWERS`.
+    ``labprints``' content match needs every name of a body, so renaming two locals of an inlined
+    ``_balanced_peak`` passed (review r30 #1); this one reads instructions and constants, names left
+    out, and still knows a copy with statements added or its returns wrapped."""
+    from . import labcases, labplace
+    return copy_watch.Prints([(labcases, "labcases"), (labplace, "labplace")], only=CASES_ANSWERS + PLACE_ANSWERS)
+
+
+def _copied(frame, copies, what: str = "{}") -> str:
     hit = copies.copied(frame)
-    return f"a copy of {hit} (its code under other names)" if hit else ""
+    return f"a copy of {what.format(hit)} (its code under other names)" if hit else ""
 
 
 _ACTIVE: list[tuple[list, object]] = []       # (refusals, watch) of the guards now running
@@ -183,7 +197,7 @@ def no_shortcuts(answers: bool = False):
     formula and tracer); yields the list of refusals."""
     hits: list[str] = []
     codes, files, prints = _banned_code()
-    copies = shared_prints()
+    copies, answer_copies = shared_prints(), answer_prints()
     if answers:
         more, more_prints = _answer_code()
         codes, prints = {**codes, **more}, labprints.merge(prints, more_prints)
@@ -209,7 +223,7 @@ def no_shortcuts(answers: bool = False):
             if name is None and code.co_name not in HELPERS and code.co_filename in files:
                 name = f"{files[code.co_filename]}.{code.co_qualname}"
             name = seen[code] = (name or labprints.match(code, prints) or labprints.private(code)
-                                 or _copied(frame, copies) or "")
+                                 or _copied(frame, copies) or _copied(frame, answer_copies, ANSWER) or "")
         if name:
             hits.append(name)
             raise Shortcut(f"{name} is off limits in this lab: {MESSAGE}")

@@ -18,12 +18,12 @@ segments, later re-runs depend only on ``(p, s)``, so keeping the smallest worst
 stops being the best once merging c layers into fewer segments saves more boundaries than the
 longer re-run costs).
 
-Copies of this module run under another name are refused by ``labprints`` (bytecode, names used)
-only, not by the shared content match (:mod:`gpumem.course.copy_watch`): that match takes the
-solution's own ``estimate_peak`` for :func:`moments`, a short loop anyone writes the same way
-(review r8), so this module is left out of it (``labguard.shared_prints``). Known gap: a renamed
-copy of :func:`best_placements` edited to take the numbers instead of the model passes (review
-r8 ran it); the lab's weight is on the checkpoint and on the placement's reasoning.
+Copies of this module run under another name are refused by ``labprints`` (bytecode, names used),
+and copies of :func:`best_placements` also by similarity (:mod:`gpumem.course.copy_watch`,
+``labguard.answer_prints``): renamed locals, the numbers taken instead of the model, its helper
+rewritten (review r8's gap, closed after review r30 #1; tests/test_lab03_review_r34.py). The rest
+of this module is left out of that match: it takes the solution's own ``estimate_peak`` for
+:func:`moments`, a short loop anyone writes the same way (review r8).
 """
 
 from gpumem.memory import recompute_cost

@@ -23,7 +23,10 @@ check, ``Tensor.numpy`` under ``torch._C.DisableTorchFunction``, which hides cal
 (however called), which switches that mode off. (Popping torch's function-mode stack is left
 alone: torch's own ``handle_torch_function`` does it on every Python-level function.)
 
-Limits: a C function called from C (``map(Tensor.numpy, ...)``) raises no ``c_call`` event; the
+Limits: the content match needs every item of a banned function, so a copy with one local renamed
+escapes it (review r30 #1: ``labcases._balanced_peak`` inlined, ``sizes`` -> ``lengths``); for the
+grader's placement answers ``labguard.answer_prints`` (copy_watch's similarity match) catches those.
+A C function called from C (``map(Tensor.numpy, ...)``) raises no ``c_call`` event; the
 "gradients taken from the re-run" case of ``labvariants`` then fails a checkpoint whose gradients
 come from kept copies.
 """
