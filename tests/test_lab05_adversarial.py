@@ -71,8 +71,8 @@ def _totals(ns, n, ranks, rung):
     return [sum((held.get(d) or {}).values()) for d in ("gpu", "cpu")]
 
 
-def _seconds(ns, n, ranks, rung, compute_s, links):
-    return ns["rung_seconds"](n, ranks, rung, compute_s, links)
+def _seconds(ns, n, ranks, rung, compute_s, links, m=1):
+    return ns["rung_seconds"](n, ranks, rung, compute_s, links, m)
 
 
 def test_hand_count_of_each_rung():
@@ -133,9 +133,9 @@ def test_choose_cases_need_both_budgets(seed):
     every budget at least 5 % from every rung's bytes and seconds."""
     ns = solution("lab05")
     answers, fastest_differs = [], False
-    for case, (n, ranks, gb, hb, sb, compute_s, links), want, _ in lab_draw.choose_cases(random.Random(seed)):
+    for case, (n, ranks, gb, hb, sb, compute_s, links, m), want, _ in lab_draw.choose_cases(random.Random(seed)):
         answers.append(want)
-        figs = {r: (*_totals(ns, n, ranks, r), _seconds(ns, n, ranks, r, compute_s, links)) for r in ref.RUNGS}
+        figs = {r: (*_totals(ns, n, ranks, r), _seconds(ns, n, ranks, r, compute_s, links, m)) for r in ref.RUNGS}
         fits = [r for r in ref.RUNGS if figs[r][0] <= gb and figs[r][1] <= hb]
         memory_only = min(fits, key=lambda r: (figs[r][0], figs[r][2]))
         fastest_differs |= min(fits, key=lambda r: figs[r][2]) != want
@@ -157,16 +157,17 @@ def test_review_r28_each_check_has_a_tie_and_a_zero2_paced_case(seed):
     bf16 trip changes ZeRO-2's step by more than the margin, and the row names the stream."""
     ns = solution("lab05")
     ladder, tie, paced2 = list(ref.RUNGS), False, False
-    for case, (n, ranks, gb, hb, sb, compute_s, links), want, _ in lab_draw.choose_cases(random.Random(seed)):
-        figs = {r: (*_totals(ns, n, ranks, r), _seconds(ns, n, ranks, r, compute_s, links)) for r in ref.RUNGS}
+    for case, (n, ranks, gb, hb, sb, compute_s, links, m), want, _ in lab_draw.choose_cases(random.Random(seed)):
+        figs = {r: (*_totals(ns, n, ranks, r), _seconds(ns, n, ranks, r, compute_s, links, m)) for r in ref.RUNGS}
         meets = [r for r in ladder if figs[r][0] <= gb and figs[r][1] <= hb and figs[r][2] <= sb]
         tie |= want == "zero3+opt-cpu" and meets[-1] == "zero3+opt-nvme" and \
             figs["zero3+opt-cpu"][0] == figs["zero3+opt-nvme"][0]
         right = figs["zero2+opt-cpu"][2]
-        bf16 = offload_time.step_time(n, "mixed", 2, ranks, "optimizer", "cpu", compute_s, links, grads="paper")["stock"]
+        bf16 = offload_time.step_time(n, "mixed", 2, ranks, "optimizer", "cpu", compute_s, links, grads="paper",
+                                     micro_batches=m)["stock"]
         if right / bf16 > 1 + labcheck.MARGIN:
             paced2 = True
-            said = labcheck.seconds_problem(bf16, n, ranks, "zero2+opt-cpu", compute_s, links)
+            said = labcheck.seconds_problem(bf16, n, ranks, "zero2+opt-cpu", compute_s, links, m)
             assert said.startswith("the gradient stream is missing or too light") and "fp32" in said, said
     assert tie and paced2
 
@@ -179,11 +180,11 @@ def test_review_r28_counting_the_drive_as_host_memory_fails_every_check(seed):
     built on the solution's own counts and seconds, chooses another rung there."""
     ns = solution("lab05")
 
-    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links):
+    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links, m=1):
         for rung in ns["RUNGS"]:
             held = {d: sum((v or {}).values()) for d, v in ns["rung_bytes"](n, ranks, rung).items()}
             if held.get("gpu", 0) <= gpu_budget and held.get("cpu", 0) + held.get("nvme", 0) <= host_budget \
-                    and _seconds(ns, n, ranks, rung, compute_s, links) <= step_budget_s:
+                    and _seconds(ns, n, ranks, rung, compute_s, links, m) <= step_budget_s:
                 return rung
         return None
     cases = lab_draw.choose_cases(random.Random(100 + seed))
@@ -201,7 +202,7 @@ def test_review_r30_a_chooser_that_never_prices_a_step_fails_every_check(seed):
     too slow: that chooser, on the solution's counts, takes it there."""
     ns = solution("lab05")
 
-    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links):
+    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links, m=1):
         for rung in ("zero3+opt-cpu", "zero3+opt-nvme", "zero2+opt-cpu", "zero3"):
             gpu, host = _totals(ns, n, ranks, rung)
             if gpu <= gpu_budget and host <= host_budget:
@@ -218,7 +219,7 @@ def _always_most_offloaded(*args):
 
 
 def _ignores_time(ns):
-    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links):
+    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links, m=1):
         fits = [r for r in ns["RUNGS"] if _totals(ns, n, ranks, r)[0] <= gpu_budget
                 and _totals(ns, n, ranks, r)[1] <= host_budget]
         return min(fits, key=lambda r: _totals(ns, n, ranks, r)[0]) if fits else None
@@ -226,10 +227,10 @@ def _ignores_time(ns):
 
 
 def _fastest_that_fits(ns):
-    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links):
+    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links, m=1):
         fits = [r for r in ns["RUNGS"] if _totals(ns, n, ranks, r)[0] <= gpu_budget
                 and _totals(ns, n, ranks, r)[1] <= host_budget]
-        return min(fits, key=lambda r: _seconds(ns, n, ranks, r, compute_s, links)) if fits else None
+        return min(fits, key=lambda r: _seconds(ns, n, ranks, r, compute_s, links, m)) if fits else None
     return choose
 
 
@@ -394,7 +395,7 @@ def _engine_seconds(n, ranks, rung, compute_s, links):
 
 ENGINE_CALL = """
 from gpumem.timing import offload_time
-def rung_seconds(n, ranks, rung, compute_s, links):
+def rung_seconds(n, ranks, rung, compute_s, links, m=1):
     zero, what, where = RUNGS[rung]
     offload = {"nothing": "none", "optimizer": "optimizer", "optimizer and parameters": "optimizer+params"}[what]
     return offload_time.step_time(n, "mixed", zero, ranks, offload, "nvme" if where == "nvme" else "cpu",
@@ -495,7 +496,7 @@ def _back(s, offload, compute_s, links):
 
 
 def _variant(change):
-    def seconds(n, ranks, rung, compute_s, links):
+    def seconds(n, ranks, rung, compute_s, links, m=1):
         zero, offload, device = ref.RUNGS[rung]
         s = -(-n // ranks)
         base = _hand_seconds(n, ranks, rung, compute_s, links)
@@ -819,7 +820,7 @@ def swap_files(numels, ranks, block): return lab_swaps.hand_files(numels, ranks,
 """
 STEP_REF = """
 from gpumem.chapters.ch05_offload import lab_reference as R
-def rung_seconds(n, r, rung, c, links): return R.step_seconds(n, r, rung, c, links)
+def rung_seconds(n, r, rung, c, links, m): return R.step_seconds(n, r, rung, c, links, m)
 """
 WATCH_OFF = """
 import sys
@@ -988,7 +989,7 @@ rung_bytes = _m.rung_bytes
 def choose_rung(*a): return _m.choose(*a)
 """
 STEP_COPY = COPY + """
-def rung_seconds(n, k, rung, c, links): return _m.step_seconds(n, k, rung, c, links)
+def rung_seconds(n, k, rung, c, links, m): return _m.step_seconds(n, k, rung, c, links, m)
 """
 ACCOUNTING_COPY = """
 import inspect
@@ -1061,7 +1062,7 @@ _T = _mod(_t, traffic_parts=_C.traffic_parts, offload_traffic=_C.offload_traffic
 _RUNG = {"zero3": (3, "none", "cpu"), "zero2+opt-cpu": (2, "optimizer", "cpu"), "zero3+opt-cpu": (3, "optimizer", "cpu"),
          "zero3+opt-nvme": (3, "optimizer", "nvme"), "zero3+opt+params-cpu": (3, "optimizer+params", "cpu"),
          "zero3+opt+params-nvme": (3, "optimizer+params", "nvme")}
-def rung_seconds(n, ranks, rung, compute_s, links):
+def rung_seconds(n, ranks, rung, compute_s, links, m=1):
     z, o, d = _RUNG[rung]
     return _T.step_time(n, "mixed", z, ranks, o, d, compute_s, links)["stock"]
 """
@@ -1137,8 +1138,8 @@ MUTATED = MUTATE + '''
 from gpumem.chapters.ch05_offload import lab_reference as _r
 _R = copy_of(_r)
 def rung_bytes(n, ranks, rung): return _R.rung_bytes(n, ranks, rung)
-def rung_seconds(n, k, rung, c, links): return _R.step_seconds(n, k, rung, c, links)
-def choose_rung(n, k, g, h, s, c, links): return _R.choose(n, k, g, h, s, c, links)
+def rung_seconds(n, k, rung, c, links, m): return _R.step_seconds(n, k, rung, c, links, m)
+def choose_rung(n, k, g, h, s, c, links, m): return _R.choose(n, k, g, h, s, c, links, m)
 '''
 # review r7's mut2 on top: every number and string hoisted into a module global, _nop() before
 # every statement (tests/test_copy_watch.py's transforms)
@@ -1225,8 +1226,8 @@ def _up(key):
     while f is not None and key not in f.f_locals: f = f.f_back
     return f.f_locals
 def rung_bytes(n, k, rung): return _up("wants")["wants"][rung]
-def rung_seconds(n, k, rung, c, links): return _up("figures")["figures"][rung][-1]
-def choose_rung(n, k, g, h, s, c, links): return _up("want")["want"]
+def rung_seconds(n, k, rung, c, links, m): return _up("figures")["figures"][rung][-1]
+def choose_rung(n, k, g, h, s, c, links, m): return _up("want")["want"]
 """
 TRACEBACK_WALK = """
 def _frame():
@@ -1371,7 +1372,7 @@ def _stream_slip(slip):
     """rung_seconds by hand (the review's model of stock DeepSpeed) with one slip: "z3-fp32-once"
     sends ZeRO-3's gradient down once in fp32 as ZeRO-2 does; "no-stream" leaves the gradient
     copies out of what runs beside compute."""
-    def seconds(n, ranks, rung, compute_s, links):
+    def seconds(n, ranks, rung, compute_s, links, m=1):
         zero, offload, device = ref.RUNGS[rung]
         if offload == "none":
             return compute_s
@@ -1509,7 +1510,7 @@ def test_a_rewritten_copy_of_the_library_is_refused_where_it_runs(monkeypatch):
         def rung_bytes(n, ranks, rung):
             return mine.rung_bytes(n, ranks, rung)
 
-        def rung_seconds(n, ranks, rung, compute_s, links):
+        def rung_seconds(n, ranks, rung, compute_s, links, m=1):
             z, o, d = mine.RUNGS[rung]
             return ot.step_time(n, "mixed", z, ranks, o, d, compute_s, links)["stock"]
 
@@ -1548,7 +1549,7 @@ def test_parameters_on_the_wrong_device_get_a_pointer():
 
 
 REINIT = """
-def rung_seconds(n, ranks, rung, compute_s, links):
+def rung_seconds(n, ranks, rung, compute_s, links, m=1):
     fast = float("inf")
     links.__init__(h2d=fast, d2h=fast, nvme_read=fast, nvme_write=fast, cpu_adam=fast, source=links.source)
     return compute_s
