@@ -71,8 +71,8 @@ def _totals(ns, n, ranks, rung):
     return [sum((held.get(d) or {}).values()) for d in ("gpu", "cpu")]
 
 
-def _seconds(ns, n, ranks, rung, compute_s, links):
-    return ns["rung_seconds"](n, ranks, rung, compute_s, links)
+def _seconds(ns, n, ranks, rung, compute_s, links, m=1):
+    return ns["rung_seconds"](n, ranks, rung, compute_s, links, m)
 
 
 def test_hand_count_of_each_rung():
@@ -133,9 +133,9 @@ def test_choose_cases_need_both_budgets(seed):
     every budget at least 5 % from every rung's bytes and seconds."""
     ns = solution("lab05")
     answers, fastest_differs = [], False
-    for case, (n, ranks, gb, hb, sb, compute_s, links), want, _ in lab_draw.choose_cases(random.Random(seed)):
+    for case, (n, ranks, gb, hb, sb, compute_s, links, m), want, _ in lab_draw.choose_cases(random.Random(seed)):
         answers.append(want)
-        figs = {r: (*_totals(ns, n, ranks, r), _seconds(ns, n, ranks, r, compute_s, links)) for r in ref.RUNGS}
+        figs = {r: (*_totals(ns, n, ranks, r), _seconds(ns, n, ranks, r, compute_s, links, m)) for r in ref.RUNGS}
         fits = [r for r in ref.RUNGS if figs[r][0] <= gb and figs[r][1] <= hb]
         memory_only = min(fits, key=lambda r: (figs[r][0], figs[r][2]))
         fastest_differs |= min(fits, key=lambda r: figs[r][2]) != want
@@ -157,16 +157,17 @@ def test_review_r28_each_check_has_a_tie_and_a_zero2_paced_case(seed):
     bf16 trip changes ZeRO-2's step by more than the margin, and the row names the stream."""
     ns = solution("lab05")
     ladder, tie, paced2 = list(ref.RUNGS), False, False
-    for case, (n, ranks, gb, hb, sb, compute_s, links), want, _ in lab_draw.choose_cases(random.Random(seed)):
-        figs = {r: (*_totals(ns, n, ranks, r), _seconds(ns, n, ranks, r, compute_s, links)) for r in ref.RUNGS}
+    for case, (n, ranks, gb, hb, sb, compute_s, links, m), want, _ in lab_draw.choose_cases(random.Random(seed)):
+        figs = {r: (*_totals(ns, n, ranks, r), _seconds(ns, n, ranks, r, compute_s, links, m)) for r in ref.RUNGS}
         meets = [r for r in ladder if figs[r][0] <= gb and figs[r][1] <= hb and figs[r][2] <= sb]
         tie |= want == "zero3+opt-cpu" and meets[-1] == "zero3+opt-nvme" and \
             figs["zero3+opt-cpu"][0] == figs["zero3+opt-nvme"][0]
         right = figs["zero2+opt-cpu"][2]
-        bf16 = offload_time.step_time(n, "mixed", 2, ranks, "optimizer", "cpu", compute_s, links, grads="paper")["stock"]
+        bf16 = offload_time.step_time(n, "mixed", 2, ranks, "optimizer", "cpu", compute_s, links, grads="paper",
+                                     micro_batches=m)["stock"]
         if right / bf16 > 1 + labcheck.MARGIN:
             paced2 = True
-            said = labcheck.seconds_problem(bf16, n, ranks, "zero2+opt-cpu", compute_s, links)
+            said = labcheck.seconds_problem(bf16, n, ranks, "zero2+opt-cpu", compute_s, links, m)
             assert said.startswith("the gradient stream is missing or too light") and "fp32" in said, said
     assert tie and paced2
 
@@ -179,11 +180,11 @@ def test_review_r28_counting_the_drive_as_host_memory_fails_every_check(seed):
     built on the solution's own counts and seconds, chooses another rung there."""
     ns = solution("lab05")
 
-    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links):
+    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links, m=1):
         for rung in ns["RUNGS"]:
             held = {d: sum((v or {}).values()) for d, v in ns["rung_bytes"](n, ranks, rung).items()}
             if held.get("gpu", 0) <= gpu_budget and held.get("cpu", 0) + held.get("nvme", 0) <= host_budget \
-                    and _seconds(ns, n, ranks, rung, compute_s, links) <= step_budget_s:
+                    and _seconds(ns, n, ranks, rung, compute_s, links, m) <= step_budget_s:
                 return rung
         return None
     cases = lab_draw.choose_cases(random.Random(100 + seed))
@@ -201,7 +202,7 @@ def test_review_r30_a_chooser_that_never_prices_a_step_fails_every_check(seed):
     too slow: that chooser, on the solution's counts, takes it there."""
     ns = solution("lab05")
 
-    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links):
+    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links, m=1):
         for rung in ("zero3+opt-cpu", "zero3+opt-nvme", "zero2+opt-cpu", "zero3"):
             gpu, host = _totals(ns, n, ranks, rung)
             if gpu <= gpu_budget and host <= host_budget:
@@ -218,7 +219,7 @@ def _always_most_offloaded(*args):
 
 
 def _ignores_time(ns):
-    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links):
+    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links, m=1):
         fits = [r for r in ns["RUNGS"] if _totals(ns, n, ranks, r)[0] <= gpu_budget
                 and _totals(ns, n, ranks, r)[1] <= host_budget]
         return min(fits, key=lambda r: _totals(ns, n, ranks, r)[0]) if fits else None
@@ -226,10 +227,10 @@ def _ignores_time(ns):
 
 
 def _fastest_that_fits(ns):
-    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links):
+    def choose(n, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links, m=1):
         fits = [r for r in ns["RUNGS"] if _totals(ns, n, ranks, r)[0] <= gpu_budget
                 and _totals(ns, n, ranks, r)[1] <= host_budget]
-        return min(fits, key=lambda r: _seconds(ns, n, ranks, r, compute_s, links)) if fits else None
+        return min(fits, key=lambda r: _seconds(ns, n, ranks, r, compute_s, links, m)) if fits else None
     return choose
 
 
@@ -386,15 +387,16 @@ def test_a_wrong_count_is_blamed_before_the_choice():
     assert "stock step is over the" in bad.detail
 
 
-def _engine_seconds(n, ranks, rung, compute_s, links):
+def _engine_seconds(n, ranks, rung, compute_s, links, m=1):
     """The library-call cheat for part 3 (review r7 defect 3): the rung mapped onto step_time."""
     zero, offload, device = ref.RUNGS[rung]
-    return offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links)["stock"]
+    return offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links,
+                                  micro_batches=m)["stock"]
 
 
 ENGINE_CALL = """
 from gpumem.timing import offload_time
-def rung_seconds(n, ranks, rung, compute_s, links):
+def rung_seconds(n, ranks, rung, compute_s, links, m=1):
     zero, what, where = RUNGS[rung]
     offload = {"nothing": "none", "optimizer": "optimizer", "optimizer and parameters": "optimizer+params"}[what]
     return offload_time.step_time(n, "mixed", zero, ranks, offload, "nvme" if where == "nvme" else "cpu",
@@ -413,30 +415,53 @@ def test_calling_the_time_engine_for_rung_seconds_is_refused():
     assert "count it yourself" in bad.detail and not report.solved
 
 
-def _hand_seconds(n, ranks, rung, compute_s, links):
-    """A rung's stock step, by hand from the schedule the lab states (offload_time's module text):
-    bytes per shard parameter s on each link, what runs beside compute, what follows in series."""
+def _hand_trip(s, zero, m):
+    """(down, up): bytes of the gradient's PCIe trip in one step of ``m`` micro-batches, counted copy
+    by copy from DeepSpeed 0.19.8's source. ZeRO-3 (stage3.py partition_grads): the first
+    micro-batch copies the bf16 partition into the host buffer and brings it back up (2024-2028),
+    each further one brings the host buffer up, adds, and copies it back down (2031-2039), and the
+    boundary widens the GPU copy to fp32 and sends it down (_offload_grad_partition_at_boundary).
+    ZeRO-2 (stage_1_and_2.py copy_grads_in_partition, 2142-2174, its bf16 accumulation path: the
+    compact fp32 buffer is off while grad_accum_dtype is the model's, the default): one micro-batch
+    sends only the fp32 slice down; with several, async_accumulate_grad_in_cpu_via_gpu sends the bf16
+    gradient down in every micro-batch and up in every one after the first, then the boundary sends
+    the fp32 slice."""
+    down = up = 0
+    for k in range(m):
+        if zero == 3:
+            down, up = down + 2 * s, up + 2 * s          # one bf16 round trip a micro-batch
+        elif m > 1:
+            down, up = down + 2 * s, up + (2 * s if k else 0)
+    return down + 4 * s, up                              # the boundary's fp32 copy down
+
+
+def _hand_seconds(n, ranks, rung, compute_s, links, m=1):
+    """A rung's stock step over ``m`` micro-batches, by hand from the schedule the lab states
+    (offload_time's module text): bytes per shard parameter s on each link, what runs beside
+    compute, what follows in series (CPU Adam, the state swaps and the update, once a step)."""
     zero, offload, device = ref.RUNGS[rung]
     if offload == "none":
         return compute_s
     s = -(-n // ranks)
-    grad_down, grad_up = (6 * s, 2 * s) if zero == 3 else (4 * s, 0)     # bf16 down, up, fp32 down
-    fetch = 4 * s if offload == "optimizer+params" else 0               # 2 B up, forward and backward
+    grad_down, grad_up = _hand_trip(s, zero, m)
+    fetch = m * (2 * s + 2 * s) if offload == "optimizer+params" else 0   # 2 B up, each forward and backward
     during = max(compute_s, grad_down / links.d2h + grad_up / links.h2d, (grad_up + fetch) / links.h2d,
                  fetch / links.nvme_read if device == "nvme" else 0)
     nvme = 0.0
     if device == "nvme":     # fp32 grad, master, m, v read in the step; master, m, v (+ bf16 shard) written
         nvme = 16 * s / links.nvme_read + (12 * s + (2 * s if fetch else 0)) / links.nvme_write
-        nvme += _hand_grad_wait(s, links.nvme_write, _hand_backward(s, zero, fetch, compute_s, links))
+        nvme += _hand_grad_wait(s, links.nvme_write, _hand_backward(s, zero, fetch, compute_s, links, m))
     return during + nvme + s / links.cpu_adam + (0 if fetch else 2 * s / links.h2d)
 
 
-def _hand_backward(s, zero, fetch, compute_s, links):
-    """Backward's length: the slowest of its compute (4 of 6 FLOPs), the gradient stream, its PCIe
-    uploads (the bf16 gradient back up, half the fetches) and half the drive's parameter reads."""
-    grad_down, grad_up = (6 * s, 2 * s) if zero == 3 else (4 * s, 0)
+def _hand_backward(s, zero, fetch, compute_s, links, m=1):
+    """The last micro-batch's backward, where the fp32 gradient is swapped out, as the lab takes it:
+    the slowest of the step's backward compute (4 of 6 FLOPs), the gradient stream, its PCIe
+    uploads (the bf16 gradient back up, half the fetches ``fetch``, the step's) and half the
+    drive's parameter reads, divided by the ``m`` micro-batches."""
+    grad_down, grad_up = _hand_trip(s, zero, m)
     return max(compute_s * 4 / 6, grad_down / links.d2h + grad_up / links.h2d,
-               (grad_up + fetch / 2) / links.h2d, fetch / 2 / links.nvme_read)
+               (grad_up + fetch / 2) / links.h2d, fetch / 2 / links.nvme_read) / m
 
 
 def _hand_grad_wait(s, rate, backward, size=10**9, count=4, width=4):
@@ -484,24 +509,26 @@ def test_hand_schedule_equals_the_time_engine():
         links = offload_time.datasheet_links(rng.choice(lab_draw.GPUS), rng.choice(lab_draw.NVME),
                                              ranks_on_node=min(ranks, 8))
         links = dataclasses.replace(links, d2h=links.h2d * rng.choice(lab_draw.D2H_SHARES))
+        m = rng.choice((1, 1, 2, 3, 4))                     # micro-batches, as the lab draws them (review r30 #5)
         for rung in ref.RUNGS:
-            assert _hand_seconds(n, ranks, rung, c, links) == pytest.approx(_engine_seconds(n, ranks, rung, c, links),
-                                                                             rel=1e-12), rung
+            assert _hand_seconds(n, ranks, rung, c, links, m) == pytest.approx(
+                _engine_seconds(n, ranks, rung, c, links, m), rel=1e-12), (rung, m)
 
 
-def _back(s, offload, compute_s, links):
-    """_hand_backward for a ZeRO-3 rung (the variants' NVMe rungs), by its offload."""
-    return _hand_backward(s, 3, 4 * s if offload == "optimizer+params" else 0, compute_s, links)
+def _back(s, offload, compute_s, links, m=1):
+    """_hand_backward for a ZeRO-3 rung (the variants' NVMe rungs), by its offload, over ``m``
+    micro-batches (the fetches: 4 B a shard parameter in each)."""
+    return _hand_backward(s, 3, 4 * s * m if offload == "optimizer+params" else 0, compute_s, links, m)
 
 
 def _variant(change):
-    def seconds(n, ranks, rung, compute_s, links):
+    def seconds(n, ranks, rung, compute_s, links, m=1):
         zero, offload, device = ref.RUNGS[rung]
         s = -(-n // ranks)
-        base = _hand_seconds(n, ranks, rung, compute_s, links)
+        base = _hand_seconds(n, ranks, rung, compute_s, links, m)
         if offload == "none":
             return base
-        return change(base, s, offload, device, compute_s, links, n, ranks)
+        return change(base, s, offload, device, compute_s, links, m, n, ranks)
     return seconds
 
 
@@ -511,15 +538,15 @@ def _variant(change):
      "the updated 16-bit shard's upload after the step is missing"),
     (lambda t, s, o, d, c, links, *_: c, "yours is compute alone"),
     (lambda t, s, o, d, c, links, *_: t * 1.5, "1.5x the time engine's stock step (too long)"),
-    (lambda t, s, o, d, c, links, *_: t + ((4 * s / links.nvme_write - _hand_grad_wait(s, links.nvme_write, _back(s, o, c, links)))
+    (lambda t, s, o, d, c, links, m, *_: t + ((4 * s / links.nvme_write - _hand_grad_wait(s, links.nvme_write, _back(s, o, c, links, m)))
                                             if d == "nvme" else 0), "writes the whole fp32 gradient to the drive after backward"),
-    (lambda t, s, o, d, c, links, *_: t - (_hand_grad_wait(s, links.nvme_write, _back(s, o, c, links)) if d == "nvme" else 0),
+    (lambda t, s, o, d, c, links, m, *_: t - (_hand_grad_wait(s, links.nvme_write, _back(s, o, c, links, m)) if d == "nvme" else 0),
      "the fp32 gradient's drive write is missing"),
-    (lambda t, s, o, d, c, links, *_: t + ((_hand_grad_wait(s, links.nvme_write, _back(s, o, c, links), count=10**9)
-                                             - _hand_grad_wait(s, links.nvme_write, _back(s, o, c, links))) if d == "nvme" else 0),
+    (lambda t, s, o, d, c, links, m, *_: t + ((_hand_grad_wait(s, links.nvme_write, _back(s, o, c, links, m), count=10**9)
+                                             - _hand_grad_wait(s, links.nvme_write, _back(s, o, c, links, m))) if d == "nvme" else 0),
      "your gradient write waits too little"),
-    (lambda t, s, o, d, c, links, *_: t + ((_ring_grad_wait(s, links.nvme_write, _back(s, o, c, links))
-                                             - _hand_grad_wait(s, links.nvme_write, _back(s, o, c, links))) if d == "nvme" else 0),
+    (lambda t, s, o, d, c, links, m, *_: t + ((_ring_grad_wait(s, links.nvme_write, _back(s, o, c, links, m))
+                                             - _hand_grad_wait(s, links.nvme_write, _back(s, o, c, links, m))) if d == "nvme" else 0),
      ("x the time engine's stock step", "your gradient write waits too little")),
 ], ids=["no-cpu-adam", "no-update-upload", "compute-only", "off-by-half", "grad-write-serial", "grad-write-missing",
         "grad-write-no-wait", "grad-write-ring-buffer"])
@@ -819,7 +846,7 @@ def swap_files(numels, ranks, block): return lab_swaps.hand_files(numels, ranks,
 """
 STEP_REF = """
 from gpumem.chapters.ch05_offload import lab_reference as R
-def rung_seconds(n, r, rung, c, links): return R.step_seconds(n, r, rung, c, links)
+def rung_seconds(n, r, rung, c, links, m): return R.step_seconds(n, r, rung, c, links, m)
 """
 WATCH_OFF = """
 import sys
@@ -885,7 +912,7 @@ def test_the_gpu_part_refuses_the_graders_own_timing(monkeypatch):
 
 
 # -- review r5 (reviews21/r5/expert_05_06.md): the case predicted, the answer key tabled, its source copied
-def _keyed_on_the_case(n, ranks, gb, hb, sb, c, links):
+def _keyed_on_the_case(n, ranks, gb, hb, sb, c, links, m=1):
     """The reviewer's one-liner: the old templates' ranks and compute time named the answer."""
     return {4: "zero2+opt-cpu", 16: "zero3+opt-cpu"}.get(ranks) or ("zero3+opt-nvme" if c < 2 else None)
 
@@ -988,7 +1015,7 @@ rung_bytes = _m.rung_bytes
 def choose_rung(*a): return _m.choose(*a)
 """
 STEP_COPY = COPY + """
-def rung_seconds(n, k, rung, c, links): return _m.step_seconds(n, k, rung, c, links)
+def rung_seconds(n, k, rung, c, links, m): return _m.step_seconds(n, k, rung, c, links, m)
 """
 ACCOUNTING_COPY = """
 import inspect
@@ -1061,7 +1088,7 @@ _T = _mod(_t, traffic_parts=_C.traffic_parts, offload_traffic=_C.offload_traffic
 _RUNG = {"zero3": (3, "none", "cpu"), "zero2+opt-cpu": (2, "optimizer", "cpu"), "zero3+opt-cpu": (3, "optimizer", "cpu"),
          "zero3+opt-nvme": (3, "optimizer", "nvme"), "zero3+opt+params-cpu": (3, "optimizer+params", "cpu"),
          "zero3+opt+params-nvme": (3, "optimizer+params", "nvme")}
-def rung_seconds(n, ranks, rung, compute_s, links):
+def rung_seconds(n, ranks, rung, compute_s, links, m=1):
     z, o, d = _RUNG[rung]
     return _T.step_time(n, "mixed", z, ranks, o, d, compute_s, links)["stock"]
 """
@@ -1137,8 +1164,8 @@ MUTATED = MUTATE + '''
 from gpumem.chapters.ch05_offload import lab_reference as _r
 _R = copy_of(_r)
 def rung_bytes(n, ranks, rung): return _R.rung_bytes(n, ranks, rung)
-def rung_seconds(n, k, rung, c, links): return _R.step_seconds(n, k, rung, c, links)
-def choose_rung(n, k, g, h, s, c, links): return _R.choose(n, k, g, h, s, c, links)
+def rung_seconds(n, k, rung, c, links, m): return _R.step_seconds(n, k, rung, c, links, m)
+def choose_rung(n, k, g, h, s, c, links, m): return _R.choose(n, k, g, h, s, c, links, m)
 '''
 # review r7's mut2 on top: every number and string hoisted into a module global, _nop() before
 # every statement (tests/test_copy_watch.py's transforms)
@@ -1225,8 +1252,8 @@ def _up(key):
     while f is not None and key not in f.f_locals: f = f.f_back
     return f.f_locals
 def rung_bytes(n, k, rung): return _up("wants")["wants"][rung]
-def rung_seconds(n, k, rung, c, links): return _up("figures")["figures"][rung][-1]
-def choose_rung(n, k, g, h, s, c, links): return _up("want")["want"]
+def rung_seconds(n, k, rung, c, links, m): return _up("figures")["figures"][rung][-1]
+def choose_rung(n, k, g, h, s, c, links, m): return _up("want")["want"]
 """
 TRACEBACK_WALK = """
 def _frame():
@@ -1369,16 +1396,16 @@ def test_zero3_grads_left_on_the_gpu_get_a_pointer():
 
 def _stream_slip(slip):
     """rung_seconds by hand (the review's model of stock DeepSpeed) with one slip: "z3-fp32-once"
-    sends ZeRO-3's gradient down once in fp32 as ZeRO-2 does; "no-stream" leaves the gradient
-    copies out of what runs beside compute."""
-    def seconds(n, ranks, rung, compute_s, links):
+    counts ZeRO-3's gradient trip as ZeRO-2's (one micro-batch: once down in fp32); "no-stream"
+    leaves the gradient copies out of what runs beside compute."""
+    def seconds(n, ranks, rung, compute_s, links, m=1):
         zero, offload, device = ref.RUNGS[rung]
         if offload == "none":
             return compute_s
         s = -(-n // ranks)
-        down, up = (4 * s, 0) if zero < 3 or slip == "z3-fp32-once" else (2 * s + 4 * s, 2 * s)
+        down, up = _hand_trip(s, 2 if slip == "z3-fp32-once" else zero, m)
         moved = offload == "optimizer+params"
-        fetch = 2 * (2 * s) if moved else 0
+        fetch = m * 2 * (2 * s) if moved else 0
         beside = [compute_s, down / links.d2h + up / links.h2d, (up + fetch) / links.h2d]
         if slip == "no-stream":
             beside = [compute_s, fetch / links.h2d]
@@ -1386,10 +1413,10 @@ def _stream_slip(slip):
         if device == "nvme":
             states = 4 * s + 8 * s
             swaps = (states + 4 * s) / links.nvme_read + (states + (2 * s if moved else 0)) / links.nvme_write
-            swaps += _hand_grad_wait(s, links.nvme_write, _hand_backward(s, zero, fetch, compute_s, links)
+            swaps += _hand_grad_wait(s, links.nvme_write, _hand_backward(s, zero, fetch, compute_s, links, m)
                                      if slip != "z3-fp32-once" else
                                      max(compute_s * 4 / 6, down / links.d2h + up / links.h2d,
-                                         (up + fetch / 2) / links.h2d, fetch / 2 / links.nvme_read))
+                                         (up + fetch / 2) / links.h2d, fetch / 2 / links.nvme_read) / m)
             if moved:
                 beside.append(fetch / links.nvme_read)
         return max(beside) + swaps + s / links.cpu_adam + (0.0 if moved else 2 * s / links.h2d)
@@ -1400,14 +1427,15 @@ def _stream_slip(slip):
 def test_every_draw_has_a_case_paced_by_the_gradient_stream(seed):
     """Review r9: leaving the gradient stream out of the max, or sending ZeRO-3's gradient down once
     as ZeRO-2 does, passed a third of fresh checks. Each draw now has a case where ZeRO-3 with the
-    optimizer on the CPU is paced by its stream (by hand: 2 + 2 + 4 B per shard parameter over PCIe
-    outlast compute), so both slips fail every draw; the hand model without a slip passes."""
+    optimizer on the CPU is paced by its stream (by hand: 2 + 2 + 4 B per shard parameter over PCIe,
+    and a 2 B round trip for each further micro-batch, outlast compute), so both slips fail every
+    draw; the hand model without a slip passes."""
     from gpumem.chapters.ch05_offload import labcheck
     cases = lab_draw.choose_cases(random.Random(seed))
     paced = []
-    for _, (n, ranks, *_, compute_s, links), _, _ in cases:
+    for _, (n, ranks, *_, compute_s, links, m), _, _ in cases:
         s = -(-n // ranks)
-        paced.append(2 * s / links.d2h + 2 * s / links.h2d + 4 * s / links.d2h > compute_s * 1.05)
+        paced.append((2 * s * m + 4 * s) / links.d2h + 2 * s * m / links.h2d > compute_s * 1.05)
     assert any(paced)
     for slip in ("z3-fp32-once", "no-stream"):
         report = labcheck.check({"rung_seconds": _stream_slip(slip)}, show=False, rng=random.Random(seed))
@@ -1509,7 +1537,7 @@ def test_a_rewritten_copy_of_the_library_is_refused_where_it_runs(monkeypatch):
         def rung_bytes(n, ranks, rung):
             return mine.rung_bytes(n, ranks, rung)
 
-        def rung_seconds(n, ranks, rung, compute_s, links):
+        def rung_seconds(n, ranks, rung, compute_s, links, m=1):
             z, o, d = mine.RUNGS[rung]
             return ot.step_time(n, "mixed", z, ranks, o, d, compute_s, links)["stock"]
 
@@ -1548,7 +1576,7 @@ def test_parameters_on_the_wrong_device_get_a_pointer():
 
 
 REINIT = """
-def rung_seconds(n, ranks, rung, compute_s, links):
+def rung_seconds(n, ranks, rung, compute_s, links, m=1):
     fast = float("inf")
     links.__init__(h2d=fast, d2h=fast, nvme_read=fast, nvme_write=fast, cpu_adam=fast, source=links.source)
     return compute_s
@@ -1588,11 +1616,11 @@ def test_every_draw_has_a_case_that_fills_more_buffers_than_deepspeed_holds(seed
     hand: 4 buffers of sub_group_size 1e9), and there the ring-buffer wait is shorter."""
     monkeypatch.setattr(copy_watch, "from_grader", lambda frame, entries: True)
     cases = lab_draw.choose_cases(random.Random(seed))
-    big = [(n, ranks, c, links) for _, (n, ranks, *_, c, links), _, _ in cases if -(-n // ranks) > 4 * 10**9]
+    big = [(n, ranks, c, links, m) for _, (n, ranks, *_, c, links, m), _, _ in cases if -(-n // ranks) > 4 * 10**9]
     assert big
-    n, ranks, c, links = big[0]
+    n, ranks, c, links, m = big[0]
     s = -(-n // ranks)
-    back = _back(s, "optimizer", c, links)                 # zero3+opt-nvme
+    back = _back(s, "optimizer", c, links, m)              # zero3+opt-nvme
     assert _ring_grad_wait(s, links.nvme_write, back) < _hand_grad_wait(s, links.nvme_write, back)
 
 
@@ -1851,9 +1879,10 @@ def test_review_r24_backwards_uploads_never_set_its_pace():
     assert max(lab_draw.D2H_SHARES) <= 1
     for n, ranks, c, links in _slip_setups(200, seed=3):
         s = -(-n // ranks)
-        for fetch in (0, 4 * s):
-            stream = 6 * s / links.d2h + 2 * s / links.h2d
-            assert (2 * s + fetch / 2) / links.h2d < stream
+        for m in range(1, 5):          # micro-batches (review r30 #5): a 2 B round trip more for each further one
+            for fetch in (0, 4 * s * m):
+                stream = (6 * s + 2 * s * (m - 1)) / links.d2h + (2 * s + 2 * s * (m - 1)) / links.h2d
+                assert (2 * s * m + fetch / 2) / links.h2d < stream
     cells = json.loads((ROOT / "solutions/lab05_offload_budget.ipynb").read_text())["cells"]
     prompt = next("".join(c["source"]) for c in cells if "AsyncTensorSwapper" in "".join(c["source"]))
     assert "the gradient stream, its uploads over PCIe, or" not in prompt

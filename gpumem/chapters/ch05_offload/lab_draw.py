@@ -10,6 +10,7 @@
   either. In each, host memory rules out ``zero3+opt+params-cpu`` (whose step time rests on the
   time engine's assumption that host parameter fetches hide behind compute). Each budget is at
   least :data:`MARGIN` away from every rung's bytes and seconds (asserted here, at draw time).
+  Three of the four steps accumulate gradients over 2-4 micro-batches (drawn), one over one.
 
 The figures are the reference's (:mod:`.lab_reference`), the seconds the time engine's.
 """
@@ -33,6 +34,7 @@ NVME = ("gen3", "gen4", "gen5")
 PARAMS = (6e9, 90e9)                   # log-uniform
 COMPUTE = (0.3, 12.0)                  # seconds of forward and backward a step, log-uniform
 ANSWERS = ("zero2+opt-cpu", "zero3+opt-cpu", "zero3+opt-nvme", None)
+MICRO_BATCHES = (2, 3, 4)               # review r30 #5: gradient accumulation, drawn (one case a check keeps 1)
 D2H_SHARES = (0.7, 0.8, 0.9)            # device -> host over host -> device in a drawn case (an assumption)
 
 def bytes_cases(rng) -> list[tuple[int, int]]:
@@ -47,13 +49,22 @@ def bytes_cases(rng) -> list[tuple[int, int]]:
     return out
 
 
-def figures(n: int, ranks: int, compute_s: float, links) -> dict[str, tuple[int, int, float]]:
+def figures(n: int, ranks: int, compute_s: float, links, micro_batches: int = 1) -> dict[str, tuple[int, int, float]]:
     """rung -> (GPU bytes, host bytes, stock seconds), by the reference."""
     out = {}
     for rung in ref.RUNGS:
         t = ref.totals(ref.rung_bytes(n, ranks, rung))
-        out[rung] = (t["gpu"], t["cpu"], ref.step_seconds(n, ranks, rung, compute_s, links))
+        out[rung] = (t["gpu"], t["cpu"], ref.step_seconds(n, ranks, rung, compute_s, links, micro_batches))
     return out
+
+
+def accumulation_shows(n: int, ranks: int, compute_s: float, links, micro_batches: int) -> bool:
+    """Some offloaded rung's stock step with ``micro_batches`` differs by more than MARGIN from the
+    same step priced as one micro-batch (review r30 #5: the traffic of the further micro-batches)."""
+    def step(rung: str, m: int) -> float:
+        zero, offload, device = ref.RUNGS[rung]
+        return offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links, micro_batches=m)["stock"]
+    return any(abs(step(r, micro_batches) / step(r, 1) - 1) > MARGIN for r in ref.RUNGS if r != "zero3")
 
 
 def _clear(budgets: tuple, fig: dict) -> bool:
@@ -100,7 +111,7 @@ class NoCase(LookupError):
 
 def choose_case(rng, target, tries: int = 400, slow_fits: bool = False, paced: bool = False,
                 buffered: bool = False, paced2: bool = False, tie: bool = False, spill: bool = False,
-                slow_cpu: bool = False) -> tuple:
+                slow_cpu: bool = False, batches: int = 1) -> tuple:
     """(case, the learner's arguments, expected rung, figures) whose answer is ``target``: the
     setup is drawn first (:func:`_setup`), then budgets in the gaps between its rungs' figures; the
     memory budgets alone always give the most offloaded rung (too slow); ``slow_fits``: the fastest
@@ -111,16 +122,20 @@ def choose_case(rng, target, tries: int = 400, slow_fits: bool = False, paced: b
     (:func:`grad_paced` at stage 2); ``tie``: ``zero3+opt-nvme``, with the same GPU bytes as the
     answer ``zero3+opt-cpu``, meets every budget too (slower), so the faster between equals decides;
     ``spill``: the answer's host and drive bytes together exceed the host budget (the drive is not host
-    memory); ``slow_cpu``: ``zero3+opt-cpu`` fits both memory budgets but not the step budget."""
+    memory); ``slow_cpu``: ``zero3+opt-cpu`` fits both memory budgets but not the step budget;
+    ``batches``: the micro-batches a step accumulates over (above one, the setup is one where pricing a single micro-batch changes some rung's step,
+    :func:`accumulation_shows`)."""
     for _ in range(tries):
         n, ranks, gpu, drive, compute_s = _setup(rng)
         links = _directions(rng, offload_time.datasheet_links(gpu, drive, ranks_on_node=min(ranks, 8)))
-        if paced and not grad_paced((n, ranks, compute_s, links)) or \
-                paced2 and not grad_paced((n, ranks, compute_s, links), zero=2):
+        if paced and not grad_paced((n, ranks, compute_s, links, batches)) or \
+                paced2 and not grad_paced((n, ranks, compute_s, links, batches), zero=2):
+            continue
+        if batches > 1 and not accumulation_shows(n, ranks, compute_s, links, batches):
             continue
         if buffered and -(-n // ranks) <= grad_swap.SUB_GROUP_SIZE * grad_swap.BUFFER_COUNT:
             continue
-        fig = figures(n, ranks, compute_s, links)
+        fig = figures(n, ranks, compute_s, links, batches)
         for _ in range(60):
             budgets = _budgets(rng, fig)
             want, memory, fastest = _answers(budgets, fig)
@@ -135,10 +150,11 @@ def choose_case(rng, target, tries: int = 400, slow_fits: bool = False, paced: b
             if want == target and memory == "zero3+opt+params-nvme" and host_rules_out and _clear(budgets, fig) \
                     and not (slow_fits and fastest == want) and (tied or not tie):
                 gb, hb, sb = budgets
-                case = f"{n / 1e9:.1f} B, {ranks} {gpu[:4].upper()}, {drive} drive, {compute_s} s compute"
+                case = (f"{n / 1e9:.1f} B, {ranks} {gpu[:4].upper()}, {drive} drive, {compute_s} s compute, "
+                        f"{batches} micro-batch{'es' if batches > 1 else ''}")
                 assert want not in ("zero3", "zero3+opt+params-nvme") and ref.choose(
-                    n, ranks, int(gb), int(hb), sb, compute_s, links) == want
-                return case, (n, ranks, int(gb), int(hb), sb, compute_s, links), want, fig
+                    n, ranks, int(gb), int(hb), sb, compute_s, links, batches) == want
+                return case, (n, ranks, int(gb), int(hb), sb, compute_s, links, batches), want, fig
     raise NoCase(f"no budgets found for {target}")
 
 
@@ -154,10 +170,12 @@ def _directions(rng, links):
 
 def grad_paced(args: tuple, zero: int = 3) -> bool:
     """ZeRO-``zero`` with the optimizer on the CPU is paced by its gradient stream in this case, by
-    MARGIN: leaving the stream out, or pricing the paper's one-way 16-bit trip, is off by more."""
-    n, ranks, *_, compute_s, links = args
-    t = offload_time.step_time(n, "mixed", zero, ranks, "optimizer", "cpu", compute_s, links)
-    paper = offload_time.step_time(n, "mixed", zero, ranks, "optimizer", "cpu", compute_s, links, grads="paper")
+    MARGIN: leaving the stream out, or pricing the paper's one-way 16-bit trip, is off by more.
+    ``args``: (parameters, ranks, ..., compute seconds, links, micro-batches)."""
+    n, ranks, *_, compute_s, links, m = args
+    t = offload_time.step_time(n, "mixed", zero, ranks, "optimizer", "cpu", compute_s, links, micro_batches=m)
+    paper = offload_time.step_time(n, "mixed", zero, ranks, "optimizer", "cpu", compute_s, links, grads="paper",
+                                   micro_batches=m)
     without = offload_time.stock_schedule({**t, "grad_trip": 0.0})
     return min(t["stock"] / paper["stock"], t["stock"] / without) > 1 + MARGIN
 
@@ -174,7 +192,9 @@ def choose_cases(rng) -> list[tuple]:
     answer is ``zero3+opt-nvme`` with its host and drive bytes together over the host budget (review
     r28: counting the drive against the host budget passed 58 of 300 checks); in one whose answer is
     ``zero2+opt-cpu`` or None, ``zero3+opt-cpu`` fits memory but is too slow (review r30: a chooser that
-    takes the first rung fitting memory, never pricing a step, passed 21 of 200 checks)."""
+    takes the first rung fitting memory, never pricing a step, passed 21 of 200 checks). Three cases
+    accumulate gradients over 2-4 micro-batches (drawn, :data:`MICRO_BATCHES`), the fourth over one
+    (review r30 #5: the chapter prints one micro-batch's bytes, not the further ones')."""
     for _ in range(DRAWS):
         while True:
             targets = [rng.choice(ANSWERS) for _ in range(4)]
@@ -185,10 +205,12 @@ def choose_cases(rng) -> list[tuple]:
         spill = rng.choice([i for i, t in enumerate(targets) if t == "zero3+opt-nvme"])
         slow_cpu = rng.choice([i for i, t in enumerate(targets) if t in ("zero2+opt-cpu", None)])
         paced, buffered, paced2 = rng.sample(range(4), 3)
+        batches = [rng.choice(MICRO_BATCHES) for _ in targets]
+        batches[rng.randrange(4)] = 1                    # the chapter's one micro-batch, in one case
         try:
             return [choose_case(rng, t, slow_fits=i == slow, paced=i == paced, buffered=i == buffered,
                                 paced2=i == paced2, tie=i == tie, spill=i == spill,
-                                slow_cpu=i == slow_cpu) for i, t in enumerate(targets)]
+                                slow_cpu=i == slow_cpu, batches=batches[i]) for i, t in enumerate(targets)]
         except NoCase:       # a fresh clone's check once drew no budgets for zero3+opt-nvme (paced, slow
             continue         # rung fits) in 400 setups and raised; the answers are drawn again instead
     raise NoCase(f"no four cases in {DRAWS} draws")

@@ -65,16 +65,19 @@ def totals(bytes_by_role: dict) -> dict[str, int]:
     return {d: sum((bytes_by_role.get(d) or {}).values()) for d in DEVICES}
 
 
-def step_seconds(n_params: int, ranks: int, rung: str, compute_s: float, links: offload_time.Links) -> float:
-    """Stock DeepSpeed's step time of a rung (:func:`gpumem.timing.offload_time.step_time`)."""
+def step_seconds(n_params: int, ranks: int, rung: str, compute_s: float, links: offload_time.Links,
+                 micro_batches: int = 1) -> float:
+    """Stock DeepSpeed's step time of a rung (:func:`gpumem.timing.offload_time.step_time`) whose
+    step accumulates gradients over ``micro_batches`` (``compute_s`` covers them all)."""
     sys.audit(AUDIT)
     graders_only("lab_reference.step_seconds", ENTRIES)
     zero, offload, device = RUNGS[rung]
-    return offload_time.step_time(n_params, "mixed", zero, ranks, offload, device, compute_s, links)["stock"]
+    return offload_time.step_time(n_params, "mixed", zero, ranks, offload, device, compute_s, links,
+                                micro_batches=micro_batches)["stock"]
 
 
 def choose(n_params: int, ranks: int, gpu_budget: int, host_budget: int, step_budget_s: float,
-           compute_s: float, links: offload_time.Links, count=rung_bytes) -> str | None:
+           compute_s: float, links: offload_time.Links, micro_batches: int = 1, count=rung_bytes) -> str | None:
     """The rung that fits both memory budgets and the step-time budget leaving the GPU the most
     room (fewest bytes there), the faster one between equals; None if no rung meets all three."""
     sys.audit(AUDIT)
@@ -82,7 +85,7 @@ def choose(n_params: int, ranks: int, gpu_budget: int, host_budget: int, step_bu
     fits = []
     for rung in RUNGS:
         t = totals(count(n_params, ranks, rung))
-        secs = step_seconds(n_params, ranks, rung, compute_s, links)
+        secs = step_seconds(n_params, ranks, rung, compute_s, links, micro_batches)
         if t["gpu"] <= gpu_budget and t["cpu"] <= host_budget and secs <= step_budget_s:
             fits.append((t["gpu"], secs, rung))
     return min(fits)[2] if fits else None

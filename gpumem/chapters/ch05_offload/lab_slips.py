@@ -1,4 +1,4 @@
-"""Lab 05's drive byte slips: the step a learner prices with one drive count wrong, for its hint.
+"""Lab 05's slips in pricing a step: the schedule slips' hints, and the drive byte slips' steps.
 
 Review r24 #1: a wrong drive byte count got only "yours is 0.9xx the time engine's stock step".
 :func:`drive_slips` recomputes the stock step with one of three likely slips, from the time engine's
@@ -20,6 +20,31 @@ parameter DeepSpeed moves and the learner's.
 from gpumem.memory import accounting, offload_cost
 from gpumem.timing import grad_swap
 
+# the schedule slips' hints (:func:`~.labcheck.seconds_problem`), none with a count
+STREAM = ("the gradient stream is missing or too light: during backward stage_1_and_2.py widens each reduced "
+          "gradient slice to fp32 on the GPU before its copy to the host (not the ZeRO-Offload paper's 16-bit "
+          "copy), one copy after another on one CUDA stream, beside compute; here it sets the pace")
+Z3_STREAM = ("ZeRO-3's gradient stream is missing or too light: during backward stage3.py copies the bf16 "
+             "partition down, back up, then an fp32 copy down (not the ZeRO-Offload paper's one 16-bit copy), "
+             "one after another on one CUDA stream beside compute; here it sets the pace")
+
+
+GRAD_SERIAL = ("yours writes the whole fp32 gradient to the drive after backward: DeepSpeed's swapper "
+               "(swap_tensor/async_swapper.py) starts writing each full buffer during backward")
+GRAD_HIDDEN = ("the fp32 gradient's drive write is missing, or all of it hidden behind backward: the "
+               "step waits for what backward's buffers have not written (swap_tensor/async_swapper.py)")
+GRAD_UNBOUNDED = ("your gradient write waits too little: in swap_tensor/async_swapper.py a written buffer "
+                  "is not free again until backward waits for every write in flight")
+
+
+PHASED = ("yours runs forward, then backward: the course's engine runs every transfer of forward and backward "
+          "beside all of compute_s, the longest setting the pace (cell 9's stated assumption)")
+ONE_MICRO = ("yours is this rung's step for one micro-batch, and this step accumulates gradients over "
+             "several: what crosses PCIe again for each further micro-batch (stage3.py 2031-2039; at ZeRO-2 "
+             "async_accumulate_grad_in_cpu_via_gpu in stage_1_and_2.py), how often are the parameters "
+             "fetched, and during which micro-batch's backward is the fp32 gradient written to the drive?")
+
+
 READ_BACK = ("the fp32 gradient's read-back is missing from the step's drive reads: CPU Adam reads the "
              "gradient backward wrote, beside master and moments (swap_in_optimizer_state in "
              "swap_tensor/partitioned_optimizer_swapper.py)")     # review r28: no byte count, that is the answer
@@ -32,12 +57,12 @@ BF16_GRAD = ("your gradient goes to the drive in bf16: which dtype does CPU Adam
 
 
 def drive_slips(n: int, ranks: int, zero: int, offload: str, device: str, compute_s: float, links,
-                t: dict) -> list[tuple[float, str]]:
+                t: dict, micro_batches: int = 1) -> list[tuple[float, str]]:
     """(the stock step with one drive slip, its hint) for each slip that changes this rung's step
     (none off the drive); ``t``: the engine's :func:`~gpumem.timing.offload_time.step_time` terms."""
     if device != "nvme" or offload == "none":
         return []
-    p = offload_cost.traffic_parts(n, "mixed", zero, ranks, offload, device)
+    p = offload_cost.traffic_parts(n, "mixed", zero, ranks, offload, device, micro_batches=micro_batches)
     s = accounting.shard(n, ranks)
     want, grad = t["stock"], p["nvme_grad_write"]
     fp32, bf16 = grad // s, accounting.RECIPE["mixed"].grads

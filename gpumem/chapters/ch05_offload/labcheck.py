@@ -12,13 +12,14 @@ saved references, copies and restored code objects refuse too):
 * ``swap_files(param_numels, ranks, block_bytes)``: the sizes of the swap files one rank writes
   under ZeRO-3 with optimizer and parameters on NVMe, graded against DeepSpeed (:mod:`.lab_swaps`:
   a live run of drawn models with libaio, else a recorded run of drawn recorded ones);
-* ``rung_seconds(n_params, ranks, rung, compute_s, links)``: each rung's stock step time written
+* ``rung_seconds(n_params, ranks, rung, compute_s, links, micro_batches)``: each rung's stock step
+  time (gradients accumulated over ``micro_batches``, drawn: review r30 #5) written
   from the mechanism (the bytes that cross PCIe and the drive per step over ``links``, what overlaps
   compute, CPU Adam), graded on the choice's cases against the time engine, whose schedules and
   traffic counts refuse while the learner's call runs; a wrong time is named by the piece that
   explains it (:func:`seconds_problem`; a drive byte slip, :mod:`.lab_slips`, with DeepSpeed's
   bytes per shard parameter and the learner's);
-* ``choose_rung(n_params, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links)``: the
+* ``choose_rung(n_params, ranks, gpu_budget, host_budget, step_budget_s, compute_s, links, micro_batches)``: the
   rung that fits both memory budgets and the step time (stock DeepSpeed, the time engine's
   :func:`gpumem.timing.offload_time.step_time`) leaving the GPU the most room, graded on budgets
   drawn at each check (:func:`.lab_draw.choose_cases`), each at least :data:`MARGIN` away from
@@ -38,6 +39,7 @@ from gpumem.memory import offload_cost
 from gpumem.timing import grad_swap, offload_time
 
 from . import lab_draw, lab_gpu, lab_guard, lab_slips
+from .lab_slips import GRAD_HIDDEN, GRAD_SERIAL, GRAD_UNBOUNDED, ONE_MICRO, PHASED, STREAM, Z3_STREAM  # noqa: F401
 from . import lab_reference as ref
 from .lab_swaps import SWAP_KINDS, grade_swaps, numels, swap_problem, swap_shape_problem  # noqa: F401
 
@@ -139,16 +141,17 @@ def _grade_seconds(report: Report, fn, cases: list[tuple]) -> None:
     (each priced after the learner's call returns)."""
     for case, args in cases:
         if fn is None:
-            report.rows.append(Row("rung_seconds", case, "todo", "define rung_seconds(n, ranks, rung, compute_s, links)"))
+            report.rows.append(Row("rung_seconds", case, "todo",
+                                   "define rung_seconds(n, ranks, rung, compute_s, links, micro_batches)"))
             continue
 
         def body(args=args):
-            n, ranks, *_, compute_s, links = args
+            n, ranks, *_, compute_s, links, m = args
             for rung in ref.RUNGS:
-                mine = call(lab_guard.guarded(fn), n, ranks, rung, compute_s, copy.deepcopy(links))   # r19: its own
+                mine = call(lab_guard.guarded(fn), n, ranks, rung, compute_s, copy.deepcopy(links), m)   # r19: its own
                 if isinstance(mine, bool) or not isinstance(mine, (int, float)):
                     return "wrong", f"{rung}: " + returned(mine, "seconds (a float)")
-                bad = seconds_problem(mine, n, ranks, rung, compute_s, links)    # priced after the call
+                bad = seconds_problem(mine, n, ranks, rung, compute_s, links, m)    # priced after the call
                 if bad:
                     return "wrong", f"{rung}: {bad}"
             return "ok", ""
@@ -159,38 +162,21 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-6 * max(1e-3, abs(b))
 
 
-STREAM = ("the gradient stream is missing or too light: during backward stage_1_and_2.py widens each reduced "
-          "gradient slice to fp32 on the GPU before its copy to the host (not the ZeRO-Offload paper's 16-bit "
-          "copy), one copy after another on one CUDA stream, beside compute; here it sets the pace")
-Z3_STREAM = ("ZeRO-3's gradient stream is missing or too light: during backward stage3.py copies the bf16 "
-             "partition down, back up, then an fp32 copy down (not the ZeRO-Offload paper's one 16-bit copy), "
-             "one after another on one CUDA stream beside compute; here it sets the pace")
-
-
-GRAD_SERIAL = ("yours writes the whole fp32 gradient to the drive after backward: DeepSpeed's swapper "
-               "(swap_tensor/async_swapper.py) starts writing each full buffer during backward")
-GRAD_HIDDEN = ("the fp32 gradient's drive write is missing, or all of it hidden behind backward: the "
-               "step waits for what backward's buffers have not written (swap_tensor/async_swapper.py)")
-GRAD_UNBOUNDED = ("your gradient write waits too little: in swap_tensor/async_swapper.py a written buffer "
-                  "is not free again until backward waits for every write in flight")
-
-
-PHASED = ("yours runs forward, then backward: the course's engine runs every transfer of forward and backward "
-          "beside all of compute_s, the longest setting the pace (cell 9's stated assumption)")
-
-
-def _phased(n: int, ranks: int, zero: int, offload: str, device: str, compute_s: float, links, t: dict) -> float:
+def _phased(n: int, ranks: int, zero: int, offload: str, device: str, compute_s: float, links, t: dict,
+            m: int = 1) -> float:
     """Review r23's reading of the window: forward (its compute, its half of the parameter fetches and
     drive reads), then the engine's backward."""
-    p = offload_cost.traffic_parts(n, "mixed", zero, ranks, offload, device)
+    p = offload_cost.traffic_parts(n, "mixed", zero, ranks, offload, device, micro_batches=m)
     return max(compute_s / 3, p["param_fetch"] / 2 / links.h2d, t["nvme_params"] / 2) + t["backward"]
 
 
-def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float, links) -> str:
-    """'' if ``mine`` is the time engine's stock step; else what explains the difference: a known
-    wrong schedule or a missing piece, else direction and factor (the engine's seconds not shown)."""
+def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float, links, m: int = 1) -> str:
+    """'' if ``mine`` is the time engine's stock step over ``m`` micro-batches; else what explains the
+    difference: a known wrong schedule or a missing piece, else direction and factor (the engine's
+    seconds not shown)."""
     zero, offload, device = ref.RUNGS[rung]
-    t = offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links)
+    step = lambda **kw: offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links, **kw)  # noqa: E731
+    t = step(micro_batches=m)
     want = t["stock"]
     if _close(mine, want):
         return ""
@@ -206,10 +192,10 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
              (want - shown + write(compute_s),
               "your gradient write's window is all of compute_s: the fp32 gradient is produced during "
               "backward alone"),
-             (want - shown + write(compute_s * grad_swap.BACKWARD_SHARE),
+             (want - shown + write(compute_s * grad_swap.BACKWARD_SHARE / m),
               "your backward is its compute alone: a transfer slower than compute stretches backward "
               "(the slowest thing in it sets its length), and a longer backward hides more of the write"),
-             (want - window + max(window, _phased(n, ranks, zero, offload, device, compute_s, links, t)), PHASED),
+             (want - window + max(window, _phased(n, ranks, zero, offload, device, compute_s, links, t, m)), PHASED),
              (t["total"], "yours overlaps what stock DeepSpeed runs after backward (CPU Adam, the state "
                           "swaps, the updated shard's upload); that is the delayed-update schedule"),
              (t["compute"] + t["h2d"] + t["d2h"] + t["nvme"] + t["cpu_adam"],
@@ -219,11 +205,13 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
              (want - t["h2d_after"], "the updated 16-bit shard's upload after the step is missing"),
              (want - t["nvme_states"], "the optimizer states' NVMe traffic (read and written in the step) is missing"),
              (offload_time.stock_schedule({**t, "grad_trip": 0.0}), Z3_STREAM if zero == 3 else STREAM),
-             (offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links, grads="paper")["stock"]
-              if offload != "none" else want, Z3_STREAM if zero == 3 else STREAM),       # r28: ZeRO-2's in bf16
-             *lab_slips.drive_slips(n, ranks, zero, offload, device, compute_s, links, t)]   # review r24 #1
+             (step(grads="paper", micro_batches=m)["stock"] if offload != "none" else want,
+              Z3_STREAM if zero == 3 else STREAM),                                     # r28: ZeRO-2's in bf16
+             (step()["stock"] if m > 1 else want, ONE_MICRO),                           # review r30 #5
+             *lab_slips.drive_slips(n, ranks, zero, offload, device, compute_s, links, t, m)]   # review r24 #1
     if zero == 3:                   # review r26: the partition's trip back up left out, or the legs overlapped
-        down, up = 6 * s / links.d2h, 2 * s / links.h2d
+        p = offload_cost.traffic_parts(n, "mixed", zero, ranks, offload, device, micro_batches=m)
+        down, up = p["grad_down"] / links.d2h, p["grad_up"] / links.h2d
         wrong += [(offload_time.stock_schedule({**t, "grad_trip": trip}), Z3_STREAM) for trip in (down, max(down, up))]
     said = list(dict.fromkeys(words for value, words in wrong if value != want and _close(mine, value)))
     if said:        # review r26: slips that give the same step are named together, none first by chance
