@@ -109,8 +109,9 @@ def delta_reread(model: str = "llama-3-70b", seq: int = 8192, block: int = 128, 
 
 
 def delta_line(model: str = "llama-3-70b", seq: int = 8192, block: int = 128, o_elem: int = 2) -> str:
-    """:func:`delta_reread` in one line, in binary units."""
+    """:func:`delta_reread` in two lines (under 100 columns), in binary units."""
     r, cfg = delta_reread(model, seq, block, o_elem), models.get(model)
     mib = lambda n: f"{n / 2**20:,.0f} MiB" if n < 2**30 else f"{n / 2**30:,.0f} GiB"    # noqa: E731
-    return (f"{cfg.name}, one layer, {seq:,} tokens, key blocks of {block}: O read per call {mib(r['per_call'])}, "
-            f"over the {r['calls']} calls {mib(r['in_all'])}; D made once in fp32: {mib(r['d_bytes'])}")
+    return (f"{cfg.name}, one layer, {seq:,} tokens, key blocks of {block}:\n"
+            f"  O read per call {mib(r['per_call'])}, over the {r['calls']} calls {mib(r['in_all'])}; "
+            f"D made once in fp32: {mib(r['d_bytes'])}")
