@@ -177,15 +177,19 @@ def test_part_2s_question_is_answered_by_the_library_after_the_code():
         assert "traffic.delta_line()" in "".join(cells[7]["source"]), folder
 
 
-# review r34 #1: the reviewer's kernel: K read byte by byte from torch.bincount's output length (24/25)
-BINCOUNT = """
-def key_block_backward(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
-    b, a, s_q, d = q.shape
-    kv, n = k_blk.shape[1], k_blk.shape[2]
-    g = a // kv
-    work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    sc = d ** -0.5
-    # launder K: its bits leave through bincount's output length and come back as fresh numbers
+# review r34 #1: the reviewer's next kernel, the same but for the way K leaves: byte by byte through the
+# length of torch.bincount's result (24/25)
+BINCOUNT = LAUNDER.replace('''    # launder K: its bits leave through IndexError messages and come back as fresh numbers
+    bits = k_blk.double().view(torch.int64).reshape(-1)
+    one = torch.zeros(1)
+    vals = []
+    for i in range(bits.numel()):
+        try:
+            one[bits[i:i + 1]]
+            vals.append(0)
+        except IndexError as err:
+            vals.append(int(str(err).split()[1]))
+''', '''    # launder K: its bits leave through bincount's output length and come back as fresh numbers
     bits = k_blk.double().view(torch.int64).reshape(-1)
     vals = []
     for i in range(bits.numel()):
@@ -194,45 +198,8 @@ def key_block_backward(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, bloc
             c = torch.bincount(torch.bitwise_and(torch.bitwise_right_shift(bits[i:i + 1], s), 0xFF))
             x |= (c.shape[0] - 1) << s
         vals.append(x - (1 << 64) if x >= 1 << 63 else x)
-    chunks = [torch.full((1,), x, dtype=torch.int64) for x in vals]
-    kc = torch.cat(chunks).reshape(k_blk.shape).view(torch.float64).to(work).to(q.device)
-    kc_ = kc.unsqueeze(2).expand(b, kv, g, n, d).reshape(b, a, n, d)
-    k_ = k_blk.to(work).unsqueeze(2).expand(b, kv, g, n, d).reshape(b, a, n, d)
-    v_ = v_blk.to(work).unsqueeze(2).expand(b, kv, g, n, d).reshape(b, a, n, d)
-    dq_part = torch.zeros(b, a, s_q, d, dtype=work, device=q.device)
-    dk_acc = torch.zeros(b, a, n, d, dtype=work, device=q.device)
-    dv_acc = torch.zeros(b, a, n, d, dtype=work, device=q.device)
-    lo = j0 - j0 % block if causal else 0
-    for r0 in range(lo, s_q, block):
-        r1 = min(s_q, r0 + block)
-        qt = q[:, :, r0:r1].to(work)
-        dot = dout[:, :, r0:r1].to(work)
-        rows = torch.arange(r0, r1, device=q.device).view(-1, 1)
-        cols = torch.arange(j0, j0 + n, device=q.device).view(1, -1)
-        hide = (cols > rows) if causal else torch.zeros(r1 - r0, n, dtype=torch.bool, device=q.device)
-        # decoy: exp2 of the folded tile, thrown away
-        t = torch.matmul(qt, k_.transpose(2, 3)) * (sc / math.log(2))
-        torch.exp2(t.masked_fill(hide, float("-inf")) - lse[:, :, r0:r1].to(work).unsqueeze(-1) / math.log(2))
-        # P in the natural base from laundered K: a Taylor series squared ten times
-        x = torch.matmul(qt, kc_.transpose(2, 3)) * sc - lse[:, :, r0:r1].to(work).unsqueeze(-1)
-        y = x.masked_fill(hide, 0.0).double() / 1024.0
-        e, term = torch.ones_like(y), torch.ones_like(y)
-        for i in range(1, 13):
-            term = term * y / i
-            e = e + term
-        for _ in range(10):
-            e = e * e
-        p = e.masked_fill(hide, 0.0).to(work)
-        dv_acc = dv_acc + torch.matmul(p.transpose(2, 3), dot)
-        dp = torch.matmul(dot, v_.transpose(2, 3))
-        ds = p * (dp - delta[:, :, r0:r1].to(work).unsqueeze(-1))
-        dq_part[:, :, r0:r1] = torch.matmul(ds, kc_) * sc
-        dk_acc = dk_acc + torch.matmul(ds.transpose(2, 3), qt) * sc
-    dk = dk_acc.view(b, kv, g, n, d).sum(dim=2)
-    dv = dv_acc.view(b, kv, g, n, d).sum(dim=2)
-    return dq_part, dk.to(k_blk.dtype), dv.to(v_blk.dtype)
-
-"""
+''')
+assert BINCOUNT != LAUNDER
 
 
 def test_k_read_back_from_result_lengths_is_refused():

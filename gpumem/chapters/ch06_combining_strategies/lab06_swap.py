@@ -15,11 +15,11 @@ layout's buffers to find it.
 from gpumem import planner
 from gpumem.memory import models
 from gpumem.planner.memory import per_gpu
+from gpumem.planner.question import GPUS_PER_NODE as NODE
 from gpumem.planner.swap_buffers import offload_buffers
 
 from . import lab06_cases
 
-NODE = 8                         # GPUs per node (as lab06_limit_cases)
 STEP = 0.001e12                  # caps to 0.001 TB: the buffers of two layouts differ by about 0.01 TB
 # 405B on 2 nodes of 8 GPUs, where the planner's fastest offloads optimizer and parameters to NVMe
 SPACE = lab06_cases._space(("llama-3.1-405b",), (16,), ("h100-80gb", "a100-80gb"), (4096, 6144), (32, 256, 8),
