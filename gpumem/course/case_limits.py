@@ -10,6 +10,8 @@ import os
 import signal
 import threading
 
+from .genuine import genuine
+
 CASE_SECONDS = 120.0       # per case; generous for a slow laptop; GPUMEM_CASE_SECONDS overrides
 _active = threading.local()  # whether a time limit runs in this thread
 
@@ -48,12 +50,16 @@ def time_limit(seconds: float):
         return
     _active.on, armed = True, [True]
 
-    def stop():
-        if armed[0]:
-            raise TookTooLong(seconds)
+    def stop(frame=None):
+        if not armed[0]:
+            return
+        if frame is not None and frame.f_code.co_name == "hook" and genuine(frame.f_code):
+            signal.setitimer(signal.ITIMER_REAL, 0.001, 1.0)   # a grader's profile hook: strike just after it
+            return                                             # (Python unsets a hook that raises: lab 04, r34 #2)
+        raise TookTooLong(seconds)
     try:
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
-            previous = signal.signal(signal.SIGALRM, lambda signum, frame: stop())
+            previous = signal.signal(signal.SIGALRM, lambda signum, frame: stop(frame))
             outer = signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
             try:
                 yield

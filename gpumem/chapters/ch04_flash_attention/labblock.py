@@ -65,9 +65,9 @@ def no_copies(flag):
     seen = watch._seen                                     # code objects matched before (Prints.match)
 
     def hook(frame, event, arg):
-        if event in C_EVENTS:     # no watch of lab 04 reads them, and they are most of the events (the
-            return                # watch's own bookkeeping calls builtins): skipped, the grading runs faster
         try:
+            if event in C_EVENTS:     # no watch of lab 04 reads them, and they are most of the events (the
+                return                # watch's own bookkeeping calls builtins): skipped, the grading runs faster
             if event == "call":
                 code, hit = frame.f_code, ""
                 if code in original:
@@ -122,18 +122,18 @@ def chained(on_event):
     before = sys.getprofile()
 
     def hook(frame, event, arg):
-        if event in C_EVENTS:     # as in no_copies: the records read only call and return events
-            return
         try:
+            if event in C_EVENTS:     # as in no_copies: the records read only call and return events
+                return
             on_event(frame, event, arg)
+            if before is not None:
+                before(frame, event, arg)
         except TookTooLong:                         # as in no_copies: the case's time limit, no refusal
             hook.graders_refusals = [TIMED_OUT]
             raise
         except BaseException:
             hook.graders_refusals = [on_event]      # lab_watch: a refusal unsets the hook (review r23)
             raise
-        if before is not None:
-            before(frame, event, arg)
     sys.setprofile(hook)
     try:
         yield
