@@ -1,9 +1,11 @@
 """Lab 04, review r32: findings fixed after that round's reading of the lab."""
 
 import re
+import sys
 
 import torch
 
+from gpumem.chapters.ch04_flash_attention import labguard
 from gpumem.chapters.ch04_flash_attention.labexp2 import Exp2Rule
 from gpumem.chapters.ch04_flash_attention.labops import QK, RAW, _ptr
 
@@ -241,3 +243,36 @@ def test_a_time_limit_that_strikes_in_the_graders_hook_is_named_as_a_time_limit(
         got = rows({"key_block_backward": slow}, "key_block_backward")[0]
         assert got.status == "error" and "took longer than 0.4 s" in got.detail, got.detail
         assert "setprofile" not in got.detail
+
+
+def _seen_during_dispatch(check, swapped) -> list:
+    """The functions a profile hook sees called while ``Watch._dispatch`` runs one op with these
+    integrity checks (called by hand from inside the watch: the function mode then refuses the
+    records' storage reads, which ends the op; what ran before that is what counts here)."""
+    a, b = torch.ones(4), torch.ones(4)
+    watch, seen = labguard.Watch(4, 4, 4, 4, 1, inputs=(a, b)), []
+    with watch:
+        sys.setprofile(lambda frame, event, arg: seen.append(frame.f_code) if event == "call" else None)
+        try:
+            watch._dispatch(torch.ops.aten.add.Tensor, (), (a, b), {}, check, swapped)
+        except RuntimeError:
+            pass
+        finally:
+            sys.setprofile(None)
+    return seen
+
+
+def test_only_the_baked_checks_run_with_the_profile_hook_off():
+    """The grader's own per-op work runs with the profile hook off (last session's speed-up), but
+    only the checks baked into ``__torch_dispatch__``: functions of a learner's passed to
+    ``_dispatch`` by hand were run unwatched too, and are now watched as the learner's code."""
+    def mine_check():
+        return ""
+
+    def mine_swapped(watch):
+        return ""
+
+    seen = _seen_during_dispatch(mine_check, mine_swapped)
+    assert mine_check.__code__ in seen and mine_swapped.__code__ in seen
+    baked = _seen_during_dispatch(labguard._CHECK, labguard._SWAPPED)
+    assert not {code.co_name for code in baked} & {"_changed", "_swapped", "_before"}, baked

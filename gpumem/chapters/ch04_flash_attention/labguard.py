@@ -200,9 +200,10 @@ class Watch(Sealed, TorchDispatchMode):
         """Every op: the grader's integrity (``check``, ``swapped``: labseal's baked checks), the
         rules, the op, the records. The grader's own work runs with the profile hook off (the copy
         watch and labblock's records watch the learner's calls; in the grader's bookkeeping they
-        saw a million calls a check and made grading 3.5 times slower); the op itself keeps it."""
+        saw a million calls a check and made grading 3.5 times slower); the op itself keeps it. Only
+        the baked checks run quiet: other functions passed in are watched as the learner's code."""
         profile = sys.getprofile()
-        quiet = type(self) is Watch and check is not None
+        quiet = type(self) is Watch and check is _CHECK and swapped is _SWAPPED
         if quiet:
             sys.setprofile(None)
         try:
@@ -291,7 +292,7 @@ def _answers(func, name: str, args) -> bool:
 
 
 # every op first checks that none of the grader's modules and classes was patched during the call;
-_UNSEALED = ("_DISPATCH", "_CHECK")        # grader_seal: made with code baked in (labseal.bake), not the file's
-_DISPATCH, _CHECK = seal_dispatch(Watch, (sys.modules[__name__], labbake, labexp2, labfence, labops, labpairs, labseal, labshape,
+_UNSEALED = ("_DISPATCH", "_CHECK", "_SWAPPED")   # grader_seal: made with code baked in (labseal.bake), not the file's
+_DISPATCH, _CHECK, _SWAPPED = seal_dispatch(Watch, (sys.modules[__name__], labbake, labexp2, labfence, labops, labpairs, labseal, labshape,
                                           labproducts, labgrad, Watch, _Functions, labexp2.Exp2Rule, labpairs.Pairs,
                                           labproducts.Products, labgrad.Provenance, labfence.Fence, Sealed))

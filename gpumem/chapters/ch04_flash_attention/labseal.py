@@ -192,7 +192,7 @@ def seal_dispatch(cls, owners, held=()):
     the grader's work at an op). No closure: what it calls is baked into its code (:func:`bake`)."""
     swapped, check = bake(_swapped, held=cells(*held)), intact(*owners, skip=("__torch_dispatch__",))
     cls.__torch_dispatch__ = bake(_torch_dispatch, check=check, dispatch=cls._dispatch, swapped=swapped)
-    return cls.__torch_dispatch__, check
+    return cls.__torch_dispatch__, check, swapped
 
 
 _UNSEALED = ("seal",)        # grader_seal: made with code baked in (bake), not the file's
