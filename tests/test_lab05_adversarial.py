@@ -435,17 +435,18 @@ def _hand_trip(s, zero, m):
     return down + 4 * s, up                              # the boundary's fp32 copy down
 
 
-def _hand_seconds(n, ranks, rung, compute_s, links, m=1):
+def _hand_seconds(n, ranks, rung, compute_s, links, m=1, beside=True):
     """A rung's stock step over ``m`` micro-batches, by hand from the schedule the lab states
     (offload_time's module text): bytes per shard parameter s on each link, what runs beside
-    compute, what follows in series (CPU Adam, the state swaps and the update, once a step)."""
+    compute, what follows in series (CPU Adam, the state swaps and the update, once a step).
+    ``beside=False``: review r30 #7's slip, compute left out of what runs beside the transfers."""
     zero, offload, device = ref.RUNGS[rung]
     if offload == "none":
         return compute_s
     s = -(-n // ranks)
     grad_down, grad_up = _hand_trip(s, zero, m)
     fetch = m * (2 * s + 2 * s) if offload == "optimizer+params" else 0   # 2 B up, each forward and backward
-    during = max(compute_s, grad_down / links.d2h + grad_up / links.h2d, (grad_up + fetch) / links.h2d,
+    during = max(compute_s if beside else 0.0, grad_down / links.d2h + grad_up / links.h2d, (grad_up + fetch) / links.h2d,
                  fetch / links.nvme_read if device == "nvme" else 0)
     nvme = 0.0
     if device == "nvme":     # fp32 grad, master, m, v read in the step; master, m, v (+ bf16 shard) written
@@ -1442,6 +1443,31 @@ def test_every_draw_has_a_case_paced_by_the_gradient_stream(seed):
         assert any(r.status != "ok" for r in rows(report, "rung_seconds")), slip
     report = labcheck.check({"rung_seconds": _stream_slip("")}, show=False, rng=random.Random(seed))
     assert all(r.status == "ok" for r in rows(report, "rung_seconds")), report.summary()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_review_r30_a_window_without_compute_fails_every_check(seed):
+    """Review r30 #7: a rung_seconds that leaves compute out of what runs beside the transfers
+    passed 8 of 120 checks (draws where every offloaded rung's transfers outlast compute). Each
+    draw now has a case where, by the hand count, compute paces some offloaded rung by more than
+    the margin, and the row asks which of the two is longer."""
+    from gpumem.chapters.ch05_offload import labcheck
+    cases = lab_draw.choose_cases(random.Random(seed))
+    assert any(_hand_seconds(n, ranks, rung, c, links, m) > 1.05 * _hand_seconds(n, ranks, rung, c, links, m, beside=False)
+               for _, (n, ranks, *_, c, links, m), _, _ in cases for rung in ref.RUNGS if rung != "zero3")
+    slip = lambda n, ranks, rung, c, links, m=1: _hand_seconds(n, ranks, rung, c, links, m, beside=False)  # noqa: E731
+    report = labcheck.check({"rung_seconds": slip}, show=False, rng=random.Random(seed))
+    bad = [r for r in rows(report, "rung_seconds") if r.status != "ok"]
+    assert bad and all("leaves compute out of what runs beside the transfers" in r.detail for r in bad), bad
+
+
+def test_no_four_cases_without_a_compute_paced_window_are_kept(monkeypatch):
+    """choose_cases draws again when none of its four cases shows compute in an offloaded window."""
+    calls = []
+    real = lab_draw.compute_shows
+    monkeypatch.setattr(lab_draw, "compute_shows", lambda *a: calls.append(a) or (len(calls) > 4 and real(*a)))
+    lab_draw.choose_cases(random.Random(0))
+    assert len(calls) > 4
 
 
 def test_the_engines_stream_slips_are_named():

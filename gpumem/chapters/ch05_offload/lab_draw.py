@@ -10,7 +10,8 @@
   either. In each, host memory rules out ``zero3+opt+params-cpu`` (whose step time rests on the
   time engine's assumption that host parameter fetches hide behind compute). Each budget is at
   least :data:`MARGIN` away from every rung's bytes and seconds (asserted here, at draw time).
-  Three of the four steps accumulate gradients over 2-4 micro-batches (drawn), one over one.
+  Three of the four steps accumulate gradients over 2-4 micro-batches (drawn), one over one. In one
+  at least, compute sets the pace of some offloaded rung's window (:func:`compute_shows`).
 
 The figures are the reference's (:mod:`.lab_reference`), the seconds the time engine's.
 """
@@ -65,6 +66,16 @@ def accumulation_shows(n: int, ranks: int, compute_s: float, links, micro_batche
         zero, offload, device = ref.RUNGS[rung]
         return offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links, micro_batches=m)["stock"]
     return any(abs(step(r, micro_batches) / step(r, 1) - 1) > MARGIN for r in ref.RUNGS if r != "zero3")
+
+
+def compute_shows(n: int, ranks: int, compute_s: float, links, micro_batches: int) -> bool:
+    """Some offloaded rung's stock step is more than MARGIN longer than the same schedule with compute
+    left out of what runs beside the transfers (review r30 #7: that slip passed 8 of 120 checks)."""
+    def short(rung: str) -> float:
+        zero, offload, device = ref.RUNGS[rung]
+        t = offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links, micro_batches=micro_batches)
+        return t["stock"] / offload_time.stock_schedule({**t, "compute": 0.0})
+    return any(short(r) > 1 + MARGIN for r in ref.RUNGS if r != "zero3")
 
 
 def _clear(budgets: tuple, fig: dict) -> bool:
@@ -194,7 +205,9 @@ def choose_cases(rng) -> list[tuple]:
     ``zero2+opt-cpu`` or None, ``zero3+opt-cpu`` fits memory but is too slow (review r30: a chooser that
     takes the first rung fitting memory, never pricing a step, passed 21 of 200 checks). Three cases
     accumulate gradients over 2-4 micro-batches (drawn, :data:`MICRO_BATCHES`), the fourth over one
-    (review r30 #5: the chapter prints one micro-batch's bytes, not the further ones')."""
+    (review r30 #5: the chapter prints one micro-batch's bytes, not the further ones'). In one at least,
+    compute sets the pace of some offloaded rung's window (:func:`compute_shows`; review r30 #7: a window
+    without compute passed 8 of 120 checks); four cases without one are drawn again."""
     for _ in range(DRAWS):
         while True:
             targets = [rng.choice(ANSWERS) for _ in range(4)]
@@ -208,9 +221,11 @@ def choose_cases(rng) -> list[tuple]:
         batches = [rng.choice(MICRO_BATCHES) for _ in targets]
         batches[rng.randrange(4)] = 1                    # the chapter's one micro-batch, in one case
         try:
-            return [choose_case(rng, t, slow_fits=i == slow, paced=i == paced, buffered=i == buffered,
-                                paced2=i == paced2, tie=i == tie, spill=i == spill,
-                                slow_cpu=i == slow_cpu, batches=batches[i]) for i, t in enumerate(targets)]
+            cases = [choose_case(rng, t, slow_fits=i == slow, paced=i == paced, buffered=i == buffered,
+                                 paced2=i == paced2, tie=i == tie, spill=i == spill,
+                                 slow_cpu=i == slow_cpu, batches=batches[i]) for i, t in enumerate(targets)]
+            if any(compute_shows(*args[:2], *args[5:]) for _, args, *_ in cases):
+                return cases
         except NoCase:       # a fresh clone's check once drew no budgets for zero3+opt-nvme (paced, slow
             continue         # rung fits) in 400 setups and raised; the answers are drawn again instead
     raise NoCase(f"no four cases in {DRAWS} draws")

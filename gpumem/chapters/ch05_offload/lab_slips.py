@@ -37,6 +37,9 @@ GRAD_UNBOUNDED = ("your gradient write waits too little: in swap_tensor/async_sw
                   "is not free again until backward waits for every write in flight")
 
 
+NO_COMPUTE = ("yours leaves compute out of what runs beside the transfers: during forward and backward the "
+              "copies and fetches run beside compute, so the longer of the two sets that stretch; which is "
+              "longer here?")      # review r30 #7
 PHASED = ("yours runs forward, then backward: the course's engine runs every transfer of forward and backward "
           "beside all of compute_s, the longest setting the pace (cell 9's stated assumption)")
 ONE_MICRO = ("yours is this rung's step for one micro-batch, and this step accumulates gradients over "

@@ -39,7 +39,7 @@ from gpumem.memory import offload_cost
 from gpumem.timing import grad_swap, offload_time
 
 from . import lab_draw, lab_gpu, lab_guard, lab_slips
-from .lab_slips import GRAD_HIDDEN, GRAD_SERIAL, GRAD_UNBOUNDED, ONE_MICRO, PHASED, STREAM, Z3_STREAM  # noqa: F401
+from .lab_slips import GRAD_HIDDEN, GRAD_SERIAL, GRAD_UNBOUNDED, NO_COMPUTE, ONE_MICRO, PHASED, STREAM, Z3_STREAM  # noqa: F401
 from . import lab_reference as ref
 from .lab_swaps import SWAP_KINDS, grade_swaps, numels, swap_problem, swap_shape_problem  # noqa: F401
 
@@ -208,6 +208,7 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
              (step(grads="paper", micro_batches=m)["stock"] if offload != "none" else want,
               Z3_STREAM if zero == 3 else STREAM),                                     # r28: ZeRO-2's in bf16
              (step()["stock"] if m > 1 else want, ONE_MICRO),                           # review r30 #5
+             (offload_time.stock_schedule({**t, "compute": 0.0}) if offload != "none" else want, NO_COMPUTE),
              *lab_slips.drive_slips(n, ranks, zero, offload, device, compute_s, links, t, m)]   # review r24 #1
     if zero == 3:                   # review r26: the partition's trip back up left out, or the legs overlapped
         p = offload_cost.traffic_parts(n, "mixed", zero, ranks, offload, device, micro_batches=m)
