@@ -1008,16 +1008,28 @@ def test_review_r31_a_gradient_store_made_as_a_bytearray_counts(monkeypatch):
 @pytest.mark.parametrize("store", ["    import mmap\n    keep = mmap.mmap(-1, 1 << 20)\n",
                                    "    from multiprocessing import shared_memory\n"
                                    "    keep = shared_memory.SharedMemory(create=True, size=1 << 20)\n",
-                                   "    import numpy as np\n    keep = np.memmap('/dev/zero', mode='r', shape=(1 << 20,))\n"],
-                         ids=["mmap", "shared-memory", "numpy-memmap"])
+                                   "    import numpy as np\n    keep = np.memmap('/dev/zero', mode='r', shape=(1 << 20,))\n",
+                                   # review r35: a store of torch.distributed's own, and mmap through a module that imports it
+                                   "    kv = dist.HashStore()\n",
+                                   "    kv = torch.distributed.distributed_c10d.FileStore('/tmp/x', 2)\n",
+                                   "    kv = getattr(dist, 'TCPStore')\n",
+                                   "    from rich.progress import mmap as M\n    keep = M(-1, 1 << 20)\n",
+                                   "    from torch.distributed import PrefixStore\n"],
+                         ids=["mmap", "shared-memory", "numpy-memmap", "hashstore", "filestore", "getattr-store",
+                              "re-exported-mmap", "imported-store"])
 def test_review_r33_a_store_in_memory_the_probe_cannot_weigh_is_refused(monkeypatch, store):
     """Review r33: hooks that wrote every gradient into an ``mmap.mmap(-1, ...)`` made at install,
     through ``torch.frombuffer`` views, passed 27/27: neither torch's allocator nor tracemalloc sees
-    that memory. Memory from outside both is refused in the source, before a rank starts."""
+    that memory. Memory from outside both is refused in the source, before a rank starts. Review r35:
+    a ``dist.HashStore`` (C++ memory, 27/27) and mmap imported from a module that imports it (26/27)
+    passed that list of names; the hooks may now import only torch and a few standard modules, and of
+    torch.distributed only the collectives and what the lab's checks meet, no store."""
     source = _lab02_solution()
     head = "def install_zero2_hooks(params, grad_shards, bucket_bytes):\n"
     assert head in source
     _narrowed(monkeypatch)
     report = _lab02_with(source.replace(head, head + store, 1))
     row = next(r for r in report.rows if r.status != "ok")
-    assert row.case == "gradients kept in torch" and "neither torch nor Python's allocator" in row.detail, row
+    assert row.case == "gradients kept in torch" and "memory the grader cannot weigh" in row.detail, row
+    first = store.splitlines()[0].strip()                    # review r35 #3: the line named by its text
+    assert f"(`{first}`)" in row.detail, row.detail

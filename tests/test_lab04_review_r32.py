@@ -276,3 +276,47 @@ def test_only_the_baked_checks_run_with_the_profile_hook_off():
     assert mine_check.__code__ in seen and mine_swapped.__code__ in seen
     baked = _seen_during_dispatch(labguard._CHECK, labguard._SWAPPED)
     assert not {code.co_name for code in baked} & {"_changed", "_swapped", "_before"}, baked
+
+
+# review r35 #1: the same kernel, K leaving through a quantizer's scale: each element's fp64 bits in
+# three chunks, one quantize_per_tensor_dynamic(...).q_scale() a chunk (25/25 on the real grading path)
+QSCALE = LAUNDER.replace(LAUNDER[LAUNDER.index("    # launder K: its bits leave through IndexError"):LAUNDER.index("    chunks = [")],
+                         """    # launder K: its bits leave through q_scale and come back as fresh numbers
+    bits = k_blk.double().view(torch.int64).reshape(-1)
+    vals = []
+    for i in range(bits.numel()):
+        x = 0
+        for s, w in ((0, 22), (22, 21), (43, 21)):
+            c = torch.bitwise_and(torch.bitwise_right_shift(bits[i:i + 1], s), (1 << w) - 1) + 1
+            scale = torch.quantize_per_tensor_dynamic(torch.cat([c.float(), torch.zeros(1)]), torch.quint8, False).q_scale()
+            x |= (round(scale * 255) - 1) << s
+        vals.append(x - (1 << 64) if x >= 1 << 63 else x)
+""")
+assert QSCALE != LAUNDER and "q_scale" in QSCALE and "IndexError" not in QSCALE
+
+
+def test_k_read_back_from_a_quantizers_scale_is_refused():
+    """Review r35 #1: K left through ``q_scale()`` of a quantized copy (a float made from the
+    numbers, no ``item``, no length tag) and came back through ``torch.full``: 25/25. Every op whose
+    schema returns Python numbers (q_scale, q_zero_point, _nnz, is_nonzero, allclose...) now counts
+    as numbers read; shape queries do not."""
+    import math
+    from test_lab04_adversarial import rows
+    from gpumem.chapters.ch04_flash_attention import labops
+    scope = {"torch": torch, "math": math}
+    exec(compile(QSCALE, "<r35 qscale>", "exec"), scope)
+    k = torch.randn(1, 1, 3, 2, dtype=torch.float64)
+    bits = k.view(torch.int64).reshape(-1)                   # the route works outside the grader
+    x = 0
+    for s, w in ((0, 22), (22, 21), (43, 21)):
+        c = torch.bitwise_and(torch.bitwise_right_shift(bits[:1], s), (1 << w) - 1) + 1
+        scale = torch.quantize_per_tensor_dynamic(torch.cat([c.float(), torch.zeros(1)]), torch.quint8, False).q_scale()
+        x |= (round(scale * 255) - 1) << s
+    assert x == int(bits[0]) % (1 << 64)
+    got = rows({"key_block_backward": scope["key_block_backward"]}, "key_block_backward")[0]
+    assert got.status != "ok" and "torch.q_scale" in got.detail and "into Python" in got.detail, got.detail
+    ops = torch.ops.aten
+    assert all(labops.scalar_out(op) for op in (ops.q_scale.default, ops.q_zero_point.default, ops._nnz.default,
+                                                ops.is_nonzero.default, ops.allclose.default))
+    assert not any(labops.scalar_out(op) for op in (ops.sym_size.int, ops.dim.default, ops.add.Tensor,
+                                                    ops.split.Tensor, ops.is_same_size.default))

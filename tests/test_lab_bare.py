@@ -3,8 +3,11 @@
 with ``inspect.getdoc`` and passed 14/14 rows; comments read with ``inspect.getsource`` are the same
 route. Code, line numbers and strings that are not docstrings stay as written."""
 
+import ast
 import inspect
 import linecache
+
+import pytest
 
 from gpumem.course import lab_fresh
 from gpumem.course.lab_bare import bare
@@ -35,3 +38,40 @@ def test_the_grading_process_reads_no_table_from_a_docstring_or_a_comment():
     assert fresh["pool"]() == ([], [], "# a string, not a comment", "a string, not a docstring")
     assert fresh["pool"].__code__.co_firstlineno == ns["pool"].__code__.co_firstlineno
     assert "#" not in inspect.getsource(fresh["notes"])
+
+
+TABLE = repr([{"tp": 2 ** (i % 4), "pp": 1 + i % 9, "zero": i % 4} for i in range(60)])     # 660 bytes by the rule
+DEAD = {   # review r35 of lab 06: text the compiler drops, read back with inspect.getsource
+    "a string statement after the first": f"def layouts():\n    pass\n    {TABLE!r}\n",
+    "an if False block": f"def layouts():\n    if False:\n        t = {TABLE}\n    return None\n",
+    "a local annotation": f"def layouts():\n    t: {TABLE!r} = 0\n    return t\n",
+    "a class body's if False block": f"class Layouts:\n    if False:\n        t = {TABLE}\n    def get(self):\n        return 0\n",
+}
+READER = ("import ast\nimport inspect\nimport linecache\n\n\ndef choose_plan(model, gpus, gpu, seq, global_batch, inter_node=None,\n"
+          "                host_per_node=None, one_node=False, without=()):\n"
+          "    text = {read}\n"
+          "    return [n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant)]\n")
+
+
+@pytest.mark.parametrize("where", list(DEAD))
+def test_review_r35_a_table_the_compiler_drops_is_counted_from_the_text(where):
+    """Review r35 of lab 06: 138 layouts in a string statement that is not a docstring, read with
+    inspect.getsource and ast, passed 14/14 rows at 225 bytes by the rule, which counted only what
+    the compiled code holds; an ``if False:`` block and a local annotation were the same route. The
+    rule now also counts the constants of the built text that the code does not hold: the table
+    reaches the graded function whole, and is counted whole."""
+    from gpumem.chapters.ch06_combining_strategies import lab06_table
+    from gpumem.course import literal_size
+    read = ("''.join(linecache.getlines(inspect.getfile(Layouts.get)))" if where.startswith("a class")
+            else "inspect.getsource(layouts)")              # a class's getsource fails where it is graded
+    cell = DEAD[where] + "\n\n" + READER.format(read=read)
+    name = f"<dead.ipynb cell {list(DEAD).index(where) + 2}>"
+    linecache.cache[name] = (len(cell), None, cell.splitlines(True), name)
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(cell, name, "exec"), ns)
+    fresh = lab_fresh.rebuild(lab_fresh.payload("lab06_choose_plan", ns, show=False))
+    assert any("'tp'" in repr(v) or v == "tp" for v in fresh["choose_plan"]("m", 8, "g", 1, 1))   # the route works
+    linecache.cache.pop(name)                       # rewriting linecache does not hide the built text
+    chars, _ = lab06_table.measure(fresh["choose_plan"], fresh)
+    assert chars >= 0.9 * literal_size._chars(ast.literal_eval(TABLE)) == 594, chars   # less what the code holds too
+    assert "bytes of literal data" in lab06_table.problem(fresh["choose_plan"], fresh)

@@ -5,7 +5,10 @@ longer than N s"). It never raises: each case runs through :func:`run_case`, the
 
 import contextlib
 import io
+import linecache
+import os
 import sys
+import sysconfig
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -173,6 +176,22 @@ def returned(value: Any, expected: str) -> str:
             else f"returned {kind(value)}, expected {expected}")
 
 
+def _own_raise(err: BaseException) -> bool:
+    """The error's last Python frame is a ``raise`` line outside installed code and the course's own
+    (review r35 of lab 04: a sparse op refused under the grader's watch read "still raises
+    NotImplementedError", as if the function were not written)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return True
+    name = tb.tb_frame.f_code.co_filename
+    installed = [os.path.dirname(os.path.dirname(__file__)), *sysconfig.get_paths().values()]
+    if any(name.startswith(p + os.sep) for p in installed if p):
+        return False
+    return linecache.getline(name, tb.tb_lineno).lstrip().startswith("raise")
+
+
 def call(fn: Callable, *args, **kwargs):
     """Call the learner's ``fn``: ``NotImplementedError`` becomes :class:`Todo`, any other exception
     (``sys.exit`` too; only Ctrl-C passes) :class:`LearnerError`; its printing is capped."""
@@ -183,8 +202,11 @@ def call(fn: Callable, *args, **kwargs):
     try:
         with capped_output():
             result = fn(*args, **kwargs)
-    except NotImplementedError:
-        raise Todo() from None
+    except NotImplementedError as err:
+        if _own_raise(err):
+            raise Todo() from None
+        raise LearnerError(f"an op inside your call raised NotImplementedError (not your function's own raise: "
+                           f"an op this lab's grader or torch does not support here): {error_line(err)}") from None
     except BaseException as err:
         if isinstance(err, (KeyboardInterrupt, TookTooLong)):
             raise

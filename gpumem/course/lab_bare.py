@@ -10,6 +10,11 @@ import ast
 import io
 import tokenize
 
+# cell name -> the text the grading process built it from (:func:`.lab_fresh.rebuild`), for the table
+# rule's count of the source (:mod:`.literal_size`): kept apart from ``linecache``, which the learner's
+# code can read and rewrite
+CARRIED: dict[str, str] = {}
+
 
 def _docstrings(tree: ast.AST) -> list[tuple[int, int, int, int]]:
     """(line, byte column, end line, end byte column) of every docstring: a string constant that is

@@ -49,7 +49,7 @@ from pathlib import Path
 
 from . import genuine, lab_intact, lab_origin, lab_relay, lab_watch  # noqa: F401 -- lab_origin: imported before any learner code runs
 from .grading import Report, Row, freeze
-from .lab_bare import bare
+from .lab_bare import CARRIED, bare
 from .lab_carry import carry
 from .lab_kernel import notes, refusal
 
@@ -218,7 +218,7 @@ def rebuild(sent: dict) -> dict:
     (``first_try``) does not replace the one of its own name."""
     ns: dict = {"__name__": "__main__"}
     for name, cell in sent["cells"].items():
-        cell = bare(cell)
+        cell = CARRIED[name] = bare(cell)
         linecache.cache[name] = (len(cell), None, cell.splitlines(True), name)
     for name, line in sent["values"]:
         _run(name, bare(line), "<carried values>", ns)

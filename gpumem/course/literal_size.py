@@ -18,12 +18,16 @@ several bits a character into a string, with a decoder, can fit where a dict lit
 lab sets limits that its own solution clears several times over and says so in its prompt.
 """
 
+import ast
 import dis
 import inspect
+import linecache
+import os
 import sys
 import types
 
 from . import genuine
+from .lab_bare import CARRIED
 
 NAME_FREE = 24     # characters of a name that are not data (a descriptive name is shorter); the rest count
 _CLASS_OWN = frozenset({"__doc__", "__module__", "__qualname__", "__dict__", "__weakref__", "__annotations__",
@@ -86,13 +90,61 @@ def _cells(fn) -> list[tuple[str, object]]:
     return out
 
 
+def _keys(value, out: set, depth: int = 0) -> set:
+    """(type, value) of every number, string and bytes in ``value``, through containers and code."""
+    if depth > 20:
+        return out
+    if isinstance(value, types.CodeType):
+        for const in value.co_consts:
+            _keys(const, out, depth + 1)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _keys(k, out, depth + 1), _keys(v, out, depth + 1)
+    elif isinstance(value, (tuple, list, set, frozenset)):
+        for v in value:
+            _keys(v, out, depth + 1)
+    elif isinstance(value, (int, float, complex, str, bytes)) and not isinstance(value, bool):
+        out.add((type(value), value))
+    return out
+
+
+def _tree(filename: str, trees: dict):
+    if filename not in trees:
+        text = CARRIED.get(filename) or ("" if os.path.isfile(filename) else "".join(linecache.getlines(filename)))
+        try:
+            trees[filename] = ast.parse(text) if text else None
+        except (SyntaxError, ValueError):
+            trees[filename] = None
+    return trees[filename]
+
+
+def _unrun(codes: list, classes: set, held: set) -> list:
+    """Review r35 of lab 06: literal data in the text of the cells that define what was reached, that
+    the code does not hold (a string statement after the first, an ``if False:`` block, a local
+    variable's annotation: the compiler drops them, ``inspect.getsource`` or ``linecache`` reads them
+    back). The text is the one the grading process built from (:data:`.lab_bare.CARRIED`: only the
+    carried definitions' lines), else ``linecache``'s for a cell (a file on disk is no cell's text)."""
+    trees: dict = {}
+    files = {code.co_filename for code in codes}
+    files |= {name for name in CARRIED if any(isinstance(node, ast.ClassDef) and node.name in classes
+                                              for node in ast.walk(_tree(name, trees) or ast.Module([], [])))}
+    items = []
+    for filename in sorted(files):
+        for node in ast.walk(_tree(filename, trees) or ast.Module([], [])):
+            if isinstance(node, ast.Constant) and _keys(node.value, set()) - held:
+                items.append((_chars(node.value), f"{repr(node.value)[:40]} in the text of {filename}, not in its code"))
+    return items
+
+
 def _items(fn, ns: dict) -> tuple[list, int]:
     """([(bytes, what)] of literal data, bytecode instructions) of ``fn`` and all of the learner's it
     reaches: globals it reads, variables it closes over, through decorators such as
     ``functools.lru_cache``, with default arguments (review r29)."""
     fn = inspect.unwrap(fn)
     codes, seen, items, docs, names = [fn.__code__], {id(fn)}, [], [], set()
-    values = [("defaults", fn.__defaults__), ("defaults", fn.__kwdefaults__), ("annotations", _notes(fn))]
+    values = [("defaults", fn.__defaults__), ("defaults", fn.__kwdefaults__), ("annotations", _notes(fn)),
+              ("attributes", dict(vars(fn)))]
+    walked, classes, class_docs = [], set(), []      # what was looked into: its source is read too
     pending = _cells(fn)             # (name, value) reached, still to look into
     instructions, reads_doc = 0, False
     while codes or pending:
@@ -103,6 +155,8 @@ def _items(fn, ns: dict) -> tuple[list, int]:
                     continue
                 seen.add(id(value))
             if _learners(value) and isinstance(value, type):
+                classes.add(value.__name__)
+                class_docs.append(vars(value).get("__doc__"))
                 values.append((f"{name}'s annotations", _notes(value)))
                 docs.append((_chars(vars(value).get("__doc__")), f"the docstring of class {name}"))   # review r33
                 names.update(k for k in vars(value) if k not in _CLASS_OWN)
@@ -119,7 +173,7 @@ def _items(fn, ns: dict) -> tuple[list, int]:
                 value = inspect.unwrap(value)
                 codes.append(value.__code__)
                 values += [(f"{name}'s defaults", value.__defaults__), (f"{name}'s defaults", value.__kwdefaults__),
-                           (f"{name}'s annotations", _notes(value))]
+                           (f"{name}'s annotations", _notes(value)), (f"{name}'s attributes", dict(vars(value)))]
                 pending += _cells(value)
             elif not callable(value) and not isinstance(value, types.ModuleType) and not _library(name, value):
                 values.append((name, value))
@@ -129,6 +183,7 @@ def _items(fn, ns: dict) -> tuple[list, int]:
         if id(code) in seen:
             continue
         seen.add(id(code))
+        walked.append(code)
         instructions += sum(1 for _ in dis.get_instructions(code))
         items += [(len(n) - NAME_FREE, f"a name of {len(n)} characters in {code.co_name}")   # review r32
                   for n in {code.co_name, *code.co_varnames, *code.co_cellvars} if len(n) > NAME_FREE]
@@ -146,6 +201,10 @@ def _items(fn, ns: dict) -> tuple[list, int]:
                 seen.add(name)
                 pending.append((name, ns[name]))
     items += [(_chars(v), where) for where, v in values] + (docs if reads_doc else [])
+    held = set()
+    for const in [*walked, *(v for _, v in values), *class_docs]:
+        _keys(const, held)
+    items += _unrun(walked, classes, held)
     return [i for i in items if i[0]], instructions, names
 
 

@@ -235,7 +235,7 @@ class Watch(Sealed, TorchDispatchMode):
         elif _answers(func, name, args):
             ins = [t for t in _flat(args) if isinstance(t, torch.Tensor)]   # a bool, or a length made from them
             self.taken(next((t for t in ins if self.exp2 is not None and self.exp2._tag(t)[0]), ins[0]), 1,
-                       f"torch.{name.split('.')[1]}, whose answer (a bool, or its result's length) is read from the numbers")
+                       f"torch.{name.split('.')[1]}, whose answer (a number, a bool, its result's length) is read from the numbers")
         self.unknown(func, list(args) + [v for k, v in (kwargs or {}).items() if k != "out"])
         if "scaled_dot_product" in name:
             self.flag(f"it calls {name}: SDPA is not allowed here, write the tiles yourself")
@@ -283,7 +283,7 @@ def _answers(func, name: str, args) -> bool:
     Indexing counts only by a boolean mask (by positions its length is the index's)."""
     if not args or not isinstance(args[0], torch.Tensor):
         return False
-    if name.split(".")[1] in _ANSWERS:
+    if name.split(".")[1] in _ANSWERS or labops.scalar_out(func):
         return True
     if torch.Tag.dynamic_output_shape not in func.tags:
         return False

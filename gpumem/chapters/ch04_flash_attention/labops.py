@@ -159,6 +159,20 @@ _SIZED = frozenset({"tensor_split"})   # by a tensor: ATen reads its memory unse
 # ops whose answer in Python is read from the numbers: a bool, or the length of their result (review r32 #1)
 _ANSWERS = frozenset({"equal", "nonzero", "nonzero_numpy", "argwhere", "masked_select", "unique_dim",
                       "_unique", "_unique2", "unique_consecutive"})
+# ops that hand Python a number but read only a tensor's shape, not its values
+_SHAPE_ONLY = frozenset({"size", "sym_size", "stride", "sym_stride", "dim", "numel", "sym_numel", "storage_offset",
+                         "sym_storage_offset", "is_contiguous", "is_same_size", "is_strides_like_format",
+                         "is_non_overlapping_and_dense", "_local_scalar_dense"})
+_SCALARS = ("float", "int", "bool", "Scalar", "SymInt", "SymFloat", "SymBool", "number", "complex")
+
+
+def scalar_out(func) -> bool:
+    """The op returns Python numbers, not tensors (review r35: ``q_scale`` of a quantized copy of K
+    handed Python one float of K's a call, ``_nnz`` the count of a sparse one), shape queries and
+    ``item`` (counted on its own) aside."""
+    schema = func._schema
+    return schema.name.split("::")[-1] not in _SHAPE_ONLY and any(
+        str(r.type).rstrip("?") in _SCALARS for r in schema.returns)
 
 
 def rows_last(t: torch.Tensor, tiles) -> bool:

@@ -14,7 +14,6 @@ import torch
 from gpumem.course.grading import kind
 
 ATOL = RTOL = 1e-9
-LOG2E = math.log2(math.e)         # a value off by exactly this factor: the exp2 fold done twice or undone
 
 
 def causal_mask(s_q: int, s_k: int, q0: int = 0, k0: int = 0) -> torch.Tensor:
@@ -111,9 +110,6 @@ def first_wrong(name: str, got, want, kind: str = "") -> str:
     idx = tuple(int(i) for i in torch.unravel_index(bad[0, 0], ok.shape))
     more = f" (first of {len(bad):,} wrong elements)" if len(bad) > 1 else ""
     g, w = got_d[idx].item(), want[idx].item()
-    ratio = g / w if w and math.isfinite(g) and math.isfinite(w) else 0.0   # r20: the folded scale left in
-    log2e = next((f" (x {word}: a log2 e folded in, or taken out, once too often?)" for r, word in
-                  ((LOG2E, "log2 e"), (1 / LOG2E, "1 / log2 e")) if abs(ratio - r) < 1e-6 * r), "")
     nan = (f" (nan: {_NANS.get(kind, _NANS[''])})"
            if math.isnan(g) and math.isfinite(w) else "")          # review r22: the likeliest merge slip
-    return f"{name}{list(idx)}: got {g:.10g}, expected {w:.10g}{log2e}{nan}{more}"
+    return f"{name}{list(idx)}: got {g:.10g}, expected {w:.10g}{nan}{more}"

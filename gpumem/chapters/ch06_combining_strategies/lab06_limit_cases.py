@@ -239,8 +239,8 @@ def grade(choice, case: tuple, link: float | None, limits: Limits, slack: float,
     why = breaks(limits, lay, host)
     states = mem["host"] * min(gpus, NODE)
     if why.startswith("host memory") and states <= limits.host_per_node < host:     # the buffers tip it
-        return "wrong", (f"yours: {label}: host memory {host / 1e12:.2f} TB per node with NVMe offload's swap "
-                         f"buffers (offload_buffers: {(host - states) / 1e12:.2f} TB of it), over the team's "
+        return "wrong", (f"yours: {label}: host memory {host / 1e12:.4f} TB per node with NVMe offload's swap "
+                         f"buffers (offload_buffers: {(host - states) / 1e12:.4f} TB of it), over the team's "
                          f"host_per_node {limits.host_per_node / 1e12:g} TB: what else does NVMe offload keep in "
                          "host memory?")
     if why:
