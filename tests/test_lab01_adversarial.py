@@ -805,7 +805,7 @@ PART2_SLIPS = {   # name: (submission, how many cases pass first at seed 0, word
     "q/k norms without their 1/rms": (lambda: _part2_slip(lambda kw: -4 * T_OF(kw) * ROWS_OF(kw)), 0,
                                       ["fp32 1/rms, one per row"]),
     "OLMo 2's norms counted per head": (lambda: _part2_slip(lambda kw: 4 * T_OF(kw) * (
-        kw["n_heads"] + kw["n_kv_heads"] - 2) * (kw["qk_norm"] == "full")), 0, ["1/rms per head", "before the split"]),
+        kw["n_heads"] + kw["n_kv_heads"] - 2) * (kw["qk_norm"] == "full")), 0, ["rows of 1/rms too many", "before the split"]),
     "RoPE's input counted too": (lambda: _part2_slip(lambda kw: 2 * T_OF(kw) * (Q_OF(kw) + K_OF(kw)) * NORMED(kw)), 0,
                                  ["q/k norm term", "RoPE"]),
     "the layer norms without their 1/rms": (lambda: _part2_slip(lambda kw: -8 * T_OF(kw)), 0,
@@ -892,7 +892,7 @@ def test_with_the_watch_blind_a_copy_of_the_library_still_fails_at_olmo_2s_norms
     got = rows(grade({"layer_activation_bytes": _library_copy()}), "layer_activation_bytes")
     assert len(got) == 1 and got[0].status == "wrong" and "qk_norm='full'" in got[0].case, [
         (r.case, r.detail) for r in got]
-    assert "1/rms per head" in got[0].detail and "before the split" in got[0].detail, got[0].detail
+    assert "rows of 1/rms too many" in got[0].detail and "before the split" in got[0].detail, got[0].detail
 
 
 def _nop_copies():
@@ -957,7 +957,7 @@ def test_a_nop_copy_past_a_blind_watch_fails_at_olmo_2s_norms(monkeypatch):
     monkeypatch.setattr(labcopies, "shared", lambda: None)      # the shared content match, blind too
     got = _part2(_nop_copies())
     assert len(got) == 1 and got[0].status == "wrong" and "qk_norm='full'" in got[0].case, got[0].detail
-    assert "1/rms per head" in got[0].detail, got[0].detail
+    assert "rows of 1/rms too many" in got[0].detail, got[0].detail
 
 
 def test_the_copy_watch_knows_the_solution_from_the_library():

@@ -64,7 +64,9 @@ def _bytes_hint(switch: str, mine: int, true: int, sizes: tuple, norm: str = "hf
         if norm == "gemma" and off == -8 * sizes[1]:
             return (f"{said}: {-off:,} B missing, {-off // 2:,} B a norm: something d_model wide that is not "
                     "the weight itself")
-        return (f"{said}: your norm term is {off:+,} B off: list what {cls}'s operators save, "
+        t, h = sizes[0], sizes[1]
+        split = f" = {off // (2 * t * h):+} x 2 B x tokens x d_model" if off % (2 * t * h) == 0 else ""   # review r35 #3
+        return (f"{said}: your norm term is {off:+,} B off{split}: list what {cls}'s operators save, "
                 "with shape and dtype, and which of part 2's norm tensors are gone")
     if switch == "mlp":
         t, h, f = sizes

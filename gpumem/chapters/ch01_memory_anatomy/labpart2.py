@@ -166,11 +166,11 @@ def _norm_hint(case: dict, mine: int, off: int) -> str:
     if off == -4 * rows:
         return f"{said}: {-off:,} B missing: each norm's fp32 1/rms, one per row it normalises"
     if case["qk_norm"] == "full" and off == 4 * (a + k - 2) * T:
-        return (f"{said}: {off:+,} B: you counted a 1/rms per head; this norm runs before the split into "
-                "heads: how long is each row it normalises?")
+        return (f"{said}: {off:+,} B = 4 B x {off // 4:,} rows of 1/rms too many: this norm runs before the "
+                "split into heads: how many rows does it normalise per token?")     # review r35 #2: no diagnosis
     if case["qk_norm"] == "per-head" and off == -4 * (a + k - 2) * T:
-        return (f"{said}: {off:+,} B: you counted one 1/rms per token; this norm runs after the split into "
-                "heads: how long is each row it normalises?")
+        return (f"{said}: {off:+,} B = 4 B x {-off // 4:,} rows of 1/rms too few: this norm runs after the "
+                "split into heads: how many rows does it normalise per token?")
     return (f"{said}: your q/k norm term is {off:+,} B off: go through the two norms, and RoPE between them "
             "and the attention, operation by operation")
 
