@@ -190,23 +190,3 @@ def test_r29_the_re_runs_two_extra_tensors_are_stated_as_given():
         cells = nbformat.read(ROOT / folder / "lab03_checkpoint_budget.ipynb", as_version=4).cells
         text = " ".join(next(c.source for c in cells if c.source.startswith("## 2 · When is memory held?")).split())
         assert "`2 * checkpoint_bytes`, given here because it is a measured detail" in text, (folder, text)
-
-
-def test_r30_the_second_placement_demo_needs_segments_of_different_lengths():
-    """Review r30 #4 (r29 #5): cell 9's second placement, thin-12 at 450,000 B, is an uneven cut with
-    the longer segments first, and the tracer (not the estimate) says the same lengths the other way
-    round miss the budget, so the cut's order is forced, not a tie broken by the search's order."""
-    from gpumem.memory import models, recompute_trace
-    from gpumem.memory.recompute_plans import from_segments
-    ns = _solution_cells("def place_checkpoints", "def checkpoint(", "def estimate_peak")
-    thin12 = models.ModelConfig("thin-12", 12, 64, 4, 2, 160, 64, teaching=True)
-    segments = ns["place_checkpoints"](**labcheck.numbers(thin12, seq=32, batch=2), budget=450_000)
-    lengths = [len(s) for s in segments]
-    assert len(set(lengths)) > 1 and lengths == sorted(lengths, reverse=True), segments
-    at, other = 0, []
-    for n in reversed(lengths):
-        other.append(list(range(at, at + n)))
-        at += n
-    reversed_peak = recompute_trace.measure(thin12, from_segments(other, 12), ns["checkpoint"], seq=32,
-                                            micro_batch=2).peak          # cell 9 prints the chosen one's
-    assert reversed_peak > 450_000, (segments, other, reversed_peak)

@@ -27,7 +27,7 @@ import torch
 
 from . import flops as flop_counter, models, recompute, timeline as timelines, tracing
 from .recompute_plans import Plan, plan as make_plan
-from ..errors import one_of, positive_int
+from ..errors import UsageError, one_of, positive_int
 
 
 class Recorder:
@@ -129,13 +129,33 @@ def events_of(runs: list[list]) -> list[dict]:
     return [{"phase": key[0], "part": key[1], "ops": ops, "flops": fl} for key, ops, fl in runs]
 
 
+class NoGradient(UsageError):
+    """A parameter with no gradient after the step's backward: the checkpoint ``impl``'s backward
+    never reached it. ``name`` is the parameter's (``layers.0.attn.wq.weight``)."""
+
+    def __init__(self, name: str):
+        super().__init__(f"parameter {name} got no gradient: the checkpoint's backward never reached it "
+                         f"(a re-run must send gradients into the weights it uses, not only into its inputs)")
+        self.name = name
+
+
+def _grads(net) -> list:
+    """Copies of every parameter's gradient, in ``named_parameters`` order; :class:`NoGradient`
+    names the first parameter without one (review r35 #1: an AttributeError on ``None``)."""
+    missing = next((name for name, q in net.named_parameters() if q.grad is None), None)
+    if missing is not None:
+        raise NoGradient(missing)
+    return [q.grad.detach().clone() for q in net.parameters()]
+
+
 def measure(model: str | models.ModelConfig = "tiny", plan: str | Plan = "none", impl="torch",
             kernel: str = "flash", seq: int | None = None, micro_batch: int | None = None, recipe: str = "mixed",
             fake: bool | None = None, seed: int = 0, keep_grads: bool = False) -> Measured:
     """Forward and backward of ``model`` under ``plan`` with checkpoint ``impl`` (a name of
     ``recompute.IMPLS`` or a function ``impl(run, *inputs)``); real tensors for teaching models,
     fake ones for the others unless ``fake`` says otherwise. Sequence and micro-batch default to
-    64 x 2 for teaching models, 4096 x 1 for the others."""
+    64 x 2 for teaching models, 4096 x 1 for the others. ``keep_grads`` (real tensors): ``grads``
+    holds each parameter's gradient; :class:`NoGradient` names a parameter backward never reached."""
     cfg = models.get(model) if isinstance(model, str) else model
     seq = positive_int(seq or (64 if cfg.teaching else 4096), "sequence length")
     micro_batch = positive_int(micro_batch or (2 if cfg.teaching else 1), "micro-batch")
@@ -166,7 +186,7 @@ def measure(model: str | models.ModelConfig = "tiny", plan: str | Plan = "none",
         if not fake:
             out.loss = loss.item()
             if keep_grads:
-                out.grads = [q.grad.detach().clone() for q in net.parameters()]
+                out.grads = _grads(net)
     rows = tracker.timeline
     cats = list(tracing.CATEGORIES)
     series = {c: [r[2][j] for r in rows] for j, c in enumerate(cats)}

@@ -47,7 +47,7 @@ from gpumem.memory.recompute_plans import from_segments
 
 from . import lab_gpu, labcases, labplace, labsac
 from .labguard import guarded, refused
-from .labvariants import grade_variants
+from .labvariants import grade_variants, measured_with_grads
 
 LAB = "lab03_checkpoint_budget"
 SEQ, BATCH = labcases.SEQ, labcases.BATCH
@@ -130,8 +130,8 @@ def _grade_model(report: Report, ckpt, cfg: ModelConfig) -> bool:
             return "wrong", ""
         if cut:
             return "wrong", cut
-        got["m"] = call(rt.measure, cfg, "full", ckpt, seq=SEQ, micro_batch=BATCH, keep_grads=True)
-        return "ok", ""
+        got["m"], detail = measured_with_grads(cfg, ckpt, SEQ, BATCH)    # r35 #1: a weight left without one
+        return ("wrong", detail) if detail else ("ok", "")
     row = run_case(report, "checkpoint", f"{case}: gradients vs no checkpointing", guarded(body))
     if row.status != "ok":
         return False

@@ -29,8 +29,9 @@ Two layers: the modules' attributes are swapped for refusals, and a profile hook
 and any copy of that code run under another name (``labprints``: matched by bytecode, or by the
 names it uses when statements were added; code naming torch's checkpoint's privates; by content,
 :func:`shared_prints`, when every name was changed as well; the grader's placement answers by
-content too, :func:`answer_prints`, review r30 #1), and sees
-the C calls that take numbers out of torch through references bound before the check. Every
+content too, :func:`answer_prints`, review r30 #1; one code object at a time, so a copy of
+``labplace.best_placements`` split across several helper functions is not caught: review r35 #2),
+and sees the C calls that take numbers out of torch through references bound before the check. Every
 refusal is recorded, so a learner who catches the exception is still reported. Everything is put
 back on the way out, on an error or a time limit too.
 """

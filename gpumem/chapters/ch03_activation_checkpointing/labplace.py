@@ -21,7 +21,8 @@ longer re-run costs).
 Copies of this module run under another name are refused by ``labprints`` (bytecode, names used),
 and copies of :func:`best_placements` also by similarity (:mod:`gpumem.course.copy_watch`,
 ``labguard.answer_prints``): renamed locals, the numbers taken instead of the model, its helper
-rewritten (review r8's gap, closed after review r30 #1; tests/test_lab03_review_r34.py). The rest
+rewritten (review r8's gap, closed after review r30 #1; tests/test_lab03_review_r34.py), but not
+one split across several helper functions (review r35 #2). The rest
 of this module is left out of that match: it takes the solution's own ``estimate_peak`` for
 :func:`moments`, a short loop anyone writes the same way (review r8).
 """

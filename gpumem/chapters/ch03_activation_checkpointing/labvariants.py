@@ -23,7 +23,13 @@ The mask case (review r22 #5) returns a second output made by a comparison, whic
 require grad in plain autograd nor in the re-run. An ``autograd.Function`` marks it as requiring
 grad and hands backward a gradient for it; a backward that pushes every output's gradient
 through the re-run fails there ("does not require grad"), and the row says which output, not the
-fix (review r29 #3)."""
+fix (review r29 #3).
+
+Before these cases, the drawn Llama's step (``labcheck``) takes its gradients through
+:func:`measured_with_grads`: a parameter the checkpoint's backward never reached gets a row that
+names it and asks which call reaches the weights ``run`` uses (review r35 #1: a backward through
+``autograd.grad`` on the inputs alone left the weights' ``.grad`` None, and the row showed the
+tracer's AttributeError)."""
 
 from gpumem.course.grading import LearnerError, Report, call, returned, run_case
 
@@ -36,8 +42,24 @@ RNG_LEFT = ("after backward the random-number generator is not where plain autog
 NO_GRAD = "an output that does not require grad (a mask)"
 NO_GRAD_HINT = ("your backward sent a gradient into run's second output (a mask), which does not require grad in "
                 "plain autograd nor in the re-run: which of the re-run's outputs can backward go through?")
+NO_WEIGHT_GRAD = ("parameter {name} got no gradient: run uses it, but your checkpoint's backward never reached it. "
+                  "Gradients must reach the weights run uses, not only args: which call sends gradients into them?")
 MASKS = ("the re-run drew other dropout masks than the forward: what decides a mask, and where is that "
          "state when backward runs?")
+
+
+def measured_with_grads(cfg, ckpt, seq: int, batch: int):
+    """(the step of ``cfg`` with every layer checkpointed by ``ckpt``, measured with its gradients,
+    '') or (None, the row's detail) where a parameter got no gradient (module docstring). The
+    learner's own errors pass through ``call``."""
+    from gpumem.memory import recompute_trace as rt
+
+    def step():
+        try:
+            return rt.measure(cfg, "full", ckpt, seq=seq, micro_batch=batch, keep_grads=True), ""
+        except rt.NoGradient as err:
+            return None, NO_WEIGHT_GRAD.format(name=err.name)
+    return call(step)
 
 
 def variants():
