@@ -243,7 +243,8 @@ def test_lora_with_d_model_everywhere_fails():
         return got
     ns["role_bytes"] = square
     row = first_problem(grade(ns), "role_bytes")
-    assert "adapter_weights" in row.detail and "n_kv_heads x head_dim" in row.detail
+    assert "adapter_weights" in row.detail and "d_model wide on both sides?" in row.detail    # review r35 #1:
+    assert "n_kv_heads" not in row.detail and "head_dim" not in row.detail                   # no width stated
 
 
 def test_todo_lab_reports_todo_and_registry_has_it():

@@ -7,11 +7,15 @@ loss, RoPE's tables, the re-run layer, lora_dropout's copies and masks; for QLoR
 ``prepare_model_for_kbit_training`` would add and the rungs leave out (review r15 #3): every layer
 checkpointed, the fp32 cast on the host. Some slips get a question instead (review r33 #1, #3):
 the checkpoint's input counted again in the re-run, projections' inputs saved twice, norms counted
-as the trace's plain ones; an excess of no known kind gets none. Part 3's rows never state the rule cell
-13 asks for (review r31 #1, r33 #4): a slip there gets a question naming the group that is wrong
-(how often a block's copy crosses, what else FSDP gathers, how many blocks it holds, which roles
-are FSDP parameters) or only the direction and the factor; a bf16 base's rows name no NF4 role.
+as the trace's plain ones, part of the loss's bytes, flash attention's logsumexp (review r35 #2,
+#3), and two named pieces of the same bytes (each one's question, neither stated); an excess of no
+known kind gets none. Part 3's rows never state the rule cell 13 asks for (review r31 #1, r33 #4):
+a slip there gets a question naming the group that is wrong (how often a block's copy crosses, what
+else FSDP gathers, how many blocks it holds, which roles are FSDP parameters) or only the direction
+and the factor; a bf16 base's rows name no NF4 role.
 """
+
+from dataclasses import replace
 
 from gpumem.course.grading import Row, call, returned, run_case
 
@@ -19,6 +23,8 @@ from . import lab_acts, lab_draw, lab_guard
 from .lab_choose import fix_first, own_differs
 from .lab_text import ROW_CHARS, describe, model_line, off_by
 
+LOSS = "what does the loss keep, a token: in which dtypes?"
+LSE = "in which dtype does flash attention keep its logsumexp?"
 KEYS = ("host", "pcie", "gpu")     # checked in this order: the host's bytes need no new idea
 
 
@@ -53,15 +59,9 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
     said = _dropout_hint(ft, policy, dropout, got, parts, model, seq, batch) if ft.lora and dropout else ""
     if said:
         return said
-    named = {parts["adapter_casts"]: "the adapters' bf16 casts (under autocast each fp32 A and B is cast to "
-                                     "bf16 once a step and kept: 2 B per adapter element)",
-             8: "the loss's two fp32 scalars (8 B)",
-             4 * seq * model["head_dim"]: "RoPE's cos and sin tables (2 x 2 B x seq x head_dim, shared by the batch)",
-             10 * T * model["vocab"]: "the loss's logits (bf16), their fp32 copy and the fp32 log-softmax",
-             T * (2 * h + 4): "layer 0's first norm (its input comes from the frozen embedding and needs no "
-                              "gradient, so that norm saves nothing; every later layer's does: 2h + 4 B a token)"}
-    if abs(gap) in named and gap:
-        return f"{'missing' if gap > 0 else 'counted once too often'}: {named[abs(gap)]}"
+    said = _named(policy, gap, parts, model, seq, batch)
+    if said:
+        return said
     if policy == "full" and -gap == 2 * T * h and want == parts["recompute_peak"]:       # review r33 #1
         return "the re-run layer's input is the checkpoint's own tensor: is it counted twice?"
     if ft.base_dtype == "nf4" and policy == "none" and got == lab_acts.peak_parts(
@@ -72,18 +72,20 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
         return ("that is the end of the forward; here a later moment holds more, the last layer's re-run in "
                 "backward: count what is alive then")                                  # review r28 #2
     base = parts["per_layer"] - sum(v for k, v in parts.items() if k.startswith("layer: adapter"))
-    if ft.lora and gap >= 0.5 * base * (L if policy == "none" else 1):
+    if ft.lora and gap >= 0.5 * base * (L if policy == "none" else 1) and gap % (T * model["vocab"]) not in (0, 8):
         return ("the frozen base's activations are still saved: backward runs through every layer to reach "
                 "the adapters, so the norms, the attention core and SiLU save as before; only a frozen "
                 "projection's own input is not saved (unless an adapter saves it)")
     if ft.lora and dropout:
         return ("with lora_dropout each adapter saves its own dropped bf16 copy of its input (2 B an element, "
                 "whatever the adapter's dtype) and, where that input needs a gradient, a 1-byte mask")
-    if ft.lora and ft.adapter_dtype == "fp32" and ft.base_dtype == "bf16" and got < want:
+    if ft.lora and ft.adapter_dtype == "fp32" and ft.base_dtype == "bf16" and got < want and _widths(
+            policy, gap, parts, model, T):                                          # review r35 #3: not any gap
         return ("your adapted projections' saved inputs are short: with fp32 adapters under autocast, see what "
                 "each adapted projection saves of its input (saved_in_layer's fp32 row)")  # review r28 #2
     excess = _excess(ft, policy, -gap, parts, model, T) if gap < 0 else ()        # review r33 #3
-    if excess == ("inputs",) and ft.lora and ft.base_dtype == "nf4":
+    if excess == ("inputs",) and ft.lora and ft.base_dtype == "nf4" and _copied(ft, policy, got, parts, model,
+                                                                              seq, batch, dropout):
         return ("on a GPU under autocast peft's 4-bit layer does not cast the input: adapters that read one "
                 "tensor share it, and o's input is attention's output, already saved")
     if not ft.lora and gap == (L if policy == "none" else 1) * 2 * T * h:      # every layer's, or the re-run's
@@ -96,6 +98,48 @@ def _acts_hint(ft, policy: str, got: int, parts: dict, model: dict, seq: int, ba
                        for k in excess)
 
 
+def _named(policy: str, gap: int, parts: dict, model: dict, seq: int, batch: int) -> str:
+    """The hint for a gap that is one piece the chapter names: stated when one piece has those bytes,
+    asked about (each piece's question) when several have them or the piece is the learner's to find
+    (review r35 #2, #3: the loss's dtypes, flash attention's logsumexp; '' for any other gap)."""
+    T, h, V = seq * batch, model["d_model"], model["vocab"]
+    rerun = policy == "none" or parts["peak"] == parts["recompute_peak"]
+    pieces = [(parts["adapter_casts"], "the adapters' bf16 casts (under autocast each fp32 A and B is cast to bf16 "
+               "once a step and kept: 2 B per adapter element)", "are the fp32 adapters' bf16 casts counted?"),
+              (8, "the loss's two fp32 scalars (8 B)", "are the loss's two fp32 scalars counted?"),
+              (4 * seq * model["head_dim"], "RoPE's cos and sin tables (2 x 2 B x seq x head_dim, shared by the "
+               "batch)", "are RoPE's cos and sin tables counted?"),
+              (10 * T * V, "the loss's logits (bf16), their fp32 copy and the fp32 log-softmax", LOSS),
+              (T * (2 * h + 4), "layer 0's first norm (its input comes from the frozen embedding and needs no "
+               "gradient, so that norm saves nothing; every later layer's does: 2h + 4 B a token)",
+               "does layer 0's first norm save anything, its input read from the frozen embedding?")]
+    pieces += [(k * T * V, "", LOSS) for k in (2, 4, 6, 8)]         # part of the loss's bytes: asked, not told
+    if rerun:              # the logsumexp in bf16: 2 B a head and token short in each layer saved
+        pieces.append((2 * T * model["n_heads"] * (model["n_layers"] if policy == "none" else 1), "", LSE))
+    hits = {ask: told for size, told, ask in pieces if gap and size == abs(gap)}
+    if len(hits) == 1 and all(hits.values()):
+        return f"{'missing' if gap > 0 else 'counted once too often'}: {next(iter(hits.values()))}"
+    return " Or ".join(hits)
+
+
+def _widths(policy: str, gap: int, parts: dict, model: dict, T: int) -> bool:
+    """Whether ``gap`` is a sum of projections' bf16 inputs (2h, 2q, 2F a token: q/k/v/gate/up's, o's,
+    down's) in every layer, or in the re-run layer when that is the peak."""
+    h, q, F, L = model["d_model"], model["n_heads"] * model["head_dim"], model["ffn"], model["n_layers"]
+    if gap <= 0 or (policy == "full" and parts["peak"] == parts["forward_peak"]):
+        return False
+    per, rest = divmod(gap, T * (L if policy == "none" else 1))
+    return not rest and per in {2 * (a * h + b * q + c * F) for a in range(6) for b in (0, 1) for c in (0, 1)}
+
+
+def _copied(ft, policy: str, got: int, parts: dict, model: dict, seq: int, batch: int, dropout: float) -> bool:
+    """Whether a QLoRA count is the one on a bf16 base, where fp32 adapters each copy their input (review
+    r35 #3: not an extra SiLU output, down's input width, nor any excess of the same bytes)."""
+    bf16 = lab_acts.peak_parts(lab_draw.config(model), replace(ft, base_dtype="bf16"), seq, batch, policy, dropout)
+    return got == bf16["peak"] != parts["peak"] and not any(
+        got - parts["peak"] == 2 * n * seq * batch * model["ffn"] for n in (1, model["n_layers"]))
+
+
 def _excess(ft, policy: str, over: int, parts: dict, model: dict, T: int) -> tuple[str, ...]:
     """What a count ``over`` bytes too high can be (review r33 #3), both where the bytes say both:
     "norms", RMSNorms counted as the trace's plain ones (its fp32 input, and when trained its bf16
@@ -104,14 +148,12 @@ def _excess(ft, policy: str, over: int, parts: dict, model: dict, T: int) -> tup
     head's input, which LoRA does not save), or a fused norm's 2h + 4 counted again; "inputs", a sum
     of projections' bf16 inputs saved again (2h, 2q, 2F a token: q/k/v/gate/up's, o's, down's) in
     every layer, or in the re-run layer when that is the peak; () for any other excess."""
-    h, q, F, L = model["d_model"], model["n_heads"] * model["head_dim"], model["ffn"], model["n_layers"]
+    h, L = model["d_model"], model["n_layers"]
     at_end = policy == "full" and parts["peak"] == parts["forward_peak"]
     norms = (2 * L - 1, 2 * L, 2 * L + 1) if policy == "none" else (1,) if at_end else (2,)
     plain = {n * T * w for n in norms for w in ((2 * h, 4 * h) if ft.lora else (4 * h,))} - {2 * T * h}
-    per, rest = divmod(over, T * (L if policy == "none" else 1))
-    widths = {2 * (a * h + b * q + c * F) for a in range(6) for b in (0, 1) for c in (0, 1)} - {0}
     return tuple(k for k, yes in (("norms", over in plain or over % (T * (2 * h + 4)) == 0),
-                                  ("inputs", not (at_end or rest) and per in widths)) if yes)
+                                  ("inputs", _widths(policy, over, parts, model, T))) if yes)
 
 
 def grade_acts(report, fn, cases: list) -> None:

@@ -54,6 +54,36 @@ def _maps_once(ft: Finetune, extra: int, model: dict | None) -> str:
             "see which storage the cell's two weights share") if said else ""
 
 
+def _adapter_widths(model: dict, ft: Finetune) -> tuple[int, set[int]]:
+    """A LoRA layer's adapter parameters over its rank (in + out of each adapted projection), and the
+    same with q's, k/v's or ffn's width taken for another (d_model, q's, k/v's): the slips of shape."""
+    h, F = model["d_model"], model["ffn"]
+    q, kv = model["n_heads"] * model["head_dim"], model["n_kv_heads"] * model["head_dim"]
+
+    def count(q, kv, f):
+        shape = {"q": h + q, "k": h + kv, "v": h + kv, "o": q + h, "gate": h + f, "up": h + f, "down": f + h}
+        return sum(shape[t] for t in ft.lora_targets)
+    right = count(q, kv, F)
+    return right, {count(a, b, c) for a in (h, q, kv) for b in (h, q, kv) for c in (F, h)} - {right}
+
+
+def _adapter_hint(role: str, ft: Finetune, got: int, want: int, model: dict | None) -> str:
+    """An adapter role's hint (review r35 #1): a count 2x or 0.5x off asks about the dtype; one that
+    matches a wrong width of q, k/v or ffn asks about the shapes (stating none); else none."""
+    said, dtype = [], ft.adapter_dtype
+    linear = role != "optimizer_moments" or ft.optimizer == "adamw"      # bytes in proportion to the count
+    if want and linear and (got == 2 * want or 2 * got == want):
+        said.append({"adapter_weights": f"how many bytes does a {dtype} adapter value take?",
+                     "grads": f"in which dtype does autograd keep a {dtype} parameter's gradient?",
+                     "optimizer_moments": f"in which dtype does AdamW keep a {dtype} parameter's states?"}[role])
+    if model is not None and want and linear:
+        right, wrong = _adapter_widths(model, ft)
+        if any(got * right == want * n for n in wrong):
+            said.append("what are in and out for each adapted projection of this model: is every one of "
+                        "q, k, v, o, gate, up and down d_model wide on both sides?")
+    return " Or ".join(said)
+
+
 def _hint(role: str, ft: Finetune, got: dict, want: dict, model: dict | None = None) -> str:
     if all(isinstance(v, int) for v in got.values()) and sum(got.values()) == sum(want.values()):
         return "your total is right but bytes sit under the wrong role: see what each role holds"
@@ -75,9 +105,8 @@ def _hint(role: str, ft: Finetune, got: dict, want: dict, model: dict | None = N
         return "the packed codes are 4 bits a weight; the absmaxes and scales go under quant_constants"
     if role == "base_weights" and ft.base_dtype == "nf4" and got[role] < want[role]:       # review r31 #5
         return "which tensors does QLoRA store as NF4?"
-    if role in ("adapter_weights", "grads", "optimizer_moments") and ft.lora:
-        return ("each adapted matrix has its own in and out features: k and v write n_kv_heads x head_dim, "
-                "q writes and o reads n_heads x head_dim, gate/up write and down reads ffn")
+    if role in ("adapter_weights", "grads", "optimizer_moments") and ft.lora:      # review r35 #1: questions
+        return _adapter_hint(role, ft, got[role], want[role], model)
     if role == "optimizer_moments" and ft.optimizer == "adamw-8bit":
         return ("the moments of the tensors 8-bit AdamW leaves unquantised are off: find in init_state which "
                 "tensors those are, and what it keeps for them")                       # review r28 #2
