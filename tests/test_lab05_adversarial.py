@@ -15,7 +15,7 @@ import pytest
 from gpumem import chapters
 from gpumem.course import copy_watch
 from gpumem.course.grader_seal import GraderChanged
-from gpumem.chapters.ch05_offload import lab_draw, lab_gpu, lab_swap_record, lab_swaps, labcheck
+from gpumem.chapters.ch05_offload import lab_draw, lab_gpu, lab_slips, lab_swap_record, lab_swaps, labcheck
 from gpumem.chapters.ch05_offload import lab_reference as ref
 from gpumem.runs import ds_offload
 from gpumem.memory import accounting
@@ -435,32 +435,37 @@ def _hand_trip(s, zero, m):
     return down + 4 * s, up                              # the boundary's fp32 copy down
 
 
-def _hand_seconds(n, ranks, rung, compute_s, links, m=1, beside=True):
+def _hand_seconds(n, ranks, rung, compute_s, links, m=1, beside=True, uploads=True, fetch_once=False,
+                  up_once=False):
     """A rung's stock step over ``m`` micro-batches, by hand from the schedule the lab states
     (offload_time's module text): bytes per shard parameter s on each link, what runs beside
     compute, what follows in series (CPU Adam, the state swaps and the update, once a step).
-    ``beside=False``: review r30 #7's slip, compute left out of what runs beside the transfers."""
+    ``beside=False``: review r30 #7's slip, compute left out of what runs beside the transfers;
+    ``uploads=False``: review r35 #1's, the PCIe uploads left out of that window; ``fetch_once``:
+    r35 #3's, the parameters fetched once a step; ``up_once``: ZeRO-3's trip back up priced once."""
     zero, offload, device = ref.RUNGS[rung]
     if offload == "none":
         return compute_s
     s = -(-n // ranks)
     grad_down, grad_up = _hand_trip(s, zero, m)
-    fetch = m * (2 * s + 2 * s) if offload == "optimizer+params" else 0   # 2 B up, each forward and backward
-    during = max(compute_s if beside else 0.0, grad_down / links.d2h + grad_up / links.h2d, (grad_up + fetch) / links.h2d,
-                 fetch / links.nvme_read if device == "nvme" else 0)
+    grad_up = _hand_trip(s, zero, 1)[1] if up_once else grad_up
+    fetch = (1 if fetch_once else m) * (2 * s + 2 * s) if offload == "optimizer+params" else 0   # 2 B up, each pass
+    during = max(compute_s if beside else 0.0, grad_down / links.d2h + grad_up / links.h2d,
+                 (grad_up + fetch) / links.h2d if uploads else 0.0, fetch / links.nvme_read if device == "nvme" else 0)
     nvme = 0.0
     if device == "nvme":     # fp32 grad, master, m, v read in the step; master, m, v (+ bf16 shard) written
         nvme = 16 * s / links.nvme_read + (12 * s + (2 * s if fetch else 0)) / links.nvme_write
-        nvme += _hand_grad_wait(s, links.nvme_write, _hand_backward(s, zero, fetch, compute_s, links, m))
+        nvme += _hand_grad_wait(s, links.nvme_write, _hand_backward(s, zero, fetch, compute_s, links, m,
+                                                                    (grad_down, grad_up)))
     return during + nvme + s / links.cpu_adam + (0 if fetch else 2 * s / links.h2d)
 
 
-def _hand_backward(s, zero, fetch, compute_s, links, m=1):
+def _hand_backward(s, zero, fetch, compute_s, links, m=1, trip=None):
     """The last micro-batch's backward, where the fp32 gradient is swapped out, as the lab takes it:
     the slowest of the step's backward compute (4 of 6 FLOPs), the gradient stream, its PCIe
     uploads (the bf16 gradient back up, half the fetches ``fetch``, the step's) and half the
-    drive's parameter reads, divided by the ``m`` micro-batches."""
-    grad_down, grad_up = _hand_trip(s, zero, m)
+    drive's parameter reads, divided by the ``m`` micro-batches (``trip``: (down, up), else counted)."""
+    grad_down, grad_up = trip or _hand_trip(s, zero, m)
     return max(compute_s * 4 / 6, grad_down / links.d2h + grad_up / links.h2d,
                (grad_up + fetch / 2) / links.h2d, fetch / 2 / links.nvme_read) / m
 
@@ -1461,6 +1466,69 @@ def test_review_r30_a_window_without_compute_fails_every_check(seed):
     assert bad and all("leaves compute out of what runs beside the transfers" in r.detail for r in bad), bad
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_review_r35_a_window_without_the_uploads_fails_every_check(seed):
+    """Review r35 #1: a rung_seconds that never prices the PCIe uploads (parameter fetches, the
+    gradient's trip back up) in forward and backward's window passed every row in 27 of 60 checks.
+    Each draw now has a case where, by the hand count, the uploads pace some offloaded rung by more
+    than the margin, and the row asks which bytes go up (no count)."""
+    cases = lab_draw.choose_cases(random.Random(700 + seed))
+    assert any(_hand_seconds(n, ranks, rung, c, links, m) > 1.05 * _hand_seconds(n, ranks, rung, c, links, m, uploads=False)
+               for _, (n, ranks, *_, c, links, m), _, _ in cases for rung in ref.RUNGS if rung != "zero3")
+    slip = lambda n, ranks, rung, c, links, m=1: _hand_seconds(n, ranks, rung, c, links, m, uploads=False)  # noqa: E731
+    report = labcheck.check({"rung_seconds": slip}, show=False, rng=random.Random(700 + seed))
+    bad = [r for r in rows(report, "rung_seconds") if r.status != "ok"]
+    assert bad and all(lab_slips.NO_UPLOADS in r.detail for r in bad), bad
+    assert not any(ch.isdigit() for ch in lab_slips.NO_UPLOADS)
+
+
+@pytest.mark.parametrize("slip, hint", [("fetch_once", "FETCH_ONCE"), ("up_once", "UP_ONCE")])
+def test_review_r35_partial_micro_batch_slips_are_named(slip, hint):
+    """Review r35 #3: the parameters fetched once a step (0.86x) and ZeRO-3's trip back up priced
+    once (0.892x) got only a ratio. Each is now recomputed from the engine's pieces and named by a
+    question, on drawn setups where it changes the step (by the hand count)."""
+    named = 0
+    for n, ranks, c, links in _slip_setups(40, seed=11):
+        for m in (2, 4, 8):
+            for rung in ("zero3+opt-cpu", "zero3+opt+params-cpu", "zero3+opt+params-nvme"):
+                if slip == "fetch_once" and "params" not in rung:
+                    continue
+                right, mine = (_hand_seconds(n, ranks, rung, c, links, m, **kw) for kw in ({}, {slip: True}))
+                if abs(mine / right - 1) > 1e-4:
+                    said = labcheck.seconds_problem(mine, n, ranks, rung, c, links, m)
+                    assert getattr(lab_slips, hint) in said, (rung, m, said)
+                    named += 1
+    assert named > 20
+
+
+def test_review_r35_zero2s_first_micro_batch_up_and_overlapped_legs_are_named():
+    """Review r35 #3: ZeRO-2's first micro-batch's gradient also brought up (1.04x), and its
+    stream's two legs overlapped (0.951x), are named (a question; the stream's words)."""
+    named = 0
+    for n, ranks, c, links in _slip_setups(40, seed=12):
+        s, m = -(-n // ranks), 4
+        right = _hand_seconds(n, ranks, "zero2+opt-cpu", c, links, m)
+        down, up = _hand_trip(s, 2, m)
+        stream = down / links.d2h + up / links.h2d
+        if stream > c * 1.01 and stream > (up / links.h2d) * 1.01:     # the stream paces the window
+            first_up = right + 2 * s / links.h2d
+            legs = right - stream + max(c, down / links.d2h, up / links.h2d)
+            assert lab_slips.Z2_FIRST_UP in labcheck.seconds_problem(first_up, n, ranks, "zero2+opt-cpu", c, links, m)
+            assert lab_slips.STREAM in labcheck.seconds_problem(legs, n, ranks, "zero2+opt-cpu", c, links, m)
+            named += 1
+    assert named > 5
+
+
+def test_no_four_cases_without_an_upload_paced_window_are_kept(monkeypatch):
+    """choose_cases draws again when none of its four cases shows the uploads pacing a window."""
+    calls = []
+    real = lab_draw.uploads_show
+    monkeypatch.setattr(lab_draw, "uploads_show", lambda *a: calls.append(a) or (len(calls) > 400 and real(*a)))
+    monkeypatch.setattr(lab_draw, "DRAWS", 200)
+    lab_draw.choose_cases(random.Random(0))
+    assert len(calls) > 400
+
+
 def test_no_four_cases_without_a_compute_paced_window_are_kept(monkeypatch):
     """choose_cases draws again when none of its four cases shows compute in an offloaded window."""
     calls = []
@@ -1905,7 +1973,7 @@ def test_review_r24_backwards_uploads_never_set_its_pace():
     assert max(lab_draw.D2H_SHARES) <= 1
     for n, ranks, c, links in _slip_setups(200, seed=3):
         s = -(-n // ranks)
-        for m in range(1, 5):          # micro-batches (review r30 #5): a 2 B round trip more for each further one
+        for m in (1, 2, 3, 4, 6, 8):   # micro-batches (r30 #5, r35 #1): a 2 B round trip more for each further one
             for fetch in (0, 4 * s * m):
                 stream = (6 * s + 2 * s * (m - 1)) / links.d2h + (2 * s + 2 * s * (m - 1)) / links.h2d
                 assert (2 * s * m + fetch / 2) / links.h2d < stream

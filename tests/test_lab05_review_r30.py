@@ -49,11 +49,12 @@ def test_hand_count_of_each_further_micro_batch(m):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_each_check_draws_further_micro_batches(seed):
-    """Three cases of each check accumulate over 2-4 micro-batches, one over one; the arguments the
+    """Two cases of each check accumulate over 2-4 micro-batches, one over 6 or 8, one over one; the arguments the
     learner's functions get end with the count, and the case's name says it."""
     cases = lab_draw.choose_cases(random.Random(300 + seed))
     counts = [args[-1] for _, args, _, _ in cases]
-    assert sorted(counts)[0] == 1 and all(c in (2, 3, 4) for c in sorted(counts)[1:]), counts
+    assert sorted(counts)[0] == 1 and sorted(counts)[-1] in lab_draw.UPLOAD_BATCHES, counts     # r35 #1: the uploads'
+    assert all(c in lab_draw.MICRO_BATCHES for c in sorted(counts)[1:-1]), counts
     for case, args, want, _ in cases:
         assert len(args) == 8 and f"{args[-1]} micro-batch" in case
         assert ref.choose(*args) == want
@@ -96,7 +97,8 @@ def test_check_names_a_step_of_one_micro_batch(monkeypatch):
     ns["rung_seconds"] = _one_micro_batch(ns)
     report = chapters.check_lab(LAB, ns, show=False, rng=random.Random(7))
     bad = [r for r in report.rows if r.function == "rung_seconds" and r.status != "ok"]
-    assert bad and labcheck.ONE_MICRO in bad[0].detail, report.summary()
+    # its opening at least: tied with a stream slip (compute paces both) the row is cut at 600 characters
+    assert bad and labcheck.ONE_MICRO[:120] in bad[0].detail, report.summary()
     assert not report.solved
 
 
@@ -112,7 +114,7 @@ def test_the_prompt_says_what_micro_batches_means_not_the_count(folder):
     cells = _cells(folder)
     part3 = cells[9]
     assert "rung_seconds(n_params, ranks, rung, compute_s, links, micro_batches)" in part3
-    assert "gradient accumulation" in part3 and "compute_s` is\nforward plus backward of all of them" in part3
+    assert "gradient accumulation" in part3 and "`compute_s` is forward plus backward of all of them" in " ".join(part3.split())
     assert "2 + 2" not in part3 and "another 2" not in part3
     assert "never set the window" not in part3            # with micro-batches the uploads can set it
     assert "host-to-device direction\nwith the gradient partition's trip back up" in cells[11]

@@ -10,8 +10,9 @@
   either. In each, host memory rules out ``zero3+opt+params-cpu`` (whose step time rests on the
   time engine's assumption that host parameter fetches hide behind compute). Each budget is at
   least :data:`MARGIN` away from every rung's bytes and seconds (asserted here, at draw time).
-  Three of the four steps accumulate gradients over 2-4 micro-batches (drawn), one over one. In one
-  at least, compute sets the pace of some offloaded rung's window (:func:`compute_shows`).
+  Three of the four steps accumulate gradients over 2-4 micro-batches (drawn; 6 or 8 in the case
+  of :func:`uploads_show`), one over one. In one at least, compute sets the pace of some offloaded
+  rung's window (:func:`compute_shows`), and in one the PCIe uploads do (:func:`uploads_show`).
 
 The figures are the reference's (:mod:`.lab_reference`), the seconds the time engine's.
 """
@@ -36,6 +37,7 @@ PARAMS = (6e9, 90e9)                   # log-uniform
 COMPUTE = (0.3, 12.0)                  # seconds of forward and backward a step, log-uniform
 ANSWERS = ("zero2+opt-cpu", "zero3+opt-cpu", "zero3+opt-nvme", None)
 MICRO_BATCHES = (2, 3, 4)               # review r30 #5: gradient accumulation, drawn (one case a check keeps 1)
+UPLOAD_BATCHES = (6, 8)                 # review r35 #1: the uploads case's (at 2-4 they pace by 5 % nowhere)
 D2H_SHARES = (0.7, 0.8, 0.9)            # device -> host over host -> device in a drawn case (an assumption)
 
 def bytes_cases(rng) -> list[tuple[int, int]]:
@@ -76,6 +78,18 @@ def compute_shows(n: int, ranks: int, compute_s: float, links, micro_batches: in
         t = offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links, micro_batches=micro_batches)
         return t["stock"] / offload_time.stock_schedule({**t, "compute": 0.0})
     return any(short(r) > 1 + MARGIN for r in ref.RUNGS if r != "zero3")
+
+
+def uploads_show(n: int, ranks: int, compute_s: float, links, micro_batches: int) -> bool:
+    """Some offloaded rung's stock step is more than MARGIN longer than the same schedule with the
+    PCIe uploads left out of forward and backward's window (review r35 #1: that slip passed 27 of
+    60 checks; only ``zero3+opt+params-cpu``'s uploads outlast its stream, at d2h/h2d > 1/2 + 1/m)."""
+    def short(rung: str) -> float:
+        zero, offload, device = ref.RUNGS[rung]
+        t = offload_time.step_time(n, "mixed", zero, ranks, offload, device, compute_s, links, micro_batches=micro_batches)
+        return t["stock"] / offload_time.stock_schedule({**t, "h2d": t["h2d_after"]})
+    likely = sorted(ref.RUNGS, key=lambda r: r != "zero3+opt+params-cpu")      # tried first (draw time)
+    return any(short(r) > 1 + MARGIN for r in likely if r != "zero3")
 
 
 def _clear(budgets: tuple, fig: dict) -> bool:
@@ -122,7 +136,7 @@ class NoCase(LookupError):
 
 def choose_case(rng, target, tries: int = 400, slow_fits: bool = False, paced: bool = False,
                 buffered: bool = False, paced2: bool = False, tie: bool = False, spill: bool = False,
-                slow_cpu: bool = False, batches: int = 1) -> tuple:
+                slow_cpu: bool = False, batches: int = 1, uploads: bool = False) -> tuple:
     """(case, the learner's arguments, expected rung, figures) whose answer is ``target``: the
     setup is drawn first (:func:`_setup`), then budgets in the gaps between its rungs' figures; the
     memory budgets alone always give the most offloaded rung (too slow); ``slow_fits``: the fastest
@@ -135,14 +149,15 @@ def choose_case(rng, target, tries: int = 400, slow_fits: bool = False, paced: b
     ``spill``: the answer's host and drive bytes together exceed the host budget (the drive is not host
     memory); ``slow_cpu``: ``zero3+opt-cpu`` fits both memory budgets but not the step budget;
     ``batches``: the micro-batches a step accumulates over (above one, the setup is one where pricing a single micro-batch changes some rung's step,
-    :func:`accumulation_shows`)."""
+    :func:`accumulation_shows`); ``uploads``: the PCIe uploads pace some rung's window (:func:`uploads_show`)."""
     for _ in range(tries):
         n, ranks, gpu, drive, compute_s = _setup(rng)
         links = _directions(rng, offload_time.datasheet_links(gpu, drive, ranks_on_node=min(ranks, 8)))
         if paced and not grad_paced((n, ranks, compute_s, links, batches)) or \
                 paced2 and not grad_paced((n, ranks, compute_s, links, batches), zero=2):
             continue
-        if batches > 1 and not accumulation_shows(n, ranks, compute_s, links, batches):
+        if batches > 1 and not accumulation_shows(n, ranks, compute_s, links, batches) or \
+                uploads and not uploads_show(n, ranks, compute_s, links, batches):
             continue
         if buffered and -(-n // ranks) <= grad_swap.SUB_GROUP_SIZE * grad_swap.BUFFER_COUNT:
             continue
@@ -207,7 +222,9 @@ def choose_cases(rng) -> list[tuple]:
     accumulate gradients over 2-4 micro-batches (drawn, :data:`MICRO_BATCHES`), the fourth over one
     (review r30 #5: the chapter prints one micro-batch's bytes, not the further ones'). In one at least,
     compute sets the pace of some offloaded rung's window (:func:`compute_shows`; review r30 #7: a window
-    without compute passed 8 of 120 checks); four cases without one are drawn again."""
+    without compute passed 8 of 120 checks), and in one (drawn, over :data:`UPLOAD_BATCHES`) the PCIe
+    uploads do (:func:`uploads_show`; review r35 #1: a window without them passed 27 of 60 checks);
+    four cases without both are drawn again."""
     for _ in range(DRAWS):
         while True:
             targets = [rng.choice(ANSWERS) for _ in range(4)]
@@ -216,15 +233,18 @@ def choose_cases(rng) -> list[tuple]:
         slow = rng.choice([i for i, t in enumerate(targets) if t is not None])
         tie = rng.choice([i for i, t in enumerate(targets) if t == "zero3+opt-cpu"])
         spill = rng.choice([i for i, t in enumerate(targets) if t == "zero3+opt-nvme"])
-        slow_cpu = rng.choice([i for i, t in enumerate(targets) if t in ("zero2+opt-cpu", None)])
+        slow_cpu = rng.choice([i for i, t in enumerate(targets) if t is None]      # r35: zero2+opt-cpu's drew no
+                              or [i for i, t in enumerate(targets) if t == "zero2+opt-cpu"])  # budgets in 400 setups
         paced, buffered, paced2 = rng.sample(range(4), 3)
         batches = [rng.choice(MICRO_BATCHES) for _ in targets]
-        batches[rng.randrange(4)] = 1                    # the chapter's one micro-batch, in one case
+        one, up = rng.sample(range(4), 2)
+        batches[one], batches[up] = 1, rng.choice(UPLOAD_BATCHES)    # the chapter's one micro-batch; the uploads'
         try:
             cases = [choose_case(rng, t, slow_fits=i == slow, paced=i == paced, buffered=i == buffered,
                                  paced2=i == paced2, tie=i == tie, spill=i == spill,
-                                 slow_cpu=i == slow_cpu, batches=batches[i]) for i, t in enumerate(targets)]
-            if any(compute_shows(*args[:2], *args[5:]) for _, args, *_ in cases):
+                                 slow_cpu=i == slow_cpu, batches=batches[i], uploads=i == up)
+                     for i, t in enumerate(targets)]
+            if all(any(shows(*args[:2], *args[5:]) for _, args, *_ in cases) for shows in (compute_shows, uploads_show)):
                 return cases
         except NoCase:       # a fresh clone's check once drew no budgets for zero3+opt-nvme (paced, slow
             continue         # rung fits) in 400 setups and raised; the answers are drawn again instead

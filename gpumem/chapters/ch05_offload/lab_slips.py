@@ -18,7 +18,7 @@ parameter DeepSpeed moves and the learner's.
 """
 
 from gpumem.memory import accounting, offload_cost
-from gpumem.timing import grad_swap
+from gpumem.timing import grad_swap, offload_time
 
 # the schedule slips' hints (:func:`~.labcheck.seconds_problem`), none with a count
 STREAM = ("the gradient stream is missing or too light: during backward stage_1_and_2.py widens each reduced "
@@ -46,6 +46,17 @@ ONE_MICRO = ("yours is this rung's step for one micro-batch, and this step accum
              "several: what crosses PCIe again for each further micro-batch (stage3.py 2031-2039; at ZeRO-2 "
              "async_accumulate_grad_in_cpu_via_gpu in stage_1_and_2.py), how often are the parameters "
              "fetched, and during which micro-batch's backward is the fp32 gradient written to the drive?")
+
+
+NO_UPLOADS = ("yours leaves the PCIe uploads out of the forward and backward window: which bytes go up to the "
+              "GPU during forward and backward, and can they outlast the gradient stream?")     # review r35 #1
+# review r35 #3: a step that prices only part of the further micro-batches' traffic, named by a question
+FETCH_ONCE = ("yours fetches the offloaded parameters once a step: how often do forward and backward fetch the "
+              "shard when the step accumulates over several micro-batches?")
+UP_ONCE = ("yours brings ZeRO-3's gradient partition back up once a step: in which micro-batches does stage3.py "
+           "bring the host buffer up again (2024-2039)?")
+Z2_FIRST_UP = ("yours brings ZeRO-2's accumulated gradient up in every micro-batch: what is on the host to bring "
+               "up before the first (async_accumulate_grad_in_cpu_via_gpu in stage_1_and_2.py)?")
 
 
 READ_BACK = ("the fp32 gradient's read-back is missing from the step's drive reads: CPU Adam reads the "
@@ -91,4 +102,38 @@ def _merged(slips: list[tuple[float, str]]) -> list[tuple[float, str]]:
             out.append((value, words))
         elif words not in out[same][1]:
             out[same] = (out[same][0], f"{out[same][1]}; or {words} (either gives your step)")
+    return out
+
+
+def restep(t: dict, p: dict, s: int, compute_s: float, links, m: int) -> float:
+    """The engine's stock step with the bytes ``p`` (:func:`~gpumem.memory.offload_cost.traffic_parts`'
+    keys) in place of the step's own, priced as :func:`~gpumem.timing.offload_time.step_time` does."""
+    trip = p["grad_down"] / links.d2h + p["grad_up"] / links.h2d
+    params = p["nvme_param_read"] / links.nvme_read
+    back = grad_swap.backward_seconds(compute_s, trip, (p["grad_up"] + p["param_fetch"] / 2) / links.h2d, params, m)
+    shown = grad_swap.exposed_seconds(s, p["nvme_grad_write"] // s, links.nvme_write, back, grad_swap.SUB_GROUP_SIZE,
+                                      grad_swap.BUFFER_COUNT) if p["nvme_grad_write"] else 0.0
+    h2d = (p["grad_up"] + p["param_fetch"] + p["param_update"]) / links.h2d
+    return offload_time.stock_schedule({**t, "h2d": h2d, "grad_trip": trip, "nvme_params": params,
+                                        "nvme_grad_exposed": shown})
+
+
+def micro_slips(n: int, ranks: int, zero: int, offload: str, device: str, compute_s: float, links,
+                t: dict, m: int) -> list[tuple[float, str]]:
+    """(the stock step with one micro-batch slip, its hint) for this rung with ``m`` > 1 micro-batches
+    (review r35 #3): the parameters fetched once a step, ZeRO-3's trip back up priced once, ZeRO-2's
+    first micro-batch's gradient brought up too; and the PCIe uploads left out of the window (r35 #1)."""
+    if offload == "none":
+        return []
+    p = offload_cost.traffic_parts(n, "mixed", zero, ranks, offload, device, micro_batches=m)
+    s = accounting.shard(n, ranks)
+    out = [(offload_time.stock_schedule({**t, "h2d": t["h2d_after"]}), NO_UPLOADS),
+           (offload_time.stock_schedule({**t, "h2d": t["h2d"] - p["grad_up"] / links.h2d}), NO_UPLOADS)]
+    if m > 1:
+        one = offload_cost.traffic_parts(n, "mixed", zero, ranks, offload, device, micro_batches=1)
+        fetch = {"param_fetch": one["param_fetch"], "nvme_param_read": one["nvme_param_read"]}
+        up = one["grad_up"] if zero == 3 else p["grad_up"] + p["grad_up"] // (m - 1)    # ZeRO-2: 2 B more
+        out.append((restep(t, {**p, "grad_up": up}, s, compute_s, links, m), UP_ONCE if zero == 3 else Z2_FIRST_UP))
+        if p["param_fetch"]:
+            out.append((restep(t, {**p, **fetch}, s, compute_s, links, m), FETCH_ONCE))
     return out

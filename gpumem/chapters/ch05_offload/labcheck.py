@@ -209,11 +209,13 @@ def seconds_problem(mine: float, n: int, ranks: int, rung: str, compute_s: float
               Z3_STREAM if zero == 3 else STREAM),                                     # r28: ZeRO-2's in bf16
              (step()["stock"] if m > 1 else want, ONE_MICRO),                           # review r30 #5
              (offload_time.stock_schedule({**t, "compute": 0.0}) if offload != "none" else want, NO_COMPUTE),
-             *lab_slips.drive_slips(n, ranks, zero, offload, device, compute_s, links, t, m)]   # review r24 #1
-    if zero == 3:                   # review r26: the partition's trip back up left out, or the legs overlapped
+             *lab_slips.drive_slips(n, ranks, zero, offload, device, compute_s, links, t, m),   # review r24 #1
+             *lab_slips.micro_slips(n, ranks, zero, offload, device, compute_s, links, t, m)]   # review r35 #1, #3
+    if offload != "none":           # review r26: the partition's trip back up left out, or the legs overlapped
         p = offload_cost.traffic_parts(n, "mixed", zero, ranks, offload, device, micro_batches=m)
         down, up = p["grad_down"] / links.d2h, p["grad_up"] / links.h2d
-        wrong += [(offload_time.stock_schedule({**t, "grad_trip": trip}), Z3_STREAM) for trip in (down, max(down, up))]
+        wrong += [(offload_time.stock_schedule({**t, "grad_trip": trip}), Z3_STREAM if zero == 3 else STREAM)
+                  for trip in ((down,) if zero == 3 else ()) + (max(down, up),)]     # r35 #3: ZeRO-2's legs too
     said = list(dict.fromkeys(words for value, words in wrong if value != want and _close(mine, value)))
     if said:        # review r26: slips that give the same step are named together, none first by chance
         return said[0] if len(said) == 1 else "; or ".join(said) + " (each gives your step)"
