@@ -39,3 +39,11 @@ def test_the_prompt_no_longer_claims_a_fit_is_refused():
         assert "coefficients fitted to measurements" not in text
         assert "cannot tell a formula you derived from one fitted" in text
         assert "docstrings and comments are removed before grading" in text
+
+
+def test_review_r36_a_norm_counted_for_the_query_heads_only_is_given_in_rows():
+    """r36 #3: under per-head, a 1/rms for the query heads only (k's rows left out): T = 30, 2 KV
+    heads: 4 B x 30 x 2 = 240 B short (by hand), 60 rows; the row said only "go through the norms"."""
+    case = {"batch": 1, "seq": 30, "n_heads": 3, "n_kv_heads": 2, "qk_norm": "per-head"}
+    said = labpart2._norm_hint(case, 1_000, -240)
+    assert "-240 B = 4 B x 60 rows of 1/rms too few" in said and "how many rows" in said, said

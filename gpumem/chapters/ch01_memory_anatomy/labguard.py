@@ -23,8 +23,8 @@ the call fails (:mod:`.labstate`). Starting another process (``os.system``, ``su
 grader's frames, trace or profile hooks and threads are refused by the labs' shared audit hook
 (:func:`gpumem.course.lab_audit.refusing`, around the learner's call only). Covered: measuring
 *during* the call (bar C entry points bound before it). Not covered: measuring *before* the check
-and fitting (review r9); only part 3's chain MLPs, drawn at each check, stop that
-(:mod:`.labcheck`'s docstring).
+and fitting (review r9): nothing stops a fit measured before the check and packed under the
+limits (review r35, :mod:`.labtable`), part 3's chains included (:mod:`.labcheck`'s docstring).
 """
 
 import contextlib

@@ -171,6 +171,9 @@ def _norm_hint(case: dict, mine: int, off: int) -> str:
     if case["qk_norm"] == "per-head" and off == -4 * (a + k - 2) * T:
         return (f"{said}: {off:+,} B = 4 B x {-off // 4:,} rows of 1/rms too few: this norm runs after the "
                 "split into heads: how many rows does it normalise per token?")
+    if off % (4 * T) == 0 and 0 < abs(off) // (4 * T) <= a + k:      # review r36 #3: rows, any other count
+        return (f"{said}: {off:+,} B = 4 B x {abs(off) // 4:,} rows of 1/rms too {'many' if off > 0 else 'few'}: "
+                "how many rows does each of the two norms normalise per token?")
     return (f"{said}: your q/k norm term is {off:+,} B off: go through the two norms, and RoPE between them "
             "and the attention, operation by operation")
 
