@@ -664,8 +664,11 @@ BEGIN = "    ### BEGIN SOLUTION\n"
 
 
 def _unscanned(monkeypatch):
-    """The static refusal off, to test the ranks' own checks behind it."""
+    """The static refusals off (the reach scan, and since review r35 the modules and names the hooks
+    may use), to test the ranks' own checks behind them."""
+    from gpumem.chapters.ch02_zero import lab02_bundle
     monkeypatch.setattr(labcheck, "first_reach", lambda source: None, raising=False)
+    monkeypatch.setattr(lab02_bundle, "unweighed", lambda source: "")
 
 
 def test_cheat_c_the_clock_rewritten_through_sys_modules_is_refused_before_it_runs(monkeypatch):

@@ -75,3 +75,28 @@ def test_review_r35_a_table_the_compiler_drops_is_counted_from_the_text(where):
     chars, _ = lab06_table.measure(fresh["choose_plan"], fresh)
     assert chars >= 0.9 * literal_size._chars(ast.literal_eval(TABLE)) == 594, chars   # less what the code holds too
     assert "bytes of literal data" in lab06_table.problem(fresh["choose_plan"], fresh)
+
+
+@pytest.mark.parametrize("body, refused", [
+    ("import inspect\n    return inspect.getsource(layouts)", "inspect.getsource"),
+    ("from inspect import getsourcelines as g\n    return g(layouts)", "inspect.getsourcelines"),
+    ("import linecache\n    return linecache.getlines('<x>')", "linecache"),
+    ("return LC.getlines('<x>')", "linecache"),
+    ("import traceback\n    return traceback.extract_stack()[-1].line", "traceback.extract_stack"),
+    ("import inspect as i\n    return i.stack()[0].code_context", "inspect.stack"),
+    ("import warnings\n    return warnings.formatwarning('', UserWarning, 'x', 1)", "warnings.formatwarning"),
+    ("import tokenize\n    return tokenize", "tokenize"),
+    ("import inspect\n    return torch.stack([torch.ones(1)]), inspect.signature(layouts)", None),
+])
+def test_review_r36_graded_code_may_not_read_its_own_text(body, refused):
+    """Review r36 of lab 06: a table spelt as an annotation's name, read back with getsource and ast,
+    passed the size rule (13/14). Reading source text back is refused before the grading process
+    starts (gpumem.course.lab_text through lab_vet); torch.stack and inspect.signature are not."""
+    import linecache as lc
+    from gpumem.course import lab_vet
+    source = f"def choose_plan(model):\n    {body}\n"
+    why = lab_vet.problem(source, {"LC": lc, "torch": __import__("torch")})
+    if refused is None:
+        assert why is None, why
+    else:
+        assert why and f"reads source text ({refused})" in why and why.startswith("line "), why

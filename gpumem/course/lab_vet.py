@@ -15,7 +15,8 @@ default argument that replaced ``json.dumps``), or that patched a library while 
 * **graded code leaves libraries as they are** (:mod:`.lab_patches`): no assignment, ``setattr``
   or in-place method on anything reached from a name holding a library's object (``json.dumps = ...``,
   ``os.environ[...] = ...``, ``m = math; m.isclose = ...``, ``TABLE.clear()``), no import of a private
-  module (``_signal``) and none by computed name (``__import__``, ``importlib``).
+  module (``_signal``) and none by computed name (``__import__``, ``importlib``);
+* **graded code does not read its own text back** (:mod:`.lab_text`).
 """
 
 import ast
@@ -24,6 +25,7 @@ import dataclasses
 import functools
 
 from .lab_patches import _foreign, _patches, value_problem  # noqa: F401 -- value_problem: lab_fresh's
+from .lab_text import problem as source_read
 
 HOOKS = frozenset({"__init_subclass__", "__set_name__", "__class_getitem__", "__prepare__", "__mro_entries__"})
 _PROPERTY_PARTS = ("setter", "getter", "deleter")
@@ -219,7 +221,7 @@ def problem(source: str, ns: dict) -> str | None:
             why = f"it runs `{ast.unparse(stmt)[:60]}` when the definition is made"
         if why:
             return why
-    return _nested(tree, ns) or _patches(tree, _foreign(tree, ns))
+    return _nested(tree, ns) or _patches(tree, _foreign(tree, ns)) or source_read(tree, ns)
 
 
 def _nested(tree: ast.Module, ns: dict) -> str | None:

@@ -19,12 +19,14 @@ lab sets limits that its own solution clears several times over and says so in i
 """
 
 import ast
+import builtins
 import dis
 import inspect
 import linecache
 import os
 import sys
 import types
+from collections import Counter
 
 from . import genuine
 from .lab_bare import CARRIED
@@ -90,8 +92,9 @@ def _cells(fn) -> list[tuple[str, object]]:
     return out
 
 
-def _keys(value, out: set, depth: int = 0) -> set:
-    """(type, value) of every number, string and bytes in ``value``, through containers and code."""
+def _keys(value, out: Counter, depth: int = 0) -> Counter:
+    """How often each (type, value) of a number, string or bytes occurs in ``value``, through
+    containers and code (each code object's constants once, as the compiler keeps them)."""
     if depth > 20:
         return out
     if isinstance(value, types.CodeType):
@@ -104,7 +107,7 @@ def _keys(value, out: set, depth: int = 0) -> set:
         for v in value:
             _keys(v, out, depth + 1)
     elif isinstance(value, (int, float, complex, str, bytes)) and not isinstance(value, bool):
-        out.add((type(value), value))
+        out[(type(value), value)] += 1
     return out
 
 
@@ -118,21 +121,33 @@ def _tree(filename: str, trees: dict):
     return trees[filename]
 
 
-def _unrun(codes: list, classes: set, held: set) -> list:
+def _unrun(codes: list, classes: set, held: Counter, names: set) -> list:
     """Review r35 of lab 06: literal data in the text of the cells that define what was reached, that
     the code does not hold (a string statement after the first, an ``if False:`` block, a local
     variable's annotation: the compiler drops them, ``inspect.getsource`` or ``linecache`` reads them
-    back). The text is the one the grading process built from (:data:`.lab_bare.CARRIED`: only the
-    carried definitions' lines), else ``linecache``'s for a cell (a file on disk is no cell's text)."""
+    back): each constant beyond as many of its value as the code holds (review r36: a dead table of
+    the code's own values cost only its distinct ones), and each name the code never uses, in full
+    (r36: a table spelt as one annotation's name). The text is the one the grading process built
+    from (:data:`.lab_bare.CARRIED`: only the carried definitions' lines), else ``linecache``'s for a
+    cell (a file on disk is no cell's text)."""
     trees: dict = {}
     files = {code.co_filename for code in codes}
     files |= {name for name in CARRIED if any(isinstance(node, ast.ClassDef) and node.name in classes
                                               for node in ast.walk(_tree(name, trees) or ast.Module([], [])))}
-    items = []
+    items, left = [], Counter(held)
     for filename in sorted(files):
         for node in ast.walk(_tree(filename, trees) or ast.Module([], [])):
-            if isinstance(node, ast.Constant) and _keys(node.value, set()) - held:
+            spelt = node.id if isinstance(node, ast.Name) else node.arg if isinstance(node, ast.arg) else \
+                node.attr if isinstance(node, ast.Attribute) else None
+            if spelt is not None and spelt not in names and len(spelt) > 1:
+                names.add(spelt)                     # counted once, as the distinct names are
+                items.append((len(spelt), f"the name {spelt[:30]}... in the text of {filename}, not in its code"))
+            if not isinstance(node, ast.Constant):
+                continue
+            want = _keys(node.value, Counter())
+            if want - left:
                 items.append((_chars(node.value), f"{repr(node.value)[:40]} in the text of {filename}, not in its code"))
+            left -= want
     return items
 
 
@@ -201,10 +216,11 @@ def _items(fn, ns: dict) -> tuple[list, int]:
                 seen.add(name)
                 pending.append((name, ns[name]))
     items += [(_chars(v), where) for where, v in values] + (docs if reads_doc else [])
-    held = set()
+    held = Counter()
     for const in [*walked, *(v for _, v in values), *class_docs]:
         _keys(const, held)
-    items += _unrun(walked, classes, held)
+    used = set(names) | {n for code in walked for n in (*code.co_freevars, *code.co_names)} | set(ns) | set(vars(builtins))
+    items += _unrun(walked, classes, held, used)
     return [i for i in items if i[0]], instructions, names
 
 

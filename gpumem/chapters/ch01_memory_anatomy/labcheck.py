@@ -25,9 +25,8 @@ fit with the wrong monomials; a fit with the right ones, written out as data, ho
 than a count needs and gets one row (:mod:`.labtable`); packed into a string it would not. The chain
 MLPs, drawn at check time from 12 operations (470 million chains), stop a table of chains seen before
 and a fit per operation that misses what neighbours share, not a measured model of how operations
-compose: 253 measurements made before the check cover every chain (review r15's bigram table; written
-out as data it is refused by :mod:`.labtable`, but packed three base-5 digits a byte, 104 bytes, it fits
-under the limit and passed, review r35). The chains are a drill, not a defence. A learner who
+compose: 253 measurements made before the check cover every chain (review r15's bigram table: packed
+three base-5 digits a byte, 104 bytes, it passed under :mod:`.labtable`'s limit, r35). The chains are a drill, not a defence. A learner who
 measures single operations with ``saved_by`` and works out how they compose has done what the chains
 ask; one who tabulates the grader's own measure over hundreds of chains is named if the table is still
 in the kernel's cache (:func:`kernel_refusal`, read before the fresh grading process starts). First :mod:`.labtruth` checks torch, the course and the plain layer's formula, or grades nothing."""

@@ -95,7 +95,7 @@ def gpumem_imports(source: str) -> list[str]:
 # mmap reached through a module that imports it, rich.progress, 26/27). So the hooks' code imports only
 # torch and a few modules of the standard library, and of torch.distributed reads only the collectives,
 # the rank and world size and the names the lab's own checks meet; no key-value store, by any route.
-MODULES = ("torch", "math", "functools", "collections", "itertools", "operator", "typing", "dataclasses", "time",
+MODULES = ("torch", "math", "functools", "collections", "itertools", "operator", "typing", "dataclasses", "time", "sys",
            "contextlib", "statistics", "numbers", "enum", "heapq", "bisect", "weakref", "abc", "warnings", "__future__")
 DIST = ("get_world_size", "get_rank", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
         "all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "barrier", "reduce", "ReduceOp", "Work",
