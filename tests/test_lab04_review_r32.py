@@ -320,3 +320,32 @@ def test_k_read_back_from_a_quantizers_scale_is_refused():
                                                 ops.is_nonzero.default, ops.allclose.default))
     assert not any(labops.scalar_out(op) for op in (ops.sym_size.int, ops.dim.default, ops.add.Tensor,
                                                     ops.split.Tensor, ops.is_same_size.default))
+
+
+# review r36 #1: the same kernel through bincount's out= overload, which lacks the tag its plain overload has
+BINOUT = BINCOUNT.replace("c = torch.bincount(torch.bitwise_and(torch.bitwise_right_shift(bits[i:i + 1], s), 0xFF))",
+                          "c = torch.ops.aten.bincount.out(torch.bitwise_and(torch.bitwise_right_shift(bits[i:i + 1], s), "
+                          "0xFF), None, 0, out=torch.empty(0, dtype=torch.int64))")
+assert BINOUT != BINCOUNT
+
+
+def test_review_r36_an_out_overload_without_the_tag_still_counts_and_k_cannot_come_back_as_numbers():
+    """r36 #1: ``aten.bincount.out`` has no ``dynamic_output_shape`` tag (its plain overload does):
+    25/25. The tag is now read from every overload of the op. And every launder so far brought K back
+    as Python numbers, a ``torch.full`` an element: more than FILL_BUDGET distinct numbers made into
+    tensors in one call is refused on its own (the lab's solution, with 40 more, is the test)."""
+    import math
+    from test_lab04_adversarial import rows, solution
+    from gpumem.chapters.ch04_flash_attention import labops
+    scope = {"torch": torch, "math": math}
+    exec(compile(BINOUT, "<r36 binout>", "exec"), scope)
+    got = rows({"key_block_backward": scope["key_block_backward"]}, "key_block_backward")[0]
+    assert got.status != "ok" and "torch.bincount" in got.detail, got.detail
+    honest = solution()["key_block_backward"]
+
+    def padded(*args, **kwargs):
+        [torch.full((1,), float(i) + 0.5) for i in range(labops.FILL_BUDGET + 8)]
+        return honest(*args, **kwargs)
+    got = rows({"key_block_backward": padded}, "key_block_backward")[0]
+    assert got.status != "ok" and "different Python numbers" in got.detail, got.detail
+    assert rows({"key_block_backward": honest}, "key_block_backward")[0].status == "ok"

@@ -61,8 +61,7 @@ def _table_row(rows, words: str):
 
 def test_the_labs_search_is_well_inside_both_limits():
     """The solution's choose_plan: its literal data is the lever values, the names of the per_gpu
-    and offload_buffers keys it reads and the names ``without`` may hold, 210 bytes by this count
-    (each repeat of a constant in its text counts since review r36)
+    and offload_buffers keys it reads and the names ``without`` may hold, 165 bytes by this count
     (POLICIES, imported from the library, is not the learner's data); its code 740 instructions."""
     ns = solution("lab06")
     chars, instructions = lab06_table.measure(ns["choose_plan"], ns)

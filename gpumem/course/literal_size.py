@@ -125,16 +125,16 @@ def _unrun(codes: list, classes: set, held: Counter, names: set) -> list:
     """Review r35 of lab 06: literal data in the text of the cells that define what was reached, that
     the code does not hold (a string statement after the first, an ``if False:`` block, a local
     variable's annotation: the compiler drops them, ``inspect.getsource`` or ``linecache`` reads them
-    back): each constant beyond as many of its value as the code holds (review r36: a dead table of
-    the code's own values cost only its distinct ones), and each name the code never uses, in full
-    (r36: a table spelt as one annotation's name). The text is the one the grading process built
+    back): each constant whose value the code does not hold (a dead table of the code's own values
+    costs only its distinct ones, review r36: reading the text back is refused, :mod:`.lab_text`), and
+    each name the code never uses, in full (r36: a table spelt as one annotation's name). The text is the one the grading process built
     from (:data:`.lab_bare.CARRIED`: only the carried definitions' lines), else ``linecache``'s for a
     cell (a file on disk is no cell's text)."""
     trees: dict = {}
     files = {code.co_filename for code in codes}
     files |= {name for name in CARRIED if any(isinstance(node, ast.ClassDef) and node.name in classes
                                               for node in ast.walk(_tree(name, trees) or ast.Module([], [])))}
-    items, left = [], Counter(held)
+    items = []
     for filename in sorted(files):
         for node in ast.walk(_tree(filename, trees) or ast.Module([], [])):
             spelt = node.id if isinstance(node, ast.Name) else node.arg if isinstance(node, ast.arg) else \
@@ -144,10 +144,8 @@ def _unrun(codes: list, classes: set, held: Counter, names: set) -> list:
                 items.append((len(spelt), f"the name {spelt[:30]}... in the text of {filename}, not in its code"))
             if not isinstance(node, ast.Constant):
                 continue
-            want = _keys(node.value, Counter())
-            if want - left:
+            if _keys(node.value, Counter()).keys() - held.keys():
                 items.append((_chars(node.value), f"{repr(node.value)[:40]} in the text of {filename}, not in its code"))
-            left -= want
     return items
 
 

@@ -104,7 +104,7 @@ class Watch(Sealed, TorchDispatchMode):
         self.queries = {_ptr(t) for t in queries if t.numel()}            # Q, dO: (..., s_q, d)
         self.tile_rows, self.joined, self.causal_from = tile_rows, joined, causal_from
         self.no_autograd = no_autograd                 # the backward parts: the products are the learner's
-        self._functions, self.made = _Functions(self), set()
+        self._functions, self.made, self.fills = _Functions(self), set(), set()   # fills: labops.fills
         self.tiles: dict = {}                          # storage of a copy of Q / dO rows -> (i0, i1)
         self.known = {_ptr(t) for t in (*allowed, *rows, *queries, *inputs) if t.numel()}
         self.fence = Fence(self.flag)                  # threads, modes off, the mode stack reached
@@ -237,6 +237,7 @@ class Watch(Sealed, TorchDispatchMode):
             self.taken(next((t for t in ins if self.exp2 is not None and self.exp2._tag(t)[0]), ins[0]), 1,
                        f"torch.{name.split('.')[1]}, whose answer (a number, a bool, its result's length) is read from the numbers")
         self.unknown(func, list(args) + [v for k, v in (kwargs or {}).items() if k != "out"])
+        labops.fills(self, name, args)
         if "scaled_dot_product" in name:
             self.flag(f"it calls {name}: SDPA is not allowed here, write the tiles yourself")
         if ("softmax" in name or "logsumexp" in name) and "backward" not in name and args \
@@ -285,7 +286,7 @@ def _answers(func, name: str, args) -> bool:
         return False
     if name.split(".")[1] in _ANSWERS or labops.scalar_out(func):
         return True
-    if torch.Tag.dynamic_output_shape not in func.tags:
+    if not labops.dynamic(func):
         return False
     return not name.startswith("aten.index.") or any(
         isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in _flat(args[1:]))

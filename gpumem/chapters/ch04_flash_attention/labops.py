@@ -179,3 +179,31 @@ def rows_last(t: torch.Tensor, tiles) -> bool:
     """``t`` is a transposed view (its last axis the storage's rows) of a tile of P's family (``tiles``:
     their storages): a score tile is made (query rows, keys), so its last axis holds query rows, not keys."""
     return t.dim() >= 2 and bool(t.numel()) and _ptr(t) in tiles and t.stride(-2) == 1 and t.stride(-1) != 1
+
+
+def dynamic(func) -> bool:
+    """Some overload of the op has ATen's ``dynamic_output_shape`` tag (review r36: ``bincount.out``,
+    ``repeat_interleave.Tensor_out`` and ``index.Tensor_out`` lack it where their plain overloads have it)."""
+    packet = func.overloadpacket
+    return torch.Tag.dynamic_output_shape in func.tags or any(
+        torch.Tag.dynamic_output_shape in getattr(packet, o).tags for o in packet.overloads())
+
+
+_FILLS = frozenset({"full", "full_like", "new_full", "scalar_tensor", "fill_", "fill"})
+_LIFTS = frozenset({"lift_fresh", "lift_fresh_copy"})
+FILL_BUDGET = 32        # distinct Python numbers a call may make tensors of; the lab's kernels use 2-4
+
+
+def fills(watch, name: str, args) -> None:
+    """Review r36: every launder of K so far came back as Python numbers, one ``torch.full`` (or
+    ``torch.tensor``) an element. Count the distinct numbers the call makes tensors of (0, -inf and
+    the scale in an honest kernel); past :data:`FILL_BUDGET`, flag it."""
+    op = name.split(".")[1]
+    if op in _FILLS:
+        watch.fills.add(next((a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)), None))
+    elif op in _LIFTS and args and isinstance(args[0], torch.Tensor):
+        watch.fills.update(("lifted", len(watch.fills), i) for i in range(args[0].numel()))
+    if len(watch.fills) > FILL_BUDGET:
+        watch.flag(f"it made tensors of {len(watch.fills)} different Python numbers (torch.{op}, torch.full, "
+                   f"torch.tensor...), more than {FILL_BUDGET}: a kernel's constants are few; numbers taken out "
+                   "of torch and put back are its inputs' numbers, laundered")
