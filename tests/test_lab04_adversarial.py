@@ -2415,7 +2415,8 @@ def test_numbers_exp2_did_not_make_do_not_get_its_form(make_p):
     for g, w in zip(got, labref.key_block(q, k, v, dout, mask, 0, n)):
         assert torch.allclose(g, w, atol=1e-9, rtol=1e-9)
     got = rows({"key_block_backward": _tiled(make_p)}, "key_block_backward")[0]
-    assert got.status == "wrong" and _UNUSED in got.detail, (got.status, got.detail)
+    assert got.status == "wrong" and (_UNUSED in got.detail or "different Python numbers" in got.detail), (
+        got.status, got.detail)                        # r36: its table of constants is refused first
 
 
 def test_a_masked_softmax_is_a_natural_base_exponential():

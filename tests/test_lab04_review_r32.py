@@ -137,8 +137,9 @@ def test_k_read_back_from_error_messages_is_refused():
     scope = {"torch": torch, "math": math}
     exec(compile(LAUNDER, "<r32 launder>", "exec"), scope)
     got = rows({"key_block_backward": scope["key_block_backward"]}, "key_block_backward")[0]
-    assert got.status == "wrong" and "a torch op raised an error inside your call (aten.index" in got.detail, got.detail
-    assert "your code went on" in got.detail
+    assert got.status == "wrong" and ("a torch op raised an error inside your call (aten.index" in got.detail
+                                      or "different Python numbers" in got.detail), got.detail     # r36: K's way back
+    assert "your code went on" in got.detail or "different Python numbers" in got.detail
     assert rows({"key_block_backward": solution()["key_block_backward"]}, "key_block_backward")[0].status == "ok"
 
 
@@ -344,7 +345,7 @@ def test_review_r36_an_out_overload_without_the_tag_still_counts_and_k_cannot_co
     honest = solution()["key_block_backward"]
 
     def padded(*args, **kwargs):
-        [torch.full((1,), float(i) + 0.5) for i in range(labops.FILL_BUDGET + 8)]
+        [torch.full((1,), float(i) + 0.5) for i in range(labops.FILL_BUDGET + 400)]     # past 32 + s_q + s_k
         return honest(*args, **kwargs)
     got = rows({"key_block_backward": padded}, "key_block_backward")[0]
     assert got.status != "ok" and "different Python numbers" in got.detail, got.detail

@@ -191,19 +191,21 @@ def dynamic(func) -> bool:
 
 _FILLS = frozenset({"full", "full_like", "new_full", "scalar_tensor", "fill_", "fill"})
 _LIFTS = frozenset({"lift_fresh", "lift_fresh_copy"})
-FILL_BUDGET = 32        # distinct Python numbers a call may make tensors of; the lab's kernels use 2-4
+FILL_BUDGET = 32        # distinct Python numbers a call may make tensors of, plus s_q + s_k; the lab's kernels use 2-4
 
 
 def fills(watch, name: str, args) -> None:
     """Review r36: every launder of K so far came back as Python numbers, one ``torch.full`` (or
     ``torch.tensor``) an element. Count the distinct numbers the call makes tensors of (0, -inf and
-    the scale in an honest kernel); past :data:`FILL_BUDGET`, flag it."""
+    the scale in an honest kernel; a position per row or key, at most); past :data:`FILL_BUDGET` plus
+    the case's query and key lengths, flag it (laundering K takes one or more per element of K)."""
     op = name.split(".")[1]
     if op in _FILLS:
         watch.fills.add(next((a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)), None))
     elif op in _LIFTS and args and isinstance(args[0], torch.Tensor):
         watch.fills.update(("lifted", len(watch.fills), i) for i in range(args[0].numel()))
-    if len(watch.fills) > FILL_BUDGET:
+    budget = FILL_BUDGET + watch.s_q + watch.s_k          # a row or key position each, at most, beside them
+    if len(watch.fills) > budget:
         watch.flag(f"it made tensors of {len(watch.fills)} different Python numbers (torch.{op}, torch.full, "
-                   f"torch.tensor...), more than {FILL_BUDGET}: a kernel's constants are few; numbers taken out "
+                   f"torch.tensor...), more than {budget}: a kernel's constants are few; numbers taken out "
                    "of torch and put back are its inputs' numbers, laundered")
