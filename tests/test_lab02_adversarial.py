@@ -1017,9 +1017,12 @@ def test_review_r31_a_gradient_store_made_as_a_bytearray_counts(monkeypatch):
                                    "    kv = torch.distributed.distributed_c10d.FileStore('/tmp/x', 2)\n",
                                    "    kv = getattr(dist, 'TCPStore')\n",
                                    "    from rich.progress import mmap as M\n    keep = M(-1, 1 << 20)\n",
-                                   "    from torch.distributed import PrefixStore\n"],
+                                   "    from torch.distributed import PrefixStore\n",
+                                   # review r37: a sparse tensor, an autograd node's saved result (27/27 each)
+                                   "    keep = torch.zeros(1 << 10).to_sparse()\n",
+                                   "    keep = torch.ones(1, requires_grad=True).exp().grad_fn._saved_result\n"],
                          ids=["mmap", "shared-memory", "numpy-memmap", "hashstore", "filestore", "getattr-store",
-                              "re-exported-mmap", "imported-store"])
+                              "re-exported-mmap", "imported-store", "sparse", "saved-result"])
 def test_review_r33_a_store_in_memory_the_probe_cannot_weigh_is_refused(monkeypatch, store):
     """Review r33: hooks that wrote every gradient into an ``mmap.mmap(-1, ...)`` made at install,
     through ``torch.frombuffer`` views, passed 27/27: neither torch's allocator nor tracemalloc sees
@@ -1035,4 +1038,4 @@ def test_review_r33_a_store_in_memory_the_probe_cannot_weigh_is_refused(monkeypa
     row = next(r for r in report.rows if r.status != "ok")
     assert row.case == "gradients kept in torch" and "memory the grader cannot weigh" in row.detail, row
     first = store.splitlines()[0].strip()                    # review r35 #3: the line named by its text
-    assert f"(`{first}`)" in row.detail, row.detail
+    assert row.detail.startswith(f"line 2 of your function (`{first}`)"), row.detail      # r37 #3: and number

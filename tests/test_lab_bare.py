@@ -70,7 +70,8 @@ def test_review_r35_a_table_the_compiler_drops_is_counted_from_the_text(where):
     ns: dict = {"__name__": "__main__"}
     exec(compile(cell, name, "exec"), ns)
     fresh = lab_fresh.rebuild(lab_fresh.payload("lab06_choose_plan", ns, show=False))
-    assert any("'tp'" in repr(v) or v == "tp" for v in fresh["choose_plan"]("m", 8, "g", 1, 1))   # the route works
+    assert any("'tp'" in repr(v) or v == "tp" for v in ns["choose_plan"]("m", 8, "g", 1, 1))    # in the kernel
+    assert not any("'tp'" in repr(v) or v == "tp" for v in fresh["choose_plan"]("m", 8, "g", 1, 1))  # r37: not here
     linecache.cache.pop(name)                       # rewriting linecache does not hide the built text
     chars, _ = lab06_table.measure(fresh["choose_plan"], fresh)
     assert chars >= 0.9 * literal_size._chars(ast.literal_eval(TABLE)) == 594, chars   # less what the code holds too
@@ -100,3 +101,20 @@ def test_review_r36_graded_code_may_not_read_its_own_text(body, refused):
         assert why is None, why
     else:
         assert why and f"reads source text ({refused})" in why and why.startswith("line "), why
+
+
+def test_review_r37_the_grading_process_holds_no_cell_text_in_linecache():
+    """Review r37 of lab 06: past lab_text's names, ``inspect.linecache.getlines(inspect.getfile(f))``
+    read a table kept in an ``if False:`` block back from the text the grading process had put in
+    linecache: 14/14. linecache now holds as many empty lines (line numbers stay right); the text is
+    the grader's alone (lab_bare.CARRIED), and lab_bare.source reads it back for lab 02's ranks."""
+    from gpumem.course import lab_bare
+    cell = "def layouts():\n    if False:\n        t = [('tp', 2), ('pp', 4)]\n    return 0\n"
+    name = "<r37.ipynb cell 5>"
+    linecache.cache[name] = (len(cell), None, cell.splitlines(True), name)
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(cell, name, "exec"), ns)
+    fresh = lab_fresh.rebuild(lab_fresh.payload("lab06_choose_plan", ns, show=False))
+    lines = linecache.getlines(inspect.getfile(fresh["layouts"]))
+    assert len(lines) == len(cell.splitlines()) and not "".join(lines).strip(), lines
+    assert "('tp', 2)" in lab_bare.source(fresh["layouts"]) and lab_bare.source(fresh["layouts"]).startswith("def layouts")

@@ -49,7 +49,7 @@ from pathlib import Path
 
 from . import genuine, lab_intact, lab_origin, lab_relay, lab_watch  # noqa: F401 -- lab_origin: imported before any learner code runs
 from .grading import Report, Row, freeze
-from .lab_bare import CARRIED, bare
+from .lab_bare import CARRIED, bare, masked
 from .lab_carry import carry
 from .lab_kernel import notes, refusal
 
@@ -211,15 +211,16 @@ def _report(lab: str, sent: dict, raw: bytes, code: int) -> Report:
 
 
 def rebuild(sent: dict) -> dict:
-    """A fresh namespace holding the carried definitions, each cell's carried lines in ``linecache``
-    under its cell's name (so ``inspect.getsource`` and line numbers read as in the notebook), with
+    """A fresh namespace holding the carried definitions, each cell's carried lines kept in
+    :data:`.lab_bare.CARRIED` and as many empty lines in ``linecache`` under its cell's name (line
+    numbers read as in the notebook; the text is the grader's alone, review r37), with
     docstrings and comments emptied (:func:`.lab_bare.bare`: a table of answers kept there was read
     back by ``inspect.getdoc``, review r34 of lab 06). A definition kept under a second name
     (``first_try``) does not replace the one of its own name."""
     ns: dict = {"__name__": "__main__"}
     for name, cell in sent["cells"].items():
         cell = CARRIED[name] = bare(cell)
-        linecache.cache[name] = (len(cell), None, cell.splitlines(True), name)
+        linecache.cache[name] = (len(cell), None, masked(cell), name)     # review r37: no text readable
     for name, line in sent["values"]:
         _run(name, bare(line), "<carried values>", ns)
     missing = object()

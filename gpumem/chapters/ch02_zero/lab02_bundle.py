@@ -16,6 +16,7 @@ import re
 import textwrap
 import types
 
+from gpumem.course import lab_bare
 from gpumem.course.lab_carry import import_line, literal
 
 RANK_FILE = "<your install_zero2_hooks>"       # the name the ranks compile the bundle under
@@ -56,7 +57,7 @@ def bundle(fn, ns: dict, source: str) -> str:
             own = value
         if isinstance(own, types.FunctionType) and own.__globals__ is fn.__globals__:
             try:
-                text = textwrap.dedent(inspect.getsource(value))
+                text = textwrap.dedent(lab_bare.source(value))
             except (OSError, TypeError):
                 continue
             defs.append(text)
@@ -129,8 +130,9 @@ def _reaches(node, dist: set[str]) -> str:
         base = node.value
         on_dist = isinstance(base, ast.Name) and base.id in dist or isinstance(base, ast.Attribute) and \
             base.attr == "distributed" and isinstance(base.value, ast.Name) and base.value.id == "torch"
-        if on_dist and node.attr not in DIST or node.attr in UNWEIGHED or node.attr.endswith("Store"):
-            return node.attr
+        if on_dist and node.attr not in DIST or node.attr in UNWEIGHED or node.attr.endswith("Store") or \
+                node.attr.startswith(("to_sparse", "sparse_", "_saved", "_nested")) or "nested" in node.attr:
+            return node.attr              # review r37: a sparse tensor, or an autograd node's saved result, unweighed
     if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.endswith("Store"):
         return node.value
     return ""
@@ -141,10 +143,13 @@ def unweighed(source: str) -> str:
     hooks need (:func:`_reaches`), why it is refused, with the line's text."""
     tree = ast.parse(source)
     dist, text = _dist_names(tree), source.splitlines()
+    own = source[:source.rfind("\ndef ") + 1].count("\n") if "\ndef " in source else 0   # the learner's def
     for node in sorted(ast.walk(tree), key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0))):
         what = _reaches(node, dist)
         if what:
-            line = f"line {node.lineno} of the code sent to the ranks (`{text[node.lineno - 1].strip()[:80]}`)"
+            where = f"line {node.lineno - own} of your function" if node.lineno > own else \
+                f"line {node.lineno} of the code sent to the ranks"       # review r37 #3: the learner's numbering
+            line = f"{where} (`{text[node.lineno - 1].strip()[:80]}`)"
             return (f"{line}: {what} is outside what the hooks may use (torch's tensors and collectives, and "
                     f"{', '.join(MODULES[1:6])}... of the standard library): memory kept outside torch and "
                     "Python's allocator, or in a store, is memory the grader cannot weigh: keep shards and buckets "

@@ -30,6 +30,7 @@ import random
 
 from gpumem.course import seeds
 from gpumem.course.grading import Report, Row, call, kind, returned, run_case
+from gpumem.course import lab_bare
 from gpumem.course.lab_reach import first_reach
 
 from . import lab02_measure
@@ -193,7 +194,7 @@ def _borrowed(fn) -> str:
     if str(getattr(fn, "__module__", "") or "").split(".")[0] == "gpumem":
         return f"it is gpumem's own {fn.__module__}.{getattr(fn, '__name__', '?')}: write the prediction yourself"
     try:
-        source = textwrap.dedent(inspect.getsource(fn))
+        source = textwrap.dedent(lab_bare.source(fn))
     except (OSError, TypeError):
         return ""
     return first_reach(source) or ("it imports gpumem: write the prediction yourself" if "gpumem" in source else "")

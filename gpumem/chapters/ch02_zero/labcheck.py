@@ -50,6 +50,7 @@ import ast
 import math
 
 from gpumem.course.grading import Report, Row, case_seconds, failure_line, kind, run_case
+from gpumem.course import lab_bare
 from gpumem.course.lab_reach import first_reach
 from gpumem.errors import RunFailure
 
@@ -123,12 +124,11 @@ def check(ns: dict, show: bool = True) -> Report:
 
 def _source_of(fn, name: str, args: str) -> tuple[str, str]:
     """(source, problem): the learner's function as text that can run elsewhere, or why it cannot."""
-    import inspect
     import textwrap
     if not callable(fn):
         return "", f"{name} is {kind(fn)}, not a function"
     try:
-        source = textwrap.dedent(inspect.getsource(fn))
+        source = textwrap.dedent(lab_bare.source(fn))
         tree = ast.parse(source)
     except (OSError, TypeError, SyntaxError):
         return "", "could not read the function's source (define it in a notebook cell)"
