@@ -1465,3 +1465,23 @@ def test_review_r32_a_term_row_names_the_settings_that_differ():
     said = lab06_diagnose.why_slower(mine, NS(plans=[best, mine]), 1.03)
     assert "tensor parallel term takes 15.95 s against 7.17 s" in said, said
     assert said.endswith("the fastest differs from yours in tp, pp, checkpoint"), said
+
+
+def test_review_r37_the_setting_that_holds_a_plan_back_is_given_by_its_cost():
+    """Review r37 #3: a search that tried tp 2 only at micro_batch 1 read "it lacks tensor parallelism"
+    (121.06 s against 111.06 s; 120.74 s without tp). The row now also gives, for each differing
+    setting, the best step of the fitting layouts that keep the learner's own value, costliest first:
+    here micro_batch 1 costs most (121.0 s by construction), tp 1 120.74 s, checkpoint 112 s."""
+    from types import SimpleNamespace as NS
+    from gpumem.chapters.ch06_combining_strategies import lab06_diagnose
+
+    def plan(tp, mb, ckpt, total):
+        lay = NS(tp=tp, micro_batch=mb, checkpoint=ckpt, cp=1, pp=1, vp=1, zero=3, hybrid="none", group=0,
+                 offload="none", device="none", mcore=False)
+        return NS(layout=lay, time={"total": total})
+    best, mine = plan(2, 2, "every-other", 111.06), plan(1, 1, "full", 121.06)
+    others = [plan(1, 2, "every-other", 120.74), plan(2, 1, "every-other", 121.0), plan(2, 2, "full", 112.0)]
+    said = lab06_diagnose.why_slower(mine, NS(plans=[best, mine, *others]), 1.03)
+    assert said.startswith("it lacks tensor parallelism"), said
+    assert said.endswith("the best step is: micro_batch 121.00 s, tp 120.74 s, checkpoint 112.00 s."), said
+    assert "every-other" not in said and "tp 2" not in said

@@ -52,7 +52,8 @@ def why_slower(mine, result, slack: float, family=None) -> str:
             if without is None or without > slack * best.time["total"]:
                 alone = "no layout fits without it" if without is None else f"without it the best is {without:.2f} s"
                 return (f"it lacks {text}; {alone}. The fastest also differs from yours in "
-                        f"{differs(mine.layout, best.layout)}: does your search reach them together?")
+                        f"{differs(mine.layout, best.layout)}: does your search reach them together?"
+                        + held(mine.layout, best.layout, result.plans))
     term = max(TERMS, key=lambda k: mine.time[k] - best.time[k])
     lever = _which_lever(term, mine, best.layout, result.plans)     # review r32: else the settings, by name
     return (f"your plan's {term.replace('_', ' ')} term takes {mine.time[term]:.2f} s against "
@@ -69,6 +70,21 @@ def differs(mine, best) -> str:
     handed out the answers a fixed table needs)."""
     names = [k for k in SETTINGS if getattr(mine, k, None) != getattr(best, k, None)]
     return ", ".join(names) or "nothing the lab sets"
+
+
+def held(mine, best, plans) -> str:
+    """Review r37 #3: a search that tried tp = 2 but only at micro_batch 1 read "it lacks tensor
+    parallelism", the real cause sixth of six settings. Where two or more settings differ, the best
+    step of the fitting layouts that keep each of the learner's own values, the costliest first
+    (the learner reads which of its settings holds it back, never the fastest's values)."""
+    names = [k for k in SETTINGS if getattr(mine, k, None) != getattr(best, k, None)]
+    if len(names) < 2:
+        return ""
+    costs = [(k, min((p.time["total"] for p in plans if getattr(p.layout, k, None) == getattr(mine, k, None)),
+                     default=None)) for k in names]
+    costs.sort(key=lambda c: -(c[1] if c[1] is not None else float("inf")))
+    return " With your own value of one setting, the best step is: " + ", ".join(
+        f"{k} {'none fits' if t is None else f'{t:.2f} s'}" for k, t in costs) + "."
 
 
 def _which_lever(term: str, plan, best, plans=()) -> str:
