@@ -350,3 +350,22 @@ def test_review_r36_an_out_overload_without_the_tag_still_counts_and_k_cannot_co
     got = rows({"key_block_backward": padded}, "key_block_backward")[0]
     assert got.status != "ok" and "different Python numbers" in got.detail, got.detail
     assert rows({"key_block_backward": honest}, "key_block_backward")[0].status == "ok"
+
+
+def test_review_r37_pack_padded_lengths_count_as_reads_and_honest_positions_from_python_pass():
+    """r37 #1: K left a byte at a time through the length of pack_padded_sequence's batch_sizes (no
+    dynamic_output_shape tag) and came back by slicing an arange: 25/25. The op now counts as numbers
+    read. r37 #2: positions made with torch.tensor(list(range(...))) were counted once per element
+    and an honest kernel was refused as "laundered"; lifted tensors now count by their values."""
+    from gpumem.chapters.ch04_flash_attention import labguard
+    from test_lab04_adversarial import rows, solution
+    op = torch.ops.aten._pack_padded_sequence.default
+    assert labguard._answers(op, str(op), (torch.zeros(4, 1), torch.tensor([3])))
+    honest = solution()["key_block_backward"]
+
+    def positions_from_python(q, *args, **kwargs):
+        for _ in range(3):                                  # an honest kernel's row positions, from lists,
+            for i0 in range(0, q.shape[2], 8):              # made again for each pass (counted once each)
+                torch.tensor(list(range(i0, min(i0 + 8, q.shape[2]))))
+        return honest(q, *args, **kwargs)
+    assert rows({"key_block_backward": positions_from_python}, "key_block_backward")[0].status == "ok"

@@ -158,7 +158,8 @@ _SMALL = 64                                           # numbers a constant may h
 _SIZED = frozenset({"tensor_split"})   # by a tensor: ATen reads its memory unseen (review r18 #1 read K so)
 # ops whose answer in Python is read from the numbers: a bool, or the length of their result (review r32 #1)
 _ANSWERS = frozenset({"equal", "nonzero", "nonzero_numpy", "argwhere", "masked_select", "unique_dim",
-                      "_unique", "_unique2", "unique_consecutive"})
+                      "_unique", "_unique2", "unique_consecutive",
+                      "_pack_padded_sequence"})   # review r37: its batch_sizes' length is set by the lengths' values
 # ops that hand Python a number but read only a tensor's shape, not its values
 _SHAPE_ONLY = frozenset({"size", "sym_size", "stride", "sym_stride", "dim", "numel", "sym_numel", "storage_offset",
                          "sym_storage_offset", "is_contiguous", "is_same_size", "is_strides_like_format",
@@ -202,8 +203,9 @@ def fills(watch, name: str, args) -> None:
     op = name.split(".")[1]
     if op in _FILLS:
         watch.fills.add(next((a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)), None))
-    elif op in _LIFTS and args and isinstance(args[0], torch.Tensor):
-        watch.fills.update(("lifted", len(watch.fills), i) for i in range(args[0].numel()))
+    elif op in _LIFTS and args and isinstance(args[0], torch.Tensor):      # torch.tensor(...): its values,
+        lifted = args[0]                                                     # review r37: not one per element
+        watch.fills.update(lifted.flatten().tolist() if lifted.numel() <= 4096 else [("lifted", id(lifted))])
     budget = FILL_BUDGET + watch.s_q + watch.s_k          # a row or key position each, at most, beside them
     if len(watch.fills) > budget:
         watch.flag(f"it made tensors of {len(watch.fills)} different Python numbers (torch.{op}, torch.full, "
