@@ -126,10 +126,11 @@ def _unrun(codes: list, classes: set, held: Counter, names: set) -> list:
     the code does not hold (a string statement after the first, an ``if False:`` block, a local
     variable's annotation: the compiler drops them, ``inspect.getsource`` or ``linecache`` reads them
     back): each constant whose value the code does not hold (a dead table of the code's own values
-    costs only its distinct ones, review r36: reading the text back is refused, :mod:`.lab_text`), and
-    each name the code never uses, in full (r36: a table spelt as one annotation's name). The text is the one the grading process built
-    from (:data:`.lab_bare.CARRIED`: only the carried definitions' lines), else ``linecache``'s for a
-    cell (a file on disk is no cell's text)."""
+    costs only its distinct ones: where it is graded the text cannot be read back, review r37,
+    :func:`.lab_bare.masked`), and each name the code never uses, in full (r36: a table spelt as one
+    annotation's name). The text is the one the grading process built from
+    (:data:`.lab_bare.CARRIED`: only the carried definitions' lines), else ``linecache``'s for a cell
+    (a file on disk is no cell's text)."""
     trees: dict = {}
     files = {code.co_filename for code in codes}
     files |= {name for name in CARRIED if any(isinstance(node, ast.ClassDef) and node.name in classes
