@@ -3,6 +3,7 @@ the call and passed 25/25) for :mod:`.labexp2`: which ATen ops (by name, without
 are exponentials, views and copies, products, sums, reductions and masks, and the tags the exp2
 rule gives a tensor (where its numbers come from, and its form); with the helpers both read."""
 
+import functools
 import math
 from types import MappingProxyType
 
@@ -167,6 +168,7 @@ _SHAPE_ONLY = frozenset({"size", "sym_size", "stride", "sym_stride", "dim", "num
 _SCALARS = ("float", "int", "bool", "Scalar", "SymInt", "SymFloat", "SymBool", "number", "complex")
 
 
+@functools.lru_cache(maxsize=None)      # per op, once: it runs at every op of a graded call
 def scalar_out(func) -> bool:
     """The op returns Python numbers, not tensors (review r35: ``q_scale`` of a quantized copy of K
     handed Python one float of K's a call, ``_nnz`` the count of a sparse one), shape queries and
@@ -182,6 +184,7 @@ def rows_last(t: torch.Tensor, tiles) -> bool:
     return t.dim() >= 2 and bool(t.numel()) and _ptr(t) in tiles and t.stride(-2) == 1 and t.stride(-1) != 1
 
 
+@functools.lru_cache(maxsize=None)      # per op, once (19 us a call uncached: 7 s a check)
 def dynamic(func) -> bool:
     """Some overload of the op has ATen's ``dynamic_output_shape`` tag (review r36: ``bincount.out``,
     ``repeat_interleave.Tensor_out`` and ``index.Tensor_out`` lack it where their plain overloads have it)."""
