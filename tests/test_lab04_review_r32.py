@@ -182,17 +182,9 @@ def test_part_2s_question_is_answered_by_the_library_after_the_code():
 
 # review r34 #1: the reviewer's next kernel, the same but for the way K leaves: byte by byte through the
 # length of torch.bincount's result (24/25)
-BINCOUNT = LAUNDER.replace('''    # launder K: its bits leave through IndexError messages and come back as fresh numbers
-    bits = k_blk.double().view(torch.int64).reshape(-1)
-    one = torch.zeros(1)
-    vals = []
-    for i in range(bits.numel()):
-        try:
-            one[bits[i:i + 1]]
-            vals.append(0)
-        except IndexError as err:
-            vals.append(int(str(err).split()[1]))
-''', '''    # launder K: its bits leave through bincount's output length and come back as fresh numbers
+# the lines of LAUNDER by which K leaves (IndexError messages); each later kernel replaces only them
+_LEAVES = LAUNDER[LAUNDER.index("    # launder K"):LAUNDER.index("    chunks = [")]
+BINCOUNT = LAUNDER.replace(_LEAVES, '''    # launder K: its bits leave through bincount's output length and come back as fresh numbers
     bits = k_blk.double().view(torch.int64).reshape(-1)
     vals = []
     for i in range(bits.numel()):
@@ -281,8 +273,7 @@ def test_only_the_baked_checks_run_with_the_profile_hook_off():
 
 # review r35 #1: the same kernel, K leaving through a quantizer's scale: each element's fp64 bits in
 # three chunks, one quantize_per_tensor_dynamic(...).q_scale() a chunk (25/25 on the real grading path)
-QSCALE = LAUNDER.replace(LAUNDER[LAUNDER.index("    # launder K: its bits leave through IndexError"):LAUNDER.index("    chunks = [")],
-                         """    # launder K: its bits leave through q_scale and come back as fresh numbers
+QSCALE = LAUNDER.replace(_LEAVES, """    # launder K: its bits leave through q_scale and come back as fresh numbers
     bits = k_blk.double().view(torch.int64).reshape(-1)
     vals = []
     for i in range(bits.numel()):
