@@ -114,43 +114,64 @@ def test_committed_results_files_are_well_formed():
 
 # -- tools/gpu_check.py on this CPU machine ------------------------------------------------
 
+def _gpu_marked() -> list[str]:
+    """``tests/FILE.py::NAME`` of every test marked ``gpu``, read from the test files' syntax trees
+    (a decorator ``@pytest.mark.gpu``, or a module's ``pytestmark``): an independent list, without a
+    second pytest collection of the whole suite (about 15 s of a core)."""
+    import ast
+
+    def is_gpu(node) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "gpu" and isinstance(node.value, ast.Attribute) \
+            and node.value.attr == "mark"
+    found = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        marked = any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+                     and any(is_gpu(v) for v in ast.walk(n.value)) for n in tree.body)
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and \
+                    (marked or any(is_gpu(d) or any(is_gpu(v) for v in ast.walk(d)) for d in node.decorator_list)):
+                found.append(f"tests/{path.name}::{node.name}")
+    return found
+
+
 @pytest.fixture(scope="module")
 def cpu_check(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check")
-    # the independent list of gpu-marked tests is collected while the tool runs (both only collect
-    # and skip: one core each, about 15 s each on a 2-core machine)
-    listing = subprocess.Popen([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q",
-                                "-p", "no:cacheprovider", "tests"], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    try:
-        proc = subprocess.run([sys.executable, "tools/gpu_check.py", "--results-dir", str(out / "results"),
-                               "--report", str(out / "report.md")], cwd=ROOT, capture_output=True, text=True,
-                              timeout=240, env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
-        listed_out, _ = listing.communicate(timeout=120)
-    finally:
-        if listing.poll() is None:
-            listing.kill()
-            listing.communicate()
-    return proc, out, listed_out
+    proc = subprocess.run([sys.executable, "tools/gpu_check.py", "--results-dir", str(out / "results"),
+                           "--report", str(out / "report.md")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240, env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+    return proc, out
+
+
+def test_the_static_list_of_gpu_tests_reads_both_kinds_of_mark():
+    """The list the next test checks against: a decorated test and a module-wide mark are found, and a
+    test marked otherwise is not."""
+    found = _gpu_marked()
+    assert "tests/test_01_gpu.py::test_cuda_step_peak_is_near_the_trace" in found            # decorated
+    assert "tests/test_05_offload_gpu.py::test_pcie_rungs_pinned_beats_pageable" in found    # pytestmark
+    assert not any(f.startswith(("tests/test_browser.py::", "tests/test_lab_orphans.py::")) for f in found)
 
 
 def test_gpu_check_on_cpu_skips_every_item_with_a_reason(cpu_check):
-    proc, out, listed_out = cpu_check
+    proc, out = cpu_check
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = (out / "report.md").read_text()
     assert "no CUDA device" in report and "nothing was measured" in report
-    # every gpu-marked test in the suite appears, skipped, with the conftest's reason
-    ids = [line for line in listed_out.splitlines() if "::" in line]
-    assert ids, listed_out[-1000:]
-    for nodeid in ids:
-        row = next((line for line in report.splitlines() if nodeid in line), None)
-        assert row is not None, f"{nodeid} missing from the report"
-        assert "skipped" in row and "needs a CUDA GPU" in row, row
+    # every gpu-marked test in the suite appears (parametrized: each of its ids), skipped, with the
+    # conftest's reason
+    ids = _gpu_marked()
+    assert len(ids) >= 13, ids
+    for test in ids:
+        rows = [line for line in report.splitlines() if f"`{test}[" in line or f"`{test}`" in line]
+        assert rows, f"{test} missing from the report"
+        for row in rows:
+            assert "skipped" in row and "needs a CUDA GPU" in row, row
     assert "passed" not in report.lower().replace("0 passed", "")
 
 
 def test_gpu_check_on_cpu_writes_no_results_file(cpu_check):
-    proc, out, _ = cpu_check
+    proc, out = cpu_check
     assert not (out / "results").exists() or not list((out / "results").glob("*.json"))
     assert "no results file written" in proc.stdout
 

@@ -3,33 +3,25 @@
 
 The cases are not the ones the lab shows. Model states come from fake-tensor traces
 (``gpumem.memory.tracing``) of two fixed configurations and from ``accounting.model_states`` at drawn
-sizes. Part 2's layer is the Llama layer with a wider attention (an explicit ``head_dim``, n_heads *
-head_dim != d_model) and q/k norms per head (Qwen3) or over the whole width (OLMo 2; :mod:`.labwide`,
-graded by :mod:`.labpart2`). Chapter 01 counts none of it; ``gpumem.memory.activations`` counts the
-width and Qwen3's norms but not OLMo 2's, which every check grades first. Part 3's layers are the
+sizes. Part 2's layer is the Llama layer with a wider attention (n_heads * head_dim != d_model) and
+q/k norms per head (Qwen3) or over the whole width (OLMo 2, graded first; :mod:`.labwide`, :mod:`.labpart2`). Part 3's layers are the
 variants of :mod:`.variants` (Hugging Face's and Gemma's RMSNorms, a GeLU MLP with dropout, q/k/v
-biases) and, after those, chain MLPs whose operations (:data:`.variants.OPS`, three to eight) are given
-to the learner's function as data: eight fixed (:data:`FIXED_CHAINS`), then some drawn at each check.
-Every truth is measured on real tensors (:func:`.labwide.measure`, :func:`.variants.measure`). Each
+biases) and, after those, chain MLPs whose operations (:data:`.variants.OPS` and ``MULS``, three to
+eight) are given to the learner's function as data: ten fixed (:data:`FIXED_CHAINS`), then some drawn at
+each check. Every truth is measured on real tensors (:func:`.labwide.measure`, :func:`.variants.measure`). Each
 function stops at its first failing case, explained by :mod:`.labhints` (part 1's key, part 2's term,
 part 3's switch, or a chain's first operation whose change differs).
 
-What this does and does not exclude. While the learner's functions run, the course's own formulas and
-tracers raise "derive it yourself" and any tensor operation raises "no tensor ops" (:mod:`.labguard`):
-nothing is measured *during* the call. Nothing stops a learner measuring *before* the check, though, and
-no part is out of its reach. Review r9 measured :func:`.labwide.measure` and :func:`.variants.measure`
-at a dozen small shapes per layer and fitted integer coefficients over chapter 01's monomials: exact,
-far shapes included; review r29 pasted such a fit as two dict literals (26 of 27 rows). The drawn
-shapes (fresh each check, a few far outside the small range) stop a table of last time's answers and a
-fit with the wrong monomials; a fit with the right ones, written out as data, holds more literal data
-than a count needs and gets one row (:mod:`.labtable`); packed into a string it would not. The chain
-MLPs, drawn at check time from 12 operations (470 million chains), stop a table of chains seen before
-and a fit per operation that misses what neighbours share, not a measured model of how operations
-compose: 253 measurements made before the check cover every chain (review r15's bigram table: packed
-three base-5 digits a byte, 104 bytes, it passed under :mod:`.labtable`'s limit, r35). The chains are a drill, not a defence. A learner who
-measures single operations with ``saved_by`` and works out how they compose has done what the chains
-ask; one who tabulates the grader's own measure over hundreds of chains is named if the table is still
-in the kernel's cache (:func:`kernel_refusal`, read before the fresh grading process starts). First :mod:`.labtruth` checks torch, the course and the plain layer's formula, or grades nothing."""
+What this does and does not exclude. While the learner's functions run, the course's formulas and
+tracers raise "derive it yourself" and tensor operations raise "no tensor ops" (:mod:`.labguard`):
+nothing is measured *during* the call. Measuring *before* the check and fitting is not stopped; the
+drawn shapes stop a table of last time's answers, and a fit written out as data is refused as a table
+(:mod:`.labtable`, whose docstring says what a packed fit still passes). The chain MLPs are drawn at
+check time, each with a product with a tensor two or three operations back (``mulK``), whose bytes
+depend on the operations up to four back: a table over that context (15**4 = 50,625 entries) is far
+past the limit, where one of transitions (253 entries, 104 bytes packed) passed every row before the
+products (reviews r35, r36). A table measured in the kernel is named if still in its cache
+(:func:`kernel_refusal`). First :mod:`.labtruth` checks torch, the course and the plain layer's formula."""
 
 import random
 
@@ -165,23 +157,24 @@ def _failed(row: Row) -> bool:
     return row.status in ("wrong", "error")
 
 
-# (norm, mlp, qkv_bias) of part 3's cases, one variant at a time first, so that the first row that
-# fails names the variant; the attention kernel cycles through all three
-# Gemma's norm first (its fp32 1 + weight: a tensor made from a parameter is saved, and counted)
+# (norm, mlp, qkv_bias) of part 3's cases, one variant at a time first (the first failing row names it), the
+# kernel cycling; Gemma's norm first (its fp32 1 + weight: a tensor made from a parameter is saved, and counted)
 VARIANT_CASES = [("gemma", "swiglu", False), ("hf", "swiglu", False), ("fused", "gelu-dropout", False),
                  ("fused", "swiglu", True), ("hf", "gelu-dropout", False), ("gemma", "gelu-dropout", True),
                  ("hf", "gelu-dropout", True)]
 MIXED = 4                  # VARIANT_CASES[MIXED:] switch two or three on; a far shape draws from them
 KERNEL_CYCLE = ("flash", "naive", "eager")
 CHAINS = 3                 # chain MLPs drawn at each check, after VARIANT_CASES; the other far shape is one
-# rule slips that passed most drawn checks each fail one: r19-r23's (tests/test_lab01_adversarial.py); the
-# last two: an output taken to share its input's storage (dropout, exp; relu, sigmoid, tanh; r23)
+# rule slips that passed most drawn checks each fail one (r19-r23, tests/test_lab01_adversarial.py); the last two:
+# products (r36 #1), both factors kept once, through casts that return their input, bf16 x fp32 in fp32
 FIXED_CHAINS = (("hf", ("relu", "float", "gelu", "sigmoid"), True),
                 ("gemma", ("relu", "scale", "gelu", "float", "sigmoid"), False),
                 ("fused", ("sigmoid", "gelu", "dropout", "relu", "bf16"), False),
                 ("hf", ("tanh", "silu", "exp", "gelu_tanh", "dropout", "square", "bf16"), False),
                 ("fused", ("float", "exp", "float", "gelu"), True), ("gemma", ("float", "exp", "bf16", "gelu"), False),
-                ("fused", ("sigmoid", "exp", "dropout", "gelu"), False), ("hf", ("tanh", "relu", "sigmoid", "tanh"), True))
+                ("fused", ("sigmoid", "exp", "dropout", "gelu"), False), ("hf", ("tanh", "relu", "sigmoid", "tanh"), True),
+                ("gemma", ("float", "bf16", "mul2", "sigmoid", "mul1"), True),
+                ("fused", ("gelu", "float", "tanh", "mul3", "float", "square"), False))
 FIXED_SHAPE = dict(d_model=72, n_heads=6, n_kv_heads=3, ffn=200, seq=23, batch=2)   # measured once a process
 CHAIN_NOTE = ("this MLP's operations are combined at the check (most drawn afresh), so no table of chains "
               "seen before and no fit per operation covers them; work out what each one keeps (input, "
@@ -190,8 +183,15 @@ REFUSALS = (labcopies.SAYS, labguard.SAYS, labguard.NO_OPS, labguard.REFUSAL)   
 
 
 def draw_chain(rng: random.Random) -> tuple:
-    """A chain MLP's operations: three to eight names from :data:`.variants.OPS`."""
-    return tuple(rng.choice(variants.OPS) for _ in range(rng.randint(3, 8)))
+    """A chain MLP's operations: three to eight names from :data:`.variants.OPS` and ``MULS``, with at
+    least one product reaching two or more operations back."""
+    ops = []
+    for i in range(rng.randint(3, 8)):
+        ops.append(rng.choice(variants.OPS + tuple(m for m in variants.MULS if variants.chain_op_ok(m, i))))
+    if not any(op in variants.MULS[1:] for op in ops):
+        i = rng.randrange(2, len(ops))
+        ops[i] = rng.choice([m for m in variants.MULS[1:] if variants.chain_op_ok(m, i)])
+    return tuple(ops)
 
 
 def draw_variant(rng: random.Random) -> tuple:
@@ -208,7 +208,7 @@ def _grade_variants(report: Report, fn, rng: random.Random) -> None:
     variants_ = VARIANT_CASES + [draw_variant(rng) for _ in range(CHAINS)]
     far = [(draw_far_shape(rng), ", far shape", v) for v in (rng.choice(VARIANT_CASES[MIXED:]), draw_variant(rng))]
     plan = list(enumerate([(draw_shape(rng), "", v) for v in variants_] + far))    # i: the kernel's turn
-    plan[len(VARIANT_CASES):len(VARIANT_CASES)] = [(k, (FIXED_SHAPE, "", v)) for k, v in zip((0, 2, 1, 0, 2, 1, 0, 2), FIXED_CHAINS)]
+    plan[len(VARIANT_CASES):len(VARIANT_CASES)] = [(k, (FIXED_SHAPE, "", v)) for k, v in zip((0, 2, 1, 0, 2, 1, 0, 2, 1, 0), FIXED_CHAINS)]
     for i, (shape, tag, (norm, mlp, bias)) in plan:
         case = dict(shape, kernel=KERNEL_CYCLE[i % 3], norm=norm, mlp=mlp, qkv_bias=bias)
 

@@ -142,19 +142,33 @@ _KEEPS = {"gelu": "in", "gelu_tanh": "in", "relu": "out", "square": "in", "silu"
 
 
 def _chain_bytes(ops: tuple, n: int) -> int:
-    """Bytes a chain MLP keeps for ``n`` hidden numbers: each kept tensor once, down's input too."""
-    kept, now, size = {}, 0, 2                          # tensor 0: up's bf16 output
-    for i, op in enumerate(ops, 1):
-        new_size = {"float": 4, "bf16": 2}.get(op, size)
-        new = now if op in ("float", "bf16") and new_size == size else i
-        if _KEEPS[op] == "in":
-            kept[now] = size * n
-        elif _KEEPS[op] == "out":
-            kept[new] = new_size * n
-        elif _KEEPS[op] == "mask":
-            kept["mask", i] = n
-        now, size = new, new_size
-    kept["down" if size != 2 else now] = 2 * n          # down's input, back in bf16
+    """Bytes a chain MLP keeps for ``n`` hidden numbers: each kept tensor once, down's input too.
+    ``made`` holds each hidden tensor's index in ``size``, in the order the chain makes them (a cast
+    to the dtype a tensor has returns it, so one tensor can appear twice); a product keeps both factors."""
+    size, made, kept = [2], [0], {}                      # tensor 0: up's bf16 output
+    for op in ops:
+        now = made[-1]
+        if op in ("float", "bf16"):
+            want = 4 if op == "float" else 2
+            if want != size[now]:
+                size.append(want)
+            made.append(len(size) - 1)
+            continue
+        if op.startswith("mul"):
+            other = made[-1 - int(op[3:])]
+            kept[now], kept[other] = size[now] * n, size[other] * n
+            size.append(max(size[now], size[other]))   # bf16 times fp32 is fp32
+        else:
+            size.append(size[now])
+            if _KEEPS[op] == "in":
+                kept[now] = size[now] * n
+            elif _KEEPS[op] == "out":
+                kept[len(size) - 1] = size[now] * n
+            elif _KEEPS[op] == "mask":
+                kept["mask", len(size)] = n
+        made.append(len(size) - 1)
+    last = made[-1] if size[made[-1]] == 2 else "down"  # type_as copies a fp32 tensor back to bf16
+    kept[last] = 2 * n
     return sum(kept.values())
 
 

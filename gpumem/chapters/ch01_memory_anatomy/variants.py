@@ -17,12 +17,15 @@
   dropout is ``torch.native_dropout``, which ``F.dropout``
   runs on CUDA (on CPU ``F.dropout`` multiplies by a noise tensor of the input's dtype instead, so
   the layer calls the CUDA path directly and CPU and GPU save the same bool mask);
-- ``mlp=(op, ...)``, a tuple of names from :data:`OPS`: an MLP of two matrices with those
+- ``mlp=(op, ...)``, a tuple of names from :data:`OPS` and :data:`MULS`: an MLP of two matrices with those
   elementwise operations, in that order, between them (:class:`ChainMLP`; :func:`apply_op`
   is what each name runs, and the hidden tensor goes back to the input's dtype before the down
   projection). The grader draws the tuple at each check (review r9: a count measured or
   fitted in advance for a fixed list of MLPs cannot cover a chain drawn then; the count must
-  come from what each operation saves, its dtype, and which tensors two operations share);
+  come from what each operation saves, its dtype, and which tensors two operations share). With
+  one-input operations only, a step's bytes depended on the operation before it alone, and 253
+  transitions measured in advance covered every chain (reviews r35, r36); ``mulK`` multiplies by a
+  tensor up to three operations back, so a step's bytes depend on what became of that tensor since;
 - ``qkv_bias=True``: q, k and v projections with biases (Qwen2's attention).
 
 :func:`measure` runs one forward on real bf16 CPU tensors under saved-tensor hooks (autograd's
@@ -43,6 +46,9 @@ NORMS = ("fused", "hf", "gemma")
 MLPS = ("swiglu", "gelu-dropout")            # and any tuple of OPS (ChainMLP)
 OPS = ("gelu", "gelu_tanh", "relu", "square", "silu", "sigmoid", "tanh", "exp", "dropout", "scale",
        "float", "bf16")
+# a product with an earlier hidden tensor: "mulK" multiplies the current one by the one K operations
+# before it (up's output counts as the first), so what a step keeps depends on more than its neighbour
+MULS = ("mul1", "mul2", "mul3")
 DROPOUT = 0.1
 _truth: dict = {}          # (shape, variant) -> (saved bytes, parameters); plain dict, see labguard
 # bound at import, C entry points: a notebook cell that patches torch.autograd.graph.saved_tensors_hooks
@@ -92,8 +98,11 @@ class GeluMLP(nn.Module):
         return self.down(dropout(F.gelu(self.up(x)), self.p))
 
 
-def apply_op(name: str, x):
-    """One elementwise operation of a chain MLP, by its name (one of ``OPS``)."""
+def apply_op(name: str, x, *before):
+    """One elementwise operation of a chain MLP, by its name (one of ``OPS`` or ``MULS``); ``before``:
+    the hidden tensors made before ``x``, oldest first (``ChainMLP.forward`` passes them)."""
+    if name in MULS:
+        return x * before[-int(name[3:])]
     if name == "gelu":
         return F.gelu(x)
     if name == "gelu_tanh":
@@ -118,7 +127,7 @@ def apply_op(name: str, x):
         return x.float()
     if name == "bf16":
         return x.to(torch.bfloat16)
-    raise ValueError(f"unknown op {name!r}: one of {OPS}")
+    raise ValueError(f"unknown op {name!r}: one of {OPS + MULS}")
 
 
 class ChainMLP(nn.Module):
@@ -131,10 +140,10 @@ class ChainMLP(nn.Module):
         self.ops = tuple(ops)
 
     def forward(self, x):
-        h = self.up(x)
+        hs = [self.up(x)]                         # every hidden tensor, in the order made
         for name in self.ops:
-            h = apply_op(name, h)
-        return self.down(h.type_as(x))
+            hs.append(apply_op(name, hs[-1], *hs[:-1]))
+        return self.down(hs[-1].type_as(x))
 
 
 def make_mlp(mlp, d_model: int, ffn: int, cfg: ModelConfig) -> nn.Module:
@@ -143,9 +152,15 @@ def make_mlp(mlp, d_model: int, ffn: int, cfg: ModelConfig) -> nn.Module:
         return llama.MLP(cfg)
     if mlp == "gelu-dropout":
         return GeluMLP(d_model, ffn, DROPOUT)
-    if isinstance(mlp, tuple) and all(op in OPS for op in mlp):
+    if isinstance(mlp, tuple) and all(chain_op_ok(op, i) for i, op in enumerate(mlp)):
         return ChainMLP(d_model, ffn, mlp)
-    raise ValueError(f"mlp must be one of {MLPS} or a tuple of {OPS}, not {mlp!r}")
+    raise ValueError(f"mlp must be one of {MLPS} or a tuple of {OPS + MULS} (mulK from the K+1-th "
+                     f"operation on), not {mlp!r}")
+
+
+def chain_op_ok(op, i: int) -> bool:
+    """Whether ``op`` may be a chain's operation ``i`` (from 0): "mulK" needs K tensors before the current."""
+    return op in OPS or (op in MULS and int(op[3:]) <= i)
 
 
 class VariantBlock(nn.Module):
@@ -184,7 +199,7 @@ def variant_source() -> str:
     """What part 3 prints: the variant block and the pieces part 2 did not show."""
     import inspect
     import textwrap
-    parts = [("VariantBlock", VariantBlock), ("make_norm", make_norm), ("make_mlp", make_mlp),
+    parts = [("VariantBlock", VariantBlock), ("make_norm", make_norm), ("make_mlp", make_mlp), ("chain_op_ok", chain_op_ok),
              ("HFRMSNorm (norm='hf')", llama.HFRMSNorm.forward), ("GemmaRMSNorm (norm='gemma')", GemmaRMSNorm),
              ("GeluMLP (mlp='gelu-dropout')", GeluMLP), ("dropout", dropout),
              ("ChainMLP (mlp=a tuple of op names)", ChainMLP), ("apply_op", apply_op)]
