@@ -1885,7 +1885,7 @@ def test_an_answer_that_computes_itself_when_read_is_read_under_the_guard():
 def test_review_r23_the_prompt_counts_the_fixed_chains_the_grader_grades():
     """Review r23: cell 7 said "two fixed chains" while FIXED_CHAINS held six."""
     import json
-    words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
+    words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten", 11: "eleven"}
     text = "".join("".join(c["source"]) for c in json.loads(
         (ROOT / "solutions" / "lab01_memory_calculator.ipynb").read_text())["cells"] if c["cell_type"] == "markdown")
     assert f"grades {words[len(labcheck.FIXED_CHAINS)]} fixed chains" in text
@@ -1918,3 +1918,19 @@ def test_the_check_cell_states_labtables_limits():
         assert (f"at most {c2} bytes of literal data" in text and f"and {i2:,} bytecode instructions" in text
                 and f"`variant_layer` {c3} bytes and {i3:,} instructions" in text
                 and f"may add up to {n2} and {n3} characters" in text), folder
+
+
+def test_review_r38_a_product_in_the_current_tensors_dtype_fails_a_fixed_chain():
+    """Review r38 #1: a product taken in the current factor's dtype (not bf16 x fp32 -> fp32) passed
+    every part-3 row of 97.8 % of simulated checks; no fixed chain had a bf16 current factor and an
+    fp32 earlier one. By hand, ("float", "bf16", "mul1", "square") keeps 2 (the bf16 copy) + 4 (the
+    fp32 one) + 4 (square's fp32 input) + 2 (down's bf16 copy) = 12 x tokens x ffn; the slip 10."""
+    assert _chain_by_hand(("float", "bf16", "mul1", "square"), 1) == 12
+    slip = _solution_with("                size[-1] = max(size[now], size[other])\n",
+                          "                size[-1] = size[now]\n")
+    report = grade({**solution(), "variant_layer": slip}, seed=0)
+    bad = first_problem(report, "variant_layer")
+    assert bad.status == "wrong" and "('float', 'bf16', 'mul1', 'square')" in bad.case, (bad.case, bad.detail)
+    # the product's own step keeps the same factors either way: the dtype shows where square keeps it
+    assert "operation 4, 'square'" in bad.detail and "too low at this step: what does it keep, in which dtype" \
+        in bad.detail, bad.detail

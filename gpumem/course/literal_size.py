@@ -30,6 +30,7 @@ from collections import Counter
 
 from . import genuine
 from .lab_bare import CARRIED
+from .literal_dead import all_codes, dead_nodes
 
 NAME_FREE = 24     # characters of a name that are not data (a descriptive name is shorter); the rest count
 _CLASS_OWN = frozenset({"__doc__", "__module__", "__qualname__", "__dict__", "__weakref__", "__annotations__",
@@ -136,8 +137,19 @@ def _unrun(codes: list, classes: set, held: Counter, names: set) -> list:
     files |= {name for name in CARRIED if any(isinstance(node, ast.ClassDef) and node.name in classes
                                               for node in ast.walk(_tree(name, trees) or ast.Module([], [])))}
     items = []
+    reached = {(c.co_filename, c.co_name, c.co_firstlineno) for c in all_codes(codes)}
     for filename in sorted(files):
+        dead = dead_nodes(_tree(filename, trees) or ast.Module([], []), filename, reached, classes)
+        consts = [node for node in dead if isinstance(node, ast.Constant)]
+        if consts:
+            lines = sorted({node.lineno for node in consts})
+            items.append((sum(_chars(node.value) for node in consts),
+                          f"{len(consts):,} constants in code that never runs (lines {lines[0]}-{lines[-1]} of "
+                          f"{filename}), each counted"))
+        skip = {id(node) for node in dead}
         for node in ast.walk(_tree(filename, trees) or ast.Module([], [])):
+            if id(node) in skip:
+                continue
             spelt = node.id if isinstance(node, ast.Name) else node.arg if isinstance(node, ast.arg) else \
                 node.attr if isinstance(node, ast.Attribute) else None
             if spelt is not None and spelt not in names and len(spelt) > 1:

@@ -24,7 +24,7 @@ grader's frames, trace or profile hooks and threads are refused by the labs' sha
 (:func:`gpumem.course.lab_audit.refusing`, around the learner's call only). Covered: measuring
 *during* the call (bar C entry points bound before it). Not covered: measuring *before* the check
 and fitting (review r9): nothing stops a fit measured before the check and packed under the
-limits (review r35, :mod:`.labtable`), part 3's chains included (:mod:`.labcheck`'s docstring).
+limits (review r35, :mod:`.labtable`), bar part 3's chains since r38 (:mod:`.labcheck`'s docstring).
 """
 
 import contextlib

@@ -117,8 +117,8 @@ def chain_hint(learner, case: dict) -> str:
             cast = (f" (or the cast before it, {ops[i - 2]!r}: whether it copies decides what this one keeps)"
                     if i > 1 and ops[i - 2] in ("float", "bf16") else "")
             off = (mine - mine_before) - (true - true_before)      # r36 #4: the step's error, not its bytes
-            return (f"operation {i}, {ops[i - 1]!r}{after}: your count is {abs(off):,} B = {abs(off) / n:g} x "
-                    f"tokens x ffn {'over' if off > 0 else 'short'} at this step: what "
+            return (f"operation {i}, {ops[i - 1]!r}{after}: your count is {abs(off):,} B ({abs(off) / n:g} x "
+                    f"tokens x ffn) too {'high' if off > 0 else 'low'} at this step: what "
                     f"does it keep, in which dtype, sharing what{cast}?"
                     + (" (Or nothing: does a later one keep its new output?)" if mine == mine_before else ""))
         mine_before, true_before = mine, true

@@ -1,0 +1,84 @@
+"""What a learner's cell text holds that no reached code runs (:func:`dead_nodes`), for the table
+rule (:mod:`.literal_size`), which counts its constants in full, each occurrence.
+
+Review r38 of lab 06: a table of 138 layouts in an ``if False:`` block, made of values the live code
+holds once each, passed every row. The grading process keeps the cells' text for its own reads
+(:data:`.lab_bare.CARRIED`), and graded code can read it back; the table rule had counted only the
+values the code does not hold, so the table measured 394 B. Text that never runs is now charged in
+full, so reading it back gains nothing, whatever the route.
+"""
+
+import ast
+import types
+
+
+def all_codes(codes: list) -> list:
+    """``codes`` and every code object nested in their constants."""
+    out, todo = [], list(codes)
+    while todo:
+        code = todo.pop()
+        out.append(code)
+        todo += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return out
+
+
+def _false(test) -> bool | None:
+    """Whether an ``if``/``while`` test is a constant the compiler folds (``False``, ``0``, ``None``,
+    ``""``, ``__debug__``, ``not`` of one), else None."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _false(test.operand)
+        return None if inner is None else not inner
+    if isinstance(test, ast.Constant):
+        return not test.value
+    if isinstance(test, ast.Name) and test.id == "__debug__":
+        return False
+    return None
+
+
+def dead_nodes(tree, filename: str, reached: set, classes: set) -> list:
+    """Every node of the text that no reached code runs, its constants then counted in full, each
+    occurrence (review r38 of lab 06: a table of 138 layouts in an ``if False:`` block, made of values
+    the live code holds once each, read back from the grading process's copy of the text, measured 394 B
+    when only values the code does not hold were counted): a constant statement after a body's first
+    (the compiler drops it), the branch a constant test never takes, a local variable's annotation,
+    what follows a return, raise, break or continue in its block, a function no reached code object
+    is (by name and first line), and a class the code does not reach."""
+    out, gone = [], set()
+
+    def drop(node):
+        for n in ast.walk(node):
+            if id(n) not in gone:
+                gone.add(id(n))
+                out.append(n)
+
+    def visit(node, in_function: bool, in_class: bool = False):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            name = "<lambda>" if isinstance(node, ast.Lambda) else node.name
+            if not in_class and (filename, name, first) not in reached and (filename, name, node.lineno) not in reached:
+                return drop(node)          # a reached class's methods count as reached (properties, ...)
+            in_function = True
+        elif isinstance(node, ast.ClassDef) and node.name not in classes:
+            return drop(node)
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            if isinstance(node, (ast.If, ast.While)) and _false(node.test) is not None \
+                    and _false(node.test) == (field == "body"):
+                for stmt in block:
+                    drop(stmt)
+                continue
+            ended = False
+            for i, stmt in enumerate(block):
+                if ended or (i and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+                    drop(stmt)
+                    continue
+                ended = isinstance(stmt, (ast.Return, ast.Raise, ast.Break, ast.Continue))
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.AnnAssign) and in_function:
+                drop(child.annotation)
+            if id(child) not in gone:
+                visit(child, in_function, isinstance(node, ast.ClassDef))
+    visit(tree, False)
+    return out
