@@ -165,8 +165,7 @@ VARIANT_CASES = [("gemma", "swiglu", False), ("hf", "swiglu", False), ("fused", 
 MIXED = 4                  # VARIANT_CASES[MIXED:] switch two or three on; a far shape draws from them
 KERNEL_CYCLE = ("flash", "naive", "eager")
 CHAINS = 3                 # chain MLPs drawn at each check, after VARIANT_CASES; the other far shape is one
-# rule slips that passed most drawn checks each fail one (r19-r23, tests/test_lab01_adversarial.py); the last two:
-# products (r36 #1), both factors kept once, through casts that return their input, bf16 x fp32 in fp32
+# rule slips that passed most drawn checks each fail one (r19-r23, tests); the last three: products (r36, r38)
 FIXED_CHAINS = (("hf", ("relu", "float", "gelu", "sigmoid"), True),
                 ("gemma", ("relu", "scale", "gelu", "float", "sigmoid"), False),
                 ("fused", ("sigmoid", "gelu", "dropout", "relu", "bf16"), False),
@@ -175,7 +174,7 @@ FIXED_CHAINS = (("hf", ("relu", "float", "gelu", "sigmoid"), True),
                 ("fused", ("sigmoid", "exp", "dropout", "gelu"), False), ("hf", ("tanh", "relu", "sigmoid", "tanh"), True),
                 ("gemma", ("float", "bf16", "mul2", "sigmoid", "mul1"), True),
                 ("fused", ("gelu", "float", "tanh", "mul3", "float", "square"), False),
-                ("hf", ("float", "bf16", "mul1", "square"), False))      # r38 #1: bf16 now x fp32 earlier
+                ("hf", ("float", "bf16", "mul1", "square"), False))      # r38 #1: bf16 x fp32 is fp32
 FIXED_SHAPE = dict(d_model=72, n_heads=6, n_kv_heads=3, ffn=200, seq=23, batch=2)   # measured once a process
 CHAIN_NOTE = ("this MLP's operations are combined at the check (most drawn afresh), so no table of chains "
               "seen before and no fit per operation covers them; work out what each one keeps (input, "
