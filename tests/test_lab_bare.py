@@ -118,3 +118,36 @@ def test_review_r37_the_grading_process_holds_no_cell_text_in_linecache():
     lines = linecache.getlines(inspect.getfile(fresh["layouts"]))
     assert len(lines) == len(cell.splitlines()) and not "".join(lines).strip(), lines
     assert "('tp', 2)" in lab_bare.source(fresh["layouts"]) and lab_bare.source(fresh["layouts"]).startswith("def layouts")
+
+
+@pytest.mark.parametrize("reader", [
+    "from gpumem.course import lab_bare\n    return lab_bare.source(layouts)",
+    "return lab_bare.CARRIED[layouts.__code__.co_filename]",
+    "import gpumem.course.lab_bare as b\n    return b.source(layouts)",
+])
+def test_review_r38_graded_code_may_not_read_the_graders_copy_of_its_text(reader):
+    """Review r38 of lab 06: a dead table read back through the grader's own copy of the text
+    (lab_bare.source, lab_bare.CARRIED) passed 14/14. Reaching into gpumem.course is refused before the
+    grading process starts (lab_text through lab_vet)."""
+    from gpumem.course import lab_bare, lab_vet
+    why = lab_vet.problem(f"def choose_plan(layouts):\n    {reader}\n", {"lab_bare": lab_bare})
+    assert why and "reaches into the grader" in why and why.startswith("line 2"), why
+
+
+def test_review_r38_a_dead_table_of_the_codes_own_values_counts_in_full():
+    """Review r38 of lab 06 (r37 #2): a table in an ``if False:`` block made of values the live code
+    holds once each cost only those values (394 B for 138 layouts). Text no reached code runs now
+    counts every constant: here 80 rows of 6 values, each a value the code holds."""
+    from gpumem.chapters.ch06_combining_strategies import lab06_table
+    rows = ", ".join("('tp', 2, 'pp', 4, 'mb', 1)" for _ in range(80))
+    cell = (f"def layouts():\n    if False:\n        t = [{rows}]\n    return 0\n\n\n"
+            "def choose_plan(model):\n    return layouts(), ('tp', 2, 'pp', 4, 'mb', 1)\n")
+    name = "<r38.ipynb cell 7>"
+    linecache.cache[name] = (len(cell), None, cell.splitlines(True), name)
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(cell, name, "exec"), ns)
+    fresh = lab_fresh.rebuild(lab_fresh.payload("lab06_choose_plan", ns, show=False))
+    chars, _ = lab06_table.measure(fresh["choose_plan"], fresh)
+    by_hand = 80 * (2 + 1 + 2 + 1 + 2 + 1)          # each row: three 2-letter strings, three one-digit ints
+    assert chars >= by_hand == 720, chars
+    assert "480 constants in code that never runs (lines 3-3" in lab06_table.problem(fresh["choose_plan"], fresh)

@@ -54,4 +54,24 @@ def problem(tree: ast.AST, ns: dict) -> str | None:
         if what:
             return (f"line {node.lineno} reads source text ({what}): graded code is measured by what it runs, "
                     "and what it reads back from its cell's text is a table kept outside the rule")
+        if (grader := _grader(node, ns)):
+            return (f"line {node.lineno} reaches into the grader ({grader}): graded code may use the course's "
+                    "engine (gpumem.memory, timing, planner ...), not its grading machinery")
+    return None
+
+
+def _grader(node, ns: dict) -> str | None:
+    """The grading machinery (``gpumem.course``, which keeps the cells' text for its own reads: review
+    r38 of lab 06 read a dead table back through ``lab_bare.source``) named by ``node``, if any."""
+    if isinstance(node, ast.Import):
+        return next((a.name for a in node.names if a.name.startswith("gpumem.course")), None)
+    if isinstance(node, ast.ImportFrom):
+        module = node.module or ""
+        if module.startswith("gpumem.course") or (module == "gpumem" and any(a.name == "course" for a in node.names)):
+            return module + ("" if module.startswith("gpumem.course") else ".course")
+    if isinstance(node, ast.Name) and isinstance(ns.get(node.id), types.ModuleType) and \
+            ns[node.id].__name__.startswith("gpumem.course"):
+        return ns[node.id].__name__
+    if isinstance(node, ast.Attribute) and node.attr in ("CARRIED", "lab_bare"):
+        return node.attr
     return None

@@ -126,10 +126,10 @@ def _unrun(codes: list, classes: set, held: Counter, names: set) -> list:
     """Review r35 of lab 06: literal data in the text of the cells that define what was reached, that
     the code does not hold (a string statement after the first, an ``if False:`` block, a local
     variable's annotation: the compiler drops them, ``inspect.getsource`` or ``linecache`` reads them
-    back): each constant whose value the code does not hold (a dead table of the code's own values
-    costs only its distinct ones: where it is graded the text cannot be read back, review r37,
-    :func:`.lab_bare.masked`), and each name the code never uses, in full (r36: a table spelt as one
-    annotation's name). The text is the one the grading process built from
+    back): text no reached code runs, every constant counted (:mod:`.literal_dead`; review r38: a dead
+    table of the code's own values, read back from the grader's copy of the text, had cost only its
+    distinct values), then each other constant whose value the code does not hold, and each name the
+    code never uses, in full (r36: a table spelt as one annotation's name). The text is the one the grading process built from
     (:data:`.lab_bare.CARRIED`: only the carried definitions' lines), else ``linecache``'s for a cell
     (a file on disk is no cell's text)."""
     trees: dict = {}
