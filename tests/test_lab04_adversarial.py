@@ -1412,6 +1412,37 @@ def test_every_draw_has_a_ring_case_that_catches_masking_every_visible_shard():
         assert "causal=False" not in detail and "needs the mask" not in detail, detail   # r28: no fix given
 
 
+_LATER_RING = '''
+def ring_attention(q, k_shards, v_shards, rank, causal=False, block=32):
+    parts = []
+    for r, (k_r, v_r) in enumerate(zip(k_shards, v_shards)):
+        if k_r.shape[2] == 0:
+            continue
+        parts.append(tiled_forward(q, k_r, v_r, causal and r >= rank, block, block_q=block))  # later ones too
+    return merge_partials(parts)
+'''
+
+
+def test_review_r37_a_shard_no_query_sees_is_named_before_the_values():
+    """Review r37 #3 of lab 04: a ring that ran tiled_forward, masked, on the shards after the rank's
+    own (cell 10: a non-empty shard none of your queries sees gets none) read only a wrong element.
+    The row now names the first such shard and the rank's query positions, and asks; no fix is given."""
+    g = dict(solution()["ring_attention"].__globals__)
+    exec(compile(_LATER_RING, "<later ring>", "exec"), g)
+    drawn = labcases.draw(0)
+    i, case = next((i, c) for i, c in enumerate(drawn["RING"]) if c[6] and any(c[3][c[4] + 1:]))
+    report = Report(labcheck.LAB)
+    labcheck._ring_rows(report, g["ring_attention"], case, drawn["seeds"][i])
+    detail, lengths, rank = report.rows[-1].detail, case[3], case[4]
+    r = next(r for r in range(rank + 1, len(lengths)) if lengths[r])
+    q0 = sum(lengths[:rank])
+    assert report.rows[-1].status == "wrong" and detail.startswith(
+        f"tiled_forward ran on shard {r} (keys {sum(lengths[:r])}:{sum(lengths[:r + 1])}), which lies wholly "
+        f"after rank {rank}'s queries (positions {q0}:{q0 + lengths[rank]}): which of its keys does a query "
+        f"of rank {rank} see? "), detail
+    assert "skip" not in detail
+
+
 def unfolded_then_cleared(q, k_blk, v_blk, dout, lse, delta, j0, causal=False, block=32):
     """exp2 without the fold, then the exp2 rule's verdict cleared through a saved getter."""
     got = _key_block(q, k_blk, v_blk, dout, lse, delta, j0, causal, block, lambda j, b: j // b * b, fold=False)

@@ -98,16 +98,22 @@ def ring_wrong(calls, ks, rank: int, causal: bool, got) -> str:
 
 
 def masked_shard_hint(calls, ks, rank: int, causal: bool) -> str:
-    """'' or the first shard ``tiled_forward`` was told to mask where no key is hidden: in a causal
+    """'' or the first shard ``tiled_forward`` ran on that no query of the rank sees (causal: a shard
+    after the rank's own, review r37 #3), or was told to mask where no key is hidden: in a causal
     ring a shard before the rank's own (every key of it lies before every query of the rank); in a
     ring that is not causal any shard, the rank's own included (review r22: that slip had no hint).
     The causal case names the slip and asks, without the fix: cell 10 asks which shards need the
     mask (review r28)."""
     for kind, first, _, masked in calls:
         r = next((r for r, k in enumerate(ks) if k.shape[2] and _same(first, k)), None) if kind == "forward" else None
+        keys = f"keys {sum(k.shape[2] for k in ks[:r])}:{sum(k.shape[2] for k in ks[:r + 1])}" if r is not None else ""
+        if causal and r is not None and r > rank:       # review r37 #3: a shard no query of the rank sees
+            q0 = sum(k.shape[2] for k in ks[:rank])
+            return (f"tiled_forward ran on shard {r} ({keys}), which lies wholly after rank {rank}'s queries "
+                    f"(positions {q0}:{q0 + ks[rank].shape[2]}): which of its keys does a query of rank {rank} "
+                    f"see? ")
         if not masked or r is None or (causal and r >= rank):
             continue
-        keys = f"keys {sum(k.shape[2] for k in ks[:r])}:{sum(k.shape[2] for k in ks[:r + 1])}"
         if causal:
             return (f"shard {r} ({keys}) lies wholly before rank {rank}'s queries, yet was run with "
                     f"causal=True: what does tiled_forward's top-left mask hide in it? ")
