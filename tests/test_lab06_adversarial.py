@@ -1482,6 +1482,29 @@ def test_review_r37_the_setting_that_holds_a_plan_back_is_given_by_its_cost():
     best, mine = plan(2, 2, "every-other", 111.06), plan(1, 1, "full", 121.06)
     others = [plan(1, 2, "every-other", 120.74), plan(2, 1, "every-other", 121.0), plan(2, 2, "full", 112.0)]
     said = lab06_diagnose.why_slower(mine, NS(plans=[best, mine, *others]), 1.03)
-    assert said.startswith("it lacks tensor parallelism"), said
-    assert said.endswith("the best step is: micro_batch 121.00 s, tp 120.74 s, checkpoint 112.00 s."), said
+    # r38 #3: the fastest layout with one of the learner's values; micro_batch 1 costs more there
+    # (121.00 s) than the lever's absence (120.74 s), so it leads
+    assert said.startswith("your micro_batch holds it back most: the fastest layout with your micro_batch "
+                           "takes 121.00 s, against 111.06 s."), said
+    assert said.endswith("The fastest layout with one of your values: micro_batch 121.00 s, tp 120.74 s, "
+                         "checkpoint 112.00 s."), said
     assert "every-other" not in said and "tp 2" not in said
+    others[1] = plan(2, 1, "every-other", 115.0)             # the lever costs most: it leads, as before
+    said = lab06_diagnose.why_slower(mine, NS(plans=[best, mine, *others]), 1.03)
+    assert said.startswith("it lacks tensor parallelism (tp > 1); without it the best is 120.74 s."), said
+    assert said.endswith("tp 120.74 s, micro_batch 115.00 s, checkpoint 112.00 s."), said
+
+
+def test_review_r38_a_swap_that_is_no_layout_comes_last():
+    """Review r38 #3 (seed 7 of the offload family, regraded: micro_batch 156.12 s, checkpoint 121.93 s,
+    offload 111.38 s, by the reviewer's hand too): a setting whose swap into the fastest layout fits no
+    plan (hybrid without its group) is listed after the priced ones, not first."""
+    from types import SimpleNamespace as NS
+    from gpumem.chapters.ch06_combining_strategies import lab06_diagnose
+
+    def lay(hybrid, group, mb):
+        return NS(tp=2, micro_batch=mb, checkpoint="full", cp=1, pp=1, vp=1, zero=3, hybrid=hybrid, group=group,
+                  offload="none", device="none", mcore=False)
+    plans = [NS(layout=lay("none", 0, 2), time={"total": 100.0}), NS(layout=lay("none", 0, 1), time={"total": 130.0})]
+    swaps = lab06_diagnose.one_swaps(lay("hpz", 16, 1), plans[0].layout, plans)
+    assert swaps == [("micro_batch", 130.0), ("hybrid", None), ("group", None)], swaps

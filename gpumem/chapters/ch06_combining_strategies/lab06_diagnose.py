@@ -43,17 +43,25 @@ def best_without(plans: list, uses) -> float | None:
 
 
 def why_slower(mine, result, slack: float, family=None) -> str:
-    """One clause: the missing lever that matters here, else the term that loses the most."""
+    """One clause: the missing lever that matters here, else the term that loses the most. Where one
+    of the learner's own settings, put into the fastest layout, costs more than the lever's absence
+    (review r38 #3: micro_batch 1 there, 156.12 s; without tp, 120.74 s), that setting leads."""
     best = fastest(result.plans)
     levers = ((family.lever, family.uses),) if family is not None else ()
+    swaps = one_swaps(mine.layout, best.layout, result.plans)
     for text, uses in HYBRIDS + levers + LEVERS:
         if uses(best.layout) and not uses(mine.layout):
             without = best_without(result.plans, uses)
             if without is None or without > slack * best.time["total"]:
+                tail = (f"The fastest also differs from yours in {differs(mine.layout, best.layout)}: does your "
+                        f"search reach them together?" + _swapped(swaps))
+                k, t = swaps[0] if swaps else (None, None)
+                if k is not None and t is not None and uses(_with(best.layout, k, getattr(mine.layout, k))) \
+                        and (without is None or t > without):
+                    return (f"your {k} holds it back most: the fastest layout with your {k} takes {t:.2f} s, "
+                            f"against {best.time['total']:.2f} s. " + tail)
                 alone = "no layout fits without it" if without is None else f"without it the best is {without:.2f} s"
-                return (f"it lacks {text}; {alone}. The fastest also differs from yours in "
-                        f"{differs(mine.layout, best.layout)}: does your search reach them together?"
-                        + held(mine.layout, best.layout, result.plans))
+                return f"it lacks {text}; {alone}. " + tail
     term = max(TERMS, key=lambda k: mine.time[k] - best.time[k])
     lever = _which_lever(term, mine, best.layout, result.plans)     # review r32: else the settings, by name
     return (f"your plan's {term.replace('_', ' ')} term takes {mine.time[term]:.2f} s against "
@@ -72,19 +80,35 @@ def differs(mine, best) -> str:
     return ", ".join(names) or "nothing the lab sets"
 
 
-def held(mine, best, plans) -> str:
-    """Review r37 #3: a search that tried tp = 2 but only at micro_batch 1 read "it lacks tensor
-    parallelism", the real cause sixth of six settings. Where two or more settings differ, the best
-    step of the fitting layouts that keep each of the learner's own values, the costliest first
-    (the learner reads which of its settings holds it back, never the fastest's values)."""
-    names = [k for k in SETTINGS if getattr(mine, k, None) != getattr(best, k, None)]
-    if len(names) < 2:
+def _with(layout, key: str, value):
+    """A copy of ``layout`` with one setting changed (a frozen dataclass's too)."""
+    import copy
+    out = copy.copy(layout)
+    object.__setattr__(out, key, value)
+    return out
+
+
+def one_swaps(mine, best, plans) -> list:
+    """[(setting, seconds or None)] for each setting in which ``best`` differs from ``mine``: the
+    fastest layout's step with that one setting at the learner's value (None: that layout does not
+    fit, listed last), the costliest first (review r37 #3, r38 #3: the best step that merely kept a value tied
+    three settings at the learner's own time; a swap into the fastest tells them apart). Read from the
+    fitting plans, matched on every setting; the fastest's values are never given."""
+    out = []
+    for k in (k for k in SETTINGS if getattr(mine, k, None) != getattr(best, k, None)):
+        want = _with(best, k, getattr(mine, k, None))
+        times = [p.time["total"] for p in plans
+                 if all(getattr(p.layout, s, None) == getattr(want, s, None) for s in SETTINGS)]
+        out.append((k, min(times) if times else None))
+    return sorted(out, key=lambda c: (c[1] is None, -(c[1] or 0.0)))   # a swap that does not fit (or is
+                                                                          # no layout: hybrid without a group) last
+
+
+def _swapped(swaps: list) -> str:
+    if len(swaps) < 2:
         return ""
-    costs = [(k, min((p.time["total"] for p in plans if getattr(p.layout, k, None) == getattr(mine, k, None)),
-                     default=None)) for k in names]
-    costs.sort(key=lambda c: -(c[1] if c[1] is not None else float("inf")))
-    return " With your own value of one setting, the best step is: " + ", ".join(
-        f"{k} {'none fits' if t is None else f'{t:.2f} s'}" for k, t in costs) + "."
+    return " The fastest layout with one of your values: " + ", ".join(
+        f"{k} {'does not fit' if t is None else f'{t:.2f} s'}" for k, t in swaps) + "."
 
 
 def _which_lever(term: str, plan, best, plans=()) -> str:

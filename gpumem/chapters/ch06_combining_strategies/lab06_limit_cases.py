@@ -264,6 +264,7 @@ def grade(choice, case: tuple, link: float | None, limits: Limits, slack: float,
     # review r23: a lever the fastest has and yours lacks need not be why (a layout without it may tie the
     # fastest): the row names the term that loses the most and the settings that differ (r24: not their values)
     term = max(lab06_diagnose.TERMS, key=lambda k: mine[k] - theirs[k])
-    return "wrong", (f"yours: {label}: {ratio:.2f}x the fastest step that keeps the limits (more than {slack}x): "
+    return "wrong", (f"yours: {label}: {mine['total']:.2f} s, {ratio:.2f}x the fastest step that keeps the limits "
+                     f"(more than {slack}x): "
                      f"your {term.replace('_', ' ')} term takes {mine[term]:.2f} s against {theirs[term]:.2f} s in "
                      f"the fastest, which differs from yours in {lab06_diagnose.differs(lay, best)}")

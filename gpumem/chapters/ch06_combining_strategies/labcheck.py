@@ -199,7 +199,7 @@ def _grade(choose, case: tuple, inter_node, family, ref) -> tuple[str, str]:
     if ratio <= SLACK:
         return "ok", f"{mine:.2f} s vs the fastest fitting layout's {fastest:.2f} s ({ratio:.3f}x, within {SLACK}x)"
     shown = f"{ratio:.3f}" if abs(ratio - SLACK) < 0.01 else f"{ratio:.2f}"      # 1.031x, not "1.03x > 1.03x"
-    head = f"yours: {label}: {shown}x the fastest step (more than {SLACK}x)"
+    head = f"yours: {label}: {mine:.2f} s, {shown}x the fastest step (more than {SLACK}x)"    # r38 #7
     if inter_node is not None and inter_node < lab06_cases.FAST[0] and _same_plan(choose, case, fields):
         return "wrong", (f"{head}; the plan did not change when the link between nodes slowed to "
                          f"{inter_node / 1e9:g} GB/s (pass inter_node on to step_seconds)")
