@@ -1885,7 +1885,7 @@ def test_an_answer_that_computes_itself_when_read_is_read_under_the_guard():
 def test_review_r23_the_prompt_counts_the_fixed_chains_the_grader_grades():
     """Review r23: cell 7 said "two fixed chains" while FIXED_CHAINS held six."""
     import json
-    words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten", 11: "eleven"}
+    words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten", 11: "eleven", 12: "twelve"}
     text = "".join("".join(c["source"]) for c in json.loads(
         (ROOT / "solutions" / "lab01_memory_calculator.ipynb").read_text())["cells"] if c["cell_type"] == "markdown")
     assert f"grades {words[len(labcheck.FIXED_CHAINS)]} fixed chains" in text
@@ -1934,3 +1934,16 @@ def test_review_r38_a_product_in_the_current_tensors_dtype_fails_a_fixed_chain()
     # the product's own step keeps the same factors either way: the dtype shows where square keeps it
     assert "operation 4, 'square'" in bad.detail and "too low at this step: what does it keep, in which dtype" \
         in bad.detail, bad.detail
+
+
+def test_review_r39_a_product_in_the_earlier_factors_dtype_fails_a_fixed_chain():
+    """Review r39 #1, r38's mirror image: the product taken in the earlier factor's dtype passed about
+    71 % of simulated checks. By hand, ("gelu", "float", "mul2", "square") keeps 2 (up's output, gelu's
+    input and a factor) + 4 (the fp32 factor) + 4 (square's fp32 input) + 2 (down's bf16 copy) = 12 x
+    tokens x ffn; the slip 10."""
+    assert _chain_by_hand(("gelu", "float", "mul2", "square"), 1) == 12
+    slip = _solution_with("                size[-1] = max(size[now], size[other])\n",
+                          "                size[-1] = size[other]\n")
+    report = grade({**solution(), "variant_layer": slip}, seed=0)
+    bad = first_problem(report, "variant_layer")
+    assert bad.status == "wrong" and "('gelu', 'float', 'mul2', 'square')" in bad.case, (bad.case, bad.detail)

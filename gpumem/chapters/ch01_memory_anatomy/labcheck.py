@@ -7,7 +7,7 @@ sizes. Part 2's layer is the Llama layer with a wider attention (n_heads * head_
 q/k norms per head (Qwen3) or over the whole width (OLMo 2, graded first; :mod:`.labwide`, :mod:`.labpart2`). Part 3's layers are the
 variants of :mod:`.variants` (Hugging Face's and Gemma's RMSNorms, a GeLU MLP with dropout, q/k/v
 biases) and, after those, chain MLPs whose operations (:data:`.variants.OPS` and ``MULS``, three to
-eight) are given to the learner's function as data: eleven fixed (:data:`FIXED_CHAINS`), then some drawn at
+eight) are given to the learner's function as data: twelve fixed (:data:`FIXED_CHAINS`), then some drawn at
 each check. Every truth is measured on real tensors (:func:`.labwide.measure`, :func:`.variants.measure`). Each
 function stops at its first failing case, explained by :mod:`.labhints` (part 1's key, part 2's term,
 part 3's switch, or a chain's first operation whose change differs).
@@ -157,15 +157,14 @@ def _failed(row: Row) -> bool:
     return row.status in ("wrong", "error")
 
 
-# (norm, mlp, qkv_bias) of part 3's cases, one variant at a time first (the first failing row names it), the
-# kernel cycling; Gemma's norm first (its fp32 1 + weight: a tensor made from a parameter is saved, and counted)
+# (norm, mlp, qkv_bias) of part 3's cases, one variant at a time first, the kernel cycling; Gemma's norm first
 VARIANT_CASES = [("gemma", "swiglu", False), ("hf", "swiglu", False), ("fused", "gelu-dropout", False),
                  ("fused", "swiglu", True), ("hf", "gelu-dropout", False), ("gemma", "gelu-dropout", True),
                  ("hf", "gelu-dropout", True)]
 MIXED = 4                  # VARIANT_CASES[MIXED:] switch two or three on; a far shape draws from them
 KERNEL_CYCLE = ("flash", "naive", "eager")
-CHAINS = 3                 # chain MLPs drawn at each check, after VARIANT_CASES; the other far shape is one
-# rule slips that passed most drawn checks each fail one (r19-r23, tests); the last three: products (r36, r38)
+CHAINS = 3                 # chain MLPs drawn at each check, after VARIANT_CASES (the other far shape: one more)
+# rule slips that passed most drawn checks each fail one (r19-r23, tests); the last four: products (r36-r39)
 FIXED_CHAINS = (("hf", ("relu", "float", "gelu", "sigmoid"), True),
                 ("gemma", ("relu", "scale", "gelu", "float", "sigmoid"), False),
                 ("fused", ("sigmoid", "gelu", "dropout", "relu", "bf16"), False),
@@ -174,7 +173,8 @@ FIXED_CHAINS = (("hf", ("relu", "float", "gelu", "sigmoid"), True),
                 ("fused", ("sigmoid", "exp", "dropout", "gelu"), False), ("hf", ("tanh", "relu", "sigmoid", "tanh"), True),
                 ("gemma", ("float", "bf16", "mul2", "sigmoid", "mul1"), True),
                 ("fused", ("gelu", "float", "tanh", "mul3", "float", "square"), False),
-                ("hf", ("float", "bf16", "mul1", "square"), False))      # r38 #1: bf16 x fp32 is fp32
+                ("hf", ("float", "bf16", "mul1", "square"), False),      # r38 #1, r39 #1: bf16 x fp32 is
+                ("gemma", ("gelu", "float", "mul2", "square"), True))    # fp32, whichever factor is earlier
 FIXED_SHAPE = dict(d_model=72, n_heads=6, n_kv_heads=3, ffn=200, seq=23, batch=2)   # measured once a process
 CHAIN_NOTE = ("this MLP's operations are combined at the check (most drawn afresh), so no table of chains "
               "seen before and no fit per operation covers them; work out what each one keeps (input, "
@@ -208,7 +208,7 @@ def _grade_variants(report: Report, fn, rng: random.Random) -> None:
     variants_ = VARIANT_CASES + [draw_variant(rng) for _ in range(CHAINS)]
     far = [(draw_far_shape(rng), ", far shape", v) for v in (rng.choice(VARIANT_CASES[MIXED:]), draw_variant(rng))]
     plan = list(enumerate([(draw_shape(rng), "", v) for v in variants_] + far))    # i: the kernel's turn
-    plan[len(VARIANT_CASES):len(VARIANT_CASES)] = [(k, (FIXED_SHAPE, "", v)) for k, v in zip((0, 2, 1, 0, 2, 1, 0, 2, 1, 0, 2), FIXED_CHAINS)]
+    plan[len(VARIANT_CASES):len(VARIANT_CASES)] = [(k, (FIXED_SHAPE, "", v)) for k, v in zip((0, 2, 1, 0, 2, 1, 0, 2, 1, 0, 2, 1), FIXED_CHAINS)]
     for i, (shape, tag, (norm, mlp, bias)) in plan:
         case = dict(shape, kernel=KERNEL_CYCLE[i % 3], norm=norm, mlp=mlp, qkv_bias=bias)
 

@@ -90,8 +90,8 @@ def _with(layout, key: str, value):
 
 def one_swaps(mine, best, plans) -> list:
     """[(setting, seconds or None)] for each setting in which ``best`` differs from ``mine``: the
-    fastest layout's step with that one setting at the learner's value (None: that layout does not
-    fit, listed last), the costliest first (review r37 #3, r38 #3: the best step that merely kept a value tied
+    fastest layout's step with that one setting at the learner's value (None: no fitting layout, too
+    big or no layout at all, e.g. hpZ groups of 16 at dp 40, review r39; listed last), the costliest first (review r37 #3, r38 #3: the best step that merely kept a value tied
     three settings at the learner's own time; a swap into the fastest tells them apart). Read from the
     fitting plans, matched on every setting; the fastest's values are never given."""
     out = []
@@ -100,15 +100,14 @@ def one_swaps(mine, best, plans) -> list:
         times = [p.time["total"] for p in plans
                  if all(getattr(p.layout, s, None) == getattr(want, s, None) for s in SETTINGS)]
         out.append((k, min(times) if times else None))
-    return sorted(out, key=lambda c: (c[1] is None, -(c[1] or 0.0)))   # a swap that does not fit (or is
-                                                                          # no layout: hybrid without a group) last
+    return sorted(out, key=lambda c: (c[1] is None, -(c[1] or 0.0)))
 
 
 def _swapped(swaps: list) -> str:
     if len(swaps) < 2:
         return ""
     return " The fastest layout with one of your values: " + ", ".join(
-        f"{k} {'does not fit' if t is None else f'{t:.2f} s'}" for k, t in swaps) + "."
+        f"{k} {'no fitting layout' if t is None else f'{t:.2f} s'}" for k, t in swaps) + "."
 
 
 def _which_lever(term: str, plan, best, plans=()) -> str:
