@@ -151,3 +151,20 @@ def test_review_r38_a_dead_table_of_the_codes_own_values_counts_in_full():
     by_hand = 80 * (2 + 1 + 2 + 1 + 2 + 1)          # each row: three 2-letter strings, three one-digit ints
     assert chars >= by_hand == 720, chars
     assert "480 constants in code that never runs (lines 3-3" in lab06_table.problem(fresh["choose_plan"], fresh)
+
+
+def test_a_name_in_dead_code_still_counts_in_full():
+    """The dead-text rule counts a dead region's constants; its names keep the name rule (r36: a table
+    spelt as a name), here a 61-character attribute name in a function nothing reaches (no walked
+    code holds the name, so the rule counts it in full, as before the dead-text rule)."""
+    from gpumem.chapters.ch06_combining_strategies import lab06_table
+    long = "t" + "x0" * 30
+    cell = (f"def unused():\n    return layouts.{long}\n\n\ndef layouts():\n    return 0\n\n\n"
+            "def choose_plan(model):\n    return layouts()\n")
+    name = "<r39.ipynb cell 7>"
+    linecache.cache[name] = (len(cell), None, cell.splitlines(True), name)
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(cell, name, "exec"), ns)
+    fresh = lab_fresh.rebuild(lab_fresh.payload("lab06_choose_plan", ns, show=False))
+    chars, _ = lab06_table.measure(fresh["choose_plan"], fresh)
+    assert chars >= len(long), chars

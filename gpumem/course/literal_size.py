@@ -129,9 +129,9 @@ def _unrun(codes: list, classes: set, held: Counter, names: set) -> list:
     back): text no reached code runs, every constant counted (:mod:`.literal_dead`; review r38: a dead
     table of the code's own values, read back from the grader's copy of the text, had cost only its
     distinct values), then each other constant whose value the code does not hold, and each name the
-    code never uses, in full (r36: a table spelt as one annotation's name). The text is the one the grading process built from
-    (:data:`.lab_bare.CARRIED`: only the carried definitions' lines), else ``linecache``'s for a cell
-    (a file on disk is no cell's text)."""
+    code never uses, in full (r36: a table spelt as one annotation's name). The text is the one the
+    grading process built from (:data:`.lab_bare.CARRIED`: only the carried definitions' lines), else
+    ``linecache``'s for a cell (a file on disk is no cell's text)."""
     trees: dict = {}
     files = {code.co_filename for code in codes}
     files |= {name for name in CARRIED if any(isinstance(node, ast.ClassDef) and node.name in classes
@@ -146,7 +146,7 @@ def _unrun(codes: list, classes: set, held: Counter, names: set) -> list:
             items.append((sum(_chars(node.value) for node in consts),
                           f"{len(consts):,} constants in code that never runs (lines {lines[0]}-{lines[-1]} of "
                           f"{filename}), each counted"))
-        skip = {id(node) for node in dead}
+        skip = {id(node) for node in consts}          # counted above; a dead name still counts below
         for node in ast.walk(_tree(filename, trees) or ast.Module([], [])):
             if id(node) in skip:
                 continue

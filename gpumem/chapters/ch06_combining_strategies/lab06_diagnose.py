@@ -91,9 +91,10 @@ def _with(layout, key: str, value):
 def one_swaps(mine, best, plans) -> list:
     """[(setting, seconds or None)] for each setting in which ``best`` differs from ``mine``: the
     fastest layout's step with that one setting at the learner's value (None: no fitting layout, too
-    big or no layout at all, e.g. hpZ groups of 16 at dp 40, review r39; listed last), the costliest first (review r37 #3, r38 #3: the best step that merely kept a value tied
-    three settings at the learner's own time; a swap into the fastest tells them apart). Read from the
-    fitting plans, matched on every setting; the fastest's values are never given."""
+    big or no layout at all, e.g. hpZ groups of 16 at dp 40, review r39; listed last), the costliest
+    first (review r37 #3, r38 #3: the best step that merely kept a value tied three settings at the
+    learner's own time; a swap into the fastest tells them apart). Read from the fitting plans,
+    matched on every setting; the fastest's values are never given."""
     out = []
     for k in (k for k in SETTINGS if getattr(mine, k, None) != getattr(best, k, None)):
         want = _with(best, k, getattr(mine, k, None))
