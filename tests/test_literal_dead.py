@@ -64,3 +64,14 @@ def test_a_test_the_compiler_folds_is_read_as_the_compiler_reads_it():
     exec(compile(cell, "<c>", "exec"), ns)
     dead = dead_nodes(ast.parse(cell), "<c>", {("<c>", "f", 1)}, set())
     assert _consts(dead) == {1, 2, 3, 4}, _consts(dead)
+
+
+def test_a_folded_expression_statement_is_dead_wherever_it_stands():
+    """A tuple of constants as an expression statement (the compiler folds and drops it), first in an
+    ``if`` body or not, is dead; a docstring is not counted here (the grading process empties it)."""
+    cell = ('def f(x):\n    """doc"""\n    if x:\n        ("tp", 2, "pp", 4)\n        return 1\n'
+            '    (5, 6)\n    return 7\n')
+    ns: dict = {}
+    exec(compile(cell, "<c>", "exec"), ns)
+    dead = dead_nodes(ast.parse(cell), "<c>", {("<c>", "f", 1)}, set())
+    assert _consts(dead) == {"tp", 2, "pp", 4, 5, 6}, _consts(dead)

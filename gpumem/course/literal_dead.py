@@ -23,27 +23,40 @@ def all_codes(codes: list) -> list:
     return out
 
 
-def _false(test) -> bool | None:
-    """Whether an ``if``/``while`` test is falsy, where the compiler folds it to a constant (``False``,
-    ``0``, ``1 - 1``, ``not True``, ``__debug__``: the compiled test is one constant, review r39 #3 of
-    lab 06: ``if 1 - 1:`` had been read as live), else None."""
+def _folded(expr) -> tuple[bool, object]:
+    """(True, value) where the compiler folds ``expr`` to one constant (``False``, ``1 - 1``, ``not
+    True``, ``__debug__``, a tuple of constants), else (False, None)."""
     try:
-        code = compile(ast.Expression(body=test), "<test>", "eval")
+        code = compile(ast.Expression(body=expr), "<expr>", "eval")
     except (SyntaxError, ValueError, TypeError):
-        return None
+        return False, None
     ops = [i for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP")]
     if [i.opname for i in ops] != ["LOAD_CONST", "RETURN_VALUE"]:
-        return None
-    return not ops[0].argval
+        return False, None
+    return True, ops[0].argval
+
+
+def _false(test) -> bool | None:
+    """Whether an ``if``/``while`` test is falsy, where the compiler folds it to a constant (review r39
+    #3 of lab 06: ``if 1 - 1:`` had been read as live), else None."""
+    folded, value = _folded(test)
+    return (not value) if folded else None
+
+
+def _docstring(node, field: str, i: int, stmt) -> bool:
+    return (i == 0 and field == "body" and isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                                               ast.AsyncFunctionDef))
+            and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str))
 
 
 def dead_nodes(tree, filename: str, reached: set, classes: set) -> list:
     """Every node of the text that no reached code runs, its constants then counted in full, each
     occurrence (review r38 of lab 06: a table of 138 layouts in an ``if False:`` block, made of values
     the live code holds once each, read back from the grading process's copy of the text, measured 394 B
-    when only values the code does not hold were counted): a constant statement after a body's first
-    (the compiler drops it), the branch a constant test never takes, a local variable's annotation,
-    what follows a return, raise, break or continue in its block, a function no reached code object
+    when only values the code does not hold were counted): an expression statement the compiler
+    folds to a constant, not a docstring (a string, or a tuple of the code's own values, anywhere),
+    the branch a constant test never takes, a local variable's annotation, what follows a return,
+    raise, break or continue in its block, a function no reached code object
     is (by name and first line), and a class the code does not reach."""
     out, gone = [], set()
 
@@ -72,8 +85,9 @@ def dead_nodes(tree, filename: str, reached: set, classes: set) -> list:
                     drop(stmt)
                 continue
             ended = False
-            for i, stmt in enumerate(block):
-                if ended or (i and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+            for i, stmt in enumerate(block):      # an expression statement the compiler folds: dropped
+                if ended or (isinstance(stmt, ast.Expr) and not _docstring(node, field, i, stmt)
+                             and _folded(stmt.value)[0]):
                     drop(stmt)
                     continue
                 ended = isinstance(stmt, (ast.Return, ast.Raise, ast.Break, ast.Continue))
