@@ -199,20 +199,8 @@ def precompiled_header():
         cpp_extension._run_ninja_build = run
 
 
-def _build(name: str) -> float:
-    """Build (or load) one op with the precompiled header; seconds."""
-    start = time.perf_counter()
-    with precompiled_header():
-        host_builder(name).load(verbose=False)
-    return time.perf_counter() - start
-
-
 def prepare(verbose: bool = True) -> dict[str, float]:
-    """Build (or load) every op the course uses into the course cache; seconds per op.
-
-    ``async_io`` builds in a process of its own beside the others: its precompiled header is one
-    core's work for about 40 s, during which the others' compiles take the second core (the four ops
-    on 2 cores: 268 s one after another, a fresh clone's run 15, 2026-12-07)."""
+    """Build (or load) every op the course uses into the course cache; seconds per op."""
     root = use_course_cache()
     for lock in clear_stale_locks(root):
         print(f"removed a stale JIT lock left by a killed build: {lock}", flush=True)
@@ -222,39 +210,21 @@ def prepare(verbose: bool = True) -> dict[str, float]:
         return {name: 0.0 for name in wanted_ops()}
     _cpu_or_cuda_accelerator(verbose)            # DeepSpeed imported quietly; the ops are the CPU ranks'
     times: dict[str, float] = {}
-    here = [name for name in wanted_ops() if name != "async_io" or op_built(name, root)]
-    beside = None
-    if verbose:
+    with precompiled_header():
         for name in wanted_ops():
-            state = "ready" if op_built(name, root) else "building (once; a minute or two)"
-            print(f"DeepSpeed op {name:20s} {state} — {OPS[name][1]}", flush=True)
-    if "async_io" not in here and "async_io" in wanted_ops():
-        start = time.perf_counter()
-        beside = subprocess.Popen([sys.executable, "-m", "gpumem.runs.dsops", "build", "async_io"],
-                                  env={**os.environ, "TORCH_EXTENSIONS_DIR": str(root)})
-    try:
-        for name in here:
-            times[name] = _build(name)
-    finally:
-        if beside is not None and beside.wait() != 0:
-            raise RuntimeError(f"building DeepSpeed's async_io failed (exit status {beside.returncode}); "
-                               "its compiler's output is above")
-    if beside is not None:
-        times["async_io"] = time.perf_counter() - start
+            if verbose:
+                state = "ready" if op_built(name, root) else "building (once; a minute or two)"
+                print(f"DeepSpeed op {name:20s} {state} — {OPS[name][1]}", flush=True)
+            start = time.perf_counter()
+            host_builder(name).load(verbose=False)
+            times[name] = time.perf_counter() - start
     return times
 
 
 def main(argv: list[str]) -> int:
-    """``python -m gpumem.runs.dsops prepare``: build the ops, print their times; ``build OP``: one op
-    (``prepare`` runs async_io so); returns the exit status."""
-    if argv[:1] == ["build"] and len(argv) == 2 and argv[1] in OPS:
-        use_course_cache()
-        _cpu_or_cuda_accelerator(False)
-        _build(argv[1])
-        return 0
-    if argv != ["prepare"]:
-        print(f"usage: python -m gpumem.runs.dsops prepare | build OP (OP one of {', '.join(OPS)})",
-              file=sys.stderr)
+    """``python -m gpumem.runs.dsops prepare``: build the ops, print their times; returns exit status."""
+    if argv[:1] != ["prepare"]:
+        print("usage: python -m gpumem.runs.dsops prepare", file=sys.stderr)
         return 2
     times = prepare()
     print("DeepSpeed ops ready in", cache_dir(), {k: round(v, 1) for k, v in times.items()})
