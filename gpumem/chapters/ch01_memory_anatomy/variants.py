@@ -99,8 +99,8 @@ class GeluMLP(nn.Module):
 
 
 def apply_op(name: str, x, *before):
-    """One elementwise operation of a chain MLP, by its name (one of ``OPS`` or ``MULS``); ``before``:
-    the hidden tensors made before ``x``, oldest first (``ChainMLP.forward`` passes them)."""
+    """One operation of a chain MLP, by its name (one of ``OPS`` or ``MULS``); ``before``: the
+    hidden tensors made before ``x``, oldest first (``ChainMLP.forward`` passes them)."""
     if name in MULS:
         return x * before[-int(name[3:])]
     if name == "gelu":
@@ -159,7 +159,7 @@ def make_mlp(mlp, d_model: int, ffn: int, cfg: ModelConfig) -> nn.Module:
 
 
 def chain_op_ok(op, i: int) -> bool:
-    """Whether ``op`` may be a chain's operation ``i`` (from 0): "mulK" needs K tensors before the current."""
+    """Whether ``op`` may be a chain's operation ``i`` (from 0): "mulK" needs K tensors before x."""
     return op in OPS or (op in MULS and int(op[3:]) <= i)
 
 
