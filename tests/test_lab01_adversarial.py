@@ -1920,30 +1920,22 @@ def test_the_check_cell_states_labtables_limits():
                 and f"may add up to {n2} and {n3} characters" in text), folder
 
 
-def test_review_r38_a_product_in_the_current_tensors_dtype_fails_a_fixed_chain():
+@pytest.mark.parametrize("factor, chain", [("now", ("float", "bf16", "mul1", "square")),
+                                           ("other", ("gelu", "float", "mul2", "square"))])
+def test_review_r38_r39_a_product_in_one_factors_dtype_fails_a_fixed_chain(factor, chain):
     """Review r38 #1: a product taken in the current factor's dtype (not bf16 x fp32 -> fp32) passed
     every part-3 row of 97.8 % of simulated checks; no fixed chain had a bf16 current factor and an
     fp32 earlier one. By hand, ("float", "bf16", "mul1", "square") keeps 2 (the bf16 copy) + 4 (the
-    fp32 one) + 4 (square's fp32 input) + 2 (down's bf16 copy) = 12 x tokens x ffn; the slip 10."""
-    assert _chain_by_hand(("float", "bf16", "mul1", "square"), 1) == 12
+    fp32 one) + 4 (square's fp32 input) + 2 (down's bf16 copy) = 12 x tokens x ffn; the slip 10.
+    Review r39 #1, the mirror image (the earlier factor's dtype), passed about 71 %: ("gelu", "float",
+    "mul2", "square") keeps 2 (up's output, gelu's input and a factor) + 4 (the fp32 factor) + 4
+    (square's fp32 input) + 2 (down's bf16 copy) = 12; the slip 10."""
+    assert _chain_by_hand(chain, 1) == 12
     slip = _solution_with("                size[-1] = max(size[now], size[other])\n",
-                          "                size[-1] = size[now]\n")
+                          f"                size[-1] = size[{factor}]\n")
     report = grade({**solution(), "variant_layer": slip}, seed=0)
     bad = first_problem(report, "variant_layer")
-    assert bad.status == "wrong" and "('float', 'bf16', 'mul1', 'square')" in bad.case, (bad.case, bad.detail)
-    # the product's own step keeps the same factors either way: the dtype shows where square keeps it
-    assert "operation 4, 'square'" in bad.detail and "too low at this step: what does it keep, in which dtype" \
-        in bad.detail, bad.detail
-
-
-def test_review_r39_a_product_in_the_earlier_factors_dtype_fails_a_fixed_chain():
-    """Review r39 #1, r38's mirror image: the product taken in the earlier factor's dtype passed about
-    71 % of simulated checks. By hand, ("gelu", "float", "mul2", "square") keeps 2 (up's output, gelu's
-    input and a factor) + 4 (the fp32 factor) + 4 (square's fp32 input) + 2 (down's bf16 copy) = 12 x
-    tokens x ffn; the slip 10."""
-    assert _chain_by_hand(("gelu", "float", "mul2", "square"), 1) == 12
-    slip = _solution_with("                size[-1] = max(size[now], size[other])\n",
-                          "                size[-1] = size[other]\n")
-    report = grade({**solution(), "variant_layer": slip}, seed=0)
-    bad = first_problem(report, "variant_layer")
-    assert bad.status == "wrong" and "('gelu', 'float', 'mul2', 'square')" in bad.case, (bad.case, bad.detail)
+    assert bad.status == "wrong" and repr(chain) in bad.case, (bad.case, bad.detail)
+    if factor == "now":      # the product's own step keeps the same factors either way: square shows the dtype
+        assert "operation 4, 'square'" in bad.detail and "too low at this step: what does it keep, in which dtype" \
+            in bad.detail, bad.detail

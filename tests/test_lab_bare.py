@@ -142,11 +142,7 @@ def test_review_r38_a_dead_table_of_the_codes_own_values_counts_in_full():
     rows = ", ".join("('tp', 2, 'pp', 4, 'mb', 1)" for _ in range(80))
     cell = (f"def layouts():\n    if False:\n        t = [{rows}]\n    return 0\n\n\n"
             "def choose_plan(model):\n    return layouts(), ('tp', 2, 'pp', 4, 'mb', 1)\n")
-    name = "<r38.ipynb cell 7>"
-    linecache.cache[name] = (len(cell), None, cell.splitlines(True), name)
-    ns: dict = {"__name__": "__main__"}
-    exec(compile(cell, name, "exec"), ns)
-    fresh = lab_fresh.rebuild(lab_fresh.payload("lab06_choose_plan", ns, show=False))
+    fresh = _rebuilt(cell, "<r38.ipynb cell 7>")
     chars, _ = lab06_table.measure(fresh["choose_plan"], fresh)
     by_hand = 80 * (2 + 1 + 2 + 1 + 2 + 1)          # each row: three 2-letter strings, three one-digit ints
     assert chars >= by_hand == 720, chars
@@ -161,10 +157,14 @@ def test_a_name_in_dead_code_still_counts_in_full():
     long = "t" + "x0" * 30
     cell = (f"def unused():\n    return layouts.{long}\n\n\ndef layouts():\n    return 0\n\n\n"
             "def choose_plan(model):\n    return layouts()\n")
-    name = "<r39.ipynb cell 7>"
+    fresh = _rebuilt(cell, "<r39.ipynb cell 7>")
+    chars, _ = lab06_table.measure(fresh["choose_plan"], fresh)
+    assert chars >= len(long), chars
+
+
+def _rebuilt(cell: str, name: str) -> dict:
+    """``cell`` run in a kernel-like namespace under ``name``, then rebuilt as lab 06's grading process builds it."""
     linecache.cache[name] = (len(cell), None, cell.splitlines(True), name)
     ns: dict = {"__name__": "__main__"}
     exec(compile(cell, name, "exec"), ns)
-    fresh = lab_fresh.rebuild(lab_fresh.payload("lab06_choose_plan", ns, show=False))
-    chars, _ = lab06_table.measure(fresh["choose_plan"], fresh)
-    assert chars >= len(long), chars
+    return lab_fresh.rebuild(lab_fresh.payload("lab06_choose_plan", ns, show=False))

@@ -79,8 +79,7 @@ def dead_nodes(tree, filename: str, reached: set, classes: set) -> list:
             block = getattr(node, field, None)
             if not isinstance(block, list):
                 continue
-            if isinstance(node, (ast.If, ast.While)) and _false(node.test) is not None \
-                    and _false(node.test) == (field == "body"):
+            if isinstance(node, (ast.If, ast.While)) and _false(node.test) == (field == "body"):
                 for stmt in block:
                     drop(stmt)
                 continue

@@ -8,6 +8,8 @@ fastest layout's label and values are never printed, only the names of the setti
 differs from the learner's: the learner reads what is missing, not the answer.
 """
 
+import copy
+
 # (what the learner reads, the layout uses it)
 LEVERS = (
     ("hybrid sharding (hybrid='hsdp' or 'hpz' with a shard group)", lambda lay: lay.hybrid != "none"),
@@ -82,7 +84,6 @@ def differs(mine, best) -> str:
 
 def _with(layout, key: str, value):
     """A copy of ``layout`` with one setting changed (a frozen dataclass's too)."""
-    import copy
     out = copy.copy(layout)
     object.__setattr__(out, key, value)
     return out
